@@ -1,0 +1,3 @@
+module github.com/ringfence/ringfence/gen/go
+
+go 1.26
