@@ -1,0 +1,182 @@
+// Package app wires Ringfence's services into runnable binaries: every service in one process
+// (ringfenced) or each on its own (ringfence-registry, …). Wiring is by hand, so what talks to
+// what is visible in one place.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc"
+
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/config"
+	"github.com/ringfence/ringfence/internal/grpcserver"
+	"github.com/ringfence/ringfence/internal/mtls"
+	"github.com/ringfence/ringfence/internal/secretbox"
+	"github.com/ringfence/ringfence/services/registry"
+)
+
+// App is a configured binary: its server and what must be closed after it stops.
+type App struct {
+	Server   *grpcserver.Server
+	Registry *registry.Service
+
+	log     *slog.Logger
+	closers []func() error
+}
+
+// NewLogger builds the process logger from config.
+func NewLogger(cfg *config.Config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// Run serves until ctx ends, then closes everything.
+func (a *App) Run(ctx context.Context) error {
+	err := a.Server.Run(ctx)
+	return errors.Join(err, a.Close())
+}
+
+// Close releases stores in reverse order of opening.
+func (a *App) Close() error {
+	var errs []error
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		errs = append(errs, a.closers[i]())
+	}
+	a.closers = nil
+	return errors.Join(errs...)
+}
+
+func (a *App) onClose(f func() error) { a.closers = append(a.closers, f) }
+
+// NewAllInOne builds ringfenced: every service in this process, talking to each other through
+// Go calls, behind one gRPC server and one HTTP server.
+func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (a *App, err error) {
+	a = &App{log: log}
+	defer func() {
+		if err != nil {
+			_ = a.Close()
+		}
+	}()
+	roles, err := loadRoles(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	reg, err := a.openRegistry(ctx, cfg, roles, log)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := newServer(cfg, "ringfenced", auth.NewAuthorizer(reg, auth.Rules), log)
+	if err != nil {
+		return nil, err
+	}
+	a.Server, a.Registry = srv, reg
+	registerRegistry(srv, reg)
+	return a, nil
+}
+
+// NewRegistry builds ringfence-registry.
+func NewRegistry(ctx context.Context, cfg *config.Config, log *slog.Logger) (a *App, err error) {
+	a = &App{log: log}
+	defer func() {
+		if err != nil {
+			_ = a.Close()
+		}
+	}()
+	roles, err := loadRoles(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	reg, err := a.openRegistry(ctx, cfg, roles, log)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := newServer(cfg, "ringfence-registry", auth.NewAuthorizer(reg, auth.Rules), log)
+	if err != nil {
+		return nil, err
+	}
+	a.Server, a.Registry = srv, reg
+	registerRegistry(srv, reg)
+	return a, nil
+}
+
+func loadRoles(cfg *config.Config, log *slog.Logger) (*auth.Roles, error) {
+	roles, err := auth.NewRoles(cfg.ServiceRolesJSON)
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range roles.Warnings() {
+		log.Warn("risky role: "+w, "check", "ringfence roles check")
+	}
+	return roles, nil
+}
+
+func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.Roles, log *slog.Logger) (*registry.Service, error) {
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("app: create data_dir %s: %w", cfg.DataDir, err)
+	}
+	keyFile := cfg.SecretsKeyFile
+	if keyFile == "" {
+		keyFile = filepath.Join(cfg.DataDir, "secrets.key")
+	}
+	box, err := secretbox.LoadOrCreate(keyFile)
+	if err != nil {
+		return nil, err
+	}
+	svc, err := registry.Open(registry.Config{
+		DBPath:         filepath.Join(cfg.DataDir, "registry.db"),
+		Secrets:        box,
+		Roles:          roles,
+		AllowedEnvKeys: cfg.Sandbox.MCPIsolationAllowedEnvironmentKeys,
+		Logger:         log.With("service", "registry"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.onClose(svc.Close)
+	if cfg.BootstrapAdminKey != "" {
+		if err := svc.EnsureBootstrapAdmin(ctx, cfg.BootstrapAdminKey); err != nil {
+			return nil, err
+		}
+	}
+	return svc, nil
+}
+
+func newServer(cfg *config.Config, name string, authz grpcserver.Authorizer, log *slog.Logger) (*grpcserver.Server, error) {
+	opts := grpcserver.Options{
+		Name: name, GRPCAddr: cfg.GRPCAddr, HTTPAddr: cfg.HTTPAddr,
+		Authorizer: authz, Logger: log,
+	}
+	if cfg.TLS.Enabled() {
+		tlsCfg, err := mtls.ServerConfig(mtls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.ClientCAFile})
+		if err != nil {
+			return nil, err
+		}
+		opts.TLS = tlsCfg
+	}
+	return grpcserver.New(opts), nil
+}
+
+func registerRegistry(srv *grpcserver.Server, reg *registry.Service) {
+	registryv1.RegisterRegistryServiceServer(srv.GRPC(), reg)
+	registryv1.RegisterKeyServiceServer(srv.GRPC(), reg)
+	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
+		if err := registryv1.RegisterRegistryServiceHandler(ctx, mux, conn); err != nil {
+			return err
+		}
+		return registryv1.RegisterKeyServiceHandler(ctx, mux, conn)
+	})
+}

@@ -1,0 +1,43 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/ringfence/ringfence/internal/config"
+)
+
+// Builder builds one binary's App from its configuration.
+type Builder func(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error)
+
+// Main is every server binary's main: load and validate config (exit 2 on a bad one), build,
+// serve until SIGINT or SIGTERM, shut down gracefully (exit 1 on failure).
+func Main(name string, build Builder) int {
+	cfg, err := config.Load(name, os.Args[1:], os.Environ(), os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	log := NewLogger(cfg, os.Stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	a, err := build(ctx, cfg, log)
+	if err != nil {
+		log.Error(name+" cannot start", "err", err)
+		return 1
+	}
+	if err := a.Run(ctx); err != nil {
+		log.Error(name+" stopped with an error", "err", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,149 @@
+// Package auth decides who may call which RPC: API keys carry a role, roles carry permissions,
+// and internal RPCs are reserved for the service certificates on their allowlist. Every RPC of
+// every service has exactly one rule in Rules; a method without one is refused.
+package auth
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// Permission is one thing a key may do.
+type Permission string
+
+// The permissions. mcp:admin is admin-tier: it decides what registered servers may be asked
+// for, so the operator role, which authors graphs, deliberately lacks it.
+const (
+	MCPAdmin       Permission = "mcp:admin"
+	WorkflowAdmin  Permission = "workflow:admin"
+	WorkflowWrite  Permission = "workflow:write"
+	ConnectorAdmin Permission = "connector:admin"
+	RunExecute     Permission = "run:execute"
+	AuditRead      Permission = "audit:read"
+	KeysAdmin      Permission = "keys:admin"
+)
+
+// AllPermissions lists every permission in a stable order.
+var AllPermissions = []Permission{MCPAdmin, WorkflowAdmin, WorkflowWrite, ConnectorAdmin, RunExecute, AuditRead, KeysAdmin}
+
+// Built-in role names.
+const (
+	RoleAdmin    = "admin"
+	RoleOperator = "operator"
+	RoleAuthor   = "author"
+	RoleRunner   = "runner"
+	RoleAuditor  = "auditor"
+)
+
+// BuiltinRoles are the roles every deployment has.
+var BuiltinRoles = map[string][]Permission{
+	RoleAdmin:    AllPermissions,
+	RoleOperator: {WorkflowAdmin, WorkflowWrite, ConnectorAdmin, AuditRead},
+	RoleAuthor:   {WorkflowWrite},
+	RoleRunner:   {RunExecute},
+	RoleAuditor:  {AuditRead},
+}
+
+// Role is a named set of permissions.
+type Role struct {
+	Name        string
+	Permissions []Permission
+	Builtin     bool
+}
+
+// Has reports whether the role carries p.
+func (r Role) Has(p Permission) bool { return slices.Contains(r.Permissions, p) }
+
+// Warnings names what is risky about the role.
+func (r Role) Warnings() []string {
+	var w []string
+	if r.Has(MCPAdmin) && r.Has(WorkflowAdmin) && r.Name != RoleAdmin {
+		w = append(w, fmt.Sprintf("role %q pairs mcp:admin with workflow:admin: whoever authors graphs can also widen the grants that bound them, so the ceiling becomes author-editable", r.Name))
+	}
+	return w
+}
+
+// Roles is the set of roles a deployment knows.
+type Roles struct {
+	byName map[string]Role
+}
+
+var roleNamePattern = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,63}$`)
+
+// NewRoles returns the built-in roles plus the custom ones in rolesJSON, a JSON object
+// {"role": ["permission", ...]} (RINGFENCE_SERVICE_ROLES_JSON). Custom roles may not redefine
+// built-in ones.
+func NewRoles(rolesJSON string) (*Roles, error) {
+	rs := &Roles{byName: make(map[string]Role)}
+	for name, perms := range BuiltinRoles {
+		rs.byName[name] = Role{Name: name, Permissions: perms, Builtin: true}
+	}
+	if strings.TrimSpace(rolesJSON) == "" {
+		return rs, nil
+	}
+	var custom map[string][]string
+	if err := json.Unmarshal([]byte(rolesJSON), &custom); err != nil {
+		return nil, fmt.Errorf(`auth: RINGFENCE_SERVICE_ROLES_JSON is not a JSON object of permission lists, e.g. {"deployer": ["run:execute", "audit:read"]}: %w`, err)
+	}
+	for name, perms := range custom {
+		if !roleNamePattern.MatchString(name) {
+			return nil, fmt.Errorf("auth: RINGFENCE_SERVICE_ROLES_JSON: role name %q must match %s", name, roleNamePattern)
+		}
+		if _, ok := BuiltinRoles[name]; ok {
+			return nil, fmt.Errorf("auth: RINGFENCE_SERVICE_ROLES_JSON: role %q is built in and cannot be redefined; pick another name", name)
+		}
+		role := Role{Name: name}
+		for _, p := range perms {
+			if !slices.Contains(AllPermissions, Permission(p)) {
+				return nil, fmt.Errorf("auth: RINGFENCE_SERVICE_ROLES_JSON: role %q: unknown permission %q (known: %s)", name, p, joinPerms(AllPermissions))
+			}
+			if !role.Has(Permission(p)) {
+				role.Permissions = append(role.Permissions, Permission(p))
+			}
+		}
+		rs.byName[name] = role
+	}
+	return rs, nil
+}
+
+// Lookup returns a role by name.
+func (rs *Roles) Lookup(name string) (Role, bool) {
+	r, ok := rs.byName[name]
+	return r, ok
+}
+
+// All returns every role, built-in first, then by name.
+func (rs *Roles) All() []Role {
+	out := make([]Role, 0, len(rs.byName))
+	for _, r := range rs.byName {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Builtin != out[j].Builtin {
+			return out[i].Builtin
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}
+
+// Warnings collects the warnings of every role.
+func (rs *Roles) Warnings() []string {
+	var w []string
+	for _, r := range rs.All() {
+		w = append(w, r.Warnings()...)
+	}
+	return w
+}
+
+func joinPerms(ps []Permission) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = string(p)
+	}
+	return strings.Join(s, ", ")
+}

@@ -1,0 +1,58 @@
+package auth
+
+import (
+	"slices"
+
+	"google.golang.org/grpc/health/grpc_health_v1"
+	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
+
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/mtls"
+)
+
+// Rule says who may call one RPC. Exactly one of the fields is set.
+type Rule struct {
+	// Permission an API key's role must hold.
+	Permission Permission
+	// Internal lists the service identities whose certificates may call; API keys never can.
+	Internal []string
+	// Public marks health checks and reflection, which every client may use.
+	Public bool
+}
+
+func (r Rule) allows(service string) bool { return slices.Contains(r.Internal, service) }
+
+func perm(p Permission) Rule       { return Rule{Permission: p} }
+func internal(svcs ...string) Rule { return Rule{Internal: svcs} }
+
+var public = Rule{Public: true}
+
+// Rules is the one table of every RPC's permission. A test fails when a method of any service
+// is missing here, and a matrix test calls every RPC with every built-in role.
+var Rules = map[string]Rule{
+	// Registry: admin-tier, because grants are the ceiling authors cannot edit.
+	registryv1.RegistryService_CreateServer_FullMethodName:    perm(MCPAdmin),
+	registryv1.RegistryService_GetServer_FullMethodName:       perm(MCPAdmin),
+	registryv1.RegistryService_ListServers_FullMethodName:     perm(MCPAdmin),
+	registryv1.RegistryService_UpdateServer_FullMethodName:    perm(MCPAdmin),
+	registryv1.RegistryService_DeleteServer_FullMethodName:    perm(MCPAdmin),
+	registryv1.RegistryService_ListServerTools_FullMethodName: perm(MCPAdmin),
+	registryv1.RegistryService_PutSecret_FullMethodName:       perm(MCPAdmin),
+	registryv1.RegistryService_ListSecrets_FullMethodName:     perm(MCPAdmin),
+	registryv1.RegistryService_DeleteSecret_FullMethodName:    perm(MCPAdmin),
+	registryv1.RegistryService_ResolveServer_FullMethodName:   internal(mtls.Pool),
+	registryv1.RegistryService_GetServerPolicy_FullMethodName: internal(mtls.Publisher, mtls.Pool),
+	registryv1.RegistryService_AuthenticateKey_FullMethodName: internal(mtls.Publisher, mtls.Pool, mtls.Audit),
+
+	registryv1.KeyService_CreateKey_FullMethodName: perm(KeysAdmin),
+	registryv1.KeyService_ListKeys_FullMethodName:  perm(KeysAdmin),
+	registryv1.KeyService_RevokeKey_FullMethodName: perm(KeysAdmin),
+	registryv1.KeyService_ListRoles_FullMethodName: perm(KeysAdmin),
+
+	grpc_health_v1.Health_Check_FullMethodName:                             public,
+	grpc_health_v1.Health_Watch_FullMethodName:                             public,
+	grpc_health_v1.Health_List_FullMethodName:                              public,
+	reflectionv1.ServerReflection_ServerReflectionInfo_FullMethodName:      public,
+	reflectionv1alpha.ServerReflection_ServerReflectionInfo_FullMethodName: public,
+}

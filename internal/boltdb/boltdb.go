@@ -1,0 +1,70 @@
+// Package boltdb opens the bbolt files every service keeps in its data directory and runs
+// their schema migrations, so each store declares only its buckets and its steps.
+package boltdb
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Open opens (creating if needed) the bbolt file at path with mode 0600. A file held by another
+// process is reported as such instead of blocking forever.
+func Open(path string) (*bolt.DB, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("boltdb: create data directory: %w", err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, fmt.Errorf("boltdb: %s is locked by another process: stop it, or give this one its own data_dir", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("boltdb: open %s: %w", path, err)
+	}
+	return db, nil
+}
+
+var (
+	metaBucket = []byte("meta")
+	versionKey = []byte("schema_version")
+)
+
+// Migration moves a store from version-1 to its version.
+type Migration func(tx *bolt.Tx) error
+
+// Migrate creates buckets and runs every migration past the stored schema version, in one
+// transaction. migrations[i] brings the schema to version i+1. A file written by a newer
+// version is refused rather than misread.
+func Migrate(db *bolt.DB, buckets [][]byte, migrations []Migration) error {
+	return db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists(metaBucket)
+		if err != nil {
+			return err
+		}
+		for _, b := range buckets {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return fmt.Errorf("boltdb: create bucket %s: %w", b, err)
+			}
+		}
+		var current uint64
+		if v := meta.Get(versionKey); len(v) == 8 {
+			current = binary.BigEndian.Uint64(v)
+		}
+		if current > uint64(len(migrations)) {
+			return fmt.Errorf("boltdb: %s has schema version %d, newer than this binary knows (%d): run a newer ringfence", tx.DB().Path(), current, len(migrations))
+		}
+		for v := current; v < uint64(len(migrations)); v++ {
+			if err := migrations[v](tx); err != nil {
+				return fmt.Errorf("boltdb: migrate to schema version %d: %w", v+1, err)
+			}
+		}
+		var buf [8]byte
+		binary.BigEndian.PutUint64(buf[:], uint64(len(migrations)))
+		return meta.Put(versionKey, buf[:])
+	})
+}

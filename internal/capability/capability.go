@@ -1,0 +1,173 @@
+// Package capability is the one definition of what a capability is and when a held one covers
+// a required one. Publish checks (floor, ceiling, agent floor) and every run-time gate use it.
+//
+// A capability is "name" or "name:scope". A held "name" covers every scope of that name; a
+// held "name:glob" covers "name:s" when s matches the glob, where "*" matches within one path
+// segment (never "/") and "**" matches across segments. A held scoped capability never covers
+// the bare name.
+package capability
+
+import (
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+// The floor every mcp_tool node must declare: reaching an MCP server spawns a process that
+// then calls out to an external service.
+const (
+	ProcessSpawn    = "process_spawn"
+	ExternalAPICall = "external_api_call"
+)
+
+// Floor is the capability set every mcp_tool node declares.
+var Floor = []string{ProcessSpawn, ExternalAPICall}
+
+// MaxLen bounds one capability string.
+const MaxLen = 256
+
+var namePattern = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,63}$`)
+
+// Capability is a parsed capability.
+type Capability struct {
+	Name  string
+	Scope string // empty for a bare name
+}
+
+func (c Capability) String() string {
+	if c.Scope == "" {
+		return c.Name
+	}
+	return c.Name + ":" + c.Scope
+}
+
+// Parse parses "name" or "name:scope".
+func Parse(s string) (Capability, error) {
+	if len(s) > MaxLen {
+		return Capability{}, fmt.Errorf("capability is longer than %d bytes", MaxLen)
+	}
+	name, scope, hasScope := strings.Cut(s, ":")
+	if !namePattern.MatchString(name) {
+		return Capability{}, fmt.Errorf("capability %q: the name must match %s (e.g. process_spawn or fs.read:/srv/**)", s, namePattern)
+	}
+	if hasScope {
+		if scope == "" {
+			return Capability{}, fmt.Errorf("capability %q: the scope after ':' is empty", s)
+		}
+		for _, r := range scope {
+			if r <= ' ' || r == 0x7f {
+				return Capability{}, fmt.Errorf("capability %q: the scope holds whitespace or a control character", s)
+			}
+		}
+	}
+	return Capability{Name: name, Scope: scope}, nil
+}
+
+// Covers reports whether the held capability covers the required one.
+func Covers(held, required Capability) bool {
+	if held.Name != required.Name {
+		return false
+	}
+	if held.Scope == "" {
+		return true
+	}
+	if required.Scope == "" {
+		return false
+	}
+	return MatchGlob(held.Scope, required.Scope)
+}
+
+// Set is a collection of held capabilities.
+type Set []Capability
+
+// ParseSet parses every entry, reporting the first invalid one.
+func ParseSet(ss []string) (Set, error) {
+	out := make(Set, 0, len(ss))
+	for _, s := range ss {
+		c, err := Parse(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// MustParseSet is ParseSet for inputs already validated.
+func MustParseSet(ss []string) Set {
+	s, err := ParseSet(ss)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Covers reports whether any held capability covers required.
+func (s Set) Covers(required Capability) bool {
+	for _, h := range s {
+		if Covers(h, required) {
+			return true
+		}
+	}
+	return false
+}
+
+// Missing returns the entries of required that s does not cover, sorted and deduplicated.
+func (s Set) Missing(required Set) []string {
+	seen := make(map[string]bool)
+	var out []string
+	for _, r := range required {
+		if !s.Covers(r) && !seen[r.String()] {
+			seen[r.String()] = true
+			out = append(out, r.String())
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Strings returns the capabilities as strings.
+func (s Set) Strings() []string {
+	out := make([]string, len(s))
+	for i, c := range s {
+		out[i] = c.String()
+	}
+	return out
+}
+
+// MatchGlob matches s against pattern, where "*" matches any run of characters other than
+// "/" and "**" matches any run including "/". Work is bounded by len(pattern)*len(s).
+func MatchGlob(pattern, s string) bool {
+	p := []byte(pattern)
+	t := []byte(s)
+	// memo[i][j]: 0 unknown, 1 match, 2 no match, for p[i:] against t[j:].
+	memo := make([][]uint8, len(p)+1)
+	for i := range memo {
+		memo[i] = make([]uint8, len(t)+1)
+	}
+	var match func(i, j int) bool
+	match = func(i, j int) bool {
+		if memo[i][j] != 0 {
+			return memo[i][j] == 1
+		}
+		var ok bool
+		switch {
+		case i == len(p):
+			ok = j == len(t)
+		case p[i] == '*' && i+1 < len(p) && p[i+1] == '*':
+			ok = match(i+2, j) || (j < len(t) && match(i, j+1))
+		case p[i] == '*':
+			ok = match(i+1, j) || (j < len(t) && t[j] != '/' && match(i, j+1))
+		default:
+			ok = j < len(t) && p[i] == t[j] && match(i+1, j+1)
+		}
+		if ok {
+			memo[i][j] = 1
+		} else {
+			memo[i][j] = 2
+		}
+		return ok
+	}
+	return match(0, 0)
+}

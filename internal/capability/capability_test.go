@@ -1,0 +1,72 @@
+package capability
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestCovers(t *testing.T) {
+	for _, tc := range []struct {
+		held, required string
+		want           bool
+	}{
+		{"process_spawn", "process_spawn", true},
+		{"fs.read", "fs.read:/srv/docs/a.txt", true},
+		{"fs.read:/srv/docs/*", "fs.read:/srv/docs/a.txt", true},
+		{"fs.read:/srv/docs/*", "fs.read:/srv/docs/sub/a.txt", false},
+		{"fs.read:/srv/docs/**", "fs.read:/srv/docs/sub/a.txt", true},
+		{"fs.read:/srv/**/a.txt", "fs.read:/srv/x/y/a.txt", true},
+		{"fs.read:/srv/docs/*", "fs.read", false},
+		{"fs.read:/srv/docs/*", "fs.write:/srv/docs/a.txt", false},
+		{"fs.read:/secrets/*", "fs.read:/secrets/api-key", true},
+		{"db.kb_facts:read", "db.kb_facts:write", false},
+		{"external_api_call", "process_spawn", false},
+	} {
+		t.Run(tc.held+" covers "+tc.required, func(t *testing.T) {
+			h, err := Parse(tc.held)
+			require.NoError(t, err)
+			r, err := Parse(tc.required)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, Covers(h, r))
+		})
+	}
+}
+
+func TestParseRefusals(t *testing.T) {
+	for _, bad := range []string{"", "Process", "fs.read:", "fs read", "fs.read:a b", strings.Repeat("a", 300), "9lives"} {
+		_, err := Parse(bad)
+		require.Error(t, err, bad)
+	}
+}
+
+func TestMissing(t *testing.T) {
+	held := MustParseSet([]string{"process_spawn", "fs.read:/srv/*"})
+	req := MustParseSet([]string{"process_spawn", "external_api_call", "fs.read:/srv/a", "fs.read:/etc/passwd", "external_api_call"})
+	require.Equal(t, []string{"external_api_call", "fs.read:/etc/passwd"}, held.Missing(req))
+}
+
+func TestMatchGlobIsBounded(t *testing.T) {
+	// A pathological pattern that is exponential for a naive backtracker.
+	p := strings.Repeat("*a", 40) + "b"
+	s := strings.Repeat("a", 200)
+	require.False(t, MatchGlob(p, s))
+}
+
+func FuzzMatchGlob(f *testing.F) {
+	f.Add("/srv/**/x", "/srv/a/b/x")
+	f.Add("*", "a/b")
+	f.Fuzz(func(t *testing.T, p, s string) {
+		if len(p) > 64 || len(s) > 256 {
+			return
+		}
+		got := MatchGlob(p, s)
+		if p == s && !strings.Contains(p, "*") {
+			require.True(t, got)
+		}
+		if p == "**" {
+			require.True(t, got)
+		}
+	})
+}

@@ -1,0 +1,42 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ringfence/ringfence/internal/mtls"
+)
+
+func newCertsCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "certs", Short: "Development certificates for split deployments"}
+	var dir string
+	var hosts []string
+	var force bool
+	initCmd := &cobra.Command{
+		Use:   "init",
+		Short: "Write a development CA and one certificate per service (identity spiffe://ringfence/service/<name>)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			files, err := mtls.InitDevCA(dir, mtls.DevCAOptions{Hosts: hosts, Force: force})
+			if err != nil {
+				return err
+			}
+			t := newTable(g.stdout, "FILE", "SERVICE", "PRIVATE")
+			for _, f := range files {
+				t.row(f.Path, orDash(f.Service), fmt.Sprint(f.Private))
+			}
+			if err := t.flush(); err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(g.stdout, "\nstart each service with RINGFENCE_TLS__CERT_FILE=%[1]s/<svc>.pem RINGFENCE_TLS__KEY_FILE=%[1]s/<svc>-key.pem RINGFENCE_TLS__CLIENT_CA_FILE=%[1]s/ca.pem\n", dir)
+			return err
+		},
+	}
+	initCmd.Flags().StringVar(&dir, "dir", "", "directory to write into (created 0700)")
+	initCmd.Flags().StringSliceVar(&hosts, "host", []string{"localhost", "127.0.0.1", "::1"}, "DNS names and IPs the service certificates are valid for")
+	initCmd.Flags().BoolVar(&force, "force", false, "replace an existing set")
+	_ = initCmd.MarkFlagRequired("dir")
+	cmd.AddCommand(initCmd)
+	return cmd
+}

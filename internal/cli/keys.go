@@ -1,0 +1,173 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+)
+
+func newKeysCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "keys",
+		Aliases: []string{"key"},
+		Short:   "Manage API keys (needs keys:admin)",
+	}
+	var name, role, tenant string
+	create := &cobra.Command{
+		Use:   "create",
+		Short: "Mint an API key; the secret is printed once",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			conn, err := g.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := g.ctx(cmd.Context())
+			defer cancel()
+			resp, err := registryv1.NewKeyServiceClient(conn).CreateKey(ctx, &registryv1.CreateKeyRequest{Name: name, Role: role, Tenant: tenant})
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				return printJSON(g.stdout, resp)
+			}
+			k := resp.GetKey()
+			if err := kv(g.stdout, "id", k.GetId(), "name", k.GetName(), "role", k.GetRole(), "tenant", orDash(k.GetTenant()), "secret", resp.GetSecret()); err != nil {
+				return err
+			}
+			_, err = fmt.Fprintln(g.stderr, "store the secret now: it is not shown again")
+			return err
+		},
+	}
+	create.Flags().StringVar(&name, "name", "", "a name for the key, e.g. ci-runner")
+	create.Flags().StringVar(&role, "role", "", "admin, operator, author, runner, auditor or a custom role")
+	create.Flags().StringVar(&tenant, "tenant", "", "bind the key to one tenant")
+	_ = create.MarkFlagRequired("name")
+	_ = create.MarkFlagRequired("role")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List keys (never secrets)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			conn, err := g.dial()
+			if err != nil {
+				return err
+			}
+			client := registryv1.NewKeyServiceClient(conn)
+			all := &registryv1.ListKeysResponse{}
+			token := ""
+			for {
+				ctx, cancel := g.ctx(cmd.Context())
+				resp, err := client.ListKeys(ctx, &registryv1.ListKeysRequest{PageToken: token, PageSize: 1000})
+				cancel()
+				if err != nil {
+					return err
+				}
+				all.Keys = append(all.Keys, resp.GetKeys()...)
+				if token = resp.GetNextPageToken(); token == "" {
+					break
+				}
+			}
+			if g.output == "json" {
+				return printJSON(g.stdout, all)
+			}
+			t := newTable(g.stdout, "ID", "NAME", "ROLE", "TENANT", "CREATED", "LAST USED", "STATE")
+			for _, k := range all.GetKeys() {
+				state := "active"
+				if k.GetRevoked() {
+					state = "revoked"
+				}
+				t.row(k.GetId(), k.GetName(), k.GetRole(), orDash(k.GetTenant()), ts(k.GetCreateTime()), ts(k.GetLastUsedTime()), state)
+			}
+			return t.flush()
+		},
+	}
+	revoke := &cobra.Command{
+		Use:   "revoke ID",
+		Short: "Revoke a key at once",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conn, err := g.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := g.ctx(cmd.Context())
+			defer cancel()
+			resp, err := registryv1.NewKeyServiceClient(conn).RevokeKey(ctx, &registryv1.RevokeKeyRequest{Id: args[0]})
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				return printJSON(g.stdout, resp.GetKey())
+			}
+			_, err = fmt.Fprintf(g.stdout, "revoked %s (%s)\n", resp.GetKey().GetId(), resp.GetKey().GetName())
+			return err
+		},
+	}
+	cmd.AddCommand(create, list, revoke)
+	return cmd
+}
+
+func newRolesCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "roles", Short: "Inspect roles (needs keys:admin)"}
+	check := &cobra.Command{
+		Use:   "check",
+		Short: "List the server's roles and fail when one pairs mcp:admin with workflow:admin",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			conn, err := g.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := g.ctx(cmd.Context())
+			defer cancel()
+			resp, err := registryv1.NewKeyServiceClient(conn).ListRoles(ctx, &registryv1.ListRolesRequest{})
+			if err != nil {
+				return err
+			}
+			var warnings []string
+			for _, r := range resp.GetRoles() {
+				warnings = append(warnings, r.GetWarnings()...)
+			}
+			if g.output == "json" {
+				if err := printJSON(g.stdout, resp); err != nil {
+					return err
+				}
+			} else {
+				t := newTable(g.stdout, "ROLE", "KIND", "PERMISSIONS")
+				for _, r := range resp.GetRoles() {
+					kind := "custom"
+					if r.GetBuiltin() {
+						kind = "built-in"
+					}
+					t.row(r.GetName(), kind, strings.Join(r.GetPermissions(), ", "))
+				}
+				if err := t.flush(); err != nil {
+					return err
+				}
+			}
+			if len(warnings) > 0 {
+				return &exitError{code: ExitFailure, msg: "warning: " + strings.Join(warnings, "\nwarning: ")}
+			}
+			if g.output != "json" {
+				fmt.Fprintln(g.stdout, "ok: no role pairs mcp:admin with workflow:admin")
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(check)
+	return cmd
+}
+
+func ts(t *timestamppb.Timestamp) string {
+	if t == nil {
+		return "-"
+	}
+	return t.AsTime().Local().Format(time.DateTime)
+}

@@ -1,0 +1,199 @@
+// Package cli is the ringfence command: an operator's and author's client for every Ringfence
+// service over gRPC. Tables by default, -o json for scripts; errors say what to fix.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/mtls"
+)
+
+// Exit codes.
+const (
+	ExitOK      = 0
+	ExitFailure = 1
+	ExitUsage   = 2
+)
+
+// globals are the connection and output settings every command shares.
+type globals struct {
+	addr       string
+	apiKey     string
+	caFile     string
+	serverName string
+	output     string
+	timeout    time.Duration
+
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	conn   *grpc.ClientConn
+}
+
+// Execute runs the CLI with args and returns the process exit code.
+func Execute(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	g := &globals{stdin: stdin, stdout: stdout, stderr: stderr}
+	root := newRoot(g)
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.Execute()
+	if g.conn != nil {
+		g.conn.Close()
+	}
+	if err == nil {
+		return ExitOK
+	}
+	var exit *exitError
+	if errors.As(err, &exit) {
+		if exit.msg != "" {
+			fmt.Fprintln(stderr, exit.msg)
+		}
+		return exit.code
+	}
+	printError(stderr, err)
+	if isUsage(err) {
+		return ExitUsage
+	}
+	return ExitFailure
+}
+
+// exitError ends the command with a specific exit code after it printed its own output.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+type usageError struct{ error }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+func isUsage(err error) bool {
+	var u usageError
+	return errors.As(err, &u) || strings.Contains(err.Error(), "unknown flag") || strings.Contains(err.Error(), "unknown command") ||
+		strings.Contains(err.Error(), "accepts ") || strings.Contains(err.Error(), "required flag")
+}
+
+func newRoot(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "ringfence",
+		Short: "Govern MCP tools: register servers, import and publish graphs, run calls, read the audit log",
+		Long: `ringfence talks to a Ringfence server over gRPC.
+
+Connection: --addr (RINGFENCE_ADDR, default 127.0.0.1:50051), --api-key (RINGFENCE_API_KEY),
+and for TLS --ca-file (RINGFENCE_CA_FILE) with optional --server-name.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.addr, "addr", envOr("RINGFENCE_ADDR", "127.0.0.1:50051"), "gRPC address of the server (RINGFENCE_ADDR)")
+	pf.StringVar(&g.apiKey, "api-key", os.Getenv("RINGFENCE_API_KEY"), "API key (RINGFENCE_API_KEY)")
+	pf.StringVar(&g.caFile, "ca-file", os.Getenv("RINGFENCE_CA_FILE"), "CA bundle to verify a TLS server (RINGFENCE_CA_FILE); plaintext when empty")
+	pf.StringVar(&g.serverName, "server-name", os.Getenv("RINGFENCE_SERVER_NAME"), "TLS server name to verify, when it differs from the address host")
+	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	pf.DurationVar(&g.timeout, "timeout", 60*time.Second, "deadline for each request")
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		if g.output != "table" && g.output != "json" {
+			return usagef("--output must be table or json, not %q", g.output)
+		}
+		return nil
+	}
+	root.AddCommand(
+		newServersCmd(g),
+		newSecretsCmd(g),
+		newKeysCmd(g),
+		newRolesCmd(g),
+		newCertsCmd(g),
+	)
+	return root
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+// dial connects once per invocation.
+func (g *globals) dial() (*grpc.ClientConn, error) {
+	if g.conn != nil {
+		return g.conn, nil
+	}
+	creds := insecure.NewCredentials()
+	if g.caFile != "" {
+		tlsCfg, err := mtls.CAOnlyConfig(g.caFile, g.serverName)
+		if err != nil {
+			return nil, err
+		}
+		creds = credentials.NewTLS(tlsCfg)
+	}
+	conn, err := grpc.NewClient(g.addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach %s: %w", g.addr, err)
+	}
+	g.conn = conn
+	return conn, nil
+}
+
+// ctx is a request context with the API key and the deadline.
+func (g *globals) ctx(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(parent, g.timeout)
+	if g.apiKey != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, auth.MetadataKey, g.apiKey)
+	}
+	return ctx, cancel
+}
+
+// printError renders an error for a person: the server's message, the field it names, and a
+// hint for the common connection and credential mistakes.
+func printError(w io.Writer, err error) {
+	st, ok := status.FromError(err)
+	if !ok {
+		fmt.Fprintf(w, "ringfence: %v\n", err)
+		return
+	}
+	fmt.Fprintf(w, "ringfence: %s (%s)\n", st.Message(), st.Code())
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *typesv1.ServerFailure:
+			fmt.Fprintf(w, "  failure class: %s\n", d.GetClass())
+			if tail := strings.TrimSpace(d.GetStderrTail()); tail != "" {
+				fmt.Fprintf(w, "  server stderr (tail, secrets redacted):\n")
+				for _, line := range strings.Split(tail, "\n") {
+					fmt.Fprintf(w, "    %s\n", line)
+				}
+			}
+		}
+	}
+	switch st.Code().String() {
+	case "Unavailable":
+		if strings.Contains(st.Message(), "connection refused") || strings.Contains(st.Message(), "connection error") {
+			fmt.Fprintln(w, "  hint: is the server running? set --addr or RINGFENCE_ADDR")
+		}
+	case "Unauthenticated":
+		if strings.Contains(st.Message(), "missing") {
+			fmt.Fprintln(w, "  hint: pass --api-key or set RINGFENCE_API_KEY")
+		} else {
+			fmt.Fprintln(w, "  hint: the key is unknown or revoked; `ringfence keys list` (as an admin) shows active keys")
+		}
+	}
+}

@@ -1,0 +1,502 @@
+package cli
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/shlex"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+)
+
+// serverFlags are the registration flags of `servers add` and `servers update` (the seed's
+// flags, plus env, grants and filters).
+type serverFlags struct {
+	transport      string
+	command        string
+	args           []string
+	url            string
+	description    string
+	headerSecrets  []string
+	env            []string
+	clearEnv       bool
+	grants         []string
+	includeTools   []string
+	excludeTools   []string
+	toolPerms      []string
+	sessionTimeout time.Duration
+	callTimeout    time.Duration
+	keepMarkup     bool
+}
+
+func (f *serverFlags) register(cmd *cobra.Command, update bool) {
+	fl := cmd.Flags()
+	fl.StringVarP(&f.transport, "transport", "t", "stdio", "stdio, streamable_http (alias http) or sse")
+	fl.StringVar(&f.command, "command", "", `command to run inside the isolation image, split as a shell would, e.g. "mcp-server-filesystem /srv/docs"`)
+	fl.StringArrayVar(&f.args, "arg", nil, "one more argument, appended after those in --command (repeatable)")
+	fl.StringVar(&f.url, "url", "", "server URL, for streamable_http and sse")
+	fl.StringVar(&f.description, "description", "", "what the server is for")
+	fl.StringArrayVar(&f.headerSecrets, "header-secret", nil, "HEADER=SECRET: send HEADER with the value of the registry secret SECRET (repeatable)")
+	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the server's environment; KEY must be on the operator's allowlist (repeatable)")
+	fl.StringArrayVar(&f.grants, "grant", nil, "a capability graphs may declare on this server's tools, e.g. process_spawn (repeatable)")
+	fl.StringArrayVar(&f.includeTools, "include-tool", nil, "expose only these tools (repeatable)")
+	fl.StringArrayVar(&f.excludeTools, "exclude-tool", nil, "never expose this tool; wins over --include-tool (repeatable)")
+	fl.StringArrayVar(&f.toolPerms, "tool-permission", nil, `TOOL=CAPABILITY an agent must hold to call TOOL, scoped by an argument, e.g. "read_file=fs.read:{path}" (repeatable)`)
+	fl.DurationVar(&f.sessionTimeout, "session-timeout", 0, "bound on the MCP handshake (default 2s)")
+	fl.DurationVar(&f.callTimeout, "call-timeout", 0, "bound on one tool call (default 30s)")
+	fl.BoolVar(&f.keepMarkup, "keep-markup", false, "do not HTML-escape the server's tool results")
+	if update {
+		fl.BoolVar(&f.clearEnv, "clear-env", false, "remove every env value (without --env and --clear-env the stored env is kept)")
+	}
+}
+
+func newServersCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "servers",
+		Aliases: []string{"server", "mcp-servers"},
+		Short:   "Register and inspect MCP servers (needs mcp:admin)",
+	}
+	cmd.AddCommand(newServersAddCmd(g), newServersUpdateCmd(g), newServersListCmd(g),
+		newServersShowCmd(g), newServersRemoveCmd(g), newServersToolsCmd(g))
+	return cmd
+}
+
+func newServersAddCmd(g *globals) *cobra.Command {
+	var f serverFlags
+	cmd := &cobra.Command{
+		Use:   "add [REF]",
+		Short: "Register an MCP server (spawns nothing)",
+		Example: `  ringfence servers add docs-search --command "mcp-server-filesystem /srv/docs" \
+      --grant process_spawn --grant external_api_call
+  ringfence servers add tickets --transport http --url https://mcp.example.com/mcp \
+      --description "The support team's ticket system" --header-secret Authorization=tickets-token`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ref := ""
+			if len(args) == 1 {
+				ref = args[0]
+			}
+			var err error
+			if ref == "" {
+				if ref, err = g.prompt("server ref (e.g. docs-search)"); err != nil {
+					return err
+				}
+			}
+			transport := normalizeTransport(f.transport)
+			if transport == "stdio" && f.command == "" {
+				if f.command, err = g.prompt("command to run inside the isolation image"); err != nil {
+					return err
+				}
+			}
+			req := &registryv1.CreateServerRequest{Ref: ref, Transport: transport, Url: f.url, Description: f.description, KeepMarkup: f.keepMarkup}
+			if req.Command, req.Args, err = splitCommand(f.command, f.args); err != nil {
+				return err
+			}
+			if req.Headers, err = parsePairs("--header-secret", f.headerSecrets); err != nil {
+				return err
+			}
+			if req.Env, err = envStruct(f.env); err != nil {
+				return err
+			}
+			req.Grants = f.grants
+			req.ToolFilter = &registryv1.ToolFilter{Include: f.includeTools, Exclude: f.excludeTools}
+			if req.ToolPermissions, err = toolPermissions(f.toolPerms); err != nil {
+				return err
+			}
+			req.ClientSessionTimeout = optDuration(f.sessionTimeout)
+			req.ToolCallTimeout = optDuration(f.callTimeout)
+
+			conn, err := g.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := g.ctx(cmd.Context())
+			defer cancel()
+			resp, err := registryv1.NewRegistryServiceClient(conn).CreateServer(ctx, req)
+			if err != nil {
+				return err
+			}
+			return g.printServer(resp.GetServer())
+		},
+	}
+	f.register(cmd, false)
+	return cmd
+}
+
+func newServersUpdateCmd(g *globals) *cobra.Command {
+	var f serverFlags
+	cmd := &cobra.Command{
+		Use:   "update REF",
+		Short: "Change a registration; flags you do not pass keep their stored values",
+		Long: `update reads the registration, applies the flags you pass, and writes it back with its
+revision, so a concurrent change is refused rather than overwritten. Repeatable flags you pass
+replace the stored list. Without --env or --clear-env the stored env is kept.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conn, err := g.dial()
+			if err != nil {
+				return err
+			}
+			client := registryv1.NewRegistryServiceClient(conn)
+			ctx, cancel := g.ctx(cmd.Context())
+			defer cancel()
+			cur, err := client.GetServer(ctx, &registryv1.GetServerRequest{Ref: args[0]})
+			if err != nil {
+				return err
+			}
+			s := cur.GetServer()
+			req := &registryv1.UpdateServerRequest{
+				Ref: s.GetRef(), Description: s.GetDescription(), Transport: s.GetTransport(),
+				Command: s.GetCommand(), Args: s.GetArgs(), Url: s.GetUrl(), Headers: s.GetHeaders(),
+				Grants: s.GetGrants(), ToolFilter: s.GetToolFilter(), ToolPermissions: s.GetToolPermissions(),
+				ClientSessionTimeout: s.GetClientSessionTimeout(), ToolCallTimeout: s.GetToolCallTimeout(),
+				KeepMarkup: s.GetKeepMarkup(), Revision: s.GetRevision(),
+			}
+			changed := cmd.Flags().Changed
+			if changed("transport") {
+				req.Transport = normalizeTransport(f.transport)
+			}
+			if changed("command") || changed("arg") {
+				if req.Command, req.Args, err = splitCommand(f.command, f.args); err != nil {
+					return err
+				}
+			}
+			if changed("url") {
+				req.Url = f.url
+			}
+			if changed("description") {
+				req.Description = f.description
+			}
+			if changed("header-secret") {
+				if req.Headers, err = parsePairs("--header-secret", f.headerSecrets); err != nil {
+					return err
+				}
+			}
+			switch {
+			case changed("env") && f.clearEnv:
+				return usagef("--env and --clear-env contradict each other")
+			case changed("env"):
+				if req.Env, err = envStruct(f.env); err != nil {
+					return err
+				}
+			case f.clearEnv:
+				req.Env = &structpb.Struct{Fields: map[string]*structpb.Value{}}
+			}
+			if changed("grant") {
+				req.Grants = f.grants
+			}
+			if changed("include-tool") || changed("exclude-tool") {
+				req.ToolFilter = &registryv1.ToolFilter{Include: req.GetToolFilter().GetInclude(), Exclude: req.GetToolFilter().GetExclude()}
+				if changed("include-tool") {
+					req.ToolFilter.Include = f.includeTools
+				}
+				if changed("exclude-tool") {
+					req.ToolFilter.Exclude = f.excludeTools
+				}
+			}
+			if changed("tool-permission") {
+				if req.ToolPermissions, err = toolPermissions(f.toolPerms); err != nil {
+					return err
+				}
+			}
+			if changed("session-timeout") {
+				req.ClientSessionTimeout = optDuration(f.sessionTimeout)
+			}
+			if changed("call-timeout") {
+				req.ToolCallTimeout = optDuration(f.callTimeout)
+			}
+			if changed("keep-markup") {
+				req.KeepMarkup = f.keepMarkup
+			}
+			resp, err := client.UpdateServer(ctx, req)
+			if err != nil {
+				return err
+			}
+			return g.printServer(resp.GetServer())
+		},
+	}
+	f.register(cmd, true)
+	return cmd
+}
+
+func newServersListCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "list",
+		Short: "List registered servers",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			conn, err := g.dial()
+			if err != nil {
+				return err
+			}
+			client := registryv1.NewRegistryServiceClient(conn)
+			all := &registryv1.ListServersResponse{}
+			token := ""
+			for {
+				ctx, cancel := g.ctx(cmd.Context())
+				resp, err := client.ListServers(ctx, &registryv1.ListServersRequest{PageToken: token, PageSize: 1000})
+				cancel()
+				if err != nil {
+					return err
+				}
+				all.Servers = append(all.Servers, resp.GetServers()...)
+				if token = resp.GetNextPageToken(); token == "" {
+					break
+				}
+			}
+			if g.output == "json" {
+				return printJSON(g.stdout, all)
+			}
+			t := newTable(g.stdout, "REF", "TRANSPORT", "TARGET", "GRANTS", "ENV", "REVISION")
+			for _, s := range all.GetServers() {
+				t.row(s.GetRef(), s.GetTransport(), truncate(target(s), 48), orDash(strings.Join(s.GetGrants(), ",")),
+					orDash(strings.Join(sortedKeys(s.GetEnv()), ",")), fmt.Sprint(s.GetRevision()))
+			}
+			return t.flush()
+		},
+	}
+}
+
+func newServersShowCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "show REF",
+		Short: "Show one registration (env values masked)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conn, err := g.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := g.ctx(cmd.Context())
+			defer cancel()
+			resp, err := registryv1.NewRegistryServiceClient(conn).GetServer(ctx, &registryv1.GetServerRequest{Ref: args[0]})
+			if err != nil {
+				return err
+			}
+			return g.printServer(resp.GetServer())
+		},
+	}
+}
+
+func newServersRemoveCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "remove REF",
+		Aliases: []string{"rm", "delete"},
+		Short:   "Remove a registration; graphs that reference it fail closed at run time",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conn, err := g.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := g.ctx(cmd.Context())
+			defer cancel()
+			if _, err := registryv1.NewRegistryServiceClient(conn).DeleteServer(ctx, &registryv1.DeleteServerRequest{Ref: args[0]}); err != nil {
+				return err
+			}
+			if g.output == "json" {
+				_, err := fmt.Fprintf(g.stdout, "{\"removed\": %q}\n", args[0])
+				return err
+			}
+			_, err = fmt.Fprintf(g.stdout, "removed %s\n", args[0])
+			return err
+		},
+	}
+}
+
+func newServersToolsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "tools REF",
+		Short: "Start the server in isolation, list its tools with their pins and screen findings, stop it",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conn, err := g.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := g.ctx(cmd.Context())
+			defer cancel()
+			resp, err := registryv1.NewRegistryServiceClient(conn).ListServerTools(ctx, &registryv1.ListServerToolsRequest{Ref: args[0]})
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				return printJSON(g.stdout, resp)
+			}
+			t := newTable(g.stdout, "TOOL", "SCHEMA HASH", "FINDINGS", "DESCRIPTION")
+			for _, tool := range resp.GetTools() {
+				name := tool.GetName()
+				if tool.GetExcluded() {
+					name += " (excluded)"
+				}
+				var codes []string
+				for _, f := range tool.GetFindings() {
+					codes = append(codes, f.GetCode())
+				}
+				t.row(name, tool.GetSchemaHash(), orDash(strings.Join(codes, ",")), truncate(tool.GetDescription(), 60))
+			}
+			if err := t.flush(); err != nil {
+				return err
+			}
+			for _, f := range resp.GetListingFindings() {
+				fmt.Fprintf(g.stdout, "listing %s: %s: %s\n", f.GetSeverity(), f.GetCode(), f.GetMessage())
+			}
+			return nil
+		},
+	}
+}
+
+func (g *globals) printServer(s *registryv1.Server) error {
+	if g.output == "json" {
+		return printJSON(g.stdout, s)
+	}
+	env := make([]string, 0, len(s.GetEnv()))
+	for _, k := range sortedKeys(s.GetEnv()) {
+		env = append(env, k+"="+s.GetEnv()[k])
+	}
+	headers := make([]string, 0, len(s.GetHeaders()))
+	for _, k := range sortedKeys(s.GetHeaders()) {
+		headers = append(headers, k+" <- secret "+s.GetHeaders()[k])
+	}
+	perms := make([]string, 0, len(s.GetToolPermissions()))
+	for _, k := range sortedKeys(s.GetToolPermissions()) {
+		perms = append(perms, k+": "+strings.Join(s.GetToolPermissions()[k].GetRequired(), ","))
+	}
+	return kv(g.stdout,
+		"ref", s.GetRef(),
+		"description", orDash(s.GetDescription()),
+		"transport", s.GetTransport(),
+		"target", orDash(target(s)),
+		"env", orDash(strings.Join(env, " ")),
+		"headers", orDash(strings.Join(headers, "; ")),
+		"grants", orDash(strings.Join(s.GetGrants(), ", ")),
+		"include tools", orDash(strings.Join(s.GetToolFilter().GetInclude(), ", ")),
+		"exclude tools", orDash(strings.Join(s.GetToolFilter().GetExclude(), ", ")),
+		"tool permissions", orDash(strings.Join(perms, "; ")),
+		"revision", fmt.Sprint(s.GetRevision()),
+		"updated", s.GetUpdateTime().AsTime().Format(time.RFC3339),
+	)
+}
+
+func target(s *registryv1.Server) string {
+	if s.GetTransport() == "stdio" || s.GetTransport() == "" {
+		return strings.TrimSpace(s.GetCommand() + " " + strings.Join(s.GetArgs(), " "))
+	}
+	return s.GetUrl()
+}
+
+func normalizeTransport(t string) string {
+	switch t {
+	case "http", "streamable-http":
+		return "streamable_http"
+	case "http-sse":
+		return "sse"
+	}
+	return t
+}
+
+// splitCommand splits --command as a shell would; --arg values follow.
+func splitCommand(command string, extra []string) (string, []string, error) {
+	if command == "" {
+		if len(extra) > 0 {
+			return "", nil, usagef("--arg needs --command")
+		}
+		return "", nil, nil
+	}
+	words, err := shlex.Split(command)
+	if err != nil {
+		return "", nil, usagef("--command %q cannot be split: %v", command, err)
+	}
+	if len(words) == 0 {
+		return "", nil, usagef("--command is empty")
+	}
+	return words[0], append(words[1:], extra...), nil
+}
+
+func parsePairs(flag string, pairs []string) (map[string]string, error) {
+	if len(pairs) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(pairs))
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || k == "" {
+			return nil, usagef("%s %q must be KEY=VALUE", flag, p)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+func envStruct(pairs []string) (*structpb.Struct, error) {
+	m, err := parsePairs("--env", pairs)
+	if err != nil || m == nil {
+		return nil, err
+	}
+	s := &structpb.Struct{Fields: make(map[string]*structpb.Value, len(m))}
+	for k, v := range m {
+		s.Fields[k] = structpb.NewStringValue(v)
+	}
+	return s, nil
+}
+
+func toolPermissions(pairs []string) (map[string]*registryv1.ToolPermissions, error) {
+	if len(pairs) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]*registryv1.ToolPermissions)
+	for _, p := range pairs {
+		tool, req, ok := strings.Cut(p, "=")
+		if !ok || tool == "" || req == "" {
+			return nil, usagef("--tool-permission %q must be TOOL=CAPABILITY", p)
+		}
+		if out[tool] == nil {
+			out[tool] = &registryv1.ToolPermissions{}
+		}
+		out[tool].Required = append(out[tool].Required, req)
+	}
+	return out, nil
+}
+
+func optDuration(d time.Duration) *durationpb.Duration {
+	if d == 0 {
+		return nil
+	}
+	return durationpb.New(d)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// prompt asks for a missing value when stdin is a terminal; scripts get a usage error instead
+// of a hang.
+func (g *globals) prompt(label string) (string, error) {
+	f, ok := g.stdin.(*os.File)
+	if !ok || !term.IsTerminal(int(f.Fd())) {
+		return "", usagef("missing %s: pass it as an argument or flag", label)
+	}
+	fmt.Fprintf(g.stderr, "%s: ", label)
+	line, err := bufio.NewReader(f).ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	line = strings.TrimSpace(line)
+	if line == "" {
+		return "", usagef("missing %s", label)
+	}
+	return line, nil
+}

@@ -1,0 +1,234 @@
+// Package config loads the runtime configuration every Ringfence binary shares.
+//
+// Sources, strongest first: command-line flags, RINGFENCE_* environment variables (nesting
+// with "__", as in RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE), an optional YAML file, defaults.
+// Every key is declared once, as a field of Config with a `key` tag; flag names, env names and
+// YAML paths all derive from it, so the three sources cannot drift apart. Unknown keys and
+// invalid values stop the start with a message that names the key, where it came from, and
+// the fix.
+package config
+
+import (
+	"fmt"
+	"net"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/ringfence/ringfence/internal/mcpserver"
+)
+
+// Config is the typed runtime configuration. Field tags:
+//
+//	key:     the key, snake_case; nested structs add a "section." prefix
+//	default: the default value, parsed like any other source
+//	help:    one line for --help and docs
+//	secret:  the value is never printed
+type Config struct {
+	Env               string `key:"env" default:"development" help:"development or production; production refuses every development escape hatch"`
+	DataDir           string `key:"data_dir" default:"./data" help:"directory for the bbolt files and the secrets key"`
+	GRPCAddr          string `key:"grpc_addr" default:"127.0.0.1:50051" help:"gRPC listen address"`
+	HTTPAddr          string `key:"http_addr" default:"127.0.0.1:8000" help:"REST, /healthz and /metrics listen address; empty disables"`
+	LogLevel          string `key:"log_level" default:"info" help:"debug, info, warn or error"`
+	LogFormat         string `key:"log_format" default:"text" help:"text or json"`
+	BootstrapAdminKey string `key:"bootstrap_admin_key" secret:"true" help:"this exact value becomes an admin API key at start (idempotent)"`
+	ServiceRolesJSON  string `key:"service_roles_json" help:"custom roles as a JSON object: {\"role\": [\"permission\", ...]}"`
+	SecretsKeyFile    string `key:"secrets_key_file" help:"AES-256 key file for secrets at rest; default <data_dir>/secrets.key, created 0600 on first start"`
+
+	TLS     TLS     `key:"tls"`
+	Peers   Peers   `key:"peers"`
+	Sandbox Sandbox `key:"sandbox"`
+	Pool    Pool    `key:"pool"`
+	Audit   Audit   `key:"audit"`
+	Dev     Dev     `key:"dev"`
+}
+
+// TLS is this binary's certificate and the CA its clients' certificates must chain to.
+// Split deployments set all three; internal RPCs then require a service certificate.
+type TLS struct {
+	CertFile     string `key:"cert_file" help:"PEM certificate served on gRPC and presented to peers"`
+	KeyFile      string `key:"key_file" help:"PEM private key of cert_file"`
+	ClientCAFile string `key:"client_ca_file" help:"PEM CA bundle that client and peer certificates must chain to"`
+}
+
+// Enabled reports whether TLS is configured.
+func (t TLS) Enabled() bool { return t.CertFile != "" }
+
+// Peers are the gRPC addresses of the other services in a split deployment. Empty means the
+// service runs in this process (ringfenced) or is not needed by this binary.
+type Peers struct {
+	RegistryAddr  string `key:"registry_addr" help:"gRPC address of ringfence-registry"`
+	PublisherAddr string `key:"publisher_addr" help:"gRPC address of ringfence-publisher"`
+	PoolAddr      string `key:"pool_addr" help:"gRPC address of ringfence-pool"`
+	AuditAddr     string `key:"audit_addr" help:"gRPC address of ringfence-audit"`
+}
+
+// Sandbox is the operator-owned isolation profile for stdio MCP servers. No registration can
+// change any of it.
+type Sandbox struct {
+	MCPIsolationImage                  string        `key:"mcp_isolation_image" help:"pinned isolation image: name@sha256:<64 hex> or sha256:<64 hex>"`
+	MCPIsolationNetwork                string        `key:"mcp_isolation_network" default:"none" help:"Docker network for MCP containers; none unless you need egress"`
+	MCPIsolationAllowedEnvironmentKeys []string      `key:"mcp_isolation_allowed_environment_keys" help:"JSON list of env keys registrations may set"`
+	MCPIsolationCPUs                   float64       `key:"mcp_isolation_cpus" default:"1" help:"CPU limit per MCP container"`
+	MCPIsolationMemory                 ByteSize      `key:"mcp_isolation_memory" default:"512MiB" help:"memory limit per MCP container (memory+swap)"`
+	MCPIsolationPids                   int64         `key:"mcp_isolation_pids" default:"128" help:"PID limit per MCP container"`
+	MCPIsolationTmpSize                ByteSize      `key:"mcp_isolation_tmp_size" default:"64MiB" help:"size of the noexec /tmp tmpfs"`
+	AllowUnisolatedMCPDevelopment      bool          `key:"allow_unisolated_mcp_development" help:"run stdio MCP servers as host processes (development only; refused in production)"`
+	PoolID                             string        `key:"pool_id" help:"label that lets a restarted pool sweep its orphaned containers; default derived from data_dir"`
+	DockerHost                         string        `key:"docker_host" help:"Docker engine endpoint; default from DOCKER_HOST or the local socket"`
+	StopTimeout                        time.Duration `key:"stop_timeout" default:"2s" help:"bound on a graceful MCP server stop before it is forced"`
+}
+
+// Pool holds the run-time session and gate settings.
+type Pool struct {
+	DriftMaxAge    time.Duration `key:"drift_max_age" default:"1s" help:"re-list a session's tools before a call when its listing is older; 0 re-lists before every call"`
+	RunIdleTimeout time.Duration `key:"run_idle_timeout" default:"15m" help:"end runs with no call for this long"`
+	MaxRuns        int           `key:"max_runs" default:"256" help:"concurrent active runs on this host"`
+	MaxSessions    int           `key:"max_sessions" default:"512" help:"concurrent MCP sessions on this host"`
+}
+
+// Audit holds the producer-side spool settings.
+type Audit struct {
+	SpoolMaxRecords int    `key:"spool_max_records" default:"100000" help:"audit records a producer may hold while the audit service is unreachable"`
+	OnSpoolFull     string `key:"on_spool_full" default:"fail_closed" help:"fail_closed refuses changes when the spool is full; continue_and_alarm drops records and alarms"`
+}
+
+// Dev holds development-only escape hatches; production refuses each of them.
+type Dev struct {
+	AllowInlineMCPServers bool `key:"allow_inline_mcp_servers" help:"publish graphs with inline mcp_servers over a warning (no ceiling applies to them)"`
+}
+
+// IsProduction reports whether the deployment declared itself production.
+func (c *Config) IsProduction() bool { return c.Env == "production" }
+
+var imageRefPattern = regexp.MustCompile(`^(?:[a-z0-9][a-z0-9._/:-]*@)?sha256:[0-9a-f]{64}$`)
+
+// Validate checks every value and cross-field rule, returning all problems at once.
+func (c *Config) Validate() error {
+	var errs problems
+	switch c.Env {
+	case "development", "production":
+	default:
+		errs.add("env", fmt.Sprintf("%q is not an environment", c.Env), "use development or production")
+	}
+	if c.DataDir == "" {
+		errs.add("data_dir", "is empty", "name a directory the service may write")
+	}
+	if err := checkAddr(c.GRPCAddr); err != nil {
+		errs.add("grpc_addr", err.Error(), "use host:port, e.g. 127.0.0.1:50051")
+	}
+	if c.HTTPAddr != "" {
+		if err := checkAddr(c.HTTPAddr); err != nil {
+			errs.add("http_addr", err.Error(), "use host:port, e.g. 127.0.0.1:8000, or empty to disable REST")
+		}
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		errs.add("log_level", fmt.Sprintf("%q is not a level", c.LogLevel), "use debug, info, warn or error")
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		errs.add("log_format", fmt.Sprintf("%q is not a format", c.LogFormat), "use text or json")
+	}
+	if c.BootstrapAdminKey != "" && len(c.BootstrapAdminKey) < 16 {
+		errs.add("bootstrap_admin_key", "is shorter than 16 characters", "use a long random value, e.g. `openssl rand -hex 32`")
+	}
+	if n := countSet(c.TLS.CertFile, c.TLS.KeyFile, c.TLS.ClientCAFile); n != 0 && n != 3 {
+		errs.add("tls", "cert_file, key_file and client_ca_file must be set together", "set all three (`ringfence certs init --dir D` writes a development set) or none")
+	}
+	if img := c.Sandbox.MCPIsolationImage; img != "" && !imageRefPattern.MatchString(img) {
+		errs.add("sandbox.mcp_isolation_image", fmt.Sprintf("%q is not pinned by digest", img),
+			"use name@sha256:<64 hex> or sha256:<64 hex>; `ringfence image build` prints one, `docker image inspect --format '{{.Id}}' NAME` shows a local image's ID")
+	}
+	if c.Sandbox.MCPIsolationNetwork == "" || c.Sandbox.MCPIsolationNetwork == "host" {
+		errs.add("sandbox.mcp_isolation_network", fmt.Sprintf("%q is not allowed", c.Sandbox.MCPIsolationNetwork), "use none (the default) or a named Docker network")
+	}
+	for _, k := range c.Sandbox.MCPIsolationAllowedEnvironmentKeys {
+		if !envKeyPattern.MatchString(k) {
+			errs.add("sandbox.mcp_isolation_allowed_environment_keys", fmt.Sprintf("%q is not an environment variable name", k), "use names like APP_TOKEN")
+		} else if mcpserver.IsControlKey(k) {
+			errs.add("sandbox.mcp_isolation_allowed_environment_keys", fmt.Sprintf("%q steers the container runtime, loader, user, mounts or network", k), "remove it: no registration may set it, allowlisted or not")
+		}
+	}
+	if c.Sandbox.MCPIsolationCPUs <= 0 || c.Sandbox.MCPIsolationCPUs > 64 {
+		errs.add("sandbox.mcp_isolation_cpus", "must be in (0, 64]", "e.g. 1 or 0.5")
+	}
+	if c.Sandbox.MCPIsolationMemory < 16<<20 {
+		errs.add("sandbox.mcp_isolation_memory", "must be at least 16MiB", "e.g. 512MiB")
+	}
+	if c.Sandbox.MCPIsolationPids < 8 || c.Sandbox.MCPIsolationPids > 65536 {
+		errs.add("sandbox.mcp_isolation_pids", "must be in [8, 65536]", "e.g. 128")
+	}
+	if c.Sandbox.MCPIsolationTmpSize < 1<<20 {
+		errs.add("sandbox.mcp_isolation_tmp_size", "must be at least 1MiB", "e.g. 64MiB")
+	}
+	if c.Sandbox.StopTimeout <= 0 {
+		errs.add("sandbox.stop_timeout", "must be positive", "e.g. 2s")
+	}
+	if c.Pool.DriftMaxAge < 0 {
+		errs.add("pool.drift_max_age", "must not be negative", "use 0 to re-list before every call, or e.g. 1s")
+	}
+	if c.Pool.RunIdleTimeout <= 0 {
+		errs.add("pool.run_idle_timeout", "must be positive", "e.g. 15m")
+	}
+	if c.Pool.MaxRuns < 1 {
+		errs.add("pool.max_runs", "must be at least 1", "e.g. 256")
+	}
+	if c.Pool.MaxSessions < 1 {
+		errs.add("pool.max_sessions", "must be at least 1", "e.g. 512")
+	}
+	if c.Audit.SpoolMaxRecords < 1 {
+		errs.add("audit.spool_max_records", "must be at least 1", "e.g. 100000")
+	}
+	switch c.Audit.OnSpoolFull {
+	case "fail_closed", "continue_and_alarm":
+	default:
+		errs.add("audit.on_spool_full", fmt.Sprintf("%q is not a policy", c.Audit.OnSpoolFull), "use fail_closed or continue_and_alarm")
+	}
+	if c.IsProduction() {
+		if c.Sandbox.AllowUnisolatedMCPDevelopment {
+			errs.add("sandbox.allow_unisolated_mcp_development", "is refused in production: it runs registered MCP servers as host processes with this service's privileges, so mcp:admin becomes code execution on the host",
+				"unset it and configure sandbox.mcp_isolation_image; use it only with env=development on a machine you own")
+		}
+		if c.Dev.AllowInlineMCPServers {
+			errs.add("dev.allow_inline_mcp_servers", "is refused in production: inline mcp_servers have no registry row, so no ceiling applies to them",
+				"unset it, register the servers and run `ringfence mcp-import`")
+		}
+	}
+	return errs.err()
+}
+
+var envKeyPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+
+func checkAddr(addr string) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("%q is not host:port", addr)
+	}
+	return nil
+}
+
+func countSet(vals ...string) int {
+	n := 0
+	for _, v := range vals {
+		if v != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// problems collects validation failures so a start reports all of them at once.
+type problems []string
+
+func (p *problems) add(key, what, fix string) {
+	*p = append(*p, fmt.Sprintf("%s (%s) %s: %s", key, EnvName(key), what, fix))
+}
+
+func (p problems) err() error {
+	if len(p) == 0 {
+		return nil
+	}
+	return fmt.Errorf("config: invalid configuration:\n  %s", strings.Join(p, "\n  "))
+}

@@ -1,0 +1,127 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+func load(t *testing.T, args, env []string) (*Config, error) {
+	t.Helper()
+	var out bytes.Buffer
+	return Load("test", args, env, &out)
+}
+
+func TestDefaults(t *testing.T) {
+	cfg, err := load(t, nil, nil)
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:50051", cfg.GRPCAddr)
+	require.Equal(t, "127.0.0.1:8000", cfg.HTTPAddr)
+	require.Equal(t, "none", cfg.Sandbox.MCPIsolationNetwork)
+	require.Equal(t, ByteSize(512<<20), cfg.Sandbox.MCPIsolationMemory)
+	require.Equal(t, time.Second, cfg.Pool.DriftMaxAge)
+	require.False(t, cfg.IsProduction())
+}
+
+func TestPrecedenceFlagsOverEnvOverFileOverDefaults(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "ringfence.yaml")
+	require.NoError(t, os.WriteFile(file, []byte(`
+grpc_addr: 127.0.0.1:1111
+http_addr: 127.0.0.1:2222
+log_level: warn
+sandbox:
+  mcp_isolation_allowed_environment_keys: [APP_TOKEN, OTHER]
+  mcp_isolation_pids: 64
+pool:
+  drift_max_age: 0s
+`), 0o600))
+	cfg, err := load(t,
+		[]string{"--config", file, "--grpc-addr", "127.0.0.1:3333"},
+		[]string{"RINGFENCE_GRPC_ADDR=127.0.0.1:4444", "RINGFENCE_HTTP_ADDR=127.0.0.1:5555", "PATH=/bin"})
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:3333", cfg.GRPCAddr, "flag wins over env and file")
+	require.Equal(t, "127.0.0.1:5555", cfg.HTTPAddr, "env wins over file")
+	require.Equal(t, "warn", cfg.LogLevel, "file wins over default")
+	require.Equal(t, []string{"APP_TOKEN", "OTHER"}, cfg.Sandbox.MCPIsolationAllowedEnvironmentKeys)
+	require.Equal(t, int64(64), cfg.Sandbox.MCPIsolationPids)
+	require.Equal(t, time.Duration(0), cfg.Pool.DriftMaxAge)
+}
+
+func TestNestedEnvKeys(t *testing.T) {
+	cfg, err := load(t, nil, []string{
+		"RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE=" + digest,
+		`RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS=["APP_TOKEN"]`,
+		"RINGFENCE_SANDBOX__MCP_ISOLATION_MEMORY=1GiB",
+		"RINGFENCE_DEV__ALLOW_INLINE_MCP_SERVERS=true",
+		"RINGFENCE_API_KEY=ignored-because-it-is-the-cli's",
+	})
+	require.NoError(t, err)
+	require.Equal(t, digest, cfg.Sandbox.MCPIsolationImage)
+	require.Equal(t, []string{"APP_TOKEN"}, cfg.Sandbox.MCPIsolationAllowedEnvironmentKeys)
+	require.Equal(t, ByteSize(1<<30), cfg.Sandbox.MCPIsolationMemory)
+	require.True(t, cfg.Dev.AllowInlineMCPServers)
+}
+
+func TestRefusals(t *testing.T) {
+	dir := t.TempDir()
+	unknownFile := filepath.Join(dir, "unknown.yaml")
+	require.NoError(t, os.WriteFile(unknownFile, []byte("sandbox:\n  mcp_isolation_imag: x\n"), 0o600))
+
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		env      []string
+		contains []string
+	}{
+		{"unknown env key names a near key", nil, []string{"RINGFENCE_GRPC_ADR=x"}, []string{"RINGFENCE_GRPC_ADR", "did you mean RINGFENCE_GRPC_ADDR"}},
+		{"unknown file key", []string{"--config", unknownFile}, nil, []string{`"sandbox.mcp_isolation_imag"`, `did you mean "sandbox.mcp_isolation_image"`}},
+		{"unknown flag", []string{"--nope"}, nil, []string{"nope"}},
+		{"bad integer names the env", nil, []string{"RINGFENCE_POOL__MAX_RUNS=many"}, []string{"RINGFENCE_POOL__MAX_RUNS", "not an integer"}},
+		{"bad duration", []string{"--pool.drift-max-age=soon"}, nil, []string{"--pool.drift-max-age", "not a duration"}},
+		{"bad list", nil, []string{"RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS=APP_TOKEN"}, []string{"JSON list"}},
+		{"tag refused", nil, []string{"RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE=mcp:latest"}, []string{"RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE", "not pinned by digest", "sha256:<64 hex>"}},
+		{"production refuses unisolated development", nil, []string{"RINGFENCE_ENV=production", "RINGFENCE_SANDBOX__ALLOW_UNISOLATED_MCP_DEVELOPMENT=true"}, []string{"RINGFENCE_SANDBOX__ALLOW_UNISOLATED_MCP_DEVELOPMENT", "refused in production", "host processes"}},
+		{"production refuses inline servers", nil, []string{"RINGFENCE_ENV=production", "RINGFENCE_DEV__ALLOW_INLINE_MCP_SERVERS=true"}, []string{"RINGFENCE_DEV__ALLOW_INLINE_MCP_SERVERS", "no ceiling"}},
+		{"partial tls", nil, []string{"RINGFENCE_TLS__CERT_FILE=a.pem"}, []string{"set together"}},
+		{"bad env", nil, []string{"RINGFENCE_ENV=staging"}, []string{"RINGFENCE_ENV", "development or production"}},
+		{"secret values are not echoed", nil, []string{"RINGFENCE_BOOTSTRAP_ADMIN_KEY=short"}, []string{"RINGFENCE_BOOTSTRAP_ADMIN_KEY", "shorter than 16"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := load(t, tc.args, tc.env)
+			require.Error(t, err)
+			for _, s := range tc.contains {
+				require.Contains(t, err.Error(), s)
+			}
+			require.NotContains(t, err.Error(), "=short")
+		})
+	}
+}
+
+func TestHelpListsEnvNames(t *testing.T) {
+	var out bytes.Buffer
+	_, err := Load("ringfenced", []string{"--help"}, nil, &out)
+	require.True(t, errors.Is(err, flag.ErrHelp))
+	require.Contains(t, out.String(), "RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE")
+	require.Contains(t, out.String(), "-sandbox.mcp-isolation-image")
+}
+
+func TestParseByteSize(t *testing.T) {
+	for in, want := range map[string]ByteSize{"512MiB": 512 << 20, "64m": 64 << 20, "1GiB": 1 << 30, "1024": 1024, "2kb": 2000} {
+		got, err := ParseByteSize(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"", "lots", "-1MiB", "1.5GiB"} {
+		_, err := ParseByteSize(bad)
+		require.Error(t, err, bad)
+	}
+}

@@ -1,0 +1,394 @@
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// EnvPrefix starts every environment key.
+const EnvPrefix = "RINGFENCE_"
+
+// clientEnvKeys are RINGFENCE_* variables that belong to the CLI or to tests, not to a server.
+// A server ignores them instead of refusing them, because operators export them in the same
+// shell they start servers from.
+var clientEnvKeys = map[string]bool{
+	"RINGFENCE_ADDR":        true,
+	"RINGFENCE_API_KEY":     true,
+	"RINGFENCE_CA_FILE":     true,
+	"RINGFENCE_CERT_FILE":   true,
+	"RINGFENCE_KEY_FILE":    true,
+	"RINGFENCE_SERVER_NAME": true,
+	"RINGFENCE_CONFIG":      true,
+}
+
+// EnvName is the environment variable for a key: "sandbox.mcp_isolation_image" becomes
+// RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE.
+func EnvName(key string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "__"))
+}
+
+// FlagName is the command-line flag for a key: "sandbox.mcp_isolation_image" becomes
+// --sandbox.mcp-isolation-image.
+func FlagName(key string) string { return strings.ReplaceAll(key, "_", "-") }
+
+// Load builds the configuration from defaults, the YAML file named by --config or
+// RINGFENCE_CONFIG, the environment and the flags in args, then validates it. name is the
+// binary's name for --help. A --help request returns flag.ErrHelp after printing usage to out.
+func Load(name string, args, environ []string, out io.Writer) (*Config, error) {
+	cfg := &Config{}
+	fields := collectFields(reflect.ValueOf(cfg).Elem(), "")
+	byKey := make(map[string]field, len(fields))
+	for _, f := range fields {
+		byKey[f.key] = f
+		if f.def != "" {
+			if err := f.set(f.def); err != nil {
+				return nil, fmt.Errorf("config: bad default for %s: %w", f.key, err) // a bug, not user input
+			}
+		}
+	}
+
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(out)
+	configFile := fs.String("config", "", "optional YAML configuration file (also RINGFENCE_CONFIG)")
+	type flagValue struct {
+		key string
+		raw string
+	}
+	var flagged []flagValue
+	for _, f := range fields {
+		fs.Var(&rawFlag{isBool: f.v.Kind() == reflect.Bool, set: func(s string) error {
+			flagged = append(flagged, flagValue{f.key, s})
+			return nil
+		}}, FlagName(f.key), f.usage())
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(out, "Usage of %s:\n\nEvery flag is also an environment variable and a YAML key; flags win over the\nenvironment, which wins over the file.\n\n", name)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("config: unexpected argument %q: every setting is a --flag (see --help)", fs.Arg(0))
+	}
+
+	env := envMap(environ)
+	if *configFile == "" {
+		*configFile = env["RINGFENCE_CONFIG"]
+	}
+	if *configFile != "" {
+		if err := loadFile(*configFile, byKey); err != nil {
+			return nil, err
+		}
+	}
+	if err := loadEnv(env, byKey); err != nil {
+		return nil, err
+	}
+	for _, fv := range flagged {
+		f := byKey[fv.key]
+		if err := f.set(fv.raw); err != nil {
+			return nil, fmt.Errorf("config: flag --%s=%s: %w", FlagName(f.key), f.display(fv.raw), err)
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+func envMap(environ []string) map[string]string {
+	m := make(map[string]string)
+	for _, kv := range environ {
+		k, v, ok := strings.Cut(kv, "=")
+		if ok && strings.HasPrefix(k, EnvPrefix) {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+func loadEnv(env map[string]string, byKey map[string]field) error {
+	byEnv := make(map[string]field, len(byKey))
+	for _, f := range byKey {
+		byEnv[EnvName(f.key)] = f
+	}
+	names := make([]string, 0, len(env))
+	for k := range env {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		f, ok := byEnv[name]
+		if !ok {
+			if clientEnvKeys[name] || strings.HasPrefix(name, EnvPrefix+"TEST_") {
+				continue
+			}
+			return fmt.Errorf("config: unknown environment variable %s: %s", name, suggest(name, byEnv))
+		}
+		if err := f.set(env[name]); err != nil {
+			return fmt.Errorf("config: %s=%s (from the environment): %w", name, f.display(env[name]), err)
+		}
+	}
+	return nil
+}
+
+func loadFile(path string, byKey map[string]field) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("config: read config file: %w", err)
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return fmt.Errorf("config: config file %s is not valid YAML: %w", path, err)
+	}
+	return applyYAML(path, "", doc, byKey)
+}
+
+func applyYAML(path, prefix string, doc map[string]any, byKey map[string]field) error {
+	keys := make([]string, 0, len(doc))
+	for k := range doc {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		key := prefix + k
+		val := doc[k]
+		if section, ok := val.(map[string]any); ok {
+			if !isSection(key, byKey) {
+				return fmt.Errorf("config: %s: unknown section %q: %s", path, key, suggestKey(key, byKey))
+			}
+			if err := applyYAML(path, key+".", section, byKey); err != nil {
+				return err
+			}
+			continue
+		}
+		f, ok := byKey[key]
+		if !ok {
+			return fmt.Errorf("config: %s: unknown key %q: %s", path, key, suggestKey(key, byKey))
+		}
+		raw, err := yamlScalar(val)
+		if err != nil {
+			return fmt.Errorf("config: %s: key %q: %w", path, key, err)
+		}
+		if err := f.set(raw); err != nil {
+			return fmt.Errorf("config: %s: key %q=%s: %w", path, key, f.display(raw), err)
+		}
+	}
+	return nil
+}
+
+// yamlScalar turns a YAML value into the string form every source shares; lists become JSON.
+func yamlScalar(v any) (string, error) {
+	switch x := v.(type) {
+	case nil:
+		return "", nil
+	case string:
+		return x, nil
+	case bool, int, int64, uint64, float64:
+		return fmt.Sprint(x), nil
+	case []any:
+		b, err := json.Marshal(x)
+		if err != nil {
+			return "", err
+		}
+		return string(b), nil
+	default:
+		return "", fmt.Errorf("unsupported value of type %T", v)
+	}
+}
+
+func isSection(key string, byKey map[string]field) bool {
+	for k := range byKey {
+		if strings.HasPrefix(k, key+".") {
+			return true
+		}
+	}
+	return false
+}
+
+func suggest(envName string, byEnv map[string]field) string {
+	best, bestD := "", 4
+	for name := range byEnv {
+		if d := editDistance(envName, name); d < bestD {
+			best, bestD = name, d
+		}
+	}
+	if best != "" {
+		return fmt.Sprintf("did you mean %s? (unset it, or see --help for every key)", best)
+	}
+	return "remove it; --help lists every key"
+}
+
+func suggestKey(key string, byKey map[string]field) string {
+	best, bestD := "", 4
+	for k := range byKey {
+		if d := editDistance(key, k); d < bestD {
+			best, bestD = k, d
+		}
+	}
+	if best != "" {
+		return fmt.Sprintf("did you mean %q?", best)
+	}
+	return "remove it; --help lists every key"
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// field is one settable key.
+type field struct {
+	key    string
+	v      reflect.Value
+	def    string
+	help   string
+	secret bool
+}
+
+func collectFields(v reflect.Value, prefix string) []field {
+	var out []field
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		sf := t.Field(i)
+		key := sf.Tag.Get("key")
+		if key == "" {
+			continue
+		}
+		fv := v.Field(i)
+		if fv.Kind() == reflect.Struct && fv.Type() != reflect.TypeFor[time.Duration]() {
+			out = append(out, collectFields(fv, prefix+key+".")...)
+			continue
+		}
+		out = append(out, field{
+			key:    prefix + key,
+			v:      fv,
+			def:    sf.Tag.Get("default"),
+			help:   sf.Tag.Get("help"),
+			secret: sf.Tag.Get("secret") == "true",
+		})
+	}
+	return out
+}
+
+func (f field) usage() string {
+	u := f.help + " (env " + EnvName(f.key) + ")"
+	if f.def != "" {
+		u += " (default " + f.def + ")"
+	}
+	return u
+}
+
+// display shows a raw value in an error message, hiding secrets.
+func (f field) display(raw string) string {
+	if f.secret {
+		return "<redacted>"
+	}
+	return strconv.Quote(raw)
+}
+
+func (f field) set(raw string) error {
+	switch f.v.Interface().(type) {
+	case time.Duration:
+		d, err := time.ParseDuration(raw)
+		if err != nil {
+			return errors.New("not a duration: use e.g. 500ms, 2s or 15m")
+		}
+		f.v.SetInt(int64(d))
+		return nil
+	case ByteSize:
+		n, err := ParseByteSize(raw)
+		if err != nil {
+			return err
+		}
+		f.v.SetInt(int64(n))
+		return nil
+	case []string:
+		if strings.TrimSpace(raw) == "" {
+			f.v.Set(reflect.ValueOf([]string(nil)))
+			return nil
+		}
+		var list []string
+		if err := json.Unmarshal([]byte(raw), &list); err != nil {
+			return errors.New(`not a JSON list of strings: use e.g. ["APP_TOKEN","OTHER_KEY"]`)
+		}
+		f.v.Set(reflect.ValueOf(list))
+		return nil
+	}
+	switch f.v.Kind() {
+	case reflect.String:
+		f.v.SetString(raw)
+	case reflect.Bool:
+		b, err := strconv.ParseBool(raw)
+		if err != nil {
+			return errors.New("not a boolean: use true or false")
+		}
+		f.v.SetBool(b)
+	case reflect.Int, reflect.Int64:
+		n, err := strconv.ParseInt(raw, 10, 64)
+		if err != nil {
+			return errors.New("not an integer")
+		}
+		f.v.SetInt(n)
+	case reflect.Float64:
+		x, err := strconv.ParseFloat(raw, 64)
+		if err != nil {
+			return errors.New("not a number")
+		}
+		f.v.SetFloat(x)
+	default:
+		return fmt.Errorf("unsupported kind %s", f.v.Kind())
+	}
+	return nil
+}
+
+// rawFlag records a flag's raw value; values are applied after the file and the environment.
+type rawFlag struct {
+	isBool bool
+	set    func(string) error
+}
+
+func (r *rawFlag) String() string     { return "" }
+func (r *rawFlag) Set(s string) error { return r.set(s) }
+func (r *rawFlag) IsBoolFlag() bool   { return r.isBool }
+
+// Keys lists every key with its env name, default and help, for documentation.
+func Keys() []KeyInfo {
+	cfg := &Config{}
+	var out []KeyInfo
+	for _, f := range collectFields(reflect.ValueOf(cfg).Elem(), "") {
+		out = append(out, KeyInfo{Key: f.key, Env: EnvName(f.key), Flag: "--" + FlagName(f.key), Default: f.def, Help: f.help})
+	}
+	return out
+}
+
+// KeyInfo documents one key.
+type KeyInfo struct {
+	Key, Env, Flag, Default, Help string
+}

@@ -1,0 +1,101 @@
+package grpcserver
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/textproto"
+	"regexp"
+	"strings"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/ringfence/ringfence/internal/auth"
+)
+
+// NewGatewayMux returns the REST mux every binary uses: proto field names in JSON, unknown
+// fields refused, X-API-Key and X-Request-Id forwarded, and errors as JSON a person can act on.
+func NewGatewayMux() *runtime.ServeMux {
+	return runtime.NewServeMux(
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
+			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
+			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
+		}),
+		runtime.WithIncomingHeaderMatcher(func(h string) (string, bool) {
+			switch textproto.CanonicalMIMEHeaderKey(h) {
+			case "X-Api-Key":
+				return auth.MetadataKey, true
+			case "X-Request-Id":
+				return RequestIDKey, true
+			}
+			return runtime.DefaultHeaderMatcher(h)
+		}),
+		runtime.WithOutgoingHeaderMatcher(func(h string) (string, bool) {
+			if h == RequestIDKey {
+				return "X-Request-Id", true
+			}
+			return "", false
+		}),
+		runtime.WithErrorHandler(writeError),
+	)
+}
+
+// ErrorBody is the JSON body of every REST error.
+type ErrorBody struct {
+	// Code is the HTTP status.
+	Code int `json:"code"`
+	// Status is the gRPC code name, e.g. ALREADY_EXISTS.
+	Status  string `json:"status"`
+	Message string `json:"message"`
+	// Details are the status details in protojson form (e.g. the field that was wrong, or
+	// every publish violation).
+	Details []json.RawMessage `json:"details,omitempty"`
+}
+
+var protoDecodePrefix = regexp.MustCompile(`^proto:\s*(\(line \d+:\d+\):\s*)?`)
+
+func writeError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+	st, _ := status.FromError(err)
+	msg := st.Message()
+	// Decoding errors from the gateway come straight from protojson; say what they are about.
+	if st.Code() == codes.InvalidArgument && strings.HasPrefix(msg, "proto:") {
+		msg = "invalid JSON body: " + protoDecodePrefix.ReplaceAllString(msg, "$1")
+	} else if st.Code() == codes.InvalidArgument && strings.Contains(msg, "http: request body too large") {
+		msg = "request body too large"
+	}
+	body := ErrorBody{Code: runtime.HTTPStatusFromCode(st.Code()), Status: st.Code().String(), Message: msg}
+	body.Status = strings.ToUpper(toSnake(body.Status))
+	for _, d := range st.Proto().GetDetails() {
+		if raw, derr := (protojson.MarshalOptions{UseProtoNames: true}).Marshal(d); derr == nil {
+			body.Details = append(body.Details, raw)
+		}
+	}
+	if md, ok := runtime.ServerMetadataFromContext(ctx); ok {
+		if v := md.HeaderMD.Get(RequestIDKey); len(v) > 0 {
+			w.Header().Set("X-Request-Id", v[0])
+		}
+	}
+	if st.Code() == codes.Unauthenticated {
+		w.Header().Set("WWW-Authenticate", `ApiKey header="X-API-Key"`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(body.Code)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(body)
+}
+
+// toSnake turns AlreadyExists into Already_Exists.
+func toSnake(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && r >= 'A' && r <= 'Z' {
+			b.WriteByte('_')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

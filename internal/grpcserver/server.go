@@ -1,0 +1,332 @@
+// Package grpcserver is the one way Ringfence binaries serve: a gRPC server with reflection,
+// grpc.health.v1, request ids, panic recovery, authorization, access logs and Prometheus
+// metrics, and beside it one HTTP server with the grpc-gateway REST routes, /healthz and
+// /metrics. REST calls go through the same gRPC server over an in-memory connection, so they
+// pass the same interceptors as every other call.
+package grpcserver
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	"google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/ringfence/ringfence/internal/auth"
+)
+
+// Authorizer decides whether a call may proceed and returns ctx with the caller attached.
+type Authorizer interface {
+	Authorize(ctx context.Context, fullMethod string) (context.Context, error)
+}
+
+// GatewayRegistrar registers one service's REST routes on the gateway mux.
+type GatewayRegistrar func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error
+
+// Options configures a Server.
+type Options struct {
+	// Name of the binary, for logs.
+	Name     string
+	GRPCAddr string
+	// HTTPAddr empty disables REST, /healthz and /metrics.
+	HTTPAddr string
+	// TLS, when set, serves gRPC over TLS (the HTTP side stays plaintext on loopback by default).
+	TLS        *tls.Config
+	Authorizer Authorizer
+	Logger     *slog.Logger
+	// ShutdownTimeout bounds graceful shutdown before connections are cut; default 10s.
+	ShutdownTimeout time.Duration
+	// MaxRecvMsgSize bounds one request; default 4 MiB.
+	MaxRecvMsgSize int
+}
+
+// Server serves gRPC and HTTP until its context ends.
+type Server struct {
+	opts     Options
+	log      *slog.Logger
+	grpc     *grpc.Server
+	health   *health.Server
+	metrics  *prometheus.Registry
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+	gateways []GatewayRegistrar
+	inmem    *bufconn.Listener
+	extra    map[string]http.Handler
+
+	mu        sync.Mutex
+	grpcAddr  net.Addr
+	httpAddr  net.Addr
+	listening chan struct{}
+}
+
+// New builds a Server; register services on GRPC() and routes with AddGateway, then Run.
+func New(opts Options) *Server {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.ShutdownTimeout == 0 {
+		opts.ShutdownTimeout = 10 * time.Second
+	}
+	if opts.MaxRecvMsgSize == 0 {
+		opts.MaxRecvMsgSize = 4 << 20
+	}
+	s := &Server{
+		opts:      opts,
+		log:       opts.Logger,
+		health:    health.NewServer(),
+		metrics:   prometheus.NewRegistry(),
+		inmem:     bufconn.Listen(1 << 20),
+		extra:     make(map[string]http.Handler),
+		listening: make(chan struct{}),
+	}
+	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ringfence_grpc_requests_total",
+		Help: "gRPC requests (REST included) by method and status code.",
+	}, []string{"method", "code"})
+	s.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "ringfence_grpc_request_duration_seconds",
+		Help:    "gRPC request latency by method.",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	}, []string{"method"})
+	s.metrics.MustRegister(s.requests, s.latency,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	serverOpts := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.streamInterceptor),
+		grpc.MaxRecvMsgSize(opts.MaxRecvMsgSize),
+	}
+	if opts.TLS != nil {
+		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(opts.TLS)))
+	}
+	s.grpc = grpc.NewServer(serverOpts...)
+	grpc_health_v1.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	return s
+}
+
+// GRPC is the server to register services on.
+func (s *Server) GRPC() *grpc.Server { return s.grpc }
+
+// Metrics is the registry behind /metrics, for services that export their own.
+func (s *Server) Metrics() *prometheus.Registry { return s.metrics }
+
+// AddGateway adds one service's REST routes.
+func (s *Server) AddGateway(r GatewayRegistrar) { s.gateways = append(s.gateways, r) }
+
+// Handle serves an extra HTTP handler at path (e.g. a demo page); REST routes stay under /v1/.
+func (s *Server) Handle(path string, h http.Handler) { s.extra[path] = h }
+
+// Addrs reports the bound addresses once Run is listening (useful with port 0).
+func (s *Server) Addrs(ctx context.Context) (grpcAddr, httpAddr net.Addr, err error) {
+	select {
+	case <-s.listening:
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.grpcAddr, s.httpAddr, nil
+}
+
+// Run serves until ctx ends, then shuts down gracefully within ShutdownTimeout.
+func (s *Server) Run(ctx context.Context) error {
+	grpcLis, err := net.Listen("tcp", s.opts.GRPCAddr)
+	if err != nil {
+		return fmt.Errorf("grpcserver: listen on grpc_addr %s: %w (is another server running there?)", s.opts.GRPCAddr, err)
+	}
+	var httpSrv *http.Server
+	var httpLis net.Listener
+	if s.opts.HTTPAddr != "" {
+		handler, err := s.httpHandler(ctx)
+		if err != nil {
+			grpcLis.Close()
+			return err
+		}
+		httpLis, err = net.Listen("tcp", s.opts.HTTPAddr)
+		if err != nil {
+			grpcLis.Close()
+			return fmt.Errorf("grpcserver: listen on http_addr %s: %w (is another server running there?)", s.opts.HTTPAddr, err)
+		}
+		httpSrv = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	}
+	s.mu.Lock()
+	s.grpcAddr = grpcLis.Addr()
+	if httpLis != nil {
+		s.httpAddr = httpLis.Addr()
+	}
+	s.mu.Unlock()
+	close(s.listening)
+
+	for name := range s.grpc.GetServiceInfo() {
+		s.health.SetServingStatus(name, grpc_health_v1.HealthCheckResponse_SERVING)
+	}
+	s.health.SetServingStatus("", grpc_health_v1.HealthCheckResponse_SERVING)
+
+	errc := make(chan error, 3)
+	go func() { errc <- s.grpc.Serve(grpcLis) }()
+	go func() { errc <- s.grpc.Serve(s.inmem) }()
+	if httpSrv != nil {
+		go func() {
+			if err := httpSrv.Serve(httpLis); !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+	}
+	attrs := []any{"grpc", grpcLis.Addr().String(), "tls", s.opts.TLS != nil}
+	if httpLis != nil {
+		attrs = append(attrs, "http", httpLis.Addr().String())
+	}
+	s.log.Info(s.opts.Name+" serving", attrs...)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+		s.log.Error("server failed", "err", runErr)
+	}
+	s.shutdown(httpSrv)
+	return runErr
+}
+
+func (s *Server) shutdown(httpSrv *http.Server) {
+	s.health.Shutdown()
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
+	defer cancel()
+	if httpSrv != nil {
+		if err := httpSrv.Shutdown(ctx); err != nil {
+			httpSrv.Close()
+		}
+	}
+	done := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.log.Warn("graceful stop timed out; closing connections", "timeout", s.opts.ShutdownTimeout)
+		s.grpc.Stop()
+		<-done
+	}
+	s.log.Info(s.opts.Name + " stopped")
+}
+
+func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
+	conn, err := grpc.NewClient("passthrough:///inmem",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return s.inmem.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("grpcserver: gateway connection: %w", err)
+	}
+	mux := NewGatewayMux()
+	for _, register := range s.gateways {
+		if err := register(ctx, mux, conn); err != nil {
+			return nil, fmt.Errorf("grpcserver: register gateway: %w", err)
+		}
+	}
+	root := http.NewServeMux()
+	root.Handle("/v1/", limitBody(mux, int64(s.opts.MaxRecvMsgSize)))
+	root.HandleFunc("/healthz", s.healthz)
+	root.Handle("/metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}))
+	for path, h := range s.extra {
+		root.Handle(path, h)
+	}
+	return root, nil
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	resp, err := s.health.Check(r.Context(), &grpc_health_v1.HealthCheckRequest{})
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil || resp.GetStatus() != grpc_health_v1.HealthCheckResponse_SERVING {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, `{"status":"NOT_SERVING"}`)
+		return
+	}
+	fmt.Fprintln(w, `{"status":"SERVING"}`)
+}
+
+func limitBody(h http.Handler, n int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, n)
+		h.ServeHTTP(w, r)
+	})
+}
+
+// call wraps one RPC: request id, panic recovery, authorization, metrics and the access log.
+func (s *Server) call(ctx context.Context, method string, run func(context.Context) error) (err error) {
+	start := time.Now()
+	ctx, rid := withRequestID(ctx)
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.ErrorContext(ctx, "panic in handler", "method", method, "request_id", rid, "panic", r, "stack", string(debug.Stack()))
+			err = status.Errorf(codes.Internal, "internal error (request id %s); the server log has the detail", rid)
+		}
+		code := status.Code(err)
+		elapsed := time.Since(start)
+		s.requests.WithLabelValues(method, code.String()).Inc()
+		s.latency.WithLabelValues(method).Observe(elapsed.Seconds())
+		level := slog.LevelInfo
+		if code == codes.Internal || code == codes.Unknown {
+			level = slog.LevelError
+		}
+		if s.log.Enabled(ctx, level) {
+			attrs := []slog.Attr{
+				slog.String("method", method), slog.String("code", code.String()),
+				slog.Duration("duration", elapsed), slog.String("request_id", rid),
+			}
+			if p, ok := auth.FromContext(ctx); ok {
+				attrs = append(attrs, slog.String("actor", p.Actor()))
+			}
+			s.log.LogAttrs(ctx, level, "rpc", attrs...)
+		}
+	}()
+	if s.opts.Authorizer != nil {
+		authCtx, aerr := s.opts.Authorizer.Authorize(ctx, method)
+		if aerr != nil {
+			return aerr
+		}
+		ctx = authCtx
+	}
+	return run(ctx)
+}
+
+func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	err = s.call(ctx, info.FullMethod, func(ctx context.Context) error {
+		var herr error
+		resp, herr = handler(ctx, req)
+		return herr
+	})
+	return resp, err
+}
+
+func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return s.call(ss.Context(), info.FullMethod, func(ctx context.Context) error {
+		return handler(srv, &contextStream{ServerStream: ss, ctx: ctx})
+	})
+}
+
+type contextStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (c *contextStream) Context() context.Context { return c.ctx }

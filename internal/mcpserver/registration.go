@@ -1,0 +1,336 @@
+// Package mcpserver is the domain type of an MCP server registration, shared by the registry
+// (which stores it), the pool (which runs it) and the publisher (which checks its grants),
+// with the one validation every front end applies.
+package mcpserver
+
+import (
+	"fmt"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ringfence/ringfence/internal/capability"
+	"github.com/ringfence/ringfence/internal/fielderr"
+)
+
+// Transports.
+const (
+	TransportStdio          = "stdio"
+	TransportStreamableHTTP = "streamable_http"
+	TransportSSE            = "sse"
+)
+
+// Defaults for the per-registration timeouts.
+const (
+	DefaultClientSessionTimeout = 2 * time.Second
+	DefaultToolCallTimeout      = 30 * time.Second
+)
+
+// Limits on a registration, stated so clients can check before they send.
+const (
+	MaxDescription         = 2048
+	MaxCommand             = 1024
+	MaxArgs                = 64
+	MaxArg                 = 4096
+	MaxEnv                 = 64
+	MaxEnvValue            = 8192
+	MaxURL                 = 2048
+	MaxHeaders             = 32
+	MaxGrants              = 64
+	MaxFilterEntries       = 256
+	MaxToolName            = 128
+	MaxToolPermissionTools = 256
+	MaxToolRequirements    = 16
+	MaxClientSessionTimout = 60 * time.Second
+	MaxToolCallTimeout     = 10 * time.Minute
+)
+
+// Registration is an operator's record of one MCP server.
+type Registration struct {
+	Ref         string
+	Description string
+	Transport   string
+	Command     string
+	Args        []string
+	// Env holds clear values only in memory; the registry stores them sealed.
+	Env map[string]string
+	URL string
+	// Headers maps an HTTP header to the name of a registry secret.
+	Headers map[string]string
+	Grants  []string
+	Filter  ToolFilter
+	// ToolPermissions maps a tool name to argument-scoped requirements like "fs.read:{path}".
+	ToolPermissions      map[string][]string
+	ClientSessionTimeout time.Duration
+	ToolCallTimeout      time.Duration
+	KeepMarkup           bool
+	Revision             int64
+	CreateTime           time.Time
+	UpdateTime           time.Time
+}
+
+// ToolFilter narrows the tools a registration exposes; excludes win.
+type ToolFilter struct {
+	Include []string
+	Exclude []string
+}
+
+// Allows reports whether the filter lets tool through.
+func (f ToolFilter) Allows(tool string) bool {
+	if slices.Contains(f.Exclude, tool) {
+		return false
+	}
+	return len(f.Include) == 0 || slices.Contains(f.Include, tool)
+}
+
+// SessionTimeout is the handshake bound, defaulted.
+func (r *Registration) SessionTimeout() time.Duration {
+	if r.ClientSessionTimeout > 0 {
+		return r.ClientSessionTimeout
+	}
+	return DefaultClientSessionTimeout
+}
+
+// CallTimeout is the tools/call bound, defaulted.
+func (r *Registration) CallTimeout() time.Duration {
+	if r.ToolCallTimeout > 0 {
+		return r.ToolCallTimeout
+	}
+	return DefaultToolCallTimeout
+}
+
+// Policy is what a registration allows, without secrets: what the publisher and the pool's
+// gates read.
+type Policy struct {
+	Ref             string
+	Grants          []string
+	Filter          ToolFilter
+	ToolPermissions map[string][]string
+	Revision        int64
+}
+
+// Policy returns the registration's policy.
+func (r *Registration) Policy() Policy {
+	return Policy{Ref: r.Ref, Grants: r.Grants, Filter: r.Filter, ToolPermissions: r.ToolPermissions, Revision: r.Revision}
+}
+
+// Resolved is a registration with its secrets in clear, for the pool to start it.
+type Resolved struct {
+	Registration
+	// HeaderValues maps each header to its secret's clear value.
+	HeaderValues map[string]string
+}
+
+var (
+	refPattern        = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
+	secretNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,128}$`)
+	toolNamePattern   = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,128}$`)
+	headerNamePattern = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
+	placeholder       = regexp.MustCompile(`\{([A-Za-z0-9_.]{1,64})\}`)
+)
+
+// ValidateRef checks a server ref.
+func ValidateRef(ref string) error {
+	if !refPattern.MatchString(ref) {
+		return fielderr.New("ref", "%q must match ^[a-z0-9_-]{1,64}$ (lower-case letters, digits, '-' and '_')", truncate(ref))
+	}
+	return nil
+}
+
+// ValidateSecretName checks a secret name.
+func ValidateSecretName(field, name string) error {
+	if !secretNamePattern.MatchString(name) {
+		return fielderr.New(field, "%q must match ^[A-Za-z0-9_.-]{1,128}$", truncate(name))
+	}
+	return nil
+}
+
+// Validate checks every field of a registration and fills defaults (transport stdio).
+// allowedEnvKeys is the operator's allowlist.
+func (r *Registration) Validate(allowedEnvKeys []string) error {
+	if err := ValidateRef(r.Ref); err != nil {
+		return err
+	}
+	if r.Transport == "" {
+		r.Transport = TransportStdio
+	}
+	if err := checkText("description", r.Description, MaxDescription); err != nil {
+		return err
+	}
+	switch r.Transport {
+	case TransportStdio:
+		if strings.TrimSpace(r.Command) == "" {
+			return fielderr.New("command", "is required for the stdio transport: name the program inside the isolation image, e.g. \"mcp-server-filesystem\"")
+		}
+		if r.URL != "" || len(r.Headers) > 0 {
+			return fielderr.New("url", "applies to the streamable_http and sse transports only; remove url and headers, or set transport")
+		}
+	case TransportStreamableHTTP, TransportSSE:
+		if r.Command != "" || len(r.Args) > 0 {
+			return fielderr.New("command", "applies to the stdio transport only; remove command and args for %s", r.Transport)
+		}
+		if len(r.Env) > 0 {
+			return fielderr.New("env", "applies to the stdio transport only; send credentials to remote servers with headers that name secrets")
+		}
+		if err := checkURL(r.URL); err != nil {
+			return err
+		}
+	default:
+		return fielderr.New("transport", "%q is not a transport: use stdio, streamable_http or sse", truncate(r.Transport))
+	}
+	if err := checkText("command", r.Command, MaxCommand); err != nil {
+		return err
+	}
+	if len(r.Args) > MaxArgs {
+		return fielderr.New("args", "has %d entries; at most %d", len(r.Args), MaxArgs)
+	}
+	for i, a := range r.Args {
+		if err := checkText(fmt.Sprintf("args[%d]", i), a, MaxArg); err != nil {
+			return err
+		}
+	}
+	if len(r.Env) > MaxEnv {
+		return fielderr.New("env", "has %d keys; at most %d", len(r.Env), MaxEnv)
+	}
+	for _, k := range sortedKeys(r.Env) {
+		if err := CheckEnvKey(k, allowedEnvKeys); err != nil {
+			return fielderr.New("env."+truncate(k), "%s", err.Error())
+		}
+		if err := checkText("env."+k, r.Env[k], MaxEnvValue); err != nil {
+			return err
+		}
+	}
+	if len(r.Headers) > MaxHeaders {
+		return fielderr.New("headers", "has %d entries; at most %d", len(r.Headers), MaxHeaders)
+	}
+	for _, h := range sortedKeys(r.Headers) {
+		if !headerNamePattern.MatchString(h) {
+			return fielderr.New("headers", "%q is not an HTTP header name", truncate(h))
+		}
+		if err := ValidateSecretName("headers."+h, r.Headers[h]); err != nil {
+			return fielderr.New("headers."+h, "must name a secret (see PutSecret), %s", err.(*fielderr.Error).Problem)
+		}
+	}
+	if len(r.Grants) > MaxGrants {
+		return fielderr.New("grants", "has %d entries; at most %d", len(r.Grants), MaxGrants)
+	}
+	for i, g := range r.Grants {
+		if _, err := capability.Parse(g); err != nil {
+			return fielderr.New(fmt.Sprintf("grants[%d]", i), "%s", err.Error())
+		}
+	}
+	for name, list := range map[string][]string{"tool_filter.include": r.Filter.Include, "tool_filter.exclude": r.Filter.Exclude} {
+		if len(list) > MaxFilterEntries {
+			return fielderr.New(name, "has %d entries; at most %d", len(list), MaxFilterEntries)
+		}
+		for i, t := range list {
+			if !toolNamePattern.MatchString(t) {
+				return fielderr.New(fmt.Sprintf("%s[%d]", name, i), "%q is not a tool name ([A-Za-z0-9_.-]{1,128})", truncate(t))
+			}
+		}
+	}
+	if len(r.ToolPermissions) > MaxToolPermissionTools {
+		return fielderr.New("tool_permissions", "has %d tools; at most %d", len(r.ToolPermissions), MaxToolPermissionTools)
+	}
+	for _, tool := range sortedKeys(r.ToolPermissions) {
+		field := "tool_permissions." + truncate(tool)
+		if !toolNamePattern.MatchString(tool) {
+			return fielderr.New("tool_permissions", "%q is not a tool name ([A-Za-z0-9_.-]{1,128})", truncate(tool))
+		}
+		reqs := r.ToolPermissions[tool]
+		if len(reqs) == 0 || len(reqs) > MaxToolRequirements {
+			return fielderr.New(field, "must list 1 to %d requirements", MaxToolRequirements)
+		}
+		for i, req := range reqs {
+			// Placeholders stand for argument values; check the shape with a stand-in.
+			if _, err := capability.Parse(placeholder.ReplaceAllString(req, "x")); err != nil {
+				return fielderr.New(fmt.Sprintf("%s[%d]", field, i), "%s", err.Error())
+			}
+			if strings.ContainsAny(placeholder.ReplaceAllString(req, ""), "{}") {
+				return fielderr.New(fmt.Sprintf("%s[%d]", field, i), "%q has a malformed {argument} placeholder", truncate(req))
+			}
+		}
+	}
+	if r.ClientSessionTimeout < 0 || r.ClientSessionTimeout > MaxClientSessionTimout {
+		return fielderr.New("client_session_timeout", "must be between 0 (default 2s) and %s", MaxClientSessionTimout)
+	}
+	if r.ToolCallTimeout < 0 || r.ToolCallTimeout > MaxToolCallTimeout {
+		return fielderr.New("tool_call_timeout", "must be between 0 (default 30s) and %s", MaxToolCallTimeout)
+	}
+	return nil
+}
+
+// Placeholders returns the argument names a requirement like "fs.read:{path}" refers to.
+func Placeholders(requirement string) []string {
+	var out []string
+	for _, m := range placeholder.FindAllStringSubmatch(requirement, -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+// ExpandRequirement substitutes argument values into a requirement's placeholders.
+func ExpandRequirement(requirement string, value func(arg string) (string, bool)) (string, error) {
+	var missing string
+	out := placeholder.ReplaceAllStringFunc(requirement, func(m string) string {
+		name := m[1 : len(m)-1]
+		v, ok := value(name)
+		if !ok && missing == "" {
+			missing = name
+		}
+		return v
+	})
+	if missing != "" {
+		return "", fmt.Errorf("argument %q, which scopes %q, is missing or not a string", missing, requirement)
+	}
+	return out, nil
+}
+
+func checkURL(raw string) error {
+	if raw == "" {
+		return fielderr.New("url", "is required for remote transports, e.g. https://mcp.example.com/mcp")
+	}
+	if len(raw) > MaxURL {
+		return fielderr.New("url", "is longer than %d bytes", MaxURL)
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return fielderr.New("url", "%q must be an absolute http or https URL", truncate(raw))
+	}
+	if u.User != nil {
+		return fielderr.New("url", "must not carry credentials; put them in a secret and reference it from headers")
+	}
+	return nil
+}
+
+func checkText(field, s string, max int) error {
+	if len(s) > max {
+		return fielderr.New(field, "is %d bytes; at most %d", len(s), max)
+	}
+	if !utf8.ValidString(s) {
+		return fielderr.New(field, "is not valid UTF-8")
+	}
+	if strings.ContainsRune(s, 0) {
+		return fielderr.New(field, "contains a NUL byte")
+	}
+	return nil
+}
+
+func truncate(s string) string {
+	if len(s) > 80 {
+		return s[:77] + "..."
+	}
+	return s
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

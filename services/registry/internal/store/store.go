@@ -1,0 +1,300 @@
+// Package store keeps the registry's state in one bbolt file: registrations (env values
+// sealed), named secrets (sealed), and API keys (hashes only). Every write is durable before
+// it is acknowledged and before any in-memory state changes.
+package store
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/ringfence/ringfence/internal/boltdb"
+	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/internal/secretbox"
+)
+
+// Errors the service maps to codes.
+var (
+	ErrNotFound      = errors.New("not found")
+	ErrExists        = errors.New("already exists")
+	ErrStaleRevision = errors.New("stale revision")
+	ErrBadPageToken  = errors.New("bad page token")
+)
+
+// TxHook runs inside a write transaction, so what it writes (an audit record) commits or rolls
+// back with the change.
+type TxHook func(tx *bolt.Tx) error
+
+// Store is the registry's bbolt file.
+type Store struct {
+	db  *bolt.DB
+	box *secretbox.Box
+
+	// keys is an in-memory copy of the keys bucket, so authenticating a call never touches disk.
+	mu         sync.RWMutex
+	keysByHash map[string]*Key
+	keysByID   map[string]*Key
+	touches    sync.WaitGroup
+}
+
+// Open opens or creates the file at path; box seals secrets.
+func Open(path string, box *secretbox.Box) (*Store, error) {
+	db, err := boltdb.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := boltdb.Migrate(db, allBuckets, migrations); err != nil {
+		db.Close()
+		return nil, err
+	}
+	s := &Store{db: db, box: box}
+	if err := s.loadKeys(); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// DB exposes the file so producers can share its transactions (the audit outbox lives here).
+func (s *Store) DB() *bolt.DB { return s.db }
+
+// Close waits for pending key touches and closes the file.
+func (s *Store) Close() error {
+	s.touches.Wait()
+	return s.db.Close()
+}
+
+// storedServer is a registration at rest: env keys in clear, values sealed as one blob bound
+// to the ref.
+type storedServer struct {
+	Ref                  string              `json:"ref"`
+	Description          string              `json:"description,omitempty"`
+	Transport            string              `json:"transport"`
+	Command              string              `json:"command,omitempty"`
+	Args                 []string            `json:"args,omitempty"`
+	EnvKeys              []string            `json:"env_keys,omitempty"`
+	EnvSealed            []byte              `json:"env_sealed,omitempty"`
+	URL                  string              `json:"url,omitempty"`
+	Headers              map[string]string   `json:"headers,omitempty"`
+	Grants               []string            `json:"grants"`
+	Include              []string            `json:"include,omitempty"`
+	Exclude              []string            `json:"exclude,omitempty"`
+	ToolPermissions      map[string][]string `json:"tool_permissions,omitempty"`
+	ClientSessionTimeout time.Duration       `json:"client_session_timeout,omitempty"`
+	ToolCallTimeout      time.Duration       `json:"tool_call_timeout,omitempty"`
+	KeepMarkup           bool                `json:"keep_markup,omitempty"`
+	Revision             int64               `json:"revision"`
+	CreateTime           time.Time           `json:"create_time"`
+	UpdateTime           time.Time           `json:"update_time"`
+}
+
+func envContext(ref string) []byte { return []byte("registry/server/" + ref + "/env") }
+
+func (s *Store) seal(r *mcpserver.Registration) (*storedServer, error) {
+	st := &storedServer{
+		Ref: r.Ref, Description: r.Description, Transport: r.Transport, Command: r.Command, Args: r.Args,
+		URL: r.URL, Headers: r.Headers, Grants: r.Grants, Include: r.Filter.Include, Exclude: r.Filter.Exclude,
+		ToolPermissions: r.ToolPermissions, ClientSessionTimeout: r.ClientSessionTimeout,
+		ToolCallTimeout: r.ToolCallTimeout, KeepMarkup: r.KeepMarkup, Revision: r.Revision,
+		CreateTime: r.CreateTime, UpdateTime: r.UpdateTime,
+	}
+	if st.Grants == nil {
+		st.Grants = []string{}
+	}
+	if len(r.Env) > 0 {
+		for k := range r.Env {
+			st.EnvKeys = append(st.EnvKeys, k)
+		}
+		sort.Strings(st.EnvKeys)
+		plain, err := json.Marshal(r.Env)
+		if err != nil {
+			return nil, err
+		}
+		st.EnvSealed = s.box.Seal(plain, envContext(r.Ref))
+	}
+	return st, nil
+}
+
+func (s *Store) open(st *storedServer) (*mcpserver.Registration, error) {
+	r := &mcpserver.Registration{
+		Ref: st.Ref, Description: st.Description, Transport: st.Transport, Command: st.Command, Args: st.Args,
+		URL: st.URL, Headers: st.Headers, Grants: st.Grants,
+		Filter:          mcpserver.ToolFilter{Include: st.Include, Exclude: st.Exclude},
+		ToolPermissions: st.ToolPermissions, ClientSessionTimeout: st.ClientSessionTimeout,
+		ToolCallTimeout: st.ToolCallTimeout, KeepMarkup: st.KeepMarkup, Revision: st.Revision,
+		CreateTime: st.CreateTime, UpdateTime: st.UpdateTime,
+	}
+	if len(st.EnvSealed) > 0 {
+		plain, err := s.box.Open(st.EnvSealed, envContext(st.Ref))
+		if err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal(plain, &r.Env); err != nil {
+			return nil, fmt.Errorf("store: decode env of %s: %w", st.Ref, err)
+		}
+	}
+	return r, nil
+}
+
+// CreateServer stores a new registration at revision 1.
+func (s *Store) CreateServer(ctx context.Context, r *mcpserver.Registration, hook TxHook) error {
+	now := time.Now().UTC()
+	r.Revision, r.CreateTime, r.UpdateTime = 1, now, now
+	st, err := s.seal(r)
+	if err != nil {
+		return err
+	}
+	val, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	return s.db.Batch(func(tx *bolt.Tx) error {
+		b := tx.Bucket(serversBucket)
+		if b.Get([]byte(r.Ref)) != nil {
+			return ErrExists
+		}
+		if err := b.Put([]byte(r.Ref), val); err != nil {
+			return err
+		}
+		return runHook(tx, hook)
+	})
+}
+
+// GetServer returns a registration with its env in clear.
+func (s *Store) GetServer(ctx context.Context, ref string) (*mcpserver.Registration, error) {
+	var st storedServer
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(serversBucket).Get([]byte(ref))
+		if v == nil {
+			return ErrNotFound
+		}
+		return json.Unmarshal(v, &st)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.open(&st)
+}
+
+// ListServers returns up to limit registrations after the page token, and the next token.
+func (s *Store) ListServers(ctx context.Context, pageToken string, limit int) ([]*mcpserver.Registration, string, error) {
+	after, err := decodeToken(pageToken)
+	if err != nil {
+		return nil, "", err
+	}
+	var out []*mcpserver.Registration
+	var next string
+	err = s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(serversBucket).Cursor()
+		k, v := c.First()
+		if after != "" {
+			k, v = c.Seek([]byte(after))
+			if k != nil && string(k) == after {
+				k, v = c.Next()
+			}
+		}
+		for ; k != nil; k, v = c.Next() {
+			if len(out) == limit {
+				next = encodeToken(out[len(out)-1].Ref)
+				return nil
+			}
+			var st storedServer
+			if err := json.Unmarshal(v, &st); err != nil {
+				return err
+			}
+			r, err := s.open(&st)
+			if err != nil {
+				return err
+			}
+			out = append(out, r)
+		}
+		return nil
+	})
+	return out, next, err
+}
+
+// UpdateServer replaces a registration: mutate receives the stored one and returns the new one
+// (it may refuse); the revision advances by one.
+func (s *Store) UpdateServer(ctx context.Context, ref string, mutate func(cur *mcpserver.Registration) (*mcpserver.Registration, error), hook func(tx *bolt.Tx, before, after *mcpserver.Registration) error) (*mcpserver.Registration, error) {
+	var result *mcpserver.Registration
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(serversBucket)
+		v := b.Get([]byte(ref))
+		if v == nil {
+			return ErrNotFound
+		}
+		var st storedServer
+		if err := json.Unmarshal(v, &st); err != nil {
+			return err
+		}
+		cur, err := s.open(&st)
+		if err != nil {
+			return err
+		}
+		next, err := mutate(cur)
+		if err != nil {
+			return err
+		}
+		next.Ref, next.Revision, next.CreateTime, next.UpdateTime = cur.Ref, cur.Revision+1, cur.CreateTime, time.Now().UTC()
+		sealed, err := s.seal(next)
+		if err != nil {
+			return err
+		}
+		val, err := json.Marshal(sealed)
+		if err != nil {
+			return err
+		}
+		if err := b.Put([]byte(ref), val); err != nil {
+			return err
+		}
+		if hook != nil {
+			if err := hook(tx, cur, next); err != nil {
+				return err
+			}
+		}
+		result = next
+		return nil
+	})
+	return result, err
+}
+
+// DeleteServer removes a registration.
+func (s *Store) DeleteServer(ctx context.Context, ref string, hook TxHook) error {
+	return s.db.Batch(func(tx *bolt.Tx) error {
+		b := tx.Bucket(serversBucket)
+		if b.Get([]byte(ref)) == nil {
+			return ErrNotFound
+		}
+		if err := b.Delete([]byte(ref)); err != nil {
+			return err
+		}
+		return runHook(tx, hook)
+	})
+}
+
+func runHook(tx *bolt.Tx, hook TxHook) error {
+	if hook == nil {
+		return nil
+	}
+	return hook(tx)
+}
+
+func encodeToken(last string) string { return base64.RawURLEncoding.EncodeToString([]byte(last)) }
+
+func decodeToken(tok string) (string, error) {
+	if tok == "" {
+		return "", nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil || len(b) == 0 || len(b) > 256 {
+		return "", ErrBadPageToken
+	}
+	return string(b), nil
+}

@@ -1,0 +1,168 @@
+package registry
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"regexp"
+	"time"
+
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/fielderr"
+	"github.com/ringfence/ringfence/services/registry/internal/store"
+)
+
+// KeyPrefix starts every minted API key, so leaked keys are recognizable by scanners.
+const KeyPrefix = "rf_"
+
+var (
+	keyNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.@-]{1,64}$`)
+	tenantPattern  = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
+	keyIDPattern   = regexp.MustCompile(`^key_[0-9a-f]{12,32}$`)
+)
+
+// VerifyKey implements auth.KeyVerifier from the in-memory key table.
+func (s *Service) VerifyKey(_ context.Context, keySHA256 string) (auth.Principal, error) {
+	k, ok := s.store.KeyByHash(keySHA256)
+	if !ok || k.Revoked {
+		return auth.Principal{}, auth.ErrUnknownKey
+	}
+	p := auth.Principal{KeyID: k.ID, KeyName: k.Name, Role: k.Role, Tenant: k.Tenant}
+	if role, ok := s.cfg.Roles.Lookup(k.Role); ok {
+		p.Permissions = role.Permissions
+	}
+	return p, nil
+}
+
+// EnsureBootstrapAdmin makes key an admin key (RINGFENCE_BOOTSTRAP_ADMIN_KEY). It is idempotent,
+// and a bootstrap key an operator revoked stays revoked.
+func (s *Service) EnsureBootstrapAdmin(ctx context.Context, key string) error {
+	hash := auth.HashKey(key)
+	if k, ok := s.store.KeyByHash(hash); ok {
+		if k.Revoked {
+			s.log.Warn("the bootstrap admin key was revoked and stays revoked; unset RINGFENCE_BOOTSTRAP_ADMIN_KEY", "key_id", k.ID)
+		}
+		return nil
+	}
+	k := store.Key{
+		ID: "key_" + hash[:16], Name: "bootstrap-admin", Role: auth.RoleAdmin,
+		Hash: hash, CreateTime: time.Now().UTC(),
+	}
+	if err := s.store.CreateKey(ctx, k, nil); err != nil {
+		return fmt.Errorf("registry: create the bootstrap admin key: %w", err)
+	}
+	s.log.Info("bootstrap admin key enabled", "key_id", k.ID)
+	return nil
+}
+
+// CreateKey implements KeyService.
+func (s *Service) CreateKey(ctx context.Context, req *registryv1.CreateKeyRequest) (*registryv1.CreateKeyResponse, error) {
+	if !keyNamePattern.MatchString(req.GetName()) {
+		return nil, s.errors.Status(ctx, fielderr.New("name", "must match %s", keyNamePattern))
+	}
+	if _, ok := s.cfg.Roles.Lookup(req.GetRole()); !ok {
+		return nil, s.errors.Status(ctx, fielderr.New("role", "%q is not a role; ListRoles (ringfence roles check) shows them", req.GetRole()))
+	}
+	if req.GetTenant() != "" && !tenantPattern.MatchString(req.GetTenant()) {
+		return nil, s.errors.Status(ctx, fielderr.New("tenant", "must match %s", tenantPattern))
+	}
+	secret, id := newKeySecret(), newKeyID()
+	k := store.Key{
+		ID: id, Name: req.GetName(), Role: req.GetRole(), Tenant: req.GetTenant(),
+		Hash: auth.HashKey(secret), CreateTime: time.Now().UTC(),
+	}
+	if err := s.store.CreateKey(ctx, k, nil); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	return &registryv1.CreateKeyResponse{Key: keyToProto(k), Secret: secret}, nil
+}
+
+// ListKeys implements KeyService.
+func (s *Service) ListKeys(ctx context.Context, req *registryv1.ListKeysRequest) (*registryv1.ListKeysResponse, error) {
+	n, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	keys := s.store.ListKeys(ctx)
+	start := 0
+	if tok := req.GetPageToken(); tok != "" {
+		start = -1
+		for i, k := range keys {
+			if k.ID == tok {
+				start = i + 1
+				break
+			}
+		}
+		if start < 0 {
+			return nil, s.errors.Status(ctx, errBadPageToken)
+		}
+	}
+	resp := &registryv1.ListKeysResponse{}
+	for i := start; i < len(keys) && len(resp.Keys) < n; i++ {
+		resp.Keys = append(resp.Keys, keyToProto(keys[i]))
+	}
+	if end := start + len(resp.Keys); end < len(keys) && len(resp.Keys) > 0 {
+		resp.NextPageToken = keys[end-1].ID
+	}
+	return resp, nil
+}
+
+// RevokeKey implements KeyService.
+func (s *Service) RevokeKey(ctx context.Context, req *registryv1.RevokeKeyRequest) (*registryv1.RevokeKeyResponse, error) {
+	if !keyIDPattern.MatchString(req.GetId()) {
+		return nil, s.errors.Status(ctx, fielderr.New("id", "%q is not a key id (key_<hex>); ListKeys shows them", req.GetId()))
+	}
+	k, err := s.store.RevokeKey(ctx, req.GetId(), nil)
+	if err != nil {
+		return nil, s.errors.Status(ctx, storeErr(err, errKeyNotFound))
+	}
+	return &registryv1.RevokeKeyResponse{Key: keyToProto(k)}, nil
+}
+
+// ListRoles implements KeyService.
+func (s *Service) ListRoles(ctx context.Context, _ *registryv1.ListRolesRequest) (*registryv1.ListRolesResponse, error) {
+	resp := &registryv1.ListRolesResponse{}
+	for _, r := range s.cfg.Roles.All() {
+		pr := &registryv1.Role{Name: r.Name, Builtin: r.Builtin, Warnings: r.Warnings()}
+		for _, p := range r.Permissions {
+			pr.Permissions = append(pr.Permissions, string(p))
+		}
+		resp.Roles = append(resp.Roles, pr)
+	}
+	return resp, nil
+}
+
+// AuthenticateKey implements the internal RPC other services use to verify API keys.
+func (s *Service) AuthenticateKey(ctx context.Context, req *registryv1.AuthenticateKeyRequest) (*registryv1.AuthenticateKeyResponse, error) {
+	if len(req.GetKeySha256()) != 64 {
+		return nil, s.errors.Status(ctx, fielderr.New("key_sha256", "must be 64 lowercase hex characters"))
+	}
+	p, err := s.VerifyKey(ctx, req.GetKeySha256())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	resp := &registryv1.AuthenticateKeyResponse{KeyId: p.KeyID, KeyName: p.KeyName, Role: p.Role, Tenant: p.Tenant}
+	for _, perm := range p.Permissions {
+		resp.Permissions = append(resp.Permissions, string(perm))
+	}
+	return resp, nil
+}
+
+func newKeySecret() string {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // crypto/rand never fails on supported platforms
+	}
+	return KeyPrefix + base64.RawURLEncoding.EncodeToString(b)
+}
+
+func newKeyID() string {
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return "key_" + hex.EncodeToString(b)
+}

@@ -1,0 +1,147 @@
+// Package registry is the registry service: operators register MCP servers (what to run, its
+// secrets, and the capabilities graphs may ask of it) and manage API keys. It owns the grants
+// that are the publish-time and run-time ceiling, so every call needs mcp:admin, a permission
+// the graph-authoring operator role deliberately lacks.
+package registry
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"google.golang.org/grpc/codes"
+
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/grpcserver"
+	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/internal/secretbox"
+	"github.com/ringfence/ringfence/services/registry/internal/store"
+)
+
+// Discoverer lists a registered server's tools by starting it in isolation: the pool.
+type Discoverer interface {
+	Discover(ctx context.Context, ref string) (*discovery.Listing, error)
+}
+
+// Config holds the service's dependencies.
+type Config struct {
+	// DBPath is the registry's bbolt file.
+	DBPath string
+	// Secrets seals env values and secrets at rest.
+	Secrets *secretbox.Box
+	Roles   *auth.Roles
+	// AllowedEnvKeys is the operator's env allowlist for registrations.
+	AllowedEnvKeys []string
+	// Discoverer answers ListServerTools; nil means isolation is not configured, and the RPC
+	// refuses instead of ever running a server on the host.
+	Discoverer Discoverer
+	Logger     *slog.Logger
+}
+
+// Service implements RegistryService and KeyService.
+type Service struct {
+	registryv1.UnsafeRegistryServiceServer
+	registryv1.UnsafeKeyServiceServer
+
+	cfg    Config
+	store  *store.Store
+	log    *slog.Logger
+	errors grpcserver.ErrorTable
+}
+
+var (
+	_ registryv1.RegistryServiceServer = (*Service)(nil)
+	_ registryv1.KeyServiceServer      = (*Service)(nil)
+	_ auth.KeyVerifier                 = (*Service)(nil)
+)
+
+// Domain errors, each with a message a person can act on; errorCodes maps them to codes.
+var (
+	errServerExists   = errors.New("registry: a server with this ref already exists: use PUT /v1/mcp/servers/{ref} (UpdateServer) to reconfigure it")
+	errServerNotFound = errors.New("registry: no server is registered with this ref")
+	errSecretNotFound = errors.New("registry: no secret has this name")
+	errKeyNotFound    = errors.New("registry: no API key has this id")
+	errStaleRevision  = errors.New("registry: the registration changed since the revision you sent: get it again, reapply your change, and send the new revision")
+	errBadPageToken   = errors.New("registry: page_token is not one this server issued: start again without it")
+	errMissingSecret  = errors.New("registry: a header references a secret that does not exist: create it with PutSecret (ringfence secrets set)")
+	errUnknownRole    = errors.New("registry: unknown role")
+)
+
+var errorCodes = map[error]codes.Code{
+	errServerExists:                codes.AlreadyExists,
+	errServerNotFound:              codes.NotFound,
+	errSecretNotFound:              codes.NotFound,
+	errKeyNotFound:                 codes.NotFound,
+	errStaleRevision:               codes.FailedPrecondition,
+	errBadPageToken:                codes.InvalidArgument,
+	errMissingSecret:               codes.FailedPrecondition,
+	errUnknownRole:                 codes.InvalidArgument,
+	discovery.ErrIsolationRequired: codes.Unavailable,
+	auth.ErrUnknownKey:             codes.Unauthenticated,
+}
+
+// Open opens the registry's store and builds the service; Close releases it.
+func Open(cfg Config) (*Service, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	st, err := store.Open(cfg.DBPath, cfg.Secrets)
+	if err != nil {
+		return nil, err
+	}
+	return &Service{
+		cfg:    cfg,
+		store:  st,
+		log:    cfg.Logger,
+		errors: grpcserver.ErrorTable{Service: "registry", Codes: errorCodes, Logger: cfg.Logger},
+	}, nil
+}
+
+// Close closes the store.
+func (s *Service) Close() error { return s.store.Close() }
+
+// storeErr translates store errors into the service's domain errors.
+func storeErr(err error, notFound error) error {
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return notFound
+	case errors.Is(err, store.ErrExists):
+		return errServerExists
+	case errors.Is(err, store.ErrBadPageToken):
+		return errBadPageToken
+	}
+	return err
+}
+
+// ResolveRegistration returns a registration with its env and header secrets in clear: what
+// the pool needs to start it. In-process callers use it directly; split deployments reach it
+// through the internal ResolveServer RPC.
+func (s *Service) ResolveRegistration(ctx context.Context, ref string) (*mcpserver.Resolved, error) {
+	reg, err := s.store.GetServer(ctx, ref)
+	if err != nil {
+		return nil, storeErr(err, errServerNotFound)
+	}
+	res := &mcpserver.Resolved{Registration: *reg, HeaderValues: make(map[string]string, len(reg.Headers))}
+	for header, secret := range reg.Headers {
+		v, err := s.store.SecretValue(ctx, secret)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, errMissingSecret
+		}
+		if err != nil {
+			return nil, err
+		}
+		res.HeaderValues[header] = v
+	}
+	return res, nil
+}
+
+// ServerPolicy returns what a registration allows, without secrets.
+func (s *Service) ServerPolicy(ctx context.Context, ref string) (mcpserver.Policy, error) {
+	reg, err := s.store.GetServer(ctx, ref)
+	if err != nil {
+		return mcpserver.Policy{}, storeErr(err, errServerNotFound)
+	}
+	return reg.Policy(), nil
+}

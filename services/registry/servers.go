@@ -1,0 +1,238 @@
+package registry
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
+	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/fielderr"
+	"github.com/ringfence/ringfence/internal/mcpserver"
+)
+
+const (
+	defaultPageSize = 100
+	maxPageSize     = 1000
+)
+
+func pageSize(n int32) (int, error) {
+	switch {
+	case n < 0:
+		return 0, fielderr.New("page_size", "must not be negative")
+	case n == 0:
+		return defaultPageSize, nil
+	case n > maxPageSize:
+		return maxPageSize, nil
+	}
+	return int(n), nil
+}
+
+// CreateServer implements RegistryService.
+func (s *Service) CreateServer(ctx context.Context, req *registryv1.CreateServerRequest) (*registryv1.CreateServerResponse, error) {
+	reg, _, err := registrationFromProto(req, s.cfg.AllowedEnvKeys)
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	if err := s.store.CreateServer(ctx, reg, nil); err != nil {
+		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
+	}
+	return &registryv1.CreateServerResponse{Server: serverToProto(reg)}, nil
+}
+
+// GetServer implements RegistryService.
+func (s *Service) GetServer(ctx context.Context, req *registryv1.GetServerRequest) (*registryv1.GetServerResponse, error) {
+	if err := mcpserver.ValidateRef(req.GetRef()); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	reg, err := s.store.GetServer(ctx, req.GetRef())
+	if err != nil {
+		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
+	}
+	return &registryv1.GetServerResponse{Server: serverToProto(reg)}, nil
+}
+
+// ListServers implements RegistryService.
+func (s *Service) ListServers(ctx context.Context, req *registryv1.ListServersRequest) (*registryv1.ListServersResponse, error) {
+	n, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	regs, next, err := s.store.ListServers(ctx, req.GetPageToken(), n)
+	if err != nil {
+		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
+	}
+	resp := &registryv1.ListServersResponse{NextPageToken: next, Servers: make([]*registryv1.Server, len(regs))}
+	for i, r := range regs {
+		resp.Servers[i] = serverToProto(r)
+	}
+	return resp, nil
+}
+
+// UpdateServer implements RegistryService: the seed's PUT, which replaces the registration
+// except that a request without env keeps the stored env.
+func (s *Service) UpdateServer(ctx context.Context, req *registryv1.UpdateServerRequest) (*registryv1.UpdateServerResponse, error) {
+	reg, envPresent, err := registrationFromProto(req, s.cfg.AllowedEnvKeys)
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	if req.GetRevision() < 0 {
+		return nil, s.errors.Status(ctx, fielderr.New("revision", "must not be negative"))
+	}
+	updated, err := s.store.UpdateServer(ctx, req.GetRef(), func(cur *mcpserver.Registration) (*mcpserver.Registration, error) {
+		if req.GetRevision() != 0 && req.GetRevision() != cur.Revision {
+			return nil, errStaleRevision
+		}
+		if !envPresent {
+			reg.Env = cur.Env
+			// The kept env must still fit the new transport.
+			if len(reg.Env) > 0 && reg.Transport != mcpserver.TransportStdio {
+				return nil, fielderr.New("env", "the stored env applies to stdio only; send \"env\": {} to clear it when switching to %s", reg.Transport)
+			}
+		}
+		return reg, nil
+	}, nil)
+	if err != nil {
+		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
+	}
+	return &registryv1.UpdateServerResponse{Server: serverToProto(updated)}, nil
+}
+
+// DeleteServer implements RegistryService.
+func (s *Service) DeleteServer(ctx context.Context, req *registryv1.DeleteServerRequest) (*registryv1.DeleteServerResponse, error) {
+	if err := mcpserver.ValidateRef(req.GetRef()); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	if err := s.store.DeleteServer(ctx, req.GetRef(), nil); err != nil {
+		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
+	}
+	return &registryv1.DeleteServerResponse{}, nil
+}
+
+// ListServerTools implements RegistryService: the pool starts the server in isolation.
+func (s *Service) ListServerTools(ctx context.Context, req *registryv1.ListServerToolsRequest) (*registryv1.ListServerToolsResponse, error) {
+	if err := mcpserver.ValidateRef(req.GetRef()); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	if _, err := s.store.GetServer(ctx, req.GetRef()); err != nil {
+		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
+	}
+	if s.cfg.Discoverer == nil {
+		return nil, DiscoveryStatus(ctx, s.errors, discovery.ErrIsolationRequired)
+	}
+	listing, err := s.cfg.Discoverer.Discover(ctx, req.GetRef())
+	if err != nil {
+		return nil, DiscoveryStatus(ctx, s.errors, err)
+	}
+	resp := &registryv1.ListServerToolsResponse{ListingFindings: FindingsToProto(listing.Findings)}
+	for _, t := range listing.Tools {
+		resp.Tools = append(resp.Tools, ToolToProto(t))
+	}
+	return resp, nil
+}
+
+// DiscoveryStatus turns a discovery error into a status with a ServerFailure detail, so
+// callers can branch on the class. Shared with the pool and publisher front ends.
+func DiscoveryStatus(ctx context.Context, table interface {
+	Status(context.Context, error) error
+}, err error) error {
+	if errors.Is(err, discovery.ErrIsolationRequired) {
+		st := status.New(codes.Unavailable, err.Error())
+		if d, derr := st.WithDetails(&typesv1.ServerFailure{Class: discovery.ClassIsolationRequired, Message: err.Error()}); derr == nil {
+			st = d
+		}
+		return st.Err()
+	}
+	f, ok := discovery.AsFailure(err)
+	if !ok {
+		return table.Status(ctx, err)
+	}
+	code := codes.Unavailable
+	switch f.Class {
+	case discovery.ClassHandshakeTimeout:
+		code = codes.DeadlineExceeded
+	case discovery.ClassLimitExceeded:
+		code = codes.ResourceExhausted
+	}
+	st := status.New(code, "could not list the server's tools: "+f.Error())
+	if d, derr := st.WithDetails(&typesv1.ServerFailure{Class: f.Class, Message: f.Message, StderrTail: f.StderrTail}); derr == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// PutSecret implements RegistryService.
+func (s *Service) PutSecret(ctx context.Context, req *registryv1.PutSecretRequest) (*registryv1.PutSecretResponse, error) {
+	if err := mcpserver.ValidateSecretName("name", req.GetName()); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	if len(req.GetValue()) == 0 || len(req.GetValue()) > mcpserver.MaxEnvValue {
+		return nil, s.errors.Status(ctx, fielderr.New("value", "must be 1 to %d bytes", mcpserver.MaxEnvValue))
+	}
+	sec, err := s.store.PutSecret(ctx, req.GetName(), req.GetValue(), nil)
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	return &registryv1.PutSecretResponse{Secret: secretToProto(sec)}, nil
+}
+
+// ListSecrets implements RegistryService.
+func (s *Service) ListSecrets(ctx context.Context, _ *registryv1.ListSecretsRequest) (*registryv1.ListSecretsResponse, error) {
+	secs, err := s.store.ListSecrets(ctx)
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	resp := &registryv1.ListSecretsResponse{}
+	for _, sec := range secs {
+		resp.Secrets = append(resp.Secrets, secretToProto(sec))
+	}
+	return resp, nil
+}
+
+// DeleteSecret implements RegistryService.
+func (s *Service) DeleteSecret(ctx context.Context, req *registryv1.DeleteSecretRequest) (*registryv1.DeleteSecretResponse, error) {
+	if err := mcpserver.ValidateSecretName("name", req.GetName()); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	if err := s.store.DeleteSecret(ctx, req.GetName(), nil); err != nil {
+		return nil, s.errors.Status(ctx, storeErr(err, errSecretNotFound))
+	}
+	return &registryv1.DeleteSecretResponse{}, nil
+}
+
+// ResolveServer implements the internal RPC the pool uses to start a server.
+func (s *Service) ResolveServer(ctx context.Context, req *registryv1.ResolveServerRequest) (*registryv1.ResolveServerResponse, error) {
+	if err := mcpserver.ValidateRef(req.GetRef()); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	res, err := s.ResolveRegistration(ctx, req.GetRef())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	return &registryv1.ResolveServerResponse{Server: serverToProto(&res.Registration), Env: res.Env, HeaderValues: res.HeaderValues}, nil
+}
+
+// GetServerPolicy implements the internal RPC the publisher and pool use for grants.
+func (s *Service) GetServerPolicy(ctx context.Context, req *registryv1.GetServerPolicyRequest) (*registryv1.GetServerPolicyResponse, error) {
+	if err := mcpserver.ValidateRef(req.GetRef()); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	p, err := s.ServerPolicy(ctx, req.GetRef())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	out := &registryv1.GetServerPolicyResponse{
+		Ref: p.Ref, Grants: p.Grants, Revision: p.Revision,
+		ToolFilter: &registryv1.ToolFilter{Include: p.Filter.Include, Exclude: p.Filter.Exclude},
+	}
+	if len(p.ToolPermissions) > 0 {
+		out.ToolPermissions = make(map[string]*registryv1.ToolPermissions, len(p.ToolPermissions))
+		for tool, reqs := range p.ToolPermissions {
+			out.ToolPermissions[tool] = &registryv1.ToolPermissions{Required: reqs}
+		}
+	}
+	return out, nil
+}
