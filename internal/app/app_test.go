@@ -1,0 +1,187 @@
+package app
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/dynamicpb"
+
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/config"
+	"github.com/ringfence/ringfence/internal/mtls"
+	"github.com/ringfence/ringfence/internal/testutil"
+)
+
+const bootstrapKey = "app-test-admin-key-0123456789"
+
+func testConfig(t *testing.T, extraEnv ...string) *config.Config {
+	t.Helper()
+	env := append([]string{
+		"RINGFENCE_DATA_DIR=" + t.TempDir(),
+		"RINGFENCE_GRPC_ADDR=127.0.0.1:0",
+		"RINGFENCE_HTTP_ADDR=127.0.0.1:0",
+		"RINGFENCE_BOOTSTRAP_ADMIN_KEY=" + bootstrapKey,
+	}, extraEnv...)
+	cfg, err := config.Load("test", nil, env, io.Discard)
+	require.NoError(t, err)
+	return cfg
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// TestPermissionMatrix calls every RPC of every service with every built-in role (and with no
+// key) and checks the answer against auth.Rules: a role without the permission is denied, a
+// role with it gets past authorization, internal RPCs refuse every API key.
+func TestPermissionMatrix(t *testing.T) {
+	a, err := NewAllInOne(t.Context(), testConfig(t), quietLogger())
+	require.NoError(t, err)
+	conn, _ := testutil.Serve(t, a.Server)
+	defer a.Close()
+
+	keys := map[string]string{auth.RoleAdmin: bootstrapKey}
+	kc := registryv1.NewKeyServiceClient(conn)
+	for _, role := range []string{auth.RoleOperator, auth.RoleAuthor, auth.RoleRunner, auth.RoleAuditor} {
+		resp, err := kc.CreateKey(testutil.WithKey(t.Context(), bootstrapKey), &registryv1.CreateKeyRequest{Name: role, Role: role})
+		require.NoError(t, err)
+		keys[role] = resp.GetSecret()
+	}
+
+	var methods []protoreflect.MethodDescriptor
+	protoregistry.GlobalFiles.RangeFiles(func(fd protoreflect.FileDescriptor) bool {
+		if strings.HasPrefix(string(fd.Package()), "ringfence.") {
+			for i := 0; i < fd.Services().Len(); i++ {
+				svc := fd.Services().Get(i)
+				for j := 0; j < svc.Methods().Len(); j++ {
+					methods = append(methods, svc.Methods().Get(j))
+				}
+			}
+		}
+		return true
+	})
+	require.NotEmpty(t, methods)
+
+	for _, md := range methods {
+		full := "/" + string(md.Parent().FullName()) + "/" + string(md.Name())
+		rule, ok := auth.Rules[full]
+		require.True(t, ok, "no rule for %s", full)
+		for role, key := range keys {
+			t.Run(string(md.Name())+"/"+role, func(t *testing.T) {
+				code := invoke(t, conn, md, full, key)
+				roleDef, _ := auth.BuiltinRoles[role]
+				allowed := rule.Permission != "" && contains(roleDef, rule.Permission)
+				if allowed {
+					require.NotContains(t, []codes.Code{codes.PermissionDenied, codes.Unauthenticated}, code, "%s with role %s", full, role)
+				} else {
+					require.Equal(t, codes.PermissionDenied, code, "%s with role %s", full, role)
+				}
+			})
+		}
+		t.Run(string(md.Name())+"/no-key", func(t *testing.T) {
+			code := invoke(t, conn, md, full, "")
+			if len(rule.Internal) > 0 {
+				require.Equal(t, codes.PermissionDenied, code)
+			} else {
+				require.Equal(t, codes.Unauthenticated, code)
+			}
+		})
+	}
+}
+
+func contains(ps []auth.Permission, p auth.Permission) bool {
+	for _, x := range ps {
+		if x == p {
+			return true
+		}
+	}
+	return false
+}
+
+// invoke calls a method with an empty request and returns the status code.
+func invoke(t *testing.T, conn *grpc.ClientConn, md protoreflect.MethodDescriptor, full, key string) codes.Code {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if key != "" {
+		ctx = testutil.WithKey(ctx, key)
+	}
+	req := dynamicpb.NewMessage(md.Input())
+	resp := dynamicpb.NewMessage(md.Output())
+	if !md.IsStreamingServer() && !md.IsStreamingClient() {
+		return status.Code(conn.Invoke(ctx, full, req, resp))
+	}
+	stream, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: md.IsStreamingServer(), ClientStreams: md.IsStreamingClient()}, full)
+	if err != nil {
+		return status.Code(err)
+	}
+	require.NoError(t, stream.SendMsg(req))
+	require.NoError(t, stream.CloseSend())
+	return status.Code(stream.RecvMsg(resp))
+}
+
+// TestInternalRPCsNeedTheirServiceCertificate runs ringfenced with TLS from `certs init` and
+// calls internal RPCs with each service's certificate and with an API key alone.
+func TestInternalRPCsNeedTheirServiceCertificate(t *testing.T) {
+	dir := t.TempDir()
+	_, err := mtls.InitDevCA(dir, mtls.DevCAOptions{})
+	require.NoError(t, err)
+	cfg := testConfig(t,
+		"RINGFENCE_TLS__CERT_FILE="+filepath.Join(dir, "registry.pem"),
+		"RINGFENCE_TLS__KEY_FILE="+filepath.Join(dir, "registry-key.pem"),
+		"RINGFENCE_TLS__CLIENT_CA_FILE="+filepath.Join(dir, "ca.pem"),
+	)
+	a, err := NewAllInOne(t.Context(), cfg, quietLogger())
+	require.NoError(t, err)
+	defer a.Close()
+	go func() { _ = a.Server.Run(t.Context()) }()
+	grpcAddr, _, err := a.Server.Addrs(t.Context())
+	require.NoError(t, err)
+
+	dialAs := func(svc string) registryv1.RegistryServiceClient {
+		var tlsCfg credentials.TransportCredentials
+		if svc == "" {
+			c, err := mtls.CAOnlyConfig(filepath.Join(dir, "ca.pem"), "")
+			require.NoError(t, err)
+			tlsCfg = credentials.NewTLS(c)
+		} else {
+			c, err := mtls.ClientConfig(mtls.Files{CertFile: filepath.Join(dir, svc+".pem"), KeyFile: filepath.Join(dir, svc+"-key.pem"), CAFile: filepath.Join(dir, "ca.pem")})
+			require.NoError(t, err)
+			tlsCfg = credentials.NewTLS(c)
+		}
+		conn, err := grpc.NewClient(grpcAddr.String(), grpc.WithTransportCredentials(tlsCfg))
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		return registryv1.NewRegistryServiceClient(conn)
+	}
+	ctx := t.Context()
+	keyHash := auth.HashKey(bootstrapKey)
+
+	resp, err := dialAs(mtls.Pool).AuthenticateKey(ctx, &registryv1.AuthenticateKeyRequest{KeySha256: keyHash})
+	require.NoError(t, err, "the pool's certificate may authenticate keys")
+	require.Equal(t, auth.RoleAdmin, resp.GetRole())
+
+	_, err = dialAs("").AuthenticateKey(testutil.WithKey(ctx, bootstrapKey), &registryv1.AuthenticateKeyRequest{KeySha256: keyHash})
+	st := testutil.RequireStatus(t, err, codes.PermissionDenied, "an admin API key without a certificate")
+	require.Contains(t, st.Message(), "API keys are never enough")
+
+	_, err = dialAs(mtls.Publisher).ResolveServer(ctx, &registryv1.ResolveServerRequest{Ref: "x"})
+	testutil.RequireStatus(t, err, codes.PermissionDenied, "only the pool may resolve secrets")
+
+	_, err = dialAs(mtls.Pool).ResolveServer(ctx, &registryv1.ResolveServerRequest{Ref: "x"})
+	testutil.RequireStatus(t, err, codes.NotFound, "the pool gets past authorization")
+
+	_, err = dialAs("").ListServers(testutil.WithKey(ctx, bootstrapKey), &registryv1.ListServersRequest{})
+	require.NoError(t, err, "public RPCs work over TLS with an API key")
+}

@@ -1,0 +1,110 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+func TestBuiltinRoles(t *testing.T) {
+	rs, err := NewRoles("")
+	require.NoError(t, err)
+	op, ok := rs.Lookup(RoleOperator)
+	require.True(t, ok)
+	require.False(t, op.Has(MCPAdmin), "operator must not hold mcp:admin: it authors the graphs the registry constrains")
+	require.True(t, op.Has(WorkflowAdmin))
+	require.True(t, op.Has(ConnectorAdmin))
+	admin, _ := rs.Lookup(RoleAdmin)
+	for _, p := range AllPermissions {
+		require.True(t, admin.Has(p))
+	}
+	require.Empty(t, rs.Warnings())
+}
+
+func TestCustomRoles(t *testing.T) {
+	rs, err := NewRoles(`{"deployer": ["run:execute", "audit:read"], "superop": ["mcp:admin", "workflow:admin"]}`)
+	require.NoError(t, err)
+	d, ok := rs.Lookup("deployer")
+	require.True(t, ok)
+	require.True(t, d.Has(RunExecute))
+	require.False(t, d.Builtin)
+	w := rs.Warnings()
+	require.Len(t, w, 1)
+	require.Contains(t, w[0], `"superop" pairs mcp:admin with workflow:admin`)
+
+	for _, bad := range []string{`[`, `{"admin": ["audit:read"]}`, `{"x": ["fly"]}`, `{"Bad Name": []}`} {
+		_, err := NewRoles(bad)
+		require.Error(t, err, bad)
+		require.Contains(t, err.Error(), "RINGFENCE_SERVICE_ROLES_JSON")
+	}
+}
+
+type fakeKeys map[string]Principal
+
+func (f fakeKeys) VerifyKey(_ context.Context, h string) (Principal, error) {
+	p, ok := f[h]
+	if !ok {
+		return Principal{}, ErrUnknownKey
+	}
+	return p, nil
+}
+
+func TestAuthorize(t *testing.T) {
+	keys := fakeKeys{
+		HashKey("admin-key"):    {KeyID: "a", Role: RoleAdmin, Permissions: AllPermissions},
+		HashKey("operator-key"): {KeyID: "o", Role: RoleOperator, Permissions: BuiltinRoles[RoleOperator]},
+	}
+	rules := map[string]Rule{
+		"/x.S/Admin":    perm(MCPAdmin),
+		"/x.S/Internal": internal("pool"),
+		"/x.S/Health":   public,
+	}
+	a := NewAuthorizer(keys, rules)
+	withKey := func(k string) context.Context {
+		return metadata.NewIncomingContext(context.Background(), metadata.Pairs(MetadataKey, k))
+	}
+	for _, tc := range []struct {
+		name   string
+		ctx    context.Context
+		method string
+		code   codes.Code
+	}{
+		{"admin may", withKey("admin-key"), "/x.S/Admin", codes.OK},
+		{"operator may not", withKey("operator-key"), "/x.S/Admin", codes.PermissionDenied},
+		{"no key", context.Background(), "/x.S/Admin", codes.Unauthenticated},
+		{"unknown key", withKey("nope"), "/x.S/Admin", codes.Unauthenticated},
+		{"internal refuses api keys", withKey("admin-key"), "/x.S/Internal", codes.PermissionDenied},
+		{"public", context.Background(), "/x.S/Health", codes.OK},
+		{"method without a rule", withKey("admin-key"), "/x.S/Unlisted", codes.PermissionDenied},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, err := a.Authorize(tc.ctx, tc.method)
+			require.Equal(t, tc.code, status.Code(err), "%v", err)
+			if err == nil && tc.method == "/x.S/Admin" {
+				p, ok := FromContext(ctx)
+				require.True(t, ok)
+				require.Equal(t, "a", p.KeyID)
+			}
+		})
+	}
+}
+
+func TestResolveTenant(t *testing.T) {
+	bound := Principal{Tenant: "acme"}
+	got, err := ResolveTenant(bound, "")
+	require.NoError(t, err)
+	require.Equal(t, "acme", got)
+	_, err = ResolveTenant(bound, "globex")
+	require.True(t, errors.Is(err, ErrTenantMismatch))
+	got, err = ResolveTenant(Principal{}, "")
+	require.NoError(t, err)
+	require.Equal(t, DefaultTenant, got)
+	got, err = ResolveTenant(Principal{}, "globex")
+	require.NoError(t, err)
+	require.Equal(t, "globex", got)
+}

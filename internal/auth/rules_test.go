@@ -1,0 +1,67 @@
+package auth
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+)
+
+// ringfenceMethods lists every RPC of every Ringfence service linked into this binary; the
+// generated packages register their descriptors when rules.go imports them.
+func ringfenceMethods(t *testing.T) []string {
+	t.Helper()
+	var methods []string
+	protoregistry.GlobalFiles.RangeFiles(func(fd protoreflect.FileDescriptor) bool {
+		if !strings.HasPrefix(string(fd.Package()), "ringfence.") {
+			return true
+		}
+		for i := 0; i < fd.Services().Len(); i++ {
+			svc := fd.Services().Get(i)
+			for j := 0; j < svc.Methods().Len(); j++ {
+				methods = append(methods, "/"+string(svc.FullName())+"/"+string(svc.Methods().Get(j).Name()))
+			}
+		}
+		return true
+	})
+	require.NotEmpty(t, methods)
+	return methods
+}
+
+func TestEveryRPCHasARule(t *testing.T) {
+	for _, m := range ringfenceMethods(t) {
+		_, ok := Rules[m]
+		require.True(t, ok, "RPC %s has no entry in auth.Rules: add one (a permission, or internal with its allowlist)", m)
+	}
+}
+
+func TestEveryRuleNamesAnRPC(t *testing.T) {
+	known := make(map[string]bool)
+	for _, m := range ringfenceMethods(t) {
+		known[m] = true
+	}
+	for m, r := range Rules {
+		if r.Public {
+			continue
+		}
+		require.True(t, known[m], "auth.Rules has an entry for %s, which no service defines", m)
+	}
+}
+
+func TestEachRuleSetsExactlyOneField(t *testing.T) {
+	for m, r := range Rules {
+		n := 0
+		if r.Permission != "" {
+			n++
+		}
+		if len(r.Internal) > 0 {
+			n++
+		}
+		if r.Public {
+			n++
+		}
+		require.Equal(t, 1, n, "rule for %s", m)
+	}
+}

@@ -1,0 +1,76 @@
+// Package testutil holds the helpers every package's tests share: serving a real
+// grpcserver.Server on loopback, dialing it with an API key, and asserting status codes.
+package testutil
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/grpcserver"
+)
+
+// RequireStatus asserts that err is a gRPC status with code.
+func RequireStatus(t testing.TB, err error, code codes.Code, msgAndArgs ...any) *status.Status {
+	t.Helper()
+	require.Error(t, err, msgAndArgs...)
+	st, ok := status.FromError(err)
+	require.True(t, ok, "not a status error: %v", err)
+	require.Equal(t, code.String(), st.Code().String(), "message: %s", st.Message())
+	return st
+}
+
+// WithKey returns ctx carrying an API key.
+func WithKey(ctx context.Context, key string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, auth.MetadataKey, key)
+}
+
+// Serve runs srv on loopback until the test ends and returns a client connection and the
+// HTTP base URL (empty when HTTP is disabled). srv must be built with port-0 addresses.
+func Serve(t testing.TB, srv *grpcserver.Server) (*grpc.ClientConn, string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Error("server did not stop within 30s")
+		}
+	})
+	addrCtx, addrCancel := context.WithTimeout(ctx, 10*time.Second)
+	defer addrCancel()
+	grpcAddr, httpAddr, err := srv.Addrs(addrCtx)
+	require.NoError(t, err)
+	conn, err := grpc.NewClient(grpcAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	base := ""
+	if httpAddr != nil {
+		base = "http://" + httpAddr.String()
+	}
+	return conn, base
+}
+
+// FreeAddr returns a loopback address that was free a moment ago, for binaries that must be
+// told their port up front.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}

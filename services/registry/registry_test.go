@@ -1,0 +1,377 @@
+package registry
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/grpcserver"
+	"github.com/ringfence/ringfence/internal/secretbox"
+	"github.com/ringfence/ringfence/internal/testutil"
+)
+
+const (
+	adminKey = "test-admin-key-0123456789"
+	canary   = "canary-secret-7f3a9c"
+)
+
+type fixture struct {
+	svc    *Service
+	conn   *grpc.ClientConn
+	base   string
+	client registryv1.RegistryServiceClient
+	keys   registryv1.KeyServiceClient
+	dbPath string
+	// roleKeys maps each built-in role to a key holding it.
+	roleKeys map[string]string
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	dir := t.TempDir()
+	box, err := secretbox.LoadOrCreate(filepath.Join(dir, "secrets.key"))
+	require.NoError(t, err)
+	roles, err := auth.NewRoles("")
+	require.NoError(t, err)
+	dbPath := filepath.Join(dir, "registry.db")
+	svc, err := Open(Config{DBPath: dbPath, Secrets: box, Roles: roles, AllowedEnvKeys: []string{"APP_TOKEN", "REGION"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { svc.Close() })
+	require.NoError(t, svc.EnsureBootstrapAdmin(t.Context(), adminKey))
+
+	srv := grpcserver.New(grpcserver.Options{Name: "test", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Authorizer: auth.NewAuthorizer(svc, auth.Rules)})
+	registryv1.RegisterRegistryServiceServer(srv.GRPC(), svc)
+	registryv1.RegisterKeyServiceServer(srv.GRPC(), svc)
+	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
+		if err := registryv1.RegisterRegistryServiceHandler(ctx, mux, conn); err != nil {
+			return err
+		}
+		return registryv1.RegisterKeyServiceHandler(ctx, mux, conn)
+	})
+	conn, base := testutil.Serve(t, srv)
+	f := &fixture{svc: svc, conn: conn, base: base, client: registryv1.NewRegistryServiceClient(conn),
+		keys: registryv1.NewKeyServiceClient(conn), dbPath: dbPath, roleKeys: map[string]string{auth.RoleAdmin: adminKey}}
+	for _, role := range []string{auth.RoleOperator, auth.RoleAuthor, auth.RoleRunner, auth.RoleAuditor} {
+		resp, err := f.keys.CreateKey(f.admin(t), &registryv1.CreateKeyRequest{Name: role, Role: role})
+		require.NoError(t, err)
+		f.roleKeys[role] = resp.GetSecret()
+	}
+	return f
+}
+
+func (f *fixture) admin(t *testing.T) context.Context { return testutil.WithKey(t.Context(), adminKey) }
+
+func env(kv ...string) *structpb.Struct {
+	s := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	for i := 0; i+1 < len(kv); i += 2 {
+		s.Fields[kv[i]] = structpb.NewStringValue(kv[i+1])
+	}
+	return s
+}
+
+func docsSearch() *registryv1.CreateServerRequest {
+	return &registryv1.CreateServerRequest{
+		Ref: "docs-search", Command: "mcp-server-filesystem", Args: []string{"/srv/docs"},
+		Env: env("APP_TOKEN", canary), Grants: []string{"process_spawn", "external_api_call"},
+	}
+}
+
+func TestCreateGetListDelete(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	created, err := f.client.CreateServer(ctx, docsSearch())
+	require.NoError(t, err)
+	s := created.GetServer()
+	require.Equal(t, "stdio", s.GetTransport(), "transport defaults to stdio")
+	require.Equal(t, int64(1), s.GetRevision())
+	require.Equal(t, map[string]string{"APP_TOKEN": SecretMask}, s.GetEnv())
+
+	_, err = f.client.CreateServer(ctx, docsSearch())
+	st := testutil.RequireStatus(t, err, codes.AlreadyExists)
+	require.Contains(t, st.Message(), "use PUT")
+
+	got, err := f.client.GetServer(ctx, &registryv1.GetServerRequest{Ref: "docs-search"})
+	require.NoError(t, err)
+	require.Equal(t, SecretMask, got.GetServer().GetEnv()["APP_TOKEN"])
+
+	list, err := f.client.ListServers(ctx, &registryv1.ListServersRequest{})
+	require.NoError(t, err)
+	require.Len(t, list.GetServers(), 1)
+
+	_, err = f.client.DeleteServer(ctx, &registryv1.DeleteServerRequest{Ref: "docs-search"})
+	require.NoError(t, err)
+	_, err = f.client.GetServer(ctx, &registryv1.GetServerRequest{Ref: "docs-search"})
+	testutil.RequireStatus(t, err, codes.NotFound)
+	_, err = f.client.DeleteServer(ctx, &registryv1.DeleteServerRequest{Ref: "docs-search"})
+	testutil.RequireStatus(t, err, codes.NotFound)
+}
+
+func TestUpdateKeepsEnvWithoutEnvAndClearsWithEmptyEnv(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	_, err := f.client.CreateServer(ctx, docsSearch())
+	require.NoError(t, err)
+
+	upd := &registryv1.UpdateServerRequest{Ref: "docs-search", Command: "mcp-server-filesystem", Args: []string{"/srv/other"}, Grants: []string{"process_spawn"}}
+	resp, err := f.client.UpdateServer(ctx, upd)
+	require.NoError(t, err)
+	require.Equal(t, []string{"/srv/other"}, resp.GetServer().GetArgs())
+	require.Equal(t, []string{"process_spawn"}, resp.GetServer().GetGrants())
+	require.Equal(t, int64(2), resp.GetServer().GetRevision())
+	res, err := f.svc.ResolveRegistration(ctx, "docs-search")
+	require.NoError(t, err)
+	require.Equal(t, canary, res.Env["APP_TOKEN"], "PUT without env keeps the stored env")
+
+	upd.Env = env()
+	resp, err = f.client.UpdateServer(ctx, upd)
+	require.NoError(t, err)
+	require.Empty(t, resp.GetServer().GetEnv(), `"env": {} clears it`)
+	res, err = f.svc.ResolveRegistration(ctx, "docs-search")
+	require.NoError(t, err)
+	require.Empty(t, res.Env)
+
+	upd.Revision = 1
+	_, err = f.client.UpdateServer(ctx, upd)
+	testutil.RequireStatus(t, err, codes.FailedPrecondition)
+	upd.Revision = 3
+	_, err = f.client.UpdateServer(ctx, upd)
+	require.NoError(t, err, "the current revision is accepted")
+
+	upd.Ref = "missing"
+	_, err = f.client.UpdateServer(ctx, upd)
+	testutil.RequireStatus(t, err, codes.NotFound)
+}
+
+func TestBadInputIsRefusedNamingTheFieldAndStoresNothing(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	long := strings.Repeat("a", 5000)
+	for _, tc := range []struct {
+		name  string
+		mod   func(r *registryv1.CreateServerRequest)
+		field string
+	}{
+		{"bad ref", func(r *registryv1.CreateServerRequest) { r.Ref = "Docs Search" }, "ref"},
+		{"empty ref", func(r *registryv1.CreateServerRequest) { r.Ref = "" }, "ref"},
+		{"ref too long", func(r *registryv1.CreateServerRequest) { r.Ref = strings.Repeat("a", 65) }, "ref"},
+		{"no command", func(r *registryv1.CreateServerRequest) { r.Command = "" }, "command"},
+		{"unknown transport", func(r *registryv1.CreateServerRequest) { r.Transport = "carrier-pigeon" }, "transport"},
+		{"description too long", func(r *registryv1.CreateServerRequest) { r.Description = long }, "description"},
+		{"arg too long", func(r *registryv1.CreateServerRequest) { r.Args = []string{long} }, "args[0]"},
+		{"too many args", func(r *registryv1.CreateServerRequest) { r.Args = make([]string, 65) }, "args"},
+		{"env key not allowlisted", func(r *registryv1.CreateServerRequest) { r.Env = env("SECRET", "x") }, "env.SECRET"},
+		{"docker control key", func(r *registryv1.CreateServerRequest) { r.Env = env("DOCKER_HOST", "tcp://x") }, "env.DOCKER_HOST"},
+		{"loader key", func(r *registryv1.CreateServerRequest) { r.Env = env("LD_PRELOAD", "/x.so") }, "env.LD_PRELOAD"},
+		{"non-string env", func(r *registryv1.CreateServerRequest) {
+			r.Env = &structpb.Struct{Fields: map[string]*structpb.Value{"APP_TOKEN": structpb.NewNumberValue(1)}}
+		}, "env.APP_TOKEN"},
+		{"bad grant", func(r *registryv1.CreateServerRequest) { r.Grants = []string{"Process Spawn"} }, "grants[0]"},
+		{"url on stdio", func(r *registryv1.CreateServerRequest) { r.Url = "https://x" }, "url"},
+		{"remote without url", func(r *registryv1.CreateServerRequest) {
+			r.Transport, r.Command, r.Args, r.Env = "streamable_http", "", nil, nil
+		}, "url"},
+		{"remote with env", func(r *registryv1.CreateServerRequest) {
+			r.Transport, r.Command, r.Args, r.Url = "sse", "", nil, "https://mcp.example.com/sse"
+		}, "env"},
+		{"header names no secret", func(r *registryv1.CreateServerRequest) {
+			r.Transport, r.Command, r.Args, r.Env, r.Url = "streamable_http", "", nil, nil, "https://mcp.example.com/mcp"
+			r.Headers = map[string]string{"Authorization": "not a name"}
+		}, "headers.Authorization"},
+		{"bad filter entry", func(r *registryv1.CreateServerRequest) {
+			r.ToolFilter = &registryv1.ToolFilter{Exclude: []string{"rm -rf"}}
+		}, "tool_filter.exclude[0]"},
+		{"bad tool permission", func(r *registryv1.CreateServerRequest) {
+			r.ToolPermissions = map[string]*registryv1.ToolPermissions{"read_file": {Required: []string{"fs.read:{path"}}}
+		}, "tool_permissions.read_file[0]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := docsSearch()
+			tc.mod(req)
+			_, err := f.client.CreateServer(ctx, req)
+			st := testutil.RequireStatus(t, err, codes.InvalidArgument)
+			require.Contains(t, st.Message(), tc.field)
+			var named bool
+			for _, d := range st.Details() {
+				if br, ok := d.(*errdetails.BadRequest); ok && len(br.GetFieldViolations()) > 0 {
+					named = br.GetFieldViolations()[0].GetField() == tc.field
+				}
+			}
+			require.True(t, named, "BadRequest detail names %s", tc.field)
+			list, err := f.client.ListServers(ctx, &registryv1.ListServersRequest{})
+			require.NoError(t, err)
+			require.Empty(t, list.GetServers(), "nothing is stored on bad input")
+		})
+	}
+}
+
+func TestPermissions(t *testing.T) {
+	f := newFixture(t)
+	_, err := f.client.ListServers(t.Context(), &registryv1.ListServersRequest{})
+	testutil.RequireStatus(t, err, codes.Unauthenticated)
+	for role, key := range f.roleKeys {
+		_, err := f.client.ListServers(testutil.WithKey(t.Context(), key), &registryv1.ListServersRequest{})
+		if role == auth.RoleAdmin {
+			require.NoError(t, err)
+			continue
+		}
+		st := testutil.RequireStatus(t, err, codes.PermissionDenied, role)
+		require.Contains(t, st.Message(), "mcp:admin")
+	}
+}
+
+func TestListServerToolsWithoutIsolationIsUnavailable(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	_, err := f.client.CreateServer(ctx, docsSearch())
+	require.NoError(t, err)
+	_, err = f.client.ListServerTools(ctx, &registryv1.ListServerToolsRequest{Ref: "docs-search"})
+	st := testutil.RequireStatus(t, err, codes.Unavailable)
+	require.Contains(t, st.Message(), "RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE")
+	require.Len(t, st.Details(), 1)
+	require.Equal(t, "isolation_required", st.Details()[0].(*typesv1.ServerFailure).GetClass())
+	_, err = f.client.ListServerTools(ctx, &registryv1.ListServerToolsRequest{Ref: "unknown"})
+	testutil.RequireStatus(t, err, codes.NotFound)
+}
+
+func TestPaging(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	for i := range 25 {
+		req := docsSearch()
+		req.Ref = fmt.Sprintf("srv-%02d", i)
+		_, err := f.client.CreateServer(ctx, req)
+		require.NoError(t, err)
+	}
+	var refs []string
+	token := ""
+	for {
+		resp, err := f.client.ListServers(ctx, &registryv1.ListServersRequest{PageSize: 10, PageToken: token})
+		require.NoError(t, err)
+		for _, s := range resp.GetServers() {
+			refs = append(refs, s.GetRef())
+		}
+		if token = resp.GetNextPageToken(); token == "" {
+			break
+		}
+	}
+	require.Len(t, refs, 25)
+	require.Equal(t, "srv-00", refs[0])
+	require.Equal(t, "srv-24", refs[24])
+	_, err := f.client.ListServers(ctx, &registryv1.ListServersRequest{PageToken: "!!!"})
+	testutil.RequireStatus(t, err, codes.InvalidArgument)
+}
+
+func TestSecretsAndHeaderResolution(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	remote := &registryv1.CreateServerRequest{
+		Ref: "tickets", Transport: "streamable_http", Url: "https://mcp.example.com/mcp",
+		Headers: map[string]string{"Authorization": "tickets-token"}, Grants: []string{"process_spawn", "external_api_call"},
+	}
+	_, err := f.client.CreateServer(ctx, remote)
+	require.NoError(t, err)
+	_, err = f.svc.ResolveRegistration(ctx, "tickets")
+	require.ErrorIs(t, err, errMissingSecret)
+
+	_, err = f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tickets-token", Value: "Bearer " + canary})
+	require.NoError(t, err)
+	res, err := f.svc.ResolveRegistration(ctx, "tickets")
+	require.NoError(t, err)
+	require.Equal(t, "Bearer "+canary, res.HeaderValues["Authorization"])
+
+	list, err := f.client.ListSecrets(ctx, &registryv1.ListSecretsRequest{})
+	require.NoError(t, err)
+	require.Len(t, list.GetSecrets(), 1)
+	require.NotContains(t, list.String(), canary)
+	_, err = f.client.DeleteSecret(ctx, &registryv1.DeleteSecretRequest{Name: "tickets-token"})
+	require.NoError(t, err)
+	_, err = f.client.DeleteSecret(ctx, &registryv1.DeleteSecretRequest{Name: "tickets-token"})
+	testutil.RequireStatus(t, err, codes.NotFound)
+}
+
+func TestKeysLifecycle(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	resp, err := f.keys.CreateKey(ctx, &registryv1.CreateKeyRequest{Name: "ci", Role: auth.RoleAdmin, Tenant: "acme"})
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(resp.GetSecret(), KeyPrefix))
+	ciCtx := testutil.WithKey(t.Context(), resp.GetSecret())
+	_, err = f.client.ListServers(ciCtx, &registryv1.ListServersRequest{})
+	require.NoError(t, err)
+
+	list, err := f.keys.ListKeys(ctx, &registryv1.ListKeysRequest{})
+	require.NoError(t, err)
+	require.Len(t, list.GetKeys(), 6)
+	require.NotContains(t, list.String(), resp.GetSecret())
+
+	_, err = f.keys.RevokeKey(ctx, &registryv1.RevokeKeyRequest{Id: resp.GetKey().GetId()})
+	require.NoError(t, err)
+	_, err = f.client.ListServers(ciCtx, &registryv1.ListServersRequest{})
+	testutil.RequireStatus(t, err, codes.Unauthenticated, "a revoked key stops working at once")
+
+	_, err = f.keys.CreateKey(ctx, &registryv1.CreateKeyRequest{Name: "x", Role: "wizard"})
+	testutil.RequireStatus(t, err, codes.InvalidArgument)
+	_, err = f.keys.RevokeKey(ctx, &registryv1.RevokeKeyRequest{Id: "key_000000000000"})
+	testutil.RequireStatus(t, err, codes.NotFound)
+
+	// The bootstrap key is idempotent: a second start changes nothing.
+	require.NoError(t, f.svc.EnsureBootstrapAdmin(ctx, adminKey))
+	list, err = f.keys.ListKeys(ctx, &registryv1.ListKeysRequest{})
+	require.NoError(t, err)
+	require.Len(t, list.GetKeys(), 6)
+}
+
+func TestCanaryNeverInClearAtRestOrInResponses(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	created, err := f.client.CreateServer(ctx, docsSearch())
+	require.NoError(t, err)
+	require.NotContains(t, created.String(), canary)
+	_, err = f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tok", Value: canary})
+	require.NoError(t, err)
+	got, err := f.client.GetServer(ctx, &registryv1.GetServerRequest{Ref: "docs-search"})
+	require.NoError(t, err)
+	require.NotContains(t, got.String(), canary)
+
+	req, err := http.NewRequest(http.MethodGet, f.base+"/v1/mcp/servers/docs-search", nil)
+	require.NoError(t, err)
+	req.Header.Set("X-API-Key", adminKey)
+	httpResp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	var body map[string]any
+	require.NoError(t, json.NewDecoder(httpResp.Body).Decode(&body))
+	httpResp.Body.Close()
+	require.Equal(t, map[string]any{"APP_TOKEN": SecretMask}, body["env"])
+
+	raw, err := os.ReadFile(f.dbPath)
+	require.NoError(t, err)
+	require.False(t, bytes.Contains(raw, []byte(canary)), "the bolt file holds the canary in clear")
+	require.True(t, bytes.Contains(raw, []byte("APP_TOKEN")), "env keys stay visible")
+}
+
+func TestDiscoveryErrorsCarryTheirClass(t *testing.T) {
+	failure := &discovery.Failure{Class: discovery.ClassHandshakeTimeout, Message: "the server did not answer initialize within 2s"}
+	err := DiscoveryStatus(t.Context(), grpcserver.ErrorTable{Service: "registry"}, fmt.Errorf("discover: %w", failure))
+	st, ok := status.FromError(err)
+	require.True(t, ok)
+	require.Equal(t, codes.DeadlineExceeded, st.Code())
+	require.Equal(t, "handshake_timeout", st.Details()[0].(*typesv1.ServerFailure).GetClass())
+}
