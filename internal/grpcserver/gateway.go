@@ -20,10 +20,7 @@ import (
 // fields refused, X-API-Key and X-Request-Id forwarded, and errors as JSON a person can act on.
 func NewGatewayMux() *runtime.ServeMux {
 	return runtime.NewServeMux(
-		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
-			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
-			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
-		}),
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, newJSONMarshaler()),
 		runtime.WithIncomingHeaderMatcher(func(h string) (string, bool) {
 			switch textproto.CanonicalMIMEHeaderKey(h) {
 			case "X-Api-Key":
@@ -55,17 +52,11 @@ type ErrorBody struct {
 	Details []json.RawMessage `json:"details,omitempty"`
 }
 
-var protoDecodePrefix = regexp.MustCompile(`^proto:\s*(\(line \d+:\d+\):\s*)?`)
+var protoDecodePrefix = regexp.MustCompile(`^proto:\s*(\(line \d+:\d+\):\s*)?(syntax error \(line \d+:\d+\):\s*)?`)
 
 func writeError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
 	st, _ := status.FromError(err)
 	msg := st.Message()
-	// Decoding errors from the gateway come straight from protojson; say what they are about.
-	if st.Code() == codes.InvalidArgument && strings.HasPrefix(msg, "proto:") {
-		msg = "invalid JSON body: " + protoDecodePrefix.ReplaceAllString(msg, "$1")
-	} else if st.Code() == codes.InvalidArgument && strings.Contains(msg, "http: request body too large") {
-		msg = "request body too large"
-	}
 	body := ErrorBody{Code: runtime.HTTPStatusFromCode(st.Code()), Status: st.Code().String(), Message: msg}
 	body.Status = strings.ToUpper(toSnake(body.Status))
 	for _, d := range st.Proto().GetDetails() {

@@ -1,0 +1,141 @@
+package grpcserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/ringfence/ringfence/internal/fielderr"
+)
+
+// panicky is a health server whose Check panics, to prove recovery.
+type panicky struct {
+	grpc_health_v1.UnimplementedHealthServer
+}
+
+func (panicky) Check(context.Context, *grpc_health_v1.HealthCheckRequest) (*grpc_health_v1.HealthCheckResponse, error) {
+	panic("boom")
+}
+
+type allowAll struct{}
+
+func (allowAll) Authorize(ctx context.Context, _ string) (context.Context, error) { return ctx, nil }
+
+func start(t *testing.T, srv *Server) (*grpc.ClientConn, string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	g, h, err := srv.Addrs(ctx)
+	require.NoError(t, err)
+	conn, err := grpc.NewClient(g.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	if h == nil {
+		return conn, ""
+	}
+	return conn, "http://" + h.String()
+}
+
+func TestHealthMetricsAndRequestIDs(t *testing.T) {
+	srv := New(Options{Name: "t", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Authorizer: allowAll{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	conn, base := start(t, srv)
+
+	var header metadata.MD
+	ctx := metadata.AppendToOutgoingContext(t.Context(), RequestIDKey, "caller-chosen-id")
+	resp, err := grpc_health_v1.NewHealthClient(conn).Check(ctx, &grpc_health_v1.HealthCheckRequest{}, grpc.Header(&header))
+	require.NoError(t, err)
+	require.Equal(t, grpc_health_v1.HealthCheckResponse_SERVING, resp.GetStatus())
+	require.Equal(t, []string{"caller-chosen-id"}, header.Get(RequestIDKey))
+
+	_, err = grpc_health_v1.NewHealthClient(conn).Check(t.Context(), &grpc_health_v1.HealthCheckRequest{}, grpc.Header(&header))
+	require.NoError(t, err)
+	require.Len(t, header.Get(RequestIDKey)[0], 16, "a request id is made when none is sent")
+
+	r, err := http.Get(base + "/healthz")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, r.StatusCode)
+	r.Body.Close()
+
+	r, err = http.Get(base + "/metrics")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	require.Contains(t, string(body), `ringfence_grpc_requests_total{code="OK",method="/grpc.health.v1.Health/Check"} 2`)
+	require.Contains(t, string(body), "ringfence_grpc_request_duration_seconds_bucket")
+}
+
+func TestPanicBecomesInternalAndTheServerKeepsServing(t *testing.T) {
+	srv := New(Options{Name: "t", GRPCAddr: "127.0.0.1:0", Authorizer: allowAll{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv.GRPC().RegisterService(&grpc.ServiceDesc{
+		ServiceName: "test.Panicky", HandlerType: (*grpc_health_v1.HealthServer)(nil),
+		Methods: []grpc.MethodDesc{{MethodName: "Check", Handler: func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
+			in := new(grpc_health_v1.HealthCheckRequest)
+			if err := dec(in); err != nil {
+				return nil, err
+			}
+			info := &grpc.UnaryServerInfo{Server: srv, FullMethod: "/test.Panicky/Check"}
+			return icpt(ctx, in, info, func(ctx context.Context, req any) (any, error) {
+				return srv.(grpc_health_v1.HealthServer).Check(ctx, req.(*grpc_health_v1.HealthCheckRequest))
+			})
+		}}},
+	}, panicky{})
+	conn, _ := start(t, srv)
+	for range 2 {
+		out := new(grpc_health_v1.HealthCheckResponse)
+		err := conn.Invoke(t.Context(), "/test.Panicky/Check", &grpc_health_v1.HealthCheckRequest{}, out)
+		require.Equal(t, codes.Internal, status.Code(err))
+		require.Contains(t, status.Convert(err).Message(), "request id")
+		require.NotContains(t, status.Convert(err).Message(), "boom", "panic detail stays in the log")
+	}
+}
+
+func TestErrorTable(t *testing.T) {
+	sentinel := errors.New("widget: the widget is busy: retry later")
+	table := ErrorTable{Service: "widget", Codes: map[error]codes.Code{sentinel: codes.Unavailable}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	ctx := context.Background()
+	require.Equal(t, codes.Unavailable, status.Code(table.Status(ctx, sentinel)))
+	require.Equal(t, codes.Unavailable, status.Code(table.Status(ctx, errors.Join(errors.New("wrapped"), sentinel))))
+	require.Equal(t, codes.InvalidArgument, status.Code(table.Status(ctx, fielderr.New("name", "is empty"))))
+	require.Equal(t, codes.DeadlineExceeded, status.Code(table.Status(ctx, context.DeadlineExceeded)))
+	internal := table.Status(ctx, errors.New("disk on fire at /var/secret/path"))
+	require.Equal(t, codes.Internal, status.Code(internal))
+	require.NotContains(t, internal.Error(), "disk on fire", "unknown errors are not shown to callers")
+}
+
+func TestGracefulShutdownIsBounded(t *testing.T) {
+	srv := New(Options{Name: "t", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ShutdownTimeout: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	_, _, err := srv.Addrs(ctx)
+	require.NoError(t, err)
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+}
+
+func TestErrorBodyShape(t *testing.T) {
+	var b ErrorBody
+	require.NoError(t, json.Unmarshal([]byte(`{"code":409,"status":"ALREADY_EXISTS","message":"m"}`), &b))
+	require.Equal(t, "ALREADY_EXISTS", strings.ToUpper(toSnake("AlreadyExists")))
+}
