@@ -125,3 +125,12 @@ func TestParseByteSize(t *testing.T) {
 		require.Error(t, err, bad)
 	}
 }
+
+// TestConfigurationDocCoversEveryKey keeps docs/configuration.md in step with Config.
+func TestConfigurationDocCoversEveryKey(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "configuration.md"))
+	require.NoError(t, err)
+	for _, k := range Keys() {
+		require.Contains(t, string(doc), "`"+k.Env+"`", "docs/configuration.md does not document %s", k.Env)
+	}
+}

@@ -74,7 +74,7 @@ var errorCodes = map[error]codes.Code{
 	errServerNotFound:              codes.NotFound,
 	errSecretNotFound:              codes.NotFound,
 	errKeyNotFound:                 codes.NotFound,
-	errStaleRevision:               codes.FailedPrecondition,
+	errStaleRevision:               codes.Aborted,
 	errBadPageToken:                codes.InvalidArgument,
 	errMissingSecret:               codes.FailedPrecondition,
 	errUnknownRole:                 codes.InvalidArgument,

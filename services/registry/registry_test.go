@@ -150,7 +150,7 @@ func TestUpdateKeepsEnvWithoutEnvAndClearsWithEmptyEnv(t *testing.T) {
 
 	upd.Revision = 1
 	_, err = f.client.UpdateServer(ctx, upd)
-	testutil.RequireStatus(t, err, codes.FailedPrecondition)
+	testutil.RequireStatus(t, err, codes.Aborted)
 	upd.Revision = 3
 	_, err = f.client.UpdateServer(ctx, upd)
 	require.NoError(t, err, "the current revision is accepted")

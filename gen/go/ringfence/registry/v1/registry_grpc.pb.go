@@ -55,7 +55,7 @@ type RegistryServiceClient interface {
 	// UpdateServer replaces a registration (REST PUT /v1/mcp/servers/{ref}). A request without
 	// env keeps the stored env; an empty env object clears it. A non-zero revision that is not
 	// the stored one is refused.
-	// Caller: mcp:admin. Codes: NOT_FOUND, FAILED_PRECONDITION (stale revision), INVALID_ARGUMENT.
+	// Caller: mcp:admin. Codes: NOT_FOUND, ABORTED (stale revision), INVALID_ARGUMENT.
 	UpdateServer(ctx context.Context, in *UpdateServerRequest, opts ...grpc.CallOption) (*UpdateServerResponse, error)
 	// DeleteServer removes a registration. Published graphs that reference it then fail closed
 	// at run time.
@@ -243,7 +243,7 @@ type RegistryServiceServer interface {
 	// UpdateServer replaces a registration (REST PUT /v1/mcp/servers/{ref}). A request without
 	// env keeps the stored env; an empty env object clears it. A non-zero revision that is not
 	// the stored one is refused.
-	// Caller: mcp:admin. Codes: NOT_FOUND, FAILED_PRECONDITION (stale revision), INVALID_ARGUMENT.
+	// Caller: mcp:admin. Codes: NOT_FOUND, ABORTED (stale revision), INVALID_ARGUMENT.
 	UpdateServer(context.Context, *UpdateServerRequest) (*UpdateServerResponse, error)
 	// DeleteServer removes a registration. Published graphs that reference it then fail closed
 	// at run time.
