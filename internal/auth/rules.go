@@ -7,6 +7,9 @@ import (
 	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 
+	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
+	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
+	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/mtls"
 )
@@ -49,6 +52,35 @@ var Rules = map[string]Rule{
 	registryv1.KeyService_ListKeys_FullMethodName:  perm(KeysAdmin),
 	registryv1.KeyService_RevokeKey_FullMethodName: perm(KeysAdmin),
 	registryv1.KeyService_ListRoles_FullMethodName: perm(KeysAdmin),
+
+	// Publisher: authors draft, import and publish; deleting a graph is administration.
+	publisherv1.PublisherService_CreateGraph_FullMethodName:         perm(WorkflowWrite),
+	publisherv1.PublisherService_GetDraft_FullMethodName:            perm(WorkflowWrite),
+	publisherv1.PublisherService_ReplaceDraft_FullMethodName:        perm(WorkflowWrite),
+	publisherv1.PublisherService_ValidateDraft_FullMethodName:       perm(WorkflowWrite),
+	publisherv1.PublisherService_Publish_FullMethodName:             perm(WorkflowWrite),
+	publisherv1.PublisherService_GetVersion_FullMethodName:          perm(WorkflowWrite),
+	publisherv1.PublisherService_ListVersions_FullMethodName:        perm(WorkflowWrite),
+	publisherv1.PublisherService_ListGraphs_FullMethodName:          perm(WorkflowWrite),
+	publisherv1.PublisherService_ImportTools_FullMethodName:         perm(WorkflowWrite),
+	publisherv1.PublisherService_DeleteGraph_FullMethodName:         perm(WorkflowAdmin),
+	publisherv1.PublisherService_GetPublishedVersion_FullMethodName: internal(mtls.Pool),
+
+	// Pool: runs; discovery starts servers, so only the control plane's certificates may ask.
+	poolv1.PoolService_Discover_FullMethodName:  internal(mtls.Registry, mtls.Publisher),
+	poolv1.PoolService_StartRun_FullMethodName:  perm(RunExecute),
+	poolv1.PoolService_CallTool_FullMethodName:  perm(RunExecute),
+	poolv1.PoolService_PauseRun_FullMethodName:  perm(RunExecute),
+	poolv1.PoolService_ResumeRun_FullMethodName: perm(RunExecute),
+	poolv1.PoolService_EndRun_FullMethodName:    perm(RunExecute),
+	poolv1.PoolService_GetRun_FullMethodName:    perm(RunExecute),
+
+	// Audit: producers append with their certificates; readers need audit:read.
+	auditv1.AuditService_Append_FullMethodName: internal(mtls.Registry, mtls.Publisher, mtls.Pool),
+	auditv1.AuditService_List_FullMethodName:   perm(AuditRead),
+	auditv1.AuditService_Watch_FullMethodName:  perm(AuditRead),
+	auditv1.AuditService_Verify_FullMethodName: perm(AuditRead),
+	auditv1.AuditService_Export_FullMethodName: perm(AuditRead),
 
 	grpc_health_v1.Health_Check_FullMethodName:                             public,
 	grpc_health_v1.Health_Watch_FullMethodName:                             public,
