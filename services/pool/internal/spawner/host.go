@@ -69,8 +69,8 @@ func (r *Router) spawnHost(ctx context.Context, spec *Spec) (*Session, error) {
 	if err := cmd.Start(); err != nil {
 		_ = os.RemoveAll(dir)
 		p.filter.finish(nil)
-		if errors.Is(err, os.ErrPermission) {
-			return nil, newError(ClassCommandNotFound, "command %s is not executable", clipQuote(spec.Command))
+		if errors.Is(err, os.ErrPermission) || errors.Is(err, syscall.ENOEXEC) {
+			return nil, newError(ClassCommandNotFound, "command %s is not an executable program", clipQuote(spec.Command))
 		}
 		return nil, newError(ClassSpawnFailed, "start %s: %s", clipQuote(spec.Command), clip(redactString(err.Error(), secrets), 300))
 	}

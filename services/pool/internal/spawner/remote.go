@@ -66,18 +66,24 @@ func (r *Router) spawnRemote(ctx context.Context, spec *Spec) (*Session, error) 
 		// one origin.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
+	// The session's own lifetime: it ends in stop, not with the handshake.
+	life, endLife := context.WithCancel(context.WithoutCancel(ctx))
 	var transport mcp.Transport
 	if spec.Transport == TransportSSE {
-		transport = &mcp.SSEClientTransport{Endpoint: u.String(), HTTPClient: hc, MaxEventSize: r.cfg.MaxMessageBytes}
+		transport = &detachedTransport{
+			inner: &mcp.SSEClientTransport{Endpoint: u.String(), HTTPClient: hc, MaxEventSize: r.cfg.MaxMessageBytes},
+			life:  life, end: endLife,
+		}
 	} else {
 		transport = &mcp.StreamableClientTransport{Endpoint: u.String(), HTTPClient: hc, MaxRetries: remoteReconnectRetries, MaxEventSize: r.cfg.MaxMessageBytes}
 	}
 	cs, err := connect(ctx, spec, transport)
 	if err != nil {
+		endLife()
 		base.CloseIdleConnections()
 		return nil, remoteError(ctx, err, rt, u, spec)
 	}
-	srv := &remoteServer{base: base, closeTimeout: r.cfg.CloseTimeout, closed: make(chan struct{})}
+	srv := &remoteServer{base: base, endLife: endLife, closeTimeout: r.cfg.CloseTimeout, closed: make(chan struct{})}
 	go func() {
 		_ = cs.Wait()
 		close(srv.closed)
@@ -239,8 +245,42 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
+// detachedTransport runs the inner transport's Connect under the session's
+// lifetime instead of the handshake's: go-sdk's SSE client issues its
+// hanging GET with the context given to Connect, so a handshake deadline
+// would otherwise end the session as soon as the handshake returned. The
+// handshake still bounds Connect itself.
+type detachedTransport struct {
+	inner mcp.Transport
+	life  context.Context
+	end   context.CancelFunc
+}
+
+func (t *detachedTransport) Connect(ctx context.Context) (mcp.Connection, error) {
+	type result struct {
+		conn mcp.Connection
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		c, err := t.inner.Connect(t.life)
+		ch <- result{c, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.conn, r.err
+	case <-ctx.Done():
+		t.end() // makes the inner Connect return
+		if r := <-ch; r.conn != nil {
+			_ = r.conn.Close()
+		}
+		return nil, ctx.Err()
+	}
+}
+
 // remoteServer is a connection to a remote server.
 type remoteServer struct {
+	endLife      context.CancelFunc
 	base         *http.Transport
 	closeTimeout time.Duration
 	closed       chan struct{}
@@ -257,6 +297,7 @@ func (s *remoteServer) stop(_ context.Context, cs *mcp.ClientSession) error {
 	// go-sdk bounds its own session-termination request; wait for it so
 	// that no goroutine outlives the session.
 	<-done
+	s.endLife()
 	<-s.closed
 	s.base.CloseIdleConnections()
 	return nil
