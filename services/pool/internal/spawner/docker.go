@@ -438,14 +438,30 @@ func (c *dockerServer) engineError(ctx context.Context, what string, err error) 
 	}
 	msg := clip(redactString(err.Error(), c.secrets), 300)
 	switch {
-	case cerrdefs.IsNotFound(err) && what == "create the container":
-		return newError(ClassImageMissing, "the isolation image %s is not in the engine any more: %s", c.d.r.image.Ref, msg)
+	case cerrdefs.IsNotFound(err) && what == "create the container" && c.imageGone():
+		return newError(ClassImageMissing, "the isolation image %s is not in the engine any more: build or load it again", c.d.r.image.Ref)
 	case strings.Contains(msg, "executable file not found") || strings.Contains(msg, "no such file or directory"):
 		return newError(ClassCommandNotFound, "command %s was not found in the isolation image", clipQuote(c.command))
 	case cerrdefs.IsDeadlineExceeded(err) || errors.Is(err, context.DeadlineExceeded):
 		return newError(ClassSpawnFailed, "the Docker engine did not %s within %s", what, c.d.r.cfg.StartTimeout)
 	}
 	return newError(ClassSpawnFailed, "%s: %s", what, msg)
+}
+
+// imageGone reports whether the isolation image is missing from the engine
+// (a create can also fail "not found" for a missing network); it drops the
+// cached resolution so that the next spawn checks again.
+func (c *dockerServer) imageGone() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
+	defer cancel()
+	_, err := c.d.api.ImageInspect(ctx, c.d.r.image.Ref)
+	if !cerrdefs.IsNotFound(err) {
+		return false
+	}
+	c.d.mu.Lock()
+	c.d.img = nil
+	c.d.mu.Unlock()
+	return true
 }
 
 func shortID(id string) string {

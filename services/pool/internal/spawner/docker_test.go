@@ -248,6 +248,49 @@ func TestDockerErrorClasses(t *testing.T) {
 		require.NoError(t, s.Close(t.Context()))
 		require.Empty(t, e.containers())
 	})
+	t.Run("tools/list never answered", func(t *testing.T) {
+		r2 := e.router(func(c *Config) { c.ListTimeout = time.Second })
+		s := spawn(t, r2, fixtureSpec("--hang-list"))
+		_, err := s.ListTools(context.Background())
+		require.Equal(t, ClassTimeout, ClassOf(err), "%v", err)
+		require.Contains(t, err.Error(), "tools/list within 1s")
+		require.NoError(t, s.Err(), "a slow server is not a dead one")
+		require.NoError(t, s.Close(t.Context()))
+		require.Empty(t, e.containers())
+	})
+	t.Run("caller gives up during the handshake", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		_, err := r.Spawn(ctx, withHandshake(fixtureSpec("--never-answer"), time.Minute))
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Empty(t, ClassOf(err), "the caller's own deadline is not a server fault")
+		require.Empty(t, e.containers())
+	})
+	t.Run("caller already gone", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		_, err := r.Spawn(ctx, fixtureSpec())
+		require.ErrorIs(t, err, context.Canceled)
+		require.Empty(t, e.containers())
+	})
+	t.Run("engine refuses the container", func(t *testing.T) {
+		r2 := e.router(func(c *Config) { c.Network = "ringfence-no-such-network" })
+		_, err := r2.Spawn(t.Context(), fixtureSpec())
+		require.Equal(t, ClassSpawnFailed, ClassOf(err), "%v", err)
+		require.Contains(t, err.Error(), "ringfence-no-such-network")
+		require.Empty(t, e.containers())
+	})
+	t.Run("image removed after preflight", func(t *testing.T) {
+		img := buildDerivedImage(t, e, "LABEL ringfence.test="+randomID())
+		r2 := e.router(func(c *Config) { c.Image = img })
+		_, err := r2.Preflight(t.Context())
+		require.NoError(t, err)
+		_, err = e.docker.ImageRemove(t.Context(), img, client.ImageRemoveOptions{Force: true})
+		require.NoError(t, err)
+		_, err = r2.Spawn(t.Context(), fixtureSpec())
+		require.Equal(t, ClassImageMissing, ClassOf(err), "%v", err)
+		require.Empty(t, e.containers())
+	})
 	t.Run("image missing", func(t *testing.T) {
 		r2 := e.router(func(c *Config) { c.Image = "sha256:" + strings.Repeat("0", 64) })
 		_, err := r2.Spawn(t.Context(), fixtureSpec())
@@ -376,7 +419,7 @@ func TestPreflight(t *testing.T) {
 		require.Equal(t, []string{"PATH"}, rep.ImageEnvKeys)
 	})
 	t.Run("refuses an image that declares VOLUME", func(t *testing.T) {
-		vol := buildVolumeImage(t, e)
+		vol := buildDerivedImage(t, e, "VOLUME /data")
 		r := e.router(func(c *Config) { c.Image = vol })
 		_, err := r.Preflight(t.Context())
 		require.Equal(t, ClassImageRejected, ClassOf(err), "%v", err)
@@ -391,15 +434,15 @@ func TestPreflight(t *testing.T) {
 	})
 }
 
-// buildVolumeImage builds, with the engine's classic builder and without
-// pulling, an image FROM the fixture image that declares a VOLUME.
-func buildVolumeImage(t *testing.T, e *env) string {
+// buildDerivedImage builds, with the engine's classic builder and without
+// pulling, an image FROM the fixture image plus one Dockerfile instruction.
+func buildDerivedImage(t *testing.T, e *env, instruction string) string {
 	t.Helper()
 	ctx := t.Context()
-	dockerfile := fmt.Sprintf("FROM %s\nVOLUME /data\n", e.image)
+	dockerfile := fmt.Sprintf("FROM %s\n%s\n", e.image, instruction)
 	buildCtx, err := tarOf(map[string]string{"Dockerfile": dockerfile})
 	require.NoError(t, err)
-	tag := "ringfence-test/volume:" + randomID()
+	tag := "ringfence-test/derived:" + randomID()
 	res, err := e.docker.ImageBuild(ctx, buildCtx, client.ImageBuildOptions{Tags: []string{tag}, Remove: true, ForceRemove: true, Version: "1"})
 	require.NoError(t, err)
 	out := new(strings.Builder)
