@@ -127,13 +127,28 @@ func (d *dockerBackend) image(ctx context.Context) (*resolvedImage, error) {
 	return d.inspectImage(ctx)
 }
 
-// sweep force-removes containers labelled with this pool: those of other
-// instances, or all of them when own is true.
-func (d *dockerBackend) sweep(ctx context.Context, own bool) (int, error) {
+// sweepScope says which of this pool's containers a sweep removes.
+type sweepScope int
+
+const (
+	// sweepOthers: those of earlier instances (Preflight; safe while this
+	// instance has sessions open).
+	sweepOthers sweepScope = iota
+	// sweepOwn: this instance's (Router.Close, after its sessions closed).
+	sweepOwn
+	// sweepAll: every container labelled with the PoolID.
+	sweepAll
+)
+
+// sweep force-removes this pool's containers in scope.
+func (d *dockerBackend) sweep(ctx context.Context, scope sweepScope) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, sweepTimeout)
 	defer cancel()
 	f := client.Filters{}
 	f.Add("label", LabelManaged+"=true", LabelPool+"="+d.r.cfg.PoolID)
+	if scope == sweepOwn {
+		f.Add("label", LabelInstance+"="+d.r.cfg.InstanceID)
+	}
 	list, err := d.api.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
 	if err != nil {
 		return 0, fmt.Errorf("spawner: list this pool's containers: %w", err)
@@ -141,14 +156,14 @@ func (d *dockerBackend) sweep(ctx context.Context, own bool) (int, error) {
 	removed := 0
 	var errs []error
 	for _, c := range list.Items {
-		if !own && c.Labels[LabelInstance] == d.r.cfg.InstanceID {
+		if scope == sweepOthers && c.Labels[LabelInstance] == d.r.cfg.InstanceID {
 			continue
 		}
 		_, err := d.api.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true})
 		switch {
 		case err == nil:
 			removed++
-			d.r.log.Info("spawner: removed a container left by an earlier pool instance",
+			d.r.log.Info("spawner: removed a container of this pool",
 				"container", shortID(c.ID), "server", c.Labels[LabelServer], "instance", c.Labels[LabelInstance])
 		case cerrdefs.IsNotFound(err):
 			// It removed itself (AutoRemove) meanwhile.

@@ -456,10 +456,10 @@ func buildDerivedImage(t *testing.T, e *env, instruction string) string {
 	return img.ID
 }
 
-// TestPreflightSweepsOrphans leaves a container labelled as an earlier
-// instance's (running, never attached, so nothing ends it) and one of the
-// current instance; Preflight removes only the first, Sweep both.
-func TestPreflightSweepsOrphans(t *testing.T) {
+// TestSweepScopes leaves containers labelled as this pool's (running, never
+// attached, so nothing ends them): Preflight removes only earlier
+// instances', Close only its own instance's, Sweep all of them.
+func TestSweepScopes(t *testing.T) {
 	e := dockerEnv(t)
 	r := e.router()
 	orphan := e.createLabelled(t, "earlier-instance")
@@ -471,7 +471,11 @@ func TestPreflightSweepsOrphans(t *testing.T) {
 	require.Equal(t, []string{own}, e.containers())
 	require.NotContains(t, e.containers(), orphan)
 
-	n, err := r.Sweep(t.Context())
+	other := e.createLabelled(t, "concurrent-instance")
+	require.NoError(t, r.Close(t.Context()))
+	require.Equal(t, []string{other}, e.containers(), "Close removes only this instance's containers")
+
+	n, err := e.router().Sweep(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Empty(t, e.containers())

@@ -6,11 +6,13 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -59,7 +61,7 @@ func (r *Router) spawnRemote(ctx context.Context, spec *Spec) (*Session, error) 
 		MaxResponseHeaderBytes: remoteMaxHeaderBytes,
 		ForceAttemptHTTP2:      true,
 	}
-	rt := &remoteTransport{base: base, host: u.Host, headers: headers}
+	rt := &remoteTransport{base: base, host: u.Host, headers: headers, maxBody: int64(r.cfg.MaxMessageBytes)}
 	hc := &http.Client{
 		Transport: rt,
 		// Redirects are not followed: the headers carry secrets meant for
@@ -155,16 +157,19 @@ func validHeaderName(s string) bool {
 }
 
 // remoteTransport adds the registration's headers to requests for its own
-// origin and remembers the first transport-level error, which the go-sdk
-// client reports only as text.
+// origin, bounds response bodies that are not event streams (go-sdk reads
+// them whole), and remembers the first transport-level error, which the
+// go-sdk client reports only as text.
 type remoteTransport struct {
 	base    http.RoundTripper
 	host    string
 	headers http.Header
+	maxBody int64
 
-	mu     sync.Mutex
-	err    error
-	status int
+	mu       sync.Mutex
+	err      error
+	status   int
+	tooLarge atomic.Bool
 }
 
 func (t *remoteTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -175,6 +180,9 @@ func (t *remoteTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	}
 	resp, err := t.base.RoundTrip(req)
+	if resp != nil && !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		resp.Body = &limitedBody{rc: resp.Body, left: t.maxBody, over: &t.tooLarge}
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err != nil && t.err == nil {
@@ -185,6 +193,35 @@ func (t *remoteTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	return resp, err
 }
+
+// errBodyTooLarge ends a response larger than the message bound.
+var errBodyTooLarge = errors.New("spawner: response body larger than the message limit")
+
+type limitedBody struct {
+	rc   io.ReadCloser
+	left int64
+	over *atomic.Bool
+}
+
+func (b *limitedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		// One byte more tells a body of exactly the limit from a longer one.
+		var one [1]byte
+		if n, _ := b.rc.Read(one[:]); n > 0 {
+			b.over.Store(true)
+			return 0, errBodyTooLarge
+		}
+		return b.rc.Read(p)
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.rc.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
+
+func (b *limitedBody) Close() error { return b.rc.Close() }
 
 func (t *remoteTransport) failure() (error, int) {
 	t.mu.Lock()
@@ -208,6 +245,8 @@ func remoteError(ctx context.Context, err error, rt *remoteTransport, u *url.URL
 		dnsErr      *net.DNSError
 	)
 	switch {
+	case rt.tooLarge.Load():
+		return newError(ClassProtocolViolation, "%s answered with a body larger than the message limit", where)
 	case terr != nil && errors.Is(terr, syscall.ECONNREFUSED):
 		return newError(ClassConnectionRefused, "nothing accepts connections at %s", where)
 	case terr != nil && (errors.As(terr, &certErr) || errors.As(terr, &unknownAuth) || errors.As(terr, &hostErr) || errors.As(terr, &invalidErr)):

@@ -204,3 +204,29 @@ func TestRemoteDoesNotFollowRedirects(t *testing.T) {
 	require.Contains(t, err.Error(), "HTTP 307")
 	require.Empty(t, rec.values("X-Api-Key"), "the secret header never follows a redirect")
 }
+
+// TestRemoteBoundsResponseBodies: go-sdk reads a JSON response whole; the
+// spawner cuts it off at the message limit.
+func TestRemoteBoundsResponseBodies(t *testing.T) {
+	ts := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"jsonrpc":"2.0","id":1,"result":{"pad":"`))
+		chunk := make([]byte, 64<<10)
+		for i := range chunk {
+			chunk[i] = 'x'
+		}
+		for range 64 { // 4 MiB
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+		_, _ = w.Write([]byte(`"}}`))
+	}))
+	t.Cleanup(ts.Close)
+	r, err := New(Config{RootCAs: trusting(ts), MaxMessageBytes: 1 << 20})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, r.Close(context.Background())) })
+	_, err = r.Spawn(t.Context(), remoteSpec(TransportStreamableHTTP, ts.URL))
+	require.Equal(t, ClassProtocolViolation, ClassOf(err), "%v", err)
+	require.Contains(t, err.Error(), "larger than the message limit")
+}

@@ -314,8 +314,8 @@ func (r *Router) forget(s *Session) {
 	r.mu.Unlock()
 }
 
-// Close stops every session this Router started, removes every container
-// of this instance that is left, and closes an engine client it created.
+// Close stops every session this Router started, removes any container of
+// this instance that is still left, and closes an engine client it created.
 // It is bounded by the sessions' close bounds, not by ctx alone: a session
 // is always torn down.
 func (r *Router) Close(ctx context.Context) error {
@@ -334,7 +334,7 @@ func (r *Router) Close(ctx context.Context) error {
 	}
 	wg.Wait()
 	if r.docker != nil {
-		if _, err := r.docker.sweep(context.WithoutCancel(ctx), true); err != nil {
+		if _, err := r.docker.sweep(context.WithoutCancel(ctx), sweepOwn); err != nil {
 			errs = append(errs, err)
 		}
 		errs = append(errs, r.docker.close())
@@ -376,7 +376,7 @@ func (r *Router) Preflight(ctx context.Context) (Report, error) {
 		return rep, err
 	}
 	rep.ImageID, rep.ImageEnvKeys = img.id, img.envKeys
-	n, err := r.docker.sweep(ctx, false)
+	n, err := r.docker.sweep(ctx, sweepOthers)
 	rep.Swept = n
 	if err != nil {
 		return rep, err
@@ -384,14 +384,15 @@ func (r *Router) Preflight(ctx context.Context) (Report, error) {
 	return rep, nil
 }
 
-// Sweep force-removes every container labelled with this PoolID, including
-// this instance's own: call it when the pool shuts down, after its sessions
-// are closed (Close does). It returns how many containers it removed.
+// Sweep force-removes every container labelled with this PoolID, this
+// instance's included: for a pool that shuts down for good, after its
+// sessions are closed (Close itself removes only this instance's leftovers;
+// Preflight only earlier instances'). It returns how many it removed.
 func (r *Router) Sweep(ctx context.Context) (int, error) {
 	if r.docker == nil {
 		return 0, nil
 	}
-	return r.docker.sweep(ctx, true)
+	return r.docker.sweep(ctx, sweepAll)
 }
 
 var serverRefSyntax = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
