@@ -202,7 +202,7 @@ func (d *dockerBackend) spawn(ctx context.Context, spec *Spec) (*Session, error)
 		command: spec.Command,
 		tail:    newTail(cfg.StderrTailBytes, secrets),
 		secrets: secrets,
-		gone_:   make(chan struct{}),
+		goneCh:  make(chan struct{}),
 		exited:  make(chan struct{}),
 	}
 
@@ -269,7 +269,7 @@ type dockerServer struct {
 	filter   *stdoutFilter
 	copyDone chan struct{}
 
-	gone_    chan struct{}
+	goneCh   chan struct{}
 	goneOnce sync.Once
 	stopWait context.CancelFunc
 	exited   chan struct{}
@@ -295,9 +295,11 @@ func (c *dockerServer) copyOutput() {
 	c.markGone()
 }
 
+// awaitExit records the exit status. It does not decide that the server is
+// gone: the end of its output stream does, so that a failed wait request
+// cannot end a healthy session.
 func (c *dockerServer) awaitExit(w client.ContainerWaitResult) {
 	defer close(c.exited)
-	defer c.markGone()
 	select {
 	case res := <-w.Result:
 		c.exitCode = res.StatusCode
@@ -307,8 +309,8 @@ func (c *dockerServer) awaitExit(w client.ContainerWaitResult) {
 	}
 }
 
-func (c *dockerServer) markGone()               { c.goneOnce.Do(func() { close(c.gone_) }) }
-func (c *dockerServer) gone() <-chan struct{}   { return c.gone_ }
+func (c *dockerServer) markGone()               { c.goneOnce.Do(func() { close(c.goneCh) }) }
+func (c *dockerServer) gone() <-chan struct{}   { return c.goneCh }
 func (c *dockerServer) hasExited() bool         { return isClosed(c.exited) && c.exitErr == nil }
 func (c *dockerServer) exitStatus() (int, bool) { return int(c.exitCode), c.hasExited() }
 
@@ -455,7 +457,7 @@ func (c *dockerServer) engineError(ctx context.Context, what string, err error) 
 	switch {
 	case cerrdefs.IsNotFound(err) && what == "create the container" && c.imageGone():
 		return newError(ClassImageMissing, "the isolation image %s is not in the engine any more: build or load it again", c.d.r.image.Ref)
-	case strings.Contains(msg, "executable file not found") || strings.Contains(msg, "no such file or directory"):
+	case what == "start the container" && strings.Contains(msg, "executable file not found"):
 		return newError(ClassCommandNotFound, "command %s was not found in the isolation image", clipQuote(c.command))
 	case cerrdefs.IsDeadlineExceeded(err) || errors.Is(err, context.DeadlineExceeded):
 		return newError(ClassSpawnFailed, "the Docker engine did not %s within %s", what, c.d.r.cfg.StartTimeout)
