@@ -142,3 +142,20 @@ func hostSpec(path string, args ...string) Spec {
 	s.Command = path
 	return s
 }
+
+func TestHostStdoutHygieneAndRedaction(t *testing.T) {
+	fixture := fixtures.Binaries(t).Path(t, fixtures.MCPFixture)
+	var logs lockedBuffer
+	r := hostRouter(t, &logs, func(c *Config) { c.AllowedEnvKeys = []string{"APP_TOKEN"} })
+	spec := hostSpec(fixture, "--banner", "--stderr-env", "APP_TOKEN")
+	spec.Env = map[string]string{"APP_TOKEN": "host-secret-42"}
+	s := spawn(t, r, spec)
+	tools, err := s.ListTools(t.Context())
+	require.NoError(t, err)
+	require.Contains(t, toolNames(tools), "echo")
+	tail := s.StderrTail()
+	require.Contains(t, tail, "[stdout] mcpfixture banner: starting up")
+	require.Contains(t, tail, "APP_TOKEN="+Mask)
+	require.NotContains(t, tail, "host-secret-42")
+	require.NotContains(t, logs.String(), "host-secret-42")
+}

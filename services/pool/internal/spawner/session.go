@@ -13,9 +13,14 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// deathGrace bounds how long a failed request waits to learn whether the
-// server died: a broken stream is seen a moment before the exit status.
+// deathGrace bounds how long the spawner waits for an exit status once a
+// server's stream broke: the stream ends a moment before the engine or the
+// kernel reports the exit.
 const deathGrace = 2 * time.Second
+
+// deathTimeout bounds the whole classification of a death (exit status,
+// then the engine's events for an OOM kill).
+const deathTimeout = deathGrace + eventsTimeout
 
 // server is what a back end runs: a container, a process or a connection.
 type server interface {
@@ -81,7 +86,7 @@ func (s *Session) monitor() {
 		return
 	}
 	if !s.closing.Load() {
-		ctx, cancel := context.WithTimeout(context.Background(), deathGrace+time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), deathTimeout)
 		e := s.srv.death(ctx)
 		cancel()
 		e.StderrTail = s.StderrTail()
@@ -211,7 +216,7 @@ func (s *Session) requestError(ctx context.Context, op string, err error) error 
 	}
 	// The connection broke: wait briefly to learn whether the server died,
 	// and report how.
-	t := time.NewTimer(deathGrace)
+	t := time.NewTimer(deathTimeout + time.Second)
 	defer t.Stop()
 	select {
 	case <-s.done:
