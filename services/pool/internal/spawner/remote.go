@@ -1,0 +1,343 @@
+package spawner
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Bounds of the remote back end's HTTP client. There is no overall request
+// timeout: a standalone SSE stream lives as long as the session, and calls
+// are bounded by their contexts.
+const (
+	remoteDialTimeout      = 10 * time.Second
+	remoteTLSTimeout       = 10 * time.Second
+	remoteIdleTimeout      = 90 * time.Second
+	remoteMaxHeaderBytes   = 1 << 20
+	remoteReconnectRetries = 2
+	maxHeaderValueLen      = 8 << 10
+)
+
+// reservedHeaders are set by the HTTP client or the MCP transport; a
+// registration may not replace them.
+var reservedHeaders = map[string]bool{
+	"Host": true, "Content-Length": true, "Content-Type": true, "Accept": true,
+	"Connection": true, "Transfer-Encoding": true, "Upgrade": true, "Te": true,
+	"Trailer": true, "Keep-Alive": true, "Proxy-Authorization": true, "Proxy-Connection": true,
+	"Mcp-Session-Id": true, "Mcp-Protocol-Version": true, "Last-Event-Id": true,
+}
+
+// spawnRemote connects to a streamable HTTP or SSE server.
+func (r *Router) spawnRemote(ctx context.Context, spec *Spec) (*Session, error) {
+	u, err := checkRemoteURL(spec.URL)
+	if err != nil {
+		return nil, err
+	}
+	headers, err := checkHeaders(spec.Headers)
+	if err != nil {
+		return nil, err
+	}
+	base := &http.Transport{
+		// No proxy from the environment: where secrets go is decided by the
+		// registration's URL alone.
+		Proxy:                  nil,
+		DialContext:            (&net.Dialer{Timeout: remoteDialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:        &tls.Config{RootCAs: r.cfg.RootCAs, MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout:    remoteTLSTimeout,
+		IdleConnTimeout:        remoteIdleTimeout,
+		MaxResponseHeaderBytes: remoteMaxHeaderBytes,
+		ForceAttemptHTTP2:      true,
+	}
+	rt := &remoteTransport{base: base, host: u.Host, headers: headers, maxBody: int64(r.cfg.MaxMessageBytes)}
+	hc := &http.Client{
+		Transport: rt,
+		// Redirects are not followed: the headers carry secrets meant for
+		// one origin.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	// The session's own lifetime: it ends in stop, not with the handshake.
+	life, endLife := context.WithCancel(context.WithoutCancel(ctx))
+	var transport mcp.Transport
+	if spec.Transport == TransportSSE {
+		transport = &detachedTransport{
+			inner: &mcp.SSEClientTransport{Endpoint: u.String(), HTTPClient: hc, MaxEventSize: r.cfg.MaxMessageBytes},
+			life:  life, end: endLife,
+		}
+	} else {
+		transport = &mcp.StreamableClientTransport{Endpoint: u.String(), HTTPClient: hc, MaxRetries: remoteReconnectRetries, MaxEventSize: r.cfg.MaxMessageBytes}
+	}
+	cs, err := connect(ctx, spec, transport)
+	if err != nil {
+		endLife()
+		base.CloseIdleConnections()
+		return nil, remoteError(ctx, err, rt, u, spec)
+	}
+	srv := &remoteServer{base: base, endLife: endLife, closeTimeout: r.cfg.CloseTimeout, closed: make(chan struct{})}
+	go func() {
+		_ = cs.Wait()
+		close(srv.closed)
+	}()
+	return newSession(r, spec, srv, cs, nil), nil
+}
+
+// checkRemoteURL accepts https URLs, and http only to a loopback address
+// (development servers): header values are secrets.
+func checkRemoteURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return nil, newError(ClassInvalidSpec, "the server URL is not an absolute http(s) URL")
+	}
+	switch u.Scheme {
+	case "https":
+	case "http":
+		if !isLoopback(u.Hostname()) {
+			return nil, newError(ClassInvalidSpec, "the server URL for %s must use https (plain http is allowed only to loopback addresses)", u.Host)
+		}
+	default:
+		return nil, newError(ClassInvalidSpec, "the server URL scheme %s must be https", clipQuote(u.Scheme))
+	}
+	return u, nil
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func checkHeaders(in map[string]string) (http.Header, error) {
+	if len(in) > maxHeaders {
+		return nil, newError(ClassInvalidSpec, "%d headers given, at most %d are allowed", len(in), maxHeaders)
+	}
+	h := http.Header{}
+	for name, value := range in {
+		canon := http.CanonicalHeaderKey(name)
+		if !validHeaderName(name) {
+			return nil, newError(ClassInvalidSpec, "header name %s is not a valid HTTP token", clipQuote(name))
+		}
+		if reservedHeaders[canon] || strings.HasPrefix(canon, "Sec-") {
+			return nil, newError(ClassInvalidSpec, "header %s is set by the client and cannot be configured", canon)
+		}
+		if len(value) > maxHeaderValueLen || strings.ContainsFunc(value, func(r rune) bool { return r != '\t' && isControl(r) }) {
+			return nil, newError(ClassInvalidSpec, "the value of header %s is longer than %d bytes or contains control characters", canon, maxHeaderValueLen)
+		}
+		h.Set(canon, value)
+	}
+	return h, nil
+}
+
+func validHeaderName(s string) bool {
+	if s == "" || len(s) > 256 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// remoteTransport adds the registration's headers to requests for its own
+// origin, bounds response bodies that are not event streams (go-sdk reads
+// them whole), and remembers the first transport-level error, which the
+// go-sdk client reports only as text.
+type remoteTransport struct {
+	base    http.RoundTripper
+	host    string
+	headers http.Header
+	maxBody int64
+
+	mu       sync.Mutex
+	err      error
+	status   int
+	tooLarge atomic.Bool
+}
+
+func (t *remoteTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Host == t.host {
+		req = req.Clone(req.Context())
+		for k, v := range t.headers {
+			req.Header[k] = v
+		}
+	}
+	resp, err := t.base.RoundTrip(req)
+	if resp != nil && !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		resp.Body = &limitedBody{rc: resp.Body, left: t.maxBody, over: &t.tooLarge}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err != nil && t.err == nil {
+		t.err = err
+	}
+	if resp != nil && resp.StatusCode >= 300 && t.status == 0 {
+		t.status = resp.StatusCode
+	}
+	return resp, err
+}
+
+// errBodyTooLarge ends a response larger than the message bound.
+var errBodyTooLarge = errors.New("spawner: response body larger than the message limit")
+
+type limitedBody struct {
+	rc   io.ReadCloser
+	left int64
+	over *atomic.Bool
+}
+
+func (b *limitedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		// One byte more tells a body of exactly the limit from a longer one.
+		var one [1]byte
+		if n, _ := b.rc.Read(one[:]); n > 0 {
+			b.over.Store(true)
+			return 0, errBodyTooLarge
+		}
+		return b.rc.Read(p)
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.rc.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
+
+func (b *limitedBody) Close() error { return b.rc.Close() }
+
+func (t *remoteTransport) failure() (error, int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.err, t.status
+}
+
+func remoteError(ctx context.Context, err error, rt *remoteTransport, u *url.URL, spec *Spec) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("spawner: handshake: %w", ctx.Err())
+	}
+	where := u.Scheme + "://" + u.Host
+	terr, status := rt.failure()
+	var (
+		certErr     *tls.CertificateVerificationError
+		unknownAuth x509.UnknownAuthorityError
+		hostErr     x509.HostnameError
+		invalidErr  x509.CertificateInvalidError
+		recordErr   tls.RecordHeaderError
+		alertErr    tls.AlertError
+		dnsErr      *net.DNSError
+	)
+	switch {
+	case rt.tooLarge.Load():
+		return newError(ClassProtocolViolation, "%s answered with a body larger than the message limit", where)
+	case terr != nil && errors.Is(terr, syscall.ECONNREFUSED):
+		return newError(ClassConnectionRefused, "nothing accepts connections at %s", where)
+	case terr != nil && (errors.As(terr, &certErr) || errors.As(terr, &unknownAuth) || errors.As(terr, &hostErr) || errors.As(terr, &invalidErr)):
+		return newError(ClassTLSFailure, "the certificate of %s is not trusted: %s", where, clip(tlsReason(terr), 200))
+	case terr != nil && (errors.As(terr, &recordErr) || errors.As(terr, &alertErr)):
+		return newError(ClassTLSFailure, "the TLS handshake with %s failed", where)
+	case terr != nil && errors.As(terr, &dnsErr):
+		return newError(ClassSpawnFailed, "the host of %s cannot be resolved", where)
+	case terr != nil && isTimeout(terr), errors.Is(err, context.DeadlineExceeded):
+		return newError(ClassHandshakeTimeout, "%s did not answer initialize within %s", where, spec.HandshakeTimeout)
+	case status == http.StatusUnauthorized || status == http.StatusForbidden:
+		return newError(ClassSpawnFailed, "%s refused the configured credentials (HTTP %d)", where, status)
+	case status >= 300:
+		return newError(ClassNotMCPServer, "%s answered HTTP %d to initialize: it is not an MCP endpoint of this transport", where, status)
+	case terr != nil:
+		return newError(ClassSpawnFailed, "connect to %s: %s", where, clip(redactString(terr.Error(), secretsOf(spec)), 200))
+	}
+	return newError(ClassNotMCPServer, "%s did not answer initialize as an MCP server", where)
+}
+
+func tlsReason(err error) string {
+	var unknownAuth x509.UnknownAuthorityError
+	var hostErr x509.HostnameError
+	switch {
+	case errors.As(err, &unknownAuth):
+		return "signed by an unknown authority"
+	case errors.As(err, &hostErr):
+		return "not valid for this host name"
+	}
+	return "invalid certificate"
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// detachedTransport runs the inner transport's Connect under the session's
+// lifetime instead of the handshake's: go-sdk's SSE client issues its
+// hanging GET with the context given to Connect, so a handshake deadline
+// would otherwise end the session as soon as the handshake returned. The
+// handshake still bounds Connect itself.
+type detachedTransport struct {
+	inner mcp.Transport
+	life  context.Context
+	end   context.CancelFunc
+}
+
+func (t *detachedTransport) Connect(ctx context.Context) (mcp.Connection, error) {
+	type result struct {
+		conn mcp.Connection
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		c, err := t.inner.Connect(t.life)
+		ch <- result{c, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.conn, r.err
+	case <-ctx.Done():
+		t.end() // makes the inner Connect return
+		if r := <-ch; r.conn != nil {
+			_ = r.conn.Close()
+		}
+		return nil, ctx.Err()
+	}
+}
+
+// remoteServer is a connection to a remote server.
+type remoteServer struct {
+	endLife      context.CancelFunc
+	base         *http.Transport
+	closeTimeout time.Duration
+	closed       chan struct{}
+}
+
+func (s *remoteServer) gone() <-chan struct{} { return s.closed }
+
+func (s *remoteServer) death(context.Context) *Error {
+	return newError(ClassCrashed, "the connection to the remote server closed")
+}
+
+func (s *remoteServer) stop(_ context.Context, cs *mcp.ClientSession) error {
+	done := closeClient(cs, s.closeTimeout)
+	// go-sdk bounds its own session-termination request; wait for it so
+	// that no goroutine outlives the session.
+	<-done
+	s.endLife()
+	<-s.closed
+	s.base.CloseIdleConnections()
+	return nil
+}

@@ -1,0 +1,232 @@
+package spawner
+
+import (
+	"context"
+	"crypto/x509"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/require"
+)
+
+// remoteServer starts an in-process go-sdk server over TLS on loopback and
+// records the headers of every request it receives.
+type recordedHeaders struct {
+	mu  sync.Mutex
+	all []http.Header
+}
+
+func (r *recordedHeaders) add(h http.Header) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.all = append(r.all, h.Clone())
+}
+
+func (r *recordedHeaders) values(name string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, h := range r.all {
+		out = append(out, h.Values(name)...)
+	}
+	return out
+}
+
+func startRemote(t *testing.T, sse bool) (*httptest.Server, *recordedHeaders) {
+	t.Helper()
+	server := mcp.NewServer(&mcp.Implementation{Name: "remote", Version: "1"}, nil)
+	mcp.AddTool(server, &mcp.Tool{Name: "greet", Description: "Say hello."},
+		func(_ context.Context, _ *mcp.CallToolRequest, in struct {
+			Name string `json:"name"`
+		}) (*mcp.CallToolResult, any, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "hello " + in.Name}}}, nil, nil
+		})
+	var h http.Handler
+	if sse {
+		h = mcp.NewSSEHandler(func(*http.Request) *mcp.Server { return server }, nil)
+	} else {
+		h = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil)
+	}
+	rec := &recordedHeaders{}
+	ts := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec.add(r.Header)
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(ts.Close)
+	return ts, rec
+}
+
+func trusting(ts *httptest.Server) *x509.CertPool {
+	pool := x509.NewCertPool()
+	pool.AddCert(ts.Certificate())
+	return pool
+}
+
+func remoteRouter(t *testing.T, roots *x509.CertPool) *Router {
+	t.Helper()
+	r, err := New(Config{RootCAs: roots})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, r.Close(context.Background())) })
+	return r
+}
+
+func remoteSpec(transport, url string) Spec {
+	return Spec{
+		ServerRef: "remote", Transport: transport, URL: url, Purpose: PurposeDiscovery,
+		Headers:          map[string]string{"X-API-Key": "key-0123456789"},
+		HandshakeTimeout: 5 * time.Second,
+	}
+}
+
+func TestRemote(t *testing.T) {
+	for _, tt := range []struct {
+		transport string
+		sse       bool
+	}{{TransportStreamableHTTP, false}, {TransportSSE, true}} {
+		t.Run(tt.transport, func(t *testing.T) {
+			ts, rec := startRemote(t, tt.sse)
+			r := remoteRouter(t, trusting(ts))
+			s := spawn(t, r, remoteSpec(tt.transport, ts.URL))
+			tools, err := s.ListTools(t.Context())
+			require.NoError(t, err)
+			require.Equal(t, []string{"greet"}, toolNames(tools))
+			res, err := s.CallTool(t.Context(), &mcp.CallToolParams{Name: "greet", Arguments: map[string]any{"name": "pool"}})
+			require.NoError(t, err)
+			require.Equal(t, "hello pool", res.Content[0].(*mcp.TextContent).Text)
+
+			keys := rec.values("X-Api-Key")
+			require.NotEmpty(t, keys)
+			for _, k := range keys {
+				require.Equal(t, "key-0123456789", k, "every request carries the resolved header")
+			}
+			require.NoError(t, s.Close(t.Context()))
+			<-s.Done()
+			require.NoError(t, s.Err())
+		})
+	}
+}
+
+// TestRemoteOutlivesHandshakeTimeout: the handshake deadline bounds only the
+// handshake (go-sdk's SSE client would otherwise end its stream with it).
+func TestRemoteOutlivesHandshakeTimeout(t *testing.T) {
+	for _, tt := range []struct {
+		transport string
+		sse       bool
+	}{{TransportStreamableHTTP, false}, {TransportSSE, true}} {
+		t.Run(tt.transport, func(t *testing.T) {
+			ts, _ := startRemote(t, tt.sse)
+			spec := remoteSpec(tt.transport, ts.URL)
+			spec.HandshakeTimeout = 300 * time.Millisecond
+			s := spawn(t, remoteRouter(t, trusting(ts)), spec)
+			time.Sleep(3 * spec.HandshakeTimeout)
+			require.NoError(t, s.Err())
+			_, err := s.ListTools(t.Context())
+			require.NoError(t, err)
+		})
+	}
+}
+
+func TestRemoteServerGoneIsCrashed(t *testing.T) {
+	ts, _ := startRemote(t, true)
+	s := spawn(t, remoteRouter(t, trusting(ts)), remoteSpec(TransportSSE, ts.URL))
+	ts.CloseClientConnections()
+	ts.Close()
+	select {
+	case <-s.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("Done was not closed after the server went away")
+	}
+	require.Equal(t, ClassCrashed, ClassOf(s.Err()))
+}
+
+func TestRemoteUntrustedCertificate(t *testing.T) {
+	ts, rec := startRemote(t, false)
+	r := remoteRouter(t, nil) // system roots: the test server's certificate is not among them
+	_, err := r.Spawn(t.Context(), remoteSpec(TransportStreamableHTTP, ts.URL))
+	require.Equal(t, ClassTLSFailure, ClassOf(err), "%v", err)
+	require.Contains(t, err.Error(), "unknown authority")
+	require.Empty(t, rec.values("X-Api-Key"), "no secret is sent to an untrusted server")
+}
+
+func TestRemoteConnectionRefused(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	r := remoteRouter(t, nil)
+	_, err = r.Spawn(t.Context(), remoteSpec(TransportStreamableHTTP, "https://"+addr+"/mcp"))
+	require.Equal(t, ClassConnectionRefused, ClassOf(err), "%v", err)
+	require.Contains(t, err.Error(), addr)
+}
+
+func TestRemoteRefusals(t *testing.T) {
+	r := remoteRouter(t, nil)
+	tests := []struct {
+		name string
+		mut  func(*Spec)
+	}{
+		{name: "plain http to a public host", mut: func(s *Spec) { s.URL = "http://mcp.example.com/mcp" }},
+		{name: "not a URL", mut: func(s *Spec) { s.URL = "::" }},
+		{name: "ftp", mut: func(s *Spec) { s.URL = "ftp://example.com" }},
+		{name: "reserved header", mut: func(s *Spec) { s.Headers = map[string]string{"Host": "evil"} }},
+		{name: "session header", mut: func(s *Spec) { s.Headers = map[string]string{"Mcp-Session-Id": "x"} }},
+		{name: "header injection", mut: func(s *Spec) { s.Headers = map[string]string{"X-Key": "a\r\nX-Other: b"} }},
+		{name: "bad header name", mut: func(s *Spec) { s.Headers = map[string]string{"X Key": "a"} }},
+		{name: "env on remote", mut: func(s *Spec) { s.Env = map[string]string{"A": "b"} }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := remoteSpec(TransportStreamableHTTP, "https://mcp.example.com/mcp")
+			tt.mut(&s)
+			_, err := r.Spawn(t.Context(), s)
+			require.Equal(t, ClassInvalidSpec, ClassOf(err), "%v", err)
+			require.NotContains(t, err.Error(), "a\r\nX-Other")
+		})
+	}
+}
+
+func TestRemoteDoesNotFollowRedirects(t *testing.T) {
+	target, rec := startRemote(t, false)
+	redirect := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target.URL, http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(redirect.Close)
+	roots := trusting(target)
+	roots.AddCert(redirect.Certificate())
+	r := remoteRouter(t, roots)
+	_, err := r.Spawn(t.Context(), remoteSpec(TransportStreamableHTTP, redirect.URL))
+	require.Equal(t, ClassNotMCPServer, ClassOf(err), "%v", err)
+	require.Contains(t, err.Error(), "HTTP 307")
+	require.Empty(t, rec.values("X-Api-Key"), "the secret header never follows a redirect")
+}
+
+// TestRemoteBoundsResponseBodies: go-sdk reads a JSON response whole; the
+// spawner cuts it off at the message limit.
+func TestRemoteBoundsResponseBodies(t *testing.T) {
+	ts := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"jsonrpc":"2.0","id":1,"result":{"pad":"`))
+		chunk := make([]byte, 64<<10)
+		for i := range chunk {
+			chunk[i] = 'x'
+		}
+		for range 64 { // 4 MiB
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+		_, _ = w.Write([]byte(`"}}`))
+	}))
+	t.Cleanup(ts.Close)
+	r, err := New(Config{RootCAs: trusting(ts), MaxMessageBytes: 1 << 20})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, r.Close(context.Background())) })
+	_, err = r.Spawn(t.Context(), remoteSpec(TransportStreamableHTTP, ts.URL))
+	require.Equal(t, ClassProtocolViolation, ClassOf(err), "%v", err)
+	require.Contains(t, err.Error(), "larger than the message limit")
+}

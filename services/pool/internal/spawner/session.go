@@ -1,0 +1,279 @@
+package spawner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// deathGrace bounds how long the spawner waits for an exit status once a
+// server's stream broke: the stream ends a moment before the engine or the
+// kernel reports the exit.
+const deathGrace = 2 * time.Second
+
+// deathTimeout bounds the whole classification of a death (exit status,
+// then the engine's events for an OOM kill).
+const deathTimeout = deathGrace + eventsTimeout
+
+// server is what a back end runs: a container, a process or a connection.
+type server interface {
+	// gone is closed when the server can no longer serve: it exited, its
+	// output stream ended or its connection closed.
+	gone() <-chan struct{}
+	// death classifies how it ended; called once, after gone is closed.
+	death(ctx context.Context) *Error
+	// stop tears it down, gracefully first and then by force, and returns
+	// only when everything the back end started has ended. cs may be nil
+	// (the handshake failed). It must finish even when ctx is done.
+	stop(ctx context.Context, cs *mcp.ClientSession) error
+}
+
+// Session is one connected MCP server.
+type Session struct {
+	ref      string
+	srv      server
+	cs       *mcp.ClientSession
+	tail     *tail
+	cfg      *Config
+	secrets  []string
+	log      *slog.Logger
+	onClose  func(*Session)
+	maxTools int
+
+	done        chan struct{}
+	doneOnce    sync.Once
+	stopMonitor chan struct{}
+	monitorDone chan struct{}
+
+	mu  sync.Mutex
+	err *Error
+
+	closing   atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+}
+
+func newSession(r *Router, spec *Spec, srv server, cs *mcp.ClientSession, t *tail) *Session {
+	s := &Session{
+		ref:         spec.ServerRef,
+		srv:         srv,
+		cs:          cs,
+		tail:        t,
+		cfg:         &r.cfg,
+		secrets:     secretsOf(spec),
+		log:         r.log,
+		maxTools:    r.cfg.MaxTools,
+		done:        make(chan struct{}),
+		stopMonitor: make(chan struct{}),
+		monitorDone: make(chan struct{}),
+	}
+	go s.monitor()
+	return s
+}
+
+func (s *Session) monitor() {
+	defer close(s.monitorDone)
+	select {
+	case <-s.srv.gone():
+	case <-s.stopMonitor:
+		return
+	}
+	if !s.closing.Load() {
+		ctx, cancel := context.WithTimeout(context.Background(), deathTimeout)
+		e := s.srv.death(ctx)
+		cancel()
+		e.StderrTail = s.StderrTail()
+		s.mu.Lock()
+		s.err = e
+		s.mu.Unlock()
+		s.log.Warn("spawner: MCP server died", "server", s.ref, "class", string(e.Class), "reason", e.Message)
+	}
+	s.markDone()
+}
+
+func (s *Session) markDone() { s.doneOnce.Do(func() { close(s.done) }) }
+
+// ServerRef is the registration this session runs.
+func (s *Session) ServerRef() string { return s.ref }
+
+// Done is closed when the server is gone: it died on its own (Err says why)
+// or Close ended it.
+func (s *Session) Done() <-chan struct{} { return s.done }
+
+// Err is nil while the server runs and after Close; once Done is closed
+// because the server died on its own, it is an *Error (class crashed, or
+// protocol_violation when the stream broke a bound).
+func (s *Session) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil {
+		return nil
+	}
+	return s.err
+}
+
+// StderrTail is the end of what the server wrote to stderr, and the stdout
+// lines that were not JSON-RPC, with every secret value masked.
+func (s *Session) StderrTail() string {
+	if s.tail == nil {
+		return ""
+	}
+	return s.tail.String()
+}
+
+// maxPageCursorLen bounds a tools/list cursor a server may hand back.
+const maxPageCursorLen = 4 << 10
+
+// ListTools returns every tool the server offers, following every page. It
+// refuses more than the configured number of tools, a cursor that repeats and
+// an oversized cursor (protocol_violation). Without a deadline on ctx it is
+// bounded by Config.ListTimeout.
+func (s *Session) ListTools(ctx context.Context) ([]*mcp.Tool, error) {
+	ctx, cancel := s.bound(ctx, s.cfg.ListTimeout, "tools/list")
+	defer cancel()
+	var tools []*mcp.Tool
+	seen := map[string]bool{}
+	params := &mcp.ListToolsParams{}
+	for page := 0; ; page++ {
+		if page > s.maxTools {
+			return nil, s.violation("tools/list went on for more than %d pages", s.maxTools)
+		}
+		res, err := s.cs.ListTools(ctx, params)
+		if err != nil {
+			return nil, s.requestError(ctx, "tools/list", err)
+		}
+		tools = append(tools, res.Tools...)
+		if len(tools) > s.maxTools {
+			return nil, s.violation("the server offers more than %d tools", s.maxTools)
+		}
+		next := res.NextCursor
+		if next == "" {
+			return tools, nil
+		}
+		if len(next) > maxPageCursorLen {
+			return nil, s.violation("tools/list returned a cursor longer than %d bytes", maxPageCursorLen)
+		}
+		if seen[next] {
+			return nil, s.violation("tools/list returned a cursor it had returned before")
+		}
+		seen[next] = true
+		params = &mcp.ListToolsParams{Cursor: next}
+	}
+}
+
+// CallTool runs one tool call. A JSON-RPC error answer is returned wrapped
+// (errors.As finds the *jsonrpc.Error); a server that died during the call
+// gives an *Error of class crashed. Without a deadline on ctx it is bounded
+// by Config.CallTimeout.
+func (s *Session) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mcp.CallToolResult, error) {
+	ctx, cancel := s.bound(ctx, s.cfg.CallTimeout, "tools/call")
+	defer cancel()
+	res, err := s.cs.CallTool(ctx, params)
+	if err != nil {
+		return nil, s.requestError(ctx, "tools/call", err)
+	}
+	return res, nil
+}
+
+// bound applies the spawner's own limit when the caller set no deadline; its
+// expiry is recognisable as a ClassTimeout cause.
+func (s *Session) bound(ctx context.Context, d time.Duration, op string) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeoutCause(ctx, d, newError(ClassTimeout, "the server did not answer %s within %s", op, d))
+}
+
+func (s *Session) violation(format string, args ...any) *Error {
+	e := newError(ClassProtocolViolation, format, args...)
+	e.StderrTail = s.StderrTail()
+	return e
+}
+
+// requestError turns a failed request into what the caller can act on.
+func (s *Session) requestError(ctx context.Context, op string, err error) error {
+	var rpcErr *jsonrpc.Error
+	if errors.As(err, &rpcErr) && ctx.Err() == nil {
+		if op == "tools/call" {
+			return fmt.Errorf("spawner: tools/call: %w", err)
+		}
+		return s.violation("%s was answered with error %d: %s", op, rpcErr.Code, clip(redactString(rpcErr.Message, s.secrets), 200))
+	}
+	if ctx.Err() != nil {
+		if cause := context.Cause(ctx); ClassOf(cause) == ClassTimeout {
+			e := *cause.(*Error)
+			e.StderrTail = s.StderrTail()
+			return &e
+		}
+		return fmt.Errorf("spawner: %s: %w", op, ctx.Err())
+	}
+	// The connection broke: wait briefly to learn whether the server died,
+	// and report how.
+	t := time.NewTimer(deathTimeout + time.Second)
+	defer t.Stop()
+	select {
+	case <-s.done:
+	case <-t.C:
+	}
+	if e := s.Err(); e != nil {
+		return e
+	}
+	e := newError(ClassCrashed, "the connection to the server broke during %s", op)
+	e.StderrTail = s.StderrTail()
+	return e
+}
+
+// Close stops the server: it ends the MCP session (which closes the
+// server's stdin), waits a bounded time for it to exit, then forces it. It
+// is idempotent, safe to call concurrently, and always finishes within the
+// spawner's bounds even when ctx is already done.
+func (s *Session) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		s.closing.Store(true)
+		s.closeErr = s.srv.stop(ctx, s.cs)
+		close(s.stopMonitor)
+		<-s.monitorDone
+		s.markDone()
+		if s.onClose != nil {
+			s.onClose(s)
+		}
+	})
+	return s.closeErr
+}
+
+// closeClient ends an MCP client session within d. It reports whether it
+// finished; if not, the goroutine finishes once the back end closes the
+// transport, and done is closed then.
+func closeClient(cs *mcp.ClientSession, d time.Duration) (done <-chan struct{}) {
+	ch := make(chan struct{})
+	if cs == nil {
+		close(ch)
+		return ch
+	}
+	go func() {
+		_ = cs.Close()
+		close(ch)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	}
+	return ch
+}
+
+// connect runs the MCP handshake over transport within the spec's
+// handshake timeout.
+func connect(ctx context.Context, spec *Spec, transport mcp.Transport) (*mcp.ClientSession, error) {
+	hctx, cancel := context.WithTimeout(ctx, spec.HandshakeTimeout)
+	defer cancel()
+	return newClient(spec).Connect(hctx, transport, &mcp.ClientSessionOptions{ProtocolVersion: ProtocolVersion})
+}
