@@ -146,10 +146,8 @@ func (c *Config) Validate() error {
 		errs.add("sandbox.mcp_isolation_network", fmt.Sprintf("%q is not allowed", c.Sandbox.MCPIsolationNetwork), "use none (the default) or a named Docker network")
 	}
 	for _, k := range c.Sandbox.MCPIsolationAllowedEnvironmentKeys {
-		if !envKeyPattern.MatchString(k) {
-			errs.add("sandbox.mcp_isolation_allowed_environment_keys", fmt.Sprintf("%q is not an environment variable name", k), "use names like APP_TOKEN")
-		} else if mcpserver.IsControlKey(k) {
-			errs.add("sandbox.mcp_isolation_allowed_environment_keys", fmt.Sprintf("%q steers the container runtime, loader, user, mounts or network", k), "remove it: no registration may set it, allowlisted or not")
+		if reason := mcpserver.ControlKeyReason(k); reason != "" {
+			errs.add("sandbox.mcp_isolation_allowed_environment_keys", fmt.Sprintf("%s is refused (%s)", mcpserver.QuoteKey(k), reason), "remove it: no registration may set it, allowlisted or not")
 		}
 	}
 	if c.Sandbox.MCPIsolationCPUs <= 0 || c.Sandbox.MCPIsolationCPUs > 64 {
@@ -199,8 +197,6 @@ func (c *Config) Validate() error {
 	}
 	return errs.err()
 }
-
-var envKeyPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 
 func checkAddr(addr string) error {
 	if _, _, err := net.SplitHostPort(addr); err != nil {

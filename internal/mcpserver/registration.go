@@ -16,6 +16,11 @@ import (
 	"github.com/ringfence/ringfence/internal/fielderr"
 )
 
+// SecretMask replaces every secret value wherever one would otherwise be shown (responses, CLI
+// output, logs, audit records, stderr tails): the same for all values, so it reveals neither a
+// value nor its length.
+const SecretMask = "********"
+
 // Transports.
 const (
 	TransportStdio          = "stdio"
@@ -197,7 +202,7 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 	}
 	for _, k := range sortedKeys(r.Env) {
 		if err := CheckEnvKey(k, allowedEnvKeys); err != nil {
-			return fielderr.New("env."+truncate(k), "%s", err.Error())
+			return fielderr.New("env."+truncate(k), "%s", strings.TrimPrefix(err.Error(), ErrEnvKeyRefused.Error()+": "))
 		}
 		if err := checkText("env."+k, r.Env[k], MaxEnvValue); err != nil {
 			return err

@@ -17,9 +17,8 @@ import (
 	"github.com/ringfence/ringfence/services/registry/internal/store"
 )
 
-// SecretMask replaces every env value in every response: the same for all values, so it
-// reveals neither the value nor its length.
-const SecretMask = "********"
+// SecretMask replaces every env value in every response.
+const SecretMask = mcpserver.SecretMask
 
 // serverSpec is what CreateServerRequest and UpdateServerRequest have in common.
 type serverSpec interface {

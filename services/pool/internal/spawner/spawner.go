@@ -15,6 +15,8 @@
 package spawner
 
 import (
+	"github.com/ringfence/ringfence/internal/mcpserver"
+
 	"context"
 	"crypto/rand"
 	"crypto/x509"
@@ -187,8 +189,8 @@ func (c *Config) normalize() error {
 		return errors.New("spawner: the /tmp size must be positive")
 	}
 	for _, k := range c.AllowedEnvKeys {
-		if reason := deniedEnvKey(k); reason != "" {
-			return fmt.Errorf("spawner: the isolation allowlist names %s, which is refused: %s", quoteKey(k), reason)
+		if reason := mcpserver.ControlKeyReason(k); reason != "" {
+			return fmt.Errorf("spawner: the isolation allowlist names %s, which is refused: %s", mcpserver.QuoteKey(k), reason)
 		}
 	}
 	if c.HostPATH == "" {

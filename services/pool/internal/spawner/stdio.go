@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"github.com/ringfence/ringfence/internal/mcpserver"
 	"io"
 	"slices"
 	"strings"
@@ -12,9 +13,8 @@ import (
 	"unicode/utf8"
 )
 
-// Mask replaces every secret value (environment values, header values) in
-// diagnostics.
-const Mask = "[REDACTED]"
+// Mask replaces every secret value (environment values, header values) in diagnostics.
+const Mask = mcpserver.SecretMask
 
 // errMessageTooLarge ends a session whose server wrote a JSON-RPC message
 // larger than the bound: the client could not read it, and buffering it
