@@ -1,5 +1,9 @@
 module github.com/ringfence/ringfence
 
-go 1.26
+go 1.26.0
 
 replace github.com/ringfence/ringfence/gen/go => ./gen/go
+
+require github.com/stretchr/testify v1.12.1
+
+require go.yaml.in/yaml/v3 v3.0.5 // indirect
