@@ -494,3 +494,29 @@ func cmpInt[T rune | int](a, b T) int {
 	}
 	return 0
 }
+
+// AppendString appends s as a canonical JSON string. Callers that assemble
+// canonical documents from Go strings use it so that a string which is not
+// valid UTF-8 is refused instead of silently repaired.
+func AppendString(dst []byte, s string) ([]byte, error) {
+	if !utf8.ValidString(s) {
+		return nil, &Error{Offset: invalidOffset(s), Err: ErrInvalidUTF8}
+	}
+	// Surrogate code points cannot occur: utf8.ValidString rejects them.
+	dst = append(dst, '"')
+	for _, r := range s {
+		dst = appendEscaped(dst, r)
+	}
+	return append(dst, '"'), nil
+}
+
+func invalidOffset(s string) int {
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			return i
+		}
+		i += size
+	}
+	return len(s)
+}
