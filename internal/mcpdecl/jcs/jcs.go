@@ -288,11 +288,20 @@ func (p *parser) str(dst []byte, wantKey bool) ([]byte, string, error) {
 		case c < 0x20:
 			return nil, "", p.fail(ErrSyntax)
 		case c < utf8.RuneSelf:
-			p.pos++
-			dst = appendEscaped(dst, rune(c))
-			if wantKey {
-				key = append(key, c)
+			// Copy the whole run of plain ASCII at once.
+			end := p.pos + 1
+			for end < len(p.data) {
+				b := p.data[end]
+				if b < 0x20 || b >= utf8.RuneSelf || b == '"' || b == '\\' {
+					break
+				}
+				end++
 			}
+			dst = append(dst, p.data[p.pos:end]...)
+			if wantKey {
+				key = append(key, p.data[p.pos:end]...)
+			}
+			p.pos = end
 		default:
 			r, size := utf8.DecodeRune(p.data[p.pos:])
 			if r == utf8.RuneError && size == 1 {
