@@ -72,14 +72,26 @@ func String(s string, o Options) string {
 
 func clean(s string) string {
 	b := make([]byte, 0, len(s))
+	var t tail
 	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			// ASCII fast path: only controls are dropped, and only _ > ]
+			// can end a marker.
+			i++
+			if (c < 0x20 || c == 0x7F) && c != '\n' && c != '\t' {
+				continue
+			}
+			b = append(b, c)
+			if (c == '_' || c == '>' || c == ']') && mayEndMarker(b) {
+				b = b[:t.markerStart(b)]
+			}
+			continue
+		}
 		r, size := utf8.DecodeRuneInString(s[i:])
 		i += size
 		switch runeclass.Of(r) {
 		case runeclass.Control:
-			if r != '\n' && r != '\t' {
-				continue
-			}
+			continue // C1 controls; \n and \t took the fast path
 		case runeclass.LineBreak:
 			r = '\n'
 		case runeclass.Bidi, runeclass.Tag, runeclass.Invisible:
@@ -90,7 +102,7 @@ func clean(s string) string {
 		b = utf8.AppendRune(b, r)
 		switch runeclass.Fold(r) {
 		case '_', '>', ']':
-			b = b[:markerStart(b)]
+			b = b[:t.markerStart(b)]
 		}
 	}
 	return string(b)
@@ -112,49 +124,107 @@ var fixedMarkers = [][]rune{
 	[]rune("<start_of_turn>"), []rune("<end_of_turn>"),
 }
 
-// markerStart returns the byte offset where a marker ending at the end of b
-// starts, or len(b) when b does not end in one.
-func markerStart(b []byte) int {
-	// Decode the tail backwards, folded, last rune first.
-	var tail [tailWindow]rune
-	var offs [tailWindow]int
-	n := 0
-	for end := len(b); end > 0 && n < tailWindow; n++ {
-		r, size := utf8.DecodeLastRune(b[:end])
-		end -= size
-		tail[n] = runeclass.Fold(r)
-		offs[n] = end
+// mayEndMarker is a cheap byte-level test that b, ending in ASCII _ > or ],
+// could end in a marker: every marker's last two folded code points are
+// "__" preceded by a letter, a letter and "]", or "|>", ">>" or "n>". A
+// non-ASCII byte before the end defers to markerStart, which folds.
+func mayEndMarker(b []byte) bool {
+	n := len(b)
+	if n < 3 {
+		return false
 	}
-	// endsWith reports whether the folded tail ends with m.
-	endsWith := func(m []rune) bool {
-		if len(m) > n {
-			return false
-		}
-		for j := range m {
-			if tail[j] != m[len(m)-1-j] {
-				return false
-			}
-		}
+	p, pp := b[n-2], b[n-3]
+	if p >= utf8.RuneSelf || pp >= utf8.RuneSelf {
 		return true
 	}
-	for _, m := range fixedMarkers {
-		if endsWith(m) {
-			return offs[len(m)-1]
+	letter := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
+	switch b[n-1] {
+	case '_':
+		return p == '_' && letter(pp)
+	case ']':
+		return letter(p)
+	default: // '>'
+		return p == '|' || p == '>' || p == 'n' || p == 'N'
+	}
+}
+
+// tail reads the end of the output backwards, folded, one code point at a
+// time and only as far as a comparison needs.
+type tail struct {
+	b   []byte
+	end int // b[:end] is not decoded yet
+	n   int
+	r   [tailWindow]rune
+	off [tailWindow]int // byte offset where r[j] starts
+}
+
+// at returns the j-th code point from the end (0 is the last).
+func (t *tail) at(j int) (rune, bool) {
+	for t.n <= j {
+		if t.end == 0 || t.n == tailWindow {
+			return 0, false
+		}
+		r, size := utf8.DecodeLastRune(t.b[:t.end])
+		t.end -= size
+		t.r[t.n], t.off[t.n] = runeclass.Fold(r), t.end
+		t.n++
+	}
+	return t.r[j], true
+}
+
+func (t *tail) endsWith(m []rune) bool {
+	for j := range m {
+		if r, ok := t.at(j); !ok || r != m[len(m)-1-j] {
+			return false
 		}
 	}
-	if n >= 5 && tail[0] == '>' && tail[1] == '|' {
-		// <| name |> with the name read backwards from tail[2].
-		for j := 2; j < n-1 && j-2 <= MaxTemplateTokenName; j++ {
-			c := tail[j]
-			if c == '|' {
-				if j > 2 && tail[j+1] == '<' {
-					return offs[j+1]
+	return true
+}
+
+// markersByEnd groups fixedMarkers by their last two code points, so a
+// tail is compared only with the few markers that can match it.
+var markersByEnd = func() map[[2]rune][][]rune {
+	m := map[[2]rune][][]rune{}
+	for _, mk := range fixedMarkers {
+		k := [2]rune{mk[len(mk)-1], mk[len(mk)-2]}
+		m[k] = append(m[k], mk)
+	}
+	return m
+}()
+
+// markerStart returns the byte offset where a marker ending at the end of b
+// starts, or len(b) when b does not end in one. t is scratch space.
+func (t *tail) markerStart(b []byte) int {
+	t.b, t.end, t.n = b, len(b), 0
+	last, ok1 := t.at(0)
+	prev, ok2 := t.at(1)
+	if !ok1 || !ok2 {
+		return len(b)
+	}
+	for _, m := range markersByEnd[[2]rune{last, prev}] {
+		if t.endsWith(m) {
+			return t.off[len(m)-1]
+		}
+	}
+	if last != '>' || prev != '|' {
+		return len(b)
+	}
+	// <| name |> with the name read backwards from the third code point.
+	for j := 2; j-2 <= MaxTemplateTokenName; j++ {
+		c, ok := t.at(j)
+		if !ok {
+			break
+		}
+		if c == '|' {
+			if j > 2 {
+				if lt, ok := t.at(j + 1); ok && lt == '<' {
+					return t.off[j+1]
 				}
-				break
 			}
-			if !templateNameRune(c) {
-				break
-			}
+			break
+		}
+		if !templateNameRune(c) {
+			break
 		}
 	}
 	return len(b)

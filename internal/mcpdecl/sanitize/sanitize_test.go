@@ -273,3 +273,29 @@ func BenchmarkStringUnderscores64KiB(b *testing.B) {
 		_ = String(s, keep)
 	}
 }
+
+// markerPieces are fragments from which FuzzStringMarkers assembles input,
+// so that nested and split markers are common rather than astronomically
+// rare.
+var markerPieces = []string{
+	"_", "__", "system", "sys", "tem", "user", "us", "er", "assistant", "developer", "tool", "human",
+	"<", ">", "|", "<|", "|>", "im_start", "im_", "start", "eot_id", "[", "]", "/", "INST", "IN", "ST",
+	"<<", ">>", "SYS", "start_of_turn", "_of_turn", "end", "\u200b", "\uff3f", "\uff5c", "\uff1c", "\uff1e",
+	"\U000E0041", "\u202e", "\r", "\x00", "x", " ", "\u2581", "TOOL_CALLS", "SYSTEM_PROMPT",
+}
+
+func FuzzStringMarkers(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 1, 1})
+	f.Add([]byte{15, 16, 17, 16})
+	f.Fuzz(func(t *testing.T, picks []byte) {
+		var b strings.Builder
+		for _, p := range picks {
+			b.WriteString(markerPieces[int(p)%len(markerPieces)])
+		}
+		in := b.String()
+		kept := String(in, keep)
+		checkClean(t, kept)
+		require.Equal(t, kept, String(kept, keep))
+		checkClean(t, String(in, Options{}))
+	})
+}
