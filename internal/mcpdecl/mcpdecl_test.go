@@ -401,3 +401,14 @@ func TestPinSurvivesTheSDKClient(t *testing.T) {
 		})
 	}
 }
+
+func BenchmarkHash(b *testing.B) {
+	d := readFile()
+	d.Description = "Read the complete contents of a file from the file system as text. Handles various text encodings and provides detailed error messages if the file cannot be read. Only works within allowed directories."
+	b.SetBytes(int64(len(d.Name) + len(d.Title) + len(d.Description) + len(d.InputSchema) + len(d.OutputSchema) + len(d.Annotations)))
+	for b.Loop() {
+		if _, err := mcpdecl.Hash(d); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
