@@ -68,23 +68,32 @@ func (s *session) scanUncached(text string, kind scanKind) []hit {
 		hidden, bidi, tags int
 		samples            []rune
 		tagText            []byte
-		visible            strings.Builder
+		visible, spaced    strings.Builder
 	)
 	clean := true
 	for i, r := range text {
 		k := runeclass.Of(r)
 		switch {
-		case k == runeclass.Visible, r == '\n', r == '\t', r == '\r':
+		case k == runeclass.Visible, r == '\n', r == '\t', r == '\r', k == runeclass.LineBreak:
+			// U+2028 and U+2029 show as line breaks: neither hidden nor
+			// a control.
 			if !clean {
 				visible.WriteRune(r)
+				spaced.WriteRune(r)
 			}
 			continue
-		case k == runeclass.LineBreak:
-			// Visible as a line break; neither hidden nor a control.
-			if !clean {
-				visible.WriteRune(r)
-			}
-			continue
+		}
+		if clean {
+			clean = false
+			visible.Grow(len(text))
+			visible.WriteString(text[:i])
+			spaced.Grow(len(text))
+			spaced.WriteString(text[:i])
+		}
+		// A hidden code point may join two words ("ignore<ZWSP>previous")
+		// or split one ("ig<ZWSP>nore"); the text is scanned both ways.
+		spaced.WriteByte(' ')
+		switch {
 		case k == runeclass.Tag:
 			tags++
 			if c := runeclass.TagASCII(r); c != 0 {
@@ -98,11 +107,6 @@ func (s *session) scanUncached(text string, kind scanKind) []hit {
 				samples = append(samples, r)
 			}
 		}
-		if clean {
-			clean = false
-			visible.Grow(len(text))
-			visible.WriteString(text[:i])
-		}
 	}
 	if hidden > 0 {
 		hits = append(hits, hit{CodeHiddenUnicode, fmt.Sprintf("%d invisible or control code points (%s)", hidden, codePoints(samples))})
@@ -113,11 +117,12 @@ func (s *session) scanUncached(text string, kind scanKind) []hit {
 	if tags > 0 {
 		hits = append(hits, hit{CodeTagCharacters, fmt.Sprintf("%d Unicode Tag characters spelling hidden text %s", tags, excerpt(string(tagText)))})
 	}
-	shown := text
-	if !clean {
-		shown = visible.String()
+	if clean {
+		hits = s.detect(hits, norm.NFKC.String(text), kind, "")
+	} else {
+		hits = s.detect(hits, norm.NFKC.String(visible.String()), kind, "")
+		hits = s.detect(hits, norm.NFKC.String(spaced.String()), kind, "")
 	}
-	hits = s.detect(hits, norm.NFKC.String(shown), kind, "")
 	if len(tagText) > 0 {
 		hits = s.detect(hits, string(tagText), kind, " (in text hidden by Unicode Tag characters)")
 	}
@@ -146,18 +151,18 @@ func (s *session) detect(hits []hit, text string, kind scanKind, suffix string) 
 	add := func(code, msg string) { hits = append(hits, hit{code, msg + suffix}) }
 	lower := strings.ToLower(text)
 	if strings.ContainsAny(lower, "\u2019\u02bc") {
-		lower = strings.NewReplacer("\u2019", "'", "\u02bc", "'").Replace(lower)
+		lower = apostrophes.Replace(lower)
 	}
 
 	lower = collapseSpace(lower)
 	s.phrases(lower, add)
 	if m := findURL(lower); m != "" {
-		add(CodeURLOrEmail, "URL "+excerpt(m))
+		add(CodeURLOrEmail, "URL "+excerpt(withoutCredentials(m)))
 	} else if m := findEmail(lower); m != "" {
 		add(CodeURLOrEmail, "e-mail address "+excerpt(m))
 	}
-	if kind, ok := embeddedSecret(text); ok {
-		add(CodeEmbeddedSecret, "looks like an embedded "+kind+" (value not shown)")
+	if what, ok := embeddedSecret(text); ok {
+		add(CodeEmbeddedSecret, "looks like an embedded "+what+" (value not shown)")
 	}
 	if n := longestBase64Run(text); n >= MinBase64Run {
 		add(CodeBase64Run, fmt.Sprintf("a %d-character base64-looking run", n))
@@ -178,6 +183,67 @@ func (s *session) detect(hits []hit, text string, kind scanKind, suffix string) 
 		}
 	}
 	return hits
+}
+
+var apostrophes = strings.NewReplacer("\u2019", "'", "\u02bc", "'")
+
+// withoutCredentials drops the user information, query and fragment of a
+// URL before it is quoted: they are where tokens live.
+func withoutCredentials(u string) string {
+	if i := strings.IndexAny(u, "?#"); i >= 0 {
+		u = u[:i]
+	}
+	scheme, rest, _ := strings.Cut(u, "://")
+	authority, path, hasPath := strings.Cut(rest, "/")
+	if i := strings.LastIndexByte(authority, '@'); i >= 0 {
+		authority = authority[i+1:]
+	}
+	if hasPath {
+		return scheme + "://" + authority + "/" + path
+	}
+	return scheme + "://" + authority
+}
+
+// secretShapes matches every embedded-secret pattern in any letter case,
+// for redaction of text that has been lowercased.
+var secretShapes = func() *regexp.Regexp {
+	parts := make([]string, len(secretRules))
+	for i, r := range secretRules {
+		parts[i] = r.re.String()
+	}
+	return regexp.MustCompile(`(?i)(?:` + strings.Join(parts, "|") + `)`)
+}()
+
+var anyURL = regexp.MustCompile(`(?i)[a-z][a-z0-9+.-]*://[^\s"'<>]*`)
+
+// redactSecrets replaces secret-shaped values and the credentials, query
+// and fragment of URLs.
+func redactSecrets(s string) string {
+	if mayHoldSecret(s) {
+		s = secretShapes.ReplaceAllString(s, "[redacted]")
+	}
+	if strings.Contains(s, "://") {
+		s = anyURL.ReplaceAllStringFunc(s, withoutCredentials)
+	}
+	return s
+}
+
+// mayHoldSecret is a cheap necessary condition for secretShapes: every
+// shape has a run of at least 14 token characters, except the PEM header,
+// which says "private key".
+func mayHoldSecret(s string) bool {
+	run := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' {
+			if run++; run >= 14 {
+				return true
+			}
+			continue
+		}
+		run = 0
+	}
+	return strings.Contains(strings.ToLower(s), "private key")
 }
 
 func containsAny(s string, subs []string) bool {
@@ -459,9 +525,14 @@ func containsString(ss []string, s string) bool {
 }
 
 // excerpt quotes at most 60 characters of s in ASCII, with hidden code
-// points removed, so a finding can be shown and logged safely.
+// points removed and anything shaped like a secret replaced, so a finding
+// can be shown and logged safely.
 func excerpt(s string) string {
 	const max = 60
+	if len(s) > 4*max+256 {
+		s = strings.ToValidUTF8(s[:4*max+256], "")
+	}
+	s = redactSecrets(s)
 	var b strings.Builder
 	n := 0
 	for _, r := range s {

@@ -461,8 +461,13 @@ func writeVerb(w string) string {
 	return ""
 }
 
-// segment renders one key of a Location path.
+// segment renders one key of a Location path; a key shaped like a secret
+// is not repeated.
 func segment(k string) string {
+	if len(k) > 512 {
+		k = k[:512] // only the first 64 bytes are shown; bound the redaction
+	}
+	k = redactSecrets(k)
 	if isIdent(k) {
 		return "." + k
 	}
