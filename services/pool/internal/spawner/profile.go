@@ -1,8 +1,6 @@
 package spawner
 
 import (
-	"github.com/ringfence/ringfence/internal/mcpserver"
-
 	"errors"
 	"fmt"
 	"regexp"
@@ -11,6 +9,8 @@ import (
 
 	"github.com/distribution/reference"
 	"github.com/moby/moby/api/types/container"
+
+	"github.com/ringfence/ringfence/internal/mcpserver"
 )
 
 // Labels put on every container the spawner creates. The pool and managed

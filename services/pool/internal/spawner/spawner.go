@@ -15,8 +15,6 @@
 package spawner
 
 import (
-	"github.com/ringfence/ringfence/internal/mcpserver"
-
 	"context"
 	"crypto/rand"
 	"crypto/x509"
@@ -31,6 +29,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/ringfence/ringfence/internal/mcpserver"
 )
 
 // Transports a Spec may name.

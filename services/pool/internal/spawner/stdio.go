@@ -4,13 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"github.com/ringfence/ringfence/internal/mcpserver"
 	"io"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"unicode/utf8"
+
+	"github.com/ringfence/ringfence/internal/mcpserver"
 )
 
 // Mask replaces every secret value (environment values, header values) in diagnostics.
