@@ -5,22 +5,27 @@ package app
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc"
 
+	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/config"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mtls"
 	"github.com/ringfence/ringfence/internal/secretbox"
+	"github.com/ringfence/ringfence/services/pool"
 	"github.com/ringfence/ringfence/services/registry"
 )
 
@@ -28,6 +33,7 @@ import (
 type App struct {
 	Server   *grpcserver.Server
 	Registry *registry.Service
+	Pool     *pool.Service
 
 	log     *slog.Logger
 	closers []func() error
@@ -79,12 +85,18 @@ func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (a *
 	if err != nil {
 		return nil, err
 	}
+	pl, err := a.openPool(ctx, cfg, reg, log)
+	if err != nil {
+		return nil, err
+	}
+	reg.SetDiscoverer(pl)
 	srv, err := newServer(cfg, "ringfenced", auth.NewAuthorizer(reg, auth.Rules), log)
 	if err != nil {
 		return nil, err
 	}
-	a.Server, a.Registry = srv, reg
+	a.Server, a.Registry, a.Pool = srv, reg, pl
 	registerRegistry(srv, reg)
+	registerPool(srv, pl)
 	return a, nil
 }
 
@@ -153,6 +165,52 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 		}
 	}
 	return svc, nil
+}
+
+func (a *App) openPool(ctx context.Context, cfg *config.Config, reg pool.Registry, log *slog.Logger) (*pool.Service, error) {
+	sb := cfg.Sandbox
+	poolID := sb.PoolID
+	if poolID == "" {
+		poolID = defaultPoolID(cfg.DataDir)
+	}
+	pl, err := pool.Open(ctx, pool.Config{
+		Registry: reg,
+		Sandbox: pool.Sandbox{
+			Image: sb.MCPIsolationImage, Network: sb.MCPIsolationNetwork, AllowedEnvKeys: sb.MCPIsolationAllowedEnvironmentKeys,
+			NanoCPUs: int64(sb.MCPIsolationCPUs * 1e9), MemoryBytes: int64(sb.MCPIsolationMemory), PidsLimit: sb.MCPIsolationPids,
+			TmpfsSizeBytes: int64(sb.MCPIsolationTmpSize), AllowUnisolated: sb.AllowUnisolatedMCPDevelopment,
+			PoolID: poolID, DockerHost: sb.DockerHost, CloseTimeout: sb.StopTimeout,
+		},
+		Logger: log.With("service", "pool"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.onClose(func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return pl.Close(ctx)
+	})
+	return pl, nil
+}
+
+// defaultPoolID derives a pool's id from its data directory, so a restart on the same data
+// sweeps what the previous process left and two pools with their own data never touch each
+// other's containers.
+func defaultPoolID(dataDir string) string {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		abs = dataDir
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return "pool-" + hex.EncodeToString(sum[:6])
+}
+
+func registerPool(srv *grpcserver.Server, pl *pool.Service) {
+	poolv1.RegisterPoolServiceServer(srv.GRPC(), pl)
+	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
+		return poolv1.RegisterPoolServiceHandler(ctx, mux, conn)
+	})
 }
 
 func newServer(cfg *config.Config, name string, authz grpcserver.Authorizer, log *slog.Logger) (*grpcserver.Server, error) {

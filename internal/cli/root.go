@@ -122,6 +122,7 @@ and for TLS --ca-file (RINGFENCE_CA_FILE) with optional --server-name.`,
 		newKeysCmd(g),
 		newRolesCmd(g),
 		newCertsCmd(g),
+		newImageCmd(g),
 	)
 	return root
 }

@@ -72,6 +72,10 @@ const (
 	ClassConnectionRefused     = "connection_refused"
 	ClassTLSFailure            = "tls_failure"
 	ClassSpawnFailed           = "spawn_failed"
+	ClassImageRejected         = "image_rejected"
+	ClassInvalidSpec           = "invalid_spec"
+	ClassProtocolViolation     = "protocol_violation"
+	ClassTimeout               = "timeout"
 	ClassLimitExceeded         = "limit_exceeded"
 )
 

@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"encoding/json"
 	"sort"
 	"time"
 
@@ -10,8 +9,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
-	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
-	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/services/registry/internal/store"
@@ -151,48 +148,6 @@ func keyToProto(k store.Key) *registryv1.ApiKey {
 		out.RevokeTime = timestamppb.New(k.RevokeTime)
 	}
 	return out
-}
-
-// ToolToProto renders a discovered tool; shared with the publisher and pool front ends.
-func ToolToProto(t discovery.Tool) *typesv1.ToolDeclaration {
-	out := &typesv1.ToolDeclaration{
-		Name:         t.Name,
-		Title:        t.Title,
-		Description:  t.Description,
-		InputSchema:  rawToStruct(t.InputSchema),
-		OutputSchema: rawToStruct(t.OutputSchema),
-		Annotations:  rawToStruct(t.Annotations),
-		SchemaHash:   t.SchemaHash,
-		Findings:     FindingsToProto(t.Findings),
-		Excluded:     t.Excluded,
-	}
-	return out
-}
-
-// FindingsToProto renders screen findings.
-func FindingsToProto(fs []discovery.Finding) []*typesv1.Finding {
-	out := make([]*typesv1.Finding, len(fs))
-	for i, f := range fs {
-		out[i] = &typesv1.Finding{Code: f.Code, Severity: f.Severity, Location: f.Location, Message: f.Message}
-	}
-	return out
-}
-
-// rawToStruct shows a JSON object as a Struct; anything else (absent, or not an object, which
-// the screen reports as a hard failure) is left unset.
-func rawToStruct(raw json.RawMessage) *structpb.Struct {
-	if len(raw) == 0 {
-		return nil
-	}
-	var m map[string]any
-	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
-		return nil
-	}
-	s, err := structpb.NewStruct(m)
-	if err != nil {
-		return nil
-	}
-	return s
 }
 
 func sortedEnvKeys(env map[string]string) []string {

@@ -22,7 +22,7 @@ import (
 
 // Discoverer lists a registered server's tools by starting it in isolation: the pool.
 type Discoverer interface {
-	Discover(ctx context.Context, ref string) (*discovery.Listing, error)
+	DiscoverTools(ctx context.Context, ref string) (*discovery.Listing, error)
 }
 
 // Config holds the service's dependencies.
@@ -98,6 +98,10 @@ func Open(cfg Config) (*Service, error) {
 		errors: grpcserver.ErrorTable{Service: "registry", Codes: errorCodes, Logger: cfg.Logger},
 	}, nil
 }
+
+// SetDiscoverer wires the pool in after both are built (they refer to each other). Call it
+// before serving.
+func (s *Service) SetDiscoverer(d Discoverer) { s.cfg.Discoverer = d }
 
 // Close closes the store.
 func (s *Service) Close() error { return s.store.Close() }

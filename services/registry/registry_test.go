@@ -369,7 +369,7 @@ func TestCanaryNeverInClearAtRestOrInResponses(t *testing.T) {
 
 func TestDiscoveryErrorsCarryTheirClass(t *testing.T) {
 	failure := &discovery.Failure{Class: discovery.ClassHandshakeTimeout, Message: "the server did not answer initialize within 2s"}
-	err := DiscoveryStatus(t.Context(), grpcserver.ErrorTable{Service: "registry"}, fmt.Errorf("discover: %w", failure))
+	err := discovery.Status(t.Context(), grpcserver.ErrorTable{Service: "registry"}, fmt.Errorf("discover: %w", failure))
 	st, ok := status.FromError(err)
 	require.True(t, ok)
 	require.Equal(t, codes.DeadlineExceeded, st.Code())

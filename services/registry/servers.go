@@ -2,13 +2,8 @@ package registry
 
 import (
 	"context"
-	"errors"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
-	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/mcpserver"
@@ -121,47 +116,17 @@ func (s *Service) ListServerTools(ctx context.Context, req *registryv1.ListServe
 		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
 	}
 	if s.cfg.Discoverer == nil {
-		return nil, DiscoveryStatus(ctx, s.errors, discovery.ErrIsolationRequired)
+		return nil, discovery.Status(ctx, s.errors, discovery.ErrIsolationRequired)
 	}
-	listing, err := s.cfg.Discoverer.Discover(ctx, req.GetRef())
+	listing, err := s.cfg.Discoverer.DiscoverTools(ctx, req.GetRef())
 	if err != nil {
-		return nil, DiscoveryStatus(ctx, s.errors, err)
+		return nil, discovery.Status(ctx, s.errors, err)
 	}
-	resp := &registryv1.ListServerToolsResponse{ListingFindings: FindingsToProto(listing.Findings)}
+	resp := &registryv1.ListServerToolsResponse{ListingFindings: discovery.FindingsToProto(listing.Findings)}
 	for _, t := range listing.Tools {
-		resp.Tools = append(resp.Tools, ToolToProto(t))
+		resp.Tools = append(resp.Tools, discovery.ToolToProto(t))
 	}
 	return resp, nil
-}
-
-// DiscoveryStatus turns a discovery error into a status with a ServerFailure detail, so
-// callers can branch on the class. Shared with the pool and publisher front ends.
-func DiscoveryStatus(ctx context.Context, table interface {
-	Status(context.Context, error) error
-}, err error) error {
-	if errors.Is(err, discovery.ErrIsolationRequired) {
-		st := status.New(codes.Unavailable, err.Error())
-		if d, derr := st.WithDetails(&typesv1.ServerFailure{Class: discovery.ClassIsolationRequired, Message: err.Error()}); derr == nil {
-			st = d
-		}
-		return st.Err()
-	}
-	f, ok := discovery.AsFailure(err)
-	if !ok {
-		return table.Status(ctx, err)
-	}
-	code := codes.Unavailable
-	switch f.Class {
-	case discovery.ClassHandshakeTimeout:
-		code = codes.DeadlineExceeded
-	case discovery.ClassLimitExceeded:
-		code = codes.ResourceExhausted
-	}
-	st := status.New(code, "could not list the server's tools: "+f.Error())
-	if d, derr := st.WithDetails(&typesv1.ServerFailure{Class: f.Class, Message: f.Message, StderrTail: f.StderrTail}); derr == nil {
-		st = d
-	}
-	return st.Err()
 }
 
 // PutSecret implements RegistryService.

@@ -1,0 +1,51 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/moby/moby/client"
+	"github.com/spf13/cobra"
+
+	"github.com/ringfence/ringfence/internal/isoimage"
+)
+
+func newImageCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "image", Short: "Isolation images for the pool (talks to the local Docker engine)"}
+	var binaries []string
+	var name string
+	build := &cobra.Command{
+		Use:   "build --binary PATH [--binary PATH ...] [--name NAME]",
+		Short: "Build a FROM-scratch isolation image from static binaries; pulls nothing",
+		Long: `build puts each static binary in /bin of a FROM-scratch image (PATH=/bin), loads it into the
+local Docker engine (DOCKER_HOST or the default socket) and prints the pinned reference to set
+as RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE. Registrations then name a binary as their command.
+Dynamically linked binaries and scripts are refused: scratch has no loader and no shell.`,
+		Example: `  CGO_ENABLED=0 go build -o ./mcp/ ./cmd/my-mcp-server
+  ringfence image build --binary ./mcp/my-mcp-server --name ringfence-mcp:2026-11`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(binaries) == 0 {
+				return usagef("name at least one --binary")
+			}
+			docker, err := client.New(client.FromEnv)
+			if err != nil {
+				return fmt.Errorf("cannot create a Docker client: %w", err)
+			}
+			defer docker.Close()
+			ref, err := isoimage.Build(cmd.Context(), docker, isoimage.BuildOptions{Binaries: binaries, Name: name, Progress: g.stderr})
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				_, err = fmt.Fprintf(g.stdout, "{\"image\": %q, \"name\": %q}\n", ref, name)
+				return err
+			}
+			_, err = fmt.Fprintf(g.stdout, "%s\n\nset it for the pool:\n  export RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE=%s\n", ref, ref)
+			return err
+		},
+	}
+	build.Flags().StringArrayVar(&binaries, "binary", nil, "a static executable to put in /bin (repeatable)")
+	build.Flags().StringVar(&name, "name", "", "tag the image, e.g. ringfence-mcp:2026-11 (the pool is configured with the printed ID)")
+	cmd.AddCommand(build)
+	return cmd
+}
