@@ -4,6 +4,7 @@
 package mcpserver
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"regexp"
@@ -15,6 +16,10 @@ import (
 	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/fielderr"
 )
+
+// ErrNotRegistered is wrapped by every "no such server" error, so consumers of the registry
+// (the pool, the publisher) can tell an unregistered ref from other failures.
+var ErrNotRegistered = errors.New("no server is registered with this ref")
 
 // SecretMask replaces every secret value wherever one would otherwise be shown (responses, CLI
 // output, logs, audit records, stderr tails): the same for all values, so it reveals neither a

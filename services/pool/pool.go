@@ -6,7 +6,6 @@ package pool
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -69,11 +68,8 @@ type Service struct {
 
 var _ poolv1.PoolServiceServer = (*Service)(nil)
 
-// errServerNotFound is returned for a ref the registry does not know.
-var errServerNotFound = errors.New("pool: no server is registered with this ref")
-
 var errorCodes = map[error]codes.Code{
-	errServerNotFound:              codes.NotFound,
+	mcpserver.ErrNotRegistered:     codes.NotFound,
 	discovery.ErrIsolationRequired: codes.Unavailable,
 }
 

@@ -7,6 +7,7 @@ package registry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 
 	"google.golang.org/grpc/codes"
@@ -60,7 +61,7 @@ var (
 // Domain errors, each with a message a person can act on; errorCodes maps them to codes.
 var (
 	errServerExists   = errors.New("registry: a server with this ref already exists: use PUT /v1/mcp/servers/{ref} (UpdateServer) to reconfigure it")
-	errServerNotFound = errors.New("registry: no server is registered with this ref")
+	errServerNotFound = fmt.Errorf("registry: %w", mcpserver.ErrNotRegistered)
 	errSecretNotFound = errors.New("registry: no secret has this name")
 	errKeyNotFound    = errors.New("registry: no API key has this id")
 	errStaleRevision  = errors.New("registry: the registration changed since the revision you sent: get it again, reapply your change, and send the new revision")
