@@ -70,8 +70,8 @@ func (a *App) onClose(f func() error) { a.closers = append(a.closers, f) }
 
 // NewAllInOne builds ringfenced: every service in this process, talking to each other through
 // Go calls, behind one gRPC server and one HTTP server.
-func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (a *App, err error) {
-	a = &App{log: log}
+func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (_ *App, err error) {
+	a := &App{log: log}
 	defer func() {
 		if err != nil {
 			_ = a.Close()
@@ -101,8 +101,8 @@ func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (a *
 }
 
 // NewRegistry builds ringfence-registry.
-func NewRegistry(ctx context.Context, cfg *config.Config, log *slog.Logger) (a *App, err error) {
-	a = &App{log: log}
+func NewRegistry(ctx context.Context, cfg *config.Config, log *slog.Logger) (_ *App, err error) {
+	a := &App{log: log}
 	defer func() {
 		if err != nil {
 			_ = a.Close()
