@@ -24,6 +24,7 @@ import (
 	"github.com/ringfence/ringfence/internal/config"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mtls"
+	"github.com/ringfence/ringfence/internal/peers"
 	"github.com/ringfence/ringfence/internal/secretbox"
 	"github.com/ringfence/ringfence/services/pool"
 	"github.com/ringfence/ringfence/services/registry"
@@ -116,6 +117,13 @@ func NewRegistry(ctx context.Context, cfg *config.Config, log *slog.Logger) (_ *
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Peers.PoolAddr != "" {
+		conn, err := a.dial(cfg, cfg.Peers.PoolAddr)
+		if err != nil {
+			return nil, err
+		}
+		reg.SetDiscoverer(peers.NewPool(conn))
+	}
 	srv, err := newServer(cfg, "ringfence-registry", auth.NewAuthorizer(reg, auth.Rules), log)
 	if err != nil {
 		return nil, err
@@ -123,6 +131,47 @@ func NewRegistry(ctx context.Context, cfg *config.Config, log *slog.Logger) (_ *
 	a.Server, a.Registry = srv, reg
 	registerRegistry(srv, reg)
 	return a, nil
+}
+
+// NewPool builds ringfence-pool: runs and the spawner on a hardened host, reaching the
+// registry (registrations, grants, API keys) over mutual TLS.
+func NewPool(ctx context.Context, cfg *config.Config, log *slog.Logger) (_ *App, err error) {
+	a := &App{log: log}
+	defer func() {
+		if err != nil {
+			_ = a.Close()
+		}
+	}()
+	if cfg.Peers.RegistryAddr == "" {
+		return nil, errors.New("app: ringfence-pool needs the registry: set RINGFENCE_PEERS__REGISTRY_ADDR")
+	}
+	conn, err := a.dial(cfg, cfg.Peers.RegistryAddr)
+	if err != nil {
+		return nil, err
+	}
+	registry := peers.NewRegistry(conn)
+	pl, err := a.openPool(ctx, cfg, registry, log)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := newServer(cfg, "ringfence-pool", auth.NewAuthorizer(registry, auth.Rules), log)
+	if err != nil {
+		return nil, err
+	}
+	a.Server, a.Pool = srv, pl
+	registerPool(srv, pl)
+	return a, nil
+}
+
+// dial connects to a peer with this binary's service certificate; the connection closes with
+// the app.
+func (a *App) dial(cfg *config.Config, addr string) (*grpc.ClientConn, error) {
+	conn, err := peers.Dial(addr, mtls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.ClientCAFile})
+	if err != nil {
+		return nil, err
+	}
+	a.onClose(conn.Close)
+	return conn, nil
 }
 
 func loadRoles(cfg *config.Config, log *slog.Logger) (*auth.Roles, error) {

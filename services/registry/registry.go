@@ -144,9 +144,9 @@ func (s *Service) ResolveRegistration(ctx context.Context, ref string) (*mcpserv
 
 // ServerPolicy returns what a registration allows, without secrets.
 func (s *Service) ServerPolicy(ctx context.Context, ref string) (mcpserver.Policy, error) {
-	reg, err := s.store.GetServer(ctx, ref)
+	p, err := s.store.ServerPolicy(ctx, ref)
 	if err != nil {
 		return mcpserver.Policy{}, storeErr(err, errServerNotFound)
 	}
-	return reg.Policy(), nil
+	return p, nil
 }

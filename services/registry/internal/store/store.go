@@ -183,6 +183,26 @@ func (s *Store) GetServer(ctx context.Context, ref string) (*mcpserver.Registrat
 	return s.open(&st)
 }
 
+// ServerPolicy returns what a registration allows without opening its sealed env: the pool
+// asks for it before every call.
+func (s *Store) ServerPolicy(ctx context.Context, ref string) (mcpserver.Policy, error) {
+	var st storedServer
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(serversBucket).Get([]byte(ref))
+		if v == nil {
+			return ErrNotFound
+		}
+		return json.Unmarshal(v, &st)
+	})
+	if err != nil {
+		return mcpserver.Policy{}, err
+	}
+	return mcpserver.Policy{
+		Ref: st.Ref, Grants: st.Grants, Revision: st.Revision, ToolPermissions: st.ToolPermissions,
+		Filter: mcpserver.ToolFilter{Include: st.Include, Exclude: st.Exclude},
+	}, nil
+}
+
 // ListServers returns up to limit registrations after the page token, and the next token.
 func (s *Store) ListServers(ctx context.Context, pageToken string, limit int) ([]*mcpserver.Registration, string, error) {
 	after, err := decodeToken(pageToken)

@@ -1,0 +1,183 @@
+// Package peers lets a service of a split deployment call the others over mutual TLS with its
+// service certificate. Each client implements the same Go interface the consumer uses
+// in-process (ringfenced wires the services directly), so no service knows whether its peer is
+// local or remote.
+package peers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/internal/mtls"
+)
+
+// Dial connects to a peer at addr presenting this service's certificate. A split deployment
+// without TLS is refused: internal RPCs are authorized by certificates only.
+func Dial(addr string, files mtls.Files) (*grpc.ClientConn, error) {
+	if files.CertFile == "" {
+		return nil, errors.New("peers: talking to another service needs this service's certificate: set RINGFENCE_TLS__CERT_FILE, RINGFENCE_TLS__KEY_FILE and RINGFENCE_TLS__CLIENT_CA_FILE (`ringfence certs init` writes a development set)")
+	}
+	tlsCfg, err := mtls.ClientConfig(files)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
+	if err != nil {
+		return nil, fmt.Errorf("peers: dial %s: %w", addr, err)
+	}
+	return conn, nil
+}
+
+// Registry is the registry seen from another service.
+type Registry struct {
+	client registryv1.RegistryServiceClient
+
+	// keys caches key verifications briefly, so authorizing a burst of calls costs one round
+	// trip; a revocation takes effect within keyCacheTTL.
+	mu   sync.Mutex
+	keys map[string]cachedKey
+}
+
+type cachedKey struct {
+	p       auth.Principal
+	err     error
+	expires time.Time
+}
+
+// keyCacheTTL bounds how long a verified (or refused) key is remembered.
+const keyCacheTTL = 5 * time.Second
+
+// NewRegistry wraps a connection to ringfence-registry.
+func NewRegistry(conn *grpc.ClientConn) *Registry {
+	return &Registry{client: registryv1.NewRegistryServiceClient(conn), keys: make(map[string]cachedKey)}
+}
+
+// ResolveRegistration implements pool.Registry through ResolveServer.
+func (r *Registry) ResolveRegistration(ctx context.Context, ref string) (*mcpserver.Resolved, error) {
+	resp, err := r.client.ResolveServer(ctx, &registryv1.ResolveServerRequest{Ref: ref})
+	if err != nil {
+		return nil, notRegistered(err)
+	}
+	reg := RegistrationFromProto(resp.GetServer())
+	reg.Env = resp.GetEnv()
+	return &mcpserver.Resolved{Registration: *reg, HeaderValues: resp.GetHeaderValues()}, nil
+}
+
+// ServerPolicy implements the publisher's and pool's policy lookups through GetServerPolicy.
+func (r *Registry) ServerPolicy(ctx context.Context, ref string) (mcpserver.Policy, error) {
+	resp, err := r.client.GetServerPolicy(ctx, &registryv1.GetServerPolicyRequest{Ref: ref})
+	if err != nil {
+		return mcpserver.Policy{}, notRegistered(err)
+	}
+	p := mcpserver.Policy{
+		Ref: resp.GetRef(), Grants: resp.GetGrants(), Revision: resp.GetRevision(),
+		Filter: mcpserver.ToolFilter{Include: resp.GetToolFilter().GetInclude(), Exclude: resp.GetToolFilter().GetExclude()},
+	}
+	if len(resp.GetToolPermissions()) > 0 {
+		p.ToolPermissions = make(map[string][]string, len(resp.GetToolPermissions()))
+		for tool, tp := range resp.GetToolPermissions() {
+			p.ToolPermissions[tool] = tp.GetRequired()
+		}
+	}
+	return p, nil
+}
+
+// VerifyKey implements auth.KeyVerifier through AuthenticateKey.
+func (r *Registry) VerifyKey(ctx context.Context, keySHA256 string) (auth.Principal, error) {
+	now := time.Now()
+	r.mu.Lock()
+	if c, ok := r.keys[keySHA256]; ok && now.Before(c.expires) {
+		r.mu.Unlock()
+		return c.p, c.err
+	}
+	r.mu.Unlock()
+	resp, err := r.client.AuthenticateKey(ctx, &registryv1.AuthenticateKeyRequest{KeySha256: keySHA256})
+	var c cachedKey
+	switch status.Code(err) {
+	case codes.OK:
+		c.p = auth.Principal{KeyID: resp.GetKeyId(), KeyName: resp.GetKeyName(), Role: resp.GetRole(), Tenant: resp.GetTenant()}
+		for _, p := range resp.GetPermissions() {
+			c.p.Permissions = append(c.p.Permissions, auth.Permission(p))
+		}
+	case codes.Unauthenticated:
+		c.err = auth.ErrUnknownKey
+	default:
+		// The registry could not answer: do not cache, let the caller retry.
+		return auth.Principal{}, status.Errorf(codes.Unavailable, "auth: the registry cannot verify API keys right now: %v", status.Convert(err).Message())
+	}
+	c.expires = now.Add(keyCacheTTL)
+	r.mu.Lock()
+	if len(r.keys) > 10000 {
+		clear(r.keys) // bound memory against key-spraying
+	}
+	r.keys[keySHA256] = c
+	r.mu.Unlock()
+	return c.p, c.err
+}
+
+func notRegistered(err error) error {
+	if status.Code(err) == codes.NotFound {
+		return fmt.Errorf("%s: %w", status.Convert(err).Message(), mcpserver.ErrNotRegistered)
+	}
+	return err
+}
+
+// RegistrationFromProto reads a registration (env values are masked in a Server message).
+func RegistrationFromProto(s *registryv1.Server) *mcpserver.Registration {
+	reg := &mcpserver.Registration{
+		Ref: s.GetRef(), Description: s.GetDescription(), Transport: s.GetTransport(),
+		Command: s.GetCommand(), Args: s.GetArgs(), URL: s.GetUrl(), Headers: s.GetHeaders(),
+		Grants: s.GetGrants(), KeepMarkup: s.GetKeepMarkup(), Revision: s.GetRevision(),
+		Filter: mcpserver.ToolFilter{Include: s.GetToolFilter().GetInclude(), Exclude: s.GetToolFilter().GetExclude()},
+	}
+	if d := s.GetClientSessionTimeout(); d != nil {
+		reg.ClientSessionTimeout = d.AsDuration()
+	}
+	if d := s.GetToolCallTimeout(); d != nil {
+		reg.ToolCallTimeout = d.AsDuration()
+	}
+	if len(s.GetToolPermissions()) > 0 {
+		reg.ToolPermissions = make(map[string][]string, len(s.GetToolPermissions()))
+		for tool, tp := range s.GetToolPermissions() {
+			reg.ToolPermissions[tool] = tp.GetRequired()
+		}
+	}
+	return reg
+}
+
+// Pool is the pool seen from the control plane.
+type Pool struct {
+	client poolv1.PoolServiceClient
+}
+
+// NewPool wraps a connection to ringfence-pool.
+func NewPool(conn *grpc.ClientConn) *Pool { return &Pool{client: poolv1.NewPoolServiceClient(conn)} }
+
+// DiscoverTools implements registry.Discoverer and the publisher's discoverer through Discover.
+func (p *Pool) DiscoverTools(ctx context.Context, ref string) (*discovery.Listing, error) {
+	resp, err := p.client.Discover(ctx, &poolv1.DiscoverRequest{ServerRef: ref})
+	if err != nil {
+		if status.Code(err) == codes.NotFound {
+			return nil, notRegistered(err)
+		}
+		return nil, discovery.FromStatus(err)
+	}
+	listing := &discovery.Listing{ServerRef: ref, Revision: resp.GetRegistrationRevision(), Findings: discovery.FindingsFromProto(resp.GetListingFindings())}
+	for _, t := range resp.GetTools() {
+		listing.Tools = append(listing.Tools, discovery.ToolFromProto(t))
+	}
+	return listing, nil
+}
