@@ -134,3 +134,17 @@ func TestConfigurationDocCoversEveryKey(t *testing.T) {
 		require.Contains(t, string(doc), "`"+k.Env+"`", "docs/configuration.md does not document %s", k.Env)
 	}
 }
+
+// TestSampleConfigsLoad keeps deploy/config/*.yaml valid as keys change.
+func TestSampleConfigsLoad(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "..", "deploy", "config", "*.yaml"))
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			cfg, err := load(t, []string{"--config", f}, nil)
+			require.NoError(t, err)
+			require.True(t, cfg.IsProduction(), "samples are production configurations")
+		})
+	}
+}
