@@ -33,7 +33,7 @@ import (
 
 // App is a configured binary: its server and what must be closed after it stops.
 type App struct {
-	Server   *grpcserver.Server
+	Server    *grpcserver.Server
 	Registry  *registry.Service
 	Pool      *pool.Service
 	Publisher *publisher.Service
