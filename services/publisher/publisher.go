@@ -46,7 +46,10 @@ type Config struct {
 	// AllowInlineMCPServers turns the refusal of inline mcp_servers into a warning
 	// (dev.allow_inline_mcp_servers; production refuses it at start).
 	AllowInlineMCPServers bool
-	Logger                *slog.Logger
+	// CacheBytes bounds the decoded drafts and versions kept in memory, by encoded size
+	// (0: 128 MiB, negative: none). Decoding a 10,000-node draft costs more than validating it.
+	CacheBytes int
+	Logger     *slog.Logger
 }
 
 // Service implements PublisherService.
@@ -105,7 +108,7 @@ func Open(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := store.Open(cfg.DBPath)
+	st, err := store.Open(cfg.DBPath, cfg.CacheBytes)
 	if err != nil {
 		return nil, err
 	}

@@ -14,9 +14,9 @@ var (
 	// leaves a tombstone here, so a graph re-created under its id never reuses a version number
 	// or a draft revision.
 	graphsBucket = []byte("graphs")
-	// draftsBucket: tenant/id -> graph.Graph JSON.
+	// draftsBucket: tenant/id -> graph.Graph (gob).
 	draftsBucket = []byte("drafts")
-	// versionsBucket: tenant/id/<version> -> graph.Version JSON. Written once, never updated.
+	// versionsBucket: tenant/id/<version> -> graph.Version (gob). Written once, never updated.
 	versionsBucket = []byte("versions")
 	// versionInfoBucket: tenant/id/<version> -> graph.Version JSON without the graph, so
 	// listing versions does not decode every snapshot.

@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/gob"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -37,13 +38,16 @@ var (
 // back with the change.
 type TxHook func(tx *bolt.Tx) error
 
-// Store is the publisher's bbolt file.
+// Store is the publisher's bbolt file, with decoded drafts and versions cached in memory.
+// Graphs returned by reads are shared with the cache and other readers: never modify them.
 type Store struct {
-	db *bolt.DB
+	db    *bolt.DB
+	cache *cache
 }
 
-// Open opens or creates the file at path.
-func Open(path string) (*Store, error) {
+// Open opens or creates the file at path. cacheBytes bounds the decoded graphs kept in
+// memory (0: DefaultCacheBytes, negative: none).
+func Open(path string, cacheBytes int) (*Store, error) {
 	db, err := boltdb.Open(path)
 	if err != nil {
 		return nil, err
@@ -52,8 +56,19 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	return &Store{db: db}, nil
+	st := &Store{db: db}
+	switch {
+	case cacheBytes == 0:
+		st.cache = newCache(DefaultCacheBytes)
+	case cacheBytes > 0:
+		st.cache = newCache(cacheBytes)
+	}
+	return st, nil
 }
+
+func draftCacheKey(tenant, id string) string { return "d:" + tenant + "/" + id }
+
+func versionCacheKey(tenant, id string, n int64) string { return "v:" + string(versionKey(tenant, id, n)) }
 
 // DB exposes the file so producers can share its transactions (the audit outbox lives here).
 func (s *Store) DB() *bolt.DB { return s.db }
@@ -125,8 +140,23 @@ func putJSON(b *bolt.Bucket, key []byte, v any) error {
 	return b.Put(key, val)
 }
 
+// Drafts and versions are stored with encoding/gob rather than JSON: decoding a 10,000-node
+// graph from gob takes about a seventh of the time JSON does, and that decode, not the
+// validation, dominated a cold ValidateDraft. Small records (meta, version info) stay JSON.
+func encodeGob(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	if err := gob.NewEncoder(&buf).Encode(v); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+func decodeGob(raw []byte, v any) error {
+	return gob.NewDecoder(bytes.NewReader(raw)).Decode(v)
+}
+
 func encodeDraft(g *graph.Graph) ([]byte, error) {
-	val, err := json.Marshal(g)
+	val, err := encodeGob(g)
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +170,8 @@ func encodeDraft(g *graph.Graph) ([]byte, error) {
 // same id, so a client holding a revision of the old draft cannot overwrite the new one.
 func (s *Store) CreateGraph(ctx context.Context, g *graph.Graph, hook TxHook) error {
 	key := graphKey(g.Tenant, g.ID)
-	return s.db.Update(func(tx *bolt.Tx) error {
+	var size int
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		now := time.Now().UTC()
 		m, err := getMeta(tx, key)
 		switch {
@@ -159,6 +190,7 @@ func (s *Store) CreateGraph(ctx context.Context, g *graph.Graph, hook TxHook) er
 		if err != nil {
 			return err
 		}
+		size = len(val)
 		if err := tx.Bucket(draftsBucket).Put(key, val); err != nil {
 			return err
 		}
@@ -167,22 +199,46 @@ func (s *Store) CreateGraph(ctx context.Context, g *graph.Graph, hook TxHook) er
 		}
 		return runHook(tx, hook)
 	})
+	if err == nil {
+		s.cache.put(draftCacheKey(g.Tenant, g.ID), g.Revision, g, size)
+	}
+	return err
 }
 
-// Draft returns a graph's draft.
+// Draft returns a graph's draft (shared: do not modify it).
 func (s *Store) Draft(ctx context.Context, tenant, id string) (*graph.Graph, error) {
-	var g graph.Graph
+	ck := draftCacheKey(tenant, id)
+	var out *graph.Graph
+	var size int
+	var decoded bool
 	err := s.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(draftsBucket).Get(graphKey(tenant, id))
+		key := graphKey(tenant, id)
+		m, err := liveMeta(tx, key)
+		if err != nil {
+			return err
+		}
+		if v, ok := s.cache.get(ck, m.DraftRevision); ok {
+			out = v.(*graph.Graph)
+			return nil
+		}
+		v := tx.Bucket(draftsBucket).Get(key)
 		if v == nil {
 			return ErrNotFound
 		}
-		return json.Unmarshal(v, &g)
+		var g graph.Graph
+		if err := decodeGob(v, &g); err != nil {
+			return fmt.Errorf("store: decode draft %s: %w", key, err)
+		}
+		out, size, decoded = &g, len(v), true
+		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &g, nil
+	if decoded {
+		s.cache.put(ck, out.Revision, out, size)
+	}
+	return out, nil
 }
 
 // UpdateDraft changes a draft in one transaction: mutate receives the stored draft and edits it
@@ -190,6 +246,7 @@ func (s *Store) Draft(ctx context.Context, tenant, id string) (*graph.Graph, err
 func (s *Store) UpdateDraft(ctx context.Context, tenant, id string, mutate func(cur *graph.Graph) error, hook TxHook) (*graph.Graph, error) {
 	key := graphKey(tenant, id)
 	var out *graph.Graph
+	var size int
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		m, err := liveMeta(tx, key)
 		if err != nil {
@@ -200,7 +257,7 @@ func (s *Store) UpdateDraft(ctx context.Context, tenant, id string, mutate func(
 			return fmt.Errorf("store: graph %s has no draft", key)
 		}
 		var g graph.Graph
-		if err := json.Unmarshal(v, &g); err != nil {
+		if err := decodeGob(v, &g); err != nil {
 			return fmt.Errorf("store: decode draft %s: %w", key, err)
 		}
 		if err := mutate(&g); err != nil {
@@ -223,10 +280,14 @@ func (s *Store) UpdateDraft(ctx context.Context, tenant, id string, mutate func(
 		if err := runHook(tx, hook); err != nil {
 			return err
 		}
-		out = &g
+		out, size = &g, len(val)
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	s.cache.put(draftCacheKey(tenant, id), out.Revision, out, size)
+	return out, nil
 }
 
 // Publish stores v as the graph's next version, provided the draft is still at draftRevision
@@ -235,6 +296,7 @@ func (s *Store) UpdateDraft(ctx context.Context, tenant, id string, mutate func(
 func (s *Store) Publish(ctx context.Context, tenant, id string, draftRevision int64, v *graph.Version, hook TxHook) (int64, error) {
 	key := graphKey(tenant, id)
 	var n int64
+	var size int
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		m, err := liveMeta(tx, key)
 		if err != nil {
@@ -250,7 +312,12 @@ func (s *Store) Publish(ctx context.Context, tenant, id string, draftRevision in
 			return ErrVersionExists
 		}
 		v.Tenant, v.GraphID, v.Version = tenant, id, n
-		if err := putJSON(versions, vk, v); err != nil {
+		val, err := encodeGob(v)
+		if err != nil {
+			return err
+		}
+		size = len(val)
+		if err := versions.Put(vk, val); err != nil {
 			return err
 		}
 		info := *v
@@ -264,12 +331,18 @@ func (s *Store) Publish(ctx context.Context, tenant, id string, draftRevision in
 		}
 		return runHook(tx, hook)
 	})
-	return n, err
+	if err != nil {
+		return 0, err
+	}
+	s.cache.put(versionCacheKey(tenant, id, n), 0, v, size)
+	return n, nil
 }
 
-// Version returns a published version; n == 0 means the latest.
+// Version returns a published version (shared: do not modify it); n == 0 means the latest.
 func (s *Store) Version(ctx context.Context, tenant, id string, n int64) (*graph.Version, error) {
-	var v graph.Version
+	var out *graph.Version
+	var size int
+	var decoded bool
 	err := s.db.View(func(tx *bolt.Tx) error {
 		m, err := liveMeta(tx, graphKey(tenant, id))
 		if err != nil {
@@ -282,12 +355,24 @@ func (s *Store) Version(ctx context.Context, tenant, id string, n int64) (*graph
 		if raw == nil {
 			return ErrNotFound
 		}
-		return json.Unmarshal(raw, &v)
+		if v, ok := s.cache.get(versionCacheKey(tenant, id, n), 0); ok {
+			out = v.(*graph.Version)
+			return nil
+		}
+		var v graph.Version
+		if err := decodeGob(raw, &v); err != nil {
+			return fmt.Errorf("store: decode version %d of %s/%s: %w", n, tenant, id, err)
+		}
+		out, size, decoded = &v, len(raw), true
+		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &v, nil
+	if decoded {
+		s.cache.put(versionCacheKey(tenant, id, n), 0, out, size)
+	}
+	return out, nil
 }
 
 // ListVersions returns up to limit versions without their graphs, newest first, after the
@@ -377,7 +462,7 @@ func (s *Store) ListGraphs(ctx context.Context, tenant, pageToken string, limit 
 // numbering.
 func (s *Store) DeleteGraph(ctx context.Context, tenant, id string, hook TxHook) error {
 	key := graphKey(tenant, id)
-	return s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		m, err := liveMeta(tx, key)
 		if err != nil {
 			return err
@@ -400,6 +485,10 @@ func (s *Store) DeleteGraph(ctx context.Context, tenant, id string, hook TxHook)
 		}
 		return runHook(tx, hook)
 	})
+	// Lookups confirm against the file first, so this only frees memory.
+	s.cache.drop(draftCacheKey(tenant, id))
+	s.cache.dropPrefix("v:" + string(versionPrefix(tenant, id)))
+	return err
 }
 
 func runHook(tx *bolt.Tx, hook TxHook) error {

@@ -10,13 +10,14 @@ import (
 	"github.com/stretchr/testify/require"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
 )
 
 func openStore(t *testing.T) (*Store, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "publisher.db")
-	s, err := Open(path)
+	s, err := Open(path, 0)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return s, path
@@ -244,7 +245,7 @@ func TestReopenKeepsEverything(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
 
-	s2, err := Open(path)
+	s2, err := Open(path, 0)
 	require.NoError(t, err)
 	defer s2.Close()
 	v, err := s2.Version(ctx, "acme", "g", 1)
@@ -274,4 +275,93 @@ func versionNumbers(vs []graph.Version) []int64 {
 		out[i] = v.Version
 	}
 	return out
+}
+
+// The in-memory cache never answers for what the file no longer holds: every lookup is
+// confirmed by the read transaction (a draft's revision, a version's existence).
+func TestCacheFollowsTheFile(t *testing.T) {
+	s, _ := openStore(t)
+	ctx := t.Context()
+	require.NoError(t, s.CreateGraph(ctx, newGraph("acme", "g"), nil))
+	require.NoError(t, s.CreateGraph(ctx, newGraph("acme", "g-2"), nil))
+	a, err := s.Draft(ctx, "acme", "g")
+	require.NoError(t, err)
+	b, err := s.Draft(ctx, "acme", "g")
+	require.NoError(t, err)
+	require.Same(t, a, b, "a second read of an unchanged draft is not decoded again")
+
+	_, err = s.UpdateDraft(ctx, "acme", "g", func(cur *graph.Graph) error {
+		cur.Nodes = append(cur.Nodes, graph.Node{ID: "n", Kind: "note"})
+		return nil
+	}, nil)
+	require.NoError(t, err)
+	c, err := s.Draft(ctx, "acme", "g")
+	require.NoError(t, err)
+	require.Equal(t, int64(2), c.Revision)
+	require.Len(t, c.Nodes, 2)
+	require.Len(t, a.Nodes, 1, "what an earlier reader holds is never modified")
+
+	n, err := s.Publish(ctx, "acme", "g", c.Revision, &graph.Version{Graph: c}, nil)
+	require.NoError(t, err)
+	v, err := s.Version(ctx, "acme", "g", n)
+	require.NoError(t, err)
+	require.Len(t, v.Graph.Nodes, 2)
+
+	require.NoError(t, s.DeleteGraph(ctx, "acme", "g", nil))
+	_, err = s.Version(ctx, "acme", "g", n)
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = s.Draft(ctx, "acme", "g")
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = s.Draft(ctx, "acme", "g-2")
+	require.NoError(t, err, "a graph whose id extends the deleted one's is untouched")
+
+	// A small bound evicts the least recently used.
+	small := newCache(10)
+	small.put("a", 1, "A", 6)
+	small.put("b", 1, "B", 6)
+	_, ok := small.get("a", 1)
+	require.False(t, ok)
+	got, ok := small.get("b", 1)
+	require.True(t, ok)
+	require.Equal(t, "B", got)
+	_, ok = small.get("b", 2)
+	require.False(t, ok, "another revision is a miss")
+	small.put("huge", 1, "H", 11)
+	_, ok = small.get("huge", 1)
+	require.False(t, ok, "an entry larger than the bound is not kept")
+}
+
+// The stored form keeps every field of a graph, including empty payloads and raw JSON.
+func TestGraphCodecRoundTrip(t *testing.T) {
+	g := &graph.Graph{
+		ID: "g", Tenant: "acme", CapabilityMode: graph.ModeAdvisory, Revision: 7,
+		Nodes: []graph.Node{
+			{ID: "empty-agent", Kind: graph.KindAgent, Agent: &graph.AgentNode{}},
+			{ID: "a", Kind: graph.KindAgent, Agent: &graph.AgentNode{
+				CapabilityBindings: []string{"process_spawn"},
+				ToolBindings:       []graph.ToolBinding{{Name: "t", NodeID: "t"}},
+				MCPServers:         []graph.InlineMCPServer{{Name: "fs", Command: "npx", Args: []string{"-y"}, Env: map[string]string{"K": "v"}}},
+			}},
+			{ID: "t", Kind: graph.KindMCPTool, MCPTool: &graph.MCPToolNode{
+				ServerRef: "docs", ToolName: "t", Title: "T", Description: "d",
+				InputSchema: json.RawMessage(`{"type":"object"}`), OutputSchema: json.RawMessage(`{"type":"object","properties":{}}`),
+				Annotations: json.RawMessage(`{}`), SchemaHash: "v1:sha256:00", CapabilityBindings: []string{"process_spawn"},
+				Flags: []discovery.Finding{{Code: "url_or_email", Severity: "flag", Location: "description", Message: "m"}},
+			}},
+			{ID: "o", Kind: "note", Opaque: json.RawMessage(`{"x":[1,2]}`)},
+			{ID: "bare", Kind: "start"},
+		},
+		Edges:    []graph.Edge{{From: "a", To: "t", Kind: graph.EdgeTool}},
+		Policies: []graph.Policy{{ID: "p", Revoke: []string{"fs.write"}}},
+	}
+	raw, err := encodeDraft(g)
+	require.NoError(t, err)
+	var back graph.Graph
+	require.NoError(t, decodeGob(raw, &back))
+	want, _ := json.Marshal(g)
+	got, _ := json.Marshal(&back)
+	require.JSONEq(t, string(want), string(got))
+	require.NotNil(t, back.Nodes[0].Agent, "an empty agent payload stays an agent payload")
+	require.Nil(t, back.Nodes[4].Agent)
+	require.Nil(t, back.Nodes[4].Opaque)
 }
