@@ -68,7 +68,9 @@ func Open(path string, cacheBytes int) (*Store, error) {
 
 func draftCacheKey(tenant, id string) string { return "d:" + tenant + "/" + id }
 
-func versionCacheKey(tenant, id string, n int64) string { return "v:" + string(versionKey(tenant, id, n)) }
+func versionCacheKey(tenant, id string, n int64) string {
+	return "v:" + string(versionKey(tenant, id, n))
+}
 
 // DB exposes the file so producers can share its transactions (the audit outbox lives here).
 func (s *Store) DB() *bolt.DB { return s.db }
