@@ -8,13 +8,18 @@ import (
 	"log/slog"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/secretbox"
+	"github.com/ringfence/ringfence/internal/testutil/dockertest"
+	"github.com/ringfence/ringfence/internal/testutil/fixtures"
+	"github.com/ringfence/ringfence/services/pool"
 	"github.com/ringfence/ringfence/services/registry"
 )
 
@@ -99,4 +104,60 @@ func benchValidateDraft(b *testing.B, cacheBytes int) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// replay serves a listing taken once, so the import's own work can be measured apart from
+// starting the server.
+type replay struct{ listing *discovery.Listing }
+
+func (r replay) DiscoverTools(context.Context, string) (*discovery.Listing, error) { return r.listing, nil }
+
+// BenchmarkImport200Tools imports every tool of `mcpfixture --tools 200` (206 tools) into a
+// fresh graph per iteration, with discovery through the real pool: the fixture runs in the
+// isolation image on the Docker engine. "pool" is the whole import and reports its parts
+// (discovery-ns/op: start the container, handshake, list, stop; apply-ns/op: the import's own
+// work); "apply" replays a listing taken once, so its ns/op is the time beyond the spawn.
+func BenchmarkImport200Tools(b *testing.B) {
+	image := dockertest.FixtureImage(b)
+	dir := b.TempDir()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	reg := openRegistry(b, dir)
+	_, err := reg.CreateServer(b.Context(), &registryv1.CreateServerRequest{
+		Ref: "gen", Command: fixtures.MCPFixture, Args: []string{"--tools", "200"}, Grants: []string{"process_spawn", "external_api_call"},
+	})
+	require.NoError(b, err)
+	pl, err := pool.Open(b.Context(), pool.Config{Registry: reg, Sandbox: pool.Sandbox{Image: image, PoolID: "bench-publisher-import"}, Logger: quiet})
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = pl.Close(context.Background()) })
+	listing, err := pl.DiscoverTools(b.Context(), "gen")
+	require.NoError(b, err)
+	require.Len(b, listing.Tools, 206)
+
+	run := func(b *testing.B, disc Discoverer) {
+		svc, err := Open(Config{DBPath: filepath.Join(b.TempDir(), "publisher.db"), Policies: reg, Discoverer: disc, Logger: quiet})
+		require.NoError(b, err)
+		defer svc.Close()
+		var discovery, apply time.Duration
+		for i := 0; i < b.N; i++ {
+			b.StopTimer()
+			id := fmt.Sprintf("g%d", i)
+			require.NoError(b, svc.store.CreateGraph(b.Context(), &graph.Graph{ID: id, Tenant: "default", Nodes: []graph.Node{
+				{ID: "a", Kind: graph.KindAgent, Agent: &graph.AgentNode{}},
+			}}, nil))
+			b.StartTimer()
+			res, err := svc.Import(b.Context(), ImportRequest{Tenant: "default", GraphID: id, ServerRef: "gen", Agent: "a"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if len(res.Tools) != 206 {
+				b.Fatalf("imported %d tools", len(res.Tools))
+			}
+			discovery += res.Discovery
+			apply += res.Apply
+		}
+		b.ReportMetric(float64(discovery.Nanoseconds())/float64(b.N), "discovery-ns/op")
+		b.ReportMetric(float64(apply.Nanoseconds())/float64(b.N), "apply-ns/op")
+	}
+	b.Run("pool", func(b *testing.B) { run(b, pl) })
+	b.Run("apply", func(b *testing.B) { run(b, replay{listing}) })
 }
