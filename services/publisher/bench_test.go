@@ -110,7 +110,9 @@ func benchValidateDraft(b *testing.B, cacheBytes int) {
 // starting the server.
 type replay struct{ listing *discovery.Listing }
 
-func (r replay) DiscoverTools(context.Context, string) (*discovery.Listing, error) { return r.listing, nil }
+func (r replay) DiscoverTools(context.Context, string) (*discovery.Listing, error) {
+	return r.listing, nil
+}
 
 // BenchmarkImport200Tools imports every tool of `mcpfixture --tools 200` (206 tools) into a
 // fresh graph per iteration, with discovery through the real pool: the fixture runs in the
