@@ -305,6 +305,10 @@ func selectTools(listing *discovery.Listing, req ImportRequest) ([]discovery.Too
 				}
 			}
 			sort.Strings(offered)
+			// Names come from the server: quoted, so hidden or control characters show.
+			for i, name := range offered {
+				offered[i] = quote(name)
+			}
 			problems = append(problems, fmt.Sprintf("server %s does not offer %s (it offers: %s)", quote(req.ServerRef), listed(missing), listed(offered)))
 		}
 		if len(excluded) > 0 {

@@ -198,7 +198,7 @@ func TestImportRefusesAToolTheServerDoesNotOffer(t *testing.T) {
 	_, err := f.importTools(t, "support-triage", "docs", "researcher", "read_file", "delete_everything")
 	st := testutil.RequireStatus(t, err, codes.FailedPrecondition)
 	require.Contains(t, st.Message(), `server "docs" does not offer "delete_everything"`)
-	require.Contains(t, st.Message(), "list_directory, read_file, write_file")
+	require.Contains(t, st.Message(), `"list_directory", "read_file", "write_file"`)
 	require.Equal(t, int64(1), f.draft(t, "support-triage").GetRevision(), "not even read_file was written")
 }
 
