@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
@@ -258,3 +259,65 @@ func TestImportRefusalsReachTheCLI(t *testing.T) {
 	require.Equal(t, 1, r.Code)
 	require.Contains(t, r.Stderr, "NotFound")
 }
+
+// TestGraphsCLI drives every graphs verb: create, show -o json, edit with the revision (a stale
+// file is refused), validate, publish, versions, list, delete.
+func TestGraphsCLI(t *testing.T) {
+	d := startDaemon(t, "ringfenced", registryEnv()...)
+	cli := func(key string, args ...string) result {
+		return runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + key}, bin("ringfence"), args...)
+	}
+	r := cli(adminKey, "graphs", "create", "--graph", "g", "--agent", "researcher", "--mode", "advisory")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "advisory")
+
+	r = cli(adminKey, "graphs", "show", "--graph", "g", "-o", "json")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	var g map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &g))
+	g["nodes"] = append(g["nodes"].([]any), map[string]any{"id": "start", "kind": "start", "opaque": map[string]any{"note": "entry"}})
+	g["edges"] = []any{map[string]any{"from": "start", "to": "researcher", "kind": "next"}}
+	edited, err := json.Marshal(g)
+	require.NoError(t, err)
+	file := t.TempDir() + "/g.json"
+	require.NoError(t, writeFile(file, edited))
+
+	r = cli(adminKey, "graphs", "edit", "--graph", "g", "--file", file)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "start")
+	r = cli(adminKey, "graphs", "edit", "--graph", "g", "--file", file)
+	require.Equal(t, 1, r.Code, "the file's revision is stale now")
+	require.Contains(t, r.Stderr, "Aborted")
+
+	delete(g, "revision")
+	noRev, _ := json.Marshal(g)
+	require.NoError(t, writeFile(file, noRev))
+	r = cli(adminKey, "graphs", "edit", "--graph", "g", "--file", file)
+	require.Equal(t, 2, r.Code, "no revision is a usage error without --force")
+	r = cli(adminKey, "graphs", "edit", "--graph", "g", "--file", file, "--force")
+	require.Equal(t, 0, r.Code, r.Stderr)
+
+	r = cli(adminKey, "graphs", "validate", "--graph", "g")
+	require.Equal(t, 0, r.Code, r.Stdout+r.Stderr)
+	require.Contains(t, r.Stdout, "would publish")
+	r = cli(adminKey, "graphs", "publish", "--graph", "g", "-o", "json")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, `"version": "1"`)
+	r = cli(adminKey, "graphs", "versions", "--graph", "g")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "key:")
+	r = cli(adminKey, "graphs", "list", "-o", "json")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, `"latest_version": "1"`)
+	r = cli(adminKey, "graphs", "show", "--graph", "g", "--version", "1")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "published by")
+
+	r = cli(adminKey, "graphs", "delete", "--graph", "g")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	r = cli(adminKey, "graphs", "show", "--graph", "g")
+	require.Equal(t, 1, r.Code)
+	require.Contains(t, r.Stderr, "NotFound")
+}
+
+func writeFile(path string, b []byte) error { return os.WriteFile(path, b, 0o600) }
