@@ -184,7 +184,10 @@ func checkImportRequest(req *ImportRequest) error {
 		return err
 	}
 	if err := mcpserver.ValidateRef(req.ServerRef); err != nil {
-		return fielderr.New("server_ref", "%s", err.(*fielderr.Error).Problem)
+		if fe, ok := fielderr.As(err); ok {
+			return fielderr.New("server_ref", "%s", fe.Problem)
+		}
+		return err
 	}
 	if err := graph.ValidateNodeID("agent", req.Agent); err != nil {
 		return err
