@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
+	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/config"
@@ -27,14 +28,16 @@ import (
 	"github.com/ringfence/ringfence/internal/peers"
 	"github.com/ringfence/ringfence/internal/secretbox"
 	"github.com/ringfence/ringfence/services/pool"
+	"github.com/ringfence/ringfence/services/publisher"
 	"github.com/ringfence/ringfence/services/registry"
 )
 
 // App is a configured binary: its server and what must be closed after it stops.
 type App struct {
-	Server   *grpcserver.Server
-	Registry *registry.Service
-	Pool     *pool.Service
+	Server    *grpcserver.Server
+	Registry  *registry.Service
+	Pool      *pool.Service
+	Publisher *publisher.Service
 
 	log     *slog.Logger
 	closers []func() error
@@ -91,13 +94,18 @@ func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (_ *
 		return nil, err
 	}
 	reg.SetDiscoverer(pl)
+	pub, err := a.openPublisher(cfg, reg, pl, log)
+	if err != nil {
+		return nil, err
+	}
 	srv, err := newServer(cfg, "ringfenced", auth.NewAuthorizer(reg, auth.Rules), log)
 	if err != nil {
 		return nil, err
 	}
-	a.Server, a.Registry, a.Pool = srv, reg, pl
+	a.Server, a.Registry, a.Pool, a.Publisher = srv, reg, pl, pub
 	registerRegistry(srv, reg)
 	registerPool(srv, pl)
+	registerPublisher(srv, pub)
 	return a, nil
 }
 
@@ -241,6 +249,33 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg pool.Registr
 		return pl.Close(ctx)
 	})
 	return pl, nil
+}
+
+// openPublisher opens the publisher with the registry as its grants resolver (the ceiling) and
+// the pool as its discoverer (imports start servers only through the isolated spawner).
+func (a *App) openPublisher(cfg *config.Config, policies publisher.Policies, disc publisher.Discoverer, log *slog.Logger) (*publisher.Service, error) {
+	pub, err := publisher.Open(publisher.Config{
+		DBPath:                filepath.Join(cfg.DataDir, "publisher.db"),
+		Policies:              policies,
+		Discoverer:            disc,
+		AllowInlineMCPServers: cfg.Dev.AllowInlineMCPServers,
+		Logger:                log.With("service", "publisher"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.onClose(pub.Close)
+	if cfg.Dev.AllowInlineMCPServers {
+		log.Warn("dev.allow_inline_mcp_servers is set: graphs with inline mcp_servers publish over a warning, and no ceiling applies to those servers")
+	}
+	return pub, nil
+}
+
+func registerPublisher(srv *grpcserver.Server, pub *publisher.Service) {
+	publisherv1.RegisterPublisherServiceServer(srv.GRPC(), pub)
+	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
+		return publisherv1.RegisterPublisherServiceHandler(ctx, mux, conn)
+	})
 }
 
 // defaultPoolID derives a pool's id from its data directory, so a restart on the same data

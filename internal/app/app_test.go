@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/dynamicpb"
 
+	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/config"
@@ -184,4 +186,40 @@ func TestInternalRPCsNeedTheirServiceCertificate(t *testing.T) {
 
 	_, err = dialAs("").ListServers(testutil.WithKey(ctx, bootstrapKey), &registryv1.ListServersRequest{})
 	require.NoError(t, err, "public RPCs work over TLS with an API key")
+}
+
+// TestAllInOneWiresThePublisher: ringfenced serves the publisher with the registry's grants as
+// its ceiling, and dev.allow_inline_mcp_servers turns the inline refusal into a warning.
+func TestAllInOneWiresThePublisher(t *testing.T) {
+	for _, allow := range []bool{false, true} {
+		t.Run(fmt.Sprintf("allow_inline=%v", allow), func(t *testing.T) {
+			a, err := NewAllInOne(t.Context(), testConfig(t, fmt.Sprintf("RINGFENCE_DEV__ALLOW_INLINE_MCP_SERVERS=%v", allow)), quietLogger())
+			require.NoError(t, err)
+			conn, _ := testutil.Serve(t, a.Server)
+			defer a.Close()
+			require.NotNil(t, a.Publisher)
+			ctx := testutil.WithKey(t.Context(), bootstrapKey)
+			pc := publisherv1.NewPublisherServiceClient(conn)
+			created, err := pc.CreateGraph(ctx, &publisherv1.CreateGraphRequest{GraphId: "g", Agents: []string{"a"}})
+			require.NoError(t, err)
+			d := created.GetDraft()
+			d.GetNodes()[0].GetAgent().McpServers = []*publisherv1.InlineMcpServer{{Name: "fs", Command: "npx"}}
+			_, err = pc.ReplaceDraft(ctx, &publisherv1.ReplaceDraftRequest{GraphId: "g", Draft: d})
+			require.NoError(t, err)
+			pub, err := pc.Publish(ctx, &publisherv1.PublishRequest{GraphId: "g"})
+			if !allow {
+				testutil.RequireStatus(t, err, codes.FailedPrecondition)
+				return
+			}
+			require.NoError(t, err)
+			require.Len(t, pub.GetWarnings(), 1)
+
+			// The registry is the ceiling: a node referencing an unregistered server fails.
+			_, err = registryv1.NewRegistryServiceClient(conn).CreateServer(ctx, &registryv1.CreateServerRequest{Ref: "docs", Command: "x"})
+			require.NoError(t, err)
+			imp, err := pc.ImportTools(ctx, &publisherv1.ImportToolsRequest{GraphId: "g", ServerRef: "docs", Agent: "a"})
+			st := testutil.RequireStatus(t, err, codes.FailedPrecondition, "%v", imp)
+			require.Contains(t, st.Message(), "grants: [] is the default")
+		})
+	}
 }

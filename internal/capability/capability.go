@@ -171,3 +171,58 @@ func MatchGlob(pattern, s string) bool {
 	}
 	return match(0, 0)
 }
+
+// Effective is what a holder may exercise after policies: the capabilities it is bound to,
+// minus what revoke entries take away. Agents at publish and every run-time agent gate use it.
+type Effective struct {
+	Held    Set
+	Revoked Set
+}
+
+// TakesAway reports whether a revoke entry removes required from a holder: when it covers
+// required, or when required is broader and covers the revoke entry (read as a literal), since
+// a requirement of all of fs.read cannot be met once fs.read:/etc/** is withdrawn. Two globs
+// that only partly overlap are not detected here; run-time requirements are concrete scopes,
+// which the first case decides exactly.
+func TakesAway(revoked, required Capability) bool {
+	return Covers(revoked, required) || Covers(required, revoked)
+}
+
+// Covers reports whether the holder may exercise required: a held entry covers it and no
+// revoke entry takes it away.
+func (e Effective) Covers(required Capability) bool {
+	return e.Held.Covers(required) && len(e.RevokedBy(required)) == 0
+}
+
+// RevokedBy returns the revoke entries that take required away.
+func (e Effective) RevokedBy(required Capability) []string {
+	var out []string
+	for _, r := range e.Revoked {
+		if TakesAway(r, required) {
+			out = append(out, r.String())
+		}
+	}
+	return out
+}
+
+// Missing returns the entries of required the holder may not exercise, sorted and
+// deduplicated.
+func (e Effective) Missing(required Set) []string {
+	var out []string
+	for _, r := range required {
+		if !e.Covers(r) && !containsString(out, r.String()) {
+			out = append(out, r.String())
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func containsString(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

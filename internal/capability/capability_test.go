@@ -70,3 +70,40 @@ func FuzzMatchGlob(f *testing.F) {
 		}
 	})
 }
+
+func TestEffective(t *testing.T) {
+	eff := Effective{
+		Held:    MustParseSet([]string{"process_spawn", "external_api_call", "fs.read"}),
+		Revoked: MustParseSet([]string{"fs.read:/etc/**", "external_api_call:internal.*"}),
+	}
+	for _, tc := range []struct {
+		required string
+		want     bool
+	}{
+		{"process_spawn", true},
+		{"fs.read:/srv/a.txt", true},
+		{"fs.read:/etc/passwd", false},
+		// A bare requirement asks for every scope; one of them is revoked.
+		{"fs.read", false},
+		{"fs.read:/etc/*", false},
+		{"external_api_call:api.example.com", true},
+		{"external_api_call:internal.example", false},
+		{"external_api_call", false},
+		{"fs.write:/srv/a.txt", false},
+	} {
+		t.Run(tc.required, func(t *testing.T) {
+			r, err := Parse(tc.required)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, eff.Covers(r))
+		})
+	}
+	require.Equal(t, []string{"external_api_call", "fs.read:/etc/passwd", "fs.write"},
+		eff.Missing(MustParseSet([]string{"process_spawn", "fs.write", "fs.read:/etc/passwd", "external_api_call", "fs.write"})))
+	require.Equal(t, []string{"fs.read:/etc/**"}, eff.RevokedBy(MustParseSet([]string{"fs.read:/etc/hosts"})[0]))
+}
+
+func TestEffectiveWithoutRevocationsIsTheHeldSet(t *testing.T) {
+	held := MustParseSet([]string{"process_spawn", "fs.read:/srv/*"})
+	req := MustParseSet([]string{"process_spawn", "external_api_call", "fs.read:/srv/a", "fs.read:/etc/passwd"})
+	require.Equal(t, held.Missing(req), Effective{Held: held}.Missing(req))
+}

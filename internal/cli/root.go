@@ -123,6 +123,8 @@ and for TLS --ca-file (RINGFENCE_CA_FILE) with optional --server-name.`,
 		newRolesCmd(g),
 		newCertsCmd(g),
 		newImageCmd(g),
+		newGraphsCmd(g),
+		newMCPImportCmd(g),
 	)
 	return root
 }

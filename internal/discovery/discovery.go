@@ -40,12 +40,13 @@ const (
 	SeverityFlag        = "flag"
 )
 
-// Finding is one result of the declaration screen.
+// Finding is one result of the declaration screen. The JSON tags are the stored form of the
+// flags the publisher keeps on mcp_tool nodes.
 type Finding struct {
-	Code     string
-	Severity string
-	Location string
-	Message  string
+	Code     string `json:"code"`
+	Severity string `json:"severity"`
+	Location string `json:"location,omitempty"`
+	Message  string `json:"message,omitempty"`
 }
 
 // Listing is every tool of one server at one registration revision.

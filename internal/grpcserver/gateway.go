@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	"github.com/ringfence/ringfence/internal/auth"
 )
 
@@ -50,6 +51,9 @@ type ErrorBody struct {
 	// Details are the status details in protojson form (e.g. the field that was wrong, or
 	// every publish violation).
 	Details []json.RawMessage `json:"details,omitempty"`
+	// Violations lifts the violations of a PublishViolations detail to the top level, so a
+	// REST client reads the list of broken publish rules without decoding details.
+	Violations []json.RawMessage `json:"violations,omitempty"`
 }
 
 var protoDecodePrefix = regexp.MustCompile(`^proto:\s*(\(line \d+:\d+\):\s*)?(syntax error \(line \d+:\d+\):\s*)?`)
@@ -62,6 +66,18 @@ func writeError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler,
 	for _, d := range st.Proto().GetDetails() {
 		if raw, derr := (protojson.MarshalOptions{UseProtoNames: true}).Marshal(d); derr == nil {
 			body.Details = append(body.Details, raw)
+		}
+	}
+	for _, d := range st.Details() {
+		if pv, ok := d.(*publisherv1.PublishViolations); ok {
+			if body.Violations == nil {
+				body.Violations = []json.RawMessage{}
+			}
+			for _, v := range pv.GetViolations() {
+				if raw, derr := (protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}).Marshal(v); derr == nil {
+					body.Violations = append(body.Violations, raw)
+				}
+			}
 		}
 	}
 	if md, ok := runtime.ServerMetadataFromContext(ctx); ok {

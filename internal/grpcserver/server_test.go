@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	"github.com/ringfence/ringfence/internal/fielderr"
 )
 
@@ -138,4 +140,37 @@ func TestErrorBodyShape(t *testing.T) {
 	var b ErrorBody
 	require.NoError(t, json.Unmarshal([]byte(`{"code":409,"status":"ALREADY_EXISTS","message":"m"}`), &b))
 	require.Equal(t, "ALREADY_EXISTS", strings.ToUpper(toSnake("AlreadyExists")))
+}
+
+// A refused publish carries its violations as a status detail; REST clients get them as a
+// top-level "violations" array as well.
+func TestRESTErrorBodyLiftsPublishViolations(t *testing.T) {
+	st, err := status.New(codes.FailedPrecondition, "publisher: graph \"g\" cannot be published").WithDetails(&publisherv1.PublishViolations{
+		Violations: []*publisherv1.Violation{
+			{Rule: "ceiling", NodeId: "docs__read_file", ServerRef: "docs", Excess: []string{"fs.write"}, Message: "remove it or ask an operator"},
+			{Rule: "agent_floor", NodeId: "docs__read_file", AgentId: "researcher", Missing: []string{"external_api_call"}, Message: "add it to the agent"},
+		},
+	})
+	require.NoError(t, err)
+	rec := httptest.NewRecorder()
+	writeError(t.Context(), NewGatewayMux(), nil, rec, httptest.NewRequest(http.MethodPost, "/v1/graphs/g:publish", nil), st.Err())
+	require.Equal(t, http.StatusBadRequest, rec.Code)
+	var body struct {
+		Status     string           `json:"status"`
+		Violations []map[string]any `json:"violations"`
+		Details    []map[string]any `json:"details"`
+	}
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body))
+	require.Equal(t, "FAILED_PRECONDITION", body.Status)
+	require.Len(t, body.Violations, 2)
+	require.Equal(t, "ceiling", body.Violations[0]["rule"])
+	require.Equal(t, []any{"fs.write"}, body.Violations[0]["excess"])
+	require.Equal(t, []any{}, body.Violations[0]["missing"], "empty lists are present, so clients need not test for absence")
+	require.Equal(t, "researcher", body.Violations[1]["agent_id"])
+	require.Len(t, body.Details, 1)
+
+	// Other errors carry no violations key.
+	rec = httptest.NewRecorder()
+	writeError(t.Context(), NewGatewayMux(), nil, rec, httptest.NewRequest(http.MethodGet, "/v1/graphs", nil), status.Error(codes.NotFound, "x"))
+	require.NotContains(t, rec.Body.String(), "violations")
 }

@@ -693,7 +693,9 @@ type Violation struct {
 	// message names the subject and the fix.
 	Message string `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
 	// agent_id is the agent for agent_floor violations.
-	AgentId       string `protobuf:"bytes,6,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
+	AgentId string `protobuf:"bytes,6,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
+	// server_ref is the server the node references (every mcp_tool rule).
+	ServerRef     string `protobuf:"bytes,7,opt,name=server_ref,json=serverRef,proto3" json:"server_ref,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -766,6 +768,13 @@ func (x *Violation) GetMessage() string {
 func (x *Violation) GetAgentId() string {
 	if x != nil {
 		return x.AgentId
+	}
+	return ""
+}
+
+func (x *Violation) GetServerRef() string {
+	if x != nil {
+		return x.ServerRef
 	}
 	return ""
 }
@@ -1452,10 +1461,11 @@ func (x *GraphVersion) GetWarnings() []string {
 
 // GetVersionRequest names a version.
 type GetVersionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	GraphId       string                 `protobuf:"bytes,2,opt,name=graph_id,json=graphId,proto3" json:"graph_id,omitempty"`
-	Version       int64                  `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Tenant  string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	GraphId string                 `protobuf:"bytes,2,opt,name=graph_id,json=graphId,proto3" json:"graph_id,omitempty"`
+	// version 0 means the latest.
+	Version       int64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1556,11 +1566,14 @@ func (x *GetVersionResponse) GetVersion() *GraphVersion {
 	return nil
 }
 
-// ListVersionsRequest names a graph.
+// ListVersionsRequest names a graph and pages through its versions, newest first.
 type ListVersionsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	GraphId       string                 `protobuf:"bytes,2,opt,name=graph_id,json=graphId,proto3" json:"graph_id,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Tenant  string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	GraphId string                 `protobuf:"bytes,2,opt,name=graph_id,json=graphId,proto3" json:"graph_id,omitempty"`
+	// page_size defaults to 100; at most 1000.
+	PageSize      int32  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1609,10 +1622,25 @@ func (x *ListVersionsRequest) GetGraphId() string {
 	return ""
 }
 
+func (x *ListVersionsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListVersionsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 // ListVersionsResponse lists versions without their graphs.
 type ListVersionsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Versions      []*GraphVersion        `protobuf:"bytes,1,rep,name=versions,proto3" json:"versions,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1652,6 +1680,13 @@ func (x *ListVersionsResponse) GetVersions() []*GraphVersion {
 		return x.Versions
 	}
 	return nil
+}
+
+func (x *ListVersionsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // ListGraphsRequest pages through a tenant's graphs.
@@ -2172,10 +2207,11 @@ func (x *ImportToolsResponse) GetAgentCapabilitiesAdded() []string {
 
 // GetPublishedVersionRequest names a version.
 type GetPublishedVersionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	GraphId       string                 `protobuf:"bytes,2,opt,name=graph_id,json=graphId,proto3" json:"graph_id,omitempty"`
-	Version       int64                  `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Tenant  string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	GraphId string                 `protobuf:"bytes,2,opt,name=graph_id,json=graphId,proto3" json:"graph_id,omitempty"`
+	// version 0 means the latest.
+	Version       int64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2335,14 +2371,16 @@ const file_ringfence_publisher_v1_publisher_proto_rawDesc = "" +
 	"\x06Policy\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06agents\x18\x02 \x03(\tR\x06agents\x12\x16\n" +
-	"\x06revoke\x18\x03 \x03(\tR\x06revoke\"\x9f\x01\n" +
+	"\x06revoke\x18\x03 \x03(\tR\x06revoke\"\xbe\x01\n" +
 	"\tViolation\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\amissing\x18\x03 \x03(\tR\amissing\x12\x16\n" +
 	"\x06excess\x18\x04 \x03(\tR\x06excess\x12\x18\n" +
 	"\amessage\x18\x05 \x01(\tR\amessage\x12\x19\n" +
-	"\bagent_id\x18\x06 \x01(\tR\aagentId\"V\n" +
+	"\bagent_id\x18\x06 \x01(\tR\aagentId\x12\x1d\n" +
+	"\n" +
+	"server_ref\x18\a \x01(\tR\tserverRef\"V\n" +
 	"\x11PublishViolations\x12A\n" +
 	"\n" +
 	"violations\x18\x01 \x03(\v2!.ringfence.publisher.v1.ViolationR\n" +
@@ -2393,12 +2431,16 @@ const file_ringfence_publisher_v1_publisher_proto_rawDesc = "" +
 	"\bgraph_id\x18\x02 \x01(\tR\agraphId\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x03R\aversion\"T\n" +
 	"\x12GetVersionResponse\x12>\n" +
-	"\aversion\x18\x01 \x01(\v2$.ringfence.publisher.v1.GraphVersionR\aversion\"H\n" +
+	"\aversion\x18\x01 \x01(\v2$.ringfence.publisher.v1.GraphVersionR\aversion\"\x84\x01\n" +
 	"\x13ListVersionsRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x19\n" +
-	"\bgraph_id\x18\x02 \x01(\tR\agraphId\"X\n" +
+	"\bgraph_id\x18\x02 \x01(\tR\agraphId\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x80\x01\n" +
 	"\x14ListVersionsResponse\x12@\n" +
-	"\bversions\x18\x01 \x03(\v2$.ringfence.publisher.v1.GraphVersionR\bversions\"g\n" +
+	"\bversions\x18\x01 \x03(\v2$.ringfence.publisher.v1.GraphVersionR\bversions\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"g\n" +
 	"\x11ListGraphsRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +

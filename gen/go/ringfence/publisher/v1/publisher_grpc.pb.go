@@ -48,7 +48,8 @@ type PublisherServiceClient interface {
 	GetDraft(ctx context.Context, in *GetDraftRequest, opts ...grpc.CallOption) (*GetDraftResponse, error)
 	// ReplaceDraft replaces the draft when its revision still matches.
 	// Caller: workflow:write (REST PUT /v1/graphs/{graph_id}/draft). Codes: NOT_FOUND,
-	// ABORTED (stale revision), INVALID_ARGUMENT (a malformed graph, naming the node).
+	// ABORTED (stale revision), INVALID_ARGUMENT (a malformed graph, naming the node and field,
+	// including a pinned declaration edited by hand: re-import instead).
 	ReplaceDraft(ctx context.Context, in *ReplaceDraftRequest, opts ...grpc.CallOption) (*ReplaceDraftResponse, error)
 	// ValidateDraft is a dry-run publish: every violation at once, nothing stored.
 	// Caller: workflow:write (REST POST /v1/graphs/{graph_id}/draft:validate). Codes: NOT_FOUND.
@@ -56,7 +57,8 @@ type PublisherServiceClient interface {
 	// Publish validates the draft and stores it as the next immutable version.
 	// Caller: workflow:write (REST POST /v1/graphs/{graph_id}:publish). Codes: NOT_FOUND,
 	// FAILED_PRECONDITION (violations, listed in a PublishViolations detail and, over REST, in
-	// "violations").
+	// "violations"), ABORTED (the draft changed while it was validated; publish again),
+	// UNAVAILABLE (the registry could not be asked for grants).
 	Publish(ctx context.Context, in *PublishRequest, opts ...grpc.CallOption) (*PublishResponse, error)
 	// GetVersion returns one published version.
 	// Caller: workflow:write (REST GET /v1/graphs/{graph_id}/versions/{version}). Codes: NOT_FOUND.
@@ -73,11 +75,16 @@ type PublisherServiceClient interface {
 	DeleteGraph(ctx context.Context, in *DeleteGraphRequest, opts ...grpc.CallOption) (*DeleteGraphResponse, error)
 	// ImportTools imports a registered server's tools into a draft (mcp-import): one mcp_tool
 	// node per tool with its pinned raw declaration, a tool edge and binding from the agent, and
-	// the capability floor. All or nothing.
+	// the capability floor. All or nothing. An import always writes a graph's draft: published
+	// versions are immutable and cannot be named, and a graph id with no draft in the tenant
+	// (never created, or deleted) is not a draft and answers NOT_FOUND. Re-importing a tool
+	// updates its node in place.
 	// Caller: workflow:write (REST POST /v1/graphs/{graph_id}:import). Codes: NOT_FOUND (graph,
 	// agent node), FAILED_PRECONDITION (unregistered server, grants below the floor, a hard
-	// screen failure, a tool the server does not offer), UNAVAILABLE (the server could not be
-	// reached; a ServerFailure detail classifies it).
+	// screen failure, a tool the server does not offer or its tool_filter excludes, a result
+	// that could not publish: a PublishViolations detail lists why), UNAVAILABLE,
+	// DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED (the server could not be reached or listed; a
+	// ServerFailure detail classifies it), ABORTED (the draft changed meanwhile; retry).
 	ImportTools(ctx context.Context, in *ImportToolsRequest, opts ...grpc.CallOption) (*ImportToolsResponse, error)
 	// GetPublishedVersion returns a published version for a run.
 	// Caller: internal, the pool's service certificate. Codes: NOT_FOUND.
@@ -218,7 +225,8 @@ type PublisherServiceServer interface {
 	GetDraft(context.Context, *GetDraftRequest) (*GetDraftResponse, error)
 	// ReplaceDraft replaces the draft when its revision still matches.
 	// Caller: workflow:write (REST PUT /v1/graphs/{graph_id}/draft). Codes: NOT_FOUND,
-	// ABORTED (stale revision), INVALID_ARGUMENT (a malformed graph, naming the node).
+	// ABORTED (stale revision), INVALID_ARGUMENT (a malformed graph, naming the node and field,
+	// including a pinned declaration edited by hand: re-import instead).
 	ReplaceDraft(context.Context, *ReplaceDraftRequest) (*ReplaceDraftResponse, error)
 	// ValidateDraft is a dry-run publish: every violation at once, nothing stored.
 	// Caller: workflow:write (REST POST /v1/graphs/{graph_id}/draft:validate). Codes: NOT_FOUND.
@@ -226,7 +234,8 @@ type PublisherServiceServer interface {
 	// Publish validates the draft and stores it as the next immutable version.
 	// Caller: workflow:write (REST POST /v1/graphs/{graph_id}:publish). Codes: NOT_FOUND,
 	// FAILED_PRECONDITION (violations, listed in a PublishViolations detail and, over REST, in
-	// "violations").
+	// "violations"), ABORTED (the draft changed while it was validated; publish again),
+	// UNAVAILABLE (the registry could not be asked for grants).
 	Publish(context.Context, *PublishRequest) (*PublishResponse, error)
 	// GetVersion returns one published version.
 	// Caller: workflow:write (REST GET /v1/graphs/{graph_id}/versions/{version}). Codes: NOT_FOUND.
@@ -243,11 +252,16 @@ type PublisherServiceServer interface {
 	DeleteGraph(context.Context, *DeleteGraphRequest) (*DeleteGraphResponse, error)
 	// ImportTools imports a registered server's tools into a draft (mcp-import): one mcp_tool
 	// node per tool with its pinned raw declaration, a tool edge and binding from the agent, and
-	// the capability floor. All or nothing.
+	// the capability floor. All or nothing. An import always writes a graph's draft: published
+	// versions are immutable and cannot be named, and a graph id with no draft in the tenant
+	// (never created, or deleted) is not a draft and answers NOT_FOUND. Re-importing a tool
+	// updates its node in place.
 	// Caller: workflow:write (REST POST /v1/graphs/{graph_id}:import). Codes: NOT_FOUND (graph,
 	// agent node), FAILED_PRECONDITION (unregistered server, grants below the floor, a hard
-	// screen failure, a tool the server does not offer), UNAVAILABLE (the server could not be
-	// reached; a ServerFailure detail classifies it).
+	// screen failure, a tool the server does not offer or its tool_filter excludes, a result
+	// that could not publish: a PublishViolations detail lists why), UNAVAILABLE,
+	// DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED (the server could not be reached or listed; a
+	// ServerFailure detail classifies it), ABORTED (the draft changed meanwhile; retry).
 	ImportTools(context.Context, *ImportToolsRequest) (*ImportToolsResponse, error)
 	// GetPublishedVersion returns a published version for a run.
 	// Caller: internal, the pool's service certificate. Codes: NOT_FOUND.

@@ -1,0 +1,321 @@
+package publisher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/fielderr"
+	"github.com/ringfence/ringfence/internal/graph"
+)
+
+const (
+	defaultPageSize = 100
+	maxPageSize     = 1000
+	// maxDetailViolations bounds the PublishViolations detail, which travels in a trailer;
+	// ValidateDraft returns every violation in its body.
+	maxDetailViolations = 500
+)
+
+func pageSize(n int32) (int, error) {
+	switch {
+	case n < 0:
+		return 0, fielderr.New("page_size", "must not be negative")
+	case n == 0:
+		return defaultPageSize, nil
+	case n > maxPageSize:
+		return maxPageSize, nil
+	}
+	return int(n), nil
+}
+
+func fielderrNegative(field string) error { return fielderr.New(field, "must not be negative") }
+
+func quote(s string) string {
+	if len(s) > 80 {
+		s = s[:77] + "..."
+	}
+	return strconv.Quote(s)
+}
+
+// target resolves the tenant and checks the graph id of a request.
+func (s *Service) target(ctx context.Context, tenant, graphID string) (string, error) {
+	t, err := s.tenant(ctx, tenant)
+	if err != nil {
+		return "", err
+	}
+	if err := graph.ValidateGraphID("graph_id", graphID); err != nil {
+		return "", err
+	}
+	return t, nil
+}
+
+// CreateGraph implements PublisherService.
+func (s *Service) CreateGraph(ctx context.Context, req *publisherv1.CreateGraphRequest) (*publisherv1.CreateGraphResponse, error) {
+	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	if err := graph.ValidateMode(req.GetCapabilityMode()); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	g := &graph.Graph{ID: req.GetGraphId(), Tenant: tenant, CapabilityMode: req.GetCapabilityMode(), Nodes: []graph.Node{}, Edges: []graph.Edge{}}
+	if g.CapabilityMode == "" {
+		g.CapabilityMode = graph.ModeEnforce
+	}
+	if len(req.GetAgents()) > graph.MaxNodes {
+		return nil, s.errors.Status(ctx, fielderr.New("agents", "has %d entries; at most %d", len(req.GetAgents()), graph.MaxNodes))
+	}
+	for i, a := range req.GetAgents() {
+		if err := graph.ValidateNodeID(fmt.Sprintf("agents[%d]", i), a); err != nil {
+			return nil, s.errors.Status(ctx, err)
+		}
+		if _, dup := g.Node(a); dup {
+			return nil, s.errors.Status(ctx, fielderr.New(fmt.Sprintf("agents[%d]", i), "%q is named twice", a))
+		}
+		g.Nodes = append(g.Nodes, graph.Node{ID: a, Kind: graph.KindAgent, Agent: &graph.AgentNode{}})
+	}
+	if err := s.store.CreateGraph(ctx, g, nil); err != nil {
+		return nil, s.errors.Status(ctx, storeErr(err, g.ID))
+	}
+	return &publisherv1.CreateGraphResponse{Draft: graphToProto(g, true)}, nil
+}
+
+// GetDraft implements PublisherService.
+func (s *Service) GetDraft(ctx context.Context, req *publisherv1.GetDraftRequest) (*publisherv1.GetDraftResponse, error) {
+	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	g, err := s.store.Draft(ctx, tenant, req.GetGraphId())
+	if err != nil {
+		return nil, s.errors.Status(ctx, storeErr(err, req.GetGraphId()))
+	}
+	return &publisherv1.GetDraftResponse{Draft: graphToProto(g, true)}, nil
+}
+
+// ReplaceDraft implements PublisherService: the whole draft is replaced when the revision
+// still matches. Pinned declarations cannot be edited by hand (re-import instead).
+func (s *Service) ReplaceDraft(ctx context.Context, req *publisherv1.ReplaceDraftRequest) (*publisherv1.ReplaceDraftResponse, error) {
+	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	d := req.GetDraft()
+	if d == nil {
+		return nil, s.errors.Status(ctx, fielderr.New("draft", "is required: send the graph, e.g. as ringfence graphs show -o json prints it"))
+	}
+	if d.GetId() != "" && d.GetId() != req.GetGraphId() {
+		return nil, s.errors.Status(ctx, fielderr.New("draft.id", "%s does not match the graph in the path (%s); omit it or make them equal", quote(d.GetId()), quote(req.GetGraphId())))
+	}
+	if d.GetTenant() != "" && d.GetTenant() != tenant {
+		return nil, s.errors.Status(ctx, fielderr.New("draft.tenant", "%s is not the tenant this request acts for (%s); omit it", quote(d.GetTenant()), quote(tenant)))
+	}
+	if d.GetRevision() < 0 {
+		return nil, s.errors.Status(ctx, fielderrNegative("draft.revision"))
+	}
+	next, err := graphFromProto(d)
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	next.ID, next.Tenant = req.GetGraphId(), tenant
+	if next.CapabilityMode == "" {
+		next.CapabilityMode = graph.ModeEnforce
+	}
+	// Shape and pins are checked before the write transaction: hashing every pinned node of a
+	// large graph should not hold the file's write lock.
+	if err := draftField(next.Validate()); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	if err := draftField(graph.VerifyPins(next)); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	stored, err := s.store.UpdateDraft(ctx, tenant, req.GetGraphId(), func(cur *graph.Graph) error {
+		if d.GetRevision() != 0 && d.GetRevision() != cur.Revision {
+			return errStaleRevision
+		}
+		if err := restoreMaskedEnv(next, cur); err != nil {
+			return err
+		}
+		*cur = *next
+		return nil
+	}, nil)
+	if err != nil {
+		return nil, s.errors.Status(ctx, storeErr(err, req.GetGraphId()))
+	}
+	return &publisherv1.ReplaceDraftResponse{Draft: graphToProto(stored, true)}, nil
+}
+
+// draftField prefixes a graph field error with "draft.", the field's name in the request.
+func draftField(err error) error {
+	if fe, ok := fielderr.As(err); ok {
+		return fielderr.New("draft."+fe.Field, "%s", fe.Problem)
+	}
+	return err
+}
+
+// ValidateDraft implements PublisherService: a dry-run publish.
+func (s *Service) ValidateDraft(ctx context.Context, req *publisherv1.ValidateDraftRequest) (*publisherv1.ValidateDraftResponse, error) {
+	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	res, _, err := s.Validate(ctx, tenant, req.GetGraphId())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	return &publisherv1.ValidateDraftResponse{Ok: res.OK(), Violations: violationsToProto(res.Violations), Warnings: res.Warnings}, nil
+}
+
+// Validate runs every publish rule on a graph's draft and returns the result and the draft
+// that was validated.
+func (s *Service) Validate(ctx context.Context, tenant, graphID string) (graph.Result, *graph.Graph, error) {
+	g, err := s.store.Draft(ctx, tenant, graphID)
+	if err != nil {
+		return graph.Result{}, nil, storeErr(err, graphID)
+	}
+	res, err := s.validator.Validate(ctx, g)
+	if err != nil {
+		return graph.Result{}, nil, registryErr(err)
+	}
+	return res, g, nil
+}
+
+// registryErr reports a failure to read grants: without them no rule can be decided, so the
+// caller is told to retry rather than given a verdict.
+func registryErr(err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if _, ok := status.FromError(err); ok {
+		return status.Errorf(codes.Unavailable, "publisher: the registry could not be asked for grants, so nothing was decided; try again: %v", err)
+	}
+	return err
+}
+
+// Publish implements PublisherService.
+func (s *Service) Publish(ctx context.Context, req *publisherv1.PublishRequest) (*publisherv1.PublishResponse, error) {
+	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	res, g, err := s.Validate(ctx, tenant, req.GetGraphId())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	if !res.OK() {
+		return nil, violationsStatus(fmt.Sprintf("publisher: graph %s cannot be published", quote(g.ID)), res.Violations)
+	}
+	p, _ := auth.FromContext(ctx)
+	v := &graph.Version{Graph: g, PublishTime: time.Now().UTC(), PublishedBy: p.Actor(), Warnings: res.Warnings}
+	n, err := s.store.Publish(ctx, tenant, g.ID, g.Revision, v, nil)
+	if err != nil {
+		return nil, s.errors.Status(ctx, storeErr(err, g.ID))
+	}
+	s.log.DebugContext(ctx, "graph published", "tenant", tenant, "graph", g.ID, "version", n, "draft_revision", g.Revision, "by", p.Actor())
+	return &publisherv1.PublishResponse{Version: n, Warnings: res.Warnings}, nil
+}
+
+// violationsStatus is FAILED_PRECONDITION with every violation in a PublishViolations detail
+// (over REST, also a top-level "violations" array).
+func violationsStatus(prefix string, vs []graph.Violation) error {
+	msg := fmt.Sprintf("%s: %d violation(s); the first: %s", prefix, len(vs), vs[0].Message)
+	detail := vs
+	if len(detail) > maxDetailViolations {
+		detail = detail[:maxDetailViolations]
+		msg += fmt.Sprintf(" (the detail lists the first %d; ringfence graphs validate lists all)", maxDetailViolations)
+	}
+	st := status.New(codes.FailedPrecondition, msg)
+	if withDetail, err := st.WithDetails(&publisherv1.PublishViolations{Violations: violationsToProto(detail)}); err == nil {
+		st = withDetail
+	}
+	return st.Err()
+}
+
+// GetVersion implements PublisherService.
+func (s *Service) GetVersion(ctx context.Context, req *publisherv1.GetVersionRequest) (*publisherv1.GetVersionResponse, error) {
+	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	v, err := s.PublishedVersion(ctx, tenant, req.GetGraphId(), req.GetVersion())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	return &publisherv1.GetVersionResponse{Version: versionToProto(v, true)}, nil
+}
+
+// GetPublishedVersion implements the internal RPC the pool loads runs with: inline env values
+// in clear, since the pool is what would run them.
+func (s *Service) GetPublishedVersion(ctx context.Context, req *publisherv1.GetPublishedVersionRequest) (*publisherv1.GetPublishedVersionResponse, error) {
+	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	v, err := s.PublishedVersion(ctx, tenant, req.GetGraphId(), req.GetVersion())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	return &publisherv1.GetPublishedVersionResponse{Version: versionToProto(v, false)}, nil
+}
+
+// ListVersions implements PublisherService.
+func (s *Service) ListVersions(ctx context.Context, req *publisherv1.ListVersionsRequest) (*publisherv1.ListVersionsResponse, error) {
+	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	n, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	vs, next, err := s.store.ListVersions(ctx, tenant, req.GetGraphId(), req.GetPageToken(), n)
+	if err != nil {
+		return nil, s.errors.Status(ctx, storeErr(err, req.GetGraphId()))
+	}
+	resp := &publisherv1.ListVersionsResponse{NextPageToken: next, Versions: make([]*publisherv1.GraphVersion, len(vs))}
+	for i := range vs {
+		resp.Versions[i] = versionToProto(&vs[i], true)
+	}
+	return resp, nil
+}
+
+// ListGraphs implements PublisherService.
+func (s *Service) ListGraphs(ctx context.Context, req *publisherv1.ListGraphsRequest) (*publisherv1.ListGraphsResponse, error) {
+	tenant, err := s.tenant(ctx, req.GetTenant())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	n, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	sums, next, err := s.store.ListGraphs(ctx, tenant, req.GetPageToken(), n)
+	if err != nil {
+		return nil, s.errors.Status(ctx, storeErr(err, ""))
+	}
+	resp := &publisherv1.ListGraphsResponse{NextPageToken: next, Graphs: make([]*publisherv1.GraphSummary, len(sums))}
+	for i, sum := range sums {
+		resp.Graphs[i] = summaryToProto(sum)
+	}
+	return resp, nil
+}
+
+// DeleteGraph implements PublisherService.
+func (s *Service) DeleteGraph(ctx context.Context, req *publisherv1.DeleteGraphRequest) (*publisherv1.DeleteGraphResponse, error) {
+	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	if err := s.store.DeleteGraph(ctx, tenant, req.GetGraphId(), nil); err != nil {
+		return nil, s.errors.Status(ctx, storeErr(err, req.GetGraphId()))
+	}
+	return &publisherv1.DeleteGraphResponse{}, nil
+}

@@ -1,0 +1,202 @@
+// Package publisher is the publisher service: tenants' agent graphs, each with one editable
+// draft and numbered published versions that never change. mcp-import pins a registered
+// server's tool declarations into a draft; publish proves every capability rule (the floor,
+// the registry's ceiling, the agent floor) against the registry's current grants before a
+// version exists, and the pool loads versions from here for its runs.
+package publisher
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"google.golang.org/grpc/codes"
+
+	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/grpcserver"
+	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/services/publisher/internal/store"
+)
+
+// Policies returns a registered server's grants and tool filter: the registry service
+// in-process, or its internal GetServerPolicy RPC. An unregistered ref is an error wrapping
+// mcpserver.ErrNotRegistered.
+type Policies interface {
+	ServerPolicy(ctx context.Context, ref string) (mcpserver.Policy, error)
+}
+
+// Discoverer lists a registered server's tools by starting it in isolation: the pool.
+type Discoverer interface {
+	DiscoverTools(ctx context.Context, ref string) (*discovery.Listing, error)
+}
+
+// Config holds the service's dependencies.
+type Config struct {
+	// DBPath is the publisher's bbolt file.
+	DBPath string
+	// Policies resolves grants for publish and import; required, because a publisher without
+	// it would have no ceiling.
+	Policies Policies
+	// Discoverer answers imports; nil means isolation is not configured, and imports refuse
+	// instead of ever running a server on the host.
+	Discoverer Discoverer
+	// AllowInlineMCPServers turns the refusal of inline mcp_servers into a warning
+	// (dev.allow_inline_mcp_servers; production refuses it at start).
+	AllowInlineMCPServers bool
+	// CacheBytes bounds the decoded drafts and versions kept in memory, by encoded size
+	// (0: 128 MiB, negative: none). Decoding a 10,000-node draft costs more than validating it.
+	CacheBytes int
+	Logger     *slog.Logger
+}
+
+// Service implements PublisherService.
+type Service struct {
+	publisherv1.UnsafePublisherServiceServer
+
+	cfg       Config
+	store     *store.Store
+	validator *graph.Validator
+	log       *slog.Logger
+	errors    grpcserver.ErrorTable
+}
+
+var (
+	_ publisherv1.PublisherServiceServer = (*Service)(nil)
+	_ graph.GrantsResolver               = Policies(nil)
+)
+
+// Errors a caller in the same process (the pool) can test for with errors.Is.
+var (
+	ErrGraphNotFound   = errors.New("no such graph in this tenant (ringfence graphs list shows the tenant's graphs)")
+	ErrVersionNotFound = errors.New("no published version with this number (ringfence graphs versions lists them)")
+)
+
+// Domain errors, each with a message a person can act on; errorCodes maps them to codes.
+var (
+	errGraphExists   = errors.New("publisher: a graph with this id already exists in this tenant: edit its draft (ringfence graphs edit) or choose another id")
+	errStaleRevision = errors.New("publisher: the draft changed since the revision you sent: get it again (ringfence graphs show), reapply your change, and send the new revision")
+	errDraftChanged  = errors.New("publisher: the draft changed while it was being validated or imported into; run the command again")
+	errBadPageToken  = errors.New("publisher: page_token is not one this server issued: start again without it")
+	errAgentNotFound = errors.New("publisher: the draft has no agent node with this id: create it with ringfence graphs create --agent, or add it to the draft")
+	errImportRefused = errors.New("publisher: mcp-import refused")
+	errNoPrincipal   = errors.New("publisher: the request carries no authenticated caller")
+)
+
+var errorCodes = map[error]codes.Code{
+	ErrGraphNotFound:               codes.NotFound,
+	ErrVersionNotFound:             codes.NotFound,
+	errGraphExists:                 codes.AlreadyExists,
+	errStaleRevision:               codes.Aborted,
+	errDraftChanged:                codes.Aborted,
+	errBadPageToken:                codes.InvalidArgument,
+	errAgentNotFound:               codes.NotFound,
+	errImportRefused:               codes.FailedPrecondition,
+	errNoPrincipal:                 codes.Unauthenticated,
+	auth.ErrTenantMismatch:         codes.PermissionDenied,
+	discovery.ErrIsolationRequired: codes.Unavailable,
+}
+
+// Open opens the publisher's store and builds the service; Close releases it.
+func Open(cfg Config) (*Service, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	v, err := graph.NewValidator(cfg.Policies, graph.AllowInlineMCPServers(cfg.AllowInlineMCPServers))
+	if err != nil {
+		return nil, err
+	}
+	st, err := store.Open(cfg.DBPath, cfg.CacheBytes)
+	if err != nil {
+		return nil, err
+	}
+	return &Service{
+		cfg:       cfg,
+		store:     st,
+		validator: v,
+		log:       cfg.Logger,
+		errors:    grpcserver.ErrorTable{Service: "publisher", Codes: errorCodes, Logger: cfg.Logger},
+	}, nil
+}
+
+// Close closes the store.
+func (s *Service) Close() error { return s.store.Close() }
+
+// PublishedVersion returns a published version (0: the latest) with inline env values in
+// clear: what the pool loads for a run. In-process callers use it directly; split deployments
+// reach it through the internal GetPublishedVersion RPC. Unknown graphs and versions are
+// ErrGraphNotFound and ErrVersionNotFound.
+func (s *Service) PublishedVersion(ctx context.Context, tenant, graphID string, version int64) (*graph.Version, error) {
+	if err := graph.ValidateTenant(tenant); err != nil {
+		return nil, err
+	}
+	if err := graph.ValidateGraphID("graph_id", graphID); err != nil {
+		return nil, err
+	}
+	if version < 0 {
+		return nil, fielderrNegative("version")
+	}
+	v, err := s.store.Version(ctx, tenant, graphID, version)
+	if err != nil {
+		return nil, s.versionErr(ctx, tenant, graphID, err)
+	}
+	return v, nil
+}
+
+// versionErr tells a missing graph from a missing version.
+func (s *Service) versionErr(ctx context.Context, tenant, graphID string, err error) error {
+	if !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	if _, derr := s.store.Draft(ctx, tenant, graphID); errors.Is(derr, store.ErrNotFound) {
+		return graphNotFound(graphID)
+	}
+	return ErrVersionNotFound
+}
+
+// tenant returns the tenant a request acts for (auth.ResolveTenant): a tenant-bound key always
+// acts for its own, and another tenant's graphs are simply not found.
+func (s *Service) tenant(ctx context.Context, requested string) (string, error) {
+	p, ok := auth.FromContext(ctx)
+	if !ok {
+		return "", errNoPrincipal
+	}
+	t, err := auth.ResolveTenant(p, requested)
+	if err != nil {
+		return "", err
+	}
+	if err := graph.ValidateTenant(t); err != nil {
+		return "", err
+	}
+	return t, nil
+}
+
+// storeErr translates store errors into the service's domain errors.
+func storeErr(err error, graphID string) error {
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return graphNotFound(graphID)
+	case errors.Is(err, store.ErrExists):
+		return errGraphExists
+	case errors.Is(err, store.ErrBadPageToken):
+		return errBadPageToken
+	case errors.Is(err, store.ErrStaleRevision):
+		return errDraftChanged
+	}
+	return err
+}
+
+func graphNotFound(graphID string) error {
+	return &wrapped{msg: "publisher: graph " + quote(graphID) + ": " + ErrGraphNotFound.Error(), err: ErrGraphNotFound}
+}
+
+// wrapped carries its own message and a sentinel for the error table.
+type wrapped struct {
+	msg string
+	err error
+}
+
+func (w *wrapped) Error() string { return w.msg }
+func (w *wrapped) Unwrap() error { return w.err }
