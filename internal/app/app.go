@@ -171,6 +171,40 @@ func NewPool(ctx context.Context, cfg *config.Config, log *slog.Logger) (_ *App,
 	return a, nil
 }
 
+// NewPublisher builds ringfence-publisher: graphs and publish proofs, reaching the registry
+// (grants, API keys) and the pool (discovery for imports) over mutual TLS.
+func NewPublisher(ctx context.Context, cfg *config.Config, log *slog.Logger) (_ *App, err error) {
+	a := &App{log: log}
+	defer func() {
+		if err != nil {
+			_ = a.Close()
+		}
+	}()
+	if cfg.Peers.RegistryAddr == "" || cfg.Peers.PoolAddr == "" {
+		return nil, errors.New("app: ringfence-publisher needs the registry and the pool: set RINGFENCE_PEERS__REGISTRY_ADDR and RINGFENCE_PEERS__POOL_ADDR")
+	}
+	regConn, err := a.dial(cfg, cfg.Peers.RegistryAddr)
+	if err != nil {
+		return nil, err
+	}
+	poolConn, err := a.dial(cfg, cfg.Peers.PoolAddr)
+	if err != nil {
+		return nil, err
+	}
+	registry := peers.NewRegistry(regConn)
+	pub, err := a.openPublisher(cfg, registry, peers.NewPool(poolConn), log)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := newServer(cfg, "ringfence-publisher", auth.NewAuthorizer(registry, auth.Rules), log)
+	if err != nil {
+		return nil, err
+	}
+	a.Server, a.Publisher = srv, pub
+	registerPublisher(srv, pub)
+	return a, nil
+}
+
 // dial connects to a peer with this binary's service certificate; the connection closes with
 // the app.
 func (a *App) dial(cfg *config.Config, addr string) (*grpc.ClientConn, error) {

@@ -17,9 +17,12 @@ import (
 	"google.golang.org/grpc/status"
 
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
+	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/graph/graphpb"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/mtls"
 )
@@ -180,4 +183,29 @@ func (p *Pool) DiscoverTools(ctx context.Context, ref string) (*discovery.Listin
 		listing.Tools = append(listing.Tools, discovery.ToolFromProto(t))
 	}
 	return listing, nil
+}
+
+// Publisher is the publisher seen from the pool.
+type Publisher struct {
+	client publisherv1.PublisherServiceClient
+}
+
+// NewPublisher wraps a connection to ringfence-publisher.
+func NewPublisher(conn *grpc.ClientConn) *Publisher {
+	return &Publisher{client: publisherv1.NewPublisherServiceClient(conn)}
+}
+
+// ErrVersionNotFound is returned for a graph or version the publisher does not have.
+var ErrVersionNotFound = errors.New("no such published graph version")
+
+// PublishedVersion implements the pool's version source through GetPublishedVersion.
+func (p *Publisher) PublishedVersion(ctx context.Context, tenant, graphID string, version int64) (*graph.Version, error) {
+	resp, err := p.client.GetPublishedVersion(ctx, &publisherv1.GetPublishedVersionRequest{Tenant: tenant, GraphId: graphID, Version: version})
+	if status.Code(err) == codes.NotFound {
+		return nil, fmt.Errorf("%s: %w", status.Convert(err).Message(), ErrVersionNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return graphpb.VersionFromProto(resp.GetVersion())
 }

@@ -1,187 +1,16 @@
 package publisher
 
 import (
-	"encoding/json"
 	"fmt"
 
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
-	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/services/publisher/internal/store"
 )
-
-// graphFromProto converts a draft sent by a client. Kinds and payloads must agree; the shape is
-// checked by graph.Structure afterwards.
-func graphFromProto(p *publisherv1.Graph) (*graph.Graph, error) {
-	if len(p.GetNodes()) > graph.MaxNodes {
-		return nil, fielderr.New("draft.nodes", "has %d nodes; at most %d", len(p.GetNodes()), graph.MaxNodes)
-	}
-	if len(p.GetEdges()) > graph.MaxEdges {
-		return nil, fielderr.New("draft.edges", "has %d edges; at most %d", len(p.GetEdges()), graph.MaxEdges)
-	}
-	g := &graph.Graph{
-		ID: p.GetId(), Tenant: p.GetTenant(), CapabilityMode: p.GetCapabilityMode(),
-		Nodes: make([]graph.Node, len(p.GetNodes())), Edges: make([]graph.Edge, len(p.GetEdges())),
-	}
-	for i, pn := range p.GetNodes() {
-		n := graph.Node{ID: pn.GetId(), Kind: pn.GetKind()}
-		field := fmt.Sprintf("draft.nodes[%d]", i)
-		switch d := pn.GetData().(type) {
-		case *publisherv1.Node_Agent:
-			n.Agent = agentFromProto(d.Agent)
-		case *publisherv1.Node_McpTool:
-			m, err := mcpToolFromProto(field+".mcp_tool", d.McpTool)
-			if err != nil {
-				return nil, err
-			}
-			n.MCPTool = m
-		case *publisherv1.Node_Opaque:
-			raw, err := structToRaw(field+".opaque", d.Opaque)
-			if err != nil {
-				return nil, err
-			}
-			n.Opaque = raw
-		}
-		// A typed kind without its payload gets an empty one only for agents, which need no
-		// fields; an mcp_tool without its payload is reported by the structure check.
-		if n.Kind == graph.KindAgent && n.Agent == nil && pn.GetData() == nil {
-			n.Agent = &graph.AgentNode{}
-		}
-		g.Nodes[i] = n
-	}
-	for i, e := range p.GetEdges() {
-		g.Edges[i] = graph.Edge{From: e.GetFrom(), To: e.GetTo(), Kind: e.GetKind()}
-	}
-	if len(p.GetPolicies()) > graph.MaxPolicies {
-		return nil, fielderr.New("draft.policies", "has %d policies; at most %d", len(p.GetPolicies()), graph.MaxPolicies)
-	}
-	for _, pp := range p.GetPolicies() {
-		g.Policies = append(g.Policies, graph.Policy{ID: pp.GetId(), Agents: pp.GetAgents(), Revoke: pp.GetRevoke()})
-	}
-	return g, nil
-}
-
-func agentFromProto(a *publisherv1.AgentNode) *graph.AgentNode {
-	out := &graph.AgentNode{CapabilityBindings: a.GetCapabilityBindings()}
-	for _, b := range a.GetToolBindings() {
-		out.ToolBindings = append(out.ToolBindings, graph.ToolBinding{Name: b.GetName(), NodeID: b.GetNodeId()})
-	}
-	for _, s := range a.GetMcpServers() {
-		out.MCPServers = append(out.MCPServers, graph.InlineMCPServer{Name: s.GetName(), Command: s.GetCommand(), Args: s.GetArgs(), Env: s.GetEnv()})
-	}
-	return out
-}
-
-func mcpToolFromProto(field string, m *publisherv1.McpToolNode) (*graph.MCPToolNode, error) {
-	out := &graph.MCPToolNode{
-		ServerRef: m.GetServerRef(), ToolName: m.GetToolName(), Title: m.GetTitle(), Description: m.GetDescription(),
-		SchemaHash: m.GetSchemaHash(), CapabilityBindings: m.GetCapabilityBindings(),
-	}
-	var err error
-	if out.InputSchema, err = structToRaw(field+".input_schema", m.GetInputSchema()); err != nil {
-		return nil, err
-	}
-	if out.OutputSchema, err = structToRaw(field+".output_schema", m.GetOutputSchema()); err != nil {
-		return nil, err
-	}
-	if out.Annotations, err = structToRaw(field+".annotations", m.GetAnnotations()); err != nil {
-		return nil, err
-	}
-	if len(m.GetFlags()) > graph.MaxFlags {
-		return nil, fielderr.New(field+".flags", "has %d flags; at most %d", len(m.GetFlags()), graph.MaxFlags)
-	}
-	if len(m.GetFlags()) > 0 {
-		out.Flags = discovery.FindingsFromProto(m.GetFlags())
-	}
-	return out, nil
-}
-
-func structToRaw(field string, s *structpb.Struct) (json.RawMessage, error) {
-	if s == nil {
-		return nil, nil
-	}
-	b, err := protojson.Marshal(s)
-	if err != nil {
-		return nil, fielderr.New(field, "cannot be encoded as JSON: %v", err)
-	}
-	return b, nil
-}
-
-func rawToStruct(raw json.RawMessage) *structpb.Struct {
-	if len(raw) == 0 {
-		return nil
-	}
-	s := &structpb.Struct{}
-	if err := protojson.Unmarshal(raw, s); err != nil {
-		// Stored payloads are JSON objects (checked on write); anything else is not shown.
-		return nil
-	}
-	return s
-}
-
-// graphToProto renders a graph. With mask, inline servers' env values are replaced by the one
-// fixed mask: an env is credentials by convention, and only the pool, which runs them, reads
-// them in clear.
-func graphToProto(g *graph.Graph, mask bool) *publisherv1.Graph {
-	out := &publisherv1.Graph{
-		Id: g.ID, Tenant: g.Tenant, CapabilityMode: g.Mode(), Revision: g.Revision,
-		Nodes: make([]*publisherv1.Node, len(g.Nodes)), Edges: make([]*publisherv1.Edge, len(g.Edges)),
-	}
-	if !g.UpdateTime.IsZero() {
-		out.UpdateTime = timestamppb.New(g.UpdateTime)
-	}
-	for i := range g.Nodes {
-		out.Nodes[i] = nodeToProto(&g.Nodes[i], mask)
-	}
-	for i, e := range g.Edges {
-		out.Edges[i] = &publisherv1.Edge{From: e.From, To: e.To, Kind: e.Kind}
-	}
-	for _, p := range g.Policies {
-		out.Policies = append(out.Policies, &publisherv1.Policy{Id: p.ID, Agents: p.Agents, Revoke: p.Revoke})
-	}
-	return out
-}
-
-func nodeToProto(n *graph.Node, mask bool) *publisherv1.Node {
-	out := &publisherv1.Node{Id: n.ID, Kind: n.Kind}
-	switch {
-	case n.Agent != nil:
-		a := &publisherv1.AgentNode{CapabilityBindings: n.Agent.CapabilityBindings}
-		for _, b := range n.Agent.ToolBindings {
-			a.ToolBindings = append(a.ToolBindings, &publisherv1.ToolBinding{Name: b.Name, NodeId: b.NodeID})
-		}
-		for _, s := range n.Agent.MCPServers {
-			env := s.Env
-			if mask && len(env) > 0 {
-				env = make(map[string]string, len(s.Env))
-				for k := range s.Env {
-					env[k] = mcpserver.SecretMask
-				}
-			}
-			a.McpServers = append(a.McpServers, &publisherv1.InlineMcpServer{Name: s.Name, Command: s.Command, Args: s.Args, Env: env})
-		}
-		out.Data = &publisherv1.Node_Agent{Agent: a}
-	case n.MCPTool != nil:
-		m := n.MCPTool
-		out.Data = &publisherv1.Node_McpTool{McpTool: &publisherv1.McpToolNode{
-			ServerRef: m.ServerRef, ToolName: m.ToolName, Title: m.Title, Description: m.Description,
-			InputSchema: rawToStruct(m.InputSchema), OutputSchema: rawToStruct(m.OutputSchema),
-			Annotations: rawToStruct(m.Annotations), SchemaHash: m.SchemaHash,
-			CapabilityBindings: m.CapabilityBindings, Flags: discovery.FindingsToProto(m.Flags),
-		}}
-	case n.Opaque != nil:
-		if s := rawToStruct(n.Opaque); s != nil {
-			out.Data = &publisherv1.Node_Opaque{Opaque: s}
-		}
-	}
-	return out
-}
 
 // restoreMaskedEnv puts back the stored value of every inline env value a client sent as the
 // mask (it read the draft, which never shows them). A masked value with nothing stored behind
@@ -230,17 +59,6 @@ func storedEnv(g *graph.Graph, nodeID, server, key string) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-func versionToProto(v *graph.Version, mask bool) *publisherv1.GraphVersion {
-	out := &publisherv1.GraphVersion{
-		GraphId: v.GraphID, Tenant: v.Tenant, Version: v.Version, PublishedBy: v.PublishedBy,
-		Warnings: v.Warnings, PublishTime: timestamppb.New(v.PublishTime),
-	}
-	if v.Graph != nil {
-		out.Graph = graphToProto(v.Graph, mask)
-	}
-	return out
 }
 
 func summaryToProto(s store.Summary) *publisherv1.GraphSummary {

@@ -14,6 +14,7 @@ import (
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/graph/graphpb"
 )
 
 const (
@@ -85,7 +86,7 @@ func (s *Service) CreateGraph(ctx context.Context, req *publisherv1.CreateGraphR
 	if err := s.store.CreateGraph(ctx, g, nil); err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, g.ID))
 	}
-	return &publisherv1.CreateGraphResponse{Draft: graphToProto(g, true)}, nil
+	return &publisherv1.CreateGraphResponse{Draft: graphpb.GraphToProto(g, true)}, nil
 }
 
 // GetDraft implements PublisherService.
@@ -98,7 +99,7 @@ func (s *Service) GetDraft(ctx context.Context, req *publisherv1.GetDraftRequest
 	if err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, req.GetGraphId()))
 	}
-	return &publisherv1.GetDraftResponse{Draft: graphToProto(g, true)}, nil
+	return &publisherv1.GetDraftResponse{Draft: graphpb.GraphToProto(g, true)}, nil
 }
 
 // ReplaceDraft implements PublisherService: the whole draft is replaced when the revision
@@ -121,7 +122,7 @@ func (s *Service) ReplaceDraft(ctx context.Context, req *publisherv1.ReplaceDraf
 	if d.GetRevision() < 0 {
 		return nil, s.errors.Status(ctx, fielderrNegative("draft.revision"))
 	}
-	next, err := graphFromProto(d)
+	next, err := graphpb.GraphFromProto(d)
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
@@ -150,7 +151,7 @@ func (s *Service) ReplaceDraft(ctx context.Context, req *publisherv1.ReplaceDraf
 	if err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, req.GetGraphId()))
 	}
-	return &publisherv1.ReplaceDraftResponse{Draft: graphToProto(stored, true)}, nil
+	return &publisherv1.ReplaceDraftResponse{Draft: graphpb.GraphToProto(stored, true)}, nil
 }
 
 // draftField prefixes a graph field error with "draft.", the field's name in the request.
@@ -249,7 +250,7 @@ func (s *Service) GetVersion(ctx context.Context, req *publisherv1.GetVersionReq
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	return &publisherv1.GetVersionResponse{Version: versionToProto(v, true)}, nil
+	return &publisherv1.GetVersionResponse{Version: graphpb.VersionToProto(v, true)}, nil
 }
 
 // GetPublishedVersion implements the internal RPC the pool loads runs with: inline env values
@@ -263,7 +264,7 @@ func (s *Service) GetPublishedVersion(ctx context.Context, req *publisherv1.GetP
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	return &publisherv1.GetPublishedVersionResponse{Version: versionToProto(v, false)}, nil
+	return &publisherv1.GetPublishedVersionResponse{Version: graphpb.VersionToProto(v, false)}, nil
 }
 
 // ListVersions implements PublisherService.
@@ -282,7 +283,7 @@ func (s *Service) ListVersions(ctx context.Context, req *publisherv1.ListVersion
 	}
 	resp := &publisherv1.ListVersionsResponse{NextPageToken: next, Versions: make([]*publisherv1.GraphVersion, len(vs))}
 	for i := range vs {
-		resp.Versions[i] = versionToProto(&vs[i], true)
+		resp.Versions[i] = graphpb.VersionToProto(&vs[i], true)
 	}
 	return resp, nil
 }
