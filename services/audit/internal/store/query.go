@@ -255,7 +255,7 @@ func (s *Store) List(ctx context.Context, f Filter, pageSize int, pageToken stri
 	var more bool
 	err = s.db.View(func(tx *bolt.Tx) error {
 		var err error
-		last, more, err = newScanner(f, true).scan(tx, after, math.MaxUint64, ScanBudget, func(_ uint64, _ []byte, e *Entry) bool {
+		last, more, err = newScanner(f, true).scan(tx, after, math.MaxUint64, s.scanBudget, func(_ uint64, _ []byte, e *Entry) bool {
 			page.Entries = append(page.Entries, *e)
 			return len(page.Entries) < pageSize
 		})

@@ -60,9 +60,10 @@ type Entry struct {
 
 // Store is the hash-chained audit log in one bbolt file. It is safe for concurrent use.
 type Store struct {
-	db        *bolt.DB
-	log       *slog.Logger
-	maxCommit int
+	db         *bolt.DB
+	log        *slog.Logger
+	maxCommit  int
+	scanBudget int
 
 	// mu guards closed and sends on reqs, so no Append can send after Close closed reqs.
 	mu         sync.RWMutex
@@ -117,6 +118,7 @@ func Open(path string, opts Options) (*Store, error) {
 		done:       make(chan struct{}),
 		changed:    make(chan struct{}),
 		headHash:   Genesis,
+		scanBudget: ScanBudget,
 	}
 	if s.maxCommit <= 0 {
 		s.maxCommit = DefaultMaxCommitRecords

@@ -161,8 +161,10 @@ const maxExportLine = 4 << 20
 // VerifyExport checks an Export stream offline: each line's hash must equal
 // SHA-256(prev_hash || record bytes), and where consecutive lines have consecutive seqs
 // the second's prev_hash must be the first's hash. A filtered export verifies record by
-// record; a full export (starting at seq 1) also verifies the whole chain from Genesis.
-func VerifyExport(r io.Reader) (VerifyResult, error) {
+// record. With complete set (an unfiltered export) the stream must also start at seq 1
+// and have no gaps, so a removed line is caught; the end of the stream can only be
+// checked against a head recorded elsewhere.
+func VerifyExport(r io.Reader, complete bool) (VerifyResult, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxExportLine)
 	ch := newChainer()
@@ -189,6 +191,9 @@ func VerifyExport(r io.Reader) (VerifyResult, error) {
 			return res, nil
 		}
 		switch {
+		case complete && head.Seq != lastSeq+1:
+			res.FirstBroken, res.Reason = lastSeq+1, fmt.Sprintf("record missing: next line has seq %d", head.Seq)
+			return res, nil
 		case head.Seq == 1 && prev != Genesis:
 			res.FirstBroken, res.Reason = 1, "first record does not chain from genesis"
 			return res, nil
