@@ -138,13 +138,24 @@ type ToolCallAttempt struct {
 	Advisory []string `json:"advisory,omitempty"`
 }
 
-// NewID returns a fresh record ID: 128 random bits, hex encoded. Producers mint the ID
-// once, before the record is spooled, so every resend carries the same ID and the log
-// can suppress the duplicate.
+// NewID returns a fresh record ID: 128 bits, hex encoded, of which the first 48 are the
+// Unix time in milliseconds and the other 80 are random. Producers mint the ID once,
+// before the record is spooled, so every resend carries the same ID and the log can
+// suppress the duplicate.
+//
+// The time prefix is for the log, not for readers: IDs minted close together sort close
+// together, so the log's ID index grows at its end instead of rewriting a random page
+// of a large B+tree for every record (the difference is measured in the store's
+// BenchmarkAppendDurable). 80 random bits per millisecond keep IDs unguessable and
+// collisions out of reach. Nothing may rely on the prefix being a trustworthy time.
 func NewID() string {
 	var b [16]byte
+	ms := uint64(time.Now().UnixMilli())
+	for i := range 6 {
+		b[i] = byte(ms >> (40 - 8*i))
+	}
 	// crypto/rand.Read never returns an error and never short-reads (Go 1.24+).
-	_, _ = rand.Read(b[:])
+	_, _ = rand.Read(b[6:])
 	return hex.EncodeToString(b[:])
 }
 

@@ -3,6 +3,7 @@ package audit
 import (
 	"encoding/json"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -140,11 +141,20 @@ func TestRecordJSONIsSnakeCase(t *testing.T) {
 
 func TestNewID(t *testing.T) {
 	seen := make(map[string]bool)
+	before := time.Now().UnixMilli()
+	var last string
 	for range 1000 {
 		id := NewID()
 		require.Regexp(t, `^[0-9a-f]{32}$`, id)
 		require.False(t, seen[id])
 		seen[id] = true
+		// The 48-bit prefix is the minting time, so IDs sort by it.
+		prefix, err := strconv.ParseInt(id[:12], 16, 64)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, prefix, before)
+		require.LessOrEqual(t, prefix, time.Now().UnixMilli())
+		require.GreaterOrEqual(t, id[:12], last)
+		last = id[:12]
 	}
 }
 

@@ -47,6 +47,10 @@ func appendBodyPrefix(dst []byte, seq uint64, prev *[hashLen]byte) []byte {
 	return append(dst, '"')
 }
 
+// maxBodyPrefix bounds what appendBodyPrefix adds: `{"seq":` (7), up to 20 digits,
+// `,"prev_hash":"` (14), 64 hex digits, `"` and the splice's comma.
+const maxBodyPrefix = 7 + 20 + 14 + 2*hashLen + 2
+
 // buildBody splices seq and prev_hash in front of the record's own JSON (marshalled
 // by the caller with Seq zero, so without a seq field). The result is deterministic
 // because the record JSON is: fixed field order, no maps, UTC time.
@@ -85,16 +89,16 @@ func decodeEntry(key, value []byte) (Entry, error) {
 
 func seqKey(seq uint64) []byte { return binary.BigEndian.AppendUint64(make([]byte, 0, 8), seq) }
 
-// indexKey is len(name) (2 BE) || name || seq (8 BE). The length prefix keeps one
-// name's keys from running into another's whatever bytes a tenant or run id contains.
-func indexKey(name string, seq uint64) []byte {
-	k := make([]byte, 0, 2+len(name)+8)
-	k = binary.BigEndian.AppendUint16(k, uint16(len(name)))
-	k = append(k, name...)
-	return binary.BigEndian.AppendUint64(k, seq)
+// appendIndexKey appends len(name) (2 BE) || name || seq (8 BE). The length prefix
+// keeps one name's keys from running into another's whatever bytes a tenant or run id
+// contains.
+func appendIndexKey(dst []byte, name string, seq uint64) []byte {
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(name)))
+	dst = append(dst, name...)
+	return binary.BigEndian.AppendUint64(dst, seq)
 }
 
 func indexPrefix(name string) []byte {
-	k := indexKey(name, 0)
+	k := appendIndexKey(nil, name, 0)
 	return k[:len(k)-8]
 }

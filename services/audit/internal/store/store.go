@@ -259,6 +259,10 @@ type writer struct {
 	buf  []byte
 }
 
+// noValue is the value of index entries, whose keys say everything. It is empty but
+// not nil: a nil value reads like a nested bucket to a cursor.
+var noValue = []byte{}
+
 type idEntry struct {
 	seq    uint64
 	digest [16]byte
@@ -315,6 +319,21 @@ func (w *writer) commit(batch []*appendReq) {
 				req.seqs = nil
 				continue
 			}
+			// bbolt keeps references to keys and values until the commit, so each
+			// call's keys and values share two allocations instead of one per put.
+			valSize, keySize := 0, 0
+			for i, r := range req.recs {
+				if fresh[i] {
+					valSize += hashLen + maxBodyPrefix + len(req.js[i])
+					keySize += 8 + len(r.ID) + 8 + 2*(2+8) + len(r.Tenant)
+					if r.ToolCall != nil {
+						keySize += len(r.ToolCall.RunID)
+					}
+				}
+			}
+			vals := make([]byte, 0, valSize)
+			keys := make([]byte, 0, keySize)
+			carve := func(buf *[]byte, start int) []byte { return (*buf)[start:len(*buf):len(*buf)] }
 			for i, r := range req.recs {
 				if !fresh[i] {
 					if req.seqs[i] == 0 {
@@ -323,25 +342,39 @@ func (w *writer) commit(batch []*appendReq) {
 					continue
 				}
 				seq++
-				w.buf = buildBody(w.buf[:0], seq, &prev, req.js[i])
-				h := w.ch.next(&prev, w.buf)
-				val := make([]byte, 0, hashLen+len(w.buf))
-				val = append(append(val, h[:]...), w.buf...)
-				key := seqKey(seq)
+				start := len(vals)
+				vals = append(vals, make([]byte, hashLen)...)
+				vals = buildBody(vals, seq, &prev, req.js[i])
+				h := w.ch.next(&prev, vals[start+hashLen:])
+				copy(vals[start:], h[:])
+				val := carve(&vals, start)
+
+				start = len(keys)
+				keys = binary.BigEndian.AppendUint64(keys, seq)
+				key := carve(&keys, start)
 				if err := records.Put(key, val); err != nil {
 					return fmt.Errorf("store: put record %d: %w", seq, err)
 				}
-				idv := append(seqKey(seq), req.digests[i][:]...)
-				if err := byID.Put([]byte(r.ID), idv); err != nil {
+				start = len(keys)
+				keys = append(keys, r.ID...)
+				idKey := carve(&keys, start)
+				start = len(keys)
+				keys = binary.BigEndian.AppendUint64(keys, seq)
+				keys = append(keys, req.digests[i][:]...)
+				if err := byID.Put(idKey, carve(&keys, start)); err != nil {
 					return fmt.Errorf("store: index record %d: %w", seq, err)
 				}
 				if r.Tenant != "" {
-					if err := byTenant.Put(indexKey(r.Tenant, seq), []byte{}); err != nil {
+					start = len(keys)
+					keys = appendIndexKey(keys, r.Tenant, seq)
+					if err := byTenant.Put(carve(&keys, start), noValue); err != nil {
 						return fmt.Errorf("store: index record %d: %w", seq, err)
 					}
 				}
 				if r.ToolCall != nil {
-					if err := byRun.Put(indexKey(r.ToolCall.RunID, seq), []byte{}); err != nil {
+					start = len(keys)
+					keys = appendIndexKey(keys, r.ToolCall.RunID, seq)
+					if err := byRun.Put(carve(&keys, start), noValue); err != nil {
 						return fmt.Errorf("store: index record %d: %w", seq, err)
 					}
 				}
