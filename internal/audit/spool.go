@@ -43,7 +43,7 @@ var ErrSpoolFull = errors.New("audit: spool full")
 // Defaults for SpoolConfig.
 const (
 	DefaultMaxPending     = 100_000
-	DefaultBatchSize      = 256
+	DefaultBatchSize      = 500
 	MaxBatchSize          = 1000
 	DefaultBatchBytes     = 1 << 20
 	DefaultMinBackoff     = 50 * time.Millisecond
@@ -109,6 +109,11 @@ type Spool struct {
 	mu        sync.Mutex
 	progress  chan struct{} // closed and replaced whenever records leave the outbox
 	lastAlarm time.Time
+
+	// The group commit of Enqueue: waiting calls, and whether one is committing.
+	qmu     sync.Mutex
+	queue   []*enqueueReq
+	leading bool
 }
 
 // NewSpool opens (creating if needed) the outbox bucket in cfg.DB.
@@ -188,14 +193,28 @@ func (s *Spool) EnqueueTx(tx *bolt.Tx, rec Record) error {
 	if tx.DB() != s.db {
 		return errors.New("audit: spool transaction belongs to another database")
 	}
+	body, err := encodeRecord(rec)
+	if err != nil {
+		return err
+	}
+	return s.enqueueEncoded(tx, body)
+}
+
+func encodeRecord(rec Record) ([]byte, error) {
 	rec.Time = rec.Time.UTC()
 	if err := rec.Validate(); err != nil {
-		return err
+		return nil, err
 	}
 	body, err := json.Marshal(rec)
 	if err != nil {
-		return fmt.Errorf("audit: encode record: %w", err)
+		return nil, fmt.Errorf("audit: encode record: %w", err)
 	}
+	return body, nil
+}
+
+// enqueueEncoded writes one encoded record. A refusal (ErrSpoolFull) returns before
+// anything is written, so the transaction stays usable for other records.
+func (s *Spool) enqueueEncoded(tx *bolt.Tx, body []byte) error {
 	b := tx.Bucket(s.bucket)
 	if b == nil {
 		return fmt.Errorf("audit: spool bucket %q is missing", s.bucket)
@@ -206,7 +225,7 @@ func (s *Spool) EnqueueTx(tx *bolt.Tx, rec Record) error {
 	}
 	if n := queueLen(q); n >= s.maxPending {
 		if s.onFull == FailClosed {
-			return fmt.Errorf("%w: %d records wait for the audit service (limit %d)", ErrSpoolFull, n, s.maxPending)
+			return s.errFull(n)
 		}
 		d := binary.BigEndian.AppendUint64(nil, readUint64(b.Get(spoolDroppedKey))+1)
 		if err := b.Put(spoolDroppedKey, d); err != nil {
@@ -226,24 +245,98 @@ func (s *Spool) EnqueueTx(tx *bolt.Tx, rec Record) error {
 	return nil
 }
 
-// Enqueue adds rec to the outbox in a transaction of its own, batched with concurrent
-// callers through DB.Batch. It returns once the record is durable in the producer's file.
+func (s *Spool) errFull(n int) error {
+	return fmt.Errorf("%w: %d records wait for the audit service (limit %d)", ErrSpoolFull, n, s.maxPending)
+}
+
+// enqueueReq is one Enqueue waiting for a group commit.
+type enqueueReq struct {
+	body []byte
+	err  error
+	// ready is closed once: when the record's transaction ended, or when this caller is
+	// promoted to commit the next group (lead is then true).
+	ready chan struct{}
+	lead  bool
+}
+
+// maxEnqueueGroup bounds the records one group commit writes.
+const maxEnqueueGroup = 1000
+
+// Enqueue adds rec to the outbox in a transaction of its own and returns once it is
+// durable in the producer's file. Concurrent callers share transactions: whoever finds
+// no commit running commits every record waiting at that moment, and hands the next
+// group to the first caller that arrived meanwhile. Unlike DB.Batch this never waits
+// for a timer, and one refused record does not re-run the others. Once queued, a call
+// waits for its commit even if ctx ends, which takes one bbolt commit at most.
 func (s *Spool) Enqueue(ctx context.Context, rec Record) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	rec.Time = rec.Time.UTC()
-	if err := rec.Validate(); err != nil {
+	body, err := encodeRecord(rec)
+	if err != nil {
 		return err
 	}
-	// A failing function makes DB.Batch re-run the whole batch, so refuse early while
-	// the outbox is known full; EnqueueTx still decides exactly inside the transaction.
 	if s.onFull == FailClosed {
 		if n := s.Pending(); n >= s.maxPending {
-			return fmt.Errorf("%w: %d records wait for the audit service (limit %d)", ErrSpoolFull, n, s.maxPending)
+			return s.errFull(n)
 		}
 	}
-	return s.db.Batch(func(tx *bolt.Tx) error { return s.EnqueueTx(tx, rec) })
+	req := &enqueueReq{body: body, ready: make(chan struct{})}
+	s.qmu.Lock()
+	s.queue = append(s.queue, req)
+	if s.leading {
+		s.qmu.Unlock()
+		<-req.ready
+		if !req.lead {
+			return req.err
+		}
+	} else {
+		s.leading = true
+		s.qmu.Unlock()
+	}
+	s.commitGroup(req)
+	return req.err
+}
+
+// commitGroup commits the waiting records (me among them: a leader is always at the
+// front of the queue), answers them, and promotes the next waiter if any arrived.
+func (s *Spool) commitGroup(me *enqueueReq) {
+	s.qmu.Lock()
+	n := min(len(s.queue), maxEnqueueGroup)
+	group := s.queue[:n:n]
+	s.queue = append([]*enqueueReq(nil), s.queue[n:]...)
+	s.qmu.Unlock()
+
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		for _, r := range group {
+			r.err = s.enqueueEncoded(tx, r.body)
+			if r.err != nil && !errors.Is(r.err, ErrSpoolFull) {
+				return r.err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		for _, r := range group {
+			r.err = fmt.Errorf("audit: spool commit: %w", err)
+		}
+	}
+	for _, r := range group {
+		if r != me {
+			close(r.ready)
+		}
+	}
+
+	s.qmu.Lock()
+	if len(s.queue) == 0 {
+		s.leading = false
+		s.qmu.Unlock()
+		return
+	}
+	next := s.queue[0]
+	next.lead = true
+	s.qmu.Unlock()
+	close(next.ready)
 }
 
 func (s *Spool) noteEnqueued() {
@@ -306,30 +399,104 @@ func (s *Spool) Flush(ctx context.Context) error {
 // exponential backoff and jitter; new enqueues wake an idle forwarder at once. Run
 // returns nil when ctx ends and an error only when the database is unusable. Only one
 // Run may be active per Spool.
+//
+// Three stages overlap so that the Sink is never idle waiting on the producer's file:
+// a reader decodes the next batch while the current one is in flight, a sender keeps
+// exactly one batch in flight (which is what keeps the order), and an acknowledger
+// deletes acknowledged records in as few transactions as it can. A record acknowledged
+// but not yet deleted when Run stops is sent again by the next Run; the log drops it.
 func (s *Spool) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("audit: spool is already running")
 	}
 	defer s.running.Store(false)
 
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	batches := make(chan spoolBatch) // unbuffered: the reader holds at most one batch ahead
+	acks := &ackMark{signal: make(chan struct{}, 1)}
+	errs := make(chan error, 3)
+	var wg sync.WaitGroup
+	stage := func(f func() error) {
+		wg.Go(func() {
+			if err := f(); err != nil {
+				errs <- err
+				cancel()
+			}
+		})
+	}
+	stage(func() error { return s.readLoop(ctx, batches) })
+	stage(func() error { return s.sendLoop(ctx, batches, acks) })
+	stage(func() error { return s.ackLoop(ctx, acks) })
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// spoolBatch is a run of consecutive outbox records. Records that no longer decode are
+// not sent; their keys still advance the acknowledgement so they are deleted in order.
+type spoolBatch struct {
+	last    []byte // key of the last record covered
+	recs    []Record
+	corrupt uint64
+}
+
+// ackMark is the highest key the Sink acknowledged, waiting to be deleted.
+type ackMark struct {
+	mu      sync.Mutex
+	through []byte
+	corrupt uint64
+	signal  chan struct{}
+}
+
+func (a *ackMark) advance(b spoolBatch) {
+	a.mu.Lock()
+	a.through = b.last
+	a.corrupt += b.corrupt
+	a.mu.Unlock()
+	select {
+	case a.signal <- struct{}{}:
+	default:
+	}
+}
+
+func (a *ackMark) take() ([]byte, uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	through, corrupt := a.through, a.corrupt
+	a.through, a.corrupt = nil, 0
+	return through, corrupt
+}
+
+// putBack returns an acknowledgement whose deletion failed, unless a later one
+// superseded it.
+func (a *ackMark) putBack(through []byte, corrupt uint64) {
+	a.mu.Lock()
+	if a.through == nil {
+		a.through = through
+	}
+	a.corrupt += corrupt
+	a.mu.Unlock()
+}
+
+func (s *Spool) readLoop(ctx context.Context, out chan<- spoolBatch) error {
+	var after []byte
 	var failures int
-	var lastLog time.Time
 	for {
-		if ctx.Err() != nil {
-			return nil
-		}
-		keys, recs, err := s.readBatch()
+		b, err := s.readBatch(after)
 		if err != nil {
 			if errors.Is(err, bolt.ErrDatabaseNotOpen) {
 				return fmt.Errorf("audit: spool database closed: %w", err)
 			}
+			failures++
 			s.log.Error("audit: read spool", "error", err)
-			if !s.sleep(ctx, s.backoff(failures+1)) {
+			if !s.sleep(ctx, s.backoff(failures)) {
 				return nil
 			}
 			continue
 		}
-		if len(recs) == 0 {
+		failures = 0
+		if b.last == nil {
 			select {
 			case <-ctx.Done():
 				return nil
@@ -337,11 +504,67 @@ func (s *Spool) Run(ctx context.Context) error {
 				continue
 			}
 		}
+		select {
+		case out <- b:
+			after = b.last
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
 
-		actx, cancel := context.WithTimeout(ctx, s.attemptTimeout)
-		err = s.sink.Append(actx, recs)
-		cancel()
-		if err != nil {
+// readBatch reads up to one batch of records after key after (from the front when nil).
+func (s *Spool) readBatch(after []byte) (spoolBatch, error) {
+	var b spoolBatch
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(s.bucket).Bucket(spoolRecordsKey).Cursor()
+		k, v := c.First()
+		if after != nil {
+			k, v = c.Seek(after)
+			if k != nil && string(k) == string(after) {
+				k, v = c.Next()
+			}
+		}
+		size := 0
+		for n := 0; k != nil && n < s.batchSize; k, v = c.Next() {
+			if n > 0 && size+len(v) > s.batchBytes {
+				break
+			}
+			n++
+			b.last = append(b.last[:0], k...)
+			var r Record
+			if err := json.Unmarshal(v, &r); err != nil || r.Validate() != nil {
+				// The producer's file was damaged. Dropping the record (and saying so in
+				// the trail) beats blocking every record behind it forever.
+				s.log.Error("audit: spool record does not decode, dropping it", "bucket", string(s.bucket), "key", binary.BigEndian.Uint64(k))
+				b.corrupt++
+				continue
+			}
+			size += len(v)
+			b.recs = append(b.recs, r)
+		}
+		return nil
+	})
+	return b, err
+}
+
+func (s *Spool) sendLoop(ctx context.Context, in <-chan spoolBatch, acks *ackMark) error {
+	var failures int
+	var lastLog time.Time
+	for {
+		var b spoolBatch
+		select {
+		case b = <-in:
+		case <-ctx.Done():
+			return nil
+		}
+		for len(b.recs) > 0 {
+			actx, cancel := context.WithTimeout(ctx, s.attemptTimeout)
+			err := s.sink.Append(actx, b.recs)
+			cancel()
+			if err == nil {
+				break
+			}
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -356,83 +579,80 @@ func (s *Spool) Run(ctx context.Context) error {
 			if !s.sleep(ctx, s.backoff(failures)) {
 				return nil
 			}
-			continue
 		}
 		if failures > 0 {
 			s.log.Info("audit: forwarding resumed", "failed_attempts", failures, "pending", s.Pending())
 			failures = 0
 		}
-		if err := s.ack(keys); err != nil {
-			// The records stay in the outbox and are resent; the log drops the duplicates.
-			if errors.Is(err, bolt.ErrDatabaseNotOpen) {
-				return fmt.Errorf("audit: spool database closed: %w", err)
-			}
-			s.log.Error("audit: delete forwarded records from spool", "error", err)
-			if !s.sleep(ctx, s.backoff(1)) {
-				return nil
-			}
-		}
+		acks.advance(b)
 	}
 }
 
-// readBatch reads the front of the outbox. A record that no longer decodes (the
-// producer's file was damaged) is removed and counted as dropped, so it cannot block
-// every record behind it forever.
-func (s *Spool) readBatch() (keys [][]byte, recs []Record, err error) {
-	var corrupt []byte
-	err = s.db.View(func(tx *bolt.Tx) error {
-		c := tx.Bucket(s.bucket).Bucket(spoolRecordsKey).Cursor()
-		size := 0
-		for k, v := c.First(); k != nil && len(recs) < s.batchSize; k, v = c.Next() {
-			if len(recs) > 0 && size+len(v) > s.batchBytes {
-				break
-			}
-			var r Record
-			if err := json.Unmarshal(v, &r); err != nil || r.Validate() != nil {
-				if len(recs) == 0 {
-					corrupt = append([]byte(nil), k...)
+// ackLoop deletes acknowledged records. On the way out it deletes what was already
+// acknowledged, so a clean stop does not make the next Run resend it.
+func (s *Spool) ackLoop(ctx context.Context, acks *ackMark) error {
+	var failures int
+	for {
+		stopping := false
+		select {
+		case <-acks.signal:
+		case <-ctx.Done():
+			stopping = true
+		}
+		through, corrupt := acks.take()
+		if through != nil {
+			if err := s.ack(through, corrupt); err != nil {
+				acks.putBack(through, corrupt)
+				if errors.Is(err, bolt.ErrDatabaseNotOpen) {
+					if stopping {
+						return nil
+					}
+					return fmt.Errorf("audit: spool database closed: %w", err)
 				}
-				break
+				// The records stay and are resent after a restart; the log drops them.
+				failures++
+				s.log.Error("audit: delete forwarded records from spool", "error", err)
+				if stopping || !s.sleep(ctx, s.backoff(failures)) {
+					return nil
+				}
+				select {
+				case acks.signal <- struct{}{}:
+				default:
+				}
+				continue
 			}
-			size += len(v)
-			keys = append(keys, append([]byte(nil), k...))
-			recs = append(recs, r)
+			failures = 0
 		}
-		return nil
-	})
-	if err != nil || corrupt == nil {
-		return keys, recs, err
+		if stopping {
+			return nil
+		}
 	}
-	s.log.Error("audit: spool record does not decode, dropping it", "bucket", string(s.bucket), "key", binary.BigEndian.Uint64(corrupt))
-	err = s.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(s.bucket)
-		if err := b.Bucket(spoolRecordsKey).Delete(corrupt); err != nil {
-			return err
-		}
-		if err := b.Put(spoolDroppedKey, binary.BigEndian.AppendUint64(nil, readUint64(b.Get(spoolDroppedKey))+1)); err != nil {
-			return err
-		}
-		tx.OnCommit(func() {
-			s.dropped.Add(1)
-			s.noteForwarded(1)
-		})
-		return s.reportDropped(tx, b)
-	})
-	return nil, nil, err
 }
 
-// ack deletes acknowledged records and, now that there is room, reports any records
-// dropped while the outbox was full.
-func (s *Spool) ack(keys [][]byte) error {
+// ack deletes the outbox up to and including key through, counts records that did not
+// decode as dropped, and, now that there is room, reports any dropped records.
+func (s *Spool) ack(through []byte, corrupt uint64) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(s.bucket)
 		q := b.Bucket(spoolRecordsKey)
+		var keys [][]byte
+		c := q.Cursor()
+		for k, _ := c.First(); k != nil && string(k) <= string(through); k, _ = c.Next() {
+			keys = append(keys, k)
+		}
 		for _, k := range keys {
 			if err := q.Delete(k); err != nil {
 				return err
 			}
 		}
-		tx.OnCommit(func() { s.noteForwarded(len(keys)) })
+		if corrupt > 0 {
+			if err := b.Put(spoolDroppedKey, binary.BigEndian.AppendUint64(nil, readUint64(b.Get(spoolDroppedKey))+corrupt)); err != nil {
+				return err
+			}
+			tx.OnCommit(func() { s.dropped.Add(corrupt) })
+		}
+		n := len(keys)
+		tx.OnCommit(func() { s.noteForwarded(n) })
 		return s.reportDropped(tx, b)
 	})
 }
@@ -475,7 +695,7 @@ func (s *Spool) reportDropped(tx *bolt.Tx, b *bolt.Bucket) error {
 	}
 	tx.OnCommit(func() {
 		s.log.Error("audit: spool had room again; recorded the dropped audit records", "bucket", string(s.bucket), "dropped", n)
-		s.pending.Add(1)
+		s.noteEnqueued()
 	})
 	return nil
 }
