@@ -391,3 +391,50 @@ func TestSpoolBackoffIsBoundedAndJittered(t *testing.T) {
 		}
 	}
 }
+
+// TestSpoolConcurrentEnqueueAtTheBound races many producers against the bound: exactly
+// MaxPending records are accepted, every other call is refused, nobody hangs.
+func TestSpoolConcurrentEnqueueAtTheBound(t *testing.T) {
+	for _, policy := range []FullPolicy{FailClosed, ContinueAndAlarm} {
+		t.Run(fmt.Sprint("policy=", policy), func(t *testing.T) {
+			env := newSpoolEnv(t, func(c *SpoolConfig) { c.MaxPending = 1000; c.OnFull = policy })
+			env.sink.down.Store(true)
+			var accepted, refused atomic.Int64
+			var wg sync.WaitGroup
+			for g := range 32 {
+				wg.Go(func() {
+					for i := range 100 {
+						err := env.spool.Enqueue(t.Context(), toolRecord(i, fmt.Sprint(g)))
+						switch {
+						case err == nil:
+							accepted.Add(1)
+						case errors.Is(err, ErrSpoolFull):
+							refused.Add(1)
+						default:
+							t.Errorf("unexpected error: %v", err)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			require.Equal(t, 1000, env.spool.Pending())
+			if policy == FailClosed {
+				require.Equal(t, int64(1000), accepted.Load())
+				require.Equal(t, int64(2200), refused.Load())
+				require.Zero(t, env.spool.Dropped())
+			} else {
+				require.Equal(t, int64(3200), accepted.Load())
+				require.Equal(t, uint64(2200), env.spool.Dropped())
+			}
+
+			env.sink.down.Store(false)
+			env.run(t)
+			require.NoError(t, env.spool.Flush(t.Context()))
+			want := 1000
+			if policy == ContinueAndAlarm {
+				want++ // the audit_records_dropped report
+			}
+			require.Len(t, env.sink.records(), want)
+		})
+	}
+}
