@@ -182,6 +182,10 @@ func queueLen(q *bolt.Bucket) int {
 		return 0
 	}
 	last, _ := c.Last()
+	if len(first) != 8 || len(last) != 8 {
+		// Not a key this spool wrote: count the slow way rather than trust it.
+		return q.Stats().KeyN
+	}
 	return int(binary.BigEndian.Uint64(last) - binary.BigEndian.Uint64(first) + 1)
 }
 
@@ -267,7 +271,9 @@ const maxEnqueueGroup = 1000
 // no commit running commits every record waiting at that moment, and hands the next
 // group to the first caller that arrived meanwhile. Unlike DB.Batch this never waits
 // for a timer, and one refused record does not re-run the others. Once queued, a call
-// waits for its commit even if ctx ends, which takes one bbolt commit at most.
+// waits for its commit even if ctx ends, which takes one bbolt commit at most. Never
+// call Enqueue inside a write transaction on the same DB (it would wait for that
+// transaction forever); use EnqueueTx there.
 func (s *Spool) Enqueue(ctx context.Context, rec Record) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -536,7 +542,7 @@ func (s *Spool) readBatch(after []byte) (spoolBatch, error) {
 			if err := json.Unmarshal(v, &r); err != nil || r.Validate() != nil {
 				// The producer's file was damaged. Dropping the record (and saying so in
 				// the trail) beats blocking every record behind it forever.
-				s.log.Error("audit: spool record does not decode, dropping it", "bucket", string(s.bucket), "key", binary.BigEndian.Uint64(k))
+				s.log.Error("audit: spool record does not decode, dropping it", "bucket", string(s.bucket), "key", fmt.Sprintf("%x", k))
 				b.corrupt++
 				continue
 			}

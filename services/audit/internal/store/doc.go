@@ -13,7 +13,9 @@
 // what lets every producer's spool resend after an outage or a lost acknowledgement
 // without ever storing an event twice.
 //
-// Indexes, and why these: by_id is needed for idempotency. by_run (run id) and
+// Indexes, and why these: by_id is needed for idempotency; it stays cheap to write
+// because audit.NewID puts the minting time first, so new IDs land at the end of the
+// index (any other ID format is accepted, and costs a random page per record). by_run (run id) and
 // by_tenant serve the two questions operators ask most ("what did this run call",
 // "what happened in this tenant") and turn them from a scan of the whole log into a
 // range read; their keys are length-prefixed names followed by the seq, so they grow
