@@ -98,9 +98,10 @@ func Open(path string, opts Options) (*Store, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
 		// A second process on the same file fails fast instead of hanging.
 		Timeout: 2 * time.Second,
-		// The freelist is rebuilt at open instead of written at every commit: fewer
-		// pages per fsync on an append-heavy file, as etcd does.
-		NoFreelistSync: true,
+		// The freelist is written at every commit. Skipping that (as etcd does) made
+		// no measurable difference to append throughput here, but made bbolt walk the
+		// whole file at open: 18-22 s for a cold 1,000,000-record log.
+		NoFreelistSync: false,
 		FreelistType:   bolt.FreelistMapType,
 		// A large initial map avoids remaps, which wait for every open read transaction.
 		InitialMmapSize: 1 << 30,
