@@ -1,0 +1,60 @@
+package audit
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
+)
+
+type discardSink struct{}
+
+func (discardSink) Append(context.Context, []Record) error { return nil }
+
+// BenchmarkSpoolEnqueue measures durable enqueues from many goroutines (group commit,
+// one transaction per group), as the pool makes them: with the forwarder draining to a
+// sink that accepts at once, and during an outage, when the outbox only grows.
+func BenchmarkSpoolEnqueue(b *testing.B) {
+	for _, mode := range []string{"forwarding", "outage"} {
+		b.Run(mode, func(b *testing.B) {
+			db, err := bolt.Open(filepath.Join(b.TempDir(), "pool.db"), 0o600, &bolt.Options{Timeout: time.Second})
+			require.NoError(b, err)
+			b.Cleanup(func() { _ = db.Close() })
+			var sink Sink = discardSink{}
+			if mode == "outage" {
+				sink = downSink{}
+			}
+			s, err := NewSpool(SpoolConfig{DB: db, Bucket: "audit_outbox", Sink: sink, Producer: "pool", MaxPending: 1 << 30, Logger: slog.New(slog.DiscardHandler)})
+			require.NoError(b, err)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- s.Run(ctx) }()
+			b.Cleanup(func() {
+				cancel()
+				require.NoError(b, <-done)
+			})
+			b.SetParallelism(32) // 64 goroutines on 2 cores
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				i := 0
+				for pb.Next() {
+					tc := ToolCallAttempt{RunID: "run-1", CallID: fmt.Sprint("call-", i), Attempt: 1, ServerRef: "files", ToolName: "read_file",
+						ArgsDigest: "sha256:0f92d2abf9ed66168c7b98589da53f19f26832e4d65b3843319d73c5d7bbffd2", ArgsSize: 214}
+					tc.Succeeded()
+					if err := s.Enqueue(context.Background(), NewToolCallRecord("pool", "tenant-a", tc)); err != nil {
+						b.Error(err)
+						return
+					}
+					i++
+				}
+			})
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
+		})
+	}
+}

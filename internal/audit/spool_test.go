@@ -1,0 +1,440 @@
+package audit
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
+)
+
+// fakeSink stands in for the audit log: it stores each ID once (as the log's
+// idempotency does) and can be switched down, or told to lose acknowledgements.
+type fakeSink struct {
+	mu        sync.Mutex
+	down      atomic.Bool
+	loseAcks  atomic.Int32 // store the batch, then fail this many more calls
+	byID      map[string]bool
+	stored    []Record
+	calls     int
+	delivered int // records received, resends included
+}
+
+func newFakeSink() *fakeSink { return &fakeSink{byID: make(map[string]bool)} }
+
+var _ Sink = (*fakeSink)(nil)
+
+func (f *fakeSink) Append(ctx context.Context, recs []Record) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.down.Load() {
+		return errors.New("audit service unavailable")
+	}
+	f.delivered += len(recs)
+	for _, r := range recs {
+		if !f.byID[r.ID] {
+			f.byID[r.ID] = true
+			f.stored = append(f.stored, r)
+		}
+	}
+	if f.loseAcks.Load() > 0 {
+		f.loseAcks.Add(-1)
+		return errors.New("connection reset after commit")
+	}
+	return nil
+}
+
+func (f *fakeSink) records() []Record {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]Record(nil), f.stored...)
+}
+
+func openBolt(t *testing.T, path string) *bolt.DB {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	require.NoError(t, err)
+	return db
+}
+
+type spoolEnv struct {
+	db    *bolt.DB
+	sink  *fakeSink
+	spool *Spool
+	logs  *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func newSpoolEnv(t *testing.T, mutate func(*SpoolConfig)) *spoolEnv {
+	t.Helper()
+	db := openBolt(t, filepath.Join(t.TempDir(), "producer.db"))
+	t.Cleanup(func() { _ = db.Close() })
+	env := &spoolEnv{db: db, sink: newFakeSink(), logs: &syncBuffer{}}
+	cfg := SpoolConfig{
+		DB: db, Bucket: "audit_outbox", Sink: env.sink, Producer: "registry",
+		MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(env.logs, nil)),
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	s, err := NewSpool(cfg)
+	require.NoError(t, err)
+	env.spool = s
+	return env
+}
+
+// run starts the forwarder for the rest of the test.
+func (e *spoolEnv) run(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- e.spool.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+}
+
+func toolRecord(i int, producer string) Record {
+	tc := ToolCallAttempt{RunID: "run-" + producer, CallID: fmt.Sprintf("%s-%d", producer, i), Attempt: 1, ToolName: "t"}
+	tc.Succeeded()
+	return NewToolCallRecord("pool", "tenant-a", tc)
+}
+
+func ids(recs []Record) []string {
+	out := make([]string, len(recs))
+	for i, r := range recs {
+		out[i] = r.ID
+	}
+	return out
+}
+
+func TestSpoolForwardsInOrder(t *testing.T) {
+	env := newSpoolEnv(t, func(c *SpoolConfig) { c.BatchSize = 7 })
+	env.run(t)
+	var want []string
+	for i := range 200 {
+		r := toolRecord(i, "p")
+		require.NoError(t, env.spool.Enqueue(t.Context(), r))
+		want = append(want, r.ID)
+	}
+	require.NoError(t, env.spool.Flush(t.Context()))
+	require.Equal(t, want, ids(env.sink.records()))
+	require.Equal(t, 0, env.spool.Pending())
+}
+
+// TestSpoolOutage keeps producing while the audit log is down and loses
+// acknowledgements on recovery: every record still arrives once, in each producer's
+// order, and resends really happened.
+func TestSpoolOutage(t *testing.T) {
+	env := newSpoolEnv(t, func(c *SpoolConfig) { c.BatchSize = 16 })
+	env.sink.down.Store(true)
+	env.run(t)
+
+	const producers, perProducer = 4, 150
+	want := make([][]string, producers)
+	var wg sync.WaitGroup
+	for p := range producers {
+		wg.Go(func() {
+			for i := range perProducer {
+				r := toolRecord(i, fmt.Sprint(p))
+				require.NoError(t, env.spool.Enqueue(t.Context(), r))
+				want[p] = append(want[p], r.ID)
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, producers*perProducer, env.spool.Pending(), "nothing leaves the outbox while the log is down")
+	require.Empty(t, env.sink.records())
+
+	env.sink.loseAcks.Store(3)
+	env.sink.down.Store(false)
+	require.NoError(t, env.spool.Flush(t.Context()))
+
+	got := env.sink.records()
+	require.Len(t, got, producers*perProducer, "exactly once")
+	byProducer := make([][]string, producers)
+	for _, r := range got {
+		var p int
+		_, err := fmt.Sscanf(r.ToolCall.CallID, "%d-", &p)
+		require.NoError(t, err)
+		byProducer[p] = append(byProducer[p], r.ID)
+	}
+	require.Equal(t, want, byProducer, "each producer's records in its order")
+	env.sink.mu.Lock()
+	require.Greater(t, env.sink.delivered, producers*perProducer, "lost acknowledgements caused resends")
+	env.sink.mu.Unlock()
+	require.Contains(t, env.logs.String(), "forward to audit log failed")
+}
+
+func TestSpoolFailClosed(t *testing.T) {
+	env := newSpoolEnv(t, func(c *SpoolConfig) { c.MaxPending = 5 })
+	env.sink.down.Store(true)
+	for i := range 5 {
+		require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(i, "p")))
+	}
+	err := env.spool.Enqueue(t.Context(), toolRecord(5, "p"))
+	require.ErrorIs(t, err, ErrSpoolFull)
+	require.ErrorContains(t, err, "limit 5")
+
+	// Inside a producer transaction the change rolls back with its refused record.
+	err = env.db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists([]byte("servers"))
+		if err != nil {
+			return err
+		}
+		if err := b.Put([]byte("files"), []byte("{}")); err != nil {
+			return err
+		}
+		return env.spool.EnqueueTx(tx, toolRecord(6, "p"))
+	})
+	require.ErrorIs(t, err, ErrSpoolFull)
+	require.NoError(t, env.db.View(func(tx *bolt.Tx) error {
+		require.Nil(t, tx.Bucket([]byte("servers")), "the change did not happen without its record")
+		return nil
+	}))
+	require.Equal(t, 5, env.spool.Pending())
+	require.Zero(t, env.spool.Dropped())
+
+	env.sink.down.Store(false)
+	env.run(t)
+	require.NoError(t, env.spool.Flush(t.Context()))
+	require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(7, "p")), "room again once the log took the backlog")
+	require.NoError(t, env.spool.Flush(t.Context()))
+	require.Len(t, env.sink.records(), 6)
+}
+
+func TestSpoolContinueAndAlarm(t *testing.T) {
+	env := newSpoolEnv(t, func(c *SpoolConfig) { c.MaxPending = 5; c.OnFull = ContinueAndAlarm })
+	env.sink.down.Store(true)
+	var kept []string
+	for i := range 8 {
+		r := toolRecord(i, "p")
+		require.NoError(t, env.spool.Enqueue(t.Context(), r))
+		if i < 5 {
+			kept = append(kept, r.ID)
+		}
+	}
+	// The producer's change commits even though its record is dropped.
+	require.NoError(t, env.db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists([]byte("servers"))
+		if err != nil {
+			return err
+		}
+		if err := b.Put([]byte("files"), []byte("{}")); err != nil {
+			return err
+		}
+		return env.spool.EnqueueTx(tx, toolRecord(8, "p"))
+	}))
+	require.Equal(t, uint64(4), env.spool.Dropped())
+	require.Equal(t, 5, env.spool.Pending())
+	require.Contains(t, env.logs.String(), "level=ERROR")
+	require.Contains(t, env.logs.String(), "dropping audit records")
+
+	env.sink.down.Store(false)
+	env.run(t)
+	require.NoError(t, env.spool.Flush(t.Context()))
+	got := env.sink.records()
+	require.Len(t, got, 6)
+	require.Equal(t, kept, ids(got[:5]))
+	report := got[5]
+	require.Equal(t, KindAdmin, report.Kind)
+	require.Equal(t, ActionAuditRecordsDropped, report.Admin.Action)
+	require.Equal(t, ActorRoleSystem, report.Admin.ActorRole)
+	require.Equal(t, "registry", report.Producer)
+	require.JSONEq(t, `{"dropped":4,"limit":5}`, string(report.Admin.Change))
+}
+
+func TestSpoolEnqueueTxIsAtomicWithTheChange(t *testing.T) {
+	env := newSpoolEnv(t, nil)
+	env.run(t)
+	rolledBack := toolRecord(1, "p")
+	errAbort := errors.New("producer validation failed")
+	err := env.db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists([]byte("servers"))
+		if err != nil {
+			return err
+		}
+		if err := b.Put([]byte("files"), []byte("{}")); err != nil {
+			return err
+		}
+		if err := env.spool.EnqueueTx(tx, rolledBack); err != nil {
+			return err
+		}
+		return errAbort
+	})
+	require.ErrorIs(t, err, errAbort)
+	require.Equal(t, 0, env.spool.Pending())
+
+	committed := toolRecord(2, "p")
+	require.NoError(t, env.db.Update(func(tx *bolt.Tx) error {
+		return env.spool.EnqueueTx(tx, committed)
+	}))
+	require.NoError(t, env.spool.Flush(t.Context()))
+	require.Equal(t, []string{committed.ID}, ids(env.sink.records()), "no event without its change")
+}
+
+func TestSpoolRejects(t *testing.T) {
+	env := newSpoolEnv(t, nil)
+	bad := toolRecord(1, "p")
+	bad.ToolCall.OperationResidualDuplicateRisk = false
+	require.ErrorIs(t, env.spool.Enqueue(t.Context(), bad), ErrInvalidRecord)
+	require.ErrorIs(t, env.db.Update(func(tx *bolt.Tx) error { return env.spool.EnqueueTx(tx, bad) }), ErrInvalidRecord)
+
+	other := openBolt(t, filepath.Join(t.TempDir(), "other.db"))
+	t.Cleanup(func() { _ = other.Close() })
+	err := other.Update(func(tx *bolt.Tx) error { return env.spool.EnqueueTx(tx, toolRecord(2, "p")) })
+	require.ErrorContains(t, err, "another database")
+	require.Equal(t, 0, env.spool.Pending())
+
+	_, err = NewSpool(SpoolConfig{DB: env.db, Bucket: "x", Sink: env.sink})
+	require.ErrorContains(t, err, "needs DB, Bucket, Sink and Producer")
+}
+
+func TestSpoolSurvivesReopen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "producer.db")
+	db := openBolt(t, path)
+	sink := newFakeSink()
+	s, err := NewSpool(SpoolConfig{DB: db, Bucket: "outbox", Sink: sink, Producer: "publisher"})
+	require.NoError(t, err)
+	var want []string
+	for i := range 50 {
+		r := toolRecord(i, "p")
+		require.NoError(t, s.Enqueue(t.Context(), r))
+		want = append(want, r.ID)
+	}
+	require.NoError(t, db.Close())
+
+	db = openBolt(t, path)
+	t.Cleanup(func() { _ = db.Close() })
+	s, err = NewSpool(SpoolConfig{DB: db, Bucket: "outbox", Sink: sink, Producer: "publisher"})
+	require.NoError(t, err)
+	require.Equal(t, 50, s.Pending())
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	require.NoError(t, s.Flush(t.Context()))
+	require.ErrorContains(t, s.Run(ctx), "already running")
+	cancel()
+	require.NoError(t, <-done)
+	require.Equal(t, want, ids(sink.records()))
+}
+
+func TestSpoolDropsUndecodableRecord(t *testing.T) {
+	env := newSpoolEnv(t, nil)
+	good := toolRecord(2, "p")
+	require.NoError(t, env.db.Update(func(tx *bolt.Tx) error {
+		q := tx.Bucket([]byte("audit_outbox")).Bucket(spoolRecordsKey)
+		seq, err := q.NextSequence()
+		if err != nil {
+			return err
+		}
+		if err := q.Put(seqKeyForTest(seq), []byte("{not json")); err != nil {
+			return err
+		}
+		return env.spool.EnqueueTx(tx, good)
+	}))
+	env.run(t)
+	require.NoError(t, env.spool.Flush(t.Context()))
+	got := env.sink.records()
+	require.Len(t, got, 2)
+	require.Equal(t, good.ID, got[0].ID)
+	require.Equal(t, ActionAuditRecordsDropped, got[1].Admin.Action)
+	require.Equal(t, uint64(1), env.spool.Dropped())
+	var change map[string]any
+	require.NoError(t, json.Unmarshal(got[1].Admin.Change, &change))
+	require.EqualValues(t, 1, change["dropped"])
+}
+
+func seqKeyForTest(seq uint64) []byte {
+	return []byte{byte(seq >> 56), byte(seq >> 48), byte(seq >> 40), byte(seq >> 32), byte(seq >> 24), byte(seq >> 16), byte(seq >> 8), byte(seq)}
+}
+
+func TestSpoolBackoffIsBoundedAndJittered(t *testing.T) {
+	env := newSpoolEnv(t, func(c *SpoolConfig) { c.MinBackoff = 50 * time.Millisecond; c.MaxBackoff = 5 * time.Second })
+	for attempt := 1; attempt <= 40; attempt++ {
+		want := min(50*time.Millisecond<<min(attempt-1, 20), 5*time.Second)
+		for range 20 {
+			d := env.spool.backoff(attempt)
+			require.GreaterOrEqual(t, d, want/2)
+			require.LessOrEqual(t, d, want)
+		}
+	}
+}
+
+// TestSpoolConcurrentEnqueueAtTheBound races many producers against the bound: exactly
+// MaxPending records are accepted, every other call is refused, nobody hangs.
+func TestSpoolConcurrentEnqueueAtTheBound(t *testing.T) {
+	for _, policy := range []FullPolicy{FailClosed, ContinueAndAlarm} {
+		t.Run(fmt.Sprint("policy=", policy), func(t *testing.T) {
+			env := newSpoolEnv(t, func(c *SpoolConfig) { c.MaxPending = 1000; c.OnFull = policy })
+			env.sink.down.Store(true)
+			var accepted, refused atomic.Int64
+			var wg sync.WaitGroup
+			for g := range 32 {
+				wg.Go(func() {
+					for i := range 100 {
+						err := env.spool.Enqueue(t.Context(), toolRecord(i, fmt.Sprint(g)))
+						switch {
+						case err == nil:
+							accepted.Add(1)
+						case errors.Is(err, ErrSpoolFull):
+							refused.Add(1)
+						default:
+							t.Errorf("unexpected error: %v", err)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			require.Equal(t, 1000, env.spool.Pending())
+			if policy == FailClosed {
+				require.Equal(t, int64(1000), accepted.Load())
+				require.Equal(t, int64(2200), refused.Load())
+				require.Zero(t, env.spool.Dropped())
+			} else {
+				require.Equal(t, int64(3200), accepted.Load())
+				require.Equal(t, uint64(2200), env.spool.Dropped())
+			}
+
+			env.sink.down.Store(false)
+			env.run(t)
+			require.NoError(t, env.spool.Flush(t.Context()))
+			want := 1000
+			if policy == ContinueAndAlarm {
+				want++ // the audit_records_dropped report
+			}
+			require.Len(t, env.sink.records(), want)
+		})
+	}
+}

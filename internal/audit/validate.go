@@ -1,0 +1,207 @@
+package audit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+)
+
+// ErrInvalidRecord is wrapped by every validation failure, so a service can map it to
+// InvalidArgument without parsing messages.
+var ErrInvalidRecord = errors.New("audit: invalid record")
+
+// Bounds on what one record may carry. The log is append-only and kept forever, so a
+// hostile or buggy producer must not be able to store megabytes per event.
+const (
+	MaxIDLen       = 64
+	MaxFieldLen    = 512
+	MaxChangeBytes = 64 << 10
+	MaxAdvisory    = 64
+)
+
+// Validate reports whether r is a well-formed record that a log may store: the kind
+// matches the payload, a tool call states the at-least-once guarantee, the outcome class
+// is consistent, and every field is within bounds. Seq must be zero: the log assigns it.
+// Errors wrap ErrInvalidRecord and never quote the admin change (it may hold a secret
+// the producer failed to mask).
+func (r *Record) Validate() error {
+	if err := checkID(r.ID); err != nil {
+		return err
+	}
+	if r.Seq != 0 {
+		return invalid("seq is assigned by the log and must be 0 on append")
+	}
+	if r.Time.IsZero() {
+		return invalid("time is required")
+	}
+	if err := checkField("producer", r.Producer, true); err != nil {
+		return err
+	}
+	if err := checkField("tenant", r.Tenant, false); err != nil {
+		return err
+	}
+	switch r.Kind {
+	case KindAdmin:
+		if r.Admin == nil || r.ToolCall != nil {
+			return invalid("kind admin needs admin and no tool_call")
+		}
+		return r.Admin.validate()
+	case KindToolCall:
+		if r.ToolCall == nil || r.Admin != nil {
+			return invalid("kind tool_call needs tool_call and no admin")
+		}
+		if r.Tenant == "" {
+			return invalid("tenant is required for a tool call")
+		}
+		return r.ToolCall.validate()
+	default:
+		return invalid(fmt.Sprintf("kind %.32q is not admin or tool_call", string(r.Kind)))
+	}
+}
+
+func (a *AdminEvent) validate() error {
+	if err := checkIdent("admin.action", a.Action, true); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name, v  string
+		required bool
+	}{
+		{"admin.actor_key_id", a.ActorKeyID, false},
+		{"admin.actor_role", a.ActorRole, true},
+		{"admin.resource_type", a.ResourceType, true},
+		{"admin.resource_id", a.ResourceID, false},
+	} {
+		if err := checkField(f.name, f.v, f.required); err != nil {
+			return err
+		}
+	}
+	if len(a.Change) > MaxChangeBytes {
+		return invalid(fmt.Sprintf("admin.change is %d bytes, limit %d", len(a.Change), MaxChangeBytes))
+	}
+	if len(a.Change) > 0 && !json.Valid(a.Change) {
+		return invalid("admin.change is not valid JSON")
+	}
+	return nil
+}
+
+func (tc *ToolCallAttempt) validate() error {
+	if tc.OperationSupport != OperationSupportAtLeastOnce || !tc.OperationResidualDuplicateRisk {
+		return invalid("tool_call must state operation_support at_least_once and operation_residual_duplicate_risk true")
+	}
+	for _, f := range []struct {
+		name, v  string
+		required bool
+	}{
+		{"tool_call.run_id", tc.RunID, true},
+		{"tool_call.call_id", tc.CallID, true},
+		{"tool_call.graph_id", tc.GraphID, false},
+		{"tool_call.agent_node", tc.AgentNode, false},
+		{"tool_call.tool_node", tc.ToolNode, false},
+		{"tool_call.server_ref", tc.ServerRef, false},
+		{"tool_call.tool_name", tc.ToolName, false},
+		{"tool_call.pinned_hash", tc.PinnedHash, false},
+		{"tool_call.live_hash", tc.LiveHash, false},
+		{"tool_call.args_digest", tc.ArgsDigest, false},
+		{"tool_call.result_digest", tc.ResultDigest, false},
+	} {
+		if err := checkField(f.name, f.v, f.required); err != nil {
+			return err
+		}
+	}
+	if tc.Attempt < 1 {
+		return invalid("tool_call.attempt starts at 1")
+	}
+	if tc.GraphVersion < 0 || tc.ArgsSize < 0 || tc.ResultSize < 0 || tc.LatencyMicros < 0 {
+		return invalid("tool_call graph_version, sizes and latency must not be negative")
+	}
+	switch tc.Outcome {
+	case OutcomeRefusedBeforeDispatch:
+		if err := checkIdent("tool_call.reason", tc.Reason, true); err != nil {
+			return err
+		}
+		if tc.Result != "" || tc.FailureClass != "" {
+			return invalid("a call refused before dispatch has no result or failure_class")
+		}
+	case OutcomeDispatched:
+		if tc.Reason != "" {
+			return invalid("a dispatched call has no refusal reason")
+		}
+		switch tc.Result {
+		case ResultSucceeded:
+			if tc.FailureClass != "" {
+				return invalid("a succeeded call has no failure_class")
+			}
+		case ResultFailed:
+			if err := checkIdent("tool_call.failure_class", tc.FailureClass, true); err != nil {
+				return err
+			}
+		default:
+			return invalid(fmt.Sprintf("tool_call.result %.32q is not succeeded or failed", tc.Result))
+		}
+	default:
+		return invalid(fmt.Sprintf("tool_call.outcome %.32q is not refused_before_dispatch or dispatched", tc.Outcome))
+	}
+	if len(tc.Advisory) > MaxAdvisory {
+		return invalid(fmt.Sprintf("tool_call.advisory has %d entries, limit %d", len(tc.Advisory), MaxAdvisory))
+	}
+	for _, a := range tc.Advisory {
+		if err := checkField("tool_call.advisory", a, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func invalid(msg string) error { return fmt.Errorf("%w: %s", ErrInvalidRecord, msg) }
+
+func checkID(id string) error {
+	if id == "" || len(id) > MaxIDLen {
+		return invalid(fmt.Sprintf("id must be 1 to %d characters", MaxIDLen))
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '-' || c == '_' || c == '.' || c == ':') {
+			return invalid("id may hold only letters, digits and - _ . :")
+		}
+	}
+	return nil
+}
+
+func checkField(name, v string, required bool) error {
+	if v == "" {
+		if required {
+			return invalid(name + " is required")
+		}
+		return nil
+	}
+	if len(v) > MaxFieldLen {
+		return invalid(fmt.Sprintf("%s is %d bytes, limit %d", name, len(v), MaxFieldLen))
+	}
+	if !utf8.ValidString(v) {
+		return invalid(name + " is not valid UTF-8")
+	}
+	return nil
+}
+
+// checkIdent admits the lower-case snake_case codes used for actions, reasons and
+// failure classes, so readers can filter on them reliably.
+func checkIdent(name, v string, required bool) error {
+	if v == "" {
+		if required {
+			return invalid(name + " is required")
+		}
+		return nil
+	}
+	if len(v) > 64 {
+		return invalid(fmt.Sprintf("%s is longer than 64 bytes", name))
+	}
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			return invalid(fmt.Sprintf("%s %.64q must be lower-case letters, digits and _", name, v))
+		}
+	}
+	return nil
+}

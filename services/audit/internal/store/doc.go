@@ -1,0 +1,33 @@
+// Package store is the audit service's append-only, hash-chained log of admin events
+// and tool-call attempts, kept in one bbolt file.
+//
+// It exists so that any change to stored history is detectable: each record's body
+// carries its seq and the previous record's hash, and the stored hash is
+// SHA-256(previous hash || body), chained from a fixed Genesis. Verify recomputes the
+// chain over the raw bytes, without decoding JSON, and names the first record that does
+// not hold.
+//
+// Writes go through one writer goroutine that group-commits: every Append waiting when
+// a commit starts joins one bbolt transaction and one fsync, and each caller is answered
+// only after its transaction is durable. Appends are idempotent by record ID, which is
+// what lets every producer's spool resend after an outage or a lost acknowledgement
+// without ever storing an event twice.
+//
+// Indexes, and why these: by_id is needed for idempotency; it stays cheap to write
+// because audit.NewID puts the minting time first, so new IDs land at the end of the
+// index (any other ID format is accepted, and costs a random page per record). by_run (run id) and
+// by_tenant serve the two questions operators ask most ("what did this run call",
+// "what happened in this tenant") and turn them from a scan of the whole log into a
+// range read; their keys are length-prefixed names followed by the seq, so they grow
+// mostly at the end of a range and cost little to write. Server, tool, outcome, kind
+// and time are not indexed: they are tested per record, first as a byte search for the
+// encoded field in the body and then on the decoded record, and every List call
+// examines at most ScanBudget records, returning a short page with a next token when
+// the budget runs out. Time in particular is the producer's clock, which is not
+// monotonic in seq (a spool can deliver an hour-old record after an outage), so a seq
+// range cannot stand in for a time range. Results are always in seq order.
+//
+// Watchers read from the file, not from a buffer the writer fills: the writer only
+// wakes them after each commit, so a slow watcher falls behind without slowing appends
+// or losing records, and holds at most one chunk in memory.
+package store
