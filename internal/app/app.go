@@ -18,26 +18,32 @@ import (
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc"
 
+	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/config"
+	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mtls"
 	"github.com/ringfence/ringfence/internal/peers"
 	"github.com/ringfence/ringfence/internal/secretbox"
+	auditsvc "github.com/ringfence/ringfence/services/audit"
 	"github.com/ringfence/ringfence/services/pool"
 	"github.com/ringfence/ringfence/services/publisher"
 	"github.com/ringfence/ringfence/services/registry"
 )
 
-// App is a configured binary: its server and what must be closed after it stops.
+// App is a configured binary: its server, its services, and what must be closed after it
+// stops.
 type App struct {
 	Server    *grpcserver.Server
 	Registry  *registry.Service
 	Pool      *pool.Service
 	Publisher *publisher.Service
+	Audit     *auditsvc.Service
 
 	log     *slog.Logger
 	closers []func() error
@@ -60,7 +66,8 @@ func (a *App) Run(ctx context.Context) error {
 	return errors.Join(err, a.Close())
 }
 
-// Close releases stores in reverse order of opening.
+// Close releases services in reverse order of opening (producers before the audit log they
+// forward to).
 func (a *App) Close() error {
 	var errs []error
 	for i := len(a.closers) - 1; i >= 0; i-- {
@@ -72,148 +79,175 @@ func (a *App) Close() error {
 
 func (a *App) onClose(f func() error) { a.closers = append(a.closers, f) }
 
+// build runs f and closes what it opened when it fails.
+func build(log *slog.Logger, f func(a *App) error) (*App, error) {
+	a := &App{log: log}
+	if err := f(a); err != nil {
+		_ = a.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
 // NewAllInOne builds ringfenced: every service in this process, talking to each other through
 // Go calls, behind one gRPC server and one HTTP server.
-func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (_ *App, err error) {
-	a := &App{log: log}
-	defer func() {
+func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error) {
+	return build(log, func(a *App) error {
+		roles, err := loadRoles(cfg, log)
 		if err != nil {
-			_ = a.Close()
+			return err
 		}
-	}()
-	roles, err := loadRoles(cfg, log)
-	if err != nil {
-		return nil, err
-	}
-	reg, err := a.openRegistry(ctx, cfg, roles, log)
-	if err != nil {
-		return nil, err
-	}
-	pl, err := a.openPool(ctx, cfg, reg, log)
-	if err != nil {
-		return nil, err
-	}
-	reg.SetDiscoverer(pl)
-	pub, err := a.openPublisher(cfg, reg, pl, log)
-	if err != nil {
-		return nil, err
-	}
-	srv, err := newServer(cfg, "ringfenced", auth.NewAuthorizer(reg, auth.Rules), log)
-	if err != nil {
-		return nil, err
-	}
-	a.Server, a.Registry, a.Pool, a.Publisher = srv, reg, pl, pub
-	registerRegistry(srv, reg)
-	registerPool(srv, pl)
-	registerPublisher(srv, pub)
-	return a, nil
+		if a.Audit, err = a.openAudit(cfg, log); err != nil {
+			return err
+		}
+		sink := a.Audit.Sink()
+		if a.Registry, err = a.openRegistry(ctx, cfg, roles, sink, log); err != nil {
+			return err
+		}
+		// The pool reads published versions from the publisher, which imports through the pool:
+		// the pool gets a forwarder that the publisher fills in below.
+		versions := &lateVersions{}
+		if a.Pool, err = a.openPool(ctx, cfg, a.Registry, versions, sink, log); err != nil {
+			return err
+		}
+		a.Registry.SetDiscoverer(a.Pool)
+		if a.Publisher, err = a.openPublisher(cfg, a.Registry, a.Pool, sink, log); err != nil {
+			return err
+		}
+		versions.v = a.Publisher
+		authz := auth.NewAuthorizer(a.Registry, auth.Rules)
+		if a.Server, err = newServer(cfg, "ringfenced", authz, log); err != nil {
+			return err
+		}
+		registerRegistry(a.Server, a.Registry)
+		registerPool(a.Server, a.Pool)
+		registerPublisher(a.Server, a.Publisher)
+		registerAudit(a.Server, a.Audit, authz)
+		return nil
+	})
 }
 
-// NewRegistry builds ringfence-registry.
-func NewRegistry(ctx context.Context, cfg *config.Config, log *slog.Logger) (_ *App, err error) {
-	a := &App{log: log}
-	defer func() {
-		if err != nil {
-			_ = a.Close()
-		}
-	}()
-	roles, err := loadRoles(cfg, log)
-	if err != nil {
-		return nil, err
+// lateVersions lets the pool be built before the publisher it reads versions from.
+type lateVersions struct{ v pool.Versions }
+
+func (l *lateVersions) PublishedVersion(ctx context.Context, tenant, graphID string, version int64) (*graph.Version, error) {
+	if l.v == nil {
+		return nil, errors.New("app: the publisher is not wired yet")
 	}
-	reg, err := a.openRegistry(ctx, cfg, roles, log)
-	if err != nil {
-		return nil, err
-	}
-	if cfg.Peers.PoolAddr != "" {
-		conn, err := a.dial(cfg, cfg.Peers.PoolAddr)
-		if err != nil {
-			return nil, err
-		}
-		reg.SetDiscoverer(peers.NewPool(conn))
-	}
-	srv, err := newServer(cfg, "ringfence-registry", auth.NewAuthorizer(reg, auth.Rules), log)
-	if err != nil {
-		return nil, err
-	}
-	a.Server, a.Registry = srv, reg
-	registerRegistry(srv, reg)
-	return a, nil
+	return l.v.PublishedVersion(ctx, tenant, graphID, version)
 }
 
-// NewPool builds ringfence-pool: runs and the spawner on a hardened host, reaching the
-// registry (registrations, grants, API keys) over mutual TLS.
-func NewPool(ctx context.Context, cfg *config.Config, log *slog.Logger) (_ *App, err error) {
-	a := &App{log: log}
-	defer func() {
+// NewRegistry builds ringfence-registry: registrations, secrets and keys, reaching the pool
+// (discovery) and the audit service over mutual TLS.
+func NewRegistry(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error) {
+	return build(log, func(a *App) error {
+		roles, err := loadRoles(cfg, log)
 		if err != nil {
-			_ = a.Close()
+			return err
 		}
-	}()
-	if cfg.Peers.RegistryAddr == "" {
-		return nil, errors.New("app: ringfence-pool needs the registry: set RINGFENCE_PEERS__REGISTRY_ADDR")
-	}
-	conn, err := a.dial(cfg, cfg.Peers.RegistryAddr)
-	if err != nil {
-		return nil, err
-	}
-	registry := peers.NewRegistry(conn)
-	pl, err := a.openPool(ctx, cfg, registry, log)
-	if err != nil {
-		return nil, err
-	}
-	srv, err := newServer(cfg, "ringfence-pool", auth.NewAuthorizer(registry, auth.Rules), log)
-	if err != nil {
-		return nil, err
-	}
-	a.Server, a.Pool = srv, pl
-	registerPool(srv, pl)
-	return a, nil
+		sink, err := a.auditPeer(cfg)
+		if err != nil {
+			return err
+		}
+		if a.Registry, err = a.openRegistry(ctx, cfg, roles, sink, log); err != nil {
+			return err
+		}
+		if cfg.Peers.PoolAddr != "" {
+			conn, err := a.dial(cfg, cfg.Peers.PoolAddr)
+			if err != nil {
+				return err
+			}
+			a.Registry.SetDiscoverer(peers.NewPool(conn))
+		}
+		if a.Server, err = newServer(cfg, "ringfence-registry", auth.NewAuthorizer(a.Registry, auth.Rules), log); err != nil {
+			return err
+		}
+		registerRegistry(a.Server, a.Registry)
+		return nil
+	})
 }
 
 // NewPublisher builds ringfence-publisher: graphs and publish proofs, reaching the registry
-// (grants, API keys) and the pool (discovery for imports) over mutual TLS.
-func NewPublisher(ctx context.Context, cfg *config.Config, log *slog.Logger) (_ *App, err error) {
-	a := &App{log: log}
-	defer func() {
-		if err != nil {
-			_ = a.Close()
+// (grants, API keys), the pool (discovery for imports) and the audit service over mutual TLS.
+func NewPublisher(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error) {
+	return build(log, func(a *App) error {
+		if cfg.Peers.RegistryAddr == "" || cfg.Peers.PoolAddr == "" {
+			return errors.New("app: ringfence-publisher needs the registry and the pool: set RINGFENCE_PEERS__REGISTRY_ADDR and RINGFENCE_PEERS__POOL_ADDR")
 		}
-	}()
-	if cfg.Peers.RegistryAddr == "" || cfg.Peers.PoolAddr == "" {
-		return nil, errors.New("app: ringfence-publisher needs the registry and the pool: set RINGFENCE_PEERS__REGISTRY_ADDR and RINGFENCE_PEERS__POOL_ADDR")
-	}
-	regConn, err := a.dial(cfg, cfg.Peers.RegistryAddr)
-	if err != nil {
-		return nil, err
-	}
-	poolConn, err := a.dial(cfg, cfg.Peers.PoolAddr)
-	if err != nil {
-		return nil, err
-	}
-	registry := peers.NewRegistry(regConn)
-	pub, err := a.openPublisher(cfg, registry, peers.NewPool(poolConn), log)
-	if err != nil {
-		return nil, err
-	}
-	srv, err := newServer(cfg, "ringfence-publisher", auth.NewAuthorizer(registry, auth.Rules), log)
-	if err != nil {
-		return nil, err
-	}
-	a.Server, a.Publisher = srv, pub
-	registerPublisher(srv, pub)
-	return a, nil
+		registry, err := a.registryPeer(cfg)
+		if err != nil {
+			return err
+		}
+		poolConn, err := a.dial(cfg, cfg.Peers.PoolAddr)
+		if err != nil {
+			return err
+		}
+		sink, err := a.auditPeer(cfg)
+		if err != nil {
+			return err
+		}
+		if a.Publisher, err = a.openPublisher(cfg, registry, peers.NewPool(poolConn), sink, log); err != nil {
+			return err
+		}
+		if a.Server, err = newServer(cfg, "ringfence-publisher", auth.NewAuthorizer(registry, auth.Rules), log); err != nil {
+			return err
+		}
+		registerPublisher(a.Server, a.Publisher)
+		return nil
+	})
 }
 
-// dial connects to a peer with this binary's service certificate; the connection closes with
-// the app.
-func (a *App) dial(cfg *config.Config, addr string) (*grpc.ClientConn, error) {
-	conn, err := peers.Dial(addr, mtls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.ClientCAFile})
-	if err != nil {
-		return nil, err
-	}
-	a.onClose(conn.Close)
-	return conn, nil
+// NewPool builds ringfence-pool: runs and the spawner on a hardened host, reaching the
+// registry (registrations, grants, API keys), the publisher (versions) and the audit service
+// over mutual TLS.
+func NewPool(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error) {
+	return build(log, func(a *App) error {
+		if cfg.Peers.RegistryAddr == "" || cfg.Peers.PublisherAddr == "" {
+			return errors.New("app: ringfence-pool needs the registry and the publisher: set RINGFENCE_PEERS__REGISTRY_ADDR and RINGFENCE_PEERS__PUBLISHER_ADDR")
+		}
+		registry, err := a.registryPeer(cfg)
+		if err != nil {
+			return err
+		}
+		pubConn, err := a.dial(cfg, cfg.Peers.PublisherAddr)
+		if err != nil {
+			return err
+		}
+		sink, err := a.auditPeer(cfg)
+		if err != nil {
+			return err
+		}
+		if a.Pool, err = a.openPool(ctx, cfg, registry, peers.NewPublisher(pubConn), sink, log); err != nil {
+			return err
+		}
+		if a.Server, err = newServer(cfg, "ringfence-pool", auth.NewAuthorizer(registry, auth.Rules), log); err != nil {
+			return err
+		}
+		registerPool(a.Server, a.Pool)
+		return nil
+	})
+}
+
+// NewAudit builds ringfence-audit: the log, verifying readers' API keys through the registry.
+func NewAudit(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error) {
+	return build(log, func(a *App) error {
+		if cfg.Peers.RegistryAddr == "" {
+			return errors.New("app: ringfence-audit needs the registry to verify API keys: set RINGFENCE_PEERS__REGISTRY_ADDR")
+		}
+		registry, err := a.registryPeer(cfg)
+		if err != nil {
+			return err
+		}
+		if a.Audit, err = a.openAudit(cfg, log); err != nil {
+			return err
+		}
+		authz := auth.NewAuthorizer(registry, auth.Rules)
+		if a.Server, err = newServer(cfg, "ringfence-audit", authz, log); err != nil {
+			return err
+		}
+		registerAudit(a.Server, a.Audit, authz)
+		return nil
+	})
 }
 
 func loadRoles(cfg *config.Config, log *slog.Logger) (*auth.Roles, error) {
@@ -227,9 +261,37 @@ func loadRoles(cfg *config.Config, log *slog.Logger) (*auth.Roles, error) {
 	return roles, nil
 }
 
-func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.Roles, log *slog.Logger) (*registry.Service, error) {
+func spoolPolicy(cfg *config.Config) audit.FullPolicy {
+	if cfg.Audit.OnSpoolFull == "continue_and_alarm" {
+		return audit.ContinueAndAlarm
+	}
+	return audit.FailClosed
+}
+
+func dataFile(cfg *config.Config, name string) (string, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return nil, fmt.Errorf("app: create data_dir %s: %w", cfg.DataDir, err)
+		return "", fmt.Errorf("app: create data_dir %s: %w", cfg.DataDir, err)
+	}
+	return filepath.Join(cfg.DataDir, name), nil
+}
+
+func (a *App) openAudit(cfg *config.Config, log *slog.Logger) (*auditsvc.Service, error) {
+	path, err := dataFile(cfg, "audit.db")
+	if err != nil {
+		return nil, err
+	}
+	svc, err := auditsvc.Open(auditsvc.Config{DBPath: path, Logger: log.With("service", "audit")})
+	if err != nil {
+		return nil, err
+	}
+	a.onClose(svc.Close)
+	return svc, nil
+}
+
+func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.Roles, sink audit.Sink, log *slog.Logger) (*registry.Service, error) {
+	path, err := dataFile(cfg, "registry.db")
+	if err != nil {
+		return nil, err
 	}
 	keyFile := cfg.SecretsKeyFile
 	if keyFile == "" {
@@ -240,11 +302,14 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 		return nil, err
 	}
 	svc, err := registry.Open(registry.Config{
-		DBPath:         filepath.Join(cfg.DataDir, "registry.db"),
-		Secrets:        box,
-		Roles:          roles,
-		AllowedEnvKeys: cfg.Sandbox.MCPIsolationAllowedEnvironmentKeys,
-		Logger:         log.With("service", "registry"),
+		DBPath:          path,
+		Secrets:         box,
+		Roles:           roles,
+		AllowedEnvKeys:  cfg.Sandbox.MCPIsolationAllowedEnvironmentKeys,
+		AuditSink:       sink,
+		SpoolMaxRecords: cfg.Audit.SpoolMaxRecords,
+		OnSpoolFull:     spoolPolicy(cfg),
+		Logger:          log.With("service", "registry"),
 	})
 	if err != nil {
 		return nil, err
@@ -258,21 +323,34 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 	return svc, nil
 }
 
-func (a *App) openPool(ctx context.Context, cfg *config.Config, reg pool.Registry, log *slog.Logger) (*pool.Service, error) {
+func (a *App) openPool(ctx context.Context, cfg *config.Config, reg pool.Registry, versions pool.Versions, sink audit.Sink, log *slog.Logger) (*pool.Service, error) {
+	path, err := dataFile(cfg, "pool.db")
+	if err != nil {
+		return nil, err
+	}
 	sb := cfg.Sandbox
 	poolID := sb.PoolID
 	if poolID == "" {
 		poolID = defaultPoolID(cfg.DataDir)
 	}
 	pl, err := pool.Open(ctx, pool.Config{
+		DBPath:   path,
 		Registry: reg,
+		Versions: versions,
 		Sandbox: pool.Sandbox{
 			Image: sb.MCPIsolationImage, Network: sb.MCPIsolationNetwork, AllowedEnvKeys: sb.MCPIsolationAllowedEnvironmentKeys,
 			NanoCPUs: int64(sb.MCPIsolationCPUs * 1e9), MemoryBytes: int64(sb.MCPIsolationMemory), PidsLimit: sb.MCPIsolationPids,
 			TmpfsSizeBytes: int64(sb.MCPIsolationTmpSize), AllowUnisolated: sb.AllowUnisolatedMCPDevelopment,
 			PoolID: poolID, DockerHost: sb.DockerHost, CloseTimeout: sb.StopTimeout,
 		},
-		Logger: log.With("service", "pool"),
+		AuditSink:       sink,
+		SpoolMaxRecords: cfg.Audit.SpoolMaxRecords,
+		OnSpoolFull:     spoolPolicy(cfg),
+		DriftMaxAge:     cfg.Pool.DriftMaxAge,
+		RunIdleTimeout:  cfg.Pool.RunIdleTimeout,
+		MaxRuns:         cfg.Pool.MaxRuns,
+		MaxSessions:     cfg.Pool.MaxSessions,
+		Logger:          log.With("service", "pool"),
 	})
 	if err != nil {
 		return nil, err
@@ -283,33 +361,6 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg pool.Registr
 		return pl.Close(ctx)
 	})
 	return pl, nil
-}
-
-// openPublisher opens the publisher with the registry as its grants resolver (the ceiling) and
-// the pool as its discoverer (imports start servers only through the isolated spawner).
-func (a *App) openPublisher(cfg *config.Config, policies publisher.Policies, disc publisher.Discoverer, log *slog.Logger) (*publisher.Service, error) {
-	pub, err := publisher.Open(publisher.Config{
-		DBPath:                filepath.Join(cfg.DataDir, "publisher.db"),
-		Policies:              policies,
-		Discoverer:            disc,
-		AllowInlineMCPServers: cfg.Dev.AllowInlineMCPServers,
-		Logger:                log.With("service", "publisher"),
-	})
-	if err != nil {
-		return nil, err
-	}
-	a.onClose(pub.Close)
-	if cfg.Dev.AllowInlineMCPServers {
-		log.Warn("dev.allow_inline_mcp_servers is set: graphs with inline mcp_servers publish over a warning, and no ceiling applies to those servers")
-	}
-	return pub, nil
-}
-
-func registerPublisher(srv *grpcserver.Server, pub *publisher.Service) {
-	publisherv1.RegisterPublisherServiceServer(srv.GRPC(), pub)
-	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
-		return publisherv1.RegisterPublisherServiceHandler(ctx, mux, conn)
-	})
 }
 
 // defaultPoolID derives a pool's id from its data directory, so a restart on the same data
@@ -324,11 +375,60 @@ func defaultPoolID(dataDir string) string {
 	return "pool-" + hex.EncodeToString(sum[:6])
 }
 
-func registerPool(srv *grpcserver.Server, pl *pool.Service) {
-	poolv1.RegisterPoolServiceServer(srv.GRPC(), pl)
-	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
-		return poolv1.RegisterPoolServiceHandler(ctx, mux, conn)
+// openPublisher opens the publisher with the registry as its grants resolver (the ceiling) and
+// the pool as its discoverer.
+func (a *App) openPublisher(cfg *config.Config, policies publisher.Policies, disc publisher.Discoverer, sink audit.Sink, log *slog.Logger) (*publisher.Service, error) {
+	path, err := dataFile(cfg, "publisher.db")
+	if err != nil {
+		return nil, err
+	}
+	pub, err := publisher.Open(publisher.Config{
+		DBPath:                path,
+		Policies:              policies,
+		Discoverer:            disc,
+		AllowInlineMCPServers: cfg.Dev.AllowInlineMCPServers,
+		AuditSink:             sink,
+		SpoolMaxRecords:       cfg.Audit.SpoolMaxRecords,
+		OnSpoolFull:           spoolPolicy(cfg),
+		Logger:                log.With("service", "publisher"),
 	})
+	if err != nil {
+		return nil, err
+	}
+	a.onClose(pub.Close)
+	return pub, nil
+}
+
+// registryPeer dials the registry and returns its client (grants, resolution, API keys).
+func (a *App) registryPeer(cfg *config.Config) (*peers.Registry, error) {
+	conn, err := a.dial(cfg, cfg.Peers.RegistryAddr)
+	if err != nil {
+		return nil, err
+	}
+	return peers.NewRegistry(conn), nil
+}
+
+// auditPeer dials the audit service for a producer's spool.
+func (a *App) auditPeer(cfg *config.Config) (audit.Sink, error) {
+	if cfg.Peers.AuditAddr == "" {
+		return nil, errors.New("app: this service records admin events or call attempts and needs the audit service: set RINGFENCE_PEERS__AUDIT_ADDR")
+	}
+	conn, err := a.dial(cfg, cfg.Peers.AuditAddr)
+	if err != nil {
+		return nil, err
+	}
+	return peers.NewAudit(conn), nil
+}
+
+// dial connects to a peer with this binary's service certificate; the connection closes with
+// the app.
+func (a *App) dial(cfg *config.Config, addr string) (*grpc.ClientConn, error) {
+	conn, err := peers.Dial(addr, mtls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.ClientCAFile})
+	if err != nil {
+		return nil, err
+	}
+	a.onClose(conn.Close)
+	return conn, nil
 }
 
 func newServer(cfg *config.Config, name string, authz grpcserver.Authorizer, log *slog.Logger) (*grpcserver.Server, error) {
@@ -354,5 +454,28 @@ func registerRegistry(srv *grpcserver.Server, reg *registry.Service) {
 			return err
 		}
 		return registryv1.RegisterKeyServiceHandler(ctx, mux, conn)
+	})
+}
+
+func registerPool(srv *grpcserver.Server, pl *pool.Service) {
+	poolv1.RegisterPoolServiceServer(srv.GRPC(), pool.NewServer(pl))
+	srv.Metrics().MustRegister(pl.Collectors()...)
+	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
+		return poolv1.RegisterPoolServiceHandler(ctx, mux, conn)
+	})
+}
+
+func registerPublisher(srv *grpcserver.Server, pub *publisher.Service) {
+	publisherv1.RegisterPublisherServiceServer(srv.GRPC(), pub)
+	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
+		return publisherv1.RegisterPublisherServiceHandler(ctx, mux, conn)
+	})
+}
+
+func registerAudit(srv *grpcserver.Server, svc *auditsvc.Service, authz grpcserver.Authorizer) {
+	auditv1.RegisterAuditServiceServer(srv.GRPC(), svc)
+	srv.Handle("/v1/audit/export", svc.ExportHandler(authz))
+	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
+		return auditv1.RegisterAuditServiceHandler(ctx, mux, conn)
 	})
 }

@@ -1,8 +1,11 @@
 package audit
 
-// SecretMask replaces every secret value in an audited change. It is one fixed string,
-// whatever the secret's length or emptiness, so the trail reveals neither.
-const SecretMask = "••••••"
+import "github.com/ringfence/ringfence/internal/mcpserver"
+
+// SecretMask replaces every secret value in an audited change: the same fixed mask every
+// response and log uses, whatever the secret's length or emptiness, so the trail reveals
+// neither.
+const SecretMask = mcpserver.SecretMask
 
 // MaskValues returns a copy of m with every value replaced by SecretMask and the keys
 // kept, so an audited change still says which env variables or headers were set

@@ -366,6 +366,18 @@ func (s *Spool) noteDropped() {
 	}
 }
 
+// CanAccept reports, without writing, whether an Enqueue would be refused for a full spool: a
+// producer that must not act without its record (the pool, before it dispatches a call)
+// asks first. Under ContinueAndAlarm it never refuses.
+func (s *Spool) CanAccept() error {
+	if s.onFull == FailClosed {
+		if n := s.Pending(); n >= s.maxPending {
+			return s.errFull(n)
+		}
+	}
+	return nil
+}
+
 // Pending returns how many records wait in the outbox.
 func (s *Spool) Pending() int {
 	return int(max(s.pending.Load(), 0))

@@ -7,6 +7,7 @@ package graph
 
 import (
 	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/ringfence/ringfence/internal/discovery"
@@ -29,6 +30,10 @@ const (
 )
 
 // Graph is an agent graph: a tenant's draft, or the snapshot inside a published version.
+// ErrNotPublished is wrapped by every "no such published version" answer (a missing graph,
+// version or tenant), so the pool can tell it from an unreachable publisher.
+var ErrNotPublished = errors.New("graph: no such published version")
+
 type Graph struct {
 	ID             string    `json:"id"`
 	Tenant         string    `json:"tenant"`

@@ -58,6 +58,12 @@ type ErrorBody struct {
 
 var protoDecodePrefix = regexp.MustCompile(`^proto:\s*(\(line \d+:\d+\):\s*)?(syntax error \(line \d+:\d+\):\s*)?`)
 
+// WriteHTTPError writes err (a gRPC status) as the REST error body, for plain handlers that sit
+// beside the gateway (the audit export).
+func WriteHTTPError(w http.ResponseWriter, err error) {
+	writeError(context.Background(), nil, nil, w, nil, err)
+}
+
 func writeError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
 	st, _ := status.FromError(err)
 	msg := st.Message()

@@ -16,9 +16,12 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/audit/auditpb"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
@@ -195,17 +198,37 @@ func NewPublisher(conn *grpc.ClientConn) *Publisher {
 	return &Publisher{client: publisherv1.NewPublisherServiceClient(conn)}
 }
 
-// ErrVersionNotFound is returned for a graph or version the publisher does not have.
-var ErrVersionNotFound = errors.New("no such published graph version")
-
 // PublishedVersion implements the pool's version source through GetPublishedVersion.
 func (p *Publisher) PublishedVersion(ctx context.Context, tenant, graphID string, version int64) (*graph.Version, error) {
 	resp, err := p.client.GetPublishedVersion(ctx, &publisherv1.GetPublishedVersionRequest{Tenant: tenant, GraphId: graphID, Version: version})
 	if status.Code(err) == codes.NotFound {
-		return nil, fmt.Errorf("%s: %w", status.Convert(err).Message(), ErrVersionNotFound)
+		return nil, fmt.Errorf("%w: %s", graph.ErrNotPublished, status.Convert(err).Message())
 	}
 	if err != nil {
 		return nil, err
 	}
 	return graphpb.VersionFromProto(resp.GetVersion())
+}
+
+// Audit is the audit service seen from a producer's spool.
+type Audit struct {
+	client auditv1.AuditServiceClient
+}
+
+// NewAudit wraps a connection to ringfence-audit.
+func NewAudit(conn *grpc.ClientConn) *Audit {
+	return &Audit{client: auditv1.NewAuditServiceClient(conn)}
+}
+
+var _ audit.Sink = (*Audit)(nil)
+
+// Append implements audit.Sink through the internal Append RPC; the service is idempotent by
+// record id, so the spool may resend freely.
+func (a *Audit) Append(ctx context.Context, recs []audit.Record) error {
+	req := &auditv1.AppendRequest{Records: make([]*auditv1.Record, len(recs))}
+	for i, r := range recs {
+		req.Records[i] = auditpb.RecordToProto(r)
+	}
+	_, err := a.client.Append(ctx, req)
+	return err
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/mcpdecl"
 	"github.com/ringfence/ringfence/internal/mcpdecl/screen"
@@ -105,20 +104,4 @@ func truncate(s string) string {
 		return s[:61] + "..."
 	}
 	return s
-}
-
-// Discover implements the internal PoolService.Discover RPC.
-func (s *Service) Discover(ctx context.Context, req *poolv1.DiscoverRequest) (*poolv1.DiscoverResponse, error) {
-	if err := mcpserver.ValidateRef(req.GetServerRef()); err != nil {
-		return nil, s.errors.Status(ctx, err)
-	}
-	listing, err := s.DiscoverTools(ctx, req.GetServerRef())
-	if err != nil {
-		return nil, discovery.Status(ctx, s.errors, err)
-	}
-	resp := &poolv1.DiscoverResponse{ListingFindings: discovery.FindingsToProto(listing.Findings), RegistrationRevision: listing.Revision}
-	for _, t := range listing.Tools {
-		resp.Tools = append(resp.Tools, discovery.ToolToProto(t))
-	}
-	return resp, nil
 }

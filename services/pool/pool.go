@@ -1,31 +1,47 @@
 // Package pool is the pool service: the only part of Ringfence that starts MCP servers. It
 // runs on hardened hosts, apart from the authoring plane. Discovery starts a registered server
 // in isolation, lists its tools with their pins and screen findings, and stops it; runs get
-// their own sessions, and every call passes every gate before anything reaches a server.
+// their own sessions, and every call passes every gate before anything reaches a server, and
+// lands in the audit log whatever its outcome.
 package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/moby/moby/client"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 
-	"github.com/moby/moby/client"
-
-	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
+	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/fielderr"
+	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/services/pool/internal/schemas"
 	"github.com/ringfence/ringfence/services/pool/internal/spawner"
+	"github.com/ringfence/ringfence/services/pool/internal/store"
 )
 
-// Registry resolves registrations with their secrets: the registry service in-process, or its
-// internal ResolveServer RPC over mutual TLS.
+// Registry is what the pool needs from the registry: registrations with their secrets (to
+// start servers) and their policies (the ceiling, re-checked before every call). The registry
+// service implements it in-process; peers.Registry over mutual TLS.
 type Registry interface {
 	ResolveRegistration(ctx context.Context, ref string) (*mcpserver.Resolved, error)
+	ServerPolicy(ctx context.Context, ref string) (mcpserver.Policy, error)
+}
+
+// Versions serves published graph versions (version 0 means the latest): the publisher
+// in-process, or peers.Publisher.
+type Versions interface {
+	PublishedVersion(ctx context.Context, tenant, graphID string, version int64) (*graph.Version, error)
 }
 
 // Sandbox is the operator's isolation profile (see config.Sandbox).
@@ -48,38 +64,107 @@ type Sandbox struct {
 	CloseTimeout time.Duration
 }
 
-// Config holds the service's dependencies.
+// Config holds the service's dependencies and limits.
 type Config struct {
+	// DBPath is the pool's bbolt file (runs and the audit outbox).
+	DBPath   string
 	Registry Registry
-	Sandbox  Sandbox
-	Logger   *slog.Logger
+	Versions Versions
+	// AuditSink receives the spooled attempt records: the audit service in-process, or
+	// peers.Audit.
+	AuditSink audit.Sink
+	// SpoolMaxRecords and OnSpoolFull bound the audit spool.
+	SpoolMaxRecords int
+	OnSpoolFull     audit.FullPolicy
+	Sandbox         Sandbox
+	// DriftMaxAge: a listing older than this is taken again before a call; 0 re-lists before
+	// every call.
+	DriftMaxAge    time.Duration
+	RunIdleTimeout time.Duration
+	MaxRuns        int
+	MaxSessions    int
+	Logger         *slog.Logger
 }
 
 // Service implements PoolService.
 type Service struct {
-	// TODO(runs): the run RPCs land with the pool runtime.
-	poolv1.UnimplementedPoolServiceServer
+	cfg      Config
+	log      *slog.Logger
+	errors   grpcserver.ErrorTable
+	spawner  *spawner.Router
+	isolated bool
+	store    *store.Store
+	spool    *audit.Spool
+	schemas  *schemas.Cache
+	metrics  *metrics
 
-	cfg     Config
-	log     *slog.Logger
-	errors  grpcserver.ErrorTable
-	spawner *spawner.Router
+	runs         runs
+	liveSessions atomic.Int64
+
+	cancel context.CancelFunc
+	bg     sync.WaitGroup
 }
-
-var _ poolv1.PoolServiceServer = (*Service)(nil)
 
 var errorCodes = map[error]codes.Code{
 	mcpserver.ErrNotRegistered:     codes.NotFound,
 	discovery.ErrIsolationRequired: codes.Unavailable,
+	errRunNotFound:                 codes.NotFound,
+	errRunExists:                   codes.AlreadyExists,
+	errRunNotRunning:               codes.FailedPrecondition,
+	errRunNotPaused:                codes.FailedPrecondition,
+	errRunEnded:                    codes.FailedPrecondition,
+	errTooManyRuns:                 codes.ResourceExhausted,
+	errVersionGone:                 codes.NotFound,
+	audit.ErrSpoolFull:             codes.Unavailable,
 }
 
-// Open builds the service and its spawner, then checks the isolation image (missing, or
-// declaring a VOLUME, stops the start) and sweeps containers an earlier instance of this pool
-// left behind.
-func Open(ctx context.Context, cfg Config) (*Service, error) {
+// Open builds the service: its store, its audit spool and forwarder, and its spawner, whose
+// isolation image is checked (missing, or declaring a VOLUME, stops the start) and whose
+// orphans from an earlier instance are swept. Runs from before a restart are restored.
+func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.MaxRuns <= 0 {
+		cfg.MaxRuns = 256
+	}
+	if cfg.MaxSessions <= 0 {
+		cfg.MaxSessions = 512
+	}
+	if cfg.RunIdleTimeout <= 0 {
+		cfg.RunIdleTimeout = 15 * time.Minute
+	}
+	s := &Service{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		errors:  grpcserver.ErrorTable{Service: "pool", Codes: errorCodes, Logger: cfg.Logger},
+		schemas: schemas.NewCache(),
+		metrics: newMetrics(),
+		runs:    runs{byID: make(map[string]*run)},
+	}
+	var closers []func() error
+	defer func() {
+		if err != nil {
+			for i := len(closers) - 1; i >= 0; i-- {
+				_ = closers[i]()
+			}
+		}
+	}()
+
+	if s.store, err = store.Open(cfg.DBPath); err != nil {
+		return nil, err
+	}
+	closers = append(closers, s.store.Close)
+	if s.spool, err = audit.NewSpool(audit.SpoolConfig{
+		DB: s.store.DB(), Bucket: string(store.OutboxBucket), Sink: cfg.AuditSink, Producer: "pool",
+		MaxPending: cfg.SpoolMaxRecords, OnFull: cfg.OnSpoolFull, Logger: cfg.Logger,
+	}); err != nil {
+		return nil, err
+	}
+	if err := s.restoreRuns(ctx); err != nil {
+		return nil, err
+	}
+
 	sc := spawner.Config{
 		Image: cfg.Sandbox.Image, Network: cfg.Sandbox.Network, AllowedEnvKeys: cfg.Sandbox.AllowedEnvKeys,
 		NanoCPUs: cfg.Sandbox.NanoCPUs, MemoryBytes: cfg.Sandbox.MemoryBytes, PidsLimit: cfg.Sandbox.PidsLimit,
@@ -93,17 +178,17 @@ func Open(ctx context.Context, cfg Config) (*Service, error) {
 		}
 		sc.Docker = docker
 	}
-	router, err := spawner.New(sc)
-	if err != nil {
+	if s.spawner, err = spawner.New(sc); err != nil {
 		return nil, err
 	}
-	report, err := router.Preflight(ctx)
+	closers = append(closers, func() error { return s.spawner.Close(context.Background()) })
+	report, err := s.spawner.Preflight(ctx)
 	if err != nil {
-		_ = router.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("pool: the isolation profile cannot be used: %w", err)
 	}
 	switch report.Isolation {
 	case "docker":
+		s.isolated = true
 		cfg.Logger.Info("isolation image ready", "image", report.ImageRef, "id", report.ImageID, "swept_orphans", report.Swept)
 		if len(report.ImageEnvKeys) > 0 {
 			cfg.Logger.Warn("the isolation image sets its own ENV; every MCP server sees these keys", "keys", strings.Join(report.ImageEnvKeys, ","))
@@ -111,15 +196,54 @@ func Open(ctx context.Context, cfg Config) (*Service, error) {
 	case "none":
 		cfg.Logger.Warn("no isolation image: discovery and calls of stdio MCP servers are refused until RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE is set")
 	}
-	return &Service{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		errors:  grpcserver.ErrorTable{Service: "pool", Codes: errorCodes, Logger: cfg.Logger},
-		spawner: router,
-	}, nil
+
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.cancel = cancel
+	s.bg.Add(2)
+	go func() {
+		defer s.bg.Done()
+		if err := s.spool.Run(bg); err != nil && !errors.Is(err, context.Canceled) {
+			s.log.Error("the audit spool forwarder stopped", "err", err)
+		}
+	}()
+	go func() {
+		defer s.bg.Done()
+		s.reapIdle(bg)
+	}()
+	return s, nil
 }
 
-// Close stops every session and removes what this instance started.
+// Collectors are the pool's Prometheus metrics, for the binary's /metrics.
+func (s *Service) Collectors() []prometheus.Collector { return s.metrics.collectors(s) }
+
+// Spool is the pool's audit spool (tests flush it).
+func (s *Service) Spool() *audit.Spool { return s.spool }
+
+// Close ends the background work, stops every session (runs stay recorded and get fresh
+// sessions after a restart), removes what this instance started, and closes the store.
+// Records still in the spool stay durable and are forwarded after the next start.
 func (s *Service) Close(ctx context.Context) error {
-	return s.spawner.Close(ctx)
+	var all []map[string]*session
+	s.runs.mu.Lock()
+	for _, r := range s.runs.byID {
+		r.mu.Lock()
+		all = append(all, r.takeSessions())
+		r.mu.Unlock()
+	}
+	s.runs.mu.Unlock()
+	for _, m := range all {
+		s.stopSessions(m)
+	}
+	// Give the forwarder a moment to drain what is pending, then stop it.
+	fctx, fcancel := context.WithTimeout(ctx, 2*time.Second)
+	_ = s.spool.Flush(fctx)
+	fcancel()
+	s.cancel()
+	s.bg.Wait()
+	return errors.Join(s.spawner.Close(ctx), s.store.Close())
 }
+
+func fieldError(field, format string, args ...any) error { return fielderr.New(field, format, args...) }
+
+// isNotFound recognizes a missing graph or version from the publisher, local or remote.
+func isNotFound(err error) bool { return errors.Is(err, graph.ErrNotPublished) }

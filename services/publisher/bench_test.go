@@ -17,6 +17,7 @@ import (
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/secretbox"
+	"github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
 	"github.com/ringfence/ringfence/internal/testutil/fixtures"
 	"github.com/ringfence/ringfence/services/pool"
@@ -30,7 +31,7 @@ func openRegistry(b testing.TB, dir string, refs ...string) *registry.Service {
 	roles, err := auth.NewRoles("")
 	require.NoError(b, err)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	reg, err := registry.Open(registry.Config{DBPath: filepath.Join(dir, "registry.db"), Secrets: box, Roles: roles, Logger: quiet})
+	reg, err := registry.Open(registry.Config{DBPath: filepath.Join(dir, "registry.db"), Secrets: box, Roles: roles, Logger: quiet, AuditSink: testutil.NewAuditRecorder()})
 	require.NoError(b, err)
 	b.Cleanup(func() { reg.Close() })
 	for _, ref := range refs {
@@ -89,7 +90,7 @@ func benchValidateDraft(b *testing.B, cacheBytes int) {
 		servers = append(servers, fmt.Sprintf("server-%d", i))
 	}
 	reg := openRegistry(b, dir, servers...)
-	svc, err := Open(Config{DBPath: filepath.Join(dir, "publisher.db"), Policies: reg, CacheBytes: cacheBytes, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	svc, err := Open(Config{DBPath: filepath.Join(dir, "publisher.db"), Policies: reg, CacheBytes: cacheBytes, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), AuditSink: testutil.NewAuditRecorder()})
 	require.NoError(b, err)
 	b.Cleanup(func() { svc.Close() })
 	g := generatedGraph(10000, servers)
@@ -136,7 +137,7 @@ func BenchmarkImport200Tools(b *testing.B) {
 	require.Len(b, listing.Tools, 206)
 
 	run := func(b *testing.B, disc Discoverer) {
-		svc, err := Open(Config{DBPath: filepath.Join(b.TempDir(), "publisher.db"), Policies: reg, Discoverer: disc, Logger: quiet})
+		svc, err := Open(Config{DBPath: filepath.Join(b.TempDir(), "publisher.db"), Policies: reg, Discoverer: disc, Logger: quiet, AuditSink: testutil.NewAuditRecorder()})
 		require.NoError(b, err)
 		defer svc.Close()
 		var discovery, apply time.Duration

@@ -141,13 +141,14 @@ func newFixture(t *testing.T, opts ...fixtureOpts) *fixture {
 	roles, err := auth.NewRoles("")
 	require.NoError(t, err)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	reg, err := registry.Open(registry.Config{DBPath: filepath.Join(dir, "registry.db"), Secrets: box, Roles: roles, Logger: quiet})
+	recorder := testutil.NewAuditRecorder()
+	reg, err := registry.Open(registry.Config{DBPath: filepath.Join(dir, "registry.db"), Secrets: box, Roles: roles, Logger: quiet, AuditSink: recorder})
 	require.NoError(t, err)
 	t.Cleanup(func() { reg.Close() })
 	require.NoError(t, reg.EnsureBootstrapAdmin(t.Context(), adminKey))
 
 	disc := &fakeDiscoverer{reg: reg, decls: map[string][]string{}, failures: map[string]error{}}
-	cfg := Config{DBPath: filepath.Join(dir, "publisher.db"), Policies: reg, Discoverer: disc, AllowInlineMCPServers: o.allowInline, Logger: quiet}
+	cfg := Config{DBPath: filepath.Join(dir, "publisher.db"), Policies: reg, Discoverer: disc, AllowInlineMCPServers: o.allowInline, Logger: quiet, AuditSink: recorder}
 	if o.noDiscoverer {
 		cfg.Discoverer = nil
 	}

@@ -7,10 +7,12 @@ import (
 	"strconv"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
+	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/graph"
@@ -83,7 +85,10 @@ func (s *Service) CreateGraph(ctx context.Context, req *publisherv1.CreateGraphR
 		}
 		g.Nodes = append(g.Nodes, graph.Node{ID: a, Kind: graph.KindAgent, Agent: &graph.AgentNode{}})
 	}
-	if err := s.store.CreateGraph(ctx, g, nil); err != nil {
+	agents := make([]string, 0, len(req.GetAgents()))
+	agents = append(agents, req.GetAgents()...)
+	if err := s.store.CreateGraph(ctx, g, s.event(ctx, tenant, audit.ActionCreate, g.ID,
+		map[string]any{"capability_mode": g.Mode(), "agents": bounded(agents)})); err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, g.ID))
 	}
 	return &publisherv1.CreateGraphResponse{Draft: graphpb.GraphToProto(g, true)}, nil
@@ -138,6 +143,7 @@ func (s *Service) ReplaceDraft(ctx context.Context, req *publisherv1.ReplaceDraf
 	if err := draftField(graph.VerifyPins(next)); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
+	var before, after *graph.Graph
 	stored, err := s.store.UpdateDraft(ctx, tenant, req.GetGraphId(), func(cur *graph.Graph) error {
 		if d.GetRevision() != 0 && d.GetRevision() != cur.Revision {
 			return errStaleRevision
@@ -145,9 +151,14 @@ func (s *Service) ReplaceDraft(ctx context.Context, req *publisherv1.ReplaceDraf
 		if err := restoreMaskedEnv(next, cur); err != nil {
 			return err
 		}
+		old := *cur
+		before = &old
 		*cur = *next
+		after = cur
 		return nil
-	}, nil)
+	}, func(tx *bolt.Tx) error {
+		return s.event(ctx, tenant, audit.ActionUpdate, req.GetGraphId(), draftChange(before, after))(tx)
+	})
 	if err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, req.GetGraphId()))
 	}
@@ -216,7 +227,11 @@ func (s *Service) Publish(ctx context.Context, req *publisherv1.PublishRequest) 
 	}
 	p, _ := auth.FromContext(ctx)
 	v := &graph.Version{Graph: g, PublishTime: time.Now().UTC(), PublishedBy: p.Actor(), Warnings: res.Warnings}
-	n, err := s.store.Publish(ctx, tenant, g.ID, g.Revision, v, nil)
+	n, err := s.store.Publish(ctx, tenant, g.ID, g.Revision, v, func(tx *bolt.Tx) error {
+		return s.event(ctx, tenant, audit.ActionPublish, g.ID, map[string]any{
+			"draft_revision": g.Revision, "nodes": len(g.Nodes), "warnings": len(res.Warnings),
+		})(tx)
+	})
 	if err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, g.ID))
 	}
@@ -315,7 +330,7 @@ func (s *Service) DeleteGraph(ctx context.Context, req *publisherv1.DeleteGraphR
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	if err := s.store.DeleteGraph(ctx, tenant, req.GetGraphId(), nil); err != nil {
+	if err := s.store.DeleteGraph(ctx, tenant, req.GetGraphId(), s.event(ctx, tenant, audit.ActionDelete, req.GetGraphId(), nil)); err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, req.GetGraphId()))
 	}
 	return &publisherv1.DeleteGraphResponse{}, nil

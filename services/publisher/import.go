@@ -10,9 +10,11 @@ import (
 	"strings"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
 	"google.golang.org/grpc/status"
 
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
+	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
@@ -168,7 +170,9 @@ func (s *Service) Import(ctx context.Context, req ImportRequest) (*ImportResult,
 	stored, err := s.store.UpdateDraft(ctx, req.Tenant, req.GraphID, func(cur *graph.Graph) error {
 		res.Tools, res.AgentCapabilitiesAdded = nil, nil
 		return applyImport(cur, req, tools, policy, res)
-	}, nil)
+	}, func(tx *bolt.Tx) error {
+		return s.event(ctx, req.Tenant, audit.ActionImport, req.GraphID, importChange(req, res))(tx)
+	})
 	if err != nil {
 		return nil, storeErr(err, req.GraphID)
 	}

@@ -8,11 +8,14 @@ package publisher
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"time"
 
 	"google.golang.org/grpc/codes"
 
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
+	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
@@ -49,7 +52,12 @@ type Config struct {
 	// CacheBytes bounds the decoded drafts and versions kept in memory, by encoded size
 	// (0: 128 MiB, negative: none). Decoding a 10,000-node draft costs more than validating it.
 	CacheBytes int
-	Logger     *slog.Logger
+	// AuditSink receives the admin events (the audit service in-process, or peers.Audit);
+	// SpoolMaxRecords and OnSpoolFull bound the outbox that holds them meanwhile.
+	AuditSink       audit.Sink
+	SpoolMaxRecords int
+	OnSpoolFull     audit.FullPolicy
+	Logger          *slog.Logger
 }
 
 // Service implements PublisherService.
@@ -58,9 +66,12 @@ type Service struct {
 
 	cfg       Config
 	store     *store.Store
+	spool     *audit.Spool
 	validator *graph.Validator
 	log       *slog.Logger
 	errors    grpcserver.ErrorTable
+	stop      context.CancelFunc
+	done      chan struct{}
 }
 
 var (
@@ -97,6 +108,7 @@ var errorCodes = map[error]codes.Code{
 	errNoPrincipal:                 codes.Unauthenticated,
 	auth.ErrTenantMismatch:         codes.PermissionDenied,
 	discovery.ErrIsolationRequired: codes.Unavailable,
+	audit.ErrSpoolFull:             codes.Unavailable,
 }
 
 // Open opens the publisher's store and builds the service; Close releases it.
@@ -112,17 +124,47 @@ func Open(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{
+	spool, err := audit.NewSpool(audit.SpoolConfig{
+		DB: st.DB(), Bucket: string(store.OutboxBucket), Sink: cfg.AuditSink, Producer: "publisher",
+		MaxPending: cfg.SpoolMaxRecords, OnFull: cfg.OnSpoolFull, Logger: cfg.Logger,
+	})
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	s := &Service{
 		cfg:       cfg,
 		store:     st,
+		spool:     spool,
 		validator: v,
 		log:       cfg.Logger,
 		errors:    grpcserver.ErrorTable{Service: "publisher", Codes: errorCodes, Logger: cfg.Logger},
-	}, nil
+		stop:      stop,
+		done:      make(chan struct{}),
+	}
+	go func() {
+		defer close(s.done)
+		if err := spool.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			s.log.Error("the audit spool forwarder stopped", "err", err)
+		}
+	}()
+	return s, nil
 }
 
-// Close closes the store.
-func (s *Service) Close() error { return s.store.Close() }
+// Spool is the publisher's audit spool (tests flush it).
+func (s *Service) Spool() *audit.Spool { return s.spool }
+
+// Close stops the audit forwarder (pending events stay durable and are sent after the next
+// start) and closes the store.
+func (s *Service) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = s.spool.Flush(ctx)
+	cancel()
+	s.stop()
+	<-s.done
+	return s.store.Close()
+}
 
 // PublishedVersion returns a published version (0: the latest) with inline env values in
 // clear: what the pool loads for a run. In-process callers use it directly; split deployments
@@ -140,7 +182,11 @@ func (s *Service) PublishedVersion(ctx context.Context, tenant, graphID string, 
 	}
 	v, err := s.store.Version(ctx, tenant, graphID, version)
 	if err != nil {
-		return nil, s.versionErr(ctx, tenant, graphID, err)
+		err = s.versionErr(ctx, tenant, graphID, err)
+		if errors.Is(err, ErrGraphNotFound) || errors.Is(err, ErrVersionNotFound) {
+			err = fmt.Errorf("%w: %w", graph.ErrNotPublished, err)
+		}
+		return nil, err
 	}
 	return v, nil
 }

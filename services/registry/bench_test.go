@@ -30,7 +30,7 @@ func benchClient(b *testing.B) registryv1.RegistryServiceClient {
 	require.NoError(b, err)
 	roles, _ := auth.NewRoles("")
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	svc, err := Open(Config{DBPath: filepath.Join(dir, "registry.db"), Secrets: box, Roles: roles, AllowedEnvKeys: []string{"APP_TOKEN"}, Logger: log})
+	svc, err := Open(Config{DBPath: filepath.Join(dir, "registry.db"), Secrets: box, Roles: roles, AllowedEnvKeys: []string{"APP_TOKEN"}, Logger: log, AuditSink: testutil.NewAuditRecorder()})
 	require.NoError(b, err)
 	b.Cleanup(func() { svc.Close() })
 	require.NoError(b, svc.EnsureBootstrapAdmin(context.Background(), adminKey))

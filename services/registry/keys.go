@@ -10,6 +10,7 @@ import (
 	"time"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/services/registry/internal/store"
@@ -51,7 +52,7 @@ func (s *Service) EnsureBootstrapAdmin(ctx context.Context, key string) error {
 		ID: "key_" + hash[:16], Name: "bootstrap-admin", Role: auth.RoleAdmin,
 		Hash: hash, CreateTime: time.Now().UTC(),
 	}
-	if err := s.store.CreateKey(ctx, k, nil); err != nil {
+	if err := s.store.CreateKey(ctx, k, s.event(ctx, audit.ActionKeyCreate, resourceKey, k.ID, keyToProto(k))); err != nil {
 		return fmt.Errorf("registry: create the bootstrap admin key: %w", err)
 	}
 	s.log.Info("bootstrap admin key enabled", "key_id", k.ID)
@@ -74,7 +75,7 @@ func (s *Service) CreateKey(ctx context.Context, req *registryv1.CreateKeyReques
 		ID: id, Name: req.GetName(), Role: req.GetRole(), Tenant: req.GetTenant(),
 		Hash: auth.HashKey(secret), CreateTime: time.Now().UTC(),
 	}
-	if err := s.store.CreateKey(ctx, k, nil); err != nil {
+	if err := s.store.CreateKey(ctx, k, s.event(ctx, audit.ActionKeyCreate, resourceKey, k.ID, keyToProto(k))); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
 	return &registryv1.CreateKeyResponse{Key: keyToProto(k), Secret: secret}, nil
@@ -115,7 +116,7 @@ func (s *Service) RevokeKey(ctx context.Context, req *registryv1.RevokeKeyReques
 	if !keyIDPattern.MatchString(req.GetId()) {
 		return nil, s.errors.Status(ctx, fielderr.New("id", "%q is not a key id (key_<hex>); ListKeys shows them", req.GetId()))
 	}
-	k, err := s.store.RevokeKey(ctx, req.GetId(), nil)
+	k, err := s.store.RevokeKey(ctx, req.GetId(), s.event(ctx, audit.ActionKeyRevoke, resourceKey, req.GetId(), nil))
 	if err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, errKeyNotFound))
 	}

@@ -9,10 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"google.golang.org/grpc/codes"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/grpcserver"
@@ -38,7 +40,12 @@ type Config struct {
 	// Discoverer answers ListServerTools; nil means isolation is not configured, and the RPC
 	// refuses instead of ever running a server on the host.
 	Discoverer Discoverer
-	Logger     *slog.Logger
+	// AuditSink receives the admin events (the audit service in-process, or peers.Audit);
+	// SpoolMaxRecords and OnSpoolFull bound the outbox that holds them meanwhile.
+	AuditSink       audit.Sink
+	SpoolMaxRecords int
+	OnSpoolFull     audit.FullPolicy
+	Logger          *slog.Logger
 }
 
 // Service implements RegistryService and KeyService.
@@ -48,8 +55,11 @@ type Service struct {
 
 	cfg    Config
 	store  *store.Store
+	spool  *audit.Spool
 	log    *slog.Logger
 	errors grpcserver.ErrorTable
+	stop   context.CancelFunc
+	done   chan struct{}
 }
 
 var (
@@ -81,6 +91,7 @@ var errorCodes = map[error]codes.Code{
 	errUnknownRole:                 codes.InvalidArgument,
 	discovery.ErrIsolationRequired: codes.Unavailable,
 	auth.ErrUnknownKey:             codes.Unauthenticated,
+	audit.ErrSpoolFull:             codes.Unavailable,
 }
 
 // Open opens the registry's store and builds the service; Close releases it.
@@ -92,20 +103,50 @@ func Open(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{
+	spool, err := audit.NewSpool(audit.SpoolConfig{
+		DB: st.DB(), Bucket: string(store.OutboxBucket), Sink: cfg.AuditSink, Producer: "registry",
+		MaxPending: cfg.SpoolMaxRecords, OnFull: cfg.OnSpoolFull, Logger: cfg.Logger,
+	})
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	s := &Service{
 		cfg:    cfg,
 		store:  st,
+		spool:  spool,
 		log:    cfg.Logger,
 		errors: grpcserver.ErrorTable{Service: "registry", Codes: errorCodes, Logger: cfg.Logger},
-	}, nil
+		stop:   stop,
+		done:   make(chan struct{}),
+	}
+	go func() {
+		defer close(s.done)
+		if err := spool.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			s.log.Error("the audit spool forwarder stopped", "err", err)
+		}
+	}()
+	return s, nil
 }
+
+// Spool is the registry's audit spool (tests flush it).
+func (s *Service) Spool() *audit.Spool { return s.spool }
 
 // SetDiscoverer wires the pool in after both are built (they refer to each other). Call it
 // before serving.
 func (s *Service) SetDiscoverer(d Discoverer) { s.cfg.Discoverer = d }
 
-// Close closes the store.
-func (s *Service) Close() error { return s.store.Close() }
+// Close stops the audit forwarder (pending events stay durable in the outbox and are sent
+// after the next start) and closes the store.
+func (s *Service) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = s.spool.Flush(ctx)
+	cancel()
+	s.stop()
+	<-s.done
+	return s.store.Close()
+}
 
 // storeErr translates store errors into the service's domain errors.
 func storeErr(err error, notFound error) error {

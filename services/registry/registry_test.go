@@ -35,6 +35,7 @@ const (
 
 type fixture struct {
 	svc    *Service
+	audit  *testutil.AuditRecorder
 	conn   *grpc.ClientConn
 	base   string
 	client registryv1.RegistryServiceClient
@@ -52,7 +53,8 @@ func newFixture(t *testing.T) *fixture {
 	roles, err := auth.NewRoles("")
 	require.NoError(t, err)
 	dbPath := filepath.Join(dir, "registry.db")
-	svc, err := Open(Config{DBPath: dbPath, Secrets: box, Roles: roles, AllowedEnvKeys: []string{"APP_TOKEN", "REGION"}})
+	recorder := testutil.NewAuditRecorder()
+	svc, err := Open(Config{DBPath: dbPath, Secrets: box, Roles: roles, AllowedEnvKeys: []string{"APP_TOKEN", "REGION"}, AuditSink: recorder})
 	require.NoError(t, err)
 	t.Cleanup(func() { svc.Close() })
 	require.NoError(t, svc.EnsureBootstrapAdmin(t.Context(), adminKey))
@@ -67,7 +69,7 @@ func newFixture(t *testing.T) *fixture {
 		return registryv1.RegisterKeyServiceHandler(ctx, mux, conn)
 	})
 	conn, base := testutil.Serve(t, srv)
-	f := &fixture{svc: svc, conn: conn, base: base, client: registryv1.NewRegistryServiceClient(conn),
+	f := &fixture{svc: svc, audit: recorder, conn: conn, base: base, client: registryv1.NewRegistryServiceClient(conn),
 		keys: registryv1.NewKeyServiceClient(conn), dbPath: dbPath, roleKeys: map[string]string{auth.RoleAdmin: adminKey}}
 	for _, role := range []string{auth.RoleOperator, auth.RoleAuthor, auth.RoleRunner, auth.RoleAuditor} {
 		resp, err := f.keys.CreateKey(f.admin(t), &registryv1.CreateKeyRequest{Name: role, Role: role})
@@ -374,4 +376,41 @@ func TestDiscoveryErrorsCarryTheirClass(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, codes.DeadlineExceeded, st.Code())
 	require.Equal(t, "handshake_timeout", st.Details()[0].(*typesv1.ServerFailure).GetClass())
+}
+
+// TestEveryChangeIsAnAdminEventWithSecretsMasked: creates, updates, deletes, secrets and key
+// changes each reach the audit sink once, in order, naming the actor, and no record carries the
+// canary.
+func TestEveryChangeIsAnAdminEventWithSecretsMasked(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	_, err := f.client.CreateServer(ctx, docsSearch())
+	require.NoError(t, err)
+	_, err = f.client.UpdateServer(ctx, &registryv1.UpdateServerRequest{Ref: "docs-search", Command: "x", Env: env("APP_TOKEN", canary+"-2")})
+	require.NoError(t, err)
+	_, err = f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tok", Value: canary})
+	require.NoError(t, err)
+	_, err = f.client.DeleteServer(ctx, &registryv1.DeleteServerRequest{Ref: "docs-search"})
+	require.NoError(t, err)
+	// A refused change records nothing.
+	_, err = f.client.CreateServer(ctx, &registryv1.CreateServerRequest{Ref: "BAD"})
+	require.Error(t, err)
+	require.NoError(t, f.svc.Spool().Flush(ctx))
+
+	var actions []string
+	for _, r := range f.audit.Records() {
+		require.Equal(t, "registry", r.Producer)
+		require.NotNil(t, r.Admin)
+		raw, _ := json.Marshal(r)
+		require.NotContains(t, string(raw), canary, "an audit record carries the canary")
+		if r.Admin.ResourceType == resourceKey {
+			continue // the fixture's key creations
+		}
+		actions = append(actions, r.Admin.Action+" "+r.Admin.ResourceType+" "+r.Admin.ResourceID)
+		require.NotEmpty(t, r.Admin.ActorKeyID)
+		require.Equal(t, auth.RoleAdmin, r.Admin.ActorRole)
+	}
+	require.Equal(t, []string{
+		"create mcp_server docs-search", "update mcp_server docs-search", "put secret tok", "delete mcp_server docs-search",
+	}, actions)
 }

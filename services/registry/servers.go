@@ -3,7 +3,11 @@ package registry
 import (
 	"context"
 
+	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/proto"
+
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/mcpserver"
@@ -32,7 +36,9 @@ func (s *Service) CreateServer(ctx context.Context, req *registryv1.CreateServer
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	if err := s.store.CreateServer(ctx, reg, nil); err != nil {
+	if err := s.store.CreateServer(ctx, reg, func(tx *bolt.Tx) error {
+		return s.event(ctx, audit.ActionCreate, resourceServer, reg.Ref, serverToProto(reg))(tx)
+	}); err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
 	}
 	return &registryv1.CreateServerResponse{Server: serverToProto(reg)}, nil
@@ -89,7 +95,10 @@ func (s *Service) UpdateServer(ctx context.Context, req *registryv1.UpdateServer
 			}
 		}
 		return reg, nil
-	}, nil)
+	}, func(tx *bolt.Tx, before, after *mcpserver.Registration) error {
+		return s.event(ctx, audit.ActionUpdate, resourceServer, after.Ref,
+			map[string]proto.Message{"before": serverToProto(before), "after": serverToProto(after)})(tx)
+	})
 	if err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
 	}
@@ -101,7 +110,7 @@ func (s *Service) DeleteServer(ctx context.Context, req *registryv1.DeleteServer
 	if err := mcpserver.ValidateRef(req.GetRef()); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	if err := s.store.DeleteServer(ctx, req.GetRef(), nil); err != nil {
+	if err := s.store.DeleteServer(ctx, req.GetRef(), s.event(ctx, audit.ActionDelete, resourceServer, req.GetRef(), nil)); err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
 	}
 	return &registryv1.DeleteServerResponse{}, nil
@@ -137,7 +146,8 @@ func (s *Service) PutSecret(ctx context.Context, req *registryv1.PutSecretReques
 	if len(req.GetValue()) == 0 || len(req.GetValue()) > mcpserver.MaxEnvValue {
 		return nil, s.errors.Status(ctx, fielderr.New("value", "must be 1 to %d bytes", mcpserver.MaxEnvValue))
 	}
-	sec, err := s.store.PutSecret(ctx, req.GetName(), req.GetValue(), nil)
+	sec, err := s.store.PutSecret(ctx, req.GetName(), req.GetValue(),
+		s.event(ctx, "put", resourceSecret, req.GetName(), map[string]string{"name": req.GetName(), "value": SecretMask}))
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
@@ -162,7 +172,7 @@ func (s *Service) DeleteSecret(ctx context.Context, req *registryv1.DeleteSecret
 	if err := mcpserver.ValidateSecretName("name", req.GetName()); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	if err := s.store.DeleteSecret(ctx, req.GetName(), nil); err != nil {
+	if err := s.store.DeleteSecret(ctx, req.GetName(), s.event(ctx, audit.ActionDelete, resourceSecret, req.GetName(), nil)); err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, errSecretNotFound))
 	}
 	return &registryv1.DeleteSecretResponse{}, nil

@@ -138,7 +138,7 @@ func GraphToProto(g *graph.Graph, mask bool) *publisherv1.Graph {
 		out.UpdateTime = timestamppb.New(g.UpdateTime)
 	}
 	for i := range g.Nodes {
-		out.Nodes[i] = nodeToProto(&g.Nodes[i], mask)
+		out.Nodes[i] = NodeToProto(&g.Nodes[i], mask)
 	}
 	for i, e := range g.Edges {
 		out.Edges[i] = &publisherv1.Edge{From: e.From, To: e.To, Kind: e.Kind}
@@ -149,7 +149,8 @@ func GraphToProto(g *graph.Graph, mask bool) *publisherv1.Graph {
 	return out
 }
 
-func nodeToProto(n *graph.Node, mask bool) *publisherv1.Node {
+// NodeToProto renders one node (mask as in GraphToProto).
+func NodeToProto(n *graph.Node, mask bool) *publisherv1.Node {
 	out := &publisherv1.Node{Id: n.ID, Kind: n.Kind}
 	switch {
 	case n.Agent != nil:

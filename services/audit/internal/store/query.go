@@ -66,6 +66,9 @@ func (f Filter) validate() error {
 
 func (f Filter) empty() bool { return f == Filter{} }
 
+// Matches reports whether r passes the filter (Watch applies it per record).
+func (f Filter) Matches(r *audit.Record) bool { return f.match(r) }
+
 func (f Filter) match(r *audit.Record) bool {
 	if f.Tenant != "" && r.Tenant != f.Tenant {
 		return false

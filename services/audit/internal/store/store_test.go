@@ -101,7 +101,7 @@ func TestAppendAssignsSeqsInOrder(t *testing.T) {
 	}
 	require.Equal(t, Genesis, page.Entries[0].PrevHash)
 	require.Equal(t, h, page.Entries[3].Hash)
-	require.JSONEq(t, `{"env":{"TOKEN":"••••••"}}`, string(page.Entries[2].Record.Admin.Change))
+	require.JSONEq(t, `{"env":{"TOKEN":"`+audit.SecretMask+`"}}`, string(page.Entries[2].Record.Admin.Change))
 }
 
 func TestAppendIsIdempotentByID(t *testing.T) {

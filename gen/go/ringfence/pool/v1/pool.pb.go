@@ -145,7 +145,9 @@ type Run struct {
 	LastActivityTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=last_activity_time,json=lastActivityTime,proto3" json:"last_activity_time,omitempty"`
 	EndTime          *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
 	// calls counts attempts, refused ones included.
-	Calls         int64 `protobuf:"varint,10,opt,name=calls,proto3" json:"calls,omitempty"`
+	Calls int64 `protobuf:"varint,10,opt,name=calls,proto3" json:"calls,omitempty"`
+	// end_reason says why a run ended (who ended it, or an idle timeout).
+	EndReason     string `protobuf:"bytes,11,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -248,6 +250,13 @@ func (x *Run) GetCalls() int64 {
 		return x.Calls
 	}
 	return 0
+}
+
+func (x *Run) GetEndReason() string {
+	if x != nil {
+		return x.EndReason
+	}
+	return ""
 }
 
 // Session is one running MCP server of a run.
@@ -1216,7 +1225,7 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\x10DiscoverResponse\x129\n" +
 	"\x05tools\x18\x01 \x03(\v2#.ringfence.types.v1.ToolDeclarationR\x05tools\x12F\n" +
 	"\x10listing_findings\x18\x02 \x03(\v2\x1b.ringfence.types.v1.FindingR\x0flistingFindings\x123\n" +
-	"\x15registration_revision\x18\x03 \x01(\x03R\x14registrationRevision\"\x89\x03\n" +
+	"\x15registration_revision\x18\x03 \x01(\x03R\x14registrationRevision\"\xa8\x03\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x19\n" +
@@ -1229,7 +1238,9 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\x12last_activity_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x10lastActivityTime\x125\n" +
 	"\bend_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x14\n" +
 	"\x05calls\x18\n" +
-	" \x01(\x03R\x05calls\"\xb6\x01\n" +
+	" \x01(\x03R\x05calls\x12\x1d\n" +
+	"\n" +
+	"end_reason\x18\v \x01(\tR\tendReason\"\xb6\x01\n" +
 	"\aSession\x12\x1d\n" +
 	"\n" +
 	"server_ref\x18\x01 \x01(\tR\tserverRef\x129\n" +

@@ -1,0 +1,243 @@
+// Package audit is the audit service: the append-only, hash-chained record of every admin
+// change and every tool-call attempt. Producers (registry, publisher, pool) append through
+// their own durable spools with their service certificates; readers with audit:read list,
+// watch, verify and export it, a tenant-bound key seeing its tenant only.
+package audit
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+
+	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
+	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/audit/auditpb"
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/grpcserver"
+	"github.com/ringfence/ringfence/services/audit/internal/store"
+)
+
+// Config holds the service's dependencies.
+type Config struct {
+	// DBPath is the log's bbolt file.
+	DBPath string
+	Logger *slog.Logger
+}
+
+// Service implements AuditService.
+type Service struct {
+	auditv1.UnsafeAuditServiceServer
+
+	store  *store.Store
+	log    *slog.Logger
+	errors grpcserver.ErrorTable
+}
+
+var _ auditv1.AuditServiceServer = (*Service)(nil)
+
+var errorCodes = map[error]codes.Code{
+	audit.ErrInvalidRecord:    codes.InvalidArgument,
+	store.ErrInvalidFilter:    codes.InvalidArgument,
+	store.ErrInvalidPageToken: codes.InvalidArgument,
+	store.ErrClosed:           codes.Unavailable,
+	store.ErrIDConflict:       codes.AlreadyExists,
+	store.ErrTooManyRecords:   codes.InvalidArgument,
+}
+
+// Open opens the log.
+func Open(cfg Config) (*Service, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	st, err := store.Open(cfg.DBPath, store.Options{Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	return &Service{store: st, log: cfg.Logger, errors: grpcserver.ErrorTable{Service: "audit", Codes: errorCodes, Logger: cfg.Logger}}, nil
+}
+
+// Close closes the log.
+func (s *Service) Close() error { return s.store.Close() }
+
+// Sink is where in-process producers' spools forward to (ringfenced).
+func (s *Service) Sink() audit.Sink { return s.store.Sink() }
+
+// Append implements the internal AuditService.Append RPC.
+func (s *Service) Append(ctx context.Context, req *auditv1.AppendRequest) (*auditv1.AppendResponse, error) {
+	if len(req.GetRecords()) == 0 {
+		return &auditv1.AppendResponse{}, nil
+	}
+	if len(req.GetRecords()) > audit.MaxBatchSize {
+		return nil, s.errors.Status(ctx, fieldErr("records", "at most %d per call", audit.MaxBatchSize))
+	}
+	recs := make([]audit.Record, len(req.GetRecords()))
+	for i, p := range req.GetRecords() {
+		r, err := auditpb.RecordFromProto(p)
+		if err != nil {
+			return nil, s.errors.Status(ctx, err)
+		}
+		recs[i] = r
+	}
+	seqs, err := s.store.Append(ctx, recs)
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	return &auditv1.AppendResponse{Seqs: seqs}, nil
+}
+
+// filterFor turns a request filter into a store filter, pinned to the caller's tenant when
+// the key is bound to one.
+func filterFor(ctx context.Context, f *auditv1.Filter) (store.Filter, error) {
+	out := store.Filter{
+		Tenant: f.GetTenant(), RunID: f.GetRunId(), ServerRef: f.GetServerRef(), ToolName: f.GetToolName(),
+		Outcome: f.GetOutcome(), Kind: audit.Kind(f.GetKind()),
+	}
+	if f.GetSince() != nil {
+		out.Since = f.GetSince().AsTime()
+	}
+	if f.GetUntil() != nil {
+		out.Until = f.GetUntil().AsTime()
+	}
+	if p, ok := auth.FromContext(ctx); ok && p.Tenant != "" {
+		if out.Tenant != "" && out.Tenant != p.Tenant {
+			return store.Filter{}, auth.ErrTenantMismatch
+		}
+		out.Tenant = p.Tenant
+	}
+	return out, nil
+}
+
+// List implements AuditService.
+func (s *Service) List(ctx context.Context, req *auditv1.ListRequest) (*auditv1.ListResponse, error) {
+	f, err := filterFor(ctx, req.GetFilter())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	if req.GetPageSize() < 0 {
+		return nil, s.errors.Status(ctx, fieldErr("page_size", "must not be negative"))
+	}
+	page, err := s.store.List(ctx, f, int(req.GetPageSize()), req.GetPageToken())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	resp := &auditv1.ListResponse{NextPageToken: page.NextPageToken}
+	for _, e := range page.Entries {
+		resp.Records = append(resp.Records, entryToProto(e))
+	}
+	return resp, nil
+}
+
+// Watch implements AuditService: records from from_seq on, then new ones as they land.
+func (s *Service) Watch(req *auditv1.WatchRequest, stream auditv1.AuditService_WatchServer) error {
+	ctx := stream.Context()
+	f, err := filterFor(ctx, req.GetFilter())
+	if err != nil {
+		return s.errors.Status(ctx, err)
+	}
+	from := req.GetFromSeq()
+	if from == 0 {
+		head, _ := s.store.Head()
+		from = head + 1
+	}
+	for e, err := range s.store.Watch(ctx, from) {
+		if err != nil {
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				return nil
+			}
+			return s.errors.Status(ctx, err)
+		}
+		if !f.Matches(&e.Record) {
+			continue
+		}
+		if err := stream.Send(&auditv1.WatchResponse{Record: entryToProto(e)}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Verify implements AuditService.
+func (s *Service) Verify(ctx context.Context, _ *auditv1.VerifyRequest) (*auditv1.VerifyResponse, error) {
+	res, err := s.store.Verify(ctx, nil)
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	headSeq, headHash := s.store.Head()
+	return &auditv1.VerifyResponse{
+		Ok: res.OK, Checked: res.Checked, FirstBroken: res.FirstBroken, Reason: res.Reason,
+		HeadSeq: headSeq, HeadHash: hexHash(headHash),
+	}, nil
+}
+
+// Export implements AuditService over gRPC: every matching record up to the head.
+func (s *Service) Export(req *auditv1.ExportRequest, stream auditv1.AuditService_ExportServer) error {
+	ctx := stream.Context()
+	f, err := filterFor(ctx, req.GetFilter())
+	if err != nil {
+		return s.errors.Status(ctx, err)
+	}
+	token := ""
+	for {
+		page, err := s.store.List(ctx, f, 1000, token)
+		if err != nil {
+			return s.errors.Status(ctx, err)
+		}
+		for _, e := range page.Entries {
+			if err := stream.Send(&auditv1.ExportResponse{Record: entryToProto(e)}); err != nil {
+				return err
+			}
+		}
+		if token = page.NextPageToken; token == "" {
+			return nil
+		}
+	}
+}
+
+// ExportHandler serves GET /v1/audit/export as JSON lines: each line is
+// {"hash":"<hex>","record":<the stored body, byte for byte>}, so the chain can be verified
+// away from this service. It authorizes exactly like the Export RPC.
+func (s *Service) ExportHandler(authz grpcserver.Authorizer) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			w.Header().Set("Allow", http.MethodGet)
+			http.Error(w, `{"code":405,"status":"METHOD_NOT_ALLOWED","message":"use GET"}`, http.StatusMethodNotAllowed)
+			return
+		}
+		ctx := metadata.NewIncomingContext(r.Context(), metadata.Pairs(auth.MetadataKey, r.Header.Get("X-API-Key")))
+		ctx, err := authz.Authorize(ctx, auditv1.AuditService_Export_FullMethodName)
+		if err != nil {
+			grpcserver.WriteHTTPError(w, err)
+			return
+		}
+		q := r.URL.Query()
+		pf := &auditv1.Filter{
+			Tenant: q.Get("tenant"), RunId: q.Get("run_id"), ServerRef: q.Get("server_ref"),
+			ToolName: q.Get("tool_name"), Outcome: q.Get("outcome"), Kind: q.Get("kind"),
+		}
+		f, err := filterFor(ctx, pf)
+		if err != nil {
+			grpcserver.WriteHTTPError(w, s.errors.Status(ctx, err))
+			return
+		}
+		for name, dst := range map[string]*time.Time{"since": &f.Since, "until": &f.Until} {
+			if v := q.Get(name); v != "" {
+				t, err := time.Parse(time.RFC3339, v)
+				if err != nil {
+					grpcserver.WriteHTTPError(w, s.errors.Status(ctx, fieldErr(name, "must be an RFC 3339 time, e.g. 2026-11-30T00:00:00Z")))
+					return
+				}
+				*dst = t
+			}
+		}
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		if _, err := s.store.Export(ctx, w, f); err != nil && !strings.Contains(err.Error(), "write") {
+			s.log.Warn("export failed", "err", err)
+		}
+	})
+}

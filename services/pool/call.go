@@ -1,0 +1,531 @@
+package pool
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/capability"
+	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/mcpdecl/sanitize"
+	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/services/pool/internal/schemas"
+	"github.com/ringfence/ringfence/services/pool/internal/spawner"
+)
+
+// CallRequest is one tool call by one agent of a run.
+type CallRequest struct {
+	RunID  string
+	Tenant string // the caller's tenant when its key is bound to one
+	Agent  string
+	// Tool is the name the agent binds the tool by.
+	Tool string
+	// Arguments is the JSON object of arguments (nil means {}).
+	Arguments json.RawMessage
+	CallID    string
+}
+
+// CallResult is a dispatched call's sanitized result.
+type CallResult struct {
+	CallID    string
+	Attempt   int32
+	ServerRef string
+	ToolName  string
+	// Result is audit.ResultSucceeded, or audit.ResultFailed for a tool error result.
+	Result       string
+	FailureClass string
+	IsError      bool
+	// Content is the MCP content list and StructuredContent the structured result, every
+	// string sanitized.
+	Content           []map[string]any
+	StructuredContent map[string]any
+	Advisory          []string
+	Latency           time.Duration
+}
+
+// Refusal reasons (audit.Reason… where one exists).
+const (
+	reasonUnknownRun        = "unknown_run"
+	reasonUnknownAgent      = "unknown_agent"
+	reasonRunNotRunning     = "run_not_running"
+	reasonLimitExceeded     = "limit_exceeded"
+	reasonAuditUnavailable  = "audit_unavailable"
+	reasonUnknownTool       = audit.ReasonUnknownTool
+	reasonUnknownServer     = audit.ReasonUnknownServer
+	reasonCeiling           = audit.ReasonCeiling
+	reasonAgentFloor        = audit.ReasonAgentFloor
+	reasonArgumentScope     = audit.ReasonArgumentScope
+	reasonInvalidInput      = audit.ReasonInvalidInput
+	reasonIsolationRequired = audit.ReasonIsolationRequired
+	reasonSpawnFailed       = audit.ReasonSpawnFailed
+	reasonHandshakeFailed   = audit.ReasonHandshakeFailed
+	reasonSchemaDrift       = audit.ReasonSchemaDrift
+)
+
+// Failure classes of a dispatched call (audit.Failure… plus the pool's own).
+const (
+	failureToolError      = audit.FailureToolError
+	failureTimeout        = audit.FailureTimeout
+	failureTransport      = audit.FailureTransportError
+	failureCrashed        = audit.FailureCrashed
+	failureOutputInvalid  = audit.FailureOutputInvalid
+	failureOutputTooLarge = "output_too_large"
+	failureCanceled       = "canceled"
+)
+
+// RefusedError is a call refused before dispatch: nothing reached the server.
+type RefusedError struct {
+	Reason  string
+	Err     error
+	Pinned  string
+	Live    string
+	Missing []string
+	// Server classifies a failure to start or reach the server.
+	Server *discovery.Failure
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("pool: refused before dispatch (%s): %v; nothing reached the server", e.Reason, e.Err)
+}
+
+func (e *RefusedError) Unwrap() error { return e.Err }
+
+func refusal(reason string, err error) *RefusedError { return &RefusedError{Reason: reason, Err: err} }
+
+// FailedError is a call that reached the server and failed: it may have taken effect.
+type FailedError struct {
+	Class string
+	Err   error
+}
+
+func (e *FailedError) Error() string {
+	return fmt.Sprintf("pool: the call reached the server and failed (%s): %v; it may have taken effect", e.Class, e.Err)
+}
+
+func (e *FailedError) Unwrap() error { return e.Err }
+
+var (
+	errDrift             = errors.New("the server's live declaration of the tool does not hash to the pin taken at import: re-import the tool (ringfence mcp-import) and publish again to accept the change")
+	errIsolationRequired = discovery.ErrIsolationRequired
+)
+
+func reasonForRegistryErr(err error) string {
+	if errors.Is(err, mcpserver.ErrNotRegistered) {
+		return reasonUnknownServer
+	}
+	return reasonSpawnFailed
+}
+
+// spawnRefusal classifies a failure to start, handshake with or list a server.
+func spawnRefusal(err error) error {
+	var se *spawner.Error
+	if !errors.As(err, &se) {
+		return refusal(reasonSpawnFailed, err)
+	}
+	reason := reasonSpawnFailed
+	switch se.Class {
+	case spawner.ClassIsolationRequired:
+		return refusal(reasonIsolationRequired, errIsolationRequired)
+	case spawner.ClassHandshakeTimeout, spawner.ClassExitedBeforeHandshake, spawner.ClassNotMCPServer:
+		reason = reasonHandshakeFailed
+	}
+	r := refusal(reason, errors.New(se.Message))
+	r.Server = &discovery.Failure{Class: string(se.Class), Message: se.Message, StderrTail: se.StderrTail}
+	return r
+}
+
+// CallTool calls a tool through every gate, in order, records the attempt in the audit log
+// (durably, before answering), and returns the sanitized result. A *RefusedError means nothing
+// reached the server; a *FailedError means it did and may have taken effect.
+func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, error) {
+	start := time.Now()
+	if req.CallID == "" {
+		req.CallID = "call-" + newRunID()[4:]
+	}
+	att := audit.ToolCallAttempt{RunID: req.RunID, CallID: req.CallID, Attempt: 1}
+	tenant := req.Tenant
+	var argsCanonical []byte
+	res, err := s.callTool(ctx, req, &att, &tenant, &argsCanonical)
+	att.LatencyMicros = time.Since(start).Microseconds()
+	if len(argsCanonical) > 0 {
+		att.ArgsDigest, att.ArgsSize = digest(argsCanonical), int64(len(argsCanonical))
+	}
+	var refused *RefusedError
+	var failed *FailedError
+	switch {
+	case errors.As(err, &refused):
+		att.Refused(refused.Reason)
+		att.PinnedHash, att.LiveHash = orKeep(att.PinnedHash, refused.Pinned), refused.Live
+	case errors.As(err, &failed):
+		att.Failed(failed.Class)
+	case err != nil:
+		// Context errors before dispatch and internal errors: nothing was sent.
+		att.Refused(reasonSpawnFailed)
+	case res.Result == audit.ResultFailed:
+		att.Failed(res.FailureClass)
+	default:
+		att.Succeeded()
+	}
+	s.metrics.calls.WithLabelValues(att.Outcome, orDash(att.Result), orDash(att.Reason+att.FailureClass)).Inc()
+	rec := audit.NewToolCallRecord("pool", tenant, att)
+	if aerr := s.spool.Enqueue(context.WithoutCancel(ctx), rec); aerr != nil {
+		s.log.Error("a tool-call attempt could not be recorded in the audit spool", "run", req.RunID, "call", req.CallID, "err", aerr)
+		if err == nil {
+			// The call happened and cannot be recorded: say so instead of answering as if all
+			// were well. The attempt may have taken effect.
+			return nil, &FailedError{Class: "audit_unavailable", Err: fmt.Errorf("the result could not be recorded in the audit log: %w", aerr)}
+		}
+	}
+	if res != nil {
+		res.Latency = time.Since(start)
+	}
+	return res, err
+}
+
+func orKeep(a, b string) string {
+	if b != "" {
+		return b
+	}
+	return a
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func digest(b []byte) string {
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.ToolCallAttempt, tenant *string, argsCanonical *[]byte) (*CallResult, error) {
+	// Gate 0: the audit spool can take the record (fail closed before anything happens).
+	if err := s.spool.CanAccept(); err != nil {
+		return nil, refusal(reasonAuditUnavailable, err)
+	}
+
+	// Gate 1: a known run, agent and tool binding.
+	r, err := s.lookup(req.RunID, req.Tenant)
+	if err != nil {
+		return nil, refusal(reasonUnknownRun, err)
+	}
+	*tenant = r.rec.Tenant
+	att.GraphID, att.GraphVersion, att.AgentNode = r.rec.GraphID, r.rec.Version, req.Agent
+	r.busy.Add(1)
+	defer r.busy.Add(-1)
+	r.mu.Lock()
+	r.lastActivity = time.Now()
+	r.calls++
+	if len(r.attempts) >= maxTrackedCallIDs {
+		clear(r.attempts)
+	}
+	r.attempts[req.CallID]++
+	att.Attempt = r.attempts[req.CallID]
+	state := r.rec.State
+	r.mu.Unlock()
+	if state != StateRunning {
+		return nil, refusal(reasonRunNotRunning, fmt.Errorf("%w (it is %s): resume it first", errRunNotRunning, state))
+	}
+	if err := s.load(ctx, r); err != nil {
+		return nil, refusal(reasonUnknownRun, err)
+	}
+	if _, ok := r.index.Agent(req.Agent); !ok {
+		return nil, refusal(reasonUnknownAgent, fmt.Errorf("graph %s v%d has no agent node %q", r.rec.GraphID, r.rec.Version, req.Agent))
+	}
+	node, ok := r.index.BoundTool(req.Agent, req.Tool)
+	if !ok || node.MCPTool == nil {
+		return nil, refusal(reasonUnknownTool, fmt.Errorf("agent %q binds no mcp_tool named %q in graph %s v%d", req.Agent, req.Tool, r.rec.GraphID, r.rec.Version))
+	}
+	tool := node.MCPTool
+	att.ToolNode, att.ServerRef, att.ToolName, att.PinnedHash = node.ID, tool.ServerRef, tool.ToolName, tool.SchemaHash
+
+	// Gate 2: the ceiling against the registry's grants now, unconditionally.
+	policy, err := s.cfg.Registry.ServerPolicy(ctx, tool.ServerRef)
+	if err != nil {
+		if errors.Is(err, mcpserver.ErrNotRegistered) {
+			return nil, refusal(reasonUnknownServer, fmt.Errorf("server %q is no longer registered: the graph is stranded until it is registered again", tool.ServerRef))
+		}
+		return nil, err
+	}
+	if v := graph.CheckCeiling(node, policy); v != nil {
+		ref := refusal(reasonCeiling, errors.New(v.Message))
+		ref.Missing = v.Excess
+		return nil, ref
+	}
+	if v := graph.CheckToolFilter(node, policy); v != nil {
+		return nil, refusal(reasonCeiling, errors.New(v.Message))
+	}
+
+	// Gate 3: the agent floor against the agent's effective set after the graph's policies.
+	eff := s.effective(r, req.Agent)
+	if v := graph.CheckAgentFloorWith(r.version.Graph, req.Agent, eff, node); v != nil {
+		if r.version.Graph.Mode() != "advisory" {
+			ref := refusal(reasonAgentFloor, errors.New(v.Message))
+			ref.Missing = v.Missing
+			return nil, ref
+		}
+		att.Advisory = append(att.Advisory, reasonAgentFloor+": "+v.Message)
+	}
+
+	// Gate 4: argument-scoped permissions declared by the registration (default-deny).
+	args, err := decodeArguments(req.Arguments)
+	if err != nil {
+		return nil, refusal(reasonInvalidInput, err)
+	}
+	*argsCanonical = canonicalArgs(args)
+	if reqs, declared := policy.ToolPermissions[tool.ToolName]; declared {
+		if err := checkArgumentScopes(reqs, args, eff); err != nil {
+			return nil, err
+		}
+	}
+
+	// Gate 5: the arguments against the pinned input schema.
+	if err := s.validateInput(tool, *argsCanonical); err != nil {
+		return nil, err
+	}
+
+	// Gates 6 and 7: isolation, spawn and handshake (on first use in the run).
+	sess, err := s.session(ctx, r, tool.ServerRef)
+	if err != nil {
+		var ref *RefusedError
+		switch {
+		case errors.As(err, &ref):
+			return nil, ref
+		case errors.Is(err, errTooManySessions):
+			return nil, refusal(reasonLimitExceeded, err)
+		case errors.Is(err, errRunNotRunning):
+			return nil, refusal(reasonRunNotRunning, err)
+		}
+		return nil, refusal(reasonSpawnFailed, err)
+	}
+
+	// Gate 8: drift of the live declaration against the pin.
+	live, err := s.checkDrift(ctx, sess, tool.ToolName, tool.SchemaHash)
+	if err != nil {
+		if errors.Is(err, errDrift) {
+			ref := refusal(reasonSchemaDrift, fmt.Errorf("%w (pinned %s, live %s)", errDrift, tool.SchemaHash, live))
+			ref.Pinned, ref.Live = tool.SchemaHash, live
+			return nil, ref
+		}
+		return nil, err
+	}
+
+	// Dispatch.
+	return s.dispatch(ctx, sess, tool, args, req.CallID, att.Attempt)
+}
+
+// effective returns the agent's effective capabilities, computed once per run.
+func (s *Service) effective(r *run, agentID string) capability.Effective {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if eff, ok := r.effective[agentID]; ok {
+		return eff
+	}
+	eff, err := graph.Effective(r.version.Graph, agentID)
+	if err != nil {
+		// An agent with unparsable bindings holds nothing.
+		eff = capability.Effective{}
+	}
+	r.effective[agentID] = eff
+	return eff
+}
+
+// maxArgumentBytes bounds one call's arguments.
+const maxArgumentBytes = 1 << 20
+
+func decodeArguments(raw json.RawMessage) (map[string]any, error) {
+	if len(raw) == 0 {
+		return map[string]any{}, nil
+	}
+	if len(raw) > maxArgumentBytes {
+		return nil, fmt.Errorf("arguments are %d bytes; at most %d", len(raw), maxArgumentBytes)
+	}
+	var args map[string]any
+	if err := json.Unmarshal(raw, &args); err != nil {
+		return nil, fmt.Errorf("arguments must be a JSON object: %v", err)
+	}
+	if args == nil {
+		return map[string]any{}, nil
+	}
+	return args, nil
+}
+
+func canonicalArgs(args map[string]any) []byte {
+	b, err := json.Marshal(args) // map keys are sorted: stable for digests
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// checkArgumentScopes expands each requirement with the call's arguments (e.g.
+// "fs.read:{path}" with path "/srv/a") and demands that the agent hold a covering claim.
+func checkArgumentScopes(reqs []string, args map[string]any, eff capability.Effective) error {
+	var missing []string
+	for _, req := range reqs {
+		expanded, err := mcpserver.ExpandRequirement(req, func(arg string) (string, bool) {
+			v, ok := args[arg].(string)
+			return v, ok
+		})
+		if err != nil {
+			return refusal(reasonArgumentScope, err)
+		}
+		c, err := capability.Parse(expanded)
+		if err != nil {
+			return refusal(reasonArgumentScope, fmt.Errorf("requirement %q with these arguments is %q, which is not a capability: %v", req, expanded, err))
+		}
+		if !eff.Covers(c) {
+			missing = append(missing, expanded)
+		}
+	}
+	if len(missing) > 0 {
+		ref := refusal(reasonArgumentScope, fmt.Errorf("the agent holds no claim covering %s (the registration requires it for this tool and these arguments): bind a covering capability to the agent, e.g. with a glob scope", strings.Join(missing, ", ")))
+		ref.Missing = missing
+		return ref
+	}
+	return nil
+}
+
+func (s *Service) validateInput(tool *graph.MCPToolNode, args []byte) error {
+	sch, err := s.schemas.Get(tool.SchemaHash+"/input", tool.InputSchema)
+	if err != nil {
+		return refusal(reasonInvalidInput, fmt.Errorf("the pinned input schema cannot be used: %v", err))
+	}
+	v, err := schemas.Decode(args)
+	if err != nil {
+		return refusal(reasonInvalidInput, err)
+	}
+	if err := sch.Validate(v); err != nil {
+		return refusal(reasonInvalidInput, fmt.Errorf("the arguments do not match the tool's input schema: %v", err))
+	}
+	return nil
+}
+
+// dispatch sends tools/call and turns the answer into a result or a classified failure.
+func (s *Service) dispatch(ctx context.Context, sess *session, tool *graph.MCPToolNode, args map[string]any, callID string, attempt int32) (*CallResult, error) {
+	sess.calls.Add(1)
+	cctx, cancel := context.WithTimeout(ctx, sess.reg.CallTimeout())
+	defer cancel()
+	res, err := sess.sess.CallTool(cctx, &mcp.CallToolParams{Name: tool.ToolName, Arguments: args})
+	if err != nil {
+		return nil, &FailedError{Class: s.classifyCallError(ctx, cctx, sess, err), Err: callErrMessage(err)}
+	}
+	out := &CallResult{CallID: callID, Attempt: attempt, ServerRef: tool.ServerRef, ToolName: tool.ToolName, Result: audit.ResultSucceeded, IsError: res.IsError}
+	if res.IsError {
+		out.Result, out.FailureClass = audit.ResultFailed, failureToolError
+	}
+	if !res.IsError && len(tool.OutputSchema) > 0 {
+		if err := s.validateOutput(tool, res.StructuredContent); err != nil {
+			return nil, &FailedError{Class: failureOutputInvalid, Err: err}
+		}
+	}
+	keep := sanitize.Options{KeepMarkup: sess.reg.KeepMarkup}
+	for _, c := range res.Content {
+		item, err := contentItem(c)
+		if err != nil {
+			return nil, &FailedError{Class: failureOutputInvalid, Err: err}
+		}
+		out.Content = append(out.Content, sanitize.Value(item, keep).(map[string]any))
+	}
+	if res.StructuredContent != nil {
+		sc, err := asObject(res.StructuredContent)
+		if err != nil {
+			return nil, &FailedError{Class: failureOutputInvalid, Err: err}
+		}
+		out.StructuredContent = sanitize.Value(sc, keep).(map[string]any)
+	}
+	return out, nil
+}
+
+func (s *Service) classifyCallError(parent, cctx context.Context, sess *session, err error) string {
+	switch {
+	case parent.Err() != nil:
+		return failureCanceled
+	case cctx.Err() != nil:
+		return failureTimeout
+	}
+	select {
+	case <-sess.sess.Done():
+		if spawner.ClassOf(sess.sess.Err()) == spawner.ClassProtocolViolation {
+			return failureOutputTooLarge
+		}
+		return failureCrashed
+	default:
+	}
+	switch spawner.ClassOf(err) {
+	case spawner.ClassCrashed:
+		return failureCrashed
+	case spawner.ClassProtocolViolation:
+		return failureOutputTooLarge
+	case spawner.ClassTimeout:
+		return failureTimeout
+	}
+	return failureTransport
+}
+
+func callErrMessage(err error) error {
+	var se *spawner.Error
+	if errors.As(err, &se) {
+		return errors.New(se.Message)
+	}
+	return err
+}
+
+func (s *Service) validateOutput(tool *graph.MCPToolNode, structured any) error {
+	if structured == nil {
+		return errors.New("the tool declares an output schema but returned no structured content")
+	}
+	raw, err := json.Marshal(structured)
+	if err != nil {
+		return fmt.Errorf("the structured content is not JSON: %v", err)
+	}
+	sch, err := s.schemas.Get(tool.SchemaHash+"/output", tool.OutputSchema)
+	if err != nil {
+		return fmt.Errorf("the pinned output schema cannot be used: %v", err)
+	}
+	v, err := schemas.Decode(raw)
+	if err != nil {
+		return err
+	}
+	if err := sch.Validate(v); err != nil {
+		return fmt.Errorf("the structured content does not match the tool's output schema: %v", err)
+	}
+	return nil
+}
+
+// contentItem turns one MCP content item into its JSON object form.
+func contentItem(c mcp.Content) (map[string]any, error) {
+	raw, err := json.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("a content item cannot be encoded: %v", err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("a content item is not an object: %v", err)
+	}
+	return m, nil
+}
+
+func asObject(v any) (map[string]any, error) {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
+		return nil, errors.New("the structured content is not a JSON object")
+	}
+	return m, nil
+}

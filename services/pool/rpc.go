@@ -1,0 +1,227 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
+	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/mcpserver"
+)
+
+// Server is the gRPC front end of the pool.
+type Server struct {
+	poolv1.UnsafePoolServiceServer
+	svc *Service
+}
+
+var _ poolv1.PoolServiceServer = (*Server)(nil)
+
+// NewServer wraps the service for gRPC.
+func NewServer(svc *Service) *Server { return &Server{svc: svc} }
+
+// Discover implements the internal PoolService.Discover RPC.
+func (g *Server) Discover(ctx context.Context, req *poolv1.DiscoverRequest) (*poolv1.DiscoverResponse, error) {
+	if err := mcpserver.ValidateRef(req.GetServerRef()); err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	listing, err := g.svc.DiscoverTools(ctx, req.GetServerRef())
+	if err != nil {
+		return nil, discovery.Status(ctx, g.svc.errors, err)
+	}
+	resp := &poolv1.DiscoverResponse{ListingFindings: discovery.FindingsToProto(listing.Findings), RegistrationRevision: listing.Revision}
+	for _, t := range listing.Tools {
+		resp.Tools = append(resp.Tools, discovery.ToolToProto(t))
+	}
+	return resp, nil
+}
+
+// callerTenant is the tenant a caller's key is bound to ("" for keys that may see all).
+func callerTenant(ctx context.Context) string {
+	p, _ := auth.FromContext(ctx)
+	return p.Tenant
+}
+
+// StartRun implements PoolService.
+func (g *Server) StartRun(ctx context.Context, req *poolv1.StartRunRequest) (*poolv1.StartRunResponse, error) {
+	p, _ := auth.FromContext(ctx)
+	tenant, err := auth.ResolveTenant(p, req.GetTenant())
+	if err != nil {
+		return nil, status.Error(codes.PermissionDenied, err.Error())
+	}
+	if err := graph.ValidateGraphID("graph_id", req.GetGraphId()); err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	if req.GetVersion() < 0 {
+		return nil, g.svc.errors.Status(ctx, fieldError("version", "must not be negative (0 means the latest)"))
+	}
+	info, err := g.svc.StartRun(ctx, tenant, req.GetGraphId(), req.GetVersion(), req.GetRunId())
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	return &poolv1.StartRunResponse{Run: runToProto(info)}, nil
+}
+
+// GetRun implements PoolService.
+func (g *Server) GetRun(ctx context.Context, req *poolv1.GetRunRequest) (*poolv1.GetRunResponse, error) {
+	info, err := g.svc.GetRun(ctx, req.GetRunId(), callerTenant(ctx))
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	return &poolv1.GetRunResponse{Run: runToProto(info)}, nil
+}
+
+// PauseRun implements PoolService.
+func (g *Server) PauseRun(ctx context.Context, req *poolv1.PauseRunRequest) (*poolv1.PauseRunResponse, error) {
+	info, err := g.svc.PauseRun(ctx, req.GetRunId(), callerTenant(ctx))
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	return &poolv1.PauseRunResponse{Run: runToProto(info)}, nil
+}
+
+// ResumeRun implements PoolService.
+func (g *Server) ResumeRun(ctx context.Context, req *poolv1.ResumeRunRequest) (*poolv1.ResumeRunResponse, error) {
+	info, err := g.svc.ResumeRun(ctx, req.GetRunId(), callerTenant(ctx))
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	return &poolv1.ResumeRunResponse{Run: runToProto(info)}, nil
+}
+
+// EndRun implements PoolService.
+func (g *Server) EndRun(ctx context.Context, req *poolv1.EndRunRequest) (*poolv1.EndRunResponse, error) {
+	info, err := g.svc.EndRun(ctx, req.GetRunId(), callerTenant(ctx), req.GetStatus(), "ended by "+actor(ctx))
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	return &poolv1.EndRunResponse{Run: runToProto(info)}, nil
+}
+
+func actor(ctx context.Context) string {
+	p, _ := auth.FromContext(ctx)
+	return p.Actor()
+}
+
+// CallTool implements PoolService.
+func (g *Server) CallTool(ctx context.Context, req *poolv1.CallToolRequest) (*poolv1.CallToolResponse, error) {
+	var args json.RawMessage
+	if req.GetArguments() != nil {
+		b, err := req.GetArguments().MarshalJSON()
+		if err != nil {
+			return nil, g.svc.errors.Status(ctx, fieldError("arguments", "cannot be encoded as JSON"))
+		}
+		args = b
+	}
+	res, err := g.svc.CallTool(ctx, CallRequest{
+		RunID: req.GetRunId(), Tenant: callerTenant(ctx), Agent: req.GetAgent(), Tool: req.GetTool(),
+		Arguments: args, CallID: req.GetCallId(),
+	})
+	if err != nil {
+		return nil, callStatus(ctx, g.svc, req.GetCallId(), err)
+	}
+	out := &poolv1.CallToolResponse{
+		CallId: res.CallID, Attempt: res.Attempt, Outcome: "dispatched", Result: res.Result,
+		FailureClass: res.FailureClass, IsError: res.IsError, Advisory: res.Advisory,
+		ServerRef: res.ServerRef, ToolName: res.ToolName, LatencyMicros: res.Latency.Microseconds(),
+	}
+	for _, c := range res.Content {
+		if s, err := structpb.NewStruct(c); err == nil {
+			out.Content = append(out.Content, s)
+		}
+	}
+	if res.StructuredContent != nil {
+		if s, err := structpb.NewStruct(res.StructuredContent); err == nil {
+			out.StructuredContent = s
+		}
+	}
+	return out, nil
+}
+
+// refusalCodes maps each refusal reason to the code a client branches on.
+var refusalCodes = map[string]codes.Code{
+	reasonUnknownRun:        codes.NotFound,
+	reasonUnknownAgent:      codes.NotFound,
+	reasonUnknownTool:       codes.NotFound,
+	reasonUnknownServer:     codes.FailedPrecondition,
+	reasonRunNotRunning:     codes.FailedPrecondition,
+	reasonCeiling:           codes.PermissionDenied,
+	reasonAgentFloor:        codes.PermissionDenied,
+	reasonArgumentScope:     codes.PermissionDenied,
+	reasonInvalidInput:      codes.InvalidArgument,
+	reasonIsolationRequired: codes.FailedPrecondition,
+	reasonSpawnFailed:       codes.Unavailable,
+	reasonHandshakeFailed:   codes.Unavailable,
+	reasonSchemaDrift:       codes.FailedPrecondition,
+	reasonLimitExceeded:     codes.ResourceExhausted,
+	reasonAuditUnavailable:  codes.Unavailable,
+}
+
+// callStatus renders a refused or failed call with its detail.
+func callStatus(ctx context.Context, svc *Service, callID string, err error) error {
+	var ref *RefusedError
+	var fail *FailedError
+	switch {
+	case errors.As(err, &ref):
+		code, ok := refusalCodes[ref.Reason]
+		if !ok {
+			code = codes.FailedPrecondition
+		}
+		detail := &poolv1.CallRefusal{
+			CallId: callID, Reason: ref.Reason, Message: ref.Err.Error(),
+			PinnedHash: ref.Pinned, LiveHash: ref.Live, Missing: ref.Missing,
+		}
+		if ref.Server != nil {
+			detail.ServerFailure = &typesv1.ServerFailure{Class: ref.Server.Class, Message: ref.Server.Message, StderrTail: ref.Server.StderrTail}
+		}
+		return withDetail(code, ref.Error(), detail)
+	case errors.As(err, &fail):
+		code := codes.Unknown
+		switch fail.Class {
+		case failureTimeout:
+			code = codes.DeadlineExceeded
+		case failureCanceled:
+			code = codes.Canceled
+		}
+		return withDetail(code, fail.Error(), &poolv1.CallFailure{CallId: callID, FailureClass: fail.Class, Message: fail.Err.Error(), MayHaveTakenEffect: true})
+	}
+	return svc.errors.Status(ctx, err)
+}
+
+func withDetail(code codes.Code, msg string, detail protoadapt.MessageV1) error {
+	st := status.New(code, msg)
+	if d, err := st.WithDetails(detail); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+func runToProto(info *RunInfo) *poolv1.Run {
+	r := info.Run
+	out := &poolv1.Run{
+		RunId: r.ID, Tenant: r.Tenant, GraphId: r.GraphID, Version: r.Version, State: r.State,
+		StartTime: timestamppb.New(r.StartTime), LastActivityTime: timestamppb.New(info.LastActivity),
+		Calls: info.Calls, EndReason: r.EndReason,
+	}
+	if !r.EndTime.IsZero() {
+		out.EndTime = timestamppb.New(r.EndTime)
+	}
+	for _, s := range info.Sessions {
+		ps := &poolv1.Session{ServerRef: s.ServerRef, StartTime: timestamppb.New(s.StartTime), Calls: s.Calls}
+		if !s.ListedAt.IsZero() {
+			ps.ListedTime = timestamppb.New(s.ListedAt)
+		}
+		out.Sessions = append(out.Sessions, ps)
+	}
+	return out
+}

@@ -1,0 +1,339 @@
+package pool
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ringfence/ringfence/internal/capability"
+	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/services/pool/internal/store"
+)
+
+// Run states.
+const (
+	StateRunning   = "running"
+	StatePaused    = "paused"
+	StateCompleted = "completed"
+	StateFailed    = "failed"
+)
+
+// run is one run of a published graph version on this pool. Its sessions belong to it alone:
+// no process is ever shared between runs.
+type run struct {
+	rec store.Run
+
+	// version is loaded on first use after a restart; it never changes afterwards (published
+	// versions are immutable).
+	loadOnce sync.Once
+	version  *graph.Version
+	index    *graph.Index
+	loadErr  error
+
+	mu           sync.Mutex
+	sessions     map[string]*session // by server ref; replaced wholesale on pause and end
+	lastActivity time.Time
+	calls        int64
+	attempts     map[string]int32 // call id -> attempts so far (bounded)
+	effective    map[string]capability.Effective
+
+	// busy counts calls in flight, so the idle reaper never ends a run mid-call.
+	busy atomic.Int64
+}
+
+// maxTrackedCallIDs bounds the per-run attempt counters.
+const maxTrackedCallIDs = 10000
+
+var runIDPattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,128}$`)
+
+func newRunID() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return "run-" + hex.EncodeToString(b)
+}
+
+// Errors of the run lifecycle.
+var (
+	errRunNotFound   = errors.New("pool: no run with this id (in your tenant)")
+	errRunExists     = errors.New("pool: a run with this id already exists: pick another run id, or omit it to have one generated")
+	errRunNotRunning = errors.New("pool: the run is not running")
+	errRunNotPaused  = errors.New("pool: the run is not paused")
+	errRunEnded      = errors.New("pool: the run has ended")
+	errTooManyRuns   = errors.New("pool: this host's run limit (pool.max_runs) is reached: end finished runs or raise RINGFENCE_POOL__MAX_RUNS")
+	errVersionGone   = errors.New("pool: the graph version is not published (or not in your tenant): publish it first, or check the graph id and version")
+)
+
+// runs holds the runs this pool hosts.
+type runs struct {
+	mu    sync.Mutex
+	byID  map[string]*run
+	count int // running or paused
+}
+
+// StartRun starts a run of a published version (0 means the latest). Nothing is spawned.
+func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version int64, runID string) (*RunInfo, error) {
+	if runID == "" {
+		runID = newRunID()
+	}
+	if !runIDPattern.MatchString(runID) {
+		return nil, fieldError("run_id", "must match %s", runIDPattern)
+	}
+	v, err := s.cfg.Versions.PublishedVersion(ctx, tenant, graphID, version)
+	if err != nil {
+		return nil, versionErr(err)
+	}
+	now := time.Now().UTC()
+	r := &run{
+		rec:          store.Run{ID: runID, Tenant: tenant, GraphID: graphID, Version: v.Version, State: StateRunning, StartTime: now},
+		sessions:     make(map[string]*session),
+		lastActivity: now,
+		attempts:     make(map[string]int32),
+		effective:    make(map[string]capability.Effective),
+	}
+	r.loadOnce.Do(func() { r.version, r.index = v, graph.NewIndex(v.Graph) })
+
+	s.runs.mu.Lock()
+	if s.runs.count >= s.cfg.MaxRuns {
+		s.runs.mu.Unlock()
+		return nil, errTooManyRuns
+	}
+	if _, ok := s.runs.byID[runID]; ok {
+		s.runs.mu.Unlock()
+		return nil, errRunExists
+	}
+	s.runs.byID[runID] = r
+	s.runs.count++
+	s.runs.mu.Unlock()
+
+	if err := s.store.CreateRun(ctx, r.rec); err != nil {
+		s.runs.mu.Lock()
+		delete(s.runs.byID, runID)
+		s.runs.count--
+		s.runs.mu.Unlock()
+		if errors.Is(err, store.ErrExists) {
+			return nil, errRunExists
+		}
+		return nil, err
+	}
+	s.metrics.runsStarted.Inc()
+	return r.info(), nil
+}
+
+func versionErr(err error) error {
+	if isNotFound(err) {
+		return fmt.Errorf("%w (%v)", errVersionGone, err)
+	}
+	return err
+}
+
+// lookup finds a run visible to tenant ("" when the caller may see every tenant).
+func (s *Service) lookup(id, tenant string) (*run, error) {
+	s.runs.mu.Lock()
+	r, ok := s.runs.byID[id]
+	s.runs.mu.Unlock()
+	if !ok || (tenant != "" && r.rec.Tenant != tenant) {
+		return nil, errRunNotFound
+	}
+	return r, nil
+}
+
+// load makes sure the run's version is in memory (after a restart it is fetched on first use).
+func (s *Service) load(ctx context.Context, r *run) error {
+	r.loadOnce.Do(func() {
+		v, err := s.cfg.Versions.PublishedVersion(ctx, r.rec.Tenant, r.rec.GraphID, r.rec.Version)
+		if err != nil {
+			r.loadErr = versionErr(err)
+			return
+		}
+		r.version, r.index = v, graph.NewIndex(v.Graph)
+	})
+	return r.loadErr
+}
+
+// PauseRun stops the run's sessions; calls are refused until it resumes.
+func (s *Service) PauseRun(ctx context.Context, id, tenant string) (*RunInfo, error) {
+	r, err := s.lookup(id, tenant)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	if r.rec.State != StateRunning {
+		st := r.rec.State
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w (it is %s)", errRunNotRunning, st)
+	}
+	rec := r.rec
+	rec.State = StatePaused
+	if err := s.store.PutRun(ctx, rec); err != nil {
+		r.mu.Unlock()
+		return nil, err
+	}
+	r.rec = rec
+	old := r.takeSessions()
+	r.mu.Unlock()
+	s.stopSessions(old)
+	return r.info(), nil
+}
+
+// ResumeRun lets a paused run call again; its next calls get fresh sessions.
+func (s *Service) ResumeRun(ctx context.Context, id, tenant string) (*RunInfo, error) {
+	r, err := s.lookup(id, tenant)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.rec.State != StatePaused {
+		return nil, fmt.Errorf("%w (it is %s)", errRunNotPaused, r.rec.State)
+	}
+	rec := r.rec
+	rec.State = StateRunning
+	if err := s.store.PutRun(ctx, rec); err != nil {
+		return nil, err
+	}
+	r.rec = rec
+	r.lastActivity = time.Now()
+	return r.info(), nil
+}
+
+// EndRun ends a run as completed or failed and stops its sessions, exactly once.
+func (s *Service) EndRun(ctx context.Context, id, tenant, status, reason string) (*RunInfo, error) {
+	r, err := s.lookup(id, tenant)
+	if err != nil {
+		return nil, err
+	}
+	if status == "" {
+		status = StateCompleted
+	}
+	if status != StateCompleted && status != StateFailed {
+		return nil, fieldError("status", "must be completed or failed, not %q", status)
+	}
+	return s.end(ctx, r, status, reason)
+}
+
+func (s *Service) end(ctx context.Context, r *run, status, reason string) (*RunInfo, error) {
+	r.mu.Lock()
+	if r.rec.State == StateCompleted || r.rec.State == StateFailed {
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w (it %s)", errRunEnded, r.rec.State)
+	}
+	rec := r.rec
+	rec.State, rec.EndReason, rec.EndTime = status, reason, time.Now().UTC()
+	if err := s.store.PutRun(ctx, rec); err != nil {
+		r.mu.Unlock()
+		return nil, err
+	}
+	r.rec = rec
+	old := r.takeSessions()
+	r.mu.Unlock()
+	s.stopSessions(old)
+	s.runs.mu.Lock()
+	s.runs.count--
+	s.runs.mu.Unlock()
+	s.metrics.runsEnded.WithLabelValues(status).Inc()
+	return r.info(), nil
+}
+
+// GetRun reports a run.
+func (s *Service) GetRun(ctx context.Context, id, tenant string) (*RunInfo, error) {
+	r, err := s.lookup(id, tenant)
+	if err != nil {
+		return nil, err
+	}
+	return r.info(), nil
+}
+
+// takeSessions detaches every session; the caller stops them outside the lock. Must hold r.mu.
+func (r *run) takeSessions() map[string]*session {
+	old := r.sessions
+	r.sessions = make(map[string]*session)
+	return old
+}
+
+// restoreRuns loads the runs a previous process hosted: they keep their ids and states, and
+// get fresh sessions on their next calls (no process survived the restart).
+func (s *Service) restoreRuns(ctx context.Context) error {
+	active, err := s.store.ActiveRuns(ctx)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	for _, rec := range active {
+		s.runs.byID[rec.ID] = &run{
+			rec: rec, sessions: make(map[string]*session), lastActivity: now,
+			attempts: make(map[string]int32), effective: make(map[string]capability.Effective),
+		}
+		s.runs.count++
+	}
+	if len(active) > 0 {
+		s.log.Info("restored runs from before the restart; their sessions start fresh", "runs", len(active))
+	}
+	return nil
+}
+
+// reapIdle ends runs with no call for longer than the idle timeout, until ctx ends.
+func (s *Service) reapIdle(ctx context.Context) {
+	every := min(s.cfg.RunIdleTimeout/4, 30*time.Second)
+	every = max(every, 10*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var idle []*run
+		s.runs.mu.Lock()
+		for _, r := range s.runs.byID {
+			r.mu.Lock()
+			active := r.rec.State == StateRunning || r.rec.State == StatePaused
+			if active && r.busy.Load() == 0 && time.Since(r.lastActivity) > s.cfg.RunIdleTimeout {
+				idle = append(idle, r)
+			}
+			r.mu.Unlock()
+		}
+		s.runs.mu.Unlock()
+		for _, r := range idle {
+			reason := fmt.Sprintf("idle for more than %s (pool.run_idle_timeout)", s.cfg.RunIdleTimeout)
+			if _, err := s.end(ctx, r, StateFailed, reason); err == nil {
+				s.log.Info("ended an abandoned run", "run", r.rec.ID, "reason", reason)
+			}
+		}
+	}
+}
+
+// RunInfo is a run's state for callers.
+type RunInfo struct {
+	Run          store.Run
+	Sessions     []SessionInfo
+	LastActivity time.Time
+	Calls        int64
+}
+
+// SessionInfo is one live session of a run.
+type SessionInfo struct {
+	ServerRef string
+	StartTime time.Time
+	ListedAt  time.Time
+	Calls     int64
+}
+
+func (r *run) info() *RunInfo {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := &RunInfo{Run: r.rec, LastActivity: r.lastActivity, Calls: r.calls}
+	for ref, sess := range r.sessions {
+		if !sess.isReady() || sess.err != nil {
+			continue
+		}
+		out.Sessions = append(out.Sessions, SessionInfo{ServerRef: ref, StartTime: sess.start, ListedAt: sess.listedTime(), Calls: sess.calls.Load()})
+	}
+	return out
+}

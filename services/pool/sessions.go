@@ -1,0 +1,230 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/ringfence/ringfence/internal/mcpdecl"
+	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/services/pool/internal/spawner"
+)
+
+// session is one MCP server process (or remote connection) of one run. It is spawned by the
+// first call that needs it; concurrent first calls wait for that one spawn.
+type session struct {
+	ref   string
+	ready chan struct{} // closed when the spawn finished, successfully or not
+	sess  *spawner.Session
+	reg   *mcpserver.Resolved
+	err   error
+	start time.Time
+
+	calls   atomic.Int64
+	stopped atomic.Bool
+
+	// The live listing, for drift checks: tool name -> hash of the live declaration.
+	listMu   sync.Mutex
+	live     map[string]string
+	listedAt time.Time
+	// stale is set by notifications/tools/list_changed; the next call re-lists. The
+	// notification itself never lists, so a storm of them costs nothing.
+	stale atomic.Bool
+}
+
+func (s *session) isReady() bool {
+	select {
+	case <-s.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *session) listedTime() time.Time {
+	s.listMu.Lock()
+	defer s.listMu.Unlock()
+	return s.listedAt
+}
+
+var errTooManySessions = errors.New("pool: this host's session limit (pool.max_sessions) is reached: end finished runs or raise RINGFENCE_POOL__MAX_SESSIONS")
+
+// session returns the run's session for ref, spawning it on first use. Two concurrent first
+// calls spawn once. A session that died is replaced by the next call that needs it.
+func (s *Service) session(ctx context.Context, r *run, ref string) (*session, error) {
+	for {
+		r.mu.Lock()
+		if r.rec.State != StateRunning {
+			st := r.rec.State
+			r.mu.Unlock()
+			return nil, fmt.Errorf("%w (it is %s)", errRunNotRunning, st)
+		}
+		sess, ok := r.sessions[ref]
+		if !ok {
+			if s.liveSessions.Load() >= int64(s.cfg.MaxSessions) {
+				r.mu.Unlock()
+				return nil, errTooManySessions
+			}
+			sess = &session{ref: ref, ready: make(chan struct{})}
+			r.sessions[ref] = sess
+			s.liveSessions.Add(1)
+			r.mu.Unlock()
+			s.spawnSession(ctx, r, sess)
+		} else {
+			r.mu.Unlock()
+		}
+		select {
+		case <-sess.ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if sess.err != nil {
+			s.forget(r, sess)
+			return nil, sess.err
+		}
+		select {
+		case <-sess.sess.Done():
+			// The server died since (a crash, a limit): the next call gets a fresh one.
+			s.forget(r, sess)
+			s.stop(sess)
+			continue
+		default:
+		}
+		return sess, nil
+	}
+}
+
+// spawnSession resolves the registration, spawns the server and takes its first listing.
+// Whatever happens, sess.ready is closed, and a session whose run moved on meanwhile (paused,
+// ended) is stopped rather than leaked.
+func (s *Service) spawnSession(ctx context.Context, r *run, sess *session) {
+	defer close(sess.ready)
+	// The spawn outlives the first caller's cancellation, because other callers may be
+	// waiting for it; the spawner bounds it by the handshake and start timeouts.
+	sctx := context.WithoutCancel(ctx)
+	reg, err := s.cfg.Registry.ResolveRegistration(sctx, sess.ref)
+	if err != nil {
+		sess.err = refusal(reasonForRegistryErr(err), err)
+		s.liveSessions.Add(-1)
+		return
+	}
+	if reg.Transport == mcpserver.TransportStdio && !s.isolated && !s.cfg.Sandbox.AllowUnisolated {
+		sess.err = refusal(reasonIsolationRequired, errIsolationRequired)
+		s.liveSessions.Add(-1)
+		return
+	}
+	spec := specFor(reg, spawner.PurposeRun, r.rec.ID)
+	spec.OnToolListChanged = func() { sess.stale.Store(true) }
+	sp, err := s.spawner.Spawn(sctx, spec)
+	if err != nil {
+		sess.err = spawnRefusal(err)
+		s.liveSessions.Add(-1)
+		return
+	}
+	sess.sess, sess.reg, sess.start = sp, reg, time.Now()
+	s.metrics.sessionsSpawned.Inc()
+	if err := s.relist(sctx, sess); err != nil {
+		sess.err = err
+		s.stop(sess)
+		return
+	}
+	r.mu.Lock()
+	current := r.sessions[sess.ref] == sess
+	r.mu.Unlock()
+	if !current {
+		s.stop(sess)
+		sess.err = fmt.Errorf("%w: it was paused or ended while the server started", errRunNotRunning)
+	}
+}
+
+// forget removes sess from its run if it is still the run's session for its ref.
+func (s *Service) forget(r *run, sess *session) {
+	r.mu.Lock()
+	if r.sessions[sess.ref] == sess {
+		delete(r.sessions, sess.ref)
+	}
+	r.mu.Unlock()
+}
+
+// stop closes a session exactly once.
+func (s *Service) stop(sess *session) {
+	if sess.sess == nil || !sess.stopped.CompareAndSwap(false, true) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := sess.sess.Close(ctx); err != nil {
+		s.log.Warn("closing a session failed", "server", sess.ref, "err", err)
+	}
+	s.liveSessions.Add(-1)
+	s.metrics.sessionsStopped.Inc()
+}
+
+// stopSessions stops detached sessions, waiting for spawns still in flight.
+func (s *Service) stopSessions(sessions map[string]*session) {
+	var wg sync.WaitGroup
+	for _, sess := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-sess.ready
+			s.stop(sess)
+		}()
+	}
+	wg.Wait()
+}
+
+// relist takes the live listing and hashes every declaration.
+func (s *Service) relist(ctx context.Context, sess *session) error {
+	sess.stale.Store(false) // before listing, so a notification during the listing is kept
+	tools, err := sess.sess.ListTools(ctx)
+	if err != nil {
+		return spawnRefusal(err)
+	}
+	live := make(map[string]string, len(tools))
+	for _, t := range tools {
+		live[t.Name] = liveHash(t)
+	}
+	sess.live, sess.listedAt = live, time.Now()
+	s.metrics.listings.Inc()
+	return nil
+}
+
+// liveHash pins a live declaration exactly as discovery does; a declaration that cannot be
+// hashed never matches a pin.
+func liveHash(t *mcp.Tool) string {
+	d, err := mcpdecl.FromTool(t)
+	if err != nil {
+		return "unhashable: " + err.Error()
+	}
+	h, err := mcpdecl.Hash(d)
+	if err != nil {
+		return "unhashable: " + err.Error()
+	}
+	return h
+}
+
+// checkDrift compares the live declaration of tool with the pin, re-listing first when the
+// listing is older than drift_max_age or the server announced a change.
+func (s *Service) checkDrift(ctx context.Context, sess *session, tool, pin string) (live string, err error) {
+	sess.listMu.Lock()
+	defer sess.listMu.Unlock()
+	if sess.stale.Load() || s.cfg.DriftMaxAge == 0 || time.Since(sess.listedAt) > s.cfg.DriftMaxAge {
+		if err := s.relist(ctx, sess); err != nil {
+			return "", err
+		}
+	}
+	live, ok := sess.live[tool]
+	if !ok {
+		return "(absent)", errDrift
+	}
+	if live != pin {
+		return live, errDrift
+	}
+	return live, nil
+}

@@ -1,0 +1,68 @@
+package registry
+
+import (
+	"context"
+	"encoding/json"
+
+	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/auth"
+)
+
+// Resource types in the registry's admin events.
+const (
+	resourceServer = "mcp_server"
+	resourceSecret = "secret"
+	resourceKey    = "api_key"
+)
+
+// event returns a store hook that writes the admin event for a change into the audit outbox
+// in the change's own transaction: no change without its record, no record without its
+// change. change must already be masked.
+func (s *Service) event(ctx context.Context, action, resourceType, resourceID string, change any) func(tx *bolt.Tx) error {
+	p, _ := auth.FromContext(ctx)
+	actorID, role := p.KeyID, p.Role
+	if p.Service != "" {
+		actorID, role = "service:"+p.Service, "service"
+	}
+	if actorID == "" {
+		actorID, role = "system", audit.ActorRoleSystem
+	}
+	raw, err := marshalChange(change)
+	return func(tx *bolt.Tx) error {
+		if err != nil {
+			return err
+		}
+		rec := audit.NewAdminRecord("registry", "", audit.AdminEvent{
+			ActorKeyID: actorID, ActorRole: role, Action: action,
+			ResourceType: resourceType, ResourceID: resourceID, Change: raw,
+		})
+		return s.spool.EnqueueTx(tx, rec)
+	}
+}
+
+// marshalChange renders a change as JSON: proto messages as the API shows them (env values
+// already masked by serverToProto), anything else with encoding/json.
+func marshalChange(change any) (json.RawMessage, error) {
+	switch c := change.(type) {
+	case nil:
+		return nil, nil
+	case proto.Message:
+		return protojson.MarshalOptions{UseProtoNames: true}.Marshal(c)
+	case map[string]proto.Message:
+		out := make(map[string]json.RawMessage, len(c))
+		for k, m := range c {
+			b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
+			if err != nil {
+				return nil, err
+			}
+			out[k] = b
+		}
+		return json.Marshal(out)
+	default:
+		return json.Marshal(c)
+	}
+}
