@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
@@ -176,6 +177,11 @@ func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, e
 		att.Succeeded()
 	}
 	s.metrics.calls.WithLabelValues(att.Outcome, orDash(att.Result), orDash(att.Reason+att.FailureClass)).Inc()
+	if tenant == "" {
+		// An attempt on an unknown run is attributed to the caller's tenant: the key was
+		// global, so the default one.
+		tenant = auth.DefaultTenant
+	}
 	rec := audit.NewToolCallRecord("pool", tenant, att)
 	if aerr := s.spool.Enqueue(context.WithoutCancel(ctx), rec); aerr != nil {
 		s.log.Error("a tool-call attempt could not be recorded in the audit spool", "run", req.RunID, "call", req.CallID, "err", aerr)

@@ -188,17 +188,20 @@ func (s *Service) ResumeRun(ctx context.Context, id, tenant string) (*RunInfo, e
 		return nil, err
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.rec.State != StatePaused {
-		return nil, fmt.Errorf("%w (it is %s)", errRunNotPaused, r.rec.State)
+		st := r.rec.State
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w (it is %s)", errRunNotPaused, st)
 	}
 	rec := r.rec
 	rec.State = StateRunning
 	if err := s.store.PutRun(ctx, rec); err != nil {
+		r.mu.Unlock()
 		return nil, err
 	}
 	r.rec = rec
 	r.lastActivity = time.Now()
+	r.mu.Unlock()
 	return r.info(), nil
 }
 

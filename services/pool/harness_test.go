@@ -1,0 +1,266 @@
+package pool
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/secretbox"
+	rftestutil "github.com/ringfence/ringfence/internal/testutil"
+	"github.com/ringfence/ringfence/internal/testutil/dockertest"
+	"github.com/ringfence/ringfence/services/publisher"
+	"github.com/ringfence/ringfence/services/registry"
+)
+
+// harness runs the real registry, publisher and pool in one process against the real Docker
+// engine and the fixture image; only the audit log is an in-memory recorder.
+type harness struct {
+	t        *testing.T
+	ctx      context.Context
+	reg      *registry.Service
+	pub      *publisher.Service
+	pool     *Service
+	audit    *rftestutil.AuditRecorder
+	poolID   string
+	versions *overridableVersions
+}
+
+type harnessOpts struct {
+	noImage     bool
+	driftMaxAge time.Duration
+	idle        time.Duration
+	maxRuns     int
+	maxSessions int
+}
+
+// overridableVersions serves the publisher's versions, or a hand-made one a test injects to
+// reach a gate that publish already guards (the run-time agent floor).
+type overridableVersions struct {
+	pub *publisher.Service
+	mu  sync.Mutex
+	fix map[string]*graph.Version
+}
+
+func (o *overridableVersions) PublishedVersion(ctx context.Context, tenant, graphID string, version int64) (*graph.Version, error) {
+	o.mu.Lock()
+	v, ok := o.fix[graphID]
+	o.mu.Unlock()
+	if ok {
+		return v, nil
+	}
+	return o.pub.PublishedVersion(ctx, tenant, graphID, version)
+}
+
+func newHarness(t *testing.T, opts ...harnessOpts) *harness {
+	t.Helper()
+	var o harnessOpts
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	image := ""
+	if !o.noImage {
+		image = dockertest.FixtureImage(t)
+	}
+	dir := t.TempDir()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	box, err := secretbox.LoadOrCreate(filepath.Join(dir, "secrets.key"))
+	require.NoError(t, err)
+	roles, err := auth.NewRoles("")
+	require.NoError(t, err)
+	rec := rftestutil.NewAuditRecorder()
+	reg, err := registry.Open(registry.Config{DBPath: filepath.Join(dir, "registry.db"), Secrets: box, Roles: roles,
+		AllowedEnvKeys: []string{"APP_TOKEN"}, AuditSink: rec, Logger: quiet})
+	require.NoError(t, err)
+	t.Cleanup(func() { reg.Close() })
+
+	versions := &overridableVersions{fix: map[string]*graph.Version{}}
+	poolID := "pooltest-" + randomHex()
+	drift := o.driftMaxAge
+	pl, err := Open(t.Context(), Config{
+		DBPath: filepath.Join(dir, "pool.db"), Registry: reg, Versions: versions, AuditSink: rec,
+		Sandbox: Sandbox{Image: image, Network: "none", AllowedEnvKeys: []string{"APP_TOKEN"}, PoolID: poolID,
+			NanoCPUs: 1e9, MemoryBytes: 512 << 20, PidsLimit: 64, TmpfsSizeBytes: 16 << 20},
+		DriftMaxAge: drift, RunIdleTimeout: o.idle, MaxRuns: o.maxRuns, MaxSessions: o.maxSessions, Logger: quiet,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, pl.Close(context.Background()))
+		if !o.noImage {
+			requireNoContainers(t, poolID)
+		}
+	})
+	reg.SetDiscoverer(pl)
+	pub, err := publisher.Open(publisher.Config{DBPath: filepath.Join(dir, "publisher.db"), Policies: reg, Discoverer: pl, AuditSink: rec, Logger: quiet})
+	require.NoError(t, err)
+	t.Cleanup(func() { pub.Close() })
+	versions.pub = pub
+	ctx := auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_test", Role: auth.RoleAdmin, Permissions: auth.AllPermissions})
+	return &harness{t: t, ctx: ctx, reg: reg, pub: pub, pool: pl, audit: rec, poolID: poolID, versions: versions}
+}
+
+func randomHex() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// server registers a fixture server with the floor granted.
+func (h *harness) server(ref string, mutate func(r *registryv1.CreateServerRequest), args ...string) {
+	h.t.Helper()
+	req := &registryv1.CreateServerRequest{Ref: ref, Command: "mcpfixture", Args: args, Grants: []string{"process_spawn", "external_api_call"}}
+	if mutate != nil {
+		mutate(req)
+	}
+	_, err := h.reg.CreateServer(h.ctx, req)
+	require.NoError(h.t, err)
+}
+
+// publish creates a graph with agents, imports tools of servers into the first agent (or the
+// agent named in each import), applies edit to the draft, and publishes version 1.
+func (h *harness) publish(graphID string, agents []string, imports []imp, edit func(d *publisherv1.Graph)) int64 {
+	h.t.Helper()
+	_, err := h.pub.CreateGraph(h.ctx, &publisherv1.CreateGraphRequest{GraphId: graphID, Agents: agents})
+	require.NoError(h.t, err)
+	for _, im := range imports {
+		_, err := h.pub.Import(h.ctx, publisher.ImportRequest{Tenant: auth.DefaultTenant, GraphID: graphID, ServerRef: im.server, Agent: im.agent, Tools: im.tools})
+		require.NoError(h.t, err)
+	}
+	if edit != nil {
+		d, err := h.pub.GetDraft(h.ctx, &publisherv1.GetDraftRequest{GraphId: graphID})
+		require.NoError(h.t, err)
+		edit(d.GetDraft())
+		_, err = h.pub.ReplaceDraft(h.ctx, &publisherv1.ReplaceDraftRequest{GraphId: graphID, Draft: d.GetDraft()})
+		require.NoError(h.t, err)
+	}
+	resp, err := h.pub.Publish(h.ctx, &publisherv1.PublishRequest{GraphId: graphID})
+	require.NoError(h.t, err)
+	return resp.GetVersion()
+}
+
+type imp struct {
+	server, agent string
+	tools         []string
+}
+
+func (h *harness) start(graphID string) string {
+	h.t.Helper()
+	info, err := h.pool.StartRun(h.ctx, auth.DefaultTenant, graphID, 0, "")
+	require.NoError(h.t, err)
+	return info.Run.ID
+}
+
+func (h *harness) call(run, agent, tool string, args any) (*CallResult, error) {
+	h.t.Helper()
+	raw, err := json.Marshal(args)
+	require.NoError(h.t, err)
+	return h.pool.CallTool(h.ctx, CallRequest{RunID: run, Agent: agent, Tool: tool, Arguments: raw})
+}
+
+// attempts flushes the spool and returns the tool-call records that arrived.
+func (h *harness) attempts() []*audit.ToolCallAttempt {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(h.t, h.pool.Spool().Flush(ctx))
+	var out []*audit.ToolCallAttempt
+	for _, r := range h.audit.Records() {
+		if r.ToolCall != nil {
+			require.Equal(h.t, audit.OperationSupportAtLeastOnce, r.ToolCall.OperationSupport)
+			require.True(h.t, r.ToolCall.OperationResidualDuplicateRisk)
+			out = append(out, r.ToolCall)
+		}
+	}
+	return out
+}
+
+func (h *harness) last() *audit.ToolCallAttempt {
+	h.t.Helper()
+	all := h.attempts()
+	require.NotEmpty(h.t, all)
+	return all[len(all)-1]
+}
+
+func (h *harness) spawned() float64 { return testutil.ToFloat64(h.pool.metrics.sessionsSpawned) }
+func (h *harness) stopped() float64 { return testutil.ToFloat64(h.pool.metrics.sessionsStopped) }
+func (h *harness) listings() float64 {
+	return testutil.ToFloat64(h.pool.metrics.listings)
+}
+
+// requireRefused asserts a refusal before dispatch with reason.
+func requireRefused(t *testing.T, err error, reason string) *RefusedError {
+	t.Helper()
+	var ref *RefusedError
+	require.ErrorAs(t, err, &ref, "want a refusal (%s), got %v", reason, err)
+	require.Equal(t, reason, ref.Reason, "%v", err)
+	return ref
+}
+
+// requireFailed asserts a dispatched failure of class.
+func requireFailed(t *testing.T, err error, class string) {
+	t.Helper()
+	var f *FailedError
+	require.ErrorAs(t, err, &f, "want a dispatched failure (%s), got %v", class, err)
+	require.Equal(t, class, f.Class, "%v", err)
+}
+
+func poolContainers(t *testing.T, poolID string) int {
+	t.Helper()
+	docker := dockertest.RequireEngine(t)
+	f := client.Filters{}
+	f.Add("label", "io.ringfence.pool="+poolID)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	list, err := docker.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
+	require.NoError(t, err)
+	return len(list.Items)
+}
+
+func requireNoContainers(t *testing.T, poolID string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return poolContainers(t, poolID) == 0 }, 20*time.Second, 100*time.Millisecond,
+		"containers of pool %s were left behind", poolID)
+}
+
+func agentBindings(d *publisherv1.Graph, agent string, caps ...string) {
+	for _, n := range d.GetNodes() {
+		if n.GetId() == agent {
+			n.GetAgent().CapabilityBindings = append(n.GetAgent().CapabilityBindings, caps...)
+		}
+	}
+}
+
+func toolPerms(tool string, reqs ...string) func(r *registryv1.CreateServerRequest) {
+	return func(r *registryv1.CreateServerRequest) {
+		r.ToolPermissions = map[string]*registryv1.ToolPermissions{tool: {Required: reqs}}
+	}
+}
+
+func callTimeout(d time.Duration) func(r *registryv1.CreateServerRequest) {
+	return func(r *registryv1.CreateServerRequest) { r.ToolCallTimeout = durationpb.New(d) }
+}
+
+func env(kv ...string) *structpb.Struct {
+	s := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	for i := 0; i+1 < len(kv); i += 2 {
+		s.Fields[kv[i]] = structpb.NewStringValue(kv[i+1])
+	}
+	return s
+}

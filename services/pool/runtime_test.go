@@ -1,0 +1,468 @@
+package pool
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/graph"
+)
+
+func TestCallSucceedsThroughEveryGateAndIsAudited(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil, "--runtime-tools")
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo", "add"}}}, nil)
+	run := h.start("g")
+	require.Zero(t, h.spawned(), "starting a run spawns nothing")
+
+	res, err := h.call(run, "a", "fx__echo", map[string]any{"text": "hello"})
+	require.NoError(t, err)
+	require.Equal(t, audit.ResultSucceeded, res.Result)
+	require.Equal(t, "hello", res.Content[0]["text"])
+
+	res, err = h.call(run, "a", "fx__add", map[string]any{"a": 2, "b": 3})
+	require.NoError(t, err)
+	require.Equal(t, float64(5), res.StructuredContent["sum"], "structured content validated against the pinned output schema")
+
+	att := h.last()
+	require.Equal(t, audit.OutcomeDispatched, att.Outcome)
+	require.Equal(t, audit.ResultSucceeded, att.Result)
+	require.Equal(t, "fx", att.ServerRef)
+	require.Equal(t, "add", att.ToolName)
+	require.Equal(t, "g", att.GraphID)
+	require.Equal(t, int64(1), att.GraphVersion)
+	require.Regexp(t, `^v1:sha256:`, att.PinnedHash)
+	require.Regexp(t, `^sha256:`, att.ArgsDigest)
+	require.NotZero(t, att.ArgsSize)
+	require.NotZero(t, att.LatencyMicros)
+}
+
+func TestGateUnknownRunAgentAndBinding(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	run := h.start("g")
+	_, err := h.call("no-such-run", "a", "fx__echo", map[string]any{"text": "x"})
+	requireRefused(t, err, reasonUnknownRun)
+	_, err = h.call(run, "nobody", "fx__echo", map[string]any{"text": "x"})
+	requireRefused(t, err, reasonUnknownAgent)
+	_, err = h.call(run, "a", "fx__add", map[string]any{})
+	requireRefused(t, err, reasonUnknownTool)
+	for _, att := range h.attempts() {
+		require.Equal(t, audit.OutcomeRefusedBeforeDispatch, att.Outcome)
+	}
+	require.Len(t, h.attempts(), 3)
+	require.Zero(t, h.spawned())
+}
+
+func TestGateCeilingIsRecheckedBeforeAnyProcessExists(t *testing.T) {
+	for _, mode := range []string{"enforce", "advisory"} {
+		t.Run(mode, func(t *testing.T) {
+			h := newHarness(t)
+			h.server("fx", nil)
+			h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, func(d *publisherv1.Graph) { d.CapabilityMode = mode })
+			run := h.start("g")
+			_, err := h.reg.UpdateServer(h.ctx, &registryv1.UpdateServerRequest{Ref: "fx", Command: "mcpfixture", Grants: []string{"process_spawn"}})
+			require.NoError(t, err)
+			_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "x"})
+			ref := requireRefused(t, err, reasonCeiling)
+			require.Contains(t, ref.Missing, "external_api_call")
+			require.Zero(t, h.spawned(), "no process exists")
+			require.Equal(t, reasonCeiling, h.last().Reason)
+
+			_, err = h.reg.DeleteServer(h.ctx, &registryv1.DeleteServerRequest{Ref: "fx"})
+			require.NoError(t, err)
+			_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "x"})
+			requireRefused(t, err, reasonUnknownServer)
+		})
+	}
+}
+
+func TestGateCeilingRefusesAToolTheFilterNowExcludes(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	run := h.start("g")
+	_, err := h.reg.UpdateServer(h.ctx, &registryv1.UpdateServerRequest{Ref: "fx", Command: "mcpfixture",
+		Grants: []string{"process_spawn", "external_api_call"}, ToolFilter: &registryv1.ToolFilter{Exclude: []string{"echo"}}})
+	require.NoError(t, err)
+	_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "x"})
+	requireRefused(t, err, reasonCeiling)
+}
+
+// TestGateAgentFloorEnforceAndAdvisory serves a version whose agent lacks the floor (publish
+// refuses such a graph, so it is injected): enforce refuses, advisory records and allows.
+func TestGateAgentFloorEnforceAndAdvisory(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	for _, mode := range []string{graph.ModeEnforce, "advisory"} {
+		t.Run(mode, func(t *testing.T) {
+			v, err := h.pub.PublishedVersion(h.ctx, "default", "g", 1)
+			require.NoError(t, err)
+			g := *v.Graph
+			g.CapabilityMode = mode
+			g.Nodes = append([]graph.Node(nil), g.Nodes...)
+			for i := range g.Nodes {
+				if g.Nodes[i].Agent != nil {
+					agent := *g.Nodes[i].Agent
+					agent.CapabilityBindings = []string{"process_spawn"}
+					g.Nodes[i].Agent = &agent
+				}
+			}
+			id := "g-" + mode
+			g.ID = id
+			h.versions.mu.Lock()
+			h.versions.fix[id] = &graph.Version{GraphID: id, Tenant: "default", Version: 1, Graph: &g}
+			h.versions.mu.Unlock()
+			info, err := h.pool.StartRun(h.ctx, "default", id, 1, "")
+			require.NoError(t, err)
+			res, err := h.call(info.Run.ID, "a", "fx__echo", map[string]any{"text": "x"})
+			if mode == graph.ModeEnforce {
+				ref := requireRefused(t, err, reasonAgentFloor)
+				require.Contains(t, ref.Missing, "external_api_call")
+				return
+			}
+			require.NoError(t, err)
+			require.Len(t, res.Content, 1)
+			att := h.last()
+			require.Equal(t, audit.ResultSucceeded, att.Result)
+			require.Len(t, att.Advisory, 1)
+			require.Contains(t, att.Advisory[0], "agent_floor")
+		})
+	}
+}
+
+func TestGateArgumentScopedPermissionsAreDefaultDeny(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", toolPerms("echo", "fs.read:{text}"))
+	h.publish("g", []string{"reader", "stranger"}, []imp{{"fx", "reader", []string{"echo"}}, {"fx", "stranger", []string{"echo"}}},
+		func(d *publisherv1.Graph) { agentBindings(d, "reader", "fs.read:/srv/docs/**") })
+	run := h.start("g")
+	_, err := h.call(run, "reader", "fx__echo", map[string]any{"text": "/srv/docs/a/b.md"})
+	require.NoError(t, err)
+	_, err = h.call(run, "reader", "fx__echo", map[string]any{"text": "/etc/shadow"})
+	ref := requireRefused(t, err, reasonArgumentScope)
+	require.Equal(t, []string{"fs.read:/etc/shadow"}, ref.Missing)
+	_, err = h.call(run, "stranger", "fx__echo", map[string]any{"text": "/srv/docs/a"})
+	requireRefused(t, err, reasonArgumentScope)
+	_, err = h.call(run, "reader", "fx__echo", map[string]any{})
+	requireRefused(t, err, reasonArgumentScope)
+}
+
+func TestGateInputSchemaNamesTheField(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"add"}}}, nil)
+	run := h.start("g")
+	_, err := h.call(run, "a", "fx__add", map[string]any{"a": "two", "b": 3})
+	requireRefused(t, err, reasonInvalidInput)
+	require.Contains(t, err.Error(), "/a")
+	_, err = h.call(run, "a", "fx__add", []int{1, 2})
+	requireRefused(t, err, reasonInvalidInput)
+	require.Zero(t, h.spawned(), "invalid input never reaches a process")
+}
+
+func TestGateIsolationRequiredWithoutAnImage(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+
+	bare := newHarness(t, harnessOpts{noImage: true})
+	bare.versions.pub = h.pub // the graph is published; the second pool has no image
+	bare.server("fx", nil)
+	info, err := bare.pool.StartRun(bare.ctx, "default", "g", 1, "")
+	require.NoError(t, err)
+	_, err = bare.call(info.Run.ID, "a", "fx__echo", map[string]any{"text": "x"})
+	ref := requireRefused(t, err, reasonIsolationRequired)
+	require.Contains(t, ref.Error(), "RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE")
+}
+
+func TestGateSpawnAndHandshakeFailuresAreRefusals(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	run := h.start("g")
+	_, err := h.reg.UpdateServer(h.ctx, &registryv1.UpdateServerRequest{Ref: "fx", Command: "no-such-binary", Grants: []string{"process_spawn", "external_api_call"}})
+	require.NoError(t, err)
+	_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "x"})
+	ref := requireRefused(t, err, reasonSpawnFailed)
+	require.Equal(t, "command_not_found", ref.Server.Class)
+
+	_, err = h.reg.UpdateServer(h.ctx, &registryv1.UpdateServerRequest{Ref: "fx", Command: "mcpfixture", Args: []string{"--garbage"}, Grants: []string{"process_spawn", "external_api_call"}})
+	require.NoError(t, err)
+	_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "x"})
+	ref = requireRefused(t, err, reasonHandshakeFailed)
+	require.Equal(t, "not_mcp_server", ref.Server.Class)
+}
+
+func TestGateDrift(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		drift  time.Duration
+		second bool // whether the second call still passes
+	}{
+		{"rug pull without list_changed, re-listed before every call", []string{"--rug-pull", "1"}, 0, false},
+		{"rug pull with list_changed and a long drift_max_age", []string{"--rug-pull-notify", "1"}, time.Hour, false},
+		{"a stable server with a long drift_max_age", nil, time.Hour, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, harnessOpts{driftMaxAge: tc.drift})
+			h.server("fx", nil, tc.args...)
+			h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+			run := h.start("g")
+			_, err := h.call(run, "a", "fx__echo", map[string]any{"text": "first"})
+			require.NoError(t, err)
+			// The notification is asynchronous: give it a moment to land.
+			var res *CallResult
+			require.Eventually(t, func() bool {
+				res, err = h.call(run, "a", "fx__echo", map[string]any{"text": "second"})
+				return tc.second || err != nil
+			}, 5*time.Second, 50*time.Millisecond)
+			if tc.second {
+				require.NoError(t, err)
+				require.NotNil(t, res)
+				return
+			}
+			ref := requireRefused(t, err, reasonSchemaDrift)
+			require.NotEqual(t, ref.Pinned, ref.Live)
+			require.Contains(t, err.Error(), ref.Pinned)
+			require.Contains(t, err.Error(), ref.Live)
+			att := h.last()
+			require.Equal(t, reasonSchemaDrift, att.Reason)
+			require.Equal(t, ref.Live, att.LiveHash)
+		})
+	}
+}
+
+func TestDispatchOutcomes(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", callTimeout(time.Second), "--runtime-tools")
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", nil}}, nil)
+	run := h.start("g")
+
+	t.Run("tool error", func(t *testing.T) {
+		res, err := h.call(run, "a", "fx__fail", map[string]any{})
+		require.NoError(t, err)
+		require.True(t, res.IsError)
+		require.Equal(t, audit.ResultFailed, res.Result)
+		require.Equal(t, failureToolError, h.last().FailureClass)
+	})
+	t.Run("timeout", func(t *testing.T) {
+		_, err := h.call(run, "a", "fx__sleep", map[string]any{"ms": 60000})
+		requireFailed(t, err, failureTimeout)
+		require.Contains(t, err.Error(), "may have taken effect")
+		require.Equal(t, audit.OutcomeDispatched, h.last().Outcome)
+	})
+	t.Run("output that breaks its schema", func(t *testing.T) {
+		_, err := h.call(run, "a", "fx__liar", map[string]any{})
+		requireFailed(t, err, failureOutputInvalid)
+		require.Contains(t, err.Error(), "/sum")
+	})
+	t.Run("a non-object where an object is required", func(t *testing.T) {
+		_, err := h.call(run, "a", "fx__liar_scalar", map[string]any{})
+		requireFailed(t, err, failureOutputInvalid)
+	})
+	t.Run("every string leaf is sanitized", func(t *testing.T) {
+		res, err := h.call(run, "a", "fx__inject", map[string]any{})
+		require.NoError(t, err)
+		for _, s := range []string{res.Content[0]["text"].(string), res.StructuredContent["note"].(string)} {
+			require.NotContains(t, s, "<script>")
+			require.NotContains(t, s, "__system__")
+			require.NotContains(t, s, "<|im_start|>")
+			require.NotContains(t, s, "\u200b")
+			require.NotContains(t, s, "\u202e")
+			require.Contains(t, s, "&lt;script&gt;")
+		}
+	})
+	t.Run("crash mid-call, then a fresh session", func(t *testing.T) {
+		_, err := h.call(run, "a", "fx__crash", map[string]any{})
+		requireFailed(t, err, failureCrashed)
+		before := h.spawned()
+		res, err := h.call(run, "a", "fx__echo", map[string]any{"text": "again"})
+		require.NoError(t, err)
+		require.Equal(t, "again", res.Content[0]["text"])
+		require.Equal(t, before+1, h.spawned())
+	})
+}
+
+func TestKeepMarkupIsTheRegistrationsChoice(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", func(r *registryv1.CreateServerRequest) { r.KeepMarkup = true }, "--runtime-tools")
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"inject"}}}, nil)
+	run := h.start("g")
+	res, err := h.call(run, "a", "fx__inject", map[string]any{})
+	require.NoError(t, err)
+	text := res.Content[0]["text"].(string)
+	require.Contains(t, text, "<script>", "markup kept")
+	require.NotContains(t, text, "__system__", "role markers are removed regardless")
+}
+
+func TestHostileServersLeaveThePoolUpAndOtherRunsUnaffected(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", callTimeout(20*time.Second), "--runtime-tools", "--banner")
+	h.server("calm", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", nil}}, nil)
+	h.publish("calm", []string{"a"}, []imp{{"calm", "a", []string{"echo"}}}, nil)
+	hostile, calm := h.start("g"), h.start("calm")
+
+	check := func() {
+		res, err := h.call(calm, "a", "calm__echo", map[string]any{"text": "still here"})
+		require.NoError(t, err)
+		require.Equal(t, "still here", res.Content[0]["text"])
+	}
+	check()
+
+	t.Run("a banner on stdout", func(t *testing.T) {
+		_, err := h.call(hostile, "a", "fx__echo", map[string]any{"text": "hi"})
+		require.NoError(t, err)
+	})
+	t.Run("100 MB of non-JSON output goes to the bounded tail", func(t *testing.T) {
+		res, err := h.call(hostile, "a", "fx__big", map[string]any{"mib": 100, "junk": true})
+		require.NoError(t, err)
+		require.Equal(t, "flooded", res.Content[0]["text"])
+		check()
+	})
+	t.Run("a 100 MB message is bounded and reported", func(t *testing.T) {
+		_, err := h.call(hostile, "a", "fx__big", map[string]any{"mib": 100})
+		requireFailed(t, err, failureOutputTooLarge)
+		check()
+	})
+	t.Run("a fork loop stops at the PID limit", func(t *testing.T) {
+		res, err := h.call(hostile, "a", "fx__fork_bomb", map[string]any{"max": 1000})
+		require.NoError(t, err)
+		started := res.StructuredContent["started"].(float64)
+		require.Less(t, started, 64.0)
+		check()
+	})
+	t.Run("a memory hog is killed and reported as a crash", func(t *testing.T) {
+		_, err := h.call(hostile, "a", "fx__hog", map[string]any{"max_mib": 4096})
+		requireFailed(t, err, failureCrashed)
+		check()
+	})
+}
+
+// TestListChangedStormDoesNotSpin: thousands of notifications cost no listing by themselves;
+// the next call re-lists once.
+func TestListChangedStormDoesNotSpin(t *testing.T) {
+	h := newHarness(t, harnessOpts{driftMaxAge: time.Hour})
+	h.server("fx", nil, "--runtime-tools")
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"storm", "echo"}}}, nil)
+	run := h.start("g")
+	_, err := h.call(run, "a", "fx__echo", map[string]any{"text": "warm"})
+	require.NoError(t, err)
+	before := h.listings()
+	res, err := h.call(run, "a", "fx__storm", map[string]any{"n": 2000})
+	require.NoError(t, err)
+	require.Contains(t, res.Content[0]["text"], "sent 2000")
+	time.Sleep(300 * time.Millisecond)
+	require.Equal(t, before, h.listings(), "notifications never list by themselves")
+	_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "x"})
+	require.NoError(t, err)
+	require.Equal(t, before+1, h.listings(), "the next call re-lists once")
+}
+
+func TestSessionRules(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil)
+	h.publish("g", []string{"a", "b"}, []imp{{"fx", "a", []string{"echo"}}, {"fx", "b", []string{"echo"}}}, nil)
+	run := h.start("g")
+	require.Zero(t, h.spawned(), "lazy: nothing before the first call")
+	require.Zero(t, poolContainers(t, h.poolID))
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			agent := []string{"a", "b"}[i%2]
+			_, err := h.call(run, agent, "fx__echo", map[string]any{"text": fmt.Sprint(i)})
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1.0, h.spawned(), "concurrent first calls of both agents spawn once and share it")
+	require.Equal(t, 1, poolContainers(t, h.poolID))
+
+	_, err := h.pool.PauseRun(h.ctx, run, "")
+	require.NoError(t, err)
+	require.Equal(t, 1.0, h.stopped(), "pausing stops the session")
+	requireNoContainers(t, h.poolID)
+	_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "paused"})
+	requireRefused(t, err, reasonRunNotRunning)
+	_, err = h.pool.PauseRun(h.ctx, run, "")
+	require.Error(t, err)
+
+	_, err = h.pool.ResumeRun(h.ctx, run, "")
+	require.NoError(t, err)
+	_, err = h.call(run, "b", "fx__echo", map[string]any{"text": "resumed"})
+	require.NoError(t, err)
+	require.Equal(t, 2.0, h.spawned(), "a resumed run gets a fresh session")
+
+	info, err := h.pool.EndRun(h.ctx, run, "", "completed", "test")
+	require.NoError(t, err)
+	require.Equal(t, StateCompleted, info.Run.State)
+	require.Equal(t, 2.0, h.stopped(), "each session stopped exactly once")
+	_, err = h.pool.EndRun(h.ctx, run, "", "completed", "again")
+	require.Error(t, err)
+	require.Equal(t, 2.0, h.stopped())
+	requireNoContainers(t, h.poolID)
+}
+
+func TestRunsOfAnotherTenantAreNotFound(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	run := h.start("g")
+	_, err := h.pool.GetRun(h.ctx, run, "other-tenant")
+	require.ErrorIs(t, err, errRunNotFound)
+	_, err = h.pool.CallTool(h.ctx, CallRequest{RunID: run, Tenant: "other-tenant", Agent: "a", Tool: "fx__echo"})
+	requireRefused(t, err, reasonUnknownRun)
+}
+
+func TestLimits(t *testing.T) {
+	h := newHarness(t, harnessOpts{maxRuns: 1, maxSessions: 1})
+	h.server("fx", nil)
+	h.server("fy", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}, {"fy", "a", []string{"echo"}}}, nil)
+	run := h.start("g")
+	_, err := h.pool.StartRun(h.ctx, "default", "g", 0, "")
+	require.ErrorIs(t, err, errTooManyRuns)
+	require.Contains(t, err.Error(), "pool.max_runs")
+
+	_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "x"})
+	require.NoError(t, err)
+	_, err = h.call(run, "a", "fy__echo", map[string]any{"text": "x"})
+	ref := requireRefused(t, err, reasonLimitExceeded)
+	require.Contains(t, ref.Error(), "pool.max_sessions")
+}
+
+func TestAbandonedRunsEndAfterTheIdleTimeout(t *testing.T) {
+	h := newHarness(t, harnessOpts{idle: 300 * time.Millisecond})
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	run := h.start("g")
+	_, err := h.call(run, "a", "fx__echo", map[string]any{"text": "x"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		info, err := h.pool.GetRun(h.ctx, run, "")
+		return err == nil && info.Run.State == StateFailed
+	}, 10*time.Second, 50*time.Millisecond)
+	info, _ := h.pool.GetRun(h.ctx, run, "")
+	require.True(t, strings.Contains(info.Run.EndReason, "idle"))
+	require.Eventually(t, func() bool { return h.stopped() == h.spawned() }, 10*time.Second, 20*time.Millisecond,
+		"the abandoned run's session is stopped")
+}
