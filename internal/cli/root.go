@@ -123,6 +123,9 @@ and for TLS --ca-file (RINGFENCE_CA_FILE) with optional --server-name.`,
 		newRolesCmd(g),
 		newCertsCmd(g),
 		newImageCmd(g),
+		newRunsCmd(g),
+		newCallCmd(g),
+		newAuditCmd(g),
 		newGraphsCmd(g),
 		newMCPImportCmd(g),
 	)
@@ -164,6 +167,15 @@ func (g *globals) ctx(parent context.Context) (context.Context, context.CancelFu
 		ctx = metadata.AppendToOutgoingContext(ctx, auth.MetadataKey, g.apiKey)
 	}
 	return ctx, cancel
+}
+
+// streamCtx carries the API key without a deadline, for streams that run as long as the
+// operator wants (audit tail, export).
+func (g *globals) streamCtx(parent context.Context) context.Context {
+	if g.apiKey == "" {
+		return parent
+	}
+	return metadata.AppendToOutgoingContext(parent, auth.MetadataKey, g.apiKey)
 }
 
 // printError renders an error for a person: the server's message, the field it names, and a

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"os"
 	"sort"
@@ -65,7 +66,7 @@ func newServersCmd(g *globals) *cobra.Command {
 		Short:   "Register and inspect MCP servers (needs mcp:admin)",
 	}
 	cmd.AddCommand(newServersAddCmd(g), newServersUpdateCmd(g), newServersListCmd(g),
-		newServersShowCmd(g), newServersRemoveCmd(g), newServersToolsCmd(g))
+		newServersShowCmd(g), newServersRemoveCmd(g), newServersToolsCmd(g), newServersExploreCmd(g))
 	return cmd
 }
 
@@ -352,6 +353,61 @@ func newServersToolsCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+func newServersExploreCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "explore REF",
+		Short: "Start the server in isolation and print each tool in full: description, schemas, annotations, findings",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conn, err := g.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := g.ctx(cmd.Context())
+			defer cancel()
+			resp, err := registryv1.NewRegistryServiceClient(conn).ListServerTools(ctx, &registryv1.ListServerToolsRequest{Ref: args[0]})
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				return printJSON(g.stdout, resp)
+			}
+			for i, tool := range resp.GetTools() {
+				if i > 0 {
+					fmt.Fprintln(g.stdout)
+				}
+				name := tool.GetName()
+				if tool.GetExcluded() {
+					name += " (excluded by the registration's tool_filter)"
+				}
+				fmt.Fprintf(g.stdout, "%s\n  pin: %s\n", name, tool.GetSchemaHash())
+				if tool.GetTitle() != "" {
+					fmt.Fprintf(g.stdout, "  title: %s\n", tool.GetTitle())
+				}
+				fmt.Fprintf(g.stdout, "  description: %s\n", tool.GetDescription())
+				printStruct(g, "input schema", tool.GetInputSchema())
+				printStruct(g, "output schema", tool.GetOutputSchema())
+				printStruct(g, "annotations", tool.GetAnnotations())
+				for _, f := range tool.GetFindings() {
+					fmt.Fprintf(g.stdout, "  %s %s at %s: %s\n", f.GetSeverity(), f.GetCode(), f.GetLocation(), f.GetMessage())
+				}
+			}
+			return nil
+		},
+	}
+}
+
+func printStruct(g *globals, label string, s *structpb.Struct) {
+	if s == nil {
+		return
+	}
+	b, err := json.MarshalIndent(s.AsMap(), "    ", "  ")
+	if err != nil {
+		return
+	}
+	fmt.Fprintf(g.stdout, "  %s:\n    %s\n", label, b)
 }
 
 func (g *globals) printServer(s *registryv1.Server) error {

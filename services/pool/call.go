@@ -152,7 +152,9 @@ func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, e
 	if req.CallID == "" {
 		req.CallID = "call-" + newRunID()[4:]
 	}
-	att := audit.ToolCallAttempt{RunID: req.RunID, CallID: req.CallID, Attempt: 1}
+	// ToolName starts as the binding name the agent asked for, so a refused unknown binding is
+	// still legible in the audit log; it becomes the server's tool name once resolved.
+	att := audit.ToolCallAttempt{RunID: req.RunID, CallID: req.CallID, Attempt: 1, AgentNode: req.Agent, ToolName: req.Tool}
 	tenant := req.Tenant
 	var argsCanonical []byte
 	res, err := s.callTool(ctx, req, &att, &tenant, &argsCanonical)

@@ -1,0 +1,277 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
+)
+
+type auditFilterFlags struct {
+	tenant, run, server, tool, outcome, kind, since, until string
+}
+
+func (f *auditFilterFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.tenant, "tenant", "", "only this tenant")
+	fl.StringVar(&f.run, "run", "", "only this run")
+	fl.StringVar(&f.server, "server", "", "only this server ref")
+	fl.StringVar(&f.tool, "tool", "", "only this tool name")
+	fl.StringVar(&f.outcome, "outcome", "", "refused_before_dispatch or dispatched")
+	fl.StringVar(&f.kind, "kind", "", "admin or tool_call")
+	fl.StringVar(&f.since, "since", "", "from this time (RFC 3339, or a duration ago such as 1h)")
+	fl.StringVar(&f.until, "until", "", "before this time (RFC 3339, or a duration ago)")
+}
+
+func (f *auditFilterFlags) filter() (*auditv1.Filter, error) {
+	out := &auditv1.Filter{Tenant: f.tenant, RunId: f.run, ServerRef: f.server, ToolName: f.tool, Outcome: f.outcome, Kind: f.kind}
+	for name, raw := range map[string]string{"since": f.since, "until": f.until} {
+		if raw == "" {
+			continue
+		}
+		t, err := parseWhen(raw)
+		if err != nil {
+			return nil, usagef("--%s %q: use an RFC 3339 time (2026-11-30T12:00:00Z) or a duration ago (90m)", name, raw)
+		}
+		if name == "since" {
+			out.Since = timestamppb.New(t)
+		} else {
+			out.Until = timestamppb.New(t)
+		}
+	}
+	return out, nil
+}
+
+func parseWhen(s string) (time.Time, error) {
+	if d, err := time.ParseDuration(s); err == nil {
+		return time.Now().Add(-d), nil
+	}
+	return time.Parse(time.RFC3339, s)
+}
+
+func newAuditCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "audit", Short: "Read, follow, verify and export the audit log (needs audit:read)"}
+
+	var lf auditFilterFlags
+	var limit int
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List records, oldest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			filter, err := lf.filter()
+			if err != nil {
+				return err
+			}
+			client, err := g.audit()
+			if err != nil {
+				return err
+			}
+			var recs []*auditv1.Record
+			token := ""
+			for len(recs) < limit {
+				ctx, cancel := g.ctx(cmd.Context())
+				resp, err := client.List(ctx, &auditv1.ListRequest{Filter: filter, PageSize: int32(min(1000, limit-len(recs))), PageToken: token})
+				cancel()
+				if err != nil {
+					return err
+				}
+				recs = append(recs, resp.GetRecords()...)
+				if token = resp.GetNextPageToken(); token == "" {
+					break
+				}
+			}
+			if g.output == "json" {
+				return printJSON(g.stdout, &auditv1.ListResponse{Records: recs, NextPageToken: token})
+			}
+			t := newTable(g.stdout, "SEQ", "TIME", "KIND", "TENANT", "WHAT", "OUTCOME")
+			for _, r := range recs {
+				what, outcome := describeRecord(r)
+				t.row(fmt.Sprint(r.GetSeq()), r.GetTime().AsTime().Local().Format(time.DateTime), r.GetKind(), orDash(r.GetTenant()), what, outcome)
+			}
+			return t.flush()
+		},
+	}
+	lf.register(list)
+	list.Flags().IntVar(&limit, "limit", 100, "at most this many records")
+
+	var tf auditFilterFlags
+	var from uint64
+	tail := &cobra.Command{
+		Use:   "tail",
+		Short: "Follow new records as they land (from --from SEQ to replay first); Ctrl-C stops",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			filter, err := tf.filter()
+			if err != nil {
+				return err
+			}
+			client, err := g.audit()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithCancel(g.streamCtx(cmd.Context()))
+			defer cancel()
+			stream, err := client.Watch(ctx, &auditv1.WatchRequest{FromSeq: from, Filter: filter})
+			if err != nil {
+				return err
+			}
+			for {
+				resp, err := stream.Recv()
+				if errors.Is(err, io.EOF) || errors.Is(ctx.Err(), context.Canceled) {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				if err := g.printRecordLine(resp.GetRecord()); err != nil {
+					return err
+				}
+			}
+		},
+	}
+	tf.register(tail)
+	tail.Flags().Uint64Var(&from, "from", 0, "replay from this sequence number first (0: only new records)")
+
+	verify := &cobra.Command{
+		Use:   "verify",
+		Short: "Recompute the hash chain; exit 1 naming the first broken record",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			client, err := g.audit()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := g.ctx(cmd.Context())
+			defer cancel()
+			resp, err := client.Verify(ctx, &auditv1.VerifyRequest{})
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				if err := printJSON(g.stdout, resp); err != nil {
+					return err
+				}
+			}
+			if !resp.GetOk() {
+				return &exitError{code: ExitFailure, msg: fmt.Sprintf("audit log broken at record %d: %s (checked %d records)", resp.GetFirstBroken(), resp.GetReason(), resp.GetChecked())}
+			}
+			if g.output != "json" {
+				fmt.Fprintf(g.stdout, "ok: %d records verified; head %d %s\n", resp.GetChecked(), resp.GetHeadSeq(), resp.GetHeadHash())
+			}
+			return nil
+		},
+	}
+
+	var ef auditFilterFlags
+	var outFile string
+	export := &cobra.Command{
+		Use:   "export [--out FILE]",
+		Short: "Write every matching record as JSON lines",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			filter, err := ef.filter()
+			if err != nil {
+				return err
+			}
+			client, err := g.audit()
+			if err != nil {
+				return err
+			}
+			w := g.stdout
+			if outFile != "" {
+				f, err := os.OpenFile(outFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				w = f
+			}
+			stream, err := client.Export(g.streamCtx(cmd.Context()), &auditv1.ExportRequest{Filter: filter})
+			if err != nil {
+				return err
+			}
+			n := 0
+			for {
+				resp, err := stream.Recv()
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				if err != nil {
+					return err
+				}
+				b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(resp.GetRecord())
+				if err != nil {
+					return err
+				}
+				if _, err := fmt.Fprintln(w, string(b)); err != nil {
+					return err
+				}
+				n++
+			}
+			if outFile != "" {
+				fmt.Fprintf(g.stderr, "exported %d records to %s\n", n, outFile)
+			}
+			return nil
+		},
+	}
+	ef.register(export)
+	export.Flags().StringVar(&outFile, "out", "", "write to this file (mode 0600) instead of stdout")
+
+	cmd.AddCommand(list, tail, verify, export)
+	return cmd
+}
+
+func (g *globals) audit() (auditv1.AuditServiceClient, error) {
+	conn, err := g.dial()
+	if err != nil {
+		return nil, err
+	}
+	return auditv1.NewAuditServiceClient(conn), nil
+}
+
+func (g *globals) printRecordLine(r *auditv1.Record) error {
+	if g.output == "json" {
+		b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(r)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(g.stdout, string(b))
+		return err
+	}
+	what, outcome := describeRecord(r)
+	_, err := fmt.Fprintf(g.stdout, "%d %s %s %s %s %s\n", r.GetSeq(), r.GetTime().AsTime().Local().Format(time.DateTime), r.GetKind(), orDash(r.GetTenant()), what, outcome)
+	return err
+}
+
+// describeRecord gives a record's one-line summary: what happened, and its outcome.
+func describeRecord(r *auditv1.Record) (string, string) {
+	if a := r.GetAdmin(); a != nil {
+		return fmt.Sprintf("%s %s %s by %s (%s)", a.GetAction(), a.GetResourceType(), a.GetResourceId(), a.GetActorKeyId(), a.GetActorRole()), "-"
+	}
+	t := r.GetToolCall()
+	what := fmt.Sprintf("run %s %s→%s/%s call %s#%d", t.GetRunId(), t.GetAgentNode(), t.GetServerRef(), t.GetToolName(), t.GetCallId(), t.GetAttempt())
+	outcome := t.GetOutcome()
+	switch {
+	case t.GetReason() != "":
+		outcome += ": " + t.GetReason()
+	case t.GetResult() != "":
+		outcome += ": " + t.GetResult()
+		if t.GetFailureClass() != "" {
+			outcome += " (" + t.GetFailureClass() + ")"
+		}
+	}
+	if len(t.GetAdvisory()) > 0 {
+		outcome += " [advisory: " + strings.Join(t.GetAdvisory(), "; ") + "]"
+	}
+	return what, outcome
+}

@@ -1,0 +1,296 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
+)
+
+// Exit codes of a tool call, so scripts can tell "nothing happened" from "it may have".
+const (
+	// ExitRefused: the call was refused before dispatch; nothing reached the server.
+	ExitRefused = 3
+	// ExitFailed: the call reached the server and failed; it may have taken effect.
+	ExitFailed = 4
+)
+
+func newRunsCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "runs",
+		Aliases: []string{"run"},
+		Short:   "Start runs of published graphs and call their tools (needs run:execute)",
+	}
+	var graphID, runID, tenant string
+	var version int64
+	start := &cobra.Command{
+		Use:   "start --graph G [--version N] [--run ID]",
+		Short: "Start a run of a published version (0 or omitted: the latest); prints the run id",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			client, ctx, cancel, err := g.pool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer cancel()
+			resp, err := client.StartRun(ctx, &poolv1.StartRunRequest{Tenant: tenant, GraphId: graphID, Version: version, RunId: runID})
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				return printJSON(g.stdout, resp.GetRun())
+			}
+			_, err = fmt.Fprintln(g.stdout, resp.GetRun().GetRunId())
+			return err
+		},
+	}
+	start.Flags().StringVar(&graphID, "graph", "", "graph id")
+	start.Flags().Int64Var(&version, "version", 0, "published version (0: the latest)")
+	start.Flags().StringVar(&runID, "run", "", "run id to use (default: generated)")
+	start.Flags().StringVar(&tenant, "tenant", "", "tenant (keys bound to a tenant always use theirs)")
+	_ = start.MarkFlagRequired("graph")
+
+	cmd.AddCommand(start, newRunsCallCmd(g), runStateCmd(g, "pause"), runStateCmd(g, "resume"), runStateCmd(g, "end"), runStateCmd(g, "show"))
+	return cmd
+}
+
+// runStateCmd builds pause, resume, end and show, which differ only in the RPC.
+func runStateCmd(g *globals, verb string) *cobra.Command {
+	var runID, endStatus string
+	short := map[string]string{
+		"pause":  "Pause a run (e.g. at an approval gate); its sessions stop",
+		"resume": "Resume a paused run; it gets fresh sessions",
+		"end":    "End a run as completed (or --status failed); its sessions stop",
+		"show":   "Show a run and its live sessions",
+	}[verb]
+	cmd := &cobra.Command{
+		Use:   verb + " --run ID",
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			client, ctx, cancel, err := g.pool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer cancel()
+			var run *poolv1.Run
+			switch verb {
+			case "pause":
+				resp, err := client.PauseRun(ctx, &poolv1.PauseRunRequest{RunId: runID})
+				if err != nil {
+					return err
+				}
+				run = resp.GetRun()
+			case "resume":
+				resp, err := client.ResumeRun(ctx, &poolv1.ResumeRunRequest{RunId: runID})
+				if err != nil {
+					return err
+				}
+				run = resp.GetRun()
+			case "end":
+				resp, err := client.EndRun(ctx, &poolv1.EndRunRequest{RunId: runID, Status: endStatus})
+				if err != nil {
+					return err
+				}
+				run = resp.GetRun()
+			default:
+				resp, err := client.GetRun(ctx, &poolv1.GetRunRequest{RunId: runID})
+				if err != nil {
+					return err
+				}
+				run = resp.GetRun()
+			}
+			return g.printRun(run)
+		},
+	}
+	cmd.Flags().StringVar(&runID, "run", "", "run id")
+	_ = cmd.MarkFlagRequired("run")
+	if verb == "end" {
+		cmd.Flags().StringVar(&endStatus, "status", "completed", "completed or failed")
+	}
+	return cmd
+}
+
+type callFlags struct {
+	agent, tool, args, callID string
+}
+
+func (f *callFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.agent, "agent", "", "the calling agent node's id")
+	cmd.Flags().StringVar(&f.tool, "tool", "", "the name the agent binds the tool by (e.g. docs-search__read_file)")
+	cmd.Flags().StringVar(&f.args, "args", "{}", "arguments as a JSON object")
+	cmd.Flags().StringVar(&f.callID, "call-id", "", "call id, to number retries of the same call (default: generated)")
+	_ = cmd.MarkFlagRequired("agent")
+	_ = cmd.MarkFlagRequired("tool")
+}
+
+func (f *callFlags) request(runID string) (*poolv1.CallToolRequest, error) {
+	args := &structpb.Struct{}
+	if err := args.UnmarshalJSON([]byte(f.args)); err != nil {
+		return nil, usagef("--args must be a JSON object, e.g. '{\"path\":\"/srv/docs/a.md\"}': %v", err)
+	}
+	return &poolv1.CallToolRequest{RunId: runID, Agent: f.agent, Tool: f.tool, Arguments: args, CallId: f.callID}, nil
+}
+
+func newRunsCallCmd(g *globals) *cobra.Command {
+	var f callFlags
+	var runID string
+	cmd := &cobra.Command{
+		Use:   "call --run ID --agent A --tool NAME --args JSON",
+		Short: "Call a tool through every gate; exit 3 when refused before dispatch, 4 when it failed after dispatch",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req, err := f.request(runID)
+			if err != nil {
+				return err
+			}
+			client, ctx, cancel, err := g.pool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer cancel()
+			return g.callTool(ctx, client, req)
+		},
+	}
+	cmd.Flags().StringVar(&runID, "run", "", "run id")
+	_ = cmd.MarkFlagRequired("run")
+	f.register(cmd)
+	return cmd
+}
+
+// newCallCmd is the one-shot call: start a run, call once, end the run.
+func newCallCmd(g *globals) *cobra.Command {
+	var f callFlags
+	var graphID, tenant string
+	var version int64
+	cmd := &cobra.Command{
+		Use:   "call --graph G --agent A --tool NAME --args JSON",
+		Short: "Start a run, call one tool, end the run; exit 3 when refused before dispatch, 4 when it failed after",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			client, ctx, cancel, err := g.pool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer cancel()
+			started, err := client.StartRun(ctx, &poolv1.StartRunRequest{Tenant: tenant, GraphId: graphID, Version: version})
+			if err != nil {
+				return err
+			}
+			runID := started.GetRun().GetRunId()
+			req, err := f.request(runID)
+			if err != nil {
+				return err
+			}
+			callErr := g.callTool(ctx, client, req)
+			endStatus := "completed"
+			if callErr != nil {
+				endStatus = "failed"
+			}
+			if _, err := client.EndRun(context.WithoutCancel(ctx), &poolv1.EndRunRequest{RunId: runID, Status: endStatus}); err != nil {
+				fmt.Fprintf(g.stderr, "warning: ending run %s: %s\n", runID, status.Convert(err).Message())
+			}
+			return callErr
+		},
+	}
+	cmd.Flags().StringVar(&graphID, "graph", "", "graph id")
+	cmd.Flags().Int64Var(&version, "version", 0, "published version (0: the latest)")
+	cmd.Flags().StringVar(&tenant, "tenant", "", "tenant (keys bound to a tenant always use theirs)")
+	_ = cmd.MarkFlagRequired("graph")
+	f.register(cmd)
+	return cmd
+}
+
+// callTool calls and prints the outcome; refusals and failures become distinct exit codes.
+func (g *globals) callTool(ctx context.Context, client poolv1.PoolServiceClient, req *poolv1.CallToolRequest) error {
+	resp, err := client.CallTool(ctx, req)
+	if err != nil {
+		st := status.Convert(err)
+		for _, d := range st.Details() {
+			switch d := d.(type) {
+			case *poolv1.CallRefusal:
+				if g.output == "json" {
+					_ = printJSON(g.stdout, d)
+				}
+				msg := fmt.Sprintf("refused before dispatch (%s): %s\nnothing reached the server", d.GetReason(), d.GetMessage())
+				if d.GetServerFailure() != nil {
+					msg += fmt.Sprintf("\nserver failure: %s", d.GetServerFailure().GetClass())
+					if tail := strings.TrimSpace(d.GetServerFailure().GetStderrTail()); tail != "" {
+						msg += "\nserver stderr (tail, secrets redacted):\n  " + strings.ReplaceAll(tail, "\n", "\n  ")
+					}
+				}
+				return &exitError{code: ExitRefused, msg: msg}
+			case *poolv1.CallFailure:
+				if g.output == "json" {
+					_ = printJSON(g.stdout, d)
+				}
+				return &exitError{code: ExitFailed, msg: fmt.Sprintf("dispatched and failed (%s): %s\nthe call reached the server and may have taken effect", d.GetFailureClass(), d.GetMessage())}
+			}
+		}
+		return err
+	}
+	if g.output == "json" {
+		if err := printJSON(g.stdout, resp); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(g.stdout, "dispatched: %s (%s/%s, call %s attempt %d, %s)\n", resp.GetResult(), resp.GetServerRef(), resp.GetToolName(),
+			resp.GetCallId(), resp.GetAttempt(), time.Duration(resp.GetLatencyMicros())*time.Microsecond)
+		for _, a := range resp.GetAdvisory() {
+			fmt.Fprintf(g.stdout, "advisory (recorded, not enforced): %s\n", a)
+		}
+		for _, c := range resp.GetContent() {
+			if c.GetFields()["type"].GetStringValue() == "text" {
+				fmt.Fprintln(g.stdout, c.GetFields()["text"].GetStringValue())
+				continue
+			}
+			b, _ := json.Marshal(c.AsMap())
+			fmt.Fprintln(g.stdout, string(b))
+		}
+		if sc := resp.GetStructuredContent(); sc != nil && len(resp.GetContent()) == 0 {
+			b, _ := json.Marshal(sc.AsMap())
+			fmt.Fprintln(g.stdout, string(b))
+		}
+	}
+	if resp.GetResult() == "failed" {
+		return &exitError{code: ExitFailed, msg: fmt.Sprintf("dispatched and failed (%s): the tool reported an error; it may have taken effect", resp.GetFailureClass())}
+	}
+	return nil
+}
+
+func (g *globals) pool(parent context.Context) (poolv1.PoolServiceClient, context.Context, context.CancelFunc, error) {
+	conn, err := g.dial()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := g.ctx(parent)
+	return poolv1.NewPoolServiceClient(conn), ctx, cancel, nil
+}
+
+func (g *globals) printRun(r *poolv1.Run) error {
+	if g.output == "json" {
+		return printJSON(g.stdout, r)
+	}
+	var sessions []string
+	for _, s := range r.GetSessions() {
+		sessions = append(sessions, fmt.Sprintf("%s (%d calls)", s.GetServerRef(), s.GetCalls()))
+	}
+	return kv(g.stdout,
+		"run", r.GetRunId(),
+		"tenant", r.GetTenant(),
+		"graph", fmt.Sprintf("%s v%d", r.GetGraphId(), r.GetVersion()),
+		"state", r.GetState(),
+		"end reason", orDash(r.GetEndReason()),
+		"calls", fmt.Sprint(r.GetCalls()),
+		"sessions", orDash(strings.Join(sessions, ", ")),
+		"started", ts(r.GetStartTime()),
+		"last activity", ts(r.GetLastActivityTime()),
+	)
+}
