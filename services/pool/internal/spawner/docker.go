@@ -167,11 +167,33 @@ func (d *dockerBackend) sweep(ctx context.Context, scope sweepScope) (int, error
 				"container", shortID(c.ID), "server", c.Labels[LabelServer], "instance", c.Labels[LabelInstance])
 		case cerrdefs.IsNotFound(err):
 			// It removed itself (AutoRemove) meanwhile.
+		case cerrdefs.IsConflict(err) || strings.Contains(err.Error(), "already in progress"):
+			// The engine is removing it already (AutoRemove after its stdin closed): wait
+			// for that to finish instead of failing the start.
+			if !d.waitGone(ctx, c.ID) {
+				errs = append(errs, fmt.Errorf("spawner: container %s is still being removed after %s", shortID(c.ID), sweepTimeout))
+			}
 		default:
 			errs = append(errs, fmt.Errorf("spawner: remove container %s: %w", shortID(c.ID), err))
 		}
 	}
 	return removed, errors.Join(errs...)
+}
+
+// waitGone polls until the container no longer exists or ctx ends.
+func (d *dockerBackend) waitGone(ctx context.Context, id string) bool {
+	f := client.Filters{}
+	f.Add("id", id)
+	for {
+		if list, err := d.api.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f}); err == nil && len(list.Items) == 0 {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 var nameUnsafe = regexp.MustCompile(`[^a-zA-Z0-9_.-]`)

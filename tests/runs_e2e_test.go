@@ -1,0 +1,251 @@
+package tests
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// runsDaemon starts ringfenced with the fixture image and a pool id of its own, registers the
+// fixture server (runtime tools, an env canary), imports echo, add and fail into graph "demo"
+// for agent "researcher", and publishes version 1.
+func runsDaemon(t *testing.T, extra ...string) (*daemon, func(args ...string) result, string) {
+	t.Helper()
+	d, poolID := poolDaemon(t, extra...)
+	cli := func(args ...string) result {
+		return runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), args...)
+	}
+	must := func(r result) {
+		t.Helper()
+		require.Equal(t, 0, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
+	}
+	must(cli("servers", "add", "fx", "--command", "mcpfixture --runtime-tools", "--env", "APP_TOKEN="+canary,
+		"--grant", "process_spawn", "--grant", "external_api_call"))
+	must(cli("graphs", "create", "--graph", "demo", "--agent", "researcher"))
+	must(cli("mcp-import", "--server", "fx", "--graph", "demo", "--agent", "researcher", "--tool", "echo", "--tool", "add", "--tool", "fail"))
+	must(cli("graphs", "publish", "--graph", "demo"))
+	return d, cli, poolID
+}
+
+// TestRunsEndToEnd drives a run over the CLI and REST: a call that succeeds, one refused by a
+// gate (exit 3), one whose tool fails (exit 4), the one-shot call, and the audit trail of every
+// attempt, which verifies and never holds the canary.
+func TestRunsEndToEnd(t *testing.T) {
+	d, cli, _ := runsDaemon(t)
+	r := cli("runs", "start", "--graph", "demo", "--run", "run-e2e")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Equal(t, "run-e2e", strings.TrimSpace(r.Stdout))
+
+	r = cli("runs", "call", "--run", "run-e2e", "--agent", "researcher", "--tool", "fx__echo", "--args", `{"text":"hello"}`)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "dispatched: succeeded")
+	require.Contains(t, r.Stdout, "hello")
+
+	r = cli("runs", "call", "--run", "run-e2e", "--agent", "researcher", "--tool", "fx__add", "--args", `{"a":"two","b":3}`)
+	require.Equal(t, 3, r.Code, "refused before dispatch exits 3: %s", r.Stderr)
+	require.Contains(t, r.Stderr, "refused before dispatch (invalid_input)")
+	require.Contains(t, r.Stderr, "nothing reached the server")
+
+	r = cli("runs", "call", "--run", "run-e2e", "--agent", "researcher", "--tool", "fx__fail")
+	require.Equal(t, 4, r.Code, "a tool error exits 4: %s", r.Stderr)
+	require.Contains(t, r.Stderr, "may have taken effect")
+
+	// The same run over REST.
+	api := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}
+	code, body, raw := api.do("POST", "/v1/runs/run-e2e:call", `{"agent":"researcher","tool":"fx__add","arguments":{"a":2,"b":40}}`)
+	require.Equal(t, http.StatusOK, code, raw)
+	require.Equal(t, "succeeded", body["result"])
+	require.Equal(t, 42.0, body["structured_content"].(map[string]any)["sum"])
+	code, body, raw = api.do("POST", "/v1/runs/run-e2e:call", `{"agent":"researcher","tool":"fx__nope"}`)
+	require.Equal(t, http.StatusNotFound, code, raw)
+	require.Equal(t, "unknown_tool", body["details"].([]any)[0].(map[string]any)["reason"])
+
+	r = cli("runs", "show", "--run", "run-e2e", "-o", "json")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	var run map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &run))
+	require.Equal(t, "running", run["state"])
+	require.Len(t, run["sessions"], 1, "one session per server ref, shared")
+
+	r = cli("runs", "end", "--run", "run-e2e")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	r = cli("call", "--graph", "demo", "--agent", "researcher", "--tool", "fx__echo", "--args", `{"text":"one-shot"}`)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "one-shot")
+
+	// The audit trail: every attempt, refused or dispatched, with the guarantee stated.
+	require.Eventually(t, func() bool {
+		r = cli("audit", "list", "--kind", "tool_call", "-o", "json")
+		return r.Code == 0 && strings.Count(r.Stdout, `"call_id"`) >= 6
+	}, 15*time.Second, 100*time.Millisecond, "every attempt reaches the audit log: %s", r.Stdout)
+	var list struct {
+		Records []struct {
+			ToolCall struct {
+				Outcome          string `json:"outcome"`
+				Reason           string `json:"reason"`
+				Result           string `json:"result"`
+				FailureClass     string `json:"failure_class"`
+				OperationSupport string `json:"operation_support"`
+				Risk             bool   `json:"operation_residual_duplicate_risk"`
+			} `json:"tool_call"`
+		} `json:"records"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &list))
+	var outcomes []string
+	for _, rec := range list.Records {
+		tc := rec.ToolCall
+		require.Equal(t, "at_least_once", tc.OperationSupport)
+		require.True(t, tc.Risk)
+		outcomes = append(outcomes, strings.Trim(tc.Outcome+"/"+tc.Reason+tc.Result+"/"+tc.FailureClass, "/"))
+	}
+	require.Equal(t, []string{
+		"dispatched/succeeded", "refused_before_dispatch/invalid_input", "dispatched/failed/tool_error",
+		"dispatched/succeeded", "refused_before_dispatch/unknown_tool", "dispatched/succeeded",
+	}, outcomes)
+
+	r = cli("audit", "verify")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "ok:")
+
+	// The JSON-lines export carries the hashed bodies: the chain verifies offline, and the
+	// canary is nowhere.
+	req, err := http.NewRequest("GET", api.base+"/v1/audit/export", nil)
+	require.NoError(t, err)
+	req.Header.Set("X-API-Key", adminKey)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	export, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(export))
+	require.NotContains(t, string(export), canary)
+	requireChainVerifies(t, export)
+	r = cli("audit", "export")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.NotContains(t, r.Stdout, canary)
+	require.NotContains(t, d.Logs.String(), canary)
+}
+
+// requireChainVerifies recomputes the hash chain of a JSON-lines export with nothing but
+// SHA-256: hash_i = SHA-256(hash_{i-1} || body_i).
+func requireChainVerifies(t *testing.T, export []byte) {
+	t.Helper()
+	sc := bufio.NewScanner(bytes.NewReader(export))
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	var prev []byte
+	n := 0
+	for sc.Scan() {
+		var line struct {
+			Hash   string          `json:"hash"`
+			Record json.RawMessage `json:"record"`
+		}
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &line))
+		var body struct {
+			PrevHash string `json:"prev_hash"`
+		}
+		require.NoError(t, json.Unmarshal(line.Record, &body))
+		if prev != nil {
+			require.Equal(t, hex.EncodeToString(prev), body.PrevHash, "record %d links to the one before", n)
+		}
+		pb, err := hex.DecodeString(body.PrevHash)
+		require.NoError(t, err)
+		sum := sha256.Sum256(append(pb, line.Record...))
+		require.Equal(t, line.Hash, hex.EncodeToString(sum[:]), "record %d hashes to its stored hash", n)
+		prev = sum[:]
+		n++
+	}
+	require.NoError(t, sc.Err())
+	require.Positive(t, n)
+}
+
+// TestPoolSIGKILLMidRunLosesNoAttemptAndLeavesNoContainer kills ringfenced while a run holds a
+// session, restarts it, and finds every attempt made before the kill in the audit log, no
+// container of the pool left, and the run able to call again with a fresh session.
+func TestPoolSIGKILLMidRunLosesNoAttemptAndLeavesNoContainer(t *testing.T) {
+	d, cli, poolID := runsDaemon(t)
+	require.Equal(t, 0, cli("runs", "start", "--graph", "demo", "--run", "run-kill").Code)
+	const calls = 12
+	for i := range calls {
+		r := cli("runs", "call", "--run", "run-kill", "--agent", "researcher", "--tool", "fx__echo", "--args", fmt.Sprintf(`{"text":"%d"}`, i))
+		require.Equal(t, 0, r.Code, r.Stderr)
+	}
+	require.Len(t, poolContainers(t, poolID), 1, "the run's session is up")
+	d.kill()
+	d.start()
+	requireNoContainers(t, poolID)
+
+	require.Eventually(t, func() bool {
+		r := cli("audit", "list", "--run", "run-kill", "-o", "json")
+		return r.Code == 0 && strings.Count(r.Stdout, `"call_id"`) == calls
+	}, 20*time.Second, 100*time.Millisecond, "every acknowledged attempt is in the audit log after the kill")
+
+	r := cli("runs", "show", "--run", "run-kill")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "running")
+	r = cli("runs", "call", "--run", "run-kill", "--agent", "researcher", "--tool", "fx__echo", "--args", `{"text":"after"}`)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "after")
+	require.Equal(t, 0, cli("runs", "end", "--run", "run-kill").Code)
+	requireNoContainers(t, poolID)
+}
+
+// TestAuditVerifyNamesATamperedRecord flips one byte of a stored record in audit.db while the
+// server is stopped: `ringfence audit verify` exits 1 naming that record.
+func TestAuditVerifyNamesATamperedRecord(t *testing.T) {
+	d := startDaemon(t, "ringfenced", registryEnv()...)
+	api := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}
+	for i := range 5 {
+		code, _, raw := api.do("POST", "/v1/mcp/servers", fmt.Sprintf(`{"ref":"srv-%d","command":"x","description":"marker-%d"}`, i, i))
+		require.Equal(t, http.StatusOK, code, raw)
+	}
+	cli := func(args ...string) result {
+		return runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), args...)
+	}
+	require.Eventually(t, func() bool {
+		r := cli("audit", "list", "--kind", "admin", "-o", "json")
+		return strings.Count(r.Stdout, `"resource_type"`) >= 6
+	}, 15*time.Second, 100*time.Millisecond)
+	r := cli("audit", "list", "-o", "json")
+	var list struct {
+		Records []struct {
+			Seq   string `json:"seq"`
+			Admin struct {
+				ResourceID string `json:"resource_id"`
+			} `json:"admin"`
+		} `json:"records"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &list))
+	var target string
+	for _, rec := range list.Records {
+		if rec.Admin.ResourceID == "srv-3" {
+			target = rec.Seq
+		}
+	}
+	require.NotEmpty(t, target)
+	d.stop()
+
+	path := filepath.Join(d.DataDir, "audit.db")
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	i := bytes.Index(raw, []byte("marker-3"))
+	require.Positive(t, i, "the record's body is in the file")
+	raw[i] = 'M'
+	require.NoError(t, os.WriteFile(path, raw, 0o600))
+
+	d.start()
+	r = cli("audit", "verify")
+	require.Equal(t, 1, r.Code, r.Stdout)
+	require.Contains(t, r.Stderr, "broken at record "+target)
+}
