@@ -45,7 +45,8 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	build := exec.Command("go", "build", "-o", dir+"/",
-		"./cmd/ringfence", "./cmd/ringfenced", "./cmd/ringfence-registry")
+		"./cmd/ringfence", "./cmd/ringfenced", "./cmd/ringfence-registry",
+		"./cmd/ringfence-publisher", "./cmd/ringfence-pool", "./cmd/ringfence-audit")
 	build.Dir = root
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {

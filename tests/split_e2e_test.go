@@ -1,0 +1,143 @@
+package tests
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ringfence/ringfence/internal/testutil/dockertest"
+)
+
+// TestSplitDeploymentOverMutualTLS runs ringfence-registry, -publisher, -pool and -audit as
+// four processes on loopback with certificates from `ringfence certs init`, drives a run
+// through them, shows that an internal RPC called with an API key and no certificate is
+// refused, and stops the audit service for 30 s while registry changes continue: every event
+// arrives after it returns, in order, exactly once.
+func TestSplitDeploymentOverMutualTLS(t *testing.T) {
+	image := dockertest.FixtureImage(t)
+	certs := t.TempDir()
+	r := runCmd(t, nil, nil, bin("ringfence"), "certs", "init", "--dir", certs)
+	require.Equal(t, 0, r.Code, r.Stderr)
+
+	addr := map[string]string{}
+	for _, svc := range []string{"registry", "publisher", "pool", "audit"} {
+		addr[svc] = freeAddr(t)
+	}
+	common := func(svc string) []string {
+		return []string{
+			"RINGFENCE_GRPC_ADDR=" + addr[svc],
+			"RINGFENCE_TLS__CERT_FILE=" + filepath.Join(certs, svc+".pem"),
+			"RINGFENCE_TLS__KEY_FILE=" + filepath.Join(certs, svc+"-key.pem"),
+			"RINGFENCE_TLS__CLIENT_CA_FILE=" + filepath.Join(certs, "ca.pem"),
+		}
+	}
+	poolID := "e2e-split-" + randomHex(4)
+	t.Cleanup(func() { requireNoContainers(t, poolID) })
+	audit := startDaemonAt(t, "ringfence-audit", addr["audit"], append(common("audit"),
+		"RINGFENCE_PEERS__REGISTRY_ADDR="+addr["registry"])...)
+	registry := startDaemonAt(t, "ringfence-registry", addr["registry"], append(common("registry"),
+		"RINGFENCE_BOOTSTRAP_ADMIN_KEY="+adminKey,
+		`RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS=["APP_TOKEN"]`,
+		"RINGFENCE_PEERS__POOL_ADDR="+addr["pool"], "RINGFENCE_PEERS__AUDIT_ADDR="+addr["audit"])...)
+	startDaemonAt(t, "ringfence-publisher", addr["publisher"], append(common("publisher"),
+		"RINGFENCE_PEERS__REGISTRY_ADDR="+addr["registry"], "RINGFENCE_PEERS__POOL_ADDR="+addr["pool"],
+		"RINGFENCE_PEERS__AUDIT_ADDR="+addr["audit"])...)
+	startDaemonAt(t, "ringfence-pool", addr["pool"], append(common("pool"),
+		"RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE="+image, "RINGFENCE_SANDBOX__POOL_ID="+poolID,
+		`RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS=["APP_TOKEN"]`,
+		"RINGFENCE_PEERS__REGISTRY_ADDR="+addr["registry"], "RINGFENCE_PEERS__PUBLISHER_ADDR="+addr["publisher"],
+		"RINGFENCE_PEERS__AUDIT_ADDR="+addr["audit"])...)
+
+	cli := func(svc string, args ...string) result {
+		return runCmd(t, nil, []string{"RINGFENCE_ADDR=" + addr[svc], "RINGFENCE_API_KEY=" + adminKey,
+			"RINGFENCE_CA_FILE=" + filepath.Join(certs, "ca.pem")}, bin("ringfence"), args...)
+	}
+	must := func(r result) result {
+		t.Helper()
+		require.Equal(t, 0, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
+		return r
+	}
+
+	// The control plane: register (the registry lists tools through the remote pool), import
+	// (the publisher discovers through the pool), publish.
+	must(cli("registry", "servers", "add", "fx", "--command", "mcpfixture", "--env", "APP_TOKEN="+canary,
+		"--grant", "process_spawn", "--grant", "external_api_call"))
+	r = must(cli("registry", "servers", "tools", "fx"))
+	require.Contains(t, r.Stdout, "echo")
+	must(cli("publisher", "graphs", "create", "--graph", "split", "--agent", "a"))
+	must(cli("publisher", "mcp-import", "--server", "fx", "--graph", "split", "--agent", "a", "--tool", "echo"))
+	must(cli("publisher", "graphs", "publish", "--graph", "split"))
+
+	// The pool host: a run that loads the version from the publisher and resolves the server
+	// (with its secret env) from the registry, both with its certificate.
+	r = must(cli("pool", "call", "--graph", "split", "--agent", "a", "--tool", "fx__echo", "--args", `{"text":"across four processes"}`))
+	require.Contains(t, r.Stdout, "across four processes")
+
+	// An internal RPC with an admin API key and no certificate is refused.
+	grpcurl := tool(t, "grpcurl")
+	r = runCmd(t, nil, nil, grpcurl, "-cacert", filepath.Join(certs, "ca.pem"), "-H", "x-api-key: "+adminKey,
+		"-d", `{"ref":"fx"}`, addr["registry"], "ringfence.registry.v1.RegistryService/ResolveServer")
+	require.NotEqual(t, 0, r.Code)
+	require.Contains(t, r.Stderr, "PermissionDenied")
+	require.Contains(t, r.Stderr, "API keys are never enough")
+	require.NotContains(t, r.Stdout+r.Stderr, canary)
+
+	// The audit service goes away for 30 s while registry changes continue.
+	audit.stop()
+	const changes = 30
+	for i := range changes {
+		must(cli("registry", "servers", "add", fmt.Sprintf("outage-%02d", i), "--command", "mcpfixture"))
+		time.Sleep(time.Second)
+	}
+	audit.start()
+	var refs []string
+	require.Eventually(t, func() bool {
+		r := cli("audit", "audit", "list", "--kind", "admin", "--limit", "1000", "-o", "json")
+		if r.Code != 0 {
+			return false
+		}
+		var list struct {
+			Records []struct {
+				ID    string `json:"id"`
+				Seq   string `json:"seq"`
+				Admin struct {
+					Action       string `json:"action"`
+					ResourceType string `json:"resource_type"`
+					ResourceID   string `json:"resource_id"`
+				} `json:"admin"`
+			} `json:"records"`
+		}
+		if json.Unmarshal([]byte(r.Stdout), &list) != nil {
+			return false
+		}
+		refs = refs[:0]
+		ids := map[string]bool{}
+		for _, rec := range list.Records {
+			require.False(t, ids[rec.ID], "record %s stored twice", rec.ID)
+			ids[rec.ID] = true
+			if rec.Admin.Action == "create" && strings.HasPrefix(rec.Admin.ResourceID, "outage-") {
+				refs = append(refs, rec.Admin.ResourceID)
+			}
+		}
+		return len(refs) == changes
+	}, 60*time.Second, 250*time.Millisecond, "every event of the outage arrives")
+	for i, ref := range refs {
+		require.Equal(t, fmt.Sprintf("outage-%02d", i), ref, "events arrive in order")
+	}
+	r = must(cli("audit", "audit", "verify"))
+	require.Contains(t, r.Stdout, "ok:")
+	r = must(cli("audit", "audit", "export"))
+	require.NotContains(t, r.Stdout, canary)
+	require.NotContains(t, registry.Logs.String(), canary)
+}
+
+// startDaemonAt is startDaemon with a fixed gRPC address (peers need it before it starts).
+func startDaemonAt(t *testing.T, name, grpcAddr string, env ...string) *daemon {
+	t.Helper()
+	return startDaemon(t, name, append(env, "RINGFENCE_GRPC_ADDR="+grpcAddr)...)
+}
