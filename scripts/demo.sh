@@ -1,27 +1,79 @@
 #!/usr/bin/env bash
-# `make run`: start ringfenced (every service in one process) on 127.0.0.1 with a demo admin
-# key and a data directory under .tmp/, printing the commands to try against it.
+# `make run`: the whole product on one machine. It builds a FROM-scratch isolation image from
+# the demo MCP server in examples/docs-mcp, starts ringfenced (every service in one process)
+# with that image pinned, registers the server, imports its tools into a graph, publishes it,
+# runs two calls (one succeeds, one is refused by a gate), prints the audit trail, and leaves
+# the server running for the curl, grpcurl and CLI examples it prints. Ctrl-C stops it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export RINGFENCE_DATA_DIR="${RINGFENCE_DATA_DIR:-$PWD/.tmp/demo-data}"
 export RINGFENCE_BOOTSTRAP_ADMIN_KEY="${RINGFENCE_BOOTSTRAP_ADMIN_KEY:-ringfence-demo-admin-key}"
 export RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS="${RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS:-[\"APP_TOKEN\"]}"
-grpc="${RINGFENCE_GRPC_ADDR:-127.0.0.1:50051}"
-http="${RINGFENCE_HTTP_ADDR:-127.0.0.1:8000}"
+export RINGFENCE_GRPC_ADDR="${RINGFENCE_GRPC_ADDR:-127.0.0.1:50051}"
+export RINGFENCE_HTTP_ADDR="${RINGFENCE_HTTP_ADDR:-127.0.0.1:8000}"
+export RINGFENCE_LOG_LEVEL="${RINGFENCE_LOG_LEVEL:-warn}"
+grpc="$RINGFENCE_GRPC_ADDR"
+http="$RINGFENCE_HTTP_ADDR"
+rf() { RINGFENCE_ADDR="$grpc" RINGFENCE_API_KEY="$RINGFENCE_BOOTSTRAP_ADMIN_KEY" ./bin/ringfence "$@"; }
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+step "building the demo MCP server (static) and its isolation image"
+mkdir -p .tmp/demo
+CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o .tmp/demo/docs-mcp ./examples/docs-mcp
+image=$(./bin/ringfence image build --binary .tmp/demo/docs-mcp --name ringfence-demo:latest -o json |
+	sed -E 's/.*"image": *"([^"]+)".*/\1/')
+echo "pinned isolation image: $image"
+export RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE="$image"
+
+step "starting ringfenced (data in $RINGFENCE_DATA_DIR)"
+# The demo starts from nothing each time, but only ever wipes its own directory.
+if [ "$RINGFENCE_DATA_DIR" = "$PWD/.tmp/demo-data" ]; then rm -rf "$RINGFENCE_DATA_DIR"; fi
+./bin/ringfenced &
+server=$!
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT INT TERM
+for _ in $(seq 1 100); do
+	curl -fsS "http://$http/healthz" >/dev/null 2>&1 && break
+	kill -0 $server 2>/dev/null || { echo "ringfenced exited; see the messages above" >&2; exit 1; }
+	sleep 0.1
+done
+
+step "an operator registers the server: grants cover the floor; read_doc is scoped by its path argument"
+rf servers add docs --command docs-mcp --description "Company handbook" \
+	--grant process_spawn --grant external_api_call --tool-permission 'read_doc=docs.read:{path}'
+rf servers tools docs
+
+step "an author imports its tools into a draft graph, lets the agent read the handbook, and publishes"
+rf graphs create --graph support --agent researcher >/dev/null
+rf mcp-import --server docs --graph support --agent researcher
+rf graphs bind --graph support --agent researcher --capability 'docs.read:/handbook/**' >/dev/null
+rf graphs publish --graph support
+
+step "a run: the researcher reads a handbook page (allowed)"
+run=$(rf runs start --graph support)
+rf runs call --run "$run" --agent researcher --tool docs__read_doc --args '{"path":"/handbook/leave.md"}'
+
+step "the same agent asks for a restricted page (refused by the argument-scope gate before anything reaches the server)"
+rf runs call --run "$run" --agent researcher --tool docs__read_doc --args '{"path":"/restricted/payroll.md"}' || true
+rf runs end --run "$run" >/dev/null
+
+step "the audit trail (tamper-evident; every attempt, refused or dispatched)"
+sleep 0.5
+rf audit list
+rf audit verify
 
 cat <<EOT
-ringfenced: data in $RINGFENCE_DATA_DIR, gRPC on $grpc, REST on http://$http
-Admin key (RINGFENCE_BOOTSTRAP_ADMIN_KEY): $RINGFENCE_BOOTSTRAP_ADMIN_KEY
 
-In another shell:
+ringfenced keeps running: gRPC on $grpc, REST on http://$http, admin key $RINGFENCE_BOOTSTRAP_ADMIN_KEY
+Try, in another shell:
   export MCP_ADMIN_KEY=$RINGFENCE_BOOTSTRAP_ADMIN_KEY
-  curl -s -X POST http://$http/v1/mcp/servers -H "X-API-Key: \$MCP_ADMIN_KEY" \\
-    -d '{"ref":"docs-search","command":"npx","args":["-y","@modelcontextprotocol/server-filesystem","/srv/docs"],"env":{},"grants":["process_spawn","external_api_call"]}'
   curl -s http://$http/v1/mcp/servers -H "X-API-Key: \$MCP_ADMIN_KEY"
-  .tmp/bin/grpcurl -plaintext -H "x-api-key: \$MCP_ADMIN_KEY" $grpc ringfence.registry.v1.RegistryService/ListServers
-  RINGFENCE_API_KEY=\$MCP_ADMIN_KEY ./bin/ringfence servers list
-
+  curl -s http://$http/v1/mcp/servers/docs/tools -H "X-API-Key: \$MCP_ADMIN_KEY"
+  curl -s -X POST http://$http/v1/runs -H "X-API-Key: \$MCP_ADMIN_KEY" -d '{"graph_id":"support","run_id":"r1"}'
+  curl -s -X POST http://$http/v1/runs/r1:call -H "X-API-Key: \$MCP_ADMIN_KEY" \\
+    -d '{"agent":"researcher","tool":"docs__search_docs","arguments":{"query":"leave"}}'
+  .tmp/bin/grpcurl -plaintext -H "x-api-key: \$MCP_ADMIN_KEY" $grpc list
+  RINGFENCE_API_KEY=\$MCP_ADMIN_KEY ./bin/ringfence audit tail
 Ctrl-C stops the server.
 EOT
-exec ./bin/ringfenced
+wait $server

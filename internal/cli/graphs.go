@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -44,7 +45,7 @@ func newGraphsCmd(g *globals) *cobra.Command {
 		Short:   "Author agent graphs: drafts, validation, publish, versions (needs workflow:write)",
 	}
 	cmd.AddCommand(newGraphsCreateCmd(g), newGraphsShowCmd(g), newGraphsEditCmd(g), newGraphsValidateCmd(g),
-		newGraphsPublishCmd(g), newGraphsVersionsCmd(g), newGraphsListCmd(g), newGraphsDeleteCmd(g))
+		newGraphsPublishCmd(g), newGraphsVersionsCmd(g), newGraphsListCmd(g), newGraphsDeleteCmd(g), newGraphsBindCmd(g))
 	return cmd
 }
 
@@ -167,6 +168,57 @@ re-import the tool instead.`,
 	gt.register(cmd)
 	cmd.Flags().StringVarP(&file, "file", "f", "", "JSON file with the new draft (- for stdin)")
 	cmd.Flags().BoolVar(&force, "force", false, "replace the draft even if the file carries no revision")
+	return cmd
+}
+
+func newGraphsBindCmd(g *globals) *cobra.Command {
+	var gt graphTarget
+	var agent string
+	var caps []string
+	cmd := &cobra.Command{
+		Use:     "bind --graph G --agent A --capability C [--capability C ...]",
+		Short:   "Add capabilities to an agent's bindings in the draft (what it holds; globs allowed)",
+		Example: `  ringfence graphs bind --graph support-triage --agent researcher --capability 'docs.read:/handbook/**'`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			client, err := g.publisher()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := g.ctx(cmd.Context())
+			defer cancel()
+			resp, err := client.GetDraft(ctx, &publisherv1.GetDraftRequest{Tenant: gt.tenant, GraphId: gt.graph})
+			if err != nil {
+				return err
+			}
+			draft := resp.GetDraft()
+			var found *publisherv1.AgentNode
+			for _, n := range draft.GetNodes() {
+				if n.GetId() == agent && n.GetAgent() != nil {
+					found = n.GetAgent()
+				}
+			}
+			if found == nil {
+				return usagef("graph %s has no agent node %q in its draft", gt.graph, agent)
+			}
+			for _, c := range caps {
+				if !slices.Contains(found.CapabilityBindings, c) {
+					found.CapabilityBindings = append(found.CapabilityBindings, c)
+				}
+			}
+			// The revision read above makes a concurrent edit fail instead of being overwritten.
+			out, err := client.ReplaceDraft(ctx, &publisherv1.ReplaceDraftRequest{Tenant: gt.tenant, GraphId: gt.graph, Draft: draft})
+			if err != nil {
+				return err
+			}
+			return g.printGraph(out.GetDraft())
+		},
+	}
+	gt.register(cmd)
+	cmd.Flags().StringVar(&agent, "agent", "", "the agent node")
+	cmd.Flags().StringArrayVar(&caps, "capability", nil, "a capability to add, e.g. fs.read:/srv/** (repeatable)")
+	_ = cmd.MarkFlagRequired("agent")
+	_ = cmd.MarkFlagRequired("capability")
 	return cmd
 }
 

@@ -458,12 +458,7 @@ func (s *Service) dispatch(ctx context.Context, sess *session, tool *graph.MCPTo
 }
 
 func (s *Service) classifyCallError(parent, cctx context.Context, sess *session, err error) string {
-	switch {
-	case parent.Err() != nil:
-		return failureCanceled
-	case cctx.Err() != nil:
-		return failureTimeout
-	}
+	// A dead server explains the failure whatever the clocks say: check it first.
 	select {
 	case <-sess.sess.Done():
 		if spawner.ClassOf(sess.sess.Err()) == spawner.ClassProtocolViolation {
@@ -477,7 +472,11 @@ func (s *Service) classifyCallError(parent, cctx context.Context, sess *session,
 		return failureCrashed
 	case spawner.ClassProtocolViolation:
 		return failureOutputTooLarge
-	case spawner.ClassTimeout:
+	}
+	switch {
+	case parent.Err() != nil:
+		return failureCanceled
+	case cctx.Err() != nil, spawner.ClassOf(err) == spawner.ClassTimeout:
 		return failureTimeout
 	}
 	return failureTransport
