@@ -32,7 +32,6 @@ BINARIES := ringfence ringfenced ringfence-registry ringfence-publisher ringfenc
 # Packages tested by `make test`; TESTFLAGS adds flags (e.g. TESTFLAGS=-run=TestRegistry).
 TEST_TIMEOUT ?= 30m
 TESTFLAGS    ?=
-BENCHFLAGS   ?= -benchtime=1x -count=1
 
 .PHONY: help
 help: ## Show this help.
@@ -83,9 +82,8 @@ test: tools docker lint checkgenerate ## The whole test suite: lint, generated c
 	go test -race -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./...
 
 .PHONY: bench
-bench: tools docker ## Benchmarks (BENCHFLAGS=-count=6 for benchstat-ready figures).
-	go test -run='^$$' -bench=. -benchmem $(BENCHFLAGS) ./... | tee $(TMP)/bench.txt
-	benchstat $(TMP)/bench.txt
+bench: tools docker ## Every benchmark behind docs/benchmarks.md, summarized by benchstat (COUNT=6).
+	./scripts/bench.sh
 
 .PHONY: run
 run: build docker ## Run the all-in-one server with the demo.

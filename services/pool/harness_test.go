@@ -26,6 +26,7 @@ import (
 	"github.com/ringfence/ringfence/internal/secretbox"
 	rftestutil "github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
+	auditsvc "github.com/ringfence/ringfence/services/audit"
 	"github.com/ringfence/ringfence/services/publisher"
 	"github.com/ringfence/ringfence/services/registry"
 )
@@ -33,7 +34,7 @@ import (
 // harness runs the real registry, publisher and pool in one process against the real Docker
 // engine and the fixture image; only the audit log is an in-memory recorder.
 type harness struct {
-	t        *testing.T
+	t        testing.TB
 	ctx      context.Context
 	reg      *registry.Service
 	pub      *publisher.Service
@@ -49,6 +50,8 @@ type harnessOpts struct {
 	idle        time.Duration
 	maxRuns     int
 	maxSessions int
+	// realAudit forwards to a real audit log (benchmarks) instead of the in-memory recorder.
+	realAudit bool
 }
 
 // overridableVersions serves the publisher's versions, or a hand-made one a test injects to
@@ -69,7 +72,7 @@ func (o *overridableVersions) PublishedVersion(ctx context.Context, tenant, grap
 	return o.pub.PublishedVersion(ctx, tenant, graphID, version)
 }
 
-func newHarness(t *testing.T, opts ...harnessOpts) *harness {
+func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 	t.Helper()
 	var o harnessOpts
 	if len(opts) > 0 {
@@ -86,8 +89,15 @@ func newHarness(t *testing.T, opts ...harnessOpts) *harness {
 	roles, err := auth.NewRoles("")
 	require.NoError(t, err)
 	rec := rftestutil.NewAuditRecorder()
+	var sink audit.Sink = rec
+	if o.realAudit {
+		log, err := auditsvc.Open(auditsvc.Config{DBPath: filepath.Join(dir, "audit.db"), Logger: quiet})
+		require.NoError(t, err)
+		t.Cleanup(func() { log.Close() })
+		sink = log.Sink()
+	}
 	reg, err := registry.Open(registry.Config{DBPath: filepath.Join(dir, "registry.db"), Secrets: box, Roles: roles,
-		AllowedEnvKeys: []string{"APP_TOKEN"}, AuditSink: rec, Logger: quiet})
+		AllowedEnvKeys: []string{"APP_TOKEN"}, AuditSink: sink, Logger: quiet})
 	require.NoError(t, err)
 	t.Cleanup(func() { reg.Close() })
 
@@ -95,7 +105,7 @@ func newHarness(t *testing.T, opts ...harnessOpts) *harness {
 	poolID := "pooltest-" + randomHex()
 	drift := o.driftMaxAge
 	pl, err := Open(t.Context(), Config{
-		DBPath: filepath.Join(dir, "pool.db"), Registry: reg, Versions: versions, AuditSink: rec,
+		DBPath: filepath.Join(dir, "pool.db"), Registry: reg, Versions: versions, AuditSink: sink,
 		Sandbox: Sandbox{Image: image, Network: "none", AllowedEnvKeys: []string{"APP_TOKEN"}, PoolID: poolID,
 			NanoCPUs: 1e9, MemoryBytes: 512 << 20, PidsLimit: 64, TmpfsSizeBytes: 16 << 20},
 		DriftMaxAge: drift, RunIdleTimeout: o.idle, MaxRuns: o.maxRuns, MaxSessions: o.maxSessions, Logger: quiet,
@@ -108,7 +118,7 @@ func newHarness(t *testing.T, opts ...harnessOpts) *harness {
 		}
 	})
 	reg.SetDiscoverer(pl)
-	pub, err := publisher.Open(publisher.Config{DBPath: filepath.Join(dir, "publisher.db"), Policies: reg, Discoverer: pl, AuditSink: rec, Logger: quiet})
+	pub, err := publisher.Open(publisher.Config{DBPath: filepath.Join(dir, "publisher.db"), Policies: reg, Discoverer: pl, AuditSink: sink, Logger: quiet})
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 	versions.pub = pub
@@ -221,7 +231,7 @@ func requireFailed(t *testing.T, err error, class string) {
 	require.Equal(t, class, f.Class, "%v", err)
 }
 
-func poolContainers(t *testing.T, poolID string) int {
+func poolContainers(t testing.TB, poolID string) int {
 	t.Helper()
 	docker := dockertest.RequireEngine(t)
 	f := client.Filters{}
@@ -233,7 +243,7 @@ func poolContainers(t *testing.T, poolID string) int {
 	return len(list.Items)
 }
 
-func requireNoContainers(t *testing.T, poolID string) {
+func requireNoContainers(t testing.TB, poolID string) {
 	t.Helper()
 	require.Eventually(t, func() bool { return poolContainers(t, poolID) == 0 }, 20*time.Second, 100*time.Millisecond,
 		"containers of pool %s were left behind", poolID)

@@ -49,7 +49,7 @@ func (s *Service) GetServer(ctx context.Context, req *registryv1.GetServerReques
 	if err := mcpserver.ValidateRef(req.GetRef()); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	reg, err := s.store.GetServer(ctx, req.GetRef())
+	reg, err := s.store.GetServerMasked(ctx, req.GetRef())
 	if err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
 	}
@@ -121,7 +121,7 @@ func (s *Service) ListServerTools(ctx context.Context, req *registryv1.ListServe
 	if err := mcpserver.ValidateRef(req.GetRef()); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	if _, err := s.store.GetServer(ctx, req.GetRef()); err != nil {
+	if _, err := s.store.ServerPolicy(ctx, req.GetRef()); err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
 	}
 	if s.cfg.Discoverer == nil {

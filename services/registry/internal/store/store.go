@@ -169,6 +169,36 @@ func (s *Store) CreateServer(ctx context.Context, r *mcpserver.Registration, hoo
 
 // GetServer returns a registration with its env in clear.
 func (s *Store) GetServer(ctx context.Context, ref string) (*mcpserver.Registration, error) {
+	st, err := s.stored(ref)
+	if err != nil {
+		return nil, err
+	}
+	return s.open(st)
+}
+
+// GetServerMasked returns a registration whose env holds its keys with empty values, without
+// opening the sealed values: what responses need, since they mask every value anyway.
+func (s *Store) GetServerMasked(ctx context.Context, ref string) (*mcpserver.Registration, error) {
+	st, err := s.stored(ref)
+	if err != nil {
+		return nil, err
+	}
+	keys := st.EnvKeys
+	st.EnvSealed, st.EnvKeys = nil, nil
+	r, err := s.open(st)
+	if err != nil {
+		return nil, err
+	}
+	if len(keys) > 0 {
+		r.Env = make(map[string]string, len(keys))
+		for _, k := range keys {
+			r.Env[k] = ""
+		}
+	}
+	return r, nil
+}
+
+func (s *Store) stored(ref string) (*storedServer, error) {
 	var st storedServer
 	err := s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(serversBucket).Get([]byte(ref))
@@ -180,7 +210,7 @@ func (s *Store) GetServer(ctx context.Context, ref string) (*mcpserver.Registrat
 	if err != nil {
 		return nil, err
 	}
-	return s.open(&st)
+	return &st, nil
 }
 
 // ServerPolicy returns what a registration allows without opening its sealed env: the pool

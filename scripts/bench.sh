@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# `make bench`: every benchmark that backs a figure in docs/benchmarks.md, each with the
+# iteration count its measurement needs (a cold container start is not a microsecond hash),
+# repeated COUNT times (default 6) and summarized by benchstat. Raw output: .tmp/bench.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+count="${COUNT:-6}"
+out=.tmp/bench.txt
+mkdir -p .tmp
+: >"$out"
+
+run() { # package, pattern, benchtime[, count]
+	echo "== $1 $2 ($3)" >&2
+	go test -run '^$' -bench "$2" -benchtime "$3" -count "${4:-$count}" -benchmem -timeout 60m "$1" | tee -a "$out" | grep -E '^Benchmark' >&2 || true
+}
+
+# Registry: authenticated gRPC on loopback.
+run ./services/registry/ 'RegistryGet$' 20000x
+run ./services/registry/ 'RegistryCreate$' 5000x
+# Declarations: pin, screen, sanitize.
+run ./internal/mcpdecl/... '.' 1s
+# Discovery: cold spawn → handshake → full list → stop, beside docker run -i of the same image.
+run ./services/pool/internal/spawner/ 'ColdDiscoveryVsDockerRun$' 20x 3
+# Publisher: validate a 10,000-node draft; import 200 tools (time beyond the spawn reported).
+run ./internal/graph/ 'Validate10kNodes$' 20x
+run ./services/publisher/ 'ValidateDraft10kNodes' 20x
+run ./services/publisher/ 'Import200Tools' 10x 3
+# Audit: durable batched appends, the spool, Verify over 1,000,000 records (one pass each).
+run ./services/audit/internal/store/ 'AppendDurable' 100000x
+run ./services/audit/internal/store/ 'SpoolToStore' 50000x
+run ./internal/audit/ 'SpoolEnqueue' 50000x
+run ./services/audit/internal/store/ 'Verify1M' 1x 3
+# Pool: (a) warm call, (b) first call of a run, (c) 16 concurrent runs, (d) memory per session.
+run ./services/pool/ 'PoolWarmCall$' 300x 3
+run ./services/pool/ 'PoolFirstCall$' 20x 3
+run ./services/pool/ 'PoolThroughput$' 5000x 3
+run ./services/pool/ 'PoolIdleSessionMemory$' 1x 3
+
+echo >&2
+.tmp/bin/benchstat "$out"

@@ -1,0 +1,230 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"os/exec"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/grpcserver"
+	"github.com/ringfence/ringfence/internal/testutil"
+	"github.com/ringfence/ringfence/internal/testutil/dockertest"
+	"github.com/ringfence/ringfence/internal/testutil/fixtures"
+	"github.com/ringfence/ringfence/services/pool/internal/spawner"
+)
+
+// Benchmarks of issue 6, reported with p50/p99 per operation (b.ReportMetric). Run them with
+// make bench, or: go test -run '^$' -bench 'Pool' -benchtime=200x ./services/pool/
+
+// latencies collects per-operation durations.
+type latencies []time.Duration
+
+func (l latencies) report(b *testing.B, prefix string) {
+	if len(l) == 0 {
+		return
+	}
+	s := slices.Clone(l)
+	slices.Sort(s)
+	b.ReportMetric(float64(s[len(s)*50/100].Microseconds()), prefix+"p50-µs")
+	b.ReportMetric(float64(s[min(len(s)-1, len(s)*99/100)].Microseconds()), prefix+"p99-µs")
+}
+
+const benchKey = "bench-admin-key-0123456789"
+
+// grpcClient serves the harness's pool over authenticated gRPC on loopback, as ringfenced does.
+func grpcClient(b *testing.B, h *harness) (poolv1.PoolServiceClient, context.Context) {
+	require.NoError(b, h.reg.EnsureBootstrapAdmin(h.ctx, benchKey))
+	srv := grpcserver.New(grpcserver.Options{Name: "bench", GRPCAddr: "127.0.0.1:0", Authorizer: auth.NewAuthorizer(h.reg, auth.Rules), Logger: h.pool.log})
+	poolv1.RegisterPoolServiceServer(srv.GRPC(), NewServer(h.pool))
+	conn, _ := testutil.Serve(b, srv)
+	return poolv1.NewPoolServiceClient(conn), testutil.WithKey(context.Background(), benchKey)
+}
+
+// BenchmarkPoolWarmCall (a): a warm echo through the whole path (gRPC client → pool → every
+// gate → container) against the same call on a raw go-sdk session over the same kind of
+// container's attach stream, and on a direct host stdio session. Target: the whole path adds at
+// most 0.3 ms p50 over the raw attach path.
+func BenchmarkPoolWarmCall(b *testing.B) {
+	h := newHarness(b, harnessOpts{driftMaxAge: time.Second})
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	client, ctx := grpcClient(b, h)
+	run := h.start("g")
+	args, _ := structpb.NewStruct(map[string]any{"text": "ping"})
+	call := &poolv1.CallToolRequest{RunId: run, Agent: "a", Tool: "fx__echo", Arguments: args}
+	_, err := client.CallTool(ctx, call) // spawn
+	require.NoError(b, err)
+
+	image := dockertest.FixtureImage(b)
+	raw, err := spawner.New(spawner.Config{Image: image, PoolID: "bench-raw-" + randomHex(), Logger: h.pool.log})
+	require.NoError(b, err)
+	b.Cleanup(func() { raw.Close(context.Background()) })
+	rawSess, err := raw.Spawn(context.Background(), spawner.Spec{ServerRef: "raw", Transport: "stdio", Command: "mcpfixture", Purpose: spawner.PurposeRun})
+	require.NoError(b, err)
+	defer rawSess.Close(context.Background())
+
+	host, err := mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "1"}, nil).Connect(context.Background(),
+		&mcp.CommandTransport{Command: exec.Command(fixtures.Binaries(b).Path(b, "mcpfixture"))}, &mcp.ClientSessionOptions{ProtocolVersion: spawner.ProtocolVersion})
+	require.NoError(b, err)
+	defer host.Close()
+	params := &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": "ping"}}
+
+	var whole, attach, stdio latencies
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		if _, err := client.CallTool(ctx, call); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if _, err := rawSess.CallTool(context.Background(), params); err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		if _, err := host.CallTool(context.Background(), params); err != nil {
+			b.Fatal(err)
+		}
+		t3 := time.Now()
+		whole, attach, stdio = append(whole, t1.Sub(t0)), append(attach, t2.Sub(t1)), append(stdio, t3.Sub(t2))
+	}
+	b.StopTimer()
+	whole.report(b, "whole-")
+	attach.report(b, "attach-")
+	stdio.report(b, "stdio-")
+}
+
+// BenchmarkPoolFirstCall (b): the first call of a run, spawn included, against raw create →
+// attach → start → initialize → call through the spawner. Target ratio ≤ 1.2.
+func BenchmarkPoolFirstCall(b *testing.B) {
+	h := newHarness(b, harnessOpts{driftMaxAge: time.Second})
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	image := dockertest.FixtureImage(b)
+	raw, err := spawner.New(spawner.Config{Image: image, PoolID: "bench-raw-" + randomHex(), Logger: h.pool.log})
+	require.NoError(b, err)
+	b.Cleanup(func() { raw.Close(context.Background()) })
+	params := &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": "ping"}}
+	args, _ := json.Marshal(map[string]any{"text": "ping"})
+
+	var first, rawFirst latencies
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		info, err := h.pool.StartRun(h.ctx, "default", "g", 0, "")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := h.pool.CallTool(h.ctx, CallRequest{RunID: info.Run.ID, Agent: "a", Tool: "fx__echo", Arguments: args}); err != nil {
+			b.Fatal(err)
+		}
+		first = append(first, time.Since(t0))
+		b.StopTimer()
+		if _, err := h.pool.EndRun(h.ctx, info.Run.ID, "", "completed", "bench"); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+
+		t1 := time.Now()
+		sess, err := raw.Spawn(context.Background(), spawner.Spec{ServerRef: "raw", Transport: "stdio", Command: "mcpfixture", Purpose: spawner.PurposeRun})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := sess.CallTool(context.Background(), params); err != nil {
+			b.Fatal(err)
+		}
+		rawFirst = append(rawFirst, time.Since(t1))
+		b.StopTimer()
+		sess.Close(context.Background())
+		b.StartTimer()
+	}
+	b.StopTimer()
+	first.report(b, "run-")
+	rawFirst.report(b, "raw-")
+	slices.Sort(first)
+	slices.Sort(rawFirst)
+	b.ReportMetric(float64(first[len(first)/2])/float64(rawFirst[len(rawFirst)/2]), "p50-ratio")
+}
+
+// BenchmarkPoolThroughput (c): calls per second with 16 concurrent runs, every attempt
+// recorded durably (the pool's spool fsyncs, the real audit log appends). Target ≥ 2,000/s.
+func BenchmarkPoolThroughput(b *testing.B) {
+	h := newHarness(b, harnessOpts{driftMaxAge: time.Second, realAudit: true})
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	const runs = 16
+	ids := make([]string, runs)
+	args, _ := json.Marshal(map[string]any{"text": "ping"})
+	for i := range ids {
+		ids[i] = h.start("g")
+		_, err := h.pool.CallTool(h.ctx, CallRequest{RunID: ids[i], Agent: "a", Tool: "fx__echo", Arguments: args})
+		require.NoError(b, err)
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for i := range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(b.N) {
+				if _, err := h.pool.CallTool(h.ctx, CallRequest{RunID: ids[i], Agent: "a", Tool: "fx__echo", Arguments: args}); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "calls/s")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(b, h.pool.Spool().Flush(ctx), "every attempt reached the audit log")
+}
+
+// BenchmarkPoolIdleSessionMemory (d): the pool's own memory per idle session (Go heap and
+// goroutine stacks), besides the container. Target ≤ 256 KiB.
+func BenchmarkPoolIdleSessionMemory(b *testing.B) {
+	h := newHarness(b, harnessOpts{driftMaxAge: time.Hour, maxSessions: 1000, maxRuns: 1000})
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	args, _ := json.Marshal(map[string]any{"text": "ping"})
+	const sessions = 20
+	measure := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc + m.StackInuse
+	}
+	for range b.N {
+		before := measure()
+		var ids []string
+		for range sessions {
+			id := h.start("g")
+			_, err := h.pool.CallTool(h.ctx, CallRequest{RunID: id, Agent: "a", Tool: "fx__echo", Arguments: args})
+			require.NoError(b, err)
+			ids = append(ids, id)
+		}
+		time.Sleep(200 * time.Millisecond) // let the sessions go idle
+		after := measure()
+		b.ReportMetric(float64(int64(after)-int64(before))/sessions/1024, "KiB/session")
+		for _, id := range ids {
+			_, err := h.pool.EndRun(h.ctx, id, "", "completed", "bench")
+			require.NoError(b, err)
+		}
+	}
+}
