@@ -49,6 +49,7 @@ const (
 	DefaultMinBackoff     = 50 * time.Millisecond
 	DefaultMaxBackoff     = 5 * time.Second
 	DefaultAttemptTimeout = 30 * time.Second
+	DefaultAckDelay       = 20 * time.Millisecond
 )
 
 // SpoolConfig configures a Spool. DB, Bucket, Sink and Producer are required.
@@ -73,7 +74,10 @@ type SpoolConfig struct {
 	// AttemptTimeout bounds one Sink.Append, so a hung audit service cannot stall the
 	// forwarder forever.
 	AttemptTimeout time.Duration
-	Logger         *slog.Logger
+	// AckDelay gathers acknowledgements before forwarded records are deleted from the outbox
+	// (one write transaction per AckDelay at most, instead of one per batch).
+	AckDelay time.Duration
+	Logger   *slog.Logger
 }
 
 // Keys inside the spool's bucket.
@@ -96,6 +100,7 @@ type Spool struct {
 	minBackoff     time.Duration
 	maxBackoff     time.Duration
 	attemptTimeout time.Duration
+	ackDelay       time.Duration
 	log            *slog.Logger
 
 	// pending mirrors the outbox size for cheap reads; it is adjusted in commit hooks,
@@ -136,6 +141,7 @@ func NewSpool(cfg SpoolConfig) (*Spool, error) {
 		minBackoff:     orDefault(cfg.MinBackoff, DefaultMinBackoff),
 		maxBackoff:     orDefault(cfg.MaxBackoff, DefaultMaxBackoff),
 		attemptTimeout: orDefault(cfg.AttemptTimeout, DefaultAttemptTimeout),
+		ackDelay:       orDefault(cfg.AckDelay, DefaultAckDelay),
 		log:            cfg.Logger,
 		wake:           make(chan struct{}, 1),
 		progress:       make(chan struct{}),
@@ -614,6 +620,15 @@ func (s *Spool) ackLoop(ctx context.Context, acks *ackMark) error {
 		stopping := false
 		select {
 		case <-acks.signal:
+			// Deleting forwarded records is a write transaction with its own fsyncs, in the
+			// same file producers commit to: gather acknowledgements for a moment instead of
+			// committing one delete per forwarded batch. A crash meanwhile only resends
+			// records the log already holds, and it drops them by id.
+			select {
+			case <-time.After(s.ackDelay):
+			case <-ctx.Done():
+				stopping = true
+			}
 		case <-ctx.Done():
 			stopping = true
 		}
