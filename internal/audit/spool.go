@@ -771,3 +771,34 @@ func readUint64(b []byte) uint64 {
 	}
 	return binary.BigEndian.Uint64(b)
 }
+
+// Forwarder is a running spool forwarder; Stop ends it.
+type Forwarder struct {
+	spool  *Spool
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// StartForwarding runs the forwarder in the background until Stop: what every producer does
+// with its spool for as long as it serves.
+func (s *Spool) StartForwarding() *Forwarder {
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &Forwarder{spool: s, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(f.done)
+		if err := s.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			s.log.Error("audit: the spool forwarder stopped", "error", err)
+		}
+	}()
+	return f
+}
+
+// Stop gives the forwarder up to grace to drain what is pending, then stops it. Whatever is
+// left stays durable in the outbox and is forwarded after the next start.
+func (f *Forwarder) Stop(grace time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	_ = f.spool.Flush(ctx)
+	cancel()
+	f.cancel()
+	<-f.done
+}

@@ -35,6 +35,18 @@ func (p Principal) Actor() string {
 	return "key:" + p.KeyID
 }
 
+// AuditActor is how audit records name the principal: its key id and role, "service:<name>"
+// for a service certificate, or "system" for changes no caller made (a bootstrap at start).
+func (p Principal) AuditActor() (id, role string) {
+	switch {
+	case p.Service != "":
+		return "service:" + p.Service, "service"
+	case p.KeyID != "":
+		return p.KeyID, p.Role
+	}
+	return "system", "system"
+}
+
 type principalKey struct{}
 
 // WithPrincipal attaches the caller to ctx.

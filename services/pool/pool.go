@@ -88,15 +88,16 @@ type Config struct {
 
 // Service implements PoolService.
 type Service struct {
-	cfg      Config
-	log      *slog.Logger
-	errors   grpcserver.ErrorTable
-	spawner  *spawner.Router
-	isolated bool
-	store    *store.Store
-	spool    *audit.Spool
-	schemas  *schemas.Cache
-	metrics  *metrics
+	cfg       Config
+	log       *slog.Logger
+	errors    grpcserver.ErrorTable
+	spawner   *spawner.Router
+	isolated  bool
+	store     *store.Store
+	spool     *audit.Spool
+	forwarder *audit.Forwarder
+	schemas   *schemas.Cache
+	metrics   *metrics
 
 	runs         runs
 	liveSessions atomic.Int64
@@ -197,15 +198,10 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		cfg.Logger.Warn("no isolation image: discovery and calls of stdio MCP servers are refused until RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE is set")
 	}
 
+	s.forwarder = s.spool.StartForwarding()
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
-	s.bg.Add(2)
-	go func() {
-		defer s.bg.Done()
-		if err := s.spool.Run(bg); err != nil && !errors.Is(err, context.Canceled) {
-			s.log.Error("the audit spool forwarder stopped", "err", err)
-		}
-	}()
+	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
 		s.reapIdle(bg)
@@ -234,10 +230,7 @@ func (s *Service) Close(ctx context.Context) error {
 	for _, m := range all {
 		s.stopSessions(m)
 	}
-	// Give the forwarder a moment to drain what is pending, then stop it.
-	fctx, fcancel := context.WithTimeout(ctx, 2*time.Second)
-	_ = s.spool.Flush(fctx)
-	fcancel()
+	s.forwarder.Stop(2 * time.Second)
 	s.cancel()
 	s.bg.Wait()
 	return errors.Join(s.spawner.Close(ctx), s.store.Close())

@@ -30,13 +30,7 @@ const maxListedTools = 100
 // (inline env values appear only masked).
 func (s *Service) event(ctx context.Context, tenant, action, graphID string, change any) func(tx *bolt.Tx) error {
 	p, _ := auth.FromContext(ctx)
-	actorID, role := p.KeyID, p.Role
-	if p.Service != "" {
-		actorID, role = "service:"+p.Service, "service"
-	}
-	if actorID == "" {
-		actorID, role = "system", audit.ActorRoleSystem
-	}
+	actorID, role := p.AuditActor()
 	var raw json.RawMessage
 	var err error
 	if change != nil {

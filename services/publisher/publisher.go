@@ -67,11 +67,10 @@ type Service struct {
 	cfg       Config
 	store     *store.Store
 	spool     *audit.Spool
+	forwarder *audit.Forwarder
 	validator *graph.Validator
 	log       *slog.Logger
 	errors    grpcserver.ErrorTable
-	stop      context.CancelFunc
-	done      chan struct{}
 }
 
 var (
@@ -132,24 +131,15 @@ func Open(cfg Config) (*Service, error) {
 		st.Close()
 		return nil, err
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	s := &Service{
+	return &Service{
 		cfg:       cfg,
 		store:     st,
 		spool:     spool,
+		forwarder: spool.StartForwarding(),
 		validator: v,
 		log:       cfg.Logger,
 		errors:    grpcserver.ErrorTable{Service: "publisher", Codes: errorCodes, Logger: cfg.Logger},
-		stop:      stop,
-		done:      make(chan struct{}),
-	}
-	go func() {
-		defer close(s.done)
-		if err := spool.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-			s.log.Error("the audit spool forwarder stopped", "err", err)
-		}
-	}()
-	return s, nil
+	}, nil
 }
 
 // Spool is the publisher's audit spool (tests flush it).
@@ -158,11 +148,7 @@ func (s *Service) Spool() *audit.Spool { return s.spool }
 // Close stops the audit forwarder (pending events stay durable and are sent after the next
 // start) and closes the store.
 func (s *Service) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	_ = s.spool.Flush(ctx)
-	cancel()
-	s.stop()
-	<-s.done
+	s.forwarder.Stop(2 * time.Second)
 	return s.store.Close()
 }
 

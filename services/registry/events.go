@@ -24,13 +24,7 @@ const (
 // change. change must already be masked.
 func (s *Service) event(ctx context.Context, action, resourceType, resourceID string, change any) func(tx *bolt.Tx) error {
 	p, _ := auth.FromContext(ctx)
-	actorID, role := p.KeyID, p.Role
-	if p.Service != "" {
-		actorID, role = "service:"+p.Service, "service"
-	}
-	if actorID == "" {
-		actorID, role = "system", audit.ActorRoleSystem
-	}
+	actorID, role := p.AuditActor()
 	raw, err := marshalChange(change)
 	return func(tx *bolt.Tx) error {
 		if err != nil {

@@ -53,13 +53,12 @@ type Service struct {
 	registryv1.UnsafeRegistryServiceServer
 	registryv1.UnsafeKeyServiceServer
 
-	cfg    Config
-	store  *store.Store
-	spool  *audit.Spool
-	log    *slog.Logger
-	errors grpcserver.ErrorTable
-	stop   context.CancelFunc
-	done   chan struct{}
+	cfg       Config
+	store     *store.Store
+	spool     *audit.Spool
+	forwarder *audit.Forwarder
+	log       *slog.Logger
+	errors    grpcserver.ErrorTable
 }
 
 var (
@@ -111,23 +110,14 @@ func Open(cfg Config) (*Service, error) {
 		st.Close()
 		return nil, err
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	s := &Service{
-		cfg:    cfg,
-		store:  st,
-		spool:  spool,
-		log:    cfg.Logger,
-		errors: grpcserver.ErrorTable{Service: "registry", Codes: errorCodes, Logger: cfg.Logger},
-		stop:   stop,
-		done:   make(chan struct{}),
-	}
-	go func() {
-		defer close(s.done)
-		if err := spool.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-			s.log.Error("the audit spool forwarder stopped", "err", err)
-		}
-	}()
-	return s, nil
+	return &Service{
+		cfg:       cfg,
+		store:     st,
+		spool:     spool,
+		forwarder: spool.StartForwarding(),
+		log:       cfg.Logger,
+		errors:    grpcserver.ErrorTable{Service: "registry", Codes: errorCodes, Logger: cfg.Logger},
+	}, nil
 }
 
 // Spool is the registry's audit spool (tests flush it).
@@ -140,11 +130,7 @@ func (s *Service) SetDiscoverer(d Discoverer) { s.cfg.Discoverer = d }
 // Close stops the audit forwarder (pending events stay durable in the outbox and are sent
 // after the next start) and closes the store.
 func (s *Service) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	_ = s.spool.Flush(ctx)
-	cancel()
-	s.stop()
-	<-s.done
+	s.forwarder.Stop(2 * time.Second)
 	return s.store.Close()
 }
 
