@@ -37,6 +37,12 @@ type Store struct {
 	db  *bolt.DB
 	box *secretbox.Box
 
+	// servers caches decoded registrations (sealed values stay sealed): every pool call reads
+	// a policy, and this process is the file's only writer, so the cache is updated after
+	// each committed write.
+	serversMu sync.RWMutex
+	servers   map[string]*storedServer
+
 	// keys is an in-memory copy of the keys bucket, so authenticating a call never touches disk.
 	mu         sync.RWMutex
 	keysByHash map[string]*Key
@@ -54,7 +60,7 @@ func Open(path string, box *secretbox.Box) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	s := &Store{db: db, box: box}
+	s := &Store{db: db, box: box, servers: make(map[string]*storedServer)}
 	if err := s.loadKeys(); err != nil {
 		db.Close()
 		return nil, err
@@ -155,7 +161,7 @@ func (s *Store) CreateServer(ctx context.Context, r *mcpserver.Registration, hoo
 	if err != nil {
 		return err
 	}
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	err = s.db.Batch(func(tx *bolt.Tx) error {
 		b := tx.Bucket(serversBucket)
 		if b.Get([]byte(r.Ref)) != nil {
 			return ErrExists
@@ -165,6 +171,10 @@ func (s *Store) CreateServer(ctx context.Context, r *mcpserver.Registration, hoo
 		}
 		return runHook(tx, hook)
 	})
+	if err == nil {
+		s.cacheServer(r.Ref, st)
+	}
+	return err
 }
 
 // GetServer returns a registration with its env in clear.
@@ -184,8 +194,9 @@ func (s *Store) GetServerMasked(ctx context.Context, ref string) (*mcpserver.Reg
 		return nil, err
 	}
 	keys := st.EnvKeys
-	st.EnvSealed, st.EnvKeys = nil, nil
-	r, err := s.open(st)
+	masked := *st
+	masked.EnvSealed, masked.EnvKeys = nil, nil
+	r, err := s.open(&masked)
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +209,14 @@ func (s *Store) GetServerMasked(ctx context.Context, ref string) (*mcpserver.Reg
 	return r, nil
 }
 
+// stored returns the decoded registration; callers must not modify it.
 func (s *Store) stored(ref string) (*storedServer, error) {
+	s.serversMu.RLock()
+	cached, ok := s.servers[ref]
+	s.serversMu.RUnlock()
+	if ok {
+		return cached, nil
+	}
 	var st storedServer
 	err := s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(serversBucket).Get([]byte(ref))
@@ -210,20 +228,31 @@ func (s *Store) stored(ref string) (*storedServer, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.cacheServer(ref, &st)
 	return &st, nil
 }
+
+// cacheServer records a committed registration (nil: deleted).
+func (s *Store) cacheServer(ref string, st *storedServer) {
+	s.serversMu.Lock()
+	defer s.serversMu.Unlock()
+	if st == nil {
+		delete(s.servers, ref)
+		return
+	}
+	if len(s.servers) >= maxCachedServers {
+		clear(s.servers)
+	}
+	s.servers[ref] = st
+}
+
+// maxCachedServers bounds the registration cache.
+const maxCachedServers = 10000
 
 // ServerPolicy returns what a registration allows without opening its sealed env: the pool
 // asks for it before every call.
 func (s *Store) ServerPolicy(ctx context.Context, ref string) (mcpserver.Policy, error) {
-	var st storedServer
-	err := s.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(serversBucket).Get([]byte(ref))
-		if v == nil {
-			return ErrNotFound
-		}
-		return json.Unmarshal(v, &st)
-	})
+	st, err := s.stored(ref)
 	if err != nil {
 		return mcpserver.Policy{}, err
 	}
@@ -274,6 +303,7 @@ func (s *Store) ListServers(ctx context.Context, pageToken string, limit int) ([
 // (it may refuse); the revision advances by one.
 func (s *Store) UpdateServer(ctx context.Context, ref string, mutate func(cur *mcpserver.Registration) (*mcpserver.Registration, error), hook func(tx *bolt.Tx, before, after *mcpserver.Registration) error) (*mcpserver.Registration, error) {
 	var result *mcpserver.Registration
+	var committed *storedServer
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(serversBucket)
 		v := b.Get([]byte(ref))
@@ -309,15 +339,18 @@ func (s *Store) UpdateServer(ctx context.Context, ref string, mutate func(cur *m
 				return err
 			}
 		}
-		result = next
+		result, committed = next, sealed
 		return nil
 	})
+	if err == nil {
+		s.cacheServer(ref, committed)
+	}
 	return result, err
 }
 
 // DeleteServer removes a registration.
 func (s *Store) DeleteServer(ctx context.Context, ref string, hook TxHook) error {
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	err := s.db.Batch(func(tx *bolt.Tx) error {
 		b := tx.Bucket(serversBucket)
 		if b.Get([]byte(ref)) == nil {
 			return ErrNotFound
@@ -327,6 +360,10 @@ func (s *Store) DeleteServer(ctx context.Context, ref string, hook TxHook) error
 		}
 		return runHook(tx, hook)
 	})
+	if err == nil {
+		s.cacheServer(ref, nil)
+	}
+	return err
 }
 
 func runHook(tx *bolt.Tx, hook TxHook) error {
