@@ -34,6 +34,7 @@ run ./services/audit/internal/store/ 'Verify1M' 1x 3
 run ./services/pool/ 'PoolWarmCall$' 300x 3
 run ./services/pool/ 'PoolFirstCall$' 20x 3
 run ./services/pool/ 'PoolThroughput$' 5000x 3
+run ./services/pool/ 'RawAttachThroughput$' 5000x 3
 run ./services/pool/ 'PoolIdleSessionMemory$' 1x 3
 
 echo >&2

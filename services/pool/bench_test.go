@@ -228,3 +228,38 @@ func BenchmarkPoolIdleSessionMemory(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRawAttachThroughput is the ceiling for (c) on this machine: the same echo from 16
+// concurrent raw go-sdk sessions on attach streams, with no gates and no audit.
+func BenchmarkRawAttachThroughput(b *testing.B) {
+	image := dockertest.FixtureImage(b)
+	raw, err := spawner.New(spawner.Config{Image: image, PoolID: "bench-raw-" + randomHex()})
+	require.NoError(b, err)
+	b.Cleanup(func() { raw.Close(context.Background()) })
+	const sessions = 16
+	var all []*spawner.Session
+	for range sessions {
+		s, err := raw.Spawn(context.Background(), spawner.Spec{ServerRef: "raw", Transport: "stdio", Command: "mcpfixture", Purpose: spawner.PurposeRun})
+		require.NoError(b, err)
+		all = append(all, s)
+	}
+	params := &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": "ping"}}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for _, s := range all {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(b.N) {
+				if _, err := s.CallTool(context.Background(), params); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "calls/s")
+}
