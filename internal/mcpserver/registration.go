@@ -122,11 +122,6 @@ type Policy struct {
 	Revision        int64
 }
 
-// Policy returns the registration's policy.
-func (r *Registration) Policy() Policy {
-	return Policy{Ref: r.Ref, Grants: r.Grants, Filter: r.Filter, ToolPermissions: r.ToolPermissions, Revision: r.Revision}
-}
-
 // Resolved is a registration with its secrets in clear, for the pool to start it.
 type Resolved struct {
 	Registration

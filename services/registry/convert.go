@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"sort"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -148,13 +147,4 @@ func keyToProto(k store.Key) *registryv1.ApiKey {
 		out.RevokeTime = timestamppb.New(k.RevokeTime)
 	}
 	return out
-}
-
-func sortedEnvKeys(env map[string]string) []string {
-	keys := make([]string, 0, len(env))
-	for k := range env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
