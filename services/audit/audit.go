@@ -47,6 +47,7 @@ var errorCodes = map[error]codes.Code{
 	store.ErrInvalidPageToken: codes.InvalidArgument,
 	store.ErrClosed:           codes.Unavailable,
 	store.ErrIDConflict:       codes.AlreadyExists,
+	auth.ErrTenantMismatch:    codes.PermissionDenied,
 	store.ErrTooManyRecords:   codes.InvalidArgument,
 }
 
