@@ -72,7 +72,7 @@ Try, in another shell:
   curl -s -X POST http://$http/v1/runs -H "X-API-Key: \$MCP_ADMIN_KEY" -d '{"graph_id":"support","run_id":"r1"}'
   curl -s -X POST http://$http/v1/runs/r1:call -H "X-API-Key: \$MCP_ADMIN_KEY" \\
     -d '{"agent":"researcher","tool":"docs__search_docs","arguments":{"query":"leave"}}'
-  .tmp/bin/grpcurl -plaintext -H "x-api-key: \$MCP_ADMIN_KEY" $grpc list
+  .tmp/bin/grpcurl -plaintext -H "x-api-key: \$MCP_ADMIN_KEY" $grpc list     # make tools installs grpcurl
   RINGFENCE_API_KEY=\$MCP_ADMIN_KEY ./bin/ringfence audit tail
 Ctrl-C stops the server.
 EOT
