@@ -23,13 +23,12 @@ func newKeysCmd(g *globals) *cobra.Command {
 		Short: "Mint an API key; the secret is printed once",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			conn, err := g.dial()
+			client, ctx, cancel, err := g.keys(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
-			resp, err := registryv1.NewKeyServiceClient(conn).CreateKey(ctx, &registryv1.CreateKeyRequest{Name: name, Role: role, Tenant: tenant})
+			resp, err := client.CreateKey(ctx, &registryv1.CreateKeyRequest{Name: name, Role: role, Tenant: tenant})
 			if err != nil {
 				return err
 			}
@@ -93,13 +92,12 @@ func newKeysCmd(g *globals) *cobra.Command {
 		Short: "Revoke a key at once",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conn, err := g.dial()
+			client, ctx, cancel, err := g.keys(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
-			resp, err := registryv1.NewKeyServiceClient(conn).RevokeKey(ctx, &registryv1.RevokeKeyRequest{Id: args[0]})
+			resp, err := client.RevokeKey(ctx, &registryv1.RevokeKeyRequest{Id: args[0]})
 			if err != nil {
 				return err
 			}
@@ -121,13 +119,12 @@ func newRolesCmd(g *globals) *cobra.Command {
 		Short: "List the server's roles and fail when one pairs mcp:admin with workflow:admin",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			conn, err := g.dial()
+			client, ctx, cancel, err := g.keys(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
-			resp, err := registryv1.NewKeyServiceClient(conn).ListRoles(ctx, &registryv1.ListRolesRequest{})
+			resp, err := client.ListRoles(ctx, &registryv1.ListRolesRequest{})
 			if err != nil {
 				return err
 			}

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/mtls"
@@ -158,6 +159,34 @@ func (g *globals) dial() (*grpc.ClientConn, error) {
 	}
 	g.conn = conn
 	return conn, nil
+}
+
+// connect dials once and returns a request context with the API key and the deadline.
+func (g *globals) connect(parent context.Context) (*grpc.ClientConn, context.Context, context.CancelFunc, error) {
+	conn, err := g.dial()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := g.ctx(parent)
+	return conn, ctx, cancel, nil
+}
+
+// registry is a RegistryService client and a request context.
+func (g *globals) registry(parent context.Context) (registryv1.RegistryServiceClient, context.Context, context.CancelFunc, error) {
+	conn, ctx, cancel, err := g.connect(parent)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return registryv1.NewRegistryServiceClient(conn), ctx, cancel, nil
+}
+
+// keys is a KeyService client and a request context.
+func (g *globals) keys(parent context.Context) (registryv1.KeyServiceClient, context.Context, context.CancelFunc, error) {
+	conn, ctx, cancel, err := g.connect(parent)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return registryv1.NewKeyServiceClient(conn), ctx, cancel, nil
 }
 
 // ctx is a request context with the API key and the deadline.

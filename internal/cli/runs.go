@@ -266,11 +266,10 @@ func (g *globals) callTool(ctx context.Context, client poolv1.PoolServiceClient,
 }
 
 func (g *globals) pool(parent context.Context) (poolv1.PoolServiceClient, context.Context, context.CancelFunc, error) {
-	conn, err := g.dial()
+	conn, ctx, cancel, err := g.connect(parent)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	ctx, cancel := g.ctx(parent)
 	return poolv1.NewPoolServiceClient(conn), ctx, cancel, nil
 }
 

@@ -29,13 +29,12 @@ func newSecretsCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			conn, err := g.dial()
+			client, ctx, cancel, err := g.registry(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
-			resp, err := registryv1.NewRegistryServiceClient(conn).PutSecret(ctx, &registryv1.PutSecretRequest{Name: args[0], Value: value})
+			resp, err := client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: args[0], Value: value})
 			if err != nil {
 				return err
 			}
@@ -52,13 +51,12 @@ func newSecretsCmd(g *globals) *cobra.Command {
 		Short: "List secret names (never values)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			conn, err := g.dial()
+			client, ctx, cancel, err := g.registry(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
-			resp, err := registryv1.NewRegistryServiceClient(conn).ListSecrets(ctx, &registryv1.ListSecretsRequest{})
+			resp, err := client.ListSecrets(ctx, &registryv1.ListSecretsRequest{})
 			if err != nil {
 				return err
 			}
@@ -78,13 +76,12 @@ func newSecretsCmd(g *globals) *cobra.Command {
 		Short:   "Remove a secret",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conn, err := g.dial()
+			client, ctx, cancel, err := g.registry(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
-			if _, err := registryv1.NewRegistryServiceClient(conn).DeleteSecret(ctx, &registryv1.DeleteSecretRequest{Name: args[0]}); err != nil {
+			if _, err := client.DeleteSecret(ctx, &registryv1.DeleteSecretRequest{Name: args[0]}); err != nil {
 				return err
 			}
 			_, err = fmt.Fprintf(g.stdout, "removed secret %s\n", args[0])

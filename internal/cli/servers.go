@@ -115,13 +115,12 @@ func newServersAddCmd(g *globals) *cobra.Command {
 			req.ClientSessionTimeout = optDuration(f.sessionTimeout)
 			req.ToolCallTimeout = optDuration(f.callTimeout)
 
-			conn, err := g.dial()
+			client, ctx, cancel, err := g.registry(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
-			resp, err := registryv1.NewRegistryServiceClient(conn).CreateServer(ctx, req)
+			resp, err := client.CreateServer(ctx, req)
 			if err != nil {
 				return err
 			}
@@ -142,12 +141,10 @@ revision, so a concurrent change is refused rather than overwritten. Repeatable 
 replace the stored list. Without --env or --clear-env the stored env is kept.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conn, err := g.dial()
+			client, ctx, cancel, err := g.registry(cmd.Context())
 			if err != nil {
 				return err
 			}
-			client := registryv1.NewRegistryServiceClient(conn)
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
 			cur, err := client.GetServer(ctx, &registryv1.GetServerRequest{Ref: args[0]})
 			if err != nil {
@@ -272,13 +269,12 @@ func newServersShowCmd(g *globals) *cobra.Command {
 		Short: "Show one registration (env values masked)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conn, err := g.dial()
+			client, ctx, cancel, err := g.registry(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
-			resp, err := registryv1.NewRegistryServiceClient(conn).GetServer(ctx, &registryv1.GetServerRequest{Ref: args[0]})
+			resp, err := client.GetServer(ctx, &registryv1.GetServerRequest{Ref: args[0]})
 			if err != nil {
 				return err
 			}
@@ -294,13 +290,12 @@ func newServersRemoveCmd(g *globals) *cobra.Command {
 		Short:   "Remove a registration; graphs that reference it fail closed at run time",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conn, err := g.dial()
+			client, ctx, cancel, err := g.registry(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
-			if _, err := registryv1.NewRegistryServiceClient(conn).DeleteServer(ctx, &registryv1.DeleteServerRequest{Ref: args[0]}); err != nil {
+			if _, err := client.DeleteServer(ctx, &registryv1.DeleteServerRequest{Ref: args[0]}); err != nil {
 				return err
 			}
 			if g.output == "json" {
@@ -319,13 +314,12 @@ func newServersToolsCmd(g *globals) *cobra.Command {
 		Short: "Start the server in isolation, list its tools with their pins and screen findings, stop it",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conn, err := g.dial()
+			client, ctx, cancel, err := g.registry(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
-			resp, err := registryv1.NewRegistryServiceClient(conn).ListServerTools(ctx, &registryv1.ListServerToolsRequest{Ref: args[0]})
+			resp, err := client.ListServerTools(ctx, &registryv1.ListServerToolsRequest{Ref: args[0]})
 			if err != nil {
 				return err
 			}
@@ -361,13 +355,12 @@ func newServersExploreCmd(g *globals) *cobra.Command {
 		Short: "Start the server in isolation and print each tool in full: description, schemas, annotations, findings",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conn, err := g.dial()
+			client, ctx, cancel, err := g.registry(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
-			resp, err := registryv1.NewRegistryServiceClient(conn).ListServerTools(ctx, &registryv1.ListServerToolsRequest{Ref: args[0]})
+			resp, err := client.ListServerTools(ctx, &registryv1.ListServerToolsRequest{Ref: args[0]})
 			if err != nil {
 				return err
 			}
