@@ -17,27 +17,14 @@ import (
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/graph/graphpb"
+	"github.com/ringfence/ringfence/internal/paging"
 )
 
 const (
-	defaultPageSize = 100
-	maxPageSize     = 1000
 	// maxDetailViolations bounds the PublishViolations detail, which travels in a trailer;
 	// ValidateDraft returns every violation in its body.
 	maxDetailViolations = 500
 )
-
-func pageSize(n int32) (int, error) {
-	switch {
-	case n < 0:
-		return 0, fielderr.New("page_size", "must not be negative")
-	case n == 0:
-		return defaultPageSize, nil
-	case n > maxPageSize:
-		return maxPageSize, nil
-	}
-	return int(n), nil
-}
 
 func fielderrNegative(field string) error { return fielderr.New(field, "must not be negative") }
 
@@ -288,7 +275,7 @@ func (s *Service) ListVersions(ctx context.Context, req *publisherv1.ListVersion
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	n, err := pageSize(req.GetPageSize())
+	n, err := paging.Size(req.GetPageSize())
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
@@ -309,7 +296,7 @@ func (s *Service) ListGraphs(ctx context.Context, req *publisherv1.ListGraphsReq
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	n, err := pageSize(req.GetPageSize())
+	n, err := paging.Size(req.GetPageSize())
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}

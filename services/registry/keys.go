@@ -13,6 +13,7 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/fielderr"
+	"github.com/ringfence/ringfence/internal/paging"
 	"github.com/ringfence/ringfence/services/registry/internal/store"
 )
 
@@ -83,7 +84,7 @@ func (s *Service) CreateKey(ctx context.Context, req *registryv1.CreateKeyReques
 
 // ListKeys implements KeyService.
 func (s *Service) ListKeys(ctx context.Context, req *registryv1.ListKeysRequest) (*registryv1.ListKeysResponse, error) {
-	n, err := pageSize(req.GetPageSize())
+	n, err := paging.Size(req.GetPageSize())
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}

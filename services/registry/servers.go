@@ -11,24 +11,8 @@ import (
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/internal/paging"
 )
-
-const (
-	defaultPageSize = 100
-	maxPageSize     = 1000
-)
-
-func pageSize(n int32) (int, error) {
-	switch {
-	case n < 0:
-		return 0, fielderr.New("page_size", "must not be negative")
-	case n == 0:
-		return defaultPageSize, nil
-	case n > maxPageSize:
-		return maxPageSize, nil
-	}
-	return int(n), nil
-}
 
 // CreateServer implements RegistryService.
 func (s *Service) CreateServer(ctx context.Context, req *registryv1.CreateServerRequest) (*registryv1.CreateServerResponse, error) {
@@ -58,7 +42,7 @@ func (s *Service) GetServer(ctx context.Context, req *registryv1.GetServerReques
 
 // ListServers implements RegistryService.
 func (s *Service) ListServers(ctx context.Context, req *registryv1.ListServersRequest) (*registryv1.ListServersResponse, error) {
-	n, err := pageSize(req.GetPageSize())
+	n, err := paging.Size(req.GetPageSize())
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
