@@ -78,11 +78,7 @@ func (a *Authorizer) Authorize(ctx context.Context, fullMethod string) (context.
 }
 
 func keyFromMetadata(ctx context.Context) string {
-	md, ok := metadata.FromIncomingContext(ctx)
-	if !ok {
-		return ""
-	}
-	if v := md.Get(MetadataKey); len(v) > 0 {
+	if v := metadata.ValueFromIncomingContext(ctx, MetadataKey); len(v) > 0 {
 		return strings.TrimSpace(v[0])
 	}
 	return ""

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/hex"
 	"math/rand/v2"
-	"regexp"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -14,16 +13,28 @@ import (
 // that carries a request id. A caller's id is kept when it is sane; otherwise one is made.
 const RequestIDKey = "x-request-id"
 
-var requestIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+// saneRequestID reports whether a caller's id matches ^[A-Za-z0-9._-]{1,64}$; checked by hand
+// because this runs on every request.
+func saneRequestID(id string) bool {
+	if len(id) == 0 || len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		switch c := id[i]; {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 type requestIDCtxKey struct{}
 
 func withRequestID(ctx context.Context) (context.Context, string) {
 	var rid string
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get(RequestIDKey); len(v) > 0 && requestIDPattern.MatchString(v[0]) {
-			rid = v[0]
-		}
+	if v := metadata.ValueFromIncomingContext(ctx, RequestIDKey); len(v) > 0 && saneRequestID(v[0]) {
+		rid = v[0]
 	}
 	if rid == "" {
 		var b [8]byte
@@ -32,7 +43,7 @@ func withRequestID(ctx context.Context) (context.Context, string) {
 		}
 		rid = hex.EncodeToString(b[:])
 	}
-	_ = grpc.SetHeader(ctx, metadata.Pairs(RequestIDKey, rid))
+	_ = grpc.SetHeader(ctx, metadata.MD{RequestIDKey: {rid}})
 	return context.WithValue(ctx, requestIDCtxKey{}, rid), rid
 }
 

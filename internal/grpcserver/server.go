@@ -13,8 +13,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	goruntime "runtime"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
@@ -68,6 +70,7 @@ type Server struct {
 	metrics  *prometheus.Registry
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
+	byMethod sync.Map // full method → *methodMetrics
 	gateways []GatewayRegistrar
 	inmem    *bufconn.Listener
 	extra    map[string]http.Handler
@@ -114,6 +117,10 @@ func New(opts Options) *Server {
 		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
 		grpc.ChainStreamInterceptor(s.streamInterceptor),
 		grpc.MaxRecvMsgSize(opts.MaxRecvMsgSize),
+		// Long-lived workers serve streams instead of a fresh goroutine per RPC, whose stack
+		// otherwise grows (and is copied) through the interceptor chain on every call. When all
+		// are busy, grpc-go starts a goroutine as before.
+		grpc.NumStreamWorkers(uint32(max(64, 8*goruntime.GOMAXPROCS(0)))),
 	}
 	if opts.TLS != nil {
 		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(opts.TLS)))
@@ -282,8 +289,7 @@ func (s *Server) call(ctx context.Context, method string, run func(context.Conte
 		}
 		code := status.Code(err)
 		elapsed := time.Since(start)
-		s.requests.WithLabelValues(method, code.String()).Inc()
-		s.latency.WithLabelValues(method).Observe(elapsed.Seconds())
+		s.observe(method, code, elapsed)
 		level := slog.LevelInfo
 		if code == codes.Internal || code == codes.Unknown {
 			level = slog.LevelError
@@ -307,6 +313,33 @@ func (s *Server) call(ctx context.Context, method string, run func(context.Conte
 		ctx = authCtx
 	}
 	return run(ctx)
+}
+
+// methodMetrics holds one method's series, resolved once: the vectors' label lookup hashes
+// and allocates on every call otherwise.
+type methodMetrics struct {
+	latency prometheus.Observer
+	byCode  [codes.Unauthenticated + 1]atomic.Pointer[prometheus.Counter]
+}
+
+func (s *Server) observe(method string, code codes.Code, elapsed time.Duration) {
+	mm, ok := s.byMethod.Load(method)
+	if !ok {
+		mm, _ = s.byMethod.LoadOrStore(method, &methodMetrics{latency: s.latency.WithLabelValues(method)})
+	}
+	m := mm.(*methodMetrics)
+	m.latency.Observe(elapsed.Seconds())
+	if int(code) >= len(m.byCode) {
+		s.requests.WithLabelValues(method, code.String()).Inc()
+		return
+	}
+	c := m.byCode[code].Load()
+	if c == nil {
+		counter := s.requests.WithLabelValues(method, code.String())
+		c = &counter
+		m.byCode[code].Store(c)
+	}
+	(*c).Inc()
 }
 
 func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {

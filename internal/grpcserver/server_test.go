@@ -69,6 +69,14 @@ func TestHealthMetricsAndRequestIDs(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, header.Get(RequestIDKey)[0], 16, "a request id is made when none is sent")
 
+	for _, bad := range []string{"has space", "semi;colon", strings.Repeat("x", 65)} {
+		ctx := metadata.AppendToOutgoingContext(t.Context(), RequestIDKey, bad)
+		_, err = grpc_health_v1.NewHealthClient(conn).Check(ctx, &grpc_health_v1.HealthCheckRequest{}, grpc.Header(&header))
+		require.NoError(t, err)
+		require.NotEqual(t, bad, header.Get(RequestIDKey)[0], "an insane caller id is replaced, never echoed into logs")
+		require.Len(t, header.Get(RequestIDKey)[0], 16)
+	}
+
 	r, err := http.Get(base + "/healthz")
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, r.StatusCode)
@@ -78,7 +86,7 @@ func TestHealthMetricsAndRequestIDs(t *testing.T) {
 	require.NoError(t, err)
 	body, _ := io.ReadAll(r.Body)
 	r.Body.Close()
-	require.Contains(t, string(body), `ringfence_grpc_requests_total{code="OK",method="/grpc.health.v1.Health/Check"} 2`)
+	require.Contains(t, string(body), `ringfence_grpc_requests_total{code="OK",method="/grpc.health.v1.Health/Check"} 5`)
 	require.Contains(t, string(body), "ringfence_grpc_request_duration_seconds_bucket")
 }
 

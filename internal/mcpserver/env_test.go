@@ -47,3 +47,14 @@ func TestCheckEnvKey(t *testing.T) {
 		})
 	}
 }
+
+func TestValidateRef(t *testing.T) {
+	for _, ok := range []string{"a", "docs-search", "fs_2", strings.Repeat("z", 64)} {
+		require.NoError(t, ValidateRef(ok), ok)
+	}
+	for _, bad := range []string{"", "Docs", "a b", "a.b", "a/b", "é", strings.Repeat("z", 65)} {
+		err := ValidateRef(bad)
+		require.Error(t, err, bad)
+		require.Contains(t, err.Error(), "^[a-z0-9_-]{1,64}$")
+	}
+}

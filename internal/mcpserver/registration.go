@@ -130,7 +130,6 @@ type Resolved struct {
 }
 
 var (
-	refPattern        = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
 	secretNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,128}$`)
 	toolNamePattern   = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,128}$`)
 	headerNamePattern = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
@@ -139,10 +138,26 @@ var (
 
 // ValidateRef checks a server ref.
 func ValidateRef(ref string) error {
-	if !refPattern.MatchString(ref) {
+	if !isRef(ref) {
 		return fielderr.New("ref", "%q must match ^[a-z0-9_-]{1,64}$ (lower-case letters, digits, '-' and '_')", truncate(ref))
 	}
 	return nil
+}
+
+// isRef reports whether ref matches ^[a-z0-9_-]{1,64}$; checked by hand because every RPC
+// that names a server runs it.
+func isRef(ref string) bool {
+	if len(ref) == 0 || len(ref) > 64 {
+		return false
+	}
+	for i := 0; i < len(ref); i++ {
+		switch c := ref[i]; {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // ValidateSecretName checks a secret name.
