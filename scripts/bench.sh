@@ -28,7 +28,8 @@ run ./services/publisher/ 'Import200Tools' 10x 3
 # Audit: durable batched appends, the spool, Verify over 1,000,000 records (one pass each).
 run ./services/audit/internal/store/ 'AppendDurable' 100000x
 run ./services/audit/internal/store/ 'SpoolToStore' 50000x
-run ./internal/audit/ 'SpoolEnqueue' 50000x
+run ./internal/audit/ 'SpoolEnqueue$' 50000x
+run ./internal/audit/ 'SpoolEnqueueSerial$' 2000x
 run ./services/audit/internal/store/ 'Verify1M' 1x 3
 # Pool: (a) warm call, (b) first call of a run, (c) 16 concurrent runs, (d) memory per session.
 run ./services/pool/ 'PoolWarmCall$' 300x 3

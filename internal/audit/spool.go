@@ -2,7 +2,6 @@ package audit
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -52,14 +51,19 @@ const (
 	DefaultAckDelay       = 20 * time.Millisecond
 )
 
-// SpoolConfig configures a Spool. DB, Bucket, Sink and Producer are required.
+// SpoolConfig configures a Spool. Sink, Producer, and either DB and Bucket or Dir are
+// required.
 type SpoolConfig struct {
 	// DB is the producer's own bbolt database: the outbox lives beside the data whose
-	// changes it records, so both commit in one transaction.
+	// changes it records, so both commit in one transaction (EnqueueTx).
 	DB *bolt.DB
 	// Bucket names the top-level bucket that holds the outbox.
 	Bucket string
-	Sink   Sink
+	// Dir, instead of DB and Bucket, keeps the outbox in append-only segment files of its
+	// own: one fdatasync per commit instead of bbolt's two and its page writes, for a
+	// producer that only calls Enqueue (the pool records every tool call this way).
+	Dir  string
+	Sink Sink
 	// Producer names the service on records the spool writes itself.
 	Producer string
 	// MaxPending bounds the outbox; 0 means DefaultMaxPending.
@@ -80,17 +84,10 @@ type SpoolConfig struct {
 	Logger   *slog.Logger
 }
 
-// Keys inside the spool's bucket.
-var (
-	spoolRecordsKey = []byte("records")
-	spoolDroppedKey = []byte("dropped")
-)
-
-// Spool is a durable, bounded outbox in the producer's bbolt file that forwards audit
-// records, in order, to a Sink. It is safe for concurrent use.
+// Spool is a durable, bounded outbox (in the producer's bbolt file, or in files of its
+// own) that forwards audit records, in order, to a Sink. It is safe for concurrent use.
 type Spool struct {
-	db             *bolt.DB
-	bucket         []byte
+	out            outbox
 	sink           Sink
 	producer       string
 	maxPending     int
@@ -121,17 +118,16 @@ type Spool struct {
 	leading bool
 }
 
-// NewSpool opens (creating if needed) the outbox bucket in cfg.DB.
+// NewSpool opens (creating if needed) the outbox: the bucket in cfg.DB, or the files in
+// cfg.Dir.
 func NewSpool(cfg SpoolConfig) (*Spool, error) {
-	if cfg.DB == nil || cfg.Bucket == "" || cfg.Sink == nil || cfg.Producer == "" {
-		return nil, errors.New("audit: spool needs DB, Bucket, Sink and Producer")
+	if (cfg.DB == nil || cfg.Bucket == "") == (cfg.Dir == "") || cfg.Sink == nil || cfg.Producer == "" {
+		return nil, errors.New("audit: spool needs Sink, Producer, and either DB and Bucket or Dir")
 	}
 	if cfg.OnFull != FailClosed && cfg.OnFull != ContinueAndAlarm {
 		return nil, fmt.Errorf("audit: unknown spool full policy %d", cfg.OnFull)
 	}
 	s := &Spool{
-		db:             cfg.DB,
-		bucket:         []byte(cfg.Bucket),
 		sink:           cfg.Sink,
 		producer:       cfg.Producer,
 		maxPending:     orDefault(cfg.MaxPending, DefaultMaxPending),
@@ -152,25 +148,87 @@ func NewSpool(cfg SpoolConfig) (*Spool, error) {
 	if s.maxBackoff < s.minBackoff {
 		s.maxBackoff = s.minBackoff
 	}
-	var n int
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucketIfNotExists(s.bucket)
-		if err != nil {
-			return err
-		}
-		q, err := b.CreateBucketIfNotExists(spoolRecordsKey)
-		if err != nil {
-			return err
-		}
-		n = queueLen(q)
-		return nil
-	})
+	var err error
+	if cfg.Dir != "" {
+		s.out, err = openFileOutbox(cfg.Dir, s.log)
+	} else {
+		s.out, err = openBoltOutbox(cfg.DB, cfg.Bucket)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("audit: open spool bucket %q: %w", cfg.Bucket, err)
+		return nil, err
+	}
+	n, err := s.out.count()
+	if err != nil {
+		_ = s.out.close()
+		return nil, err
 	}
 	s.pending.Store(int64(n))
 	return s, nil
 }
+
+// Adopt moves the records waiting in the bbolt outbox bucket of db into this spool, oldest
+// first, and empties that bucket: for a producer whose outbox moved to files of its own. A
+// count of dropped records waiting there is reported at once. The records are durable here
+// before they are deleted there; a crash in between forwards them twice, and the audit log
+// keeps one of each.
+func (s *Spool) Adopt(db *bolt.DB, bucket string) (int, error) {
+	if _, ok := s.out.(*boltOutbox); ok {
+		return 0, errors.New("audit: only a spool in files adopts a bbolt outbox")
+	}
+	var bodies [][]byte
+	var dropped uint64
+	err := db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte(bucket))
+		if b == nil {
+			return nil
+		}
+		dropped = readUint64(b.Get(spoolDroppedKey))
+		if q := b.Bucket(spoolRecordsKey); q != nil {
+			return q.ForEach(func(_, v []byte) error {
+				bodies = append(bodies, append([]byte(nil), v...))
+				return nil
+			})
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("audit: read the outbox to adopt: %w", err)
+	}
+	if dropped > 0 {
+		report, err := s.droppedRecord(dropped, 0)
+		if err != nil {
+			return 0, err
+		}
+		bodies = append(bodies, report)
+	}
+	if len(bodies) == 0 {
+		return 0, nil
+	}
+	// Already durable records: the bound does not apply to them.
+	if _, err := s.out.add(bodies, func(int) error { return nil }); err != nil {
+		return 0, fmt.Errorf("audit: adopt outbox %q: %w", bucket, err)
+	}
+	s.pending.Add(int64(len(bodies)))
+	err = db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte(bucket))
+		if err := b.DeleteBucket(spoolRecordsKey); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+			return err
+		}
+		if _, err := b.CreateBucket(spoolRecordsKey); err != nil {
+			return err
+		}
+		return b.Delete(spoolDroppedKey)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("audit: empty the adopted outbox %q (its records are now forwarded from %s, and may be again after a restart): %w", bucket, s.out.describe(), err)
+	}
+	s.wakeForwarder()
+	return len(bodies), nil
+}
+
+// Close releases the outbox's files (a bbolt outbox belongs to its producer, who closes
+// the database). Stop the forwarder first.
+func (s *Spool) Close() error { return s.out.close() }
 
 func orDefault[T int | time.Duration](v, d T) T {
 	if v <= 0 {
@@ -179,35 +237,30 @@ func orDefault[T int | time.Duration](v, d T) T {
 	return v
 }
 
-// queueLen counts the outbox in O(log n): keys come from NextSequence and only a prefix
-// is ever deleted, so the keys present are contiguous.
-func queueLen(q *bolt.Bucket) int {
-	c := q.Cursor()
-	first, _ := c.First()
-	if first == nil {
-		return 0
-	}
-	last, _ := c.Last()
-	if len(first) != 8 || len(last) != 8 {
-		// Not a key this spool wrote: count the slow way rather than trust it.
-		return q.Stats().KeyN
-	}
-	return int(binary.BigEndian.Uint64(last) - binary.BigEndian.Uint64(first) + 1)
-}
-
 // EnqueueTx adds rec to the outbox inside the producer's write transaction tx, so the
 // record commits if and only if the change it describes commits. It returns an error
 // wrapping ErrInvalidRecord for a malformed record and ErrSpoolFull when the outbox is
-// full under FailClosed; the producer should then roll back its change.
+// full under FailClosed; the producer should then roll back its change. Only a spool
+// whose outbox is a bucket of tx's database can do this.
 func (s *Spool) EnqueueTx(tx *bolt.Tx, rec Record) error {
-	if tx.DB() != s.db {
+	bo, ok := s.out.(*boltOutbox)
+	if !ok || tx.DB() != bo.db {
 		return errors.New("audit: spool transaction belongs to another database")
 	}
 	body, err := encodeRecord(rec)
 	if err != nil {
 		return err
 	}
-	return s.enqueueEncoded(tx, body)
+	dropped, err := bo.addTx(tx, body, s.admit)
+	if err != nil {
+		return err
+	}
+	if dropped {
+		tx.OnCommit(s.noteDropped)
+	} else {
+		tx.OnCommit(s.noteEnqueued)
+	}
+	return nil
 }
 
 func encodeRecord(rec Record) ([]byte, error) {
@@ -222,37 +275,19 @@ func encodeRecord(rec Record) ([]byte, error) {
 	return body, nil
 }
 
-// enqueueEncoded writes one encoded record. A refusal (ErrSpoolFull) returns before
-// anything is written, so the transaction stays usable for other records.
-func (s *Spool) enqueueEncoded(tx *bolt.Tx, body []byte) error {
-	b := tx.Bucket(s.bucket)
-	if b == nil {
-		return fmt.Errorf("audit: spool bucket %q is missing", s.bucket)
-	}
-	q := b.Bucket(spoolRecordsKey)
-	if q == nil {
-		return fmt.Errorf("audit: spool bucket %q has no records bucket", s.bucket)
-	}
-	if n := queueLen(q); n >= s.maxPending {
-		if s.onFull == FailClosed {
-			return s.errFull(n)
-		}
-		d := binary.BigEndian.AppendUint64(nil, readUint64(b.Get(spoolDroppedKey))+1)
-		if err := b.Put(spoolDroppedKey, d); err != nil {
-			return fmt.Errorf("audit: count dropped record: %w", err)
-		}
-		tx.OnCommit(s.noteDropped)
+// errDropRecord is admit's answer for a record to count as dropped instead of written.
+var errDropRecord = errors.New("audit: drop record")
+
+// admit decides the fate of one more record when pending already wait: written (nil),
+// refused (ErrSpoolFull, under FailClosed) or dropped (errDropRecord, ContinueAndAlarm).
+func (s *Spool) admit(pending int) error {
+	if pending < s.maxPending {
 		return nil
 	}
-	seq, err := q.NextSequence()
-	if err != nil {
-		return fmt.Errorf("audit: spool sequence: %w", err)
+	if s.onFull == FailClosed {
+		return s.errFull(pending)
 	}
-	if err := q.Put(binary.BigEndian.AppendUint64(nil, seq), body); err != nil {
-		return fmt.Errorf("audit: spool record: %w", err)
-	}
-	tx.OnCommit(s.noteEnqueued)
-	return nil
+	return errDropRecord
 }
 
 func (s *Spool) errFull(n int) error {
@@ -319,18 +354,21 @@ func (s *Spool) commitGroup(me *enqueueReq) {
 	s.queue = append([]*enqueueReq(nil), s.queue[n:]...)
 	s.qmu.Unlock()
 
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		for _, r := range group {
-			r.err = s.enqueueEncoded(tx, r.body)
-			if r.err != nil && !errors.Is(r.err, ErrSpoolFull) {
-				return r.err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		for _, r := range group {
+	bodies := make([][]byte, len(group))
+	for i, r := range group {
+		bodies[i] = r.body
+	}
+	errs, err := s.out.add(bodies, s.admit)
+	for i, r := range group {
+		switch {
+		case err != nil:
 			r.err = fmt.Errorf("audit: spool commit: %w", err)
+		case errors.Is(errs[i], errDropRecord):
+			s.noteDropped()
+		case errs[i] != nil:
+			r.err = errs[i]
+		default:
+			s.noteEnqueued()
 		}
 	}
 	for _, r := range group {
@@ -353,6 +391,10 @@ func (s *Spool) commitGroup(me *enqueueReq) {
 
 func (s *Spool) noteEnqueued() {
 	s.pending.Add(1)
+	s.wakeForwarder()
+}
+
+func (s *Spool) wakeForwarder() {
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -367,7 +409,7 @@ func (s *Spool) noteDropped() {
 	defer s.mu.Unlock()
 	if now := time.Now(); s.lastAlarm.IsZero() || now.Sub(s.lastAlarm) >= 10*time.Second {
 		s.log.Error("audit: spool full, dropping audit records because the operator chose to continue",
-			"bucket", string(s.bucket), "dropped_total", n, "limit", s.maxPending)
+			"outbox", s.out.describe(), "dropped_total", n, "limit", s.maxPending)
 		s.lastAlarm = now
 	}
 }
@@ -399,11 +441,7 @@ func (s *Spool) Flush(ctx context.Context) error {
 		s.mu.Lock()
 		progress := s.progress
 		s.mu.Unlock()
-		var n int
-		err := s.db.View(func(tx *bolt.Tx) error {
-			n = queueLen(tx.Bucket(s.bucket).Bucket(spoolRecordsKey))
-			return nil
-		})
+		n, err := s.out.count()
 		if err != nil {
 			return fmt.Errorf("audit: read spool: %w", err)
 		}
@@ -509,8 +547,8 @@ func (s *Spool) readLoop(ctx context.Context, out chan<- spoolBatch) error {
 	for {
 		b, err := s.readBatch(after)
 		if err != nil {
-			if errors.Is(err, bolt.ErrDatabaseNotOpen) {
-				return fmt.Errorf("audit: spool database closed: %w", err)
+			if errors.Is(err, errOutboxClosed) {
+				return err
 			}
 			failures++
 			s.log.Error("audit: read spool", "error", err)
@@ -540,36 +578,23 @@ func (s *Spool) readLoop(ctx context.Context, out chan<- spoolBatch) error {
 // readBatch reads up to one batch of records after key after (from the front when nil).
 func (s *Spool) readBatch(after []byte) (spoolBatch, error) {
 	var b spoolBatch
-	err := s.db.View(func(tx *bolt.Tx) error {
-		c := tx.Bucket(s.bucket).Bucket(spoolRecordsKey).Cursor()
-		k, v := c.First()
-		if after != nil {
-			k, v = c.Seek(after)
-			if k != nil && string(k) == string(after) {
-				k, v = c.Next()
-			}
+	entries, err := s.out.read(after, s.batchSize, s.batchBytes)
+	if err != nil {
+		return b, err
+	}
+	for _, e := range entries {
+		b.last = e.key
+		var r Record
+		if err := json.Unmarshal(e.body, &r); err != nil || r.Validate() != nil {
+			// The producer's file was damaged. Dropping the record (and saying so in
+			// the trail) beats blocking every record behind it forever.
+			s.log.Error("audit: spool record does not decode, dropping it", "outbox", s.out.describe(), "key", fmt.Sprintf("%x", e.key))
+			b.corrupt++
+			continue
 		}
-		size := 0
-		for n := 0; k != nil && n < s.batchSize; k, v = c.Next() {
-			if n > 0 && size+len(v) > s.batchBytes {
-				break
-			}
-			n++
-			b.last = append(b.last[:0], k...)
-			var r Record
-			if err := json.Unmarshal(v, &r); err != nil || r.Validate() != nil {
-				// The producer's file was damaged. Dropping the record (and saying so in
-				// the trail) beats blocking every record behind it forever.
-				s.log.Error("audit: spool record does not decode, dropping it", "bucket", string(s.bucket), "key", fmt.Sprintf("%x", k))
-				b.corrupt++
-				continue
-			}
-			size += len(v)
-			b.recs = append(b.recs, r)
-		}
-		return nil
-	})
-	return b, err
+		b.recs = append(b.recs, r)
+	}
+	return b, nil
 }
 
 func (s *Spool) sendLoop(ctx context.Context, in <-chan spoolBatch, acks *ackMark) error {
@@ -636,11 +661,11 @@ func (s *Spool) ackLoop(ctx context.Context, acks *ackMark) error {
 		if through != nil {
 			if err := s.ack(through, corrupt); err != nil {
 				acks.putBack(through, corrupt)
-				if errors.Is(err, bolt.ErrDatabaseNotOpen) {
+				if errors.Is(err, errOutboxClosed) {
 					if stopping {
 						return nil
 					}
-					return fmt.Errorf("audit: spool database closed: %w", err)
+					return err
 				}
 				// The records stay and are resent after a restart; the log drops them.
 				failures++
@@ -665,72 +690,37 @@ func (s *Spool) ackLoop(ctx context.Context, acks *ackMark) error {
 // ack deletes the outbox up to and including key through, counts records that did not
 // decode as dropped, and, now that there is room, reports any dropped records.
 func (s *Spool) ack(through []byte, corrupt uint64) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(s.bucket)
-		q := b.Bucket(spoolRecordsKey)
-		var keys [][]byte
-		c := q.Cursor()
-		for k, _ := c.First(); k != nil && string(k) <= string(through); k, _ = c.Next() {
-			keys = append(keys, k)
-		}
-		for _, k := range keys {
-			if err := q.Delete(k); err != nil {
-				return err
-			}
-		}
-		if corrupt > 0 {
-			if err := b.Put(spoolDroppedKey, binary.BigEndian.AppendUint64(nil, readUint64(b.Get(spoolDroppedKey))+corrupt)); err != nil {
-				return err
-			}
-			tx.OnCommit(func() { s.dropped.Add(corrupt) })
-		}
-		n := len(keys)
-		tx.OnCommit(func() { s.noteForwarded(n) })
-		return s.reportDropped(tx, b)
-	})
+	removed, reported, err := s.out.remove(through, corrupt, s.droppedRecord)
+	if err != nil {
+		return err
+	}
+	s.dropped.Add(corrupt)
+	s.noteForwarded(removed)
+	if reported > 0 {
+		s.log.Error("audit: spool had room again; recorded the dropped audit records", "outbox", s.out.describe(), "dropped", reported)
+		s.noteEnqueued()
+	}
+	return nil
 }
 
-// reportDropped turns the durable dropped count into an audit_records_dropped record
-// when the outbox has room, in the transaction that made the room.
-func (s *Spool) reportDropped(tx *bolt.Tx, b *bolt.Bucket) error {
-	n := readUint64(b.Get(spoolDroppedKey))
-	if n == 0 {
-		return nil
-	}
-	q := b.Bucket(spoolRecordsKey)
-	if queueLen(q) >= s.maxPending {
-		return nil
+// droppedRecord is the audit_records_dropped record that reports n dropped records, or nil
+// while the outbox (holding pending records) has no room for it.
+func (s *Spool) droppedRecord(n uint64, pending int) ([]byte, error) {
+	if pending >= s.maxPending {
+		return nil, nil
 	}
 	change, err := json.Marshal(map[string]any{"dropped": n, "limit": s.maxPending})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	rec := NewAdminRecord(s.producer, "", AdminEvent{
 		ActorRole:    ActorRoleSystem,
 		Action:       ActionAuditRecordsDropped,
 		ResourceType: "audit_spool",
-		ResourceID:   string(s.bucket),
+		ResourceID:   s.out.describe(),
 		Change:       change,
 	})
-	body, err := json.Marshal(rec)
-	if err != nil {
-		return err
-	}
-	seq, err := q.NextSequence()
-	if err != nil {
-		return err
-	}
-	if err := q.Put(binary.BigEndian.AppendUint64(nil, seq), body); err != nil {
-		return err
-	}
-	if err := b.Delete(spoolDroppedKey); err != nil {
-		return err
-	}
-	tx.OnCommit(func() {
-		s.log.Error("audit: spool had room again; recorded the dropped audit records", "bucket", string(s.bucket), "dropped", n)
-		s.noteEnqueued()
-	})
-	return nil
+	return json.Marshal(rec)
 }
 
 func (s *Spool) noteForwarded(n int) {
@@ -763,13 +753,6 @@ func (s *Spool) sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
-}
-
-func readUint64(b []byte) uint64 {
-	if len(b) != 8 {
-		return 0
-	}
-	return binary.BigEndian.Uint64(b)
 }
 
 // Forwarder is a running spool forwarder; Stop ends it.

@@ -16,7 +16,25 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-const spoolCrashEnv = "RINGFENCE_TEST_SPOOL_CRASH_DB"
+const (
+	spoolCrashEnv     = "RINGFENCE_TEST_SPOOL_CRASH_DB"
+	spoolCrashKindEnv = "RINGFENCE_TEST_SPOOL_CRASH_KIND"
+)
+
+// crashSpool opens the spool of the crash test: kind "files" keeps it in path+".spool".
+func crashSpool(t *testing.T, kind, path string, sink Sink) *Spool {
+	cfg := SpoolConfig{Sink: sink, Producer: "pool", MaxPending: 1 << 20}
+	if kind == "files" {
+		cfg.Dir = path + ".spool"
+	} else {
+		db := openBolt(t, path)
+		t.Cleanup(func() { _ = db.Close() })
+		cfg.DB, cfg.Bucket = db, "outbox"
+	}
+	s, err := NewSpool(cfg)
+	require.NoError(t, err)
+	return s
+}
 
 type downSink struct{}
 
@@ -29,9 +47,7 @@ func TestSpoolCrashChild(t *testing.T) {
 	if path == "" {
 		t.Skip("helper process, run by TestSpoolCrashKeepsAcknowledgedRecords")
 	}
-	db := openBolt(t, path)
-	s, err := NewSpool(SpoolConfig{DB: db, Bucket: "outbox", Sink: downSink{}, Producer: "pool", MaxPending: 1 << 20})
-	require.NoError(t, err)
+	s := crashSpool(t, os.Getenv(spoolCrashKindEnv), path, downSink{})
 	var out sync.Mutex
 	var wg sync.WaitGroup
 	for g := range 4 {
@@ -57,9 +73,13 @@ func TestSpoolCrashKeepsAcknowledgedRecords(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a child process")
 	}
+	forEachKind(t, testSpoolCrashKeepsAcknowledgedRecords)
+}
+
+func testSpoolCrashKeepsAcknowledgedRecords(t *testing.T, kind string) {
 	path := filepath.Join(t.TempDir(), "producer.db")
 	cmd := exec.Command(os.Args[0], "-test.run=^TestSpoolCrashChild$", "-test.v=false")
-	cmd.Env = append(os.Environ(), spoolCrashEnv+"="+path)
+	cmd.Env = append(os.Environ(), spoolCrashEnv+"="+path, spoolCrashKindEnv+"="+kind)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
@@ -86,11 +106,8 @@ func TestSpoolCrashKeepsAcknowledgedRecords(t *testing.T) {
 	err = cmd.Wait()
 	require.True(t, killed, "child ended before 400 acknowledgements: %v\n%s", err, stderr.String())
 
-	db := openBolt(t, path)
-	t.Cleanup(func() { _ = db.Close() })
 	sink := newFakeSink()
-	s, err := NewSpool(SpoolConfig{DB: db, Bucket: "outbox", Sink: sink, Producer: "pool", MaxPending: 1 << 20})
-	require.NoError(t, err)
+	s := crashSpool(t, kind, path, sink)
 	require.GreaterOrEqual(t, s.Pending(), n)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)

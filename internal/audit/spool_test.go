@@ -95,22 +95,44 @@ func (s *syncBuffer) String() string {
 }
 
 func newSpoolEnv(t *testing.T, mutate func(*SpoolConfig)) *spoolEnv {
+	return newSpoolEnvOf(t, "bbolt", mutate)
+}
+
+// spoolKinds are the outboxes a spool can keep: a bucket in the producer's bbolt file, or
+// segment files of its own.
+var spoolKinds = []string{"bbolt", "files"}
+
+// newSpoolEnvOf builds a spool of one kind; env.db is nil for "files".
+func newSpoolEnvOf(t *testing.T, kind string, mutate func(*SpoolConfig)) *spoolEnv {
 	t.Helper()
-	db := openBolt(t, filepath.Join(t.TempDir(), "producer.db"))
-	t.Cleanup(func() { _ = db.Close() })
-	env := &spoolEnv{db: db, sink: newFakeSink(), logs: &syncBuffer{}}
+	env := &spoolEnv{sink: newFakeSink(), logs: &syncBuffer{}}
 	cfg := SpoolConfig{
-		DB: db, Bucket: "audit_outbox", Sink: env.sink, Producer: "registry",
+		Sink: env.sink, Producer: "registry",
 		MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(env.logs, nil)),
+	}
+	if kind == "files" {
+		cfg.Dir = filepath.Join(t.TempDir(), "spool")
+	} else {
+		env.db = openBolt(t, filepath.Join(t.TempDir(), "producer.db"))
+		t.Cleanup(func() { _ = env.db.Close() })
+		cfg.DB, cfg.Bucket = env.db, "audit_outbox"
 	}
 	if mutate != nil {
 		mutate(&cfg)
 	}
 	s, err := NewSpool(cfg)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
 	env.spool = s
 	return env
+}
+
+// forEachKind runs f as a subtest for each kind of outbox.
+func forEachKind(t *testing.T, f func(t *testing.T, kind string)) {
+	for _, kind := range spoolKinds {
+		t.Run(kind, func(t *testing.T) { f(t, kind) })
+	}
 }
 
 // run starts the forwarder for the rest of the test.
@@ -139,8 +161,10 @@ func ids(recs []Record) []string {
 	return out
 }
 
-func TestSpoolForwardsInOrder(t *testing.T) {
-	env := newSpoolEnv(t, func(c *SpoolConfig) { c.BatchSize = 7 })
+func TestSpoolForwardsInOrder(t *testing.T) { forEachKind(t, testSpoolForwardsInOrder) }
+
+func testSpoolForwardsInOrder(t *testing.T, kind string) {
+	env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.BatchSize = 7 })
 	env.run(t)
 	var want []string
 	for i := range 200 {
@@ -156,8 +180,10 @@ func TestSpoolForwardsInOrder(t *testing.T) {
 // TestSpoolOutage keeps producing while the audit log is down and loses
 // acknowledgements on recovery: every record still arrives once, in each producer's
 // order, and resends really happened.
-func TestSpoolOutage(t *testing.T) {
-	env := newSpoolEnv(t, func(c *SpoolConfig) { c.BatchSize = 16 })
+func TestSpoolOutage(t *testing.T) { forEachKind(t, testSpoolOutage) }
+
+func testSpoolOutage(t *testing.T, kind string) {
+	env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.BatchSize = 16 })
 	env.sink.down.Store(true)
 	env.run(t)
 
@@ -197,8 +223,10 @@ func TestSpoolOutage(t *testing.T) {
 	require.Contains(t, env.logs.String(), "forward to audit log failed")
 }
 
-func TestSpoolFailClosed(t *testing.T) {
-	env := newSpoolEnv(t, func(c *SpoolConfig) { c.MaxPending = 5 })
+func TestSpoolFailClosed(t *testing.T) { forEachKind(t, testSpoolFailClosed) }
+
+func testSpoolFailClosed(t *testing.T, kind string) {
+	env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.MaxPending = 5 })
 	env.sink.down.Store(true)
 	for i := range 5 {
 		require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(i, "p")))
@@ -206,9 +234,25 @@ func TestSpoolFailClosed(t *testing.T) {
 	err := env.spool.Enqueue(t.Context(), toolRecord(5, "p"))
 	require.ErrorIs(t, err, ErrSpoolFull)
 	require.ErrorContains(t, err, "limit 5")
+	require.ErrorIs(t, env.spool.CanAccept(), ErrSpoolFull)
+	if env.db != nil {
+		testFailClosedTx(t, env)
+	}
+	require.Equal(t, 5, env.spool.Pending())
+	require.Zero(t, env.spool.Dropped())
 
-	// Inside a producer transaction the change rolls back with its refused record.
-	err = env.db.Update(func(tx *bolt.Tx) error {
+	env.sink.down.Store(false)
+	env.run(t)
+	require.NoError(t, env.spool.Flush(t.Context()))
+	require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(7, "p")), "room again once the log took the backlog")
+	require.NoError(t, env.spool.Flush(t.Context()))
+	require.Len(t, env.sink.records(), 6)
+}
+
+// testFailClosedTx: inside a producer transaction the change rolls back with its refused
+// record.
+func testFailClosedTx(t *testing.T, env *spoolEnv) {
+	err := env.db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists([]byte("servers"))
 		if err != nil {
 			return err
@@ -223,19 +267,12 @@ func TestSpoolFailClosed(t *testing.T) {
 		require.Nil(t, tx.Bucket([]byte("servers")), "the change did not happen without its record")
 		return nil
 	}))
-	require.Equal(t, 5, env.spool.Pending())
-	require.Zero(t, env.spool.Dropped())
-
-	env.sink.down.Store(false)
-	env.run(t)
-	require.NoError(t, env.spool.Flush(t.Context()))
-	require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(7, "p")), "room again once the log took the backlog")
-	require.NoError(t, env.spool.Flush(t.Context()))
-	require.Len(t, env.sink.records(), 6)
 }
 
-func TestSpoolContinueAndAlarm(t *testing.T) {
-	env := newSpoolEnv(t, func(c *SpoolConfig) { c.MaxPending = 5; c.OnFull = ContinueAndAlarm })
+func TestSpoolContinueAndAlarm(t *testing.T) { forEachKind(t, testSpoolContinueAndAlarm) }
+
+func testSpoolContinueAndAlarm(t *testing.T, kind string) {
+	env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.MaxPending = 5; c.OnFull = ContinueAndAlarm })
 	env.sink.down.Store(true)
 	var kept []string
 	for i := range 8 {
@@ -245,18 +282,22 @@ func TestSpoolContinueAndAlarm(t *testing.T) {
 			kept = append(kept, r.ID)
 		}
 	}
-	// The producer's change commits even though its record is dropped.
-	require.NoError(t, env.db.Update(func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucketIfNotExists([]byte("servers"))
-		if err != nil {
-			return err
-		}
-		if err := b.Put([]byte("files"), []byte("{}")); err != nil {
-			return err
-		}
-		return env.spool.EnqueueTx(tx, toolRecord(8, "p"))
-	}))
-	require.Equal(t, uint64(4), env.spool.Dropped())
+	wantDropped := 3
+	if env.db != nil {
+		// The producer's change commits even though its record is dropped.
+		require.NoError(t, env.db.Update(func(tx *bolt.Tx) error {
+			b, err := tx.CreateBucketIfNotExists([]byte("servers"))
+			if err != nil {
+				return err
+			}
+			if err := b.Put([]byte("files"), []byte("{}")); err != nil {
+				return err
+			}
+			return env.spool.EnqueueTx(tx, toolRecord(8, "p"))
+		}))
+		wantDropped++
+	}
+	require.Equal(t, uint64(wantDropped), env.spool.Dropped())
 	require.Equal(t, 5, env.spool.Pending())
 	require.Contains(t, env.logs.String(), "level=ERROR")
 	require.Contains(t, env.logs.String(), "dropping audit records")
@@ -272,7 +313,7 @@ func TestSpoolContinueAndAlarm(t *testing.T) {
 	require.Equal(t, ActionAuditRecordsDropped, report.Admin.Action)
 	require.Equal(t, ActorRoleSystem, report.Admin.ActorRole)
 	require.Equal(t, "registry", report.Producer)
-	require.JSONEq(t, `{"dropped":4,"limit":5}`, string(report.Admin.Change))
+	require.JSONEq(t, fmt.Sprintf(`{"dropped":%d,"limit":5}`, wantDropped), string(report.Admin.Change))
 }
 
 func TestSpoolEnqueueTxIsAtomicWithTheChange(t *testing.T) {
@@ -318,27 +359,40 @@ func TestSpoolRejects(t *testing.T) {
 	require.Equal(t, 0, env.spool.Pending())
 
 	_, err = NewSpool(SpoolConfig{DB: env.db, Bucket: "x", Sink: env.sink})
-	require.ErrorContains(t, err, "needs DB, Bucket, Sink and Producer")
+	require.ErrorContains(t, err, "needs Sink, Producer, and either DB and Bucket or Dir")
 }
 
-func TestSpoolSurvivesReopen(t *testing.T) {
+func TestSpoolSurvivesReopen(t *testing.T) { forEachKind(t, testSpoolSurvivesReopen) }
+
+func testSpoolSurvivesReopen(t *testing.T, kind string) {
 	path := filepath.Join(t.TempDir(), "producer.db")
-	db := openBolt(t, path)
 	sink := newFakeSink()
-	s, err := NewSpool(SpoolConfig{DB: db, Bucket: "outbox", Sink: sink, Producer: "publisher"})
-	require.NoError(t, err)
+	open := func() (*Spool, func()) {
+		cfg := SpoolConfig{Sink: sink, Producer: "publisher"}
+		if kind == "files" {
+			cfg.Dir = path + ".spool"
+		} else {
+			db := openBolt(t, path)
+			cfg.DB, cfg.Bucket = db, "outbox"
+			s, err := NewSpool(cfg)
+			require.NoError(t, err)
+			return s, func() { require.NoError(t, db.Close()) }
+		}
+		s, err := NewSpool(cfg)
+		require.NoError(t, err)
+		return s, func() { require.NoError(t, s.Close()) }
+	}
+	s, closeIt := open()
 	var want []string
 	for i := range 50 {
 		r := toolRecord(i, "p")
 		require.NoError(t, s.Enqueue(t.Context(), r))
 		want = append(want, r.ID)
 	}
-	require.NoError(t, db.Close())
+	closeIt()
 
-	db = openBolt(t, path)
-	t.Cleanup(func() { _ = db.Close() })
-	s, err = NewSpool(SpoolConfig{DB: db, Bucket: "outbox", Sink: sink, Producer: "publisher"})
-	require.NoError(t, err)
+	s, closeIt = open()
+	t.Cleanup(closeIt)
 	require.Equal(t, 50, s.Pending())
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
@@ -395,9 +449,13 @@ func TestSpoolBackoffIsBoundedAndJittered(t *testing.T) {
 // TestSpoolConcurrentEnqueueAtTheBound races many producers against the bound: exactly
 // MaxPending records are accepted, every other call is refused, nobody hangs.
 func TestSpoolConcurrentEnqueueAtTheBound(t *testing.T) {
+	forEachKind(t, testSpoolConcurrentEnqueueAtTheBound)
+}
+
+func testSpoolConcurrentEnqueueAtTheBound(t *testing.T, kind string) {
 	for _, policy := range []FullPolicy{FailClosed, ContinueAndAlarm} {
 		t.Run(fmt.Sprint("policy=", policy), func(t *testing.T) {
-			env := newSpoolEnv(t, func(c *SpoolConfig) { c.MaxPending = 1000; c.OnFull = policy })
+			env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.MaxPending = 1000; c.OnFull = policy })
 			env.sink.down.Store(true)
 			var accepted, refused atomic.Int64
 			var wg sync.WaitGroup

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,8 +67,12 @@ type Sandbox struct {
 
 // Config holds the service's dependencies and limits.
 type Config struct {
-	// DBPath is the pool's bbolt file (runs and the audit outbox).
-	DBPath   string
+	// DBPath is the pool's bbolt file (runs).
+	DBPath string
+	// SpoolDir holds the audit spool's segment files; empty means pool-audit-spool beside
+	// DBPath. Every call waits for its record there, so it has files of its own (one fdatasync
+	// per commit) instead of a bucket in DBPath.
+	SpoolDir string
 	Registry Registry
 	Versions Versions
 	// AuditSink receives the spooled attempt records: the audit service in-process, or
@@ -156,11 +161,20 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		return nil, err
 	}
 	closers = append(closers, s.store.Close)
+	if cfg.SpoolDir == "" {
+		cfg.SpoolDir = filepath.Join(filepath.Dir(cfg.DBPath), "pool-audit-spool")
+	}
 	if s.spool, err = audit.NewSpool(audit.SpoolConfig{
-		DB: s.store.DB(), Bucket: string(store.OutboxBucket), Sink: cfg.AuditSink, Producer: "pool",
+		Dir: cfg.SpoolDir, Sink: cfg.AuditSink, Producer: "pool",
 		MaxPending: cfg.SpoolMaxRecords, OnFull: cfg.OnSpoolFull, Logger: cfg.Logger,
 	}); err != nil {
 		return nil, err
+	}
+	closers = append(closers, s.spool.Close)
+	if n, err := s.spool.Adopt(s.store.DB(), string(store.LegacyOutboxBucket)); err != nil {
+		return nil, err
+	} else if n > 0 {
+		cfg.Logger.Info("moved audit records from the pool's database to its spool directory", "records", n, "spool", cfg.SpoolDir)
 	}
 	if err := s.restoreRuns(ctx); err != nil {
 		return nil, err
@@ -233,7 +247,7 @@ func (s *Service) Close(ctx context.Context) error {
 	s.forwarder.Stop(2 * time.Second)
 	s.cancel()
 	s.bg.Wait()
-	return errors.Join(s.spawner.Close(ctx), s.store.Close())
+	return errors.Join(s.spawner.Close(ctx), s.spool.Close(), s.store.Close())
 }
 
 func fieldError(field, format string, args ...any) error { return fielderr.New(field, format, args...) }

@@ -18,8 +18,9 @@ import (
 var (
 	// runsBucket: run id -> Run JSON.
 	runsBucket = []byte("runs")
-	// OutboxBucket holds audit records waiting to be forwarded.
-	OutboxBucket = []byte("audit_outbox")
+	// LegacyOutboxBucket held audit records waiting to be forwarded until the spool moved to
+	// files of its own; a start moves what is left there (audit.Spool.Adopt).
+	LegacyOutboxBucket = []byte("audit_outbox")
 )
 
 var migrations = []boltdb.Migration{
@@ -55,7 +56,7 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := boltdb.Migrate(db, [][]byte{runsBucket, OutboxBucket}, migrations); err != nil {
+	if err := boltdb.Migrate(db, [][]byte{runsBucket}, migrations); err != nil {
 		db.Close()
 		return nil, err
 	}

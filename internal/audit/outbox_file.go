@@ -1,0 +1,606 @@
+package audit
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// fileOutbox keeps records in append-only segment files in a directory of its own:
+//
+//	<dir>/<first sequence, 16 hex digits>.seg  frames: length u32 | crc32c(seq, body) u32 | seq u64 | body
+//	<dir>/acked                                 the highest sequence forwarded (8 bytes)
+//	<dir>/dropped                               records dropped and not yet reported (8 bytes)
+//
+// A commit is one write and one fdatasync, against bbolt's page writes and two syncs, which
+// matters to a producer that waits for every record (the pool answers a call only once its
+// record is durable). Sequences are contiguous within a segment and across segments;
+// frames past the last good one in a segment (a torn write) are cut at open. The acked file
+// is renamed into place without a sync: losing it only resends records, and the audit log
+// drops a record it already holds by id.
+type fileOutbox struct {
+	dir        string
+	log        *slog.Logger
+	segmentMax int64 // a new segment starts once the last would grow past this
+
+	wmu sync.Mutex // serializes writers: add and remove
+	f   *os.File   // the last segment, open for appending; nil until the next add needs one
+
+	mu      sync.Mutex // guards the state readers see
+	segs    []segment
+	next    uint64 // sequence of the next record
+	acked   uint64
+	dropped uint64
+	pending int
+	closed  bool
+
+	rmu sync.Mutex // the forwarder's read position, so each batch starts where the last ended
+	cur readCursor
+}
+
+type segment struct {
+	first, last uint64 // sequences held; last == first-1 when empty
+	path        string
+	size        int64 // bytes of whole, durable frames
+}
+
+type readCursor struct {
+	path string
+	f    *os.File
+	off  int64  // offset of the frame with sequence next
+	next uint64 // 0: no position
+}
+
+const (
+	segmentMaxBytes = 8 << 20
+	frameHeaderSize = 16
+	// maxFrameBody bounds one record's body: a longer length field is damage, not data.
+	maxFrameBody = 64 << 20
+	ackedFile    = "acked"
+	droppedFile  = "dropped"
+	segmentExt   = ".seg"
+)
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+func frameCRC(seq uint64, body []byte) uint32 {
+	var s [8]byte
+	binary.BigEndian.PutUint64(s[:], seq)
+	return crc32.Update(crc32.Update(0, crcTable, s[:]), crcTable, body)
+}
+
+func appendFrame(buf []byte, seq uint64, body []byte) []byte {
+	buf = binary.BigEndian.AppendUint32(buf, uint32(len(body)))
+	buf = binary.BigEndian.AppendUint32(buf, frameCRC(seq, body))
+	buf = binary.BigEndian.AppendUint64(buf, seq)
+	return append(buf, body...)
+}
+
+// parseFrame decodes the frame at the start of data; ok is false when data holds no whole,
+// intact frame.
+func parseFrame(data []byte) (seq uint64, body []byte, n int, ok bool) {
+	if len(data) < frameHeaderSize {
+		return 0, nil, 0, false
+	}
+	size := binary.BigEndian.Uint32(data)
+	if size > maxFrameBody || len(data) < frameHeaderSize+int(size) {
+		return 0, nil, 0, false
+	}
+	seq = binary.BigEndian.Uint64(data[8:])
+	body = data[frameHeaderSize : frameHeaderSize+int(size)]
+	if binary.BigEndian.Uint32(data[4:]) != frameCRC(seq, body) {
+		return 0, nil, 0, false
+	}
+	return seq, body, frameHeaderSize + int(size), true
+}
+
+func segmentName(first uint64) string { return fmt.Sprintf("%016x%s", first, segmentExt) }
+
+func seqKey(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
+
+func openFileOutbox(dir string, log *slog.Logger) (*fileOutbox, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("audit: create spool directory: %w", err)
+	}
+	o := &fileOutbox{dir: dir, log: log, segmentMax: segmentMaxBytes}
+	var err error
+	if o.acked, err = readCounter(filepath.Join(dir, ackedFile)); err != nil {
+		return nil, err
+	}
+	if o.dropped, err = readCounter(filepath.Join(dir, droppedFile)); err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("audit: read spool directory: %w", err)
+	}
+	var lost uint64
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, segmentExt) {
+			continue
+		}
+		first, perr := strconv.ParseUint(strings.TrimSuffix(name, segmentExt), 16, 64)
+		if perr != nil || len(name) != 16+len(segmentExt) || first == 0 {
+			return nil, fmt.Errorf("audit: %s is not a spool segment: move it out of the spool directory %s", name, dir)
+		}
+		seg, torn, err := scanSegment(filepath.Join(dir, name), first)
+		if err != nil {
+			return nil, err
+		}
+		if torn {
+			// The tail after the last intact frame never became durable (its commit failed or
+			// was cut by a crash) or was damaged since: cut it so appends follow good frames.
+			log.Warn("audit: spool segment ends in an incomplete or damaged frame; cutting it", "segment", seg.path, "at_byte", seg.size)
+		}
+		// Also gives back the space allocated ahead of the frames.
+		if err := os.Truncate(seg.path, seg.size); err != nil {
+			return nil, fmt.Errorf("audit: cut spool segment: %w", err)
+		}
+		if n := len(o.segs); n > 0 {
+			prev := o.segs[n-1]
+			if want := prev.last + 1; seg.first > want && prev.last >= o.acked {
+				// Records between two segments are gone: say how many in the trail.
+				gone := seg.first - max(want, o.acked+1)
+				log.Error("audit: spool records were lost to damage", "segment", prev.path, "records", gone)
+				lost += gone
+			} else if seg.first < want {
+				return nil, fmt.Errorf("audit: spool segments %s and %s overlap: the spool directory %s was edited", prev.path, seg.path, dir)
+			}
+		}
+		o.segs = append(o.segs, seg)
+	}
+	o.next = o.acked + 1
+	for _, s := range o.segs {
+		o.next = max(o.next, s.last+1)
+		o.pending += s.count(o.acked)
+	}
+	if lost > 0 {
+		o.dropped += lost
+		if err := writeCounter(filepath.Join(dir, droppedFile), o.dropped, true); err != nil {
+			return nil, err
+		}
+	}
+	if err := o.deleteForwarded(); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// count returns how many of the segment's records come after acked.
+func (s segment) count(acked uint64) int {
+	if s.last < s.first || s.last <= acked {
+		return 0
+	}
+	return int(s.last - max(s.first, acked+1) + 1)
+}
+
+// scanSegment reads a segment's intact frames, which must carry first, first+1, ...; torn
+// is true when bytes follow the last of them.
+func scanSegment(path string, first uint64) (segment, bool, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return segment{}, false, fmt.Errorf("audit: read spool segment: %w", err)
+	}
+	seg := segment{first: first, last: first - 1, path: path}
+	for int(seg.size) < len(data) {
+		seq, _, n, ok := parseFrame(data[seg.size:])
+		if !ok || seq != seg.last+1 {
+			// Zeros are space allocated ahead of the frames, not damage.
+			return seg, slices.ContainsFunc(data[seg.size:], func(b byte) bool { return b != 0 }), nil
+		}
+		seg.last = seq
+		seg.size += int64(n)
+	}
+	return seg, false, nil
+}
+
+func (o *fileOutbox) describe() string { return o.dir }
+
+func (o *fileOutbox) count() (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return 0, errOutboxClosed
+	}
+	return o.pending, nil
+}
+
+func (o *fileOutbox) add(bodies [][]byte, admit func(int) error) ([]error, error) {
+	o.wmu.Lock()
+	defer o.wmu.Unlock()
+	o.mu.Lock()
+	closed, pending, next, dropped := o.closed, o.pending, o.next, o.dropped
+	o.mu.Unlock()
+	if closed {
+		return nil, errOutboxClosed
+	}
+	errs := make([]error, len(bodies))
+	var frames []byte
+	var n, drops uint64
+	for i, body := range bodies {
+		switch err := admit(pending + int(n)); {
+		case err == nil:
+			frames = appendFrame(frames, next+n, body)
+			n++
+		case errors.Is(err, errDropRecord):
+			drops++
+			errs[i] = err
+		default:
+			errs[i] = err
+		}
+	}
+	if drops > 0 {
+		if err := writeCounter(filepath.Join(o.dir, droppedFile), dropped+drops, true); err != nil {
+			return nil, err
+		}
+		o.mu.Lock()
+		o.dropped += drops
+		o.mu.Unlock()
+	}
+	if n > 0 {
+		if err := o.appendFrames(frames, next, n); err != nil {
+			return nil, err
+		}
+	}
+	return errs, nil
+}
+
+// appendFrames writes n frames, the first with sequence first, and syncs them. The caller
+// holds wmu.
+func (o *fileOutbox) appendFrames(frames []byte, first, n uint64) error {
+	o.mu.Lock()
+	var last segment
+	if len(o.segs) > 0 {
+		last = o.segs[len(o.segs)-1]
+	}
+	o.mu.Unlock()
+	if o.f == nil || last.size+int64(len(frames)) > o.segmentMax && last.size > 0 {
+		if err := o.startSegment(first); err != nil {
+			return err
+		}
+	}
+	o.mu.Lock()
+	off := o.segs[len(o.segs)-1].size
+	o.mu.Unlock()
+	_, err := o.f.WriteAt(frames, off)
+	if err == nil {
+		err = unix.Fdatasync(int(o.f.Fd()))
+	}
+	if err != nil {
+		// After a failed write or sync the file's tail is unknown: never append after it.
+		// The next commit starts a new segment; the open cuts this one's tail.
+		_ = o.f.Close()
+		o.f = nil
+		return fmt.Errorf("audit: write spool segment: %w", err)
+	}
+	o.mu.Lock()
+	s := &o.segs[len(o.segs)-1]
+	s.last = first + n - 1
+	s.size += int64(len(frames))
+	o.next = first + n
+	o.pending += int(n)
+	o.mu.Unlock()
+	return nil
+}
+
+// startSegment opens the segment whose first record will be first: a new file, or the last
+// segment when it is still empty of intact frames (and so named for first already). The
+// segment's space is allocated up front, so a commit's fdatasync writes data and no file
+// size: on ext4 that halves its cost.
+func (o *fileOutbox) startSegment(first uint64) error {
+	o.mu.Lock()
+	var last segment
+	if len(o.segs) > 0 {
+		last = o.segs[len(o.segs)-1]
+	}
+	o.mu.Unlock()
+	if o.f != nil {
+		// Give back the unused allocation of the segment being left.
+		err := o.f.Truncate(last.size)
+		if cerr := o.f.Close(); err == nil {
+			err = cerr
+		}
+		o.f = nil
+		if err != nil {
+			return fmt.Errorf("audit: close spool segment: %w", err)
+		}
+	}
+	reuse := last.path != "" && last.first == first
+	path := filepath.Join(o.dir, segmentName(first))
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("audit: open spool segment: %w", err)
+	}
+	if reuse {
+		// Whatever follows the intact frames was cut at open or never written.
+		if err := f.Truncate(last.size); err != nil {
+			f.Close()
+			return fmt.Errorf("audit: cut spool segment: %w", err)
+		}
+	}
+	// Where the file system cannot allocate ahead, commits only cost more.
+	_ = unix.Fallocate(int(f.Fd()), 0, 0, o.segmentMax)
+	if !reuse {
+		if err := syncDir(o.dir); err != nil {
+			f.Close()
+			return err
+		}
+		o.mu.Lock()
+		o.segs = append(o.segs, segment{first: first, last: first - 1, path: path})
+		o.mu.Unlock()
+	}
+	o.f = f
+	return nil
+}
+
+func (o *fileOutbox) read(after []byte, n, maxBytes int) ([]outboxEntry, error) {
+	o.mu.Lock()
+	if o.closed {
+		o.mu.Unlock()
+		return nil, errOutboxClosed
+	}
+	start := o.acked + 1
+	if after != nil {
+		start = max(start, binary.BigEndian.Uint64(after)+1)
+	}
+	segs := slices.Clone(o.segs)
+	o.mu.Unlock()
+
+	o.rmu.Lock()
+	defer o.rmu.Unlock()
+	var out []outboxEntry
+	size := 0
+	for _, s := range segs {
+		if s.last < start || s.last < s.first {
+			continue
+		}
+		if o.cur.path != s.path || o.cur.next != start {
+			if err := o.seek(s, start); err != nil {
+				return nil, err
+			}
+		}
+		for o.cur.off < s.size && len(out) < n {
+			chunk := min(s.size-o.cur.off, int64(max(maxBytes-size, 0))+frameHeaderSize, 1<<20)
+			data, err := o.readAt(o.cur.off, max(chunk, frameHeaderSize))
+			if err != nil {
+				return nil, err
+			}
+			if l := int(binary.BigEndian.Uint32(data)); frameHeaderSize+l > len(data) {
+				// One frame longer than the chunk: read it whole.
+				if data, err = o.readAt(o.cur.off, int64(frameHeaderSize+min(l, maxFrameBody))); err != nil {
+					return nil, err
+				}
+			}
+			before := o.cur.off
+			for len(data) > 0 && len(out) < n {
+				seq, body, fn, ok := parseFrame(data)
+				if !ok {
+					break
+				}
+				if seq != o.cur.next {
+					return nil, fmt.Errorf("audit: spool segment %s holds sequence %d where %d belongs", s.path, seq, o.cur.next)
+				}
+				if len(out) > 0 && size+len(body) > maxBytes {
+					return out, nil
+				}
+				out = append(out, outboxEntry{key: seqKey(seq), body: slices.Clone(body)})
+				size += len(body)
+				o.cur.off += int64(fn)
+				o.cur.next = seq + 1
+				data = data[fn:]
+			}
+			if len(out) > 0 && size >= maxBytes {
+				return out, nil
+			}
+			if o.cur.off == before {
+				// Intact at open, damaged since: the operator has to look (see docs/operations.md).
+				return nil, fmt.Errorf("audit: spool segment %s is damaged at byte %d: stop the producer, move the segment aside and restart it; the records in it must be recovered by hand", s.path, before)
+			}
+		}
+		if len(out) >= n {
+			break
+		}
+		start = s.last + 1
+	}
+	return out, nil
+}
+
+// seek moves the cursor to the frame with sequence start in segment s, scanning from the
+// segment's beginning (once per restart or segment, not per batch).
+func (o *fileOutbox) seek(s segment, start uint64) error {
+	if o.cur.path != s.path {
+		if o.cur.f != nil {
+			o.cur.f.Close()
+		}
+		f, err := os.Open(s.path)
+		if err != nil {
+			o.cur = readCursor{}
+			return fmt.Errorf("audit: open spool segment: %w", err)
+		}
+		o.cur = readCursor{path: s.path, f: f}
+	}
+	o.cur.off, o.cur.next = 0, s.first
+	for o.cur.next < start && o.cur.off < s.size {
+		hdr, err := o.readAt(o.cur.off, frameHeaderSize)
+		if err != nil {
+			return err
+		}
+		o.cur.off += frameHeaderSize + int64(binary.BigEndian.Uint32(hdr))
+		o.cur.next++
+	}
+	return nil
+}
+
+func (o *fileOutbox) readAt(off, n int64) ([]byte, error) {
+	buf := make([]byte, n)
+	if _, err := o.cur.f.ReadAt(buf, off); err != nil && !(errors.Is(err, io.EOF)) {
+		return nil, fmt.Errorf("audit: read spool segment: %w", err)
+	}
+	return buf, nil
+}
+
+func (o *fileOutbox) remove(through []byte, corrupt uint64, report func(uint64, int) ([]byte, error)) (removed int, reported uint64, err error) {
+	o.wmu.Lock()
+	defer o.wmu.Unlock()
+	t := binary.BigEndian.Uint64(through)
+	o.mu.Lock()
+	if o.closed {
+		o.mu.Unlock()
+		return 0, 0, errOutboxClosed
+	}
+	if t > o.acked {
+		for _, s := range o.segs {
+			removed += s.count(o.acked) - s.count(t)
+		}
+		o.acked = t
+		o.pending -= removed
+	}
+	acked := o.acked
+	o.mu.Unlock()
+	if err := writeCounter(filepath.Join(o.dir, ackedFile), acked, false); err != nil {
+		return 0, 0, err
+	}
+	if err := o.deleteForwarded(); err != nil {
+		return 0, 0, err
+	}
+
+	o.mu.Lock()
+	o.dropped += corrupt
+	dropped, pending, next := o.dropped, o.pending, o.next
+	o.mu.Unlock()
+	if dropped == 0 {
+		return removed, 0, nil
+	}
+	body, err := report(dropped, pending)
+	if err != nil {
+		return 0, 0, err
+	}
+	if body != nil {
+		if err := o.appendFrames(appendFrame(nil, next, body), next, 1); err != nil {
+			return 0, 0, err
+		}
+		reported, dropped = dropped, 0
+		o.mu.Lock()
+		o.dropped = 0
+		o.mu.Unlock()
+	}
+	if corrupt > 0 || reported > 0 {
+		if err := writeCounter(filepath.Join(o.dir, droppedFile), dropped, true); err != nil {
+			return 0, 0, err
+		}
+	}
+	return removed, reported, nil
+}
+
+// deleteForwarded deletes the segments whose every record is forwarded, the last one too
+// (the next commit starts a new one). The caller holds wmu, or is opening the outbox.
+func (o *fileOutbox) deleteForwarded() error {
+	o.mu.Lock()
+	var gone []segment
+	keep := o.segs[:0]
+	for i, s := range o.segs {
+		if s.last <= o.acked && (s.last >= s.first || i < len(o.segs)-1) {
+			gone = append(gone, s)
+			continue
+		}
+		keep = append(keep, s)
+	}
+	lastGone := len(gone) > 0 && len(keep) == 0
+	o.segs = keep
+	o.mu.Unlock()
+	if lastGone && o.f != nil {
+		_ = o.f.Close()
+		o.f = nil
+	}
+	for _, s := range gone {
+		if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("audit: delete forwarded spool segment: %w", err)
+		}
+	}
+	return nil
+}
+
+func (o *fileOutbox) close() error {
+	o.wmu.Lock()
+	defer o.wmu.Unlock()
+	o.mu.Lock()
+	o.closed = true
+	o.mu.Unlock()
+	var err error
+	if o.f != nil {
+		err = o.f.Close()
+		o.f = nil
+	}
+	o.rmu.Lock()
+	if o.cur.f != nil {
+		o.cur.f.Close()
+	}
+	o.cur = readCursor{}
+	o.rmu.Unlock()
+	return err
+}
+
+func readCounter(path string) (uint64, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("audit: read %s: %w", path, err)
+	}
+	if len(b) != 8 {
+		return 0, fmt.Errorf("audit: %s is damaged (%d bytes, want 8): restore it or remove it (records are then forwarded again, and the audit log keeps one of each)", path, len(b))
+	}
+	return binary.BigEndian.Uint64(b), nil
+}
+
+// writeCounter replaces the 8-byte counter file at path; durable also syncs the file and the
+// directory, for counts that must survive a crash.
+func writeCounter(path string, v uint64, durable bool) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("audit: write %s: %w", path, err)
+	}
+	_, err = f.Write(binary.BigEndian.AppendUint64(nil, v))
+	if err == nil && durable {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err == nil && durable {
+		err = syncDir(filepath.Dir(path))
+	}
+	if err != nil {
+		return fmt.Errorf("audit: write %s: %w", path, err)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("audit: sync spool directory: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("audit: sync spool directory: %w", err)
+	}
+	return nil
+}

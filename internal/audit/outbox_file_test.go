@@ -1,0 +1,188 @@
+package audit
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// fileSpool opens a files-kind spool in dir for one test step.
+func fileSpool(t *testing.T, dir string, sink Sink, env *spoolEnv) *Spool {
+	t.Helper()
+	cfg := SpoolConfig{Dir: dir, Sink: sink, Producer: "pool"}
+	if env != nil {
+		cfg.Logger = env.spool.log
+	}
+	s, err := NewSpool(cfg)
+	require.NoError(t, err)
+	return s
+}
+
+func segments(t *testing.T, dir string) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, "*.seg"))
+	require.NoError(t, err)
+	return m
+}
+
+func drain(t *testing.T, s *Spool) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	require.NoError(t, s.Flush(t.Context()))
+	cancel()
+	require.NoError(t, <-done)
+}
+
+func TestFileSpoolCutsATornTail(t *testing.T) {
+	env := newSpoolEnvOf(t, "files", nil)
+	dir := env.spool.out.describe()
+	var want []string
+	for i := range 10 {
+		r := toolRecord(i, "p")
+		require.NoError(t, env.spool.Enqueue(t.Context(), r))
+		want = append(want, r.ID)
+	}
+	require.NoError(t, env.spool.Close())
+	// A crash mid-write leaves half a frame behind the last durable one.
+	seg := segments(t, dir)
+	require.Len(t, seg, 1)
+	f, err := os.OpenFile(seg[0], os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = f.Write(appendFrame(nil, 11, []byte(`{"half":`))[:20])
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	s := fileSpool(t, dir, env.sink, env)
+	t.Cleanup(func() { _ = s.Close() })
+	require.Equal(t, 10, s.Pending())
+	require.Contains(t, env.logs.String(), "cutting it")
+	r := toolRecord(10, "p")
+	require.NoError(t, s.Enqueue(t.Context(), r), "appends follow the good frames")
+	want = append(want, r.ID)
+	drain(t, s)
+	require.Equal(t, want, ids(env.sink.records()))
+	require.Zero(t, s.Dropped(), "an unacknowledged torn write is not a dropped record")
+}
+
+func TestFileSpoolRotatesAndDeletesForwardedSegments(t *testing.T) {
+	env := newSpoolEnvOf(t, "files", func(c *SpoolConfig) { c.BatchSize = 5 })
+	env.spool.out.(*fileOutbox).segmentMax = 2048
+	dir := env.spool.out.describe()
+	env.sink.down.Store(true)
+	env.run(t)
+	var want []string
+	for i := range 60 {
+		r := toolRecord(i, "p")
+		require.NoError(t, env.spool.Enqueue(t.Context(), r))
+		want = append(want, r.ID)
+	}
+	require.Greater(t, len(segments(t, dir)), 3, "small segments rotate")
+	env.sink.down.Store(false)
+	require.NoError(t, env.spool.Flush(t.Context()))
+	require.Equal(t, want, ids(env.sink.records()))
+	require.Empty(t, segments(t, dir), "forwarded segments are deleted")
+
+	// Sequences carry on after a reopen with nothing pending.
+	require.NoError(t, env.spool.Close())
+	s := fileSpool(t, dir, env.sink, env)
+	t.Cleanup(func() { _ = s.Close() })
+	require.Zero(t, s.Pending())
+	r := toolRecord(60, "p")
+	require.NoError(t, s.Enqueue(t.Context(), r))
+	seg := segments(t, dir)
+	require.Len(t, seg, 1)
+	require.Equal(t, segmentName(61), filepath.Base(seg[0]))
+}
+
+// TestFileSpoolReportsRecordsLostToDamage damages a segment in the middle: the records
+// after the damage in that segment cannot be read, and the trail says how many.
+func TestFileSpoolReportsRecordsLostToDamage(t *testing.T) {
+	env := newSpoolEnvOf(t, "files", nil)
+	env.spool.out.(*fileOutbox).segmentMax = 1024
+	dir := env.spool.out.describe()
+	var all []Record
+	for i := range 30 {
+		r := toolRecord(i, "p")
+		require.NoError(t, env.spool.Enqueue(t.Context(), r))
+		all = append(all, r)
+	}
+	require.NoError(t, env.spool.Close())
+	seg := segments(t, dir)
+	require.GreaterOrEqual(t, len(seg), 3)
+	// Flip one byte in the body of the second segment's second frame.
+	data, err := os.ReadFile(seg[1])
+	require.NoError(t, err)
+	_, _, first, ok := parseFrame(data)
+	require.True(t, ok)
+	data[first+frameHeaderSize+5] ^= 0xff
+	require.NoError(t, os.WriteFile(seg[1], data, 0o600))
+	inSeg := 0
+	for off := 0; off < len(data); inSeg++ {
+		off += frameHeaderSize + int(binary.BigEndian.Uint32(data[off:]))
+	}
+	lost := inSeg - 1
+
+	s := fileSpool(t, dir, env.sink, env)
+	t.Cleanup(func() { _ = s.Close() })
+	require.Contains(t, env.logs.String(), "lost to damage")
+	drain(t, s)
+	got := env.sink.records()
+	require.Len(t, got, 30-lost+1)
+	report := got[len(got)-1]
+	require.Equal(t, ActionAuditRecordsDropped, report.Admin.Action)
+	var change map[string]any
+	require.NoError(t, json.Unmarshal(report.Admin.Change, &change))
+	require.EqualValues(t, lost, change["dropped"])
+}
+
+func TestFileSpoolRefusesAForeignFile(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "notes.seg"), []byte("x"), 0o600))
+	_, err := NewSpool(SpoolConfig{Dir: dir, Sink: newFakeSink(), Producer: "pool"})
+	require.ErrorContains(t, err, "notes.seg is not a spool segment: move it out")
+
+	dir = t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, ackedFile), []byte("abc"), 0o600))
+	_, err = NewSpool(SpoolConfig{Dir: dir, Sink: newFakeSink(), Producer: "pool"})
+	require.ErrorContains(t, err, "is damaged (3 bytes, want 8)")
+}
+
+// TestFileSpoolAdoptsABboltOutbox: records left in a bbolt outbox by an earlier version are
+// forwarded from the files, in order, with the dropped count reported, and leave the bucket.
+func TestFileSpoolAdoptsABboltOutbox(t *testing.T) {
+	old := newSpoolEnvOf(t, "bbolt", func(c *SpoolConfig) { c.MaxPending = 3; c.OnFull = ContinueAndAlarm })
+	var want []string
+	for i := range 5 {
+		r := toolRecord(i, "p")
+		require.NoError(t, old.spool.Enqueue(t.Context(), r))
+		if i < 3 {
+			want = append(want, r.ID)
+		}
+	}
+	env := newSpoolEnvOf(t, "files", nil)
+	n, err := env.spool.Adopt(old.db, "audit_outbox")
+	require.NoError(t, err)
+	require.Equal(t, 4, n, "three records and the report of two dropped")
+	require.Equal(t, 4, env.spool.Pending())
+	left, err := old.spool.out.count()
+	require.NoError(t, err)
+	require.Zero(t, left)
+	n, err = env.spool.Adopt(old.db, "audit_outbox")
+	require.NoError(t, err)
+	require.Zero(t, n, "adopting twice moves nothing")
+
+	env.run(t)
+	require.NoError(t, env.spool.Flush(t.Context()))
+	got := env.sink.records()
+	require.Len(t, got, 4)
+	require.Equal(t, want, ids(got[:3]))
+	require.Equal(t, ActionAuditRecordsDropped, got[3].Admin.Action)
+	require.JSONEq(t, `{"dropped":2,"limit":100000}`, string(got[3].Admin.Change))
+}
