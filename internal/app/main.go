@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/ringfence/ringfence/internal/config"
+	"github.com/ringfence/ringfence/internal/gctune"
 )
 
 // Builder builds one binary's App from its configuration.
@@ -28,6 +29,9 @@ func Main(name string, build Builder) int {
 		return 2
 	}
 	log := NewLogger(cfg, os.Stderr)
+	if _, applied := gctune.Apply(); applied {
+		log.Debug("GOGC is unset: the garbage collector runs with the servers' default", "gogc", gctune.Percent)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	a, err := build(ctx, cfg, log)

@@ -290,9 +290,15 @@ func (s *Server) call(ctx context.Context, method string, run func(context.Conte
 		code := status.Code(err)
 		elapsed := time.Since(start)
 		s.observe(method, code, elapsed)
-		level := slog.LevelInfo
-		if code == codes.Internal || code == codes.Unknown {
+		// Quiet on success: a served call is a Debug line (metrics count it anyway); a
+		// refused or failed one is Info, and a server fault is an Error.
+		level := slog.LevelDebug
+		switch code {
+		case codes.OK:
+		case codes.Internal, codes.Unknown, codes.DataLoss:
 			level = slog.LevelError
+		default:
+			level = slog.LevelInfo
 		}
 		if s.log.Enabled(ctx, level) {
 			attrs := []slog.Attr{

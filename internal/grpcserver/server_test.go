@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -181,4 +182,42 @@ func TestRESTErrorBodyLiftsPublishViolations(t *testing.T) {
 	rec = httptest.NewRecorder()
 	writeError(t.Context(), NewGatewayMux(), nil, rec, httptest.NewRequest(http.MethodGet, "/v1/graphs", nil), status.Error(codes.NotFound, "x"))
 	require.NotContains(t, rec.Body.String(), "violations")
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestAccessLogIsQuietOnSuccess: a served call is logged at debug only; a refused one at info,
+// with its code and request id.
+func TestAccessLogIsQuietOnSuccess(t *testing.T) {
+	for _, level := range []slog.Level{slog.LevelInfo, slog.LevelDebug} {
+		t.Run(level.String(), func(t *testing.T) {
+			var logs lockedBuffer
+			log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: level}))
+			conn, _ := start(t, New(Options{Name: "t", GRPCAddr: "127.0.0.1:0", Authorizer: allowAll{}, Logger: log}))
+			health := grpc_health_v1.NewHealthClient(conn)
+			_, err := health.Check(t.Context(), &grpc_health_v1.HealthCheckRequest{})
+			require.NoError(t, err)
+			_, err = health.Check(t.Context(), &grpc_health_v1.HealthCheckRequest{Service: "no.such.Service"})
+			require.Equal(t, codes.NotFound, status.Code(err))
+
+			require.Contains(t, logs.String(), "level=INFO msg=rpc method=/grpc.health.v1.Health/Check code=NotFound")
+			served := strings.Contains(logs.String(), "msg=rpc method=/grpc.health.v1.Health/Check code=OK")
+			require.Equal(t, level == slog.LevelDebug, served, "a served call is a debug line:\n%s", logs.String())
+		})
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os/exec"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/gctune"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
@@ -40,6 +42,13 @@ func (l latencies) report(b *testing.B, prefix string) {
 	b.ReportMetric(float64(s[min(len(s)-1, len(s)*99/100)].Microseconds()), prefix+"p99-µs")
 }
 
+// productionGC sets the garbage collector as the binaries run it (app.Main applies it).
+func productionGC(b *testing.B) {
+	if prev, applied := gctune.Apply(); applied {
+		b.Cleanup(func() { debug.SetGCPercent(prev) })
+	}
+}
+
 const benchKey = "bench-admin-key-0123456789"
 
 // grpcClient serves the harness's pool over authenticated gRPC on loopback, as ringfenced does.
@@ -56,6 +65,7 @@ func grpcClient(b *testing.B, h *harness) (poolv1.PoolServiceClient, context.Con
 // container's attach stream, and on a direct host stdio session. Target: the whole path adds at
 // most 0.3 ms p50 over the raw attach path.
 func BenchmarkPoolWarmCall(b *testing.B) {
+	productionGC(b)
 	h := newHarness(b, harnessOpts{driftMaxAge: time.Second})
 	h.server("fx", nil)
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
@@ -80,7 +90,7 @@ func BenchmarkPoolWarmCall(b *testing.B) {
 	defer host.Close()
 	params := &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": "ping"}}
 
-	var whole, attach, stdio latencies
+	var whole, attach, stdio, noop latencies
 	b.ResetTimer()
 	for range b.N {
 		t0 := time.Now()
@@ -96,17 +106,26 @@ func BenchmarkPoolWarmCall(b *testing.B) {
 			b.Fatal(err)
 		}
 		t3 := time.Now()
+		// The floor the gRPC hop puts under the whole path: an RPC that does nothing, on
+		// the same connection, server and interceptors, in the same loop.
+		if _, err := client.GetRun(ctx, &poolv1.GetRunRequest{RunId: run}); err != nil {
+			b.Fatal(err)
+		}
+		t4 := time.Now()
 		whole, attach, stdio = append(whole, t1.Sub(t0)), append(attach, t2.Sub(t1)), append(stdio, t3.Sub(t2))
+		noop = append(noop, t4.Sub(t3))
 	}
 	b.StopTimer()
 	whole.report(b, "whole-")
 	attach.report(b, "attach-")
 	stdio.report(b, "stdio-")
+	noop.report(b, "rpc-noop-")
 }
 
 // BenchmarkPoolFirstCall (b): the first call of a run, spawn included, against raw create →
 // attach → start → initialize → call through the spawner. Target ratio ≤ 1.2.
 func BenchmarkPoolFirstCall(b *testing.B) {
+	productionGC(b)
 	h := newHarness(b, harnessOpts{driftMaxAge: time.Second})
 	h.server("fx", nil)
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
@@ -159,6 +178,7 @@ func BenchmarkPoolFirstCall(b *testing.B) {
 // BenchmarkPoolThroughput (c): calls per second with 16 concurrent runs, every attempt
 // recorded durably (the pool's spool fsyncs, the real audit log appends). Target ≥ 2,000/s.
 func BenchmarkPoolThroughput(b *testing.B) {
+	productionGC(b)
 	h := newHarness(b, harnessOpts{driftMaxAge: time.Second, realAudit: true})
 	h.server("fx", nil)
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
@@ -232,6 +252,7 @@ func BenchmarkPoolIdleSessionMemory(b *testing.B) {
 // BenchmarkRawAttachThroughput is the ceiling for (c) on this machine: the same echo from 16
 // concurrent raw go-sdk sessions on attach streams, with no gates and no audit.
 func BenchmarkRawAttachThroughput(b *testing.B) {
+	productionGC(b)
 	image := dockertest.FixtureImage(b)
 	raw, err := spawner.New(spawner.Config{Image: image, PoolID: "bench-raw-" + randomHex()})
 	require.NoError(b, err)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,15 +17,20 @@ import (
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/gctune"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/secretbox"
 	"github.com/ringfence/ringfence/internal/testutil"
 )
 
 // benchClient serves a registry over authenticated gRPC on loopback, with access logs
-// formatted (to io.Discard) as in production.
+// formatted (to io.Discard) and the garbage collector set as in production.
 func benchClient(b *testing.B) registryv1.RegistryServiceClient {
 	b.Helper()
+	// The collector setting the binaries run with (app.Main applies it).
+	if prev, applied := gctune.Apply(); applied {
+		b.Cleanup(func() { debug.SetGCPercent(prev) })
+	}
 	dir := b.TempDir()
 	box, err := secretbox.LoadOrCreate(filepath.Join(dir, "secrets.key"))
 	require.NoError(b, err)

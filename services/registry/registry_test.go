@@ -16,6 +16,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -413,4 +414,46 @@ func TestEveryChangeIsAnAdminEventWithSecretsMasked(t *testing.T) {
 	require.Equal(t, []string{
 		"create mcp_server docs-search", "update mcp_server docs-search", "put secret tok", "delete mcp_server docs-search",
 	}, actions)
+}
+
+// TestGetServerFollowsEveryWrite: GetServer answers from a view kept per stored revision; an
+// update, a delete and a re-create each show at once.
+func TestGetServerFollowsEveryWrite(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	get := func() (*registryv1.Server, error) {
+		resp, err := f.client.GetServer(ctx, &registryv1.GetServerRequest{Ref: "docs-search"})
+		return resp.GetServer(), err
+	}
+	_, err := f.client.CreateServer(ctx, docsSearch())
+	require.NoError(t, err)
+	first, err := get()
+	require.NoError(t, err)
+	again, err := get()
+	require.NoError(t, err)
+	require.True(t, proto.Equal(first, again))
+
+	_, err = f.client.UpdateServer(ctx, &registryv1.UpdateServerRequest{Ref: "docs-search", Command: "mcp-server-filesystem", Args: []string{"/srv/other"}})
+	require.NoError(t, err)
+	updated, err := get()
+	require.NoError(t, err)
+	require.Equal(t, int64(2), updated.GetRevision())
+	require.Equal(t, []string{"/srv/other"}, updated.GetArgs())
+	require.Equal(t, SecretMask, updated.GetEnv()["APP_TOKEN"], "the kept env is still masked")
+
+	_, err = f.client.DeleteServer(ctx, &registryv1.DeleteServerRequest{Ref: "docs-search"})
+	require.NoError(t, err)
+	_, err = get()
+	testutil.RequireStatus(t, err, codes.NotFound)
+
+	recreated := docsSearch()
+	recreated.Description = "born again"
+	recreated.Env = nil
+	_, err = f.client.CreateServer(ctx, recreated)
+	require.NoError(t, err)
+	got, err := get()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), got.GetRevision())
+	require.Equal(t, "born again", got.GetDescription())
+	require.Empty(t, got.GetEnv())
 }

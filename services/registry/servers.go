@@ -33,11 +33,13 @@ func (s *Service) GetServer(ctx context.Context, req *registryv1.GetServerReques
 	if err := mcpserver.ValidateRef(req.GetRef()); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	reg, err := s.store.GetServerMasked(ctx, req.GetRef())
+	// The converted, masked registration is kept per revision and shared by every reader: it
+	// is only ever marshaled.
+	view, err := s.store.ServerView(req.GetRef(), func(r *mcpserver.Registration) any { return serverToProto(r) })
 	if err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
 	}
-	return &registryv1.GetServerResponse{Server: serverToProto(reg)}, nil
+	return &registryv1.GetServerResponse{Server: view.(*registryv1.Server)}, nil
 }
 
 // ListServers implements RegistryService.

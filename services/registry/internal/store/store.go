@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -99,6 +100,9 @@ type storedServer struct {
 	Revision             int64               `json:"revision"`
 	CreateTime           time.Time           `json:"create_time"`
 	UpdateTime           time.Time           `json:"update_time"`
+
+	// view memoizes ServerView's answer for this revision; a write replaces the whole entry.
+	view atomic.Pointer[any]
 }
 
 func envContext(ref string) []byte { return []byte("registry/server/" + ref + "/env") }
@@ -129,14 +133,7 @@ func (s *Store) seal(r *mcpserver.Registration) (*storedServer, error) {
 }
 
 func (s *Store) open(st *storedServer) (*mcpserver.Registration, error) {
-	r := &mcpserver.Registration{
-		Ref: st.Ref, Description: st.Description, Transport: st.Transport, Command: st.Command, Args: st.Args,
-		URL: st.URL, Headers: st.Headers, Grants: st.Grants,
-		Filter:          mcpserver.ToolFilter{Include: st.Include, Exclude: st.Exclude},
-		ToolPermissions: st.ToolPermissions, ClientSessionTimeout: st.ClientSessionTimeout,
-		ToolCallTimeout: st.ToolCallTimeout, KeepMarkup: st.KeepMarkup, Revision: st.Revision,
-		CreateTime: st.CreateTime, UpdateTime: st.UpdateTime,
-	}
+	r := st.withoutEnv()
 	if len(st.EnvSealed) > 0 {
 		plain, err := s.box.Open(st.EnvSealed, envContext(st.Ref))
 		if err != nil {
@@ -147,6 +144,31 @@ func (s *Store) open(st *storedServer) (*mcpserver.Registration, error) {
 		}
 	}
 	return r, nil
+}
+
+// withoutEnv is the registration with no env at all.
+func (st *storedServer) withoutEnv() *mcpserver.Registration {
+	return &mcpserver.Registration{
+		Ref: st.Ref, Description: st.Description, Transport: st.Transport, Command: st.Command, Args: st.Args,
+		URL: st.URL, Headers: st.Headers, Grants: st.Grants,
+		Filter:          mcpserver.ToolFilter{Include: st.Include, Exclude: st.Exclude},
+		ToolPermissions: st.ToolPermissions, ClientSessionTimeout: st.ClientSessionTimeout,
+		ToolCallTimeout: st.ToolCallTimeout, KeepMarkup: st.KeepMarkup, Revision: st.Revision,
+		CreateTime: st.CreateTime, UpdateTime: st.UpdateTime,
+	}
+}
+
+// masked is the registration with every env value empty and the keys kept, without opening
+// the sealed env.
+func (st *storedServer) masked() *mcpserver.Registration {
+	r := st.withoutEnv()
+	if len(st.EnvKeys) > 0 {
+		r.Env = make(map[string]string, len(st.EnvKeys))
+		for _, k := range st.EnvKeys {
+			r.Env[k] = ""
+		}
+	}
+	return r
 }
 
 // CreateServer stores a new registration at revision 1.
@@ -193,20 +215,23 @@ func (s *Store) GetServerMasked(ctx context.Context, ref string) (*mcpserver.Reg
 	if err != nil {
 		return nil, err
 	}
-	keys := st.EnvKeys
-	masked := *st
-	masked.EnvSealed, masked.EnvKeys = nil, nil
-	r, err := s.open(&masked)
+	return st.masked(), nil
+}
+
+// ServerView returns build's view of ref's registration, masked as GetServerMasked returns
+// it, built once per stored revision: the registry's GetServer answers from it without
+// converting the registration on every read. Callers share the view and must not modify it.
+func (s *Store) ServerView(ref string, build func(*mcpserver.Registration) any) (any, error) {
+	st, err := s.stored(ref)
 	if err != nil {
 		return nil, err
 	}
-	if len(keys) > 0 {
-		r.Env = make(map[string]string, len(keys))
-		for _, k := range keys {
-			r.Env[k] = ""
-		}
+	if v := st.view.Load(); v != nil {
+		return *v, nil
 	}
-	return r, nil
+	v := build(st.masked())
+	st.view.Store(&v)
+	return v, nil
 }
 
 // stored returns the decoded registration; callers must not modify it.
