@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +36,11 @@ const (
 	// availability over a complete trail; the trail still says that records are missing.
 	ContinueAndAlarm
 )
+
+// ErrRejected is wrapped by a Sink's error when the audit log refuses the records themselves
+// (a client of the audit service maps INVALID_ARGUMENT to it): retrying cannot help, so the
+// spool sets such records aside in its quarantine file instead of blocking on them.
+var ErrRejected = errors.New("audit: the audit log refused the records")
 
 // ErrSpoolFull is returned by Enqueue and EnqueueTx under FailClosed when the spool is
 // at its bound. Producers turn it into a refusal (FAILED_PRECONDITION or UNAVAILABLE).
@@ -64,6 +71,9 @@ type SpoolConfig struct {
 	// producer that only calls Enqueue (the pool records every tool call this way).
 	Dir  string
 	Sink Sink
+	// QuarantinePath is the JSON-lines file that keeps records the audit log refuses; empty
+	// means quarantine.jsonl in Dir, or <DB's file>.audit-quarantine.jsonl.
+	QuarantinePath string
 	// Producer names the service on records the spool writes itself.
 	Producer string
 	// MaxPending bounds the outbox; 0 means DefaultMaxPending.
@@ -89,6 +99,7 @@ type SpoolConfig struct {
 type Spool struct {
 	out            outbox
 	sink           Sink
+	quarantinePath string
 	producer       string
 	maxPending     int
 	onFull         FullPolicy
@@ -149,10 +160,17 @@ func NewSpool(cfg SpoolConfig) (*Spool, error) {
 		s.maxBackoff = s.minBackoff
 	}
 	var err error
+	s.quarantinePath = cfg.QuarantinePath
 	if cfg.Dir != "" {
 		s.out, err = openFileOutbox(cfg.Dir, s.log)
+		if s.quarantinePath == "" {
+			s.quarantinePath = filepath.Join(cfg.Dir, "quarantine.jsonl")
+		}
 	} else {
 		s.out, err = openBoltOutbox(cfg.DB, cfg.Bucket)
+		if s.quarantinePath == "" {
+			s.quarantinePath = cfg.DB.Path() + ".audit-quarantine.jsonl"
+		}
 	}
 	if err != nil {
 		return nil, err
@@ -500,6 +518,7 @@ func (s *Spool) Run(ctx context.Context) error {
 type spoolBatch struct {
 	last    []byte // key of the last record covered
 	recs    []Record
+	bodies  [][]byte // each record as stored, for the quarantine
 	corrupt uint64
 }
 
@@ -593,13 +612,13 @@ func (s *Spool) readBatch(after []byte) (spoolBatch, error) {
 			continue
 		}
 		b.recs = append(b.recs, r)
+		b.bodies = append(b.bodies, e.body)
 	}
 	return b, nil
 }
 
 func (s *Spool) sendLoop(ctx context.Context, in <-chan spoolBatch, acks *ackMark) error {
-	var failures int
-	var lastLog time.Time
+	f := &forwardFailures{}
 	for {
 		var b spoolBatch
 		select {
@@ -607,34 +626,122 @@ func (s *Spool) sendLoop(ctx context.Context, in <-chan spoolBatch, acks *ackMar
 		case <-ctx.Done():
 			return nil
 		}
-		for len(b.recs) > 0 {
-			actx, cancel := context.WithTimeout(ctx, s.attemptTimeout)
-			err := s.sink.Append(actx, b.recs)
-			cancel()
-			if err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				return nil
-			}
-			failures++
-			// Log the first failure and then every 30 s, not every retry: an outage is
-			// one event, and the pending count tells how it grows.
-			if failures == 1 || time.Since(lastLog) >= 30*time.Second {
-				s.log.Error("audit: forward to audit log failed, will retry",
-					"error", err, "attempts", failures, "pending", s.Pending())
-				lastLog = time.Now()
-			}
-			if !s.sleep(ctx, s.backoff(failures)) {
-				return nil
-			}
+		err := s.send(ctx, b.recs, f)
+		if errors.Is(err, ErrRejected) || errors.Is(err, ErrInvalidRecord) {
+			// The log refuses something in the batch for what it is, which no retry changes:
+			// find it and set it aside instead of holding every later record behind it.
+			var q uint64
+			q, err = s.sendEach(ctx, &b, err, f)
+			b.corrupt += q
 		}
-		if failures > 0 {
-			s.log.Info("audit: forwarding resumed", "failed_attempts", failures, "pending", s.Pending())
-			failures = 0
+		if err != nil {
+			return nil // only the end of ctx stops a send
+		}
+		if f.count > 0 {
+			s.log.Info("audit: forwarding resumed", "failed_attempts", f.count, "pending", s.Pending())
+			f.count = 0
 		}
 		acks.advance(b)
 	}
+}
+
+// forwardFailures counts consecutive failed forwards, for backoff and for logging an outage
+// once rather than at every retry.
+type forwardFailures struct {
+	count   int
+	lastLog time.Time
+}
+
+// send appends recs to the Sink, retrying transient failures with backoff. It returns nil once
+// they are taken, the Sink's refusal of the records themselves (ErrRejected or
+// ErrInvalidRecord), or ctx's error.
+func (s *Spool) send(ctx context.Context, recs []Record, f *forwardFailures) error {
+	for len(recs) > 0 {
+		actx, cancel := context.WithTimeout(ctx, s.attemptTimeout)
+		err := s.sink.Append(actx, recs)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, ErrRejected) || errors.Is(err, ErrInvalidRecord):
+			return err
+		}
+		f.count++
+		// Log the first failure and then every 30 s, not every retry: an outage is one
+		// event, and the pending count tells how it grows.
+		if f.count == 1 || time.Since(f.lastLog) >= 30*time.Second {
+			s.log.Error("audit: forward to audit log failed, will retry",
+				"error", err, "attempts", f.count, "pending", s.Pending())
+			f.lastLog = time.Now()
+		}
+		if !s.sleep(ctx, s.backoff(f.count)) {
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// sendEach sends a refused batch one record at a time and quarantines each record the log
+// refuses. It returns how many records are missing from the trail for it.
+func (s *Spool) sendEach(ctx context.Context, b *spoolBatch, batchErr error, f *forwardFailures) (uint64, error) {
+	s.log.Error("audit: the audit log refused a batch; sending its records one by one", "error", batchErr, "records", len(b.recs))
+	var missing uint64
+	for i, r := range b.recs {
+		err := s.send(ctx, []Record{r}, f)
+		if err == nil {
+			continue
+		}
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		if qerr := s.quarantine(b.bodies[i], err); qerr != nil {
+			// Nowhere to keep it: keep forwarding blocked rather than lose the record.
+			s.log.Error("audit: cannot quarantine a refused record; forwarding waits", "record", r.ID, "error", qerr)
+			for {
+				if !s.sleep(ctx, s.maxBackoff) {
+					return 0, ctx.Err()
+				}
+				if qerr = s.quarantine(b.bodies[i], err); qerr == nil {
+					break
+				}
+			}
+		}
+		s.log.Error("audit: the audit log refused a record; it is kept in the quarantine file and counted as dropped",
+			"record", r.ID, "error", err, "quarantine", s.quarantinePath)
+		// The spool's own report of dropped records is not counted again if the log refuses
+		// it too: that would report the report forever.
+		if !(r.Kind == KindAdmin && r.Producer == s.producer && r.Admin != nil && r.Admin.Action == ActionAuditRecordsDropped) {
+			missing++
+		}
+	}
+	return missing, nil
+}
+
+// quarantine appends a refused record, as stored, with the refusal to the quarantine file
+// (JSON lines) and syncs it.
+func (s *Spool) quarantine(body []byte, refusal error) error {
+	line, err := json.Marshal(struct {
+		Time    time.Time       `json:"quarantine_time"`
+		Refusal string          `json:"refusal"`
+		Record  json.RawMessage `json:"record"`
+	}{time.Now().UTC(), refusal.Error(), body})
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(s.quarantinePath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(append(line, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // ackLoop deletes acknowledged records. On the way out it deletes what was already

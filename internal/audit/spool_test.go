@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,16 +22,21 @@ import (
 // fakeSink stands in for the audit log: it stores each ID once (as the log's
 // idempotency does) and can be switched down, or told to lose acknowledgements.
 type fakeSink struct {
-	mu        sync.Mutex
-	down      atomic.Bool
-	loseAcks  atomic.Int32 // store the batch, then fail this many more calls
-	byID      map[string]bool
-	stored    []Record
-	calls     int
-	delivered int // records received, resends included
+	mu       sync.Mutex
+	down     atomic.Bool
+	loseAcks atomic.Int32 // store the batch, then fail this many more calls
+	byID     map[string]bool
+	refuse   map[string]bool // record ids the log refuses for what they are
+	// refuseReports makes the log refuse the spool's own audit_records_dropped reports too.
+	refuseReports atomic.Bool
+	stored        []Record
+	calls         int
+	delivered     int // records received, resends included
 }
 
-func newFakeSink() *fakeSink { return &fakeSink{byID: make(map[string]bool)} }
+func newFakeSink() *fakeSink {
+	return &fakeSink{byID: make(map[string]bool), refuse: make(map[string]bool)}
+}
 
 var _ Sink = (*fakeSink)(nil)
 
@@ -42,6 +49,12 @@ func (f *fakeSink) Append(ctx context.Context, recs []Record) error {
 	f.calls++
 	if f.down.Load() {
 		return errors.New("audit service unavailable")
+	}
+	for _, r := range recs {
+		if f.refuse[r.ID] || f.refuseReports.Load() && r.Kind == KindAdmin && r.Admin.Action == ActionAuditRecordsDropped {
+			// All or nothing, as the audit log validates a batch before it appends any.
+			return fmt.Errorf("%w: record %s: rpc error: code = InvalidArgument", ErrRejected, r.ID)
+		}
 	}
 	f.delivered += len(recs)
 	for _, r := range recs {
@@ -495,4 +508,76 @@ func testSpoolConcurrentEnqueueAtTheBound(t *testing.T, kind string) {
 			require.Len(t, env.sink.records(), want)
 		})
 	}
+}
+
+// TestSpoolQuarantinesRecordsTheLogRefuses: a record the audit log refuses for what it is
+// does not hold up the records behind it: it is kept in the quarantine file, with the
+// refusal, and the trail reports it as dropped.
+func TestSpoolQuarantinesRecordsTheLogRefuses(t *testing.T) {
+	forEachKind(t, testSpoolQuarantinesRecordsTheLogRefuses)
+}
+
+func testSpoolQuarantinesRecordsTheLogRefuses(t *testing.T, kind string) {
+	env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.BatchSize = 8 })
+	var want []string
+	var refused Record
+	for i := range 20 {
+		r := toolRecord(i, "p")
+		if i == 7 {
+			refused = r
+			env.sink.mu.Lock()
+			env.sink.refuse[r.ID] = true
+			env.sink.mu.Unlock()
+		} else {
+			want = append(want, r.ID)
+		}
+		require.NoError(t, env.spool.Enqueue(t.Context(), r))
+	}
+	env.run(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, env.spool.Flush(ctx), "forwarding is not blocked")
+	got := env.sink.records()
+	require.Len(t, got, 20)
+	require.Equal(t, want, ids(got[:19]), "every other record, in order")
+	report := got[19]
+	require.Equal(t, ActionAuditRecordsDropped, report.Admin.Action)
+	var change map[string]any
+	require.NoError(t, json.Unmarshal(report.Admin.Change, &change))
+	require.EqualValues(t, 1, change["dropped"])
+
+	data, err := os.ReadFile(env.spool.quarantinePath)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	require.Len(t, lines, 1)
+	var q struct {
+		Refusal string `json:"refusal"`
+		Record  Record `json:"record"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(lines[0]), &q))
+	require.Equal(t, refused.ID, q.Record.ID, "the refused record, whole")
+	require.Equal(t, refused.ToolCall.CallID, q.Record.ToolCall.CallID)
+	require.Contains(t, q.Refusal, "InvalidArgument")
+	require.Contains(t, env.logs.String(), "refused a record")
+}
+
+// TestSpoolDoesNotReportItsRefusedReportForever: when the log refuses the spool's report of
+// dropped records as well, the report is quarantined without being counted again.
+func TestSpoolDoesNotReportItsRefusedReportForever(t *testing.T) {
+	env := newSpoolEnvOf(t, "files", nil)
+	env.sink.refuseReports.Store(true)
+	bad := toolRecord(0, "p")
+	env.sink.refuse[bad.ID] = true
+	require.NoError(t, env.spool.Enqueue(t.Context(), bad))
+	require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(1, "p")))
+	env.run(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, env.spool.Flush(ctx))
+	time.Sleep(100 * time.Millisecond) // a second report would be forwarded by now
+	require.NoError(t, env.spool.Flush(ctx))
+	require.Len(t, env.sink.records(), 1)
+	data, err := os.ReadFile(env.spool.quarantinePath)
+	require.NoError(t, err)
+	require.Len(t, strings.Split(strings.TrimSpace(string(data)), "\n"), 2, "the record and the one report of it")
 }
