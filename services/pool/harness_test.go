@@ -52,6 +52,8 @@ type harnessOpts struct {
 	maxSessions int
 	// realAudit forwards to a real audit log (benchmarks) instead of the in-memory recorder.
 	realAudit bool
+	// beforeOpen prepares the data directory before the pool opens it.
+	beforeOpen func(dir string)
 }
 
 // overridableVersions serves the publisher's versions, or a hand-made one a test injects to
@@ -103,6 +105,9 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 
 	versions := &overridableVersions{fix: map[string]*graph.Version{}}
 	poolID := "pooltest-" + randomHex()
+	if o.beforeOpen != nil {
+		o.beforeOpen(dir)
+	}
 	drift := o.driftMaxAge
 	pl, err := Open(t.Context(), Config{
 		DBPath: filepath.Join(dir, "pool.db"), Registry: reg, Versions: versions, AuditSink: sink,
