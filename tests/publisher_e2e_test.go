@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -321,3 +322,56 @@ func TestGraphsCLI(t *testing.T) {
 }
 
 func writeFile(path string, b []byte) error { return os.WriteFile(path, b, 0o600) }
+
+// TestExploreCallsOneTool is seed 003's `explore --call`: the server is started in isolation,
+// listed, one tool is called with the run's checks (input schema, sanitization), nothing is
+// stored, and every call, refused or dispatched, is in the audit log under the operator's key.
+func TestExploreCallsOneTool(t *testing.T) {
+	d, cli, author := isolated(t)
+	registerFixture(t, d, http.MethodPost, "fixture", nil, []string{"process_spawn", "external_api_call"})
+
+	r := cli(adminKey, "servers", "explore", "fixture", "--call", "echo", "--args", `{"text":"hi <b>there</b>"}`)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "input schema")
+	require.Contains(t, r.Stdout, "dispatched: succeeded")
+	require.Contains(t, r.Stdout, "hi &lt;b&gt;there&lt;/b&gt;", "sanitized as a run's results are")
+
+	r = cli(adminKey, "servers", "explore", "fixture", "--call", "no_such_tool")
+	require.Equal(t, 3, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "echo", "the listing is printed even when the call is refused")
+	require.Contains(t, r.Stderr, "refused before dispatch (unknown_tool)")
+
+	r = cli(adminKey, "servers", "explore", "fixture", "--call", "echo", "--args", `{"text":5}`)
+	require.Equal(t, 3, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "(invalid_input)")
+
+	r = cli(adminKey, "servers", "explore", "fixture", "--args", `{"text":"x"}`)
+	require.Equal(t, 2, r.Code, "--args without --call is a usage error: %s", r.Stderr)
+
+	r = cli(author, "servers", "explore", "fixture", "--call", "echo")
+	require.NotEqual(t, 0, r.Code)
+	require.Contains(t, r.Stderr, "mcp:admin")
+
+	require.Eventually(t, func() bool {
+		r = cli(adminKey, "audit", "list", "--kind", "tool_call", "-o", "json")
+		return r.Code == 0 && strings.Count(r.Stdout, `"explore-`) >= 3
+	}, 15*time.Second, 100*time.Millisecond, "every explore call reaches the audit log: %s", r.Stdout)
+	var list struct {
+		Records []struct {
+			ToolCall struct {
+				RunID     string `json:"run_id"`
+				AgentNode string `json:"agent_node"`
+				Outcome   string `json:"outcome"`
+				Reason    string `json:"reason"`
+			} `json:"tool_call"`
+		} `json:"records"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &list))
+	var outcomes []string
+	for _, rec := range list.Records {
+		require.True(t, strings.HasPrefix(rec.ToolCall.RunID, "explore-"), rec.ToolCall.RunID)
+		require.True(t, strings.HasPrefix(rec.ToolCall.AgentNode, "operator:key_"), rec.ToolCall.AgentNode)
+		outcomes = append(outcomes, rec.ToolCall.Outcome+"/"+rec.ToolCall.Reason)
+	}
+	require.ElementsMatch(t, []string{"dispatched/", "refused_before_dispatch/unknown_tool", "refused_before_dispatch/invalid_input"}, outcomes)
+}

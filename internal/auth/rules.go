@@ -41,6 +41,7 @@ var Rules = map[string]Rule{
 	registryv1.RegistryService_UpdateServer_FullMethodName:    perm(MCPAdmin),
 	registryv1.RegistryService_DeleteServer_FullMethodName:    perm(MCPAdmin),
 	registryv1.RegistryService_ListServerTools_FullMethodName: perm(MCPAdmin),
+	registryv1.RegistryService_ExploreServer_FullMethodName:   perm(MCPAdmin),
 	registryv1.RegistryService_PutSecret_FullMethodName:       perm(MCPAdmin),
 	registryv1.RegistryService_ListSecrets_FullMethodName:     perm(MCPAdmin),
 	registryv1.RegistryService_DeleteSecret_FullMethodName:    perm(MCPAdmin),

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 )
 
 // serverFlags are the registration flags of `servers add` and `servers update` (the seed's
@@ -350,46 +351,104 @@ func newServersToolsCmd(g *globals) *cobra.Command {
 }
 
 func newServersExploreCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "explore REF",
-		Short: "Start the server in isolation and print each tool in full: description, schemas, annotations, findings",
+	var callTool, callArgs string
+	cmd := &cobra.Command{
+		Use:   "explore REF [--call TOOL --args JSON]",
+		Short: "Start the server in isolation and print each tool in full: description, schemas, annotations, findings; --call then calls one tool (exit 3 when refused, 4 when it failed)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			req := &registryv1.ExploreServerRequest{Ref: args[0]}
+			if callTool != "" {
+				st := &structpb.Struct{}
+				if err := st.UnmarshalJSON([]byte(callArgs)); err != nil {
+					return usagef("--args must be a JSON object, e.g. '{\"path\":\"/srv/docs/a.md\"}': %v", err)
+				}
+				req.Call = &typesv1.ExploreCall{Tool: callTool, Arguments: st}
+			} else if cmd.Flags().Changed("args") {
+				return usagef("--args needs --call TOOL")
+			}
 			client, ctx, cancel, err := g.registry(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer cancel()
-			resp, err := client.ListServerTools(ctx, &registryv1.ListServerToolsRequest{Ref: args[0]})
+			resp, err := client.ExploreServer(ctx, req)
 			if err != nil {
 				return err
 			}
 			if g.output == "json" {
-				return printJSON(g.stdout, resp)
+				if err := printJSON(g.stdout, resp); err != nil {
+					return err
+				}
+			} else {
+				g.printExplored(resp)
 			}
-			for i, tool := range resp.GetTools() {
-				if i > 0 {
-					fmt.Fprintln(g.stdout)
-				}
-				name := tool.GetName()
-				if tool.GetExcluded() {
-					name += " (excluded by the registration's tool_filter)"
-				}
-				fmt.Fprintf(g.stdout, "%s\n  pin: %s\n", name, tool.GetSchemaHash())
-				if tool.GetTitle() != "" {
-					fmt.Fprintf(g.stdout, "  title: %s\n", tool.GetTitle())
-				}
-				fmt.Fprintf(g.stdout, "  description: %s\n", tool.GetDescription())
-				printStruct(g, "input schema", tool.GetInputSchema())
-				printStruct(g, "output schema", tool.GetOutputSchema())
-				printStruct(g, "annotations", tool.GetAnnotations())
-				for _, f := range tool.GetFindings() {
-					fmt.Fprintf(g.stdout, "  %s %s at %s: %s\n", f.GetSeverity(), f.GetCode(), f.GetLocation(), f.GetMessage())
-				}
-			}
-			return nil
+			return exploreCallExit(resp.GetCall())
 		},
 	}
+	cmd.Flags().StringVar(&callTool, "call", "", "after listing, call this tool (the server's own name for it)")
+	cmd.Flags().StringVar(&callArgs, "args", "{}", "the call's arguments as a JSON object")
+	return cmd
+}
+
+func (g *globals) printExplored(resp *registryv1.ExploreServerResponse) {
+	for i, tool := range resp.GetTools() {
+		if i > 0 {
+			fmt.Fprintln(g.stdout)
+		}
+		name := tool.GetName()
+		if tool.GetExcluded() {
+			name += " (excluded by the registration's tool_filter)"
+		}
+		fmt.Fprintf(g.stdout, "%s\n  pin: %s\n", name, tool.GetSchemaHash())
+		if tool.GetTitle() != "" {
+			fmt.Fprintf(g.stdout, "  title: %s\n", tool.GetTitle())
+		}
+		fmt.Fprintf(g.stdout, "  description: %s\n", tool.GetDescription())
+		printStruct(g, "input schema", tool.GetInputSchema())
+		printStruct(g, "output schema", tool.GetOutputSchema())
+		printStruct(g, "annotations", tool.GetAnnotations())
+		for _, f := range tool.GetFindings() {
+			fmt.Fprintf(g.stdout, "  %s %s at %s: %s\n", f.GetSeverity(), f.GetCode(), f.GetLocation(), f.GetMessage())
+		}
+	}
+	for _, f := range resp.GetListingFindings() {
+		fmt.Fprintf(g.stdout, "listing %s: %s: %s\n", f.GetSeverity(), f.GetCode(), f.GetMessage())
+	}
+	c := resp.GetCall()
+	if c == nil || c.GetOutcome() != "dispatched" {
+		return
+	}
+	fmt.Fprintf(g.stdout, "\ncall %s: dispatched: %s\n", c.GetCallId(), c.GetResult())
+	for _, item := range c.GetContent() {
+		if item.GetFields()["type"].GetStringValue() == "text" {
+			fmt.Fprintln(g.stdout, item.GetFields()["text"].GetStringValue())
+			continue
+		}
+		b, _ := json.Marshal(item.AsMap())
+		fmt.Fprintln(g.stdout, string(b))
+	}
+	if sc := c.GetStructuredContent(); sc != nil && len(c.GetContent()) == 0 {
+		b, _ := json.Marshal(sc.AsMap())
+		fmt.Fprintln(g.stdout, string(b))
+	}
+}
+
+// exploreCallExit turns an explore call's outcome into the exit codes of `runs call`.
+func exploreCallExit(c *typesv1.ExploreCallResult) error {
+	switch {
+	case c == nil:
+		return nil
+	case c.GetOutcome() == "refused_before_dispatch":
+		return &exitError{code: ExitRefused, msg: fmt.Sprintf("call %s refused before dispatch (%s): %s\nnothing reached the server", c.GetCallId(), c.GetReason(), c.GetMessage())}
+	case c.GetResult() == "failed":
+		msg := c.GetMessage()
+		if msg == "" {
+			msg = "the tool reported an error"
+		}
+		return &exitError{code: ExitFailed, msg: fmt.Sprintf("call %s dispatched and failed (%s): %s\nthe call reached the server and may have taken effect", c.GetCallId(), c.GetFailureClass(), msg)}
+	}
+	return nil
 }
 
 func printStruct(g *globals, label string, s *structpb.Struct) {

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 )
 
 // Tool is one declared tool as the server sent it, with its pin and the screen's findings.
@@ -95,4 +97,13 @@ func AsFailure(err error) (*Failure, bool) {
 	var f *Failure
 	ok := errors.As(err, &f)
 	return f, ok
+}
+
+// ExploreRequest asks for a listing of a registered server and, when Call is set, one call of
+// a listed tool on the same isolated session (ringfence servers explore --call).
+type ExploreRequest struct {
+	Ref  string
+	Call *typesv1.ExploreCall
+	// Tenant and ActorKeyID say whose call it is, for its audit record.
+	Tenant, ActorKeyID string
 }

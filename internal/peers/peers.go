@@ -20,6 +20,7 @@ import (
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/audit/auditpb"
 	"github.com/ringfence/ringfence/internal/auth"
@@ -174,18 +175,24 @@ func NewPool(conn *grpc.ClientConn) *Pool { return &Pool{client: poolv1.NewPoolS
 
 // DiscoverTools implements registry.Discoverer and the publisher's discoverer through Discover.
 func (p *Pool) DiscoverTools(ctx context.Context, ref string) (*discovery.Listing, error) {
-	resp, err := p.client.Discover(ctx, &poolv1.DiscoverRequest{ServerRef: ref})
+	listing, _, err := p.ExploreTools(ctx, discovery.ExploreRequest{Ref: ref})
+	return listing, err
+}
+
+// ExploreTools implements registry.Discoverer through Discover.
+func (p *Pool) ExploreTools(ctx context.Context, req discovery.ExploreRequest) (*discovery.Listing, *typesv1.ExploreCallResult, error) {
+	resp, err := p.client.Discover(ctx, &poolv1.DiscoverRequest{ServerRef: req.Ref, Call: req.Call, Tenant: req.Tenant, ActorKeyId: req.ActorKeyID})
 	if err != nil {
 		if status.Code(err) == codes.NotFound {
-			return nil, notRegistered(err)
+			return nil, nil, notRegistered(err)
 		}
-		return nil, discovery.FromStatus(err)
+		return nil, nil, discovery.FromStatus(err)
 	}
-	listing := &discovery.Listing{ServerRef: ref, Revision: resp.GetRegistrationRevision(), Findings: discovery.FindingsFromProto(resp.GetListingFindings())}
+	listing := &discovery.Listing{ServerRef: req.Ref, Revision: resp.GetRegistrationRevision(), Findings: discovery.FindingsFromProto(resp.GetListingFindings())}
 	for _, t := range resp.GetTools() {
 		listing.Tools = append(listing.Tools, discovery.ToolFromProto(t))
 	}
-	return listing, nil
+	return listing, resp.GetCall(), nil
 }
 
 // Publisher is the publisher seen from the pool.

@@ -2,12 +2,20 @@ package pool
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/protobuf/types/known/structpb"
 
+	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
+	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/mcpdecl"
 	"github.com/ringfence/ringfence/internal/mcpdecl/screen"
 	"github.com/ringfence/ringfence/internal/mcpserver"
@@ -104,4 +112,127 @@ func truncate(s string) string {
 		return s[:61] + "..."
 	}
 	return s
+}
+
+// ExploreTools is DiscoverTools with, when req.Call is set, one call of a listed tool on the
+// same isolated session, outside any run: for an operator trying a server. The call passes
+// the gates that exist outside a run (the audit spool has room, the tool is listed and not
+// filtered out, the arguments match its live input schema), is dispatched, checked and
+// sanitized as a run's calls are, and is recorded in the audit log as a tool-call attempt of a
+// run named explore-…, whose agent is the operator's key. A refused or failed call still
+// answers with the listing; the result says what happened.
+func (s *Service) ExploreTools(ctx context.Context, req discovery.ExploreRequest) (*discovery.Listing, *typesv1.ExploreCallResult, error) {
+	if req.Call == nil {
+		listing, err := s.DiscoverTools(ctx, req.Ref)
+		return listing, nil, err
+	}
+	if err := s.spool.CanAccept(); err != nil {
+		return nil, nil, err // nothing starts without room for its record
+	}
+	reg, err := s.cfg.Registry.ResolveRegistration(ctx, req.Ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	spawned, err := s.spawner.Spawn(ctx, specFor(reg, spawner.PurposeDiscovery, ""))
+	if err != nil {
+		return nil, nil, spawnFailure(err)
+	}
+	defer spawned.Close(context.WithoutCancel(ctx))
+	tools, err := spawned.ListTools(ctx)
+	if err != nil {
+		return nil, nil, spawnFailure(err)
+	}
+	listing, err := Screen(reg, tools)
+	if err != nil {
+		return nil, nil, err
+	}
+	sess := &session{ref: reg.Ref, sess: spawned, reg: reg, start: time.Now()}
+	return listing, s.exploreCall(ctx, sess, listing, req), nil
+}
+
+// exploreCall makes, checks and records the one call of ExploreTools.
+func (s *Service) exploreCall(ctx context.Context, sess *session, listing *discovery.Listing, req discovery.ExploreRequest) *typesv1.ExploreCallResult {
+	start := time.Now()
+	out := &typesv1.ExploreCallResult{CallId: "call-" + newRunID()[4:]}
+	att := audit.ToolCallAttempt{
+		RunID: "explore-" + newRunID()[4:], CallID: out.CallId, Attempt: 1,
+		AgentNode: "operator:" + orDash(req.ActorKeyID), ServerRef: sess.reg.Ref, ToolName: req.Call.GetTool(),
+	}
+	var argsCanonical []byte
+	res, err := func() (*CallResult, error) {
+		i := slices.IndexFunc(listing.Tools, func(t discovery.Tool) bool { return t.Name == req.Call.GetTool() })
+		if i < 0 {
+			return nil, refusal(reasonUnknownTool, fmt.Errorf("server %q lists no tool named %q", sess.reg.Ref, truncate(req.Call.GetTool())))
+		}
+		live := listing.Tools[i]
+		att.LiveHash = live.SchemaHash
+		if live.Excluded {
+			return nil, refusal(reasonCeiling, fmt.Errorf("the registration's tool_filter excludes %q: no call reaches it", live.Name))
+		}
+		tool := &graph.MCPToolNode{ServerRef: sess.reg.Ref, ToolName: live.Name, InputSchema: live.InputSchema, OutputSchema: live.OutputSchema, SchemaHash: live.SchemaHash}
+		var raw json.RawMessage
+		if a := req.Call.GetArguments(); a != nil {
+			b, err := a.MarshalJSON()
+			if err != nil {
+				return nil, refusal(reasonInvalidInput, fmt.Errorf("arguments cannot be encoded as JSON: %v", err))
+			}
+			raw = b
+		}
+		args, err := decodeArguments(raw)
+		if err != nil {
+			return nil, refusal(reasonInvalidInput, err)
+		}
+		argsCanonical = canonicalArgs(args)
+		if err := s.validateInput(tool, argsCanonical); err != nil {
+			return nil, err
+		}
+		return s.dispatch(ctx, sess, tool, args, out.CallId, 1)
+	}()
+	att.LatencyMicros = time.Since(start).Microseconds()
+	if len(argsCanonical) > 0 {
+		att.ArgsDigest, att.ArgsSize = digest(argsCanonical), int64(len(argsCanonical))
+	}
+	var refused *RefusedError
+	var failed *FailedError
+	switch {
+	case errors.As(err, &refused):
+		att.Refused(refused.Reason)
+		out.Outcome, out.Reason, out.Message = audit.OutcomeRefusedBeforeDispatch, refused.Reason, refused.Err.Error()
+	case errors.As(err, &failed):
+		att.Failed(failed.Class)
+		out.Outcome, out.Result, out.FailureClass, out.Message = audit.OutcomeDispatched, audit.ResultFailed, failed.Class, failed.Error()
+	case err != nil:
+		att.Refused(reasonSpawnFailed)
+		out.Outcome, out.Reason, out.Message = audit.OutcomeRefusedBeforeDispatch, reasonSpawnFailed, err.Error()
+	default:
+		if res.Result == audit.ResultFailed {
+			att.Failed(res.FailureClass)
+		} else {
+			att.Succeeded()
+		}
+		out.Outcome, out.Result, out.FailureClass, out.IsError = audit.OutcomeDispatched, res.Result, res.FailureClass, res.IsError
+		for _, c := range res.Content {
+			if st, err := structpb.NewStruct(c); err == nil {
+				out.Content = append(out.Content, st)
+			}
+		}
+		if res.StructuredContent != nil {
+			if st, err := structpb.NewStruct(res.StructuredContent); err == nil {
+				out.StructuredContent = st
+			}
+		}
+	}
+	tenant := req.Tenant
+	if tenant == "" {
+		tenant = auth.DefaultTenant
+	}
+	if aerr := s.spool.Enqueue(context.WithoutCancel(ctx), audit.NewToolCallRecord("pool", tenant, att)); aerr != nil {
+		s.log.Error("an explore call could not be recorded in the audit spool", "server", sess.reg.Ref, "call", out.CallId, "err", aerr)
+		if out.Outcome == audit.OutcomeDispatched {
+			// Say so rather than answer as if all were well; the call may have taken effect.
+			out.Result, out.FailureClass, out.Message = audit.ResultFailed, "audit_unavailable", "the call's result could not be recorded in the audit log: "+aerr.Error()
+			out.Content, out.StructuredContent = nil, nil
+		}
+	}
+	return out
 }

@@ -35,11 +35,13 @@ func (g *Server) Discover(ctx context.Context, req *poolv1.DiscoverRequest) (*po
 	if err := mcpserver.ValidateRef(req.GetServerRef()); err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
-	listing, err := g.svc.DiscoverTools(ctx, req.GetServerRef())
+	listing, call, err := g.svc.ExploreTools(ctx, discovery.ExploreRequest{
+		Ref: req.GetServerRef(), Call: req.GetCall(), Tenant: req.GetTenant(), ActorKeyID: req.GetActorKeyId(),
+	})
 	if err != nil {
 		return nil, discovery.Status(ctx, g.svc.errors, err)
 	}
-	resp := &poolv1.DiscoverResponse{ListingFindings: discovery.FindingsToProto(listing.Findings), RegistrationRevision: listing.Revision}
+	resp := &poolv1.DiscoverResponse{ListingFindings: discovery.FindingsToProto(listing.Findings), RegistrationRevision: listing.Revision, Call: call}
 	for _, t := range listing.Tools {
 		resp.Tools = append(resp.Tools, discovery.ToolToProto(t))
 	}

@@ -8,10 +8,13 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
 )
 
@@ -465,4 +468,44 @@ func TestAbandonedRunsEndAfterTheIdleTimeout(t *testing.T) {
 	require.True(t, strings.Contains(info.Run.EndReason, "idle"))
 	require.Eventually(t, func() bool { return h.stopped() == h.spawned() }, 10*time.Second, 20*time.Millisecond,
 		"the abandoned run's session is stopped")
+}
+
+// TestExploreCall: an explore call outside any run is dispatched on the discovery session with
+// the run's checks; a filtered-out tool is refused; each attempt is recorded with the
+// operator's key and leaves no container behind.
+func TestExploreCall(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", func(r *registryv1.CreateServerRequest) {
+		r.ToolFilter = &registryv1.ToolFilter{Exclude: []string{"probe"}}
+	})
+	args, err := structpb.NewStruct(map[string]any{"a": 2, "b": 3})
+	require.NoError(t, err)
+	req := discovery.ExploreRequest{Ref: "fx", Tenant: "default", ActorKeyID: "key_ops", Call: &typesv1.ExploreCall{Tool: "add", Arguments: args}}
+	listing, res, err := h.pool.ExploreTools(h.ctx, req)
+	require.NoError(t, err)
+	require.NotEmpty(t, listing.Tools)
+	require.Equal(t, "dispatched", res.GetOutcome())
+	require.Equal(t, "succeeded", res.GetResult())
+	require.Equal(t, float64(5), res.GetStructuredContent().AsMap()["sum"], "validated against the live output schema")
+
+	req.Call = &typesv1.ExploreCall{Tool: "probe"}
+	_, res, err = h.pool.ExploreTools(h.ctx, req)
+	require.NoError(t, err, "the listing is answered")
+	require.Equal(t, "refused_before_dispatch", res.GetOutcome())
+	require.Equal(t, audit.ReasonCeiling, res.GetReason())
+	require.Contains(t, res.GetMessage(), "tool_filter excludes")
+
+	require.NoError(t, h.pool.Spool().Flush(h.ctx))
+	var got []audit.ToolCallAttempt
+	for _, r := range h.audit.Records() {
+		if r.Kind == audit.KindToolCall && strings.HasPrefix(r.ToolCall.RunID, "explore-") {
+			got = append(got, *r.ToolCall)
+		}
+	}
+	require.Len(t, got, 2)
+	require.Equal(t, "operator:key_ops", got[0].AgentNode)
+	require.Equal(t, audit.OutcomeDispatched, got[0].Outcome)
+	require.NotEmpty(t, got[0].ArgsDigest)
+	require.Equal(t, audit.ReasonCeiling, got[1].Reason)
+	// The harness's cleanup proves no container outlives the explores.
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
@@ -26,6 +27,8 @@ import (
 // Discoverer lists a registered server's tools by starting it in isolation: the pool.
 type Discoverer interface {
 	DiscoverTools(ctx context.Context, ref string) (*discovery.Listing, error)
+	// ExploreTools lists the tools and, when asked, calls one (ExploreServer).
+	ExploreTools(ctx context.Context, req discovery.ExploreRequest) (*discovery.Listing, *typesv1.ExploreCallResult, error)
 }
 
 // Config holds the service's dependencies.

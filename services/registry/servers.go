@@ -8,6 +8,7 @@ import (
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/mcpserver"
@@ -118,6 +119,35 @@ func (s *Service) ListServerTools(ctx context.Context, req *registryv1.ListServe
 		return nil, discovery.Status(ctx, s.errors, err)
 	}
 	resp := &registryv1.ListServerToolsResponse{ListingFindings: discovery.FindingsToProto(listing.Findings)}
+	for _, t := range listing.Tools {
+		resp.Tools = append(resp.Tools, discovery.ToolToProto(t))
+	}
+	return resp, nil
+}
+
+// ExploreServer implements RegistryService: the pool lists the tools in isolation and makes
+// the one call asked for on the same session.
+func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServerRequest) (*registryv1.ExploreServerResponse, error) {
+	if err := mcpserver.ValidateRef(req.GetRef()); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	if c := req.GetCall(); c != nil && c.GetTool() == "" {
+		return nil, s.errors.Status(ctx, fielderr.New("call.tool", "names the tool to call: one of the names the listing shows"))
+	}
+	if _, err := s.store.ServerPolicy(ctx, req.GetRef()); err != nil {
+		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
+	}
+	if s.cfg.Discoverer == nil {
+		return nil, discovery.Status(ctx, s.errors, discovery.ErrIsolationRequired)
+	}
+	p, _ := auth.FromContext(ctx)
+	listing, call, err := s.cfg.Discoverer.ExploreTools(ctx, discovery.ExploreRequest{
+		Ref: req.GetRef(), Call: req.GetCall(), Tenant: p.Tenant, ActorKeyID: p.KeyID,
+	})
+	if err != nil {
+		return nil, discovery.Status(ctx, s.errors, err)
+	}
+	resp := &registryv1.ExploreServerResponse{ListingFindings: discovery.FindingsToProto(listing.Findings), Call: call}
 	for _, t := range listing.Tools {
 		resp.Tools = append(resp.Tools, discovery.ToolToProto(t))
 	}

@@ -24,10 +24,15 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// DiscoverRequest names a registered server.
+// DiscoverRequest names a registered server and, for ExploreServer, one call to make after
+// the listing.
 type DiscoverRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ServerRef     string                 `protobuf:"bytes,1,opt,name=server_ref,json=serverRef,proto3" json:"server_ref,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ServerRef string                 `protobuf:"bytes,1,opt,name=server_ref,json=serverRef,proto3" json:"server_ref,omitempty"`
+	Call      *v1.ExploreCall        `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
+	// tenant and actor_key_id say whose explore call it is, for the audit record.
+	Tenant        string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	ActorKeyId    string `protobuf:"bytes,4,opt,name=actor_key_id,json=actorKeyId,proto3" json:"actor_key_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -69,13 +74,35 @@ func (x *DiscoverRequest) GetServerRef() string {
 	return ""
 }
 
+func (x *DiscoverRequest) GetCall() *v1.ExploreCall {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+func (x *DiscoverRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *DiscoverRequest) GetActorKeyId() string {
+	if x != nil {
+		return x.ActorKeyId
+	}
+	return ""
+}
+
 // DiscoverResponse is the server's listing.
 type DiscoverResponse struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Tools           []*v1.ToolDeclaration  `protobuf:"bytes,1,rep,name=tools,proto3" json:"tools,omitempty"`
 	ListingFindings []*v1.Finding          `protobuf:"bytes,2,rep,name=listing_findings,json=listingFindings,proto3" json:"listing_findings,omitempty"`
 	// registration_revision is the registration the listing was taken under.
-	RegistrationRevision int64 `protobuf:"varint,3,opt,name=registration_revision,json=registrationRevision,proto3" json:"registration_revision,omitempty"`
+	RegistrationRevision int64                 `protobuf:"varint,3,opt,name=registration_revision,json=registrationRevision,proto3" json:"registration_revision,omitempty"`
+	Call                 *v1.ExploreCallResult `protobuf:"bytes,4,opt,name=call,proto3" json:"call,omitempty"`
 	unknownFields        protoimpl.UnknownFields
 	sizeCache            protoimpl.SizeCache
 }
@@ -129,6 +156,13 @@ func (x *DiscoverResponse) GetRegistrationRevision() int64 {
 		return x.RegistrationRevision
 	}
 	return 0
+}
+
+func (x *DiscoverResponse) GetCall() *v1.ExploreCallResult {
+	if x != nil {
+		return x.Call
+	}
+	return nil
 }
 
 // Run is a run's state.
@@ -1218,14 +1252,19 @@ var File_ringfence_pool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\n" +
-	"\x1cringfence/pool/v1/pool.proto\x12\x11ringfence.pool.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"0\n" +
+	"\x1cringfence/pool/v1/pool.proto\x12\x11ringfence.pool.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\x9f\x01\n" +
 	"\x0fDiscoverRequest\x12\x1d\n" +
 	"\n" +
-	"server_ref\x18\x01 \x01(\tR\tserverRef\"\xca\x01\n" +
+	"server_ref\x18\x01 \x01(\tR\tserverRef\x123\n" +
+	"\x04call\x18\x02 \x01(\v2\x1f.ringfence.types.v1.ExploreCallR\x04call\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12 \n" +
+	"\factor_key_id\x18\x04 \x01(\tR\n" +
+	"actorKeyId\"\x85\x02\n" +
 	"\x10DiscoverResponse\x129\n" +
 	"\x05tools\x18\x01 \x03(\v2#.ringfence.types.v1.ToolDeclarationR\x05tools\x12F\n" +
 	"\x10listing_findings\x18\x02 \x03(\v2\x1b.ringfence.types.v1.FindingR\x0flistingFindings\x123\n" +
-	"\x15registration_revision\x18\x03 \x01(\x03R\x14registrationRevision\"\xa8\x03\n" +
+	"\x15registration_revision\x18\x03 \x01(\x03R\x14registrationRevision\x129\n" +
+	"\x04call\x18\x04 \x01(\v2%.ringfence.types.v1.ExploreCallResultR\x04call\"\xa8\x03\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x19\n" +
@@ -1352,49 +1391,53 @@ var file_ringfence_pool_v1_pool_proto_goTypes = []any{
 	(*EndRunResponse)(nil),        // 15: ringfence.pool.v1.EndRunResponse
 	(*GetRunRequest)(nil),         // 16: ringfence.pool.v1.GetRunRequest
 	(*GetRunResponse)(nil),        // 17: ringfence.pool.v1.GetRunResponse
-	(*v1.ToolDeclaration)(nil),    // 18: ringfence.types.v1.ToolDeclaration
-	(*v1.Finding)(nil),            // 19: ringfence.types.v1.Finding
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 21: google.protobuf.Struct
-	(*v1.ServerFailure)(nil),      // 22: ringfence.types.v1.ServerFailure
+	(*v1.ExploreCall)(nil),        // 18: ringfence.types.v1.ExploreCall
+	(*v1.ToolDeclaration)(nil),    // 19: ringfence.types.v1.ToolDeclaration
+	(*v1.Finding)(nil),            // 20: ringfence.types.v1.Finding
+	(*v1.ExploreCallResult)(nil),  // 21: ringfence.types.v1.ExploreCallResult
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 23: google.protobuf.Struct
+	(*v1.ServerFailure)(nil),      // 24: ringfence.types.v1.ServerFailure
 }
 var file_ringfence_pool_v1_pool_proto_depIdxs = []int32{
-	18, // 0: ringfence.pool.v1.DiscoverResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	19, // 1: ringfence.pool.v1.DiscoverResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	3,  // 2: ringfence.pool.v1.Run.sessions:type_name -> ringfence.pool.v1.Session
-	20, // 3: ringfence.pool.v1.Run.start_time:type_name -> google.protobuf.Timestamp
-	20, // 4: ringfence.pool.v1.Run.last_activity_time:type_name -> google.protobuf.Timestamp
-	20, // 5: ringfence.pool.v1.Run.end_time:type_name -> google.protobuf.Timestamp
-	20, // 6: ringfence.pool.v1.Session.start_time:type_name -> google.protobuf.Timestamp
-	20, // 7: ringfence.pool.v1.Session.listed_time:type_name -> google.protobuf.Timestamp
-	2,  // 8: ringfence.pool.v1.StartRunResponse.run:type_name -> ringfence.pool.v1.Run
-	21, // 9: ringfence.pool.v1.CallToolRequest.arguments:type_name -> google.protobuf.Struct
-	21, // 10: ringfence.pool.v1.CallToolResponse.content:type_name -> google.protobuf.Struct
-	21, // 11: ringfence.pool.v1.CallToolResponse.structured_content:type_name -> google.protobuf.Struct
-	22, // 12: ringfence.pool.v1.CallRefusal.server_failure:type_name -> ringfence.types.v1.ServerFailure
-	2,  // 13: ringfence.pool.v1.PauseRunResponse.run:type_name -> ringfence.pool.v1.Run
-	2,  // 14: ringfence.pool.v1.ResumeRunResponse.run:type_name -> ringfence.pool.v1.Run
-	2,  // 15: ringfence.pool.v1.EndRunResponse.run:type_name -> ringfence.pool.v1.Run
-	2,  // 16: ringfence.pool.v1.GetRunResponse.run:type_name -> ringfence.pool.v1.Run
-	0,  // 17: ringfence.pool.v1.PoolService.Discover:input_type -> ringfence.pool.v1.DiscoverRequest
-	4,  // 18: ringfence.pool.v1.PoolService.StartRun:input_type -> ringfence.pool.v1.StartRunRequest
-	6,  // 19: ringfence.pool.v1.PoolService.CallTool:input_type -> ringfence.pool.v1.CallToolRequest
-	10, // 20: ringfence.pool.v1.PoolService.PauseRun:input_type -> ringfence.pool.v1.PauseRunRequest
-	12, // 21: ringfence.pool.v1.PoolService.ResumeRun:input_type -> ringfence.pool.v1.ResumeRunRequest
-	14, // 22: ringfence.pool.v1.PoolService.EndRun:input_type -> ringfence.pool.v1.EndRunRequest
-	16, // 23: ringfence.pool.v1.PoolService.GetRun:input_type -> ringfence.pool.v1.GetRunRequest
-	1,  // 24: ringfence.pool.v1.PoolService.Discover:output_type -> ringfence.pool.v1.DiscoverResponse
-	5,  // 25: ringfence.pool.v1.PoolService.StartRun:output_type -> ringfence.pool.v1.StartRunResponse
-	7,  // 26: ringfence.pool.v1.PoolService.CallTool:output_type -> ringfence.pool.v1.CallToolResponse
-	11, // 27: ringfence.pool.v1.PoolService.PauseRun:output_type -> ringfence.pool.v1.PauseRunResponse
-	13, // 28: ringfence.pool.v1.PoolService.ResumeRun:output_type -> ringfence.pool.v1.ResumeRunResponse
-	15, // 29: ringfence.pool.v1.PoolService.EndRun:output_type -> ringfence.pool.v1.EndRunResponse
-	17, // 30: ringfence.pool.v1.PoolService.GetRun:output_type -> ringfence.pool.v1.GetRunResponse
-	24, // [24:31] is the sub-list for method output_type
-	17, // [17:24] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	18, // 0: ringfence.pool.v1.DiscoverRequest.call:type_name -> ringfence.types.v1.ExploreCall
+	19, // 1: ringfence.pool.v1.DiscoverResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	20, // 2: ringfence.pool.v1.DiscoverResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	21, // 3: ringfence.pool.v1.DiscoverResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
+	3,  // 4: ringfence.pool.v1.Run.sessions:type_name -> ringfence.pool.v1.Session
+	22, // 5: ringfence.pool.v1.Run.start_time:type_name -> google.protobuf.Timestamp
+	22, // 6: ringfence.pool.v1.Run.last_activity_time:type_name -> google.protobuf.Timestamp
+	22, // 7: ringfence.pool.v1.Run.end_time:type_name -> google.protobuf.Timestamp
+	22, // 8: ringfence.pool.v1.Session.start_time:type_name -> google.protobuf.Timestamp
+	22, // 9: ringfence.pool.v1.Session.listed_time:type_name -> google.protobuf.Timestamp
+	2,  // 10: ringfence.pool.v1.StartRunResponse.run:type_name -> ringfence.pool.v1.Run
+	23, // 11: ringfence.pool.v1.CallToolRequest.arguments:type_name -> google.protobuf.Struct
+	23, // 12: ringfence.pool.v1.CallToolResponse.content:type_name -> google.protobuf.Struct
+	23, // 13: ringfence.pool.v1.CallToolResponse.structured_content:type_name -> google.protobuf.Struct
+	24, // 14: ringfence.pool.v1.CallRefusal.server_failure:type_name -> ringfence.types.v1.ServerFailure
+	2,  // 15: ringfence.pool.v1.PauseRunResponse.run:type_name -> ringfence.pool.v1.Run
+	2,  // 16: ringfence.pool.v1.ResumeRunResponse.run:type_name -> ringfence.pool.v1.Run
+	2,  // 17: ringfence.pool.v1.EndRunResponse.run:type_name -> ringfence.pool.v1.Run
+	2,  // 18: ringfence.pool.v1.GetRunResponse.run:type_name -> ringfence.pool.v1.Run
+	0,  // 19: ringfence.pool.v1.PoolService.Discover:input_type -> ringfence.pool.v1.DiscoverRequest
+	4,  // 20: ringfence.pool.v1.PoolService.StartRun:input_type -> ringfence.pool.v1.StartRunRequest
+	6,  // 21: ringfence.pool.v1.PoolService.CallTool:input_type -> ringfence.pool.v1.CallToolRequest
+	10, // 22: ringfence.pool.v1.PoolService.PauseRun:input_type -> ringfence.pool.v1.PauseRunRequest
+	12, // 23: ringfence.pool.v1.PoolService.ResumeRun:input_type -> ringfence.pool.v1.ResumeRunRequest
+	14, // 24: ringfence.pool.v1.PoolService.EndRun:input_type -> ringfence.pool.v1.EndRunRequest
+	16, // 25: ringfence.pool.v1.PoolService.GetRun:input_type -> ringfence.pool.v1.GetRunRequest
+	1,  // 26: ringfence.pool.v1.PoolService.Discover:output_type -> ringfence.pool.v1.DiscoverResponse
+	5,  // 27: ringfence.pool.v1.PoolService.StartRun:output_type -> ringfence.pool.v1.StartRunResponse
+	7,  // 28: ringfence.pool.v1.PoolService.CallTool:output_type -> ringfence.pool.v1.CallToolResponse
+	11, // 29: ringfence.pool.v1.PoolService.PauseRun:output_type -> ringfence.pool.v1.PauseRunResponse
+	13, // 30: ringfence.pool.v1.PoolService.ResumeRun:output_type -> ringfence.pool.v1.ResumeRunResponse
+	15, // 31: ringfence.pool.v1.PoolService.EndRun:output_type -> ringfence.pool.v1.EndRunResponse
+	17, // 32: ringfence.pool.v1.PoolService.GetRun:output_type -> ringfence.pool.v1.GetRunResponse
+	26, // [26:33] is the sub-list for method output_type
+	19, // [19:26] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_pool_v1_pool_proto_init() }

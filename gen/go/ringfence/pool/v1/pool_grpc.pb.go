@@ -36,7 +36,7 @@ const (
 // whose sessions are isolated per run, with every gate checked on every call.
 type PoolServiceClient interface {
 	// Discover starts a registered server in isolation, lists every tool (all pages) with its
-	// pin and screen findings, and stops it.
+	// pin and screen findings, makes the one explore call asked for (if any), and stops it.
 	// Caller: internal, the registry's or publisher's service certificate.
 	// Codes: NOT_FOUND (unregistered), UNAVAILABLE (isolation not configured or the server could
 	// not be reached: a ServerFailure detail classifies it), DEADLINE_EXCEEDED (no handshake).
@@ -155,7 +155,7 @@ func (c *poolServiceClient) GetRun(ctx context.Context, in *GetRunRequest, opts 
 // whose sessions are isolated per run, with every gate checked on every call.
 type PoolServiceServer interface {
 	// Discover starts a registered server in isolation, lists every tool (all pages) with its
-	// pin and screen findings, and stops it.
+	// pin and screen findings, makes the one explore call asked for (if any), and stops it.
 	// Caller: internal, the registry's or publisher's service certificate.
 	// Codes: NOT_FOUND (unregistered), UNAVAILABLE (isolation not configured or the server could
 	// not be reached: a ServerFailure detail classifies it), DEADLINE_EXCEEDED (no handshake).

@@ -1091,6 +1091,120 @@ func (x *ListServerToolsResponse) GetListingFindings() []*v1.Finding {
 	return nil
 }
 
+// ExploreServerRequest names a registration and, optionally, one call to make.
+type ExploreServerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	Call          *v1.ExploreCall        `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExploreServerRequest) Reset() {
+	*x = ExploreServerRequest{}
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExploreServerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExploreServerRequest) ProtoMessage() {}
+
+func (x *ExploreServerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExploreServerRequest.ProtoReflect.Descriptor instead.
+func (*ExploreServerRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ExploreServerRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *ExploreServerRequest) GetCall() *v1.ExploreCall {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+// ExploreServerResponse is the listing and, when asked for, the call's result.
+type ExploreServerResponse struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Tools           []*v1.ToolDeclaration  `protobuf:"bytes,1,rep,name=tools,proto3" json:"tools,omitempty"`
+	ListingFindings []*v1.Finding          `protobuf:"bytes,2,rep,name=listing_findings,json=listingFindings,proto3" json:"listing_findings,omitempty"`
+	Call            *v1.ExploreCallResult  `protobuf:"bytes,3,opt,name=call,proto3" json:"call,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ExploreServerResponse) Reset() {
+	*x = ExploreServerResponse{}
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExploreServerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExploreServerResponse) ProtoMessage() {}
+
+func (x *ExploreServerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExploreServerResponse.ProtoReflect.Descriptor instead.
+func (*ExploreServerResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ExploreServerResponse) GetTools() []*v1.ToolDeclaration {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+func (x *ExploreServerResponse) GetListingFindings() []*v1.Finding {
+	if x != nil {
+		return x.ListingFindings
+	}
+	return nil
+}
+
+func (x *ExploreServerResponse) GetCall() *v1.ExploreCallResult {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
 // Secret describes a stored secret; its value is never returned.
 type Secret struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1102,7 +1216,7 @@ type Secret struct {
 
 func (x *Secret) Reset() {
 	*x = Secret{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[15]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1114,7 +1228,7 @@ func (x *Secret) String() string {
 func (*Secret) ProtoMessage() {}
 
 func (x *Secret) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[15]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1127,7 +1241,7 @@ func (x *Secret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Secret.ProtoReflect.Descriptor instead.
 func (*Secret) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{15}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Secret) GetName() string {
@@ -1156,7 +1270,7 @@ type PutSecretRequest struct {
 
 func (x *PutSecretRequest) Reset() {
 	*x = PutSecretRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[16]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1168,7 +1282,7 @@ func (x *PutSecretRequest) String() string {
 func (*PutSecretRequest) ProtoMessage() {}
 
 func (x *PutSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[16]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1181,7 +1295,7 @@ func (x *PutSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSecretRequest.ProtoReflect.Descriptor instead.
 func (*PutSecretRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{16}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PutSecretRequest) GetName() string {
@@ -1208,7 +1322,7 @@ type PutSecretResponse struct {
 
 func (x *PutSecretResponse) Reset() {
 	*x = PutSecretResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[17]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1220,7 +1334,7 @@ func (x *PutSecretResponse) String() string {
 func (*PutSecretResponse) ProtoMessage() {}
 
 func (x *PutSecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[17]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1233,7 +1347,7 @@ func (x *PutSecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSecretResponse.ProtoReflect.Descriptor instead.
 func (*PutSecretResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{17}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PutSecretResponse) GetSecret() *Secret {
@@ -1252,7 +1366,7 @@ type ListSecretsRequest struct {
 
 func (x *ListSecretsRequest) Reset() {
 	*x = ListSecretsRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[18]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1264,7 +1378,7 @@ func (x *ListSecretsRequest) String() string {
 func (*ListSecretsRequest) ProtoMessage() {}
 
 func (x *ListSecretsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[18]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1277,7 +1391,7 @@ func (x *ListSecretsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSecretsRequest.ProtoReflect.Descriptor instead.
 func (*ListSecretsRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{18}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{20}
 }
 
 // ListSecretsResponse lists secret names.
@@ -1290,7 +1404,7 @@ type ListSecretsResponse struct {
 
 func (x *ListSecretsResponse) Reset() {
 	*x = ListSecretsResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[19]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1302,7 +1416,7 @@ func (x *ListSecretsResponse) String() string {
 func (*ListSecretsResponse) ProtoMessage() {}
 
 func (x *ListSecretsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[19]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1315,7 +1429,7 @@ func (x *ListSecretsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSecretsResponse.ProtoReflect.Descriptor instead.
 func (*ListSecretsResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{19}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListSecretsResponse) GetSecrets() []*Secret {
@@ -1335,7 +1449,7 @@ type DeleteSecretRequest struct {
 
 func (x *DeleteSecretRequest) Reset() {
 	*x = DeleteSecretRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[20]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1347,7 +1461,7 @@ func (x *DeleteSecretRequest) String() string {
 func (*DeleteSecretRequest) ProtoMessage() {}
 
 func (x *DeleteSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[20]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1360,7 +1474,7 @@ func (x *DeleteSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSecretRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSecretRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{20}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteSecretRequest) GetName() string {
@@ -1379,7 +1493,7 @@ type DeleteSecretResponse struct {
 
 func (x *DeleteSecretResponse) Reset() {
 	*x = DeleteSecretResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[21]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1391,7 +1505,7 @@ func (x *DeleteSecretResponse) String() string {
 func (*DeleteSecretResponse) ProtoMessage() {}
 
 func (x *DeleteSecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[21]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1404,7 +1518,7 @@ func (x *DeleteSecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSecretResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSecretResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{21}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{23}
 }
 
 // ResolveServerRequest names a registration to resolve.
@@ -1417,7 +1531,7 @@ type ResolveServerRequest struct {
 
 func (x *ResolveServerRequest) Reset() {
 	*x = ResolveServerRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[22]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1429,7 +1543,7 @@ func (x *ResolveServerRequest) String() string {
 func (*ResolveServerRequest) ProtoMessage() {}
 
 func (x *ResolveServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[22]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1442,7 +1556,7 @@ func (x *ResolveServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveServerRequest.ProtoReflect.Descriptor instead.
 func (*ResolveServerRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{22}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResolveServerRequest) GetRef() string {
@@ -1467,7 +1581,7 @@ type ResolveServerResponse struct {
 
 func (x *ResolveServerResponse) Reset() {
 	*x = ResolveServerResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[23]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1479,7 +1593,7 @@ func (x *ResolveServerResponse) String() string {
 func (*ResolveServerResponse) ProtoMessage() {}
 
 func (x *ResolveServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[23]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1492,7 +1606,7 @@ func (x *ResolveServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveServerResponse.ProtoReflect.Descriptor instead.
 func (*ResolveServerResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{23}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResolveServerResponse) GetServer() *Server {
@@ -1526,7 +1640,7 @@ type GetServerPolicyRequest struct {
 
 func (x *GetServerPolicyRequest) Reset() {
 	*x = GetServerPolicyRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[24]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1538,7 +1652,7 @@ func (x *GetServerPolicyRequest) String() string {
 func (*GetServerPolicyRequest) ProtoMessage() {}
 
 func (x *GetServerPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[24]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1551,7 +1665,7 @@ func (x *GetServerPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerPolicyRequest.ProtoReflect.Descriptor instead.
 func (*GetServerPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{24}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetServerPolicyRequest) GetRef() string {
@@ -1575,7 +1689,7 @@ type GetServerPolicyResponse struct {
 
 func (x *GetServerPolicyResponse) Reset() {
 	*x = GetServerPolicyResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[25]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1587,7 +1701,7 @@ func (x *GetServerPolicyResponse) String() string {
 func (*GetServerPolicyResponse) ProtoMessage() {}
 
 func (x *GetServerPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[25]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1600,7 +1714,7 @@ func (x *GetServerPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerPolicyResponse.ProtoReflect.Descriptor instead.
 func (*GetServerPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{25}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetServerPolicyResponse) GetRef() string {
@@ -1649,7 +1763,7 @@ type AuthenticateKeyRequest struct {
 
 func (x *AuthenticateKeyRequest) Reset() {
 	*x = AuthenticateKeyRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[26]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1661,7 +1775,7 @@ func (x *AuthenticateKeyRequest) String() string {
 func (*AuthenticateKeyRequest) ProtoMessage() {}
 
 func (x *AuthenticateKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[26]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1674,7 +1788,7 @@ func (x *AuthenticateKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthenticateKeyRequest.ProtoReflect.Descriptor instead.
 func (*AuthenticateKeyRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{26}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *AuthenticateKeyRequest) GetKeySha256() string {
@@ -1699,7 +1813,7 @@ type AuthenticateKeyResponse struct {
 
 func (x *AuthenticateKeyResponse) Reset() {
 	*x = AuthenticateKeyResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[27]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1711,7 +1825,7 @@ func (x *AuthenticateKeyResponse) String() string {
 func (*AuthenticateKeyResponse) ProtoMessage() {}
 
 func (x *AuthenticateKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[27]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1724,7 +1838,7 @@ func (x *AuthenticateKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthenticateKeyResponse.ProtoReflect.Descriptor instead.
 func (*AuthenticateKeyResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{27}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *AuthenticateKeyResponse) GetKeyId() string {
@@ -1876,7 +1990,14 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\"\x9c\x01\n" +
 	"\x17ListServerToolsResponse\x129\n" +
 	"\x05tools\x18\x01 \x03(\v2#.ringfence.types.v1.ToolDeclarationR\x05tools\x12F\n" +
-	"\x10listing_findings\x18\x02 \x03(\v2\x1b.ringfence.types.v1.FindingR\x0flistingFindings\"Y\n" +
+	"\x10listing_findings\x18\x02 \x03(\v2\x1b.ringfence.types.v1.FindingR\x0flistingFindings\"]\n" +
+	"\x14ExploreServerRequest\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x123\n" +
+	"\x04call\x18\x02 \x01(\v2\x1f.ringfence.types.v1.ExploreCallR\x04call\"\xd5\x01\n" +
+	"\x15ExploreServerResponse\x129\n" +
+	"\x05tools\x18\x01 \x03(\v2#.ringfence.types.v1.ToolDeclarationR\x05tools\x12F\n" +
+	"\x10listing_findings\x18\x02 \x03(\v2\x1b.ringfence.types.v1.FindingR\x0flistingFindings\x129\n" +
+	"\x04call\x18\x03 \x01(\v2%.ringfence.types.v1.ExploreCallResultR\x04call\"Y\n" +
 	"\x06Secret\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12;\n" +
 	"\vupdate_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
@@ -1924,7 +2045,7 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\bkey_name\x18\x02 \x01(\tR\akeyName\x12\x12\n" +
 	"\x04role\x18\x03 \x01(\tR\x04role\x12 \n" +
 	"\vpermissions\x18\x04 \x03(\tR\vpermissions\x12\x16\n" +
-	"\x06tenant\x18\x05 \x01(\tR\x06tenant2\x83\n" +
+	"\x06tenant\x18\x05 \x01(\tR\x06tenant2\xef\n" +
 	"\n" +
 	"\x0fRegistryService\x12g\n" +
 	"\fCreateServer\x12*.ringfence.registry.v1.CreateServerRequest\x1a+.ringfence.registry.v1.CreateServerResponse\x12^\n" +
@@ -1932,7 +2053,8 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\vListServers\x12).ringfence.registry.v1.ListServersRequest\x1a*.ringfence.registry.v1.ListServersResponse\x12g\n" +
 	"\fUpdateServer\x12*.ringfence.registry.v1.UpdateServerRequest\x1a+.ringfence.registry.v1.UpdateServerResponse\x12g\n" +
 	"\fDeleteServer\x12*.ringfence.registry.v1.DeleteServerRequest\x1a+.ringfence.registry.v1.DeleteServerResponse\x12p\n" +
-	"\x0fListServerTools\x12-.ringfence.registry.v1.ListServerToolsRequest\x1a..ringfence.registry.v1.ListServerToolsResponse\x12^\n" +
+	"\x0fListServerTools\x12-.ringfence.registry.v1.ListServerToolsRequest\x1a..ringfence.registry.v1.ListServerToolsResponse\x12j\n" +
+	"\rExploreServer\x12+.ringfence.registry.v1.ExploreServerRequest\x1a,.ringfence.registry.v1.ExploreServerResponse\x12^\n" +
 	"\tPutSecret\x12'.ringfence.registry.v1.PutSecretRequest\x1a(.ringfence.registry.v1.PutSecretResponse\x12d\n" +
 	"\vListSecrets\x12).ringfence.registry.v1.ListSecretsRequest\x1a*.ringfence.registry.v1.ListSecretsResponse\x12g\n" +
 	"\fDeleteSecret\x12*.ringfence.registry.v1.DeleteSecretRequest\x1a+.ringfence.registry.v1.DeleteSecretResponse\x12j\n" +
@@ -1953,7 +2075,7 @@ func file_ringfence_registry_v1_registry_proto_rawDescGZIP() []byte {
 	return file_ringfence_registry_v1_registry_proto_rawDescData
 }
 
-var file_ringfence_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_ringfence_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_ringfence_registry_v1_registry_proto_goTypes = []any{
 	(*Server)(nil),                  // 0: ringfence.registry.v1.Server
 	(*ToolFilter)(nil),              // 1: ringfence.registry.v1.ToolFilter
@@ -1970,103 +2092,113 @@ var file_ringfence_registry_v1_registry_proto_goTypes = []any{
 	(*DeleteServerResponse)(nil),    // 12: ringfence.registry.v1.DeleteServerResponse
 	(*ListServerToolsRequest)(nil),  // 13: ringfence.registry.v1.ListServerToolsRequest
 	(*ListServerToolsResponse)(nil), // 14: ringfence.registry.v1.ListServerToolsResponse
-	(*Secret)(nil),                  // 15: ringfence.registry.v1.Secret
-	(*PutSecretRequest)(nil),        // 16: ringfence.registry.v1.PutSecretRequest
-	(*PutSecretResponse)(nil),       // 17: ringfence.registry.v1.PutSecretResponse
-	(*ListSecretsRequest)(nil),      // 18: ringfence.registry.v1.ListSecretsRequest
-	(*ListSecretsResponse)(nil),     // 19: ringfence.registry.v1.ListSecretsResponse
-	(*DeleteSecretRequest)(nil),     // 20: ringfence.registry.v1.DeleteSecretRequest
-	(*DeleteSecretResponse)(nil),    // 21: ringfence.registry.v1.DeleteSecretResponse
-	(*ResolveServerRequest)(nil),    // 22: ringfence.registry.v1.ResolveServerRequest
-	(*ResolveServerResponse)(nil),   // 23: ringfence.registry.v1.ResolveServerResponse
-	(*GetServerPolicyRequest)(nil),  // 24: ringfence.registry.v1.GetServerPolicyRequest
-	(*GetServerPolicyResponse)(nil), // 25: ringfence.registry.v1.GetServerPolicyResponse
-	(*AuthenticateKeyRequest)(nil),  // 26: ringfence.registry.v1.AuthenticateKeyRequest
-	(*AuthenticateKeyResponse)(nil), // 27: ringfence.registry.v1.AuthenticateKeyResponse
-	nil,                             // 28: ringfence.registry.v1.Server.EnvEntry
-	nil,                             // 29: ringfence.registry.v1.Server.HeadersEntry
-	nil,                             // 30: ringfence.registry.v1.Server.ToolPermissionsEntry
-	nil,                             // 31: ringfence.registry.v1.CreateServerRequest.HeadersEntry
-	nil,                             // 32: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry
-	nil,                             // 33: ringfence.registry.v1.UpdateServerRequest.HeadersEntry
-	nil,                             // 34: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
-	nil,                             // 35: ringfence.registry.v1.ResolveServerResponse.EnvEntry
-	nil,                             // 36: ringfence.registry.v1.ResolveServerResponse.HeaderValuesEntry
-	nil,                             // 37: ringfence.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry
-	(*durationpb.Duration)(nil),     // 38: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 39: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),         // 40: google.protobuf.Struct
-	(*v1.ToolDeclaration)(nil),      // 41: ringfence.types.v1.ToolDeclaration
-	(*v1.Finding)(nil),              // 42: ringfence.types.v1.Finding
+	(*ExploreServerRequest)(nil),    // 15: ringfence.registry.v1.ExploreServerRequest
+	(*ExploreServerResponse)(nil),   // 16: ringfence.registry.v1.ExploreServerResponse
+	(*Secret)(nil),                  // 17: ringfence.registry.v1.Secret
+	(*PutSecretRequest)(nil),        // 18: ringfence.registry.v1.PutSecretRequest
+	(*PutSecretResponse)(nil),       // 19: ringfence.registry.v1.PutSecretResponse
+	(*ListSecretsRequest)(nil),      // 20: ringfence.registry.v1.ListSecretsRequest
+	(*ListSecretsResponse)(nil),     // 21: ringfence.registry.v1.ListSecretsResponse
+	(*DeleteSecretRequest)(nil),     // 22: ringfence.registry.v1.DeleteSecretRequest
+	(*DeleteSecretResponse)(nil),    // 23: ringfence.registry.v1.DeleteSecretResponse
+	(*ResolveServerRequest)(nil),    // 24: ringfence.registry.v1.ResolveServerRequest
+	(*ResolveServerResponse)(nil),   // 25: ringfence.registry.v1.ResolveServerResponse
+	(*GetServerPolicyRequest)(nil),  // 26: ringfence.registry.v1.GetServerPolicyRequest
+	(*GetServerPolicyResponse)(nil), // 27: ringfence.registry.v1.GetServerPolicyResponse
+	(*AuthenticateKeyRequest)(nil),  // 28: ringfence.registry.v1.AuthenticateKeyRequest
+	(*AuthenticateKeyResponse)(nil), // 29: ringfence.registry.v1.AuthenticateKeyResponse
+	nil,                             // 30: ringfence.registry.v1.Server.EnvEntry
+	nil,                             // 31: ringfence.registry.v1.Server.HeadersEntry
+	nil,                             // 32: ringfence.registry.v1.Server.ToolPermissionsEntry
+	nil,                             // 33: ringfence.registry.v1.CreateServerRequest.HeadersEntry
+	nil,                             // 34: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry
+	nil,                             // 35: ringfence.registry.v1.UpdateServerRequest.HeadersEntry
+	nil,                             // 36: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
+	nil,                             // 37: ringfence.registry.v1.ResolveServerResponse.EnvEntry
+	nil,                             // 38: ringfence.registry.v1.ResolveServerResponse.HeaderValuesEntry
+	nil,                             // 39: ringfence.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry
+	(*durationpb.Duration)(nil),     // 40: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 41: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),         // 42: google.protobuf.Struct
+	(*v1.ToolDeclaration)(nil),      // 43: ringfence.types.v1.ToolDeclaration
+	(*v1.Finding)(nil),              // 44: ringfence.types.v1.Finding
+	(*v1.ExploreCall)(nil),          // 45: ringfence.types.v1.ExploreCall
+	(*v1.ExploreCallResult)(nil),    // 46: ringfence.types.v1.ExploreCallResult
 }
 var file_ringfence_registry_v1_registry_proto_depIdxs = []int32{
-	28, // 0: ringfence.registry.v1.Server.env:type_name -> ringfence.registry.v1.Server.EnvEntry
-	29, // 1: ringfence.registry.v1.Server.headers:type_name -> ringfence.registry.v1.Server.HeadersEntry
+	30, // 0: ringfence.registry.v1.Server.env:type_name -> ringfence.registry.v1.Server.EnvEntry
+	31, // 1: ringfence.registry.v1.Server.headers:type_name -> ringfence.registry.v1.Server.HeadersEntry
 	1,  // 2: ringfence.registry.v1.Server.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
-	30, // 3: ringfence.registry.v1.Server.tool_permissions:type_name -> ringfence.registry.v1.Server.ToolPermissionsEntry
-	38, // 4: ringfence.registry.v1.Server.client_session_timeout:type_name -> google.protobuf.Duration
-	38, // 5: ringfence.registry.v1.Server.tool_call_timeout:type_name -> google.protobuf.Duration
-	39, // 6: ringfence.registry.v1.Server.create_time:type_name -> google.protobuf.Timestamp
-	39, // 7: ringfence.registry.v1.Server.update_time:type_name -> google.protobuf.Timestamp
-	40, // 8: ringfence.registry.v1.CreateServerRequest.env:type_name -> google.protobuf.Struct
-	31, // 9: ringfence.registry.v1.CreateServerRequest.headers:type_name -> ringfence.registry.v1.CreateServerRequest.HeadersEntry
+	32, // 3: ringfence.registry.v1.Server.tool_permissions:type_name -> ringfence.registry.v1.Server.ToolPermissionsEntry
+	40, // 4: ringfence.registry.v1.Server.client_session_timeout:type_name -> google.protobuf.Duration
+	40, // 5: ringfence.registry.v1.Server.tool_call_timeout:type_name -> google.protobuf.Duration
+	41, // 6: ringfence.registry.v1.Server.create_time:type_name -> google.protobuf.Timestamp
+	41, // 7: ringfence.registry.v1.Server.update_time:type_name -> google.protobuf.Timestamp
+	42, // 8: ringfence.registry.v1.CreateServerRequest.env:type_name -> google.protobuf.Struct
+	33, // 9: ringfence.registry.v1.CreateServerRequest.headers:type_name -> ringfence.registry.v1.CreateServerRequest.HeadersEntry
 	1,  // 10: ringfence.registry.v1.CreateServerRequest.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
-	32, // 11: ringfence.registry.v1.CreateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry
-	38, // 12: ringfence.registry.v1.CreateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
-	38, // 13: ringfence.registry.v1.CreateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
+	34, // 11: ringfence.registry.v1.CreateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry
+	40, // 12: ringfence.registry.v1.CreateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
+	40, // 13: ringfence.registry.v1.CreateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
 	0,  // 14: ringfence.registry.v1.CreateServerResponse.server:type_name -> ringfence.registry.v1.Server
 	0,  // 15: ringfence.registry.v1.GetServerResponse.server:type_name -> ringfence.registry.v1.Server
 	0,  // 16: ringfence.registry.v1.ListServersResponse.servers:type_name -> ringfence.registry.v1.Server
-	40, // 17: ringfence.registry.v1.UpdateServerRequest.env:type_name -> google.protobuf.Struct
-	33, // 18: ringfence.registry.v1.UpdateServerRequest.headers:type_name -> ringfence.registry.v1.UpdateServerRequest.HeadersEntry
+	42, // 17: ringfence.registry.v1.UpdateServerRequest.env:type_name -> google.protobuf.Struct
+	35, // 18: ringfence.registry.v1.UpdateServerRequest.headers:type_name -> ringfence.registry.v1.UpdateServerRequest.HeadersEntry
 	1,  // 19: ringfence.registry.v1.UpdateServerRequest.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
-	34, // 20: ringfence.registry.v1.UpdateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
-	38, // 21: ringfence.registry.v1.UpdateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
-	38, // 22: ringfence.registry.v1.UpdateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
+	36, // 20: ringfence.registry.v1.UpdateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
+	40, // 21: ringfence.registry.v1.UpdateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
+	40, // 22: ringfence.registry.v1.UpdateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
 	0,  // 23: ringfence.registry.v1.UpdateServerResponse.server:type_name -> ringfence.registry.v1.Server
-	41, // 24: ringfence.registry.v1.ListServerToolsResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	42, // 25: ringfence.registry.v1.ListServerToolsResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	39, // 26: ringfence.registry.v1.Secret.update_time:type_name -> google.protobuf.Timestamp
-	15, // 27: ringfence.registry.v1.PutSecretResponse.secret:type_name -> ringfence.registry.v1.Secret
-	15, // 28: ringfence.registry.v1.ListSecretsResponse.secrets:type_name -> ringfence.registry.v1.Secret
-	0,  // 29: ringfence.registry.v1.ResolveServerResponse.server:type_name -> ringfence.registry.v1.Server
-	35, // 30: ringfence.registry.v1.ResolveServerResponse.env:type_name -> ringfence.registry.v1.ResolveServerResponse.EnvEntry
-	36, // 31: ringfence.registry.v1.ResolveServerResponse.header_values:type_name -> ringfence.registry.v1.ResolveServerResponse.HeaderValuesEntry
-	1,  // 32: ringfence.registry.v1.GetServerPolicyResponse.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
-	37, // 33: ringfence.registry.v1.GetServerPolicyResponse.tool_permissions:type_name -> ringfence.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry
-	2,  // 34: ringfence.registry.v1.Server.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	2,  // 35: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	2,  // 36: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	2,  // 37: ringfence.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	3,  // 38: ringfence.registry.v1.RegistryService.CreateServer:input_type -> ringfence.registry.v1.CreateServerRequest
-	5,  // 39: ringfence.registry.v1.RegistryService.GetServer:input_type -> ringfence.registry.v1.GetServerRequest
-	7,  // 40: ringfence.registry.v1.RegistryService.ListServers:input_type -> ringfence.registry.v1.ListServersRequest
-	9,  // 41: ringfence.registry.v1.RegistryService.UpdateServer:input_type -> ringfence.registry.v1.UpdateServerRequest
-	11, // 42: ringfence.registry.v1.RegistryService.DeleteServer:input_type -> ringfence.registry.v1.DeleteServerRequest
-	13, // 43: ringfence.registry.v1.RegistryService.ListServerTools:input_type -> ringfence.registry.v1.ListServerToolsRequest
-	16, // 44: ringfence.registry.v1.RegistryService.PutSecret:input_type -> ringfence.registry.v1.PutSecretRequest
-	18, // 45: ringfence.registry.v1.RegistryService.ListSecrets:input_type -> ringfence.registry.v1.ListSecretsRequest
-	20, // 46: ringfence.registry.v1.RegistryService.DeleteSecret:input_type -> ringfence.registry.v1.DeleteSecretRequest
-	22, // 47: ringfence.registry.v1.RegistryService.ResolveServer:input_type -> ringfence.registry.v1.ResolveServerRequest
-	24, // 48: ringfence.registry.v1.RegistryService.GetServerPolicy:input_type -> ringfence.registry.v1.GetServerPolicyRequest
-	26, // 49: ringfence.registry.v1.RegistryService.AuthenticateKey:input_type -> ringfence.registry.v1.AuthenticateKeyRequest
-	4,  // 50: ringfence.registry.v1.RegistryService.CreateServer:output_type -> ringfence.registry.v1.CreateServerResponse
-	6,  // 51: ringfence.registry.v1.RegistryService.GetServer:output_type -> ringfence.registry.v1.GetServerResponse
-	8,  // 52: ringfence.registry.v1.RegistryService.ListServers:output_type -> ringfence.registry.v1.ListServersResponse
-	10, // 53: ringfence.registry.v1.RegistryService.UpdateServer:output_type -> ringfence.registry.v1.UpdateServerResponse
-	12, // 54: ringfence.registry.v1.RegistryService.DeleteServer:output_type -> ringfence.registry.v1.DeleteServerResponse
-	14, // 55: ringfence.registry.v1.RegistryService.ListServerTools:output_type -> ringfence.registry.v1.ListServerToolsResponse
-	17, // 56: ringfence.registry.v1.RegistryService.PutSecret:output_type -> ringfence.registry.v1.PutSecretResponse
-	19, // 57: ringfence.registry.v1.RegistryService.ListSecrets:output_type -> ringfence.registry.v1.ListSecretsResponse
-	21, // 58: ringfence.registry.v1.RegistryService.DeleteSecret:output_type -> ringfence.registry.v1.DeleteSecretResponse
-	23, // 59: ringfence.registry.v1.RegistryService.ResolveServer:output_type -> ringfence.registry.v1.ResolveServerResponse
-	25, // 60: ringfence.registry.v1.RegistryService.GetServerPolicy:output_type -> ringfence.registry.v1.GetServerPolicyResponse
-	27, // 61: ringfence.registry.v1.RegistryService.AuthenticateKey:output_type -> ringfence.registry.v1.AuthenticateKeyResponse
-	50, // [50:62] is the sub-list for method output_type
-	38, // [38:50] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	43, // 24: ringfence.registry.v1.ListServerToolsResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	44, // 25: ringfence.registry.v1.ListServerToolsResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	45, // 26: ringfence.registry.v1.ExploreServerRequest.call:type_name -> ringfence.types.v1.ExploreCall
+	43, // 27: ringfence.registry.v1.ExploreServerResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	44, // 28: ringfence.registry.v1.ExploreServerResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	46, // 29: ringfence.registry.v1.ExploreServerResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
+	41, // 30: ringfence.registry.v1.Secret.update_time:type_name -> google.protobuf.Timestamp
+	17, // 31: ringfence.registry.v1.PutSecretResponse.secret:type_name -> ringfence.registry.v1.Secret
+	17, // 32: ringfence.registry.v1.ListSecretsResponse.secrets:type_name -> ringfence.registry.v1.Secret
+	0,  // 33: ringfence.registry.v1.ResolveServerResponse.server:type_name -> ringfence.registry.v1.Server
+	37, // 34: ringfence.registry.v1.ResolveServerResponse.env:type_name -> ringfence.registry.v1.ResolveServerResponse.EnvEntry
+	38, // 35: ringfence.registry.v1.ResolveServerResponse.header_values:type_name -> ringfence.registry.v1.ResolveServerResponse.HeaderValuesEntry
+	1,  // 36: ringfence.registry.v1.GetServerPolicyResponse.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
+	39, // 37: ringfence.registry.v1.GetServerPolicyResponse.tool_permissions:type_name -> ringfence.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry
+	2,  // 38: ringfence.registry.v1.Server.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	2,  // 39: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	2,  // 40: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	2,  // 41: ringfence.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	3,  // 42: ringfence.registry.v1.RegistryService.CreateServer:input_type -> ringfence.registry.v1.CreateServerRequest
+	5,  // 43: ringfence.registry.v1.RegistryService.GetServer:input_type -> ringfence.registry.v1.GetServerRequest
+	7,  // 44: ringfence.registry.v1.RegistryService.ListServers:input_type -> ringfence.registry.v1.ListServersRequest
+	9,  // 45: ringfence.registry.v1.RegistryService.UpdateServer:input_type -> ringfence.registry.v1.UpdateServerRequest
+	11, // 46: ringfence.registry.v1.RegistryService.DeleteServer:input_type -> ringfence.registry.v1.DeleteServerRequest
+	13, // 47: ringfence.registry.v1.RegistryService.ListServerTools:input_type -> ringfence.registry.v1.ListServerToolsRequest
+	15, // 48: ringfence.registry.v1.RegistryService.ExploreServer:input_type -> ringfence.registry.v1.ExploreServerRequest
+	18, // 49: ringfence.registry.v1.RegistryService.PutSecret:input_type -> ringfence.registry.v1.PutSecretRequest
+	20, // 50: ringfence.registry.v1.RegistryService.ListSecrets:input_type -> ringfence.registry.v1.ListSecretsRequest
+	22, // 51: ringfence.registry.v1.RegistryService.DeleteSecret:input_type -> ringfence.registry.v1.DeleteSecretRequest
+	24, // 52: ringfence.registry.v1.RegistryService.ResolveServer:input_type -> ringfence.registry.v1.ResolveServerRequest
+	26, // 53: ringfence.registry.v1.RegistryService.GetServerPolicy:input_type -> ringfence.registry.v1.GetServerPolicyRequest
+	28, // 54: ringfence.registry.v1.RegistryService.AuthenticateKey:input_type -> ringfence.registry.v1.AuthenticateKeyRequest
+	4,  // 55: ringfence.registry.v1.RegistryService.CreateServer:output_type -> ringfence.registry.v1.CreateServerResponse
+	6,  // 56: ringfence.registry.v1.RegistryService.GetServer:output_type -> ringfence.registry.v1.GetServerResponse
+	8,  // 57: ringfence.registry.v1.RegistryService.ListServers:output_type -> ringfence.registry.v1.ListServersResponse
+	10, // 58: ringfence.registry.v1.RegistryService.UpdateServer:output_type -> ringfence.registry.v1.UpdateServerResponse
+	12, // 59: ringfence.registry.v1.RegistryService.DeleteServer:output_type -> ringfence.registry.v1.DeleteServerResponse
+	14, // 60: ringfence.registry.v1.RegistryService.ListServerTools:output_type -> ringfence.registry.v1.ListServerToolsResponse
+	16, // 61: ringfence.registry.v1.RegistryService.ExploreServer:output_type -> ringfence.registry.v1.ExploreServerResponse
+	19, // 62: ringfence.registry.v1.RegistryService.PutSecret:output_type -> ringfence.registry.v1.PutSecretResponse
+	21, // 63: ringfence.registry.v1.RegistryService.ListSecrets:output_type -> ringfence.registry.v1.ListSecretsResponse
+	23, // 64: ringfence.registry.v1.RegistryService.DeleteSecret:output_type -> ringfence.registry.v1.DeleteSecretResponse
+	25, // 65: ringfence.registry.v1.RegistryService.ResolveServer:output_type -> ringfence.registry.v1.ResolveServerResponse
+	27, // 66: ringfence.registry.v1.RegistryService.GetServerPolicy:output_type -> ringfence.registry.v1.GetServerPolicyResponse
+	29, // 67: ringfence.registry.v1.RegistryService.AuthenticateKey:output_type -> ringfence.registry.v1.AuthenticateKeyResponse
+	55, // [55:68] is the sub-list for method output_type
+	42, // [42:55] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_registry_v1_registry_proto_init() }
@@ -2080,7 +2212,7 @@ func file_ringfence_registry_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_registry_v1_registry_proto_rawDesc), len(file_ringfence_registry_v1_registry_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   38,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,7 @@ const (
 	RegistryService_UpdateServer_FullMethodName    = "/ringfence.registry.v1.RegistryService/UpdateServer"
 	RegistryService_DeleteServer_FullMethodName    = "/ringfence.registry.v1.RegistryService/DeleteServer"
 	RegistryService_ListServerTools_FullMethodName = "/ringfence.registry.v1.RegistryService/ListServerTools"
+	RegistryService_ExploreServer_FullMethodName   = "/ringfence.registry.v1.RegistryService/ExploreServer"
 	RegistryService_PutSecret_FullMethodName       = "/ringfence.registry.v1.RegistryService/PutSecret"
 	RegistryService_ListSecrets_FullMethodName     = "/ringfence.registry.v1.RegistryService/ListSecrets"
 	RegistryService_DeleteSecret_FullMethodName    = "/ringfence.registry.v1.RegistryService/DeleteSecret"
@@ -67,6 +68,13 @@ type RegistryServiceClient interface {
 	// (isolation not configured, or the server could not be reached; the details carry a
 	// ringfence.types.v1 classification), DEADLINE_EXCEEDED.
 	ListServerTools(ctx context.Context, in *ListServerToolsRequest, opts ...grpc.CallOption) (*ListServerToolsResponse, error)
+	// ExploreServer starts the registered server in isolation, lists its tools as
+	// ListServerTools does, optionally calls one of them, and stops it. Nothing is stored; the
+	// call, refused or dispatched, is recorded in the audit log as a tool-call attempt of a run
+	// named explore-… by the caller's key.
+	// Caller: mcp:admin (REST POST /v1/mcp/servers/{ref}:explore). Codes: as ListServerTools,
+	// and INVALID_ARGUMENT for a malformed call.
+	ExploreServer(ctx context.Context, in *ExploreServerRequest, opts ...grpc.CallOption) (*ExploreServerResponse, error)
 	// PutSecret creates or replaces a named secret that registrations reference from headers.
 	// The value is encrypted at rest and never returned.
 	// Caller: mcp:admin (REST PUT /v1/secrets/{name}). Codes: INVALID_ARGUMENT.
@@ -155,6 +163,16 @@ func (c *registryServiceClient) ListServerTools(ctx context.Context, in *ListSer
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListServerToolsResponse)
 	err := c.cc.Invoke(ctx, RegistryService_ListServerTools_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) ExploreServer(ctx context.Context, in *ExploreServerRequest, opts ...grpc.CallOption) (*ExploreServerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExploreServerResponse)
+	err := c.cc.Invoke(ctx, RegistryService_ExploreServer_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -255,6 +273,13 @@ type RegistryServiceServer interface {
 	// (isolation not configured, or the server could not be reached; the details carry a
 	// ringfence.types.v1 classification), DEADLINE_EXCEEDED.
 	ListServerTools(context.Context, *ListServerToolsRequest) (*ListServerToolsResponse, error)
+	// ExploreServer starts the registered server in isolation, lists its tools as
+	// ListServerTools does, optionally calls one of them, and stops it. Nothing is stored; the
+	// call, refused or dispatched, is recorded in the audit log as a tool-call attempt of a run
+	// named explore-… by the caller's key.
+	// Caller: mcp:admin (REST POST /v1/mcp/servers/{ref}:explore). Codes: as ListServerTools,
+	// and INVALID_ARGUMENT for a malformed call.
+	ExploreServer(context.Context, *ExploreServerRequest) (*ExploreServerResponse, error)
 	// PutSecret creates or replaces a named secret that registrations reference from headers.
 	// The value is encrypted at rest and never returned.
 	// Caller: mcp:admin (REST PUT /v1/secrets/{name}). Codes: INVALID_ARGUMENT.
@@ -306,6 +331,9 @@ func (UnimplementedRegistryServiceServer) DeleteServer(context.Context, *DeleteS
 }
 func (UnimplementedRegistryServiceServer) ListServerTools(context.Context, *ListServerToolsRequest) (*ListServerToolsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListServerTools not implemented")
+}
+func (UnimplementedRegistryServiceServer) ExploreServer(context.Context, *ExploreServerRequest) (*ExploreServerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExploreServer not implemented")
 }
 func (UnimplementedRegistryServiceServer) PutSecret(context.Context, *PutSecretRequest) (*PutSecretResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PutSecret not implemented")
@@ -454,6 +482,24 @@ func _RegistryService_ListServerTools_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegistryService_ExploreServer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExploreServerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).ExploreServer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_ExploreServer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).ExploreServer(ctx, req.(*ExploreServerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _RegistryService_PutSecret_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(PutSecretRequest)
 	if err := dec(in); err != nil {
@@ -592,6 +638,10 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListServerTools",
 			Handler:    _RegistryService_ListServerTools_Handler,
+		},
+		{
+			MethodName: "ExploreServer",
+			Handler:    _RegistryService_ExploreServer_Handler,
 		},
 		{
 			MethodName: "PutSecret",

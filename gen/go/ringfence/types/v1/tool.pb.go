@@ -281,6 +281,177 @@ func (x *ServerFailure) GetStderrTail() string {
 	return ""
 }
 
+// ExploreCall asks, after a listing, for one call of a tool, outside any run.
+type ExploreCall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tool is the server's own name for the tool.
+	Tool string `protobuf:"bytes,1,opt,name=tool,proto3" json:"tool,omitempty"`
+	// arguments must match the tool's input schema as the server declares it now.
+	Arguments     *structpb.Struct `protobuf:"bytes,2,opt,name=arguments,proto3" json:"arguments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExploreCall) Reset() {
+	*x = ExploreCall{}
+	mi := &file_ringfence_types_v1_tool_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExploreCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExploreCall) ProtoMessage() {}
+
+func (x *ExploreCall) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_types_v1_tool_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExploreCall.ProtoReflect.Descriptor instead.
+func (*ExploreCall) Descriptor() ([]byte, []int) {
+	return file_ringfence_types_v1_tool_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ExploreCall) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *ExploreCall) GetArguments() *structpb.Struct {
+	if x != nil {
+		return x.Arguments
+	}
+	return nil
+}
+
+// ExploreCallResult is what the explored tool call did. The listing is answered even when
+// the call was refused or failed.
+type ExploreCallResult struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	CallId string                 `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// outcome is dispatched or refused_before_dispatch.
+	Outcome string `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// reason names a refusal: unknown_tool, tool_filtered, invalid_input.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// result is succeeded or failed (dispatched only); failure_class says how it failed
+	// (tool_error, timeout, transport_error, crash, output_invalid).
+	Result       string `protobuf:"bytes,4,opt,name=result,proto3" json:"result,omitempty"`
+	FailureClass string `protobuf:"bytes,5,opt,name=failure_class,json=failureClass,proto3" json:"failure_class,omitempty"`
+	// message explains a refusal or a failure.
+	Message string `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	IsError bool   `protobuf:"varint,7,opt,name=is_error,json=isError,proto3" json:"is_error,omitempty"`
+	// content and structured_content are the result, sanitized as a run's calls are.
+	Content           []*structpb.Struct `protobuf:"bytes,8,rep,name=content,proto3" json:"content,omitempty"`
+	StructuredContent *structpb.Struct   `protobuf:"bytes,9,opt,name=structured_content,json=structuredContent,proto3" json:"structured_content,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *ExploreCallResult) Reset() {
+	*x = ExploreCallResult{}
+	mi := &file_ringfence_types_v1_tool_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExploreCallResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExploreCallResult) ProtoMessage() {}
+
+func (x *ExploreCallResult) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_types_v1_tool_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExploreCallResult.ProtoReflect.Descriptor instead.
+func (*ExploreCallResult) Descriptor() ([]byte, []int) {
+	return file_ringfence_types_v1_tool_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ExploreCallResult) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *ExploreCallResult) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *ExploreCallResult) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ExploreCallResult) GetResult() string {
+	if x != nil {
+		return x.Result
+	}
+	return ""
+}
+
+func (x *ExploreCallResult) GetFailureClass() string {
+	if x != nil {
+		return x.FailureClass
+	}
+	return ""
+}
+
+func (x *ExploreCallResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ExploreCallResult) GetIsError() bool {
+	if x != nil {
+		return x.IsError
+	}
+	return false
+}
+
+func (x *ExploreCallResult) GetContent() []*structpb.Struct {
+	if x != nil {
+		return x.Content
+	}
+	return nil
+}
+
+func (x *ExploreCallResult) GetStructuredContent() *structpb.Struct {
+	if x != nil {
+		return x.StructuredContent
+	}
+	return nil
+}
+
 var File_ringfence_types_v1_tool_proto protoreflect.FileDescriptor
 
 const file_ringfence_types_v1_tool_proto_rawDesc = "" +
@@ -306,7 +477,20 @@ const file_ringfence_types_v1_tool_proto_rawDesc = "" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1f\n" +
 	"\vstderr_tail\x18\x03 \x01(\tR\n" +
-	"stderrTailB\xcf\x01\n" +
+	"stderrTail\"X\n" +
+	"\vExploreCall\x12\x12\n" +
+	"\x04tool\x18\x01 \x01(\tR\x04tool\x125\n" +
+	"\targuments\x18\x02 \x01(\v2\x17.google.protobuf.StructR\targuments\"\xcb\x02\n" +
+	"\x11ExploreCallResult\x12\x17\n" +
+	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x18\n" +
+	"\aoutcome\x18\x02 \x01(\tR\aoutcome\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06result\x18\x04 \x01(\tR\x06result\x12#\n" +
+	"\rfailure_class\x18\x05 \x01(\tR\ffailureClass\x12\x18\n" +
+	"\amessage\x18\x06 \x01(\tR\amessage\x12\x19\n" +
+	"\bis_error\x18\a \x01(\bR\aisError\x121\n" +
+	"\acontent\x18\b \x03(\v2\x17.google.protobuf.StructR\acontent\x12F\n" +
+	"\x12structured_content\x18\t \x01(\v2\x17.google.protobuf.StructR\x11structuredContentB\xcf\x01\n" +
 	"\x16com.ringfence.types.v1B\tToolProtoP\x01Z@github.com/ringfence/ringfence/gen/go/ringfence/types/v1;typesv1\xa2\x02\x03RTX\xaa\x02\x12Ringfence.Types.V1\xca\x02\x12Ringfence\\Types\\V1\xe2\x02\x1eRingfence\\Types\\V1\\GPBMetadata\xea\x02\x14Ringfence::Types::V1b\x06proto3"
 
 var (
@@ -321,23 +505,28 @@ func file_ringfence_types_v1_tool_proto_rawDescGZIP() []byte {
 	return file_ringfence_types_v1_tool_proto_rawDescData
 }
 
-var file_ringfence_types_v1_tool_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_ringfence_types_v1_tool_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_ringfence_types_v1_tool_proto_goTypes = []any{
-	(*ToolDeclaration)(nil), // 0: ringfence.types.v1.ToolDeclaration
-	(*Finding)(nil),         // 1: ringfence.types.v1.Finding
-	(*ServerFailure)(nil),   // 2: ringfence.types.v1.ServerFailure
-	(*structpb.Struct)(nil), // 3: google.protobuf.Struct
+	(*ToolDeclaration)(nil),   // 0: ringfence.types.v1.ToolDeclaration
+	(*Finding)(nil),           // 1: ringfence.types.v1.Finding
+	(*ServerFailure)(nil),     // 2: ringfence.types.v1.ServerFailure
+	(*ExploreCall)(nil),       // 3: ringfence.types.v1.ExploreCall
+	(*ExploreCallResult)(nil), // 4: ringfence.types.v1.ExploreCallResult
+	(*structpb.Struct)(nil),   // 5: google.protobuf.Struct
 }
 var file_ringfence_types_v1_tool_proto_depIdxs = []int32{
-	3, // 0: ringfence.types.v1.ToolDeclaration.input_schema:type_name -> google.protobuf.Struct
-	3, // 1: ringfence.types.v1.ToolDeclaration.output_schema:type_name -> google.protobuf.Struct
-	3, // 2: ringfence.types.v1.ToolDeclaration.annotations:type_name -> google.protobuf.Struct
+	5, // 0: ringfence.types.v1.ToolDeclaration.input_schema:type_name -> google.protobuf.Struct
+	5, // 1: ringfence.types.v1.ToolDeclaration.output_schema:type_name -> google.protobuf.Struct
+	5, // 2: ringfence.types.v1.ToolDeclaration.annotations:type_name -> google.protobuf.Struct
 	1, // 3: ringfence.types.v1.ToolDeclaration.findings:type_name -> ringfence.types.v1.Finding
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	5, // 4: ringfence.types.v1.ExploreCall.arguments:type_name -> google.protobuf.Struct
+	5, // 5: ringfence.types.v1.ExploreCallResult.content:type_name -> google.protobuf.Struct
+	5, // 6: ringfence.types.v1.ExploreCallResult.structured_content:type_name -> google.protobuf.Struct
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_types_v1_tool_proto_init() }
@@ -351,7 +540,7 @@ func file_ringfence_types_v1_tool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_types_v1_tool_proto_rawDesc), len(file_ringfence_types_v1_tool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
