@@ -352,9 +352,26 @@ func TestExploreCallsOneTool(t *testing.T) {
 	require.NotEqual(t, 0, r.Code)
 	require.Contains(t, r.Stderr, "mcp:admin")
 
+	// An ad-hoc server: validated like a registration, run in isolation, never stored, and
+	// recorded as an admin event before it starts.
+	r = cli(adminKey, "servers", "explore", "--command", "mcpfixture", "--keep-markup", "--call", "add", "--args", `{"a":1,"b":2}`)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, `{"sum":3}`, "--keep-markup reaches the ad-hoc registration")
+	r = cli(adminKey, "servers", "show", "adhoc")
+	require.NotEqual(t, 0, r.Code, "nothing was stored")
+	r = cli(adminKey, "servers", "explore", "--command", "mcpfixture", "--env", "DOCKER_HOST=tcp://evil:2375")
+	require.NotEqual(t, 0, r.Code)
+	require.Contains(t, r.Stderr, "DOCKER_HOST")
+	r = cli(adminKey, "servers", "explore")
+	require.Equal(t, 2, r.Code, r.Stderr)
+	require.Eventually(t, func() bool {
+		r = cli(adminKey, "audit", "list", "--kind", "admin", "-o", "json")
+		return r.Code == 0 && strings.Contains(r.Stdout, `"explore"`)
+	}, 15*time.Second, 100*time.Millisecond, "the ad-hoc explore is an admin event")
+
 	require.Eventually(t, func() bool {
 		r = cli(adminKey, "audit", "list", "--kind", "tool_call", "-o", "json")
-		return r.Code == 0 && strings.Count(r.Stdout, `"explore-`) >= 3
+		return r.Code == 0 && strings.Count(r.Stdout, `"explore-`) >= 4
 	}, 15*time.Second, 100*time.Millisecond, "every explore call reaches the audit log: %s", r.Stdout)
 	var list struct {
 		Records []struct {
@@ -373,5 +390,5 @@ func TestExploreCallsOneTool(t *testing.T) {
 		require.True(t, strings.HasPrefix(rec.ToolCall.AgentNode, "operator:key_"), rec.ToolCall.AgentNode)
 		outcomes = append(outcomes, rec.ToolCall.Outcome+"/"+rec.ToolCall.Reason)
 	}
-	require.ElementsMatch(t, []string{"dispatched/", "refused_before_dispatch/unknown_tool", "refused_before_dispatch/invalid_input"}, outcomes)
+	require.ElementsMatch(t, []string{"dispatched/", "refused_before_dispatch/unknown_tool", "refused_before_dispatch/invalid_input", "dispatched/"}, outcomes)
 }

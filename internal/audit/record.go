@@ -39,6 +39,8 @@ const (
 	ActionPublish   = "publish"
 	ActionKeyCreate = "key_create"
 	ActionKeyRevoke = "key_revoke"
+	// ActionExplore records that an operator started an ad-hoc, unregistered server.
+	ActionExplore = "explore"
 	// ActionAuditRecordsDropped is written by a spool that was told to continue when
 	// full; the record says how many records were dropped, so the gap is itself audited.
 	ActionAuditRecordsDropped = "audit_records_dropped"

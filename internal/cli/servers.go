@@ -60,6 +60,43 @@ func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 	}
 }
 
+// createRequest is the registration the flags describe.
+func (f *serverFlags) createRequest(ref string) (*registryv1.CreateServerRequest, error) {
+	req := &registryv1.CreateServerRequest{Ref: ref, Transport: normalizeTransport(f.transport), Url: f.url, Description: f.description, KeepMarkup: f.keepMarkup}
+	var err error
+	if req.Command, req.Args, err = splitCommand(f.command, f.args); err != nil {
+		return nil, err
+	}
+	if req.Headers, err = parsePairs("--header-secret", f.headerSecrets); err != nil {
+		return nil, err
+	}
+	if req.Env, err = envStruct(f.env); err != nil {
+		return nil, err
+	}
+	req.Grants = f.grants
+	req.ToolFilter = &registryv1.ToolFilter{Include: f.includeTools, Exclude: f.excludeTools}
+	if req.ToolPermissions, err = toolPermissions(f.toolPerms); err != nil {
+		return nil, err
+	}
+	req.ClientSessionTimeout = optDuration(f.sessionTimeout)
+	req.ToolCallTimeout = optDuration(f.callTimeout)
+	return req, nil
+}
+
+// registerAdhoc registers the flags that describe a server to explore without registering it.
+func (f *serverFlags) registerAdhoc(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVarP(&f.transport, "transport", "t", "stdio", "stdio, streamable_http (alias http) or sse")
+	fl.StringVar(&f.command, "command", "", `explore an ad-hoc server running this command inside the isolation image, split as a shell would`)
+	fl.StringArrayVar(&f.args, "arg", nil, "one more argument, appended after those in --command (repeatable)")
+	fl.StringVar(&f.url, "url", "", "explore an ad-hoc server at this URL (streamable_http or sse)")
+	fl.StringArrayVar(&f.headerSecrets, "header-secret", nil, "HEADER=SECRET for the ad-hoc server (repeatable)")
+	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the ad-hoc server's environment; KEY must be on the allowlist (repeatable)")
+	fl.DurationVar(&f.sessionTimeout, "session-timeout", 0, "bound on the MCP handshake (default 2s)")
+	fl.DurationVar(&f.callTimeout, "call-timeout", 0, "bound on the call (default 30s)")
+	fl.BoolVar(&f.keepMarkup, "keep-markup", false, "do not HTML-escape the call's result")
+}
+
 func newServersCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "servers",
@@ -98,23 +135,10 @@ func newServersAddCmd(g *globals) *cobra.Command {
 					return err
 				}
 			}
-			req := &registryv1.CreateServerRequest{Ref: ref, Transport: transport, Url: f.url, Description: f.description, KeepMarkup: f.keepMarkup}
-			if req.Command, req.Args, err = splitCommand(f.command, f.args); err != nil {
+			req, err := f.createRequest(ref)
+			if err != nil {
 				return err
 			}
-			if req.Headers, err = parsePairs("--header-secret", f.headerSecrets); err != nil {
-				return err
-			}
-			if req.Env, err = envStruct(f.env); err != nil {
-				return err
-			}
-			req.Grants = f.grants
-			req.ToolFilter = &registryv1.ToolFilter{Include: f.includeTools, Exclude: f.excludeTools}
-			if req.ToolPermissions, err = toolPermissions(f.toolPerms); err != nil {
-				return err
-			}
-			req.ClientSessionTimeout = optDuration(f.sessionTimeout)
-			req.ToolCallTimeout = optDuration(f.callTimeout)
 
 			client, ctx, cancel, err := g.registry(cmd.Context())
 			if err != nil {
@@ -352,12 +376,31 @@ func newServersToolsCmd(g *globals) *cobra.Command {
 
 func newServersExploreCmd(g *globals) *cobra.Command {
 	var callTool, callArgs string
+	var adhoc serverFlags
 	cmd := &cobra.Command{
-		Use:   "explore REF [--call TOOL --args JSON]",
-		Short: "Start the server in isolation and print each tool in full: description, schemas, annotations, findings; --call then calls one tool (exit 3 when refused, 4 when it failed)",
-		Args:  cobra.ExactArgs(1),
+		Use:   "explore [REF] [--command CMD | --url URL] [--call TOOL --args JSON]",
+		Short: "Start a registered server (or an ad-hoc one: --command or --url) in isolation and print each tool in full; --call then calls one tool (exit 3 when refused, 4 when it failed). Nothing is stored",
+		Example: `  ringfence servers explore docs-search
+  ringfence servers explore docs-search --call search_docs --args '{"query":"leave"}'
+  ringfence servers explore --command "mcp-server-filesystem /srv/docs" --call list_directory --args '{"path":"/srv/docs"}'`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := &registryv1.ExploreServerRequest{Ref: args[0]}
+			isAdhoc := adhoc.command != "" || adhoc.url != ""
+			ref := "adhoc"
+			switch {
+			case len(args) == 1:
+				ref = args[0]
+			case !isAdhoc:
+				return usagef("name a registered server (REF), or describe an ad-hoc one with --command or --url")
+			}
+			req := &registryv1.ExploreServerRequest{Ref: ref}
+			if isAdhoc {
+				spec, err := adhoc.createRequest("")
+				if err != nil {
+					return err
+				}
+				req.Server = spec
+			}
 			if callTool != "" {
 				st := &structpb.Struct{}
 				if err := st.UnmarshalJSON([]byte(callArgs)); err != nil {
@@ -388,6 +431,7 @@ func newServersExploreCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&callTool, "call", "", "after listing, call this tool (the server's own name for it)")
 	cmd.Flags().StringVar(&callArgs, "args", "{}", "the call's arguments as a JSON object")
+	adhoc.registerAdhoc(cmd)
 	return cmd
 }
 

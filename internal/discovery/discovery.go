@@ -9,6 +9,7 @@ import (
 	"fmt"
 
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
+	"github.com/ringfence/ringfence/internal/mcpserver"
 )
 
 // Tool is one declared tool as the server sent it, with its pin and the screen's findings.
@@ -104,6 +105,9 @@ func AsFailure(err error) (*Failure, bool) {
 type ExploreRequest struct {
 	Ref  string
 	Call *typesv1.ExploreCall
+	// Adhoc, when set, is explored instead of the registration Ref names: a server the
+	// registry validated and resolved but never stored.
+	Adhoc *mcpserver.Resolved
 	// Tenant and ActorKeyID say whose call it is, for its audit record.
 	Tenant, ActorKeyID string
 }

@@ -122,16 +122,21 @@ func truncate(s string) string {
 // run named explore-…, whose agent is the operator's key. A refused or failed call still
 // answers with the listing; the result says what happened.
 func (s *Service) ExploreTools(ctx context.Context, req discovery.ExploreRequest) (*discovery.Listing, *typesv1.ExploreCallResult, error) {
-	if req.Call == nil {
+	if req.Call == nil && req.Adhoc == nil {
 		listing, err := s.DiscoverTools(ctx, req.Ref)
 		return listing, nil, err
 	}
-	if err := s.spool.CanAccept(); err != nil {
-		return nil, nil, err // nothing starts without room for its record
+	if req.Call != nil {
+		if err := s.spool.CanAccept(); err != nil {
+			return nil, nil, err // nothing starts without room for its record
+		}
 	}
-	reg, err := s.cfg.Registry.ResolveRegistration(ctx, req.Ref)
-	if err != nil {
-		return nil, nil, err
+	reg := req.Adhoc
+	if reg == nil {
+		var err error
+		if reg, err = s.cfg.Registry.ResolveRegistration(ctx, req.Ref); err != nil {
+			return nil, nil, err
+		}
 	}
 	spawned, err := s.spawner.Spawn(ctx, specFor(reg, spawner.PurposeDiscovery, ""))
 	if err != nil {
@@ -145,6 +150,9 @@ func (s *Service) ExploreTools(ctx context.Context, req discovery.ExploreRequest
 	listing, err := Screen(reg, tools)
 	if err != nil {
 		return nil, nil, err
+	}
+	if req.Call == nil {
+		return listing, nil, nil
 	}
 	sess := &session{ref: reg.Ref, sess: spawned, reg: reg, start: time.Now()}
 	return listing, s.exploreCall(ctx, sess, listing, req), nil

@@ -17,6 +17,7 @@ import (
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/internal/peers"
 )
 
 // Server is the gRPC front end of the pool.
@@ -35,9 +36,11 @@ func (g *Server) Discover(ctx context.Context, req *poolv1.DiscoverRequest) (*po
 	if err := mcpserver.ValidateRef(req.GetServerRef()); err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
-	listing, call, err := g.svc.ExploreTools(ctx, discovery.ExploreRequest{
-		Ref: req.GetServerRef(), Call: req.GetCall(), Tenant: req.GetTenant(), ActorKeyID: req.GetActorKeyId(),
-	})
+	er := discovery.ExploreRequest{Ref: req.GetServerRef(), Call: req.GetCall(), Tenant: req.GetTenant(), ActorKeyID: req.GetActorKeyId()}
+	if a := req.GetAdhoc(); a != nil {
+		er.Adhoc = peers.ResolvedFromProto(a)
+	}
+	listing, call, err := g.svc.ExploreTools(ctx, er)
 	if err != nil {
 		return nil, discovery.Status(ctx, g.svc.errors, err)
 	}

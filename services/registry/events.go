@@ -23,19 +23,27 @@ const (
 // in the change's own transaction: no change without its record, no record without its
 // change. change must already be masked.
 func (s *Service) event(ctx context.Context, action, resourceType, resourceID string, change any) func(tx *bolt.Tx) error {
-	p, _ := auth.FromContext(ctx)
-	actorID, role := p.AuditActor()
-	raw, err := marshalChange(change)
+	rec, err := s.record(ctx, action, resourceType, resourceID, change)
 	return func(tx *bolt.Tx) error {
 		if err != nil {
 			return err
 		}
-		rec := audit.NewAdminRecord("registry", "", audit.AdminEvent{
-			ActorKeyID: actorID, ActorRole: role, Action: action,
-			ResourceType: resourceType, ResourceID: resourceID, Change: raw,
-		})
 		return s.spool.EnqueueTx(tx, rec)
 	}
+}
+
+// record is the admin record of an action by ctx's caller. change must already be masked.
+func (s *Service) record(ctx context.Context, action, resourceType, resourceID string, change any) (audit.Record, error) {
+	p, _ := auth.FromContext(ctx)
+	actorID, role := p.AuditActor()
+	raw, err := marshalChange(change)
+	if err != nil {
+		return audit.Record{}, err
+	}
+	return audit.NewAdminRecord("registry", "", audit.AdminEvent{
+		ActorKeyID: actorID, ActorRole: role, Action: action,
+		ResourceType: resourceType, ResourceID: resourceID, Change: raw,
+	}), nil
 }
 
 // marshalChange renders a change as JSON: proto messages as the API shows them (env values

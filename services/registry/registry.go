@@ -158,8 +158,17 @@ func (s *Service) ResolveRegistration(ctx context.Context, ref string) (*mcpserv
 	if err != nil {
 		return nil, storeErr(err, errServerNotFound)
 	}
-	res := &mcpserver.Resolved{Registration: *reg, HeaderValues: make(map[string]string, len(reg.Headers))}
-	for header, secret := range reg.Headers {
+	values, err := s.headerValues(ctx, reg.Headers)
+	if err != nil {
+		return nil, err
+	}
+	return &mcpserver.Resolved{Registration: *reg, HeaderValues: values}, nil
+}
+
+// headerValues resolves each header's named secret to its clear value.
+func (s *Service) headerValues(ctx context.Context, headers map[string]string) (map[string]string, error) {
+	values := make(map[string]string, len(headers))
+	for header, secret := range headers {
 		v, err := s.store.SecretValue(ctx, secret)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, errMissingSecret
@@ -167,9 +176,9 @@ func (s *Service) ResolveRegistration(ctx context.Context, ref string) (*mcpserv
 		if err != nil {
 			return nil, err
 		}
-		res.HeaderValues[header] = v
+		values[header] = v
 	}
-	return res, nil
+	return values, nil
 }
 
 // ServerPolicy returns what a registration allows, without secrets.

@@ -134,15 +134,31 @@ func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServ
 	if c := req.GetCall(); c != nil && c.GetTool() == "" {
 		return nil, s.errors.Status(ctx, fielderr.New("call.tool", "names the tool to call: one of the names the listing shows"))
 	}
-	if _, err := s.store.ServerPolicy(ctx, req.GetRef()); err != nil {
+	var adhoc *mcpserver.Resolved
+	if spec := req.GetServer(); spec != nil {
+		var err error
+		if adhoc, err = s.resolveAdhoc(ctx, req.GetRef(), spec); err != nil {
+			return nil, s.errors.Status(ctx, err)
+		}
+	} else if _, err := s.store.ServerPolicy(ctx, req.GetRef()); err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
 	}
 	if s.cfg.Discoverer == nil {
 		return nil, discovery.Status(ctx, s.errors, discovery.ErrIsolationRequired)
 	}
+	if adhoc != nil {
+		// An unregistered command is about to run: record who started what before it does.
+		rec, err := s.record(ctx, audit.ActionExplore, resourceServer, adhoc.Ref, serverToProto(&adhoc.Registration))
+		if err == nil {
+			err = s.spool.Enqueue(ctx, rec)
+		}
+		if err != nil {
+			return nil, s.errors.Status(ctx, err)
+		}
+	}
 	p, _ := auth.FromContext(ctx)
 	listing, call, err := s.cfg.Discoverer.ExploreTools(ctx, discovery.ExploreRequest{
-		Ref: req.GetRef(), Call: req.GetCall(), Tenant: p.Tenant, ActorKeyID: p.KeyID,
+		Ref: req.GetRef(), Call: req.GetCall(), Adhoc: adhoc, Tenant: p.Tenant, ActorKeyID: p.KeyID,
 	})
 	if err != nil {
 		return nil, discovery.Status(ctx, s.errors, err)
@@ -152,6 +168,25 @@ func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServ
 		resp.Tools = append(resp.Tools, discovery.ToolToProto(t))
 	}
 	return resp, nil
+}
+
+// resolveAdhoc validates an ad-hoc server as CreateServer would and resolves its header
+// secrets, storing nothing.
+func (s *Service) resolveAdhoc(ctx context.Context, ref string, spec *registryv1.CreateServerRequest) (*mcpserver.Resolved, error) {
+	if spec.GetRef() != "" && spec.GetRef() != ref {
+		return nil, fielderr.New("server.ref", "is %q but the request explores %q: leave it empty or make them equal", spec.GetRef(), ref)
+	}
+	spec = proto.CloneOf(spec)
+	spec.Ref = ref
+	reg, _, err := registrationFromProto(spec, s.cfg.AllowedEnvKeys)
+	if err != nil {
+		return nil, err
+	}
+	values, err := s.headerValues(ctx, reg.Headers)
+	if err != nil {
+		return nil, err
+	}
+	return &mcpserver.Resolved{Registration: *reg, HeaderValues: values}, nil
 }
 
 // PutSecret implements RegistryService.

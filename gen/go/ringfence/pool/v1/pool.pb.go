@@ -7,6 +7,7 @@
 package poolv1
 
 import (
+	v11 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	v1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -31,8 +32,11 @@ type DiscoverRequest struct {
 	ServerRef string                 `protobuf:"bytes,1,opt,name=server_ref,json=serverRef,proto3" json:"server_ref,omitempty"`
 	Call      *v1.ExploreCall        `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
 	// tenant and actor_key_id say whose explore call it is, for the audit record.
-	Tenant        string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	ActorKeyId    string `protobuf:"bytes,4,opt,name=actor_key_id,json=actorKeyId,proto3" json:"actor_key_id,omitempty"`
+	Tenant     string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	ActorKeyId string `protobuf:"bytes,4,opt,name=actor_key_id,json=actorKeyId,proto3" json:"actor_key_id,omitempty"`
+	// adhoc, when set, is an ad-hoc server the registry validated and resolved, explored
+	// instead of a registration (secrets in clear, as ResolveServer returns them).
+	Adhoc         *v11.ResolveServerResponse `protobuf:"bytes,5,opt,name=adhoc,proto3" json:"adhoc,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -93,6 +97,13 @@ func (x *DiscoverRequest) GetActorKeyId() string {
 		return x.ActorKeyId
 	}
 	return ""
+}
+
+func (x *DiscoverRequest) GetAdhoc() *v11.ResolveServerResponse {
+	if x != nil {
+		return x.Adhoc
+	}
+	return nil
 }
 
 // DiscoverResponse is the server's listing.
@@ -1252,14 +1263,15 @@ var File_ringfence_pool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\n" +
-	"\x1cringfence/pool/v1/pool.proto\x12\x11ringfence.pool.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\x9f\x01\n" +
+	"\x1cringfence/pool/v1/pool.proto\x12\x11ringfence.pool.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a$ringfence/registry/v1/registry.proto\x1a\x1dringfence/types/v1/tool.proto\"\xe3\x01\n" +
 	"\x0fDiscoverRequest\x12\x1d\n" +
 	"\n" +
 	"server_ref\x18\x01 \x01(\tR\tserverRef\x123\n" +
 	"\x04call\x18\x02 \x01(\v2\x1f.ringfence.types.v1.ExploreCallR\x04call\x12\x16\n" +
 	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12 \n" +
 	"\factor_key_id\x18\x04 \x01(\tR\n" +
-	"actorKeyId\"\x85\x02\n" +
+	"actorKeyId\x12B\n" +
+	"\x05adhoc\x18\x05 \x01(\v2,.ringfence.registry.v1.ResolveServerResponseR\x05adhoc\"\x85\x02\n" +
 	"\x10DiscoverResponse\x129\n" +
 	"\x05tools\x18\x01 \x03(\v2#.ringfence.types.v1.ToolDeclarationR\x05tools\x12F\n" +
 	"\x10listing_findings\x18\x02 \x03(\v2\x1b.ringfence.types.v1.FindingR\x0flistingFindings\x123\n" +
@@ -1373,71 +1385,73 @@ func file_ringfence_pool_v1_pool_proto_rawDescGZIP() []byte {
 
 var file_ringfence_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_ringfence_pool_v1_pool_proto_goTypes = []any{
-	(*DiscoverRequest)(nil),       // 0: ringfence.pool.v1.DiscoverRequest
-	(*DiscoverResponse)(nil),      // 1: ringfence.pool.v1.DiscoverResponse
-	(*Run)(nil),                   // 2: ringfence.pool.v1.Run
-	(*Session)(nil),               // 3: ringfence.pool.v1.Session
-	(*StartRunRequest)(nil),       // 4: ringfence.pool.v1.StartRunRequest
-	(*StartRunResponse)(nil),      // 5: ringfence.pool.v1.StartRunResponse
-	(*CallToolRequest)(nil),       // 6: ringfence.pool.v1.CallToolRequest
-	(*CallToolResponse)(nil),      // 7: ringfence.pool.v1.CallToolResponse
-	(*CallRefusal)(nil),           // 8: ringfence.pool.v1.CallRefusal
-	(*CallFailure)(nil),           // 9: ringfence.pool.v1.CallFailure
-	(*PauseRunRequest)(nil),       // 10: ringfence.pool.v1.PauseRunRequest
-	(*PauseRunResponse)(nil),      // 11: ringfence.pool.v1.PauseRunResponse
-	(*ResumeRunRequest)(nil),      // 12: ringfence.pool.v1.ResumeRunRequest
-	(*ResumeRunResponse)(nil),     // 13: ringfence.pool.v1.ResumeRunResponse
-	(*EndRunRequest)(nil),         // 14: ringfence.pool.v1.EndRunRequest
-	(*EndRunResponse)(nil),        // 15: ringfence.pool.v1.EndRunResponse
-	(*GetRunRequest)(nil),         // 16: ringfence.pool.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 17: ringfence.pool.v1.GetRunResponse
-	(*v1.ExploreCall)(nil),        // 18: ringfence.types.v1.ExploreCall
-	(*v1.ToolDeclaration)(nil),    // 19: ringfence.types.v1.ToolDeclaration
-	(*v1.Finding)(nil),            // 20: ringfence.types.v1.Finding
-	(*v1.ExploreCallResult)(nil),  // 21: ringfence.types.v1.ExploreCallResult
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 23: google.protobuf.Struct
-	(*v1.ServerFailure)(nil),      // 24: ringfence.types.v1.ServerFailure
+	(*DiscoverRequest)(nil),           // 0: ringfence.pool.v1.DiscoverRequest
+	(*DiscoverResponse)(nil),          // 1: ringfence.pool.v1.DiscoverResponse
+	(*Run)(nil),                       // 2: ringfence.pool.v1.Run
+	(*Session)(nil),                   // 3: ringfence.pool.v1.Session
+	(*StartRunRequest)(nil),           // 4: ringfence.pool.v1.StartRunRequest
+	(*StartRunResponse)(nil),          // 5: ringfence.pool.v1.StartRunResponse
+	(*CallToolRequest)(nil),           // 6: ringfence.pool.v1.CallToolRequest
+	(*CallToolResponse)(nil),          // 7: ringfence.pool.v1.CallToolResponse
+	(*CallRefusal)(nil),               // 8: ringfence.pool.v1.CallRefusal
+	(*CallFailure)(nil),               // 9: ringfence.pool.v1.CallFailure
+	(*PauseRunRequest)(nil),           // 10: ringfence.pool.v1.PauseRunRequest
+	(*PauseRunResponse)(nil),          // 11: ringfence.pool.v1.PauseRunResponse
+	(*ResumeRunRequest)(nil),          // 12: ringfence.pool.v1.ResumeRunRequest
+	(*ResumeRunResponse)(nil),         // 13: ringfence.pool.v1.ResumeRunResponse
+	(*EndRunRequest)(nil),             // 14: ringfence.pool.v1.EndRunRequest
+	(*EndRunResponse)(nil),            // 15: ringfence.pool.v1.EndRunResponse
+	(*GetRunRequest)(nil),             // 16: ringfence.pool.v1.GetRunRequest
+	(*GetRunResponse)(nil),            // 17: ringfence.pool.v1.GetRunResponse
+	(*v1.ExploreCall)(nil),            // 18: ringfence.types.v1.ExploreCall
+	(*v11.ResolveServerResponse)(nil), // 19: ringfence.registry.v1.ResolveServerResponse
+	(*v1.ToolDeclaration)(nil),        // 20: ringfence.types.v1.ToolDeclaration
+	(*v1.Finding)(nil),                // 21: ringfence.types.v1.Finding
+	(*v1.ExploreCallResult)(nil),      // 22: ringfence.types.v1.ExploreCallResult
+	(*timestamppb.Timestamp)(nil),     // 23: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),           // 24: google.protobuf.Struct
+	(*v1.ServerFailure)(nil),          // 25: ringfence.types.v1.ServerFailure
 }
 var file_ringfence_pool_v1_pool_proto_depIdxs = []int32{
 	18, // 0: ringfence.pool.v1.DiscoverRequest.call:type_name -> ringfence.types.v1.ExploreCall
-	19, // 1: ringfence.pool.v1.DiscoverResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	20, // 2: ringfence.pool.v1.DiscoverResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	21, // 3: ringfence.pool.v1.DiscoverResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
-	3,  // 4: ringfence.pool.v1.Run.sessions:type_name -> ringfence.pool.v1.Session
-	22, // 5: ringfence.pool.v1.Run.start_time:type_name -> google.protobuf.Timestamp
-	22, // 6: ringfence.pool.v1.Run.last_activity_time:type_name -> google.protobuf.Timestamp
-	22, // 7: ringfence.pool.v1.Run.end_time:type_name -> google.protobuf.Timestamp
-	22, // 8: ringfence.pool.v1.Session.start_time:type_name -> google.protobuf.Timestamp
-	22, // 9: ringfence.pool.v1.Session.listed_time:type_name -> google.protobuf.Timestamp
-	2,  // 10: ringfence.pool.v1.StartRunResponse.run:type_name -> ringfence.pool.v1.Run
-	23, // 11: ringfence.pool.v1.CallToolRequest.arguments:type_name -> google.protobuf.Struct
-	23, // 12: ringfence.pool.v1.CallToolResponse.content:type_name -> google.protobuf.Struct
-	23, // 13: ringfence.pool.v1.CallToolResponse.structured_content:type_name -> google.protobuf.Struct
-	24, // 14: ringfence.pool.v1.CallRefusal.server_failure:type_name -> ringfence.types.v1.ServerFailure
-	2,  // 15: ringfence.pool.v1.PauseRunResponse.run:type_name -> ringfence.pool.v1.Run
-	2,  // 16: ringfence.pool.v1.ResumeRunResponse.run:type_name -> ringfence.pool.v1.Run
-	2,  // 17: ringfence.pool.v1.EndRunResponse.run:type_name -> ringfence.pool.v1.Run
-	2,  // 18: ringfence.pool.v1.GetRunResponse.run:type_name -> ringfence.pool.v1.Run
-	0,  // 19: ringfence.pool.v1.PoolService.Discover:input_type -> ringfence.pool.v1.DiscoverRequest
-	4,  // 20: ringfence.pool.v1.PoolService.StartRun:input_type -> ringfence.pool.v1.StartRunRequest
-	6,  // 21: ringfence.pool.v1.PoolService.CallTool:input_type -> ringfence.pool.v1.CallToolRequest
-	10, // 22: ringfence.pool.v1.PoolService.PauseRun:input_type -> ringfence.pool.v1.PauseRunRequest
-	12, // 23: ringfence.pool.v1.PoolService.ResumeRun:input_type -> ringfence.pool.v1.ResumeRunRequest
-	14, // 24: ringfence.pool.v1.PoolService.EndRun:input_type -> ringfence.pool.v1.EndRunRequest
-	16, // 25: ringfence.pool.v1.PoolService.GetRun:input_type -> ringfence.pool.v1.GetRunRequest
-	1,  // 26: ringfence.pool.v1.PoolService.Discover:output_type -> ringfence.pool.v1.DiscoverResponse
-	5,  // 27: ringfence.pool.v1.PoolService.StartRun:output_type -> ringfence.pool.v1.StartRunResponse
-	7,  // 28: ringfence.pool.v1.PoolService.CallTool:output_type -> ringfence.pool.v1.CallToolResponse
-	11, // 29: ringfence.pool.v1.PoolService.PauseRun:output_type -> ringfence.pool.v1.PauseRunResponse
-	13, // 30: ringfence.pool.v1.PoolService.ResumeRun:output_type -> ringfence.pool.v1.ResumeRunResponse
-	15, // 31: ringfence.pool.v1.PoolService.EndRun:output_type -> ringfence.pool.v1.EndRunResponse
-	17, // 32: ringfence.pool.v1.PoolService.GetRun:output_type -> ringfence.pool.v1.GetRunResponse
-	26, // [26:33] is the sub-list for method output_type
-	19, // [19:26] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	19, // 1: ringfence.pool.v1.DiscoverRequest.adhoc:type_name -> ringfence.registry.v1.ResolveServerResponse
+	20, // 2: ringfence.pool.v1.DiscoverResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	21, // 3: ringfence.pool.v1.DiscoverResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	22, // 4: ringfence.pool.v1.DiscoverResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
+	3,  // 5: ringfence.pool.v1.Run.sessions:type_name -> ringfence.pool.v1.Session
+	23, // 6: ringfence.pool.v1.Run.start_time:type_name -> google.protobuf.Timestamp
+	23, // 7: ringfence.pool.v1.Run.last_activity_time:type_name -> google.protobuf.Timestamp
+	23, // 8: ringfence.pool.v1.Run.end_time:type_name -> google.protobuf.Timestamp
+	23, // 9: ringfence.pool.v1.Session.start_time:type_name -> google.protobuf.Timestamp
+	23, // 10: ringfence.pool.v1.Session.listed_time:type_name -> google.protobuf.Timestamp
+	2,  // 11: ringfence.pool.v1.StartRunResponse.run:type_name -> ringfence.pool.v1.Run
+	24, // 12: ringfence.pool.v1.CallToolRequest.arguments:type_name -> google.protobuf.Struct
+	24, // 13: ringfence.pool.v1.CallToolResponse.content:type_name -> google.protobuf.Struct
+	24, // 14: ringfence.pool.v1.CallToolResponse.structured_content:type_name -> google.protobuf.Struct
+	25, // 15: ringfence.pool.v1.CallRefusal.server_failure:type_name -> ringfence.types.v1.ServerFailure
+	2,  // 16: ringfence.pool.v1.PauseRunResponse.run:type_name -> ringfence.pool.v1.Run
+	2,  // 17: ringfence.pool.v1.ResumeRunResponse.run:type_name -> ringfence.pool.v1.Run
+	2,  // 18: ringfence.pool.v1.EndRunResponse.run:type_name -> ringfence.pool.v1.Run
+	2,  // 19: ringfence.pool.v1.GetRunResponse.run:type_name -> ringfence.pool.v1.Run
+	0,  // 20: ringfence.pool.v1.PoolService.Discover:input_type -> ringfence.pool.v1.DiscoverRequest
+	4,  // 21: ringfence.pool.v1.PoolService.StartRun:input_type -> ringfence.pool.v1.StartRunRequest
+	6,  // 22: ringfence.pool.v1.PoolService.CallTool:input_type -> ringfence.pool.v1.CallToolRequest
+	10, // 23: ringfence.pool.v1.PoolService.PauseRun:input_type -> ringfence.pool.v1.PauseRunRequest
+	12, // 24: ringfence.pool.v1.PoolService.ResumeRun:input_type -> ringfence.pool.v1.ResumeRunRequest
+	14, // 25: ringfence.pool.v1.PoolService.EndRun:input_type -> ringfence.pool.v1.EndRunRequest
+	16, // 26: ringfence.pool.v1.PoolService.GetRun:input_type -> ringfence.pool.v1.GetRunRequest
+	1,  // 27: ringfence.pool.v1.PoolService.Discover:output_type -> ringfence.pool.v1.DiscoverResponse
+	5,  // 28: ringfence.pool.v1.PoolService.StartRun:output_type -> ringfence.pool.v1.StartRunResponse
+	7,  // 29: ringfence.pool.v1.PoolService.CallTool:output_type -> ringfence.pool.v1.CallToolResponse
+	11, // 30: ringfence.pool.v1.PoolService.PauseRun:output_type -> ringfence.pool.v1.PauseRunResponse
+	13, // 31: ringfence.pool.v1.PoolService.ResumeRun:output_type -> ringfence.pool.v1.ResumeRunResponse
+	15, // 32: ringfence.pool.v1.PoolService.EndRun:output_type -> ringfence.pool.v1.EndRunResponse
+	17, // 33: ringfence.pool.v1.PoolService.GetRun:output_type -> ringfence.pool.v1.GetRunResponse
+	27, // [27:34] is the sub-list for method output_type
+	20, // [20:27] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_pool_v1_pool_proto_init() }

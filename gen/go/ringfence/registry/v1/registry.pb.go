@@ -1091,11 +1091,17 @@ func (x *ListServerToolsResponse) GetListingFindings() []*v1.Finding {
 	return nil
 }
 
-// ExploreServerRequest names a registration and, optionally, one call to make.
+// ExploreServerRequest names a registration, or describes an ad-hoc server, and optionally
+// one call to make.
 type ExploreServerRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
-	Call          *v1.ExploreCall        `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ref names a registration, or the ad-hoc server when server is set.
+	Ref  string          `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	Call *v1.ExploreCall `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
+	// server, when set, is an ad-hoc server explored instead of a registration: validated as
+	// CreateServer validates it (its ref is empty or equal to ref) and never stored. Exploring
+	// one is recorded as an admin event (action explore) with env values masked.
+	Server        *CreateServerRequest `protobuf:"bytes,3,opt,name=server,proto3" json:"server,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1140,6 +1146,13 @@ func (x *ExploreServerRequest) GetRef() string {
 func (x *ExploreServerRequest) GetCall() *v1.ExploreCall {
 	if x != nil {
 		return x.Call
+	}
+	return nil
+}
+
+func (x *ExploreServerRequest) GetServer() *CreateServerRequest {
+	if x != nil {
+		return x.Server
 	}
 	return nil
 }
@@ -1990,10 +2003,11 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\"\x9c\x01\n" +
 	"\x17ListServerToolsResponse\x129\n" +
 	"\x05tools\x18\x01 \x03(\v2#.ringfence.types.v1.ToolDeclarationR\x05tools\x12F\n" +
-	"\x10listing_findings\x18\x02 \x03(\v2\x1b.ringfence.types.v1.FindingR\x0flistingFindings\"]\n" +
+	"\x10listing_findings\x18\x02 \x03(\v2\x1b.ringfence.types.v1.FindingR\x0flistingFindings\"\xa1\x01\n" +
 	"\x14ExploreServerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x123\n" +
-	"\x04call\x18\x02 \x01(\v2\x1f.ringfence.types.v1.ExploreCallR\x04call\"\xd5\x01\n" +
+	"\x04call\x18\x02 \x01(\v2\x1f.ringfence.types.v1.ExploreCallR\x04call\x12B\n" +
+	"\x06server\x18\x03 \x01(\v2*.ringfence.registry.v1.CreateServerRequestR\x06server\"\xd5\x01\n" +
 	"\x15ExploreServerResponse\x129\n" +
 	"\x05tools\x18\x01 \x03(\v2#.ringfence.types.v1.ToolDeclarationR\x05tools\x12F\n" +
 	"\x10listing_findings\x18\x02 \x03(\v2\x1b.ringfence.types.v1.FindingR\x0flistingFindings\x129\n" +
@@ -2153,52 +2167,53 @@ var file_ringfence_registry_v1_registry_proto_depIdxs = []int32{
 	43, // 24: ringfence.registry.v1.ListServerToolsResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
 	44, // 25: ringfence.registry.v1.ListServerToolsResponse.listing_findings:type_name -> ringfence.types.v1.Finding
 	45, // 26: ringfence.registry.v1.ExploreServerRequest.call:type_name -> ringfence.types.v1.ExploreCall
-	43, // 27: ringfence.registry.v1.ExploreServerResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	44, // 28: ringfence.registry.v1.ExploreServerResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	46, // 29: ringfence.registry.v1.ExploreServerResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
-	41, // 30: ringfence.registry.v1.Secret.update_time:type_name -> google.protobuf.Timestamp
-	17, // 31: ringfence.registry.v1.PutSecretResponse.secret:type_name -> ringfence.registry.v1.Secret
-	17, // 32: ringfence.registry.v1.ListSecretsResponse.secrets:type_name -> ringfence.registry.v1.Secret
-	0,  // 33: ringfence.registry.v1.ResolveServerResponse.server:type_name -> ringfence.registry.v1.Server
-	37, // 34: ringfence.registry.v1.ResolveServerResponse.env:type_name -> ringfence.registry.v1.ResolveServerResponse.EnvEntry
-	38, // 35: ringfence.registry.v1.ResolveServerResponse.header_values:type_name -> ringfence.registry.v1.ResolveServerResponse.HeaderValuesEntry
-	1,  // 36: ringfence.registry.v1.GetServerPolicyResponse.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
-	39, // 37: ringfence.registry.v1.GetServerPolicyResponse.tool_permissions:type_name -> ringfence.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry
-	2,  // 38: ringfence.registry.v1.Server.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	2,  // 39: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	2,  // 40: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	2,  // 41: ringfence.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	3,  // 42: ringfence.registry.v1.RegistryService.CreateServer:input_type -> ringfence.registry.v1.CreateServerRequest
-	5,  // 43: ringfence.registry.v1.RegistryService.GetServer:input_type -> ringfence.registry.v1.GetServerRequest
-	7,  // 44: ringfence.registry.v1.RegistryService.ListServers:input_type -> ringfence.registry.v1.ListServersRequest
-	9,  // 45: ringfence.registry.v1.RegistryService.UpdateServer:input_type -> ringfence.registry.v1.UpdateServerRequest
-	11, // 46: ringfence.registry.v1.RegistryService.DeleteServer:input_type -> ringfence.registry.v1.DeleteServerRequest
-	13, // 47: ringfence.registry.v1.RegistryService.ListServerTools:input_type -> ringfence.registry.v1.ListServerToolsRequest
-	15, // 48: ringfence.registry.v1.RegistryService.ExploreServer:input_type -> ringfence.registry.v1.ExploreServerRequest
-	18, // 49: ringfence.registry.v1.RegistryService.PutSecret:input_type -> ringfence.registry.v1.PutSecretRequest
-	20, // 50: ringfence.registry.v1.RegistryService.ListSecrets:input_type -> ringfence.registry.v1.ListSecretsRequest
-	22, // 51: ringfence.registry.v1.RegistryService.DeleteSecret:input_type -> ringfence.registry.v1.DeleteSecretRequest
-	24, // 52: ringfence.registry.v1.RegistryService.ResolveServer:input_type -> ringfence.registry.v1.ResolveServerRequest
-	26, // 53: ringfence.registry.v1.RegistryService.GetServerPolicy:input_type -> ringfence.registry.v1.GetServerPolicyRequest
-	28, // 54: ringfence.registry.v1.RegistryService.AuthenticateKey:input_type -> ringfence.registry.v1.AuthenticateKeyRequest
-	4,  // 55: ringfence.registry.v1.RegistryService.CreateServer:output_type -> ringfence.registry.v1.CreateServerResponse
-	6,  // 56: ringfence.registry.v1.RegistryService.GetServer:output_type -> ringfence.registry.v1.GetServerResponse
-	8,  // 57: ringfence.registry.v1.RegistryService.ListServers:output_type -> ringfence.registry.v1.ListServersResponse
-	10, // 58: ringfence.registry.v1.RegistryService.UpdateServer:output_type -> ringfence.registry.v1.UpdateServerResponse
-	12, // 59: ringfence.registry.v1.RegistryService.DeleteServer:output_type -> ringfence.registry.v1.DeleteServerResponse
-	14, // 60: ringfence.registry.v1.RegistryService.ListServerTools:output_type -> ringfence.registry.v1.ListServerToolsResponse
-	16, // 61: ringfence.registry.v1.RegistryService.ExploreServer:output_type -> ringfence.registry.v1.ExploreServerResponse
-	19, // 62: ringfence.registry.v1.RegistryService.PutSecret:output_type -> ringfence.registry.v1.PutSecretResponse
-	21, // 63: ringfence.registry.v1.RegistryService.ListSecrets:output_type -> ringfence.registry.v1.ListSecretsResponse
-	23, // 64: ringfence.registry.v1.RegistryService.DeleteSecret:output_type -> ringfence.registry.v1.DeleteSecretResponse
-	25, // 65: ringfence.registry.v1.RegistryService.ResolveServer:output_type -> ringfence.registry.v1.ResolveServerResponse
-	27, // 66: ringfence.registry.v1.RegistryService.GetServerPolicy:output_type -> ringfence.registry.v1.GetServerPolicyResponse
-	29, // 67: ringfence.registry.v1.RegistryService.AuthenticateKey:output_type -> ringfence.registry.v1.AuthenticateKeyResponse
-	55, // [55:68] is the sub-list for method output_type
-	42, // [42:55] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	3,  // 27: ringfence.registry.v1.ExploreServerRequest.server:type_name -> ringfence.registry.v1.CreateServerRequest
+	43, // 28: ringfence.registry.v1.ExploreServerResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	44, // 29: ringfence.registry.v1.ExploreServerResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	46, // 30: ringfence.registry.v1.ExploreServerResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
+	41, // 31: ringfence.registry.v1.Secret.update_time:type_name -> google.protobuf.Timestamp
+	17, // 32: ringfence.registry.v1.PutSecretResponse.secret:type_name -> ringfence.registry.v1.Secret
+	17, // 33: ringfence.registry.v1.ListSecretsResponse.secrets:type_name -> ringfence.registry.v1.Secret
+	0,  // 34: ringfence.registry.v1.ResolveServerResponse.server:type_name -> ringfence.registry.v1.Server
+	37, // 35: ringfence.registry.v1.ResolveServerResponse.env:type_name -> ringfence.registry.v1.ResolveServerResponse.EnvEntry
+	38, // 36: ringfence.registry.v1.ResolveServerResponse.header_values:type_name -> ringfence.registry.v1.ResolveServerResponse.HeaderValuesEntry
+	1,  // 37: ringfence.registry.v1.GetServerPolicyResponse.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
+	39, // 38: ringfence.registry.v1.GetServerPolicyResponse.tool_permissions:type_name -> ringfence.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry
+	2,  // 39: ringfence.registry.v1.Server.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	2,  // 40: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	2,  // 41: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	2,  // 42: ringfence.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	3,  // 43: ringfence.registry.v1.RegistryService.CreateServer:input_type -> ringfence.registry.v1.CreateServerRequest
+	5,  // 44: ringfence.registry.v1.RegistryService.GetServer:input_type -> ringfence.registry.v1.GetServerRequest
+	7,  // 45: ringfence.registry.v1.RegistryService.ListServers:input_type -> ringfence.registry.v1.ListServersRequest
+	9,  // 46: ringfence.registry.v1.RegistryService.UpdateServer:input_type -> ringfence.registry.v1.UpdateServerRequest
+	11, // 47: ringfence.registry.v1.RegistryService.DeleteServer:input_type -> ringfence.registry.v1.DeleteServerRequest
+	13, // 48: ringfence.registry.v1.RegistryService.ListServerTools:input_type -> ringfence.registry.v1.ListServerToolsRequest
+	15, // 49: ringfence.registry.v1.RegistryService.ExploreServer:input_type -> ringfence.registry.v1.ExploreServerRequest
+	18, // 50: ringfence.registry.v1.RegistryService.PutSecret:input_type -> ringfence.registry.v1.PutSecretRequest
+	20, // 51: ringfence.registry.v1.RegistryService.ListSecrets:input_type -> ringfence.registry.v1.ListSecretsRequest
+	22, // 52: ringfence.registry.v1.RegistryService.DeleteSecret:input_type -> ringfence.registry.v1.DeleteSecretRequest
+	24, // 53: ringfence.registry.v1.RegistryService.ResolveServer:input_type -> ringfence.registry.v1.ResolveServerRequest
+	26, // 54: ringfence.registry.v1.RegistryService.GetServerPolicy:input_type -> ringfence.registry.v1.GetServerPolicyRequest
+	28, // 55: ringfence.registry.v1.RegistryService.AuthenticateKey:input_type -> ringfence.registry.v1.AuthenticateKeyRequest
+	4,  // 56: ringfence.registry.v1.RegistryService.CreateServer:output_type -> ringfence.registry.v1.CreateServerResponse
+	6,  // 57: ringfence.registry.v1.RegistryService.GetServer:output_type -> ringfence.registry.v1.GetServerResponse
+	8,  // 58: ringfence.registry.v1.RegistryService.ListServers:output_type -> ringfence.registry.v1.ListServersResponse
+	10, // 59: ringfence.registry.v1.RegistryService.UpdateServer:output_type -> ringfence.registry.v1.UpdateServerResponse
+	12, // 60: ringfence.registry.v1.RegistryService.DeleteServer:output_type -> ringfence.registry.v1.DeleteServerResponse
+	14, // 61: ringfence.registry.v1.RegistryService.ListServerTools:output_type -> ringfence.registry.v1.ListServerToolsResponse
+	16, // 62: ringfence.registry.v1.RegistryService.ExploreServer:output_type -> ringfence.registry.v1.ExploreServerResponse
+	19, // 63: ringfence.registry.v1.RegistryService.PutSecret:output_type -> ringfence.registry.v1.PutSecretResponse
+	21, // 64: ringfence.registry.v1.RegistryService.ListSecrets:output_type -> ringfence.registry.v1.ListSecretsResponse
+	23, // 65: ringfence.registry.v1.RegistryService.DeleteSecret:output_type -> ringfence.registry.v1.DeleteSecretResponse
+	25, // 66: ringfence.registry.v1.RegistryService.ResolveServer:output_type -> ringfence.registry.v1.ResolveServerResponse
+	27, // 67: ringfence.registry.v1.RegistryService.GetServerPolicy:output_type -> ringfence.registry.v1.GetServerPolicyResponse
+	29, // 68: ringfence.registry.v1.RegistryService.AuthenticateKey:output_type -> ringfence.registry.v1.AuthenticateKeyResponse
+	56, // [56:69] is the sub-list for method output_type
+	43, // [43:56] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_registry_v1_registry_proto_init() }

@@ -68,10 +68,10 @@ type RegistryServiceClient interface {
 	// (isolation not configured, or the server could not be reached; the details carry a
 	// ringfence.types.v1 classification), DEADLINE_EXCEEDED.
 	ListServerTools(ctx context.Context, in *ListServerToolsRequest, opts ...grpc.CallOption) (*ListServerToolsResponse, error)
-	// ExploreServer starts the registered server in isolation, lists its tools as
-	// ListServerTools does, optionally calls one of them, and stops it. Nothing is stored; the
-	// call, refused or dispatched, is recorded in the audit log as a tool-call attempt of a run
-	// named explore-… by the caller's key.
+	// ExploreServer starts the registered server (or an ad-hoc one described in the request) in
+	// isolation, lists its tools as ListServerTools does, optionally calls one of them, and stops
+	// it. Nothing is stored; the call, refused or dispatched, is recorded in the audit log as a
+	// tool-call attempt of a run named explore-… by the caller's key.
 	// Caller: mcp:admin (REST POST /v1/mcp/servers/{ref}:explore). Codes: as ListServerTools,
 	// and INVALID_ARGUMENT for a malformed call.
 	ExploreServer(ctx context.Context, in *ExploreServerRequest, opts ...grpc.CallOption) (*ExploreServerResponse, error)
@@ -273,10 +273,10 @@ type RegistryServiceServer interface {
 	// (isolation not configured, or the server could not be reached; the details carry a
 	// ringfence.types.v1 classification), DEADLINE_EXCEEDED.
 	ListServerTools(context.Context, *ListServerToolsRequest) (*ListServerToolsResponse, error)
-	// ExploreServer starts the registered server in isolation, lists its tools as
-	// ListServerTools does, optionally calls one of them, and stops it. Nothing is stored; the
-	// call, refused or dispatched, is recorded in the audit log as a tool-call attempt of a run
-	// named explore-… by the caller's key.
+	// ExploreServer starts the registered server (or an ad-hoc one described in the request) in
+	// isolation, lists its tools as ListServerTools does, optionally calls one of them, and stops
+	// it. Nothing is stored; the call, refused or dispatched, is recorded in the audit log as a
+	// tool-call attempt of a run named explore-… by the caller's key.
 	// Caller: mcp:admin (REST POST /v1/mcp/servers/{ref}:explore). Codes: as ListServerTools,
 	// and INVALID_ARGUMENT for a malformed call.
 	ExploreServer(context.Context, *ExploreServerRequest) (*ExploreServerResponse, error)
