@@ -34,7 +34,7 @@ func runsDaemon(t *testing.T, extra ...string) (*daemon, func(args ...string) re
 	must(cli("servers", "add", "fx", "--command", "mcpfixture --runtime-tools", "--env", "APP_TOKEN="+canary,
 		"--grant", "process_spawn", "--grant", "external_api_call"))
 	must(cli("graphs", "create", "--graph", "demo", "--agent", "researcher"))
-	must(cli("mcp-import", "--server", "fx", "--graph", "demo", "--agent", "researcher", "--tool", "echo", "--tool", "add", "--tool", "fail"))
+	must(cli("mcp-import", "--server", "fx", "--graph", "demo", "--agent", "researcher", "--tool", "echo", "--tool", "add", "--tool", "fail", "--tool", "sleep"))
 	must(cli("graphs", "publish", "--graph", "demo"))
 	return d, cli, poolID
 }
@@ -88,11 +88,13 @@ func TestRunsEndToEnd(t *testing.T) {
 	// The audit trail: every attempt, refused or dispatched, with the guarantee stated.
 	require.Eventually(t, func() bool {
 		r = cli("audit", "list", "--kind", "tool_call", "-o", "json")
-		return r.Code == 0 && strings.Count(r.Stdout, `"call_id"`) >= 6
-	}, 15*time.Second, 100*time.Millisecond, "every attempt reaches the audit log: %s", r.Stdout)
+		// Six attempts; the four dispatched ones also have their pending record.
+		return r.Code == 0 && strings.Count(r.Stdout, `"call_id"`) >= 10
+	}, 15*time.Second, 100*time.Millisecond, "every attempt reaches the audit log")
 	var list struct {
 		Records []struct {
 			ToolCall struct {
+				CallID           string `json:"call_id"`
 				Outcome          string `json:"outcome"`
 				Reason           string `json:"reason"`
 				Result           string `json:"result"`
@@ -104,12 +106,21 @@ func TestRunsEndToEnd(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &list))
 	var outcomes []string
+	pending := map[string]bool{}
 	for _, rec := range list.Records {
 		tc := rec.ToolCall
 		require.Equal(t, "at_least_once", tc.OperationSupport)
 		require.True(t, tc.Risk)
+		if tc.Result == "pending" {
+			pending[tc.CallID] = true
+			continue
+		}
+		if tc.Outcome == "dispatched" {
+			require.True(t, pending[tc.CallID], "call %s was on record before it was dispatched", tc.CallID)
+		}
 		outcomes = append(outcomes, strings.Trim(tc.Outcome+"/"+tc.Reason+tc.Result+"/"+tc.FailureClass, "/"))
 	}
+	require.Len(t, pending, 4)
 	require.Equal(t, []string{
 		"dispatched/succeeded", "refused_before_dispatch/invalid_input", "dispatched/failed/tool_error",
 		"dispatched/succeeded", "refused_before_dispatch/unknown_tool", "dispatched/succeeded",
@@ -182,16 +193,34 @@ func TestPoolSIGKILLMidRunLosesNoAttemptAndLeavesNoContainer(t *testing.T) {
 		require.Equal(t, 0, r.Code, r.Stderr)
 	}
 	require.Len(t, poolContainers(t, poolID), 1, "the run's session is up")
+	// One more call is at the server when the pool dies.
+	inFlight := make(chan result, 1)
+	go func() {
+		inFlight <- cli("runs", "call", "--run", "run-kill", "--agent", "researcher", "--tool", "fx__sleep", "--args", `{"ms":10000}`)
+	}()
+	pendings := func() int {
+		r := cli("audit", "list", "--run", "run-kill", "-o", "json")
+		if r.Code != 0 {
+			return -1
+		}
+		return strings.Count(r.Stdout, `"pending"`)
+	}
+	require.Eventually(t, func() bool { return pendings() == calls+1 }, 20*time.Second, 50*time.Millisecond, "the in-flight call is on record")
 	d.kill()
+	require.NotEqual(t, 0, (<-inFlight).Code, "the in-flight call never got an answer")
 	d.start()
 	requireNoContainers(t, poolID)
 
+	// Every attempt made before the kill is in the log: the twelve answered calls, and the one
+	// at the server when the pool died, whose pending record says it may have taken effect.
 	require.Eventually(t, func() bool {
 		r := cli("audit", "list", "--run", "run-kill", "-o", "json")
-		return r.Code == 0 && strings.Count(r.Stdout, `"call_id"`) == calls
-	}, 20*time.Second, 100*time.Millisecond, "every acknowledged attempt is in the audit log after the kill")
+		return r.Code == 0 && strings.Count(r.Stdout, `"pending"`) == calls+1 && strings.Count(r.Stdout, `"succeeded"`) >= calls-1
+	}, 20*time.Second, 100*time.Millisecond, "every attempt is in the audit log after the kill")
+	r := cli("audit", "list", "--run", "run-kill", "-o", "json")
+	require.Equal(t, 1, strings.Count(r.Stdout, `"tool_name": "sleep"`)+strings.Count(r.Stdout, `"tool_name":"sleep"`), "the in-flight call has its pending record and no outcome")
 
-	r := cli("runs", "show", "--run", "run-kill")
+	r = cli("runs", "show", "--run", "run-kill")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "running")
 	r = cli("runs", "call", "--run", "run-kill", "--agent", "researcher", "--tool", "fx__echo", "--args", `{"text":"after"}`)

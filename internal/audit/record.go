@@ -77,6 +77,11 @@ const (
 const (
 	ResultSucceeded = "succeeded"
 	ResultFailed    = "failed"
+	// ResultPending marks the record a producer writes, durably, just before a call goes to
+	// the server: the outcome follows in a record with the same call_id and attempt. A
+	// pending record with no outcome after it is a call whose producer stopped (a crash)
+	// before it knew what happened: it reached the server and may have taken effect.
+	ResultPending = "pending"
 )
 
 // Reasons for a refusal before dispatch.
@@ -196,6 +201,14 @@ func (tc *ToolCallAttempt) Refused(reason string) {
 	tc.Outcome = OutcomeRefusedBeforeDispatch
 	tc.Reason = reason
 	tc.Result = ""
+	tc.FailureClass = ""
+}
+
+// Pending marks the attempt as about to be dispatched, its outcome to follow.
+func (tc *ToolCallAttempt) Pending() {
+	tc.Outcome = OutcomeDispatched
+	tc.Reason = ""
+	tc.Result = ResultPending
 	tc.FailureClass = ""
 }
 

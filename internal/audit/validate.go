@@ -129,16 +129,16 @@ func (tc *ToolCallAttempt) validate() error {
 			return invalid("a dispatched call has no refusal reason")
 		}
 		switch tc.Result {
-		case ResultSucceeded:
+		case ResultSucceeded, ResultPending:
 			if tc.FailureClass != "" {
-				return invalid("a succeeded call has no failure_class")
+				return invalid("a succeeded or pending call has no failure_class")
 			}
 		case ResultFailed:
 			if err := checkIdent("tool_call.failure_class", tc.FailureClass, true); err != nil {
 				return err
 			}
 		default:
-			return invalid(fmt.Sprintf("tool_call.result %.32q is not succeeded or failed", tc.Result))
+			return invalid(fmt.Sprintf("tool_call.result %.32q is not succeeded, failed or pending", tc.Result))
 		}
 	default:
 		return invalid(fmt.Sprintf("tool_call.outcome %.32q is not refused_before_dispatch or dispatched", tc.Outcome))

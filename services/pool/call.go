@@ -144,8 +144,9 @@ func spawnRefusal(err error) error {
 	return r
 }
 
-// CallTool calls a tool through every gate, in order, records the attempt in the audit log
-// (durably, before answering), and returns the sanitized result. A *RefusedError means nothing
+// CallTool calls a tool through every gate, in order, and returns the sanitized result. The
+// attempt is on record before the server is reached (a pending record, durable) and its outcome
+// after; a refusal is recorded, durably, before the answer. A *RefusedError means nothing
 // reached the server; a *FailedError means it did and may have taken effect.
 func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, error) {
 	start := time.Now()
@@ -157,7 +158,20 @@ func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, e
 	att := audit.ToolCallAttempt{RunID: req.RunID, CallID: req.CallID, Attempt: 1, AgentNode: req.Agent, ToolName: req.Tool}
 	tenant := req.Tenant
 	var argsCanonical []byte
-	res, err := s.callTool(ctx, req, &att, &tenant, &argsCanonical)
+	// intent puts the attempt on record, durably, after every gate and before anything reaches
+	// the server: a crash mid-call still leaves a trail that says the call may have happened.
+	intent := func() error {
+		pending := att
+		pending.Pending()
+		if len(argsCanonical) > 0 {
+			pending.ArgsDigest, pending.ArgsSize = digest(argsCanonical), int64(len(argsCanonical))
+		}
+		if err := s.spool.Enqueue(context.WithoutCancel(ctx), audit.NewToolCallRecord("pool", orDefaultTenant(tenant), pending)); err != nil {
+			return refusal(reasonAuditUnavailable, fmt.Errorf("the attempt could not be recorded before dispatch: %w", err))
+		}
+		return nil
+	}
+	res, err := s.callTool(ctx, req, &att, &tenant, &argsCanonical, intent)
 	att.LatencyMicros = time.Since(start).Microseconds()
 	if len(argsCanonical) > 0 {
 		att.ArgsDigest, att.ArgsSize = digest(argsCanonical), int64(len(argsCanonical))
@@ -179,24 +193,37 @@ func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, e
 		att.Succeeded()
 	}
 	s.metrics.calls.WithLabelValues(att.Outcome, orDash(att.Result), orDash(att.Reason+att.FailureClass)).Inc()
-	if tenant == "" {
-		// An attempt on an unknown run is attributed to the caller's tenant: the key was
-		// global, so the default one.
-		tenant = auth.DefaultTenant
-	}
-	rec := audit.NewToolCallRecord("pool", tenant, att)
-	if aerr := s.spool.Enqueue(context.WithoutCancel(ctx), rec); aerr != nil {
-		s.log.Error("a tool-call attempt could not be recorded in the audit spool", "run", req.RunID, "call", req.CallID, "err", aerr)
-		if err == nil {
-			// The call happened and cannot be recorded: say so instead of answering as if all
-			// were well. The attempt may have taken effect.
-			return nil, &FailedError{Class: "audit_unavailable", Err: fmt.Errorf("the result could not be recorded in the audit log: %w", aerr)}
-		}
+	rec := audit.NewToolCallRecord("pool", orDefaultTenant(tenant), att)
+	if att.Outcome == audit.OutcomeDispatched {
+		// The pending record is durable already; the outcome does not hold up the answer.
+		s.recordOutcome(rec)
+	} else if aerr := s.spool.Enqueue(context.WithoutCancel(ctx), rec); aerr != nil {
+		s.log.Error("a refused tool-call attempt could not be recorded in the audit spool", "run", req.RunID, "call", req.CallID, "err", aerr)
 	}
 	if res != nil {
 		res.Latency = time.Since(start)
 	}
 	return res, err
+}
+
+// recordOutcome spools a dispatched call's outcome record in the background; Close waits for
+// every one. If it cannot be written the pending record stands, which says the call may have
+// taken effect.
+func (s *Service) recordOutcome(rec audit.Record) {
+	s.outcomes.Go(func() {
+		if err := s.spool.Enqueue(context.Background(), rec); err != nil {
+			s.log.Error("a tool call's outcome could not be recorded; its pending record stands", "run", rec.ToolCall.RunID, "call", rec.ToolCall.CallID, "err", err)
+		}
+	})
+}
+
+// orDefaultTenant attributes an attempt on an unknown run to the caller's tenant: the key was
+// global, so the default one.
+func orDefaultTenant(tenant string) string {
+	if tenant == "" {
+		return auth.DefaultTenant
+	}
+	return tenant
 }
 
 func orKeep(a, b string) string {
@@ -218,7 +245,7 @@ func digest(b []byte) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.ToolCallAttempt, tenant *string, argsCanonical *[]byte) (*CallResult, error) {
+func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.ToolCallAttempt, tenant *string, argsCanonical *[]byte, intent func() error) (*CallResult, error) {
 	// Gate 0: the audit spool can take the record (fail closed before anything happens).
 	if err := s.spool.CanAccept(); err != nil {
 		return nil, refusal(reasonAuditUnavailable, err)
@@ -330,7 +357,10 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 		return nil, err
 	}
 
-	// Dispatch.
+	// Dispatch, on record first.
+	if err := intent(); err != nil {
+		return nil, err
+	}
 	return s.dispatch(ctx, sess, tool, args, req.CallID, att.Attempt)
 }
 

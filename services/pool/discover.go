@@ -13,7 +13,6 @@ import (
 
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/audit"
-	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/mcpdecl"
@@ -194,6 +193,13 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 		if err := s.validateInput(tool, argsCanonical); err != nil {
 			return nil, err
 		}
+		// On record before anything reaches the server, as a run's calls are.
+		pending := att
+		pending.Pending()
+		pending.ArgsDigest, pending.ArgsSize = digest(argsCanonical), int64(len(argsCanonical))
+		if err := s.spool.Enqueue(context.WithoutCancel(ctx), audit.NewToolCallRecord("pool", orDefaultTenant(req.Tenant), pending)); err != nil {
+			return nil, refusal(reasonAuditUnavailable, fmt.Errorf("the attempt could not be recorded before dispatch: %w", err))
+		}
 		return s.dispatch(ctx, sess, tool, args, out.CallId, 1)
 	}()
 	att.LatencyMicros = time.Since(start).Microseconds()
@@ -230,17 +236,9 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 			}
 		}
 	}
-	tenant := req.Tenant
-	if tenant == "" {
-		tenant = auth.DefaultTenant
-	}
-	if aerr := s.spool.Enqueue(context.WithoutCancel(ctx), audit.NewToolCallRecord("pool", tenant, att)); aerr != nil {
-		s.log.Error("an explore call could not be recorded in the audit spool", "server", sess.reg.Ref, "call", out.CallId, "err", aerr)
-		if out.Outcome == audit.OutcomeDispatched {
-			// Say so rather than answer as if all were well; the call may have taken effect.
-			out.Result, out.FailureClass, out.Message = audit.ResultFailed, "audit_unavailable", "the call's result could not be recorded in the audit log: "+aerr.Error()
-			out.Content, out.StructuredContent = nil, nil
-		}
+	if aerr := s.spool.Enqueue(context.WithoutCancel(ctx), audit.NewToolCallRecord("pool", orDefaultTenant(req.Tenant), att)); aerr != nil {
+		// A dispatched call's pending record stands and says it may have taken effect.
+		s.log.Error("an explore call's outcome could not be recorded in the audit spool", "server", sess.reg.Ref, "call", out.CallId, "err", aerr)
 	}
 	return out
 }

@@ -190,14 +190,28 @@ func (h *harness) call(run, agent, tool string, args any) (*CallResult, error) {
 }
 
 // attempts flushes the spool and returns the tool-call records that arrived.
+// attempts returns the final record of every attempt, in order: refusals, and dispatched calls'
+// outcomes (their pending records are in pendings).
 func (h *harness) attempts() []*audit.ToolCallAttempt {
 	h.t.Helper()
+	return h.toolCallRecords(func(tc *audit.ToolCallAttempt) bool { return tc.Result != audit.ResultPending })
+}
+
+// pendings returns the records written just before each dispatch.
+func (h *harness) pendings() []*audit.ToolCallAttempt {
+	h.t.Helper()
+	return h.toolCallRecords(func(tc *audit.ToolCallAttempt) bool { return tc.Result == audit.ResultPending })
+}
+
+func (h *harness) toolCallRecords(keep func(*audit.ToolCallAttempt) bool) []*audit.ToolCallAttempt {
+	h.t.Helper()
+	h.pool.outcomes.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.NoError(h.t, h.pool.Spool().Flush(ctx))
 	var out []*audit.ToolCallAttempt
 	for _, r := range h.audit.Records() {
-		if r.ToolCall != nil {
+		if r.ToolCall != nil && keep(r.ToolCall) {
 			require.Equal(h.t, audit.OperationSupportAtLeastOnce, r.ToolCall.OperationSupport)
 			require.True(h.t, r.ToolCall.OperationResidualDuplicateRisk)
 			out = append(out, r.ToolCall)

@@ -101,6 +101,7 @@ type Service struct {
 	store     *store.Store
 	spool     *audit.Spool
 	forwarder *audit.Forwarder
+	outcomes  sync.WaitGroup // outcome records being spooled (recordOutcome)
 	schemas   *schemas.Cache
 	metrics   *metrics
 
@@ -244,6 +245,7 @@ func (s *Service) Close(ctx context.Context) error {
 	for _, m := range all {
 		s.stopSessions(m)
 	}
+	s.outcomes.Wait()
 	s.forwarder.Stop(2 * time.Second)
 	s.cancel()
 	s.bg.Wait()

@@ -502,10 +502,46 @@ func TestExploreCall(t *testing.T) {
 			got = append(got, *r.ToolCall)
 		}
 	}
-	require.Len(t, got, 2)
+	require.Len(t, got, 3)
 	require.Equal(t, "operator:key_ops", got[0].AgentNode)
-	require.Equal(t, audit.OutcomeDispatched, got[0].Outcome)
-	require.NotEmpty(t, got[0].ArgsDigest)
-	require.Equal(t, audit.ReasonCeiling, got[1].Reason)
+	require.Equal(t, audit.ResultPending, got[0].Result, "on record before it reached the server")
+	require.Equal(t, audit.ResultSucceeded, got[1].Result)
+	require.Equal(t, got[0].CallID, got[1].CallID)
+	require.NotEmpty(t, got[1].ArgsDigest)
+	require.Equal(t, audit.ReasonCeiling, got[2].Reason)
 	// The harness's cleanup proves no container outlives the explores.
+}
+
+// TestAttemptIsOnRecordBeforeDispatch: while a call is still at the server, its pending record
+// is already durable (and forwarded); the outcome follows with the same call id.
+func TestAttemptIsOnRecordBeforeDispatch(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil, "--runtime-tools")
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"sleep"}}}, nil)
+	run := h.start("g")
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.call(run, "a", "fx__sleep", map[string]any{"ms": 1500})
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		require.NoError(t, h.pool.Spool().Flush(h.ctx))
+		for _, r := range h.audit.Records() {
+			if r.ToolCall != nil && r.ToolCall.ToolName == "sleep" && r.ToolCall.Result == audit.ResultPending {
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 20*time.Millisecond, "the pending record is on file while the call runs")
+	select {
+	case err := <-done:
+		t.Fatalf("the call ended (%v) before its pending record was seen", err)
+	default:
+	}
+	require.NoError(t, <-done)
+	pending, final := h.pendings(), h.last()
+	require.Len(t, pending, 1)
+	require.Equal(t, pending[0].CallID, final.CallID)
+	require.Equal(t, audit.ResultSucceeded, final.Result)
+	require.Equal(t, pending[0].ArgsDigest, final.ArgsDigest)
 }
