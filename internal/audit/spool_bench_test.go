@@ -17,6 +17,23 @@ type discardSink struct{}
 
 func (discardSink) Append(context.Context, []Record) error { return nil }
 
+// benchSpool opens an unbounded spool of one kind ("bbolt" or "files") forwarding to sink.
+func benchSpool(b *testing.B, kind string, sink Sink) *Spool {
+	cfg := SpoolConfig{Producer: "pool", MaxPending: 1 << 30, Logger: slog.New(slog.DiscardHandler), Sink: sink}
+	if kind == "files" {
+		cfg.Dir = filepath.Join(b.TempDir(), "spool")
+	} else {
+		db, err := bolt.Open(filepath.Join(b.TempDir(), "pool.db"), 0o600, &bolt.Options{Timeout: time.Second})
+		require.NoError(b, err)
+		b.Cleanup(func() { _ = db.Close() })
+		cfg.DB, cfg.Bucket = db, "audit_outbox"
+	}
+	s, err := NewSpool(cfg)
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
 // BenchmarkSpoolEnqueue measures durable enqueues from many goroutines (group commit,
 // one transaction per group), as the pool makes them: with the forwarder draining to a
 // sink that accepts at once, and during an outage, when the outbox only grows.
@@ -24,21 +41,11 @@ func BenchmarkSpoolEnqueue(b *testing.B) {
 	for _, kind := range spoolKinds {
 		for _, mode := range []string{"forwarding", "outage"} {
 			b.Run(kind+"/"+mode, func(b *testing.B) {
-				cfg := SpoolConfig{Producer: "pool", MaxPending: 1 << 30, Logger: slog.New(slog.DiscardHandler), Sink: discardSink{}}
+				var sink Sink = discardSink{}
 				if mode == "outage" {
-					cfg.Sink = downSink{}
+					sink = downSink{}
 				}
-				if kind == "files" {
-					cfg.Dir = filepath.Join(b.TempDir(), "spool")
-				} else {
-					db, err := bolt.Open(filepath.Join(b.TempDir(), "pool.db"), 0o600, &bolt.Options{Timeout: time.Second})
-					require.NoError(b, err)
-					b.Cleanup(func() { _ = db.Close() })
-					cfg.DB, cfg.Bucket = db, "audit_outbox"
-				}
-				s, err := NewSpool(cfg)
-				require.NoError(b, err)
-				b.Cleanup(func() { _ = s.Close() })
+				s := benchSpool(b, kind, sink)
 				ctx, cancel := context.WithCancel(context.Background())
 				done := make(chan error, 1)
 				go func() { done <- s.Run(ctx) }()
@@ -73,18 +80,7 @@ func BenchmarkSpoolEnqueue(b *testing.B) {
 func BenchmarkSpoolEnqueueSerial(b *testing.B) {
 	for _, kind := range spoolKinds {
 		b.Run(kind, func(b *testing.B) {
-			cfg := SpoolConfig{Producer: "pool", Sink: discardSink{}, Logger: slog.New(slog.DiscardHandler)}
-			if kind == "files" {
-				cfg.Dir = filepath.Join(b.TempDir(), "spool")
-			} else {
-				db, err := bolt.Open(filepath.Join(b.TempDir(), "pool.db"), 0o600, &bolt.Options{Timeout: time.Second})
-				require.NoError(b, err)
-				b.Cleanup(func() { _ = db.Close() })
-				cfg.DB, cfg.Bucket = db, "audit_outbox"
-			}
-			s, err := NewSpool(cfg)
-			require.NoError(b, err)
-			b.Cleanup(func() { _ = s.Close() })
+			s := benchSpool(b, kind, discardSink{})
 			f := s.StartForwarding()
 			b.Cleanup(func() { f.Stop(time.Second) })
 			lat := make([]time.Duration, 0, b.N)

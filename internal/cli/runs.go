@@ -246,23 +246,29 @@ func (g *globals) callTool(ctx context.Context, client poolv1.PoolServiceClient,
 		for _, a := range resp.GetAdvisory() {
 			fmt.Fprintf(g.stdout, "advisory (recorded, not enforced): %s\n", a)
 		}
-		for _, c := range resp.GetContent() {
-			if c.GetFields()["type"].GetStringValue() == "text" {
-				fmt.Fprintln(g.stdout, c.GetFields()["text"].GetStringValue())
-				continue
-			}
-			b, _ := json.Marshal(c.AsMap())
-			fmt.Fprintln(g.stdout, string(b))
-		}
-		if sc := resp.GetStructuredContent(); sc != nil && len(resp.GetContent()) == 0 {
-			b, _ := json.Marshal(sc.AsMap())
-			fmt.Fprintln(g.stdout, string(b))
-		}
+		g.printToolResult(resp.GetContent(), resp.GetStructuredContent())
 	}
 	if resp.GetResult() == "failed" {
 		return &exitError{code: ExitFailed, msg: fmt.Sprintf("dispatched and failed (%s): the tool reported an error; it may have taken effect", resp.GetFailureClass())}
 	}
 	return nil
+}
+
+// printToolResult prints a tool's result: text content as text, other content and structured
+// content (when there is no content) as JSON.
+func (g *globals) printToolResult(content []*structpb.Struct, structured *structpb.Struct) {
+	for _, c := range content {
+		if c.GetFields()["type"].GetStringValue() == "text" {
+			fmt.Fprintln(g.stdout, c.GetFields()["text"].GetStringValue())
+			continue
+		}
+		b, _ := json.Marshal(c.AsMap())
+		fmt.Fprintln(g.stdout, string(b))
+	}
+	if structured != nil && len(content) == 0 {
+		b, _ := json.Marshal(structured.AsMap())
+		fmt.Fprintln(g.stdout, string(b))
+	}
 }
 
 func (g *globals) pool(parent context.Context) (poolv1.PoolServiceClient, context.Context, context.CancelFunc, error) {

@@ -464,18 +464,7 @@ func (g *globals) printExplored(resp *registryv1.ExploreServerResponse) {
 		return
 	}
 	fmt.Fprintf(g.stdout, "\ncall %s: dispatched: %s\n", c.GetCallId(), c.GetResult())
-	for _, item := range c.GetContent() {
-		if item.GetFields()["type"].GetStringValue() == "text" {
-			fmt.Fprintln(g.stdout, item.GetFields()["text"].GetStringValue())
-			continue
-		}
-		b, _ := json.Marshal(item.AsMap())
-		fmt.Fprintln(g.stdout, string(b))
-	}
-	if sc := c.GetStructuredContent(); sc != nil && len(c.GetContent()) == 0 {
-		b, _ := json.Marshal(sc.AsMap())
-		fmt.Fprintln(g.stdout, string(b))
-	}
+	g.printToolResult(c.GetContent(), c.GetStructuredContent())
 }
 
 // exploreCallExit turns an explore call's outcome into the exit codes of `runs call`.

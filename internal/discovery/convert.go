@@ -27,6 +27,15 @@ func ToolToProto(t Tool) *typesv1.ToolDeclaration {
 	}
 }
 
+// ToolsToProto renders a listing's tools.
+func ToolsToProto(tools []Tool) []*typesv1.ToolDeclaration {
+	out := make([]*typesv1.ToolDeclaration, len(tools))
+	for i, t := range tools {
+		out[i] = ToolToProto(t)
+	}
+	return out
+}
+
 // ToolFromProto reads a tool sent by a peer (split deployments).
 func ToolFromProto(p *typesv1.ToolDeclaration) Tool {
 	return Tool{

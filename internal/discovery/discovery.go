@@ -8,8 +8,8 @@ import (
 	"errors"
 	"fmt"
 
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
-	"github.com/ringfence/ringfence/internal/mcpserver"
 )
 
 // Tool is one declared tool as the server sent it, with its pin and the screen's findings.
@@ -106,8 +106,8 @@ type ExploreRequest struct {
 	Ref  string
 	Call *typesv1.ExploreCall
 	// Adhoc, when set, is explored instead of the registration Ref names: a server the
-	// registry validated and resolved but never stored.
-	Adhoc *mcpserver.Resolved
+	// registry validated and resolved (as its ResolveServer answers) but never stored.
+	Adhoc *registryv1.ResolveServerResponse
 	// Tenant and ActorKeyID say whose call it is, for its audit record.
 	Tenant, ActorKeyID string
 }

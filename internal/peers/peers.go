@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
@@ -87,28 +86,6 @@ func ResolvedFromProto(resp *registryv1.ResolveServerResponse) *mcpserver.Resolv
 	reg := RegistrationFromProto(resp.GetServer())
 	reg.Env = resp.GetEnv()
 	return &mcpserver.Resolved{Registration: *reg, HeaderValues: resp.GetHeaderValues()}
-}
-
-// ResolvedToProto is ResolveServer's answer for a resolved registration.
-func ResolvedToProto(r *mcpserver.Resolved) *registryv1.ResolveServerResponse {
-	s := &registryv1.Server{
-		Ref: r.Ref, Description: r.Description, Transport: r.Transport, Command: r.Command, Args: r.Args,
-		Url: r.URL, Headers: r.Headers, Grants: r.Grants, KeepMarkup: r.KeepMarkup, Revision: r.Revision,
-		ToolFilter: &registryv1.ToolFilter{Include: r.Filter.Include, Exclude: r.Filter.Exclude},
-	}
-	if r.ClientSessionTimeout > 0 {
-		s.ClientSessionTimeout = durationpb.New(r.ClientSessionTimeout)
-	}
-	if r.ToolCallTimeout > 0 {
-		s.ToolCallTimeout = durationpb.New(r.ToolCallTimeout)
-	}
-	for tool, reqs := range r.ToolPermissions {
-		if s.ToolPermissions == nil {
-			s.ToolPermissions = make(map[string]*registryv1.ToolPermissions, len(r.ToolPermissions))
-		}
-		s.ToolPermissions[tool] = &registryv1.ToolPermissions{Required: reqs}
-	}
-	return &registryv1.ResolveServerResponse{Server: s, Env: r.Env, HeaderValues: r.HeaderValues}
 }
 
 // ServerPolicy implements the publisher's and pool's policy lookups through GetServerPolicy.
@@ -209,11 +186,9 @@ func (p *Pool) DiscoverTools(ctx context.Context, ref string) (*discovery.Listin
 
 // ExploreTools implements registry.Discoverer through Discover.
 func (p *Pool) ExploreTools(ctx context.Context, req discovery.ExploreRequest) (*discovery.Listing, *typesv1.ExploreCallResult, error) {
-	dr := &poolv1.DiscoverRequest{ServerRef: req.Ref, Call: req.Call, Tenant: req.Tenant, ActorKeyId: req.ActorKeyID}
-	if req.Adhoc != nil {
-		dr.Adhoc = ResolvedToProto(req.Adhoc)
-	}
-	resp, err := p.client.Discover(ctx, dr)
+	resp, err := p.client.Discover(ctx, &poolv1.DiscoverRequest{
+		ServerRef: req.Ref, Call: req.Call, Adhoc: req.Adhoc, Tenant: req.Tenant, ActorKeyId: req.ActorKeyID,
+	})
 	if err != nil {
 		if status.Code(err) == codes.NotFound {
 			return nil, nil, notRegistered(err)

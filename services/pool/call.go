@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
@@ -158,40 +159,11 @@ func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, e
 	att := audit.ToolCallAttempt{RunID: req.RunID, CallID: req.CallID, Attempt: 1, AgentNode: req.Agent, ToolName: req.Tool}
 	tenant := req.Tenant
 	var argsCanonical []byte
-	// intent puts the attempt on record, durably, after every gate and before anything reaches
-	// the server: a crash mid-call still leaves a trail that says the call may have happened.
-	intent := func() error {
-		pending := att
-		pending.Pending()
-		if len(argsCanonical) > 0 {
-			pending.ArgsDigest, pending.ArgsSize = digest(argsCanonical), int64(len(argsCanonical))
-		}
-		if err := s.spool.Enqueue(context.WithoutCancel(ctx), audit.NewToolCallRecord("pool", orDefaultTenant(tenant), pending)); err != nil {
-			return refusal(reasonAuditUnavailable, fmt.Errorf("the attempt could not be recorded before dispatch: %w", err))
-		}
-		return nil
-	}
+	intent := func() error { return s.recordPending(ctx, att, argsCanonical, tenant) }
 	res, err := s.callTool(ctx, req, &att, &tenant, &argsCanonical, intent)
 	att.LatencyMicros = time.Since(start).Microseconds()
-	if len(argsCanonical) > 0 {
-		att.ArgsDigest, att.ArgsSize = digest(argsCanonical), int64(len(argsCanonical))
-	}
-	var refused *RefusedError
-	var failed *FailedError
-	switch {
-	case errors.As(err, &refused):
-		att.Refused(refused.Reason)
-		att.PinnedHash, att.LiveHash = orKeep(att.PinnedHash, refused.Pinned), refused.Live
-	case errors.As(err, &failed):
-		att.Failed(failed.Class)
-	case err != nil:
-		// Context errors before dispatch and internal errors: nothing was sent.
-		att.Refused(reasonSpawnFailed)
-	case res.Result == audit.ResultFailed:
-		att.Failed(res.FailureClass)
-	default:
-		att.Succeeded()
-	}
+	setArgs(&att, argsCanonical)
+	settle(&att, res, err)
 	s.metrics.calls.WithLabelValues(att.Outcome, orDash(att.Result), orDash(att.Reason+att.FailureClass)).Inc()
 	rec := audit.NewToolCallRecord("pool", orDefaultTenant(tenant), att)
 	if att.Outcome == audit.OutcomeDispatched {
@@ -204,6 +176,59 @@ func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, e
 		res.Latency = time.Since(start)
 	}
 	return res, err
+}
+
+// recordPending puts an attempt on record, durably, after every gate and before anything
+// reaches the server: a crash mid-call still leaves a trail that says the call may have
+// happened. A failure refuses the call.
+func (s *Service) recordPending(ctx context.Context, att audit.ToolCallAttempt, argsCanonical []byte, tenant string) error {
+	att.Pending()
+	setArgs(&att, argsCanonical)
+	if err := s.spool.Enqueue(context.WithoutCancel(ctx), audit.NewToolCallRecord("pool", orDefaultTenant(tenant), att)); err != nil {
+		return refusal(reasonAuditUnavailable, fmt.Errorf("the attempt could not be recorded before dispatch: %w", err))
+	}
+	return nil
+}
+
+func setArgs(att *audit.ToolCallAttempt, argsCanonical []byte) {
+	if len(argsCanonical) > 0 {
+		att.ArgsDigest, att.ArgsSize = digest(argsCanonical), int64(len(argsCanonical))
+	}
+}
+
+// settle sets an attempt's outcome from what the call returned.
+func settle(att *audit.ToolCallAttempt, res *CallResult, err error) {
+	var refused *RefusedError
+	var failed *FailedError
+	switch {
+	case errors.As(err, &refused):
+		att.Refused(refused.Reason)
+		att.PinnedHash, att.LiveHash = orKeep(att.PinnedHash, refused.Pinned), orKeep(att.LiveHash, refused.Live)
+	case errors.As(err, &failed):
+		att.Failed(failed.Class)
+	case err != nil:
+		// Context errors before dispatch and internal errors: nothing was sent.
+		att.Refused(reasonSpawnFailed)
+	case res.Result == audit.ResultFailed:
+		att.Failed(res.FailureClass)
+	default:
+		att.Succeeded()
+	}
+}
+
+// resultToProto is a result's content and structured content as the API carries them.
+func resultToProto(res *CallResult) (content []*structpb.Struct, structured *structpb.Struct) {
+	for _, c := range res.Content {
+		if st, err := structpb.NewStruct(c); err == nil {
+			content = append(content, st)
+		}
+	}
+	if res.StructuredContent != nil {
+		if st, err := structpb.NewStruct(res.StructuredContent); err == nil {
+			structured = st
+		}
+	}
+	return content, structured
 }
 
 // recordOutcome spools a dispatched call's outcome record in the background; Close waits for

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/audit"
@@ -18,28 +17,17 @@ import (
 	"github.com/ringfence/ringfence/internal/mcpdecl"
 	"github.com/ringfence/ringfence/internal/mcpdecl/screen"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/internal/peers"
 	"github.com/ringfence/ringfence/services/pool/internal/spawner"
 )
 
-// Discover starts a registered server in isolation, takes its whole tool listing, stops it,
-// and returns every tool with its pin, the screen's findings and whether the registration's
+// DiscoverTools starts a registered server in isolation, takes its whole tool listing, stops
+// it, and returns every tool with its pin, the screen's findings and whether the registration's
 // tool filter excludes it. Every failure is a *discovery.Failure with a class, or
 // discovery.ErrIsolationRequired; no container outlives the call.
 func (s *Service) DiscoverTools(ctx context.Context, ref string) (*discovery.Listing, error) {
-	reg, err := s.cfg.Registry.ResolveRegistration(ctx, ref)
-	if err != nil {
-		return nil, err
-	}
-	sess, err := s.spawner.Spawn(ctx, specFor(reg, spawner.PurposeDiscovery, ""))
-	if err != nil {
-		return nil, spawnFailure(err)
-	}
-	defer sess.Close(context.WithoutCancel(ctx))
-	tools, err := sess.ListTools(ctx)
-	if err != nil {
-		return nil, spawnFailure(err)
-	}
-	return Screen(reg, tools)
+	listing, _, err := s.ExploreTools(ctx, discovery.ExploreRequest{Ref: ref})
+	return listing, err
 }
 
 // specFor turns a resolved registration into what the spawner starts.
@@ -121,17 +109,15 @@ func truncate(s string) string {
 // run named explore-…, whose agent is the operator's key. A refused or failed call still
 // answers with the listing; the result says what happened.
 func (s *Service) ExploreTools(ctx context.Context, req discovery.ExploreRequest) (*discovery.Listing, *typesv1.ExploreCallResult, error) {
-	if req.Call == nil && req.Adhoc == nil {
-		listing, err := s.DiscoverTools(ctx, req.Ref)
-		return listing, nil, err
-	}
 	if req.Call != nil {
 		if err := s.spool.CanAccept(); err != nil {
 			return nil, nil, err // nothing starts without room for its record
 		}
 	}
-	reg := req.Adhoc
-	if reg == nil {
+	var reg *mcpserver.Resolved
+	if req.Adhoc != nil {
+		reg = peers.ResolvedFromProto(req.Adhoc)
+	} else {
 		var err error
 		if reg, err = s.cfg.Registry.ResolveRegistration(ctx, req.Ref); err != nil {
 			return nil, nil, err
@@ -194,47 +180,24 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 			return nil, err
 		}
 		// On record before anything reaches the server, as a run's calls are.
-		pending := att
-		pending.Pending()
-		pending.ArgsDigest, pending.ArgsSize = digest(argsCanonical), int64(len(argsCanonical))
-		if err := s.spool.Enqueue(context.WithoutCancel(ctx), audit.NewToolCallRecord("pool", orDefaultTenant(req.Tenant), pending)); err != nil {
-			return nil, refusal(reasonAuditUnavailable, fmt.Errorf("the attempt could not be recorded before dispatch: %w", err))
+		if err := s.recordPending(ctx, att, argsCanonical, req.Tenant); err != nil {
+			return nil, err
 		}
 		return s.dispatch(ctx, sess, tool, args, out.CallId, 1)
 	}()
 	att.LatencyMicros = time.Since(start).Microseconds()
-	if len(argsCanonical) > 0 {
-		att.ArgsDigest, att.ArgsSize = digest(argsCanonical), int64(len(argsCanonical))
-	}
-	var refused *RefusedError
-	var failed *FailedError
-	switch {
-	case errors.As(err, &refused):
-		att.Refused(refused.Reason)
-		out.Outcome, out.Reason, out.Message = audit.OutcomeRefusedBeforeDispatch, refused.Reason, refused.Err.Error()
-	case errors.As(err, &failed):
-		att.Failed(failed.Class)
-		out.Outcome, out.Result, out.FailureClass, out.Message = audit.OutcomeDispatched, audit.ResultFailed, failed.Class, failed.Error()
-	case err != nil:
-		att.Refused(reasonSpawnFailed)
-		out.Outcome, out.Reason, out.Message = audit.OutcomeRefusedBeforeDispatch, reasonSpawnFailed, err.Error()
-	default:
-		if res.Result == audit.ResultFailed {
-			att.Failed(res.FailureClass)
-		} else {
-			att.Succeeded()
+	setArgs(&att, argsCanonical)
+	settle(&att, res, err)
+	out.Outcome, out.Reason, out.Result, out.FailureClass = att.Outcome, att.Reason, att.Result, att.FailureClass
+	if err != nil {
+		out.Message = err.Error()
+		var refused *RefusedError
+		if errors.As(err, &refused) {
+			out.Message = refused.Err.Error()
 		}
-		out.Outcome, out.Result, out.FailureClass, out.IsError = audit.OutcomeDispatched, res.Result, res.FailureClass, res.IsError
-		for _, c := range res.Content {
-			if st, err := structpb.NewStruct(c); err == nil {
-				out.Content = append(out.Content, st)
-			}
-		}
-		if res.StructuredContent != nil {
-			if st, err := structpb.NewStruct(res.StructuredContent); err == nil {
-				out.StructuredContent = st
-			}
-		}
+	} else {
+		out.IsError = res.IsError
+		out.Content, out.StructuredContent = resultToProto(res)
 	}
 	if aerr := s.spool.Enqueue(context.WithoutCancel(ctx), audit.NewToolCallRecord("pool", orDefaultTenant(req.Tenant), att)); aerr != nil {
 		// A dispatched call's pending record stands and says it may have taken effect.

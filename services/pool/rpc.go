@@ -8,7 +8,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
-	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
@@ -17,7 +16,6 @@ import (
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/mcpserver"
-	"github.com/ringfence/ringfence/internal/peers"
 )
 
 // Server is the gRPC front end of the pool.
@@ -36,19 +34,16 @@ func (g *Server) Discover(ctx context.Context, req *poolv1.DiscoverRequest) (*po
 	if err := mcpserver.ValidateRef(req.GetServerRef()); err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
-	er := discovery.ExploreRequest{Ref: req.GetServerRef(), Call: req.GetCall(), Tenant: req.GetTenant(), ActorKeyID: req.GetActorKeyId()}
-	if a := req.GetAdhoc(); a != nil {
-		er.Adhoc = peers.ResolvedFromProto(a)
-	}
-	listing, call, err := g.svc.ExploreTools(ctx, er)
+	listing, call, err := g.svc.ExploreTools(ctx, discovery.ExploreRequest{
+		Ref: req.GetServerRef(), Call: req.GetCall(), Adhoc: req.GetAdhoc(), Tenant: req.GetTenant(), ActorKeyID: req.GetActorKeyId(),
+	})
 	if err != nil {
 		return nil, discovery.Status(ctx, g.svc.errors, err)
 	}
-	resp := &poolv1.DiscoverResponse{ListingFindings: discovery.FindingsToProto(listing.Findings), RegistrationRevision: listing.Revision, Call: call}
-	for _, t := range listing.Tools {
-		resp.Tools = append(resp.Tools, discovery.ToolToProto(t))
-	}
-	return resp, nil
+	return &poolv1.DiscoverResponse{
+		Tools: discovery.ToolsToProto(listing.Tools), ListingFindings: discovery.FindingsToProto(listing.Findings),
+		RegistrationRevision: listing.Revision, Call: call,
+	}, nil
 }
 
 // callerTenant is the tenant a caller's key is bound to ("" for keys that may see all).
@@ -140,16 +135,7 @@ func (g *Server) CallTool(ctx context.Context, req *poolv1.CallToolRequest) (*po
 		FailureClass: res.FailureClass, IsError: res.IsError, Advisory: res.Advisory,
 		ServerRef: res.ServerRef, ToolName: res.ToolName, LatencyMicros: res.Latency.Microseconds(),
 	}
-	for _, c := range res.Content {
-		if s, err := structpb.NewStruct(c); err == nil {
-			out.Content = append(out.Content, s)
-		}
-	}
-	if res.StructuredContent != nil {
-		if s, err := structpb.NewStruct(res.StructuredContent); err == nil {
-			out.StructuredContent = s
-		}
-	}
+	out.Content, out.StructuredContent = resultToProto(res)
 	return out, nil
 }
 

@@ -26,8 +26,7 @@ import (
 
 // Discoverer lists a registered server's tools by starting it in isolation: the pool.
 type Discoverer interface {
-	DiscoverTools(ctx context.Context, ref string) (*discovery.Listing, error)
-	// ExploreTools lists the tools and, when asked, calls one (ExploreServer).
+	// ExploreTools lists the tools and, when asked, calls one (ListServerTools, ExploreServer).
 	ExploreTools(ctx context.Context, req discovery.ExploreRequest) (*discovery.Listing, *typesv1.ExploreCallResult, error)
 }
 

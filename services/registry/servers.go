@@ -103,30 +103,17 @@ func (s *Service) DeleteServer(ctx context.Context, req *registryv1.DeleteServer
 	return &registryv1.DeleteServerResponse{}, nil
 }
 
-// ListServerTools implements RegistryService: the pool starts the server in isolation.
+// ListServerTools implements RegistryService: ExploreServer without a call.
 func (s *Service) ListServerTools(ctx context.Context, req *registryv1.ListServerToolsRequest) (*registryv1.ListServerToolsResponse, error) {
-	if err := mcpserver.ValidateRef(req.GetRef()); err != nil {
-		return nil, s.errors.Status(ctx, err)
-	}
-	if _, err := s.store.ServerPolicy(ctx, req.GetRef()); err != nil {
-		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
-	}
-	if s.cfg.Discoverer == nil {
-		return nil, discovery.Status(ctx, s.errors, discovery.ErrIsolationRequired)
-	}
-	listing, err := s.cfg.Discoverer.DiscoverTools(ctx, req.GetRef())
+	resp, err := s.ExploreServer(ctx, &registryv1.ExploreServerRequest{Ref: req.GetRef()})
 	if err != nil {
-		return nil, discovery.Status(ctx, s.errors, err)
+		return nil, err
 	}
-	resp := &registryv1.ListServerToolsResponse{ListingFindings: discovery.FindingsToProto(listing.Findings)}
-	for _, t := range listing.Tools {
-		resp.Tools = append(resp.Tools, discovery.ToolToProto(t))
-	}
-	return resp, nil
+	return &registryv1.ListServerToolsResponse{Tools: resp.GetTools(), ListingFindings: resp.GetListingFindings()}, nil
 }
 
-// ExploreServer implements RegistryService: the pool lists the tools in isolation and makes
-// the one call asked for on the same session.
+// ExploreServer implements RegistryService: the pool starts the server in isolation, lists
+// its tools, and makes the one call asked for (if any) on the same session.
 func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServerRequest) (*registryv1.ExploreServerResponse, error) {
 	if err := mcpserver.ValidateRef(req.GetRef()); err != nil {
 		return nil, s.errors.Status(ctx, err)
@@ -146,7 +133,9 @@ func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServ
 	if s.cfg.Discoverer == nil {
 		return nil, discovery.Status(ctx, s.errors, discovery.ErrIsolationRequired)
 	}
+	var adhocProto *registryv1.ResolveServerResponse
 	if adhoc != nil {
+		adhocProto = resolvedToProto(adhoc)
 		// An unregistered command is about to run: record who started what before it does.
 		rec, err := s.record(ctx, audit.ActionExplore, resourceServer, adhoc.Ref, serverToProto(&adhoc.Registration))
 		if err == nil {
@@ -158,16 +147,14 @@ func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServ
 	}
 	p, _ := auth.FromContext(ctx)
 	listing, call, err := s.cfg.Discoverer.ExploreTools(ctx, discovery.ExploreRequest{
-		Ref: req.GetRef(), Call: req.GetCall(), Adhoc: adhoc, Tenant: p.Tenant, ActorKeyID: p.KeyID,
+		Ref: req.GetRef(), Call: req.GetCall(), Adhoc: adhocProto, Tenant: p.Tenant, ActorKeyID: p.KeyID,
 	})
 	if err != nil {
 		return nil, discovery.Status(ctx, s.errors, err)
 	}
-	resp := &registryv1.ExploreServerResponse{ListingFindings: discovery.FindingsToProto(listing.Findings), Call: call}
-	for _, t := range listing.Tools {
-		resp.Tools = append(resp.Tools, discovery.ToolToProto(t))
-	}
-	return resp, nil
+	return &registryv1.ExploreServerResponse{
+		Tools: discovery.ToolsToProto(listing.Tools), ListingFindings: discovery.FindingsToProto(listing.Findings), Call: call,
+	}, nil
 }
 
 // resolveAdhoc validates an ad-hoc server as CreateServer would and resolves its header
@@ -238,7 +225,12 @@ func (s *Service) ResolveServer(ctx context.Context, req *registryv1.ResolveServ
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	return &registryv1.ResolveServerResponse{Server: serverToProto(&res.Registration), Env: res.Env, HeaderValues: res.HeaderValues}, nil
+	return resolvedToProto(res), nil
+}
+
+// resolvedToProto is ResolveServer's answer: the registration, and its secrets in clear.
+func resolvedToProto(res *mcpserver.Resolved) *registryv1.ResolveServerResponse {
+	return &registryv1.ResolveServerResponse{Server: serverToProto(&res.Registration), Env: res.Env, HeaderValues: res.HeaderValues}
 }
 
 // GetServerPolicy implements the internal RPC the publisher and pool use for grants.
