@@ -159,28 +159,41 @@ func (d *dockerBackend) sweep(ctx context.Context, scope sweepScope) (int, error
 		if scope == sweepOthers && c.Labels[LabelInstance] == d.r.cfg.InstanceID {
 			continue
 		}
-		_, err := d.api.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true})
-		switch {
-		case err == nil:
+		byUs, err := d.remove(ctx, c.ID)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if byUs {
 			removed++
 			d.r.log.Info("spawner: removed a container of this pool",
 				"container", shortID(c.ID), "server", c.Labels[LabelServer], "instance", c.Labels[LabelInstance])
-		case cerrdefs.IsNotFound(err):
-			// It removed itself (AutoRemove) meanwhile.
-		case cerrdefs.IsConflict(err) || strings.Contains(err.Error(), "already in progress"):
-			// The engine is removing it already (AutoRemove after its stdin closed): wait
-			// for that to finish instead of failing the start.
-			if !d.waitGone(ctx, c.ID) {
-				errs = append(errs, fmt.Errorf("spawner: container %s is still being removed after %s", shortID(c.ID), sweepTimeout))
-			}
-		default:
-			errs = append(errs, fmt.Errorf("spawner: remove container %s: %w", shortID(c.ID), err))
 		}
 	}
 	return removed, errors.Join(errs...)
 }
 
 // waitGone polls until the container no longer exists or ctx ends.
+// remove force-removes a container and returns once it is gone; byUs says whether this call
+// removed it. One already gone, or that the engine is removing already (AutoRemove after its
+// stdin closed), is waited for rather than reported as a failure.
+func (d *dockerBackend) remove(ctx context.Context, id string) (byUs bool, err error) {
+	_, err = d.api.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true})
+	switch {
+	case err == nil:
+		return true, nil
+	case cerrdefs.IsNotFound(err):
+		return false, nil
+	case cerrdefs.IsConflict(err) || strings.Contains(err.Error(), "already in progress"):
+		if !d.waitGone(ctx, id) {
+			return false, fmt.Errorf("spawner: container %s is still being removed: %w", shortID(id), ctx.Err())
+		}
+		return false, nil
+	default:
+		return false, fmt.Errorf("spawner: remove container %s: %w", shortID(id), err)
+	}
+}
+
 func (d *dockerBackend) waitGone(ctx context.Context, id string) bool {
 	f := client.Filters{}
 	f.Add("id", id)
@@ -455,11 +468,10 @@ func (c *dockerServer) waitRemoved(ctx context.Context, d time.Duration) bool {
 func (c *dockerServer) forceRemove() error {
 	ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
 	defer cancel()
-	_, err := c.d.api.ContainerRemove(ctx, c.id, client.ContainerRemoveOptions{Force: true})
-	if err != nil && !cerrdefs.IsNotFound(err) {
+	if _, err := c.d.remove(ctx, c.id); err != nil {
 		c.d.r.log.Error("spawner: could not remove a container; the pool's next sweep removes it",
 			"container", shortID(c.id), "error", err)
-		return fmt.Errorf("spawner: remove container %s: %w", shortID(c.id), err)
+		return err
 	}
 	return nil
 }
