@@ -56,6 +56,7 @@ const (
 	DefaultMaxBackoff     = 5 * time.Second
 	DefaultAttemptTimeout = 30 * time.Second
 	DefaultAckDelay       = 20 * time.Millisecond
+	DefaultLinger         = 10 * time.Millisecond
 )
 
 // SpoolConfig configures a Spool. Sink, Producer, and either DB and Bucket or Dir are
@@ -91,7 +92,12 @@ type SpoolConfig struct {
 	// AckDelay gathers acknowledgements before forwarded records are deleted from the outbox
 	// (one write transaction per AckDelay at most, instead of one per batch).
 	AckDelay time.Duration
-	Logger   *slog.Logger
+	// Linger is how long the forwarder lets records gather before it reads a batch that
+	// would not be full: under a steady stream of calls the audit log then commits tens of
+	// records at a time instead of a handful, for at most Linger more before a record
+	// reaches the log. It never delays an Enqueue. 0 means DefaultLinger; negative, none.
+	Linger time.Duration
+	Logger *slog.Logger
 }
 
 // Spool is a durable, bounded outbox (in the producer's bbolt file, or in files of its
@@ -109,6 +115,7 @@ type Spool struct {
 	maxBackoff     time.Duration
 	attemptTimeout time.Duration
 	ackDelay       time.Duration
+	linger         time.Duration
 	log            *slog.Logger
 
 	// pending mirrors the outbox size for cheap reads; it is adjusted in commit hooks,
@@ -149,12 +156,19 @@ func NewSpool(cfg SpoolConfig) (*Spool, error) {
 		maxBackoff:     orDefault(cfg.MaxBackoff, DefaultMaxBackoff),
 		attemptTimeout: orDefault(cfg.AttemptTimeout, DefaultAttemptTimeout),
 		ackDelay:       orDefault(cfg.AckDelay, DefaultAckDelay),
+		linger:         cfg.Linger,
 		log:            cfg.Logger,
 		wake:           make(chan struct{}, 1),
 		progress:       make(chan struct{}),
 	}
 	if s.log == nil {
 		s.log = slog.Default()
+	}
+	switch {
+	case s.linger == 0:
+		s.linger = DefaultLinger
+	case s.linger < 0:
+		s.linger = 0
 	}
 	if s.maxBackoff < s.minBackoff {
 		s.maxBackoff = s.minBackoff
@@ -563,7 +577,11 @@ func (a *ackMark) putBack(through []byte, corrupt uint64) {
 func (s *Spool) readLoop(ctx context.Context, out chan<- spoolBatch) error {
 	var after []byte
 	var failures int
+	gather := false // whether the next read should let records gather first
 	for {
+		if gather && !s.gather(ctx) {
+			return nil
+		}
 		b, err := s.readBatch(after)
 		if err != nil {
 			if errors.Is(err, errOutboxClosed) {
@@ -582,14 +600,38 @@ func (s *Spool) readLoop(ctx context.Context, out chan<- spoolBatch) error {
 			case <-ctx.Done():
 				return nil
 			case <-s.wake:
+				gather = true
 				continue
 			}
 		}
 		select {
 		case out <- b:
 			after = b.last
+			gather = len(b.recs)+int(b.corrupt) < s.batchSize
 		case <-ctx.Done():
 			return nil
+		}
+	}
+}
+
+// gather waits up to Linger for a full batch of records to be pending. It reports false when
+// ctx ended.
+func (s *Spool) gather(ctx context.Context) bool {
+	if s.linger <= 0 || s.Pending() >= s.batchSize {
+		return true
+	}
+	t := time.NewTimer(s.linger)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-s.wake:
+			if s.Pending() >= s.batchSize {
+				return true
+			}
 		}
 	}
 }

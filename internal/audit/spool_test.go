@@ -581,3 +581,33 @@ func TestSpoolDoesNotReportItsRefusedReportForever(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, strings.Split(strings.TrimSpace(string(data)), "\n"), 2, "the record and the one report of it")
 }
+
+// TestSpoolLingersForFullerBatches: records enqueued one after another reach the log in
+// one batch when they arrive within Linger, and a full batch does not wait out Linger.
+func TestSpoolLingersForFullerBatches(t *testing.T) { forEachKind(t, testSpoolLingersForFullerBatches) }
+
+func testSpoolLingersForFullerBatches(t *testing.T, kind string) {
+	t.Run("partial batches gather", func(t *testing.T) {
+		env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.Linger = time.Second })
+		env.run(t)
+		for i := range 20 {
+			require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(i, "p")))
+		}
+		require.NoError(t, env.spool.Flush(t.Context()))
+		env.sink.mu.Lock()
+		defer env.sink.mu.Unlock()
+		require.Len(t, env.sink.stored, 20)
+		require.Equal(t, 1, env.sink.calls, "twenty records enqueued within the linger are one batch")
+	})
+	t.Run("a full batch goes at once", func(t *testing.T) {
+		env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.Linger = time.Hour; c.BatchSize = 5 })
+		env.run(t)
+		for i := range 5 {
+			require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(i, "p")))
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		require.NoError(t, env.spool.Flush(ctx), "a full batch is forwarded without waiting out an hour's linger")
+		require.Len(t, env.sink.records(), 5)
+	})
+}

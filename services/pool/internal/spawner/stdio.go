@@ -165,17 +165,26 @@ func firstNonSpace(b []byte) (byte, bool) {
 }
 
 // isJSONRPC reports whether line is one JSON object with "jsonrpc":"2.0".
-// Validating the whole line costs one extra parse; it is what keeps a log
-// line that happens to be JSON from ending the session.
+// Validating the whole line is what keeps a log line that happens to be JSON
+// (or a truncated message) from ending the session. Almost every server writes
+// the version member first, compactly; for those one allocation-free scan
+// decides, and only other lines pay for a decode.
 func isJSONRPC(line []byte) bool {
-	if c, ok := firstNonSpace(line); !ok || c != '{' {
+	trimmed := bytes.TrimLeft(line, " \t\r\n")
+	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return false
+	}
+	if bytes.HasPrefix(trimmed, jsonrpcFirst) {
+		return json.Valid(trimmed)
 	}
 	var probe struct {
 		JSONRPC string `json:"jsonrpc"`
 	}
 	return json.Unmarshal(line, &probe) == nil && probe.JSONRPC == "2.0"
 }
+
+// jsonrpcFirst is how a compact message that names its version first begins.
+var jsonrpcFirst = []byte(`{"jsonrpc":"2.0",`)
 
 // tail keeps the last bytes a server wrote to stderr (plus diverted stdout
 // lines) for diagnostics, with every secret value replaced by Mask when it is
