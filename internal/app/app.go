@@ -343,14 +343,15 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg pool.Registr
 			TmpfsSizeBytes: int64(sb.MCPIsolationTmpSize), AllowUnisolated: sb.AllowUnisolatedMCPDevelopment,
 			PoolID: poolID, DockerHost: sb.DockerHost, CloseTimeout: sb.StopTimeout,
 		},
-		AuditSink:       sink,
-		SpoolMaxRecords: cfg.Audit.SpoolMaxRecords,
-		OnSpoolFull:     spoolPolicy(cfg),
-		DriftMaxAge:     cfg.Pool.DriftMaxAge,
-		RunIdleTimeout:  cfg.Pool.RunIdleTimeout,
-		MaxRuns:         cfg.Pool.MaxRuns,
-		MaxSessions:     cfg.Pool.MaxSessions,
-		Logger:          log.With("service", "pool"),
+		AuditSink:             sink,
+		SpoolMaxRecords:       cfg.Audit.SpoolMaxRecords,
+		OnSpoolFull:           spoolPolicy(cfg),
+		DriftMaxAge:           cfg.Pool.DriftMaxAge,
+		RunIdleTimeout:        cfg.Pool.RunIdleTimeout,
+		MaxRuns:               cfg.Pool.MaxRuns,
+		MaxSessions:           cfg.Pool.MaxSessions,
+		AllowInlineMCPServers: cfg.Dev.AllowInlineMCPServers,
+		Logger:                log.With("service", "pool"),
 	})
 	if err != nil {
 		return nil, err

@@ -95,7 +95,7 @@ type Audit struct {
 
 // Dev holds development-only escape hatches; production refuses each of them.
 type Dev struct {
-	AllowInlineMCPServers bool `key:"allow_inline_mcp_servers" help:"publish graphs with inline mcp_servers over a warning (no ceiling applies to them)"`
+	AllowInlineMCPServers bool `key:"allow_inline_mcp_servers" help:"publish graphs with inline mcp_servers over a warning, and run them (no ceiling applies to them)"`
 }
 
 // IsProduction reports whether the deployment declared itself production.

@@ -301,11 +301,15 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 	if err := s.load(ctx, r); err != nil {
 		return nil, refusal(reasonUnknownRun, err)
 	}
-	if _, ok := r.index.Agent(req.Agent); !ok {
+	agent, ok := r.index.Agent(req.Agent)
+	if !ok {
 		return nil, refusal(reasonUnknownAgent, fmt.Errorf("graph %s v%d has no agent node %q", r.rec.GraphID, r.rec.Version, req.Agent))
 	}
 	node, ok := r.index.BoundTool(req.Agent, req.Tool)
 	if !ok || node.MCPTool == nil {
+		if inline, toolName, found := inlineTool(agent, req.Tool); found {
+			return s.callInline(ctx, r, req, inline, toolName, att, argsCanonical, intent)
+		}
 		return nil, refusal(reasonUnknownTool, fmt.Errorf("agent %q binds no mcp_tool named %q in graph %s v%d", req.Agent, req.Tool, r.rec.GraphID, r.rec.Version))
 	}
 	tool := node.MCPTool
@@ -357,18 +361,9 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 	}
 
 	// Gates 6 and 7: isolation, spawn and handshake (on first use in the run).
-	sess, err := s.session(ctx, r, tool.ServerRef)
+	sess, err := s.session(ctx, r, tool.ServerRef, nil)
 	if err != nil {
-		var ref *RefusedError
-		switch {
-		case errors.As(err, &ref):
-			return nil, ref
-		case errors.Is(err, errTooManySessions):
-			return nil, refusal(reasonLimitExceeded, err)
-		case errors.Is(err, errRunNotRunning):
-			return nil, refusal(reasonRunNotRunning, err)
-		}
-		return nil, refusal(reasonSpawnFailed, err)
+		return nil, sessionRefusal(err)
 	}
 
 	// Gate 8: drift of the live declaration against the pin.
@@ -387,6 +382,20 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 		return nil, err
 	}
 	return s.dispatch(ctx, sess, tool, args, req.CallID, att.Attempt)
+}
+
+// sessionRefusal classifies a failure to get a run's session for a server.
+func sessionRefusal(err error) error {
+	var ref *RefusedError
+	switch {
+	case errors.As(err, &ref):
+		return ref
+	case errors.Is(err, errTooManySessions):
+		return refusal(reasonLimitExceeded, err)
+	case errors.Is(err, errRunNotRunning):
+		return refusal(reasonRunNotRunning, err)
+	}
+	return refusal(reasonSpawnFailed, err)
 }
 
 // effective returns the agent's effective capabilities, computed once per run.
@@ -464,7 +473,7 @@ func checkArgumentScopes(reqs []string, args map[string]any, eff capability.Effe
 func (s *Service) validateInput(tool *graph.MCPToolNode, args []byte) error {
 	sch, err := s.schemas.Get(tool.SchemaHash+"/input", tool.InputSchema)
 	if err != nil {
-		return refusal(reasonInvalidInput, fmt.Errorf("the pinned input schema cannot be used: %v", err))
+		return refusal(reasonInvalidInput, fmt.Errorf("the tool's input schema cannot be used: %v", err))
 	}
 	v, err := schemas.Decode(args)
 	if err != nil {
@@ -555,7 +564,7 @@ func (s *Service) validateOutput(tool *graph.MCPToolNode, structured any) error 
 	}
 	sch, err := s.schemas.Get(tool.SchemaHash+"/output", tool.OutputSchema)
 	if err != nil {
-		return fmt.Errorf("the pinned output schema cannot be used: %v", err)
+		return fmt.Errorf("the tool's output schema cannot be used: %v", err)
 	}
 	v, err := schemas.Decode(raw)
 	if err != nil {

@@ -54,6 +54,8 @@ type harnessOpts struct {
 	realAudit bool
 	// beforeOpen prepares the data directory before the pool opens it.
 	beforeOpen func(dir string)
+	// allowInline publishes and runs inline mcp_servers (dev.allow_inline_mcp_servers).
+	allowInline bool
 }
 
 // overridableVersions serves the publisher's versions, or a hand-made one a test injects to
@@ -113,7 +115,8 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 		DBPath: filepath.Join(dir, "pool.db"), Registry: reg, Versions: versions, AuditSink: sink,
 		Sandbox: Sandbox{Image: image, Network: "none", AllowedEnvKeys: []string{"APP_TOKEN"}, PoolID: poolID,
 			NanoCPUs: 1e9, MemoryBytes: 512 << 20, PidsLimit: 64, TmpfsSizeBytes: 16 << 20},
-		DriftMaxAge: drift, RunIdleTimeout: o.idle, MaxRuns: o.maxRuns, MaxSessions: o.maxSessions, Logger: quiet,
+		DriftMaxAge: drift, RunIdleTimeout: o.idle, MaxRuns: o.maxRuns, MaxSessions: o.maxSessions,
+		AllowInlineMCPServers: o.allowInline, Logger: quiet,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -123,7 +126,8 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 		}
 	})
 	reg.SetDiscoverer(pl)
-	pub, err := publisher.Open(publisher.Config{DBPath: filepath.Join(dir, "publisher.db"), Policies: reg, Discoverer: pl, AuditSink: sink, Logger: quiet})
+	pub, err := publisher.Open(publisher.Config{DBPath: filepath.Join(dir, "publisher.db"), Policies: reg, Discoverer: pl, AuditSink: sink,
+		AllowInlineMCPServers: o.allowInline, Logger: quiet})
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 	versions.pub = pub

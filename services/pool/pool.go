@@ -88,7 +88,11 @@ type Config struct {
 	RunIdleTimeout time.Duration
 	MaxRuns        int
 	MaxSessions    int
-	Logger         *slog.Logger
+	// AllowInlineMCPServers runs the deprecated inline mcp_servers of an agent
+	// (dev.allow_inline_mcp_servers; production refuses it at start). They have no registry
+	// row, so no ceiling, and nothing about their tools is pinned.
+	AllowInlineMCPServers bool
+	Logger                *slog.Logger
 }
 
 // Service implements PoolService.

@@ -18,20 +18,25 @@ import (
 // session is one MCP server process (or remote connection) of one run. It is spawned by the
 // first call that needs it; concurrent first calls wait for that one spawn.
 type session struct {
-	ref   string
-	ready chan struct{} // closed when the spawn finished, successfully or not
-	sess  *spawner.Session
-	reg   *mcpserver.Resolved
-	err   error
-	start time.Time
+	ref string
+	// inline is set for an agent's inline server (the deprecated path): it is started from the
+	// graph's own definition instead of a registration.
+	inline *mcpserver.Resolved
+	ready  chan struct{} // closed when the spawn finished, successfully or not
+	sess   *spawner.Session
+	reg    *mcpserver.Resolved
+	err    error
+	start  time.Time
 
 	calls   atomic.Int64
 	stopped atomic.Bool
 
-	// The live listing, for drift checks: tool name -> hash of the live declaration.
-	listMu   sync.Mutex
-	live     map[string]string
-	listedAt time.Time
+	// The live listing, for drift checks: tool name -> hash of the live declaration; an
+	// inline session, which has no pins, keeps the declarations themselves (liveTools).
+	listMu    sync.Mutex
+	live      map[string]string
+	liveTools map[string]*mcp.Tool
+	listedAt  time.Time
 	// stale is set by notifications/tools/list_changed; the next call re-lists. The
 	// notification itself never lists, so a storm of them costs nothing.
 	stale atomic.Bool
@@ -55,8 +60,9 @@ func (s *session) listedTime() time.Time {
 var errTooManySessions = errors.New("pool: this host's session limit (pool.max_sessions) is reached: end finished runs or raise RINGFENCE_POOL__MAX_SESSIONS")
 
 // session returns the run's session for ref, spawning it on first use. Two concurrent first
-// calls spawn once. A session that died is replaced by the next call that needs it.
-func (s *Service) session(ctx context.Context, r *run, ref string) (*session, error) {
+// calls spawn once. A session that died is replaced by the next call that needs it. inline is
+// nil for a registered server, which is resolved from the registry by ref.
+func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpserver.Resolved) (*session, error) {
 	for {
 		r.mu.Lock()
 		if r.rec.State != StateRunning {
@@ -70,7 +76,7 @@ func (s *Service) session(ctx context.Context, r *run, ref string) (*session, er
 				r.mu.Unlock()
 				return nil, errTooManySessions
 			}
-			sess = &session{ref: ref, ready: make(chan struct{})}
+			sess = &session{ref: ref, inline: inline, ready: make(chan struct{})}
 			r.sessions[ref] = sess
 			s.liveSessions.Add(1)
 			r.mu.Unlock()
@@ -107,11 +113,14 @@ func (s *Service) spawnSession(ctx context.Context, r *run, sess *session) {
 	// The spawn outlives the first caller's cancellation, because other callers may be
 	// waiting for it; the spawner bounds it by the handshake and start timeouts.
 	sctx := context.WithoutCancel(ctx)
-	reg, err := s.cfg.Registry.ResolveRegistration(sctx, sess.ref)
-	if err != nil {
-		sess.err = refusal(reasonForRegistryErr(err), err)
-		s.liveSessions.Add(-1)
-		return
+	reg := sess.inline
+	if reg == nil {
+		var err error
+		if reg, err = s.cfg.Registry.ResolveRegistration(sctx, sess.ref); err != nil {
+			sess.err = refusal(reasonForRegistryErr(err), err)
+			s.liveSessions.Add(-1)
+			return
+		}
 	}
 	if reg.Transport == mcpserver.TransportStdio && !s.isolated && !s.cfg.Sandbox.AllowUnisolated {
 		sess.err = refusal(reasonIsolationRequired, errIsolationRequired)
@@ -190,6 +199,12 @@ func (s *Service) relist(ctx context.Context, sess *session) error {
 	for _, t := range tools {
 		live[t.Name] = liveHash(t)
 	}
+	if sess.inline != nil {
+		sess.liveTools = make(map[string]*mcp.Tool, len(tools))
+		for _, t := range tools {
+			sess.liveTools[t.Name] = t
+		}
+	}
 	sess.live, sess.listedAt = live, time.Now()
 	s.metrics.listings.Inc()
 	return nil
@@ -214,10 +229,8 @@ func liveHash(t *mcp.Tool) string {
 func (s *Service) checkDrift(ctx context.Context, sess *session, tool, pin string) (live string, err error) {
 	sess.listMu.Lock()
 	defer sess.listMu.Unlock()
-	if sess.stale.Load() || s.cfg.DriftMaxAge == 0 || time.Since(sess.listedAt) > s.cfg.DriftMaxAge {
-		if err := s.relist(ctx, sess); err != nil {
-			return "", err
-		}
+	if err := s.refreshListing(ctx, sess); err != nil {
+		return "", err
 	}
 	live, ok := sess.live[tool]
 	if !ok {
@@ -227,4 +240,13 @@ func (s *Service) checkDrift(ctx context.Context, sess *session, tool, pin strin
 		return live, errDrift
 	}
 	return live, nil
+}
+
+// refreshListing re-lists when the listing is older than drift_max_age or the server announced
+// a change. The caller holds sess.listMu.
+func (s *Service) refreshListing(ctx context.Context, sess *session) error {
+	if sess.stale.Load() || s.cfg.DriftMaxAge == 0 || time.Since(sess.listedAt) > s.cfg.DriftMaxAge {
+		return s.relist(ctx, sess)
+	}
+	return nil
 }
