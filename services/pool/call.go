@@ -173,7 +173,7 @@ func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, e
 		s.log.Error("a refused tool-call attempt could not be recorded in the audit spool", "run", req.RunID, "call", req.CallID, "err", aerr)
 	}
 	if res != nil {
-		res.Latency = time.Since(start)
+		res.Latency, res.Advisory = time.Since(start), att.Advisory
 	}
 	return res, err
 }

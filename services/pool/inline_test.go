@@ -62,6 +62,7 @@ func TestInlineServerCallsUnderTheFlag(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "hello", res.Content[0]["text"])
 	require.Equal(t, "inline:a/legacy", res.ServerRef)
+	require.Equal(t, []string{inlineAdvisory}, res.Advisory, "the caller is told what the call did not have")
 	require.Equal(t, float64(1), h.spawned())
 	require.Positive(t, poolContainers(t, h.poolID), "the inline server runs in the isolation image")
 

@@ -135,6 +135,7 @@ func TestGateAgentFloorEnforceAndAdvisory(t *testing.T) {
 			}
 			require.NoError(t, err)
 			require.Len(t, res.Content, 1)
+			require.Len(t, res.Advisory, 1, "the caller is told what was recorded but not enforced")
 			att := h.last()
 			require.Equal(t, audit.ResultSucceeded, att.Result)
 			require.Len(t, att.Advisory, 1)

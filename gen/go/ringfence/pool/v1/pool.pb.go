@@ -584,7 +584,8 @@ type CallToolResponse struct {
 	Content           []*structpb.Struct `protobuf:"bytes,6,rep,name=content,proto3" json:"content,omitempty"`
 	StructuredContent *structpb.Struct   `protobuf:"bytes,7,opt,name=structured_content,json=structuredContent,proto3" json:"structured_content,omitempty"`
 	IsError           bool               `protobuf:"varint,8,opt,name=is_error,json=isError,proto3" json:"is_error,omitempty"`
-	// advisory lists rules recorded but not enforced (advisory mode).
+	// advisory lists what the audit record says the call did not enforce: agent-floor rules in
+	// advisory mode, and the missing ceiling and pin of an inline server (dev only).
 	Advisory      []string `protobuf:"bytes,9,rep,name=advisory,proto3" json:"advisory,omitempty"`
 	ServerRef     string   `protobuf:"bytes,10,opt,name=server_ref,json=serverRef,proto3" json:"server_ref,omitempty"`
 	ToolName      string   `protobuf:"bytes,11,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`
