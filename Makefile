@@ -79,6 +79,7 @@ docker: ## Make sure a Docker engine answers (installs Debian's docker.io and st
 
 .PHONY: test
 test: tools docker lint checkgenerate ## The whole test suite: lint, generated code, unit and end-to-end tests.
+	./scripts/ensure-docker.sh --registry
 	go test -race -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./...
 
 .PHONY: bench

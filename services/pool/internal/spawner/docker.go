@@ -85,6 +85,10 @@ func (d *dockerBackend) inspectImage(ctx context.Context) (*resolvedImage, error
 	res, err := d.api.ImageInspect(ctx, ref)
 	if err != nil {
 		if cerrdefs.IsNotFound(err) {
+			if strings.Contains(ref, "@") {
+				// The pool never pulls: what runs is exactly what the operator put in the engine.
+				return nil, newError(ClassImageMissing, "the isolation image %s is not in the engine: pull it on this host first (docker pull %s); the pool never pulls", ref, ref)
+			}
 			return nil, newError(ClassImageMissing, "the isolation image %s is not in the engine: build it with `ringfence image build` or load it, then use the reference it prints", ref)
 		}
 		if ctx.Err() != nil {

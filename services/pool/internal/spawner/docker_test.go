@@ -434,6 +434,32 @@ func TestPreflight(t *testing.T) {
 	})
 }
 
+// TestDockerDigestPinnedReference runs the reference operators pin in production,
+// name@sha256:<digest> of an image pushed to a registry: the pool resolves it in the engine to
+// the image's ID and runs that; a digest the engine does not hold is refused before anything
+// is created, and the pool does not pull it.
+func TestDockerDigestPinnedReference(t *testing.T) {
+	e := dockerEnv(t)
+	ref := dockertest.DigestRef(t)
+	r := e.router(func(c *Config) { c.Image = ref })
+	rep, err := r.Preflight(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, e.image, rep.ImageID, "the digest resolves to the fixture image")
+	s := spawn(t, r, fixtureSpec())
+	tools, err := s.ListTools(t.Context())
+	require.NoError(t, err)
+	require.NotEmpty(t, tools)
+	require.NoError(t, s.Close(t.Context()))
+
+	name, _, _ := strings.Cut(ref, "@")
+	absent := name + "@sha256:" + strings.Repeat("0", 64)
+	r = e.router(func(c *Config) { c.Image = absent })
+	_, err = r.Spawn(t.Context(), fixtureSpec())
+	require.Equal(t, ClassImageMissing, ClassOf(err), "%v", err)
+	require.ErrorContains(t, err, "docker pull "+absent)
+	require.Empty(t, e.containers())
+}
+
 // buildDerivedImage builds, with the engine's classic builder and without
 // pulling, an image FROM the fixture image plus one Dockerfile instruction.
 func buildDerivedImage(t *testing.T, e *env, instruction string) string {
