@@ -492,7 +492,11 @@ func (s *Service) dispatch(ctx context.Context, sess *session, tool *graph.MCPTo
 	defer cancel()
 	res, err := sess.sess.CallTool(cctx, &mcp.CallToolParams{Name: tool.ToolName, Arguments: args})
 	if err != nil {
-		return nil, &FailedError{Class: s.classifyCallError(ctx, cctx, sess, err), Err: callErrMessage(err)}
+		class := s.classifyCallError(ctx, cctx, sess, err)
+		if class == failureTimeout {
+			s.replaceIfUnresponsive(ctx, sess)
+		}
+		return nil, &FailedError{Class: class, Err: callErrMessage(err)}
 	}
 	out := &CallResult{CallID: callID, Attempt: attempt, ServerRef: tool.ServerRef, ToolName: tool.ToolName, Result: audit.ResultSucceeded, IsError: res.IsError}
 	if res.IsError {
@@ -519,6 +523,23 @@ func (s *Service) dispatch(ctx context.Context, sess *session, tool *graph.MCPTo
 		out.StructuredContent = sanitize.Value(sc, keep).(map[string]any)
 	}
 	return out, nil
+}
+
+// livenessTimeout bounds the ping that follows a timed-out call.
+const livenessTimeout = 5 * time.Second
+
+// replaceIfUnresponsive pings the server of a call that timed out. A server that was only slow
+// in that tool answers (the call was cancelled) and keeps its session; one that answers nothing
+// (stopped, stuck, its stream blocked) is stopped, so the run's next call starts a fresh one
+// instead of waiting out the timeout again.
+func (s *Service) replaceIfUnresponsive(ctx context.Context, sess *session) {
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), livenessTimeout)
+	defer cancel()
+	if err := sess.sess.Ping(pctx); err == nil {
+		return
+	}
+	s.log.Warn("a server let a call time out and does not answer a ping either: stopping it; the run's next call starts a fresh one", "server", sess.ref)
+	s.stop(sess)
 }
 
 func (s *Service) classifyCallError(parent, cctx context.Context, sess *session, err error) string {

@@ -261,10 +261,24 @@ func TestDispatchOutcomes(t *testing.T) {
 		require.Equal(t, failureToolError, h.last().FailureClass)
 	})
 	t.Run("timeout", func(t *testing.T) {
+		before := h.spawned()
 		_, err := h.call(run, "a", "fx__sleep", map[string]any{"ms": 60000})
 		requireFailed(t, err, failureTimeout)
 		require.Contains(t, err.Error(), "may have taken effect")
 		require.Equal(t, audit.OutcomeDispatched, h.last().Outcome)
+		_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "still here"})
+		require.NoError(t, err)
+		require.Equal(t, before, h.spawned(), "a server that was only slow answers the ping and keeps its session")
+	})
+	t.Run("a server that freezes mid-call is replaced", func(t *testing.T) {
+		before, stopped := h.spawned(), h.stopped()
+		_, err := h.call(run, "a", "fx__freeze", map[string]any{})
+		requireFailed(t, err, failureTimeout)
+		require.Equal(t, stopped+1, h.stopped(), "no answer to the ping either: the session is stopped at once")
+		res, err := h.call(run, "a", "fx__echo", map[string]any{"text": "fresh"})
+		require.NoError(t, err)
+		require.Equal(t, "fresh", res.Content[0]["text"])
+		require.Equal(t, before+1, h.spawned(), "the run's next call starts a fresh server")
 	})
 	t.Run("output that breaks its schema", func(t *testing.T) {
 		_, err := h.call(run, "a", "fx__liar", map[string]any{})
@@ -352,6 +366,25 @@ func TestHostileServersLeaveThePoolUpAndOtherRunsUnaffected(t *testing.T) {
 		requireFailed(t, err, failureCrashed)
 		check()
 	})
+}
+
+// TestAServerThatCannotBeListedIsReplaced: a session whose listing cannot be taken again (here
+// the server answers tools/list with an error after its first call) refuses the call before
+// dispatch and is stopped; the run's next call runs on a fresh server.
+func TestAServerThatCannotBeListedIsReplaced(t *testing.T) {
+	h := newHarness(t) // drift_max_age 0: re-listed before every call
+	h.server("fx", nil, "--break-list", "1")
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	run := h.start("g")
+	_, err := h.call(run, "a", "fx__echo", map[string]any{"text": "one"})
+	require.NoError(t, err)
+	_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "two"})
+	requireRefused(t, err, reasonSpawnFailed)
+	require.Equal(t, float64(1), h.stopped(), "the broken session is stopped at once")
+	res, err := h.call(run, "a", "fx__echo", map[string]any{"text": "three"})
+	require.NoError(t, err)
+	require.Equal(t, "three", res.Content[0]["text"])
+	require.Equal(t, float64(2), h.spawned())
 }
 
 // TestListChangedStormDoesNotSpin: thousands of notifications cost no listing by themselves;

@@ -243,10 +243,17 @@ func (s *Service) checkDrift(ctx context.Context, sess *session, tool, pin strin
 }
 
 // refreshListing re-lists when the listing is older than drift_max_age or the server announced
-// a change. The caller holds sess.listMu.
+// a change. A server that cannot be listed any more (it stopped answering, or answers garbage)
+// is stopped, so the run's next call starts a fresh one instead of failing the same way. The
+// caller holds sess.listMu.
 func (s *Service) refreshListing(ctx context.Context, sess *session) error {
-	if sess.stale.Load() || s.cfg.DriftMaxAge == 0 || time.Since(sess.listedAt) > s.cfg.DriftMaxAge {
-		return s.relist(ctx, sess)
+	if !sess.stale.Load() && s.cfg.DriftMaxAge != 0 && time.Since(sess.listedAt) <= s.cfg.DriftMaxAge {
+		return nil
 	}
-	return nil
+	err := s.relist(ctx, sess)
+	if err != nil && ctx.Err() == nil {
+		s.log.Warn("a server's tools could not be listed again: stopping it; the run's next call starts a fresh one", "server", sess.ref, "err", err)
+		s.stop(sess)
+	}
+	return err
 }

@@ -182,6 +182,17 @@ func (s *Session) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mc
 	return res, nil
 }
 
+// Ping asks the server to answer an MCP ping: whether it still answers at all, after a call
+// timed out. Without a deadline on ctx it is bounded by Config.ListTimeout.
+func (s *Session) Ping(ctx context.Context) error {
+	ctx, cancel := s.bound(ctx, s.cfg.ListTimeout, "ping")
+	defer cancel()
+	if err := s.cs.Ping(ctx, nil); err != nil {
+		return s.requestError(ctx, "ping", err)
+	}
+	return nil
+}
+
 // bound applies the spawner's own limit when the caller set no deadline; its
 // expiry is recognisable as a ClassTimeout cause.
 func (s *Session) bound(ctx context.Context, d time.Duration, op string) (context.Context, context.CancelFunc) {
