@@ -381,7 +381,7 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 	if err := intent(); err != nil {
 		return nil, err
 	}
-	return s.dispatch(ctx, sess, tool, args, req.CallID, att.Attempt)
+	return s.dispatchInRun(ctx, sess, tool, args, req.CallID, att.Attempt)
 }
 
 // sessionRefusal classifies a failure to get a run's session for a server.
@@ -492,11 +492,7 @@ func (s *Service) dispatch(ctx context.Context, sess *session, tool *graph.MCPTo
 	defer cancel()
 	res, err := sess.sess.CallTool(cctx, &mcp.CallToolParams{Name: tool.ToolName, Arguments: args})
 	if err != nil {
-		class := s.classifyCallError(ctx, cctx, sess, err)
-		if class == failureTimeout {
-			s.replaceIfUnresponsive(ctx, sess)
-		}
-		return nil, &FailedError{Class: class, Err: callErrMessage(err)}
+		return nil, &FailedError{Class: s.classifyCallError(ctx, cctx, sess, err), Err: callErrMessage(err)}
 	}
 	out := &CallResult{CallID: callID, Attempt: attempt, ServerRef: tool.ServerRef, ToolName: tool.ToolName, Result: audit.ResultSucceeded, IsError: res.IsError}
 	if res.IsError {
@@ -528,18 +524,22 @@ func (s *Service) dispatch(ctx context.Context, sess *session, tool *graph.MCPTo
 // livenessTimeout bounds the ping that follows a timed-out call.
 const livenessTimeout = 5 * time.Second
 
-// replaceIfUnresponsive pings the server of a call that timed out. A server that was only slow
-// in that tool answers (the call was cancelled) and keeps its session; one that answers nothing
-// (stopped, stuck, its stream blocked) is stopped, so the run's next call starts a fresh one
-// instead of waiting out the timeout again.
-func (s *Service) replaceIfUnresponsive(ctx context.Context, sess *session) {
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), livenessTimeout)
-	defer cancel()
-	if err := sess.sess.Ping(pctx); err == nil {
-		return
+// dispatchInRun is dispatch on a run's session. After a call that timed out it pings the
+// server: one that was only slow in that tool answers (the call was cancelled) and keeps its
+// session; one that answers nothing (stopped, stuck, its stream blocked) is stopped, so the
+// run's next call starts a fresh one instead of waiting out the timeout again.
+func (s *Service) dispatchInRun(ctx context.Context, sess *session, tool *graph.MCPToolNode, args map[string]any, callID string, attempt int32) (*CallResult, error) {
+	res, err := s.dispatch(ctx, sess, tool, args, callID, attempt)
+	var failed *FailedError
+	if errors.As(err, &failed) && failed.Class == failureTimeout {
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), livenessTimeout)
+		defer cancel()
+		if perr := sess.sess.Ping(pctx); perr != nil {
+			s.log.Warn("a server let a call time out and does not answer a ping either: stopping it; the run's next call starts a fresh one", "server", sess.ref)
+			s.stop(sess)
+		}
 	}
-	s.log.Warn("a server let a call time out and does not answer a ping either: stopping it; the run's next call starts a fresh one", "server", sess.ref)
-	s.stop(sess)
+	return res, err
 }
 
 func (s *Service) classifyCallError(parent, cctx context.Context, sess *session, err error) string {

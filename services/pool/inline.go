@@ -85,7 +85,7 @@ func (s *Service) callInline(ctx context.Context, r *run, req CallRequest, inlin
 	if err := intent(); err != nil {
 		return nil, err
 	}
-	return s.dispatch(ctx, sess, tool, args, req.CallID, att.Attempt)
+	return s.dispatchInRun(ctx, sess, tool, args, req.CallID, att.Attempt)
 }
 
 // liveTool returns an inline session's current declaration of a tool in the form the gates and

@@ -368,6 +368,20 @@ func TestHostileServersLeaveThePoolUpAndOtherRunsUnaffected(t *testing.T) {
 	})
 }
 
+// TestExploreCallThatTimesOut: an explore call that times out is reported as a dispatched
+// failure, and its one-off session is closed by the explore itself, outside the run sessions'
+// accounting (the harness's cleanup proves the container is gone).
+func TestExploreCallThatTimesOut(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", callTimeout(time.Second), "--runtime-tools")
+	req := discovery.ExploreRequest{Ref: "fx", Tenant: "default", ActorKeyID: "key_ops", Call: &typesv1.ExploreCall{Tool: "freeze"}}
+	_, res, err := h.pool.ExploreTools(h.ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, "dispatched", res.GetOutcome())
+	require.Equal(t, failureTimeout, res.GetFailureClass())
+	require.Zero(t, h.pool.liveSessions.Load(), "explore sessions are not run sessions")
+}
+
 // TestAServerThatCannotBeListedIsReplaced: a session whose listing cannot be taken again (here
 // the server answers tools/list with an error after its first call) refuses the call before
 // dispatch and is stopped; the run's next call runs on a fresh server.
