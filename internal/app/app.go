@@ -315,6 +315,7 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 		return nil, err
 	}
 	a.onClose(svc.Close)
+	requeueQuarantined(cfg, svc.Spool(), log.With("service", "registry"))
 	if cfg.BootstrapAdminKey != "" {
 		if err := svc.EnsureBootstrapAdmin(ctx, cfg.BootstrapAdminKey); err != nil {
 			return nil, err
@@ -361,6 +362,7 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg pool.Registr
 		defer cancel()
 		return pl.Close(ctx)
 	})
+	requeueQuarantined(cfg, pl.Spool(), log.With("service", "pool"))
 	return pl, nil
 }
 
@@ -397,7 +399,23 @@ func (a *App) openPublisher(cfg *config.Config, policies publisher.Policies, dis
 		return nil, err
 	}
 	a.onClose(pub.Close)
+	requeueQuarantined(cfg, pub.Spool(), log.With("service", "publisher"))
 	return pub, nil
+}
+
+// requeueQuarantined puts a producer's quarantined audit records back in its spool when the
+// operator asked for it (audit.requeue_quarantine). A failure is logged, not fatal: the records
+// stay quarantined and the service is as useful as before.
+func requeueQuarantined(cfg *config.Config, spool *audit.Spool, log *slog.Logger) {
+	if !cfg.Audit.RequeueQuarantine {
+		return
+	}
+	n, err := spool.RequeueQuarantined()
+	if err != nil {
+		log.Error("audit: quarantined records could not be requeued; they stay quarantined", "err", err)
+		return
+	}
+	log.Info("audit: quarantined records requeued", "records", n)
 }
 
 // registryPeer dials the registry and returns its client (grants, resolution, API keys).

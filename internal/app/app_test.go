@@ -2,9 +2,11 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,8 +21,10 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/dynamicpb"
 
+	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/config"
 	"github.com/ringfence/ringfence/internal/mtls"
@@ -222,4 +226,40 @@ func TestAllInOneWiresThePublisher(t *testing.T) {
 			require.Contains(t, st.Message(), "grants: [] is the default")
 		})
 	}
+}
+
+// TestRequeueQuarantineAtStart: with audit.requeue_quarantine, a producer's quarantined
+// records go back through its spool at start and reach the audit log with their IDs.
+func TestRequeueQuarantineAtStart(t *testing.T) {
+	cfg := testConfig(t, "RINGFENCE_AUDIT__REQUEUE_QUARANTINE=true")
+	tc := audit.ToolCallAttempt{RunID: "run-q", CallID: "call-q", Attempt: 1, ToolName: "echo"}
+	tc.Succeeded()
+	rec := audit.NewToolCallRecord("pool", auth.DefaultTenant, tc)
+	body, err := json.Marshal(rec)
+	require.NoError(t, err)
+	line, err := json.Marshal(map[string]any{"quarantine_time": time.Now().UTC(), "refusal": "refused by an older audit log", "record": json.RawMessage(body)})
+	require.NoError(t, err)
+	dir := filepath.Join(cfg.DataDir, "pool-audit-spool")
+	require.NoError(t, os.MkdirAll(dir, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "quarantine.jsonl"), append(line, '\n'), 0o600))
+
+	a, err := NewAllInOne(t.Context(), cfg, quietLogger())
+	require.NoError(t, err)
+	defer a.Close()
+	ctx := auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_test", Role: auth.RoleAdmin, Permissions: auth.AllPermissions})
+	require.Eventually(t, func() bool {
+		resp, err := a.Audit.List(ctx, &auditv1.ListRequest{PageSize: 1000})
+		if err != nil {
+			return false
+		}
+		for _, r := range resp.GetRecords() {
+			if r.GetId() == rec.ID {
+				return true
+			}
+		}
+		return false
+	}, 15*time.Second, 50*time.Millisecond, "the requeued record reaches the audit log")
+	aside, err := filepath.Glob(filepath.Join(dir, "quarantine.jsonl.requeued-*"))
+	require.NoError(t, err)
+	require.Len(t, aside, 1)
 }

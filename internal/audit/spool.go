@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -129,6 +128,9 @@ type Spool struct {
 	mu        sync.Mutex
 	progress  chan struct{} // closed and replaced whenever records leave the outbox
 	lastAlarm time.Time
+
+	// quarantineMu orders writes to the quarantine file with RequeueQuarantined.
+	quarantineMu sync.Mutex
 
 	// The group commit of Enqueue: waiting calls, and whether one is committing.
 	qmu     sync.Mutex
@@ -759,31 +761,6 @@ func (s *Spool) sendEach(ctx context.Context, b *spoolBatch, batchErr error, f *
 		}
 	}
 	return missing, nil
-}
-
-// quarantine appends a refused record, as stored, with the refusal to the quarantine file
-// (JSON lines) and syncs it.
-func (s *Spool) quarantine(body []byte, refusal error) error {
-	line, err := json.Marshal(struct {
-		Time    time.Time       `json:"quarantine_time"`
-		Refusal string          `json:"refusal"`
-		Record  json.RawMessage `json:"record"`
-	}{time.Now().UTC(), refusal.Error(), body})
-	if err != nil {
-		return err
-	}
-	f, err := os.OpenFile(s.quarantinePath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(append(line, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
 
 // ackLoop deletes acknowledged records. On the way out it deletes what was already

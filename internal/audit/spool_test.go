@@ -611,3 +611,58 @@ func testSpoolLingersForFullerBatches(t *testing.T, kind string) {
 		require.Len(t, env.sink.records(), 5)
 	})
 }
+
+// TestSpoolRequeuesQuarantinedRecords: once the audit log takes what it refused, the
+// quarantined records go back through the outbox with their IDs, the file is set aside, and a
+// line that is not a record stays quarantined.
+func TestSpoolRequeuesQuarantinedRecords(t *testing.T) {
+	forEachKind(t, testSpoolRequeuesQuarantinedRecords)
+}
+
+func testSpoolRequeuesQuarantinedRecords(t *testing.T, kind string) {
+	env := newSpoolEnvOf(t, kind, nil)
+	n, err := env.spool.RequeueQuarantined()
+	require.NoError(t, err)
+	require.Zero(t, n, "no quarantine file, nothing to do")
+
+	refused := toolRecord(1, "p")
+	env.sink.mu.Lock()
+	env.sink.refuse[refused.ID] = true
+	env.sink.mu.Unlock()
+	require.NoError(t, env.spool.Enqueue(t.Context(), refused))
+	env.run(t)
+	require.NoError(t, env.spool.Flush(t.Context()))
+	f, err := os.OpenFile(env.spool.quarantinePath, os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString("{not a record\n")
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	env.sink.mu.Lock()
+	delete(env.sink.refuse, refused.ID) // the audit log was upgraded
+	env.sink.mu.Unlock()
+	n, err = env.spool.RequeueQuarantined()
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.NoError(t, env.spool.Flush(t.Context()))
+	var got []string
+	for _, r := range env.sink.records() {
+		if r.Kind == KindToolCall {
+			got = append(got, r.ID)
+		}
+	}
+	require.Equal(t, []string{refused.ID}, got, "the record reached the log with its ID")
+
+	aside, err := filepath.Glob(env.spool.quarantinePath + ".requeued-*")
+	require.NoError(t, err)
+	require.Len(t, aside, 1, "the requeued file is kept aside")
+	left, err := os.ReadFile(env.spool.quarantinePath)
+	require.NoError(t, err)
+	require.Equal(t, "{not a record\n", string(left), "what is not a record stays quarantined")
+	n, err = env.spool.RequeueQuarantined()
+	require.NoError(t, err)
+	require.Zero(t, n)
+	left, err = os.ReadFile(env.spool.quarantinePath)
+	require.NoError(t, err)
+	require.Equal(t, "{not a record\n", string(left), "a file of non-records is left alone")
+}

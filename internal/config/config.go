@@ -91,6 +91,8 @@ type Pool struct {
 type Audit struct {
 	SpoolMaxRecords int    `key:"spool_max_records" default:"100000" help:"audit records a producer may hold while the audit service is unreachable"`
 	OnSpoolFull     string `key:"on_spool_full" default:"fail_closed" help:"fail_closed refuses changes when the spool is full; continue_and_alarm drops records and alarms"`
+	// RequeueQuarantine is a one-shot switch for after an upgrade of the audit service.
+	RequeueQuarantine bool `key:"requeue_quarantine" help:"at start, put the records each producer quarantined (refused by the audit log) back in its spool; set it for one start after upgrading the audit service"`
 }
 
 // Dev holds development-only escape hatches; production refuses each of them.
