@@ -26,18 +26,7 @@ func (s *Spool) quarantine(body []byte, refusal error) error {
 	}
 	s.quarantineMu.Lock()
 	defer s.quarantineMu.Unlock()
-	f, err := os.OpenFile(s.quarantinePath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(append(line, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return writeSynced(s.quarantinePath, os.O_APPEND, append(line, '\n'))
 }
 
 // RequeueQuarantined puts the records of the quarantine file back in the outbox, for an audit
@@ -95,15 +84,17 @@ func (s *Spool) RequeueQuarantined() (int, error) {
 		return len(bodies), fmt.Errorf("audit: set the requeued quarantine file aside: %w", err)
 	}
 	if kept.Len() > 0 {
-		if err := writeSynced(s.quarantinePath, kept.Bytes()); err != nil {
+		if err := writeSynced(s.quarantinePath, os.O_EXCL, kept.Bytes()); err != nil {
 			return len(bodies), err
 		}
 	}
 	return len(bodies), nil
 }
 
-func writeSynced(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
+// writeSynced writes b to the file at path, created if needed and opened with flag besides,
+// and syncs it.
+func writeSynced(path string, flag int, b []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|flag, 0o600)
 	if err != nil {
 		return err
 	}
