@@ -32,6 +32,12 @@ if [ "${1:-}" = "--registry" ] && ! command -v docker-registry >/dev/null 2>&1; 
 	fi
 	log "installing Debian's docker-registry (the tests of digest-pinned images run one on loopback)"
 	apt_install docker-registry
+	# The package enables a registry service on :5000 where systemd runs; the tests start their
+	# own on loopback, so do not leave one listening.
+	if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+		$sudo systemctl disable --now docker-registry >/dev/null 2>&1 || true
+		log "disabled the docker-registry service the package enabled"
+	fi
 fi
 
 if docker info >/dev/null 2>&1; then
