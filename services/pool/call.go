@@ -344,11 +344,11 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 	}
 
 	// Gate 4: argument-scoped permissions declared by the registration (default-deny).
-	args, err := decodeArguments(req.Arguments)
+	args, canonical, err := decodeArguments(req.Arguments)
 	if err != nil {
-		return nil, refusal(reasonInvalidInput, err)
+		return nil, err
 	}
-	*argsCanonical = canonicalArgs(args)
+	*argsCanonical = canonical
 	if reqs, declared := policy.ToolPermissions[tool.ToolName]; declared {
 		if err := checkArgumentScopes(reqs, args, eff); err != nil {
 			return nil, err
@@ -417,29 +417,27 @@ func (s *Service) effective(r *run, agentID string) capability.Effective {
 // maxArgumentBytes bounds one call's arguments.
 const maxArgumentBytes = 1 << 20
 
-func decodeArguments(raw json.RawMessage) (map[string]any, error) {
-	if len(raw) == 0 {
-		return map[string]any{}, nil
-	}
+// decodeArguments reads a call's arguments, a JSON object (empty means {}), and returns them
+// with their canonical encoding (sorted keys: stable for digests and schema checks). A refusal
+// (invalid_input) names what is wrong.
+func decodeArguments(raw json.RawMessage) (map[string]any, []byte, error) {
 	if len(raw) > maxArgumentBytes {
-		return nil, fmt.Errorf("arguments are %d bytes; at most %d", len(raw), maxArgumentBytes)
+		return nil, nil, refusal(reasonInvalidInput, fmt.Errorf("arguments are %d bytes; at most %d", len(raw), maxArgumentBytes))
 	}
 	var args map[string]any
-	if err := json.Unmarshal(raw, &args); err != nil {
-		return nil, fmt.Errorf("arguments must be a JSON object: %v", err)
+	if len(raw) > 0 {
+		if err := json.Unmarshal(raw, &args); err != nil {
+			return nil, nil, refusal(reasonInvalidInput, fmt.Errorf("arguments must be a JSON object: %v", err))
+		}
 	}
 	if args == nil {
-		return map[string]any{}, nil
+		args = map[string]any{}
 	}
-	return args, nil
-}
-
-func canonicalArgs(args map[string]any) []byte {
-	b, err := json.Marshal(args) // map keys are sorted: stable for digests
+	canonical, err := json.Marshal(args)
 	if err != nil {
-		return nil
+		return nil, nil, refusal(reasonInvalidInput, fmt.Errorf("arguments cannot be encoded as JSON: %v", err))
 	}
-	return b
+	return args, canonical, nil
 }
 
 // checkArgumentScopes expands each requirement with the call's arguments (e.g.

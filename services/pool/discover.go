@@ -171,11 +171,11 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 			}
 			raw = b
 		}
-		args, err := decodeArguments(raw)
+		args, canonical, err := decodeArguments(raw)
 		if err != nil {
-			return nil, refusal(reasonInvalidInput, err)
+			return nil, err
 		}
-		argsCanonical = canonicalArgs(args)
+		argsCanonical = canonical
 		if err := s.validateInput(tool, argsCanonical); err != nil {
 			return nil, err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -60,11 +61,11 @@ func (s *Service) callInline(ctx context.Context, r *run, req CallRequest, inlin
 	if !s.cfg.AllowInlineMCPServers {
 		return nil, refusal(reasonInlineServers, fmt.Errorf("agent %q calls %q on its inline server %q, and this pool runs inline mcp_servers only with dev.allow_inline_mcp_servers (refused in production): register the server, run `ringfence mcp-import`, publish, and delete the inline entry", req.Agent, toolName, inline.Name))
 	}
-	args, err := decodeArguments(req.Arguments)
+	args, canonical, err := decodeArguments(req.Arguments)
 	if err != nil {
-		return nil, refusal(reasonInvalidInput, err)
+		return nil, err
 	}
-	*argsCanonical = canonicalArgs(args)
+	*argsCanonical = canonical
 
 	reg := &mcpserver.Resolved{Registration: mcpserver.Registration{
 		Ref: inlineSpawnRef, Transport: mcpserver.TransportStdio,
@@ -98,15 +99,10 @@ func (s *Service) liveTool(ctx context.Context, sess *session, ref, name string)
 	}
 	t, ok := sess.liveTools[name]
 	if !ok {
-		names := make([]string, 0, len(sess.liveTools))
-		for n := range sess.liveTools {
-			names = append(names, n)
-		}
-		slices.Sort(names)
-		return nil, refusal(reasonUnknownTool, fmt.Errorf("the inline server %s lists no tool %q; it lists %s", ref, name, clipList(names)))
+		return nil, refusal(reasonUnknownTool, fmt.Errorf("the inline server %s lists no tool %q; it lists %s", ref, name, clipList(slices.Sorted(maps.Keys(sess.liveTools)))))
 	}
 	hash := sess.live[name]
-	if strings.HasPrefix(hash, "unhashable") {
+	if strings.HasPrefix(hash, unhashable) {
 		return nil, refusal(reasonUnknownTool, fmt.Errorf("the inline server %s declares tool %q in a form that cannot be read (%s)", ref, name, hash))
 	}
 	tool := &graph.MCPToolNode{ServerRef: ref, ToolName: name, SchemaHash: hash}

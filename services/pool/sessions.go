@@ -210,16 +210,19 @@ func (s *Service) relist(ctx context.Context, sess *session) error {
 	return nil
 }
 
+// unhashable starts the live "hash" of a declaration that cannot be hashed.
+const unhashable = "unhashable: "
+
 // liveHash pins a live declaration exactly as discovery does; a declaration that cannot be
 // hashed never matches a pin.
 func liveHash(t *mcp.Tool) string {
 	d, err := mcpdecl.FromTool(t)
 	if err != nil {
-		return "unhashable: " + err.Error()
+		return unhashable + err.Error()
 	}
 	h, err := mcpdecl.Hash(d)
 	if err != nil {
-		return "unhashable: " + err.Error()
+		return unhashable + err.Error()
 	}
 	return h
 }
