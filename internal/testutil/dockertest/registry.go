@@ -3,7 +3,6 @@ package dockertest
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -12,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ringfence/ringfence/internal/testutil"
 )
 
 // RegistryBinary is Debian's distribution registry (package docker-registry), which
@@ -28,15 +29,10 @@ func DigestRef(t testing.TB) string {
 	image := FixtureImage(t)
 	bin, err := exec.LookPath(RegistryBinary)
 	if err != nil {
-		t.Fatalf("dockertest: %s is not installed: install Debian's docker-registry package (make docker does), or set %s=1 to skip engine tests", RegistryBinary, NoDockerEnv)
+		t.Fatalf("dockertest: %s is not installed: install Debian's docker-registry package (make test does), or set %s=1 to skip engine tests", RegistryBinary, NoDockerEnv)
 	}
 	dir := t.TempDir()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("dockertest: %v", err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
+	addr := testutil.FreeAddr(t)
 	config := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n", filepath.Join(dir, "data"), addr)
 	if err := os.WriteFile(filepath.Join(dir, "config.yml"), []byte(config), 0o600); err != nil {
 		t.Fatalf("dockertest: %v", err)
