@@ -292,21 +292,54 @@ func Placeholders(requirement string) []string {
 	return out
 }
 
-// ExpandRequirement substitutes argument values into a requirement's placeholders.
+// ExpandRequirement substitutes argument values into a requirement's placeholders. A
+// value that is not a canonical path is refused rather than matched: globs compare text,
+// while the server resolves "." and ".." segments, so "/srv/docs/../../etc/shadow" would
+// match "/srv/docs/**" and read outside it.
 func ExpandRequirement(requirement string, value func(arg string) (string, bool)) (string, error) {
 	var missing string
+	var bad error
 	out := placeholder.ReplaceAllStringFunc(requirement, func(m string) string {
 		name := m[1 : len(m)-1]
 		v, ok := value(name)
 		if !ok && missing == "" {
 			missing = name
 		}
+		if err := checkScopeValue(v); ok && err != nil && bad == nil {
+			bad = fmt.Errorf("argument %q, which scopes %q, %v", name, requirement, err)
+		}
 		return v
 	})
 	if missing != "" {
 		return "", fmt.Errorf("argument %q, which scopes %q, is missing or not a string", missing, requirement)
 	}
+	if bad != nil {
+		return "", bad
+	}
 	return out, nil
+}
+
+// checkScopeValue refuses argument values a server could resolve to somewhere other than
+// what they say: "." or ".." segments (either separator, also percent-encoded), and control
+// characters (NUL truncates paths in C libraries).
+func checkScopeValue(v string) error {
+	for _, r := range v {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("contains a control character (%U): scoped arguments must be plain canonical paths", r)
+		}
+	}
+	forms := []string{v}
+	if dec, err := url.PathUnescape(v); err == nil && dec != v {
+		forms = append(forms, dec)
+	}
+	for _, form := range forms {
+		for _, seg := range strings.FieldsFunc(form, func(r rune) bool { return r == '/' || r == '\\' }) {
+			if seg == "." || seg == ".." {
+				return fmt.Errorf("has a %q segment: scoped arguments must be canonical paths, since the server would resolve it outside the claim that matched the text", seg)
+			}
+		}
+	}
+	return nil
 }
 
 func checkURL(raw string) error {

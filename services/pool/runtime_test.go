@@ -159,6 +159,10 @@ func TestGateArgumentScopedPermissionsAreDefaultDeny(t *testing.T) {
 	requireRefused(t, err, reasonArgumentScope)
 	_, err = h.call(run, "reader", "fx__echo", map[string]any{})
 	requireRefused(t, err, reasonArgumentScope)
+	// The glob compares text; the server resolves "..": a value that climbs out is refused.
+	_, err = h.call(run, "reader", "fx__echo", map[string]any{"text": "/srv/docs/../../etc/shadow"})
+	ref = requireRefused(t, err, reasonArgumentScope)
+	require.ErrorContains(t, ref, `".." segment`)
 }
 
 func TestGateInputSchemaNamesTheField(t *testing.T) {
