@@ -75,7 +75,7 @@ func Covers(held, required Capability) bool {
 	if required.Scope == "" {
 		return false
 	}
-	return MatchGlob(held.Scope, required.Scope)
+	return scopeCovers(globTokens(held.Scope), globTokens(required.Scope))
 }
 
 // Set is a collection of held capabilities.
@@ -136,42 +136,6 @@ func (s Set) Strings() []string {
 	return out
 }
 
-// MatchGlob matches s against pattern, where "*" matches any run of characters other than
-// "/" and "**" matches any run including "/". Work is bounded by len(pattern)*len(s).
-func MatchGlob(pattern, s string) bool {
-	p := []byte(pattern)
-	t := []byte(s)
-	// memo[i][j]: 0 unknown, 1 match, 2 no match, for p[i:] against t[j:].
-	memo := make([][]uint8, len(p)+1)
-	for i := range memo {
-		memo[i] = make([]uint8, len(t)+1)
-	}
-	var match func(i, j int) bool
-	match = func(i, j int) bool {
-		if memo[i][j] != 0 {
-			return memo[i][j] == 1
-		}
-		var ok bool
-		switch {
-		case i == len(p):
-			ok = j == len(t)
-		case p[i] == '*' && i+1 < len(p) && p[i+1] == '*':
-			ok = match(i+2, j) || (j < len(t) && match(i, j+1))
-		case p[i] == '*':
-			ok = match(i+1, j) || (j < len(t) && t[j] != '/' && match(i, j+1))
-		default:
-			ok = j < len(t) && p[i] == t[j] && match(i+1, j+1)
-		}
-		if ok {
-			memo[i][j] = 1
-		} else {
-			memo[i][j] = 2
-		}
-		return ok
-	}
-	return match(0, 0)
-}
-
 // Effective is what a holder may exercise after policies: the capabilities it is bound to,
 // minus what revoke entries take away. Agents at publish and every run-time agent gate use it.
 type Effective struct {
@@ -179,13 +143,17 @@ type Effective struct {
 	Revoked Set
 }
 
-// TakesAway reports whether a revoke entry removes required from a holder: when it covers
-// required, or when required is broader and covers the revoke entry (read as a literal), since
-// a requirement of all of fs.read cannot be met once fs.read:/etc/** is withdrawn. Two globs
-// that only partly overlap are not detected here; run-time requirements are concrete scopes,
-// which the first case decides exactly.
+// TakesAway reports whether a revoke entry removes required from a holder: when any scope
+// required may name is withdrawn, since a requirement of all of fs.read:/srv/** cannot be met
+// once fs.read:/srv/secret/* is, nor fs.read:/srv/*/a once fs.read:/srv/x/* is.
 func TakesAway(revoked, required Capability) bool {
-	return Covers(revoked, required) || Covers(required, revoked)
+	if revoked.Name != required.Name {
+		return false
+	}
+	if revoked.Scope == "" || required.Scope == "" {
+		return true
+	}
+	return scopesOverlap(globTokens(revoked.Scope), globTokens(required.Scope))
 }
 
 // Covers reports whether the holder may exercise required: a held entry covers it and no

@@ -23,6 +23,15 @@ func TestCovers(t *testing.T) {
 		{"fs.read:/secrets/*", "fs.read:/secrets/api-key", true},
 		{"db.kb_facts:read", "db.kb_facts:write", false},
 		{"external_api_call", "process_spawn", false},
+		// Both sides globs: the held glob must match every scope the required one may name.
+		{"fs.read:/srv/*", "fs.read:/srv/**", false},
+		{"fs.read:/srv/**", "fs.read:/srv/*", true},
+		{"fs.read:/srv/*", "fs.read:/srv/*", true},
+		{"fs.read:/srv/*", "fs.read:/srv/a*", true},
+		{"fs.read:/srv/a*", "fs.read:/srv/*", false},
+		{"fs.read:/srv/*", "fs.read:/srv/*/a", false},
+		{"fs.read:/srv/**/a", "fs.read:/srv/*/a", true},
+		{"fs.read:/srv/**", "fs.read:/etc/**", false},
 	} {
 		t.Run(tc.held+" covers "+tc.required, func(t *testing.T) {
 			h, err := Parse(tc.held)
@@ -90,6 +99,10 @@ func TestEffective(t *testing.T) {
 		{"external_api_call:internal.example", false},
 		{"external_api_call", false},
 		{"fs.write:/srv/a.txt", false},
+		// A glob requirement is taken away when any scope it names is revoked.
+		{"fs.read:/**", false},
+		{"fs.read:/et*/x", false},
+		{"fs.read:/srv/**", true},
 	} {
 		t.Run(tc.required, func(t *testing.T) {
 			r, err := Parse(tc.required)
@@ -100,6 +113,52 @@ func TestEffective(t *testing.T) {
 	require.Equal(t, []string{"external_api_call", "fs.read:/etc/passwd", "fs.write"},
 		eff.Missing(MustParseSet([]string{"process_spawn", "fs.write", "fs.read:/etc/passwd", "external_api_call", "fs.write"})))
 	require.Equal(t, []string{"fs.read:/etc/**"}, eff.RevokedBy(MustParseSet([]string{"fs.read:/etc/hosts"})[0]))
+}
+
+func TestTakesAwayPartialOverlaps(t *testing.T) {
+	for _, tc := range []struct {
+		revoked, required string
+		want              bool
+	}{
+		{"fs.read:/srv/x/*", "fs.read:/srv/*/a", true},
+		{"fs.read:/srv/secret/*", "fs.read:/srv/**", true},
+		{"fs.read:/srv/*.key", "fs.read:/srv/a.*", true},
+		{"fs.read:/srv/*", "fs.read:/srv/a/b", false},
+		{"fs.read:/srv/a/*", "fs.read:/srv/b/*", false},
+		{"fs.read", "fs.read:/x", true},
+		{"fs.read:/x", "fs.read", true},
+		{"fs.write", "fs.read", false},
+	} {
+		t.Run(tc.revoked+" takes away "+tc.required, func(t *testing.T) {
+			require.Equal(t, tc.want, TakesAway(MustParseSet([]string{tc.revoked})[0], MustParseSet([]string{tc.required})[0]))
+		})
+	}
+}
+
+// FuzzGlobComparisons checks the glob-against-glob decisions against MatchGlob on strings
+// the required glob matches: covering must hold for each, and overlap must find each.
+func FuzzGlobComparisons(f *testing.F) {
+	f.Add("/srv/*", "/srv/**", "ab/c")
+	f.Add("/srv/**/a", "/srv/*/a", "x")
+	f.Add("*.key", "a.*", "key")
+	f.Fuzz(func(t *testing.T, held, required, fill string) {
+		if len(held) > 32 || len(required) > 32 || len(fill) > 8 {
+			return
+		}
+		// One string required matches: each "**" becomes fill, each "*" fill without "/".
+		segFill := strings.ReplaceAll(fill, "/", "")
+		sample := strings.ReplaceAll(strings.ReplaceAll(strings.ReplaceAll(required, "**", "\x00"), "*", segFill), "\x00", fill)
+		if !MatchGlob(required, sample) {
+			return // fill held a "*" of its own, which MatchGlob reads literally
+		}
+		if scopeCovers(globTokens(held), globTokens(required)) {
+			require.True(t, MatchGlob(held, sample), "%q covers %q but not %q", held, required, sample)
+		}
+		if MatchGlob(held, sample) {
+			require.True(t, scopesOverlap(globTokens(held), globTokens(required)), "%q and %q both match %q", held, required, sample)
+		}
+		require.Equal(t, scopesOverlap(globTokens(held), globTokens(required)), scopesOverlap(globTokens(required), globTokens(held)))
+	})
 }
 
 func TestEffectiveWithoutRevocationsIsTheHeldSet(t *testing.T) {

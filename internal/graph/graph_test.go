@@ -260,6 +260,20 @@ func TestCeiling(t *testing.T) {
 	require.Equal(t, []string{"NOT VALID"}, CheckCeiling(&bad, mcpserver.Policy{Grants: []string{"process_spawn"}}).Excess)
 }
 
+func TestCeilingComparesGlobsAsTheScopesTheyName(t *testing.T) {
+	g := sample(t)
+	g.Nodes[0].Agent.CapabilityBindings = []string{"process_spawn", "external_api_call", "fs.read"}
+	// "*" stays in one segment, so a grant of /srv/* is narrower than a node's /srv/**,
+	// although the text "/srv/**" matches the glob "/srv/*".
+	g.Nodes[1].MCPTool.CapabilityBindings = []string{"process_spawn", "external_api_call", "fs.read:/srv/**"}
+	res := validate(t, g, grants(map[string][]string{"docs": {"process_spawn", "external_api_call", "fs.read:/srv/*"}}))
+	require.Equal(t, []string{RuleCeiling + "@docs__read_file"}, rules(res))
+	require.Equal(t, []string{"fs.read:/srv/**"}, res.Violations[0].Excess)
+
+	g.Nodes[1].MCPTool.CapabilityBindings = []string{"process_spawn", "external_api_call", "fs.read:/srv/docs/*"}
+	require.Empty(t, rules(validate(t, g, grants(map[string][]string{"docs": {"process_spawn", "external_api_call", "fs.read:/srv/**"}}))))
+}
+
 func TestCeilingEmptyGrantsDeniesEveryNode(t *testing.T) {
 	g := sample(t)
 	g.Nodes = append(g.Nodes, toolNode(t, "docs__list", "docs", "list_directory", floor...))
