@@ -20,7 +20,7 @@ import (
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/mcpdecl/sanitize"
 	"github.com/ringfence/ringfence/internal/mcpserver"
-	"github.com/ringfence/ringfence/services/pool/internal/schemas"
+	"github.com/ringfence/ringfence/internal/schemas"
 	"github.com/ringfence/ringfence/services/pool/internal/spawner"
 )
 
