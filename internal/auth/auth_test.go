@@ -3,6 +3,7 @@ package auth
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -27,15 +28,16 @@ func TestBuiltinRoles(t *testing.T) {
 }
 
 func TestCustomRoles(t *testing.T) {
-	rs, err := NewRoles(`{"deployer": ["run:execute", "audit:read"], "superop": ["mcp:admin", "workflow:admin"]}`)
+	rs, err := NewRoles(`{"deployer": ["run:execute", "audit:read"], "superop": ["mcp:admin", "workflow:admin"], "platform": ["mcp:admin", "workflow:write"], "registrar": ["mcp:admin", "keys:admin"]}`)
 	require.NoError(t, err)
 	d, ok := rs.Lookup("deployer")
 	require.True(t, ok)
 	require.True(t, d.Has(RunExecute))
 	require.False(t, d.Builtin)
-	w := rs.Warnings()
-	require.Len(t, w, 1)
-	require.Contains(t, w[0], `"superop" pairs mcp:admin with workflow:admin`)
+	w := strings.Join(rs.Warnings(), "\n")
+	require.Len(t, rs.Warnings(), 2, w)
+	require.Contains(t, w, `"superop" pairs mcp:admin with workflow:admin`)
+	require.Contains(t, w, `"platform" pairs mcp:admin with workflow:write`, "authoring takes workflow:write alone")
 
 	for _, bad := range []string{`[`, `{"admin": ["audit:read"]}`, `{"x": ["fly"]}`, `{"Bad Name": []}`} {
 		_, err := NewRoles(bad)

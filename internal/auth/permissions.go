@@ -61,8 +61,15 @@ func (r Role) Has(p Permission) bool { return slices.Contains(r.Permissions, p) 
 // Warnings names what is risky about the role.
 func (r Role) Warnings() []string {
 	var w []string
-	if r.Has(MCPAdmin) && r.Has(WorkflowAdmin) && r.Name != RoleAdmin {
-		w = append(w, fmt.Sprintf("role %q pairs mcp:admin with workflow:admin: whoever authors graphs can also widen the grants that bound them, so the ceiling becomes author-editable", r.Name))
+	if r.Name == RoleAdmin || !r.Has(MCPAdmin) {
+		return nil
+	}
+	// Authoring graphs takes workflow:write (workflow:admin adds deleting them): either one
+	// beside mcp:admin lets the author widen the grants that bound the author's own graphs.
+	for _, p := range []Permission{WorkflowAdmin, WorkflowWrite} {
+		if r.Has(p) {
+			w = append(w, fmt.Sprintf("role %q pairs mcp:admin with %s: whoever authors graphs can also widen the grants that bound them, so the ceiling becomes author-editable", r.Name, p))
+		}
 	}
 	return w
 }

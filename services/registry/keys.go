@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
@@ -65,15 +67,20 @@ func (s *Service) CreateKey(ctx context.Context, req *registryv1.CreateKeyReques
 	if !keyNamePattern.MatchString(req.GetName()) {
 		return nil, s.errors.Status(ctx, fielderr.New("name", "must match %s", keyNamePattern))
 	}
-	if _, ok := s.cfg.Roles.Lookup(req.GetRole()); !ok {
+	role, ok := s.cfg.Roles.Lookup(req.GetRole())
+	if !ok {
 		return nil, s.errors.Status(ctx, fielderr.New("role", "%q is not a role; ListRoles (ringfence roles check) shows them", req.GetRole()))
 	}
 	if req.GetTenant() != "" && !tenantPattern.MatchString(req.GetTenant()) {
 		return nil, s.errors.Status(ctx, fielderr.New("tenant", "must match %s", tenantPattern))
 	}
+	tenant, err := mintable(ctx, role, req.GetTenant())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
 	secret, id := newKeySecret(), newKeyID()
 	k := store.Key{
-		ID: id, Name: req.GetName(), Role: req.GetRole(), Tenant: req.GetTenant(),
+		ID: id, Name: req.GetName(), Role: req.GetRole(), Tenant: tenant,
 		Hash: auth.HashKey(secret), CreateTime: time.Now().UTC(),
 	}
 	if err := s.store.CreateKey(ctx, k, s.event(ctx, audit.ActionKeyCreate, resourceKey, k.ID, keyToProto(k))); err != nil {
@@ -82,13 +89,44 @@ func (s *Service) CreateKey(ctx context.Context, req *registryv1.CreateKeyReques
 	return &registryv1.CreateKeyResponse{Key: keyToProto(k), Secret: secret}, nil
 }
 
+// mintable checks that the caller may mint a key with role for tenant, and returns the tenant
+// the key is bound to. keys:admin must not be a way up: a custom role holding it could
+// otherwise mint an admin key, and a tenant-bound key one for every tenant. A tenant-bound
+// caller's keys are bound to its tenant.
+func mintable(ctx context.Context, role auth.Role, tenant string) (string, error) {
+	caller, ok := auth.FromContext(ctx)
+	if !ok || caller.KeyID == "" {
+		return tenant, nil // the bootstrap at start, or a service certificate
+	}
+	var missing []string
+	for _, p := range role.Permissions {
+		if !caller.Has(p) {
+			missing = append(missing, string(p))
+		}
+	}
+	if len(missing) > 0 {
+		return "", fmt.Errorf("%w: role %q carries %s, which this key (role %q) does not hold", errKeyEscalation, role.Name, strings.Join(missing, ", "), caller.Role)
+	}
+	if caller.Tenant == "" {
+		return tenant, nil
+	}
+	return auth.ResolveTenant(caller, tenant)
+}
+
+// visibleKey reports whether the caller may see or revoke k: a tenant-bound caller only its
+// own tenant's keys.
+func visibleKey(ctx context.Context, k store.Key) bool {
+	caller, ok := auth.FromContext(ctx)
+	return !ok || caller.Tenant == "" || caller.Tenant == k.Tenant
+}
+
 // ListKeys implements KeyService.
 func (s *Service) ListKeys(ctx context.Context, req *registryv1.ListKeysRequest) (*registryv1.ListKeysResponse, error) {
 	n, err := paging.Size(req.GetPageSize())
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	keys := s.store.ListKeys(ctx)
+	keys := slices.DeleteFunc(s.store.ListKeys(ctx), func(k store.Key) bool { return !visibleKey(ctx, k) })
 	start := 0
 	if tok := req.GetPageToken(); tok != "" {
 		start = -1
@@ -116,6 +154,9 @@ func (s *Service) ListKeys(ctx context.Context, req *registryv1.ListKeysRequest)
 func (s *Service) RevokeKey(ctx context.Context, req *registryv1.RevokeKeyRequest) (*registryv1.RevokeKeyResponse, error) {
 	if !keyIDPattern.MatchString(req.GetId()) {
 		return nil, s.errors.Status(ctx, fielderr.New("id", "%q is not a key id (key_<hex>); ListKeys shows them", req.GetId()))
+	}
+	if k, ok := s.store.KeyByID(req.GetId()); ok && !visibleKey(ctx, k) {
+		return nil, s.errors.Status(ctx, errKeyNotFound)
 	}
 	k, err := s.store.RevokeKey(ctx, req.GetId(), s.event(ctx, audit.ActionKeyRevoke, resourceKey, req.GetId(), nil))
 	if err != nil {

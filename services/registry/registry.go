@@ -79,6 +79,7 @@ var (
 	errBadPageToken   = errors.New("registry: page_token is not one this server issued: start again without it")
 	errMissingSecret  = errors.New("registry: a header references a secret that does not exist: create it with PutSecret (ringfence secrets set)")
 	errUnknownRole    = errors.New("registry: unknown role")
+	errKeyEscalation  = errors.New("registry: a key may mint keys only with permissions it holds itself, and a tenant-bound key only for its own tenant")
 )
 
 var errorCodes = map[error]codes.Code{
@@ -90,6 +91,8 @@ var errorCodes = map[error]codes.Code{
 	errBadPageToken:                codes.InvalidArgument,
 	errMissingSecret:               codes.FailedPrecondition,
 	errUnknownRole:                 codes.InvalidArgument,
+	errKeyEscalation:               codes.PermissionDenied,
+	auth.ErrTenantMismatch:         codes.PermissionDenied,
 	discovery.ErrIsolationRequired: codes.Unavailable,
 	auth.ErrUnknownKey:             codes.Unauthenticated,
 	audit.ErrSpoolFull:             codes.Unavailable,

@@ -46,12 +46,15 @@ type fixture struct {
 	roleKeys map[string]string
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { return newFixtureWithRoles(t, "") }
+
+// newFixtureWithRoles is newFixture with custom roles (RINGFENCE_SERVICE_ROLES_JSON).
+func newFixtureWithRoles(t *testing.T, rolesJSON string) *fixture {
 	t.Helper()
 	dir := t.TempDir()
 	box, err := secretbox.LoadOrCreate(filepath.Join(dir, "secrets.key"))
 	require.NoError(t, err)
-	roles, err := auth.NewRoles("")
+	roles, err := auth.NewRoles(rolesJSON)
 	require.NoError(t, err)
 	dbPath := filepath.Join(dir, "registry.db")
 	recorder := testutil.NewAuditRecorder()
@@ -340,6 +343,44 @@ func TestKeysLifecycle(t *testing.T) {
 	list, err = f.keys.ListKeys(ctx, &registryv1.ListKeysRequest{})
 	require.NoError(t, err)
 	require.Len(t, list.GetKeys(), 6)
+}
+
+// TestKeysAdminIsNoWayUp: a key holding keys:admin mints keys only with permissions it holds,
+// and a tenant-bound one only for its tenant, and sees and revokes only that tenant's keys.
+func TestKeysAdminIsNoWayUp(t *testing.T) {
+	f := newFixtureWithRoles(t, `{"keymaster": ["keys:admin", "run:execute"]}`)
+	admin := f.admin(t)
+	mint := func(ctx context.Context, name, role, tenant string) (*registryv1.CreateKeyResponse, error) {
+		return f.keys.CreateKey(ctx, &registryv1.CreateKeyRequest{Name: name, Role: role, Tenant: tenant})
+	}
+	km, err := mint(admin, "km", "keymaster", "")
+	require.NoError(t, err)
+	kmCtx := testutil.WithKey(t.Context(), km.GetSecret())
+	_, err = mint(kmCtx, "up", auth.RoleAdmin, "")
+	st := testutil.RequireStatus(t, err, codes.PermissionDenied)
+	require.Contains(t, st.Message(), `role "admin" carries mcp:admin`)
+	runner, err := mint(kmCtx, "r", auth.RoleRunner, "acme")
+	require.NoError(t, err, "a subset of its own permissions is fine")
+	require.Equal(t, "acme", runner.GetKey().GetTenant())
+
+	acme, err := mint(admin, "acme-km", "keymaster", "acme")
+	require.NoError(t, err)
+	acmeCtx := testutil.WithKey(t.Context(), acme.GetSecret())
+	bound, err := mint(acmeCtx, "r2", auth.RoleRunner, "")
+	require.NoError(t, err)
+	require.Equal(t, "acme", bound.GetKey().GetTenant(), "a tenant-bound key's keys are bound to its tenant")
+	_, err = mint(acmeCtx, "r3", auth.RoleRunner, "globex")
+	testutil.RequireStatus(t, err, codes.PermissionDenied)
+
+	list, err := f.keys.ListKeys(acmeCtx, &registryv1.ListKeysRequest{})
+	require.NoError(t, err)
+	for _, k := range list.GetKeys() {
+		require.Equal(t, "acme", k.GetTenant(), k.GetName())
+	}
+	_, err = f.keys.RevokeKey(acmeCtx, &registryv1.RevokeKeyRequest{Id: km.GetKey().GetId()})
+	testutil.RequireStatus(t, err, codes.NotFound, "another tenant's (or an unbound) key is not this key's to revoke")
+	_, err = f.keys.RevokeKey(acmeCtx, &registryv1.RevokeKeyRequest{Id: runner.GetKey().GetId()})
+	require.NoError(t, err)
 }
 
 func TestCanaryNeverInClearAtRestOrInResponses(t *testing.T) {

@@ -118,6 +118,17 @@ func (s *Store) touch(id string) {
 	}()
 }
 
+// KeyByID returns a copy of the key with that id.
+func (s *Store) KeyByID(id string) (Key, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	k, ok := s.keysByID[id]
+	if !ok {
+		return Key{}, false
+	}
+	return *k, true
+}
+
 // ListKeys returns keys ordered by creation time.
 func (s *Store) ListKeys(ctx context.Context) []Key {
 	s.mu.RLock()
