@@ -144,6 +144,23 @@ func ValidateRef(ref string) error {
 	return nil
 }
 
+// NamespaceSeparator joins a server's ref and a tool's name into the name an agent calls the
+// tool by: <ref>__<tool>.
+const NamespaceSeparator = "__"
+
+// ValidateNewRef is ValidateRef for a new registration, which may also not contain the
+// namespace separator: server a__b's tool c and server a's tool b__c would both be a__b__c.
+// Refs stored before this rule stay readable, since every other RPC checks only ValidateRef.
+func ValidateNewRef(ref string) error {
+	if err := ValidateRef(ref); err != nil {
+		return err
+	}
+	if strings.Contains(ref, NamespaceSeparator) {
+		return fielderr.New("ref", "%q contains %q, which joins a ref and a tool name into the name agents call (<ref>__<tool>), so such a ref could name another server's tool; use a single '_' or '-'", ref, NamespaceSeparator)
+	}
+	return nil
+}
+
 // isRef reports whether ref matches ^[a-z0-9_-]{1,64}$; checked by hand because every RPC
 // that names a server runs it.
 func isRef(ref string) bool {
@@ -158,6 +175,16 @@ func isRef(ref string) bool {
 		}
 	}
 	return true
+}
+
+// checkNotNamespaced refuses a tool named the way agents see it, <ref>__<tool>: a registration
+// names its server's own tools, and an exclude entry written namespaced would match nothing
+// and let the tool through.
+func checkNotNamespaced(field, ref, tool string) error {
+	if bare, ok := strings.CutPrefix(tool, ref+NamespaceSeparator); ok && bare != "" {
+		return fielderr.New(field, "%q is the name agents call the tool by; the registration names the server's own tools: write %q", tool, bare)
+	}
+	return nil
 }
 
 // ValidateSecretName checks a secret name.
@@ -250,6 +277,9 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 			if !toolNamePattern.MatchString(t) {
 				return fielderr.New(fmt.Sprintf("%s[%d]", name, i), "%q is not a tool name ([A-Za-z0-9_.-]{1,128})", truncate(t))
 			}
+			if err := checkNotNamespaced(fmt.Sprintf("%s[%d]", name, i), r.Ref, t); err != nil {
+				return err
+			}
 		}
 	}
 	if len(r.ToolPermissions) > MaxToolPermissionTools {
@@ -257,6 +287,9 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 	}
 	for _, tool := range sortedKeys(r.ToolPermissions) {
 		field := "tool_permissions." + truncate(tool)
+		if err := checkNotNamespaced(field, r.Ref, tool); err != nil {
+			return err
+		}
 		if !toolNamePattern.MatchString(tool) {
 			return fielderr.New("tool_permissions", "%q is not a tool name ([A-Za-z0-9_.-]{1,128})", truncate(tool))
 		}

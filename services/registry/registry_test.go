@@ -498,3 +498,12 @@ func TestGetServerFollowsEveryWrite(t *testing.T) {
 	require.Equal(t, "born again", got.GetDescription())
 	require.Empty(t, got.GetEnv())
 }
+
+func TestCreateRefusesARefHoldingTheNamespaceSeparator(t *testing.T) {
+	f := newFixture(t)
+	req := docsSearch()
+	req.Ref = "docs__search"
+	_, err := f.client.CreateServer(f.admin(t), req)
+	st := testutil.RequireStatus(t, err, codes.InvalidArgument)
+	require.Contains(t, st.Message(), `contains "__"`)
+}

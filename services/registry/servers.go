@@ -17,6 +17,9 @@ import (
 
 // CreateServer implements RegistryService.
 func (s *Service) CreateServer(ctx context.Context, req *registryv1.CreateServerRequest) (*registryv1.CreateServerResponse, error) {
+	if err := mcpserver.ValidateNewRef(req.GetRef()); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
 	reg, _, err := registrationFromProto(req, s.cfg.AllowedEnvKeys)
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
