@@ -56,25 +56,40 @@ func (a *Authorizer) Authorize(ctx context.Context, fullMethod string) (context.
 		}
 		return WithPrincipal(ctx, Principal{Service: svc}), nil
 	}
-	key := keyFromMetadata(ctx)
-	if key == "" {
-		return nil, status.Error(codes.Unauthenticated, "auth: missing API key: send it as x-api-key (gRPC metadata) or X-API-Key (HTTP header)")
-	}
-	p, err := a.keys.VerifyKey(ctx, HashKey(key))
-	switch {
-	case errors.Is(err, ErrUnknownKey):
-		return nil, status.Error(codes.Unauthenticated, "auth: unknown or revoked API key")
-	case err != nil:
-		if s, ok := status.FromError(err); ok && s.Code() != codes.Unknown {
-			return nil, err
-		}
-		return nil, status.Error(codes.Unavailable, "auth: cannot verify the API key right now; retry")
+	p, err := a.authenticate(ctx, keyFromMetadata(ctx))
+	if err != nil {
+		return nil, err
 	}
 	if !p.Has(rule.Permission) {
 		return nil, status.Errorf(codes.PermissionDenied, "auth: %s needs permission %s, which role %q does not hold",
 			shortMethod(fullMethod), rule.Permission, p.Role)
 	}
 	return WithPrincipal(ctx, p), nil
+}
+
+// Authenticate checks that key is a known, unrevoked API key, before anything else about the
+// request is read: the REST gateway calls it ahead of decoding a body, so a caller without a
+// key cannot make a server buffer megabytes. Authorize still decides the permission.
+func (a *Authorizer) Authenticate(ctx context.Context, key string) error {
+	_, err := a.authenticate(ctx, strings.TrimSpace(key))
+	return err
+}
+
+func (a *Authorizer) authenticate(ctx context.Context, key string) (Principal, error) {
+	if key == "" {
+		return Principal{}, status.Error(codes.Unauthenticated, "auth: missing API key: send it as x-api-key (gRPC metadata) or X-API-Key (HTTP header)")
+	}
+	p, err := a.keys.VerifyKey(ctx, HashKey(key))
+	switch {
+	case errors.Is(err, ErrUnknownKey):
+		return Principal{}, status.Error(codes.Unauthenticated, "auth: unknown or revoked API key")
+	case err != nil:
+		if s, ok := status.FromError(err); ok && s.Code() != codes.Unknown {
+			return Principal{}, err
+		}
+		return Principal{}, status.Error(codes.Unavailable, "auth: cannot verify the API key right now; retry")
+	}
+	return p, nil
 }
 
 func keyFromMetadata(ctx context.Context) string {

@@ -12,6 +12,8 @@ import (
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/dynamicpb"
 )
 
 // jsonMarshaler is the gateway's JSON codec: proto field names out, unknown fields refused in,
@@ -51,32 +53,99 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 	})
 }
 
-// describeDecodeError finds the top-level field whose value fails to decode.
+// describeDecodeError finds the field whose value fails to decode and says what it should
+// be. It never quotes the value: bodies carry secrets (env values, secret values), and an
+// error message ends up in logs and terminals.
 func describeDecodeError(body []byte, msg proto.Message, err error) string {
 	var fields map[string]json.RawMessage
 	if jerr := json.Unmarshal(body, &fields); jerr != nil {
 		var syn *json.SyntaxError
 		if errors.As(jerr, &syn) {
-			return fmt.Sprintf("not valid JSON at byte %d: %s", syn.Offset, syn.Error())
+			return fmt.Sprintf("not valid JSON at byte %d", syn.Offset)
 		}
 		if errors.Is(jerr, io.ErrUnexpectedEOF) {
 			return "not valid JSON: the body ends early"
 		}
 		return "the body must be a JSON object"
 	}
+	if where := failingField(fields, msg.ProtoReflect().Descriptor(), "", 0); where != "" {
+		return where
+	}
+	if strings.Contains(err.Error(), "unknown field") {
+		return cleanProtoError(err) // names the field, never a value
+	}
+	return "a value does not match its field's type"
+}
+
+// failingField returns "field "a.b": expected …" for the first field (in name order) of
+// fields, described by md, that does not decode, descending into nested objects.
+func failingField(fields map[string]json.RawMessage, md protoreflect.MessageDescriptor, prefix string, depth int) string {
 	names := make([]string, 0, len(fields))
 	for k := range fields {
 		names = append(names, k)
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		one, _ := json.Marshal(map[string]json.RawMessage{name: fields[name]})
-		probe := msg.ProtoReflect().Type().New().Interface()
-		if ferr := (protojson.UnmarshalOptions{}).Unmarshal(one, probe); ferr != nil {
-			return fmt.Sprintf("field %q: %s", name, cleanProtoError(ferr))
+		fd := md.Fields().ByJSONName(name)
+		if fd == nil {
+			fd = md.Fields().ByTextName(name)
 		}
+		if fd == nil {
+			return fmt.Sprintf("unknown field %q", prefix+name)
+		}
+		one, _ := json.Marshal(map[string]json.RawMessage{name: fields[name]})
+		probe := dynamicpb.NewMessage(md)
+		if protojson.Unmarshal(one, probe) == nil {
+			continue
+		}
+		// Well-known types (Struct, Duration, …) have JSON forms of their own: not descended.
+		if fd.Kind() == protoreflect.MessageKind && !fd.IsList() && !fd.IsMap() && depth < 8 &&
+			fd.Message().ParentFile().Package() != "google.protobuf" {
+			var inner map[string]json.RawMessage
+			if json.Unmarshal(fields[name], &inner) == nil {
+				if where := failingField(inner, fd.Message(), prefix+name+".", depth+1); where != "" {
+					return where
+				}
+			}
+		}
+		return fmt.Sprintf("field %q: expected %s", prefix+name, expected(fd))
 	}
-	return cleanProtoError(err)
+	return ""
+}
+
+// expected describes the JSON a field takes.
+func expected(fd protoreflect.FieldDescriptor) string {
+	switch {
+	case fd.IsMap():
+		return "an object whose values are " + kindName(fd.MapValue())
+	case fd.IsList():
+		return "a list, each " + kindName(fd)
+	}
+	return kindName(fd)
+}
+
+func kindName(fd protoreflect.FieldDescriptor) string {
+	switch fd.Kind() {
+	case protoreflect.StringKind:
+		return "a string"
+	case protoreflect.BoolKind:
+		return "a boolean"
+	case protoreflect.BytesKind:
+		return "a base64 string"
+	case protoreflect.EnumKind:
+		return "an enum name"
+	case protoreflect.MessageKind, protoreflect.GroupKind:
+		switch fd.Message().FullName() {
+		case "google.protobuf.Duration":
+			return `a duration string (e.g. "30s")`
+		case "google.protobuf.Timestamp":
+			return "an RFC 3339 timestamp string"
+		case "google.protobuf.Value":
+			return "a JSON value"
+		}
+		return "an object"
+	}
+	return "a number"
 }
 
 // cleanProtoError drops protojson's "proto:" prefix and position, and the non-breaking spaces

@@ -41,6 +41,13 @@ type Authorizer interface {
 	Authorize(ctx context.Context, fullMethod string) (context.Context, error)
 }
 
+// Authenticator is implemented by an Authorizer that can check an API key on its own. When
+// the server's Authorizer has it, every REST request under /v1/ is authenticated before its
+// body is read.
+type Authenticator interface {
+	Authenticate(ctx context.Context, key string) error
+}
+
 // GatewayRegistrar registers one service's REST routes on the gateway mux.
 type GatewayRegistrar func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error
 
@@ -174,7 +181,13 @@ func (s *Server) Run(ctx context.Context) error {
 			grpcLis.Close()
 			return fmt.Errorf("grpcserver: listen on http_addr %s: %w (is another server running there?)", s.opts.HTTPAddr, err)
 		}
-		httpSrv = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+		// No ReadTimeout: net/http cancels a handler's context when it expires, which would
+		// end audit watch streams and long tool calls. Bodies are read only after the key is
+		// authenticated (authenticateFirst), so only a known key can hold one.
+		httpSrv = &http.Server{
+			Handler: handler, ReadHeaderTimeout: 10 * time.Second,
+			IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+		}
 	}
 	s.mu.Lock()
 	s.grpcAddr = grpcLis.Addr()
@@ -251,7 +264,11 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 		}
 	}
 	root := http.NewServeMux()
-	root.Handle("/v1/", limitBody(mux, int64(s.opts.MaxRecvMsgSize)))
+	var api http.Handler = limitBody(mux, int64(s.opts.MaxRecvMsgSize))
+	if a, ok := s.opts.Authorizer.(Authenticator); ok {
+		api = authenticateFirst(api, a)
+	}
+	root.Handle("/v1/", api)
 	root.HandleFunc("/healthz", s.healthz)
 	root.Handle("/metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}))
 	for path, h := range s.extra {
@@ -269,6 +286,18 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fmt.Fprintln(w, `{"status":"SERVING"}`)
+}
+
+// authenticateFirst refuses a request without a valid API key before the gateway reads its
+// body. Every /v1/ route needs a key; which permission it needs is still decided per RPC.
+func authenticateFirst(h http.Handler, a Authenticator) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := a.Authenticate(r.Context(), r.Header.Get("X-API-Key")); err != nil {
+			WriteHTTPError(w, err)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func limitBody(h http.Handler, n int64) http.Handler {

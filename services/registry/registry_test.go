@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -506,4 +507,31 @@ func TestCreateRefusesARefHoldingTheNamespaceSeparator(t *testing.T) {
 	_, err := f.client.CreateServer(f.admin(t), req)
 	st := testutil.RequireStatus(t, err, codes.InvalidArgument)
 	require.Contains(t, st.Message(), `contains "__"`)
+}
+
+// TestRESTAuthenticatesBeforeReadingTheBody: a request without a valid key is refused before
+// the gateway decodes its body (so it cannot make the server buffer one), and a malformed body
+// from a known key is still named as such.
+func TestRESTAuthenticatesBeforeReadingTheBody(t *testing.T) {
+	f := newFixture(t)
+	post := func(key string) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, f.base+"/v1/mcp/servers", strings.NewReader(`{"ref": not json`))
+		require.NoError(t, err)
+		if key != "" {
+			req.Header.Set("X-API-Key", key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(body)
+	}
+	code, body := post("")
+	require.Equal(t, http.StatusUnauthorized, code, body)
+	require.Contains(t, body, "missing API key")
+	code, body = post("rf_not-a-key")
+	require.Equal(t, http.StatusUnauthorized, code, body)
+	code, body = post(adminKey)
+	require.Equal(t, http.StatusBadRequest, code, body)
 }
