@@ -64,6 +64,10 @@ func (a *Authorizer) Authorize(ctx context.Context, fullMethod string) (context.
 		return nil, status.Errorf(codes.PermissionDenied, "auth: %s needs permission %s, which role %q does not hold",
 			shortMethod(fullMethod), rule.Permission, p.Role)
 	}
+	if rule.Deployment && p.Tenant != "" {
+		return nil, status.Errorf(codes.PermissionDenied, "auth: %s changes or reveals what every tenant runs against, and this key is bound to tenant %q: use a key not bound to a tenant",
+			shortMethod(fullMethod), p.Tenant)
+	}
 	return WithPrincipal(ctx, p), nil
 }
 

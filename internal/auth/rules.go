@@ -14,7 +14,7 @@ import (
 	"github.com/ringfence/ringfence/internal/mtls"
 )
 
-// Rule says who may call one RPC. Exactly one of the fields is set.
+// Rule says who may call one RPC. Exactly one of Permission, Internal and Public is set.
 type Rule struct {
 	// Permission an API key's role must hold.
 	Permission Permission
@@ -22,11 +22,15 @@ type Rule struct {
 	Internal []string
 	// Public marks health checks and reflection, which every client may use.
 	Public bool
+	// Deployment marks RPCs over state every tenant shares (registrations, their secrets and
+	// grants): a key bound to one tenant may not call them, whatever its role.
+	Deployment bool
 }
 
 func (r Rule) allows(service string) bool { return slices.Contains(r.Internal, service) }
 
 func perm(p Permission) Rule       { return Rule{Permission: p} }
+func deployment(p Permission) Rule { return Rule{Permission: p, Deployment: true} }
 func internal(svcs ...string) Rule { return Rule{Internal: svcs} }
 
 var public = Rule{Public: true}
@@ -34,17 +38,18 @@ var public = Rule{Public: true}
 // Rules is the one table of every RPC's permission. A test fails when a method of any service
 // is missing here, and a matrix test calls every RPC with every built-in role.
 var Rules = map[string]Rule{
-	// Registry: admin-tier, because grants are the ceiling authors cannot edit.
-	registryv1.RegistryService_CreateServer_FullMethodName:    perm(MCPAdmin),
-	registryv1.RegistryService_GetServer_FullMethodName:       perm(MCPAdmin),
-	registryv1.RegistryService_ListServers_FullMethodName:     perm(MCPAdmin),
-	registryv1.RegistryService_UpdateServer_FullMethodName:    perm(MCPAdmin),
-	registryv1.RegistryService_DeleteServer_FullMethodName:    perm(MCPAdmin),
-	registryv1.RegistryService_ListServerTools_FullMethodName: perm(MCPAdmin),
-	registryv1.RegistryService_ExploreServer_FullMethodName:   perm(MCPAdmin),
-	registryv1.RegistryService_PutSecret_FullMethodName:       perm(MCPAdmin),
-	registryv1.RegistryService_ListSecrets_FullMethodName:     perm(MCPAdmin),
-	registryv1.RegistryService_DeleteSecret_FullMethodName:    perm(MCPAdmin),
+	// Registry: admin-tier, because grants are the ceiling authors cannot edit; and
+	// deployment-wide, because every tenant's graphs run against the same registrations.
+	registryv1.RegistryService_CreateServer_FullMethodName:    deployment(MCPAdmin),
+	registryv1.RegistryService_GetServer_FullMethodName:       deployment(MCPAdmin),
+	registryv1.RegistryService_ListServers_FullMethodName:     deployment(MCPAdmin),
+	registryv1.RegistryService_UpdateServer_FullMethodName:    deployment(MCPAdmin),
+	registryv1.RegistryService_DeleteServer_FullMethodName:    deployment(MCPAdmin),
+	registryv1.RegistryService_ListServerTools_FullMethodName: deployment(MCPAdmin),
+	registryv1.RegistryService_ExploreServer_FullMethodName:   deployment(MCPAdmin),
+	registryv1.RegistryService_PutSecret_FullMethodName:       deployment(MCPAdmin),
+	registryv1.RegistryService_ListSecrets_FullMethodName:     deployment(MCPAdmin),
+	registryv1.RegistryService_DeleteSecret_FullMethodName:    deployment(MCPAdmin),
 	registryv1.RegistryService_ResolveServer_FullMethodName:   internal(mtls.Pool),
 	registryv1.RegistryService_GetServerPolicy_FullMethodName: internal(mtls.Publisher, mtls.Pool),
 	registryv1.RegistryService_AuthenticateKey_FullMethodName: internal(mtls.Publisher, mtls.Pool, mtls.Audit),

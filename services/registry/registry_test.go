@@ -317,16 +317,32 @@ func TestSecretsAndHeaderResolution(t *testing.T) {
 func TestKeysLifecycle(t *testing.T) {
 	f := newFixture(t)
 	ctx := f.admin(t)
-	resp, err := f.keys.CreateKey(ctx, &registryv1.CreateKeyRequest{Name: "ci", Role: auth.RoleAdmin, Tenant: "acme"})
+	resp, err := f.keys.CreateKey(ctx, &registryv1.CreateKeyRequest{Name: "ci", Role: auth.RoleAdmin})
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(resp.GetSecret(), KeyPrefix))
 	ciCtx := testutil.WithKey(t.Context(), resp.GetSecret())
 	_, err = f.client.ListServers(ciCtx, &registryv1.ListServersRequest{})
 	require.NoError(t, err)
 
+	// Registrations bound every tenant: a tenant-bound key may not touch them, even an admin's.
+	acme, err := f.keys.CreateKey(ctx, &registryv1.CreateKeyRequest{Name: "acme-admin", Role: auth.RoleAdmin, Tenant: "acme"})
+	require.NoError(t, err)
+	acmeCtx := testutil.WithKey(t.Context(), acme.GetSecret())
+	for name, call := range map[string]func() error{
+		"ListServers":  func() error { _, err := f.client.ListServers(acmeCtx, &registryv1.ListServersRequest{}); return err },
+		"CreateServer": func() error { _, err := f.client.CreateServer(acmeCtx, docsSearch()); return err },
+		"PutSecret": func() error {
+			_, err := f.client.PutSecret(acmeCtx, &registryv1.PutSecretRequest{Name: "t", Value: "v"})
+			return err
+		},
+	} {
+		st := testutil.RequireStatus(t, call(), codes.PermissionDenied, name)
+		require.Contains(t, st.Message(), `bound to tenant "acme"`, name)
+	}
+
 	list, err := f.keys.ListKeys(ctx, &registryv1.ListKeysRequest{})
 	require.NoError(t, err)
-	require.Len(t, list.GetKeys(), 6)
+	require.Len(t, list.GetKeys(), 7)
 	require.NotContains(t, list.String(), resp.GetSecret())
 
 	_, err = f.keys.RevokeKey(ctx, &registryv1.RevokeKeyRequest{Id: resp.GetKey().GetId()})
@@ -343,7 +359,7 @@ func TestKeysLifecycle(t *testing.T) {
 	require.NoError(t, f.svc.EnsureBootstrapAdmin(ctx, adminKey))
 	list, err = f.keys.ListKeys(ctx, &registryv1.ListKeysRequest{})
 	require.NoError(t, err)
-	require.Len(t, list.GetKeys(), 6)
+	require.Len(t, list.GetKeys(), 7)
 }
 
 // TestKeysAdminIsNoWayUp: a key holding keys:admin mints keys only with permissions it holds,
