@@ -153,7 +153,7 @@ func NewRegistry(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Ap
 			return err
 		}
 		if cfg.Peers.PoolAddr != "" {
-			conn, err := a.dial(cfg, cfg.Peers.PoolAddr)
+			conn, err := a.dial(cfg, mtls.Pool, cfg.Peers.PoolAddr)
 			if err != nil {
 				return err
 			}
@@ -178,7 +178,7 @@ func NewPublisher(ctx context.Context, cfg *config.Config, log *slog.Logger) (*A
 		if err != nil {
 			return err
 		}
-		poolConn, err := a.dial(cfg, cfg.Peers.PoolAddr)
+		poolConn, err := a.dial(cfg, mtls.Pool, cfg.Peers.PoolAddr)
 		if err != nil {
 			return err
 		}
@@ -209,7 +209,7 @@ func NewPool(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, e
 		if err != nil {
 			return err
 		}
-		pubConn, err := a.dial(cfg, cfg.Peers.PublisherAddr)
+		pubConn, err := a.dial(cfg, mtls.Publisher, cfg.Peers.PublisherAddr)
 		if err != nil {
 			return err
 		}
@@ -420,7 +420,7 @@ func requeueQuarantined(cfg *config.Config, spool *audit.Spool, log *slog.Logger
 
 // registryPeer dials the registry and returns its client (grants, resolution, API keys).
 func (a *App) registryPeer(cfg *config.Config) (*peers.Registry, error) {
-	conn, err := a.dial(cfg, cfg.Peers.RegistryAddr)
+	conn, err := a.dial(cfg, mtls.Registry, cfg.Peers.RegistryAddr)
 	if err != nil {
 		return nil, err
 	}
@@ -432,7 +432,7 @@ func (a *App) auditPeer(cfg *config.Config) (audit.Sink, error) {
 	if cfg.Peers.AuditAddr == "" {
 		return nil, errors.New("app: this service records admin events or call attempts and needs the audit service: set RINGFENCE_PEERS__AUDIT_ADDR")
 	}
-	conn, err := a.dial(cfg, cfg.Peers.AuditAddr)
+	conn, err := a.dial(cfg, mtls.Audit, cfg.Peers.AuditAddr)
 	if err != nil {
 		return nil, err
 	}
@@ -441,8 +441,8 @@ func (a *App) auditPeer(cfg *config.Config) (audit.Sink, error) {
 
 // dial connects to a peer with this binary's service certificate; the connection closes with
 // the app.
-func (a *App) dial(cfg *config.Config, addr string) (*grpc.ClientConn, error) {
-	conn, err := peers.Dial(addr, mtls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.ClientCAFile})
+func (a *App) dial(cfg *config.Config, peer, addr string) (*grpc.ClientConn, error) {
+	conn, err := peers.Dial(peer, addr, mtls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.ClientCAFile})
 	if err != nil {
 		return nil, err
 	}

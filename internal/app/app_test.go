@@ -162,7 +162,7 @@ func TestInternalRPCsNeedTheirServiceCertificate(t *testing.T) {
 			require.NoError(t, err)
 			tlsCfg = credentials.NewTLS(c)
 		} else {
-			c, err := mtls.ClientConfig(mtls.Files{CertFile: filepath.Join(dir, svc+".pem"), KeyFile: filepath.Join(dir, svc+"-key.pem"), CAFile: filepath.Join(dir, "ca.pem")})
+			c, err := mtls.ClientConfig(mtls.Files{CertFile: filepath.Join(dir, svc+".pem"), KeyFile: filepath.Join(dir, svc+"-key.pem"), CAFile: filepath.Join(dir, "ca.pem")}, mtls.Registry)
 			require.NoError(t, err)
 			tlsCfg = credentials.NewTLS(c)
 		}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 
 	"google.golang.org/grpc/credentials"
@@ -83,9 +84,17 @@ func ServerConfig(f Files) (*tls.Config, error) {
 	}, nil
 }
 
-// ClientConfig is the TLS configuration of a service calling a peer: it presents its own
-// certificate and verifies the peer's against the CA.
-func ClientConfig(f Files) (*tls.Config, error) {
+// ClientConfig is the TLS configuration of a service calling the peer service named peer
+// (Registry, Publisher, Pool or Audit): it presents its own certificate and accepts the server
+// only when its certificate chains to the CA and carries exactly the identity
+// spiffe://ringfence/service/<peer>. Chaining alone is not enough: every service certificate
+// chains to the same CA and the development set shares its hostnames, so without the identity
+// check any service's certificate could answer as the registry (key verification, grants) or as
+// the pool (ad-hoc secrets). A mismatch fails the handshake naming both identities.
+func ClientConfig(f Files, peer string) (*tls.Config, error) {
+	if !slices.Contains(Services, peer) {
+		return nil, fmt.Errorf("mtls: unknown peer service %q: expected one of %s", peer, strings.Join(Services, ", "))
+	}
 	cert, pool, err := load(f)
 	if err != nil {
 		return nil, err
@@ -94,7 +103,44 @@ func ClientConfig(f Files) (*tls.Config, error) {
 		Certificates: []tls.Certificate{cert},
 		RootCAs:      pool,
 		MinVersion:   tls.VersionTLS13,
+		// Hostname verification stays as it was (gRPC sets ServerName from the dial target):
+		// it binds the certificate to the address the operator configured, and the identity
+		// check below binds it to the service. Both must hold. VerifyConnection runs after the
+		// chain and hostname are verified, and on resumed sessions too.
+		VerifyConnection: verifyPeer(peer),
 	}, nil
+}
+
+// verifyPeer accepts a verified server certificate whose one SPIFFE ID is peer's.
+func verifyPeer(peer string) func(tls.ConnectionState) error {
+	want := ServiceURI(peer).String()
+	return func(cs tls.ConnectionState) error {
+		if len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+			return fmt.Errorf("mtls: expected %s, but the server's certificate was not verified", want)
+		}
+		ids := spiffeIDs(cs.VerifiedChains[0][0])
+		switch {
+		case len(ids) == 1 && ids[0] == want:
+			return nil
+		case len(ids) == 0:
+			return fmt.Errorf("mtls: expected peer identity %s, but the server presented no SPIFFE ID", want)
+		default:
+			// More than one ID is refused even when one matches: an X.509 SVID carries exactly
+			// one, and a certificate naming several services is nobody's.
+			return fmt.Errorf("mtls: expected peer identity %s, but the server presented %s", want, strings.Join(ids, ", "))
+		}
+	}
+}
+
+// spiffeIDs lists a certificate's spiffe:// URI SANs.
+func spiffeIDs(cert *x509.Certificate) []string {
+	var ids []string
+	for _, u := range cert.URIs {
+		if strings.EqualFold(u.Scheme, "spiffe") {
+			ids = append(ids, u.String())
+		}
+	}
+	return ids
 }
 
 // CAOnlyConfig verifies a server against caFile without presenting a certificate (the CLI).

@@ -31,19 +31,22 @@ import (
 	"github.com/ringfence/ringfence/internal/mtls"
 )
 
-// Dial connects to a peer at addr presenting this service's certificate. A split deployment
-// without TLS is refused: internal RPCs are authorized by certificates only.
-func Dial(addr string, files mtls.Files) (*grpc.ClientConn, error) {
+// Dial connects to the peer service named peer (mtls.Registry, mtls.Publisher, mtls.Pool or
+// mtls.Audit) at addr, presenting this service's certificate. The handshake fails unless the
+// server's certificate carries that peer's identity, so another service's certificate cannot
+// answer in its place. A split deployment without TLS is refused: internal RPCs are authorized
+// by certificates only.
+func Dial(peer, addr string, files mtls.Files) (*grpc.ClientConn, error) {
 	if files.CertFile == "" {
 		return nil, errors.New("peers: talking to another service needs this service's certificate: set RINGFENCE_TLS__CERT_FILE, RINGFENCE_TLS__KEY_FILE and RINGFENCE_TLS__CLIENT_CA_FILE (`ringfence certs init` writes a development set)")
 	}
-	tlsCfg, err := mtls.ClientConfig(files)
+	tlsCfg, err := mtls.ClientConfig(files, peer)
 	if err != nil {
 		return nil, err
 	}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
 	if err != nil {
-		return nil, fmt.Errorf("peers: dial %s: %w", addr, err)
+		return nil, fmt.Errorf("peers: dial %s at %s: %w", peer, addr, err)
 	}
 	return conn, nil
 }
