@@ -224,6 +224,39 @@ func TestSeedSequenceWithCLI(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &s))
 	require.Equal(t, map[string]any{}, s["env"])
 
+	// "--env KEY" takes the value from the CLI's environment, so it stays out of ps and
+	// history; a malformed entry is refused without being echoed.
+	r = runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey, "APP_TOKEN=" + canary},
+		bin("ringfence"), "servers", "update", "docs-search", "--env", "APP_TOKEN", "-o", "json")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &s))
+	require.Equal(t, map[string]any{"APP_TOKEN": "********"}, s["env"])
+	r = cli(adminKey, "servers", "update", "docs-search", "--env", "APP_TOKEN")
+	require.Equal(t, 2, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "the environment variable APP_TOKEN is not set")
+	r = cli(adminKey, "servers", "update", "docs-search", "--env", "="+canary)
+	require.Equal(t, 2, r.Code, r.Stderr)
+	require.NotContains(t, r.Stderr, canary)
+
+	// The seed's remote registration: transport alias, URL, description and a header secret.
+	r = runCmd(t, strings.NewReader("Bearer "+canary), []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey},
+		bin("ringfence"), "secrets", "set", "tickets-token")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	r = cli(adminKey, "servers", "add", "tickets", "--transport", "http", "--url", "https://tickets.example.com/mcp",
+		"--description", "The support team's ticket system", "--header-secret", "Authorization=tickets-token",
+		"--exclude-tool", "delete_ticket")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	r = cli(adminKey, "servers", "show", "tickets")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	for _, want := range []string{"streamable_http", "https://tickets.example.com/mcp", "The support team's ticket system", "Authorization <- secret tickets-token", "delete_ticket"} {
+		require.Contains(t, r.Stdout, want)
+	}
+	require.NotContains(t, r.Stdout, canary)
+	r = cli(adminKey, "servers", "add", "tickets2", "--transport", "http", "--url", "https://tickets.example.com/mcp",
+		"--exclude-tool", "tickets2__delete_ticket")
+	require.Equal(t, 1, r.Code, r.Stdout)
+	require.Contains(t, r.Stderr, `write "delete_ticket"`)
+
 	r = cli(adminKey, "servers", "list")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "docs-search")

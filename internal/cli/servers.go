@@ -47,7 +47,7 @@ func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 	fl.StringVar(&f.url, "url", "", "server URL, for streamable_http and sse")
 	fl.StringVar(&f.description, "description", "", "what the server is for")
 	fl.StringArrayVar(&f.headerSecrets, "header-secret", nil, "HEADER=SECRET: send HEADER with the value of the registry secret SECRET (repeatable)")
-	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the server's environment; KEY must be on the operator's allowlist (repeatable)")
+	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the server's environment, or KEY alone to take the value from this shell's $KEY (keeps secrets out of ps and history); KEY must be on the operator's allowlist (repeatable)")
 	fl.StringArrayVar(&f.grants, "grant", nil, "a capability graphs may declare on this server's tools, e.g. process_spawn (repeatable)")
 	fl.StringArrayVar(&f.includeTools, "include-tool", nil, "expose only these tools (repeatable)")
 	fl.StringArrayVar(&f.excludeTools, "exclude-tool", nil, "never expose this tool; wins over --include-tool (repeatable)")
@@ -67,7 +67,7 @@ func (f *serverFlags) createRequest(ref string) (*registryv1.CreateServerRequest
 	if req.Command, req.Args, err = splitCommand(f.command, f.args); err != nil {
 		return nil, err
 	}
-	if req.Headers, err = parsePairs("--header-secret", f.headerSecrets); err != nil {
+	if req.Headers, err = parsePairs("--header-secret", f.headerSecrets, nil); err != nil {
 		return nil, err
 	}
 	if req.Env, err = envStruct(f.env); err != nil {
@@ -91,7 +91,7 @@ func (f *serverFlags) registerAdhoc(cmd *cobra.Command) {
 	fl.StringArrayVar(&f.args, "arg", nil, "one more argument, appended after those in --command (repeatable)")
 	fl.StringVar(&f.url, "url", "", "explore an ad-hoc server at this URL (streamable_http or sse)")
 	fl.StringArrayVar(&f.headerSecrets, "header-secret", nil, "HEADER=SECRET for the ad-hoc server (repeatable)")
-	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the ad-hoc server's environment; KEY must be on the allowlist (repeatable)")
+	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the ad-hoc server's environment, or KEY alone to take the value from this shell's $KEY; KEY must be on the allowlist (repeatable)")
 	fl.DurationVar(&f.sessionTimeout, "session-timeout", 0, "bound on the MCP handshake (default 2s)")
 	fl.DurationVar(&f.callTimeout, "call-timeout", 0, "bound on the call (default 30s)")
 	fl.BoolVar(&f.keepMarkup, "keep-markup", false, "do not HTML-escape the call's result")
@@ -199,7 +199,7 @@ replace the stored list. Without --env or --clear-env the stored env is kept.`,
 				req.Description = f.description
 			}
 			if changed("header-secret") {
-				if req.Headers, err = parsePairs("--header-secret", f.headerSecrets); err != nil {
+				if req.Headers, err = parsePairs("--header-secret", f.headerSecrets, nil); err != nil {
 					return err
 				}
 			}
@@ -562,23 +562,40 @@ func splitCommand(command string, extra []string) (string, []string, error) {
 	return words[0], append(words[1:], extra...), nil
 }
 
-func parsePairs(flag string, pairs []string) (map[string]string, error) {
+// parsePairs reads KEY=VALUE entries. An entry without "=" is resolved by fromKey, when
+// given. Errors never quote an entry: it may be a secret typed in the wrong place.
+func parsePairs(flag string, pairs []string, fromKey func(key string) (string, error)) (map[string]string, error) {
 	if len(pairs) == 0 {
 		return nil, nil
 	}
 	out := make(map[string]string, len(pairs))
-	for _, p := range pairs {
+	for i, p := range pairs {
 		k, v, ok := strings.Cut(p, "=")
-		if !ok || k == "" {
-			return nil, usagef("%s %q must be KEY=VALUE", flag, p)
+		switch {
+		case ok && k != "":
+		case !ok && fromKey != nil && p != "":
+			var err error
+			if v, err = fromKey(p); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, usagef("%s entry %d must be KEY=VALUE", flag, i+1)
 		}
 		out[k] = v
 	}
 	return out, nil
 }
 
+// envStruct reads --env entries. "--env KEY" takes the value from this process's environment
+// variable KEY, so a secret need not appear in the command line (ps, shell history).
 func envStruct(pairs []string) (*structpb.Struct, error) {
-	m, err := parsePairs("--env", pairs)
+	m, err := parsePairs("--env", pairs, func(key string) (string, error) {
+		v, ok := os.LookupEnv(key)
+		if !ok {
+			return "", usagef("--env %s has no value and the environment variable %s is not set: export it, or write %s=VALUE", key, key, key)
+		}
+		return v, nil
+	})
 	if err != nil || m == nil {
 		return nil, err
 	}
