@@ -66,9 +66,10 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 	// The control plane: register (the registry lists tools through the remote pool), import
 	// (the publisher discovers through the pool), publish.
 	must(cli("registry", "servers", "add", "fx", "--command", "mcpfixture", "--env", "APP_TOKEN="+canary,
-		"--grant", "process_spawn", "--grant", "external_api_call"))
+		"--grant", "process_spawn", "--grant", "external_api_call", "--tool-permission", "add=math.add:{a}"))
 	r = must(cli("registry", "servers", "tools", "fx"))
 	require.Contains(t, r.Stdout, "echo")
+	require.Regexp(t, `(?m)^add\s.*\smath\.add:\{a\}\s`, r.Stdout, "the listing shows what the registration requires of callers")
 	must(cli("publisher", "graphs", "create", "--graph", "split", "--agent", "a"))
 	must(cli("publisher", "mcp-import", "--server", "fx", "--graph", "split", "--agent", "a", "--tool", "echo"))
 	must(cli("publisher", "graphs", "publish", "--graph", "split"))

@@ -351,7 +351,7 @@ func newServersToolsCmd(g *globals) *cobra.Command {
 			if g.output == "json" {
 				return printJSON(g.stdout, resp)
 			}
-			t := newTable(g.stdout, "TOOL", "SCHEMA HASH", "FINDINGS", "DESCRIPTION")
+			t := newTable(g.stdout, "TOOL", "SCHEMA HASH", "FINDINGS", "REQUIRES", "DESCRIPTION")
 			for _, tool := range resp.GetTools() {
 				name := tool.GetName()
 				if tool.GetExcluded() {
@@ -361,7 +361,8 @@ func newServersToolsCmd(g *globals) *cobra.Command {
 				for _, f := range tool.GetFindings() {
 					codes = append(codes, f.GetCode())
 				}
-				t.row(name, tool.GetSchemaHash(), orDash(strings.Join(codes, ",")), truncate(tool.GetDescription(), 60))
+				t.row(name, tool.GetSchemaHash(), orDash(strings.Join(codes, ",")),
+					orDash(strings.Join(tool.GetRequiredCapabilities(), ",")), truncate(tool.GetDescription(), 60))
 			}
 			if err := t.flush(); err != nil {
 				return err

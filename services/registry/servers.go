@@ -125,13 +125,19 @@ func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServ
 		return nil, s.errors.Status(ctx, fielderr.New("call.tool", "names the tool to call: one of the names the listing shows"))
 	}
 	var adhoc *mcpserver.Resolved
+	var toolPerms map[string][]string
 	if spec := req.GetServer(); spec != nil {
 		var err error
 		if adhoc, err = s.resolveAdhoc(ctx, req.GetRef(), spec); err != nil {
 			return nil, s.errors.Status(ctx, err)
 		}
-	} else if _, err := s.store.ServerPolicy(ctx, req.GetRef()); err != nil {
-		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
+		toolPerms = adhoc.ToolPermissions
+	} else {
+		policy, err := s.store.ServerPolicy(ctx, req.GetRef())
+		if err != nil {
+			return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
+		}
+		toolPerms = policy.ToolPermissions
 	}
 	if s.cfg.Discoverer == nil {
 		return nil, discovery.Status(ctx, s.errors, discovery.ErrIsolationRequired)
@@ -155,8 +161,12 @@ func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServ
 	if err != nil {
 		return nil, discovery.Status(ctx, s.errors, err)
 	}
+	tools := discovery.ToolsToProto(listing.Tools)
+	for _, t := range tools {
+		t.RequiredCapabilities = toolPerms[t.GetName()]
+	}
 	return &registryv1.ExploreServerResponse{
-		Tools: discovery.ToolsToProto(listing.Tools), ListingFindings: discovery.FindingsToProto(listing.Findings), Call: call,
+		Tools: tools, ListingFindings: discovery.FindingsToProto(listing.Findings), Call: call,
 	}, nil
 }
 

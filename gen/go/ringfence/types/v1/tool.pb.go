@@ -42,9 +42,14 @@ type ToolDeclaration struct {
 	Findings []*Finding `protobuf:"bytes,8,rep,name=findings,proto3" json:"findings,omitempty"`
 	// excluded is true when the registration's tool_filter removes this tool: it is listed for
 	// operators but cannot be imported or called.
-	Excluded      bool `protobuf:"varint,9,opt,name=excluded,proto3" json:"excluded,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Excluded bool `protobuf:"varint,9,opt,name=excluded,proto3" json:"excluded,omitempty"`
+	// required_capabilities are what the registration's tool_permissions demand of a calling
+	// agent, e.g. "fs.read:{path}", where {path} is filled from each call's arguments. A tool
+	// that has them is default-deny: an agent holding no covering claim is refused. Set on
+	// registry listings; empty when the tool is not argument-scoped.
+	RequiredCapabilities []string `protobuf:"bytes,10,rep,name=required_capabilities,json=requiredCapabilities,proto3" json:"required_capabilities,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *ToolDeclaration) Reset() {
@@ -138,6 +143,13 @@ func (x *ToolDeclaration) GetExcluded() bool {
 		return x.Excluded
 	}
 	return false
+}
+
+func (x *ToolDeclaration) GetRequiredCapabilities() []string {
+	if x != nil {
+		return x.RequiredCapabilities
+	}
+	return nil
 }
 
 // Finding is one result of the declaration screen.
@@ -456,7 +468,7 @@ var File_ringfence_types_v1_tool_proto protoreflect.FileDescriptor
 
 const file_ringfence_types_v1_tool_proto_rawDesc = "" +
 	"\n" +
-	"\x1dringfence/types/v1/tool.proto\x12\x12ringfence.types.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x88\x03\n" +
+	"\x1dringfence/types/v1/tool.proto\x12\x12ringfence.types.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xbd\x03\n" +
 	"\x0fToolDeclaration\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05title\x18\x02 \x01(\tR\x05title\x12 \n" +
@@ -467,7 +479,9 @@ const file_ringfence_types_v1_tool_proto_rawDesc = "" +
 	"\vschema_hash\x18\a \x01(\tR\n" +
 	"schemaHash\x127\n" +
 	"\bfindings\x18\b \x03(\v2\x1b.ringfence.types.v1.FindingR\bfindings\x12\x1a\n" +
-	"\bexcluded\x18\t \x01(\bR\bexcluded\"o\n" +
+	"\bexcluded\x18\t \x01(\bR\bexcluded\x123\n" +
+	"\x15required_capabilities\x18\n" +
+	" \x03(\tR\x14requiredCapabilities\"o\n" +
 	"\aFinding\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x1a\n" +
 	"\bseverity\x18\x02 \x01(\tR\bseverity\x12\x1a\n" +
