@@ -119,3 +119,23 @@ func BenchmarkScreen200HostileTools(b *testing.B) {
 		_ = screen.Screen(decls, ctx)
 	}
 }
+
+// BenchmarkScreenSchemaObjectBound screens the listing that makes the screen compile the
+// most: MaxListingSchemaObjects JSON objects in schemas of MaxSchemaObjects each, every one
+// valid, so each is compiled.
+func BenchmarkScreenSchemaObjectBound(b *testing.B) {
+	var props []string
+	for i := range screen.MaxSchemaObjects - 2 {
+		props = append(props, fmt.Sprintf(`"p%d":{"type":"string"}`, i))
+	}
+	schema := json.RawMessage(`{"type":"object","properties":{` + strings.Join(props, ",") + `}}`)
+	var decls []mcpdecl.Declaration
+	for i := range screen.MaxListingSchemaObjects / screen.MaxSchemaObjects {
+		decls = append(decls, mcpdecl.Declaration{Name: fmt.Sprintf("tool_%d", i), InputSchema: schema})
+	}
+	for b.Loop() {
+		if rep := screen.Screen(decls, screen.Context{}); rep.Refused() {
+			b.Fatal(rep.Listing, rep.Tools[0].Findings)
+		}
+	}
+}

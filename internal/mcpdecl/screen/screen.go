@@ -23,8 +23,9 @@
 //   - invalid_json, duplicate_key: a schema or the annotations are not
 //     I-JSON; duplicate keys are refused because parsers disagree on them.
 //   - invalid_utf8: invalid UTF-8 or an escaped lone surrogate anywhere.
-//   - schema_too_large: inputSchema or outputSchema over MaxSchemaBytes, or
-//     annotations over MaxAnnotationsBytes.
+//   - schema_too_large: inputSchema or outputSchema over MaxSchemaBytes or
+//     with more than MaxSchemaObjects JSON objects (checked before it is
+//     compiled), or annotations over MaxAnnotationsBytes.
 //   - schema_too_deep: arrays and objects nested deeper than MaxSchemaDepth.
 //   - string_too_long: a title over MaxTitleBytes, or a string or object key
 //     inside a schema or the annotations over MaxStringBytes.
@@ -34,9 +35,19 @@
 //     Data keywords are not exempt: a schema-unaware walk cannot tell a
 //     property named "default" from the keyword, and refusing a rare
 //     "$ref" inside example data is the safe error.
+//   - invalid_schema: inputSchema or outputSchema passed every check above
+//     but does not compile with the pool's validator (package schemas),
+//     so every call would fail: a keyword of the wrong type ("type":
+//     "strng"), a pattern that is not a regular expression, a local $ref
+//     to nothing, a "$schema" naming a meta-schema that is not built in.
+//     The draft is the one "$schema" names (draft-04, -06, -07, 2019-09,
+//     2020-12), and 2020-12 without one, as the validator reads it. There
+//     is one finding per place, at most 8 per schema, each with the
+//     compiler's message.
 //
 // Listing-level hard failures: too_many_tools (more than MaxTools),
-// listing_too_large (more than MaxListingBytes in all), duplicate_name (the
+// listing_too_large (more than MaxListingBytes in all, or more than
+// MaxListingSchemaObjects JSON objects in all the schemas), duplicate_name (the
 // same name twice; every occurrence is refused, since neither can be pinned
 // unambiguously). When the listing is too many or too large, no tool is
 // screened individually: the work stays bounded.
@@ -118,7 +129,10 @@
 // length and character set. Phrase patterns are RE2 (linear), each starts
 // with a literal and runs only on text that holds its lead word, so
 // ordinary text runs almost none; strings of up to 256 bytes are scanned
-// once per call however often a schema repeats them. Screen keeps no state
+// once per call however often a schema repeats them. Compiling a schema
+// (invalid_schema) is linear in its size too, and runs only on schemas
+// within the bounds above; for small schemas it costs more than all the
+// heuristics together (BenchmarkScreen200Tools). Screen keeps no state
 // between calls and is safe for concurrent use.
 package screen
 
@@ -141,6 +155,12 @@ const (
 	MaxAnnotationsBytes = 16 << 10
 	MaxSchemaDepth      = 32
 	MaxStringBytes      = 16 << 10
+	// MaxSchemaObjects and MaxListingSchemaObjects bound the JSON objects in
+	// one schema and in all the schemas of a listing. Unlike every other
+	// check, compiling a schema (invalid_schema) costs tens of microseconds
+	// per object, and more per object as one schema grows.
+	MaxSchemaObjects        = 1000
+	MaxListingSchemaObjects = 50000
 )
 
 // Heuristic parameters.
@@ -190,6 +210,7 @@ const (
 	CodeStringTooLong         = "string_too_long"
 	CodeDescriptionTooLong    = "description_too_long"
 	CodeRemoteRef             = "remote_ref"
+	CodeInvalidSchema         = "invalid_schema"
 	CodeTooManyTools          = "too_many_tools"
 	CodeListingTooLarge       = "listing_too_large"
 	CodeDuplicateName         = "duplicate_name"
@@ -278,10 +299,11 @@ func Screen(decls []mcpdecl.Declaration, ctx Context) Report {
 	for i, d := range decls {
 		rep.Tools[i].Name = d.Name
 	}
-	total := 0
+	total, objects := 0, 0
 	for _, d := range decls {
 		total += len(d.Name) + len(d.Title) + len(d.Description) +
 			len(d.InputSchema) + len(d.OutputSchema) + len(d.Annotations)
+		objects += jsonObjects(d.InputSchema) + jsonObjects(d.OutputSchema)
 	}
 	switch {
 	case len(decls) > MaxTools:
@@ -293,6 +315,11 @@ func Screen(decls []mcpdecl.Declaration, ctx Context) Report {
 		rep.Listing = append(rep.Listing, Finding{
 			Code: CodeListingTooLarge, Severity: HardFailure, Location: "tools",
 			Message: fmt.Sprintf("%d bytes of declarations, more than the bound of %d", total, MaxListingBytes),
+		})
+	case objects > MaxListingSchemaObjects:
+		rep.Listing = append(rep.Listing, Finding{
+			Code: CodeListingTooLarge, Severity: HardFailure, Location: "tools",
+			Message: fmt.Sprintf("%d JSON objects in the tools' schemas, more than the bound of %d", objects, MaxListingSchemaObjects),
 		})
 	}
 	if len(rep.Listing) > 0 {
@@ -324,9 +351,26 @@ func Screen(decls []mcpdecl.Declaration, ctx Context) Report {
 	for i, d := range decls {
 		t := s.tool(d)
 		rep.Tools[i].Findings = t.findings
-		rep.Tools[i].Refused = rep.Tools[i].Refused || t.hard
+		rep.Tools[i].Refused = rep.Tools[i].Refused || t.hard > 0
 	}
 	return rep
+}
+
+// jsonObjects counts the objects of a JSON document: the '{' outside strings.
+// It does not validate; a document that is not JSON is refused elsewhere.
+func jsonObjects(raw []byte) int {
+	n, inString := 0, false
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; {
+		case inString && c == '\\':
+			i++
+		case c == '"':
+			inString = !inString
+		case !inString && c == '{':
+			n++
+		}
+	}
+	return n
 }
 
 // ScreenTool checks one declaration on its own, as the pool does for a

@@ -528,17 +528,25 @@ func containsString(ss []string, s string) bool {
 // points removed and anything shaped like a secret replaced, so a finding
 // can be shown and logged safely.
 func excerpt(s string) string {
-	const max = 60
+	return strconv.QuoteToASCII(visible(s, 60))
+}
+
+// visible returns at most max characters of s, with hidden code points
+// removed and anything shaped like a secret replaced.
+func visible(s string, max int) string {
 	if len(s) > 4*max+256 {
 		s = strings.ToValidUTF8(s[:4*max+256], "")
 	}
-	s = redactSecrets(s)
+	// Hidden code points go first, so one cannot split a secret from the redaction's view.
+	s = redactSecrets(strings.Map(func(r rune) rune {
+		if runeclass.Hidden(r) {
+			return -1
+		}
+		return r
+	}, s))
 	var b strings.Builder
 	n := 0
 	for _, r := range s {
-		if runeclass.Hidden(r) {
-			continue
-		}
 		if n == max {
 			b.WriteString("…")
 			break
@@ -546,5 +554,23 @@ func excerpt(s string) string {
 		b.WriteRune(r)
 		n++
 	}
-	return strconv.QuoteToASCII(b.String())
+	return b.String()
+}
+
+// printable spells s in printable ASCII, other characters as \u escapes (the
+// ellipsis visible adds excepted), for text that is mostly a library's
+// message but may quote the schema.
+func printable(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case r >= 0x20 && r < 0x7f, r == '…':
+			b.WriteRune(r)
+		case r <= 0xffff:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			fmt.Fprintf(&b, `\U%08x`, r)
+		}
+	}
+	return b.String()
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ringfence/ringfence/internal/mcpdecl"
 	"github.com/ringfence/ringfence/internal/mcpdecl/jcs"
+	"github.com/ringfence/ringfence/internal/schemas"
 )
 
 // toolScan collects the findings for one declaration. The location of the
@@ -21,7 +22,7 @@ type toolScan struct {
 	path     []pathElem
 	findings []Finding
 	seen     map[string]bool
-	hard     bool
+	hard     int // hard failures so far, dropped ones included
 	dropped  int
 	tooDeep  bool
 }
@@ -52,7 +53,7 @@ func (t *toolScan) loc() string {
 
 func (t *toolScan) add(code string, sev Severity, msg string) {
 	if sev == HardFailure {
-		t.hard = true
+		t.hard++
 	}
 	loc := t.loc()
 	key := code + "\x00" + loc
@@ -90,14 +91,22 @@ func (s *session) tool(d mcpdecl.Declaration) *toolScan {
 		case input == nil:
 			t.hardf(CodeInputSchemaNotObject, "input schema is missing")
 		default:
+			hard := t.hard
 			t.objectSchema("inputSchema", input, CodeInputSchemaNotObject)
 			t.walk(input, 1, "")
+			if t.hard == hard {
+				t.compiles("input schema", d.InputSchema, input)
+			}
 		}
 	})
 	t.at("outputSchema", func() {
 		if output, ok := t.raw("outputSchema", d.OutputSchema, MaxSchemaBytes); ok && output != nil {
+			hard := t.hard
 			t.objectSchema("outputSchema", output, CodeOutputSchemaNotObject)
 			t.walk(output, 1, "")
+			if t.hard == hard {
+				t.compiles("output schema", d.OutputSchema, output)
+			}
 		}
 	})
 	var annotations *node
@@ -237,6 +246,67 @@ func (t *toolScan) objectSchema(what string, n *node, code string) {
 	case typ.str != "object":
 		t.hardf(code, `%s has "type" %s, not "object"`, what, excerpt(typ.str))
 	}
+}
+
+// maxCompileMessage bounds the compiler's text in one finding.
+const maxCompileMessage = 300
+
+// compiles refuses a schema that the pool's validator cannot use: the pool compiles the pinned
+// schema with the same compiler before every call, so a schema that does not compile would
+// fail every call after it was imported and published. It runs only on a schema that passed
+// every other check: those bound the compiler's work, and a refused schema needs no second
+// reason. The draft is the one the schema's "$schema" names, 2020-12 without one.
+func (t *toolScan) compiles(what string, raw json.RawMessage, n *node) {
+	if objects := jsonObjects(raw); objects > MaxSchemaObjects {
+		t.hardf(CodeSchemaTooLarge, "%s holds %d JSON objects, more than the bound of %d", what, objects, MaxSchemaObjects)
+		return
+	}
+	_, err := schemas.Compile(raw)
+	if err == nil {
+		return
+	}
+	var draft string
+	if n.member("$schema") == nil {
+		draft = ` as JSON Schema 2020-12 (it declares no "$schema")`
+	}
+	var ce *schemas.CompileError
+	if !errors.As(err, &ce) {
+		t.hardf(CodeInvalidSchema, "%s does not compile%s: %s", what, draft, printable(visible(err.Error(), maxCompileMessage)))
+		return
+	}
+	for i, p := range ce.Problems {
+		msg := p.Message
+		if i == len(ce.Problems)-1 && ce.More > 0 {
+			msg += fmt.Sprintf(" (and problems at %d more places)", ce.More)
+		}
+		pushed := t.pushPointer(n, p.Pointer)
+		t.hardf(CodeInvalidSchema, "%s does not compile%s: %s", what, draft, printable(visible(msg, maxCompileMessage)))
+		t.path = t.path[:len(t.path)-pushed]
+	}
+}
+
+// pushPointer appends a JSON Pointer into n to the location, reading each token as an array
+// index or an object key as the document has it, so the location reads like every other
+// ("inputSchema.properties.a.type"). It returns how many elements it appended.
+func (t *toolScan) pushPointer(n *node, tokens []string) int {
+	for _, tok := range tokens {
+		e := pathElem{kind: 'k', s: tok}
+		switch {
+		case n != nil && n.kind == '[':
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(n.items) {
+				n = nil
+				break
+			}
+			e, n = pathElem{kind: 'i', i: i}, n.items[i]
+		case n != nil && n.kind == '{':
+			n = n.member(tok)
+		default:
+			n = nil
+		}
+		t.path = append(t.path, e)
+	}
+	return len(tokens)
 }
 
 var refKeywords = map[string]bool{"$ref": true, "$dynamicRef": true, "$recursiveRef": true}
