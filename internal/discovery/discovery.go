@@ -10,6 +10,7 @@ import (
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
+	"github.com/ringfence/ringfence/internal/mcpdecl/screen"
 )
 
 // Tool is one declared tool as the server sent it, with its pin and the screen's findings.
@@ -50,6 +51,18 @@ type Finding struct {
 	Severity string `json:"severity"`
 	Location string `json:"location,omitempty"`
 	Message  string `json:"message,omitempty"`
+}
+
+// FromScreen converts the declaration screen's findings into their listed and stored form.
+func FromScreen(fs []screen.Finding) []Finding {
+	if len(fs) == 0 {
+		return nil
+	}
+	out := make([]Finding, len(fs))
+	for i, f := range fs {
+		out[i] = Finding{Code: f.Code, Severity: f.Severity.String(), Location: f.Location, Message: f.Message}
+	}
+	return out
 }
 
 // Listing is every tool of one server at one registration revision.

@@ -1,6 +1,7 @@
 // Package graph is the domain model of an agent graph and the rules it must satisfy: its shape
 // (ids, references, edges, bindings, bounds), what an agent effectively holds once the graph's
-// policies have narrowed it, and the capability rules publish proves. The publisher validates
+// policies have narrowed it, the capability rules publish proves, and that every pinned tool
+// declaration passes the declaration screen (declaration.go). The publisher validates
 // drafts with it; the pool reuses the same rule functions at run time against live grants, so
 // publish and the run-time gates read the required set from the same place.
 package graph

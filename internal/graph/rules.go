@@ -19,6 +19,7 @@ const (
 	RuleUnknownServer    = "unknown_server"
 	RuleExcludedTool     = "excluded_tool"
 	RuleMissingPin       = "missing_pin"
+	RuleDeclaration      = "declaration"
 )
 
 // Violation is one broken rule: its subject (a node, and for the agent floor the agent), the

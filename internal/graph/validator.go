@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 
 	"github.com/ringfence/ringfence/internal/capability"
+	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 )
@@ -72,6 +74,10 @@ const ContractOnlyWarning = "contract-only validation: the capability floor and 
 type Result struct {
 	Violations []Violation
 	Warnings   []string
+	// Flags holds, by node id, the screen's flags for each pinned mcp_tool node whose stored
+	// flags differ from them (stored before the screen changed, or written around it): publish
+	// stores these, since a node's flags are the screen's and never the author's. Read only.
+	Flags map[string][]discovery.Finding
 }
 
 // OK reports whether the graph may be published.
@@ -120,6 +126,16 @@ func (v *Validator) Validate(ctx context.Context, g *Graph) (Result, error) {
 			if viol := CheckPin(n); viol != nil {
 				res.Violations = append(res.Violations, *viol)
 			}
+			viol, flags := CheckDeclaration(n)
+			if viol != nil {
+				res.Violations = append(res.Violations, *viol)
+			}
+			if m.SchemaHash != "" && !slices.Equal(flags, m.Flags) {
+				if res.Flags == nil {
+					res.Flags = make(map[string][]discovery.Finding)
+				}
+				res.Flags[n.ID] = flags
+			}
 			if !v.contractOnly {
 				if viol := checkFloor(n, caps); viol != nil {
 					res.Violations = append(res.Violations, *viol)
@@ -153,10 +169,24 @@ func (v *Validator) Validate(ctx context.Context, g *Graph) (Result, error) {
 			}
 		}
 	}
+	if len(res.Flags) > 0 {
+		res.Warnings = append(res.Warnings, fmt.Sprintf("the stored flags of %d mcp_tool node(s), %s among them, differ from what the declaration screen finds now; "+
+			"publish stores the screen's", len(res.Flags), firstID(g, res.Flags)))
+	}
 	if v.contractOnly {
 		res.Warnings = append(res.Warnings, ContractOnlyWarning)
 	}
 	return res, nil
+}
+
+// firstID names the first node of g, in graph order, that flags lists.
+func firstID(g *Graph, flags map[string][]discovery.Finding) string {
+	for i := range g.Nodes {
+		if _, ok := flags[g.Nodes[i].ID]; ok {
+			return fmt.Sprintf("%q", g.Nodes[i].ID)
+		}
+	}
+	return ""
 }
 
 type serverState struct {
