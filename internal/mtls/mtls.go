@@ -37,17 +37,25 @@ func ServiceURI(name string) *url.URL {
 	return &url.URL{Scheme: "spiffe", Host: TrustDomain, Path: "/service/" + name}
 }
 
-// ServiceFromCert returns the service a verified certificate identifies.
+// ServiceFromCert returns the service a verified certificate identifies: its one SPIFFE ID,
+// which must name a service of this trust domain. A certificate with several SPIFFE IDs
+// identifies nobody, as when dialing (verifyPeer): the first one must not decide.
 func ServiceFromCert(cert *x509.Certificate) (string, bool) {
+	var name string
+	n := 0
 	for _, u := range cert.URIs {
+		if !strings.EqualFold(u.Scheme, "spiffe") {
+			continue
+		}
+		n++
 		if u.Scheme == "spiffe" && u.Host == TrustDomain && strings.HasPrefix(u.Path, "/service/") {
-			name := strings.TrimPrefix(u.Path, "/service/")
-			if name != "" && !strings.Contains(name, "/") {
-				return name, true
-			}
+			name = strings.TrimPrefix(u.Path, "/service/")
 		}
 	}
-	return "", false
+	if n != 1 || name == "" || strings.Contains(name, "/") {
+		return "", false
+	}
+	return name, true
 }
 
 // PeerService returns the service identity of the caller, when it presented a certificate

@@ -184,3 +184,27 @@ func issue(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey, uris []*
 	require.NoError(t, err)
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
+
+// TestServiceFromCertWantsExactlyOneIdentity: on the receiving side too, a certificate naming
+// several services (or a foreign trust domain beside ours) identifies nobody.
+func TestServiceFromCertWantsExactlyOneIdentity(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		uris []*url.URL
+		want string
+	}{
+		{"one", []*url.URL{ServiceURI(Pool)}, Pool},
+		{"none", nil, ""},
+		{"two", []*url.URL{ServiceURI(Audit), ServiceURI(Pool)}, ""},
+		{"foreign beside ours", []*url.URL{{Scheme: "spiffe", Host: "elsewhere", Path: "/x"}, ServiceURI(Pool)}, ""},
+		{"another trust domain", []*url.URL{{Scheme: "spiffe", Host: "elsewhere", Path: "/service/pool"}}, ""},
+		{"a sub-path", []*url.URL{ServiceURI("pool/admin")}, ""},
+		{"https beside it", []*url.URL{{Scheme: "https", Host: "pool.example"}, ServiceURI(Pool)}, Pool},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := ServiceFromCert(&x509.Certificate{URIs: tc.uris})
+			require.Equal(t, tc.want, got)
+			require.Equal(t, tc.want != "", ok)
+		})
+	}
+}
