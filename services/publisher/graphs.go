@@ -122,12 +122,17 @@ func (s *Service) ReplaceDraft(ctx context.Context, req *publisherv1.ReplaceDraf
 	if next.CapabilityMode == "" {
 		next.CapabilityMode = graph.ModeEnforce
 	}
-	// Shape and pins are checked before the write transaction: hashing every pinned node of a
-	// large graph should not hold the file's write lock.
+	// Shape, pins and the declaration screen are checked before the write transaction: hashing
+	// and screening every pinned node of a large graph should not hold the file's write lock.
+	// A hand-written node with a correct pin is still refused when the screen refuses its
+	// declaration, and every node's flags become the screen's.
 	if err := draftField(next.Validate()); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
 	if err := draftField(graph.VerifyPins(next)); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	if err := draftField(graph.ScreenDeclarations(next)); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
 	var before, after *graph.Graph
@@ -212,6 +217,9 @@ func (s *Service) Publish(ctx context.Context, req *publisherv1.PublishRequest) 
 	if !res.OK() {
 		return nil, violationsStatus(fmt.Sprintf("publisher: graph %s cannot be published", quote(g.ID)), res.Violations)
 	}
+	// The version stores the screen's flags, whatever the draft holds (a draft stored before
+	// the screen changed).
+	g = graph.WithScreenedFlags(g, res.Flags)
 	p, _ := auth.FromContext(ctx)
 	v := &graph.Version{Graph: g, PublishTime: time.Now().UTC(), PublishedBy: p.Actor(), Warnings: res.Warnings}
 	n, err := s.store.Publish(ctx, tenant, g.ID, g.Revision, v, func(tx *bolt.Tx) error {

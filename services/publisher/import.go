@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/mcpdecl"
 	"github.com/ringfence/ringfence/internal/mcpdecl/screen"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 )
@@ -328,12 +330,23 @@ func selectTools(listing *discovery.Listing, req ImportRequest) ([]discovery.Too
 	}
 	var failures []string
 	for _, t := range selected {
+		// The listing's findings are the pool's; the publisher screens what it stores itself,
+		// as every draft write and publish does, so a pool of another version cannot make the
+		// import write a draft that publish would refuse.
+		refusals := graph.ScreenDeclaration(declarationOf(t)).Refusals
 		for _, f := range t.Findings {
 			if f.Severity == discovery.SeverityHardFailure {
+				refusals = append(refusals, f)
+			}
+		}
+		seen := make(map[string]bool, len(refusals))
+		for _, f := range refusals {
+			if key := f.Code + "\x00" + f.Location; !seen[key] {
+				seen[key] = true
 				failures = append(failures, fmt.Sprintf("tool %s: %s at %s: %s", quote(t.Name), f.Code, f.Location, f.Message))
 			}
 		}
-		if t.SchemaHash == "" && !t.HasHardFailure() {
+		if t.SchemaHash == "" && len(refusals) == 0 {
 			failures = append(failures, fmt.Sprintf("tool %s: its declaration cannot be pinned", quote(t.Name)))
 		}
 	}
@@ -465,14 +478,17 @@ func pin(m *graph.MCPToolNode, t discovery.Tool) {
 	}
 }
 
+// flagsOf is the screen's flags for a discovered declaration: what the node stores, the same
+// a later draft write or publish computes.
 func flagsOf(t discovery.Tool) []discovery.Finding {
-	var out []discovery.Finding
-	for _, f := range t.Findings {
-		if f.Severity == discovery.SeverityFlag && len(out) < graph.MaxFlags {
-			out = append(out, f)
-		}
+	return slices.Clone(graph.ScreenDeclaration(declarationOf(t)).Flags)
+}
+
+func declarationOf(t discovery.Tool) mcpdecl.Declaration {
+	return mcpdecl.Declaration{
+		Name: t.Name, Title: t.Title, Description: t.Description,
+		InputSchema: t.InputSchema, OutputSchema: t.OutputSchema, Annotations: t.Annotations,
 	}
-	return out
 }
 
 // nodeIDFor is "<ref>__<tool>", shortened with a digest when too long for a node id, and
