@@ -318,7 +318,7 @@ func TestDockerStdoutHygieneAndRedaction(t *testing.T) {
 
 	tail := s.StderrTail()
 	require.Contains(t, tail, "[stdout] mcpfixture banner: starting up")
-	require.Contains(t, tail, `[stdout] {"level":"info"`)
+	require.Contains(t, tail, `[stdout] {&#34;level&#34;:&#34;info&#34;`, "the tail is escaped like any server-chosen text")
 	require.Contains(t, tail, "APP_TOKEN="+Mask)
 	require.NotContains(t, tail, "tok-0123456789-secret")
 }

@@ -35,8 +35,9 @@ const (
 	// ClassNotMCPServer: the server wrote to stdout but nothing it wrote was
 	// JSON-RPC, or its answer to initialize was not MCP.
 	ClassNotMCPServer Class = "not_mcp_server"
-	// ClassHandshakeTimeout: the server runs but never answered initialize
-	// within the handshake timeout.
+	// ClassHandshakeTimeout: the server runs but never answered initialize,
+	// or its first tools/list (Session.SetupListTools), within the handshake
+	// timeout.
 	ClassHandshakeTimeout Class = "handshake_timeout"
 	// ClassCrashed: the server died after the handshake, including while
 	// listing tools or running a call, or was killed by a limit.

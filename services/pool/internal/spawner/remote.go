@@ -262,7 +262,7 @@ func remoteError(ctx context.Context, err error, rt *remoteTransport, u *url.URL
 	case status >= 300:
 		return newError(ClassNotMCPServer, "%s answered HTTP %d to initialize: it is not an MCP endpoint of this transport", where, status)
 	case terr != nil:
-		return newError(ClassSpawnFailed, "connect to %s: %s", where, clip(redactString(terr.Error(), secretsOf(spec)), 200))
+		return newError(ClassSpawnFailed, "connect to %s: %s", where, safeText(terr.Error(), secretsOf(spec), 200))
 	}
 	return newError(ClassNotMCPServer, "%s did not answer initialize as an MCP server", where)
 }

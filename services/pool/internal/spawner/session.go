@@ -46,6 +46,8 @@ type Session struct {
 	log      *slog.Logger
 	onClose  func(*Session)
 	maxTools int
+	// setupTimeout is the spec's HandshakeTimeout, which also bounds the first listing.
+	setupTimeout time.Duration
 
 	done        chan struct{}
 	doneOnce    sync.Once
@@ -62,17 +64,18 @@ type Session struct {
 
 func newSession(r *Router, spec *Spec, srv server, cs *mcp.ClientSession, t *tail) *Session {
 	s := &Session{
-		ref:         spec.ServerRef,
-		srv:         srv,
-		cs:          cs,
-		tail:        t,
-		cfg:         &r.cfg,
-		secrets:     secretsOf(spec),
-		log:         r.log,
-		maxTools:    r.cfg.MaxTools,
-		done:        make(chan struct{}),
-		stopMonitor: make(chan struct{}),
-		monitorDone: make(chan struct{}),
+		ref:          spec.ServerRef,
+		srv:          srv,
+		cs:           cs,
+		tail:         t,
+		cfg:          &r.cfg,
+		secrets:      secretsOf(spec),
+		log:          r.log,
+		maxTools:     r.cfg.MaxTools,
+		setupTimeout: spec.HandshakeTimeout,
+		done:         make(chan struct{}),
+		stopMonitor:  make(chan struct{}),
+		monitorDone:  make(chan struct{}),
 	}
 	go s.monitor()
 	return s
@@ -168,8 +171,21 @@ func (s *Session) ListTools(ctx context.Context) ([]*mcp.Tool, error) {
 	}
 }
 
+// SetupListTools is ListTools for the first listing after the handshake. That listing is part
+// of client setup, so like initialize it is bounded by the spec's HandshakeTimeout (the
+// registration's client_session_timeout): a server that never lists fails fast, as
+// handshake_timeout, instead of holding its callers for the list timeout.
+func (s *Session) SetupListTools(ctx context.Context) ([]*mcp.Tool, error) {
+	d := s.setupTimeout
+	ctx, cancel := context.WithTimeoutCause(ctx, d, newError(ClassHandshakeTimeout,
+		"the server did not answer its first tools/list within %s (client_session_timeout bounds initialize and the first listing)", d))
+	defer cancel()
+	return s.ListTools(ctx)
+}
+
 // CallTool runs one tool call. A JSON-RPC error answer is returned wrapped
-// (errors.As finds the *jsonrpc.Error); a server that died during the call
+// (errors.As finds a *jsonrpc.Error whose message is the SafeText of the
+// server's, and which has no data); a server that died during the call
 // gives an *Error of class crashed. Without a deadline on ctx it is bounded
 // by Config.CallTimeout.
 func (s *Session) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mcp.CallToolResult, error) {
@@ -213,13 +229,17 @@ func (s *Session) requestError(ctx context.Context, op string, err error) error 
 	var rpcErr *jsonrpc.Error
 	if errors.As(err, &rpcErr) && ctx.Err() == nil {
 		if op == "tools/call" {
-			return fmt.Errorf("spawner: tools/call: %w", err)
+			// The message is the server's own text: only its safe form goes on, and its
+			// data never does.
+			safe := &jsonrpc.Error{Code: rpcErr.Code, Message: s.SafeText(rpcErr.Message)}
+			return fmt.Errorf("spawner: the server answered tools/call with error %d: %w", rpcErr.Code, safe)
 		}
-		return s.violation("%s was answered with error %d: %s", op, rpcErr.Code, clip(redactString(rpcErr.Message, s.secrets), 200))
+		return s.violation("%s was answered with error %d: %s", op, rpcErr.Code, safeText(rpcErr.Message, s.secrets, 200))
 	}
 	if ctx.Err() != nil {
-		if cause := context.Cause(ctx); ClassOf(cause) == ClassTimeout {
-			e := *cause.(*Error)
+		// A bound the spawner set (its own timeouts, the setup bound) says which it was.
+		if cause, ok := context.Cause(ctx).(*Error); ok {
+			e := *cause
 			e.StderrTail = s.StderrTail()
 			return &e
 		}

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"unicode/utf8"
 
+	"github.com/ringfence/ringfence/internal/mcpdecl/sanitize"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 )
 
@@ -231,7 +232,8 @@ func (t *tail) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// String returns the redacted tail, at most limit bytes of valid UTF-8.
+// String returns the redacted tail, at most limit bytes of valid UTF-8 before it is
+// sanitized and HTML-escaped.
 func (t *tail) String() string {
 	t.mu.Lock()
 	raw := t.buf
@@ -260,6 +262,13 @@ func (t *tail) String() string {
 		out = out[1:]
 	}
 	s := strings.ToValidUTF8(string(out), "\uFFFD")
+	// The tail is the server's own text and reaches callers and logs: stripped and escaped
+	// like any server-chosen string (the escaped form may be longer than limit).
+	secrets := make([]string, len(t.secrets))
+	for i, sec := range t.secrets {
+		secrets[i] = string(sec)
+	}
+	s = sanitize.String(cleanText(s, secrets), sanitize.Options{})
 	if truncated {
 		s = "…" + s
 	}

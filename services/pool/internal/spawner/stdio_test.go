@@ -3,6 +3,7 @@ package spawner
 import (
 	"bytes"
 	"errors"
+	"html"
 	"io"
 	"strings"
 	"testing"
@@ -64,7 +65,7 @@ func TestStdoutFilter(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, tt.wantOut, out)
 				for _, w := range tt.wantTail {
-					require.Contains(t, tl, w)
+					require.Contains(t, html.UnescapeString(tl), w, "the tail is escaped; what matters here is that the line was diverted")
 				}
 				require.Equal(t, tt.onlyGarbage, f.sawOnlyGarbage())
 			})
@@ -101,6 +102,8 @@ func TestTailRedaction(t *testing.T) {
 		{name: "masked across writes", limit: 100, writes: []string{"token=hunter2-", "very-secret\n"}, want: "token=" + Mask + "\n"},
 		{name: "longest secret first", limit: 100, writes: []string{"a=hunter2-very-secret-and-more\n"}, want: "a=" + Mask + "\n"},
 		{name: "bounded", limit: 10, writes: []string{strings.Repeat("a", 50) + "0123456789"}, want: "…0123456789"},
+		{name: "sanitized like a result", limit: 100, writes: []string{"<b>__system__ x\u200by " + secret + "\n"}, want: "&lt;b&gt; xy " + Mask + "\n"},
+		{name: "an invisible character does not shield a secret", limit: 100, writes: []string{"token=hunter2-\u200bvery-secret\n"}, want: "token=" + Mask + "\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
