@@ -98,6 +98,13 @@ const (
 	ReasonHandshakeFailed   = "handshake_failed"
 	ReasonSchemaDrift       = "schema_drift"
 	ReasonApprovalRequired  = "approval_required"
+	// ReasonUnusableSchema: the tool's input or output schema cannot be compiled, so
+	// neither the arguments nor the result could be checked; the declaration must be fixed
+	// (and a pinned one re-imported), not the caller's arguments.
+	ReasonUnusableSchema = "unusable_schema"
+	// ReasonDeclarationScreen: the declaration screen hard-fails the tool's live declaration
+	// (a tool that was never pinned: explore, the inline path).
+	ReasonDeclarationScreen = "declaration_screen"
 )
 
 // Failure classes of a dispatched call that failed.
