@@ -52,7 +52,7 @@ func productionGC(b *testing.B) {
 const benchKey = "bench-admin-key-0123456789"
 
 // grpcClient serves the harness's pool over authenticated gRPC on loopback, as ringfenced does.
-func grpcClient(b *testing.B, h *harness) (poolv1.PoolServiceClient, context.Context) {
+func grpcClient(b testing.TB, h *harness) (poolv1.PoolServiceClient, context.Context) {
 	require.NoError(b, h.reg.EnsureBootstrapAdmin(h.ctx, benchKey))
 	srv := grpcserver.New(grpcserver.Options{Name: "bench", GRPCAddr: "127.0.0.1:0", Authorizer: auth.NewAuthorizer(h.reg, auth.Rules), Logger: h.pool.log})
 	poolv1.RegisterPoolServiceServer(srv.GRPC(), NewServer(h.pool))

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -56,21 +57,26 @@ type CallResult struct {
 
 // Refusal reasons (audit.Reason… where one exists).
 const (
-	reasonUnknownRun        = "unknown_run"
-	reasonUnknownAgent      = "unknown_agent"
-	reasonRunNotRunning     = "run_not_running"
-	reasonLimitExceeded     = "limit_exceeded"
-	reasonAuditUnavailable  = "audit_unavailable"
-	reasonUnknownTool       = audit.ReasonUnknownTool
-	reasonUnknownServer     = audit.ReasonUnknownServer
-	reasonCeiling           = audit.ReasonCeiling
-	reasonAgentFloor        = audit.ReasonAgentFloor
-	reasonArgumentScope     = audit.ReasonArgumentScope
-	reasonInvalidInput      = audit.ReasonInvalidInput
-	reasonIsolationRequired = audit.ReasonIsolationRequired
-	reasonSpawnFailed       = audit.ReasonSpawnFailed
-	reasonHandshakeFailed   = audit.ReasonHandshakeFailed
-	reasonSchemaDrift       = audit.ReasonSchemaDrift
+	reasonUnknownRun       = "unknown_run"
+	reasonUnknownAgent     = "unknown_agent"
+	reasonRunNotRunning    = "run_not_running"
+	reasonLimitExceeded    = "limit_exceeded"
+	reasonAuditUnavailable = "audit_unavailable"
+	// reasonRegistryUnavailable: the registry could not be asked (the ceiling, or the
+	// registration to start the server); nothing was started.
+	reasonRegistryUnavailable = "registry_unavailable"
+	reasonUnknownTool         = audit.ReasonUnknownTool
+	reasonUnknownServer       = audit.ReasonUnknownServer
+	reasonCeiling             = audit.ReasonCeiling
+	reasonAgentFloor          = audit.ReasonAgentFloor
+	reasonArgumentScope       = audit.ReasonArgumentScope
+	reasonInvalidInput        = audit.ReasonInvalidInput
+	reasonIsolationRequired   = audit.ReasonIsolationRequired
+	reasonSpawnFailed         = audit.ReasonSpawnFailed
+	reasonHandshakeFailed     = audit.ReasonHandshakeFailed
+	reasonSchemaDrift         = audit.ReasonSchemaDrift
+	reasonUnusableSchema      = audit.ReasonUnusableSchema
+	reasonDeclarationScreen   = audit.ReasonDeclarationScreen
 )
 
 // Failure classes of a dispatched call (audit.Failure… plus the pool's own).
@@ -86,6 +92,10 @@ const (
 
 // RefusedError is a call refused before dispatch: nothing reached the server.
 type RefusedError struct {
+	// CallID and Attempt identify the attempt as its audit record does (the pool generates a
+	// call id when the caller gave none).
+	CallID  string
+	Attempt int32
 	Reason  string
 	Err     error
 	Pinned  string
@@ -105,8 +115,10 @@ func refusal(reason string, err error) *RefusedError { return &RefusedError{Reas
 
 // FailedError is a call that reached the server and failed: it may have taken effect.
 type FailedError struct {
-	Class string
-	Err   error
+	CallID  string
+	Attempt int32
+	Class   string
+	Err     error
 }
 
 func (e *FailedError) Error() string {
@@ -120,11 +132,13 @@ var (
 	errIsolationRequired = discovery.ErrIsolationRequired
 )
 
+// reasonForRegistryErr classifies a failure to ask the registry about a server: an outage is
+// not a failure to spawn, since nothing was started.
 func reasonForRegistryErr(err error) string {
 	if errors.Is(err, mcpserver.ErrNotRegistered) {
 		return reasonUnknownServer
 	}
-	return reasonSpawnFailed
+	return reasonRegistryUnavailable
 }
 
 // spawnRefusal classifies a failure to start, handshake with or list a server.
@@ -164,6 +178,7 @@ func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, e
 	att.LatencyMicros = time.Since(start).Microseconds()
 	setArgs(&att, argsCanonical)
 	settle(&att, res, err)
+	identify(err, att.CallID, att.Attempt)
 	s.metrics.calls.WithLabelValues(att.Outcome, orDash(att.Result), orDash(att.Reason+att.FailureClass)).Inc()
 	rec := audit.NewToolCallRecord("pool", orDefaultTenant(tenant), att)
 	if att.Outcome == audit.OutcomeDispatched {
@@ -171,11 +186,37 @@ func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, e
 		s.recordOutcome(rec)
 	} else if aerr := s.spool.Enqueue(context.WithoutCancel(ctx), rec); aerr != nil {
 		s.log.Error("a refused tool-call attempt could not be recorded in the audit spool", "run", req.RunID, "call", req.CallID, "err", aerr)
+		err = notRecorded(err, aerr)
 	}
 	if res != nil {
 		res.Latency, res.Advisory = time.Since(start), att.Advisory
 	}
 	return res, err
+}
+
+// identify puts the attempt's call id and number into a refusal or failure, for the details
+// the caller gets.
+func identify(err error, callID string, attempt int32) {
+	var refused *RefusedError
+	var failed *FailedError
+	switch {
+	case errors.As(err, &refused):
+		refused.CallID, refused.Attempt = callID, attempt
+	case errors.As(err, &failed):
+		failed.CallID, failed.Attempt = callID, attempt
+	}
+}
+
+// notRecorded says, in the error the caller gets, that a refused attempt is not in the audit
+// log: no attempt may go missing from it silently.
+func notRecorded(err, aerr error) error {
+	note := fmt.Errorf("this attempt could not be recorded in the audit log: %v", aerr)
+	var refused *RefusedError
+	if errors.As(err, &refused) {
+		refused.Err = fmt.Errorf("%w; %v", refused.Err, note)
+		return err
+	}
+	return fmt.Errorf("%w; %v", err, note)
 }
 
 // recordPending puts an attempt on record, durably, after every gate and before anything
@@ -318,10 +359,13 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 	// Gate 2: the ceiling against the registry's grants now, unconditionally.
 	policy, err := s.cfg.Registry.ServerPolicy(ctx, tool.ServerRef)
 	if err != nil {
-		if errors.Is(err, mcpserver.ErrNotRegistered) {
+		switch {
+		case errors.Is(err, mcpserver.ErrNotRegistered):
 			return nil, refusal(reasonUnknownServer, fmt.Errorf("server %q is no longer registered: the graph is stranded until it is registered again", tool.ServerRef))
+		case ctx.Err() != nil:
+			return nil, err
 		}
-		return nil, err
+		return nil, refusal(reasonRegistryUnavailable, fmt.Errorf("the registry could not be asked for the grants of server %q, so the ceiling cannot be checked; nothing was started: %w", tool.ServerRef, err))
 	}
 	if v := graph.CheckCeiling(node, policy); v != nil {
 		ref := refusal(reasonCeiling, errors.New(v.Message))
@@ -333,15 +377,10 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 	}
 
 	// Gate 3: the agent floor against the agent's effective set after the graph's policies.
-	eff := s.effective(r, req.Agent)
-	if v := graph.CheckAgentFloorWith(r.version.Graph, req.Agent, eff, node); v != nil {
-		if r.version.Graph.Mode() != "advisory" {
-			ref := refusal(reasonAgentFloor, errors.New(v.Message))
-			ref.Missing = v.Missing
-			return nil, ref
-		}
-		att.Advisory = append(att.Advisory, reasonAgentFloor+": "+v.Message)
+	if err := s.agentFloor(r, req.Agent, node, att); err != nil {
+		return nil, err
 	}
+	eff := s.effective(r, req.Agent)
 
 	// Gate 4: argument-scoped permissions declared by the registration (default-deny).
 	args, canonical, err := decodeArguments(req.Arguments)
@@ -355,7 +394,10 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 		}
 	}
 
-	// Gate 5: the arguments against the pinned input schema.
+	// Gate 5: the pinned schemas compile, and the arguments match the input schema.
+	if err := s.checkSchemas(tool, safePinned, reimport); err != nil {
+		return nil, err
+	}
 	if err := s.validateInput(tool, *argsCanonical); err != nil {
 		return nil, err
 	}
@@ -382,6 +424,23 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 		return nil, err
 	}
 	return s.dispatchInRun(ctx, sess, tool, args, req.CallID, att.Attempt)
+}
+
+// agentFloor checks that the agent effectively holds what node declares: enforced in enforce
+// mode, recorded as the attempt's advisory in advisory mode.
+func (s *Service) agentFloor(r *run, agent string, node *graph.Node, att *audit.ToolCallAttempt) error {
+	v := graph.CheckAgentFloorWith(r.version.Graph, agent, s.effective(r, agent), node)
+	if v == nil {
+		return nil
+	}
+	if r.version.Graph.Mode() != graph.ModeAdvisory {
+		ref := refusal(reasonAgentFloor, errors.New(v.Message))
+		ref.Missing = v.Missing
+		return ref
+	}
+	// Bounded as an audit record's field must be, or the attempt could not be recorded.
+	att.Advisory = append(att.Advisory, truncateTo(reasonAgentFloor+": "+v.Message, audit.MaxFieldLen))
+	return nil
 }
 
 // sessionRefusal classifies a failure to get a run's session for a server.
@@ -468,10 +527,51 @@ func checkArgumentScopes(reqs []string, args map[string]any, eff capability.Effe
 	return nil
 }
 
+// What to do about a schema that cannot be used, pinned or live.
+const (
+	reimport  = "fix the server's declaration, then re-import the tool (ringfence mcp-import) and publish again"
+	fixServer = "the server must declare a schema that compiles"
+)
+
+// checkSchemas compiles a tool's input and output schemas before anything reaches the server.
+// A schema that cannot be compiled is the declaration's fault, not the caller's; and an output
+// schema found broken only after the call would turn a refusal into a call that may have
+// taken effect. safe cleans the compiler's message, which may quote the schema.
+func (s *Service) checkSchemas(tool *graph.MCPToolNode, safe func(string) string, fix string) error {
+	if _, err := s.schema(tool, "input"); err != nil {
+		return refusal(reasonUnusableSchema, fmt.Errorf("the input schema of tool %q cannot be compiled: %s; %s", tool.ToolName, safe(err.Error()), fix))
+	}
+	if len(tool.OutputSchema) > 0 {
+		if _, err := s.schema(tool, "output"); err != nil {
+			return refusal(reasonUnusableSchema, fmt.Errorf("the output schema of tool %q cannot be compiled: %s; %s", tool.ToolName, safe(err.Error()), fix))
+		}
+	}
+	return nil
+}
+
+// schema compiles the tool's input or output schema, cached by its pin (or its live hash).
+func (s *Service) schema(tool *graph.MCPToolNode, which string) (*schemas.Schema, error) {
+	raw := tool.InputSchema
+	if which == "output" {
+		raw = tool.OutputSchema
+	}
+	if tool.SchemaHash == "" {
+		return schemas.Compile(raw) // nothing to key a cache entry by
+	}
+	return s.schemas.Get(tool.SchemaHash+"/"+which, raw)
+}
+
+// safePinned cleans text taken from a pinned declaration (it has no session whose secrets
+// could be masked; a declaration holds none of them).
+func safePinned(text string) string {
+	return sanitize.String(truncateTo(text, 512), sanitize.Options{})
+}
+
+// validateInput checks the arguments against the input schema (checkSchemas compiled it).
 func (s *Service) validateInput(tool *graph.MCPToolNode, args []byte) error {
-	sch, err := s.schemas.Get(tool.SchemaHash+"/input", tool.InputSchema)
+	sch, err := s.schema(tool, "input")
 	if err != nil {
-		return refusal(reasonInvalidInput, fmt.Errorf("the tool's input schema cannot be used: %v", err))
+		return refusal(reasonUnusableSchema, fmt.Errorf("the input schema of tool %q cannot be compiled", tool.ToolName))
 	}
 	v, err := schemas.Decode(args)
 	if err != nil {
@@ -496,23 +596,28 @@ func (s *Service) dispatch(ctx context.Context, sess *session, tool *graph.MCPTo
 	if res.IsError {
 		out.Result, out.FailureClass = audit.ResultFailed, failureToolError
 	}
+	// The messages of these failures may quote what the server returned (a key the schema
+	// does not allow): only their safe form goes on.
+	invalid := func(err error) error {
+		return &FailedError{Class: failureOutputInvalid, Err: errors.New(sess.sess.SafeText(err.Error()))}
+	}
 	if !res.IsError && len(tool.OutputSchema) > 0 {
 		if err := s.validateOutput(tool, res.StructuredContent); err != nil {
-			return nil, &FailedError{Class: failureOutputInvalid, Err: err}
+			return nil, invalid(err)
 		}
 	}
 	keep := sanitize.Options{KeepMarkup: sess.reg.KeepMarkup}
 	for _, c := range res.Content {
 		item, err := contentItem(c)
 		if err != nil {
-			return nil, &FailedError{Class: failureOutputInvalid, Err: err}
+			return nil, invalid(err)
 		}
 		out.Content = append(out.Content, sanitize.Value(item, keep).(map[string]any))
 	}
 	if res.StructuredContent != nil {
 		sc, err := asObject(res.StructuredContent)
 		if err != nil {
-			return nil, &FailedError{Class: failureOutputInvalid, Err: err}
+			return nil, invalid(err)
 		}
 		out.StructuredContent = sanitize.Value(sc, keep).(map[string]any)
 	}
@@ -565,10 +670,16 @@ func (s *Service) classifyCallError(parent, cctx context.Context, sess *session,
 	return failureTransport
 }
 
+// callErrMessage is what the caller is told about a failed tools/call. The spawner made every
+// server-chosen part of it safe already (a JSON-RPC error's message included).
 func callErrMessage(err error) error {
 	var se *spawner.Error
-	if errors.As(err, &se) {
+	var rpcErr *jsonrpc.Error
+	switch {
+	case errors.As(err, &se):
 		return errors.New(se.Message)
+	case errors.As(err, &rpcErr):
+		return fmt.Errorf("the server answered tools/call with JSON-RPC error %d: %s", rpcErr.Code, rpcErr.Message)
 	}
 	return err
 }
@@ -581,9 +692,9 @@ func (s *Service) validateOutput(tool *graph.MCPToolNode, structured any) error 
 	if err != nil {
 		return fmt.Errorf("the structured content is not JSON: %v", err)
 	}
-	sch, err := s.schemas.Get(tool.SchemaHash+"/output", tool.OutputSchema)
+	sch, err := s.schema(tool, "output")
 	if err != nil {
-		return fmt.Errorf("the tool's output schema cannot be used: %v", err)
+		return fmt.Errorf("the tool's output schema cannot be compiled: %v", err)
 	}
 	v, err := schemas.Decode(raw)
 	if err != nil {

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -47,13 +49,14 @@ func specFor(reg *mcpserver.Resolved, purpose, runID string) spawner.Spec {
 }
 
 // Screen pins and screens a live listing under a registration. The pin covers the raw
-// declaration; screening never changes it.
-func Screen(reg *mcpserver.Resolved, tools []*mcp.Tool) (*discovery.Listing, error) {
+// declaration; screening never changes it. safe cleans server-chosen text for a message
+// (Session.SafeText).
+func Screen(reg *mcpserver.Resolved, tools []*mcp.Tool, safe func(string) string) (*discovery.Listing, error) {
 	decls := make([]mcpdecl.Declaration, 0, len(tools))
 	for _, t := range tools {
 		d, err := mcpdecl.FromTool(t)
 		if err != nil {
-			return nil, &discovery.Failure{Class: string(spawner.ClassProtocolViolation), Message: fmt.Sprintf("tool %q cannot be read: %v", truncate(t.Name), err)}
+			return nil, &discovery.Failure{Class: string(spawner.ClassProtocolViolation), Message: fmt.Sprintf("tool %s cannot be read: %v", safe(truncate(t.Name)), err)}
 		}
 		decls = append(decls, d)
 	}
@@ -94,11 +97,43 @@ func spawnFailure(err error) error {
 	return &discovery.Failure{Class: string(se.Class), Message: se.Message, StderrTail: se.StderrTail}
 }
 
-func truncate(s string) string {
-	if len(s) > 64 {
-		return s[:61] + "..."
+func truncate(s string) string { return truncateTo(s, 64) }
+
+// truncateTo bounds s to n bytes, cutting at a character boundary.
+func truncateTo(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	return s
+	cut := n - 3
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}
+
+// hardFailures names the screen's hard failures of a live declaration (and of its listing).
+func hardFailures(fs ...[]discovery.Finding) []string {
+	var out []string
+	for _, list := range fs {
+		for _, f := range list {
+			if f.Severity == discovery.SeverityHardFailure {
+				out = append(out, fmt.Sprintf("%s at %s: %s", f.Code, f.Location, f.Message))
+			}
+		}
+	}
+	return out
+}
+
+// screenRefusal refuses a tool whose live declaration the screen hard-fails, naming the
+// findings. A pinned tool passed the screen at import; a live one (explore, the inline path)
+// is screened here, before anything reaches the server.
+func screenRefusal(ref string, tool discovery.Tool, listing []discovery.Finding, safe func(string) string) error {
+	hard := hardFailures(tool.Findings, listing)
+	if len(hard) == 0 {
+		return nil
+	}
+	return refusal(reasonDeclarationScreen, fmt.Errorf("the declaration screen refuses the live declaration of tool %s on %s: %s; no call reaches it until the server declares it safely",
+		safe(truncate(tool.Name)), ref, safe(strings.Join(hard, "; "))))
 }
 
 // ExploreTools is DiscoverTools with, when req.Call is set, one call of a listed tool on the
@@ -110,6 +145,10 @@ func truncate(s string) string {
 // answers with the listing; the result says what happened.
 func (s *Service) ExploreTools(ctx context.Context, req discovery.ExploreRequest) (*discovery.Listing, *typesv1.ExploreCallResult, error) {
 	if req.Call != nil {
+		// The tool's name lands in the call's audit record, which must be able to hold it.
+		if err := boundedField("call.tool", req.Call.GetTool(), true); err != nil {
+			return nil, nil, err
+		}
 		if err := s.spool.CanAccept(); err != nil {
 			return nil, nil, err // nothing starts without room for its record
 		}
@@ -128,11 +167,12 @@ func (s *Service) ExploreTools(ctx context.Context, req discovery.ExploreRequest
 		return nil, nil, spawnFailure(err)
 	}
 	defer spawned.Close(context.WithoutCancel(ctx))
-	tools, err := spawned.ListTools(ctx)
+	// The listing is part of client setup: bounded by client_session_timeout.
+	tools, err := spawned.SetupListTools(ctx)
 	if err != nil {
 		return nil, nil, spawnFailure(err)
 	}
-	listing, err := Screen(reg, tools)
+	listing, err := Screen(reg, tools, spawned.SafeText)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -162,6 +202,9 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 		if live.Excluded {
 			return nil, refusal(reasonCeiling, fmt.Errorf("the registration's tool_filter excludes %q: no call reaches it", live.Name))
 		}
+		if err := screenRefusal(sess.reg.Ref, live, listing.Findings, sess.sess.SafeText); err != nil {
+			return nil, err
+		}
 		tool := &graph.MCPToolNode{ServerRef: sess.reg.Ref, ToolName: live.Name, InputSchema: live.InputSchema, OutputSchema: live.OutputSchema, SchemaHash: live.SchemaHash}
 		var raw json.RawMessage
 		if a := req.Call.GetArguments(); a != nil {
@@ -176,6 +219,9 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 			return nil, err
 		}
 		argsCanonical = canonical
+		if err := s.checkSchemas(tool, sess.sess.SafeText, fixServer); err != nil {
+			return nil, err
+		}
 		if err := s.validateInput(tool, argsCanonical); err != nil {
 			return nil, err
 		}
@@ -200,8 +246,12 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 		out.Content, out.StructuredContent = resultToProto(res)
 	}
 	if aerr := s.spool.Enqueue(context.WithoutCancel(ctx), audit.NewToolCallRecord("pool", orDefaultTenant(req.Tenant), att)); aerr != nil {
-		// A dispatched call's pending record stands and says it may have taken effect.
+		// A dispatched call's pending record stands and says it may have taken effect; a
+		// refusal would be nowhere, so the caller is told.
 		s.log.Error("an explore call's outcome could not be recorded in the audit spool", "server", sess.reg.Ref, "call", out.CallId, "err", aerr)
+		if att.Outcome == audit.OutcomeRefusedBeforeDispatch {
+			out.Message += fmt.Sprintf("; this attempt could not be recorded in the audit log: %v", aerr)
+		}
 	}
 	return out
 }

@@ -56,6 +56,8 @@ type harnessOpts struct {
 	beforeOpen func(dir string)
 	// allowInline publishes and runs inline mcp_servers (dev.allow_inline_mcp_servers).
 	allowInline bool
+	// registry, when set, wraps the real registry as the pool sees it (a fake that fails).
+	registry func(Registry) Registry
 }
 
 // overridableVersions serves the publisher's versions, or a hand-made one a test injects to
@@ -111,8 +113,12 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 		o.beforeOpen(dir)
 	}
 	drift := o.driftMaxAge
+	var poolReg Registry = reg
+	if o.registry != nil {
+		poolReg = o.registry(reg)
+	}
 	pl, err := Open(t.Context(), Config{
-		DBPath: filepath.Join(dir, "pool.db"), Registry: reg, Versions: versions, AuditSink: sink,
+		DBPath: filepath.Join(dir, "pool.db"), Registry: poolReg, Versions: versions, AuditSink: sink,
 		Sandbox: Sandbox{Image: image, Network: "none", AllowedEnvKeys: []string{"APP_TOKEN"}, PoolID: poolID,
 			NanoCPUs: 1e9, MemoryBytes: 512 << 20, PidsLimit: 64, TmpfsSizeBytes: 16 << 20},
 		DriftMaxAge: drift, RunIdleTimeout: o.idle, MaxRuns: o.maxRuns, MaxSessions: o.maxSessions,

@@ -2,13 +2,13 @@ package pool
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
 
 	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 )
@@ -51,15 +51,22 @@ func inlineTool(agent *graph.AgentNode, name string) (*graph.InlineMCPServer, st
 // collide with a registered ref, which has no ':' or '/'.
 func inlineRef(agent, server string) string { return "inline:" + agent + "/" + server }
 
-// callInline is callTool for an inline server. Its gates, in order: the flag, the arguments'
-// form, isolation, spawn and handshake, the tool in the live listing, and the arguments against
-// the live input schema.
+// callInline is callTool for an inline server. Its gates, in order: the flag, the agent floor
+// (which needs no registration), the arguments' form, isolation, spawn and handshake, the tool
+// in the live listing, the declaration screen on its live declaration, its live schemas
+// compile, and the arguments against the live input schema.
 func (s *Service) callInline(ctx context.Context, r *run, req CallRequest, inline *graph.InlineMCPServer, toolName string, att *audit.ToolCallAttempt, argsCanonical *[]byte, intent func() error) (*CallResult, error) {
 	ref := inlineRef(req.Agent, inline.Name)
 	att.ServerRef, att.ToolName = ref, toolName
 	att.Advisory = append(att.Advisory, inlineAdvisory)
 	if !s.cfg.AllowInlineMCPServers {
 		return nil, refusal(reasonInlineServers, fmt.Errorf("agent %q calls %q on its inline server %q, and this pool runs inline mcp_servers only with dev.allow_inline_mcp_servers (refused in production): register the server, run `ringfence mcp-import`, publish, and delete the inline entry", req.Agent, toolName, inline.Name))
+	}
+	// An inline tool declares nothing, but reaching its server spawns a process that calls
+	// out all the same: the agent must hold the floor.
+	node := &graph.Node{ID: ref, MCPTool: &graph.MCPToolNode{ServerRef: ref, ToolName: toolName, CapabilityBindings: capability.Floor}}
+	if err := s.agentFloor(r, req.Agent, node, att); err != nil {
+		return nil, err
 	}
 	args, canonical, err := decodeArguments(req.Arguments)
 	if err != nil {
@@ -80,6 +87,9 @@ func (s *Service) callInline(ctx context.Context, r *run, req CallRequest, inlin
 		return nil, err
 	}
 	att.LiveHash = tool.SchemaHash
+	if err := s.checkSchemas(tool, sess.sess.SafeText, fixServer); err != nil {
+		return nil, err
+	}
 	if err := s.validateInput(tool, *argsCanonical); err != nil {
 		return nil, err
 	}
@@ -99,23 +109,18 @@ func (s *Service) liveTool(ctx context.Context, sess *session, ref, name string)
 	}
 	t, ok := sess.liveTools[name]
 	if !ok {
-		return nil, refusal(reasonUnknownTool, fmt.Errorf("the inline server %s lists no tool %q; it lists %s", ref, name, clipList(slices.Sorted(maps.Keys(sess.liveTools)))))
+		// The names are the server's own text.
+		listed := sess.sess.SafeText(clipList(slices.Sorted(maps.Keys(sess.liveTools))))
+		return nil, refusal(reasonUnknownTool, fmt.Errorf("the inline server %s lists no tool %q; it lists %s", ref, name, listed))
 	}
 	hash := sess.live[name]
 	if strings.HasPrefix(hash, unhashable) {
 		return nil, refusal(reasonUnknownTool, fmt.Errorf("the inline server %s declares tool %q in a form that cannot be read (%s)", ref, name, hash))
 	}
-	tool := &graph.MCPToolNode{ServerRef: ref, ToolName: name, SchemaHash: hash}
-	var err error
-	if tool.InputSchema, err = json.Marshal(t.InputSchema); err != nil {
-		return nil, refusal(reasonInvalidInput, fmt.Errorf("the input schema of %q cannot be encoded: %v", name, err))
+	if err := screenRefusal(ref, t, sess.listingFindings, sess.sess.SafeText); err != nil {
+		return nil, err
 	}
-	if t.OutputSchema != nil {
-		if tool.OutputSchema, err = json.Marshal(t.OutputSchema); err != nil {
-			return nil, refusal(reasonInvalidInput, fmt.Errorf("the output schema of %q cannot be encoded: %v", name, err))
-		}
-	}
-	return tool, nil
+	return &graph.MCPToolNode{ServerRef: ref, ToolName: name, SchemaHash: hash, InputSchema: t.InputSchema, OutputSchema: t.OutputSchema}, nil
 }
 
 // clipList shows at most ten names.

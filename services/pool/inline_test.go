@@ -10,8 +10,17 @@ import (
 	"github.com/ringfence/ringfence/internal/graph"
 )
 
-// inlineServer writes an inline server onto an agent of a draft.
+// inlineServer writes an inline server onto an agent of a draft, and binds the agent the floor
+// that reaching any server needs.
 func inlineServer(agent, name string, args ...string) func(d *publisherv1.Graph) {
+	return func(d *publisherv1.Graph) {
+		inlineServerOnly(agent, name, args...)(d)
+		agentBindings(d, agent, "process_spawn", "external_api_call")
+	}
+}
+
+// inlineServerOnly writes an inline server onto an agent of a draft and binds nothing.
+func inlineServerOnly(agent, name string, args ...string) func(d *publisherv1.Graph) {
 	return func(d *publisherv1.Graph) {
 		for _, n := range d.GetNodes() {
 			if n.GetId() == agent {
@@ -96,4 +105,40 @@ func TestInlineServerNeedsIsolation(t *testing.T) {
 	_, err := h.call(h.start("g"), "a", "legacy__echo", map[string]any{"text": "x"})
 	requireRefused(t, err, reasonIsolationRequired)
 	require.Zero(t, h.spawned())
+}
+
+// TestInlineCallsNeedTheAgentFloor: an inline tool has no registration, but reaching its server
+// spawns a process that calls out all the same, so the agent must hold the floor: refused
+// before anything starts in enforce mode, recorded as advisory in advisory mode.
+func TestInlineCallsNeedTheAgentFloor(t *testing.T) {
+	h := newHarness(t, harnessOpts{allowInline: true})
+	h.publish("g", []string{"a"}, nil, inlineServerOnly("a", "legacy"))
+	_, err := h.call(h.start("g"), "a", "legacy__echo", map[string]any{"text": "x"})
+	ref := requireRefused(t, err, reasonAgentFloor)
+	require.ElementsMatch(t, []string{"process_spawn", "external_api_call"}, ref.Missing)
+	require.Zero(t, h.spawned(), "nothing was started")
+	require.Equal(t, reasonAgentFloor, h.last().Reason)
+
+	h.publish("adv", []string{"a"}, nil, func(d *publisherv1.Graph) {
+		inlineServerOnly("a", "legacy")(d)
+		d.CapabilityMode = graph.ModeAdvisory
+	})
+	res, err := h.call(h.start("adv"), "a", "legacy__echo", map[string]any{"text": "x"})
+	require.NoError(t, err)
+	require.Len(t, res.Advisory, 2)
+	require.Contains(t, res.Advisory[1], reasonAgentFloor)
+}
+
+// TestInlineCallsScreenTheLiveDeclaration: an inline tool's declaration is taken live and was
+// never screened; one the screen hard-fails is refused before dispatch, naming the finding.
+func TestInlineCallsScreenTheLiveDeclaration(t *testing.T) {
+	h := newHarness(t, harnessOpts{allowInline: true})
+	h.publish("g", []string{"a"}, nil, inlineServer("a", "raw", "--raw-tools", hostileTools))
+	run := h.start("g")
+	for tool, finding := range map[string]string{"bad": "input_schema_not_object", "remote": "remote_ref", "scalar": "input_schema_not_object"} {
+		_, err := h.call(run, "a", "raw__"+tool, map[string]any{})
+		ref := requireRefused(t, err, reasonDeclarationScreen)
+		require.ErrorContains(t, ref, finding)
+	}
+	require.Empty(t, h.pendings(), "nothing reached the server")
 }

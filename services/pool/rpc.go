@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -12,6 +13,7 @@ import (
 
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
+	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
@@ -74,6 +76,9 @@ func (g *Server) StartRun(ctx context.Context, req *poolv1.StartRunRequest) (*po
 
 // GetRun implements PoolService.
 func (g *Server) GetRun(ctx context.Context, req *poolv1.GetRunRequest) (*poolv1.GetRunResponse, error) {
+	if err := validateRunID(req.GetRunId()); err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
 	info, err := g.svc.GetRun(ctx, req.GetRunId(), callerTenant(ctx))
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
@@ -83,6 +88,9 @@ func (g *Server) GetRun(ctx context.Context, req *poolv1.GetRunRequest) (*poolv1
 
 // PauseRun implements PoolService.
 func (g *Server) PauseRun(ctx context.Context, req *poolv1.PauseRunRequest) (*poolv1.PauseRunResponse, error) {
+	if err := validateRunID(req.GetRunId()); err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
 	info, err := g.svc.PauseRun(ctx, req.GetRunId(), callerTenant(ctx))
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
@@ -92,6 +100,9 @@ func (g *Server) PauseRun(ctx context.Context, req *poolv1.PauseRunRequest) (*po
 
 // ResumeRun implements PoolService.
 func (g *Server) ResumeRun(ctx context.Context, req *poolv1.ResumeRunRequest) (*poolv1.ResumeRunResponse, error) {
+	if err := validateRunID(req.GetRunId()); err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
 	info, err := g.svc.ResumeRun(ctx, req.GetRunId(), callerTenant(ctx))
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
@@ -101,6 +112,9 @@ func (g *Server) ResumeRun(ctx context.Context, req *poolv1.ResumeRunRequest) (*
 
 // EndRun implements PoolService.
 func (g *Server) EndRun(ctx context.Context, req *poolv1.EndRunRequest) (*poolv1.EndRunResponse, error) {
+	if err := validateRunID(req.GetRunId()); err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
 	info, err := g.svc.EndRun(ctx, req.GetRunId(), callerTenant(ctx), req.GetStatus(), "ended by "+actor(ctx))
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
@@ -115,20 +129,14 @@ func actor(ctx context.Context) string {
 
 // CallTool implements PoolService.
 func (g *Server) CallTool(ctx context.Context, req *poolv1.CallToolRequest) (*poolv1.CallToolResponse, error) {
-	var args json.RawMessage
-	if req.GetArguments() != nil {
-		b, err := req.GetArguments().MarshalJSON()
-		if err != nil {
-			return nil, g.svc.errors.Status(ctx, fieldError("arguments", "cannot be encoded as JSON"))
-		}
-		args = b
-	}
-	res, err := g.svc.CallTool(ctx, CallRequest{
-		RunID: req.GetRunId(), Tenant: callerTenant(ctx), Agent: req.GetAgent(), Tool: req.GetTool(),
-		Arguments: args, CallID: req.GetCallId(),
-	})
+	call, err := callRequestFromProto(req)
 	if err != nil {
-		return nil, callStatus(ctx, g.svc, req.GetCallId(), err)
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	call.Tenant = callerTenant(ctx)
+	res, err := g.svc.CallTool(ctx, call)
+	if err != nil {
+		return nil, callStatus(ctx, g.svc, err)
 	}
 	out := &poolv1.CallToolResponse{
 		CallId: res.CallID, Attempt: res.Attempt, Outcome: "dispatched", Result: res.Result,
@@ -139,27 +147,83 @@ func (g *Server) CallTool(ctx context.Context, req *poolv1.CallToolRequest) (*po
 	return out, nil
 }
 
-// refusalCodes maps each refusal reason to the code a client branches on.
-var refusalCodes = map[string]codes.Code{
-	reasonUnknownRun:        codes.NotFound,
-	reasonUnknownAgent:      codes.NotFound,
-	reasonUnknownTool:       codes.NotFound,
-	reasonUnknownServer:     codes.FailedPrecondition,
-	reasonRunNotRunning:     codes.FailedPrecondition,
-	reasonCeiling:           codes.PermissionDenied,
-	reasonAgentFloor:        codes.PermissionDenied,
-	reasonArgumentScope:     codes.PermissionDenied,
-	reasonInvalidInput:      codes.InvalidArgument,
-	reasonIsolationRequired: codes.FailedPrecondition,
-	reasonSpawnFailed:       codes.Unavailable,
-	reasonHandshakeFailed:   codes.Unavailable,
-	reasonSchemaDrift:       codes.FailedPrecondition,
-	reasonLimitExceeded:     codes.ResourceExhausted,
-	reasonAuditUnavailable:  codes.Unavailable,
+// callRequestFromProto reads a call and checks its fields before any gate. A field an audit
+// record cannot hold would leave the attempt unrecorded, so a request carrying one is refused
+// here, naming the field and its limit; such a malformed request is not an attempt on record.
+func callRequestFromProto(req *poolv1.CallToolRequest) (CallRequest, error) {
+	if err := validateRunID(req.GetRunId()); err != nil {
+		return CallRequest{}, err
+	}
+	// An agent is a graph node: a name that is not a node id names no agent of any graph.
+	if err := graph.ValidateNodeID("agent", req.GetAgent()); err != nil {
+		return CallRequest{}, err
+	}
+	if err := boundedField("tool", req.GetTool(), true); err != nil {
+		return CallRequest{}, err
+	}
+	if err := boundedField("call_id", req.GetCallId(), false); err != nil {
+		return CallRequest{}, err
+	}
+	var args json.RawMessage
+	if req.GetArguments() != nil {
+		b, err := req.GetArguments().MarshalJSON()
+		if err != nil {
+			return CallRequest{}, fieldError("arguments", "cannot be encoded as JSON")
+		}
+		args = b
+	}
+	return CallRequest{RunID: req.GetRunId(), Agent: req.GetAgent(), Tool: req.GetTool(), Arguments: args, CallID: req.GetCallId()}, nil
 }
 
-// callStatus renders a refused or failed call with its detail.
-func callStatus(ctx context.Context, svc *Service, callID string, err error) error {
+// validateRunID checks a run id as StartRun makes them.
+func validateRunID(id string) error {
+	if id == "" {
+		return fieldError("run_id", "is required")
+	}
+	if !runIDPattern.MatchString(id) {
+		return fieldError("run_id", "must be 1 to 128 characters of A-Z a-z 0-9 _ . - (it is %d bytes)", len(id))
+	}
+	return nil
+}
+
+// boundedField checks a free-form field that lands in an audit record.
+func boundedField(field, v string, required bool) error {
+	switch {
+	case v == "" && required:
+		return fieldError(field, "is required")
+	case len(v) > audit.MaxFieldLen:
+		return fieldError(field, "is %d bytes; at most %d", len(v), audit.MaxFieldLen)
+	case !utf8.ValidString(v):
+		return fieldError(field, "is not valid UTF-8")
+	}
+	return nil
+}
+
+// refusalCodes maps each refusal reason to the code a client branches on.
+var refusalCodes = map[string]codes.Code{
+	reasonUnknownRun:          codes.NotFound,
+	reasonUnknownAgent:        codes.NotFound,
+	reasonUnknownTool:         codes.NotFound,
+	reasonUnknownServer:       codes.FailedPrecondition,
+	reasonRunNotRunning:       codes.FailedPrecondition,
+	reasonCeiling:             codes.PermissionDenied,
+	reasonAgentFloor:          codes.PermissionDenied,
+	reasonArgumentScope:       codes.PermissionDenied,
+	reasonInvalidInput:        codes.InvalidArgument,
+	reasonIsolationRequired:   codes.FailedPrecondition,
+	reasonSpawnFailed:         codes.Unavailable,
+	reasonHandshakeFailed:     codes.Unavailable,
+	reasonSchemaDrift:         codes.FailedPrecondition,
+	reasonLimitExceeded:       codes.ResourceExhausted,
+	reasonAuditUnavailable:    codes.Unavailable,
+	reasonRegistryUnavailable: codes.Unavailable,
+	reasonUnusableSchema:      codes.FailedPrecondition,
+	reasonDeclarationScreen:   codes.FailedPrecondition,
+}
+
+// callStatus renders a refused or failed call with its detail, which names the attempt as
+// its audit record does.
+func callStatus(ctx context.Context, svc *Service, err error) error {
 	var ref *RefusedError
 	var fail *FailedError
 	switch {
@@ -169,7 +233,7 @@ func callStatus(ctx context.Context, svc *Service, callID string, err error) err
 			code = codes.FailedPrecondition
 		}
 		detail := &poolv1.CallRefusal{
-			CallId: callID, Reason: ref.Reason, Message: ref.Err.Error(),
+			CallId: ref.CallID, Attempt: ref.Attempt, Reason: ref.Reason, Message: ref.Err.Error(),
 			PinnedHash: ref.Pinned, LiveHash: ref.Live, Missing: ref.Missing,
 		}
 		if ref.Server != nil {
@@ -184,7 +248,7 @@ func callStatus(ctx context.Context, svc *Service, callID string, err error) err
 		case failureCanceled:
 			code = codes.Canceled
 		}
-		return withDetail(code, fail.Error(), &poolv1.CallFailure{CallId: callID, FailureClass: fail.Class, Message: fail.Err.Error(), MayHaveTakenEffect: true})
+		return withDetail(code, fail.Error(), &poolv1.CallFailure{CallId: fail.CallID, Attempt: fail.Attempt, FailureClass: fail.Class, Message: fail.Err.Error(), MayHaveTakenEffect: true})
 	}
 	return svc.errors.Status(ctx, err)
 }

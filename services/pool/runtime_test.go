@@ -293,6 +293,20 @@ func TestDispatchOutcomes(t *testing.T) {
 		_, err := h.call(run, "a", "fx__liar_scalar", map[string]any{})
 		requireFailed(t, err, failureOutputInvalid)
 	})
+	t.Run("a non-object with no output schema declared", func(t *testing.T) {
+		_, err := h.call(run, "a", "fx__bare_scalar", map[string]any{})
+		requireFailed(t, err, failureOutputInvalid)
+		require.ErrorContains(t, err, "not a JSON object")
+	})
+	t.Run("a tool error's content is sanitized too", func(t *testing.T) {
+		res, err := h.call(run, "a", "fx__fail_inject", map[string]any{})
+		require.NoError(t, err)
+		require.True(t, res.IsError)
+		text := res.Content[0]["text"].(string)
+		require.NotContains(t, text, "<b>")
+		require.NotContains(t, text, "__system__")
+		require.Contains(t, text, "&lt;b&gt;")
+	})
 	t.Run("every string leaf is sanitized", func(t *testing.T) {
 		res, err := h.call(run, "a", "fx__inject", map[string]any{})
 		require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/mcpdecl"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/services/pool/internal/spawner"
@@ -31,12 +32,14 @@ type session struct {
 	calls   atomic.Int64
 	stopped atomic.Bool
 
-	// The live listing, for drift checks: tool name -> hash of the live declaration; an
-	// inline session, which has no pins, keeps the declarations themselves (liveTools).
-	listMu    sync.Mutex
-	live      map[string]string
-	liveTools map[string]*mcp.Tool
-	listedAt  time.Time
+	// The live listing, for drift checks: tool name -> hash of the live declaration. An
+	// inline session, which has no pins, keeps the declarations themselves as the screen saw
+	// them (liveTools), with the findings about the listing as a whole.
+	listMu          sync.Mutex
+	live            map[string]string
+	liveTools       map[string]discovery.Tool
+	listingFindings []discovery.Finding
+	listedAt        time.Time
 	// stale is set by notifications/tools/list_changed; the next call re-lists. The
 	// notification itself never lists, so a storm of them costs nothing.
 	stale atomic.Bool
@@ -137,7 +140,7 @@ func (s *Service) spawnSession(ctx context.Context, r *run, sess *session) {
 	}
 	sess.sess, sess.reg, sess.start = sp, reg, time.Now()
 	s.metrics.sessionsSpawned.Inc()
-	if err := s.relist(sctx, sess); err != nil {
+	if err := s.relist(sctx, sess, true); err != nil {
 		sess.err = err
 		s.stop(sess)
 		return
@@ -188,10 +191,15 @@ func (s *Service) stopSessions(sessions map[string]*session) {
 	wg.Wait()
 }
 
-// relist takes the live listing and hashes every declaration.
-func (s *Service) relist(ctx context.Context, sess *session) error {
+// relist takes the live listing and hashes every declaration. The first listing (setup) is
+// part of client setup, bounded like the handshake by client_session_timeout.
+func (s *Service) relist(ctx context.Context, sess *session, setup bool) error {
 	sess.stale.Store(false) // before listing, so a notification during the listing is kept
-	tools, err := sess.sess.ListTools(ctx)
+	list := sess.sess.ListTools
+	if setup {
+		list = sess.sess.SetupListTools
+	}
+	tools, err := list(ctx)
 	if err != nil {
 		return spawnRefusal(err)
 	}
@@ -200,10 +208,17 @@ func (s *Service) relist(ctx context.Context, sess *session) error {
 		live[t.Name] = liveHash(t)
 	}
 	if sess.inline != nil {
-		sess.liveTools = make(map[string]*mcp.Tool, len(tools))
-		for _, t := range tools {
+		// Nothing about an inline server's tools was screened at import: screen the listing
+		// as discovery does.
+		listing, err := Screen(sess.reg, tools, sess.sess.SafeText)
+		if err != nil {
+			return spawnRefusal(err)
+		}
+		sess.liveTools = make(map[string]discovery.Tool, len(listing.Tools))
+		for _, t := range listing.Tools {
 			sess.liveTools[t.Name] = t
 		}
+		sess.listingFindings = listing.Findings
 	}
 	sess.live, sess.listedAt = live, time.Now()
 	s.metrics.listings.Inc()
@@ -253,7 +268,7 @@ func (s *Service) refreshListing(ctx context.Context, sess *session) error {
 	if !sess.stale.Load() && s.cfg.DriftMaxAge != 0 && time.Since(sess.listedAt) <= s.cfg.DriftMaxAge {
 		return nil
 	}
-	err := s.relist(ctx, sess)
+	err := s.relist(ctx, sess, false)
 	if err != nil && ctx.Err() == nil {
 		s.log.Warn("a server's tools could not be listed again: stopping it; the run's next call starts a fresh one", "server", sess.ref, "err", err)
 		s.stop(sess)
