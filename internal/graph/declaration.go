@@ -65,19 +65,28 @@ var verdicts = struct {
 }{m: make(map[[sha256.Size]byte]Verdict)}
 
 // declarationKey digests the six fields, each behind its length, so no two declarations share
-// a key by moving bytes from one field to the next.
+// a key by moving bytes from one field to the next. A publish digests every node of a graph,
+// so the bytes are gathered in a reused buffer rather than allocated per field.
 func declarationKey(d mcpdecl.Declaration) [sha256.Size]byte {
-	h := sha256.New()
-	var n [8]byte
-	for _, field := range [][]byte{[]byte(d.Name), []byte(d.Title), []byte(d.Description), d.InputSchema, d.OutputSchema, d.Annotations} {
-		binary.BigEndian.PutUint64(n[:], uint64(len(field)))
-		h.Write(n[:])
-		h.Write(field)
+	bp := keyBuffers.Get().(*[]byte)
+	b := (*bp)[:0]
+	for _, s := range [...]string{d.Name, d.Title, d.Description} {
+		b = binary.BigEndian.AppendUint64(b, uint64(len(s)))
+		b = append(b, s...)
 	}
-	var key [sha256.Size]byte
-	h.Sum(key[:0])
+	for _, raw := range [...][]byte{d.InputSchema, d.OutputSchema, d.Annotations} {
+		b = binary.BigEndian.AppendUint64(b, uint64(len(raw)))
+		b = append(b, raw...)
+	}
+	key := sha256.Sum256(b)
+	if cap(b) <= 1<<20 {
+		*bp = b
+		keyBuffers.Put(bp)
+	}
 	return key
 }
+
+var keyBuffers = sync.Pool{New: func() any { return new([]byte) }}
 
 // CheckDeclaration screens a pinned mcp_tool node's declaration. A hard failure is a
 // violation; the flags are what the node must store. An unpinned node is not screened: it
