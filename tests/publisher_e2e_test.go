@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ringfence/ringfence/internal/mcpdecl"
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
 )
 
@@ -198,6 +199,19 @@ func TestImportFlagsPoisonedDeclarationsAndRefusesUnrepresentableOnes(t *testing
 		},
 		{"name": "not_an_object", "description": "Takes a bare string.", "inputSchema": map[string]any{"type": "string"}},
 		{"name": "not_json_object", "description": "Schema is a string.", "inputSchema": "string"},
+		{
+			"name": "broken_output", "description": "Its output schema names a type that does not exist.",
+			"inputSchema":  map[string]any{"type": "object"},
+			"outputSchema": map[string]any{"type": "object", "properties": map[string]any{"a": map[string]any{"type": "strng"}}},
+		},
+		{
+			// As zod-to-json-schema emits it: draft-07, declared.
+			"name": "zod_search", "description": "Search the index.",
+			"inputSchema": map[string]any{
+				"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "additionalProperties": false,
+				"properties": map[string]any{"q": map[string]any{"type": "string"}}, "required": []string{"q"},
+			},
+		},
 	})
 	require.NoError(t, err)
 	registerFixture(t, d, http.MethodPost, "hostile", []string{"--raw-tools", string(tools)}, []string{"process_spawn", "external_api_call"})
@@ -217,19 +231,74 @@ func TestImportFlagsPoisonedDeclarationsAndRefusesUnrepresentableOnes(t *testing
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "flag: lookup: instruction_tag")
 
-	for _, name := range []string{"not_an_object", "not_json_object"} {
+	for name, finding := range map[string]string{
+		"not_an_object":   "input_schema_not_object at inputSchema",
+		"not_json_object": "input_schema_not_object at inputSchema",
+		"broken_output":   "invalid_schema at outputSchema.properties.a.type: output schema does not compile",
+	} {
 		r = cli(author, "mcp-import", "--server", "hostile", "--graph", "g", "--agent", "a", "--tool", name)
 		require.Equal(t, 1, r.Code, r.Stdout+r.Stderr)
-		require.Contains(t, r.Stderr, fmt.Sprintf(`tool "%s": input_schema_not_object at inputSchema`, name))
+		require.Contains(t, r.Stderr, fmt.Sprintf(`tool "%s": %s`, name, finding))
 		require.Contains(t, r.Stderr, "FailedPrecondition")
 		require.NotContains(t, r.Stderr, "goroutine")
 	}
+	out = importJSON(t, cli(author, "mcp-import", "--server", "hostile", "--graph", "g", "--agent", "a", "--tool", "zod_search", "-o", "json"))
+	require.Equal(t, "added", out.Tools[0].Outcome, "a declared draft-07 schema is read as draft-07")
 	r = cli(author, "mcp-import", "--server", "hostile", "--graph", "g", "--agent", "a")
 	require.Equal(t, 1, r.Code, "importing everything includes the unrepresentable tools: nothing is written")
 	r = cli(author, "graphs", "show", "--graph", "g", "-o", "json")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.NotContains(t, r.Stdout, "not_an_object")
+	require.NotContains(t, r.Stdout, "broken_output")
 	require.Contains(t, r.Stdout, "hostile__lookup")
+	r = cli(author, "graphs", "publish", "--graph", "g")
+	require.Equal(t, 0, r.Code, "what the import wrote publishes: %s", r.Stdout+r.Stderr)
+}
+
+// TestGraphsEditRefusesADeclarationTheScreenRefuses: an author who writes an mcp_tool node by
+// hand, with a remote $ref and the right schema_hash, cannot store it, so it never reaches a
+// published version.
+func TestGraphsEditRefusesADeclarationTheScreenRefuses(t *testing.T) {
+	d := startDaemon(t, "ringfenced", registryEnv()...)
+	cli := func(args ...string) result {
+		return runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), args...)
+	}
+	registerFixture(t, d, http.MethodPost, "docs", nil, []string{"process_spawn", "external_api_call"})
+	r := cli("graphs", "create", "--graph", "g", "--agent", "a")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	r = cli("graphs", "show", "--graph", "g", "-o", "json")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	var g map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &g))
+
+	input := `{"type":"object","properties":{"path":{"$ref":"https://evil.example/path.json"}}}`
+	pin, err := mcpdecl.Hash(mcpdecl.Declaration{Name: "read", Description: "Read a file.", InputSchema: json.RawMessage(input)})
+	require.NoError(t, err)
+	var schema map[string]any
+	require.NoError(t, json.Unmarshal([]byte(input), &schema))
+	g["nodes"] = append(g["nodes"].([]any), map[string]any{"id": "docs__read", "kind": "mcp_tool", "mcp_tool": map[string]any{
+		"server_ref": "docs", "tool_name": "read", "description": "Read a file.", "input_schema": schema,
+		"schema_hash": pin, "capability_bindings": []string{"process_spawn", "external_api_call"},
+	}})
+	agent := g["nodes"].([]any)[0].(map[string]any)
+	agent["agent"] = map[string]any{
+		"capability_bindings": []string{"process_spawn", "external_api_call"},
+		"tool_bindings":       []any{map[string]any{"name": "docs__read", "node_id": "docs__read"}},
+	}
+	edited, err := json.Marshal(g)
+	require.NoError(t, err)
+	file := t.TempDir() + "/g.json"
+	require.NoError(t, writeFile(file, edited))
+
+	r = cli("graphs", "edit", "--graph", "g", "--file", file)
+	require.Equal(t, 1, r.Code, r.Stdout+r.Stderr)
+	require.Contains(t, r.Stderr, "InvalidArgument")
+	require.Contains(t, r.Stderr, `mcp_tool node "docs__read" (tool "read" of server "docs")`)
+	require.Contains(t, r.Stderr, "remote_ref at inputSchema.properties.path.$ref")
+	require.Contains(t, r.Stderr, "ringfence mcp-import --server docs --tool read")
+	r = cli("graphs", "show", "--graph", "g", "-o", "json")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.NotContains(t, r.Stdout, "docs__read", "nothing was stored")
 }
 
 // TestImportRefusalsReachTheCLI: a server that is not in the image and grants below the floor
