@@ -149,6 +149,43 @@ func TestRunsEndToEnd(t *testing.T) {
 	require.NotContains(t, d.Logs.String(), canary)
 }
 
+// TestArgumentScopeRefusalEndToEnd: a call whose path argument lies outside what the agent
+// holds is refused by the argument-scope gate through ringfenced: over REST as 403 with the
+// reason, what is missing and the attempt's call id in the details, and by `ringfence runs
+// call` with exit 3.
+func TestArgumentScopeRefusalEndToEnd(t *testing.T) {
+	d, cli, _ := runsDaemon(t)
+	must := func(r result) {
+		t.Helper()
+		require.Equal(t, 0, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
+	}
+	must(cli("servers", "add", "docs", "--command", "mcpfixture", "--grant", "process_spawn", "--grant", "external_api_call",
+		"--tool-permission", "echo=fs.read:{text}"))
+	must(cli("graphs", "create", "--graph", "scoped", "--agent", "reader"))
+	must(cli("mcp-import", "--server", "docs", "--graph", "scoped", "--agent", "reader", "--tool", "echo"))
+	must(cli("graphs", "bind", "--graph", "scoped", "--agent", "reader", "--capability", "fs.read:/srv/docs/**"))
+	must(cli("graphs", "publish", "--graph", "scoped"))
+	must(cli("runs", "start", "--graph", "scoped", "--run", "run-scope"))
+
+	api := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}
+	code, _, raw := api.do("POST", "/v1/runs/run-scope:call", `{"agent":"reader","tool":"docs__echo","arguments":{"text":"/srv/docs/leave.md"}}`)
+	require.Equal(t, http.StatusOK, code, raw)
+	code, body, raw := api.do("POST", "/v1/runs/run-scope:call", `{"agent":"reader","tool":"docs__echo","arguments":{"text":"/etc/shadow"}}`)
+	require.Equal(t, http.StatusForbidden, code, raw)
+	details, _ := body["details"].([]any)
+	require.NotEmpty(t, details, raw)
+	refusal := details[0].(map[string]any)
+	require.Equal(t, "argument_scope", refusal["reason"], raw)
+	require.Equal(t, []any{"fs.read:/etc/shadow"}, refusal["missing"], raw)
+	require.NotEmpty(t, refusal["call_id"], "the pool's call id, as in the audit log")
+
+	r := cli("runs", "call", "--run", "run-scope", "--agent", "reader", "--tool", "docs__echo", "--args", `{"text":"/etc/shadow"}`)
+	require.Equal(t, 3, r.Code, "refused before dispatch exits 3: %s %s", r.Stdout, r.Stderr)
+	require.Contains(t, r.Stderr, "argument_scope")
+	require.Contains(t, r.Stderr, "fs.read:/etc/shadow")
+	must(cli("runs", "end", "--run", "run-scope"))
+}
+
 // requireChainVerifies recomputes the hash chain of a JSON-lines export with nothing but
 // SHA-256: hash_i = SHA-256(hash_{i-1} || body_i).
 func requireChainVerifies(t *testing.T, export []byte) {
