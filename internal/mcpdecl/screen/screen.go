@@ -160,7 +160,7 @@ const (
 	// check, compiling a schema (invalid_schema) costs tens of microseconds
 	// per object, and more per object as one schema grows.
 	MaxSchemaObjects        = 1000
-	MaxListingSchemaObjects = 50000
+	MaxListingSchemaObjects = 20000
 )
 
 // Heuristic parameters.
