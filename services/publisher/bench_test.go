@@ -129,7 +129,8 @@ func BenchmarkImport200Tools(b *testing.B) {
 		Ref: "gen", Command: fixtures.MCPFixture, Args: []string{"--tools", "200"}, Grants: []string{"process_spawn", "external_api_call"},
 	})
 	require.NoError(b, err)
-	pl, err := pool.Open(b.Context(), pool.Config{Registry: reg, Sandbox: pool.Sandbox{Image: image, PoolID: "bench-publisher-import"}, Logger: quiet})
+	pl, err := pool.Open(b.Context(), pool.Config{DBPath: filepath.Join(dir, "pool.db"), Registry: reg, AuditSink: testutil.NewAuditRecorder(),
+		Sandbox: pool.Sandbox{Image: image, PoolID: "bench-publisher-import"}, Logger: quiet})
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = pl.Close(context.Background()) })
 	listing, err := pl.DiscoverTools(b.Context(), "gen")
