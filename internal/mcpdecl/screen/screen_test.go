@@ -219,6 +219,15 @@ func TestInvalidSchemaFinding(t *testing.T) {
 	require.Len(t, tool.Findings, 8)
 	require.Equal(t, "inputSchema.properties.p00.type", tool.Findings[0].Location)
 	require.Contains(t, tool.Findings[7].Message, "(and problems at 12 more places)")
+
+	// A long message is cut, in ASCII.
+	tool = screen.ScreenTool(with(func(d *mcpdecl.Declaration) {
+		d.InputSchema = json.RawMessage(`{"type":"object","properties":{"p":{"pattern":"` + strings.Repeat("(a", 200) + `"}}}`)
+	}), screen.Context{})
+	f, ok = find(tool.Findings, screen.CodeInvalidSchema)
+	require.True(t, ok, "%v", tool.Findings)
+	require.True(t, strings.HasSuffix(f.Message, "..."), f.Message)
+	require.True(t, printableASCII(f.Message), f.Message)
 }
 
 // The compiler's message may quote the schema: secrets stay out of it, and it is printable
@@ -237,7 +246,7 @@ func TestInvalidSchemaMessageIsSafe(t *testing.T) {
 		require.Contains(t, f.Message, "not valid regex")
 		require.NotContains(t, f.Message, sk[7:17])
 		for _, r := range f.Message + f.Location {
-			require.True(t, r >= 0x20 && r < 0x7f || r == '…', "%q in %s at %s", r, f.Message, f.Location)
+			require.True(t, r >= 0x20 && r < 0x7f, "%q in %s at %s", r, f.Message, f.Location)
 		}
 	}
 	require.Equal(t, 2, n, "%v", tool.Findings)

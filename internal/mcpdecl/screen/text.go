@@ -557,15 +557,17 @@ func visible(s string, max int) string {
 	return b.String()
 }
 
-// printable spells s in printable ASCII, other characters as \u escapes (the
-// ellipsis visible adds excepted), for text that is mostly a library's
+// printable spells s in printable ASCII, other characters as \u escapes and
+// the ellipsis visible adds as "...", for text that is mostly a library's
 // message but may quote the schema.
 func printable(s string) string {
 	var b strings.Builder
 	for _, r := range s {
 		switch {
-		case r >= 0x20 && r < 0x7f, r == '…':
+		case r >= 0x20 && r < 0x7f:
 			b.WriteRune(r)
+		case r == '…':
+			b.WriteString("...")
 		case r <= 0xffff:
 			fmt.Fprintf(&b, `\u%04x`, r)
 		default:
