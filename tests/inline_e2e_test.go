@@ -42,6 +42,8 @@ func TestInlineServerEndToEnd(t *testing.T) {
 	file := t.TempDir() + "/g.json"
 	require.NoError(t, writeFile(file, edited))
 	must(cli("graphs", "edit", "--graph", "legacy", "--file", file))
+	// The inline path has no ceiling, but the agent floor still applies to the calling agent.
+	must(cli("graphs", "bind", "--graph", "legacy", "--agent", "a", "--capability", "process_spawn", "--capability", "external_api_call"))
 	r = must(cli("graphs", "publish", "--graph", "legacy"))
 	require.Contains(t, r.Stdout+r.Stderr, "dev.allow_inline_mcp_servers", "publish warns")
 

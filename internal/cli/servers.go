@@ -52,7 +52,7 @@ func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 	fl.StringArrayVar(&f.includeTools, "include-tool", nil, "expose only these tools (repeatable)")
 	fl.StringArrayVar(&f.excludeTools, "exclude-tool", nil, "never expose this tool; wins over --include-tool (repeatable)")
 	fl.StringArrayVar(&f.toolPerms, "tool-permission", nil, `TOOL=CAPABILITY an agent must hold to call TOOL, scoped by an argument, e.g. "read_file=fs.read:{path}" (repeatable)`)
-	fl.DurationVar(&f.sessionTimeout, "session-timeout", 0, "bound on the MCP handshake (default 2s)")
+	fl.DurationVar(&f.sessionTimeout, "session-timeout", 0, "bound on MCP client setup: initialize and the first tools/list (default 2s)")
 	fl.DurationVar(&f.callTimeout, "call-timeout", 0, "bound on one tool call (default 30s)")
 	fl.BoolVar(&f.keepMarkup, "keep-markup", false, "do not HTML-escape the server's tool results")
 	if update {
@@ -92,7 +92,7 @@ func (f *serverFlags) registerAdhoc(cmd *cobra.Command) {
 	fl.StringVar(&f.url, "url", "", "explore an ad-hoc server at this URL (streamable_http or sse)")
 	fl.StringArrayVar(&f.headerSecrets, "header-secret", nil, "HEADER=SECRET for the ad-hoc server (repeatable)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the ad-hoc server's environment, or KEY alone to take the value from this shell's $KEY; KEY must be on the allowlist (repeatable)")
-	fl.DurationVar(&f.sessionTimeout, "session-timeout", 0, "bound on the MCP handshake (default 2s)")
+	fl.DurationVar(&f.sessionTimeout, "session-timeout", 0, "bound on MCP client setup: initialize and the first tools/list (default 2s)")
 	fl.DurationVar(&f.callTimeout, "call-timeout", 0, "bound on the call (default 30s)")
 	fl.BoolVar(&f.keepMarkup, "keep-markup", false, "do not HTML-escape the call's result")
 }

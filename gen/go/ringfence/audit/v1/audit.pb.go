@@ -280,8 +280,9 @@ type ToolCallAttempt struct {
 	OperationResidualDuplicateRisk bool `protobuf:"varint,11,opt,name=operation_residual_duplicate_risk,json=operationResidualDuplicateRisk,proto3" json:"operation_residual_duplicate_risk,omitempty"`
 	// outcome is "refused_before_dispatch" (nothing reached the server) or "dispatched".
 	Outcome string `protobuf:"bytes,12,opt,name=outcome,proto3" json:"outcome,omitempty"`
-	// reason names the refusal: unknown_tool, ceiling, agent_floor, argument_scope,
-	// invalid_input, isolation_required, spawn_failed, handshake_failed, schema_drift, … .
+	// reason names the refusal: the reasons of ringfence.pool.v1.CallRefusal (unknown_tool,
+	// ceiling, agent_floor, argument_scope, invalid_input, unusable_schema, declaration_screen,
+	// isolation_required, spawn_failed, handshake_failed, schema_drift, registry_unavailable, …).
 	Reason string `protobuf:"bytes,13,opt,name=reason,proto3" json:"reason,omitempty"`
 	// result of a dispatched call: "succeeded" or "failed" (and then it may have taken effect).
 	Result string `protobuf:"bytes,14,opt,name=result,proto3" json:"result,omitempty"`

@@ -713,9 +713,11 @@ type CallRefusal struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	CallId  string                 `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
 	Attempt int32                  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	// reason: unknown_run, unknown_agent, unknown_tool, unknown_server, ceiling, agent_floor,
-	// argument_scope, invalid_input, isolation_required, spawn_failed, handshake_failed,
-	// schema_drift, limit_exceeded.
+	// reason: unknown_run, unknown_agent, unknown_tool, unknown_server, run_not_running, ceiling,
+	// agent_floor, argument_scope, invalid_input, unusable_schema (a pinned schema does not
+	// compile: re-import), declaration_screen (the screen refuses a live declaration),
+	// isolation_required, spawn_failed, handshake_failed, schema_drift, limit_exceeded,
+	// registry_unavailable, audit_unavailable, inline_mcp_servers.
 	Reason        string            `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	Message       string            `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
 	PinnedHash    string            `protobuf:"bytes,5,opt,name=pinned_hash,json=pinnedHash,proto3" json:"pinned_hash,omitempty"`

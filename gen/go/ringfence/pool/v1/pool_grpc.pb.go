@@ -50,7 +50,9 @@ type PoolServiceClient interface {
 	// server) answers FAILED_PRECONDITION or PERMISSION_DENIED with a CallRefusal detail; a
 	// dispatched call that failed after reaching the server answers with a CallFailure detail
 	// and may have taken effect. A tool's own error result is a successful RPC whose outcome
-	// says failed/tool_error.
+	// says failed/tool_error. A malformed request (a field missing or over its limit) is
+	// INVALID_ARGUMENT naming the field, before any gate; a registry or audit log that cannot
+	// answer is UNAVAILABLE.
 	// Caller: run:execute (REST POST /v1/runs/{run_id}:call).
 	CallTool(ctx context.Context, in *CallToolRequest, opts ...grpc.CallOption) (*CallToolResponse, error)
 	// PauseRun pauses a run (e.g. at an approval gate): its sessions stop.
@@ -169,7 +171,9 @@ type PoolServiceServer interface {
 	// server) answers FAILED_PRECONDITION or PERMISSION_DENIED with a CallRefusal detail; a
 	// dispatched call that failed after reaching the server answers with a CallFailure detail
 	// and may have taken effect. A tool's own error result is a successful RPC whose outcome
-	// says failed/tool_error.
+	// says failed/tool_error. A malformed request (a field missing or over its limit) is
+	// INVALID_ARGUMENT naming the field, before any gate; a registry or audit log that cannot
+	// answer is UNAVAILABLE.
 	// Caller: run:execute (REST POST /v1/runs/{run_id}:call).
 	CallTool(context.Context, *CallToolRequest) (*CallToolResponse, error)
 	// PauseRun pauses a run (e.g. at an approval gate): its sessions stop.

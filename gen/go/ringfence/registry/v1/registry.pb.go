@@ -50,7 +50,8 @@ type Server struct {
 	// e.g. "fs.read:{path}". A tool listed here is default-deny: the calling agent must hold a
 	// claim covering each requirement.
 	ToolPermissions map[string]*ToolPermissions `protobuf:"bytes,11,rep,name=tool_permissions,json=toolPermissions,proto3" json:"tool_permissions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// client_session_timeout bounds the MCP handshake (default 2s).
+	// client_session_timeout bounds MCP client setup: initialize and the first tools/list
+	// (default 2s), so a slow server fails fast when it is started.
 	ClientSessionTimeout *durationpb.Duration `protobuf:"bytes,12,opt,name=client_session_timeout,json=clientSessionTimeout,proto3" json:"client_session_timeout,omitempty"`
 	// tool_call_timeout bounds one tools/call (default 30s).
 	ToolCallTimeout *durationpb.Duration `protobuf:"bytes,13,opt,name=tool_call_timeout,json=toolCallTimeout,proto3" json:"tool_call_timeout,omitempty"`

@@ -355,7 +355,9 @@ type ExploreCallResult struct {
 	CallId string                 `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
 	// outcome is dispatched or refused_before_dispatch.
 	Outcome string `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
-	// reason names a refusal: unknown_tool, tool_filtered, invalid_input.
+	// reason names a refusal: unknown_tool, ceiling (the registration's tool_filter excludes the
+	// tool), invalid_input, declaration_screen (the screen refuses the live declaration),
+	// unusable_schema.
 	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	// result is succeeded or failed (dispatched only); failure_class says how it failed
 	// (tool_error, timeout, transport_error, crash, output_invalid).
