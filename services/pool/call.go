@@ -318,7 +318,7 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 	}
 
 	// Gate 1: a known run, agent and tool binding.
-	r, err := s.lookup(req.RunID, req.Tenant)
+	r, err := s.lookup(ctx, req.RunID, req.Tenant)
 	if err != nil {
 		return nil, refusal(reasonUnknownRun, err)
 	}
@@ -336,8 +336,12 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 	att.Attempt = r.attempts[req.CallID]
 	state := r.rec.State
 	r.mu.Unlock()
-	if state != StateRunning {
-		return nil, refusal(reasonRunNotRunning, fmt.Errorf("%w (it is %s): resume it first", errRunNotRunning, state))
+	switch state {
+	case StateRunning:
+	case StatePaused:
+		return nil, refusal(reasonRunNotRunning, fmt.Errorf("%w (it is paused): resume it first", errRunNotRunning))
+	default:
+		return nil, refusal(reasonRunNotRunning, fmt.Errorf("%w (it %s): start a new run", errRunEnded, state))
 	}
 	if err := s.load(ctx, r); err != nil {
 		return nil, refusal(reasonUnknownRun, err)

@@ -133,11 +133,22 @@ func versionErr(err error) error {
 }
 
 // lookup finds a run visible to tenant ("" when the caller may see every tenant).
-func (s *Service) lookup(id, tenant string) (*run, error) {
+//
+// Only running and paused runs stay in memory; an ended run is read back from the store as a
+// detached, read-only copy, so a host that ran many runs holds none of their graphs and
+// maps, and a call to an ended run still says it ended.
+func (s *Service) lookup(ctx context.Context, id, tenant string) (*run, error) {
 	s.runs.mu.Lock()
 	r, ok := s.runs.byID[id]
 	s.runs.mu.Unlock()
-	if !ok || (tenant != "" && r.rec.Tenant != tenant) {
+	if !ok {
+		rec, err := s.store.GetRun(ctx, id)
+		if err != nil || (rec.State != StateCompleted && rec.State != StateFailed) {
+			return nil, errRunNotFound
+		}
+		r = &run{rec: rec, sessions: map[string]*session{}, attempts: map[string]int32{}}
+	}
+	if tenant != "" && r.rec.Tenant != tenant {
 		return nil, errRunNotFound
 	}
 	return r, nil
@@ -158,7 +169,7 @@ func (s *Service) load(ctx context.Context, r *run) error {
 
 // PauseRun stops the run's sessions; calls are refused until it resumes.
 func (s *Service) PauseRun(ctx context.Context, id, tenant string) (*RunInfo, error) {
-	r, err := s.lookup(id, tenant)
+	r, err := s.lookup(ctx, id, tenant)
 	if err != nil {
 		return nil, err
 	}
@@ -183,7 +194,7 @@ func (s *Service) PauseRun(ctx context.Context, id, tenant string) (*RunInfo, er
 
 // ResumeRun lets a paused run call again; its next calls get fresh sessions.
 func (s *Service) ResumeRun(ctx context.Context, id, tenant string) (*RunInfo, error) {
-	r, err := s.lookup(id, tenant)
+	r, err := s.lookup(ctx, id, tenant)
 	if err != nil {
 		return nil, err
 	}
@@ -207,7 +218,7 @@ func (s *Service) ResumeRun(ctx context.Context, id, tenant string) (*RunInfo, e
 
 // EndRun ends a run as completed or failed and stops its sessions, exactly once.
 func (s *Service) EndRun(ctx context.Context, id, tenant, status, reason string) (*RunInfo, error) {
-	r, err := s.lookup(id, tenant)
+	r, err := s.lookup(ctx, id, tenant)
 	if err != nil {
 		return nil, err
 	}
@@ -238,6 +249,9 @@ func (s *Service) end(ctx context.Context, r *run, status, reason string) (*RunI
 	s.stopSessions(old)
 	s.runs.mu.Lock()
 	s.runs.count--
+	if s.runs.byID[rec.ID] == r {
+		delete(s.runs.byID, rec.ID) // lookup reads ended runs from the store
+	}
 	s.runs.mu.Unlock()
 	s.metrics.runsEnded.WithLabelValues(status).Inc()
 	return r.info(), nil
@@ -245,7 +259,7 @@ func (s *Service) end(ctx context.Context, r *run, status, reason string) (*RunI
 
 // GetRun reports a run.
 func (s *Service) GetRun(ctx context.Context, id, tenant string) (*RunInfo, error) {
-	r, err := s.lookup(id, tenant)
+	r, err := s.lookup(ctx, id, tenant)
 	if err != nil {
 		return nil, err
 	}

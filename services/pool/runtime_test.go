@@ -14,6 +14,7 @@ import (
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
 )
@@ -489,6 +490,23 @@ func TestSessionRules(t *testing.T) {
 	require.Error(t, err)
 	require.Equal(t, 2.0, h.stopped())
 	requireNoContainers(t, h.poolID)
+
+	// An ended run leaves memory (a host serves runs without end) and is read from the store:
+	// it still reports, other tenants still cannot see it, and a call says it ended.
+	h.pool.runs.mu.Lock()
+	_, held := h.pool.runs.byID[run]
+	h.pool.runs.mu.Unlock()
+	require.False(t, held, "an ended run is not kept in memory")
+	got, err := h.pool.GetRun(h.ctx, run, "")
+	require.NoError(t, err)
+	require.Equal(t, StateCompleted, got.Run.State)
+	_, err = h.pool.GetRun(h.ctx, run, "other-tenant")
+	require.ErrorIs(t, err, errRunNotFound)
+	_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "after the end"})
+	ref := requireRefused(t, err, reasonRunNotRunning)
+	require.ErrorContains(t, ref, "has ended")
+	_, err = h.pool.StartRun(h.ctx, auth.DefaultTenant, "g", 0, run)
+	require.ErrorIs(t, err, errRunExists, "an ended run's id stays taken")
 }
 
 func TestRunsOfAnotherTenantAreNotFound(t *testing.T) {
