@@ -61,7 +61,7 @@ func (r *Router) spawnRemote(ctx context.Context, spec *Spec) (*Session, error) 
 		MaxResponseHeaderBytes: remoteMaxHeaderBytes,
 		ForceAttemptHTTP2:      true,
 	}
-	rt := &remoteTransport{base: base, host: u.Host, headers: headers, maxBody: int64(r.cfg.MaxMessageBytes)}
+	rt := &remoteTransport{base: base, origin: origin(u), headers: headers, maxBody: int64(r.cfg.MaxMessageBytes)}
 	hc := &http.Client{
 		Transport: rt,
 		// Redirects are not followed: the headers carry secrets meant for
@@ -156,13 +156,13 @@ func validHeaderName(s string) bool {
 	return true
 }
 
-// remoteTransport adds the registration's headers to requests for its own
-// origin, bounds response bodies that are not event streams (go-sdk reads
-// them whole), and remembers the first transport-level error, which the
-// go-sdk client reports only as text.
+// remoteTransport sends requests only to the registration's own origin, adds
+// its headers to them, bounds response bodies that are not event streams
+// (go-sdk reads them whole), and remembers the first transport-level error,
+// which the go-sdk client reports only as text.
 type remoteTransport struct {
 	base    http.RoundTripper
-	host    string
+	origin  string
 	headers http.Header
 	maxBody int64
 
@@ -172,12 +172,35 @@ type remoteTransport struct {
 	tooLarge atomic.Bool
 }
 
+// origin is scheme://host:port with the scheme's default port made explicit.
+func origin(u *url.URL) string {
+	scheme, port := strings.ToLower(u.Scheme), u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[scheme]
+	}
+	return scheme + "://" + net.JoinHostPort(strings.ToLower(u.Hostname()), port)
+}
+
+// errOtherOrigin refuses a request the server steered elsewhere.
+var errOtherOrigin = errors.New("spawner: the server named an endpoint on another origin than the registered URL")
+
 func (t *remoteTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.URL.Host == t.host {
-		req = req.Clone(req.Context())
-		for k, v := range t.headers {
-			req.Header[k] = v
+	// An SSE server names the endpoint the client posts to: a hostile one could
+	// otherwise make the pool host send requests anywhere it can reach (SSRF).
+	if origin(req.URL) != t.origin {
+		if req.Body != nil {
+			req.Body.Close()
 		}
+		t.mu.Lock()
+		if t.err == nil {
+			t.err = errOtherOrigin
+		}
+		t.mu.Unlock()
+		return nil, fmt.Errorf("%w (%s): refused", errOtherOrigin, origin(req.URL))
+	}
+	req = req.Clone(req.Context())
+	for k, v := range t.headers {
+		req.Header[k] = v
 	}
 	resp, err := t.base.RoundTrip(req)
 	if resp != nil && !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
@@ -247,6 +270,8 @@ func remoteError(ctx context.Context, err error, rt *remoteTransport, u *url.URL
 	switch {
 	case rt.tooLarge.Load():
 		return newError(ClassProtocolViolation, "%s answered with a body larger than the message limit", where)
+	case errors.Is(terr, errOtherOrigin):
+		return newError(ClassProtocolViolation, "%s named an endpoint on another origin; the pool talks only to the registered URL's", where)
 	case terr != nil && errors.Is(terr, syscall.ECONNREFUSED):
 		return newError(ClassConnectionRefused, "nothing accepts connections at %s", where)
 	case terr != nil && (errors.As(terr, &certErr) || errors.As(terr, &unknownAuth) || errors.As(terr, &hostErr) || errors.As(terr, &invalidErr)):

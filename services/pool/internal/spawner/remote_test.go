@@ -3,9 +3,11 @@ package spawner
 import (
 	"context"
 	"crypto/x509"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -229,4 +231,39 @@ func TestRemoteBoundsResponseBodies(t *testing.T) {
 	_, err = r.Spawn(t.Context(), remoteSpec(TransportStreamableHTTP, ts.URL))
 	require.Equal(t, ClassProtocolViolation, ClassOf(err), "%v", err)
 	require.Contains(t, err.Error(), "larger than the message limit")
+}
+
+// TestRemoteStaysOnTheRegisteredOrigin: an SSE server names the endpoint the client posts
+// to; one that names another origin gets a protocol violation, and that origin no request.
+func TestRemoteStaysOnTheRegisteredOrigin(t *testing.T) {
+	other, rec := startRemote(t, false)
+	hostile := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprintf(w, "event: endpoint\ndata: %s/admin/internal\n\n", other.URL)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	t.Cleanup(hostile.Close)
+	roots := trusting(other)
+	roots.AddCert(hostile.Certificate())
+	r := remoteRouter(t, roots)
+	_, err := r.Spawn(t.Context(), remoteSpec(TransportSSE, hostile.URL))
+	require.Equal(t, ClassProtocolViolation, ClassOf(err), "%v", err)
+	require.Contains(t, err.Error(), "another origin")
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.Empty(t, rec.all, "the other origin received nothing")
+}
+
+func TestOriginMakesDefaultPortsExplicit(t *testing.T) {
+	parse := func(s string) *url.URL {
+		u, err := url.Parse(s)
+		require.NoError(t, err)
+		return u
+	}
+	require.Equal(t, origin(parse("https://MCP.example.com/mcp")), origin(parse("https://mcp.example.com:443/messages")))
+	require.NotEqual(t, origin(parse("https://mcp.example.com/mcp")), origin(parse("http://mcp.example.com/mcp")))
+	require.NotEqual(t, origin(parse("https://mcp.example.com/mcp")), origin(parse("https://mcp.example.com:8443/mcp")))
+	require.NotEqual(t, origin(parse("https://mcp.example.com/mcp")), origin(parse("https://evil.example.com/mcp")))
 }
