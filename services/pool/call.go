@@ -65,18 +65,20 @@ const (
 	// reasonRegistryUnavailable: the registry could not be asked (the ceiling, or the
 	// registration to start the server); nothing was started.
 	reasonRegistryUnavailable = "registry_unavailable"
-	reasonUnknownTool         = audit.ReasonUnknownTool
-	reasonUnknownServer       = audit.ReasonUnknownServer
-	reasonCeiling             = audit.ReasonCeiling
-	reasonAgentFloor          = audit.ReasonAgentFloor
-	reasonArgumentScope       = audit.ReasonArgumentScope
-	reasonInvalidInput        = audit.ReasonInvalidInput
-	reasonIsolationRequired   = audit.ReasonIsolationRequired
-	reasonSpawnFailed         = audit.ReasonSpawnFailed
-	reasonHandshakeFailed     = audit.ReasonHandshakeFailed
-	reasonSchemaDrift         = audit.ReasonSchemaDrift
-	reasonUnusableSchema      = audit.ReasonUnusableSchema
-	reasonDeclarationScreen   = audit.ReasonDeclarationScreen
+	// reasonCanceled: the caller cancelled, or its deadline passed, before dispatch.
+	reasonCanceled          = "canceled"
+	reasonUnknownTool       = audit.ReasonUnknownTool
+	reasonUnknownServer     = audit.ReasonUnknownServer
+	reasonCeiling           = audit.ReasonCeiling
+	reasonAgentFloor        = audit.ReasonAgentFloor
+	reasonArgumentScope     = audit.ReasonArgumentScope
+	reasonInvalidInput      = audit.ReasonInvalidInput
+	reasonIsolationRequired = audit.ReasonIsolationRequired
+	reasonSpawnFailed       = audit.ReasonSpawnFailed
+	reasonHandshakeFailed   = audit.ReasonHandshakeFailed
+	reasonSchemaDrift       = audit.ReasonSchemaDrift
+	reasonUnusableSchema    = audit.ReasonUnusableSchema
+	reasonDeclarationScreen = audit.ReasonDeclarationScreen
 )
 
 // Failure classes of a dispatched call (audit.Failure… plus the pool's own).
@@ -145,7 +147,7 @@ func reasonForRegistryErr(err error) string {
 func spawnRefusal(err error) error {
 	var se *spawner.Error
 	if !errors.As(err, &se) {
-		return refusal(reasonSpawnFailed, err)
+		return refusal(failedToStart(err), err)
 	}
 	reason := reasonSpawnFailed
 	switch se.Class {
@@ -249,7 +251,7 @@ func settle(att *audit.ToolCallAttempt, res *CallResult, err error) {
 		att.Failed(failed.Class)
 	case err != nil:
 		// Context errors before dispatch and internal errors: nothing was sent.
-		att.Refused(reasonSpawnFailed)
+		att.Refused(failedToStart(err))
 	case res.Result == audit.ResultFailed:
 		att.Failed(res.FailureClass)
 	default:
@@ -458,7 +460,16 @@ func sessionRefusal(err error) error {
 	case errors.Is(err, errRunNotRunning):
 		return refusal(reasonRunNotRunning, err)
 	}
-	return refusal(reasonSpawnFailed, err)
+	return refusal(failedToStart(err), err)
+}
+
+// failedToStart names why a call that never reached a server did not: the caller gave up
+// (cancelled, or its deadline passed), or the server could not be started.
+func failedToStart(err error) string {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return reasonCanceled
+	}
+	return reasonSpawnFailed
 }
 
 // effective returns the agent's effective capabilities, computed once per run.

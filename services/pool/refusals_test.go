@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
+	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/mcpserver"
@@ -228,4 +230,19 @@ func TestRefusedCallsNeverReachTheServer(t *testing.T) {
 	for _, p := range pend {
 		require.NotContains(t, []string{floor.CallID, scope.CallID}, p.CallID)
 	}
+}
+
+// TestACallerThatGivesUpBeforeDispatchIsCanceledNotASpawnFailure: nothing was wrong with the
+// server; the record says the caller cancelled.
+func TestACallerThatGivesUpBeforeDispatchIsCanceledNotASpawnFailure(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	run := h.start("g")
+	ctx, cancel := context.WithCancel(h.ctx)
+	cancel()
+	_, err := h.pool.CallTool(ctx, CallRequest{RunID: run, Tenant: auth.DefaultTenant, Agent: "a", Tool: "fx__echo", Arguments: json.RawMessage(`{"text":"x"}`)})
+	requireRefused(t, err, reasonCanceled)
+	require.Equal(t, reasonCanceled, h.last().Reason)
+	require.Empty(t, h.pendings(), "nothing reached the server")
 }

@@ -219,6 +219,7 @@ var refusalCodes = map[string]codes.Code{
 	reasonRegistryUnavailable: codes.Unavailable,
 	reasonUnusableSchema:      codes.FailedPrecondition,
 	reasonDeclarationScreen:   codes.FailedPrecondition,
+	reasonCanceled:            codes.Canceled,
 }
 
 // callStatus renders a refused or failed call with its detail, which names the attempt as

@@ -717,7 +717,8 @@ type CallRefusal struct {
 	// agent_floor, argument_scope, invalid_input, unusable_schema (a pinned schema does not
 	// compile: re-import), declaration_screen (the screen refuses a live declaration),
 	// isolation_required, spawn_failed, handshake_failed, schema_drift, limit_exceeded,
-	// registry_unavailable, audit_unavailable, inline_mcp_servers.
+	// registry_unavailable, audit_unavailable, inline_mcp_servers, canceled (the caller gave
+	// up before dispatch).
 	Reason        string            `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	Message       string            `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
 	PinnedHash    string            `protobuf:"bytes,5,opt,name=pinned_hash,json=pinnedHash,proto3" json:"pinned_hash,omitempty"`
