@@ -61,12 +61,12 @@ func Screen(reg *mcpserver.Resolved, tools []*mcp.Tool, safe func(string) string
 		decls = append(decls, d)
 	}
 	report := screen.Screen(decls, screen.Context{})
-	listing := &discovery.Listing{ServerRef: reg.Ref, Revision: reg.Revision, Findings: findings(report.Listing)}
+	listing := &discovery.Listing{ServerRef: reg.Ref, Revision: reg.Revision, Findings: discovery.FromScreen(report.Listing)}
 	for i, d := range decls {
 		tool := discovery.Tool{
 			Name: d.Name, Title: d.Title, Description: d.Description,
 			InputSchema: d.InputSchema, OutputSchema: d.OutputSchema, Annotations: d.Annotations,
-			Findings: findings(report.Tools[i].Findings),
+			Findings: discovery.FromScreen(report.Tools[i].Findings),
 			Excluded: !reg.Filter.Allows(d.Name),
 		}
 		if h, err := mcpdecl.Hash(d); err == nil {
@@ -75,14 +75,6 @@ func Screen(reg *mcpserver.Resolved, tools []*mcp.Tool, safe func(string) string
 		listing.Tools = append(listing.Tools, tool)
 	}
 	return listing, nil
-}
-
-func findings(fs []screen.Finding) []discovery.Finding {
-	out := make([]discovery.Finding, len(fs))
-	for i, f := range fs {
-		out[i] = discovery.Finding{Code: f.Code, Severity: f.Severity.String(), Location: f.Location, Message: f.Message}
-	}
-	return out
 }
 
 // spawnFailure turns a spawner error into the classified discovery failure callers see.
