@@ -37,6 +37,7 @@ type serverFlags struct {
 	sessionTimeout time.Duration
 	callTimeout    time.Duration
 	keepMarkup     bool
+	strictInputs   bool
 }
 
 func (f *serverFlags) register(cmd *cobra.Command, update bool) {
@@ -55,6 +56,7 @@ func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 	fl.DurationVar(&f.sessionTimeout, "session-timeout", 0, "bound on MCP client setup: initialize and the first tools/list (default 2s)")
 	fl.DurationVar(&f.callTimeout, "call-timeout", 0, "bound on one tool call (default 30s)")
 	fl.BoolVar(&f.keepMarkup, "keep-markup", false, "do not HTML-escape the server's tool results")
+	fl.BoolVar(&f.strictInputs, "strict-inputs", false, "refuse arguments a tool's input schema does not declare, even where the schema would allow them")
 	if update {
 		fl.BoolVar(&f.clearEnv, "clear-env", false, "remove every env value (without --env and --clear-env the stored env is kept)")
 	}
@@ -62,7 +64,7 @@ func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 
 // createRequest is the registration the flags describe.
 func (f *serverFlags) createRequest(ref string) (*registryv1.CreateServerRequest, error) {
-	req := &registryv1.CreateServerRequest{Ref: ref, Transport: normalizeTransport(f.transport), Url: f.url, Description: f.description, KeepMarkup: f.keepMarkup}
+	req := &registryv1.CreateServerRequest{Ref: ref, Transport: normalizeTransport(f.transport), Url: f.url, Description: f.description, KeepMarkup: f.keepMarkup, StrictInputs: f.strictInputs}
 	var err error
 	if req.Command, req.Args, err = splitCommand(f.command, f.args); err != nil {
 		return nil, err
@@ -95,6 +97,7 @@ func (f *serverFlags) registerAdhoc(cmd *cobra.Command) {
 	fl.DurationVar(&f.sessionTimeout, "session-timeout", 0, "bound on MCP client setup: initialize and the first tools/list (default 2s)")
 	fl.DurationVar(&f.callTimeout, "call-timeout", 0, "bound on the call (default 30s)")
 	fl.BoolVar(&f.keepMarkup, "keep-markup", false, "do not HTML-escape the call's result")
+	fl.BoolVar(&f.strictInputs, "strict-inputs", false, "refuse call arguments the tool's input schema does not declare")
 }
 
 func newServersCmd(g *globals) *cobra.Command {
@@ -181,7 +184,7 @@ replace the stored list. Without --env or --clear-env the stored env is kept.`,
 				Command: s.GetCommand(), Args: s.GetArgs(), Url: s.GetUrl(), Headers: s.GetHeaders(),
 				Grants: s.GetGrants(), ToolFilter: s.GetToolFilter(), ToolPermissions: s.GetToolPermissions(),
 				ClientSessionTimeout: s.GetClientSessionTimeout(), ToolCallTimeout: s.GetToolCallTimeout(),
-				KeepMarkup: s.GetKeepMarkup(), Revision: s.GetRevision(),
+				KeepMarkup: s.GetKeepMarkup(), StrictInputs: s.GetStrictInputs(), Revision: s.GetRevision(),
 			}
 			changed := cmd.Flags().Changed
 			if changed("transport") {
@@ -238,6 +241,9 @@ replace the stored list. Without --env or --clear-env the stored env is kept.`,
 			}
 			if changed("keep-markup") {
 				req.KeepMarkup = f.keepMarkup
+			}
+			if changed("strict-inputs") {
+				req.StrictInputs = f.strictInputs
 			}
 			resp, err := client.UpdateServer(ctx, req)
 			if err != nil {
@@ -523,6 +529,7 @@ func (g *globals) printServer(s *registryv1.Server) error {
 		"include tools", orDash(strings.Join(s.GetToolFilter().GetInclude(), ", ")),
 		"exclude tools", orDash(strings.Join(s.GetToolFilter().GetExclude(), ", ")),
 		"tool permissions", orDash(strings.Join(perms, "; ")),
+		"strict inputs", fmt.Sprint(s.GetStrictInputs()),
 		"revision", fmt.Sprint(s.GetRevision()),
 		"updated", s.GetUpdateTime().AsTime().Format(time.RFC3339),
 	)

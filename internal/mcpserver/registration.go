@@ -77,9 +77,11 @@ type Registration struct {
 	ClientSessionTimeout time.Duration
 	ToolCallTimeout      time.Duration
 	KeepMarkup           bool
-	Revision             int64
-	CreateTime           time.Time
-	UpdateTime           time.Time
+	// StrictInputs refuses arguments the tool's input schema does not declare.
+	StrictInputs bool
+	Revision     int64
+	CreateTime   time.Time
+	UpdateTime   time.Time
 }
 
 // ToolFilter narrows the tools a registration exposes; excludes win.
@@ -119,7 +121,9 @@ type Policy struct {
 	Grants          []string
 	Filter          ToolFilter
 	ToolPermissions map[string][]string
-	Revision        int64
+	// StrictInputs refuses arguments the tool's pinned input schema does not declare.
+	StrictInputs bool
+	Revision     int64
 }
 
 // Resolved is a registration with its secrets in clear, for the pool to start it.

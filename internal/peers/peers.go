@@ -98,7 +98,7 @@ func (r *Registry) ServerPolicy(ctx context.Context, ref string) (mcpserver.Poli
 		return mcpserver.Policy{}, notRegistered(err)
 	}
 	p := mcpserver.Policy{
-		Ref: resp.GetRef(), Grants: resp.GetGrants(), Revision: resp.GetRevision(),
+		Ref: resp.GetRef(), Grants: resp.GetGrants(), Revision: resp.GetRevision(), StrictInputs: resp.GetStrictInputs(),
 		Filter: mcpserver.ToolFilter{Include: resp.GetToolFilter().GetInclude(), Exclude: resp.GetToolFilter().GetExclude()},
 	}
 	if len(resp.GetToolPermissions()) > 0 {
@@ -155,7 +155,7 @@ func RegistrationFromProto(s *registryv1.Server) *mcpserver.Registration {
 	reg := &mcpserver.Registration{
 		Ref: s.GetRef(), Description: s.GetDescription(), Transport: s.GetTransport(),
 		Command: s.GetCommand(), Args: s.GetArgs(), URL: s.GetUrl(), Headers: s.GetHeaders(),
-		Grants: s.GetGrants(), KeepMarkup: s.GetKeepMarkup(), Revision: s.GetRevision(),
+		Grants: s.GetGrants(), KeepMarkup: s.GetKeepMarkup(), StrictInputs: s.GetStrictInputs(), Revision: s.GetRevision(),
 		Filter: mcpserver.ToolFilter{Include: s.GetToolFilter().GetInclude(), Exclude: s.GetToolFilter().GetExclude()},
 	}
 	if d := s.GetClientSessionTimeout(); d != nil {

@@ -52,13 +52,22 @@ func NewCache() *Cache { return &Cache{entries: make(map[string]cacheEntry)} }
 
 // Get compiles raw (cached under key, e.g. the pin plus "input"/"output").
 func (c *Cache) Get(key string, raw json.RawMessage) (*Schema, error) {
+	return c.get(key, func() (*Schema, error) { return Compile(raw) })
+}
+
+// GetStrict compiles Strict(raw), cached under key (which must differ from raw's own key).
+func (c *Cache) GetStrict(key string, raw json.RawMessage) (*Schema, error) {
+	return c.get(key, func() (*Schema, error) { return CompileStrict(raw) })
+}
+
+func (c *Cache) get(key string, compile func() (*Schema, error)) (*Schema, error) {
 	c.mu.Lock()
 	e, ok := c.entries[key]
 	c.mu.Unlock()
 	if ok {
 		return e.s, e.err
 	}
-	s, err := Compile(raw)
+	s, err := compile()
 	c.mu.Lock()
 	if len(c.entries) >= maxCacheEntries {
 		clear(c.entries)

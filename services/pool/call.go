@@ -404,7 +404,7 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 	if err := s.checkSchemas(tool, safePinned, reimport); err != nil {
 		return nil, err
 	}
-	if err := s.validateInput(tool, *argsCanonical); err != nil {
+	if err := s.validateInput(tool, *argsCanonical, policy.StrictInputs); err != nil {
 		return nil, err
 	}
 
@@ -564,14 +564,24 @@ func (s *Service) checkSchemas(tool *graph.MCPToolNode, safe func(string) string
 	return nil
 }
 
-// schema compiles the tool's input or output schema, cached by its pin (or its live hash).
+// strictInput names the input schema read as strict_inputs asks.
+const strictInput = "input-strict"
+
+// schema compiles the tool's input, strict input or output schema, cached by its pin (or its
+// live hash).
 func (s *Service) schema(tool *graph.MCPToolNode, which string) (*schemas.Schema, error) {
 	raw := tool.InputSchema
 	if which == "output" {
 		raw = tool.OutputSchema
 	}
-	if tool.SchemaHash == "" {
-		return schemas.Compile(raw) // nothing to key a cache entry by
+	strict := which == strictInput
+	switch {
+	case tool.SchemaHash == "" && strict: // nothing to key a cache entry by
+		return schemas.CompileStrict(raw)
+	case tool.SchemaHash == "":
+		return schemas.Compile(raw)
+	case strict:
+		return s.schemas.GetStrict(tool.SchemaHash+"/"+which, raw)
 	}
 	return s.schemas.Get(tool.SchemaHash+"/"+which, raw)
 }
@@ -582,9 +592,14 @@ func safePinned(text string) string {
 	return sanitize.String(truncateTo(text, 512), sanitize.Options{})
 }
 
-// validateInput checks the arguments against the input schema (checkSchemas compiled it).
-func (s *Service) validateInput(tool *graph.MCPToolNode, args []byte) error {
-	sch, err := s.schema(tool, "input")
+// validateInput checks the arguments against the input schema (checkSchemas compiled it),
+// read strictly when the registration asks (strict_inputs: no undeclared arguments).
+func (s *Service) validateInput(tool *graph.MCPToolNode, args []byte, strict bool) error {
+	which := "input"
+	if strict {
+		which = strictInput
+	}
+	sch, err := s.schema(tool, which)
 	if err != nil {
 		return refusal(reasonUnusableSchema, fmt.Errorf("the input schema of tool %q cannot be compiled", tool.ToolName))
 	}

@@ -214,7 +214,7 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 		if err := s.checkSchemas(tool, sess.sess.SafeText, fixServer); err != nil {
 			return nil, err
 		}
-		if err := s.validateInput(tool, argsCanonical); err != nil {
+		if err := s.validateInput(tool, argsCanonical, sess.reg.StrictInputs); err != nil {
 			return nil, err
 		}
 		// On record before anything reaches the server, as a run's calls are.

@@ -90,7 +90,8 @@ func (s *Service) callInline(ctx context.Context, r *run, req CallRequest, inlin
 	if err := s.checkSchemas(tool, sess.sess.SafeText, fixServer); err != nil {
 		return nil, err
 	}
-	if err := s.validateInput(tool, *argsCanonical); err != nil {
+	// No registration, so no strict_inputs: the live schema as the server wrote it.
+	if err := s.validateInput(tool, *argsCanonical, false); err != nil {
 		return nil, err
 	}
 	if err := intent(); err != nil {

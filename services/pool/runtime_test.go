@@ -629,3 +629,23 @@ func TestAttemptIsOnRecordBeforeDispatch(t *testing.T) {
 	require.Equal(t, audit.ResultSucceeded, final.Result)
 	require.Equal(t, pending[0].ArgsDigest, final.ArgsDigest)
 }
+
+// TestStrictInputsRefusesUndeclaredArguments: a schema that lists its properties and says
+// nothing of others lets any argument through; strict_inputs reads it as closed.
+func TestStrictInputsRefusesUndeclaredArguments(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil, "--runtime-tools")
+	h.server("fs", func(r *registryv1.CreateServerRequest) { r.StrictInputs = true }, "--runtime-tools")
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"loose"}}, {"fs", "a", []string{"loose"}}}, nil)
+	run := h.start("g")
+	args := map[string]any{"path": "/a", "recursive": true}
+	res, err := h.call(run, "a", "fx__loose", args)
+	require.NoError(t, err)
+	require.Equal(t, "path,recursive", res.Content[0]["text"], "without strict_inputs the undeclared argument reaches the server")
+	_, err = h.call(run, "a", "fs__loose", args)
+	ref := requireRefused(t, err, reasonInvalidInput)
+	require.ErrorContains(t, ref, "recursive")
+	res, err = h.call(run, "a", "fs__loose", map[string]any{"path": "/a"})
+	require.NoError(t, err)
+	require.Equal(t, "path", res.Content[0]["text"])
+}

@@ -32,6 +32,7 @@ type serverSpec interface {
 	GetClientSessionTimeout() *durationpb.Duration
 	GetToolCallTimeout() *durationpb.Duration
 	GetKeepMarkup() bool
+	GetStrictInputs() bool
 }
 
 // registrationFromProto converts and validates a request. It reports whether env was present,
@@ -50,7 +51,8 @@ func registrationFromProto(req serverSpec, allowedEnvKeys []string) (*mcpserver.
 			Include: req.GetToolFilter().GetInclude(),
 			Exclude: req.GetToolFilter().GetExclude(),
 		},
-		KeepMarkup: req.GetKeepMarkup(),
+		KeepMarkup:   req.GetKeepMarkup(),
+		StrictInputs: req.GetStrictInputs(),
 	}
 	if perms := req.GetToolPermissions(); len(perms) > 0 {
 		reg.ToolPermissions = make(map[string][]string, len(perms))
@@ -115,6 +117,7 @@ func serverToProto(r *mcpserver.Registration) *registryv1.Server {
 		ClientSessionTimeout: durationToProto(r.ClientSessionTimeout),
 		ToolCallTimeout:      durationToProto(r.ToolCallTimeout),
 		KeepMarkup:           r.KeepMarkup,
+		StrictInputs:         r.StrictInputs,
 		Revision:             r.Revision,
 		CreateTime:           timestamppb.New(r.CreateTime),
 		UpdateTime:           timestamppb.New(r.UpdateTime),

@@ -256,7 +256,7 @@ func (s *Service) GetServerPolicy(ctx context.Context, req *registryv1.GetServer
 		return nil, s.errors.Status(ctx, err)
 	}
 	out := &registryv1.GetServerPolicyResponse{
-		Ref: p.Ref, Grants: p.Grants, Revision: p.Revision,
+		Ref: p.Ref, Grants: p.Grants, Revision: p.Revision, StrictInputs: p.StrictInputs,
 		ToolFilter: &registryv1.ToolFilter{Include: p.Filter.Include, Exclude: p.Filter.Exclude},
 	}
 	if len(p.ToolPermissions) > 0 {

@@ -97,6 +97,7 @@ type storedServer struct {
 	ClientSessionTimeout time.Duration       `json:"client_session_timeout,omitempty"`
 	ToolCallTimeout      time.Duration       `json:"tool_call_timeout,omitempty"`
 	KeepMarkup           bool                `json:"keep_markup,omitempty"`
+	StrictInputs         bool                `json:"strict_inputs,omitempty"`
 	Revision             int64               `json:"revision"`
 	CreateTime           time.Time           `json:"create_time"`
 	UpdateTime           time.Time           `json:"update_time"`
@@ -112,7 +113,7 @@ func (s *Store) seal(r *mcpserver.Registration) (*storedServer, error) {
 		Ref: r.Ref, Description: r.Description, Transport: r.Transport, Command: r.Command, Args: r.Args,
 		URL: r.URL, Headers: r.Headers, Grants: r.Grants, Include: r.Filter.Include, Exclude: r.Filter.Exclude,
 		ToolPermissions: r.ToolPermissions, ClientSessionTimeout: r.ClientSessionTimeout,
-		ToolCallTimeout: r.ToolCallTimeout, KeepMarkup: r.KeepMarkup, Revision: r.Revision,
+		ToolCallTimeout: r.ToolCallTimeout, KeepMarkup: r.KeepMarkup, StrictInputs: r.StrictInputs, Revision: r.Revision,
 		CreateTime: r.CreateTime, UpdateTime: r.UpdateTime,
 	}
 	if st.Grants == nil {
@@ -153,7 +154,7 @@ func (st *storedServer) withoutEnv() *mcpserver.Registration {
 		URL: st.URL, Headers: st.Headers, Grants: st.Grants,
 		Filter:          mcpserver.ToolFilter{Include: st.Include, Exclude: st.Exclude},
 		ToolPermissions: st.ToolPermissions, ClientSessionTimeout: st.ClientSessionTimeout,
-		ToolCallTimeout: st.ToolCallTimeout, KeepMarkup: st.KeepMarkup, Revision: st.Revision,
+		ToolCallTimeout: st.ToolCallTimeout, KeepMarkup: st.KeepMarkup, StrictInputs: st.StrictInputs, Revision: st.Revision,
 		CreateTime: st.CreateTime, UpdateTime: st.UpdateTime,
 	}
 }
@@ -283,7 +284,7 @@ func (s *Store) ServerPolicy(ctx context.Context, ref string) (mcpserver.Policy,
 	}
 	return mcpserver.Policy{
 		Ref: st.Ref, Grants: st.Grants, Revision: st.Revision, ToolPermissions: st.ToolPermissions,
-		Filter: mcpserver.ToolFilter{Include: st.Include, Exclude: st.Exclude},
+		Filter: mcpserver.ToolFilter{Include: st.Include, Exclude: st.Exclude}, StrictInputs: st.StrictInputs,
 	}, nil
 }
 

@@ -59,9 +59,14 @@ type Server struct {
 	KeepMarkup bool `protobuf:"varint,14,opt,name=keep_markup,json=keepMarkup,proto3" json:"keep_markup,omitempty"`
 	// revision increases by one on every change; send it back in UpdateServer to refuse
 	// overwriting a change you have not seen.
-	Revision      int64                  `protobuf:"varint,15,opt,name=revision,proto3" json:"revision,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	Revision   int64                  `protobuf:"varint,15,opt,name=revision,proto3" json:"revision,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// strict_inputs refuses a call whose arguments hold a property the tool's pinned input
+	// schema does not declare, even where the schema itself would let it through: every
+	// plainly declared object schema is read as if it said "additionalProperties": false
+	// (default false: the pinned schema as the server wrote it).
+	StrictInputs  bool `protobuf:"varint,18,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -215,6 +220,13 @@ func (x *Server) GetUpdateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Server) GetStrictInputs() bool {
+	if x != nil {
+		return x.StrictInputs
+	}
+	return false
+}
+
 // ToolFilter narrows the tools a registration exposes. Excludes win over includes; a non-empty
 // include list hides everything not on it.
 type ToolFilter struct {
@@ -333,6 +345,7 @@ type CreateServerRequest struct {
 	ClientSessionTimeout *durationpb.Duration        `protobuf:"bytes,12,opt,name=client_session_timeout,json=clientSessionTimeout,proto3" json:"client_session_timeout,omitempty"`
 	ToolCallTimeout      *durationpb.Duration        `protobuf:"bytes,13,opt,name=tool_call_timeout,json=toolCallTimeout,proto3" json:"tool_call_timeout,omitempty"`
 	KeepMarkup           bool                        `protobuf:"varint,14,opt,name=keep_markup,json=keepMarkup,proto3" json:"keep_markup,omitempty"`
+	StrictInputs         bool                        `protobuf:"varint,15,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
 	unknownFields        protoimpl.UnknownFields
 	sizeCache            protoimpl.SizeCache
 }
@@ -461,6 +474,13 @@ func (x *CreateServerRequest) GetToolCallTimeout() *durationpb.Duration {
 func (x *CreateServerRequest) GetKeepMarkup() bool {
 	if x != nil {
 		return x.KeepMarkup
+	}
+	return false
+}
+
+func (x *CreateServerRequest) GetStrictInputs() bool {
+	if x != nil {
+		return x.StrictInputs
 	}
 	return false
 }
@@ -727,6 +747,7 @@ type UpdateServerRequest struct {
 	KeepMarkup           bool                        `protobuf:"varint,14,opt,name=keep_markup,json=keepMarkup,proto3" json:"keep_markup,omitempty"`
 	// revision, when non-zero, must equal the stored revision.
 	Revision      int64 `protobuf:"varint,15,opt,name=revision,proto3" json:"revision,omitempty"`
+	StrictInputs  bool  `protobuf:"varint,16,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -864,6 +885,13 @@ func (x *UpdateServerRequest) GetRevision() int64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *UpdateServerRequest) GetStrictInputs() bool {
+	if x != nil {
+		return x.StrictInputs
+	}
+	return false
 }
 
 // UpdateServerResponse returns the stored registration.
@@ -1697,6 +1725,7 @@ type GetServerPolicyResponse struct {
 	ToolFilter      *ToolFilter                 `protobuf:"bytes,3,opt,name=tool_filter,json=toolFilter,proto3" json:"tool_filter,omitempty"`
 	ToolPermissions map[string]*ToolPermissions `protobuf:"bytes,4,rep,name=tool_permissions,json=toolPermissions,proto3" json:"tool_permissions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Revision        int64                       `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	StrictInputs    bool                        `protobuf:"varint,6,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -1764,6 +1793,13 @@ func (x *GetServerPolicyResponse) GetRevision() int64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *GetServerPolicyResponse) GetStrictInputs() bool {
+	if x != nil {
+		return x.StrictInputs
+	}
+	return false
 }
 
 // AuthenticateKeyRequest carries the hash of an API key, never the key.
@@ -1894,7 +1930,7 @@ var File_ringfence_registry_v1_registry_proto protoreflect.FileDescriptor
 
 const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\n" +
-	"$ringfence/registry/v1/registry.proto\x12\x15ringfence.registry.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\x84\b\n" +
+	"$ringfence/registry/v1/registry.proto\x12\x15ringfence.registry.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xa9\b\n" +
 	"\x06Server\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1917,7 +1953,8 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\vcreate_time\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\x1a6\n" +
+	"updateTime\x12#\n" +
+	"\rstrict_inputs\x18\x12 \x01(\bR\fstrictInputs\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
@@ -1932,7 +1969,7 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\ainclude\x18\x01 \x03(\tR\ainclude\x12\x18\n" +
 	"\aexclude\x18\x02 \x03(\tR\aexclude\"-\n" +
 	"\x0fToolPermissions\x12\x1a\n" +
-	"\brequired\x18\x01 \x03(\tR\brequired\"\xce\x06\n" +
+	"\brequired\x18\x01 \x03(\tR\brequired\"\xf3\x06\n" +
 	"\x13CreateServerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1950,7 +1987,8 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\x16client_session_timeout\x18\f \x01(\v2\x19.google.protobuf.DurationR\x14clientSessionTimeout\x12E\n" +
 	"\x11tool_call_timeout\x18\r \x01(\v2\x19.google.protobuf.DurationR\x0ftoolCallTimeout\x12\x1f\n" +
 	"\vkeep_markup\x18\x0e \x01(\bR\n" +
-	"keepMarkup\x1a:\n" +
+	"keepMarkup\x12#\n" +
+	"\rstrict_inputs\x18\x0f \x01(\bR\fstrictInputs\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aj\n" +
@@ -1969,7 +2007,7 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"v\n" +
 	"\x13ListServersResponse\x127\n" +
 	"\aservers\x18\x01 \x03(\v2\x1d.ringfence.registry.v1.ServerR\aservers\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xea\x06\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x8f\a\n" +
 	"\x13UpdateServerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1988,7 +2026,8 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\x11tool_call_timeout\x18\r \x01(\v2\x19.google.protobuf.DurationR\x0ftoolCallTimeout\x12\x1f\n" +
 	"\vkeep_markup\x18\x0e \x01(\bR\n" +
 	"keepMarkup\x12\x1a\n" +
-	"\brevision\x18\x0f \x01(\x03R\brevision\x1a:\n" +
+	"\brevision\x18\x0f \x01(\x03R\brevision\x12#\n" +
+	"\rstrict_inputs\x18\x10 \x01(\bR\fstrictInputs\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aj\n" +
@@ -2041,14 +2080,15 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"*\n" +
 	"\x16GetServerPolicyRequest\x12\x10\n" +
-	"\x03ref\x18\x01 \x01(\tR\x03ref\"\xff\x02\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\"\xa4\x03\n" +
 	"\x17GetServerPolicyResponse\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x16\n" +
 	"\x06grants\x18\x02 \x03(\tR\x06grants\x12B\n" +
 	"\vtool_filter\x18\x03 \x01(\v2!.ringfence.registry.v1.ToolFilterR\n" +
 	"toolFilter\x12n\n" +
 	"\x10tool_permissions\x18\x04 \x03(\v2C.ringfence.registry.v1.GetServerPolicyResponse.ToolPermissionsEntryR\x0ftoolPermissions\x12\x1a\n" +
-	"\brevision\x18\x05 \x01(\x03R\brevision\x1aj\n" +
+	"\brevision\x18\x05 \x01(\x03R\brevision\x12#\n" +
+	"\rstrict_inputs\x18\x06 \x01(\bR\fstrictInputs\x1aj\n" +
 	"\x14ToolPermissionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12<\n" +
 	"\x05value\x18\x02 \x01(\v2&.ringfence.registry.v1.ToolPermissionsR\x05value:\x028\x01\"7\n" +
