@@ -55,7 +55,7 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 
 	cli := func(svc string, args ...string) result {
 		return runCmd(t, nil, []string{"RINGFENCE_ADDR=" + addr[svc], "RINGFENCE_API_KEY=" + adminKey,
-			"RINGFENCE_CA_FILE=" + filepath.Join(certs, "ca.pem")}, bin("ringfence"), args...)
+			"RINGFENCE_CA_FILE=" + filepath.Join(certs, "ca.pem"), "RINGFENCE_SERVER_IDENTITY=" + svc}, bin("ringfence"), args...)
 	}
 	must := func(r result) result {
 		t.Helper()

@@ -158,7 +158,7 @@ func TestInternalRPCsNeedTheirServiceCertificate(t *testing.T) {
 	dialAs := func(svc string) registryv1.RegistryServiceClient {
 		var tlsCfg credentials.TransportCredentials
 		if svc == "" {
-			c, err := mtls.CAOnlyConfig(filepath.Join(dir, "ca.pem"), "")
+			c, err := mtls.CAOnlyConfig(filepath.Join(dir, "ca.pem"), "", "")
 			require.NoError(t, err)
 			tlsCfg = credentials.NewTLS(c)
 		} else {

@@ -37,6 +37,7 @@ type globals struct {
 	apiKey     string
 	caFile     string
 	serverName string
+	serverID   string
 	output     string
 	timeout    time.Duration
 
@@ -109,6 +110,7 @@ and for TLS --ca-file (RINGFENCE_CA_FILE) with optional --server-name.`,
 	pf.StringVar(&g.apiKey, "api-key", os.Getenv("RINGFENCE_API_KEY"), "API key (RINGFENCE_API_KEY)")
 	pf.StringVar(&g.caFile, "ca-file", os.Getenv("RINGFENCE_CA_FILE"), "CA bundle to verify a TLS server (RINGFENCE_CA_FILE); plaintext when empty")
 	pf.StringVar(&g.serverName, "server-name", os.Getenv("RINGFENCE_SERVER_NAME"), "TLS server name to verify, when it differs from the address host")
+	pf.StringVar(&g.serverID, "server-identity", os.Getenv("RINGFENCE_SERVER_IDENTITY"), "with --ca-file, the service the server's certificate must name (registry, publisher, pool, audit), so no other service's certificate receives the API key")
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	pf.DurationVar(&g.timeout, "timeout", 60*time.Second, "deadline for each request")
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
@@ -147,7 +149,7 @@ func (g *globals) dial() (*grpc.ClientConn, error) {
 	}
 	creds := insecure.NewCredentials()
 	if g.caFile != "" {
-		tlsCfg, err := mtls.CAOnlyConfig(g.caFile, g.serverName)
+		tlsCfg, err := mtls.CAOnlyConfig(g.caFile, g.serverName, g.serverID)
 		if err != nil {
 			return nil, err
 		}

@@ -152,12 +152,21 @@ func spiffeIDs(cert *x509.Certificate) []string {
 }
 
 // CAOnlyConfig verifies a server against caFile without presenting a certificate (the CLI).
-func CAOnlyConfig(caFile, serverName string) (*tls.Config, error) {
+// With peer set, the server must also carry that service's identity, as between services:
+// the CLI sends an API key, which no other service's certificate should be able to collect.
+func CAOnlyConfig(caFile, serverName, peer string) (*tls.Config, error) {
+	if peer != "" && !slices.Contains(Services, peer) {
+		return nil, fmt.Errorf("mtls: unknown server identity %q: expected one of %s", peer, strings.Join(Services, ", "))
+	}
 	pool, err := loadPool(caFile)
 	if err != nil {
 		return nil, err
 	}
-	return &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS13}, nil
+	cfg := &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS13}
+	if peer != "" {
+		cfg.VerifyConnection = verifyPeer(peer)
+	}
+	return cfg, nil
 }
 
 func load(f Files) (tls.Certificate, *x509.CertPool, error) {

@@ -208,3 +208,31 @@ func TestServiceFromCertWantsExactlyOneIdentity(t *testing.T) {
 		})
 	}
 }
+
+// TestCAOnlyConfigCanPinTheServerIdentity: the CLI presents no certificate but sends an API
+// key; with a server identity set, only that service's certificate receives it.
+func TestCAOnlyConfigCanPinTheServerIdentity(t *testing.T) {
+	dir := t.TempDir()
+	_, err := InitDevCA(dir, DevCAOptions{})
+	require.NoError(t, err)
+	serve := func(svc string) string {
+		cfg, err := ServerConfig(devFiles(dir, svc))
+		require.NoError(t, err)
+		return serveTLS(t, cfg)
+	}
+	registry, audit := serve(Registry), serve(Audit)
+	ca := filepath.Join(dir, "ca.pem")
+
+	pinned, err := CAOnlyConfig(ca, "", Registry)
+	require.NoError(t, err)
+	require.NoError(t, check(t, registry, pinned))
+	err = check(t, audit, pinned)
+	require.ErrorContains(t, err, "expected peer identity spiffe://ringfence/service/registry")
+
+	unpinned, err := CAOnlyConfig(ca, "", "")
+	require.NoError(t, err)
+	require.NoError(t, check(t, audit, unpinned), "without an identity, the CA and host name decide")
+
+	_, err = CAOnlyConfig(ca, "", "regsitry")
+	require.ErrorContains(t, err, "unknown server identity")
+}
