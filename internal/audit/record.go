@@ -129,6 +129,10 @@ type ToolCallAttempt struct {
 	ToolName     string `json:"tool_name,omitempty"`
 	CallID       string `json:"call_id"`
 	Attempt      int32  `json:"attempt"`
+	// PendingID, on the outcome of a dispatched call, is the ID of the pending record it
+	// settles: a pending record no outcome names is a call its producer stopped during. The
+	// ID pairs them exactly, where call_id and attempt repeat across producer restarts.
+	PendingID string `json:"pending_id,omitempty"`
 
 	OperationSupport               string `json:"operation_support"`
 	OperationResidualDuplicateRisk bool   `json:"operation_residual_duplicate_risk"`

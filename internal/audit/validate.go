@@ -113,6 +113,14 @@ func (tc *ToolCallAttempt) validate() error {
 	if tc.Attempt < 1 {
 		return invalid("tool_call.attempt starts at 1")
 	}
+	if tc.PendingID != "" {
+		if tc.Outcome != OutcomeDispatched || tc.Result == ResultPending {
+			return invalid("tool_call.pending_id names the pending record a dispatched outcome settles; only such an outcome has one")
+		}
+		if err := checkID(tc.PendingID); err != nil {
+			return invalid("tool_call.pending_id: " + err.Error())
+		}
+	}
 	if tc.GraphVersion < 0 || tc.ArgsSize < 0 || tc.ResultSize < 0 || tc.LatencyMicros < 0 {
 		return invalid("tool_call graph_version, sizes and latency must not be negative")
 	}

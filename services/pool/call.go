@@ -175,7 +175,10 @@ func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, e
 	att := audit.ToolCallAttempt{RunID: req.RunID, CallID: req.CallID, Attempt: 1, AgentNode: req.Agent, ToolName: req.Tool}
 	tenant := req.Tenant
 	var argsCanonical []byte
-	intent := func() error { return s.recordPending(ctx, att, argsCanonical, tenant) }
+	intent := func() (err error) {
+		att.PendingID, err = s.recordPending(ctx, att, argsCanonical, tenant)
+		return err
+	}
 	res, err := s.callTool(ctx, req, &att, &tenant, &argsCanonical, intent)
 	att.LatencyMicros = time.Since(start).Microseconds()
 	setArgs(&att, argsCanonical)
@@ -224,13 +227,16 @@ func notRecorded(err, aerr error) error {
 // recordPending puts an attempt on record, durably, after every gate and before anything
 // reaches the server: a crash mid-call still leaves a trail that says the call may have
 // happened. A failure refuses the call.
-func (s *Service) recordPending(ctx context.Context, att audit.ToolCallAttempt, argsCanonical []byte, tenant string) error {
+//
+// It returns the pending record's ID, which the outcome record names (pending_id).
+func (s *Service) recordPending(ctx context.Context, att audit.ToolCallAttempt, argsCanonical []byte, tenant string) (string, error) {
 	att.Pending()
 	setArgs(&att, argsCanonical)
-	if err := s.spool.Enqueue(context.WithoutCancel(ctx), audit.NewToolCallRecord("pool", orDefaultTenant(tenant), att)); err != nil {
-		return refusal(reasonAuditUnavailable, fmt.Errorf("the attempt could not be recorded before dispatch: %w", err))
+	rec := audit.NewToolCallRecord("pool", orDefaultTenant(tenant), att)
+	if err := s.spool.Enqueue(context.WithoutCancel(ctx), rec); err != nil {
+		return "", refusal(reasonAuditUnavailable, fmt.Errorf("the attempt could not be recorded before dispatch: %w", err))
 	}
-	return nil
+	return rec.ID, nil
 }
 
 func setArgs(att *audit.ToolCallAttempt, argsCanonical []byte) {

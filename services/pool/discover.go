@@ -218,7 +218,7 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 			return nil, err
 		}
 		// On record before anything reaches the server, as a run's calls are.
-		if err := s.recordPending(ctx, att, argsCanonical, req.Tenant); err != nil {
+		if att.PendingID, err = s.recordPending(ctx, att, argsCanonical, req.Tenant); err != nil {
 			return nil, err
 		}
 		return s.dispatch(ctx, sess, tool, args, out.CallId, 1)

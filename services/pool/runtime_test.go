@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -648,4 +649,34 @@ func TestStrictInputsRefusesUndeclaredArguments(t *testing.T) {
 	res, err = h.call(run, "a", "fs__loose", map[string]any{"path": "/a"})
 	require.NoError(t, err)
 	require.Equal(t, "path", res.Content[0]["text"])
+}
+
+// TestAnOutcomeNamesThePendingRecordItSettles: call_id and attempt repeat across pool
+// restarts, so the outcome names its pending record by ID.
+func TestAnOutcomeNamesThePendingRecordItSettles(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	run := h.start("g")
+	for range 2 {
+		_, err := h.pool.CallTool(h.ctx, CallRequest{RunID: run, Tenant: auth.DefaultTenant, Agent: "a", Tool: "fx__echo", CallID: "turn-7", Arguments: json.RawMessage(`{"text":"x"}`)})
+		require.NoError(t, err)
+	}
+	h.pendings() // flushes
+	pendingIDs := map[int32]string{}
+	settled := map[int32]string{}
+	for _, r := range h.audit.Records() {
+		tc := r.ToolCall
+		if tc == nil || tc.CallID != "turn-7" {
+			continue
+		}
+		if tc.Result == audit.ResultPending {
+			require.Empty(t, tc.PendingID)
+			pendingIDs[tc.Attempt] = r.ID
+		} else {
+			settled[tc.Attempt] = tc.PendingID
+		}
+	}
+	require.Len(t, pendingIDs, 2)
+	require.Equal(t, pendingIDs, settled)
 }

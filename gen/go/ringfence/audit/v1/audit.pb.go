@@ -298,7 +298,11 @@ type ToolCallAttempt struct {
 	ResultSize    int64  `protobuf:"varint,21,opt,name=result_size,json=resultSize,proto3" json:"result_size,omitempty"`
 	LatencyMicros int64  `protobuf:"varint,22,opt,name=latency_micros,json=latencyMicros,proto3" json:"latency_micros,omitempty"`
 	// advisory lists rules that would have refused but were only recorded (advisory mode).
-	Advisory      []string `protobuf:"bytes,23,rep,name=advisory,proto3" json:"advisory,omitempty"`
+	Advisory []string `protobuf:"bytes,23,rep,name=advisory,proto3" json:"advisory,omitempty"`
+	// pending_id, on the outcome of a dispatched call, is the id of the pending record it
+	// settles. A pending record that no outcome names is a call its producer stopped during
+	// (it may have taken effect); call_id and attempt alone repeat across pool restarts.
+	PendingId     string `protobuf:"bytes,24,opt,name=pending_id,json=pendingId,proto3" json:"pending_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -492,6 +496,13 @@ func (x *ToolCallAttempt) GetAdvisory() []string {
 		return x.Advisory
 	}
 	return nil
+}
+
+func (x *ToolCallAttempt) GetPendingId() string {
+	if x != nil {
+		return x.PendingId
+	}
+	return ""
 }
 
 // AppendRequest carries records in producer order.
@@ -1144,7 +1155,7 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"\vresource_id\x18\x05 \x01(\tR\n" +
 	"resourceId\x12\x1f\n" +
 	"\vchange_json\x18\x06 \x01(\tR\n" +
-	"changeJson\"\xff\x05\n" +
+	"changeJson\"\x9e\x06\n" +
 	"\x0fToolCallAttempt\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x19\n" +
 	"\bgraph_id\x18\x02 \x01(\tR\agraphId\x12#\n" +
@@ -1174,7 +1185,9 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"\vresult_size\x18\x15 \x01(\x03R\n" +
 	"resultSize\x12%\n" +
 	"\x0elatency_micros\x18\x16 \x01(\x03R\rlatencyMicros\x12\x1a\n" +
-	"\badvisory\x18\x17 \x03(\tR\badvisory\"E\n" +
+	"\badvisory\x18\x17 \x03(\tR\badvisory\x12\x1d\n" +
+	"\n" +
+	"pending_id\x18\x18 \x01(\tR\tpendingId\"E\n" +
 	"\rAppendRequest\x124\n" +
 	"\arecords\x18\x01 \x03(\v2\x1a.ringfence.audit.v1.RecordR\arecords\"$\n" +
 	"\x0eAppendResponse\x12\x12\n" +
