@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -125,7 +126,7 @@ func openFileOutbox(dir string, log *slog.Logger) (*fileOutbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("audit: read spool directory: %w", err)
 	}
-	var lost uint64
+	var lost, lastBeyond uint64
 	for _, e := range entries {
 		name := e.Name()
 		if !strings.HasSuffix(name, segmentExt) {
@@ -135,14 +136,24 @@ func openFileOutbox(dir string, log *slog.Logger) (*fileOutbox, error) {
 		if perr != nil || len(name) != 16+len(segmentExt) || first == 0 {
 			return nil, fmt.Errorf("audit: %s is not a spool segment: move it out of the spool directory %s", name, dir)
 		}
-		seg, torn, err := scanSegment(filepath.Join(dir, name), first)
+		seg, torn, beyond, err := scanSegment(filepath.Join(dir, name), first)
 		if err != nil {
 			return nil, err
 		}
-		if torn {
+		if torn && beyond == 0 {
 			// The tail after the last intact frame never became durable (its commit failed or
-			// was cut by a crash) or was damaged since: cut it so appends follow good frames.
-			log.Warn("audit: spool segment ends in an incomplete or damaged frame; cutting it", "segment", seg.path, "at_byte", seg.size)
+			// was cut by a crash): cut it so appends follow good frames.
+			log.Warn("audit: spool segment ends in an incomplete frame; cutting it", "segment", seg.path, "at_byte", seg.size)
+		}
+		if beyond > 0 {
+			// Intact frames follow the damage: durable, acknowledged records are about to be
+			// cut. Keep the whole segment aside (not named .seg, so never read as one) for
+			// recovery by hand.
+			aside := fmt.Sprintf("%s.damaged-%d", seg.path, time.Now().UnixNano())
+			if err := copyFile(seg.path, aside); err != nil {
+				return nil, fmt.Errorf("audit: keep the damaged spool segment %s aside: %w", seg.path, err)
+			}
+			log.Error("audit: spool segment is damaged before its last frames; cutting it", "segment", seg.path, "at_byte", seg.size, "kept_as", aside)
 		}
 		// Also gives back the space allocated ahead of the frames.
 		if err := os.Truncate(seg.path, seg.size); err != nil {
@@ -160,6 +171,16 @@ func openFileOutbox(dir string, log *slog.Logger) (*fileOutbox, error) {
 			}
 		}
 		o.segs = append(o.segs, seg)
+		lastBeyond = beyond
+	}
+	// Records lost inside a segment that another follows show as the gap before it (above);
+	// in the last segment nothing follows, so the intact frames found past the damage say
+	// how many. The segment is cut now, so a later open does not count them again.
+	if n := len(o.segs); n > 0 && lastBeyond > o.acked {
+		last := o.segs[n-1]
+		gone := lastBeyond - max(last.last, o.acked)
+		log.Error("audit: spool records were lost to damage", "segment", last.path, "records", gone)
+		lost += gone
 	}
 	o.next = o.acked + 1
 	for _, s := range o.segs {
@@ -187,23 +208,43 @@ func (s segment) count(acked uint64) int {
 }
 
 // scanSegment reads a segment's intact frames, which must carry first, first+1, ...; torn
-// is true when bytes follow the last of them.
-func scanSegment(path string, first uint64) (segment, bool, error) {
+// is true when bytes follow the last of them. beyond is the highest sequence of an intact
+// frame found after that point (0 for none): a torn write leaves none, while damage in the
+// middle of the segment leaves the frames after it intact, and they are lost when it is cut.
+func scanSegment(path string, first uint64) (seg segment, torn bool, beyond uint64, err error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return segment{}, false, fmt.Errorf("audit: read spool segment: %w", err)
+		return segment{}, false, 0, fmt.Errorf("audit: read spool segment: %w", err)
 	}
-	seg := segment{first: first, last: first - 1, path: path}
+	seg = segment{first: first, last: first - 1, path: path}
 	for int(seg.size) < len(data) {
 		seq, _, n, ok := parseFrame(data[seg.size:])
 		if !ok || seq != seg.last+1 {
 			// Zeros are space allocated ahead of the frames, not damage.
-			return seg, slices.ContainsFunc(data[seg.size:], func(b byte) bool { return b != 0 }), nil
+			rest := data[seg.size:]
+			if !slices.ContainsFunc(rest, func(b byte) bool { return b != 0 }) {
+				return seg, false, 0, nil
+			}
+			for off := 1; off+frameHeaderSize <= len(rest); off++ {
+				if seq, _, _, ok := parseFrame(rest[off:]); ok && seq > seg.last {
+					beyond = max(beyond, seq)
+				}
+			}
+			return seg, true, beyond, nil
 		}
 		seg.last = seq
 		seg.size += int64(n)
 	}
-	return seg, false, nil
+	return seg, false, 0, nil
+}
+
+// copyFile copies src to dst, durably.
+func copyFile(src, dst string) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return writeSynced(dst, os.O_TRUNC, data)
 }
 
 func (o *fileOutbox) describe() string { return o.dir }

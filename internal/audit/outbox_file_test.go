@@ -142,6 +142,57 @@ func TestFileSpoolReportsRecordsLostToDamage(t *testing.T) {
 	require.EqualValues(t, lost, change["dropped"])
 }
 
+// TestFileSpoolCountsRecordsLostInItsLastSegment: damage in the only segment, with intact
+// frames after it, is not a torn write: the cut records are counted and reported, and the
+// segment is kept aside for recovery; a second open counts nothing again.
+func TestFileSpoolCountsRecordsLostInItsLastSegment(t *testing.T) {
+	env := newSpoolEnvOf(t, "files", nil)
+	dir := env.spool.out.describe()
+	var all []Record
+	for i := range 10 {
+		r := toolRecord(i, "p")
+		require.NoError(t, env.spool.Enqueue(t.Context(), r))
+		all = append(all, r)
+	}
+	require.NoError(t, env.spool.Close())
+	seg := segments(t, dir)
+	require.Len(t, seg, 1)
+	data, err := os.ReadFile(seg[0])
+	require.NoError(t, err)
+	off := 0
+	for range 2 { // skip two intact frames, then flip a byte in the third's body
+		_, _, n, ok := parseFrame(data[off:])
+		require.True(t, ok)
+		off += n
+	}
+	data[off+frameHeaderSize+3] ^= 0xff
+	require.NoError(t, os.WriteFile(seg[0], data, 0o600))
+
+	s := fileSpool(t, dir, env.sink, env)
+	require.Contains(t, env.logs.String(), "lost to damage")
+	aside, err := filepath.Glob(seg[0] + ".damaged-*")
+	require.NoError(t, err)
+	require.Len(t, aside, 1, "the damaged segment is kept for recovery by hand")
+	kept, err := os.ReadFile(aside[0])
+	require.NoError(t, err)
+	require.Equal(t, data, kept)
+	drain(t, s)
+	got := env.sink.records()
+	require.Equal(t, ids(all[:2]), ids(got[:2]))
+	report := got[len(got)-1]
+	require.Equal(t, ActionAuditRecordsDropped, report.Admin.Action)
+	var change map[string]any
+	require.NoError(t, json.Unmarshal(report.Admin.Change, &change))
+	require.EqualValues(t, 8, change["dropped"])
+	require.NoError(t, s.Close())
+
+	// The cut segment is whole now: a second open finds nothing more to count.
+	s = fileSpool(t, dir, env.sink, env)
+	t.Cleanup(func() { _ = s.Close() })
+	drain(t, s)
+	require.Len(t, env.sink.records(), len(got), "no second report")
+}
+
 func TestFileSpoolRefusesAForeignFile(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "notes.seg"), []byte("x"), 0o600))
