@@ -3,6 +3,8 @@ package tests
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -67,6 +69,16 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 	// (the publisher discovers through the pool), publish.
 	must(cli("registry", "servers", "add", "fx", "--command", "mcpfixture", "--env", "APP_TOKEN="+canary,
 		"--grant", "process_spawn", "--grant", "external_api_call", "--tool-permission", "add=math.add:{a}"))
+	// REST beside gRPC works under TLS too (the gateway's in-process connection speaks it).
+	req, err := http.NewRequest(http.MethodGet, "http://"+registry.HTTPAddr+"/v1/mcp/servers/fx", nil)
+	require.NoError(t, err)
+	req.Header.Set("X-API-Key", adminKey)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+	require.Contains(t, string(body), `"ref":"fx"`)
 	r = must(cli("registry", "servers", "tools", "fx"))
 	require.Contains(t, r.Stdout, "echo")
 	require.Regexp(t, `(?m)^add\s.*\smath\.add:\{a\}\s`, r.Stdout, "the listing shows what the registration requires of callers")

@@ -250,9 +250,17 @@ func (s *Server) shutdown(httpSrv *http.Server) {
 }
 
 func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
+	// The gateway reaches the gRPC server over an in-process pipe, which the server serves with
+	// the same credentials as its network listener: TLS when configured. Nothing else can be
+	// at the other end of the pipe, so the server's certificate needs no verification there; and
+	// the gateway presents none, so internal RPCs stay out of REST's reach.
+	creds := insecure.NewCredentials()
+	if s.opts.TLS != nil {
+		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13})
+	}
 	conn, err := grpc.NewClient("passthrough:///inmem",
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return s.inmem.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("grpcserver: gateway connection: %w", err)
