@@ -146,7 +146,7 @@ func (s *Service) lookup(ctx context.Context, id, tenant string) (*run, error) {
 		if err != nil || (rec.State != StateCompleted && rec.State != StateFailed) {
 			return nil, errRunNotFound
 		}
-		r = &run{rec: rec, sessions: map[string]*session{}, attempts: map[string]int32{}}
+		r = &run{rec: rec, sessions: map[string]*session{}, attempts: map[string]int32{}, calls: rec.Calls, lastActivity: rec.LastActivity}
 	}
 	if tenant != "" && r.rec.Tenant != tenant {
 		return nil, errRunNotFound
@@ -181,6 +181,7 @@ func (s *Service) PauseRun(ctx context.Context, id, tenant string) (*RunInfo, er
 	}
 	rec := r.rec
 	rec.State = StatePaused
+	rec.Calls, rec.LastActivity = r.calls, r.lastActivity
 	if err := s.store.PutRun(ctx, rec); err != nil {
 		r.mu.Unlock()
 		return nil, err
@@ -239,6 +240,7 @@ func (s *Service) end(ctx context.Context, r *run, status, reason string) (*RunI
 	}
 	rec := r.rec
 	rec.State, rec.EndReason, rec.EndTime = status, reason, time.Now().UTC()
+	rec.Calls, rec.LastActivity = r.calls, r.lastActivity
 	if err := s.store.PutRun(ctx, rec); err != nil {
 		r.mu.Unlock()
 		return nil, err
@@ -283,7 +285,7 @@ func (s *Service) restoreRuns(ctx context.Context) error {
 	now := time.Now()
 	for _, rec := range active {
 		s.runs.byID[rec.ID] = &run{
-			rec: rec, sessions: make(map[string]*session), lastActivity: now,
+			rec: rec, sessions: make(map[string]*session), lastActivity: now, calls: rec.Calls,
 			attempts: make(map[string]int32), effective: make(map[string]capability.Effective),
 		}
 		s.runs.count++

@@ -43,6 +43,10 @@ type Run struct {
 	EndReason string    `json:"end_reason,omitempty"`
 	StartTime time.Time `json:"start_time"`
 	EndTime   time.Time `json:"end_time,omitzero"`
+	// Calls and LastActivity are as of the last state change (pause or end): an ended run
+	// is read back from here.
+	Calls        int64     `json:"calls,omitempty"`
+	LastActivity time.Time `json:"last_activity,omitzero"`
 }
 
 // Store is the pool's bbolt file.
