@@ -283,6 +283,8 @@ func TestCeilingEmptyGrantsDeniesEveryNode(t *testing.T) {
 	for _, v := range res.Violations {
 		require.ElementsMatch(t, floor, v.Excess)
 		require.Contains(t, v.Message, "grants: [] is the default")
+		require.Contains(t, v.Message, "is the floor every mcp_tool node must declare, so only a grant fixes this", "removing the floor would break the floor rule")
+		require.NotContains(t, v.Message, "Remove")
 	}
 }
 

@@ -2,6 +2,7 @@ package graph
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/ringfence/ringfence/internal/capability"
@@ -103,11 +104,28 @@ func checkCeiling(n *Node, caps capability.Set, invalid []string, grants capabil
 	} else {
 		granted = fmt.Sprintf("server %q does not grant it (it grants %s)", m.ServerRef, strings.Join(grantsRaw, ", "))
 	}
+	// The floor cannot be removed from a node (the floor rule demands it), so only a grant
+	// fixes an excess floor capability; anything else the author may also drop.
+	var floor, other []string
+	for _, c := range excess {
+		if slices.Contains(capability.Floor, c) {
+			floor = append(floor, c)
+		} else {
+			other = append(other, c)
+		}
+	}
+	var fix string
+	switch {
+	case len(floor) == 0:
+		fix = fmt.Sprintf("Remove %s from the node's capability_bindings, or ask an operator of server %q to grant it", strings.Join(other, ", "), m.ServerRef)
+	case len(other) == 0:
+		fix = fmt.Sprintf("%s is the floor every mcp_tool node must declare, so only a grant fixes this: ask an operator of server %q to grant it (ringfence servers update %s --grant …)", strings.Join(floor, " and "), m.ServerRef, m.ServerRef)
+	default:
+		fix = fmt.Sprintf("Remove %s from the node's capability_bindings or have it granted; %s is the floor every mcp_tool node must declare, so only a grant fixes that: ask an operator of server %q", strings.Join(other, ", "), strings.Join(floor, " and "), m.ServerRef)
+	}
 	return &Violation{
 		Rule: RuleCeiling, NodeID: n.ID, ServerRef: m.ServerRef, Excess: excess,
-		Message: fmt.Sprintf("mcp_tool node %q declares %s, but %s. Remove %s from the node's capability_bindings, "+
-			"or ask an operator of server %q to grant it",
-			n.ID, strings.Join(excess, ", "), granted, strings.Join(excess, ", "), m.ServerRef),
+		Message: fmt.Sprintf("mcp_tool node %q declares %s, but %s. %s", n.ID, strings.Join(excess, ", "), granted, fix),
 	}
 }
 
