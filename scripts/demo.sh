@@ -18,6 +18,15 @@ http="$RINGFENCE_HTTP_ADDR"
 rf() { RINGFENCE_ADDR="$grpc" RINGFENCE_API_KEY="$RINGFENCE_BOOTSTRAP_ADMIN_KEY" ./bin/ringfence "$@"; }
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
+# Another server on the demo's ports (a demo still running, or anything else) would answer in
+# its place: stop here, before wiping its data or registering into it.
+for addr in "$grpc" "$http"; do
+	if (exec 3<>"/dev/tcp/${addr%:*}/${addr##*:}") 2>/dev/null; then
+		echo "demo: something already listens on $addr (a demo still running?): stop it, or pick other ports with RINGFENCE_GRPC_ADDR and RINGFENCE_HTTP_ADDR" >&2
+		exit 1
+	fi
+done
+
 step "building the demo MCP server (static) and its isolation image"
 mkdir -p .tmp/demo
 CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o .tmp/demo/docs-mcp ./examples/docs-mcp
