@@ -9,6 +9,8 @@ package graph
 import (
 	"encoding/json"
 	"errors"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/ringfence/ringfence/internal/discovery"
@@ -281,6 +283,24 @@ func (ix *Index) BoundTool(agentID, name string) (*Node, bool) {
 		return nil, false
 	}
 	return ix.Node(id)
+}
+
+// AgentIDs returns the ids of the graph's agent nodes, sorted: what an unknown agent's error
+// lists.
+func (ix *Index) AgentIDs() []string {
+	var out []string
+	for i := range ix.g.Nodes {
+		if n := &ix.g.Nodes[i]; n.Kind == KindAgent && n.Agent != nil {
+			out = append(out, n.ID)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// BindingNames returns the names an agent binds tools by, sorted.
+func (ix *Index) BindingNames(agentID string) []string {
+	return slices.Sorted(maps.Keys(ix.bindings[agentID]))
 }
 
 // AgentsReaching returns the ids of the agents that bind node id or have a tool edge to it.

@@ -356,14 +356,15 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 	}
 	agent, ok := r.index.Agent(req.Agent)
 	if !ok {
-		return nil, refusal(reasonUnknownAgent, fmt.Errorf("graph %s v%d has no agent node %q", r.rec.GraphID, r.rec.Version, req.Agent))
+		return nil, refusal(reasonUnknownAgent, fmt.Errorf("graph %s v%d has no agent node %q (its agents: %s)", r.rec.GraphID, r.rec.Version, req.Agent, listed(r.index.AgentIDs())))
 	}
 	node, ok := r.index.BoundTool(req.Agent, req.Tool)
 	if !ok || node.MCPTool == nil {
 		if inline, toolName, found := inlineTool(agent, req.Tool); found {
 			return s.callInline(ctx, r, req, inline, toolName, att, argsCanonical, intent)
 		}
-		return nil, refusal(reasonUnknownTool, fmt.Errorf("agent %q binds no mcp_tool named %q in graph %s v%d", req.Agent, req.Tool, r.rec.GraphID, r.rec.Version))
+		return nil, refusal(reasonUnknownTool, fmt.Errorf("agent %q binds no mcp_tool named %q in graph %s v%d (it binds: %s; imported tools are named <server>__<tool>)",
+			req.Agent, req.Tool, r.rec.GraphID, r.rec.Version, listed(r.index.BindingNames(req.Agent))))
 	}
 	tool := node.MCPTool
 	att.ToolNode, att.ServerRef, att.ToolName, att.PinnedHash = node.ID, tool.ServerRef, tool.ToolName, tool.SchemaHash
@@ -467,6 +468,18 @@ func sessionRefusal(err error) error {
 		return refusal(reasonRunNotRunning, err)
 	}
 	return refusal(failedToStart(err), err)
+}
+
+// listed renders names for an error: the first few, and how many more.
+func listed(names []string) string {
+	const most = 20
+	switch {
+	case len(names) == 0:
+		return "none"
+	case len(names) > most:
+		return fmt.Sprintf("%s and %d more", strings.Join(names[:most], ", "), len(names)-most)
+	}
+	return strings.Join(names, ", ")
 }
 
 // failedToStart names why a call that never reached a server did not: the caller gave up

@@ -57,9 +57,9 @@ func TestGateUnknownRunAgentAndBinding(t *testing.T) {
 	_, err := h.call("no-such-run", "a", "fx__echo", map[string]any{"text": "x"})
 	requireRefused(t, err, reasonUnknownRun)
 	_, err = h.call(run, "nobody", "fx__echo", map[string]any{"text": "x"})
-	requireRefused(t, err, reasonUnknownAgent)
+	require.ErrorContains(t, requireRefused(t, err, reasonUnknownAgent), "(its agents: a)", "the error lists what exists")
 	_, err = h.call(run, "a", "fx__add", map[string]any{})
-	requireRefused(t, err, reasonUnknownTool)
+	require.ErrorContains(t, requireRefused(t, err, reasonUnknownTool), "(it binds: fx__echo;")
 	for _, att := range h.attempts() {
 		require.Equal(t, audit.OutcomeRefusedBeforeDispatch, att.Outcome)
 	}
