@@ -7,6 +7,7 @@ package audit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/ringfence/ringfence/internal/audit/auditpb"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/grpcserver"
+	"github.com/ringfence/ringfence/internal/mtls"
 	"github.com/ringfence/ringfence/services/audit/internal/store"
 )
 
@@ -77,11 +79,21 @@ func (s *Service) Append(ctx context.Context, req *auditv1.AppendRequest) (*audi
 	if len(req.GetRecords()) > audit.MaxBatchSize {
 		return nil, s.errors.Status(ctx, fieldErr("records", "at most %d per call", audit.MaxBatchSize))
 	}
+	// A record says which service produced it, and a certificate says which service is
+	// calling: they must agree, and only the pool produces tool-call records. Otherwise a
+	// compromised authoring host could write "succeeded" outcomes in the pool's name.
+	peer, viaCert := mtls.PeerService(ctx)
 	recs := make([]audit.Record, len(req.GetRecords()))
 	for i, p := range req.GetRecords() {
 		r, err := auditpb.RecordFromProto(p)
 		if err != nil {
 			return nil, s.errors.Status(ctx, err)
+		}
+		if viaCert && r.Producer != peer {
+			return nil, s.errors.Status(ctx, fieldErr(fmt.Sprintf("records[%d].producer", i), "is %q, but the caller's certificate is the %s service's: a service appends only its own records", r.Producer, peer))
+		}
+		if viaCert && r.Kind == audit.KindToolCall && peer != mtls.Pool {
+			return nil, s.errors.Status(ctx, fieldErr(fmt.Sprintf("records[%d].kind", i), "is tool_call, which only the pool produces"))
 		}
 		recs[i] = r
 	}

@@ -2,6 +2,9 @@ package audit
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"net/url"
 	"path/filepath"
 	"testing"
 	"time"
@@ -9,12 +12,15 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/audit/auditpb"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/mtls"
 	"github.com/ringfence/ringfence/internal/testutil"
 )
 
@@ -112,4 +118,32 @@ func TestWatchResumesFromASequenceAndKeepsToTheTenant(t *testing.T) {
 	}
 	cancel()
 	require.NoError(t, <-done)
+}
+
+// asService is the context of a call made with svc's verified certificate.
+func asService(svc string) context.Context {
+	cert := &x509.Certificate{URIs: []*url.URL{mtls.ServiceURI(svc)}}
+	info := credentials.TLSInfo{State: tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{cert}}}}
+	return peer.NewContext(context.Background(), &peer.Peer{AuthInfo: info})
+}
+
+// TestAServiceAppendsOnlyItsOwnRecords: a record's producer is the calling certificate's
+// service, and tool-call records come from the pool only.
+func TestAServiceAppendsOnlyItsOwnRecords(t *testing.T) {
+	svc := open(t)
+	appendAs := func(caller string, rec audit.Record) error {
+		_, err := svc.Append(asService(caller), &auditv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(rec)}})
+		return err
+	}
+	require.NoError(t, appendAs(mtls.Pool, call("acme", "r1")))
+	st := testutil.RequireStatus(t, appendAs(mtls.Publisher, call("acme", "r2")), codes.InvalidArgument)
+	require.Contains(t, st.Message(), `is "pool", but the caller's certificate is the publisher service's`)
+
+	forged := call("acme", "r3")
+	forged.Producer = mtls.Publisher
+	st = testutil.RequireStatus(t, appendAs(mtls.Publisher, forged), codes.InvalidArgument)
+	require.Contains(t, st.Message(), "only the pool produces")
+
+	admin := audit.NewAdminRecord(mtls.Registry, "", audit.AdminEvent{ActorKeyID: "k", ActorRole: "admin", Action: audit.ActionCreate, ResourceType: "mcp_server", ResourceID: "x"})
+	require.NoError(t, appendAs(mtls.Registry, admin))
 }
