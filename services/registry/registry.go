@@ -77,7 +77,7 @@ var (
 	errKeyNotFound    = errors.New("registry: no API key has this id")
 	errStaleRevision  = errors.New("registry: the registration changed since the revision you sent: get it again, reapply your change, and send the new revision")
 	errBadPageToken   = errors.New("registry: page_token is not one this server issued: start again without it")
-	errMissingSecret  = errors.New("registry: a header references a secret that does not exist: create it with PutSecret (ringfence secrets set)")
+	errMissingSecret  = errors.New("registry: a header references a secret that does not exist")
 	errUnknownRole    = errors.New("registry: unknown role")
 	errKeyEscalation  = errors.New("registry: a key may mint keys only with permissions it holds itself, and a tenant-bound key only for its own tenant")
 )
@@ -96,6 +96,26 @@ var errorCodes = map[error]codes.Code{
 	discovery.ErrIsolationRequired: codes.Unavailable,
 	auth.ErrUnknownKey:             codes.Unauthenticated,
 	audit.ErrSpoolFull:             codes.Unavailable,
+}
+
+// detailed is a domain error whose message names the values involved; it matches its
+// sentinel, so errorCodes still gives it the sentinel's code.
+type detailed struct {
+	msg      string
+	sentinel error
+}
+
+func (e *detailed) Error() string { return e.msg }
+func (e *detailed) Unwrap() error { return e.sentinel }
+
+func serverNotFound(ref string) error {
+	return &detailed{sentinel: errServerNotFound,
+		msg: fmt.Sprintf("registry: no server is registered with ref %q: ListServers (ringfence servers list) shows the registered refs", ref)}
+}
+
+func missingSecret(header, secret string) error {
+	return &detailed{sentinel: errMissingSecret,
+		msg: fmt.Sprintf("registry: header %q references secret %q, which does not exist: create it with PutSecret (ringfence secrets set %s)", header, secret, secret)}
 }
 
 // Open opens the registry's store and builds the service; Close releases it.
@@ -158,7 +178,7 @@ func storeErr(err error, notFound error) error {
 func (s *Service) ResolveRegistration(ctx context.Context, ref string) (*mcpserver.Resolved, error) {
 	reg, err := s.store.GetServer(ctx, ref)
 	if err != nil {
-		return nil, storeErr(err, errServerNotFound)
+		return nil, storeErr(err, serverNotFound(ref))
 	}
 	values, err := s.headerValues(ctx, reg.Headers)
 	if err != nil {
@@ -173,7 +193,7 @@ func (s *Service) headerValues(ctx context.Context, headers map[string]string) (
 	for header, secret := range headers {
 		v, err := s.store.SecretValue(ctx, secret)
 		if errors.Is(err, store.ErrNotFound) {
-			return nil, errMissingSecret
+			return nil, missingSecret(header, secret)
 		}
 		if err != nil {
 			return nil, err
@@ -187,7 +207,7 @@ func (s *Service) headerValues(ctx context.Context, headers map[string]string) (
 func (s *Service) ServerPolicy(ctx context.Context, ref string) (mcpserver.Policy, error) {
 	p, err := s.store.ServerPolicy(ctx, ref)
 	if err != nil {
-		return mcpserver.Policy{}, storeErr(err, errServerNotFound)
+		return mcpserver.Policy{}, storeErr(err, serverNotFound(ref))
 	}
 	return p, nil
 }

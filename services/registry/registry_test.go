@@ -26,6 +26,7 @@ import (
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/grpcserver"
+	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/secretbox"
 	"github.com/ringfence/ringfence/internal/testutil"
 )
@@ -258,6 +259,40 @@ func TestListServerToolsWithoutIsolationIsUnavailable(t *testing.T) {
 	testutil.RequireStatus(t, err, codes.NotFound)
 }
 
+// Every "no such server" answer names the ref and how to list the registered ones, and still
+// matches mcpserver.ErrNotRegistered for the registry's in-process consumers.
+func TestServerNotFoundNamesTheRef(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	for name, call := range map[string]func() error{
+		"get": func() error {
+			_, err := f.client.GetServer(ctx, &registryv1.GetServerRequest{Ref: "docss"})
+			return err
+		},
+		"update": func() error {
+			_, err := f.client.UpdateServer(ctx, &registryv1.UpdateServerRequest{Ref: "docss", Command: "x"})
+			return err
+		},
+		"delete": func() error {
+			_, err := f.client.DeleteServer(ctx, &registryv1.DeleteServerRequest{Ref: "docss"})
+			return err
+		},
+		"tools": func() error {
+			_, err := f.client.ListServerTools(ctx, &registryv1.ListServerToolsRequest{Ref: "docss"})
+			return err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			st := testutil.RequireStatus(t, call(), codes.NotFound)
+			require.Equal(t, `registry: no server is registered with ref "docss": ListServers (ringfence servers list) shows the registered refs`, st.Message())
+		})
+	}
+	_, err := f.svc.ResolveRegistration(ctx, "docss")
+	require.ErrorIs(t, err, mcpserver.ErrNotRegistered)
+	_, err = f.svc.ServerPolicy(ctx, "docss")
+	require.ErrorIs(t, err, mcpserver.ErrNotRegistered)
+}
+
 func TestPaging(t *testing.T) {
 	f := newFixture(t)
 	ctx := f.admin(t)
@@ -297,6 +332,12 @@ func TestSecretsAndHeaderResolution(t *testing.T) {
 	require.NoError(t, err)
 	_, err = f.svc.ResolveRegistration(ctx, "tickets")
 	require.ErrorIs(t, err, errMissingSecret)
+	require.EqualError(t, err, `registry: header "Authorization" references secret "tickets-token", which does not exist: create it with PutSecret (ringfence secrets set tickets-token)`)
+	_, err = f.client.ExploreServer(ctx, &registryv1.ExploreServerRequest{Ref: "adhoc", Server: &registryv1.CreateServerRequest{
+		Transport: "sse", Url: "https://mcp.example.com/sse", Headers: map[string]string{"X-Token": "nosuch"},
+	}})
+	st := testutil.RequireStatus(t, err, codes.FailedPrecondition)
+	require.Contains(t, st.Message(), `header "X-Token" references secret "nosuch"`)
 
 	_, err = f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tickets-token", Value: "Bearer " + canary})
 	require.NoError(t, err)

@@ -27,7 +27,7 @@ func (s *Service) CreateServer(ctx context.Context, req *registryv1.CreateServer
 	if err := s.store.CreateServer(ctx, reg, func(tx *bolt.Tx) error {
 		return s.event(ctx, audit.ActionCreate, resourceServer, reg.Ref, serverToProto(reg))(tx)
 	}); err != nil {
-		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
+		return nil, s.errors.Status(ctx, storeErr(err, serverNotFound(reg.Ref)))
 	}
 	return &registryv1.CreateServerResponse{Server: serverToProto(reg)}, nil
 }
@@ -41,7 +41,7 @@ func (s *Service) GetServer(ctx context.Context, req *registryv1.GetServerReques
 	// is only ever marshaled.
 	view, err := s.store.ServerView(req.GetRef(), func(r *mcpserver.Registration) any { return serverToProto(r) })
 	if err != nil {
-		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
+		return nil, s.errors.Status(ctx, storeErr(err, serverNotFound(req.GetRef())))
 	}
 	return &registryv1.GetServerResponse{Server: view.(*registryv1.Server)}, nil
 }
@@ -90,7 +90,7 @@ func (s *Service) UpdateServer(ctx context.Context, req *registryv1.UpdateServer
 			map[string]proto.Message{"before": serverToProto(before), "after": serverToProto(after)})(tx)
 	})
 	if err != nil {
-		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
+		return nil, s.errors.Status(ctx, storeErr(err, serverNotFound(req.GetRef())))
 	}
 	return &registryv1.UpdateServerResponse{Server: serverToProto(updated)}, nil
 }
@@ -101,7 +101,7 @@ func (s *Service) DeleteServer(ctx context.Context, req *registryv1.DeleteServer
 		return nil, s.errors.Status(ctx, err)
 	}
 	if err := s.store.DeleteServer(ctx, req.GetRef(), s.event(ctx, audit.ActionDelete, resourceServer, req.GetRef(), nil)); err != nil {
-		return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
+		return nil, s.errors.Status(ctx, storeErr(err, serverNotFound(req.GetRef())))
 	}
 	return &registryv1.DeleteServerResponse{}, nil
 }
@@ -135,7 +135,7 @@ func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServ
 	} else {
 		policy, err := s.store.ServerPolicy(ctx, req.GetRef())
 		if err != nil {
-			return nil, s.errors.Status(ctx, storeErr(err, errServerNotFound))
+			return nil, s.errors.Status(ctx, storeErr(err, serverNotFound(req.GetRef())))
 		}
 		toolPerms = policy.ToolPermissions
 	}
