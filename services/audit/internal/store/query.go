@@ -21,8 +21,9 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 )
 
-// ErrInvalidFilter means a filter named an unknown kind or outcome.
-var ErrInvalidFilter = errors.New("store: invalid filter")
+// ErrInvalidFilter means a filter named an unknown kind or outcome. It reaches callers as
+// the status message, hence the service's prefix.
+var ErrInvalidFilter = errors.New("audit: invalid filter")
 
 // Paging limits.
 const (
@@ -54,12 +55,12 @@ func (f Filter) validate() error {
 	switch f.Kind {
 	case "", audit.KindAdmin, audit.KindToolCall:
 	default:
-		return fmt.Errorf("%w: kind %.32q", ErrInvalidFilter, string(f.Kind))
+		return fmt.Errorf("%w: kind %.32q is not one of %s, %s", ErrInvalidFilter, string(f.Kind), audit.KindAdmin, audit.KindToolCall)
 	}
 	switch f.Outcome {
 	case "", audit.OutcomeRefusedBeforeDispatch, audit.OutcomeDispatched:
 	default:
-		return fmt.Errorf("%w: outcome %.32q", ErrInvalidFilter, f.Outcome)
+		return fmt.Errorf("%w: outcome %.32q is not one of %s, %s", ErrInvalidFilter, f.Outcome, audit.OutcomeRefusedBeforeDispatch, audit.OutcomeDispatched)
 	}
 	return nil
 }

@@ -337,10 +337,12 @@ func TestListFilters(t *testing.T) {
 		})
 	}
 
-	_, err := s.List(t.Context(), Filter{Outcome: "maybe"}, 10, "")
+	_, err := s.List(t.Context(), Filter{Outcome: "refused"}, 10, "")
 	require.ErrorIs(t, err, ErrInvalidFilter)
+	require.EqualError(t, err, `audit: invalid filter: outcome "refused" is not one of refused_before_dispatch, dispatched`)
 	_, err = s.List(t.Context(), Filter{Kind: "other"}, 10, "")
 	require.ErrorIs(t, err, ErrInvalidFilter)
+	require.EqualError(t, err, `audit: invalid filter: kind "other" is not one of admin, tool_call`)
 }
 
 func TestListPaging(t *testing.T) {
@@ -440,4 +442,11 @@ func TestSinkAdapter(t *testing.T) {
 	seq, _ := s.Head()
 	require.Equal(t, uint64(1), seq)
 	require.True(t, slices.Equal([]string{"1"}, callIDs(listAll(t, s, Filter{}, 10))))
+
+	// Another record under a stored ID is refused for good, so a spool quarantines it.
+	other := toolRec(call{tenant: "t", run: "r", server: "s", tool: "y"}, "2")
+	other.ID = r.ID
+	err := sink.Append(t.Context(), []audit.Record{other})
+	require.ErrorIs(t, err, audit.ErrRejected)
+	require.ErrorIs(t, err, ErrIDConflict)
 }
