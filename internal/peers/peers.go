@@ -247,8 +247,10 @@ func (a *Audit) Append(ctx context.Context, recs []audit.Record) error {
 		req.Records[i] = auditpb.RecordToProto(r)
 	}
 	_, err := a.client.Append(ctx, req)
-	if status.Code(err) == codes.InvalidArgument {
-		// The audit service refuses these records for what they are: no retry changes that.
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.AlreadyExists:
+		// The audit service refuses these records for what they are (invalid, or another
+		// record already holds an ID): no retry changes that.
 		return fmt.Errorf("%w: %w", audit.ErrRejected, err)
 	}
 	return err

@@ -421,5 +421,10 @@ var _ audit.Sink = storeSink{}
 
 func (k storeSink) Append(ctx context.Context, recs []audit.Record) error {
 	_, err := k.s.Append(ctx, recs)
+	if errors.Is(err, ErrIDConflict) {
+		// No resend changes which record holds the ID: the spool must set this one aside
+		// (quarantine) rather than retry it, and everything queued behind it, forever.
+		return fmt.Errorf("%w: %w", audit.ErrRejected, err)
+	}
 	return err
 }
