@@ -116,7 +116,12 @@ func openFileOutbox(dir string, log *slog.Logger) (*fileOutbox, error) {
 	}
 	o := &fileOutbox{dir: dir, log: log, segmentMax: segmentMaxBytes}
 	var err error
-	if o.acked, err = readCounter(filepath.Join(dir, ackedFile)); err != nil {
+	if o.acked, err = readCounter(filepath.Join(dir, ackedFile)); errors.Is(err, errDamagedCounter) {
+		// acked is written without a sync (a lost update only resends records, which the
+		// log keeps one of each of), so a crash can leave it torn: start over from 0.
+		log.Warn("audit: the spool's acked counter is damaged; forwarding every segment again (the audit log drops the duplicates)", "error", err)
+		o.acked = 0
+	} else if err != nil {
 		return nil, err
 	}
 	if o.dropped, err = readCounter(filepath.Join(dir, droppedFile)); err != nil {
@@ -593,6 +598,9 @@ func (o *fileOutbox) close() error {
 	return err
 }
 
+// errDamagedCounter: a counter file is not 8 bytes.
+var errDamagedCounter = errors.New("audit: damaged spool counter")
+
 func readCounter(path string) (uint64, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -602,7 +610,7 @@ func readCounter(path string) (uint64, error) {
 		return 0, fmt.Errorf("audit: read %s: %w", path, err)
 	}
 	if len(b) != 8 {
-		return 0, fmt.Errorf("audit: %s is damaged (%d bytes, want 8): restore it or remove it (records are then forwarded again, and the audit log keeps one of each)", path, len(b))
+		return 0, fmt.Errorf("%w: %s (%d bytes, want 8): restore it or remove it (records are then forwarded again, and the audit log keeps one of each)", errDamagedCounter, path, len(b))
 	}
 	return binary.BigEndian.Uint64(b), nil
 }

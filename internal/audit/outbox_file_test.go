@@ -199,10 +199,32 @@ func TestFileSpoolRefusesAForeignFile(t *testing.T) {
 	_, err := NewSpool(SpoolConfig{Dir: dir, Sink: newFakeSink(), Producer: "pool"})
 	require.ErrorContains(t, err, "notes.seg is not a spool segment: move it out")
 
+	// dropped is synced and counts what the trail must report: damage there stops the start.
 	dir = t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, ackedFile), []byte("abc"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, droppedFile), []byte("abc"), 0o600))
 	_, err = NewSpool(SpoolConfig{Dir: dir, Sink: newFakeSink(), Producer: "pool"})
-	require.ErrorContains(t, err, "is damaged (3 bytes, want 8)")
+	require.ErrorContains(t, err, "(3 bytes, want 8)")
+}
+
+// TestFileSpoolStartsOverFromATornAckedCounter: acked is written without a sync, so a crash
+// may leave it torn; the spool forwards its segments again and the log keeps one of each.
+func TestFileSpoolStartsOverFromATornAckedCounter(t *testing.T) {
+	env := newSpoolEnvOf(t, "files", nil)
+	dir := env.spool.out.describe()
+	var want []string
+	for i := range 3 {
+		r := toolRecord(i, "p")
+		require.NoError(t, env.spool.Enqueue(t.Context(), r))
+		want = append(want, r.ID)
+	}
+	require.NoError(t, env.spool.Close())
+	require.NoError(t, os.WriteFile(filepath.Join(dir, ackedFile), nil, 0o600))
+
+	s := fileSpool(t, dir, env.sink, env)
+	t.Cleanup(func() { _ = s.Close() })
+	require.Contains(t, env.logs.String(), "acked counter is damaged")
+	drain(t, s)
+	require.Equal(t, want, ids(env.sink.records()))
 }
 
 // TestFileSpoolAdoptsABboltOutbox: records left in a bbolt outbox by an earlier version are
