@@ -37,6 +37,9 @@ type fileOutbox struct {
 
 	wmu sync.Mutex // serializes writers: add and remove
 	f   *os.File   // the last segment, open for appending; nil until the next add needs one
+	// broken is set when a failed write could not be undone: the last segment's tail is
+	// unknown, so nothing more is written (fail closed) until a restart reads it back.
+	broken error
 
 	mu      sync.Mutex // guards the state readers see
 	segs    []segment
@@ -306,6 +309,9 @@ func (o *fileOutbox) add(bodies [][]byte, admit func(int) error) ([]error, error
 // appendFrames writes n frames, the first with sequence first, and syncs them. The caller
 // holds wmu.
 func (o *fileOutbox) appendFrames(frames []byte, first, n uint64) error {
+	if o.broken != nil {
+		return o.broken
+	}
 	o.mu.Lock()
 	var last segment
 	if len(o.segs) > 0 {
@@ -325,10 +331,15 @@ func (o *fileOutbox) appendFrames(frames []byte, first, n uint64) error {
 		err = unix.Fdatasync(int(o.f.Fd()))
 	}
 	if err != nil {
-		// After a failed write or sync the file's tail is unknown: never append after it.
-		// The next commit starts a new segment; the open cuts this one's tail.
-		_ = o.f.Close()
-		o.f = nil
+		// After a failed write or sync the file's tail is unknown. Cut it back to the last
+		// durable frame, so the next commit writes the same sequences at the same place;
+		// starting a new segment instead would leave two segments holding them, which the
+		// next start refuses as an edited spool.
+		if terr := o.f.Truncate(off); terr != nil || unix.Fdatasync(int(o.f.Fd())) != nil {
+			_ = o.f.Close()
+			o.f = nil
+			o.broken = fmt.Errorf("audit: the spool segment could not be written nor cut back after %v: nothing more is spooled until the pool restarts (check the disk)", err)
+		}
 		return fmt.Errorf("audit: write spool segment: %w", err)
 	}
 	o.mu.Lock()

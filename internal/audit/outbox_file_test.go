@@ -259,3 +259,33 @@ func TestFileSpoolAdoptsABboltOutbox(t *testing.T) {
 	require.Equal(t, ActionAuditRecordsDropped, got[3].Admin.Action)
 	require.JSONEq(t, `{"dropped":2,"limit":100000}`, string(got[3].Admin.Change))
 }
+
+// TestFileSpoolFailsClosedWhenAWriteCannotBeUndone: after a write fails and the tail cannot
+// be cut back, nothing more is spooled (no second segment for the same sequences), and the
+// next start reads the spool as it was.
+func TestFileSpoolFailsClosedWhenAWriteCannotBeUndone(t *testing.T) {
+	env := newSpoolEnvOf(t, "files", nil)
+	dir := env.spool.out.describe()
+	first := toolRecord(0, "p")
+	require.NoError(t, env.spool.Enqueue(t.Context(), first))
+	o := env.spool.out.(*fileOutbox)
+	o.wmu.Lock()
+	ro, err := os.Open(o.f.Name()) // read-only: writes and truncation both fail
+	require.NoError(t, err)
+	_ = o.f.Close()
+	o.f = ro
+	o.wmu.Unlock()
+
+	require.Error(t, env.spool.Enqueue(t.Context(), toolRecord(1, "p")))
+	err = env.spool.Enqueue(t.Context(), toolRecord(2, "p"))
+	require.ErrorContains(t, err, "nothing more is spooled until the pool restarts")
+	require.Len(t, segments(t, dir), 1, "no second segment for the same sequences")
+	require.NoError(t, env.spool.Close())
+
+	s := fileSpool(t, dir, env.sink, env)
+	t.Cleanup(func() { _ = s.Close() })
+	third := toolRecord(3, "p")
+	require.NoError(t, s.Enqueue(t.Context(), third))
+	drain(t, s)
+	require.Equal(t, []string{first.ID, third.ID}, ids(env.sink.records()))
+}
