@@ -69,7 +69,7 @@ func Execute(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		return exit.code
 	}
-	printError(stderr, err)
+	printError(stderr, err, g.caFile != "")
 	if isUsage(err) {
 		return ExitUsage
 	}
@@ -210,8 +210,8 @@ func (g *globals) streamCtx(parent context.Context) context.Context {
 }
 
 // printError renders an error for a person: the server's message, the field it names, and a
-// hint for the common connection and credential mistakes.
-func printError(w io.Writer, err error) {
+// hint for the common connection and credential mistakes. usedTLS says whether --ca-file was set.
+func printError(w io.Writer, err error, usedTLS bool) {
 	st, ok := status.FromError(err)
 	if !ok {
 		fmt.Fprintf(w, "ringfence: %v\n", err)
@@ -232,7 +232,14 @@ func printError(w io.Writer, err error) {
 	}
 	switch st.Code().String() {
 	case "Unavailable":
-		if strings.Contains(st.Message(), "connection refused") || strings.Contains(st.Message(), "connection error") {
+		switch msg := st.Message(); {
+		// A TLS server closes the connection on a plaintext client's HTTP/2 preface, and a
+		// plaintext server answers a TLS handshake with HTTP/2: neither is a server that is down.
+		case !usedTLS && strings.Contains(msg, "error reading server preface"):
+			fmt.Fprintln(w, "  hint: the server speaks TLS: pass --ca-file (RINGFENCE_CA_FILE) with the CA that signed its certificate")
+		case usedTLS && strings.Contains(msg, "does not look like a TLS handshake"):
+			fmt.Fprintln(w, "  hint: the server speaks plaintext: drop --ca-file (RINGFENCE_CA_FILE), or give the server a certificate")
+		case strings.Contains(msg, "connection refused") || strings.Contains(msg, "connection error"):
 			fmt.Fprintln(w, "  hint: is the server running? set --addr or RINGFENCE_ADDR")
 		}
 	case "Unauthenticated":
