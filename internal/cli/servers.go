@@ -42,10 +42,14 @@ type serverFlags struct {
 
 func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 	fl := cmd.Flags()
-	fl.StringVarP(&f.transport, "transport", "t", "stdio", "stdio, streamable_http (alias http) or sse")
+	transportHelp, urlHelp := "stdio, streamable_http (alias http) or sse", "server URL, for streamable_http and sse"
+	if !update {
+		transportHelp, urlHelp = addTransportHelp, urlHelp+"; needs --transport"
+	}
+	fl.StringVarP(&f.transport, "transport", "t", "", transportHelp)
 	fl.StringVar(&f.command, "command", "", `command to run inside the isolation image, split as a shell would, e.g. "mcp-server-filesystem /srv/docs"`)
 	fl.StringArrayVar(&f.args, "arg", nil, "one more argument, appended after those in --command (repeatable)")
-	fl.StringVar(&f.url, "url", "", "server URL, for streamable_http and sse")
+	fl.StringVar(&f.url, "url", "", urlHelp)
 	fl.StringVar(&f.description, "description", "", "what the server is for")
 	fl.StringArrayVar(&f.headerSecrets, "header-secret", nil, "HEADER=SECRET: send HEADER with the value of the registry secret SECRET (repeatable)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the server's environment, or KEY alone to take the value from this shell's $KEY (keeps secrets out of ps and history); KEY must be on the operator's allowlist (repeatable)")
@@ -62,10 +66,28 @@ func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 	}
 }
 
+const addTransportHelp = "stdio, streamable_http (alias http) or sse; stdio when omitted, except that --url requires it"
+
+// transportFor is the transport the flags name. --url with the stdio default would be refused
+// for a missing command, which hides the mistake, so --url requires an explicit --transport
+// rather than picking one of the two remote transports for the user.
+func (f *serverFlags) transportFor() (string, error) {
+	switch {
+	case f.transport != "":
+		return normalizeTransport(f.transport), nil
+	case f.url != "":
+		return "", usagef("--url needs --transport streamable_http (or sse): without --transport the server is stdio, run from --command")
+	}
+	return "stdio", nil
+}
+
 // createRequest is the registration the flags describe.
 func (f *serverFlags) createRequest(ref string) (*registryv1.CreateServerRequest, error) {
-	req := &registryv1.CreateServerRequest{Ref: ref, Transport: normalizeTransport(f.transport), Url: f.url, Description: f.description, KeepMarkup: f.keepMarkup, StrictInputs: f.strictInputs}
-	var err error
+	transport, err := f.transportFor()
+	if err != nil {
+		return nil, err
+	}
+	req := &registryv1.CreateServerRequest{Ref: ref, Transport: transport, Url: f.url, Description: f.description, KeepMarkup: f.keepMarkup, StrictInputs: f.strictInputs}
 	if req.Command, req.Args, err = splitCommand(f.command, f.args); err != nil {
 		return nil, err
 	}
@@ -88,10 +110,10 @@ func (f *serverFlags) createRequest(ref string) (*registryv1.CreateServerRequest
 // registerAdhoc registers the flags that describe a server to explore without registering it.
 func (f *serverFlags) registerAdhoc(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	fl.StringVarP(&f.transport, "transport", "t", "stdio", "stdio, streamable_http (alias http) or sse")
+	fl.StringVarP(&f.transport, "transport", "t", "", addTransportHelp)
 	fl.StringVar(&f.command, "command", "", `explore an ad-hoc server running this command inside the isolation image, split as a shell would`)
 	fl.StringArrayVar(&f.args, "arg", nil, "one more argument, appended after those in --command (repeatable)")
-	fl.StringVar(&f.url, "url", "", "explore an ad-hoc server at this URL (streamable_http or sse)")
+	fl.StringVar(&f.url, "url", "", "explore an ad-hoc server at this URL (streamable_http or sse); needs --transport")
 	fl.StringArrayVar(&f.headerSecrets, "header-secret", nil, "HEADER=SECRET for the ad-hoc server (repeatable)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the ad-hoc server's environment, or KEY alone to take the value from this shell's $KEY; KEY must be on the allowlist (repeatable)")
 	fl.DurationVar(&f.sessionTimeout, "session-timeout", 0, "bound on MCP client setup: initialize and the first tools/list (default 2s)")
@@ -132,7 +154,10 @@ func newServersAddCmd(g *globals) *cobra.Command {
 					return err
 				}
 			}
-			transport := normalizeTransport(f.transport)
+			transport, err := f.transportFor()
+			if err != nil {
+				return err
+			}
 			if transport == "stdio" && f.command == "" {
 				if f.command, err = g.prompt("command to run inside the isolation image"); err != nil {
 					return err

@@ -1,0 +1,43 @@
+package cli
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// --url without --transport is a usage error naming the flag to add, before anything is
+// dialed, rather than a prompt (or a refusal) for the stdio command.
+func TestURLNeedsAnExplicitTransport(t *testing.T) {
+	for _, args := range [][]string{
+		{"servers", "add", "tickets", "--url", "https://mcp.example.com/mcp"},
+		{"servers", "explore", "--url", "https://mcp.example.com/mcp"},
+	} {
+		t.Run(args[1], func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := Execute(append(args, "--addr", "127.0.0.1:1"), strings.NewReader(""), &stdout, &stderr)
+			require.Equal(t, ExitUsage, code, stderr.String())
+			require.Contains(t, stderr.String(), "--url needs --transport streamable_http (or sse)")
+		})
+	}
+}
+
+func TestTransportFor(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		f         serverFlags
+		transport string
+	}{
+		{"default", serverFlags{command: "x"}, "stdio"},
+		{"alias", serverFlags{transport: "http", url: "https://mcp.example.com/mcp"}, "streamable_http"},
+		{"sse", serverFlags{transport: "sse", url: "https://mcp.example.com/sse"}, "sse"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tc.f.transportFor()
+			require.NoError(t, err)
+			require.Equal(t, tc.transport, got)
+		})
+	}
+}
