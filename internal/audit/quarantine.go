@@ -14,13 +14,19 @@ import (
 type quarantineLine struct {
 	Time    time.Time       `json:"quarantine_time"`
 	Refusal string          `json:"refusal"`
-	Record  json.RawMessage `json:"record"`
+	Record  json.RawMessage `json:"record,omitempty"`
+	// Raw holds, base64, a stored body that is not JSON at all (damage), for recovery by hand.
+	Raw []byte `json:"raw,omitempty"`
 }
 
 // quarantine appends a refused record, as stored, with the refusal to the quarantine file
 // (JSON lines) and syncs it.
 func (s *Spool) quarantine(body []byte, refusal error) error {
-	line, err := json.Marshal(quarantineLine{time.Now().UTC(), refusal.Error(), body})
+	q := quarantineLine{Time: time.Now().UTC(), Refusal: refusal.Error(), Record: body}
+	if !json.Valid(body) {
+		q.Record, q.Raw = nil, body
+	}
+	line, err := json.Marshal(q)
 	if err != nil {
 		return err
 	}

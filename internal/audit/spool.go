@@ -648,10 +648,19 @@ func (s *Spool) readBatch(after []byte) (spoolBatch, error) {
 	for _, e := range entries {
 		b.last = e.key
 		var r Record
-		if err := json.Unmarshal(e.body, &r); err != nil || r.Validate() != nil {
-			// The producer's file was damaged. Dropping the record (and saying so in
-			// the trail) beats blocking every record behind it forever.
-			s.log.Error("audit: spool record does not decode, dropping it", "outbox", s.out.describe(), "key", fmt.Sprintf("%x", e.key))
+		err := json.Unmarshal(e.body, &r)
+		if err == nil {
+			err = r.Validate()
+		}
+		if err != nil {
+			// The producer's file was damaged, or a newer producer validates more strictly
+			// than the one that wrote it. Setting the record aside (quarantine, counted as
+			// dropped in the trail) beats blocking every record behind it forever, and keeps
+			// its content for whoever investigates.
+			s.log.Error("audit: spool record does not decode, setting it aside", "outbox", s.out.describe(), "key", fmt.Sprintf("%x", e.key), "error", err)
+			if qerr := s.quarantine(e.body, fmt.Errorf("does not decode as a valid record: %w", err)); qerr != nil {
+				return b, fmt.Errorf("audit: quarantine an undecodable spool record: %w", qerr)
+			}
 			b.corrupt++
 			continue
 		}

@@ -417,7 +417,7 @@ func testSpoolSurvivesReopen(t *testing.T, kind string) {
 	require.Equal(t, want, ids(sink.records()))
 }
 
-func TestSpoolDropsUndecodableRecord(t *testing.T) {
+func TestSpoolSetsAsideAnUndecodableRecord(t *testing.T) {
 	env := newSpoolEnv(t, nil)
 	good := toolRecord(2, "p")
 	require.NoError(t, env.db.Update(func(tx *bolt.Tx) error {
@@ -441,6 +441,14 @@ func TestSpoolDropsUndecodableRecord(t *testing.T) {
 	var change map[string]any
 	require.NoError(t, json.Unmarshal(got[1].Admin.Change, &change))
 	require.EqualValues(t, 1, change["dropped"])
+
+	// Its bytes are kept for whoever investigates.
+	raw, err := os.ReadFile(env.spool.quarantinePath)
+	require.NoError(t, err)
+	var q quarantineLine
+	require.NoError(t, json.Unmarshal(bytes.TrimSpace(raw), &q))
+	require.Equal(t, []byte("{not json"), q.Raw)
+	require.Contains(t, q.Refusal, "does not decode")
 }
 
 func seqKeyForTest(seq uint64) []byte {
