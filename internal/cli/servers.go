@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strings"
@@ -17,6 +18,7 @@ import (
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
+	"github.com/ringfence/ringfence/internal/capability"
 )
 
 // serverFlags are the registration flags of `servers add` and `servers update` (the seed's
@@ -167,6 +169,7 @@ func newServersAddCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			warnGrantTypos(g.stderr, f.grants)
 
 			client, ctx, cancel, err := g.registry(cmd.Context())
 			if err != nil {
@@ -243,6 +246,7 @@ replace the stored list. Without --env or --clear-env the stored env is kept.`,
 			}
 			if changed("grant") {
 				req.Grants = f.grants
+				warnGrantTypos(g.stderr, f.grants)
 			}
 			if changed("include-tool") || changed("exclude-tool") {
 				req.ToolFilter = &registryv1.ToolFilter{Include: req.GetToolFilter().GetInclude(), Exclude: req.GetToolFilter().GetExclude()}
@@ -565,6 +569,41 @@ func target(s *registryv1.Server) string {
 		return strings.TrimSpace(s.GetCommand() + " " + strings.Join(s.GetArgs(), " "))
 	}
 	return s.GetUrl()
+}
+
+// warnGrantTypos warns about grants within edit distance 2 of a floor capability. Grants are
+// free-form, so "proces_spawn" is stored as written; without a word here the mistake surfaces
+// only later, as an import or publish refused for the missing floor.
+func warnGrantTypos(w io.Writer, grants []string) {
+	for _, grant := range grants {
+		for _, floor := range capability.Floor {
+			if grant != floor && editDistance(grant, floor) <= 2 {
+				fmt.Fprintf(w, "warning: --grant %s is not a floor capability; did you mean %s? (granted as written)\n", grant, floor)
+			}
+		}
+	}
+}
+
+// editDistance is the Levenshtein distance between a and b, over bytes (capability names are
+// ASCII).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 func normalizeTransport(t string) string {

@@ -41,3 +41,36 @@ func TestTransportFor(t *testing.T) {
 		})
 	}
 }
+
+func TestWarnGrantTypos(t *testing.T) {
+	for _, tc := range []struct {
+		grant, want string
+	}{
+		{"proces_spawn", "did you mean process_spawn?"},
+		{"process-spawn", "did you mean process_spawn?"},
+		{"external_api_cal", "did you mean external_api_call?"},
+		{"externl_api_calls", "did you mean external_api_call?"},
+		{"process_spawn", ""},
+		{"external_api_call", ""},
+		{"fs.read:/srv/**", ""},
+		{"process", ""},
+	} {
+		t.Run(tc.grant, func(t *testing.T) {
+			var out bytes.Buffer
+			warnGrantTypos(&out, []string{tc.grant})
+			if tc.want == "" {
+				require.Empty(t, out.String())
+				return
+			}
+			require.Contains(t, out.String(), "warning: --grant "+tc.grant+" is not a floor capability; "+tc.want)
+		})
+	}
+}
+
+func TestEditDistance(t *testing.T) {
+	require.Equal(t, 0, editDistance("process_spawn", "process_spawn"))
+	require.Equal(t, 1, editDistance("proces_spawn", "process_spawn"))
+	require.Equal(t, 2, editDistance("prcoess_spawn", "process_spawn"))
+	require.Equal(t, 3, editDistance("", "abc"))
+	require.Equal(t, 3, editDistance("abc", ""))
+}
