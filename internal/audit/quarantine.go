@@ -32,8 +32,14 @@ func (s *Spool) quarantine(body []byte, refusal error) error {
 	}
 	s.quarantineMu.Lock()
 	defer s.quarantineMu.Unlock()
+	if fi, err := os.Stat(s.quarantinePath); err == nil && fi.Size()+int64(len(line))+1 > s.maxQuarantine {
+		return fmt.Errorf("%w: %s holds %d bytes, limit %d: investigate and requeue or move it aside", ErrQuarantineFull, s.quarantinePath, fi.Size(), s.maxQuarantine)
+	}
 	return writeSynced(s.quarantinePath, os.O_APPEND, append(line, '\n'))
 }
+
+// ErrQuarantineFull: the quarantine file is at its bound (SpoolConfig.MaxQuarantineBytes).
+var ErrQuarantineFull = errors.New("audit: the quarantine file is full")
 
 // RequeueQuarantined puts the records of the quarantine file back in the outbox, for an audit
 // log that now takes them (typically one upgraded past the producer that wrote them). The

@@ -47,15 +47,16 @@ var ErrSpoolFull = errors.New("audit: spool full")
 
 // Defaults for SpoolConfig.
 const (
-	DefaultMaxPending     = 100_000
-	DefaultBatchSize      = 500
-	MaxBatchSize          = 1000
-	DefaultBatchBytes     = 1 << 20
-	DefaultMinBackoff     = 50 * time.Millisecond
-	DefaultMaxBackoff     = 5 * time.Second
-	DefaultAttemptTimeout = 30 * time.Second
-	DefaultAckDelay       = 20 * time.Millisecond
-	DefaultLinger         = 10 * time.Millisecond
+	DefaultMaxPending         = 100_000
+	DefaultMaxQuarantineBytes = 256 << 20
+	DefaultBatchSize          = 500
+	MaxBatchSize              = 1000
+	DefaultBatchBytes         = 1 << 20
+	DefaultMinBackoff         = 50 * time.Millisecond
+	DefaultMaxBackoff         = 5 * time.Second
+	DefaultAttemptTimeout     = 30 * time.Second
+	DefaultAckDelay           = 20 * time.Millisecond
+	DefaultLinger             = 10 * time.Millisecond
 )
 
 // SpoolConfig configures a Spool. Sink, Producer, and either DB and Bucket or Dir are
@@ -78,7 +79,11 @@ type SpoolConfig struct {
 	Producer string
 	// MaxPending bounds the outbox; 0 means DefaultMaxPending.
 	MaxPending int
-	OnFull     FullPolicy
+	// MaxQuarantineBytes bounds the quarantine file; 0 means DefaultMaxQuarantineBytes. Past
+	// it, refused records wait in the outbox (forwarding stops), which then fills and fails
+	// closed: nothing is lost, and nothing grows without bound.
+	MaxQuarantineBytes int64
+	OnFull             FullPolicy
 	// BatchSize and BatchBytes bound one forwarded batch (at least one record is always
 	// sent, however large).
 	BatchSize  int
@@ -130,7 +135,12 @@ type Spool struct {
 	lastAlarm time.Time
 
 	// quarantineMu orders writes to the quarantine file with RequeueQuarantined.
-	quarantineMu sync.Mutex
+	quarantineMu  sync.Mutex
+	maxQuarantine int64
+	// quarantined counts records set aside since the last log line about them: a log that
+	// refuses everything is one event, not one error line per record.
+	quarantined, quarantineLogged int
+	lastQuarantineLog             time.Time
 
 	// The group commit of Enqueue: waiting calls, and whether one is committing.
 	qmu     sync.Mutex
@@ -151,6 +161,7 @@ func NewSpool(cfg SpoolConfig) (*Spool, error) {
 		sink:           cfg.Sink,
 		producer:       cfg.Producer,
 		maxPending:     orDefault(cfg.MaxPending, DefaultMaxPending),
+		maxQuarantine:  orDefault(cfg.MaxQuarantineBytes, DefaultMaxQuarantineBytes),
 		onFull:         cfg.OnFull,
 		batchSize:      min(orDefault(cfg.BatchSize, DefaultBatchSize), MaxBatchSize),
 		batchBytes:     orDefault(cfg.BatchBytes, DefaultBatchBytes),
@@ -264,7 +275,7 @@ func (s *Spool) Adopt(db *bolt.DB, bucket string) (int, error) {
 // the database). Stop the forwarder first.
 func (s *Spool) Close() error { return s.out.close() }
 
-func orDefault[T int | time.Duration](v, d T) T {
+func orDefault[T int | int64 | time.Duration](v, d T) T {
 	if v <= 0 {
 		return d
 	}
@@ -761,8 +772,13 @@ func (s *Spool) sendEach(ctx context.Context, b *spoolBatch, batchErr error, f *
 				}
 			}
 		}
-		s.log.Error("audit: the audit log refused a record; it is kept in the quarantine file and counted as dropped",
-			"record", r.ID, "error", err, "quarantine", s.quarantinePath)
+		s.quarantined++
+		if s.quarantineLogged == 0 || time.Since(s.lastQuarantineLog) >= 30*time.Second {
+			s.log.Error("audit: the audit log refused records; they are kept in the quarantine file and counted as dropped",
+				"record", r.ID, "error", err, "quarantine", s.quarantinePath, "records_since_last_report", s.quarantined)
+			s.quarantined, s.lastQuarantineLog = 0, time.Now()
+			s.quarantineLogged++
+		}
 		// The spool's own report of dropped records is not counted again if the log refuses
 		// it too: that would report the report forever.
 		if !(r.Kind == KindAdmin && r.Producer == s.producer && r.Admin != nil && r.Admin.Action == ActionAuditRecordsDropped) {

@@ -566,7 +566,37 @@ func testSpoolQuarantinesRecordsTheLogRefuses(t *testing.T, kind string) {
 	require.Equal(t, refused.ID, q.Record.ID, "the refused record, whole")
 	require.Equal(t, refused.ToolCall.CallID, q.Record.ToolCall.CallID)
 	require.Contains(t, q.Refusal, "InvalidArgument")
-	require.Contains(t, env.logs.String(), "refused a record")
+	require.Contains(t, env.logs.String(), "refused records")
+}
+
+// TestSpoolQuarantineIsBounded: past its bound the quarantine takes nothing more; refused
+// records wait in the outbox, which fills and fails closed, and the log says so once rather
+// than once per record.
+func TestSpoolQuarantineIsBounded(t *testing.T) {
+	env := newSpoolEnvOf(t, "files", func(c *SpoolConfig) {
+		c.MaxQuarantineBytes = 1500
+		c.MaxPending = 12
+		c.OnFull = FailClosed
+		c.MaxBackoff = 20 * time.Millisecond
+	})
+	for i := range 12 {
+		r := toolRecord(i, "p")
+		env.sink.mu.Lock()
+		env.sink.refuse[r.ID] = true
+		env.sink.mu.Unlock()
+		require.NoError(t, env.spool.Enqueue(t.Context(), r))
+	}
+	env.run(t)
+	require.Eventually(t, func() bool { return strings.Contains(env.logs.String(), "cannot quarantine") }, 10*time.Second, 10*time.Millisecond)
+	fi, err := os.Stat(env.spool.quarantinePath)
+	require.NoError(t, err)
+	require.LessOrEqual(t, fi.Size(), int64(1500), "the quarantine stays within its bound")
+	require.Positive(t, env.spool.Pending(), "what it cannot take waits in the outbox")
+	require.Equal(t, 1, strings.Count(env.logs.String(), "refused records;"), "one log line, not one per record")
+	for env.spool.CanAccept() == nil {
+		require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(100+env.spool.Pending(), "p")))
+	}
+	require.ErrorIs(t, env.spool.CanAccept(), ErrSpoolFull, "the outbox fills and fails closed")
 }
 
 // TestSpoolDoesNotReportItsRefusedReportForever: when the log refuses the spool's report of
