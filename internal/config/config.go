@@ -138,7 +138,9 @@ func (c *Config) Validate() error {
 		errs.add("bootstrap_admin_key", "is shorter than 16 characters", "use a long random value, e.g. `openssl rand -hex 32`")
 	}
 	if n := countSet(c.TLS.CertFile, c.TLS.KeyFile, c.TLS.ClientCAFile); n != 0 && n != 3 {
-		errs.add("tls", "cert_file, key_file and client_ca_file must be set together", "set all three (`ringfence certs init --dir D` writes a development set) or none")
+		errs.addRule(fmt.Sprintf("tls.cert_file, tls.key_file and tls.client_ca_file (%s, %s, %s) must be set together",
+			EnvName("tls.cert_file"), EnvName("tls.key_file"), EnvName("tls.client_ca_file")),
+			"set all three (`ringfence certs init --dir D` writes a development set) or none")
 	}
 	if img := c.Sandbox.MCPIsolationImage; img != "" && !imageRefPattern.MatchString(img) {
 		errs.add("sandbox.mcp_isolation_image", fmt.Sprintf("%q is not pinned by digest", img),
@@ -222,6 +224,11 @@ type problems []string
 
 func (p *problems) add(key, what, fix string) {
 	*p = append(*p, fmt.Sprintf("%s (%s) %s: %s", key, EnvName(key), what, fix))
+}
+
+// addRule records a failed rule over several keys, which it names itself.
+func (p *problems) addRule(what, fix string) {
+	*p = append(*p, fmt.Sprintf("%s: %s", what, fix))
 }
 
 func (p problems) err() error {

@@ -63,6 +63,7 @@ func TestNestedEnvKeys(t *testing.T) {
 		"RINGFENCE_SANDBOX__MCP_ISOLATION_MEMORY=1GiB",
 		"RINGFENCE_DEV__ALLOW_INLINE_MCP_SERVERS=true",
 		"RINGFENCE_API_KEY=ignored-because-it-is-the-cli's",
+		"RINGFENCE_SERVER_IDENTITY=registry",
 	})
 	require.NoError(t, err)
 	require.Equal(t, digest, cfg.Sandbox.MCPIsolationImage)

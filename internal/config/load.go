@@ -23,13 +23,14 @@ const EnvPrefix = "RINGFENCE_"
 // A server ignores them instead of refusing them, because operators export them in the same
 // shell they start servers from.
 var clientEnvKeys = map[string]bool{
-	"RINGFENCE_ADDR":        true,
-	"RINGFENCE_API_KEY":     true,
-	"RINGFENCE_CA_FILE":     true,
-	"RINGFENCE_CERT_FILE":   true,
-	"RINGFENCE_KEY_FILE":    true,
-	"RINGFENCE_SERVER_NAME": true,
-	"RINGFENCE_CONFIG":      true,
+	"RINGFENCE_ADDR":            true,
+	"RINGFENCE_API_KEY":         true,
+	"RINGFENCE_CA_FILE":         true,
+	"RINGFENCE_CERT_FILE":       true,
+	"RINGFENCE_KEY_FILE":        true,
+	"RINGFENCE_SERVER_NAME":     true,
+	"RINGFENCE_SERVER_IDENTITY": true,
+	"RINGFENCE_CONFIG":          true,
 }
 
 // EnvName is the environment variable for a key: "sandbox.mcp_isolation_image" becomes
