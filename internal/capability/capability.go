@@ -24,6 +24,40 @@ const (
 // Floor is the capability set every mcp_tool node declares.
 var Floor = []string{ProcessSpawn, ExternalAPICall}
 
+// NearFloor reports the floor capability s is probably a typo of (within two edits, and not
+// itself): grants are free-form, so "proces_spawn" is a valid capability that covers nothing
+// the floor needs.
+func NearFloor(s string) (string, bool) {
+	for _, f := range Floor {
+		if s != f && editDistance(s, f) <= 2 {
+			return f, true
+		}
+	}
+	return "", false
+}
+
+// editDistance is the Levenshtein distance between a and b, over bytes (capability names are
+// ASCII).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
 // MaxLen bounds one capability string.
 const MaxLen = 256
 

@@ -166,3 +166,19 @@ func TestEffectiveWithoutRevocationsIsTheHeldSet(t *testing.T) {
 	req := MustParseSet([]string{"process_spawn", "external_api_call", "fs.read:/srv/a", "fs.read:/etc/passwd"})
 	require.Equal(t, held.Missing(req), Effective{Held: held}.Missing(req))
 }
+
+func TestEditDistance(t *testing.T) {
+	require.Equal(t, 0, editDistance("process_spawn", "process_spawn"))
+	require.Equal(t, 1, editDistance("proces_spawn", "process_spawn"))
+	require.Equal(t, 2, editDistance("prcoess_spawn", "process_spawn"))
+	require.Equal(t, 3, editDistance("", "abc"))
+	require.Equal(t, 3, editDistance("abc", ""))
+}
+
+func TestNearFloor(t *testing.T) {
+	for s, want := range map[string]string{"proces_spawn": ProcessSpawn, "external_api_cal": ExternalAPICall, "process_spawn": "", "fs.read": ""} {
+		got, ok := NearFloor(s)
+		require.Equal(t, want, got, s)
+		require.Equal(t, want != "", ok, s)
+	}
+}

@@ -576,34 +576,10 @@ func target(s *registryv1.Server) string {
 // only later, as an import or publish refused for the missing floor.
 func warnGrantTypos(w io.Writer, grants []string) {
 	for _, grant := range grants {
-		for _, floor := range capability.Floor {
-			if grant != floor && editDistance(grant, floor) <= 2 {
-				fmt.Fprintf(w, "warning: --grant %s is not a floor capability; did you mean %s? (granted as written)\n", grant, floor)
-			}
+		if floor, ok := capability.NearFloor(grant); ok {
+			fmt.Fprintf(w, "warning: --grant %s is not a floor capability; did you mean %s? (granted as written)\n", grant, floor)
 		}
 	}
-}
-
-// editDistance is the Levenshtein distance between a and b, over bytes (capability names are
-// ASCII).
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 func normalizeTransport(t string) string {

@@ -66,11 +66,3 @@ func TestWarnGrantTypos(t *testing.T) {
 		})
 	}
 }
-
-func TestEditDistance(t *testing.T) {
-	require.Equal(t, 0, editDistance("process_spawn", "process_spawn"))
-	require.Equal(t, 1, editDistance("proces_spawn", "process_spawn"))
-	require.Equal(t, 2, editDistance("prcoess_spawn", "process_spawn"))
-	require.Equal(t, 3, editDistance("", "abc"))
-	require.Equal(t, 3, editDistance("abc", ""))
-}

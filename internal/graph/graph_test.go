@@ -285,6 +285,7 @@ func TestCeilingEmptyGrantsDeniesEveryNode(t *testing.T) {
 		require.Contains(t, v.Message, "grants: [] is the default")
 		require.Contains(t, v.Message, "is the floor every mcp_tool node must declare, so only a grant fixes this", "removing the floor would break the floor rule")
 		require.NotContains(t, v.Message, "Remove")
+		require.Contains(t, v.Message, "ringfence servers update docs --grant process_spawn --grant external_api_call)")
 	}
 }
 

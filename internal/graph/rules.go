@@ -114,12 +114,20 @@ func checkCeiling(n *Node, caps capability.Set, invalid []string, grants capabil
 			other = append(other, c)
 		}
 	}
+	// update replaces the grants: the suggested command lists every one to keep, less
+	// near-misses of the floor, and the floor.
+	var flags []string
+	for _, g := range append(append([]string(nil), grantsRaw...), floor...) {
+		if _, typo := capability.NearFloor(g); !typo && !slices.Contains(flags, "--grant "+g) {
+			flags = append(flags, "--grant "+g)
+		}
+	}
 	var fix string
 	switch {
 	case len(floor) == 0:
 		fix = fmt.Sprintf("Remove %s from the node's capability_bindings, or ask an operator of server %q to grant it", strings.Join(other, ", "), m.ServerRef)
 	case len(other) == 0:
-		fix = fmt.Sprintf("%s is the floor every mcp_tool node must declare, so only a grant fixes this: ask an operator of server %q to grant it (ringfence servers update %s --grant …)", strings.Join(floor, " and "), m.ServerRef, m.ServerRef)
+		fix = fmt.Sprintf("%s is the floor every mcp_tool node must declare, so only a grant fixes this: ask an operator of server %q to grant it (ringfence servers update %s %s)", strings.Join(floor, " and "), m.ServerRef, m.ServerRef, strings.Join(flags, " "))
 	default:
 		fix = fmt.Sprintf("Remove %s from the node's capability_bindings or have it granted; %s is the floor every mcp_tool node must declare, so only a grant fixes that: ask an operator of server %q", strings.Join(other, ", "), strings.Join(floor, " and "), m.ServerRef)
 	}

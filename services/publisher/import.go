@@ -237,9 +237,13 @@ func grantsCoverFloor(p mcpserver.Policy) error {
 	if len(p.Grants) > 0 {
 		shown = "[" + strings.Join(p.Grants, ", ") + "]"
 	}
+	// update replaces the grants, so the suggestion lists every one to keep, less near-misses
+	// of the floor (a "proces_spawn" kept beside the real one helps nobody).
 	var flags []string
 	for _, g := range append(append([]string(nil), p.Grants...), missing...) {
-		flags = append(flags, "--grant "+g)
+		if _, typo := capability.NearFloor(g); !typo {
+			flags = append(flags, "--grant "+g)
+		}
 	}
 	return refusef("server %s grants %s, which does not cover %s. Every imported tool node declares process_spawn and external_api_call "+
 		"(the floor: reaching a server spawns a process that calls out), and a node may declare only what its server grants, "+

@@ -168,6 +168,12 @@ func TestImportRefusesGrantsThatDoNotCoverTheFloor(t *testing.T) {
 	st = testutil.RequireStatus(t, err, codes.FailedPrecondition)
 	require.Contains(t, st.Message(), "does not cover external_api_call")
 	require.Equal(t, int64(1), f.draft(t, "g").GetRevision(), "nothing was written")
+
+	// The suggested command keeps every grant (update replaces them) but a floor typo.
+	f.setGrants(t, "fresh", []string{"proces_spawn", "fs.read"}, nil)
+	_, err = f.importTools(t, "g", "fresh", "researcher")
+	st = testutil.RequireStatus(t, err, codes.FailedPrecondition)
+	require.Contains(t, st.Message(), "ringfence servers update fresh --grant fs.read --grant process_spawn --grant external_api_call")
 }
 
 // An import always writes a draft: a graph id with no draft (never created, or deleted) is
