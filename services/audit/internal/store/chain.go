@@ -73,16 +73,16 @@ type storedBody struct {
 
 func decodeEntry(key, value []byte) (Entry, error) {
 	if len(key) != 8 || len(value) < hashLen {
-		return Entry{}, errors.New("store: malformed record")
+		return Entry{}, errors.New("audit: malformed record")
 	}
 	var b storedBody
 	if err := json.Unmarshal(value[hashLen:], &b); err != nil {
-		return Entry{}, fmt.Errorf("store: decode record %d: %w", binary.BigEndian.Uint64(key), err)
+		return Entry{}, fmt.Errorf("audit: decode record %d: %w", binary.BigEndian.Uint64(key), err)
 	}
 	e := Entry{Record: b.Record}
 	copy(e.Hash[:], value[:hashLen])
 	if _, err := hex.Decode(e.PrevHash[:], []byte(b.PrevHash)); err != nil {
-		return Entry{}, fmt.Errorf("store: decode record %d: prev_hash: %w", binary.BigEndian.Uint64(key), err)
+		return Entry{}, fmt.Errorf("audit: decode record %d: prev_hash: %w", binary.BigEndian.Uint64(key), err)
 	}
 	return e, nil
 }

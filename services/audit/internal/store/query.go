@@ -192,7 +192,7 @@ func (sc *scanner) scan(tx *bolt.Tx, after, upto uint64, budget int, visit func(
 		}
 		last = seq
 		if val == nil {
-			return last, false, fmt.Errorf("store: index names record %d, which is missing", seq)
+			return last, false, fmt.Errorf("audit: index names record %d, which is missing", seq)
 		}
 		if !sc.mayMatch(val[min(hashLen, len(val)):]) {
 			advance()
@@ -266,7 +266,7 @@ func (s *Store) List(ctx context.Context, f Filter, pageSize int, pageToken stri
 		return err
 	})
 	if err != nil {
-		return Page{}, fmt.Errorf("store: list: %w", err)
+		return Page{}, fmt.Errorf("audit: list: %w", err)
 	}
 	if more {
 		page.NextPageToken = encodePageToken(last, fp)
@@ -342,12 +342,12 @@ func (s *Store) Watch(ctx context.Context, fromSeq uint64) iter.Seq2[Entry, erro
 				if errors.Is(err, bolt.ErrDatabaseNotOpen) {
 					err = ErrClosed
 				}
-				yield(Entry{}, fmt.Errorf("store: watch: %w", err))
+				yield(Entry{}, fmt.Errorf("audit: watch: %w", err))
 				return
 			}
 			if len(chunk) == 0 {
 				// The head says records exist that the file lacks: damage, not a race.
-				yield(Entry{}, fmt.Errorf("store: watch: record %d is missing", next))
+				yield(Entry{}, fmt.Errorf("audit: watch: record %d is missing", next))
 				return
 			}
 			for _, e := range chunk {
@@ -402,10 +402,10 @@ func (s *Store) Export(ctx context.Context, w io.Writer, f Filter) (uint64, erro
 			return err
 		})
 		if err != nil {
-			return n, fmt.Errorf("store: export: %w", err)
+			return n, fmt.Errorf("audit: export: %w", err)
 		}
 		if _, err := bw.Write(buf.Bytes()); err != nil {
-			return n, fmt.Errorf("store: export: write: %w", err)
+			return n, fmt.Errorf("audit: export: write: %w", err)
 		}
 		n += uint64(count)
 		if !more {
@@ -413,7 +413,7 @@ func (s *Store) Export(ctx context.Context, w io.Writer, f Filter) (uint64, erro
 		}
 	}
 	if err := bw.Flush(); err != nil {
-		return n, fmt.Errorf("store: export: write: %w", err)
+		return n, fmt.Errorf("audit: export: write: %w", err)
 	}
 	return n, nil
 }

@@ -35,22 +35,22 @@ var allBuckets = [][]byte{bucketMeta, bucketRecords, bucketByID, bucketByTenant,
 func Migrate(tx *bolt.Tx) error {
 	meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 	if err != nil {
-		return fmt.Errorf("store: create meta bucket: %w", err)
+		return fmt.Errorf("audit: create meta bucket: %w", err)
 	}
 	var have uint64
 	if v := meta.Get(keySchemaVersion); v != nil {
 		if len(v) != 8 {
-			return fmt.Errorf("store: schema version key is %d bytes, want 8", len(v))
+			return fmt.Errorf("audit: schema version key is %d bytes, want 8", len(v))
 		}
 		have = binary.BigEndian.Uint64(v)
 	}
 	if have > schemaVersion {
-		return fmt.Errorf("store: file has schema version %d, this binary knows up to %d", have, schemaVersion)
+		return fmt.Errorf("audit: file has schema version %d, this binary knows up to %d", have, schemaVersion)
 	}
 	if have == schemaVersion {
 		for _, name := range allBuckets {
 			if tx.Bucket(name) == nil {
-				return fmt.Errorf("store: schema version %d file lacks bucket %q", have, name)
+				return fmt.Errorf("audit: schema version %d file lacks bucket %q", have, name)
 			}
 		}
 		return nil
@@ -58,7 +58,7 @@ func Migrate(tx *bolt.Tx) error {
 	// Version 0 (a new file) to 1: create the buckets.
 	for _, name := range allBuckets {
 		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
-			return fmt.Errorf("store: create bucket %q: %w", name, err)
+			return fmt.Errorf("audit: create bucket %q: %w", name, err)
 		}
 	}
 	return meta.Put(keySchemaVersion, binary.BigEndian.AppendUint64(nil, schemaVersion))

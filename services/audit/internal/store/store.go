@@ -19,14 +19,14 @@ import (
 
 // Errors callers branch on.
 var (
-	ErrClosed = errors.New("store: audit log closed")
+	ErrClosed = errors.New("audit: audit log closed")
 	// ErrIDConflict means a record reused the ID of a different stored record. A true
 	// retry carries identical content and is answered with the original seq instead.
-	ErrIDConflict = errors.New("store: record id already used by a different record")
+	ErrIDConflict = errors.New("audit: record id already used by a different record")
 	// ErrTooManyRecords means one Append carried more than MaxAppendRecords.
-	ErrTooManyRecords = errors.New("store: too many records in one append")
+	ErrTooManyRecords = errors.New("audit: too many records in one append")
 	// ErrInvalidPageToken means a page token was malformed or made for another filter.
-	ErrInvalidPageToken = errors.New("store: invalid page token")
+	ErrInvalidPageToken = errors.New("audit: invalid page token")
 )
 
 // Limits.
@@ -108,7 +108,7 @@ func Open(path string, opts Options) (*Store, error) {
 		NoSync:          opts.NoSync,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("store: open %s: %w", path, err)
+		return nil, fmt.Errorf("audit: open %s: %w", path, err)
 	}
 	s := &Store{
 		db:         db,
@@ -130,7 +130,7 @@ func Open(path string, opts Options) (*Store, error) {
 		}
 		if v := tx.Bucket(bucketMeta).Get(keyHead); v != nil {
 			if len(v) != 8+hashLen {
-				return fmt.Errorf("store: head is %d bytes, want %d", len(v), 8+hashLen)
+				return fmt.Errorf("audit: head is %d bytes, want %d", len(v), 8+hashLen)
 			}
 			s.headSeq = binary.BigEndian.Uint64(v)
 			copy(s.headHash[:], v[8:])
@@ -138,7 +138,7 @@ func Open(path string, opts Options) (*Store, error) {
 		// Head and records commit together, so they disagree only if the file was
 		// edited. Appending continues from the head; Verify names the damage.
 		if k, _ := tx.Bucket(bucketRecords).Cursor().Last(); (k == nil && s.headSeq != 0) || (k != nil && !bytes.Equal(k, seqKey(s.headSeq))) {
-			logger.Error("store: audit log head does not match its last record; run Verify", "head_seq", s.headSeq)
+			logger.Error("audit: audit log head does not match its last record; run Verify", "head_seq", s.headSeq)
 		}
 		return nil
 	})
@@ -195,11 +195,11 @@ func (s *Store) Append(ctx context.Context, recs []audit.Record) ([]uint64, erro
 	for i, r := range recs {
 		r.Time = r.Time.UTC()
 		if err := r.Validate(); err != nil {
-			return nil, fmt.Errorf("store: record %d: %w", i, err)
+			return nil, fmt.Errorf("audit: record %d: %w", i, err)
 		}
 		js, err := json.Marshal(r)
 		if err != nil {
-			return nil, fmt.Errorf("store: record %d: encode: %w", i, err)
+			return nil, fmt.Errorf("audit: record %d: encode: %w", i, err)
 		}
 		sum := sha256.Sum256(js)
 		req.recs[i], req.js[i] = r, js
@@ -294,7 +294,7 @@ func (w *writer) commit(batch []*appendReq) {
 					known = &e
 				} else if v := byID.Get([]byte(r.ID)); v != nil {
 					if len(v) != 8+16 {
-						return fmt.Errorf("store: id index entry for %q is malformed", r.ID)
+						return fmt.Errorf("audit: id index entry for %q is malformed", r.ID)
 					}
 					e := idEntry{seq: binary.BigEndian.Uint64(v)}
 					copy(e.digest[:], v[8:])
@@ -354,7 +354,7 @@ func (w *writer) commit(batch []*appendReq) {
 				keys = binary.BigEndian.AppendUint64(keys, seq)
 				key := carve(&keys, start)
 				if err := records.Put(key, val); err != nil {
-					return fmt.Errorf("store: put record %d: %w", seq, err)
+					return fmt.Errorf("audit: put record %d: %w", seq, err)
 				}
 				start = len(keys)
 				keys = append(keys, r.ID...)
@@ -363,20 +363,20 @@ func (w *writer) commit(batch []*appendReq) {
 				keys = binary.BigEndian.AppendUint64(keys, seq)
 				keys = append(keys, req.digests[i][:]...)
 				if err := byID.Put(idKey, carve(&keys, start)); err != nil {
-					return fmt.Errorf("store: index record %d: %w", seq, err)
+					return fmt.Errorf("audit: index record %d: %w", seq, err)
 				}
 				if r.Tenant != "" {
 					start = len(keys)
 					keys = appendIndexKey(keys, r.Tenant, seq)
 					if err := byTenant.Put(carve(&keys, start), noValue); err != nil {
-						return fmt.Errorf("store: index record %d: %w", seq, err)
+						return fmt.Errorf("audit: index record %d: %w", seq, err)
 					}
 				}
 				if r.ToolCall != nil {
 					start = len(keys)
 					keys = appendIndexKey(keys, r.ToolCall.RunID, seq)
 					if err := byRun.Put(carve(&keys, start), noValue); err != nil {
-						return fmt.Errorf("store: index record %d: %w", seq, err)
+						return fmt.Errorf("audit: index record %d: %w", seq, err)
 					}
 				}
 				inTx[r.ID] = idEntry{seq: seq, digest: req.digests[i]}
@@ -391,9 +391,9 @@ func (w *writer) commit(batch []*appendReq) {
 		return tx.Bucket(bucketMeta).Put(keyHead, head)
 	})
 	if err != nil {
-		w.s.log.Error("store: commit audit records", "error", err, "records", len(batch))
+		w.s.log.Error("audit: commit audit records", "error", err, "records", len(batch))
 		for _, req := range batch {
-			req.seqs, req.err = nil, fmt.Errorf("store: commit: %w", err)
+			req.seqs, req.err = nil, fmt.Errorf("audit: commit: %w", err)
 			close(req.done)
 		}
 		return

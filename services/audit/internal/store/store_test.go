@@ -172,7 +172,7 @@ func TestAppendRejects(t *testing.T) {
 	bad.ToolCall.OperationSupport = "exactly_once"
 	_, err := s.Append(t.Context(), []audit.Record{toolRec(c, "ok"), bad})
 	require.ErrorIs(t, err, audit.ErrInvalidRecord)
-	require.ErrorContains(t, err, "store: record 1")
+	require.ErrorContains(t, err, "audit: record 1")
 
 	many := make([]audit.Record, MaxAppendRecords+1)
 	for i := range many {

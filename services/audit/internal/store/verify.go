@@ -64,7 +64,7 @@ func (s *Store) Verify(ctx context.Context, progress func(done uint64)) (VerifyR
 		return nil
 	})
 	if err != nil {
-		return VerifyResult{}, fmt.Errorf("store: verify: %w", err)
+		return VerifyResult{}, fmt.Errorf("audit: verify: %w", err)
 	}
 	if badHead {
 		return VerifyResult{Reason: "head in meta is malformed"}, nil
@@ -134,7 +134,7 @@ func (s *Store) Verify(ctx context.Context, progress func(done uint64)) (VerifyR
 			return nil
 		})
 		if err != nil {
-			return res, fmt.Errorf("store: verify: %w", err)
+			return res, fmt.Errorf("audit: verify: %w", err)
 		}
 		if brokenAt != 0 {
 			return broken(brokenAt, reason)
@@ -256,7 +256,7 @@ func VerifyExport(r io.Reader, complete bool) (VerifyResult, error) {
 			res.FirstBroken, res.Reason = lastSeq+1, "line too long"
 			return res, nil
 		}
-		return res, fmt.Errorf("store: read export: %w", err)
+		return res, fmt.Errorf("audit: read export: %w", err)
 	}
 	res.OK = true
 	return res, nil
