@@ -65,6 +65,7 @@ const (
 	// reasonRegistryUnavailable: the registry could not be asked (the ceiling, or the
 	// registration to start the server); nothing was started.
 	reasonRegistryUnavailable = "registry_unavailable"
+	reasonShuttingDown        = "shutting_down"
 	// reasonCanceled: the caller cancelled, or its deadline passed, before dispatch.
 	reasonCanceled          = "canceled"
 	reasonUnknownTool       = audit.ReasonUnknownTool
@@ -179,7 +180,14 @@ func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, e
 		att.PendingID, err = s.recordPending(ctx, att, argsCanonical, tenant)
 		return err
 	}
-	res, err := s.callTool(ctx, req, &att, &tenant, &argsCanonical, intent)
+	var res *CallResult
+	var err error
+	if s.inflight.enter() {
+		defer s.inflight.leave()
+		res, err = s.callTool(ctx, req, &att, &tenant, &argsCanonical, intent)
+	} else {
+		err = refusal(reasonShuttingDown, errShuttingDown)
+	}
 	att.LatencyMicros = time.Since(start).Microseconds()
 	setArgs(&att, argsCanonical)
 	settle(&att, res, err)
@@ -330,11 +338,13 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 	if err != nil {
 		return nil, refusal(reasonUnknownRun, err)
 	}
-	*tenant = r.rec.Tenant
-	att.GraphID, att.GraphVersion, att.AgentNode = r.rec.GraphID, r.rec.Version, req.Agent
+	// busy is taken under the run's lock, as the idle reaper checks it (end), so a run is
+	// either ended before this call or seen busy by the reaper, never ended under it.
+	r.mu.Lock()
 	r.busy.Add(1)
 	defer r.busy.Add(-1)
-	r.mu.Lock()
+	*tenant = r.rec.Tenant
+	att.GraphID, att.GraphVersion, att.AgentNode = r.rec.GraphID, r.rec.Version, req.Agent
 	r.lastActivity = time.Now()
 	r.calls++
 	if len(r.attempts) >= maxTrackedCallIDs {

@@ -106,6 +106,7 @@ type Service struct {
 	spool     *audit.Spool
 	forwarder *audit.Forwarder
 	outcomes  sync.WaitGroup // outcome records being spooled (recordOutcome)
+	inflight  *inflight      // tool calls in progress
 	schemas   *schemas.Cache
 	metrics   *metrics
 
@@ -146,12 +147,13 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		cfg.RunIdleTimeout = 15 * time.Minute
 	}
 	s := &Service{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		errors:  grpcserver.ErrorTable{Service: "pool", Codes: errorCodes, Logger: cfg.Logger},
-		schemas: schemas.NewCache(),
-		metrics: newMetrics(),
-		runs:    runs{byID: make(map[string]*run)},
+		cfg:      cfg,
+		log:      cfg.Logger,
+		errors:   grpcserver.ErrorTable{Service: "pool", Codes: errorCodes, Logger: cfg.Logger},
+		schemas:  schemas.NewCache(),
+		metrics:  newMetrics(),
+		runs:     runs{byID: make(map[string]*run), starting: make(map[string]bool)},
+		inflight: newInflight(),
 	}
 	var closers []func() error
 	defer func() {
@@ -237,7 +239,12 @@ func (s *Service) Spool() *audit.Spool { return s.spool }
 // Close ends the background work, stops every session (runs stay recorded and get fresh
 // sessions after a restart), removes what this instance started, and closes the store.
 // Records still in the spool stay durable and are forwarded after the next start.
+//
+// Calls that arrive from then on are refused (and recorded) as shutting_down; calls in
+// progress end as their sessions stop (a dispatched one as failed: it may have taken effect),
+// and Close waits for them, within ctx, before it closes the spool their records go to.
 func (s *Service) Close(ctx context.Context) error {
+	s.inflight.close()
 	var all []map[string]*session
 	s.runs.mu.Lock()
 	for _, r := range s.runs.byID {
@@ -248,6 +255,9 @@ func (s *Service) Close(ctx context.Context) error {
 	s.runs.mu.Unlock()
 	for _, m := range all {
 		s.stopSessions(m)
+	}
+	if err := s.inflight.wait(ctx); err != nil {
+		s.log.Warn("closing with tool calls still in progress; their outcomes may be missing from the audit log (their pending records are not)", "err", err)
 	}
 	s.outcomes.Wait()
 	s.forwarder.Stop(2 * time.Second)

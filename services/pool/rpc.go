@@ -220,6 +220,7 @@ var refusalCodes = map[string]codes.Code{
 	reasonUnusableSchema:      codes.FailedPrecondition,
 	reasonDeclarationScreen:   codes.FailedPrecondition,
 	reasonCanceled:            codes.Canceled,
+	reasonShuttingDown:        codes.Unavailable,
 }
 
 // callStatus renders a refused or failed call with its detail, which names the attempt as

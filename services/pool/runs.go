@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,9 +73,12 @@ var (
 
 // runs holds the runs this pool hosts.
 type runs struct {
-	mu    sync.Mutex
-	byID  map[string]*run
-	count int // running or paused
+	mu   sync.Mutex
+	byID map[string]*run
+	// starting holds ids a StartRun has taken but not yet stored: not visible to lookup
+	// (nothing may act on a run the store has not accepted), but taken for another start.
+	starting map[string]bool
+	count    int // running or paused, and starting
 }
 
 // StartRun starts a run of a published version (0 means the latest). Nothing is spawned.
@@ -103,19 +108,26 @@ func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version 
 		s.runs.mu.Unlock()
 		return nil, errTooManyRuns
 	}
-	if _, ok := s.runs.byID[runID]; ok {
+	if _, ok := s.runs.byID[runID]; ok || s.runs.starting[runID] {
 		s.runs.mu.Unlock()
 		return nil, errRunExists
 	}
-	s.runs.byID[runID] = r
+	s.runs.starting[runID] = true
 	s.runs.count++
 	s.runs.mu.Unlock()
 
-	if err := s.store.CreateRun(ctx, r.rec); err != nil {
-		s.runs.mu.Lock()
-		delete(s.runs.byID, runID)
+	// The run becomes visible only once the store has it: an id an ended run still holds
+	// (ended runs live in the store only) is refused here, before anyone can act on it.
+	err = s.store.CreateRun(ctx, r.rec)
+	s.runs.mu.Lock()
+	delete(s.runs.starting, runID)
+	if err != nil {
 		s.runs.count--
-		s.runs.mu.Unlock()
+	} else {
+		s.runs.byID[runID] = r
+	}
+	s.runs.mu.Unlock()
+	if err != nil {
 		if errors.Is(err, store.ErrExists) {
 			return nil, errRunExists
 		}
@@ -148,7 +160,10 @@ func (s *Service) lookup(ctx context.Context, id, tenant string) (*run, error) {
 		}
 		r = &run{rec: rec, sessions: map[string]*session{}, attempts: map[string]int32{}, calls: rec.Calls, lastActivity: rec.LastActivity}
 	}
-	if tenant != "" && r.rec.Tenant != tenant {
+	r.mu.Lock() // rec is replaced whole on every state change
+	owner := r.rec.Tenant
+	r.mu.Unlock()
+	if tenant != "" && owner != tenant {
 		return nil, errRunNotFound
 	}
 	return r, nil
@@ -233,10 +248,22 @@ func (s *Service) EndRun(ctx context.Context, id, tenant, status, reason string)
 }
 
 func (s *Service) end(ctx context.Context, r *run, status, reason string) (*RunInfo, error) {
+	return s.endWhen(ctx, r, status, reason, nil)
+}
+
+// errStillActive: the reaper found the run idle, but a call came in before it could end it.
+var errStillActive = errors.New("pool: the run is active again")
+
+// endWhen is end, if when (checked under the run's lock, with the state) still holds.
+func (s *Service) endWhen(ctx context.Context, r *run, status, reason string, when func() bool) (*RunInfo, error) {
 	r.mu.Lock()
 	if r.rec.State == StateCompleted || r.rec.State == StateFailed {
 		r.mu.Unlock()
 		return nil, fmt.Errorf("%w (it %s)", errRunEnded, r.rec.State)
+	}
+	if when != nil && !when() {
+		r.mu.Unlock()
+		return nil, errStillActive
 	}
 	rec := r.rec
 	rec.State, rec.EndReason, rec.EndTime = status, reason, time.Now().UTC()
@@ -308,21 +335,16 @@ func (s *Service) reapIdle(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		var idle []*run
+		// The host's run list is only copied under its lock: each run is then judged, and
+		// ended, under its own lock alone, so a run busy in a slow call holds up no other.
 		s.runs.mu.Lock()
-		for _, r := range s.runs.byID {
-			r.mu.Lock()
-			active := r.rec.State == StateRunning || r.rec.State == StatePaused
-			if active && r.busy.Load() == 0 && time.Since(r.lastActivity) > s.cfg.RunIdleTimeout {
-				idle = append(idle, r)
-			}
-			r.mu.Unlock()
-		}
+		all := slices.Collect(maps.Values(s.runs.byID))
 		s.runs.mu.Unlock()
-		for _, r := range idle {
-			reason := fmt.Sprintf("idle for more than %s (pool.run_idle_timeout)", s.cfg.RunIdleTimeout)
-			if _, err := s.end(ctx, r, StateFailed, reason); err == nil {
-				s.log.Info("ended an abandoned run", "run", r.rec.ID, "reason", reason)
+		reason := fmt.Sprintf("idle for more than %s (pool.run_idle_timeout)", s.cfg.RunIdleTimeout)
+		for _, r := range all {
+			idle := func() bool { return r.busy.Load() == 0 && time.Since(r.lastActivity) > s.cfg.RunIdleTimeout }
+			if info, err := s.endWhen(ctx, r, StateFailed, reason, idle); err == nil {
+				s.log.Info("ended an abandoned run", "run", info.Run.ID, "reason", reason)
 			}
 		}
 	}

@@ -39,7 +39,9 @@ type session struct {
 	live            map[string]string
 	liveTools       map[string]discovery.Tool
 	listingFindings []discovery.Finding
-	listedAt        time.Time
+	// listedAt is when the listing was taken (unix nanoseconds): atomic, so reporting it never
+	// waits on listMu, which a slow relist holds.
+	listedAt atomic.Int64
 	// stale is set by notifications/tools/list_changed; the next call re-lists. The
 	// notification itself never lists, so a storm of them costs nothing.
 	stale atomic.Bool
@@ -54,11 +56,7 @@ func (s *session) isReady() bool {
 	}
 }
 
-func (s *session) listedTime() time.Time {
-	s.listMu.Lock()
-	defer s.listMu.Unlock()
-	return s.listedAt
-}
+func (s *session) listedTime() time.Time { return time.Unix(0, s.listedAt.Load()) }
 
 var errTooManySessions = errors.New("pool: this host's session limit (pool.max_sessions) is reached: end finished runs or raise RINGFENCE_POOL__MAX_SESSIONS")
 
@@ -75,13 +73,12 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 		}
 		sess, ok := r.sessions[ref]
 		if !ok {
-			if s.liveSessions.Load() >= int64(s.cfg.MaxSessions) {
+			if !s.takeSessionSlot() {
 				r.mu.Unlock()
 				return nil, errTooManySessions
 			}
 			sess = &session{ref: ref, inline: inline, ready: make(chan struct{})}
 			r.sessions[ref] = sess
-			s.liveSessions.Add(1)
 			r.mu.Unlock()
 			s.spawnSession(ctx, r, sess)
 		} else {
@@ -94,7 +91,13 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 		}
 		if sess.err != nil {
 			s.forget(r, sess)
-			return nil, sess.err
+			return nil, ownCopy(sess.err)
+		}
+		if sess.stopped.Load() {
+			// Being stopped (after a failed ping or relist; its Close takes a moment): the
+			// next turn starts a fresh one rather than use it.
+			s.forget(r, sess)
+			continue
 		}
 		select {
 		case <-sess.sess.Done():
@@ -106,6 +109,30 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 		}
 		return sess, nil
 	}
+}
+
+// takeSessionSlot counts one more live session, unless the host's limit is reached: one
+// compare-and-swap, so concurrent first calls in different runs cannot both take the last.
+func (s *Service) takeSessionSlot() bool {
+	for {
+		n := s.liveSessions.Load()
+		if n >= int64(s.cfg.MaxSessions) {
+			return false
+		}
+		if s.liveSessions.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// ownCopy gives each caller waiting on one failed spawn its own refusal, since each writes
+// its call id and attempt into it.
+func ownCopy(err error) error {
+	if ref, ok := err.(*RefusedError); ok {
+		c := *ref
+		return &c
+	}
+	return err
 }
 
 // spawnSession resolves the registration, spawns the server and takes its first listing.
@@ -220,7 +247,8 @@ func (s *Service) relist(ctx context.Context, sess *session, setup bool) error {
 		}
 		sess.listingFindings = listing.Findings
 	}
-	sess.live, sess.listedAt = live, time.Now()
+	sess.live = live
+	sess.listedAt.Store(time.Now().UnixNano())
 	s.metrics.listings.Inc()
 	return nil
 }
@@ -265,7 +293,7 @@ func (s *Service) checkDrift(ctx context.Context, sess *session, tool, pin strin
 // is stopped, so the run's next call starts a fresh one instead of failing the same way. The
 // caller holds sess.listMu.
 func (s *Service) refreshListing(ctx context.Context, sess *session) error {
-	if !sess.stale.Load() && s.cfg.DriftMaxAge != 0 && time.Since(sess.listedAt) <= s.cfg.DriftMaxAge {
+	if !sess.stale.Load() && s.cfg.DriftMaxAge != 0 && time.Since(sess.listedTime()) <= s.cfg.DriftMaxAge {
 		return nil
 	}
 	err := s.relist(ctx, sess, false)

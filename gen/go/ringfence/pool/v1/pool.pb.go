@@ -718,7 +718,7 @@ type CallRefusal struct {
 	// compile: re-import), declaration_screen (the screen refuses a live declaration),
 	// isolation_required, spawn_failed, handshake_failed, schema_drift, limit_exceeded,
 	// registry_unavailable, audit_unavailable, inline_mcp_servers, canceled (the caller gave
-	// up before dispatch).
+	// up before dispatch), shutting_down (the pool is closing: retry elsewhere or later).
 	Reason        string            `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	Message       string            `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
 	PinnedHash    string            `protobuf:"bytes,5,opt,name=pinned_hash,json=pinnedHash,proto3" json:"pinned_hash,omitempty"`

@@ -1,0 +1,123 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/auth"
+)
+
+// TestAnEndedRunsIDCannotBeTakenOver: an ended run lives in the store only; a StartRun that
+// reuses its id is refused, and nothing can act on the new run before the store refused it:
+// the stored run keeps its state, and the run count is right.
+func TestAnEndedRunsIDCannotBeTakenOver(t *testing.T) {
+	h := newHarness(t, harnessOpts{maxRuns: 2})
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	run := h.start("g")
+	_, err := h.pool.EndRun(h.ctx, run, "", StateCompleted, "test")
+	require.NoError(t, err)
+
+	for range 5 {
+		done := make(chan error, 1)
+		go func() {
+			_, err := h.pool.StartRun(h.ctx, auth.DefaultTenant, "g", 0, run)
+			done <- err
+		}()
+	poke:
+		for {
+			select {
+			case err := <-done:
+				require.ErrorIs(t, err, errRunExists)
+				break poke
+			default:
+				_, _ = h.pool.PauseRun(h.ctx, run, auth.DefaultTenant)
+				_, _ = h.pool.EndRun(h.ctx, run, auth.DefaultTenant, StateFailed, "takeover")
+			}
+		}
+	}
+	got, err := h.pool.GetRun(h.ctx, run, "")
+	require.NoError(t, err)
+	require.Equal(t, auth.DefaultTenant, got.Run.Tenant)
+	require.Equal(t, StateCompleted, got.Run.State)
+	require.Equal(t, "test", got.Run.EndReason)
+
+	// The count is what it should be: two runs start (max_runs 2), a third does not.
+	h.start("g")
+	h.start("g")
+	_, err = h.pool.StartRun(h.ctx, auth.DefaultTenant, "g", 0, "")
+	require.ErrorIs(t, err, errTooManyRuns)
+}
+
+// TestCallersOfOneFailedSpawnEachGetTheirOwnRefusal: callers waiting on one spawn that fails
+// share its failure, but each refusal names the caller's own call.
+func TestCallersOfOneFailedSpawnEachGetTheirOwnRefusal(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	_, err := h.reg.UpdateServer(h.ctx, &registryv1.UpdateServerRequest{Ref: "fx", Command: "no-such-command", Grants: []string{"process_spawn", "external_api_call"}})
+	require.NoError(t, err)
+	run := h.start("g")
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			id := fmt.Sprintf("call-mine-%d", i)
+			_, err := h.pool.CallTool(h.ctx, CallRequest{RunID: run, Tenant: auth.DefaultTenant, Agent: "a", Tool: "fx__echo", CallID: id, Arguments: json.RawMessage(`{"text":"x"}`)})
+			var ref *RefusedError
+			if !errors.As(err, &ref) {
+				t.Errorf("call %d: want a refusal, got %v", i, err)
+				return
+			}
+			if ref.CallID != id {
+				t.Errorf("call %d's refusal names %s", i, ref.CallID)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestTheReaperNeverEndsARunMidCall: a call longer than the idle timeout keeps its run.
+func TestTheReaperNeverEndsARunMidCall(t *testing.T) {
+	h := newHarness(t, harnessOpts{idle: 300 * time.Millisecond})
+	h.server("fx", nil, "--runtime-tools")
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"sleep", "echo"}}}, nil)
+	run := h.start("g")
+	_, err := h.call(run, "a", "fx__echo", map[string]any{"text": "warm"})
+	require.NoError(t, err)
+	_, err = h.call(run, "a", "fx__sleep", map[string]any{"ms": 1500})
+	require.NoError(t, err, "the run was not ended under its call")
+	info, err := h.pool.GetRun(h.ctx, run, "")
+	require.NoError(t, err)
+	require.Equal(t, StateRunning, info.Run.State)
+}
+
+// TestCloseRefusesNewCallsAndWaitsForThoseInProgress: a call in progress when the pool closes
+// ends (its session stops) and is recorded; a call after that is refused as shutting_down.
+func TestCloseRefusesNewCallsAndWaitsForThoseInProgress(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil, "--runtime-tools")
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"sleep"}}}, nil)
+	run := h.start("g")
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.call(run, "a", "fx__sleep", map[string]any{"ms": 60000})
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return len(h.pendings()) == 1 }, 30*time.Second, 20*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	closed := make(chan error, 1)
+	go func() { closed <- h.pool.Close(ctx) }()
+	require.Error(t, <-done, "the call in progress ends as its session stops")
+	require.NoError(t, <-closed)
+	_, err := h.call(run, "a", "fx__sleep", map[string]any{"ms": 1})
+	requireRefused(t, err, reasonShuttingDown)
+}
