@@ -3,6 +3,7 @@ package grpcserver
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/textproto"
 	"regexp"
@@ -38,7 +39,24 @@ func NewGatewayMux() *runtime.ServeMux {
 			return "", false
 		}),
 		runtime.WithErrorHandler(writeError),
+		runtime.WithRoutingErrorHandler(writeRoutingError),
 	)
+}
+
+// writeRoutingError answers a request no route takes with the HTTP status that says why (404,
+// or 405 naming the methods the path takes), in the usual error body: the gateway's default
+// turns a wrong method into 501 Not Implemented.
+func writeRoutingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
+	switch httpStatus {
+	case http.StatusMethodNotAllowed:
+		body := ErrorBody{Code: httpStatus, Status: "METHOD_NOT_ALLOWED",
+			Message: fmt.Sprintf("%s is not a method of %s: see docs/api.md for the routes and their methods", r.Method, r.URL.Path)}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(httpStatus)
+		_ = json.NewEncoder(w).Encode(body)
+	default:
+		runtime.DefaultRoutingErrorHandler(ctx, mux, m, w, r, httpStatus)
+	}
 }
 
 // ErrorBody is the JSON body of every REST error.

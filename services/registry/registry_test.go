@@ -592,3 +592,17 @@ func TestRESTAuthenticatesBeforeReadingTheBody(t *testing.T) {
 	code, body = post(adminKey)
 	require.Equal(t, http.StatusBadRequest, code, body)
 }
+
+func TestRESTWrongMethodIs405(t *testing.T) {
+	f := newFixture(t)
+	req, err := http.NewRequest(http.MethodPatch, f.base+"/v1/mcp/servers/docs", strings.NewReader(`{}`))
+	require.NoError(t, err)
+	req.Header.Set("X-API-Key", adminKey)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode, "%s", body)
+	require.Contains(t, string(body), "PATCH is not a method of /v1/mcp/servers/docs")
+}
