@@ -129,6 +129,16 @@ func TestRunsEndToEnd(t *testing.T) {
 	r = cli("audit", "verify")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "ok:")
+	// The head it prints is an anchor: later verifies must pass through it.
+	var headSeq uint64
+	var headHash string
+	_, err := fmt.Sscanf(r.Stdout[strings.Index(r.Stdout, "head "):], "head %d %s", &headSeq, &headHash)
+	require.NoError(t, err)
+	r = cli("audit", "verify", "--anchor", fmt.Sprintf("%d:%s", headSeq, headHash))
+	require.Equal(t, 0, r.Code, r.Stderr)
+	r = cli("audit", "verify", "--anchor", fmt.Sprintf("%d:%s", headSeq+100, headHash))
+	require.Equal(t, 1, r.Code, r.Stdout)
+	require.Contains(t, r.Stderr, "before the anchor you kept")
 
 	// The JSON-lines export carries the hashed bodies: the chain verifies offline, and the
 	// canary is nowhere.

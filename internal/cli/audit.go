@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -142,10 +143,16 @@ func newAuditCmd(g *globals) *cobra.Command {
 	tf.register(tail)
 	tail.Flags().Uint64Var(&from, "from", 0, "replay from this sequence number first (0: only new records)")
 
+	var anchor string
 	verify := &cobra.Command{
 		Use:   "verify",
 		Short: "Recompute the hash chain; exit 1 naming the first broken record",
-		Args:  cobra.NoArgs,
+		Long: `Recompute the hash chain; exit 1 naming the first broken record.
+
+The chain proves the log was not edited in place. Keep the head it prints somewhere else, and
+pass it back later with --anchor SEQ:HASH: the chain must still pass through it, which also
+catches records cut from the end with the head rewritten to match, or a rewritten log.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			client, err := g.audit()
 			if err != nil {
@@ -153,7 +160,16 @@ func newAuditCmd(g *globals) *cobra.Command {
 			}
 			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
-			resp, err := client.Verify(ctx, &auditv1.VerifyRequest{})
+			req := &auditv1.VerifyRequest{}
+			if anchor != "" {
+				seq, hash, ok := strings.Cut(anchor, ":")
+				n, perr := strconv.ParseUint(seq, 10, 64)
+				if !ok || perr != nil {
+					return usagef("--anchor must be SEQ:HASH, as an earlier verify printed it (head 9 f857…: --anchor 9:f857…)")
+				}
+				req.AnchorSeq, req.AnchorHash = n, hash
+			}
+			resp, err := client.Verify(ctx, req)
 			if err != nil {
 				return err
 			}
@@ -171,6 +187,8 @@ func newAuditCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
+
+	verify.Flags().StringVar(&anchor, "anchor", "", "a head kept from an earlier verify, SEQ:HASH: the chain must still pass through it")
 
 	var ef auditFilterFlags
 	var outFile string

@@ -6,6 +6,7 @@ package audit
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -176,8 +177,16 @@ func (s *Service) Watch(req *auditv1.WatchRequest, stream auditv1.AuditService_W
 }
 
 // Verify implements AuditService.
-func (s *Service) Verify(ctx context.Context, _ *auditv1.VerifyRequest) (*auditv1.VerifyResponse, error) {
-	res, err := s.store.Verify(ctx, nil)
+func (s *Service) Verify(ctx context.Context, req *auditv1.VerifyRequest) (*auditv1.VerifyResponse, error) {
+	anchor := store.Anchor{Seq: req.GetAnchorSeq()}
+	if anchor.Seq > 0 || req.GetAnchorHash() != "" {
+		b, err := hex.DecodeString(req.GetAnchorHash())
+		if err != nil || len(b) != len(anchor.Hash) || anchor.Seq == 0 {
+			return nil, s.errors.Status(ctx, fieldErr("anchor_hash", "an anchor is a sequence number above 0 and a 64-character hex hash, as Verify answers them (head_seq, head_hash)"))
+		}
+		copy(anchor.Hash[:], b)
+	}
+	res, err := s.store.VerifyThrough(ctx, nil, anchor)
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}

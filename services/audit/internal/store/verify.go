@@ -39,6 +39,20 @@ const verifyChunk = 1 << 16
 // freshly computed chain is detectable only against a head recorded elsewhere (an
 // exported Head, or a peer's copy).
 func (s *Store) Verify(ctx context.Context, progress func(done uint64)) (VerifyResult, error) {
+	return s.VerifyThrough(ctx, progress, Anchor{})
+}
+
+// Anchor is a head kept outside the log (what `audit verify` printed once): the chain must
+// still pass through it. It catches what the chain alone cannot: records cut from the end
+// with the head rewritten to match, or the whole log rewritten with a fresh chain.
+type Anchor struct {
+	Seq  uint64
+	Hash [32]byte
+}
+
+// VerifyThrough is Verify, also checking the chain passes through anchor (none when its Seq
+// is 0).
+func (s *Store) VerifyThrough(ctx context.Context, progress func(done uint64), anchor Anchor) (VerifyResult, error) {
 	var (
 		headSeq  uint64
 		headHash [32]byte
@@ -126,6 +140,10 @@ func (s *Store) Verify(ctx context.Context, progress func(done uint64)) (VerifyR
 					brokenAt, reason = next, "hash mismatch: record or its stored hash was changed"
 					return nil
 				}
+				if next == anchor.Seq && h != anchor.Hash {
+					brokenAt, reason = next, "the chain does not pass through the anchor you kept: the log was rewritten at or before this record"
+					return nil
+				}
 				prev = h
 				res.Checked++
 				next++
@@ -148,6 +166,9 @@ func (s *Store) Verify(ctx context.Context, progress func(done uint64)) (VerifyR
 	}
 	if haveHead && prev != headHash {
 		return broken(headSeq, "head hash in meta does not match the last record")
+	}
+	if anchor.Seq > headSeq {
+		return broken(headSeq+1, fmt.Sprintf("the log ends at seq %d, before the anchor you kept (seq %d): records were removed from its end", headSeq, anchor.Seq))
 	}
 	// Records past the head would be invisible to every reader that trusts the head.
 	if pastHead {

@@ -274,3 +274,46 @@ func TestExportRoundTrip(t *testing.T) {
 		require.False(t, res.OK)
 	})
 }
+
+// TestAnAnchorCatchesWhatTheChainAloneCannot: records cut from the end with the head rewritten
+// to match verify clean, but not through the head kept from before; nor does a chain that no
+// longer holds the anchor's hash at its sequence.
+func TestAnAnchorCatchesWhatTheChainAloneCannot(t *testing.T) {
+	path, entries := buildLog(t, 5)
+	last := entries[len(entries)-1]
+	anchor := Anchor{Seq: last.Record.Seq, Hash: last.Hash}
+	s := openStore(t, path)
+	res, err := s.VerifyThrough(t.Context(), nil, anchor)
+	require.NoError(t, err)
+	require.True(t, res.OK, res.Reason)
+	res, err = s.VerifyThrough(t.Context(), nil, Anchor{Seq: 3, Hash: entries[2].Hash})
+	require.NoError(t, err)
+	require.True(t, res.OK, "an anchor inside the log passes")
+	require.NoError(t, s.Close())
+
+	// Cut the last record and point the head at the one before: no hashing needed.
+	db, err := bolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketRecords).Delete(seqKey(last.Record.Seq)); err != nil {
+			return err
+		}
+		prev := entries[len(entries)-2]
+		head := append(seqKey(prev.Record.Seq), prev.Hash[:]...)
+		return tx.Bucket(bucketMeta).Put(keyHead, head)
+	}))
+	require.NoError(t, db.Close())
+
+	require.True(t, verifyFile(t, path).OK, "the chain alone cannot tell")
+	s = openStore(t, path)
+	defer s.Close()
+	res, err = s.VerifyThrough(t.Context(), nil, anchor)
+	require.NoError(t, err)
+	require.False(t, res.OK)
+	require.Contains(t, res.Reason, "records were removed from its end")
+	res, err = s.VerifyThrough(t.Context(), nil, Anchor{Seq: 3, Hash: entries[3].Hash})
+	require.NoError(t, err)
+	require.False(t, res.OK)
+	require.Equal(t, uint64(3), res.FirstBroken)
+	require.Contains(t, res.Reason, "does not pass through the anchor")
+}

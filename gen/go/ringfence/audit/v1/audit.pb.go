@@ -914,7 +914,12 @@ func (x *WatchResponse) GetRecord() *Record {
 
 // VerifyRequest asks for a full chain check.
 type VerifyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// anchor_seq and anchor_hash, when set, are a head kept outside the log (what an earlier
+	// Verify answered): the chain must still pass through it. It catches what the chain alone
+	// cannot, records cut from the end with the head rewritten to match, or a rewritten log.
+	AnchorSeq     uint64 `protobuf:"varint,1,opt,name=anchor_seq,json=anchorSeq,proto3" json:"anchor_seq,omitempty"`
+	AnchorHash    string `protobuf:"bytes,2,opt,name=anchor_hash,json=anchorHash,proto3" json:"anchor_hash,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -947,6 +952,20 @@ func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use VerifyRequest.ProtoReflect.Descriptor instead.
 func (*VerifyRequest) Descriptor() ([]byte, []int) {
 	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *VerifyRequest) GetAnchorSeq() uint64 {
+	if x != nil {
+		return x.AnchorSeq
+	}
+	return 0
+}
+
+func (x *VerifyRequest) GetAnchorHash() string {
+	if x != nil {
+		return x.AnchorHash
+	}
+	return ""
 }
 
 // VerifyResponse reports the chain's state.
@@ -1214,8 +1233,12 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"\bfrom_seq\x18\x01 \x01(\x04R\afromSeq\x122\n" +
 	"\x06filter\x18\x02 \x01(\v2\x1a.ringfence.audit.v1.FilterR\x06filter\"C\n" +
 	"\rWatchResponse\x122\n" +
-	"\x06record\x18\x01 \x01(\v2\x1a.ringfence.audit.v1.RecordR\x06record\"\x0f\n" +
-	"\rVerifyRequest\"\xad\x01\n" +
+	"\x06record\x18\x01 \x01(\v2\x1a.ringfence.audit.v1.RecordR\x06record\"O\n" +
+	"\rVerifyRequest\x12\x1d\n" +
+	"\n" +
+	"anchor_seq\x18\x01 \x01(\x04R\tanchorSeq\x12\x1f\n" +
+	"\vanchor_hash\x18\x02 \x01(\tR\n" +
+	"anchorHash\"\xad\x01\n" +
 	"\x0eVerifyResponse\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x18\n" +
 	"\achecked\x18\x02 \x01(\x04R\achecked\x12!\n" +
