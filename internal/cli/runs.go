@@ -254,18 +254,22 @@ func (g *globals) callTool(ctx context.Context, client poolv1.PoolServiceClient,
 	return nil
 }
 
-// printToolResult prints a tool's result: text content as text, other content and structured
-// content (when there is no content) as JSON.
+// printToolResult prints a tool's result: text content as text, other content as JSON. A
+// result with structured content is printed as that JSON instead of its text blocks, which by
+// MCP convention carry the same JSON serialized (and, HTML-escaped as every text leaf is,
+// would read {&#34;paths&#34;: …}).
 func (g *globals) printToolResult(content []*structpb.Struct, structured *structpb.Struct) {
 	for _, c := range content {
 		if c.GetFields()["type"].GetStringValue() == "text" {
-			fmt.Fprintln(g.stdout, c.GetFields()["text"].GetStringValue())
+			if structured == nil {
+				fmt.Fprintln(g.stdout, c.GetFields()["text"].GetStringValue())
+			}
 			continue
 		}
 		b, _ := json.Marshal(c.AsMap())
 		fmt.Fprintln(g.stdout, string(b))
 	}
-	if structured != nil && len(content) == 0 {
+	if structured != nil {
 		b, _ := json.Marshal(structured.AsMap())
 		fmt.Fprintln(g.stdout, string(b))
 	}
