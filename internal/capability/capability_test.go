@@ -167,14 +167,6 @@ func TestEffectiveWithoutRevocationsIsTheHeldSet(t *testing.T) {
 	require.Equal(t, held.Missing(req), Effective{Held: held}.Missing(req))
 }
 
-func TestEditDistance(t *testing.T) {
-	require.Equal(t, 0, editDistance("process_spawn", "process_spawn"))
-	require.Equal(t, 1, editDistance("proces_spawn", "process_spawn"))
-	require.Equal(t, 2, editDistance("prcoess_spawn", "process_spawn"))
-	require.Equal(t, 3, editDistance("", "abc"))
-	require.Equal(t, 3, editDistance("abc", ""))
-}
-
 func TestNearFloor(t *testing.T) {
 	for s, want := range map[string]string{"proces_spawn": ProcessSpawn, "external_api_cal": ExternalAPICall, "process_spawn": "", "fs.read": ""} {
 		got, ok := NearFloor(s)

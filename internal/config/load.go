@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/ringfence/ringfence/internal/humanize"
 )
 
 // EnvPrefix starts every environment key.
@@ -221,7 +223,7 @@ func isSection(key string, byKey map[string]field) bool {
 func suggest(envName string, byEnv map[string]field) string {
 	best, bestD := "", 4
 	for name := range byEnv {
-		if d := editDistance(envName, name); d < bestD {
+		if d := humanize.EditDistance(envName, name); d < bestD {
 			best, bestD = name, d
 		}
 	}
@@ -234,7 +236,7 @@ func suggest(envName string, byEnv map[string]field) string {
 func suggestKey(key string, byKey map[string]field) string {
 	best, bestD := "", 4
 	for k := range byKey {
-		if d := editDistance(key, k); d < bestD {
+		if d := humanize.EditDistance(key, k); d < bestD {
 			best, bestD = k, d
 		}
 	}
@@ -242,26 +244,6 @@ func suggestKey(key string, byKey map[string]field) string {
 		return fmt.Sprintf("did you mean %q?", best)
 	}
 	return "remove it; --help lists every key"
-}
-
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // field is one settable key.

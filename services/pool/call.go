@@ -19,6 +19,7 @@ import (
 	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/humanize"
 	"github.com/ringfence/ringfence/internal/mcpdecl/sanitize"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/schemas"
@@ -481,16 +482,7 @@ func sessionRefusal(err error) error {
 }
 
 // listed renders names for an error: the first few, and how many more.
-func listed(names []string) string {
-	const most = 20
-	switch {
-	case len(names) == 0:
-		return "none"
-	case len(names) > most:
-		return fmt.Sprintf("%s and %d more", strings.Join(names[:most], ", "), len(names)-most)
-	}
-	return strings.Join(names, ", ")
-}
+func listed(names []string) string { return humanize.List(names, 20, "none") }
 
 // failedToStart names why a call that never reached a server did not: the caller gave up
 // (cancelled, or its deadline passed), or the server could not be started.

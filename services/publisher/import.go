@@ -20,6 +20,7 @@ import (
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/humanize"
 	"github.com/ringfence/ringfence/internal/mcpdecl"
 	"github.com/ringfence/ringfence/internal/mcpdecl/screen"
 	"github.com/ringfence/ringfence/internal/mcpserver"
@@ -517,15 +518,7 @@ func nodeIDFor(ref, tool string, taken map[string]bool) string {
 	return id
 }
 
-func listed(items []string) string {
-	if len(items) > maxListed {
-		return strings.Join(items[:maxListed], ", ") + fmt.Sprintf(", and %d more", len(items)-maxListed)
-	}
-	if len(items) == 0 {
-		return "nothing"
-	}
-	return strings.Join(items, ", ")
-}
+func listed(items []string) string { return humanize.List(items, maxListed, "nothing") }
 
 func plural(n int, word string) string {
 	if n == 1 {

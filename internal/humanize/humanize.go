@@ -1,0 +1,42 @@
+// Package humanize renders things for the messages people read: lists of names that stay
+// short, and the distance behind a "did you mean".
+package humanize
+
+import (
+	"fmt"
+	"strings"
+)
+
+// List joins items with commas, naming at most the first most of them and how many more;
+// empty is what an empty list reads as (e.g. "none").
+func List(items []string, most int, empty string) string {
+	switch {
+	case len(items) == 0:
+		return empty
+	case len(items) > most:
+		return strings.Join(items[:most], ", ") + fmt.Sprintf(", and %d more", len(items)-most)
+	}
+	return strings.Join(items, ", ")
+}
+
+// EditDistance is the Levenshtein distance between a and b, over bytes (keys, capability
+// and tool names are ASCII).
+func EditDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
