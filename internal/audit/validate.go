@@ -178,19 +178,25 @@ func checkID(id string) error {
 }
 
 func checkField(name, v string, required bool) error {
-	if v == "" {
-		if required {
-			return invalid(name + " is required")
-		}
-		return nil
-	}
-	if len(v) > MaxFieldLen {
-		return invalid(fmt.Sprintf("%s is %d bytes, limit %d", name, len(v), MaxFieldLen))
-	}
-	if !utf8.ValidString(v) {
-		return invalid(name + " is not valid UTF-8")
+	if problem := FieldProblem(v, required); problem != "" {
+		return invalid(name + " " + problem)
 	}
 	return nil
+}
+
+// FieldProblem says what is wrong with a record's text field ("" for nothing): producers
+// check request fields with it before they act, so an attempt never fails to be recorded
+// because a field is one the log refuses.
+func FieldProblem(v string, required bool) string {
+	switch {
+	case v == "" && required:
+		return "is required"
+	case len(v) > MaxFieldLen:
+		return fmt.Sprintf("is %d bytes, limit %d", len(v), MaxFieldLen)
+	case !utf8.ValidString(v):
+		return "is not valid UTF-8"
+	}
+	return ""
 }
 
 // checkIdent admits the lower-case snake_case codes used for actions, reasons and

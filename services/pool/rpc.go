@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -188,13 +187,8 @@ func validateRunID(id string) error {
 
 // boundedField checks a free-form field that lands in an audit record.
 func boundedField(field, v string, required bool) error {
-	switch {
-	case v == "" && required:
-		return fieldError(field, "is required")
-	case len(v) > audit.MaxFieldLen:
-		return fieldError(field, "is %d bytes; at most %d", len(v), audit.MaxFieldLen)
-	case !utf8.ValidString(v):
-		return fieldError(field, "is not valid UTF-8")
+	if problem := audit.FieldProblem(v, required); problem != "" {
+		return fieldError(field, "%s", problem)
 	}
 	return nil
 }
