@@ -30,6 +30,17 @@ func segments(t *testing.T, dir string) []string {
 	return m
 }
 
+// enqueueRecords enqueues n tool-call records in order and returns them.
+func enqueueRecords(t *testing.T, s *Spool, n int) []Record {
+	t.Helper()
+	out := make([]Record, n)
+	for i := range out {
+		out[i] = toolRecord(i, "p")
+		require.NoError(t, s.Enqueue(t.Context(), out[i]))
+	}
+	return out
+}
+
 func drain(t *testing.T, s *Spool) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
@@ -43,12 +54,7 @@ func drain(t *testing.T, s *Spool) {
 func TestFileSpoolCutsATornTail(t *testing.T) {
 	env := newSpoolEnvOf(t, "files", nil)
 	dir := env.spool.out.describe()
-	var want []string
-	for i := range 10 {
-		r := toolRecord(i, "p")
-		require.NoError(t, env.spool.Enqueue(t.Context(), r))
-		want = append(want, r.ID)
-	}
+	want := ids(enqueueRecords(t, env.spool, 10))
 	require.NoError(t, env.spool.Close())
 	// A crash mid-write leaves half a frame behind the last durable one.
 	seg := segments(t, dir)
@@ -77,12 +83,7 @@ func TestFileSpoolRotatesAndDeletesForwardedSegments(t *testing.T) {
 	dir := env.spool.out.describe()
 	env.sink.down.Store(true)
 	env.run(t)
-	var want []string
-	for i := range 60 {
-		r := toolRecord(i, "p")
-		require.NoError(t, env.spool.Enqueue(t.Context(), r))
-		want = append(want, r.ID)
-	}
+	want := ids(enqueueRecords(t, env.spool, 60))
 	require.Greater(t, len(segments(t, dir)), 3, "small segments rotate")
 	env.sink.down.Store(false)
 	require.NoError(t, env.spool.Flush(t.Context()))
@@ -107,12 +108,7 @@ func TestFileSpoolReportsRecordsLostToDamage(t *testing.T) {
 	env := newSpoolEnvOf(t, "files", nil)
 	env.spool.out.(*fileOutbox).segmentMax = 1024
 	dir := env.spool.out.describe()
-	var all []Record
-	for i := range 30 {
-		r := toolRecord(i, "p")
-		require.NoError(t, env.spool.Enqueue(t.Context(), r))
-		all = append(all, r)
-	}
+	enqueueRecords(t, env.spool, 30)
 	require.NoError(t, env.spool.Close())
 	seg := segments(t, dir)
 	require.GreaterOrEqual(t, len(seg), 3)
@@ -148,12 +144,7 @@ func TestFileSpoolReportsRecordsLostToDamage(t *testing.T) {
 func TestFileSpoolCountsRecordsLostInItsLastSegment(t *testing.T) {
 	env := newSpoolEnvOf(t, "files", nil)
 	dir := env.spool.out.describe()
-	var all []Record
-	for i := range 10 {
-		r := toolRecord(i, "p")
-		require.NoError(t, env.spool.Enqueue(t.Context(), r))
-		all = append(all, r)
-	}
+	all := enqueueRecords(t, env.spool, 10)
 	require.NoError(t, env.spool.Close())
 	seg := segments(t, dir)
 	require.Len(t, seg, 1)
@@ -211,12 +202,7 @@ func TestFileSpoolRefusesAForeignFile(t *testing.T) {
 func TestFileSpoolStartsOverFromATornAckedCounter(t *testing.T) {
 	env := newSpoolEnvOf(t, "files", nil)
 	dir := env.spool.out.describe()
-	var want []string
-	for i := range 3 {
-		r := toolRecord(i, "p")
-		require.NoError(t, env.spool.Enqueue(t.Context(), r))
-		want = append(want, r.ID)
-	}
+	want := ids(enqueueRecords(t, env.spool, 3))
 	require.NoError(t, env.spool.Close())
 	require.NoError(t, os.WriteFile(filepath.Join(dir, ackedFile), nil, 0o600))
 
