@@ -14,12 +14,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ringfence/ringfence/internal/testutil"
 )
 
 // bins holds the binaries built once for the whole test run.
@@ -86,24 +87,6 @@ func tool(t *testing.T, name string) string {
 	return p
 }
 
-// syncBuffer collects a process's output for assertions while it runs.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // daemon is one running server binary.
 type daemon struct {
 	t        *testing.T
@@ -112,7 +95,7 @@ type daemon struct {
 	DataDir  string
 	GRPCAddr string
 	HTTPAddr string
-	Logs     *syncBuffer
+	Logs     *testutil.SyncBuffer
 	cmd      *exec.Cmd
 	exited   chan struct{}
 }
@@ -121,7 +104,7 @@ type daemon struct {
 // loopback ports, and waits until /healthz answers.
 func startDaemon(t *testing.T, name string, env ...string) *daemon {
 	t.Helper()
-	d := &daemon{t: t, name: name, DataDir: t.TempDir(), GRPCAddr: freeAddr(t), HTTPAddr: freeAddr(t), Logs: &syncBuffer{}}
+	d := &daemon{t: t, name: name, DataDir: t.TempDir(), GRPCAddr: freeAddr(t), HTTPAddr: freeAddr(t), Logs: &testutil.SyncBuffer{}}
 	d.env = append([]string{
 		"RINGFENCE_DATA_DIR=" + d.DataDir,
 		"RINGFENCE_GRPC_ADDR=" + d.GRPCAddr,

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,7 +36,7 @@ func DigestRef(t testing.TB) string {
 	if err := os.WriteFile(filepath.Join(dir, "config.yml"), []byte(config), 0o600); err != nil {
 		t.Fatalf("dockertest: %v", err)
 	}
-	logs := &lockedBuffer{}
+	logs := &testutil.SyncBuffer{}
 	cmd := exec.Command(bin, "serve", filepath.Join(dir, "config.yml"))
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
@@ -75,25 +74,7 @@ func DigestRef(t testing.TB) string {
 	return ""
 }
 
-// lockedBuffer collects a child's output from its copying goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func waitForRegistry(t testing.TB, addr string, logs *lockedBuffer) {
+func waitForRegistry(t testing.TB, addr string, logs *testutil.SyncBuffer) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {

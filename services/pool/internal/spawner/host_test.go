@@ -1,17 +1,17 @@
 package spawner
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
-	"github.com/ringfence/ringfence/internal/testutil/fixtures"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ringfence/ringfence/internal/testutil"
+	"github.com/ringfence/ringfence/internal/testutil/fixtures"
 )
 
 func TestIsolationRequiredWithoutImage(t *testing.T) {
@@ -26,24 +26,7 @@ func TestIsolationRequiredWithoutImage(t *testing.T) {
 	require.Equal(t, "none", rep.Isolation)
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func hostRouter(t *testing.T, logs *lockedBuffer, mut ...func(*Config)) *Router {
+func hostRouter(t *testing.T, logs *testutil.SyncBuffer, mut ...func(*Config)) *Router {
 	t.Helper()
 	cfg := Config{AllowUnisolated: true, Logger: slog.New(slog.NewTextHandler(logs, nil))}
 	for _, m := range mut {
@@ -58,7 +41,7 @@ func hostRouter(t *testing.T, logs *lockedBuffer, mut ...func(*Config)) *Router 
 func TestHostEnvironmentAndWorkingDirectory(t *testing.T) {
 	fixture := fixtures.Binaries(t).Path(t, fixtures.MCPFixture)
 	t.Setenv("RINGFENCE_TEST_SERVICE_SECRET", "must-not-leak")
-	var logs lockedBuffer
+	var logs testutil.SyncBuffer
 	r := hostRouter(t, &logs, func(c *Config) {
 		c.AllowedEnvKeys = []string{"APP_TOKEN", "APP_MODE"}
 		c.HostPATH = filepath.Dir(fixture)
@@ -89,7 +72,7 @@ func TestHostEnvironmentAndWorkingDirectory(t *testing.T) {
 }
 
 func TestHostRefusesSteeringEnv(t *testing.T) {
-	var logs lockedBuffer
+	var logs testutil.SyncBuffer
 	r := hostRouter(t, &logs, func(c *Config) { c.AllowedEnvKeys = []string{"APP_TOKEN"} })
 	spec := fixtureSpec()
 	spec.Command = fixtures.Binaries(t).Path(t, fixtures.MCPFixture)
@@ -108,7 +91,7 @@ func TestHostErrorClasses(t *testing.T) {
 	require.NoError(t, os.WriteFile(notExec, []byte("x"), 0o644))
 	notProgram := filepath.Join(dir, "not-program")
 	require.NoError(t, os.WriteFile(notProgram, []byte("\x00\x01\x02\x03"), 0o755))
-	var logs lockedBuffer
+	var logs testutil.SyncBuffer
 	r := hostRouter(t, &logs)
 	tests := []struct {
 		name  string
@@ -145,7 +128,7 @@ func hostSpec(path string, args ...string) Spec {
 
 func TestHostStdoutHygieneAndRedaction(t *testing.T) {
 	fixture := fixtures.Binaries(t).Path(t, fixtures.MCPFixture)
-	var logs lockedBuffer
+	var logs testutil.SyncBuffer
 	r := hostRouter(t, &logs, func(c *Config) { c.AllowedEnvKeys = []string{"APP_TOKEN"} })
 	spec := hostSpec(fixture, "--banner", "--stderr-env", "APP_TOKEN")
 	spec.Env = map[string]string{"APP_TOKEN": "host-secret-42"}
