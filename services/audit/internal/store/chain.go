@@ -92,7 +92,7 @@ func seqKey(seq uint64) []byte { return binary.BigEndian.AppendUint64(make([]byt
 // appendIndexKey appends len(name) (2 BE) || name || seq (8 BE). The length prefix
 // keeps one name's keys from running into another's whatever bytes a tenant or run id
 // contains.
-func appendIndexKey(dst []byte, name string, seq uint64) []byte {
+func appendIndexKey[T string | []byte](dst []byte, name T, seq uint64) []byte {
 	dst = binary.BigEndian.AppendUint16(dst, uint16(len(name)))
 	dst = append(dst, name...)
 	return binary.BigEndian.AppendUint64(dst, seq)

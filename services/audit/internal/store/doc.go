@@ -4,8 +4,10 @@
 // It exists so that any change to stored history is detectable: each record's body
 // carries its seq and the previous record's hash, and the stored hash is
 // SHA-256(previous hash || body), chained from a fixed Genesis. Verify recomputes the
-// chain over the raw bytes, without decoding JSON, and names the first record that does
-// not hold.
+// chain over the raw bytes and names the first record that does not hold. The indexes
+// are outside the chain, so Verify also proves they hold exactly the entries the
+// records require (a keyed sum per index, see indexChecker): a deleted index entry
+// would otherwise hide a record from filtered reads.
 //
 // Writes go through one writer goroutine that group-commits: every Append waiting when
 // a commit starts joins one bbolt transaction and one fsync, and each caller is answered

@@ -30,10 +30,12 @@ type VerifyResult struct {
 const verifyChunk = 1 << 16
 
 // Verify recomputes the chain from Genesis up to the head as it stood when Verify
-// started, without decoding any JSON: for every record it checks the key is the next
-// seq, the body starts with its own seq and the previous hash, and the stored hash is
-// SHA-256(previous hash || body). It ends by checking the head in the meta bucket, so a
-// truncated tail is reported too. progress, if not nil, is called after each chunk.
+// started: for every record it checks the key is the next seq, the body starts with its
+// own seq and the previous hash, and the stored hash is SHA-256(previous hash || body).
+// It checks the head in the meta bucket, so a truncated tail is reported too, and that
+// the by_id, by_tenant and by_run indexes hold exactly the entries the records require,
+// so no record is hidden from a filtered read. progress, if not nil, is called after
+// each chunk.
 //
 // The chain proves the log was not edited in place; a whole rewrite of the file with a
 // freshly computed chain is detectable only against a head recorded elsewhere (an
@@ -92,6 +94,7 @@ func (s *Store) VerifyThrough(ctx context.Context, progress func(done uint64), a
 	defer stopReadAhead()
 
 	ch := newChainer()
+	ix := newIndexChecker()
 	prev := Genesis
 	next := uint64(1)
 	var prefix []byte
@@ -144,6 +147,10 @@ func (s *Store) VerifyThrough(ctx context.Context, progress func(done uint64), a
 					brokenAt, reason = next, "the chain does not pass through the anchor you kept: the log was rewritten at or before this record"
 					return nil
 				}
+				if r := ix.record(next, body, prefix); r != "" {
+					brokenAt, reason = next, r
+					return nil
+				}
 				prev = h
 				res.Checked++
 				next++
@@ -173,6 +180,17 @@ func (s *Store) VerifyThrough(ctx context.Context, progress func(done uint64), a
 	// Records past the head would be invisible to every reader that trusts the head.
 	if pastHead {
 		return broken(headSeq+1, "records exist past the head in meta")
+	}
+	var extraAt uint64
+	var extra string
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		extraAt, extra = ix.indexes(tx, headSeq)
+		return nil
+	}); err != nil {
+		return res, fmt.Errorf("audit: verify: %w", err)
+	}
+	if extra != "" {
+		return broken(extraAt, extra)
 	}
 	res.OK = true
 	return res, nil

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -154,6 +155,70 @@ func TestVerifyDetectsEditsThroughBbolt(t *testing.T) {
 			reason: "does not name its seq and the previous hash",
 		},
 		{
+			name: "delete a run's index entry",
+			edit: func(tx *bolt.Tx, _ []Entry) error {
+				return tx.Bucket(bucketByRun).Delete(appendIndexKey(nil, "run-1", 43))
+			},
+			want:   43,
+			reason: `by_run index lacks this record, so reads for run "run-1" do not show it`,
+		},
+		{
+			name: "delete a tenant's index entry",
+			edit: func(tx *bolt.Tx, _ []Entry) error {
+				return tx.Bucket(bucketByTenant).Delete(appendIndexKey(nil, "tenant-a", 42))
+			},
+			want:   42,
+			reason: `by_tenant index lacks this record, so reads for tenant "tenant-a" do not show it`,
+		},
+		{
+			name: "delete an id's index entry",
+			edit: func(tx *bolt.Tx, entries []Entry) error {
+				return tx.Bucket(bucketByID).Delete([]byte(entries[9].Record.ID))
+			},
+			want:   10,
+			reason: "by_id index lacks record id",
+		},
+		{
+			name: "point an id at another record",
+			edit: func(tx *bolt.Tx, entries []Entry) error {
+				b := tx.Bucket(bucketByID)
+				v := bytes.Clone(b.Get([]byte(entries[9].Record.ID)))
+				binary.BigEndian.PutUint64(v, 11)
+				return b.Put([]byte(entries[9].Record.ID), v)
+			},
+			want:   10,
+			reason: "does not name this record",
+		},
+		{
+			name: "change the digest an id's entry kept",
+			edit: func(tx *bolt.Tx, entries []Entry) error {
+				b := tx.Bucket(bucketByID)
+				v := bytes.Clone(b.Get([]byte(entries[9].Record.ID)))
+				v[len(v)-1] ^= 1
+				return b.Put([]byte(entries[9].Record.ID), v)
+			},
+			want:   10,
+			reason: "does not match the digest its by_id entry kept",
+		},
+		{
+			// Record 2 belongs to tenant-a: the planted entry would show it to tenant-b's
+			// reads if they trusted the index.
+			name: "plant a tenant index entry",
+			edit: func(tx *bolt.Tx, _ []Entry) error {
+				return tx.Bucket(bucketByTenant).Put(appendIndexKey(nil, "tenant-b", 2), noValue)
+			},
+			want:   2,
+			reason: "by_tenant index holds 101 entries where its records require 100; the first unaccounted for names record 2",
+		},
+		{
+			name: "plant a run index entry past the head",
+			edit: func(tx *bolt.Tx, _ []Entry) error {
+				return tx.Bucket(bucketByRun).Put(appendIndexKey(nil, "run-1", 500), noValue)
+			},
+			want:   500,
+			reason: "by_run index names record 500, past the head",
+		},
+		{
 			name: "plant a record past the head",
 			edit: func(tx *bolt.Tx, entries []Entry) error {
 				body := buildBody(nil, 101, &entries[99].Hash, []byte(`{"id":"planted"}`))
@@ -291,12 +356,21 @@ func TestAnAnchorCatchesWhatTheChainAloneCannot(t *testing.T) {
 	require.True(t, res.OK, "an anchor inside the log passes")
 	require.NoError(t, s.Close())
 
-	// Cut the last record and point the head at the one before: no hashing needed.
+	// Cut the last record and its index entries, and point the head at the one before:
+	// no hashing needed.
 	db, err := bolt.Open(path, 0o600, nil)
 	require.NoError(t, err)
 	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
-		if err := tx.Bucket(bucketRecords).Delete(seqKey(last.Record.Seq)); err != nil {
-			return err
+		seq := last.Record.Seq
+		for _, del := range []struct{ bucket, key []byte }{
+			{bucketRecords, seqKey(seq)},
+			{bucketByID, []byte(last.Record.ID)},
+			{bucketByTenant, appendIndexKey(nil, last.Record.Tenant, seq)},
+			{bucketByRun, appendIndexKey(nil, last.Record.ToolCall.RunID, seq)},
+		} {
+			if err := tx.Bucket(del.bucket).Delete(del.key); err != nil {
+				return err
+			}
 		}
 		prev := entries[len(entries)-2]
 		head := append(seqKey(prev.Record.Seq), prev.Hash[:]...)

@@ -1,0 +1,408 @@
+package store
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"hash/maphash"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// indexChecker proves, alongside Verify's chain walk, that the indexes say what the
+// records say. The chain covers the records bucket only: deleting a by_run or by_tenant
+// entry would hide a record from `list --run` and `--tenant` while the chain still
+// verified, and a changed by_id entry would turn a producer's honest retry into an ID
+// conflict.
+//
+// Looking every entry up costs a B+tree search per entry, several times the chain
+// itself. Instead the checker sums a keyed hash of every entry the records require and,
+// in one sequential pass per index, of every entry the index holds: equal counts and
+// sums mean equal sets. The key is drawn at random per Verify, so nobody who edits the
+// file can make a different set sum the same. Only when the sums differ does the checker
+// look entries up, to name the record.
+type indexChecker struct {
+	seed           maphash.Seed
+	want, have     [numIndexes]indexSum
+	entry, js, key []byte // scratch
+}
+
+// The indexes the checker covers, by position in its sums.
+const (
+	ixByID = iota
+	ixByTenant
+	ixByRun
+	numIndexes
+)
+
+var indexBuckets = [numIndexes][]byte{bucketByID, bucketByTenant, bucketByRun}
+
+type indexSum struct{ n, sum uint64 }
+
+func newIndexChecker() *indexChecker { return &indexChecker{seed: maphash.MakeSeed()} }
+
+func (c *indexChecker) add(s *indexSum, key, val []byte) {
+	c.entry = append(append(c.entry[:0], key...), val...)
+	s.n++
+	s.sum += maphash.Bytes(c.seed, c.entry)
+}
+
+// record adds the index entries record seq requires, from its body, which the chain has
+// just verified. It returns a reason when the body cannot be read.
+func (c *indexChecker) record(seq uint64, body, prefix []byte) string {
+	f, ok := indexedFields(body)
+	if !ok {
+		return "body is not a JSON object with a string id"
+	}
+	c.add(&c.want[ixByID], f.id, c.idValue(seq, body, prefix))
+	if f.tenant != nil {
+		c.key = appendIndexKey(c.key[:0], f.tenant, seq)
+		c.add(&c.want[ixByTenant], c.key, noValue)
+	}
+	if f.run != nil {
+		c.key = appendIndexKey(c.key[:0], f.run, seq)
+		c.add(&c.want[ixByRun], c.key, noValue)
+	}
+	return ""
+}
+
+// idValue is the by_id value record seq requires: its seq and the digest of the record
+// as its producer sent it, the body without what buildBody spliced in.
+func (c *indexChecker) idValue(seq uint64, body, prefix []byte) []byte {
+	c.js = append(c.js[:0], '{')
+	if rest := body[len(prefix):]; len(rest) > 1 {
+		c.js = append(c.js, rest[1:]...)
+	} else {
+		c.js = append(c.js, '}')
+	}
+	sum := sha256.Sum256(c.js)
+	v := binary.BigEndian.AppendUint64(c.js[:0], seq)
+	return append(v, sum[:16]...)
+}
+
+// indexes sums what the indexes hold at or below headSeq and compares it with what the
+// records required. It returns the seq of the first entry or record at fault and why, or
+// an empty reason when the indexes hold exactly the required entries.
+func (c *indexChecker) indexes(tx *bolt.Tx, headSeq uint64) (uint64, string) {
+	// Records appended since Verify began have entries too; beyond the head now, none.
+	now := headSeq
+	if v := tx.Bucket(bucketMeta).Get(keyHead); len(v) == 8+hashLen {
+		now = max(now, binary.BigEndian.Uint64(v))
+	}
+	for ix, name := range indexBuckets {
+		cur := tx.Bucket(name).Cursor()
+		for k, v := cur.First(); k != nil; k, v = cur.Next() {
+			seq, ok := entrySeq(ix, k, v)
+			switch {
+			case !ok:
+				return 0, fmt.Sprintf("%s index holds a malformed entry", name)
+			case seq > now:
+				return seq, fmt.Sprintf("%s index names record %d, past the head", name, seq)
+			case seq <= headSeq:
+				c.add(&c.have[ix], k, v)
+			}
+		}
+	}
+	if c.have == c.want {
+		return 0, ""
+	}
+	if seq, reason := c.missing(tx, headSeq); reason != "" {
+		return seq, reason
+	}
+	return c.extra(tx, headSeq)
+}
+
+// missing names the first record up to headSeq whose index entries are absent or wrong.
+func (c *indexChecker) missing(tx *bolt.Tx, headSeq uint64) (uint64, string) {
+	byID, byTenant, byRun := tx.Bucket(bucketByID), tx.Bucket(bucketByTenant), tx.Bucket(bucketByRun)
+	cur := tx.Bucket(bucketRecords).Cursor()
+	// The chain verified, so each record's previous hash is the one stored before it.
+	prev := Genesis
+	var prefix []byte
+	for k, v := cur.First(); k != nil && len(k) == 8 && len(v) >= hashLen; k, v = cur.Next() {
+		seq := binary.BigEndian.Uint64(k)
+		if seq > headSeq {
+			break
+		}
+		body := v[hashLen:]
+		f, ok := indexedFields(body)
+		if !ok {
+			return seq, "body is not a JSON object with a string id"
+		}
+		prefix = appendBodyPrefix(prefix[:0], seq, &prev)
+		copy(prev[:], v[:hashLen])
+		got := byID.Get(f.id)
+		switch {
+		case got == nil:
+			return seq, fmt.Sprintf("by_id index lacks record id %q", f.id)
+		case len(got) != 8+16 || binary.BigEndian.Uint64(got) != seq:
+			return seq, fmt.Sprintf("by_id index entry for id %q does not name this record", f.id)
+		case !bytes.Equal(got, c.idValue(seq, body, prefix)):
+			return seq, fmt.Sprintf("record does not match the digest its by_id entry kept at append (id %q): the record or the entry was changed", f.id)
+		}
+		if f.tenant != nil && byTenant.Get(appendIndexKey(nil, f.tenant, seq)) == nil {
+			return seq, fmt.Sprintf("by_tenant index lacks this record, so reads for tenant %q do not show it", f.tenant)
+		}
+		if f.run != nil && byRun.Get(appendIndexKey(nil, f.run, seq)) == nil {
+			return seq, fmt.Sprintf("by_run index lacks this record, so reads for run %q do not show it", f.run)
+		}
+	}
+	return 0, ""
+}
+
+// extra names the first entry at or below headSeq that no record requires: every
+// required entry exists (missing found none), so an index with more entries than
+// required holds a planted or stale one.
+func (c *indexChecker) extra(tx *bolt.Tx, headSeq uint64) (uint64, string) {
+	for ix, name := range indexBuckets {
+		if c.have[ix] == c.want[ix] {
+			continue
+		}
+		cur := tx.Bucket(name).Cursor()
+		for k, v := cur.First(); k != nil; k, v = cur.Next() {
+			if seq, _ := entrySeq(ix, k, v); seq <= headSeq && !requires(tx, name, k, seq) {
+				return seq, fmt.Sprintf("%s index holds %d entries where its records require %d; the first unaccounted for names record %d", name, c.have[ix].n, c.want[ix].n, seq)
+			}
+		}
+		return 0, fmt.Sprintf("%s index holds %d entries up to the head, %d expected", name, c.have[ix].n, c.want[ix].n)
+	}
+	return 0, ""
+}
+
+// entrySeq reads the seq an entry of index ix names.
+func entrySeq(ix int, k, v []byte) (uint64, bool) {
+	if ix == ixByID {
+		if len(v) != 8+16 {
+			return 0, false
+		}
+		return binary.BigEndian.Uint64(v), true
+	}
+	if len(k) < 2+8 || int(binary.BigEndian.Uint16(k))+2+8 != len(k) {
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(k[len(k)-8:]), true
+}
+
+// requires reports whether record seq needs index key k in bucket name.
+func requires(tx *bolt.Tx, name, k []byte, seq uint64) bool {
+	v := tx.Bucket(bucketRecords).Get(seqKey(seq))
+	if len(v) < hashLen {
+		return false
+	}
+	f, ok := indexedFields(v[hashLen:])
+	if !ok {
+		return false
+	}
+	switch {
+	case bytes.Equal(name, bucketByID):
+		return bytes.Equal(k, f.id)
+	case bytes.Equal(name, bucketByTenant):
+		return f.tenant != nil && bytes.Equal(k, appendIndexKey(nil, f.tenant, seq))
+	default:
+		return f.run != nil && bytes.Equal(k, appendIndexKey(nil, f.run, seq))
+	}
+}
+
+// bodyFields are the fields of a body the indexes are keyed by; tenant and run are nil
+// when the record has none.
+type bodyFields struct {
+	id, tenant, run []byte
+}
+
+// indexedFields reads id, tenant and tool_call.run_id from a body without decoding the
+// rest of it: Verify reads every record, and a full json.Unmarshal of each would cost
+// more than the chain itself. The first occurrence of a member counts, and the walk
+// stops at run_id, the first member of tool_call, which is the last member of a record:
+// the chain has proved the body is what our encoder wrote.
+func indexedFields(body []byte) (bodyFields, bool) {
+	var f bodyFields
+	seen := 0
+	ok := eachMember(body, func(key, val []byte) walk {
+		var good bool
+		switch string(key) {
+		case "id":
+			if f.id != nil {
+				return walkOn
+			}
+			f.id, good = jsonString(val)
+		case "tenant":
+			if seen&seenTenant != 0 {
+				return walkOn
+			}
+			seen |= seenTenant
+			f.tenant, good = jsonString(val)
+			if len(f.tenant) == 0 {
+				f.tenant = nil // written only when set; an empty one is not indexed
+			}
+		case "tool_call":
+			// Every tool-call record is indexed by its run id, even an empty one.
+			f.run = []byte{}
+			good = eachMember(val, func(key, val []byte) walk {
+				if string(key) != "run_id" {
+					return walkOn
+				}
+				run, ok := jsonString(val)
+				if !ok {
+					return walkBad
+				}
+				f.run = run
+				return walkDone
+			})
+			if good && f.id != nil {
+				return walkDone
+			}
+		default:
+			good = true
+		}
+		if !good {
+			return walkBad
+		}
+		return walkOn
+	})
+	return f, ok && f.id != nil
+}
+
+const seenTenant = 1
+
+// walk is what an eachMember visitor asks for next.
+type walk int
+
+const (
+	walkOn   walk = iota // the next member
+	walkDone             // stop: the walk succeeded
+	walkBad              // stop: the walk failed
+)
+
+// eachMember calls visit with the raw key and value of each member of the JSON object
+// in b, which must be exactly one object unless visit stops the walk early. It reports
+// false on malformed JSON or when visit does.
+func eachMember(b []byte, visit func(key, val []byte) walk) bool {
+	i := skipSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return false
+	}
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return skipSpace(b, i+1) == len(b)
+	}
+	for {
+		ks := i
+		ke := skipValue(b, ks)
+		if ke < 0 || b[ks] != '"' {
+			return false
+		}
+		i = skipSpace(b, ke)
+		if i >= len(b) || b[i] != ':' {
+			return false
+		}
+		vs := skipSpace(b, i+1)
+		ve := skipValue(b, vs)
+		if ve < 0 {
+			return false
+		}
+		switch visit(b[ks+1:ke-1], b[vs:ve]) {
+		case walkDone:
+			return true
+		case walkBad:
+			return false
+		}
+		i = skipSpace(b, ve)
+		if i >= len(b) {
+			return false
+		}
+		switch b[i] {
+		case ',':
+			i = skipSpace(b, i+1)
+		case '}':
+			return skipSpace(b, i+1) == len(b)
+		default:
+			return false
+		}
+	}
+}
+
+// skipValue returns the index just past the JSON value starting at b[i], or -1. It
+// checks structure only (balanced brackets, terminated strings), which is all a walk
+// over our own encoder's output needs; values are decoded by their readers.
+func skipValue(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		for j := i + 1; ; j++ {
+			n := bytes.IndexByte(b[j:], '"')
+			if n < 0 {
+				return -1
+			}
+			j += n
+			// The quote ends the string unless an odd run of backslashes escapes it.
+			escapes := 0
+			for p := j - 1; p > i && b[p] == '\\'; p-- {
+				escapes++
+			}
+			if escapes%2 == 0 {
+				return j + 1
+			}
+		}
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(b); j++ {
+			switch b[j] {
+			case '"':
+				end := skipValue(b, j)
+				if end < 0 {
+					return -1
+				}
+				j = end - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return -1
+	default:
+		j := i
+	scan:
+		for ; j < len(b); j++ {
+			switch b[j] {
+			case ',', '}', ']', ' ', '\t', '\r', '\n':
+				break scan
+			}
+		}
+		if j == i {
+			return -1
+		}
+		return j
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	return i
+}
+
+// jsonString returns the text of a JSON string value: its raw bytes when it has no
+// escapes (the common case), else the decoded text.
+func jsonString(val []byte) ([]byte, bool) {
+	if len(val) < 2 || val[0] != '"' || val[len(val)-1] != '"' {
+		return nil, false
+	}
+	raw := val[1 : len(val)-1]
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw, true
+	}
+	var s string
+	if json.Unmarshal(val, &s) != nil {
+		return nil, false
+	}
+	return []byte(s), true
+}
