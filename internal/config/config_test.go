@@ -84,6 +84,7 @@ func TestRefusals(t *testing.T) {
 		contains []string
 	}{
 		{"unknown env key names a near key", nil, []string{"RINGFENCE_GRPC_ADR=x"}, []string{"RINGFENCE_GRPC_ADR", "did you mean RINGFENCE_GRPC_ADDR"}},
+		{"env key without its section names the key", nil, []string{"RINGFENCE_CERT_FILE=x"}, []string{"RINGFENCE_CERT_FILE", "did you mean RINGFENCE_TLS__CERT_FILE"}},
 		{"unknown file key", []string{"--config", unknownFile}, nil, []string{`"sandbox.mcp_isolation_imag"`, `did you mean "sandbox.mcp_isolation_image"`}},
 		{"unknown flag", []string{"--nope"}, nil, []string{"nope"}},
 		{"bad integer names the env", nil, []string{"RINGFENCE_POOL__MAX_RUNS=many"}, []string{"RINGFENCE_POOL__MAX_RUNS", "not an integer"}},

@@ -21,15 +21,14 @@ import (
 // EnvPrefix starts every environment key.
 const EnvPrefix = "RINGFENCE_"
 
-// clientEnvKeys are RINGFENCE_* variables that belong to the CLI or to tests, not to a server.
-// A server ignores them instead of refusing them, because operators export them in the same
-// shell they start servers from.
+// clientEnvKeys are RINGFENCE_* variables a server does not configure itself from: the
+// CLI's, which a server ignores instead of refusing because operators export them in the
+// same shell they start servers from, and RINGFENCE_CONFIG, read on its own. Test
+// switches (RINGFENCE_TEST_*) are ignored too. Every other key must be one of Keys.
 var clientEnvKeys = map[string]bool{
 	"RINGFENCE_ADDR":            true,
 	"RINGFENCE_API_KEY":         true,
 	"RINGFENCE_CA_FILE":         true,
-	"RINGFENCE_CERT_FILE":       true,
-	"RINGFENCE_KEY_FILE":        true,
 	"RINGFENCE_SERVER_NAME":     true,
 	"RINGFENCE_SERVER_IDENTITY": true,
 	"RINGFENCE_CONFIG":          true,
@@ -225,6 +224,16 @@ func suggest(envName string, byEnv map[string]field) string {
 	for name := range byEnv {
 		if d := humanize.EditDistance(envName, name); d < bestD {
 			best, bestD = name, d
+		}
+	}
+	if best == "" {
+		// A key written without its section, e.g. RINGFENCE_CERT_FILE for
+		// RINGFENCE_TLS__CERT_FILE.
+		tail := "__" + strings.TrimPrefix(envName, EnvPrefix)
+		for name := range byEnv {
+			if strings.HasSuffix(name, tail) && (best == "" || name < best) {
+				best = name
+			}
 		}
 	}
 	if best != "" {
