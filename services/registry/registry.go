@@ -39,8 +39,8 @@ type Config struct {
 	Roles   *auth.Roles
 	// AllowedEnvKeys is the operator's env allowlist for registrations.
 	AllowedEnvKeys []string
-	// Discoverer answers ListServerTools; nil means isolation is not configured, and the RPC
-	// refuses instead of ever running a server on the host.
+	// Discoverer answers ListServerTools and ExploreServer: the pool, which starts servers
+	// in isolation. nil (a registry started alone, without peers.pool_addr) refuses them.
 	Discoverer Discoverer
 	// AuditSink receives the admin events (the audit service in-process, or peers.Audit);
 	// SpoolMaxRecords and OnSpoolFull bound the outbox that holds them meanwhile.
@@ -147,6 +147,9 @@ func Open(cfg Config) (*Service, error) {
 
 // Spool is the registry's audit spool (tests flush it).
 func (s *Service) Spool() *audit.Spool { return s.spool }
+
+// errNoPool answers a listing asked of a registry that has no pool to start servers in.
+const errNoPool = "this registry has no pool to start MCP servers in: set RINGFENCE_PEERS__POOL_ADDR to a ringfence-pool's gRPC address (servers only ever start in a pool's isolation)"
 
 // SetDiscoverer wires the pool in after both are built (they refer to each other). Call it
 // before serving.

@@ -245,16 +245,16 @@ func TestPermissions(t *testing.T) {
 	}
 }
 
-func TestListServerToolsWithoutIsolationIsUnavailable(t *testing.T) {
+// A registry without a pool (started alone, no peers.pool_addr) names the setting that
+// gives it one.
+func TestListServerToolsWithoutAPoolIsUnavailable(t *testing.T) {
 	f := newFixture(t)
 	ctx := f.admin(t)
 	_, err := f.client.CreateServer(ctx, docsSearch())
 	require.NoError(t, err)
 	_, err = f.client.ListServerTools(ctx, &registryv1.ListServerToolsRequest{Ref: "docs-search"})
 	st := testutil.RequireStatus(t, err, codes.Unavailable)
-	require.Contains(t, st.Message(), "RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE")
-	require.Len(t, st.Details(), 1)
-	require.Equal(t, "isolation_required", st.Details()[0].(*typesv1.ServerFailure).GetClass())
+	require.Contains(t, st.Message(), "RINGFENCE_PEERS__POOL_ADDR")
 	_, err = f.client.ListServerTools(ctx, &registryv1.ListServerToolsRequest{Ref: "unknown"})
 	testutil.RequireStatus(t, err, codes.NotFound)
 }

@@ -6,9 +6,13 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
+
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/mcpserver"
@@ -140,7 +144,7 @@ func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServ
 		toolPerms = policy.ToolPermissions
 	}
 	if s.cfg.Discoverer == nil {
-		return nil, discovery.Status(ctx, s.errors, discovery.ErrIsolationRequired)
+		return nil, status.Error(codes.Unavailable, errNoPool)
 	}
 	var adhocProto *registryv1.ResolveServerResponse
 	if adhoc != nil {
