@@ -115,6 +115,55 @@ func TestSeedSequenceOverREST(t *testing.T) {
 	require.NotContains(t, d.Logs.String(), canary)
 }
 
+// TestEveryRESTResponseCarriesARequestID: the id a caller sends comes back, once, on every
+// answer (also those no RPC gives: a refused key, an unknown route, health, the export), and
+// the server makes one when none or an insane one is sent.
+func TestEveryRESTResponseCarriesARequestID(t *testing.T) {
+	d := startDaemon(t, "ringfenced", registryEnv()...)
+	base := "http://" + d.HTTPAddr
+	requestIDs := func(method, path, key, sent string) (int, []string) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), method, base+path, nil)
+		require.NoError(t, err)
+		if key != "" {
+			req.Header.Set("X-API-Key", key)
+		}
+		if sent != "" {
+			req.Header.Set("X-Request-Id", sent)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, resp.Body.Close())
+		return resp.StatusCode, resp.Header.Values("X-Request-Id")
+	}
+	for _, tc := range []struct {
+		name, method, path, key string
+		code                    int
+	}{
+		{"served", "GET", "/v1/mcp/servers", adminKey, http.StatusOK},
+		{"refused by the RPC", "GET", "/v1/mcp/servers/nope", adminKey, http.StatusNotFound},
+		{"no key", "GET", "/v1/mcp/servers", "", http.StatusUnauthorized},
+		{"unknown route", "GET", "/v1/nope", adminKey, http.StatusNotFound},
+		{"wrong method", "PATCH", "/v1/mcp/servers", adminKey, http.StatusMethodNotAllowed},
+		{"health", "GET", "/healthz", "", http.StatusOK},
+		{"export", "GET", "/v1/audit/export", adminKey, http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, ids := requestIDs(tc.method, tc.path, tc.key, "caller-id-1")
+			require.Equal(t, tc.code, code)
+			require.Equal(t, []string{"caller-id-1"}, ids)
+			_, ids = requestIDs(tc.method, tc.path, tc.key, "")
+			require.Len(t, ids, 1)
+			require.Regexp(t, `^[0-9a-f]{16}$`, ids[0])
+			_, ids = requestIDs(tc.method, tc.path, tc.key, "not sane!")
+			require.Len(t, ids, 1)
+			require.Regexp(t, `^[0-9a-f]{16}$`, ids[0], "an insane id is replaced, never echoed")
+		})
+	}
+	require.Contains(t, d.Logs.String(), "request_id=caller-id-1", "the RPC behind a route logs the id the response carries")
+}
+
 // TestBadInputOverREST sends malformed and hostile bodies: each is a 400 naming the problem,
 // nothing is stored, and the server keeps serving.
 func TestBadInputOverREST(t *testing.T) {

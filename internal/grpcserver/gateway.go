@@ -19,7 +19,7 @@ import (
 )
 
 // NewGatewayMux returns the REST mux every binary uses: proto field names in JSON, unknown
-// fields refused, X-API-Key and X-Request-Id forwarded, and errors as JSON a person can act on.
+// fields refused, X-API-Key and X-Request-Id passed to the RPC, and errors as JSON a person can act on.
 func NewGatewayMux() *runtime.ServeMux {
 	return runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, newJSONMarshaler()),
@@ -32,12 +32,9 @@ func NewGatewayMux() *runtime.ServeMux {
 			}
 			return runtime.DefaultHeaderMatcher(h)
 		}),
-		runtime.WithOutgoingHeaderMatcher(func(h string) (string, bool) {
-			if h == RequestIDKey {
-				return "X-Request-Id", true
-			}
-			return "", false
-		}),
+		// X-Request-Id is set by httpRequestID before the gateway runs, to the id the RPC
+		// also takes; forwarding it again would send the header twice.
+		runtime.WithOutgoingHeaderMatcher(func(string) (string, bool) { return "", false }),
 		runtime.WithErrorHandler(writeError),
 		runtime.WithRoutingErrorHandler(writeRoutingError),
 	)
@@ -102,11 +99,6 @@ func writeError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler,
 					body.Violations = append(body.Violations, raw)
 				}
 			}
-		}
-	}
-	if md, ok := runtime.ServerMetadataFromContext(ctx); ok {
-		if v := md.HeaderMD.Get(RequestIDKey); len(v) > 0 {
-			w.Header().Set("X-Request-Id", v[0])
 		}
 	}
 	if st.Code() == codes.Unauthenticated {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"math/rand/v2"
+	"net/http"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -37,14 +38,33 @@ func withRequestID(ctx context.Context) (context.Context, string) {
 		rid = v[0]
 	}
 	if rid == "" {
-		var b [8]byte
-		for i := range b {
-			b[i] = byte(rand.Uint32())
-		}
-		rid = hex.EncodeToString(b[:])
+		rid = newRequestID()
 	}
 	_ = grpc.SetHeader(ctx, metadata.MD{RequestIDKey: {rid}})
 	return context.WithValue(ctx, requestIDCtxKey{}, rid), rid
+}
+
+func newRequestID() string {
+	var b [8]byte
+	for i := range b {
+		b[i] = byte(rand.Uint32())
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// httpRequestID gives every HTTP response an X-Request-Id, the caller's when sane, also
+// those no RPC answers (a refused key, an unknown route, /healthz, the export). It passes
+// the id on in the request, so the RPC behind a route logs and answers the same one.
+func httpRequestID(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rid := r.Header.Get("X-Request-Id")
+		if !saneRequestID(rid) {
+			rid = newRequestID()
+			r.Header.Set("X-Request-Id", rid)
+		}
+		w.Header().Set("X-Request-Id", rid)
+		h.ServeHTTP(w, r)
+	})
 }
 
 // RequestID returns the id of the request ctx belongs to, or "" outside a request.

@@ -282,7 +282,7 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 	for path, h := range s.extra {
 		root.Handle(path, h)
 	}
-	return root, nil
+	return httpRequestID(root), nil
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
