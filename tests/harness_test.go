@@ -6,6 +6,8 @@ package tests
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -95,6 +97,10 @@ type daemon struct {
 	DataDir  string
 	GRPCAddr string
 	HTTPAddr string
+	// HTTPBase is http://HTTPAddr, or https:// when the daemon serves TLS; HTTP is the
+	// client that trusts it.
+	HTTPBase string
+	HTTP     *http.Client
 	Logs     *testutil.SyncBuffer
 	cmd      *exec.Cmd
 	exited   chan struct{}
@@ -110,6 +116,10 @@ func startDaemon(t *testing.T, name string, env ...string) *daemon {
 		"RINGFENCE_GRPC_ADDR=" + d.GRPCAddr,
 		"RINGFENCE_HTTP_ADDR=" + d.HTTPAddr,
 	}, env...)
+	d.HTTPBase, d.HTTP = "http://"+d.HTTPAddr, http.DefaultClient
+	if ca := envValue(env, "RINGFENCE_TLS__CLIENT_CA_FILE"); ca != "" {
+		d.HTTPBase, d.HTTP = "https://"+d.HTTPAddr, trustingClient(t, ca)
+	}
 	d.start()
 	t.Cleanup(d.stop)
 	return d
@@ -134,7 +144,7 @@ func (d *daemon) start() {
 			t.Fatalf("%s exited during start:\n%s", d.name, d.Logs.String())
 		default:
 		}
-		resp, err := http.Get("http://" + d.HTTPAddr + "/healthz")
+		resp, err := d.HTTP.Get(d.HTTPBase + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -146,6 +156,27 @@ func (d *daemon) start() {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// envValue is the value of key in env (KEY=value entries), or "".
+func envValue(env []string, key string) string {
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, key+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// trustingClient is an HTTP client that trusts the CA in caFile (as `ringfence certs init`
+// writes it).
+func trustingClient(t *testing.T, caFile string) *http.Client {
+	t.Helper()
+	pem, err := os.ReadFile(caFile)
+	require.NoError(t, err)
+	roots := x509.NewCertPool()
+	require.True(t, roots.AppendCertsFromPEM(pem), "no certificate in %s", caFile)
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS13}}}
 }
 
 // baseEnv is the environment without RINGFENCE_* variables from the developer's shell.

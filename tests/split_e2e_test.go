@@ -69,16 +69,23 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 	// (the publisher discovers through the pool), publish.
 	must(cli("registry", "servers", "add", "fx", "--command", "mcpfixture", "--env", "APP_TOKEN="+canary,
 		"--grant", "process_spawn", "--grant", "external_api_call", "--tool-permission", "add=math.add:{a}"))
-	// REST beside gRPC works under TLS too (the gateway's in-process connection speaks it).
-	req, err := http.NewRequest(http.MethodGet, "http://"+registry.HTTPAddr+"/v1/mcp/servers/fx", nil)
+	// REST beside gRPC is served over TLS too (it carries API keys), and works (the gateway's
+	// in-process connection speaks TLS); plaintext is refused.
+	require.True(t, strings.HasPrefix(registry.HTTPBase, "https://"))
+	req, err := http.NewRequest(http.MethodGet, registry.HTTPBase+"/v1/mcp/servers/fx", nil)
 	require.NoError(t, err)
 	req.Header.Set("X-API-Key", adminKey)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := registry.HTTP.Do(req)
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
 	require.Contains(t, string(body), `"ref":"fx"`)
+	resp, err = http.Get("http://" + registry.HTTPAddr + "/healthz")
+	if err == nil {
+		resp.Body.Close()
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, "plaintext HTTP on the TLS port is refused")
+	}
 	r = must(cli("registry", "servers", "tools", "fx"))
 	require.Contains(t, r.Stdout, "echo")
 	require.Regexp(t, `(?m)^add\s.*\smath\.add:\{a\}\s`, r.Stdout, "the listing shows what the registration requires of callers")

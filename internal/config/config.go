@@ -46,7 +46,7 @@ type Config struct {
 // TLS is this binary's certificate and the CA its clients' certificates must chain to.
 // Split deployments set all three; internal RPCs then require a service certificate.
 type TLS struct {
-	CertFile     string `key:"cert_file" help:"PEM certificate served on gRPC and presented to peers"`
+	CertFile     string `key:"cert_file" help:"PEM certificate served on gRPC and HTTP (REST, /healthz, /metrics) and presented to peers"`
 	KeyFile      string `key:"key_file" help:"PEM private key of cert_file"`
 	ClientCAFile string `key:"client_ca_file" help:"PEM CA bundle that client and peer certificates must chain to"`
 }

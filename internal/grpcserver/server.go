@@ -58,7 +58,8 @@ type Options struct {
 	GRPCAddr string
 	// HTTPAddr empty disables REST, /healthz and /metrics.
 	HTTPAddr string
-	// TLS, when set, serves gRPC over TLS (the HTTP side stays plaintext on loopback by default).
+	// TLS, when set, serves gRPC and HTTP (REST, /healthz, /metrics) over TLS: REST carries
+	// API keys in its headers.
 	TLS        *tls.Config
 	Authorizer Authorizer
 	Logger     *slog.Logger
@@ -187,6 +188,11 @@ func (s *Server) Run(ctx context.Context) error {
 		httpSrv = &http.Server{
 			Handler: handler, ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+		}
+		if s.opts.TLS != nil {
+			cfg := s.opts.TLS.Clone()
+			cfg.NextProtos = []string{"h2", "http/1.1"}
+			httpLis = tls.NewListener(httpLis, cfg)
 		}
 	}
 	s.mu.Lock()
