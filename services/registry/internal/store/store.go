@@ -39,10 +39,13 @@ type Store struct {
 	box *secretbox.Box
 
 	// servers caches decoded registrations (sealed values stay sealed): every pool call reads
-	// a policy, and this process is the file's only writer, so the cache is updated after
-	// each committed write.
-	serversMu sync.RWMutex
-	servers   map[string]*storedServer
+	// a policy. This process is the file's only writer, and a committed write drops the
+	// ref's entry; the next read fills it from the file. Writes commit in order but finish
+	// in any order, so they only ever drop entries, and a read fills one only if no write
+	// finished while it read (serversGen unchanged): then nothing newer can be lost.
+	serversMu  sync.RWMutex
+	servers    map[string]*storedServer
+	serversGen uint64
 
 	// keys is an in-memory copy of the keys bucket, so authenticating a call never touches disk.
 	mu         sync.RWMutex
@@ -195,7 +198,7 @@ func (s *Store) CreateServer(ctx context.Context, r *mcpserver.Registration, hoo
 		return runHook(tx, hook)
 	})
 	if err == nil {
-		s.cacheServer(r.Ref, st)
+		s.forgetServer(r.Ref)
 	}
 	return err
 }
@@ -239,6 +242,7 @@ func (s *Store) ServerView(ref string, build func(*mcpserver.Registration) any) 
 func (s *Store) stored(ref string) (*storedServer, error) {
 	s.serversMu.RLock()
 	cached, ok := s.servers[ref]
+	gen := s.serversGen
 	s.serversMu.RUnlock()
 	if ok {
 		return cached, nil
@@ -254,22 +258,23 @@ func (s *Store) stored(ref string) (*storedServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.cacheServer(ref, &st)
+	s.serversMu.Lock()
+	if s.serversGen == gen {
+		if len(s.servers) >= maxCachedServers {
+			clear(s.servers)
+		}
+		s.servers[ref] = &st
+	}
+	s.serversMu.Unlock()
 	return &st, nil
 }
 
-// cacheServer records a committed registration (nil: deleted).
-func (s *Store) cacheServer(ref string, st *storedServer) {
+// forgetServer drops ref's cached registration after a committed write.
+func (s *Store) forgetServer(ref string) {
 	s.serversMu.Lock()
 	defer s.serversMu.Unlock()
-	if st == nil {
-		delete(s.servers, ref)
-		return
-	}
-	if len(s.servers) >= maxCachedServers {
-		clear(s.servers)
-	}
-	s.servers[ref] = st
+	delete(s.servers, ref)
+	s.serversGen++
 }
 
 // maxCachedServers bounds the registration cache.
@@ -329,7 +334,6 @@ func (s *Store) ListServers(ctx context.Context, pageToken string, limit int) ([
 // (it may refuse); the revision advances by one.
 func (s *Store) UpdateServer(ctx context.Context, ref string, mutate func(cur *mcpserver.Registration) (*mcpserver.Registration, error), hook func(tx *bolt.Tx, before, after *mcpserver.Registration) error) (*mcpserver.Registration, error) {
 	var result *mcpserver.Registration
-	var committed *storedServer
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(serversBucket)
 		v := b.Get([]byte(ref))
@@ -365,11 +369,11 @@ func (s *Store) UpdateServer(ctx context.Context, ref string, mutate func(cur *m
 				return err
 			}
 		}
-		result, committed = next, sealed
+		result = next
 		return nil
 	})
 	if err == nil {
-		s.cacheServer(ref, committed)
+		s.forgetServer(ref)
 	}
 	return result, err
 }
@@ -387,7 +391,7 @@ func (s *Store) DeleteServer(ctx context.Context, ref string, hook TxHook) error
 		return runHook(tx, hook)
 	})
 	if err == nil {
-		s.cacheServer(ref, nil)
+		s.forgetServer(ref)
 	}
 	return err
 }
