@@ -7,15 +7,18 @@ package audit
 import (
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
 	"github.com/ringfence/ringfence/internal/audit"
@@ -238,6 +241,12 @@ func (s *Service) ExportHandler(authz grpcserver.Authorizer) http.Handler {
 			return
 		}
 		q := r.URL.Query()
+		for name := range q {
+			if !slices.Contains(exportParams, name) {
+				grpcserver.WriteHTTPError(w, s.errors.Status(ctx, fieldErr(name, "is not a filter of the export: use %s", strings.Join(exportParams, ", "))))
+				return
+			}
+		}
 		pf := &auditv1.Filter{
 			Tenant: q.Get("tenant"), RunId: q.Get("run_id"), ServerRef: q.Get("server_ref"),
 			ToolName: q.Get("tool_name"), Outcome: q.Get("outcome"), Kind: q.Get("kind"),
@@ -257,9 +266,21 @@ func (s *Service) ExportHandler(authz grpcserver.Authorizer) http.Handler {
 				*dst = t
 			}
 		}
+		// Refused before the first byte: a 200 with an empty body would read as "no records".
+		if err := f.Validate(); err != nil {
+			grpcserver.WriteHTTPError(w, s.errors.Status(ctx, err))
+			return
+		}
 		w.Header().Set("Content-Type", "application/x-ndjson")
 		if _, err := s.store.Export(ctx, w, f); err != nil && !strings.Contains(err.Error(), "write") {
 			s.log.Warn("export failed", "err", err)
+			// The status is sent; a last line that is not a record tells the reader the
+			// export is incomplete (and fails VerifyExport).
+			line, _ := json.Marshal(map[string]string{"error": "export incomplete: " + status.Convert(s.errors.Status(ctx, err)).Message()})
+			_, _ = w.Write(append(line, '\n'))
 		}
 	})
 }
+
+// exportParams are the query parameters GET /v1/audit/export takes.
+var exportParams = []string{"tenant", "run_id", "server_ref", "tool_name", "outcome", "kind", "since", "until"}

@@ -51,7 +51,8 @@ type Filter struct {
 	Until     time.Time
 }
 
-func (f Filter) validate() error {
+// Validate reports whether the filter's kind and outcome are ones records can have.
+func (f Filter) Validate() error {
 	switch f.Kind {
 	case "", audit.KindAdmin, audit.KindToolCall:
 	default:
@@ -239,7 +240,7 @@ type Page struct {
 // pageSize, even empty, while NextPageToken is set: each call examines at most
 // ScanBudget records. pageToken must come from a List with the same filter.
 func (s *Store) List(ctx context.Context, f Filter, pageSize int, pageToken string) (Page, error) {
-	if err := f.validate(); err != nil {
+	if err := f.Validate(); err != nil {
 		return Page{}, err
 	}
 	if pageSize <= 0 {
@@ -368,7 +369,7 @@ const exportChunk = 1024
 // (or any SHA-256 tool) can check the chain away from this service. It returns the
 // number of records written.
 func (s *Store) Export(ctx context.Context, w io.Writer, f Filter) (uint64, error) {
-	if err := f.validate(); err != nil {
+	if err := f.Validate(); err != nil {
 		return 0, err
 	}
 	upto, _ := s.Head()
