@@ -26,9 +26,14 @@ type jsonMarshaler struct {
 func newJSONMarshaler() *jsonMarshaler {
 	return &jsonMarshaler{JSONPb: runtime.JSONPb{
 		MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
-		UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
+		UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false, RecursionLimit: maxMessageNesting},
 	}}
 }
+
+// maxMessageNesting bounds how deeply a REST body nests. Well below the gRPC server's own
+// limit (10,000 messages, where a JSON list inside arguments is two: Value, ListValue): a
+// body the gateway accepted and the server then could not decode answered 500.
+const maxMessageNesting = 1000
 
 func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 	return runtime.DecoderFunc(func(v any) error {
@@ -47,6 +52,9 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 			return m.JSONPb.Unmarshal(body, v)
 		}
 		if err := m.UnmarshalOptions.Unmarshal(body, msg); err != nil {
+			if strings.Contains(err.Error(), "exceeded max recursion depth") {
+				return fmt.Errorf("invalid JSON body: nested too deeply (at most %d levels of objects and lists)", maxMessageNesting)
+			}
 			return fmt.Errorf("invalid JSON body: %s", describeDecodeError(body, msg, err))
 		}
 		return nil

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 )
 
@@ -37,4 +38,18 @@ func TestDecodeErrorsNameTheFieldNeverTheValue(t *testing.T) {
 		})
 	}
 	require.NoError(t, decode(`{"ref":"a","env":{"APP_TOKEN":"`+secret+`"}}`, &registryv1.CreateServerRequest{}))
+}
+
+// TestDeepBodiesAreRefusedByTheGateway: a body nested deeper than the gRPC server decodes
+// is a 400 that says so, not a message the server then fails to decode (a 500).
+func TestDeepBodiesAreRefusedByTheGateway(t *testing.T) {
+	m := newJSONMarshaler()
+	nested := func(levels int) string {
+		return `{"run_id":"r","arguments":{"a":` + strings.Repeat("[", levels) + strings.Repeat("]", levels) + `}}`
+	}
+	require.NoError(t, m.NewDecoder(strings.NewReader(nested(100))).Decode(&poolv1.CallToolRequest{}))
+	for _, levels := range []int{1200, 6000} {
+		err := m.NewDecoder(strings.NewReader(nested(levels))).Decode(&poolv1.CallToolRequest{})
+		require.ErrorContains(t, err, "nested too deeply (at most 1000 levels", levels)
+	}
 }
