@@ -6,7 +6,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
-	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/services/publisher/internal/store"
@@ -23,42 +22,35 @@ func restoreMaskedEnv(next, cur *graph.Graph) error {
 		}
 		for j := range n.Agent.MCPServers {
 			s := &n.Agent.MCPServers[j]
-			restored := make(map[string]string, len(s.Env))
-			for k, v := range s.Env {
-				if v != mcpserver.SecretMask {
-					restored[k] = v
-					continue
-				}
-				stored, ok := storedEnv(cur, n.ID, s.Name, k)
-				if !ok {
-					return fielderr.New(fmt.Sprintf("draft.nodes[%d].agent.mcp_servers[%d].env.%s", i, j, k),
-						"is the mask %q, and no value is stored for it: send the value itself", mcpserver.SecretMask)
-				}
-				restored[k] = stored
+			if !mcpserver.HasMask(s.Env) {
+				continue
 			}
-			if len(s.Env) > 0 {
-				s.Env = restored
+			env, err := mcpserver.RestoreMasked(fmt.Sprintf("draft.nodes[%d].agent.mcp_servers[%d].env", i, j),
+				s.Env, storedEnv(cur, n.ID, s.Name))
+			if err != nil {
+				return err
 			}
+			s.Env = env
 		}
 	}
 	return nil
 }
 
-func storedEnv(g *graph.Graph, nodeID, server, key string) (string, bool) {
+// storedEnv is the stored inline env of an agent node's server, nil when there is none.
+func storedEnv(g *graph.Graph, nodeID, server string) map[string]string {
 	if g == nil {
-		return "", false
+		return nil
 	}
 	a, ok := g.Agent(nodeID)
 	if !ok {
-		return "", false
+		return nil
 	}
 	for _, s := range a.MCPServers {
 		if s.Name == server {
-			v, ok := s.Env[key]
-			return v, ok
+			return s.Env
 		}
 	}
-	return "", false
+	return nil
 }
 
 func summaryToProto(s store.Summary) *publisherv1.GraphSummary {

@@ -28,6 +28,11 @@ func (s *Service) CreateServer(ctx context.Context, req *registryv1.CreateServer
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
+	// Nothing is stored yet, so a mask (copied from another registration's answer) has
+	// nothing to stand for.
+	if _, err := mcpserver.RestoreMasked("env", reg.Env, nil); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
 	if err := s.store.CreateServer(ctx, reg, func(tx *bolt.Tx) error {
 		return s.event(ctx, audit.ActionCreate, resourceServer, reg.Ref, serverToProto(reg))(tx)
 	}); err != nil {
@@ -81,7 +86,14 @@ func (s *Service) UpdateServer(ctx context.Context, req *registryv1.UpdateServer
 		if req.GetRevision() != 0 && req.GetRevision() != cur.Revision {
 			return nil, errStaleRevision
 		}
-		if !envPresent {
+		if envPresent {
+			// GET shows every env value as the mask; sending one back keeps the stored value.
+			env, err := mcpserver.RestoreMasked("env", reg.Env, cur.Env)
+			if err != nil {
+				return nil, err
+			}
+			reg.Env = env
+		} else {
 			reg.Env = cur.Env
 			// The kept env must still fit the new transport.
 			if len(reg.Env) > 0 && reg.Transport != mcpserver.TransportStdio {
@@ -184,6 +196,9 @@ func (s *Service) resolveAdhoc(ctx context.Context, ref string, spec *registryv1
 	spec.Ref = ref
 	reg, _, err := registrationFromProto(spec, s.cfg.AllowedEnvKeys)
 	if err != nil {
+		return nil, err
+	}
+	if _, err := mcpserver.RestoreMasked("server.env", reg.Env, nil); err != nil {
 		return nil, err
 	}
 	values, err := s.headerValues(ctx, reg.Headers)
