@@ -40,10 +40,21 @@ func (s *Service) record(ctx context.Context, action, resourceType, resourceID s
 	if err != nil {
 		return audit.Record{}, err
 	}
-	return audit.NewAdminRecord("registry", "", audit.AdminEvent{
+	// A registration within the limits can still be far larger than a record may hold (64
+	// args of 4 KiB, before and after): the record keeps what fits and summarizes the rest.
+	if raw, err = audit.BoundChange(raw); err != nil {
+		return audit.Record{}, unrecordable(err)
+	}
+	rec := audit.NewAdminRecord("registry", "", audit.AdminEvent{
 		ActorKeyID: actorID, ActorRole: role, Action: action,
 		ResourceType: resourceType, ResourceID: resourceID, Change: raw,
-	}), nil
+	})
+	// Checked here, before the change is written, so a record the log would refuse fails
+	// the request with a reason rather than as an internal error from the spool.
+	if err := rec.Validate(); err != nil {
+		return audit.Record{}, unrecordable(err)
+	}
+	return rec, nil
 }
 
 // marshalChange renders a change as JSON: proto messages as the API shows them (env values

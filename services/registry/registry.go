@@ -80,6 +80,7 @@ var (
 	errMissingSecret  = errors.New("registry: a header references a secret that does not exist")
 	errUnknownRole    = errors.New("registry: unknown role")
 	errKeyEscalation  = errors.New("registry: a key may mint keys only with permissions it holds itself, and a tenant-bound key only for its own tenant")
+	errUnrecordable   = errors.New("registry: the change cannot be recorded in the audit log, so nothing was changed")
 )
 
 var errorCodes = map[error]codes.Code{
@@ -92,6 +93,7 @@ var errorCodes = map[error]codes.Code{
 	errMissingSecret:               codes.FailedPrecondition,
 	errUnknownRole:                 codes.InvalidArgument,
 	errKeyEscalation:               codes.PermissionDenied,
+	errUnrecordable:                codes.InvalidArgument,
 	auth.ErrTenantMismatch:         codes.PermissionDenied,
 	discovery.ErrIsolationRequired: codes.Unavailable,
 	auth.ErrUnknownKey:             codes.Unauthenticated,
@@ -111,6 +113,12 @@ func (e *detailed) Unwrap() error { return e.sentinel }
 func serverNotFound(ref string) error {
 	return &detailed{sentinel: errServerNotFound,
 		msg: fmt.Sprintf("registry: no server is registered with ref %q: ListServers (ringfence servers list) shows the registered refs", ref)}
+}
+
+// unrecordable is a change whose audit record the log would refuse: the request is refused
+// before anything is written, naming the record's problem (which never quotes the change).
+func unrecordable(err error) error {
+	return &detailed{sentinel: errUnrecordable, msg: fmt.Sprintf("%s: %v", errUnrecordable.Error(), err)}
 }
 
 func missingSecret(header, secret string) error {
