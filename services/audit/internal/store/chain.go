@@ -47,6 +47,15 @@ func appendBodyPrefix(dst []byte, seq uint64, prev *[hashLen]byte) []byte {
 	return append(dst, '"')
 }
 
+// bodyPrefixLen is the length of what appendBodyPrefix writes for seq.
+func bodyPrefixLen(seq uint64) int {
+	digits := 1
+	for n := seq; n >= 10; n /= 10 {
+		digits++
+	}
+	return len(`{"seq":`) + digits + len(`,"prev_hash":"`) + 2*hashLen + len(`"`)
+}
+
 // maxBodyPrefix bounds what appendBodyPrefix adds: `{"seq":` (7), up to 20 digits,
 // `,"prev_hash":"` (14), 64 hex digits, `"` and the splice's comma.
 const maxBodyPrefix = 7 + 20 + 14 + 2*hashLen + 2

@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
@@ -49,14 +50,51 @@ func (c *indexChecker) add(s *indexSum, key, val []byte) {
 	s.sum += maphash.Bytes(c.seed, c.entry)
 }
 
-// record adds the index entries record seq requires, from its body, which the chain has
-// just verified. It returns a reason when the body cannot be read.
-func (c *indexChecker) record(seq uint64, body, prefix []byte) string {
+// records adds the index entries the records up to headSeq require, reading them in
+// chunks like the chain walk, which it runs beside: it needs nothing the walk computes,
+// so Verify takes the longer of the two instead of their sum. It returns the first
+// record whose body cannot be read, and why. If the walk then finds the chain broken,
+// its answer stands for every record from there on.
+func (c *indexChecker) records(ctx context.Context, db *bolt.DB, headSeq uint64) (uint64, string, error) {
+	next := uint64(1)
+	for next <= headSeq {
+		if err := ctx.Err(); err != nil {
+			return 0, "", err
+		}
+		var badAt uint64
+		var reason string
+		err := db.View(func(tx *bolt.Tx) error {
+			cur := tx.Bucket(bucketRecords).Cursor()
+			k, v := cur.Seek(seqKey(next))
+			for n := 0; n < verifyChunk && next <= headSeq; n++ {
+				if len(k) != 8 || binary.BigEndian.Uint64(k) != next || len(v) < hashLen {
+					badAt = next // the chain walk names what is wrong here
+					return nil
+				}
+				if r := c.record(next, v[hashLen:]); r != "" {
+					badAt, reason = next, r
+					return nil
+				}
+				next++
+				k, v = cur.Next()
+			}
+			return nil
+		})
+		if err != nil || badAt != 0 {
+			return badAt, reason, err
+		}
+	}
+	return 0, "", nil
+}
+
+// record adds the index entries record seq requires, from its body. It returns a reason
+// when the body cannot be read.
+func (c *indexChecker) record(seq uint64, body []byte) string {
 	f, ok := indexedFields(body)
 	if !ok {
 		return "body is not a JSON object with a string id"
 	}
-	c.add(&c.want[ixByID], f.id, c.idValue(seq, body, prefix))
+	c.add(&c.want[ixByID], f.id, c.idValue(seq, body))
 	if f.tenant != nil {
 		c.key = appendIndexKey(c.key[:0], f.tenant, seq)
 		c.add(&c.want[ixByTenant], c.key, noValue)
@@ -70,9 +108,9 @@ func (c *indexChecker) record(seq uint64, body, prefix []byte) string {
 
 // idValue is the by_id value record seq requires: its seq and the digest of the record
 // as its producer sent it, the body without what buildBody spliced in.
-func (c *indexChecker) idValue(seq uint64, body, prefix []byte) []byte {
+func (c *indexChecker) idValue(seq uint64, body []byte) []byte {
 	c.js = append(c.js[:0], '{')
-	if rest := body[len(prefix):]; len(rest) > 1 {
+	if rest := body[min(bodyPrefixLen(seq), len(body)):]; len(rest) > 1 {
 		c.js = append(c.js, rest[1:]...)
 	} else {
 		c.js = append(c.js, '}')
@@ -118,9 +156,6 @@ func (c *indexChecker) indexes(tx *bolt.Tx, headSeq uint64) (uint64, string) {
 func (c *indexChecker) missing(tx *bolt.Tx, headSeq uint64) (uint64, string) {
 	byID, byTenant, byRun := tx.Bucket(bucketByID), tx.Bucket(bucketByTenant), tx.Bucket(bucketByRun)
 	cur := tx.Bucket(bucketRecords).Cursor()
-	// The chain verified, so each record's previous hash is the one stored before it.
-	prev := Genesis
-	var prefix []byte
 	for k, v := cur.First(); k != nil && len(k) == 8 && len(v) >= hashLen; k, v = cur.Next() {
 		seq := binary.BigEndian.Uint64(k)
 		if seq > headSeq {
@@ -131,15 +166,13 @@ func (c *indexChecker) missing(tx *bolt.Tx, headSeq uint64) (uint64, string) {
 		if !ok {
 			return seq, "body is not a JSON object with a string id"
 		}
-		prefix = appendBodyPrefix(prefix[:0], seq, &prev)
-		copy(prev[:], v[:hashLen])
 		got := byID.Get(f.id)
 		switch {
 		case got == nil:
 			return seq, fmt.Sprintf("by_id index lacks record id %q", f.id)
 		case len(got) != 8+16 || binary.BigEndian.Uint64(got) != seq:
 			return seq, fmt.Sprintf("by_id index entry for id %q does not name this record", f.id)
-		case !bytes.Equal(got, c.idValue(seq, body, prefix)):
+		case !bytes.Equal(got, c.idValue(seq, body)):
 			return seq, fmt.Sprintf("record does not match the digest its by_id entry kept at append (id %q): the record or the entry was changed", f.id)
 		}
 		if f.tenant != nil && byTenant.Get(appendIndexKey(nil, f.tenant, seq)) == nil {

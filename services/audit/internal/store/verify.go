@@ -44,6 +44,14 @@ func (s *Store) Verify(ctx context.Context, progress func(done uint64)) (VerifyR
 	return s.VerifyThrough(ctx, progress, Anchor{})
 }
 
+// indexPass is what the indexes' side of Verify found: the first record it could not
+// read and why, or an error.
+type indexPass struct {
+	seq    uint64
+	reason string
+	err    error
+}
+
 // Anchor is a head kept outside the log (what `audit verify` printed once): the chain must
 // still pass through it. It catches what the chain alone cannot: records cut from the end
 // with the head rewritten to match, or the whole log rewritten with a fresh chain.
@@ -93,13 +101,38 @@ func (s *Store) VerifyThrough(ctx context.Context, progress func(done uint64), a
 	stopReadAhead := s.readAhead(ctx)
 	defer stopReadAhead()
 
-	ch := newChainer()
+	// The indexes' side runs beside the chain walk (see indexChecker.records).
 	ix := newIndexChecker()
+	ixCtx, stopIndex := context.WithCancel(ctx)
+	ixDone := make(chan indexPass, 1)
+	go func() {
+		var p indexPass
+		p.seq, p.reason, p.err = ix.records(ixCtx, s.db, headSeq)
+		ixDone <- p
+	}()
+	var ixPass *indexPass
+	indexResult := func() indexPass {
+		if ixPass == nil {
+			p := <-ixDone
+			ixPass = &p
+		}
+		return *ixPass
+	}
+	defer func() {
+		stopIndex()
+		indexResult()
+	}()
+
+	ch := newChainer()
 	prev := Genesis
 	next := uint64(1)
 	var prefix []byte
 	var res VerifyResult
 	broken := func(seq uint64, reason string) (VerifyResult, error) {
+		stopIndex()
+		if p := indexResult(); p.reason != "" && p.seq < seq {
+			seq, reason, res.Checked = p.seq, p.reason, p.seq-1
+		}
 		res.FirstBroken, res.Reason = seq, reason
 		return res, nil
 	}
@@ -147,10 +180,6 @@ func (s *Store) VerifyThrough(ctx context.Context, progress func(done uint64), a
 					brokenAt, reason = next, "the chain does not pass through the anchor you kept: the log was rewritten at or before this record"
 					return nil
 				}
-				if r := ix.record(next, body, prefix); r != "" {
-					brokenAt, reason = next, r
-					return nil
-				}
 				prev = h
 				res.Checked++
 				next++
@@ -170,6 +199,13 @@ func (s *Store) VerifyThrough(ctx context.Context, progress func(done uint64), a
 		if progress != nil {
 			progress(res.Checked)
 		}
+	}
+	if p := indexResult(); p.err != nil {
+		return res, fmt.Errorf("audit: verify: %w", p.err)
+	} else if p.reason != "" {
+		return broken(p.seq, p.reason)
+	} else if p.seq != 0 {
+		return broken(p.seq, "the records changed while Verify read them; run it again")
 	}
 	if haveHead && prev != headHash {
 		return broken(headSeq, "head hash in meta does not match the last record")
