@@ -34,7 +34,10 @@ func (s *Service) event(ctx context.Context, tenant, action, graphID string, cha
 	var raw json.RawMessage
 	var err error
 	if change != nil {
-		raw, err = json.Marshal(change)
+		if raw, err = json.Marshal(change); err == nil {
+			// The lists above are capped, but a change must fit a record whatever it holds.
+			raw, err = audit.BoundChange(raw)
+		}
 	}
 	return func(tx *bolt.Tx) error {
 		if err != nil {
