@@ -19,6 +19,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/dynamicpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
@@ -401,6 +404,64 @@ func TestKeysLifecycle(t *testing.T) {
 	list, err = f.keys.ListKeys(ctx, &registryv1.ListKeysRequest{})
 	require.NoError(t, err)
 	require.Len(t, list.GetKeys(), 7)
+}
+
+// TestTenantBoundKeysCannotCallDeploymentRPCs: every RPC over deployment-wide state refuses a
+// tenant-bound key with PERMISSION_DENIED, even an admin's, while the same role unbound gets
+// past authorization. The RPCs are every rule marked Deployment in auth.Rules and every
+// RegistryService RPC an API key may call (registrations, secrets and grants are what every
+// tenant shares), so a new one is covered as soon as it exists, and a rule that loses its
+// Deployment mark fails here. The requests are empty: the refusal comes before the handler.
+func TestTenantBoundKeysCannotCallDeploymentRPCs(t *testing.T) {
+	f := newFixture(t)
+	bound, err := f.keys.CreateKey(f.admin(t), &registryv1.CreateKeyRequest{Name: "acme-admin", Role: auth.RoleAdmin, Tenant: "acme"})
+	require.NoError(t, err)
+	require.Equal(t, "acme", bound.GetKey().GetTenant())
+
+	methods := map[string]bool{}
+	for m, r := range auth.Rules {
+		if r.Deployment {
+			methods[m] = true
+		}
+	}
+	registrySvc := registryv1.File_ringfence_registry_v1_registry_proto.Services().ByName("RegistryService")
+	require.NotNil(t, registrySvc)
+	for i := 0; i < registrySvc.Methods().Len(); i++ {
+		full := "/" + string(registrySvc.FullName()) + "/" + string(registrySvc.Methods().Get(i).Name())
+		if auth.Rules[full].Permission != "" {
+			methods[full] = true
+		}
+	}
+	require.NotEmpty(t, methods)
+	for full := range methods {
+		t.Run(shortName(full), func(t *testing.T) {
+			// This fixture serves the registry's services only; a deployment-wide RPC of
+			// another service needs a test where that service is served.
+			require.True(t, strings.HasPrefix(full, "/"+string(registryv1.File_ringfence_registry_v1_registry_proto.Package())+"."),
+				"%s is deployment-wide but not a registry RPC: cover it where its service is served", full)
+			d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(strings.ReplaceAll(strings.TrimPrefix(full, "/"), "/", ".")))
+			require.NoError(t, err)
+			md, ok := d.(protoreflect.MethodDescriptor)
+			require.True(t, ok, "%s is not a method", full)
+			require.False(t, md.IsStreamingClient() || md.IsStreamingServer(), "%s streams: extend this test", full)
+			invoke := func(key string) error {
+				return f.conn.Invoke(testutil.WithKey(t.Context(), key), full, dynamicpb.NewMessage(md.Input()), dynamicpb.NewMessage(md.Output()))
+			}
+
+			st := testutil.RequireStatus(t, invoke(bound.GetSecret()), codes.PermissionDenied)
+			require.Contains(t, st.Message(), `bound to tenant "acme"`)
+
+			code := status.Code(invoke(adminKey))
+			require.NotContains(t, []codes.Code{codes.PermissionDenied, codes.Unauthenticated}, code,
+				"an unbound admin key gets past authorization")
+		})
+	}
+}
+
+// shortName turns /pkg.Service/Method into Service.Method for subtest names.
+func shortName(full string) string {
+	svc, m, _ := strings.Cut(strings.TrimPrefix(full, "/"), "/")
+	return svc[strings.LastIndex(svc, ".")+1:] + "." + m
 }
 
 // TestKeysAdminIsNoWayUp: a key holding keys:admin mints keys only with permissions it holds,
