@@ -493,9 +493,12 @@ func TestKeysAdminIsNoWayUp(t *testing.T) {
 
 	list, err := f.keys.ListKeys(acmeCtx, &registryv1.ListKeysRequest{})
 	require.NoError(t, err)
+	var names []string
 	for _, k := range list.GetKeys() {
 		require.Equal(t, "acme", k.GetTenant(), k.GetName())
+		names = append(names, k.GetName())
 	}
+	require.ElementsMatch(t, []string{"r", "acme-km", "r2"}, names, "a tenant-bound key lists every key of its tenant and no other")
 	_, err = f.keys.RevokeKey(acmeCtx, &registryv1.RevokeKeyRequest{Id: km.GetKey().GetId()})
 	testutil.RequireStatus(t, err, codes.NotFound, "another tenant's (or an unbound) key is not this key's to revoke")
 	_, err = f.keys.RevokeKey(acmeCtx, &registryv1.RevokeKeyRequest{Id: runner.GetKey().GetId()})
