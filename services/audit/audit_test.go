@@ -106,8 +106,13 @@ func TestWatchResumesFromASequenceAndKeepsToTheTenant(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- svc.Watch(&auditv1.WatchRequest{FromSeq: 1}, stream) }()
 
-	got := <-stream.recs
-	require.Equal(t, "a1", got.GetToolCall().GetRunId(), "replayed from seq 1, globex filtered out")
+	var got *auditv1.Record
+	select {
+	case got = <-stream.recs:
+		require.Equal(t, "a1", got.GetToolCall().GetRunId(), "replayed from seq 1, globex filtered out")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch did not replay the stored record")
+	}
 	_, err := svc.Append(context.Background(), &auditv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(call("acme", "a3"))}})
 	require.NoError(t, err)
 	select {
