@@ -1,0 +1,91 @@
+package peers_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+
+	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/grpcserver"
+	"github.com/ringfence/ringfence/internal/mtls"
+	"github.com/ringfence/ringfence/internal/peers"
+	"github.com/ringfence/ringfence/internal/secretbox"
+	"github.com/ringfence/ringfence/internal/testutil"
+	"github.com/ringfence/ringfence/services/registry"
+)
+
+// TestASplitServiceKeepsTheKeysTenant: in a split deployment the publisher and the pool learn
+// who a key is from the registry over mutual TLS. A key bound to a tenant must stay bound on
+// that side: its principal carries the tenant, so the pool's RPCs act in that tenant and the
+// deployment-wide RPCs refuse it, as they do in-process.
+func TestASplitServiceKeepsTheKeysTenant(t *testing.T) {
+	dir := t.TempDir()
+	_, err := mtls.InitDevCA(dir, mtls.DevCAOptions{})
+	require.NoError(t, err)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	box, err := secretbox.LoadOrCreate(filepath.Join(dir, "secrets.key"))
+	require.NoError(t, err)
+	roles, err := auth.NewRoles("")
+	require.NoError(t, err)
+	reg, err := registry.Open(registry.Config{DBPath: filepath.Join(dir, "registry.db"), Secrets: box, Roles: roles,
+		AuditSink: testutil.NewAuditRecorder(), Logger: quiet})
+	require.NoError(t, err)
+	t.Cleanup(func() { reg.Close() })
+
+	tlsCfg, err := mtls.ServerConfig(certFiles(dir, mtls.Registry))
+	require.NoError(t, err)
+	srv := grpcserver.New(grpcserver.Options{Name: "registry", GRPCAddr: "127.0.0.1:0", TLS: tlsCfg,
+		Authorizer: auth.NewAuthorizer(reg, auth.Rules), Logger: quiet})
+	registryv1.RegisterRegistryServiceServer(srv.GRPC(), reg)
+	testutil.Serve(t, srv) // its plaintext connection goes unused: callers dial with peers.Dial
+	grpcAddr, _, err := srv.Addrs(t.Context())
+	require.NoError(t, err)
+
+	// Keys are minted by an unbound admin, in-process: what KeyService.CreateKey does.
+	admin := auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_admin", Role: auth.RoleAdmin, Permissions: auth.AllPermissions})
+	mint := func(name, tenant string) *registryv1.CreateKeyResponse {
+		resp, err := reg.CreateKey(admin, &registryv1.CreateKeyRequest{Name: name, Role: auth.RoleAdmin, Tenant: tenant})
+		require.NoError(t, err)
+		return resp
+	}
+	acme, unbound := mint("acme-admin", "acme"), mint("ops", "")
+
+	conn, err := peers.Dial(mtls.Registry, grpcAddr.String(), certFiles(dir, mtls.Pool))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	remote := peers.NewRegistry(conn)
+
+	p, err := remote.VerifyKey(t.Context(), auth.HashKey(acme.GetSecret()))
+	require.NoError(t, err)
+	require.Equal(t, acme.GetKey().GetId(), p.KeyID)
+	require.Equal(t, auth.RoleAdmin, p.Role)
+	require.Equal(t, "acme", p.Tenant, "the tenant crossed the wire")
+	p, err = remote.VerifyKey(t.Context(), auth.HashKey(unbound.GetSecret()))
+	require.NoError(t, err)
+	require.Empty(t, p.Tenant)
+
+	// What a split pool or publisher does with that answer: authorize with the remote registry.
+	authz := auth.NewAuthorizer(remote, auth.Rules)
+	withKey := func(key string) context.Context {
+		return metadata.NewIncomingContext(t.Context(), metadata.Pairs(auth.MetadataKey, key))
+	}
+	authed, err := authz.Authorize(withKey(acme.GetSecret()), poolv1.PoolService_StartRun_FullMethodName)
+	require.NoError(t, err)
+	caller, ok := auth.FromContext(authed)
+	require.True(t, ok)
+	require.Equal(t, "acme", caller.Tenant, "the pool would run in the key's tenant")
+
+	_, err = authz.Authorize(withKey(acme.GetSecret()), registryv1.RegistryService_ListServers_FullMethodName)
+	st := testutil.RequireStatus(t, err, codes.PermissionDenied)
+	require.Contains(t, st.Message(), `bound to tenant "acme"`)
+	_, err = authz.Authorize(withKey(unbound.GetSecret()), registryv1.RegistryService_ListServers_FullMethodName)
+	require.NoError(t, err, "an unbound admin key may")
+}
