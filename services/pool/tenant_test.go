@@ -1,0 +1,94 @@
+package pool
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+
+	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
+	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/auth"
+	rftestutil "github.com/ringfence/ringfence/internal/testutil"
+)
+
+// The pool's RPCs act in the tenant of the caller's key, whatever the request says. Every
+// refusal here comes before a server would be spawned, so the harness runs without an image.
+
+// tenantKey mints a runner key bound to tenant and returns a context carrying it.
+func tenantKey(t *testing.T, h *harness, tenant string) context.Context {
+	t.Helper()
+	resp, err := h.reg.CreateKey(h.ctx, &registryv1.CreateKeyRequest{Name: "runner-" + tenant, Role: auth.RoleRunner, Tenant: tenant})
+	require.NoError(t, err)
+	require.Equal(t, tenant, resp.GetKey().GetTenant())
+	return rftestutil.WithKey(t.Context(), resp.GetSecret())
+}
+
+// TestRunsOfAnotherTenantAreNotFoundOverGRPC: a key bound to acme cannot read, pause, resume,
+// call in or end a run of the default tenant through the gRPC API: each is NOT_FOUND, as if
+// the run did not exist, and the run is left as it was.
+func TestRunsOfAnotherTenantAreNotFoundOverGRPC(t *testing.T) {
+	h := newHarness(t, harnessOpts{noImage: true})
+	h.publish("g", []string{"a"}, nil, nil)
+	client, unbound := grpcClient(t, h)
+	acme := tenantKey(t, h, "acme")
+	run := h.start("g")
+
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"get", func() error { _, err := client.GetRun(acme, &poolv1.GetRunRequest{RunId: run}); return err }},
+		{"pause", func() error { _, err := client.PauseRun(acme, &poolv1.PauseRunRequest{RunId: run}); return err }},
+		{"resume", func() error { _, err := client.ResumeRun(acme, &poolv1.ResumeRunRequest{RunId: run}); return err }},
+		{"call", func() error {
+			_, err := client.CallTool(acme, &poolv1.CallToolRequest{RunId: run, Agent: "a", Tool: "fx__echo"})
+			return err
+		}},
+		{"end", func() error {
+			_, err := client.EndRun(acme, &poolv1.EndRunRequest{RunId: run, Status: StateCompleted})
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := rftestutil.RequireStatus(t, tc.call(), codes.NotFound)
+			if tc.name == "call" {
+				require.Equal(t, reasonUnknownRun, detail[*poolv1.CallRefusal](t, st).GetReason())
+			}
+		})
+	}
+
+	got, err := client.GetRun(unbound, &poolv1.GetRunRequest{RunId: run})
+	require.NoError(t, err, "the run exists: an unbound key sees it")
+	require.Equal(t, auth.DefaultTenant, got.GetRun().GetTenant())
+	require.Equal(t, StateRunning, got.GetRun().GetState(), "acme's attempts left the run as it was")
+	_, err = client.GetRun(tenantKey(t, h, auth.DefaultTenant), &poolv1.GetRunRequest{RunId: run})
+	require.NoError(t, err, "a key bound to the run's own tenant sees it")
+}
+
+// TestStartRunKeepsToTheKeysTenant: a key bound to acme starts its runs in acme (against
+// acme's graph of the same id, not the default tenant's) and may not name another tenant.
+func TestStartRunKeepsToTheKeysTenant(t *testing.T) {
+	h := newHarness(t, harnessOpts{noImage: true})
+	h.publish("g", []string{"a"}, nil, nil)
+	acmeAdmin := auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_acme", Role: auth.RoleAdmin, Permissions: auth.AllPermissions, Tenant: "acme"})
+	_, err := h.pub.CreateGraph(acmeAdmin, &publisherv1.CreateGraphRequest{GraphId: "g", Agents: []string{"a"}})
+	require.NoError(t, err)
+	_, err = h.pub.Publish(acmeAdmin, &publisherv1.PublishRequest{GraphId: "g"})
+	require.NoError(t, err)
+	client, _ := grpcClient(t, h)
+	acme := tenantKey(t, h, "acme")
+
+	_, err = client.StartRun(acme, &poolv1.StartRunRequest{GraphId: "g", Tenant: "globex"})
+	st := rftestutil.RequireStatus(t, err, codes.PermissionDenied)
+	require.Contains(t, st.Message(), `"acme"`)
+
+	started, err := client.StartRun(acme, &poolv1.StartRunRequest{GraphId: "g"})
+	require.NoError(t, err)
+	require.Equal(t, "acme", started.GetRun().GetTenant(), "the run is in the key's tenant")
+	started, err = client.StartRun(acme, &poolv1.StartRunRequest{GraphId: "g", Tenant: "acme"})
+	require.NoError(t, err, "naming its own tenant is fine")
+	require.Equal(t, "acme", started.GetRun().GetTenant())
+}
