@@ -80,17 +80,30 @@ func Parse(s string) (Capability, error) {
 
 // Covers reports whether the held capability covers the required one.
 func Covers(held, required Capability) bool {
-	if held.Name != required.Name {
-		return false
-	}
-	if held.Scope == "" {
-		return true
-	}
-	if required.Scope == "" {
-		return false
-	}
-	return scopeCovers(globTokens(held.Scope), globTokens(required.Scope))
+	ok, _ := coversWork(held, required)
+	return ok
 }
+
+// coversWork is Covers and the work it spent, in Meter's units.
+func coversWork(held, required Capability) (bool, int) {
+	switch {
+	case held.Name != required.Name:
+		return false, nameWork
+	case held.Scope == "":
+		return true, nameWork
+	case required.Scope == "":
+		return false, nameWork
+	}
+	ok, work := coverWork(held.Scope, required.Scope, false)
+	return ok, scopeWork + work
+}
+
+// What a comparison costs in Meter's units before its scopes are read: one decided by the
+// names (or a bare scope), and one that goes on to the scopes.
+const (
+	nameWork  = 2
+	scopeWork = 6
+)
 
 // Set is a collection of held capabilities.
 type Set []Capability
@@ -161,19 +174,45 @@ type Effective struct {
 // required may name is withdrawn, since a requirement of all of fs.read:/srv/** cannot be met
 // once fs.read:/srv/secret/* is, nor fs.read:/srv/*/a once fs.read:/srv/x/* is.
 func TakesAway(revoked, required Capability) bool {
-	if revoked.Name != required.Name {
-		return false
+	ok, _ := takesAwayWork(revoked, required)
+	return ok
+}
+
+// takesAwayWork is TakesAway and the work it spent, in Meter's units.
+func takesAwayWork(revoked, required Capability) (bool, int) {
+	switch {
+	case revoked.Name != required.Name:
+		return false, nameWork
+	case revoked.Scope == "" || required.Scope == "":
+		return true, nameWork
 	}
-	if revoked.Scope == "" || required.Scope == "" {
-		return true
-	}
-	return scopesOverlap(globTokens(revoked.Scope), globTokens(required.Scope))
+	ok, work := overlapWork(revoked.Scope, required.Scope)
+	return ok, scopeWork + work
 }
 
 // Covers reports whether the holder may exercise required: a held entry covers it and no
 // revoke entry takes it away.
-func (e Effective) Covers(required Capability) bool {
-	return e.Held.Covers(required) && len(e.RevokedBy(required)) == 0
+func (e Effective) Covers(required Capability) bool { return e.CoversMetered(required, nil) }
+
+// CoversMetered is Covers with its comparisons counted by m (nil: not counted). Past m's
+// limit it answers false; the caller must check m.Exceeded and refuse.
+func (e Effective) CoversMetered(required Capability, m *Meter) bool {
+	held := false
+	for _, h := range e.Held {
+		if m.covers(h, required) {
+			held = true
+			break
+		}
+	}
+	if !held {
+		return false
+	}
+	for _, r := range e.Revoked {
+		if m.takesAway(r, required) {
+			return false
+		}
+	}
+	return true
 }
 
 // RevokedBy returns the revoke entries that take required away.
@@ -207,4 +246,63 @@ func containsString(ss []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// Meter adds up the work of the comparisons made through it, so a caller that makes many for
+// one request (a validation, or a call's gates) can bound their total: the count of
+// comparisons grows with the product of bindings and revoke entries, which separate bounds on
+// each do not keep small. A unit is about one byte read or one 64-bit word of a comparison's
+// state updated, weighted so that a unit takes about the same time (a few nanoseconds)
+// whatever the comparison: one decided by the names costs 2, and one of two 254-byte globs at
+// most about 3,600.
+type Meter struct {
+	// Limit, when positive, is the most work the meter allows. Once it is spent, comparisons
+	// through the meter answer the closed way without comparing (nothing covers, every revoke
+	// entry takes away) and Exceeded reports it; the caller must then refuse the request
+	// rather than act on the answers.
+	Limit int64
+	spent int64
+}
+
+// Spent returns the work spent so far.
+func (m *Meter) Spent() int64 { return m.spent }
+
+// Exceeded reports whether more than Limit has been spent.
+func (m *Meter) Exceeded() bool { return m.Limit > 0 && m.spent > m.Limit }
+
+// Charge adds work done apart from the meter's comparisons, e.g. the same comparisons made
+// again to explain a refusal.
+func (m *Meter) Charge(work int64) { m.spent += work }
+
+// Covers is Covers, counted.
+func (m *Meter) Covers(held, required Capability) bool { return m.covers(held, required) }
+
+// TakesAway is TakesAway, counted.
+func (m *Meter) TakesAway(revoked, required Capability) bool { return m.takesAway(revoked, required) }
+
+// covers and takesAway count on m unless it is nil.
+func (m *Meter) covers(held, required Capability) bool {
+	if m == nil {
+		ok, _ := coversWork(held, required)
+		return ok
+	}
+	if m.Exceeded() {
+		return false
+	}
+	ok, work := coversWork(held, required)
+	m.spent += int64(work)
+	return ok
+}
+
+func (m *Meter) takesAway(revoked, required Capability) bool {
+	if m == nil {
+		ok, _ := takesAwayWork(revoked, required)
+		return ok
+	}
+	if m.Exceeded() {
+		return true
+	}
+	ok, work := takesAwayWork(revoked, required)
+	m.spent += int64(work)
+	return ok
 }
