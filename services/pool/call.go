@@ -535,10 +535,19 @@ func decodeArguments(raw json.RawMessage) (map[string]any, []byte, error) {
 	return args, canonical, nil
 }
 
+// argumentScopeWork bounds the glob comparisons of one call's argument-scope gate (tens of
+// ms of CPU at most; see capability.Meter): arguments are the caller's to choose, and
+// without a bound a scope shaped against wildcard revoke entries cost seconds per call. It
+// is what publishing allows a whole graph's agent floor, so no ordinary scope under a
+// publishable graph's policies comes near it.
+const argumentScopeWork = graph.MaxGlobWork
+
 // checkArgumentScopes expands each requirement with the call's arguments (e.g.
 // "fs.read:{path}" with path "/srv/a") and demands that the agent hold a covering claim.
 func checkArgumentScopes(reqs []string, args map[string]any, eff capability.Effective) error {
 	var missing []string
+	checked := make(map[string]bool, len(reqs))
+	meter := &capability.Meter{Limit: argumentScopeWork}
 	for _, req := range reqs {
 		expanded, err := mcpserver.ExpandRequirement(req, func(arg string) (string, bool) {
 			v, ok := args[arg].(string)
@@ -547,12 +556,19 @@ func checkArgumentScopes(reqs []string, args map[string]any, eff capability.Effe
 		if err != nil {
 			return refusal(reasonArgumentScope, err)
 		}
+		if checked[expanded] {
+			continue
+		}
+		checked[expanded] = true
 		c, err := capability.Parse(expanded)
 		if err != nil {
 			return refusal(reasonArgumentScope, fmt.Errorf("requirement %q with these arguments is %q, which is not a capability: %v", req, expanded, err))
 		}
-		if !eff.Covers(c) {
+		if !eff.CoversMetered(c, meter) {
 			missing = append(missing, expanded)
+		}
+		if meter.Exceeded() {
+			return refusal(reasonArgumentScope, fmt.Errorf("comparing this call's argument scopes with the agent's claims and the graph's revoke entries needs more than the per-call limit of %d units of work: simplify the wildcard revoke entries in the graph's policies, or call with a plainer argument", argumentScopeWork))
 		}
 	}
 	if len(missing) > 0 {
