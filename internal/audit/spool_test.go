@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -625,17 +626,31 @@ func TestSpoolDoesNotReportItsRefusedReportForever(t *testing.T) {
 func TestSpoolLingersForFullerBatches(t *testing.T) { forEachKind(t, testSpoolLingersForFullerBatches) }
 
 func testSpoolLingersForFullerBatches(t *testing.T, kind string) {
+	// In a synctest bubble the linger runs on the bubble's clock, which moves only once every
+	// goroutine of the bubble is blocked: the twenty fsync'd enqueues are within the linger
+	// however slow the disk or the race detector, and the first record is seen waiting.
 	t.Run("partial batches gather", func(t *testing.T) {
-		env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.Linger = time.Second })
-		env.run(t)
-		for i := range 20 {
-			require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(i, "p")))
-		}
-		require.NoError(t, env.spool.Flush(t.Context()))
-		env.sink.mu.Lock()
-		defer env.sink.mu.Unlock()
-		require.Len(t, env.sink.stored, 20)
-		require.Equal(t, 1, env.sink.calls, "twenty records enqueued within the linger are one batch")
+		synctest.Test(t, func(t *testing.T) {
+			env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.Linger = time.Second })
+			env.run(t)
+			synctest.Wait() // the forwarder found the outbox empty and waits to be woken
+			calls := func() int {
+				env.sink.mu.Lock()
+				defer env.sink.mu.Unlock()
+				return env.sink.calls
+			}
+			require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(0, "p")))
+			synctest.Wait()
+			require.Zero(t, calls(), "the forwarder woke and lingers instead of sending one record")
+			for i := 1; i < 20; i++ {
+				require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(i, "p")))
+			}
+			synctest.Wait()
+			require.Zero(t, calls(), "still within the linger")
+			require.NoError(t, env.spool.Flush(t.Context()))
+			require.Len(t, env.sink.records(), 20)
+			require.Equal(t, 1, calls(), "twenty records enqueued within the linger are one batch")
+		})
 	})
 	t.Run("a full batch goes at once", func(t *testing.T) {
 		env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.Linger = time.Hour; c.BatchSize = 5 })
