@@ -122,6 +122,8 @@ type fixture struct {
 	base   string
 	keys   map[string]string
 	dbPath string
+	// audit receives what the publisher's and the registry's spools forward.
+	audit *testutil.AuditRecorder
 }
 
 type fixtureOpts struct {
@@ -166,7 +168,7 @@ func newFixture(t *testing.T, opts ...fixtureOpts) *fixture {
 	conn, base := testutil.Serve(t, srv)
 	f := &fixture{svc: svc, reg: reg, disc: disc, client: publisherv1.NewPublisherServiceClient(conn),
 		regc: registryv1.NewRegistryServiceClient(conn), base: base, keys: map[string]string{auth.RoleAdmin: adminKey},
-		dbPath: cfg.DBPath}
+		dbPath: cfg.DBPath, audit: recorder}
 	kc := registryv1.NewKeyServiceClient(conn)
 	for name, req := range map[string]*registryv1.CreateKeyRequest{
 		auth.RoleAuthor:   {Name: "author", Role: auth.RoleAuthor},
