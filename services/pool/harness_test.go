@@ -58,6 +58,10 @@ type harnessOpts struct {
 	allowInline bool
 	// registry, when set, wraps the real registry as the pool sees it (a fake that fails).
 	registry func(Registry) Registry
+	// spoolMaxRecords bounds the pool's audit spool (0: the default).
+	spoolMaxRecords int
+	// poolSink, when set, wraps the audit sink the pool's spool forwards to (one that is down).
+	poolSink func(audit.Sink) audit.Sink
 }
 
 // overridableVersions serves the publisher's versions, or a hand-made one a test injects to
@@ -117,8 +121,13 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 	if o.registry != nil {
 		poolReg = o.registry(reg)
 	}
+	poolSinkTo := sink
+	if o.poolSink != nil {
+		poolSinkTo = o.poolSink(sink)
+	}
 	pl, err := Open(t.Context(), Config{
-		DBPath: filepath.Join(dir, "pool.db"), Registry: poolReg, Versions: versions, AuditSink: sink,
+		DBPath: filepath.Join(dir, "pool.db"), Registry: poolReg, Versions: versions, AuditSink: poolSinkTo,
+		SpoolMaxRecords: o.spoolMaxRecords,
 		Sandbox: Sandbox{Image: image, Network: "none", AllowedEnvKeys: []string{"APP_TOKEN"}, PoolID: poolID,
 			NanoCPUs: 1e9, MemoryBytes: 512 << 20, PidsLimit: 64, TmpfsSizeBytes: 16 << 20},
 		DriftMaxAge: drift, RunIdleTimeout: o.idle, MaxRuns: o.maxRuns, MaxSessions: o.maxSessions,
