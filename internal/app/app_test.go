@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/dynamicpb"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
+	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/audit"
@@ -137,9 +139,10 @@ func invoke(t *testing.T, conn *grpc.ClientConn, md protoreflect.MethodDescripto
 	return status.Code(stream.RecvMsg(resp))
 }
 
-// TestInternalRPCsNeedTheirServiceCertificate runs ringfenced with TLS from `certs init` and
-// calls internal RPCs with each service's certificate and with an API key alone.
-func TestInternalRPCsNeedTheirServiceCertificate(t *testing.T) {
+// serveWithDevCA runs ringfenced with TLS from `certs init` on a loopback port and returns a
+// dialer: dialAs(svc) presents svc's certificate, dialAs("") presents none.
+func serveWithDevCA(t *testing.T) (dialAs func(svc string) *grpc.ClientConn) {
+	t.Helper()
 	dir := t.TempDir()
 	_, err := mtls.InitDevCA(dir, mtls.DevCAOptions{})
 	require.NoError(t, err)
@@ -150,12 +153,12 @@ func TestInternalRPCsNeedTheirServiceCertificate(t *testing.T) {
 	)
 	a, err := NewAllInOne(t.Context(), cfg, quietLogger())
 	require.NoError(t, err)
-	defer a.Close()
+	t.Cleanup(func() { _ = a.Close() })
 	go func() { _ = a.Server.Run(t.Context()) }()
 	grpcAddr, _, err := a.Server.Addrs(t.Context())
 	require.NoError(t, err)
 
-	dialAs := func(svc string) registryv1.RegistryServiceClient {
+	return func(svc string) *grpc.ClientConn {
 		var tlsCfg credentials.TransportCredentials
 		if svc == "" {
 			c, err := mtls.CAOnlyConfig(filepath.Join(dir, "ca.pem"), "", "")
@@ -169,7 +172,16 @@ func TestInternalRPCsNeedTheirServiceCertificate(t *testing.T) {
 		conn, err := grpc.NewClient(grpcAddr.String(), grpc.WithTransportCredentials(tlsCfg))
 		require.NoError(t, err)
 		t.Cleanup(func() { conn.Close() })
-		return registryv1.NewRegistryServiceClient(conn)
+		return conn
+	}
+}
+
+// TestInternalRPCsNeedTheirServiceCertificate runs ringfenced with TLS from `certs init` and
+// calls internal RPCs with each service's certificate and with an API key alone.
+func TestInternalRPCsNeedTheirServiceCertificate(t *testing.T) {
+	conns := serveWithDevCA(t)
+	dialAs := func(svc string) registryv1.RegistryServiceClient {
+		return registryv1.NewRegistryServiceClient(conns(svc))
 	}
 	ctx := t.Context()
 	keyHash := auth.HashKey(bootstrapKey)
@@ -262,4 +274,61 @@ func TestRequeueQuarantineAtStart(t *testing.T) {
 	aside, err := filepath.Glob(filepath.Join(dir, "quarantine.jsonl.requeued-*"))
 	require.NoError(t, err)
 	require.Len(t, aside, 1)
+}
+
+// wantInternal pins, apart from auth.Rules, which service certificates may call each internal
+// RPC. It is written out by hand on purpose: a test that read its expectations from auth.Rules
+// could not notice an allowlist widened there. A new internal RPC fails TestInternalAllowlists
+// until its callers are written down here too.
+var wantInternal = map[string][]string{
+	registryv1.RegistryService_ResolveServer_FullMethodName:         {mtls.Pool},
+	registryv1.RegistryService_GetServerPolicy_FullMethodName:       {mtls.Publisher, mtls.Pool},
+	registryv1.RegistryService_AuthenticateKey_FullMethodName:       {mtls.Publisher, mtls.Pool, mtls.Audit},
+	publisherv1.PublisherService_GetPublishedVersion_FullMethodName: {mtls.Pool},
+	poolv1.PoolService_Discover_FullMethodName:                      {mtls.Registry, mtls.Publisher},
+	auditv1.AuditService_Append_FullMethodName:                      {mtls.Registry, mtls.Publisher, mtls.Pool},
+}
+
+// TestInternalAllowlists calls every internal RPC with every service's certificate over mutual
+// TLS: a service on the RPC's allowlist gets past authorization (an empty request may still
+// fail, on its merits), and every other service is refused with PermissionDenied. The RPCs come
+// from auth.Rules, so a new internal RPC is covered; who may call each comes from wantInternal.
+func TestInternalAllowlists(t *testing.T) {
+	dialAs := serveWithDevCA(t)
+	conns := make(map[string]*grpc.ClientConn, len(mtls.Services))
+	for _, svc := range mtls.Services {
+		conns[svc] = dialAs(svc)
+	}
+
+	var internal []string
+	for full, rule := range auth.Rules {
+		if len(rule.Internal) > 0 {
+			internal = append(internal, full)
+		}
+	}
+	slices.Sort(internal)
+	for full := range wantInternal {
+		require.Contains(t, internal, full, "wantInternal names %s, which auth.Rules does not make internal", full)
+	}
+
+	for _, full := range internal {
+		allowed, ok := wantInternal[full]
+		require.True(t, ok, "%s is internal in auth.Rules: write down in wantInternal which services may call it", full)
+		name := protoreflect.FullName(strings.ReplaceAll(strings.TrimPrefix(full, "/"), "/", "."))
+		d, err := protoregistry.GlobalFiles.FindDescriptorByName(name)
+		require.NoError(t, err, "no descriptor for %s", full)
+		md, ok := d.(protoreflect.MethodDescriptor)
+		require.True(t, ok, "%s is not a method", full)
+		for _, svc := range mtls.Services {
+			t.Run(string(md.Name())+"/"+svc, func(t *testing.T) {
+				code := invoke(t, conns[svc], md, full, "")
+				if slices.Contains(allowed, svc) {
+					require.NotContains(t, []codes.Code{codes.PermissionDenied, codes.Unauthenticated}, code,
+						"%s may call %s", svc, full)
+				} else {
+					require.Equal(t, codes.PermissionDenied, code, "%s may not call %s", svc, full)
+				}
+			})
+		}
+	}
 }
