@@ -530,9 +530,9 @@ func TestDiscoveryErrorsCarryTheirClass(t *testing.T) {
 	require.Equal(t, "handshake_timeout", st.Details()[0].(*typesv1.ServerFailure).GetClass())
 }
 
-// TestEveryChangeIsAnAdminEventWithSecretsMasked: creates, updates, deletes, secrets and key
-// changes each reach the audit sink once, in order, naming the actor, and no record carries the
-// canary.
+// TestEveryChangeIsAnAdminEventWithSecretsMasked: server creates, updates and deletes and
+// secret writes each reach the audit sink once, in order, naming the actor, and no record
+// carries the canary. Key changes: TestKeyAndSecretChangesAreAdminEvents.
 func TestEveryChangeIsAnAdminEventWithSecretsMasked(t *testing.T) {
 	f := newFixture(t)
 	ctx := f.admin(t)
