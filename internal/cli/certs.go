@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/spf13/cobra"
 
@@ -18,7 +19,14 @@ func newCertsCmd(g *globals) *cobra.Command {
 		Short: "Write a development CA and one certificate per service (identity spiffe://ringfence/service/<name>)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			files, err := mtls.InitDevCA(dir, mtls.DevCAOptions{Hosts: hosts, Force: force})
+			// --host adds to the loopback names, which the CLI and local probes use.
+			all := []string{"localhost", "127.0.0.1", "::1"}
+			for _, h := range hosts {
+				if !slices.Contains(all, h) {
+					all = append(all, h)
+				}
+			}
+			files, err := mtls.InitDevCA(dir, mtls.DevCAOptions{Hosts: all, Force: force})
 			if err != nil {
 				return err
 			}
@@ -34,7 +42,7 @@ func newCertsCmd(g *globals) *cobra.Command {
 		},
 	}
 	initCmd.Flags().StringVar(&dir, "dir", "", "directory to write into (created 0700)")
-	initCmd.Flags().StringSliceVar(&hosts, "host", []string{"localhost", "127.0.0.1", "::1"}, "DNS names and IPs the service certificates are valid for")
+	initCmd.Flags().StringSliceVar(&hosts, "host", nil, "DNS names and IPs the service certificates are valid for, besides localhost, 127.0.0.1 and ::1 (repeat or comma-separate)")
 	initCmd.Flags().BoolVar(&force, "force", false, "replace an existing set")
 	_ = initCmd.MarkFlagRequired("dir")
 	cmd.AddCommand(initCmd)

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
@@ -107,13 +108,17 @@ and for TLS --ca-file (RINGFENCE_CA_FILE) with optional --server-name.`,
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.addr, "addr", envOr("RINGFENCE_ADDR", "127.0.0.1:50051"), "gRPC address of the server (RINGFENCE_ADDR)")
-	pf.StringVar(&g.apiKey, "api-key", os.Getenv("RINGFENCE_API_KEY"), "API key (RINGFENCE_API_KEY)")
+	// Not defaulted from the environment: --help would print the key.
+	pf.StringVar(&g.apiKey, "api-key", "", "API key (RINGFENCE_API_KEY)")
 	pf.StringVar(&g.caFile, "ca-file", os.Getenv("RINGFENCE_CA_FILE"), "CA bundle to verify a TLS server (RINGFENCE_CA_FILE); plaintext when empty")
 	pf.StringVar(&g.serverName, "server-name", os.Getenv("RINGFENCE_SERVER_NAME"), "TLS server name to verify, when it differs from the address host")
 	pf.StringVar(&g.serverID, "server-identity", os.Getenv("RINGFENCE_SERVER_IDENTITY"), "with --ca-file, the service the server's certificate must name (registry, publisher, pool, audit), so no other service's certificate receives the API key")
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	pf.DurationVar(&g.timeout, "timeout", 60*time.Second, "deadline for each request")
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		if g.apiKey == "" {
+			g.apiKey = os.Getenv("RINGFENCE_API_KEY")
+		}
 		if g.output != "table" && g.output != "json" {
 			return usagef("--output must be table or json, not %q", g.output)
 		}
@@ -209,6 +214,9 @@ func (g *globals) streamCtx(parent context.Context) context.Context {
 	return metadata.AppendToOutgoingContext(parent, auth.MetadataKey, g.apiKey)
 }
 
+// serviceForCommands says which binary of a split deployment serves which commands.
+const serviceForCommands = "servers, secrets, keys and roles: ringfence-registry; graphs and mcp-import: ringfence-publisher; runs and call: ringfence-pool; audit: ringfence-audit"
+
 // printError renders an error for a person: the server's message, the field it names, and a
 // hint for the common connection and credential mistakes. usedTLS says whether --ca-file was set.
 func printError(w io.Writer, err error, usedTLS bool) {
@@ -230,19 +238,31 @@ func printError(w io.Writer, err error, usedTLS bool) {
 			}
 		}
 	}
-	switch st.Code().String() {
-	case "Unavailable":
+	switch st.Code() {
+	case codes.Unavailable:
+		// grpc-go's own "connection error" is about reaching --addr; any other message came
+		// from the server, which is up and could not reach something behind it.
 		switch msg := st.Message(); {
+		case !strings.HasPrefix(msg, "connection error"):
+			fmt.Fprintln(w, "  hint: the server at --addr answered; what it could not reach is named above (a peer service: check it and this server's peers.* settings)")
 		// A TLS server closes the connection on a plaintext client's HTTP/2 preface, and a
 		// plaintext server answers a TLS handshake with HTTP/2: neither is a server that is down.
 		case !usedTLS && strings.Contains(msg, "error reading server preface"):
 			fmt.Fprintln(w, "  hint: the server speaks TLS: pass --ca-file (RINGFENCE_CA_FILE) with the CA that signed its certificate")
 		case usedTLS && strings.Contains(msg, "does not look like a TLS handshake"):
 			fmt.Fprintln(w, "  hint: the server speaks plaintext: drop --ca-file (RINGFENCE_CA_FILE), or give the server a certificate")
-		case strings.Contains(msg, "connection refused") || strings.Contains(msg, "connection error"):
+		case strings.Contains(msg, "x509:"):
+			fmt.Fprintln(w, "  hint: the server's certificate does not verify: --ca-file must be the CA that signed it, and --addr's host (or --server-name) one of the names it carries")
+		case strings.Contains(msg, "expected peer identity"):
+			fmt.Fprintln(w, "  hint: another service answers at --addr than --server-identity names: point --addr at that service, or fix --server-identity")
+		default:
 			fmt.Fprintln(w, "  hint: is the server running? set --addr or RINGFENCE_ADDR")
 		}
-	case "Unauthenticated":
+	case codes.Unimplemented:
+		if svc, ok := strings.CutPrefix(st.Message(), "unknown service "); ok {
+			fmt.Fprintf(w, "  hint: the server at --addr does not serve %s; in a split deployment point --addr at the service that does: %s\n", svc, serviceForCommands)
+		}
+	case codes.Unauthenticated:
 		if strings.Contains(st.Message(), "missing") {
 			fmt.Fprintln(w, "  hint: pass --api-key or set RINGFENCE_API_KEY")
 		} else {
