@@ -23,6 +23,8 @@ run ./internal/mcpdecl/... '.' 1s
 run ./services/pool/internal/spawner/ 'ColdDiscoveryVsDockerRun$' 20x 3
 # Publisher: validate a 10,000-node draft; import 200 tools (time beyond the spawn reported).
 run ./internal/graph/ 'Validate10kNodes$' 20x
+run ./internal/graph/ 'ValidatePathological' 20x
+run ./internal/capability/ 'RevokedByPathological' 1s
 run ./services/publisher/ 'ValidateDraft10kNodes' 20x
 run ./services/publisher/ 'Import200Tools' 10x 3
 # Audit: durable batched appends, the spool, Verify over 1,000,000 records (one pass each).
