@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -201,15 +200,7 @@ func TestUpdateWithTheMaskKeepsTheStoredSecret(t *testing.T) {
 	require.NoError(t, err)
 
 	put := func(body string) (int, string) {
-		req, err := http.NewRequest(http.MethodPut, f.base+"/v1/mcp/servers/docs-search", strings.NewReader(body))
-		require.NoError(t, err)
-		req.Header.Set("X-API-Key", adminKey)
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp.StatusCode, string(b)
+		return f.rest(t, http.MethodPut, "/v1/mcp/servers/docs-search", adminKey, body)
 	}
 	code, body := put(`{"command":"mcp-server-filesystem","args":["/srv/other"],"env":{"APP_TOKEN":"********"}}`)
 	require.Equal(t, http.StatusOK, code, body)

@@ -53,6 +53,22 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture { return newFixtureWithRoles(t, "") }
 
+// rest sends one REST request with key (none when empty) and returns the status and body.
+func (f *fixture) rest(t *testing.T, method, path, key, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, f.base+path, strings.NewReader(body))
+	require.NoError(t, err)
+	if key != "" {
+		req.Header.Set("X-API-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
 // newFixtureWithRoles is newFixture with custom roles (RINGFENCE_SERVICE_ROLES_JSON).
 func newFixtureWithRoles(t *testing.T, rolesJSON string) *fixture {
 	t.Helper()
@@ -505,14 +521,10 @@ func TestCanaryNeverInClearAtRestOrInResponses(t *testing.T) {
 	require.NoError(t, err)
 	require.NotContains(t, got.String(), canary)
 
-	req, err := http.NewRequest(http.MethodGet, f.base+"/v1/mcp/servers/docs-search", nil)
-	require.NoError(t, err)
-	req.Header.Set("X-API-Key", adminKey)
-	httpResp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
+	code, resp := f.rest(t, http.MethodGet, "/v1/mcp/servers/docs-search", adminKey, "")
+	require.Equal(t, http.StatusOK, code, resp)
 	var body map[string]any
-	require.NoError(t, json.NewDecoder(httpResp.Body).Decode(&body))
-	httpResp.Body.Close()
+	require.NoError(t, json.Unmarshal([]byte(resp), &body))
 	require.Equal(t, map[string]any{"APP_TOKEN": SecretMask}, body["env"])
 
 	raw, err := os.ReadFile(f.dbPath)
@@ -624,17 +636,7 @@ func TestCreateRefusesARefHoldingTheNamespaceSeparator(t *testing.T) {
 func TestRESTAuthenticatesBeforeReadingTheBody(t *testing.T) {
 	f := newFixture(t)
 	post := func(key string) (int, string) {
-		req, err := http.NewRequest(http.MethodPost, f.base+"/v1/mcp/servers", strings.NewReader(`{"ref": not json`))
-		require.NoError(t, err)
-		if key != "" {
-			req.Header.Set("X-API-Key", key)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp.StatusCode, string(body)
+		return f.rest(t, http.MethodPost, "/v1/mcp/servers", key, `{"ref": not json`)
 	}
 	code, body := post("")
 	require.Equal(t, http.StatusUnauthorized, code, body)
@@ -647,14 +649,7 @@ func TestRESTAuthenticatesBeforeReadingTheBody(t *testing.T) {
 
 func TestRESTWrongMethodIs405(t *testing.T) {
 	f := newFixture(t)
-	req, err := http.NewRequest(http.MethodPatch, f.base+"/v1/mcp/servers/docs", strings.NewReader(`{}`))
-	require.NoError(t, err)
-	req.Header.Set("X-API-Key", adminKey)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode, "%s", body)
-	require.Contains(t, string(body), "PATCH is not a method of /v1/mcp/servers/docs")
+	code, body := f.rest(t, http.MethodPatch, "/v1/mcp/servers/docs", adminKey, `{}`)
+	require.Equal(t, http.StatusMethodNotAllowed, code, body)
+	require.Contains(t, body, "PATCH is not a method of /v1/mcp/servers/docs")
 }
