@@ -13,10 +13,10 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
