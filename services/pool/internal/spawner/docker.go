@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -283,7 +284,7 @@ func (d *dockerBackend) spawn(ctx context.Context, spec *Spec) (*Session, error)
 		return nil, c.engineError(ctx, "start the container", err)
 	}
 
-	transport := &mcp.IOTransport{Reader: pr, Writer: stdinWriter{&c.att}, MaxLineLength: cfg.MaxMessageBytes}
+	transport := &mcp.IOTransport{Reader: pr, Writer: stdinWriter{conn: c.att.Conn, closer: &c.att, timeout: stdinWriteTimeout}, MaxLineLength: cfg.MaxMessageBytes}
 	cs, err := connect(ctx, spec, transport)
 	if err != nil {
 		e := handshakeError(ctx, err, c, c.filter, c.tail, spec)
@@ -318,11 +319,29 @@ type dockerServer struct {
 }
 
 // stdinWriter is the container's stdin; closing it half-closes the attach
-// connection, which the engine passes on as EOF (StdinOnce).
-type stdinWriter struct{ att *client.HijackedResponse }
+// connection, which the engine passes on as EOF (StdinOnce). Each write must finish
+// within timeout: a server that stops reading its stdin would otherwise block the
+// session's writes, and with them its calls and its close, past every call timeout.
+type stdinWriter struct {
+	conn    net.Conn
+	closer  interface{ CloseWrite() error }
+	timeout time.Duration
+}
 
-func (w stdinWriter) Write(p []byte) (int, error) { return w.att.Conn.Write(p) }
-func (w stdinWriter) Close() error                { return w.att.CloseWrite() }
+// stdinWriteTimeout bounds one write to a server's stdin: generous (the default call
+// timeout), since only a server that stops reading for that long meets it.
+const stdinWriteTimeout = 30 * time.Second
+
+func (w stdinWriter) Write(p []byte) (int, error) {
+	_ = w.conn.SetWriteDeadline(time.Now().Add(w.timeout))
+	n, err := w.conn.Write(p)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		err = fmt.Errorf("the server has not read its stdin for %s: %w", w.timeout, err)
+	}
+	return n, err
+}
+
+func (w stdinWriter) Close() error { return w.closer.CloseWrite() }
 
 func (c *dockerServer) copyOutput() {
 	defer close(c.copyDone)
