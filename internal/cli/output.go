@@ -43,7 +43,7 @@ func newTable(w io.Writer, headers ...string) *table {
 
 func (t *table) row(cols ...string) {
 	for i, c := range cols {
-		cols[i] = strings.ReplaceAll(strings.ReplaceAll(c, "\t", " "), "\n", " ")
+		cols[i] = terminalSafe(strings.ReplaceAll(strings.ReplaceAll(c, "\t", " "), "\n", " "))
 	}
 	fmt.Fprintln(t.tw, strings.Join(cols, "\t"))
 }
@@ -73,3 +73,26 @@ func truncate(s string, n int) string {
 	}
 	return string([]rune(s)[:n-1]) + "…"
 }
+
+// terminalSafe shows control characters (C0, DEL and C1) as escapes: text an MCP server
+// chose (a tool's name, title, description) must not drive the operator's terminal, e.g.
+// set its title or conceal the lines after it.
+func terminalSafe(s string) string {
+	if !strings.ContainsFunc(s, isTerminalControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case !isTerminalControl(r):
+			b.WriteRune(r)
+		case r < 0x80:
+			fmt.Fprintf(&b, "\\x%02x", r)
+		default:
+			fmt.Fprintf(&b, "\\u%04x", r)
+		}
+	}
+	return b.String()
+}
+
+func isTerminalControl(r rune) bool { return r < 0x20 || (r >= 0x7f && r <= 0x9f) }

@@ -403,7 +403,7 @@ func newServersToolsCmd(g *globals) *cobra.Command {
 				return err
 			}
 			for _, f := range resp.GetListingFindings() {
-				fmt.Fprintf(g.stdout, "listing %s: %s: %s\n", f.GetSeverity(), f.GetCode(), f.GetMessage())
+				fmt.Fprintf(g.stdout, "listing %s: %s: %s\n", f.GetSeverity(), f.GetCode(), terminalSafe(f.GetMessage()))
 			}
 			return nil
 		},
@@ -480,20 +480,20 @@ func (g *globals) printExplored(resp *registryv1.ExploreServerResponse) {
 		if tool.GetExcluded() {
 			name += " (excluded by the registration's tool_filter)"
 		}
-		fmt.Fprintf(g.stdout, "%s\n  pin: %s\n", name, tool.GetSchemaHash())
+		fmt.Fprintf(g.stdout, "%s\n  pin: %s\n", terminalSafe(name), tool.GetSchemaHash())
 		if tool.GetTitle() != "" {
-			fmt.Fprintf(g.stdout, "  title: %s\n", tool.GetTitle())
+			fmt.Fprintf(g.stdout, "  title: %s\n", terminalSafe(tool.GetTitle()))
 		}
-		fmt.Fprintf(g.stdout, "  description: %s\n", tool.GetDescription())
+		fmt.Fprintf(g.stdout, "  description: %s\n", terminalSafe(tool.GetDescription()))
 		printStruct(g, "input schema", tool.GetInputSchema())
 		printStruct(g, "output schema", tool.GetOutputSchema())
 		printStruct(g, "annotations", tool.GetAnnotations())
 		for _, f := range tool.GetFindings() {
-			fmt.Fprintf(g.stdout, "  %s %s at %s: %s\n", f.GetSeverity(), f.GetCode(), f.GetLocation(), f.GetMessage())
+			fmt.Fprintf(g.stdout, "  %s %s at %s: %s\n", f.GetSeverity(), f.GetCode(), terminalSafe(f.GetLocation()), terminalSafe(f.GetMessage()))
 		}
 	}
 	for _, f := range resp.GetListingFindings() {
-		fmt.Fprintf(g.stdout, "listing %s: %s: %s\n", f.GetSeverity(), f.GetCode(), f.GetMessage())
+		fmt.Fprintf(g.stdout, "listing %s: %s: %s\n", f.GetSeverity(), f.GetCode(), terminalSafe(f.GetMessage()))
 	}
 	c := resp.GetCall()
 	if c == nil || c.GetOutcome() != "dispatched" {
@@ -528,7 +528,11 @@ func printStruct(g *globals, label string, s *structpb.Struct) {
 	if err != nil {
 		return
 	}
-	fmt.Fprintf(g.stdout, "  %s:\n    %s\n", label, b)
+	lines := strings.Split(string(b), "\n")
+	for i, l := range lines {
+		lines[i] = terminalSafe(l) // JSON escapes C0 itself, but not C1
+	}
+	fmt.Fprintf(g.stdout, "  %s:\n    %s\n", label, strings.Join(lines, "\n"))
 }
 
 func (g *globals) printServer(s *registryv1.Server) error {
