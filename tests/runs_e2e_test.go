@@ -325,3 +325,21 @@ func TestAuditVerifyNamesATamperedRecord(t *testing.T) {
 	require.Equal(t, 1, r.Code, r.Stdout)
 	require.Contains(t, r.Stderr, "broken at record "+target)
 }
+
+// TestALargeResultReachesTheCaller: sanitizing grows a result (every ' becomes &#39;), so
+// 1 MB of arguments comes back as 5 MB: REST delivers it instead of refusing a call already
+// made with RESOURCE_EXHAUSTED (HTTP 429, read as "retry"). The CLI and peer clients take the
+// same limit (grpcserver.MaxResponseBytes); an argument list cannot carry 1 MB to the CLI.
+func TestALargeResultReachesTheCaller(t *testing.T) {
+	d, cli, _ := runsDaemon(t)
+	r := cli("runs", "start", "--graph", "demo", "--run", "run-big")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	text := strings.Repeat("'", 1_000_000) // JSON keeps ' as one byte: 1 MB of arguments
+	api := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}
+	code, _, raw := api.do("POST", "/v1/runs/run-big:call", `{"agent":"researcher","tool":"fx__echo","arguments":{"text":"`+text+`"}}`)
+	require.Equal(t, http.StatusOK, code, "%.300s", raw)
+	require.Greater(t, len(raw), 5_000_000, "the escaped result came back whole")
+
+	r = cli("runs", "end", "--run", "run-big")
+	require.Equal(t, 0, r.Code, r.Stderr)
+}

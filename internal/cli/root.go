@@ -22,6 +22,7 @@ import (
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mtls"
 )
 
@@ -160,7 +161,8 @@ func (g *globals) dial() (*grpc.ClientConn, error) {
 		}
 		creds = credentials.NewTLS(tlsCfg)
 	}
-	conn, err := grpc.NewClient(g.addr, grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(g.addr, grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(grpcserver.MaxResponseBytes)))
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach %s: %w", g.addr, err)
 	}

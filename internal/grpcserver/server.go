@@ -52,6 +52,12 @@ type Authenticator interface {
 type GatewayRegistrar func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error
 
 // Options configures a Server.
+// MaxResponseBytes is what every Ringfence gRPC client (the gateway, the CLI, a service
+// calling its peer) accepts in one response. A tool result or a listing may be 16 MiB as
+// the server wrote it and grow when sanitized (HTML escaping), and grpc-go's default of
+// 4 MiB turned such a result, already dispatched, into RESOURCE_EXHAUSTED (HTTP 429: retry).
+const MaxResponseBytes = 64 << 20
+
 type Options struct {
 	// Name of the binary, for logs.
 	Name     string
@@ -267,6 +273,7 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 	conn, err := grpc.NewClient("passthrough:///inmem",
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return s.inmem.DialContext(ctx) }),
 		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxResponseBytes)),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("grpcserver: gateway connection: %w", err)

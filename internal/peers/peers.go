@@ -27,6 +27,7 @@ import (
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/graph/graphpb"
+	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/mtls"
 )
@@ -44,7 +45,8 @@ func Dial(peer, addr string, files mtls.Files) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(grpcserver.MaxResponseBytes)))
 	if err != nil {
 		return nil, fmt.Errorf("peers: dial %s at %s: %w", peer, addr, err)
 	}
