@@ -338,6 +338,13 @@ func TestDockerPagingAndToolBound(t *testing.T) {
 		require.Equal(t, ClassProtocolViolation, ClassOf(err), "%v", err)
 		require.Contains(t, err.Error(), "more than 100 tools")
 	})
+	t.Run("refuses more than the byte bound, page by page", func(t *testing.T) {
+		small := e.router(func(c *Config) { c.MaxListingBytes = 4 << 10 })
+		s := spawn(t, small, fixtureSpec("--tools", "80", "--page-size", "7"))
+		_, err := s.ListTools(t.Context())
+		require.Equal(t, ClassProtocolViolation, ClassOf(err), "%v", err)
+		require.Contains(t, err.Error(), "more than 4096 bytes of tools")
+	})
 }
 
 func TestDockerToolListChanged(t *testing.T) {

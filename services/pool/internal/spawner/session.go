@@ -2,6 +2,7 @@ package spawner
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -46,6 +47,8 @@ type Session struct {
 	log      *slog.Logger
 	onClose  func(*Session)
 	maxTools int
+	// maxListingBytes bounds one whole tools/list, re-encoded.
+	maxListingBytes int
 	// setupTimeout is the spec's HandshakeTimeout, which also bounds the first listing.
 	setupTimeout time.Duration
 
@@ -64,18 +67,19 @@ type Session struct {
 
 func newSession(r *Router, spec *Spec, srv server, cs *mcp.ClientSession, t *tail) *Session {
 	s := &Session{
-		ref:          spec.ServerRef,
-		srv:          srv,
-		cs:           cs,
-		tail:         t,
-		cfg:          &r.cfg,
-		secrets:      secretsOf(spec),
-		log:          r.log,
-		maxTools:     r.cfg.MaxTools,
-		setupTimeout: spec.HandshakeTimeout,
-		done:         make(chan struct{}),
-		stopMonitor:  make(chan struct{}),
-		monitorDone:  make(chan struct{}),
+		ref:             spec.ServerRef,
+		srv:             srv,
+		cs:              cs,
+		tail:            t,
+		cfg:             &r.cfg,
+		secrets:         secretsOf(spec),
+		log:             r.log,
+		maxTools:        r.cfg.MaxTools,
+		maxListingBytes: r.cfg.MaxListingBytes,
+		setupTimeout:    spec.HandshakeTimeout,
+		done:            make(chan struct{}),
+		stopMonitor:     make(chan struct{}),
+		monitorDone:     make(chan struct{}),
 	}
 	go s.monitor()
 	return s
@@ -142,6 +146,7 @@ func (s *Session) ListTools(ctx context.Context) ([]*mcp.Tool, error) {
 	ctx, cancel := s.bound(ctx, s.cfg.ListTimeout, "tools/list")
 	defer cancel()
 	var tools []*mcp.Tool
+	var size int
 	seen := map[string]bool{}
 	params := &mcp.ListToolsParams{}
 	for page := 0; ; page++ {
@@ -155,6 +160,13 @@ func (s *Session) ListTools(ctx context.Context) ([]*mcp.Tool, error) {
 		tools = append(tools, res.Tools...)
 		if len(tools) > s.maxTools {
 			return nil, s.violation("the server offers more than %d tools", s.maxTools)
+		}
+		for _, t := range res.Tools {
+			b, _ := json.Marshal(t)
+			size += len(b)
+		}
+		if size > s.maxListingBytes {
+			return nil, s.violation("tools/list declared more than %d bytes of tools", s.maxListingBytes)
 		}
 		next := res.NextCursor
 		if next == "" {

@@ -105,6 +105,10 @@ const (
 	DefaultListTimeout      = 30 * time.Second
 	DefaultCallTimeout      = 5 * time.Minute
 	DefaultMaxTools         = 4096
+	// DefaultMaxListingBytes bounds a whole tools/list across its pages, as re-encoded:
+	// twice the declaration screen's own limit (16 MiB), which can only judge a listing
+	// once it is held, so a server paging on cannot grow the pool's memory without end.
+	DefaultMaxListingBytes = 32 << 20
 	DefaultMaxMessageBytes  = 16 << 20
 	DefaultStderrTailBytes  = 8 << 10
 )
@@ -153,6 +157,7 @@ type Config struct {
 	ListTimeout     time.Duration
 	CallTimeout     time.Duration
 	MaxTools        int
+	MaxListingBytes int
 	MaxMessageBytes int
 	StderrTailBytes int
 }
@@ -225,6 +230,7 @@ func (c *Config) normalize() error {
 		}
 	}
 	defi(&c.MaxTools, DefaultMaxTools)
+	defi(&c.MaxListingBytes, DefaultMaxListingBytes)
 	defi(&c.MaxMessageBytes, DefaultMaxMessageBytes)
 	defi(&c.StderrTailBytes, DefaultStderrTailBytes)
 	return nil
