@@ -109,8 +109,8 @@ const (
 	// twice the declaration screen's own limit (16 MiB), which can only judge a listing
 	// once it is held, so a server paging on cannot grow the pool's memory without end.
 	DefaultMaxListingBytes = 32 << 20
-	DefaultMaxMessageBytes  = 16 << 20
-	DefaultStderrTailBytes  = 8 << 10
+	DefaultMaxMessageBytes = 16 << 20
+	DefaultStderrTailBytes = 8 << 10
 )
 
 // Config is the operator's side of spawning: the isolation profile's knobs
