@@ -650,6 +650,10 @@ func (s *Service) validateInput(tool *graph.MCPToolNode, args []byte, strict boo
 	return nil
 }
 
+// maxContentItems bounds the content items of one result: each becomes a map the result
+// is sanitized and encoded through, so a 15 MiB message of empty items cost ~400 MiB.
+const maxContentItems = 10_000
+
 // dispatch sends tools/call and turns the answer into a result or a classified failure.
 func (s *Service) dispatch(ctx context.Context, sess *session, tool *graph.MCPToolNode, args map[string]any, callID string, attempt int32) (*CallResult, error) {
 	sess.calls.Add(1)
@@ -672,6 +676,9 @@ func (s *Service) dispatch(ctx context.Context, sess *session, tool *graph.MCPTo
 		if err := s.validateOutput(tool, res.StructuredContent); err != nil {
 			return nil, invalid(err)
 		}
+	}
+	if len(res.Content) > maxContentItems {
+		return nil, &FailedError{Class: failureOutputTooLarge, Err: fmt.Errorf("the result has %d content items, more than the %d a result may carry", len(res.Content), maxContentItems)}
 	}
 	keep := sanitize.Options{KeepMarkup: sess.reg.KeepMarkup}
 	for _, c := range res.Content {

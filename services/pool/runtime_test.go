@@ -374,6 +374,14 @@ func TestHostileServersLeaveThePoolUpAndOtherRunsUnaffected(t *testing.T) {
 		requireFailed(t, err, failureOutputTooLarge)
 		check()
 	})
+	t.Run("a result of too many content items is bounded and reported", func(t *testing.T) {
+		_, err := h.call(hostile, "a", "fx__many", map[string]any{"n": maxContentItems + 1})
+		requireFailed(t, err, failureOutputTooLarge)
+		res, err := h.call(hostile, "a", "fx__many", map[string]any{"n": 3})
+		require.NoError(t, err)
+		require.Len(t, res.Content, 3)
+		check()
+	})
 	t.Run("a fork loop stops at the PID limit", func(t *testing.T) {
 		res, err := h.call(hostile, "a", "fx__fork_bomb", map[string]any{"max": 1000})
 		require.NoError(t, err)
