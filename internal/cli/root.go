@@ -219,6 +219,16 @@ func (g *globals) streamCtx(parent context.Context) context.Context {
 // serviceForCommands says which binary of a split deployment serves which commands.
 const serviceForCommands = "servers, secrets, keys and roles: ringfence-registry; graphs and mcp-import: ringfence-publisher; runs and call: ringfence-pool; audit: ringfence-audit"
 
+// unservedService names the gRPC service a server said it does not serve (grpc-go's answer
+// to a call for a service nobody registered): in a split deployment, the CLI asked the wrong
+// binary.
+func unservedService(st *status.Status) (string, bool) {
+	if st.Code() != codes.Unimplemented {
+		return "", false
+	}
+	return strings.CutPrefix(st.Message(), "unknown service ")
+}
+
 // printError renders an error for a person: the server's message, the field it names, and a
 // hint for the common connection and credential mistakes. usedTLS says whether --ca-file was set.
 func printError(w io.Writer, err error, usedTLS bool) {
@@ -240,6 +250,9 @@ func printError(w io.Writer, err error, usedTLS bool) {
 			}
 		}
 	}
+	if svc, ok := unservedService(st); ok {
+		fmt.Fprintf(w, "  hint: the server at --addr does not serve %s; in a split deployment point --addr at the service that does: %s\n", svc, serviceForCommands)
+	}
 	switch st.Code() {
 	case codes.Unavailable:
 		// grpc-go's own "connection error" is about reaching --addr; any other message came
@@ -259,10 +272,6 @@ func printError(w io.Writer, err error, usedTLS bool) {
 			fmt.Fprintln(w, "  hint: another service answers at --addr than --server-identity names: point --addr at that service, or fix --server-identity")
 		default:
 			fmt.Fprintln(w, "  hint: is the server running? set --addr or RINGFENCE_ADDR")
-		}
-	case codes.Unimplemented:
-		if svc, ok := strings.CutPrefix(st.Message(), "unknown service "); ok {
-			fmt.Fprintf(w, "  hint: the server at --addr does not serve %s; in a split deployment point --addr at the service that does: %s\n", svc, serviceForCommands)
 		}
 	case codes.Unauthenticated:
 		if strings.Contains(st.Message(), "missing") {
