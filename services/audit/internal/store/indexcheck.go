@@ -40,6 +40,9 @@ const (
 
 var indexBuckets = [numIndexes][]byte{bucketByID, bucketByTenant, bucketByRun}
 
+// indexSubject is what each index is read by, for messages.
+var indexSubject = [numIndexes]string{"id", "tenant", "run"}
+
 type indexSum struct{ n, sum uint64 }
 
 func newIndexChecker() *indexChecker { return &indexChecker{seed: maphash.MakeSeed()} }
@@ -94,16 +97,33 @@ func (c *indexChecker) record(seq uint64, body []byte) string {
 	if !ok {
 		return "body is not a JSON object with a string id"
 	}
-	c.add(&c.want[ixByID], f.id, c.idValue(seq, body))
-	if f.tenant != nil {
-		c.key = appendIndexKey(c.key[:0], f.tenant, seq)
-		c.add(&c.want[ixByTenant], c.key, noValue)
-	}
-	if f.run != nil {
-		c.key = appendIndexKey(c.key[:0], f.run, seq)
-		c.add(&c.want[ixByRun], c.key, noValue)
+	for ix := range numIndexes {
+		key, ok := requiredKey(c.key[:0], ix, f, seq)
+		if !ok {
+			continue
+		}
+		c.key = key
+		val := noValue
+		if ix == ixByID {
+			val = c.idValue(seq, body)
+		}
+		c.add(&c.want[ix], key, val)
 	}
 	return ""
+}
+
+// requiredKey is the key a record with fields f at seq needs in index ix, appended to dst
+// (by_id's is the id itself); false when it needs none there. It copies: f may point into
+// the read-only file.
+func requiredKey(dst []byte, ix int, f bodyFields, seq uint64) ([]byte, bool) {
+	switch ix {
+	case ixByID:
+		return append(dst, f.id...), true
+	case ixByTenant:
+		return appendIndexKey(dst, f.tenant, seq), f.tenant != nil
+	default:
+		return appendIndexKey(dst, f.run, seq), f.run != nil
+	}
 }
 
 // idValue is the by_id value record seq requires: its seq and the digest of the record
@@ -154,7 +174,7 @@ func (c *indexChecker) indexes(tx *bolt.Tx, headSeq uint64) (uint64, string) {
 
 // missing names the first record up to headSeq whose index entries are absent or wrong.
 func (c *indexChecker) missing(tx *bolt.Tx, headSeq uint64) (uint64, string) {
-	byID, byTenant, byRun := tx.Bucket(bucketByID), tx.Bucket(bucketByTenant), tx.Bucket(bucketByRun)
+	byID := tx.Bucket(bucketByID)
 	cur := tx.Bucket(bucketRecords).Cursor()
 	for k, v := cur.First(); k != nil && len(k) == 8 && len(v) >= hashLen; k, v = cur.Next() {
 		seq := binary.BigEndian.Uint64(k)
@@ -175,11 +195,10 @@ func (c *indexChecker) missing(tx *bolt.Tx, headSeq uint64) (uint64, string) {
 		case !bytes.Equal(got, c.idValue(seq, body)):
 			return seq, fmt.Sprintf("record does not match the digest its by_id entry kept at append (id %q): the record or the entry was changed", f.id)
 		}
-		if f.tenant != nil && byTenant.Get(appendIndexKey(nil, f.tenant, seq)) == nil {
-			return seq, fmt.Sprintf("by_tenant index lacks this record, so reads for tenant %q do not show it", f.tenant)
-		}
-		if f.run != nil && byRun.Get(appendIndexKey(nil, f.run, seq)) == nil {
-			return seq, fmt.Sprintf("by_run index lacks this record, so reads for run %q do not show it", f.run)
+		for _, ix := range []int{ixByTenant, ixByRun} {
+			if key, ok := requiredKey(nil, ix, f, seq); ok && tx.Bucket(indexBuckets[ix]).Get(key) == nil {
+				return seq, fmt.Sprintf("%s index lacks this record, so reads for %s %q do not show it", indexBuckets[ix], indexSubject[ix], key[2:len(key)-8])
+			}
 		}
 	}
 	return 0, ""
@@ -195,7 +214,7 @@ func (c *indexChecker) extra(tx *bolt.Tx, headSeq uint64) (uint64, string) {
 		}
 		cur := tx.Bucket(name).Cursor()
 		for k, v := cur.First(); k != nil; k, v = cur.Next() {
-			if seq, _ := entrySeq(ix, k, v); seq <= headSeq && !requires(tx, name, k, seq) {
+			if seq, _ := entrySeq(ix, k, v); seq <= headSeq && !requires(tx, ix, k, seq) {
 				return seq, fmt.Sprintf("%s index holds %d entries where its records require %d; the first unaccounted for names record %d", name, c.have[ix].n, c.want[ix].n, seq)
 			}
 		}
@@ -218,8 +237,8 @@ func entrySeq(ix int, k, v []byte) (uint64, bool) {
 	return binary.BigEndian.Uint64(k[len(k)-8:]), true
 }
 
-// requires reports whether record seq needs index key k in bucket name.
-func requires(tx *bolt.Tx, name, k []byte, seq uint64) bool {
+// requires reports whether record seq needs key k in index ix.
+func requires(tx *bolt.Tx, ix int, k []byte, seq uint64) bool {
 	v := tx.Bucket(bucketRecords).Get(seqKey(seq))
 	if len(v) < hashLen {
 		return false
@@ -228,14 +247,8 @@ func requires(tx *bolt.Tx, name, k []byte, seq uint64) bool {
 	if !ok {
 		return false
 	}
-	switch {
-	case bytes.Equal(name, bucketByID):
-		return bytes.Equal(k, f.id)
-	case bytes.Equal(name, bucketByTenant):
-		return f.tenant != nil && bytes.Equal(k, appendIndexKey(nil, f.tenant, seq))
-	default:
-		return f.run != nil && bytes.Equal(k, appendIndexKey(nil, f.run, seq))
-	}
+	key, ok := requiredKey(nil, ix, f, seq)
+	return ok && bytes.Equal(k, key)
 }
 
 // bodyFields are the fields of a body the indexes are keyed by; tenant and run are nil
