@@ -91,7 +91,10 @@ const (
 	failureCrashed        = audit.FailureCrashed
 	failureOutputInvalid  = audit.FailureOutputInvalid
 	failureOutputTooLarge = "output_too_large"
-	failureCanceled       = "canceled"
+	// failureProtocolViolation: the server broke the protocol during the call (it flooded
+	// the pool with requests, say) and was stopped.
+	failureProtocolViolation = "protocol_violation"
+	failureCanceled          = "canceled"
 )
 
 // RefusedError is a call refused before dispatch: nothing reached the server.
@@ -723,17 +726,17 @@ func (s *Service) classifyCallError(parent, cctx context.Context, sess *session,
 	// A dead server explains the failure whatever the clocks say: check it first.
 	select {
 	case <-sess.sess.Done():
-		if spawner.ClassOf(sess.sess.Err()) == spawner.ClassProtocolViolation {
-			return failureOutputTooLarge
+		if c := violationFailure(sess.sess.Err()); c != "" {
+			return c
 		}
 		return failureCrashed
 	default:
 	}
-	switch spawner.ClassOf(err) {
-	case spawner.ClassCrashed:
+	if c := violationFailure(err); c != "" {
+		return c
+	}
+	if spawner.ClassOf(err) == spawner.ClassCrashed {
 		return failureCrashed
-	case spawner.ClassProtocolViolation:
-		return failureOutputTooLarge
 	}
 	switch {
 	case parent.Err() != nil:
@@ -742,6 +745,17 @@ func (s *Service) classifyCallError(parent, cctx context.Context, sess *session,
 		return failureTimeout
 	}
 	return failureTransport
+}
+
+// violationFailure is the failure class of a protocol violation, or "" for anything else.
+func violationFailure(err error) string {
+	switch {
+	case spawner.IsTooLarge(err):
+		return failureOutputTooLarge
+	case spawner.ClassOf(err) == spawner.ClassProtocolViolation:
+		return failureProtocolViolation
+	}
+	return ""
 }
 
 // callErrMessage is what the caller is told about a failed tools/call. The spawner made every

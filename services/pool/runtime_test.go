@@ -382,6 +382,18 @@ func TestHostileServersLeaveThePoolUpAndOtherRunsUnaffected(t *testing.T) {
 		require.Len(t, res.Content, 3)
 		check()
 	})
+	t.Run("a flood of requests to the client stops the server", func(t *testing.T) {
+		before := h.spawned()
+		_, err := h.call(hostile, "a", "fx__flood", map[string]any{"n": 200_000})
+		requireFailed(t, err, failureProtocolViolation)
+		require.ErrorContains(t, err, "faster than")
+		require.Equal(t, failureProtocolViolation, h.last().FailureClass)
+		check()
+		res, err := h.call(hostile, "a", "fx__echo", map[string]any{"text": "fresh"})
+		require.NoError(t, err)
+		require.Equal(t, "fresh", res.Content[0]["text"])
+		require.Equal(t, before+1, h.spawned(), "the run's next call starts a fresh server")
+	})
 	t.Run("a fork loop stops at the PID limit", func(t *testing.T) {
 		res, err := h.call(hostile, "a", "fx__fork_bomb", map[string]any{"max": 1000})
 		require.NoError(t, err)

@@ -285,13 +285,13 @@ func (d *dockerBackend) spawn(ctx context.Context, spec *Spec) (*Session, error)
 	}
 
 	transport := &mcp.IOTransport{Reader: pr, Writer: stdinWriter{conn: c.att.Conn, closer: &c.att, timeout: stdinWriteTimeout}, MaxLineLength: cfg.MaxMessageBytes}
-	cs, err := connect(ctx, spec, transport)
+	cs, guard, err := connect(ctx, spec, transport)
 	if err != nil {
 		e := handshakeError(ctx, err, c, c.filter, c.tail, spec)
 		c.stop(context.WithoutCancel(ctx), nil)
 		return nil, e
 	}
-	return newSession(d.r, spec, c, cs, c.tail), nil
+	return newSession(d.r, spec, c, cs, guard, c.tail), nil
 }
 
 // dockerServer is one running container.

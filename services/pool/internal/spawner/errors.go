@@ -67,10 +67,25 @@ type Error struct {
 	Class      Class
 	Message    string
 	StderrTail string
+	// TooLarge marks the protocol violation of a message over the size bound, which callers
+	// report as output too large rather than as misbehaviour.
+	TooLarge bool
 }
 
 func (e *Error) Error() string {
 	return fmt.Sprintf("spawner: %s: %s", e.Class, e.Message)
+}
+
+// IsTooLarge reports whether err is the violation of a message over the size bound.
+func IsTooLarge(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.TooLarge
+}
+
+func tooLarge(format string, args ...any) *Error {
+	e := newError(ClassProtocolViolation, format, args...)
+	e.TooLarge = true
+	return e
 }
 
 // ClassOf returns the class of the first *Error in err's chain, or "".
@@ -113,16 +128,21 @@ func handshakeError(ctx context.Context, err error, srv exitWaiter, f *stdoutFil
 	if ctx.Err() != nil {
 		return fmt.Errorf("spawner: handshake: %w", ctx.Err())
 	}
+	var e *Error
+	if errors.As(err, &e) {
+		// Already classified (the server broke a bound connect enforces).
+		e.StderrTail = t.String()
+		return e
+	}
 	timedOut := errors.Is(err, context.DeadlineExceeded)
 	wait := deathGrace
 	if timedOut {
 		// It had the whole handshake timeout; only look, do not wait.
 		wait = 0
 	}
-	var e *Error
 	switch {
 	case f.tooLarge.Load():
-		e = newError(ClassProtocolViolation, "the server wrote a message larger than the limit during the handshake")
+		e = tooLarge("the server wrote a message larger than the limit during the handshake")
 	case srv.waitExited(ctx, wait):
 		code, _ := srv.exitStatus()
 		switch {
@@ -151,7 +171,7 @@ func handshakeError(ctx context.Context, err error, srv exitWaiter, f *stdoutFil
 // deathError classifies a local server that went away after the handshake.
 func deathError(ctx context.Context, srv exitWaiter, f *stdoutFilter, maxMessage int) *Error {
 	if f.tooLarge.Load() {
-		return newError(ClassProtocolViolation, "the server wrote a message larger than %d bytes", maxMessage)
+		return tooLarge("the server wrote a message larger than %d bytes", maxMessage)
 	}
 	if !srv.waitExited(ctx, deathGrace) {
 		return newError(ClassCrashed, "the server's output stream ended")

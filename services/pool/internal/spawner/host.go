@@ -78,13 +78,13 @@ func (r *Router) spawnHost(ctx context.Context, spec *Spec) (*Session, error) {
 	p.stdin = stdin
 	go p.wait()
 
-	cs, err := connect(ctx, spec, &mcp.IOTransport{Reader: pr, Writer: stdin, MaxLineLength: r.cfg.MaxMessageBytes})
+	cs, guard, err := connect(ctx, spec, &mcp.IOTransport{Reader: pr, Writer: stdin, MaxLineLength: r.cfg.MaxMessageBytes})
 	if err != nil {
 		e := handshakeError(ctx, err, p, p.filter, p.tail, spec)
 		_ = p.stop(context.WithoutCancel(ctx), nil)
 		return nil, e
 	}
-	return newSession(r, spec, p, cs, p.tail), nil
+	return newSession(r, spec, p, cs, guard, p.tail), nil
 }
 
 // lookHostCommand resolves command the way the container would: through

@@ -79,7 +79,7 @@ func (r *Router) spawnRemote(ctx context.Context, spec *Spec) (*Session, error) 
 	} else {
 		transport = &mcp.StreamableClientTransport{Endpoint: u.String(), HTTPClient: hc, MaxRetries: remoteReconnectRetries, MaxEventSize: r.cfg.MaxMessageBytes}
 	}
-	cs, err := connect(ctx, spec, transport)
+	cs, guard, err := connect(ctx, spec, transport)
 	if err != nil {
 		endLife()
 		base.CloseIdleConnections()
@@ -90,7 +90,7 @@ func (r *Router) spawnRemote(ctx context.Context, spec *Spec) (*Session, error) 
 		_ = cs.Wait()
 		close(srv.closed)
 	}()
-	return newSession(r, spec, srv, cs, nil), nil
+	return newSession(r, spec, srv, cs, guard, nil), nil
 }
 
 // checkRemoteURL accepts https URLs, and http only to a loopback address
@@ -269,7 +269,7 @@ func remoteError(ctx context.Context, err error, rt *remoteTransport, u *url.URL
 	)
 	switch {
 	case rt.tooLarge.Load():
-		return newError(ClassProtocolViolation, "%s answered with a body larger than the message limit", where)
+		return tooLarge("%s answered with a body larger than the message limit", where)
 	case errors.Is(terr, errOtherOrigin):
 		return newError(ClassProtocolViolation, "%s named an endpoint on another origin; the pool talks only to the registered URL's", where)
 	case terr != nil && errors.Is(terr, syscall.ECONNREFUSED):

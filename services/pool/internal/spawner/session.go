@@ -41,6 +41,7 @@ type Session struct {
 	ref      string
 	srv      server
 	cs       *mcp.ClientSession
+	guard    *trafficGuard
 	tail     *tail
 	cfg      *Config
 	secrets  []string
@@ -65,11 +66,12 @@ type Session struct {
 	closeErr  error
 }
 
-func newSession(r *Router, spec *Spec, srv server, cs *mcp.ClientSession, t *tail) *Session {
+func newSession(r *Router, spec *Spec, srv server, cs *mcp.ClientSession, g *trafficGuard, t *tail) *Session {
 	s := &Session{
 		ref:             spec.ServerRef,
 		srv:             srv,
 		cs:              cs,
+		guard:           g,
 		tail:            t,
 		cfg:             &r.cfg,
 		secrets:         secretsOf(spec),
@@ -80,6 +82,7 @@ func newSession(r *Router, spec *Spec, srv server, cs *mcp.ClientSession, t *tai
 		done:            make(chan struct{}),
 		stopMonitor:     make(chan struct{}),
 		monitorDone:     make(chan struct{}),
+		onClose:         r.forget,
 	}
 	go s.monitor()
 	return s
@@ -89,6 +92,9 @@ func (s *Session) monitor() {
 	defer close(s.monitorDone)
 	select {
 	case <-s.srv.gone():
+	case <-s.guard.breached:
+		s.stopForViolation()
+		return
 	case <-s.stopMonitor:
 		return
 	}
@@ -103,6 +109,24 @@ func (s *Session) monitor() {
 		s.log.Warn("spawner: MCP server died", "server", s.ref, "class", string(e.Class), "reason", e.Message)
 	}
 	s.markDone()
+}
+
+// stopForViolation ends a server that broke the bounds on what it may send unasked: it is
+// hostile, so it is stopped now rather than left to the session's owner.
+func (s *Session) stopForViolation() {
+	e := *s.guard.violation()
+	e.StderrTail = s.StderrTail()
+	s.mu.Lock()
+	s.err = &e
+	s.mu.Unlock()
+	s.log.Warn("spawner: stopping an MCP server that broke a protocol bound", "server", s.ref, "class", string(e.Class), "reason", e.Message)
+	s.markDone()
+	// Close waits for this monitor to return.
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), deathTimeout+s.cfg.CloseTimeout)
+		defer cancel()
+		_ = s.Close(ctx)
+	}()
 }
 
 func (s *Session) markDone() { s.doneOnce.Do(func() { close(s.done) }) }
@@ -313,10 +337,25 @@ func closeClient(cs *mcp.ClientSession, d time.Duration) (done <-chan struct{}) 
 	return ch
 }
 
-// connect runs the MCP handshake over transport within the spec's
-// handshake timeout.
-func connect(ctx context.Context, spec *Spec, transport mcp.Transport) (*mcp.ClientSession, error) {
+// connect runs the MCP handshake over transport within the spec's handshake timeout, with
+// the guard that bounds what the server sends unasked for the session's whole life. A
+// handshake that failed because the server broke those bounds fails as that violation.
+func connect(ctx context.Context, spec *Spec, transport mcp.Transport) (*mcp.ClientSession, *trafficGuard, error) {
 	hctx, cancel := context.WithTimeout(ctx, spec.HandshakeTimeout)
 	defer cancel()
-	return newClient(spec).Connect(hctx, transport, &mcp.ClientSessionOptions{ProtocolVersion: ProtocolVersion})
+	g := newTrafficGuard()
+	client := newClient(spec)
+	if _, stdio := transport.(*mcp.IOTransport); stdio {
+		transport = guardedTransport{inner: transport, g: g}
+	} else {
+		client.AddReceivingMiddleware(g.middleware)
+	}
+	cs, err := client.Connect(hctx, transport, &mcp.ClientSessionOptions{ProtocolVersion: ProtocolVersion})
+	if err != nil {
+		if v := g.violation(); v != nil {
+			return nil, nil, v
+		}
+		return nil, nil, err
+	}
+	return cs, g, nil
 }

@@ -310,8 +310,11 @@ func (r *Router) Spawn(ctx context.Context, spec Spec) (*Session, error) {
 		_ = s.Close(context.WithoutCancel(ctx))
 		return nil, newError(ClassSpawnFailed, "the spawner is shut down")
 	}
-	r.sessions[s] = struct{}{}
-	s.onClose = r.forget
+	// A session may already be closing: the spawner stops a server that breaks a protocol
+	// bound on its own, and forget has then run or will find nothing.
+	if !s.closing.Load() {
+		r.sessions[s] = struct{}{}
+	}
 	r.mu.Unlock()
 	return s, nil
 }

@@ -1,0 +1,145 @@
+package spawner
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"golang.org/x/time/rate"
+)
+
+// What a server may send the pool unasked. The SDK answers each server-to-client request
+// (ping; roots, sampling and elicitation are refused, since the pool advertises none) on a
+// goroutine of its own, and that goroutine lives until the answer is written: a server that
+// floods requests, above all one that stops reading its stdin meanwhile, would grow the
+// pool by a goroutine per request. Past these bounds the server is stopped as a protocol
+// violation.
+const (
+	// Requests: a keep-alive ping every few seconds is normal; a hundred at once is not.
+	serverRequestRate  = 10
+	serverRequestBurst = 100
+	// maxUnansweredRequests bounds the server's requests whose answers are not yet written
+	// (stdio servers, whose connection the pool sees message by message). It is above the
+	// burst, so a burst never meets it: only a server that stops reading its answers does.
+	maxUnansweredRequests = 128
+	// Notifications (progress, log messages, list_changed) cost the pool no goroutine, only
+	// decoding: chatty servers are fine, a flood is not.
+	serverNotificationRate  = 1000
+	serverNotificationBurst = 10000
+)
+
+// trafficGuard enforces those bounds for one session and records the first breach.
+type trafficGuard struct {
+	requests      *rate.Limiter
+	notifications *rate.Limiter
+	unanswered    atomic.Int64
+
+	once     sync.Once
+	breached chan struct{}
+	err      *Error
+}
+
+func newTrafficGuard() *trafficGuard {
+	return &trafficGuard{
+		requests:      rate.NewLimiter(serverRequestRate, serverRequestBurst),
+		notifications: rate.NewLimiter(serverNotificationRate, serverNotificationBurst),
+		breached:      make(chan struct{}),
+	}
+}
+
+// breach records the first violation; the session's monitor stops the server.
+func (g *trafficGuard) breach(format string, args ...any) *Error {
+	g.once.Do(func() {
+		g.err = newError(ClassProtocolViolation, format, args...)
+		close(g.breached)
+	})
+	return g.err
+}
+
+// violation is the recorded breach, or nil.
+func (g *trafficGuard) violation() *Error {
+	select {
+	case <-g.breached:
+		return g.err
+	default:
+		return nil
+	}
+}
+
+// admit meters one message the server sent unasked.
+func (g *trafficGuard) admit(notification bool) *Error {
+	if v := g.violation(); v != nil {
+		return v
+	}
+	if notification {
+		if !g.notifications.Allow() {
+			return g.breach("the server sent notifications faster than %d a second (burst %d)", serverNotificationRate, serverNotificationBurst)
+		}
+	} else if !g.requests.Allow() {
+		return g.breach("the server sent requests to the client faster than %d a second (burst %d)", serverRequestRate, serverRequestBurst)
+	}
+	return nil
+}
+
+// middleware meters a remote server's messages, which the pool sees only once the SDK
+// decoded them (a request for a method the SDK does not know is answered before it).
+func (g *trafficGuard) middleware(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if v := g.admit(strings.HasPrefix(method, "notifications/")); v != nil {
+			return nil, v
+		}
+		return next(ctx, method, req)
+	}
+}
+
+// guardedTransport meters a stdio server's messages as they are read, and counts its
+// requests until their answers are written. A remote connection cannot be wrapped (the SDK
+// needs its own type to track the HTTP session): the middleware meters it instead.
+type guardedTransport struct {
+	inner mcp.Transport
+	g     *trafficGuard
+}
+
+func (t guardedTransport) Connect(ctx context.Context) (mcp.Connection, error) {
+	c, err := t.inner.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &guardedConn{Connection: c, g: t.g}, nil
+}
+
+type guardedConn struct {
+	mcp.Connection
+	g *trafficGuard
+}
+
+// Read passes on nothing past a bound; the error ends the connection.
+func (c *guardedConn) Read(ctx context.Context) (jsonrpc.Message, error) {
+	msg, err := c.Connection.Read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	req, ok := msg.(*jsonrpc.Request)
+	if !ok {
+		return msg, nil
+	}
+	if v := c.g.admit(!req.IsCall()); v != nil {
+		return nil, v
+	}
+	if req.IsCall() && c.g.unanswered.Add(1) > maxUnansweredRequests {
+		return nil, c.g.breach("the server sent more than %d requests to the client without reading the answers", maxUnansweredRequests)
+	}
+	return msg, nil
+}
+
+// Write counts an answer once it is written (or failed): until then it holds a goroutine.
+func (c *guardedConn) Write(ctx context.Context, msg jsonrpc.Message) error {
+	err := c.Connection.Write(ctx, msg)
+	if _, ok := msg.(*jsonrpc.Response); ok {
+		c.g.unanswered.Add(-1)
+	}
+	return err
+}
