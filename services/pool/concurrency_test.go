@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
@@ -82,6 +83,39 @@ func TestCallersOfOneFailedSpawnEachGetTheirOwnRefusal(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// TestACallerNeedNotWaitOutAnotherSpawn: the first call of a run starts the spawn but waits for
+// it with its own context, like every other caller: one that gives up returns at once while
+// the spawn goes on for the others. Ending the run gives the spawn up.
+func TestACallerNeedNotWaitOutAnotherSpawn(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	_, err := h.reg.UpdateServer(h.ctx, &registryv1.UpdateServerRequest{Ref: "fx", Command: "mcpfixture", Args: []string{"--never-answer"},
+		Grants: []string{"process_spawn", "external_api_call"}, ClientSessionTimeout: durationpb.New(time.Minute)})
+	require.NoError(t, err)
+	run := h.start("g")
+
+	ctx, cancel := context.WithTimeout(h.ctx, 200*time.Millisecond)
+	defer cancel()
+	_, err = h.pool.CallTool(ctx, CallRequest{RunID: run, Tenant: auth.DefaultTenant, Agent: "a", Tool: "fx__echo", Arguments: json.RawMessage(`{"text":"x"}`)})
+	require.Error(t, err)
+	r, err := h.pool.lookup(h.ctx, run, "")
+	require.NoError(t, err)
+	r.mu.Lock()
+	sess := r.sessions["fx"]
+	r.mu.Unlock()
+	require.NotNil(t, sess, "the spawn goes on without its first caller")
+	require.False(t, sess.isReady(), "the caller returned before the spawn (bounded by a minute) finished")
+
+	// Ending the run gives the spawn up rather than wait out the minute; nothing is left
+	// running (the harness checks for containers at the end).
+	_, err = h.pool.EndRun(h.ctx, run, "", StateCompleted, "test")
+	require.NoError(t, err)
+	require.True(t, sess.isReady())
+	require.ErrorIs(t, sess.err, errRunNotRunning)
+	require.Zero(t, h.pool.liveSessions.Load())
 }
 
 // TestTheReaperNeverEndsARunMidCall: a call longer than the idle timeout keeps its run.

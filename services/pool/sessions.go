@@ -24,10 +24,12 @@ type session struct {
 	// graph's own definition instead of a registration.
 	inline *mcpserver.Resolved
 	ready  chan struct{} // closed when the spawn finished, successfully or not
-	sess   *spawner.Session
-	reg    *mcpserver.Resolved
-	err    error
-	start  time.Time
+	// cancelSpawn gives up the spawn in flight: the run paused or ended.
+	cancelSpawn context.CancelFunc
+	sess        *spawner.Session
+	reg         *mcpserver.Resolved
+	err         error
+	start       time.Time
 
 	calls   atomic.Int64
 	stopped atomic.Bool
@@ -77,10 +79,14 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 				r.mu.Unlock()
 				return nil, errTooManySessions
 			}
-			sess = &session{ref: ref, inline: inline, ready: make(chan struct{})}
+			// The spawn runs in the background: it outlives this caller, since others may
+			// come to wait for it, and each caller waits with its own context. Only the run
+			// moving on cancels it.
+			sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+			sess = &session{ref: ref, inline: inline, ready: make(chan struct{}), cancelSpawn: cancel}
 			r.sessions[ref] = sess
 			r.mu.Unlock()
-			s.spawnSession(ctx, r, sess)
+			go s.spawnSession(sctx, r, sess)
 		} else {
 			r.mu.Unlock()
 		}
@@ -135,40 +141,54 @@ func ownCopy(err error) error {
 	return err
 }
 
+// resolveTimeout bounds asking the registry for a registration when a session starts.
+const resolveTimeout = 10 * time.Second
+
+// errRunMovedOn is a spawn that was given up because its run paused or ended meanwhile.
+var errRunMovedOn = fmt.Errorf("%w: it was paused or ended while the server started", errRunNotRunning)
+
 // spawnSession resolves the registration, spawns the server and takes its first listing.
 // Whatever happens, sess.ready is closed, and a session whose run moved on meanwhile (paused,
-// ended) is stopped rather than leaked.
-func (s *Service) spawnSession(ctx context.Context, r *run, sess *session) {
+// ended: stopSessions cancels sctx) is stopped rather than leaked. The registry is asked
+// within resolveTimeout; the spawner bounds the rest by its start and handshake timeouts.
+func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 	defer close(sess.ready)
-	// The spawn outlives the first caller's cancellation, because other callers may be
-	// waiting for it; the spawner bounds it by the handshake and start timeouts.
-	sctx := context.WithoutCancel(ctx)
+	failed := func(err error) {
+		if sctx.Err() != nil {
+			err = errRunMovedOn
+		}
+		sess.err = err
+		s.liveSessions.Add(-1)
+	}
 	reg := sess.inline
 	if reg == nil {
+		rctx, cancel := context.WithTimeout(sctx, resolveTimeout)
 		var err error
-		if reg, err = s.cfg.Registry.ResolveRegistration(sctx, sess.ref); err != nil {
-			sess.err = refusal(reasonForRegistryErr(err), err)
-			s.liveSessions.Add(-1)
+		reg, err = s.cfg.Registry.ResolveRegistration(rctx, sess.ref)
+		cancel()
+		if err != nil {
+			failed(refusal(reasonForRegistryErr(err), err))
 			return
 		}
 	}
 	if reg.Transport == mcpserver.TransportStdio && !s.isolated && !s.cfg.Sandbox.AllowUnisolated {
-		sess.err = refusal(reasonIsolationRequired, errIsolationRequired)
-		s.liveSessions.Add(-1)
+		failed(refusal(reasonIsolationRequired, errIsolationRequired))
 		return
 	}
 	spec := specFor(reg, spawner.PurposeRun, r.rec.ID)
 	spec.OnToolListChanged = func() { sess.stale.Store(true) }
 	sp, err := s.spawner.Spawn(sctx, spec)
 	if err != nil {
-		sess.err = spawnRefusal(err)
-		s.liveSessions.Add(-1)
+		failed(spawnRefusal(err))
 		return
 	}
 	sess.sess, sess.reg, sess.start = sp, reg, time.Now()
 	s.metrics.sessionsSpawned.Inc()
 	if err := s.relist(sctx, sess, true); err != nil {
 		sess.err = err
+		if sctx.Err() != nil {
+			sess.err = errRunMovedOn
+		}
 		s.stop(sess)
 		return
 	}
@@ -177,7 +197,7 @@ func (s *Service) spawnSession(ctx context.Context, r *run, sess *session) {
 	r.mu.Unlock()
 	if !current {
 		s.stop(sess)
-		sess.err = fmt.Errorf("%w: it was paused or ended while the server started", errRunNotRunning)
+		sess.err = errRunMovedOn
 	}
 }
 
@@ -204,16 +224,18 @@ func (s *Service) stop(sess *session) {
 	s.metrics.sessionsStopped.Inc()
 }
 
-// stopSessions stops detached sessions, waiting for spawns still in flight.
+// stopSessions stops detached sessions. A spawn still in flight is given up (the spawner
+// removes what it started), so a run ends without waiting out a slow handshake.
 func (s *Service) stopSessions(sessions map[string]*session) {
 	var wg sync.WaitGroup
 	for _, sess := range sessions {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
+			if !sess.isReady() {
+				sess.cancelSpawn()
+			}
 			<-sess.ready
 			s.stop(sess)
-		}()
+		})
 	}
 	wg.Wait()
 }
