@@ -50,6 +50,10 @@ type Options struct {
 	// KeepMarkup skips HTML escaping, for servers whose output is consumed
 	// as markup on purpose. Stripping and marker removal still apply.
 	KeepMarkup bool
+	// Redact, when set, masks secret values in every string and key. It runs
+	// before stripping and again after, so an invisible character inside a
+	// secret does not shield it.
+	Redact func(string) string
 }
 
 const (
@@ -63,7 +67,13 @@ const (
 
 // String returns s cleaned as the package documentation describes.
 func String(s string, o Options) string {
+	if o.Redact != nil {
+		s = o.Redact(s)
+	}
 	out := clean(s)
+	if o.Redact != nil {
+		out = o.Redact(out)
+	}
 	if o.KeepMarkup {
 		return out
 	}

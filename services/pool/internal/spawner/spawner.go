@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -466,19 +465,6 @@ func randomID() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// secretsOf lists the values the spawner must never show, longest first.
-func secretsOf(spec *Spec) []string {
-	var out []string
-	for _, v := range spec.Env {
-		out = append(out, v)
-	}
-	for _, v := range spec.Headers {
-		out = append(out, v)
-	}
-	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
-	return out
 }
 
 // newClient is the one MCP client configuration every back end uses.

@@ -35,7 +35,7 @@ const maxDivertedLine = 1 << 10
 // chatty server stays usable and what it printed is still visible.
 type stdoutFilter struct {
 	out  *io.PipeWriter
-	tail io.Writer
+	tail *tail
 	max  int
 
 	mu         sync.Mutex // Write and finish may come from different goroutines
@@ -47,7 +47,7 @@ type stdoutFilter struct {
 	tooLarge   atomic.Bool
 }
 
-func newStdoutFilter(out *io.PipeWriter, tail io.Writer, maxMessage int) *stdoutFilter {
+func newStdoutFilter(out *io.PipeWriter, tail *tail, maxMessage int) *stdoutFilter {
 	return &stdoutFilter{out: out, tail: tail, max: maxMessage}
 }
 
@@ -123,7 +123,8 @@ func (f *stdoutFilter) endLine() error {
 func (f *stdoutFilter) divert(line []byte, note string) {
 	f.otherLines.Add(1)
 	if len(line) > maxDivertedLine {
-		line = line[:maxDivertedLine]
+		// A secret cut by the bound would no longer be recognised: drop its start too.
+		line = f.tail.withoutPartialSecret(line[:maxDivertedLine])
 		note = " …" + note
 	}
 	var b bytes.Buffer
@@ -273,6 +274,21 @@ func (t *tail) String() string {
 		s = "…" + s
 	}
 	return s
+}
+
+// withoutPartialSecret cuts b before a trailing start of a secret: b was cut from a longer
+// text, and the rest of that secret is gone.
+func (t *tail) withoutPartialSecret(b []byte) []byte {
+	cut := len(b)
+	for _, s := range t.secrets {
+		for i := max(len(b)-len(s)+1, 0); i < cut; i++ {
+			if bytes.HasPrefix(s, b[i:]) {
+				cut = i
+				break
+			}
+		}
+	}
+	return b[:cut]
 }
 
 // redact replaces every occurrence of a secret in raw with Mask and drops the

@@ -11,8 +11,7 @@ const maxServerText = 512
 // are masked before and after stripping, so an invisible character inside a secret does not
 // shield it.
 func cleanText(text string, secrets []string) string {
-	s := sanitize.String(redactString(text, secrets), sanitize.Options{KeepMarkup: true})
-	return redactString(s, secrets)
+	return sanitize.String(text, sanitize.Options{KeepMarkup: true, Redact: func(s string) string { return redactString(s, secrets) }})
 }
 
 // safeText makes text a server chose fit for a caller, a log line or an audit record, the way
@@ -25,3 +24,7 @@ func safeText(text string, secrets []string, n int) string {
 // SafeText makes text that came from this session's server fit to show (see safeText): the
 // pool passes every server-chosen string it puts in a message through it exactly once.
 func (s *Session) SafeText(text string) string { return safeText(text, s.secrets, maxServerText) }
+
+// Redact masks this session's secrets, in every form secretsOf lists, in text the server
+// chose: the pool applies it to every string of a result.
+func (s *Session) Redact(text string) string { return redactString(text, s.secrets) }
