@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
+	"github.com/ringfence/ringfence/internal/auth"
 )
 
 // ToolToProto renders a discovered tool for any front end.
@@ -119,7 +120,25 @@ func Status(ctx context.Context, table Statuser, err error) error {
 	case ClassLimitExceeded:
 		code = codes.ResourceExhausted
 	}
-	return withFailure(code, "could not list the server's tools: "+f.Error(), &typesv1.ServerFailure{Class: f.Class, Message: f.Message, StderrTail: f.StderrTail})
+	return withFailure(code, "could not list the server's tools: "+f.Error(), &typesv1.ServerFailure{Class: f.Class, Message: f.Message, StderrTail: VisibleTail(ctx, f.StderrTail)})
+}
+
+// tailWithheld stands in for a stderr tail the caller may not see.
+const tailWithheld = "(withheld: a server's stderr is shown only to keys with mcp:admin; an operator sees it with `ringfence servers tools REF`)"
+
+// VisibleTail is the stderr tail as the caller may see it. A server's stderr is its own text,
+// masked only for the forms of its secrets the spawner knows, so only operators (mcp:admin:
+// they register servers and their secrets) see it, and peer services, which pass it on to
+// their own callers through this same check.
+func VisibleTail(ctx context.Context, tail string) string {
+	if tail == "" {
+		return ""
+	}
+	p, _ := auth.FromContext(ctx)
+	if p.Service != "" || p.Has(auth.MCPAdmin) {
+		return tail
+	}
+	return tailWithheld
 }
 
 func withFailure(code codes.Code, msg string, detail *typesv1.ServerFailure) error {

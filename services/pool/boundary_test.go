@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -9,9 +10,12 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/auth"
 	rftestutil "github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/services/pool/internal/spawner"
 )
@@ -152,4 +156,63 @@ func TestCallFieldsAreCheckedAtTheBoundary(t *testing.T) {
 	require.ErrorContains(t, ref, "could not be recorded in the audit log")
 	st := status.Convert(callStatus(h.ctx, h.pool, err))
 	require.Contains(t, detail[*poolv1.CallRefusal](t, st).GetMessage(), "could not be recorded in the audit log")
+}
+
+// TestSecretsStayInTheSandbox: the values a server is given never come back out of it: not in
+// a result (a tool that prints its environment), not in a declaration (which hard-fails, so it
+// cannot be pinned), and a server's stderr, where it writes what it likes, reaches only
+// operators.
+func TestSecretsStayInTheSandbox(t *testing.T) {
+	const canary = "canary-app-token-5f1e93"
+	h := newHarness(t)
+	h.server("fx", func(r *registryv1.CreateServerRequest) { r.Env = env("APP_TOKEN", canary) }, "--runtime-tools")
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"env", "echo"}}}, nil)
+	admin, adminCtx := grpcClient(t, h)
+
+	t.Run("in a result", func(t *testing.T) {
+		res, err := admin.CallTool(adminCtx, &poolv1.CallToolRequest{RunId: h.start("g"), Agent: "a", Tool: "fx__env"})
+		require.NoError(t, err)
+		b, err := protojson.Marshal(res)
+		require.NoError(t, err)
+		require.NotContains(t, string(b), canary)
+		require.Contains(t, string(b), "APP_TOKEN="+spawner.Mask)
+	})
+	t.Run("in a declaration", func(t *testing.T) {
+		h.server("leaky", func(r *registryv1.CreateServerRequest) { r.Env = env("APP_TOKEN", canary) }, "--describe", "echo=build "+canary)
+		listing, err := h.pool.DiscoverTools(h.ctx, "leaky")
+		require.NoError(t, err)
+		b, err := json.Marshal(listing)
+		require.NoError(t, err)
+		require.NotContains(t, string(b), canary)
+		for _, tool := range listing.Tools {
+			if tool.Name == "echo" {
+				require.Equal(t, "build "+spawner.Mask, tool.Description)
+				require.True(t, tool.HasHardFailure(), "a declaration holding a secret cannot be pinned")
+			} else {
+				require.False(t, tool.HasHardFailure(), tool.Name)
+			}
+		}
+	})
+	t.Run("in the stderr tail", func(t *testing.T) {
+		_, err := h.reg.UpdateServer(h.ctx, &registryv1.UpdateServerRequest{Ref: "fx", Command: "mcpfixture", Args: []string{"--stderr-env", "APP_TOKEN", "--exit-before-handshake"},
+			Grants: []string{"process_spawn", "external_api_call"}})
+		require.NoError(t, err)
+		key, err := h.reg.CreateKey(h.ctx, &registryv1.CreateKeyRequest{Name: "runner", Role: auth.RoleRunner})
+		require.NoError(t, err)
+		runner := rftestutil.WithKey(t.Context(), key.GetSecret())
+		args, err := structpb.NewStruct(map[string]any{"text": "x"})
+		require.NoError(t, err)
+		tails := map[string]string{}
+		for who, ctx := range map[string]context.Context{"admin": adminCtx, "runner": runner} {
+			_, err := admin.CallTool(ctx, &poolv1.CallToolRequest{RunId: h.start("g"), Agent: "a", Tool: "fx__echo", Arguments: args})
+			st := rftestutil.RequireStatus(t, err, codes.Unavailable)
+			ref := detail[*poolv1.CallRefusal](t, st)
+			require.Equal(t, "exited_before_handshake", ref.GetServerFailure().GetClass())
+			tails[who] = ref.GetServerFailure().GetStderrTail()
+		}
+		require.Contains(t, tails["admin"], "APP_TOKEN="+spawner.Mask)
+		require.NotContains(t, tails["admin"], canary)
+		require.Contains(t, tails["runner"], "withheld")
+		require.NotContains(t, tails["runner"], "APP_TOKEN")
+	})
 }

@@ -683,7 +683,9 @@ func (s *Service) dispatch(ctx context.Context, sess *session, tool *graph.MCPTo
 	if len(res.Content) > maxContentItems {
 		return nil, &FailedError{Class: failureOutputTooLarge, Err: fmt.Errorf("the result has %d content items, more than the %d a result may carry", len(res.Content), maxContentItems)}
 	}
-	keep := sanitize.Options{KeepMarkup: sess.reg.KeepMarkup}
+	// Secrets are masked too: a server's output is its one way out of the sandbox, for the
+	// env values it was given as for anything else.
+	keep := sanitize.Options{KeepMarkup: sess.reg.KeepMarkup, Redact: sess.sess.Redact}
 	for _, c := range res.Content {
 		item, err := contentItem(c)
 		if err != nil {

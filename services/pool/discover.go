@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -48,15 +49,23 @@ func specFor(reg *mcpserver.Resolved, purpose, runID string) spawner.Spec {
 	}
 }
 
+// serverText makes text a server chose fit to show; spawner.Session implements it.
+type serverText interface {
+	// SafeText cleans server-chosen text for a message.
+	SafeText(string) string
+	// Redact masks the registration's secrets.
+	Redact(string) string
+}
+
 // Screen pins and screens a live listing under a registration. The pin covers the raw
-// declaration; screening never changes it. safe cleans server-chosen text for a message
-// (Session.SafeText).
-func Screen(reg *mcpserver.Resolved, tools []*mcp.Tool, safe func(string) string) (*discovery.Listing, error) {
+// declaration; screening never changes it. A declaration holding a secret's value is shown
+// with the value masked and hard-fails, so it can never be pinned.
+func Screen(reg *mcpserver.Resolved, tools []*mcp.Tool, text serverText) (*discovery.Listing, error) {
 	decls := make([]mcpdecl.Declaration, 0, len(tools))
 	for _, t := range tools {
 		d, err := mcpdecl.FromTool(t)
 		if err != nil {
-			return nil, &discovery.Failure{Class: string(spawner.ClassProtocolViolation), Message: fmt.Sprintf("tool %s cannot be read: %v", safe(truncate(t.Name)), err)}
+			return nil, &discovery.Failure{Class: string(spawner.ClassProtocolViolation), Message: fmt.Sprintf("tool %s cannot be read: %v", text.SafeText(truncate(t.Name)), err)}
 		}
 		decls = append(decls, d)
 	}
@@ -64,17 +73,40 @@ func Screen(reg *mcpserver.Resolved, tools []*mcp.Tool, safe func(string) string
 	listing := &discovery.Listing{ServerRef: reg.Ref, Revision: reg.Revision, Findings: discovery.FromScreen(report.Listing)}
 	for i, d := range decls {
 		tool := discovery.Tool{
-			Name: d.Name, Title: d.Title, Description: d.Description,
-			InputSchema: d.InputSchema, OutputSchema: d.OutputSchema, Annotations: d.Annotations,
 			Findings: discovery.FromScreen(report.Tools[i].Findings),
 			Excluded: !reg.Filter.Allows(d.Name),
 		}
 		if h, err := mcpdecl.Hash(d); err == nil {
 			tool.SchemaHash = h
 		}
+		if shown := redactDeclaration(d, text.Redact); !reflect.DeepEqual(shown, d) {
+			d = shown
+			tool.Findings = append(tool.Findings, discovery.Finding{Code: screen.CodeSecretInDeclaration, Severity: discovery.SeverityHardFailure,
+				Message: "the declaration contains the value of one of the registration's env or header secrets (masked here): every agent shown the tool would read it; the server must not put secrets in its declarations"})
+		}
+		tool.Name, tool.Title, tool.Description = d.Name, d.Title, d.Description
+		tool.InputSchema, tool.OutputSchema, tool.Annotations = d.InputSchema, d.OutputSchema, d.Annotations
 		listing.Tools = append(listing.Tools, tool)
 	}
 	return listing, nil
+}
+
+// redactDeclaration is d with every secret masked. Masking inside the JSON of a schema keeps
+// it JSON: the mask has no character JSON escapes.
+func redactDeclaration(d mcpdecl.Declaration, redact func(string) string) mcpdecl.Declaration {
+	raw := func(r json.RawMessage) json.RawMessage {
+		if len(r) == 0 {
+			return r
+		}
+		if m := redact(string(r)); m != string(r) {
+			return json.RawMessage(m)
+		}
+		return r
+	}
+	return mcpdecl.Declaration{
+		Name: redact(d.Name), Title: redact(d.Title), Description: redact(d.Description),
+		InputSchema: raw(d.InputSchema), OutputSchema: raw(d.OutputSchema), Annotations: raw(d.Annotations),
+	}
 }
 
 // spawnFailure turns a spawner error into the classified discovery failure callers see.
@@ -164,7 +196,7 @@ func (s *Service) ExploreTools(ctx context.Context, req discovery.ExploreRequest
 	if err != nil {
 		return nil, nil, spawnFailure(err)
 	}
-	listing, err := Screen(reg, tools, spawned.SafeText)
+	listing, err := Screen(reg, tools, spawned)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -233,7 +233,7 @@ func callStatus(ctx context.Context, svc *Service, err error) error {
 			PinnedHash: ref.Pinned, LiveHash: ref.Live, Missing: ref.Missing,
 		}
 		if ref.Server != nil {
-			detail.ServerFailure = &typesv1.ServerFailure{Class: ref.Server.Class, Message: ref.Server.Message, StderrTail: ref.Server.StderrTail}
+			detail.ServerFailure = &typesv1.ServerFailure{Class: ref.Server.Class, Message: ref.Server.Message, StderrTail: discovery.VisibleTail(ctx, ref.Server.StderrTail)}
 		}
 		return withDetail(code, ref.Error(), detail)
 	case errors.As(err, &fail):

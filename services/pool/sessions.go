@@ -259,7 +259,7 @@ func (s *Service) relist(ctx context.Context, sess *session, setup bool) error {
 	if sess.inline != nil {
 		// Nothing about an inline server's tools was screened at import: screen the listing
 		// as discovery does.
-		listing, err := Screen(sess.reg, tools, sess.sess.SafeText)
+		listing, err := Screen(sess.reg, tools, sess.sess)
 		if err != nil {
 			return spawnRefusal(err)
 		}

@@ -214,6 +214,9 @@ const (
 	CodeTooManyTools          = "too_many_tools"
 	CodeListingTooLarge       = "listing_too_large"
 	CodeDuplicateName         = "duplicate_name"
+	// CodeSecretInDeclaration: the declaration holds a value of the registration's secrets
+	// (found by the pool, which alone knows them).
+	CodeSecretInDeclaration = "secret_in_declaration"
 
 	CodeHiddenUnicode         = "hidden_unicode"
 	CodeTagCharacters         = "tag_characters"
