@@ -71,6 +71,7 @@ const (
 	reasonCanceled          = "canceled"
 	reasonUnknownTool       = audit.ReasonUnknownTool
 	reasonUnknownServer     = audit.ReasonUnknownServer
+	reasonCapability        = audit.ReasonCapability
 	reasonCeiling           = audit.ReasonCeiling
 	reasonAgentFloor        = audit.ReasonAgentFloor
 	reasonArgumentScope     = audit.ReasonArgumentScope
@@ -383,7 +384,14 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 	tool := node.MCPTool
 	att.ToolNode, att.ServerRef, att.ToolName, att.PinnedHash = node.ID, tool.ServerRef, tool.ToolName, tool.SchemaHash
 
-	// Gate 2: the ceiling against the registry's grants now, unconditionally.
+	// Gate 2: the node's floor, and the ceiling against the registry's grants now,
+	// unconditionally. Publish proved the floor; it is checked again as the gate still
+	// standing should a version ever reach the pool without it (grants: [] then denies it).
+	if v := graph.CheckFloor(node); v != nil {
+		ref := refusal(reasonCapability, errors.New(v.Message))
+		ref.Missing = v.Missing
+		return nil, ref
+	}
 	policy, err := s.cfg.Registry.ServerPolicy(ctx, tool.ServerRef)
 	if err != nil {
 		switch {

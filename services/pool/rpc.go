@@ -200,6 +200,7 @@ var refusalCodes = map[string]codes.Code{
 	reasonUnknownTool:         codes.NotFound,
 	reasonUnknownServer:       codes.FailedPrecondition,
 	reasonRunNotRunning:       codes.FailedPrecondition,
+	reasonCapability:          codes.PermissionDenied,
 	reasonCeiling:             codes.PermissionDenied,
 	reasonAgentFloor:          codes.PermissionDenied,
 	reasonArgumentScope:       codes.PermissionDenied,

@@ -3,6 +3,7 @@ package pool
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -90,6 +91,44 @@ func TestGateCeilingIsRecheckedBeforeAnyProcessExists(t *testing.T) {
 	}
 }
 
+// TestGateNodeFloorStandsWithoutPublish: a version that never passed publish (here one whose
+// node and agent declare nothing, served by a server whose grants are []) is refused at gate 2
+// before any process exists: the floor is checked again, so grants: [] still denies the node.
+func TestGateNodeFloorStandsWithoutPublish(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	v, err := h.pub.PublishedVersion(h.ctx, "default", "g", 1)
+	require.NoError(t, err)
+	g := *v.Graph
+	g.ID = "bare"
+	g.Nodes = slices.Clone(g.Nodes)
+	for i := range g.Nodes {
+		switch n := &g.Nodes[i]; {
+		case n.Agent != nil:
+			a := *n.Agent
+			a.CapabilityBindings = nil
+			n.Agent = &a
+		case n.MCPTool != nil:
+			m := *n.MCPTool
+			m.CapabilityBindings = nil
+			n.MCPTool = &m
+		}
+	}
+	h.versions.mu.Lock()
+	h.versions.fix["bare"] = &graph.Version{GraphID: "bare", Tenant: "default", Version: 1, Graph: &g}
+	h.versions.mu.Unlock()
+	_, err = h.reg.UpdateServer(h.ctx, &registryv1.UpdateServerRequest{Ref: "fx", Command: "mcpfixture", Grants: []string{}})
+	require.NoError(t, err)
+	info, err := h.pool.StartRun(h.ctx, "default", "bare", 1, "")
+	require.NoError(t, err)
+
+	_, err = h.call(info.Run.ID, "a", "fx__echo", map[string]any{"text": "x"})
+	ref := requireRefused(t, err, reasonCapability)
+	require.ElementsMatch(t, []string{"process_spawn", "external_api_call"}, ref.Missing)
+	require.Zero(t, h.spawned(), "no process exists")
+}
+
 func TestGateCeilingRefusesAToolTheFilterNowExcludes(t *testing.T) {
 	h := newHarness(t)
 	h.server("fx", nil)
@@ -167,6 +206,28 @@ func TestGateArgumentScopedPermissionsAreDefaultDeny(t *testing.T) {
 	require.ErrorContains(t, ref, `".." segment`)
 }
 
+// TestGateStaticPermissionsMustAllBeHeld: a tool may require fixed permissions (no argument
+// in them), and every requirement listed must be covered: one missing refuses the call and is
+// named.
+func TestGateStaticPermissionsMustAllBeHeld(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", toolPerms("echo", "db.kb_facts:read", "fs.read:{text}"))
+	h.publish("g", []string{"both", "facts", "none"}, []imp{{"fx", "both", []string{"echo"}}, {"fx", "facts", []string{"echo"}}, {"fx", "none", []string{"echo"}}},
+		func(d *publisherv1.Graph) {
+			agentBindings(d, "both", "db.kb_facts:read", "fs.read:/srv/**")
+			agentBindings(d, "facts", "db.kb_facts:*")
+		})
+	run := h.start("g")
+	_, err := h.call(run, "both", "fx__echo", map[string]any{"text": "/srv/a"})
+	require.NoError(t, err)
+	_, err = h.call(run, "facts", "fx__echo", map[string]any{"text": "/srv/a"})
+	ref := requireRefused(t, err, reasonArgumentScope)
+	require.Equal(t, []string{"fs.read:/srv/a"}, ref.Missing, "the static requirement is covered, the scoped one is not")
+	_, err = h.call(run, "none", "fx__echo", map[string]any{"text": "/srv/a"})
+	ref = requireRefused(t, err, reasonArgumentScope)
+	require.Contains(t, ref.Missing, "db.kb_facts:read")
+}
+
 func TestGateInputSchemaNamesTheField(t *testing.T) {
 	h := newHarness(t)
 	h.server("fx", nil)
@@ -222,6 +283,7 @@ func TestGateDrift(t *testing.T) {
 	}{
 		{"rug pull without list_changed, re-listed before every call", []string{"--rug-pull", "1"}, 0, false},
 		{"rug pull with list_changed and a long drift_max_age", []string{"--rug-pull-notify", "1"}, time.Hour, false},
+		{"a poisoned declaration listed before the pinned one, under its name", []string{"--rug-pull-shadow", "1"}, 0, false},
 		{"a stable server with a long drift_max_age", nil, time.Hour, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -290,6 +352,11 @@ func TestDispatchOutcomes(t *testing.T) {
 		_, err := h.call(run, "a", "fx__liar", map[string]any{})
 		requireFailed(t, err, failureOutputInvalid)
 		require.Contains(t, err.Error(), "/sum")
+	})
+	t.Run("output is validated as the server sent it, then sanitized", func(t *testing.T) {
+		res, err := h.call(run, "a", "fx__short_markup", map[string]any{})
+		require.NoError(t, err, "<b> fits maxLength 3; its escaped form would not")
+		require.Equal(t, "&lt;b&gt;", res.StructuredContent["tag"])
 	})
 	t.Run("a non-object where an object is required", func(t *testing.T) {
 		_, err := h.call(run, "a", "fx__liar_scalar", map[string]any{})

@@ -253,8 +253,16 @@ func (s *Service) relist(ctx context.Context, sess *session, setup bool) error {
 		return spawnRefusal(err)
 	}
 	live := make(map[string]string, len(tools))
+	var repeated []string
 	for _, t := range tools {
+		if _, seen := live[t.Name]; seen {
+			repeated = append(repeated, t.Name)
+		}
 		live[t.Name] = liveHash(t)
+	}
+	// A name listed twice has no one live declaration: neither copy may pass for the pin.
+	for _, name := range repeated {
+		live[name] = listedTwice
 	}
 	if sess.inline != nil {
 		// Nothing about an inline server's tools was screened at import: screen the listing
@@ -277,6 +285,9 @@ func (s *Service) relist(ctx context.Context, sess *session, setup bool) error {
 
 // unhashable starts the live "hash" of a declaration that cannot be hashed.
 const unhashable = "unhashable: "
+
+// listedTwice is the live "hash" of a tool name the server lists more than once.
+const listedTwice = "listed more than once"
 
 // liveHash pins a live declaration exactly as discovery does; a declaration that cannot be
 // hashed never matches a pin.
