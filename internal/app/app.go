@@ -351,6 +351,7 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg pool.Registr
 		RunIdleTimeout:        cfg.Pool.RunIdleTimeout,
 		MaxRuns:               cfg.Pool.MaxRuns,
 		MaxSessions:           cfg.Pool.MaxSessions,
+		AllowAdvisory:         cfg.Pool.AllowAdvisory,
 		AllowInlineMCPServers: cfg.Dev.AllowInlineMCPServers,
 		Logger:                log.With("service", "pool"),
 	})

@@ -85,6 +85,7 @@ type Pool struct {
 	RunIdleTimeout time.Duration `key:"run_idle_timeout" default:"15m" help:"end runs with no call for this long"`
 	MaxRuns        int           `key:"max_runs" default:"256" help:"concurrent active runs on this host"`
 	MaxSessions    int           `key:"max_sessions" default:"512" help:"concurrent MCP sessions on this host"`
+	AllowAdvisory  bool          `key:"allow_advisory" help:"honour graphs whose capability_mode is advisory (the agent floor recorded, not enforced); off, every graph's agent floor is enforced"`
 }
 
 // Audit holds the producer-side spool settings.

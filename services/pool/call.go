@@ -468,8 +468,12 @@ func (s *Service) agentFloor(r *run, agent string, node *graph.Node, att *audit.
 	if v == nil {
 		return nil
 	}
-	if r.version.Graph.Mode() != graph.ModeAdvisory {
-		ref := refusal(reasonAgentFloor, errors.New(v.Message))
+	if r.version.Graph.Mode() != graph.ModeAdvisory || !s.cfg.AllowAdvisory {
+		msg := v.Message
+		if r.version.Graph.Mode() == graph.ModeAdvisory {
+			msg += " (the graph's capability_mode is advisory, which this pool does not honour: pool.allow_advisory is off)"
+		}
+		ref := refusal(reasonAgentFloor, errors.New(msg))
 		ref.Missing = v.Missing
 		return ref
 	}

@@ -56,6 +56,8 @@ type harnessOpts struct {
 	beforeOpen func(dir string)
 	// allowInline publishes and runs inline mcp_servers (dev.allow_inline_mcp_servers).
 	allowInline bool
+	// allowAdvisory honours graphs in advisory mode (pool.allow_advisory).
+	allowAdvisory bool
 	// registry, when set, wraps the real registry as the pool sees it (a fake that fails).
 	registry func(Registry) Registry
 	// spoolMaxRecords bounds the pool's audit spool (0: the default).
@@ -131,7 +133,7 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 		Sandbox: Sandbox{Image: image, Network: "none", AllowedEnvKeys: []string{"APP_TOKEN"}, PoolID: poolID,
 			NanoCPUs: 1e9, MemoryBytes: 512 << 20, PidsLimit: 64, TmpfsSizeBytes: 16 << 20},
 		DriftMaxAge: drift, RunIdleTimeout: o.idle, MaxRuns: o.maxRuns, MaxSessions: o.maxSessions,
-		AllowInlineMCPServers: o.allowInline, Logger: quiet,
+		AllowInlineMCPServers: o.allowInline, AllowAdvisory: o.allowAdvisory, Logger: quiet,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() {

@@ -111,7 +111,7 @@ func TestInlineServerNeedsIsolation(t *testing.T) {
 // spawns a process that calls out all the same, so the agent must hold the floor: refused
 // before anything starts in enforce mode, recorded as advisory in advisory mode.
 func TestInlineCallsNeedTheAgentFloor(t *testing.T) {
-	h := newHarness(t, harnessOpts{allowInline: true})
+	h := newHarness(t, harnessOpts{allowInline: true, allowAdvisory: true})
 	h.publish("g", []string{"a"}, nil, inlineServerOnly("a", "legacy"))
 	_, err := h.call(h.start("g"), "a", "legacy__echo", map[string]any{"text": "x"})
 	ref := requireRefused(t, err, reasonAgentFloor)

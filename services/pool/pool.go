@@ -88,6 +88,10 @@ type Config struct {
 	RunIdleTimeout time.Duration
 	MaxRuns        int
 	MaxSessions    int
+	// AllowAdvisory honours a graph's capability_mode advisory: the agent floor is recorded
+	// rather than enforced. Off (the default), every graph is enforced: advisory is the
+	// deployment's choice, not a graph author's.
+	AllowAdvisory bool
 	// AllowInlineMCPServers runs the deprecated inline mcp_servers of an agent
 	// (dev.allow_inline_mcp_servers; production refuses it at start). They have no registry
 	// row, so no ceiling, and nothing about their tools is pinned.

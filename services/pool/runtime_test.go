@@ -144,11 +144,20 @@ func TestGateCeilingRefusesAToolTheFilterNowExcludes(t *testing.T) {
 // TestGateAgentFloorEnforceAndAdvisory serves a version whose agent lacks the floor (publish
 // refuses such a graph, so it is injected): enforce refuses, advisory records and allows.
 func TestGateAgentFloorEnforceAndAdvisory(t *testing.T) {
-	h := newHarness(t)
-	h.server("fx", nil)
-	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
-	for _, mode := range []string{graph.ModeEnforce, "advisory"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, tc := range []struct {
+		mode    string
+		honour  bool // pool.allow_advisory
+		enforce bool
+	}{
+		{graph.ModeEnforce, true, true},
+		{graph.ModeAdvisory, true, false},
+		{graph.ModeAdvisory, false, true},
+	} {
+		mode := tc.mode
+		t.Run(fmt.Sprintf("%s, allow_advisory %v", mode, tc.honour), func(t *testing.T) {
+			h := newHarness(t, harnessOpts{allowAdvisory: tc.honour})
+			h.server("fx", nil)
+			h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
 			v, err := h.pub.PublishedVersion(h.ctx, "default", "g", 1)
 			require.NoError(t, err)
 			g := *v.Graph
@@ -169,9 +178,12 @@ func TestGateAgentFloorEnforceAndAdvisory(t *testing.T) {
 			info, err := h.pool.StartRun(h.ctx, "default", id, 1, "")
 			require.NoError(t, err)
 			res, err := h.call(info.Run.ID, "a", "fx__echo", map[string]any{"text": "x"})
-			if mode == graph.ModeEnforce {
+			if tc.enforce {
 				ref := requireRefused(t, err, reasonAgentFloor)
 				require.Contains(t, ref.Missing, "external_api_call")
+				if mode == graph.ModeAdvisory {
+					require.ErrorContains(t, ref, "pool.allow_advisory is off")
+				}
 				return
 			}
 			require.NoError(t, err)
