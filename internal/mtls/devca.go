@@ -88,6 +88,11 @@ func InitDevCA(dir string, opts DevCAOptions) ([]WrittenFile, error) {
 		if err := os.WriteFile(path, pem.EncodeToMemory(block), mode); err != nil {
 			return fmt.Errorf("mtls: write %s: %w", path, err)
 		}
+		// WriteFile keeps the mode of a file it overwrites (--force): a key file that was
+		// readable by others would stay so.
+		if err := os.Chmod(path, mode); err != nil {
+			return fmt.Errorf("mtls: %w", err)
+		}
 		written = append(written, WrittenFile{Path: path, Service: service, Private: private})
 		return nil
 	}

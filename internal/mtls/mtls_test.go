@@ -236,3 +236,25 @@ func TestCAOnlyConfigCanPinTheServerIdentity(t *testing.T) {
 	_, err = CAOnlyConfig(ca, "", "regsitry")
 	require.ErrorContains(t, err, "unknown server identity")
 }
+
+// TestForceRewritesKeysPrivate: a forced re-initialisation leaves every private key readable
+// by its owner only, even one whose file had been opened up since.
+func TestForceRewritesKeysPrivate(t *testing.T) {
+	dir := t.TempDir()
+	files, err := InitDevCA(dir, DevCAOptions{})
+	require.NoError(t, err)
+	for _, f := range files {
+		if f.Private {
+			require.NoError(t, os.Chmod(f.Path, 0o644))
+		}
+	}
+	files, err = InitDevCA(dir, DevCAOptions{Force: true})
+	require.NoError(t, err)
+	for _, f := range files {
+		st, err := os.Stat(f.Path)
+		require.NoError(t, err)
+		if f.Private {
+			require.Equal(t, os.FileMode(0o600), st.Mode().Perm(), f.Path)
+		}
+	}
+}
