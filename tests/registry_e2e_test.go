@@ -310,6 +310,16 @@ func TestSeedSequenceWithCLI(t *testing.T) {
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "docs-search")
 
+	r = cli(adminKey, "servers", "remove", "tickets")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Equal(t, "removed tickets\n", r.Stdout)
+	r = cli(adminKey, "servers", "show", "tickets")
+	require.Equal(t, 1, r.Code, r.Stdout)
+	require.Contains(t, r.Stderr, "NotFound")
+	r = cli(adminKey, "servers", "remove", "tickets")
+	require.Equal(t, 1, r.Code, r.Stdout)
+	require.Contains(t, r.Stderr, "NotFound")
+
 	r = cli(adminKey, "servers", "tools", "docs-search")
 	require.Equal(t, 1, r.Code)
 	require.Contains(t, r.Stderr, "RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE")
