@@ -285,7 +285,8 @@ func (d *dockerBackend) spawn(ctx context.Context, spec *Spec) (*Session, error)
 	}
 
 	transport := &mcp.IOTransport{Reader: pr, Writer: stdinWriter{conn: c.att.Conn, closer: &c.att, timeout: stdinWriteTimeout}, MaxLineLength: cfg.MaxMessageBytes}
-	cs, guard, err := connect(ctx, spec, transport)
+	guard := newTrafficGuard()
+	cs, err := connect(ctx, spec, transport, guard)
 	if err != nil {
 		e := handshakeError(ctx, err, c, c.filter, c.tail, spec)
 		c.stop(context.WithoutCancel(ctx), nil)

@@ -78,7 +78,8 @@ func (r *Router) spawnHost(ctx context.Context, spec *Spec) (*Session, error) {
 	p.stdin = stdin
 	go p.wait()
 
-	cs, guard, err := connect(ctx, spec, &mcp.IOTransport{Reader: pr, Writer: stdin, MaxLineLength: r.cfg.MaxMessageBytes})
+	guard := newTrafficGuard()
+	cs, err := connect(ctx, spec, &mcp.IOTransport{Reader: pr, Writer: stdin, MaxLineLength: r.cfg.MaxMessageBytes}, guard)
 	if err != nil {
 		e := handshakeError(ctx, err, p, p.filter, p.tail, spec)
 		_ = p.stop(context.WithoutCancel(ctx), nil)

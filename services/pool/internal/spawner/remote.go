@@ -61,15 +61,17 @@ func (r *Router) spawnRemote(ctx context.Context, spec *Spec) (*Session, error) 
 		MaxResponseHeaderBytes: remoteMaxHeaderBytes,
 		ForceAttemptHTTP2:      true,
 	}
-	rt := &remoteTransport{base: base, origin: origin(u), headers: headers, maxBody: int64(r.cfg.MaxMessageBytes)}
+	// The session's own lifetime: it ends in stop, not with the handshake, and ending it
+	// ends every request still open.
+	life, endLife := context.WithCancel(context.WithoutCancel(ctx))
+	guard := newTrafficGuard()
+	rt := &remoteTransport{base: base, origin: origin(u), headers: headers, maxBody: int64(r.cfg.MaxMessageBytes), guard: guard, life: life}
 	hc := &http.Client{
 		Transport: rt,
 		// Redirects are not followed: the headers carry secrets meant for
 		// one origin.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
-	// The session's own lifetime: it ends in stop, not with the handshake.
-	life, endLife := context.WithCancel(context.WithoutCancel(ctx))
 	var transport mcp.Transport
 	if spec.Transport == TransportSSE {
 		transport = &detachedTransport{
@@ -79,7 +81,7 @@ func (r *Router) spawnRemote(ctx context.Context, spec *Spec) (*Session, error) 
 	} else {
 		transport = &mcp.StreamableClientTransport{Endpoint: u.String(), HTTPClient: hc, MaxRetries: remoteReconnectRetries, MaxEventSize: r.cfg.MaxMessageBytes}
 	}
-	cs, guard, err := connect(ctx, spec, transport)
+	cs, err := connect(ctx, spec, transport, guard)
 	if err != nil {
 		endLife()
 		base.CloseIdleConnections()
@@ -165,6 +167,14 @@ type remoteTransport struct {
 	origin  string
 	headers http.Header
 	maxBody int64
+	// guard is the session's: the requests the server has not answered yet (the pool's
+	// answers to its requests are requests too, over HTTP) are bounded like a stdio
+	// server's unread answers.
+	guard      *trafficGuard
+	unanswered atomic.Int64
+	// life is the session's: a request still open when it ends (a call the server never
+	// answers, a stream) is cancelled, so stopping a session never waits on the server.
+	life context.Context
 
 	mu       sync.Mutex
 	err      error
@@ -198,13 +208,29 @@ func (t *remoteTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.mu.Unlock()
 		return nil, fmt.Errorf("%w (%s): refused", errOtherOrigin, origin(req.URL))
 	}
-	req = req.Clone(req.Context())
+	if t.unanswered.Add(1) > maxUnansweredRequests {
+		t.unanswered.Add(-1)
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, t.guard.breach("the server left more than %d requests to it unanswered", maxUnansweredRequests)
+	}
+	defer t.unanswered.Add(-1)
+	ctx, cancel := context.WithCancel(req.Context())
+	stopLife := context.AfterFunc(t.life, cancel)
+	end := func() { stopLife(); cancel() }
+	req = req.Clone(ctx)
 	for k, v := range t.headers {
 		req.Header[k] = v
 	}
 	resp, err := t.base.RoundTrip(req)
-	if resp != nil && !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		resp.Body = &limitedBody{rc: resp.Body, left: t.maxBody, over: &t.tooLarge}
+	switch {
+	case resp == nil:
+		end()
+	case strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
+		resp.Body = &endingBody{ReadCloser: resp.Body, end: end}
+	default:
+		resp.Body = &endingBody{ReadCloser: &limitedBody{rc: resp.Body, left: t.maxBody, over: &t.tooLarge}, end: end}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -215,6 +241,18 @@ func (t *remoteTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.status = resp.StatusCode
 	}
 	return resp, err
+}
+
+// endingBody releases its request's context when the body is closed.
+type endingBody struct {
+	io.ReadCloser
+	end func()
+}
+
+func (b *endingBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.end()
+	return err
 }
 
 // errBodyTooLarge ends a response larger than the message bound.
@@ -255,6 +293,10 @@ func (t *remoteTransport) failure() (error, int) {
 func remoteError(ctx context.Context, err error, rt *remoteTransport, u *url.URL, spec *Spec) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("spawner: handshake: %w", ctx.Err())
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e // already classified (a bound connect enforces)
 	}
 	where := u.Scheme + "://" + u.Host
 	terr, status := rt.failure()
@@ -358,10 +400,11 @@ func (s *remoteServer) death(context.Context) *Error {
 
 func (s *remoteServer) stop(_ context.Context, cs *mcp.ClientSession) error {
 	done := closeClient(cs, s.closeTimeout)
-	// go-sdk bounds its own session-termination request; wait for it so
-	// that no goroutine outlives the session.
-	<-done
+	// Past the graceful bound (go-sdk's Close waits for calls in flight, which a server
+	// can leave unanswered), ending the session's life cancels every request still open;
+	// then Close returns, and no goroutine outlives the session.
 	s.endLife()
+	<-done
 	<-s.closed
 	s.base.CloseIdleConnections()
 	return nil

@@ -337,13 +337,12 @@ func closeClient(cs *mcp.ClientSession, d time.Duration) (done <-chan struct{}) 
 	return ch
 }
 
-// connect runs the MCP handshake over transport within the spec's handshake timeout, with
-// the guard that bounds what the server sends unasked for the session's whole life. A
+// connect runs the MCP handshake over transport within the spec's handshake timeout, under
+// g, the guard that bounds what the server sends unasked for the session's whole life. A
 // handshake that failed because the server broke those bounds fails as that violation.
-func connect(ctx context.Context, spec *Spec, transport mcp.Transport) (*mcp.ClientSession, *trafficGuard, error) {
+func connect(ctx context.Context, spec *Spec, transport mcp.Transport, g *trafficGuard) (*mcp.ClientSession, error) {
 	hctx, cancel := context.WithTimeout(ctx, spec.HandshakeTimeout)
 	defer cancel()
-	g := newTrafficGuard()
 	client := newClient(spec)
 	if _, stdio := transport.(*mcp.IOTransport); stdio {
 		transport = guardedTransport{inner: transport, g: g}
@@ -353,9 +352,9 @@ func connect(ctx context.Context, spec *Spec, transport mcp.Transport) (*mcp.Cli
 	cs, err := client.Connect(hctx, transport, &mcp.ClientSessionOptions{ProtocolVersion: ProtocolVersion})
 	if err != nil {
 		if v := g.violation(); v != nil {
-			return nil, nil, v
+			return nil, v
 		}
-		return nil, nil, err
+		return nil, err
 	}
-	return cs, g, nil
+	return cs, nil
 }

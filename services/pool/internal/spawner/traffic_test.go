@@ -2,7 +2,11 @@ package spawner
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
@@ -120,3 +124,94 @@ func (c *scriptedConn) Write(_ context.Context, m jsonrpc.Message) error {
 
 func (c *scriptedConn) Close() error      { return nil }
 func (c *scriptedConn) SessionID() string { return "" }
+
+// TestARemoteServerThatFloodsIsStopped: the same bounds hold over HTTP. A server that pings
+// the pool faster than any honest one is stopped by the rate; one that sends requests for
+// methods the client does not know (answered before any middleware sees them) and never
+// acknowledges the answers the pool posts back is stopped by the bound on unanswered requests.
+func TestARemoteServerThatFloodsIsStopped(t *testing.T) {
+	t.Run("pings", func(t *testing.T) {
+		server := mcp.NewServer(&mcp.Implementation{Name: "remote", Version: "1"}, nil)
+		mcp.AddTool(server, &mcp.Tool{Name: "pingflood", Description: "Ping the client many times at once."},
+			func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+				// Bounded: once the pool cuts the stream, no answer is coming.
+				ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				defer cancel()
+				var wg sync.WaitGroup
+				for range serverRequestBurst * 3 {
+					wg.Go(func() { _ = req.Session.Ping(ctx, nil) })
+				}
+				wg.Wait()
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
+			})
+		// SSE: one stream carries everything (go-sdk's streamable client opens no stream for
+		// requests unrelated to a call).
+		ts := httptest.NewTLSServer(mcp.NewSSEHandler(func(*http.Request) *mcp.Server { return server }, nil))
+		t.Cleanup(ts.Close)
+		s := spawn(t, remoteRouter(t, trusting(ts)), remoteSpec(TransportSSE, ts.URL))
+		_, err := s.CallTool(t.Context(), &mcp.CallToolParams{Name: "pingflood", Arguments: map[string]any{}})
+		require.Error(t, err)
+		requireStoppedFor(t, s, "requests to the client faster than")
+	})
+	t.Run("unanswered requests", func(t *testing.T) {
+		ts := httptest.NewTLSServer(floodingSSEServer(maxUnansweredRequests + 50))
+		t.Cleanup(ts.Close)
+		s := spawn(t, remoteRouter(t, trusting(ts)), remoteSpec(TransportSSE, ts.URL))
+		requireStoppedFor(t, s, "requests to it unanswered")
+	})
+}
+
+func requireStoppedFor(t *testing.T, s *Session, reason string) {
+	t.Helper()
+	select {
+	case <-s.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the flooding server's session did not end")
+	}
+	require.Equal(t, ClassProtocolViolation, ClassOf(s.Err()), "%v", s.Err())
+	require.ErrorContains(t, s.Err(), reason)
+}
+
+// floodingSSEServer speaks just enough MCP over SSE to complete the handshake, then sends n
+// requests for a method no client knows and never acknowledges the answers posted back.
+func floodingSSEServer(n int) http.Handler {
+	events := make(chan string, n+8)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			fmt.Fprintf(w, "event: endpoint\ndata: https://%s/post\n\n", r.Host)
+			w.(http.Flusher).Flush()
+			for {
+				select {
+				case e := <-events:
+					fmt.Fprintf(w, "event: message\ndata: %s\n\n", e)
+					w.(http.Flusher).Flush()
+				case <-r.Context().Done():
+					return
+				}
+			}
+		}
+		var msg struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&msg)
+		switch msg.Method {
+		case "":
+			<-r.Context().Done() // an answer to one of its requests: never acknowledged
+			return
+		case "initialize":
+			events <- fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":%q,"capabilities":{"tools":{}},"serverInfo":{"name":"flood","version":"1"}}}`, msg.ID, ProtocolVersion)
+		case "notifications/initialized":
+			for i := range n {
+				events <- fmt.Sprintf(`{"jsonrpc":"2.0","id":"flood-%d","method":"x/flood"}`, i)
+			}
+		default:
+			if len(msg.ID) > 0 {
+				events <- fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"error":{"code":-32601,"message":"method not found"}}`, msg.ID)
+			}
+		}
+		w.WriteHeader(http.StatusAccepted)
+	})
+}
