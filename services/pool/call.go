@@ -348,8 +348,8 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 	r.mu.Lock()
 	r.busy.Add(1)
 	defer r.busy.Add(-1)
-	*tenant = r.rec.Tenant
-	att.GraphID, att.GraphVersion, att.AgentNode = r.rec.GraphID, r.rec.Version, req.Agent
+	*tenant = r.id.Tenant
+	att.GraphID, att.GraphVersion, att.AgentNode = r.id.GraphID, r.id.Version, req.Agent
 	r.lastActivity = time.Now()
 	r.calls++
 	if len(r.attempts) >= maxTrackedCallIDs {
@@ -371,7 +371,7 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 	}
 	agent, ok := r.index.Agent(req.Agent)
 	if !ok {
-		return nil, refusal(reasonUnknownAgent, fmt.Errorf("graph %s v%d has no agent node %q (its agents: %s)", r.rec.GraphID, r.rec.Version, req.Agent, listed(r.index.AgentIDs())))
+		return nil, refusal(reasonUnknownAgent, fmt.Errorf("graph %s v%d has no agent node %q (its agents: %s)", r.id.GraphID, r.id.Version, req.Agent, listed(r.index.AgentIDs())))
 	}
 	node, ok := r.index.BoundTool(req.Agent, req.Tool)
 	if !ok || node.MCPTool == nil {
@@ -379,7 +379,7 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 			return s.callInline(ctx, r, req, inline, toolName, att, argsCanonical, intent)
 		}
 		return nil, refusal(reasonUnknownTool, fmt.Errorf("agent %q binds no mcp_tool named %q in graph %s v%d (it binds: %s; imported tools are named <server>__<tool>)",
-			req.Agent, req.Tool, r.rec.GraphID, r.rec.Version, listed(r.index.BindingNames(req.Agent))))
+			req.Agent, req.Tool, r.id.GraphID, r.id.Version, listed(r.index.BindingNames(req.Agent))))
 	}
 	tool := node.MCPTool
 	att.ToolNode, att.ServerRef, att.ToolName, att.PinnedHash = node.ID, tool.ServerRef, tool.ToolName, tool.SchemaHash

@@ -29,6 +29,9 @@ const (
 // run is one run of a published graph version on this pool. Its sessions belong to it alone:
 // no process is ever shared between runs.
 type run struct {
+	// id is the run's identity, copied from rec when the run is built and never changed, so
+	// it is read without the lock (rec is replaced whole, under mu, on every state change).
+	id  runIdentity
 	rec store.Run
 
 	// version is loaded on first use after a restart; it never changes afterwards (published
@@ -47,6 +50,21 @@ type run struct {
 
 	// busy counts calls in flight, so the idle reaper never ends a run mid-call.
 	busy atomic.Int64
+}
+
+// runIdentity is what never changes about a run.
+type runIdentity struct {
+	ID, Tenant, GraphID string
+	Version             int64
+}
+
+// newRun builds the in-memory run for rec, as started, restored or read back ended.
+func newRun(rec store.Run) *run {
+	return &run{
+		id:  runIdentity{ID: rec.ID, Tenant: rec.Tenant, GraphID: rec.GraphID, Version: rec.Version},
+		rec: rec, sessions: make(map[string]*session), attempts: make(map[string]int32),
+		effective: make(map[string]capability.Effective), calls: rec.Calls, lastActivity: rec.LastActivity,
+	}
 }
 
 // maxTrackedCallIDs bounds the per-run attempt counters.
@@ -94,13 +112,7 @@ func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version 
 		return nil, versionErr(err)
 	}
 	now := time.Now().UTC()
-	r := &run{
-		rec:          store.Run{ID: runID, Tenant: tenant, GraphID: graphID, Version: v.Version, State: StateRunning, StartTime: now},
-		sessions:     make(map[string]*session),
-		lastActivity: now,
-		attempts:     make(map[string]int32),
-		effective:    make(map[string]capability.Effective),
-	}
+	r := newRun(store.Run{ID: runID, Tenant: tenant, GraphID: graphID, Version: v.Version, State: StateRunning, StartTime: now, LastActivity: now})
 	r.loadOnce.Do(func() { r.version, r.index = v, graph.NewIndex(v.Graph) })
 
 	s.runs.mu.Lock()
@@ -158,12 +170,9 @@ func (s *Service) lookup(ctx context.Context, id, tenant string) (*run, error) {
 		if err != nil || (rec.State != StateCompleted && rec.State != StateFailed) {
 			return nil, errRunNotFound
 		}
-		r = &run{rec: rec, sessions: map[string]*session{}, attempts: map[string]int32{}, calls: rec.Calls, lastActivity: rec.LastActivity}
+		r = newRun(rec)
 	}
-	r.mu.Lock() // rec is replaced whole on every state change
-	owner := r.rec.Tenant
-	r.mu.Unlock()
-	if tenant != "" && owner != tenant {
+	if tenant != "" && r.id.Tenant != tenant {
 		return nil, errRunNotFound
 	}
 	return r, nil
@@ -172,7 +181,7 @@ func (s *Service) lookup(ctx context.Context, id, tenant string) (*run, error) {
 // load makes sure the run's version is in memory (after a restart it is fetched on first use).
 func (s *Service) load(ctx context.Context, r *run) error {
 	r.loadOnce.Do(func() {
-		v, err := s.cfg.Versions.PublishedVersion(ctx, r.rec.Tenant, r.rec.GraphID, r.rec.Version)
+		v, err := s.cfg.Versions.PublishedVersion(ctx, r.id.Tenant, r.id.GraphID, r.id.Version)
 		if err != nil {
 			r.loadErr = versionErr(err)
 			return
@@ -311,10 +320,9 @@ func (s *Service) restoreRuns(ctx context.Context) error {
 	}
 	now := time.Now()
 	for _, rec := range active {
-		s.runs.byID[rec.ID] = &run{
-			rec: rec, sessions: make(map[string]*session), lastActivity: now, calls: rec.Calls,
-			attempts: make(map[string]int32), effective: make(map[string]capability.Effective),
-		}
+		r := newRun(rec)
+		r.lastActivity = now // the idle clock starts at the restart
+		s.runs.byID[rec.ID] = r
 		s.runs.count++
 	}
 	if len(active) > 0 {

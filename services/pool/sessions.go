@@ -175,7 +175,7 @@ func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 		failed(refusal(reasonIsolationRequired, errIsolationRequired))
 		return
 	}
-	spec := specFor(reg, spawner.PurposeRun, r.rec.ID)
+	spec := specFor(reg, spawner.PurposeRun, r.id.ID)
 	spec.OnToolListChanged = func() { sess.stale.Store(true) }
 	sp, err := s.spawner.Spawn(sctx, spec)
 	if err != nil {
