@@ -379,6 +379,10 @@ func checkScopeValue(v string) error {
 	return nil
 }
 
+// checkURL checks a remote server's URL as the pool will (CheckRemoteURL), and refuses what a
+// URL must not carry: userinfo (credentials belong in a header secret) and a fragment (never
+// sent to the server, so at best dead text and at worst a token pasted from a browser).
+// Problems never quote the URL's query, userinfo or fragment: they may hold a credential.
 func checkURL(raw string) error {
 	if raw == "" {
 		return fielderr.New("url", "is required for remote transports, e.g. https://mcp.example.com/mcp")
@@ -386,12 +390,18 @@ func checkURL(raw string) error {
 	if len(raw) > MaxURL {
 		return fielderr.New("url", "is longer than %d bytes", MaxURL)
 	}
-	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-		return fielderr.New("url", "%q must be an absolute http or https URL", truncate(raw))
+	if !utf8.ValidString(raw) || strings.ContainsFunc(raw, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return fielderr.New("url", "contains a control character or invalid UTF-8")
+	}
+	u, err := CheckRemoteURL(raw)
+	if err != nil {
+		return fielderr.New("url", "%s", err.Error())
 	}
 	if u.User != nil {
 		return fielderr.New("url", "must not carry credentials; put them in a secret and reference it from headers")
+	}
+	if u.Fragment != "" || strings.Contains(raw, "#") {
+		return fielderr.New("url", "must not have a fragment (#...): it is never sent to the server; remove it, and put a credential in a secret referenced from headers")
 	}
 	return nil
 }

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/ringfence/ringfence/internal/mcpserver"
 )
 
 // Bounds of the remote back end's HTTP client. There is no overall request
@@ -95,31 +97,15 @@ func (r *Router) spawnRemote(ctx context.Context, spec *Spec) (*Session, error) 
 	return newSession(r, spec, srv, cs, guard, nil), nil
 }
 
-// checkRemoteURL accepts https URLs, and http only to a loopback address
-// (development servers): header values are secrets.
+// checkRemoteURL applies the registry's rule again (mcpserver.CheckRemoteURL: https, and http
+// only to a loopback address, since header and query values are secrets), so a registration
+// stored before the rule, or an ad-hoc spec, cannot send them in clear.
 func checkRemoteURL(raw string) (*url.URL, error) {
-	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" {
-		return nil, newError(ClassInvalidSpec, "the server URL is not an absolute http(s) URL")
-	}
-	switch u.Scheme {
-	case "https":
-	case "http":
-		if !isLoopback(u.Hostname()) {
-			return nil, newError(ClassInvalidSpec, "the server URL for %s must use https (plain http is allowed only to loopback addresses)", u.Host)
-		}
-	default:
-		return nil, newError(ClassInvalidSpec, "the server URL scheme %s must be https", clipQuote(u.Scheme))
+	u, err := mcpserver.CheckRemoteURL(raw)
+	if err != nil {
+		return nil, newError(ClassInvalidSpec, "the server URL %s", err.Error())
 	}
 	return u, nil
-}
-
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 func checkHeaders(in map[string]string) (http.Header, error) {

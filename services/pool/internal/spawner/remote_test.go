@@ -166,14 +166,20 @@ func TestRemoteConnectionRefused(t *testing.T) {
 	require.Contains(t, err.Error(), addr)
 }
 
+// urlCanary stands for a credential in a URL's query.
+const urlCanary = "canary-url-91d4"
+
 func TestRemoteRefusals(t *testing.T) {
 	r := remoteRouter(t, nil)
 	tests := []struct {
 		name string
 		mut  func(*Spec)
+		says string
 	}{
-		{name: "plain http to a public host", mut: func(s *Spec) { s.URL = "http://mcp.example.com/mcp" }},
+		{name: "plain http to a public host", mut: func(s *Spec) { s.URL = "http://mcp.example.com/mcp?api_key=" + urlCanary },
+			says: "must use https: plain http is allowed only to loopback addresses"},
 		{name: "not a URL", mut: func(s *Spec) { s.URL = "::" }},
+		{name: "not absolute", mut: func(s *Spec) { s.URL = "mcp.example.com/mcp?api_key=" + urlCanary }, says: "not an absolute https URL"},
 		{name: "ftp", mut: func(s *Spec) { s.URL = "ftp://example.com" }},
 		{name: "reserved header", mut: func(s *Spec) { s.Headers = map[string]string{"Host": "evil"} }},
 		{name: "session header", mut: func(s *Spec) { s.Headers = map[string]string{"Mcp-Session-Id": "x"} }},
@@ -188,6 +194,8 @@ func TestRemoteRefusals(t *testing.T) {
 			_, err := r.Spawn(t.Context(), s)
 			require.Equal(t, ClassInvalidSpec, ClassOf(err), "%v", err)
 			require.NotContains(t, err.Error(), "a\r\nX-Other")
+			require.NotContains(t, err.Error(), urlCanary, "the refusal quotes the URL's query value")
+			require.Contains(t, err.Error(), tt.says)
 		})
 	}
 }
