@@ -68,3 +68,61 @@ func Migrate(db *bolt.DB, buckets [][]byte, migrations []Migration) error {
 		return meta.Put(versionKey, buf[:])
 	})
 }
+
+// scrubKey in the meta bucket marks a file whose free pages may still hold data a migration
+// replaced (bbolt never overwrites a freed page until it reuses it).
+var scrubKey = []byte("scrub_pending")
+
+// RequestScrub marks the file, inside a migration's transaction, for ScrubIfRequested: the
+// migration replaced values that must not survive in the file's free pages (plaintext it
+// sealed). The mark commits with the migration, so a crash before the scrub retries it.
+func RequestScrub(tx *bolt.Tx) error {
+	return tx.Bucket(metaBucket).Put(scrubKey, []byte{1})
+}
+
+// ScrubIfRequested rewrites a file marked by RequestScrub with only its live data (bbolt's
+// Compact into a new file, which then replaces the old one), so what a migration replaced is
+// gone from the disk file rather than only unreachable. db is closed and the reopened file
+// returned; without a mark db is returned as it is.
+func ScrubIfRequested(db *bolt.DB) (*bolt.DB, error) {
+	var marked bool
+	if err := db.View(func(tx *bolt.Tx) error {
+		if meta := tx.Bucket(metaBucket); meta != nil {
+			marked = meta.Get(scrubKey) != nil
+		}
+		return nil
+	}); err != nil || !marked {
+		return db, err
+	}
+	path := db.Path()
+	tmp := path + ".scrub"
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return db, fmt.Errorf("boltdb: scrub %s: %w", path, err)
+	}
+	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	if err != nil {
+		return db, fmt.Errorf("boltdb: scrub %s: %w", path, err)
+	}
+	err = bolt.Compact(dst, db, 64<<20)
+	if err == nil {
+		err = dst.Update(func(tx *bolt.Tx) error { return tx.Bucket(metaBucket).Delete(scrubKey) })
+	}
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return db, fmt.Errorf("boltdb: scrub %s: %w", path, err)
+	}
+	if err := db.Close(); err != nil {
+		return nil, fmt.Errorf("boltdb: scrub %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return nil, fmt.Errorf("boltdb: scrub %s: %w", path, err)
+	}
+	if dir, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = dir.Sync() // the rename survives a crash
+		dir.Close()
+	}
+	return Open(path)
+}

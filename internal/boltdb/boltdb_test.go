@@ -1,6 +1,7 @@
 package boltdb
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -30,4 +31,46 @@ func TestOpenReportsALockedFile(t *testing.T) {
 	defer db.Close()
 	_, err = Open(path)
 	require.ErrorContains(t, err, "locked by another process")
+}
+
+// TestScrubRemovesWhatAMigrationReplaced: bbolt leaves a replaced value in a free page of
+// the file; a migration that asks for a scrub leaves no trace of it on disk, and the mark
+// goes with the scrub.
+func TestScrubRemovesWhatAMigrationReplaced(t *testing.T) {
+	const canary = "canary-plaintext-31c7"
+	path := filepath.Join(t.TempDir(), "x.db")
+	db, err := Open(path)
+	require.NoError(t, err)
+	bucket := []byte("a")
+	write := func(v string) func(tx *bolt.Tx) error {
+		return func(tx *bolt.Tx) error { return tx.Bucket(bucket).Put([]byte("k"), []byte(v)) }
+	}
+	require.NoError(t, Migrate(db, [][]byte{bucket}, []Migration{write(canary)}))
+
+	replace := func(tx *bolt.Tx) error {
+		if err := write("sealed")(tx); err != nil {
+			return err
+		}
+		return RequestScrub(tx)
+	}
+	require.NoError(t, Migrate(db, [][]byte{bucket}, []Migration{write(canary), replace}))
+	require.NoError(t, db.Sync())
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Contains(t, string(raw), canary, "without a scrub the replaced value is still in the file")
+
+	db, err = ScrubIfRequested(db)
+	require.NoError(t, err)
+	raw, err = os.ReadFile(path)
+	require.NoError(t, err)
+	require.NotContains(t, string(raw), canary)
+	require.NoError(t, db.View(func(tx *bolt.Tx) error {
+		require.Equal(t, "sealed", string(tx.Bucket(bucket).Get([]byte("k"))))
+		require.Nil(t, tx.Bucket(metaBucket).Get(scrubKey), "the mark is gone")
+		return nil
+	}))
+	same, err := ScrubIfRequested(db)
+	require.NoError(t, err)
+	require.Same(t, db, same, "an unmarked file is left alone")
+	require.NoError(t, db.Close())
 }
