@@ -60,8 +60,15 @@ func Open(path string, box *secretbox.Box) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := boltdb.Migrate(db, allBuckets, migrations); err != nil {
+	if err := boltdb.Migrate(db, allBuckets, migrations(box)); err != nil {
 		db.Close()
+		return nil, err
+	}
+	// A migration that sealed plaintext asked for its old pages to leave the file.
+	if db, err = boltdb.ScrubIfRequested(db); err != nil {
+		if db != nil {
+			db.Close()
+		}
 		return nil, err
 	}
 	s := &Store{db: db, box: box, servers: make(map[string]*storedServer)}
@@ -82,16 +89,20 @@ func (s *Store) Close() error {
 }
 
 // storedServer is a registration at rest: env keys in clear, values sealed as one blob bound
-// to the ref.
+// to the ref; the URL sealed (its query may hold a credential) beside its masked form in
+// clear, which is all responses show, so reading one never opens a seal.
 type storedServer struct {
-	Ref                  string              `json:"ref"`
-	Description          string              `json:"description,omitempty"`
-	Transport            string              `json:"transport"`
-	Command              string              `json:"command,omitempty"`
-	Args                 []string            `json:"args,omitempty"`
-	EnvKeys              []string            `json:"env_keys,omitempty"`
-	EnvSealed            []byte              `json:"env_sealed,omitempty"`
+	Ref         string   `json:"ref"`
+	Description string   `json:"description,omitempty"`
+	Transport   string   `json:"transport"`
+	Command     string   `json:"command,omitempty"`
+	Args        []string `json:"args,omitempty"`
+	EnvKeys     []string `json:"env_keys,omitempty"`
+	EnvSealed   []byte   `json:"env_sealed,omitempty"`
+	// URL is the clear URL of schema version 1; migration 2 seals it, and nothing writes it.
 	URL                  string              `json:"url,omitempty"`
+	URLSealed            []byte              `json:"url_sealed,omitempty"`
+	URLMasked            string              `json:"url_masked,omitempty"`
 	Headers              map[string]string   `json:"headers,omitempty"`
 	Grants               []string            `json:"grants"`
 	Include              []string            `json:"include,omitempty"`
@@ -111,10 +122,21 @@ type storedServer struct {
 
 func envContext(ref string) []byte { return []byte("registry/server/" + ref + "/env") }
 
+func urlContext(ref string) []byte { return []byte("registry/server/" + ref + "/url") }
+
+// sealURL stores url sealed, with its masked form in clear.
+func (st *storedServer) sealURL(box *secretbox.Box, url string) {
+	st.URL, st.URLSealed, st.URLMasked = "", nil, ""
+	if url != "" {
+		st.URLSealed = box.Seal([]byte(url), urlContext(st.Ref))
+		st.URLMasked = mcpserver.MaskURL(url)
+	}
+}
+
 func (s *Store) seal(r *mcpserver.Registration) (*storedServer, error) {
 	st := &storedServer{
 		Ref: r.Ref, Description: r.Description, Transport: r.Transport, Command: r.Command, Args: r.Args,
-		URL: r.URL, Headers: r.Headers, Grants: r.Grants, Include: r.Filter.Include, Exclude: r.Filter.Exclude,
+		Headers: r.Headers, Grants: r.Grants, Include: r.Filter.Include, Exclude: r.Filter.Exclude,
 		ToolPermissions: r.ToolPermissions, ClientSessionTimeout: r.ClientSessionTimeout,
 		ToolCallTimeout: r.ToolCallTimeout, KeepMarkup: r.KeepMarkup, StrictInputs: r.StrictInputs, Revision: r.Revision,
 		CreateTime: r.CreateTime, UpdateTime: r.UpdateTime,
@@ -122,6 +144,7 @@ func (s *Store) seal(r *mcpserver.Registration) (*storedServer, error) {
 	if st.Grants == nil {
 		st.Grants = []string{}
 	}
+	st.sealURL(s.box, r.URL)
 	if len(r.Env) > 0 {
 		for k := range r.Env {
 			st.EnvKeys = append(st.EnvKeys, k)
@@ -138,6 +161,13 @@ func (s *Store) seal(r *mcpserver.Registration) (*storedServer, error) {
 
 func (s *Store) open(st *storedServer) (*mcpserver.Registration, error) {
 	r := st.withoutEnv()
+	if len(st.URLSealed) > 0 {
+		plain, err := s.box.Open(st.URLSealed, urlContext(st.Ref))
+		if err != nil {
+			return nil, err
+		}
+		r.URL = string(plain)
+	}
 	if len(st.EnvSealed) > 0 {
 		plain, err := s.box.Open(st.EnvSealed, envContext(st.Ref))
 		if err != nil {
@@ -150,11 +180,11 @@ func (s *Store) open(st *storedServer) (*mcpserver.Registration, error) {
 	return r, nil
 }
 
-// withoutEnv is the registration with no env at all.
+// withoutEnv is the registration with no env at all and its URL masked (mcpserver.MaskURL).
 func (st *storedServer) withoutEnv() *mcpserver.Registration {
 	return &mcpserver.Registration{
 		Ref: st.Ref, Description: st.Description, Transport: st.Transport, Command: st.Command, Args: st.Args,
-		URL: st.URL, Headers: st.Headers, Grants: st.Grants,
+		URL: st.URLMasked, Headers: st.Headers, Grants: st.Grants,
 		Filter:          mcpserver.ToolFilter{Include: st.Include, Exclude: st.Exclude},
 		ToolPermissions: st.ToolPermissions, ClientSessionTimeout: st.ClientSessionTimeout,
 		ToolCallTimeout: st.ToolCallTimeout, KeepMarkup: st.KeepMarkup, StrictInputs: st.StrictInputs, Revision: st.Revision,
@@ -162,8 +192,8 @@ func (st *storedServer) withoutEnv() *mcpserver.Registration {
 	}
 }
 
-// masked is the registration with every env value empty and the keys kept, without opening
-// the sealed env.
+// masked is the registration with every env value empty and the keys kept, and its URL
+// masked, without opening a seal.
 func (st *storedServer) masked() *mcpserver.Registration {
 	r := st.withoutEnv()
 	if len(st.EnvKeys) > 0 {
@@ -212,8 +242,9 @@ func (s *Store) GetServer(ctx context.Context, ref string) (*mcpserver.Registrat
 	return s.open(st)
 }
 
-// GetServerMasked returns a registration whose env holds its keys with empty values, without
-// opening the sealed values: what responses need, since they mask every value anyway.
+// GetServerMasked returns a registration whose env holds its keys with empty values and whose
+// URL is masked (mcpserver.MaskURL), without opening a seal: what responses need, since they
+// mask every value anyway.
 func (s *Store) GetServerMasked(ctx context.Context, ref string) (*mcpserver.Registration, error) {
 	st, err := s.stored(ref)
 	if err != nil {
@@ -293,7 +324,8 @@ func (s *Store) ServerPolicy(ctx context.Context, ref string) (mcpserver.Policy,
 	}, nil
 }
 
-// ListServers returns up to limit registrations after the page token, and the next token.
+// ListServers returns up to limit registrations after the page token, and the next token,
+// masked as GetServerMasked returns them: a listing opens no seal.
 func (s *Store) ListServers(ctx context.Context, pageToken string, limit int) ([]*mcpserver.Registration, string, error) {
 	after, err := decodeToken(pageToken)
 	if err != nil {
@@ -319,11 +351,7 @@ func (s *Store) ListServers(ctx context.Context, pageToken string, limit int) ([
 			if err := json.Unmarshal(v, &st); err != nil {
 				return err
 			}
-			r, err := s.open(&st)
-			if err != nil {
-				return err
-			}
-			out = append(out, r)
+			out = append(out, st.masked())
 		}
 		return nil
 	})
