@@ -126,6 +126,10 @@ func CheckRemoteURL(raw string) (*url.URL, error) {
 	return u, nil
 }
 
+// ValidateURL checks a remote registration's URL as Validate does: for a URL that was not
+// part of a validated registration, such as a stored one a masked URL stood for.
+func ValidateURL(raw string) error { return checkURL(raw) }
+
 // IsLoopback reports whether host (without port) is localhost or a loopback IP.
 func IsLoopback(host string) bool {
 	if host == "localhost" {

@@ -101,7 +101,8 @@ func durationToProto(d time.Duration) *durationpb.Duration {
 	return durationpb.New(d)
 }
 
-// serverToProto renders a registration for any response: env values masked.
+// serverToProto renders a registration for any response: env values masked, and the URL's
+// query values (mcpserver.MaskURL).
 func serverToProto(r *mcpserver.Registration) *registryv1.Server {
 	out := &registryv1.Server{
 		Ref:                  r.Ref,
@@ -110,7 +111,7 @@ func serverToProto(r *mcpserver.Registration) *registryv1.Server {
 		Command:              r.Command,
 		Args:                 r.Args,
 		Env:                  make(map[string]string, len(r.Env)),
-		Url:                  r.URL,
+		Url:                  mcpserver.MaskURL(r.URL),
 		Headers:              r.Headers,
 		Grants:               r.Grants,
 		ToolFilter:           &registryv1.ToolFilter{Include: r.Filter.Include, Exclude: r.Filter.Exclude},

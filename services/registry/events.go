@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"encoding/json"
+	"maps"
 
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/mcpserver"
 )
 
 // Resource types in the registry's admin events.
@@ -57,6 +59,18 @@ func (s *Service) record(ctx context.Context, action, resourceType, resourceID s
 	return rec, nil
 }
 
+// updateChange is the change an update records: the registration before and after as
+// responses show them (env values and the URL's query values masked), and whether the URL
+// or any env value changed, which the masks alone cannot say.
+func updateChange(before, after *mcpserver.Registration) map[string]any {
+	return map[string]any{
+		"before":      serverToProto(before),
+		"after":       serverToProto(after),
+		"url_changed": before.URL != after.URL,
+		"env_changed": !maps.Equal(before.Env, after.Env),
+	}
+}
+
 // marshalChange renders a change as JSON: proto messages as the API shows them (env values
 // already masked by serverToProto), anything else with encoding/json.
 func marshalChange(change any) (json.RawMessage, error) {
@@ -65,10 +79,10 @@ func marshalChange(change any) (json.RawMessage, error) {
 		return nil, nil
 	case proto.Message:
 		return protojson.MarshalOptions{UseProtoNames: true}.Marshal(c)
-	case map[string]proto.Message:
+	case map[string]any:
 		out := make(map[string]json.RawMessage, len(c))
-		for k, m := range c {
-			b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
+		for k, v := range c {
+			b, err := marshalChange(v)
 			if err != nil {
 				return nil, err
 			}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -47,6 +48,8 @@ type fixture struct {
 	client registryv1.RegistryServiceClient
 	keys   registryv1.KeyServiceClient
 	dbPath string
+	// logs is everything the service and the server logged.
+	logs *testutil.SyncBuffer
 	// roleKeys maps each built-in role to a key holding it.
 	roleKeys map[string]string
 }
@@ -79,12 +82,14 @@ func newFixtureWithRoles(t *testing.T, rolesJSON string) *fixture {
 	require.NoError(t, err)
 	dbPath := filepath.Join(dir, "registry.db")
 	recorder := testutil.NewAuditRecorder()
-	svc, err := Open(Config{DBPath: dbPath, Secrets: box, Roles: roles, AllowedEnvKeys: []string{"APP_TOKEN", "REGION"}, AuditSink: recorder})
+	logs := &testutil.SyncBuffer{}
+	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	svc, err := Open(Config{DBPath: dbPath, Secrets: box, Roles: roles, AllowedEnvKeys: []string{"APP_TOKEN", "REGION"}, AuditSink: recorder, Logger: logger})
 	require.NoError(t, err)
 	t.Cleanup(func() { svc.Close() })
 	require.NoError(t, svc.EnsureBootstrapAdmin(t.Context(), adminKey))
 
-	srv := grpcserver.New(grpcserver.Options{Name: "test", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Authorizer: auth.NewAuthorizer(svc, auth.Rules)})
+	srv := grpcserver.New(grpcserver.Options{Name: "test", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Authorizer: auth.NewAuthorizer(svc, auth.Rules), Logger: logger})
 	registryv1.RegisterRegistryServiceServer(srv.GRPC(), svc)
 	registryv1.RegisterKeyServiceServer(srv.GRPC(), svc)
 	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
@@ -95,7 +100,7 @@ func newFixtureWithRoles(t *testing.T, rolesJSON string) *fixture {
 	})
 	conn, base := testutil.Serve(t, srv)
 	f := &fixture{svc: svc, audit: recorder, conn: conn, base: base, client: registryv1.NewRegistryServiceClient(conn),
-		keys: registryv1.NewKeyServiceClient(conn), dbPath: dbPath, roleKeys: map[string]string{auth.RoleAdmin: adminKey}}
+		keys: registryv1.NewKeyServiceClient(conn), dbPath: dbPath, logs: logs, roleKeys: map[string]string{auth.RoleAdmin: adminKey}}
 	for _, role := range []string{auth.RoleOperator, auth.RoleAuthor, auth.RoleRunner, auth.RoleAuditor} {
 		resp, err := f.keys.CreateKey(f.admin(t), &registryv1.CreateKeyRequest{Name: role, Role: role})
 		require.NoError(t, err)

@@ -33,6 +33,9 @@ func (s *Service) CreateServer(ctx context.Context, req *registryv1.CreateServer
 	if _, err := mcpserver.RestoreMasked("env", reg.Env, nil); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
+	if _, err := mcpserver.RestoreMaskedURL("url", reg.URL, ""); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
 	if err := s.store.CreateServer(ctx, reg, func(tx *bolt.Tx) error {
 		return s.event(ctx, audit.ActionCreate, resourceServer, reg.Ref, serverToProto(reg))(tx)
 	}); err != nil {
@@ -86,6 +89,16 @@ func (s *Service) UpdateServer(ctx context.Context, req *registryv1.UpdateServer
 		if req.GetRevision() != 0 && req.GetRevision() != cur.Revision {
 			return nil, errStaleRevision
 		}
+		// GET shows the URL masked; sending that back keeps the stored URL, which must
+		// still pass today's rules (it may predate them).
+		if url, err := mcpserver.RestoreMaskedURL("url", reg.URL, cur.URL); err != nil {
+			return nil, err
+		} else if url != reg.URL {
+			if err := mcpserver.ValidateURL(url); err != nil {
+				return nil, err
+			}
+			reg.URL = url
+		}
 		if envPresent {
 			// GET shows every env value as the mask; sending one back keeps the stored value.
 			env, err := mcpserver.RestoreMasked("env", reg.Env, cur.Env)
@@ -102,8 +115,7 @@ func (s *Service) UpdateServer(ctx context.Context, req *registryv1.UpdateServer
 		}
 		return reg, nil
 	}, func(tx *bolt.Tx, before, after *mcpserver.Registration) error {
-		return s.event(ctx, audit.ActionUpdate, resourceServer, after.Ref,
-			map[string]proto.Message{"before": serverToProto(before), "after": serverToProto(after)})(tx)
+		return s.event(ctx, audit.ActionUpdate, resourceServer, after.Ref, updateChange(before, after))(tx)
 	})
 	if err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, serverNotFound(req.GetRef())))
@@ -201,6 +213,9 @@ func (s *Service) resolveAdhoc(ctx context.Context, ref string, spec *registryv1
 	if _, err := mcpserver.RestoreMasked("server.env", reg.Env, nil); err != nil {
 		return nil, err
 	}
+	if _, err := mcpserver.RestoreMaskedURL("server.url", reg.URL, ""); err != nil {
+		return nil, err
+	}
 	values, err := s.headerValues(ctx, reg.Headers)
 	if err != nil {
 		return nil, err
@@ -260,9 +275,12 @@ func (s *Service) ResolveServer(ctx context.Context, req *registryv1.ResolveServ
 	return resolvedToProto(res), nil
 }
 
-// resolvedToProto is ResolveServer's answer: the registration, and its secrets in clear.
+// resolvedToProto is ResolveServer's answer: the registration, and its secrets in clear,
+// including the URL, which the pool connects to (the one place a Server carries it unmasked).
 func resolvedToProto(res *mcpserver.Resolved) *registryv1.ResolveServerResponse {
-	return &registryv1.ResolveServerResponse{Server: serverToProto(&res.Registration), Env: res.Env, HeaderValues: res.HeaderValues}
+	server := serverToProto(&res.Registration)
+	server.Url = res.URL
+	return &registryv1.ResolveServerResponse{Server: server, Env: res.Env, HeaderValues: res.HeaderValues}
 }
 
 // GetServerPolicy implements the internal RPC the publisher and pool use for grants.

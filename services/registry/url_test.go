@@ -1,0 +1,259 @@
+package registry
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
+	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/testutil"
+)
+
+// remoteURL carries the canary as a query value; maskedRemoteURL is what responses show.
+const (
+	remoteURL       = "https://mcp.example.com/mcp?api_key=" + canary + "&region=eu"
+	maskedRemoteURL = "https://mcp.example.com/mcp?api_key=" + SecretMask + "&region=" + SecretMask
+)
+
+func tickets() *registryv1.CreateServerRequest {
+	return &registryv1.CreateServerRequest{
+		Ref: "tickets", Transport: "streamable_http", Url: remoteURL,
+		Headers: map[string]string{"Authorization": "tickets-token"},
+		Grants:  []string{"process_spawn", "external_api_call"},
+	}
+}
+
+// recordingDiscoverer keeps the ad-hoc servers it was asked to explore.
+type recordingDiscoverer struct {
+	adhoc chan *registryv1.ResolveServerResponse
+}
+
+func (d recordingDiscoverer) ExploreTools(_ context.Context, req discovery.ExploreRequest) (*discovery.Listing, *typesv1.ExploreCallResult, error) {
+	d.adhoc <- req.Adhoc
+	return &discovery.Listing{}, nil, nil
+}
+
+// TestRemoteURLCanaryIsNeverShown: a remote registration whose URL query and header secret
+// carry the canary; no gRPC or REST answer, refusal, log line, audit record or byte of the
+// bolt file carries it, while the pool still gets the URL and the secret in clear.
+func TestRemoteURLCanaryIsNeverShown(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	var shown []string
+	show := func(s string) { shown = append(shown, s) }
+
+	_, err := f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tickets-token", Value: "Bearer " + canary})
+	require.NoError(t, err)
+	created, err := f.client.CreateServer(ctx, tickets())
+	require.NoError(t, err)
+	require.Equal(t, maskedRemoteURL, created.GetServer().GetUrl())
+	show(created.String())
+	got, err := f.client.GetServer(ctx, &registryv1.GetServerRequest{Ref: "tickets"})
+	require.NoError(t, err)
+	require.Equal(t, maskedRemoteURL, got.GetServer().GetUrl())
+	show(got.String())
+	list, err := f.client.ListServers(ctx, &registryv1.ListServersRequest{})
+	require.NoError(t, err)
+	require.Equal(t, maskedRemoteURL, list.GetServers()[0].GetUrl())
+	show(list.String())
+
+	// Sending the answer back keeps the URL; a new one is taken and shown masked.
+	upd := &registryv1.UpdateServerRequest{Ref: "tickets", Transport: "streamable_http", Url: got.GetServer().GetUrl(),
+		Headers: got.GetServer().GetHeaders(), Grants: got.GetServer().GetGrants(), Revision: got.GetServer().GetRevision()}
+	updated, err := f.client.UpdateServer(ctx, upd)
+	require.NoError(t, err)
+	show(updated.String())
+	code, body := f.rest(t, http.MethodPut, "/v1/mcp/servers/tickets", adminKey,
+		`{"transport":"streamable_http","url":"https://mcp.example.com/v2?`+canary+`","headers":{"Authorization":"tickets-token"}}`)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `"url":"https://mcp.example.com/v2?`+SecretMask+`"`)
+	show(body)
+	code, body = f.rest(t, http.MethodPost, "/v1/mcp/servers", adminKey,
+		`{"ref":"tickets-2","transport":"sse","url":"https://sse.example.com/sse?token=`+canary+`"}`)
+	require.Equal(t, http.StatusOK, code, body)
+	show(body)
+	for _, path := range []string{"/v1/mcp/servers/tickets", "/v1/mcp/servers/tickets-2", "/v1/mcp/servers"} {
+		code, body = f.rest(t, http.MethodGet, path, adminKey, "")
+		require.Equal(t, http.StatusOK, code, body)
+		require.Contains(t, body, SecretMask)
+		show(body)
+	}
+
+	// Refusals name the problem, never the URL's credential.
+	for _, bad := range []string{
+		"http://mcp.example.com/mcp?api_key=" + canary,
+		"https://mcp.example.com/mcp?k=v#" + canary,
+		"https://user:" + canary + "@mcp.example.com/mcp",
+		"mcp.example.com/mcp?api_key=" + canary,
+	} {
+		req := tickets()
+		req.Ref, req.Url = "bad", bad
+		_, err := f.client.CreateServer(ctx, req)
+		st := testutil.RequireStatus(t, err, codes.InvalidArgument)
+		require.True(t, strings.HasPrefix(st.Message(), "registry: invalid url: "), st.Message())
+		show(st.Message())
+		code, body := f.rest(t, http.MethodPost, "/v1/mcp/servers", adminKey, `{"ref":"bad","transport":"streamable_http","url":"`+bad+`"}`)
+		require.Equal(t, http.StatusBadRequest, code, body)
+		show(body)
+	}
+
+	// An ad-hoc exploration records the server it starts, masked, and hands the pool the URL.
+	disc := recordingDiscoverer{adhoc: make(chan *registryv1.ResolveServerResponse, 1)}
+	f.svc.SetDiscoverer(disc)
+	adhoc := tickets()
+	adhoc.Ref = ""
+	explored, err := f.client.ExploreServer(ctx, &registryv1.ExploreServerRequest{Ref: "adhoc", Server: adhoc})
+	require.NoError(t, err)
+	show(explored.String())
+	pool := <-disc.adhoc
+	require.Equal(t, remoteURL, pool.GetServer().GetUrl(), "the pool connects to the URL itself")
+	require.Equal(t, "Bearer "+canary, pool.GetHeaderValues()["Authorization"])
+
+	resolved, err := f.svc.ResolveServer(ctx, &registryv1.ResolveServerRequest{Ref: "tickets-2"})
+	require.NoError(t, err)
+	require.Equal(t, "https://sse.example.com/sse?token="+canary, resolved.GetServer().GetUrl(), "the pool's RPC answers the URL in clear")
+
+	for _, s := range shown {
+		require.NotContains(t, s, canary)
+	}
+	require.NoError(t, f.svc.Spool().Flush(ctx))
+	records := f.audit.Records()
+	require.NotEmpty(t, records)
+	for _, r := range records {
+		raw, err := json.Marshal(r)
+		require.NoError(t, err)
+		require.NotContains(t, string(raw), canary, "an audit record carries the canary")
+	}
+	require.NotContains(t, f.logs.String(), canary, "a log line carries the canary")
+	raw, err := os.ReadFile(f.dbPath)
+	require.NoError(t, err)
+	require.NotContains(t, string(raw), canary, "the bolt file holds the canary in clear")
+	require.Contains(t, string(raw), "api_key", "query keys stay readable")
+}
+
+// TestUpdateWithTheMaskedURLKeepsTheStoredURL: GET shows the URL masked, so a PUT that sends
+// it back keeps the stored URL; a masked URL that differs from the stored one's masked form,
+// or with nothing stored behind it, is refused naming url.
+func TestUpdateWithTheMaskedURLKeepsTheStoredURL(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	_, err := f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tickets-token", Value: "t"})
+	require.NoError(t, err)
+	_, err = f.client.CreateServer(ctx, tickets())
+	require.NoError(t, err)
+	put := func(url string) (int, string) {
+		return f.rest(t, http.MethodPut, "/v1/mcp/servers/tickets", adminKey,
+			`{"transport":"streamable_http","url":"`+url+`","headers":{"Authorization":"tickets-token"},"grants":["process_spawn"]}`)
+	}
+	resolvedURL := func() string {
+		res, err := f.svc.ResolveRegistration(ctx, "tickets")
+		require.NoError(t, err)
+		return res.URL
+	}
+
+	code, body := put(maskedRemoteURL)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, remoteURL, resolvedURL(), "the mask keeps the stored URL")
+	res, err := f.svc.ResolveRegistration(ctx, "tickets")
+	require.NoError(t, err)
+	require.Equal(t, []string{"process_spawn"}, res.Grants, "the rest of the update applies")
+
+	for _, sent := range []string{
+		strings.Replace(maskedRemoteURL, "mcp.example.com", "evil.example.com", 1),
+		"https://mcp.example.com/mcp?api_key=" + SecretMask,
+	} {
+		code, body = put(sent)
+		require.Equal(t, http.StatusBadRequest, code, body)
+		require.Contains(t, body, "url: has the mask")
+		require.Contains(t, body, "differs from the stored URL ("+maskedRemoteURL+")")
+		require.Equal(t, remoteURL, resolvedURL(), "a refused update changes nothing")
+	}
+
+	fresh := tickets()
+	fresh.Ref, fresh.Url = "fresh", maskedRemoteURL
+	_, err = f.client.CreateServer(ctx, fresh)
+	st := testutil.RequireStatus(t, err, codes.InvalidArgument)
+	require.Contains(t, st.Message(), "url: has the mask")
+	require.Contains(t, st.Message(), "no URL is stored")
+	f.svc.SetDiscoverer(fakeDiscoverer{})
+	fresh.Ref = ""
+	_, err = f.client.ExploreServer(ctx, &registryv1.ExploreServerRequest{Ref: "adhoc", Server: fresh})
+	st = testutil.RequireStatus(t, err, codes.InvalidArgument)
+	require.Contains(t, st.Message(), "server.url: has the mask")
+}
+
+// TestUpdateRecordsSayWhatSecretsChanged: an update's admin record says whether the URL and
+// the env values changed, which the masked before and after cannot show, and never what
+// they are.
+func TestUpdateRecordsSayWhatSecretsChanged(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	_, err := f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tickets-token", Value: "t"})
+	require.NoError(t, err)
+	_, err = f.client.CreateServer(ctx, tickets())
+	require.NoError(t, err)
+	_, err = f.client.CreateServer(ctx, docsSearch())
+	require.NoError(t, err)
+
+	update := func(t *testing.T, req *registryv1.UpdateServerRequest) map[string]any {
+		t.Helper()
+		require.NoError(t, f.svc.Spool().Flush(ctx))
+		before := len(f.audit.Records())
+		_, err := f.client.UpdateServer(ctx, req)
+		require.NoError(t, err)
+		require.NoError(t, f.svc.Spool().Flush(ctx))
+		recs := f.audit.Records()
+		require.Len(t, recs, before+1)
+		rec := recs[len(recs)-1]
+		require.Equal(t, audit.ActionUpdate, rec.Admin.Action)
+		raw, _ := json.Marshal(rec)
+		require.NotContains(t, string(raw), canary)
+		var change map[string]any
+		require.NoError(t, json.Unmarshal(rec.Admin.Change, &change))
+		return change
+	}
+	remote := func(url string) *registryv1.UpdateServerRequest {
+		return &registryv1.UpdateServerRequest{Ref: "tickets", Transport: "streamable_http", Url: url,
+			Headers: map[string]string{"Authorization": "tickets-token"}}
+	}
+	stdio := func(e map[string]string) *registryv1.UpdateServerRequest {
+		req := &registryv1.UpdateServerRequest{Ref: "docs-search", Command: "mcp-server-filesystem"}
+		if e != nil {
+			req.Env = env()
+			for k, v := range e {
+				req.Env.Fields[k] = env(k, v).Fields[k]
+			}
+		}
+		return req
+	}
+	for _, tc := range []struct {
+		name       string
+		req        *registryv1.UpdateServerRequest
+		url, envCh bool
+	}{
+		{"the masked URL sent back", remote(maskedRemoteURL), false, false},
+		{"a new query value", remote("https://mcp.example.com/mcp?api_key=" + canary + "-2&region=eu"), true, false},
+		{"the same URL in full", remote("https://mcp.example.com/mcp?api_key=" + canary + "-2&region=eu"), false, false},
+		{"env kept by omission", stdio(nil), false, false},
+		{"env kept by the mask", stdio(map[string]string{"APP_TOKEN": SecretMask}), false, false},
+		{"a new env value", stdio(map[string]string{"APP_TOKEN": canary + "-3"}), false, true},
+		{"an env value added", stdio(map[string]string{"APP_TOKEN": SecretMask, "REGION": "eu"}), false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			change := update(t, tc.req)
+			require.Equal(t, tc.url, change["url_changed"])
+			require.Equal(t, tc.envCh, change["env_changed"])
+			require.Contains(t, change, "before")
+			require.Contains(t, change, "after")
+		})
+	}
+}
