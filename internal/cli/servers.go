@@ -13,12 +13,14 @@ import (
 	"github.com/google/shlex"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/capability"
+	"github.com/ringfence/ringfence/internal/mcpserver"
 )
 
 // serverFlags are the registration flags of `servers add` and `servers update` (the seed's
@@ -310,6 +312,9 @@ func newServersListCmd(g *globals) *cobra.Command {
 					break
 				}
 			}
+			for i, s := range all.Servers {
+				all.Servers[i] = maskedServer(s)
+			}
 			if g.output == "json" {
 				return printJSON(g.stdout, all)
 			}
@@ -536,6 +541,7 @@ func printStruct(g *globals, label string, s *structpb.Struct) {
 }
 
 func (g *globals) printServer(s *registryv1.Server) error {
+	s = maskedServer(s)
 	if g.output == "json" {
 		return printJSON(g.stdout, s)
 	}
@@ -566,6 +572,17 @@ func (g *globals) printServer(s *registryv1.Server) error {
 		"revision", fmt.Sprint(s.GetRevision()),
 		"updated", s.GetUpdateTime().AsTime().Format(time.RFC3339),
 	)
+}
+
+// maskedServer is s with its URL's query values masked. The registry already masks them; the
+// CLI masks again so that a registry from before URL masking cannot put a credential on a
+// terminal or in a script's output. s is not modified.
+func maskedServer(s *registryv1.Server) *registryv1.Server {
+	if masked := mcpserver.MaskURL(s.GetUrl()); masked != s.GetUrl() {
+		s = proto.CloneOf(s)
+		s.Url = masked
+	}
+	return s
 }
 
 func target(s *registryv1.Server) string {

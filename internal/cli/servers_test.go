@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 )
 
 // --url without --transport is a usage error naming the flag to add, before anything is
@@ -65,4 +67,21 @@ func TestWarnGrantTypos(t *testing.T) {
 			require.Contains(t, out.String(), "warning: --grant "+tc.grant+" is not a floor capability; "+tc.want)
 		})
 	}
+}
+
+// A server's URL is printed with its query values masked, in the table and in JSON, even
+// when the registry answered it in full (one from before URL masking).
+func TestServerURLIsPrintedMasked(t *testing.T) {
+	const canary = "canary-cli-url-8d0e"
+	s := &registryv1.Server{Ref: "tickets", Transport: "streamable_http", Url: "https://mcp.example.com/mcp?api_key=" + canary}
+	for _, output := range []string{"", "json"} {
+		t.Run("output="+output, func(t *testing.T) {
+			var out bytes.Buffer
+			g := &globals{stdout: &out, output: output}
+			require.NoError(t, g.printServer(s))
+			require.NotContains(t, out.String(), canary)
+			require.Contains(t, out.String(), "https://mcp.example.com/mcp?api_key=********")
+		})
+	}
+	require.Contains(t, s.GetUrl(), canary, "the caller's message is not modified")
 }
