@@ -435,8 +435,8 @@ func applyImport(cur *graph.Graph, req ImportRequest, tools []discovery.Tool, po
 		if !bound[n.ID] {
 			name := req.ServerRef + "__" + t.Name
 			if other, taken := names[name]; taken && other != n.ID {
-				return refusef("agent %s already calls node %s by the name %s, which the import gives tool %s: rename or remove that binding first",
-					quote(req.Agent), quote(other), quote(name), quote(t.Name))
+				return refusef("agent %s already calls node %s%s by the name %s, which the import gives tool %s of server %s: rename or remove that binding first",
+					quote(req.Agent), quote(other), sourceOf(cur, other), quote(name), quote(t.Name), quote(req.ServerRef))
 			}
 			agent.ToolBindings = append(agent.ToolBindings, graph.ToolBinding{Name: name, NodeID: n.ID})
 			bound[n.ID], names[name] = true, n.ID
@@ -466,6 +466,18 @@ func applyImport(cur *graph.Graph, req ImportRequest, tools []discovery.Tool, po
 		return &importViolations{violations: violations}
 	}
 	return nil
+}
+
+// sourceOf says which server's tool node id is, when it is an mcp_tool node: a ref ending in
+// '_' and a tool name starting with '_' join to the same <ref>__<tool> as another pair
+// ("a_"+"__"+"b" and "a"+"__"+"_b"), so a clash names both pairs.
+func sourceOf(g *graph.Graph, id string) string {
+	for i := range g.Nodes {
+		if n := &g.Nodes[i]; n.ID == id && n.Kind == graph.KindMCPTool && n.MCPTool != nil {
+			return fmt.Sprintf(" (tool %s of server %s)", quote(n.MCPTool.ToolName), quote(n.MCPTool.ServerRef))
+		}
+	}
+	return ""
 }
 
 // pin copies a discovered declaration into a node verbatim, with its hash: the hash is never

@@ -353,10 +353,32 @@ func TestImportIsAllOrNothing(t *testing.T) {
 
 	_, err = f.importTools(t, "support-triage", "docs", "researcher", "read_file", "list_directory")
 	st := testutil.RequireStatus(t, err, codes.FailedPrecondition)
-	require.Contains(t, st.Message(), `already calls node "other" by the name "docs__list_directory"`)
+	require.Contains(t, st.Message(), `already calls node "other" by the name "docs__list_directory", which the import gives tool "list_directory" of server "docs"`)
 	after := f.draft(t, "support-triage")
 	require.Equal(t, rev, after.GetRevision())
 	require.Nil(t, nodeByID(after, "docs__read_file"), "the tool before the conflict was not written either")
+}
+
+// A ref ending in '_' and a tool name starting with '_' join into the same binding name as
+// another (ref, tool) pair: "docs_"+"__"+"read" and "docs"+"__"+"_read" are both
+// "docs___read". The second import is refused naming both pairs, and writes nothing.
+func TestImportRefusesABindingNameAnotherServersToolHas(t *testing.T) {
+	f := newFixture(t)
+	f.register(t, "docs", "process_spawn", "external_api_call")
+	f.register(t, "docs_", "process_spawn", "external_api_call")
+	f.disc.serve("docs", tool("_read", "Read a file."))
+	f.disc.serve("docs_", tool("read", "Read a file."))
+	f.createGraph(t, "support-triage", "researcher")
+
+	_, err := f.importTools(t, "support-triage", "docs_", "researcher", "read")
+	require.NoError(t, err)
+	rev := f.draft(t, "support-triage").GetRevision()
+	_, err = f.importTools(t, "support-triage", "docs", "researcher", "_read")
+	st := testutil.RequireStatus(t, err, codes.FailedPrecondition)
+	require.Contains(t, st.Message(), `already calls node "docs___read" (tool "read" of server "docs_") by the name "docs___read", which the import gives tool "_read" of server "docs"`)
+	after := f.draft(t, "support-triage")
+	require.Equal(t, rev, after.GetRevision(), "nothing was written")
+	require.Len(t, after.GetNodes()[0].GetAgent().GetToolBindings(), 1)
 }
 
 // The import writes a graph that would publish, or nothing: a policy that takes the floor
