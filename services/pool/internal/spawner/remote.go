@@ -315,9 +315,21 @@ func remoteError(ctx context.Context, err error, rt *remoteTransport, u *url.URL
 	case status >= 300:
 		return newError(ClassNotMCPServer, "%s answered HTTP %d to initialize: it is not an MCP endpoint of this transport", where, status)
 	case terr != nil:
-		return newError(ClassSpawnFailed, "connect to %s: %s", where, safeText(terr.Error(), secretsOf(spec), 200))
+		return newError(ClassSpawnFailed, "connect to %s: %s", where, safeText(maskURLIn(terr.Error(), spec.URL, u), secretsOf(spec), 200))
 	}
 	return newError(ClassNotMCPServer, "%s did not answer initialize as an MCP server", where)
+}
+
+// maskURLIn replaces the server's URL in an error's text (a *url.Error quotes it whole) by
+// its masked form: secretsOf masks query values only from 8 bytes on, and a short one is a
+// credential all the same.
+func maskURLIn(text, raw string, u *url.URL) string {
+	for _, form := range []string{raw, u.String(), u.Redacted()} {
+		if form != "" {
+			text = strings.ReplaceAll(text, form, mcpserver.MaskURL(form))
+		}
+	}
+	return text
 }
 
 func tlsReason(err error) string {

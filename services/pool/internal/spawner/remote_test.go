@@ -3,6 +3,7 @@ package spawner
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -274,4 +275,18 @@ func TestOriginMakesDefaultPortsExplicit(t *testing.T) {
 	require.NotEqual(t, origin(parse("https://mcp.example.com/mcp")), origin(parse("http://mcp.example.com/mcp")))
 	require.NotEqual(t, origin(parse("https://mcp.example.com/mcp")), origin(parse("https://mcp.example.com:8443/mcp")))
 	require.NotEqual(t, origin(parse("https://mcp.example.com/mcp")), origin(parse("https://evil.example.com/mcp")))
+}
+
+// A connection failure quotes the URL, as a *url.Error does, only masked: a short query
+// value (below the length secretsOf masks derived forms at) is a credential all the same.
+func TestRemoteConnectErrorMasksTheURL(t *testing.T) {
+	const short = "k3y-9z" // 6 bytes
+	spec := remoteSpec(TransportStreamableHTTP, "https://mcp.example.com/mcp?api_key="+short)
+	u, err := checkRemoteURL(spec.URL)
+	require.NoError(t, err)
+	rt := &remoteTransport{err: &url.Error{Op: "Post", URL: spec.URL, Err: errors.New("connection reset by peer")}}
+	got := remoteError(t.Context(), errors.New("connect failed"), rt, u, &spec)
+	require.Equal(t, ClassSpawnFailed, ClassOf(got), "%v", got)
+	require.NotContains(t, got.Error(), short)
+	require.Contains(t, got.Error(), "https://mcp.example.com/mcp?api_key=********")
 }
