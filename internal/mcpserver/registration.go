@@ -387,8 +387,11 @@ func checkURL(raw string) error {
 	if raw == "" {
 		return fielderr.New("url", "is required for remote transports, e.g. https://mcp.example.com/mcp")
 	}
-	if len(raw) > MaxURL {
-		return fielderr.New("url", "is longer than %d bytes", MaxURL)
+	// A masked URL (one a response showed, sent back) can be longer than the URL it stands
+	// for, since a short value becomes the mask: it is held to the bound its stored URL can
+	// reach masked, and the stored URL, which replaces it, to MaxURL.
+	if max := MaxURL; len(raw) > max && (!HasMaskedQuery(raw) || len(raw) > maxMaskedURL) {
+		return fielderr.New("url", "is longer than %d bytes", max)
 	}
 	if !utf8.ValidString(raw) || strings.ContainsFunc(raw, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
 		return fielderr.New("url", "contains a control character or invalid UTF-8")

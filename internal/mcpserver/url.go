@@ -64,6 +64,10 @@ func MaskURL(raw string) string {
 	return b.String()
 }
 
+// maxMaskedURL bounds MaskURL of a URL of at most MaxURL bytes: at worst every query part is
+// one byte ("a&b&…", or "a=&…" at two), which the mask makes 8 (or 10) bytes.
+const maxMaskedURL = 8 * MaxURL
+
 // HasMaskedQuery reports whether raw carries SecretMask where a query value would be: a URL
 // a client read from a response and sent back.
 func HasMaskedQuery(raw string) bool {

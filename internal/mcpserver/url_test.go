@@ -109,3 +109,24 @@ func TestCheckURL(t *testing.T) {
 		})
 	}
 }
+
+// A URL at the length limit made of short query values masks to a longer text; sent back, it
+// must still be taken (and then stand for the stored URL), while an unmasked URL that long
+// is refused.
+func TestAMaskedURLMayBeLongerThanTheLimit(t *testing.T) {
+	base := "https://mcp.example.com/mcp?"
+	u := base + strings.Repeat("a&", (MaxURL-len(base))/2)
+	require.LessOrEqual(t, len(u), MaxURL)
+	masked := MaskURL(u)
+	require.Greater(t, len(masked), MaxURL)
+	reg := &Registration{Ref: "r", Transport: TransportStreamableHTTP, URL: masked}
+	require.NoError(t, reg.Validate(nil))
+	got, err := RestoreMaskedURL("url", masked, u)
+	require.NoError(t, err)
+	require.Equal(t, u, got)
+
+	reg.URL = base + strings.Repeat("a", MaxURL)
+	fe, ok := fielderr.As(reg.Validate(nil))
+	require.True(t, ok)
+	require.Contains(t, fe.Problem, "is longer than")
+}
