@@ -91,13 +91,15 @@ func (s *Service) UpdateServer(ctx context.Context, req *registryv1.UpdateServer
 		}
 		// GET shows the URL masked; sending that back keeps the stored URL, which must
 		// still pass today's rules (it may predate them).
-		if url, err := mcpserver.RestoreMaskedURL("url", reg.URL, cur.URL); err != nil {
+		kept, err := mcpserver.RestoreMaskedURL("url", reg.URL, cur.URL)
+		if err != nil {
 			return nil, err
-		} else if url != reg.URL {
-			if err := mcpserver.ValidateURL(url); err != nil {
+		}
+		if kept != reg.URL {
+			if err := mcpserver.ValidateURL(kept); err != nil {
 				return nil, err
 			}
-			reg.URL = url
+			reg.URL = kept
 		}
 		if envPresent {
 			// GET shows every env value as the mask; sending one back keeps the stored value.

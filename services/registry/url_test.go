@@ -2,19 +2,24 @@ package registry
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
 	"google.golang.org/grpc/codes"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/secretbox"
 	"github.com/ringfence/ringfence/internal/testutil"
 )
 
@@ -256,4 +261,62 @@ func TestUpdateRecordsSayWhatSecretsChanged(t *testing.T) {
 			require.Contains(t, change, "after")
 		})
 	}
+}
+
+// TestAURLFromBeforeTheRulesIsMigratedAndNotKeptBlindly: a registry file of schema version 1
+// holds a plain-http URL to a public host in clear (allowed then). Opening it seals the URL;
+// responses show it masked; and an update that sends the mask back (keep it) is refused as a
+// new registration with that URL would be, naming the fix, while one sending an https URL
+// is taken.
+func TestAURLFromBeforeTheRulesIsMigratedAndNotKeptBlindly(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "registry.db")
+	legacy := "http://mcp.example.com/mcp?api_key=" + canary
+	db, err := bolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucket([]byte("meta"))
+		if err != nil {
+			return err
+		}
+		var v1 [8]byte
+		binary.BigEndian.PutUint64(v1[:], 1)
+		if err := meta.Put([]byte("schema_version"), v1[:]); err != nil {
+			return err
+		}
+		servers, err := tx.CreateBucket([]byte("servers"))
+		if err != nil {
+			return err
+		}
+		return servers.Put([]byte("tickets"), []byte(`{"ref":"tickets","transport":"streamable_http","url":"`+legacy+`","grants":[],"revision":1}`))
+	}))
+	require.NoError(t, db.Close())
+
+	box, err := secretbox.LoadOrCreate(filepath.Join(dir, "secrets.key"))
+	require.NoError(t, err)
+	roles, err := auth.NewRoles("")
+	require.NoError(t, err)
+	svc, err := Open(Config{DBPath: path, Secrets: box, Roles: roles, AuditSink: testutil.NewAuditRecorder()})
+	require.NoError(t, err)
+	t.Cleanup(func() { svc.Close() })
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NotContains(t, string(raw), canary, "the migrated file holds the URL's credential")
+
+	ctx := auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "k1", Role: auth.RoleAdmin})
+	got, err := svc.GetServer(ctx, &registryv1.GetServerRequest{Ref: "tickets"})
+	require.NoError(t, err)
+	require.Equal(t, "http://mcp.example.com/mcp?api_key="+SecretMask, got.GetServer().GetUrl())
+	res, err := svc.ResolveRegistration(ctx, "tickets")
+	require.NoError(t, err)
+	require.Equal(t, legacy, res.URL)
+
+	_, err = svc.UpdateServer(ctx, &registryv1.UpdateServerRequest{Ref: "tickets", Transport: "streamable_http", Url: got.GetServer().GetUrl()})
+	st := testutil.RequireStatus(t, err, codes.InvalidArgument)
+	require.Contains(t, st.Message(), "invalid url: must use https")
+	require.Contains(t, st.Message(), "use https://mcp.example.com")
+	require.NotContains(t, st.Message(), canary)
+
+	_, err = svc.UpdateServer(ctx, &registryv1.UpdateServerRequest{Ref: "tickets", Transport: "streamable_http", Url: "https://mcp.example.com/mcp?api_key=" + canary})
+	require.NoError(t, err)
 }
