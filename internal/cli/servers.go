@@ -46,7 +46,7 @@ type serverFlags struct {
 
 func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 	fl := cmd.Flags()
-	transportHelp, urlHelp := "stdio, streamable_http (alias http) or sse", "server URL, for streamable_http and sse"
+	transportHelp, urlHelp := "stdio, streamable_http (alias http) or sse", "server URL, for streamable_http and sse: https (http only to loopback); shown with query values masked"
 	if !update {
 		transportHelp, urlHelp = addTransportHelp, urlHelp+"; needs --transport"
 	}
