@@ -19,7 +19,7 @@ import (
 )
 
 // NewGatewayMux returns the REST mux every binary uses: proto field names in JSON, unknown
-// fields refused, X-API-Key and X-Request-Id passed to the RPC, and errors as JSON a person can act on.
+// fields and query parameters refused, X-API-Key and X-Request-Id passed to the RPC, and errors as JSON a person can act on.
 func NewGatewayMux() *runtime.ServeMux {
 	return runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, newJSONMarshaler()),
@@ -37,6 +37,8 @@ func NewGatewayMux() *runtime.ServeMux {
 		runtime.WithOutgoingHeaderMatcher(func(string) (string, bool) { return "", false }),
 		runtime.WithErrorHandler(writeError),
 		runtime.WithRoutingErrorHandler(writeRoutingError),
+		// The gateway keeps one parser for the whole process; every mux sets the same one.
+		runtime.SetQueryParameterParser(&strictQuery{}),
 	)
 }
 
