@@ -114,8 +114,12 @@ type RefusedError struct {
 }
 
 func (e *RefusedError) Error() string {
-	return fmt.Sprintf("pool: refused before dispatch (%s): %v; nothing reached the server", e.Reason, e.Err)
+	return fmt.Sprintf("pool: refused before dispatch (%s): %s; nothing reached the server", e.Reason, e.Problem())
 }
+
+// Problem is what refused the call, without the "pool: " that the sentinels it wraps carry
+// when they stand alone: the refusal says once that the pool speaks.
+func (e *RefusedError) Problem() string { return unprefixed(e.Err) }
 
 func (e *RefusedError) Unwrap() error { return e.Err }
 
@@ -130,7 +134,19 @@ type FailedError struct {
 }
 
 func (e *FailedError) Error() string {
-	return fmt.Sprintf("pool: the call reached the server and failed (%s): %v; it may have taken effect", e.Class, e.Err)
+	return fmt.Sprintf("pool: the call reached the server and failed (%s): %s; it may have taken effect", e.Class, e.Problem())
+}
+
+// Problem is how the call failed, without a "pool: " prefix of its own.
+func (e *FailedError) Problem() string { return unprefixed(e.Err) }
+
+// unprefixed is err's message without a leading "pool: ", so an error the pool wraps in its
+// own sentence does not name the pool twice.
+func unprefixed(err error) string {
+	if err == nil {
+		return ""
+	}
+	return strings.TrimPrefix(err.Error(), "pool: ")
 }
 
 func (e *FailedError) Unwrap() error { return e.Err }

@@ -263,7 +263,7 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 		out.Message = err.Error()
 		var refused *RefusedError
 		if errors.As(err, &refused) {
-			out.Message = refused.Err.Error()
+			out.Message = refused.Problem()
 		}
 	} else {
 		out.IsError = res.IsError

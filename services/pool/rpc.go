@@ -230,7 +230,7 @@ func callStatus(ctx context.Context, svc *Service, err error) error {
 			code = codes.FailedPrecondition
 		}
 		detail := &poolv1.CallRefusal{
-			CallId: ref.CallID, Attempt: ref.Attempt, Reason: ref.Reason, Message: ref.Err.Error(),
+			CallId: ref.CallID, Attempt: ref.Attempt, Reason: ref.Reason, Message: ref.Problem(),
 			PinnedHash: ref.Pinned, LiveHash: ref.Live, Missing: ref.Missing,
 		}
 		if ref.Server != nil {
@@ -245,7 +245,7 @@ func callStatus(ctx context.Context, svc *Service, err error) error {
 		case failureCanceled:
 			code = codes.Canceled
 		}
-		return withDetail(code, fail.Error(), &poolv1.CallFailure{CallId: fail.CallID, Attempt: fail.Attempt, FailureClass: fail.Class, Message: fail.Err.Error(), MayHaveTakenEffect: true})
+		return withDetail(code, fail.Error(), &poolv1.CallFailure{CallId: fail.CallID, Attempt: fail.Attempt, FailureClass: fail.Class, Message: fail.Problem(), MayHaveTakenEffect: true})
 	}
 	return svc.errors.Status(ctx, err)
 }

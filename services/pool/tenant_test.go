@@ -92,3 +92,36 @@ func TestStartRunKeepsToTheKeysTenant(t *testing.T) {
 	require.NoError(t, err, "naming its own tenant is fine")
 	require.Equal(t, "acme", started.GetRun().GetTenant())
 }
+
+// TestRefusalMessagesNameThePoolOnce: a refusal wraps sentinels that stand alone elsewhere
+// ("pool: no run with this id …"); the status and its detail say "pool:" once, and the detail
+// carries the problem alone.
+func TestRefusalMessagesNameThePoolOnce(t *testing.T) {
+	h := newHarness(t, harnessOpts{noImage: true})
+	h.publish("g", []string{"a"}, nil, nil)
+	client, admin := grpcClient(t, h)
+	paused := h.start("g")
+	_, err := h.pool.PauseRun(h.ctx, paused, "")
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		name, run, reason, message, problem string
+		code                                codes.Code
+	}{
+		{"no such run", "nosuch", reasonUnknownRun,
+			"pool: refused before dispatch (unknown_run): no run with this id (in your tenant); nothing reached the server",
+			"no run with this id (in your tenant)", codes.NotFound},
+		{"paused run", paused, reasonRunNotRunning,
+			"pool: refused before dispatch (run_not_running): the run is not running (it is paused): resume it first; nothing reached the server",
+			"the run is not running (it is paused): resume it first", codes.FailedPrecondition},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := client.CallTool(admin, &poolv1.CallToolRequest{RunId: tc.run, Agent: "a", Tool: "fx__echo"})
+			st := rftestutil.RequireStatus(t, err, tc.code)
+			require.Equal(t, tc.message, st.Message())
+			d := detail[*poolv1.CallRefusal](t, st)
+			require.Equal(t, tc.reason, d.GetReason())
+			require.Equal(t, tc.problem, d.GetMessage())
+		})
+	}
+}
