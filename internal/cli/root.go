@@ -42,6 +42,9 @@ type globals struct {
 	serverID   string
 	output     string
 	timeout    time.Duration
+	// addrFrom says where addr came from (--addr, RINGFENCE_ADDR or the default), for
+	// messages about it.
+	addrFrom string
 
 	stdin  io.Reader
 	stdout io.Writer
@@ -71,7 +74,7 @@ func Execute(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		return exit.code
 	}
-	printError(stderr, err, g.caFile != "")
+	printError(stderr, err, connection{addr: g.addr, addrFrom: g.addrFrom, usedTLS: g.caFile != ""})
 	if isUsage(err) {
 		return ExitUsage
 	}
@@ -120,6 +123,7 @@ and for TLS --ca-file (RINGFENCE_CA_FILE) with optional --server-name.`,
 		if g.apiKey == "" {
 			g.apiKey = os.Getenv("RINGFENCE_API_KEY")
 		}
+		g.addrFrom = g.addrSource(cmd)
 		if g.output != "table" && g.output != "json" {
 			return usagef("--output must be table or json, not %q", g.output)
 		}
@@ -138,6 +142,7 @@ and for TLS --ca-file (RINGFENCE_CA_FILE) with optional --server-name.`,
 		newGraphsCmd(g),
 		newMCPImportCmd(g),
 	)
+	guide(root)
 	return root
 }
 
@@ -152,6 +157,17 @@ func envOr(key, def string) string {
 func (g *globals) dial() (*grpc.ClientConn, error) {
 	if g.conn != nil {
 		return g.conn, nil
+	}
+	if g.addrFrom == "" {
+		g.addrFrom = "--addr"
+	}
+	if err := checkAddr(g.addr, g.addrFrom); err != nil {
+		return nil, err
+	}
+	if g.apiKey == "" {
+		// Said before the request, so a user who forgot the key learns it here rather than
+		// from a bare Unauthenticated.
+		fmt.Fprintf(g.stderr, "warning: no API key: pass --api-key or set RINGFENCE_API_KEY%s; the server refuses every request without one\n", adminKeyHint())
 	}
 	creds := insecure.NewCredentials()
 	if g.caFile != "" {
@@ -229,9 +245,48 @@ func unservedService(st *status.Status) (string, bool) {
 	return strings.CutPrefix(st.Message(), "unknown service ")
 }
 
+// hintedError is a server's error with what the command that got it knows to do about it.
+type hintedError struct {
+	err  error
+	hint string
+}
+
+func (e *hintedError) Error() string { return e.err.Error() }
+func (e *hintedError) Unwrap() error { return e.err }
+
+// withHint attaches hint to err when the server answered with code.
+func withHint(err error, code codes.Code, hint string) error {
+	if status.Code(err) != code {
+		return err
+	}
+	return &hintedError{err: err, hint: hint}
+}
+
+// connection is what printError needs to know of the attempt: where the CLI dialed, where
+// that address came from, and whether --ca-file was set.
+type connection struct {
+	addr, addrFrom string
+	usedTLS        bool
+}
+
+// adminKeyHint points a user who followed the README (which exports MCP_ADMIN_KEY for curl)
+// at the variable the CLI reads.
+func adminKeyHint() string {
+	if os.Getenv("MCP_ADMIN_KEY") != "" && os.Getenv("RINGFENCE_API_KEY") == "" {
+		return " (MCP_ADMIN_KEY is set, but the CLI reads RINGFENCE_API_KEY: export RINGFENCE_API_KEY=$MCP_ADMIN_KEY)"
+	}
+	return " (`make run` prints its admin key, ringfence-demo-admin-key)"
+}
+
 // printError renders an error for a person: the server's message, the field it names, and a
-// hint for the common connection and credential mistakes. usedTLS says whether --ca-file was set.
-func printError(w io.Writer, err error, usedTLS bool) {
+// hint for the common connection and credential mistakes.
+func printError(w io.Writer, err error, c connection) {
+	usedTLS := c.usedTLS
+	var h *hintedError
+	if errors.As(err, &h) {
+		err = h.err
+		defer fmt.Fprintf(w, "  hint: %s\n", h.hint)
+	}
 	st, ok := status.FromError(err)
 	if !ok {
 		fmt.Fprintf(w, "ringfence: %v\n", err)
@@ -271,13 +326,13 @@ func printError(w io.Writer, err error, usedTLS bool) {
 		case strings.Contains(msg, "expected peer identity"):
 			fmt.Fprintln(w, "  hint: another service answers at --addr than --server-identity names: point --addr at that service, or fix --server-identity")
 		default:
-			fmt.Fprintln(w, "  hint: is the server running? set --addr or RINGFENCE_ADDR")
+			fmt.Fprintf(w, "  hint: is the server running? nothing answers at %s (%s); start it (make run), or point --addr or RINGFENCE_ADDR at its gRPC address\n", c.addr, c.addrFrom)
 		}
 	case codes.Unauthenticated:
 		if strings.Contains(st.Message(), "missing") {
-			fmt.Fprintln(w, "  hint: pass --api-key or set RINGFENCE_API_KEY")
+			fmt.Fprintf(w, "  hint: pass --api-key or set RINGFENCE_API_KEY%s\n", adminKeyHint())
 		} else {
-			fmt.Fprintln(w, "  hint: the key is unknown or revoked; `ringfence keys list` (as an admin) shows active keys")
+			fmt.Fprintln(w, "  hint: the key is unknown or revoked: check --api-key or RINGFENCE_API_KEY (`make run` prints its admin key); `ringfence keys list` (as an admin) shows active keys")
 		}
 	}
 }

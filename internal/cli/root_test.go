@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -33,7 +34,7 @@ func TestPrintErrorHintsAtTheConnectionMistake(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
-			printError(&out, status.Error(codes.Unavailable, tc.msg), tc.usedTLS)
+			printError(&out, status.Error(codes.Unavailable, tc.msg), connection{addr: "127.0.0.1:1", addrFrom: "--addr", usedTLS: tc.usedTLS})
 			require.Contains(t, out.String(), tc.hint)
 			require.Equal(t, 1, bytes.Count(out.Bytes(), []byte("hint:")), out.String())
 		})
@@ -44,7 +45,7 @@ func TestPrintErrorHintsAtTheConnectionMistake(t *testing.T) {
 // commands; asking the wrong one says which serves what.
 func TestPrintErrorNamesTheServiceToAsk(t *testing.T) {
 	var out bytes.Buffer
-	printError(&out, status.Error(codes.Unimplemented, "unknown service ringfence.publisher.v1.PublisherService"), false)
+	printError(&out, status.Error(codes.Unimplemented, "unknown service ringfence.publisher.v1.PublisherService"), connection{})
 	require.Contains(t, out.String(), "the server at --addr does not serve ringfence.publisher.v1.PublisherService")
 	require.Contains(t, out.String(), "graphs and mcp-import: ringfence-publisher")
 }
@@ -58,4 +59,64 @@ func TestHelpNeverPrintsTheAPIKey(t *testing.T) {
 	Execute([]string{"audit", "verify", "--help"}, nil, &stdout, &stderr)
 	require.Contains(t, stdout.String(), "--api-key")
 	require.NotContains(t, stdout.String()+stderr.String(), key)
+}
+
+// TestUsageMistakesExitTwoWithTheFix: a mistyped command, flag or argument exits 2 and says
+// what was meant, before anything is dialed.
+func TestUsageMistakesExitTwoWithTheFix(t *testing.T) {
+	t.Setenv("RINGFENCE_ADDR", "127.0.0.1:1")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"servres", "list"}, `unknown command "servres" for "ringfence": did you mean "ringfence servers"?`},
+		{[]string{"servers", "lsit"}, `unknown command "lsit" for "ringfence servers": did you mean "ringfence servers list"?`},
+		{[]string{"audit", "lst"}, `did you mean "ringfence audit list"?`},
+		{[]string{"audit", "list", "--limt", "3"}, `unknown flag --limt for "ringfence audit list": did you mean --limit?`},
+		{[]string{"runs", "start", "--grph", "g"}, "did you mean --graph?"},
+		{[]string{"--adr", "127.0.0.1:1", "servers", "list"}, "did you mean --addr?"},
+		{[]string{"audit", "list", "--limit", "many"}, `invalid argument "many" for "--limit" flag`},
+		{[]string{"roles", "check", "foo"}, `"ringfence roles check" takes no arguments, got "foo"`},
+		{[]string{"servers", "show"}, "usage: ringfence servers show REF"},
+		{[]string{"--addr", "localhost", "servers", "list"}, `--addr "localhost" has no port: give host:port`},
+		{[]string{"--addr", "http://127.0.0.1:50051", "servers", "list"}, `drop "http://" (--addr 127.0.0.1:50051)`},
+		{[]string{"--addr", "127.0.0.1:99999", "servers", "list"}, `port "99999" is not a number from 1 to 65535`},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := Execute(tc.args, nil, &stdout, &stderr)
+			require.Equal(t, ExitUsage, code, stderr.String())
+			require.Contains(t, stderr.String(), tc.want)
+			require.NotContains(t, stderr.String(), "Usage:", "no help dump for a mistake")
+		})
+	}
+}
+
+// TestAGroupWithoutASubcommandPrintsItsHelp: `ringfence servers` alone is a question, not
+// a mistake.
+func TestAGroupWithoutASubcommandPrintsItsHelp(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, ExitOK, Execute([]string{"servers"}, nil, &stdout, &stderr), stderr.String())
+	require.Contains(t, stdout.String(), "Available Commands:")
+}
+
+func TestCheckAddr(t *testing.T) {
+	for _, ok := range []string{"127.0.0.1:50051", "localhost:1", "[::1]:50051", ":50051", "dns:///ringfence.internal:443", "unix:///run/ringfence.sock"} {
+		require.NoError(t, checkAddr(ok, "--addr"), ok)
+	}
+	for _, bad := range []string{"localhost", "127.0.0.1:", "127.0.0.1:0", "https://ringfence.example.com", "ftp://x:1", "a:b:c"} {
+		require.Error(t, checkAddr(bad, "--addr"), bad)
+	}
+}
+
+// TestNoAPIKeyIsSaidBeforeTheRequest: with no key at all the CLI warns before it dials, and
+// a README reader who exported MCP_ADMIN_KEY learns which variable the CLI reads.
+func TestNoAPIKeyIsSaidBeforeTheRequest(t *testing.T) {
+	t.Setenv("RINGFENCE_API_KEY", "")
+	t.Setenv("MCP_ADMIN_KEY", "ringfence-demo-admin-key")
+	var stdout, stderr bytes.Buffer
+	code := Execute([]string{"--addr", "127.0.0.1:1", "--timeout", "2s", "servers", "list"}, nil, &stdout, &stderr)
+	require.Equal(t, ExitFailure, code)
+	require.Contains(t, stderr.String(), "warning: no API key: pass --api-key or set RINGFENCE_API_KEY (MCP_ADMIN_KEY is set, but the CLI reads RINGFENCE_API_KEY: export RINGFENCE_API_KEY=$MCP_ADMIN_KEY)")
+	require.Contains(t, stderr.String(), "nothing answers at 127.0.0.1:1 (--addr)")
 }
