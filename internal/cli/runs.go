@@ -132,9 +132,9 @@ func (f *callFlags) register(cmd *cobra.Command) {
 }
 
 func (f *callFlags) request(runID string) (*poolv1.CallToolRequest, error) {
-	args := &structpb.Struct{}
-	if err := args.UnmarshalJSON([]byte(f.args)); err != nil {
-		return nil, usagef("--args must be a JSON object, e.g. '{\"path\":\"/srv/docs/a.md\"}': %v", err)
+	args, err := parseArgs(f.args)
+	if err != nil {
+		return nil, err
 	}
 	return &poolv1.CallToolRequest{RunId: runID, Agent: f.agent, Tool: f.tool, Arguments: args, CallId: f.callID}, nil
 }
@@ -175,6 +175,12 @@ func newCallCmd(g *globals) *cobra.Command {
 		Short: "Start a run, call one tool, end the run; exit 3 when refused before dispatch, 4 when it failed after",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Bad --args is refused before a run exists: a run started for a call that never
+			// happens would stay running until its idle timeout.
+			req, err := f.request("")
+			if err != nil {
+				return err
+			}
 			client, ctx, cancel, err := g.pool(cmd.Context())
 			if err != nil {
 				return err
@@ -185,10 +191,7 @@ func newCallCmd(g *globals) *cobra.Command {
 				return err
 			}
 			runID := started.GetRun().GetRunId()
-			req, err := f.request(runID)
-			if err != nil {
-				return err
-			}
+			req.RunId = runID
 			callErr := g.callTool(ctx, client, req)
 			endStatus := "completed"
 			if callErr != nil {

@@ -28,3 +28,30 @@ func TestAToolResultPrintsItsStructuredContentOverItsTextMirror(t *testing.T) {
 	g.printToolResult([]*structpb.Struct{text("Employees accrue 2 days of leave per month.")}, nil)
 	require.Equal(t, "Employees accrue 2 days of leave per month.\n", out.String())
 }
+
+// TestArgsErrorsPointAtTheFault: a --args that is not a JSON object is a usage error that
+// names where it breaks and shows the shape it takes.
+func TestArgsErrorsPointAtTheFault(t *testing.T) {
+	for _, tc := range []struct {
+		name, raw string
+		want      []string
+	}{
+		{"shell ate the quotes", `{path:/handbook/leave.md}`, []string{"at byte 2:", "  {path:/handbook/leave.md}\n   ^", "did the shell remove them?"}},
+		{"trailing comma", `{"path":"/x",}`, []string{"at byte 14:", "\n               ^"}},
+		{"cut short", `{"path":`, []string{"it ends early, after byte 8"}},
+		{"a list", `["/x"]`, []string{"must be a JSON object of the tool's arguments, not a list"}},
+		{"empty", ``, []string{"--args is empty: give {}"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseArgs(tc.raw)
+			require.True(t, isUsage(err), "%v", err)
+			for _, w := range tc.want {
+				require.Contains(t, err.Error(), w)
+			}
+			require.Contains(t, err.Error(), `e.g. --args '{"path":"/handbook/leave.md"}'`)
+		})
+	}
+	got, err := parseArgs(`{"path":"/handbook/leave.md","n":2}`)
+	require.NoError(t, err)
+	require.Equal(t, "/handbook/leave.md", got.GetFields()["path"].GetStringValue())
+}

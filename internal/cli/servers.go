@@ -13,6 +13,7 @@ import (
 	"github.com/google/shlex"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -180,7 +181,7 @@ func newServersAddCmd(g *globals) *cobra.Command {
 			defer cancel()
 			resp, err := client.CreateServer(ctx, req)
 			if err != nil {
-				return err
+				return withHint(err, codes.AlreadyExists, fmt.Sprintf("%q is already registered: `ringfence servers update %s` changes it (flags you do not pass keep their values); `ringfence servers show %s` shows it", ref, ref, ref))
 			}
 			return g.printServer(resp.GetServer())
 		},
@@ -443,9 +444,9 @@ func newServersExploreCmd(g *globals) *cobra.Command {
 				req.Server = spec
 			}
 			if callTool != "" {
-				st := &structpb.Struct{}
-				if err := st.UnmarshalJSON([]byte(callArgs)); err != nil {
-					return usagef("--args must be a JSON object, e.g. '{\"path\":\"/srv/docs/a.md\"}': %v", err)
+				st, err := parseArgs(callArgs)
+				if err != nil {
+					return err
 				}
 				req.Call = &typesv1.ExploreCall{Tool: callTool, Arguments: st}
 			} else if cmd.Flags().Changed("args") {
