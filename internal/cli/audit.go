@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -64,9 +66,10 @@ func newAuditCmd(g *globals) *cobra.Command {
 
 	var lf auditFilterFlags
 	var limit int
+	var pageToken string
 	list := &cobra.Command{
 		Use:   "list",
-		Short: "List records, oldest first",
+		Short: "List records, oldest first, --limit at a time; says how to read on when there are more",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			filter, err := lf.filter()
@@ -77,8 +80,11 @@ func newAuditCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if limit < 1 {
+				return usagef("--limit must be at least 1, not %d", limit)
+			}
 			var recs []*auditv1.Record
-			token := ""
+			token := pageToken
 			for len(recs) < limit {
 				ctx, cancel := g.ctx(cmd.Context())
 				resp, err := client.List(ctx, &auditv1.ListRequest{Filter: filter, PageSize: int32(min(1000, limit-len(recs))), PageToken: token})
@@ -92,18 +98,30 @@ func newAuditCmd(g *globals) *cobra.Command {
 				}
 			}
 			if g.output == "json" {
-				return printJSON(g.stdout, &auditv1.ListResponse{Records: recs, NextPageToken: token})
+				if err := printJSON(g.stdout, &auditv1.ListResponse{Records: recs, NextPageToken: token}); err != nil {
+					return err
+				}
+			} else {
+				t := newTable(g.stdout, "SEQ", "TIME", "KIND", "TENANT", "WHAT", "OUTCOME")
+				for _, r := range recs {
+					what, outcome := describeRecord(r)
+					t.row(fmt.Sprint(r.GetSeq()), r.GetTime().AsTime().Local().Format(time.DateTime), r.GetKind(), orDash(r.GetTenant()), what, outcome)
+				}
+				if err := t.flush(); err != nil {
+					return err
+				}
 			}
-			t := newTable(g.stdout, "SEQ", "TIME", "KIND", "TENANT", "WHAT", "OUTCOME")
-			for _, r := range recs {
-				what, outcome := describeRecord(r)
-				t.row(fmt.Sprint(r.GetSeq()), r.GetTime().AsTime().Local().Format(time.DateTime), r.GetKind(), orDash(r.GetTenant()), what, outcome)
+			// On stderr, so a script reading stdout sees only records (and, as JSON, the
+			// next_page_token itself).
+			if token != "" {
+				fmt.Fprintf(g.stderr, "more records after these %d: the next page is --page-token %s (with the same filters), or raise --limit\n", len(recs), token)
 			}
-			return t.flush()
+			return nil
 		},
 	}
 	lf.register(list)
 	list.Flags().IntVar(&limit, "limit", 100, "at most this many records")
+	list.Flags().StringVar(&pageToken, "page-token", "", "start after the records an earlier list showed (the token it printed)")
 
 	var tf auditFilterFlags
 	var from uint64
@@ -125,6 +143,15 @@ func newAuditCmd(g *globals) *cobra.Command {
 			stream, err := client.Watch(ctx, &auditv1.WatchRequest{FromSeq: from, Filter: filter})
 			if err != nil {
 				return err
+			}
+			// A quiet log looks like a hung command: say what the wait is for.
+			if from == 0 {
+				fmt.Fprintln(g.stderr, "following the audit log: new records print as they land (--from 1 replays from the first); Ctrl-C stops")
+			} else {
+				fmt.Fprintf(g.stderr, "following the audit log from record %d; Ctrl-C stops\n", from)
+			}
+			if g.output != "json" {
+				fmt.Fprintln(g.stdout, "SEQ TIME KIND TENANT WHAT OUTCOME")
 			}
 			for {
 				resp, err := stream.Recv()
@@ -192,14 +219,20 @@ catches records cut from the end with the head rewritten to match, or a rewritte
 
 	var ef auditFilterFlags
 	var outFile string
+	var force bool
 	export := &cobra.Command{
-		Use:   "export [--out FILE]",
-		Short: "Write every matching record as JSON lines",
+		Use:   "export [--out FILE [--force]]",
+		Short: "Write every matching record as JSON lines (--out refuses to replace a file without --force)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			filter, err := ef.filter()
 			if err != nil {
 				return err
+			}
+			if outFile != "" && !force {
+				if _, err := os.Lstat(outFile); err == nil {
+					return usagef("%s already exists: pass --force to replace it, or choose another --out", outFile)
+				}
 			}
 			client, err := g.audit()
 			if err != nil {
@@ -207,12 +240,14 @@ catches records cut from the end with the head rewritten to match, or a rewritte
 			}
 			w := g.stdout
 			if outFile != "" {
-				f, err := os.OpenFile(outFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+				// Written beside the target and moved into place once complete, so a failed
+				// export leaves an existing file as it was.
+				out, err := newExportFile(outFile, force)
 				if err != nil {
 					return err
 				}
-				defer f.Close()
-				w = f
+				defer func() { err = out.finish(err) }()
+				w = out.f
 			}
 			stream, err := client.Export(g.streamCtx(cmd.Context()), &auditv1.ExportRequest{Filter: filter})
 			if err != nil {
@@ -244,9 +279,52 @@ catches records cut from the end with the head rewritten to match, or a rewritte
 	}
 	ef.register(export)
 	export.Flags().StringVar(&outFile, "out", "", "write to this file (mode 0600) instead of stdout")
+	export.Flags().BoolVar(&force, "force", false, "with --out, replace an existing file")
 
 	cmd.AddCommand(list, tail, verify, export)
 	return cmd
+}
+
+// exportFile is an export on its way to its file: a temporary file in the same directory,
+// renamed over the target (or, without force, linked to it, which fails if it appeared
+// meanwhile) only when the export completed.
+type exportFile struct {
+	f      *os.File
+	target string
+	force  bool
+}
+
+func newExportFile(target string, force bool) (*exportFile, error) {
+	f, err := os.CreateTemp(filepath.Dir(target), "."+filepath.Base(target)+".*.partial")
+	if err != nil {
+		return nil, err
+	}
+	return &exportFile{f: f, target: target, force: force}, nil
+}
+
+// finish moves the export into place when err is nil, and removes it otherwise.
+func (e *exportFile) finish(err error) error {
+	tmp := e.f.Name()
+	defer os.Remove(tmp) // after a link, the target keeps the data
+	if err == nil {
+		err = e.f.Sync()
+	}
+	if cerr := e.f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if e.force {
+		return os.Rename(tmp, e.target)
+	}
+	if err := os.Link(tmp, e.target); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return usagef("%s appeared during the export: pass --force to replace it, or choose another --out", e.target)
+		}
+		return err
+	}
+	return nil
 }
 
 func (g *globals) audit() (auditv1.AuditServiceClient, error) {
