@@ -7,16 +7,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export RINGFENCE_DATA_DIR="${RINGFENCE_DATA_DIR:-$PWD/.tmp/demo-data}"
-export RINGFENCE_BOOTSTRAP_ADMIN_KEY="${RINGFENCE_BOOTSTRAP_ADMIN_KEY:-ringfence-demo-admin-key}"
-export RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS="${RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS:-[\"APP_TOKEN\"]}"
 export RINGFENCE_GRPC_ADDR="${RINGFENCE_GRPC_ADDR:-127.0.0.1:50051}"
 export RINGFENCE_HTTP_ADDR="${RINGFENCE_HTTP_ADDR:-127.0.0.1:8000}"
+# One data directory per gRPC port, so two demos on different ports never share (or wipe)
+# each other's data.
+export RINGFENCE_DATA_DIR="${RINGFENCE_DATA_DIR:-$PWD/.tmp/demo-data-${RINGFENCE_GRPC_ADDR##*:}}"
+export RINGFENCE_BOOTSTRAP_ADMIN_KEY="${RINGFENCE_BOOTSTRAP_ADMIN_KEY:-ringfence-demo-admin-key}"
+export RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS="${RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS:-[\"APP_TOKEN\"]}"
 export RINGFENCE_LOG_LEVEL="${RINGFENCE_LOG_LEVEL:-warn}"
 grpc="$RINGFENCE_GRPC_ADDR"
 http="$RINGFENCE_HTTP_ADDR"
 rf() { RINGFENCE_ADDR="$grpc" RINGFENCE_API_KEY="$RINGFENCE_BOOTSTRAP_ADMIN_KEY" ./bin/ringfence "$@"; }
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+# A second demo on the same data directory (RINGFENCE_DATA_DIR set twice, other ports) would
+# wipe the first one's data under it. The lock is held on fd 9, which ringfenced inherits: it
+# lasts as long as the server, even if this script is killed.
+mkdir -p "$(dirname "$RINGFENCE_DATA_DIR")"
+lock="$RINGFENCE_DATA_DIR.lock"
+exec 9>>"$lock"
+if ! flock -n 9; then
+	echo "demo: another demo is using $RINGFENCE_DATA_DIR (it holds $lock): stop it (Ctrl-C in its shell), or give this one its own RINGFENCE_DATA_DIR" >&2
+	exit 1
+fi
 
 # Another server on the demo's ports (a demo still running, or anything else) would answer in
 # its place: stop here, before wiping its data or registering into it.
@@ -36,11 +49,21 @@ echo "pinned isolation image: $image"
 export RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE="$image"
 
 step "starting ringfenced (data in $RINGFENCE_DATA_DIR)"
-# The demo starts from nothing each time, but only ever wipes its own directory.
-if [ "$RINGFENCE_DATA_DIR" = "$PWD/.tmp/demo-data" ]; then rm -rf "$RINGFENCE_DATA_DIR"; fi
+# The demo starts from nothing each time, but only ever wipes a directory of its own.
+case "$RINGFENCE_DATA_DIR" in "$PWD"/.tmp/demo-data-*) rm -rf "$RINGFENCE_DATA_DIR" ;; esac
 ./bin/ringfenced &
 server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT INT TERM
+# `|| true`: under set -e a failing kill (the server already gone) would turn any exit into 1.
+trap 'kill $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
+# Ctrl-C is how the demo ends: stop the server and exit 0, not with the interrupted wait's 130.
+stopped() {
+	trap - INT TERM EXIT
+	kill $server 2>/dev/null || true
+	wait $server 2>/dev/null || true
+	printf '\ndemo: ringfenced stopped; its data stays in %s until the next demo on this port\n' "$RINGFENCE_DATA_DIR"
+	exit 0
+}
+trap stopped INT TERM
 for _ in $(seq 1 100); do
 	curl -fsS "http://$http/healthz" >/dev/null 2>&1 && break
 	kill -0 $server 2>/dev/null || { echo "ringfenced exited; see the messages above" >&2; exit 1; }
@@ -73,7 +96,8 @@ rf audit verify
 
 cat <<EOT
 
-ringfenced keeps running: gRPC on $grpc, REST on http://$http, admin key $RINGFENCE_BOOTSTRAP_ADMIN_KEY
+ringfenced keeps running: gRPC on $grpc, REST on http://$http, admin key $RINGFENCE_BOOTSTRAP_ADMIN_KEY,
+data in $RINGFENCE_DATA_DIR
 Try, in another shell:
   export MCP_ADMIN_KEY=$RINGFENCE_BOOTSTRAP_ADMIN_KEY
   curl -s http://$http/v1/mcp/servers -H "X-API-Key: \$MCP_ADMIN_KEY"
@@ -82,7 +106,8 @@ Try, in another shell:
   curl -s -X POST http://$http/v1/runs/r1:call -H "X-API-Key: \$MCP_ADMIN_KEY" \\
     -d '{"agent":"researcher","tool":"docs__search_docs","arguments":{"query":"leave"}}'
   .tmp/bin/grpcurl -plaintext -H "x-api-key: \$MCP_ADMIN_KEY" $grpc list     # make tools installs grpcurl
-  RINGFENCE_API_KEY=\$MCP_ADMIN_KEY ./bin/ringfence audit tail
+  export RINGFENCE_ADDR=$grpc RINGFENCE_API_KEY=\$MCP_ADMIN_KEY
+  ./bin/ringfence audit tail
 Ctrl-C stops the server.
 EOT
 wait $server
