@@ -1,10 +1,18 @@
 package tests
 
 import (
+	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ringfence/ringfence/internal/testutil"
 )
 
 // TestCLIGuidesANewUser replays a new user's first mistakes against real servers: each error
@@ -60,4 +68,123 @@ func TestCLIGuidesANewUser(t *testing.T) {
 	// An outcome that is not one.
 	fails(cli(plain, nil, "audit", "list", "--outcome", "refused"), 1,
 		`audit: invalid filter: outcome "refused" is not one of refused_before_dispatch, dispatched (InvalidArgument)`)
+
+	// Mistyped commands, flags and arguments: exit 2 with the closest spelling, no help dump.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"servres", "list"}, `unknown command "servres" for "ringfence": did you mean "ringfence servers"?`},
+		{[]string{"servers", "lsit"}, `unknown command "lsit" for "ringfence servers": did you mean "ringfence servers list"?`},
+		{[]string{"audit", "list", "--limt", "3"}, `unknown flag --limt for "ringfence audit list": did you mean --limit?`},
+		{[]string{"roles", "check", "all"}, `"ringfence roles check" takes no arguments, got "all"`},
+		{[]string{"--addr", "localhost", "servers", "list"}, `--addr "localhost" has no port: give host:port`},
+		{[]string{"--addr", "http://" + plain.GRPCAddr, "servers", "list"}, `is a URL, but the CLI takes the server's gRPC host:port: drop "http://" (--addr ` + plain.GRPCAddr + `)`},
+	} {
+		r := cli(plain, nil, tc.args...)
+		fails(r, 2, tc.want)
+		require.NotContains(t, r.Stdout+r.Stderr, "Usage:")
+	}
+
+	// Nothing listening: the hint names the address and where it came from.
+	down := freeAddr(t)
+	fails(runCmd(t, nil, []string{"RINGFENCE_ADDR=" + down, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), "servers", "list"), 1,
+		"hint: is the server running? nothing answers at "+down+" (RINGFENCE_ADDR)")
+
+	// No key at all: a warning before the request, and the hint names the variable the CLI
+	// reads when the user exported the README's MCP_ADMIN_KEY instead. A wrong key: its own hint.
+	r = runCmd(t, nil, []string{"RINGFENCE_ADDR=" + plain.GRPCAddr, "MCP_ADMIN_KEY=" + adminKey}, bin("ringfence"), "servers", "list")
+	fails(r, 1, "warning: no API key: pass --api-key or set RINGFENCE_API_KEY (MCP_ADMIN_KEY is set, but the CLI reads RINGFENCE_API_KEY: export RINGFENCE_API_KEY=$MCP_ADMIN_KEY)",
+		"(Unauthenticated)\n  hint: pass --api-key or set RINGFENCE_API_KEY")
+	require.Less(t, strings.Index(r.Stderr, "warning: no API key"), strings.Index(r.Stderr, "Unauthenticated"), "the warning comes first")
+	fails(cli(plain, []string{"RINGFENCE_API_KEY=not-a-key"}, "servers", "list"), 1,
+		"hint: the key is unknown or revoked: check --api-key or RINGFENCE_API_KEY")
+
+	// A second add of the same ref points at update.
+	fails(cli(plain, nil, "servers", "add", "fx", "--command", "mcpfixture"), 1,
+		"(AlreadyExists)", "hint: \"fx\" is already registered: `ringfence servers update fx` changes it")
+
+	// --args that is not JSON: exit 2 naming the byte, with an example, and `call` says so
+	// before it starts a run (the graph does not even exist: that error would come second).
+	for _, args := range [][]string{
+		{"call", "--graph", "nosuch", "--agent", "a", "--tool", "t", "--args", "{path:/handbook/leave.md}"},
+		{"runs", "call", "--run", "nosuch", "--agent", "a", "--tool", "t", "--args", "{path:/handbook/leave.md}"},
+	} {
+		fails(cli(plain, nil, args...), 2, "--args is not valid JSON: invalid character 'p' looking for beginning of object key string at byte 2",
+			"did the shell remove them?", `e.g. --args '{"path":"/handbook/leave.md"}'`)
+	}
+
+	// A pool refusal names the pool once.
+	r = cli(plain, nil, "runs", "call", "--run", "nosuch", "--agent", "a", "--tool", "t")
+	fails(r, 3, "refused before dispatch (unknown_run): no run with this id")
+	require.NotContains(t, r.Stderr, "pool: pool:")
+	api := rest{t: t, base: plain.HTTPBase, key: adminKey}
+	code, obj, raw := api.do("POST", "/v1/runs/nosuch:call", `{"agent":"a","tool":"t"}`)
+	require.Equal(t, http.StatusNotFound, code, raw)
+	require.Equal(t, "pool: refused before dispatch (unknown_run): no run with this id (in your tenant); nothing reached the server", obj["message"])
+
+	// audit list says there is more, and how to read on.
+	r = cli(plain, nil, "audit", "list", "--limit", "1")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	m := regexp.MustCompile(`more records after these 1: the next page is --page-token (\S+) \(with the same filters\), or raise --limit`).FindStringSubmatch(r.Stderr)
+	require.NotNil(t, m, r.Stderr)
+	require.Regexp(t, `(?m)^1\s`, r.Stdout)
+	r = cli(plain, nil, "audit", "list", "--limit", "1", "--page-token", m[1])
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Regexp(t, `(?m)^2\s`, r.Stdout, "the token reads on from the second record")
+
+	// audit tail says what it waits for, and prints its columns.
+	tail := startCmd(t, []string{"RINGFENCE_ADDR=" + plain.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), "audit", "tail", "--from", "1")
+	require.Eventually(t, func() bool { return strings.Contains(tail.stdout.String(), "\n1 ") }, 10*time.Second, 20*time.Millisecond)
+	require.True(t, strings.HasPrefix(tail.stdout.String(), "SEQ TIME KIND TENANT WHAT OUTCOME\n"), tail.stdout.String())
+	require.Contains(t, tail.stderr.String(), "following the audit log from record 1; Ctrl-C stops")
+
+	// audit export keeps an existing file unless --force.
+	out := filepath.Join(t.TempDir(), "trail.jsonl")
+	require.NoError(t, os.WriteFile(out, []byte("keep me\n"), 0o600))
+	fails(cli(plain, nil, "audit", "export", "--out", out), 2, out+" already exists: pass --force to replace it")
+	kept, err := os.ReadFile(out)
+	require.NoError(t, err)
+	require.Equal(t, "keep me\n", string(kept))
+	r = cli(plain, nil, "audit", "export", "--out", out, "--force")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	replaced, err := os.ReadFile(out)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(string(replaced), `{"id":`), string(replaced))
+	entries, err := os.ReadDir(filepath.Dir(out))
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "no partial file is left beside the export")
+
+	// roles check says what it checked.
+	r = cli(plain, nil, "roles", "check")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "ok: no custom role pairs mcp:admin with workflow:write or workflow:admin")
+
+	// REST: a misspelt filter is a 400 naming it, not an unfiltered answer.
+	code, obj, raw = api.do("GET", "/v1/audit/records?kind=admin", "")
+	require.Equal(t, http.StatusBadRequest, code, raw)
+	require.Equal(t, "INVALID_ARGUMENT", obj["status"])
+	require.Contains(t, obj["message"], `unknown query parameter "kind": this route takes only filter.tenant, filter.run_id`)
+	code, _, raw = api.do("GET", "/v1/audit/records?filter.kind=admin&page_size=1", "")
+	require.Equal(t, http.StatusOK, code, raw)
+}
+
+// running is a command left running; the test's cleanup kills it.
+type running struct {
+	stdout, stderr *testutil.SyncBuffer
+}
+
+// startCmd starts a program with extra env and returns its live output.
+func startCmd(t *testing.T, env []string, name string, args ...string) *running {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(baseEnv(), env...)
+	r := &running{stdout: &testutil.SyncBuffer{}, stderr: &testutil.SyncBuffer{}}
+	cmd.Stdout, cmd.Stderr = r.stdout, r.stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return r
 }

@@ -361,6 +361,7 @@ func TestRolesCheckReportsRiskyCustomRoles(t *testing.T) {
 	require.Equal(t, 1, r.Code)
 	require.Contains(t, r.Stdout, "deployer")
 	require.Contains(t, r.Stderr, `"platform" pairs mcp:admin with workflow:admin`)
+	require.Contains(t, r.Stderr, "fix: split each role named above into one with mcp:admin and one with the workflow permissions, in RINGFENCE_SERVICE_ROLES_JSON")
 }
 
 // TestRestartKeepsEverything restarts the server and finds registrations, secrets and keys.
