@@ -42,20 +42,29 @@ func NewGatewayMux() *runtime.ServeMux {
 	)
 }
 
-// writeRoutingError answers a request no route takes with the HTTP status that says why (404,
-// or 405 naming the methods the path takes), in the usual error body: the gateway's default
-// turns a wrong method into 501 Not Implemented.
+// writeRoutingError answers a request no route takes with the HTTP status that says why (404
+// naming the path, or 405 naming the method), in the usual error body: the gateway's default
+// turns a wrong method into 501 Not Implemented, and says only "Not Found" for a typo.
 func writeRoutingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
+	var body ErrorBody
 	switch httpStatus {
 	case http.StatusMethodNotAllowed:
-		body := ErrorBody{Code: httpStatus, Status: "METHOD_NOT_ALLOWED",
+		body = ErrorBody{Code: httpStatus, Status: "METHOD_NOT_ALLOWED",
 			Message: fmt.Sprintf("%s is not a method of %s: see docs/api.md for the routes and their methods", r.Method, r.URL.Path)}
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(httpStatus)
-		_ = json.NewEncoder(w).Encode(body)
+	case http.StatusNotFound:
+		// The gateway's own "Not Found" reads like a missing resource; this is a path no
+		// route takes (a typo, or a route of another binary in a split deployment).
+		body = ErrorBody{Code: httpStatus, Status: "NOT_FOUND",
+			Message: fmt.Sprintf("no route takes %s %s: docs/api.md lists the routes (in a split deployment, each binary serves its own service's)", r.Method, r.URL.Path)}
 	default:
 		runtime.DefaultRoutingErrorHandler(ctx, mux, m, w, r, httpStatus)
+		return
 	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(httpStatus)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(body)
 }
 
 // ErrorBody is the JSON body of every REST error.
