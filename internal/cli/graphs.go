@@ -193,13 +193,21 @@ func newGraphsBindCmd(g *globals) *cobra.Command {
 			}
 			draft := resp.GetDraft()
 			var found *publisherv1.AgentNode
+			var agents []string
 			for _, n := range draft.GetNodes() {
-				if n.GetId() == agent && n.GetAgent() != nil {
+				if n.GetAgent() == nil {
+					continue
+				}
+				agents = append(agents, n.GetId())
+				if n.GetId() == agent {
 					found = n.GetAgent()
 				}
 			}
 			if found == nil {
-				return usagef("graph %s has no agent node %q in its draft", gt.graph, agent)
+				if len(agents) == 0 {
+					return usagef("graph %s has no agent node %q in its draft: it has no agents yet (ringfence graphs create --agent, or graphs edit)", gt.graph, agent)
+				}
+				return usagef("graph %s has no agent node %q in its draft; its agents: %s", gt.graph, agent, strings.Join(agents, ", "))
 			}
 			for _, c := range caps {
 				if !slices.Contains(found.CapabilityBindings, c) {
