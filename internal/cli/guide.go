@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -170,4 +171,29 @@ func checkAddr(addr, from string) error {
 		return usagef("%s %q: port %q is not a number from 1 to 65535 (%s)", from, addr, port, example)
 	}
 	return nil
+}
+
+// requiredFlags matches cobra's error for required flags left out.
+var requiredFlags = regexp.MustCompile(`^required flag\(s\) (.+) not set$`)
+
+// explainRequired turns cobra's `required flag(s) "name", "role" not set` into the flags to
+// add and the command's usage line.
+func explainRequired(cmd *cobra.Command, err error) error {
+	if err == nil || cmd == nil {
+		return err
+	}
+	m := requiredFlags.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	var flags []string
+	for _, f := range strings.Split(m[1], ", ") {
+		flags = append(flags, "--"+strings.Trim(f, `"`))
+	}
+	usage := cmd.CommandPath() + strings.TrimPrefix(cmd.Use, cmd.Name())
+	list := flags[len(flags)-1]
+	if len(flags) > 1 {
+		list = strings.Join(flags[:len(flags)-1], ", ") + " and " + list
+	}
+	return usagef("%q needs %s (usage: %s; %s --help)", cmd.CommandPath(), list, usage, cmd.CommandPath())
 }

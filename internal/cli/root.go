@@ -60,7 +60,8 @@ func Execute(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.Execute()
+	cmd, err := root.ExecuteC()
+	err = explainRequired(cmd, err)
 	if g.conn != nil {
 		g.conn.Close()
 	}

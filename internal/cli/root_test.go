@@ -78,6 +78,8 @@ func TestUsageMistakesExitTwoWithTheFix(t *testing.T) {
 		{[]string{"audit", "list", "--limit", "many"}, `invalid argument "many" for "--limit" flag`},
 		{[]string{"roles", "check", "foo"}, `"ringfence roles check" takes no arguments, got "foo"`},
 		{[]string{"servers", "show"}, "usage: ringfence servers show REF"},
+		{[]string{"keys", "create"}, `"ringfence keys create" needs --name and --role (usage: ringfence keys create; ringfence keys create --help)`},
+		{[]string{"mcp-import", "--graph", "g"}, `"ringfence mcp-import" needs --agent and --server (usage: ringfence mcp-import --server REF`},
 		{[]string{"--addr", "localhost", "servers", "list"}, `--addr "localhost" has no port: give host:port`},
 		{[]string{"--addr", "http://127.0.0.1:50051", "servers", "list"}, `drop "http://" (--addr 127.0.0.1:50051)`},
 		{[]string{"--addr", "127.0.0.1:99999", "servers", "list"}, `port "99999" is not a number from 1 to 65535`},
