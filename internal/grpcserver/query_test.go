@@ -6,7 +6,18 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"regexp"
+	"strings"
 	"testing"
+
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+
+	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
+	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/stretchr/testify/require"
@@ -84,4 +95,54 @@ func getJSON(t *testing.T, url string) (int, map[string]any) {
 	var body map[string]any
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
 	return resp.StatusCode, body
+}
+
+// TestAQueryOnABodyRouteIsRefused: POST, PUT and PATCH take their fields in the body; a query
+// there would be dropped unread.
+func TestAQueryOnABodyRouteIsRefused(t *testing.T) {
+	resp, err := http.Post(auditGateway(t)+"/v1/audit:verify?anchor_seq=3", "application/json", strings.NewReader(`{}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var body map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	require.Equal(t, "INVALID_ARGUMENT", body["status"])
+	require.Equal(t, `unknown query parameter "anchor_seq": POST routes take no query parameters; send the fields in the JSON body (docs/api.md)`, body["message"])
+}
+
+// TestBodyRoutesTakeNoQuery keeps proto/gateway.yaml to what refuseQueryOnBodyRoutes assumes:
+// a POST, PUT or PATCH route binds every field of its request from the path or a "*" body.
+func TestBodyRoutesTakeNoQuery(t *testing.T) {
+	raw, err := os.ReadFile("../../proto/gateway.yaml")
+	require.NoError(t, err)
+	var cfg struct {
+		HTTP struct {
+			Rules []map[string]string `yaml:"rules"`
+		} `yaml:"http"`
+	}
+	require.NoError(t, yaml.Unmarshal(raw, &cfg))
+	require.NotEmpty(t, cfg.HTTP.Rules)
+	_ = registryv1.File_ringfence_registry_v1_registry_proto
+	_ = publisherv1.File_ringfence_publisher_v1_publisher_proto
+	_ = poolv1.File_ringfence_pool_v1_pool_proto
+	pathParam := regexp.MustCompile(`\{([a-z_.]+)\}`)
+	for _, rule := range cfg.HTTP.Rules {
+		for _, method := range []string{"post", "put", "patch"} {
+			path, ok := rule[method]
+			if !ok || rule["body"] == "*" {
+				continue
+			}
+			d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(rule["selector"]))
+			require.NoError(t, err, rule["selector"])
+			in := d.(protoreflect.MethodDescriptor).Input()
+			bound := map[string]bool{}
+			for _, m := range pathParam.FindAllStringSubmatch(path, -1) {
+				bound[m[1]] = true
+			}
+			for i := range in.Fields().Len() {
+				require.True(t, bound[string(in.Fields().Get(i).Name())],
+					"%s %s: field %s is neither in the path nor in a \"*\" body, so it could only come from the query, which refuseQueryOnBodyRoutes refuses", method, path, in.Fields().Get(i).Name())
+			}
+		}
+	}
 }
