@@ -78,6 +78,7 @@ func TestCLIGuidesANewUser(t *testing.T) {
 		{[]string{"servers", "lsit"}, `unknown command "lsit" for "ringfence servers": did you mean "ringfence servers list"?`},
 		{[]string{"audit", "list", "--limt", "3"}, `unknown flag --limt for "ringfence audit list": did you mean --limit?`},
 		{[]string{"roles", "check", "all"}, `"ringfence roles check" takes no arguments, got "all"`},
+		{[]string{"keys", "create", "--name", "ci"}, `"ringfence keys create" needs --role (usage: ringfence keys create; ringfence keys create --help)`},
 		{[]string{"--addr", "localhost", "servers", "list"}, `--addr "localhost" has no port: give host:port`},
 		{[]string{"--addr", "http://" + plain.GRPCAddr, "servers", "list"}, `is a URL, but the CLI takes the server's gRPC host:port: drop "http://" (--addr ` + plain.GRPCAddr + `)`},
 	} {
@@ -113,6 +114,12 @@ func TestCLIGuidesANewUser(t *testing.T) {
 		fails(cli(plain, nil, args...), 2, "--args is not valid JSON: invalid character 'p' looking for beginning of object key string at byte 2",
 			"did the shell remove them?", `e.g. --args '{"path":"/handbook/leave.md"}'`)
 	}
+
+	// Binding a capability to an agent the graph does not have lists the ones it has.
+	r = cli(plain, nil, "graphs", "create", "--graph", "triage", "--agent", "researcher")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	fails(cli(plain, nil, "graphs", "bind", "--graph", "triage", "--agent", "reseacher", "--capability", "docs.read:/handbook/**"), 2,
+		`graph triage has no agent node "reseacher" in its draft; its agents: researcher`)
 
 	// A pool refusal names the pool once.
 	r = cli(plain, nil, "runs", "call", "--run", "nosuch", "--agent", "a", "--tool", "t")
@@ -167,6 +174,14 @@ func TestCLIGuidesANewUser(t *testing.T) {
 	require.Contains(t, obj["message"], `unknown query parameter "kind": this route takes only filter.tenant, filter.run_id`)
 	code, _, raw = api.do("GET", "/v1/audit/records?filter.kind=admin&page_size=1", "")
 	require.Equal(t, http.StatusOK, code, raw)
+	code, obj, raw = api.do("POST", "/v1/mcp/servers?dry_run=true", `{"ref":"dry","command":"docs-mcp"}`)
+	require.Equal(t, http.StatusBadRequest, code, raw)
+	require.Contains(t, obj["message"], `unknown query parameter "dry_run": POST routes take no query parameters`)
+	code, _, raw = api.do("GET", "/v1/mcp/servers/dry", "")
+	require.Equal(t, http.StatusNotFound, code, "nothing was registered: %s", raw)
+	code, obj, raw = api.do("GET", "/v1/mcp/server", "")
+	require.Equal(t, http.StatusNotFound, code, raw)
+	require.Contains(t, obj["message"], "no route takes GET /v1/mcp/server: docs/api.md lists the routes")
 }
 
 // running is a command left running; the test's cleanup kills it.
