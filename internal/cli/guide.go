@@ -136,11 +136,16 @@ func (g *globals) addrSource(cmd *cobra.Command) string {
 // would take "localhost" as localhost:443, and "http://host:port" as a host called "http".
 func checkAddr(addr, from string) error {
 	example := "e.g. --addr 127.0.0.1:50051 or RINGFENCE_ADDR=127.0.0.1:50051"
+	// unix:path and unix:///path, unix-abstract:name: a socket, nothing to check here.
+	if strings.HasPrefix(addr, "unix:") || strings.HasPrefix(addr, "unix-abstract:") {
+		return nil
+	}
+	if rest, ok := strings.CutPrefix(addr, "dns:"); ok && !strings.HasPrefix(rest, "//") {
+		addr = "dns:///" + rest
+	}
 	scheme, rest, hasScheme := strings.Cut(addr, "://")
 	if hasScheme {
 		switch scheme {
-		case "unix", "unix-abstract":
-			return nil
 		case "dns", "passthrough":
 			// dns:///host:port or dns://resolver/host:port.
 			if i := strings.Index(rest, "/"); i >= 0 {
