@@ -21,7 +21,7 @@ func Open(path string) (*bolt.DB, error) {
 	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
 	if errors.Is(err, bolt.ErrTimeout) {
-		return nil, fmt.Errorf("boltdb: %s is locked by another process: stop it, or give this one its own data_dir", path)
+		return nil, fmt.Errorf("boltdb: %s is locked by another process (a server still running on the same data directory?): stop it, or give this one its own data_dir (RINGFENCE_DATA_DIR)", path)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("boltdb: open %s: %w", path, err)

@@ -107,6 +107,9 @@ func Open(path string, opts Options) (*Store, error) {
 		InitialMmapSize: 1 << 30,
 		NoSync:          opts.NoSync,
 	})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, fmt.Errorf("audit: %s is locked by another process (a server still running on the same data directory?): stop it, or give this one its own data_dir (RINGFENCE_DATA_DIR)", path)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("audit: open %s: %w", path, err)
 	}

@@ -251,10 +251,12 @@ func TestMigrate(t *testing.T) {
 	require.ErrorContains(t, err, "schema version 2, this binary knows up to 1")
 }
 
+// TestOpenRefusesSecondOpener: a second server on the same data directory is told what holds
+// the file and what to do, not "timeout".
 func TestOpenRefusesSecondOpener(t *testing.T) {
 	_, path := newStore(t)
 	_, err := Open(path, Options{})
-	require.ErrorContains(t, err, "timeout")
+	require.ErrorContains(t, err, "audit.db is locked by another process (a server still running on the same data directory?): stop it, or give this one its own data_dir (RINGFENCE_DATA_DIR)")
 }
 
 // listIDs pages through List and returns every call id in order.
