@@ -649,7 +649,10 @@ func parsePairs(flag string, pairs []string, fromKey func(key string) (string, e
 				return nil, err
 			}
 		default:
-			return nil, usagef("%s entry %d must be KEY=VALUE", flag, i+1)
+			if flag == "--header-secret" {
+				return nil, usagef("--header-secret entry %d must be HEADER=SECRET_NAME, e.g. --header-secret Authorization=tickets-token", i+1)
+			}
+			return nil, usagef("%s entry %d must be KEY=VALUE, e.g. %s REGION=eu-west-1", flag, i+1, flag)
 		}
 		out[k] = v
 	}
@@ -684,7 +687,7 @@ func toolPermissions(pairs []string) (map[string]*registryv1.ToolPermissions, er
 	for _, p := range pairs {
 		tool, req, ok := strings.Cut(p, "=")
 		if !ok || tool == "" || req == "" {
-			return nil, usagef("--tool-permission %q must be TOOL=CAPABILITY", p)
+			return nil, usagef("--tool-permission %q must be TOOL=CAPABILITY, e.g. --tool-permission 'read_doc=docs.read:{path}' ({path} is the call's path argument)", p)
 		}
 		if out[tool] == nil {
 			out[tool] = &registryv1.ToolPermissions{}

@@ -85,3 +85,20 @@ func TestServerURLIsPrintedMasked(t *testing.T) {
 	}
 	require.Contains(t, s.GetUrl(), canary, "the caller's message is not modified")
 }
+
+// TestPairFlagsShowTheirShape: a malformed repeatable flag says which entry and how it reads.
+func TestPairFlagsShowTheirShape(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--tool-permission", "read_doc"}, `--tool-permission "read_doc" must be TOOL=CAPABILITY, e.g. --tool-permission 'read_doc=docs.read:{path}'`},
+		{[]string{"--header-secret", "Authorization"}, "--header-secret entry 1 must be HEADER=SECRET_NAME, e.g. --header-secret Authorization=tickets-token"},
+		{[]string{"--env", "=x"}, "--env entry 1 must be KEY=VALUE, e.g. --env REGION=eu-west-1"},
+	} {
+		var stdout, stderr bytes.Buffer
+		args := append([]string{"servers", "add", "docs", "--command", "docs-mcp", "--addr", "127.0.0.1:1"}, tc.args...)
+		require.Equal(t, ExitUsage, Execute(args, strings.NewReader(""), &stdout, &stderr), stderr.String())
+		require.Contains(t, stderr.String(), tc.want)
+	}
+}
