@@ -107,7 +107,11 @@ func newRoot(g *globals) *cobra.Command {
 		Long: `ringfence talks to a Ringfence server over gRPC.
 
 Connection: --addr (RINGFENCE_ADDR, default 127.0.0.1:50051), --api-key (RINGFENCE_API_KEY),
-and for TLS --ca-file (RINGFENCE_CA_FILE) with optional --server-name.`,
+and for TLS --ca-file (RINGFENCE_CA_FILE) with optional --server-name.
+
+Exit status: 0 done; 1 an error (the server's, or reaching it); 2 a wrong command line (nothing
+changed); for tool calls, 3 refused before dispatch (nothing reached the server) and 4 failed after
+dispatch (it may have taken effect).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
