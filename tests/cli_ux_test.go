@@ -121,6 +121,10 @@ func TestCLIGuidesANewUser(t *testing.T) {
 	fails(cli(plain, nil, "graphs", "bind", "--graph", "triage", "--agent", "reseacher", "--capability", "docs.read:/handbook/**"), 2,
 		`graph triage has no agent node "reseacher" in its draft; its agents: researcher`)
 
+	// A run of a graph that was created but never published says to publish it.
+	fails(cli(plain, nil, "runs", "start", "--graph", "triage"), 1,
+		`pool: the graph version is not published (or not in your tenant): graph "triage" has no published version yet: publish its draft first (ringfence graphs publish --graph triage) (NotFound)`)
+
 	// A pool refusal names the pool once.
 	r = cli(plain, nil, "runs", "call", "--run", "nosuch", "--agent", "a", "--tool", "t")
 	fails(r, 3, "refused before dispatch (unknown_run): no run with this id")

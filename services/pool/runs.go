@@ -9,6 +9,7 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,7 +87,7 @@ var (
 	errRunNotPaused  = errors.New("pool: the run is not paused")
 	errRunEnded      = errors.New("pool: the run has ended")
 	errTooManyRuns   = errors.New("pool: this host's run limit (pool.max_runs) is reached: end finished runs or raise RINGFENCE_POOL__MAX_RUNS")
-	errVersionGone   = errors.New("pool: the graph version is not published (or not in your tenant): publish it first, or check the graph id and version")
+	errVersionGone   = errors.New("pool: the graph version is not published (or not in your tenant)")
 )
 
 // runs holds the runs this pool hosts.
@@ -149,11 +150,18 @@ func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version 
 	return r.info(), nil
 }
 
+// versionErr says why a version cannot be run in the publisher's own words (which name the
+// graph and the command that fixes it), without the prefixes of each layer it came through.
 func versionErr(err error) error {
-	if isNotFound(err) {
-		return fmt.Errorf("%w (%v)", errVersionGone, err)
+	if !isNotFound(err) {
+		return err
 	}
-	return err
+	why := strings.TrimPrefix(err.Error(), graph.ErrNotPublished.Error())
+	why = strings.TrimPrefix(strings.TrimPrefix(why, ": "), "publisher: ")
+	if why == "" {
+		why = "publish it first, or check the graph id and version"
+	}
+	return fmt.Errorf("%w: %s", errVersionGone, why)
 }
 
 // lookup finds a run visible to tenant ("" when the caller may see every tenant).

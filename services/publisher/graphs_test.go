@@ -229,7 +229,17 @@ func TestPublishCreatesImmutableVersions(t *testing.T) {
 
 	_, err = f.client.GetVersion(ctx, &publisherv1.GetVersionRequest{GraphId: "g", Version: 9})
 	st := testutil.RequireStatus(t, err, codes.NotFound)
-	require.Contains(t, st.Message(), "no published version")
+	require.Contains(t, st.Message(), `publisher: graph "g" has no published version 9 (ringfence graphs versions --graph g lists them)`)
+
+	// The latest of a graph that was never published: the usual first run, which says what
+	// to do next.
+	_, err = f.client.CreateGraph(ctx, &publisherv1.CreateGraphRequest{GraphId: "draft-only"})
+	require.NoError(t, err)
+	_, err = f.client.GetVersion(ctx, &publisherv1.GetVersionRequest{GraphId: "draft-only"})
+	st = testutil.RequireStatus(t, err, codes.NotFound)
+	require.Contains(t, st.Message(), `publisher: graph "draft-only" has no published version yet: publish its draft first (ringfence graphs publish --graph draft-only)`)
+	_, err = f.svc.PublishedVersion(t.Context(), "default", "draft-only", 0)
+	require.ErrorIs(t, err, ErrVersionNotFound)
 	_, err = f.client.GetVersion(ctx, &publisherv1.GetVersionRequest{GraphId: "nope", Version: 1})
 	st = testutil.RequireStatus(t, err, codes.NotFound)
 	require.Contains(t, st.Message(), "no such graph")

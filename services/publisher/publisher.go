@@ -168,7 +168,7 @@ func (s *Service) PublishedVersion(ctx context.Context, tenant, graphID string, 
 	}
 	v, err := s.store.Version(ctx, tenant, graphID, version)
 	if err != nil {
-		err = s.versionErr(ctx, tenant, graphID, err)
+		err = s.versionErr(ctx, tenant, graphID, version, err)
 		if errors.Is(err, ErrGraphNotFound) || errors.Is(err, ErrVersionNotFound) {
 			err = fmt.Errorf("%w: %w", graph.ErrNotPublished, err)
 		}
@@ -177,15 +177,20 @@ func (s *Service) PublishedVersion(ctx context.Context, tenant, graphID string, 
 	return v, nil
 }
 
-// versionErr tells a missing graph from a missing version.
-func (s *Service) versionErr(ctx context.Context, tenant, graphID string, err error) error {
+// versionErr tells a missing graph from a missing version, and a graph with nothing
+// published yet (the latest, version 0, of a draft-only graph: the usual first run) from a
+// version number that does not exist.
+func (s *Service) versionErr(ctx context.Context, tenant, graphID string, version int64, err error) error {
 	if !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
 	if _, derr := s.store.Draft(ctx, tenant, graphID); errors.Is(derr, store.ErrNotFound) {
 		return graphNotFound(graphID)
 	}
-	return ErrVersionNotFound
+	if version == 0 {
+		return &wrapped{msg: "publisher: graph " + quote(graphID) + " has no published version yet: publish its draft first (ringfence graphs publish --graph " + graphID + ")", err: ErrVersionNotFound}
+	}
+	return &wrapped{msg: fmt.Sprintf("publisher: graph %s has no published version %d (ringfence graphs versions --graph %s lists them)", quote(graphID), version, graphID), err: ErrVersionNotFound}
 }
 
 // tenant returns the tenant a request acts for (auth.ResolveTenant): a tenant-bound key always
