@@ -101,6 +101,14 @@ func TestCLIGuidesANewUser(t *testing.T) {
 	fails(cli(plain, []string{"RINGFENCE_API_KEY=not-a-key"}, "servers", "list"), 1,
 		"hint: the key is unknown or revoked: check --api-key or RINGFENCE_API_KEY")
 
+	// A key whose role lacks the permission learns how to get one.
+	r = cli(plain, nil, "keys", "create", "--name", "ops", "--role", "operator", "-o", "json")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	opsKey := regexp.MustCompile(`"secret":\s*"([^"]+)"`).FindStringSubmatch(r.Stdout)
+	require.NotNil(t, opsKey, r.Stdout)
+	fails(cli(plain, []string{"RINGFENCE_API_KEY=" + opsKey[1]}, "servers", "list"), 1,
+		`needs permission mcp:admin, which role "operator" does not hold (PermissionDenied)`, "hint: use a key whose role holds that permission")
+
 	// A second add of the same ref points at update.
 	fails(cli(plain, nil, "servers", "add", "fx", "--command", "mcpfixture"), 1,
 		"(AlreadyExists)", "hint: \"fx\" is already registered: `ringfence servers update fx` changes it")

@@ -333,6 +333,10 @@ func printError(w io.Writer, err error, c connection) {
 		default:
 			fmt.Fprintf(w, "  hint: is the server running? nothing answers at %s (%s); start it (make run), or point --addr or RINGFENCE_ADDR at its gRPC address\n", c.addr, c.addrFrom)
 		}
+	case codes.PermissionDenied:
+		if strings.Contains(st.Message(), "which role") {
+			fmt.Fprintln(w, "  hint: use a key whose role holds that permission: `ringfence roles check` lists the roles and their permissions, and an admin mints a key with `ringfence keys create --name NAME --role ROLE`")
+		}
 	case codes.Unauthenticated:
 		if strings.Contains(st.Message(), "missing") {
 			fmt.Fprintf(w, "  hint: pass --api-key or set RINGFENCE_API_KEY%s\n", adminKeyHint())

@@ -122,3 +122,11 @@ func TestNoAPIKeyIsSaidBeforeTheRequest(t *testing.T) {
 	require.Contains(t, stderr.String(), "warning: no API key: pass --api-key or set RINGFENCE_API_KEY (MCP_ADMIN_KEY is set, but the CLI reads RINGFENCE_API_KEY: export RINGFENCE_API_KEY=$MCP_ADMIN_KEY)")
 	require.Contains(t, stderr.String(), "nothing answers at 127.0.0.1:1 (--addr)")
 }
+
+// TestPrintErrorSaysHowToGetAPermission: a key whose role lacks a permission learns where the
+// roles are listed and how a key for one is minted.
+func TestPrintErrorSaysHowToGetAPermission(t *testing.T) {
+	var out bytes.Buffer
+	printError(&out, status.Error(codes.PermissionDenied, `auth: RegistryService.ListServers needs permission mcp:admin, which role "operator" does not hold`), connection{})
+	require.Contains(t, out.String(), "hint: use a key whose role holds that permission: `ringfence roles check` lists the roles")
+}
