@@ -147,6 +147,8 @@ dispatch (it may have taken effect).`,
 		newGraphsCmd(g),
 		newMCPImportCmd(g),
 	)
+	// Added now rather than at Execute, so guide reaches `completion bsh` too.
+	root.InitDefaultCompletionCmd()
 	guide(root)
 	return root
 }

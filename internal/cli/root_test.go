@@ -72,6 +72,7 @@ func TestUsageMistakesExitTwoWithTheFix(t *testing.T) {
 		{[]string{"servres", "list"}, `unknown command "servres" for "ringfence": did you mean "ringfence servers"?`},
 		{[]string{"servers", "lsit"}, `unknown command "lsit" for "ringfence servers": did you mean "ringfence servers list"?`},
 		{[]string{"audit", "lst"}, `did you mean "ringfence audit list"?`},
+		{[]string{"completion", "bsh"}, `did you mean "ringfence completion bash"?`},
 		{[]string{"audit", "list", "--limt", "3"}, `unknown flag --limt for "ringfence audit list": did you mean --limit?`},
 		{[]string{"runs", "start", "--grph", "g"}, "did you mean --graph?"},
 		{[]string{"--adr", "127.0.0.1:1", "servers", "list"}, "did you mean --addr?"},
