@@ -215,3 +215,12 @@ func startCmd(t *testing.T, env []string, name string, args ...string) *running 
 	})
 	return r
 }
+
+// TestAServerWithoutKeysSaysSo: a first start without RINGFENCE_BOOTSTRAP_ADMIN_KEY has no key
+// that could call it; the log says so and how to fix it, and a start with one is quiet.
+func TestAServerWithoutKeysSaysSo(t *testing.T) {
+	bare := startDaemon(t, "ringfenced")
+	require.Contains(t, bare.Logs.String(), "no API key exists and RINGFENCE_BOOTSTRAP_ADMIN_KEY is unset: every request will be refused")
+	keyed := startDaemon(t, "ringfenced", registryEnv()...)
+	require.NotContains(t, keyed.Logs.String(), "no API key exists")
+}

@@ -320,8 +320,31 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 		if err := svc.EnsureBootstrapAdmin(ctx, cfg.BootstrapAdminKey); err != nil {
 			return nil, err
 		}
+	} else if !hasActiveKey(ctx, svc) {
+		log.Warn("no API key exists and RINGFENCE_BOOTSTRAP_ADMIN_KEY is unset: every request will be refused; set it to a long random value (openssl rand -hex 32) and restart, then mint real keys with `ringfence keys create`")
 	}
 	return svc, nil
+}
+
+// hasActiveKey says whether any key can call the registry: without one, and without a
+// bootstrap key, a fresh deployment refuses everything and nothing says why.
+func hasActiveKey(ctx context.Context, svc *registry.Service) bool {
+	req := &registryv1.ListKeysRequest{PageSize: 1000}
+	for {
+		// No principal: the in-process caller sees every tenant's keys.
+		resp, err := svc.ListKeys(ctx, req)
+		if err != nil {
+			return true // not this check's to report
+		}
+		for _, k := range resp.GetKeys() {
+			if !k.GetRevoked() {
+				return true
+			}
+		}
+		if req.PageToken = resp.GetNextPageToken(); req.PageToken == "" {
+			return false
+		}
+	}
 }
 
 func (a *App) openPool(ctx context.Context, cfg *config.Config, reg pool.Registry, versions pool.Versions, sink audit.Sink, log *slog.Logger) (*pool.Service, error) {
