@@ -79,6 +79,7 @@ func TestUsageMistakesExitTwoWithTheFix(t *testing.T) {
 		{[]string{"audit", "list", "--limit", "many"}, `invalid argument "many" for "--limit" flag`},
 		{[]string{"roles", "check", "foo"}, `"ringfence roles check" takes no arguments, got "foo"`},
 		{[]string{"servers", "show"}, "usage: ringfence servers show REF"},
+		{[]string{"runs", "end", "--run", "r", "--status", "done"}, `--status must be completed or failed, not "done"`},
 		{[]string{"keys", "create"}, `"ringfence keys create" needs --name and --role (usage: ringfence keys create; ringfence keys create --help)`},
 		{[]string{"mcp-import", "--graph", "g"}, `"ringfence mcp-import" needs --agent and --server (usage: ringfence mcp-import --server REF`},
 		{[]string{"--addr", "localhost", "servers", "list"}, `--addr "localhost" has no port: give host:port`},

@@ -75,6 +75,9 @@ func runStateCmd(g *globals, verb string) *cobra.Command {
 		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if verb == "end" && endStatus != "completed" && endStatus != "failed" {
+				return usagef("--status must be completed or failed, not %q", endStatus)
+			}
 			client, ctx, cancel, err := g.pool(cmd.Context())
 			if err != nil {
 				return err
