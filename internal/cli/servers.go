@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -173,6 +174,7 @@ func newServersAddCmd(g *globals) *cobra.Command {
 				return err
 			}
 			warnGrantTypos(g.stderr, f.grants)
+			warnBelowFloor(g.stderr, ref, f.grants)
 
 			client, ctx, cancel, err := g.registry(cmd.Context())
 			if err != nil {
@@ -602,6 +604,27 @@ func warnGrantTypos(w io.Writer, grants []string) {
 			fmt.Fprintf(w, "warning: --grant %s is not a floor capability; did you mean %s? (granted as written)\n", grant, floor)
 		}
 	}
+}
+
+// warnBelowFloor says, when a registration is added, that grants short of the floor make
+// every later mcp-import of it refuse: registering works, and the surprise would come later.
+func warnBelowFloor(w io.Writer, ref string, grants []string) {
+	var missing []string
+	for _, f := range capability.Floor {
+		if !slices.Contains(grants, f) {
+			missing = append(missing, f)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	// update replaces the list it is given, so the later fix names every grant.
+	all := ""
+	for _, g := range append(slices.Clone(grants), missing...) {
+		all += " --grant " + g
+	}
+	fmt.Fprintf(w, "warning: %s does not grant %s, which every imported tool needs: mcp-import will refuse it until it does (ringfence servers update %s%s)\n",
+		ref, strings.Join(missing, " and "), ref, all)
 }
 
 func normalizeTransport(t string) string {

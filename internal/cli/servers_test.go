@@ -102,3 +102,14 @@ func TestPairFlagsShowTheirShape(t *testing.T) {
 		require.Contains(t, stderr.String(), tc.want)
 	}
 }
+
+// TestAddWarnsWhenGrantsMissTheFloor: a registration short of the floor is accepted, and the
+// operator learns at once that mcp-import will refuse it, with an update that keeps every grant.
+func TestAddWarnsWhenGrantsMissTheFloor(t *testing.T) {
+	var out bytes.Buffer
+	warnBelowFloor(&out, "docs", []string{"process_spawn", "docs.read"})
+	require.Equal(t, "warning: docs does not grant external_api_call, which every imported tool needs: mcp-import will refuse it until it does (ringfence servers update docs --grant process_spawn --grant docs.read --grant external_api_call)\n", out.String())
+	out.Reset()
+	warnBelowFloor(&out, "docs", []string{"external_api_call", "process_spawn"})
+	require.Empty(t, out.String())
+}
