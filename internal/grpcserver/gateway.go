@@ -39,6 +39,7 @@ func NewGatewayMux() *runtime.ServeMux {
 		runtime.WithRoutingErrorHandler(writeRoutingError),
 		// The gateway keeps one parser for the whole process; every mux sets the same one.
 		runtime.SetQueryParameterParser(&strictQuery{}),
+		runtime.WithMiddlewares(refuseUnreadQuery),
 	)
 }
 

@@ -110,9 +110,10 @@ func TestAQueryOnABodyRouteIsRefused(t *testing.T) {
 	require.Equal(t, `unknown query parameter "anchor_seq": POST routes take no query parameters; send the fields in the JSON body (docs/api.md)`, body["message"])
 }
 
-// TestBodyRoutesTakeNoQuery keeps proto/gateway.yaml to what refuseQueryOnBodyRoutes assumes:
-// a POST, PUT or PATCH route binds every field of its request from the path or a "*" body.
-func TestBodyRoutesTakeNoQuery(t *testing.T) {
+// gatewayRoutes reads proto/gateway.yaml: for each route, "METHOD path", whether it has a "*"
+// body, and whether every field of its request is bound from the path.
+func gatewayRoutes(t *testing.T) map[string]struct{ starBody, pathOnly bool } {
+	t.Helper()
 	raw, err := os.ReadFile("../../proto/gateway.yaml")
 	require.NoError(t, err)
 	var cfg struct {
@@ -125,11 +126,13 @@ func TestBodyRoutesTakeNoQuery(t *testing.T) {
 	_ = registryv1.File_ringfence_registry_v1_registry_proto
 	_ = publisherv1.File_ringfence_publisher_v1_publisher_proto
 	_ = poolv1.File_ringfence_pool_v1_pool_proto
+	_ = auditv1.File_ringfence_audit_v1_audit_proto
 	pathParam := regexp.MustCompile(`\{([a-z_.]+)\}`)
+	out := map[string]struct{ starBody, pathOnly bool }{}
 	for _, rule := range cfg.HTTP.Rules {
-		for _, method := range []string{"post", "put", "patch"} {
+		for _, method := range []string{"get", "post", "put", "patch", "delete"} {
 			path, ok := rule[method]
-			if !ok || rule["body"] == "*" {
+			if !ok {
 				continue
 			}
 			d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(rule["selector"]))
@@ -139,10 +142,49 @@ func TestBodyRoutesTakeNoQuery(t *testing.T) {
 			for _, m := range pathParam.FindAllStringSubmatch(path, -1) {
 				bound[m[1]] = true
 			}
+			pathOnly := true
 			for i := range in.Fields().Len() {
-				require.True(t, bound[string(in.Fields().Get(i).Name())],
-					"%s %s: field %s is neither in the path nor in a \"*\" body, so it could only come from the query, which refuseQueryOnBodyRoutes refuses", method, path, in.Fields().Get(i).Name())
+				pathOnly = pathOnly && bound[string(in.Fields().Get(i).Name())]
 			}
+			out[strings.ToUpper(method)+" "+path] = struct{ starBody, pathOnly bool }{rule["body"] == "*", pathOnly}
 		}
 	}
+	return out
+}
+
+// TestBodyRoutesTakeNoQuery keeps proto/gateway.yaml to what refuseUnreadQuery assumes: a
+// POST, PUT or PATCH route binds every field of its request from the path or a "*" body.
+func TestBodyRoutesTakeNoQuery(t *testing.T) {
+	for route, r := range gatewayRoutes(t) {
+		if strings.HasPrefix(route, "GET ") || strings.HasPrefix(route, "DELETE ") {
+			continue
+		}
+		require.True(t, r.starBody || r.pathOnly, "%s: a field is neither in the path nor in a \"*\" body, so it could only come from the query, which refuseUnreadQuery refuses", route)
+	}
+}
+
+// TestQuerylessRoutesMatchGatewayYAML: queryless names exactly the GET and DELETE routes
+// whose request the path binds whole.
+func TestQuerylessRoutesMatchGatewayYAML(t *testing.T) {
+	want := map[string]bool{}
+	for route, r := range gatewayRoutes(t) {
+		if (strings.HasPrefix(route, "GET ") || strings.HasPrefix(route, "DELETE ")) && r.pathOnly {
+			want[route] = true
+		}
+	}
+	require.Equal(t, want, queryless)
+}
+
+// TestAQueryOnAQuerylessRouteIsRefused: GET /v1/roles?x=1 would be answered as if it were
+// GET /v1/roles.
+func TestAQueryOnAQuerylessRouteIsRefused(t *testing.T) {
+	srv := New(Options{Name: "t", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Authorizer: allowAll{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	auditv1.RegisterAuditServiceServer(srv.GRPC(), echoAudit{})
+	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
+		return registryv1.RegisterRegistryServiceHandler(ctx, mux, conn)
+	})
+	_, base := start(t, srv)
+	code, body := getJSON(t, base+"/v1/mcp/servers/docs?verbose=1")
+	require.Equal(t, http.StatusBadRequest, code)
+	require.Equal(t, `unknown query parameter "verbose": GET /v1/mcp/servers/{ref} takes no query parameters (docs/api.md)`, body["message"])
 }

@@ -285,7 +285,7 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 		}
 	}
 	root := http.NewServeMux()
-	var api http.Handler = limitBody(refuseQueryOnBodyRoutes(mux), int64(s.opts.MaxRecvMsgSize))
+	var api http.Handler = limitBody(mux, int64(s.opts.MaxRecvMsgSize))
 	if a, ok := s.opts.Authorizer.(Authenticator); ok {
 		api = authenticateFirst(api, a)
 	}
