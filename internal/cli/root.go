@@ -320,6 +320,10 @@ func printError(w io.Writer, err error, c connection) {
 		// grpc-go's own "connection error" is about reaching --addr; any other message came
 		// from the server, which is up and could not reach something behind it.
 		switch msg := st.Message(); {
+		// grpc-go's resolver, before any connection: the host name does not resolve. (A
+		// server that could not resolve a peer says so after a prefix of its own.)
+		case strings.HasPrefix(msg, "name resolver error") || strings.HasPrefix(msg, "last resolver error"):
+			fmt.Fprintf(w, "  hint: the host of %s (%s) does not resolve: check its spelling, or point --addr or RINGFENCE_ADDR at the server's gRPC address\n", c.addr, c.addrFrom)
 		case !strings.HasPrefix(msg, "connection error"):
 			fmt.Fprintln(w, "  hint: the server at --addr answered; what it could not reach is named above (a peer service: check it and this server's peers.* settings)")
 		// A TLS server closes the connection on a plaintext client's HTTP/2 preface, and a
