@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"regexp"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/ringfence/ringfence/internal/mcpserver"
 )
 
 // guide makes cobra's usage mistakes read like the rest of the CLI's errors: a mistyped
@@ -135,10 +138,16 @@ func (g *globals) addrSource(cmd *cobra.Command) string {
 // checkAddr refuses an --addr that cannot name a gRPC server before anything is dialed: grpc-go
 // would take "localhost" as localhost:443, and "http://host:port" as a host called "http".
 func checkAddr(addr, from string) error {
+	_, err := addrHost(addr, from)
+	return err
+}
+
+// addrHost checks addr as checkAddr does and returns its host, or "" for a unix socket.
+func addrHost(addr, from string) (string, error) {
 	example := "e.g. --addr 127.0.0.1:50051 or RINGFENCE_ADDR=127.0.0.1:50051"
 	// unix:path and unix:///path, unix-abstract:name: a socket, nothing to check here.
 	if strings.HasPrefix(addr, "unix:") || strings.HasPrefix(addr, "unix-abstract:") {
-		return nil
+		return "", nil
 	}
 	if rest, ok := strings.CutPrefix(addr, "dns:"); ok && !strings.HasPrefix(rest, "//") {
 		addr = "dns:///" + rest
@@ -156,26 +165,36 @@ func checkAddr(addr, from string) error {
 			if scheme == "https" || scheme == "grpcs" {
 				hint = "; for TLS pass --ca-file (RINGFENCE_CA_FILE)"
 			}
-			return usagef("%s %q is a URL, but the CLI takes the server's gRPC host:port: drop %q (--addr %s)%s", from, addr, scheme+"://", strings.TrimSuffix(rest, "/"), hint)
+			return "", usagef("%s %q is a URL, but the CLI takes the server's gRPC host:port: drop %q (--addr %s)%s", from, addr, scheme+"://", strings.TrimSuffix(rest, "/"), hint)
 		default:
-			return usagef("%s %q: unknown scheme %q: give host:port (%s), or a gRPC target dns:///host:port or unix:///path", from, addr, scheme, example)
+			return "", usagef("%s %q: unknown scheme %q: give host:port (%s), or a gRPC target dns:///host:port or unix:///path", from, addr, scheme, example)
 		}
 	}
 	if !hasScheme {
 		rest = addr
 	}
-	_, port, err := net.SplitHostPort(rest)
+	host, port, err := net.SplitHostPort(rest)
 	if err != nil {
 		var ae *net.AddrError
 		if errors.As(err, &ae) && strings.Contains(ae.Err, "missing port") {
-			return usagef("%s %q has no port: give host:port (%s): the server's gRPC address, RINGFENCE_GRPC_ADDR where it runs, not its REST one", from, addr, example)
+			return "", usagef("%s %q has no port: give host:port (%s): the server's gRPC address, RINGFENCE_GRPC_ADDR where it runs, not its REST one", from, addr, example)
 		}
-		return usagef("%s %q is not host:port (%s)", from, addr, example)
+		return "", usagef("%s %q is not host:port (%s)", from, addr, example)
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return usagef("%s %q: port %q is not a number from 1 to 65535 (%s)", from, addr, port, example)
+		return "", usagef("%s %q: port %q is not a number from 1 to 65535 (%s)", from, addr, port, example)
 	}
-	return nil
+	return host, nil
+}
+
+// warnPlaintextKey warns when the API key is about to cross a network in clear: a plaintext
+// connection (no --ca-file) to a host that is not loopback. A warning, not a refusal, since
+// a private network may be trusted, but the user must know what travels how.
+func warnPlaintextKey(w io.Writer, host string) {
+	if host == "" || mcpserver.IsLoopback(host) {
+		return
+	}
+	fmt.Fprintf(w, "warning: the API key goes to %s in plaintext: pass --ca-file (RINGFENCE_CA_FILE) so it travels over TLS\n", host)
 }
 
 // requiredFlags matches cobra's error for required flags left out.

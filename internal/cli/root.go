@@ -168,8 +168,12 @@ func (g *globals) dial() (*grpc.ClientConn, error) {
 	if g.addrFrom == "" {
 		g.addrFrom = "--addr"
 	}
-	if err := checkAddr(g.addr, g.addrFrom); err != nil {
+	host, err := addrHost(g.addr, g.addrFrom)
+	if err != nil {
 		return nil, err
+	}
+	if g.caFile == "" && g.apiKey != "" {
+		warnPlaintextKey(g.stderr, host)
 	}
 	if g.apiKey == "" {
 		// Said before the request, so a user who forgot the key learns it here rather than

@@ -117,6 +117,26 @@ func TestCheckAddr(t *testing.T) {
 	}
 }
 
+// TestAKeyInPlaintextOffLoopbackIsWarned: without --ca-file the API key crosses the network in
+// clear, which the user is told before the request; to a loopback server or over a unix
+// socket it is not.
+func TestAKeyInPlaintextOffLoopbackIsWarned(t *testing.T) {
+	t.Setenv("RINGFENCE_API_KEY", "some-key")
+	const warning = "in plaintext: pass --ca-file (RINGFENCE_CA_FILE)"
+	for addr, warned := range map[string]bool{
+		"192.0.2.1:50051": true, "dns:///ringfence.invalid:50051": true,
+		"127.0.0.1:1": false, "localhost:1": false, "[::1]:1": false, "unix:///nonexistent.sock": false,
+	} {
+		var stdout, stderr bytes.Buffer
+		Execute([]string{"servers", "list", "--addr", addr, "--timeout", "200ms"}, nil, &stdout, &stderr)
+		if warned {
+			require.Contains(t, stderr.String(), "warning: the API key goes to "+strings.TrimPrefix(strings.Split(addr, ":50051")[0], "dns:///")+" "+warning, addr)
+		} else {
+			require.NotContains(t, stderr.String(), warning, addr)
+		}
+	}
+}
+
 // TestNoAPIKeyIsSaidBeforeTheRequest: with no key at all the CLI warns before it dials, and
 // a README reader who exported MCP_ADMIN_KEY learns which variable the CLI reads.
 func TestNoAPIKeyIsSaidBeforeTheRequest(t *testing.T) {
