@@ -110,6 +110,11 @@ type detailed struct {
 func (e *detailed) Error() string { return e.msg }
 func (e *detailed) Unwrap() error { return e.sentinel }
 
+func serverExists(ref string) error {
+	return &detailed{sentinel: errServerExists,
+		msg: fmt.Sprintf("registry: a server with ref %q already exists: use PUT /v1/mcp/servers/%s (UpdateServer, ringfence servers update %s) to reconfigure it", ref, ref, ref)}
+}
+
 func serverNotFound(ref string) error {
 	return &detailed{sentinel: errServerNotFound,
 		msg: fmt.Sprintf("registry: no server is registered with ref %q: ListServers (ringfence servers list) shows the registered refs", ref)}

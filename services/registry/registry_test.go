@@ -138,7 +138,7 @@ func TestCreateGetListDelete(t *testing.T) {
 
 	_, err = f.client.CreateServer(ctx, docsSearch())
 	st := testutil.RequireStatus(t, err, codes.AlreadyExists)
-	require.Contains(t, st.Message(), "use PUT")
+	require.Contains(t, st.Message(), `a server with ref "docs-search" already exists: use PUT /v1/mcp/servers/docs-search (UpdateServer, ringfence servers update docs-search)`)
 
 	got, err := f.client.GetServer(ctx, &registryv1.GetServerRequest{Ref: "docs-search"})
 	require.NoError(t, err)

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"context"
+	"errors"
 
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
@@ -12,6 +13,7 @@ import (
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/services/registry/internal/store"
 
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
@@ -39,6 +41,9 @@ func (s *Service) CreateServer(ctx context.Context, req *registryv1.CreateServer
 	if err := s.store.CreateServer(ctx, reg, func(tx *bolt.Tx) error {
 		return s.event(ctx, audit.ActionCreate, resourceServer, reg.Ref, serverToProto(reg))(tx)
 	}); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			return nil, s.errors.Status(ctx, serverExists(reg.Ref))
+		}
 		return nil, s.errors.Status(ctx, storeErr(err, serverNotFound(reg.Ref)))
 	}
 	return &registryv1.CreateServerResponse{Server: serverToProto(reg)}, nil
