@@ -21,6 +21,7 @@ import (
 // look, instead of printing help with exit 0 or a bare "unknown flag".
 func guide(root *cobra.Command) {
 	root.SetFlagErrorFunc(flagError)
+	root.SetHelpCommand(helpCommand(root))
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {
 		// cobra's own default (2) applies only inside its legacy argument check.
@@ -40,6 +41,25 @@ func guide(root *cobra.Command) {
 		}
 	}
 	walk(root)
+}
+
+// helpCommand is `ringfence help [command]`: cobra's own prints the root's help and exits 0
+// for a topic it does not know; this one refuses it like a mistyped command.
+func helpCommand(root *cobra.Command) *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [command]",
+		Short: "Help about any command",
+		RunE: func(_ *cobra.Command, args []string) error {
+			cmd, rest, err := root.Find(args)
+			if err != nil || cmd == nil {
+				cmd, rest = root, args
+			}
+			if len(rest) > 0 {
+				return unknownSubcommand(cmd, rest)
+			}
+			return cmd.Help()
+		},
+	}
 }
 
 // unknownSubcommand refuses a group's argument as a command it does not have, naming the

@@ -156,3 +156,14 @@ func TestPrintErrorSaysHowToGetAPermission(t *testing.T) {
 	printError(&out, status.Error(codes.PermissionDenied, `auth: RegistryService.ListServers needs permission mcp:admin, which role "operator" does not hold`), connection{})
 	require.Contains(t, out.String(), "hint: use a key whose role holds that permission: `ringfence roles check` lists the roles")
 }
+
+// TestHelpOnAnUnknownTopicIsAMistake: `ringfence help serverz` exits 2 naming the closest
+// command, as `ringfence serverz` does; help on a real one prints it.
+func TestHelpOnAnUnknownTopicIsAMistake(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, ExitUsage, Execute([]string{"help", "servers", "lsit"}, nil, &stdout, &stderr))
+	require.Contains(t, stderr.String(), `unknown command "lsit" for "ringfence servers": did you mean "ringfence servers list"?`)
+	stdout.Reset()
+	require.Equal(t, ExitOK, Execute([]string{"help", "servers", "add"}, nil, &stdout, &stderr), stderr.String())
+	require.Contains(t, stdout.String(), "Register an MCP server")
+}
