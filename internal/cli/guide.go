@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/ringfence/ringfence/internal/humanize"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 )
 
@@ -112,7 +113,7 @@ func closestFlag(cmd *cobra.Command, name string) string {
 		if f.Hidden {
 			return
 		}
-		d := levenshtein(name, f.Name)
+		d := humanize.EditDistance(name, f.Name)
 		if len(name) >= 3 && strings.HasPrefix(f.Name, name) {
 			d = min(d, 1)
 		}
@@ -121,27 +122,6 @@ func closestFlag(cmd *cobra.Command, name string) string {
 		}
 	})
 	return best
-}
-
-// levenshtein is the edit distance between a and b.
-func levenshtein(a, b string) int {
-	prev := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur := make([]int, len(b)+1)
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev = cur
-	}
-	return prev[len(b)]
 }
 
 // addrSource says where --addr came from, for messages about it.
