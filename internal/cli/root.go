@@ -246,13 +246,11 @@ func (g *globals) streamCtx(parent context.Context) context.Context {
 // serviceForCommands says which binary of a split deployment serves which commands.
 const serviceForCommands = "servers, secrets, keys and roles: ringfence-registry; graphs and mcp-import: ringfence-publisher; runs and call: ringfence-pool; audit: ringfence-audit"
 
-// unservedService names the gRPC service a server said it does not serve (grpc-go's answer
-// to a call for a service nobody registered): in a split deployment, the CLI asked the wrong
-// binary.
+// unservedService names the gRPC service a server said it does not serve: in a split
+// deployment, the CLI asked the wrong binary. grpc-go's answer to a call for a service nobody
+// registered is the message "unknown service <name>", which our handlers never write; the
+// message alone identifies it, and the hint it leads to only points at another binary.
 func unservedService(st *status.Status) (string, bool) {
-	if st.Code() != codes.Unimplemented {
-		return "", false
-	}
 	return strings.CutPrefix(st.Message(), "unknown service ")
 }
 
