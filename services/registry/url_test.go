@@ -151,10 +151,7 @@ func TestRemoteURLCanaryIsNeverShown(t *testing.T) {
 func TestUpdateWithTheMaskedURLKeepsTheStoredURL(t *testing.T) {
 	f := newFixture(t)
 	ctx := f.admin(t)
-	_, err := f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tickets-token", Value: "t"})
-	require.NoError(t, err)
-	_, err = f.client.CreateServer(ctx, tickets())
-	require.NoError(t, err)
+	f.registerTickets(t, ctx)
 	put := func(url string) (int, string) {
 		return f.rest(t, http.MethodPut, "/v1/mcp/servers/tickets", adminKey,
 			`{"transport":"streamable_http","url":"`+url+`","headers":{"Authorization":"tickets-token"},"grants":["process_spawn"]}`)
@@ -184,16 +181,35 @@ func TestUpdateWithTheMaskedURLKeepsTheStoredURL(t *testing.T) {
 	}
 
 	fresh := tickets()
-	fresh.Ref, fresh.Url = "fresh", maskedRemoteURL
-	_, err = f.client.CreateServer(ctx, fresh)
+	fresh.Url = maskedRemoteURL
+	msg := f.requireMaskRefusedWithNothingStored(t, ctx, fresh, "url: has the mask")
+	require.Contains(t, msg, "no URL is stored")
+}
+
+// registerTickets registers tickets() with the secret its header names.
+func (f *fixture) registerTickets(t *testing.T, ctx context.Context) {
+	t.Helper()
+	_, err := f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tickets-token", Value: "t"})
+	require.NoError(t, err)
+	_, err = f.client.CreateServer(ctx, tickets())
+	require.NoError(t, err)
+}
+
+// requireMaskRefusedWithNothingStored: a mask in a new registration (fresh, registered as
+// "fresh") or an ad-hoc exploration has nothing stored behind it, so both are refused naming
+// the field (want; the exploration's under "server."). It returns the create's message.
+func (f *fixture) requireMaskRefusedWithNothingStored(t *testing.T, ctx context.Context, fresh *registryv1.CreateServerRequest, want string) string {
+	t.Helper()
+	fresh.Ref = "fresh"
+	_, err := f.client.CreateServer(ctx, fresh)
 	st := testutil.RequireStatus(t, err, codes.InvalidArgument)
-	require.Contains(t, st.Message(), "url: has the mask")
-	require.Contains(t, st.Message(), "no URL is stored")
+	require.Contains(t, st.Message(), want)
 	f.svc.SetDiscoverer(fakeDiscoverer{})
 	fresh.Ref = ""
 	_, err = f.client.ExploreServer(ctx, &registryv1.ExploreServerRequest{Ref: "adhoc", Server: fresh})
-	st = testutil.RequireStatus(t, err, codes.InvalidArgument)
-	require.Contains(t, st.Message(), "server.url: has the mask")
+	explore := testutil.RequireStatus(t, err, codes.InvalidArgument)
+	require.Contains(t, explore.Message(), "server."+want)
+	return st.Message()
 }
 
 // TestUpdateRecordsSayWhatSecretsChanged: an update's admin record says whether the URL and
@@ -202,11 +218,8 @@ func TestUpdateWithTheMaskedURLKeepsTheStoredURL(t *testing.T) {
 func TestUpdateRecordsSayWhatSecretsChanged(t *testing.T) {
 	f := newFixture(t)
 	ctx := f.admin(t)
-	_, err := f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tickets-token", Value: "t"})
-	require.NoError(t, err)
-	_, err = f.client.CreateServer(ctx, tickets())
-	require.NoError(t, err)
-	_, err = f.client.CreateServer(ctx, docsSearch())
+	f.registerTickets(t, ctx)
+	_, err := f.client.CreateServer(ctx, docsSearch())
 	require.NoError(t, err)
 
 	update := func(t *testing.T, req *registryv1.UpdateServerRequest) map[string]any {
