@@ -135,14 +135,9 @@ func (g *globals) addrSource(cmd *cobra.Command) string {
 	return "the default"
 }
 
-// checkAddr refuses an --addr that cannot name a gRPC server before anything is dialed: grpc-go
-// would take "localhost" as localhost:443, and "http://host:port" as a host called "http".
-func checkAddr(addr, from string) error {
-	_, err := addrHost(addr, from)
-	return err
-}
-
-// addrHost checks addr as checkAddr does and returns its host, or "" for a unix socket.
+// addrHost refuses an --addr that cannot name a gRPC server before anything is dialed (grpc-go
+// would take "localhost" as localhost:443, and "http://host:port" as a host called "http"),
+// and returns its host, or "" for a unix socket.
 func addrHost(addr, from string) (string, error) {
 	example := "e.g. --addr 127.0.0.1:50051 or RINGFENCE_ADDR=127.0.0.1:50051"
 	// unix:path and unix:///path, unix-abstract:name: a socket, nothing to check here.

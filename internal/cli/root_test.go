@@ -108,12 +108,14 @@ func TestAGroupWithoutASubcommandPrintsItsHelp(t *testing.T) {
 	require.Contains(t, stdout.String(), "Available Commands:")
 }
 
-func TestCheckAddr(t *testing.T) {
+func TestAddrHost(t *testing.T) {
 	for _, ok := range []string{"127.0.0.1:50051", "localhost:1", "[::1]:50051", ":50051", "dns:///ringfence.internal:443", "dns:ringfence.internal:443", "unix:///run/ringfence.sock", "unix:/run/ringfence.sock", "unix-abstract:ringfence"} {
-		require.NoError(t, checkAddr(ok, "--addr"), ok)
+		_, err := addrHost(ok, "--addr")
+		require.NoError(t, err, ok)
 	}
 	for _, bad := range []string{"localhost", "127.0.0.1:", "127.0.0.1:0", "https://ringfence.example.com", "ftp://x:1", "a:b:c"} {
-		require.Error(t, checkAddr(bad, "--addr"), bad)
+		_, err := addrHost(bad, "--addr")
+		require.Error(t, err, bad)
 	}
 }
 
