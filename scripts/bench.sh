@@ -33,6 +33,8 @@ run ./services/audit/internal/store/ 'SpoolToStore' 50000x
 run ./internal/audit/ 'SpoolEnqueue$' 50000x
 run ./internal/audit/ 'SpoolEnqueueSerial$' 2000x
 run ./services/audit/internal/store/ 'Verify1M' 1x 3
+# The floor a gRPC hop puts under every call: this server beside bare grpc-go, hot and after idle.
+run ./internal/grpcserver/ 'UnaryHop' 2000x 3
 # Pool: (a) warm call, (b) first call of a run, (c) 16 concurrent runs, (d) memory per session.
 run ./services/pool/ 'PoolWarmCall$' 300x 3
 run ./services/pool/ 'PoolFirstCall$' 20x 3

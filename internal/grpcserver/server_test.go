@@ -38,7 +38,7 @@ type allowAll struct{}
 
 func (allowAll) Authorize(ctx context.Context, _ string) (context.Context, error) { return ctx, nil }
 
-func start(t *testing.T, srv *Server) (*grpc.ClientConn, string) {
+func start(t testing.TB, srv *Server) (*grpc.ClientConn, string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
