@@ -98,19 +98,47 @@ func mintable(ctx context.Context, role auth.Role, tenant string) (string, error
 	if !ok || caller.KeyID == "" {
 		return tenant, nil // the bootstrap at start, or a service certificate
 	}
-	var missing []string
-	for _, p := range role.Permissions {
-		if !caller.Has(p) {
-			missing = append(missing, string(p))
-		}
-	}
-	if len(missing) > 0 {
+	if missing := missingPermissions(caller, role); len(missing) > 0 {
 		return "", fmt.Errorf("%w: role %q carries %s, which this key (role %q) does not hold", errKeyEscalation, role.Name, strings.Join(missing, ", "), caller.Role)
 	}
 	if caller.Tenant == "" {
 		return tenant, nil
 	}
 	return auth.ResolveTenant(caller, tenant)
+}
+
+// revocable checks that the caller may revoke k. keys:admin is no way up here either: a key
+// revokes only keys whose role's every permission it holds (its own key among them), or a
+// custom role holding keys:admin could lock the admins out by revoking every admin key, the
+// bootstrap key included. A key whose role is no longer configured holds nothing, so any
+// keys:admin key may revoke it.
+func (s *Service) revocable(ctx context.Context, k store.Key) error {
+	caller, ok := auth.FromContext(ctx)
+	if !ok || caller.KeyID == "" {
+		return nil // an in-process caller, or a service certificate
+	}
+	role, ok := s.cfg.Roles.Lookup(k.Role)
+	if !ok {
+		return nil
+	}
+	missing := missingPermissions(caller, role)
+	if len(missing) == 0 {
+		return nil
+	}
+	return &detailed{sentinel: errRevokeEscalation,
+		msg: fmt.Sprintf("registry: key %s has role %q, which carries %s, which this key (role %q) does not hold: a key may revoke only keys whose every permission it holds itself, so revoke it with a key that holds them (an admin key holds every permission)",
+			k.ID, role.Name, strings.Join(missing, ", "), caller.Role)}
+}
+
+// missingPermissions lists the permissions of role that caller does not hold.
+func missingPermissions(caller auth.Principal, role auth.Role) []string {
+	var missing []string
+	for _, p := range role.Permissions {
+		if !caller.Has(p) {
+			missing = append(missing, string(p))
+		}
+	}
+	return missing
 }
 
 // visibleKey reports whether the caller may see or revoke k: a tenant-bound caller only its
@@ -155,8 +183,13 @@ func (s *Service) RevokeKey(ctx context.Context, req *registryv1.RevokeKeyReques
 	if !keyIDPattern.MatchString(req.GetId()) {
 		return nil, s.errors.Status(ctx, fielderr.New("id", "%q is not a key id (key_<hex>); ListKeys shows them", req.GetId()))
 	}
-	if k, ok := s.store.KeyByID(req.GetId()); ok && !visibleKey(ctx, k) {
-		return nil, s.errors.Status(ctx, errKeyNotFound)
+	if k, ok := s.store.KeyByID(req.GetId()); ok {
+		if !visibleKey(ctx, k) {
+			return nil, s.errors.Status(ctx, errKeyNotFound)
+		}
+		if err := s.revocable(ctx, k); err != nil {
+			return nil, s.errors.Status(ctx, err)
+		}
 	}
 	k, err := s.store.RevokeKey(ctx, req.GetId(), s.event(ctx, audit.ActionKeyRevoke, resourceKey, req.GetId(), nil))
 	if err != nil {

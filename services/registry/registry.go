@@ -71,16 +71,17 @@ var (
 
 // Domain errors, each with a message a person can act on; errorCodes maps them to codes.
 var (
-	errServerExists   = errors.New("registry: a server with this ref already exists: use PUT /v1/mcp/servers/{ref} (UpdateServer) to reconfigure it")
-	errServerNotFound = fmt.Errorf("registry: %w", mcpserver.ErrNotRegistered)
-	errSecretNotFound = errors.New("registry: no secret has this name")
-	errKeyNotFound    = errors.New("registry: no API key has this id")
-	errStaleRevision  = errors.New("registry: the registration changed since the revision you sent: get it again, reapply your change, and send the new revision")
-	errBadPageToken   = errors.New("registry: page_token is not one this server issued: start again without it")
-	errMissingSecret  = errors.New("registry: a header references a secret that does not exist")
-	errUnknownRole    = errors.New("registry: unknown role")
-	errKeyEscalation  = errors.New("registry: a key may mint keys only with permissions it holds itself, and a tenant-bound key only for its own tenant")
-	errUnrecordable   = errors.New("registry: the change cannot be recorded in the audit log, so nothing was changed")
+	errServerExists     = errors.New("registry: a server with this ref already exists: use PUT /v1/mcp/servers/{ref} (UpdateServer) to reconfigure it")
+	errServerNotFound   = fmt.Errorf("registry: %w", mcpserver.ErrNotRegistered)
+	errSecretNotFound   = errors.New("registry: no secret has this name")
+	errKeyNotFound      = errors.New("registry: no API key has this id")
+	errStaleRevision    = errors.New("registry: the registration changed since the revision you sent: get it again, reapply your change, and send the new revision")
+	errBadPageToken     = errors.New("registry: page_token is not one this server issued: start again without it")
+	errMissingSecret    = errors.New("registry: a header references a secret that does not exist")
+	errUnknownRole      = errors.New("registry: unknown role")
+	errKeyEscalation    = errors.New("registry: a key may mint keys only with permissions it holds itself, and a tenant-bound key only for its own tenant")
+	errRevokeEscalation = errors.New("registry: a key may revoke only keys whose every permission it holds itself")
+	errUnrecordable     = errors.New("registry: the change cannot be recorded in the audit log, so nothing was changed")
 )
 
 var errorCodes = map[error]codes.Code{
@@ -93,6 +94,7 @@ var errorCodes = map[error]codes.Code{
 	errMissingSecret:               codes.FailedPrecondition,
 	errUnknownRole:                 codes.InvalidArgument,
 	errKeyEscalation:               codes.PermissionDenied,
+	errRevokeEscalation:            codes.PermissionDenied,
 	errUnrecordable:                codes.InvalidArgument,
 	auth.ErrTenantMismatch:         codes.PermissionDenied,
 	discovery.ErrIsolationRequired: codes.Unavailable,

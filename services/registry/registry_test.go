@@ -514,6 +514,66 @@ func TestKeysAdminIsNoWayUp(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// TestRevokeKeyIsNoWayUp: a key revokes only keys whose role's every permission it holds, as
+// it mints: a key holding keys:admin alone cannot revoke an admin key or the bootstrap key
+// (PERMISSION_DENIED naming what it lacks, the target keeps working, nothing is recorded),
+// while an admin key can, and a key can still revoke itself.
+func TestRevokeKeyIsNoWayUp(t *testing.T) {
+	f := newFixtureWithRoles(t, `{"keyonly": ["keys:admin"]}`)
+	admin := f.admin(t)
+	mint := func(name, role string) (*registryv1.CreateKeyResponse, context.Context) {
+		t.Helper()
+		resp, err := f.keys.CreateKey(admin, &registryv1.CreateKeyRequest{Name: name, Role: role})
+		require.NoError(t, err)
+		return resp, testutil.WithKey(t.Context(), resp.GetSecret())
+	}
+	ko, koCtx := mint("ko", "keyonly")
+	target, targetCtx := mint("ci-admin", auth.RoleAdmin)
+	runner, _ := mint("ci-runner", auth.RoleRunner)
+	peer, _ := mint("ko-2", "keyonly")
+	bootstrap, err := f.svc.VerifyKey(t.Context(), auth.HashKey(adminKey))
+	require.NoError(t, err)
+	mark := len(f.recordsSince(t, 0))
+
+	for _, tc := range []struct{ name, id, role, lacks string }{
+		{"admin key", target.GetKey().GetId(), auth.RoleAdmin, "mcp:admin"},
+		{"bootstrap key", bootstrap.KeyID, auth.RoleAdmin, "mcp:admin"},
+		{"runner key", runner.GetKey().GetId(), auth.RoleRunner, "run:execute"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := f.keys.RevokeKey(koCtx, &registryv1.RevokeKeyRequest{Id: tc.id})
+			st := testutil.RequireStatus(t, err, codes.PermissionDenied)
+			require.Contains(t, st.Message(), fmt.Sprintf("key %s has role %q, which carries ", tc.id, tc.role))
+			require.Contains(t, st.Message(), tc.lacks)
+			require.Contains(t, st.Message(), `which this key (role "keyonly") does not hold`)
+			require.Contains(t, st.Message(), "revoke it with a key that holds them")
+			code, body := f.rest(t, http.MethodPost, "/v1/keys/"+tc.id+":revoke", ko.GetSecret(), "{}")
+			require.Equal(t, http.StatusForbidden, code, body)
+		})
+	}
+	require.Empty(t, f.recordsSince(t, mark), "a refused revocation records nothing")
+	_, err = f.client.ListServers(targetCtx, &registryv1.ListServersRequest{})
+	require.NoError(t, err, "the admin key still works")
+	_, err = f.client.ListServers(admin, &registryv1.ListServersRequest{})
+	require.NoError(t, err, "the bootstrap key still works")
+	list, err := f.keys.ListKeys(admin, &registryv1.ListKeysRequest{})
+	require.NoError(t, err)
+	for _, k := range list.GetKeys() {
+		require.False(t, k.GetRevoked(), "%s was revoked", k.GetName())
+	}
+
+	_, err = f.keys.RevokeKey(koCtx, &registryv1.RevokeKeyRequest{Id: peer.GetKey().GetId()})
+	require.NoError(t, err, "a key whose permissions the caller holds is the caller's to revoke")
+	_, err = f.keys.RevokeKey(admin, &registryv1.RevokeKeyRequest{Id: target.GetKey().GetId()})
+	require.NoError(t, err, "an admin key revokes an admin key")
+	_, err = f.client.ListServers(targetCtx, &registryv1.ListServersRequest{})
+	testutil.RequireStatus(t, err, codes.Unauthenticated)
+	_, err = f.keys.RevokeKey(koCtx, &registryv1.RevokeKeyRequest{Id: ko.GetKey().GetId()})
+	require.NoError(t, err, "a key revokes itself")
+	_, err = f.keys.ListKeys(koCtx, &registryv1.ListKeysRequest{})
+	testutil.RequireStatus(t, err, codes.Unauthenticated)
+}
+
 func TestCanaryNeverInClearAtRestOrInResponses(t *testing.T) {
 	f := newFixture(t)
 	ctx := f.admin(t)

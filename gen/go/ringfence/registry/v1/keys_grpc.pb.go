@@ -40,7 +40,8 @@ type KeyServiceClient interface {
 	// Caller: keys:admin (REST GET /v1/keys).
 	ListKeys(ctx context.Context, in *ListKeysRequest, opts ...grpc.CallOption) (*ListKeysResponse, error)
 	// RevokeKey revokes a key at once; revoked keys stay listed.
-	// Caller: keys:admin (REST POST /v1/keys/{id}:revoke). Codes: NOT_FOUND.
+	// Caller: keys:admin (REST POST /v1/keys/{id}:revoke), holding every permission of the key's
+	// role (a key may revoke itself). Codes: NOT_FOUND, PERMISSION_DENIED (names what it lacks).
 	RevokeKey(ctx context.Context, in *RevokeKeyRequest, opts ...grpc.CallOption) (*RevokeKeyResponse, error)
 	// ListRoles reports every role the server knows, built-in and custom, with warnings for
 	// roles that undo a separation of duties (mcp:admin paired with workflow:admin).
@@ -111,7 +112,8 @@ type KeyServiceServer interface {
 	// Caller: keys:admin (REST GET /v1/keys).
 	ListKeys(context.Context, *ListKeysRequest) (*ListKeysResponse, error)
 	// RevokeKey revokes a key at once; revoked keys stay listed.
-	// Caller: keys:admin (REST POST /v1/keys/{id}:revoke). Codes: NOT_FOUND.
+	// Caller: keys:admin (REST POST /v1/keys/{id}:revoke), holding every permission of the key's
+	// role (a key may revoke itself). Codes: NOT_FOUND, PERMISSION_DENIED (names what it lacks).
 	RevokeKey(context.Context, *RevokeKeyRequest) (*RevokeKeyResponse, error)
 	// ListRoles reports every role the server knows, built-in and custom, with warnings for
 	// roles that undo a separation of duties (mcp:admin paired with workflow:admin).
