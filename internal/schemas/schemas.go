@@ -24,6 +24,7 @@ import (
 // Schema is a compiled schema.
 type Schema struct {
 	s *jsonschema.Schema
+	g *graph
 }
 
 // refuseLoader is the only loader a compiler gets: every external document is refused.
@@ -96,7 +97,11 @@ func Compile(raw json.RawMessage) (*Schema, error) {
 	if err != nil {
 		return nil, compileError(doc, err)
 	}
-	return &Schema{s: s}, nil
+	g, err := analyze(s)
+	if err != nil {
+		return nil, err
+	}
+	return &Schema{s: s, g: g}, nil
 }
 
 // docURL is where a compiled document lives; it never leaves this package's messages.
@@ -212,8 +217,12 @@ func metaSchemaOf(doc any) string {
 }
 
 // Validate checks a decoded JSON value (from encoding/json, numbers as json.Number or
-// float64). The error names every failing location, e.g. "/path: missing property".
+// float64). The error names every failing location, e.g. "/path: missing property". A value
+// that would take more than bounded work is refused with a *BudgetError before validation.
 func (s *Schema) Validate(v any) error {
+	if err := s.checkBudget(v); err != nil {
+		return err
+	}
 	err := s.s.Validate(v)
 	if err == nil {
 		return nil

@@ -675,7 +675,10 @@ func (s *Service) validateInput(tool *graph.MCPToolNode, args []byte, strict boo
 	if err != nil {
 		return refusal(reasonInvalidInput, err)
 	}
-	if err := sch.Validate(v); err != nil {
+	var tooMuch *schemas.BudgetError
+	if err := sch.Validate(v); errors.As(err, &tooMuch) {
+		return refusal(reasonInvalidInput, fmt.Errorf("the arguments cannot be checked against the tool's input schema with bounded work, so they are refused: %v", err))
+	} else if err != nil {
 		return refusal(reasonInvalidInput, fmt.Errorf("the arguments do not match the tool's input schema: %v", err))
 	}
 	return nil
@@ -818,7 +821,10 @@ func (s *Service) validateOutput(tool *graph.MCPToolNode, structured any) error 
 	if err != nil {
 		return err
 	}
-	if err := sch.Validate(v); err != nil {
+	var tooMuch *schemas.BudgetError
+	if err := sch.Validate(v); errors.As(err, &tooMuch) {
+		return fmt.Errorf("the structured content cannot be checked against the tool's output schema with bounded work, so it is not passed on: %v", err)
+	} else if err != nil {
 		return fmt.Errorf("the structured content does not match the tool's output schema: %v", err)
 	}
 	return nil

@@ -17,6 +17,7 @@ import (
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
+	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
@@ -163,6 +164,34 @@ func TestAPinnedSchemaThatCannotBeCompiledIsRefusedBeforeDispatch(t *testing.T) 
 	}
 	require.Zero(t, h.spawned())
 	require.Empty(t, h.pendings(), "nothing reached a server")
+}
+
+// TestArgumentsThatWouldTakeUnboundedWorkAreRefused: a pinned schema whose recursive oneOf
+// branches double the validator's work at each level of the value (41 bytes of nested
+// arrays took seconds) is refused as invalid_input before anything starts, and the pool goes
+// on answering.
+func TestArgumentsThatWouldTakeUnboundedWorkAreRefused(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"add"}}}, nil)
+	run := h.inject("g", "g-exponential", func(g *graph.Graph) {
+		for _, n := range g.Nodes {
+			if m := n.MCPTool; m != nil {
+				m.SchemaHash = "v1:sha256:" + strings.Repeat("1", 64)
+				m.InputSchema = []byte(`{"type":"object","properties":{"tree":{"$ref":"#/$defs/n"}},"$defs":{"n":{"oneOf":[` +
+					`{"type":"array","items":{"$ref":"#/$defs/n"}},{"type":"array","items":{"$ref":"#/$defs/n"}},{"type":"null"}]}}}`)
+			}
+		}
+	})
+	tree := json.RawMessage(strings.Repeat("[", 20) + "null" + strings.Repeat("]", 20))
+	_, err := h.call(run, "a", "fx__add", map[string]any{"tree": tree})
+	ref := requireRefused(t, err, reasonInvalidInput)
+	require.ErrorContains(t, ref, "bounded work")
+	require.Zero(t, h.spawned(), "nothing started")
+
+	res, err := h.call(h.start("g"), "a", "fx__add", map[string]any{"a": 2, "b": 3})
+	require.NoError(t, err, "the pool goes on")
+	require.Equal(t, audit.ResultSucceeded, res.Result)
 }
 
 // TestExploreRefusesADeclarationTheScreenHardFails: explore takes the live declaration, which

@@ -1,0 +1,555 @@
+package schemas
+
+import (
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// The validator walks every branch of anyOf, oneOf and allOf, through every $ref, at every
+// place of the value, and remembers nothing between walks. A schema whose branches lead back
+// to the same subschema therefore costs exponentially in the depth of the value: 51 bytes of
+// nested arrays against two recursive oneOf branches took 8.7 s. Before validating, Validate
+// therefore counts, exactly and cheaply (each pair of subschema and place of the value once),
+// how many subschema evaluations the validator would make at most, and refuses a value that
+// would need more than its budget.
+const (
+	// minSteps is the budget of any value, however small.
+	minSteps = 1 << 16
+	// stepsPerNode adds budget for each node of the value, so a large value against a
+	// plain schema is never refused: a plain schema costs a few evaluations per node.
+	stepsPerNode = 8
+	// MaxDepth bounds how deeply a value may nest; the validator's work and every error it
+	// builds grow with depth.
+	MaxDepth = 128
+)
+
+// BudgetError says a value would take too much work to validate against a schema.
+type BudgetError struct {
+	// Deep is set when the value nests deeper than MaxDepth.
+	Deep bool
+	// Budget is the work the value may take: minSteps plus stepsPerNode for each node.
+	Budget uint64
+}
+
+func (e *BudgetError) Error() string {
+	if e.Deep {
+		return fmt.Sprintf("the value nests more than %d levels deep; values are validated to at most %d levels", MaxDepth, MaxDepth)
+	}
+	return fmt.Sprintf("validating the value would take more than the %d schema evaluations a value of its size may take: the schema's anyOf, oneOf, allOf or $ref branches lead back to the same subschemas, so the work multiplies with each level of the value", e.Budget)
+}
+
+// graph is what the work count needs to know about a compiled schema beyond its fields:
+// which subschemas a $dynamicRef or $recursiveRef may land on at run time.
+type graph struct {
+	dynamic   map[string][]*jsonschema.Schema // by $dynamicAnchor name
+	recursive []*jsonschema.Schema            // those with "$recursiveAnchor": true
+	// accepts holds the JSON types each subschema goes on with past "type"; a boolean
+	// schema goes on with none.
+	accepts map[*jsonschema.Schema]jsonTypes
+}
+
+// analyze walks every subschema reachable from root and refuses a loop that never descends
+// into the value (a $ref, allOf, anyOf, oneOf, not or if that leads back to itself at the
+// same place): the validator fails every value that reaches one, and counting its work
+// would be unbounded.
+func analyze(root *jsonschema.Schema) (*graph, error) {
+	g := &graph{dynamic: map[string][]*jsonschema.Schema{}, accepts: map[*jsonschema.Schema]jsonTypes{}}
+	seen := map[*jsonschema.Schema]bool{}
+	var all []*jsonschema.Schema
+	var reach func(s *jsonschema.Schema)
+	reach = func(s *jsonschema.Schema) {
+		if s == nil || seen[s] {
+			return
+		}
+		seen[s] = true
+		all = append(all, s)
+		g.accepts[s] = acceptedTypes(s)
+		if s.DynamicAnchor != "" {
+			g.dynamic[s.DynamicAnchor] = append(g.dynamic[s.DynamicAnchor], s)
+		}
+		if s.RecursiveAnchor {
+			g.recursive = append(g.recursive, s)
+		}
+		if s.DynamicRef != nil {
+			reach(s.DynamicRef.Ref)
+		}
+		for _, t := range staticInPlace(s) {
+			reach(t)
+		}
+		for _, t := range childSchemas(s) {
+			reach(t)
+		}
+	}
+	reach(root)
+
+	const (
+		unvisited = iota
+		onPath
+		done
+	)
+	state := map[*jsonschema.Schema]int{}
+	var loop *jsonschema.Schema
+	var visit func(s *jsonschema.Schema) bool
+	visit = func(s *jsonschema.Schema) bool {
+		switch state[s] {
+		case onPath:
+			loop = s
+			return false
+		case done:
+			return true
+		}
+		state[s] = onPath
+		ok := true
+		g.inPlace(s, func(t *jsonschema.Schema) {
+			ok = ok && visit(t)
+		})
+		state[s] = done
+		return ok
+	}
+	for _, s := range all {
+		if !visit(s) {
+			return nil, &CompileError{Problems: []Problem{{Pointer: pointerOf(loop.Location),
+				Message: "refers back to itself through $ref, allOf, anyOf, oneOf, not or if without descending into the value, so every value that reaches it fails; recurse through properties or items instead"}}}
+		}
+	}
+	return g, nil
+}
+
+// pointerOf returns the JSON Pointer tokens of a compiled subschema's location.
+func pointerOf(loc string) []string {
+	_, frag, _ := strings.Cut(loc, "#")
+	if frag == "" {
+		return nil
+	}
+	toks := strings.Split(strings.TrimPrefix(frag, "/"), "/")
+	for i, t := range toks {
+		toks[i] = strings.NewReplacer("~1", "/", "~0", "~").Replace(t)
+	}
+	return toks
+}
+
+// staticInPlace lists the subschemas s applies at the same place of the value, whatever the
+// value is (dependencies are listed too; which apply depends on the object's keys).
+func staticInPlace(s *jsonschema.Schema) []*jsonschema.Schema {
+	out := []*jsonschema.Schema{s.Ref, s.RecursiveRef, s.Not, s.If, s.Then, s.Else}
+	out = append(out, s.AllOf...)
+	out = append(out, s.AnyOf...)
+	out = append(out, s.OneOf...)
+	for _, d := range s.Dependencies {
+		if d, ok := d.(*jsonschema.Schema); ok {
+			out = append(out, d)
+		}
+	}
+	for _, d := range s.DependentSchemas {
+		out = append(out, d)
+	}
+	return out
+}
+
+// childSchemas lists the subschemas s applies to the value's members.
+func childSchemas(s *jsonschema.Schema) []*jsonschema.Schema {
+	out := []*jsonschema.Schema{s.PropertyNames, s.Contains, s.Items2020, s.UnevaluatedProperties, s.UnevaluatedItems}
+	for _, p := range s.Properties {
+		out = append(out, p)
+	}
+	for _, p := range s.PatternProperties {
+		out = append(out, p)
+	}
+	out = append(out, s.PrefixItems...)
+	for _, x := range []any{s.AdditionalProperties, s.AdditionalItems, s.Items} {
+		switch x := x.(type) {
+		case *jsonschema.Schema:
+			out = append(out, x)
+		case []*jsonschema.Schema:
+			out = append(out, x...)
+		}
+	}
+	return out
+}
+
+// inPlace calls f with every subschema s may apply at the same place, including every
+// subschema a dynamic or recursive reference may resolve to.
+func (g *graph) inPlace(s *jsonschema.Schema, f func(*jsonschema.Schema)) {
+	for _, t := range staticInPlace(s) {
+		if t != nil {
+			f(t)
+		}
+	}
+	for _, t := range g.refTargets(s) {
+		f(t)
+	}
+}
+
+// refTargets lists what s's $dynamicRef and $recursiveRef may resolve to, beyond the static
+// $recursiveRef target staticInPlace lists.
+func (g *graph) refTargets(s *jsonschema.Schema) []*jsonschema.Schema {
+	var out []*jsonschema.Schema
+	if r := s.RecursiveRef; r != nil && r.RecursiveAnchor {
+		out = append(out, g.recursive...)
+	}
+	if d := s.DynamicRef; d != nil {
+		out = append(out, d.Ref)
+		if d.Anchor != "" && d.Ref.DynamicAnchor == d.Anchor {
+			out = append(out, g.dynamic[d.Anchor]...)
+		}
+	}
+	return out
+}
+
+// counter counts, for one value, the most subschema evaluations validating it may take. The
+// count is an upper bound: every branch is counted as evaluated, whatever the validator may
+// skip once it knows the answer. The counting itself is bounded by the same budget.
+type counter struct {
+	g      *graph
+	budget uint64
+	steps  uint64
+	over   bool
+	// scalars memoizes the count of a subschema at a scalar, which depends on its type only.
+	scalars map[scalarKey]uint64
+	buf     []*jsonschema.Schema // reused by members
+}
+
+type scalarKey struct {
+	s   *jsonschema.Schema
+	typ jsonTypes
+}
+
+// checkBudget returns a *BudgetError when validating v against s may take more than its budget.
+func (sch *Schema) checkBudget(v any) error {
+	nodes, deep := size(v, 0)
+	if deep {
+		return &BudgetError{Deep: true}
+	}
+	budget := uint64(minSteps) + stepsPerNode*nodes
+	c := &counter{g: sch.g, budget: budget, scalars: map[scalarKey]uint64{}}
+	costs := c.at(v, []*jsonschema.Schema{sch.s})
+	if c.over || costs[sch.s] > budget {
+		return &BudgetError{Budget: budget}
+	}
+	return nil
+}
+
+// size counts the value's nodes, stopping once it nests deeper than MaxDepth.
+func size(v any, depth int) (nodes uint64, deep bool) {
+	if depth > MaxDepth {
+		return 0, true
+	}
+	nodes = 1
+	switch v := v.(type) {
+	case map[string]any:
+		for _, m := range v {
+			n, d := size(m, depth+1)
+			if d {
+				return 0, true
+			}
+			nodes += n
+		}
+	case []any:
+		for _, m := range v {
+			n, d := size(m, depth+1)
+			if d {
+				return 0, true
+			}
+			nodes += n
+		}
+	}
+	return nodes, false
+}
+
+// add adds without overflowing; anything past the budget is simply "too much".
+func (c *counter) add(a, b uint64) uint64 {
+	if a > math.MaxUint64-b {
+		return math.MaxUint64
+	}
+	return a + b
+}
+
+// step accounts for the counting's own work and says whether to go on.
+func (c *counter) step() bool {
+	c.steps++
+	if c.steps > c.budget {
+		c.over = true
+	}
+	return !c.over
+}
+
+// jsonTypes is a set of JSON types, one bit each.
+type jsonTypes uint8
+
+const (
+	typeNull jsonTypes = 1 << iota
+	typeBoolean
+	typeNumber
+	typeString
+	typeArray
+	typeObject
+	anyType = typeNull | typeBoolean | typeNumber | typeString | typeArray | typeObject
+)
+
+// typeOf is the JSON type of a decoded value.
+func typeOf(v any) jsonTypes {
+	switch v.(type) {
+	case nil:
+		return typeNull
+	case bool:
+		return typeBoolean
+	case string:
+		return typeString
+	case map[string]any:
+		return typeObject
+	case []any:
+		return typeArray
+	}
+	return typeNumber
+}
+
+// acceptedTypes is the set of types s goes on with past its "type"; a mismatch ends its
+// evaluation at once. "integer" is taken to admit every number, which only over-counts.
+func acceptedTypes(s *jsonschema.Schema) jsonTypes {
+	if s.Bool != nil {
+		return 0
+	}
+	if s.Types == nil || s.Types.IsEmpty() {
+		return anyType
+	}
+	var set jsonTypes
+	for _, t := range s.Types.ToStrings() {
+		set |= map[string]jsonTypes{"null": typeNull, "boolean": typeBoolean, "number": typeNumber,
+			"integer": typeNumber, "string": typeString, "array": typeArray, "object": typeObject}[t]
+	}
+	return set
+}
+
+// applies says whether s goes on past its "type" for a value of type typ.
+func (c *counter) applies(s *jsonschema.Schema, typ jsonTypes) bool {
+	return c.g.accepts[s]&typ != 0
+}
+
+// scalar counts the evaluations of s at a scalar of type typ.
+func (c *counter) scalar(s *jsonschema.Schema, typ jsonTypes) uint64 {
+	k := scalarKey{s, typ}
+	if n, ok := c.scalars[k]; ok {
+		return n
+	}
+	if !c.step() {
+		return math.MaxUint64
+	}
+	n := uint64(1)
+	if c.applies(s, typ) {
+		c.g.inPlace(s, func(t *jsonschema.Schema) {
+			n = c.add(n, c.scalar(t, typ))
+		})
+		// A dynamic reference resolves to one of its targets; counting all over-counts.
+	}
+	c.scalars[k] = n
+	return n
+}
+
+// at counts the evaluations of each schema in need at the value v. The subschemas that apply
+// in place form a DAG (analyze refused loops), so each is counted once per place; members
+// are counted once for all the subschemas that apply to them.
+func (c *counter) at(v any, need []*jsonschema.Schema) map[*jsonschema.Schema]uint64 {
+	typ := typeOf(v)
+	out := make(map[*jsonschema.Schema]uint64, len(need))
+	obj, _ := v.(map[string]any)
+
+	// The subschemas evaluated here, in place.
+	var here []*jsonschema.Schema
+	seen := map[*jsonschema.Schema]bool{}
+	var collect func(s *jsonschema.Schema)
+	collect = func(s *jsonschema.Schema) {
+		if seen[s] || !c.step() {
+			return
+		}
+		seen[s] = true
+		here = append(here, s)
+		if c.applies(s, typ) {
+			c.inPlaceAt(s, obj, collect)
+		}
+	}
+	for _, s := range need {
+		collect(s)
+	}
+	if c.over {
+		return out
+	}
+
+	// What each of them spends on the members.
+	own := make(map[*jsonschema.Schema]uint64, len(here))
+	switch v := v.(type) {
+	case map[string]any:
+		for key, member := range v {
+			c.members(here, typ, member, func(out []*jsonschema.Schema, s *jsonschema.Schema) []*jsonschema.Schema {
+				return propertySchemas(out, s, key)
+			}, own)
+			for _, s := range here {
+				if c.applies(s, typ) && s.PropertyNames != nil {
+					own[s] = c.add(own[s], c.scalar(s.PropertyNames, typeString))
+				}
+			}
+			if c.over {
+				return out
+			}
+		}
+	case []any:
+		for i, member := range v {
+			c.members(here, typ, member, func(out []*jsonschema.Schema, s *jsonschema.Schema) []*jsonschema.Schema {
+				return itemSchemas(out, s, i)
+			}, own)
+			if c.over {
+				return out
+			}
+		}
+		n := uint64(len(v))
+		for _, s := range here {
+			if c.applies(s, typ) && s.UniqueItems {
+				own[s] = c.add(own[s], n*(n-1)/2) // pairwise comparisons
+			}
+		}
+	}
+
+	// Totals, each subschema once.
+	total := make(map[*jsonschema.Schema]uint64, len(here))
+	var count func(s *jsonschema.Schema) uint64
+	count = func(s *jsonschema.Schema) uint64 {
+		if n, ok := total[s]; ok {
+			return n
+		}
+		n := c.add(1, own[s])
+		if c.applies(s, typ) {
+			c.inPlaceAt(s, obj, func(t *jsonschema.Schema) { n = c.add(n, count(t)) })
+		}
+		total[s] = n
+		return n
+	}
+	for _, s := range need {
+		out[s] = count(s)
+	}
+	return out
+}
+
+// inPlaceAt is inPlace for a value that is obj (nil unless an object): a dependency applies
+// only when its key is present.
+func (c *counter) inPlaceAt(s *jsonschema.Schema, obj map[string]any, f func(*jsonschema.Schema)) {
+	for _, t := range []*jsonschema.Schema{s.Ref, s.RecursiveRef, s.Not, s.If, s.Then, s.Else} {
+		if t != nil {
+			f(t)
+		}
+	}
+	for _, group := range [][]*jsonschema.Schema{s.AllOf, s.AnyOf, s.OneOf, c.g.refTargets(s)} {
+		for _, t := range group {
+			f(t)
+		}
+	}
+	if obj == nil {
+		return
+	}
+	for key, d := range s.Dependencies {
+		if d, ok := d.(*jsonschema.Schema); ok && has(obj, key) {
+			f(d)
+		}
+	}
+	for key, d := range s.DependentSchemas {
+		if has(obj, key) {
+			f(d)
+		}
+	}
+}
+
+func has(obj map[string]any, key string) bool {
+	_, ok := obj[key]
+	return ok
+}
+
+// members counts one member against what each subschema here applies to it (pick appends
+// those to its buffer), adding each subschema's share to own.
+func (c *counter) members(here []*jsonschema.Schema, typ jsonTypes, member any, pick func([]*jsonschema.Schema, *jsonschema.Schema) []*jsonschema.Schema, own map[*jsonschema.Schema]uint64) {
+	mtyp := typeOf(member)
+	if mtyp != typeObject && mtyp != typeArray {
+		// A scalar's count depends on its type only, so nothing needs collecting.
+		for _, s := range here {
+			if !c.applies(s, typ) || !c.step() {
+				continue
+			}
+			c.buf = pick(c.buf[:0], s)
+			for _, t := range c.buf {
+				own[s] = c.add(own[s], c.scalar(t, mtyp))
+			}
+		}
+		return
+	}
+	var need []*jsonschema.Schema
+	per := make(map[*jsonschema.Schema][]*jsonschema.Schema, len(here))
+	for _, s := range here {
+		if !c.applies(s, typ) || !c.step() {
+			continue
+		}
+		if ts := pick(nil, s); len(ts) > 0 {
+			per[s] = ts
+			need = append(need, ts...)
+		}
+	}
+	if len(need) == 0 || c.over {
+		return
+	}
+	costs := c.at(member, need)
+	for s, ts := range per {
+		for _, t := range ts {
+			own[s] = c.add(own[s], costs[t])
+		}
+	}
+}
+
+// propertySchemas lists what s applies to the member named key.
+func propertySchemas(out []*jsonschema.Schema, s *jsonschema.Schema, key string) []*jsonschema.Schema {
+	n := len(out)
+	if p, ok := s.Properties[key]; ok {
+		out = append(out, p)
+	}
+	for re, p := range s.PatternProperties {
+		if re.MatchString(key) {
+			out = append(out, p)
+		}
+	}
+	if a, ok := s.AdditionalProperties.(*jsonschema.Schema); ok && len(out) == n {
+		out = append(out, a)
+	}
+	if s.UnevaluatedProperties != nil {
+		out = append(out, s.UnevaluatedProperties)
+	}
+	return out
+}
+
+// itemSchemas lists what s applies to item i of an array.
+func itemSchemas(out []*jsonschema.Schema, s *jsonschema.Schema, i int) []*jsonschema.Schema {
+	if s.DraftVersion < 2020 {
+		switch items := s.Items.(type) {
+		case *jsonschema.Schema:
+			out = append(out, items)
+		case []*jsonschema.Schema:
+			if i < len(items) {
+				out = append(out, items[i])
+			} else if a, ok := s.AdditionalItems.(*jsonschema.Schema); ok {
+				out = append(out, a)
+			}
+		default:
+			if a, ok := s.AdditionalItems.(*jsonschema.Schema); ok {
+				out = append(out, a)
+			}
+		}
+	} else if i < len(s.PrefixItems) {
+		out = append(out, s.PrefixItems[i])
+	} else if s.Items2020 != nil {
+		out = append(out, s.Items2020)
+	}
+	if s.Contains != nil {
+		out = append(out, s.Contains)
+	}
+	if s.UnevaluatedItems != nil {
+		out = append(out, s.UnevaluatedItems)
+	}
+	return out
+}
