@@ -26,6 +26,7 @@ import (
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/config"
@@ -202,6 +203,25 @@ func TestInternalRPCsNeedTheirServiceCertificate(t *testing.T) {
 
 	_, err = dialAs("").ListServers(testutil.WithKey(ctx, bootstrapKey), &registryv1.ListServersRequest{})
 	require.NoError(t, err, "public RPCs work over TLS with an API key")
+
+	// The publisher may list a registered server's tools through Discover; running a tool, or
+	// starting an ad hoc command, is the registry's explore alone.
+	discover := func(svc string, req *poolv1.DiscoverRequest) error {
+		_, err := poolv1.NewPoolServiceClient(conns(svc)).Discover(ctx, req)
+		return err
+	}
+	require.Equal(t, codes.NotFound, status.Code(discover(mtls.Publisher, &poolv1.DiscoverRequest{ServerRef: "x"})),
+		"the publisher lists registered servers")
+	adhoc := &registryv1.ResolveServerResponse{Server: &registryv1.Server{Ref: "x", Command: "no-such-command"}}
+	for _, req := range []*poolv1.DiscoverRequest{
+		{ServerRef: "x", Adhoc: adhoc},
+		{ServerRef: "x", Call: &typesv1.ExploreCall{Tool: "echo"}},
+		{ServerRef: "x", Tenant: "default", ActorKeyId: "key_x"},
+	} {
+		st := testutil.RequireStatus(t, discover(mtls.Publisher, req), codes.PermissionDenied, "the publisher may not explore")
+		require.Contains(t, st.Message(), "only the registry's certificate")
+		require.NotEqual(t, codes.PermissionDenied, status.Code(discover(mtls.Registry, req)), "the registry may")
+	}
 }
 
 // TestAllInOneWiresThePublisher: ringfenced serves the publisher with the registry's grants as

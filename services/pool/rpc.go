@@ -17,6 +17,7 @@ import (
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/internal/mtls"
 )
 
 // Server is the gRPC front end of the pool.
@@ -35,6 +36,9 @@ func (g *Server) Discover(ctx context.Context, req *poolv1.DiscoverRequest) (*po
 	if err := mcpserver.ValidateRef(req.GetServerRef()); err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
+	if err := mayExplore(ctx, req); err != nil {
+		return nil, err
+	}
 	listing, call, err := g.svc.ExploreTools(ctx, discovery.ExploreRequest{
 		Ref: req.GetServerRef(), Call: req.GetCall(), Adhoc: req.GetAdhoc(), Tenant: req.GetTenant(), ActorKeyID: req.GetActorKeyId(),
 	})
@@ -45,6 +49,21 @@ func (g *Server) Discover(ctx context.Context, req *poolv1.DiscoverRequest) (*po
 		Tools: discovery.ToolsToProto(listing.Tools), ListingFindings: discovery.FindingsToProto(listing.Findings),
 		RegistrationRevision: listing.Revision, Call: call,
 	}, nil
+}
+
+// mayExplore refuses what only the registry may ask of Discover. The publisher lists a
+// registered server's tools to import them; a call, an ad hoc spec, or the tenant and key a
+// call is made for run tools and start unregistered commands, which is the registry's
+// ExploreServer, checked there against the operator's key. Without this, a publisher
+// certificate would run any tool of any server outside a run.
+func mayExplore(ctx context.Context, req *poolv1.DiscoverRequest) error {
+	if req.GetCall() == nil && req.GetAdhoc() == nil && req.GetTenant() == "" && req.GetActorKeyId() == "" {
+		return nil
+	}
+	if p, _ := auth.FromContext(ctx); p.Service == mtls.Registry {
+		return nil
+	}
+	return status.Error(codes.PermissionDenied, "pool: only the registry's certificate may explore with a call, an ad hoc spec, a tenant or an actor key; other callers may only list a registered server's tools (leave call, adhoc, tenant and actor_key_id empty)")
 }
 
 // callerTenant is the tenant a caller's key is bound to ("" for keys that may see all).
