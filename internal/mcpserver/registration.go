@@ -259,10 +259,12 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 	}
 	for _, h := range sortedKeys(r.Headers) {
 		if !headerNamePattern.MatchString(h) {
-			return fielderr.New("headers", "%q is not an HTTP header name", truncate(h))
+			return fielderr.New("headers", "%s: a header name is 1 to 128 letters, digits and !#$%%&'*+-.^_`|~", headerNameProblem(h))
 		}
-		if err := ValidateSecretName("headers."+h, r.Headers[h]); err != nil {
-			return fielderr.New("headers."+h, "must name a secret (see PutSecret), %s", err.(*fielderr.Error).Problem)
+		// The value may be the credential itself, pasted where its secret's name belongs: the
+		// problem is named, never the value.
+		if !secretNamePattern.MatchString(r.Headers[h]) {
+			return fielderr.New("headers."+h, "must be the name of a registry secret (^[A-Za-z0-9_.-]{1,128}$), never the credential itself: put the value in a secret (ringfence secrets set NAME, or PutSecret) and send its name; the value sent is not shown")
 		}
 	}
 	if len(r.Grants) > MaxGrants {
@@ -420,6 +422,25 @@ func checkText(field, s string, max int) error {
 		return fielderr.New(field, "contains a NUL byte")
 	}
 	return nil
+}
+
+// headerNameProblem says what is wrong with a header name that is not one, quoting it only
+// up to the first byte a name may not hold: a header pasted whole ("Authorization: Bearer …")
+// would otherwise quote its credential.
+func headerNameProblem(h string) string {
+	if len(h) > 128 {
+		return fmt.Sprintf("a header name of %d bytes is too long (it is not shown)", len(h))
+	}
+	for i := 0; i < len(h); i++ {
+		if headerNamePattern.MatchString(h[i : i+1]) {
+			continue
+		}
+		if i == 0 {
+			return fmt.Sprintf("a header name starts with %q, which no header name holds (the rest is not shown)", h[:1])
+		}
+		return fmt.Sprintf("header name %q is followed by %q, which no header name holds (the rest is not shown)", h[:i], h[i:i+1])
+	}
+	return "a header name is empty"
 }
 
 func truncate(s string) string {

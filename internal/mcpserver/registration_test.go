@@ -1,9 +1,12 @@
 package mcpserver
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ringfence/ringfence/internal/fielderr"
 )
 
 func TestExpandRequirementRefusesValuesTheServerWouldResolveElsewhere(t *testing.T) {
@@ -68,4 +71,43 @@ func TestExcludeWinsOverInclude(t *testing.T) {
 	require.False(t, f.Allows("delete"))
 	require.False(t, f.Allows("write"), "an include list hides everything not on it")
 	require.True(t, ToolFilter{}.Allows("anything"))
+}
+
+// TestHeaderRefusalsNeverQuoteTheValue: a header's value must name a secret; one that cannot
+// (a credential pasted in its place) is refused naming the header and the problem, never the
+// value. A header pasted whole as the name is quoted only up to its first invalid byte.
+func TestHeaderRefusalsNeverQuoteTheValue(t *testing.T) {
+	const credential = "canary-hdr-91d4"
+	remote := func(headers map[string]string) *Registration {
+		return &Registration{Ref: "tickets", Transport: TransportStreamableHTTP, URL: "https://mcp.example.com/mcp", Headers: headers}
+	}
+	for name, value := range map[string]string{
+		"bearer":   "Bearer " + credential,
+		"basic":    "Basic " + credential + "==",
+		"slash":    credential + "/" + strings.Repeat("x", 20),
+		"too long": strings.Repeat(credential, 20),
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := remote(map[string]string{"Authorization": value}).Validate(nil)
+			fe, ok := fielderr.As(err)
+			require.True(t, ok, "%v", err)
+			require.Equal(t, "headers.Authorization", fe.Field)
+			require.Contains(t, fe.Problem, "must be the name of a registry secret")
+			require.Contains(t, fe.Problem, "ringfence secrets set NAME")
+			require.NotContains(t, err.Error(), credential)
+		})
+	}
+	for name, want := range map[string]string{
+		"Authorization: Bearer " + credential: `header name "Authorization" is followed by ":"`,
+		" Authorization" + credential:         `a header name starts with " "`,
+		strings.Repeat(credential, 10):        "a header name of 150 bytes is too long",
+	} {
+		err := remote(map[string]string{name: "tickets-token"}).Validate(nil)
+		fe, ok := fielderr.As(err)
+		require.True(t, ok, "%v", err)
+		require.Equal(t, "headers", fe.Field)
+		require.Contains(t, fe.Problem, want)
+		require.NotContains(t, err.Error(), credential)
+	}
+	require.NoError(t, remote(map[string]string{"Authorization": "tickets-token"}).Validate(nil))
 }
