@@ -61,9 +61,11 @@ func TestCLIGuidesANewUser(t *testing.T) {
 	fails(cli(plain, nil, "servers", "show", "docss"), 1,
 		`registry: no server is registered with ref "docss": ListServers (ringfence servers list) shows the registered refs (NotFound)`)
 
-	// A header naming a secret that does not exist.
-	fails(cli(plain, nil, "servers", "explore", "--transport", "http", "--url", "https://mcp.example.com/mcp", "--header-secret", "Authorization=nosuch"), 1,
-		`registry: header "Authorization" references secret "nosuch", which does not exist: create it with PutSecret (ringfence secrets set nosuch) (FailedPrecondition)`)
+	// A header naming a secret that does not exist: the name sent is not echoed (it may be
+	// the credential itself, pasted in its place).
+	r = cli(plain, nil, "servers", "explore", "--transport", "http", "--url", "https://mcp.example.com/mcp", "--header-secret", "Authorization=nosuch")
+	fails(r, 1, `registry: header "Authorization" names a secret that does not exist (the value sent is not shown: it may be a credential): create the secret first with ringfence secrets set NAME (PutSecret), then send its name; ringfence secrets list shows the secrets that exist (FailedPrecondition)`)
+	require.NotContains(t, r.Stdout+r.Stderr, "nosuch")
 
 	// An outcome that is not one.
 	fails(cli(plain, nil, "audit", "list", "--outcome", "refused"), 1,

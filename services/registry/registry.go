@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -128,9 +130,19 @@ func unrecordable(err error) error {
 	return &detailed{sentinel: errUnrecordable, msg: fmt.Sprintf("%s: %v", errUnrecordable.Error(), err)}
 }
 
-func missingSecret(header, secret string) error {
+// unknownHeaderSecret refuses a registration (or an ad-hoc exploration) whose header names a
+// secret that does not exist. The name sent is not quoted: it may be the credential itself,
+// pasted where its secret's name belongs.
+func unknownHeaderSecret(header string) error {
 	return &detailed{sentinel: errMissingSecret,
-		msg: fmt.Sprintf("registry: header %q references secret %q, which does not exist: create it with PutSecret (ringfence secrets set %s)", header, secret, secret)}
+		msg: fmt.Sprintf("registry: header %q names a secret that does not exist (the value sent is not shown: it may be a credential): create the secret first with ringfence secrets set NAME (PutSecret), then send its name; ringfence secrets list shows the secrets that exist", header)}
+}
+
+// missingSecret answers resolving a registration whose header names a secret deleted since
+// it was registered. It names the header and the server, whose answer shows the secret's name.
+func missingSecret(ref, header string) error {
+	return &detailed{sentinel: errMissingSecret,
+		msg: fmt.Sprintf("registry: header %q of server %q names a secret that no longer exists: ringfence servers show %s names it; create it again with PutSecret (ringfence secrets set NAME)", header, ref, ref)}
 }
 
 // Open opens the registry's store and builds the service; Close releases it.
@@ -198,20 +210,21 @@ func (s *Service) ResolveRegistration(ctx context.Context, ref string) (*mcpserv
 	if err != nil {
 		return nil, storeErr(err, serverNotFound(ref))
 	}
-	values, err := s.headerValues(ctx, reg.Headers)
+	values, err := s.headerValues(ctx, reg.Headers, func(header string) error { return missingSecret(ref, header) })
 	if err != nil {
 		return nil, err
 	}
 	return &mcpserver.Resolved{Registration: *reg, HeaderValues: values}, nil
 }
 
-// headerValues resolves each header's named secret to its clear value.
-func (s *Service) headerValues(ctx context.Context, headers map[string]string) (map[string]string, error) {
+// headerValues resolves each header's named secret to its clear value; a header whose secret
+// does not exist is answered with missing(header), the first in name order.
+func (s *Service) headerValues(ctx context.Context, headers map[string]string, missing func(header string) error) (map[string]string, error) {
 	values := make(map[string]string, len(headers))
-	for header, secret := range headers {
-		v, err := s.store.SecretValue(ctx, secret)
+	for _, header := range slices.Sorted(maps.Keys(headers)) {
+		v, err := s.store.SecretValue(ctx, headers[header])
 		if errors.Is(err, store.ErrNotFound) {
-			return nil, missingSecret(header, secret)
+			return nil, missing(header)
 		}
 		if err != nil {
 			return nil, err
@@ -219,6 +232,25 @@ func (s *Service) headerValues(ctx context.Context, headers map[string]string) (
 		values[header] = v
 	}
 	return values, nil
+}
+
+// checkHeaderSecrets refuses a registration whose header names a secret that does not exist:
+// the server could never start, and a value that names no secret is most likely the
+// credential itself, which would otherwise be stored and shown as a name.
+func (s *Service) checkHeaderSecrets(ctx context.Context, headers map[string]string) error {
+	if len(headers) == 0 {
+		return nil
+	}
+	secrets, err := s.store.ListSecrets(ctx)
+	if err != nil {
+		return err
+	}
+	for _, header := range slices.Sorted(maps.Keys(headers)) {
+		if !slices.ContainsFunc(secrets, func(sec store.Secret) bool { return sec.Name == headers[header] }) {
+			return unknownHeaderSecret(header)
+		}
+	}
+	return nil
 }
 
 // ServerPolicy returns what a registration allows, without secrets.

@@ -352,18 +352,10 @@ func TestSecretsAndHeaderResolution(t *testing.T) {
 		Ref: "tickets", Transport: "streamable_http", Url: "https://mcp.example.com/mcp",
 		Headers: map[string]string{"Authorization": "tickets-token"}, Grants: []string{"process_spawn", "external_api_call"},
 	}
-	_, err := f.client.CreateServer(ctx, remote)
+	// The secret comes first: TestHeadersMustNameASecretThatExists.
+	_, err := f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tickets-token", Value: "Bearer " + canary})
 	require.NoError(t, err)
-	_, err = f.svc.ResolveRegistration(ctx, "tickets")
-	require.ErrorIs(t, err, errMissingSecret)
-	require.EqualError(t, err, `registry: header "Authorization" references secret "tickets-token", which does not exist: create it with PutSecret (ringfence secrets set tickets-token)`)
-	_, err = f.client.ExploreServer(ctx, &registryv1.ExploreServerRequest{Ref: "adhoc", Server: &registryv1.CreateServerRequest{
-		Transport: "sse", Url: "https://mcp.example.com/sse", Headers: map[string]string{"X-Token": "nosuch"},
-	}})
-	st := testutil.RequireStatus(t, err, codes.FailedPrecondition)
-	require.Contains(t, st.Message(), `header "X-Token" references secret "nosuch"`)
-
-	_, err = f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tickets-token", Value: "Bearer " + canary})
+	_, err = f.client.CreateServer(ctx, remote)
 	require.NoError(t, err)
 	res, err := f.svc.ResolveRegistration(ctx, "tickets")
 	require.NoError(t, err)
@@ -377,6 +369,94 @@ func TestSecretsAndHeaderResolution(t *testing.T) {
 	require.NoError(t, err)
 	_, err = f.client.DeleteSecret(ctx, &registryv1.DeleteSecretRequest{Name: "tickets-token"})
 	testutil.RequireStatus(t, err, codes.NotFound)
+
+	// A secret deleted after registering: resolving names the header and the server.
+	_, err = f.svc.ResolveRegistration(ctx, "tickets")
+	require.ErrorIs(t, err, errMissingSecret)
+	require.EqualError(t, err, `registry: header "Authorization" of server "tickets" names a secret that no longer exists: ringfence servers show tickets names it; create it again with PutSecret (ringfence secrets set NAME)`)
+	_, err = f.svc.ResolveServer(ctx, &registryv1.ResolveServerRequest{Ref: "tickets"})
+	testutil.RequireStatus(t, err, codes.FailedPrecondition)
+}
+
+// TestHeadersMustNameASecretThatExists: a header's value names a registry secret. One that
+// names no secret (most likely the credential itself, pasted in its place) is refused when a
+// server is created, updated or explored ad hoc, naming the header and how to create the
+// secret; one that cannot be a secret's name is refused as invalid. No refusal (gRPC or REST),
+// log line, audit record or byte of the bolt file carries the value, and nothing is stored.
+func TestHeadersMustNameASecretThatExists(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	f.registerTickets(t, ctx)
+	require.NoError(t, f.svc.Spool().Flush(ctx))
+	mark := len(f.audit.Records())
+	f.svc.SetDiscoverer(fakeDiscoverer{})
+	tokenLike := "sk-live-" + canary // a secret's name by shape, but no secret has it
+
+	const unknown = `registry: header "Authorization" names a secret that does not exist (the value sent is not shown: it may be a credential): create the secret first with ringfence secrets set NAME (PutSecret), then send its name; ringfence secrets list shows the secrets that exist`
+	for _, tc := range []struct {
+		name, value, want string
+		code              codes.Code
+		http              int
+	}{
+		{"names no secret", tokenLike, unknown, codes.FailedPrecondition, http.StatusBadRequest},
+		{"cannot be a name", "Bearer " + canary, "registry: invalid headers.Authorization: must be the name of a registry secret", codes.InvalidArgument, http.StatusBadRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			headers := map[string]string{"Authorization": tc.value}
+			var shown []string
+			check := func(err error) {
+				t.Helper()
+				st := testutil.RequireStatus(t, err, tc.code)
+				require.Contains(t, st.Message(), tc.want)
+				shown = append(shown, st.Message(), fmt.Sprint(st.Details()))
+			}
+			create := tickets()
+			create.Ref, create.Headers = "tickets-2", headers
+			_, err := f.client.CreateServer(ctx, create)
+			check(err)
+			_, err = f.client.GetServer(ctx, &registryv1.GetServerRequest{Ref: "tickets-2"})
+			testutil.RequireStatus(t, err, codes.NotFound, "a refused create stores nothing")
+
+			_, err = f.client.UpdateServer(ctx, &registryv1.UpdateServerRequest{Ref: "tickets", Transport: "streamable_http", Url: remoteURL, Headers: headers})
+			check(err)
+			res, err := f.svc.ResolveRegistration(ctx, "tickets")
+			require.NoError(t, err)
+			require.Equal(t, "tickets-token", res.Headers["Authorization"], "a refused update changes nothing")
+
+			_, err = f.client.ExploreServer(ctx, &registryv1.ExploreServerRequest{Ref: "adhoc", Server: &registryv1.CreateServerRequest{
+				Transport: "sse", Url: "https://mcp.example.com/sse", Headers: headers,
+			}})
+			check(err)
+
+			body := `{"transport":"streamable_http","url":"https://mcp.example.com/mcp","headers":{"Authorization":"` + tc.value + `"}}`
+			code, resp := f.rest(t, http.MethodPost, "/v1/mcp/servers", adminKey, `{"ref":"tickets-2",`+body[1:])
+			require.Equal(t, tc.http, code, resp)
+			shown = append(shown, resp)
+			code, resp = f.rest(t, http.MethodPut, "/v1/mcp/servers/tickets", adminKey, body)
+			require.Equal(t, tc.http, code, resp)
+			shown = append(shown, resp)
+
+			for _, s := range shown {
+				require.NotContains(t, s, canary)
+			}
+		})
+	}
+
+	require.NoError(t, f.svc.Spool().Flush(ctx))
+	recs := f.audit.Records()[mark:]
+	require.Empty(t, recs, "a refused registration records nothing")
+	require.NotContains(t, f.logs.String(), canary, "a log line carries the value")
+	raw, err := os.ReadFile(f.dbPath)
+	require.NoError(t, err)
+	require.NotContains(t, string(raw), canary, "the bolt file holds the value")
+
+	// Once the secret exists, the same name is taken.
+	_, err = f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tickets-2-token", Value: "t"})
+	require.NoError(t, err)
+	create := tickets()
+	create.Ref, create.Headers = "tickets-2", map[string]string{"Authorization": "tickets-2-token"}
+	_, err = f.client.CreateServer(ctx, create)
+	require.NoError(t, err)
 }
 
 func TestKeysLifecycle(t *testing.T) {

@@ -38,6 +38,9 @@ func (s *Service) CreateServer(ctx context.Context, req *registryv1.CreateServer
 	if _, err := mcpserver.RestoreMaskedURL("url", reg.URL, ""); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
+	if err := s.checkHeaderSecrets(ctx, reg.Headers); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
 	if err := s.store.CreateServer(ctx, reg, func(tx *bolt.Tx) error {
 		return s.event(ctx, audit.ActionCreate, resourceServer, reg.Ref, serverToProto(reg))(tx)
 	}); err != nil {
@@ -89,6 +92,11 @@ func (s *Service) UpdateServer(ctx context.Context, req *registryv1.UpdateServer
 	}
 	if req.GetRevision() < 0 {
 		return nil, s.errors.Status(ctx, fielderr.New("revision", "must not be negative"))
+	}
+	// An update sends every header (PUT replaces them), so each must name a secret that exists
+	// now, even one the stored registration already named.
+	if err := s.checkHeaderSecrets(ctx, reg.Headers); err != nil {
+		return nil, s.errors.Status(ctx, err)
 	}
 	updated, err := s.store.UpdateServer(ctx, req.GetRef(), func(cur *mcpserver.Registration) (*mcpserver.Registration, error) {
 		if req.GetRevision() != 0 && req.GetRevision() != cur.Revision {
@@ -223,7 +231,7 @@ func (s *Service) resolveAdhoc(ctx context.Context, ref string, spec *registryv1
 	if _, err := mcpserver.RestoreMaskedURL("server.url", reg.URL, ""); err != nil {
 		return nil, err
 	}
-	values, err := s.headerValues(ctx, reg.Headers)
+	values, err := s.headerValues(ctx, reg.Headers, unknownHeaderSecret)
 	if err != nil {
 		return nil, err
 	}

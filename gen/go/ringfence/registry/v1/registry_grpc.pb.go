@@ -45,7 +45,8 @@ type RegistryServiceClient interface {
 	// CreateServer registers an MCP server.
 	// Caller: operators with mcp:admin (REST POST /v1/mcp/servers).
 	// Codes: ALREADY_EXISTS (ref taken; use UpdateServer), INVALID_ARGUMENT (names the field),
-	// UNAUTHENTICATED, PERMISSION_DENIED.
+	// FAILED_PRECONDITION (a header names a secret that does not exist: create it first; the
+	// value sent is never quoted), UNAUTHENTICATED, PERMISSION_DENIED.
 	CreateServer(ctx context.Context, in *CreateServerRequest, opts ...grpc.CallOption) (*CreateServerResponse, error)
 	// GetServer returns one registration, env values masked.
 	// Caller: mcp:admin (REST GET /v1/mcp/servers/{ref}). Codes: NOT_FOUND, INVALID_ARGUMENT.
@@ -56,7 +57,8 @@ type RegistryServiceClient interface {
 	// UpdateServer replaces a registration (REST PUT /v1/mcp/servers/{ref}). A request without
 	// env keeps the stored env; an empty env object clears it. A non-zero revision that is not
 	// the stored one is refused.
-	// Caller: mcp:admin. Codes: NOT_FOUND, ABORTED (stale revision), INVALID_ARGUMENT.
+	// Caller: mcp:admin. Codes: NOT_FOUND, ABORTED (stale revision), INVALID_ARGUMENT,
+	// FAILED_PRECONDITION (a header names a secret that does not exist).
 	UpdateServer(ctx context.Context, in *UpdateServerRequest, opts ...grpc.CallOption) (*UpdateServerResponse, error)
 	// DeleteServer removes a registration. Published graphs that reference it then fail closed
 	// at run time.
@@ -73,7 +75,8 @@ type RegistryServiceClient interface {
 	// it. Nothing is stored; the call, refused or dispatched, is recorded in the audit log as a
 	// tool-call attempt of a run named explore-… by the caller's key.
 	// Caller: mcp:admin (REST POST /v1/mcp/servers/{ref}:explore). Codes: as ListServerTools,
-	// and INVALID_ARGUMENT for a malformed call.
+	// INVALID_ARGUMENT for a malformed call, and FAILED_PRECONDITION when a header names a
+	// secret that does not exist.
 	ExploreServer(ctx context.Context, in *ExploreServerRequest, opts ...grpc.CallOption) (*ExploreServerResponse, error)
 	// PutSecret creates or replaces a named secret that registrations reference from headers.
 	// The value is encrypted at rest and never returned.
@@ -250,7 +253,8 @@ type RegistryServiceServer interface {
 	// CreateServer registers an MCP server.
 	// Caller: operators with mcp:admin (REST POST /v1/mcp/servers).
 	// Codes: ALREADY_EXISTS (ref taken; use UpdateServer), INVALID_ARGUMENT (names the field),
-	// UNAUTHENTICATED, PERMISSION_DENIED.
+	// FAILED_PRECONDITION (a header names a secret that does not exist: create it first; the
+	// value sent is never quoted), UNAUTHENTICATED, PERMISSION_DENIED.
 	CreateServer(context.Context, *CreateServerRequest) (*CreateServerResponse, error)
 	// GetServer returns one registration, env values masked.
 	// Caller: mcp:admin (REST GET /v1/mcp/servers/{ref}). Codes: NOT_FOUND, INVALID_ARGUMENT.
@@ -261,7 +265,8 @@ type RegistryServiceServer interface {
 	// UpdateServer replaces a registration (REST PUT /v1/mcp/servers/{ref}). A request without
 	// env keeps the stored env; an empty env object clears it. A non-zero revision that is not
 	// the stored one is refused.
-	// Caller: mcp:admin. Codes: NOT_FOUND, ABORTED (stale revision), INVALID_ARGUMENT.
+	// Caller: mcp:admin. Codes: NOT_FOUND, ABORTED (stale revision), INVALID_ARGUMENT,
+	// FAILED_PRECONDITION (a header names a secret that does not exist).
 	UpdateServer(context.Context, *UpdateServerRequest) (*UpdateServerResponse, error)
 	// DeleteServer removes a registration. Published graphs that reference it then fail closed
 	// at run time.
@@ -278,7 +283,8 @@ type RegistryServiceServer interface {
 	// it. Nothing is stored; the call, refused or dispatched, is recorded in the audit log as a
 	// tool-call attempt of a run named explore-… by the caller's key.
 	// Caller: mcp:admin (REST POST /v1/mcp/servers/{ref}:explore). Codes: as ListServerTools,
-	// and INVALID_ARGUMENT for a malformed call.
+	// INVALID_ARGUMENT for a malformed call, and FAILED_PRECONDITION when a header names a
+	// secret that does not exist.
 	ExploreServer(context.Context, *ExploreServerRequest) (*ExploreServerResponse, error)
 	// PutSecret creates or replaces a named secret that registrations reference from headers.
 	// The value is encrypted at rest and never returned.
