@@ -339,7 +339,9 @@ func (s *Service) restoreRuns(ctx context.Context) error {
 	return nil
 }
 
-// reapIdle ends runs with no call for longer than the idle timeout, until ctx ends.
+// reapIdle ends running runs with no call for longer than the idle timeout, until ctx ends.
+// A paused run is waiting for someone (an approval), not abandoned: it holds no session, and
+// its idle clock starts again when it resumes; it counts against pool.max_runs until it ends.
 func (s *Service) reapIdle(ctx context.Context) {
 	every := min(s.cfg.RunIdleTimeout/4, 30*time.Second)
 	every = max(every, 10*time.Millisecond)
@@ -358,7 +360,9 @@ func (s *Service) reapIdle(ctx context.Context) {
 		s.runs.mu.Unlock()
 		reason := fmt.Sprintf("idle for more than %s (pool.run_idle_timeout)", s.cfg.RunIdleTimeout)
 		for _, r := range all {
-			idle := func() bool { return r.busy.Load() == 0 && time.Since(r.lastActivity) > s.cfg.RunIdleTimeout }
+			idle := func() bool {
+				return r.rec.State == StateRunning && r.busy.Load() == 0 && time.Since(r.lastActivity) > s.cfg.RunIdleTimeout
+			}
 			if info, err := s.endWhen(ctx, r, StateFailed, reason, idle); err == nil {
 				s.log.Info("ended an abandoned run", "run", info.Run.ID, "reason", reason)
 			}

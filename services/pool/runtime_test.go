@@ -644,17 +644,31 @@ func TestAbandonedRunsEndAfterTheIdleTimeout(t *testing.T) {
 	h := newHarness(t, harnessOpts{idle: 300 * time.Millisecond})
 	h.server("fx", nil)
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	paused := h.start("g")
+	_, err := h.pool.PauseRun(h.ctx, paused, auth.DefaultTenant)
+	require.NoError(t, err)
 	run := h.start("g")
-	_, err := h.call(run, "a", "fx__echo", map[string]any{"text": "x"})
+	_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "x"})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		info, err := h.pool.GetRun(h.ctx, run, "")
 		return err == nil && info.Run.State == StateFailed
 	}, 10*time.Second, 50*time.Millisecond)
-	info, _ := h.pool.GetRun(h.ctx, run, "")
+	info, err := h.pool.GetRun(h.ctx, run, "")
+	require.NoError(t, err)
 	require.True(t, strings.Contains(info.Run.EndReason, "idle"))
 	require.Eventually(t, func() bool { return h.stopped() == h.spawned() }, 10*time.Second, 20*time.Millisecond,
 		"the abandoned run's session is stopped")
+
+	// A paused run waits for its approval however long it takes; resumed, its clock restarts.
+	time.Sleep(4 * 300 * time.Millisecond)
+	info, err = h.pool.GetRun(h.ctx, paused, "")
+	require.NoError(t, err)
+	require.Equal(t, StatePaused, info.Run.State, "the reaper leaves a paused run alone")
+	_, err = h.pool.ResumeRun(h.ctx, paused, auth.DefaultTenant)
+	require.NoError(t, err)
+	_, err = h.call(paused, "a", "fx__echo", map[string]any{"text": "approved"})
+	require.NoError(t, err, "the resumed run calls before its idle clock runs out")
 }
 
 // TestExploreCall: an explore call outside any run is dispatched on the discovery session with
