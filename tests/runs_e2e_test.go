@@ -343,3 +343,41 @@ func TestALargeResultReachesTheCaller(t *testing.T) {
 	r = cli("runs", "end", "--run", "run-big")
 	require.Equal(t, 0, r.Code, r.Stderr)
 }
+
+// TestACallWithNoAnswerWithinTimeoutSaysItsOutcomeIsUnknown: when the CLI's own --timeout
+// ends a call the server is still running, neither "refused" (3) nor a bare error (1) is true:
+// the call was dispatched and may take effect. `runs call` and the one-shot `call` exit 4,
+// say the outcome is unknown, and name the call id and the command that looks it up, which
+// finds the attempt on record.
+func TestACallWithNoAnswerWithinTimeoutSaysItsOutcomeIsUnknown(t *testing.T) {
+	_, cli, _ := runsDaemon(t)
+	r := cli("runs", "start", "--graph", "demo", "--run", "run-slow")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	// The session is up before the timed call, so its second is spent at the server.
+	r = cli("runs", "call", "--run", "run-slow", "--agent", "researcher", "--tool", "fx__echo", "--args", `{"text":"warm"}`)
+	require.Equal(t, 0, r.Code, r.Stderr)
+
+	r = cli("runs", "call", "--run", "run-slow", "--agent", "researcher", "--tool", "fx__sleep", "--args", `{"ms":20000}`,
+		"--call-id", "call-slow", "--timeout", "1s")
+	require.Equal(t, 4, r.Code, "no answer within --timeout exits 4, like a failure that may have taken effect: %s", r.Stderr)
+	require.Contains(t, r.Stderr, "the call's outcome is unknown: no answer within --timeout 1s")
+	require.Contains(t, r.Stderr, "it may have reached the server and taken effect")
+	require.Contains(t, r.Stderr, "ringfence audit list --run run-slow --kind tool_call")
+	require.Contains(t, r.Stderr, "call call-slow")
+	require.NotContains(t, r.Stderr, "DeadlineExceeded", "not a bare gRPC error")
+
+	// What it says to run finds the attempt: on record as dispatched before it reached the
+	// server.
+	require.Eventually(t, func() bool {
+		r = cli("audit", "list", "--run", "run-slow", "--kind", "tool_call")
+		return r.Code == 0 && strings.Contains(r.Stdout, "call call-slow#1") && strings.Contains(r.Stdout, "dispatched: pending")
+	}, 15*time.Second, 100*time.Millisecond, "the timed-out call is on record")
+	require.Equal(t, 0, cli("runs", "end", "--run", "run-slow").Code)
+
+	// The one-shot call generates the call id itself, and names it and the run it started.
+	r = cli("call", "--graph", "demo", "--agent", "researcher", "--tool", "fx__sleep", "--args", `{"ms":20000}`, "--timeout", "5s")
+	require.Equal(t, 4, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
+	require.Contains(t, r.Stderr, "the call's outcome is unknown: no answer within --timeout 5s")
+	require.Regexp(t, `ringfence audit list --run run-[0-9a-f]+ --kind tool_call`, r.Stderr)
+	require.Regexp(t, `call call-[0-9a-f]+`, r.Stderr)
+}

@@ -111,7 +111,8 @@ and for TLS --ca-file (RINGFENCE_CA_FILE) with optional --server-name.
 
 Exit status: 0 done; 1 an error (the server's, or reaching it); 2 a wrong command line (nothing
 changed); for tool calls, 3 refused before dispatch (nothing reached the server) and 4 failed after
-dispatch (it may have taken effect).`,
+dispatch, or no answer within --timeout so the outcome is unknown (either way it may have taken
+effect).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}

@@ -2,12 +2,15 @@ package cli
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -18,7 +21,8 @@ import (
 const (
 	// ExitRefused: the call was refused before dispatch; nothing reached the server.
 	ExitRefused = 3
-	// ExitFailed: the call reached the server and failed; it may have taken effect.
+	// ExitFailed: the call reached the server and failed, or no answer came within --timeout
+	// and its outcome is unknown; either way it may have taken effect.
 	ExitFailed = 4
 )
 
@@ -129,7 +133,7 @@ func (f *callFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.agent, "agent", "", "the calling agent node's id")
 	cmd.Flags().StringVar(&f.tool, "tool", "", "the name the agent binds the tool by (e.g. docs-search__read_file)")
 	cmd.Flags().StringVar(&f.args, "args", "{}", "arguments as a JSON object")
-	cmd.Flags().StringVar(&f.callID, "call-id", "", "call id, to number retries of the same call (default: generated)")
+	cmd.Flags().StringVar(&f.callID, "call-id", "", "call id, to number retries of the same call (default: generated, and named if the outcome is unknown)")
 	_ = cmd.MarkFlagRequired("agent")
 	_ = cmd.MarkFlagRequired("tool")
 }
@@ -139,7 +143,15 @@ func (f *callFlags) request(runID string) (*poolv1.CallToolRequest, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &poolv1.CallToolRequest{RunId: runID, Agent: f.agent, Tool: f.tool, Arguments: args, CallId: f.callID}, nil
+	callID := f.callID
+	if callID == "" {
+		// Generated here rather than by the pool, so a call that gets no answer can still be
+		// named: it is how the attempt is found in the audit log. The pool's own format.
+		b := make([]byte, 12)
+		_, _ = rand.Read(b)
+		callID = "call-" + hex.EncodeToString(b)
+	}
+	return &poolv1.CallToolRequest{RunId: runID, Agent: f.agent, Tool: f.tool, Arguments: args, CallId: callID}, nil
 }
 
 func newRunsCallCmd(g *globals) *cobra.Command {
@@ -147,7 +159,7 @@ func newRunsCallCmd(g *globals) *cobra.Command {
 	var runID string
 	cmd := &cobra.Command{
 		Use:   "call --run ID --agent A --tool NAME --args JSON",
-		Short: "Call a tool through every gate; exit 3 when refused before dispatch, 4 when it failed after dispatch",
+		Short: "Call a tool through every gate; exit 3 when refused before dispatch, 4 when it failed after dispatch or got no answer within --timeout",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req, err := f.request(runID)
@@ -175,7 +187,7 @@ func newCallCmd(g *globals) *cobra.Command {
 	var version int64
 	cmd := &cobra.Command{
 		Use:   "call --graph G --agent A --tool NAME --args JSON",
-		Short: "Start a run, call one tool, end the run; exit 3 when refused before dispatch, 4 when it failed after",
+		Short: "Start a run, call one tool, end the run; exit 3 when refused before dispatch, 4 when it failed after or got no answer within --timeout",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Bad --args is refused before a run exists: a run started for a call that never
@@ -200,7 +212,11 @@ func newCallCmd(g *globals) *cobra.Command {
 			if callErr != nil {
 				endStatus = "failed"
 			}
-			if _, err := client.EndRun(context.WithoutCancel(ctx), &poolv1.EndRunRequest{RunId: runID, Status: endStatus}); err != nil {
+			// A deadline of its own: the call's may be spent, and a server that did not answer
+			// the call may not answer this either.
+			endCtx, endCancel := context.WithTimeout(context.WithoutCancel(ctx), g.timeout)
+			defer endCancel()
+			if _, err := client.EndRun(endCtx, &poolv1.EndRunRequest{RunId: runID, Status: endStatus}); err != nil {
 				fmt.Fprintf(g.stderr, "warning: ending run %s: %s\n", runID, status.Convert(err).Message())
 			}
 			return callErr
@@ -240,6 +256,14 @@ func (g *globals) callTool(ctx context.Context, client poolv1.PoolServiceClient,
 				return &exitError{code: ExitFailed, msg: fmt.Sprintf("dispatched and failed (%s): %s\nthe call reached the server and may have taken effect", d.GetFailureClass(), d.GetMessage())}
 			}
 		}
+		// No answer within the CLI's deadline: the request may have been sent and the call
+		// dispatched, so "failed" (or "refused") would be a guess either way. The server keeps
+		// the same deadline (gRPC sends it along) and may reset the stream a moment before the
+		// CLI's own timer fires: the code, without a pool detail, is what says so, not
+		// ctx.Err(). (The pool's own timeouts come with a CallFailure, above.)
+		if st.Code() == codes.DeadlineExceeded {
+			return &exitError{code: ExitFailed, msg: g.unknownOutcome(req)}
+		}
 		return err
 	}
 	if g.output == "json" {
@@ -258,6 +282,18 @@ func (g *globals) callTool(ctx context.Context, client poolv1.PoolServiceClient,
 		return &exitError{code: ExitFailed, msg: fmt.Sprintf("dispatched and failed (%s): the tool reported an error; it may have taken effect", resp.GetFailureClass())}
 	}
 	return nil
+}
+
+// unknownOutcome says what a call that got no answer within --timeout may have done, and how
+// to find out.
+func (g *globals) unknownOutcome(req *poolv1.CallToolRequest) string {
+	return fmt.Sprintf(`the call's outcome is unknown: no answer within --timeout %s
+it may have reached the server and taken effect: it is not known to have failed, nor to have been refused
+look it up before calling again: ringfence audit list --run %s --kind tool_call (needs audit:read), and find call %s:
+  "refused_before_dispatch": nothing happened
+  "dispatched: pending": it reached the server; a second record holds its outcome once the call ends
+a longer --timeout waits for a slow tool; --call-id %s calls it again as the same call`,
+		g.timeout, req.GetRunId(), req.GetCallId(), req.GetCallId())
 }
 
 // printToolResult prints a tool's result: text content as text, other content as JSON. A
