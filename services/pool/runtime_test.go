@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
@@ -514,6 +516,36 @@ func TestAServerThatCannotBeListedIsReplaced(t *testing.T) {
 	_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "two"})
 	requireRefused(t, err, reasonSpawnFailed)
 	require.Equal(t, float64(1), h.stopped(), "the broken session is stopped at once")
+	res, err := h.call(run, "a", "fx__echo", map[string]any{"text": "three"})
+	require.NoError(t, err)
+	require.Equal(t, "three", res.Content[0]["text"])
+	require.Equal(t, float64(2), h.spawned())
+}
+
+// TestAServerThatHangsOnAListIsReplaced: a server that stops answering tools/list mid-run is
+// held to the registration's client_session_timeout on the re-listing, however long the
+// caller would wait, then stopped, and the call refused as spawn_failed naming the timeout; the
+// run's next call runs on a fresh server. Unbounded, each call waited out its caller's deadline
+// as canceled and the wedged session was kept.
+func TestAServerThatHangsOnAListIsReplaced(t *testing.T) {
+	h := newHarness(t) // drift_max_age 0: re-listed before every call
+	h.server("fx", func(r *registryv1.CreateServerRequest) {
+		r.ClientSessionTimeout = durationpb.New(time.Second)
+	}, "--hang-relist", "1")
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	run := h.start("g")
+	_, err := h.call(run, "a", "fx__echo", map[string]any{"text": "one"})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(h.ctx, 2*time.Minute) // a patient caller
+	defer cancel()
+	_, err = h.pool.CallTool(ctx, CallRequest{RunID: run, Agent: "a", Tool: "fx__echo", Arguments: []byte(`{"text":"two"}`)})
+	ref := requireRefused(t, err, reasonSpawnFailed)
+	require.Equal(t, "timeout", ref.Server.Class)
+	require.ErrorContains(t, ref, "client_session_timeout")
+	require.NoError(t, ctx.Err(), "refused within the session's bound, not the caller's")
+	require.Equal(t, float64(1), h.stopped(), "the wedged session is stopped")
+
 	res, err := h.call(run, "a", "fx__echo", map[string]any{"text": "three"})
 	require.NoError(t, err)
 	require.Equal(t, "three", res.Content[0]["text"])
