@@ -299,6 +299,7 @@ func TestGateDrift(t *testing.T) {
 		{"rug pull with list_changed and a long drift_max_age", []string{"--rug-pull-notify", "1"}, time.Hour, false},
 		{"a poisoned declaration listed before the pinned one, under its name", []string{"--rug-pull-shadow", "1"}, 0, false},
 		{"a stable server with a long drift_max_age", nil, time.Hour, true},
+		{"rug pull without list_changed, caught once the listing is older than drift_max_age", []string{"--rug-pull", "1"}, 300 * time.Millisecond, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, harnessOpts{driftMaxAge: tc.drift})
@@ -550,6 +551,36 @@ func TestAServerThatHangsOnAListIsReplaced(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "three", res.Content[0]["text"])
 	require.Equal(t, float64(2), h.spawned())
+}
+
+// TestCancellationReachesTheServer: a caller that gives up on a dispatched call cancels it at
+// the server too (notifications/cancelled), so the tool stops working for nobody.
+func TestCancellationReachesTheServer(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", callTimeout(10*time.Minute), "--runtime-tools") // the call's own timeout never fires
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"sleep", "echo"}}}, nil)
+	run := h.start("g")
+	_, err := h.call(run, "a", "fx__echo", map[string]any{"text": "warm"})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(h.ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.pool.CallTool(ctx, CallRequest{RunID: run, Agent: "a", Tool: "fx__sleep", Arguments: []byte(`{"ms":60000}`)})
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return len(h.pendings()) == 2 }, 30*time.Second, 20*time.Millisecond, "the sleep is dispatched")
+	r, err := h.pool.lookup(h.ctx, run, "")
+	require.NoError(t, err)
+	r.mu.Lock()
+	sess := r.sessions["fx"]
+	r.mu.Unlock()
+	require.NotNil(t, sess)
+	cancel()
+	require.Eventually(t, func() bool {
+		return strings.Contains(sess.sess.StderrTail(), "sleep canceled by the client")
+	}, 10*time.Second, 20*time.Millisecond, "the server's handler saw the cancellation")
+	require.Error(t, <-done)
 }
 
 // TestListChangedStormDoesNotSpin: thousands of notifications cost no listing by themselves;
