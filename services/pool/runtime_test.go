@@ -504,53 +504,43 @@ func TestExploreCallThatTimesOut(t *testing.T) {
 	require.Zero(t, h.pool.liveSessions.Load(), "explore sessions are not run sessions")
 }
 
-// TestAServerThatCannotBeListedIsReplaced: a session whose listing cannot be taken again (here
-// the server answers tools/list with an error after its first call) refuses the call before
-// dispatch and is stopped; the run's next call runs on a fresh server.
+// TestAServerThatCannotBeListedIsReplaced: a session whose listing cannot be taken again
+// refuses the call before dispatch as spawn_failed and is stopped; the run's next call runs on
+// a fresh server. A server that hangs on tools/list is held to the registration's
+// client_session_timeout, however long the caller would wait: unbounded, each call waited out
+// its caller's deadline as canceled and the wedged session was kept.
 func TestAServerThatCannotBeListedIsReplaced(t *testing.T) {
-	h := newHarness(t) // drift_max_age 0: re-listed before every call
-	h.server("fx", nil, "--break-list", "1")
-	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
-	run := h.start("g")
-	_, err := h.call(run, "a", "fx__echo", map[string]any{"text": "one"})
-	require.NoError(t, err)
-	_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "two"})
-	requireRefused(t, err, reasonSpawnFailed)
-	require.Equal(t, float64(1), h.stopped(), "the broken session is stopped at once")
-	res, err := h.call(run, "a", "fx__echo", map[string]any{"text": "three"})
-	require.NoError(t, err)
-	require.Equal(t, "three", res.Content[0]["text"])
-	require.Equal(t, float64(2), h.spawned())
-}
+	for _, tc := range []struct {
+		name, mode, class, message string
+	}{
+		{"tools/list answered with an error", "--break-list", "protocol_violation", "tools/list"},
+		{"tools/list never answered", "--hang-relist", "timeout", "client_session_timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t) // drift_max_age 0: re-listed before every call
+			h.server("fx", func(r *registryv1.CreateServerRequest) {
+				r.ClientSessionTimeout = durationpb.New(time.Second)
+			}, tc.mode, "1")
+			h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+			run := h.start("g")
+			_, err := h.call(run, "a", "fx__echo", map[string]any{"text": "one"})
+			require.NoError(t, err)
 
-// TestAServerThatHangsOnAListIsReplaced: a server that stops answering tools/list mid-run is
-// held to the registration's client_session_timeout on the re-listing, however long the
-// caller would wait, then stopped, and the call refused as spawn_failed naming the timeout; the
-// run's next call runs on a fresh server. Unbounded, each call waited out its caller's deadline
-// as canceled and the wedged session was kept.
-func TestAServerThatHangsOnAListIsReplaced(t *testing.T) {
-	h := newHarness(t) // drift_max_age 0: re-listed before every call
-	h.server("fx", func(r *registryv1.CreateServerRequest) {
-		r.ClientSessionTimeout = durationpb.New(time.Second)
-	}, "--hang-relist", "1")
-	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
-	run := h.start("g")
-	_, err := h.call(run, "a", "fx__echo", map[string]any{"text": "one"})
-	require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(h.ctx, 2*time.Minute) // a patient caller
+			defer cancel()
+			_, err = h.pool.CallTool(ctx, CallRequest{RunID: run, Agent: "a", Tool: "fx__echo", Arguments: []byte(`{"text":"two"}`)})
+			ref := requireRefused(t, err, reasonSpawnFailed)
+			require.Equal(t, tc.class, ref.Server.Class)
+			require.ErrorContains(t, ref, tc.message)
+			require.NoError(t, ctx.Err(), "refused within the session's bound, not the caller's")
+			require.Equal(t, float64(1), h.stopped(), "the broken session is stopped at once")
 
-	ctx, cancel := context.WithTimeout(h.ctx, 2*time.Minute) // a patient caller
-	defer cancel()
-	_, err = h.pool.CallTool(ctx, CallRequest{RunID: run, Agent: "a", Tool: "fx__echo", Arguments: []byte(`{"text":"two"}`)})
-	ref := requireRefused(t, err, reasonSpawnFailed)
-	require.Equal(t, "timeout", ref.Server.Class)
-	require.ErrorContains(t, ref, "client_session_timeout")
-	require.NoError(t, ctx.Err(), "refused within the session's bound, not the caller's")
-	require.Equal(t, float64(1), h.stopped(), "the wedged session is stopped")
-
-	res, err := h.call(run, "a", "fx__echo", map[string]any{"text": "three"})
-	require.NoError(t, err)
-	require.Equal(t, "three", res.Content[0]["text"])
-	require.Equal(t, float64(2), h.spawned())
+			res, err := h.call(run, "a", "fx__echo", map[string]any{"text": "three"})
+			require.NoError(t, err)
+			require.Equal(t, "three", res.Content[0]["text"])
+			require.Equal(t, float64(2), h.spawned())
+		})
+	}
 }
 
 // TestCancellationReachesTheServer: a caller that gives up on a dispatched call cancels it at
