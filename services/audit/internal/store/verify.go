@@ -17,12 +17,15 @@ import (
 
 // VerifyResult says whether the chain holds. When it does not, FirstBroken is the seq of
 // the first record that fails and Reason says how; Checked counts the records that
-// verified before it.
+// verified before it. HeadSeq and HeadHash are the head the walk covered: the head in
+// meta when it started (0 and Genesis for an empty log), which an OK result proves.
 type VerifyResult struct {
 	OK          bool
 	Checked     uint64
 	FirstBroken uint64
 	Reason      string
+	HeadSeq     uint64
+	HeadHash    [32]byte
 }
 
 // verifyChunk bounds the records checked per read transaction: a long read transaction
@@ -63,9 +66,58 @@ type Anchor struct {
 // VerifyThrough is Verify, also checking the chain passes through anchor (none when its Seq
 // is 0).
 func (s *Store) VerifyThrough(ctx context.Context, progress func(done uint64), anchor Anchor) (VerifyResult, error) {
+	res, err := s.walk(ctx, progress)
+	if err != nil {
+		return res, err
+	}
+	return s.CheckAnchor(res, anchor)
+}
+
+// Reasons of an anchor the chain does not pass through.
+const (
+	reasonAnchorMismatch = "the chain does not pass through the anchor you kept: the log was rewritten at or before this record"
+	reasonAnchorPastHead = "the log ends at seq %d, before the anchor you kept (seq %d): records were removed from its end"
+)
+
+// CheckAnchor checks that the chain a walk verified (res, from Verify) passes through
+// anchor, and returns res as VerifyThrough would have answered it with that anchor. A
+// walk verifies the hash stored at every seq before its first broken record, so the
+// anchor's is read, not recomputed; res stands for the file only while nothing else
+// writes it, which is what a caller keeping res for later has to make sure of.
+func (s *Store) CheckAnchor(res VerifyResult, anchor Anchor) (VerifyResult, error) {
+	if anchor.Seq == 0 {
+		return res, nil
+	}
+	verified := res.HeadSeq // the records the walk verified: 1..verified
+	if !res.OK {
+		verified = res.FirstBroken - min(res.FirstBroken, 1)
+	}
+	switch {
+	case anchor.Seq <= verified:
+		var stored [32]byte
+		if err := s.db.View(func(tx *bolt.Tx) error {
+			if v := tx.Bucket(bucketRecords).Get(seqKey(anchor.Seq)); len(v) >= hashLen {
+				copy(stored[:], v[:hashLen])
+			}
+			return nil
+		}); err != nil {
+			return res, fmt.Errorf("audit: verify: %w", err)
+		}
+		if stored != anchor.Hash {
+			res.OK, res.Checked, res.FirstBroken, res.Reason = false, anchor.Seq-1, anchor.Seq, reasonAnchorMismatch
+		}
+	case res.OK:
+		res.OK, res.Checked, res.FirstBroken, res.Reason = false, res.HeadSeq, res.HeadSeq+1, fmt.Sprintf(reasonAnchorPastHead, res.HeadSeq, anchor.Seq)
+	}
+	// Otherwise the chain breaks at or before the anchor, and that stands.
+	return res, nil
+}
+
+// walk is Verify: the chain, the head and the indexes, without an anchor.
+func (s *Store) walk(ctx context.Context, progress func(done uint64)) (VerifyResult, error) {
 	var (
 		headSeq  uint64
-		headHash [32]byte
+		headHash = Genesis
 		haveHead bool
 		badHead  bool
 		pastHead bool
@@ -91,7 +143,7 @@ func (s *Store) VerifyThrough(ctx context.Context, progress func(done uint64), a
 		return VerifyResult{}, fmt.Errorf("audit: verify: %w", err)
 	}
 	if badHead {
-		return VerifyResult{Reason: "head in meta is malformed"}, nil
+		return VerifyResult{Reason: "head in meta is malformed", HeadHash: headHash}, nil
 	}
 
 	// Verify touches every record page in key order, which is not file order: after
@@ -127,7 +179,7 @@ func (s *Store) VerifyThrough(ctx context.Context, progress func(done uint64), a
 	prev := Genesis
 	next := uint64(1)
 	var prefix []byte
-	var res VerifyResult
+	res := VerifyResult{HeadSeq: headSeq, HeadHash: headHash}
 	broken := func(seq uint64, reason string) (VerifyResult, error) {
 		stopIndex()
 		if p := indexResult(); p.reason != "" && p.seq < seq {
@@ -176,10 +228,6 @@ func (s *Store) VerifyThrough(ctx context.Context, progress func(done uint64), a
 					brokenAt, reason = next, "hash mismatch: record or its stored hash was changed"
 					return nil
 				}
-				if next == anchor.Seq && h != anchor.Hash {
-					brokenAt, reason = next, "the chain does not pass through the anchor you kept: the log was rewritten at or before this record"
-					return nil
-				}
 				prev = h
 				res.Checked++
 				next++
@@ -210,9 +258,6 @@ func (s *Store) VerifyThrough(ctx context.Context, progress func(done uint64), a
 	if haveHead && prev != headHash {
 		return broken(headSeq, "head hash in meta does not match the last record")
 	}
-	if anchor.Seq > headSeq {
-		return broken(headSeq+1, fmt.Sprintf("the log ends at seq %d, before the anchor you kept (seq %d): records were removed from its end", headSeq, anchor.Seq))
-	}
 	// Records past the head would be invisible to every reader that trusts the head.
 	if pastHead {
 		return broken(headSeq+1, "records exist past the head in meta")
@@ -228,7 +273,7 @@ func (s *Store) VerifyThrough(ctx context.Context, progress func(done uint64), a
 	if extra != "" {
 		return broken(extraAt, extra)
 	}
-	res.OK = true
+	res.OK, res.HeadHash = true, prev
 	return res, nil
 }
 
