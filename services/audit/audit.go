@@ -40,9 +40,10 @@ type Config struct {
 type Service struct {
 	auditv1.UnsafeAuditServiceServer
 
-	store  *store.Store
-	log    *slog.Logger
-	errors grpcserver.ErrorTable
+	store    *store.Store
+	verifier *verifier
+	log      *slog.Logger
+	errors   grpcserver.ErrorTable
 }
 
 var _ auditv1.AuditServiceServer = (*Service)(nil)
@@ -66,11 +67,17 @@ func Open(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{store: st, log: cfg.Logger, errors: grpcserver.ErrorTable{Service: "audit", Codes: errorCodes, Logger: cfg.Logger}}, nil
+	return &Service{
+		store: st, verifier: newVerifier(st, cfg.DBPath), log: cfg.Logger,
+		errors: grpcserver.ErrorTable{Service: "audit", Codes: errorCodes, Logger: cfg.Logger},
+	}, nil
 }
 
-// Close closes the log.
-func (s *Service) Close() error { return s.store.Close() }
+// Close stops a Verify in progress and closes the log.
+func (s *Service) Close() error {
+	s.verifier.close()
+	return s.store.Close()
+}
 
 // Sink is where in-process producers' spools forward to (ringfenced).
 func (s *Service) Sink() audit.Sink { return s.store.Sink() }
@@ -179,7 +186,8 @@ func (s *Service) Watch(req *auditv1.WatchRequest, stream auditv1.AuditService_W
 	return nil
 }
 
-// Verify implements AuditService.
+// Verify implements AuditService. Concurrent calls share one walk of the chain, and a walk's
+// answer is given again while the file is unchanged (see verifier).
 func (s *Service) Verify(ctx context.Context, req *auditv1.VerifyRequest) (*auditv1.VerifyResponse, error) {
 	anchor := store.Anchor{Seq: req.GetAnchorSeq()}
 	if anchor.Seq > 0 || req.GetAnchorHash() != "" {
@@ -189,14 +197,15 @@ func (s *Service) Verify(ctx context.Context, req *auditv1.VerifyRequest) (*audi
 		}
 		copy(anchor.Hash[:], b)
 	}
-	res, err := s.store.VerifyThrough(ctx, nil, anchor)
+	res, err := s.verifier.verify(ctx, anchor)
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	headSeq, headHash := s.store.Head()
+	// The head the walk covered, not the head now: records appended since were not
+	// verified, and a head printed as verified is what a caller keeps as an anchor.
 	return &auditv1.VerifyResponse{
 		Ok: res.OK, Checked: res.Checked, FirstBroken: res.FirstBroken, Reason: res.Reason,
-		HeadSeq: headSeq, HeadHash: hexHash(headHash),
+		HeadSeq: res.HeadSeq, HeadHash: hexHash(res.HeadHash),
 	}, nil
 }
 
