@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -345,39 +346,66 @@ func TestALargeResultReachesTheCaller(t *testing.T) {
 }
 
 // TestACallWithNoAnswerWithinTimeoutSaysItsOutcomeIsUnknown: when the CLI's own --timeout
-// ends a call the server is still running, neither "refused" (3) nor a bare error (1) is true:
-// the call was dispatched and may take effect. `runs call` and the one-shot `call` exit 4,
-// say the outcome is unknown, and name the call id and the command that looks it up, which
-// finds the attempt on record.
+// ends a call the server took, neither "refused" (3) nor a bare error (1) is true: the call was
+// dispatched and may take effect. `runs call` and the one-shot `call` exit 4, say the outcome
+// is unknown, and name the call id and the command that looks it up, which finds the attempt.
 func TestACallWithNoAnswerWithinTimeoutSaysItsOutcomeIsUnknown(t *testing.T) {
-	_, cli, _ := runsDaemon(t)
+	d, cli, _ := runsDaemon(t)
 	r := cli("runs", "start", "--graph", "demo", "--run", "run-slow")
 	require.Equal(t, 0, r.Code, r.Stderr)
-	// The session is up before the timed call, so its second is spent at the server.
+	// The session is up before the timed call, so it reaches the server at once.
 	r = cli("runs", "call", "--run", "run-slow", "--agent", "researcher", "--tool", "fx__echo", "--args", `{"text":"warm"}`)
 	require.Equal(t, 0, r.Code, r.Stderr)
 
-	r = cli("runs", "call", "--run", "run-slow", "--agent", "researcher", "--tool", "fx__sleep", "--args", `{"ms":20000}`,
-		"--call-id", "call-slow", "--timeout", "1s")
+	r = callUnanswered(t, d, cli, 0, "runs", "call", "--run", "run-slow", "--agent", "researcher", "--tool", "fx__sleep",
+		"--args", `{"ms":60000}`, "--call-id", "call-slow", "--timeout", "8s")
 	require.Equal(t, 4, r.Code, "no answer within --timeout exits 4, like a failure that may have taken effect: %s", r.Stderr)
-	require.Contains(t, r.Stderr, "the call's outcome is unknown: no answer within --timeout 1s")
+	require.Contains(t, r.Stderr, "the call's outcome is unknown: no answer within --timeout 8s")
 	require.Contains(t, r.Stderr, "it may have reached the server and taken effect")
 	require.Contains(t, r.Stderr, "ringfence audit list --run run-slow --kind tool_call")
-	require.Contains(t, r.Stderr, "call call-slow")
+	require.Contains(t, r.Stderr, "find call call-slow")
 	require.NotContains(t, r.Stderr, "DeadlineExceeded", "not a bare gRPC error")
-
-	// What it says to run finds the attempt: on record as dispatched before it reached the
-	// server.
-	require.Eventually(t, func() bool {
-		r = cli("audit", "list", "--run", "run-slow", "--kind", "tool_call")
-		return r.Code == 0 && strings.Contains(r.Stdout, "call call-slow#1") && strings.Contains(r.Stdout, "dispatched: pending")
-	}, 15*time.Second, 100*time.Millisecond, "the timed-out call is on record")
+	// What it says to run finds the attempt.
+	r = cli("audit", "list", "--run", "run-slow", "--kind", "tool_call")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "call call-slow#1")
 	require.Equal(t, 0, cli("runs", "end", "--run", "run-slow").Code)
 
 	// The one-shot call generates the call id itself, and names it and the run it started.
-	r = cli("call", "--graph", "demo", "--agent", "researcher", "--tool", "fx__sleep", "--args", `{"ms":20000}`, "--timeout", "5s")
+	r = callUnanswered(t, d, cli, 1, "call", "--graph", "demo", "--agent", "researcher", "--tool", "fx__sleep",
+		"--args", `{"ms":60000}`, "--timeout", "10s")
 	require.Equal(t, 4, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
-	require.Contains(t, r.Stderr, "the call's outcome is unknown: no answer within --timeout 5s")
+	require.Contains(t, r.Stderr, "the call's outcome is unknown: no answer within --timeout 10s")
 	require.Regexp(t, `ringfence audit list --run run-[0-9a-f]+ --kind tool_call`, r.Stderr)
-	require.Regexp(t, `call call-[0-9a-f]+`, r.Stderr)
+	require.Regexp(t, `find call call-[0-9a-f]+`, r.Stderr)
+	require.NotContains(t, r.Stderr, "warning: ending run", "the run it started is ended")
+}
+
+// callUnanswered runs a CLI call of fx__sleep that ends with "--timeout D" in the background.
+// Once the call is on record as dispatched (pending sleep calls number more than before), it
+// stops the daemon (SIGSTOP), so no answer, not even the pool's own for the deadline it shares
+// with the CLI, can come before the CLI's timer fires; the daemon continues once that deadline
+// has passed.
+func callUnanswered(t *testing.T, d *daemon, cli func(args ...string) result, before int, args ...string) result {
+	t.Helper()
+	timeout, err := time.ParseDuration(args[len(args)-1])
+	require.NoError(t, err)
+	start := time.Now()
+	done := make(chan result, 1)
+	go func() { done <- cli(args...) }()
+	require.Eventually(t, func() bool {
+		r := cli("audit", "list", "--kind", "tool_call")
+		n := 0
+		for _, line := range strings.Split(r.Stdout, "\n") {
+			if strings.Contains(line, "/sleep call ") && strings.Contains(line, "dispatched: pending") {
+				n++
+			}
+		}
+		return n > before
+	}, timeout-2*time.Second, 50*time.Millisecond, "the call reaches the server within its --timeout")
+	t.Cleanup(func() { _ = d.cmd.Process.Signal(syscall.SIGCONT) })
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGSTOP))
+	time.Sleep(time.Until(start.Add(timeout + time.Second)))
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGCONT))
+	return <-done
 }
