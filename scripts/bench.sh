@@ -19,6 +19,8 @@ run ./services/registry/ 'RegistryGet$' 20000x
 run ./services/registry/ 'RegistryCreate$' 5000x
 # Declarations: pin, screen, sanitize.
 run ./internal/mcpdecl/... '.' 1s
+# Gate 5: counting a value's validation work beside the validation it guards.
+run ./internal/schemas/ 'Validate$' 1s
 # Discovery: cold spawn → handshake → full list → stop, beside docker run -i of the same image.
 run ./services/pool/internal/spawner/ 'ColdDiscoveryVsDockerRun$' 20x 3
 # Publisher: validate a 10,000-node draft; import 200 tools (time beyond the spawn reported).
