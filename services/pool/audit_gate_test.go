@@ -18,6 +18,7 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/internal/mtls"
 )
 
 // The pool acts only with room for its record: while the audit spool is full (the audit
@@ -198,9 +199,11 @@ func TestAFullAuditSpoolRefusesExploreCalls(t *testing.T) {
 	explore := &poolv1.DiscoverRequest{ServerRef: "fx", Tenant: auth.DefaultTenant, ActorKeyId: "key_ops",
 		Call: &typesv1.ExploreCall{Tool: "echo", Arguments: args}}
 
+	asRegistry := auth.WithPrincipal(h.ctx, auth.Principal{Service: mtls.Registry}) // explore calls are the registry's
+
 	sink.down.Store(true)
 	fillSpool(t, h, gateSpoolMax)
-	_, err = rpc.Discover(h.ctx, explore)
+	_, err = rpc.Discover(asRegistry, explore)
 	st, ok := status.FromError(err)
 	require.True(t, ok, "want a gRPC status, got %v", err)
 	require.Equal(t, codes.Unavailable, st.Code(), st.Message())
@@ -213,7 +216,7 @@ func TestAFullAuditSpoolRefusesExploreCalls(t *testing.T) {
 
 	sink.restore(t, h)
 	require.Empty(t, h.pendings(), "nothing was dispatched while the spool was full")
-	resp, err := rpc.Discover(h.ctx, explore)
+	resp, err := rpc.Discover(asRegistry, explore)
 	require.NoError(t, err)
 	require.Equal(t, audit.OutcomeDispatched, resp.GetCall().GetOutcome(), fmt.Sprint(resp.GetCall()))
 }
