@@ -379,6 +379,14 @@ func TestACallWithNoAnswerWithinTimeoutSaysItsOutcomeIsUnknown(t *testing.T) {
 	require.Regexp(t, `ringfence audit list --run run-[0-9a-f]+ --kind tool_call`, r.Stderr)
 	require.Regexp(t, `find call call-[0-9a-f]+`, r.Stderr)
 	require.NotContains(t, r.Stderr, "warning: ending run", "the run it started is ended")
+
+	// An explore call outside any run: the same, pointed at the server and tool.
+	r = callUnanswered(t, d, cli, 2, "servers", "explore", "fx", "--call", "sleep", "--args", `{"ms":60000}`, "--timeout", "15s")
+	require.Equal(t, 4, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
+	require.Contains(t, r.Stderr, "the explore call's outcome is unknown: no answer within --timeout 15s")
+	require.Contains(t, r.Stderr, "ringfence audit list --kind tool_call")
+	require.Contains(t, r.Stderr, "the latest sleep call of fx")
+	require.NotContains(t, r.Stderr, "DeadlineExceeded", "not a bare gRPC error")
 }
 
 // callUnanswered runs a CLI call of fx__sleep that ends with "--timeout D" in the background.

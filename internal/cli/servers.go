@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -460,6 +461,9 @@ func newServersExploreCmd(g *globals) *cobra.Command {
 			}
 			defer cancel()
 			resp, err := client.ExploreServer(ctx, req)
+			if err != nil && req.Call != nil && status.Code(err) == codes.DeadlineExceeded {
+				return &exitError{code: ExitFailed, msg: g.unknownExploreOutcome(ref, callTool)}
+			}
 			if err != nil {
 				return err
 			}
@@ -509,6 +513,22 @@ func (g *globals) printExplored(resp *registryv1.ExploreServerResponse) {
 	}
 	fmt.Fprintf(g.stdout, "\ncall %s: dispatched: %s\n", c.GetCallId(), c.GetResult())
 	g.printToolResult(c.GetContent(), c.GetStructuredContent())
+}
+
+// unknownExploreOutcome says what an explore call that got no answer within --timeout may
+// have done, as unknownOutcome does for a run's call; the registry names the call id, so the
+// audit log is searched by server and tool.
+func (g *globals) unknownExploreOutcome(ref, tool string) string {
+	server := ref
+	if server == "" {
+		server = "the ad-hoc server"
+	}
+	return fmt.Sprintf(`the explore call's outcome is unknown: no answer within --timeout %s
+if %s was listed in time, the call to %s may have reached it and taken effect
+look it up before calling again: ringfence audit list --kind tool_call (needs audit:read), the latest %s call of %s:
+  "refused_before_dispatch": nothing happened
+  "dispatched: pending": it reached the server; a second record holds its outcome once the call ends
+a longer --timeout waits for a slow start or a slow tool`, g.timeout, server, tool, tool, server)
 }
 
 // exploreCallExit turns an explore call's outcome into the exit codes of `runs call`.
