@@ -3,6 +3,9 @@ package schemas
 import (
 	"fmt"
 	"math"
+	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -51,11 +54,12 @@ type graph struct {
 	accepts map[*jsonschema.Schema]jsonTypes
 }
 
-// analyze walks every subschema reachable from root and refuses a loop that never descends
-// into the value (a $ref, allOf, anyOf, oneOf, not or if that leads back to itself at the
-// same place): the validator fails every value that reaches one, and counting its work
-// would be unbounded.
-func analyze(root *jsonschema.Schema) (*graph, error) {
+// analyze walks every subschema reachable from root, or from anchored (the subschemas that
+// declare a dynamic or recursive anchor: a reference may resolve to one that nothing refers to
+// statically), and refuses a loop that never descends into the value (a $ref, allOf, anyOf,
+// oneOf, not or if that leads back to itself at the same place): the validator fails every
+// value that reaches one, and counting its work would be unbounded.
+func analyze(root *jsonschema.Schema, anchored []*jsonschema.Schema) (*graph, error) {
 	g := &graph{dynamic: map[string][]*jsonschema.Schema{}, accepts: map[*jsonschema.Schema]jsonTypes{}}
 	seen := map[*jsonschema.Schema]bool{}
 	var all []*jsonschema.Schema
@@ -76,6 +80,7 @@ func analyze(root *jsonschema.Schema) (*graph, error) {
 		if s.DynamicRef != nil {
 			reach(s.DynamicRef.Ref)
 		}
+		reach(s.RecursiveRef)
 		for _, t := range staticInPlace(s) {
 			reach(t)
 		}
@@ -84,6 +89,9 @@ func analyze(root *jsonschema.Schema) (*graph, error) {
 		}
 	}
 	reach(root)
+	for _, s := range anchored {
+		reach(s)
+	}
 
 	const (
 		unvisited = iota
@@ -118,6 +126,37 @@ func analyze(root *jsonschema.Schema) (*graph, error) {
 	return g, nil
 }
 
+// anchored compiles every object of doc that declares "$dynamicAnchor" or "$recursiveAnchor":
+// a reference may resolve at run time to one that nothing refers to statically, so walking
+// the compiled schema from its root would not find it. An object that is not a schema (a
+// "const" value, say) fails to compile or compiles to one nothing reaches; either way it
+// changes no count.
+func anchored(c *jsonschema.Compiler, doc any) []*jsonschema.Schema {
+	var out []*jsonschema.Schema
+	var walk func(v any, ptr string)
+	walk = func(v any, ptr string) {
+		switch v := v.(type) {
+		case map[string]any:
+			_, dyn := v["$dynamicAnchor"]
+			_, rec := v["$recursiveAnchor"]
+			if dyn || rec {
+				if s, err := c.Compile(docURL + "#" + ptr); err == nil {
+					out = append(out, s)
+				}
+			}
+			for k, m := range v {
+				walk(m, ptr+"/"+url.PathEscape(strings.NewReplacer("~", "~0", "/", "~1").Replace(k)))
+			}
+		case []any:
+			for i, m := range v {
+				walk(m, ptr+"/"+strconv.Itoa(i))
+			}
+		}
+	}
+	walk(doc, "")
+	return out
+}
+
 // pointerOf returns the JSON Pointer tokens of a compiled subschema's location.
 func pointerOf(loc string) []string {
 	_, frag, _ := strings.Cut(loc, "#")
@@ -131,10 +170,11 @@ func pointerOf(loc string) []string {
 	return toks
 }
 
-// staticInPlace lists the subschemas s applies at the same place of the value, whatever the
-// value is (dependencies are listed too; which apply depends on the object's keys).
+// staticInPlace lists the subschemas s applies at the same place of the value, each of them,
+// whatever the value is (dependencies are listed too; which apply depends on the object's
+// keys). $recursiveRef and $dynamicRef are refChoices.
 func staticInPlace(s *jsonschema.Schema) []*jsonschema.Schema {
-	out := []*jsonschema.Schema{s.Ref, s.RecursiveRef, s.Not, s.If, s.Then, s.Else}
+	out := []*jsonschema.Schema{s.Ref, s.Not, s.If, s.Then, s.Else}
 	out = append(out, s.AllOf...)
 	out = append(out, s.AnyOf...)
 	out = append(out, s.OneOf...)
@@ -178,25 +218,42 @@ func (g *graph) inPlace(s *jsonschema.Schema, f func(*jsonschema.Schema)) {
 			f(t)
 		}
 	}
-	for _, t := range g.refTargets(s) {
-		f(t)
+	for _, choice := range g.refChoices(s) {
+		for _, t := range choice {
+			f(t)
+		}
 	}
 }
 
-// refTargets lists what s's $dynamicRef and $recursiveRef may resolve to, beyond the static
-// $recursiveRef target staticInPlace lists.
-func (g *graph) refTargets(s *jsonschema.Schema) []*jsonschema.Schema {
-	var out []*jsonschema.Schema
-	if r := s.RecursiveRef; r != nil && r.RecursiveAnchor {
-		out = append(out, g.recursive...)
+// refChoices lists, for each of s's $recursiveRef and $dynamicRef, the subschemas it may
+// resolve to at run time (which one depends on the path the validator took there): it
+// evaluates exactly one of each list.
+func (g *graph) refChoices(s *jsonschema.Schema) [][]*jsonschema.Schema {
+	var out [][]*jsonschema.Schema
+	if r := s.RecursiveRef; r != nil {
+		choice := []*jsonschema.Schema{r}
+		if r.RecursiveAnchor {
+			choice = appendNew(choice, g.recursive)
+		}
+		out = append(out, choice)
 	}
 	if d := s.DynamicRef; d != nil {
-		out = append(out, d.Ref)
+		choice := []*jsonschema.Schema{d.Ref}
 		if d.Anchor != "" && d.Ref.DynamicAnchor == d.Anchor {
-			out = append(out, g.dynamic[d.Anchor]...)
+			choice = appendNew(choice, g.dynamic[d.Anchor])
 		}
+		out = append(out, choice)
 	}
 	return out
+}
+
+func appendNew(list, more []*jsonschema.Schema) []*jsonschema.Schema {
+	for _, s := range more {
+		if !slices.Contains(list, s) {
+			list = append(list, s)
+		}
+	}
+	return list
 }
 
 // counter counts, for one value, the most subschema evaluations validating it may take. The
@@ -339,10 +396,7 @@ func (c *counter) scalar(s *jsonschema.Schema, typ jsonTypes) uint64 {
 	}
 	n := uint64(1)
 	if c.applies(s, typ) {
-		c.g.inPlace(s, func(t *jsonschema.Schema) {
-			n = c.add(n, c.scalar(t, typ))
-		})
-		// A dynamic reference resolves to one of its targets; counting all over-counts.
+		n = c.inPlaceCount(s, nil, n, func(t *jsonschema.Schema) uint64 { return c.scalar(t, typ) })
 	}
 	c.scalars[k] = n
 	return n
@@ -420,7 +474,7 @@ func (c *counter) at(v any, need []*jsonschema.Schema) map[*jsonschema.Schema]ui
 		}
 		n := c.add(1, own[s])
 		if c.applies(s, typ) {
-			c.inPlaceAt(s, obj, func(t *jsonschema.Schema) { n = c.add(n, count(t)) })
+			n = c.inPlaceCount(s, obj, n, count)
 		}
 		total[s] = n
 		return n
@@ -434,12 +488,36 @@ func (c *counter) at(v any, need []*jsonschema.Schema) map[*jsonschema.Schema]ui
 // inPlaceAt is inPlace for a value that is obj (nil unless an object): a dependency applies
 // only when its key is present.
 func (c *counter) inPlaceAt(s *jsonschema.Schema, obj map[string]any, f func(*jsonschema.Schema)) {
-	for _, t := range []*jsonschema.Schema{s.Ref, s.RecursiveRef, s.Not, s.If, s.Then, s.Else} {
+	c.staticAt(s, obj, f)
+	for _, choice := range c.g.refChoices(s) {
+		for _, t := range choice {
+			f(t)
+		}
+	}
+}
+
+// inPlaceCount adds to n what the subschemas s applies in place count (count gives each):
+// each static one, and for each reference the most any of its choices counts.
+func (c *counter) inPlaceCount(s *jsonschema.Schema, obj map[string]any, n uint64, count func(*jsonschema.Schema) uint64) uint64 {
+	c.staticAt(s, obj, func(t *jsonschema.Schema) { n = c.add(n, count(t)) })
+	for _, choice := range c.g.refChoices(s) {
+		var most uint64
+		for _, t := range choice {
+			most = max(most, count(t))
+		}
+		n = c.add(n, most)
+	}
+	return n
+}
+
+// staticAt calls f with the static in-place subschemas s applies to a value that is obj.
+func (c *counter) staticAt(s *jsonschema.Schema, obj map[string]any, f func(*jsonschema.Schema)) {
+	for _, t := range []*jsonschema.Schema{s.Ref, s.Not, s.If, s.Then, s.Else} {
 		if t != nil {
 			f(t)
 		}
 	}
-	for _, group := range [][]*jsonschema.Schema{s.AllOf, s.AnyOf, s.OneOf, c.g.refTargets(s)} {
+	for _, group := range [][]*jsonschema.Schema{s.AllOf, s.AnyOf, s.OneOf} {
 		for _, t := range group {
 			f(t)
 		}

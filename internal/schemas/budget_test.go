@@ -117,6 +117,31 @@ func TestValidateFollowsDynamicReferences(t *testing.T) {
 	require.ErrorContains(t, s.Validate(mustDecode(t, `{"children":[3]}`)), "/children/0")
 }
 
+// The usual recursive 2020-12 schema, a tree through $dynamicRef, is counted once per level,
+// however deep: a reference resolves to one of its possible targets, not to all of them.
+func TestValidateCountsADynamicReferenceOnce(t *testing.T) {
+	s := mustCompile(t, `{"$id":"urn:ringfence:tree","$dynamicAnchor":"node","type":"object",
+		"properties":{"children":{"type":"array","items":{"$dynamicRef":"#node"}}}}`)
+	v := `{}`
+	for range 60 { // 120 levels: an object and an array each
+		v = `{"children":[` + v + `]}`
+	}
+	require.NoError(t, s.Validate(mustDecode(t, v)))
+}
+
+// A $dynamicRef may land on an anchor that nothing refers to statically, in another resource
+// on the way there: here the outermost "node" anchor, whose two recursive oneOf branches
+// double the work at each level. The count finds it, as the validator does.
+func TestValidateFollowsDynamicReferencesToAnchorsNothingRefersTo(t *testing.T) {
+	s := mustCompile(t, `{"$ref":"urn:r3#/$defs/entry","$defs":{
+		"r3":{"$id":"urn:r3","$defs":{
+			"a b/c":{"$dynamicAnchor":"node","oneOf":[{"type":"array","items":{"$dynamicRef":"#node"}},{"type":"array","items":{"$dynamicRef":"#node"}},{"type":"null"}]},
+			"entry":{"$ref":"urn:r2"}}},
+		"r2":{"$id":"urn:r2","$dynamicAnchor":"node","type":["array","null"],"items":{"$dynamicRef":"#node"}}}}`)
+	var be *BudgetError
+	require.ErrorAs(t, s.Validate(mustDecode(t, nested(16))), &be)
+}
+
 // A loop that never descends into the value fails every value it reaches; it is refused
 // when compiled (so the declaration screen refuses it at import), at the place it starts.
 func TestCompileRefusesInPlaceLoops(t *testing.T) {

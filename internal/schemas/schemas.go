@@ -97,7 +97,7 @@ func Compile(raw json.RawMessage) (*Schema, error) {
 	if err != nil {
 		return nil, compileError(doc, err)
 	}
-	g, err := analyze(s)
+	g, err := analyze(s, anchored(c, doc))
 	if err != nil {
 		return nil, err
 	}
