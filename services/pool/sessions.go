@@ -328,24 +328,28 @@ func (s *Service) checkDrift(ctx context.Context, sess *session, tool, pin strin
 // a change. A server that cannot be listed any more (it stopped answering, or answers garbage)
 // is stopped, so the run's next call starts a fresh one instead of failing the same way. The
 // listing is held to the registration's client_session_timeout, as the first one was at the
-// handshake, whatever the caller's deadline: a server that hangs on tools/list would otherwise
-// hold sess.listMu, and fail every call as canceled, for as long as each caller waits. The
-// caller holds sess.listMu.
+// handshake, whatever the caller's deadline, shorter or longer: a server that hangs on
+// tools/list would otherwise hold sess.listMu, and fail every call as canceled, for as long as
+// each caller waits. The caller holds sess.listMu.
 func (s *Service) refreshListing(ctx context.Context, sess *session) error {
 	if !sess.stale.Load() && s.cfg.DriftMaxAge != 0 && time.Since(sess.listedTime()) <= s.cfg.DriftMaxAge {
 		return nil
 	}
+	// Not the caller's context: a caller whose deadline is shorter than the bound would end
+	// the listing first, and the wedged session would be kept. A caller that leaves waits out
+	// the bound at most.
 	bound := sess.reg.SessionTimeout()
-	lctx, cancel := context.WithTimeoutCause(ctx, bound, errRelistTimeout)
+	lctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), bound, errRelistTimeout)
 	defer cancel()
 	err := s.relist(lctx, sess, false)
-	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(lctx), errRelistTimeout) {
+	timedOut := err != nil && errors.Is(context.Cause(lctx), errRelistTimeout)
+	if timedOut {
 		msg := fmt.Sprintf("the server did not answer tools/list within %s (client_session_timeout) when its tools were listed again for the drift check; it was stopped, and the run's next call starts a fresh one", bound)
 		ref := refusal(reasonSpawnFailed, errors.New(msg))
 		ref.Server = &discovery.Failure{Class: string(spawner.ClassTimeout), Message: msg, StderrTail: sess.sess.StderrTail()}
 		err = ref
 	}
-	if err != nil && ctx.Err() == nil {
+	if err != nil && (timedOut || ctx.Err() == nil) {
 		s.log.Warn("a server's tools could not be listed again: stopping it; the run's next call starts a fresh one", "server", sess.ref, "err", err)
 		s.stop(sess)
 	}
