@@ -14,16 +14,21 @@ import (
 // The validator walks every branch of anyOf, oneOf and allOf, through every $ref, at every
 // place of the value, and remembers nothing between walks. A schema whose branches lead back
 // to the same subschema therefore costs exponentially in the depth of the value: 51 bytes of
-// nested arrays against two recursive oneOf branches took 8.7 s. Before validating, Validate
-// therefore counts, exactly and cheaply (each pair of subschema and place of the value once),
-// how many subschema evaluations the validator would make at most, and refuses a value that
-// would need more than its budget.
+// nested arrays against two recursive oneOf branches took 8.7 s. And each evaluation at a
+// place reads it whole (an object's keys, a string's pattern and length, a const to compare),
+// so many evaluations of one wide place cost its width each time. Before validating, Validate
+// therefore counts, exactly and cheaply (each pair of subschema and place once), what the
+// validator would do at most, in units of about a microsecond here: an evaluation of a place
+// costs its weight (1, plus 1 per key of an object, 1 per 8 items of an array, 1 per 64 bytes
+// of a string), plus the weight of a const or enum it compares against. A value whose count
+// passes its budget is refused.
 const (
 	// minSteps is the budget of any value, however small.
 	minSteps = 1 << 16
-	// stepsPerNode adds budget for each node of the value, so a large value against a
-	// plain schema is never refused: a plain schema costs a few evaluations per node.
-	stepsPerNode = 8
+	// stepsPerUnit adds budget for each unit of the value's own weight, so a large value
+	// against a plain schema is never refused: a plain schema evaluates each place a few
+	// times.
+	stepsPerUnit = 8
 	// MaxDepth bounds how deeply a value may nest; the validator's work and every error it
 	// builds grow with depth.
 	MaxDepth = 128
@@ -33,7 +38,8 @@ const (
 type BudgetError struct {
 	// Deep is set when the value nests deeper than MaxDepth.
 	Deep bool
-	// Budget is the work the value may take: minSteps plus stepsPerNode for each node.
+	// Budget is the work the value may take: minSteps plus stepsPerUnit for each unit of its
+	// weight.
 	Budget uint64
 }
 
@@ -41,17 +47,22 @@ func (e *BudgetError) Error() string {
 	if e.Deep {
 		return fmt.Sprintf("the value nests more than %d levels deep; values are validated to at most %d levels", MaxDepth, MaxDepth)
 	}
-	return fmt.Sprintf("validating the value would take more than the %d schema evaluations a value of its size may take: the schema's anyOf, oneOf, allOf or $ref branches lead back to the same subschemas, so the work multiplies with each level of the value", e.Budget)
+	return fmt.Sprintf("validating the value would take more than the %d units of work (about a microsecond each) a value of its size may take: the schema's anyOf, oneOf, allOf or $ref branches lead back to the same subschemas, so the work multiplies with each level of the value, or evaluate one wide place many times", e.Budget)
 }
 
 // graph is what the work count needs to know about a compiled schema beyond its fields:
 // which subschemas a $dynamicRef or $recursiveRef may land on at run time.
 type graph struct {
-	dynamic   map[string][]*jsonschema.Schema // by $dynamicAnchor name
-	recursive []*jsonschema.Schema            // those with "$recursiveAnchor": true
+	dynamic map[string][]*jsonschema.Schema // by $dynamicAnchor name
 	// accepts holds the JSON types each subschema goes on with past "type"; a boolean
 	// schema goes on with none.
 	accepts map[*jsonschema.Schema]jsonTypes
+	// compares holds the weight of each subschema's const and enum values, compared with
+	// the value at each of its evaluations.
+	compares map[*jsonschema.Schema]uint64
+	// root starts every validation, and each "propertyNames" subschema starts one of its
+	// own: a $recursiveRef may resolve to any of them.
+	starts []*jsonschema.Schema
 }
 
 // analyze walks every subschema reachable from root, or from anchored (the subschemas that
@@ -59,8 +70,9 @@ type graph struct {
 // statically), and refuses a loop that never descends into the value (a $ref, allOf, anyOf,
 // oneOf, not or if that leads back to itself at the same place): the validator fails every
 // value that reaches one, and counting its work would be unbounded.
-func analyze(root *jsonschema.Schema, anchored []*jsonschema.Schema) (*graph, error) {
-	g := &graph{dynamic: map[string][]*jsonschema.Schema{}, accepts: map[*jsonschema.Schema]jsonTypes{}}
+func analyze(root *jsonschema.Schema, anchored []*jsonschema.Schema, embedded bool) (*graph, error) {
+	g := &graph{dynamic: map[string][]*jsonschema.Schema{}, accepts: map[*jsonschema.Schema]jsonTypes{},
+		compares: map[*jsonschema.Schema]uint64{}, starts: []*jsonschema.Schema{root}}
 	seen := map[*jsonschema.Schema]bool{}
 	var all []*jsonschema.Schema
 	var reach func(s *jsonschema.Schema)
@@ -71,11 +83,19 @@ func analyze(root *jsonschema.Schema, anchored []*jsonschema.Schema) (*graph, er
 		seen[s] = true
 		all = append(all, s)
 		g.accepts[s] = acceptedTypes(s)
+		if s.Const != nil {
+			g.compares[s] += weigh(*s.Const)
+		}
+		if s.Enum != nil {
+			for _, e := range s.Enum.Values {
+				g.compares[s] += weigh(e)
+			}
+		}
+		if s.PropertyNames != nil {
+			g.starts = append(g.starts, s.PropertyNames)
+		}
 		if s.DynamicAnchor != "" {
 			g.dynamic[s.DynamicAnchor] = append(g.dynamic[s.DynamicAnchor], s)
-		}
-		if s.RecursiveAnchor {
-			g.recursive = append(g.recursive, s)
 		}
 		if s.DynamicRef != nil {
 			reach(s.DynamicRef.Ref)
@@ -91,6 +111,16 @@ func analyze(root *jsonschema.Schema, anchored []*jsonschema.Schema) (*graph, er
 	reach(root)
 	for _, s := range anchored {
 		reach(s)
+	}
+	// A $recursiveRef whose target is anchored resolves to the outermost schema on the
+	// validator's path whose resource is anchored. In a document of one resource that is
+	// where a validation started; with embedded resources it is wherever the path entered
+	// one, which the count cannot follow.
+	for _, s := range all {
+		if r := s.RecursiveRef; r != nil && r.RecursiveAnchor && embedded {
+			return nil, &CompileError{Problems: []Problem{{Pointer: pointerOf(s.Location),
+				Message: "a $recursiveRef in a document with embedded resources ($id) resolves to wherever validation entered an anchored one, so its work cannot be bounded; use $ref, or draft 2020-12's $dynamicRef"}}}
+		}
 	}
 
 	const (
@@ -126,13 +156,12 @@ func analyze(root *jsonschema.Schema, anchored []*jsonschema.Schema) (*graph, er
 	return g, nil
 }
 
-// anchored compiles every object of doc that declares "$dynamicAnchor" or "$recursiveAnchor":
-// a reference may resolve at run time to one that nothing refers to statically, so walking
-// the compiled schema from its root would not find it. An object that is not a schema (a
-// "const" value, say) fails to compile or compiles to one nothing reaches; either way it
-// changes no count.
-func anchored(c *jsonschema.Compiler, doc any) []*jsonschema.Schema {
-	var out []*jsonschema.Schema
+// scan compiles every object of doc that declares "$dynamicAnchor" or "$recursiveAnchor" (a
+// reference may resolve at run time to one that nothing refers to statically, so walking the
+// compiled schema from its root would not find it) and says whether doc embeds a resource
+// ("$id" below its root). An object that is not a schema (a "const" value, say) fails to
+// compile or compiles to one nothing reaches; either way it changes no count.
+func scan(c *jsonschema.Compiler, doc any) (anchored []*jsonschema.Schema, embedded bool) {
 	var walk func(v any, ptr string)
 	walk = func(v any, ptr string) {
 		switch v := v.(type) {
@@ -141,8 +170,11 @@ func anchored(c *jsonschema.Compiler, doc any) []*jsonschema.Schema {
 			_, rec := v["$recursiveAnchor"]
 			if dyn || rec {
 				if s, err := c.Compile(docURL + "#" + ptr); err == nil {
-					out = append(out, s)
+					anchored = append(anchored, s)
 				}
+			}
+			if _, id := v["$id"]; id && ptr != "" {
+				embedded = true
 			}
 			for k, m := range v {
 				walk(m, ptr+"/"+url.PathEscape(strings.NewReplacer("~", "~0", "/", "~1").Replace(k)))
@@ -154,7 +186,7 @@ func anchored(c *jsonschema.Compiler, doc any) []*jsonschema.Schema {
 		}
 	}
 	walk(doc, "")
-	return out
+	return anchored, embedded
 }
 
 // pointerOf returns the JSON Pointer tokens of a compiled subschema's location.
@@ -233,7 +265,7 @@ func (g *graph) refChoices(s *jsonschema.Schema) [][]*jsonschema.Schema {
 	if r := s.RecursiveRef; r != nil {
 		choice := []*jsonschema.Schema{r}
 		if r.RecursiveAnchor {
-			choice = appendNew(choice, g.recursive)
+			choice = appendNew(choice, g.starts)
 		}
 		out = append(out, choice)
 	}
@@ -276,11 +308,11 @@ type scalarKey struct {
 
 // checkBudget returns a *BudgetError when validating v against s may take more than its budget.
 func (sch *Schema) checkBudget(v any) error {
-	nodes, deep := size(v, 0)
+	weight, deep := measure(v, 0)
 	if deep {
 		return &BudgetError{Deep: true}
 	}
-	budget := uint64(minSteps) + stepsPerNode*nodes
+	budget := uint64(minSteps) + stepsPerUnit*weight
 	c := &counter{g: sch.g, budget: budget, scalars: map[scalarKey]uint64{}}
 	costs := c.at(v, []*jsonschema.Schema{sch.s})
 	if c.over || costs[sch.s] > budget {
@@ -289,31 +321,60 @@ func (sch *Schema) checkBudget(v any) error {
 	return nil
 }
 
-// size counts the value's nodes, stopping once it nests deeper than MaxDepth.
-func size(v any, depth int) (nodes uint64, deep bool) {
+// width is what one evaluation of v reads of it besides its members: an object's keys, an
+// array's items (a few at a time), a string's bytes (for a pattern, a length, a format).
+func width(v any) uint64 {
+	switch v := v.(type) {
+	case map[string]any:
+		return 1 + uint64(len(v))
+	case []any:
+		return 1 + uint64(len(v))/8
+	case string:
+		return 1 + uint64(len(v))/64
+	}
+	return 1
+}
+
+// measure sums the widths of v and everything in it, stopping once it nests deeper than
+// MaxDepth.
+func measure(v any, depth int) (weight uint64, deep bool) {
 	if depth > MaxDepth {
 		return 0, true
 	}
-	nodes = 1
+	weight = width(v)
 	switch v := v.(type) {
 	case map[string]any:
-		for _, m := range v {
-			n, d := size(m, depth+1)
+		for k, m := range v {
+			n, d := measure(m, depth+1)
 			if d {
 				return 0, true
 			}
-			nodes += n
+			weight += n + width(k)
 		}
 	case []any:
 		for _, m := range v {
-			n, d := size(m, depth+1)
+			n, d := measure(m, depth+1)
 			if d {
 				return 0, true
 			}
-			nodes += n
+			weight += n
 		}
 	}
-	return nodes, false
+	return weight, false
+}
+
+// weigh is measure for a schema's own const and enum values, however deep.
+func weigh(v any) uint64 {
+	w, _ := measure(v, math.MinInt)
+	return w
+}
+
+// mul multiplies without overflowing.
+func (c *counter) mul(a, b uint64) uint64 {
+	if a != 0 && b > math.MaxUint64/a {
+		return math.MaxUint64
+	}
+	return a * b
 }
 
 // add adds without overflowing; anything past the budget is simply "too much".
@@ -385,7 +446,8 @@ func (c *counter) applies(s *jsonschema.Schema, typ jsonTypes) bool {
 	return c.g.accepts[s]&typ != 0
 }
 
-// scalar counts the evaluations of s at a scalar of type typ.
+// scalar counts the evaluations of s at a scalar of type typ, each with what it compares
+// against; members multiplies by the scalar's width.
 func (c *counter) scalar(s *jsonschema.Schema, typ jsonTypes) uint64 {
 	k := scalarKey{s, typ}
 	if n, ok := c.scalars[k]; ok {
@@ -394,7 +456,7 @@ func (c *counter) scalar(s *jsonschema.Schema, typ jsonTypes) uint64 {
 	if !c.step() {
 		return math.MaxUint64
 	}
-	n := uint64(1)
+	n := c.add(1, c.g.compares[s])
 	if c.applies(s, typ) {
 		n = c.inPlaceCount(s, nil, n, func(t *jsonschema.Schema) uint64 { return c.scalar(t, typ) })
 	}
@@ -441,7 +503,7 @@ func (c *counter) at(v any, need []*jsonschema.Schema) map[*jsonschema.Schema]ui
 			}, own)
 			for _, s := range here {
 				if c.applies(s, typ) && s.PropertyNames != nil {
-					own[s] = c.add(own[s], c.scalar(s.PropertyNames, typeString))
+					own[s] = c.add(own[s], c.mul(c.scalar(s.PropertyNames, typeString), width(key)))
 				}
 			}
 			if c.over {
@@ -457,10 +519,17 @@ func (c *counter) at(v any, need []*jsonschema.Schema) map[*jsonschema.Schema]ui
 				return out
 			}
 		}
-		n := uint64(len(v))
+		unique := uint64(0) // what uniqueItems reads: up to 20 items compared pairwise, more hashed
 		for _, s := range here {
 			if c.applies(s, typ) && s.UniqueItems {
-				own[s] = c.add(own[s], n*(n-1)/2) // pairwise comparisons
+				if unique == 0 {
+					w, _ := measure(v, 0)
+					unique = c.add(w, uint64(len(v)))
+					if len(v) <= 20 {
+						unique = c.mul(w, uint64(len(v)))
+					}
+				}
+				own[s] = c.add(own[s], unique)
 			}
 		}
 	}
@@ -472,7 +541,7 @@ func (c *counter) at(v any, need []*jsonschema.Schema) map[*jsonschema.Schema]ui
 		if n, ok := total[s]; ok {
 			return n
 		}
-		n := c.add(1, own[s])
+		n := c.add(c.add(width(v), c.g.compares[s]), own[s])
 		if c.applies(s, typ) {
 			n = c.inPlaceCount(s, obj, n, count)
 		}
@@ -554,7 +623,7 @@ func (c *counter) members(here []*jsonschema.Schema, typ jsonTypes, member any, 
 			}
 			c.buf = pick(c.buf[:0], s)
 			for _, t := range c.buf {
-				own[s] = c.add(own[s], c.scalar(t, mtyp))
+				own[s] = c.add(own[s], c.mul(c.scalar(t, mtyp), width(member)))
 			}
 		}
 		return

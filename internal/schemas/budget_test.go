@@ -38,7 +38,7 @@ func TestValidateRefusesExponentialWork(t *testing.T) {
 	var be *BudgetError
 	require.ErrorAs(t, err, &be)
 	require.False(t, be.Deep)
-	require.Contains(t, err.Error(), "schema evaluations")
+	require.Contains(t, err.Error(), "units of work")
 
 	// Shallow values of the same schema still validate, and fail as the schema says.
 	require.NoError(t, s.Validate(mustDecode(t, `null`)))
@@ -140,6 +140,64 @@ func TestValidateFollowsDynamicReferencesToAnchorsNothingRefersTo(t *testing.T) 
 		"r2":{"$id":"urn:r2","$dynamicAnchor":"node","type":["array","null"],"items":{"$dynamicRef":"#node"}}}}`)
 	var be *BudgetError
 	require.ErrorAs(t, s.Validate(mustDecode(t, nested(16))), &be)
+}
+
+// sharedDefs builds levels of $defs, each referring to the next twice: 2^levels evaluations
+// of leaf at one place, with no recursion.
+func sharedDefs(levels int, leaf string) string {
+	var defs []string
+	for i := range levels {
+		next := `{"$ref":"#/$defs/d` + strconv.Itoa(i+1) + `"}`
+		defs = append(defs, `"d`+strconv.Itoa(i)+`":{"allOf":[`+next+`,`+next+`]}`)
+	}
+	defs = append(defs, `"d`+strconv.Itoa(levels)+`":`+leaf)
+	return `{"$defs":{` + strings.Join(defs, ",") + `},"$ref":"#/$defs/d0"}`
+}
+
+// Each evaluation reads its place whole: a string's pattern and length scan it, an object's
+// keys are walked. Few evaluations of a wide place pass; thousands are refused, where counting
+// each as one let a 256 KiB string through 16,384 scans (51 s).
+func TestValidateChargesEachEvaluationItsPlacesWidth(t *testing.T) {
+	str, err := json.Marshal(strings.Repeat("a", 1<<18))
+	require.NoError(t, err)
+	var obj strings.Builder
+	obj.WriteString(`{"k0":0`)
+	for i := 1; i < 20_000; i++ {
+		obj.WriteString(`,"k` + strconv.Itoa(i) + `":0`)
+	}
+	obj.WriteString("}")
+	for _, c := range []struct{ leaf, value string }{
+		{`{"type":"string","pattern":"^[a-z]*$","minLength":1}`, string(str)},
+		{`{"type":"object","properties":{"x":{"type":"string"}}}`, obj.String()},
+	} {
+		v := mustDecode(t, c.value)
+		require.NoError(t, mustCompile(t, sharedDefs(2, c.leaf)).Validate(v), "4 evaluations")
+		var be *BudgetError
+		require.ErrorAs(t, mustCompile(t, sharedDefs(12, c.leaf)).Validate(v), &be, "4,096 evaluations")
+	}
+}
+
+// Draft 2019-09's $recursiveRef resolves to the outermost schema on the validator's path
+// whose resource is anchored: with embedded resources, wherever the path entered one, here
+// an inner subschema whose two recursive branches double the work each level. Such a document
+// does not compile; in a document of one resource the count follows every place a
+// validation starts.
+func TestRecursiveReferences(t *testing.T) {
+	_, err := Compile(json.RawMessage(`{"$schema":"https://json-schema.org/draft/2019-09/schema","$ref":"urn:x:b#/$defs/X",
+		"$defs":{"B":{"$id":"urn:x:b","$recursiveAnchor":true,
+		"$defs":{"X":{"type":"array","oneOf":[{"items":{"$recursiveRef":"#"}},{"items":{"$recursiveRef":"#"}}]}}}}}`))
+	var ce *CompileError
+	require.ErrorAs(t, err, &ce)
+	require.Contains(t, err.Error(), "embedded resources")
+
+	tree := mustCompile(t, `{"$schema":"https://json-schema.org/draft/2019-09/schema","$recursiveAnchor":true,
+		"type":"object","propertyNames":{"maxLength":16},"properties":{"children":{"type":"array","items":{"$recursiveRef":"#"}}}}`)
+	v := `{}`
+	for range 60 {
+		v = `{"children":[` + v + `]}`
+	}
+	require.NoError(t, tree.Validate(mustDecode(t, v)))
+	require.ErrorContains(t, tree.Validate(mustDecode(t, `{"children":[{"children":3}]}`)), "/children/0/children")
 }
 
 // A loop that never descends into the value fails every value it reaches; it is refused

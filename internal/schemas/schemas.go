@@ -97,7 +97,8 @@ func Compile(raw json.RawMessage) (*Schema, error) {
 	if err != nil {
 		return nil, compileError(doc, err)
 	}
-	g, err := analyze(s, anchored(c, doc))
+	anchored, embedded := scan(c, doc)
+	g, err := analyze(s, anchored, embedded)
 	if err != nil {
 		return nil, err
 	}
