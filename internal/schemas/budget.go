@@ -19,15 +19,15 @@ import (
 // so many evaluations of one wide place cost its width each time. Before validating, Validate
 // therefore counts, exactly and cheaply (each pair of subschema and place once), what the
 // validator would do at most, in units of about a microsecond here: an evaluation of a place
-// costs its weight (1, plus 1 per key of an object, 1 per 8 items of an array, 1 per 64 bytes
-// of a string), plus the weight of a const or enum it compares against. A value whose count
-// passes its budget is refused.
+// costs its width (1, plus 1 per key of an object, 1 per 8 items of an array, 1 per 64 bytes
+// of a string), plus the weight (the widths summed) of a const or enum it compares against. A
+// value whose count passes its budget is refused.
 const (
 	// minSteps is the budget of any value, however small.
 	minSteps = 1 << 16
-	// stepsPerUnit adds budget for each unit of the value's own weight, so a large value
-	// against a plain schema is never refused: a plain schema evaluates each place a few
-	// times.
+	// stepsPerUnit adds budget for each unit of the value's own weight (its widths summed),
+	// so a large value against a plain schema is never refused: a plain schema evaluates each
+	// place a few times.
 	stepsPerUnit = 8
 	// MaxDepth bounds how deeply a value may nest; the validator's work and every error it
 	// builds grow with depth.
@@ -50,8 +50,7 @@ func (e *BudgetError) Error() string {
 	return fmt.Sprintf("validating the value would take more than the %d units of work (about a microsecond each) a value of its size may take: the schema's anyOf, oneOf, allOf or $ref branches lead back to the same subschemas, so the work multiplies with each level of the value, or evaluate one wide place many times", e.Budget)
 }
 
-// graph is what the work count needs to know about a compiled schema beyond its fields:
-// which subschemas a $dynamicRef or $recursiveRef may land on at run time.
+// graph is what the work count needs to know about a compiled schema beyond its fields.
 type graph struct {
 	dynamic map[string][]*jsonschema.Schema // by $dynamicAnchor name
 	// accepts holds the JSON types each subschema goes on with past "type"; a boolean
