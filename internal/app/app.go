@@ -372,6 +372,7 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg pool.Registr
 		OnSpoolFull:           spoolPolicy(cfg),
 		DriftMaxAge:           cfg.Pool.DriftMaxAge,
 		RunIdleTimeout:        cfg.Pool.RunIdleTimeout,
+		PausedRunTimeout:      cfg.Pool.PausedTimeout,
 		MaxRuns:               cfg.Pool.MaxRuns,
 		MaxSessions:           cfg.Pool.MaxSessions,
 		AllowAdvisory:         cfg.Pool.AllowAdvisory,

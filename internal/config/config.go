@@ -83,6 +83,7 @@ type Sandbox struct {
 type Pool struct {
 	DriftMaxAge    time.Duration `key:"drift_max_age" default:"1s" help:"re-list a session's tools before a call when its listing is older; 0 re-lists before every call"`
 	RunIdleTimeout time.Duration `key:"run_idle_timeout" default:"15m" help:"end runs with no call for this long"`
+	PausedTimeout  time.Duration `key:"paused_run_timeout" default:"168h" help:"end runs paused for this long (an approval that never came); 0 keeps paused runs until they are ended"`
 	MaxRuns        int           `key:"max_runs" default:"256" help:"concurrent active runs on this host"`
 	MaxSessions    int           `key:"max_sessions" default:"512" help:"concurrent MCP sessions on this host"`
 	AllowAdvisory  bool          `key:"allow_advisory" help:"honour graphs whose capability_mode is advisory (the agent floor recorded, not enforced); off, every graph's agent floor is enforced"`
@@ -175,6 +176,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Pool.RunIdleTimeout <= 0 {
 		errs.add("pool.run_idle_timeout", "must be positive", "e.g. 15m")
+	}
+	if c.Pool.PausedTimeout < 0 {
+		errs.add("pool.paused_run_timeout", "must not be negative", "use 0 to keep paused runs until they are ended, or e.g. 168h")
 	}
 	if c.Pool.MaxRuns < 1 {
 		errs.add("pool.max_runs", "must be at least 1", "e.g. 256")

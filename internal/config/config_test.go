@@ -28,6 +28,7 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, "none", cfg.Sandbox.MCPIsolationNetwork)
 	require.Equal(t, ByteSize(512<<20), cfg.Sandbox.MCPIsolationMemory)
 	require.Equal(t, time.Second, cfg.Pool.DriftMaxAge)
+	require.Equal(t, 7*24*time.Hour, cfg.Pool.PausedTimeout)
 	require.False(t, cfg.IsProduction())
 }
 
@@ -89,6 +90,7 @@ func TestRefusals(t *testing.T) {
 		{"unknown flag", []string{"--nope"}, nil, []string{"nope"}},
 		{"bad integer names the env", nil, []string{"RINGFENCE_POOL__MAX_RUNS=many"}, []string{"RINGFENCE_POOL__MAX_RUNS", "not an integer"}},
 		{"bad duration", []string{"--pool.drift-max-age=soon"}, nil, []string{"--pool.drift-max-age", "not a duration"}},
+		{"negative paused timeout", nil, []string{"RINGFENCE_POOL__PAUSED_RUN_TIMEOUT=-1h"}, []string{"RINGFENCE_POOL__PAUSED_RUN_TIMEOUT", "must not be negative", "use 0 to keep"}},
 		{"bad list", nil, []string{"RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS=APP_TOKEN"}, []string{"JSON list"}},
 		{"tag refused", nil, []string{"RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE=mcp:latest"}, []string{"RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE", "not pinned by digest", "sha256:<64 hex>"}},
 		{"production refuses unisolated development", nil, []string{"RINGFENCE_ENV=production", "RINGFENCE_SANDBOX__ALLOW_UNISOLATED_MCP_DEVELOPMENT=true"}, []string{"RINGFENCE_SANDBOX__ALLOW_UNISOLATED_MCP_DEVELOPMENT", "refused in production", "host processes"}},

@@ -48,6 +48,7 @@ type harnessOpts struct {
 	noImage     bool
 	driftMaxAge time.Duration
 	idle        time.Duration
+	paused      time.Duration // pool.paused_run_timeout; 0 keeps paused runs
 	maxRuns     int
 	maxSessions int
 	// realAudit forwards to a real audit log (benchmarks) instead of the in-memory recorder.
@@ -132,7 +133,7 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 		SpoolMaxRecords: o.spoolMaxRecords,
 		Sandbox: Sandbox{Image: image, Network: "none", AllowedEnvKeys: []string{"APP_TOKEN"}, PoolID: poolID,
 			NanoCPUs: 1e9, MemoryBytes: 512 << 20, PidsLimit: 64, TmpfsSizeBytes: 16 << 20},
-		DriftMaxAge: drift, RunIdleTimeout: o.idle, MaxRuns: o.maxRuns, MaxSessions: o.maxSessions,
+		DriftMaxAge: drift, RunIdleTimeout: o.idle, PausedRunTimeout: o.paused, MaxRuns: o.maxRuns, MaxSessions: o.maxSessions,
 		AllowInlineMCPServers: o.allowInline, AllowAdvisory: o.allowAdvisory, Logger: quiet,
 	})
 	require.NoError(t, err)

@@ -86,8 +86,11 @@ type Config struct {
 	// every call.
 	DriftMaxAge    time.Duration
 	RunIdleTimeout time.Duration
-	MaxRuns        int
-	MaxSessions    int
+	// PausedRunTimeout ends a run paused for longer (an approval that never came), so paused
+	// runs cannot hold MaxRuns forever; 0 keeps them until they are ended.
+	PausedRunTimeout time.Duration
+	MaxRuns          int
+	MaxSessions      int
 	// AllowAdvisory honours a graph's capability_mode advisory: the agent floor is recorded
 	// rather than enforced. Off (the default), every graph is enforced: advisory is the
 	// deployment's choice, not a graph author's.

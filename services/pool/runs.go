@@ -211,6 +211,7 @@ func (s *Service) PauseRun(ctx context.Context, id, tenant string) (*RunInfo, er
 		r.mu.Unlock()
 		return nil, fmt.Errorf("%w (it is %s)", errRunNotRunning, st)
 	}
+	r.lastActivity = time.Now() // the paused clock starts
 	rec := r.rec
 	rec.State = StatePaused
 	rec.Calls, rec.LastActivity = r.calls, r.lastActivity
@@ -265,20 +266,22 @@ func (s *Service) EndRun(ctx context.Context, id, tenant, status, reason string)
 }
 
 func (s *Service) end(ctx context.Context, r *run, status, reason string) (*RunInfo, error) {
-	return s.endWhen(ctx, r, status, reason, nil)
+	return s.endWhen(ctx, r, status, func() (string, bool) { return reason, true })
 }
 
 // errStillActive: the reaper found the run idle, but a call came in before it could end it.
 var errStillActive = errors.New("pool: the run is active again")
 
-// endWhen is end, if when (checked under the run's lock, with the state) still holds.
-func (s *Service) endWhen(ctx context.Context, r *run, status, reason string, when func() bool) (*RunInfo, error) {
+// endWhen is end, if when (checked under the run's lock, with the state) still holds; it
+// gives the reason too.
+func (s *Service) endWhen(ctx context.Context, r *run, status string, when func() (reason string, ok bool)) (*RunInfo, error) {
 	r.mu.Lock()
 	if r.rec.State == StateCompleted || r.rec.State == StateFailed {
 		r.mu.Unlock()
 		return nil, fmt.Errorf("%w (it %s)", errRunEnded, r.rec.State)
 	}
-	if when != nil && !when() {
+	reason, ok := when()
+	if !ok {
 		r.mu.Unlock()
 		return nil, errStillActive
 	}
@@ -339,14 +342,20 @@ func (s *Service) restoreRuns(ctx context.Context) error {
 	return nil
 }
 
-// reapIdle ends running runs with no call for longer than the idle timeout, until ctx ends.
-// A paused run is waiting for someone (an approval), not abandoned: it holds no session, and
-// its idle clock starts again when it resumes; it counts against pool.max_runs until it ends.
+// reapIdle ends running runs with no call for longer than the idle timeout, and runs paused
+// for longer than the paused timeout, until ctx ends. A paused run is waiting for someone (an
+// approval), not abandoned: it holds no session, so it gets far longer; its clock starts at
+// the pause and again when it resumes.
 func (s *Service) reapIdle(ctx context.Context) {
 	every := min(s.cfg.RunIdleTimeout/4, 30*time.Second)
+	if p := s.cfg.PausedRunTimeout; p > 0 {
+		every = min(every, p/4)
+	}
 	every = max(every, 10*time.Millisecond)
 	t := time.NewTicker(every)
 	defer t.Stop()
+	idleReason := fmt.Sprintf("idle for more than %s (pool.run_idle_timeout)", s.cfg.RunIdleTimeout)
+	pausedReason := fmt.Sprintf("paused for more than %s (pool.paused_run_timeout)", s.cfg.PausedRunTimeout)
 	for {
 		select {
 		case <-ctx.Done():
@@ -358,13 +367,18 @@ func (s *Service) reapIdle(ctx context.Context) {
 		s.runs.mu.Lock()
 		all := slices.Collect(maps.Values(s.runs.byID))
 		s.runs.mu.Unlock()
-		reason := fmt.Sprintf("idle for more than %s (pool.run_idle_timeout)", s.cfg.RunIdleTimeout)
 		for _, r := range all {
-			idle := func() bool {
-				return r.rec.State == StateRunning && r.busy.Load() == 0 && time.Since(r.lastActivity) > s.cfg.RunIdleTimeout
+			expired := func() (string, bool) {
+				switch r.rec.State {
+				case StateRunning:
+					return idleReason, r.busy.Load() == 0 && time.Since(r.lastActivity) > s.cfg.RunIdleTimeout
+				case StatePaused:
+					return pausedReason, s.cfg.PausedRunTimeout > 0 && time.Since(r.lastActivity) > s.cfg.PausedRunTimeout
+				}
+				return "", false
 			}
-			if info, err := s.endWhen(ctx, r, StateFailed, reason, idle); err == nil {
-				s.log.Info("ended an abandoned run", "run", info.Run.ID, "reason", reason)
+			if info, err := s.endWhen(ctx, r, StateFailed, expired); err == nil {
+				s.log.Info("ended an abandoned run", "run", info.Run.ID, "reason", info.Run.EndReason)
 			}
 		}
 	}

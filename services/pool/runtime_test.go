@@ -730,6 +730,28 @@ func TestAbandonedRunsEndAfterTheIdleTimeout(t *testing.T) {
 	require.NoError(t, err, "the resumed run calls before its idle clock runs out")
 }
 
+// TestPausedRunsEndAfterThePausedTimeout: pool.paused_run_timeout bounds how long a paused run
+// may hold a place under pool.max_runs (an approval that never came); running runs are
+// judged by the idle timeout alone.
+func TestPausedRunsEndAfterThePausedTimeout(t *testing.T) {
+	h := newHarness(t, harnessOpts{idle: time.Hour, paused: 300 * time.Millisecond})
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	paused, running := h.start("g"), h.start("g")
+	_, err := h.pool.PauseRun(h.ctx, paused, auth.DefaultTenant)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		info, err := h.pool.GetRun(h.ctx, paused, "")
+		return err == nil && info.Run.State == StateFailed
+	}, 10*time.Second, 50*time.Millisecond)
+	info, err := h.pool.GetRun(h.ctx, paused, "")
+	require.NoError(t, err)
+	require.Contains(t, info.Run.EndReason, "pool.paused_run_timeout")
+	info, err = h.pool.GetRun(h.ctx, running, "")
+	require.NoError(t, err)
+	require.Equal(t, StateRunning, info.Run.State)
+}
+
 // TestExploreCall: an explore call outside any run is dispatched on the discovery session with
 // the run's checks; a filtered-out tool is refused; each attempt is recorded with the
 // operator's key and leaves no container behind.
