@@ -380,6 +380,15 @@ func TestACallWithNoAnswerWithinTimeoutSaysItsOutcomeIsUnknown(t *testing.T) {
 	require.Regexp(t, `find call call-[0-9a-f]+`, r.Stderr)
 	require.NotContains(t, r.Stderr, "warning: ending run", "the run it started is ended")
 
+	// A one-shot call whose run does not start within --timeout made no call, and says which
+	// run to end should it have started.
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGSTOP))
+	r = cli("call", "--graph", "demo", "--agent", "researcher", "--tool", "fx__echo", "--args", `{"text":"x"}`, "--timeout", "2s")
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGCONT))
+	require.Equal(t, 1, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
+	require.Regexp(t, `no answer within --timeout 2s while starting run run-[0-9a-f]{24}, so no tool was called`, r.Stderr)
+	require.Regexp(t, `ringfence runs end --run run-[0-9a-f]{24}`, r.Stderr)
+
 	// An explore call outside any run: the same, pointed at the server and tool.
 	r = callUnanswered(t, d, cli, 2, "servers", "explore", "fx", "--call", "sleep", "--args", `{"ms":60000}`, "--timeout", "15s")
 	require.Equal(t, 4, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)

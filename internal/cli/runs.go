@@ -146,10 +146,8 @@ func (f *callFlags) request(runID string) (*poolv1.CallToolRequest, error) {
 	callID := f.callID
 	if callID == "" {
 		// Generated here rather than by the pool, so a call that gets no answer can still be
-		// named: it is how the attempt is found in the audit log. The pool's own format.
-		b := make([]byte, 12)
-		_, _ = rand.Read(b)
-		callID = "call-" + hex.EncodeToString(b)
+		// named: it is how the attempt is found in the audit log.
+		callID = newID("call-")
 	}
 	return &poolv1.CallToolRequest{RunId: runID, Agent: f.agent, Tool: f.tool, Arguments: args, CallId: callID}, nil
 }
@@ -201,11 +199,16 @@ func newCallCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer cancel()
-			started, err := client.StartRun(ctx, &poolv1.StartRunRequest{Tenant: tenant, GraphId: graphID, Version: version})
+			// The run id is chosen here, so a run that does not answer in time can be named.
+			runID := newID("run-")
+			_, err = client.StartRun(ctx, &poolv1.StartRunRequest{Tenant: tenant, GraphId: graphID, Version: version, RunId: runID})
+			if status.Code(err) == codes.DeadlineExceeded {
+				return fmt.Errorf("no answer within --timeout %s while starting run %s, so no tool was called; if the run did start, end it with: ringfence runs end --run %s (it also ends after pool.run_idle_timeout)",
+					g.timeout, runID, runID)
+			}
 			if err != nil {
 				return err
 			}
-			runID := started.GetRun().GetRunId()
 			req.RunId = runID
 			callErr := g.callTool(ctx, client, req)
 			endStatus := "completed"
@@ -228,6 +231,13 @@ func newCallCmd(g *globals) *cobra.Command {
 	_ = cmd.MarkFlagRequired("graph")
 	f.register(cmd)
 	return cmd
+}
+
+// newID returns an id in the pool's own format (prefix and 24 hex digits).
+func newID(prefix string) string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
 }
 
 // callTool calls and prints the outcome; refusals and failures become distinct exit codes.
