@@ -51,8 +51,11 @@ func (s *Service) EnsureBootstrapAdmin(ctx context.Context, key string) error {
 		}
 		return nil
 	}
+	// A random id, like every key's: ids are shown to auditors and authors (audit records,
+	// published_by), and one taken from the key's hash would let them test guesses of an
+	// operator-chosen key offline.
 	k := store.Key{
-		ID: "key_" + hash[:16], Name: "bootstrap-admin", Role: auth.RoleAdmin,
+		ID: newKeyID(), Name: "bootstrap-admin", Role: auth.RoleAdmin,
 		Hash: hash, CreateTime: time.Now().UTC(),
 	}
 	if err := s.store.CreateKey(ctx, k, s.event(ctx, audit.ActionKeyCreate, resourceKey, k.ID, keyToProto(k))); err != nil {
