@@ -1,10 +1,14 @@
 package grpcserver
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
@@ -52,4 +56,25 @@ func TestDeepBodiesAreRefusedByTheGateway(t *testing.T) {
 		err := m.NewDecoder(strings.NewReader(nested(levels))).Decode(&poolv1.CallToolRequest{})
 		require.ErrorContains(t, err, "nested too deeply (at most 1000 levels", levels)
 	}
+}
+
+// TestBodiesOfTooManyValuesAreRefused: a value decodes to ~80 times its JSON size, so a body
+// is bounded in values as well as bytes, before anything is decoded; and a message that
+// still decodes past the server's limit is a 413, never a 429 a client would retry.
+func TestBodiesOfTooManyValuesAreRefused(t *testing.T) {
+	m := newJSONMarshaler()
+	body := func(n int) string {
+		return `{"run_id":"r","arguments":{"x":[` + strings.Repeat("0,", n-1) + `0]}}`
+	}
+	require.NoError(t, m.NewDecoder(strings.NewReader(body(1000))).Decode(&poolv1.CallToolRequest{}))
+	err := m.NewDecoder(strings.NewReader(body(maxBodyValues))).Decode(&poolv1.CallToolRequest{})
+	require.ErrorContains(t, err, "request body too large: it holds more than 524288 JSON values")
+	require.Equal(t, 6, countValues([]byte(`{"a":[1,2],"b":{"c":"x,[{"}}`), 100), "commas and brackets inside strings do not count")
+
+	rec := httptest.NewRecorder()
+	writeError(t.Context(), nil, nil, rec, httptest.NewRequest(http.MethodPost, "/v1/runs/r:call", nil),
+		status.Error(codes.ResourceExhausted, "grpc: received message larger than max (22000000 vs. 4194304)"))
+	require.Equal(t, http.StatusRequestEntityTooLarge, rec.Code)
+	require.Contains(t, rec.Body.String(), "send less in one request")
+	require.NotContains(t, rec.Body.String(), "grpc:")
 }

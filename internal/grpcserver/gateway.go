@@ -116,6 +116,12 @@ func writeError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler,
 	if st.Code() == codes.Unauthenticated {
 		w.Header().Set("WWW-Authenticate", `ApiKey header="X-API-Key"`)
 	}
+	if st.Code() == codes.ResourceExhausted && strings.Contains(msg, "received message larger than max") {
+		// The body decoded into a message over the server's limit: no retry can succeed, so
+		// not 429, and grpc-go's own text names sizes the client never sent.
+		body.Code = http.StatusRequestEntityTooLarge
+		body.Message = "the request is larger than the server accepts once encoded (JSON lists and numbers grow as protobuf): send less in one request"
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(body.Code)
 	enc := json.NewEncoder(w)
