@@ -164,6 +164,10 @@ func (s *Service) Watch(req *auditv1.WatchRequest, stream auditv1.AuditService_W
 	if err != nil {
 		return s.errors.Status(ctx, err)
 	}
+	// Refused at once: a filter nothing can match would watch silently forever.
+	if err := f.Validate(); err != nil {
+		return s.errors.Status(ctx, err)
+	}
 	from := req.GetFromSeq()
 	if from == 0 {
 		head, _ := s.store.Head()
@@ -209,13 +213,16 @@ func (s *Service) Verify(ctx context.Context, req *auditv1.VerifyRequest) (*audi
 	}, nil
 }
 
-// Export implements AuditService over gRPC: every matching record up to the head.
+// Export implements AuditService over gRPC: every matching record up to the head when the
+// export began. Records appended meanwhile are left out, so an export of a busy log ends
+// (Watch follows new records).
 func (s *Service) Export(req *auditv1.ExportRequest, stream auditv1.AuditService_ExportServer) error {
 	ctx := stream.Context()
 	f, err := filterFor(ctx, req.GetFilter())
 	if err != nil {
 		return s.errors.Status(ctx, err)
 	}
+	head, _ := s.store.Head()
 	token := ""
 	for {
 		page, err := s.store.List(ctx, f, 1000, token)
@@ -223,6 +230,9 @@ func (s *Service) Export(req *auditv1.ExportRequest, stream auditv1.AuditService
 			return s.errors.Status(ctx, err)
 		}
 		for _, e := range page.Entries {
+			if e.Record.Seq > head {
+				return nil
+			}
 			if err := stream.Send(&auditv1.ExportResponse{Record: entryToProto(e)}); err != nil {
 				return err
 			}

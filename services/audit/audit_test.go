@@ -123,6 +123,11 @@ func TestWatchResumesFromASequenceAndKeepsToTheTenant(t *testing.T) {
 	}
 	cancel()
 	require.NoError(t, <-done)
+
+	// A filter nothing can match is refused at once, not watched silently forever.
+	err = svc.Watch(&auditv1.WatchRequest{Filter: &auditv1.Filter{Kind: "toolcall"}}, &watchStream{ctx: as("acme")})
+	testutil.RequireStatus(t, err, codes.InvalidArgument, "a misspelled kind")
+	require.ErrorContains(t, err, `kind "toolcall" is not one of`)
 }
 
 // asService is the context of a call made with svc's verified certificate.

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
@@ -170,4 +171,30 @@ func TestExportKeepsToTheKeysTenant(t *testing.T) {
 		require.Equal(t, http.StatusOK, code, got)
 		require.ElementsMatch(t, []string{"acme/a1", "globex/g1", "acme/a2"}, got)
 	})
+}
+
+// exportStream collects an Export and, at its first record, appends more, as a busy log would.
+type exportStream struct {
+	grpc.ServerStream
+	ctx     context.Context
+	onFirst func()
+	got     int
+}
+
+func (e *exportStream) Context() context.Context { return e.ctx }
+func (e *exportStream) Send(*auditv1.ExportResponse) error {
+	if e.got++; e.got == 1 {
+		e.onFirst()
+	}
+	return nil
+}
+
+// TestExportEndsAtTheHeadItBeganAt: records appended during an export are left out, so the
+// export of a busy log ends instead of following it.
+func TestExportEndsAtTheHeadItBeganAt(t *testing.T) {
+	svc := open(t)
+	appendRuns(t, svc, runNames(1500)...) // more than a page
+	stream := &exportStream{ctx: as(""), onFirst: func() { appendRuns(t, svc, runNames(700)...) }}
+	require.NoError(t, svc.Export(&auditv1.ExportRequest{}, stream))
+	require.Equal(t, 1500, stream.got)
 }
