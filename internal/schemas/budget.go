@@ -100,9 +100,7 @@ func analyze(root *jsonschema.Schema, anchored []*jsonschema.Schema, embedded bo
 			reach(s.DynamicRef.Ref)
 		}
 		reach(s.RecursiveRef)
-		for _, t := range staticInPlace(s) {
-			reach(t)
-		}
+		staticInPlace(s, anyKey, reach)
 		for _, t := range childSchemas(s) {
 			reach(t)
 		}
@@ -140,7 +138,7 @@ func analyze(root *jsonschema.Schema, anchored []*jsonschema.Schema, embedded bo
 		}
 		state[s] = onPath
 		ok := true
-		g.inPlace(s, func(t *jsonschema.Schema) {
+		g.inPlace(s, anyKey, func(t *jsonschema.Schema) {
 			ok = ok && visit(t)
 		})
 		state[s] = done
@@ -201,23 +199,41 @@ func pointerOf(loc string) []string {
 	return toks
 }
 
-// staticInPlace lists the subschemas s applies at the same place of the value, each of them,
-// whatever the value is (dependencies are listed too; which apply depends on the object's
-// keys). $recursiveRef and $dynamicRef are refChoices.
-func staticInPlace(s *jsonschema.Schema) []*jsonschema.Schema {
-	out := []*jsonschema.Schema{s.Ref, s.Not, s.If, s.Then, s.Else}
-	out = append(out, s.AllOf...)
-	out = append(out, s.AnyOf...)
-	out = append(out, s.OneOf...)
-	for _, d := range s.Dependencies {
-		if d, ok := d.(*jsonschema.Schema); ok {
-			out = append(out, d)
+// staticInPlace calls f with each subschema s applies at the same place of the value:
+// $ref, not, if/then/else, allOf, anyOf, oneOf, and each dependency whose key present says
+// the object has. $recursiveRef and $dynamicRef are refChoices.
+func staticInPlace(s *jsonschema.Schema, present func(key string) bool, f func(*jsonschema.Schema)) {
+	for _, t := range []*jsonschema.Schema{s.Ref, s.Not, s.If, s.Then, s.Else} {
+		if t != nil {
+			f(t)
 		}
 	}
-	for _, d := range s.DependentSchemas {
-		out = append(out, d)
+	for _, group := range [][]*jsonschema.Schema{s.AllOf, s.AnyOf, s.OneOf} {
+		for _, t := range group {
+			f(t)
+		}
 	}
-	return out
+	for key, d := range s.Dependencies {
+		if d, ok := d.(*jsonschema.Schema); ok && present(key) {
+			f(d)
+		}
+	}
+	for key, d := range s.DependentSchemas {
+		if present(key) {
+			f(d)
+		}
+	}
+}
+
+// anyKey is present for analyze, which must follow every dependency.
+func anyKey(string) bool { return true }
+
+// keyOf is present for a value that is obj (nil unless an object).
+func keyOf(obj map[string]any) func(string) bool {
+	return func(key string) bool {
+		_, ok := obj[key]
+		return ok
+	}
 }
 
 // childSchemas lists the subschemas s applies to the value's members.
@@ -241,14 +257,10 @@ func childSchemas(s *jsonschema.Schema) []*jsonschema.Schema {
 	return out
 }
 
-// inPlace calls f with every subschema s may apply at the same place, including every
-// subschema a dynamic or recursive reference may resolve to.
-func (g *graph) inPlace(s *jsonschema.Schema, f func(*jsonschema.Schema)) {
-	for _, t := range staticInPlace(s) {
-		if t != nil {
-			f(t)
-		}
-	}
+// inPlace calls f with every subschema s may apply at the same place (present as for
+// staticInPlace), including every subschema a dynamic or recursive reference may resolve to.
+func (g *graph) inPlace(s *jsonschema.Schema, present func(string) bool, f func(*jsonschema.Schema)) {
+	staticInPlace(s, present, f)
 	for _, choice := range g.refChoices(s) {
 		for _, t := range choice {
 			f(t)
@@ -482,7 +494,7 @@ func (c *counter) at(v any, need []*jsonschema.Schema) map[*jsonschema.Schema]ui
 		seen[s] = true
 		here = append(here, s)
 		if c.applies(s, typ) {
-			c.inPlaceAt(s, obj, collect)
+			c.g.inPlace(s, keyOf(obj), collect)
 		}
 	}
 	for _, s := range need {
@@ -553,21 +565,10 @@ func (c *counter) at(v any, need []*jsonschema.Schema) map[*jsonschema.Schema]ui
 	return out
 }
 
-// inPlaceAt is inPlace for a value that is obj (nil unless an object): a dependency applies
-// only when its key is present.
-func (c *counter) inPlaceAt(s *jsonschema.Schema, obj map[string]any, f func(*jsonschema.Schema)) {
-	c.staticAt(s, obj, f)
-	for _, choice := range c.g.refChoices(s) {
-		for _, t := range choice {
-			f(t)
-		}
-	}
-}
-
 // inPlaceCount adds to n what the subschemas s applies in place count (count gives each):
 // each static one, and for each reference the most any of its choices counts.
 func (c *counter) inPlaceCount(s *jsonschema.Schema, obj map[string]any, n uint64, count func(*jsonschema.Schema) uint64) uint64 {
-	c.staticAt(s, obj, func(t *jsonschema.Schema) { n = c.add(n, count(t)) })
+	staticInPlace(s, keyOf(obj), func(t *jsonschema.Schema) { n = c.add(n, count(t)) })
 	for _, choice := range c.g.refChoices(s) {
 		var most uint64
 		for _, t := range choice {
@@ -576,38 +577,6 @@ func (c *counter) inPlaceCount(s *jsonschema.Schema, obj map[string]any, n uint6
 		n = c.add(n, most)
 	}
 	return n
-}
-
-// staticAt calls f with the static in-place subschemas s applies to a value that is obj.
-func (c *counter) staticAt(s *jsonschema.Schema, obj map[string]any, f func(*jsonschema.Schema)) {
-	for _, t := range []*jsonschema.Schema{s.Ref, s.Not, s.If, s.Then, s.Else} {
-		if t != nil {
-			f(t)
-		}
-	}
-	for _, group := range [][]*jsonschema.Schema{s.AllOf, s.AnyOf, s.OneOf} {
-		for _, t := range group {
-			f(t)
-		}
-	}
-	if obj == nil {
-		return
-	}
-	for key, d := range s.Dependencies {
-		if d, ok := d.(*jsonschema.Schema); ok && has(obj, key) {
-			f(d)
-		}
-	}
-	for key, d := range s.DependentSchemas {
-		if has(obj, key) {
-			f(d)
-		}
-	}
-}
-
-func has(obj map[string]any, key string) bool {
-	_, ok := obj[key]
-	return ok
 }
 
 // members counts one member against what each subschema here applies to it (pick appends
