@@ -300,11 +300,14 @@ func (g *globals) unknownOutcome(req *poolv1.CallToolRequest) string {
 	return fmt.Sprintf(`the call's outcome is unknown: no answer within --timeout %s
 it may have reached the server and taken effect: it is not known to have failed, nor to have been refused
 look it up before calling again: ringfence audit list --run %s --kind tool_call (needs audit:read), and find call %s:
-  "refused_before_dispatch": nothing happened
-  "dispatched: pending": it reached the server; a second record holds its outcome once the call ends
+%s
 a longer --timeout waits for a slow tool; --call-id %s calls it again as the same call`,
-		g.timeout, req.GetRunId(), req.GetCallId(), req.GetCallId())
+		g.timeout, req.GetRunId(), req.GetCallId(), attemptLegend, req.GetCallId())
 }
+
+// attemptLegend says how to read an attempt's audit records when its outcome is unknown.
+const attemptLegend = `  "refused_before_dispatch": nothing happened
+  "dispatched: pending": it reached the server; a second record holds its outcome once the call ends`
 
 // printToolResult prints a tool's result: text content as text, other content as JSON. A
 // result with structured content is printed as that JSON instead of its text blocks, which by

@@ -526,9 +526,8 @@ func (g *globals) unknownExploreOutcome(ref, tool string) string {
 	return fmt.Sprintf(`the explore call's outcome is unknown: no answer within --timeout %s
 if %s was listed in time, the call to %s may have reached it and taken effect
 look it up before calling again: ringfence audit list --kind tool_call (needs audit:read), the latest %s call of %s:
-  "refused_before_dispatch": nothing happened
-  "dispatched: pending": it reached the server; a second record holds its outcome once the call ends
-a longer --timeout waits for a slow start or a slow tool`, g.timeout, server, tool, tool, server)
+%s
+a longer --timeout waits for a slow start or a slow tool`, g.timeout, server, tool, tool, server, attemptLegend)
 }
 
 // exploreCallExit turns an explore call's outcome into the exit codes of `runs call`.
