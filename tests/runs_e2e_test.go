@@ -94,8 +94,10 @@ func TestRunsEndToEnd(t *testing.T) {
 	}, 15*time.Second, 100*time.Millisecond, "every attempt reaches the audit log")
 	var list struct {
 		Records []struct {
+			ID       string `json:"id"`
 			ToolCall struct {
 				CallID           string `json:"call_id"`
+				PendingID        string `json:"pending_id"`
 				Outcome          string `json:"outcome"`
 				Reason           string `json:"reason"`
 				Result           string `json:"result"`
@@ -106,26 +108,38 @@ func TestRunsEndToEnd(t *testing.T) {
 		} `json:"records"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &list))
-	var outcomes []string
-	pending := map[string]bool{}
-	for _, rec := range list.Records {
+	// Attempts are in call order by their first record (the refusal, or the pending record that
+	// is durable before dispatch); a dispatched call's outcome is spooled after the answer, so it
+	// may land after a later call's records and is placed by its pending_id.
+	outcomes := make([]string, len(list.Records))
+	pendingAt := map[string]int{}
+	for i, rec := range list.Records {
 		tc := rec.ToolCall
 		require.Equal(t, "at_least_once", tc.OperationSupport)
 		require.True(t, tc.Risk)
 		if tc.Result == "pending" {
-			pending[tc.CallID] = true
+			pendingAt[rec.ID] = i
 			continue
 		}
+		at := i
 		if tc.Outcome == "dispatched" {
-			require.True(t, pending[tc.CallID], "call %s was on record before it was dispatched", tc.CallID)
+			p, ok := pendingAt[tc.PendingID]
+			require.True(t, ok, "call %s was on record before it was dispatched", tc.CallID)
+			at = p
 		}
-		outcomes = append(outcomes, strings.Trim(tc.Outcome+"/"+tc.Reason+tc.Result+"/"+tc.FailureClass, "/"))
+		outcomes[at] = strings.Trim(tc.Outcome+"/"+tc.Reason+tc.Result+"/"+tc.FailureClass, "/")
 	}
-	require.Len(t, pending, 4)
+	require.Len(t, pendingAt, 4)
+	var inOrder []string
+	for _, o := range outcomes {
+		if o != "" {
+			inOrder = append(inOrder, o)
+		}
+	}
 	require.Equal(t, []string{
 		"dispatched/succeeded", "refused_before_dispatch/invalid_input", "dispatched/failed/tool_error",
 		"dispatched/succeeded", "refused_before_dispatch/unknown_tool", "dispatched/succeeded",
-	}, outcomes)
+	}, inOrder)
 
 	r = cli("audit", "verify")
 	require.Equal(t, 0, r.Code, r.Stderr)

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -225,18 +227,40 @@ func (h *harness) pendings() []*audit.ToolCallAttempt {
 	return h.toolCallRecords(func(tc *audit.ToolCallAttempt) bool { return tc.Result == audit.ResultPending })
 }
 
+// toolCallRecords returns the tool-call records keep selects, each attempt in the order it was
+// made: a dispatched call's outcome is spooled after the answer, so it may land after a later
+// call's records; it is placed right after the pending record it names.
 func (h *harness) toolCallRecords(keep func(*audit.ToolCallAttempt) bool) []*audit.ToolCallAttempt {
 	h.t.Helper()
 	h.pool.outcomes.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.NoError(h.t, h.pool.Spool().Flush(ctx))
+	type placed struct {
+		at, then int
+		tc       *audit.ToolCallAttempt
+	}
+	var all []placed
+	pendingAt := map[string]int{}
+	for i, r := range h.audit.Records() {
+		if r.ToolCall == nil {
+			continue
+		}
+		require.Equal(h.t, audit.OperationSupportAtLeastOnce, r.ToolCall.OperationSupport)
+		require.True(h.t, r.ToolCall.OperationResidualDuplicateRisk)
+		p := placed{at: i, tc: r.ToolCall}
+		if r.ToolCall.Result == audit.ResultPending {
+			pendingAt[r.ID] = i
+		} else if at, ok := pendingAt[r.ToolCall.PendingID]; ok {
+			p.at, p.then = at, 1
+		}
+		all = append(all, p)
+	}
+	slices.SortStableFunc(all, func(a, b placed) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.then, b.then)) })
 	var out []*audit.ToolCallAttempt
-	for _, r := range h.audit.Records() {
-		if r.ToolCall != nil && keep(r.ToolCall) {
-			require.Equal(h.t, audit.OperationSupportAtLeastOnce, r.ToolCall.OperationSupport)
-			require.True(h.t, r.ToolCall.OperationResidualDuplicateRisk)
-			out = append(out, r.ToolCall)
+	for _, p := range all {
+		if keep(p.tc) {
+			out = append(out, p.tc)
 		}
 	}
 	return out
