@@ -107,6 +107,10 @@ func TestSeedSequenceOverREST(t *testing.T) {
 	code, body, raw = operator.do("GET", "/v1/mcp/servers", "")
 	require.Equal(t, http.StatusForbidden, code, raw)
 	require.Contains(t, body["message"], "mcp:admin")
+	// The route's permission is checked before its body is decoded: this body would be 400.
+	code, body, raw = operator.do("POST", "/v1/mcp/servers", `{"ref": [[[`)
+	require.Equal(t, http.StatusForbidden, code, raw)
+	require.Contains(t, body["message"], "CreateServer needs permission mcp:admin")
 
 	code, _, raw = api.do("GET", "/v1/mcp/servers/nope", "")
 	require.Equal(t, http.StatusNotFound, code, raw)

@@ -19,8 +19,10 @@ import (
 )
 
 // NewGatewayMux returns the REST mux every binary uses: proto field names in JSON, unknown
-// fields and query parameters refused, X-API-Key and X-Request-Id passed to the RPC, and errors as JSON a person can act on.
-func NewGatewayMux() *runtime.ServeMux {
+// fields and query parameters refused, X-API-Key and X-Request-Id passed to the RPC, and errors
+// as JSON a person can act on. first runs before anything else once a route is matched (the
+// server's permission check).
+func NewGatewayMux(first ...runtime.Middleware) *runtime.ServeMux {
 	return runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, newJSONMarshaler()),
 		runtime.WithIncomingHeaderMatcher(func(h string) (string, bool) {
@@ -39,7 +41,7 @@ func NewGatewayMux() *runtime.ServeMux {
 		runtime.WithRoutingErrorHandler(writeRoutingError),
 		// The gateway keeps one parser for the whole process; every mux sets the same one.
 		runtime.SetQueryParameterParser(&strictQuery{}),
-		runtime.WithMiddlewares(refuseUnreadQuery),
+		runtime.WithMiddlewares(append(first, refuseUnreadQuery)...),
 	)
 }
 

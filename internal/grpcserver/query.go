@@ -129,13 +129,9 @@ func refuseUnreadQuery(next runtime.HandlerFunc) runtime.HandlerFunc {
 			names = append(names, k)
 		}
 		sort.Strings(names)
-		pattern := ""
-		if p, ok := runtime.HTTPPattern(r.Context()); ok {
-			pattern = capture.ReplaceAllString(p.String(), "}")
-		}
-		switch route := r.Method + " " + pattern; {
+		switch route := route(r); {
 		case r.Method == http.MethodPost || r.Method == http.MethodPut || r.Method == http.MethodPatch:
-			WriteHTTPError(w, status.Errorf(codes.InvalidArgument,
+			refuseUnread(w, r, status.Errorf(codes.InvalidArgument,
 				"unknown query parameter %q: %s routes take no query parameters; send the fields in the JSON body (docs/api.md)", names[0], r.Method))
 		case queryless[route]:
 			WriteHTTPError(w, status.Errorf(codes.InvalidArgument,

@@ -110,9 +110,16 @@ func TestAQueryOnABodyRouteIsRefused(t *testing.T) {
 	require.Equal(t, `unknown query parameter "anchor_seq": POST routes take no query parameters; send the fields in the JSON body (docs/api.md)`, body["message"])
 }
 
-// gatewayRoutes reads proto/gateway.yaml: for each route, "METHOD path", whether it has a "*"
-// body, and whether every field of its request is bound from the path.
-func gatewayRoutes(t *testing.T) map[string]struct{ starBody, pathOnly bool } {
+// gatewayRoute is what proto/gateway.yaml says of one route.
+type gatewayRoute struct {
+	// rpc is the gRPC method behind the route, /pkg.Service/Method.
+	rpc string
+	// starBody: the route has a "*" body; pathOnly: the path binds every field of the request.
+	starBody, pathOnly bool
+}
+
+// gatewayRoutes reads proto/gateway.yaml, by route ("METHOD path").
+func gatewayRoutes(t *testing.T) map[string]gatewayRoute {
 	t.Helper()
 	raw, err := os.ReadFile("../../proto/gateway.yaml")
 	require.NoError(t, err)
@@ -128,7 +135,7 @@ func gatewayRoutes(t *testing.T) map[string]struct{ starBody, pathOnly bool } {
 	_ = poolv1.File_ringfence_pool_v1_pool_proto
 	_ = auditv1.File_ringfence_audit_v1_audit_proto
 	pathParam := regexp.MustCompile(`\{([a-z_.]+)\}`)
-	out := map[string]struct{ starBody, pathOnly bool }{}
+	out := map[string]gatewayRoute{}
 	for _, rule := range cfg.HTTP.Rules {
 		for _, method := range []string{"get", "post", "put", "patch", "delete"} {
 			path, ok := rule[method]
@@ -146,7 +153,8 @@ func gatewayRoutes(t *testing.T) map[string]struct{ starBody, pathOnly bool } {
 			for i := range in.Fields().Len() {
 				pathOnly = pathOnly && bound[string(in.Fields().Get(i).Name())]
 			}
-			out[strings.ToUpper(method)+" "+path] = struct{ starBody, pathOnly bool }{rule["body"] == "*", pathOnly}
+			rpc := "/" + string(d.Parent().FullName()) + "/" + string(d.Name())
+			out[strings.ToUpper(method)+" "+path] = gatewayRoute{rpc: rpc, starBody: rule["body"] == "*", pathOnly: pathOnly}
 		}
 	}
 	return out

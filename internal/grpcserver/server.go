@@ -190,7 +190,8 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		// No ReadTimeout: net/http cancels a handler's context when it expires, which would
 		// end audit watch streams and long tool calls. Bodies are read only after the key is
-		// authenticated (authenticateFirst), so only a known key can hold one.
+		// authenticated (authenticateFirst) and its permission for the route checked
+		// (authorizeRoute), so only a key allowed to send one can hold one.
 		httpSrv = &http.Server{
 			Handler: handler, ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
@@ -278,7 +279,7 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("grpcserver: gateway connection: %w", err)
 	}
-	mux := NewGatewayMux()
+	mux := NewGatewayMux(s.authorizeRoute)
 	for _, register := range s.gateways {
 		if err := register(ctx, mux, conn); err != nil {
 			return nil, fmt.Errorf("grpcserver: register gateway: %w", err)
@@ -309,12 +310,13 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintln(w, `{"status":"SERVING"}`)
 }
 
-// authenticateFirst refuses a request without a valid API key before the gateway reads its
-// body. Every /v1/ route needs a key; which permission it needs is still decided per RPC.
+// authenticateFirst refuses a request without a valid API key before the gateway matches a
+// route: every /v1/ route needs a key, and a path no route takes is named only to a key
+// holder. Which permission a route needs is checked next, by authorizeRoute.
 func authenticateFirst(h http.Handler, a Authenticator) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := a.Authenticate(r.Context(), r.Header.Get("X-API-Key")); err != nil {
-			WriteHTTPError(w, err)
+			refuseUnread(w, r, err)
 			return
 		}
 		h.ServeHTTP(w, r)
@@ -337,29 +339,7 @@ func (s *Server) call(ctx context.Context, method string, run func(context.Conte
 			s.log.ErrorContext(ctx, "panic in handler", "method", method, "request_id", rid, "panic", r, "stack", string(debug.Stack()))
 			err = status.Errorf(codes.Internal, "internal error (request id %s); the server log has the detail", rid)
 		}
-		code := status.Code(err)
-		elapsed := time.Since(start)
-		s.observe(method, code, elapsed)
-		// Quiet on success: a served call is a Debug line (metrics count it anyway); a
-		// refused or failed one is Info, and a server fault is an Error.
-		level := slog.LevelDebug
-		switch code {
-		case codes.OK:
-		case codes.Internal, codes.Unknown, codes.DataLoss:
-			level = slog.LevelError
-		default:
-			level = slog.LevelInfo
-		}
-		if s.log.Enabled(ctx, level) {
-			attrs := []slog.Attr{
-				slog.String("method", method), slog.String("code", code.String()),
-				slog.Duration("duration", elapsed), slog.String("request_id", rid),
-			}
-			if p, ok := auth.FromContext(ctx); ok {
-				attrs = append(attrs, slog.String("actor", p.Actor()))
-			}
-			s.log.LogAttrs(ctx, level, "rpc", attrs...)
-		}
+		s.finish(ctx, method, rid, start, err)
 	}()
 	if s.opts.Authorizer != nil {
 		authCtx, aerr := s.opts.Authorizer.Authorize(ctx, method)
@@ -369,6 +349,34 @@ func (s *Server) call(ctx context.Context, method string, run func(context.Conte
 		ctx = authCtx
 	}
 	return run(ctx)
+}
+
+// finish counts one RPC in the metrics and writes its access log line.
+func (s *Server) finish(ctx context.Context, method, rid string, start time.Time, err error) {
+	code := status.Code(err)
+	elapsed := time.Since(start)
+	s.observe(method, code, elapsed)
+	// Quiet on success: a served call is a Debug line (metrics count it anyway); a
+	// refused or failed one is Info, and a server fault is an Error.
+	level := slog.LevelDebug
+	switch code {
+	case codes.OK:
+	case codes.Internal, codes.Unknown, codes.DataLoss:
+		level = slog.LevelError
+	default:
+		level = slog.LevelInfo
+	}
+	if !s.log.Enabled(ctx, level) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("method", method), slog.String("code", code.String()),
+		slog.Duration("duration", elapsed), slog.String("request_id", rid),
+	}
+	if p, ok := auth.FromContext(ctx); ok {
+		attrs = append(attrs, slog.String("actor", p.Actor()))
+	}
+	s.log.LogAttrs(ctx, level, "rpc", attrs...)
 }
 
 // methodMetrics holds one method's series, resolved once: the vectors' label lookup hashes

@@ -1,0 +1,94 @@
+package grpcserver
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/ringfence/ringfence/internal/auth"
+)
+
+// routeMethods maps every REST route, "METHOD pattern" as proto/gateway.yaml writes it, to the
+// gRPC method behind it, so that the gateway checks a route's permission before it reads the
+// body. TestRouteMethodsMatchGatewayYAML keeps it equal to proto/gateway.yaml.
+var routeMethods = map[string]string{
+	"POST /v1/mcp/servers":                         "/ringfence.registry.v1.RegistryService/CreateServer",
+	"GET /v1/mcp/servers":                          "/ringfence.registry.v1.RegistryService/ListServers",
+	"GET /v1/mcp/servers/{ref}":                    "/ringfence.registry.v1.RegistryService/GetServer",
+	"PUT /v1/mcp/servers/{ref}":                    "/ringfence.registry.v1.RegistryService/UpdateServer",
+	"DELETE /v1/mcp/servers/{ref}":                 "/ringfence.registry.v1.RegistryService/DeleteServer",
+	"GET /v1/mcp/servers/{ref}/tools":              "/ringfence.registry.v1.RegistryService/ListServerTools",
+	"POST /v1/mcp/servers/{ref}:explore":           "/ringfence.registry.v1.RegistryService/ExploreServer",
+	"PUT /v1/secrets/{name}":                       "/ringfence.registry.v1.RegistryService/PutSecret",
+	"GET /v1/secrets":                              "/ringfence.registry.v1.RegistryService/ListSecrets",
+	"DELETE /v1/secrets/{name}":                    "/ringfence.registry.v1.RegistryService/DeleteSecret",
+	"POST /v1/keys":                                "/ringfence.registry.v1.KeyService/CreateKey",
+	"GET /v1/keys":                                 "/ringfence.registry.v1.KeyService/ListKeys",
+	"POST /v1/keys/{id}:revoke":                    "/ringfence.registry.v1.KeyService/RevokeKey",
+	"GET /v1/roles":                                "/ringfence.registry.v1.KeyService/ListRoles",
+	"POST /v1/graphs":                              "/ringfence.publisher.v1.PublisherService/CreateGraph",
+	"GET /v1/graphs":                               "/ringfence.publisher.v1.PublisherService/ListGraphs",
+	"GET /v1/graphs/{graph_id}/draft":              "/ringfence.publisher.v1.PublisherService/GetDraft",
+	"PUT /v1/graphs/{graph_id}/draft":              "/ringfence.publisher.v1.PublisherService/ReplaceDraft",
+	"POST /v1/graphs/{graph_id}/draft:validate":    "/ringfence.publisher.v1.PublisherService/ValidateDraft",
+	"POST /v1/graphs/{graph_id}:publish":           "/ringfence.publisher.v1.PublisherService/Publish",
+	"GET /v1/graphs/{graph_id}/versions":           "/ringfence.publisher.v1.PublisherService/ListVersions",
+	"GET /v1/graphs/{graph_id}/versions/{version}": "/ringfence.publisher.v1.PublisherService/GetVersion",
+	"DELETE /v1/graphs/{graph_id}":                 "/ringfence.publisher.v1.PublisherService/DeleteGraph",
+	"POST /v1/graphs/{graph_id}:import":            "/ringfence.publisher.v1.PublisherService/ImportTools",
+	"POST /v1/runs":                                "/ringfence.pool.v1.PoolService/StartRun",
+	"GET /v1/runs/{run_id}":                        "/ringfence.pool.v1.PoolService/GetRun",
+	"POST /v1/runs/{run_id}:call":                  "/ringfence.pool.v1.PoolService/CallTool",
+	"POST /v1/runs/{run_id}:pause":                 "/ringfence.pool.v1.PoolService/PauseRun",
+	"POST /v1/runs/{run_id}:resume":                "/ringfence.pool.v1.PoolService/ResumeRun",
+	"POST /v1/runs/{run_id}:end":                   "/ringfence.pool.v1.PoolService/EndRun",
+	"GET /v1/audit/records":                        "/ringfence.audit.v1.AuditService/List",
+	"GET /v1/audit/records:watch":                  "/ringfence.audit.v1.AuditService/Watch",
+	"POST /v1/audit:verify":                        "/ringfence.audit.v1.AuditService/Verify",
+}
+
+// route names the route the gateway matched for r, "METHOD pattern" with path variables as
+// gateway.yaml writes them ({ref}, not the gateway's {ref=*}); "" before a route is matched.
+func route(r *http.Request) string {
+	p, ok := runtime.HTTPPattern(r.Context())
+	if !ok {
+		return ""
+	}
+	return r.Method + " " + capture.ReplaceAllString(p.String(), "}")
+}
+
+// authorizeRoute checks the permission of the RPC behind a REST route before the gateway
+// decodes the body: a key without it is refused having sent at most the headers, never a body
+// decoded into a message. The RPC checks again, as it does for every gRPC caller; a refusal
+// here is counted and logged as that RPC's refusal would be.
+func (s *Server) authorizeRoute(next runtime.HandlerFunc) runtime.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+		method, ok := routeMethods[route(r)]
+		if !ok || s.opts.Authorizer == nil {
+			next(w, r, params)
+			return
+		}
+		start := time.Now()
+		rid := r.Header.Get("X-Request-Id") // set, and sane, by httpRequestID
+		ctx := metadata.NewIncomingContext(r.Context(), metadata.Pairs(auth.MetadataKey, r.Header.Get("X-API-Key")))
+		if _, err := s.opts.Authorizer.Authorize(ctx, method); err != nil {
+			s.finish(ctx, method, rid, start, err)
+			refuseUnread(w, r, err)
+			return
+		}
+		next(w, r, params)
+	}
+}
+
+// refuseUnread answers a request refused before its body was read. On HTTP/1 net/http would
+// drain up to 256 KiB of the body before answering, as slowly as the client cares to send it;
+// closing the connection after the answer lets the refusal go out at once. (HTTP/2 resets
+// the stream and needs nothing.)
+func refuseUnread(w http.ResponseWriter, r *http.Request, err error) {
+	if r.ProtoMajor == 1 && r.ContentLength != 0 {
+		w.Header().Set("Connection", "close")
+	}
+	WriteHTTPError(w, err)
+}
