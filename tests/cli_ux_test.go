@@ -142,7 +142,7 @@ func TestCLIGuidesANewUser(t *testing.T) {
 	api := rest{t: t, base: plain.HTTPBase, key: adminKey}
 	code, obj, raw := api.do("POST", "/v1/runs/nosuch:call", `{"agent":"a","tool":"t"}`)
 	require.Equal(t, http.StatusNotFound, code, raw)
-	require.Equal(t, "pool: refused before dispatch (unknown_run): no run with this id (in your tenant); nothing reached the server", obj["message"])
+	require.Equal(t, "pool: refused before dispatch (unknown_run): no run with this id in this tenant (a key bound to no tenant acts for \"default\" unless the request names one); nothing reached the server", obj["message"])
 
 	// audit list says there is more, and how to read on.
 	r = cli(plain, nil, "audit", "list", "--limit", "1")

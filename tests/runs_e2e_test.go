@@ -440,3 +440,46 @@ func callUnanswered(t *testing.T, d *daemon, cli func(args ...string) result, be
 	require.NoError(t, d.cmd.Process.Signal(syscall.SIGCONT))
 	return <-done
 }
+
+// TestRunIDsAreScopedByTenantOverTheCLI: the same run id in the default tenant and in acme,
+// reached by an unbound key with --tenant (and ?tenant= over REST); ending acme's leaves the
+// other running.
+func TestRunIDsAreScopedByTenantOverTheCLI(t *testing.T) {
+	d, cli, _ := runsDaemon(t)
+	must := func(r result) result {
+		t.Helper()
+		require.Equal(t, 0, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
+		return r
+	}
+	must(cli("graphs", "create", "--graph", "demo", "--agent", "researcher", "--tenant", "acme"))
+	must(cli("mcp-import", "--server", "fx", "--graph", "demo", "--agent", "researcher", "--tool", "echo", "--tenant", "acme"))
+	must(cli("graphs", "publish", "--graph", "demo", "--tenant", "acme"))
+
+	must(cli("runs", "start", "--graph", "demo", "--run", "nightly"))
+	must(cli("runs", "start", "--graph", "demo", "--run", "nightly", "--tenant", "acme"))
+	r := must(cli("runs", "call", "--run", "nightly", "--tenant", "acme", "--agent", "researcher", "--tool", "fx__echo", "--args", `{"text":"in acme"}`))
+	require.Contains(t, r.Stdout, "in acme")
+
+	show := func(tenant ...string) map[string]any {
+		t.Helper()
+		args := append([]string{"runs", "show", "--run", "nightly", "-o", "json"}, tenant...)
+		r := must(cli(args...))
+		var run map[string]any
+		require.NoError(t, json.Unmarshal([]byte(r.Stdout), &run))
+		return run
+	}
+	acme := show("--tenant", "acme")
+	require.Equal(t, "acme", acme["tenant"])
+	require.Len(t, acme["sessions"], 1)
+	require.Equal(t, "default", show()["tenant"])
+	require.Empty(t, show()["sessions"], "the default tenant's run of the same id made no call")
+	api := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}
+	code, body, raw := api.do("GET", "/v1/runs/nightly?tenant=acme", "")
+	require.Equal(t, http.StatusOK, code, raw)
+	require.Equal(t, "acme", body["run"].(map[string]any)["tenant"])
+
+	must(cli("runs", "end", "--run", "nightly", "--tenant", "acme"))
+	require.Equal(t, "completed", show("--tenant", "acme")["state"])
+	require.Equal(t, "running", show()["state"])
+	must(cli("runs", "end", "--run", "nightly"))
+}

@@ -58,7 +58,7 @@ func newRunsCmd(g *globals) *cobra.Command {
 	start.Flags().StringVar(&graphID, "graph", "", "graph id")
 	start.Flags().Int64Var(&version, "version", 0, "published version (0: the latest)")
 	start.Flags().StringVar(&runID, "run", "", "run id to use (default: generated)")
-	start.Flags().StringVar(&tenant, "tenant", "", "tenant (keys bound to a tenant always use theirs)")
+	start.Flags().StringVar(&tenant, "tenant", "", tenantUsage)
 	_ = start.MarkFlagRequired("graph")
 
 	cmd.AddCommand(start, newRunsCallCmd(g), runStateCmd(g, "pause"), runStateCmd(g, "resume"), runStateCmd(g, "end"), runStateCmd(g, "show"))
@@ -67,7 +67,7 @@ func newRunsCmd(g *globals) *cobra.Command {
 
 // runStateCmd builds pause, resume, end and show, which differ only in the RPC.
 func runStateCmd(g *globals, verb string) *cobra.Command {
-	var runID, endStatus string
+	var runID, tenant, endStatus string
 	short := map[string]string{
 		"pause":  "Pause a run (e.g. at an approval gate); its sessions stop",
 		"resume": "Resume a paused run; it gets fresh sessions",
@@ -90,25 +90,25 @@ func runStateCmd(g *globals, verb string) *cobra.Command {
 			var run *poolv1.Run
 			switch verb {
 			case "pause":
-				resp, err := client.PauseRun(ctx, &poolv1.PauseRunRequest{RunId: runID})
+				resp, err := client.PauseRun(ctx, &poolv1.PauseRunRequest{RunId: runID, Tenant: tenant})
 				if err != nil {
 					return err
 				}
 				run = resp.GetRun()
 			case "resume":
-				resp, err := client.ResumeRun(ctx, &poolv1.ResumeRunRequest{RunId: runID})
+				resp, err := client.ResumeRun(ctx, &poolv1.ResumeRunRequest{RunId: runID, Tenant: tenant})
 				if err != nil {
 					return err
 				}
 				run = resp.GetRun()
 			case "end":
-				resp, err := client.EndRun(ctx, &poolv1.EndRunRequest{RunId: runID, Status: endStatus})
+				resp, err := client.EndRun(ctx, &poolv1.EndRunRequest{RunId: runID, Tenant: tenant, Status: endStatus})
 				if err != nil {
 					return err
 				}
 				run = resp.GetRun()
 			default:
-				resp, err := client.GetRun(ctx, &poolv1.GetRunRequest{RunId: runID})
+				resp, err := client.GetRun(ctx, &poolv1.GetRunRequest{RunId: runID, Tenant: tenant})
 				if err != nil {
 					return err
 				}
@@ -118,6 +118,7 @@ func runStateCmd(g *globals, verb string) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&runID, "run", "", "run id")
+	cmd.Flags().StringVar(&tenant, "tenant", "", tenantUsage)
 	_ = cmd.MarkFlagRequired("run")
 	if verb == "end" {
 		cmd.Flags().StringVar(&endStatus, "status", "completed", "completed or failed")
@@ -125,8 +126,19 @@ func runStateCmd(g *globals, verb string) *cobra.Command {
 	return cmd
 }
 
+// tenantUsage is the help of every runs command's --tenant: a run id is unique within its tenant.
+const tenantUsage = "the run's tenant (default: the key's tenant, else \"default\")"
+
+// tenantArg repeats --tenant in a command the CLI suggests, when the caller gave one.
+func tenantArg(tenant string) string {
+	if tenant == "" {
+		return ""
+	}
+	return " --tenant " + tenant
+}
+
 type callFlags struct {
-	agent, tool, args, callID string
+	agent, tool, args, callID, tenant string
 }
 
 func (f *callFlags) register(cmd *cobra.Command) {
@@ -134,6 +146,7 @@ func (f *callFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.tool, "tool", "", "the name the agent binds the tool by (e.g. docs-search__read_file)")
 	cmd.Flags().StringVar(&f.args, "args", "{}", "arguments as a JSON object")
 	cmd.Flags().StringVar(&f.callID, "call-id", "", "call id, to number retries of the same call (default: generated, and named if the outcome is unknown)")
+	cmd.Flags().StringVar(&f.tenant, "tenant", "", tenantUsage)
 	_ = cmd.MarkFlagRequired("agent")
 	_ = cmd.MarkFlagRequired("tool")
 }
@@ -149,7 +162,7 @@ func (f *callFlags) request(runID string) (*poolv1.CallToolRequest, error) {
 		// named: it is how the attempt is found in the audit log.
 		callID = newID("call-")
 	}
-	return &poolv1.CallToolRequest{RunId: runID, Agent: f.agent, Tool: f.tool, Arguments: args, CallId: callID}, nil
+	return &poolv1.CallToolRequest{RunId: runID, Tenant: f.tenant, Agent: f.agent, Tool: f.tool, Arguments: args, CallId: callID}, nil
 }
 
 func newRunsCallCmd(g *globals) *cobra.Command {
@@ -181,7 +194,7 @@ func newRunsCallCmd(g *globals) *cobra.Command {
 // newCallCmd is the one-shot call: start a run, call once, end the run.
 func newCallCmd(g *globals) *cobra.Command {
 	var f callFlags
-	var graphID, tenant string
+	var graphID string
 	var version int64
 	cmd := &cobra.Command{
 		Use:   "call --graph G --agent A --tool NAME --args JSON",
@@ -201,10 +214,10 @@ func newCallCmd(g *globals) *cobra.Command {
 			defer cancel()
 			// The run id is chosen here, so a run that does not answer in time can be named.
 			runID := newID("run-")
-			_, err = client.StartRun(ctx, &poolv1.StartRunRequest{Tenant: tenant, GraphId: graphID, Version: version, RunId: runID})
+			_, err = client.StartRun(ctx, &poolv1.StartRunRequest{Tenant: f.tenant, GraphId: graphID, Version: version, RunId: runID})
 			if status.Code(err) == codes.DeadlineExceeded {
-				return fmt.Errorf("no answer within --timeout %s while starting run %s, so no tool was called; if the run did start, end it with: ringfence runs end --run %s (it also ends after pool.run_idle_timeout)",
-					g.timeout, runID, runID)
+				return fmt.Errorf("no answer within --timeout %s while starting run %s, so no tool was called; if the run did start, end it with: ringfence runs end --run %s%s (it also ends after pool.run_idle_timeout)",
+					g.timeout, runID, runID, tenantArg(f.tenant))
 			}
 			if err != nil {
 				return err
@@ -219,7 +232,7 @@ func newCallCmd(g *globals) *cobra.Command {
 			// the call may not answer this either.
 			endCtx, endCancel := context.WithTimeout(context.WithoutCancel(ctx), g.timeout)
 			defer endCancel()
-			if _, err := client.EndRun(endCtx, &poolv1.EndRunRequest{RunId: runID, Status: endStatus}); err != nil {
+			if _, err := client.EndRun(endCtx, &poolv1.EndRunRequest{RunId: runID, Tenant: f.tenant, Status: endStatus}); err != nil {
 				fmt.Fprintf(g.stderr, "warning: ending run %s: %s\n", runID, status.Convert(err).Message())
 			}
 			return callErr
@@ -227,7 +240,6 @@ func newCallCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&graphID, "graph", "", "graph id")
 	cmd.Flags().Int64Var(&version, "version", 0, "published version (0: the latest)")
-	cmd.Flags().StringVar(&tenant, "tenant", "", "tenant (keys bound to a tenant always use theirs)")
 	_ = cmd.MarkFlagRequired("graph")
 	f.register(cmd)
 	return cmd
@@ -299,10 +311,10 @@ func (g *globals) callTool(ctx context.Context, client poolv1.PoolServiceClient,
 func (g *globals) unknownOutcome(req *poolv1.CallToolRequest) string {
 	return fmt.Sprintf(`the call's outcome is unknown: no answer within --timeout %s
 it may have reached the server and taken effect: it is not known to have failed, nor to have been refused
-look it up before calling again: ringfence audit list --run %s --kind tool_call (needs audit:read), and find call %s:
+look it up before calling again: ringfence audit list --run %s%s --kind tool_call (needs audit:read), and find call %s:
 %s
 a longer --timeout waits for a slow tool; --call-id %s calls it again as the same call`,
-		g.timeout, req.GetRunId(), req.GetCallId(), attemptLegend, req.GetCallId())
+		g.timeout, req.GetRunId(), tenantArg(req.GetTenant()), req.GetCallId(), attemptLegend, req.GetCallId())
 }
 
 // attemptLegend says how to read an attempt's audit records when its outcome is unknown.

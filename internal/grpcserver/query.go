@@ -107,7 +107,6 @@ var queryless = map[string]bool{
 	"GET /v1/secrets":                 true,
 	"DELETE /v1/secrets/{name}":       true,
 	"GET /v1/roles":                   true,
-	"GET /v1/runs/{run_id}":           true,
 }
 
 // capture matches the "={pattern}" the gateway writes into a path variable ({ref=*}).

@@ -29,7 +29,7 @@ import (
 // CallRequest is one tool call by one agent of a run.
 type CallRequest struct {
 	RunID  string
-	Tenant string // the caller's tenant when its key is bound to one
+	Tenant string // the run's tenant ("" is the default tenant)
 	Agent  string
 	// Tool is the name the agent binds the tool by.
 	Tool string
@@ -320,8 +320,8 @@ func (s *Service) recordOutcome(rec audit.Record) {
 	})
 }
 
-// orDefaultTenant attributes an attempt on an unknown run to the caller's tenant: the key was
-// global, so the default one.
+// orDefaultTenant is the tenant a run is looked up in, and an attempt on an unknown run
+// recorded under, when none was given: the default one.
 func orDefaultTenant(tenant string) string {
 	if tenant == "" {
 		return auth.DefaultTenant

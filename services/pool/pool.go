@@ -159,7 +159,7 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		errors:   grpcserver.ErrorTable{Service: "pool", Codes: errorCodes, Logger: cfg.Logger},
 		schemas:  schemas.NewCache(),
 		metrics:  newMetrics(),
-		runs:     runs{byID: make(map[string]*run), starting: make(map[string]bool)},
+		runs:     runs{byKey: make(map[runKey]*run), starting: make(map[runKey]bool)},
 		inflight: newInflight(),
 	}
 	var closers []func() error
@@ -254,7 +254,7 @@ func (s *Service) Close(ctx context.Context) error {
 	s.inflight.close()
 	var all []map[string]*session
 	s.runs.mu.Lock()
-	for _, r := range s.runs.byID {
+	for _, r := range s.runs.byKey {
 		r.mu.Lock()
 		all = append(all, r.takeSessions())
 		r.mu.Unlock()

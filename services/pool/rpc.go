@@ -66,18 +66,25 @@ func mayExplore(ctx context.Context, req *poolv1.DiscoverRequest) error {
 	return status.Error(codes.PermissionDenied, "pool: only the registry's certificate may explore with a call, an ad hoc spec, a tenant or an actor key; other callers may only list a registered server's tools (leave call, adhoc, tenant and actor_key_id empty)")
 }
 
-// callerTenant is the tenant a caller's key is bound to ("" for keys that may see all).
-func callerTenant(ctx context.Context) string {
+// runTenant is the tenant a run request acts in: a key bound to a tenant acts for its own,
+// others for the one they name or "default". A run id is unique within its tenant.
+func runTenant(ctx context.Context, requested string) (string, error) {
 	p, _ := auth.FromContext(ctx)
-	return p.Tenant
+	tenant, err := auth.ResolveTenant(p, requested)
+	if err != nil {
+		return "", status.Error(codes.PermissionDenied, err.Error())
+	}
+	if err := graph.ValidateTenant(tenant); err != nil {
+		return "", err
+	}
+	return tenant, nil
 }
 
 // StartRun implements PoolService.
 func (g *Server) StartRun(ctx context.Context, req *poolv1.StartRunRequest) (*poolv1.StartRunResponse, error) {
-	p, _ := auth.FromContext(ctx)
-	tenant, err := auth.ResolveTenant(p, req.GetTenant())
+	tenant, err := runTenant(ctx, req.GetTenant())
 	if err != nil {
-		return nil, status.Error(codes.PermissionDenied, err.Error())
+		return nil, g.svc.errors.Status(ctx, err)
 	}
 	if err := graph.ValidateGraphID("graph_id", req.GetGraphId()); err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
@@ -92,12 +99,28 @@ func (g *Server) StartRun(ctx context.Context, req *poolv1.StartRunRequest) (*po
 	return &poolv1.StartRunResponse{Run: runToProto(info)}, nil
 }
 
+// runRequest is what every request about one run carries.
+type runRequest interface {
+	GetRunId() string
+	GetTenant() string
+}
+
+// namedRun checks a run request's id and resolves its tenant.
+func namedRun(ctx context.Context, req runRequest) (id, tenant string, err error) {
+	if err := validateRunID(req.GetRunId()); err != nil {
+		return "", "", err
+	}
+	tenant, err = runTenant(ctx, req.GetTenant())
+	return req.GetRunId(), tenant, err
+}
+
 // GetRun implements PoolService.
 func (g *Server) GetRun(ctx context.Context, req *poolv1.GetRunRequest) (*poolv1.GetRunResponse, error) {
-	if err := validateRunID(req.GetRunId()); err != nil {
+	id, tenant, err := namedRun(ctx, req)
+	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
-	info, err := g.svc.GetRun(ctx, req.GetRunId(), callerTenant(ctx))
+	info, err := g.svc.GetRun(ctx, id, tenant)
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
@@ -106,10 +129,11 @@ func (g *Server) GetRun(ctx context.Context, req *poolv1.GetRunRequest) (*poolv1
 
 // PauseRun implements PoolService.
 func (g *Server) PauseRun(ctx context.Context, req *poolv1.PauseRunRequest) (*poolv1.PauseRunResponse, error) {
-	if err := validateRunID(req.GetRunId()); err != nil {
+	id, tenant, err := namedRun(ctx, req)
+	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
-	info, err := g.svc.PauseRun(ctx, req.GetRunId(), callerTenant(ctx))
+	info, err := g.svc.PauseRun(ctx, id, tenant)
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
@@ -118,10 +142,11 @@ func (g *Server) PauseRun(ctx context.Context, req *poolv1.PauseRunRequest) (*po
 
 // ResumeRun implements PoolService.
 func (g *Server) ResumeRun(ctx context.Context, req *poolv1.ResumeRunRequest) (*poolv1.ResumeRunResponse, error) {
-	if err := validateRunID(req.GetRunId()); err != nil {
+	id, tenant, err := namedRun(ctx, req)
+	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
-	info, err := g.svc.ResumeRun(ctx, req.GetRunId(), callerTenant(ctx))
+	info, err := g.svc.ResumeRun(ctx, id, tenant)
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
@@ -130,10 +155,11 @@ func (g *Server) ResumeRun(ctx context.Context, req *poolv1.ResumeRunRequest) (*
 
 // EndRun implements PoolService.
 func (g *Server) EndRun(ctx context.Context, req *poolv1.EndRunRequest) (*poolv1.EndRunResponse, error) {
-	if err := validateRunID(req.GetRunId()); err != nil {
+	id, tenant, err := namedRun(ctx, req)
+	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
-	info, err := g.svc.EndRun(ctx, req.GetRunId(), callerTenant(ctx), req.GetStatus(), "ended by "+actor(ctx))
+	info, err := g.svc.EndRun(ctx, id, tenant, req.GetStatus(), "ended by "+actor(ctx))
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
@@ -151,7 +177,9 @@ func (g *Server) CallTool(ctx context.Context, req *poolv1.CallToolRequest) (*po
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
-	call.Tenant = callerTenant(ctx)
+	if call.Tenant, err = runTenant(ctx, req.GetTenant()); err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
 	res, err := g.svc.CallTool(ctx, call)
 	if err != nil {
 		return nil, callStatus(ctx, g.svc, err)

@@ -81,8 +81,8 @@ func newRunID() string {
 
 // Errors of the run lifecycle.
 var (
-	errRunNotFound   = errors.New("pool: no run with this id (in your tenant)")
-	errRunExists     = errors.New("pool: a run with this id already exists: pick another run id, or omit it to have one generated")
+	errRunNotFound   = errors.New("pool: no run with this id in this tenant (a key bound to no tenant acts for \"default\" unless the request names one)")
+	errRunExists     = errors.New("pool: a run with this id already exists in this tenant: pick another run id, or omit it to have one generated")
 	errRunNotRunning = errors.New("pool: the run is not running")
 	errRunNotPaused  = errors.New("pool: the run is not paused")
 	errRunEnded      = errors.New("pool: the run has ended")
@@ -90,18 +90,26 @@ var (
 	errVersionGone   = errors.New("pool: the graph version is not published (or not in your tenant)")
 )
 
+// runKey names a run: a run id is unique within its tenant, so that no tenant can learn which
+// ids another uses, or take one first.
+type runKey struct{ tenant, id string }
+
+// keyOf is the key of the run rec describes.
+func keyOf(rec store.Run) runKey { return runKey{rec.Tenant, rec.ID} }
+
 // runs holds the runs this pool hosts.
 type runs struct {
-	mu   sync.Mutex
-	byID map[string]*run
+	mu    sync.Mutex
+	byKey map[runKey]*run
 	// starting holds ids a StartRun has taken but not yet stored: not visible to lookup
 	// (nothing may act on a run the store has not accepted), but taken for another start.
-	starting map[string]bool
+	starting map[runKey]bool
 	count    int // running or paused, and starting
 }
 
 // StartRun starts a run of a published version (0 means the latest). Nothing is spawned.
 func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version int64, runID string) (*RunInfo, error) {
+	tenant = orDefaultTenant(tenant)
 	if runID == "" {
 		runID = newRunID()
 	}
@@ -121,11 +129,12 @@ func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version 
 		s.runs.mu.Unlock()
 		return nil, errTooManyRuns
 	}
-	if _, ok := s.runs.byID[runID]; ok || s.runs.starting[runID] {
+	key := keyOf(r.rec)
+	if _, ok := s.runs.byKey[key]; ok || s.runs.starting[key] {
 		s.runs.mu.Unlock()
 		return nil, errRunExists
 	}
-	s.runs.starting[runID] = true
+	s.runs.starting[key] = true
 	s.runs.count++
 	s.runs.mu.Unlock()
 
@@ -133,11 +142,11 @@ func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version 
 	// (ended runs live in the store only) is refused here, before anyone can act on it.
 	err = s.store.CreateRun(ctx, r.rec)
 	s.runs.mu.Lock()
-	delete(s.runs.starting, runID)
+	delete(s.runs.starting, key)
 	if err != nil {
 		s.runs.count--
 	} else {
-		s.runs.byID[runID] = r
+		s.runs.byKey[key] = r
 	}
 	s.runs.mu.Unlock()
 	if err != nil {
@@ -164,26 +173,24 @@ func versionErr(err error) error {
 	return fmt.Errorf("%w: %s", errVersionGone, why)
 }
 
-// lookup finds a run visible to tenant ("" when the caller may see every tenant).
+// lookup finds one of tenant's runs ("" is the default tenant).
 //
 // Only running and paused runs stay in memory; an ended run is read back from the store as a
 // detached, read-only copy, so a host that ran many runs holds none of their graphs and
 // maps, and a call to an ended run still says it ended.
 func (s *Service) lookup(ctx context.Context, id, tenant string) (*run, error) {
+	key := runKey{orDefaultTenant(tenant), id}
 	s.runs.mu.Lock()
-	r, ok := s.runs.byID[id]
+	r, ok := s.runs.byKey[key]
 	s.runs.mu.Unlock()
-	if !ok {
-		rec, err := s.store.GetRun(ctx, id)
-		if err != nil || (rec.State != StateCompleted && rec.State != StateFailed) {
-			return nil, errRunNotFound
-		}
-		r = newRun(rec)
+	if ok {
+		return r, nil
 	}
-	if tenant != "" && r.id.Tenant != tenant {
+	rec, err := s.store.GetRun(ctx, key.tenant, key.id)
+	if err != nil || (rec.State != StateCompleted && rec.State != StateFailed) {
 		return nil, errRunNotFound
 	}
-	return r, nil
+	return newRun(rec), nil
 }
 
 // load makes sure the run's version is in memory (after a restart it is fetched on first use).
@@ -298,8 +305,8 @@ func (s *Service) endWhen(ctx context.Context, r *run, status string, when func(
 	s.stopSessions(old)
 	s.runs.mu.Lock()
 	s.runs.count--
-	if s.runs.byID[rec.ID] == r {
-		delete(s.runs.byID, rec.ID) // lookup reads ended runs from the store
+	if s.runs.byKey[keyOf(rec)] == r {
+		delete(s.runs.byKey, keyOf(rec)) // lookup reads ended runs from the store
 	}
 	s.runs.mu.Unlock()
 	s.metrics.runsEnded.WithLabelValues(status).Inc()
@@ -333,7 +340,7 @@ func (s *Service) restoreRuns(ctx context.Context) error {
 	for _, rec := range active {
 		r := newRun(rec)
 		r.lastActivity = now // the idle clock starts at the restart
-		s.runs.byID[rec.ID] = r
+		s.runs.byKey[keyOf(rec)] = r
 		s.runs.count++
 	}
 	if len(active) > 0 {
@@ -365,7 +372,7 @@ func (s *Service) reapIdle(ctx context.Context) {
 		// The host's run list is only copied under its lock: each run is then judged, and
 		// ended, under its own lock alone, so a run busy in a slow call holds up no other.
 		s.runs.mu.Lock()
-		all := slices.Collect(maps.Values(s.runs.byID))
+		all := slices.Collect(maps.Values(s.runs.byKey))
 		s.runs.mu.Unlock()
 		for _, r := range all {
 			expired := func() (string, bool) {

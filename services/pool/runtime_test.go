@@ -653,7 +653,7 @@ func TestSessionRules(t *testing.T) {
 	// An ended run leaves memory (a host serves runs without end) and is read from the store:
 	// it still reports, other tenants still cannot see it, and a call says it ended.
 	h.pool.runs.mu.Lock()
-	_, held := h.pool.runs.byID[run]
+	_, held := h.pool.runs.byKey[runKey{auth.DefaultTenant, run}]
 	h.pool.runs.mu.Unlock()
 	require.False(t, held, "an ended run is not kept in memory")
 	got, err := h.pool.GetRun(h.ctx, run, "")

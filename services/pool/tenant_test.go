@@ -109,8 +109,8 @@ func TestRefusalMessagesNameThePoolOnce(t *testing.T) {
 		code                                codes.Code
 	}{
 		{"no such run", "nosuch", reasonUnknownRun,
-			"pool: refused before dispatch (unknown_run): no run with this id (in your tenant); nothing reached the server",
-			"no run with this id (in your tenant)", codes.NotFound},
+			"pool: refused before dispatch (unknown_run): no run with this id in this tenant (a key bound to no tenant acts for \"default\" unless the request names one); nothing reached the server",
+			"no run with this id in this tenant (a key bound to no tenant acts for \"default\" unless the request names one)", codes.NotFound},
 		{"paused run", paused, reasonRunNotRunning,
 			"pool: refused before dispatch (run_not_running): the run is not running (it is paused): resume it first; nothing reached the server",
 			"the run is not running (it is paused): resume it first", codes.FailedPrecondition},
@@ -124,4 +124,63 @@ func TestRefusalMessagesNameThePoolOnce(t *testing.T) {
 			require.Equal(t, tc.problem, d.GetMessage())
 		})
 	}
+}
+
+// TestRunIDsAreScopedToTheirTenant: two tenants may use the same run id; each key reaches its
+// own tenant's run, a key not bound to a tenant names the tenant (or gets "default"), and
+// ending one leaves the other running. Before, the second start was ALREADY_EXISTS: a tenant
+// could learn which ids another used, and take a predictable one first.
+func TestRunIDsAreScopedToTheirTenant(t *testing.T) {
+	h := newHarness(t, harnessOpts{noImage: true})
+	h.publish("g", []string{"a"}, nil, nil)
+	acmeAdmin := auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_acme", Role: auth.RoleAdmin, Permissions: auth.AllPermissions, Tenant: "acme"})
+	_, err := h.pub.CreateGraph(acmeAdmin, &publisherv1.CreateGraphRequest{GraphId: "g", Agents: []string{"a"}})
+	require.NoError(t, err)
+	_, err = h.pub.Publish(acmeAdmin, &publisherv1.PublishRequest{GraphId: "g"})
+	require.NoError(t, err)
+	client, unbound := grpcClient(t, h)
+	acme := tenantKey(t, h, "acme")
+	own := tenantKey(t, h, auth.DefaultTenant)
+
+	_, err = client.StartRun(own, &poolv1.StartRunRequest{GraphId: "g", RunId: "nightly"})
+	require.NoError(t, err)
+	started, err := client.StartRun(acme, &poolv1.StartRunRequest{GraphId: "g", RunId: "nightly"})
+	require.NoError(t, err, "another tenant's run id is not taken in acme")
+	require.Equal(t, "acme", started.GetRun().GetTenant())
+	_, err = client.StartRun(acme, &poolv1.StartRunRequest{GraphId: "g", RunId: "nightly"})
+	rftestutil.RequireStatus(t, err, codes.AlreadyExists)
+
+	tenantOf := func(ctx context.Context, tenant string) string {
+		t.Helper()
+		got, err := client.GetRun(ctx, &poolv1.GetRunRequest{RunId: "nightly", Tenant: tenant})
+		require.NoError(t, err)
+		return got.GetRun().GetTenant()
+	}
+	require.Equal(t, "acme", tenantOf(acme, ""))
+	require.Equal(t, auth.DefaultTenant, tenantOf(own, ""))
+	require.Equal(t, auth.DefaultTenant, tenantOf(unbound, ""), "an unbound key acts for the default tenant")
+	require.Equal(t, "acme", tenantOf(unbound, "acme"))
+	_, err = client.GetRun(acme, &poolv1.GetRunRequest{RunId: "nightly", Tenant: auth.DefaultTenant})
+	require.Contains(t, rftestutil.RequireStatus(t, err, codes.PermissionDenied).Message(), `"acme"`)
+	_, err = client.GetRun(unbound, &poolv1.GetRunRequest{RunId: "nightly", Tenant: "Not/A/Tenant"})
+	rftestutil.RequireStatus(t, err, codes.InvalidArgument)
+
+	// A call names its run's tenant the same way, and is recorded under it.
+	_, err = client.CallTool(unbound, &poolv1.CallToolRequest{RunId: "nightly", Tenant: "acme", Agent: "a", Tool: "nope"})
+	require.Equal(t, reasonUnknownTool, detail[*poolv1.CallRefusal](t, rftestutil.RequireStatus(t, err, codes.NotFound)).GetReason())
+	last := h.last()
+	require.Equal(t, "nightly", last.RunID)
+	recs := h.audit.Records()
+	require.Equal(t, "acme", recs[len(recs)-1].Tenant)
+
+	ended, err := client.EndRun(unbound, &poolv1.EndRunRequest{RunId: "nightly", Tenant: "acme"})
+	require.NoError(t, err)
+	require.Equal(t, "acme", ended.GetRun().GetTenant())
+	require.Equal(t, StateCompleted, ended.GetRun().GetState())
+	got, err := client.GetRun(own, &poolv1.GetRunRequest{RunId: "nightly"})
+	require.NoError(t, err)
+	require.Equal(t, StateRunning, got.GetRun().GetState(), "the default tenant's run of the same id still runs")
+	got, err = client.GetRun(acme, &poolv1.GetRunRequest{RunId: "nightly"})
+	require.NoError(t, err)
+	require.Equal(t, StateCompleted, got.GetRun().GetState(), "acme's ended run is read back from the store")
 }

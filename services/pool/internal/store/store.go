@@ -4,9 +4,11 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -16,7 +18,7 @@ import (
 
 // Buckets of the pool file.
 var (
-	// runsBucket: run id -> Run JSON.
+	// runsBucket: tenant "/" run id -> Run JSON (a run id is unique within its tenant).
 	runsBucket = []byte("runs")
 	// LegacyOutboxBucket held audit records waiting to be forwarded until the spool moved to
 	// files of its own; a start moves what is left there (audit.Spool.Adopt).
@@ -25,7 +27,40 @@ var (
 
 var migrations = []boltdb.Migration{
 	func(tx *bolt.Tx) error { return nil }, // v1: runs and the outbox
+	keyRunsByTenant,                        // v2: runs keyed by tenant and id
 }
+
+// keyRunsByTenant moves every run from its id to its tenant and id, so that two tenants may
+// use the same run id (v1 kept one id space for the whole host).
+func keyRunsByTenant(tx *bolt.Tx) error {
+	b := tx.Bucket(runsBucket)
+	moved := map[string][]byte{}
+	err := b.ForEach(func(k, v []byte) error {
+		var r Run
+		if err := json.Unmarshal(v, &r); err != nil {
+			return fmt.Errorf("run %q: %w", k, err)
+		}
+		moved[string(k)] = runKey(r.Tenant, r.ID)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for old, key := range moved {
+		v := bytes.Clone(b.Get([]byte(old)))
+		if err := b.Delete([]byte(old)); err != nil {
+			return err
+		}
+		if err := b.Put(key, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runKey is a run's key: tenant names match ^[a-z0-9_-]{1,64}$ and run ids
+// ^[A-Za-z0-9_.-]{1,128}$, so "/" cannot occur in either.
+func runKey(tenant, id string) []byte { return []byte(tenant + "/" + id) }
 
 // Errors.
 var (
@@ -73,7 +108,7 @@ func (s *Store) DB() *bolt.DB { return s.db }
 // Close closes the file.
 func (s *Store) Close() error { return s.db.Close() }
 
-// CreateRun stores a new run; a taken id is refused.
+// CreateRun stores a new run; an id its tenant has taken is refused.
 func (s *Store) CreateRun(ctx context.Context, r Run) error {
 	val, err := json.Marshal(r)
 	if err != nil {
@@ -81,10 +116,10 @@ func (s *Store) CreateRun(ctx context.Context, r Run) error {
 	}
 	return s.db.Batch(func(tx *bolt.Tx) error {
 		b := tx.Bucket(runsBucket)
-		if b.Get([]byte(r.ID)) != nil {
+		if b.Get(runKey(r.Tenant, r.ID)) != nil {
 			return ErrExists
 		}
-		return b.Put([]byte(r.ID), val)
+		return b.Put(runKey(r.Tenant, r.ID), val)
 	})
 }
 
@@ -94,14 +129,14 @@ func (s *Store) PutRun(ctx context.Context, r Run) error {
 	if err != nil {
 		return err
 	}
-	return s.db.Batch(func(tx *bolt.Tx) error { return tx.Bucket(runsBucket).Put([]byte(r.ID), val) })
+	return s.db.Batch(func(tx *bolt.Tx) error { return tx.Bucket(runsBucket).Put(runKey(r.Tenant, r.ID), val) })
 }
 
-// GetRun reads one run.
-func (s *Store) GetRun(ctx context.Context, id string) (Run, error) {
+// GetRun reads one of tenant's runs.
+func (s *Store) GetRun(ctx context.Context, tenant, id string) (Run, error) {
 	var r Run
 	err := s.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(runsBucket).Get([]byte(id))
+		v := tx.Bucket(runsBucket).Get(runKey(tenant, id))
 		if v == nil {
 			return ErrNotFound
 		}

@@ -376,10 +376,13 @@ func (x *Session) GetCalls() int64 {
 
 // StartRunRequest starts a run.
 type StartRunRequest struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Tenant  string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	GraphId string                 `protobuf:"bytes,2,opt,name=graph_id,json=graphId,proto3" json:"graph_id,omitempty"`
-	Version int64                  `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant is the run's tenant (a run id is unique within its tenant): a key bound to a
+	// tenant always acts for its own (omit it or give the same); other keys name it, or act for
+	// "default".
+	Tenant  string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	GraphId string `protobuf:"bytes,2,opt,name=graph_id,json=graphId,proto3" json:"graph_id,omitempty"`
+	Version int64  `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	// run_id is chosen by the caller (^[A-Za-z0-9_.-]{1,128}$) or generated when empty.
 	RunId         string `protobuf:"bytes,4,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -500,7 +503,11 @@ type CallToolRequest struct {
 	Arguments *structpb.Struct `protobuf:"bytes,4,opt,name=arguments,proto3" json:"arguments,omitempty"`
 	// call_id identifies the call across retries (generated when empty); attempts of the same
 	// call_id are numbered.
-	CallId        string `protobuf:"bytes,5,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	CallId string `protobuf:"bytes,5,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// tenant is the run's tenant (a run id is unique within its tenant): a key bound to a
+	// tenant always acts for its own (omit it or give the same); other keys name it, or act for
+	// "default".
+	Tenant        string `protobuf:"bytes,6,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -566,6 +573,13 @@ func (x *CallToolRequest) GetArguments() *structpb.Struct {
 func (x *CallToolRequest) GetCallId() string {
 	if x != nil {
 		return x.CallId
+	}
+	return ""
+}
+
+func (x *CallToolRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
 	}
 	return ""
 }
@@ -896,8 +910,12 @@ func (x *CallFailure) GetMayHaveTakenEffect() bool {
 
 // PauseRunRequest names a run.
 type PauseRunRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// tenant is the run's tenant (a run id is unique within its tenant): a key bound to a
+	// tenant always acts for its own (omit it or give the same); other keys name it, or act for
+	// "default".
+	Tenant        string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -935,6 +953,13 @@ func (*PauseRunRequest) Descriptor() ([]byte, []int) {
 func (x *PauseRunRequest) GetRunId() string {
 	if x != nil {
 		return x.RunId
+	}
+	return ""
+}
+
+func (x *PauseRunRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
 	}
 	return ""
 }
@@ -986,8 +1011,12 @@ func (x *PauseRunResponse) GetRun() *Run {
 
 // ResumeRunRequest names a run.
 type ResumeRunRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// tenant is the run's tenant (a run id is unique within its tenant): a key bound to a
+	// tenant always acts for its own (omit it or give the same); other keys name it, or act for
+	// "default".
+	Tenant        string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1025,6 +1054,13 @@ func (*ResumeRunRequest) Descriptor() ([]byte, []int) {
 func (x *ResumeRunRequest) GetRunId() string {
 	if x != nil {
 		return x.RunId
+	}
+	return ""
+}
+
+func (x *ResumeRunRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
 	}
 	return ""
 }
@@ -1079,7 +1115,11 @@ type EndRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	// status is "completed" (default) or "failed".
-	Status        string `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	Status string `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	// tenant is the run's tenant (a run id is unique within its tenant): a key bound to a
+	// tenant always acts for its own (omit it or give the same); other keys name it, or act for
+	// "default".
+	Tenant        string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1124,6 +1164,13 @@ func (x *EndRunRequest) GetRunId() string {
 func (x *EndRunRequest) GetStatus() string {
 	if x != nil {
 		return x.Status
+	}
+	return ""
+}
+
+func (x *EndRunRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
 	}
 	return ""
 }
@@ -1175,8 +1222,12 @@ func (x *EndRunResponse) GetRun() *Run {
 
 // GetRunRequest names a run.
 type GetRunRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// tenant is the run's tenant (a run id is unique within its tenant): a key bound to a
+	// tenant always acts for its own (omit it or give the same); other keys name it, or act for
+	// "default".
+	Tenant        string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1214,6 +1265,13 @@ func (*GetRunRequest) Descriptor() ([]byte, []int) {
 func (x *GetRunRequest) GetRunId() string {
 	if x != nil {
 		return x.RunId
+	}
+	return ""
+}
+
+func (x *GetRunRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
 	}
 	return ""
 }
@@ -1310,13 +1368,14 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\aversion\x18\x03 \x01(\x03R\aversion\x12\x15\n" +
 	"\x06run_id\x18\x04 \x01(\tR\x05runId\"<\n" +
 	"\x10StartRunResponse\x12(\n" +
-	"\x03run\x18\x01 \x01(\v2\x16.ringfence.pool.v1.RunR\x03run\"\xa2\x01\n" +
+	"\x03run\x18\x01 \x01(\v2\x16.ringfence.pool.v1.RunR\x03run\"\xba\x01\n" +
 	"\x0fCallToolRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x14\n" +
 	"\x05agent\x18\x02 \x01(\tR\x05agent\x12\x12\n" +
 	"\x04tool\x18\x03 \x01(\tR\x04tool\x125\n" +
 	"\targuments\x18\x04 \x01(\v2\x17.google.protobuf.StructR\targuments\x12\x17\n" +
-	"\acall_id\x18\x05 \x01(\tR\x06callId\"\xb1\x03\n" +
+	"\acall_id\x18\x05 \x01(\tR\x06callId\x12\x16\n" +
+	"\x06tenant\x18\x06 \x01(\tR\x06tenant\"\xb1\x03\n" +
 	"\x10CallToolResponse\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x18\n" +
@@ -1347,22 +1406,26 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12#\n" +
 	"\rfailure_class\x18\x03 \x01(\tR\ffailureClass\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x121\n" +
-	"\x15may_have_taken_effect\x18\x05 \x01(\bR\x12mayHaveTakenEffect\"(\n" +
+	"\x15may_have_taken_effect\x18\x05 \x01(\bR\x12mayHaveTakenEffect\"@\n" +
 	"\x0fPauseRunRequest\x12\x15\n" +
-	"\x06run_id\x18\x01 \x01(\tR\x05runId\"<\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"<\n" +
 	"\x10PauseRunResponse\x12(\n" +
-	"\x03run\x18\x01 \x01(\v2\x16.ringfence.pool.v1.RunR\x03run\")\n" +
+	"\x03run\x18\x01 \x01(\v2\x16.ringfence.pool.v1.RunR\x03run\"A\n" +
 	"\x10ResumeRunRequest\x12\x15\n" +
-	"\x06run_id\x18\x01 \x01(\tR\x05runId\"=\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"=\n" +
 	"\x11ResumeRunResponse\x12(\n" +
-	"\x03run\x18\x01 \x01(\v2\x16.ringfence.pool.v1.RunR\x03run\">\n" +
+	"\x03run\x18\x01 \x01(\v2\x16.ringfence.pool.v1.RunR\x03run\"V\n" +
 	"\rEndRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
-	"\x06status\x18\x02 \x01(\tR\x06status\":\n" +
+	"\x06status\x18\x02 \x01(\tR\x06status\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\":\n" +
 	"\x0eEndRunResponse\x12(\n" +
-	"\x03run\x18\x01 \x01(\v2\x16.ringfence.pool.v1.RunR\x03run\"&\n" +
+	"\x03run\x18\x01 \x01(\v2\x16.ringfence.pool.v1.RunR\x03run\">\n" +
 	"\rGetRunRequest\x12\x15\n" +
-	"\x06run_id\x18\x01 \x01(\tR\x05runId\":\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\":\n" +
 	"\x0eGetRunResponse\x12(\n" +
 	"\x03run\x18\x01 \x01(\v2\x16.ringfence.pool.v1.RunR\x03run2\xd7\x04\n" +
 	"\vPoolService\x12S\n" +

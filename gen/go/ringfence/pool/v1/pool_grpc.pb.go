@@ -44,7 +44,7 @@ type PoolServiceClient interface {
 	// StartRun starts a run of a published graph version. Nothing is spawned until a call needs
 	// it.
 	// Caller: run:execute (REST POST /v1/runs). Codes: NOT_FOUND (graph or version),
-	// ALREADY_EXISTS (run id taken), RESOURCE_EXHAUSTED (the host's run limit).
+	// ALREADY_EXISTS (run id taken in this tenant), RESOURCE_EXHAUSTED (the host's run limit).
 	StartRun(ctx context.Context, in *StartRunRequest, opts ...grpc.CallOption) (*StartRunResponse, error)
 	// CallTool calls a tool through every gate. A refusal before dispatch (nothing reached the
 	// server) answers FAILED_PRECONDITION or PERMISSION_DENIED with a CallRefusal detail; a
@@ -165,7 +165,7 @@ type PoolServiceServer interface {
 	// StartRun starts a run of a published graph version. Nothing is spawned until a call needs
 	// it.
 	// Caller: run:execute (REST POST /v1/runs). Codes: NOT_FOUND (graph or version),
-	// ALREADY_EXISTS (run id taken), RESOURCE_EXHAUSTED (the host's run limit).
+	// ALREADY_EXISTS (run id taken in this tenant), RESOURCE_EXHAUSTED (the host's run limit).
 	StartRun(context.Context, *StartRunRequest) (*StartRunResponse, error)
 	// CallTool calls a tool through every gate. A refusal before dispatch (nothing reached the
 	// server) answers FAILED_PRECONDITION or PERMISSION_DENIED with a CallRefusal detail; a
