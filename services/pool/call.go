@@ -363,7 +363,14 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 	// either ended before this call or seen busy by the reaper, never ended under it.
 	r.mu.Lock()
 	r.busy.Add(1)
-	defer r.busy.Add(-1)
+	defer func() {
+		// The idle clock starts when the call ends: a run whose long call just returned is
+		// not abandoned.
+		r.mu.Lock()
+		r.lastActivity = time.Now()
+		r.busy.Add(-1)
+		r.mu.Unlock()
+	}()
 	*tenant = r.id.Tenant
 	att.GraphID, att.GraphVersion, att.AgentNode = r.id.GraphID, r.id.Version, req.Agent
 	r.lastActivity = time.Now()

@@ -118,19 +118,26 @@ func TestACallerNeedNotWaitOutAnotherSpawn(t *testing.T) {
 	require.Zero(t, h.pool.liveSessions.Load())
 }
 
-// TestTheReaperNeverEndsARunMidCall: a call longer than the idle timeout keeps its run.
+// TestTheReaperNeverEndsARunMidCall: a call longer than the idle timeout keeps its run, and
+// the idle clock starts again when the call ends (it ran from the call's start, so a run was
+// ended just after its long call returned, and a spawn longer than the timeout could lose the
+// run before its next call).
 func TestTheReaperNeverEndsARunMidCall(t *testing.T) {
-	h := newHarness(t, harnessOpts{idle: 300 * time.Millisecond})
+	const idle = 2 * time.Second
+	h := newHarness(t, harnessOpts{idle: idle})
 	h.server("fx", nil, "--runtime-tools")
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"sleep", "echo"}}}, nil)
 	run := h.start("g")
 	_, err := h.call(run, "a", "fx__echo", map[string]any{"text": "warm"})
 	require.NoError(t, err)
-	_, err = h.call(run, "a", "fx__sleep", map[string]any{"ms": 1500})
+	_, err = h.call(run, "a", "fx__sleep", map[string]any{"ms": 3 * idle.Milliseconds() / 2})
 	require.NoError(t, err, "the run was not ended under its call")
-	info, err := h.pool.GetRun(h.ctx, run, "")
-	require.NoError(t, err)
-	require.Equal(t, StateRunning, info.Run.State)
+	ended := func() bool {
+		info, err := h.pool.GetRun(h.ctx, run, "")
+		return err != nil || info.Run.State != StateRunning
+	}
+	require.Never(t, ended, idle/2, 20*time.Millisecond, "idle is counted from the end of the last call")
+	require.Eventually(t, ended, 30*time.Second, 20*time.Millisecond, "and then the run is reaped")
 }
 
 // TestCloseRefusesNewCallsAndWaitsForThoseInProgress: a call in progress when the pool closes

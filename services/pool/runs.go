@@ -146,6 +146,7 @@ func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version 
 	if err != nil {
 		s.runs.count--
 	} else {
+		r.lastActivity = time.Now() // the idle clock starts when the run can be used
 		s.runs.byKey[key] = r
 	}
 	s.runs.mu.Unlock()
