@@ -372,9 +372,9 @@ func TestACallWithNoAnswerWithinTimeoutSaysItsOutcomeIsUnknown(t *testing.T) {
 	require.Equal(t, 0, r.Code, r.Stderr)
 
 	r = callUnanswered(t, d, cli, 0, "runs", "call", "--run", "run-slow", "--agent", "researcher", "--tool", "fx__sleep",
-		"--args", `{"ms":60000}`, "--call-id", "call-slow", "--timeout", "8s")
+		"--args", `{"ms":60000}`, "--call-id", "call-slow", "--timeout", "15s")
 	require.Equal(t, 4, r.Code, "no answer within --timeout exits 4, like a failure that may have taken effect: %s", r.Stderr)
-	require.Contains(t, r.Stderr, "the call's outcome is unknown: no answer within --timeout 8s")
+	require.Contains(t, r.Stderr, "the call's outcome is unknown: no answer within --timeout 15s")
 	require.Contains(t, r.Stderr, "it may have reached the server and taken effect")
 	require.Contains(t, r.Stderr, "ringfence audit list --run run-slow --kind tool_call")
 	require.Contains(t, r.Stderr, "find call call-slow")
@@ -387,9 +387,9 @@ func TestACallWithNoAnswerWithinTimeoutSaysItsOutcomeIsUnknown(t *testing.T) {
 
 	// The one-shot call generates the call id itself, and names it and the run it started.
 	r = callUnanswered(t, d, cli, 1, "call", "--graph", "demo", "--agent", "researcher", "--tool", "fx__sleep",
-		"--args", `{"ms":60000}`, "--timeout", "10s")
+		"--args", `{"ms":60000}`, "--timeout", "20s")
 	require.Equal(t, 4, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
-	require.Contains(t, r.Stderr, "the call's outcome is unknown: no answer within --timeout 10s")
+	require.Contains(t, r.Stderr, "the call's outcome is unknown: no answer within --timeout 20s")
 	require.Regexp(t, `ringfence audit list --run run-[0-9a-f]+ --kind tool_call`, r.Stderr)
 	require.Regexp(t, `find call call-[0-9a-f]+`, r.Stderr)
 	require.NotContains(t, r.Stderr, "warning: ending run", "the run it started is ended")
@@ -404,9 +404,9 @@ func TestACallWithNoAnswerWithinTimeoutSaysItsOutcomeIsUnknown(t *testing.T) {
 	require.Regexp(t, `ringfence runs end --run run-[0-9a-f]{24}`, r.Stderr)
 
 	// An explore call outside any run: the same, pointed at the server and tool.
-	r = callUnanswered(t, d, cli, 2, "servers", "explore", "fx", "--call", "sleep", "--args", `{"ms":60000}`, "--timeout", "15s")
+	r = callUnanswered(t, d, cli, 2, "servers", "explore", "fx", "--call", "sleep", "--args", `{"ms":60000}`, "--timeout", "20s")
 	require.Equal(t, 4, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
-	require.Contains(t, r.Stderr, "the explore call's outcome is unknown: no answer within --timeout 15s")
+	require.Contains(t, r.Stderr, "the explore call's outcome is unknown: no answer within --timeout 20s")
 	require.Contains(t, r.Stderr, "ringfence audit list --kind tool_call")
 	require.Contains(t, r.Stderr, "the latest sleep call of fx")
 	require.NotContains(t, r.Stderr, "DeadlineExceeded", "not a bare gRPC error")

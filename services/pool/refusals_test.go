@@ -118,7 +118,8 @@ func TestClientSessionTimeoutBoundsTheFirstListing(t *testing.T) {
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
 	run := h.start("g")
 	_, err := h.reg.UpdateServer(h.ctx, &registryv1.UpdateServerRequest{Ref: "fx", Command: "mcpfixture", Args: []string{"--hang-list"},
-		Grants: []string{"process_spawn", "external_api_call"}, ClientSessionTimeout: durationpb.New(time.Second)})
+		// Room for a loaded machine to start the container and answer initialize in time.
+		Grants: []string{"process_spawn", "external_api_call"}, ClientSessionTimeout: durationpb.New(3 * time.Second)})
 	require.NoError(t, err)
 
 	_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "x"})

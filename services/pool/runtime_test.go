@@ -521,7 +521,8 @@ func TestAServerThatCannotBeListedIsReplaced(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t) // drift_max_age 0: re-listed before every call
 			h.server("fx", func(r *registryv1.CreateServerRequest) {
-				r.ClientSessionTimeout = durationpb.New(time.Second)
+				// Room for a loaded machine's spawns, which the same bound holds.
+				r.ClientSessionTimeout = durationpb.New(3 * time.Second)
 			}, tc.mode, "1")
 			h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
 			run := h.start("g")
@@ -700,7 +701,8 @@ func TestLimits(t *testing.T) {
 }
 
 func TestAbandonedRunsEndAfterTheIdleTimeout(t *testing.T) {
-	h := newHarness(t, harnessOpts{idle: 300 * time.Millisecond})
+	const idle = time.Second
+	h := newHarness(t, harnessOpts{idle: idle})
 	h.server("fx", nil)
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
 	paused := h.start("g")
@@ -720,7 +722,7 @@ func TestAbandonedRunsEndAfterTheIdleTimeout(t *testing.T) {
 		"the abandoned run's session is stopped")
 
 	// A paused run waits for its approval however long it takes; resumed, its clock restarts.
-	time.Sleep(4 * 300 * time.Millisecond)
+	time.Sleep(5 * idle / 2)
 	info, err = h.pool.GetRun(h.ctx, paused, "")
 	require.NoError(t, err)
 	require.Equal(t, StatePaused, info.Run.State, "the reaper leaves a paused run alone")

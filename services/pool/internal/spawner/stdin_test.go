@@ -24,6 +24,7 @@ func TestStdinWritesAreBounded(t *testing.T) {
 	require.Contains(t, err.Error(), "has not read its stdin")
 
 	go func() { buf := make([]byte, 64); _, _ = server.Read(buf) }()
+	w.timeout = time.Minute // the reader may be scheduled late on a loaded machine
 	_, err = w.Write([]byte("read\n"))
 	require.NoError(t, err, "a server that reads is written to as before")
 }
