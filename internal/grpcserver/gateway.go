@@ -42,6 +42,11 @@ func NewGatewayMux(first ...runtime.Middleware) *runtime.ServeMux {
 		// The gateway keeps one parser for the whole process; every mux sets the same one.
 		runtime.SetQueryParameterParser(&strictQuery{}),
 		runtime.WithMiddlewares(append(first, refuseUnreadQuery)...),
+		// A form-encoded POST would be parsed whole, before any middleware, and served by the
+		// GET route of the same path (or the method its X-HTTP-Method-Override names): no
+		// client of ours sends one, and the permission is checked before a body is read.
+		runtime.WithDisablePathLengthFallback(),
+		runtime.WithDisableHTTPMethodOverride(),
 	)
 }
 
@@ -49,6 +54,7 @@ func NewGatewayMux(first ...runtime.Middleware) *runtime.ServeMux {
 // naming the path, or 405 naming the method), in the usual error body: the gateway's default
 // turns a wrong method into 501 Not Implemented, and says only "Not Found" for a typo.
 func writeRoutingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
+	closeIfBodyUnread(w, r)
 	var body ErrorBody
 	switch httpStatus {
 	case http.StatusMethodNotAllowed:

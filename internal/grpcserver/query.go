@@ -133,7 +133,7 @@ func refuseUnreadQuery(next runtime.HandlerFunc) runtime.HandlerFunc {
 			refuseUnread(w, r, status.Errorf(codes.InvalidArgument,
 				"unknown query parameter %q: %s routes take no query parameters; send the fields in the JSON body (docs/api.md)", names[0], r.Method))
 		case queryless[route]:
-			WriteHTTPError(w, status.Errorf(codes.InvalidArgument,
+			refuseUnread(w, r, status.Errorf(codes.InvalidArgument,
 				"unknown query parameter %q: %s takes no query parameters (docs/api.md)", names[0], route))
 		default:
 			next(w, r, params)

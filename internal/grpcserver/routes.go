@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/ringfence/ringfence/internal/auth"
 )
@@ -65,9 +67,14 @@ func route(r *http.Request) string {
 // here is counted and logged as that RPC's refusal would be.
 func (s *Server) authorizeRoute(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
-		method, ok := routeMethods[route(r)]
-		if !ok || s.opts.Authorizer == nil {
+		if s.opts.Authorizer == nil {
 			next(w, r, params)
+			return
+		}
+		method, ok := routeMethods[route(r)]
+		if !ok {
+			// Fail closed, as the Authorizer does for a method without a rule.
+			refuseUnread(w, r, status.Errorf(codes.PermissionDenied, "%s has no authorization rule (routeMethods): nobody may call it", route(r)))
 			return
 		}
 		start := time.Now()
@@ -82,13 +89,18 @@ func (s *Server) authorizeRoute(next runtime.HandlerFunc) runtime.HandlerFunc {
 	}
 }
 
-// refuseUnread answers a request refused before its body was read. On HTTP/1 net/http would
-// drain up to 256 KiB of the body before answering, as slowly as the client cares to send it;
-// closing the connection after the answer lets the refusal go out at once. (HTTP/2 resets
-// the stream and needs nothing.)
+// refuseUnread answers a request refused before its body was read.
 func refuseUnread(w http.ResponseWriter, r *http.Request, err error) {
+	closeIfBodyUnread(w, r)
+	WriteHTTPError(w, err)
+}
+
+// closeIfBodyUnread, before an answer that did not read the request's body: on HTTP/1
+// net/http would drain up to 256 KiB of the body before answering, as slowly as the client
+// cares to send it; closing the connection after the answer lets it go out at once. (HTTP/2
+// resets the stream and needs nothing.)
+func closeIfBodyUnread(w http.ResponseWriter, r *http.Request) {
 	if r.ProtoMajor == 1 && r.ContentLength != 0 {
 		w.Header().Set("Connection", "close")
 	}
-	WriteHTTPError(w, err)
 }
