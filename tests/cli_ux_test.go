@@ -137,12 +137,12 @@ func TestCLIGuidesANewUser(t *testing.T) {
 
 	// A pool refusal names the pool once.
 	r = cli(plain, nil, "runs", "call", "--run", "nosuch", "--agent", "a", "--tool", "t")
-	fails(r, 3, "refused before dispatch (unknown_run): no run with this id")
+	fails(r, 3, `refused before dispatch (unknown_run): no run "nosuch" in tenant "default"`)
 	require.NotContains(t, r.Stderr, "pool: pool:")
 	api := rest{t: t, base: plain.HTTPBase, key: adminKey}
 	code, obj, raw := api.do("POST", "/v1/runs/nosuch:call", `{"agent":"a","tool":"t"}`)
 	require.Equal(t, http.StatusNotFound, code, raw)
-	require.Equal(t, "pool: refused before dispatch (unknown_run): no run with this id in this tenant (a key bound to no tenant acts for \"default\" unless the request names one); nothing reached the server", obj["message"])
+	require.Equal(t, "pool: refused before dispatch (unknown_run): no run \"nosuch\" in tenant \"default\" (a key bound to no tenant names the run's tenant, or acts for \"default\"); nothing reached the server", obj["message"])
 
 	// audit list says there is more, and how to read on.
 	r = cli(plain, nil, "audit", "list", "--limit", "1")

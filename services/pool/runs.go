@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
@@ -81,7 +82,7 @@ func newRunID() string {
 
 // Errors of the run lifecycle.
 var (
-	errRunNotFound   = errors.New("pool: no run with this id in this tenant (a key bound to no tenant acts for \"default\" unless the request names one)")
+	errRunNotFound   = errors.New("pool: no run")
 	errRunExists     = errors.New("pool: a run with this id already exists in this tenant: pick another run id, or omit it to have one generated")
 	errRunNotRunning = errors.New("pool: the run is not running")
 	errRunNotPaused  = errors.New("pool: the run is not paused")
@@ -189,7 +190,7 @@ func (s *Service) lookup(ctx context.Context, id, tenant string) (*run, error) {
 	}
 	rec, err := s.store.GetRun(ctx, key.tenant, key.id)
 	if err != nil || (rec.State != StateCompleted && rec.State != StateFailed) {
-		return nil, errRunNotFound
+		return nil, fmt.Errorf("%w %q in tenant %q (a key bound to no tenant names the run's tenant, or acts for %q)", errRunNotFound, id, key.tenant, auth.DefaultTenant)
 	}
 	return newRun(rec), nil
 }

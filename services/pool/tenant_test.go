@@ -94,7 +94,7 @@ func TestStartRunKeepsToTheKeysTenant(t *testing.T) {
 }
 
 // TestRefusalMessagesNameThePoolOnce: a refusal wraps sentinels that stand alone elsewhere
-// ("pool: no run with this id …"); the status and its detail say "pool:" once, and the detail
+// ("pool: no run …"); the status and its detail say "pool:" once, and the detail
 // carries the problem alone.
 func TestRefusalMessagesNameThePoolOnce(t *testing.T) {
 	h := newHarness(t, harnessOpts{noImage: true})
@@ -109,8 +109,8 @@ func TestRefusalMessagesNameThePoolOnce(t *testing.T) {
 		code                                codes.Code
 	}{
 		{"no such run", "nosuch", reasonUnknownRun,
-			"pool: refused before dispatch (unknown_run): no run with this id in this tenant (a key bound to no tenant acts for \"default\" unless the request names one); nothing reached the server",
-			"no run with this id in this tenant (a key bound to no tenant acts for \"default\" unless the request names one)", codes.NotFound},
+			"pool: refused before dispatch (unknown_run): no run \"nosuch\" in tenant \"default\" (a key bound to no tenant names the run's tenant, or acts for \"default\"); nothing reached the server",
+			"no run \"nosuch\" in tenant \"default\" (a key bound to no tenant names the run's tenant, or acts for \"default\")", codes.NotFound},
 		{"paused run", paused, reasonRunNotRunning,
 			"pool: refused before dispatch (run_not_running): the run is not running (it is paused): resume it first; nothing reached the server",
 			"the run is not running (it is paused): resume it first", codes.FailedPrecondition},
