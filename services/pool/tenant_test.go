@@ -68,9 +68,9 @@ func TestRunsOfAnotherTenantAreNotFoundOverGRPC(t *testing.T) {
 	require.NoError(t, err, "a key bound to the run's own tenant sees it")
 }
 
-// TestStartRunKeepsToTheKeysTenant: a key bound to acme starts its runs in acme (against
-// acme's graph of the same id, not the default tenant's) and may not name another tenant.
-func TestStartRunKeepsToTheKeysTenant(t *testing.T) {
+// twoTenants is a harness with graph g published in the default tenant and in acme.
+func twoTenants(t *testing.T) *harness {
+	t.Helper()
 	h := newHarness(t, harnessOpts{noImage: true})
 	h.publish("g", []string{"a"}, nil, nil)
 	acmeAdmin := auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_acme", Role: auth.RoleAdmin, Permissions: auth.AllPermissions, Tenant: "acme"})
@@ -78,10 +78,17 @@ func TestStartRunKeepsToTheKeysTenant(t *testing.T) {
 	require.NoError(t, err)
 	_, err = h.pub.Publish(acmeAdmin, &publisherv1.PublishRequest{GraphId: "g"})
 	require.NoError(t, err)
+	return h
+}
+
+// TestStartRunKeepsToTheKeysTenant: a key bound to acme starts its runs in acme (against
+// acme's graph of the same id, not the default tenant's) and may not name another tenant.
+func TestStartRunKeepsToTheKeysTenant(t *testing.T) {
+	h := twoTenants(t)
 	client, _ := grpcClient(t, h)
 	acme := tenantKey(t, h, "acme")
 
-	_, err = client.StartRun(acme, &poolv1.StartRunRequest{GraphId: "g", Tenant: "globex"})
+	_, err := client.StartRun(acme, &poolv1.StartRunRequest{GraphId: "g", Tenant: "globex"})
 	st := rftestutil.RequireStatus(t, err, codes.PermissionDenied)
 	require.Contains(t, st.Message(), `"acme"`)
 
@@ -131,18 +138,12 @@ func TestRefusalMessagesNameThePoolOnce(t *testing.T) {
 // ending one leaves the other running. Before, the second start was ALREADY_EXISTS: a tenant
 // could learn which ids another used, and take a predictable one first.
 func TestRunIDsAreScopedToTheirTenant(t *testing.T) {
-	h := newHarness(t, harnessOpts{noImage: true})
-	h.publish("g", []string{"a"}, nil, nil)
-	acmeAdmin := auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_acme", Role: auth.RoleAdmin, Permissions: auth.AllPermissions, Tenant: "acme"})
-	_, err := h.pub.CreateGraph(acmeAdmin, &publisherv1.CreateGraphRequest{GraphId: "g", Agents: []string{"a"}})
-	require.NoError(t, err)
-	_, err = h.pub.Publish(acmeAdmin, &publisherv1.PublishRequest{GraphId: "g"})
-	require.NoError(t, err)
+	h := twoTenants(t)
 	client, unbound := grpcClient(t, h)
 	acme := tenantKey(t, h, "acme")
 	own := tenantKey(t, h, auth.DefaultTenant)
 
-	_, err = client.StartRun(own, &poolv1.StartRunRequest{GraphId: "g", RunId: "nightly"})
+	_, err := client.StartRun(own, &poolv1.StartRunRequest{GraphId: "g", RunId: "nightly"})
 	require.NoError(t, err)
 	started, err := client.StartRun(acme, &poolv1.StartRunRequest{GraphId: "g", RunId: "nightly"})
 	require.NoError(t, err, "another tenant's run id is not taken in acme")
