@@ -364,16 +364,16 @@ func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.Tool
 	r.mu.Lock()
 	r.busy.Add(1)
 	defer func() {
-		// The idle clock starts when the call ends: a run whose long call just returned is
-		// not abandoned.
+		// The idle clock starts again when a call ends: a run whose long call just returned
+		// is not abandoned.
 		r.mu.Lock()
-		r.lastActivity = time.Now()
+		r.touch()
 		r.busy.Add(-1)
 		r.mu.Unlock()
 	}()
 	*tenant = r.id.Tenant
 	att.GraphID, att.GraphVersion, att.AgentNode = r.id.GraphID, r.id.Version, req.Agent
-	r.lastActivity = time.Now()
+	r.touch()
 	r.calls++
 	if len(r.attempts) >= maxTrackedCallIDs {
 		clear(r.attempts)

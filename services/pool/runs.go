@@ -324,6 +324,14 @@ func (s *Service) GetRun(ctx context.Context, id, tenant string) (*RunInfo, erro
 	return r.info(), nil
 }
 
+// touch restarts a running run's idle clock. A paused run's clock runs from its pause: calls
+// refused while it is paused do not hold off pool.paused_run_timeout. Must hold r.mu.
+func (r *run) touch() {
+	if r.rec.State == StateRunning {
+		r.lastActivity = time.Now()
+	}
+}
+
 // takeSessions detaches every session; the caller stops them outside the lock. Must hold r.mu.
 func (r *run) takeSessions() map[string]*session {
 	old := r.sessions

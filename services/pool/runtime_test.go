@@ -742,6 +742,15 @@ func TestPausedRunsEndAfterThePausedTimeout(t *testing.T) {
 	paused, running := h.start("g"), h.start("g")
 	_, err := h.pool.PauseRun(h.ctx, paused, auth.DefaultTenant)
 	require.NoError(t, err)
+	// Calls refused because the run is paused do not hold its clock off.
+	poking, stop := context.WithCancel(h.ctx)
+	defer stop()
+	go func() {
+		for poking.Err() == nil {
+			_, _ = h.pool.CallTool(poking, CallRequest{RunID: paused, Agent: "a", Tool: "fx__echo", Arguments: []byte(`{"text":"x"}`)})
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
 	require.Eventually(t, func() bool {
 		info, err := h.pool.GetRun(h.ctx, paused, "")
 		return err == nil && info.Run.State == StateFailed
