@@ -266,6 +266,21 @@ func (h *harness) toolCallRecords(keep func(*audit.ToolCallAttempt) bool) []*aud
 	return out
 }
 
+// reaped waits for the idle reaper to end run as failed and returns it as ended.
+func (h *harness) reaped(run string) *RunInfo {
+	h.t.Helper()
+	var info *RunInfo
+	require.Eventually(h.t, func() bool {
+		got, err := h.pool.GetRun(h.ctx, run, "")
+		if err != nil || got.Run.State != StateFailed {
+			return false
+		}
+		info = got
+		return true
+	}, 30*time.Second, 20*time.Millisecond, "run %s is reaped", run)
+	return info
+}
+
 func (h *harness) last() *audit.ToolCallAttempt {
 	h.t.Helper()
 	all := h.attempts()
