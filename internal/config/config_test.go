@@ -6,10 +6,13 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
 )
 
 const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -151,4 +154,51 @@ func TestSampleConfigsLoad(t *testing.T) {
 			require.True(t, cfg.IsProduction(), "samples are production configurations")
 		})
 	}
+}
+
+// TestDeployEnvironmentsLoad keeps the environment that deploy/compose/compose.yaml and the
+// systemd unit give each service to keys the services know: an unknown RINGFENCE_* variable
+// stops a service at start, so a renamed key would break a deployment that copied them.
+func TestDeployEnvironmentsLoad(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "compose", "compose.yaml"))
+	require.NoError(t, err)
+	var compose struct {
+		Services map[string]struct {
+			Environment map[string]string `yaml:"environment"`
+		} `yaml:"services"`
+	}
+	require.NoError(t, yaml.Unmarshal(raw, &compose))
+	require.NotEmpty(t, compose.Services)
+	// ${NAME:-default} takes its default; ${NAME:?message} needs a value from the operator.
+	interpolation := regexp.MustCompile(`\$\{[A-Z_]+(:-([^}]*)|:\?[^}]*)\}`)
+	for name, svc := range compose.Services {
+		t.Run("compose/"+name, func(t *testing.T) {
+			require.NotEmpty(t, svc.Environment, "the x-common environment is merged in")
+			var env []string
+			for k, v := range svc.Environment {
+				v = interpolation.ReplaceAllStringFunc(v, func(s string) string {
+					if m := interpolation.FindStringSubmatch(s); strings.HasPrefix(m[1], ":-") {
+						return m[2]
+					}
+					return "operator-supplied-value"
+				})
+				env = append(env, k+"="+v)
+			}
+			cfg, err := load(t, nil, env)
+			require.NoError(t, err)
+			require.True(t, cfg.IsProduction())
+		})
+	}
+
+	unit, err := os.ReadFile(filepath.Join("..", "..", "deploy", "systemd", "ringfence-pool.service"))
+	require.NoError(t, err)
+	var env []string
+	for _, line := range strings.Split(string(unit), "\n") {
+		if v, ok := strings.CutPrefix(line, "Environment="); ok {
+			env = append(env, v)
+		}
+	}
+	require.NotEmpty(t, env)
+	_, err = load(t, []string{"--config", filepath.Join("..", "..", "deploy", "config", "pool.yaml")}, env)
+	require.NoError(t, err, "the systemd unit with the pool.yaml it names")
 }
