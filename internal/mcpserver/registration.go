@@ -402,9 +402,6 @@ func checkURL(raw string) error {
 	if err != nil {
 		return fielderr.New("url", "%s", err.Error())
 	}
-	if u.User != nil {
-		return fielderr.New("url", "must not carry credentials; put them in a secret and reference it from headers")
-	}
 	if u.Fragment != "" || strings.Contains(raw, "#") {
 		return fielderr.New("url", "must not have a fragment (#...): it is never sent to the server; remove it, and put a credential in a secret referenced from headers")
 	}

@@ -16,6 +16,10 @@ import (
 // but an error about such a URL must not show them either). Empty values are masked too, so
 // the mask says nothing about a value's length or presence.
 //
+// Userinfo is taken to run to the last "@" anywhere in the text: a password may hold "/", "?"
+// or "#" ("https://svc:pa55?word@host"), which would otherwise leave its start outside the
+// mask. (Registration refuses "@" altogether, so a URL it stored masks as the parts suggest.)
+//
 // It works on the text as written, without parsing and re-encoding, so it never fails, and
 // masking the same stored URL always gives the same text: a client that sends that text back
 // means "keep the stored URL" (RestoreMaskedURL).
@@ -23,22 +27,20 @@ func MaskURL(raw string) string {
 	if raw == "" {
 		return ""
 	}
-	rest, frag, hasFrag := strings.Cut(raw, "#")
-	rest, query, hasQuery := strings.Cut(rest, "?")
 	var b strings.Builder
 	b.Grow(len(raw) + 16)
-	if scheme, after, ok := strings.Cut(rest, "://"); ok {
-		authority, path := after, ""
-		if i := strings.IndexByte(after, '/'); i >= 0 {
-			authority, path = after[:i], after[i:]
-		}
-		if i := strings.LastIndexByte(authority, '@'); i >= 0 {
-			authority = SecretMask + authority[i:]
-		}
-		b.WriteString(scheme + "://" + authority + path)
-	} else {
-		b.WriteString(rest)
+	rest := raw
+	if scheme, after, ok := strings.Cut(raw, "://"); ok {
+		b.WriteString(scheme + "://")
+		rest = after
 	}
+	if i := strings.LastIndexByte(rest, '@'); i >= 0 {
+		b.WriteString(SecretMask)
+		rest = rest[i:]
+	}
+	rest, frag, hasFrag := strings.Cut(rest, "#")
+	rest, query, hasQuery := strings.Cut(rest, "?")
+	b.WriteString(rest)
 	if hasQuery {
 		b.WriteByte('?')
 		for i, part := range strings.Split(query, "&") {
@@ -111,9 +113,14 @@ func RestoreMaskedURL(field, sent, stored string) (string, error) {
 // CheckRemoteURL parses a remote server's endpoint and applies the rule the registry checks at
 // registration and the pool again before it connects: an absolute https URL, or plain http to
 // a loopback address only (development servers), since header values and query values are
-// secrets that must not cross a network in clear. The error is a problem statement that never
-// quotes the URL's query, userinfo or fragment.
+// secrets that must not cross a network in clear. A URL with an "@" is refused: what precedes
+// it reads as user:password, and a password holding "/" or "?" parses as a host and a path (or
+// query) instead, which would send it in clear to a host nobody meant. The error is a problem
+// statement that never quotes the URL's query, userinfo or fragment.
 func CheckRemoteURL(raw string) (*url.URL, error) {
+	if strings.Contains(raw, "@") {
+		return nil, fmt.Errorf(`must not contain "@": text before it reads as credentials (user:password@host), which a URL must not carry; put them in a secret referenced from headers, and write an "@" that belongs to the path or a query value as %%40`)
+	}
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" || u.Scheme == "" {
 		return nil, fmt.Errorf("%q is not an absolute https URL, e.g. https://mcp.example.com/mcp", truncate(MaskURL(raw)))

@@ -27,6 +27,12 @@ func TestMaskURL(t *testing.T) {
 		{"https://h/p?", "https://h/p?"},
 		{"https://h/p?=" + urlCanary, "https://h/p?=" + m},
 		{"https://user:" + urlCanary + "@h/p", "https://" + m + "@h/p"},
+		// A password holding "/", "?" or "#" is masked whole, not cut where the path, query
+		// or fragment would start.
+		{"https://svc:Zm9v/" + urlCanary + "@mcp.example.com/mcp", "https://" + m + "@mcp.example.com/mcp"},
+		{"https://svc:pa55?" + urlCanary + "@mcp.example.com/mcp?k=v", "https://" + m + "@mcp.example.com/mcp?k=" + m},
+		{"https://svc:pa55#" + urlCanary + "@mcp.example.com/mcp", "https://" + m + "@mcp.example.com/mcp"},
+		{"svc:" + urlCanary + "@mcp.example.com", m + "@mcp.example.com"},
 		{"https://h/p#" + urlCanary, "https://h/p#" + m},
 		{"https://h/p?k=v#" + urlCanary, "https://h/p?k=" + m + "#" + m},
 		{"not a url ?token=" + urlCanary, "not a url ?token=" + m},
@@ -90,7 +96,14 @@ func TestCheckURL(t *testing.T) {
 		{url: "ftp://mcp.example.com/?k=" + urlCanary, problem: "use https"},
 		{url: "mcp.example.com/mcp?k=" + urlCanary, problem: "not an absolute https URL"},
 		{url: "https://%zz/?k=" + urlCanary, problem: "not an absolute https URL"},
-		{url: "https://user:" + urlCanary + "@mcp.example.com/mcp", problem: "must not carry credentials"},
+		{url: "https://user:" + urlCanary + "@mcp.example.com/mcp", problem: `must not contain "@"`},
+		// Passwords that hold "/", "?" or "#": they parse as a host and a path, query or
+		// fragment, and were refused quoting their start, or stored whole.
+		{url: "https://svc:Zm9v/" + urlCanary + "@mcp.example.com/mcp", problem: `must not contain "@"`},
+		{url: "https://svc:4711/" + urlCanary + "@mcp.example.com/mcp", problem: `must not contain "@"`},
+		{url: "https://svc:4711?" + urlCanary + "@mcp.example.com/mcp", problem: `must not contain "@"`},
+		{url: "https://svc:pa55#" + urlCanary + "@mcp.example.com/mcp", problem: `must not contain "@"`},
+		{url: "https://mcp.example.com/mcp?email=a@example.com", problem: "%40"},
 		{url: "https://mcp.example.com/mcp#" + urlCanary, problem: "must not have a fragment"},
 		{url: "https://mcp.example.com/mcp?k=v#", problem: "must not have a fragment"},
 		{url: "https://mcp.example.com/mcp?k=" + urlCanary + "\n", problem: "control character"},
