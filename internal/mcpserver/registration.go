@@ -6,6 +6,7 @@ package mcpserver
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"regexp"
 	"slices"
@@ -257,10 +258,21 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 	if len(r.Headers) > MaxHeaders {
 		return fielderr.New("headers", "has %d entries; at most %d", len(r.Headers), MaxHeaders)
 	}
+	canonical := make(map[string]string, len(r.Headers))
 	for _, h := range sortedKeys(r.Headers) {
 		if !headerNamePattern.MatchString(h) {
 			return fielderr.New("headers", "%s: a header name is 1 to 128 letters, digits and !#$%%&'*+-.^_`|~", headerNameProblem(h))
 		}
+		if ReservedHeader(h) {
+			return fielderr.New("headers."+h, "is set by the HTTP client or the MCP transport, and a registration cannot replace it: remove it")
+		}
+		// Header names are case-insensitive: two spellings of one name would leave which
+		// secret the pool sends to chance.
+		canon := http.CanonicalHeaderKey(h)
+		if other, dup := canonical[canon]; dup {
+			return fielderr.New("headers."+h, "names the same header as %q (header names are case-insensitive): keep one", other)
+		}
+		canonical[canon] = h
 		// The value may be the credential itself, pasted where its secret's name belongs: the
 		// problem is named, never the value.
 		if !secretNamePattern.MatchString(r.Headers[h]) {

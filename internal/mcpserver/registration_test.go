@@ -111,3 +111,28 @@ func TestHeaderRefusalsNeverQuoteTheValue(t *testing.T) {
 	}
 	require.NoError(t, remote(map[string]string{"Authorization": "tickets-token"}).Validate(nil))
 }
+
+// TestHeadersThePoolCannotSendAreRefused: a header the HTTP client or the MCP transport sets
+// failed every spawn at the pool, and two spellings of one name had the pool send either
+// secret by chance; both are refused at registration, naming the header.
+func TestHeadersThePoolCannotSendAreRefused(t *testing.T) {
+	remote := func(headers map[string]string) *Registration {
+		return &Registration{Ref: "tickets", Transport: TransportStreamableHTTP, URL: "https://mcp.example.com/mcp", Headers: headers}
+	}
+	for _, tc := range []struct {
+		headers        map[string]string
+		field, problem string
+	}{
+		{map[string]string{"Host": "tok"}, "headers.Host", "set by the HTTP client or the MCP transport"},
+		{map[string]string{"mcp-session-id": "tok"}, "headers.mcp-session-id", "set by the HTTP client or the MCP transport"},
+		{map[string]string{"Sec-Fetch-Site": "tok"}, "headers.Sec-Fetch-Site", "set by the HTTP client or the MCP transport"},
+		{map[string]string{"Authorization": "tok-one", "authorization": "tok-two"}, "headers.authorization", `names the same header as "Authorization"`},
+	} {
+		err := remote(tc.headers).Validate(nil)
+		fe, ok := fielderr.As(err)
+		require.True(t, ok, "%v: %v", tc.headers, err)
+		require.Equal(t, tc.field, fe.Field)
+		require.Contains(t, fe.Problem, tc.problem)
+	}
+	require.NoError(t, remote(map[string]string{"Authorization": "tok-one", "X-Api-Key": "tok-two"}).Validate(nil))
+}

@@ -33,15 +33,6 @@ const (
 	maxHeaderValueLen      = 8 << 10
 )
 
-// reservedHeaders are set by the HTTP client or the MCP transport; a
-// registration may not replace them.
-var reservedHeaders = map[string]bool{
-	"Host": true, "Content-Length": true, "Content-Type": true, "Accept": true,
-	"Connection": true, "Transfer-Encoding": true, "Upgrade": true, "Te": true,
-	"Trailer": true, "Keep-Alive": true, "Proxy-Authorization": true, "Proxy-Connection": true,
-	"Mcp-Session-Id": true, "Mcp-Protocol-Version": true, "Last-Event-Id": true,
-}
-
 // spawnRemote connects to a streamable HTTP or SSE server.
 func (r *Router) spawnRemote(ctx context.Context, spec *Spec) (*Session, error) {
 	u, err := checkRemoteURL(spec.URL)
@@ -118,8 +109,13 @@ func checkHeaders(in map[string]string) (http.Header, error) {
 		if !validHeaderName(name) {
 			return nil, newError(ClassInvalidSpec, "header name %s is not a valid HTTP token", clipQuote(name))
 		}
-		if reservedHeaders[canon] || strings.HasPrefix(canon, "Sec-") {
+		if mcpserver.ReservedHeader(canon) {
 			return nil, newError(ClassInvalidSpec, "header %s is set by the client and cannot be configured", canon)
+		}
+		// The registry refuses two spellings of one name; one stored before it did would
+		// leave which value is sent to the map's order.
+		if _, dup := h[canon]; dup {
+			return nil, newError(ClassInvalidSpec, "header %s is given twice, in different cases: keep one", canon)
 		}
 		if len(value) > maxHeaderValueLen || strings.ContainsFunc(value, func(r rune) bool { return r != '\t' && isControl(r) }) {
 			return nil, newError(ClassInvalidSpec, "the value of header %s is longer than %d bytes or contains control characters", canon, maxHeaderValueLen)

@@ -291,3 +291,18 @@ func TestRemoteConnectErrorMasksTheURL(t *testing.T) {
 	require.NotContains(t, got.Error(), short)
 	require.Contains(t, got.Error(), "https://mcp.example.com/mcp?api_key=********")
 }
+
+// TestCheckHeadersRefusesOneNameTwice: a registration stored before the registry refused two
+// spellings of one header would have the pool send either value, by the map's order.
+func TestCheckHeadersRefusesOneNameTwice(t *testing.T) {
+	for range 20 {
+		_, err := checkHeaders(map[string]string{"Authorization": "one", "authorization": "two"})
+		require.Equal(t, ClassInvalidSpec, ClassOf(err))
+		require.ErrorContains(t, err, "header Authorization is given twice")
+	}
+	h, err := checkHeaders(map[string]string{"authorization": "one", "X-Api-Key": "two"})
+	require.NoError(t, err)
+	require.Equal(t, "one", h.Get("Authorization"))
+	_, err = checkHeaders(map[string]string{"mcp-session-id": "x"})
+	require.ErrorContains(t, err, "header Mcp-Session-Id is set by the client")
+}

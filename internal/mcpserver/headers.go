@@ -1,0 +1,22 @@
+package mcpserver
+
+import (
+	"net/http"
+	"strings"
+)
+
+// reservedHeaders are set by the HTTP client or the MCP transport (canonical form). The
+// registry refuses them in a registration and the pool again before it connects.
+var reservedHeaders = map[string]bool{
+	"Host": true, "Content-Length": true, "Content-Type": true, "Accept": true,
+	"Connection": true, "Transfer-Encoding": true, "Upgrade": true, "Te": true,
+	"Trailer": true, "Keep-Alive": true, "Proxy-Authorization": true, "Proxy-Connection": true,
+	"Mcp-Session-Id": true, "Mcp-Protocol-Version": true, "Last-Event-Id": true,
+}
+
+// ReservedHeader reports whether a registration may not set the header name (in any case):
+// the HTTP client or the MCP transport sets it, and so does the browser-only Sec- family.
+func ReservedHeader(name string) bool {
+	canon := http.CanonicalHeaderKey(name)
+	return reservedHeaders[canon] || strings.HasPrefix(canon, "Sec-")
+}
