@@ -223,6 +223,16 @@ replace the stored list. Without --env or --clear-env the stored env is kept.`,
 			changed := cmd.Flags().Changed
 			if changed("transport") {
 				req.Transport = normalizeTransport(f.transport)
+				// What only the other kind of transport takes is dropped, so one update
+				// switches a server over; flags passed below set the new side's fields.
+				isStdio := func(t string) bool { return t == "" || t == "stdio" }
+				switch {
+				case isStdio(req.Transport) && !isStdio(s.GetTransport()):
+					req.Url, req.Headers = "", nil
+				case !isStdio(req.Transport) && isStdio(s.GetTransport()):
+					req.Command, req.Args = "", nil
+					req.Env = &structpb.Struct{Fields: map[string]*structpb.Value{}}
+				}
 			}
 			if changed("command") || changed("arg") {
 				if req.Command, req.Args, err = splitCommand(f.command, f.args); err != nil {
@@ -676,7 +686,7 @@ func splitCommand(command string, extra []string) (string, []string, error) {
 
 // parsePairs reads KEY=VALUE entries. An entry without "=" is resolved by fromKey, when
 // given. Errors never quote an entry: it may be a secret typed in the wrong place.
-func parsePairs(flag string, pairs []string, fromKey func(key string) (string, error)) (map[string]string, error) {
+func parsePairs(flag string, pairs []string, fromKey func(i int, key string) (string, error)) (map[string]string, error) {
 	if len(pairs) == 0 {
 		return nil, nil
 	}
@@ -687,7 +697,7 @@ func parsePairs(flag string, pairs []string, fromKey func(key string) (string, e
 		case ok && k != "":
 		case !ok && fromKey != nil && p != "":
 			var err error
-			if v, err = fromKey(p); err != nil {
+			if v, err = fromKey(i, p); err != nil {
 				return nil, err
 			}
 		default:
@@ -704,7 +714,11 @@ func parsePairs(flag string, pairs []string, fromKey func(key string) (string, e
 // envStruct reads --env entries. "--env KEY" takes the value from this process's environment
 // variable KEY, so a secret need not appear in the command line (ps, shell history).
 func envStruct(pairs []string) (*structpb.Struct, error) {
-	m, err := parsePairs("--env", pairs, func(key string) (string, error) {
+	m, err := parsePairs("--env", pairs, func(i int, key string) (string, error) {
+		if !mcpserver.IsEnvKeyName(key) {
+			// Not a name, so perhaps a value typed without its KEY=: never echoed.
+			return "", usagef("--env entry %d must be KEY=VALUE, or a variable name alone to take its value from this shell's environment; it is neither (not shown, in case it is a secret)", i+1)
+		}
 		v, ok := os.LookupEnv(key)
 		if !ok {
 			return "", usagef("--env %s has no value and the environment variable %s is not set: export it, or write %s=VALUE", key, key, key)

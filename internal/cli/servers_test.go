@@ -95,11 +95,14 @@ func TestPairFlagsShowTheirShape(t *testing.T) {
 		{[]string{"--tool-permission", "read_doc"}, `--tool-permission "read_doc" must be TOOL=CAPABILITY, e.g. --tool-permission 'read_doc=docs.read:{path}'`},
 		{[]string{"--header-secret", "Authorization"}, "--header-secret entry 1 must be HEADER=SECRET_NAME, e.g. --header-secret Authorization=tickets-token"},
 		{[]string{"--env", "=x"}, "--env entry 1 must be KEY=VALUE, e.g. --env REGION=eu-west-1"},
+		// A value typed without its KEY= is not a variable name: it is never echoed.
+		{[]string{"--env", "REGION=eu", "--env", "sk-live-9f8e7d6c5b4a"}, "--env entry 2 must be KEY=VALUE, or a variable name alone to take its value from this shell's environment; it is neither (not shown, in case it is a secret)"},
 	} {
 		var stdout, stderr bytes.Buffer
 		args := append([]string{"servers", "add", "docs", "--command", "docs-mcp", "--addr", "127.0.0.1:1"}, tc.args...)
 		require.Equal(t, ExitUsage, Execute(args, strings.NewReader(""), &stdout, &stderr), stderr.String())
 		require.Contains(t, stderr.String(), tc.want)
+		require.NotContains(t, stderr.String(), "sk-live")
 	}
 }
 

@@ -81,10 +81,15 @@ var deniedEnvKeys = map[string]string{
 // (a server must not see or set the pool's settings).
 var deniedEnvPrefixes = []string{"DOCKER_", "CONTAINER_", "COMPOSE_", "LD_", "DYLD_", "RUNC_", "CONTAINERD_", "BUILDKIT_", "MALLOC_", "RINGFENCE_", "NPM_CONFIG_"}
 
+// IsEnvKeyName reports whether key has the form of an environment variable name.
+func IsEnvKeyName(key string) bool {
+	return len(key) > 0 && len(key) <= MaxEnvKey && envKeySyntax.MatchString(key)
+}
+
 // ControlKeyReason returns why key may never be set by a registration, or "" when it may be
 // (subject to the allowlist).
 func ControlKeyReason(key string) string {
-	if len(key) == 0 || len(key) > MaxEnvKey || !envKeySyntax.MatchString(key) {
+	if !IsEnvKeyName(key) {
 		return fmt.Sprintf("a key is 1 to %d characters of A-Z, a-z, 0-9 and _, not starting with a digit", MaxEnvKey)
 	}
 	upper := strings.ToUpper(key)

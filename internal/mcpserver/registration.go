@@ -217,8 +217,11 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 		if strings.TrimSpace(r.Command) == "" {
 			return fielderr.New("command", "is required for the stdio transport: name the program inside the isolation image, e.g. \"mcp-server-filesystem\"")
 		}
-		if r.URL != "" || len(r.Headers) > 0 {
+		if r.URL != "" {
 			return fielderr.New("url", "applies to the streamable_http and sse transports only; remove url and headers, or set transport")
+		}
+		if len(r.Headers) > 0 {
+			return fielderr.New("headers", "apply to the streamable_http and sse transports only; remove them, or set transport")
 		}
 	case TransportStreamableHTTP, TransportSSE:
 		if r.Command != "" || len(r.Args) > 0 {
