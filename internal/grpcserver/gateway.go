@@ -19,7 +19,8 @@ import (
 )
 
 // NewGatewayMux returns the REST mux every binary uses: proto field names in JSON, unknown
-// fields and query parameters refused, X-API-Key and X-Request-Id passed to the RPC, and errors
+// fields and query parameters refused, path variables and query parameters that are not UTF-8
+// refused, X-API-Key and X-Request-Id passed to the RPC, and errors
 // as JSON a person can act on. first runs before anything else once a route is matched (the
 // server's permission check).
 func NewGatewayMux(first ...runtime.Middleware) *runtime.ServeMux {
@@ -41,7 +42,7 @@ func NewGatewayMux(first ...runtime.Middleware) *runtime.ServeMux {
 		runtime.WithRoutingErrorHandler(writeRoutingError),
 		// The gateway keeps one parser for the whole process; every mux sets the same one.
 		runtime.SetQueryParameterParser(&strictQuery{}),
-		runtime.WithMiddlewares(append(first, refuseUnreadQuery)...),
+		runtime.WithMiddlewares(append(first, refuseInvalidUTF8, refuseUnreadQuery)...),
 		// A form-encoded POST would be parsed whole, before any middleware, and served by the
 		// GET route of the same path (or the method its X-HTTP-Method-Override names): no
 		// client of ours sends one, and the permission is checked before a body is read.

@@ -7,9 +7,11 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/grpc-ecosystem/grpc-gateway/v2/utilities"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -139,4 +141,59 @@ func refuseUnreadQuery(next runtime.HandlerFunc) runtime.HandlerFunc {
 			next(w, r, params)
 		}
 	}
+}
+
+// refuseInvalidUTF8 refuses a path variable or query parameter that is not valid UTF-8 (%ff):
+// each binds a proto string field, which grpc-go refuses to marshal, so the request was
+// answered 500 with no request id and no log line. Runs before the body is read.
+func refuseInvalidUTF8(next runtime.HandlerFunc) runtime.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+		if err := CheckParamsUTF8(params, r.URL.Query()); err != nil {
+			refuseUnread(w, r, err)
+			return
+		}
+		next(w, r, params)
+	}
+}
+
+// CheckParamsUTF8 returns INVALID_ARGUMENT, with a BadRequest detail, naming the first path
+// variable or query parameter (by name) whose name or value is not valid UTF-8, or nil. It
+// never quotes a value (a query value may be a credential), nor a name that is not UTF-8.
+// Handlers beside the gateway (the audit export) call it themselves.
+func CheckParamsUTF8(params map[string]string, query url.Values) error {
+	for _, name := range sortedKeys(params) {
+		if !utf8.ValidString(name) || !utf8.ValidString(params[name]) {
+			return invalidUTF8(name, fmt.Sprintf("path variable %q is not valid UTF-8 (its value is not shown): percent-encode the text as UTF-8", name))
+		}
+	}
+	for _, name := range sortedKeys(query) {
+		if !utf8.ValidString(name) {
+			return invalidUTF8("", "a query parameter's name is not valid UTF-8 (it is not shown): docs/api.md lists every route's parameters")
+		}
+		for _, v := range query[name] {
+			if !utf8.ValidString(v) {
+				return invalidUTF8(name, fmt.Sprintf("query parameter %q is not valid UTF-8 (its value is not shown): percent-encode the text as UTF-8", name))
+			}
+		}
+	}
+	return nil
+}
+
+func invalidUTF8(field, msg string) error {
+	st := status.New(codes.InvalidArgument, msg)
+	if withDetail, err := st.WithDetails(&errdetails.BadRequest{
+		FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: "is not valid UTF-8"}},
+	}); err == nil {
+		st = withDetail
+	}
+	return st.Err()
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }

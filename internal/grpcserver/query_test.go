@@ -196,3 +196,55 @@ func TestAQueryOnAQuerylessRouteIsRefused(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, code)
 	require.Equal(t, `unknown query parameter "verbose": GET /v1/mcp/servers/{ref} takes no query parameters (docs/api.md)`, body["message"])
 }
+
+// TestParametersThatAreNotUTF8AreRefused: a path variable or query parameter that is not
+// valid UTF-8 binds a string field grpc-go cannot marshal, which answered 500 with no request
+// id. It is a 400 naming the parameter, never quoting the value, before the body is read.
+func TestParametersThatAreNotUTF8AreRefused(t *testing.T) {
+	srv := New(Options{Name: "t", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Authorizer: allowAll{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	auditv1.RegisterAuditServiceServer(srv.GRPC(), echoAudit{})
+	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
+		if err := auditv1.RegisterAuditServiceHandler(ctx, mux, conn); err != nil {
+			return err
+		}
+		if err := registryv1.RegisterRegistryServiceHandler(ctx, mux, conn); err != nil {
+			return err
+		}
+		return registryv1.RegisterKeyServiceHandler(ctx, mux, conn)
+	})
+	_, base := start(t, srv)
+
+	for _, tc := range []struct{ method, path, body, want string }{
+		{"GET", "/v1/mcp/servers/%ff", "", `path variable "ref" is not valid UTF-8 (its value is not shown)`},
+		{"DELETE", "/v1/secrets/sk-live%ff", "", `path variable "name" is not valid UTF-8`},
+		{"POST", "/v1/keys/%ff:revoke", `{}`, `path variable "id" is not valid UTF-8`},
+		{"PUT", "/v1/secrets/%c3", `{"value":"x"}`, `path variable "name" is not valid UTF-8`},
+		{"GET", "/v1/mcp/servers?page_token=sk-live%ff", "", `query parameter "page_token" is not valid UTF-8 (its value is not shown)`},
+		{"GET", "/v1/audit/records?filter.kind=admin&filter.tenant=%ff", "", `query parameter "filter.tenant" is not valid UTF-8`},
+		{"GET", "/v1/audit/records?sk-live%ff=1", "", `a query parameter's name is not valid UTF-8 (it is not shown)`},
+	} {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			req, err := http.NewRequestWithContext(t.Context(), tc.method, base+tc.path, strings.NewReader(tc.body))
+			require.NoError(t, err)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			raw, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusBadRequest, resp.StatusCode, string(raw))
+			var body ErrorBody
+			require.NoError(t, json.Unmarshal(raw, &body))
+			require.Equal(t, "INVALID_ARGUMENT", body.Status)
+			require.Contains(t, body.Message, tc.want)
+			require.NotContains(t, string(raw), "sk-live")
+			require.NotEmpty(t, resp.Header.Get("X-Request-Id"))
+			if tc.body != "" {
+				require.True(t, resp.Close, "refused before the body is read: the connection is closed, not drained")
+			}
+		})
+	}
+
+	code, body := getJSON(t, base+"/v1/audit/records?filter.kind=%C3%A9t%C3%A9")
+	require.Equal(t, http.StatusOK, code, "valid UTF-8 beyond ASCII passes: %v", body)
+	require.Equal(t, "été", body["records"].([]any)[0].(map[string]any)["kind"])
+}

@@ -260,6 +260,12 @@ func (s *Service) ExportHandler(authz grpcserver.Authorizer) http.Handler {
 			return
 		}
 		q := r.URL.Query()
+		// The gateway's routes refuse these in a middleware (grpcserver.refuseInvalidUTF8);
+		// this handler sits beside the gateway.
+		if err := grpcserver.CheckParamsUTF8(nil, q); err != nil {
+			grpcserver.WriteHTTPError(w, err)
+			return
+		}
 		for name := range q {
 			if !slices.Contains(exportParams, name) {
 				grpcserver.WriteHTTPError(w, s.errors.Status(ctx, fieldErr(name, "is not a filter of the export: use %s", strings.Join(exportParams, ", "))))

@@ -69,6 +69,8 @@ func TestExportRefusesABadFilterBeforeAnswering(t *testing.T) {
 		{"?outcome=refused", `outcome \"refused\" is not one of`},
 		{"?filter.kind=admin", "filter.kind"},
 		{"?since=yesterday", "since"},
+		{"?tenant=%ff", `query parameter \"tenant\" is not valid UTF-8`},
+		{"?run_id=a&%ff=1", "a query parameter's name is not valid UTF-8"},
 	} {
 		rec := export(tc.query)
 		require.Equal(t, http.StatusBadRequest, rec.Code, "%s: %s", tc.query, rec.Body.String())
