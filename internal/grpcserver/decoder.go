@@ -8,6 +8,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -108,6 +109,11 @@ func describeDecodeError(body []byte, msg proto.Message, err error) string {
 		}
 		return "the body must be a JSON object"
 	}
+	// encoding/json keeps the last of a key given twice and reads bytes that are not UTF-8 as
+	// U+FFFD, so failingField would blame a field's type for what protojson refused.
+	if problem := textProblem(body); problem != "" {
+		return problem
+	}
 	if where := failingField(fields, msg.ProtoReflect().Descriptor(), "", 0); where != "" {
 		return where
 	}
@@ -115,6 +121,109 @@ func describeDecodeError(body []byte, msg proto.Message, err error) string {
 		return cleanProtoError(err) // names the field, never a value
 	}
 	return "a value does not match its field's type"
+}
+
+// textProblem finds what protojson refuses and encoding/json lets through: a key given twice
+// in one object (protojson keeps neither, since either could be the one meant), and a key or
+// string that is not valid UTF-8. It names the path as sent (env.APP_TOKEN, args[2]), never a
+// value, and returns "" when it finds neither.
+func textProblem(body []byte) string {
+	w := &tokenWalker{dec: json.NewDecoder(bytes.NewReader(body)), body: body}
+	w.dec.UseNumber()
+	tok, utf8OK, err := w.next()
+	if err != nil {
+		return ""
+	}
+	problem, _ := w.value("", tok, utf8OK, 0)
+	return problem
+}
+
+// tokenWalker reads a body token by token, telling whether each token's bytes were UTF-8.
+type tokenWalker struct {
+	dec  *json.Decoder
+	body []byte
+	off  int64
+}
+
+var errStopWalk = errors.New("stop")
+
+func (w *tokenWalker) next() (json.Token, bool, error) {
+	tok, err := w.dec.Token()
+	if err != nil {
+		return nil, false, err
+	}
+	end := w.dec.InputOffset()
+	if end < w.off || end > int64(len(w.body)) {
+		return nil, false, errStopWalk
+	}
+	// Only a string can hold bytes that are not UTF-8: anything else is a syntax error.
+	utf8OK := utf8.Valid(w.body[w.off:end])
+	w.off = end
+	return tok, utf8OK, nil
+}
+
+// value walks the value that begins with tok, found at path.
+func (w *tokenWalker) value(path string, tok json.Token, utf8OK bool, depth int) (string, error) {
+	if depth > maxMessageNesting {
+		return "", errStopWalk // protojson refuses this nesting, and says so
+	}
+	switch tok {
+	case json.Delim('{'):
+		seen := map[string]bool{}
+		for {
+			k, utf8OK, err := w.next()
+			if err != nil {
+				return "", err
+			}
+			if k == json.Delim('}') {
+				return "", nil
+			}
+			key, _ := k.(string)
+			if !utf8OK {
+				return fmt.Sprintf("a key %s is not valid UTF-8 (it is not shown)", within(path)), nil
+			}
+			child := key
+			if path != "" {
+				child = path + "." + key
+			}
+			if seen[key] {
+				return fmt.Sprintf("field %q is given twice: send each key of an object once", child), nil
+			}
+			seen[key] = true
+			v, utf8OK, err := w.next()
+			if err != nil {
+				return "", err
+			}
+			if problem, err := w.value(child, v, utf8OK, depth+1); problem != "" || err != nil {
+				return problem, err
+			}
+		}
+	case json.Delim('['):
+		for i := 0; ; i++ {
+			v, utf8OK, err := w.next()
+			if err != nil {
+				return "", err
+			}
+			if v == json.Delim(']') {
+				return "", nil
+			}
+			if problem, err := w.value(fmt.Sprintf("%s[%d]", path, i), v, utf8OK, depth+1); problem != "" || err != nil {
+				return problem, err
+			}
+		}
+	}
+	if !utf8OK {
+		return fmt.Sprintf("field %q is not valid UTF-8 (its value is not shown): send text as UTF-8", path), nil
+	}
+	return "", nil
+}
+
+// within says where a key sits: "at the top level" or "in field "env"".
+func within(path string) string {
+	if path == "" {
+		return "at the top level"
+	}
+	return fmt.Sprintf("in field %q", path)
 }
 
 // failingField returns "field "a.b": expected …" for the first field (in name order) of

@@ -33,6 +33,16 @@ func TestDecodeErrorsNameTheFieldNeverTheValue(t *testing.T) {
 		{"duration", `{"ref":"a","tool_call_timeout":"` + secret + `"}`, `field "tool_call_timeout": expected a duration string`, &registryv1.CreateServerRequest{}},
 		{"unknown field", `{"ref":"a","colour":"` + secret + `"}`, `unknown field "colour"`, &registryv1.CreateServerRequest{}},
 		{"syntax", `{"value": "` + secret + `",`, "not valid JSON", &registryv1.PutSecretRequest{}},
+		// protojson refuses a key given twice (either could be the one meant) and bytes that
+		// are not UTF-8; encoding/json lets both through, so they read as a type mismatch.
+		{"top-level key twice", `{"ref":"a","ref":"` + secret + `","command":"x"}`, `field "ref" is given twice: send each key of an object once`, &registryv1.CreateServerRequest{}},
+		{"map key twice", `{"ref":"a","command":"x","env":{"APP_TOKEN":"one","APP_TOKEN":"` + secret + `"}}`, `field "env.APP_TOKEN" is given twice`, &registryv1.CreateServerRequest{}},
+		{"nested key twice", `{"ref":"a","tool_filter":{"include":["a"],"include":["` + secret + `"]}}`, `field "tool_filter.include" is given twice`, &registryv1.CreateServerRequest{}},
+		{"key twice in arguments", `{"run_id":"r","arguments":{"q":[{"k":1,"k":2}]}}`, `field "arguments.q[0].k" is given twice`, &poolv1.CallToolRequest{}},
+		{"secret value not UTF-8", "{\"value\":\"" + secret + "\xff\"}", `field "value" is not valid UTF-8 (its value is not shown)`, &registryv1.PutSecretRequest{}},
+		{"env value not UTF-8", "{\"ref\":\"a\",\"env\":{\"APP_TOKEN\":\"" + secret + "\xff\"}}", `field "env.APP_TOKEN" is not valid UTF-8`, &registryv1.CreateServerRequest{}},
+		{"list item not UTF-8", "{\"ref\":\"a\",\"args\":[\"ok\",\"" + secret + "\xc3\"]}", `field "args[1]" is not valid UTF-8`, &registryv1.CreateServerRequest{}},
+		{"key not UTF-8", "{\"ref\":\"a\",\"env\":{\"" + secret + "\xff\":\"v\"}}", `a key in field "env" is not valid UTF-8 (it is not shown)`, &registryv1.CreateServerRequest{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := decode(tc.body, tc.msg)
@@ -42,6 +52,8 @@ func TestDecodeErrorsNameTheFieldNeverTheValue(t *testing.T) {
 		})
 	}
 	require.NoError(t, decode(`{"ref":"a","env":{"APP_TOKEN":"`+secret+`"}}`, &registryv1.CreateServerRequest{}))
+	require.NoError(t, decode(`{"value":"pässwörd \u00e9"}`, &registryv1.PutSecretRequest{}), "UTF-8 beyond ASCII decodes")
+	require.NoError(t, decode(`{"run_id":"r","arguments":{"a":{"k":1},"b":{"k":2}}}`, &poolv1.CallToolRequest{}), "one key in two objects is no duplicate")
 }
 
 // TestDeepBodiesAreRefusedByTheGateway: a body nested deeper than the gRPC server decodes
