@@ -378,6 +378,42 @@ func TestSecretsAndHeaderResolution(t *testing.T) {
 	testutil.RequireStatus(t, err, codes.FailedPrecondition)
 }
 
+// TestSecretValuesNoHeaderCanCarryAreRefused: a secret is only ever sent as a header value, so
+// PutSecret refuses what no header can carry (a line break would make a second header) naming
+// value and never quoting it, rather than the pool refusing it when a server starts. Tabs and
+// text beyond ASCII are fine.
+func TestSecretValuesNoHeaderCanCarryAreRefused(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	for _, tc := range []struct{ name, value, want string }{
+		{"header injection", canary + "\r\nX-Evil: 1", "holds a line break or another control character other than tab"},
+		{"trailing line break", "Bearer " + canary + "\n", "ends with a line break"},
+		{"NUL", canary + "\x00", "holds a line break or another control character"},
+		{"escape", "\x1b[31m" + canary, "holds a line break or another control character"},
+		{"DEL", canary + "\x7f", "holds a line break or another control character"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tok", Value: tc.value})
+			st := testutil.RequireStatus(t, err, codes.InvalidArgument)
+			require.Contains(t, st.Message(), "registry: invalid value: "+tc.want)
+			require.NotContains(t, st.Message(), canary)
+			require.NotContains(t, f.logs.String(), canary)
+		})
+	}
+	// grpc-go cannot send a string that is not UTF-8; an in-process caller can.
+	_, err := f.svc.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tok", Value: canary + "\xff"})
+	st := testutil.RequireStatus(t, err, codes.InvalidArgument)
+	require.Contains(t, st.Message(), "registry: invalid value: is not valid UTF-8 (the value is not shown)")
+	list, err := f.client.ListSecrets(ctx, &registryv1.ListSecretsRequest{})
+	require.NoError(t, err)
+	require.Empty(t, list.GetSecrets(), "nothing is stored")
+
+	for _, ok := range []string{"Bearer\t" + canary, "Basic cGFzc3fDtnJk: pässwörd"} {
+		_, err := f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tok", Value: ok})
+		require.NoError(t, err)
+	}
+}
+
 // TestHeadersMustNameASecretThatExists: a header's value names a registry secret. One that
 // names no secret (most likely the credential itself, pasted in its place) is refused when a
 // server is created, updated or explored ad hoc, naming the header and how to create the

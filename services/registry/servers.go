@@ -3,6 +3,8 @@ package registry
 import (
 	"context"
 	"errors"
+	"strings"
+	"unicode/utf8"
 
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
@@ -246,12 +248,35 @@ func (s *Service) PutSecret(ctx context.Context, req *registryv1.PutSecretReques
 	if len(req.GetValue()) == 0 || len(req.GetValue()) > mcpserver.MaxEnvValue {
 		return nil, s.errors.Status(ctx, fielderr.New("value", "must be 1 to %d bytes", mcpserver.MaxEnvValue))
 	}
+	if err := checkSecretValue(req.GetValue()); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
 	sec, err := s.store.PutSecret(ctx, req.GetName(), req.GetValue(),
 		s.event(ctx, "put", resourceSecret, req.GetName(), map[string]string{"name": req.GetName(), "value": SecretMask}))
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
 	return &registryv1.PutSecretResponse{Secret: secretToProto(sec)}, nil
+}
+
+// checkSecretValue refuses a value no HTTP header can carry: a secret's only use is as the
+// value of a header that names it, and the pool refuses such a value only when it starts the
+// server, far from the PutSecret that caused it. A control character other than tab (a line
+// break above all: "line1\r\nX-Evil: 1" would be a second header) and bytes that are not UTF-8
+// are refused; the value is never quoted.
+func checkSecretValue(v string) error {
+	if !utf8.ValidString(v) {
+		return fielderr.New("value", "is not valid UTF-8 (the value is not shown): a secret is sent as an HTTP header value")
+	}
+	control := func(r rune) bool { return r != '\t' && (r < 0x20 || r == 0x7f) }
+	trimmed := strings.TrimRight(v, "\r\n")
+	switch {
+	case trimmed != v && !strings.ContainsFunc(trimmed, control):
+		return fielderr.New("value", "ends with a line break, which no HTTP header value can hold (the value is not shown): send it without the line break that echo or a file adds (ringfence secrets set strips it)")
+	case strings.ContainsFunc(v, control):
+		return fielderr.New("value", "holds a line break or another control character other than tab, which no HTTP header value can hold (the value is not shown): a secret is sent as the value of the header that names it")
+	}
+	return nil
 }
 
 // ListSecrets implements RegistryService.
