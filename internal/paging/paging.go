@@ -1,5 +1,7 @@
-// Package paging is the one rule for page sizes in List RPCs: 0 means the default, larger
-// than the maximum is capped, negative is refused naming the field.
+// Package paging is the one rule for page sizes in List RPCs (0 means the default, larger
+// than the maximum is capped, negative is refused naming the field) and for the page tokens of
+// lists kept in key order (a version byte and a checksum, so a token the server did not issue
+// is refused rather than read as the end of the list).
 package paging
 
 import "github.com/ringfence/ringfence/internal/fielderr"

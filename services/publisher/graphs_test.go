@@ -51,6 +51,9 @@ func TestCreateGetListDeleteGraph(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "support-triage", list.GetGraphs()[0].GetId())
 	require.Equal(t, int32(2), list.GetGraphs()[0].GetNodeCount())
+	_, err = f.client.ListGraphs(ctx, &publisherv1.ListGraphsRequest{PageToken: "zzz"})
+	st = testutil.RequireStatus(t, err, codes.InvalidArgument, "a token never issued is no empty, final page")
+	require.Equal(t, "publisher: page_token is not one this server issued: start again without it", st.Message())
 
 	_, err = f.client.DeleteGraph(ctx, &publisherv1.DeleteGraphRequest{GraphId: "other"})
 	testutil.RequireStatus(t, err, codes.PermissionDenied, "deleting a graph is workflow:admin")

@@ -3,6 +3,7 @@ package registry
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -327,7 +328,7 @@ func TestPaging(t *testing.T) {
 		require.NoError(t, err)
 	}
 	var refs []string
-	token := ""
+	token, issued := "", ""
 	for {
 		resp, err := f.client.ListServers(ctx, &registryv1.ListServersRequest{PageSize: 10, PageToken: token})
 		require.NoError(t, err)
@@ -337,12 +338,22 @@ func TestPaging(t *testing.T) {
 		if token = resp.GetNextPageToken(); token == "" {
 			break
 		}
+		issued = token
 	}
 	require.Len(t, refs, 25)
 	require.Equal(t, "srv-00", refs[0])
 	require.Equal(t, "srv-24", refs[24])
-	_, err := f.client.ListServers(ctx, &registryv1.ListServersRequest{PageToken: "!!!"})
-	testutil.RequireStatus(t, err, codes.InvalidArgument)
+	// A token the server never issued (any valid base64url, or one from before tokens were
+	// versioned) answered an empty, final page: a client with a damaged token concluded the
+	// list had ended.
+	legacy := base64.RawURLEncoding.EncodeToString([]byte("srv-09"))
+	damaged := []byte(issued)
+	damaged[3] ^= 1
+	for _, tok := range []string{"!!!", "zzz", legacy, string(damaged)} {
+		_, err := f.client.ListServers(ctx, &registryv1.ListServersRequest{PageToken: tok})
+		st := testutil.RequireStatus(t, err, codes.InvalidArgument)
+		require.Equal(t, "registry: page_token is not one this server issued: start again without it", st.Message(), tok)
+	}
 }
 
 func TestSecretsAndHeaderResolution(t *testing.T) {

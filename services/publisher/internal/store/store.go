@@ -7,7 +7,6 @@ package store
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/binary"
 	"encoding/gob"
 	"encoding/json"
@@ -21,6 +20,7 @@ import (
 	"github.com/ringfence/ringfence/internal/boltdb"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/paging"
 )
 
 // Errors the service maps to codes.
@@ -382,7 +382,7 @@ func (s *Store) Version(ctx context.Context, tenant, id string, n int64) (*graph
 func (s *Store) ListVersions(ctx context.Context, tenant, id, pageToken string, limit int) ([]graph.Version, string, error) {
 	var before int64 = -1
 	if pageToken != "" {
-		tok, err := decodeToken(pageToken)
+		tok, err := decodeToken(pageToken, "publisher.versions", tenant, id)
 		if err != nil {
 			return nil, "", err
 		}
@@ -409,7 +409,7 @@ func (s *Store) ListVersions(ctx context.Context, tenant, id, pageToken string, 
 		}
 		for ; k != nil && bytes.HasPrefix(k, prefix) && len(k) == len(prefix)+8; k, v = c.Prev() {
 			if len(out) == limit {
-				next = encodeToken(strconv.FormatInt(out[len(out)-1].Version, 10))
+				next = paging.EncodeToken(strconv.FormatInt(out[len(out)-1].Version, 10), "publisher.versions", tenant, id)
 				return nil
 			}
 			var info graph.Version
@@ -425,7 +425,7 @@ func (s *Store) ListVersions(ctx context.Context, tenant, id, pageToken string, 
 
 // ListGraphs returns up to limit of a tenant's graphs after the page token, and the next token.
 func (s *Store) ListGraphs(ctx context.Context, tenant, pageToken string, limit int) ([]Summary, string, error) {
-	after, err := decodeToken(pageToken)
+	after, err := decodeToken(pageToken, "publisher.graphs", tenant)
 	if err != nil {
 		return nil, "", err
 	}
@@ -450,7 +450,7 @@ func (s *Store) ListGraphs(ctx context.Context, tenant, pageToken string, limit 
 				continue
 			}
 			if len(out) == limit {
-				next = encodeToken(out[len(out)-1].ID)
+				next = paging.EncodeToken(out[len(out)-1].ID, "publisher.graphs", tenant)
 				return nil
 			}
 			out = append(out, Summary{Tenant: m.Tenant, ID: m.ID, DraftRevision: m.DraftRevision, LatestVersion: m.LatestVersion, NodeCount: m.NodeCount, UpdateTime: m.UpdateTime})
@@ -500,15 +500,13 @@ func runHook(tx *bolt.Tx, hook TxHook) error {
 	return hook(tx)
 }
 
-func encodeToken(last string) string { return base64.RawURLEncoding.EncodeToString([]byte(last)) }
-
-func decodeToken(tok string) (string, error) {
-	if tok == "" {
-		return "", nil
-	}
-	b, err := base64.RawURLEncoding.DecodeString(tok)
-	if err != nil || len(b) == 0 || len(b) > 256 {
+// decodeToken reads a page token paging.EncodeToken made for scope (the list, its tenant and
+// graph): one this store did not issue for that list is refused, rather than read as a
+// position past the end (an empty, final page).
+func decodeToken(tok string, scope ...string) (string, error) {
+	last, err := paging.DecodeToken(tok, scope...)
+	if err != nil {
 		return "", ErrBadPageToken
 	}
-	return string(b), nil
+	return last, nil
 }

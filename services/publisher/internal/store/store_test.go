@@ -1,6 +1,7 @@
 package store
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -219,6 +220,51 @@ func TestListGraphsPagesWithinOneTenant(t *testing.T) {
 	require.Equal(t, []string{"g0", "g1", "g2", "g3", "g4"}, ids)
 	_, _, err := s.ListGraphs(ctx, "acme", "!!", 2)
 	require.ErrorIs(t, err, ErrBadPageToken)
+}
+
+// TestAPageTokenNotIssuedForTheListIsRefused: a token the store never issued (any valid
+// base64url), one issued before tokens were versioned, or one issued for another tenant's or
+// another graph's list is ErrBadPageToken, never an empty, final page.
+func TestAPageTokenNotIssuedForTheListIsRefused(t *testing.T) {
+	s, _ := openStore(t)
+	ctx := t.Context()
+	for _, g := range []*graph.Graph{newGraph("acme", "g1"), newGraph("acme", "g2"), newGraph("acme", "g3"), newGraph("globex", "g1")} {
+		require.NoError(t, s.CreateGraph(ctx, g, nil))
+	}
+	for _, id := range []string{"g1", "g2"} {
+		for range 3 {
+			d, err := s.Draft(ctx, "acme", id)
+			require.NoError(t, err)
+			_, err = s.Publish(ctx, "acme", id, d.Revision, &graph.Version{Graph: d}, nil)
+			require.NoError(t, err)
+		}
+	}
+	_, graphsTok, err := s.ListGraphs(ctx, "acme", "", 1)
+	require.NoError(t, err)
+	require.NotEmpty(t, graphsTok)
+	page, _, err := s.ListGraphs(ctx, "acme", graphsTok, 10)
+	require.NoError(t, err)
+	require.Len(t, page, 2)
+	_, versionsTok, err := s.ListVersions(ctx, "acme", "g1", "", 1)
+	require.NoError(t, err)
+	infos, _, err := s.ListVersions(ctx, "acme", "g1", versionsTok, 10)
+	require.NoError(t, err)
+	require.Equal(t, []int64{2, 1}, versionNumbers(infos))
+
+	legacyGraphs := base64.RawURLEncoding.EncodeToString([]byte("g1"))
+	legacyVersions := base64.RawURLEncoding.EncodeToString([]byte("2"))
+	for _, tok := range []string{"zzz", legacyGraphs, versionsTok} {
+		_, _, err := s.ListGraphs(ctx, "acme", tok, 10)
+		require.ErrorIs(t, err, ErrBadPageToken, tok)
+	}
+	_, _, err = s.ListGraphs(ctx, "globex", graphsTok, 10)
+	require.ErrorIs(t, err, ErrBadPageToken, "another tenant's token")
+	for _, tok := range []string{"zzz", legacyVersions, graphsTok} {
+		_, _, err := s.ListVersions(ctx, "acme", "g1", tok, 10)
+		require.ErrorIs(t, err, ErrBadPageToken, tok)
+	}
+	_, _, err = s.ListVersions(ctx, "acme", "g2", versionsTok, 10)
+	require.ErrorIs(t, err, ErrBadPageToken, "another graph's token")
 }
 
 func TestListVersionsOfTheLastGraphInTheFile(t *testing.T) {

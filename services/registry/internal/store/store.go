@@ -5,7 +5,6 @@ package store
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/ringfence/ringfence/internal/boltdb"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/internal/paging"
 	"github.com/ringfence/ringfence/internal/secretbox"
 )
 
@@ -327,7 +327,7 @@ func (s *Store) ServerPolicy(ctx context.Context, ref string) (mcpserver.Policy,
 // ListServers returns up to limit registrations after the page token, and the next token,
 // masked as GetServerMasked returns them: a listing opens no seal.
 func (s *Store) ListServers(ctx context.Context, pageToken string, limit int) ([]*mcpserver.Registration, string, error) {
-	after, err := decodeToken(pageToken)
+	after, err := decodeToken(pageToken, serversTokenScope)
 	if err != nil {
 		return nil, "", err
 	}
@@ -344,7 +344,7 @@ func (s *Store) ListServers(ctx context.Context, pageToken string, limit int) ([
 		}
 		for ; k != nil; k, v = c.Next() {
 			if len(out) == limit {
-				next = encodeToken(out[len(out)-1].Ref)
+				next = paging.EncodeToken(out[len(out)-1].Ref, serversTokenScope)
 				return nil
 			}
 			var st storedServer
@@ -431,15 +431,16 @@ func runHook(tx *bolt.Tx, hook TxHook) error {
 	return hook(tx)
 }
 
-func encodeToken(last string) string { return base64.RawURLEncoding.EncodeToString([]byte(last)) }
+// serversTokenScope is the scope of ListServers' page tokens (paging.EncodeToken).
+const serversTokenScope = "registry.servers"
 
-func decodeToken(tok string) (string, error) {
-	if tok == "" {
-		return "", nil
-	}
-	b, err := base64.RawURLEncoding.DecodeString(tok)
-	if err != nil || len(b) == 0 || len(b) > 256 {
+// decodeToken reads a page token paging.EncodeToken made for scope: one this store did not
+// issue for that list is refused, rather than read as a position past the end (an empty,
+// final page).
+func decodeToken(tok string, scope ...string) (string, error) {
+	last, err := paging.DecodeToken(tok, scope...)
+	if err != nil {
 		return "", ErrBadPageToken
 	}
-	return string(b), nil
+	return last, nil
 }
