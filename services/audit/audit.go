@@ -128,11 +128,14 @@ func filterFor(ctx context.Context, f *auditv1.Filter) (store.Filter, error) {
 	if f.GetUntil() != nil {
 		out.Until = f.GetUntil().AsTime()
 	}
+	// Only a bound key is resolved: an unbound one without a tenant reads every tenant, where
+	// ResolveTenant would give it the default one. The refusal says which tenant to use.
 	if p, ok := auth.FromContext(ctx); ok && p.Tenant != "" {
-		if out.Tenant != "" && out.Tenant != p.Tenant {
-			return store.Filter{}, auth.ErrTenantMismatch
+		tenant, err := auth.ResolveTenant(p, out.Tenant)
+		if err != nil {
+			return store.Filter{}, err
 		}
-		out.Tenant = p.Tenant
+		out.Tenant = tenant
 	}
 	return out, nil
 }

@@ -71,7 +71,12 @@ func TestATenantBoundKeySeesItsTenantOnly(t *testing.T) {
 		require.Equal(t, "acme", r.GetTenant())
 	}
 	_, err = svc.List(as("acme"), &auditv1.ListRequest{Filter: &auditv1.Filter{Tenant: "globex"}})
-	testutil.RequireStatus(t, err, codes.PermissionDenied)
+	st := testutil.RequireStatus(t, err, codes.PermissionDenied)
+	require.Equal(t, `auth: this API key is bound to another tenant ("acme"): omit the tenant or use "acme"`, st.Message(),
+		"the refusal names the fix, as the publisher's does")
+	list, err = svc.List(as("acme"), &auditv1.ListRequest{Filter: &auditv1.Filter{Tenant: "acme"}})
+	require.NoError(t, err)
+	require.Len(t, list.GetRecords(), 2, "naming the key's own tenant is fine")
 
 	all, err := svc.List(as(""), &auditv1.ListRequest{})
 	require.NoError(t, err)

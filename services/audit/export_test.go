@@ -150,7 +150,8 @@ func TestExportKeepsToTheKeysTenant(t *testing.T) {
 		require.NoError(t, err)
 		require.ElementsMatch(t, acmeOnly, got)
 		got, err = exportRPC(acmeAuditorKey, &auditv1.Filter{Tenant: "globex"})
-		testutil.RequireStatus(t, err, codes.PermissionDenied)
+		st := testutil.RequireStatus(t, err, codes.PermissionDenied)
+		require.Contains(t, st.Message(), `("acme"): omit the tenant or use "acme"`)
 		require.Empty(t, got)
 
 		got, err = exportRPC(auditorKey, nil)
@@ -167,6 +168,7 @@ func TestExportKeepsToTheKeysTenant(t *testing.T) {
 		require.ElementsMatch(t, acmeOnly, got)
 		code, got = exportHTTP(acmeAuditorKey, "?tenant=globex")
 		require.Equal(t, http.StatusForbidden, code, got)
+		require.Contains(t, got[0], `bound to another tenant (\"acme\"): omit the tenant or use \"acme\"`)
 		require.NotContains(t, got[0], "g1")
 
 		code, got = exportHTTP(auditorKey, "")
