@@ -264,6 +264,10 @@ func TestSeedSequenceWithCLI(t *testing.T) {
 	r = cli(adminKey, "servers", "add", "docs-search", "--command", "npx")
 	require.Equal(t, 1, r.Code)
 	require.Contains(t, r.Stderr, "already exists")
+	require.NotContains(t, r.Stderr, "warning:", "a refused add warns of nothing")
+	r = cli(adminKey, "servers", "add", "docs-nocmd")
+	require.Equal(t, 2, r.Code)
+	require.Contains(t, r.Stderr, "missing command to run inside the isolation image: pass --command")
 
 	r = cli(adminKey, "servers", "update", "docs-search", "--command", "npx /srv/handbook", "-o", "json")
 	require.Equal(t, 0, r.Code, r.Stderr)
@@ -299,6 +303,7 @@ func TestSeedSequenceWithCLI(t *testing.T) {
 		"--description", "The support team's ticket system", "--header-secret", "Authorization=tickets-token",
 		"--exclude-tool", "delete_ticket")
 	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "warning: tickets does not grant process_spawn and external_api_call", "warned once registered")
 	r = cli(adminKey, "servers", "show", "tickets")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	for _, want := range []string{"streamable_http", "https://tickets.example.com/mcp", "The support team's ticket system", "Authorization <- secret tickets-token", "delete_ticket"} {

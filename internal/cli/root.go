@@ -329,6 +329,10 @@ func printError(w io.Writer, err error, c connection) {
 			fmt.Fprintf(w, "  hint: the host of %s (%s) does not resolve: check its spelling, or point --addr or RINGFENCE_ADDR at the server's gRPC address\n", c.addr, c.addrFrom)
 		case !strings.HasPrefix(msg, "connection error"):
 			fmt.Fprintln(w, "  hint: the server at --addr answered; what it could not reach is named above (a peer service: check it and this server's peers.* settings)")
+		// An HTTP/1 server (the REST port, most often) answers the HTTP/2 preface with an
+		// HTTP/1 status line, which grpc-go reads as a frame header.
+		case strings.Contains(msg, "looked like an HTTP/1.1 header"):
+			fmt.Fprintf(w, "  hint: an HTTP/1 server answers at %s (%s), the REST port perhaps: the CLI speaks gRPC; point --addr or RINGFENCE_ADDR at the gRPC address (RINGFENCE_GRPC_ADDR, 127.0.0.1:50051 by default)\n", c.addr, c.addrFrom)
 		// A TLS server closes the connection on a plaintext client's HTTP/2 preface, and a
 		// plaintext server answers a TLS handshake with HTTP/2: neither is a server that is down.
 		case !usedTLS && strings.Contains(msg, "error reading server preface"):

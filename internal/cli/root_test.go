@@ -19,6 +19,8 @@ func TestPrintErrorHintsAtTheConnectionMistake(t *testing.T) {
 	}{
 		{"plaintext client, TLS server", `connection error: desc = "error reading server preface: EOF"`, false,
 			"hint: the server speaks TLS: pass --ca-file (RINGFENCE_CA_FILE)"},
+		{"the REST port", `connection error: desc = "error reading server preface: http2: failed reading the frame payload: http2: frame too large, note that the frame header looked like an HTTP/1.1 header"`, false,
+			"hint: an HTTP/1 server answers at 127.0.0.1:1 (--addr), the REST port perhaps: the CLI speaks gRPC"},
 		{"TLS client, plaintext server", `connection error: desc = "transport: authentication handshake failed: tls: first record does not look like a TLS handshake"`, true,
 			"hint: the server speaks plaintext: drop --ca-file (RINGFENCE_CA_FILE)"},
 		{"a host that does not resolve", `name resolver error: produced zero addresses`, false,

@@ -157,7 +157,7 @@ func newServersAddCmd(g *globals) *cobra.Command {
 			}
 			var err error
 			if ref == "" {
-				if ref, err = g.prompt("server ref (e.g. docs-search)"); err != nil {
+				if ref, err = g.prompt("server ref (e.g. docs-search)", "pass it first: ringfence servers add REF ..."); err != nil {
 					return err
 				}
 			}
@@ -166,7 +166,7 @@ func newServersAddCmd(g *globals) *cobra.Command {
 				return err
 			}
 			if transport == "stdio" && f.command == "" {
-				if f.command, err = g.prompt("command to run inside the isolation image"); err != nil {
+				if f.command, err = g.prompt("command to run inside the isolation image", "pass --command, e.g. --command 'docs-mcp --root /srv/docs'; a remote server takes --transport http --url URL instead"); err != nil {
 					return err
 				}
 			}
@@ -175,7 +175,6 @@ func newServersAddCmd(g *globals) *cobra.Command {
 				return err
 			}
 			warnGrantTypos(g.stderr, f.grants)
-			warnBelowFloor(g.stderr, ref, f.grants)
 
 			client, ctx, cancel, err := g.registry(cmd.Context())
 			if err != nil {
@@ -186,7 +185,12 @@ func newServersAddCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return withHint(err, codes.AlreadyExists, fmt.Sprintf("%q is already registered: `ringfence servers update %s` changes it (flags you do not pass keep their values); `ringfence servers show %s` shows it", ref, ref, ref))
 			}
-			return g.printServer(resp.GetServer())
+			if err := g.printServer(resp.GetServer()); err != nil {
+				return err
+			}
+			// Only once registered: a refused add changed nothing to warn about.
+			warnBelowFloor(g.stderr, ref, resp.GetServer().GetGrants())
+			return nil
 		},
 	}
 	f.register(cmd, false)
@@ -771,10 +775,10 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // prompt asks for a missing value when stdin is a terminal; scripts get a usage error instead
 // of a hang.
-func (g *globals) prompt(label string) (string, error) {
+func (g *globals) prompt(label, how string) (string, error) {
 	f, ok := g.stdin.(*os.File)
 	if !ok || !term.IsTerminal(int(f.Fd())) {
-		return "", usagef("missing %s: pass it as an argument or flag", label)
+		return "", usagef("missing %s: %s", label, how)
 	}
 	fmt.Fprintf(g.stderr, "%s: ", label)
 	line, err := bufio.NewReader(f).ReadString('\n')

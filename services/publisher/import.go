@@ -218,7 +218,7 @@ func checkImportRequest(req *ImportRequest) error {
 }
 
 func agentNotFound(graphID, agent string) error {
-	return &wrapped{msg: fmt.Sprintf("publisher: graph %s has no agent node %s: create it with ringfence graphs create --agent, or add it to the draft", quote(graphID), quote(agent)), err: errAgentNotFound}
+	return &wrapped{msg: fmt.Sprintf("publisher: graph %s has no agent node %s: add it to the draft (ringfence graphs show --graph %s -o json > draft.json, add an agent node with that id, ringfence graphs edit --graph %s --file draft.json)", quote(graphID), quote(agent), graphID, graphID), err: errAgentNotFound}
 }
 
 // grantsCoverFloor refuses a server whose grants do not cover the floor: every node the import

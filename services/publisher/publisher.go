@@ -90,7 +90,7 @@ var (
 	errStaleRevision = errors.New("publisher: the draft changed since the revision you sent: get it again (ringfence graphs show), reapply your change, and send the new revision")
 	errDraftChanged  = errors.New("publisher: the draft changed while it was being validated or imported into; run the command again")
 	errBadPageToken  = errors.New("publisher: page_token is not one this server issued: start again without it")
-	errAgentNotFound = errors.New("publisher: the draft has no agent node with this id: create it with ringfence graphs create --agent, or add it to the draft")
+	errAgentNotFound = errors.New("publisher: the draft has no agent node with this id: add it to the draft (ringfence graphs show -o json, then ringfence graphs edit), or name it with --agent when the graph is created")
 	errImportRefused = errors.New("publisher: mcp-import refused")
 	errNoPrincipal   = errors.New("publisher: the request carries no authenticated caller")
 )
