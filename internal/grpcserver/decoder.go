@@ -247,17 +247,60 @@ func failingField(fields map[string]json.RawMessage, md protoreflect.MessageDesc
 		if protojson.Unmarshal(one, probe) == nil {
 			continue
 		}
-		// Well-known types (Struct, Duration, …) have JSON forms of their own: not descended.
-		if fd.Kind() == protoreflect.MessageKind && !fd.IsList() && !fd.IsMap() && depth < 8 &&
-			fd.Message().ParentFile().Package() != "google.protobuf" {
-			var inner map[string]json.RawMessage
-			if json.Unmarshal(fields[name], &inner) == nil {
-				if where := failingField(inner, fd.Message(), prefix+name+".", depth+1); where != "" {
-					return where
-				}
-			}
+		if where := failingElement(fields[name], fd, prefix+name, depth); where != "" {
+			return where
 		}
 		return fmt.Sprintf("field %q: expected %s", prefix+name, expected(fd))
+	}
+	return ""
+}
+
+// failingElement descends into the value of a message field, or into each element of a list or
+// map of messages (nodes[3].mcp_tool), for the field inside that fails; "" when it finds none.
+// Well-known types (Struct, Duration, …) have JSON forms of their own: not descended.
+func failingElement(raw json.RawMessage, fd protoreflect.FieldDescriptor, path string, depth int) string {
+	md := fd.Message()
+	if fd.IsMap() {
+		md = fd.MapValue().Message()
+	}
+	if md == nil || depth >= 8 || md.ParentFile().Package() == "google.protobuf" {
+		return ""
+	}
+	inside := func(raw json.RawMessage, path string) string {
+		var inner map[string]json.RawMessage
+		if json.Unmarshal(raw, &inner) != nil {
+			return ""
+		}
+		return failingField(inner, md, path+".", depth+1)
+	}
+	switch {
+	case fd.IsList():
+		var items []json.RawMessage
+		if json.Unmarshal(raw, &items) != nil {
+			return ""
+		}
+		for i, item := range items {
+			if where := inside(item, fmt.Sprintf("%s[%d]", path, i)); where != "" {
+				return where
+			}
+		}
+	case fd.IsMap():
+		var entries map[string]json.RawMessage
+		if json.Unmarshal(raw, &entries) != nil {
+			return ""
+		}
+		keys := make([]string, 0, len(entries))
+		for k := range entries {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if where := inside(entries[k], path+"."+k); where != "" {
+				return where
+			}
+		}
+	default:
+		return inside(raw, path)
 	}
 	return ""
 }

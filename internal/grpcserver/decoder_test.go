@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
+	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 )
 
@@ -43,6 +44,12 @@ func TestDecodeErrorsNameTheFieldNeverTheValue(t *testing.T) {
 		{"env value not UTF-8", "{\"ref\":\"a\",\"env\":{\"APP_TOKEN\":\"" + secret + "\xff\"}}", `field "env.APP_TOKEN" is not valid UTF-8`, &registryv1.CreateServerRequest{}},
 		{"list item not UTF-8", "{\"ref\":\"a\",\"args\":[\"ok\",\"" + secret + "\xc3\"]}", `field "args[1]" is not valid UTF-8`, &registryv1.CreateServerRequest{}},
 		{"key not UTF-8", "{\"ref\":\"a\",\"env\":{\"" + secret + "\xff\":\"v\"}}", `a key in field "env" is not valid UTF-8 (it is not shown)`, &registryv1.CreateServerRequest{}},
+		// Inside a list or map of messages the failing field is named with its element, not
+		// blamed on the list ("expected a list, each an object").
+		{"unknown field in a list element", `{"graph_id":"g","draft":{"nodes":[{"id":"a","kind":"agent"},{"id":"t","mcp_tool":{"server_ref":"s","capabilities":["` + secret + `"]}}]}}`,
+			`unknown field "draft.nodes[1].mcp_tool.capabilities"`, &publisherv1.ReplaceDraftRequest{}},
+		{"wrong type in a list element", `{"graph_id":"g","draft":{"nodes":[{"id":"t","mcp_tool":{"schema_hash":12345678}}]}}`,
+			`field "draft.nodes[0].mcp_tool.schema_hash": expected a string`, &publisherv1.ReplaceDraftRequest{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := decode(tc.body, tc.msg)
