@@ -355,7 +355,13 @@ func describeRecord(r *auditv1.Record) (string, string) {
 		return fmt.Sprintf("%s %s %s by %s (%s)", a.GetAction(), a.GetResourceType(), a.GetResourceId(), a.GetActorKeyId(), a.GetActorRole()), "-"
 	}
 	t := r.GetToolCall()
-	what := fmt.Sprintf("run %s %s→%s/%s call %s#%d", t.GetRunId(), t.GetAgentNode(), t.GetServerRef(), t.GetToolName(), t.GetCallId(), t.GetAttempt())
+	// A call refused before its binding resolved (an unknown run, agent or tool) names no
+	// server; the tool is then the binding name the agent asked for.
+	target := t.GetToolName()
+	if t.GetServerRef() != "" {
+		target = t.GetServerRef() + "/" + target
+	}
+	what := fmt.Sprintf("run %s %s→%s call %s#%d", t.GetRunId(), t.GetAgentNode(), target, t.GetCallId(), t.GetAttempt())
 	outcome := t.GetOutcome()
 	switch {
 	case t.GetReason() != "":

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 )
@@ -35,4 +36,19 @@ func TestServerChosenTextCannotDriveTheTerminal(t *testing.T) {
 	require.Contains(t, printed, `read\x1b]0;pwned\x07`)
 	require.Contains(t, printed, `\u009b31m`)
 	require.Contains(t, printed, "hidden_unicode", "the findings still print")
+}
+
+// TestDescribeRecordNamesWhatTheCallNamed: a call refused before its binding resolved has no
+// server; its line shows the binding asked for, not "agent→/tool".
+func TestDescribeRecordNamesWhatTheCallNamed(t *testing.T) {
+	rec := func(server string) *auditv1.Record {
+		return &auditv1.Record{Kind: "tool_call", Event: &auditv1.Record_ToolCall{ToolCall: &auditv1.ToolCallAttempt{
+			RunId: "r1", AgentNode: "researcher", ServerRef: server, ToolName: "docs__search", CallId: "c1", Attempt: 1,
+			Outcome: "refused_before_dispatch", Reason: "unknown_run"}}}
+	}
+	what, outcome := describeRecord(rec(""))
+	require.Equal(t, "run r1 researcher→docs__search call c1#1", what)
+	require.Equal(t, "refused_before_dispatch: unknown_run", outcome)
+	what, _ = describeRecord(rec("docs"))
+	require.Equal(t, "run r1 researcher→docs/docs__search call c1#1", what)
 }
