@@ -124,6 +124,16 @@ func serverNotFound(ref string) error {
 		msg: fmt.Sprintf("registry: no server is registered with ref %q: ListServers (ringfence servers list) shows the registered refs", ref)}
 }
 
+// serverNotFoundNear is serverNotFound with the registered ref nearest to ref, when one is
+// close enough to be what was meant. For the RPCs whose callers may list every ref anyway.
+func (s *Service) serverNotFoundNear(ref string) error {
+	if near := s.store.ClosestRef(ref); near != "" {
+		return &detailed{sentinel: errServerNotFound,
+			msg: fmt.Sprintf("registry: no server is registered with ref %q: did you mean %q? (ringfence servers list shows the registered refs)", ref, near)}
+	}
+	return serverNotFound(ref)
+}
+
 // unrecordable is a change whose audit record the log would refuse: the request is refused
 // before anything is written, naming the record's problem (which never quotes the change).
 func unrecordable(err error) error {

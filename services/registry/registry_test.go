@@ -316,6 +316,16 @@ func TestServerNotFoundNamesTheRef(t *testing.T) {
 	require.ErrorIs(t, err, mcpserver.ErrNotRegistered)
 	_, err = f.svc.ServerPolicy(ctx, "docss")
 	require.ErrorIs(t, err, mcpserver.ErrNotRegistered)
+
+	// A typo of a registered ref is answered with it; a ref near none is not.
+	_, err = f.client.CreateServer(ctx, docsSearch())
+	require.NoError(t, err)
+	_, err = f.client.GetServer(ctx, &registryv1.GetServerRequest{Ref: "docs-serch"})
+	st := testutil.RequireStatus(t, err, codes.NotFound)
+	require.Equal(t, `registry: no server is registered with ref "docs-serch": did you mean "docs-search"? (ringfence servers list shows the registered refs)`, st.Message())
+	_, err = f.client.DeleteServer(ctx, &registryv1.DeleteServerRequest{Ref: "tickets"})
+	st = testutil.RequireStatus(t, err, codes.NotFound)
+	require.NotContains(t, st.Message(), "did you mean")
 }
 
 func TestPaging(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/ringfence/ringfence/internal/boltdb"
+	"github.com/ringfence/ringfence/internal/humanize"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/paging"
 	"github.com/ringfence/ringfence/internal/secretbox"
@@ -356,6 +357,27 @@ func (s *Store) ListServers(ctx context.Context, pageToken string, limit int) ([
 		return nil
 	})
 	return out, next, err
+}
+
+// ClosestRef returns the registered ref nearest to ref by edit distance, when one is near
+// enough to be a typo of it (at most a third of its length, and 2 or fewer for short refs),
+// or "". It reads keys only: for a "did you mean" on a ref that is not registered.
+func (s *Store) ClosestRef(ref string) string {
+	best, bestDist := "", max(2, len(ref)/3)+1
+	_ = s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(serversBucket).Cursor()
+		for k, _ := c.First(); k != nil; k, _ = c.Next() {
+			// Refs whose lengths differ by more than the bound cannot be within it.
+			if d := len(k) - len(ref); d >= bestDist || -d >= bestDist {
+				continue
+			}
+			if d := humanize.EditDistance(ref, string(k)); d < bestDist {
+				best, bestDist = string(k), d
+			}
+		}
+		return nil
+	})
+	return best
 }
 
 // UpdateServer replaces a registration: mutate receives the stored one and returns the new one
