@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -167,6 +168,9 @@ func checkBinaries(paths []string) ([]binary, string, error) {
 // and executables for an architecture Build cannot name.
 func checkBinary(path string) (binary, error) {
 	st, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return binary{}, fmt.Errorf("isoimage: binary %s does not exist: build the server first (CGO_ENABLED=0 go build -o DIR ./path/to/server) and pass the file it wrote", path)
+	}
 	if err != nil {
 		return binary{}, fmt.Errorf("isoimage: %w", err)
 	}

@@ -88,7 +88,7 @@ func TestBuildRefuses(t *testing.T) {
 		wantErr string
 	}{
 		{name: "nothing", bins: nil, wantErr: "no binaries"},
-		{name: "missing file", bins: []string{filepath.Join(dir, "nope")}, wantErr: "no such file"},
+		{name: "missing file", bins: []string{filepath.Join(dir, "nope")}, wantErr: "nope does not exist: build the server first"},
 		{name: "directory", bins: []string{dir}, wantErr: "not a regular file"},
 		{name: "script", bins: []string{script}, wantErr: "not an ELF executable"},
 		{name: "dynamically linked", bins: []string{dynamic}, wantErr: "dynamically linked (interpreter /lib64/ld-linux-x86-64.so.2)"},
