@@ -331,6 +331,13 @@ func TestSeedSequenceWithCLI(t *testing.T) {
 	require.Empty(t, s["command"])
 	require.Empty(t, s["env"])
 	require.Equal(t, map[string]any{"Authorization": "tickets-token"}, s["headers"])
+	r = cli(adminKey, "servers", "update", "tickets", "--clear-headers", "-o", "json")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	s = nil
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &s))
+	require.Empty(t, s["headers"])
+	r = cli(adminKey, "servers", "update", "tickets", "--header-secret", "Authorization=tickets-token", "-o", "json")
+	require.Equal(t, 0, r.Code, r.Stderr)
 	r = cli(adminKey, "servers", "add", "tickets2", "--transport", "http", "--url", "https://tickets.example.com/mcp",
 		"--exclude-tool", "tickets2__delete_ticket")
 	require.Equal(t, 1, r.Code, r.Stdout)

@@ -37,6 +37,7 @@ type serverFlags struct {
 	headerSecrets  []string
 	env            []string
 	clearEnv       bool
+	clearHeaders   bool
 	grants         []string
 	includeTools   []string
 	excludeTools   []string
@@ -70,6 +71,7 @@ func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 	fl.BoolVar(&f.strictInputs, "strict-inputs", false, "refuse arguments a tool's input schema does not declare, even where the schema would allow them")
 	if update {
 		fl.BoolVar(&f.clearEnv, "clear-env", false, "remove every env value (without --env and --clear-env the stored env is kept)")
+		fl.BoolVar(&f.clearHeaders, "clear-headers", false, "remove every header (--header-secret replaces them all)")
 	}
 }
 
@@ -249,10 +251,15 @@ replace the stored list. Without --env or --clear-env the stored env is kept.`,
 			if changed("description") {
 				req.Description = f.description
 			}
-			if changed("header-secret") {
+			switch {
+			case changed("header-secret") && f.clearHeaders:
+				return usagef("--header-secret and --clear-headers contradict each other")
+			case changed("header-secret"):
 				if req.Headers, err = parsePairs("--header-secret", f.headerSecrets, nil); err != nil {
 					return err
 				}
+			case f.clearHeaders:
+				req.Headers = nil
 			}
 			switch {
 			case changed("env") && f.clearEnv:
