@@ -162,3 +162,34 @@ func TestCloseRefusesNewCallsAndWaitsForThoseInProgress(t *testing.T) {
 	_, err := h.call(run, "a", "fx__sleep", map[string]any{"ms": 1})
 	requireRefused(t, err, reasonShuttingDown)
 }
+
+// TestADeadServerGivesBackItsSessionPlace: a server that dies on its own frees its place under
+// pool.max_sessions at once, not when its run next calls it or ends, so other runs on the host
+// are not refused meanwhile; its run's next call still gets a fresh session.
+func TestADeadServerGivesBackItsSessionPlace(t *testing.T) {
+	h := newHarness(t, harnessOpts{maxSessions: 1})
+	h.server("fx", nil, "--runtime-tools")
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"crash", "echo"}}}, nil)
+	a, b := h.start("g"), h.start("g")
+	_, err := h.call(a, "a", "fx__crash", map[string]any{})
+	requireFailed(t, err, failureCrashed)
+	require.Eventually(t, func() bool { return h.pool.liveSessions.Load() == 0 }, 20*time.Second, 20*time.Millisecond,
+		"the crashed server's place is given back")
+	info, err := h.pool.GetRun(h.ctx, a, "")
+	require.NoError(t, err)
+	require.Empty(t, info.Sessions, "the dead session is forgotten")
+	stopped := h.stopped()
+
+	_, err = h.call(b, "a", "fx__echo", map[string]any{"text": "b"})
+	require.NoError(t, err, "another run gets the place")
+	_, err = h.pool.EndRun(h.ctx, b, "", StateCompleted, "test")
+	require.NoError(t, err)
+	require.Equal(t, stopped+1, h.stopped(), "each session is stopped once")
+
+	before := h.spawned()
+	res, err := h.call(a, "a", "fx__echo", map[string]any{"text": "again"})
+	require.NoError(t, err)
+	require.Equal(t, "again", res.Content[0]["text"])
+	require.Equal(t, before+1, h.spawned(), "the crashed run's next call gets a fresh session")
+	require.Equal(t, int64(1), h.pool.liveSessions.Load())
+}

@@ -113,6 +113,7 @@ type Service struct {
 	spool     *audit.Spool
 	forwarder *audit.Forwarder
 	outcomes  sync.WaitGroup // outcome records being spooled (recordOutcome)
+	watchers  sync.WaitGroup // one per live session, until it ends (watch)
 	inflight  *inflight      // tool calls in progress
 	schemas   *schemas.Cache
 	metrics   *metrics
@@ -263,6 +264,7 @@ func (s *Service) Close(ctx context.Context) error {
 	for _, m := range all {
 		s.stopSessions(m)
 	}
+	s.watchers.Wait()
 	if err := s.inflight.wait(ctx); err != nil {
 		s.log.Warn("closing with tool calls still in progress; their outcomes may be missing from the audit log (their pending records are not)", "err", err)
 	}

@@ -198,7 +198,24 @@ func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 	if !current {
 		s.stop(sess)
 		sess.err = errRunMovedOn
+		return
 	}
+	s.watchers.Go(func() { s.watch(r, sess) })
+}
+
+// watch gives back a session's place under pool.max_sessions as soon as its server dies on its
+// own (a crash, the memory limit), rather than when the run next calls that server or ends:
+// other runs on the host would be refused meanwhile. It forgets the session, so the run's next
+// call starts a fresh one, and stops it (the stopped flag makes that happen once, whoever
+// gets there first). Done is closed too when the session is stopped normally, so the watch
+// always ends with its session.
+func (s *Service) watch(r *run, sess *session) {
+	<-sess.sess.Done()
+	if sess.stopped.Load() {
+		return // stopped by its run, its ping or relist, or the pool's Close
+	}
+	s.forget(r, sess)
+	s.stop(sess)
 }
 
 // forget removes sess from its run if it is still the run's session for its ref.
