@@ -513,6 +513,8 @@ func sessionRefusal(err error) error {
 		return ref
 	case errors.Is(err, errTooManySessions):
 		return refusal(reasonLimitExceeded, err)
+	case errors.Is(err, errShuttingDown):
+		return refusal(reasonShuttingDown, err)
 	case errors.Is(err, errRunNotRunning):
 		return refusal(reasonRunNotRunning, err)
 	}

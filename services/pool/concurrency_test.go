@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,7 +14,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/mcpserver"
 )
 
 // TestAnEndedRunsIDCannotBeTakenOver: an ended run lives in the store only; a StartRun that
@@ -192,4 +195,77 @@ func TestADeadServerGivesBackItsSessionPlace(t *testing.T) {
 	require.Equal(t, "again", res.Content[0]["text"])
 	require.Equal(t, before+1, h.spawned(), "the crashed run's next call gets a fresh session")
 	require.Equal(t, int64(1), h.pool.liveSessions.Load())
+}
+
+// heldRegistry, once armed, holds the next ServerPolicy (gate 2) or ResolveRegistration (the
+// spawn) it is asked for until release is closed, whatever the caller's context says.
+type heldRegistry struct {
+	Registry
+	resolve bool // hold ResolveRegistration rather than ServerPolicy
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *heldRegistry) hold() {
+	if g.armed.CompareAndSwap(true, false) {
+		close(g.entered)
+		<-g.release
+	}
+}
+
+func (g *heldRegistry) ServerPolicy(ctx context.Context, ref string) (mcpserver.Policy, error) {
+	if !g.resolve {
+		g.hold()
+	}
+	return g.Registry.ServerPolicy(ctx, ref)
+}
+
+func (g *heldRegistry) ResolveRegistration(ctx context.Context, ref string) (*mcpserver.Resolved, error) {
+	if g.resolve {
+		g.hold()
+	}
+	return g.Registry.ResolveRegistration(ctx, ref)
+}
+
+// TestACallInProgressWhenCloseBeginsStartsNoServer: a call already counted in progress when
+// Close begins, waiting on the registry at gate 2 or for the registration its spawn needs, is
+// refused as shutting_down, and recorded so: no server is started during shutdown.
+func TestACallInProgressWhenCloseBeginsStartsNoServer(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		resolve bool
+	}{{"waiting at gate 2", false}, {"waiting for its spawn", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			held := &heldRegistry{resolve: tc.resolve, entered: make(chan struct{}), release: make(chan struct{})}
+			h := newHarness(t, harnessOpts{registry: func(r Registry) Registry { held.Registry = r; return held }})
+			h.server("fx", nil)
+			h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+			run := h.start("g")
+			held.armed.Store(true) // after the import, which resolved the registration too
+			done := make(chan error, 1)
+			go func() {
+				_, err := h.pool.CallTool(h.ctx, CallRequest{RunID: run, Agent: "a", Tool: "fx__echo", CallID: "call-held", Arguments: json.RawMessage(`{"text":"x"}`)})
+				done <- err
+			}()
+			<-held.entered
+			closed := make(chan error, 1)
+			go func() { closed <- h.pool.Close(context.Background()) }()
+			require.Eventually(t, h.pool.inflight.closed, 10*time.Second, 5*time.Millisecond)
+			close(held.release)
+
+			requireRefused(t, <-done, reasonShuttingDown)
+			require.NoError(t, <-closed)
+			require.Zero(t, h.spawned(), "no server was started after Close began")
+			require.Zero(t, poolContainers(t, h.poolID))
+			var reasons []string
+			for _, rec := range h.audit.Records() {
+				if a := rec.ToolCall; a != nil && a.CallID == "call-held" {
+					require.Equal(t, audit.OutcomeRefusedBeforeDispatch, a.Outcome)
+					reasons = append(reasons, a.Reason)
+				}
+			}
+			require.Equal(t, []string{reasonShuttingDown}, reasons, "the refusal is on record")
+		})
+	}
 }

@@ -40,6 +40,14 @@ func (f *inflight) leave() {
 	}
 }
 
+// closed reports whether the pool has begun to close: calls already past enter are refused
+// before they start a server (see session).
+func (f *inflight) closed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.closing
+}
+
 // close refuses new calls from now on.
 func (f *inflight) close() {
 	f.mu.Lock()

@@ -248,9 +248,10 @@ func (s *Service) Spool() *audit.Spool { return s.spool }
 // sessions after a restart), removes what this instance started, and closes the store.
 // Records still in the spool stay durable and are forwarded after the next start.
 //
-// Calls that arrive from then on are refused (and recorded) as shutting_down; calls in
-// progress end as their sessions stop (a dispatched one as failed: it may have taken effect),
-// and Close waits for them, within ctx, before it closes the spool their records go to.
+// Calls that arrive from then on are refused (and recorded) as shutting_down, and so are calls
+// in progress that come to need a session (session refuses once Close began, so nothing is
+// started); dispatched ones end as their sessions stop (as failed: they may have taken
+// effect), and Close waits for them, within ctx, before it closes the spool their records go to.
 func (s *Service) Close(ctx context.Context) error {
 	s.inflight.close()
 	var all []map[string]*session

@@ -65,9 +65,18 @@ var errTooManySessions = errors.New("pool: this host's session limit (pool.max_s
 // session returns the run's session for ref, spawning it on first use. Two concurrent first
 // calls spawn once. A session that died is replaced by the next call that needs it. inline is
 // nil for a registered server, which is resolved from the registry by ref.
+//
+// Once the pool has begun to close, it refuses (errShuttingDown): a call that was already past
+// the in-flight gate then (waiting on the registry, say) must not start a server, nor be
+// dispatched, while the pool stops every session. It checks under r.mu, which Close takes
+// after it began to close, so a session added before the check is one Close stops.
 func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpserver.Resolved) (*session, error) {
 	for {
 		r.mu.Lock()
+		if s.inflight.closed() {
+			r.mu.Unlock()
+			return nil, errShuttingDown
+		}
 		if r.rec.State != StateRunning {
 			st := r.rec.State
 			r.mu.Unlock()
@@ -147,6 +156,15 @@ const resolveTimeout = 10 * time.Second
 // errRunMovedOn is a spawn that was given up because its run paused or ended meanwhile.
 var errRunMovedOn = fmt.Errorf("%w: it was paused or ended while the server started", errRunNotRunning)
 
+// givenUp is why a spawn was given up: the pool began to close (shutting_down), or else the
+// run paused or ended.
+func (s *Service) givenUp() error {
+	if s.inflight.closed() {
+		return refusal(reasonShuttingDown, errShuttingDown)
+	}
+	return errRunMovedOn
+}
+
 // spawnSession resolves the registration, spawns the server and takes its first listing.
 // Whatever happens, sess.ready is closed, and a session whose run moved on meanwhile (paused,
 // ended: stopSessions cancels sctx) is stopped rather than leaked. The registry is asked
@@ -154,8 +172,8 @@ var errRunMovedOn = fmt.Errorf("%w: it was paused or ended while the server star
 func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 	defer close(sess.ready)
 	failed := func(err error) {
-		if sctx.Err() != nil {
-			err = errRunMovedOn
+		if sctx.Err() != nil || s.inflight.closed() {
+			err = s.givenUp()
 		}
 		sess.err = err
 		s.liveSessions.Add(-1)
@@ -175,6 +193,11 @@ func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 		failed(refusal(reasonIsolationRequired, errIsolationRequired))
 		return
 	}
+	// The registry may have taken a while: no container is started once the pool closes.
+	if s.inflight.closed() || sctx.Err() != nil {
+		failed(s.givenUp())
+		return
+	}
 	spec := specFor(reg, spawner.PurposeRun, r.id.ID)
 	spec.OnToolListChanged = func() { sess.stale.Store(true) }
 	sp, err := s.spawner.Spawn(sctx, spec)
@@ -187,7 +210,7 @@ func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 	if err := s.relist(sctx, sess, true); err != nil {
 		sess.err = err
 		if sctx.Err() != nil {
-			sess.err = errRunMovedOn
+			sess.err = s.givenUp()
 		}
 		s.stop(sess)
 		return
@@ -197,7 +220,7 @@ func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 	r.mu.Unlock()
 	if !current {
 		s.stop(sess)
-		sess.err = errRunMovedOn
+		sess.err = s.givenUp()
 		return
 	}
 	s.watchers.Go(func() { s.watch(r, sess) })
