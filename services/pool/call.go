@@ -706,14 +706,22 @@ func (s *Service) dispatch(ctx context.Context, sess *session, tool *graph.MCPTo
 	if err != nil {
 		return nil, &FailedError{Class: s.classifyCallError(ctx, cctx, sess, err), Err: callErrMessage(err)}
 	}
+	// Secrets are masked too: a server's output is its one way out of the sandbox, for the
+	// env values it was given as for anything else.
+	keep := sanitize.Options{KeepMarkup: sess.reg.KeepMarkup, Redact: sess.sess.Redact}
+	return s.result(tool, res, keep, sess.sess.SafeText, callID, attempt)
+}
+
+// result checks what a tools/call answered and turns it into a sanitized result (keep says
+// how) or a classified failure. safe cleans a failure's message, which may quote what the
+// server returned (a key the schema does not allow).
+func (s *Service) result(tool *graph.MCPToolNode, res *mcp.CallToolResult, keep sanitize.Options, safe func(string) string, callID string, attempt int32) (*CallResult, error) {
 	out := &CallResult{CallID: callID, Attempt: attempt, ServerRef: tool.ServerRef, ToolName: tool.ToolName, Result: audit.ResultSucceeded, IsError: res.IsError}
 	if res.IsError {
 		out.Result, out.FailureClass = audit.ResultFailed, failureToolError
 	}
-	// The messages of these failures may quote what the server returned (a key the schema
-	// does not allow): only their safe form goes on.
 	invalid := func(err error) error {
-		return &FailedError{Class: failureOutputInvalid, Err: errors.New(sess.sess.SafeText(err.Error()))}
+		return &FailedError{Class: failureOutputInvalid, Err: errors.New(safe(err.Error()))}
 	}
 	if !res.IsError && len(tool.OutputSchema) > 0 {
 		if err := s.validateOutput(tool, res.StructuredContent); err != nil {
@@ -723,9 +731,6 @@ func (s *Service) dispatch(ctx context.Context, sess *session, tool *graph.MCPTo
 	if len(res.Content) > maxContentItems {
 		return nil, &FailedError{Class: failureOutputTooLarge, Err: fmt.Errorf("the result has %d content items, more than the %d a result may carry", len(res.Content), maxContentItems)}
 	}
-	// Secrets are masked too: a server's output is its one way out of the sandbox, for the
-	// env values it was given as for anything else.
-	keep := sanitize.Options{KeepMarkup: sess.reg.KeepMarkup, Redact: sess.sess.Redact}
 	for _, c := range res.Content {
 		item, err := contentItem(c)
 		if err != nil {
@@ -735,10 +740,16 @@ func (s *Service) dispatch(ctx context.Context, sess *session, tool *graph.MCPTo
 	}
 	if res.StructuredContent != nil {
 		sc, err := asObject(res.StructuredContent)
-		if err != nil {
+		switch {
+		case err != nil && res.IsError:
+			// An error result needs no structured content and no schema applies to it: one
+			// that is not an object cannot be carried, so it is left out, and the result stays
+			// the tool's error (its content says what went wrong).
+		case err != nil:
 			return nil, invalid(err)
+		default:
+			out.StructuredContent = sanitize.Value(sc, keep).(map[string]any)
 		}
-		out.StructuredContent = sanitize.Value(sc, keep).(map[string]any)
 	}
 	return out, nil
 }

@@ -1,0 +1,62 @@
+package pool
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/mcpdecl/sanitize"
+	"github.com/ringfence/ringfence/internal/schemas"
+)
+
+// answer runs what a tools/call answered (as JSON, the way the client decodes it) through
+// the pool's checks for a tool with the given output schema ("" for none).
+func answer(t *testing.T, outputSchema, result string) (*CallResult, error) {
+	t.Helper()
+	var res mcp.CallToolResult
+	require.NoError(t, json.Unmarshal([]byte(result), &res))
+	tool := &graph.MCPToolNode{ServerRef: "fx", ToolName: "t", InputSchema: json.RawMessage(`{"type":"object"}`)}
+	if outputSchema != "" {
+		tool.OutputSchema = json.RawMessage(outputSchema)
+	}
+	s := &Service{schemas: schemas.NewCache()}
+	return s.result(tool, &res, sanitize.Options{}, func(s string) string { return s }, "call-1", 1)
+}
+
+// TestAToolErrorStaysAToolError: the output schema, and the structured content it would
+// demand, apply to results that are not errors; an error result needs no structured content,
+// so one whose structured content is not an object is still the tool's error (and what it
+// says is in its content), not output_invalid.
+func TestAToolErrorStaysAToolError(t *testing.T) {
+	for _, tc := range []struct {
+		name, schema, result string
+	}{
+		{"a number, no output schema", "", `{"isError":true,"content":[{"type":"text","text":"jammed"}],"structuredContent":42}`},
+		{"a string, output schema", `{"type":"object","required":["sum"]}`, `{"isError":true,"content":[{"type":"text","text":"jammed"}],"structuredContent":"jammed"}`},
+		{"an array", "", `{"isError":true,"content":[{"type":"text","text":"jammed"}],"structuredContent":[1,2]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := answer(t, tc.schema, tc.result)
+			require.NoError(t, err)
+			require.True(t, res.IsError)
+			require.Equal(t, audit.ResultFailed, res.Result)
+			require.Equal(t, failureToolError, res.FailureClass)
+			require.Equal(t, "jammed", res.Content[0]["text"])
+			require.Nil(t, res.StructuredContent, "a non-object cannot be carried as structured content")
+		})
+	}
+	t.Run("an error's object structured content is kept, unchecked", func(t *testing.T) {
+		res, err := answer(t, `{"type":"object","required":["sum"]}`, `{"isError":true,"content":[],"structuredContent":{"why":"<b>"}}`)
+		require.NoError(t, err)
+		require.Equal(t, failureToolError, res.FailureClass)
+		require.Equal(t, map[string]any{"why": "&lt;b&gt;"}, res.StructuredContent)
+	})
+	t.Run("a result that is not an error must be an object", func(t *testing.T) {
+		_, err := answer(t, "", `{"content":[],"structuredContent":42}`)
+		requireFailed(t, err, failureOutputInvalid)
+	})
+}
