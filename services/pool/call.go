@@ -731,12 +731,21 @@ func (s *Service) result(tool *graph.MCPToolNode, res *mcp.CallToolResult, keep 
 	if len(res.Content) > maxContentItems {
 		return nil, &FailedError{Class: failureOutputTooLarge, Err: fmt.Errorf("the result has %d content items, more than the %d a result may carry", len(res.Content), maxContentItems)}
 	}
-	for _, c := range res.Content {
+	// A value nested deeper than the sanitizer (and the schema check) goes is refused, not
+	// passed on with its deep parts cut off.
+	tooDeep := func(what string) error {
+		return invalid(fmt.Errorf("%s nests more than %d levels deep, deeper than the pool checks and sanitizes a result, so it is not passed on", what, sanitize.MaxDepth))
+	}
+	for i, c := range res.Content {
 		item, err := contentItem(c)
 		if err != nil {
 			return nil, invalid(err)
 		}
-		out.Content = append(out.Content, sanitize.Value(item, keep).(map[string]any))
+		clean, err := sanitize.ValueWithin(item, keep)
+		if err != nil {
+			return nil, tooDeep(fmt.Sprintf("content item %d", i))
+		}
+		out.Content = append(out.Content, clean.(map[string]any))
 	}
 	if res.StructuredContent != nil {
 		sc, err := asObject(res.StructuredContent)
@@ -748,7 +757,11 @@ func (s *Service) result(tool *graph.MCPToolNode, res *mcp.CallToolResult, keep 
 		case err != nil:
 			return nil, invalid(err)
 		default:
-			out.StructuredContent = sanitize.Value(sc, keep).(map[string]any)
+			clean, err := sanitize.ValueWithin(sc, keep)
+			if err != nil {
+				return nil, tooDeep("the structured content")
+			}
+			out.StructuredContent = clean.(map[string]any)
 		}
 	}
 	return out, nil

@@ -60,3 +60,48 @@ func TestAToolErrorStaysAToolError(t *testing.T) {
 		requireFailed(t, err, failureOutputInvalid)
 	})
 }
+
+// nested is n objects, each the member "k" of the one before, around leaf: leaf sits n levels
+// below the root.
+func nested(n int, leaf any) any {
+	v := leaf
+	for range n {
+		v = map[string]any{"k": v}
+	}
+	return v
+}
+
+func jsonOf(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// TestAResultIsPassedOnWholeOrRefused: every value the output schema accepts is passed on
+// whole, however deep (to schemas.MaxDepth levels); one nested deeper, which no schema check
+// would pass, is refused as output_invalid with or without an output schema, in structured
+// content or in a content item, rather than passed on with its deep parts cut off.
+func TestAResultIsPassedOnWholeOrRefused(t *testing.T) {
+	require.Equal(t, schemas.MaxDepth, sanitize.MaxDepth, "the sanitizer keeps whatever the schema check passes")
+	for _, schema := range []string{"", `{"type":"object"}`} {
+		res, err := answer(t, schema, `{"content":[],"structuredContent":`+jsonOf(t, nested(schemas.MaxDepth, "<b>"))+`}`)
+		require.NoError(t, err, "schema %q", schema)
+		require.Equal(t, nested(schemas.MaxDepth, "&lt;b&gt;"), any(res.StructuredContent), "passed on whole (schema %q)", schema)
+
+		_, err = answer(t, schema, `{"content":[],"structuredContent":`+jsonOf(t, nested(schemas.MaxDepth+1, "x"))+`}`)
+		requireFailed(t, err, failureOutputInvalid)
+		require.ErrorContains(t, err, "nests more than 128 levels")
+	}
+	t.Run("in a content item", func(t *testing.T) {
+		item := map[string]any{"type": "text", "text": "hi", "_meta": nested(schemas.MaxDepth, "x")}
+		_, err := answer(t, "", `{"content":[`+jsonOf(t, item)+`]}`)
+		requireFailed(t, err, failureOutputInvalid)
+		require.ErrorContains(t, err, "nests more than 128 levels")
+
+		item["_meta"] = nested(schemas.MaxDepth-2, "x") // the item is level 0, _meta level 1
+		res, err := answer(t, "", `{"content":[`+jsonOf(t, item)+`]}`)
+		require.NoError(t, err)
+		require.Equal(t, nested(schemas.MaxDepth-2, "x"), res.Content[0]["_meta"])
+	})
+}

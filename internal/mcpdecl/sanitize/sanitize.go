@@ -37,6 +37,7 @@ package sanitize
 
 import (
 	"encoding/json"
+	"fmt"
 	"html"
 	"slices"
 	"strconv"
@@ -58,9 +59,12 @@ type Options struct {
 
 const (
 	// MaxDepth bounds how deeply Value descends into nested arrays and
-	// objects; deeper subtrees are replaced by nil rather than passed on
-	// unsanitized.
-	MaxDepth = 64
+	// objects: a value more than MaxDepth levels below the root (level 0)
+	// is replaced by nil rather than passed on unsanitized. It is the depth
+	// to which the pool's schemas validate a value (schemas.MaxDepth), so
+	// whatever passes a schema check passes here whole; ValueWithin refuses
+	// what would not.
+	MaxDepth = 128
 	// MaxTemplateTokenName bounds the name inside a <|name|> token.
 	MaxTemplateTokenName = 48
 )
@@ -253,10 +257,31 @@ func templateNameRune(r rune) bool {
 // same key, the member whose original key sorts first is kept and the
 // others are dropped.
 func Value(v any, o Options) any {
-	return value(v, o, 0)
+	return value(v, o, 0, new(bool))
 }
 
-func value(v any, o Options, depth int) any {
+// ErrTooDeep refuses a value that nests deeper than MaxDepth.
+var ErrTooDeep = fmt.Errorf("the value nests more than %d levels deep", MaxDepth)
+
+// ValueWithin is Value for a value that must be passed on whole or not at
+// all: where Value would replace a part nested deeper than MaxDepth by nil,
+// it returns ErrTooDeep instead.
+func ValueWithin(v any, o Options) (any, error) {
+	var cut bool
+	out := value(v, o, 0, &cut)
+	if cut {
+		return nil, ErrTooDeep
+	}
+	return out, nil
+}
+
+// value sanitizes v, found depth levels below the root; it sets *cut when it
+// drops a part for nesting deeper than MaxDepth.
+func value(v any, o Options, depth int, cut *bool) any {
+	if depth > MaxDepth {
+		*cut = true
+		return nil
+	}
 	switch v := v.(type) {
 	case nil, bool, float64, float32, int, int8, int16, int32, int64,
 		uint, uint8, uint16, uint32, uint64:
@@ -269,18 +294,12 @@ func value(v any, o Options, depth int) any {
 		}
 		return v
 	case []any:
-		if depth >= MaxDepth {
-			return nil
-		}
 		out := make([]any, len(v))
 		for i, e := range v {
-			out[i] = value(e, o, depth+1)
+			out[i] = value(e, o, depth+1, cut)
 		}
 		return out
 	case map[string]any:
-		if depth >= MaxDepth {
-			return nil
-		}
 		keys := make([]string, 0, len(v))
 		for k := range v {
 			keys = append(keys, k)
@@ -292,7 +311,7 @@ func value(v any, o Options, depth int) any {
 			if _, dup := out[sk]; dup {
 				continue
 			}
-			out[sk] = value(v[k], o, depth+1)
+			out[sk] = value(v[k], o, depth+1, cut)
 		}
 		return out
 	}

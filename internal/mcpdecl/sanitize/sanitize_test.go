@@ -137,8 +137,10 @@ func TestValueBoundsDepth(t *testing.T) {
 		depth++
 		got = l[0]
 	}
-	require.Equal(t, MaxDepth, depth)
+	require.Equal(t, MaxDepth+1, depth, "the root is level 0; levels 0 to MaxDepth are kept")
 	require.Nil(t, got)
+	_, err := ValueWithin(v, keep)
+	require.ErrorIs(t, err, ErrTooDeep)
 
 	var shallow any = "leaf\u200b"
 	for range MaxDepth {
@@ -149,6 +151,9 @@ func TestValueBoundsDepth(t *testing.T) {
 		got = got.(map[string]any)["k"]
 	}
 	require.Equal(t, "leaf", got)
+	within, err := ValueWithin(shallow, keep)
+	require.NoError(t, err)
+	require.Equal(t, Value(shallow, keep), within)
 }
 
 func TestValueOtherTypes(t *testing.T) {
