@@ -31,8 +31,10 @@ type session struct {
 	err         error
 	start       time.Time
 
-	calls   atomic.Int64
+	calls atomic.Int64
+	// stopped is set when stopping begins; stopMu is held until it has ended (see stop).
 	stopped atomic.Bool
+	stopMu  sync.Mutex
 
 	// The live listing, for drift checks: tool name -> hash of the live declaration. An
 	// inline session, which has no pins, keeps the declarations themselves as the screen saw
@@ -250,9 +252,16 @@ func (s *Service) forget(r *run, sess *session) {
 	r.mu.Unlock()
 }
 
-// stop closes a session exactly once.
+// stop closes a session exactly once. Whoever calls it returns once the session is closed and
+// its place given back, also when another got there first (its watch, say, while a call found
+// the server dead), so a caller that goes on to spawn a fresh one finds the place free.
 func (s *Service) stop(sess *session) {
-	if sess.sess == nil || !sess.stopped.CompareAndSwap(false, true) {
+	if sess.sess == nil {
+		return
+	}
+	sess.stopMu.Lock()
+	defer sess.stopMu.Unlock()
+	if !sess.stopped.CompareAndSwap(false, true) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
