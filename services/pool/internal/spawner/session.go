@@ -262,6 +262,12 @@ func (s *Session) violation(format string, args ...any) *Error {
 
 // requestError turns a failed request into what the caller can act on.
 func (s *Session) requestError(ctx context.Context, op string, err error) error {
+	// A bound the spawner enforces on the stream explains the failure first. When it ends the
+	// connection, the SDK retires the requests in flight with the error that ended it (or with
+	// its own, a JSON-RPC error among them): only the breach says what happened.
+	if e := s.breachError(err); e != nil {
+		return e
+	}
 	var rpcErr *jsonrpc.Error
 	if errors.As(err, &rpcErr) && ctx.Err() == nil {
 		if op == "tools/call" {
@@ -295,6 +301,20 @@ func (s *Session) requestError(ctx context.Context, op string, err error) error 
 	e := newError(ClassCrashed, "the connection to the server broke during %s", op)
 	e.StderrTail = s.StderrTail()
 	return e
+}
+
+// breachError is the violation that failed a request, if one did: the error itself (what a
+// guarded read returned), or the breach the guard recorded.
+func (s *Session) breachError(err error) *Error {
+	var e *Error
+	if !errors.As(err, &e) {
+		if e = s.guard.violation(); e == nil {
+			return nil
+		}
+	}
+	c := *e
+	c.StderrTail = s.StderrTail()
+	return &c
 }
 
 // Close stops the server: it ends the MCP session (which closes the
@@ -344,8 +364,8 @@ func connect(ctx context.Context, spec *Spec, transport mcp.Transport, g *traffi
 	hctx, cancel := context.WithTimeout(ctx, spec.HandshakeTimeout)
 	defer cancel()
 	client := newClient(spec)
-	if _, stdio := transport.(*mcp.IOTransport); stdio {
-		transport = guardedTransport{inner: transport, g: g}
+	if t, stdio := transport.(*mcp.IOTransport); stdio {
+		transport = newGuardedTransport(t, g, secretsOf(spec))
 	} else {
 		client.AddReceivingMiddleware(g.middleware)
 	}

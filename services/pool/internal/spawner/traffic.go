@@ -2,6 +2,8 @@ package spawner
 
 import (
 	"context"
+	"errors"
+	"io"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,6 +38,8 @@ type trafficGuard struct {
 	requests      *rate.Limiter
 	notifications *rate.Limiter
 	unanswered    atomic.Int64
+	// streamEnded: the server's stdout (a stdio server's stream) ended or failed.
+	streamEnded atomic.Bool
 
 	once     sync.Once
 	breached chan struct{}
@@ -99,8 +103,17 @@ func (g *trafficGuard) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 // requests until their answers are written. A remote connection cannot be wrapped (the SDK
 // needs its own type to track the HTTP session): the middleware meters it instead.
 type guardedTransport struct {
-	inner mcp.Transport
-	g     *trafficGuard
+	inner   *mcp.IOTransport
+	g       *trafficGuard
+	secrets []string
+}
+
+// newGuardedTransport wraps t, watching its stream: a read that fails while the stream is
+// still up failed on the client's side, in decoding.
+func newGuardedTransport(t *mcp.IOTransport, g *trafficGuard, secrets []string) guardedTransport {
+	watched := *t
+	watched.Reader = &watchedStream{ReadCloser: t.Reader, g: g}
+	return guardedTransport{inner: &watched, g: g, secrets: secrets}
 }
 
 func (t guardedTransport) Connect(ctx context.Context) (mcp.Connection, error) {
@@ -108,19 +121,34 @@ func (t guardedTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &guardedConn{Connection: c, g: t.g}, nil
+	return &guardedConn{Connection: c, g: t.g, secrets: t.secrets}, nil
+}
+
+// watchedStream records that a server's stdout ended or failed.
+type watchedStream struct {
+	io.ReadCloser
+	g *trafficGuard
+}
+
+func (s *watchedStream) Read(p []byte) (int, error) {
+	n, err := s.ReadCloser.Read(p)
+	if err != nil {
+		s.g.streamEnded.Store(true)
+	}
+	return n, err
 }
 
 type guardedConn struct {
 	mcp.Connection
-	g *trafficGuard
+	g       *trafficGuard
+	secrets []string
 }
 
 // Read passes on nothing past a bound; the error ends the connection.
 func (c *guardedConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	msg, err := c.Connection.Read(ctx)
 	if err != nil {
-		return nil, err
+		return nil, c.readError(ctx, err)
 	}
 	req, ok := msg.(*jsonrpc.Request)
 	if !ok {
@@ -133,6 +161,26 @@ func (c *guardedConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 		return nil, c.g.breach("the server sent more than %d requests to the client without reading the answers", maxUnansweredRequests)
 	}
 	return msg, nil
+}
+
+// readError is what ends the connection when a read failed. The stdout filter passes only
+// lines that are JSON objects with "jsonrpc":"2.0", but the SDK's decoder asks more of a
+// message (an id on a response, a valid id and method): one it refuses ends the connection
+// while the server runs on, and the SDK retires the calls in flight with its own error (a
+// JSON-RPC -32600 for a response without an id, which would pass for the server's answer).
+// Such a message breaks the protocol: the server is stopped, and the calls fail as that
+// violation. A stream that ended or failed is the server's death, classified as ever, and an
+// EOF also the client's own close of the connection (or a truncated stream): none of them is
+// a decoding error.
+func (c *guardedConn) readError(ctx context.Context, err error) error {
+	var rpcErr *jsonrpc.Error
+	switch {
+	case ctx.Err() != nil, errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return err
+	case c.g.streamEnded.Load() && !errors.As(err, &rpcErr):
+		return err
+	}
+	return c.g.breach("the server wrote a JSON-RPC message the client cannot decode (%s)", safeText(err.Error(), c.secrets, 200))
 }
 
 // Write counts an answer once it is written (or failed): until then it holds a goroutine.

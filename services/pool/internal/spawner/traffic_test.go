@@ -3,6 +3,7 @@ package spawner
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -62,6 +63,43 @@ func TestAFloodingServerIsStopped(t *testing.T) {
 				_, open := r.sessions[s]
 				return !open
 			}, 30*time.Second, 50*time.Millisecond, "the spawner stops a flooding server itself")
+		})
+	}
+}
+
+// TestAnUndecodableMessageStopsTheServer: a line the stdout filter passes (a JSON object with
+// "jsonrpc":"2.0") that the SDK's decoder refuses ends the connection while the server runs on.
+// The call in flight fails as the protocol violation it is (never as a JSON-RPC error the
+// server did not send), the server is stopped at once, and the session refuses what follows
+// with the same violation instead of dispatching into a closed connection.
+func TestAnUndecodableMessageStopsTheServer(t *testing.T) {
+	fixture := fixtures.Binaries(t).Path(t, fixtures.MCPFixture)
+	var logs testutil.SyncBuffer
+	r := hostRouter(t, &logs)
+	for _, line := range []string{
+		`{"jsonrpc":"2.0"}`,                     // a response without an id
+		`{"jsonrpc":"2.0","id":{},"result":{}}`, // an id of no JSON-RPC type
+		`{"jsonrpc":"2.0","id":1,"method":7}`,   // a method that is not a string
+	} {
+		t.Run(line, func(t *testing.T) {
+			s := spawn(t, r, hostSpec(fixture, "--runtime-tools"))
+			_, err := s.CallTool(t.Context(), &mcp.CallToolParams{Name: "raw", Arguments: map[string]any{"line": line}})
+			require.Equal(t, ClassProtocolViolation, ClassOf(err), "%v", err)
+			require.ErrorContains(t, err, "cannot decode")
+			var rpcErr *jsonrpc.Error
+			require.False(t, errors.As(err, &rpcErr), "the server sent no JSON-RPC error: %v", err)
+			requireStoppedFor(t, s, "cannot decode")
+			require.Eventually(t, func() bool {
+				r.mu.Lock()
+				defer r.mu.Unlock()
+				_, open := r.sessions[s]
+				return !open
+			}, 30*time.Second, 50*time.Millisecond, "the spawner stops the server itself")
+
+			start := time.Now()
+			_, err = s.CallTool(t.Context(), &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": "next"}})
+			require.Equal(t, ClassProtocolViolation, ClassOf(err), "the next call is refused with the violation: %v", err)
+			require.Less(t, time.Since(start), deathTimeout, "without waiting for a death")
 		})
 	}
 }
