@@ -44,7 +44,8 @@ const (
 	ClassCrashed Class = "crashed"
 	// ClassProtocolViolation: the server is alive but broke the protocol or
 	// a bound (a message over the size limit, too many tools, a repeating
-	// cursor, an error answer to tools/list, an unsupported version).
+	// cursor, an error answer to tools/list, an unsupported version, a
+	// message or an answer the client cannot decode).
 	ClassProtocolViolation Class = "protocol_violation"
 	// ClassTimeout: the server is alive but did not answer a request
 	// within the spawner's own bound (a caller's own deadline returns the

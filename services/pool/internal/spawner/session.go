@@ -222,7 +222,8 @@ func (s *Session) SetupListTools(ctx context.Context) ([]*mcp.Tool, error) {
 // CallTool runs one tool call. A JSON-RPC error answer is returned wrapped
 // (errors.As finds a *jsonrpc.Error whose message is the SafeText of the
 // server's, and which has no data); a server that died during the call
-// gives an *Error of class crashed. Without a deadline on ctx it is bounded
+// gives an *Error of class crashed, and an answer that is not MCP one of class
+// protocol_violation (the session stays). Without a deadline on ctx it is bounded
 // by Config.CallTimeout.
 func (s *Session) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mcp.CallToolResult, error) {
 	ctx, cancel := s.bound(ctx, s.cfg.CallTimeout, "tools/call")
@@ -279,21 +280,24 @@ func (s *Session) requestError(ctx context.Context, op string, err error) error 
 		return s.violation("%s was answered with error %d: %s", op, rpcErr.Code, safeText(rpcErr.Message, s.secrets, 200))
 	}
 	if ctx.Err() != nil {
-		// A bound the spawner set (its own timeouts, the setup bound) says which it was.
-		if cause, ok := context.Cause(ctx).(*Error); ok {
-			e := *cause
-			e.StderrTail = s.StderrTail()
-			return &e
-		}
-		return fmt.Errorf("spawner: %s: %w", op, ctx.Err())
+		return s.contextError(ctx, op)
+	}
+	if s.refusedAnswer(err) {
+		// The server is up and answered, and the client could not decode the answer (a content
+		// type MCP does not define, say). That breaks the protocol, not the tool's declared
+		// output schema: output_invalid is the pool's verdict on a result it could read, and
+		// this one never got that far. The connection is intact, so the session stays.
+		return s.violation("the server's answer to %s is not MCP: %s", op, safeText(err.Error(), s.secrets, 200))
 	}
 	// The connection broke: wait briefly to learn whether the server died,
-	// and report how.
+	// and report how, but no longer than the caller waits.
 	t := time.NewTimer(deathTimeout + time.Second)
 	defer t.Stop()
 	select {
 	case <-s.done:
 	case <-t.C:
+	case <-ctx.Done():
+		return s.contextError(ctx, op)
 	}
 	if e := s.Err(); e != nil {
 		return e
@@ -301,6 +305,33 @@ func (s *Session) requestError(ctx context.Context, op string, err error) error 
 	e := newError(ClassCrashed, "the connection to the server broke during %s", op)
 	e.StderrTail = s.StderrTail()
 	return e
+}
+
+// contextError is a request that ended with its context.
+func (s *Session) contextError(ctx context.Context, op string) error {
+	// A bound the spawner set (its own timeouts, the setup bound) says which it was.
+	if cause, ok := context.Cause(ctx).(*Error); ok {
+		e := *cause
+		e.StderrTail = s.StderrTail()
+		return &e
+	}
+	return fmt.Errorf("spawner: %s: %w", op, ctx.Err())
+}
+
+// refusedAnswer reports whether a request failed although its connection is intact and the
+// session neither ended nor is closing: the client refused the server's answer.
+func (s *Session) refusedAnswer(err error) bool {
+	if !s.guard.connIntact() || s.closing.Load() || errors.Is(err, mcp.ErrConnectionClosed) {
+		return false
+	}
+	select {
+	case <-s.done:
+		return false
+	case <-s.srv.gone():
+		return false
+	default:
+		return true
+	}
 }
 
 // breachError is the violation that failed a request, if one did: the error itself (what a

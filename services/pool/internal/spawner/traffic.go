@@ -38,8 +38,12 @@ type trafficGuard struct {
 	requests      *rate.Limiter
 	notifications *rate.Limiter
 	unanswered    atomic.Int64
+	// watched: a guardedConn sees every read and write of the session's connection (stdio).
+	watched atomic.Bool
 	// streamEnded: the server's stdout (a stdio server's stream) ended or failed.
 	streamEnded atomic.Bool
+	// connFailed: a read or a write of the watched connection failed.
+	connFailed atomic.Bool
 
 	once     sync.Once
 	breached chan struct{}
@@ -71,6 +75,13 @@ func (g *trafficGuard) violation() *Error {
 	default:
 		return nil
 	}
+}
+
+// connIntact reports whether the session's connection is known to be intact: it is watched,
+// and neither its stream nor any read or write of it failed. A request that failed on an
+// intact connection was refused by the client itself (an answer it could not decode).
+func (g *trafficGuard) connIntact() bool {
+	return g.watched.Load() && !g.streamEnded.Load() && !g.connFailed.Load()
 }
 
 // admit meters one message the server sent unasked.
@@ -121,6 +132,7 @@ func (t guardedTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	if err != nil {
 		return nil, err
 	}
+	t.g.watched.Store(true)
 	return &guardedConn{Connection: c, g: t.g, secrets: t.secrets}, nil
 }
 
@@ -173,6 +185,8 @@ func (c *guardedConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 // EOF also the client's own close of the connection (or a truncated stream): none of them is
 // a decoding error.
 func (c *guardedConn) readError(ctx context.Context, err error) error {
+	// Set before the SDK learns of the error, so before it retires any call with it.
+	c.g.connFailed.Store(true)
 	var rpcErr *jsonrpc.Error
 	switch {
 	case ctx.Err() != nil, errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
@@ -186,6 +200,10 @@ func (c *guardedConn) readError(ctx context.Context, err error) error {
 // Write counts an answer once it is written (or failed): until then it holds a goroutine.
 func (c *guardedConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	err := c.Connection.Write(ctx, msg)
+	if err != nil && ctx.Err() == nil {
+		// Before the SDK retires the request whose write failed.
+		c.g.connFailed.Store(true)
+	}
 	if _, ok := msg.(*jsonrpc.Response); ok {
 		c.g.unanswered.Add(-1)
 	}
