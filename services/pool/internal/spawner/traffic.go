@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,6 +32,13 @@ const (
 	// decoding: chatty servers are fine, a flood is not.
 	serverNotificationRate  = 1000
 	serverNotificationBurst = 10000
+	// maxOpenRequests bounds the ids of the pool's own requests a stdio connection remembers
+	// until they are answered, which is how an answer to a request the pool never sent (or one
+	// answered already) is told apart. A request the client gave up on (a call that timed out
+	// or was cancelled) stays remembered: the server may still answer it, legitimately, and
+	// the SDK drops that late answer. Past the bound the oldest are forgotten; from then on an
+	// answer the connection does not expect is metered like a notification, not refused.
+	maxOpenRequests = 1024
 )
 
 // trafficGuard enforces those bounds for one session and records the first breach.
@@ -99,6 +107,17 @@ func (g *trafficGuard) admit(notification bool) *Error {
 	return nil
 }
 
+// admitLate meters an answer that may be a late one to a request the connection forgot.
+func (g *trafficGuard) admitLate() *Error {
+	if v := g.violation(); v != nil {
+		return v
+	}
+	if !g.notifications.Allow() {
+		return g.breach("the server sent answers to requests the client no longer awaits faster than %d a second (burst %d)", serverNotificationRate, serverNotificationBurst)
+	}
+	return nil
+}
+
 // middleware meters a remote server's messages, which the pool sees only once the SDK
 // decoded them (a request for a method the SDK does not know is answered before it).
 func (g *trafficGuard) middleware(next mcp.MethodHandler) mcp.MethodHandler {
@@ -154,6 +173,14 @@ type guardedConn struct {
 	mcp.Connection
 	g       *trafficGuard
 	secrets []string
+
+	mu sync.Mutex // Write and Read run on different goroutines
+	// open holds the ids of the pool's requests not yet answered (see maxOpenRequests), each
+	// with the order it was sent in.
+	open map[jsonrpc.ID]uint64
+	sent uint64
+	// forgot: open overflowed, and some ids left it unanswered.
+	forgot bool
 }
 
 // Read passes on nothing past a bound; the error ends the connection.
@@ -161,6 +188,14 @@ func (c *guardedConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	msg, err := c.Connection.Read(ctx)
 	if err != nil {
 		return nil, c.readError(ctx, err)
+	}
+	if resp, ok := msg.(*jsonrpc.Response); ok {
+		// An answer nobody awaits costs the SDK nothing but decoding, which is how a flood of
+		// them held a call past its timeout: it is refused, or metered when it may be late.
+		if v := c.answered(resp.ID); v != nil {
+			return nil, v
+		}
+		return msg, nil
 	}
 	req, ok := msg.(*jsonrpc.Request)
 	if !ok {
@@ -197,8 +232,53 @@ func (c *guardedConn) readError(ctx context.Context, err error) error {
 	return c.g.breach("the server wrote a JSON-RPC message the client cannot decode (%s)", safeText(err.Error(), c.secrets, 200))
 }
 
+// answered checks an answer against the requests the pool sent and has not had answered.
+func (c *guardedConn) answered(id jsonrpc.ID) *Error {
+	c.mu.Lock()
+	_, expected := c.open[id]
+	delete(c.open, id)
+	forgot := c.forgot
+	c.mu.Unlock()
+	switch {
+	case expected:
+		return nil
+	case forgot:
+		return c.g.admitLate()
+	default:
+		return c.g.breach("the server answered a request the client did not send, or answered one twice")
+	}
+}
+
+// expect records a request of the pool's, before it is written: its answer may be read
+// before the write returns.
+func (c *guardedConn) expect(id jsonrpc.ID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.open == nil {
+		c.open = make(map[jsonrpc.ID]uint64)
+	}
+	c.sent++
+	c.open[id] = c.sent
+	if len(c.open) <= maxOpenRequests {
+		return
+	}
+	// Rare (a server that leaves a thousand requests unanswered): a scan is cheap enough.
+	var oldest jsonrpc.ID
+	first := uint64(math.MaxUint64)
+	for k, n := range c.open {
+		if n < first {
+			oldest, first = k, n
+		}
+	}
+	delete(c.open, oldest)
+	c.forgot = true
+}
+
 // Write counts an answer once it is written (or failed): until then it holds a goroutine.
 func (c *guardedConn) Write(ctx context.Context, msg jsonrpc.Message) error {
+	if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
+		c.expect(req.ID)
+	}
 	err := c.Connection.Write(ctx, msg)
 	if err != nil && ctx.Err() == nil {
 		// Before the SDK retires the request whose write failed.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -135,6 +136,110 @@ func TestUnansweredRequestsAreBounded(t *testing.T) {
 	default:
 		t.Fatal("the breach is signalled to the session's monitor")
 	}
+}
+
+// TestAnswersNobodyAwaits: a stdio connection passes an answer only to a request the pool sent
+// and has not had answered. One to a request it never sent, or a second one, is a breach: the
+// SDK would drop it, but only after decoding it, and a flood of them held a call past its
+// timeout. A late answer to a request the client gave up on is legitimate; past
+// maxOpenRequests unanswered requests such answers are metered like notifications.
+func TestAnswersNobodyAwaits(t *testing.T) {
+	ctx := t.Context()
+	answer := func(id jsonrpc.ID) *jsonrpc.Response { return &jsonrpc.Response{ID: id, Result: json.RawMessage(`{}`)} }
+	newConn := func() (*guardedConn, *scriptedConn) {
+		inner := &scriptedConn{writes: make(chan jsonrpc.Message, maxOpenRequests*2)}
+		return &guardedConn{Connection: inner, g: newTrafficGuard()}, inner
+	}
+
+	t.Run("expected answers pass, once each", func(t *testing.T) {
+		c, inner := newConn()
+		for _, id := range []int{1, 2} {
+			require.NoError(t, c.Write(ctx, &jsonrpc.Request{ID: intID(t, id), Method: "tools/call"}))
+		}
+		require.NoError(t, c.Write(ctx, &jsonrpc.Request{Method: "notifications/cancelled"}))
+		inner.reads = []jsonrpc.Message{answer(intID(t, 2)), answer(intID(t, 1)), answer(intID(t, 1))}
+		for range 2 {
+			_, err := c.Read(ctx)
+			require.NoError(t, err, "answers come in any order")
+		}
+		_, err := c.Read(ctx)
+		require.Equal(t, ClassProtocolViolation, ClassOf(err), "%v", err)
+		require.ErrorContains(t, err, "answered one twice")
+		require.NotNil(t, c.g.violation())
+	})
+	t.Run("an answer to a request never sent", func(t *testing.T) {
+		for _, id := range []jsonrpc.ID{intID(t, 7), mustID(t, 9)} {
+			c, inner := newConn()
+			require.NoError(t, c.Write(ctx, &jsonrpc.Request{ID: intID(t, 1), Method: "tools/call"}))
+			inner.reads = []jsonrpc.Message{answer(id)}
+			_, err := c.Read(ctx)
+			require.Equal(t, ClassProtocolViolation, ClassOf(err), "%v", err)
+			require.ErrorContains(t, err, "did not send")
+		}
+	})
+	t.Run("past the bound, unexpected answers are metered", func(t *testing.T) {
+		c, inner := newConn()
+		for i := range maxOpenRequests + 1 {
+			require.NoError(t, c.Write(ctx, &jsonrpc.Request{ID: intID(t, i+1), Method: "tools/call"}))
+		}
+		// Request 1 was forgotten; its late answer passes, and so does the newest's.
+		inner.reads = []jsonrpc.Message{answer(intID(t, 1)), answer(intID(t, maxOpenRequests+1))}
+		for range 2 {
+			_, err := c.Read(ctx)
+			require.NoError(t, err)
+		}
+		for i := range serverNotificationBurst * 2 {
+			inner.reads = append(inner.reads, answer(mustID(t, i)))
+		}
+		var err error
+		for err == nil && len(inner.reads) > 0 {
+			_, err = c.Read(ctx)
+		}
+		require.Equal(t, ClassProtocolViolation, ClassOf(err), "%v", err)
+		require.ErrorContains(t, err, "no longer awaits faster than")
+	})
+}
+
+// TestAServerThatAnswersUnaskedIsStopped: a stdio server that answers a request the pool never
+// sent is stopped as a protocol violation; a server that answers a call after the client gave
+// up on it (go-sdk servers do) is not.
+func TestAServerThatAnswersUnaskedIsStopped(t *testing.T) {
+	fixture := fixtures.Binaries(t).Path(t, fixtures.MCPFixture)
+	var logs testutil.SyncBuffer
+	r := hostRouter(t, &logs)
+
+	t.Run("unsolicited", func(t *testing.T) {
+		s := spawn(t, r, hostSpec(fixture, "--runtime-tools"))
+		start := time.Now()
+		_, err := s.CallTool(t.Context(), &mcp.CallToolParams{Name: "raw", Arguments: map[string]any{
+			"line": `{"jsonrpc":"2.0","id":"bogus","result":{}}`, "n": 200_000}})
+		require.Equal(t, ClassProtocolViolation, ClassOf(err), "%v", err)
+		require.ErrorContains(t, err, "did not send")
+		require.Less(t, time.Since(start), 10*time.Second)
+		requireStoppedFor(t, s, "did not send")
+	})
+	t.Run("late", func(t *testing.T) {
+		s := spawn(t, r, hostSpec(fixture, "--runtime-tools"))
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		_, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "sleep", Arguments: map[string]any{"ms": 60_000}})
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		// The server learns of the cancellation and answers the call anyway.
+		require.Eventually(t, func() bool { return strings.Contains(s.StderrTail(), "sleep canceled by the client") },
+			10*time.Second, 20*time.Millisecond)
+		require.NoError(t, s.Ping(t.Context()))
+		res, err := s.CallTool(t.Context(), &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": "still here"}})
+		require.NoError(t, err)
+		require.False(t, res.IsError)
+		require.NoError(t, s.Err())
+	})
+}
+
+// intID is an id as the SDK numbers its requests (MakeID reads JSON numbers as float64).
+func intID(t *testing.T, i int) jsonrpc.ID {
+	id, err := jsonrpc.MakeID(float64(i))
+	require.NoError(t, err)
+	return id
 }
 
 func mustID(t *testing.T, i int) jsonrpc.ID {
