@@ -335,7 +335,8 @@ func (s *Session) refusedAnswer(err error) bool {
 }
 
 // breachError is the violation that failed a request, if one did: the error itself (what a
-// guarded read returned), or the breach the guard recorded.
+// guarded read returned, or the bound that refused the answer), or the breach the guard
+// recorded.
 func (s *Session) breachError(err error) *Error {
 	var e *Error
 	if !errors.As(err, &e) {

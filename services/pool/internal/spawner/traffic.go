@@ -68,8 +68,13 @@ func newTrafficGuard() *trafficGuard {
 
 // breach records the first violation; the session's monitor stops the server.
 func (g *trafficGuard) breach(format string, args ...any) *Error {
+	return g.record(newError(ClassProtocolViolation, format, args...))
+}
+
+// record records e as the violation unless one was recorded first, and returns the first.
+func (g *trafficGuard) record(e *Error) *Error {
 	g.once.Do(func() {
-		g.err = newError(ClassProtocolViolation, format, args...)
+		g.err = e
 		close(g.breached)
 	})
 	return g.err
@@ -195,6 +200,11 @@ func (c *guardedConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 		if v := c.answered(resp.ID); v != nil {
 			return nil, v
 		}
+		if jsonValues(resp.Result, maxMessageValues) > maxMessageValues {
+			// The answer was read whole, within the byte bound, and nothing else in the
+			// stream is amiss: only the request it answers fails, without being decoded.
+			return &jsonrpc.Response{ID: resp.ID, Error: tooLarge("the server's answer holds more than %d JSON values", maxMessageValues)}, nil
+		}
 		return msg, nil
 	}
 	req, ok := msg.(*jsonrpc.Request)
@@ -203,6 +213,10 @@ func (c *guardedConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	}
 	if v := c.g.admit(!req.IsCall()); v != nil {
 		return nil, v
+	}
+	if jsonValues(req.Params, maxMessageValues) > maxMessageValues {
+		// The server sent it unasked.
+		return nil, c.g.record(tooLarge("the server sent a request or notification that holds more than %d JSON values", maxMessageValues))
 	}
 	if req.IsCall() && c.g.unanswered.Add(1) > maxUnansweredRequests {
 		return nil, c.g.breach("the server sent more than %d requests to the client without reading the answers", maxUnansweredRequests)
