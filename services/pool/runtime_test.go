@@ -476,6 +476,39 @@ func TestHostileServersLeaveThePoolUpAndOtherRunsUnaffected(t *testing.T) {
 		require.Equal(t, "fresh", res.Content[0]["text"])
 		require.Equal(t, before+1, h.spawned(), "the run's next call starts a fresh server")
 	})
+	t.Run("a message the client cannot decode stops the server", func(t *testing.T) {
+		before := h.spawned()
+		_, err := h.call(hostile, "a", "fx__raw", map[string]any{"line": `{"jsonrpc":"2.0"}`})
+		requireFailed(t, err, failureProtocolViolation)
+		require.ErrorContains(t, err, "cannot decode")
+		require.NotContains(t, err.Error(), "-32600", "the server sent no JSON-RPC error")
+		require.Equal(t, failureProtocolViolation, h.last().FailureClass)
+		res, err := h.call(hostile, "a", "fx__echo", map[string]any{"text": "fresh"})
+		require.NoError(t, err, "the run's next call is not dispatched into the closed connection")
+		require.Equal(t, "fresh", res.Content[0]["text"])
+		require.Equal(t, before+1, h.spawned(), "the run's next call starts a fresh server")
+		check()
+	})
+	t.Run("answers to requests never sent stop the server", func(t *testing.T) {
+		before := h.spawned()
+		_, err := h.call(hostile, "a", "fx__raw", map[string]any{"line": `{"jsonrpc":"2.0","id":"bogus","result":{}}`, "n": 200_000})
+		requireFailed(t, err, failureProtocolViolation)
+		require.ErrorContains(t, err, "did not send")
+		res, err := h.call(hostile, "a", "fx__echo", map[string]any{"text": "fresh"})
+		require.NoError(t, err)
+		require.Equal(t, "fresh", res.Content[0]["text"])
+		require.Equal(t, before+1, h.spawned(), "the run's next call starts a fresh server")
+	})
+	t.Run("an answer of too many JSON values fails its call alone", func(t *testing.T) {
+		before := h.spawned()
+		_, err := h.call(hostile, "a", "fx__wide", map[string]any{"n": 300_000})
+		requireFailed(t, err, failureOutputTooLarge)
+		require.ErrorContains(t, err, "250000 JSON values")
+		res, err := h.call(hostile, "a", "fx__wide", map[string]any{"n": 10})
+		require.NoError(t, err)
+		require.Len(t, res.StructuredContent["a"], 10)
+		require.Equal(t, before, h.spawned(), "the session stays")
+	})
 	t.Run("a fork loop stops at the PID limit", func(t *testing.T) {
 		res, err := h.call(hostile, "a", "fx__fork_bomb", map[string]any{"max": 1000})
 		require.NoError(t, err)
@@ -488,6 +521,29 @@ func TestHostileServersLeaveThePoolUpAndOtherRunsUnaffected(t *testing.T) {
 		requireFailed(t, err, failureCrashed)
 		check()
 	})
+}
+
+// TestAnAnswerThatIsNotMCP: a result the client cannot decode (a content type MCP does not
+// define) fails the call at once as protocol_violation, within the caller's deadline, and the
+// session stays for the run's next call. It used to wait out a death that never came and
+// report a crash after the caller had given up.
+func TestAnAnswerThatIsNotMCP(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", callTimeout(10*time.Second), "--raw-result", `{"content":[{"type":"<script>__system__"}]}`)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"t"}}}, nil)
+	run := h.start("g")
+	for range 2 {
+		ctx, cancel := context.WithTimeout(h.ctx, 3*time.Second)
+		start := time.Now()
+		_, err := h.pool.CallTool(ctx, CallRequest{RunID: run, Agent: "a", Tool: "fx__t", Arguments: []byte(`{}`)})
+		cancel()
+		requireFailed(t, err, failureProtocolViolation)
+		require.Less(t, time.Since(start), 2*time.Second)
+		require.ErrorContains(t, err, "not MCP")
+		require.NotContains(t, err.Error(), "<script>")
+		require.Equal(t, failureProtocolViolation, h.last().FailureClass)
+	}
+	require.Equal(t, float64(1), h.spawned(), "the session stays")
 }
 
 // TestExploreCallThatTimesOut: an explore call that times out is reported as a dispatched
