@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -346,7 +346,7 @@ func newServersListCmd(g *globals) *cobra.Command {
 			t := newTable(g.stdout, "REF", "TRANSPORT", "TARGET", "GRANTS", "ENV", "REVISION")
 			for _, s := range all.GetServers() {
 				t.row(s.GetRef(), s.GetTransport(), truncate(target(s), 48), orDash(strings.Join(s.GetGrants(), ",")),
-					orDash(strings.Join(sortedKeys(s.GetEnv()), ",")), fmt.Sprint(s.GetRevision()))
+					orDash(strings.Join(slices.Sorted(maps.Keys(s.GetEnv())), ",")), fmt.Sprint(s.GetRevision()))
 			}
 			return t.flush()
 		},
@@ -589,15 +589,15 @@ func (g *globals) printServer(s *registryv1.Server) error {
 		return printJSON(g.stdout, s)
 	}
 	env := make([]string, 0, len(s.GetEnv()))
-	for _, k := range sortedKeys(s.GetEnv()) {
+	for _, k := range slices.Sorted(maps.Keys(s.GetEnv())) {
 		env = append(env, k+"="+s.GetEnv()[k])
 	}
 	headers := make([]string, 0, len(s.GetHeaders()))
-	for _, k := range sortedKeys(s.GetHeaders()) {
+	for _, k := range slices.Sorted(maps.Keys(s.GetHeaders())) {
 		headers = append(headers, k+" <- secret "+s.GetHeaders()[k])
 	}
 	perms := make([]string, 0, len(s.GetToolPermissions()))
-	for _, k := range sortedKeys(s.GetToolPermissions()) {
+	for _, k := range slices.Sorted(maps.Keys(s.GetToolPermissions())) {
 		perms = append(perms, k+": "+strings.Join(s.GetToolPermissions()[k].GetRequired(), ","))
 	}
 	return kv(g.stdout,
@@ -769,15 +769,6 @@ func optDuration(d time.Duration) *durationpb.Duration {
 		return nil
 	}
 	return durationpb.New(d)
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // prompt asks for a missing value when stdin is a terminal; scripts get a usage error instead

@@ -2,9 +2,11 @@ package grpcserver
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"unicode/utf8"
@@ -161,12 +163,12 @@ func refuseInvalidUTF8(next runtime.HandlerFunc) runtime.HandlerFunc {
 // never quotes a value (a query value may be a credential), nor a name that is not UTF-8.
 // Handlers beside the gateway (the audit export) call it themselves.
 func CheckParamsUTF8(params map[string]string, query url.Values) error {
-	for _, name := range sortedKeys(params) {
+	for _, name := range slices.Sorted(maps.Keys(params)) {
 		if !utf8.ValidString(name) || !utf8.ValidString(params[name]) {
 			return invalidUTF8(name, fmt.Sprintf("path variable %q is not valid UTF-8 (its value is not shown): percent-encode the text as UTF-8", name))
 		}
 	}
-	for _, name := range sortedKeys(query) {
+	for _, name := range slices.Sorted(maps.Keys(query)) {
 		if !utf8.ValidString(name) {
 			return invalidUTF8("", "a query parameter's name is not valid UTF-8 (it is not shown): docs/api.md lists every route's parameters")
 		}
@@ -187,13 +189,4 @@ func invalidUTF8(field, msg string) error {
 		st = withDetail
 	}
 	return st.Err()
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

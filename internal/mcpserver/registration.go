@@ -6,6 +6,7 @@ package mcpserver
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -250,7 +251,7 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 	if len(r.Env) > MaxEnv {
 		return fielderr.New("env", "has %d keys; at most %d", len(r.Env), MaxEnv)
 	}
-	for _, k := range sortedKeys(r.Env) {
+	for _, k := range slices.Sorted(maps.Keys(r.Env)) {
 		if err := CheckEnvKey(k, allowedEnvKeys); err != nil {
 			return fielderr.New("env."+truncate(k), "%s", strings.TrimPrefix(err.Error(), ErrEnvKeyRefused.Error()+": "))
 		}
@@ -262,7 +263,7 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 		return fielderr.New("headers", "has %d entries; at most %d", len(r.Headers), MaxHeaders)
 	}
 	canonical := make(map[string]string, len(r.Headers))
-	for _, h := range sortedKeys(r.Headers) {
+	for _, h := range slices.Sorted(maps.Keys(r.Headers)) {
 		if !headerNamePattern.MatchString(h) {
 			return fielderr.New("headers", "%s: a header name is 1 to 128 letters, digits and !#$%%&'*+-.^_`|~", headerNameProblem(h))
 		}
@@ -306,7 +307,7 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 	if len(r.ToolPermissions) > MaxToolPermissionTools {
 		return fielderr.New("tool_permissions", "has %d tools; at most %d", len(r.ToolPermissions), MaxToolPermissionTools)
 	}
-	for _, tool := range sortedKeys(r.ToolPermissions) {
+	for _, tool := range slices.Sorted(maps.Keys(r.ToolPermissions)) {
 		field := "tool_permissions." + truncate(tool)
 		if err := checkNotNamespaced(field, r.Ref, tool); err != nil {
 			return err
@@ -460,13 +461,4 @@ func truncate(s string) string {
 		return s[:77] + "..."
 	}
 	return s
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
