@@ -84,6 +84,8 @@ func newSession(r *Router, spec *Spec, srv server, cs *mcp.ClientSession, g *tra
 		monitorDone:     make(chan struct{}),
 		onClose:         r.forget,
 	}
+	broken := s.broken
+	g.onBreach.Store(&broken)
 	go s.monitor()
 	return s
 }
@@ -111,16 +113,25 @@ func (s *Session) monitor() {
 	s.markDone()
 }
 
+// broken records a breach as the session's error and marks it done. The guard calls it as the
+// breach is found (and the monitor again, for one found before the session was built).
+func (s *Session) broken(v *Error) {
+	e := *v
+	e.StderrTail = s.StderrTail()
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = &e
+	}
+	s.mu.Unlock()
+	s.markDone()
+}
+
 // stopForViolation ends a server that broke the bounds on what it may send unasked: it is
 // hostile, so it is stopped now rather than left to the session's owner.
 func (s *Session) stopForViolation() {
-	e := *s.guard.violation()
-	e.StderrTail = s.StderrTail()
-	s.mu.Lock()
-	s.err = &e
-	s.mu.Unlock()
+	e := s.guard.violation()
+	s.broken(e)
 	s.log.Warn("spawner: stopping an MCP server that broke a protocol bound", "server", s.ref, "class", string(e.Class), "reason", e.Message)
-	s.markDone()
 	// Close waits for this monitor to return.
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), deathTimeout+s.cfg.CloseTimeout)

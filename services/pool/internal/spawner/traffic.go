@@ -55,6 +55,10 @@ type trafficGuard struct {
 
 	once     sync.Once
 	breached chan struct{}
+	// onBreach, once the session is built, marks it broken from the goroutine that found
+	// the breach, before the request that breach fails returns: a next call must not be
+	// handed the session in the moment before its monitor runs.
+	onBreach atomic.Pointer[func(*Error)]
 	err      *Error
 }
 
@@ -76,6 +80,9 @@ func (g *trafficGuard) record(e *Error) *Error {
 	g.once.Do(func() {
 		g.err = e
 		close(g.breached)
+		if f := g.onBreach.Load(); f != nil {
+			(*f)(e)
+		}
 	})
 	return g.err
 }

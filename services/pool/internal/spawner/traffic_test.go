@@ -358,3 +358,24 @@ func floodingSSEServer(n int) http.Handler {
 		w.WriteHeader(http.StatusAccepted)
 	})
 }
+
+// TestABreachEndsTheSessionBeforeTheCallReturns: a call failed by a breach returns only once
+// the session is marked done, with the breach as its error; a caller that checks Done before
+// its next call (the pool does) is never handed the broken session in the moment before its
+// monitor runs.
+func TestABreachEndsTheSessionBeforeTheCallReturns(t *testing.T) {
+	fixture := fixtures.Binaries(t).Path(t, fixtures.MCPFixture)
+	var logs testutil.SyncBuffer
+	r := hostRouter(t, &logs)
+	for i := range 5 {
+		s := spawn(t, r, hostSpec(fixture, "--runtime-tools"))
+		_, err := s.CallTool(t.Context(), &mcp.CallToolParams{Name: "raw", Arguments: map[string]any{"line": `{"jsonrpc":"2.0","id":"bogus","result":{}}`, "n": 1}})
+		require.Equal(t, ClassProtocolViolation, ClassOf(err), "%v", err)
+		select {
+		case <-s.Done():
+		default:
+			t.Fatalf("attempt %d: the call returned before the session was marked done", i)
+		}
+		require.ErrorContains(t, s.Err(), "did not send")
+	}
+}
