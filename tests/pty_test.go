@@ -48,5 +48,5 @@ func TestServersAddAsksForWhatIsMissingOnATerminal(t *testing.T) {
 
 	r = runCmd(t, strings.NewReader("docs-search\n"), env, bin("ringfence"), "servers", "add")
 	require.Equal(t, 2, r.Code, r.Stderr)
-	require.Contains(t, r.Stderr, "missing server ref (e.g. docs-search): pass it as an argument or flag")
+	require.Contains(t, r.Stderr, "missing server ref (e.g. docs-search): pass it first: ringfence servers add REF ...")
 }
