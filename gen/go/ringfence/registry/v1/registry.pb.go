@@ -624,7 +624,9 @@ func (x *GetServerResponse) GetServer() *Server {
 type ListServersRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// page_size defaults to 100 and is capped at 1000.
-	PageSize      int32  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token is the next_page_token of an earlier page of the same listing; any other is
+	// refused (INVALID_ARGUMENT).
 	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1304,7 +1306,9 @@ func (x *Secret) GetUpdateTime() *timestamppb.Timestamp {
 type PutSecretRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// name matches ^[A-Za-z0-9_.-]{1,128}$.
-	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// value is 1 to 8192 bytes of UTF-8 with no control character but tab: a secret is only
+	// ever sent as the value of a header that names it. Never returned.
 	Value         string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
