@@ -114,8 +114,8 @@ func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version 
 	if runID == "" {
 		runID = newRunID()
 	}
-	if !runIDPattern.MatchString(runID) {
-		return nil, fieldError("run_id", "must match %s", runIDPattern)
+	if err := validateRunID(runID); err != nil {
+		return nil, err
 	}
 	v, err := s.cfg.Versions.PublishedVersion(ctx, tenant, graphID, version)
 	if err != nil {

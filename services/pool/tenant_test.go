@@ -185,3 +185,18 @@ func TestRunIDsAreScopedToTheirTenant(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, StateCompleted, got.GetRun().GetState(), "acme's ended run is read back from the store")
 }
+
+// TestABadRunIDIsDescribedAlikeEverywhere: StartRun said "must match ^[A-Za-z0-9_.-]{1,128}$"
+// where every other run RPC said which characters; one message now.
+func TestABadRunIDIsDescribedAlikeEverywhere(t *testing.T) {
+	h := newHarness(t, harnessOpts{noImage: true})
+	h.publish("g", []string{"a"}, nil, nil)
+	client, admin := grpcClient(t, h)
+	const want = "run_id: must be 1 to 128 characters of A-Z a-z 0-9 _ . - (it is 6 bytes)"
+	_, err := client.StartRun(admin, &poolv1.StartRunRequest{GraphId: "g", RunId: "bad id"})
+	st := rftestutil.RequireStatus(t, err, codes.InvalidArgument)
+	require.Contains(t, st.Message(), want)
+	_, err = client.GetRun(admin, &poolv1.GetRunRequest{RunId: "bad id"})
+	st = rftestutil.RequireStatus(t, err, codes.InvalidArgument)
+	require.Contains(t, st.Message(), want)
+}
