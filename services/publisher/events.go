@@ -50,12 +50,13 @@ func (s *Service) event(ctx context.Context, tenant, action, graphID string, cha
 	}
 }
 
-// nodeDigests maps each node to a digest of its masked JSON, to describe a draft change as
-// which nodes were added, removed or changed.
+// nodeDigests maps each node to a digest of its JSON, to describe a draft change as which
+// nodes were added, removed or changed. The JSON is not masked: a change of an inline
+// server's env value alone must show (the digests stay in memory; the record names ids).
 func nodeDigests(g *graph.Graph) map[string]string {
 	out := make(map[string]string, len(g.Nodes))
 	for i := range g.Nodes {
-		b, _ := protojson.Marshal(graphpb.NodeToProto(&g.Nodes[i], true))
+		b, _ := protojson.Marshal(graphpb.NodeToProto(&g.Nodes[i], false))
 		sum := sha256.Sum256(b)
 		out[g.Nodes[i].ID] = hex.EncodeToString(sum[:8])
 	}

@@ -11,6 +11,7 @@ import (
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/graph"
 )
 
 // keyID is the id of the fixture's key for who, as audit records name it.
@@ -90,4 +91,21 @@ func TestEveryGraphChangeIsAnAdminEvent(t *testing.T) {
 	require.Equal(t, "docs", changes[audit.ActionImport]["server_ref"])
 	require.Equal(t, []any{"note"}, changes[audit.ActionUpdate]["nodes_added"])
 	require.InDelta(t, 3, changes[audit.ActionPublish]["draft_revision"], 0, "published the draft after create, import and the write")
+}
+
+// TestADraftChangeOfAnEnvValueAloneIsRecorded: the nodes a draft edit changed were found by
+// digests of their masked JSON, so an inline server's env value changed alone left
+// nodes_changed empty; the record still names only ids, never a value.
+func TestADraftChangeOfAnEnvValueAloneIsRecorded(t *testing.T) {
+	const secret = "sk-live-canary-7c1e"
+	agent := func(token string) *graph.Graph {
+		return &graph.Graph{Nodes: []graph.Node{{ID: "a", Kind: "agent", Agent: &graph.AgentNode{
+			MCPServers: []graph.InlineMCPServer{{Name: "s", Command: "srv", Env: map[string]string{"APP_TOKEN": token}}}}}}}
+	}
+	change := draftChange(agent("old-value"), agent(secret))
+	require.Equal(t, []string{"a"}, change["nodes_changed"])
+	b, err := json.Marshal(change)
+	require.NoError(t, err)
+	require.NotContains(t, string(b), secret)
+	require.Empty(t, draftChange(agent(secret), agent(secret))["nodes_changed"])
 }
