@@ -28,7 +28,7 @@ var (
 	ErrNotFound      = errors.New("not found")
 	ErrExists        = errors.New("already exists")
 	ErrStaleRevision = errors.New("stale revision")
-	ErrBadPageToken  = errors.New("bad page token")
+	ErrBadPageToken  = paging.ErrBadToken // a page token this store did not issue for the list
 	// ErrVersionExists means a version number was about to be written twice: published
 	// versions are immutable, so the write is refused rather than overwriting one.
 	ErrVersionExists = errors.New("store: a published version with this number already exists; versions are never overwritten")
@@ -382,7 +382,7 @@ func (s *Store) Version(ctx context.Context, tenant, id string, n int64) (*graph
 func (s *Store) ListVersions(ctx context.Context, tenant, id, pageToken string, limit int) ([]graph.Version, string, error) {
 	var before int64 = -1
 	if pageToken != "" {
-		tok, err := decodeToken(pageToken, "publisher.versions", tenant, id)
+		tok, err := paging.DecodeToken(pageToken, "publisher.versions", tenant, id)
 		if err != nil {
 			return nil, "", err
 		}
@@ -425,7 +425,7 @@ func (s *Store) ListVersions(ctx context.Context, tenant, id, pageToken string, 
 
 // ListGraphs returns up to limit of a tenant's graphs after the page token, and the next token.
 func (s *Store) ListGraphs(ctx context.Context, tenant, pageToken string, limit int) ([]Summary, string, error) {
-	after, err := decodeToken(pageToken, "publisher.graphs", tenant)
+	after, err := paging.DecodeToken(pageToken, "publisher.graphs", tenant)
 	if err != nil {
 		return nil, "", err
 	}
@@ -498,15 +498,4 @@ func runHook(tx *bolt.Tx, hook TxHook) error {
 		return nil
 	}
 	return hook(tx)
-}
-
-// decodeToken reads a page token paging.EncodeToken made for scope (the list, its tenant and
-// graph): one this store did not issue for that list is refused, rather than read as a
-// position past the end (an empty, final page).
-func decodeToken(tok string, scope ...string) (string, error) {
-	last, err := paging.DecodeToken(tok, scope...)
-	if err != nil {
-		return "", ErrBadPageToken
-	}
-	return last, nil
 }

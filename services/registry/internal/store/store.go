@@ -27,7 +27,7 @@ var (
 	ErrNotFound      = errors.New("not found")
 	ErrExists        = errors.New("already exists")
 	ErrStaleRevision = errors.New("stale revision")
-	ErrBadPageToken  = errors.New("bad page token")
+	ErrBadPageToken  = paging.ErrBadToken // a page token this store did not issue for the list
 )
 
 // TxHook runs inside a write transaction, so what it writes (an audit record) commits or rolls
@@ -328,7 +328,7 @@ func (s *Store) ServerPolicy(ctx context.Context, ref string) (mcpserver.Policy,
 // ListServers returns up to limit registrations after the page token, and the next token,
 // masked as GetServerMasked returns them: a listing opens no seal.
 func (s *Store) ListServers(ctx context.Context, pageToken string, limit int) ([]*mcpserver.Registration, string, error) {
-	after, err := decodeToken(pageToken, serversTokenScope)
+	after, err := paging.DecodeToken(pageToken, serversTokenScope)
 	if err != nil {
 		return nil, "", err
 	}
@@ -455,14 +455,3 @@ func runHook(tx *bolt.Tx, hook TxHook) error {
 
 // serversTokenScope is the scope of ListServers' page tokens (paging.EncodeToken).
 const serversTokenScope = "registry.servers"
-
-// decodeToken reads a page token paging.EncodeToken made for scope: one this store did not
-// issue for that list is refused, rather than read as a position past the end (an empty,
-// final page).
-func decodeToken(tok string, scope ...string) (string, error) {
-	last, err := paging.DecodeToken(tok, scope...)
-	if err != nil {
-		return "", ErrBadPageToken
-	}
-	return last, nil
-}
