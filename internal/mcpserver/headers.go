@@ -20,3 +20,10 @@ func ReservedHeader(name string) bool {
 	canon := http.CanonicalHeaderKey(name)
 	return reservedHeaders[canon] || strings.HasPrefix(canon, "Sec-")
 }
+
+// HeaderValueHasControl reports whether v holds a byte no HTTP header value may carry: a
+// control character other than tab (a line break, above all). The registry refuses such a
+// secret when it is stored, and the pool such a header value before it connects.
+func HeaderValueHasControl(v string) bool {
+	return strings.ContainsFunc(v, func(r rune) bool { return r != '\t' && (r < 0x20 || r == 0x7f) })
+}

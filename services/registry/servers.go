@@ -268,12 +268,11 @@ func checkSecretValue(v string) error {
 	if !utf8.ValidString(v) {
 		return fielderr.New("value", "is not valid UTF-8 (the value is not shown): a secret is sent as an HTTP header value")
 	}
-	control := func(r rune) bool { return r != '\t' && (r < 0x20 || r == 0x7f) }
 	trimmed := strings.TrimRight(v, "\r\n")
 	switch {
-	case trimmed != v && !strings.ContainsFunc(trimmed, control):
+	case trimmed != v && !mcpserver.HeaderValueHasControl(trimmed):
 		return fielderr.New("value", "ends with a line break, which no HTTP header value can hold (the value is not shown): send it without the line break that echo or a file adds (ringfence secrets set strips it)")
-	case strings.ContainsFunc(v, control):
+	case mcpserver.HeaderValueHasControl(v):
 		return fielderr.New("value", "holds a line break or another control character other than tab, which no HTTP header value can hold (the value is not shown): a secret is sent as the value of the header that names it")
 	}
 	return nil

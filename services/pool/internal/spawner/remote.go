@@ -117,7 +117,7 @@ func checkHeaders(in map[string]string) (http.Header, error) {
 		if _, dup := h[canon]; dup {
 			return nil, newError(ClassInvalidSpec, "header %s is given twice, in different cases: keep one", canon)
 		}
-		if len(value) > maxHeaderValueLen || strings.ContainsFunc(value, func(r rune) bool { return r != '\t' && isControl(r) }) {
+		if len(value) > maxHeaderValueLen || mcpserver.HeaderValueHasControl(value) {
 			return nil, newError(ClassInvalidSpec, "the value of header %s is longer than %d bytes or contains control characters", canon, maxHeaderValueLen)
 		}
 		h.Set(canon, value)
