@@ -124,9 +124,13 @@ func serverNotFound(ref string) error {
 		msg: fmt.Sprintf("registry: no server is registered with ref %q: ListServers (ringfence servers list) shows the registered refs", ref)}
 }
 
-// serverNotFoundNear is serverNotFound with the registered ref nearest to ref, when one is
-// close enough to be what was meant. For the RPCs whose callers may list every ref anyway.
-func (s *Service) serverNotFoundNear(ref string) error {
+// serverStoreErr is storeErr for the RPCs whose callers may list every ref anyway: an
+// unregistered ref is answered with the registered ref nearest to it, when one is close
+// enough to be what was meant. The refs are read only for that error.
+func (s *Service) serverStoreErr(err error, ref string) error {
+	if !errors.Is(err, store.ErrNotFound) {
+		return storeErr(err, nil)
+	}
 	if near := s.store.ClosestRef(ref); near != "" {
 		return &detailed{sentinel: errServerNotFound,
 			msg: fmt.Sprintf("registry: no server is registered with ref %q: did you mean %q? (ringfence servers list shows the registered refs)", ref, near)}

@@ -63,7 +63,7 @@ func (s *Service) GetServer(ctx context.Context, req *registryv1.GetServerReques
 	// is only ever marshaled.
 	view, err := s.store.ServerView(req.GetRef(), func(r *mcpserver.Registration) any { return serverToProto(r) })
 	if err != nil {
-		return nil, s.errors.Status(ctx, storeErr(err, s.serverNotFoundNear(req.GetRef())))
+		return nil, s.errors.Status(ctx, s.serverStoreErr(err, req.GetRef()))
 	}
 	return &registryv1.GetServerResponse{Server: view.(*registryv1.Server)}, nil
 }
@@ -135,7 +135,7 @@ func (s *Service) UpdateServer(ctx context.Context, req *registryv1.UpdateServer
 		return s.event(ctx, audit.ActionUpdate, resourceServer, after.Ref, updateChange(before, after))(tx)
 	})
 	if err != nil {
-		return nil, s.errors.Status(ctx, storeErr(err, s.serverNotFoundNear(req.GetRef())))
+		return nil, s.errors.Status(ctx, s.serverStoreErr(err, req.GetRef()))
 	}
 	return &registryv1.UpdateServerResponse{Server: serverToProto(updated)}, nil
 }
@@ -146,7 +146,7 @@ func (s *Service) DeleteServer(ctx context.Context, req *registryv1.DeleteServer
 		return nil, s.errors.Status(ctx, err)
 	}
 	if err := s.store.DeleteServer(ctx, req.GetRef(), s.event(ctx, audit.ActionDelete, resourceServer, req.GetRef(), nil)); err != nil {
-		return nil, s.errors.Status(ctx, storeErr(err, s.serverNotFoundNear(req.GetRef())))
+		return nil, s.errors.Status(ctx, s.serverStoreErr(err, req.GetRef()))
 	}
 	return &registryv1.DeleteServerResponse{}, nil
 }
@@ -180,7 +180,7 @@ func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServ
 	} else {
 		policy, err := s.store.ServerPolicy(ctx, req.GetRef())
 		if err != nil {
-			return nil, s.errors.Status(ctx, storeErr(err, s.serverNotFoundNear(req.GetRef())))
+			return nil, s.errors.Status(ctx, s.serverStoreErr(err, req.GetRef()))
 		}
 		toolPerms = policy.ToolPermissions
 	}
