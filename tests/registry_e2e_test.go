@@ -313,31 +313,25 @@ func TestSeedSequenceWithCLI(t *testing.T) {
 
 	// One update switches a server's transport: what only the other kind takes (url and
 	// headers, or command, args and env) is dropped, not refused as left over.
-	r = cli(adminKey, "servers", "update", "tickets", "--transport", "stdio", "--command", "tickets-mcp --ro", "-o", "json")
-	require.Equal(t, 0, r.Code, r.Stderr)
-	s = nil
-	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &s))
+	update := func(args ...string) map[string]any {
+		r := cli(adminKey, append(append([]string{"servers", "update", "tickets"}, args...), "-o", "json")...)
+		require.Equal(t, 0, r.Code, r.Stderr)
+		var out map[string]any
+		require.NoError(t, json.Unmarshal([]byte(r.Stdout), &out))
+		return out
+	}
+	s = update("--transport", "stdio", "--command", "tickets-mcp --ro")
 	require.Equal(t, "tickets-mcp", s["command"])
 	require.Empty(t, s["url"])
 	require.Empty(t, s["headers"])
-	r = cli(adminKey, "servers", "update", "tickets", "--env", "APP_TOKEN="+canary)
-	require.Equal(t, 0, r.Code, r.Stderr)
-	r = cli(adminKey, "servers", "update", "tickets", "--transport", "http", "--url", "https://tickets.example.com/mcp",
-		"--header-secret", "Authorization=tickets-token", "-o", "json")
-	require.Equal(t, 0, r.Code, r.Stderr)
-	s = nil
-	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &s))
+	update("--env", "APP_TOKEN="+canary)
+	s = update("--transport", "http", "--url", "https://tickets.example.com/mcp", "--header-secret", "Authorization=tickets-token")
 	require.Equal(t, "streamable_http", s["transport"])
 	require.Empty(t, s["command"])
 	require.Empty(t, s["env"])
 	require.Equal(t, map[string]any{"Authorization": "tickets-token"}, s["headers"])
-	r = cli(adminKey, "servers", "update", "tickets", "--clear-headers", "-o", "json")
-	require.Equal(t, 0, r.Code, r.Stderr)
-	s = nil
-	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &s))
-	require.Empty(t, s["headers"])
-	r = cli(adminKey, "servers", "update", "tickets", "--header-secret", "Authorization=tickets-token", "-o", "json")
-	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Empty(t, update("--clear-headers")["headers"])
+	update("--header-secret", "Authorization=tickets-token")
 	r = cli(adminKey, "servers", "add", "tickets2", "--transport", "http", "--url", "https://tickets.example.com/mcp",
 		"--exclude-tool", "tickets2__delete_ticket")
 	require.Equal(t, 1, r.Code, r.Stdout)
