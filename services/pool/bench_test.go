@@ -60,14 +60,32 @@ func grpcClient(b testing.TB, h *harness) (poolv1.PoolServiceClient, context.Con
 	return poolv1.NewPoolServiceClient(conn), testutil.WithKey(context.Background(), benchKey)
 }
 
+// benchServers are the MCP servers the call benchmarks run against, each serving echo: the
+// fixture on the go-sdk server, and the fixture's --lean loop, which answers by hand in a few
+// microseconds, so that the server's own cost (~0.6 ms of CPU per call for sixteen go-sdk
+// servers sharing two cores) does not hide the pool's and the engine's.
+var benchServers = []struct {
+	name string
+	args []string
+}{
+	{"go-sdk", nil},
+	{"lean", []string{"--lean"}},
+}
+
 // BenchmarkPoolWarmCall (a): a warm echo through the whole path (gRPC client → pool → every
 // gate → container) against the same call on a raw go-sdk session over the same kind of
 // container's attach stream, and on a direct host stdio session. Target: the whole path adds at
 // most 0.3 ms p50 over the raw attach path.
 func BenchmarkPoolWarmCall(b *testing.B) {
+	for _, srv := range benchServers {
+		b.Run("server="+srv.name, func(b *testing.B) { poolWarmCall(b, srv.args) })
+	}
+}
+
+func poolWarmCall(b *testing.B, serverArgs []string) {
 	productionGC(b)
 	h := newHarness(b, harnessOpts{driftMaxAge: time.Second})
-	h.server("fx", nil)
+	h.server("fx", nil, serverArgs...)
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
 	client, ctx := grpcClient(b, h)
 	run := h.start("g")
@@ -80,12 +98,12 @@ func BenchmarkPoolWarmCall(b *testing.B) {
 	raw, err := spawner.New(spawner.Config{Image: image, PoolID: "bench-raw-" + randomHex(), Logger: h.pool.log})
 	require.NoError(b, err)
 	b.Cleanup(func() { raw.Close(context.Background()) })
-	rawSess, err := raw.Spawn(context.Background(), spawner.Spec{ServerRef: "raw", Transport: "stdio", Command: "mcpfixture", Purpose: spawner.PurposeRun})
+	rawSess, err := raw.Spawn(context.Background(), spawner.Spec{ServerRef: "raw", Transport: "stdio", Command: "mcpfixture", Args: serverArgs, Purpose: spawner.PurposeRun})
 	require.NoError(b, err)
 	defer rawSess.Close(context.Background())
 
 	host, err := mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "1"}, nil).Connect(context.Background(),
-		&mcp.CommandTransport{Command: exec.Command(fixtures.Binaries(b).Path(b, "mcpfixture"))}, &mcp.ClientSessionOptions{ProtocolVersion: spawner.ProtocolVersion})
+		&mcp.CommandTransport{Command: exec.Command(fixtures.Binaries(b).Path(b, "mcpfixture"), serverArgs...)}, &mcp.ClientSessionOptions{ProtocolVersion: spawner.ProtocolVersion})
 	require.NoError(b, err)
 	defer host.Close()
 	params := &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": "ping"}}
@@ -178,9 +196,15 @@ func BenchmarkPoolFirstCall(b *testing.B) {
 // BenchmarkPoolThroughput (c): calls per second with 16 concurrent runs, every attempt
 // recorded durably (the pool's spool fsyncs, the real audit log appends). Target ≥ 2,000/s.
 func BenchmarkPoolThroughput(b *testing.B) {
+	for _, srv := range benchServers {
+		b.Run("server="+srv.name, func(b *testing.B) { poolThroughput(b, srv.args) })
+	}
+}
+
+func poolThroughput(b *testing.B, serverArgs []string) {
 	productionGC(b)
 	h := newHarness(b, harnessOpts{driftMaxAge: time.Second, realAudit: true})
-	h.server("fx", nil)
+	h.server("fx", nil, serverArgs...)
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
 	const runs = 16
 	ids := make([]string, runs)
@@ -252,6 +276,12 @@ func BenchmarkPoolIdleSessionMemory(b *testing.B) {
 // BenchmarkRawAttachThroughput is the ceiling for (c) on this machine: the same echo from 16
 // concurrent raw go-sdk sessions on attach streams, with no gates and no audit.
 func BenchmarkRawAttachThroughput(b *testing.B) {
+	for _, srv := range benchServers {
+		b.Run("server="+srv.name, func(b *testing.B) { rawAttachThroughput(b, srv.args) })
+	}
+}
+
+func rawAttachThroughput(b *testing.B, serverArgs []string) {
 	productionGC(b)
 	image := dockertest.FixtureImage(b)
 	raw, err := spawner.New(spawner.Config{Image: image, PoolID: "bench-raw-" + randomHex()})
@@ -260,7 +290,7 @@ func BenchmarkRawAttachThroughput(b *testing.B) {
 	const sessions = 16
 	var all []*spawner.Session
 	for range sessions {
-		s, err := raw.Spawn(context.Background(), spawner.Spec{ServerRef: "raw", Transport: "stdio", Command: "mcpfixture", Purpose: spawner.PurposeRun})
+		s, err := raw.Spawn(context.Background(), spawner.Spec{ServerRef: "raw", Transport: "stdio", Command: "mcpfixture", Args: serverArgs, Purpose: spawner.PurposeRun})
 		require.NoError(b, err)
 		all = append(all, s)
 	}
