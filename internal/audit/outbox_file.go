@@ -26,7 +26,10 @@ import (
 //
 // A commit is one write and one fdatasync, against bbolt's page writes and two syncs, which
 // matters to a producer that waits for every record (the pool answers a call only once its
-// record is durable). Sequences are contiguous within a segment and across segments;
+// record is durable). The segment is zero-filled ahead of its frames (zeroAhead at a time), so
+// most commits overwrite blocks the file system has already written and their fdatasync
+// flushes data alone; one into a hole or an allocated-but-unwritten extent also commits the
+// file system's journal (ext4: ~25% longer, see docs/benchmarks.md). Sequences are contiguous within a segment and across segments;
 // frames past the last good one in a segment (a torn write) are cut at open. The acked file
 // is renamed into place without a sync: losing it only resends records, and the audit log
 // drops a record it already holds by id.
@@ -37,6 +40,8 @@ type fileOutbox struct {
 
 	wmu sync.Mutex // serializes writers: add and remove
 	f   *os.File   // the last segment, open for appending; nil until the next add needs one
+	// zeroedTo is how far f has been written, frames and the zeros ahead of them.
+	zeroedTo int64
 	// broken is set when a failed write could not be undone: the last segment's tail is
 	// unknown, so nothing more is written (fail closed) until a restart reads it back.
 	broken error
@@ -68,6 +73,9 @@ type readCursor struct {
 
 const (
 	segmentMaxBytes = 8 << 20
+	// zeroAhead is how much of a segment one commit zero-fills past its frames when it
+	// reaches the end of what was filled before: one commit in every few hundred.
+	zeroAhead       = 1 << 20
 	frameHeaderSize = 16
 	// maxFrameBody bounds one record's body: a longer length field is damage, not data.
 	maxFrameBody = 64 << 20
@@ -77,6 +85,9 @@ const (
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// zeros is what a segment is filled with ahead of its frames.
+var zeros = make([]byte, zeroAhead)
 
 func frameCRC(seq uint64, body []byte) uint32 {
 	var s [8]byte
@@ -163,7 +174,7 @@ func openFileOutbox(dir string, log *slog.Logger) (*fileOutbox, error) {
 			}
 			log.Error("audit: spool segment is damaged before its last frames; cutting it", "segment", seg.path, "at_byte", seg.size, "kept_as", aside)
 		}
-		// Also gives back the space allocated ahead of the frames.
+		// Also gives back the zeros ahead of the frames.
 		if err := os.Truncate(seg.path, seg.size); err != nil {
 			return nil, fmt.Errorf("audit: cut spool segment: %w", err)
 		}
@@ -228,7 +239,7 @@ func scanSegment(path string, first uint64) (seg segment, torn bool, beyond uint
 	for int(seg.size) < len(data) {
 		seq, _, n, ok := parseFrame(data[seg.size:])
 		if !ok || seq != seg.last+1 {
-			// Zeros are space allocated ahead of the frames, not damage.
+			// Zeros are filled ahead of the frames, not damage.
 			rest := data[seg.size:]
 			if !slices.ContainsFunc(rest, func(b byte) bool { return b != 0 }) {
 				return seg, false, 0, nil
@@ -327,6 +338,13 @@ func (o *fileOutbox) appendFrames(frames []byte, first, n uint64) error {
 	off := o.segs[len(o.segs)-1].size
 	o.mu.Unlock()
 	_, err := o.f.WriteAt(frames, off)
+	if end := off + int64(len(frames)); err == nil && end > o.zeroedTo {
+		// The same sync makes the zeros durable: the commits after this one only overwrite.
+		fill := min(zeroAhead, max(o.segmentMax-end, 0))
+		if _, err = o.f.WriteAt(zeros[:fill], end); err == nil {
+			o.zeroedTo = end + fill
+		}
+	}
 	if err == nil {
 		err = unix.Fdatasync(int(o.f.Fd()))
 	}
@@ -335,6 +353,7 @@ func (o *fileOutbox) appendFrames(frames []byte, first, n uint64) error {
 		// durable frame, so the next commit writes the same sequences at the same place;
 		// starting a new segment instead would leave two segments holding them, which the
 		// next start refuses as an edited spool.
+		o.zeroedTo = off
 		if terr := o.f.Truncate(off); terr != nil || unix.Fdatasync(int(o.f.Fd())) != nil {
 			_ = o.f.Close()
 			o.f = nil
@@ -353,9 +372,7 @@ func (o *fileOutbox) appendFrames(frames []byte, first, n uint64) error {
 }
 
 // startSegment opens the segment whose first record will be first: a new file, or the last
-// segment when it is still empty of intact frames (and so named for first already). The
-// segment's space is allocated up front, so a commit's fdatasync writes data and no file
-// size: on ext4 that halves its cost.
+// segment when it is still empty of intact frames (and so named for first already).
 func (o *fileOutbox) startSegment(first uint64) error {
 	o.mu.Lock()
 	var last segment
@@ -364,7 +381,7 @@ func (o *fileOutbox) startSegment(first uint64) error {
 	}
 	o.mu.Unlock()
 	if o.f != nil {
-		// Give back the unused allocation of the segment being left.
+		// Give back the zeros ahead of the frames of the segment being left.
 		err := o.f.Truncate(last.size)
 		if cerr := o.f.Close(); err == nil {
 			err = cerr
@@ -387,8 +404,6 @@ func (o *fileOutbox) startSegment(first uint64) error {
 			return fmt.Errorf("audit: cut spool segment: %w", err)
 		}
 	}
-	// Where the file system cannot allocate ahead, commits only cost more.
-	_ = unix.Fallocate(int(f.Fd()), 0, 0, o.segmentMax)
 	if !reuse {
 		if err := syncDir(o.dir); err != nil {
 			f.Close()
@@ -399,6 +414,10 @@ func (o *fileOutbox) startSegment(first uint64) error {
 		o.mu.Unlock()
 	}
 	o.f = f
+	o.zeroedTo = 0
+	if reuse {
+		o.zeroedTo = last.size
+	}
 	return nil
 }
 

@@ -275,3 +275,30 @@ func TestFileSpoolFailsClosedWhenAWriteCannotBeUndone(t *testing.T) {
 	drain(t, s)
 	require.Equal(t, []string{first.ID, third.ID}, ids(env.sink.records()))
 }
+
+// A commit overwrites zeros written ahead of it rather than growing the file or writing into
+// allocated-but-unwritten space: its fdatasync then flushes data alone, without a journal
+// commit of the file system.
+func TestFileSpoolFillsZerosAheadOfItsFrames(t *testing.T) {
+	env := newSpoolEnvOf(t, "files", nil)
+	dir := env.spool.out.describe()
+	enqueueRecords(t, env.spool, 1)
+	seg := segments(t, dir)
+	require.Len(t, seg, 1)
+	framed := env.spool.out.(*fileOutbox).segs[0].size
+	data, err := os.ReadFile(seg[0])
+	require.NoError(t, err)
+	require.Equal(t, framed+zeroAhead, int64(len(data)), "the first commit fills zeroAhead bytes past its frame")
+	require.Equal(t, make([]byte, zeroAhead), data[framed:])
+
+	enqueueRecords(t, env.spool, 50)
+	info, err := os.Stat(seg[0])
+	require.NoError(t, err)
+	require.Equal(t, int64(len(data)), info.Size(), "the commits after it overwrite zeros: the file does not grow")
+
+	require.NoError(t, env.spool.Close())
+	s := fileSpool(t, dir, env.sink, env)
+	t.Cleanup(func() { _ = s.Close() })
+	require.Equal(t, 51, s.Pending(), "zeros ahead of the frames are not damage")
+	require.NotContains(t, env.logs.String(), "cutting it")
+}
