@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
+	"net/http"
 	"sort"
 	"strings"
 	"unicode/utf8"
@@ -88,10 +90,34 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 			if strings.Contains(err.Error(), "exceeded max recursion depth") {
 				return fmt.Errorf("invalid JSON body: nested too deeply (at most %d levels of objects and lists)", maxMessageNesting)
 			}
-			return fmt.Errorf("invalid JSON body: %s", describeDecodeError(body, msg, err))
+			problem := describeDecodeError(body, msg, err)
+			if form, ok := r.(formBody); ok && !json.Valid(body) {
+				problem += fmt.Sprintf("; it was sent as %s, and the REST routes read only JSON: send a JSON object (curl: -H 'Content-Type: application/json' -d '{...}'; docs/api.md)", form.mediaType)
+			}
+			return fmt.Errorf("invalid JSON body: %s", problem)
 		}
 		return nil
 	})
+}
+
+// formBody is a request body sent as an HTML form, which is what curl -d sends unless told
+// otherwise. A JSON body sent so decodes as usual; one that is not JSON is refused with the
+// header to send, rather than only a byte offset.
+type formBody struct {
+	io.ReadCloser
+	mediaType string
+}
+
+// markFormBody marks a form-encoded body for the decoder (which sees only the body).
+func markFormBody(next runtime.HandlerFunc) runtime.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+		mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+		if err == nil && r.Body != nil && (mt == "application/x-www-form-urlencoded" || mt == "multipart/form-data") {
+			r = r.WithContext(r.Context()) // a shallow copy, so the caller's request keeps its body
+			r.Body = formBody{ReadCloser: r.Body, mediaType: mt}
+		}
+		next(w, r, params)
+	}
 }
 
 // describeDecodeError finds the field whose value fails to decode and says what it should

@@ -42,7 +42,7 @@ func NewGatewayMux(first ...runtime.Middleware) *runtime.ServeMux {
 		runtime.WithRoutingErrorHandler(writeRoutingError),
 		// The gateway keeps one parser for the whole process; every mux sets the same one.
 		runtime.SetQueryParameterParser(&strictQuery{}),
-		runtime.WithMiddlewares(append(first, refuseInvalidUTF8, refuseUnreadQuery)...),
+		runtime.WithMiddlewares(append(first, refuseInvalidUTF8, refuseUnreadQuery, markFormBody)...),
 		// A form-encoded POST would be parsed whole, before any middleware, and served by the
 		// GET route of the same path (or the method its X-HTTP-Method-Override names): no
 		// client of ours sends one, and the permission is checked before a body is read.

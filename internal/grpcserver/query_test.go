@@ -248,3 +248,39 @@ func TestParametersThatAreNotUTF8AreRefused(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, "valid UTF-8 beyond ASCII passes: %v", body)
 	require.Equal(t, "été", body["records"].([]any)[0].(map[string]any)["kind"])
 }
+
+// TestFormBodiesAreToldToSendJSON: curl -d sends a form unless told otherwise. A JSON body sent
+// so decodes as usual; a body that is not JSON is refused naming the header to send, and the
+// hint is only for forms.
+func TestFormBodiesAreToldToSendJSON(t *testing.T) {
+	base := auditGateway(t)
+	post := func(contentType, body string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/v1/audit:verify", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", contentType)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(raw)
+	}
+	code, body := post("application/x-www-form-urlencoded", "tenant=sk-live-0123")
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, body, "; it was sent as application/x-www-form-urlencoded, and the REST routes read only JSON")
+	require.Contains(t, body, "-H 'Content-Type: application/json'")
+	require.NotContains(t, body, "sk-live-0123")
+
+	code, body = post("multipart/form-data; boundary=x", "--x\r\n")
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, body, "it was sent as multipart/form-data")
+
+	code, body = post("application/x-www-form-urlencoded", `{}`)
+	require.Equal(t, http.StatusNotImplemented, code, "a JSON body sent as a form decodes and reaches the service: %s", body)
+
+	code, body = post("application/json", "tenant=x")
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, body, "not valid JSON at byte 2")
+	require.NotContains(t, body, "sent as", "a JSON request gets no form hint")
+}
