@@ -28,8 +28,9 @@ import (
 // matters to a producer that waits for every record (the pool answers a call only once its
 // record is durable). The segment is zero-filled ahead of its frames (zeroAhead at a time), so
 // most commits overwrite blocks the file system has already written and their fdatasync
-// flushes data alone; one into a hole or an allocated-but-unwritten extent also commits the
-// file system's journal (ext4: ~25% longer, see docs/benchmarks.md). Sequences are contiguous within a segment and across segments;
+// flushes data alone; a write into a hole or an allocated-but-unwritten extent also commits
+// the file system's journal (on ext4 a commit of a few records took a quarter longer; see
+// docs/benchmarks.md). Sequences are contiguous within a segment and across segments;
 // frames past the last good one in a segment (a torn write) are cut at open. The acked file
 // is renamed into place without a sync: losing it only resends records, and the audit log
 // drops a record it already holds by id.
