@@ -353,16 +353,24 @@ func TestDispatchOutcomes(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, before, h.spawned(), "a server that was only slow answers the ping and keeps its session")
 	})
-	t.Run("a server that freezes mid-call is replaced", func(t *testing.T) {
-		before, stopped := h.spawned(), h.stopped()
-		_, err := h.call(run, "a", "fx__freeze", map[string]any{})
-		requireFailed(t, err, failureTimeout)
-		require.Equal(t, stopped+1, h.stopped(), "no answer to the ping either: the session is stopped at once")
-		res, err := h.call(run, "a", "fx__echo", map[string]any{"text": "fresh"})
-		require.NoError(t, err)
-		require.Equal(t, "fresh", res.Content[0]["text"])
-		require.Equal(t, before+1, h.spawned(), "the run's next call starts a fresh server")
-	})
+	// A wedged server, and one whose stdout is closed (the engine's attach stream ends no
+	// single stream, so nothing says so): the call ends at its timeout, the ping after it goes
+	// unanswered, and the server is stopped.
+	for _, tc := range []struct{ name, tool string }{
+		{"a server that freezes mid-call is replaced", "fx__freeze"},
+		{"a server that closes its stdout mid-call is replaced", "fx__close_stdout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before, stopped := h.spawned(), h.stopped()
+			_, err := h.call(run, "a", tc.tool, map[string]any{})
+			requireFailed(t, err, failureTimeout)
+			require.Equal(t, stopped+1, h.stopped(), "no answer to the ping either: the session is stopped at once")
+			res, err := h.call(run, "a", "fx__echo", map[string]any{"text": "fresh"})
+			require.NoError(t, err)
+			require.Equal(t, "fresh", res.Content[0]["text"])
+			require.Equal(t, before+1, h.spawned(), "the run's next call starts a fresh server")
+		})
+	}
 	t.Run("output that breaks its schema", func(t *testing.T) {
 		_, err := h.call(run, "a", "fx__liar", map[string]any{})
 		requireFailed(t, err, failureOutputInvalid)
