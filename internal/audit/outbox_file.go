@@ -87,8 +87,9 @@ const (
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
-// zeros is what a segment is filled with ahead of its frames.
-var zeros = make([]byte, zeroAhead)
+// zeros is what a segment is filled with ahead of its frames, allocated by the first process
+// that spools (the CLI and the services that import this package never do).
+var zeros = sync.OnceValue(func() []byte { return make([]byte, zeroAhead) })
 
 func frameCRC(seq uint64, body []byte) uint32 {
 	var s [8]byte
@@ -342,7 +343,7 @@ func (o *fileOutbox) appendFrames(frames []byte, first, n uint64) error {
 	if end := off + int64(len(frames)); err == nil && end > o.zeroedTo {
 		// The same sync makes the zeros durable: the commits after this one only overwrite.
 		fill := min(zeroAhead, max(o.segmentMax-end, 0))
-		if _, err = o.f.WriteAt(zeros[:fill], end); err == nil {
+		if _, err = o.f.WriteAt(zeros()[:fill], end); err == nil {
 			o.zeroedTo = end + fill
 		}
 	}

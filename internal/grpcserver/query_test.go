@@ -256,10 +256,7 @@ func TestFormBodiesAreToldToSendJSON(t *testing.T) {
 	base := auditGateway(t)
 	post := func(contentType, body string) (int, string) {
 		t.Helper()
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/v1/audit:verify", strings.NewReader(body))
-		require.NoError(t, err)
-		req.Header.Set("Content-Type", contentType)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := http.Post(base+"/v1/audit:verify", contentType, strings.NewReader(body))
 		require.NoError(t, err)
 		defer resp.Body.Close()
 		raw, err := io.ReadAll(resp.Body)

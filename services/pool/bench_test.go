@@ -72,15 +72,23 @@ var benchServers = []struct {
 	{"lean", []string{"--lean"}},
 }
 
+// eachServer runs bench once per server of benchServers, as a sub-benchmark named for it.
+func eachServer(b *testing.B, bench func(b *testing.B, serverArgs []string)) {
+	for _, srv := range benchServers {
+		b.Run("server="+srv.name, func(b *testing.B) { bench(b, srv.args) })
+	}
+}
+
+// rawFixture is the spawner spec of the fixture run with args, for the raw baselines.
+func rawFixture(args ...string) spawner.Spec {
+	return spawner.Spec{ServerRef: "raw", Transport: "stdio", Command: "mcpfixture", Args: args, Purpose: spawner.PurposeRun}
+}
+
 // BenchmarkPoolWarmCall (a): a warm echo through the whole path (gRPC client → pool → every
 // gate → container) against the same call on a raw go-sdk session over the same kind of
 // container's attach stream, and on a direct host stdio session. Target: the whole path adds at
 // most 0.3 ms p50 over the raw attach path.
-func BenchmarkPoolWarmCall(b *testing.B) {
-	for _, srv := range benchServers {
-		b.Run("server="+srv.name, func(b *testing.B) { poolWarmCall(b, srv.args) })
-	}
-}
+func BenchmarkPoolWarmCall(b *testing.B) { eachServer(b, poolWarmCall) }
 
 func poolWarmCall(b *testing.B, serverArgs []string) {
 	productionGC(b)
@@ -98,7 +106,7 @@ func poolWarmCall(b *testing.B, serverArgs []string) {
 	raw, err := spawner.New(spawner.Config{Image: image, PoolID: "bench-raw-" + randomHex(), Logger: h.pool.log})
 	require.NoError(b, err)
 	b.Cleanup(func() { raw.Close(context.Background()) })
-	rawSess, err := raw.Spawn(context.Background(), spawner.Spec{ServerRef: "raw", Transport: "stdio", Command: "mcpfixture", Args: serverArgs, Purpose: spawner.PurposeRun})
+	rawSess, err := raw.Spawn(context.Background(), rawFixture(serverArgs...))
 	require.NoError(b, err)
 	defer rawSess.Close(context.Background())
 
@@ -173,7 +181,7 @@ func BenchmarkPoolFirstCall(b *testing.B) {
 		b.StartTimer()
 
 		t1 := time.Now()
-		sess, err := raw.Spawn(context.Background(), spawner.Spec{ServerRef: "raw", Transport: "stdio", Command: "mcpfixture", Purpose: spawner.PurposeRun})
+		sess, err := raw.Spawn(context.Background(), rawFixture())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -195,11 +203,7 @@ func BenchmarkPoolFirstCall(b *testing.B) {
 
 // BenchmarkPoolThroughput (c): calls per second with 16 concurrent runs, every attempt
 // recorded durably (the pool's spool fsyncs, the real audit log appends). Target ≥ 2,000/s.
-func BenchmarkPoolThroughput(b *testing.B) {
-	for _, srv := range benchServers {
-		b.Run("server="+srv.name, func(b *testing.B) { poolThroughput(b, srv.args) })
-	}
-}
+func BenchmarkPoolThroughput(b *testing.B) { eachServer(b, poolThroughput) }
 
 func poolThroughput(b *testing.B, serverArgs []string) {
 	productionGC(b)
@@ -275,11 +279,7 @@ func BenchmarkPoolIdleSessionMemory(b *testing.B) {
 
 // BenchmarkRawAttachThroughput is the ceiling for (c) on this machine: the same echo from 16
 // concurrent raw go-sdk sessions on attach streams, with no gates and no audit.
-func BenchmarkRawAttachThroughput(b *testing.B) {
-	for _, srv := range benchServers {
-		b.Run("server="+srv.name, func(b *testing.B) { rawAttachThroughput(b, srv.args) })
-	}
-}
+func BenchmarkRawAttachThroughput(b *testing.B) { eachServer(b, rawAttachThroughput) }
 
 func rawAttachThroughput(b *testing.B, serverArgs []string) {
 	productionGC(b)
@@ -290,7 +290,7 @@ func rawAttachThroughput(b *testing.B, serverArgs []string) {
 	const sessions = 16
 	var all []*spawner.Session
 	for range sessions {
-		s, err := raw.Spawn(context.Background(), spawner.Spec{ServerRef: "raw", Transport: "stdio", Command: "mcpfixture", Args: serverArgs, Purpose: spawner.PurposeRun})
+		s, err := raw.Spawn(context.Background(), rawFixture(serverArgs...))
 		require.NoError(b, err)
 		all = append(all, s)
 	}
