@@ -290,6 +290,17 @@ func (h *harness) last() *audit.ToolCallAttempt {
 
 func (h *harness) spawned() float64 { return testutil.ToFloat64(h.pool.metrics.sessionsSpawned) }
 func (h *harness) stopped() float64 { return testutil.ToFloat64(h.pool.metrics.sessionsStopped) }
+
+// requireFreshServer calls echo in run and requires that it succeeds on a server spawned for
+// it: one more than before (h.spawned() read before the server was broken). msgAndArgs
+// explain a failed call.
+func (h *harness) requireFreshServer(t *testing.T, run string, before float64, msgAndArgs ...any) {
+	t.Helper()
+	res, err := h.call(run, "a", "fx__echo", map[string]any{"text": "fresh"})
+	require.NoError(t, err, msgAndArgs...)
+	require.Equal(t, "fresh", res.Content[0]["text"])
+	require.Equal(t, before+1, h.spawned(), "the run's next call starts a fresh server")
+}
 func (h *harness) listings() float64 {
 	return testutil.ToFloat64(h.pool.metrics.listings)
 }

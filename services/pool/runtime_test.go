@@ -365,10 +365,7 @@ func TestDispatchOutcomes(t *testing.T) {
 			_, err := h.call(run, "a", tc.tool, map[string]any{})
 			requireFailed(t, err, failureTimeout)
 			require.Equal(t, stopped+1, h.stopped(), "no answer to the ping either: the session is stopped at once")
-			res, err := h.call(run, "a", "fx__echo", map[string]any{"text": "fresh"})
-			require.NoError(t, err)
-			require.Equal(t, "fresh", res.Content[0]["text"])
-			require.Equal(t, before+1, h.spawned(), "the run's next call starts a fresh server")
+			h.requireFreshServer(t, run, before)
 		})
 	}
 	t.Run("output that breaks its schema", func(t *testing.T) {
@@ -479,10 +476,7 @@ func TestHostileServersLeaveThePoolUpAndOtherRunsUnaffected(t *testing.T) {
 		require.ErrorContains(t, err, "faster than")
 		require.Equal(t, failureProtocolViolation, h.last().FailureClass)
 		check()
-		res, err := h.call(hostile, "a", "fx__echo", map[string]any{"text": "fresh"})
-		require.NoError(t, err)
-		require.Equal(t, "fresh", res.Content[0]["text"])
-		require.Equal(t, before+1, h.spawned(), "the run's next call starts a fresh server")
+		h.requireFreshServer(t, hostile, before)
 	})
 	t.Run("a message the client cannot decode stops the server", func(t *testing.T) {
 		before := h.spawned()
@@ -491,10 +485,7 @@ func TestHostileServersLeaveThePoolUpAndOtherRunsUnaffected(t *testing.T) {
 		require.ErrorContains(t, err, "cannot decode")
 		require.NotContains(t, err.Error(), "-32600", "the server sent no JSON-RPC error")
 		require.Equal(t, failureProtocolViolation, h.last().FailureClass)
-		res, err := h.call(hostile, "a", "fx__echo", map[string]any{"text": "fresh"})
-		require.NoError(t, err, "the run's next call is not dispatched into the closed connection")
-		require.Equal(t, "fresh", res.Content[0]["text"])
-		require.Equal(t, before+1, h.spawned(), "the run's next call starts a fresh server")
+		h.requireFreshServer(t, hostile, before, "the run's next call is not dispatched into the closed connection")
 		check()
 	})
 	t.Run("answers to requests never sent stop the server", func(t *testing.T) {
@@ -502,10 +493,7 @@ func TestHostileServersLeaveThePoolUpAndOtherRunsUnaffected(t *testing.T) {
 		_, err := h.call(hostile, "a", "fx__raw", map[string]any{"line": `{"jsonrpc":"2.0","id":"bogus","result":{}}`, "n": 200_000})
 		requireFailed(t, err, failureProtocolViolation)
 		require.ErrorContains(t, err, "did not send")
-		res, err := h.call(hostile, "a", "fx__echo", map[string]any{"text": "fresh"})
-		require.NoError(t, err)
-		require.Equal(t, "fresh", res.Content[0]["text"])
-		require.Equal(t, before+1, h.spawned(), "the run's next call starts a fresh server")
+		h.requireFreshServer(t, hostile, before)
 	})
 	t.Run("an answer of too many JSON values fails its call alone", func(t *testing.T) {
 		before := h.spawned()
