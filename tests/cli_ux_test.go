@@ -90,7 +90,7 @@ func TestCLIGuidesANewUser(t *testing.T) {
 	}
 
 	// Nothing listening: the hint names the address and where it came from.
-	down := freeAddr(t)
+	down := testutil.FreeAddr(t)
 	fails(runCmd(t, nil, []string{"RINGFENCE_ADDR=" + down, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), "servers", "list"), 1,
 		"hint: is the server running? nothing answers at "+down+" (RINGFENCE_ADDR)")
 

@@ -19,6 +19,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
 	"github.com/ringfence/ringfence/internal/testutil/fixtures"
 )
@@ -130,7 +131,7 @@ func TestDiscoveryFailureClasses(t *testing.T) {
 	d, poolID := poolDaemon(t)
 	api := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}
 
-	refused := freeAddr(t) // nothing listens here
+	refused := testutil.FreeAddr(t) // nothing listens here
 	tlsSrv := httptest.NewTLSServer(http.NotFoundHandler())
 	t.Cleanup(tlsSrv.Close)
 
@@ -228,7 +229,7 @@ func TestStartRefusals(t *testing.T) {
 			[]string{"image_missing"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			env := append([]string{"RINGFENCE_DATA_DIR=" + t.TempDir(), "RINGFENCE_GRPC_ADDR=" + freeAddr(t), "RINGFENCE_HTTP_ADDR=" + freeAddr(t)}, tc.env...)
+			env := append([]string{"RINGFENCE_DATA_DIR=" + t.TempDir(), "RINGFENCE_GRPC_ADDR=" + testutil.FreeAddr(t), "RINGFENCE_HTTP_ADDR=" + testutil.FreeAddr(t)}, tc.env...)
 			r := runCmd(t, nil, env, bin("ringfenced"))
 			require.Equal(t, tc.code, r.Code, r.Stderr)
 			for _, w := range tc.want {

@@ -10,7 +10,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -110,7 +109,7 @@ type daemon struct {
 // loopback ports, and waits until /healthz answers.
 func startDaemon(t *testing.T, name string, env ...string) *daemon {
 	t.Helper()
-	d := &daemon{t: t, name: name, DataDir: t.TempDir(), GRPCAddr: freeAddr(t), HTTPAddr: freeAddr(t), Logs: &testutil.SyncBuffer{}}
+	d := &daemon{t: t, name: name, DataDir: t.TempDir(), GRPCAddr: testutil.FreeAddr(t), HTTPAddr: testutil.FreeAddr(t), Logs: &testutil.SyncBuffer{}}
 	d.env = append([]string{
 		"RINGFENCE_DATA_DIR=" + d.DataDir,
 		"RINGFENCE_GRPC_ADDR=" + d.GRPCAddr,
@@ -219,14 +218,6 @@ func (d *daemon) kill() {
 func (d *daemon) restart() {
 	d.stop()
 	d.start()
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // result is a finished command.

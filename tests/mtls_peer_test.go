@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ringfence/ringfence/internal/testutil"
 )
 
 // TestMTLSPeerIdentityIsChecked runs split binaries with certificates from `ringfence certs
@@ -20,7 +22,7 @@ func TestMTLSPeerIdentityIsChecked(t *testing.T) {
 
 	addr := map[string]string{}
 	for _, name := range []string{"registry", "audit", "publisher", "misled-publisher", "nowhere"} {
-		addr[name] = freeAddr(t)
+		addr[name] = testutil.FreeAddr(t)
 	}
 	tlsEnv := func(svc, name string) []string {
 		return []string{

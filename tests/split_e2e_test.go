@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
 )
 
@@ -28,7 +29,7 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 
 	addr := map[string]string{}
 	for _, svc := range []string{"registry", "publisher", "pool", "audit"} {
-		addr[svc] = freeAddr(t)
+		addr[svc] = testutil.FreeAddr(t)
 	}
 	common := func(svc string) []string {
 		return []string{
