@@ -3,7 +3,10 @@ package pool
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -17,12 +20,14 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
+	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/gctune"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
 	"github.com/ringfence/ringfence/internal/testutil/fixtures"
+	auditsvc "github.com/ringfence/ringfence/services/audit"
 	"github.com/ringfence/ringfence/services/pool/internal/spawner"
 )
 
@@ -279,9 +284,22 @@ func BenchmarkPoolIdleSessionMemory(b *testing.B) {
 
 // BenchmarkRawAttachThroughput is the ceiling for (c) on this machine: the same echo from 16
 // concurrent raw go-sdk sessions on attach streams, with no gates and no audit.
-func BenchmarkRawAttachThroughput(b *testing.B) { eachServer(b, rawAttachThroughput) }
+func BenchmarkRawAttachThroughput(b *testing.B) {
+	eachServer(b, func(b *testing.B, serverArgs []string) { rawAttachThroughput(b, serverArgs, false) })
+}
 
-func rawAttachThroughput(b *testing.B, serverArgs []string) {
+// BenchmarkRawAttachDurableThroughput is (c)'s floor for any pool that keeps the
+// durable-before-dispatch rule: the raw sessions of BenchmarkRawAttachThroughput, with each
+// call recorded as the pool records it (a pending record durable in the pool's spool before
+// the call, the outcome spooled in the background after it, both forwarded to a real audit
+// log), and nothing else: no gRPC, no runs, no gates.
+func BenchmarkRawAttachDurableThroughput(b *testing.B) {
+	eachServer(b, func(b *testing.B, serverArgs []string) { rawAttachThroughput(b, serverArgs, true) })
+}
+
+// rawAttachThroughput calls echo on 16 raw attach sessions from 16 goroutines; with durable,
+// each call is audited as the pool audits it.
+func rawAttachThroughput(b *testing.B, serverArgs []string, durable bool) {
 	productionGC(b)
 	image := dockertest.FixtureImage(b)
 	raw, err := spawner.New(spawner.Config{Image: image, PoolID: "bench-raw-" + randomHex()})
@@ -295,22 +313,71 @@ func rawAttachThroughput(b *testing.B, serverArgs []string) {
 		all = append(all, s)
 	}
 	params := &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": "ping"}}
+	call := func(s *spawner.Session) error {
+		_, err := s.CallTool(context.Background(), params)
+		return err
+	}
+	var outcomes sync.WaitGroup
+	var spool *audit.Spool
+	if durable {
+		spool = benchSpool(b)
+		call = func(s *spawner.Session) error {
+			att := audit.ToolCallAttempt{RunID: "raw", AgentNode: "a", ServerRef: "raw", ToolName: "echo", CallID: audit.NewID(), Attempt: 1}
+			att.Pending()
+			pending := audit.NewToolCallRecord("pool", auth.DefaultTenant, att)
+			if err := spool.Enqueue(context.Background(), pending); err != nil {
+				return err
+			}
+			if _, err := s.CallTool(context.Background(), params); err != nil {
+				return err
+			}
+			att.Succeeded()
+			att.PendingID = pending.ID
+			outcomes.Go(func() {
+				if err := spool.Enqueue(context.Background(), audit.NewToolCallRecord("pool", auth.DefaultTenant, att)); err != nil {
+					b.Error(err)
+				}
+			})
+			return nil
+		}
+	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	b.ResetTimer()
 	start := time.Now()
 	for _, s := range all {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for next.Add(1) <= int64(b.N) {
-				if _, err := s.CallTool(context.Background(), params); err != nil {
+				if err := call(s); err != nil {
 					b.Error(err)
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "calls/s")
+	b.StopTimer()
+	if durable {
+		outcomes.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.NoError(b, spool.Flush(ctx), "every attempt reached the audit log")
+	}
+}
+
+// benchSpool is a spool in the pool's form (segment files) forwarding to a real audit log,
+// both in temporary directories, for as long as the benchmark runs.
+func benchSpool(b *testing.B) *audit.Spool {
+	dir := b.TempDir()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log, err := auditsvc.Open(auditsvc.Config{DBPath: filepath.Join(dir, "audit.db"), Logger: quiet})
+	require.NoError(b, err)
+	b.Cleanup(func() { log.Close() })
+	spool, err := audit.NewSpool(audit.SpoolConfig{Dir: filepath.Join(dir, "spool"), Sink: log.Sink(), Producer: "pool", Logger: quiet})
+	require.NoError(b, err)
+	b.Cleanup(func() { spool.Close() })
+	fwd := spool.StartForwarding()
+	b.Cleanup(func() { fwd.Stop(30 * time.Second) })
+	return spool
 }
