@@ -108,16 +108,12 @@ var ports struct {
 
 // ephemeralLow is the first port of the kernel's ephemeral range (32768 if it cannot be read).
 func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 32768
-	}
-	fields := strings.Fields(string(b))
-	if len(fields) == 0 {
-		return 32768
-	}
-	if low, err := strconv.Atoi(fields[0]); err == nil && low >= 16384+1024 {
-		return low
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			if low, err := strconv.Atoi(f[0]); err == nil && low >= 16384+1024 {
+				return low
+			}
+		}
 	}
 	return 32768
 }
