@@ -19,6 +19,10 @@ import (
 	"google.golang.org/grpc"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
+	auditinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/audit/v1"
+	poolinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1"
+	publisherinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/publisher/v1"
+	registryinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1"
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
@@ -30,6 +34,7 @@ import (
 	"github.com/ringfence/ringfence/internal/mtls"
 	"github.com/ringfence/ringfence/internal/peers"
 	"github.com/ringfence/ringfence/internal/secretbox"
+	"github.com/ringfence/ringfence/internal/telemetry"
 	auditsvc "github.com/ringfence/ringfence/services/audit"
 	"github.com/ringfence/ringfence/services/pool"
 	"github.com/ringfence/ringfence/services/publisher"
@@ -46,6 +51,7 @@ type App struct {
 	Audit     *auditsvc.Service
 
 	log     *slog.Logger
+	tracing *telemetry.Tracing
 	closers []func() error
 }
 
@@ -79,9 +85,21 @@ func (a *App) Close() error {
 
 func (a *App) onClose(f func() error) { a.closers = append(a.closers, f) }
 
-// build runs f and closes what it opened when it fails.
-func build(log *slog.Logger, f func(a *App) error) (*App, error) {
+// startTracing starts the OTLP exporter; tests replace it with an in-memory span recorder.
+var startTracing = telemetry.Start
+
+// build starts tracing when configured, runs f, and closes what it opened when it fails.
+func build(ctx context.Context, cfg *config.Config, name string, log *slog.Logger, f func(a *App) error) (*App, error) {
 	a := &App{log: log}
+	if cfg.OTel.Endpoint != "" {
+		tracing, err := startTracing(ctx, cfg.OTel.Endpoint, name)
+		if err != nil {
+			return nil, err
+		}
+		a.tracing = tracing
+		// Closed last (closers run in reverse), so the spans of a graceful stop are sent.
+		a.onClose(func() error { return tracing.Shutdown(context.Background()) })
+	}
 	if err := f(a); err != nil {
 		_ = a.Close()
 		return nil, err
@@ -90,9 +108,10 @@ func build(log *slog.Logger, f func(a *App) error) (*App, error) {
 }
 
 // NewAllInOne builds ringfenced: every service in this process, talking to each other through
-// Go calls, behind one gRPC server and one HTTP server.
+// Go calls, behind one gRPC server and one HTTP server. It serves no internal API on any
+// port: nothing outside the process calls its services' internal RPCs.
 func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error) {
-	return build(log, func(a *App) error {
+	return build(ctx, cfg, "ringfenced", log, func(a *App) error {
 		roles, err := loadRoles(cfg, log)
 		if err != nil {
 			return err
@@ -116,7 +135,7 @@ func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Ap
 		}
 		versions.v = a.Publisher
 		authz := auth.NewAuthorizer(a.Registry, auth.Rules)
-		if a.Server, err = newServer(cfg, "ringfenced", authz, log); err != nil {
+		if a.Server, err = a.newServer(cfg, "ringfenced", authz, log); err != nil {
 			return err
 		}
 		registerRegistry(a.Server, a.Registry)
@@ -140,7 +159,7 @@ func (l *lateVersions) PublishedVersion(ctx context.Context, tenant, graphID str
 // NewRegistry builds ringfence-registry: registrations, secrets and keys, reaching the pool
 // (discovery) and the audit service over mutual TLS.
 func NewRegistry(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error) {
-	return build(log, func(a *App) error {
+	return build(ctx, cfg, "ringfence-registry", log, func(a *App) error {
 		roles, err := loadRoles(cfg, log)
 		if err != nil {
 			return err
@@ -159,10 +178,11 @@ func NewRegistry(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Ap
 			}
 			a.Registry.SetDiscoverer(peers.NewPool(conn))
 		}
-		if a.Server, err = newServer(cfg, "ringfence-registry", auth.NewAuthorizer(a.Registry, auth.Rules), log); err != nil {
+		if a.Server, err = a.newServer(cfg, "ringfence-registry", auth.NewAuthorizer(a.Registry, auth.Rules), log); err != nil {
 			return err
 		}
 		registerRegistry(a.Server, a.Registry)
+		registryinternalv1.RegisterRegistryInternalServiceServer(a.Server.Internal(), a.Registry.Internal())
 		return nil
 	})
 }
@@ -170,7 +190,7 @@ func NewRegistry(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Ap
 // NewPublisher builds ringfence-publisher: graphs and publish proofs, reaching the registry
 // (grants, API keys), the pool (discovery for imports) and the audit service over mutual TLS.
 func NewPublisher(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error) {
-	return build(log, func(a *App) error {
+	return build(ctx, cfg, "ringfence-publisher", log, func(a *App) error {
 		if cfg.Peers.RegistryAddr == "" || cfg.Peers.PoolAddr == "" {
 			return errors.New("app: ringfence-publisher needs the registry and the pool: set RINGFENCE_PEERS__REGISTRY_ADDR and RINGFENCE_PEERS__POOL_ADDR")
 		}
@@ -189,10 +209,11 @@ func NewPublisher(ctx context.Context, cfg *config.Config, log *slog.Logger) (*A
 		if a.Publisher, err = a.openPublisher(cfg, registry, peers.NewPool(poolConn), sink, log); err != nil {
 			return err
 		}
-		if a.Server, err = newServer(cfg, "ringfence-publisher", auth.NewAuthorizer(registry, auth.Rules), log); err != nil {
+		if a.Server, err = a.newServer(cfg, "ringfence-publisher", auth.NewAuthorizer(registry, auth.Rules), log); err != nil {
 			return err
 		}
 		registerPublisher(a.Server, a.Publisher)
+		publisherinternalv1.RegisterPublisherInternalServiceServer(a.Server.Internal(), a.Publisher.Internal())
 		return nil
 	})
 }
@@ -201,7 +222,7 @@ func NewPublisher(ctx context.Context, cfg *config.Config, log *slog.Logger) (*A
 // registry (registrations, grants, API keys), the publisher (versions) and the audit service
 // over mutual TLS.
 func NewPool(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error) {
-	return build(log, func(a *App) error {
+	return build(ctx, cfg, "ringfence-pool", log, func(a *App) error {
 		if cfg.Peers.RegistryAddr == "" || cfg.Peers.PublisherAddr == "" {
 			return errors.New("app: ringfence-pool needs the registry and the publisher: set RINGFENCE_PEERS__REGISTRY_ADDR and RINGFENCE_PEERS__PUBLISHER_ADDR")
 		}
@@ -220,17 +241,18 @@ func NewPool(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, e
 		if a.Pool, err = a.openPool(ctx, cfg, registry, peers.NewPublisher(pubConn), sink, log); err != nil {
 			return err
 		}
-		if a.Server, err = newServer(cfg, "ringfence-pool", auth.NewAuthorizer(registry, auth.Rules), log); err != nil {
+		if a.Server, err = a.newServer(cfg, "ringfence-pool", auth.NewAuthorizer(registry, auth.Rules), log); err != nil {
 			return err
 		}
 		registerPool(a.Server, a.Pool)
+		poolinternalv1.RegisterPoolInternalServiceServer(a.Server.Internal(), pool.NewInternalServer(a.Pool))
 		return nil
 	})
 }
 
 // NewAudit builds ringfence-audit: the log, verifying readers' API keys through the registry.
 func NewAudit(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error) {
-	return build(log, func(a *App) error {
+	return build(ctx, cfg, "ringfence-audit", log, func(a *App) error {
 		if cfg.Peers.RegistryAddr == "" {
 			return errors.New("app: ringfence-audit needs the registry to verify API keys: set RINGFENCE_PEERS__REGISTRY_ADDR")
 		}
@@ -242,10 +264,11 @@ func NewAudit(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, 
 			return err
 		}
 		authz := auth.NewAuthorizer(registry, auth.Rules)
-		if a.Server, err = newServer(cfg, "ringfence-audit", authz, log); err != nil {
+		if a.Server, err = a.newServer(cfg, "ringfence-audit", authz, log); err != nil {
 			return err
 		}
 		registerAudit(a.Server, a.Audit, authz)
+		auditinternalv1.RegisterAuditInternalServiceServer(a.Server.Internal(), a.Audit.Internal())
 		return nil
 	})
 }
@@ -316,6 +339,7 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 	}
 	a.onClose(svc.Close)
 	requeueQuarantined(cfg, svc.Spool(), log.With("service", "registry"))
+	ctx = auth.SystemContext(ctx, "startup")
 	if cfg.BootstrapAdminKey != "" {
 		if err := svc.EnsureBootstrapAdmin(ctx, cfg.BootstrapAdminKey); err != nil {
 			return nil, err
@@ -327,11 +351,11 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 }
 
 // hasActiveKey says whether any key can call the registry: without one, and without a
-// bootstrap key, a fresh deployment refuses everything and nothing says why.
+// bootstrap key, a fresh deployment refuses everything and nothing says why. ctx carries the
+// system principal (auth.SystemContext), which sees every tenant's keys.
 func hasActiveKey(ctx context.Context, svc *registry.Service) bool {
 	req := &registryv1.ListKeysRequest{PageSize: 1000}
 	for {
-		// No principal: the in-process caller sees every tenant's keys.
 		resp, err := svc.ListKeys(ctx, req)
 		if err != nil {
 			return true // not this check's to report
@@ -467,7 +491,7 @@ func (a *App) auditPeer(cfg *config.Config) (audit.Sink, error) {
 // dial connects to a peer with this binary's service certificate; the connection closes with
 // the app.
 func (a *App) dial(cfg *config.Config, peer, addr string) (*grpc.ClientConn, error) {
-	conn, err := peers.Dial(peer, addr, mtls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.ClientCAFile})
+	conn, err := peers.Dial(peer, addr, mtls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.ClientCAFile}, a.tracing)
 	if err != nil {
 		return nil, err
 	}
@@ -475,17 +499,31 @@ func (a *App) dial(cfg *config.Config, peer, addr string) (*grpc.ClientConn, err
 	return conn, nil
 }
 
-func newServer(cfg *config.Config, name string, authz grpcserver.Authorizer, log *slog.Logger) (*grpcserver.Server, error) {
+// newServer builds the binary's server: the public listeners, and for a split binary
+// (cfg.InternalAddr set, which config allows only with TLS) the internal listener, mutual TLS
+// only.
+func (a *App) newServer(cfg *config.Config, name string, authz grpcserver.Authorizer, log *slog.Logger) (*grpcserver.Server, error) {
 	opts := grpcserver.Options{
 		Name: name, GRPCAddr: cfg.GRPCAddr, HTTPAddr: cfg.HTTPAddr,
-		Authorizer: authz, Logger: log,
+		Authorizer: authz, Logger: log, Tracing: a.tracing,
 	}
+	files := mtls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.ClientCAFile}
 	if cfg.TLS.Enabled() {
-		tlsCfg, err := mtls.ServerConfig(mtls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.ClientCAFile})
+		tlsCfg, err := mtls.ServerConfig(files)
 		if err != nil {
 			return nil, err
 		}
 		opts.TLS = tlsCfg
+	}
+	if cfg.InternalAddr != "" {
+		if !cfg.TLS.Enabled() {
+			return nil, fmt.Errorf("app: %s serves internal RPCs on internal_addr %s, which takes mutual TLS only: set RINGFENCE_TLS__CERT_FILE, RINGFENCE_TLS__KEY_FILE and RINGFENCE_TLS__CLIENT_CA_FILE", name, cfg.InternalAddr)
+		}
+		internalTLS, err := mtls.InternalServerConfig(files)
+		if err != nil {
+			return nil, err
+		}
+		opts.InternalAddr, opts.InternalTLS = cfg.InternalAddr, internalTLS
 	}
 	return grpcserver.New(opts), nil
 }

@@ -8,7 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
+
 	"strings"
 	"testing"
 	"time"
@@ -16,21 +16,17 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/dynamicpb"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
-	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
-	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/config"
-	"github.com/ringfence/ringfence/internal/mtls"
 	"github.com/ringfence/ringfence/internal/testutil"
 )
 
@@ -52,8 +48,9 @@ func testConfig(t *testing.T, extraEnv ...string) *config.Config {
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // TestPermissionMatrix calls every RPC of every service with every built-in role (and with no
-// key) and checks the answer against auth.Rules: a role without the permission is denied, a
-// role with it gets past authorization, internal RPCs refuse every API key.
+// key) on ringfenced and checks the answer against auth.Rules: a role without the permission
+// is denied, a role with it gets past authorization, and internal RPCs are not served at all
+// (its services call each other in-process).
 func TestPermissionMatrix(t *testing.T) {
 	a, err := NewAllInOne(t.Context(), testConfig(t), quietLogger())
 	require.NoError(t, err)
@@ -91,7 +88,9 @@ func TestPermissionMatrix(t *testing.T) {
 				code := invoke(t, conn, md, full, key)
 				roleDef, _ := auth.BuiltinRoles[role]
 				allowed := rule.Permission != "" && contains(roleDef, rule.Permission)
-				if allowed {
+				if len(rule.Internal) > 0 {
+					require.Equal(t, codes.Unimplemented, code, "ringfenced serves no internal RPC: %s", full)
+				} else if allowed {
 					require.NotContains(t, []codes.Code{codes.PermissionDenied, codes.Unauthenticated}, code, "%s with role %s", full, role)
 				} else {
 					require.Equal(t, codes.PermissionDenied, code, "%s with role %s", full, role)
@@ -101,7 +100,7 @@ func TestPermissionMatrix(t *testing.T) {
 		t.Run(string(md.Name())+"/no-key", func(t *testing.T) {
 			code := invoke(t, conn, md, full, "")
 			if len(rule.Internal) > 0 {
-				require.Equal(t, codes.PermissionDenied, code)
+				require.Equal(t, codes.Unimplemented, code, "ringfenced serves no internal RPC")
 			} else {
 				require.Equal(t, codes.Unauthenticated, code)
 			}
@@ -138,90 +137,6 @@ func invoke(t *testing.T, conn *grpc.ClientConn, md protoreflect.MethodDescripto
 	require.NoError(t, stream.SendMsg(req))
 	require.NoError(t, stream.CloseSend())
 	return status.Code(stream.RecvMsg(resp))
-}
-
-// serveWithDevCA runs ringfenced with TLS from `certs init` on a loopback port and returns a
-// dialer: dialAs(svc) presents svc's certificate, dialAs("") presents none.
-func serveWithDevCA(t *testing.T) (dialAs func(svc string) *grpc.ClientConn) {
-	t.Helper()
-	dir := t.TempDir()
-	_, err := mtls.InitDevCA(dir, mtls.DevCAOptions{})
-	require.NoError(t, err)
-	cfg := testConfig(t,
-		"RINGFENCE_TLS__CERT_FILE="+filepath.Join(dir, "registry.pem"),
-		"RINGFENCE_TLS__KEY_FILE="+filepath.Join(dir, "registry-key.pem"),
-		"RINGFENCE_TLS__CLIENT_CA_FILE="+filepath.Join(dir, "ca.pem"),
-	)
-	a, err := NewAllInOne(t.Context(), cfg, quietLogger())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = a.Close() })
-	go func() { _ = a.Server.Run(t.Context()) }()
-	grpcAddr, _, err := a.Server.Addrs(t.Context())
-	require.NoError(t, err)
-
-	return func(svc string) *grpc.ClientConn {
-		var tlsCfg credentials.TransportCredentials
-		if svc == "" {
-			c, err := mtls.CAOnlyConfig(filepath.Join(dir, "ca.pem"), "", "")
-			require.NoError(t, err)
-			tlsCfg = credentials.NewTLS(c)
-		} else {
-			c, err := mtls.ClientConfig(mtls.Files{CertFile: filepath.Join(dir, svc+".pem"), KeyFile: filepath.Join(dir, svc+"-key.pem"), CAFile: filepath.Join(dir, "ca.pem")}, mtls.Registry)
-			require.NoError(t, err)
-			tlsCfg = credentials.NewTLS(c)
-		}
-		conn, err := grpc.NewClient(grpcAddr.String(), grpc.WithTransportCredentials(tlsCfg))
-		require.NoError(t, err)
-		t.Cleanup(func() { conn.Close() })
-		return conn
-	}
-}
-
-// TestInternalRPCsNeedTheirServiceCertificate runs ringfenced with TLS from `certs init` and
-// calls internal RPCs with each service's certificate and with an API key alone.
-func TestInternalRPCsNeedTheirServiceCertificate(t *testing.T) {
-	conns := serveWithDevCA(t)
-	dialAs := func(svc string) registryv1.RegistryServiceClient {
-		return registryv1.NewRegistryServiceClient(conns(svc))
-	}
-	ctx := t.Context()
-	keyHash := auth.HashKey(bootstrapKey)
-
-	resp, err := dialAs(mtls.Pool).AuthenticateKey(ctx, &registryv1.AuthenticateKeyRequest{KeySha256: keyHash})
-	require.NoError(t, err, "the pool's certificate may authenticate keys")
-	require.Equal(t, auth.RoleAdmin, resp.GetRole())
-
-	_, err = dialAs("").AuthenticateKey(testutil.WithKey(ctx, bootstrapKey), &registryv1.AuthenticateKeyRequest{KeySha256: keyHash})
-	st := testutil.RequireStatus(t, err, codes.PermissionDenied, "an admin API key without a certificate")
-	require.Contains(t, st.Message(), "API keys are never enough")
-
-	_, err = dialAs(mtls.Publisher).ResolveServer(ctx, &registryv1.ResolveServerRequest{Ref: "x"})
-	testutil.RequireStatus(t, err, codes.PermissionDenied, "only the pool may resolve secrets")
-
-	_, err = dialAs(mtls.Pool).ResolveServer(ctx, &registryv1.ResolveServerRequest{Ref: "x"})
-	testutil.RequireStatus(t, err, codes.NotFound, "the pool gets past authorization")
-
-	_, err = dialAs("").ListServers(testutil.WithKey(ctx, bootstrapKey), &registryv1.ListServersRequest{})
-	require.NoError(t, err, "public RPCs work over TLS with an API key")
-
-	// The publisher may list a registered server's tools through Discover; running a tool, or
-	// starting an ad hoc command, is the registry's explore alone.
-	discover := func(svc string, req *poolv1.DiscoverRequest) error {
-		_, err := poolv1.NewPoolServiceClient(conns(svc)).Discover(ctx, req)
-		return err
-	}
-	require.Equal(t, codes.NotFound, status.Code(discover(mtls.Publisher, &poolv1.DiscoverRequest{ServerRef: "x"})),
-		"the publisher lists registered servers")
-	adhoc := &registryv1.ResolveServerResponse{Server: &registryv1.Server{Ref: "x", Command: "no-such-command"}}
-	for _, req := range []*poolv1.DiscoverRequest{
-		{ServerRef: "x", Adhoc: adhoc},
-		{ServerRef: "x", Call: &typesv1.ExploreCall{Tool: "echo"}},
-		{ServerRef: "x", Tenant: "default", ActorKeyId: "key_x"},
-	} {
-		st := testutil.RequireStatus(t, discover(mtls.Publisher, req), codes.PermissionDenied, "the publisher may not explore")
-		require.Contains(t, st.Message(), "only the registry's certificate")
-		require.NotEqual(t, codes.PermissionDenied, status.Code(discover(mtls.Registry, req)), "the registry may")
-	}
 }
 
 // TestAllInOneWiresThePublisher: ringfenced serves the publisher with the registry's grants as
@@ -278,7 +193,7 @@ func TestRequeueQuarantineAtStart(t *testing.T) {
 	a, err := NewAllInOne(t.Context(), cfg, quietLogger())
 	require.NoError(t, err)
 	defer a.Close()
-	ctx := auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_test", Role: auth.RoleAdmin, Permissions: auth.AllPermissions})
+	ctx := auth.SystemContext(t.Context(), "test")
 	require.Eventually(t, func() bool {
 		resp, err := a.Audit.List(ctx, &auditv1.ListRequest{PageSize: 1000})
 		if err != nil {
@@ -294,61 +209,4 @@ func TestRequeueQuarantineAtStart(t *testing.T) {
 	aside, err := filepath.Glob(filepath.Join(dir, "quarantine.jsonl.requeued-*"))
 	require.NoError(t, err)
 	require.Len(t, aside, 1)
-}
-
-// wantInternal pins, apart from auth.Rules, which service certificates may call each internal
-// RPC. It is written out by hand on purpose: a test that read its expectations from auth.Rules
-// could not notice an allowlist widened there. A new internal RPC fails TestInternalAllowlists
-// until its callers are written down here too.
-var wantInternal = map[string][]string{
-	registryv1.RegistryService_ResolveServer_FullMethodName:         {mtls.Pool},
-	registryv1.RegistryService_GetServerPolicy_FullMethodName:       {mtls.Publisher, mtls.Pool},
-	registryv1.RegistryService_AuthenticateKey_FullMethodName:       {mtls.Publisher, mtls.Pool, mtls.Audit},
-	publisherv1.PublisherService_GetPublishedVersion_FullMethodName: {mtls.Pool},
-	poolv1.PoolService_Discover_FullMethodName:                      {mtls.Registry, mtls.Publisher},
-	auditv1.AuditService_Append_FullMethodName:                      {mtls.Registry, mtls.Publisher, mtls.Pool},
-}
-
-// TestInternalAllowlists calls every internal RPC with every service's certificate over mutual
-// TLS: a service on the RPC's allowlist gets past authorization (an empty request may still
-// fail, on its merits), and every other service is refused with PermissionDenied. The RPCs come
-// from auth.Rules, so a new internal RPC is covered; who may call each comes from wantInternal.
-func TestInternalAllowlists(t *testing.T) {
-	dialAs := serveWithDevCA(t)
-	conns := make(map[string]*grpc.ClientConn, len(mtls.Services))
-	for _, svc := range mtls.Services {
-		conns[svc] = dialAs(svc)
-	}
-
-	var internal []string
-	for full, rule := range auth.Rules {
-		if len(rule.Internal) > 0 {
-			internal = append(internal, full)
-		}
-	}
-	slices.Sort(internal)
-	for full := range wantInternal {
-		require.Contains(t, internal, full, "wantInternal names %s, which auth.Rules does not make internal", full)
-	}
-
-	for _, full := range internal {
-		allowed, ok := wantInternal[full]
-		require.True(t, ok, "%s is internal in auth.Rules: write down in wantInternal which services may call it", full)
-		name := protoreflect.FullName(strings.ReplaceAll(strings.TrimPrefix(full, "/"), "/", "."))
-		d, err := protoregistry.GlobalFiles.FindDescriptorByName(name)
-		require.NoError(t, err, "no descriptor for %s", full)
-		md, ok := d.(protoreflect.MethodDescriptor)
-		require.True(t, ok, "%s is not a method", full)
-		for _, svc := range mtls.Services {
-			t.Run(string(md.Name())+"/"+svc, func(t *testing.T) {
-				code := invoke(t, conns[svc], md, full, "")
-				if slices.Contains(allowed, svc) {
-					require.NotContains(t, []codes.Code{codes.PermissionDenied, codes.Unauthenticated}, code,
-						"%s may call %s", svc, full)
-				} else {
-					require.Equal(t, codes.PermissionDenied, code, "%s may not call %s", svc, full)
-				}
-			})
-		}
-	}
 }

@@ -96,17 +96,58 @@ func TestAuthorize(t *testing.T) {
 	}
 }
 
-func TestResolveTenant(t *testing.T) {
+func TestResolveTenancy(t *testing.T) {
 	bound := Principal{Tenant: "acme"}
-	got, err := ResolveTenant(bound, "")
+	for _, tc := range []struct {
+		name      string
+		p         Principal
+		requested string
+		all       bool
+		want      Tenancy
+		mismatch  bool
+	}{
+		{"bound, naming none", bound, "", false, Tenancy{Tenant: "acme"}, false},
+		{"bound, naming its own", bound, "acme", false, Tenancy{Tenant: "acme"}, false},
+		{"bound, naming another", bound, "globex", false, Tenancy{}, true},
+		{"bound, naming none where none spans all", bound, "", true, Tenancy{Tenant: "acme"}, false},
+		{"bound, naming another where none spans all", bound, "globex", true, Tenancy{}, true},
+		{"unbound, naming none", Principal{}, "", false, Tenancy{Tenant: DefaultTenant}, false},
+		{"unbound, naming one", Principal{}, "globex", false, Tenancy{Tenant: "globex"}, false},
+		{"unbound, naming none where none spans all", Principal{}, "", true, Tenancy{All: true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ResolveTenancy(tc.p, tc.requested, tc.all)
+			if tc.mismatch {
+				require.True(t, errors.Is(err, ErrTenantMismatch), "%v", err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// TestHandlersFailClosed: without a resolved tenancy or a caller, the accessors handlers use
+// refuse; "no principal" is never "every tenant".
+func TestHandlersFailClosed(t *testing.T) {
+	ctx := context.Background()
+	_, err := TenantFrom(ctx)
+	require.Equal(t, codes.PermissionDenied, status.Code(err))
+	_, err = TenancyFrom(ctx)
+	require.Equal(t, codes.PermissionDenied, status.Code(err))
+	_, err = PrincipalFrom(ctx)
+	require.Equal(t, codes.Unauthenticated, status.Code(err))
+	_, err = TenantFrom(WithTenancy(ctx, Tenancy{All: true}))
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "a call that must act for one tenant refuses one that spans all")
+
+	sys := SystemContext(ctx, "startup")
+	p, err := PrincipalFrom(sys)
 	require.NoError(t, err)
-	require.Equal(t, "acme", got)
-	_, err = ResolveTenant(bound, "globex")
-	require.True(t, errors.Is(err, ErrTenantMismatch))
-	got, err = ResolveTenant(Principal{}, "")
+	require.Equal(t, "system:startup", p.Actor())
+	require.False(t, p.IsKey())
+	id, role := p.AuditActor()
+	require.Equal(t, [2]string{"system", "system"}, [2]string{id, role})
+	ten, err := TenancyFrom(sys)
 	require.NoError(t, err)
-	require.Equal(t, DefaultTenant, got)
-	got, err = ResolveTenant(Principal{}, "globex")
-	require.NoError(t, err)
-	require.Equal(t, "globex", got)
+	require.True(t, ten.All)
 }

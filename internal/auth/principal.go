@@ -5,14 +5,17 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"slices"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // DefaultTenant is the tenant of requests from keys not bound to one that name none.
 const DefaultTenant = "default"
 
-// Principal is who is calling: an API key's holder, or a service by its certificate.
+// Principal is who is calling: an API key's holder, a service by its certificate, or the
+// deployment itself (System) for in-process callers no key or certificate stands behind.
 type Principal struct {
 	KeyID       string
 	KeyName     string
@@ -22,6 +25,9 @@ type Principal struct {
 	Tenant string
 	// Service is set instead of the key fields when a service certificate authenticated the call.
 	Service string
+	// System names what an in-process caller acting for the deployment does (SystemContext),
+	// instead of the key and service fields. It is never reachable over the network.
+	System string
 }
 
 // Has reports whether the principal holds p.
@@ -29,11 +35,17 @@ func (p Principal) Has(perm Permission) bool { return slices.Contains(p.Permissi
 
 // Actor names the principal in logs and audit records.
 func (p Principal) Actor() string {
-	if p.Service != "" {
+	switch {
+	case p.Service != "":
 		return "service:" + p.Service
+	case p.System != "":
+		return "system:" + p.System
 	}
 	return "key:" + p.KeyID
 }
+
+// IsKey reports whether an API key authenticated the call (not a certificate, not System).
+func (p Principal) IsKey() bool { return p.KeyID != "" }
 
 // AuditActor is how audit records name the principal: its key id and role, "service:<name>"
 // for a service certificate, or "system" for changes no caller made (a bootstrap at start).
@@ -54,29 +66,37 @@ func WithPrincipal(ctx context.Context, p Principal) context.Context {
 	return context.WithValue(ctx, principalKey{}, p)
 }
 
-// FromContext returns the authenticated caller.
+// FromContext returns the authenticated caller, for what only describes it (logs). A decision
+// about what the caller may do reads PrincipalFrom, which fails closed.
 func FromContext(ctx context.Context) (Principal, bool) {
 	p, ok := ctx.Value(principalKey{}).(Principal)
 	return p, ok
 }
 
+// errNoCaller refuses a call whose context names no caller: "no principal" is never "the
+// deployment itself" (that is SystemContext).
+var errNoCaller = status.Error(codes.Unauthenticated, "auth: this call carries no authenticated caller (it did not pass the server's authorization), so it is refused")
+
+// PrincipalFrom returns the authenticated caller, or an UNAUTHENTICATED status when the
+// context names none: handlers fail closed.
+func PrincipalFrom(ctx context.Context) (Principal, error) {
+	p, ok := FromContext(ctx)
+	if !ok {
+		return Principal{}, errNoCaller
+	}
+	return p, nil
+}
+
+// SystemContext returns ctx with the deployment itself as the caller, acting for every tenant:
+// for in-process callers that no API key or certificate stands behind (a start-up check, the
+// bootstrap key). purpose names it in logs ("system:<purpose>"); audit records name it
+// "system".
+func SystemContext(ctx context.Context, purpose string) context.Context {
+	return WithTenancy(WithPrincipal(ctx, Principal{System: purpose}), Tenancy{All: true})
+}
+
 // ErrTenantMismatch refuses a request for another tenant than the key's.
 var ErrTenantMismatch = errors.New("auth: this API key is bound to another tenant")
-
-// ResolveTenant returns the tenant a request acts for: a tenant-bound key always acts for its
-// own (naming another is refused), other keys act for the requested one or DefaultTenant.
-func ResolveTenant(p Principal, requested string) (string, error) {
-	if p.Tenant != "" {
-		if requested != "" && requested != p.Tenant {
-			return "", fmt.Errorf("%w (%q): omit the tenant or use %q", ErrTenantMismatch, p.Tenant, p.Tenant)
-		}
-		return p.Tenant, nil
-	}
-	if requested == "" {
-		return DefaultTenant, nil
-	}
-	return requested, nil
-}
 
 // HashKey is the lowercase hex SHA-256 of an API key: what is stored and what services send
 // each other instead of the key. Keys are 32 random bytes, so a fast hash is enough.

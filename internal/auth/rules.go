@@ -8,6 +8,10 @@ import (
 	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
+	auditinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/audit/v1"
+	poolinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1"
+	publisherinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/publisher/v1"
+	registryinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1"
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
@@ -25,6 +29,10 @@ type Rule struct {
 	// Deployment marks RPCs over state every tenant shares (registrations, their secrets and
 	// grants): a key bound to one tenant may not call them, whatever its role.
 	Deployment bool
+	// AllTenants marks RPCs whose tenant narrows rather than chooses: a caller bound to no
+	// tenant that names none spans every tenant (Tenancy.All) instead of acting for
+	// DefaultTenant. Audit reads filter by tenant; CreateKey's tenant is the new key's binding.
+	AllTenants bool
 }
 
 func (r Rule) allows(service string) bool { return slices.Contains(r.Internal, service) }
@@ -32,6 +40,9 @@ func (r Rule) allows(service string) bool { return slices.Contains(r.Internal, s
 func perm(p Permission) Rule       { return Rule{Permission: p} }
 func deployment(p Permission) Rule { return Rule{Permission: p, Deployment: true} }
 func internal(svcs ...string) Rule { return Rule{Internal: svcs} }
+
+// anyTenant is p where naming no tenant means every tenant (Rule.AllTenants).
+func anyTenant(p Permission) Rule { return Rule{Permission: p, AllTenants: true} }
 
 var public = Rule{Public: true}
 
@@ -50,30 +61,25 @@ var Rules = map[string]Rule{
 	registryv1.RegistryService_PutSecret_FullMethodName:       deployment(MCPAdmin),
 	registryv1.RegistryService_ListSecrets_FullMethodName:     deployment(MCPAdmin),
 	registryv1.RegistryService_DeleteSecret_FullMethodName:    deployment(MCPAdmin),
-	registryv1.RegistryService_ResolveServer_FullMethodName:   internal(mtls.Pool),
-	registryv1.RegistryService_GetServerPolicy_FullMethodName: internal(mtls.Publisher, mtls.Pool),
-	registryv1.RegistryService_AuthenticateKey_FullMethodName: internal(mtls.Publisher, mtls.Pool, mtls.Audit),
 
-	registryv1.KeyService_CreateKey_FullMethodName: perm(KeysAdmin),
+	registryv1.KeyService_CreateKey_FullMethodName: anyTenant(KeysAdmin),
 	registryv1.KeyService_ListKeys_FullMethodName:  perm(KeysAdmin),
 	registryv1.KeyService_RevokeKey_FullMethodName: perm(KeysAdmin),
 	registryv1.KeyService_ListRoles_FullMethodName: perm(KeysAdmin),
 
 	// Publisher: authors draft, import and publish; deleting a graph is administration.
-	publisherv1.PublisherService_CreateGraph_FullMethodName:         perm(WorkflowWrite),
-	publisherv1.PublisherService_GetDraft_FullMethodName:            perm(WorkflowWrite),
-	publisherv1.PublisherService_ReplaceDraft_FullMethodName:        perm(WorkflowWrite),
-	publisherv1.PublisherService_ValidateDraft_FullMethodName:       perm(WorkflowWrite),
-	publisherv1.PublisherService_Publish_FullMethodName:             perm(WorkflowWrite),
-	publisherv1.PublisherService_GetVersion_FullMethodName:          perm(WorkflowWrite),
-	publisherv1.PublisherService_ListVersions_FullMethodName:        perm(WorkflowWrite),
-	publisherv1.PublisherService_ListGraphs_FullMethodName:          perm(WorkflowWrite),
-	publisherv1.PublisherService_ImportTools_FullMethodName:         perm(WorkflowWrite),
-	publisherv1.PublisherService_DeleteGraph_FullMethodName:         perm(WorkflowAdmin),
-	publisherv1.PublisherService_GetPublishedVersion_FullMethodName: internal(mtls.Pool),
+	publisherv1.PublisherService_CreateGraph_FullMethodName:   perm(WorkflowWrite),
+	publisherv1.PublisherService_GetDraft_FullMethodName:      perm(WorkflowWrite),
+	publisherv1.PublisherService_ReplaceDraft_FullMethodName:  perm(WorkflowWrite),
+	publisherv1.PublisherService_ValidateDraft_FullMethodName: perm(WorkflowWrite),
+	publisherv1.PublisherService_Publish_FullMethodName:       perm(WorkflowWrite),
+	publisherv1.PublisherService_GetVersion_FullMethodName:    perm(WorkflowWrite),
+	publisherv1.PublisherService_ListVersions_FullMethodName:  perm(WorkflowWrite),
+	publisherv1.PublisherService_ListGraphs_FullMethodName:    perm(WorkflowWrite),
+	publisherv1.PublisherService_ImportTools_FullMethodName:   perm(WorkflowWrite),
+	publisherv1.PublisherService_DeleteGraph_FullMethodName:   perm(WorkflowAdmin),
 
-	// Pool: runs; discovery starts servers, so only the control plane's certificates may ask.
-	poolv1.PoolService_Discover_FullMethodName:  internal(mtls.Registry, mtls.Publisher),
+	// Pool: runs.
 	poolv1.PoolService_StartRun_FullMethodName:  perm(RunExecute),
 	poolv1.PoolService_CallTool_FullMethodName:  perm(RunExecute),
 	poolv1.PoolService_PauseRun_FullMethodName:  perm(RunExecute),
@@ -81,12 +87,22 @@ var Rules = map[string]Rule{
 	poolv1.PoolService_EndRun_FullMethodName:    perm(RunExecute),
 	poolv1.PoolService_GetRun_FullMethodName:    perm(RunExecute),
 
-	// Audit: producers append with their certificates; readers need audit:read.
-	auditv1.AuditService_Append_FullMethodName: internal(mtls.Registry, mtls.Publisher, mtls.Pool),
-	auditv1.AuditService_List_FullMethodName:   perm(AuditRead),
-	auditv1.AuditService_Watch_FullMethodName:  perm(AuditRead),
+	// Audit: readers need audit:read (producers append on the internal plane, below).
+	auditv1.AuditService_List_FullMethodName:   anyTenant(AuditRead),
+	auditv1.AuditService_Watch_FullMethodName:  anyTenant(AuditRead),
 	auditv1.AuditService_Verify_FullMethodName: perm(AuditRead),
-	auditv1.AuditService_Export_FullMethodName: perm(AuditRead),
+	auditv1.AuditService_Export_FullMethodName: anyTenant(AuditRead),
+
+	// The internal plane (ringfence.internal.*), served only on each split binary's internal
+	// listener, which accepts nothing but mutual TLS. Each RPC names the service certificates
+	// that may call it; API keys never can.
+	registryinternalv1.RegistryInternalService_ResolveServer_FullMethodName:         internal(mtls.Pool),
+	registryinternalv1.RegistryInternalService_GetServerPolicy_FullMethodName:       internal(mtls.Publisher, mtls.Pool),
+	registryinternalv1.RegistryInternalService_AuthenticateKey_FullMethodName:       internal(mtls.Publisher, mtls.Pool, mtls.Audit),
+	publisherinternalv1.PublisherInternalService_GetPublishedVersion_FullMethodName: internal(mtls.Pool),
+	// Discovery starts servers, so only the control plane's certificates may ask.
+	poolinternalv1.PoolInternalService_Discover_FullMethodName: internal(mtls.Registry, mtls.Publisher),
+	auditinternalv1.AuditInternalService_Append_FullMethodName: internal(mtls.Registry, mtls.Publisher, mtls.Pool),
 
 	grpc_health_v1.Health_Check_FullMethodName:                             public,
 	grpc_health_v1.Health_Watch_FullMethodName:                             public,

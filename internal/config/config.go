@@ -12,10 +12,12 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/internal/telemetry"
 )
 
 // Config is the typed runtime configuration. Field tags:
@@ -25,10 +27,13 @@ import (
 //	help:    one line for --help and docs
 //	secret:  the value is never printed
 type Config struct {
-	Env               string `key:"env" default:"development" help:"development or production; production refuses every development escape hatch"`
-	DataDir           string `key:"data_dir" default:"./data" help:"directory for the bbolt files and the secrets key"`
-	GRPCAddr          string `key:"grpc_addr" default:"127.0.0.1:50051" help:"gRPC listen address"`
-	HTTPAddr          string `key:"http_addr" default:"127.0.0.1:8000" help:"REST, /healthz and /metrics listen address; empty disables"`
+	Env      string `key:"env" default:"development" help:"development or production; production refuses every development escape hatch"`
+	DataDir  string `key:"data_dir" default:"./data" help:"directory for the bbolt files and the secrets key"`
+	GRPCAddr string `key:"grpc_addr" default:"127.0.0.1:50051" help:"gRPC listen address"`
+	HTTPAddr string `key:"http_addr" default:"127.0.0.1:8000" help:"REST, /healthz and /metrics listen address; empty disables"`
+	// InternalAddr has no static default: a split binary listens on DefaultInternalAddr when it
+	// is unset, and ringfenced, whose services call each other in-process, on nothing.
+	InternalAddr      string `key:"internal_addr" help:"split binaries: listen address of the internal plane (ringfence.internal.*), mutual TLS only; peers' peers.*_addr name it; default 127.0.0.1:50052; ringfenced serves none"`
 	LogLevel          string `key:"log_level" default:"info" help:"debug, info, warn or error"`
 	LogFormat         string `key:"log_format" default:"text" help:"text or json"`
 	BootstrapAdminKey string `key:"bootstrap_admin_key" secret:"true" help:"this exact value becomes an admin API key at start (idempotent)"`
@@ -37,6 +42,7 @@ type Config struct {
 
 	TLS     TLS     `key:"tls"`
 	Peers   Peers   `key:"peers"`
+	OTel    OTel    `key:"otel"`
 	Sandbox Sandbox `key:"sandbox"`
 	Pool    Pool    `key:"pool"`
 	Audit   Audit   `key:"audit"`
@@ -54,13 +60,19 @@ type TLS struct {
 // Enabled reports whether TLS is configured.
 func (t TLS) Enabled() bool { return t.CertFile != "" }
 
-// Peers are the gRPC addresses of the other services in a split deployment. Empty means the
-// service runs in this process (ringfenced) or is not needed by this binary.
+// Peers are the internal addresses (each peer's internal_addr) of the other services in a
+// split deployment. Empty means the service runs in this process (ringfenced) or is not needed
+// by this binary.
 type Peers struct {
-	RegistryAddr  string `key:"registry_addr" help:"gRPC address of ringfence-registry"`
-	PublisherAddr string `key:"publisher_addr" help:"gRPC address of ringfence-publisher"`
-	PoolAddr      string `key:"pool_addr" help:"gRPC address of ringfence-pool"`
-	AuditAddr     string `key:"audit_addr" help:"gRPC address of ringfence-audit"`
+	RegistryAddr  string `key:"registry_addr" help:"internal address (internal_addr) of ringfence-registry"`
+	PublisherAddr string `key:"publisher_addr" help:"internal address (internal_addr) of ringfence-publisher"`
+	PoolAddr      string `key:"pool_addr" help:"internal address (internal_addr) of ringfence-pool"`
+	AuditAddr     string `key:"audit_addr" help:"internal address (internal_addr) of ringfence-audit"`
+}
+
+// OTel configures tracing (OpenTelemetry). Nothing is exported unless Endpoint is set.
+type OTel struct {
+	Endpoint string `key:"endpoint" help:"OTLP/gRPC collector URL (http://host:4317, or https://) to export traces to; empty exports nothing"`
 }
 
 // Sandbox is the operator-owned isolation profile for stdio MCP servers. No registration can
@@ -101,6 +113,16 @@ type Audit struct {
 type Dev struct {
 	AllowInlineMCPServers bool `key:"allow_inline_mcp_servers" help:"publish graphs with inline mcp_servers over a warning, and run them (no ceiling applies to them)"`
 }
+
+// The binaries whose configuration Load checks beyond the keys themselves.
+const (
+	AllInOne = "ringfenced"
+	// DefaultInternalAddr is a split binary's internal_addr when none is set.
+	DefaultInternalAddr = "127.0.0.1:50052"
+)
+
+// SplitBinaries run one service each and serve its internal RPCs to their peers.
+var SplitBinaries = []string{"ringfence-registry", "ringfence-publisher", "ringfence-pool", "ringfence-audit"}
 
 // IsProduction reports whether the deployment declared itself production.
 func (c *Config) IsProduction() bool { return c.Env == "production" }
@@ -194,6 +216,11 @@ func (c *Config) Validate() error {
 	default:
 		errs.add("audit.on_spool_full", fmt.Sprintf("%q is not a policy", c.Audit.OnSpoolFull), "use fail_closed or continue_and_alarm")
 	}
+	if c.OTel.Endpoint != "" {
+		if err := telemetry.CheckEndpoint(c.OTel.Endpoint); err != nil {
+			errs.add("otel.endpoint", fmt.Sprintf("%q is not an OTLP endpoint", c.OTel.Endpoint), "use an http:// or https:// URL of an OTLP/gRPC collector, e.g. http://127.0.0.1:4317, or leave it empty")
+		}
+	}
 	if c.IsProduction() {
 		if c.Sandbox.AllowUnisolatedMCPDevelopment {
 			errs.add("sandbox.allow_unisolated_mcp_development", "is refused in production: it runs registered MCP servers as host processes with this service's privileges, so mcp:admin becomes code execution on the host",
@@ -202,6 +229,33 @@ func (c *Config) Validate() error {
 		if c.Dev.AllowInlineMCPServers {
 			errs.add("dev.allow_inline_mcp_servers", "is refused in production: inline mcp_servers have no registry row, so no ceiling applies to them",
 				"unset it, register the servers and run `ringfence mcp-import`")
+		}
+	}
+	return errs.err()
+}
+
+// validateFor checks what depends on which binary runs the configuration, and fills in a
+// split binary's internal address. Other names (tests, the CLI) get the checks above only.
+func (c *Config) validateFor(binary string) error {
+	var errs problems
+	switch {
+	case binary == AllInOne:
+		if c.InternalAddr != "" {
+			errs.add("internal_addr", "is set, but ringfenced serves no internal RPCs: its services call each other in-process", "unset it; it is for split binaries (ringfence-registry, -publisher, -pool, -audit)")
+		}
+	case slices.Contains(SplitBinaries, binary):
+		if c.InternalAddr == "" {
+			c.InternalAddr = DefaultInternalAddr
+		}
+		if err := checkAddr(c.InternalAddr); err != nil {
+			errs.add("internal_addr", err.Error(), "use host:port, e.g. "+DefaultInternalAddr)
+		} else if c.InternalAddr == c.GRPCAddr || c.InternalAddr == c.HTTPAddr {
+			errs.add("internal_addr", fmt.Sprintf("%q is also grpc_addr or http_addr", c.InternalAddr), "give the internal plane a port of its own, e.g. "+DefaultInternalAddr)
+		}
+		if !c.TLS.Enabled() {
+			errs.addRule(fmt.Sprintf("%s serves internal RPCs to its peers on internal_addr (%s), which takes mutual TLS only, so tls.cert_file, tls.key_file and tls.client_ca_file (%s, %s, %s) are required",
+				binary, EnvName("internal_addr"), EnvName("tls.cert_file"), EnvName("tls.key_file"), EnvName("tls.client_ca_file")),
+				"`ringfence certs init --dir D` writes a development set; or run every service in one process with ringfenced")
 		}
 	}
 	return errs.err()

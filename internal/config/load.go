@@ -46,7 +46,8 @@ func FlagName(key string) string { return strings.ReplaceAll(key, "_", "-") }
 
 // Load builds the configuration from defaults, the YAML file named by --config or
 // RINGFENCE_CONFIG, the environment and the flags in args, then validates it. name is the
-// binary's name for --help. A --help request returns flag.ErrHelp after printing usage to out.
+// binary's name, for --help and for the checks that depend on the binary (validateFor). A
+// --help request returns flag.ErrHelp after printing usage to out.
 func Load(name string, args, environ []string, out io.Writer) (*Config, error) {
 	cfg := &Config{}
 	fields := collectFields(reflect.ValueOf(cfg).Elem(), "")
@@ -104,6 +105,9 @@ func Load(name string, args, environ []string, out io.Writer) (*Config, error) {
 		}
 	}
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.validateFor(name); err != nil {
 		return nil, err
 	}
 	return cfg, nil

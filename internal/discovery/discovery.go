@@ -8,7 +8,7 @@ import (
 	"errors"
 	"fmt"
 
-	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	registryinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/mcpdecl/screen"
 )
@@ -120,7 +120,7 @@ type ExploreRequest struct {
 	Call *typesv1.ExploreCall
 	// Adhoc, when set, is explored instead of the registration Ref names: a server the
 	// registry validated and resolved (as its ResolveServer answers) but never stored.
-	Adhoc *registryv1.ResolveServerResponse
+	Adhoc *registryinternalv1.ResolveServerResponse
 	// Tenant and ActorKeyID say whose call it is, for its audit record.
 	Tenant, ActorKeyID string
 }

@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/telemetry"
 )
 
 // Authorizer decides whether a call may proceed and returns ctx with the caller attached.
@@ -46,6 +47,14 @@ type Authorizer interface {
 // body is read.
 type Authenticator interface {
 	Authenticate(ctx context.Context, key string) error
+}
+
+// Resolver is implemented by an Authorizer that resolves, once per call, what the request
+// acts on (auth: its tenant) and attaches it to the context. The server calls it after
+// Authorize, with the request message: before a unary handler, and on a stream's first
+// received message.
+type Resolver interface {
+	Resolve(ctx context.Context, fullMethod string, req any) (context.Context, error)
 }
 
 // GatewayRegistrar registers one service's REST routes on the gateway mux.
@@ -73,6 +82,13 @@ type Options struct {
 	ShutdownTimeout time.Duration
 	// MaxRecvMsgSize bounds one request; default 4 MiB.
 	MaxRecvMsgSize int
+	// InternalAddr, when set, serves the internal plane (ringfence.internal.*) on a listener of
+	// its own: what is registered on Internal() is served there and nowhere else, with the same
+	// interceptors, over InternalTLS, which must require and verify a client certificate.
+	InternalAddr string
+	InternalTLS  *tls.Config
+	// Tracing, when set, records a span for every call served (telemetry.Tracing).
+	Tracing *telemetry.Tracing
 }
 
 // Server serves gRPC and HTTP until its context ends.
@@ -87,12 +103,14 @@ type Server struct {
 	byMethod sync.Map // full method → *methodMetrics
 	gateways []GatewayRegistrar
 	inmem    *bufconn.Listener
+	internal *grpc.Server // nil without InternalAddr
 	extra    map[string]http.Handler
 
-	mu        sync.Mutex
-	grpcAddr  net.Addr
-	httpAddr  net.Addr
-	listening chan struct{}
+	mu           sync.Mutex
+	grpcAddr     net.Addr
+	httpAddr     net.Addr
+	internalAddr net.Addr
+	listening    chan struct{}
 }
 
 // New builds a Server; register services on GRPC() and routes with AddGateway, then Run.
@@ -139,9 +157,13 @@ func New(opts Options) *Server {
 	if opts.TLS != nil {
 		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(opts.TLS)))
 	}
+	serverOpts = append(serverOpts, opts.Tracing.ServerOptions(true)...)
 	s.grpc = grpc.NewServer(serverOpts...)
 	grpc_health_v1.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
+	if opts.InternalAddr != "" {
+		s.internal = s.newInternal()
+	}
 	return s
 }
 
@@ -171,8 +193,13 @@ func (s *Server) Addrs(ctx context.Context) (grpcAddr, httpAddr net.Addr, err er
 
 // Run serves until ctx ends, then shuts down gracefully within ShutdownTimeout.
 func (s *Server) Run(ctx context.Context) error {
+	internalLis, err := s.listenInternal()
+	if err != nil {
+		return err
+	}
 	grpcLis, err := net.Listen("tcp", s.opts.GRPCAddr)
 	if err != nil {
+		closeListener(internalLis)
 		return fmt.Errorf("grpcserver: listen on grpc_addr %s: %w (is another server running there?)", s.opts.GRPCAddr, err)
 	}
 	var httpSrv *http.Server
@@ -181,11 +208,13 @@ func (s *Server) Run(ctx context.Context) error {
 		handler, err := s.httpHandler(ctx)
 		if err != nil {
 			grpcLis.Close()
+			closeListener(internalLis)
 			return err
 		}
 		httpLis, err = net.Listen("tcp", s.opts.HTTPAddr)
 		if err != nil {
 			grpcLis.Close()
+			closeListener(internalLis)
 			return fmt.Errorf("grpcserver: listen on http_addr %s: %w (is another server running there?)", s.opts.HTTPAddr, err)
 		}
 		// No ReadTimeout: net/http cancels a handler's context when it expires, which would
@@ -207,16 +236,27 @@ func (s *Server) Run(ctx context.Context) error {
 	if httpLis != nil {
 		s.httpAddr = httpLis.Addr()
 	}
+	if internalLis != nil {
+		s.internalAddr = internalLis.Addr()
+	}
 	s.mu.Unlock()
 	close(s.listening)
 
 	for name := range s.grpc.GetServiceInfo() {
 		s.health.SetServingStatus(name, grpc_health_v1.HealthCheckResponse_SERVING)
 	}
+	if s.internal != nil {
+		for name := range s.internal.GetServiceInfo() {
+			s.health.SetServingStatus(name, grpc_health_v1.HealthCheckResponse_SERVING)
+		}
+	}
 	s.health.SetServingStatus("", grpc_health_v1.HealthCheckResponse_SERVING)
 
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	go func() { errc <- s.grpc.Serve(grpcLis) }()
+	if internalLis != nil {
+		go func() { errc <- s.internal.Serve(internalLis) }()
+	}
 	go func() { errc <- s.grpc.Serve(s.inmem) }()
 	if httpSrv != nil {
 		go func() {
@@ -228,6 +268,9 @@ func (s *Server) Run(ctx context.Context) error {
 	attrs := []any{"grpc", grpcLis.Addr().String(), "tls", s.opts.TLS != nil}
 	if httpLis != nil {
 		attrs = append(attrs, "http", httpLis.Addr().String())
+	}
+	if internalLis != nil {
+		attrs = append(attrs, "internal", internalLis.Addr().String())
 	}
 	s.log.Info(s.opts.Name+" serving", attrs...)
 
@@ -251,11 +294,20 @@ func (s *Server) shutdown(httpSrv *http.Server) {
 		}
 	}
 	done := make(chan struct{})
-	go func() { s.grpc.GracefulStop(); close(done) }()
+	go func() {
+		if s.internal != nil {
+			s.internal.GracefulStop()
+		}
+		s.grpc.GracefulStop()
+		close(done)
+	}()
 	select {
 	case <-done:
 	case <-ctx.Done():
 		s.log.Warn("graceful stop timed out; closing connections", "timeout", s.opts.ShutdownTimeout)
+		if s.internal != nil {
+			s.internal.Stop()
+		}
 		s.grpc.Stop()
 		<-done
 	}
@@ -408,6 +460,10 @@ func (s *Server) observe(method string, code codes.Code, elapsed time.Duration) 
 
 func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 	err = s.call(ctx, info.FullMethod, func(ctx context.Context) error {
+		ctx, rerr := s.resolve(ctx, info.FullMethod, req)
+		if rerr != nil {
+			return rerr
+		}
 		var herr error
 		resp, herr = handler(ctx, req)
 		return herr
@@ -417,13 +473,51 @@ func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 
 func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	return s.call(ss.Context(), info.FullMethod, func(ctx context.Context) error {
-		return handler(srv, &contextStream{ServerStream: ss, ctx: ctx})
+		return handler(srv, &contextStream{ServerStream: ss, ctx: ctx, method: info.FullMethod, resolve: s.resolve})
 	})
 }
 
+// resolve applies the Authorizer's Resolver, when it has one, to a call's request.
+func (s *Server) resolve(ctx context.Context, method string, req any) (context.Context, error) {
+	if r, ok := s.opts.Authorizer.(Resolver); ok {
+		return r.Resolve(ctx, method, req)
+	}
+	return ctx, nil
+}
+
+// contextStream is a served stream whose context carries what the interceptors attached, and
+// what the Resolver makes of the first message received. A handler reads the context after
+// that message (a server-streaming RPC's generated code receives it before calling the
+// handler); one that reads it earlier finds no tenancy and fails closed.
 type contextStream struct {
 	grpc.ServerStream
+	method   string
+	resolve  func(ctx context.Context, method string, req any) (context.Context, error)
+	resolved bool
+
+	mu  sync.Mutex
 	ctx context.Context
 }
 
-func (c *contextStream) Context() context.Context { return c.ctx }
+func (c *contextStream) Context() context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ctx
+}
+
+func (c *contextStream) RecvMsg(m any) error {
+	if err := c.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.resolved {
+		return nil
+	}
+	ctx, err := c.resolve(c.ctx, c.method, m)
+	if err != nil {
+		return err
+	}
+	c.ctx, c.resolved = ctx, true
+	return nil
+}

@@ -92,6 +92,29 @@ func ServerConfig(f Files) (*tls.Config, error) {
 	}, nil
 }
 
+// InternalServerConfig is the TLS configuration of the internal listener, where services call
+// each other: mutual TLS only. The handshake fails unless the client presents a certificate
+// that chains to the CA and carries one Ringfence service identity, so an API-key client, or
+// a stranger, is refused before any request is read. Which service may call which RPC is
+// decided after, by the authorization rules.
+func InternalServerConfig(f Files) (*tls.Config, error) {
+	cfg, err := ServerConfig(f)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+			return errors.New("mtls: the internal listener takes service certificates only")
+		}
+		if _, ok := ServiceFromCert(cs.VerifiedChains[0][0]); !ok {
+			return fmt.Errorf("mtls: the internal listener takes service certificates only: the client's certificate carries no identity spiffe://ringfence/service/<name> of %s", strings.Join(Services, ", "))
+		}
+		return nil
+	}
+	return cfg, nil
+}
+
 // ClientConfig is the TLS configuration of a service calling the peer service named peer
 // (Registry, Publisher, Pool or Audit): it presents its own certificate and accepts the server
 // only when its certificate chains to the CA and carries exactly the identity

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
-	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	poolinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1"
+	registryinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/mtls"
@@ -23,25 +23,25 @@ import (
 
 // lenientRegistry answers every key as the admin's: what an impersonator would say.
 type lenientRegistry struct {
-	registryv1.UnimplementedRegistryServiceServer
+	registryinternalv1.UnimplementedRegistryInternalServiceServer
 }
 
-func (lenientRegistry) AuthenticateKey(context.Context, *registryv1.AuthenticateKeyRequest) (*registryv1.AuthenticateKeyResponse, error) {
-	return &registryv1.AuthenticateKeyResponse{KeyId: "k", Role: auth.RoleAdmin, Permissions: []string{"mcp:admin"}}, nil
+func (lenientRegistry) AuthenticateKey(context.Context, *registryinternalv1.AuthenticateKeyRequest) (*registryinternalv1.AuthenticateKeyResponse, error) {
+	return &registryinternalv1.AuthenticateKeyResponse{KeyId: "k", Role: auth.RoleAdmin, Permissions: []string{"mcp:admin"}}, nil
 }
 
 // listeningPool records the ad-hoc env it was sent: what an impersonator would collect.
 type listeningPool struct {
-	poolv1.UnimplementedPoolServiceServer
+	poolinternalv1.UnimplementedPoolInternalServiceServer
 	mu   sync.Mutex
 	seen []map[string]string
 }
 
-func (p *listeningPool) Discover(_ context.Context, req *poolv1.DiscoverRequest) (*poolv1.DiscoverResponse, error) {
+func (p *listeningPool) Discover(_ context.Context, req *poolinternalv1.DiscoverRequest) (*poolinternalv1.DiscoverResponse, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.seen = append(p.seen, req.GetAdhoc().GetEnv())
-	return &poolv1.DiscoverResponse{}, nil
+	return &poolinternalv1.DiscoverResponse{}, nil
 }
 
 func (p *listeningPool) received() []map[string]string {
@@ -80,7 +80,7 @@ func TestDialRefusesAnotherServiceInThePeersPlace(t *testing.T) {
 	_, err := mtls.InitDevCA(dir, mtls.DevCAOptions{})
 	require.NoError(t, err)
 	regAddr := func(svc string) string {
-		return serveAs(t, dir, svc, func(s *grpc.Server) { registryv1.RegisterRegistryServiceServer(s, lenientRegistry{}) })
+		return serveAs(t, dir, svc, func(s *grpc.Server) { registryinternalv1.RegisterRegistryInternalServiceServer(s, lenientRegistry{}) })
 	}
 
 	t.Run("registry", func(t *testing.T) {
@@ -89,7 +89,7 @@ func TestDialRefusesAnotherServiceInThePeersPlace(t *testing.T) {
 			ok     bool
 		}{{mtls.Registry, true}, {mtls.Audit, false}, {mtls.Pool, false}} {
 			t.Run("answered by "+tc.served, func(t *testing.T) {
-				conn, err := peers.Dial(mtls.Registry, regAddr(tc.served), certFiles(dir, mtls.Publisher))
+				conn, err := peers.Dial(mtls.Registry, regAddr(tc.served), certFiles(dir, mtls.Publisher), nil)
 				require.NoError(t, err)
 				t.Cleanup(func() { conn.Close() })
 				p, err := peers.NewRegistry(conn).VerifyKey(t.Context(), auth.HashKey("any key"))
@@ -113,13 +113,13 @@ func TestDialRefusesAnotherServiceInThePeersPlace(t *testing.T) {
 		}{{mtls.Pool, true}, {mtls.Audit, false}, {mtls.Registry, false}} {
 			t.Run("answered by "+tc.served, func(t *testing.T) {
 				listener := &listeningPool{}
-				addr := serveAs(t, dir, tc.served, func(s *grpc.Server) { poolv1.RegisterPoolServiceServer(s, listener) })
-				conn, err := peers.Dial(mtls.Pool, addr, certFiles(dir, mtls.Registry))
+				addr := serveAs(t, dir, tc.served, func(s *grpc.Server) { poolinternalv1.RegisterPoolInternalServiceServer(s, listener) })
+				conn, err := peers.Dial(mtls.Pool, addr, certFiles(dir, mtls.Registry), nil)
 				require.NoError(t, err)
 				t.Cleanup(func() { conn.Close() })
 				_, _, err = peers.NewPool(conn).ExploreTools(t.Context(), discovery.ExploreRequest{
 					Ref:   "adhoc",
-					Adhoc: &registryv1.ResolveServerResponse{Env: map[string]string{"APP_TOKEN": "s3cret"}},
+					Adhoc: &registryinternalv1.ResolveServerResponse{Env: map[string]string{"APP_TOKEN": "s3cret"}},
 				})
 				if tc.ok {
 					require.NoError(t, err)
@@ -141,6 +141,6 @@ func TestDialRefusesAnUnknownPeer(t *testing.T) {
 	dir := t.TempDir()
 	_, err := mtls.InitDevCA(dir, mtls.DevCAOptions{})
 	require.NoError(t, err)
-	_, err = peers.Dial("127.0.0.1:50051", mtls.Registry, certFiles(dir, mtls.Pool))
+	_, err = peers.Dial("127.0.0.1:50051", mtls.Registry, certFiles(dir, mtls.Pool), nil)
 	require.ErrorContains(t, err, `unknown peer service "127.0.0.1:50051"`)
 }

@@ -1,5 +1,6 @@
-// Package peers lets a service of a split deployment call the others over mutual TLS with its
-// service certificate. Each client implements the same Go interface the consumer uses
+// Package peers lets a service of a split deployment call the others' internal APIs
+// (ringfence.internal.*, on their internal listeners) over mutual TLS with its service
+// certificate. Each client implements the same Go interface the consumer uses
 // in-process (ringfenced wires the services directly), so no service knows whether its peer is
 // local or remote.
 package peers
@@ -17,8 +18,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
-	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
-	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
+	auditinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/audit/v1"
+	poolinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1"
+	publisherinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/publisher/v1"
+	registryinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/audit"
@@ -30,14 +33,16 @@ import (
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/mtls"
+	"github.com/ringfence/ringfence/internal/telemetry"
 )
 
-// Dial connects to the peer service named peer (mtls.Registry, mtls.Publisher, mtls.Pool or
-// mtls.Audit) at addr, presenting this service's certificate. The handshake fails unless the
-// server's certificate carries that peer's identity, so another service's certificate cannot
-// answer in its place. A split deployment without TLS is refused: internal RPCs are authorized
-// by certificates only.
-func Dial(peer, addr string, files mtls.Files) (*grpc.ClientConn, error) {
+// Dial connects to the internal listener of the peer service named peer (mtls.Registry,
+// mtls.Publisher, mtls.Pool or mtls.Audit) at addr, presenting this service's certificate. The
+// handshake fails unless the server's certificate carries that peer's identity, so another
+// service's certificate cannot answer in its place. A split deployment without TLS is refused:
+// internal RPCs are authorized by certificates only. Every call carries the request id of the
+// call being served and, with tracing on, its trace context (traceparent).
+func Dial(peer, addr string, files mtls.Files, tracing *telemetry.Tracing) (*grpc.ClientConn, error) {
 	if files.CertFile == "" {
 		return nil, errors.New("peers: talking to another service needs this service's certificate: set RINGFENCE_TLS__CERT_FILE, RINGFENCE_TLS__KEY_FILE and RINGFENCE_TLS__CLIENT_CA_FILE (`ringfence certs init` writes a development set)")
 	}
@@ -45,8 +50,13 @@ func Dial(peer, addr string, files mtls.Files) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(grpcserver.MaxResponseBytes)))
+	unary, stream := grpcserver.PropagateRequestID()
+	opts := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(grpcserver.MaxResponseBytes)),
+		grpc.WithChainUnaryInterceptor(unary), grpc.WithChainStreamInterceptor(stream),
+	}, tracing.DialOptions()...)
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("peers: dial %s at %s: %w", peer, addr, err)
 	}
@@ -55,7 +65,7 @@ func Dial(peer, addr string, files mtls.Files) (*grpc.ClientConn, error) {
 
 // Registry is the registry seen from another service.
 type Registry struct {
-	client registryv1.RegistryServiceClient
+	client registryinternalv1.RegistryInternalServiceClient
 
 	// keys caches key verifications briefly, so authorizing a burst of calls costs one round
 	// trip; a revocation takes effect within keyCacheTTL.
@@ -74,12 +84,12 @@ const keyCacheTTL = 5 * time.Second
 
 // NewRegistry wraps a connection to ringfence-registry.
 func NewRegistry(conn *grpc.ClientConn) *Registry {
-	return &Registry{client: registryv1.NewRegistryServiceClient(conn), keys: make(map[string]cachedKey)}
+	return &Registry{client: registryinternalv1.NewRegistryInternalServiceClient(conn), keys: make(map[string]cachedKey)}
 }
 
-// ResolveRegistration implements pool.Registry through ResolveServer.
+// ResolveRegistration implements pool.Registry through RegistryInternalService.ResolveServer.
 func (r *Registry) ResolveRegistration(ctx context.Context, ref string) (*mcpserver.Resolved, error) {
-	resp, err := r.client.ResolveServer(ctx, &registryv1.ResolveServerRequest{Ref: ref})
+	resp, err := r.client.ResolveServer(ctx, &registryinternalv1.ResolveServerRequest{Ref: ref})
 	if err != nil {
 		return nil, notRegistered(err)
 	}
@@ -87,7 +97,7 @@ func (r *Registry) ResolveRegistration(ctx context.Context, ref string) (*mcpser
 }
 
 // ResolvedFromProto is a resolved registration from ResolveServer's answer.
-func ResolvedFromProto(resp *registryv1.ResolveServerResponse) *mcpserver.Resolved {
+func ResolvedFromProto(resp *registryinternalv1.ResolveServerResponse) *mcpserver.Resolved {
 	reg := RegistrationFromProto(resp.GetServer())
 	reg.Env = resp.GetEnv()
 	return &mcpserver.Resolved{Registration: *reg, HeaderValues: resp.GetHeaderValues()}
@@ -95,7 +105,7 @@ func ResolvedFromProto(resp *registryv1.ResolveServerResponse) *mcpserver.Resolv
 
 // ServerPolicy implements the publisher's and pool's policy lookups through GetServerPolicy.
 func (r *Registry) ServerPolicy(ctx context.Context, ref string) (mcpserver.Policy, error) {
-	resp, err := r.client.GetServerPolicy(ctx, &registryv1.GetServerPolicyRequest{Ref: ref})
+	resp, err := r.client.GetServerPolicy(ctx, &registryinternalv1.GetServerPolicyRequest{Ref: ref})
 	if err != nil {
 		return mcpserver.Policy{}, notRegistered(err)
 	}
@@ -121,7 +131,7 @@ func (r *Registry) VerifyKey(ctx context.Context, keySHA256 string) (auth.Princi
 		return c.p, c.err
 	}
 	r.mu.Unlock()
-	resp, err := r.client.AuthenticateKey(ctx, &registryv1.AuthenticateKeyRequest{KeySha256: keySHA256})
+	resp, err := r.client.AuthenticateKey(ctx, &registryinternalv1.AuthenticateKeyRequest{KeySha256: keySHA256})
 	var c cachedKey
 	switch status.Code(err) {
 	case codes.OK:
@@ -177,11 +187,13 @@ func RegistrationFromProto(s *registryv1.Server) *mcpserver.Registration {
 
 // Pool is the pool seen from the control plane.
 type Pool struct {
-	client poolv1.PoolServiceClient
+	client poolinternalv1.PoolInternalServiceClient
 }
 
 // NewPool wraps a connection to ringfence-pool.
-func NewPool(conn *grpc.ClientConn) *Pool { return &Pool{client: poolv1.NewPoolServiceClient(conn)} }
+func NewPool(conn *grpc.ClientConn) *Pool {
+	return &Pool{client: poolinternalv1.NewPoolInternalServiceClient(conn)}
+}
 
 // DiscoverTools implements registry.Discoverer and the publisher's discoverer through Discover.
 func (p *Pool) DiscoverTools(ctx context.Context, ref string) (*discovery.Listing, error) {
@@ -191,7 +203,7 @@ func (p *Pool) DiscoverTools(ctx context.Context, ref string) (*discovery.Listin
 
 // ExploreTools implements registry.Discoverer through Discover.
 func (p *Pool) ExploreTools(ctx context.Context, req discovery.ExploreRequest) (*discovery.Listing, *typesv1.ExploreCallResult, error) {
-	resp, err := p.client.Discover(ctx, &poolv1.DiscoverRequest{
+	resp, err := p.client.Discover(ctx, &poolinternalv1.DiscoverRequest{
 		ServerRef: req.Ref, Call: req.Call, Adhoc: req.Adhoc, Tenant: req.Tenant, ActorKeyId: req.ActorKeyID,
 	})
 	if err != nil {
@@ -209,17 +221,17 @@ func (p *Pool) ExploreTools(ctx context.Context, req discovery.ExploreRequest) (
 
 // Publisher is the publisher seen from the pool.
 type Publisher struct {
-	client publisherv1.PublisherServiceClient
+	client publisherinternalv1.PublisherInternalServiceClient
 }
 
 // NewPublisher wraps a connection to ringfence-publisher.
 func NewPublisher(conn *grpc.ClientConn) *Publisher {
-	return &Publisher{client: publisherv1.NewPublisherServiceClient(conn)}
+	return &Publisher{client: publisherinternalv1.NewPublisherInternalServiceClient(conn)}
 }
 
 // PublishedVersion implements the pool's version source through GetPublishedVersion.
 func (p *Publisher) PublishedVersion(ctx context.Context, tenant, graphID string, version int64) (*graph.Version, error) {
-	resp, err := p.client.GetPublishedVersion(ctx, &publisherv1.GetPublishedVersionRequest{Tenant: tenant, GraphId: graphID, Version: version})
+	resp, err := p.client.GetPublishedVersion(ctx, &publisherinternalv1.GetPublishedVersionRequest{Tenant: tenant, GraphId: graphID, Version: version})
 	if status.Code(err) == codes.NotFound {
 		return nil, fmt.Errorf("%w: %s", graph.ErrNotPublished, status.Convert(err).Message())
 	}
@@ -231,12 +243,12 @@ func (p *Publisher) PublishedVersion(ctx context.Context, tenant, graphID string
 
 // Audit is the audit service seen from a producer's spool.
 type Audit struct {
-	client auditv1.AuditServiceClient
+	client auditinternalv1.AuditInternalServiceClient
 }
 
 // NewAudit wraps a connection to ringfence-audit.
 func NewAudit(conn *grpc.ClientConn) *Audit {
-	return &Audit{client: auditv1.NewAuditServiceClient(conn)}
+	return &Audit{client: auditinternalv1.NewAuditInternalServiceClient(conn)}
 }
 
 var _ audit.Sink = (*Audit)(nil)
@@ -244,7 +256,7 @@ var _ audit.Sink = (*Audit)(nil)
 // Append implements audit.Sink through the internal Append RPC; the service is idempotent by
 // record id, so the spool may resend freely.
 func (a *Audit) Append(ctx context.Context, recs []audit.Record) error {
-	req := &auditv1.AppendRequest{Records: make([]*auditv1.Record, len(recs))}
+	req := &auditinternalv1.AppendRequest{Records: make([]*auditv1.Record, len(recs))}
 	for i, r := range recs {
 		req.Records[i] = auditpb.RecordToProto(r)
 	}

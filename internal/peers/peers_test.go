@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
+	auditinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/audit/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/peers"
@@ -26,7 +26,7 @@ func TestAuditAppendNamesARefusal(t *testing.T) {
 	t.Cleanup(func() { svc.Close() })
 	// No authorizer: the mutual TLS identity check is the split deployment's test.
 	srv := grpcserver.New(grpcserver.Options{Name: "audit", GRPCAddr: "127.0.0.1:0", Logger: log})
-	auditv1.RegisterAuditServiceServer(srv.GRPC(), svc)
+	auditinternalv1.RegisterAuditInternalServiceServer(srv.GRPC(), svc.Internal())
 	conn, _ := testutil.Serve(t, srv)
 	client := peers.NewAudit(conn)
 

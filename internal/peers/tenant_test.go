@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
+	registryinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1"
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
@@ -42,23 +43,31 @@ func TestASplitServiceKeepsTheKeysTenant(t *testing.T) {
 
 	tlsCfg, err := mtls.ServerConfig(certFiles(dir, mtls.Registry))
 	require.NoError(t, err)
+	internalTLS, err := mtls.InternalServerConfig(certFiles(dir, mtls.Registry))
+	require.NoError(t, err)
+	registryAuthz := auth.NewAuthorizer(reg, auth.Rules)
 	srv := grpcserver.New(grpcserver.Options{Name: "registry", GRPCAddr: "127.0.0.1:0", TLS: tlsCfg,
-		Authorizer: auth.NewAuthorizer(reg, auth.Rules), Logger: quiet})
+		InternalAddr: "127.0.0.1:0", InternalTLS: internalTLS, Authorizer: registryAuthz, Logger: quiet})
 	registryv1.RegisterRegistryServiceServer(srv.GRPC(), reg)
+	registryinternalv1.RegisterRegistryInternalServiceServer(srv.Internal(), reg.Internal())
 	testutil.Serve(t, srv) // its plaintext connection goes unused: callers dial with peers.Dial
-	grpcAddr, _, err := srv.Addrs(t.Context())
+	internalAddr, err := srv.InternalAddr(t.Context())
 	require.NoError(t, err)
 
-	// Keys are minted by an unbound admin, in-process: what KeyService.CreateKey does.
+	// Keys are minted by an unbound admin, in-process: what KeyService.CreateKey does once
+	// the interceptor resolved the request's tenant.
 	admin := auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_admin", Role: auth.RoleAdmin, Permissions: auth.AllPermissions})
 	mint := func(name, tenant string) *registryv1.CreateKeyResponse {
-		resp, err := reg.CreateKey(admin, &registryv1.CreateKeyRequest{Name: name, Role: auth.RoleAdmin, Tenant: tenant})
+		req := &registryv1.CreateKeyRequest{Name: name, Role: auth.RoleAdmin, Tenant: tenant}
+		ctx, err := registryAuthz.Resolve(admin, registryv1.KeyService_CreateKey_FullMethodName, req)
+		require.NoError(t, err)
+		resp, err := reg.CreateKey(ctx, req)
 		require.NoError(t, err)
 		return resp
 	}
 	acme, unbound := mint("acme-admin", "acme"), mint("ops", "")
 
-	conn, err := peers.Dial(mtls.Registry, grpcAddr.String(), certFiles(dir, mtls.Pool))
+	conn, err := peers.Dial(mtls.Registry, internalAddr.String(), certFiles(dir, mtls.Pool), nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	remote := peers.NewRegistry(conn)
@@ -81,7 +90,12 @@ func TestASplitServiceKeepsTheKeysTenant(t *testing.T) {
 	require.NoError(t, err)
 	caller, ok := auth.FromContext(authed)
 	require.True(t, ok)
-	require.Equal(t, "acme", caller.Tenant, "the pool would run in the key's tenant")
+	require.Equal(t, "acme", caller.Tenant)
+	authed, err = authz.Resolve(authed, poolv1.PoolService_StartRun_FullMethodName, &poolv1.StartRunRequest{GraphId: "g"})
+	require.NoError(t, err)
+	tenant, err := auth.TenantFrom(authed)
+	require.NoError(t, err)
+	require.Equal(t, "acme", tenant, "the pool would run in the key's tenant")
 
 	_, err = authz.Authorize(withKey(acme.GetSecret()), registryv1.RegistryService_ListServers_FullMethodName)
 	st := testutil.RequireStatus(t, err, codes.PermissionDenied)

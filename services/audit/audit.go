@@ -9,7 +9,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -22,10 +21,8 @@ import (
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
 	"github.com/ringfence/ringfence/internal/audit"
-	"github.com/ringfence/ringfence/internal/audit/auditpb"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/grpcserver"
-	"github.com/ringfence/ringfence/internal/mtls"
 	"github.com/ringfence/ringfence/services/audit/internal/store"
 )
 
@@ -82,44 +79,17 @@ func (s *Service) Close() error {
 // Sink is where in-process producers' spools forward to (ringfenced).
 func (s *Service) Sink() audit.Sink { return s.store.Sink() }
 
-// Append implements the internal AuditService.Append RPC.
-func (s *Service) Append(ctx context.Context, req *auditv1.AppendRequest) (*auditv1.AppendResponse, error) {
-	if len(req.GetRecords()) == 0 {
-		return &auditv1.AppendResponse{}, nil
-	}
-	if len(req.GetRecords()) > audit.MaxBatchSize {
-		return nil, s.errors.Status(ctx, fieldErr("records", "at most %d per call", audit.MaxBatchSize))
-	}
-	// A record says which service produced it, and a certificate says which service is
-	// calling: they must agree, and only the pool produces tool-call records. Otherwise a
-	// compromised authoring host could write "succeeded" outcomes in the pool's name.
-	peer, viaCert := mtls.PeerService(ctx)
-	recs := make([]audit.Record, len(req.GetRecords()))
-	for i, p := range req.GetRecords() {
-		r, err := auditpb.RecordFromProto(p)
-		if err != nil {
-			return nil, s.errors.Status(ctx, err)
-		}
-		if viaCert && r.Producer != peer {
-			return nil, s.errors.Status(ctx, fieldErr(fmt.Sprintf("records[%d].producer", i), "is %q, but the caller's certificate is the %s service's: a service appends only its own records", r.Producer, peer))
-		}
-		if viaCert && r.Kind == audit.KindToolCall && peer != mtls.Pool {
-			return nil, s.errors.Status(ctx, fieldErr(fmt.Sprintf("records[%d].kind", i), "is tool_call, which only the pool produces"))
-		}
-		recs[i] = r
-	}
-	seqs, err := s.store.Append(ctx, recs)
-	if err != nil {
-		return nil, s.errors.Status(ctx, err)
-	}
-	return &auditv1.AppendResponse{Seqs: seqs}, nil
-}
-
-// filterFor turns a request filter into a store filter, pinned to the caller's tenant when
-// the key is bound to one.
+// filterFor turns a request filter into a store filter, confined to the tenancy the server's
+// interceptor resolved: a tenant-bound key reads its tenant only (naming another was refused
+// there), a key bound to none reads the tenant it names, or every tenant. A call without a
+// resolved tenancy is refused.
 func filterFor(ctx context.Context, f *auditv1.Filter) (store.Filter, error) {
+	t, err := auth.TenancyFrom(ctx)
+	if err != nil {
+		return store.Filter{}, err
+	}
 	out := store.Filter{
-		Tenant: f.GetTenant(), RunID: f.GetRunId(), ServerRef: f.GetServerRef(), ToolName: f.GetToolName(),
+		Tenant: t.Tenant, RunID: f.GetRunId(), ServerRef: f.GetServerRef(), ToolName: f.GetToolName(),
 		Outcome: f.GetOutcome(), Kind: audit.Kind(f.GetKind()),
 	}
 	if f.GetSince() != nil {
@@ -127,15 +97,6 @@ func filterFor(ctx context.Context, f *auditv1.Filter) (store.Filter, error) {
 	}
 	if f.GetUntil() != nil {
 		out.Until = f.GetUntil().AsTime()
-	}
-	// Only a bound key is resolved: an unbound one without a tenant reads every tenant, where
-	// ResolveTenant would give it the default one. The refusal says which tenant to use.
-	if p, ok := auth.FromContext(ctx); ok && p.Tenant != "" {
-		tenant, err := auth.ResolveTenant(p, out.Tenant)
-		if err != nil {
-			return store.Filter{}, err
-		}
-		out.Tenant = tenant
 	}
 	return out, nil
 }
@@ -278,6 +239,14 @@ func (s *Service) ExportHandler(authz grpcserver.Authorizer) http.Handler {
 		pf := &auditv1.Filter{
 			Tenant: q.Get("tenant"), RunId: q.Get("run_id"), ServerRef: q.Get("server_ref"),
 			ToolName: q.Get("tool_name"), Outcome: q.Get("outcome"), Kind: q.Get("kind"),
+		}
+		// The tenancy is resolved as the interceptor resolves it for the Export RPC; an
+		// authorizer that cannot leaves none, and filterFor refuses.
+		if r, ok := authz.(grpcserver.Resolver); ok {
+			if ctx, err = r.Resolve(ctx, auditv1.AuditService_Export_FullMethodName, &auditv1.ExportRequest{Filter: pf}); err != nil {
+				grpcserver.WriteHTTPError(w, err)
+				return
+			}
 		}
 		f, err := filterFor(ctx, pf)
 		if err != nil {

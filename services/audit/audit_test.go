@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	auditinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/audit/v1"
 	"net/url"
 	"path/filepath"
 	"testing"
@@ -38,47 +39,71 @@ func call(tenant, run string) audit.Record {
 	return audit.NewToolCallRecord("pool", tenant, tc)
 }
 
+// auditor is an auditor key bound to tenant ("" for none).
+func auditor(tenant string) auth.Principal {
+	return auth.Principal{KeyID: "k", Role: auth.RoleAuditor, Permissions: []auth.Permission{auth.AuditRead}, Tenant: tenant}
+}
+
+// as is the context an auditor key bound to tenant reaches a handler with, for a request that
+// names no tenant: what the server's interceptor resolves (its tenant, or every tenant).
 func as(tenant string) context.Context {
-	return auth.WithPrincipal(context.Background(), auth.Principal{KeyID: "k", Role: auth.RoleAuditor, Permissions: []auth.Permission{auth.AuditRead}, Tenant: tenant})
+	ctx, err := auth.NewAuthorizer(nil, auth.Rules).Resolve(auth.WithPrincipal(context.Background(), auditor(tenant)),
+		auditv1.AuditService_Verify_FullMethodName, &auditv1.VerifyRequest{})
+	if err != nil {
+		panic(err)
+	}
+	return ctx
+}
+
+// list calls List as the interceptor would hand it an auditor bound to tenant.
+func list(svc *Service, tenant string, req *auditv1.ListRequest) (*auditv1.ListResponse, error) {
+	ctx, err := auth.NewAuthorizer(nil, auth.Rules).Resolve(auth.WithPrincipal(context.Background(), auditor(tenant)),
+		auditv1.AuditService_List_FullMethodName, req)
+	if err != nil {
+		return nil, err
+	}
+	return svc.List(ctx, req)
 }
 
 func TestAppendIsIdempotentAndValidated(t *testing.T) {
 	svc := open(t)
 	rec := call("acme", "r1")
-	req := &auditv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(rec)}}
-	first, err := svc.Append(context.Background(), req)
+	req := &auditinternalv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(rec)}}
+	first, err := svc.Internal().Append(context.Background(), req)
 	require.NoError(t, err)
-	again, err := svc.Append(context.Background(), req)
+	again, err := svc.Internal().Append(context.Background(), req)
 	require.NoError(t, err)
 	require.Equal(t, first.GetSeqs(), again.GetSeqs(), "a retried append never duplicates")
 
 	bad := auditpb.RecordToProto(call("acme", "r2"))
 	bad.GetToolCall().OperationSupport = "exactly_once"
-	_, err = svc.Append(context.Background(), &auditv1.AppendRequest{Records: []*auditv1.Record{bad}})
+	_, err = svc.Internal().Append(context.Background(), &auditinternalv1.AppendRequest{Records: []*auditv1.Record{bad}})
 	testutil.RequireStatus(t, err, codes.InvalidArgument)
 }
 
 func TestATenantBoundKeySeesItsTenantOnly(t *testing.T) {
 	svc := open(t)
 	for _, r := range []audit.Record{call("acme", "a1"), call("globex", "g1"), call("acme", "a2")} {
-		_, err := svc.Append(context.Background(), &auditv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(r)}})
+		_, err := svc.Internal().Append(context.Background(), &auditinternalv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(r)}})
 		require.NoError(t, err)
 	}
-	list, err := svc.List(as("acme"), &auditv1.ListRequest{})
+	got, err := list(svc, "acme", &auditv1.ListRequest{})
 	require.NoError(t, err)
-	require.Len(t, list.GetRecords(), 2)
-	for _, r := range list.GetRecords() {
+	require.Len(t, got.GetRecords(), 2)
+	for _, r := range got.GetRecords() {
 		require.Equal(t, "acme", r.GetTenant())
 	}
-	_, err = svc.List(as("acme"), &auditv1.ListRequest{Filter: &auditv1.Filter{Tenant: "globex"}})
+	_, err = list(svc, "acme", &auditv1.ListRequest{Filter: &auditv1.Filter{Tenant: "globex"}})
 	st := testutil.RequireStatus(t, err, codes.PermissionDenied)
 	require.Equal(t, `auth: this API key is bound to another tenant ("acme"): omit the tenant or use "acme"`, st.Message(),
 		"the refusal names the fix, as the publisher's does")
-	list, err = svc.List(as("acme"), &auditv1.ListRequest{Filter: &auditv1.Filter{Tenant: "acme"}})
+	got, err = list(svc, "acme", &auditv1.ListRequest{Filter: &auditv1.Filter{Tenant: "acme"}})
 	require.NoError(t, err)
-	require.Len(t, list.GetRecords(), 2, "naming the key's own tenant is fine")
+	require.Len(t, got.GetRecords(), 2, "naming the key's own tenant is fine")
+	_, err = svc.List(auth.WithPrincipal(context.Background(), auditor("")), &auditv1.ListRequest{})
+	testutil.RequireStatus(t, err, codes.PermissionDenied, "a handler reached without a resolved tenancy refuses")
 
-	all, err := svc.List(as(""), &auditv1.ListRequest{})
+	all, err := list(svc, "", &auditv1.ListRequest{})
 	require.NoError(t, err)
 	require.Len(t, all.GetRecords(), 3, "a key bound to no tenant sees every tenant")
 
@@ -102,7 +127,7 @@ func (w *watchStream) SetHeader(metadata.MD) error         { return nil }
 func TestWatchResumesFromASequenceAndKeepsToTheTenant(t *testing.T) {
 	svc := open(t)
 	for _, r := range []audit.Record{call("acme", "a1"), call("globex", "g1")} {
-		_, err := svc.Append(context.Background(), &auditv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(r)}})
+		_, err := svc.Internal().Append(context.Background(), &auditinternalv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(r)}})
 		require.NoError(t, err)
 	}
 	ctx, cancel := context.WithCancel(as("acme"))
@@ -118,7 +143,7 @@ func TestWatchResumesFromASequenceAndKeepsToTheTenant(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the watch did not replay the stored record")
 	}
-	_, err := svc.Append(context.Background(), &auditv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(call("acme", "a3"))}})
+	_, err := svc.Internal().Append(context.Background(), &auditinternalv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(call("acme", "a3"))}})
 	require.NoError(t, err)
 	select {
 	case got = <-stream.recs:
@@ -147,7 +172,7 @@ func asService(svc string) context.Context {
 func TestAServiceAppendsOnlyItsOwnRecords(t *testing.T) {
 	svc := open(t)
 	appendAs := func(caller string, rec audit.Record) error {
-		_, err := svc.Append(asService(caller), &auditv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(rec)}})
+		_, err := svc.Internal().Append(asService(caller), &auditinternalv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(rec)}})
 		return err
 	}
 	require.NoError(t, appendAs(mtls.Pool, call("acme", "r1")))

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	auditinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/audit/v1"
 	"io"
 	"log/slog"
 	"net/http"
@@ -48,7 +49,7 @@ func (auditorKeys) VerifyKey(_ context.Context, keySHA256 string) (auth.Principa
 func TestExportRefusesABadFilterBeforeAnswering(t *testing.T) {
 	svc := open(t)
 	for _, r := range []audit.Record{call("acme", "a1"), call("globex", "g1")} {
-		_, err := svc.Append(context.Background(), &auditv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(r)}})
+		_, err := svc.Internal().Append(context.Background(), &auditinternalv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(r)}})
 		require.NoError(t, err)
 	}
 	h := svc.ExportHandler(auth.NewAuthorizer(auditorKeys{}, auth.Rules))
@@ -85,7 +86,7 @@ func TestExportRefusesABadFilterBeforeAnswering(t *testing.T) {
 func TestExportKeepsToTheKeysTenant(t *testing.T) {
 	svc := open(t)
 	for _, r := range []audit.Record{call("acme", "a1"), call("globex", "g1"), call("acme", "a2")} {
-		_, err := svc.Append(context.Background(), &auditv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(r)}})
+		_, err := svc.Internal().Append(context.Background(), &auditinternalv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(r)}})
 		require.NoError(t, err)
 	}
 	authz := auth.NewAuthorizer(auditorKeys{}, auth.Rules)

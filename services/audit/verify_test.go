@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	auditinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/audit/v1"
 	"os"
 	"path/filepath"
 	"sync"
@@ -27,7 +28,7 @@ func appendRuns(t *testing.T, svc *Service, runs ...string) {
 		for _, run := range runs[start:min(start+audit.MaxBatchSize, len(runs))] {
 			batch = append(batch, auditpb.RecordToProto(call("acme", run)))
 		}
-		_, err := svc.Append(context.Background(), &auditv1.AppendRequest{Records: batch})
+		_, err := svc.Internal().Append(context.Background(), &auditinternalv1.AppendRequest{Records: batch})
 		require.NoError(t, err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	poolinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -193,10 +194,10 @@ func TestAPendingRecordThatCannotBeWrittenRefusesTheCall(t *testing.T) {
 // answered. Once the audit log takes the records, the explore call goes through.
 func TestAFullAuditSpoolRefusesExploreCalls(t *testing.T) {
 	h, sink, reg := auditGateHarness(t)
-	rpc := NewServer(h.pool)
+	rpc := NewInternalServer(h.pool)
 	args, err := structpb.NewStruct(map[string]any{"text": "x"})
 	require.NoError(t, err)
-	explore := &poolv1.DiscoverRequest{ServerRef: "fx", Tenant: auth.DefaultTenant, ActorKeyId: "key_ops",
+	explore := &poolinternalv1.DiscoverRequest{ServerRef: "fx", Tenant: auth.DefaultTenant, ActorKeyId: "key_ops",
 		Call: &typesv1.ExploreCall{Tool: "echo", Arguments: args}}
 
 	asRegistry := auth.WithPrincipal(h.ctx, auth.Principal{Service: mtls.Registry}) // explore calls are the registry's
@@ -210,7 +211,7 @@ func TestAFullAuditSpoolRefusesExploreCalls(t *testing.T) {
 	require.Contains(t, st.Message(), "spool full")
 	require.Zero(t, reg.resolves.Load(), "the registration was not resolved: nothing started")
 
-	listing, err := rpc.Discover(h.ctx, &poolv1.DiscoverRequest{ServerRef: "fx"})
+	listing, err := rpc.Discover(h.ctx, &poolinternalv1.DiscoverRequest{ServerRef: "fx"})
 	require.NoError(t, err, "a listing writes no record")
 	require.NotEmpty(t, listing.GetTools())
 

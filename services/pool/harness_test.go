@@ -151,7 +151,9 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 	require.NoError(t, err)
 	t.Cleanup(func() { pub.Close() })
 	versions.pub = pub
-	ctx := auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_test", Role: auth.RoleAdmin, Permissions: auth.AllPermissions})
+	// Handlers are called directly, so the context carries what the interceptor resolves.
+	ctx := auth.WithTenancy(auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_test", Role: auth.RoleAdmin, Permissions: auth.AllPermissions}),
+		auth.Tenancy{Tenant: auth.DefaultTenant})
 	return &harness{t: t, ctx: ctx, reg: reg, pub: pub, pool: pl, audit: rec, poolID: poolID, versions: versions}
 }
 

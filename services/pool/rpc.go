@@ -16,8 +16,6 @@ import (
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
-	"github.com/ringfence/ringfence/internal/mcpserver"
-	"github.com/ringfence/ringfence/internal/mtls"
 )
 
 // Server is the gRPC front end of the pool.
@@ -31,48 +29,13 @@ var _ poolv1.PoolServiceServer = (*Server)(nil)
 // NewServer wraps the service for gRPC.
 func NewServer(svc *Service) *Server { return &Server{svc: svc} }
 
-// Discover implements the internal PoolService.Discover RPC.
-func (g *Server) Discover(ctx context.Context, req *poolv1.DiscoverRequest) (*poolv1.DiscoverResponse, error) {
-	if err := mcpserver.ValidateRef(req.GetServerRef()); err != nil {
-		return nil, g.svc.errors.Status(ctx, err)
-	}
-	if err := mayExplore(ctx, req); err != nil {
-		return nil, err
-	}
-	listing, call, err := g.svc.ExploreTools(ctx, discovery.ExploreRequest{
-		Ref: req.GetServerRef(), Call: req.GetCall(), Adhoc: req.GetAdhoc(), Tenant: req.GetTenant(), ActorKeyID: req.GetActorKeyId(),
-	})
+// runTenant is the tenant a run request acts in, as the server's interceptor resolved it
+// (auth.TenantFrom): a key bound to a tenant acts for its own, others for the one they name or
+// "default". A run id is unique within its tenant. A call without one is refused.
+func runTenant(ctx context.Context) (string, error) {
+	tenant, err := auth.TenantFrom(ctx)
 	if err != nil {
-		return nil, discovery.Status(ctx, g.svc.errors, err)
-	}
-	return &poolv1.DiscoverResponse{
-		Tools: discovery.ToolsToProto(listing.Tools), ListingFindings: discovery.FindingsToProto(listing.Findings),
-		RegistrationRevision: listing.Revision, Call: call,
-	}, nil
-}
-
-// mayExplore refuses what only the registry may ask of Discover. The publisher lists a
-// registered server's tools to import them; a call, an ad hoc spec, or the tenant and key a
-// call is made for run tools and start unregistered commands, which is the registry's
-// ExploreServer, checked there against the operator's key. Without this, a publisher
-// certificate would run any tool of any server outside a run.
-func mayExplore(ctx context.Context, req *poolv1.DiscoverRequest) error {
-	if req.GetCall() == nil && req.GetAdhoc() == nil && req.GetTenant() == "" && req.GetActorKeyId() == "" {
-		return nil
-	}
-	if p, _ := auth.FromContext(ctx); p.Service == mtls.Registry {
-		return nil
-	}
-	return status.Error(codes.PermissionDenied, "pool: only the registry's certificate may explore with a call, an ad hoc spec, a tenant or an actor key; other callers may only list a registered server's tools (leave call, adhoc, tenant and actor_key_id empty)")
-}
-
-// runTenant is the tenant a run request acts in: a key bound to a tenant acts for its own,
-// others for the one they name or "default". A run id is unique within its tenant.
-func runTenant(ctx context.Context, requested string) (string, error) {
-	p, _ := auth.FromContext(ctx)
-	tenant, err := auth.ResolveTenant(p, requested)
-	if err != nil {
-		return "", status.Error(codes.PermissionDenied, err.Error())
+		return "", err
 	}
 	if err := graph.ValidateTenant(tenant); err != nil {
 		return "", err
@@ -82,7 +45,7 @@ func runTenant(ctx context.Context, requested string) (string, error) {
 
 // StartRun implements PoolService.
 func (g *Server) StartRun(ctx context.Context, req *poolv1.StartRunRequest) (*poolv1.StartRunResponse, error) {
-	tenant, err := runTenant(ctx, req.GetTenant())
+	tenant, err := runTenant(ctx)
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
@@ -99,10 +62,10 @@ func (g *Server) StartRun(ctx context.Context, req *poolv1.StartRunRequest) (*po
 	return &poolv1.StartRunResponse{Run: runToProto(info)}, nil
 }
 
-// runRequest is what every request about one run carries.
+// runRequest is what every request about one run carries (its tenant is resolved by the
+// interceptor).
 type runRequest interface {
 	GetRunId() string
-	GetTenant() string
 }
 
 // namedRun checks a run request's id and resolves its tenant.
@@ -110,7 +73,7 @@ func namedRun(ctx context.Context, req runRequest) (id, tenant string, err error
 	if err := validateRunID(req.GetRunId()); err != nil {
 		return "", "", err
 	}
-	tenant, err = runTenant(ctx, req.GetTenant())
+	tenant, err = runTenant(ctx)
 	return req.GetRunId(), tenant, err
 }
 
@@ -159,16 +122,15 @@ func (g *Server) EndRun(ctx context.Context, req *poolv1.EndRunRequest) (*poolv1
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
-	info, err := g.svc.EndRun(ctx, id, tenant, req.GetStatus(), "ended by "+actor(ctx))
+	p, err := auth.PrincipalFrom(ctx)
+	if err != nil {
+		return nil, err
+	}
+	info, err := g.svc.EndRun(ctx, id, tenant, req.GetStatus(), "ended by "+p.Actor())
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
 	return &poolv1.EndRunResponse{Run: runToProto(info)}, nil
-}
-
-func actor(ctx context.Context) string {
-	p, _ := auth.FromContext(ctx)
-	return p.Actor()
 }
 
 // CallTool implements PoolService.
@@ -177,7 +139,7 @@ func (g *Server) CallTool(ctx context.Context, req *poolv1.CallToolRequest) (*po
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
-	if call.Tenant, err = runTenant(ctx, req.GetTenant()); err != nil {
+	if call.Tenant, err = runTenant(ctx); err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
 	res, err := g.svc.CallTool(ctx, call)

@@ -73,7 +73,8 @@ func twoTenants(t *testing.T) *harness {
 	t.Helper()
 	h := newHarness(t, harnessOpts{noImage: true})
 	h.publish("g", []string{"a"}, nil, nil)
-	acmeAdmin := auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_acme", Role: auth.RoleAdmin, Permissions: auth.AllPermissions, Tenant: "acme"})
+	acmeAdmin := auth.WithTenancy(auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_acme", Role: auth.RoleAdmin, Permissions: auth.AllPermissions, Tenant: "acme"}),
+		auth.Tenancy{Tenant: "acme"})
 	_, err := h.pub.CreateGraph(acmeAdmin, &publisherv1.CreateGraphRequest{GraphId: "g", Agents: []string{"a"}})
 	require.NoError(t, err)
 	_, err = h.pub.Publish(acmeAdmin, &publisherv1.PublishRequest{GraphId: "g"})

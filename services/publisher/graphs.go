@@ -35,9 +35,9 @@ func quote(s string) string {
 	return strconv.Quote(s)
 }
 
-// target resolves the tenant and checks the graph id of a request.
-func (s *Service) target(ctx context.Context, tenant, graphID string) (string, error) {
-	t, err := s.tenant(ctx, tenant)
+// target is the tenant a request acts for, once its graph id is checked.
+func target(ctx context.Context, graphID string) (string, error) {
+	t, err := actingTenant(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -49,7 +49,7 @@ func (s *Service) target(ctx context.Context, tenant, graphID string) (string, e
 
 // CreateGraph implements PublisherService.
 func (s *Service) CreateGraph(ctx context.Context, req *publisherv1.CreateGraphRequest) (*publisherv1.CreateGraphResponse, error) {
-	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	tenant, err := target(ctx, req.GetGraphId())
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
@@ -83,7 +83,7 @@ func (s *Service) CreateGraph(ctx context.Context, req *publisherv1.CreateGraphR
 
 // GetDraft implements PublisherService.
 func (s *Service) GetDraft(ctx context.Context, req *publisherv1.GetDraftRequest) (*publisherv1.GetDraftResponse, error) {
-	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	tenant, err := target(ctx, req.GetGraphId())
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
@@ -97,7 +97,7 @@ func (s *Service) GetDraft(ctx context.Context, req *publisherv1.GetDraftRequest
 // ReplaceDraft implements PublisherService: the whole draft is replaced when the revision
 // still matches. Pinned declarations cannot be edited by hand (re-import instead).
 func (s *Service) ReplaceDraft(ctx context.Context, req *publisherv1.ReplaceDraftRequest) (*publisherv1.ReplaceDraftResponse, error) {
-	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	tenant, err := target(ctx, req.GetGraphId())
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
@@ -167,7 +167,7 @@ func draftField(err error) error {
 
 // ValidateDraft implements PublisherService: a dry-run publish.
 func (s *Service) ValidateDraft(ctx context.Context, req *publisherv1.ValidateDraftRequest) (*publisherv1.ValidateDraftResponse, error) {
-	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	tenant, err := target(ctx, req.GetGraphId())
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
@@ -206,7 +206,7 @@ func registryErr(err error) error {
 
 // Publish implements PublisherService.
 func (s *Service) Publish(ctx context.Context, req *publisherv1.PublishRequest) (*publisherv1.PublishResponse, error) {
-	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	tenant, err := target(ctx, req.GetGraphId())
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
@@ -220,7 +220,10 @@ func (s *Service) Publish(ctx context.Context, req *publisherv1.PublishRequest) 
 	// The version stores the screen's flags, whatever the draft holds (a draft stored before
 	// the screen changed).
 	g = graph.WithScreenedFlags(g, res.Flags)
-	p, _ := auth.FromContext(ctx)
+	p, err := auth.PrincipalFrom(ctx)
+	if err != nil {
+		return nil, err
+	}
 	v := &graph.Version{Graph: g, PublishTime: time.Now().UTC(), PublishedBy: p.Actor(), Warnings: res.Warnings}
 	n, err := s.store.Publish(ctx, tenant, g.ID, g.Revision, v, func(tx *bolt.Tx) error {
 		return s.event(ctx, tenant, audit.ActionPublish, g.ID, map[string]any{
@@ -252,7 +255,7 @@ func violationsStatus(prefix string, vs []graph.Violation) error {
 
 // GetVersion implements PublisherService.
 func (s *Service) GetVersion(ctx context.Context, req *publisherv1.GetVersionRequest) (*publisherv1.GetVersionResponse, error) {
-	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	tenant, err := target(ctx, req.GetGraphId())
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
@@ -263,23 +266,9 @@ func (s *Service) GetVersion(ctx context.Context, req *publisherv1.GetVersionReq
 	return &publisherv1.GetVersionResponse{Version: graphpb.VersionToProto(v, true)}, nil
 }
 
-// GetPublishedVersion implements the internal RPC the pool loads runs with: inline env values
-// in clear, since the pool is what would run them.
-func (s *Service) GetPublishedVersion(ctx context.Context, req *publisherv1.GetPublishedVersionRequest) (*publisherv1.GetPublishedVersionResponse, error) {
-	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
-	if err != nil {
-		return nil, s.errors.Status(ctx, err)
-	}
-	v, err := s.PublishedVersion(ctx, tenant, req.GetGraphId(), req.GetVersion())
-	if err != nil {
-		return nil, s.errors.Status(ctx, err)
-	}
-	return &publisherv1.GetPublishedVersionResponse{Version: graphpb.VersionToProto(v, false)}, nil
-}
-
 // ListVersions implements PublisherService.
 func (s *Service) ListVersions(ctx context.Context, req *publisherv1.ListVersionsRequest) (*publisherv1.ListVersionsResponse, error) {
-	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	tenant, err := target(ctx, req.GetGraphId())
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
@@ -300,7 +289,7 @@ func (s *Service) ListVersions(ctx context.Context, req *publisherv1.ListVersion
 
 // ListGraphs implements PublisherService.
 func (s *Service) ListGraphs(ctx context.Context, req *publisherv1.ListGraphsRequest) (*publisherv1.ListGraphsResponse, error) {
-	tenant, err := s.tenant(ctx, req.GetTenant())
+	tenant, err := actingTenant(ctx)
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
@@ -321,7 +310,7 @@ func (s *Service) ListGraphs(ctx context.Context, req *publisherv1.ListGraphsReq
 
 // DeleteGraph implements PublisherService.
 func (s *Service) DeleteGraph(ctx context.Context, req *publisherv1.DeleteGraphRequest) (*publisherv1.DeleteGraphResponse, error) {
-	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	tenant, err := target(ctx, req.GetGraphId())
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}

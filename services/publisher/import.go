@@ -88,7 +88,7 @@ const maxListed = 20
 
 // ImportTools implements PublisherService.
 func (s *Service) ImportTools(ctx context.Context, req *publisherv1.ImportToolsRequest) (*publisherv1.ImportToolsResponse, error) {
-	tenant, err := s.target(ctx, req.GetTenant(), req.GetGraphId())
+	tenant, err := target(ctx, req.GetGraphId())
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}

@@ -92,7 +92,6 @@ var (
 	errBadPageToken  = errors.New("publisher: page_token is not one this server issued: start again without it")
 	errAgentNotFound = errors.New("publisher: the draft has no agent node with this id: add it to the draft (ringfence graphs show -o json, then ringfence graphs edit), or name it with --agent when the graph is created")
 	errImportRefused = errors.New("publisher: mcp-import refused")
-	errNoPrincipal   = errors.New("publisher: the request carries no authenticated caller")
 )
 
 var errorCodes = map[error]codes.Code{
@@ -104,7 +103,6 @@ var errorCodes = map[error]codes.Code{
 	errBadPageToken:                codes.InvalidArgument,
 	errAgentNotFound:               codes.NotFound,
 	errImportRefused:               codes.FailedPrecondition,
-	errNoPrincipal:                 codes.Unauthenticated,
 	auth.ErrTenantMismatch:         codes.PermissionDenied,
 	discovery.ErrIsolationRequired: codes.Unavailable,
 	audit.ErrSpoolFull:             codes.Unavailable,
@@ -193,14 +191,11 @@ func (s *Service) versionErr(ctx context.Context, tenant, graphID string, versio
 	return &wrapped{msg: fmt.Sprintf("publisher: graph %s has no published version %d (ringfence graphs versions --graph %s lists them)", quote(graphID), version, graphID), err: ErrVersionNotFound}
 }
 
-// tenant returns the tenant a request acts for (auth.ResolveTenant): a tenant-bound key always
-// acts for its own, and another tenant's graphs are simply not found.
-func (s *Service) tenant(ctx context.Context, requested string) (string, error) {
-	p, ok := auth.FromContext(ctx)
-	if !ok {
-		return "", errNoPrincipal
-	}
-	t, err := auth.ResolveTenant(p, requested)
+// actingTenant returns the tenant a request acts for, as the server's interceptor resolved it
+// (auth.TenantFrom): a tenant-bound key always acts for its own, and another tenant's graphs
+// are simply not found. A call without one is refused.
+func actingTenant(ctx context.Context) (string, error) {
+	t, err := auth.TenantFrom(ctx)
 	if err != nil {
 		return "", err
 	}

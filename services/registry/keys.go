@@ -77,7 +77,7 @@ func (s *Service) CreateKey(ctx context.Context, req *registryv1.CreateKeyReques
 	if req.GetTenant() != "" && !tenantPattern.MatchString(req.GetTenant()) {
 		return nil, s.errors.Status(ctx, fielderr.New("tenant", "must match %s", tenantPattern))
 	}
-	tenant, err := mintable(ctx, role, req.GetTenant())
+	tenant, err := mintable(ctx, role)
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
@@ -92,33 +92,40 @@ func (s *Service) CreateKey(ctx context.Context, req *registryv1.CreateKeyReques
 	return &registryv1.CreateKeyResponse{Key: keyToProto(k), Secret: secret}, nil
 }
 
-// mintable checks that the caller may mint a key with role for tenant, and returns the tenant
-// the key is bound to. keys:admin must not be a way up: a custom role holding it could
-// otherwise mint an admin key, and a tenant-bound key one for every tenant. A tenant-bound
-// caller's keys are bound to its tenant.
-func mintable(ctx context.Context, role auth.Role, tenant string) (string, error) {
-	caller, ok := auth.FromContext(ctx)
-	if !ok || caller.KeyID == "" {
-		return tenant, nil // the bootstrap at start, or a service certificate
+// mintable checks that the caller may mint a key with role, and returns the tenant the key is
+// bound to: the tenancy the interceptor resolved from the request's tenant (a tenant-bound
+// caller's own; for a caller bound to none, the tenant it named, or none). keys:admin must not
+// be a way up: a custom role holding it could otherwise mint an admin key, and a tenant-bound
+// key one for every tenant.
+func mintable(ctx context.Context, role auth.Role) (string, error) {
+	caller, err := auth.PrincipalFrom(ctx)
+	if err != nil {
+		return "", err
 	}
-	if missing := missingPermissions(caller, role); len(missing) > 0 {
-		return "", fmt.Errorf("%w: role %q carries %s, which this key (role %q) does not hold", errKeyEscalation, role.Name, strings.Join(missing, ", "), caller.Role)
+	t, err := auth.TenancyFrom(ctx)
+	if err != nil {
+		return "", err
 	}
-	if caller.Tenant == "" {
-		return tenant, nil
+	if caller.IsKey() {
+		if missing := missingPermissions(caller, role); len(missing) > 0 {
+			return "", fmt.Errorf("%w: role %q carries %s, which this key (role %q) does not hold", errKeyEscalation, role.Name, strings.Join(missing, ", "), caller.Role)
+		}
 	}
-	return auth.ResolveTenant(caller, tenant)
+	return t.Tenant, nil // "" when t.All: a key bound to no tenant
 }
 
 // revocable checks that the caller may revoke k. keys:admin is no way up here either: a key
 // revokes only keys whose role's every permission it holds (its own key among them), or a
 // custom role holding keys:admin could lock the admins out by revoking every admin key, the
 // bootstrap key included. A key whose role is no longer configured holds nothing, so any
-// keys:admin key may revoke it.
+// keys:admin key may revoke it. The system principal and service certificates are not keys.
 func (s *Service) revocable(ctx context.Context, k store.Key) error {
-	caller, ok := auth.FromContext(ctx)
-	if !ok || caller.KeyID == "" {
-		return nil // an in-process caller, or a service certificate
+	caller, err := auth.PrincipalFrom(ctx)
+	if err != nil {
+		return err
+	}
+	if !caller.IsKey() {
+		return nil
 	}
 	role, ok := s.cfg.Roles.Lookup(k.Role)
 	if !ok {
@@ -144,15 +151,18 @@ func missingPermissions(caller auth.Principal, role auth.Role) []string {
 	return missing
 }
 
-// visibleKey reports whether the caller may see or revoke k: a tenant-bound caller only its
-// own tenant's keys.
+// visibleKey reports whether the caller may see or revoke k, by the tenancy the interceptor
+// resolved: a tenant-bound caller only its own tenant's keys; without a tenancy, none.
 func visibleKey(ctx context.Context, k store.Key) bool {
-	caller, ok := auth.FromContext(ctx)
-	return !ok || caller.Tenant == "" || caller.Tenant == k.Tenant
+	t, err := auth.TenancyFrom(ctx)
+	return err == nil && (t.All || t.Tenant == k.Tenant)
 }
 
 // ListKeys implements KeyService.
 func (s *Service) ListKeys(ctx context.Context, req *registryv1.ListKeysRequest) (*registryv1.ListKeysResponse, error) {
+	if _, err := auth.TenancyFrom(ctx); err != nil {
+		return nil, err
+	}
 	n, err := paging.Size(req.GetPageSize())
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
@@ -183,6 +193,9 @@ func (s *Service) ListKeys(ctx context.Context, req *registryv1.ListKeysRequest)
 
 // RevokeKey implements KeyService.
 func (s *Service) RevokeKey(ctx context.Context, req *registryv1.RevokeKeyRequest) (*registryv1.RevokeKeyResponse, error) {
+	if _, err := auth.TenancyFrom(ctx); err != nil {
+		return nil, err
+	}
 	if !keyIDPattern.MatchString(req.GetId()) {
 		return nil, s.errors.Status(ctx, fielderr.New("id", "%q is not a key id (key_<hex>); ListKeys shows them", req.GetId()))
 	}
@@ -210,22 +223,6 @@ func (s *Service) ListRoles(ctx context.Context, _ *registryv1.ListRolesRequest)
 			pr.Permissions = append(pr.Permissions, string(p))
 		}
 		resp.Roles = append(resp.Roles, pr)
-	}
-	return resp, nil
-}
-
-// AuthenticateKey implements the internal RPC other services use to verify API keys.
-func (s *Service) AuthenticateKey(ctx context.Context, req *registryv1.AuthenticateKeyRequest) (*registryv1.AuthenticateKeyResponse, error) {
-	if len(req.GetKeySha256()) != 64 {
-		return nil, s.errors.Status(ctx, fielderr.New("key_sha256", "must be 64 lowercase hex characters"))
-	}
-	p, err := s.VerifyKey(ctx, req.GetKeySha256())
-	if err != nil {
-		return nil, s.errors.Status(ctx, err)
-	}
-	resp := &registryv1.AuthenticateKeyResponse{KeyId: p.KeyID, KeyName: p.KeyName, Role: p.Role, Tenant: p.Tenant}
-	for _, perm := range p.Permissions {
-		resp.Permissions = append(resp.Permissions, string(perm))
 	}
 	return resp, nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	registryinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1"
 	"net/http"
 	"strings"
 	"testing"
@@ -208,7 +209,7 @@ func TestUpdateWithTheMaskKeepsTheStoredSecret(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, canary, res.Env["APP_TOKEN"], "the mask keeps the stored value")
 	require.Equal(t, []string{"/srv/other"}, res.Args, "the rest of the update applies")
-	resolved, err := f.svc.ResolveServer(ctx, &registryv1.ResolveServerRequest{Ref: "docs-search"})
+	resolved, err := f.svc.Internal().ResolveServer(ctx, &registryinternalv1.ResolveServerRequest{Ref: "docs-search"})
 	require.NoError(t, err)
 	require.Equal(t, canary, resolved.GetEnv()["APP_TOKEN"], "the pool's RPC answers the stored value")
 

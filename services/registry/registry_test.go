@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	registryinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1"
 	"io"
 	"log/slog"
 	"net/http"
@@ -395,7 +396,7 @@ func TestSecretsAndHeaderResolution(t *testing.T) {
 	_, err = f.svc.ResolveRegistration(ctx, "tickets")
 	require.ErrorIs(t, err, errMissingSecret)
 	require.EqualError(t, err, `registry: header "Authorization" of server "tickets" names a secret that no longer exists: ringfence servers show tickets names it; create it again with PutSecret (ringfence secrets set NAME)`)
-	_, err = f.svc.ResolveServer(ctx, &registryv1.ResolveServerRequest{Ref: "tickets"})
+	_, err = f.svc.Internal().ResolveServer(ctx, &registryinternalv1.ResolveServerRequest{Ref: "tickets"})
 	testutil.RequireStatus(t, err, codes.FailedPrecondition)
 }
 

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	registryinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
@@ -163,6 +164,10 @@ func (s *Service) ListServerTools(ctx context.Context, req *registryv1.ListServe
 // ExploreServer implements RegistryService: the pool starts the server in isolation, lists
 // its tools, and makes the one call asked for (if any) on the same session.
 func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServerRequest) (*registryv1.ExploreServerResponse, error) {
+	p, err := auth.PrincipalFrom(ctx) // named in the explore call's audit record
+	if err != nil {
+		return nil, err
+	}
 	if err := mcpserver.ValidateRef(req.GetRef()); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
@@ -187,7 +192,7 @@ func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServ
 	if s.cfg.Discoverer == nil {
 		return nil, status.Error(codes.Unavailable, errNoPool)
 	}
-	var adhocProto *registryv1.ResolveServerResponse
+	var adhocProto *registryinternalv1.ResolveServerResponse
 	if adhoc != nil {
 		adhocProto = resolvedToProto(adhoc)
 		// An unregistered command is about to run: record who started what before it does.
@@ -199,7 +204,6 @@ func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServ
 			return nil, s.errors.Status(ctx, err)
 		}
 	}
-	p, _ := auth.FromContext(ctx)
 	listing, call, err := s.cfg.Discoverer.ExploreTools(ctx, discovery.ExploreRequest{
 		Ref: req.GetRef(), Call: req.GetCall(), Adhoc: adhocProto, Tenant: p.Tenant, ActorKeyID: p.KeyID,
 	})
@@ -300,46 +304,4 @@ func (s *Service) DeleteSecret(ctx context.Context, req *registryv1.DeleteSecret
 		return nil, s.errors.Status(ctx, storeErr(err, errSecretNotFound))
 	}
 	return &registryv1.DeleteSecretResponse{}, nil
-}
-
-// ResolveServer implements the internal RPC the pool uses to start a server.
-func (s *Service) ResolveServer(ctx context.Context, req *registryv1.ResolveServerRequest) (*registryv1.ResolveServerResponse, error) {
-	if err := mcpserver.ValidateRef(req.GetRef()); err != nil {
-		return nil, s.errors.Status(ctx, err)
-	}
-	res, err := s.ResolveRegistration(ctx, req.GetRef())
-	if err != nil {
-		return nil, s.errors.Status(ctx, err)
-	}
-	return resolvedToProto(res), nil
-}
-
-// resolvedToProto is ResolveServer's answer: the registration, and its secrets in clear,
-// including the URL, which the pool connects to (the one place a Server carries it unmasked).
-func resolvedToProto(res *mcpserver.Resolved) *registryv1.ResolveServerResponse {
-	server := serverToProto(&res.Registration)
-	server.Url = res.URL
-	return &registryv1.ResolveServerResponse{Server: server, Env: res.Env, HeaderValues: res.HeaderValues}
-}
-
-// GetServerPolicy implements the internal RPC the publisher and pool use for grants.
-func (s *Service) GetServerPolicy(ctx context.Context, req *registryv1.GetServerPolicyRequest) (*registryv1.GetServerPolicyResponse, error) {
-	if err := mcpserver.ValidateRef(req.GetRef()); err != nil {
-		return nil, s.errors.Status(ctx, err)
-	}
-	p, err := s.ServerPolicy(ctx, req.GetRef())
-	if err != nil {
-		return nil, s.errors.Status(ctx, err)
-	}
-	out := &registryv1.GetServerPolicyResponse{
-		Ref: p.Ref, Grants: p.Grants, Revision: p.Revision, StrictInputs: p.StrictInputs,
-		ToolFilter: &registryv1.ToolFilter{Include: p.Filter.Include, Exclude: p.Filter.Exclude},
-	}
-	if len(p.ToolPermissions) > 0 {
-		out.ToolPermissions = make(map[string]*registryv1.ToolPermissions, len(p.ToolPermissions))
-		for tool, reqs := range p.ToolPermissions {
-			out.ToolPermissions[tool] = &registryv1.ToolPermissions{Required: reqs}
-		}
-	}
-	return out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	registryinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -39,7 +40,7 @@ func tickets() *registryv1.CreateServerRequest {
 
 // recordingDiscoverer keeps the ad-hoc servers it was asked to explore.
 type recordingDiscoverer struct {
-	adhoc chan *registryv1.ResolveServerResponse
+	adhoc chan *registryinternalv1.ResolveServerResponse
 }
 
 func (d recordingDiscoverer) ExploreTools(_ context.Context, req discovery.ExploreRequest) (*discovery.Listing, *typesv1.ExploreCallResult, error) {
@@ -112,7 +113,7 @@ func TestRemoteURLCanaryIsNeverShown(t *testing.T) {
 	}
 
 	// An ad-hoc exploration records the server it starts, masked, and hands the pool the URL.
-	disc := recordingDiscoverer{adhoc: make(chan *registryv1.ResolveServerResponse, 1)}
+	disc := recordingDiscoverer{adhoc: make(chan *registryinternalv1.ResolveServerResponse, 1)}
 	f.svc.SetDiscoverer(disc)
 	adhoc := tickets()
 	adhoc.Ref = ""
@@ -123,7 +124,7 @@ func TestRemoteURLCanaryIsNeverShown(t *testing.T) {
 	require.Equal(t, remoteURL, pool.GetServer().GetUrl(), "the pool connects to the URL itself")
 	require.Equal(t, "Bearer "+canary, pool.GetHeaderValues()["Authorization"])
 
-	resolved, err := f.svc.ResolveServer(ctx, &registryv1.ResolveServerRequest{Ref: "tickets-2"})
+	resolved, err := f.svc.Internal().ResolveServer(ctx, &registryinternalv1.ResolveServerRequest{Ref: "tickets-2"})
 	require.NoError(t, err)
 	require.Equal(t, "https://sse.example.com/sse?token="+canary, resolved.GetServer().GetUrl(), "the pool's RPC answers the URL in clear")
 

@@ -41,8 +41,12 @@ type Record struct {
 	//	*Record_ToolCall
 	Event isRecord_Event `protobuf_oneof:"event"`
 	// prev_hash and hash (hex SHA-256) chain the record to the one before it.
-	PrevHash      string `protobuf:"bytes,9,opt,name=prev_hash,json=prevHash,proto3" json:"prev_hash,omitempty"`
-	Hash          string `protobuf:"bytes,10,opt,name=hash,proto3" json:"hash,omitempty"`
+	PrevHash string `protobuf:"bytes,9,opt,name=prev_hash,json=prevHash,proto3" json:"prev_hash,omitempty"`
+	Hash     string `protobuf:"bytes,10,opt,name=hash,proto3" json:"hash,omitempty"`
+	// receive_time is when the audit log took the record, by its own clock, beside the
+	// producer's time. A record whose time is more than 5 minutes ahead of it is refused.
+	// Records stored before receive times existed have none.
+	ReceiveTime   *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=receive_time,json=receiveTime,proto3" json:"receive_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -156,6 +160,13 @@ func (x *Record) GetHash() string {
 		return x.Hash
 	}
 	return ""
+}
+
+func (x *Record) GetReceiveTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReceiveTime
+	}
+	return nil
 }
 
 type isRecord_Event interface {
@@ -505,96 +516,6 @@ func (x *ToolCallAttempt) GetPendingId() string {
 	return ""
 }
 
-// AppendRequest carries records in producer order.
-type AppendRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Records       []*Record              `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *AppendRequest) Reset() {
-	*x = AppendRequest{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[3]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *AppendRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*AppendRequest) ProtoMessage() {}
-
-func (x *AppendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[3]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
-func (*AppendRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{3}
-}
-
-func (x *AppendRequest) GetRecords() []*Record {
-	if x != nil {
-		return x.Records
-	}
-	return nil
-}
-
-// AppendResponse gives each record's sequence number, in request order.
-type AppendResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Seqs          []uint64               `protobuf:"varint,1,rep,packed,name=seqs,proto3" json:"seqs,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *AppendResponse) Reset() {
-	*x = AppendResponse{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[4]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *AppendResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*AppendResponse) ProtoMessage() {}
-
-func (x *AppendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[4]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use AppendResponse.ProtoReflect.Descriptor instead.
-func (*AppendResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{4}
-}
-
-func (x *AppendResponse) GetSeqs() []uint64 {
-	if x != nil {
-		return x.Seqs
-	}
-	return nil
-}
-
 // Filter narrows List, Watch and Export. Empty fields match everything.
 type Filter struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -614,7 +535,7 @@ type Filter struct {
 
 func (x *Filter) Reset() {
 	*x = Filter{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[5]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -626,7 +547,7 @@ func (x *Filter) String() string {
 func (*Filter) ProtoMessage() {}
 
 func (x *Filter) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[5]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -639,7 +560,7 @@ func (x *Filter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Filter.ProtoReflect.Descriptor instead.
 func (*Filter) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{5}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Filter) GetTenant() string {
@@ -711,7 +632,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[6]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -723,7 +644,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[6]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -736,7 +657,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{6}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListRequest) GetFilter() *Filter {
@@ -771,7 +692,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[7]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +704,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[7]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +717,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{7}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListResponse) GetRecords() []*Record {
@@ -825,7 +746,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[8]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -837,7 +758,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[8]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -850,7 +771,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{8}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *WatchRequest) GetFromSeq() uint64 {
@@ -877,7 +798,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[9]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -889,7 +810,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[9]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -902,7 +823,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{9}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WatchResponse) GetRecord() *Record {
@@ -926,7 +847,7 @@ type VerifyRequest struct {
 
 func (x *VerifyRequest) Reset() {
 	*x = VerifyRequest{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[10]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -938,7 +859,7 @@ func (x *VerifyRequest) String() string {
 func (*VerifyRequest) ProtoMessage() {}
 
 func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[10]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -951,7 +872,7 @@ func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyRequest.ProtoReflect.Descriptor instead.
 func (*VerifyRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{10}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *VerifyRequest) GetAnchorSeq() uint64 {
@@ -985,7 +906,7 @@ type VerifyResponse struct {
 
 func (x *VerifyResponse) Reset() {
 	*x = VerifyResponse{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[11]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -997,7 +918,7 @@ func (x *VerifyResponse) String() string {
 func (*VerifyResponse) ProtoMessage() {}
 
 func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[11]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1010,7 +931,7 @@ func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyResponse.ProtoReflect.Descriptor instead.
 func (*VerifyResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{11}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *VerifyResponse) GetOk() bool {
@@ -1065,7 +986,7 @@ type ExportRequest struct {
 
 func (x *ExportRequest) Reset() {
 	*x = ExportRequest{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[12]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +998,7 @@ func (x *ExportRequest) String() string {
 func (*ExportRequest) ProtoMessage() {}
 
 func (x *ExportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[12]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1011,7 @@ func (x *ExportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRequest.ProtoReflect.Descriptor instead.
 func (*ExportRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{12}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExportRequest) GetFilter() *Filter {
@@ -1110,7 +1031,7 @@ type ExportResponse struct {
 
 func (x *ExportResponse) Reset() {
 	*x = ExportResponse{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[13]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1122,7 +1043,7 @@ func (x *ExportResponse) String() string {
 func (*ExportResponse) ProtoMessage() {}
 
 func (x *ExportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[13]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1135,7 +1056,7 @@ func (x *ExportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportResponse.ProtoReflect.Descriptor instead.
 func (*ExportResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{13}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExportResponse) GetRecord() *Record {
@@ -1149,7 +1070,7 @@ var File_ringfence_audit_v1_audit_proto protoreflect.FileDescriptor
 
 const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"\n" +
-	"\x1eringfence/audit/v1/audit.proto\x12\x12ringfence.audit.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd8\x02\n" +
+	"\x1eringfence/audit/v1/audit.proto\x12\x12ringfence.audit.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x03\n" +
 	"\x06Record\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12.\n" +
@@ -1161,7 +1082,8 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"\ttool_call\x18\b \x01(\v2#.ringfence.audit.v1.ToolCallAttemptH\x00R\btoolCall\x12\x1b\n" +
 	"\tprev_hash\x18\t \x01(\tR\bprevHash\x12\x12\n" +
 	"\x04hash\x18\n" +
-	" \x01(\tR\x04hashB\a\n" +
+	" \x01(\tR\x04hash\x12=\n" +
+	"\freceive_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vreceiveTimeB\a\n" +
 	"\x05event\"\xcc\x01\n" +
 	"\n" +
 	"AdminEvent\x12 \n" +
@@ -1206,11 +1128,7 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"\x0elatency_micros\x18\x16 \x01(\x03R\rlatencyMicros\x12\x1a\n" +
 	"\badvisory\x18\x17 \x03(\tR\badvisory\x12\x1d\n" +
 	"\n" +
-	"pending_id\x18\x18 \x01(\tR\tpendingId\"E\n" +
-	"\rAppendRequest\x124\n" +
-	"\arecords\x18\x01 \x03(\v2\x1a.ringfence.audit.v1.RecordR\arecords\"$\n" +
-	"\x0eAppendResponse\x12\x12\n" +
-	"\x04seqs\x18\x01 \x03(\x04R\x04seqs\"\x85\x02\n" +
+	"pending_id\x18\x18 \x01(\tR\tpendingId\"\x85\x02\n" +
 	"\x06Filter\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x1d\n" +
@@ -1249,9 +1167,8 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"\rExportRequest\x122\n" +
 	"\x06filter\x18\x01 \x01(\v2\x1a.ringfence.audit.v1.FilterR\x06filter\"D\n" +
 	"\x0eExportResponse\x122\n" +
-	"\x06record\x18\x01 \x01(\v2\x1a.ringfence.audit.v1.RecordR\x06record2\x9e\x03\n" +
-	"\fAuditService\x12O\n" +
-	"\x06Append\x12!.ringfence.audit.v1.AppendRequest\x1a\".ringfence.audit.v1.AppendResponse\x12I\n" +
+	"\x06record\x18\x01 \x01(\v2\x1a.ringfence.audit.v1.RecordR\x06record2\xcd\x02\n" +
+	"\fAuditService\x12I\n" +
 	"\x04List\x12\x1f.ringfence.audit.v1.ListRequest\x1a .ringfence.audit.v1.ListResponse\x12N\n" +
 	"\x05Watch\x12 .ringfence.audit.v1.WatchRequest\x1a!.ringfence.audit.v1.WatchResponse0\x01\x12O\n" +
 	"\x06Verify\x12!.ringfence.audit.v1.VerifyRequest\x1a\".ringfence.audit.v1.VerifyResponse\x12Q\n" +
@@ -1271,49 +1188,45 @@ func file_ringfence_audit_v1_audit_proto_rawDescGZIP() []byte {
 	return file_ringfence_audit_v1_audit_proto_rawDescData
 }
 
-var file_ringfence_audit_v1_audit_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_ringfence_audit_v1_audit_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_ringfence_audit_v1_audit_proto_goTypes = []any{
 	(*Record)(nil),                // 0: ringfence.audit.v1.Record
 	(*AdminEvent)(nil),            // 1: ringfence.audit.v1.AdminEvent
 	(*ToolCallAttempt)(nil),       // 2: ringfence.audit.v1.ToolCallAttempt
-	(*AppendRequest)(nil),         // 3: ringfence.audit.v1.AppendRequest
-	(*AppendResponse)(nil),        // 4: ringfence.audit.v1.AppendResponse
-	(*Filter)(nil),                // 5: ringfence.audit.v1.Filter
-	(*ListRequest)(nil),           // 6: ringfence.audit.v1.ListRequest
-	(*ListResponse)(nil),          // 7: ringfence.audit.v1.ListResponse
-	(*WatchRequest)(nil),          // 8: ringfence.audit.v1.WatchRequest
-	(*WatchResponse)(nil),         // 9: ringfence.audit.v1.WatchResponse
-	(*VerifyRequest)(nil),         // 10: ringfence.audit.v1.VerifyRequest
-	(*VerifyResponse)(nil),        // 11: ringfence.audit.v1.VerifyResponse
-	(*ExportRequest)(nil),         // 12: ringfence.audit.v1.ExportRequest
-	(*ExportResponse)(nil),        // 13: ringfence.audit.v1.ExportResponse
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*Filter)(nil),                // 3: ringfence.audit.v1.Filter
+	(*ListRequest)(nil),           // 4: ringfence.audit.v1.ListRequest
+	(*ListResponse)(nil),          // 5: ringfence.audit.v1.ListResponse
+	(*WatchRequest)(nil),          // 6: ringfence.audit.v1.WatchRequest
+	(*WatchResponse)(nil),         // 7: ringfence.audit.v1.WatchResponse
+	(*VerifyRequest)(nil),         // 8: ringfence.audit.v1.VerifyRequest
+	(*VerifyResponse)(nil),        // 9: ringfence.audit.v1.VerifyResponse
+	(*ExportRequest)(nil),         // 10: ringfence.audit.v1.ExportRequest
+	(*ExportResponse)(nil),        // 11: ringfence.audit.v1.ExportResponse
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
 }
 var file_ringfence_audit_v1_audit_proto_depIdxs = []int32{
-	14, // 0: ringfence.audit.v1.Record.time:type_name -> google.protobuf.Timestamp
+	12, // 0: ringfence.audit.v1.Record.time:type_name -> google.protobuf.Timestamp
 	1,  // 1: ringfence.audit.v1.Record.admin:type_name -> ringfence.audit.v1.AdminEvent
 	2,  // 2: ringfence.audit.v1.Record.tool_call:type_name -> ringfence.audit.v1.ToolCallAttempt
-	0,  // 3: ringfence.audit.v1.AppendRequest.records:type_name -> ringfence.audit.v1.Record
-	14, // 4: ringfence.audit.v1.Filter.since:type_name -> google.protobuf.Timestamp
-	14, // 5: ringfence.audit.v1.Filter.until:type_name -> google.protobuf.Timestamp
-	5,  // 6: ringfence.audit.v1.ListRequest.filter:type_name -> ringfence.audit.v1.Filter
+	12, // 3: ringfence.audit.v1.Record.receive_time:type_name -> google.protobuf.Timestamp
+	12, // 4: ringfence.audit.v1.Filter.since:type_name -> google.protobuf.Timestamp
+	12, // 5: ringfence.audit.v1.Filter.until:type_name -> google.protobuf.Timestamp
+	3,  // 6: ringfence.audit.v1.ListRequest.filter:type_name -> ringfence.audit.v1.Filter
 	0,  // 7: ringfence.audit.v1.ListResponse.records:type_name -> ringfence.audit.v1.Record
-	5,  // 8: ringfence.audit.v1.WatchRequest.filter:type_name -> ringfence.audit.v1.Filter
+	3,  // 8: ringfence.audit.v1.WatchRequest.filter:type_name -> ringfence.audit.v1.Filter
 	0,  // 9: ringfence.audit.v1.WatchResponse.record:type_name -> ringfence.audit.v1.Record
-	5,  // 10: ringfence.audit.v1.ExportRequest.filter:type_name -> ringfence.audit.v1.Filter
+	3,  // 10: ringfence.audit.v1.ExportRequest.filter:type_name -> ringfence.audit.v1.Filter
 	0,  // 11: ringfence.audit.v1.ExportResponse.record:type_name -> ringfence.audit.v1.Record
-	3,  // 12: ringfence.audit.v1.AuditService.Append:input_type -> ringfence.audit.v1.AppendRequest
-	6,  // 13: ringfence.audit.v1.AuditService.List:input_type -> ringfence.audit.v1.ListRequest
-	8,  // 14: ringfence.audit.v1.AuditService.Watch:input_type -> ringfence.audit.v1.WatchRequest
-	10, // 15: ringfence.audit.v1.AuditService.Verify:input_type -> ringfence.audit.v1.VerifyRequest
-	12, // 16: ringfence.audit.v1.AuditService.Export:input_type -> ringfence.audit.v1.ExportRequest
-	4,  // 17: ringfence.audit.v1.AuditService.Append:output_type -> ringfence.audit.v1.AppendResponse
-	7,  // 18: ringfence.audit.v1.AuditService.List:output_type -> ringfence.audit.v1.ListResponse
-	9,  // 19: ringfence.audit.v1.AuditService.Watch:output_type -> ringfence.audit.v1.WatchResponse
-	11, // 20: ringfence.audit.v1.AuditService.Verify:output_type -> ringfence.audit.v1.VerifyResponse
-	13, // 21: ringfence.audit.v1.AuditService.Export:output_type -> ringfence.audit.v1.ExportResponse
-	17, // [17:22] is the sub-list for method output_type
-	12, // [12:17] is the sub-list for method input_type
+	4,  // 12: ringfence.audit.v1.AuditService.List:input_type -> ringfence.audit.v1.ListRequest
+	6,  // 13: ringfence.audit.v1.AuditService.Watch:input_type -> ringfence.audit.v1.WatchRequest
+	8,  // 14: ringfence.audit.v1.AuditService.Verify:input_type -> ringfence.audit.v1.VerifyRequest
+	10, // 15: ringfence.audit.v1.AuditService.Export:input_type -> ringfence.audit.v1.ExportRequest
+	5,  // 16: ringfence.audit.v1.AuditService.List:output_type -> ringfence.audit.v1.ListResponse
+	7,  // 17: ringfence.audit.v1.AuditService.Watch:output_type -> ringfence.audit.v1.WatchResponse
+	9,  // 18: ringfence.audit.v1.AuditService.Verify:output_type -> ringfence.audit.v1.VerifyResponse
+	11, // 19: ringfence.audit.v1.AuditService.Export:output_type -> ringfence.audit.v1.ExportResponse
+	16, // [16:20] is the sub-list for method output_type
+	12, // [12:16] is the sub-list for method input_type
 	12, // [12:12] is the sub-list for extension type_name
 	12, // [12:12] is the sub-list for extension extendee
 	0,  // [0:12] is the sub-list for field type_name
@@ -1334,7 +1247,7 @@ func file_ringfence_audit_v1_audit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_audit_v1_audit_proto_rawDesc), len(file_ringfence_audit_v1_audit_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

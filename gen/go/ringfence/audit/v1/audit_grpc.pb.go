@@ -19,7 +19,6 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AuditService_Append_FullMethodName = "/ringfence.audit.v1.AuditService/Append"
 	AuditService_List_FullMethodName   = "/ringfence.audit.v1.AuditService/List"
 	AuditService_Watch_FullMethodName  = "/ringfence.audit.v1.AuditService/Watch"
 	AuditService_Verify_FullMethodName = "/ringfence.audit.v1.AuditService/Verify"
@@ -31,14 +30,10 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // AuditService is the append-only, hash-chained record of every admin change and every
-// tool-call attempt. Producers write through a local durable spool, so an audit outage loses
-// nothing; any change to stored history is detected by Verify.
+// tool-call attempt. Producers write through a local durable spool and append over the internal
+// ringfence.internal.audit.v1.AuditInternalService, so an audit outage loses nothing; any change
+// to stored history is detected by Verify.
 type AuditServiceClient interface {
-	// Append adds records, idempotently by record id: a retried append never duplicates.
-	// Records are acknowledged only once durable.
-	// Caller: internal, the registry's, publisher's or pool's service certificate.
-	// Codes: INVALID_ARGUMENT (a malformed record, named by id).
-	Append(ctx context.Context, in *AppendRequest, opts ...grpc.CallOption) (*AppendResponse, error)
 	// List pages through records in sequence order, filtered.
 	// Caller: audit:read (REST GET /v1/audit/records). A tenant-bound key sees its tenant only.
 	// Codes: INVALID_ARGUMENT (bad filter or page token).
@@ -46,8 +41,11 @@ type AuditServiceClient interface {
 	// Watch streams records from a sequence number on, then follows new ones.
 	// Caller: audit:read (REST GET /v1/audit/records:watch). Codes: INVALID_ARGUMENT.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
-	// Verify recomputes the hash chain and names the first broken record.
-	// Caller: audit:read (REST POST /v1/audit:verify).
+	// Verify recomputes the hash chain and names the first broken record. The whole chain is
+	// always walked (one chain spans every tenant); a tenant-bound key is answered about its
+	// tenant's records only: checked counts them, first_broken and head_seq name only them, and
+	// an anchor must be one of them (see docs/security.md).
+	// Caller: audit:read (REST POST /v1/audit:verify). Codes: INVALID_ARGUMENT (bad anchor).
 	Verify(ctx context.Context, in *VerifyRequest, opts ...grpc.CallOption) (*VerifyResponse, error)
 	// Export streams records as they are stored, for JSON lines (REST GET /v1/audit/export
 	// answers application/x-ndjson).
@@ -61,16 +59,6 @@ type auditServiceClient struct {
 
 func NewAuditServiceClient(cc grpc.ClientConnInterface) AuditServiceClient {
 	return &auditServiceClient{cc}
-}
-
-func (c *auditServiceClient) Append(ctx context.Context, in *AppendRequest, opts ...grpc.CallOption) (*AppendResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(AppendResponse)
-	err := c.cc.Invoke(ctx, AuditService_Append_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 func (c *auditServiceClient) List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error) {
@@ -136,14 +124,10 @@ type AuditService_ExportClient = grpc.ServerStreamingClient[ExportResponse]
 // for forward compatibility.
 //
 // AuditService is the append-only, hash-chained record of every admin change and every
-// tool-call attempt. Producers write through a local durable spool, so an audit outage loses
-// nothing; any change to stored history is detected by Verify.
+// tool-call attempt. Producers write through a local durable spool and append over the internal
+// ringfence.internal.audit.v1.AuditInternalService, so an audit outage loses nothing; any change
+// to stored history is detected by Verify.
 type AuditServiceServer interface {
-	// Append adds records, idempotently by record id: a retried append never duplicates.
-	// Records are acknowledged only once durable.
-	// Caller: internal, the registry's, publisher's or pool's service certificate.
-	// Codes: INVALID_ARGUMENT (a malformed record, named by id).
-	Append(context.Context, *AppendRequest) (*AppendResponse, error)
 	// List pages through records in sequence order, filtered.
 	// Caller: audit:read (REST GET /v1/audit/records). A tenant-bound key sees its tenant only.
 	// Codes: INVALID_ARGUMENT (bad filter or page token).
@@ -151,8 +135,11 @@ type AuditServiceServer interface {
 	// Watch streams records from a sequence number on, then follows new ones.
 	// Caller: audit:read (REST GET /v1/audit/records:watch). Codes: INVALID_ARGUMENT.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
-	// Verify recomputes the hash chain and names the first broken record.
-	// Caller: audit:read (REST POST /v1/audit:verify).
+	// Verify recomputes the hash chain and names the first broken record. The whole chain is
+	// always walked (one chain spans every tenant); a tenant-bound key is answered about its
+	// tenant's records only: checked counts them, first_broken and head_seq name only them, and
+	// an anchor must be one of them (see docs/security.md).
+	// Caller: audit:read (REST POST /v1/audit:verify). Codes: INVALID_ARGUMENT (bad anchor).
 	Verify(context.Context, *VerifyRequest) (*VerifyResponse, error)
 	// Export streams records as they are stored, for JSON lines (REST GET /v1/audit/export
 	// answers application/x-ndjson).
@@ -168,9 +155,6 @@ type AuditServiceServer interface {
 // pointer dereference when methods are called.
 type UnimplementedAuditServiceServer struct{}
 
-func (UnimplementedAuditServiceServer) Append(context.Context, *AppendRequest) (*AppendResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method Append not implemented")
-}
 func (UnimplementedAuditServiceServer) List(context.Context, *ListRequest) (*ListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method List not implemented")
 }
@@ -202,24 +186,6 @@ func RegisterAuditServiceServer(s grpc.ServiceRegistrar, srv AuditServiceServer)
 		t.testEmbeddedByValue()
 	}
 	s.RegisterService(&AuditService_ServiceDesc, srv)
-}
-
-func _AuditService_Append_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(AppendRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(AuditServiceServer).Append(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: AuditService_Append_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(AuditServiceServer).Append(ctx, req.(*AppendRequest))
-	}
-	return interceptor(ctx, in, info, handler)
 }
 
 func _AuditService_List_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
@@ -287,10 +253,6 @@ var AuditService_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "ringfence.audit.v1.AuditService",
 	HandlerType: (*AuditServiceServer)(nil),
 	Methods: []grpc.MethodDesc{
-		{
-			MethodName: "Append",
-			Handler:    _AuditService_Append_Handler,
-		},
 		{
 			MethodName: "List",
 			Handler:    _AuditService_List_Handler,

@@ -7,7 +7,6 @@
 package poolv1
 
 import (
-	v11 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	v1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -24,157 +23,6 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
-
-// DiscoverRequest names a registered server and, for ExploreServer, one call to make after
-// the listing.
-type DiscoverRequest struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	ServerRef string                 `protobuf:"bytes,1,opt,name=server_ref,json=serverRef,proto3" json:"server_ref,omitempty"`
-	Call      *v1.ExploreCall        `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
-	// tenant and actor_key_id say whose explore call it is, for the audit record.
-	Tenant     string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	ActorKeyId string `protobuf:"bytes,4,opt,name=actor_key_id,json=actorKeyId,proto3" json:"actor_key_id,omitempty"`
-	// adhoc, when set, is an ad-hoc server the registry validated and resolved, explored
-	// instead of a registration (secrets in clear, as ResolveServer returns them).
-	Adhoc         *v11.ResolveServerResponse `protobuf:"bytes,5,opt,name=adhoc,proto3" json:"adhoc,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *DiscoverRequest) Reset() {
-	*x = DiscoverRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[0]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *DiscoverRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*DiscoverRequest) ProtoMessage() {}
-
-func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[0]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use DiscoverRequest.ProtoReflect.Descriptor instead.
-func (*DiscoverRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{0}
-}
-
-func (x *DiscoverRequest) GetServerRef() string {
-	if x != nil {
-		return x.ServerRef
-	}
-	return ""
-}
-
-func (x *DiscoverRequest) GetCall() *v1.ExploreCall {
-	if x != nil {
-		return x.Call
-	}
-	return nil
-}
-
-func (x *DiscoverRequest) GetTenant() string {
-	if x != nil {
-		return x.Tenant
-	}
-	return ""
-}
-
-func (x *DiscoverRequest) GetActorKeyId() string {
-	if x != nil {
-		return x.ActorKeyId
-	}
-	return ""
-}
-
-func (x *DiscoverRequest) GetAdhoc() *v11.ResolveServerResponse {
-	if x != nil {
-		return x.Adhoc
-	}
-	return nil
-}
-
-// DiscoverResponse is the server's listing.
-type DiscoverResponse struct {
-	state           protoimpl.MessageState `protogen:"open.v1"`
-	Tools           []*v1.ToolDeclaration  `protobuf:"bytes,1,rep,name=tools,proto3" json:"tools,omitempty"`
-	ListingFindings []*v1.Finding          `protobuf:"bytes,2,rep,name=listing_findings,json=listingFindings,proto3" json:"listing_findings,omitempty"`
-	// registration_revision is the registration the listing was taken under.
-	RegistrationRevision int64                 `protobuf:"varint,3,opt,name=registration_revision,json=registrationRevision,proto3" json:"registration_revision,omitempty"`
-	Call                 *v1.ExploreCallResult `protobuf:"bytes,4,opt,name=call,proto3" json:"call,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
-}
-
-func (x *DiscoverResponse) Reset() {
-	*x = DiscoverResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[1]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *DiscoverResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*DiscoverResponse) ProtoMessage() {}
-
-func (x *DiscoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[1]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use DiscoverResponse.ProtoReflect.Descriptor instead.
-func (*DiscoverResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{1}
-}
-
-func (x *DiscoverResponse) GetTools() []*v1.ToolDeclaration {
-	if x != nil {
-		return x.Tools
-	}
-	return nil
-}
-
-func (x *DiscoverResponse) GetListingFindings() []*v1.Finding {
-	if x != nil {
-		return x.ListingFindings
-	}
-	return nil
-}
-
-func (x *DiscoverResponse) GetRegistrationRevision() int64 {
-	if x != nil {
-		return x.RegistrationRevision
-	}
-	return 0
-}
-
-func (x *DiscoverResponse) GetCall() *v1.ExploreCallResult {
-	if x != nil {
-		return x.Call
-	}
-	return nil
-}
 
 // Run is a run's state.
 type Run struct {
@@ -199,7 +47,7 @@ type Run struct {
 
 func (x *Run) Reset() {
 	*x = Run{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[2]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -211,7 +59,7 @@ func (x *Run) String() string {
 func (*Run) ProtoMessage() {}
 
 func (x *Run) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[2]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -224,7 +72,7 @@ func (x *Run) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Run.ProtoReflect.Descriptor instead.
 func (*Run) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{2}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *Run) GetRunId() string {
@@ -318,7 +166,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[3]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -330,7 +178,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[3]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -343,7 +191,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{3}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *Session) GetServerRef() string {
@@ -391,7 +239,7 @@ type StartRunRequest struct {
 
 func (x *StartRunRequest) Reset() {
 	*x = StartRunRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[4]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -403,7 +251,7 @@ func (x *StartRunRequest) String() string {
 func (*StartRunRequest) ProtoMessage() {}
 
 func (x *StartRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[4]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -416,7 +264,7 @@ func (x *StartRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRunRequest.ProtoReflect.Descriptor instead.
 func (*StartRunRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{4}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *StartRunRequest) GetTenant() string {
@@ -457,7 +305,7 @@ type StartRunResponse struct {
 
 func (x *StartRunResponse) Reset() {
 	*x = StartRunResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[5]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +317,7 @@ func (x *StartRunResponse) String() string {
 func (*StartRunResponse) ProtoMessage() {}
 
 func (x *StartRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[5]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +330,7 @@ func (x *StartRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRunResponse.ProtoReflect.Descriptor instead.
 func (*StartRunResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{5}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *StartRunResponse) GetRun() *Run {
@@ -514,7 +362,7 @@ type CallToolRequest struct {
 
 func (x *CallToolRequest) Reset() {
 	*x = CallToolRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[6]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -526,7 +374,7 @@ func (x *CallToolRequest) String() string {
 func (*CallToolRequest) ProtoMessage() {}
 
 func (x *CallToolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[6]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -539,7 +387,7 @@ func (x *CallToolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallToolRequest.ProtoReflect.Descriptor instead.
 func (*CallToolRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{6}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CallToolRequest) GetRunId() string {
@@ -610,7 +458,7 @@ type CallToolResponse struct {
 
 func (x *CallToolResponse) Reset() {
 	*x = CallToolResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[7]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -622,7 +470,7 @@ func (x *CallToolResponse) String() string {
 func (*CallToolResponse) ProtoMessage() {}
 
 func (x *CallToolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[7]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -635,7 +483,7 @@ func (x *CallToolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallToolResponse.ProtoReflect.Descriptor instead.
 func (*CallToolResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{7}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CallToolResponse) GetCallId() string {
@@ -745,7 +593,7 @@ type CallRefusal struct {
 
 func (x *CallRefusal) Reset() {
 	*x = CallRefusal{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[8]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -757,7 +605,7 @@ func (x *CallRefusal) String() string {
 func (*CallRefusal) ProtoMessage() {}
 
 func (x *CallRefusal) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[8]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -770,7 +618,7 @@ func (x *CallRefusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRefusal.ProtoReflect.Descriptor instead.
 func (*CallRefusal) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{8}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CallRefusal) GetCallId() string {
@@ -845,7 +693,7 @@ type CallFailure struct {
 
 func (x *CallFailure) Reset() {
 	*x = CallFailure{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[9]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -857,7 +705,7 @@ func (x *CallFailure) String() string {
 func (*CallFailure) ProtoMessage() {}
 
 func (x *CallFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[9]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -870,7 +718,7 @@ func (x *CallFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallFailure.ProtoReflect.Descriptor instead.
 func (*CallFailure) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{9}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CallFailure) GetCallId() string {
@@ -922,7 +770,7 @@ type PauseRunRequest struct {
 
 func (x *PauseRunRequest) Reset() {
 	*x = PauseRunRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[10]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -934,7 +782,7 @@ func (x *PauseRunRequest) String() string {
 func (*PauseRunRequest) ProtoMessage() {}
 
 func (x *PauseRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[10]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -947,7 +795,7 @@ func (x *PauseRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRunRequest.ProtoReflect.Descriptor instead.
 func (*PauseRunRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{10}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PauseRunRequest) GetRunId() string {
@@ -974,7 +822,7 @@ type PauseRunResponse struct {
 
 func (x *PauseRunResponse) Reset() {
 	*x = PauseRunResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[11]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +834,7 @@ func (x *PauseRunResponse) String() string {
 func (*PauseRunResponse) ProtoMessage() {}
 
 func (x *PauseRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[11]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +847,7 @@ func (x *PauseRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRunResponse.ProtoReflect.Descriptor instead.
 func (*PauseRunResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{11}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PauseRunResponse) GetRun() *Run {
@@ -1023,7 +871,7 @@ type ResumeRunRequest struct {
 
 func (x *ResumeRunRequest) Reset() {
 	*x = ResumeRunRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[12]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1035,7 +883,7 @@ func (x *ResumeRunRequest) String() string {
 func (*ResumeRunRequest) ProtoMessage() {}
 
 func (x *ResumeRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[12]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1048,7 +896,7 @@ func (x *ResumeRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRunRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRunRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{12}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ResumeRunRequest) GetRunId() string {
@@ -1075,7 +923,7 @@ type ResumeRunResponse struct {
 
 func (x *ResumeRunResponse) Reset() {
 	*x = ResumeRunResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[13]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1087,7 +935,7 @@ func (x *ResumeRunResponse) String() string {
 func (*ResumeRunResponse) ProtoMessage() {}
 
 func (x *ResumeRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[13]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1100,7 +948,7 @@ func (x *ResumeRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRunResponse.ProtoReflect.Descriptor instead.
 func (*ResumeRunResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{13}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ResumeRunResponse) GetRun() *Run {
@@ -1126,7 +974,7 @@ type EndRunRequest struct {
 
 func (x *EndRunRequest) Reset() {
 	*x = EndRunRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[14]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +986,7 @@ func (x *EndRunRequest) String() string {
 func (*EndRunRequest) ProtoMessage() {}
 
 func (x *EndRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[14]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +999,7 @@ func (x *EndRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndRunRequest.ProtoReflect.Descriptor instead.
 func (*EndRunRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{14}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *EndRunRequest) GetRunId() string {
@@ -1185,7 +1033,7 @@ type EndRunResponse struct {
 
 func (x *EndRunResponse) Reset() {
 	*x = EndRunResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[15]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1045,7 @@ func (x *EndRunResponse) String() string {
 func (*EndRunResponse) ProtoMessage() {}
 
 func (x *EndRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[15]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1058,7 @@ func (x *EndRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndRunResponse.ProtoReflect.Descriptor instead.
 func (*EndRunResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{15}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *EndRunResponse) GetRun() *Run {
@@ -1234,7 +1082,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[16]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1094,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[16]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1107,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{16}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -1286,7 +1134,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[17]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1298,7 +1146,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[17]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1311,7 +1159,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{17}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetRunResponse) GetRun() *Run {
@@ -1325,20 +1173,7 @@ var File_ringfence_pool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\n" +
-	"\x1cringfence/pool/v1/pool.proto\x12\x11ringfence.pool.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a$ringfence/registry/v1/registry.proto\x1a\x1dringfence/types/v1/tool.proto\"\xe3\x01\n" +
-	"\x0fDiscoverRequest\x12\x1d\n" +
-	"\n" +
-	"server_ref\x18\x01 \x01(\tR\tserverRef\x123\n" +
-	"\x04call\x18\x02 \x01(\v2\x1f.ringfence.types.v1.ExploreCallR\x04call\x12\x16\n" +
-	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12 \n" +
-	"\factor_key_id\x18\x04 \x01(\tR\n" +
-	"actorKeyId\x12B\n" +
-	"\x05adhoc\x18\x05 \x01(\v2,.ringfence.registry.v1.ResolveServerResponseR\x05adhoc\"\x85\x02\n" +
-	"\x10DiscoverResponse\x129\n" +
-	"\x05tools\x18\x01 \x03(\v2#.ringfence.types.v1.ToolDeclarationR\x05tools\x12F\n" +
-	"\x10listing_findings\x18\x02 \x03(\v2\x1b.ringfence.types.v1.FindingR\x0flistingFindings\x123\n" +
-	"\x15registration_revision\x18\x03 \x01(\x03R\x14registrationRevision\x129\n" +
-	"\x04call\x18\x04 \x01(\v2%.ringfence.types.v1.ExploreCallResultR\x04call\"\xa8\x03\n" +
+	"\x1cringfence/pool/v1/pool.proto\x12\x11ringfence.pool.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xa8\x03\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x19\n" +
@@ -1427,9 +1262,8 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\":\n" +
 	"\x0eGetRunResponse\x12(\n" +
-	"\x03run\x18\x01 \x01(\v2\x16.ringfence.pool.v1.RunR\x03run2\xd7\x04\n" +
+	"\x03run\x18\x01 \x01(\v2\x16.ringfence.pool.v1.RunR\x03run2\x82\x04\n" +
 	"\vPoolService\x12S\n" +
-	"\bDiscover\x12\".ringfence.pool.v1.DiscoverRequest\x1a#.ringfence.pool.v1.DiscoverResponse\x12S\n" +
 	"\bStartRun\x12\".ringfence.pool.v1.StartRunRequest\x1a#.ringfence.pool.v1.StartRunResponse\x12S\n" +
 	"\bCallTool\x12\".ringfence.pool.v1.CallToolRequest\x1a#.ringfence.pool.v1.CallToolResponse\x12S\n" +
 	"\bPauseRun\x12\".ringfence.pool.v1.PauseRunRequest\x1a#.ringfence.pool.v1.PauseRunResponse\x12V\n" +
@@ -1450,75 +1284,61 @@ func file_ringfence_pool_v1_pool_proto_rawDescGZIP() []byte {
 	return file_ringfence_pool_v1_pool_proto_rawDescData
 }
 
-var file_ringfence_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_ringfence_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_ringfence_pool_v1_pool_proto_goTypes = []any{
-	(*DiscoverRequest)(nil),           // 0: ringfence.pool.v1.DiscoverRequest
-	(*DiscoverResponse)(nil),          // 1: ringfence.pool.v1.DiscoverResponse
-	(*Run)(nil),                       // 2: ringfence.pool.v1.Run
-	(*Session)(nil),                   // 3: ringfence.pool.v1.Session
-	(*StartRunRequest)(nil),           // 4: ringfence.pool.v1.StartRunRequest
-	(*StartRunResponse)(nil),          // 5: ringfence.pool.v1.StartRunResponse
-	(*CallToolRequest)(nil),           // 6: ringfence.pool.v1.CallToolRequest
-	(*CallToolResponse)(nil),          // 7: ringfence.pool.v1.CallToolResponse
-	(*CallRefusal)(nil),               // 8: ringfence.pool.v1.CallRefusal
-	(*CallFailure)(nil),               // 9: ringfence.pool.v1.CallFailure
-	(*PauseRunRequest)(nil),           // 10: ringfence.pool.v1.PauseRunRequest
-	(*PauseRunResponse)(nil),          // 11: ringfence.pool.v1.PauseRunResponse
-	(*ResumeRunRequest)(nil),          // 12: ringfence.pool.v1.ResumeRunRequest
-	(*ResumeRunResponse)(nil),         // 13: ringfence.pool.v1.ResumeRunResponse
-	(*EndRunRequest)(nil),             // 14: ringfence.pool.v1.EndRunRequest
-	(*EndRunResponse)(nil),            // 15: ringfence.pool.v1.EndRunResponse
-	(*GetRunRequest)(nil),             // 16: ringfence.pool.v1.GetRunRequest
-	(*GetRunResponse)(nil),            // 17: ringfence.pool.v1.GetRunResponse
-	(*v1.ExploreCall)(nil),            // 18: ringfence.types.v1.ExploreCall
-	(*v11.ResolveServerResponse)(nil), // 19: ringfence.registry.v1.ResolveServerResponse
-	(*v1.ToolDeclaration)(nil),        // 20: ringfence.types.v1.ToolDeclaration
-	(*v1.Finding)(nil),                // 21: ringfence.types.v1.Finding
-	(*v1.ExploreCallResult)(nil),      // 22: ringfence.types.v1.ExploreCallResult
-	(*timestamppb.Timestamp)(nil),     // 23: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),           // 24: google.protobuf.Struct
-	(*v1.ServerFailure)(nil),          // 25: ringfence.types.v1.ServerFailure
+	(*Run)(nil),                   // 0: ringfence.pool.v1.Run
+	(*Session)(nil),               // 1: ringfence.pool.v1.Session
+	(*StartRunRequest)(nil),       // 2: ringfence.pool.v1.StartRunRequest
+	(*StartRunResponse)(nil),      // 3: ringfence.pool.v1.StartRunResponse
+	(*CallToolRequest)(nil),       // 4: ringfence.pool.v1.CallToolRequest
+	(*CallToolResponse)(nil),      // 5: ringfence.pool.v1.CallToolResponse
+	(*CallRefusal)(nil),           // 6: ringfence.pool.v1.CallRefusal
+	(*CallFailure)(nil),           // 7: ringfence.pool.v1.CallFailure
+	(*PauseRunRequest)(nil),       // 8: ringfence.pool.v1.PauseRunRequest
+	(*PauseRunResponse)(nil),      // 9: ringfence.pool.v1.PauseRunResponse
+	(*ResumeRunRequest)(nil),      // 10: ringfence.pool.v1.ResumeRunRequest
+	(*ResumeRunResponse)(nil),     // 11: ringfence.pool.v1.ResumeRunResponse
+	(*EndRunRequest)(nil),         // 12: ringfence.pool.v1.EndRunRequest
+	(*EndRunResponse)(nil),        // 13: ringfence.pool.v1.EndRunResponse
+	(*GetRunRequest)(nil),         // 14: ringfence.pool.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 15: ringfence.pool.v1.GetRunResponse
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 17: google.protobuf.Struct
+	(*v1.ServerFailure)(nil),      // 18: ringfence.types.v1.ServerFailure
 }
 var file_ringfence_pool_v1_pool_proto_depIdxs = []int32{
-	18, // 0: ringfence.pool.v1.DiscoverRequest.call:type_name -> ringfence.types.v1.ExploreCall
-	19, // 1: ringfence.pool.v1.DiscoverRequest.adhoc:type_name -> ringfence.registry.v1.ResolveServerResponse
-	20, // 2: ringfence.pool.v1.DiscoverResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	21, // 3: ringfence.pool.v1.DiscoverResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	22, // 4: ringfence.pool.v1.DiscoverResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
-	3,  // 5: ringfence.pool.v1.Run.sessions:type_name -> ringfence.pool.v1.Session
-	23, // 6: ringfence.pool.v1.Run.start_time:type_name -> google.protobuf.Timestamp
-	23, // 7: ringfence.pool.v1.Run.last_activity_time:type_name -> google.protobuf.Timestamp
-	23, // 8: ringfence.pool.v1.Run.end_time:type_name -> google.protobuf.Timestamp
-	23, // 9: ringfence.pool.v1.Session.start_time:type_name -> google.protobuf.Timestamp
-	23, // 10: ringfence.pool.v1.Session.listed_time:type_name -> google.protobuf.Timestamp
-	2,  // 11: ringfence.pool.v1.StartRunResponse.run:type_name -> ringfence.pool.v1.Run
-	24, // 12: ringfence.pool.v1.CallToolRequest.arguments:type_name -> google.protobuf.Struct
-	24, // 13: ringfence.pool.v1.CallToolResponse.content:type_name -> google.protobuf.Struct
-	24, // 14: ringfence.pool.v1.CallToolResponse.structured_content:type_name -> google.protobuf.Struct
-	25, // 15: ringfence.pool.v1.CallRefusal.server_failure:type_name -> ringfence.types.v1.ServerFailure
-	2,  // 16: ringfence.pool.v1.PauseRunResponse.run:type_name -> ringfence.pool.v1.Run
-	2,  // 17: ringfence.pool.v1.ResumeRunResponse.run:type_name -> ringfence.pool.v1.Run
-	2,  // 18: ringfence.pool.v1.EndRunResponse.run:type_name -> ringfence.pool.v1.Run
-	2,  // 19: ringfence.pool.v1.GetRunResponse.run:type_name -> ringfence.pool.v1.Run
-	0,  // 20: ringfence.pool.v1.PoolService.Discover:input_type -> ringfence.pool.v1.DiscoverRequest
-	4,  // 21: ringfence.pool.v1.PoolService.StartRun:input_type -> ringfence.pool.v1.StartRunRequest
-	6,  // 22: ringfence.pool.v1.PoolService.CallTool:input_type -> ringfence.pool.v1.CallToolRequest
-	10, // 23: ringfence.pool.v1.PoolService.PauseRun:input_type -> ringfence.pool.v1.PauseRunRequest
-	12, // 24: ringfence.pool.v1.PoolService.ResumeRun:input_type -> ringfence.pool.v1.ResumeRunRequest
-	14, // 25: ringfence.pool.v1.PoolService.EndRun:input_type -> ringfence.pool.v1.EndRunRequest
-	16, // 26: ringfence.pool.v1.PoolService.GetRun:input_type -> ringfence.pool.v1.GetRunRequest
-	1,  // 27: ringfence.pool.v1.PoolService.Discover:output_type -> ringfence.pool.v1.DiscoverResponse
-	5,  // 28: ringfence.pool.v1.PoolService.StartRun:output_type -> ringfence.pool.v1.StartRunResponse
-	7,  // 29: ringfence.pool.v1.PoolService.CallTool:output_type -> ringfence.pool.v1.CallToolResponse
-	11, // 30: ringfence.pool.v1.PoolService.PauseRun:output_type -> ringfence.pool.v1.PauseRunResponse
-	13, // 31: ringfence.pool.v1.PoolService.ResumeRun:output_type -> ringfence.pool.v1.ResumeRunResponse
-	15, // 32: ringfence.pool.v1.PoolService.EndRun:output_type -> ringfence.pool.v1.EndRunResponse
-	17, // 33: ringfence.pool.v1.PoolService.GetRun:output_type -> ringfence.pool.v1.GetRunResponse
-	27, // [27:34] is the sub-list for method output_type
-	20, // [20:27] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	1,  // 0: ringfence.pool.v1.Run.sessions:type_name -> ringfence.pool.v1.Session
+	16, // 1: ringfence.pool.v1.Run.start_time:type_name -> google.protobuf.Timestamp
+	16, // 2: ringfence.pool.v1.Run.last_activity_time:type_name -> google.protobuf.Timestamp
+	16, // 3: ringfence.pool.v1.Run.end_time:type_name -> google.protobuf.Timestamp
+	16, // 4: ringfence.pool.v1.Session.start_time:type_name -> google.protobuf.Timestamp
+	16, // 5: ringfence.pool.v1.Session.listed_time:type_name -> google.protobuf.Timestamp
+	0,  // 6: ringfence.pool.v1.StartRunResponse.run:type_name -> ringfence.pool.v1.Run
+	17, // 7: ringfence.pool.v1.CallToolRequest.arguments:type_name -> google.protobuf.Struct
+	17, // 8: ringfence.pool.v1.CallToolResponse.content:type_name -> google.protobuf.Struct
+	17, // 9: ringfence.pool.v1.CallToolResponse.structured_content:type_name -> google.protobuf.Struct
+	18, // 10: ringfence.pool.v1.CallRefusal.server_failure:type_name -> ringfence.types.v1.ServerFailure
+	0,  // 11: ringfence.pool.v1.PauseRunResponse.run:type_name -> ringfence.pool.v1.Run
+	0,  // 12: ringfence.pool.v1.ResumeRunResponse.run:type_name -> ringfence.pool.v1.Run
+	0,  // 13: ringfence.pool.v1.EndRunResponse.run:type_name -> ringfence.pool.v1.Run
+	0,  // 14: ringfence.pool.v1.GetRunResponse.run:type_name -> ringfence.pool.v1.Run
+	2,  // 15: ringfence.pool.v1.PoolService.StartRun:input_type -> ringfence.pool.v1.StartRunRequest
+	4,  // 16: ringfence.pool.v1.PoolService.CallTool:input_type -> ringfence.pool.v1.CallToolRequest
+	8,  // 17: ringfence.pool.v1.PoolService.PauseRun:input_type -> ringfence.pool.v1.PauseRunRequest
+	10, // 18: ringfence.pool.v1.PoolService.ResumeRun:input_type -> ringfence.pool.v1.ResumeRunRequest
+	12, // 19: ringfence.pool.v1.PoolService.EndRun:input_type -> ringfence.pool.v1.EndRunRequest
+	14, // 20: ringfence.pool.v1.PoolService.GetRun:input_type -> ringfence.pool.v1.GetRunRequest
+	3,  // 21: ringfence.pool.v1.PoolService.StartRun:output_type -> ringfence.pool.v1.StartRunResponse
+	5,  // 22: ringfence.pool.v1.PoolService.CallTool:output_type -> ringfence.pool.v1.CallToolResponse
+	9,  // 23: ringfence.pool.v1.PoolService.PauseRun:output_type -> ringfence.pool.v1.PauseRunResponse
+	11, // 24: ringfence.pool.v1.PoolService.ResumeRun:output_type -> ringfence.pool.v1.ResumeRunResponse
+	13, // 25: ringfence.pool.v1.PoolService.EndRun:output_type -> ringfence.pool.v1.EndRunResponse
+	15, // 26: ringfence.pool.v1.PoolService.GetRun:output_type -> ringfence.pool.v1.GetRunResponse
+	21, // [21:27] is the sub-list for method output_type
+	15, // [15:21] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_pool_v1_pool_proto_init() }
@@ -1532,7 +1352,7 @@ func file_ringfence_pool_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_pool_v1_pool_proto_rawDesc), len(file_ringfence_pool_v1_pool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,7 +19,6 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PoolService_Discover_FullMethodName  = "/ringfence.pool.v1.PoolService/Discover"
 	PoolService_StartRun_FullMethodName  = "/ringfence.pool.v1.PoolService/StartRun"
 	PoolService_CallTool_FullMethodName  = "/ringfence.pool.v1.PoolService/CallTool"
 	PoolService_PauseRun_FullMethodName  = "/ringfence.pool.v1.PoolService/PauseRun"
@@ -32,15 +31,10 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// PoolService runs MCP servers on a hardened host: discovery for the control plane, and runs
-// whose sessions are isolated per run, with every gate checked on every call.
+// PoolService runs MCP servers on a hardened host: runs whose sessions are isolated per run,
+// with every gate checked on every call. Discovery for the control plane is internal
+// (ringfence.internal.pool.v1.PoolInternalService).
 type PoolServiceClient interface {
-	// Discover starts a registered server in isolation, lists every tool (all pages) with its
-	// pin and screen findings, makes the one explore call asked for (if any), and stops it.
-	// Caller: internal, the registry's or publisher's service certificate.
-	// Codes: NOT_FOUND (unregistered), UNAVAILABLE (isolation not configured or the server could
-	// not be reached: a ServerFailure detail classifies it), DEADLINE_EXCEEDED (no handshake).
-	Discover(ctx context.Context, in *DiscoverRequest, opts ...grpc.CallOption) (*DiscoverResponse, error)
 	// StartRun starts a run of a published graph version. Nothing is spawned until a call needs
 	// it.
 	// Caller: run:execute (REST POST /v1/runs). Codes: NOT_FOUND (graph or version),
@@ -77,16 +71,6 @@ type poolServiceClient struct {
 
 func NewPoolServiceClient(cc grpc.ClientConnInterface) PoolServiceClient {
 	return &poolServiceClient{cc}
-}
-
-func (c *poolServiceClient) Discover(ctx context.Context, in *DiscoverRequest, opts ...grpc.CallOption) (*DiscoverResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(DiscoverResponse)
-	err := c.cc.Invoke(ctx, PoolService_Discover_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 func (c *poolServiceClient) StartRun(ctx context.Context, in *StartRunRequest, opts ...grpc.CallOption) (*StartRunResponse, error) {
@@ -153,15 +137,10 @@ func (c *poolServiceClient) GetRun(ctx context.Context, in *GetRunRequest, opts 
 // All implementations must embed UnimplementedPoolServiceServer
 // for forward compatibility.
 //
-// PoolService runs MCP servers on a hardened host: discovery for the control plane, and runs
-// whose sessions are isolated per run, with every gate checked on every call.
+// PoolService runs MCP servers on a hardened host: runs whose sessions are isolated per run,
+// with every gate checked on every call. Discovery for the control plane is internal
+// (ringfence.internal.pool.v1.PoolInternalService).
 type PoolServiceServer interface {
-	// Discover starts a registered server in isolation, lists every tool (all pages) with its
-	// pin and screen findings, makes the one explore call asked for (if any), and stops it.
-	// Caller: internal, the registry's or publisher's service certificate.
-	// Codes: NOT_FOUND (unregistered), UNAVAILABLE (isolation not configured or the server could
-	// not be reached: a ServerFailure detail classifies it), DEADLINE_EXCEEDED (no handshake).
-	Discover(context.Context, *DiscoverRequest) (*DiscoverResponse, error)
 	// StartRun starts a run of a published graph version. Nothing is spawned until a call needs
 	// it.
 	// Caller: run:execute (REST POST /v1/runs). Codes: NOT_FOUND (graph or version),
@@ -200,9 +179,6 @@ type PoolServiceServer interface {
 // pointer dereference when methods are called.
 type UnimplementedPoolServiceServer struct{}
 
-func (UnimplementedPoolServiceServer) Discover(context.Context, *DiscoverRequest) (*DiscoverResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method Discover not implemented")
-}
 func (UnimplementedPoolServiceServer) StartRun(context.Context, *StartRunRequest) (*StartRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method StartRun not implemented")
 }
@@ -240,24 +216,6 @@ func RegisterPoolServiceServer(s grpc.ServiceRegistrar, srv PoolServiceServer) {
 		t.testEmbeddedByValue()
 	}
 	s.RegisterService(&PoolService_ServiceDesc, srv)
-}
-
-func _PoolService_Discover_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(DiscoverRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(PoolServiceServer).Discover(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: PoolService_Discover_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(PoolServiceServer).Discover(ctx, req.(*DiscoverRequest))
-	}
-	return interceptor(ctx, in, info, handler)
 }
 
 func _PoolService_StartRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
@@ -375,10 +333,6 @@ var PoolService_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "ringfence.pool.v1.PoolService",
 	HandlerType: (*PoolServiceServer)(nil),
 	Methods: []grpc.MethodDesc{
-		{
-			MethodName: "Discover",
-			Handler:    _PoolService_Discover_Handler,
-		},
 		{
 			MethodName: "StartRun",
 			Handler:    _PoolService_StartRun_Handler,

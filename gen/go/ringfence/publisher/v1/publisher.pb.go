@@ -2209,113 +2209,6 @@ func (x *ImportToolsResponse) GetAgentCapabilitiesAdded() []string {
 	return nil
 }
 
-// GetPublishedVersionRequest names a version.
-type GetPublishedVersionRequest struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Tenant  string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	GraphId string                 `protobuf:"bytes,2,opt,name=graph_id,json=graphId,proto3" json:"graph_id,omitempty"`
-	// version 0 means the latest.
-	Version       int64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *GetPublishedVersionRequest) Reset() {
-	*x = GetPublishedVersionRequest{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[33]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *GetPublishedVersionRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*GetPublishedVersionRequest) ProtoMessage() {}
-
-func (x *GetPublishedVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[33]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use GetPublishedVersionRequest.ProtoReflect.Descriptor instead.
-func (*GetPublishedVersionRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{33}
-}
-
-func (x *GetPublishedVersionRequest) GetTenant() string {
-	if x != nil {
-		return x.Tenant
-	}
-	return ""
-}
-
-func (x *GetPublishedVersionRequest) GetGraphId() string {
-	if x != nil {
-		return x.GraphId
-	}
-	return ""
-}
-
-func (x *GetPublishedVersionRequest) GetVersion() int64 {
-	if x != nil {
-		return x.Version
-	}
-	return 0
-}
-
-// GetPublishedVersionResponse returns it.
-type GetPublishedVersionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Version       *GraphVersion          `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *GetPublishedVersionResponse) Reset() {
-	*x = GetPublishedVersionResponse{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[34]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *GetPublishedVersionResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*GetPublishedVersionResponse) ProtoMessage() {}
-
-func (x *GetPublishedVersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[34]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use GetPublishedVersionResponse.ProtoReflect.Descriptor instead.
-func (*GetPublishedVersionResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{34}
-}
-
-func (x *GetPublishedVersionResponse) GetVersion() *GraphVersion {
-	if x != nil {
-		return x.Version
-	}
-	return nil
-}
-
 var File_ringfence_publisher_v1_publisher_proto protoreflect.FileDescriptor
 
 const file_ringfence_publisher_v1_publisher_proto_rawDesc = "" +
@@ -2483,13 +2376,7 @@ const file_ringfence_publisher_v1_publisher_proto_rawDesc = "" +
 	"\x13ImportToolsResponse\x12:\n" +
 	"\x05tools\x18\x01 \x03(\v2$.ringfence.publisher.v1.ImportedToolR\x05tools\x12%\n" +
 	"\x0edraft_revision\x18\x02 \x01(\x03R\rdraftRevision\x128\n" +
-	"\x18agent_capabilities_added\x18\x03 \x03(\tR\x16agentCapabilitiesAdded\"i\n" +
-	"\x1aGetPublishedVersionRequest\x12\x16\n" +
-	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x19\n" +
-	"\bgraph_id\x18\x02 \x01(\tR\agraphId\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\x03R\aversion\"]\n" +
-	"\x1bGetPublishedVersionResponse\x12>\n" +
-	"\aversion\x18\x01 \x01(\v2$.ringfence.publisher.v1.GraphVersionR\aversion2\x93\t\n" +
+	"\x18agent_capabilities_added\x18\x03 \x03(\tR\x16agentCapabilitiesAdded2\x93\b\n" +
 	"\x10PublisherService\x12f\n" +
 	"\vCreateGraph\x12*.ringfence.publisher.v1.CreateGraphRequest\x1a+.ringfence.publisher.v1.CreateGraphResponse\x12]\n" +
 	"\bGetDraft\x12'.ringfence.publisher.v1.GetDraftRequest\x1a(.ringfence.publisher.v1.GetDraftResponse\x12i\n" +
@@ -2502,8 +2389,7 @@ const file_ringfence_publisher_v1_publisher_proto_rawDesc = "" +
 	"\n" +
 	"ListGraphs\x12).ringfence.publisher.v1.ListGraphsRequest\x1a*.ringfence.publisher.v1.ListGraphsResponse\x12f\n" +
 	"\vDeleteGraph\x12*.ringfence.publisher.v1.DeleteGraphRequest\x1a+.ringfence.publisher.v1.DeleteGraphResponse\x12f\n" +
-	"\vImportTools\x12*.ringfence.publisher.v1.ImportToolsRequest\x1a+.ringfence.publisher.v1.ImportToolsResponse\x12~\n" +
-	"\x13GetPublishedVersion\x122.ringfence.publisher.v1.GetPublishedVersionRequest\x1a3.ringfence.publisher.v1.GetPublishedVersionResponseB\xf0\x01\n" +
+	"\vImportTools\x12*.ringfence.publisher.v1.ImportToolsRequest\x1a+.ringfence.publisher.v1.ImportToolsResponseB\xf0\x01\n" +
 	"\x1acom.ringfence.publisher.v1B\x0ePublisherProtoP\x01ZHgithub.com/ringfence/ringfence/gen/go/ringfence/publisher/v1;publisherv1\xa2\x02\x03RPX\xaa\x02\x16Ringfence.Publisher.V1\xca\x02\x16Ringfence\\Publisher\\V1\xe2\x02\"Ringfence\\Publisher\\V1\\GPBMetadata\xea\x02\x18Ringfence::Publisher::V1b\x06proto3"
 
 var (
@@ -2518,63 +2404,61 @@ func file_ringfence_publisher_v1_publisher_proto_rawDescGZIP() []byte {
 	return file_ringfence_publisher_v1_publisher_proto_rawDescData
 }
 
-var file_ringfence_publisher_v1_publisher_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_ringfence_publisher_v1_publisher_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_ringfence_publisher_v1_publisher_proto_goTypes = []any{
-	(*Graph)(nil),                       // 0: ringfence.publisher.v1.Graph
-	(*Node)(nil),                        // 1: ringfence.publisher.v1.Node
-	(*AgentNode)(nil),                   // 2: ringfence.publisher.v1.AgentNode
-	(*ToolBinding)(nil),                 // 3: ringfence.publisher.v1.ToolBinding
-	(*InlineMcpServer)(nil),             // 4: ringfence.publisher.v1.InlineMcpServer
-	(*McpToolNode)(nil),                 // 5: ringfence.publisher.v1.McpToolNode
-	(*Edge)(nil),                        // 6: ringfence.publisher.v1.Edge
-	(*Policy)(nil),                      // 7: ringfence.publisher.v1.Policy
-	(*Violation)(nil),                   // 8: ringfence.publisher.v1.Violation
-	(*PublishViolations)(nil),           // 9: ringfence.publisher.v1.PublishViolations
-	(*CreateGraphRequest)(nil),          // 10: ringfence.publisher.v1.CreateGraphRequest
-	(*CreateGraphResponse)(nil),         // 11: ringfence.publisher.v1.CreateGraphResponse
-	(*GetDraftRequest)(nil),             // 12: ringfence.publisher.v1.GetDraftRequest
-	(*GetDraftResponse)(nil),            // 13: ringfence.publisher.v1.GetDraftResponse
-	(*ReplaceDraftRequest)(nil),         // 14: ringfence.publisher.v1.ReplaceDraftRequest
-	(*ReplaceDraftResponse)(nil),        // 15: ringfence.publisher.v1.ReplaceDraftResponse
-	(*ValidateDraftRequest)(nil),        // 16: ringfence.publisher.v1.ValidateDraftRequest
-	(*ValidateDraftResponse)(nil),       // 17: ringfence.publisher.v1.ValidateDraftResponse
-	(*PublishRequest)(nil),              // 18: ringfence.publisher.v1.PublishRequest
-	(*PublishResponse)(nil),             // 19: ringfence.publisher.v1.PublishResponse
-	(*GraphVersion)(nil),                // 20: ringfence.publisher.v1.GraphVersion
-	(*GetVersionRequest)(nil),           // 21: ringfence.publisher.v1.GetVersionRequest
-	(*GetVersionResponse)(nil),          // 22: ringfence.publisher.v1.GetVersionResponse
-	(*ListVersionsRequest)(nil),         // 23: ringfence.publisher.v1.ListVersionsRequest
-	(*ListVersionsResponse)(nil),        // 24: ringfence.publisher.v1.ListVersionsResponse
-	(*ListGraphsRequest)(nil),           // 25: ringfence.publisher.v1.ListGraphsRequest
-	(*GraphSummary)(nil),                // 26: ringfence.publisher.v1.GraphSummary
-	(*ListGraphsResponse)(nil),          // 27: ringfence.publisher.v1.ListGraphsResponse
-	(*DeleteGraphRequest)(nil),          // 28: ringfence.publisher.v1.DeleteGraphRequest
-	(*DeleteGraphResponse)(nil),         // 29: ringfence.publisher.v1.DeleteGraphResponse
-	(*ImportToolsRequest)(nil),          // 30: ringfence.publisher.v1.ImportToolsRequest
-	(*ImportedTool)(nil),                // 31: ringfence.publisher.v1.ImportedTool
-	(*ImportToolsResponse)(nil),         // 32: ringfence.publisher.v1.ImportToolsResponse
-	(*GetPublishedVersionRequest)(nil),  // 33: ringfence.publisher.v1.GetPublishedVersionRequest
-	(*GetPublishedVersionResponse)(nil), // 34: ringfence.publisher.v1.GetPublishedVersionResponse
-	nil,                                 // 35: ringfence.publisher.v1.InlineMcpServer.EnvEntry
-	(*timestamppb.Timestamp)(nil),       // 36: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),             // 37: google.protobuf.Struct
-	(*v1.Finding)(nil),                  // 38: ringfence.types.v1.Finding
+	(*Graph)(nil),                 // 0: ringfence.publisher.v1.Graph
+	(*Node)(nil),                  // 1: ringfence.publisher.v1.Node
+	(*AgentNode)(nil),             // 2: ringfence.publisher.v1.AgentNode
+	(*ToolBinding)(nil),           // 3: ringfence.publisher.v1.ToolBinding
+	(*InlineMcpServer)(nil),       // 4: ringfence.publisher.v1.InlineMcpServer
+	(*McpToolNode)(nil),           // 5: ringfence.publisher.v1.McpToolNode
+	(*Edge)(nil),                  // 6: ringfence.publisher.v1.Edge
+	(*Policy)(nil),                // 7: ringfence.publisher.v1.Policy
+	(*Violation)(nil),             // 8: ringfence.publisher.v1.Violation
+	(*PublishViolations)(nil),     // 9: ringfence.publisher.v1.PublishViolations
+	(*CreateGraphRequest)(nil),    // 10: ringfence.publisher.v1.CreateGraphRequest
+	(*CreateGraphResponse)(nil),   // 11: ringfence.publisher.v1.CreateGraphResponse
+	(*GetDraftRequest)(nil),       // 12: ringfence.publisher.v1.GetDraftRequest
+	(*GetDraftResponse)(nil),      // 13: ringfence.publisher.v1.GetDraftResponse
+	(*ReplaceDraftRequest)(nil),   // 14: ringfence.publisher.v1.ReplaceDraftRequest
+	(*ReplaceDraftResponse)(nil),  // 15: ringfence.publisher.v1.ReplaceDraftResponse
+	(*ValidateDraftRequest)(nil),  // 16: ringfence.publisher.v1.ValidateDraftRequest
+	(*ValidateDraftResponse)(nil), // 17: ringfence.publisher.v1.ValidateDraftResponse
+	(*PublishRequest)(nil),        // 18: ringfence.publisher.v1.PublishRequest
+	(*PublishResponse)(nil),       // 19: ringfence.publisher.v1.PublishResponse
+	(*GraphVersion)(nil),          // 20: ringfence.publisher.v1.GraphVersion
+	(*GetVersionRequest)(nil),     // 21: ringfence.publisher.v1.GetVersionRequest
+	(*GetVersionResponse)(nil),    // 22: ringfence.publisher.v1.GetVersionResponse
+	(*ListVersionsRequest)(nil),   // 23: ringfence.publisher.v1.ListVersionsRequest
+	(*ListVersionsResponse)(nil),  // 24: ringfence.publisher.v1.ListVersionsResponse
+	(*ListGraphsRequest)(nil),     // 25: ringfence.publisher.v1.ListGraphsRequest
+	(*GraphSummary)(nil),          // 26: ringfence.publisher.v1.GraphSummary
+	(*ListGraphsResponse)(nil),    // 27: ringfence.publisher.v1.ListGraphsResponse
+	(*DeleteGraphRequest)(nil),    // 28: ringfence.publisher.v1.DeleteGraphRequest
+	(*DeleteGraphResponse)(nil),   // 29: ringfence.publisher.v1.DeleteGraphResponse
+	(*ImportToolsRequest)(nil),    // 30: ringfence.publisher.v1.ImportToolsRequest
+	(*ImportedTool)(nil),          // 31: ringfence.publisher.v1.ImportedTool
+	(*ImportToolsResponse)(nil),   // 32: ringfence.publisher.v1.ImportToolsResponse
+	nil,                           // 33: ringfence.publisher.v1.InlineMcpServer.EnvEntry
+	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 35: google.protobuf.Struct
+	(*v1.Finding)(nil),            // 36: ringfence.types.v1.Finding
 }
 var file_ringfence_publisher_v1_publisher_proto_depIdxs = []int32{
 	1,  // 0: ringfence.publisher.v1.Graph.nodes:type_name -> ringfence.publisher.v1.Node
 	6,  // 1: ringfence.publisher.v1.Graph.edges:type_name -> ringfence.publisher.v1.Edge
 	7,  // 2: ringfence.publisher.v1.Graph.policies:type_name -> ringfence.publisher.v1.Policy
-	36, // 3: ringfence.publisher.v1.Graph.update_time:type_name -> google.protobuf.Timestamp
+	34, // 3: ringfence.publisher.v1.Graph.update_time:type_name -> google.protobuf.Timestamp
 	2,  // 4: ringfence.publisher.v1.Node.agent:type_name -> ringfence.publisher.v1.AgentNode
 	5,  // 5: ringfence.publisher.v1.Node.mcp_tool:type_name -> ringfence.publisher.v1.McpToolNode
-	37, // 6: ringfence.publisher.v1.Node.opaque:type_name -> google.protobuf.Struct
+	35, // 6: ringfence.publisher.v1.Node.opaque:type_name -> google.protobuf.Struct
 	3,  // 7: ringfence.publisher.v1.AgentNode.tool_bindings:type_name -> ringfence.publisher.v1.ToolBinding
 	4,  // 8: ringfence.publisher.v1.AgentNode.mcp_servers:type_name -> ringfence.publisher.v1.InlineMcpServer
-	35, // 9: ringfence.publisher.v1.InlineMcpServer.env:type_name -> ringfence.publisher.v1.InlineMcpServer.EnvEntry
-	37, // 10: ringfence.publisher.v1.McpToolNode.input_schema:type_name -> google.protobuf.Struct
-	37, // 11: ringfence.publisher.v1.McpToolNode.output_schema:type_name -> google.protobuf.Struct
-	37, // 12: ringfence.publisher.v1.McpToolNode.annotations:type_name -> google.protobuf.Struct
-	38, // 13: ringfence.publisher.v1.McpToolNode.flags:type_name -> ringfence.types.v1.Finding
+	33, // 9: ringfence.publisher.v1.InlineMcpServer.env:type_name -> ringfence.publisher.v1.InlineMcpServer.EnvEntry
+	35, // 10: ringfence.publisher.v1.McpToolNode.input_schema:type_name -> google.protobuf.Struct
+	35, // 11: ringfence.publisher.v1.McpToolNode.output_schema:type_name -> google.protobuf.Struct
+	35, // 12: ringfence.publisher.v1.McpToolNode.annotations:type_name -> google.protobuf.Struct
+	36, // 13: ringfence.publisher.v1.McpToolNode.flags:type_name -> ringfence.types.v1.Finding
 	8,  // 14: ringfence.publisher.v1.PublishViolations.violations:type_name -> ringfence.publisher.v1.Violation
 	0,  // 15: ringfence.publisher.v1.CreateGraphResponse.draft:type_name -> ringfence.publisher.v1.Graph
 	0,  // 16: ringfence.publisher.v1.GetDraftResponse.draft:type_name -> ringfence.publisher.v1.Graph
@@ -2582,41 +2466,38 @@ var file_ringfence_publisher_v1_publisher_proto_depIdxs = []int32{
 	0,  // 18: ringfence.publisher.v1.ReplaceDraftResponse.draft:type_name -> ringfence.publisher.v1.Graph
 	8,  // 19: ringfence.publisher.v1.ValidateDraftResponse.violations:type_name -> ringfence.publisher.v1.Violation
 	0,  // 20: ringfence.publisher.v1.GraphVersion.graph:type_name -> ringfence.publisher.v1.Graph
-	36, // 21: ringfence.publisher.v1.GraphVersion.publish_time:type_name -> google.protobuf.Timestamp
+	34, // 21: ringfence.publisher.v1.GraphVersion.publish_time:type_name -> google.protobuf.Timestamp
 	20, // 22: ringfence.publisher.v1.GetVersionResponse.version:type_name -> ringfence.publisher.v1.GraphVersion
 	20, // 23: ringfence.publisher.v1.ListVersionsResponse.versions:type_name -> ringfence.publisher.v1.GraphVersion
-	36, // 24: ringfence.publisher.v1.GraphSummary.update_time:type_name -> google.protobuf.Timestamp
+	34, // 24: ringfence.publisher.v1.GraphSummary.update_time:type_name -> google.protobuf.Timestamp
 	26, // 25: ringfence.publisher.v1.ListGraphsResponse.graphs:type_name -> ringfence.publisher.v1.GraphSummary
-	38, // 26: ringfence.publisher.v1.ImportedTool.flags:type_name -> ringfence.types.v1.Finding
+	36, // 26: ringfence.publisher.v1.ImportedTool.flags:type_name -> ringfence.types.v1.Finding
 	31, // 27: ringfence.publisher.v1.ImportToolsResponse.tools:type_name -> ringfence.publisher.v1.ImportedTool
-	20, // 28: ringfence.publisher.v1.GetPublishedVersionResponse.version:type_name -> ringfence.publisher.v1.GraphVersion
-	10, // 29: ringfence.publisher.v1.PublisherService.CreateGraph:input_type -> ringfence.publisher.v1.CreateGraphRequest
-	12, // 30: ringfence.publisher.v1.PublisherService.GetDraft:input_type -> ringfence.publisher.v1.GetDraftRequest
-	14, // 31: ringfence.publisher.v1.PublisherService.ReplaceDraft:input_type -> ringfence.publisher.v1.ReplaceDraftRequest
-	16, // 32: ringfence.publisher.v1.PublisherService.ValidateDraft:input_type -> ringfence.publisher.v1.ValidateDraftRequest
-	18, // 33: ringfence.publisher.v1.PublisherService.Publish:input_type -> ringfence.publisher.v1.PublishRequest
-	21, // 34: ringfence.publisher.v1.PublisherService.GetVersion:input_type -> ringfence.publisher.v1.GetVersionRequest
-	23, // 35: ringfence.publisher.v1.PublisherService.ListVersions:input_type -> ringfence.publisher.v1.ListVersionsRequest
-	25, // 36: ringfence.publisher.v1.PublisherService.ListGraphs:input_type -> ringfence.publisher.v1.ListGraphsRequest
-	28, // 37: ringfence.publisher.v1.PublisherService.DeleteGraph:input_type -> ringfence.publisher.v1.DeleteGraphRequest
-	30, // 38: ringfence.publisher.v1.PublisherService.ImportTools:input_type -> ringfence.publisher.v1.ImportToolsRequest
-	33, // 39: ringfence.publisher.v1.PublisherService.GetPublishedVersion:input_type -> ringfence.publisher.v1.GetPublishedVersionRequest
-	11, // 40: ringfence.publisher.v1.PublisherService.CreateGraph:output_type -> ringfence.publisher.v1.CreateGraphResponse
-	13, // 41: ringfence.publisher.v1.PublisherService.GetDraft:output_type -> ringfence.publisher.v1.GetDraftResponse
-	15, // 42: ringfence.publisher.v1.PublisherService.ReplaceDraft:output_type -> ringfence.publisher.v1.ReplaceDraftResponse
-	17, // 43: ringfence.publisher.v1.PublisherService.ValidateDraft:output_type -> ringfence.publisher.v1.ValidateDraftResponse
-	19, // 44: ringfence.publisher.v1.PublisherService.Publish:output_type -> ringfence.publisher.v1.PublishResponse
-	22, // 45: ringfence.publisher.v1.PublisherService.GetVersion:output_type -> ringfence.publisher.v1.GetVersionResponse
-	24, // 46: ringfence.publisher.v1.PublisherService.ListVersions:output_type -> ringfence.publisher.v1.ListVersionsResponse
-	27, // 47: ringfence.publisher.v1.PublisherService.ListGraphs:output_type -> ringfence.publisher.v1.ListGraphsResponse
-	29, // 48: ringfence.publisher.v1.PublisherService.DeleteGraph:output_type -> ringfence.publisher.v1.DeleteGraphResponse
-	32, // 49: ringfence.publisher.v1.PublisherService.ImportTools:output_type -> ringfence.publisher.v1.ImportToolsResponse
-	34, // 50: ringfence.publisher.v1.PublisherService.GetPublishedVersion:output_type -> ringfence.publisher.v1.GetPublishedVersionResponse
-	40, // [40:51] is the sub-list for method output_type
-	29, // [29:40] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	10, // 28: ringfence.publisher.v1.PublisherService.CreateGraph:input_type -> ringfence.publisher.v1.CreateGraphRequest
+	12, // 29: ringfence.publisher.v1.PublisherService.GetDraft:input_type -> ringfence.publisher.v1.GetDraftRequest
+	14, // 30: ringfence.publisher.v1.PublisherService.ReplaceDraft:input_type -> ringfence.publisher.v1.ReplaceDraftRequest
+	16, // 31: ringfence.publisher.v1.PublisherService.ValidateDraft:input_type -> ringfence.publisher.v1.ValidateDraftRequest
+	18, // 32: ringfence.publisher.v1.PublisherService.Publish:input_type -> ringfence.publisher.v1.PublishRequest
+	21, // 33: ringfence.publisher.v1.PublisherService.GetVersion:input_type -> ringfence.publisher.v1.GetVersionRequest
+	23, // 34: ringfence.publisher.v1.PublisherService.ListVersions:input_type -> ringfence.publisher.v1.ListVersionsRequest
+	25, // 35: ringfence.publisher.v1.PublisherService.ListGraphs:input_type -> ringfence.publisher.v1.ListGraphsRequest
+	28, // 36: ringfence.publisher.v1.PublisherService.DeleteGraph:input_type -> ringfence.publisher.v1.DeleteGraphRequest
+	30, // 37: ringfence.publisher.v1.PublisherService.ImportTools:input_type -> ringfence.publisher.v1.ImportToolsRequest
+	11, // 38: ringfence.publisher.v1.PublisherService.CreateGraph:output_type -> ringfence.publisher.v1.CreateGraphResponse
+	13, // 39: ringfence.publisher.v1.PublisherService.GetDraft:output_type -> ringfence.publisher.v1.GetDraftResponse
+	15, // 40: ringfence.publisher.v1.PublisherService.ReplaceDraft:output_type -> ringfence.publisher.v1.ReplaceDraftResponse
+	17, // 41: ringfence.publisher.v1.PublisherService.ValidateDraft:output_type -> ringfence.publisher.v1.ValidateDraftResponse
+	19, // 42: ringfence.publisher.v1.PublisherService.Publish:output_type -> ringfence.publisher.v1.PublishResponse
+	22, // 43: ringfence.publisher.v1.PublisherService.GetVersion:output_type -> ringfence.publisher.v1.GetVersionResponse
+	24, // 44: ringfence.publisher.v1.PublisherService.ListVersions:output_type -> ringfence.publisher.v1.ListVersionsResponse
+	27, // 45: ringfence.publisher.v1.PublisherService.ListGraphs:output_type -> ringfence.publisher.v1.ListGraphsResponse
+	29, // 46: ringfence.publisher.v1.PublisherService.DeleteGraph:output_type -> ringfence.publisher.v1.DeleteGraphResponse
+	32, // 47: ringfence.publisher.v1.PublisherService.ImportTools:output_type -> ringfence.publisher.v1.ImportToolsResponse
+	38, // [38:48] is the sub-list for method output_type
+	28, // [28:38] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_publisher_v1_publisher_proto_init() }
@@ -2635,7 +2516,7 @@ func file_ringfence_publisher_v1_publisher_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_publisher_v1_publisher_proto_rawDesc), len(file_ringfence_publisher_v1_publisher_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   36,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,17 +19,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PublisherService_CreateGraph_FullMethodName         = "/ringfence.publisher.v1.PublisherService/CreateGraph"
-	PublisherService_GetDraft_FullMethodName            = "/ringfence.publisher.v1.PublisherService/GetDraft"
-	PublisherService_ReplaceDraft_FullMethodName        = "/ringfence.publisher.v1.PublisherService/ReplaceDraft"
-	PublisherService_ValidateDraft_FullMethodName       = "/ringfence.publisher.v1.PublisherService/ValidateDraft"
-	PublisherService_Publish_FullMethodName             = "/ringfence.publisher.v1.PublisherService/Publish"
-	PublisherService_GetVersion_FullMethodName          = "/ringfence.publisher.v1.PublisherService/GetVersion"
-	PublisherService_ListVersions_FullMethodName        = "/ringfence.publisher.v1.PublisherService/ListVersions"
-	PublisherService_ListGraphs_FullMethodName          = "/ringfence.publisher.v1.PublisherService/ListGraphs"
-	PublisherService_DeleteGraph_FullMethodName         = "/ringfence.publisher.v1.PublisherService/DeleteGraph"
-	PublisherService_ImportTools_FullMethodName         = "/ringfence.publisher.v1.PublisherService/ImportTools"
-	PublisherService_GetPublishedVersion_FullMethodName = "/ringfence.publisher.v1.PublisherService/GetPublishedVersion"
+	PublisherService_CreateGraph_FullMethodName   = "/ringfence.publisher.v1.PublisherService/CreateGraph"
+	PublisherService_GetDraft_FullMethodName      = "/ringfence.publisher.v1.PublisherService/GetDraft"
+	PublisherService_ReplaceDraft_FullMethodName  = "/ringfence.publisher.v1.PublisherService/ReplaceDraft"
+	PublisherService_ValidateDraft_FullMethodName = "/ringfence.publisher.v1.PublisherService/ValidateDraft"
+	PublisherService_Publish_FullMethodName       = "/ringfence.publisher.v1.PublisherService/Publish"
+	PublisherService_GetVersion_FullMethodName    = "/ringfence.publisher.v1.PublisherService/GetVersion"
+	PublisherService_ListVersions_FullMethodName  = "/ringfence.publisher.v1.PublisherService/ListVersions"
+	PublisherService_ListGraphs_FullMethodName    = "/ringfence.publisher.v1.PublisherService/ListGraphs"
+	PublisherService_DeleteGraph_FullMethodName   = "/ringfence.publisher.v1.PublisherService/DeleteGraph"
+	PublisherService_ImportTools_FullMethodName   = "/ringfence.publisher.v1.PublisherService/ImportTools"
 )
 
 // PublisherServiceClient is the client API for PublisherService service.
@@ -86,9 +85,6 @@ type PublisherServiceClient interface {
 	// DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED (the server could not be reached or listed; a
 	// ServerFailure detail classifies it), ABORTED (the draft changed meanwhile; retry).
 	ImportTools(ctx context.Context, in *ImportToolsRequest, opts ...grpc.CallOption) (*ImportToolsResponse, error)
-	// GetPublishedVersion returns a published version for a run.
-	// Caller: internal, the pool's service certificate. Codes: NOT_FOUND.
-	GetPublishedVersion(ctx context.Context, in *GetPublishedVersionRequest, opts ...grpc.CallOption) (*GetPublishedVersionResponse, error)
 }
 
 type publisherServiceClient struct {
@@ -199,16 +195,6 @@ func (c *publisherServiceClient) ImportTools(ctx context.Context, in *ImportTool
 	return out, nil
 }
 
-func (c *publisherServiceClient) GetPublishedVersion(ctx context.Context, in *GetPublishedVersionRequest, opts ...grpc.CallOption) (*GetPublishedVersionResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(GetPublishedVersionResponse)
-	err := c.cc.Invoke(ctx, PublisherService_GetPublishedVersion_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
 // PublisherServiceServer is the server API for PublisherService service.
 // All implementations must embed UnimplementedPublisherServiceServer
 // for forward compatibility.
@@ -263,9 +249,6 @@ type PublisherServiceServer interface {
 	// DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED (the server could not be reached or listed; a
 	// ServerFailure detail classifies it), ABORTED (the draft changed meanwhile; retry).
 	ImportTools(context.Context, *ImportToolsRequest) (*ImportToolsResponse, error)
-	// GetPublishedVersion returns a published version for a run.
-	// Caller: internal, the pool's service certificate. Codes: NOT_FOUND.
-	GetPublishedVersion(context.Context, *GetPublishedVersionRequest) (*GetPublishedVersionResponse, error)
 	mustEmbedUnimplementedPublisherServiceServer()
 }
 
@@ -305,9 +288,6 @@ func (UnimplementedPublisherServiceServer) DeleteGraph(context.Context, *DeleteG
 }
 func (UnimplementedPublisherServiceServer) ImportTools(context.Context, *ImportToolsRequest) (*ImportToolsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ImportTools not implemented")
-}
-func (UnimplementedPublisherServiceServer) GetPublishedVersion(context.Context, *GetPublishedVersionRequest) (*GetPublishedVersionResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method GetPublishedVersion not implemented")
 }
 func (UnimplementedPublisherServiceServer) mustEmbedUnimplementedPublisherServiceServer() {}
 func (UnimplementedPublisherServiceServer) testEmbeddedByValue()                          {}
@@ -510,24 +490,6 @@ func _PublisherService_ImportTools_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
-func _PublisherService_GetPublishedVersion_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(GetPublishedVersionRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(PublisherServiceServer).GetPublishedVersion(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: PublisherService_GetPublishedVersion_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(PublisherServiceServer).GetPublishedVersion(ctx, req.(*GetPublishedVersionRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
 // PublisherService_ServiceDesc is the grpc.ServiceDesc for PublisherService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -574,10 +536,6 @@ var PublisherService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ImportTools",
 			Handler:    _PublisherService_ImportTools_Handler,
-		},
-		{
-			MethodName: "GetPublishedVersion",
-			Handler:    _PublisherService_GetPublishedVersion_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1567,369 +1567,6 @@ func (*DeleteSecretResponse) Descriptor() ([]byte, []int) {
 	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{23}
 }
 
-// ResolveServerRequest names a registration to resolve.
-type ResolveServerRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ResolveServerRequest) Reset() {
-	*x = ResolveServerRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[24]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ResolveServerRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ResolveServerRequest) ProtoMessage() {}
-
-func (x *ResolveServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[24]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ResolveServerRequest.ProtoReflect.Descriptor instead.
-func (*ResolveServerRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{24}
-}
-
-func (x *ResolveServerRequest) GetRef() string {
-	if x != nil {
-		return x.Ref
-	}
-	return ""
-}
-
-// ResolveServerResponse carries a registration with its secrets in clear.
-type ResolveServerResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// server has env values masked, like every other response.
-	Server *Server `protobuf:"bytes,1,opt,name=server,proto3" json:"server,omitempty"`
-	// env holds the clear env values.
-	Env map[string]string `protobuf:"bytes,2,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// header_values maps each header to the clear value of the secret it names.
-	HeaderValues  map[string]string `protobuf:"bytes,3,rep,name=header_values,json=headerValues,proto3" json:"header_values,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ResolveServerResponse) Reset() {
-	*x = ResolveServerResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[25]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ResolveServerResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ResolveServerResponse) ProtoMessage() {}
-
-func (x *ResolveServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[25]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ResolveServerResponse.ProtoReflect.Descriptor instead.
-func (*ResolveServerResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{25}
-}
-
-func (x *ResolveServerResponse) GetServer() *Server {
-	if x != nil {
-		return x.Server
-	}
-	return nil
-}
-
-func (x *ResolveServerResponse) GetEnv() map[string]string {
-	if x != nil {
-		return x.Env
-	}
-	return nil
-}
-
-func (x *ResolveServerResponse) GetHeaderValues() map[string]string {
-	if x != nil {
-		return x.HeaderValues
-	}
-	return nil
-}
-
-// GetServerPolicyRequest names a registration.
-type GetServerPolicyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *GetServerPolicyRequest) Reset() {
-	*x = GetServerPolicyRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[26]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *GetServerPolicyRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*GetServerPolicyRequest) ProtoMessage() {}
-
-func (x *GetServerPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[26]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use GetServerPolicyRequest.ProtoReflect.Descriptor instead.
-func (*GetServerPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{26}
-}
-
-func (x *GetServerPolicyRequest) GetRef() string {
-	if x != nil {
-		return x.Ref
-	}
-	return ""
-}
-
-// GetServerPolicyResponse is what a registration allows, without secrets.
-type GetServerPolicyResponse struct {
-	state           protoimpl.MessageState      `protogen:"open.v1"`
-	Ref             string                      `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
-	Grants          []string                    `protobuf:"bytes,2,rep,name=grants,proto3" json:"grants,omitempty"`
-	ToolFilter      *ToolFilter                 `protobuf:"bytes,3,opt,name=tool_filter,json=toolFilter,proto3" json:"tool_filter,omitempty"`
-	ToolPermissions map[string]*ToolPermissions `protobuf:"bytes,4,rep,name=tool_permissions,json=toolPermissions,proto3" json:"tool_permissions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Revision        int64                       `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
-	StrictInputs    bool                        `protobuf:"varint,6,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
-}
-
-func (x *GetServerPolicyResponse) Reset() {
-	*x = GetServerPolicyResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[27]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *GetServerPolicyResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*GetServerPolicyResponse) ProtoMessage() {}
-
-func (x *GetServerPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[27]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use GetServerPolicyResponse.ProtoReflect.Descriptor instead.
-func (*GetServerPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{27}
-}
-
-func (x *GetServerPolicyResponse) GetRef() string {
-	if x != nil {
-		return x.Ref
-	}
-	return ""
-}
-
-func (x *GetServerPolicyResponse) GetGrants() []string {
-	if x != nil {
-		return x.Grants
-	}
-	return nil
-}
-
-func (x *GetServerPolicyResponse) GetToolFilter() *ToolFilter {
-	if x != nil {
-		return x.ToolFilter
-	}
-	return nil
-}
-
-func (x *GetServerPolicyResponse) GetToolPermissions() map[string]*ToolPermissions {
-	if x != nil {
-		return x.ToolPermissions
-	}
-	return nil
-}
-
-func (x *GetServerPolicyResponse) GetRevision() int64 {
-	if x != nil {
-		return x.Revision
-	}
-	return 0
-}
-
-func (x *GetServerPolicyResponse) GetStrictInputs() bool {
-	if x != nil {
-		return x.StrictInputs
-	}
-	return false
-}
-
-// AuthenticateKeyRequest carries the hash of an API key, never the key.
-type AuthenticateKeyRequest struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// key_sha256 is the lowercase hex SHA-256 of the key as the caller presented it.
-	KeySha256     string `protobuf:"bytes,1,opt,name=key_sha256,json=keySha256,proto3" json:"key_sha256,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *AuthenticateKeyRequest) Reset() {
-	*x = AuthenticateKeyRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[28]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *AuthenticateKeyRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*AuthenticateKeyRequest) ProtoMessage() {}
-
-func (x *AuthenticateKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[28]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use AuthenticateKeyRequest.ProtoReflect.Descriptor instead.
-func (*AuthenticateKeyRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{28}
-}
-
-func (x *AuthenticateKeyRequest) GetKeySha256() string {
-	if x != nil {
-		return x.KeySha256
-	}
-	return ""
-}
-
-// AuthenticateKeyResponse is the principal behind a key.
-type AuthenticateKeyResponse struct {
-	state       protoimpl.MessageState `protogen:"open.v1"`
-	KeyId       string                 `protobuf:"bytes,1,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
-	KeyName     string                 `protobuf:"bytes,2,opt,name=key_name,json=keyName,proto3" json:"key_name,omitempty"`
-	Role        string                 `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
-	Permissions []string               `protobuf:"bytes,4,rep,name=permissions,proto3" json:"permissions,omitempty"`
-	// tenant is empty for keys that may act for any tenant.
-	Tenant        string `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *AuthenticateKeyResponse) Reset() {
-	*x = AuthenticateKeyResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[29]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *AuthenticateKeyResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*AuthenticateKeyResponse) ProtoMessage() {}
-
-func (x *AuthenticateKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[29]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use AuthenticateKeyResponse.ProtoReflect.Descriptor instead.
-func (*AuthenticateKeyResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{29}
-}
-
-func (x *AuthenticateKeyResponse) GetKeyId() string {
-	if x != nil {
-		return x.KeyId
-	}
-	return ""
-}
-
-func (x *AuthenticateKeyResponse) GetKeyName() string {
-	if x != nil {
-		return x.KeyName
-	}
-	return ""
-}
-
-func (x *AuthenticateKeyResponse) GetRole() string {
-	if x != nil {
-		return x.Role
-	}
-	return ""
-}
-
-func (x *AuthenticateKeyResponse) GetPermissions() []string {
-	if x != nil {
-		return x.Permissions
-	}
-	return nil
-}
-
-func (x *AuthenticateKeyResponse) GetTenant() string {
-	if x != nil {
-		return x.Tenant
-	}
-	return ""
-}
-
 var File_ringfence_registry_v1_registry_proto protoreflect.FileDescriptor
 
 const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
@@ -2070,42 +1707,7 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\asecrets\x18\x01 \x03(\v2\x1d.ringfence.registry.v1.SecretR\asecrets\")\n" +
 	"\x13DeleteSecretRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
-	"\x14DeleteSecretResponse\"(\n" +
-	"\x14ResolveServerRequest\x12\x10\n" +
-	"\x03ref\x18\x01 \x01(\tR\x03ref\"\xf5\x02\n" +
-	"\x15ResolveServerResponse\x125\n" +
-	"\x06server\x18\x01 \x01(\v2\x1d.ringfence.registry.v1.ServerR\x06server\x12G\n" +
-	"\x03env\x18\x02 \x03(\v25.ringfence.registry.v1.ResolveServerResponse.EnvEntryR\x03env\x12c\n" +
-	"\rheader_values\x18\x03 \x03(\v2>.ringfence.registry.v1.ResolveServerResponse.HeaderValuesEntryR\fheaderValues\x1a6\n" +
-	"\bEnvEntry\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
-	"\x11HeaderValuesEntry\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"*\n" +
-	"\x16GetServerPolicyRequest\x12\x10\n" +
-	"\x03ref\x18\x01 \x01(\tR\x03ref\"\xa4\x03\n" +
-	"\x17GetServerPolicyResponse\x12\x10\n" +
-	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x16\n" +
-	"\x06grants\x18\x02 \x03(\tR\x06grants\x12B\n" +
-	"\vtool_filter\x18\x03 \x01(\v2!.ringfence.registry.v1.ToolFilterR\n" +
-	"toolFilter\x12n\n" +
-	"\x10tool_permissions\x18\x04 \x03(\v2C.ringfence.registry.v1.GetServerPolicyResponse.ToolPermissionsEntryR\x0ftoolPermissions\x12\x1a\n" +
-	"\brevision\x18\x05 \x01(\x03R\brevision\x12#\n" +
-	"\rstrict_inputs\x18\x06 \x01(\bR\fstrictInputs\x1aj\n" +
-	"\x14ToolPermissionsEntry\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\x12<\n" +
-	"\x05value\x18\x02 \x01(\v2&.ringfence.registry.v1.ToolPermissionsR\x05value:\x028\x01\"7\n" +
-	"\x16AuthenticateKeyRequest\x12\x1d\n" +
-	"\n" +
-	"key_sha256\x18\x01 \x01(\tR\tkeySha256\"\x99\x01\n" +
-	"\x17AuthenticateKeyResponse\x12\x15\n" +
-	"\x06key_id\x18\x01 \x01(\tR\x05keyId\x12\x19\n" +
-	"\bkey_name\x18\x02 \x01(\tR\akeyName\x12\x12\n" +
-	"\x04role\x18\x03 \x01(\tR\x04role\x12 \n" +
-	"\vpermissions\x18\x04 \x03(\tR\vpermissions\x12\x16\n" +
-	"\x06tenant\x18\x05 \x01(\tR\x06tenant2\xef\n" +
-	"\n" +
+	"\x14DeleteSecretResponse2\x9f\b\n" +
 	"\x0fRegistryService\x12g\n" +
 	"\fCreateServer\x12*.ringfence.registry.v1.CreateServerRequest\x1a+.ringfence.registry.v1.CreateServerResponse\x12^\n" +
 	"\tGetServer\x12'.ringfence.registry.v1.GetServerRequest\x1a(.ringfence.registry.v1.GetServerResponse\x12d\n" +
@@ -2116,10 +1718,7 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\rExploreServer\x12+.ringfence.registry.v1.ExploreServerRequest\x1a,.ringfence.registry.v1.ExploreServerResponse\x12^\n" +
 	"\tPutSecret\x12'.ringfence.registry.v1.PutSecretRequest\x1a(.ringfence.registry.v1.PutSecretResponse\x12d\n" +
 	"\vListSecrets\x12).ringfence.registry.v1.ListSecretsRequest\x1a*.ringfence.registry.v1.ListSecretsResponse\x12g\n" +
-	"\fDeleteSecret\x12*.ringfence.registry.v1.DeleteSecretRequest\x1a+.ringfence.registry.v1.DeleteSecretResponse\x12j\n" +
-	"\rResolveServer\x12+.ringfence.registry.v1.ResolveServerRequest\x1a,.ringfence.registry.v1.ResolveServerResponse\x12p\n" +
-	"\x0fGetServerPolicy\x12-.ringfence.registry.v1.GetServerPolicyRequest\x1a..ringfence.registry.v1.GetServerPolicyResponse\x12p\n" +
-	"\x0fAuthenticateKey\x12-.ringfence.registry.v1.AuthenticateKeyRequest\x1a..ringfence.registry.v1.AuthenticateKeyResponseB\xe8\x01\n" +
+	"\fDeleteSecret\x12*.ringfence.registry.v1.DeleteSecretRequest\x1a+.ringfence.registry.v1.DeleteSecretResponseB\xe8\x01\n" +
 	"\x19com.ringfence.registry.v1B\rRegistryProtoP\x01ZFgithub.com/ringfence/ringfence/gen/go/ringfence/registry/v1;registryv1\xa2\x02\x03RRX\xaa\x02\x15Ringfence.Registry.V1\xca\x02\x15Ringfence\\Registry\\V1\xe2\x02!Ringfence\\Registry\\V1\\GPBMetadata\xea\x02\x17Ringfence::Registry::V1b\x06proto3"
 
 var (
@@ -2134,7 +1733,7 @@ func file_ringfence_registry_v1_registry_proto_rawDescGZIP() []byte {
 	return file_ringfence_registry_v1_registry_proto_rawDescData
 }
 
-var file_ringfence_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_ringfence_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_ringfence_registry_v1_registry_proto_goTypes = []any{
 	(*Server)(nil),                  // 0: ringfence.registry.v1.Server
 	(*ToolFilter)(nil),              // 1: ringfence.registry.v1.ToolFilter
@@ -2160,105 +1759,84 @@ var file_ringfence_registry_v1_registry_proto_goTypes = []any{
 	(*ListSecretsResponse)(nil),     // 21: ringfence.registry.v1.ListSecretsResponse
 	(*DeleteSecretRequest)(nil),     // 22: ringfence.registry.v1.DeleteSecretRequest
 	(*DeleteSecretResponse)(nil),    // 23: ringfence.registry.v1.DeleteSecretResponse
-	(*ResolveServerRequest)(nil),    // 24: ringfence.registry.v1.ResolveServerRequest
-	(*ResolveServerResponse)(nil),   // 25: ringfence.registry.v1.ResolveServerResponse
-	(*GetServerPolicyRequest)(nil),  // 26: ringfence.registry.v1.GetServerPolicyRequest
-	(*GetServerPolicyResponse)(nil), // 27: ringfence.registry.v1.GetServerPolicyResponse
-	(*AuthenticateKeyRequest)(nil),  // 28: ringfence.registry.v1.AuthenticateKeyRequest
-	(*AuthenticateKeyResponse)(nil), // 29: ringfence.registry.v1.AuthenticateKeyResponse
-	nil,                             // 30: ringfence.registry.v1.Server.EnvEntry
-	nil,                             // 31: ringfence.registry.v1.Server.HeadersEntry
-	nil,                             // 32: ringfence.registry.v1.Server.ToolPermissionsEntry
-	nil,                             // 33: ringfence.registry.v1.CreateServerRequest.HeadersEntry
-	nil,                             // 34: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry
-	nil,                             // 35: ringfence.registry.v1.UpdateServerRequest.HeadersEntry
-	nil,                             // 36: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
-	nil,                             // 37: ringfence.registry.v1.ResolveServerResponse.EnvEntry
-	nil,                             // 38: ringfence.registry.v1.ResolveServerResponse.HeaderValuesEntry
-	nil,                             // 39: ringfence.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry
-	(*durationpb.Duration)(nil),     // 40: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 41: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),         // 42: google.protobuf.Struct
-	(*v1.ToolDeclaration)(nil),      // 43: ringfence.types.v1.ToolDeclaration
-	(*v1.Finding)(nil),              // 44: ringfence.types.v1.Finding
-	(*v1.ExploreCall)(nil),          // 45: ringfence.types.v1.ExploreCall
-	(*v1.ExploreCallResult)(nil),    // 46: ringfence.types.v1.ExploreCallResult
+	nil,                             // 24: ringfence.registry.v1.Server.EnvEntry
+	nil,                             // 25: ringfence.registry.v1.Server.HeadersEntry
+	nil,                             // 26: ringfence.registry.v1.Server.ToolPermissionsEntry
+	nil,                             // 27: ringfence.registry.v1.CreateServerRequest.HeadersEntry
+	nil,                             // 28: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry
+	nil,                             // 29: ringfence.registry.v1.UpdateServerRequest.HeadersEntry
+	nil,                             // 30: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
+	(*durationpb.Duration)(nil),     // 31: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 32: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),         // 33: google.protobuf.Struct
+	(*v1.ToolDeclaration)(nil),      // 34: ringfence.types.v1.ToolDeclaration
+	(*v1.Finding)(nil),              // 35: ringfence.types.v1.Finding
+	(*v1.ExploreCall)(nil),          // 36: ringfence.types.v1.ExploreCall
+	(*v1.ExploreCallResult)(nil),    // 37: ringfence.types.v1.ExploreCallResult
 }
 var file_ringfence_registry_v1_registry_proto_depIdxs = []int32{
-	30, // 0: ringfence.registry.v1.Server.env:type_name -> ringfence.registry.v1.Server.EnvEntry
-	31, // 1: ringfence.registry.v1.Server.headers:type_name -> ringfence.registry.v1.Server.HeadersEntry
+	24, // 0: ringfence.registry.v1.Server.env:type_name -> ringfence.registry.v1.Server.EnvEntry
+	25, // 1: ringfence.registry.v1.Server.headers:type_name -> ringfence.registry.v1.Server.HeadersEntry
 	1,  // 2: ringfence.registry.v1.Server.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
-	32, // 3: ringfence.registry.v1.Server.tool_permissions:type_name -> ringfence.registry.v1.Server.ToolPermissionsEntry
-	40, // 4: ringfence.registry.v1.Server.client_session_timeout:type_name -> google.protobuf.Duration
-	40, // 5: ringfence.registry.v1.Server.tool_call_timeout:type_name -> google.protobuf.Duration
-	41, // 6: ringfence.registry.v1.Server.create_time:type_name -> google.protobuf.Timestamp
-	41, // 7: ringfence.registry.v1.Server.update_time:type_name -> google.protobuf.Timestamp
-	42, // 8: ringfence.registry.v1.CreateServerRequest.env:type_name -> google.protobuf.Struct
-	33, // 9: ringfence.registry.v1.CreateServerRequest.headers:type_name -> ringfence.registry.v1.CreateServerRequest.HeadersEntry
+	26, // 3: ringfence.registry.v1.Server.tool_permissions:type_name -> ringfence.registry.v1.Server.ToolPermissionsEntry
+	31, // 4: ringfence.registry.v1.Server.client_session_timeout:type_name -> google.protobuf.Duration
+	31, // 5: ringfence.registry.v1.Server.tool_call_timeout:type_name -> google.protobuf.Duration
+	32, // 6: ringfence.registry.v1.Server.create_time:type_name -> google.protobuf.Timestamp
+	32, // 7: ringfence.registry.v1.Server.update_time:type_name -> google.protobuf.Timestamp
+	33, // 8: ringfence.registry.v1.CreateServerRequest.env:type_name -> google.protobuf.Struct
+	27, // 9: ringfence.registry.v1.CreateServerRequest.headers:type_name -> ringfence.registry.v1.CreateServerRequest.HeadersEntry
 	1,  // 10: ringfence.registry.v1.CreateServerRequest.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
-	34, // 11: ringfence.registry.v1.CreateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry
-	40, // 12: ringfence.registry.v1.CreateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
-	40, // 13: ringfence.registry.v1.CreateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
+	28, // 11: ringfence.registry.v1.CreateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry
+	31, // 12: ringfence.registry.v1.CreateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
+	31, // 13: ringfence.registry.v1.CreateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
 	0,  // 14: ringfence.registry.v1.CreateServerResponse.server:type_name -> ringfence.registry.v1.Server
 	0,  // 15: ringfence.registry.v1.GetServerResponse.server:type_name -> ringfence.registry.v1.Server
 	0,  // 16: ringfence.registry.v1.ListServersResponse.servers:type_name -> ringfence.registry.v1.Server
-	42, // 17: ringfence.registry.v1.UpdateServerRequest.env:type_name -> google.protobuf.Struct
-	35, // 18: ringfence.registry.v1.UpdateServerRequest.headers:type_name -> ringfence.registry.v1.UpdateServerRequest.HeadersEntry
+	33, // 17: ringfence.registry.v1.UpdateServerRequest.env:type_name -> google.protobuf.Struct
+	29, // 18: ringfence.registry.v1.UpdateServerRequest.headers:type_name -> ringfence.registry.v1.UpdateServerRequest.HeadersEntry
 	1,  // 19: ringfence.registry.v1.UpdateServerRequest.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
-	36, // 20: ringfence.registry.v1.UpdateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
-	40, // 21: ringfence.registry.v1.UpdateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
-	40, // 22: ringfence.registry.v1.UpdateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
+	30, // 20: ringfence.registry.v1.UpdateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
+	31, // 21: ringfence.registry.v1.UpdateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
+	31, // 22: ringfence.registry.v1.UpdateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
 	0,  // 23: ringfence.registry.v1.UpdateServerResponse.server:type_name -> ringfence.registry.v1.Server
-	43, // 24: ringfence.registry.v1.ListServerToolsResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	44, // 25: ringfence.registry.v1.ListServerToolsResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	45, // 26: ringfence.registry.v1.ExploreServerRequest.call:type_name -> ringfence.types.v1.ExploreCall
+	34, // 24: ringfence.registry.v1.ListServerToolsResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	35, // 25: ringfence.registry.v1.ListServerToolsResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	36, // 26: ringfence.registry.v1.ExploreServerRequest.call:type_name -> ringfence.types.v1.ExploreCall
 	3,  // 27: ringfence.registry.v1.ExploreServerRequest.server:type_name -> ringfence.registry.v1.CreateServerRequest
-	43, // 28: ringfence.registry.v1.ExploreServerResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	44, // 29: ringfence.registry.v1.ExploreServerResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	46, // 30: ringfence.registry.v1.ExploreServerResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
-	41, // 31: ringfence.registry.v1.Secret.update_time:type_name -> google.protobuf.Timestamp
+	34, // 28: ringfence.registry.v1.ExploreServerResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	35, // 29: ringfence.registry.v1.ExploreServerResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	37, // 30: ringfence.registry.v1.ExploreServerResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
+	32, // 31: ringfence.registry.v1.Secret.update_time:type_name -> google.protobuf.Timestamp
 	17, // 32: ringfence.registry.v1.PutSecretResponse.secret:type_name -> ringfence.registry.v1.Secret
 	17, // 33: ringfence.registry.v1.ListSecretsResponse.secrets:type_name -> ringfence.registry.v1.Secret
-	0,  // 34: ringfence.registry.v1.ResolveServerResponse.server:type_name -> ringfence.registry.v1.Server
-	37, // 35: ringfence.registry.v1.ResolveServerResponse.env:type_name -> ringfence.registry.v1.ResolveServerResponse.EnvEntry
-	38, // 36: ringfence.registry.v1.ResolveServerResponse.header_values:type_name -> ringfence.registry.v1.ResolveServerResponse.HeaderValuesEntry
-	1,  // 37: ringfence.registry.v1.GetServerPolicyResponse.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
-	39, // 38: ringfence.registry.v1.GetServerPolicyResponse.tool_permissions:type_name -> ringfence.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry
-	2,  // 39: ringfence.registry.v1.Server.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	2,  // 40: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	2,  // 41: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	2,  // 42: ringfence.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	3,  // 43: ringfence.registry.v1.RegistryService.CreateServer:input_type -> ringfence.registry.v1.CreateServerRequest
-	5,  // 44: ringfence.registry.v1.RegistryService.GetServer:input_type -> ringfence.registry.v1.GetServerRequest
-	7,  // 45: ringfence.registry.v1.RegistryService.ListServers:input_type -> ringfence.registry.v1.ListServersRequest
-	9,  // 46: ringfence.registry.v1.RegistryService.UpdateServer:input_type -> ringfence.registry.v1.UpdateServerRequest
-	11, // 47: ringfence.registry.v1.RegistryService.DeleteServer:input_type -> ringfence.registry.v1.DeleteServerRequest
-	13, // 48: ringfence.registry.v1.RegistryService.ListServerTools:input_type -> ringfence.registry.v1.ListServerToolsRequest
-	15, // 49: ringfence.registry.v1.RegistryService.ExploreServer:input_type -> ringfence.registry.v1.ExploreServerRequest
-	18, // 50: ringfence.registry.v1.RegistryService.PutSecret:input_type -> ringfence.registry.v1.PutSecretRequest
-	20, // 51: ringfence.registry.v1.RegistryService.ListSecrets:input_type -> ringfence.registry.v1.ListSecretsRequest
-	22, // 52: ringfence.registry.v1.RegistryService.DeleteSecret:input_type -> ringfence.registry.v1.DeleteSecretRequest
-	24, // 53: ringfence.registry.v1.RegistryService.ResolveServer:input_type -> ringfence.registry.v1.ResolveServerRequest
-	26, // 54: ringfence.registry.v1.RegistryService.GetServerPolicy:input_type -> ringfence.registry.v1.GetServerPolicyRequest
-	28, // 55: ringfence.registry.v1.RegistryService.AuthenticateKey:input_type -> ringfence.registry.v1.AuthenticateKeyRequest
-	4,  // 56: ringfence.registry.v1.RegistryService.CreateServer:output_type -> ringfence.registry.v1.CreateServerResponse
-	6,  // 57: ringfence.registry.v1.RegistryService.GetServer:output_type -> ringfence.registry.v1.GetServerResponse
-	8,  // 58: ringfence.registry.v1.RegistryService.ListServers:output_type -> ringfence.registry.v1.ListServersResponse
-	10, // 59: ringfence.registry.v1.RegistryService.UpdateServer:output_type -> ringfence.registry.v1.UpdateServerResponse
-	12, // 60: ringfence.registry.v1.RegistryService.DeleteServer:output_type -> ringfence.registry.v1.DeleteServerResponse
-	14, // 61: ringfence.registry.v1.RegistryService.ListServerTools:output_type -> ringfence.registry.v1.ListServerToolsResponse
-	16, // 62: ringfence.registry.v1.RegistryService.ExploreServer:output_type -> ringfence.registry.v1.ExploreServerResponse
-	19, // 63: ringfence.registry.v1.RegistryService.PutSecret:output_type -> ringfence.registry.v1.PutSecretResponse
-	21, // 64: ringfence.registry.v1.RegistryService.ListSecrets:output_type -> ringfence.registry.v1.ListSecretsResponse
-	23, // 65: ringfence.registry.v1.RegistryService.DeleteSecret:output_type -> ringfence.registry.v1.DeleteSecretResponse
-	25, // 66: ringfence.registry.v1.RegistryService.ResolveServer:output_type -> ringfence.registry.v1.ResolveServerResponse
-	27, // 67: ringfence.registry.v1.RegistryService.GetServerPolicy:output_type -> ringfence.registry.v1.GetServerPolicyResponse
-	29, // 68: ringfence.registry.v1.RegistryService.AuthenticateKey:output_type -> ringfence.registry.v1.AuthenticateKeyResponse
-	56, // [56:69] is the sub-list for method output_type
-	43, // [43:56] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	2,  // 34: ringfence.registry.v1.Server.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	2,  // 35: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	2,  // 36: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	3,  // 37: ringfence.registry.v1.RegistryService.CreateServer:input_type -> ringfence.registry.v1.CreateServerRequest
+	5,  // 38: ringfence.registry.v1.RegistryService.GetServer:input_type -> ringfence.registry.v1.GetServerRequest
+	7,  // 39: ringfence.registry.v1.RegistryService.ListServers:input_type -> ringfence.registry.v1.ListServersRequest
+	9,  // 40: ringfence.registry.v1.RegistryService.UpdateServer:input_type -> ringfence.registry.v1.UpdateServerRequest
+	11, // 41: ringfence.registry.v1.RegistryService.DeleteServer:input_type -> ringfence.registry.v1.DeleteServerRequest
+	13, // 42: ringfence.registry.v1.RegistryService.ListServerTools:input_type -> ringfence.registry.v1.ListServerToolsRequest
+	15, // 43: ringfence.registry.v1.RegistryService.ExploreServer:input_type -> ringfence.registry.v1.ExploreServerRequest
+	18, // 44: ringfence.registry.v1.RegistryService.PutSecret:input_type -> ringfence.registry.v1.PutSecretRequest
+	20, // 45: ringfence.registry.v1.RegistryService.ListSecrets:input_type -> ringfence.registry.v1.ListSecretsRequest
+	22, // 46: ringfence.registry.v1.RegistryService.DeleteSecret:input_type -> ringfence.registry.v1.DeleteSecretRequest
+	4,  // 47: ringfence.registry.v1.RegistryService.CreateServer:output_type -> ringfence.registry.v1.CreateServerResponse
+	6,  // 48: ringfence.registry.v1.RegistryService.GetServer:output_type -> ringfence.registry.v1.GetServerResponse
+	8,  // 49: ringfence.registry.v1.RegistryService.ListServers:output_type -> ringfence.registry.v1.ListServersResponse
+	10, // 50: ringfence.registry.v1.RegistryService.UpdateServer:output_type -> ringfence.registry.v1.UpdateServerResponse
+	12, // 51: ringfence.registry.v1.RegistryService.DeleteServer:output_type -> ringfence.registry.v1.DeleteServerResponse
+	14, // 52: ringfence.registry.v1.RegistryService.ListServerTools:output_type -> ringfence.registry.v1.ListServerToolsResponse
+	16, // 53: ringfence.registry.v1.RegistryService.ExploreServer:output_type -> ringfence.registry.v1.ExploreServerResponse
+	19, // 54: ringfence.registry.v1.RegistryService.PutSecret:output_type -> ringfence.registry.v1.PutSecretResponse
+	21, // 55: ringfence.registry.v1.RegistryService.ListSecrets:output_type -> ringfence.registry.v1.ListSecretsResponse
+	23, // 56: ringfence.registry.v1.RegistryService.DeleteSecret:output_type -> ringfence.registry.v1.DeleteSecretResponse
+	47, // [47:57] is the sub-list for method output_type
+	37, // [37:47] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_registry_v1_registry_proto_init() }
@@ -2272,7 +1850,7 @@ func file_ringfence_registry_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_registry_v1_registry_proto_rawDesc), len(file_ringfence_registry_v1_registry_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

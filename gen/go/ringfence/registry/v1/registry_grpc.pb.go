@@ -29,9 +29,6 @@ const (
 	RegistryService_PutSecret_FullMethodName       = "/ringfence.registry.v1.RegistryService/PutSecret"
 	RegistryService_ListSecrets_FullMethodName     = "/ringfence.registry.v1.RegistryService/ListSecrets"
 	RegistryService_DeleteSecret_FullMethodName    = "/ringfence.registry.v1.RegistryService/DeleteSecret"
-	RegistryService_ResolveServer_FullMethodName   = "/ringfence.registry.v1.RegistryService/ResolveServer"
-	RegistryService_GetServerPolicy_FullMethodName = "/ringfence.registry.v1.RegistryService/GetServerPolicy"
-	RegistryService_AuthenticateKey_FullMethodName = "/ringfence.registry.v1.RegistryService/AuthenticateKey"
 )
 
 // RegistryServiceClient is the client API for RegistryService service.
@@ -88,20 +85,6 @@ type RegistryServiceClient interface {
 	// DeleteSecret removes a named secret.
 	// Caller: mcp:admin (REST DELETE /v1/secrets/{name}). Codes: NOT_FOUND.
 	DeleteSecret(ctx context.Context, in *DeleteSecretRequest, opts ...grpc.CallOption) (*DeleteSecretResponse, error)
-	// ResolveServer returns a registration with its env and header secrets in clear, for the
-	// pool to start it.
-	// Caller: internal, the pool's service certificate only. Codes: NOT_FOUND,
-	// FAILED_PRECONDITION (a referenced secret is missing).
-	ResolveServer(ctx context.Context, in *ResolveServerRequest, opts ...grpc.CallOption) (*ResolveServerResponse, error)
-	// GetServerPolicy returns what a registration allows (grants, tool filter, per-tool
-	// permissions) without any secret, for publish-time and run-time checks.
-	// Caller: internal, the publisher's or the pool's service certificate. Codes: NOT_FOUND.
-	GetServerPolicy(ctx context.Context, in *GetServerPolicyRequest, opts ...grpc.CallOption) (*GetServerPolicyResponse, error)
-	// AuthenticateKey resolves the SHA-256 of an API key to its principal, so services that do
-	// not own keys can authorize callers without ever seeing a key.
-	// Caller: internal, the publisher's, pool's or audit's service certificate.
-	// Codes: UNAUTHENTICATED (unknown or revoked key).
-	AuthenticateKey(ctx context.Context, in *AuthenticateKeyRequest, opts ...grpc.CallOption) (*AuthenticateKeyResponse, error)
 }
 
 type registryServiceClient struct {
@@ -212,36 +195,6 @@ func (c *registryServiceClient) DeleteSecret(ctx context.Context, in *DeleteSecr
 	return out, nil
 }
 
-func (c *registryServiceClient) ResolveServer(ctx context.Context, in *ResolveServerRequest, opts ...grpc.CallOption) (*ResolveServerResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(ResolveServerResponse)
-	err := c.cc.Invoke(ctx, RegistryService_ResolveServer_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-func (c *registryServiceClient) GetServerPolicy(ctx context.Context, in *GetServerPolicyRequest, opts ...grpc.CallOption) (*GetServerPolicyResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(GetServerPolicyResponse)
-	err := c.cc.Invoke(ctx, RegistryService_GetServerPolicy_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-func (c *registryServiceClient) AuthenticateKey(ctx context.Context, in *AuthenticateKeyRequest, opts ...grpc.CallOption) (*AuthenticateKeyResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(AuthenticateKeyResponse)
-	err := c.cc.Invoke(ctx, RegistryService_AuthenticateKey_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
 // RegistryServiceServer is the server API for RegistryService service.
 // All implementations must embed UnimplementedRegistryServiceServer
 // for forward compatibility.
@@ -296,20 +249,6 @@ type RegistryServiceServer interface {
 	// DeleteSecret removes a named secret.
 	// Caller: mcp:admin (REST DELETE /v1/secrets/{name}). Codes: NOT_FOUND.
 	DeleteSecret(context.Context, *DeleteSecretRequest) (*DeleteSecretResponse, error)
-	// ResolveServer returns a registration with its env and header secrets in clear, for the
-	// pool to start it.
-	// Caller: internal, the pool's service certificate only. Codes: NOT_FOUND,
-	// FAILED_PRECONDITION (a referenced secret is missing).
-	ResolveServer(context.Context, *ResolveServerRequest) (*ResolveServerResponse, error)
-	// GetServerPolicy returns what a registration allows (grants, tool filter, per-tool
-	// permissions) without any secret, for publish-time and run-time checks.
-	// Caller: internal, the publisher's or the pool's service certificate. Codes: NOT_FOUND.
-	GetServerPolicy(context.Context, *GetServerPolicyRequest) (*GetServerPolicyResponse, error)
-	// AuthenticateKey resolves the SHA-256 of an API key to its principal, so services that do
-	// not own keys can authorize callers without ever seeing a key.
-	// Caller: internal, the publisher's, pool's or audit's service certificate.
-	// Codes: UNAUTHENTICATED (unknown or revoked key).
-	AuthenticateKey(context.Context, *AuthenticateKeyRequest) (*AuthenticateKeyResponse, error)
 	mustEmbedUnimplementedRegistryServiceServer()
 }
 
@@ -349,15 +288,6 @@ func (UnimplementedRegistryServiceServer) ListSecrets(context.Context, *ListSecr
 }
 func (UnimplementedRegistryServiceServer) DeleteSecret(context.Context, *DeleteSecretRequest) (*DeleteSecretResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteSecret not implemented")
-}
-func (UnimplementedRegistryServiceServer) ResolveServer(context.Context, *ResolveServerRequest) (*ResolveServerResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method ResolveServer not implemented")
-}
-func (UnimplementedRegistryServiceServer) GetServerPolicy(context.Context, *GetServerPolicyRequest) (*GetServerPolicyResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method GetServerPolicy not implemented")
-}
-func (UnimplementedRegistryServiceServer) AuthenticateKey(context.Context, *AuthenticateKeyRequest) (*AuthenticateKeyResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method AuthenticateKey not implemented")
 }
 func (UnimplementedRegistryServiceServer) mustEmbedUnimplementedRegistryServiceServer() {}
 func (UnimplementedRegistryServiceServer) testEmbeddedByValue()                         {}
@@ -560,60 +490,6 @@ func _RegistryService_DeleteSecret_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
-func _RegistryService_ResolveServer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(ResolveServerRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(RegistryServiceServer).ResolveServer(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: RegistryService_ResolveServer_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(RegistryServiceServer).ResolveServer(ctx, req.(*ResolveServerRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
-func _RegistryService_GetServerPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(GetServerPolicyRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(RegistryServiceServer).GetServerPolicy(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: RegistryService_GetServerPolicy_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(RegistryServiceServer).GetServerPolicy(ctx, req.(*GetServerPolicyRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
-func _RegistryService_AuthenticateKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(AuthenticateKeyRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(RegistryServiceServer).AuthenticateKey(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: RegistryService_AuthenticateKey_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(RegistryServiceServer).AuthenticateKey(ctx, req.(*AuthenticateKeyRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
 // RegistryService_ServiceDesc is the grpc.ServiceDesc for RegistryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -660,18 +536,6 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteSecret",
 			Handler:    _RegistryService_DeleteSecret_Handler,
-		},
-		{
-			MethodName: "ResolveServer",
-			Handler:    _RegistryService_ResolveServer_Handler,
-		},
-		{
-			MethodName: "GetServerPolicy",
-			Handler:    _RegistryService_GetServerPolicy_Handler,
-		},
-		{
-			MethodName: "AuthenticateKey",
-			Handler:    _RegistryService_AuthenticateKey_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
