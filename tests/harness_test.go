@@ -96,6 +96,8 @@ type daemon struct {
 	DataDir  string
 	GRPCAddr string
 	HTTPAddr string
+	// InternalAddr is a split binary's internal listener (mutual TLS only); empty for ringfenced.
+	InternalAddr string
 	// HTTPBase is http://HTTPAddr, or https:// when the daemon serves TLS; HTTP is the
 	// client that trusts it.
 	HTTPBase string
@@ -115,6 +117,14 @@ func startDaemon(t *testing.T, name string, env ...string) *daemon {
 		"RINGFENCE_GRPC_ADDR=" + d.GRPCAddr,
 		"RINGFENCE_HTTP_ADDR=" + d.HTTPAddr,
 	}, env...)
+	// A split binary listens on its internal address too: one of its own, unless env names it
+	// (peers need it before the binary starts).
+	if name != "ringfenced" {
+		if d.InternalAddr = envValue(env, "RINGFENCE_INTERNAL_ADDR"); d.InternalAddr == "" {
+			d.InternalAddr = testutil.FreeAddr(t)
+			d.env = append(d.env, "RINGFENCE_INTERNAL_ADDR="+d.InternalAddr)
+		}
+	}
 	d.HTTPBase, d.HTTP = "http://"+d.HTTPAddr, http.DefaultClient
 	if ca := envValue(env, "RINGFENCE_TLS__CLIENT_CA_FILE"); ca != "" {
 		d.HTTPBase, d.HTTP = "https://"+d.HTTPAddr, trustingClient(t, ca)

@@ -20,31 +20,33 @@ func TestMTLSPeerIdentityIsChecked(t *testing.T) {
 	r := runCmd(t, nil, nil, bin("ringfence"), "certs", "init", "--dir", certs)
 	require.Equal(t, 0, r.Code, r.Stderr)
 
-	addr := map[string]string{}
+	// addr is each daemon's public address, internal its internal one, which peers dial.
+	addr, internal := map[string]string{}, map[string]string{}
 	for _, name := range []string{"registry", "audit", "publisher", "misled-publisher", "nowhere"} {
-		addr[name] = testutil.FreeAddr(t)
+		addr[name], internal[name] = testutil.FreeAddr(t), testutil.FreeAddr(t)
 	}
 	tlsEnv := func(svc, name string) []string {
 		return []string{
 			"RINGFENCE_GRPC_ADDR=" + addr[name],
+			"RINGFENCE_INTERNAL_ADDR=" + internal[name],
 			"RINGFENCE_TLS__CERT_FILE=" + filepath.Join(certs, svc+".pem"),
 			"RINGFENCE_TLS__KEY_FILE=" + filepath.Join(certs, svc+"-key.pem"),
 			"RINGFENCE_TLS__CLIENT_CA_FILE=" + filepath.Join(certs, "ca.pem"),
 		}
 	}
 	startDaemonAt(t, "ringfence-audit", addr["audit"], append(tlsEnv("audit", "audit"),
-		"RINGFENCE_PEERS__REGISTRY_ADDR="+addr["registry"])...)
+		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"])...)
 	// The registry's "pool" is the audit service.
 	startDaemonAt(t, "ringfence-registry", addr["registry"], append(tlsEnv("registry", "registry"),
 		"RINGFENCE_BOOTSTRAP_ADMIN_KEY="+adminKey,
-		"RINGFENCE_PEERS__POOL_ADDR="+addr["audit"], "RINGFENCE_PEERS__AUDIT_ADDR="+addr["audit"])...)
+		"RINGFENCE_PEERS__POOL_ADDR="+internal["audit"], "RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
 	startDaemonAt(t, "ringfence-publisher", addr["publisher"], append(tlsEnv("publisher", "publisher"),
-		"RINGFENCE_PEERS__REGISTRY_ADDR="+addr["registry"], "RINGFENCE_PEERS__POOL_ADDR="+addr["nowhere"],
-		"RINGFENCE_PEERS__AUDIT_ADDR="+addr["audit"])...)
+		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"], "RINGFENCE_PEERS__POOL_ADDR="+internal["nowhere"],
+		"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
 	// This publisher's "registry" is the audit service.
 	startDaemonAt(t, "ringfence-publisher", addr["misled-publisher"], append(tlsEnv("publisher", "misled-publisher"),
-		"RINGFENCE_PEERS__REGISTRY_ADDR="+addr["audit"], "RINGFENCE_PEERS__POOL_ADDR="+addr["nowhere"],
-		"RINGFENCE_PEERS__AUDIT_ADDR="+addr["audit"])...)
+		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["audit"], "RINGFENCE_PEERS__POOL_ADDR="+internal["nowhere"],
+		"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
 
 	cli := func(name string, args ...string) result {
 		return runCmd(t, nil, []string{"RINGFENCE_ADDR=" + addr[name], "RINGFENCE_API_KEY=" + adminKey,

@@ -18,8 +18,8 @@ import (
 
 // TestSplitDeploymentOverMutualTLS runs ringfence-registry, -publisher, -pool and -audit as
 // four processes on loopback with certificates from `ringfence certs init`, drives a run
-// through them, shows that an internal RPC called with an API key and no certificate is
-// refused, and stops the audit service for 30 s while registry changes continue: every event
+// through them, shows that the internal RPCs are on their own listener, which refuses an API
+// key without a certificate, and stops the audit service for 30 s while registry changes continue: every event
 // arrives after it returns, in order, exactly once.
 func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 	image := dockertest.FixtureImage(t)
@@ -27,13 +27,16 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 	r := runCmd(t, nil, nil, bin("ringfence"), "certs", "init", "--dir", certs)
 	require.Equal(t, 0, r.Code, r.Stderr)
 
-	addr := map[string]string{}
+	// Each service has a public address (API keys: the CLI, REST) and an internal one (mutual
+	// TLS only), which its peers dial.
+	addr, internal := map[string]string{}, map[string]string{}
 	for _, svc := range []string{"registry", "publisher", "pool", "audit"} {
-		addr[svc] = testutil.FreeAddr(t)
+		addr[svc], internal[svc] = testutil.FreeAddr(t), testutil.FreeAddr(t)
 	}
 	common := func(svc string) []string {
 		return []string{
 			"RINGFENCE_GRPC_ADDR=" + addr[svc],
+			"RINGFENCE_INTERNAL_ADDR=" + internal[svc],
 			"RINGFENCE_TLS__CERT_FILE=" + filepath.Join(certs, svc+".pem"),
 			"RINGFENCE_TLS__KEY_FILE=" + filepath.Join(certs, svc+"-key.pem"),
 			"RINGFENCE_TLS__CLIENT_CA_FILE=" + filepath.Join(certs, "ca.pem"),
@@ -42,19 +45,19 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 	poolID := "e2e-split-" + randomHex(4)
 	t.Cleanup(func() { requireNoContainers(t, poolID) })
 	audit := startDaemonAt(t, "ringfence-audit", addr["audit"], append(common("audit"),
-		"RINGFENCE_PEERS__REGISTRY_ADDR="+addr["registry"])...)
+		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"])...)
 	registry := startDaemonAt(t, "ringfence-registry", addr["registry"], append(common("registry"),
 		"RINGFENCE_BOOTSTRAP_ADMIN_KEY="+adminKey,
 		`RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS=["APP_TOKEN"]`,
-		"RINGFENCE_PEERS__POOL_ADDR="+addr["pool"], "RINGFENCE_PEERS__AUDIT_ADDR="+addr["audit"])...)
+		"RINGFENCE_PEERS__POOL_ADDR="+internal["pool"], "RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
 	startDaemonAt(t, "ringfence-publisher", addr["publisher"], append(common("publisher"),
-		"RINGFENCE_PEERS__REGISTRY_ADDR="+addr["registry"], "RINGFENCE_PEERS__POOL_ADDR="+addr["pool"],
-		"RINGFENCE_PEERS__AUDIT_ADDR="+addr["audit"])...)
+		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"], "RINGFENCE_PEERS__POOL_ADDR="+internal["pool"],
+		"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
 	startDaemonAt(t, "ringfence-pool", addr["pool"], append(common("pool"),
 		"RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE="+image, "RINGFENCE_SANDBOX__POOL_ID="+poolID,
 		`RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS=["APP_TOKEN"]`,
-		"RINGFENCE_PEERS__REGISTRY_ADDR="+addr["registry"], "RINGFENCE_PEERS__PUBLISHER_ADDR="+addr["publisher"],
-		"RINGFENCE_PEERS__AUDIT_ADDR="+addr["audit"])...)
+		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"], "RINGFENCE_PEERS__PUBLISHER_ADDR="+internal["publisher"],
+		"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
 
 	cli := func(svc string, args ...string) result {
 		return runCmd(t, nil, []string{"RINGFENCE_ADDR=" + addr[svc], "RINGFENCE_API_KEY=" + adminKey,
@@ -99,14 +102,29 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 	r = must(cli("pool", "call", "--graph", "split", "--agent", "a", "--tool", "fx__echo", "--args", `{"text":"across four processes"}`))
 	require.Contains(t, r.Stdout, "across four processes")
 
-	// An internal RPC with an admin API key and no certificate is refused.
+	// The internal plane is apart: the public port neither lists nor serves the internal
+	// services, and their listener refuses an admin API key without a certificate at the
+	// handshake, before any request is read.
 	grpcurl := tool(t, "grpcurl")
+	r = runCmd(t, nil, nil, grpcurl, "-cacert", filepath.Join(certs, "ca.pem"), addr["registry"], "list")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "ringfence.registry.v1.RegistryService")
+	require.NotContains(t, r.Stdout, "ringfence.internal", "the public port's reflection lists no internal service")
 	r = runCmd(t, nil, nil, grpcurl, "-cacert", filepath.Join(certs, "ca.pem"), "-H", "x-api-key: "+adminKey,
-		"-d", `{"ref":"fx"}`, addr["registry"], "ringfence.registry.v1.RegistryService/ResolveServer")
+		"-d", `{"ref":"fx"}`, addr["registry"], "ringfence.internal.registry.v1.RegistryInternalService/ResolveServer")
 	require.NotEqual(t, 0, r.Code)
-	require.Contains(t, r.Stderr, "PermissionDenied")
-	require.Contains(t, r.Stderr, "API keys are never enough")
 	require.NotContains(t, r.Stdout+r.Stderr, canary)
+	r = runCmd(t, nil, nil, grpcurl, "-cacert", filepath.Join(certs, "ca.pem"), "-H", "x-api-key: "+adminKey,
+		"-d", `{"ref":"fx"}`, internal["registry"], "ringfence.internal.registry.v1.RegistryInternalService/ResolveServer")
+	require.NotEqual(t, 0, r.Code)
+	require.Contains(t, r.Stderr, "certificate", "refused at the TLS handshake")
+	require.NotContains(t, r.Stdout+r.Stderr, canary)
+	// With the pool's certificate the secrets resolve: the listener serves its peers.
+	r = runCmd(t, nil, nil, grpcurl, "-cacert", filepath.Join(certs, "ca.pem"),
+		"-cert", filepath.Join(certs, "pool.pem"), "-key", filepath.Join(certs, "pool-key.pem"),
+		"-d", `{"ref":"fx"}`, internal["registry"], "ringfence.internal.registry.v1.RegistryInternalService/ResolveServer")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, canary, "the pool's certificate gets the env in clear")
 
 	// The audit service goes away for 30 s while registry changes continue.
 	audit.stop()

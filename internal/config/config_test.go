@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -149,11 +150,49 @@ func TestSampleConfigsLoad(t *testing.T) {
 	require.NotEmpty(t, files)
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
-			cfg, err := load(t, []string{"--config", f}, nil)
+			cfg, err := Load(binaryOf(filepath.Base(f)), []string{"--config", f}, nil, io.Discard)
 			require.NoError(t, err)
 			require.True(t, cfg.IsProduction(), "samples are production configurations")
 		})
 	}
+}
+
+// binaryOf is the binary a sample (registry.yaml) or compose service (registry) configures.
+func binaryOf(name string) string {
+	name = strings.TrimSuffix(name, ".yaml")
+	if name == AllInOne {
+		return name
+	}
+	return "ringfence-" + name
+}
+
+// TestConfigurationDependsOnTheBinary: a split binary serves internal RPCs on its own
+// listener, mutual TLS only, so it needs TLS and gets 127.0.0.1:50052 by default; ringfenced
+// serves none, so an internal address there is a mistake.
+func TestConfigurationDependsOnTheBinary(t *testing.T) {
+	tlsEnv := []string{"RINGFENCE_TLS__CERT_FILE=c.pem", "RINGFENCE_TLS__KEY_FILE=k.pem", "RINGFENCE_TLS__CLIENT_CA_FILE=ca.pem"}
+	cfg, err := Load("ringfence-pool", nil, tlsEnv, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, DefaultInternalAddr, cfg.InternalAddr)
+
+	_, err = Load("ringfence-registry", nil, nil, io.Discard)
+	require.ErrorContains(t, err, "ringfence-registry serves internal RPCs to its peers on internal_addr (RINGFENCE_INTERNAL_ADDR), which takes mutual TLS only")
+	require.ErrorContains(t, err, "RINGFENCE_TLS__CERT_FILE")
+
+	_, err = Load("ringfence-audit", nil, append(tlsEnv, "RINGFENCE_INTERNAL_ADDR=127.0.0.1:50051"), io.Discard)
+	require.ErrorContains(t, err, "internal_addr (RINGFENCE_INTERNAL_ADDR) \"127.0.0.1:50051\" is also grpc_addr or http_addr")
+
+	cfg, err = Load(AllInOne, nil, nil, io.Discard)
+	require.NoError(t, err)
+	require.Empty(t, cfg.InternalAddr, "ringfenced serves no internal RPCs")
+	_, err = Load(AllInOne, nil, []string{"RINGFENCE_INTERNAL_ADDR=127.0.0.1:50052"}, io.Discard)
+	require.ErrorContains(t, err, "ringfenced serves no internal RPCs")
+
+	_, err = Load(AllInOne, nil, []string{"RINGFENCE_OTEL__ENDPOINT=collector:4317"}, io.Discard)
+	require.ErrorContains(t, err, "otel.endpoint (RINGFENCE_OTEL__ENDPOINT)")
+	cfg, err = Load(AllInOne, nil, []string{"RINGFENCE_OTEL__ENDPOINT=http://127.0.0.1:4317"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, "http://127.0.0.1:4317", cfg.OTel.Endpoint)
 }
 
 // TestDeployEnvironmentsLoad keeps the environment that deploy/compose/compose.yaml and the
@@ -184,7 +223,7 @@ func TestDeployEnvironmentsLoad(t *testing.T) {
 				})
 				env = append(env, k+"="+v)
 			}
-			cfg, err := load(t, nil, env)
+			cfg, err := Load(binaryOf(name), nil, env, io.Discard)
 			require.NoError(t, err)
 			require.True(t, cfg.IsProduction())
 		})
@@ -199,6 +238,6 @@ func TestDeployEnvironmentsLoad(t *testing.T) {
 		}
 	}
 	require.NotEmpty(t, env)
-	_, err = load(t, []string{"--config", filepath.Join("..", "..", "deploy", "config", "pool.yaml")}, env)
+	_, err = Load("ringfence-pool", []string{"--config", filepath.Join("..", "..", "deploy", "config", "pool.yaml")}, env, io.Discard)
 	require.NoError(t, err, "the systemd unit with the pool.yaml it names")
 }
