@@ -27,6 +27,10 @@ type Record struct {
 	Producer string           `json:"producer"`
 	Admin    *AdminEvent      `json:"admin,omitempty"`
 	ToolCall *ToolCallAttempt `json:"tool_call,omitempty"`
+	// ReceiveTime is when the audit log took the record, by the log's own clock, beside the
+	// producer's Time. The log sets it (a producer's value is discarded) and stores it inside
+	// the hashed body, after the chain fields; records stored before it existed have none.
+	ReceiveTime time.Time `json:"receive_time,omitzero"`
 }
 
 // Admin actions recorded by the control plane. The set is open: a producer may record

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 	"unicode/utf8"
 )
 
@@ -158,6 +159,23 @@ func (tc *ToolCallAttempt) validate() error {
 		if err := checkField("tool_call.advisory", a, true); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// MaxClockSkew bounds how far a record's time may be ahead of the audit log's clock when the
+// log receives it. Records reach the log late (a spool holds them through an outage), never
+// early: a time past this bound is a producer whose clock is wrong, or a record forged to
+// sort after everything written until then.
+const MaxClockSkew = 5 * time.Minute
+
+// CheckReceived refuses a record whose time is more than MaxClockSkew after received, the
+// audit log's clock when it took the record. The error wraps ErrInvalidRecord: no resend
+// changes the record, so its producer quarantines it.
+func (r *Record) CheckReceived(received time.Time) error {
+	if ahead := r.Time.Sub(received); ahead > MaxClockSkew {
+		return invalid(fmt.Sprintf("time %s is %s ahead of the audit log's clock (%s), more than the %s a producer's clock may run ahead: fix the producer host's clock (NTP); the producer quarantines the record, and audit.requeue_quarantine sends it again once its time has passed",
+			r.Time.UTC().Format(time.RFC3339Nano), ahead.Round(time.Second), received.UTC().Format(time.RFC3339), MaxClockSkew))
 	}
 	return nil
 }

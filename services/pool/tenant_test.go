@@ -20,7 +20,10 @@ import (
 // tenantKey mints a runner key bound to tenant and returns a context carrying it.
 func tenantKey(t *testing.T, h *harness, tenant string) context.Context {
 	t.Helper()
-	resp, err := h.reg.CreateKey(h.ctx, &registryv1.CreateKeyRequest{Name: "runner-" + tenant, Role: auth.RoleRunner, Tenant: tenant})
+	req := &registryv1.CreateKeyRequest{Name: "runner-" + tenant, Role: auth.RoleRunner, Tenant: tenant}
+	ctx, err := auth.NewAuthorizer(nil, auth.Rules).Resolve(h.ctx, registryv1.KeyService_CreateKey_FullMethodName, req) // as the interceptor does
+	require.NoError(t, err)
+	resp, err := h.reg.CreateKey(ctx, req)
 	require.NoError(t, err)
 	require.Equal(t, tenant, resp.GetKey().GetTenant())
 	return rftestutil.WithKey(t.Context(), resp.GetSecret())

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -9,6 +10,7 @@ import (
 	"fmt"
 	"hash"
 	"strconv"
+	"time"
 
 	"github.com/ringfence/ringfence/internal/audit"
 )
@@ -56,15 +58,29 @@ func bodyPrefixLen(seq uint64) int {
 	return len(`{"seq":`) + digits + len(`,"prev_hash":"`) + 2*hashLen + len(`"`)
 }
 
-// maxBodyPrefix bounds what appendBodyPrefix adds: `{"seq":` (7), up to 20 digits,
-// `,"prev_hash":"` (14), 64 hex digits, `"` and the splice's comma.
-const maxBodyPrefix = 7 + 20 + 14 + 2*hashLen + 2
+// receiveTimeLayout is the receive time's fixed-width form (UTC, nanoseconds), so the
+// splice has one length whatever the time.
+const receiveTimeLayout = "2006-01-02T15:04:05.000000000Z"
 
-// buildBody splices seq and prev_hash in front of the record's own JSON (marshalled
-// by the caller with Seq zero, so without a seq field). The result is deterministic
-// because the record JSON is: fixed field order, no maps, UTC time.
-func buildBody(dst []byte, seq uint64, prev *[hashLen]byte, recJSON []byte) []byte {
+// receiveTimeKey starts the spliced receive time.
+const receiveTimeKey = `,"receive_time":"`
+
+// receiveTimeLen is the length of the spliced receive time: key, time and closing quote.
+const receiveTimeLen = len(receiveTimeKey) + len(receiveTimeLayout) + 1
+
+// maxBodyPrefix bounds what buildBody adds: `{"seq":` (7), up to 20 digits,
+// `,"prev_hash":"` (14), 64 hex digits, `"`, the receive time and the splice's comma.
+const maxBodyPrefix = 7 + 20 + 14 + 2*hashLen + 1 + receiveTimeLen + 1
+
+// buildBody splices seq, prev_hash and the log's receive time in front of the record's own
+// JSON (marshalled by the caller with Seq and ReceiveTime zero, so without those fields). The
+// result is deterministic because the record JSON is: fixed field order, no maps, UTC time.
+// What the producer sent is the body after the splice (producerJSON recovers it).
+func buildBody(dst []byte, seq uint64, prev *[hashLen]byte, received time.Time, recJSON []byte) []byte {
 	dst = appendBodyPrefix(dst, seq, prev)
+	dst = append(dst, receiveTimeKey...)
+	dst = received.UTC().AppendFormat(dst, receiveTimeLayout)
+	dst = append(dst, '"')
 	if len(recJSON) > 2 {
 		dst = append(dst, ',')
 		dst = append(dst, recJSON[1:]...)
@@ -72,6 +88,21 @@ func buildBody(dst []byte, seq uint64, prev *[hashLen]byte, recJSON []byte) []by
 		dst = append(dst, '}')
 	}
 	return dst
+}
+
+// producerJSON appends to dst the record as its producer sent it (what the by_id digest
+// covers): body without what buildBody spliced in, the receive time of records that have one
+// included.
+func producerJSON(dst, body []byte, seq uint64) []byte {
+	dst = append(dst, '{')
+	rest := body[min(bodyPrefixLen(seq), len(body)):]
+	if bytes.HasPrefix(rest, []byte(receiveTimeKey)) && len(rest) >= receiveTimeLen {
+		rest = rest[receiveTimeLen:]
+	}
+	if len(rest) > 1 {
+		return append(dst, rest[1:]...)
+	}
+	return append(dst, '}')
 }
 
 // storedBody is the decoded form of a body.

@@ -129,12 +129,7 @@ func requiredKey(dst []byte, ix int, f bodyFields, seq uint64) ([]byte, bool) {
 // idValue is the by_id value record seq requires: its seq and the digest of the record
 // as its producer sent it, the body without what buildBody spliced in.
 func (c *indexChecker) idValue(seq uint64, body []byte) []byte {
-	c.js = append(c.js[:0], '{')
-	if rest := body[min(bodyPrefixLen(seq), len(body)):]; len(rest) > 1 {
-		c.js = append(c.js, rest[1:]...)
-	} else {
-		c.js = append(c.js, '}')
-	}
+	c.js = producerJSON(c.js[:0], body, seq)
 	sum := sha256.Sum256(c.js)
 	v := binary.BigEndian.AppendUint64(c.js[:0], seq)
 	return append(v, sum[:16]...)

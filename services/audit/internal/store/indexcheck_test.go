@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
@@ -44,7 +45,7 @@ func TestIndexedFieldsReadWhatTheEncoderWrote(t *testing.T) {
 	for _, r := range []audit.Record{tricky, call, adminRec("tenant-a", "create")} {
 		js, err := json.Marshal(r)
 		require.NoError(t, err)
-		body := buildBody(nil, 7, &Genesis, js)
+		body := buildBody(nil, 7, &Genesis, time.Unix(0, 0), js)
 		got, ok := indexedFields(body)
 		require.True(t, ok, "%s", body)
 		want, _ := decodedFields(t, body)
@@ -56,7 +57,7 @@ func TestIndexedFieldsReadWhatTheEncoderWrote(t *testing.T) {
 // valid JSON written as our encoder writes it, it reads as encoding/json does.
 func FuzzIndexedFields(f *testing.F) {
 	js, _ := json.Marshal(toolRec(call{tenant: "t", run: "r", server: "s", tool: "x"}, "c"))
-	f.Add(buildBody(nil, 1, &Genesis, js))
+	f.Add(buildBody(nil, 1, &Genesis, time.Unix(0, 0), js))
 	f.Add([]byte(`{"id":"a","tenant":"","tool_call":{}}`))
 	f.Add([]byte(`{"id":"a\u0041","id":"b" , "tool_call" : {"run_id":"\"x"}}`))
 	f.Add([]byte(`{"id":"a","x":[1,{"y":"]"}],"tenant":"t"}`))

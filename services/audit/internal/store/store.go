@@ -81,12 +81,14 @@ type Store struct {
 }
 
 type appendReq struct {
-	recs    []audit.Record
-	js      [][]byte
-	digests [][16]byte
-	seqs    []uint64
-	err     error
-	done    chan struct{}
+	// received is the log's clock when Append took the records: each new one is stamped with it.
+	received time.Time
+	recs     []audit.Record
+	js       [][]byte
+	digests  [][16]byte
+	seqs     []uint64
+	err      error
+	done     chan struct{}
 }
 
 // Open opens or creates the log at path, migrates it, and starts the writer.
@@ -188,16 +190,21 @@ func (s *Store) Append(ctx context.Context, recs []audit.Record) ([]uint64, erro
 		return nil, fmt.Errorf("%w: %d, limit %d", ErrTooManyRecords, len(recs), MaxAppendRecords)
 	}
 	req := &appendReq{
-		recs:    make([]audit.Record, len(recs)),
-		js:      make([][]byte, len(recs)),
-		digests: make([][16]byte, len(recs)),
-		done:    make(chan struct{}),
+		received: time.Now().UTC(),
+		recs:     make([]audit.Record, len(recs)),
+		js:       make([][]byte, len(recs)),
+		digests:  make([][16]byte, len(recs)),
+		done:     make(chan struct{}),
 	}
 	// Validation and encoding happen here, on the callers' goroutines, so the single
-	// writer only splices, hashes and writes.
+	// writer only splices, hashes and writes. The receive time is the log's to write: a
+	// producer's is dropped, and it stays out of the digest that makes a resend idempotent.
 	for i, r := range recs {
-		r.Time = r.Time.UTC()
+		r.Time, r.ReceiveTime = r.Time.UTC(), time.Time{}
 		if err := r.Validate(); err != nil {
+			return nil, fmt.Errorf("audit: record %d: %w", i, err)
+		}
+		if err := r.CheckReceived(req.received); err != nil {
 			return nil, fmt.Errorf("audit: record %d: %w", i, err)
 		}
 		js, err := json.Marshal(r)
@@ -348,7 +355,7 @@ func (w *writer) commit(batch []*appendReq) {
 				seq++
 				start := len(vals)
 				vals = append(vals, make([]byte, hashLen)...)
-				vals = buildBody(vals, seq, &prev, req.js[i])
+				vals = buildBody(vals, seq, &prev, req.received, req.js[i])
 				h := w.ch.next(&prev, vals[start+hashLen:])
 				copy(vals[start:], h[:])
 				val := carve(&vals, start)

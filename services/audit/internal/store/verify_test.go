@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	bolt "go.etcd.io/bbolt"
@@ -221,7 +222,7 @@ func TestVerifyDetectsEditsThroughBbolt(t *testing.T) {
 		{
 			name: "plant a record past the head",
 			edit: func(tx *bolt.Tx, entries []Entry) error {
-				body := buildBody(nil, 101, &entries[99].Hash, []byte(`{"id":"planted"}`))
+				body := buildBody(nil, 101, &entries[99].Hash, time.Unix(0, 0), []byte(`{"id":"planted"}`))
 				h := newChainer().next(&entries[99].Hash, body)
 				return tx.Bucket(bucketRecords).Put(seqKey(101), append(h[:], body...))
 			},
