@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	auditinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/audit/v1"
 	"net/url"
 	"path/filepath"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/grpc/peer"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
+	auditinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/audit/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/audit/auditpb"
 	"github.com/ringfence/ringfence/internal/auth"
@@ -111,6 +111,17 @@ func TestATenantBoundKeySeesItsTenantOnly(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, v.GetOk())
 	require.Equal(t, uint64(3), v.GetChecked())
+	require.Equal(t, uint64(3), v.GetHeadSeq())
+
+	// A tenant-bound auditor's Verify walks the whole chain and reports its tenant's records.
+	v, err = svc.Verify(as("acme"), &auditv1.VerifyRequest{})
+	require.NoError(t, err)
+	require.True(t, v.GetOk())
+	require.Equal(t, uint64(2), v.GetChecked(), "acme's records, not the deployment's")
+	require.Equal(t, uint64(3), v.GetHeadSeq(), "acme's last record")
+	v, err = svc.Verify(as("acme"), &auditv1.VerifyRequest{AnchorSeq: 2, AnchorHash: all.GetRecords()[1].GetHash()})
+	require.NoError(t, err)
+	require.False(t, v.GetOk(), "globex's record is no anchor of acme's")
 }
 
 // watchStream adapts a channel to the server-streaming interface for Watch.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	auditinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/audit/v1"
 	"os"
 	"path/filepath"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
+	auditinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/audit/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/audit/auditpb"
 )

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	poolinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	poolinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1"
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/audit"

@@ -389,3 +389,86 @@ func hexInto(dst []byte, s string) error {
 	_, err := hex.Decode(dst, []byte(s))
 	return err
 }
+
+// Reasons of a tenant's view of a broken chain (CheckTenant).
+const (
+	reasonBrokenBeforeTenant = "the chain breaks before this record, at a record of another tenant: this record and every later one cannot be vouched for; a Verify by a key bound to no tenant names the break"
+	reasonBrokenAfterTenant  = "the chain breaks after the last of this tenant's records, at a record of another tenant: the records through head_seq verified, but one of this tenant's records cut from the end would look the same; a Verify by a key bound to no tenant names the break"
+	reasonAnchorNotTenant    = "the anchor names no record of this tenant that the log holds: the record was removed, or the anchor is not one this tenant's Verify answered"
+)
+
+// CheckTenant is a walk's result (from Verify, without an anchor) as a caller confined to
+// tenant may see it. One hash chain spans every tenant, so the whole chain was walked; the
+// answer speaks of tenant's records only, and says nothing of other tenants' beyond that the
+// chain breaks at one of theirs:
+//
+//   - Checked counts tenant's records that verified; HeadSeq and HeadHash are the last of them
+//     (0 and Genesis for none): what the tenant keeps as its anchor.
+//   - When the chain is broken, FirstBroken is tenant's first record at or after the break,
+//     with the walk's reason when the break is that record itself; a break after tenant's last
+//     record fails the answer with FirstBroken 0.
+//   - An anchor must be one of tenant's records, still holding the hash kept.
+func (s *Store) CheckTenant(res VerifyResult, tenant string, anchor Anchor) (VerifyResult, error) {
+	verified := res.HeadSeq // the records the walk verified: 1..verified
+	if !res.OK {
+		verified = res.FirstBroken - min(res.FirstBroken, 1)
+	}
+	out := VerifyResult{OK: true, HeadHash: Genesis}
+	var afterBreak uint64 // tenant's first record past the verified ones
+	anchorHeld := false
+	var anchorHash [32]byte
+	var beforeAnchor uint64 // tenant's verified records before the anchor
+	err := s.db.View(func(tx *bolt.Tx) error {
+		records := tx.Bucket(bucketRecords)
+		prefix := indexPrefix(tenant)
+		c := tx.Bucket(bucketByTenant).Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && len(k) == len(prefix)+8; k, _ = c.Next() {
+			seq := binary.BigEndian.Uint64(k[len(prefix):])
+			if seq == anchor.Seq {
+				anchorHeld = true
+				if v := records.Get(seqKey(seq)); len(v) >= hashLen {
+					copy(anchorHash[:], v[:hashLen])
+				}
+			}
+			if seq > verified {
+				if afterBreak == 0 {
+					afterBreak = seq
+				}
+				continue
+			}
+			if anchor.Seq != 0 && seq < anchor.Seq {
+				beforeAnchor++
+			}
+			out.Checked++
+			out.HeadSeq = seq
+			if v := records.Get(seqKey(seq)); len(v) >= hashLen {
+				copy(out.HeadHash[:], v[:hashLen])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return VerifyResult{}, fmt.Errorf("audit: verify: %w", err)
+	}
+	if !res.OK {
+		out.OK = false
+		switch {
+		case afterBreak == res.FirstBroken:
+			out.FirstBroken, out.Reason = afterBreak, res.Reason
+		case afterBreak != 0:
+			out.FirstBroken, out.Reason = afterBreak, reasonBrokenBeforeTenant
+		default:
+			out.Reason = reasonBrokenAfterTenant
+		}
+	}
+	switch {
+	case anchor.Seq == 0:
+	case !anchorHeld:
+		if out.OK || anchor.Seq <= verified {
+			out.OK, out.Checked, out.FirstBroken, out.Reason = false, beforeAnchor, anchor.Seq, reasonAnchorNotTenant
+		}
+	case anchor.Seq <= verified && anchorHash != anchor.Hash:
+		out.OK, out.Checked, out.FirstBroken, out.Reason = false, beforeAnchor, anchor.Seq, reasonAnchorMismatch
+	}
+	return out, nil
+}
