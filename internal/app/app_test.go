@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -209,4 +210,44 @@ func TestRequeueQuarantineAtStart(t *testing.T) {
 	aside, err := filepath.Glob(filepath.Join(dir, "quarantine.jsonl.requeued-*"))
 	require.NoError(t, err)
 	require.Len(t, aside, 1)
+}
+
+// TestTenancyIsResolvedOnAStreamsFirstMessage: a streaming RPC's tenant is in its first
+// message, which the interceptor reads before the handler runs: a key bound to acme that asks
+// to watch or export globex's records is refused, and its own export holds acme's only.
+func TestTenancyIsResolvedOnAStreamsFirstMessage(t *testing.T) {
+	a, err := NewAllInOne(t.Context(), testConfig(t), quietLogger())
+	require.NoError(t, err)
+	conn, _ := testutil.Serve(t, a.Server)
+	defer a.Close()
+	admin := testutil.WithKey(t.Context(), bootstrapKey)
+	minted, err := registryv1.NewKeyServiceClient(conn).CreateKey(admin, &registryv1.CreateKeyRequest{Name: "acme-auditor", Role: auth.RoleAuditor, Tenant: "acme"})
+	require.NoError(t, err)
+	acme := testutil.WithKey(t.Context(), minted.GetSecret())
+	_, err = publisherv1.NewPublisherServiceClient(conn).CreateGraph(admin, &publisherv1.CreateGraphRequest{GraphId: "g", Tenant: "acme"})
+	require.NoError(t, err)
+	_, err = publisherv1.NewPublisherServiceClient(conn).CreateGraph(admin, &publisherv1.CreateGraphRequest{GraphId: "g", Tenant: "globex"})
+	require.NoError(t, err)
+	require.NoError(t, a.Publisher.Spool().Flush(t.Context()))
+
+	ac := auditv1.NewAuditServiceClient(conn)
+	watch, err := ac.Watch(acme, &auditv1.WatchRequest{FromSeq: 1, Filter: &auditv1.Filter{Tenant: "globex"}})
+	require.NoError(t, err)
+	_, err = watch.Recv()
+	st := testutil.RequireStatus(t, err, codes.PermissionDenied)
+	require.Contains(t, st.Message(), `bound to another tenant ("acme")`)
+
+	export, err := ac.Export(acme, &auditv1.ExportRequest{})
+	require.NoError(t, err)
+	n := 0
+	for {
+		resp, err := export.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+		require.Equal(t, "acme", resp.GetRecord().GetTenant())
+		n++
+	}
+	require.Equal(t, 1, n, "acme's graph, not globex's")
 }
