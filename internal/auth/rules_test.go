@@ -9,11 +9,12 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 )
 
-// ringfenceMethods lists every RPC of every Ringfence service linked into this binary; the
-// generated packages register their descriptors when rules.go imports them.
-func ringfenceMethods(t *testing.T) []string {
+// ringfenceMethodDescs lists every RPC of every Ringfence service, public and internal, linked
+// into this binary; the generated packages register their descriptors when rules.go imports
+// them.
+func ringfenceMethodDescs(t *testing.T) []protoreflect.MethodDescriptor {
 	t.Helper()
-	var methods []string
+	var methods []protoreflect.MethodDescriptor
 	protoregistry.GlobalFiles.RangeFiles(func(fd protoreflect.FileDescriptor) bool {
 		if !strings.HasPrefix(string(fd.Package()), "ringfence.") {
 			return true
@@ -21,12 +22,26 @@ func ringfenceMethods(t *testing.T) []string {
 		for i := 0; i < fd.Services().Len(); i++ {
 			svc := fd.Services().Get(i)
 			for j := 0; j < svc.Methods().Len(); j++ {
-				methods = append(methods, "/"+string(svc.FullName())+"/"+string(svc.Methods().Get(j).Name()))
+				methods = append(methods, svc.Methods().Get(j))
 			}
 		}
 		return true
 	})
 	require.NotEmpty(t, methods)
+	return methods
+}
+
+// fullMethod is an RPC's gRPC name, /package.Service/Method.
+func fullMethod(md protoreflect.MethodDescriptor) string {
+	return "/" + string(md.Parent().FullName()) + "/" + string(md.Name())
+}
+
+// ringfenceMethods is ringfenceMethodDescs by gRPC name.
+func ringfenceMethods(t *testing.T) []string {
+	var methods []string
+	for _, md := range ringfenceMethodDescs(t) {
+		methods = append(methods, fullMethod(md))
+	}
 	return methods
 }
 

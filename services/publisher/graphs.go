@@ -255,15 +255,25 @@ func violationsStatus(prefix string, vs []graph.Violation) error {
 
 // GetVersion implements PublisherService.
 func (s *Service) GetVersion(ctx context.Context, req *publisherv1.GetVersionRequest) (*publisherv1.GetVersionResponse, error) {
-	tenant, err := target(ctx, req.GetGraphId())
+	v, err := s.versionProto(ctx, req.GetGraphId(), req.GetVersion(), true)
+	if err != nil {
+		return nil, err
+	}
+	return &publisherv1.GetVersionResponse{Version: v}, nil
+}
+
+// versionProto is a published version of the tenant the call acts for, inline env values
+// masked or, for the pool that runs them, in clear.
+func (s *Service) versionProto(ctx context.Context, graphID string, version int64, masked bool) (*publisherv1.GraphVersion, error) {
+	tenant, err := target(ctx, graphID)
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	v, err := s.PublishedVersion(ctx, tenant, req.GetGraphId(), req.GetVersion())
+	v, err := s.PublishedVersion(ctx, tenant, graphID, version)
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	return &publisherv1.GetVersionResponse{Version: graphpb.VersionToProto(v, true)}, nil
+	return graphpb.VersionToProto(v, masked), nil
 }
 
 // ListVersions implements PublisherService.

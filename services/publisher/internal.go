@@ -4,7 +4,6 @@ import (
 	"context"
 
 	publisherinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/publisher/v1"
-	"github.com/ringfence/ringfence/internal/graph/graphpb"
 )
 
 // InternalServer serves the publisher's internal API (ringfence.internal.publisher.v1) on a
@@ -23,13 +22,9 @@ func (s *Service) Internal() *InternalServer { return &InternalServer{Service: s
 // GetPublishedVersion implements PublisherInternalService: the pool loads runs with it, inline
 // env values in clear, since the pool is what would run them.
 func (s *InternalServer) GetPublishedVersion(ctx context.Context, req *publisherinternalv1.GetPublishedVersionRequest) (*publisherinternalv1.GetPublishedVersionResponse, error) {
-	tenant, err := target(ctx, req.GetGraphId())
+	v, err := s.versionProto(ctx, req.GetGraphId(), req.GetVersion(), false)
 	if err != nil {
-		return nil, s.errors.Status(ctx, err)
+		return nil, err
 	}
-	v, err := s.PublishedVersion(ctx, tenant, req.GetGraphId(), req.GetVersion())
-	if err != nil {
-		return nil, s.errors.Status(ctx, err)
-	}
-	return &publisherinternalv1.GetPublishedVersionResponse{Version: graphpb.VersionToProto(v, false)}, nil
+	return &publisherinternalv1.GetPublishedVersionResponse{Version: v}, nil
 }
