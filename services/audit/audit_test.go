@@ -92,6 +92,8 @@ func TestATenantBoundKeySeesItsTenantOnly(t *testing.T) {
 	require.Len(t, got.GetRecords(), 2)
 	for _, r := range got.GetRecords() {
 		require.Equal(t, "acme", r.GetTenant())
+		require.NotNil(t, r.GetReceiveTime(), "the log's receive time is shown beside the producer's")
+		require.False(t, r.GetReceiveTime().AsTime().Before(r.GetTime().AsTime()))
 	}
 	_, err = list(svc, "acme", &auditv1.ListRequest{Filter: &auditv1.Filter{Tenant: "globex"}})
 	st := testutil.RequireStatus(t, err, codes.PermissionDenied)

@@ -17,6 +17,9 @@ func RecordToProto(r audit.Record) *auditv1.Record {
 	out := &auditv1.Record{
 		Id: r.ID, Seq: r.Seq, Time: timestamppb.New(r.Time), Kind: string(r.Kind), Tenant: r.Tenant, Producer: r.Producer,
 	}
+	if !r.ReceiveTime.IsZero() {
+		out.ReceiveTime = timestamppb.New(r.ReceiveTime)
+	}
 	switch {
 	case r.Admin != nil:
 		a := r.Admin
@@ -40,7 +43,7 @@ func RecordToProto(r audit.Record) *auditv1.Record {
 }
 
 // RecordFromProto reads a record a producer sent; audit.Record.Validate (in the store)
-// checks it in full.
+// checks it in full. A receive_time sent is ignored: the log stamps its own.
 func RecordFromProto(p *auditv1.Record) (audit.Record, error) {
 	r := audit.Record{
 		ID: p.GetId(), Time: p.GetTime().AsTime(), Kind: audit.Kind(p.GetKind()), Tenant: p.GetTenant(), Producer: p.GetProducer(),
