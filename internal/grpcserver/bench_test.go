@@ -21,10 +21,10 @@ import (
 
 const benchKey = "rf_benchmark-key-of-realistic-length-0123456789"
 
-// benchKeys verifies keys from a map, as the registry does from its in-memory key table.
-type benchKeys map[string]auth.Principal
+// keyTable verifies keys from a map, as the registry does from its in-memory key table.
+type keyTable map[string]auth.Principal
 
-func (k benchKeys) VerifyKey(_ context.Context, h string) (auth.Principal, error) {
+func (k keyTable) VerifyKey(_ context.Context, h string) (auth.Principal, error) {
 	p, ok := k[h]
 	if !ok {
 		return auth.Principal{}, auth.ErrUnknownKey
@@ -51,7 +51,7 @@ func BenchmarkUnaryHop(b *testing.B) {
 			// The Check needs a permission here, so every call carries an API key that the
 			// server verifies (a hash and an in-memory lookup, as the registry does in-process).
 			rules := map[string]auth.Rule{grpc_health_v1.Health_Check_FullMethodName: {Permission: auth.AuditRead}}
-			keys := benchKeys{auth.HashKey(benchKey): {KeyID: "key_bench", Role: auth.RoleAuditor, Permissions: []auth.Permission{auth.AuditRead}}}
+			keys := keyTable{auth.HashKey(benchKey): {KeyID: "key_bench", Role: auth.RoleAuditor, Permissions: []auth.Permission{auth.AuditRead}}}
 			srv := New(Options{Name: "bench", GRPCAddr: "127.0.0.1:0", Authorizer: auth.NewAuthorizer(keys, rules), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			_, _ = start(b, srv)
 			g, _, err := srv.Addrs(b.Context())

@@ -71,15 +71,19 @@ type Options struct {
 	Logger     *slog.Logger
 	// ShutdownTimeout bounds graceful shutdown before connections are cut; default 10s.
 	ShutdownTimeout time.Duration
-	// MaxRecvMsgSize bounds one request; default 4 MiB.
+	// MaxRecvMsgSize bounds one request; default 4 MiB. grpc-go applies it to every method
+	// alike, against the length a message announces, before reading its body.
 	MaxRecvMsgSize int
+	// Limits bound what one peer can hold on the gRPC and HTTP listeners.
+	Limits Limits
 }
 
 // Server serves gRPC and HTTP until its context ends.
 type Server struct {
 	opts     Options
 	log      *slog.Logger
-	grpc     *grpc.Server
+	grpc     *grpc.Server // behind the gRPC listener
+	gateway  *grpc.Server // behind inmem, for the REST gateway alone
 	health   *health.Server
 	metrics  *prometheus.Registry
 	requests *prometheus.CounterVec
@@ -88,6 +92,7 @@ type Server struct {
 	gateways []GatewayRegistrar
 	inmem    *bufconn.Listener
 	extra    map[string]http.Handler
+	refusals *refusalLog
 
 	mu        sync.Mutex
 	grpcAddr  net.Addr
@@ -106,6 +111,7 @@ func New(opts Options) *Server {
 	if opts.MaxRecvMsgSize == 0 {
 		opts.MaxRecvMsgSize = 4 << 20
 	}
+	opts.Limits = opts.Limits.withDefaults()
 	s := &Server{
 		opts:      opts,
 		log:       opts.Logger,
@@ -114,6 +120,7 @@ func New(opts Options) *Server {
 		inmem:     bufconn.Listen(1 << 20),
 		extra:     make(map[string]http.Handler),
 		listening: make(chan struct{}),
+		refusals:  newRefusalLog(opts.Logger, 10*time.Second),
 	}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ringfence_grpc_requests_total",
@@ -124,7 +131,7 @@ func New(opts Options) *Server {
 		Help:    "gRPC request latency by method.",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 	}, []string{"method"})
-	s.metrics.MustRegister(s.requests, s.latency,
+	s.metrics.MustRegister(s.requests, s.latency, s.refusals.counter,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	serverOpts := []grpc.ServerOption{
@@ -139,14 +146,15 @@ func New(opts Options) *Server {
 	if opts.TLS != nil {
 		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(opts.TLS)))
 	}
-	s.grpc = grpc.NewServer(serverOpts...)
-	grpc_health_v1.RegisterHealthServer(s.grpc, s.health)
-	reflection.Register(s.grpc)
+	s.grpc = grpc.NewServer(append(serverOpts, s.networkOptions()...)...)
+	s.gateway = grpc.NewServer(serverOpts...)
+	grpc_health_v1.RegisterHealthServer(s.GRPC(), s.health)
+	reflection.Register(s.GRPC())
 	return s
 }
 
-// GRPC is the server to register services on.
-func (s *Server) GRPC() *grpc.Server { return s.grpc }
+// GRPC is where services register.
+func (s *Server) GRPC() Registrar { return servers{network: s.grpc, gateway: s.gateway} }
 
 // Metrics is the registry behind /metrics, for services that export their own.
 func (s *Server) Metrics() *prometheus.Registry { return s.metrics }
@@ -175,6 +183,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("grpcserver: listen on grpc_addr %s: %w (is another server running there?)", s.opts.GRPCAddr, err)
 	}
+	grpcLis = limitConns(grpcLis, "grpc", s.opts.Limits.MaxConnsPerAddress, s.refusals)
 	var httpSrv *http.Server
 	var httpLis net.Listener
 	if s.opts.HTTPAddr != "" {
@@ -188,10 +197,12 @@ func (s *Server) Run(ctx context.Context) error {
 			grpcLis.Close()
 			return fmt.Errorf("grpcserver: listen on http_addr %s: %w (is another server running there?)", s.opts.HTTPAddr, err)
 		}
+		httpLis = limitConns(httpLis, "http", s.opts.Limits.MaxConnsPerAddress, s.refusals)
 		// No ReadTimeout: net/http cancels a handler's context when it expires, which would
 		// end audit watch streams and long tool calls. Bodies are read only after the key is
 		// authenticated (authenticateFirst) and its permission for the route checked
-		// (authorizeRoute), so only a key allowed to send one can hold one.
+		// (authorizeRoute), so only a key allowed to send one can hold one. Connections per
+		// peer address are bounded (limitConns) before TLS.
 		httpSrv = &http.Server{
 			Handler: handler, ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
@@ -217,7 +228,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 	errc := make(chan error, 3)
 	go func() { errc <- s.grpc.Serve(grpcLis) }()
-	go func() { errc <- s.grpc.Serve(s.inmem) }()
+	go func() { errc <- s.gateway.Serve(s.inmem) }()
 	if httpSrv != nil {
 		go func() {
 			if err := httpSrv.Serve(httpLis); !errors.Is(err, http.ErrServerClosed) {
@@ -251,12 +262,19 @@ func (s *Server) shutdown(httpSrv *http.Server) {
 		}
 	}
 	done := make(chan struct{})
-	go func() { s.grpc.GracefulStop(); close(done) }()
+	go func() {
+		var wg sync.WaitGroup
+		wg.Go(s.grpc.GracefulStop)
+		wg.Go(s.gateway.GracefulStop)
+		wg.Wait()
+		close(done)
+	}()
 	select {
 	case <-done:
 	case <-ctx.Done():
 		s.log.Warn("graceful stop timed out; closing connections", "timeout", s.opts.ShutdownTimeout)
 		s.grpc.Stop()
+		s.gateway.Stop()
 		<-done
 	}
 	s.log.Info(s.opts.Name + " stopped")
