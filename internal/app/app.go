@@ -479,6 +479,7 @@ func newServer(cfg *config.Config, name string, authz grpcserver.Authorizer, log
 	opts := grpcserver.Options{
 		Name: name, GRPCAddr: cfg.GRPCAddr, HTTPAddr: cfg.HTTPAddr,
 		Authorizer: authz, Logger: log,
+		Limits: grpcserver.Limits{MaxConnsPerAddress: cfg.Limits.MaxConnectionsPerAddress},
 	}
 	if cfg.TLS.Enabled() {
 		tlsCfg, err := mtls.ServerConfig(mtls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.ClientCAFile})
