@@ -323,6 +323,20 @@ func TestOversizedMessagesAreRefusedUnread(t *testing.T) {
 	}
 }
 
+// TestLargeMetadataIsResetUnread: request metadata over 64 KiB is reset before the stream is
+// admitted (grpc-go's own bound is 16 MiB, all of it decoded first).
+func TestLargeMetadataIsResetUnread(t *testing.T) {
+	_, addr, _, _ := floodServer(t, Options{})
+	h := dialH2(t, addr, nil)
+	h.open(1, createServer, map[string]string{"x-filler": strings.Repeat("f", DefaultMaxHeaderBytes)}, 4<<20)
+	h.open(3, createServer, map[string]string{"x-filler": strings.Repeat("f", 8<<10)}, 4<<20)
+	res, last := h.pump([]uint32{1, 3}, nil, false, quiet)
+	require.NotNil(t, res[1].answer, "no answer (last event %+v)", last)
+	require.Equal(t, http2.FrameRSTStream, res[1].answer.typ, "%+v", res[1].answer)
+	require.NotNil(t, res[3].answer, "no answer (last event %+v)", last)
+	require.Equal(t, int(codes.Unauthenticated), res[3].answer.grpcStatus(), "metadata within the bound is read")
+}
+
 // TestKeepalivePolicy: a peer that pings more often than the policy allows is sent GOAWAY
 // ENHANCE_YOUR_CALM; a connection that never completes its handshake is closed after
 // HandshakeTimeout; and one with no admitted stream (refused ones do not count) is sent

@@ -147,7 +147,16 @@ func (h *h2raw) open(id uint32, method string, md map[string]string, announce ui
 	for k, v := range md {
 		require.NoError(h.t, h.enc.WriteField(hpack.HeaderField{Name: k, Value: v}))
 	}
-	require.NoError(h.t, h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.hbuf.Bytes(), EndHeaders: true}))
+	// Frames of at most 16 KiB, the size every HTTP/2 peer accepts: HEADERS, then CONTINUATION.
+	block := h.hbuf.Bytes()
+	first := block[:min(len(block), 16<<10)]
+	block = block[len(first):]
+	require.NoError(h.t, h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: first, EndHeaders: len(block) == 0}))
+	for len(block) > 0 {
+		next := block[:min(len(block), 16<<10)]
+		block = block[len(next):]
+		require.NoError(h.t, h.fr.WriteContinuation(id, len(block) == 0, next))
+	}
 	var prefix [5]byte
 	binary.BigEndian.PutUint32(prefix[1:], announce)
 	require.NoError(h.t, h.fr.WriteData(id, false, prefix[:]))
