@@ -506,6 +506,7 @@ func (a *App) newServer(cfg *config.Config, name string, authz grpcserver.Author
 	opts := grpcserver.Options{
 		Name: name, GRPCAddr: cfg.GRPCAddr, HTTPAddr: cfg.HTTPAddr,
 		Authorizer: authz, Logger: log, Tracing: a.tracing,
+		Limits: grpcserver.Limits{MaxConnsPerAddress: cfg.Limits.MaxConnectionsPerAddress},
 	}
 	files := mtls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.ClientCAFile}
 	if cfg.TLS.Enabled() {

@@ -46,6 +46,7 @@ type Config struct {
 	Sandbox Sandbox `key:"sandbox"`
 	Pool    Pool    `key:"pool"`
 	Audit   Audit   `key:"audit"`
+	Limits  Limits  `key:"limits"`
 	Dev     Dev     `key:"dev"`
 }
 
@@ -107,6 +108,12 @@ type Audit struct {
 	OnSpoolFull     string `key:"on_spool_full" default:"fail_closed" help:"fail_closed refuses changes when the spool is full; continue_and_alarm drops records and alarms"`
 	// RequeueQuarantine is a one-shot switch for after an upgrade of the audit service.
 	RequeueQuarantine bool `key:"requeue_quarantine" help:"at start, put the records each producer quarantined (refused by the audit log) back in its spool; set it for one start after upgrading the audit service"`
+}
+
+// Limits bound what one peer can hold on the gRPC and HTTP listeners. The others (streams per
+// connection, header size, keepalive) are fixed: docs/security.md states them.
+type Limits struct {
+	MaxConnectionsPerAddress int `key:"max_connections_per_address" default:"128" help:"open connections one peer address (an IPv4 address or an IPv6 /64) may hold on each listener; raise it when clients reach the server through a proxy or NAT that hides their addresses"`
 }
 
 // Dev holds development-only escape hatches; production refuses each of them.
@@ -210,6 +217,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Audit.SpoolMaxRecords < 1 {
 		errs.add("audit.spool_max_records", "must be at least 1", "e.g. 100000")
+	}
+	if c.Limits.MaxConnectionsPerAddress < 1 {
+		errs.add("limits.max_connections_per_address", "must be at least 1", "e.g. 128; raise it when clients share an address (a proxy or NAT)")
 	}
 	switch c.Audit.OnSpoolFull {
 	case "fail_closed", "continue_and_alarm":

@@ -33,6 +33,7 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, ByteSize(512<<20), cfg.Sandbox.MCPIsolationMemory)
 	require.Equal(t, time.Second, cfg.Pool.DriftMaxAge)
 	require.Equal(t, 7*24*time.Hour, cfg.Pool.PausedTimeout)
+	require.Equal(t, 128, cfg.Limits.MaxConnectionsPerAddress)
 	require.False(t, cfg.IsProduction())
 }
 
@@ -101,6 +102,7 @@ func TestRefusals(t *testing.T) {
 		{"production refuses inline servers", nil, []string{"RINGFENCE_ENV=production", "RINGFENCE_DEV__ALLOW_INLINE_MCP_SERVERS=true"}, []string{"RINGFENCE_DEV__ALLOW_INLINE_MCP_SERVERS", "no ceiling"}},
 		{"partial tls", nil, []string{"RINGFENCE_TLS__CERT_FILE=a.pem"}, []string{"set together"}},
 		{"bad env", nil, []string{"RINGFENCE_ENV=staging"}, []string{"RINGFENCE_ENV", "development or production"}},
+		{"no connections per address", nil, []string{"RINGFENCE_LIMITS__MAX_CONNECTIONS_PER_ADDRESS=0"}, []string{"RINGFENCE_LIMITS__MAX_CONNECTIONS_PER_ADDRESS", "at least 1", "proxy or NAT"}},
 		{"secret values are not echoed", nil, []string{"RINGFENCE_BOOTSTRAP_ADMIN_KEY=short"}, []string{"RINGFENCE_BOOTSTRAP_ADMIN_KEY", "shorter than 16"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

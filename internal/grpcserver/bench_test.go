@@ -14,7 +14,23 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	"google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/ringfence/ringfence/internal/auth"
 )
+
+const benchKey = "rf_benchmark-key-of-realistic-length-0123456789"
+
+// keyTable verifies keys from a map, as the registry does from its in-memory key table.
+type keyTable map[string]auth.Principal
+
+func (k keyTable) VerifyKey(_ context.Context, h string) (auth.Principal, error) {
+	p, ok := k[h]
+	if !ok {
+		return auth.Principal{}, auth.ErrUnknownKey
+	}
+	return p, nil
+}
 
 // BenchmarkUnaryHop measures the floor one gRPC hop on loopback puts under every call through
 // a Ringfence service: a health Check on this package's server (interceptors, access log,
@@ -29,6 +45,23 @@ func BenchmarkUnaryHop(b *testing.B) {
 		{"ringfence", func(b *testing.B) *grpc.ClientConn {
 			srv := New(Options{Name: "bench", GRPCAddr: "127.0.0.1:0", Authorizer: allowAll{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			conn, _ := start(b, srv)
+			return conn
+		}},
+		{"ringfence-api-key", func(b *testing.B) *grpc.ClientConn {
+			// The Check needs a permission here, so every call carries an API key that the
+			// server verifies (a hash and an in-memory lookup, as the registry does in-process).
+			rules := map[string]auth.Rule{grpc_health_v1.Health_Check_FullMethodName: {Permission: auth.AuditRead}}
+			keys := keyTable{auth.HashKey(benchKey): {KeyID: "key_bench", Role: auth.RoleAuditor, Permissions: []auth.Permission{auth.AuditRead}}}
+			srv := New(Options{Name: "bench", GRPCAddr: "127.0.0.1:0", Authorizer: auth.NewAuthorizer(keys, rules), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			_, _ = start(b, srv)
+			g, _, err := srv.Addrs(b.Context())
+			require.NoError(b, err)
+			conn, err := grpc.NewClient(g.String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+					return invoker(metadata.AppendToOutgoingContext(ctx, auth.MetadataKey, benchKey), method, req, reply, cc, opts...)
+				}))
+			require.NoError(b, err)
+			b.Cleanup(func() { conn.Close() })
 			return conn
 		}},
 		{"bare-grpc-go", func(b *testing.B) *grpc.ClientConn {

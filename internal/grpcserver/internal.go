@@ -39,7 +39,11 @@ func (s *Server) newInternal() *grpc.Server {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.opts.InternalTLS)))
 	}
 	opts = append(opts, s.opts.Tracing.ServerOptions(false)...)
-	srv := grpc.NewServer(opts...)
+	// The same per-peer bounds and admission tap as the public listener: the handshake already
+	// demands a service certificate, and the tap decides each method by its identity before the
+	// message is read.
+	var srv *grpc.Server
+	srv = grpc.NewServer(append(opts, s.networkOptions("internal", newServedMethods(func() *grpc.Server { return srv }))...)...)
 	grpc_health_v1.RegisterHealthServer(srv, s.health)
 	reflection.Register(srv)
 	return srv
@@ -73,7 +77,7 @@ func (s *Server) listenInternal() (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("grpcserver: listen on internal_addr %s: %w (is another server running there?)", s.opts.InternalAddr, err)
 	}
-	return lis, nil
+	return limitConns(lis, "internal", s.opts.Limits.MaxConnsPerAddress, s.refusals), nil
 }
 
 func closeListener(l net.Listener) {

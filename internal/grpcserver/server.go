@@ -80,7 +80,8 @@ type Options struct {
 	Logger     *slog.Logger
 	// ShutdownTimeout bounds graceful shutdown before connections are cut; default 10s.
 	ShutdownTimeout time.Duration
-	// MaxRecvMsgSize bounds one request; default 4 MiB.
+	// MaxRecvMsgSize bounds one request; default 4 MiB. grpc-go applies it to every method
+	// alike, against the length a message announces, before reading its body.
 	MaxRecvMsgSize int
 	// InternalAddr, when set, serves the internal plane (ringfence.internal.*) on a listener of
 	// its own: what is registered on Internal() is served there and nowhere else, with the same
@@ -89,13 +90,16 @@ type Options struct {
 	InternalTLS  *tls.Config
 	// Tracing, when set, records a span for every call served (telemetry.Tracing).
 	Tracing *telemetry.Tracing
+	// Limits bound what one peer can hold on the gRPC, internal and HTTP listeners.
+	Limits Limits
 }
 
 // Server serves gRPC and HTTP until its context ends.
 type Server struct {
 	opts     Options
 	log      *slog.Logger
-	grpc     *grpc.Server
+	grpc     *grpc.Server // behind the gRPC listener
+	gateway  *grpc.Server // behind inmem, for the REST gateway alone
 	health   *health.Server
 	metrics  *prometheus.Registry
 	requests *prometheus.CounterVec
@@ -105,6 +109,7 @@ type Server struct {
 	inmem    *bufconn.Listener
 	internal *grpc.Server // nil without InternalAddr
 	extra    map[string]http.Handler
+	refusals *refusalLog
 
 	mu           sync.Mutex
 	grpcAddr     net.Addr
@@ -124,6 +129,7 @@ func New(opts Options) *Server {
 	if opts.MaxRecvMsgSize == 0 {
 		opts.MaxRecvMsgSize = 4 << 20
 	}
+	opts.Limits = opts.Limits.withDefaults()
 	s := &Server{
 		opts:      opts,
 		log:       opts.Logger,
@@ -132,6 +138,7 @@ func New(opts Options) *Server {
 		inmem:     bufconn.Listen(1 << 20),
 		extra:     make(map[string]http.Handler),
 		listening: make(chan struct{}),
+		refusals:  newRefusalLog(opts.Logger, 10*time.Second),
 	}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ringfence_grpc_requests_total",
@@ -142,7 +149,7 @@ func New(opts Options) *Server {
 		Help:    "gRPC request latency by method.",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 	}, []string{"method"})
-	s.metrics.MustRegister(s.requests, s.latency,
+	s.metrics.MustRegister(s.requests, s.latency, s.refusals.counter,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	serverOpts := []grpc.ServerOption{
@@ -158,17 +165,18 @@ func New(opts Options) *Server {
 		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(opts.TLS)))
 	}
 	serverOpts = append(serverOpts, opts.Tracing.ServerOptions(true)...)
-	s.grpc = grpc.NewServer(serverOpts...)
-	grpc_health_v1.RegisterHealthServer(s.grpc, s.health)
-	reflection.Register(s.grpc)
+	s.grpc = grpc.NewServer(append(serverOpts, s.networkOptions("grpc", newServedMethods(func() *grpc.Server { return s.grpc }))...)...)
+	s.gateway = grpc.NewServer(serverOpts...)
+	grpc_health_v1.RegisterHealthServer(s.GRPC(), s.health)
+	reflection.Register(s.GRPC())
 	if opts.InternalAddr != "" {
 		s.internal = s.newInternal()
 	}
 	return s
 }
 
-// GRPC is the server to register services on.
-func (s *Server) GRPC() *grpc.Server { return s.grpc }
+// GRPC is where services register.
+func (s *Server) GRPC() Registrar { return servers{network: s.grpc, gateway: s.gateway} }
 
 // Metrics is the registry behind /metrics, for services that export their own.
 func (s *Server) Metrics() *prometheus.Registry { return s.metrics }
@@ -202,6 +210,7 @@ func (s *Server) Run(ctx context.Context) error {
 		closeListener(internalLis)
 		return fmt.Errorf("grpcserver: listen on grpc_addr %s: %w (is another server running there?)", s.opts.GRPCAddr, err)
 	}
+	grpcLis = limitConns(grpcLis, "grpc", s.opts.Limits.MaxConnsPerAddress, s.refusals)
 	var httpSrv *http.Server
 	var httpLis net.Listener
 	if s.opts.HTTPAddr != "" {
@@ -217,10 +226,12 @@ func (s *Server) Run(ctx context.Context) error {
 			closeListener(internalLis)
 			return fmt.Errorf("grpcserver: listen on http_addr %s: %w (is another server running there?)", s.opts.HTTPAddr, err)
 		}
+		httpLis = limitConns(httpLis, "http", s.opts.Limits.MaxConnsPerAddress, s.refusals)
 		// No ReadTimeout: net/http cancels a handler's context when it expires, which would
 		// end audit watch streams and long tool calls. Bodies are read only after the key is
 		// authenticated (authenticateFirst) and its permission for the route checked
-		// (authorizeRoute), so only a key allowed to send one can hold one.
+		// (authorizeRoute), so only a key allowed to send one can hold one. Connections per
+		// peer address are bounded (limitConns) before TLS.
 		httpSrv = &http.Server{
 			Handler: handler, ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
@@ -257,7 +268,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if internalLis != nil {
 		go func() { errc <- s.internal.Serve(internalLis) }()
 	}
-	go func() { errc <- s.grpc.Serve(s.inmem) }()
+	go func() { errc <- s.gateway.Serve(s.inmem) }()
 	if httpSrv != nil {
 		go func() {
 			if err := httpSrv.Serve(httpLis); !errors.Is(err, http.ErrServerClosed) {
@@ -295,10 +306,13 @@ func (s *Server) shutdown(httpSrv *http.Server) {
 	}
 	done := make(chan struct{})
 	go func() {
+		var wg sync.WaitGroup
+		wg.Go(s.grpc.GracefulStop)
+		wg.Go(s.gateway.GracefulStop)
 		if s.internal != nil {
-			s.internal.GracefulStop()
+			wg.Go(s.internal.GracefulStop)
 		}
-		s.grpc.GracefulStop()
+		wg.Wait()
 		close(done)
 	}()
 	select {
@@ -309,6 +323,7 @@ func (s *Server) shutdown(httpSrv *http.Server) {
 			s.internal.Stop()
 		}
 		s.grpc.Stop()
+		s.gateway.Stop()
 		<-done
 	}
 	s.log.Info(s.opts.Name + " stopped")

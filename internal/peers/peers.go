@@ -82,6 +82,11 @@ type cachedKey struct {
 // keyCacheTTL bounds how long a verified (or refused) key is remembered.
 const keyCacheTTL = 5 * time.Second
 
+// keyCheckTimeout bounds one AuthenticateKey round trip. A server checks keys on a
+// connection's reader before admitting a stream (grpcserver's tap): a registry that stopped
+// answering must not stall that connection for longer.
+const keyCheckTimeout = 2 * time.Second
+
 // NewRegistry wraps a connection to ringfence-registry.
 func NewRegistry(conn *grpc.ClientConn) *Registry {
 	return &Registry{client: registryinternalv1.NewRegistryInternalServiceClient(conn), keys: make(map[string]cachedKey)}
@@ -131,6 +136,8 @@ func (r *Registry) VerifyKey(ctx context.Context, keySHA256 string) (auth.Princi
 		return c.p, c.err
 	}
 	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, keyCheckTimeout)
+	defer cancel()
 	resp, err := r.client.AuthenticateKey(ctx, &registryinternalv1.AuthenticateKeyRequest{KeySha256: keySHA256})
 	var c cachedKey
 	switch status.Code(err) {
