@@ -146,7 +146,10 @@ func TestInternalRPCsNeedTheirServiceCertificate(t *testing.T) {
 	// Without a certificate nothing is read: the handshake fails.
 	_, err = registry("").AuthenticateKey(testutil.WithKey(ctx, bootstrapKey), &registryinternalv1.AuthenticateKeyRequest{KeySha256: keyHash})
 	st := testutil.RequireStatus(t, err, codes.Unavailable, "an admin API key without a certificate")
-	require.Contains(t, st.Message(), "certificate", "the refusal is the TLS handshake's")
+	// In TLS 1.3 the client's side of the handshake completes before the server has checked
+	// its (missing) certificate, so the refusal reaches the client as the server's alert or,
+	// when the client wrote first, as the connection the server closed.
+	require.Regexp(t, `certificate|broken pipe|connection reset`, st.Message(), "the refusal is the TLS handshake's")
 
 	_, err = registry(mtls.Publisher).ResolveServer(ctx, &registryinternalv1.ResolveServerRequest{Ref: "x"})
 	testutil.RequireStatus(t, err, codes.PermissionDenied, "only the pool may resolve secrets")
