@@ -15,8 +15,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/fielderr"
+	"github.com/ringfence/ringfence/mcpgate/capability"
 )
 
 // ErrNotRegistered is wrapped by every "no such server" error, so consumers of the registry

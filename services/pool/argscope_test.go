@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ringfence/ringfence/internal/capability"
+	"github.com/ringfence/ringfence/mcpgate/capability"
 )
 
 // TestArgumentScopeWorkIsBounded: a caller picks the arguments, so a scope shaped to make

@@ -17,10 +17,10 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
-	"github.com/ringfence/ringfence/internal/mcpdecl"
-	"github.com/ringfence/ringfence/internal/mcpdecl/screen"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/peers"
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
+	"github.com/ringfence/ringfence/mcpgate/screen"
 	"github.com/ringfence/ringfence/services/pool/internal/spawner"
 )
 

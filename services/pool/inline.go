@@ -8,9 +8,9 @@ import (
 	"strings"
 
 	"github.com/ringfence/ringfence/internal/audit"
-	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/mcpgate/capability"
 )
 
 // The deprecated inline path: servers written onto an agent node (AgentNode.MCPServers), with

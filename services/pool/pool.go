@@ -26,7 +26,7 @@ import (
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mcpserver"
-	"github.com/ringfence/ringfence/internal/schemas"
+	"github.com/ringfence/ringfence/mcpgate/schemas"
 	"github.com/ringfence/ringfence/services/pool/internal/spawner"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
 )

@@ -9,8 +9,8 @@ import (
 
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/graph"
-	"github.com/ringfence/ringfence/internal/mcpdecl/sanitize"
-	"github.com/ringfence/ringfence/internal/schemas"
+	"github.com/ringfence/ringfence/mcpgate/sanitize"
+	"github.com/ringfence/ringfence/mcpgate/schemas"
 )
 
 // answer runs what a tools/call answered (as JSON, the way the client decodes it) through

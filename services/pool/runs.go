@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/ringfence/ringfence/internal/auth"
-	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/mcpgate/capability"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
 )
 

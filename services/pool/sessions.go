@@ -11,8 +11,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/ringfence/ringfence/internal/discovery"
-	"github.com/ringfence/ringfence/internal/mcpdecl"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
 	"github.com/ringfence/ringfence/services/pool/internal/spawner"
 )
 

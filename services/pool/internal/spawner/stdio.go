@@ -11,8 +11,8 @@ import (
 	"sync/atomic"
 	"unicode/utf8"
 
-	"github.com/ringfence/ringfence/internal/mcpdecl/sanitize"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/mcpgate/sanitize"
 )
 
 // Mask replaces every secret value (environment values, header values) in diagnostics.

@@ -1,6 +1,6 @@
 package spawner
 
-import "github.com/ringfence/ringfence/internal/mcpdecl/sanitize"
+import "github.com/ringfence/ringfence/mcpgate/sanitize"
 
 // maxServerText bounds one message a server chose (a JSON-RPC error's message, a transport
 // error it provoked) before it is escaped.

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/ringfence/ringfence/internal/mcpdecl"
-	"github.com/ringfence/ringfence/internal/mcpdecl/jcs"
-	"github.com/ringfence/ringfence/internal/schemas"
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl/jcs"
+	"github.com/ringfence/ringfence/mcpgate/schemas"
 )
 
 // toolScan collects the findings for one declaration. The location of the

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/text/unicode/norm"
 
-	"github.com/ringfence/ringfence/internal/mcpdecl/internal/runeclass"
+	"github.com/ringfence/ringfence/mcpgate/internal/runeclass"
 )
 
 // hit is a flag found in one string, before it gets a location.

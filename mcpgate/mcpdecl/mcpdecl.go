@@ -32,7 +32,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/ringfence/ringfence/internal/mcpdecl/jcs"
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl/jcs"
 )
 
 // Declaration is one tool as listed by its server. The raw fields hold the

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ringfence/ringfence/internal/mcpdecl/internal/runeclass"
+	"github.com/ringfence/ringfence/mcpgate/internal/runeclass"
 )
 
 var keep = Options{KeepMarkup: true}

@@ -13,8 +13,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ringfence/ringfence/internal/mcpdecl"
-	"github.com/ringfence/ringfence/internal/mcpdecl/jcs"
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl/jcs"
 )
 
 func readFile() mcpdecl.Declaration {

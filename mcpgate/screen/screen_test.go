@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ringfence/ringfence/internal/mcpdecl"
-	"github.com/ringfence/ringfence/internal/mcpdecl/screen"
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
+	"github.com/ringfence/ringfence/mcpgate/screen"
 )
 
 const objectSchema = `{"type":"object"}`

@@ -43,7 +43,7 @@ import (
 	"strconv"
 	"unicode/utf8"
 
-	"github.com/ringfence/ringfence/internal/mcpdecl/internal/runeclass"
+	"github.com/ringfence/ringfence/mcpgate/internal/runeclass"
 )
 
 // Options selects per-server behaviour; the zero value is the safe default.

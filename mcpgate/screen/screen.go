@@ -141,7 +141,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ringfence/ringfence/internal/mcpdecl"
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
 )
 
 // Bounds enforced as hard failures.

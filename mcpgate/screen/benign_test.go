@@ -12,8 +12,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ringfence/ringfence/internal/mcpdecl"
-	"github.com/ringfence/ringfence/internal/mcpdecl/screen"
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
+	"github.com/ringfence/ringfence/mcpgate/screen"
 )
 
 // Schemas shaped like those of the reference filesystem MCP server

@@ -12,8 +12,6 @@ import (
 	"regexp"
 	"sort"
 	"strings"
-
-	"github.com/ringfence/ringfence/internal/humanize"
 )
 
 // The floor every mcp_tool node must declare: reaching an MCP server spawns a process that
@@ -31,11 +29,34 @@ var Floor = []string{ProcessSpawn, ExternalAPICall}
 // the floor needs.
 func NearFloor(s string) (string, bool) {
 	for _, f := range Floor {
-		if s != f && humanize.EditDistance(s, f) <= 2 {
+		if s != f && editDistance(s, f) <= 2 {
 			return f, true
 		}
 	}
 	return "", false
+}
+
+// editDistance is the Levenshtein distance between a and b, over bytes (capability names are
+// ASCII). It is the root module's humanize.EditDistance, kept here so this module needs none
+// of Ringfence's own packages.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // MaxLen bounds one capability string.
