@@ -589,7 +589,7 @@ func checkArgumentScopes(reqs []string, args map[string]any, eff capability.Effe
 	checked := make(map[string]bool, len(reqs))
 	meter := &capability.Meter{Limit: argumentScopeWork}
 	for _, req := range reqs {
-		expanded, err := mcpserver.ExpandRequirement(req, func(arg string) (string, bool) {
+		expanded, err := capability.Expand(req, func(arg string) (string, bool) {
 			v, ok := args[arg].(string)
 			return v, ok
 		})
