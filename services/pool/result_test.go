@@ -24,7 +24,7 @@ func answer(t *testing.T, outputSchema, result string) (*CallResult, error) {
 		tool.OutputSchema = json.RawMessage(outputSchema)
 	}
 	s := &Service{schemas: schemas.NewCache()}
-	return s.result(tool, &res, sanitize.Options{}, func(s string) string { return s }, "call-1", 1)
+	return s.result(pinnedSpec(tool), tool.ServerRef, &res, sanitize.Options{}, func(s string) string { return s }, "call-1", 1)
 }
 
 // TestAToolErrorStaysAToolError: the output schema, and the structured content it would

@@ -21,6 +21,7 @@ import (
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/mcpgate"
 )
 
 func TestCallSucceedsThroughEveryGateAndIsAudited(t *testing.T) {
@@ -464,7 +465,7 @@ func TestHostileServersLeaveThePoolUpAndOtherRunsUnaffected(t *testing.T) {
 		check()
 	})
 	t.Run("a result of too many content items is bounded and reported", func(t *testing.T) {
-		_, err := h.call(hostile, "a", "fx__many", map[string]any{"n": maxContentItems + 1})
+		_, err := h.call(hostile, "a", "fx__many", map[string]any{"n": mcpgate.MaxContentItems + 1})
 		requireFailed(t, err, failureOutputTooLarge)
 		res, err := h.call(hostile, "a", "fx__many", map[string]any{"n": 3})
 		require.NoError(t, err)
