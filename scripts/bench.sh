@@ -23,7 +23,7 @@ run ./mcpgate/screen/ '.' 1s
 # Gate 5: counting a value's validation work beside the validation it guards.
 run ./mcpgate/schemas/ 'Validate$' 1s
 # Discovery: cold spawn → handshake → full list → stop, beside docker run -i of the same image.
-run ./services/pool/internal/spawner/ 'ColdDiscoveryVsDockerRun$' 20x 3
+run ./services/pool/spawner/ 'ColdDiscoveryVsDockerRun$' 20x 3
 # Publisher: validate a 10,000-node draft; import 200 tools (time beyond the spawn reported).
 run ./internal/graph/ 'Validate10kNodes$' 20x
 run ./internal/graph/ 'ValidatePathological' 20x

@@ -23,7 +23,7 @@ import (
 	"github.com/ringfence/ringfence/mcpgate"
 	"github.com/ringfence/ringfence/mcpgate/capability"
 	"github.com/ringfence/ringfence/mcpgate/sanitize"
-	"github.com/ringfence/ringfence/services/pool/internal/spawner"
+	"github.com/ringfence/ringfence/services/pool/spawner"
 )
 
 // CallRequest is one tool call by one agent of a run.

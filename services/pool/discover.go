@@ -21,7 +21,7 @@ import (
 	"github.com/ringfence/ringfence/mcpgate"
 	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
 	"github.com/ringfence/ringfence/mcpgate/screen"
-	"github.com/ringfence/ringfence/services/pool/internal/spawner"
+	"github.com/ringfence/ringfence/services/pool/spawner"
 )
 
 // DiscoverTools starts a registered server in isolation, takes its whole tool listing, stops

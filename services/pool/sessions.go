@@ -11,7 +11,7 @@ import (
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/mcpgate"
-	"github.com/ringfence/ringfence/services/pool/internal/spawner"
+	"github.com/ringfence/ringfence/services/pool/spawner"
 )
 
 // session is one MCP server process (or remote connection) of one run. It is spawned by the
@@ -189,7 +189,7 @@ func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 			return
 		}
 	}
-	if reg.Transport == mcpserver.TransportStdio && !s.isolated && !s.cfg.Sandbox.AllowUnisolated {
+	if reg.Transport == mcpserver.TransportStdio && !s.stdio {
 		failed(refusal(reasonIsolationRequired, errIsolationRequired))
 		return
 	}

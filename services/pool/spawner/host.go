@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,44 +21,77 @@ import (
 // open (held by a child it left behind) before they are closed.
 const hostWaitDelay = 2 * time.Second
 
-// spawnHost runs the command as a host process: development only. The
-// process gets no inherited environment, only the allowlisted keys and a
-// minimal PATH, a private working directory removed on close, and its own
-// process group so that Close ends whatever it started.
-func (r *Router) spawnHost(ctx context.Context, spec *Spec) (*Session, error) {
-	env, err := checkEnv(spec.Env, r.cfg.AllowedEnvKeys)
+// Host is the back end of stdio servers as host processes: development only, behind
+// AllowUnisolated (production refuses it at start). A process gets no inherited environment,
+// only the allowlisted keys and a minimal PATH, a private working directory removed on close,
+// and its own process group so that closing ends whatever it started.
+type Host struct {
+	cfg Config
+	log *slog.Logger
+}
+
+var _ Backend = (*Host)(nil)
+
+// NewHost returns the host back end; cfg must allow unisolated servers.
+func NewHost(cfg Config) (*Host, error) {
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	if !cfg.AllowUnisolated {
+		return nil, errors.New("spawner: the host back end runs MCP servers unisolated and needs AllowUnisolated (development only)")
+	}
+	return &Host{cfg: cfg, log: cfg.Logger}, nil
+}
+
+// Name is "host".
+func (h *Host) Name() string { return "host" }
+
+// Serves stdio servers.
+func (h *Host) Serves(transport string) bool { return transport == TransportStdio }
+
+// Preflight warns that servers will run unisolated.
+func (h *Host) Preflight(context.Context) (Report, error) {
+	h.log.Warn("spawner: no isolation image; stdio MCP servers will run UNISOLATED on the host (development only)")
+	return Report{Isolation: "unisolated"}, nil
+}
+
+// Sweep has nothing to remove: a host process does not outlive the pool's process group.
+func (h *Host) Sweep(context.Context) (int, error) { return 0, nil }
+
+// Close has nothing to release.
+func (h *Host) Close(context.Context) error { return nil }
+
+// Spawn runs the command as a host process and connects over its stdio.
+func (h *Host) Spawn(ctx context.Context, spec *Spec, kit *Kit) (*Session, error) {
+	cfg := &h.cfg
+	env, err := checkEnv(spec.Env, cfg.AllowedEnvKeys)
 	if err != nil {
 		return nil, err
 	}
-	path, err := lookHostCommand(spec.Command, r.cfg.HostPATH)
+	path, err := lookHostCommand(spec.Command, cfg.HostPATH)
 	if err != nil {
 		return nil, err
 	}
-	r.log.Warn("spawner: starting an MCP server UNISOLATED on the host (development only): it runs with this service's user and can reach everything it can",
+	h.log.Warn("spawner: starting an MCP server UNISOLATED on the host (development only): it runs with this service's user and can reach everything it can",
 		"server", spec.ServerRef, "command", path)
 
 	dir, err := os.MkdirTemp("", "ringfence-mcp-"+spec.ServerRef+"-")
 	if err != nil {
 		return nil, newError(ClassSpawnFailed, "create a working directory: %v", err)
 	}
-	secrets := secretsOf(spec)
 	p := &hostServer{
 		dir:    dir,
-		tail:   newTail(r.cfg.StderrTailBytes, secrets),
+		st:     kit.NewStdio(spec),
 		exited: make(chan struct{}),
-		cfg:    &r.cfg,
+		cfg:    cfg,
 	}
-	pr, pw := io.Pipe()
-	p.stdout = pr
-	p.filter = newStdoutFilter(pw, p.tail, r.cfg.MaxMessageBytes)
-
 	cmd := &exec.Cmd{
 		Path:        path,
 		Args:        append([]string{spec.Command}, spec.Args...),
-		Env:         append([]string{"PATH=" + r.cfg.HostPATH}, env...),
+		Env:         append([]string{"PATH=" + cfg.HostPATH}, env...),
 		Dir:         dir,
-		Stdout:      p.filter,
-		Stderr:      p.tail,
+		Stdout:      p.st.Stdout(),
+		Stderr:      p.st.Stderr(),
 		WaitDelay:   hostWaitDelay,
 		SysProcAttr: hostSysProcAttr(),
 	}
@@ -68,24 +102,16 @@ func (r *Router) spawnHost(ctx context.Context, spec *Spec) (*Session, error) {
 	}
 	if err := cmd.Start(); err != nil {
 		_ = os.RemoveAll(dir)
-		p.filter.finish(nil)
+		p.st.EndStdout(nil)
 		if errors.Is(err, os.ErrPermission) || errors.Is(err, syscall.ENOEXEC) {
 			return nil, newError(ClassCommandNotFound, "command %s is not an executable program", clipQuote(spec.Command))
 		}
-		return nil, newError(ClassSpawnFailed, "start %s: %s", clipQuote(spec.Command), clip(redactString(err.Error(), secrets), 300))
+		return nil, newError(ClassSpawnFailed, "start %s: %s", clipQuote(spec.Command), clip(redactString(err.Error(), secretsOf(spec)), 300))
 	}
 	p.cmd = cmd
 	p.stdin = stdin
 	go p.wait()
-
-	guard := newTrafficGuard()
-	cs, err := connect(ctx, spec, &mcp.IOTransport{Reader: pr, Writer: stdin, MaxLineLength: r.cfg.MaxMessageBytes}, guard)
-	if err != nil {
-		e := handshakeError(ctx, err, p, p.filter, p.tail, spec)
-		_ = p.stop(context.WithoutCancel(ctx), nil)
-		return nil, e
-	}
-	return newSession(r, spec, p, cs, guard, p.tail), nil
+	return kit.ConnectStdio(ctx, spec, p, p.st, stdin)
 }
 
 // lookHostCommand resolves command the way the container would: through
@@ -125,13 +151,11 @@ func isExecutable(path string) error {
 
 // hostServer is one host process.
 type hostServer struct {
-	cmd    *exec.Cmd
-	dir    string
-	stdin  io.WriteCloser
-	stdout *io.PipeReader
-	filter *stdoutFilter
-	tail   *tail
-	cfg    *Config
+	cmd   *exec.Cmd
+	dir   string
+	stdin io.WriteCloser
+	st    *Stdio
+	cfg   *Config
 
 	exited  chan struct{}
 	waitErr error
@@ -143,13 +167,13 @@ func (p *hostServer) wait() {
 	err := p.cmd.Wait()
 	p.state = p.cmd.ProcessState
 	p.waitErr = err
-	p.filter.finish(nil)
+	p.st.EndStdout(nil)
 	close(p.exited)
 }
 
-func (p *hostServer) gone() <-chan struct{} { return p.exited }
+func (p *hostServer) Gone() <-chan struct{} { return p.exited }
 
-func (p *hostServer) waitExited(ctx context.Context, d time.Duration) bool {
+func (p *hostServer) WaitExited(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -161,14 +185,14 @@ func (p *hostServer) waitExited(ctx context.Context, d time.Duration) bool {
 	return isClosed(p.exited)
 }
 
-func (p *hostServer) exitStatus() (int, bool) {
+func (p *hostServer) ExitStatus() (int, bool) {
 	if !isClosed(p.exited) || p.state == nil {
 		return 0, false
 	}
 	return p.state.ExitCode(), true
 }
 
-func (p *hostServer) describeExit(context.Context) string {
+func (p *hostServer) DescribeExit(context.Context) string {
 	if p.state == nil {
 		return "ended"
 	}
@@ -178,24 +202,24 @@ func (p *hostServer) describeExit(context.Context) string {
 	return fmt.Sprintf("exited with status %d", p.state.ExitCode())
 }
 
-func (p *hostServer) death(ctx context.Context) *Error {
-	return deathError(ctx, p, p.filter, p.cfg.MaxMessageBytes)
+func (p *hostServer) Death(ctx context.Context) *Error {
+	return p.st.Death(ctx, p)
 }
 
-func (p *hostServer) stop(ctx context.Context, cs *mcp.ClientSession) error {
+func (p *hostServer) Stop(ctx context.Context, cs *mcp.ClientSession) error {
 	var clientDone <-chan struct{}
 	if cs != nil {
 		clientDone = closeClient(cs, p.cfg.CloseTimeout)
 	} else {
 		_ = p.stdin.Close()
 	}
-	if !p.waitExited(ctx, p.cfg.CloseTimeout) {
+	if !p.WaitExited(ctx, p.cfg.CloseTimeout) {
 		p.killGroup()
-		p.waitExited(context.Background(), hostWaitDelay+time.Second)
+		p.WaitExited(context.Background(), hostWaitDelay+time.Second)
 	}
 	// Whatever the server left in its group goes too.
 	p.killGroup()
-	_ = p.stdout.Close()
+	_ = p.st.Close()
 	<-p.exited
 	if clientDone != nil {
 		<-clientDone

@@ -23,23 +23,24 @@ const deathGrace = 2 * time.Second
 // then the engine's events for an OOM kill).
 const deathTimeout = deathGrace + eventsTimeout
 
-// server is what a back end runs: a container, a process or a connection.
-type server interface {
-	// gone is closed when the server can no longer serve: it exited, its
-	// output stream ended or its connection closed.
-	gone() <-chan struct{}
-	// death classifies how it ended; called once, after gone is closed.
-	death(ctx context.Context) *Error
-	// stop tears it down, gracefully first and then by force, and returns
-	// only when everything the back end started has ended. cs may be nil
-	// (the handshake failed). It must finish even when ctx is done.
-	stop(ctx context.Context, cs *mcp.ClientSession) error
+// Server is what a back end runs for one session: a container, a process, a pod or a
+// connection. The Session monitors it and stops it when it closes.
+type Server interface {
+	// Gone is closed when the server can no longer serve: it exited, its output stream ended
+	// or its connection closed.
+	Gone() <-chan struct{}
+	// Death classifies how it ended; called once, after Gone is closed.
+	Death(ctx context.Context) *Error
+	// Stop tears it down, gracefully first and then by force, and returns only when
+	// everything the back end started has ended. cs may be nil (the handshake failed). It
+	// must finish even when ctx is done.
+	Stop(ctx context.Context, cs *mcp.ClientSession) error
 }
 
 // Session is one connected MCP server.
 type Session struct {
 	ref      string
-	srv      server
+	srv      Server
 	cs       *mcp.ClientSession
 	guard    *trafficGuard
 	tail     *tail
@@ -66,7 +67,7 @@ type Session struct {
 	closeErr  error
 }
 
-func newSession(r *Router, spec *Spec, srv server, cs *mcp.ClientSession, g *trafficGuard, t *tail) *Session {
+func newSession(r *Router, spec *Spec, srv Server, cs *mcp.ClientSession, g *trafficGuard, t *tail) *Session {
 	s := &Session{
 		ref:             spec.ServerRef,
 		srv:             srv,
@@ -93,7 +94,7 @@ func newSession(r *Router, spec *Spec, srv server, cs *mcp.ClientSession, g *tra
 func (s *Session) monitor() {
 	defer close(s.monitorDone)
 	select {
-	case <-s.srv.gone():
+	case <-s.srv.Gone():
 	case <-s.guard.breached:
 		s.stopForViolation()
 		return
@@ -102,7 +103,7 @@ func (s *Session) monitor() {
 	}
 	if !s.closing.Load() {
 		ctx, cancel := context.WithTimeout(context.Background(), deathTimeout)
-		e := s.srv.death(ctx)
+		e := s.srv.Death(ctx)
 		cancel()
 		e.StderrTail = s.StderrTail()
 		s.mu.Lock()
@@ -338,7 +339,7 @@ func (s *Session) refusedAnswer(err error) bool {
 	select {
 	case <-s.done:
 		return false
-	case <-s.srv.gone():
+	case <-s.srv.Gone():
 		return false
 	default:
 		return true
@@ -367,7 +368,7 @@ func (s *Session) breachError(err error) *Error {
 func (s *Session) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		s.closing.Store(true)
-		s.closeErr = s.srv.stop(ctx, s.cs)
+		s.closeErr = s.srv.Stop(ctx, s.cs)
 		close(s.stopMonitor)
 		<-s.monitorDone
 		s.markDone()

@@ -22,6 +22,8 @@ const (
 	// ClassImageRejected: the image exists but cannot be used (it declares
 	// a VOLUME, or its reference is not pinned).
 	ClassImageRejected Class = "image_rejected"
+	// ClassRuntimeMissing: the engine has no OCI runtime of the configured name.
+	ClassRuntimeMissing Class = "runtime_missing"
 	// ClassInvalidSpec: the spec itself is refused before anything starts
 	// (an environment key off the allowlist or one that steers the runtime,
 	// a malformed URL or header, an unknown transport).
@@ -102,17 +104,17 @@ func newError(class Class, format string, args ...any) *Error {
 	return &Error{Class: class, Message: fmt.Sprintf(format, args...)}
 }
 
-// exitWaiter is a local server (container or process) as the error
-// classification sees it.
-type exitWaiter interface {
-	// waitExited waits up to d for the exit status and reports whether the
-	// server has exited.
-	waitExited(ctx context.Context, d time.Duration) bool
-	// exitStatus is the exit code, valid when exited is true.
-	exitStatus() (code int, exited bool)
-	// describeExit says how it ended ("exited with status 3", "killed:
-	// memory limit …").
-	describeExit(ctx context.Context) string
+// Process is a local server (a container, a host process, a pod) as the classification of its
+// end sees it.
+type Process interface {
+	Server
+	// WaitExited waits up to d for the exit status and reports whether the server has
+	// exited.
+	WaitExited(ctx context.Context, d time.Duration) bool
+	// ExitStatus is the exit code, valid when exited is true.
+	ExitStatus() (code int, exited bool)
+	// DescribeExit says how it ended ("exited with status 3", "killed: memory limit …").
+	DescribeExit(ctx context.Context) string
 }
 
 // Exit statuses of a command that could not be executed (shells and the
@@ -125,7 +127,7 @@ const (
 // handshakeError classifies a failed initialize of a local server from what
 // is known besides the error itself: whether and how the server exited, and
 // what it wrote to stdout.
-func handshakeError(ctx context.Context, err error, srv exitWaiter, f *stdoutFilter, t *tail, spec *Spec) error {
+func handshakeError(ctx context.Context, err error, srv Process, f *stdoutFilter, t *tail, spec *Spec) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("spawner: handshake: %w", ctx.Err())
 	}
@@ -144,17 +146,17 @@ func handshakeError(ctx context.Context, err error, srv exitWaiter, f *stdoutFil
 	switch {
 	case f.tooLarge.Load():
 		e = tooLarge("the server wrote a message larger than the limit during the handshake")
-	case srv.waitExited(ctx, wait):
-		code, _ := srv.exitStatus()
+	case srv.WaitExited(ctx, wait):
+		code, _ := srv.ExitStatus()
 		switch {
 		case code == exitNotFound:
 			e = newError(ClassCommandNotFound, "command %s was not found (exit status %d): it must be on the image's PATH", clipQuote(spec.Command), code)
 		case code == exitNotExecutable:
 			e = newError(ClassCommandNotFound, "command %s is not executable (exit status %d)", clipQuote(spec.Command), code)
 		case f.sawOnlyGarbage():
-			e = newError(ClassNotMCPServer, "the command wrote %d lines to stdout, none of them JSON-RPC, and exited (%s): it is not an MCP server", f.otherLines.Load(), srv.describeExit(ctx))
+			e = newError(ClassNotMCPServer, "the command wrote %d lines to stdout, none of them JSON-RPC, and exited (%s): it is not an MCP server", f.otherLines.Load(), srv.DescribeExit(ctx))
 		default:
-			e = newError(ClassExitedBeforeHandshake, "the server exited before answering initialize (%s)", srv.describeExit(ctx))
+			e = newError(ClassExitedBeforeHandshake, "the server exited before answering initialize (%s)", srv.DescribeExit(ctx))
 		}
 	case timedOut && f.sawOnlyGarbage():
 		e = newError(ClassNotMCPServer, "the command wrote %d lines to stdout within %s, none of them JSON-RPC: it is not an MCP server", f.otherLines.Load(), spec.HandshakeTimeout)
@@ -170,12 +172,12 @@ func handshakeError(ctx context.Context, err error, srv exitWaiter, f *stdoutFil
 }
 
 // deathError classifies a local server that went away after the handshake.
-func deathError(ctx context.Context, srv exitWaiter, f *stdoutFilter, maxMessage int) *Error {
+func deathError(ctx context.Context, srv Process, f *stdoutFilter, maxMessage int) *Error {
 	if f.tooLarge.Load() {
 		return tooLarge("the server wrote a message larger than %d bytes", maxMessage)
 	}
-	if !srv.waitExited(ctx, deathGrace) {
+	if !srv.WaitExited(ctx, deathGrace) {
 		return newError(ClassCrashed, "the server's output stream ended")
 	}
-	return newError(ClassCrashed, "%s", srv.describeExit(ctx))
+	return newError(ClassCrashed, "%s", srv.DescribeExit(ctx))
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"regexp"
@@ -32,6 +34,7 @@ type DockerAPI interface {
 	ContainerRemove(ctx context.Context, id string, opts client.ContainerRemoveOptions) (client.ContainerRemoveResult, error)
 	ContainerList(ctx context.Context, opts client.ContainerListOptions) (client.ContainerListResult, error)
 	Events(ctx context.Context, opts client.EventsListOptions) client.EventsResult
+	Info(ctx context.Context, opts client.InfoOptions) (client.SystemInfoResult, error)
 }
 
 var _ DockerAPI = (*client.Client)(nil)
@@ -44,22 +47,42 @@ const (
 	sweepTimeout  = 30 * time.Second
 )
 
-type dockerBackend struct {
-	r      *Router
+// Docker is the back end of stdio servers in the isolation image: each server runs in a
+// container of the operator's digest-pinned image under a fixed, hardened profile that
+// nothing in a registration can change, on the OCI runtime the operator chose.
+type Docker struct {
+	cfg    Config
+	ref    ImageRef
+	log    *slog.Logger
 	api    DockerAPI
-	closer io.Closer // the client New created, if any
+	closer io.Closer // the client NewDocker created, if any
 
 	mu  sync.Mutex
 	img *resolvedImage
 }
+
+var _ Backend = (*Docker)(nil)
 
 type resolvedImage struct {
 	id      string
 	envKeys []string
 }
 
-func newDockerBackend(r *Router) (*dockerBackend, error) {
-	d := &dockerBackend{r: r, api: r.cfg.Docker}
+// NewDocker validates cfg (a pinned Image, a PoolID, the limits) and returns the back end. It
+// uses cfg.Docker as the engine client, or creates one from the environment (closed by
+// Close). It does not contact the engine; Preflight does.
+func NewDocker(cfg Config) (*Docker, error) {
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	if cfg.Image == "" {
+		return nil, fmt.Errorf("spawner: the Docker back end needs an isolation image (%s)", IsolationImageEnv)
+	}
+	ref, err := ParseImageRef(cfg.Image)
+	if err != nil {
+		return nil, err
+	}
+	d := &Docker{cfg: cfg, ref: ref, log: cfg.Logger, api: cfg.Docker}
 	if d.api == nil {
 		c, err := client.New(client.FromEnv)
 		if err != nil {
@@ -70,18 +93,74 @@ func newDockerBackend(r *Router) (*dockerBackend, error) {
 	return d, nil
 }
 
-func (d *dockerBackend) close() error {
-	if d.closer != nil {
-		return d.closer.Close()
+// Name is "docker".
+func (d *Docker) Name() string { return "docker" }
+
+// Serves stdio servers.
+func (d *Docker) Serves(transport string) bool { return transport == TransportStdio }
+
+// Preflight checks that the engine has the configured runtime and the isolation image and
+// that the image can be used, and removes every container an earlier instance of this pool
+// left behind. It is safe to run again while sessions are open.
+func (d *Docker) Preflight(ctx context.Context) (Report, error) {
+	rep := Report{Isolation: d.Name(), ImageRef: d.ref.Ref}
+	runtime, err := d.checkRuntime(ctx)
+	if err != nil {
+		return rep, err
 	}
-	return nil
+	rep.Runtime = runtime
+	img, err := d.inspectImage(ctx)
+	if err != nil {
+		return rep, err
+	}
+	rep.ImageID, rep.ImageEnvKeys = img.id, img.envKeys
+	n, err := d.sweep(ctx, sweepOthers)
+	rep.Swept = n
+	return rep, err
+}
+
+// Sweep force-removes every container labelled with this PoolID, this instance's included.
+func (d *Docker) Sweep(ctx context.Context) (int, error) { return d.sweep(ctx, sweepAll) }
+
+// Close removes any container of this instance that is still left and closes an engine
+// client NewDocker created.
+func (d *Docker) Close(ctx context.Context) error {
+	_, err := d.sweep(context.WithoutCancel(ctx), sweepOwn)
+	if d.closer != nil {
+		err = errors.Join(err, d.closer.Close())
+	}
+	return err
+}
+
+// checkRuntime makes sure the engine has the OCI runtime containers are to run on, and returns
+// its name: the configured one (RuntimeEnv), or the engine's default.
+func (d *Docker) checkRuntime(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.StartTimeout)
+	defer cancel()
+	res, err := d.api.Info(ctx, client.InfoOptions{})
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", newError(ClassSpawnFailed, "the Docker engine did not answer within %s", d.cfg.StartTimeout)
+		}
+		return "", newError(ClassSpawnFailed, "ask the Docker engine for its runtimes: %s", clip(err.Error(), 300))
+	}
+	want := d.cfg.Runtime
+	if want == "" {
+		return res.Info.DefaultRuntime, nil
+	}
+	if _, ok := res.Info.Runtimes[want]; !ok {
+		have := slices.Sorted(maps.Keys(res.Info.Runtimes))
+		return "", newError(ClassRuntimeMissing, "the Docker engine has no runtime %q (it has: %s): install it and register it with the engine (daemon.json \"runtimes\"), or unset %s to run on the engine's default, %s",
+			want, strings.Join(have, ", "), RuntimeEnv, res.Info.DefaultRuntime)
+	}
+	return want, nil
 }
 
 // inspectImage resolves the configured reference to an image ID and checks
 // that the image can be used; the result is cached for spawns.
-func (d *dockerBackend) inspectImage(ctx context.Context) (*resolvedImage, error) {
-	ref := d.r.image.Ref
-	ctx, cancel := context.WithTimeout(ctx, d.r.cfg.StartTimeout)
+func (d *Docker) inspectImage(ctx context.Context) (*resolvedImage, error) {
+	ref := d.ref.Ref
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.StartTimeout)
 	defer cancel()
 	res, err := d.api.ImageInspect(ctx, ref)
 	if err != nil {
@@ -93,11 +172,11 @@ func (d *dockerBackend) inspectImage(ctx context.Context) (*resolvedImage, error
 			return nil, newError(ClassImageMissing, "the isolation image %s is not in the engine: build it with `ringfence image build` or load it, then use the reference it prints", ref)
 		}
 		if ctx.Err() != nil {
-			return nil, newError(ClassSpawnFailed, "the Docker engine did not answer an image inspect within %s", d.r.cfg.StartTimeout)
+			return nil, newError(ClassSpawnFailed, "the Docker engine did not answer an image inspect within %s", d.cfg.StartTimeout)
 		}
 		return nil, newError(ClassSpawnFailed, "inspect the isolation image %s: %s", ref, clip(err.Error(), 300))
 	}
-	if d.r.image.ID != "" && res.ID != d.r.image.ID {
+	if d.ref.ID != "" && res.ID != d.ref.ID {
 		return nil, newError(ClassImageRejected, "the engine resolved %s to a different image (%s)", ref, res.ID)
 	}
 	img := &resolvedImage{id: res.ID}
@@ -122,7 +201,7 @@ func (d *dockerBackend) inspectImage(ctx context.Context) (*resolvedImage, error
 	return img, nil
 }
 
-func (d *dockerBackend) image(ctx context.Context) (*resolvedImage, error) {
+func (d *Docker) image(ctx context.Context) (*resolvedImage, error) {
 	d.mu.Lock()
 	img := d.img
 	d.mu.Unlock()
@@ -146,13 +225,13 @@ const (
 )
 
 // sweep force-removes this pool's containers in scope.
-func (d *dockerBackend) sweep(ctx context.Context, scope sweepScope) (int, error) {
+func (d *Docker) sweep(ctx context.Context, scope sweepScope) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, sweepTimeout)
 	defer cancel()
 	f := client.Filters{}
-	f.Add("label", LabelManaged+"=true", LabelPool+"="+d.r.cfg.PoolID)
+	f.Add("label", LabelManaged+"=true", LabelPool+"="+d.cfg.PoolID)
 	if scope == sweepOwn {
-		f.Add("label", LabelInstance+"="+d.r.cfg.InstanceID)
+		f.Add("label", LabelInstance+"="+d.cfg.InstanceID)
 	}
 	list, err := d.api.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
 	if err != nil {
@@ -161,7 +240,7 @@ func (d *dockerBackend) sweep(ctx context.Context, scope sweepScope) (int, error
 	removed := 0
 	var errs []error
 	for _, c := range list.Items {
-		if scope == sweepOthers && c.Labels[LabelInstance] == d.r.cfg.InstanceID {
+		if scope == sweepOthers && c.Labels[LabelInstance] == d.cfg.InstanceID {
 			continue
 		}
 		byUs, err := d.remove(ctx, c.ID)
@@ -171,7 +250,7 @@ func (d *dockerBackend) sweep(ctx context.Context, scope sweepScope) (int, error
 		}
 		if byUs {
 			removed++
-			d.r.log.Info("spawner: removed a container of this pool",
+			d.log.Info("spawner: removed a container of this pool",
 				"container", shortID(c.ID), "server", c.Labels[LabelServer], "instance", c.Labels[LabelInstance])
 		}
 	}
@@ -182,7 +261,7 @@ func (d *dockerBackend) sweep(ctx context.Context, scope sweepScope) (int, error
 // remove force-removes a container and returns once it is gone; byUs says whether this call
 // removed it. One already gone, or that the engine is removing already (AutoRemove after its
 // stdin closed), is waited for rather than reported as a failure.
-func (d *dockerBackend) remove(ctx context.Context, id string) (byUs bool, err error) {
+func (d *Docker) remove(ctx context.Context, id string) (byUs bool, err error) {
 	_, err = d.api.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true})
 	switch {
 	case err == nil:
@@ -199,7 +278,7 @@ func (d *dockerBackend) remove(ctx context.Context, id string) (byUs bool, err e
 	}
 }
 
-func (d *dockerBackend) waitGone(ctx context.Context, id string) bool {
+func (d *Docker) waitGone(ctx context.Context, id string) bool {
 	f := client.Filters{}
 	f.Add("id", id)
 	for {
@@ -216,8 +295,10 @@ func (d *dockerBackend) waitGone(ctx context.Context, id string) bool {
 
 var nameUnsafe = regexp.MustCompile(`[^a-zA-Z0-9_.-]`)
 
-func (d *dockerBackend) spawn(ctx context.Context, spec *Spec) (*Session, error) {
-	cfg := &d.r.cfg
+// Spawn starts the server in a container of the isolation image and connects over its
+// attached stdio.
+func (d *Docker) Spawn(ctx context.Context, spec *Spec, kit *Kit) (*Session, error) {
+	cfg := &d.cfg
 	env, err := checkEnv(spec.Env, cfg.AllowedEnvKeys)
 	if err != nil {
 		return nil, err
@@ -235,13 +316,12 @@ func (d *dockerBackend) spawn(ctx context.Context, spec *Spec) (*Session, error)
 		LabelRun:      spec.RunID,
 	}
 	cc, hc := containerShape(cfg, img.id, spec, env, labels)
-	secrets := secretsOf(spec)
 	c := &dockerServer{
 		d:       d,
 		name:    "ringfence-" + nameUnsafe.ReplaceAllString(spec.ServerRef, "_") + "-" + randomID(),
 		command: spec.Command,
-		tail:    newTail(cfg.StderrTailBytes, secrets),
-		secrets: secrets,
+		st:      kit.NewStdio(spec),
+		secrets: secretsOf(spec),
 		goneCh:  make(chan struct{}),
 		exited:  make(chan struct{}),
 	}
@@ -271,9 +351,6 @@ func (d *dockerBackend) spawn(ctx context.Context, spec *Spec) (*Session, error)
 	wait := d.api.ContainerWait(bg, c.id, client.ContainerWaitOptions{Condition: container.WaitConditionRemoved})
 	go c.awaitExit(wait)
 
-	pr, pw := io.Pipe()
-	c.stdout = pr
-	c.filter = newStdoutFilter(pw, c.tail, cfg.MaxMessageBytes)
 	c.copyDone = make(chan struct{})
 	go c.copyOutput()
 
@@ -283,31 +360,20 @@ func (d *dockerBackend) spawn(ctx context.Context, spec *Spec) (*Session, error)
 		c.release(nil)
 		return nil, c.engineError(ctx, "start the container", err)
 	}
-
-	transport := &mcp.IOTransport{Reader: pr, Writer: stdinWriter{conn: c.att.Conn, closer: &c.att, timeout: stdinWriteTimeout}, MaxLineLength: cfg.MaxMessageBytes}
-	guard := newTrafficGuard()
-	cs, err := connect(ctx, spec, transport, guard)
-	if err != nil {
-		e := handshakeError(ctx, err, c, c.filter, c.tail, spec)
-		c.stop(context.WithoutCancel(ctx), nil)
-		return nil, e
-	}
-	return newSession(d.r, spec, c, cs, guard, c.tail), nil
+	return kit.ConnectStdio(ctx, spec, c, c.st, stdinWriter{conn: c.att.Conn, closer: &c.att, timeout: stdinWriteTimeout})
 }
 
 // dockerServer is one running container.
 type dockerServer struct {
-	d       *dockerBackend
+	d       *Docker
 	id      string
 	name    string
 	command string
 	created time.Time
-	tail    *tail
+	st      *Stdio
 	secrets []string
 
 	att      client.HijackedResponse
-	stdout   *io.PipeReader
-	filter   *stdoutFilter
 	copyDone chan struct{}
 
 	goneCh   chan struct{}
@@ -346,11 +412,11 @@ func (w stdinWriter) Close() error { return w.closer.CloseWrite() }
 
 func (c *dockerServer) copyOutput() {
 	defer close(c.copyDone)
-	_, err := stdcopy.StdCopy(c.filter, c.tail, c.att.Reader)
+	_, err := stdcopy.StdCopy(c.st.Stdout(), c.st.Stderr(), c.att.Reader)
 	if errors.Is(err, net.ErrClosed) {
 		err = nil
 	}
-	c.filter.finish(err)
+	c.st.EndStdout(err)
 	c.markGone()
 }
 
@@ -369,9 +435,9 @@ func (c *dockerServer) awaitExit(w client.ContainerWaitResult) {
 }
 
 func (c *dockerServer) markGone()               { c.goneOnce.Do(func() { close(c.goneCh) }) }
-func (c *dockerServer) gone() <-chan struct{}   { return c.goneCh }
+func (c *dockerServer) Gone() <-chan struct{}   { return c.goneCh }
 func (c *dockerServer) hasExited() bool         { return isClosed(c.exited) && c.exitErr == nil }
-func (c *dockerServer) exitStatus() (int, bool) { return int(c.exitCode), c.hasExited() }
+func (c *dockerServer) ExitStatus() (int, bool) { return int(c.exitCode), c.hasExited() }
 
 func isClosed(ch <-chan struct{}) bool {
 	select {
@@ -382,8 +448,8 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
-// waitExited waits up to d for the exit status.
-func (c *dockerServer) waitExited(ctx context.Context, d time.Duration) bool {
+// WaitExited waits up to d for the exit status.
+func (c *dockerServer) WaitExited(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -394,16 +460,16 @@ func (c *dockerServer) waitExited(ctx context.Context, d time.Duration) bool {
 	return c.hasExited()
 }
 
-func (c *dockerServer) death(ctx context.Context) *Error {
-	return deathError(ctx, c, c.filter, c.d.r.cfg.MaxMessageBytes)
+func (c *dockerServer) Death(ctx context.Context) *Error {
+	return c.st.Death(ctx, c)
 }
 
-// describeExit says how the container ended, asking the engine whether the
+// DescribeExit says how the container ended, asking the engine whether the
 // kernel's OOM killer was involved.
-func (c *dockerServer) describeExit(ctx context.Context) string {
+func (c *dockerServer) DescribeExit(ctx context.Context) string {
 	code := c.exitCode
 	if c.oomKilled(ctx) {
-		return fmt.Sprintf("killed: memory limit (%d MiB) reached", c.d.r.cfg.MemoryBytes>>20)
+		return fmt.Sprintf("killed: memory limit (%d MiB) reached", c.d.cfg.MemoryBytes>>20)
 	}
 	if code > 128 && code < 128+65 {
 		return fmt.Sprintf("killed by signal %d", code-128)
@@ -443,8 +509,8 @@ func (c *dockerServer) oomKilled(ctx context.Context) bool {
 	}
 }
 
-func (c *dockerServer) stop(ctx context.Context, cs *mcp.ClientSession) error {
-	cfg := &c.d.r.cfg
+func (c *dockerServer) Stop(ctx context.Context, cs *mcp.ClientSession) error {
+	cfg := &c.d.cfg
 	// Gracefully: end the MCP session, which closes stdin; the engine then
 	// closes the container's stdin, the server exits and AutoRemove deletes
 	// the container.
@@ -468,7 +534,7 @@ func (c *dockerServer) stop(ctx context.Context, cs *mcp.ClientSession) error {
 // by then the container is removed or the engine refused to remove it.
 func (c *dockerServer) release(clientDone <-chan struct{}) {
 	c.att.Close()
-	_ = c.stdout.Close()
+	_ = c.st.Close()
 	<-c.copyDone
 	c.stopWait()
 	<-c.exited
@@ -493,7 +559,7 @@ func (c *dockerServer) forceRemove() error {
 	ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
 	defer cancel()
 	if _, err := c.d.remove(ctx, c.id); err != nil {
-		c.d.r.log.Error("spawner: could not remove a container; the pool's next sweep removes it",
+		c.d.log.Error("spawner: could not remove a container; the pool's next sweep removes it",
 			"container", shortID(c.id), "error", err)
 		return err
 	}
@@ -514,11 +580,11 @@ func (c *dockerServer) engineError(ctx context.Context, what string, err error) 
 	msg := clip(redactString(err.Error(), c.secrets), 300)
 	switch {
 	case cerrdefs.IsNotFound(err) && what == "create the container" && c.imageGone():
-		return newError(ClassImageMissing, "the isolation image %s is not in the engine any more: build or load it again", c.d.r.image.Ref)
+		return newError(ClassImageMissing, "the isolation image %s is not in the engine any more: build or load it again", c.d.ref.Ref)
 	case what == "start the container" && strings.Contains(msg, "executable file not found"):
 		return newError(ClassCommandNotFound, "command %s was not found in the isolation image", clipQuote(c.command))
 	case cerrdefs.IsDeadlineExceeded(err) || errors.Is(err, context.DeadlineExceeded):
-		return newError(ClassSpawnFailed, "the Docker engine did not %s within %s", what, c.d.r.cfg.StartTimeout)
+		return newError(ClassSpawnFailed, "the Docker engine did not %s within %s", what, c.d.cfg.StartTimeout)
 	}
 	return newError(ClassSpawnFailed, "%s: %s", what, msg)
 }
@@ -529,7 +595,7 @@ func (c *dockerServer) engineError(ctx context.Context, what string, err error) 
 func (c *dockerServer) imageGone() bool {
 	ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
 	defer cancel()
-	_, err := c.d.api.ImageInspect(ctx, c.d.r.image.Ref)
+	_, err := c.d.api.ImageInspect(ctx, c.d.ref.Ref)
 	if !cerrdefs.IsNotFound(err) {
 		return false
 	}

@@ -1,14 +1,21 @@
 // Package spawner is the only code in Ringfence that starts MCP server
 // processes. It turns a resolved registration (a Spec) into a connected MCP
-// client session, on one of three back ends:
+// client session on a back end (Backend), chosen per transport by a Router:
 //
-//   - docker (the default for stdio servers): the command runs inside the
-//     operator's digest-pinned isolation image under a fixed, hardened
-//     container profile that nothing in a registration can change;
-//   - host (development only, behind AllowUnisolated): the command runs as a
-//     host process with nothing but the allowlisted environment;
-//   - remote (streamable HTTP and SSE servers): no process at all, an HTTPS
+//   - Docker (stdio servers): the command runs inside the operator's
+//     digest-pinned isolation image under a fixed, hardened container profile
+//     that nothing in a registration can change, on the OCI runtime the
+//     operator chose (runc, runsc, …);
+//   - Host (stdio servers, development only, behind AllowUnisolated): the
+//     command runs as a host process with nothing but the allowlisted
+//     environment;
+//   - Remote (streamable HTTP and SSE servers): no process at all, an HTTPS
 //     client that adds the registration's resolved headers.
+//
+// Another back end (a Kubernetes pod, another sandbox) is a package of its
+// own: it starts the server and builds the session with the Kit, which holds
+// what every session shares (the traffic bounds, the stdout filter and
+// stderr tail, the classification of failures).
 //
 // Every failure is an *Error with a Class an operator can act on and a
 // message that is safe to show; every failure path removes what it created.
@@ -55,6 +62,9 @@ const ProtocolVersion = "2025-11-25"
 // stdio server can run.
 const IsolationImageEnv = "RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE"
 
+// RuntimeEnv names the setting that picks the OCI runtime of the isolation containers.
+const RuntimeEnv = "RINGFENCE_SANDBOX__RUNTIME"
+
 // Spec is one server to start, resolved from the registry (secrets in
 // clear, in memory only).
 type Spec struct {
@@ -82,13 +92,6 @@ type Spec struct {
 	// It may call Session.ListTools.
 	OnToolListChanged func()
 }
-
-// Spawner starts servers. *Router is the implementation.
-type Spawner interface {
-	Spawn(ctx context.Context, spec Spec) (*Session, error)
-}
-
-var _ Spawner = (*Router)(nil)
 
 // Defaults for Config and Spec fields left zero.
 const (
@@ -123,6 +126,9 @@ type Config struct {
 	Network string
 	// AllowedEnvKeys is the operator's environment allowlist.
 	AllowedEnvKeys []string
+	// Runtime is the engine's OCI runtime the containers run on (e.g. "runsc" for gVisor);
+	// empty is the engine's default. Preflight refuses one the engine does not have.
+	Runtime string
 	// Container limits.
 	NanoCPUs       int64
 	MemoryBytes    int64
@@ -172,6 +178,9 @@ func (c *Config) normalize() error {
 	}
 	if !labelValue.MatchString(c.Network) {
 		return fmt.Errorf("spawner: network %q is not a valid network name", c.Network)
+	}
+	if c.Runtime != "" && !labelValue.MatchString(c.Runtime) {
+		return fmt.Errorf("spawner: runtime %q is not a valid runtime name", c.Runtime)
 	}
 	def := func(v *int64, d int64) {
 		if *v == 0 {
@@ -235,39 +244,86 @@ func (c *Config) normalize() error {
 	return nil
 }
 
-// Router picks a back end per spec and keeps track of the sessions it
-// started, so that Close can stop them all.
+// Router hands each spec to the back end that serves its transport and keeps track of the
+// sessions it started, so that Close can stop them all.
 type Router struct {
-	cfg    Config
-	image  *ImageRef
-	docker *dockerBackend
-	log    *slog.Logger
+	cfg      Config
+	log      *slog.Logger
+	kit      *Kit
+	backends []Backend
 
 	mu       sync.Mutex
 	sessions map[*Session]struct{}
 	closed   bool
 }
 
-// New validates cfg and returns a Router. It does not contact the engine;
-// call Preflight for that.
-func New(cfg Config) (*Router, error) {
+// NewRouter validates cfg (the bounds every session keeps) and returns a Router over
+// backends; the first that serves a spec's transport starts it. A stdio spec no back end
+// serves is refused as isolation_required: stdio servers run only where a back end isolates
+// them (or Host, which development allows explicitly). The Router closes the back ends.
+func NewRouter(cfg Config, backends ...Backend) (*Router, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
-	r := &Router{cfg: cfg, log: cfg.Logger, sessions: map[*Session]struct{}{}}
-	if cfg.Image != "" {
-		ref, err := ParseImageRef(cfg.Image)
-		if err != nil {
-			return nil, err
-		}
-		r.image = &ref
-		d, err := newDockerBackend(r)
-		if err != nil {
-			return nil, err
-		}
-		r.docker = d
-	}
+	r := &Router{cfg: cfg, log: cfg.Logger, backends: backends, sessions: map[*Session]struct{}{}}
+	r.kit = &Kit{r: r}
 	return r, nil
+}
+
+// New is NewRouter over the back ends cfg describes: Docker when an Image is configured, else
+// Host when AllowUnisolated is set, and Remote. It does not contact the engine; call
+// Preflight for that.
+func New(cfg Config) (*Router, error) {
+	// Normalized once, so the Router and its back ends share one InstanceID.
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	backends, err := DefaultBackends(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return NewRouter(cfg, backends...)
+}
+
+// DefaultBackends are the back ends cfg describes (see New). A Router built over them should
+// get the cfg they were given, InstanceID set, so that all agree on it.
+func DefaultBackends(cfg Config) ([]Backend, error) {
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	var stdio Backend
+	switch {
+	case cfg.Image != "":
+		d, err := NewDocker(cfg)
+		if err != nil {
+			return nil, err
+		}
+		stdio = d
+	case cfg.AllowUnisolated:
+		h, err := NewHost(cfg)
+		if err != nil {
+			return nil, err
+		}
+		stdio = h
+	}
+	remote, err := NewRemote(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if stdio == nil {
+		return []Backend{remote}, nil
+	}
+	return []Backend{stdio, remote}, nil
+}
+
+// backendFor is the back end that starts servers of transport, or nil.
+func (r *Router) backendFor(transport string) Backend {
+	for _, b := range r.backends {
+		if b.Serves(transport) {
+			return b
+		}
+	}
+	return nil
 }
 
 // Spawn starts the server described by spec and returns a connected,
@@ -282,24 +338,15 @@ func (r *Router) Spawn(ctx context.Context, spec Spec) (*Session, error) {
 	if closed {
 		return nil, newError(ClassSpawnFailed, "the spawner is shut down")
 	}
-	var (
-		s   *Session
-		err error
-	)
-	switch spec.Transport {
-	case TransportStdio:
-		switch {
-		case r.docker != nil:
-			s, err = r.docker.spawn(ctx, &spec)
-		case r.cfg.AllowUnisolated:
-			s, err = r.spawnHost(ctx, &spec)
-		default:
-			return nil, newError(ClassIsolationRequired,
-				"stdio MCP servers run only inside the isolation image and none is configured: set %s to a pinned image (build one with `ringfence image build`)", IsolationImageEnv)
-		}
-	default:
-		s, err = r.spawnRemote(ctx, &spec)
+	b := r.backendFor(spec.Transport)
+	switch {
+	case b == nil && spec.Transport == TransportStdio:
+		return nil, newError(ClassIsolationRequired,
+			"stdio MCP servers run only inside the isolation image and none is configured: set %s to a pinned image (build one with `ringfence image build`)", IsolationImageEnv)
+	case b == nil:
+		return nil, newError(ClassInvalidSpec, "no back end of this pool serves transport %s", spec.Transport)
 	}
+	s, err := b.Spawn(ctx, &spec, r.kit)
 	if err != nil {
 		return nil, err
 	}
@@ -324,10 +371,9 @@ func (r *Router) forget(s *Session) {
 	r.mu.Unlock()
 }
 
-// Close stops every session this Router started, removes any container of
-// this instance that is still left, and closes an engine client it created.
-// It is bounded by the sessions' close bounds, not by ctx alone: a session
-// is always torn down.
+// Close stops every session this Router started, then closes its back ends (which remove any
+// container of this instance still left and close the clients they created). It is bounded by
+// the sessions' close bounds, not by ctx alone: a session is always torn down.
 func (r *Router) Close(ctx context.Context) error {
 	r.mu.Lock()
 	r.closed = true
@@ -343,20 +389,21 @@ func (r *Router) Close(ctx context.Context) error {
 		wg.Go(func() { errs[i] = s.Close(ctx) })
 	}
 	wg.Wait()
-	if r.docker != nil {
-		if _, err := r.docker.sweep(context.WithoutCancel(ctx), sweepOwn); err != nil {
-			errs = append(errs, err)
-		}
-		errs = append(errs, r.docker.close())
+	for _, b := range r.backends {
+		errs = append(errs, b.Close(ctx))
 	}
 	return errors.Join(errs...)
 }
 
 // Report is what Preflight found.
 type Report struct {
-	// Isolation is "docker", "unisolated" (host processes, development) or
-	// "none" (stdio servers are refused with isolation_required).
+	// Isolation names the back end of stdio servers: "docker" (or another isolating back
+	// end's name), "unisolated" (host processes, development) or "none" (stdio servers are
+	// refused with isolation_required).
 	Isolation string
+	// Runtime is the OCI runtime containers run on (the configured one, or the engine's
+	// default).
+	Runtime string
 	// ImageRef is the configured reference; ImageID what it resolved to.
 	ImageRef string
 	ImageID  string
@@ -368,41 +415,36 @@ type Report struct {
 	Swept int
 }
 
-// Preflight checks that the isolation image exists and can be used, and
-// removes every container an earlier instance of this pool left behind. Run
-// it at start; it is safe to run again while sessions are open.
+// Preflight runs every back end's checks (an image, a runtime) and sweep of what an earlier
+// instance of this pool left. Run it at start; it is safe to run again while sessions are
+// open. The report is that of the back end of stdio servers.
 func (r *Router) Preflight(ctx context.Context) (Report, error) {
-	switch {
-	case r.docker != nil:
-	case r.cfg.AllowUnisolated:
-		r.log.Warn("spawner: no isolation image; stdio MCP servers will run UNISOLATED on the host (development only)")
-		return Report{Isolation: "unisolated"}, nil
-	default:
-		return Report{Isolation: "none"}, nil
-	}
-	rep := Report{Isolation: "docker", ImageRef: r.image.Ref}
-	img, err := r.docker.inspectImage(ctx)
-	if err != nil {
-		return rep, err
-	}
-	rep.ImageID, rep.ImageEnvKeys = img.id, img.envKeys
-	n, err := r.docker.sweep(ctx, sweepOthers)
-	rep.Swept = n
-	if err != nil {
-		return rep, err
+	rep := Report{Isolation: "none"}
+	for _, b := range r.backends {
+		got, err := b.Preflight(ctx)
+		if b == r.backendFor(TransportStdio) {
+			rep = got
+		}
+		if err != nil {
+			return rep, err
+		}
 	}
 	return rep, nil
 }
 
-// Sweep force-removes every container labelled with this PoolID, this
-// instance's included: for a pool that shuts down for good, after its
-// sessions are closed (Close itself removes only this instance's leftovers;
-// Preflight only earlier instances'). It returns how many it removed.
+// Sweep removes everything any instance of this pool left with its back ends, this
+// instance's included: for a pool that shuts down for good, after its sessions are closed
+// (Close itself removes only this instance's leftovers; Preflight only earlier instances').
+// It returns how many it removed.
 func (r *Router) Sweep(ctx context.Context) (int, error) {
-	if r.docker == nil {
-		return 0, nil
+	total := 0
+	var errs []error
+	for _, b := range r.backends {
+		n, err := b.Sweep(ctx)
+		total += n
+		errs = append(errs, err)
 	}
-	return r.docker.sweep(ctx, sweepAll)
+	return total, errors.Join(errs...)
 }
 
 var serverRefSyntax = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)

@@ -60,6 +60,6 @@ func TestABrokenConnectionWaitsNoLongerThanTheCaller(t *testing.T) {
 // lingeringServer never reports its end.
 type lingeringServer struct{}
 
-func (lingeringServer) gone() <-chan struct{}                          { return nil }
-func (lingeringServer) death(context.Context) *Error                   { return nil }
-func (lingeringServer) stop(context.Context, *mcp.ClientSession) error { return nil }
+func (lingeringServer) Gone() <-chan struct{}                          { return nil }
+func (lingeringServer) Death(context.Context) *Error                   { return nil }
+func (lingeringServer) Stop(context.Context, *mcp.ClientSession) error { return nil }

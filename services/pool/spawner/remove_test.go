@@ -33,7 +33,7 @@ func (e *removingEngine) ContainerList(context.Context, client.ContainerListOpti
 // failure (it was a flaky "removal already in progress" error); it waits for the container to go.
 func TestRemoveWaitsForARemovalInProgress(t *testing.T) {
 	e := &removingEngine{}
-	d := &dockerBackend{api: e}
+	d := &Docker{api: e}
 	byUs, err := d.remove(t.Context(), "abc")
 	require.NoError(t, err)
 	require.False(t, byUs)

@@ -33,8 +33,41 @@ const (
 	maxHeaderValueLen      = 8 << 10
 )
 
-// spawnRemote connects to a streamable HTTP or SSE server.
-func (r *Router) spawnRemote(ctx context.Context, spec *Spec) (*Session, error) {
+// Remote is the back end of streamable HTTP and SSE servers: no process at all, an HTTPS
+// client that adds the registration's resolved headers and talks to its origin only.
+type Remote struct {
+	cfg Config
+}
+
+var _ Backend = (*Remote)(nil)
+
+// NewRemote returns the remote back end.
+func NewRemote(cfg Config) (*Remote, error) {
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	return &Remote{cfg: cfg}, nil
+}
+
+// Name is "remote".
+func (rb *Remote) Name() string { return "remote" }
+
+// Serves streamable HTTP and SSE servers.
+func (rb *Remote) Serves(transport string) bool {
+	return transport == TransportStreamableHTTP || transport == TransportSSE
+}
+
+// Preflight has nothing to check: a remote server is reached when a session starts.
+func (rb *Remote) Preflight(context.Context) (Report, error) { return Report{}, nil }
+
+// Sweep has nothing to remove.
+func (rb *Remote) Sweep(context.Context) (int, error) { return 0, nil }
+
+// Close has nothing to release: each session's connections end with it.
+func (rb *Remote) Close(context.Context) error { return nil }
+
+// Spawn connects to the server.
+func (rb *Remote) Spawn(ctx context.Context, spec *Spec, kit *Kit) (*Session, error) {
 	u, err := checkRemoteURL(spec.URL)
 	if err != nil {
 		return nil, err
@@ -48,7 +81,7 @@ func (r *Router) spawnRemote(ctx context.Context, spec *Spec) (*Session, error) 
 		// registration's URL alone.
 		Proxy:                  nil,
 		DialContext:            (&net.Dialer{Timeout: remoteDialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig:        &tls.Config{RootCAs: r.cfg.RootCAs, MinVersion: tls.VersionTLS12},
+		TLSClientConfig:        &tls.Config{RootCAs: rb.cfg.RootCAs, MinVersion: tls.VersionTLS12},
 		TLSHandshakeTimeout:    remoteTLSTimeout,
 		IdleConnTimeout:        remoteIdleTimeout,
 		MaxResponseHeaderBytes: remoteMaxHeaderBytes,
@@ -58,7 +91,7 @@ func (r *Router) spawnRemote(ctx context.Context, spec *Spec) (*Session, error) 
 	// ends every request still open.
 	life, endLife := context.WithCancel(context.WithoutCancel(ctx))
 	guard := newTrafficGuard()
-	rt := &remoteTransport{base: base, origin: origin(u), headers: headers, maxBody: int64(r.cfg.MaxMessageBytes), guard: guard, life: life}
+	rt := &remoteTransport{base: base, origin: origin(u), headers: headers, maxBody: int64(rb.cfg.MaxMessageBytes), guard: guard, life: life}
 	hc := &http.Client{
 		Transport: rt,
 		// Redirects are not followed: the headers carry secrets meant for
@@ -68,11 +101,11 @@ func (r *Router) spawnRemote(ctx context.Context, spec *Spec) (*Session, error) 
 	var transport mcp.Transport
 	if spec.Transport == TransportSSE {
 		transport = &detachedTransport{
-			inner: &mcp.SSEClientTransport{Endpoint: u.String(), HTTPClient: hc, MaxEventSize: r.cfg.MaxMessageBytes},
+			inner: &mcp.SSEClientTransport{Endpoint: u.String(), HTTPClient: hc, MaxEventSize: rb.cfg.MaxMessageBytes},
 			life:  life, end: endLife,
 		}
 	} else {
-		transport = &mcp.StreamableClientTransport{Endpoint: u.String(), HTTPClient: hc, MaxRetries: remoteReconnectRetries, MaxEventSize: r.cfg.MaxMessageBytes}
+		transport = &mcp.StreamableClientTransport{Endpoint: u.String(), HTTPClient: hc, MaxRetries: remoteReconnectRetries, MaxEventSize: rb.cfg.MaxMessageBytes}
 	}
 	cs, err := connect(ctx, spec, transport, guard)
 	if err != nil {
@@ -80,12 +113,12 @@ func (r *Router) spawnRemote(ctx context.Context, spec *Spec) (*Session, error) 
 		base.CloseIdleConnections()
 		return nil, remoteError(ctx, err, rt, u, spec)
 	}
-	srv := &remoteServer{base: base, endLife: endLife, closeTimeout: r.cfg.CloseTimeout, closed: make(chan struct{})}
+	srv := &remoteServer{base: base, endLife: endLife, closeTimeout: rb.cfg.CloseTimeout, closed: make(chan struct{})}
 	go func() {
 		_ = cs.Wait()
 		close(srv.closed)
 	}()
-	return newSession(r, spec, srv, cs, guard, nil), nil
+	return newSession(kit.r, spec, srv, cs, guard, nil), nil
 }
 
 // checkRemoteURL applies the registry's rule again (mcpserver.CheckRemoteURL: https, and http
@@ -386,13 +419,13 @@ type remoteServer struct {
 	closed       chan struct{}
 }
 
-func (s *remoteServer) gone() <-chan struct{} { return s.closed }
+func (s *remoteServer) Gone() <-chan struct{} { return s.closed }
 
-func (s *remoteServer) death(context.Context) *Error {
+func (s *remoteServer) Death(context.Context) *Error {
 	return newError(ClassCrashed, "the connection to the remote server closed")
 }
 
-func (s *remoteServer) stop(_ context.Context, cs *mcp.ClientSession) error {
+func (s *remoteServer) Stop(_ context.Context, cs *mcp.ClientSession) error {
 	done := closeClient(cs, s.closeTimeout)
 	// Past the graceful bound (go-sdk's Close waits for calls in flight, which a server
 	// can leave unanswered), ending the session's life cancels every request still open;

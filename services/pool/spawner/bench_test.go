@@ -13,7 +13,7 @@ import (
 
 // Run with:
 //
-//	go test ./services/pool/internal/spawner -run '^$' -bench . -benchtime=20x
+//	go test ./services/pool/spawner -run '^$' -bench . -benchtime=20x
 //
 // Each iteration is one cold discovery: start a server, handshake, list every
 // tool, stop it and wait until it is gone. BenchmarkColdDiscovery does it

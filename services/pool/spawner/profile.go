@@ -136,6 +136,8 @@ func containerShape(cfg *Config, imageID string, spec *Spec, env []string, label
 		Init:           &init,
 		AutoRemove:     true,
 		IpcMode:        container.IPCModePrivate,
+		// Empty runs on the engine's default runtime; Preflight checked a named one exists.
+		Runtime: cfg.Runtime,
 		// The engine's log driver would keep a copy of everything the server
 		// writes (secrets on stderr, every tool result on stdout) in a file
 		// on the host with no bound; the attach stream is the only copy.

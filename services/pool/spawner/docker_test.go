@@ -441,6 +441,43 @@ func TestPreflight(t *testing.T) {
 	})
 }
 
+// TestDockerRuntime: the containers run on the OCI runtime the operator names, which
+// Preflight checks against the engine's own list; one the engine lacks stops the start with a
+// message that names the setting and what the engine has.
+func TestDockerRuntime(t *testing.T) {
+	e := dockerEnv(t)
+	info, err := e.docker.Info(t.Context(), client.InfoOptions{})
+	require.NoError(t, err)
+	def := info.Info.DefaultRuntime
+
+	rep, err := e.router().Preflight(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, def, rep.Runtime, "no runtime configured: the engine's default")
+
+	r := e.router(func(c *Config) { c.Runtime = def })
+	rep, err = r.Preflight(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, def, rep.Runtime)
+	s := spawn(t, r, fixtureSpec())
+	ids := e.containers()
+	require.Len(t, ids, 1)
+	got, err := e.docker.ContainerInspect(t.Context(), ids[0], client.ContainerInspectOptions{})
+	require.NoError(t, err)
+	require.Equal(t, def, got.Container.HostConfig.Runtime, "the container runs on the configured runtime")
+	require.NoError(t, s.Close(t.Context()))
+
+	missing := e.router(func(c *Config) { c.Runtime = "ringfence-no-such-runtime" })
+	_, err = missing.Preflight(t.Context())
+	require.Equal(t, ClassRuntimeMissing, ClassOf(err), "%v", err)
+	require.ErrorContains(t, err, `no runtime "ringfence-no-such-runtime"`)
+	require.ErrorContains(t, err, def)
+	require.ErrorContains(t, err, RuntimeEnv)
+	require.Empty(t, e.containers())
+
+	_, err = New(e.config(func(c *Config) { c.Runtime = "run c" }))
+	require.ErrorContains(t, err, "not a valid runtime name")
+}
+
 // TestDockerDigestPinnedReference runs the reference operators pin in production,
 // name@sha256:<digest> of an image pushed to a registry: the pool resolves it in the engine to
 // the image's ID and runs that; a digest the engine does not hold is refused before anything

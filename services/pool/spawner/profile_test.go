@@ -121,6 +121,11 @@ func TestContainerShape(t *testing.T) {
 	require.Equal(t, hc.Memory, hc.MemorySwap)
 	require.Equal(t, int64(128), *hc.PidsLimit)
 	require.Equal(t, "none", hc.LogConfig.Type)
+	require.Empty(t, hc.Runtime, "the engine's default runtime unless the operator names one")
+
+	cfg.Runtime = "runsc"
+	_, hc = containerShape(&cfg, "sha256:"+hex64, &spec, nil, nil)
+	require.Equal(t, "runsc", hc.Runtime)
 }
 
 // TestSpecCannotSteerTheProfile pins the shape of Spec: the only ways a
