@@ -219,6 +219,12 @@ func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, e
 	return res, err
 }
 
+// agentOf reports whether the run's graph has the agent.
+func agentOf(snap runSnapshot, agent string) bool {
+	_, ok := snap.index.Agent(agent)
+	return ok
+}
+
 // outcome is what a call came to: the attempt as its gates left it, the tenant its record
 // belongs to, the canonical arguments (for the digest), and the result or the error.
 type outcome struct {
@@ -256,7 +262,9 @@ func (s *Service) callTool(ctx context.Context, req CallRequest) outcome {
 		}
 		in.run = snap
 	}
-	if snap.version != nil {
+	// Only an agent of the graph: the run caches each agent's set, and a caller must not grow
+	// that cache with names of its choosing.
+	if snap.version != nil && agentOf(snap, req.Agent) {
 		in.effective, in.caps = s.effective(r, req.Agent)
 	}
 	in.args.value, in.args.canonical, in.args.err = decodeArguments(req.Arguments)
@@ -555,12 +563,6 @@ func (s *Service) dispatchInRun(ctx context.Context, sess *session, d decision, 
 		}
 	}
 	return res, err
-}
-
-// safePinned cleans text taken from a pinned declaration (it has no session whose secrets
-// could be masked; a declaration holds none of them).
-func safePinned(text string) string {
-	return sanitize.String(truncateTo(text, 512), sanitize.Options{})
 }
 
 func (s *Service) classifyCallError(parent, cctx context.Context, sess *session, err error) string {

@@ -176,4 +176,16 @@ func TestCallsThroughInMemoryServers(t *testing.T) {
 		})
 	}
 	require.Equal(t, float64(1), h.spawned(), "one session for the run, reused by every call")
+
+	// Agents a caller names that the graph does not have leave nothing behind in the run.
+	for i := range 50 {
+		_, err := h.call(run, fmt.Sprintf("nobody-%d", i), "docs__read", map[string]any{"path": "/docs/a.md"})
+		requireRefused(t, err, reasonUnknownAgent)
+	}
+	r, err := h.pool.lookup(h.ctx, run, "")
+	require.NoError(t, err)
+	r.mu.Lock()
+	cached := len(r.effective)
+	r.mu.Unlock()
+	require.Equal(t, 1, cached, "only agent a's capabilities are cached")
 }

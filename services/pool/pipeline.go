@@ -281,11 +281,12 @@ const argumentScopeWork = graph.MaxGlobWork
 // gateCall is mcpgate's own gates before dispatch: the registration's argument-scoped
 // permissions (tool_permissions, default-deny) against the agent's effective set, then the
 // pinned schemas compile and the arguments match the input schema (read strictly when the
-// registration asks: strict_inputs, no undeclared arguments).
+// registration asks: strict_inputs, no undeclared arguments). A pinned declaration holds no
+// secret of a session, so text quoted from it is cleaned as mcpgate does by default.
 func gateCall(in *gateInput, d *decision) error {
 	tool := d.target.node.MCPTool
 	d.spec, d.strict = pinnedSpec(tool), in.policy.StrictInputs
-	opts := []mcpgate.CallOption{mcpgate.WithStrictInputs(d.strict), mcpgate.WithSchemaCache(in.schemas), mcpgate.WithWorkLimit(argumentScopeWork), mcpgate.WithSafeText(safePinned)}
+	opts := []mcpgate.CallOption{mcpgate.WithStrictInputs(d.strict), mcpgate.WithSchemaCache(in.schemas), mcpgate.WithWorkLimit(argumentScopeWork)}
 	if reqs, declared := in.policy.ToolPermissions[tool.ToolName]; declared {
 		opts = append(opts, mcpgate.WithPermissions(reqs...))
 	}
