@@ -20,6 +20,8 @@ run ./services/registry/ 'RegistryCreate$' 5000x
 # Declarations: pin, screen, sanitize.
 run ./mcpgate/sanitize/ '.' 1s
 run ./mcpgate/screen/ '.' 1s
+# mcpgate: the whole gated path of one call on an in-memory session.
+run ./mcpgate/ 'CallTool$' 2s
 # Gate 5: counting a value's validation work beside the validation it guards.
 run ./mcpgate/schemas/ 'Validate$' 1s
 # Discovery: cold spawn → handshake → full list → stop, beside docker run -i of the same image.
