@@ -64,7 +64,7 @@ checkgenerate: generate ## Fail when the committed generated code is stale.
 .PHONY: lint
 lint: tools ## buf lint, go vet and gofmt.
 	buf lint
-	go vet ./... ./gen/go/...
+	go vet ./... ./gen/go/... ./mcpgate/...
 	@bad=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); \
 	if [ -n "$$bad" ]; then echo "gofmt would change:"; echo "$$bad"; exit 1; fi
 
@@ -80,7 +80,7 @@ docker: ## Make sure a Docker engine answers (installs Debian's docker.io and st
 .PHONY: test
 test: tools docker lint checkgenerate ## The whole test suite: lint, generated code, unit and end-to-end tests.
 	./scripts/ensure-docker.sh --registry
-	go test -race -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./...
+	go test -race -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./... ./mcpgate/...
 
 .PHONY: bench
 bench: tools docker ## Every benchmark behind docs/benchmarks.md, summarized by benchstat (COUNT=6).

@@ -18,15 +18,18 @@ run() { # package, pattern, benchtime[, count]
 run ./services/registry/ 'RegistryGet$' 20000x
 run ./services/registry/ 'RegistryCreate$' 5000x
 # Declarations: pin, screen, sanitize.
-run ./internal/mcpdecl/... '.' 1s
+run ./mcpgate/sanitize/ '.' 1s
+run ./mcpgate/screen/ '.' 1s
+# mcpgate: the whole gated path of one call on an in-memory session.
+run ./mcpgate/ 'CallTool$' 2s
 # Gate 5: counting a value's validation work beside the validation it guards.
-run ./internal/schemas/ 'Validate$' 1s
+run ./mcpgate/schemas/ 'Validate$' 1s
 # Discovery: cold spawn → handshake → full list → stop, beside docker run -i of the same image.
-run ./services/pool/internal/spawner/ 'ColdDiscoveryVsDockerRun$' 20x 3
+run ./services/pool/spawner/ 'ColdDiscoveryVsDockerRun$' 20x 3
 # Publisher: validate a 10,000-node draft; import 200 tools (time beyond the spawn reported).
 run ./internal/graph/ 'Validate10kNodes$' 20x
 run ./internal/graph/ 'ValidatePathological' 20x
-run ./internal/capability/ 'RevokedByPathological' 1s
+run ./mcpgate/capability/ 'RevokedByPathological' 1s
 run ./services/publisher/ 'ValidateDraft10kNodes' 20x
 run ./services/publisher/ 'Import200Tools' 10x 3
 # Audit: durable batched appends, the spool, Verify over 1,000,000 records (one pass each).

@@ -11,8 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ringfence/ringfence/internal/mcpdecl"
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
 )
 
 // isolated starts ringfenced with the fixture isolation image, so discovery runs the fixture

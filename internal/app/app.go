@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/moby/moby/client"
 	"google.golang.org/grpc"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
@@ -37,6 +38,7 @@ import (
 	"github.com/ringfence/ringfence/internal/telemetry"
 	auditsvc "github.com/ringfence/ringfence/services/audit"
 	"github.com/ringfence/ringfence/services/pool"
+	"github.com/ringfence/ringfence/services/pool/spawner"
 	"github.com/ringfence/ringfence/services/publisher"
 	"github.com/ringfence/ringfence/services/registry"
 )
@@ -376,21 +378,16 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg pool.Registr
 	if err != nil {
 		return nil, err
 	}
-	sb := cfg.Sandbox
-	poolID := sb.PoolID
-	if poolID == "" {
-		poolID = defaultPoolID(cfg.DataDir)
+	plog := log.With("service", "pool")
+	sp, err := newSpawner(cfg, plog)
+	if err != nil {
+		return nil, err
 	}
 	pl, err := pool.Open(ctx, pool.Config{
-		DBPath:   path,
-		Registry: reg,
-		Versions: versions,
-		Sandbox: pool.Sandbox{
-			Image: sb.MCPIsolationImage, Network: sb.MCPIsolationNetwork, AllowedEnvKeys: sb.MCPIsolationAllowedEnvironmentKeys,
-			NanoCPUs: int64(sb.MCPIsolationCPUs * 1e9), MemoryBytes: int64(sb.MCPIsolationMemory), PidsLimit: sb.MCPIsolationPids,
-			TmpfsSizeBytes: int64(sb.MCPIsolationTmpSize), AllowUnisolated: sb.AllowUnisolatedMCPDevelopment,
-			PoolID: poolID, DockerHost: sb.DockerHost, CloseTimeout: sb.StopTimeout,
-		},
+		DBPath:                path,
+		Registry:              reg,
+		Versions:              versions,
+		Spawner:               sp,
 		AuditSink:             sink,
 		SpoolMaxRecords:       cfg.Audit.SpoolMaxRecords,
 		OnSpoolFull:           spoolPolicy(cfg),
@@ -401,7 +398,7 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg pool.Registr
 		MaxSessions:           cfg.Pool.MaxSessions,
 		AllowAdvisory:         cfg.Pool.AllowAdvisory,
 		AllowInlineMCPServers: cfg.Dev.AllowInlineMCPServers,
-		Logger:                log.With("service", "pool"),
+		Logger:                plog,
 	})
 	if err != nil {
 		return nil, err
@@ -413,6 +410,54 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg pool.Registr
 	})
 	requeueQuarantined(cfg, pl.Spool(), log.With("service", "pool"))
 	return pl, nil
+}
+
+// newSpawner wires the pool's spawner back ends from the sandbox settings: Docker (the
+// isolation image, on the configured OCI runtime) when an image is set, else host processes
+// when unisolated development is allowed, and remote servers always. A new back end is a
+// package implementing spawner.Backend, chosen here.
+func newSpawner(cfg *config.Config, log *slog.Logger) (*spawner.Router, error) {
+	sb := cfg.Sandbox
+	poolID := sb.PoolID
+	if poolID == "" {
+		poolID = defaultPoolID(cfg.DataDir)
+	}
+	sc := spawner.Config{
+		Image: sb.MCPIsolationImage, Network: sb.MCPIsolationNetwork, AllowedEnvKeys: sb.MCPIsolationAllowedEnvironmentKeys,
+		NanoCPUs: int64(sb.MCPIsolationCPUs * 1e9), MemoryBytes: int64(sb.MCPIsolationMemory), PidsLimit: sb.MCPIsolationPids,
+		TmpfsSizeBytes: int64(sb.MCPIsolationTmpSize), AllowUnisolated: sb.AllowUnisolatedMCPDevelopment, Runtime: sb.Runtime,
+		PoolID: poolID, CloseTimeout: sb.StopTimeout, Logger: log,
+	}
+	var backends []spawner.Backend
+	switch {
+	case sb.MCPIsolationImage != "":
+		if sb.DockerHost != "" {
+			docker, err := client.New(client.FromEnv, client.WithHost(sb.DockerHost))
+			if err != nil {
+				return nil, fmt.Errorf("pool: docker client for %s: %w", sb.DockerHost, err)
+			}
+			sc.Docker = docker
+		}
+		d, err := spawner.NewDocker(sc)
+		if err != nil {
+			if c, ok := sc.Docker.(*client.Client); ok {
+				_ = c.Close()
+			}
+			return nil, err
+		}
+		backends = append(backends, d)
+	case sb.AllowUnisolatedMCPDevelopment:
+		h, err := spawner.NewHost(sc)
+		if err != nil {
+			return nil, err
+		}
+		backends = append(backends, h)
+	}
+	remote, err := spawner.NewRemote(sc)
+	if err != nil {
+		return nil, err
+	}
+	return spawner.NewRouter(sc, append(backends, remote)...)
 }
 
 // defaultPoolID derives a pool's id from its data directory, so a restart on the same data

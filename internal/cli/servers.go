@@ -22,8 +22,8 @@ import (
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
-	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/mcpgate/capability"
 )
 
 // serverFlags are the registration flags of `servers add` and `servers update` (the seed's

@@ -89,6 +89,7 @@ type Sandbox struct {
 	AllowUnisolatedMCPDevelopment      bool          `key:"allow_unisolated_mcp_development" help:"run stdio MCP servers as host processes (development only; refused in production)"`
 	PoolID                             string        `key:"pool_id" help:"label that lets a restarted pool sweep its orphaned containers; default derived from data_dir"`
 	DockerHost                         string        `key:"docker_host" help:"Docker engine endpoint; default from DOCKER_HOST or the local socket"`
+	Runtime                            string        `key:"runtime" help:"OCI runtime of MCP containers, as the engine names it (e.g. runsc for gVisor); default the engine's default runtime"`
 	StopTimeout                        time.Duration `key:"stop_timeout" default:"2s" help:"bound on a graceful MCP server stop before it is forced"`
 }
 
@@ -135,6 +136,9 @@ var SplitBinaries = []string{"ringfence-registry", "ringfence-publisher", "ringf
 func (c *Config) IsProduction() bool { return c.Env == "production" }
 
 var imageRefPattern = regexp.MustCompile(`^(?:[a-z0-9][a-z0-9._/:-]*@)?sha256:[0-9a-f]{64}$`)
+
+// runtimeNamePattern is a runtime name as the engine takes it (a key of daemon.json "runtimes").
+var runtimeNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
 
 // Validate checks every value and cross-field rule, returning all problems at once.
 func (c *Config) Validate() error {
@@ -196,6 +200,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Sandbox.MCPIsolationTmpSize < 1<<20 {
 		errs.add("sandbox.mcp_isolation_tmp_size", "must be at least 1MiB", "e.g. 64MiB")
+	}
+	if r := c.Sandbox.Runtime; r != "" && !runtimeNamePattern.MatchString(r) {
+		errs.add("sandbox.runtime", fmt.Sprintf("%q is not a runtime name", r), "name a runtime the Docker engine lists (docker info), e.g. runc or runsc")
 	}
 	if c.Sandbox.StopTimeout <= 0 {
 		errs.add("sandbox.stop_timeout", "must be positive", "e.g. 2s")

@@ -100,6 +100,7 @@ func TestRefusals(t *testing.T) {
 		{"tag refused", nil, []string{"RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE=mcp:latest"}, []string{"RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE", "not pinned by digest", "sha256:<64 hex>"}},
 		{"production refuses unisolated development", nil, []string{"RINGFENCE_ENV=production", "RINGFENCE_SANDBOX__ALLOW_UNISOLATED_MCP_DEVELOPMENT=true"}, []string{"RINGFENCE_SANDBOX__ALLOW_UNISOLATED_MCP_DEVELOPMENT", "refused in production", "host processes"}},
 		{"production refuses inline servers", nil, []string{"RINGFENCE_ENV=production", "RINGFENCE_DEV__ALLOW_INLINE_MCP_SERVERS=true"}, []string{"RINGFENCE_DEV__ALLOW_INLINE_MCP_SERVERS", "no ceiling"}},
+		{"bad runtime name", nil, []string{"RINGFENCE_SANDBOX__RUNTIME=run sc"}, []string{"RINGFENCE_SANDBOX__RUNTIME", "not a runtime name", "docker info"}},
 		{"partial tls", nil, []string{"RINGFENCE_TLS__CERT_FILE=a.pem"}, []string{"set together"}},
 		{"bad env", nil, []string{"RINGFENCE_ENV=staging"}, []string{"RINGFENCE_ENV", "development or production"}},
 		{"no connections per address", nil, []string{"RINGFENCE_LIMITS__MAX_CONNECTIONS_PER_ADDRESS=0"}, []string{"RINGFENCE_LIMITS__MAX_CONNECTIONS_PER_ADDRESS", "at least 1", "proxy or NAT"}},

@@ -10,7 +10,7 @@ import (
 
 	registryinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
-	"github.com/ringfence/ringfence/internal/mcpdecl/screen"
+	"github.com/ringfence/ringfence/mcpgate/screen"
 )
 
 // Tool is one declared tool as the server sent it, with its pin and the screen's findings.

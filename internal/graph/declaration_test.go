@@ -8,7 +8,7 @@ import (
 
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
-	"github.com/ringfence/ringfence/internal/mcpdecl"
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
 )
 
 // repin writes a declaration by hand and pins it correctly, as an author with the hash

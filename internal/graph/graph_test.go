@@ -11,10 +11,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/fielderr"
-	"github.com/ringfence/ringfence/internal/mcpdecl"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/mcpgate/capability"
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
 )
 
 // fakeGrants is an in-memory registry: ref → policy.

@@ -5,9 +5,9 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/mcpgate/capability"
 )
 
 // Rules a graph can break, as named in violations.

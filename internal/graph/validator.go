@@ -7,10 +7,10 @@ import (
 	"reflect"
 	"slices"
 
-	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/mcpgate/capability"
 )
 
 // GrantsResolver returns a registered server's policy (its grants and tool filter): the

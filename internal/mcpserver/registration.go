@@ -8,15 +8,14 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"net/url"
 	"regexp"
 	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
 
-	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/fielderr"
+	"github.com/ringfence/ringfence/mcpgate/capability"
 )
 
 // ErrNotRegistered is wrapped by every "no such server" error, so consumers of the registry
@@ -139,7 +138,6 @@ var (
 	secretNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,128}$`)
 	toolNamePattern   = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,128}$`)
 	headerNamePattern = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
-	placeholder       = regexp.MustCompile(`\{([A-Za-z0-9_.]{1,64})\}`)
 )
 
 // ValidateRef checks a server ref.
@@ -320,12 +318,11 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 			return fielderr.New(field, "must list 1 to %d requirements", MaxToolRequirements)
 		}
 		for i, req := range reqs {
-			// Placeholders stand for argument values; check the shape with a stand-in.
-			if _, err := capability.Parse(placeholder.ReplaceAllString(req, "x")); err != nil {
-				return fielderr.New(fmt.Sprintf("%s[%d]", field, i), "%s", err.Error())
-			}
-			if strings.ContainsAny(placeholder.ReplaceAllString(req, ""), "{}") {
+			// Placeholders stand for argument values; the shape is checked with a stand-in.
+			if err := capability.CheckTemplate(req); errors.Is(err, capability.ErrMalformedPlaceholder) {
 				return fielderr.New(fmt.Sprintf("%s[%d]", field, i), "%q has a malformed {argument} placeholder", truncate(req))
+			} else if err != nil {
+				return fielderr.New(fmt.Sprintf("%s[%d]", field, i), "%s", err.Error())
 			}
 		}
 	}
@@ -334,65 +331,6 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 	}
 	if r.ToolCallTimeout < 0 || r.ToolCallTimeout > MaxToolCallTimeout {
 		return fielderr.New("tool_call_timeout", "must be between 0 (default 30s) and %s", MaxToolCallTimeout)
-	}
-	return nil
-}
-
-// Placeholders returns the argument names a requirement like "fs.read:{path}" refers to.
-func Placeholders(requirement string) []string {
-	var out []string
-	for _, m := range placeholder.FindAllStringSubmatch(requirement, -1) {
-		out = append(out, m[1])
-	}
-	return out
-}
-
-// ExpandRequirement substitutes argument values into a requirement's placeholders. A
-// value that is not a canonical path is refused rather than matched: globs compare text,
-// while the server resolves "." and ".." segments, so "/srv/docs/../../etc/shadow" would
-// match "/srv/docs/**" and read outside it.
-func ExpandRequirement(requirement string, value func(arg string) (string, bool)) (string, error) {
-	var missing string
-	var bad error
-	out := placeholder.ReplaceAllStringFunc(requirement, func(m string) string {
-		name := m[1 : len(m)-1]
-		v, ok := value(name)
-		if !ok && missing == "" {
-			missing = name
-		}
-		if err := checkScopeValue(v); ok && err != nil && bad == nil {
-			bad = fmt.Errorf("argument %q, which scopes %q, %v", name, requirement, err)
-		}
-		return v
-	})
-	if missing != "" {
-		return "", fmt.Errorf("argument %q, which scopes %q, is missing or not a string", missing, requirement)
-	}
-	if bad != nil {
-		return "", bad
-	}
-	return out, nil
-}
-
-// checkScopeValue refuses argument values a server could resolve to somewhere other than
-// what they say: "." or ".." segments (either separator, also percent-encoded), and control
-// characters (NUL truncates paths in C libraries).
-func checkScopeValue(v string) error {
-	for _, r := range v {
-		if r < 0x20 || r == 0x7f {
-			return fmt.Errorf("contains a control character (%U): scoped arguments must be plain canonical paths", r)
-		}
-	}
-	forms := []string{v}
-	if dec, err := url.PathUnescape(v); err == nil && dec != v {
-		forms = append(forms, dec)
-	}
-	for _, form := range forms {
-		for _, seg := range strings.FieldsFunc(form, func(r rune) bool { return r == '/' || r == '\\' }) {
-			if seg == "." || seg == ".." {
-				return fmt.Errorf("has a %q segment: scoped arguments must be canonical paths, since the server would resolve it outside the claim that matched the text", seg)
-			}
-		}
 	}
 	return nil
 }

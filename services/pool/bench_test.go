@@ -28,7 +28,7 @@ import (
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
 	"github.com/ringfence/ringfence/internal/testutil/fixtures"
 	auditsvc "github.com/ringfence/ringfence/services/audit"
-	"github.com/ringfence/ringfence/services/pool/internal/spawner"
+	"github.com/ringfence/ringfence/services/pool/spawner"
 )
 
 // Benchmarks of issue 6, reported with p50/p99 per operation (b.ReportMetric). Run them with

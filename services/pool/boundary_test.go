@@ -17,7 +17,7 @@ import (
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
 	rftestutil "github.com/ringfence/ringfence/internal/testutil"
-	"github.com/ringfence/ringfence/services/pool/internal/spawner"
+	"github.com/ringfence/ringfence/services/pool/spawner"
 )
 
 // What the RPC boundary guarantees a caller: server-chosen text reaches it safe, the details

@@ -16,14 +16,14 @@ import (
 
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
-	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/humanize"
-	"github.com/ringfence/ringfence/internal/mcpdecl/sanitize"
 	"github.com/ringfence/ringfence/internal/mcpserver"
-	"github.com/ringfence/ringfence/internal/schemas"
-	"github.com/ringfence/ringfence/services/pool/internal/spawner"
+	"github.com/ringfence/ringfence/mcpgate"
+	"github.com/ringfence/ringfence/mcpgate/capability"
+	"github.com/ringfence/ringfence/mcpgate/sanitize"
+	"github.com/ringfence/ringfence/services/pool/spawner"
 )
 
 // CallRequest is one tool call by one agent of a run.
@@ -192,29 +192,20 @@ func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, e
 	if req.CallID == "" {
 		req.CallID = "call-" + newRunID()[4:]
 	}
-	// ToolName starts as the binding name the agent asked for, so a refused unknown binding is
-	// still legible in the audit log; it becomes the server's tool name once resolved.
-	att := audit.ToolCallAttempt{RunID: req.RunID, CallID: req.CallID, Attempt: 1, AgentNode: req.Agent, ToolName: req.Tool}
-	tenant := req.Tenant
-	var argsCanonical []byte
-	intent := func() (err error) {
-		att.PendingID, err = s.recordPending(ctx, att, argsCanonical, tenant)
-		return err
-	}
-	var res *CallResult
-	var err error
+	var out outcome
 	if s.inflight.enter() {
 		defer s.inflight.leave()
-		res, err = s.callTool(ctx, req, &att, &tenant, &argsCanonical, intent)
+		out = s.callTool(ctx, req)
 	} else {
-		err = refusal(reasonShuttingDown, errShuttingDown)
+		out = outcome{attempt: newAttempt(req), tenant: req.Tenant, err: refusal(reasonShuttingDown, errShuttingDown)}
 	}
+	att, res, err := out.attempt, out.res, out.err
 	att.LatencyMicros = time.Since(start).Microseconds()
-	setArgs(&att, argsCanonical)
+	setArgs(&att, out.args)
 	settle(&att, res, err)
 	identify(err, att.CallID, att.Attempt)
 	s.metrics.calls.WithLabelValues(att.Outcome, orDash(att.Result), orDash(att.Reason+att.FailureClass)).Inc()
-	rec := audit.NewToolCallRecord("pool", orDefaultTenant(tenant), att)
+	rec := audit.NewToolCallRecord("pool", orDefaultTenant(out.tenant), att)
 	if att.Outcome == audit.OutcomeDispatched {
 		// The pending record is durable already; the outcome does not hold up the answer.
 		s.recordOutcome(rec)
@@ -226,6 +217,98 @@ func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, e
 		res.Latency, res.Advisory = time.Since(start), att.Advisory
 	}
 	return res, err
+}
+
+// agentOf reports whether the run's graph has the agent.
+func agentOf(snap runSnapshot, agent string) bool {
+	_, ok := snap.index.Agent(agent)
+	return ok
+}
+
+// outcome is what a call came to: the attempt as its gates left it, the tenant its record
+// belongs to, the canonical arguments (for the digest), and the result or the error.
+type outcome struct {
+	attempt audit.ToolCallAttempt
+	tenant  string
+	args    []byte
+	res     *CallResult
+	err     error
+}
+
+// callTool is the I/O around the gate pipeline (pipeline.go): it takes the run's snapshot and
+// fetches what the gates read (the graph version, the live server policy), asks decide, starts
+// or reuses the run's session, refreshes its listing for checkLive, records the attempt and
+// dispatches.
+func (s *Service) callTool(ctx context.Context, req CallRequest) outcome {
+	out := outcome{attempt: newAttempt(req), tenant: req.Tenant}
+	// Gate 0: the audit spool can take the record (fail closed before anything happens).
+	if err := s.spool.CanAccept(); err != nil {
+		out.err = refusal(reasonAuditUnavailable, err)
+		return out
+	}
+	r, err := s.lookup(ctx, req.RunID, req.Tenant)
+	if err != nil {
+		out.err = refusal(reasonUnknownRun, err)
+		return out
+	}
+	snap, done := r.begin(req.CallID)
+	defer done()
+	out.tenant = r.id.Tenant
+
+	in := gateInput{req: req, run: snap, allowAdvisory: s.cfg.AllowAdvisory, allowInline: s.cfg.AllowInlineMCPServers, schemas: s.schemas}
+	if snap.state == StateRunning {
+		if snap.loadErr = s.load(ctx, r); snap.loadErr == nil {
+			snap.version, snap.index = r.version, r.index
+		}
+		in.run = snap
+	}
+	// Only an agent of the graph: the run caches each agent's set, and a caller must not grow
+	// that cache with names of its choosing.
+	if snap.version != nil && agentOf(snap, req.Agent) {
+		in.effective, in.caps = s.effective(r, req.Agent)
+	}
+	in.args.value, in.args.canonical, in.args.err = decodeArguments(req.Arguments)
+	if node, ok := boundTool(snap, req); ok {
+		in.policy, in.policyErr = s.cfg.Registry.ServerPolicy(ctx, node.MCPTool.ServerRef)
+		in.policyCanceled = in.policyErr != nil && ctx.Err() != nil
+	}
+
+	d := decide(&in)
+	out.attempt, out.args = d.attempt, d.args.canonical
+	if d.err != nil {
+		out.err = d.err
+		return out
+	}
+
+	// Isolation, spawn and handshake (on first use in the run).
+	var inline *mcpserver.Resolved
+	if d.target.inline != nil {
+		inline = inlineRegistration(d.target.inline)
+	}
+	sess, err := s.session(ctx, r, d.serverRef, inline)
+	if err != nil {
+		out.err = sessionRefusal(err)
+		return out
+	}
+	live, err := s.listing(ctx, sess)
+	if err != nil {
+		out.err = err
+		return out
+	}
+	d = checkLive(&in, d, live)
+	out.attempt = d.attempt
+	if d.err != nil {
+		out.err = d.err
+		return out
+	}
+
+	// Dispatch, on record first.
+	if out.attempt.PendingID, err = s.recordPending(ctx, out.attempt, out.args, out.tenant); err != nil {
+		out.err = err
+		return out
+	}
+	out.res, out.err = s.dispatchInRun(ctx, sess, d, req.CallID)
+	return out
 }
 
 // identify puts the attempt's call id and number into a refusal or failure, for the details
@@ -348,163 +431,6 @@ func digest(b []byte) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-func (s *Service) callTool(ctx context.Context, req CallRequest, att *audit.ToolCallAttempt, tenant *string, argsCanonical *[]byte, intent func() error) (*CallResult, error) {
-	// Gate 0: the audit spool can take the record (fail closed before anything happens).
-	if err := s.spool.CanAccept(); err != nil {
-		return nil, refusal(reasonAuditUnavailable, err)
-	}
-
-	// Gate 1: a known run, agent and tool binding.
-	r, err := s.lookup(ctx, req.RunID, req.Tenant)
-	if err != nil {
-		return nil, refusal(reasonUnknownRun, err)
-	}
-	// busy is taken under the run's lock, as the idle reaper checks it (end), so a run is
-	// either ended before this call or seen busy by the reaper, never ended under it.
-	r.mu.Lock()
-	r.busy.Add(1)
-	defer func() {
-		// The idle clock starts again when a call ends: a run whose long call just returned
-		// is not abandoned.
-		r.mu.Lock()
-		r.touch()
-		r.busy.Add(-1)
-		r.mu.Unlock()
-	}()
-	*tenant = r.id.Tenant
-	att.GraphID, att.GraphVersion, att.AgentNode = r.id.GraphID, r.id.Version, req.Agent
-	r.touch()
-	r.calls++
-	if len(r.attempts) >= maxTrackedCallIDs {
-		clear(r.attempts)
-	}
-	r.attempts[req.CallID]++
-	att.Attempt = r.attempts[req.CallID]
-	state := r.rec.State
-	r.mu.Unlock()
-	switch state {
-	case StateRunning:
-	case StatePaused:
-		return nil, refusal(reasonRunNotRunning, fmt.Errorf("%w (it is paused): resume it first", errRunNotRunning))
-	default:
-		return nil, refusal(reasonRunNotRunning, fmt.Errorf("%w (it %s): start a new run", errRunEnded, state))
-	}
-	if err := s.load(ctx, r); err != nil {
-		return nil, refusal(reasonUnknownRun, err)
-	}
-	agent, ok := r.index.Agent(req.Agent)
-	if !ok {
-		return nil, refusal(reasonUnknownAgent, fmt.Errorf("graph %s v%d has no agent node %q (its agents: %s)", r.id.GraphID, r.id.Version, req.Agent, listed(r.index.AgentIDs())))
-	}
-	node, ok := r.index.BoundTool(req.Agent, req.Tool)
-	if !ok || node.MCPTool == nil {
-		if inline, toolName, found := inlineTool(agent, req.Tool); found {
-			return s.callInline(ctx, r, req, inline, toolName, att, argsCanonical, intent)
-		}
-		return nil, refusal(reasonUnknownTool, fmt.Errorf("agent %q binds no mcp_tool named %q in graph %s v%d (it binds: %s; imported tools are named <server>__<tool>)",
-			req.Agent, req.Tool, r.id.GraphID, r.id.Version, listed(r.index.BindingNames(req.Agent))))
-	}
-	tool := node.MCPTool
-	att.ToolNode, att.ServerRef, att.ToolName, att.PinnedHash = node.ID, tool.ServerRef, tool.ToolName, tool.SchemaHash
-
-	// Gate 2: the node's floor, and the ceiling against the registry's grants now,
-	// unconditionally. Publish proved the floor; it is checked again as the gate still
-	// standing should a version ever reach the pool without it (grants: [] then denies it).
-	if v := graph.CheckFloor(node); v != nil {
-		ref := refusal(reasonCapability, errors.New(v.Message))
-		ref.Missing = v.Missing
-		return nil, ref
-	}
-	policy, err := s.cfg.Registry.ServerPolicy(ctx, tool.ServerRef)
-	if err != nil {
-		switch {
-		case errors.Is(err, mcpserver.ErrNotRegistered):
-			return nil, refusal(reasonUnknownServer, fmt.Errorf("server %q is no longer registered: the graph is stranded until it is registered again", tool.ServerRef))
-		case ctx.Err() != nil:
-			return nil, err
-		}
-		return nil, refusal(reasonRegistryUnavailable, fmt.Errorf("the registry could not be asked for the grants of server %q, so the ceiling cannot be checked; nothing was started: %w", tool.ServerRef, err))
-	}
-	if v := graph.CheckCeiling(node, policy); v != nil {
-		ref := refusal(reasonCeiling, errors.New(v.Message))
-		ref.Missing = v.Excess
-		return nil, ref
-	}
-	if v := graph.CheckToolFilter(node, policy); v != nil {
-		return nil, refusal(reasonCeiling, errors.New(v.Message))
-	}
-
-	// Gate 3: the agent floor against the agent's effective set after the graph's policies.
-	if err := s.agentFloor(r, req.Agent, node, att); err != nil {
-		return nil, err
-	}
-	eff := s.effective(r, req.Agent)
-
-	// Gate 4: argument-scoped permissions declared by the registration (default-deny).
-	args, canonical, err := decodeArguments(req.Arguments)
-	if err != nil {
-		return nil, err
-	}
-	*argsCanonical = canonical
-	if reqs, declared := policy.ToolPermissions[tool.ToolName]; declared {
-		if err := checkArgumentScopes(reqs, args, eff); err != nil {
-			return nil, err
-		}
-	}
-
-	// Gate 5: the pinned schemas compile, and the arguments match the input schema.
-	if err := s.checkSchemas(tool, safePinned, reimport); err != nil {
-		return nil, err
-	}
-	if err := s.validateInput(tool, *argsCanonical, policy.StrictInputs); err != nil {
-		return nil, err
-	}
-
-	// Gates 6 and 7: isolation, spawn and handshake (on first use in the run).
-	sess, err := s.session(ctx, r, tool.ServerRef, nil)
-	if err != nil {
-		return nil, sessionRefusal(err)
-	}
-
-	// Gate 8: drift of the live declaration against the pin.
-	live, err := s.checkDrift(ctx, sess, tool.ToolName, tool.SchemaHash)
-	if err != nil {
-		if errors.Is(err, errDrift) {
-			ref := refusal(reasonSchemaDrift, fmt.Errorf("%w (pinned %s, live %s)", errDrift, tool.SchemaHash, live))
-			ref.Pinned, ref.Live = tool.SchemaHash, live
-			return nil, ref
-		}
-		return nil, err
-	}
-
-	// Dispatch, on record first.
-	if err := intent(); err != nil {
-		return nil, err
-	}
-	return s.dispatchInRun(ctx, sess, tool, args, req.CallID, att.Attempt)
-}
-
-// agentFloor checks that the agent effectively holds what node declares: enforced in enforce
-// mode, recorded as the attempt's advisory in advisory mode.
-func (s *Service) agentFloor(r *run, agent string, node *graph.Node, att *audit.ToolCallAttempt) error {
-	v := graph.CheckAgentFloorWith(r.version.Graph, agent, s.effective(r, agent), node)
-	if v == nil {
-		return nil
-	}
-	if r.version.Graph.Mode() != graph.ModeAdvisory || !s.cfg.AllowAdvisory {
-		msg := v.Message
-		if r.version.Graph.Mode() == graph.ModeAdvisory {
-			msg += " (the graph's capability_mode is advisory, which this pool does not honour: pool.allow_advisory is off)"
-		}
-		ref := refusal(reasonAgentFloor, errors.New(msg))
-		ref.Missing = v.Missing
-		return ref
-	}
-	// Bounded as an audit record's field must be, or the attempt could not be recorded.
-	att.Advisory = append(att.Advisory, truncateTo(reasonAgentFloor+": "+v.Message, audit.MaxFieldLen))
-	return nil
-}
-
 // sessionRefusal classifies a failure to get a run's session for a server.
 func sessionRefusal(err error) error {
 	var ref *RefusedError
@@ -533,20 +459,22 @@ func failedToStart(err error) string {
 	return reasonSpawnFailed
 }
 
-// effective returns the agent's effective capabilities, computed once per run.
-func (s *Service) effective(r *run, agentID string) capability.Effective {
+// effective returns the agent's effective capabilities, computed once per run, in both forms
+// the gates read.
+func (s *Service) effective(r *run, agentID string) (capability.Effective, mcpgate.Capabilities) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if eff, ok := r.effective[agentID]; ok {
-		return eff
+	if c, ok := r.effective[agentID]; ok {
+		return c.eff, c.caps
 	}
 	eff, err := graph.Effective(r.version.Graph, agentID)
 	if err != nil {
 		// An agent with unparsable bindings holds nothing.
 		eff = capability.Effective{}
 	}
-	r.effective[agentID] = eff
-	return eff
+	c := agentCaps{eff: eff, caps: mcpgate.CapabilitiesOf(eff)}
+	r.effective[agentID] = c
+	return c.eff, c.caps
 }
 
 // maxArgumentBytes bounds one call's arguments.
@@ -575,194 +503,43 @@ func decodeArguments(raw json.RawMessage) (map[string]any, []byte, error) {
 	return args, canonical, nil
 }
 
-// argumentScopeWork bounds the glob comparisons of one call's argument-scope gate (tens of
-// ms of CPU at most; see capability.Meter): arguments are the caller's to choose, and
-// without a bound a scope shaped against wildcard revoke entries cost seconds per call. It
-// is what publishing allows a whole graph's agent floor, so no ordinary scope under a
-// publishable graph's policies comes near it.
-const argumentScopeWork = graph.MaxGlobWork
-
-// checkArgumentScopes expands each requirement with the call's arguments (e.g.
-// "fs.read:{path}" with path "/srv/a") and demands that the agent hold a covering claim.
-func checkArgumentScopes(reqs []string, args map[string]any, eff capability.Effective) error {
-	var missing []string
-	checked := make(map[string]bool, len(reqs))
-	meter := &capability.Meter{Limit: argumentScopeWork}
-	for _, req := range reqs {
-		expanded, err := mcpserver.ExpandRequirement(req, func(arg string) (string, bool) {
-			v, ok := args[arg].(string)
-			return v, ok
-		})
-		if err != nil {
-			return refusal(reasonArgumentScope, err)
-		}
-		if checked[expanded] {
-			continue
-		}
-		checked[expanded] = true
-		c, err := capability.Parse(expanded)
-		if err != nil {
-			return refusal(reasonArgumentScope, fmt.Errorf("requirement %q with these arguments is %q, which is not a capability: %v", req, expanded, err))
-		}
-		if !eff.CoversMetered(c, meter) {
-			missing = append(missing, expanded)
-		}
-		if meter.Exceeded() {
-			return refusal(reasonArgumentScope, fmt.Errorf("comparing this call's argument scopes with the agent's claims and the graph's revoke entries needs more than the per-call limit of %d units of work: simplify the wildcard revoke entries in the graph's policies, or call with a plainer argument", argumentScopeWork))
-		}
-	}
-	if len(missing) > 0 {
-		ref := refusal(reasonArgumentScope, fmt.Errorf("the agent holds no claim covering %s (the registration requires it for this tool and these arguments): bind a covering capability to the agent, e.g. with a glob scope", strings.Join(missing, ", ")))
-		ref.Missing = missing
-		return ref
-	}
-	return nil
-}
-
-// What to do about a schema that cannot be used, pinned or live.
-const (
-	reimport  = "fix the server's declaration, then re-import the tool (ringfence mcp-import) and publish again"
-	fixServer = "the server must declare a schema that compiles"
-)
-
-// checkSchemas compiles a tool's input and output schemas before anything reaches the server.
-// A schema that cannot be compiled is the declaration's fault, not the caller's; and an output
-// schema found broken only after the call would turn a refusal into a call that may have
-// taken effect. safe cleans the compiler's message, which may quote the schema.
-func (s *Service) checkSchemas(tool *graph.MCPToolNode, safe func(string) string, fix string) error {
-	if _, err := s.schema(tool, "input"); err != nil {
-		return refusal(reasonUnusableSchema, fmt.Errorf("the input schema of tool %q cannot be compiled: %s; %s", tool.ToolName, safe(err.Error()), fix))
-	}
-	if len(tool.OutputSchema) > 0 {
-		if _, err := s.schema(tool, "output"); err != nil {
-			return refusal(reasonUnusableSchema, fmt.Errorf("the output schema of tool %q cannot be compiled: %s; %s", tool.ToolName, safe(err.Error()), fix))
-		}
-	}
-	return nil
-}
-
-// strictInput names the input schema read as strict_inputs asks.
-const strictInput = "input-strict"
-
-// schema compiles the tool's input, strict input or output schema, cached by its pin (or its
-// live hash).
-func (s *Service) schema(tool *graph.MCPToolNode, which string) (*schemas.Schema, error) {
-	raw := tool.InputSchema
-	if which == "output" {
-		raw = tool.OutputSchema
-	}
-	strict := which == strictInput
-	switch {
-	case tool.SchemaHash == "" && strict: // nothing to key a cache entry by
-		return schemas.CompileStrict(raw)
-	case tool.SchemaHash == "":
-		return schemas.Compile(raw)
-	case strict:
-		return s.schemas.GetStrict(tool.SchemaHash+"/"+which, raw)
-	}
-	return s.schemas.Get(tool.SchemaHash+"/"+which, raw)
-}
-
-// safePinned cleans text taken from a pinned declaration (it has no session whose secrets
-// could be masked; a declaration holds none of them).
-func safePinned(text string) string {
-	return sanitize.String(truncateTo(text, 512), sanitize.Options{})
-}
-
-// validateInput checks the arguments against the input schema (checkSchemas compiled it),
-// read strictly when the registration asks (strict_inputs: no undeclared arguments).
-func (s *Service) validateInput(tool *graph.MCPToolNode, args []byte, strict bool) error {
-	which := "input"
-	if strict {
-		which = strictInput
-	}
-	sch, err := s.schema(tool, which)
-	if err != nil {
-		return refusal(reasonUnusableSchema, fmt.Errorf("the input schema of tool %q cannot be compiled", tool.ToolName))
-	}
-	v, err := schemas.Decode(args)
-	if err != nil {
-		return refusal(reasonInvalidInput, err)
-	}
-	var tooMuch *schemas.BudgetError
-	if err := sch.Validate(v); errors.As(err, &tooMuch) {
-		return refusal(reasonInvalidInput, fmt.Errorf("the arguments cannot be checked against the tool's input schema with bounded work, so they are refused: %v", err))
-	} else if err != nil {
-		return refusal(reasonInvalidInput, fmt.Errorf("the arguments do not match the tool's input schema: %v", err))
-	}
-	return nil
-}
-
-// maxContentItems bounds the content items of one result: each becomes a map the result
-// is sanitized and encoded through, so a 15 MiB message of empty items cost ~400 MiB.
-const maxContentItems = 10_000
-
 // dispatch sends tools/call and turns the answer into a result or a classified failure.
-func (s *Service) dispatch(ctx context.Context, sess *session, tool *graph.MCPToolNode, args map[string]any, callID string, attempt int32) (*CallResult, error) {
+func (s *Service) dispatch(ctx context.Context, sess *session, d decision, callID string) (*CallResult, error) {
 	sess.calls.Add(1)
 	cctx, cancel := context.WithTimeout(ctx, sess.reg.CallTimeout())
 	defer cancel()
-	res, err := sess.sess.CallTool(cctx, &mcp.CallToolParams{Name: tool.ToolName, Arguments: args})
+	res, err := sess.sess.CallTool(cctx, &mcp.CallToolParams{Name: d.spec.Name, Arguments: d.args.value})
 	if err != nil {
 		return nil, &FailedError{Class: s.classifyCallError(ctx, cctx, sess, err), Err: callErrMessage(err)}
 	}
 	// Secrets are masked too: a server's output is its one way out of the sandbox, for the
 	// env values it was given as for anything else.
 	keep := sanitize.Options{KeepMarkup: sess.reg.KeepMarkup, Redact: sess.sess.Redact}
-	return s.result(tool, res, keep, sess.sess.SafeText, callID, attempt)
+	return s.result(d.spec, d.serverRef, res, keep, sess.sess.SafeText, callID, d.attempt.Attempt)
 }
 
-// result checks what a tools/call answered and turns it into a sanitized result (keep says
-// how) or a classified failure. safe cleans a failure's message, which may quote what the
-// server returned (a key the schema does not allow).
-func (s *Service) result(tool *graph.MCPToolNode, res *mcp.CallToolResult, keep sanitize.Options, safe func(string) string, callID string, attempt int32) (*CallResult, error) {
-	out := &CallResult{CallID: callID, Attempt: attempt, ServerRef: tool.ServerRef, ToolName: tool.ToolName, Result: audit.ResultSucceeded, IsError: res.IsError}
-	if res.IsError {
+// result checks what a tools/call answered (mcpgate.ProcessResult: output schema, bounds,
+// sanitization of every string) and turns it into the call's result or a classified failure.
+// keep says how strings are sanitized; safe cleans a failure's message, which may quote what
+// the server returned (a key the schema does not allow).
+func (s *Service) result(spec *mcpgate.ToolSpec, serverRef string, res *mcp.CallToolResult, keep sanitize.Options, safe func(string) string, callID string, attempt int32) (*CallResult, error) {
+	got, err := mcpgate.ProcessResult(spec, res, mcpgate.WithSanitize(keep), mcpgate.WithSafeText(safe), mcpgate.WithSchemaCache(s.schemas))
+	var invalid *mcpgate.ValidationError
+	var tooLarge *mcpgate.TooLargeError
+	switch {
+	case errors.As(err, &invalid):
+		return nil, &FailedError{Class: failureOutputInvalid, Err: errors.New(invalid.Message)}
+	case errors.As(err, &tooLarge) && tooLarge.What == "content items":
+		return nil, &FailedError{Class: failureOutputTooLarge, Err: fmt.Errorf("the result has %d content items, more than the %d a result may carry", tooLarge.Size, tooLarge.Limit)}
+	case errors.As(err, &tooLarge):
+		return nil, &FailedError{Class: failureOutputTooLarge, Err: fmt.Errorf("the result is %d bytes, more than the %d a result may carry", tooLarge.Size, tooLarge.Limit)}
+	case err != nil:
+		return nil, err
+	}
+	out := &CallResult{CallID: callID, Attempt: attempt, ServerRef: serverRef, ToolName: spec.Name, Result: audit.ResultSucceeded,
+		IsError: got.IsError, Content: got.Content, StructuredContent: got.StructuredContent}
+	if got.IsError {
 		out.Result, out.FailureClass = audit.ResultFailed, failureToolError
-	}
-	invalid := func(err error) error {
-		return &FailedError{Class: failureOutputInvalid, Err: errors.New(safe(err.Error()))}
-	}
-	if !res.IsError && len(tool.OutputSchema) > 0 {
-		if err := s.validateOutput(tool, res.StructuredContent); err != nil {
-			return nil, invalid(err)
-		}
-	}
-	if len(res.Content) > maxContentItems {
-		return nil, &FailedError{Class: failureOutputTooLarge, Err: fmt.Errorf("the result has %d content items, more than the %d a result may carry", len(res.Content), maxContentItems)}
-	}
-	// A value nested deeper than the sanitizer (and the schema check) goes is refused, not
-	// passed on with its deep parts cut off.
-	tooDeep := func(what string) error {
-		return invalid(fmt.Errorf("%s nests more than %d levels deep, deeper than the pool checks and sanitizes a result, so it is not passed on", what, sanitize.MaxDepth))
-	}
-	for i, c := range res.Content {
-		item, err := contentItem(c)
-		if err != nil {
-			return nil, invalid(err)
-		}
-		clean, err := sanitize.ValueWithin(item, keep)
-		if err != nil {
-			return nil, tooDeep(fmt.Sprintf("content item %d", i))
-		}
-		out.Content = append(out.Content, clean.(map[string]any))
-	}
-	if res.StructuredContent != nil {
-		sc, err := asObject(res.StructuredContent)
-		switch {
-		case err != nil && res.IsError:
-			// An error result needs no structured content and no schema applies to it: one
-			// that is not an object cannot be carried, so it is left out, and the result stays
-			// the tool's error (its content says what went wrong).
-		case err != nil:
-			return nil, invalid(err)
-		default:
-			clean, err := sanitize.ValueWithin(sc, keep)
-			if err != nil {
-				return nil, tooDeep("the structured content")
-			}
-			out.StructuredContent = clean.(map[string]any)
-		}
 	}
 	return out, nil
 }
@@ -774,8 +551,8 @@ const livenessTimeout = 5 * time.Second
 // server: one that was only slow in that tool answers (the call was cancelled) and keeps its
 // session; one that answers nothing (stopped, stuck, its stream blocked) is stopped, so the
 // run's next call starts a fresh one instead of waiting out the timeout again.
-func (s *Service) dispatchInRun(ctx context.Context, sess *session, tool *graph.MCPToolNode, args map[string]any, callID string, attempt int32) (*CallResult, error) {
-	res, err := s.dispatch(ctx, sess, tool, args, callID, attempt)
+func (s *Service) dispatchInRun(ctx context.Context, sess *session, d decision, callID string) (*CallResult, error) {
+	res, err := s.dispatch(ctx, sess, d, callID)
 	var failed *FailedError
 	if errors.As(err, &failed) && failed.Class == failureTimeout {
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), livenessTimeout)
@@ -836,54 +613,4 @@ func callErrMessage(err error) error {
 		return fmt.Errorf("the server answered tools/call with JSON-RPC error %d: %s", rpcErr.Code, rpcErr.Message)
 	}
 	return err
-}
-
-func (s *Service) validateOutput(tool *graph.MCPToolNode, structured any) error {
-	if structured == nil {
-		return errors.New("the tool declares an output schema but returned no structured content")
-	}
-	raw, err := json.Marshal(structured)
-	if err != nil {
-		return fmt.Errorf("the structured content is not JSON: %v", err)
-	}
-	sch, err := s.schema(tool, "output")
-	if err != nil {
-		return fmt.Errorf("the tool's output schema cannot be compiled: %v", err)
-	}
-	v, err := schemas.Decode(raw)
-	if err != nil {
-		return err
-	}
-	var tooMuch *schemas.BudgetError
-	if err := sch.Validate(v); errors.As(err, &tooMuch) {
-		return fmt.Errorf("the structured content cannot be checked against the tool's output schema with bounded work, so it is not passed on: %v", err)
-	} else if err != nil {
-		return fmt.Errorf("the structured content does not match the tool's output schema: %v", err)
-	}
-	return nil
-}
-
-// contentItem turns one MCP content item into its JSON object form.
-func contentItem(c mcp.Content) (map[string]any, error) {
-	raw, err := json.Marshal(c)
-	if err != nil {
-		return nil, fmt.Errorf("a content item cannot be encoded: %v", err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, fmt.Errorf("a content item is not an object: %v", err)
-	}
-	return m, nil
-}
-
-func asObject(v any) (map[string]any, error) {
-	raw, err := json.Marshal(v)
-	if err != nil {
-		return nil, err
-	}
-	var m map[string]any
-	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
-		return nil, errors.New("the structured content is not a JSON object")
-	}
-	return m, nil
 }

@@ -16,12 +16,12 @@ import (
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/discovery"
-	"github.com/ringfence/ringfence/internal/graph"
-	"github.com/ringfence/ringfence/internal/mcpdecl"
-	"github.com/ringfence/ringfence/internal/mcpdecl/screen"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/peers"
-	"github.com/ringfence/ringfence/services/pool/internal/spawner"
+	"github.com/ringfence/ringfence/mcpgate"
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
+	"github.com/ringfence/ringfence/mcpgate/screen"
+	"github.com/ringfence/ringfence/services/pool/spawner"
 )
 
 // DiscoverTools starts a registered server in isolation, takes its whole tool listing, stops
@@ -229,7 +229,7 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 		if err := screenRefusal(sess.reg.Ref, live, listing.Findings, sess.sess.SafeText); err != nil {
 			return nil, err
 		}
-		tool := &graph.MCPToolNode{ServerRef: sess.reg.Ref, ToolName: live.Name, InputSchema: live.InputSchema, OutputSchema: live.OutputSchema, SchemaHash: live.SchemaHash}
+		spec := &mcpgate.ToolSpec{Namespace: mcpgate.Namespace, Name: live.Name, Version: mcpgate.Version, InputSchema: live.InputSchema, OutputSchema: live.OutputSchema, Pin: live.SchemaHash}
 		var raw json.RawMessage
 		if a := req.Call.GetArguments(); a != nil {
 			b, err := a.MarshalJSON()
@@ -243,17 +243,19 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 			return nil, err
 		}
 		argsCanonical = canonical
-		if err := s.checkSchemas(tool, sess.sess.SafeText, fixServer); err != nil {
-			return nil, err
-		}
-		if err := s.validateInput(tool, argsCanonical, sess.reg.StrictInputs); err != nil {
+		// The live schemas compile and accept the arguments, read strictly when the
+		// registration asks.
+		check := mcpgate.Check(spec, args, mcpgate.Capabilities{}, mcpgate.WithStrictInputs(sess.reg.StrictInputs),
+			mcpgate.WithSchemaCache(s.schemas), mcpgate.WithSafeText(sess.sess.SafeText))
+		if err := gateRefusal(check, fixServer); err != nil {
 			return nil, err
 		}
 		// On record before anything reaches the server, as a run's calls are.
 		if att.PendingID, err = s.recordPending(ctx, att, argsCanonical, req.Tenant); err != nil {
 			return nil, err
 		}
-		return s.dispatch(ctx, sess, tool, args, out.CallId, 1)
+		d := decision{attempt: att, spec: spec, serverRef: sess.reg.Ref, args: arguments{value: args, canonical: canonical}}
+		return s.dispatch(ctx, sess, d, out.CallId)
 	}()
 	att.LatencyMicros = time.Since(start).Microseconds()
 	setArgs(&att, argsCanonical)

@@ -28,13 +28,16 @@ import (
 	"github.com/ringfence/ringfence/internal/secretbox"
 	rftestutil "github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
+	"github.com/ringfence/ringfence/internal/testutil/fixtures"
 	auditsvc "github.com/ringfence/ringfence/services/audit"
+	"github.com/ringfence/ringfence/services/pool/spawner"
 	"github.com/ringfence/ringfence/services/publisher"
 	"github.com/ringfence/ringfence/services/registry"
 )
 
 // harness runs the real registry, publisher and pool in one process against the real Docker
-// engine and the fixture image; only the audit log is an in-memory recorder.
+// engine and the fixture image (or, where a test says so, the fixture as a host process, or
+// in-process servers); only the audit log is an in-memory recorder.
 type harness struct {
 	t        testing.TB
 	ctx      context.Context
@@ -47,7 +50,14 @@ type harness struct {
 }
 
 type harnessOpts struct {
-	noImage     bool
+	// noImage gives the pool no back end of stdio servers: they are refused.
+	noImage bool
+	// host runs the fixture servers as host processes (the host back end, as development
+	// allows): no Docker engine is needed, for tests of gates that do not depend on the
+	// container.
+	host bool
+	// backend, when set, is the back end of stdio servers (an in-process one).
+	backend     spawner.Backend
 	driftMaxAge time.Duration
 	idle        time.Duration
 	paused      time.Duration // pool.paused_run_timeout; 0 keeps paused runs
@@ -93,8 +103,9 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 	if len(opts) > 0 {
 		o = opts[0]
 	}
+	docker := !o.noImage && !o.host && o.backend == nil
 	image := ""
-	if !o.noImage {
+	if docker {
 		image = dockertest.FixtureImage(t)
 	}
 	dir := t.TempDir()
@@ -130,18 +141,29 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 	if o.poolSink != nil {
 		poolSinkTo = o.poolSink(sink)
 	}
+	sc := spawner.Config{Image: image, Network: "none", AllowedEnvKeys: []string{"APP_TOKEN"}, PoolID: poolID,
+		NanoCPUs: 1e9, MemoryBytes: 512 << 20, PidsLimit: 64, TmpfsSizeBytes: 16 << 20, Logger: quiet}
+	if o.host {
+		sc.AllowUnisolated = true
+		sc.HostPATH = filepath.Dir(fixtures.Binaries(t).Path(t, fixtures.MCPFixture)) + ":" + spawner.DefaultHostPATH
+	}
+	backends, err := spawner.DefaultBackends(sc)
+	require.NoError(t, err)
+	if o.backend != nil {
+		backends = append([]spawner.Backend{o.backend}, backends...)
+	}
+	sp, err := spawner.NewRouter(sc, backends...)
+	require.NoError(t, err)
 	pl, err := Open(t.Context(), Config{
 		DBPath: filepath.Join(dir, "pool.db"), Registry: poolReg, Versions: versions, AuditSink: poolSinkTo,
-		SpoolMaxRecords: o.spoolMaxRecords,
-		Sandbox: Sandbox{Image: image, Network: "none", AllowedEnvKeys: []string{"APP_TOKEN"}, PoolID: poolID,
-			NanoCPUs: 1e9, MemoryBytes: 512 << 20, PidsLimit: 64, TmpfsSizeBytes: 16 << 20},
+		SpoolMaxRecords: o.spoolMaxRecords, Spawner: sp,
 		DriftMaxAge: drift, RunIdleTimeout: o.idle, PausedRunTimeout: o.paused, MaxRuns: o.maxRuns, MaxSessions: o.maxSessions,
 		AllowInlineMCPServers: o.allowInline, AllowAdvisory: o.allowAdvisory, Logger: quiet,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		require.NoError(t, pl.Close(context.Background()))
-		if !o.noImage {
+		if docker {
 			requireNoContainers(t, poolID)
 		}
 	})

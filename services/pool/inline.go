@@ -1,14 +1,9 @@
 package pool
 
 import (
-	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 
-	"github.com/ringfence/ringfence/internal/audit"
-	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 )
@@ -29,6 +24,11 @@ const inlineAdvisory = reasonInlineServers + ": an inline server has no registry
 
 // inlineSpawnRef is the spawner's server ref (container label and name) for inline servers.
 const inlineSpawnRef = "inline"
+
+// The inline gates are in pipeline.go: gateInlineAllowed, the agent floor and the arguments'
+// form before anything starts (inlineGates), then checkInlineLive on the live listing: the
+// tool is listed and readable, the declaration screen passes its live declaration, its live
+// schemas compile and the arguments match the live input schema.
 
 // inlineTool finds the inline server a binding-less tool name calls: "<server>__<tool>". When
 // server names overlap ("a" and "a__b"), the longest matching name wins.
@@ -51,77 +51,13 @@ func inlineTool(agent *graph.AgentNode, name string) (*graph.InlineMCPServer, st
 // collide with a registered ref, which has no ':' or '/'.
 func inlineRef(agent, server string) string { return "inline:" + agent + "/" + server }
 
-// callInline is callTool for an inline server. Its gates, in order: the flag, the agent floor
-// (which needs no registration), the arguments' form, isolation, spawn and handshake, the tool
-// in the live listing, the declaration screen on its live declaration, its live schemas
-// compile, and the arguments against the live input schema.
-func (s *Service) callInline(ctx context.Context, r *run, req CallRequest, inline *graph.InlineMCPServer, toolName string, att *audit.ToolCallAttempt, argsCanonical *[]byte, intent func() error) (*CallResult, error) {
-	ref := inlineRef(req.Agent, inline.Name)
-	att.ServerRef, att.ToolName = ref, toolName
-	att.Advisory = append(att.Advisory, inlineAdvisory)
-	if !s.cfg.AllowInlineMCPServers {
-		return nil, refusal(reasonInlineServers, fmt.Errorf("agent %q calls %q on its inline server %q, and this pool runs inline mcp_servers only with dev.allow_inline_mcp_servers (refused in production): register the server, run `ringfence mcp-import`, publish, and delete the inline entry", req.Agent, toolName, inline.Name))
-	}
-	// An inline tool declares nothing, but reaching its server spawns a process that calls
-	// out all the same: the agent must hold the floor.
-	node := &graph.Node{ID: ref, MCPTool: &graph.MCPToolNode{ServerRef: ref, ToolName: toolName, CapabilityBindings: capability.Floor}}
-	if err := s.agentFloor(r, req.Agent, node, att); err != nil {
-		return nil, err
-	}
-	args, canonical, err := decodeArguments(req.Arguments)
-	if err != nil {
-		return nil, err
-	}
-	*argsCanonical = canonical
-
-	reg := &mcpserver.Resolved{Registration: mcpserver.Registration{
+// inlineRegistration is what the spawner starts for an inline server: the graph's own
+// definition, under the inline ref, isolated as every stdio server is.
+func inlineRegistration(inline *graph.InlineMCPServer) *mcpserver.Resolved {
+	return &mcpserver.Resolved{Registration: mcpserver.Registration{
 		Ref: inlineSpawnRef, Transport: mcpserver.TransportStdio,
 		Command: inline.Command, Args: inline.Args, Env: inline.Env,
 	}}
-	sess, err := s.session(ctx, r, ref, reg)
-	if err != nil {
-		return nil, sessionRefusal(err)
-	}
-	tool, err := s.liveTool(ctx, sess, ref, toolName)
-	if err != nil {
-		return nil, err
-	}
-	att.LiveHash = tool.SchemaHash
-	if err := s.checkSchemas(tool, sess.sess.SafeText, fixServer); err != nil {
-		return nil, err
-	}
-	// No registration, so no strict_inputs: the live schema as the server wrote it.
-	if err := s.validateInput(tool, *argsCanonical, false); err != nil {
-		return nil, err
-	}
-	if err := intent(); err != nil {
-		return nil, err
-	}
-	return s.dispatchInRun(ctx, sess, tool, args, req.CallID, att.Attempt)
-}
-
-// liveTool returns an inline session's current declaration of a tool in the form the gates and
-// dispatch read, re-listing first as drift checks do.
-func (s *Service) liveTool(ctx context.Context, sess *session, ref, name string) (*graph.MCPToolNode, error) {
-	sess.listMu.Lock()
-	defer sess.listMu.Unlock()
-	if err := s.refreshListing(ctx, sess); err != nil {
-		return nil, err
-	}
-	t, ok := sess.liveTools[name]
-	if !ok {
-		// The names are the server's own text.
-		listed := sess.sess.SafeText(clipList(slices.Sorted(maps.Keys(sess.liveTools))))
-		return nil, refusal(reasonUnknownTool, fmt.Errorf("the inline server %s lists no tool %q; it lists %s", ref, name, listed))
-	}
-	hash := sess.live[name]
-	if strings.HasPrefix(hash, unhashable) {
-		return nil, refusal(reasonUnknownTool, fmt.Errorf("the inline server %s declares tool %q in a form that cannot be read (%s)", ref, name, hash))
-	}
-	if err := screenRefusal(ref, t, sess.listingFindings, sess.sess.SafeText); err != nil {
-		return nil, err
-	}
-	return &graph.MCPToolNode{ServerRef: ref, ToolName: name, SchemaHash: hash, InputSchema: t.InputSchema, OutputSchema: t.OutputSchema}, nil
 }
 
 // clipList shows at most ten names.

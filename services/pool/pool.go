@@ -16,7 +16,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/moby/moby/client"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 
@@ -26,9 +25,9 @@ import (
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mcpserver"
-	"github.com/ringfence/ringfence/internal/schemas"
-	"github.com/ringfence/ringfence/services/pool/internal/spawner"
+	"github.com/ringfence/ringfence/mcpgate/schemas"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
+	"github.com/ringfence/ringfence/services/pool/spawner"
 )
 
 // Registry is what the pool needs from the registry: registrations with their secrets (to
@@ -45,25 +44,17 @@ type Versions interface {
 	PublishedVersion(ctx context.Context, tenant, graphID string, version int64) (*graph.Version, error)
 }
 
-// Sandbox is the operator's isolation profile (see config.Sandbox).
-type Sandbox struct {
-	// Image is the pinned isolation image; empty refuses every stdio server unless
-	// AllowUnisolated is set.
-	Image           string
-	Network         string
-	AllowedEnvKeys  []string
-	NanoCPUs        int64
-	MemoryBytes     int64
-	PidsLimit       int64
-	TmpfsSizeBytes  int64
-	AllowUnisolated bool
-	// PoolID labels this pool's containers so a restart can sweep what it orphaned.
-	PoolID string
-	// DockerHost overrides DOCKER_HOST for the engine client.
-	DockerHost string
-	// CloseTimeout bounds a graceful stop before it is forced.
-	CloseTimeout time.Duration
+// Spawner starts the MCP servers of discovery and runs: a spawner.Router over the back ends
+// the deployment chose (internal/app wires it; the pool never builds an engine client
+// itself). The pool owns it once it is passed to Open: Close closes it, and so does an Open
+// that fails.
+type Spawner interface {
+	Spawn(ctx context.Context, spec spawner.Spec) (*spawner.Session, error)
+	Preflight(ctx context.Context) (spawner.Report, error)
+	Close(ctx context.Context) error
 }
+
+var _ Spawner = (*spawner.Router)(nil)
 
 // Config holds the service's dependencies and limits.
 type Config struct {
@@ -81,7 +72,7 @@ type Config struct {
 	// SpoolMaxRecords and OnSpoolFull bound the audit spool.
 	SpoolMaxRecords int
 	OnSpoolFull     audit.FullPolicy
-	Sandbox         Sandbox
+	Spawner         Spawner
 	// DriftMaxAge: a listing older than this is taken again before a call; 0 re-lists before
 	// every call.
 	DriftMaxAge    time.Duration
@@ -104,11 +95,13 @@ type Config struct {
 
 // Service implements PoolService.
 type Service struct {
-	cfg       Config
-	log       *slog.Logger
-	errors    grpcserver.ErrorTable
-	spawner   *spawner.Router
-	isolated  bool
+	cfg     Config
+	log     *slog.Logger
+	errors  grpcserver.ErrorTable
+	spawner Spawner
+	// stdio is whether a back end starts stdio servers (isolated, or unisolated where
+	// development allows it); without one they are refused before anything starts.
+	stdio     bool
 	store     *store.Store
 	spool     *audit.Spool
 	forwarder *audit.Forwarder
@@ -142,6 +135,9 @@ var errorCodes = map[error]codes.Code{
 // isolation image is checked (missing, or declaring a VOLUME, stops the start) and whose
 // orphans from an earlier instance are swept. Runs from before a restart are restored.
 func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
+	if cfg.Spawner == nil {
+		return nil, errors.New("pool: Config.Spawner is required (a spawner.Router over the deployment's back ends)")
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -163,7 +159,7 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		runs:     runs{byKey: make(map[runKey]*run), starting: make(map[runKey]bool)},
 		inflight: newInflight(),
 	}
-	var closers []func() error
+	closers := []func() error{func() error { return cfg.Spawner.Close(context.Background()) }}
 	defer func() {
 		if err != nil {
 			for i := len(closers) - 1; i >= 0; i-- {
@@ -195,36 +191,22 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		return nil, err
 	}
 
-	sc := spawner.Config{
-		Image: cfg.Sandbox.Image, Network: cfg.Sandbox.Network, AllowedEnvKeys: cfg.Sandbox.AllowedEnvKeys,
-		NanoCPUs: cfg.Sandbox.NanoCPUs, MemoryBytes: cfg.Sandbox.MemoryBytes, PidsLimit: cfg.Sandbox.PidsLimit,
-		TmpfsSizeBytes: cfg.Sandbox.TmpfsSizeBytes, AllowUnisolated: cfg.Sandbox.AllowUnisolated,
-		PoolID: cfg.Sandbox.PoolID, CloseTimeout: cfg.Sandbox.CloseTimeout, Logger: cfg.Logger,
-	}
-	if cfg.Sandbox.Image != "" && cfg.Sandbox.DockerHost != "" {
-		docker, err := client.New(client.FromEnv, client.WithHost(cfg.Sandbox.DockerHost))
-		if err != nil {
-			return nil, fmt.Errorf("pool: docker client for %s: %w", cfg.Sandbox.DockerHost, err)
-		}
-		sc.Docker = docker
-	}
-	if s.spawner, err = spawner.New(sc); err != nil {
-		return nil, err
-	}
-	closers = append(closers, func() error { return s.spawner.Close(context.Background()) })
+	s.spawner = cfg.Spawner
 	report, err := s.spawner.Preflight(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("pool: the isolation profile cannot be used: %w", err)
 	}
 	switch report.Isolation {
-	case "docker":
-		s.isolated = true
-		cfg.Logger.Info("isolation image ready", "image", report.ImageRef, "id", report.ImageID, "swept_orphans", report.Swept)
+	case "none":
+		cfg.Logger.Warn("no isolation image: discovery and calls of stdio MCP servers are refused until RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE is set")
+	case "unisolated":
+		s.stdio = true
+	default:
+		s.stdio = true
+		cfg.Logger.Info("isolation ready", "backend", report.Isolation, "runtime", report.Runtime, "image", report.ImageRef, "id", report.ImageID, "swept_orphans", report.Swept)
 		if len(report.ImageEnvKeys) > 0 {
 			cfg.Logger.Warn("the isolation image sets its own ENV; every MCP server sees these keys", "keys", strings.Join(report.ImageEnvKeys, ","))
 		}
-	case "none":
-		cfg.Logger.Warn("no isolation image: discovery and calls of stdio MCP servers are refused until RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE is set")
 	}
 
 	s.forwarder = s.spool.StartForwarding()

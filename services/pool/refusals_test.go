@@ -82,7 +82,7 @@ func (f *flakyRegistry) ResolveRegistration(ctx context.Context, ref string) (*m
 // (UNAVAILABLE) with nothing spawned; once it answers again, the call goes through.
 func TestARegistryOutageIsNotASpawnFailure(t *testing.T) {
 	var fake *flakyRegistry
-	h := newHarness(t, harnessOpts{registry: func(r Registry) Registry {
+	h := newHarness(t, harnessOpts{host: true, registry: func(r Registry) Registry {
 		fake = &flakyRegistry{Registry: r}
 		return fake
 	}})
@@ -138,7 +138,7 @@ func TestClientSessionTimeoutBoundsTheFirstListing(t *testing.T) {
 // schema that does not compile is refused before anything starts, as unusable_schema with the
 // way out (re-import), never as the caller's invalid_input and never after the call.
 func TestAPinnedSchemaThatCannotBeCompiledIsRefusedBeforeDispatch(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, harnessOpts{host: true})
 	h.server("fx", nil)
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"add"}}}, nil)
 	broken := []byte(`{"type":"object","properties":{"sum":{"$ref":"#/$defs/missing"}}}`)
@@ -172,7 +172,7 @@ func TestAPinnedSchemaThatCannotBeCompiledIsRefusedBeforeDispatch(t *testing.T) 
 // arrays took seconds) is refused as invalid_input before anything starts, and the pool goes
 // on answering.
 func TestArgumentsThatWouldTakeUnboundedWorkAreRefused(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, harnessOpts{host: true})
 	h.server("fx", nil)
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"add"}}}, nil)
 	run := h.inject("g", "g-exponential", func(g *graph.Graph) {
@@ -223,7 +223,7 @@ const hostileTools = `[{"name":"bad","inputSchema":true},` +
 // run whose session is up, and still nothing reaches the server: its call count does not move
 // and no pending record exists for the refused call ids.
 func TestRefusedCallsNeverReachTheServer(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, harnessOpts{host: true})
 	h.server("fx", toolPerms("echo", "fs.read:{text}"))
 	h.publish("g", []string{"ok", "weak"}, []imp{{"fx", "ok", []string{"echo"}}, {"fx", "weak", []string{"echo"}}},
 		func(d *publisherv1.Graph) {

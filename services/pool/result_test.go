@@ -9,8 +9,8 @@ import (
 
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/graph"
-	"github.com/ringfence/ringfence/internal/mcpdecl/sanitize"
-	"github.com/ringfence/ringfence/internal/schemas"
+	"github.com/ringfence/ringfence/mcpgate/sanitize"
+	"github.com/ringfence/ringfence/mcpgate/schemas"
 )
 
 // answer runs what a tools/call answered (as JSON, the way the client decodes it) through
@@ -24,7 +24,7 @@ func answer(t *testing.T, outputSchema, result string) (*CallResult, error) {
 		tool.OutputSchema = json.RawMessage(outputSchema)
 	}
 	s := &Service{schemas: schemas.NewCache()}
-	return s.result(tool, &res, sanitize.Options{}, func(s string) string { return s }, "call-1", 1)
+	return s.result(pinnedSpec(tool), tool.ServerRef, &res, sanitize.Options{}, func(s string) string { return s }, "call-1", 1)
 }
 
 // TestAToolErrorStaysAToolError: the output schema, and the structured content it would

@@ -15,8 +15,9 @@ import (
 	"time"
 
 	"github.com/ringfence/ringfence/internal/auth"
-	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/mcpgate"
+	"github.com/ringfence/ringfence/mcpgate/capability"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
 )
 
@@ -48,7 +49,7 @@ type run struct {
 	lastActivity time.Time
 	calls        int64
 	attempts     map[string]int32 // call id -> attempts so far (bounded)
-	effective    map[string]capability.Effective
+	effective    map[string]agentCaps
 
 	// busy counts calls in flight, so the idle reaper never ends a run mid-call.
 	busy atomic.Int64
@@ -65,7 +66,37 @@ func newRun(rec store.Run) *run {
 	return &run{
 		id:  runIdentity{ID: rec.ID, Tenant: rec.Tenant, GraphID: rec.GraphID, Version: rec.Version},
 		rec: rec, sessions: make(map[string]*session), attempts: make(map[string]int32),
-		effective: make(map[string]capability.Effective), calls: rec.Calls, lastActivity: rec.LastActivity,
+		effective: make(map[string]agentCaps), calls: rec.Calls, lastActivity: rec.LastActivity,
+	}
+}
+
+// agentCaps is an agent's effective set, as the graph rules and mcpgate read it.
+type agentCaps struct {
+	eff  capability.Effective
+	caps mcpgate.Capabilities
+}
+
+// begin counts a call to the run and takes the snapshot its gates read; done ends the call.
+// busy is taken under the run's lock, as the idle reaper checks it (end), so a run is either
+// ended before this call or seen busy by the reaper, never ended under it.
+func (r *run) begin(callID string) (snap runSnapshot, done func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.busy.Add(1)
+	r.touch()
+	r.calls++
+	if len(r.attempts) >= maxTrackedCallIDs {
+		clear(r.attempts)
+	}
+	r.attempts[callID]++
+	snap = runSnapshot{id: r.id, state: r.rec.State, attempt: r.attempts[callID]}
+	return snap, func() {
+		// The idle clock starts again when a call ends: a run whose long call just returned
+		// is not abandoned.
+		r.mu.Lock()
+		r.touch()
+		r.busy.Add(-1)
+		r.mu.Unlock()
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/mcpgate"
 )
 
 func TestCallSucceedsThroughEveryGateAndIsAudited(t *testing.T) {
@@ -53,7 +54,7 @@ func TestCallSucceedsThroughEveryGateAndIsAudited(t *testing.T) {
 }
 
 func TestGateUnknownRunAgentAndBinding(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, harnessOpts{host: true})
 	h.server("fx", nil)
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
 	run := h.start("g")
@@ -73,7 +74,7 @@ func TestGateUnknownRunAgentAndBinding(t *testing.T) {
 func TestGateCeilingIsRecheckedBeforeAnyProcessExists(t *testing.T) {
 	for _, mode := range []string{"enforce", "advisory"} {
 		t.Run(mode, func(t *testing.T) {
-			h := newHarness(t)
+			h := newHarness(t, harnessOpts{host: true})
 			h.server("fx", nil)
 			h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, func(d *publisherv1.Graph) { d.CapabilityMode = mode })
 			run := h.start("g")
@@ -97,7 +98,7 @@ func TestGateCeilingIsRecheckedBeforeAnyProcessExists(t *testing.T) {
 // node and agent declare nothing, served by a server whose grants are []) is refused at gate 2
 // before any process exists: the floor is checked again, so grants: [] still denies the node.
 func TestGateNodeFloorStandsWithoutPublish(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, harnessOpts{host: true})
 	h.server("fx", nil)
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
 	v, err := h.pub.PublishedVersion(h.ctx, "default", "g", 1)
@@ -132,7 +133,7 @@ func TestGateNodeFloorStandsWithoutPublish(t *testing.T) {
 }
 
 func TestGateCeilingRefusesAToolTheFilterNowExcludes(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, harnessOpts{host: true})
 	h.server("fx", nil)
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
 	run := h.start("g")
@@ -157,7 +158,7 @@ func TestGateAgentFloorEnforceAndAdvisory(t *testing.T) {
 	} {
 		mode := tc.mode
 		t.Run(fmt.Sprintf("%s, allow_advisory %v", mode, tc.honour), func(t *testing.T) {
-			h := newHarness(t, harnessOpts{allowAdvisory: tc.honour})
+			h := newHarness(t, harnessOpts{host: true, allowAdvisory: tc.honour})
 			h.server("fx", nil)
 			h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
 			v, err := h.pub.PublishedVersion(h.ctx, "default", "g", 1)
@@ -200,7 +201,7 @@ func TestGateAgentFloorEnforceAndAdvisory(t *testing.T) {
 }
 
 func TestGateArgumentScopedPermissionsAreDefaultDeny(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, harnessOpts{host: true})
 	h.server("fx", toolPerms("echo", "fs.read:{text}"))
 	h.publish("g", []string{"reader", "stranger"}, []imp{{"fx", "reader", []string{"echo"}}, {"fx", "stranger", []string{"echo"}}},
 		func(d *publisherv1.Graph) { agentBindings(d, "reader", "fs.read:/srv/docs/**") })
@@ -224,7 +225,7 @@ func TestGateArgumentScopedPermissionsAreDefaultDeny(t *testing.T) {
 // in them), and every requirement listed must be covered: one missing refuses the call and is
 // named.
 func TestGateStaticPermissionsMustAllBeHeld(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, harnessOpts{host: true})
 	h.server("fx", toolPerms("echo", "db.kb_facts:read", "fs.read:{text}"))
 	h.publish("g", []string{"both", "facts", "none"}, []imp{{"fx", "both", []string{"echo"}}, {"fx", "facts", []string{"echo"}}, {"fx", "none", []string{"echo"}}},
 		func(d *publisherv1.Graph) {
@@ -243,7 +244,7 @@ func TestGateStaticPermissionsMustAllBeHeld(t *testing.T) {
 }
 
 func TestGateInputSchemaNamesTheField(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, harnessOpts{host: true})
 	h.server("fx", nil)
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"add"}}}, nil)
 	run := h.start("g")
@@ -464,7 +465,7 @@ func TestHostileServersLeaveThePoolUpAndOtherRunsUnaffected(t *testing.T) {
 		check()
 	})
 	t.Run("a result of too many content items is bounded and reported", func(t *testing.T) {
-		_, err := h.call(hostile, "a", "fx__many", map[string]any{"n": maxContentItems + 1})
+		_, err := h.call(hostile, "a", "fx__many", map[string]any{"n": mcpgate.MaxContentItems + 1})
 		requireFailed(t, err, failureOutputTooLarge)
 		res, err := h.call(hostile, "a", "fx__many", map[string]any{"n": 3})
 		require.NoError(t, err)
@@ -884,7 +885,7 @@ func TestAttemptIsOnRecordBeforeDispatch(t *testing.T) {
 // TestStrictInputsRefusesUndeclaredArguments: a schema that lists its properties and says
 // nothing of others lets any argument through; strict_inputs reads it as closed.
 func TestStrictInputsRefusesUndeclaredArguments(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, harnessOpts{host: true})
 	h.server("fx", nil, "--runtime-tools")
 	h.server("fs", func(r *registryv1.CreateServerRequest) { r.StrictInputs = true }, "--runtime-tools")
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"loose"}}, {"fs", "a", []string{"loose"}}}, nil)

@@ -8,12 +8,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-
 	"github.com/ringfence/ringfence/internal/discovery"
-	"github.com/ringfence/ringfence/internal/mcpdecl"
 	"github.com/ringfence/ringfence/internal/mcpserver"
-	"github.com/ringfence/ringfence/services/pool/internal/spawner"
+	"github.com/ringfence/ringfence/mcpgate"
+	"github.com/ringfence/ringfence/services/pool/spawner"
 )
 
 // session is one MCP server process (or remote connection) of one run. It is spawned by the
@@ -40,7 +38,7 @@ type session struct {
 	// inline session, which has no pins, keeps the declarations themselves as the screen saw
 	// them (liveTools), with the findings about the listing as a whole.
 	listMu          sync.Mutex
-	live            map[string]string
+	live            mcpgate.Listing
 	liveTools       map[string]discovery.Tool
 	listingFindings []discovery.Finding
 	// listedAt is when the listing was taken (unix nanoseconds): atomic, so reporting it never
@@ -191,7 +189,7 @@ func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 			return
 		}
 	}
-	if reg.Transport == mcpserver.TransportStdio && !s.isolated && !s.cfg.Sandbox.AllowUnisolated {
+	if reg.Transport == mcpserver.TransportStdio && !s.stdio {
 		failed(refusal(reasonIsolationRequired, errIsolationRequired))
 		return
 	}
@@ -301,18 +299,9 @@ func (s *Service) relist(ctx context.Context, sess *session, setup bool) error {
 	if err != nil {
 		return spawnRefusal(err)
 	}
-	live := make(map[string]string, len(tools))
-	var repeated []string
-	for _, t := range tools {
-		if _, seen := live[t.Name]; seen {
-			repeated = append(repeated, t.Name)
-		}
-		live[t.Name] = liveHash(t)
-	}
-	// A name listed twice has no one live declaration: neither copy may pass for the pin.
-	for _, name := range repeated {
-		live[name] = listedTwice
-	}
+	// A declaration that cannot be hashed, or a name listed twice (it has no one live
+	// declaration), never passes for a pin.
+	live := mcpgate.ListingOf(tools)
 	if sess.inline != nil {
 		// Nothing about an inline server's tools was screened at import: screen the listing
 		// as discovery does.
@@ -332,45 +321,18 @@ func (s *Service) relist(ctx context.Context, sess *session, setup bool) error {
 	return nil
 }
 
-// unhashable starts the live "hash" of a declaration that cannot be hashed.
-const unhashable = "unhashable: "
-
-// listedTwice is the live "hash" of a tool name the server lists more than once.
-const listedTwice = "listed more than once"
-
 // errRelistTimeout is the cause of a re-listing that outlived the registration's bound.
 var errRelistTimeout = errors.New("the re-listing outlived client_session_timeout")
 
-// liveHash pins a live declaration exactly as discovery does; a declaration that cannot be
-// hashed never matches a pin.
-func liveHash(t *mcp.Tool) string {
-	d, err := mcpdecl.FromTool(t)
-	if err != nil {
-		return unhashable + err.Error()
-	}
-	h, err := mcpdecl.Hash(d)
-	if err != nil {
-		return unhashable + err.Error()
-	}
-	return h
-}
-
-// checkDrift compares the live declaration of tool with the pin, re-listing first when the
-// listing is older than drift_max_age or the server announced a change.
-func (s *Service) checkDrift(ctx context.Context, sess *session, tool, pin string) (live string, err error) {
+// listing is the session's live listing for the live gates, re-listed first when it is older
+// than drift_max_age or the server announced a change.
+func (s *Service) listing(ctx context.Context, sess *session) (liveListing, error) {
 	sess.listMu.Lock()
 	defer sess.listMu.Unlock()
 	if err := s.refreshListing(ctx, sess); err != nil {
-		return "", err
+		return liveListing{}, err
 	}
-	live, ok := sess.live[tool]
-	if !ok {
-		return "(absent)", errDrift
-	}
-	if live != pin {
-		return live, errDrift
-	}
-	return live, nil
+	return liveListing{hashes: sess.live, tools: sess.liveTools, findings: sess.listingFindings, safe: sess.sess.SafeText}, nil
 }
 
 // refreshListing re-lists when the listing is older than drift_max_age or the server announced

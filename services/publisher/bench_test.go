@@ -21,6 +21,7 @@ import (
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
 	"github.com/ringfence/ringfence/internal/testutil/fixtures"
 	"github.com/ringfence/ringfence/services/pool"
+	"github.com/ringfence/ringfence/services/pool/spawner"
 	"github.com/ringfence/ringfence/services/registry"
 )
 
@@ -129,8 +130,10 @@ func BenchmarkImport200Tools(b *testing.B) {
 		Ref: "gen", Command: fixtures.MCPFixture, Args: []string{"--tools", "200"}, Grants: []string{"process_spawn", "external_api_call"},
 	})
 	require.NoError(b, err)
+	sp, err := spawner.New(spawner.Config{Image: image, PoolID: "bench-publisher-import"})
+	require.NoError(b, err)
 	pl, err := pool.Open(b.Context(), pool.Config{DBPath: filepath.Join(dir, "pool.db"), Registry: reg, AuditSink: testutil.NewAuditRecorder(),
-		Sandbox: pool.Sandbox{Image: image, PoolID: "bench-publisher-import"}, Logger: quiet})
+		Spawner: sp, Logger: quiet})
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = pl.Close(context.Background()) })
 	listing, err := pl.DiscoverTools(b.Context(), "gen")

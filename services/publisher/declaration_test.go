@@ -12,8 +12,8 @@ import (
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
-	"github.com/ringfence/ringfence/internal/mcpdecl"
 	"github.com/ringfence/ringfence/internal/testutil"
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
 )
 
 const (

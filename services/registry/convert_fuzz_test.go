@@ -10,9 +10,9 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
-	"github.com/ringfence/ringfence/internal/capability"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/mcpgate/capability"
 )
 
 var fuzzRef = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)

@@ -1,0 +1,532 @@
+package mcpgate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/ringfence/ringfence/mcpgate/capability"
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
+	"github.com/ringfence/ringfence/mcpgate/sanitize"
+	"github.com/ringfence/ringfence/mcpgate/schemas"
+	"github.com/ringfence/ringfence/mcpgate/screen"
+)
+
+// Bounds of one call.
+const (
+	// DefaultWorkLimit bounds the capability comparisons of one call, in capability.Meter
+	// units (tens of milliseconds of CPU at most): arguments are the caller's to choose, and
+	// a scope shaped against wildcard revoke entries could otherwise cost seconds.
+	DefaultWorkLimit = 1 << 23
+	// MaxContentItems bounds the content items of one result: each becomes a map the result
+	// is sanitized through, so a 15 MiB message of empty items would cost ~400 MiB.
+	MaxContentItems = 10_000
+	// maxSafeText bounds text quoted from a schema or a result in a message.
+	maxSafeText = 512
+)
+
+// CallOption adds an optional step to a call, or tunes one.
+type CallOption func(*callConfig)
+
+type callConfig struct {
+	permissions    []string
+	workLimit      int64
+	strict         bool
+	drift          bool
+	live           Listing
+	maxResultBytes int
+	sanitize       sanitize.Options
+	safe           func(string) string
+	cache          *schemas.Cache
+}
+
+func configure(opts []CallOption) callConfig {
+	cfg := callConfig{workLimit: DefaultWorkLimit, safe: safeText}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return cfg
+}
+
+// WithPermissions adds requirements to the spec's own for this call, e.g. a deployment's
+// current per-tool permissions; like the spec's, they may name arguments ("fs.read:{path}").
+func WithPermissions(reqs ...string) CallOption {
+	return func(c *callConfig) { c.permissions = append(c.permissions, reqs...) }
+}
+
+// WithWorkLimit sets the bound on the capability gate's comparison work (DefaultWorkLimit).
+func WithWorkLimit(units int64) CallOption {
+	return func(c *callConfig) { c.workLimit = units }
+}
+
+// WithStrictInputs, when on, refuses arguments the input schema does not declare: every
+// object schema that lists its properties and says nothing of others is read as closed.
+func WithStrictInputs(on bool) CallOption {
+	return func(c *callConfig) { c.strict = on }
+}
+
+// WithDrift adds the drift check before invoke: the tool's declaration in live (the session's
+// current listing, see ListingOf) must hash to the spec's Pin.
+func WithDrift(live Listing) CallOption {
+	return func(c *callConfig) { c.drift, c.live = true, live }
+}
+
+// WithMaxResultBytes caps a result: content and structured content together, as JSON, may not
+// exceed n bytes (0: no cap).
+func WithMaxResultBytes(n int) CallOption {
+	return func(c *callConfig) { c.maxResultBytes = n }
+}
+
+// WithSanitize sets how results are sanitized: KeepMarkup skips only the HTML escaping, for
+// a server whose output is markup on purpose; Redact masks secret values.
+func WithSanitize(o sanitize.Options) CallOption {
+	return func(c *callConfig) { c.sanitize = o }
+}
+
+// WithSafeText sets how text a schema or a server chose is cleaned before an error quotes it
+// (by default: bounded and sanitized).
+func WithSafeText(f func(string) string) CallOption {
+	return func(c *callConfig) { c.safe = f }
+}
+
+// WithSchemaCache compiles the schemas of specs Bind did not make through cache, keyed by
+// their Pin, so a spec rebuilt for every call does not recompile them. A Pin must then be the
+// hash of the spec's own declaration.
+func WithSchemaCache(cache *schemas.Cache) CallOption {
+	return func(c *callConfig) { c.cache = cache }
+}
+
+// Result is a tool's sanitized result.
+type Result struct {
+	// Content is the MCP content list, each item as its JSON object.
+	Content []map[string]any
+	// StructuredContent is the structured result; nil when there is none (or when an error
+	// result carried one that is not an object). Its numbers are as the session decoded them
+	// (a go-sdk session: float64).
+	StructuredContent map[string]any
+	// IsError is the tool's own report of failure; its content says what went wrong.
+	IsError bool
+	// Size is the bytes of the content and structured content as JSON, before sanitization
+	// (a text item's text counted as it is, unescaped).
+	Size int
+}
+
+// CallTool calls a tool through every gate, in order: capability gate, input validation, the
+// drift check (WithDrift), invoke, output validation, sanitization. A refusal before invoke
+// (*CapabilityError, *ValidationError, *DriftError) means nothing reached the session; a
+// *ValidationError of StageOutput or a *TooLargeError means the call reached the server and
+// may have taken effect. A failure of the session itself is returned wrapped.
+func CallTool(ctx context.Context, session Session, spec *ToolSpec, args map[string]any, caps Capabilities, opts ...CallOption) (*Result, error) {
+	cfg := configure(opts)
+	if err := check(spec, args, caps, &cfg); err != nil {
+		return nil, err
+	}
+	if cfg.drift {
+		if err := CheckDrift(spec, cfg.live); err != nil {
+			return nil, err
+		}
+	}
+	if args == nil {
+		args = map[string]any{}
+	}
+	res, err := session.CallTool(ctx, &mcp.CallToolParams{Name: spec.Name, Arguments: args})
+	if err != nil {
+		return nil, fmt.Errorf("mcpgate: tools/call of %q failed: %w", spec.Name, err)
+	}
+	return processResult(spec, res, &cfg)
+}
+
+// Check runs the gates before invoke, in order: the declaration is usable, the capability
+// gate, and input validation (which also requires the output schema to compile, so that a
+// broken one is a refusal now rather than a failure after the call took effect).
+func Check(spec *ToolSpec, args map[string]any, caps Capabilities, opts ...CallOption) error {
+	cfg := configure(opts)
+	return check(spec, args, caps, &cfg)
+}
+
+func check(spec *ToolSpec, args map[string]any, caps Capabilities, cfg *callConfig) error {
+	if spec.Refused {
+		return &ValidationError{Tool: spec.Name, Stage: StageDeclaration, Message: "the declaration screen refused it: " + cfg.safe(hardFindings(spec.Findings))}
+	}
+	if err := checkCapabilities(spec, args, caps, cfg); err != nil {
+		return err
+	}
+	return checkInput(spec, args, cfg)
+}
+
+func hardFindings(fs []screen.Finding) string {
+	var out []string
+	for _, f := range fs {
+		if f.Severity == screen.HardFailure {
+			out = append(out, fmt.Sprintf("%s at %s: %s", f.Code, f.Location, f.Message))
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+// checkCapabilities expands each requirement with the call's arguments (e.g. "fs.read:{path}"
+// with path "/srv/a") and demands a covering claim that no revoke entry takes away.
+func checkCapabilities(spec *ToolSpec, args map[string]any, caps Capabilities, cfg *callConfig) error {
+	reqs := spec.Permissions
+	if len(cfg.permissions) > 0 {
+		reqs = append(slices.Clip(reqs), cfg.permissions...)
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	eff := caps.effective()
+	meter := &capability.Meter{Limit: cfg.workLimit}
+	var missing, checked []string
+	for _, req := range reqs {
+		expanded := req
+		if strings.IndexByte(req, '{') >= 0 {
+			var err error
+			expanded, err = capability.Expand(req, func(arg string) (string, bool) {
+				v, ok := args[arg].(string)
+				return v, ok
+			})
+			if err != nil {
+				return &CapabilityError{Tool: spec.Name, Problem: err.Error()}
+			}
+		}
+		if slices.Contains(checked, expanded) {
+			continue
+		}
+		checked = append(checked, expanded)
+		c, err := capability.Parse(expanded)
+		if err != nil {
+			return &CapabilityError{Tool: spec.Name, Problem: fmt.Sprintf("requirement %q with these arguments is %q, which is not a capability: %v", req, expanded, err)}
+		}
+		if !eff.CoversMetered(c, meter) {
+			missing = append(missing, expanded)
+		}
+		if meter.Exceeded() {
+			return &CapabilityError{Tool: spec.Name, WorkLimit: cfg.workLimit}
+		}
+	}
+	if len(missing) > 0 {
+		return &CapabilityError{Tool: spec.Name, Missing: missing}
+	}
+	return nil
+}
+
+// Which of a spec's schemas.
+const (
+	schemaInput = iota
+	schemaStrict
+	schemaOutput
+)
+
+var schemaKeys = [...]string{schemaInput: "/input", schemaStrict: "/input-strict", schemaOutput: "/output"}
+
+// schema compiles one of the spec's schemas: the ones Bind compiled, else through the cache
+// by pin, else now.
+func (s *ToolSpec) schema(which int, cfg *callConfig) (*schemas.Schema, error) {
+	if c := s.compiled; c != nil {
+		switch which {
+		case schemaInput:
+			return c.input, c.inputErr
+		case schemaStrict:
+			return c.strict, c.strictErr
+		}
+		return c.output, c.outErr
+	}
+	raw := s.InputSchema
+	if which == schemaOutput {
+		raw = s.OutputSchema
+	}
+	if cfg.cache != nil && isPin(s.Pin) {
+		if which == schemaStrict {
+			return cfg.cache.GetStrict(s.Pin+schemaKeys[which], raw)
+		}
+		return cfg.cache.Get(s.Pin+schemaKeys[which], raw)
+	}
+	if which == schemaStrict {
+		return schemas.CompileStrict(raw)
+	}
+	return schemas.Compile(raw)
+}
+
+func isPin(s string) bool {
+	_, err := mcpdecl.ParseHash(s)
+	return err == nil
+}
+
+// compile compiles every schema of a spec Bind made, once.
+func (s *ToolSpec) compile() {
+	c := &compiledSchemas{}
+	c.input, c.inputErr = schemas.Compile(s.InputSchema)
+	c.strict, c.strictErr = schemas.CompileStrict(s.InputSchema)
+	if len(s.OutputSchema) > 0 {
+		c.output, c.outErr = schemas.Compile(s.OutputSchema)
+	}
+	s.compiled = c
+}
+
+func checkInput(spec *ToolSpec, args map[string]any, cfg *callConfig) error {
+	unusable := func(which string, err error) error {
+		return &ValidationError{Tool: spec.Name, Stage: StageInput, SchemaUnusable: true,
+			Message: fmt.Sprintf("the %s schema of tool %q cannot be compiled: %s", which, spec.Name, cfg.safe(err.Error()))}
+	}
+	in, err := spec.schema(schemaInput, cfg)
+	if err != nil {
+		return unusable("input", err)
+	}
+	if len(spec.OutputSchema) > 0 {
+		if _, err := spec.schema(schemaOutput, cfg); err != nil {
+			return unusable("output", err)
+		}
+	}
+	if cfg.strict {
+		if in, err = spec.schema(schemaStrict, cfg); err != nil {
+			return unusable("input", err)
+		}
+	}
+	invalid := func(format string, args ...any) error {
+		return &ValidationError{Tool: spec.Name, Stage: StageInput, Message: fmt.Sprintf(format, args...)}
+	}
+	var v any = map[string]any{}
+	if args != nil {
+		if v, _, err = jsonValue(args); err != nil {
+			return invalid("the arguments cannot be encoded as JSON: %v", err)
+		}
+	}
+	var tooMuch *schemas.BudgetError
+	if err := in.Validate(v); errors.As(err, &tooMuch) {
+		return invalid("the arguments cannot be checked against the tool's input schema with bounded work, so they are refused: %v", err)
+	} else if err != nil {
+		return invalid("the arguments do not match the tool's input schema: %v", err)
+	}
+	return nil
+}
+
+// CheckDrift refuses a call when live, the session's current listing, does not declare the
+// tool exactly as pinned: absent, changed, listed twice or unreadable are all drift.
+func CheckDrift(spec *ToolSpec, live Listing) error {
+	got, ok := live[spec.Name]
+	if !ok {
+		return &DriftError{Tool: spec.Name, Pinned: spec.Pin, Live: "(absent)"}
+	}
+	if got != spec.Pin {
+		return &DriftError{Tool: spec.Name, Pinned: spec.Pin, Live: got}
+	}
+	return nil
+}
+
+// ProcessResult runs the gates after invoke on what tools/call answered: output validation
+// (structured content against the output schema, unless the result is the tool's own error;
+// a non-object where an object is required is an error), the bounds on a result, and
+// sanitization of every string leaf and key.
+func ProcessResult(spec *ToolSpec, res *mcp.CallToolResult, opts ...CallOption) (*Result, error) {
+	cfg := configure(opts)
+	return processResult(spec, res, &cfg)
+}
+
+func processResult(spec *ToolSpec, res *mcp.CallToolResult, cfg *callConfig) (*Result, error) {
+	out := &Result{IsError: res.IsError}
+	invalid := func(msg string) error {
+		return &ValidationError{Tool: spec.Name, Stage: StageOutput, Message: cfg.safe(msg)}
+	}
+	// The structured content is read once, as the validator reads JSON (numbers exact), and
+	// what is validated is what is passed on.
+	var structured any
+	if res.StructuredContent != nil {
+		var err error
+		if structured, out.Size, err = jsonValue(res.StructuredContent); err != nil {
+			return nil, invalid(fmt.Sprintf("the structured content is not JSON: %v", err))
+		}
+	}
+	if !res.IsError && len(spec.OutputSchema) > 0 {
+		if err := validateOutput(spec, structured, cfg); err != nil {
+			return nil, invalid(err.Error())
+		}
+	}
+	if len(res.Content) > MaxContentItems {
+		return nil, &TooLargeError{Tool: spec.Name, What: "content items", Size: len(res.Content), Limit: MaxContentItems}
+	}
+	overCap := func() error {
+		if cfg.maxResultBytes > 0 && out.Size > cfg.maxResultBytes {
+			return &TooLargeError{Tool: spec.Name, What: "bytes", Size: out.Size, Limit: cfg.maxResultBytes}
+		}
+		return nil
+	}
+	if err := overCap(); err != nil {
+		return nil, err
+	}
+	// A value nested deeper than the sanitizer (and the schema check) goes is refused, not
+	// passed on with its deep parts cut off.
+	tooDeep := func(what string) error {
+		return invalid(fmt.Sprintf("%s nests more than %d levels deep, deeper than results are checked and sanitized, so it is not passed on", what, sanitize.MaxDepth))
+	}
+	if len(res.Content) > 0 {
+		out.Content = make([]map[string]any, 0, len(res.Content))
+	}
+	for i, c := range res.Content {
+		item, size, err := contentItem(c, cfg.sanitize)
+		switch {
+		case errors.Is(err, sanitize.ErrTooDeep):
+			return nil, tooDeep(fmt.Sprintf("content item %d", i))
+		case err != nil:
+			return nil, invalid(err.Error())
+		}
+		out.Size += size
+		if err := overCap(); err != nil {
+			return nil, err
+		}
+		out.Content = append(out.Content, item)
+	}
+	if structured != nil {
+		obj, isObj := structured.(map[string]any)
+		switch {
+		case !isObj && res.IsError:
+			// An error result needs no structured content and no schema applies to it: one
+			// that is not an object cannot be carried, so it is left out, and the result stays
+			// the tool's error (its content says what went wrong).
+		case !isObj:
+			return nil, invalid("the structured content is not a JSON object")
+		default:
+			clean, err := sanitize.ValueWithin(obj, cfg.sanitize)
+			if err != nil {
+				return nil, tooDeep("the structured content")
+			}
+			out.StructuredContent = clean.(map[string]any)
+		}
+	}
+	return out, nil
+}
+
+// textItemSize is what a text item's JSON adds to its text: {"type":"text","text":""}.
+const textItemSize = len(`{"type":"text","text":""}`)
+
+// contentItem turns one MCP content item into its JSON object form, sanitized, and its size
+// as JSON. A plain text item (the common case) is built directly; any other goes through its
+// JSON encoding.
+func contentItem(c mcp.Content, o sanitize.Options) (map[string]any, int, error) {
+	if t, ok := c.(*mcp.TextContent); ok && len(t.Meta) == 0 && t.Annotations == nil {
+		return map[string]any{"type": "text", "text": sanitize.String(t.Text, o)}, textItemSize + len(t.Text), nil
+	}
+	raw, err := json.Marshal(c)
+	if err != nil {
+		return nil, 0, fmt.Errorf("a content item cannot be encoded: %v", err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, 0, fmt.Errorf("a content item is not an object: %v", err)
+	}
+	clean, err := sanitize.ValueWithin(m, o)
+	if err != nil {
+		return nil, 0, err
+	}
+	return clean.(map[string]any), len(raw), nil
+}
+
+// validateOutput checks structured content (decoded; nil when there is none) against the
+// output schema.
+func validateOutput(spec *ToolSpec, structured any, cfg *callConfig) error {
+	if structured == nil {
+		return errors.New("the tool declares an output schema but returned no structured content")
+	}
+	sch, err := spec.schema(schemaOutput, cfg)
+	if err != nil {
+		return fmt.Errorf("the tool's output schema cannot be compiled: %v", err)
+	}
+	var tooMuch *schemas.BudgetError
+	if err := sch.Validate(structured); errors.As(err, &tooMuch) {
+		return fmt.Errorf("the structured content cannot be checked against the tool's output schema with bounded work, so it is not passed on: %v", err)
+	} else if err != nil {
+		return fmt.Errorf("the structured content does not match the tool's output schema: %v", err)
+	}
+	return nil
+}
+
+// jsonValue returns v as the validator reads JSON, and its size as JSON (strings counted
+// unescaped): v itself when it holds only what encoding/json decodes into (nil, bool, finite
+// float64, json.Number, string, []any, map[string]any), as a session's results and decoded
+// arguments do; otherwise its JSON encoding, decoded with numbers kept exact.
+func jsonValue(v any) (any, int, error) {
+	if size, ok := jsonSize(v, 0); ok {
+		return v, size, nil
+	}
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return nil, 0, err
+	}
+	d, err := schemas.Decode(raw)
+	return d, len(raw), err
+}
+
+// jsonSize is the size of v as JSON when v is already JSON-shaped (ok), with strings counted
+// unescaped. A value nested deeper than the validator reads is left to the decoding path.
+func jsonSize(v any, depth int) (size int, ok bool) {
+	if depth > schemas.MaxDepth+1 {
+		return 0, false
+	}
+	switch v := v.(type) {
+	case nil:
+		return 4, true
+	case bool:
+		if v {
+			return 4, true
+		}
+		return 5, true
+	case string:
+		return len(v) + 2, true
+	case float64:
+		if math.IsInf(v, 0) || math.IsNaN(v) {
+			return 0, false
+		}
+		var buf [32]byte
+		return len(strconv.AppendFloat(buf[:0], v, 'g', -1, 64)), true
+	case json.Number:
+		if _, err := strconv.ParseFloat(string(v), 64); err != nil {
+			return 0, false
+		}
+		return len(v), true
+	case []any:
+		size = 2 + max(len(v)-1, 0)
+		for _, e := range v {
+			n, ok := jsonSize(e, depth+1)
+			if !ok {
+				return 0, false
+			}
+			size += n
+		}
+		return size, true
+	case map[string]any:
+		size = 2 + max(len(v)-1, 0)
+		for k, e := range v {
+			n, ok := jsonSize(e, depth+1)
+			if !ok {
+				return 0, false
+			}
+			size += len(k) + 3 + n
+		}
+		return size, true
+	}
+	return 0, false
+}
+
+// safeText is the default cleaning of quoted text: at most maxSafeText bytes, sanitized.
+func safeText(s string) string {
+	return sanitize.String(truncate(s, maxSafeText), sanitize.Options{})
+}
+
+// truncate bounds s to n bytes, cutting at a character boundary and marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - 3
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}
