@@ -37,10 +37,9 @@ Dynamically linked binaries and scripts are refused: scratch has no loader and n
 				return err
 			}
 			if g.output == "json" {
-				_, err = fmt.Fprintf(g.stdout, "{\"image\": %q, \"name\": %q}\n", ref, name)
-				return err
+				return printFields(g.stdout, "image", ref, "name", name)
 			}
-			_, err = fmt.Fprintf(g.stdout, "%s\n\nset it for the pool:\n  export RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE=%s\n", ref, ref)
+			_, err = linef(g.stdout, "%s\n\nset it for the pool:\n  export RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE=%s\n", ref, ref)
 			return err
 		},
 	}

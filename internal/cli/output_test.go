@@ -33,7 +33,7 @@ func TestServerChosenTextCannotDriveTheTerminal(t *testing.T) {
 	for _, raw := range []string{"\x1b", "\a", "\u009b"} {
 		require.NotContains(t, printed, raw)
 	}
-	require.Contains(t, printed, `read\x1b]0;pwned\x07`)
+	require.Contains(t, printed, `read\u001b]0;pwned\u0007`)
 	require.Contains(t, printed, `\u009b31m`)
 	require.Contains(t, printed, "hidden_unicode", "the findings still print")
 }
