@@ -181,7 +181,7 @@ func CheckPin(n *Node) *Violation {
 func Effective(g *Graph, agentID string) (capability.Effective, error) {
 	a, ok := g.Agent(agentID)
 	if !ok {
-		return capability.Effective{}, fielderr.New("agent", "%q is not an agent node of graph %q", clip(agentID), g.ID)
+		return capability.Effective{}, fielderr.New("agent", "%s is not an agent node of graph %q", fielderr.Quote(agentID), g.ID)
 	}
 	return effective(g, agentID, a, nil), nil
 }

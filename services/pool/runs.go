@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -71,8 +70,6 @@ func newRun(rec store.Run) *run {
 
 // maxTrackedCallIDs bounds the per-run attempt counters.
 const maxTrackedCallIDs = 10000
-
-var runIDPattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,128}$`)
 
 func newRunID() string {
 	b := make([]byte, 12)
