@@ -17,6 +17,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
+
+	"github.com/ringfence/ringfence/internal/fielderr"
 )
 
 // jsonMarshaler is the gateway's JSON codec: proto field names out, unknown fields refused in,
@@ -213,7 +215,7 @@ func (w *tokenWalker) value(path string, tok json.Token, utf8OK bool, depth int)
 				child = path + "." + key
 			}
 			if seen[key] {
-				return fmt.Sprintf("field %q is given twice: send each key of an object once", child), nil
+				return fmt.Sprintf("field %s is given twice: send each key of an object once", fielderr.Quote(child)), nil
 			}
 			seen[key] = true
 			v, utf8OK, err := w.next()
@@ -239,7 +241,7 @@ func (w *tokenWalker) value(path string, tok json.Token, utf8OK bool, depth int)
 		}
 	}
 	if !utf8OK {
-		return fmt.Sprintf("field %q is not valid UTF-8 (its value is not shown): send text as UTF-8", path), nil
+		return fmt.Sprintf("field %s is not valid UTF-8 (its value is not shown): send text as UTF-8", fielderr.Quote(path)), nil
 	}
 	return "", nil
 }
@@ -249,7 +251,7 @@ func within(path string) string {
 	if path == "" {
 		return "at the top level"
 	}
-	return fmt.Sprintf("in field %q", path)
+	return fmt.Sprintf("in field %s", fielderr.Quote(path))
 }
 
 // failingField returns "field "a.b": expected …" for the first field (in name order) of
@@ -266,7 +268,7 @@ func failingField(fields map[string]json.RawMessage, md protoreflect.MessageDesc
 			fd = md.Fields().ByTextName(name)
 		}
 		if fd == nil {
-			return fmt.Sprintf("unknown field %q", prefix+name)
+			return fmt.Sprintf("unknown field %s", fielderr.Quote(prefix+name))
 		}
 		one, _ := json.Marshal(map[string]json.RawMessage{name: fields[name]})
 		probe := dynamicpb.NewMessage(md)
@@ -276,7 +278,7 @@ func failingField(fields map[string]json.RawMessage, md protoreflect.MessageDesc
 		if where := failingElement(fields[name], fd, prefix+name, depth); where != "" {
 			return where
 		}
-		return fmt.Sprintf("field %q: expected %s", prefix+name, expected(fd))
+		return fmt.Sprintf("field %s: expected %s", fielderr.Quote(prefix+name), expected(fd))
 	}
 	return ""
 }

@@ -16,6 +16,7 @@ import (
 
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/fielderr"
 )
 
 // NewGatewayMux returns the REST mux every binary uses: proto field names in JSON, unknown
@@ -60,12 +61,12 @@ func writeRoutingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Mar
 	switch httpStatus {
 	case http.StatusMethodNotAllowed:
 		body = ErrorBody{Code: httpStatus, Status: "METHOD_NOT_ALLOWED",
-			Message: fmt.Sprintf("%s is not a method of %s: see docs/api.md for the routes and their methods", r.Method, r.URL.Path)}
+			Message: fmt.Sprintf("%s is not a method of %s: see docs/api.md for the routes and their methods", fielderr.Quote(r.Method), fielderr.Quote(r.URL.Path))}
 	case http.StatusNotFound:
 		// The gateway's own "Not Found" reads like a missing resource; this is a path no
 		// route takes (a typo, or a route of another binary in a split deployment).
 		body = ErrorBody{Code: httpStatus, Status: "NOT_FOUND",
-			Message: fmt.Sprintf("no route takes %s %s: docs/api.md lists the routes (in a split deployment, each binary serves its own service's)", r.Method, r.URL.Path)}
+			Message: fmt.Sprintf("no route takes %s %s: docs/api.md lists the routes (in a split deployment, each binary serves its own service's)", r.Method, fielderr.Quote(r.URL.Path))}
 	default:
 		runtime.DefaultRoutingErrorHandler(ctx, mux, m, w, r, httpStatus)
 		return
@@ -101,7 +102,9 @@ func WriteHTTPError(w http.ResponseWriter, err error) {
 }
 
 func writeError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
-	st, _ := status.FromError(err)
+	// The gateway's own refusals (a body that does not decode, a parameter no route takes)
+	// are bounded as the RPCs' statuses are.
+	st, _ := status.FromError(boundStatus(err))
 	msg := st.Message()
 	body := ErrorBody{Code: runtime.HTTPStatusFromCode(st.Code()), Status: st.Code().String(), Message: msg}
 	body.Status = strings.ToUpper(toSnake(body.Status))

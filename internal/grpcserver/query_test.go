@@ -72,7 +72,7 @@ func TestAnUnknownPathNamesItself(t *testing.T) {
 	code, body := getJSON(t, auditGateway(t)+"/v1/audit/recordz")
 	require.Equal(t, http.StatusNotFound, code)
 	require.Equal(t, "NOT_FOUND", body["status"])
-	require.Contains(t, body["message"], "no route takes GET /v1/audit/recordz: docs/api.md lists the routes")
+	require.Contains(t, body["message"], `no route takes GET "/v1/audit/recordz": docs/api.md lists the routes`)
 }
 
 // auditGateway serves echoAudit over gRPC and REST and returns the REST base URL.
