@@ -31,14 +31,51 @@ type jsonMarshaler struct {
 func newJSONMarshaler() *jsonMarshaler {
 	return &jsonMarshaler{JSONPb: runtime.JSONPb{
 		MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
-		UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false, RecursionLimit: maxMessageNesting},
+		// protojson counts messages, not JSON levels; the body's levels are bounded first
+		// (nesting), and this only backs that up.
+		UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false, RecursionLimit: 2 * maxMessageNesting},
 	}}
 }
 
-// maxMessageNesting bounds how deeply a REST body nests. Well below the gRPC server's own
-// limit (10,000 messages, where a JSON list inside arguments is two: Value, ListValue): a
-// body the gateway accepted and the server then could not decode answered 500.
+// maxMessageNesting bounds how deeply a REST body nests, in levels of arrays and objects (the
+// body itself is the first). Well below the gRPC server's own limit (10,000 messages, where a
+// JSON list inside arguments is two: Value, ListValue): a body the gateway accepted and the
+// server then could not decode answered 500.
 const maxMessageNesting = 1000
+
+// tooDeep is the one wording of a value nested deeper than limit, for arrays and objects
+// alike; the pool's argument and result checks (internal/schemas, sanitize) and the
+// declaration screen (jcs, screen) say the same with their own limits.
+func tooDeep(limit int) string {
+	return fmt.Sprintf("nested too deeply: more than %d levels of arrays and objects", limit)
+}
+
+// nesting is how many levels of arrays and objects body nests, counted without allocating,
+// stopping once it passes limit.
+func nesting(body []byte, limit int) int {
+	depth, deepest, inString, escaped := 0, 0, false, false
+	for _, b := range body {
+		switch {
+		case inString && escaped:
+			escaped = false
+		case inString && b == '\\':
+			escaped = true
+		case inString:
+			inString = b != '"'
+		case b == '"':
+			inString = true
+		case b == '[' || b == '{':
+			if depth++; depth > deepest {
+				if deepest = depth; deepest > limit {
+					return deepest
+				}
+			}
+		case b == ']' || b == '}':
+			depth--
+		}
+	}
+	return deepest
+}
 
 // maxBodyValues bounds the JSON values (objects, lists, scalars) of a REST body. Decoded, each
 // costs ~160 bytes of memory and ~11 of protobuf: a 4 MB body of "0," took 319 MiB and became a
@@ -84,13 +121,16 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 		if countValues(body, maxBodyValues) > maxBodyValues {
 			return fmt.Errorf("request body too large: it holds more than %d JSON values (objects, lists and scalars); send less in one request, or use gRPC", maxBodyValues)
 		}
+		if nesting(body, maxMessageNesting) > maxMessageNesting {
+			return errors.New("invalid JSON body: " + tooDeep(maxMessageNesting))
+		}
 		msg, ok := v.(proto.Message)
 		if !ok {
 			return m.JSONPb.Unmarshal(body, v)
 		}
 		if err := m.UnmarshalOptions.Unmarshal(body, msg); err != nil {
 			if strings.Contains(err.Error(), "exceeded max recursion depth") {
-				return fmt.Errorf("invalid JSON body: nested too deeply (at most %d levels of objects and lists)", maxMessageNesting)
+				return errors.New("invalid JSON body: " + tooDeep(maxMessageNesting))
 			}
 			problem := describeDecodeError(body, msg, err)
 			if form, ok := r.(formBody); ok && !json.Valid(body) {

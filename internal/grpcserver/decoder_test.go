@@ -73,7 +73,7 @@ func TestDeepBodiesAreRefusedByTheGateway(t *testing.T) {
 	require.NoError(t, m.NewDecoder(strings.NewReader(nested(100))).Decode(&poolv1.CallToolRequest{}))
 	for _, levels := range []int{1200, 6000} {
 		err := m.NewDecoder(strings.NewReader(nested(levels))).Decode(&poolv1.CallToolRequest{})
-		require.ErrorContains(t, err, "nested too deeply (at most 1000 levels", levels)
+		require.ErrorContains(t, err, "nested too deeply: more than 1000 levels of arrays and objects", levels)
 	}
 }
 

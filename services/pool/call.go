@@ -734,7 +734,7 @@ func (s *Service) result(tool *graph.MCPToolNode, res *mcp.CallToolResult, keep 
 	// A value nested deeper than the sanitizer (and the schema check) goes is refused, not
 	// passed on with its deep parts cut off.
 	tooDeep := func(what string) error {
-		return invalid(fmt.Errorf("%s nests more than %d levels deep, deeper than the pool checks and sanitizes a result, so it is not passed on", what, sanitize.MaxDepth))
+		return invalid(fmt.Errorf("%s is %v: the pool checks and sanitizes a result no deeper, so it is not passed on", what, sanitize.ErrTooDeep))
 	}
 	for i, c := range res.Content {
 		item, err := contentItem(c)
