@@ -30,7 +30,7 @@ type jsonMarshaler struct {
 
 func newJSONMarshaler() *jsonMarshaler {
 	return &jsonMarshaler{JSONPb: runtime.JSONPb{
-		MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
+		MarshalOptions: protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
 		// protojson counts messages, not JSON levels; the body's levels are bounded first
 		// (nesting), and this only backs that up.
 		UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false, RecursionLimit: 2 * maxMessageNesting},

@@ -102,7 +102,7 @@ func TestEveryStatusStaysWithinItsBound(t *testing.T) {
 // twice) are bounded as the RPCs' are.
 func TestRESTRefusalsAreBounded(t *testing.T) {
 	key := strings.Repeat("k", 1<<20)
-	err := newJSONMarshaler().NewDecoder(strings.NewReader(`{"ref":"a","env":{"`+key+`":"1","`+key+`":"2"}}`)).Decode(&registryv1.CreateServerRequest{})
+	err := newJSONMarshaler().NewDecoder(strings.NewReader(`{"ref":"a","env":{"` + key + `":"1","` + key + `":"2"}}`)).Decode(&registryv1.CreateServerRequest{})
 	require.ErrorContains(t, err, "(1048580 bytes) is given twice")
 	rec := httptest.NewRecorder()
 	writeError(t.Context(), nil, nil, rec, nil, status.Error(codes.InvalidArgument, err.Error()))
