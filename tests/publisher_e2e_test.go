@@ -457,7 +457,8 @@ func TestExploreCallsOneTool(t *testing.T) {
 	var outcomes []string
 	for _, rec := range list.Records {
 		require.True(t, strings.HasPrefix(rec.ToolCall.RunID, "explore-"), rec.ToolCall.RunID)
-		require.True(t, strings.HasPrefix(rec.ToolCall.AgentNode, "operator:key_"), rec.ToolCall.AgentNode)
+		require.True(t, strings.HasPrefix(rec.ToolCall.AgentNode, "key:"), rec.ToolCall.AgentNode)
+		require.Contains(t, rec.ToolCall.AgentNode, "(admin, key_", "the explore call's record says what the key is")
 		if rec.ToolCall.Result == "pending" {
 			continue
 		}

@@ -27,24 +27,32 @@ type Principal struct {
 // Has reports whether the principal holds p.
 func (p Principal) Has(perm Permission) bool { return slices.Contains(p.Permissions, perm) }
 
-// Actor names the principal in logs and audit records.
+// Actor names the principal for a person reading a log line, an audit record or a
+// version's published_by: what the key is and its id, "key:ci (runner, key_0a1b…)";
+// "service:<name>" for a service certificate; "system" for no caller at all.
 func (p Principal) Actor() string {
-	if p.Service != "" {
-		return "service:" + p.Service
-	}
-	return "key:" + p.KeyID
-}
-
-// AuditActor is how audit records name the principal: its key id and role, "service:<name>"
-// for a service certificate, or "system" for changes no caller made (a bootstrap at start).
-func (p Principal) AuditActor() (id, role string) {
 	switch {
 	case p.Service != "":
-		return "service:" + p.Service, "service"
-	case p.KeyID != "":
-		return p.KeyID, p.Role
+		return "service:" + p.Service
+	case p.KeyID == "":
+		return "system"
+	case p.KeyName == "":
+		return "key:" + p.KeyID
 	}
-	return "system", "system"
+	return fmt.Sprintf("key:%s (%s, %s)", p.KeyName, p.Role, p.KeyID)
+}
+
+// AuditActor is how admin records name the principal: its key id, name and role,
+// "service:<name>" for a service certificate, or "system" for changes no caller made (a
+// bootstrap at start).
+func (p Principal) AuditActor() (id, name, role string) {
+	switch {
+	case p.Service != "":
+		return "service:" + p.Service, "", "service"
+	case p.KeyID != "":
+		return p.KeyID, p.KeyName, p.Role
+	}
+	return "system", "", "system"
 }
 
 type principalKey struct{}

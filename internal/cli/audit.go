@@ -352,7 +352,7 @@ func (g *globals) printRecordLine(r *auditv1.Record) error {
 // describeRecord gives a record's one-line summary: what happened, and its outcome.
 func describeRecord(r *auditv1.Record) (string, string) {
 	if a := r.GetAdmin(); a != nil {
-		return sprintLine("%s %s %s by %s (%s)", a.GetAction(), a.GetResourceType(), a.GetResourceId(), a.GetActorKeyId(), a.GetActorRole()), "-"
+		return sprintLine("%s %s %s by %s", a.GetAction(), a.GetResourceType(), a.GetResourceId(), adminActor(a)), "-"
 	}
 	t := r.GetToolCall()
 	// A call refused before its binding resolved (an unknown run, agent or tool) names no
@@ -376,4 +376,17 @@ func describeRecord(r *auditv1.Record) (string, string) {
 		outcome += " [advisory: " + strings.Join(t.GetAdvisory(), "; ") + "]"
 	}
 	return what, outcome
+}
+
+// adminActor says who made an admin change as auth.Principal.Actor does: what the key is and
+// its id, "key:ops (operator, key_0a1b…)". Records written before keys' names were recorded
+// show the id and the role.
+func adminActor(a *auditv1.AdminEvent) string {
+	switch {
+	case a.GetActorKeyName() != "":
+		return fmt.Sprintf("key:%s (%s, %s)", a.GetActorKeyName(), a.GetActorRole(), a.GetActorKeyId())
+	case strings.HasPrefix(a.GetActorKeyId(), "key_"):
+		return fmt.Sprintf("key:%s (%s)", a.GetActorKeyId(), a.GetActorRole())
+	}
+	return a.GetActorKeyId() // service:<name>, system
 }

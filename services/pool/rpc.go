@@ -41,7 +41,7 @@ func (g *Server) Discover(ctx context.Context, req *poolv1.DiscoverRequest) (*po
 		return nil, err
 	}
 	listing, call, err := g.svc.ExploreTools(ctx, discovery.ExploreRequest{
-		Ref: req.GetServerRef(), Call: req.GetCall(), Adhoc: req.GetAdhoc(), Tenant: req.GetTenant(), ActorKeyID: req.GetActorKeyId(),
+		Ref: req.GetServerRef(), Call: req.GetCall(), Adhoc: req.GetAdhoc(), Tenant: req.GetTenant(), ActorKeyID: req.GetActorKeyId(), Actor: req.GetActor(),
 	})
 	if err != nil {
 		return nil, discovery.Status(ctx, g.svc.errors, err)
@@ -58,7 +58,7 @@ func (g *Server) Discover(ctx context.Context, req *poolv1.DiscoverRequest) (*po
 // ExploreServer, checked there against the operator's key. Without this, a publisher
 // certificate would run any tool of any server outside a run.
 func mayExplore(ctx context.Context, req *poolv1.DiscoverRequest) error {
-	if req.GetCall() == nil && req.GetAdhoc() == nil && req.GetTenant() == "" && req.GetActorKeyId() == "" {
+	if req.GetCall() == nil && req.GetAdhoc() == nil && req.GetTenant() == "" && req.GetActorKeyId() == "" && req.GetActor() == "" {
 		return nil
 	}
 	if p, _ := auth.FromContext(ctx); p.Service == mtls.Registry {

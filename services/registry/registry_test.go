@@ -782,6 +782,7 @@ func TestEveryChangeIsAnAdminEventWithSecretsMasked(t *testing.T) {
 		}
 		actions = append(actions, r.Admin.Action+" "+r.Admin.ResourceType+" "+r.Admin.ResourceID)
 		require.NotEmpty(t, r.Admin.ActorKeyID)
+		require.Equal(t, "bootstrap-admin", r.Admin.ActorKeyName, "the record says what the key is, beside its id")
 		require.Equal(t, auth.RoleAdmin, r.Admin.ActorRole)
 	}
 	require.Equal(t, []string{
@@ -859,7 +860,7 @@ func TestRESTAuthenticatesBeforeReadingTheBody(t *testing.T) {
 
 func TestRESTWrongMethodIs405(t *testing.T) {
 	f := newFixture(t)
-	code, body := f.rest(t, http.MethodPatch, "/v1/mcp/servers/docs", adminKey, `{}`)
+	code, body := f.rest(t, http.MethodPost, "/v1/mcp/servers/docs", adminKey, `{}`)
 	require.Equal(t, http.StatusMethodNotAllowed, code, body)
-	require.Contains(t, body, "PATCH is not a method of /v1/mcp/servers/docs")
+	require.Contains(t, body, `\"POST\" is not a method of \"/v1/mcp/servers/docs\"`)
 }

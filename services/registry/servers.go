@@ -201,7 +201,7 @@ func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServ
 	}
 	p, _ := auth.FromContext(ctx)
 	listing, call, err := s.cfg.Discoverer.ExploreTools(ctx, discovery.ExploreRequest{
-		Ref: req.GetRef(), Call: req.GetCall(), Adhoc: adhocProto, Tenant: p.Tenant, ActorKeyID: p.KeyID,
+		Ref: req.GetRef(), Call: req.GetCall(), Adhoc: adhocProto, Tenant: p.Tenant, ActorKeyID: p.KeyID, Actor: p.Actor(),
 	})
 	if err != nil {
 		return nil, discovery.Status(ctx, s.errors, err)
