@@ -305,6 +305,9 @@ replace the stored list. Without --env or --clear-env the stored env is kept.`,
 			if err != nil {
 				return err
 			}
+			for _, w := range resp.GetWarnings() {
+				linef(g.stderr, "warning: %s\n", w)
+			}
 			return g.printServer(resp.GetServer())
 		},
 	}

@@ -328,3 +328,32 @@ func containsString(ss []string, s string) bool {
 	}
 	return false
 }
+
+// Stranded is a published version whose tools of one server declare capabilities the server
+// does not grant: the ceiling refuses their calls at run time. Excess lists what is not
+// granted.
+type Stranded struct {
+	Tenant, GraphID string
+	Version         int64
+	Excess          []string
+}
+
+// StrandedBy reports whether v's tools of server ref declare capabilities grants do not
+// cover, and which (the ceiling's excess, over every such node).
+func StrandedBy(v *Version, ref string, grants []string) (Stranded, bool) {
+	st := Stranded{Tenant: v.Tenant, GraphID: v.GraphID, Version: v.Version}
+	for i := range v.Graph.Nodes {
+		n := &v.Graph.Nodes[i]
+		if n.MCPTool == nil || n.MCPTool.ServerRef != ref {
+			continue
+		}
+		if viol := CheckCeiling(n, mcpserver.Policy{Grants: grants}); viol != nil {
+			for _, e := range viol.Excess {
+				if !containsString(st.Excess, e) {
+					st.Excess = append(st.Excess, e)
+				}
+			}
+		}
+	}
+	return st, len(st.Excess) > 0
+}

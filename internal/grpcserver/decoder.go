@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"unicode/utf8"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	"github.com/ringfence/ringfence/internal/fielderr"
 )
@@ -115,7 +117,11 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 			}
 			return err
 		}
+		mark, _ := r.(markedBody)
 		if len(bytes.TrimSpace(body)) == 0 {
+			if mark.patch {
+				return errors.New(emptyPatch)
+			}
 			return io.EOF // the gateway treats an empty body as an empty message
 		}
 		if countValues(body, maxBodyValues) > maxBodyValues {
@@ -133,33 +139,79 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 				return errors.New("invalid JSON body: " + tooDeep(maxMessageNesting))
 			}
 			problem := describeDecodeError(body, msg, err)
-			if form, ok := r.(formBody); ok && !json.Valid(body) {
-				problem += fmt.Sprintf("; it was sent as %s, and the REST routes read only JSON: send a JSON object (curl: -H 'Content-Type: application/json' -d '{...}'; docs/api.md)", form.mediaType)
+			if mark.formType != "" && !json.Valid(body) {
+				problem += fmt.Sprintf("; it was sent as %s, and the REST routes read only JSON: send a JSON object (curl: -H 'Content-Type: application/json' -d '{...}'; docs/api.md)", mark.formType)
 			}
 			return fmt.Errorf("invalid JSON body: %s", problem)
+		}
+		if mark.patch {
+			return maskFromBody(msg, body)
 		}
 		return nil
 	})
 }
 
-// formBody is a request body sent as an HTML form, which is what curl -d sends unless told
-// otherwise. A JSON body sent so decodes as usual; one that is not JSON is refused with the
-// header to send, rather than only a byte offset.
-type formBody struct {
+// markedBody is a request body with what the decoder (which sees only the body) needs to know
+// of its request.
+type markedBody struct {
 	io.ReadCloser
-	mediaType string
+	// formType is the media type of a body sent as an HTML form, which is what curl -d sends
+	// unless told otherwise. A JSON body sent so decodes as usual; one that is not JSON is
+	// refused with the header to send, rather than only a byte offset.
+	formType string
+	// patch marks a PATCH body: the fields it holds are the ones to change (maskFromBody).
+	patch bool
 }
 
-// markFormBody marks a form-encoded body for the decoder (which sees only the body).
-func markFormBody(next runtime.HandlerFunc) runtime.HandlerFunc {
+// markBody marks a form-encoded body, and a PATCH's, for the decoder.
+func markBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
-		mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-		if err == nil && r.Body != nil && (mt == "application/x-www-form-urlencoded" || mt == "multipart/form-data") {
+		mark := markedBody{patch: r.Method == http.MethodPatch}
+		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && (mt == "application/x-www-form-urlencoded" || mt == "multipart/form-data") {
+			mark.formType = mt
+		}
+		if r.Body != nil && (mark.patch || mark.formType != "") {
 			r = r.WithContext(r.Context()) // a shallow copy, so the caller's request keeps its body
-			r.Body = formBody{ReadCloser: r.Body, mediaType: mt}
+			mark.ReadCloser = r.Body
+			r.Body = mark
 		}
 		next(w, r, params)
 	}
+}
+
+const emptyPatch = "invalid JSON body: a PATCH changes the fields its body holds, and this one holds none: send the fields to change, e.g. {\"grants\": [\"process_spawn\", \"external_api_call\"]}"
+
+// maskFromBody gives a PATCH the update_mask its body implies, as grpc-gateway does for a
+// PATCH whose body is one field: the fields the body holds are the ones to change, and only
+// those (a field sent empty is cleared). A mask the body sends itself is kept. Messages
+// without an update_mask take the body as it is.
+func maskFromBody(msg proto.Message, body []byte) error {
+	m := msg.ProtoReflect()
+	fields := m.Descriptor().Fields()
+	maskField := fields.ByName("update_mask")
+	if maskField == nil || maskField.Message() == nil || maskField.Message().FullName() != "google.protobuf.FieldMask" || m.Has(maskField) {
+		return nil
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(body, &keys); err != nil {
+		return fmt.Errorf("invalid JSON body: %w", err)
+	}
+	mask := &fieldmaskpb.FieldMask{}
+	for k := range keys {
+		fd := fields.ByName(protoreflect.Name(k))
+		if fd == nil {
+			fd = fields.ByJSONName(k)
+		}
+		if fd != nil && fd != maskField {
+			mask.Paths = append(mask.Paths, string(fd.Name()))
+		}
+	}
+	if len(mask.Paths) == 0 {
+		return errors.New(emptyPatch)
+	}
+	slices.Sort(mask.Paths)
+	m.Set(maskField, protoreflect.ValueOfMessage(mask.ProtoReflect()))
+	return nil
 }
 
 // describeDecodeError finds the field whose value fails to decode and says what it should

@@ -37,13 +37,19 @@ func NewGatewayMux(first ...runtime.Middleware) *runtime.ServeMux {
 			return runtime.DefaultHeaderMatcher(h)
 		}),
 		// X-Request-Id is set by httpRequestID before the gateway runs, to the id the RPC
-		// also takes; forwarding it again would send the header twice.
-		runtime.WithOutgoingHeaderMatcher(func(string) (string, bool) { return "", false }),
+		// also takes; forwarding it again would send the header twice. Warnings become HTTP
+		// Warning headers (SetWarnings).
+		runtime.WithOutgoingHeaderMatcher(func(key string) (string, bool) {
+			if key == WarningHeader {
+				return "Warning", true
+			}
+			return "", false
+		}),
 		runtime.WithErrorHandler(writeError),
 		runtime.WithRoutingErrorHandler(writeRoutingError),
 		// The gateway keeps one parser for the whole process; every mux sets the same one.
 		runtime.SetQueryParameterParser(&strictQuery{}),
-		runtime.WithMiddlewares(append(first, refuseInvalidUTF8, refuseUnreadQuery, markFormBody)...),
+		runtime.WithMiddlewares(append(first, refuseInvalidUTF8, refuseUnreadQuery, markBody)...),
 		// A form-encoded POST would be parsed whole, before any middleware, and served by the
 		// GET route of the same path (or the method its X-HTTP-Method-Override names): no
 		// client of ours sends one, and the permission is checked before a body is read.
