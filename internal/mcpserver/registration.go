@@ -236,6 +236,12 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 		if err := checkText("env."+k, r.Env[k], MaxEnvValue); err != nil {
 			return err
 		}
+		// The mask keeps a stored value (RestoreMasked); an empty value is a value.
+		if v := r.Env[k]; v != SecretMask && strings.TrimSpace(v) != "" {
+			if p := Placeholder(v); p != "" {
+				return fielderr.New("env."+k, "%s, not a value a server can use (the value is not shown): send the real one", p)
+			}
+		}
 	}
 	if len(r.Headers) > MaxHeaders {
 		return fielderr.New("headers", "has %d entries; at most %d", len(r.Headers), MaxHeaders)

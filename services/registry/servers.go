@@ -305,6 +305,9 @@ func (s *Service) PutSecret(ctx context.Context, req *registryv1.PutSecretReques
 	if err := checkSecretValue(req.GetValue()); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
+	if p := mcpserver.Placeholder(req.GetValue()); p != "" {
+		return nil, s.errors.Status(ctx, fielderr.New("value", "%s, not a credential (the value is not shown): store the real one, e.g. export TOKEN=<the token> first, then printf %%s \"Bearer $TOKEN\" | ringfence secrets set NAME", p))
+	}
 	sec, err := s.store.PutSecret(ctx, req.GetName(), req.GetValue(),
 		s.event(ctx, "put", resourceSecret, req.GetName(), map[string]string{"name": req.GetName(), "value": SecretMask}))
 	if err != nil {

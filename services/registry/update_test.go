@@ -104,3 +104,31 @@ func TestPatchChangesOnlyWhatItNames(t *testing.T) {
 	_, err = f.client.UpdateServer(testutil.WithKey(t.Context(), f.roleKeys["operator"]), &registryv1.UpdateServerRequest{Ref: "docs-search", UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"grants"}}})
 	testutil.RequireStatus(t, err, codes.PermissionDenied)
 }
+
+// TestPlaceholdersAreRefused: a secret or env value that is what documentation writes where a
+// credential belongs ("...", "<token>", "changeme"), or "Bearer " with the variable after it
+// unset, is refused naming the field, never quoting the value; real values and the mask that
+// keeps a stored env value pass.
+func TestPlaceholdersAreRefused(t *testing.T) {
+	f := newFixture(t)
+	for _, v := range []string{"Bearer ...", "Bearer ", "...", "<token>", "changeme", "xxx", "Bearer $TICKETS_TOKEN", "********"} {
+		_, err := f.client.PutSecret(f.admin(t), &registryv1.PutSecretRequest{Name: "tickets-token", Value: v})
+		st := testutil.RequireStatus(t, err, codes.InvalidArgument, v)
+		require.Contains(t, st.Message(), "registry: invalid value: ", v)
+		require.Contains(t, st.Message(), "not a credential (the value is not shown)", v)
+	}
+	_, err := f.client.ListSecrets(f.admin(t), &registryv1.ListSecretsRequest{})
+	require.NoError(t, err)
+	_, err = f.client.PutSecret(f.admin(t), &registryv1.PutSecretRequest{Name: "tickets-token", Value: "Bearer tkt-demo-7f3a9c2e"})
+	require.NoError(t, err)
+
+	_, err = f.client.CreateServer(f.admin(t), &registryv1.CreateServerRequest{Ref: "docs", Command: "docs-mcp", Env: env("APP_TOKEN", "<your token here>")})
+	st := testutil.RequireStatus(t, err, codes.InvalidArgument)
+	require.Contains(t, st.Message(), "env.APP_TOKEN: is a template or an unexpanded shell variable, not a value a server can use")
+	_, err = f.client.CreateServer(f.admin(t), &registryv1.CreateServerRequest{Ref: "docs", Command: "docs-mcp", Env: env("APP_TOKEN", "s3cr3t", "REGION", "")})
+	require.NoError(t, err)
+	_, err = f.client.UpdateServer(f.admin(t), &registryv1.UpdateServerRequest{Ref: "docs", Command: "docs-mcp", Env: env("APP_TOKEN", SecretMask)})
+	require.NoError(t, err, "the mask keeps the stored value")
+	_, err = f.client.UpdateServer(f.admin(t), &registryv1.UpdateServerRequest{Ref: "docs", Command: "docs-mcp", Env: env("APP_TOKEN", "...")})
+	testutil.RequireStatus(t, err, codes.InvalidArgument)
+}
