@@ -91,5 +91,6 @@ run: build docker ## Run the all-in-one server with the demo.
 	./scripts/demo.sh
 
 .PHONY: clean
-clean: ## Remove build outputs and installed tools.
+clean: ## Remove build outputs, installed tools, and the Docker images this checkout built (only those).
+	./scripts/clean-images.sh
 	rm -rf $(OUT) $(TMP)

@@ -43,7 +43,9 @@ done
 step "building the demo MCP server (static) and its isolation image"
 mkdir -p .tmp/demo
 CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o .tmp/demo/docs-mcp ./examples/docs-mcp
-image=$(./bin/ringfence image build --binary .tmp/demo/docs-mcp --name ringfence-demo:latest -o json |
+# Labeled with this checkout, so that its make clean removes the image (and no other's).
+image=$(./bin/ringfence image build --binary .tmp/demo/docs-mcp --name ringfence-demo:latest \
+	--label "org.ringfence.checkout=$(./scripts/checkout-id.sh)" -o json |
 	sed -E 's/.*"image": *"([^"]+)".*/\1/')
 echo "pinned isolation image: $image"
 export RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE="$image"
