@@ -191,7 +191,7 @@ func newServersAddCmd(g *globals) *cobra.Command {
 				return err
 			}
 			// Only once registered: a refused add changed nothing to warn about.
-			warnBelowFloor(g.stderr, ref, resp.GetServer().GetGrants())
+			warnBelowFloor(g.stderr, ref, resp.GetServer().GetTransport(), resp.GetServer().GetGrants())
 			return nil
 		},
 	}
@@ -650,7 +650,8 @@ func warnGrantTypos(w io.Writer, grants []string) {
 
 // warnBelowFloor says, when a registration is added, that grants short of the floor make
 // every later mcp-import of it refuse: registering works, and the surprise would come later.
-func warnBelowFloor(w io.Writer, ref string, grants []string) {
+// A remote server is told why the floor applies to it too.
+func warnBelowFloor(w io.Writer, ref, transport string, grants []string) {
 	var missing []string
 	for _, f := range capability.Floor {
 		if !slices.Contains(grants, f) {
@@ -665,9 +666,17 @@ func warnBelowFloor(w io.Writer, ref string, grants []string) {
 	for _, g := range append(slices.Clone(grants), missing...) {
 		all += " --grant " + g
 	}
-	linef(w, "warning: %s does not grant %s, which every imported tool needs: mcp-import will refuse it until it does (ringfence servers update %s%s)\n",
-		ref, strings.Join(missing, " and "), ref, all)
+	why := ""
+	if transport != "" && transport != "stdio" {
+		why = remoteFloor
+	}
+	linef(w, "warning: %s does not grant %s, which every imported tool needs: mcp-import will refuse it until it does (ringfence servers update %s%s)%s\n",
+		ref, strings.Join(missing, " and "), ref, all, why)
 }
+
+// remoteFloor says why a remote server needs the floor's grants, which read as if they were
+// about a local process.
+const remoteFloor = "; the floor is the same for a remote server: process_spawn stands for code running outside Ringfence, which a remote tool runs on its own host, external_api_call for reaching a system outside, and a registration can change transport under published graphs without their nodes changing"
 
 func normalizeTransport(t string) string {
 	switch t {

@@ -66,7 +66,7 @@ func checkFloor(n *Node, caps capability.Set) *Violation {
 	return &Violation{
 		Rule: RuleFloor, NodeID: n.ID, ServerRef: m.ServerRef, Missing: missing,
 		Message: fmt.Sprintf("mcp_tool node %q (tool %q of server %q) does not declare %s: every mcp_tool node needs "+
-			"process_spawn and external_api_call, because reaching a server spawns a process that calls out. "+
+			"process_spawn and external_api_call, because an MCP tool runs code outside Ringfence (a stdio server's process, or a remote server's on its own host) that reaches outside systems. "+
 			"Add %s to the node's capability_bindings (ringfence mcp-import writes both)",
 			n.ID, m.ToolName, m.ServerRef, strings.Join(missing, " and "), strings.Join(missing, " and ")),
 	}
