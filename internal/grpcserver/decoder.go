@@ -52,43 +52,17 @@ func tooDeep(limit int) string {
 	return fmt.Sprintf("nested too deeply: more than %d levels of arrays and objects", limit)
 }
 
-// nesting is how many levels of arrays and objects body nests, counted without allocating,
-// stopping once it passes limit.
-func nesting(body []byte, limit int) int {
-	depth, deepest, inString, escaped := 0, 0, false, false
-	for _, b := range body {
-		switch {
-		case inString && escaped:
-			escaped = false
-		case inString && b == '\\':
-			escaped = true
-		case inString:
-			inString = b != '"'
-		case b == '"':
-			inString = true
-		case b == '[' || b == '{':
-			if depth++; depth > deepest {
-				if deepest = depth; deepest > limit {
-					return deepest
-				}
-			}
-		case b == ']' || b == '}':
-			depth--
-		}
-	}
-	return deepest
-}
-
 // maxBodyValues bounds the JSON values (objects, lists, scalars) of a REST body. Decoded, each
 // costs ~160 bytes of memory and ~11 of protobuf: a 4 MB body of "0," took 319 MiB and became a
 // 22 MB message no server accepts. At this bound a body costs ~80 MiB at most; larger requests
 // go over gRPC, whose messages are bounded in bytes.
 const maxBodyValues = 1 << 19
 
-// countValues counts the JSON values of body, at least: besides the first, every "," "[" and
-// "{" outside a string starts one. It reads without allocating and stops past limit.
-func countValues(body []byte, limit int) int {
-	n, inString, escaped := 1, false, false
+// shape counts the JSON values of body, at least (besides the first, every "," "[" and "{"
+// outside a string starts one), and how many levels of arrays and objects it nests. It reads
+// without allocating and stops once either passes its limit.
+func shape(body []byte, maxValues, maxDepth int) (values, depth int) {
+	values, level, inString, escaped := 1, 0, false, false
 	for _, b := range body {
 		switch {
 		case inString && escaped:
@@ -99,13 +73,20 @@ func countValues(body []byte, limit int) int {
 			inString = b != '"'
 		case b == '"':
 			inString = true
-		case b == ',' || b == '[' || b == '{':
-			if n++; n > limit {
-				return n
+		case b == ']' || b == '}':
+			level--
+		case b == '[' || b == '{':
+			if level++; level > depth {
+				depth = level
+			}
+			fallthrough
+		case b == ',':
+			if values++; values > maxValues || depth > maxDepth {
+				return values, depth
 			}
 		}
 	}
-	return n
+	return values, depth
 }
 
 func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
@@ -124,10 +105,11 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 			}
 			return io.EOF // the gateway treats an empty body as an empty message
 		}
-		if countValues(body, maxBodyValues) > maxBodyValues {
+		values, depth := shape(body, maxBodyValues, maxMessageNesting)
+		if values > maxBodyValues {
 			return fmt.Errorf("request body too large: it holds more than %d JSON values (objects, lists and scalars); send less in one request, or use gRPC", maxBodyValues)
 		}
-		if nesting(body, maxMessageNesting) > maxMessageNesting {
+		if depth > maxMessageNesting {
 			return errors.New("invalid JSON body: " + tooDeep(maxMessageNesting))
 		}
 		msg, ok := v.(proto.Message)

@@ -60,6 +60,13 @@ func newFixture(t *testing.T) *fixture { return newFixtureWithRoles(t, "") }
 // rest sends one REST request with key (none when empty) and returns the status and body.
 func (f *fixture) rest(t *testing.T, method, path, key, body string) (int, string) {
 	t.Helper()
+	code, b, _ := f.restHeaders(t, method, path, key, body)
+	return code, b
+}
+
+// restHeaders is rest that also returns the response's headers.
+func (f *fixture) restHeaders(t *testing.T, method, path, key, body string) (int, string, http.Header) {
+	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), method, f.base+path, strings.NewReader(body))
 	require.NoError(t, err)
 	if key != "" {
@@ -70,7 +77,7 @@ func (f *fixture) rest(t *testing.T, method, path, key, body string) (int, strin
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, string(b), resp.Header
 }
 
 // newFixtureWithRoles is newFixture with custom roles (RINGFENCE_SERVICE_ROLES_JSON).

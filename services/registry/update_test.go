@@ -2,7 +2,6 @@ package registry
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -19,17 +18,10 @@ import (
 // body and the response's Warning headers.
 func (f *fixture) restWithHeaders(t *testing.T, method, path, body string) (int, map[string]any, []string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), method, f.base+path, strings.NewReader(body))
-	require.NoError(t, err)
-	req.Header.Set("X-API-Key", adminKey)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
+	code, raw, header := f.restHeaders(t, method, path, adminKey, body)
 	var out map[string]any
-	require.NoError(t, json.Unmarshal(raw, &out), string(raw))
-	return resp.StatusCode, out, resp.Header.Values("Warning")
+	require.NoError(t, json.Unmarshal([]byte(raw), &out), raw)
+	return code, out, header.Values("Warning")
 }
 
 // TestPatchChangesOnlyWhatItNames: PATCH changes the fields its body holds and keeps every
