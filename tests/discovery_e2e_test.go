@@ -19,8 +19,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/isoimage"
+	"github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
 	"github.com/ringfence/ringfence/internal/testutil/fixtures"
 )
