@@ -23,9 +23,12 @@ type Set struct {
 var (
 	// Ref is a server ref, a graph id or a tenant: ^[a-z0-9_-]{1,64}$.
 	Ref = Set{max: 64, punct: "_-"}
-	// Node is a graph node's id (agents and tools), a policy id, or a tool call's call_id:
-	// ^[A-Za-z0-9_.:-]{1,128}$, not dots only.
+	// Node is a graph node's id (agents and tools) or a policy id: ^[A-Za-z0-9_.:-]{1,128}$,
+	// not dots only.
 	Node = Set{max: 128, upper: true, punct: "_.:-"}
+	// CallID is a tool call's call_id, chosen by the caller to name a call across retries
+	// (an LLM provider's tool-use id, a UUID): ^[A-Za-z0-9_.:-]{1,512}$, not dots only.
+	CallID = Set{max: 512, upper: true, punct: "_.:-"}
 	// Run is a run id: ^[A-Za-z0-9_.-]{1,128}$, not dots only.
 	Run = Set{max: 128, upper: true, punct: "_.-"}
 	// KeyName is an API key's name: ^[A-Za-z0-9_.@-]{1,64}$, not dots only.

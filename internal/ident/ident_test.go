@@ -20,6 +20,8 @@ func TestSets(t *testing.T) {
 		{Node, "^[A-Za-z0-9_.:-]{1,128}$", []string{"researcher", "docs__read_file", "call_abc:1", "a.b", ".a", "..a"},
 			[]string{"", ".", "..", "...", "a/b", "a b", "a\u202eb", strings.Repeat("a", 129)}},
 		{Run, "^[A-Za-z0-9_.-]{1,128}$", []string{"run-0123", "r.1"}, []string{".", "..", "r:1", "r/1"}},
+		{CallID, "^[A-Za-z0-9_.:-]{1,512}$", []string{"call_abc123", "toolu_01A", "0f8fad5b-d9cb-469f-a165-70867728950e", strings.Repeat("c", 512)},
+			[]string{".", "..", "c/1", "c 1", strings.Repeat("c", 513)}},
 		{KeyName, "^[A-Za-z0-9_.@-]{1,64}$", []string{"ci", "ops@example.com"}, []string{".", "..", "a b"}},
 		{SecretName, "^[A-Za-z0-9_.-]{1,128}$", []string{"tickets-token", "v1.2"}, []string{".", "..", "a:b"}},
 	} {

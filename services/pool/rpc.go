@@ -209,7 +209,7 @@ func callRequestFromProto(req *poolv1.CallToolRequest) (CallRequest, error) {
 		return CallRequest{}, err
 	}
 	if req.GetCallId() != "" {
-		if err := ident.Node.Check("call_id", req.GetCallId()); err != nil {
+		if err := ident.CallID.Check("call_id", req.GetCallId()); err != nil {
 			return CallRequest{}, err
 		}
 	}

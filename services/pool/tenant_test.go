@@ -217,10 +217,10 @@ func TestCallerChosenIDsAreRefusedAtEntry(t *testing.T) {
 	}
 	run, err := client.StartRun(admin, &poolv1.StartRunRequest{GraphId: "g"})
 	require.NoError(t, err)
-	for _, id := range []string{".", "..", "call id", "c/1", strings.Repeat("c", 129)} {
+	for _, id := range []string{".", "..", "call id", "c/1", "c\u202e1", strings.Repeat("c", 513)} {
 		_, err := client.CallTool(admin, &poolv1.CallToolRequest{RunId: run.GetRun().GetRunId(), Agent: "a", Tool: "x", CallId: id})
 		st := rftestutil.RequireStatus(t, err, codes.InvalidArgument)
 		require.Contains(t, st.Message(), "call_id: ", id)
-		require.Contains(t, st.Message(), "use 1 to 128 of A-Z a-z 0-9 _ . : -, not only dots", id)
+		require.Contains(t, st.Message(), "use 1 to 512 of A-Z a-z 0-9 _ . : -, not only dots", id)
 	}
 }
