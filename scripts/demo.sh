@@ -40,15 +40,17 @@ for addr in "$grpc" "$http"; do
 	fi
 done
 
-step "building the demo MCP server (static) and its isolation image"
+step "building the demo MCP server (static) and its isolation image (seconds; up to a minute on a cold machine)"
 mkdir -p .tmp/demo
 CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o .tmp/demo/docs-mcp ./examples/docs-mcp
-image=$(./bin/ringfence image build --binary .tmp/demo/docs-mcp --name ringfence-demo:latest -o json |
+# Labeled with this checkout, so that its make clean removes the image (and no other's).
+image=$(./bin/ringfence image build --binary .tmp/demo/docs-mcp --name ringfence-demo:latest \
+	--label "org.ringfence.checkout=$(./scripts/checkout-id.sh)" -o json |
 	sed -E 's/.*"image": *"([^"]+)".*/\1/')
 echo "pinned isolation image: $image"
 export RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE="$image"
 
-step "starting ringfenced (data in $RINGFENCE_DATA_DIR)"
+step "starting ringfenced (about a second; data in $RINGFENCE_DATA_DIR)"
 # The demo starts from nothing each time, but only ever wipes a directory of its own.
 case "$RINGFENCE_DATA_DIR" in "$PWD"/.tmp/demo-data-*) rm -rf "$RINGFENCE_DATA_DIR" ;; esac
 ./bin/ringfenced &
@@ -105,7 +107,7 @@ Try, in another shell:
   curl -s -X POST http://$http/v1/runs -H "X-API-Key: \$MCP_ADMIN_KEY" -d '{"graph_id":"support","run_id":"r1"}'
   curl -s -X POST http://$http/v1/runs/r1:call -H "X-API-Key: \$MCP_ADMIN_KEY" \\
     -d '{"agent":"researcher","tool":"docs__search_docs","arguments":{"query":"leave"}}'
-  .tmp/bin/grpcurl -plaintext -H "x-api-key: \$MCP_ADMIN_KEY" $grpc list     # make tools installs grpcurl
+  .tmp/bin/grpcurl -plaintext -H "x-api-key: \$MCP_ADMIN_KEY" $grpc list     # make grpcurl installs it (~1 min cold)
   export RINGFENCE_ADDR=$grpc RINGFENCE_API_KEY=\$MCP_ADMIN_KEY
   ./bin/ringfence audit tail
 Ctrl-C stops the server.

@@ -50,7 +50,7 @@ if [ "$(id -u)" -ne 0 ] && [ -z "$sudo" ]; then
 fi
 
 if ! command -v dockerd >/dev/null 2>&1; then
-	log "installing Debian's docker.io (dockerd is missing)"
+	log "installing Debian's docker.io (dockerd is missing; a minute or two)"
 	apt_install docker.io
 fi
 if ! command -v docker >/dev/null 2>&1; then
@@ -59,7 +59,7 @@ if ! command -v docker >/dev/null 2>&1; then
 fi
 
 if ! pgrep -x dockerd >/dev/null 2>&1; then
-	log "starting dockerd in the background (log: /tmp/dockerd.log)"
+	log "starting dockerd in the background (a few seconds; log: /tmp/dockerd.log)"
 	$sudo sh -c 'nohup dockerd >/tmp/dockerd.log 2>&1 &'
 fi
 

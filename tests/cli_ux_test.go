@@ -195,7 +195,7 @@ func TestCLIGuidesANewUser(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, code, "nothing was registered: %s", raw)
 	code, obj, raw = api.do("GET", "/v1/mcp/server", "")
 	require.Equal(t, http.StatusNotFound, code, raw)
-	require.Contains(t, obj["message"], "no route takes GET /v1/mcp/server: docs/api.md lists the routes")
+	require.Contains(t, obj["message"], `no route takes GET "/v1/mcp/server": docs/api.md lists the routes`)
 }
 
 // running is a command left running; the test's cleanup kills it.

@@ -19,6 +19,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ringfence/ringfence/internal/isoimage"
 	"github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
 	"github.com/ringfence/ringfence/internal/testutil/fixtures"
@@ -167,7 +168,7 @@ func TestDiscoveryFailureClasses(t *testing.T) {
 func TestDiscoveryImageMissing(t *testing.T) {
 	docker := dockertest.RequireEngine(t)
 	bins := fixtures.Binaries(t)
-	out := runCmd(t, nil, nil, bin("ringfence"), "image", "build", "--binary", bins.Path(t, "mcpfixture"), "--binary", bins.Path(t, "sdk-memory"), "--name", "ringfence-e2e-doomed:"+randomHex(4), "-o", "json")
+	out := runCmd(t, nil, nil, bin("ringfence"), "image", "build", "--binary", bins.Path(t, "mcpfixture"), "--binary", bins.Path(t, "sdk-memory"), "--name", "ringfence-e2e-doomed:"+randomHex(4), "--label", checkoutLabel(t), "-o", "json")
 	require.Equal(t, 0, out.Code, out.Stderr)
 	require.Contains(t, out.Stderr, "isoimage:", "progress is shown")
 	var built struct{ Image string }
@@ -247,10 +248,16 @@ func buildVolumeImage(t *testing.T) string {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM scratch\nCOPY marker /marker\nVOLUME /data\n"), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "marker"), []byte("x"), 0o644))
 	tag := "ringfence-e2e-volume:" + randomHex(4)
-	r := runCmd(t, nil, []string{"DOCKER_BUILDKIT=0"}, "docker", "build", "-q", "-t", tag, dir)
+	r := runCmd(t, nil, []string{"DOCKER_BUILDKIT=0"}, "docker", "build", "-q", "--label", checkoutLabel(t), "-t", tag, dir)
 	require.Equal(t, 0, r.Code, r.Stderr)
 	id := strings.TrimSpace(r.Stdout)
 	require.Regexp(t, `^sha256:[0-9a-f]{64}$`, id)
 	t.Cleanup(func() { _ = exec.Command("docker", "rmi", "-f", tag).Run() })
 	return id
+}
+
+// checkoutLabel is the label of every image a test builds, KEY=VALUE: this checkout's, so
+// that its make clean removes what a killed test left behind.
+func checkoutLabel(t *testing.T) string {
+	return isoimage.CheckoutLabel + "=" + dockertest.CheckoutLabels(t)[isoimage.CheckoutLabel]
 }

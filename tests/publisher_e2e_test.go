@@ -155,7 +155,18 @@ func TestImportPublishReimportAndNarrowGrants(t *testing.T) {
 	require.Len(t, draft.Edges, 2, "the edge is kept")
 	require.Contains(t, r.Stdout, "loudly")
 
-	// The operator narrows the grants: the next publish fails with the ceiling violation.
+	// The operator narrows the grants: the answer warns naming the published version it
+	// strands (over REST in a Warning header), and the next publish fails with the ceiling
+	// violation.
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPatch, "http://"+d.HTTPAddr+"/v1/mcp/servers/fixture", strings.NewReader(`{"grants":["process_spawn"]}`))
+	require.NoError(t, err)
+	req.Header.Set("X-API-Key", adminKey)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, []string{`299 - "1 published graph(s) ask fixture for capabilities it no longer grants, so their calls to it are refused at run time (ceiling): default/support-triage v1 (asks for external_api_call); grant them again (ringfence servers update fixture --grant CAPABILITY), or re-import the tools and publish"`},
+		resp.Header.Values("Warning"))
 	registerFixture(t, d, http.MethodPut, "fixture", []string{"--describe", "echo=Return the text it is given, loudly."}, []string{"process_spawn"})
 	r = cli(author, "graphs", "publish", "--graph", "support-triage")
 	require.Equal(t, 1, r.Code, r.Stdout+r.Stderr)
@@ -457,7 +468,8 @@ func TestExploreCallsOneTool(t *testing.T) {
 	var outcomes []string
 	for _, rec := range list.Records {
 		require.True(t, strings.HasPrefix(rec.ToolCall.RunID, "explore-"), rec.ToolCall.RunID)
-		require.True(t, strings.HasPrefix(rec.ToolCall.AgentNode, "operator:key_"), rec.ToolCall.AgentNode)
+		require.True(t, strings.HasPrefix(rec.ToolCall.AgentNode, "key:"), rec.ToolCall.AgentNode)
+		require.Contains(t, rec.ToolCall.AgentNode, "(admin, key_", "the explore call's record says what the key is")
 		if rec.ToolCall.Result == "pending" {
 			continue
 		}

@@ -136,6 +136,7 @@ func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Ap
 			return err
 		}
 		versions.v = a.Publisher
+		a.Registry.SetStrandFinder(a.Publisher)
 		authz := auth.NewAuthorizer(a.Registry, auth.Rules)
 		if a.Server, err = a.newServer(cfg, "ringfenced", authz, log); err != nil {
 			return err

@@ -29,6 +29,9 @@ func Main(name string, build Builder) int {
 		return 2
 	}
 	log := NewLogger(cfg, os.Stderr)
+	for _, w := range cfg.Warnings {
+		log.Warn(w)
+	}
 	if _, applied := gctune.Apply(); applied {
 		log.Debug("GOGC is unset: the garbage collector runs with the servers' default", "gogc", gctune.Percent)
 	}

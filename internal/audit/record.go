@@ -57,7 +57,10 @@ const ActorRoleSystem = "system"
 // with every secret already replaced by SecretMask by the producer: the audit log stores
 // what it is given and cannot tell a secret from a value.
 type AdminEvent struct {
-	ActorKeyID   string          `json:"actor_key_id"`
+	ActorKeyID string `json:"actor_key_id"`
+	// ActorKeyName is the key's name, so a record says what the key is ("ci", "ops")
+	// beside its id. Records written before it have none.
+	ActorKeyName string          `json:"actor_key_name,omitempty"`
 	ActorRole    string          `json:"actor_role"`
 	Action       string          `json:"action"`
 	ResourceType string          `json:"resource_type"`

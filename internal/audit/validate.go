@@ -70,6 +70,7 @@ func (a *AdminEvent) validate() error {
 		required bool
 	}{
 		{"admin.actor_key_id", a.ActorKeyID, false},
+		{"admin.actor_key_name", a.ActorKeyName, false},
 		{"admin.actor_role", a.ActorRole, true},
 		{"admin.resource_type", a.ResourceType, true},
 		{"admin.resource_id", a.ResourceID, false},

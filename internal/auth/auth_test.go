@@ -145,9 +145,20 @@ func TestHandlersFailClosed(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "system:startup", p.Actor())
 	require.False(t, p.IsKey())
-	id, role := p.AuditActor()
-	require.Equal(t, [2]string{"system", "system"}, [2]string{id, role})
+	id, name, role := p.AuditActor()
+	require.Equal(t, [3]string{"system", "", "system"}, [3]string{id, name, role})
 	ten, err := TenancyFrom(sys)
 	require.NoError(t, err)
 	require.True(t, ten.All)
+}
+
+// TestActorSaysWhatTheKeyIs: logs, audit records and published_by name a key by its name and
+// role, keeping its id.
+func TestActorSaysWhatTheKeyIs(t *testing.T) {
+	require.Equal(t, "key:ci (runner, key_0a1b)", Principal{KeyID: "key_0a1b", KeyName: "ci", Role: RoleRunner}.Actor())
+	require.Equal(t, "key:key_0a1b", Principal{KeyID: "key_0a1b"}.Actor())
+	require.Equal(t, "service:pool", Principal{Service: "pool"}.Actor())
+	require.Equal(t, "system", Principal{}.Actor())
+	id, name, role := Principal{KeyID: "key_0a1b", KeyName: "ci", Role: RoleRunner}.AuditActor()
+	require.Equal(t, []string{"key_0a1b", "ci", RoleRunner}, []string{id, name, role})
 }

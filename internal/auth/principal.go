@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"slices"
 
 	"google.golang.org/grpc/codes"
@@ -33,30 +34,37 @@ type Principal struct {
 // Has reports whether the principal holds p.
 func (p Principal) Has(perm Permission) bool { return slices.Contains(p.Permissions, perm) }
 
-// Actor names the principal in logs and audit records.
+// Actor names the principal for a person reading a log line, an audit record or a
+// version's published_by: what the key is and its id, "key:ci (runner, key_0a1b…)";
+// "service:<name>" for a service certificate; "system:<purpose>" for an in-process caller.
 func (p Principal) Actor() string {
 	switch {
 	case p.Service != "":
 		return "service:" + p.Service
 	case p.System != "":
 		return "system:" + p.System
+	case p.KeyID == "":
+		return "system"
+	case p.KeyName == "":
+		return "key:" + p.KeyID
 	}
-	return "key:" + p.KeyID
+	return fmt.Sprintf("key:%s (%s, %s)", p.KeyName, p.Role, p.KeyID)
 }
 
 // IsKey reports whether an API key authenticated the call (not a certificate, not System).
 func (p Principal) IsKey() bool { return p.KeyID != "" }
 
-// AuditActor is how audit records name the principal: its key id and role, "service:<name>"
-// for a service certificate, or "system" for changes no caller made (a bootstrap at start).
-func (p Principal) AuditActor() (id, role string) {
+// AuditActor is how admin records name the principal: its key id, name and role,
+// "service:<name>" for a service certificate, or "system" for changes no caller made (a
+// bootstrap at start, an in-process caller).
+func (p Principal) AuditActor() (id, name, role string) {
 	switch {
 	case p.Service != "":
-		return "service:" + p.Service, "service"
+		return "service:" + p.Service, "", "service"
 	case p.KeyID != "":
-		return p.KeyID, p.Role
+		return p.KeyID, p.KeyName, p.Role
 	}
-	return "system", "system"
+	return "system", "", "system"
 }
 
 type principalKey struct{}

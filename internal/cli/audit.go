@@ -114,7 +114,7 @@ func newAuditCmd(g *globals) *cobra.Command {
 			// On stderr, so a script reading stdout sees only records (and, as JSON, the
 			// next_page_token itself).
 			if token != "" {
-				fmt.Fprintf(g.stderr, "more records after these %d: the next page is --page-token %s (with the same filters), or raise --limit\n", len(recs), token)
+				linef(g.stderr, "more records after these %d: the next page is --page-token %s (with the same filters), or raise --limit\n", len(recs), token)
 			}
 			return nil
 		},
@@ -148,7 +148,7 @@ func newAuditCmd(g *globals) *cobra.Command {
 			if from == 0 {
 				fmt.Fprintln(g.stderr, "following the audit log: new records print as they land (--from 1 replays from the first); Ctrl-C stops")
 			} else {
-				fmt.Fprintf(g.stderr, "following the audit log from record %d; Ctrl-C stops\n", from)
+				linef(g.stderr, "following the audit log from record %d; Ctrl-C stops\n", from)
 			}
 			if g.output != "json" {
 				fmt.Fprintln(g.stdout, "SEQ TIME KIND TENANT WHAT OUTCOME")
@@ -206,10 +206,10 @@ catches records cut from the end with the head rewritten to match, or a rewritte
 				}
 			}
 			if !resp.GetOk() {
-				return &exitError{code: ExitFailure, msg: fmt.Sprintf("audit log broken at record %d: %s (checked %d records)", resp.GetFirstBroken(), resp.GetReason(), resp.GetChecked())}
+				return &exitError{code: ExitFailure, msg: sprintLine("audit log broken at record %d: %s (checked %d records)", resp.GetFirstBroken(), resp.GetReason(), resp.GetChecked())}
 			}
 			if g.output != "json" {
-				fmt.Fprintf(g.stdout, "ok: %d records verified; head %d %s\n", resp.GetChecked(), resp.GetHeadSeq(), resp.GetHeadHash())
+				linef(g.stdout, "ok: %d records verified; head %d %s\n", resp.GetChecked(), resp.GetHeadSeq(), resp.GetHeadHash())
 			}
 			return nil
 		},
@@ -272,7 +272,7 @@ catches records cut from the end with the head rewritten to match, or a rewritte
 				n++
 			}
 			if outFile != "" {
-				fmt.Fprintf(g.stderr, "exported %d records to %s\n", n, outFile)
+				linef(g.stderr, "exported %d records to %s\n", n, outFile)
 			}
 			return nil
 		},
@@ -345,14 +345,14 @@ func (g *globals) printRecordLine(r *auditv1.Record) error {
 		return err
 	}
 	what, outcome := describeRecord(r)
-	_, err := fmt.Fprintf(g.stdout, "%d %s %s %s %s %s\n", r.GetSeq(), r.GetTime().AsTime().Local().Format(time.DateTime), r.GetKind(), orDash(r.GetTenant()), what, outcome)
+	_, err := linef(g.stdout, "%d %s %s %s %s %s\n", r.GetSeq(), r.GetTime().AsTime().Local().Format(time.DateTime), r.GetKind(), orDash(r.GetTenant()), what, outcome)
 	return err
 }
 
 // describeRecord gives a record's one-line summary: what happened, and its outcome.
 func describeRecord(r *auditv1.Record) (string, string) {
 	if a := r.GetAdmin(); a != nil {
-		return fmt.Sprintf("%s %s %s by %s (%s)", a.GetAction(), a.GetResourceType(), a.GetResourceId(), a.GetActorKeyId(), a.GetActorRole()), "-"
+		return sprintLine("%s %s %s by %s", a.GetAction(), a.GetResourceType(), a.GetResourceId(), adminActor(a)), "-"
 	}
 	t := r.GetToolCall()
 	// A call refused before its binding resolved (an unknown run, agent or tool) names no
@@ -361,7 +361,7 @@ func describeRecord(r *auditv1.Record) (string, string) {
 	if t.GetServerRef() != "" {
 		target = t.GetServerRef() + "/" + target
 	}
-	what := fmt.Sprintf("run %s %s→%s call %s#%d", t.GetRunId(), t.GetAgentNode(), target, t.GetCallId(), t.GetAttempt())
+	what := sprintLine("run %s %s→%s call %s#%d", t.GetRunId(), t.GetAgentNode(), target, t.GetCallId(), t.GetAttempt())
 	outcome := t.GetOutcome()
 	switch {
 	case t.GetReason() != "":
@@ -376,4 +376,17 @@ func describeRecord(r *auditv1.Record) (string, string) {
 		outcome += " [advisory: " + strings.Join(t.GetAdvisory(), "; ") + "]"
 	}
 	return what, outcome
+}
+
+// adminActor says who made an admin change as auth.Principal.Actor does: what the key is and
+// its id, "key:ops (operator, key_0a1b…)". Records written before keys' names were recorded
+// show the id and the role.
+func adminActor(a *auditv1.AdminEvent) string {
+	switch {
+	case a.GetActorKeyName() != "":
+		return fmt.Sprintf("key:%s (%s, %s)", a.GetActorKeyName(), a.GetActorRole(), a.GetActorKeyId())
+	case strings.HasPrefix(a.GetActorKeyId(), "key_"):
+		return fmt.Sprintf("key:%s (%s)", a.GetActorKeyId(), a.GetActorRole())
+	}
+	return a.GetActorKeyId() // service:<name>, system
 }

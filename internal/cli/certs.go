@@ -37,7 +37,7 @@ func newCertsCmd(g *globals) *cobra.Command {
 			if err := t.flush(); err != nil {
 				return err
 			}
-			_, err = fmt.Fprintf(g.stdout, "\nstart each service with RINGFENCE_TLS__CERT_FILE=%[1]s/<svc>.pem RINGFENCE_TLS__KEY_FILE=%[1]s/<svc>-key.pem RINGFENCE_TLS__CLIENT_CA_FILE=%[1]s/ca.pem\n", dir)
+			_, err = linef(g.stdout, "\nstart each service with RINGFENCE_TLS__CERT_FILE=%[1]s/<svc>.pem RINGFENCE_TLS__KEY_FILE=%[1]s/<svc>-key.pem RINGFENCE_TLS__CLIENT_CA_FILE=%[1]s/ca.pem\n", dir)
 			return err
 		},
 	}

@@ -105,7 +105,7 @@ func newGraphsShowCmd(g *globals) *cobra.Command {
 					return err
 				}
 				for _, w := range v.GetWarnings() {
-					fmt.Fprintf(g.stdout, "warning: %s\n", w)
+					linef(g.stdout, "warning: %s\n", w)
 				}
 				return g.printGraph(v.GetGraph())
 			}
@@ -276,7 +276,7 @@ func newGraphsValidateCmd(g *globals) *cobra.Command {
 			} else {
 				printWarnings(g.stdout, resp.GetWarnings())
 				if resp.GetOk() {
-					fmt.Fprintf(g.stdout, "graph %s would publish\n", gt.graph)
+					linef(g.stdout, "graph %s would publish\n", gt.graph)
 				} else {
 					printViolations(g.stdout, resp.GetViolations())
 				}
@@ -312,7 +312,7 @@ func newGraphsPublishCmd(g *globals) *cobra.Command {
 				return printJSON(g.stdout, resp)
 			}
 			printWarnings(g.stdout, resp.GetWarnings())
-			_, err = fmt.Fprintf(g.stdout, "published %s version %d\n", gt.graph, resp.GetVersion())
+			_, err = linef(g.stdout, "published %s version %d\n", gt.graph, resp.GetVersion())
 			return err
 		},
 	}
@@ -346,21 +346,21 @@ func (g *globals) violationsOr(err error) error {
 				msg = msg[:j]
 			}
 		}
-		return &exitError{code: ExitFailure, msg: "ringfence: " + msg}
+		return &exitError{code: ExitFailure, msg: "ringfence: " + oneLine(msg)}
 	}
 	return err
 }
 
 func printWarnings(w io.Writer, warnings []string) {
 	for _, warn := range warnings {
-		fmt.Fprintf(w, "warning: %s\n", warn)
+		linef(w, "warning: %s\n", warn)
 	}
 }
 
 // printViolations lists each violation with its subject, the capabilities at issue and the
 // message that names the fix.
 func printViolations(w io.Writer, vs []*publisherv1.Violation) {
-	fmt.Fprintf(w, "%d violation(s):\n", len(vs))
+	linef(w, "%d violation(s):\n", len(vs))
 	for _, v := range vs {
 		var subject []string
 		if v.GetNodeId() != "" {
@@ -378,7 +378,7 @@ func printViolations(w io.Writer, vs []*publisherv1.Violation) {
 		if len(v.GetExcess()) > 0 {
 			subject = append(subject, "excess "+strings.Join(v.GetExcess(), ","))
 		}
-		fmt.Fprintf(w, "  [%s] %s\n      %s\n", v.GetRule(), strings.Join(subject, ", "), v.GetMessage())
+		linef(w, "  [%s] %s\n      %s\n", v.GetRule(), strings.Join(subject, ", "), v.GetMessage())
 	}
 }
 
@@ -480,10 +480,9 @@ func newGraphsDeleteCmd(g *globals) *cobra.Command {
 				return err
 			}
 			if g.output == "json" {
-				_, err := fmt.Fprintf(g.stdout, "{\"deleted\": %q}\n", gt.graph)
-				return err
+				return printFields(g.stdout, "deleted", gt.graph)
 			}
-			_, err = fmt.Fprintf(g.stdout, "deleted %s\n", gt.graph)
+			_, err = linef(g.stdout, "deleted %s\n", gt.graph)
 			return err
 		},
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/moby/moby/client"
 	"github.com/spf13/cobra"
@@ -13,6 +14,7 @@ func newImageCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "Isolation images for the pool (talks to the local Docker engine)"}
 	var binaries []string
 	var name string
+	var labels []string
 	build := &cobra.Command{
 		Use:   "build --binary PATH [--binary PATH ...] [--name NAME]",
 		Short: "Build a FROM-scratch isolation image from static binaries; pulls nothing",
@@ -27,25 +29,33 @@ Dynamically linked binaries and scripts are refused: scratch has no loader and n
 			if len(binaries) == 0 {
 				return usagef("name at least one --binary")
 			}
+			labelMap := make(map[string]string, len(labels))
+			for _, l := range labels {
+				k, v, ok := strings.Cut(l, "=")
+				if !ok || k == "" {
+					return usagef("--label %q must be KEY=VALUE, e.g. --label org.example.team=search", l)
+				}
+				labelMap[k] = v
+			}
 			docker, err := client.New(client.FromEnv)
 			if err != nil {
 				return fmt.Errorf("cannot create a Docker client: %w", err)
 			}
 			defer docker.Close()
-			ref, err := isoimage.Build(cmd.Context(), docker, isoimage.BuildOptions{Binaries: binaries, Name: name, Progress: g.stderr})
+			ref, err := isoimage.Build(cmd.Context(), docker, isoimage.BuildOptions{Binaries: binaries, Name: name, Progress: g.stderr, Labels: labelMap})
 			if err != nil {
 				return err
 			}
 			if g.output == "json" {
-				_, err = fmt.Fprintf(g.stdout, "{\"image\": %q, \"name\": %q}\n", ref, name)
-				return err
+				return printFields(g.stdout, "image", ref, "name", name)
 			}
-			_, err = fmt.Fprintf(g.stdout, "%s\n\nset it for the pool:\n  export RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE=%s\n", ref, ref)
+			_, err = linef(g.stdout, "%s\n\nset it for the pool:\n  export RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE=%s\n", ref, ref)
 			return err
 		},
 	}
 	build.Flags().StringArrayVar(&binaries, "binary", nil, "a static executable to put in /bin (repeatable)")
 	build.Flags().StringVar(&name, "name", "", "tag the image, e.g. ringfence-mcp:2026-11 (the pool is configured with the printed ID)")
+	build.Flags().StringArrayVar(&labels, "label", nil, "a KEY=VALUE label in the image's config (repeatable); the demo labels its image with the checkout, for make clean")
 	cmd.AddCommand(build)
 	return cmd
 }

@@ -104,7 +104,7 @@ func newKeysCmd(g *globals) *cobra.Command {
 			if g.output == "json" {
 				return printJSON(g.stdout, resp.GetKey())
 			}
-			_, err = fmt.Fprintf(g.stdout, "revoked %s (%s)\n", resp.GetKey().GetId(), resp.GetKey().GetName())
+			_, err = linef(g.stdout, "revoked %s (%s)\n", resp.GetKey().GetId(), resp.GetKey().GetName())
 			return err
 		},
 	}
@@ -130,7 +130,9 @@ func newRolesCmd(g *globals) *cobra.Command {
 			}
 			var warnings []string
 			for _, r := range resp.GetRoles() {
-				warnings = append(warnings, r.GetWarnings()...)
+				for _, w := range r.GetWarnings() {
+					warnings = append(warnings, oneLine(w))
+				}
 			}
 			if g.output == "json" {
 				if err := printJSON(g.stdout, resp); err != nil {

@@ -30,6 +30,23 @@ func printJSON(w io.Writer, m proto.Message) error {
 	return err
 }
 
+// printFields writes a flat JSON object of strings, keys in the order given.
+func printFields(w io.Writer, pairs ...string) error {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		k, _ := json.Marshal(pairs[i])
+		v, _ := json.Marshal(pairs[i+1])
+		fmt.Fprintf(&b, "%s: %s", k, v)
+	}
+	b.WriteString("}\n")
+	_, err := w.Write(b.Bytes())
+	return err
+}
+
 // table writes aligned columns.
 type table struct {
 	tw *tabwriter.Writer
@@ -43,18 +60,18 @@ func newTable(w io.Writer, headers ...string) *table {
 
 func (t *table) row(cols ...string) {
 	for i, c := range cols {
-		cols[i] = terminalSafe(strings.ReplaceAll(strings.ReplaceAll(c, "\t", " "), "\n", " "))
+		cols[i] = oneLine(strings.ReplaceAll(strings.ReplaceAll(c, "\t", " "), "\n", " "))
 	}
 	fmt.Fprintln(t.tw, strings.Join(cols, "\t"))
 }
 
 func (t *table) flush() error { return t.tw.Flush() }
 
-// kv writes "key: value" lines aligned.
+// kv writes "key: value" lines aligned; a value never breaks its line.
 func kv(w io.Writer, pairs ...string) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
 	for i := 0; i+1 < len(pairs); i += 2 {
-		fmt.Fprintf(tw, "%s:\t%s\n", pairs[i], pairs[i+1])
+		fmt.Fprintf(tw, "%s:\t%s\n", pairs[i], oneLine(pairs[i+1]))
 	}
 	return tw.Flush()
 }
@@ -73,26 +90,3 @@ func truncate(s string, n int) string {
 	}
 	return string([]rune(s)[:n-1]) + "…"
 }
-
-// terminalSafe shows control characters (C0, DEL and C1) as escapes: text an MCP server
-// chose (a tool's name, title, description) must not drive the operator's terminal, e.g.
-// set its title or conceal the lines after it.
-func terminalSafe(s string) string {
-	if !strings.ContainsFunc(s, isTerminalControl) {
-		return s
-	}
-	var b strings.Builder
-	for _, r := range s {
-		switch {
-		case !isTerminalControl(r):
-			b.WriteRune(r)
-		case r < 0x80:
-			fmt.Fprintf(&b, "\\x%02x", r)
-		default:
-			fmt.Fprintf(&b, "\\u%04x", r)
-		}
-	}
-	return b.String()
-}
-
-func isTerminalControl(r rune) bool { return r < 0x20 || (r >= 0x7f && r <= 0x9f) }

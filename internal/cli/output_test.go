@@ -33,7 +33,7 @@ func TestServerChosenTextCannotDriveTheTerminal(t *testing.T) {
 	for _, raw := range []string{"\x1b", "\a", "\u009b"} {
 		require.NotContains(t, printed, raw)
 	}
-	require.Contains(t, printed, `read\x1b]0;pwned\x07`)
+	require.Contains(t, printed, `read\u001b]0;pwned\u0007`)
 	require.Contains(t, printed, `\u009b31m`)
 	require.Contains(t, printed, "hidden_unicode", "the findings still print")
 }
@@ -51,4 +51,13 @@ func TestDescribeRecordNamesWhatTheCallNamed(t *testing.T) {
 	require.Equal(t, "refused_before_dispatch: unknown_run", outcome)
 	what, _ = describeRecord(rec("docs"))
 	require.Equal(t, "run r1 researcher→docs/docs__search call c1#1", what)
+
+	admin := func(name string) *auditv1.Record {
+		return &auditv1.Record{Kind: "admin", Event: &auditv1.Record_Admin{Admin: &auditv1.AdminEvent{
+			ActorKeyId: "key_0a1b", ActorKeyName: name, ActorRole: "operator", Action: "create", ResourceType: "mcp_server", ResourceId: "docs"}}}
+	}
+	what, _ = describeRecord(admin("ops"))
+	require.Equal(t, "create mcp_server docs by key:ops (operator, key_0a1b)", what, "what the key is, and its id")
+	what, _ = describeRecord(admin(""))
+	require.Equal(t, "create mcp_server docs by key:key_0a1b (operator)", what, "a record from before names were recorded")
 }

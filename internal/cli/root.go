@@ -53,7 +53,12 @@ type globals struct {
 }
 
 // Execute runs the CLI with args and returns the process exit code.
+// Everything it prints passes through escapeText (safe.go), whoever wrote the text.
 func Execute(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	safeOut, safeErr := newSafeWriter(stdout), newSafeWriter(stderr)
+	defer safeOut.Flush()
+	defer safeErr.Flush()
+	stdout, stderr = safeOut, safeErr
 	g := &globals{stdin: stdin, stdout: stdout, stderr: stderr}
 	root := newRoot(g)
 	root.SetArgs(args)
@@ -299,24 +304,21 @@ func printError(w io.Writer, err error, c connection) {
 	}
 	st, ok := status.FromError(err)
 	if !ok {
+		// Multi-line on purpose (a usage line, an example), and written by the CLI; the
+		// caller's text in it is escaped by the writer.
 		fmt.Fprintf(w, "ringfence: %v\n", err)
 		return
 	}
-	fmt.Fprintf(w, "ringfence: %s (%s)\n", st.Message(), st.Code())
+	fmt.Fprintf(w, "ringfence: %s (%s)\n", oneLine(st.Message()), st.Code())
 	for _, d := range st.Details() {
 		switch d := d.(type) {
 		case *typesv1.ServerFailure:
-			fmt.Fprintf(w, "  failure class: %s\n", d.GetClass())
-			if tail := strings.TrimSpace(d.GetStderrTail()); tail != "" {
-				fmt.Fprintf(w, "  server stderr (tail, secrets redacted):\n")
-				for _, line := range strings.Split(tail, "\n") {
-					fmt.Fprintf(w, "    %s\n", line)
-				}
-			}
+			fmt.Fprintf(w, "  failure class: %s\n", oneLine(d.GetClass()))
+			printTail(w, "  ", d.GetStderrTail())
 		}
 	}
 	if svc, ok := unservedService(st); ok {
-		fmt.Fprintf(w, "  hint: the server at --addr does not serve %s; in a split deployment point --addr at the service that does: %s\n", svc, serviceForCommands)
+		fmt.Fprintf(w, "  hint: the server at --addr does not serve %s; in a split deployment point --addr at the service that does: %s\n", oneLine(svc), serviceForCommands)
 	}
 	switch st.Code() {
 	case codes.Unavailable:
@@ -356,5 +358,18 @@ func printError(w io.Writer, err error, c connection) {
 		} else {
 			fmt.Fprintln(w, "  hint: the key is unknown or revoked: check --api-key or RINGFENCE_API_KEY (`make run` prints its admin key); `ringfence keys list` (as an admin) shows active keys")
 		}
+	}
+}
+
+// printTail prints a server's stderr tail, indented under its heading, one escaped line per
+// line the server wrote.
+func printTail(w io.Writer, indent, tail string) {
+	tail = strings.TrimSpace(tail)
+	if tail == "" {
+		return
+	}
+	fmt.Fprintf(w, "%sserver stderr (tail, secrets redacted):\n", indent)
+	for _, line := range strings.Split(tail, "\n") {
+		fmt.Fprintf(w, "%s  %s\n", indent, oneLine(line))
 	}
 }

@@ -51,7 +51,7 @@ func newRunsCmd(g *globals) *cobra.Command {
 			if g.output == "json" {
 				return printJSON(g.stdout, resp.GetRun())
 			}
-			_, err = fmt.Fprintln(g.stdout, resp.GetRun().GetRunId())
+			_, err = linef(g.stdout, "%s\n", resp.GetRun().GetRunId())
 			return err
 		},
 	}
@@ -233,7 +233,7 @@ func newCallCmd(g *globals) *cobra.Command {
 			endCtx, endCancel := context.WithTimeout(context.WithoutCancel(ctx), g.timeout)
 			defer endCancel()
 			if _, err := client.EndRun(endCtx, &poolv1.EndRunRequest{RunId: runID, Tenant: f.tenant, Status: endStatus}); err != nil {
-				fmt.Fprintf(g.stderr, "warning: ending run %s: %s\n", runID, status.Convert(err).Message())
+				linef(g.stderr, "warning: ending run %s: %s\n", oneLine(runID), oneLine(status.Convert(err).Message()))
 			}
 			return callErr
 		},
@@ -263,19 +263,18 @@ func (g *globals) callTool(ctx context.Context, client poolv1.PoolServiceClient,
 				if g.output == "json" {
 					_ = printJSON(g.stdout, d)
 				}
-				msg := fmt.Sprintf("refused before dispatch (%s): %s\nnothing reached the server", d.GetReason(), d.GetMessage())
+				var msg strings.Builder
+				fmt.Fprintf(&msg, "refused before dispatch (%s): %s\nnothing reached the server", oneLine(d.GetReason()), oneLine(d.GetMessage()))
 				if d.GetServerFailure() != nil {
-					msg += fmt.Sprintf("\nserver failure: %s", d.GetServerFailure().GetClass())
-					if tail := strings.TrimSpace(d.GetServerFailure().GetStderrTail()); tail != "" {
-						msg += "\nserver stderr (tail, secrets redacted):\n  " + strings.ReplaceAll(tail, "\n", "\n  ")
-					}
+					fmt.Fprintf(&msg, "\nserver failure: %s\n", oneLine(d.GetServerFailure().GetClass()))
+					printTail(&msg, "", d.GetServerFailure().GetStderrTail())
 				}
-				return &exitError{code: ExitRefused, msg: msg}
+				return &exitError{code: ExitRefused, msg: strings.TrimSuffix(msg.String(), "\n")}
 			case *poolv1.CallFailure:
 				if g.output == "json" {
 					_ = printJSON(g.stdout, d)
 				}
-				return &exitError{code: ExitFailed, msg: fmt.Sprintf("dispatched and failed (%s): %s\nthe call reached the server and may have taken effect", d.GetFailureClass(), d.GetMessage())}
+				return &exitError{code: ExitFailed, msg: sprintLine("dispatched and failed (%s): %s\nthe call reached the server and may have taken effect", oneLine(d.GetFailureClass()), oneLine(d.GetMessage()))}
 			}
 		}
 		// No answer within the CLI's deadline: the request may have been sent and the call
@@ -293,15 +292,15 @@ func (g *globals) callTool(ctx context.Context, client poolv1.PoolServiceClient,
 			return err
 		}
 	} else {
-		fmt.Fprintf(g.stdout, "dispatched: %s (%s/%s, call %s attempt %d, %s)\n", resp.GetResult(), resp.GetServerRef(), resp.GetToolName(),
-			resp.GetCallId(), resp.GetAttempt(), time.Duration(resp.GetLatencyMicros())*time.Microsecond)
+		linef(g.stdout, "dispatched: %s (%s/%s, call %s attempt %d, %s)\n", oneLine(resp.GetResult()), oneLine(resp.GetServerRef()), oneLine(resp.GetToolName()),
+			oneLine(resp.GetCallId()), resp.GetAttempt(), time.Duration(resp.GetLatencyMicros())*time.Microsecond)
 		for _, a := range resp.GetAdvisory() {
-			fmt.Fprintf(g.stdout, "advisory (recorded, not enforced): %s\n", a)
+			linef(g.stdout, "advisory (recorded, not enforced): %s\n", oneLine(a))
 		}
 		g.printToolResult(resp.GetContent(), resp.GetStructuredContent())
 	}
 	if resp.GetResult() == "failed" {
-		return &exitError{code: ExitFailed, msg: fmt.Sprintf("dispatched and failed (%s): the tool reported an error; it may have taken effect", resp.GetFailureClass())}
+		return &exitError{code: ExitFailed, msg: sprintLine("dispatched and failed (%s): the tool reported an error; it may have taken effect", oneLine(resp.GetFailureClass()))}
 	}
 	return nil
 }
@@ -314,7 +313,7 @@ it may have reached the server and taken effect: it is not known to have failed,
 look it up before calling again: ringfence audit list --run %s%s --kind tool_call (needs audit:read), and find call %s:
 %s
 a longer --timeout waits for a slow tool; --call-id %s calls it again as the same call`,
-		g.timeout, req.GetRunId(), tenantArg(req.GetTenant()), req.GetCallId(), attemptLegend, req.GetCallId())
+		g.timeout, oneLine(req.GetRunId()), oneLine(tenantArg(req.GetTenant())), oneLine(req.GetCallId()), attemptLegend, oneLine(req.GetCallId()))
 }
 
 // attemptLegend says how to read an attempt's audit records when its outcome is unknown.

@@ -41,7 +41,7 @@ func newSecretsCmd(g *globals) *cobra.Command {
 			if g.output == "json" {
 				return printJSON(g.stdout, resp.GetSecret())
 			}
-			_, err = fmt.Fprintf(g.stdout, "stored secret %s\n", resp.GetSecret().GetName())
+			_, err = linef(g.stdout, "stored secret %s\n", resp.GetSecret().GetName())
 			return err
 		},
 	}
@@ -84,7 +84,10 @@ func newSecretsCmd(g *globals) *cobra.Command {
 			if _, err := client.DeleteSecret(ctx, &registryv1.DeleteSecretRequest{Name: args[0]}); err != nil {
 				return err
 			}
-			_, err = fmt.Fprintf(g.stdout, "removed secret %s\n", args[0])
+			if g.output == "json" {
+				return printFields(g.stdout, "removed", args[0])
+			}
+			_, err = linef(g.stdout, "removed secret %s\n", args[0])
 			return err
 		},
 	}

@@ -191,7 +191,7 @@ func newServersAddCmd(g *globals) *cobra.Command {
 				return err
 			}
 			// Only once registered: a refused add changed nothing to warn about.
-			warnBelowFloor(g.stderr, ref, resp.GetServer().GetGrants())
+			warnBelowFloor(g.stderr, ref, resp.GetServer().GetTransport(), resp.GetServer().GetGrants())
 			return nil
 		},
 	}
@@ -305,6 +305,9 @@ replace the stored list. Without --env or --clear-env the stored env is kept.`,
 			if err != nil {
 				return err
 			}
+			for _, w := range resp.GetWarnings() {
+				linef(g.stderr, "warning: %s\n", w)
+			}
 			return g.printServer(resp.GetServer())
 		},
 	}
@@ -389,10 +392,9 @@ func newServersRemoveCmd(g *globals) *cobra.Command {
 				return err
 			}
 			if g.output == "json" {
-				_, err := fmt.Fprintf(g.stdout, "{\"removed\": %q}\n", args[0])
-				return err
+				return printFields(g.stdout, "removed", args[0])
 			}
-			_, err = fmt.Fprintf(g.stdout, "removed %s\n", args[0])
+			_, err = linef(g.stdout, "removed %s\n", args[0])
 			return err
 		},
 	}
@@ -433,7 +435,7 @@ func newServersToolsCmd(g *globals) *cobra.Command {
 				return err
 			}
 			for _, f := range resp.GetListingFindings() {
-				fmt.Fprintf(g.stdout, "listing %s: %s: %s\n", f.GetSeverity(), f.GetCode(), terminalSafe(f.GetMessage()))
+				linef(g.stdout, "listing %s: %s: %s\n", f.GetSeverity(), f.GetCode(), oneLine(f.GetMessage()))
 			}
 			return nil
 		},
@@ -513,26 +515,26 @@ func (g *globals) printExplored(resp *registryv1.ExploreServerResponse) {
 		if tool.GetExcluded() {
 			name += " (excluded by the registration's tool_filter)"
 		}
-		fmt.Fprintf(g.stdout, "%s\n  pin: %s\n", terminalSafe(name), tool.GetSchemaHash())
+		linef(g.stdout, "%s\n  pin: %s\n", oneLine(name), tool.GetSchemaHash())
 		if tool.GetTitle() != "" {
-			fmt.Fprintf(g.stdout, "  title: %s\n", terminalSafe(tool.GetTitle()))
+			linef(g.stdout, "  title: %s\n", oneLine(tool.GetTitle()))
 		}
-		fmt.Fprintf(g.stdout, "  description: %s\n", terminalSafe(tool.GetDescription()))
+		linef(g.stdout, "  description: %s\n", oneLine(tool.GetDescription()))
 		printStruct(g, "input schema", tool.GetInputSchema())
 		printStruct(g, "output schema", tool.GetOutputSchema())
 		printStruct(g, "annotations", tool.GetAnnotations())
 		for _, f := range tool.GetFindings() {
-			fmt.Fprintf(g.stdout, "  %s %s at %s: %s\n", f.GetSeverity(), f.GetCode(), terminalSafe(f.GetLocation()), terminalSafe(f.GetMessage()))
+			linef(g.stdout, "  %s %s at %s: %s\n", f.GetSeverity(), f.GetCode(), oneLine(f.GetLocation()), oneLine(f.GetMessage()))
 		}
 	}
 	for _, f := range resp.GetListingFindings() {
-		fmt.Fprintf(g.stdout, "listing %s: %s: %s\n", f.GetSeverity(), f.GetCode(), terminalSafe(f.GetMessage()))
+		linef(g.stdout, "listing %s: %s: %s\n", f.GetSeverity(), f.GetCode(), oneLine(f.GetMessage()))
 	}
 	c := resp.GetCall()
 	if c == nil || c.GetOutcome() != "dispatched" {
 		return
 	}
-	fmt.Fprintf(g.stdout, "\ncall %s: dispatched: %s\n", c.GetCallId(), c.GetResult())
+	linef(g.stdout, "\ncall %s: dispatched: %s\n", c.GetCallId(), c.GetResult())
 	g.printToolResult(c.GetContent(), c.GetStructuredContent())
 }
 
@@ -548,7 +550,7 @@ func (g *globals) unknownExploreOutcome(ref, tool string) string {
 if %s was listed in time, the call to %s may have reached it and taken effect
 look it up before calling again: ringfence audit list --kind tool_call (needs audit:read), the latest %s call of %s:
 %s
-a longer --timeout waits for a slow start or a slow tool`, g.timeout, server, tool, tool, server, attemptLegend)
+a longer --timeout waits for a slow start or a slow tool`, g.timeout, oneLine(server), oneLine(tool), oneLine(tool), oneLine(server), attemptLegend)
 }
 
 // exploreCallExit turns an explore call's outcome into the exit codes of `runs call`.
@@ -557,13 +559,13 @@ func exploreCallExit(c *typesv1.ExploreCallResult) error {
 	case c == nil:
 		return nil
 	case c.GetOutcome() == "refused_before_dispatch":
-		return &exitError{code: ExitRefused, msg: fmt.Sprintf("call %s refused before dispatch (%s): %s\nnothing reached the server", c.GetCallId(), c.GetReason(), c.GetMessage())}
+		return &exitError{code: ExitRefused, msg: sprintLine("call %s refused before dispatch (%s): %s\nnothing reached the server", c.GetCallId(), c.GetReason(), c.GetMessage())}
 	case c.GetResult() == "failed":
 		msg := c.GetMessage()
 		if msg == "" {
 			msg = "the tool reported an error"
 		}
-		return &exitError{code: ExitFailed, msg: fmt.Sprintf("call %s dispatched and failed (%s): %s\nthe call reached the server and may have taken effect", c.GetCallId(), c.GetFailureClass(), msg)}
+		return &exitError{code: ExitFailed, msg: sprintLine("call %s dispatched and failed (%s): %s\nthe call reached the server and may have taken effect", c.GetCallId(), c.GetFailureClass(), msg)}
 	}
 	return nil
 }
@@ -578,7 +580,7 @@ func printStruct(g *globals, label string, s *structpb.Struct) {
 	}
 	lines := strings.Split(string(b), "\n")
 	for i, l := range lines {
-		lines[i] = terminalSafe(l) // JSON escapes C0 itself, but not C1
+		lines[i] = oneLine(l) // JSON escapes C0 itself, but not C1 or format characters
 	}
 	fmt.Fprintf(g.stdout, "  %s:\n    %s\n", label, strings.Join(lines, "\n"))
 }
@@ -641,14 +643,15 @@ func target(s *registryv1.Server) string {
 func warnGrantTypos(w io.Writer, grants []string) {
 	for _, grant := range grants {
 		if floor, ok := capability.NearFloor(grant); ok {
-			fmt.Fprintf(w, "warning: --grant %s is not a floor capability; did you mean %s? (granted as written)\n", grant, floor)
+			linef(w, "warning: --grant %s is not a floor capability; did you mean %s? (granted as written)\n", grant, floor)
 		}
 	}
 }
 
 // warnBelowFloor says, when a registration is added, that grants short of the floor make
 // every later mcp-import of it refuse: registering works, and the surprise would come later.
-func warnBelowFloor(w io.Writer, ref string, grants []string) {
+// A remote server is told why the floor applies to it too.
+func warnBelowFloor(w io.Writer, ref, transport string, grants []string) {
 	var missing []string
 	for _, f := range capability.Floor {
 		if !slices.Contains(grants, f) {
@@ -663,9 +666,17 @@ func warnBelowFloor(w io.Writer, ref string, grants []string) {
 	for _, g := range append(slices.Clone(grants), missing...) {
 		all += " --grant " + g
 	}
-	fmt.Fprintf(w, "warning: %s does not grant %s, which every imported tool needs: mcp-import will refuse it until it does (ringfence servers update %s%s)\n",
-		ref, strings.Join(missing, " and "), ref, all)
+	why := ""
+	if transport != "" && transport != "stdio" {
+		why = remoteFloor
+	}
+	linef(w, "warning: %s does not grant %s, which every imported tool needs: mcp-import will refuse it until it does (ringfence servers update %s%s)%s\n",
+		ref, strings.Join(missing, " and "), ref, all, why)
 }
+
+// remoteFloor says why a remote server needs the floor's grants, which read as if they were
+// about a local process.
+const remoteFloor = "; the floor is the same for a remote server: process_spawn stands for code running outside Ringfence, which a remote tool runs on its own host, external_api_call for reaching a system outside, and a registration can change transport under published graphs without their nodes changing"
 
 func normalizeTransport(t string) string {
 	switch t {
@@ -778,7 +789,7 @@ func (g *globals) prompt(label, how string) (string, error) {
 	if !ok || !term.IsTerminal(int(f.Fd())) {
 		return "", usagef("missing %s: %s", label, how)
 	}
-	fmt.Fprintf(g.stderr, "%s: ", label)
+	linef(g.stderr, "%s: ", label)
 	line, err := bufio.NewReader(f).ReadString('\n')
 	if err != nil {
 		return "", err

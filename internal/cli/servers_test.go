@@ -110,9 +110,13 @@ func TestPairFlagsShowTheirShape(t *testing.T) {
 // operator learns at once that mcp-import will refuse it, with an update that keeps every grant.
 func TestAddWarnsWhenGrantsMissTheFloor(t *testing.T) {
 	var out bytes.Buffer
-	warnBelowFloor(&out, "docs", []string{"process_spawn", "docs.read"})
+	warnBelowFloor(&out, "docs", "stdio", []string{"process_spawn", "docs.read"})
 	require.Equal(t, "warning: docs does not grant external_api_call, which every imported tool needs: mcp-import will refuse it until it does (ringfence servers update docs --grant process_spawn --grant docs.read --grant external_api_call)\n", out.String())
 	out.Reset()
-	warnBelowFloor(&out, "docs", []string{"external_api_call", "process_spawn"})
+	warnBelowFloor(&out, "docs", "stdio", []string{"external_api_call", "process_spawn"})
 	require.Empty(t, out.String())
+	// A remote server is told why a floor that reads as local applies to it.
+	warnBelowFloor(&out, "tickets", "streamable_http", nil)
+	require.Contains(t, out.String(), "warning: tickets does not grant process_spawn and external_api_call")
+	require.Contains(t, out.String(), "; the floor is the same for a remote server: process_spawn stands for code running outside Ringfence")
 }

@@ -40,6 +40,10 @@ type Config struct {
 	ServiceRolesJSON  string `key:"service_roles_json" help:"custom roles as a JSON object: {\"role\": [\"permission\", ...]}"`
 	SecretsKeyFile    string `key:"secrets_key_file" help:"AES-256 key file for secrets at rest; default <data_dir>/secrets.key, created 0600 on first start"`
 
+	// Warnings are what loading noticed without refusing it (a ZEROTH_ alias another name
+	// overrides, say); the binary logs them once its logger exists.
+	Warnings []string
+
 	TLS     TLS     `key:"tls"`
 	Peers   Peers   `key:"peers"`
 	OTel    OTel    `key:"otel"`

@@ -244,3 +244,41 @@ func TestDeployEnvironmentsLoad(t *testing.T) {
 	_, err = Load("ringfence-pool", []string{"--config", filepath.Join("..", "..", "deploy", "config", "pool.yaml")}, env, io.Discard)
 	require.NoError(t, err, "the systemd unit with the pool.yaml it names")
 }
+
+// TestSeedNamesAreAliases: the seed's ZEROTH_ names configure the same keys as the RINGFENCE_
+// ones; when both are set the RINGFENCE_ name wins, with a warning, and a ZEROTH_ name that is
+// no alias is ignored with a warning naming the closest one, not refused.
+func TestSeedNamesAreAliases(t *testing.T) {
+	image := "registry.example/mcp@" + digest
+	cfg, err := load(t, nil, []string{
+		"ZEROTH_SANDBOX__MCP_ISOLATION_IMAGE=" + image,
+		"ZEROTH_SANDBOX__MCP_ISOLATION_NETWORK=isolated",
+		`ZEROTH_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS=["APP_TOKEN"]`,
+		"ZEROTH_SANDBOX__ALLOW_UNISOLATED_MCP_DEVELOPMENT=true",
+		`ZEROTH_SERVICE_ROLES_JSON={"viewer":["audit:read"]}`,
+	})
+	require.NoError(t, err)
+	require.Equal(t, image, cfg.Sandbox.MCPIsolationImage)
+	require.Equal(t, "isolated", cfg.Sandbox.MCPIsolationNetwork)
+	require.Equal(t, []string{"APP_TOKEN"}, cfg.Sandbox.MCPIsolationAllowedEnvironmentKeys)
+	require.True(t, cfg.Sandbox.AllowUnisolatedMCPDevelopment)
+	require.JSONEq(t, `{"viewer":["audit:read"]}`, cfg.ServiceRolesJSON)
+	require.Empty(t, cfg.Warnings)
+
+	cfg, err = load(t, nil, []string{
+		"ZEROTH_SANDBOX__MCP_ISOLATION_NETWORK=from-zeroth",
+		"RINGFENCE_SANDBOX__MCP_ISOLATION_NETWORK=from-ringfence",
+		"ZEROTH_SANDBOX__MCP_ISOLATON_IMAGE=x",
+		"ZEROTH_DATABASE_URL=postgres://elsewhere",
+	})
+	require.NoError(t, err)
+	require.Equal(t, "from-ringfence", cfg.Sandbox.MCPIsolationNetwork, "the RINGFENCE_ name wins")
+	require.Equal(t, []string{
+		"ZEROTH_DATABASE_URL is ignored: it is not the alias of a Ringfence setting (remove it; --help lists every key)",
+		"ZEROTH_SANDBOX__MCP_ISOLATION_NETWORK is ignored: RINGFENCE_SANDBOX__MCP_ISOLATION_NETWORK is also set, and wins",
+		"ZEROTH_SANDBOX__MCP_ISOLATON_IMAGE is ignored: it is not the alias of a Ringfence setting (did you mean RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE?)",
+	}, cfg.Warnings)
+
+	_, err = load(t, nil, []string{"ZEROTH_POOL__MAX_RUNS=many"})
+	require.ErrorContains(t, err, "ZEROTH_POOL__MAX_RUNS (read as RINGFENCE_POOL__MAX_RUNS)=")
+}

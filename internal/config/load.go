@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,6 +22,11 @@ import (
 
 // EnvPrefix starts every environment key.
 const EnvPrefix = "RINGFENCE_"
+
+// AliasPrefix starts the seed's own names for the same settings (ZEROTH_SANDBOX__*,
+// ZEROTH_SERVICE_ROLES_JSON): a user following the seed's instructions sets them, so every
+// RINGFENCE_ key is also read under ZEROTH_. The RINGFENCE_ name wins when both are set.
+const AliasPrefix = "ZEROTH_"
 
 // clientEnvKeys are RINGFENCE_* variables a server does not configure itself from: the
 // CLI's, which a server ignores instead of refusing because operators export them in the
@@ -86,7 +93,8 @@ func Load(name string, args, environ []string, out io.Writer) (*Config, error) {
 		return nil, fmt.Errorf("config: unexpected argument %q: every setting is a --flag (see --help)", fs.Arg(0))
 	}
 
-	env := envMap(environ)
+	env, from, warnings := envMap(environ, byKey)
+	cfg.Warnings = warnings
 	if *configFile == "" {
 		*configFile = env["RINGFENCE_CONFIG"]
 	}
@@ -95,7 +103,7 @@ func Load(name string, args, environ []string, out io.Writer) (*Config, error) {
 			return nil, err
 		}
 	}
-	if err := loadEnv(env, byKey); err != nil {
+	if err := loadEnv(env, from, byKey); err != nil {
 		return nil, err
 	}
 	for _, fv := range flagged {
@@ -113,18 +121,46 @@ func Load(name string, args, environ []string, out io.Writer) (*Config, error) {
 	return cfg, nil
 }
 
-func envMap(environ []string) map[string]string {
+// envMap returns the RINGFENCE_ variables of environ, with each ZEROTH_ alias of a key read as
+// its RINGFENCE_ name (from maps that name to the alias it came from), and a warning for
+// every alias that is not used.
+func envMap(environ []string, byKey map[string]field) (env, from map[string]string, warnings []string) {
 	m := make(map[string]string)
+	from = make(map[string]string)
+	aliases := make(map[string]string)
 	for _, kv := range environ {
 		k, v, ok := strings.Cut(kv, "=")
-		if ok && strings.HasPrefix(k, EnvPrefix) {
+		switch {
+		case !ok:
+		case strings.HasPrefix(k, EnvPrefix):
 			m[k] = v
+		case strings.HasPrefix(k, AliasPrefix):
+			aliases[k] = v
 		}
 	}
-	return m
+	byEnv := make(map[string]field, len(byKey))
+	for _, f := range byKey {
+		byEnv[EnvName(f.key)] = f
+	}
+	for _, alias := range slices.Sorted(maps.Keys(aliases)) {
+		name := EnvPrefix + strings.TrimPrefix(alias, AliasPrefix)
+		_, known := byEnv[name]
+		switch _, set := m[name]; {
+		case !known:
+			// Not one of ours: the seed's system has settings Ringfence does not, and the
+			// variable may be there for it. Said, not refused.
+			warnings = append(warnings, fmt.Sprintf("%s is ignored: it is not the alias of a Ringfence setting (%s)", alias, strings.TrimSuffix(suggest(name, byEnv), " (unset it, or see --help for every key)")))
+		case set:
+			warnings = append(warnings, fmt.Sprintf("%s is ignored: %s is also set, and wins", alias, name))
+		default:
+			m[name] = aliases[alias]
+			from[name] = alias
+		}
+	}
+	return m, from, warnings
 }
 
-func loadEnv(env map[string]string, byKey map[string]field) error {
+func loadEnv(env, from map[string]string, byKey map[string]field) error {
 	byEnv := make(map[string]field, len(byKey))
 	for _, f := range byKey {
 		byEnv[EnvName(f.key)] = f
@@ -143,7 +179,11 @@ func loadEnv(env map[string]string, byKey map[string]field) error {
 			return fmt.Errorf("config: unknown environment variable %s: %s", name, suggest(name, byEnv))
 		}
 		if err := f.set(env[name]); err != nil {
-			return fmt.Errorf("config: %s=%s (from the environment): %w", name, f.display(env[name]), err)
+			source := name
+			if alias := from[name]; alias != "" {
+				source = alias + " (read as " + name + ")"
+			}
+			return fmt.Errorf("config: %s=%s (from the environment): %w", source, f.display(env[name]), err)
 		}
 	}
 	return nil

@@ -121,6 +121,7 @@ type ExploreRequest struct {
 	// Adhoc, when set, is explored instead of the registration Ref names: a server the
 	// registry validated and resolved (as its ResolveServer answers) but never stored.
 	Adhoc *registryinternalv1.ResolveServerResponse
-	// Tenant and ActorKeyID say whose call it is, for its audit record.
-	Tenant, ActorKeyID string
+	// Tenant and ActorKeyID say whose call it is, for its audit record; Actor names the
+	// caller as a person reads it (auth.Principal.Actor), the record's agent_node.
+	Tenant, ActorKeyID, Actor string
 }

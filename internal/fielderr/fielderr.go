@@ -5,6 +5,8 @@ package fielderr
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"unicode/utf8"
 )
 
 // Error says which field of a request is wrong and why.
@@ -30,4 +32,23 @@ func As(err error) (*Error, bool) {
 	var fe *Error
 	ok := errors.As(err, &fe)
 	return fe, ok
+}
+
+// MaxQuoted bounds how much of a caller's value an error message quotes: a refusal must stay
+// small (it travels in a gRPC trailer, which proxies reset past a few KiB) and must not echo
+// a megabyte back.
+const MaxQuoted = 256
+
+// Quote is how every refusal quotes a value a caller sent: Go-quoted, so that no control or
+// format character in it survives into a log or a terminal, cut to MaxQuoted bytes at a
+// character boundary, and followed by its full length when cut: "aaaa…" (300000 bytes).
+func Quote(v string) string {
+	if len(v) <= MaxQuoted {
+		return strconv.Quote(v)
+	}
+	cut := MaxQuoted
+	for cut > 0 && !utf8.RuneStart(v[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s (%d bytes)", strconv.Quote(v[:cut]+"…"), len(v))
 }

@@ -108,9 +108,10 @@ func TestStructure(t *testing.T) {
 		field  string
 		says   string
 	}{
-		{"bad graph id", func(g *Graph) { g.ID = "Support Triage" }, "id", "must match"},
+		{"bad graph id", func(g *Graph) { g.ID = "Support Triage" }, "id", "not allowed: use 1 to 64 of a-z 0-9 _ -"},
 		{"bad mode", func(g *Graph) { g.CapabilityMode = "lenient" }, "capability_mode", "enforce"},
-		{"bad node id", func(g *Graph) { g.Nodes[0].ID = "has space" }, "nodes[0].id", "not a node id"},
+		{"bad node id", func(g *Graph) { g.Nodes[0].ID = "has space" }, "nodes[0].id", "not allowed: use 1 to 128 of A-Z a-z 0-9 _ . : -, not only dots"},
+		{"dot-only node id", func(g *Graph) { g.Nodes[0].ID = ".." }, "nodes[0].id", `".." is only dots`},
 		{"duplicate node id", func(g *Graph) { g.Nodes[1].ID = "researcher" }, "nodes[1].id", "appears twice"},
 		{"bad kind", func(g *Graph) { g.Nodes[0].Kind = "Agent" }, "nodes[0].kind", "not a kind"},
 		{"agent without payload", func(g *Graph) { g.Nodes[0].Agent = nil }, "nodes[0].agent", "no agent payload"},
@@ -135,7 +136,7 @@ func TestStructure(t *testing.T) {
 			g.Edges[0] = Edge{From: "docs__read_file", To: "researcher", Kind: EdgeTool}
 		}, "edges[0].from", "starts at an agent"},
 		{"bad edge kind", func(g *Graph) { g.Edges[0].Kind = "Tool" }, "edges[0].kind", "edge kind"},
-		{"bad server ref", func(g *Graph) { g.Nodes[1].MCPTool.ServerRef = "Docs" }, "nodes[1].mcp_tool.server_ref", "server ref"},
+		{"bad server ref", func(g *Graph) { g.Nodes[1].MCPTool.ServerRef = "Docs" }, "nodes[1].mcp_tool.server_ref", "server_ref \"Docs\" holds 'D'"},
 		{"bad tool name", func(g *Graph) { g.Nodes[1].MCPTool.ToolName = "read file" }, "nodes[1].mcp_tool.tool_name", "tool name"},
 		{"schema not an object", func(g *Graph) { g.Nodes[1].MCPTool.InputSchema = json.RawMessage(`"string"`) }, "nodes[1].mcp_tool.input_schema", "JSON object"},
 		{"malformed pin", func(g *Graph) { g.Nodes[1].MCPTool.SchemaHash = "sha256:abc" }, "nodes[1].mcp_tool.schema_hash", "not a pin"},

@@ -66,7 +66,7 @@ func checkFloor(n *Node, caps capability.Set) *Violation {
 	return &Violation{
 		Rule: RuleFloor, NodeID: n.ID, ServerRef: m.ServerRef, Missing: missing,
 		Message: fmt.Sprintf("mcp_tool node %q (tool %q of server %q) does not declare %s: every mcp_tool node needs "+
-			"process_spawn and external_api_call, because reaching a server spawns a process that calls out. "+
+			"process_spawn and external_api_call, because an MCP tool runs code outside Ringfence (a stdio server's process, or a remote server's on its own host) that reaches outside systems. "+
 			"Add %s to the node's capability_bindings (ringfence mcp-import writes both)",
 			n.ID, m.ToolName, m.ServerRef, strings.Join(missing, " and "), strings.Join(missing, " and ")),
 	}
@@ -181,7 +181,7 @@ func CheckPin(n *Node) *Violation {
 func Effective(g *Graph, agentID string) (capability.Effective, error) {
 	a, ok := g.Agent(agentID)
 	if !ok {
-		return capability.Effective{}, fielderr.New("agent", "%q is not an agent node of graph %q", clip(agentID), g.ID)
+		return capability.Effective{}, fielderr.New("agent", "%s is not an agent node of graph %q", fielderr.Quote(agentID), g.ID)
 	}
 	return effective(g, agentID, a, nil), nil
 }
@@ -327,4 +327,33 @@ func containsString(ss []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// Stranded is a published version whose tools of one server declare capabilities the server
+// does not grant: the ceiling refuses their calls at run time. Excess lists what is not
+// granted.
+type Stranded struct {
+	Tenant, GraphID string
+	Version         int64
+	Excess          []string
+}
+
+// StrandedBy reports whether v's tools of server ref declare capabilities grants do not
+// cover, and which (the ceiling's excess, over every such node).
+func StrandedBy(v *Version, ref string, grants []string) (Stranded, bool) {
+	st := Stranded{Tenant: v.Tenant, GraphID: v.GraphID, Version: v.Version}
+	for i := range v.Graph.Nodes {
+		n := &v.Graph.Nodes[i]
+		if n.MCPTool == nil || n.MCPTool.ServerRef != ref {
+			continue
+		}
+		if viol := CheckCeiling(n, mcpserver.Policy{Grants: grants}); viol != nil {
+			for _, e := range viol.Excess {
+				if !containsString(st.Excess, e) {
+					st.Excess = append(st.Excess, e)
+				}
+			}
+		}
+	}
+	return st, len(st.Excess) > 0
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
+	"github.com/ringfence/ringfence/internal/ident"
 	"github.com/ringfence/ringfence/mcpgate/capability"
 	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
 	"github.com/ringfence/ringfence/mcpgate/screen"
@@ -44,29 +45,14 @@ const (
 	maxReported = 50
 )
 
-// ValidateGraphID checks a graph id: ^[a-z0-9_-]{1,64}$, like server refs and tenants.
-func ValidateGraphID(field, id string) error {
-	if !isRefLike(id) {
-		return fielderr.New(field, "%q must match ^[a-z0-9_-]{1,64}$ (lower-case letters, digits, '-' and '_')", clip(id))
-	}
-	return nil
-}
+// ValidateGraphID checks a graph id: ident.Ref, like server refs and tenants.
+func ValidateGraphID(field, id string) error { return ident.Ref.Check(field, id) }
 
-// ValidateTenant checks a tenant name.
-func ValidateTenant(tenant string) error {
-	if !isRefLike(tenant) {
-		return fielderr.New("tenant", "%q must match ^[a-z0-9_-]{1,64}$", clip(tenant))
-	}
-	return nil
-}
+// ValidateTenant checks a tenant name: ident.Ref.
+func ValidateTenant(tenant string) error { return ident.Ref.Check("tenant", tenant) }
 
-// ValidateNodeID checks a node id: ^[A-Za-z0-9_.:-]{1,128}$.
-func ValidateNodeID(field, id string) error {
-	if !isNodeID(id) {
-		return fielderr.New(field, "%q is not a node id: use 1 to 128 of A-Z a-z 0-9 _ . : -", clip(id))
-	}
-	return nil
-}
+// ValidateNodeID checks a node id: ident.Node.
+func ValidateNodeID(field, id string) error { return ident.Node.Check(field, id) }
 
 // ValidateMode checks a capability mode ("" means enforce).
 func ValidateMode(mode string) error {
@@ -74,7 +60,7 @@ func ValidateMode(mode string) error {
 	case "", ModeEnforce, ModeAdvisory:
 		return nil
 	}
-	return fielderr.New("capability_mode", "%q is not a mode: use enforce (the default) or advisory", clip(mode))
+	return fielderr.New("capability_mode", "%s is not a mode: use enforce (the default) or advisory", fielderr.Quote(mode))
 }
 
 // Validate checks the graph's shape and returns the first problem, naming the node and field.
@@ -194,8 +180,8 @@ func (c *checker) check(g *Graph) {
 	c.ids = make(map[string]int, len(g.Nodes))
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
-		if !isNodeID(n.ID) {
-			c.add(root("nodes", i).dot("id"), "%q is not a node id: use 1 to 128 of A-Z a-z 0-9 _ . : -", clip(n.ID))
+		if p := ident.Node.Problem(n.ID); p != "" {
+			c.add(root("nodes", i).dot("id"), "%s", p)
 			continue
 		}
 		if _, dup := c.ids[n.ID]; dup {
@@ -219,7 +205,7 @@ func (c *checker) check(g *Graph) {
 		}
 		field := root("edges", i)
 		if !isKind(e.Kind) {
-			c.add(field.dot("kind"), "%q is not an edge kind: use a lower-case word such as tool", clip(e.Kind))
+			c.add(field.dot("kind"), "%s is not an edge kind: use a lower-case word such as tool", fielderr.Quote(e.Kind))
 			continue
 		}
 		fromKind, okFrom := c.kindOf(e.From)
@@ -232,9 +218,9 @@ func (c *checker) check(g *Graph) {
 		key := uint64(c.ids[e.From])<<32 | uint64(c.ids[e.To])
 		switch {
 		case !okFrom:
-			c.add(field.dot("from"), "%q is not a node of this graph", clip(e.From))
+			c.add(field.dot("from"), "%s is not a node of this graph", fielderr.Quote(e.From))
 		case !okTo:
-			c.add(field.dot("to"), "%q is not a node of this graph", clip(e.To))
+			c.add(field.dot("to"), "%s is not a node of this graph", fielderr.Quote(e.To))
 		case e.From == e.To:
 			c.add(field, "edge from %q to itself", e.From)
 		case byKind[key]:
@@ -254,8 +240,8 @@ func (c *checker) check(g *Graph) {
 			return
 		}
 		field := root("policies", i)
-		if !isNodeID(p.ID) {
-			c.add(field.dot("id"), "%q is not a policy id: use 1 to 128 of A-Z a-z 0-9 _ . : -", clip(p.ID))
+		if problem := ident.Node.Problem(p.ID); problem != "" {
+			c.add(field.dot("id"), "%s", problem)
 			continue
 		}
 		if policyIDs[p.ID] {
@@ -269,7 +255,7 @@ func (c *checker) check(g *Graph) {
 		}
 		for j, a := range p.Agents {
 			if k, _ := c.kindOf(a); k != KindAgent {
-				c.add(field.at("agents", j), "policy %q applies to %q, which is not an agent node of this graph", p.ID, clip(a))
+				c.add(field.at("agents", j), "policy %q applies to %s, which is not an agent node of this graph", p.ID, fielderr.Quote(a))
 			}
 		}
 		if len(p.Revoke) == 0 || len(p.Revoke) > MaxRevoke {
@@ -286,7 +272,7 @@ func (c *checker) check(g *Graph) {
 
 func (c *checker) node(field path, n *Node) {
 	if !isKind(n.Kind) {
-		c.add(field.dot("kind"), "node %q: %q is not a kind: use agent, mcp_tool or another lower-case word", n.ID, clip(n.Kind))
+		c.add(field.dot("kind"), "node %q: %s is not a kind: use agent, mcp_tool or another lower-case word", n.ID, fielderr.Quote(n.Kind))
 		return
 	}
 	payloads := 0
@@ -337,11 +323,11 @@ func (c *checker) agent(field path, id string, a *AgentNode) {
 			bf := field.at("tool_bindings", i)
 			switch kind, ok := c.kindOf(b.NodeID); {
 			case !isBindingName(b.Name):
-				c.add(bf.dot("name"), "agent %q: %q is not a tool name the model can call: use 1 to 256 of A-Z a-z 0-9 _ . -", id, clip(b.Name))
+				c.add(bf.dot("name"), "agent %q: %s is not a tool name the model can call: use 1 to 256 of A-Z a-z 0-9 _ . -", id, fielderr.Quote(b.Name))
 			case names[b.Name]:
 				c.add(bf.dot("name"), "agent %q binds the name %q twice; each name calls one tool", id, b.Name)
 			case !ok:
-				c.add(bf.dot("node_id"), "agent %q binds %q to %q, which is not a node of this graph", id, b.Name, clip(b.NodeID))
+				c.add(bf.dot("node_id"), "agent %q binds %q to %s, which is not a node of this graph", id, b.Name, fielderr.Quote(b.NodeID))
 			case kind == KindAgent:
 				c.add(bf.dot("node_id"), "agent %q binds %q to agent %q; a tool binding names a tool node", id, b.Name, b.NodeID)
 			}
@@ -357,7 +343,7 @@ func (c *checker) agent(field path, id string, a *AgentNode) {
 		sf := field.at("mcp_servers", i)
 		switch {
 		case !isInlineName(s.Name):
-			c.add(sf.dot("name"), "agent %q: %q is not a server name: use 1 to 64 of A-Z a-z 0-9 _ . -", id, clip(s.Name))
+			c.add(sf.dot("name"), "agent %q: %s is not a server name: use 1 to 64 of A-Z a-z 0-9 _ . -", id, fielderr.Quote(s.Name))
 		case names[s.Name]:
 			c.add(sf.dot("name"), "agent %q names the inline server %q twice", id, s.Name)
 		case s.Command == "" || !isText(s.Command, MaxInlineCommand):
@@ -376,7 +362,7 @@ func (c *checker) agent(field path, id string, a *AgentNode) {
 		for k, v := range s.Env {
 			// Env values are secrets by convention: the problem never quotes one.
 			if !isEnvKey(k) {
-				c.add(sf.dot("env"), "agent %q, inline server %q: %q is not an environment variable name", id, s.Name, clip(k))
+				c.add(sf.dot("env"), "agent %q, inline server %q: %s is not an environment variable name", id, s.Name, fielderr.Quote(k))
 			} else if !isText(v, MaxInlineEnvValue) {
 				c.add(sf.dot("env."+k), "agent %q, inline server %q: the value must be at most %d bytes of UTF-8 text", id, s.Name, MaxInlineEnvValue)
 			}
@@ -385,11 +371,11 @@ func (c *checker) agent(field path, id string, a *AgentNode) {
 }
 
 func (c *checker) mcpTool(field path, id string, m *MCPToolNode) {
-	if !isRefLike(m.ServerRef) {
-		c.add(field.dot("server_ref"), "node %q: %q is not a server ref (^[a-z0-9_-]{1,64}$)", id, clip(m.ServerRef))
+	if p := ident.Ref.Problem(m.ServerRef); p != "" {
+		c.add(field.dot("server_ref"), "node %q: server_ref %s", id, p)
 	}
 	if !isToolName(m.ToolName) {
-		c.add(field.dot("tool_name"), "node %q: %q is not a tool name ([A-Za-z0-9_.-]{1,128})", id, clip(m.ToolName))
+		c.add(field.dot("tool_name"), "node %q: %s is not a tool name ([A-Za-z0-9_.-]{1,128})", id, fielderr.Quote(m.ToolName))
 	}
 	if !isText(m.Title, MaxTitleBytes) {
 		c.add(field.dot("title"), "node %q: the title must be at most %d bytes of UTF-8 text", id, MaxTitleBytes)
@@ -401,7 +387,7 @@ func (c *checker) mcpTool(field path, id string, m *MCPToolNode) {
 	c.schema(field.dot("output_schema"), id, m.OutputSchema, MaxSchemaBytes, false)
 	c.schema(field.dot("annotations"), id, m.Annotations, MaxAnnotationsBytes, false)
 	if m.SchemaHash != "" && !isPin(m.SchemaHash) {
-		c.add(field.dot("schema_hash"), "node %q: %q is not a pin (v1:sha256:<64 lower-case hex>); re-import the tool to pin it", id, clip(m.SchemaHash))
+		c.add(field.dot("schema_hash"), "node %q: %s is not a pin (v1:sha256:<64 lower-case hex>); re-import the tool to pin it", id, fielderr.Quote(m.SchemaHash))
 	}
 	c.bindings(field.dot("capability_bindings"), id, m.CapabilityBindings)
 	if len(m.Flags) > MaxFlags {
@@ -412,9 +398,9 @@ func (c *checker) mcpTool(field path, id string, m *MCPToolNode) {
 		ff := field.at("flags", i)
 		switch {
 		case !isKind(f.Code):
-			c.add(ff.dot("code"), "node %q: %q is not a finding code", id, clip(f.Code))
+			c.add(ff.dot("code"), "node %q: %s is not a finding code", id, fielderr.Quote(f.Code))
 		case f.Severity != discovery.SeverityFlag && f.Severity != discovery.SeverityHardFailure:
-			c.add(ff.dot("severity"), "node %q: %q is not a severity (flag or hard_failure)", id, clip(f.Severity))
+			c.add(ff.dot("severity"), "node %q: %s is not a severity (flag or hard_failure)", id, fielderr.Quote(f.Severity))
 		case !isText(f.Location, MaxFlagText) || !isText(f.Message, MaxFlagText):
 			c.add(ff, "node %q: location and message must be at most %d bytes of UTF-8 text", id, MaxFlagText)
 		}
@@ -514,21 +500,6 @@ func (cc *capCache) set(ss []string) capability.Set {
 	}
 	return out
 }
-
-func isRefLike(s string) bool {
-	if len(s) == 0 || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
-
-func isNodeID(s string) bool { return isNameChars(s, 128, ":") }
 
 func isToolName(s string) bool { return isNameChars(s, 128, "") }
 

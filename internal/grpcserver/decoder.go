@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"unicode/utf8"
@@ -17,6 +18,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
+
+	"github.com/ringfence/ringfence/internal/fielderr"
 )
 
 // jsonMarshaler is the gateway's JSON codec: proto field names out, unknown fields refused in,
@@ -28,15 +32,25 @@ type jsonMarshaler struct {
 
 func newJSONMarshaler() *jsonMarshaler {
 	return &jsonMarshaler{JSONPb: runtime.JSONPb{
-		MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
-		UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false, RecursionLimit: maxMessageNesting},
+		MarshalOptions: protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
+		// protojson counts messages, not JSON levels; the body's levels are bounded first
+		// (nesting), and this only backs that up.
+		UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false, RecursionLimit: 2 * maxMessageNesting},
 	}}
 }
 
-// maxMessageNesting bounds how deeply a REST body nests. Well below the gRPC server's own
-// limit (10,000 messages, where a JSON list inside arguments is two: Value, ListValue): a
-// body the gateway accepted and the server then could not decode answered 500.
+// maxMessageNesting bounds how deeply a REST body nests, in levels of arrays and objects (the
+// body itself is the first). Well below the gRPC server's own limit (10,000 messages, where a
+// JSON list inside arguments is two: Value, ListValue): a body the gateway accepted and the
+// server then could not decode answered 500.
 const maxMessageNesting = 1000
+
+// tooDeep is the one wording of a value nested deeper than limit, for arrays and objects
+// alike; the pool's argument and result checks (internal/schemas, sanitize) and the
+// declaration screen (jcs, screen) say the same with their own limits.
+func tooDeep(limit int) string {
+	return fmt.Sprintf("nested too deeply: more than %d levels of arrays and objects", limit)
+}
 
 // maxBodyValues bounds the JSON values (objects, lists, scalars) of a REST body. Decoded, each
 // costs ~160 bytes of memory and ~11 of protobuf: a 4 MB body of "0," took 319 MiB and became a
@@ -44,10 +58,11 @@ const maxMessageNesting = 1000
 // go over gRPC, whose messages are bounded in bytes.
 const maxBodyValues = 1 << 19
 
-// countValues counts the JSON values of body, at least: besides the first, every "," "[" and
-// "{" outside a string starts one. It reads without allocating and stops past limit.
-func countValues(body []byte, limit int) int {
-	n, inString, escaped := 1, false, false
+// shape counts the JSON values of body, at least (besides the first, every "," "[" and "{"
+// outside a string starts one), and how many levels of arrays and objects it nests. It reads
+// without allocating and stops once either passes its limit.
+func shape(body []byte, maxValues, maxDepth int) (values, depth int) {
+	values, level, inString, escaped := 1, 0, false, false
 	for _, b := range body {
 		switch {
 		case inString && escaped:
@@ -58,13 +73,20 @@ func countValues(body []byte, limit int) int {
 			inString = b != '"'
 		case b == '"':
 			inString = true
-		case b == ',' || b == '[' || b == '{':
-			if n++; n > limit {
-				return n
+		case b == ']' || b == '}':
+			level--
+		case b == '[' || b == '{':
+			if level++; level > depth {
+				depth = level
+			}
+			fallthrough
+		case b == ',':
+			if values++; values > maxValues || depth > maxDepth {
+				return values, depth
 			}
 		}
 	}
-	return n
+	return values, depth
 }
 
 func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
@@ -76,11 +98,19 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 			}
 			return err
 		}
+		mark, _ := r.(markedBody)
 		if len(bytes.TrimSpace(body)) == 0 {
+			if mark.patch {
+				return errors.New(emptyPatch)
+			}
 			return io.EOF // the gateway treats an empty body as an empty message
 		}
-		if countValues(body, maxBodyValues) > maxBodyValues {
+		values, depth := shape(body, maxBodyValues, maxMessageNesting)
+		if values > maxBodyValues {
 			return fmt.Errorf("request body too large: it holds more than %d JSON values (objects, lists and scalars); send less in one request, or use gRPC", maxBodyValues)
+		}
+		if depth > maxMessageNesting {
+			return errors.New("invalid JSON body: " + tooDeep(maxMessageNesting))
 		}
 		msg, ok := v.(proto.Message)
 		if !ok {
@@ -88,36 +118,82 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 		}
 		if err := m.UnmarshalOptions.Unmarshal(body, msg); err != nil {
 			if strings.Contains(err.Error(), "exceeded max recursion depth") {
-				return fmt.Errorf("invalid JSON body: nested too deeply (at most %d levels of objects and lists)", maxMessageNesting)
+				return errors.New("invalid JSON body: " + tooDeep(maxMessageNesting))
 			}
 			problem := describeDecodeError(body, msg, err)
-			if form, ok := r.(formBody); ok && !json.Valid(body) {
-				problem += fmt.Sprintf("; it was sent as %s, and the REST routes read only JSON: send a JSON object (curl: -H 'Content-Type: application/json' -d '{...}'; docs/api.md)", form.mediaType)
+			if mark.formType != "" && !json.Valid(body) {
+				problem += fmt.Sprintf("; it was sent as %s, and the REST routes read only JSON: send a JSON object (curl: -H 'Content-Type: application/json' -d '{...}'; docs/api.md)", mark.formType)
 			}
 			return fmt.Errorf("invalid JSON body: %s", problem)
+		}
+		if mark.patch {
+			return maskFromBody(msg, body)
 		}
 		return nil
 	})
 }
 
-// formBody is a request body sent as an HTML form, which is what curl -d sends unless told
-// otherwise. A JSON body sent so decodes as usual; one that is not JSON is refused with the
-// header to send, rather than only a byte offset.
-type formBody struct {
+// markedBody is a request body with what the decoder (which sees only the body) needs to know
+// of its request.
+type markedBody struct {
 	io.ReadCloser
-	mediaType string
+	// formType is the media type of a body sent as an HTML form, which is what curl -d sends
+	// unless told otherwise. A JSON body sent so decodes as usual; one that is not JSON is
+	// refused with the header to send, rather than only a byte offset.
+	formType string
+	// patch marks a PATCH body: the fields it holds are the ones to change (maskFromBody).
+	patch bool
 }
 
-// markFormBody marks a form-encoded body for the decoder (which sees only the body).
-func markFormBody(next runtime.HandlerFunc) runtime.HandlerFunc {
+// markBody marks a form-encoded body, and a PATCH's, for the decoder.
+func markBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
-		mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-		if err == nil && r.Body != nil && (mt == "application/x-www-form-urlencoded" || mt == "multipart/form-data") {
+		mark := markedBody{patch: r.Method == http.MethodPatch}
+		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && (mt == "application/x-www-form-urlencoded" || mt == "multipart/form-data") {
+			mark.formType = mt
+		}
+		if r.Body != nil && (mark.patch || mark.formType != "") {
 			r = r.WithContext(r.Context()) // a shallow copy, so the caller's request keeps its body
-			r.Body = formBody{ReadCloser: r.Body, mediaType: mt}
+			mark.ReadCloser = r.Body
+			r.Body = mark
 		}
 		next(w, r, params)
 	}
+}
+
+const emptyPatch = "invalid JSON body: a PATCH changes the fields its body holds, and this one holds none: send the fields to change, e.g. {\"grants\": [\"process_spawn\", \"external_api_call\"]}"
+
+// maskFromBody gives a PATCH the update_mask its body implies, as grpc-gateway does for a
+// PATCH whose body is one field: the fields the body holds are the ones to change, and only
+// those (a field sent empty is cleared). A mask the body sends itself is kept. Messages
+// without an update_mask take the body as it is.
+func maskFromBody(msg proto.Message, body []byte) error {
+	m := msg.ProtoReflect()
+	fields := m.Descriptor().Fields()
+	maskField := fields.ByName("update_mask")
+	if maskField == nil || maskField.Message() == nil || maskField.Message().FullName() != "google.protobuf.FieldMask" || m.Has(maskField) {
+		return nil
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(body, &keys); err != nil {
+		return fmt.Errorf("invalid JSON body: %w", err)
+	}
+	mask := &fieldmaskpb.FieldMask{}
+	for k := range keys {
+		fd := fields.ByName(protoreflect.Name(k))
+		if fd == nil {
+			fd = fields.ByJSONName(k)
+		}
+		if fd != nil && fd != maskField {
+			mask.Paths = append(mask.Paths, string(fd.Name()))
+		}
+	}
+	if len(mask.Paths) == 0 {
+		return errors.New(emptyPatch)
+	}
+	slices.Sort(mask.Paths)
+	m.Set(maskField, protoreflect.ValueOfMessage(mask.ProtoReflect()))
+	return nil
 }
 
 // describeDecodeError finds the field whose value fails to decode and says what it should
@@ -213,7 +289,7 @@ func (w *tokenWalker) value(path string, tok json.Token, utf8OK bool, depth int)
 				child = path + "." + key
 			}
 			if seen[key] {
-				return fmt.Sprintf("field %q is given twice: send each key of an object once", child), nil
+				return fmt.Sprintf("field %s is given twice: send each key of an object once", fielderr.Quote(child)), nil
 			}
 			seen[key] = true
 			v, utf8OK, err := w.next()
@@ -239,7 +315,7 @@ func (w *tokenWalker) value(path string, tok json.Token, utf8OK bool, depth int)
 		}
 	}
 	if !utf8OK {
-		return fmt.Sprintf("field %q is not valid UTF-8 (its value is not shown): send text as UTF-8", path), nil
+		return fmt.Sprintf("field %s is not valid UTF-8 (its value is not shown): send text as UTF-8", fielderr.Quote(path)), nil
 	}
 	return "", nil
 }
@@ -249,7 +325,7 @@ func within(path string) string {
 	if path == "" {
 		return "at the top level"
 	}
-	return fmt.Sprintf("in field %q", path)
+	return fmt.Sprintf("in field %s", fielderr.Quote(path))
 }
 
 // failingField returns "field "a.b": expected …" for the first field (in name order) of
@@ -266,7 +342,7 @@ func failingField(fields map[string]json.RawMessage, md protoreflect.MessageDesc
 			fd = md.Fields().ByTextName(name)
 		}
 		if fd == nil {
-			return fmt.Sprintf("unknown field %q", prefix+name)
+			return fmt.Sprintf("unknown field %s", fielderr.Quote(prefix+name))
 		}
 		one, _ := json.Marshal(map[string]json.RawMessage{name: fields[name]})
 		probe := dynamicpb.NewMessage(md)
@@ -276,7 +352,7 @@ func failingField(fields map[string]json.RawMessage, md protoreflect.MessageDesc
 		if where := failingElement(fields[name], fd, prefix+name, depth); where != "" {
 			return where
 		}
-		return fmt.Sprintf("field %q: expected %s", prefix+name, expected(fd))
+		return fmt.Sprintf("field %s: expected %s", fielderr.Quote(prefix+name), expected(fd))
 	}
 	return ""
 }

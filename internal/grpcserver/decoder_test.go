@@ -73,7 +73,7 @@ func TestDeepBodiesAreRefusedByTheGateway(t *testing.T) {
 	require.NoError(t, m.NewDecoder(strings.NewReader(nested(100))).Decode(&poolv1.CallToolRequest{}))
 	for _, levels := range []int{1200, 6000} {
 		err := m.NewDecoder(strings.NewReader(nested(levels))).Decode(&poolv1.CallToolRequest{})
-		require.ErrorContains(t, err, "nested too deeply (at most 1000 levels", levels)
+		require.ErrorContains(t, err, "nested too deeply: more than 1000 levels of arrays and objects", levels)
 	}
 }
 
@@ -88,7 +88,9 @@ func TestBodiesOfTooManyValuesAreRefused(t *testing.T) {
 	require.NoError(t, m.NewDecoder(strings.NewReader(body(1000))).Decode(&poolv1.CallToolRequest{}))
 	err := m.NewDecoder(strings.NewReader(body(maxBodyValues))).Decode(&poolv1.CallToolRequest{})
 	require.ErrorContains(t, err, "request body too large: it holds more than 524288 JSON values")
-	require.Equal(t, 6, countValues([]byte(`{"a":[1,2],"b":{"c":"x,[{"}}`), 100), "commas and brackets inside strings do not count")
+	values, depth := shape([]byte(`{"a":[1,2],"b":{"c":"x,[{"}}`), 100, 100)
+	require.Equal(t, 6, values, "commas and brackets inside strings do not count")
+	require.Equal(t, 2, depth)
 
 	rec := httptest.NewRecorder()
 	writeError(t.Context(), nil, nil, rec, httptest.NewRequest(http.MethodPost, "/v1/runs/r:call", nil),

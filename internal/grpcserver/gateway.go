@@ -16,6 +16,7 @@ import (
 
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/fielderr"
 )
 
 // NewGatewayMux returns the REST mux every binary uses: proto field names in JSON, unknown
@@ -36,13 +37,19 @@ func NewGatewayMux(first ...runtime.Middleware) *runtime.ServeMux {
 			return runtime.DefaultHeaderMatcher(h)
 		}),
 		// X-Request-Id is set by httpRequestID before the gateway runs, to the id the RPC
-		// also takes; forwarding it again would send the header twice.
-		runtime.WithOutgoingHeaderMatcher(func(string) (string, bool) { return "", false }),
+		// also takes; forwarding it again would send the header twice. Warnings become HTTP
+		// Warning headers (SetWarnings).
+		runtime.WithOutgoingHeaderMatcher(func(key string) (string, bool) {
+			if key == WarningHeader {
+				return "Warning", true
+			}
+			return "", false
+		}),
 		runtime.WithErrorHandler(writeError),
 		runtime.WithRoutingErrorHandler(writeRoutingError),
 		// The gateway keeps one parser for the whole process; every mux sets the same one.
 		runtime.SetQueryParameterParser(&strictQuery{}),
-		runtime.WithMiddlewares(append(first, refuseInvalidUTF8, refuseUnreadQuery, markFormBody)...),
+		runtime.WithMiddlewares(append(first, refuseInvalidUTF8, refuseUnreadQuery, markBody)...),
 		// A form-encoded POST would be parsed whole, before any middleware, and served by the
 		// GET route of the same path (or the method its X-HTTP-Method-Override names): no
 		// client of ours sends one, and the permission is checked before a body is read.
@@ -60,12 +67,12 @@ func writeRoutingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Mar
 	switch httpStatus {
 	case http.StatusMethodNotAllowed:
 		body = ErrorBody{Code: httpStatus, Status: "METHOD_NOT_ALLOWED",
-			Message: fmt.Sprintf("%s is not a method of %s: see docs/api.md for the routes and their methods", r.Method, r.URL.Path)}
+			Message: fmt.Sprintf("%s is not a method of %s: see docs/api.md for the routes and their methods", fielderr.Quote(r.Method), fielderr.Quote(r.URL.Path))}
 	case http.StatusNotFound:
 		// The gateway's own "Not Found" reads like a missing resource; this is a path no
 		// route takes (a typo, or a route of another binary in a split deployment).
 		body = ErrorBody{Code: httpStatus, Status: "NOT_FOUND",
-			Message: fmt.Sprintf("no route takes %s %s: docs/api.md lists the routes (in a split deployment, each binary serves its own service's)", r.Method, r.URL.Path)}
+			Message: fmt.Sprintf("no route takes %s %s: docs/api.md lists the routes (in a split deployment, each binary serves its own service's)", r.Method, fielderr.Quote(r.URL.Path))}
 	default:
 		runtime.DefaultRoutingErrorHandler(ctx, mux, m, w, r, httpStatus)
 		return
@@ -101,7 +108,9 @@ func WriteHTTPError(w http.ResponseWriter, err error) {
 }
 
 func writeError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
-	st, _ := status.FromError(err)
+	// The gateway's own refusals (a body that does not decode, a parameter no route takes)
+	// are bounded as the RPCs' statuses are.
+	st, _ := status.FromError(boundStatus(err))
 	msg := st.Message()
 	body := ErrorBody{Code: runtime.HTTPStatusFromCode(st.Code()), Status: st.Code().String(), Message: msg}
 	body.Status = strings.ToUpper(toSnake(body.Status))

@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/ringfence/ringfence/internal/fielderr"
 )
 
 // strictQuery refuses a query parameter that names no field of the route's request: the
@@ -52,7 +54,7 @@ func (p *strictQuery) Parse(msg proto.Message, values url.Values, filter *utilit
 		if accepted := queryParams(md, filter, nil, 0); len(accepted) > 0 {
 			takes = "only " + strings.Join(accepted, ", ")
 		}
-		return fmt.Errorf("unknown query parameter %q: this route takes %s (docs/api.md lists every route's parameters)", unknown[0], takes)
+		return fmt.Errorf("unknown query parameter %s: this route takes %s (docs/api.md lists every route's parameters)", fielderr.Quote(unknown[0]), takes)
 	}
 	return p.DefaultQueryParser.Parse(msg, values, filter)
 }
@@ -135,10 +137,10 @@ func refuseUnreadQuery(next runtime.HandlerFunc) runtime.HandlerFunc {
 		switch route := route(r); {
 		case r.Method == http.MethodPost || r.Method == http.MethodPut || r.Method == http.MethodPatch:
 			refuseUnread(w, r, status.Errorf(codes.InvalidArgument,
-				"unknown query parameter %q: %s routes take no query parameters; send the fields in the JSON body (docs/api.md)", names[0], r.Method))
+				"unknown query parameter %s: %s routes take no query parameters; send the fields in the JSON body (docs/api.md)", fielderr.Quote(names[0]), r.Method))
 		case queryless[route]:
 			refuseUnread(w, r, status.Errorf(codes.InvalidArgument,
-				"unknown query parameter %q: %s takes no query parameters (docs/api.md)", names[0], route))
+				"unknown query parameter %s: %s takes no query parameters (docs/api.md)", fielderr.Quote(names[0]), route))
 		default:
 			next(w, r, params)
 		}
@@ -174,7 +176,7 @@ func CheckParamsUTF8(params map[string]string, query url.Values) error {
 		}
 		for _, v := range query[name] {
 			if !utf8.ValidString(v) {
-				return invalidUTF8(name, fmt.Sprintf("query parameter %q is not valid UTF-8 (its value is not shown): percent-encode the text as UTF-8", name))
+				return invalidUTF8(name, fmt.Sprintf("query parameter %s is not valid UTF-8 (its value is not shown): percent-encode the text as UTF-8", fielderr.Quote(name)))
 			}
 		}
 	}

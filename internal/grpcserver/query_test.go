@@ -72,7 +72,7 @@ func TestAnUnknownPathNamesItself(t *testing.T) {
 	code, body := getJSON(t, auditGateway(t)+"/v1/audit/recordz")
 	require.Equal(t, http.StatusNotFound, code)
 	require.Equal(t, "NOT_FOUND", body["status"])
-	require.Contains(t, body["message"], "no route takes GET /v1/audit/recordz: docs/api.md lists the routes")
+	require.Contains(t, body["message"], `no route takes GET "/v1/audit/recordz": docs/api.md lists the routes`)
 }
 
 // auditGateway serves echoAudit over gRPC and REST and returns the REST base URL.
@@ -123,9 +123,14 @@ func gatewayRoutes(t *testing.T) map[string]gatewayRoute {
 	t.Helper()
 	raw, err := os.ReadFile("../../proto/gateway.yaml")
 	require.NoError(t, err)
+	// A rule's additional_bindings are rules of the same selector.
+	type rule struct {
+		Selector, Get, Post, Put, Patch, Delete, Body string
+		AdditionalBindings                            []rule `yaml:"additional_bindings"`
+	}
 	var cfg struct {
 		HTTP struct {
-			Rules []map[string]string `yaml:"rules"`
+			Rules []rule `yaml:"rules"`
 		} `yaml:"http"`
 	}
 	require.NoError(t, yaml.Unmarshal(raw, &cfg))
@@ -136,14 +141,21 @@ func gatewayRoutes(t *testing.T) map[string]gatewayRoute {
 	_ = auditv1.File_ringfence_audit_v1_audit_proto
 	pathParam := regexp.MustCompile(`\{([a-z_.]+)\}`)
 	out := map[string]gatewayRoute{}
-	for _, rule := range cfg.HTTP.Rules {
-		for _, method := range []string{"get", "post", "put", "patch", "delete"} {
-			path, ok := rule[method]
-			if !ok {
+	var rules []rule
+	for _, r := range cfg.HTTP.Rules {
+		rules = append(rules, r)
+		for _, b := range r.AdditionalBindings {
+			b.Selector = r.Selector
+			rules = append(rules, b)
+		}
+	}
+	for _, rule := range rules {
+		for method, path := range map[string]string{"get": rule.Get, "post": rule.Post, "put": rule.Put, "patch": rule.Patch, "delete": rule.Delete} {
+			if path == "" {
 				continue
 			}
-			d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(rule["selector"]))
-			require.NoError(t, err, rule["selector"])
+			d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(rule.Selector))
+			require.NoError(t, err, rule.Selector)
 			in := d.(protoreflect.MethodDescriptor).Input()
 			bound := map[string]bool{}
 			for _, m := range pathParam.FindAllStringSubmatch(path, -1) {
@@ -154,7 +166,7 @@ func gatewayRoutes(t *testing.T) map[string]gatewayRoute {
 				pathOnly = pathOnly && bound[string(in.Fields().Get(i).Name())]
 			}
 			rpc := "/" + string(d.Parent().FullName()) + "/" + string(d.Name())
-			out[strings.ToUpper(method)+" "+path] = gatewayRoute{rpc: rpc, starBody: rule["body"] == "*", pathOnly: pathOnly}
+			out[strings.ToUpper(method)+" "+path] = gatewayRoute{rpc: rpc, starBody: rule.Body == "*", pathOnly: pathOnly}
 		}
 	}
 	return out

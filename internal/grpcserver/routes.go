@@ -20,6 +20,7 @@ var routeMethods = map[string]string{
 	"GET /v1/mcp/servers":                          "/ringfence.registry.v1.RegistryService/ListServers",
 	"GET /v1/mcp/servers/{ref}":                    "/ringfence.registry.v1.RegistryService/GetServer",
 	"PUT /v1/mcp/servers/{ref}":                    "/ringfence.registry.v1.RegistryService/UpdateServer",
+	"PATCH /v1/mcp/servers/{ref}":                  "/ringfence.registry.v1.RegistryService/UpdateServer",
 	"DELETE /v1/mcp/servers/{ref}":                 "/ringfence.registry.v1.RegistryService/DeleteServer",
 	"GET /v1/mcp/servers/{ref}/tools":              "/ringfence.registry.v1.RegistryService/ListServerTools",
 	"POST /v1/mcp/servers/{ref}:explore":           "/ringfence.registry.v1.RegistryService/ExploreServer",

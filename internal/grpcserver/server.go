@@ -397,7 +397,8 @@ func limitBody(h http.Handler, n int64) http.Handler {
 	})
 }
 
-// call wraps one RPC: request id, panic recovery, authorization, metrics and the access log.
+// call wraps one RPC: request id, panic recovery, authorization, metrics, the access log, and
+// the bound on the status it ends with (boundStatus).
 func (s *Server) call(ctx context.Context, method string, run func(context.Context) error) (err error) {
 	start := time.Now()
 	ctx, rid := withRequestID(ctx)
@@ -406,6 +407,7 @@ func (s *Server) call(ctx context.Context, method string, run func(context.Conte
 			s.log.ErrorContext(ctx, "panic in handler", "method", method, "request_id", rid, "panic", r, "stack", string(debug.Stack()))
 			err = status.Errorf(codes.Internal, "internal error (request id %s); the server log has the detail", rid)
 		}
+		err = boundStatus(err)
 		s.finish(ctx, method, rid, start, err)
 	}()
 	if s.opts.Authorizer != nil {

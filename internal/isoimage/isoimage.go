@@ -51,7 +51,16 @@ type BuildOptions struct {
 	Name string
 	// Progress receives one line per step; nil discards them.
 	Progress io.Writer
+	// Labels go into the image's config, e.g. CheckoutLabel for the checkout that built it
+	// (so that its make clean removes the image, and no other checkout's). The same binaries
+	// and labels always give the same image ID.
+	Labels map[string]string
 }
+
+// CheckoutLabel marks an image a source checkout built (the demo's, the tests'), with the
+// checkout's id as its value (scripts/checkout-id.sh: the first 16 hex digits of the SHA-256
+// of the checkout's physical path). make clean removes the images labeled with its own id.
+const CheckoutLabel = "org.ringfence.checkout"
 
 // Bounds on what Build accepts: an isolation image is a handful of servers.
 const (
@@ -104,7 +113,7 @@ func Build(ctx context.Context, docker Engine, opts BuildOptions) (string, error
 	diffID := "sha256:" + hex.EncodeToString(h.Sum(nil))
 	fmt.Fprintf(progress, "isoimage: layer %s (%s)\n", diffID, humanSize(size))
 
-	config, err := imageConfig(arch, diffID)
+	config, err := imageConfig(arch, diffID, opts.Labels)
 	if err != nil {
 		return "", err
 	}
@@ -288,6 +297,9 @@ type ociConfig struct {
 
 type ociRunConfig struct {
 	Env []string `json:"Env"`
+	// Labels marshal with sorted keys, so the config (and the image ID) is the same for
+	// the same labels.
+	Labels map[string]string `json:"Labels,omitempty"`
 }
 
 type ociRootFS struct {
@@ -300,12 +312,12 @@ type ociHistory struct {
 	CreatedBy string    `json:"created_by"`
 }
 
-func imageConfig(arch, diffID string) ([]byte, error) {
+func imageConfig(arch, diffID string, labels map[string]string) ([]byte, error) {
 	cfg := ociConfig{
 		Architecture: arch,
 		OS:           "linux",
 		Created:      epoch,
-		Config:       ociRunConfig{Env: []string{"PATH=/bin"}},
+		Config:       ociRunConfig{Env: []string{"PATH=/bin"}, Labels: labels},
 		RootFS:       ociRootFS{Type: "layers", DiffIDs: []string{diffID}},
 		History:      []ociHistory{{Created: epoch, CreatedBy: "ringfence image build"}},
 	}

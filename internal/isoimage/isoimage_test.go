@@ -140,7 +140,8 @@ func TestBuild(t *testing.T) {
 	})
 
 	var progress bytes.Buffer
-	ref, err := isoimage.Build(t.Context(), docker, isoimage.BuildOptions{Binaries: bins, Name: tag, Progress: &progress})
+	labels := dockertest.CheckoutLabels(t)
+	ref, err := isoimage.Build(t.Context(), docker, isoimage.BuildOptions{Binaries: bins, Name: tag, Progress: &progress, Labels: labels})
 	require.NoError(t, err)
 	require.Regexp(t, pinned, ref)
 	out := progress.String()
@@ -155,11 +156,12 @@ func TestBuild(t *testing.T) {
 	require.Equal(t, "linux", img.Os)
 	require.Equal(t, runtime.GOARCH, img.Architecture)
 	require.Equal(t, []string{"PATH=/bin"}, img.Config.Env)
+	require.Equal(t, labels, img.Config.Labels)
 	require.Empty(t, img.Config.Volumes)
 	require.Empty(t, img.Config.Entrypoint)
 	require.Len(t, img.RootFS.Layers, 1)
 
-	again, err := isoimage.Build(t.Context(), docker, isoimage.BuildOptions{Binaries: bins})
+	again, err := isoimage.Build(t.Context(), docker, isoimage.BuildOptions{Binaries: bins, Labels: labels})
 	require.NoError(t, err)
-	require.Equal(t, ref, again, "the same binaries give the same image")
+	require.Equal(t, ref, again, "the same binaries and labels give the same image")
 }

@@ -55,6 +55,6 @@ func TestValidateRef(t *testing.T) {
 	for _, bad := range []string{"", "Docs", "a b", "a.b", "a/b", "é", strings.Repeat("z", 65)} {
 		err := ValidateRef(bad)
 		require.Error(t, err, bad)
-		require.Contains(t, err.Error(), "^[a-z0-9_-]{1,64}$")
+		require.Contains(t, err.Error(), "use 1 to 64 of a-z 0-9 _ -")
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/ringfence/ringfence/internal/fielderr"
+	"github.com/ringfence/ringfence/internal/ident"
 	"github.com/ringfence/ringfence/mcpgate/capability"
 )
 
@@ -135,17 +136,13 @@ type Resolved struct {
 }
 
 var (
-	secretNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,128}$`)
 	toolNamePattern   = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,128}$`)
 	headerNamePattern = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
 )
 
 // ValidateRef checks a server ref.
 func ValidateRef(ref string) error {
-	if !isRef(ref) {
-		return fielderr.New("ref", "%q must match ^[a-z0-9_-]{1,64}$ (lower-case letters, digits, '-' and '_')", truncate(ref))
-	}
-	return nil
+	return ident.Ref.Check("ref", ref)
 }
 
 // NamespaceSeparator joins a server's ref and a tool's name into the name an agent calls the
@@ -165,22 +162,6 @@ func ValidateNewRef(ref string) error {
 	return nil
 }
 
-// isRef reports whether ref matches ^[a-z0-9_-]{1,64}$; checked by hand because every RPC
-// that names a server runs it.
-func isRef(ref string) bool {
-	if len(ref) == 0 || len(ref) > 64 {
-		return false
-	}
-	for i := 0; i < len(ref); i++ {
-		switch c := ref[i]; {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '_', c == '-':
-		default:
-			return false
-		}
-	}
-	return true
-}
-
 // checkNotNamespaced refuses a tool named the way agents see it, <ref>__<tool>: a registration
 // names its server's own tools, and an exclude entry written namespaced would match nothing
 // and let the tool through.
@@ -193,10 +174,7 @@ func checkNotNamespaced(field, ref, tool string) error {
 
 // ValidateSecretName checks a secret name.
 func ValidateSecretName(field, name string) error {
-	if !secretNamePattern.MatchString(name) {
-		return fielderr.New(field, "%q must match ^[A-Za-z0-9_.-]{1,128}$", truncate(name))
-	}
-	return nil
+	return ident.SecretName.Check(field, name)
 }
 
 // Validate checks every field of a registration and fills defaults (transport stdio).
@@ -233,7 +211,7 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 			return err
 		}
 	default:
-		return fielderr.New("transport", "%q is not a transport: use stdio, streamable_http or sse", truncate(r.Transport))
+		return fielderr.New("transport", "%s is not a transport: use stdio, streamable_http or sse", fielderr.Quote(r.Transport))
 	}
 	if err := checkText("command", r.Command, MaxCommand); err != nil {
 		return err
@@ -256,6 +234,12 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 		if err := checkText("env."+k, r.Env[k], MaxEnvValue); err != nil {
 			return err
 		}
+		// The mask keeps a stored value (RestoreMasked); an empty value is a value.
+		if v := r.Env[k]; v != SecretMask && strings.TrimSpace(v) != "" {
+			if p := Placeholder(v); p != "" {
+				return fielderr.New("env."+k, "%s, not a value a server can use (the value is not shown): send the real one", p)
+			}
+		}
 	}
 	if len(r.Headers) > MaxHeaders {
 		return fielderr.New("headers", "has %d entries; at most %d", len(r.Headers), MaxHeaders)
@@ -277,7 +261,7 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 		canonical[canon] = h
 		// The value may be the credential itself, pasted where its secret's name belongs: the
 		// problem is named, never the value.
-		if !secretNamePattern.MatchString(r.Headers[h]) {
+		if !ident.SecretName.Valid(r.Headers[h]) {
 			return fielderr.New("headers."+h, "must be the name of a registry secret (^[A-Za-z0-9_.-]{1,128}$), never the credential itself: put the value in a secret (ringfence secrets set NAME, or PutSecret) and send its name; the value sent is not shown")
 		}
 	}
@@ -295,7 +279,7 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 		}
 		for i, t := range list {
 			if !toolNamePattern.MatchString(t) {
-				return fielderr.New(fmt.Sprintf("%s[%d]", name, i), "%q is not a tool name ([A-Za-z0-9_.-]{1,128})", truncate(t))
+				return fielderr.New(fmt.Sprintf("%s[%d]", name, i), "%s is not a tool name ([A-Za-z0-9_.-]{1,128})", fielderr.Quote(t))
 			}
 			if err := checkNotNamespaced(fmt.Sprintf("%s[%d]", name, i), r.Ref, t); err != nil {
 				return err
@@ -311,7 +295,7 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 			return err
 		}
 		if !toolNamePattern.MatchString(tool) {
-			return fielderr.New("tool_permissions", "%q is not a tool name ([A-Za-z0-9_.-]{1,128})", truncate(tool))
+			return fielderr.New("tool_permissions", "%s is not a tool name ([A-Za-z0-9_.-]{1,128})", fielderr.Quote(tool))
 		}
 		reqs := r.ToolPermissions[tool]
 		if len(reqs) == 0 || len(reqs) > MaxToolRequirements {
@@ -320,7 +304,7 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 		for i, req := range reqs {
 			// Placeholders stand for argument values; the shape is checked with a stand-in.
 			if err := capability.CheckTemplate(req); errors.Is(err, capability.ErrMalformedPlaceholder) {
-				return fielderr.New(fmt.Sprintf("%s[%d]", field, i), "%q has a malformed {argument} placeholder", truncate(req))
+				return fielderr.New(fmt.Sprintf("%s[%d]", field, i), "%s has a malformed {argument} placeholder", fielderr.Quote(req))
 			} else if err != nil {
 				return fielderr.New(fmt.Sprintf("%s[%d]", field, i), "%s", err.Error())
 			}

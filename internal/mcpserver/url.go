@@ -123,7 +123,7 @@ func CheckRemoteURL(raw string) (*url.URL, error) {
 	}
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" || u.Scheme == "" {
-		return nil, fmt.Errorf("%q is not an absolute https URL, e.g. https://mcp.example.com/mcp", truncate(MaskURL(raw)))
+		return nil, fmt.Errorf("%s is not an absolute https URL, e.g. https://mcp.example.com/mcp", fielderr.Quote(MaskURL(raw)))
 	}
 	switch u.Scheme {
 	case "https":
@@ -132,7 +132,7 @@ func CheckRemoteURL(raw string) (*url.URL, error) {
 			return nil, fmt.Errorf("must use https: plain http is allowed only to loopback addresses (localhost, 127.0.0.0/8, ::1), and %s is not one; use https://%s", truncate(u.Host), truncate(u.Host))
 		}
 	default:
-		return nil, fmt.Errorf("has scheme %q: use https (or http to a loopback address)", truncate(u.Scheme))
+		return nil, fmt.Errorf("has scheme %s: use https (or http to a loopback address)", fielderr.Quote(u.Scheme))
 	}
 	return u, nil
 }

@@ -211,7 +211,7 @@ func (p *Pool) DiscoverTools(ctx context.Context, ref string) (*discovery.Listin
 // ExploreTools implements registry.Discoverer through Discover.
 func (p *Pool) ExploreTools(ctx context.Context, req discovery.ExploreRequest) (*discovery.Listing, *typesv1.ExploreCallResult, error) {
 	resp, err := p.client.Discover(ctx, &poolinternalv1.DiscoverRequest{
-		ServerRef: req.Ref, Call: req.Call, Adhoc: req.Adhoc, Tenant: req.Tenant, ActorKeyId: req.ActorKeyID,
+		ServerRef: req.Ref, Call: req.Call, Adhoc: req.Adhoc, Tenant: req.Tenant, ActorKeyId: req.ActorKeyID, Actor: req.Actor,
 	})
 	if err != nil {
 		if status.Code(err) == codes.NotFound {

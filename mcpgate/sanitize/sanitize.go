@@ -58,12 +58,12 @@ type Options struct {
 }
 
 const (
-	// MaxDepth bounds how deeply Value descends into nested arrays and
-	// objects: a value more than MaxDepth levels below the root (level 0)
-	// is replaced by nil rather than passed on unsanitized. It is the depth
-	// to which the pool's schemas validate a value (schemas.MaxDepth), so
-	// whatever passes a schema check passes here whole; ValueWithin refuses
-	// what would not.
+	// MaxDepth bounds how many levels of arrays and objects Value descends
+	// into (the value itself is the first): an array or object deeper than
+	// that is replaced by nil rather than passed on unsanitized. It is the
+	// depth to which the pool's schemas validate a value (schemas.MaxDepth),
+	// so whatever passes a schema check passes here whole; ValueWithin
+	// refuses what would not.
 	MaxDepth = 128
 	// MaxTemplateTokenName bounds the name inside a <|name|> token.
 	MaxTemplateTokenName = 48
@@ -260,8 +260,9 @@ func Value(v any, o Options) any {
 	return value(v, o, 0, new(bool))
 }
 
-// ErrTooDeep refuses a value that nests deeper than MaxDepth.
-var ErrTooDeep = fmt.Errorf("the value nests more than %d levels deep", MaxDepth)
+// ErrTooDeep refuses a value that nests more than MaxDepth levels, in the
+// words every depth check of Ringfence uses, for arrays and objects alike.
+var ErrTooDeep = fmt.Errorf("nested too deeply: more than %d levels of arrays and objects", MaxDepth)
 
 // ValueWithin is Value for a value that must be passed on whole or not at
 // all: where Value would replace a part nested deeper than MaxDepth by nil,
@@ -275,12 +276,15 @@ func ValueWithin(v any, o Options) (any, error) {
 	return out, nil
 }
 
-// value sanitizes v, found depth levels below the root; it sets *cut when it
-// drops a part for nesting deeper than MaxDepth.
+// value sanitizes v, inside depth levels of arrays and objects; it sets *cut
+// when it drops a part for nesting more than MaxDepth levels.
 func value(v any, o Options, depth int, cut *bool) any {
-	if depth > MaxDepth {
-		*cut = true
-		return nil
+	switch v.(type) {
+	case []any, map[string]any:
+		if depth >= MaxDepth {
+			*cut = true
+			return nil
+		}
 	}
 	switch v := v.(type) {
 	case nil, bool, float64, float32, int, int8, int16, int32, int64,

@@ -137,7 +137,7 @@ func TestValueBoundsDepth(t *testing.T) {
 		depth++
 		got = l[0]
 	}
-	require.Equal(t, MaxDepth+1, depth, "the root is level 0; levels 0 to MaxDepth are kept")
+	require.Equal(t, MaxDepth, depth, "levels 1 to MaxDepth of arrays and objects are kept")
 	require.Nil(t, got)
 	_, err := ValueWithin(v, keep)
 	require.ErrorIs(t, err, ErrTooDeep)

@@ -29,14 +29,20 @@ const (
 	// so a large value against a plain schema is never refused: a plain schema evaluates each
 	// place a few times.
 	stepsPerUnit = 8
-	// MaxDepth bounds how deeply a value may nest; the validator's work and every error it
-	// builds grow with depth.
+	// MaxDepth bounds how many levels of arrays and objects a value may nest (the value
+	// itself is the first); the validator's work and every error it builds grow with depth.
 	MaxDepth = 128
 )
 
+// tooDeep is the one wording of a value nested deeper than limit, for arrays and objects
+// alike: the REST gateway, the result sanitizer and the declaration screen say the same.
+func tooDeep(limit int) string {
+	return fmt.Sprintf("nested too deeply: more than %d levels of arrays and objects", limit)
+}
+
 // BudgetError says a value would take too much work to validate against a schema.
 type BudgetError struct {
-	// Deep is set when the value nests deeper than MaxDepth.
+	// Deep is set when the value nests more than MaxDepth levels.
 	Deep bool
 	// Budget is the work the value may take: minSteps plus stepsPerUnit for each unit of its
 	// weight.
@@ -45,7 +51,7 @@ type BudgetError struct {
 
 func (e *BudgetError) Error() string {
 	if e.Deep {
-		return fmt.Sprintf("the value nests more than %d levels deep; values are validated to at most %d levels", MaxDepth, MaxDepth)
+		return tooDeep(MaxDepth)
 	}
 	return fmt.Sprintf("validating the value would take more than the %d units of work (about a microsecond each) a value of its size may take: the schema's anyOf, oneOf, allOf or $ref branches lead back to the same subschemas, so the work multiplies with each level of the value, or evaluate one wide place many times", e.Budget)
 }
@@ -346,15 +352,15 @@ func width(v any) uint64 {
 	return 1
 }
 
-// measure sums the widths of v and everything in it, stopping once it nests deeper than
-// MaxDepth.
+// measure sums the widths of v and everything in it, stopping once it nests more than
+// MaxDepth levels of arrays and objects; depth is the levels around v.
 func measure(v any, depth int) (weight uint64, deep bool) {
-	if depth > MaxDepth {
-		return 0, true
-	}
 	weight = width(v)
 	switch v := v.(type) {
 	case map[string]any:
+		if depth >= MaxDepth {
+			return 0, true
+		}
 		for k, m := range v {
 			n, d := measure(m, depth+1)
 			if d {
@@ -363,6 +369,9 @@ func measure(v any, depth int) (weight uint64, deep bool) {
 			weight += n + width(k)
 		}
 	case []any:
+		if depth >= MaxDepth {
+			return 0, true
+		}
 		for _, m := range v {
 			n, d := measure(m, depth+1)
 			if d {

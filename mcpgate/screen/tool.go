@@ -215,7 +215,7 @@ func (t *toolScan) raw(what string, raw json.RawMessage, limit int) (*node, bool
 		case errors.Is(err, jcs.ErrDuplicateKey):
 			t.hardf(CodeDuplicateKey, "%s repeats an object key near byte %d", what, offset)
 		case errors.Is(err, jcs.ErrTooDeep):
-			t.hardf(CodeSchemaTooDeep, "%s nests more than %d levels", what, MaxSchemaDepth)
+			t.hardf(CodeSchemaTooDeep, "%s is nested too deeply: more than %d levels of arrays and objects", what, MaxSchemaDepth)
 		default:
 			t.hardf(CodeInvalidJSON, "%s is not valid JSON near byte %d", what, offset)
 		}
@@ -349,7 +349,7 @@ func (t *toolScan) deep(depth int) bool {
 	}
 	if !t.tooDeep {
 		t.tooDeep = true
-		t.hardf(CodeSchemaTooDeep, "nesting exceeds %d levels", MaxSchemaDepth)
+		t.hardf(CodeSchemaTooDeep, "nested too deeply: more than %d levels of arrays and objects", MaxSchemaDepth)
 	}
 	return true
 }

@@ -213,7 +213,11 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 	out := &typesv1.ExploreCallResult{CallId: "call-" + newRunID()[4:]}
 	att := audit.ToolCallAttempt{
 		RunID: "explore-" + newRunID()[4:], CallID: out.CallId, Attempt: 1,
-		AgentNode: "operator:" + orDash(req.ActorKeyID), ServerRef: sess.reg.Ref, ToolName: req.Call.GetTool(),
+		AgentNode: req.Actor, ServerRef: sess.reg.Ref, ToolName: req.Call.GetTool(),
+	}
+	if att.AgentNode == "" || audit.FieldProblem(att.AgentNode, true) != "" {
+		// A peer that sends no label (an older registry), or one the log would refuse.
+		att.AgentNode = "operator:" + orDash(req.ActorKeyID)
 	}
 	var argsCanonical []byte
 	res, err := func() (*CallResult, error) {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -204,8 +205,10 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 	default:
 		s.stdio = true
 		cfg.Logger.Info("isolation ready", "backend", report.Isolation, "runtime", report.Runtime, "image", report.ImageRef, "id", report.ImageID, "swept_orphans", report.Swept)
-		if len(report.ImageEnvKeys) > 0 {
-			cfg.Logger.Warn("the isolation image sets its own ENV; every MCP server sees these keys", "keys", strings.Join(report.ImageEnvKeys, ","))
+		// PATH is in every image (ringfence image build sets PATH=/bin) and configures
+		// nothing a server could read as a setting or a secret; any other key does.
+		if keys := slices.DeleteFunc(slices.Clone(report.ImageEnvKeys), func(k string) bool { return k == "PATH" }); len(keys) > 0 {
+			cfg.Logger.Warn("the isolation image sets its own ENV beyond PATH; every MCP server sees these keys", "keys", strings.Join(keys, ","))
 		}
 	}
 

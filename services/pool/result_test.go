@@ -91,13 +91,13 @@ func TestAResultIsPassedOnWholeOrRefused(t *testing.T) {
 
 		_, err = answer(t, schema, `{"content":[],"structuredContent":`+jsonOf(t, nested(schemas.MaxDepth+1, "x"))+`}`)
 		requireFailed(t, err, failureOutputInvalid)
-		require.ErrorContains(t, err, "nests more than 128 levels")
+		require.ErrorContains(t, err, "nested too deeply: more than 128 levels of arrays and objects")
 	}
 	t.Run("in a content item", func(t *testing.T) {
 		item := map[string]any{"type": "text", "text": "hi", "_meta": nested(schemas.MaxDepth, "x")}
 		_, err := answer(t, "", `{"content":[`+jsonOf(t, item)+`]}`)
 		requireFailed(t, err, failureOutputInvalid)
-		require.ErrorContains(t, err, "nests more than 128 levels")
+		require.ErrorContains(t, err, "nested too deeply: more than 128 levels of arrays and objects")
 
 		item["_meta"] = nested(schemas.MaxDepth-2, "x") // the item is level 0, _meta level 1
 		res, err := answer(t, "", `{"content":[`+jsonOf(t, item)+`]}`)

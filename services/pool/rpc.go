@@ -16,6 +16,7 @@ import (
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/ident"
 )
 
 // Server is the gRPC front end of the pool.
@@ -169,8 +170,10 @@ func callRequestFromProto(req *poolv1.CallToolRequest) (CallRequest, error) {
 	if err := boundedField("tool", req.GetTool(), true); err != nil {
 		return CallRequest{}, err
 	}
-	if err := boundedField("call_id", req.GetCallId(), false); err != nil {
-		return CallRequest{}, err
+	if req.GetCallId() != "" {
+		if err := ident.CallID.Check("call_id", req.GetCallId()); err != nil {
+			return CallRequest{}, err
+		}
 	}
 	var args json.RawMessage
 	if req.GetArguments() != nil {
@@ -183,15 +186,12 @@ func callRequestFromProto(req *poolv1.CallToolRequest) (CallRequest, error) {
 	return CallRequest{RunID: req.GetRunId(), Agent: req.GetAgent(), Tool: req.GetTool(), Arguments: args, CallID: req.GetCallId()}, nil
 }
 
-// validateRunID checks a run id as StartRun makes them.
+// validateRunID checks a run id as StartRun makes them: ident.Run.
 func validateRunID(id string) error {
 	if id == "" {
 		return fieldError("run_id", "is required")
 	}
-	if !runIDPattern.MatchString(id) {
-		return fieldError("run_id", "must be 1 to 128 characters of A-Z a-z 0-9 _ . - (it is %d bytes)", len(id))
-	}
-	return nil
+	return ident.Run.Check("run_id", id)
 }
 
 // boundedField checks a free-form field that lands in an audit record.

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -102,8 +101,6 @@ func (r *run) begin(callID string) (snap runSnapshot, done func()) {
 
 // maxTrackedCallIDs bounds the per-run attempt counters.
 const maxTrackedCallIDs = 10000
-
-var runIDPattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,128}$`)
 
 func newRunID() string {
 	b := make([]byte, 12)

@@ -816,7 +816,7 @@ func TestExploreCall(t *testing.T) {
 	})
 	args, err := structpb.NewStruct(map[string]any{"a": 2, "b": 3})
 	require.NoError(t, err)
-	req := discovery.ExploreRequest{Ref: "fx", Tenant: "default", ActorKeyID: "key_ops", Call: &typesv1.ExploreCall{Tool: "add", Arguments: args}}
+	req := discovery.ExploreRequest{Ref: "fx", Tenant: "default", ActorKeyID: "key_ops", Actor: "key:ops (operator, key_ops)", Call: &typesv1.ExploreCall{Tool: "add", Arguments: args}}
 	listing, res, err := h.pool.ExploreTools(h.ctx, req)
 	require.NoError(t, err)
 	require.NotEmpty(t, listing.Tools)
@@ -839,7 +839,7 @@ func TestExploreCall(t *testing.T) {
 		}
 	}
 	require.Len(t, got, 3)
-	require.Equal(t, "operator:key_ops", got[0].AgentNode)
+	require.Equal(t, "key:ops (operator, key_ops)", got[0].AgentNode, "the record names the key as the registry does")
 	require.Equal(t, audit.ResultPending, got[0].Result, "on record before it reached the server")
 	require.Equal(t, audit.ResultSucceeded, got[1].Result)
 	require.Equal(t, got[0].CallID, got[1].CallID)

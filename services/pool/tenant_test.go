@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -196,11 +197,34 @@ func TestABadRunIDIsDescribedAlikeEverywhere(t *testing.T) {
 	h := newHarness(t, harnessOpts{noImage: true})
 	h.publish("g", []string{"a"}, nil, nil)
 	client, admin := grpcClient(t, h)
-	const want = "run_id: must be 1 to 128 characters of A-Z a-z 0-9 _ . - (it is 6 bytes)"
+	const want = `run_id: "bad id" holds a space, which is not allowed: use 1 to 128 of A-Z a-z 0-9 _ . -, not only dots`
 	_, err := client.StartRun(admin, &poolv1.StartRunRequest{GraphId: "g", RunId: "bad id"})
 	st := rftestutil.RequireStatus(t, err, codes.InvalidArgument)
 	require.Contains(t, st.Message(), want)
 	_, err = client.GetRun(admin, &poolv1.GetRunRequest{RunId: "bad id"})
 	st = rftestutil.RequireStatus(t, err, codes.InvalidArgument)
 	require.Contains(t, st.Message(), want)
+}
+
+// TestCallerChosenIDsAreRefusedAtEntry: a run id or call id made only of dots, or holding a
+// character outside its documented set, is refused before anything happens, naming the field
+// and the set.
+func TestCallerChosenIDsAreRefusedAtEntry(t *testing.T) {
+	h := newHarness(t, harnessOpts{noImage: true})
+	h.publish("g", []string{"a"}, nil, nil)
+	client, admin := grpcClient(t, h)
+	for _, id := range []string{".", "..", "...", "a/b", "r\u202e1"} {
+		_, err := client.StartRun(admin, &poolv1.StartRunRequest{GraphId: "g", RunId: id})
+		st := rftestutil.RequireStatus(t, err, codes.InvalidArgument)
+		require.Contains(t, st.Message(), "run_id: ", id)
+		require.Contains(t, st.Message(), "use 1 to 128 of A-Z a-z 0-9 _ . -, not only dots", id)
+	}
+	run, err := client.StartRun(admin, &poolv1.StartRunRequest{GraphId: "g"})
+	require.NoError(t, err)
+	for _, id := range []string{".", "..", "call id", "c/1", "c\u202e1", strings.Repeat("c", 513)} {
+		_, err := client.CallTool(admin, &poolv1.CallToolRequest{RunId: run.GetRun().GetRunId(), Agent: "a", Tool: "x", CallId: id})
+		st := rftestutil.RequireStatus(t, err, codes.InvalidArgument)
+		require.Contains(t, st.Message(), "call_id: ", id)
+		require.Contains(t, st.Message(), "use 1 to 512 of A-Z a-z 0-9 _ . : -, not only dots", id)
+	}
 }

@@ -30,7 +30,7 @@ const maxListedTools = 100
 // (inline env values appear only masked).
 func (s *Service) event(ctx context.Context, tenant, action, graphID string, change any) func(tx *bolt.Tx) error {
 	p, _ := auth.FromContext(ctx)
-	actorID, role := p.AuditActor()
+	actorID, actorName, role := p.AuditActor()
 	var raw json.RawMessage
 	var err error
 	if change != nil {
@@ -44,7 +44,7 @@ func (s *Service) event(ctx context.Context, tenant, action, graphID string, cha
 			return err
 		}
 		return s.spool.EnqueueTx(tx, audit.NewAdminRecord("publisher", tenant, audit.AdminEvent{
-			ActorKeyID: actorID, ActorRole: role, Action: action,
+			ActorKeyID: actorID, ActorKeyName: actorName, ActorRole: role, Action: action,
 			ResourceType: resourceGraph, ResourceID: graphID, Change: raw,
 		}))
 	}

@@ -157,6 +157,7 @@ func newFixture(t *testing.T, opts ...fixtureOpts) *fixture {
 	svc, err := Open(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { svc.Close() })
+	reg.SetStrandFinder(svc) // as ringfenced wires them
 
 	srv := grpcserver.New(grpcserver.Options{Name: "test", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Authorizer: auth.NewAuthorizer(reg, auth.Rules), Logger: quiet})
 	registryv1.RegisterRegistryServiceServer(srv.GRPC(), reg)

@@ -21,8 +21,8 @@ import (
 )
 
 const (
-	// maxDetailViolations bounds the PublishViolations detail, which travels in a trailer;
-	// ValidateDraft returns every violation in its body.
+	// maxDetailViolations bounds the PublishViolations detail before grpcserver bounds the
+	// whole status; ValidateDraft returns every violation in its body.
 	maxDetailViolations = 500
 )
 
@@ -244,7 +244,11 @@ func violationsStatus(prefix string, vs []graph.Violation) error {
 	detail := vs
 	if len(detail) > maxDetailViolations {
 		detail = detail[:maxDetailViolations]
-		msg += fmt.Sprintf(" (the detail lists the first %d; ringfence graphs validate lists all)", maxDetailViolations)
+	}
+	if len(vs) > 1 {
+		// A status stays within a few KiB (grpcserver.MaxStatusBytes), so a long list is
+		// shortened on the way; the validation's response body has no such bound.
+		msg += " (ringfence graphs validate lists every one)"
 	}
 	st := status.New(codes.FailedPrecondition, msg)
 	if withDetail, err := st.WithDetails(&publisherv1.PublishViolations{Violations: violationsToProto(detail)}); err == nil {

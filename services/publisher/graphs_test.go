@@ -8,10 +8,12 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/testutil"
@@ -452,4 +454,50 @@ func TestRESTRoutes(t *testing.T) {
 	require.Len(t, body["graphs"], 1)
 	code, _ = f.rest(t, http.MethodDelete, "/v1/graphs/support-triage", "")
 	require.Equal(t, http.StatusForbidden, code, "an author may not delete graphs")
+}
+
+// TestNarrowingGrantsWarnsNamingTheStrandedGraphs: an update that takes away grants published
+// graphs use answers with a warning naming each of them, in every tenant, with what it asks
+// for; a PUT without grants says PUT replaced them; restoring them with an update_mask
+// (PATCH) keeps the rest of the registration and warns of nothing.
+func TestNarrowingGrantsWarnsNamingTheStrandedGraphs(t *testing.T) {
+	f := newFixture(t)
+	f.register(t, "docs", "process_spawn", "external_api_call")
+	f.register(t, "other", "process_spawn", "external_api_call")
+	f.disc.serve("docs", tool("read_file", "Read a file."))
+	f.disc.serve("other", tool("read_file", "Read a file."))
+	for who, graphID := range map[string]string{auth.RoleAuthor: "g", "acme-author": "h"} {
+		_, err := f.client.CreateGraph(f.as(t, who), &publisherv1.CreateGraphRequest{GraphId: graphID, Agents: []string{"researcher"}})
+		require.NoError(t, err)
+		_, err = f.client.ImportTools(f.as(t, who), &publisherv1.ImportToolsRequest{GraphId: graphID, ServerRef: "docs", Agent: "researcher"})
+		require.NoError(t, err)
+		_, err = f.client.Publish(f.as(t, who), &publisherv1.PublishRequest{GraphId: graphID})
+		require.NoError(t, err)
+	}
+	f.createGraph(t, "unpublished", "researcher")
+	_, err := f.importTools(t, "unpublished", "docs", "researcher")
+	require.NoError(t, err)
+
+	resp, err := f.regc.UpdateServer(f.admin(t), &registryv1.UpdateServerRequest{Ref: "docs", Command: "mcp-server", Grants: []string{"process_spawn"}})
+	require.NoError(t, err)
+	require.Equal(t, []string{"2 published graph(s) ask docs for capabilities it no longer grants, so their calls to it are refused at run time (ceiling): " +
+		"acme/h v1 (asks for external_api_call); default/g v1 (asks for external_api_call); grant them again (ringfence servers update docs --grant CAPABILITY), or re-import the tools and publish"},
+		resp.GetWarnings())
+
+	resp, err = f.regc.UpdateServer(f.admin(t), &registryv1.UpdateServerRequest{Ref: "docs", Command: "mcp-server"})
+	require.NoError(t, err)
+	require.Len(t, resp.GetWarnings(), 2)
+	require.Contains(t, resp.GetWarnings()[0], "this PUT sent no grants")
+	require.Contains(t, resp.GetWarnings()[1], "acme/h v1 (asks for process_spawn, external_api_call)")
+
+	resp, err = f.regc.UpdateServer(f.admin(t), &registryv1.UpdateServerRequest{
+		Ref: "docs", Grants: []string{"process_spawn", "external_api_call"}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"grants"}},
+	})
+	require.NoError(t, err)
+	require.Empty(t, resp.GetWarnings())
+	require.Equal(t, "mcp-server", resp.GetServer().GetCommand())
+
+	resp, err = f.regc.UpdateServer(f.admin(t), &registryv1.UpdateServerRequest{Ref: "other", Command: "mcp-server", Grants: []string{"process_spawn"}})
+	require.NoError(t, err)
+	require.Empty(t, resp.GetWarnings(), "no published graph uses other")
 }

@@ -247,7 +247,7 @@ func grantsCoverFloor(p mcpserver.Policy) error {
 		}
 	}
 	return refusef("server %s grants %s, which does not cover %s. Every imported tool node declares process_spawn and external_api_call "+
-		"(the floor: reaching a server spawns a process that calls out), and a node may declare only what its server grants, "+
+		"(the floor: a tool runs code outside Ringfence, in a stdio server's process or on a remote server's host, that reaches outside systems), and a node may declare only what its server grants, "+
 		"so the import would write a graph that cannot publish. grants: [] is the default for a newly registered server; "+
 		"an operator (mcp:admin) must add %s to the server's grants, e.g. ringfence servers update %s %s",
 		quote(p.Ref), shown, strings.Join(missing, " and "), strings.Join(missing, " and "), p.Ref, strings.Join(flags, " "))

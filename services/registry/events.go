@@ -37,7 +37,7 @@ func (s *Service) event(ctx context.Context, action, resourceType, resourceID st
 // record is the admin record of an action by ctx's caller. change must already be masked.
 func (s *Service) record(ctx context.Context, action, resourceType, resourceID string, change any) (audit.Record, error) {
 	p, _ := auth.FromContext(ctx)
-	actorID, role := p.AuditActor()
+	actorID, actorName, role := p.AuditActor()
 	raw, err := marshalChange(change)
 	if err != nil {
 		return audit.Record{}, err
@@ -48,7 +48,7 @@ func (s *Service) record(ctx context.Context, action, resourceType, resourceID s
 		return audit.Record{}, unrecordable(err)
 	}
 	rec := audit.NewAdminRecord("registry", "", audit.AdminEvent{
-		ActorKeyID: actorID, ActorRole: role, Action: action,
+		ActorKeyID: actorID, ActorKeyName: actorName, ActorRole: role, Action: action,
 		ResourceType: resourceType, ResourceID: resourceID, Change: raw,
 	})
 	// Checked here, before the change is written, so a record the log would refuse fails

@@ -15,6 +15,7 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/fielderr"
+	"github.com/ringfence/ringfence/internal/ident"
 	"github.com/ringfence/ringfence/internal/paging"
 	"github.com/ringfence/ringfence/services/registry/internal/store"
 )
@@ -23,9 +24,7 @@ import (
 const KeyPrefix = "rf_"
 
 var (
-	keyNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.@-]{1,64}$`)
-	tenantPattern  = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
-	keyIDPattern   = regexp.MustCompile(`^key_[0-9a-f]{12,32}$`)
+	keyIDPattern = regexp.MustCompile(`^key_[0-9a-f]{12,32}$`)
 )
 
 // VerifyKey implements auth.KeyVerifier from the in-memory key table.
@@ -67,15 +66,17 @@ func (s *Service) EnsureBootstrapAdmin(ctx context.Context, key string) error {
 
 // CreateKey implements KeyService.
 func (s *Service) CreateKey(ctx context.Context, req *registryv1.CreateKeyRequest) (*registryv1.CreateKeyResponse, error) {
-	if !keyNamePattern.MatchString(req.GetName()) {
-		return nil, s.errors.Status(ctx, fielderr.New("name", "must match %s", keyNamePattern))
+	if err := ident.KeyName.Check("name", req.GetName()); err != nil {
+		return nil, s.errors.Status(ctx, err)
 	}
 	role, ok := s.cfg.Roles.Lookup(req.GetRole())
 	if !ok {
-		return nil, s.errors.Status(ctx, fielderr.New("role", "%q is not a role; ListRoles (ringfence roles check) shows them", req.GetRole()))
+		return nil, s.errors.Status(ctx, fielderr.New("role", "%s is not a role; ListRoles (ringfence roles check) shows them", fielderr.Quote(req.GetRole())))
 	}
-	if req.GetTenant() != "" && !tenantPattern.MatchString(req.GetTenant()) {
-		return nil, s.errors.Status(ctx, fielderr.New("tenant", "must match %s", tenantPattern))
+	if req.GetTenant() != "" {
+		if err := ident.Ref.Check("tenant", req.GetTenant()); err != nil {
+			return nil, s.errors.Status(ctx, err)
+		}
 	}
 	tenant, err := mintable(ctx, role)
 	if err != nil {

@@ -44,6 +44,10 @@ type Config struct {
 	// Discoverer answers ListServerTools and ExploreServer: the pool, which starts servers
 	// in isolation. nil (a registry started alone, without peers.pool_addr) refuses them.
 	Discoverer Discoverer
+	// Strands names the published graphs a narrowing of grants leaves asking for more than
+	// their server grants, for UpdateServer's warnings: the publisher in-process. nil (split
+	// deployments) makes the warning say how to find them.
+	Strands StrandFinder
 	// AuditSink receives the admin events (the audit service in-process, or peers.Audit);
 	// SpoolMaxRecords and OnSpoolFull bound the outbox that holds them meanwhile.
 	AuditSink       audit.Sink

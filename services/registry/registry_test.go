@@ -61,6 +61,13 @@ func newFixture(t *testing.T) *fixture { return newFixtureWithRoles(t, "") }
 // rest sends one REST request with key (none when empty) and returns the status and body.
 func (f *fixture) rest(t *testing.T, method, path, key, body string) (int, string) {
 	t.Helper()
+	code, b, _ := f.restHeaders(t, method, path, key, body)
+	return code, b
+}
+
+// restHeaders is rest that also returns the response's headers.
+func (f *fixture) restHeaders(t *testing.T, method, path, key, body string) (int, string, http.Header) {
+	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), method, f.base+path, strings.NewReader(body))
 	require.NoError(t, err)
 	if key != "" {
@@ -71,7 +78,7 @@ func (f *fixture) rest(t *testing.T, method, path, key, body string) (int, strin
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, string(b), resp.Header
 }
 
 // newFixtureWithRoles is newFixture with custom roles (RINGFENCE_SERVICE_ROLES_JSON).
@@ -783,6 +790,7 @@ func TestEveryChangeIsAnAdminEventWithSecretsMasked(t *testing.T) {
 		}
 		actions = append(actions, r.Admin.Action+" "+r.Admin.ResourceType+" "+r.Admin.ResourceID)
 		require.NotEmpty(t, r.Admin.ActorKeyID)
+		require.Equal(t, "bootstrap-admin", r.Admin.ActorKeyName, "the record says what the key is, beside its id")
 		require.Equal(t, auth.RoleAdmin, r.Admin.ActorRole)
 	}
 	require.Equal(t, []string{
@@ -860,7 +868,7 @@ func TestRESTAuthenticatesBeforeReadingTheBody(t *testing.T) {
 
 func TestRESTWrongMethodIs405(t *testing.T) {
 	f := newFixture(t)
-	code, body := f.rest(t, http.MethodPatch, "/v1/mcp/servers/docs", adminKey, `{}`)
+	code, body := f.rest(t, http.MethodPost, "/v1/mcp/servers/docs", adminKey, `{}`)
 	require.Equal(t, http.StatusMethodNotAllowed, code, body)
-	require.Contains(t, body, "PATCH is not a method of /v1/mcp/servers/docs")
+	require.Contains(t, body, `\"POST\" is not a method of \"/v1/mcp/servers/docs\"`)
 }

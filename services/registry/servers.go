@@ -16,6 +16,7 @@ import (
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/services/registry/internal/store"
 
 	"github.com/ringfence/ringfence/internal/discovery"
@@ -89,6 +90,54 @@ func (s *Service) ListServers(ctx context.Context, req *registryv1.ListServersRe
 // UpdateServer implements RegistryService: the seed's PUT, which replaces the registration
 // except that a request without env keeps the stored env.
 func (s *Service) UpdateServer(ctx context.Context, req *registryv1.UpdateServerRequest) (*registryv1.UpdateServerResponse, error) {
+	paths, err := updatePaths(req.GetUpdateMask())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	var resp *registryv1.UpdateServerResponse
+	if paths == nil {
+		resp, err = s.replaceServer(ctx, req, len(req.GetGrants()) == 0)
+	} else {
+		resp, err = s.patchServer(ctx, req, paths)
+	}
+	if err != nil {
+		return nil, err
+	}
+	// Over REST the body is the registration (the seed's shape), so warnings travel as
+	// Warning headers too.
+	grpcserver.SetWarnings(ctx, resp.GetWarnings()...)
+	return resp, nil
+}
+
+// patchServer changes the fields paths names and keeps the rest: the stored registration, as
+// a GET shows it (masked env values and URL, which the update keeps), with the named fields
+// taken from req, replaces the stored one at the revision it was read at. A change that
+// lands between the read and the write is not overwritten: the patch is applied again on top
+// of it (or, when req names a revision, refused as stale).
+func (s *Service) patchServer(ctx context.Context, req *registryv1.UpdateServerRequest, paths []string) (*registryv1.UpdateServerResponse, error) {
+	if err := mcpserver.ValidateRef(req.GetRef()); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	for attempt := 0; ; attempt++ {
+		cur, err := s.store.GetServerMasked(ctx, req.GetRef())
+		if err != nil {
+			return nil, s.errors.Status(ctx, s.serverStoreErr(err, req.GetRef()))
+		}
+		if req.GetRevision() != 0 && req.GetRevision() != cur.Revision {
+			return nil, s.errors.Status(ctx, errStaleRevision)
+		}
+		full := patched(updateRequestOf(serverToProto(cur)), req, paths)
+		resp, err := s.replaceServer(ctx, full, false)
+		if status.Code(err) == codes.Aborted && req.GetRevision() == 0 && attempt < 3 {
+			continue
+		}
+		return resp, err
+	}
+}
+
+// replaceServer replaces a registration with the one req describes (PUT's semantics).
+// putWithoutGrants says the request is a PUT that sent no grants, which the warnings name.
+func (s *Service) replaceServer(ctx context.Context, req *registryv1.UpdateServerRequest, putWithoutGrants bool) (*registryv1.UpdateServerResponse, error) {
 	reg, envPresent, err := registrationFromProto(req, s.cfg.AllowedEnvKeys)
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
@@ -101,6 +150,7 @@ func (s *Service) UpdateServer(ctx context.Context, req *registryv1.UpdateServer
 	if err := s.checkHeaderSecrets(ctx, reg.Headers); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
+	var previous []string
 	updated, err := s.store.UpdateServer(ctx, req.GetRef(), func(cur *mcpserver.Registration) (*mcpserver.Registration, error) {
 		if req.GetRevision() != 0 && req.GetRevision() != cur.Revision {
 			return nil, errStaleRevision
@@ -133,12 +183,16 @@ func (s *Service) UpdateServer(ctx context.Context, req *registryv1.UpdateServer
 		}
 		return reg, nil
 	}, func(tx *bolt.Tx, before, after *mcpserver.Registration) error {
+		previous = before.Grants
 		return s.event(ctx, audit.ActionUpdate, resourceServer, after.Ref, updateChange(before, after))(tx)
 	})
 	if err != nil {
 		return nil, s.errors.Status(ctx, s.serverStoreErr(err, req.GetRef()))
 	}
-	return &registryv1.UpdateServerResponse{Server: serverToProto(updated)}, nil
+	return &registryv1.UpdateServerResponse{
+		Server:   serverToProto(updated),
+		Warnings: s.grantWarnings(ctx, updated.Ref, previous, updated.Grants, putWithoutGrants),
+	}, nil
 }
 
 // DeleteServer implements RegistryService.
@@ -205,7 +259,7 @@ func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServ
 		}
 	}
 	listing, call, err := s.cfg.Discoverer.ExploreTools(ctx, discovery.ExploreRequest{
-		Ref: req.GetRef(), Call: req.GetCall(), Adhoc: adhocProto, Tenant: p.Tenant, ActorKeyID: p.KeyID,
+		Ref: req.GetRef(), Call: req.GetCall(), Adhoc: adhocProto, Tenant: p.Tenant, ActorKeyID: p.KeyID, Actor: p.Actor(),
 	})
 	if err != nil {
 		return nil, discovery.Status(ctx, s.errors, err)
@@ -254,6 +308,9 @@ func (s *Service) PutSecret(ctx context.Context, req *registryv1.PutSecretReques
 	}
 	if err := checkSecretValue(req.GetValue()); err != nil {
 		return nil, s.errors.Status(ctx, err)
+	}
+	if p := mcpserver.Placeholder(req.GetValue()); p != "" {
+		return nil, s.errors.Status(ctx, fielderr.New("value", "%s, not a credential (the value is not shown): store the real one, e.g. export TOKEN=<the token> first, then printf %%s \"Bearer $TOKEN\" | ringfence secrets set NAME", p))
 	}
 	sec, err := s.store.PutSecret(ctx, req.GetName(), req.GetValue(),
 		s.event(ctx, "put", resourceSecret, req.GetName(), map[string]string{"name": req.GetName(), "value": SecretMask}))

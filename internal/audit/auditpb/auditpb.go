@@ -24,7 +24,7 @@ func RecordToProto(r audit.Record) *auditv1.Record {
 	case r.Admin != nil:
 		a := r.Admin
 		out.Event = &auditv1.Record_Admin{Admin: &auditv1.AdminEvent{
-			ActorKeyId: a.ActorKeyID, ActorRole: a.ActorRole, Action: a.Action,
+			ActorKeyId: a.ActorKeyID, ActorKeyName: a.ActorKeyName, ActorRole: a.ActorRole, Action: a.Action,
 			ResourceType: a.ResourceType, ResourceId: a.ResourceID, ChangeJson: string(a.Change),
 		}}
 	case r.ToolCall != nil:
@@ -55,7 +55,7 @@ func RecordFromProto(p *auditv1.Record) (audit.Record, error) {
 	case *auditv1.Record_Admin:
 		a := e.Admin
 		r.Admin = &audit.AdminEvent{
-			ActorKeyID: a.GetActorKeyId(), ActorRole: a.GetActorRole(), Action: a.GetAction(),
+			ActorKeyID: a.GetActorKeyId(), ActorKeyName: a.GetActorKeyName(), ActorRole: a.GetActorRole(), Action: a.GetAction(),
 			ResourceType: a.GetResourceType(), ResourceID: a.GetResourceId(),
 		}
 		if c := a.GetChangeJson(); c != "" {

@@ -7,8 +7,11 @@ package dockertest
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -57,10 +60,49 @@ var (
 	imageErr  error
 )
 
+// CheckoutID is the id of the checkout the tests run in, as scripts/checkout-id.sh computes
+// it: the first 16 hex digits of the SHA-256 of the checkout's physical path.
+func CheckoutID(dir string) (string, error) {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return "", err
+	}
+	abs, err := filepath.Abs(real)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return hex.EncodeToString(sum[:])[:16], nil
+}
+
+// CheckoutLabels are the labels of every image a test builds: isoimage.CheckoutLabel with
+// this checkout's id, so that make clean in this checkout removes them, and in no other.
+func CheckoutLabels(t testing.TB) map[string]string {
+	t.Helper()
+	labels, err := checkoutLabels()
+	if err != nil {
+		t.Fatalf("dockertest: %v", err)
+	}
+	return labels
+}
+
+func checkoutLabels() (map[string]string, error) {
+	root, err := fixtures.RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	id, err := CheckoutID(root)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{isoimage.CheckoutLabel: id}, nil
+}
+
 // FixtureImage returns the pinned reference ("sha256:<64 hex>") of an
 // isolation image holding every fixture binary in /bin. The image is built
-// once per machine and content: it is tagged ImageRepo:<hash prefix> and an
-// existing image with that tag is reused.
+// once per checkout and content: it is tagged ImageRepo:<checkout id>-<hash
+// prefix>, labeled with the checkout (CheckoutLabels), and an existing image
+// with that tag is reused.
 func FixtureImage(t testing.TB) string {
 	t.Helper()
 	docker := RequireEngine(t)
@@ -73,9 +115,13 @@ func FixtureImage(t testing.TB) string {
 }
 
 func fixtureImage(docker *client.Client, set fixtures.Set) (string, error) {
-	tag := ImageRepo + ":" + set.Hash[:24]
+	labels, err := checkoutLabels()
+	if err != nil {
+		return "", err
+	}
+	tag := ImageRepo + ":" + labels[isoimage.CheckoutLabel] + "-" + set.Hash[:24]
 	var ref string
-	err := fixtures.WithLock(func(string) error {
+	err = fixtures.WithLock(func(string) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
 		if img, err := docker.ImageInspect(ctx, tag); err == nil {
@@ -87,6 +133,7 @@ func fixtureImage(docker *client.Client, set fixtures.Set) (string, error) {
 			Binaries: set.Sorted(),
 			Name:     tag,
 			Progress: &progress,
+			Labels:   labels,
 		})
 		if err != nil {
 			return fmt.Errorf("build fixture image: %w\n%s", err, progress.String())

@@ -14,6 +14,7 @@ import (
 
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
+	"github.com/ringfence/ringfence/internal/isoimage"
 	"github.com/ringfence/ringfence/internal/testutil/fixtures"
 	"github.com/stretchr/testify/require"
 )
@@ -25,9 +26,11 @@ func TestFixtureImage(t *testing.T) {
 	require.Equal(t, ref, FixtureImage(t), "built once per test binary")
 
 	set := fixtures.Binaries(t)
-	img, err := docker.ImageInspect(t.Context(), ImageRepo+":"+set.Hash[:24])
-	require.NoError(t, err, "the image is tagged with the binaries' content hash, for reuse")
+	labels := CheckoutLabels(t)
+	img, err := docker.ImageInspect(t.Context(), ImageRepo+":"+labels[isoimage.CheckoutLabel]+"-"+set.Hash[:24])
+	require.NoError(t, err, "the image is tagged with the checkout and the binaries' content hash, for reuse")
 	require.Equal(t, ref, img.ID)
+	require.Equal(t, labels, img.Config.Labels, "make clean in this checkout finds it by its label")
 
 	// What is in /bin, read back from a container that never starts.
 	ctx := t.Context()

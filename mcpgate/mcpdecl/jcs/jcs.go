@@ -45,7 +45,7 @@ var (
 	ErrInvalidUTF8  = errors.New("jcs: invalid UTF-8 or lone surrogate")
 	ErrDuplicateKey = errors.New("jcs: duplicate object key")
 	ErrNumber       = errors.New("jcs: number is not a finite IEEE 754 double")
-	ErrTooDeep      = errors.New("jcs: nesting too deep")
+	ErrTooDeep      = fmt.Errorf("jcs: nested too deeply: more than %d levels of arrays and objects", MaxDepth)
 )
 
 // Error reports where in the input canonicalization failed. It never quotes

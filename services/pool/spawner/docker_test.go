@@ -3,6 +3,7 @@ package spawner
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"sort"
@@ -111,10 +112,16 @@ func TestDockerInspectShowsProfile(t *testing.T) {
 	require.True(t, cc.OpenStdin && cc.StdinOnce && cc.AttachStdin && cc.AttachStdout && cc.AttachStderr)
 	require.False(t, cc.Tty)
 	require.Empty(t, cc.Volumes)
-	require.Equal(t, map[string]string{
+	// The container has the pool's labels and, as Docker gives every container, its image's
+	// (the fixture image's checkout label).
+	img, err := e.docker.ImageInspect(t.Context(), e.image)
+	require.NoError(t, err)
+	want := map[string]string{
 		LabelManaged: "true", LabelPool: e.poolID, LabelInstance: r.cfg.InstanceID,
 		LabelServer: "fixture", LabelPurpose: "run", LabelRun: "run-1",
-	}, cc.Labels)
+	}
+	maps.Copy(want, img.Config.Labels)
+	require.Equal(t, want, cc.Labels)
 
 	require.Equal(t, container.NetworkMode("none"), hc.NetworkMode)
 	require.True(t, hc.ReadonlyRootfs)

@@ -460,6 +460,25 @@ func (s *Store) ListGraphs(ctx context.Context, tenant, pageToken string, limit 
 	return out, next, err
 }
 
+// Published lists every graph of every tenant that has a published version, with its latest
+// version number.
+func (s *Store) Published(ctx context.Context) ([]Summary, error) {
+	var out []Summary
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(graphsBucket).ForEach(func(_, v []byte) error {
+			var m meta
+			if err := json.Unmarshal(v, &m); err != nil {
+				return err
+			}
+			if !m.Deleted && m.LatestVersion > 0 {
+				out = append(out, Summary{Tenant: m.Tenant, ID: m.ID, DraftRevision: m.DraftRevision, LatestVersion: m.LatestVersion, NodeCount: m.NodeCount, UpdateTime: m.UpdateTime})
+			}
+			return ctx.Err()
+		})
+	})
+	return out, err
+}
+
 // DeleteGraph removes a graph's draft and versions and leaves a tombstone that keeps its
 // numbering.
 func (s *Store) DeleteGraph(ctx context.Context, tenant, id string, hook TxHook) error {

@@ -190,6 +190,9 @@ type AdminEvent struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	ActorKeyId string                 `protobuf:"bytes,1,opt,name=actor_key_id,json=actorKeyId,proto3" json:"actor_key_id,omitempty"`
 	ActorRole  string                 `protobuf:"bytes,2,opt,name=actor_role,json=actorRole,proto3" json:"actor_role,omitempty"`
+	// actor_key_name is the name of the key that made the change ("ci"), beside its id; empty
+	// for a service or the system, and in records written before it was recorded.
+	ActorKeyName string `protobuf:"bytes,7,opt,name=actor_key_name,json=actorKeyName,proto3" json:"actor_key_name,omitempty"`
 	// action is create, update, delete, import, publish, key_create, key_revoke, … .
 	Action       string `protobuf:"bytes,3,opt,name=action,proto3" json:"action,omitempty"`
 	ResourceType string `protobuf:"bytes,4,opt,name=resource_type,json=resourceType,proto3" json:"resource_type,omitempty"`
@@ -240,6 +243,13 @@ func (x *AdminEvent) GetActorKeyId() string {
 func (x *AdminEvent) GetActorRole() string {
 	if x != nil {
 		return x.ActorRole
+	}
+	return ""
+}
+
+func (x *AdminEvent) GetActorKeyName() string {
+	if x != nil {
+		return x.ActorKeyName
 	}
 	return ""
 }
@@ -1084,13 +1094,14 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"\x04hash\x18\n" +
 	" \x01(\tR\x04hash\x12=\n" +
 	"\freceive_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vreceiveTimeB\a\n" +
-	"\x05event\"\xcc\x01\n" +
+	"\x05event\"\xf2\x01\n" +
 	"\n" +
 	"AdminEvent\x12 \n" +
 	"\factor_key_id\x18\x01 \x01(\tR\n" +
 	"actorKeyId\x12\x1d\n" +
 	"\n" +
-	"actor_role\x18\x02 \x01(\tR\tactorRole\x12\x16\n" +
+	"actor_role\x18\x02 \x01(\tR\tactorRole\x12$\n" +
+	"\x0eactor_key_name\x18\a \x01(\tR\factorKeyName\x12\x16\n" +
 	"\x06action\x18\x03 \x01(\tR\x06action\x12#\n" +
 	"\rresource_type\x18\x04 \x01(\tR\fresourceType\x12\x1f\n" +
 	"\vresource_id\x18\x05 \x01(\tR\n" +

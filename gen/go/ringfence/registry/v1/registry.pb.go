@@ -11,6 +11,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	fieldmaskpb "google.golang.org/protobuf/types/known/fieldmaskpb"
 	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
@@ -748,8 +749,14 @@ type UpdateServerRequest struct {
 	ToolCallTimeout      *durationpb.Duration        `protobuf:"bytes,13,opt,name=tool_call_timeout,json=toolCallTimeout,proto3" json:"tool_call_timeout,omitempty"`
 	KeepMarkup           bool                        `protobuf:"varint,14,opt,name=keep_markup,json=keepMarkup,proto3" json:"keep_markup,omitempty"`
 	// revision, when non-zero, must equal the stored revision.
-	Revision      int64 `protobuf:"varint,15,opt,name=revision,proto3" json:"revision,omitempty"`
-	StrictInputs  bool  `protobuf:"varint,16,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
+	Revision     int64 `protobuf:"varint,15,opt,name=revision,proto3" json:"revision,omitempty"`
+	StrictInputs bool  `protobuf:"varint,16,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
+	// update_mask, when it names fields, changes only those; the others keep their stored
+	// values. Paths: description, transport, command, args, env, url, headers, grants,
+	// tool_filter, tool_permissions, client_session_timeout, tool_call_timeout, keep_markup,
+	// strict_inputs. A named field the request leaves unset is cleared. Empty (or "*")
+	// replaces the whole registration.
+	UpdateMask    *fieldmaskpb.FieldMask `protobuf:"bytes,17,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -896,10 +903,22 @@ func (x *UpdateServerRequest) GetStrictInputs() bool {
 	return false
 }
 
+func (x *UpdateServerRequest) GetUpdateMask() *fieldmaskpb.FieldMask {
+	if x != nil {
+		return x.UpdateMask
+	}
+	return nil
+}
+
 // UpdateServerResponse returns the stored registration.
 type UpdateServerResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Server        *Server                `protobuf:"bytes,1,opt,name=server,proto3" json:"server,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Server *Server                `protobuf:"bytes,1,opt,name=server,proto3" json:"server,omitempty"`
+	// warnings name what the change left broken that the registry could tell: published graphs
+	// whose tools of this server declare capabilities the new grants no longer cover (refused
+	// at run time by the ceiling), or, where the registry cannot see the graphs, how to find
+	// them.
+	Warnings      []string `protobuf:"bytes,2,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -937,6 +956,13 @@ func (*UpdateServerResponse) Descriptor() ([]byte, []int) {
 func (x *UpdateServerResponse) GetServer() *Server {
 	if x != nil {
 		return x.Server
+	}
+	return nil
+}
+
+func (x *UpdateServerResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
 	}
 	return nil
 }
@@ -1571,7 +1597,7 @@ var File_ringfence_registry_v1_registry_proto protoreflect.FileDescriptor
 
 const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\n" +
-	"$ringfence/registry/v1/registry.proto\x12\x15ringfence.registry.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xa9\b\n" +
+	"$ringfence/registry/v1/registry.proto\x12\x15ringfence.registry.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xa9\b\n" +
 	"\x06Server\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1648,7 +1674,7 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"v\n" +
 	"\x13ListServersResponse\x127\n" +
 	"\aservers\x18\x01 \x03(\v2\x1d.ringfence.registry.v1.ServerR\aservers\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x8f\a\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xcc\a\n" +
 	"\x13UpdateServerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1668,15 +1694,18 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\vkeep_markup\x18\x0e \x01(\bR\n" +
 	"keepMarkup\x12\x1a\n" +
 	"\brevision\x18\x0f \x01(\x03R\brevision\x12#\n" +
-	"\rstrict_inputs\x18\x10 \x01(\bR\fstrictInputs\x1a:\n" +
+	"\rstrict_inputs\x18\x10 \x01(\bR\fstrictInputs\x12;\n" +
+	"\vupdate_mask\x18\x11 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
+	"updateMask\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aj\n" +
 	"\x14ToolPermissionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12<\n" +
-	"\x05value\x18\x02 \x01(\v2&.ringfence.registry.v1.ToolPermissionsR\x05value:\x028\x01\"M\n" +
+	"\x05value\x18\x02 \x01(\v2&.ringfence.registry.v1.ToolPermissionsR\x05value:\x028\x01\"i\n" +
 	"\x14UpdateServerResponse\x125\n" +
-	"\x06server\x18\x01 \x01(\v2\x1d.ringfence.registry.v1.ServerR\x06server\"'\n" +
+	"\x06server\x18\x01 \x01(\v2\x1d.ringfence.registry.v1.ServerR\x06server\x12\x1a\n" +
+	"\bwarnings\x18\x02 \x03(\tR\bwarnings\"'\n" +
 	"\x13DeleteServerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\"\x16\n" +
 	"\x14DeleteServerResponse\"*\n" +
@@ -1769,10 +1798,11 @@ var file_ringfence_registry_v1_registry_proto_goTypes = []any{
 	(*durationpb.Duration)(nil),     // 31: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil),   // 32: google.protobuf.Timestamp
 	(*structpb.Struct)(nil),         // 33: google.protobuf.Struct
-	(*v1.ToolDeclaration)(nil),      // 34: ringfence.types.v1.ToolDeclaration
-	(*v1.Finding)(nil),              // 35: ringfence.types.v1.Finding
-	(*v1.ExploreCall)(nil),          // 36: ringfence.types.v1.ExploreCall
-	(*v1.ExploreCallResult)(nil),    // 37: ringfence.types.v1.ExploreCallResult
+	(*fieldmaskpb.FieldMask)(nil),   // 34: google.protobuf.FieldMask
+	(*v1.ToolDeclaration)(nil),      // 35: ringfence.types.v1.ToolDeclaration
+	(*v1.Finding)(nil),              // 36: ringfence.types.v1.Finding
+	(*v1.ExploreCall)(nil),          // 37: ringfence.types.v1.ExploreCall
+	(*v1.ExploreCallResult)(nil),    // 38: ringfence.types.v1.ExploreCallResult
 }
 var file_ringfence_registry_v1_registry_proto_depIdxs = []int32{
 	24, // 0: ringfence.registry.v1.Server.env:type_name -> ringfence.registry.v1.Server.EnvEntry
@@ -1798,45 +1828,46 @@ var file_ringfence_registry_v1_registry_proto_depIdxs = []int32{
 	30, // 20: ringfence.registry.v1.UpdateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
 	31, // 21: ringfence.registry.v1.UpdateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
 	31, // 22: ringfence.registry.v1.UpdateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
-	0,  // 23: ringfence.registry.v1.UpdateServerResponse.server:type_name -> ringfence.registry.v1.Server
-	34, // 24: ringfence.registry.v1.ListServerToolsResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	35, // 25: ringfence.registry.v1.ListServerToolsResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	36, // 26: ringfence.registry.v1.ExploreServerRequest.call:type_name -> ringfence.types.v1.ExploreCall
-	3,  // 27: ringfence.registry.v1.ExploreServerRequest.server:type_name -> ringfence.registry.v1.CreateServerRequest
-	34, // 28: ringfence.registry.v1.ExploreServerResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	35, // 29: ringfence.registry.v1.ExploreServerResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	37, // 30: ringfence.registry.v1.ExploreServerResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
-	32, // 31: ringfence.registry.v1.Secret.update_time:type_name -> google.protobuf.Timestamp
-	17, // 32: ringfence.registry.v1.PutSecretResponse.secret:type_name -> ringfence.registry.v1.Secret
-	17, // 33: ringfence.registry.v1.ListSecretsResponse.secrets:type_name -> ringfence.registry.v1.Secret
-	2,  // 34: ringfence.registry.v1.Server.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	2,  // 35: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	2,  // 36: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	3,  // 37: ringfence.registry.v1.RegistryService.CreateServer:input_type -> ringfence.registry.v1.CreateServerRequest
-	5,  // 38: ringfence.registry.v1.RegistryService.GetServer:input_type -> ringfence.registry.v1.GetServerRequest
-	7,  // 39: ringfence.registry.v1.RegistryService.ListServers:input_type -> ringfence.registry.v1.ListServersRequest
-	9,  // 40: ringfence.registry.v1.RegistryService.UpdateServer:input_type -> ringfence.registry.v1.UpdateServerRequest
-	11, // 41: ringfence.registry.v1.RegistryService.DeleteServer:input_type -> ringfence.registry.v1.DeleteServerRequest
-	13, // 42: ringfence.registry.v1.RegistryService.ListServerTools:input_type -> ringfence.registry.v1.ListServerToolsRequest
-	15, // 43: ringfence.registry.v1.RegistryService.ExploreServer:input_type -> ringfence.registry.v1.ExploreServerRequest
-	18, // 44: ringfence.registry.v1.RegistryService.PutSecret:input_type -> ringfence.registry.v1.PutSecretRequest
-	20, // 45: ringfence.registry.v1.RegistryService.ListSecrets:input_type -> ringfence.registry.v1.ListSecretsRequest
-	22, // 46: ringfence.registry.v1.RegistryService.DeleteSecret:input_type -> ringfence.registry.v1.DeleteSecretRequest
-	4,  // 47: ringfence.registry.v1.RegistryService.CreateServer:output_type -> ringfence.registry.v1.CreateServerResponse
-	6,  // 48: ringfence.registry.v1.RegistryService.GetServer:output_type -> ringfence.registry.v1.GetServerResponse
-	8,  // 49: ringfence.registry.v1.RegistryService.ListServers:output_type -> ringfence.registry.v1.ListServersResponse
-	10, // 50: ringfence.registry.v1.RegistryService.UpdateServer:output_type -> ringfence.registry.v1.UpdateServerResponse
-	12, // 51: ringfence.registry.v1.RegistryService.DeleteServer:output_type -> ringfence.registry.v1.DeleteServerResponse
-	14, // 52: ringfence.registry.v1.RegistryService.ListServerTools:output_type -> ringfence.registry.v1.ListServerToolsResponse
-	16, // 53: ringfence.registry.v1.RegistryService.ExploreServer:output_type -> ringfence.registry.v1.ExploreServerResponse
-	19, // 54: ringfence.registry.v1.RegistryService.PutSecret:output_type -> ringfence.registry.v1.PutSecretResponse
-	21, // 55: ringfence.registry.v1.RegistryService.ListSecrets:output_type -> ringfence.registry.v1.ListSecretsResponse
-	23, // 56: ringfence.registry.v1.RegistryService.DeleteSecret:output_type -> ringfence.registry.v1.DeleteSecretResponse
-	47, // [47:57] is the sub-list for method output_type
-	37, // [37:47] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	34, // 23: ringfence.registry.v1.UpdateServerRequest.update_mask:type_name -> google.protobuf.FieldMask
+	0,  // 24: ringfence.registry.v1.UpdateServerResponse.server:type_name -> ringfence.registry.v1.Server
+	35, // 25: ringfence.registry.v1.ListServerToolsResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	36, // 26: ringfence.registry.v1.ListServerToolsResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	37, // 27: ringfence.registry.v1.ExploreServerRequest.call:type_name -> ringfence.types.v1.ExploreCall
+	3,  // 28: ringfence.registry.v1.ExploreServerRequest.server:type_name -> ringfence.registry.v1.CreateServerRequest
+	35, // 29: ringfence.registry.v1.ExploreServerResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	36, // 30: ringfence.registry.v1.ExploreServerResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	38, // 31: ringfence.registry.v1.ExploreServerResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
+	32, // 32: ringfence.registry.v1.Secret.update_time:type_name -> google.protobuf.Timestamp
+	17, // 33: ringfence.registry.v1.PutSecretResponse.secret:type_name -> ringfence.registry.v1.Secret
+	17, // 34: ringfence.registry.v1.ListSecretsResponse.secrets:type_name -> ringfence.registry.v1.Secret
+	2,  // 35: ringfence.registry.v1.Server.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	2,  // 36: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	2,  // 37: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	3,  // 38: ringfence.registry.v1.RegistryService.CreateServer:input_type -> ringfence.registry.v1.CreateServerRequest
+	5,  // 39: ringfence.registry.v1.RegistryService.GetServer:input_type -> ringfence.registry.v1.GetServerRequest
+	7,  // 40: ringfence.registry.v1.RegistryService.ListServers:input_type -> ringfence.registry.v1.ListServersRequest
+	9,  // 41: ringfence.registry.v1.RegistryService.UpdateServer:input_type -> ringfence.registry.v1.UpdateServerRequest
+	11, // 42: ringfence.registry.v1.RegistryService.DeleteServer:input_type -> ringfence.registry.v1.DeleteServerRequest
+	13, // 43: ringfence.registry.v1.RegistryService.ListServerTools:input_type -> ringfence.registry.v1.ListServerToolsRequest
+	15, // 44: ringfence.registry.v1.RegistryService.ExploreServer:input_type -> ringfence.registry.v1.ExploreServerRequest
+	18, // 45: ringfence.registry.v1.RegistryService.PutSecret:input_type -> ringfence.registry.v1.PutSecretRequest
+	20, // 46: ringfence.registry.v1.RegistryService.ListSecrets:input_type -> ringfence.registry.v1.ListSecretsRequest
+	22, // 47: ringfence.registry.v1.RegistryService.DeleteSecret:input_type -> ringfence.registry.v1.DeleteSecretRequest
+	4,  // 48: ringfence.registry.v1.RegistryService.CreateServer:output_type -> ringfence.registry.v1.CreateServerResponse
+	6,  // 49: ringfence.registry.v1.RegistryService.GetServer:output_type -> ringfence.registry.v1.GetServerResponse
+	8,  // 50: ringfence.registry.v1.RegistryService.ListServers:output_type -> ringfence.registry.v1.ListServersResponse
+	10, // 51: ringfence.registry.v1.RegistryService.UpdateServer:output_type -> ringfence.registry.v1.UpdateServerResponse
+	12, // 52: ringfence.registry.v1.RegistryService.DeleteServer:output_type -> ringfence.registry.v1.DeleteServerResponse
+	14, // 53: ringfence.registry.v1.RegistryService.ListServerTools:output_type -> ringfence.registry.v1.ListServerToolsResponse
+	16, // 54: ringfence.registry.v1.RegistryService.ExploreServer:output_type -> ringfence.registry.v1.ExploreServerResponse
+	19, // 55: ringfence.registry.v1.RegistryService.PutSecret:output_type -> ringfence.registry.v1.PutSecretResponse
+	21, // 56: ringfence.registry.v1.RegistryService.ListSecrets:output_type -> ringfence.registry.v1.ListSecretsResponse
+	23, // 57: ringfence.registry.v1.RegistryService.DeleteSecret:output_type -> ringfence.registry.v1.DeleteSecretResponse
+	48, // [48:58] is the sub-list for method output_type
+	38, // [38:48] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_registry_v1_registry_proto_init() }

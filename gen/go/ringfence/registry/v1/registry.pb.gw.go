@@ -181,6 +181,51 @@ func local_request_RegistryService_UpdateServer_0(ctx context.Context, marshaler
 	return msg, metadata, err
 }
 
+func request_RegistryService_UpdateServer_1(ctx context.Context, marshaler runtime.Marshaler, client RegistryServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq UpdateServerRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	val, ok := pathParams["ref"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "ref")
+	}
+	protoReq.Ref, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "ref", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.UpdateServer(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_RegistryService_UpdateServer_1(ctx context.Context, marshaler runtime.Marshaler, server RegistryServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq UpdateServerRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	val, ok := pathParams["ref"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "ref")
+	}
+	protoReq.Ref, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "ref", err)
+	}
+	msg, err := server.UpdateServer(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 func request_RegistryService_DeleteServer_0(ctx context.Context, marshaler runtime.Marshaler, client RegistryServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
 	var (
 		protoReq DeleteServerRequest
@@ -495,6 +540,26 @@ func RegisterRegistryServiceHandlerServer(ctx context.Context, mux *runtime.Serv
 		}
 		forward_RegistryService_UpdateServer_0(annotatedContext, mux, outboundMarshaler, w, req, response_RegistryService_UpdateServer_0{resp.(*UpdateServerResponse)}, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPatch, pattern_RegistryService_UpdateServer_1, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/ringfence.registry.v1.RegistryService/UpdateServer", runtime.WithHTTPPathPattern("/v1/mcp/servers/{ref}"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_RegistryService_UpdateServer_1(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_RegistryService_UpdateServer_1(annotatedContext, mux, outboundMarshaler, w, req, response_RegistryService_UpdateServer_1{resp.(*UpdateServerResponse)}, mux.GetForwardResponseOptions()...)
+	})
 	mux.Handle(http.MethodDelete, pattern_RegistryService_DeleteServer_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
@@ -723,6 +788,23 @@ func RegisterRegistryServiceHandlerClient(ctx context.Context, mux *runtime.Serv
 		}
 		forward_RegistryService_UpdateServer_0(annotatedContext, mux, outboundMarshaler, w, req, response_RegistryService_UpdateServer_0{resp.(*UpdateServerResponse)}, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPatch, pattern_RegistryService_UpdateServer_1, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/ringfence.registry.v1.RegistryService/UpdateServer", runtime.WithHTTPPathPattern("/v1/mcp/servers/{ref}"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_RegistryService_UpdateServer_1(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_RegistryService_UpdateServer_1(annotatedContext, mux, outboundMarshaler, w, req, response_RegistryService_UpdateServer_1{resp.(*UpdateServerResponse)}, mux.GetForwardResponseOptions()...)
+	})
 	mux.Handle(http.MethodDelete, pattern_RegistryService_DeleteServer_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
@@ -855,6 +937,15 @@ func (m response_RegistryService_UpdateServer_0) XXX_ResponseBody() interface{} 
 	return response.Server
 }
 
+type response_RegistryService_UpdateServer_1 struct {
+	*UpdateServerResponse
+}
+
+func (m response_RegistryService_UpdateServer_1) XXX_ResponseBody() interface{} {
+	response := m.UpdateServerResponse
+	return response.Server
+}
+
 type response_RegistryService_PutSecret_0 struct {
 	*PutSecretResponse
 }
@@ -869,6 +960,7 @@ var (
 	pattern_RegistryService_GetServer_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"v1", "mcp", "servers", "ref"}, ""))
 	pattern_RegistryService_ListServers_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"v1", "mcp", "servers"}, ""))
 	pattern_RegistryService_UpdateServer_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"v1", "mcp", "servers", "ref"}, ""))
+	pattern_RegistryService_UpdateServer_1    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"v1", "mcp", "servers", "ref"}, ""))
 	pattern_RegistryService_DeleteServer_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"v1", "mcp", "servers", "ref"}, ""))
 	pattern_RegistryService_ListServerTools_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3, 2, 4}, []string{"v1", "mcp", "servers", "ref", "tools"}, ""))
 	pattern_RegistryService_ExploreServer_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"v1", "mcp", "servers", "ref"}, "explore"))
@@ -882,6 +974,7 @@ var (
 	forward_RegistryService_GetServer_0       = runtime.ForwardResponseMessage
 	forward_RegistryService_ListServers_0     = runtime.ForwardResponseMessage
 	forward_RegistryService_UpdateServer_0    = runtime.ForwardResponseMessage
+	forward_RegistryService_UpdateServer_1    = runtime.ForwardResponseMessage
 	forward_RegistryService_DeleteServer_0    = runtime.ForwardResponseMessage
 	forward_RegistryService_ListServerTools_0 = runtime.ForwardResponseMessage
 	forward_RegistryService_ExploreServer_0   = runtime.ForwardResponseMessage

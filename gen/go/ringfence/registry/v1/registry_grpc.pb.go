@@ -51,10 +51,15 @@ type RegistryServiceClient interface {
 	// ListServers pages through registrations ordered by ref, env values masked.
 	// Caller: mcp:admin (REST GET /v1/mcp/servers). Codes: INVALID_ARGUMENT (bad page token).
 	ListServers(ctx context.Context, in *ListServersRequest, opts ...grpc.CallOption) (*ListServersResponse, error)
-	// UpdateServer replaces a registration (REST PUT /v1/mcp/servers/{ref}). A request without
-	// env keeps the stored env; an empty env object clears it. A non-zero revision that is not
-	// the stored one is refused.
-	// Caller: mcp:admin. Codes: NOT_FOUND, ABORTED (stale revision), INVALID_ARGUMENT,
+	// UpdateServer replaces a registration (REST PUT /v1/mcp/servers/{ref}), or with an
+	// update_mask changes only the fields it names (REST PATCH /v1/mcp/servers/{ref}, whose
+	// mask is the body's keys). Replacing: a request without env keeps the stored env; an
+	// empty env object clears it; without grants the server grants nothing. A non-zero revision
+	// that is not the stored one is refused. The response warns when the change leaves
+	// published graphs asking for capabilities the grants no longer cover (over REST, as
+	// Warning headers: the body is the registration).
+	// Caller: mcp:admin. Codes: NOT_FOUND, ABORTED (stale revision), INVALID_ARGUMENT (names
+	// the field, or an update_mask path that is not a field of the registration),
 	// FAILED_PRECONDITION (a header names a secret that does not exist).
 	UpdateServer(ctx context.Context, in *UpdateServerRequest, opts ...grpc.CallOption) (*UpdateServerResponse, error)
 	// DeleteServer removes a registration. Published graphs that reference it then fail closed
@@ -215,10 +220,15 @@ type RegistryServiceServer interface {
 	// ListServers pages through registrations ordered by ref, env values masked.
 	// Caller: mcp:admin (REST GET /v1/mcp/servers). Codes: INVALID_ARGUMENT (bad page token).
 	ListServers(context.Context, *ListServersRequest) (*ListServersResponse, error)
-	// UpdateServer replaces a registration (REST PUT /v1/mcp/servers/{ref}). A request without
-	// env keeps the stored env; an empty env object clears it. A non-zero revision that is not
-	// the stored one is refused.
-	// Caller: mcp:admin. Codes: NOT_FOUND, ABORTED (stale revision), INVALID_ARGUMENT,
+	// UpdateServer replaces a registration (REST PUT /v1/mcp/servers/{ref}), or with an
+	// update_mask changes only the fields it names (REST PATCH /v1/mcp/servers/{ref}, whose
+	// mask is the body's keys). Replacing: a request without env keeps the stored env; an
+	// empty env object clears it; without grants the server grants nothing. A non-zero revision
+	// that is not the stored one is refused. The response warns when the change leaves
+	// published graphs asking for capabilities the grants no longer cover (over REST, as
+	// Warning headers: the body is the registration).
+	// Caller: mcp:admin. Codes: NOT_FOUND, ABORTED (stale revision), INVALID_ARGUMENT (names
+	// the field, or an update_mask path that is not a field of the registration),
 	// FAILED_PRECONDITION (a header names a secret that does not exist).
 	UpdateServer(context.Context, *UpdateServerRequest) (*UpdateServerResponse, error)
 	// DeleteServer removes a registration. Published graphs that reference it then fail closed

@@ -33,9 +33,12 @@ type DiscoverRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	ServerRef string                 `protobuf:"bytes,1,opt,name=server_ref,json=serverRef,proto3" json:"server_ref,omitempty"`
 	Call      *v1.ExploreCall        `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
-	// tenant and actor_key_id say whose explore call it is, for the audit record.
+	// tenant and actor_key_id say whose explore call it is, for the audit record; actor names
+	// the caller as a person reads it (auth.Principal.Actor: "key:ops (operator, key_…)") and is
+	// the record's agent_node.
 	Tenant     string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	ActorKeyId string `protobuf:"bytes,4,opt,name=actor_key_id,json=actorKeyId,proto3" json:"actor_key_id,omitempty"`
+	Actor      string `protobuf:"bytes,6,opt,name=actor,proto3" json:"actor,omitempty"`
 	// adhoc, when set, is an ad-hoc server the registry validated and resolved, explored
 	// instead of a registration (secrets in clear, as ResolveServer returns them).
 	Adhoc         *v11.ResolveServerResponse `protobuf:"bytes,5,opt,name=adhoc,proto3" json:"adhoc,omitempty"`
@@ -97,6 +100,13 @@ func (x *DiscoverRequest) GetTenant() string {
 func (x *DiscoverRequest) GetActorKeyId() string {
 	if x != nil {
 		return x.ActorKeyId
+	}
+	return ""
+}
+
+func (x *DiscoverRequest) GetActor() string {
+	if x != nil {
+		return x.Actor
 	}
 	return ""
 }
@@ -182,14 +192,15 @@ var File_ringfence_internal_pool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_ringfence_internal_pool_v1_pool_proto_rawDesc = "" +
 	"\n" +
-	"%ringfence/internal/pool/v1/pool.proto\x12\x1aringfence.internal.pool.v1\x1a-ringfence/internal/registry/v1/registry.proto\x1a\x1dringfence/types/v1/tool.proto\"\xec\x01\n" +
+	"%ringfence/internal/pool/v1/pool.proto\x12\x1aringfence.internal.pool.v1\x1a-ringfence/internal/registry/v1/registry.proto\x1a\x1dringfence/types/v1/tool.proto\"\x82\x02\n" +
 	"\x0fDiscoverRequest\x12\x1d\n" +
 	"\n" +
 	"server_ref\x18\x01 \x01(\tR\tserverRef\x123\n" +
 	"\x04call\x18\x02 \x01(\v2\x1f.ringfence.types.v1.ExploreCallR\x04call\x12\x16\n" +
 	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12 \n" +
 	"\factor_key_id\x18\x04 \x01(\tR\n" +
-	"actorKeyId\x12K\n" +
+	"actorKeyId\x12\x14\n" +
+	"\x05actor\x18\x06 \x01(\tR\x05actor\x12K\n" +
 	"\x05adhoc\x18\x05 \x01(\v25.ringfence.internal.registry.v1.ResolveServerResponseR\x05adhoc\"\x85\x02\n" +
 	"\x10DiscoverResponse\x129\n" +
 	"\x05tools\x18\x01 \x03(\v2#.ringfence.types.v1.ToolDeclarationR\x05tools\x12F\n" +

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# `make clean`, images: removes the Docker images a checkout (default: this one) built, and
+# only those. They carry the label org.ringfence.checkout=<its id> (scripts/checkout-id.sh):
+# the demo's isolation image (ringfence-demo:latest) and the tests' fixture images. An image of
+# another checkout on the same engine has another id, and stays. Without a Docker engine there
+# is nothing to remove.
+set -euo pipefail
+here="$(dirname "$0")"
+dir="${1:-$here/..}"
+id=$("$here/checkout-id.sh" "$dir")
+if ! command -v docker >/dev/null 2>&1 || ! docker info >/dev/null 2>&1; then
+	echo "clean: no Docker engine answers: no images removed"
+	exit 0
+fi
+mapfile -t images < <(docker images --quiet --no-trunc --filter "label=org.ringfence.checkout=$id" | sort -u)
+if [ ${#images[@]} -eq 0 ]; then
+	echo "clean: no images of this checkout ($id) in the engine"
+	exit 0
+fi
+echo "clean: removing the ${#images[@]} image(s) this checkout ($id) built"
+# -f: an image may carry several tags (the fixture image's, a registry test's digest).
+docker rmi -f "${images[@]}" >/dev/null
