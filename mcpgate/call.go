@@ -364,7 +364,7 @@ func processResult(spec *ToolSpec, res *mcp.CallToolResult, cfg *callConfig) (*R
 	// A value nested deeper than the sanitizer (and the schema check) goes is refused, not
 	// passed on with its deep parts cut off.
 	tooDeep := func(what string) error {
-		return invalid(fmt.Sprintf("%s nests more than %d levels deep, deeper than results are checked and sanitized, so it is not passed on", what, sanitize.MaxDepth))
+		return invalid(fmt.Sprintf("%s is %v: results are checked and sanitized no deeper, so it is not passed on", what, sanitize.ErrTooDeep))
 	}
 	if len(res.Content) > 0 {
 		out.Content = make([]map[string]any, 0, len(res.Content))

@@ -230,7 +230,7 @@ func TestResultBounds(t *testing.T) {
 	_, err = CallTool(t.Context(), &stubSession{result: &mcp.CallToolResult{StructuredContent: map[string]any{"d": deep}}}, spec, map[string]any{"path": "/a"}, Capabilities{})
 	var ve *ValidationError
 	require.ErrorAs(t, err, &ve)
-	require.Contains(t, ve.Message, "nests more than 128 levels")
+	require.Contains(t, ve.Message, "nested too deeply: more than 128 levels of arrays and objects")
 
 	// An error result's structured content is not an object: left out, the error stays.
 	res, err := CallTool(t.Context(), &stubSession{result: &mcp.CallToolResult{IsError: true, StructuredContent: "no", Content: []mcp.Content{&mcp.TextContent{Text: "failed"}}}}, stubSpec(), map[string]any{"path": "/a"}, claims(t, "fs.read"))
