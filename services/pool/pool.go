@@ -135,6 +135,8 @@ var errorCodes = map[error]codes.Code{
 	errRunEnded:                    codes.FailedPrecondition,
 	errTooManyRuns:                 codes.ResourceExhausted,
 	errVersionGone:                 codes.NotFound,
+	errUnknownAgent:                codes.NotFound,
+	errRegistryUnavailable:         codes.Unavailable,
 	audit.ErrSpoolFull:             codes.Unavailable,
 }
 
