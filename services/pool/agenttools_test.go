@@ -2,75 +2,41 @@ package pool
 
 import (
 	"context"
-	"encoding/json"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/graph"
-	"github.com/ringfence/ringfence/internal/mcpdecl"
 	rftestutil "github.com/ringfence/ringfence/internal/testutil"
+	"github.com/ringfence/ringfence/internal/testutil/pinned"
 )
 
 // The agent surface is decided without a server: these tests publish hand-pinned declarations
 // (as an import would pin them) and run without an isolation image, so nothing could start.
 
-// pinnedTool is one tool declaration a test pins into a graph.
-type pinnedTool struct {
-	server, tool, description, annotations string
-}
-
 // publishSurface publishes graph graphID with agent "a" bound to tools (as <server>__<tool>,
 // with the floor everywhere) and the agent's settings as edit writes them.
-func (h *harness) publishSurface(graphID string, edit func(a *publisherv1.AgentNode), tools ...pinnedTool) {
+func (h *harness) publishSurface(graphID string, edit func(a *publisherv1.AgentNode), tools ...pinned.Tool) {
 	h.t.Helper()
 	_, err := h.pub.CreateGraph(h.ctx, &publisherv1.CreateGraphRequest{GraphId: graphID, Agents: []string{"a"}})
 	require.NoError(h.t, err)
 	d, err := h.pub.GetDraft(h.ctx, &publisherv1.GetDraftRequest{GraphId: graphID})
 	require.NoError(h.t, err)
-	draft := d.GetDraft()
-	a := draft.GetNodes()[0].GetAgent()
-	a.CapabilityBindings = []string{"process_spawn", "external_api_call"}
-	for _, pt := range tools {
-		m := &graph.MCPToolNode{ServerRef: pt.server, ToolName: pt.tool, Description: pt.description,
-			InputSchema: json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}}}`)}
-		if pt.annotations != "" {
-			m.Annotations = json.RawMessage(pt.annotations)
-		}
-		pin, err := mcpdecl.Hash(m.Declaration())
-		require.NoError(h.t, err)
-		id := graph.Namespaced(pt.server, pt.tool)
-		node := &publisherv1.McpToolNode{ServerRef: pt.server, ToolName: pt.tool, Description: pt.description, SchemaHash: pin,
-			CapabilityBindings: []string{"process_spawn", "external_api_call"}, InputSchema: structOf(h.t, m.InputSchema)}
-		if pt.annotations != "" {
-			node.Annotations = structOf(h.t, m.Annotations)
-		}
-		draft.Nodes = append(draft.Nodes, &publisherv1.Node{Id: id, Kind: graph.KindMCPTool, Data: &publisherv1.Node_McpTool{McpTool: node}})
-		draft.Edges = append(draft.Edges, &publisherv1.Edge{From: "a", To: id, Kind: graph.EdgeTool})
-		a.ToolBindings = append(a.ToolBindings, &publisherv1.ToolBinding{Name: id, NodeId: id})
-	}
+	pinned.Add(h.t, d.GetDraft(), "a", tools...)
 	if edit != nil {
-		edit(a)
+		edit(d.GetDraft().GetNodes()[0].GetAgent())
 	}
-	_, err = h.pub.ReplaceDraft(h.ctx, &publisherv1.ReplaceDraftRequest{GraphId: graphID, Draft: draft})
+	_, err = h.pub.ReplaceDraft(h.ctx, &publisherv1.ReplaceDraftRequest{GraphId: graphID, Draft: d.GetDraft()})
 	require.NoError(h.t, err)
 	_, err = h.pub.Publish(h.ctx, &publisherv1.PublishRequest{GraphId: graphID})
 	require.NoError(h.t, err)
-}
-
-func structOf(t testing.TB, raw json.RawMessage) *structpb.Struct {
-	t.Helper()
-	s := &structpb.Struct{}
-	require.NoError(t, protojson.Unmarshal(raw, s))
-	return s
 }
 
 // surfaceHarness registers servers docs (with a description and a tool filter) and tickets,
@@ -82,11 +48,11 @@ func surfaceHarness(t *testing.T, edit func(a *publisherv1.AgentNode)) *harness 
 	h.server("docs", func(r *registryv1.CreateServerRequest) { r.Description = "The company handbook." })
 	h.server("tickets", func(r *registryv1.CreateServerRequest) { r.Description = "The support team's ticket system." })
 	h.publishSurface("g", edit,
-		pinnedTool{"docs", "read_file", "Read a handbook page.", `{"readOnlyHint":true}`},
-		pinnedTool{"docs", "write_file", "Write a handbook page.", ""},
-		pinnedTool{"docs", "purge", "Delete every page.", ""},
-		pinnedTool{"tickets", "search", "Search tickets.", `{"readOnlyHint":true}`},
-		pinnedTool{"tickets", "delete", "Delete a ticket.", `{"readOnlyHint":false}`},
+		pinned.Tool{Server: "docs", Tool: "read_file", Description: "Read a handbook page.", Annotations: `{"readOnlyHint":true}`},
+		pinned.Tool{Server: "docs", Tool: "write_file", Description: "Write a handbook page."},
+		pinned.Tool{Server: "docs", Tool: "purge", Description: "Delete every page."},
+		pinned.Tool{Server: "tickets", Tool: "search", Description: "Search tickets.", Annotations: `{"readOnlyHint":true}`},
+		pinned.Tool{Server: "tickets", Tool: "delete", Description: "Delete a ticket.", Annotations: `{"readOnlyHint":false}`},
 	)
 	// The operator narrows docs after publish: the registration's filter is asked at run time.
 	_, err := h.reg.UpdateServer(h.ctx, &registryv1.UpdateServerRequest{Ref: "docs", Command: "mcpfixture", Description: "The company handbook.",
@@ -225,7 +191,7 @@ func TestListAgentToolsAsksTheRegistryNow(t *testing.T) {
 	}})
 	h.server("docs", nil)
 	h.server("tickets", nil)
-	h.publishSurface("g", nil, pinnedTool{"docs", "read_file", "Read.", ""}, pinnedTool{"tickets", "search", "Search.", ""})
+	h.publishSurface("g", nil, pinned.Tool{Server: "docs", Tool: "read_file", Description: "Read."}, pinned.Tool{Server: "tickets", Tool: "search", Description: "Search."})
 	run := h.start("g")
 	list := func() (*poolv1.ListAgentToolsResponse, error) {
 		l, err := h.pool.ListAgentTools(h.ctx, run, "", "a")
@@ -261,7 +227,7 @@ func TestLoadedToolsOutliveARestart(t *testing.T) {
 	h := newHarness(t, harnessOpts{noImage: true})
 	h.server("docs", nil)
 	h.publishSurface("g", func(a *publisherv1.AgentNode) { a.DeferTools = true },
-		pinnedTool{"docs", "read_file", "Read.", ""}, pinnedTool{"docs", "write_file", "Write.", ""})
+		pinned.Tool{Server: "docs", Tool: "read_file", Description: "Read."}, pinned.Tool{Server: "docs", Tool: "write_file", Description: "Write."})
 	dbPath := filepath.Join(t.TempDir(), "pool.db")
 	p := openPool(t, h, dbPath)
 	info, err := p.StartRun(h.ctx, auth.DefaultTenant, "g", 0, "", "docs")
