@@ -322,7 +322,7 @@ func TestReadOnlyNeedsATrueHint(t *testing.T) {
 		`{"readOnlyHint":"true"}`:                      false,
 		`{"destructiveHint":false}`:                    false,
 		`{"readOnlyHint":true,"destructiveHint":true}`: true,
-		``:  false,
+		``:   false,
 		`[]`: false,
 	} {
 		require.Equal(t, want, readOnly(json.RawMessage(raw)), raw)

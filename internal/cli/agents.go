@@ -276,6 +276,16 @@ default removes the rule so the agent's confirmation_default decides.`,
 	return cmd
 }
 
+// hasToolSettings reports whether an agent sets any tool surface setting or binding rule.
+func hasToolSettings(a *publisherv1.AgentNode) bool {
+	if len(a.GetIncludeServers())+len(a.GetExcludeServers())+len(a.GetIncludeTools())+len(a.GetExcludeTools())+
+		len(a.GetSelectedServers())+len(a.GetMounts()) > 0 || a.GetDeferTools() || a.GetConvertSchemasToStrict() ||
+		a.GetConfirmationDefault() != "" || a.GetDocumentResolver() != nil {
+		return true
+	}
+	return slices.ContainsFunc(a.GetToolBindings(), func(b *publisherv1.ToolBinding) bool { return b.GetConfirmation() != "" })
+}
+
 // nonEmpty drops empty values, so `--include-servers ”` clears a list.
 func nonEmpty(v []string) []string {
 	var out []string

@@ -117,6 +117,7 @@ func TestAgentSettingsCommands(t *testing.T) {
 	require.Equal(t, []any{map[string]any{"name": "docs", "include_tools": []any{"read_file", "write_file"}, "exclude_tools": []any{}, "defer_tools": false}}, set["mounts"])
 	require.Equal(t, "always", set["tool_bindings"].([]any)[0].(map[string]any)["confirmation"])
 	require.NotContains(t, set, "capability_bindings", "what the agent holds is no setting of its tools")
+	require.Contains(t, s.must("graphs", "show", "--graph", "g"), "tool settings (graphs settings --agent researcher)")
 
 	// Clearing a list, a mount, a rule.
 	out = s.must(append([]string{"graphs", "settings", "--include-servers", "", "-o", "json"}, g...)...)

@@ -500,6 +500,9 @@ func (g *globals) printGraph(gr *publisherv1.Graph) error {
 			if len(a.GetMcpServers()) > 0 {
 				detail += fmt.Sprintf("; %d inline server(s)", len(a.GetMcpServers()))
 			}
+			if hasToolSettings(a) {
+				detail += "; tool settings (graphs settings --agent " + n.GetId() + ")"
+			}
 		case n.GetMcpTool() != nil:
 			m := n.GetMcpTool()
 			detail = fmt.Sprintf("%s/%s %s; declares %s", m.GetServerRef(), m.GetToolName(), orDash(shortHash(m.GetSchemaHash())), orDash(strings.Join(m.GetCapabilityBindings(), ",")))
