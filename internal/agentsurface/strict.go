@@ -22,13 +22,9 @@ import (
 // A call is checked against this form; Unstrict then takes out the nulls that stand for
 // omitted properties before the call goes to the server, which declared the original.
 func Strict(schema json.RawMessage) (json.RawMessage, error) {
-	doc, err := decode(schema)
+	root, err := decodeSchema(schema)
 	if err != nil {
 		return nil, err
-	}
-	root, ok := doc.(map[string]any)
-	if !ok {
-		return nil, fmt.Errorf("agentsurface: the input schema is not a JSON object")
 	}
 	strictify(root, 0)
 	return json.Marshal(root)
@@ -37,14 +33,31 @@ func Strict(schema json.RawMessage) (json.RawMessage, error) {
 // maxDepth bounds the walks; pinned schemas are bounded far below it by the screen.
 const maxDepth = 64
 
-func decode(raw json.RawMessage) (any, error) {
+// decodeSchema reads an input schema, numbers as written.
+func decodeSchema(raw json.RawMessage) (map[string]any, error) {
 	d := json.NewDecoder(bytes.NewReader(raw))
 	d.UseNumber()
 	var v any
 	if err := d.Decode(&v); err != nil {
 		return nil, fmt.Errorf("agentsurface: the schema is not JSON: %w", err)
 	}
-	return v, nil
+	root, ok := v.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("agentsurface: the input schema is not a JSON object")
+	}
+	return root, nil
+}
+
+// requiredSet is a schema's "required" list as a set.
+func requiredSet(s map[string]any) map[string]bool {
+	out := map[string]bool{}
+	list, _ := s["required"].([]any)
+	for _, r := range list {
+		if name, ok := r.(string); ok {
+			out[name] = true
+		}
+	}
+	return out
 }
 
 // strictify makes s and every schema under it strict, in place.
@@ -77,14 +90,7 @@ func strictify(s map[string]any, depth int) {
 	if !hasProps && !isObjectType(s) {
 		return
 	}
-	required := map[string]bool{}
-	if list, ok := s["required"].([]any); ok {
-		for _, r := range list {
-			if name, ok := r.(string); ok {
-				required[name] = true
-			}
-		}
-	}
+	required := requiredSet(s)
 	names := slices.Sorted(maps.Keys(props))
 	for _, name := range names {
 		sub, ok := props[name].(map[string]any)
@@ -191,13 +197,9 @@ func addNullToEnum(s map[string]any) {
 // checked against the strict form; pinned is the tool's own input schema. args is changed in
 // place and returned.
 func Unstrict(pinned json.RawMessage, args map[string]any) (map[string]any, error) {
-	doc, err := decode(pinned)
+	root, err := decodeSchema(pinned)
 	if err != nil {
 		return nil, err
-	}
-	root, ok := doc.(map[string]any)
-	if !ok {
-		return nil, fmt.Errorf("agentsurface: the input schema is not a JSON object")
 	}
 	dropNulls(root, args, 0)
 	return args, nil
@@ -210,14 +212,7 @@ func dropNulls(schema map[string]any, value any, depth int) {
 	switch v := value.(type) {
 	case map[string]any:
 		props, _ := schema["properties"].(map[string]any)
-		required := map[string]bool{}
-		if list, ok := schema["required"].([]any); ok {
-			for _, r := range list {
-				if name, ok := r.(string); ok {
-					required[name] = true
-				}
-			}
-		}
+		required := requiredSet(schema)
 		for name, x := range v {
 			sub, _ := props[name].(map[string]any)
 			if x == nil {

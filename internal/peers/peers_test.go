@@ -55,18 +55,10 @@ func TestAuditAppendNamesARefusal(t *testing.T) {
 // TestServerPolicyCarriesTheDescription: the policy a split pool reads over the internal API
 // is the registry's own, description (a deferred server's entry) and tool filter included.
 func TestServerPolicyCarriesTheDescription(t *testing.T) {
-	dir := t.TempDir()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	box, err := secretbox.LoadOrCreate(filepath.Join(dir, "secrets.key"))
-	require.NoError(t, err)
-	roles, err := auth.NewRoles("")
-	require.NoError(t, err)
-	reg, err := registry.Open(registry.Config{DBPath: filepath.Join(dir, "registry.db"), Secrets: box, Roles: roles,
-		AuditSink: testutil.NewAuditRecorder(), Logger: log})
-	require.NoError(t, err)
-	t.Cleanup(func() { reg.Close() })
+	reg := openRegistry(t, t.TempDir(), log)
 	admin := auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_admin", Role: auth.RoleAdmin, Permissions: auth.AllPermissions})
-	_, err = reg.CreateServer(admin, &registryv1.CreateServerRequest{Ref: "tickets", Command: "mcp-server", Description: "The support team's ticket system.",
+	_, err := reg.CreateServer(admin, &registryv1.CreateServerRequest{Ref: "tickets", Command: "mcp-server", Description: "The support team's ticket system.",
 		Grants: []string{"process_spawn"}, ToolFilter: &registryv1.ToolFilter{Exclude: []string{"delete_ticket"}}})
 	require.NoError(t, err)
 	// No authorizer: the mutual TLS identity check is the split deployment's test.
@@ -80,4 +72,18 @@ func TestServerPolicyCarriesTheDescription(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "The support team's ticket system.", got.Description)
 	require.Equal(t, want, got)
+}
+
+// openRegistry opens a registry service with its files in dir.
+func openRegistry(t *testing.T, dir string, log *slog.Logger) *registry.Service {
+	t.Helper()
+	box, err := secretbox.LoadOrCreate(filepath.Join(dir, "secrets.key"))
+	require.NoError(t, err)
+	roles, err := auth.NewRoles("")
+	require.NoError(t, err)
+	reg, err := registry.Open(registry.Config{DBPath: filepath.Join(dir, "registry.db"), Secrets: box, Roles: roles,
+		AuditSink: testutil.NewAuditRecorder(), Logger: log})
+	require.NoError(t, err)
+	t.Cleanup(func() { reg.Close() })
+	return reg
 }
