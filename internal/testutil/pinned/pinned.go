@@ -5,6 +5,7 @@ package pinned
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -37,7 +38,7 @@ func Add(t testing.TB, draft *publisherv1.Graph, agent string, tools ...Tool) {
 	}
 	require.NotNil(t, a, "no agent node %q in the draft", agent)
 	for _, f := range floor {
-		if !contains(a.CapabilityBindings, f) {
+		if !slices.Contains(a.CapabilityBindings, f) {
 			a.CapabilityBindings = append(a.CapabilityBindings, f)
 		}
 	}
@@ -66,13 +67,4 @@ func structOf(t testing.TB, raw json.RawMessage) *structpb.Struct {
 	s := &structpb.Struct{}
 	require.NoError(t, protojson.Unmarshal(raw, s))
 	return s
-}
-
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
