@@ -125,19 +125,27 @@ func (s *Service) agentSurface(ctx context.Context, r *run, agent string) (*agen
 	return a.Resolve(st), nil
 }
 
-// surfaceAgent reads agent from the run's version once per run.
+// surfaceAgent reads agent from the run's version once per run. It is read outside the run's
+// lock (converting a thousand schemas to strict form takes a while, and the run's calls take
+// that lock); two first readers both read it, and the first kept wins.
 func (s *Service) surfaceAgent(ctx context.Context, r *run, agent string) (*agentsurface.Agent, error) {
 	if err := s.load(ctx, r); err != nil {
 		return nil, err
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if a, ok := r.surfaces[agent]; ok {
+	a, ok := r.surfaces[agent]
+	r.mu.Unlock()
+	if ok {
 		return a, nil
 	}
 	a, err := agentsurface.ForAgent(r.index, agent)
 	if err != nil {
 		return nil, fmt.Errorf("%w: graph %s v%d has no agent node %q (its agents: %s)", errUnknownAgent, r.id.GraphID, r.id.Version, agent, listed(r.index.AgentIDs()))
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if kept, ok := r.surfaces[agent]; ok {
+		return kept, nil
 	}
 	r.surfaces[agent] = a
 	return a, nil
