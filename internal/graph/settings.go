@@ -226,9 +226,10 @@ func (c *checker) mountTools(field path, id, server string, tools []string) {
 	}
 }
 
-// settingsWarnings names the entries of an agent's settings that match none of its tools:
-// they are no error (a server may be imported later), but an entry that silently matches
-// nothing is most often a typo. ids maps node ids to their index in g.
+// settingsWarnings names the entries of an agent's settings that match none of its tools, and
+// a document resolver that reaches no server: they are no error (a server may be imported
+// later), but a setting that silently does nothing is most often a typo. ids maps node ids to
+// their index in g.
 func settingsWarnings(g *Graph, ids map[string]int, n *Node) []string {
 	a := n.Agent
 	s := &a.ToolSettings
@@ -283,13 +284,16 @@ func settingsWarnings(g *Graph, ids map[string]int, n *Node) []string {
 	}
 	if r := s.DocumentResolver; r != nil {
 		unknownServers("document_resolver.server_names", r.ServerNames)
+		if r.Enabled && len(r.ServerNames) == 0 {
+			out = append(out, fmt.Sprintf("agent %q: document_resolver is enabled but names no server in server_names, so no call receives a document's content", n.ID))
+		}
 	}
 	return out
 }
 
 func (s *ToolSettings) hasNames() bool {
 	return len(s.IncludeServers)+len(s.ExcludeServers)+len(s.SelectedServers)+len(s.IncludeTools)+len(s.ExcludeTools)+len(s.Mounts) > 0 ||
-		s.DocumentResolver != nil && len(s.DocumentResolver.ServerNames) > 0
+		s.DocumentResolver != nil && (s.DocumentResolver.Enabled || len(s.DocumentResolver.ServerNames) > 0)
 }
 
 func sortedKeys(m map[string]bool) []string {
