@@ -112,11 +112,13 @@ func TestSettingsWarningsAreBounded(t *testing.T) {
 	res, err := NewContractOnlyValidator().Validate(t.Context(), g)
 	require.NoError(t, err)
 	require.Len(t, res.Warnings, maxSettingsWarnings+2, "the bound, its summary, and the contract-only warning")
+	require.Contains(t, res.Warnings[maxSettingsWarnings], "and 10 more entries of agent settings")
+}
 
-	g = sample(t)
+func TestADocumentResolverThatReachesNoServerIsAPublishWarning(t *testing.T) {
+	g := sample(t)
 	g.Nodes[0].Agent.DocumentResolver = &DocumentResolver{Enabled: true}
-	res, err = NewContractOnlyValidator().Validate(t.Context(), g)
+	res, err := NewContractOnlyValidator().Validate(t.Context(), g)
 	require.NoError(t, err)
 	require.Contains(t, res.Warnings, `agent "researcher": document_resolver is enabled but names no server in server_names, so no call receives a document's content`)
-	require.Contains(t, res.Warnings[maxSettingsWarnings], "and 10 more entries of agent settings")
 }
