@@ -60,7 +60,7 @@ func TestPermissionMatrix(t *testing.T) {
 
 	keys := map[string]string{auth.RoleAdmin: bootstrapKey}
 	kc := registryv1.NewKeyServiceClient(conn)
-	for _, role := range []string{auth.RoleOperator, auth.RoleAuthor, auth.RoleRunner, auth.RoleAuditor} {
+	for _, role := range []string{auth.RoleOperator, auth.RoleAuthor, auth.RoleRunner, auth.RoleApprover, auth.RoleAuditor} {
 		resp, err := kc.CreateKey(testutil.WithKey(t.Context(), bootstrapKey), &registryv1.CreateKeyRequest{Name: role, Role: role})
 		require.NoError(t, err)
 		keys[role] = resp.GetSecret()

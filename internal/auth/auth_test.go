@@ -20,6 +20,11 @@ func TestBuiltinRoles(t *testing.T) {
 	require.False(t, op.Has(MCPAdmin), "operator must not hold mcp:admin: it authors the graphs the registry constrains")
 	require.True(t, op.Has(WorkflowAdmin))
 	require.True(t, op.Has(ConnectorAdmin))
+	runner, _ := rs.Lookup(RoleRunner)
+	require.False(t, runner.Has(RunApprove), "a runner makes the calls that ask first, so it must not approve them")
+	approver, ok := rs.Lookup(RoleApprover)
+	require.True(t, ok)
+	require.Equal(t, []Permission{RunApprove}, approver.Permissions)
 	admin, _ := rs.Lookup(RoleAdmin)
 	for _, p := range AllPermissions {
 		require.True(t, admin.Has(p))

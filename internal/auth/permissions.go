@@ -16,19 +16,21 @@ import (
 type Permission string
 
 // The permissions. mcp:admin is admin-tier: it decides what registered servers may be asked
-// for, so the operator role, which authors graphs, deliberately lacks it.
+// for, so the operator role, which authors graphs, deliberately lacks it. run:approve decides
+// the calls that ask a person first, so the runner role, which makes them, lacks it.
 const (
 	MCPAdmin       Permission = "mcp:admin"
 	WorkflowAdmin  Permission = "workflow:admin"
 	WorkflowWrite  Permission = "workflow:write"
 	ConnectorAdmin Permission = "connector:admin"
 	RunExecute     Permission = "run:execute"
+	RunApprove     Permission = "run:approve"
 	AuditRead      Permission = "audit:read"
 	KeysAdmin      Permission = "keys:admin"
 )
 
 // AllPermissions lists every permission in a stable order.
-var AllPermissions = []Permission{MCPAdmin, WorkflowAdmin, WorkflowWrite, ConnectorAdmin, RunExecute, AuditRead, KeysAdmin}
+var AllPermissions = []Permission{MCPAdmin, WorkflowAdmin, WorkflowWrite, ConnectorAdmin, RunExecute, RunApprove, AuditRead, KeysAdmin}
 
 // Built-in role names.
 const (
@@ -36,6 +38,7 @@ const (
 	RoleOperator = "operator"
 	RoleAuthor   = "author"
 	RoleRunner   = "runner"
+	RoleApprover = "approver"
 	RoleAuditor  = "auditor"
 )
 
@@ -45,6 +48,9 @@ var BuiltinRoles = map[string][]Permission{
 	RoleOperator: {WorkflowAdmin, WorkflowWrite, ConnectorAdmin, AuditRead},
 	RoleAuthor:   {WorkflowWrite},
 	RoleRunner:   {RunExecute},
+	// An approver decides the calls of runs that wait at an approval gate, and needs nothing
+	// else: a key that both makes calls and approves them would approve its own.
+	RoleApprover: {RunApprove},
 	RoleAuditor:  {AuditRead},
 }
 

@@ -86,6 +86,8 @@ var Rules = map[string]Rule{
 	poolv1.PoolService_ResumeRun_FullMethodName: perm(RunExecute),
 	poolv1.PoolService_EndRun_FullMethodName:    perm(RunExecute),
 	poolv1.PoolService_GetRun_FullMethodName:    perm(RunExecute),
+	// Listing an agent's tools is part of running it (a platform asks before each turn).
+	poolv1.PoolService_ListAgentTools_FullMethodName: perm(RunExecute),
 
 	// Audit: readers need audit:read (producers append on the internal plane, below).
 	auditv1.AuditService_List_FullMethodName:   anyTenant(AuditRead),

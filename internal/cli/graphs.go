@@ -45,7 +45,8 @@ func newGraphsCmd(g *globals) *cobra.Command {
 		Short:   "Author agent graphs: drafts, validation, publish, versions (needs workflow:write)",
 	}
 	cmd.AddCommand(newGraphsCreateCmd(g), newGraphsShowCmd(g), newGraphsEditCmd(g), newGraphsValidateCmd(g),
-		newGraphsPublishCmd(g), newGraphsVersionsCmd(g), newGraphsListCmd(g), newGraphsDeleteCmd(g), newGraphsBindCmd(g))
+		newGraphsPublishCmd(g), newGraphsVersionsCmd(g), newGraphsListCmd(g), newGraphsDeleteCmd(g), newGraphsBindCmd(g),
+		newGraphsSettingsCmd(g), newGraphsMountCmd(g), newGraphsConfirmCmd(g))
 	return cmd
 }
 
@@ -181,45 +182,20 @@ func newGraphsBindCmd(g *globals) *cobra.Command {
 		Example: `  ringfence graphs bind --graph support-triage --agent researcher --capability 'docs.read:/handbook/**'`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, err := g.publisher()
-			if err != nil {
-				return err
-			}
 			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
-			resp, err := client.GetDraft(ctx, &publisherv1.GetDraftRequest{Tenant: gt.tenant, GraphId: gt.graph})
+			draft, _, err := g.editAgent(ctx, gt, agent, func(a *publisherv1.AgentNode) error {
+				for _, c := range caps {
+					if !slices.Contains(a.CapabilityBindings, c) {
+						a.CapabilityBindings = append(a.CapabilityBindings, c)
+					}
+				}
+				return nil
+			})
 			if err != nil {
 				return err
 			}
-			draft := resp.GetDraft()
-			var found *publisherv1.AgentNode
-			var agents []string
-			for _, n := range draft.GetNodes() {
-				if n.GetAgent() == nil {
-					continue
-				}
-				agents = append(agents, n.GetId())
-				if n.GetId() == agent {
-					found = n.GetAgent()
-				}
-			}
-			if found == nil {
-				if len(agents) == 0 {
-					return usagef("graph %s has no agent node %q in its draft: it has no agents yet (ringfence graphs create --agent, or graphs edit)", gt.graph, agent)
-				}
-				return usagef("graph %s has no agent node %q in its draft; its agents: %s", gt.graph, agent, strings.Join(agents, ", "))
-			}
-			for _, c := range caps {
-				if !slices.Contains(found.CapabilityBindings, c) {
-					found.CapabilityBindings = append(found.CapabilityBindings, c)
-				}
-			}
-			// The revision read above makes a concurrent edit fail instead of being overwritten.
-			out, err := client.ReplaceDraft(ctx, &publisherv1.ReplaceDraftRequest{Tenant: gt.tenant, GraphId: gt.graph, Draft: draft})
-			if err != nil {
-				return err
-			}
-			return g.printGraph(out.GetDraft())
+			return g.printGraph(draft)
 		},
 	}
 	gt.register(cmd)
@@ -522,6 +498,9 @@ func (g *globals) printGraph(gr *publisherv1.Graph) error {
 			detail = "holds " + orDash(strings.Join(a.GetCapabilityBindings(), ",")) + "; tools " + orDash(strings.Join(tools, ","))
 			if len(a.GetMcpServers()) > 0 {
 				detail += fmt.Sprintf("; %d inline server(s)", len(a.GetMcpServers()))
+			}
+			if hasToolSettings(a) {
+				detail += "; tool settings (graphs settings --agent " + n.GetId() + ")"
 			}
 		case n.GetMcpTool() != nil:
 			m := n.GetMcpTool()

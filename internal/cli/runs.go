@@ -34,19 +34,32 @@ func newRunsCmd(g *globals) *cobra.Command {
 	}
 	var graphID, runID, tenant string
 	var version int64
+	var selected []string
 	start := &cobra.Command{
-		Use:   "start --graph G [--version N] [--run ID]",
+		Use:   "start --graph G [--version N] [--run ID] [--selected-server S]...",
 		Short: "Start a run of a published version (0 or omitted: the latest); prints the run id",
-		Args:  cobra.NoArgs,
+		Long: `start starts a run of a published version; nothing is spawned until a call needs it.
+
+--selected-server names a server the user picked (repeatable): each agent then sees only its
+tools of the picked servers it has. It only narrows: a server no agent of the graph uses is
+ignored (and named in a warning), and an agent with none of the picked servers keeps its own.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			client, ctx, cancel, err := g.pool(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer cancel()
-			resp, err := client.StartRun(ctx, &poolv1.StartRunRequest{Tenant: tenant, GraphId: graphID, Version: version, RunId: runID})
+			resp, err := client.StartRun(ctx, &poolv1.StartRunRequest{Tenant: tenant, GraphId: graphID, Version: version, RunId: runID, SelectedServers: selected})
 			if err != nil {
 				return err
+			}
+			if ignored := resp.GetIgnoredServers(); len(ignored) > 0 {
+				quoted := make([]string, len(ignored))
+				for i, s := range ignored {
+					quoted[i] = fmt.Sprintf("%q", s)
+				}
+				linef(g.stderr, "warning: no agent of graph %s uses %s, so the run ignores it (the selection only narrows)\n", graphID, strings.Join(quoted, ", "))
 			}
 			if g.output == "json" {
 				return printJSON(g.stdout, resp.GetRun())
@@ -59,9 +72,10 @@ func newRunsCmd(g *globals) *cobra.Command {
 	start.Flags().Int64Var(&version, "version", 0, "published version (0: the latest)")
 	start.Flags().StringVar(&runID, "run", "", "run id to use (default: generated)")
 	start.Flags().StringVar(&tenant, "tenant", "", tenantUsage)
+	start.Flags().StringArrayVar(&selected, "selected-server", nil, "a server the user picked; the run's agents see only their tools of picked servers (repeatable; only narrows)")
 	_ = start.MarkFlagRequired("graph")
 
-	cmd.AddCommand(start, newRunsCallCmd(g), runStateCmd(g, "pause"), runStateCmd(g, "resume"), runStateCmd(g, "end"), runStateCmd(g, "show"))
+	cmd.AddCommand(start, newRunsCallCmd(g), newRunsToolsCmd(g), runStateCmd(g, "pause"), runStateCmd(g, "resume"), runStateCmd(g, "end"), runStateCmd(g, "show"))
 	return cmd
 }
 
@@ -349,6 +363,93 @@ func (g *globals) pool(parent context.Context) (poolv1.PoolServiceClient, contex
 	return poolv1.NewPoolServiceClient(conn), ctx, cancel, nil
 }
 
+// newRunsToolsCmd lists what an agent of a run offers its model.
+func newRunsToolsCmd(g *globals) *cobra.Command {
+	var runID, agent, tenant string
+	cmd := &cobra.Command{
+		Use:   "tools --run ID --agent A",
+		Short: "List the tools an agent of a run offers its model now, and why the others are hidden",
+		Long: `tools lists exactly the tools a call by the agent may reach, sorted by name: its tools
+after the agent's settings, the registrations' tool filters and the run's selected servers,
+with each server whose tools load on demand and the tool_search tool that loads them, and
+whether a call asks the user first. Hidden tools follow with the filter that hid them.
+No server is started. -o json prints the listing as the REST API returns it
+(GET /v1/runs/{run_id}/agents/{agent}/tools), schemas included.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			client, ctx, cancel, err := g.pool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer cancel()
+			resp, err := client.ListAgentTools(ctx, &poolv1.ListAgentToolsRequest{RunId: runID, Agent: agent, Tenant: tenant})
+			if err != nil {
+				return err
+			}
+			return g.printAgentTools(resp)
+		},
+	}
+	cmd.Flags().StringVar(&runID, "run", "", "run id")
+	cmd.Flags().StringVar(&agent, "agent", "", "the agent node's id")
+	cmd.Flags().StringVar(&tenant, "tenant", "", tenantUsage)
+	_ = cmd.MarkFlagRequired("run")
+	_ = cmd.MarkFlagRequired("agent")
+	return cmd
+}
+
+// printAgentTools shows a listing: the tools, the deferred servers, the hidden tools. Titles
+// and descriptions are the servers' own text, shown terminal-safe (table rows escape control
+// characters) and cut to one line.
+func (g *globals) printAgentTools(resp *poolv1.ListAgentToolsResponse) error {
+	if g.output == "json" {
+		return printJSON(g.stdout, resp)
+	}
+	if sel := resp.GetSelectedServers(); len(sel) > 0 {
+		linef(g.stdout, "selected servers: %s\n\n", strings.Join(sel, ", "))
+	}
+	t := newTable(g.stdout, "TOOL", "SERVER", "CONFIRM", "DESCRIPTION")
+	for _, tool := range resp.GetTools() {
+		confirm := "-"
+		if tool.GetRequiresConfirmation() {
+			confirm = "asks first"
+		}
+		desc := tool.GetTitle()
+		if desc == "" {
+			desc = tool.GetDescription()
+		}
+		t.row(tool.GetName(), orDash(tool.GetServerRef()), confirm, truncate(strings.Join(strings.Fields(desc), " "), 72))
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if len(resp.GetTools()) == 0 {
+		fmt.Fprintln(g.stdout, "(no tool: the agent's model sees none now)")
+	}
+	if len(resp.GetDeferredServers()) > 0 {
+		fmt.Fprintln(g.stdout, "\nservers whose tools load on demand (tool_search finds and loads them):")
+		t = newTable(g.stdout, "SERVER", "NOT LOADED", "DESCRIPTION")
+		for _, d := range resp.GetDeferredServers() {
+			t.row(d.GetServerRef(), fmt.Sprint(d.GetUnloadedTools()), truncate(strings.Join(strings.Fields(d.GetDescription()), " "), 72))
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
+	}
+	if len(resp.GetHidden()) > 0 {
+		fmt.Fprintln(g.stdout, "\nhidden from the model:")
+		t = newTable(g.stdout, "TOOL", "REASON", "WHY")
+		for _, h := range resp.GetHidden() {
+			reason := h.GetReason()
+			if h.GetLevel() != "" {
+				reason += " (" + h.GetLevel() + ")"
+			}
+			t.row(h.GetName(), reason, h.GetMessage())
+		}
+		return t.flush()
+	}
+	return nil
+}
+
 func (g *globals) printRun(r *poolv1.Run) error {
 	if g.output == "json" {
 		return printJSON(g.stdout, r)
@@ -365,6 +466,7 @@ func (g *globals) printRun(r *poolv1.Run) error {
 		"end reason", orDash(r.GetEndReason()),
 		"calls", fmt.Sprint(r.GetCalls()),
 		"sessions", orDash(strings.Join(sessions, ", ")),
+		"selected servers", orDash(strings.Join(r.GetSelectedServers(), ", ")),
 		"started", ts(r.GetStartTime()),
 		"last activity", ts(r.GetLastActivityTime()),
 	)

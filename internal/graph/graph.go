@@ -64,12 +64,19 @@ type AgentNode struct {
 	ToolBindings       []ToolBinding `json:"tool_bindings,omitempty"`
 	// MCPServers is the deprecated inline path: author-chosen binaries with no ceiling.
 	MCPServers []InlineMCPServer `json:"mcp_servers,omitempty"`
+	// ToolSettings decide which of its tools the agent's model sees, which load on demand and
+	// which ask the user first (settings.go). Embedded, so its fields sit in the agent's JSON
+	// under the seed's names.
+	ToolSettings
 }
 
 // ToolBinding gives the model the name it calls a tool node by.
 type ToolBinding struct {
 	Name   string `json:"name"`
 	NodeID string `json:"node_id"`
+	// Confirmation is the tool's own rule, ConfirmAlways or ConfirmNever, which wins over the
+	// agent's confirmation_default; empty leaves the default to decide.
+	Confirmation string `json:"confirmation,omitempty"`
 }
 
 // InlineMCPServer is a server written directly onto an agent node (deprecated).

@@ -324,6 +324,8 @@ func (c *checker) agent(field path, id string, a *AgentNode) {
 			switch kind, ok := c.kindOf(b.NodeID); {
 			case !isBindingName(b.Name):
 				c.add(bf.dot("name"), "agent %q: %s is not a tool name the model can call: use 1 to 256 of A-Z a-z 0-9 _ . -", id, fielderr.Quote(b.Name))
+			case isReservedToolName(b.Name):
+				c.add(bf.dot("name"), "agent %q: %q is reserved for the agent surface's own tools (%s, %s<server>); bind the tool by another name, e.g. <server>__<tool>", id, b.Name, ToolSearchName, ConnectToolPrefix)
 			case names[b.Name]:
 				c.add(bf.dot("name"), "agent %q binds the name %q twice; each name calls one tool", id, b.Name)
 			case !ok:
@@ -334,6 +336,7 @@ func (c *checker) agent(field path, id string, a *AgentNode) {
 			names[b.Name] = true
 		}
 	}
+	c.toolSettings(field, id, a)
 	if len(a.MCPServers) > MaxInlineServers {
 		c.add(field.dot("mcp_servers"), "agent %q has %d inline servers; at most %d", id, len(a.MCPServers), MaxInlineServers)
 		return

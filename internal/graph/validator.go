@@ -113,6 +113,7 @@ func (v *Validator) validate(ctx context.Context, g *Graph) (Result, int64, erro
 	servers := make(map[string]*serverState)
 	agents := make(map[int32]*agentState)
 	w := &globWork{meter: capability.Meter{Limit: MaxGlobWork}}
+	var settingsWarns []string
 
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
@@ -125,6 +126,7 @@ func (v *Validator) validate(ctx context.Context, g *Graph) (Result, int64, erro
 			if warn != "" {
 				res.Warnings = append(res.Warnings, warn)
 			}
+			settingsWarns = append(settingsWarns, settingsWarnings(g, ids, n)...)
 		case KindMCPTool:
 			if err := ctx.Err(); err != nil {
 				return Result{}, 0, err
@@ -187,6 +189,11 @@ func (v *Validator) validate(ctx context.Context, g *Graph) (Result, int64, erro
 			}
 		}
 	}
+	if n := len(settingsWarns); n > maxSettingsWarnings {
+		settingsWarns = append(settingsWarns[:maxSettingsWarnings:maxSettingsWarnings],
+			fmt.Sprintf("and %d more entries of agent settings that match none of the agent's tools", n-maxSettingsWarnings))
+	}
+	res.Warnings = append(res.Warnings, settingsWarns...)
 	if len(res.Flags) > 0 {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("the stored flags of %d mcp_tool node(s), %s among them, differ from what the declaration screen finds now; "+
 			"publish stores the screen's", len(res.Flags), firstID(g, res.Flags)))
@@ -196,6 +203,10 @@ func (v *Validator) validate(ctx context.Context, g *Graph) (Result, int64, erro
 	}
 	return res, w.meter.Spent(), nil
 }
+
+// maxSettingsWarnings bounds the warnings about agent settings that match nothing, which a
+// version stores.
+const maxSettingsWarnings = 50
 
 // firstID names the first node of g, in graph order, that flags lists.
 func firstID(g *Graph, flags map[string][]discovery.Finding) string {

@@ -47,6 +47,7 @@ var routeMethods = map[string]string{
 	"POST /v1/runs/{run_id}:pause":                 "/ringfence.pool.v1.PoolService/PauseRun",
 	"POST /v1/runs/{run_id}:resume":                "/ringfence.pool.v1.PoolService/ResumeRun",
 	"POST /v1/runs/{run_id}:end":                   "/ringfence.pool.v1.PoolService/EndRun",
+	"GET /v1/runs/{run_id}/agents/{agent}/tools":   "/ringfence.pool.v1.PoolService/ListAgentTools",
 	"GET /v1/audit/records":                        "/ringfence.audit.v1.AuditService/List",
 	"GET /v1/audit/records:watch":                  "/ringfence.audit.v1.AuditService/Watch",
 	"POST /v1/audit:verify":                        "/ringfence.audit.v1.AuditService/Verify",

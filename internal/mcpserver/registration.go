@@ -119,7 +119,9 @@ func (r *Registration) CallTimeout() time.Duration {
 // Policy is what a registration allows, without secrets: what the publisher and the pool's
 // gates read.
 type Policy struct {
-	Ref             string
+	Ref string
+	// Description is what the server is for: an agent whose tools of it are deferred sees it.
+	Description     string
 	Grants          []string
 	Filter          ToolFilter
 	ToolPermissions map[string][]string

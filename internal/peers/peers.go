@@ -115,7 +115,7 @@ func (r *Registry) ServerPolicy(ctx context.Context, ref string) (mcpserver.Poli
 		return mcpserver.Policy{}, notRegistered(err)
 	}
 	p := mcpserver.Policy{
-		Ref: resp.GetRef(), Grants: resp.GetGrants(), Revision: resp.GetRevision(), StrictInputs: resp.GetStrictInputs(),
+		Ref: resp.GetRef(), Description: resp.GetDescription(), Grants: resp.GetGrants(), Revision: resp.GetRevision(), StrictInputs: resp.GetStrictInputs(),
 		Filter: mcpserver.ToolFilter{Include: resp.GetToolFilter().GetInclude(), Exclude: resp.GetToolFilter().GetExclude()},
 	}
 	if len(resp.GetToolPermissions()) > 0 {

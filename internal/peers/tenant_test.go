@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -18,9 +17,7 @@ import (
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mtls"
 	"github.com/ringfence/ringfence/internal/peers"
-	"github.com/ringfence/ringfence/internal/secretbox"
 	"github.com/ringfence/ringfence/internal/testutil"
-	"github.com/ringfence/ringfence/services/registry"
 )
 
 // TestASplitServiceKeepsTheKeysTenant: in a split deployment the publisher and the pool learn
@@ -32,14 +29,7 @@ func TestASplitServiceKeepsTheKeysTenant(t *testing.T) {
 	_, err := mtls.InitDevCA(dir, mtls.DevCAOptions{})
 	require.NoError(t, err)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	box, err := secretbox.LoadOrCreate(filepath.Join(dir, "secrets.key"))
-	require.NoError(t, err)
-	roles, err := auth.NewRoles("")
-	require.NoError(t, err)
-	reg, err := registry.Open(registry.Config{DBPath: filepath.Join(dir, "registry.db"), Secrets: box, Roles: roles,
-		AuditSink: testutil.NewAuditRecorder(), Logger: quiet})
-	require.NoError(t, err)
-	t.Cleanup(func() { reg.Close() })
+	reg := openRegistry(t, dir, quiet)
 
 	tlsCfg, err := mtls.ServerConfig(certFiles(dir, mtls.Registry))
 	require.NoError(t, err)

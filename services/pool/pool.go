@@ -129,6 +129,8 @@ var errorCodes = map[error]codes.Code{
 	errRunEnded:                    codes.FailedPrecondition,
 	errTooManyRuns:                 codes.ResourceExhausted,
 	errVersionGone:                 codes.NotFound,
+	errUnknownAgent:                codes.NotFound,
+	errRegistryUnavailable:         codes.Unavailable,
 	audit.ErrSpoolFull:             codes.Unavailable,
 }
 

@@ -56,11 +56,11 @@ func (g *Server) StartRun(ctx context.Context, req *poolv1.StartRunRequest) (*po
 	if req.GetVersion() < 0 {
 		return nil, g.svc.errors.Status(ctx, fieldError("version", "must not be negative (0 means the latest)"))
 	}
-	info, err := g.svc.StartRun(ctx, tenant, req.GetGraphId(), req.GetVersion(), req.GetRunId())
+	info, err := g.svc.StartRun(ctx, tenant, req.GetGraphId(), req.GetVersion(), req.GetRunId(), req.GetSelectedServers()...)
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
-	return &poolv1.StartRunResponse{Run: runToProto(info)}, nil
+	return &poolv1.StartRunResponse{Run: runToProto(info), IgnoredServers: info.IgnoredServers}, nil
 }
 
 // runRequest is what every request about one run carries (its tenant is resolved by the
@@ -154,6 +154,22 @@ func (g *Server) CallTool(ctx context.Context, req *poolv1.CallToolRequest) (*po
 	}
 	out.Content, out.StructuredContent = resultToProto(res)
 	return out, nil
+}
+
+// ListAgentTools implements PoolService.
+func (g *Server) ListAgentTools(ctx context.Context, req *poolv1.ListAgentToolsRequest) (*poolv1.ListAgentToolsResponse, error) {
+	id, tenant, err := namedRun(ctx, req)
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	if err := graph.ValidateNodeID("agent", req.GetAgent()); err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	l, err := g.svc.ListAgentTools(ctx, id, tenant, req.GetAgent())
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	return listingToProto(l), nil
 }
 
 // callRequestFromProto reads a call and checks its fields before any gate. A field an audit
@@ -272,7 +288,7 @@ func runToProto(info *RunInfo) *poolv1.Run {
 	out := &poolv1.Run{
 		RunId: r.ID, Tenant: r.Tenant, GraphId: r.GraphID, Version: r.Version, State: r.State,
 		StartTime: timestamppb.New(r.StartTime), LastActivityTime: timestamppb.New(info.LastActivity),
-		Calls: info.Calls, EndReason: r.EndReason,
+		Calls: info.Calls, EndReason: r.EndReason, SelectedServers: r.SelectedServers,
 	}
 	if !r.EndTime.IsZero() {
 		out.EndTime = timestamppb.New(r.EndTime)

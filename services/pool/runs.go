@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ringfence/ringfence/internal/agentsurface"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/mcpgate"
@@ -49,6 +50,9 @@ type run struct {
 	calls        int64
 	attempts     map[string]int32 // call id -> attempts so far (bounded)
 	effective    map[string]agentCaps
+	// surfaces holds each agent's tools and settings as agentsurface read them from the
+	// version, once per run (agenttools.go).
+	surfaces map[string]*agentsurface.Agent
 
 	// busy counts calls in flight, so the idle reaper never ends a run mid-call.
 	busy atomic.Int64
@@ -65,7 +69,7 @@ func newRun(rec store.Run) *run {
 	return &run{
 		id:  runIdentity{ID: rec.ID, Tenant: rec.Tenant, GraphID: rec.GraphID, Version: rec.Version},
 		rec: rec, sessions: make(map[string]*session), attempts: make(map[string]int32),
-		effective: make(map[string]agentCaps), calls: rec.Calls, lastActivity: rec.LastActivity,
+		effective: make(map[string]agentCaps), surfaces: make(map[string]*agentsurface.Agent), calls: rec.Calls, lastActivity: rec.LastActivity,
 	}
 }
 
@@ -137,7 +141,10 @@ type runs struct {
 }
 
 // StartRun starts a run of a published version (0 means the latest). Nothing is spawned.
-func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version int64, runID string) (*RunInfo, error) {
+// selected are the servers a user picked: the run keeps those that an agent of the graph
+// uses, which narrow what each agent sees (agenttools.go), and the answer lists the others as
+// ignored.
+func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version int64, runID string, selected ...string) (*RunInfo, error) {
 	tenant = orDefaultTenant(tenant)
 	if runID == "" {
 		runID = newRunID()
@@ -145,13 +152,19 @@ func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version 
 	if err := validateRunID(runID); err != nil {
 		return nil, err
 	}
+	if err := checkSelection(selected); err != nil {
+		return nil, err
+	}
 	v, err := s.cfg.Versions.PublishedVersion(ctx, tenant, graphID, version)
 	if err != nil {
 		return nil, versionErr(err)
 	}
+	ix := graph.NewIndex(v.Graph)
+	kept, ignored := selection(ix, selected)
 	now := time.Now().UTC()
-	r := newRun(store.Run{ID: runID, Tenant: tenant, GraphID: graphID, Version: v.Version, State: StateRunning, StartTime: now, LastActivity: now})
-	r.loadOnce.Do(func() { r.version, r.index = v, graph.NewIndex(v.Graph) })
+	r := newRun(store.Run{ID: runID, Tenant: tenant, GraphID: graphID, Version: v.Version, State: StateRunning, StartTime: now, LastActivity: now,
+		SelectedServers: kept})
+	r.loadOnce.Do(func() { r.version, r.index = v, ix })
 
 	s.runs.mu.Lock()
 	if s.runs.count >= s.cfg.MaxRuns {
@@ -186,7 +199,9 @@ func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version 
 		return nil, err
 	}
 	s.metrics.runsStarted.Inc()
-	return r.info(), nil
+	info := r.info()
+	info.IgnoredServers = ignored
+	return info, nil
 }
 
 // versionErr says why a version cannot be run in the publisher's own words (which name the
@@ -435,6 +450,9 @@ type RunInfo struct {
 	Sessions     []SessionInfo
 	LastActivity time.Time
 	Calls        int64
+	// IgnoredServers are the selected servers StartRun was given that no agent of the graph
+	// uses (StartRun's answer only).
+	IgnoredServers []string
 }
 
 // SessionInfo is one live session of a run.

@@ -31,7 +31,7 @@ func tenantKey(t *testing.T, h *harness, tenant string) context.Context {
 }
 
 // TestRunsOfAnotherTenantAreNotFoundOverGRPC: a key bound to acme cannot read, pause, resume,
-// call in or end a run of the default tenant through the gRPC API: each is NOT_FOUND, as if
+// list the agents' tools of, call in or end a run of the default tenant through the gRPC API: each is NOT_FOUND, as if
 // the run did not exist, and the run is left as it was.
 func TestRunsOfAnotherTenantAreNotFoundOverGRPC(t *testing.T) {
 	h := newHarness(t, harnessOpts{noImage: true})
@@ -47,6 +47,10 @@ func TestRunsOfAnotherTenantAreNotFoundOverGRPC(t *testing.T) {
 		{"get", func() error { _, err := client.GetRun(acme, &poolv1.GetRunRequest{RunId: run}); return err }},
 		{"pause", func() error { _, err := client.PauseRun(acme, &poolv1.PauseRunRequest{RunId: run}); return err }},
 		{"resume", func() error { _, err := client.ResumeRun(acme, &poolv1.ResumeRunRequest{RunId: run}); return err }},
+		{"tools", func() error {
+			_, err := client.ListAgentTools(acme, &poolv1.ListAgentToolsRequest{RunId: run, Agent: "a"})
+			return err
+		}},
 		{"call", func() error {
 			_, err := client.CallTool(acme, &poolv1.CallToolRequest{RunId: run, Agent: "a", Tool: "fx__echo"})
 			return err

@@ -52,7 +52,7 @@ func (s *InternalServer) GetServerPolicy(ctx context.Context, req *registryinter
 		return nil, s.errors.Status(ctx, err)
 	}
 	out := &registryinternalv1.GetServerPolicyResponse{
-		Ref: p.Ref, Grants: p.Grants, Revision: p.Revision, StrictInputs: p.StrictInputs,
+		Ref: p.Ref, Description: p.Description, Grants: p.Grants, Revision: p.Revision, StrictInputs: p.StrictInputs,
 		ToolFilter: &registryv1.ToolFilter{Include: p.Filter.Include, Exclude: p.Filter.Exclude},
 	}
 	if len(p.ToolPermissions) > 0 {

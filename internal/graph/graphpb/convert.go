@@ -69,14 +69,54 @@ func GraphFromProto(p *publisherv1.Graph) (*graph.Graph, error) {
 }
 
 func agentFromProto(a *publisherv1.AgentNode) *graph.AgentNode {
-	out := &graph.AgentNode{CapabilityBindings: a.GetCapabilityBindings()}
+	out := &graph.AgentNode{CapabilityBindings: a.GetCapabilityBindings(), ToolSettings: settingsFromProto(a)}
 	for _, b := range a.GetToolBindings() {
-		out.ToolBindings = append(out.ToolBindings, graph.ToolBinding{Name: b.GetName(), NodeID: b.GetNodeId()})
+		out.ToolBindings = append(out.ToolBindings, graph.ToolBinding{Name: b.GetName(), NodeID: b.GetNodeId(), Confirmation: b.GetConfirmation()})
 	}
 	for _, s := range a.GetMcpServers() {
 		out.MCPServers = append(out.MCPServers, graph.InlineMCPServer{Name: s.GetName(), Command: s.GetCommand(), Args: s.GetArgs(), Env: s.GetEnv()})
 	}
 	return out
+}
+
+// settingsFromProto reads an agent's tool surface settings; graph.Structure checks them.
+func settingsFromProto(a *publisherv1.AgentNode) graph.ToolSettings {
+	s := graph.ToolSettings{
+		IncludeServers: a.GetIncludeServers(), ExcludeServers: a.GetExcludeServers(),
+		IncludeTools: a.GetIncludeTools(), ExcludeTools: a.GetExcludeTools(),
+		DeferTools: a.GetDeferTools(), ConfirmationDefault: a.GetConfirmationDefault(),
+		ConvertSchemasToStrict: a.GetConvertSchemasToStrict(), SelectedServers: a.GetSelectedServers(),
+	}
+	for _, m := range a.GetMounts() {
+		s.Mounts = append(s.Mounts, graph.Mount{Name: m.GetName(), IncludeTools: m.GetIncludeTools(), ExcludeTools: m.GetExcludeTools(), DeferTools: copyBool(m.DeferTools)})
+	}
+	if r := a.GetDocumentResolver(); r != nil {
+		s.DocumentResolver = &graph.DocumentResolver{Enabled: r.GetEnabled(), ServerNames: r.GetServerNames()}
+	}
+	return s
+}
+
+// copyBool copies an optional bool, so a graph and a message never share one.
+func copyBool(p *bool) *bool {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}
+
+// settingsToProto writes an agent's tool surface settings into a.
+func settingsToProto(s *graph.ToolSettings, a *publisherv1.AgentNode) {
+	a.IncludeServers, a.ExcludeServers = s.IncludeServers, s.ExcludeServers
+	a.IncludeTools, a.ExcludeTools = s.IncludeTools, s.ExcludeTools
+	a.DeferTools, a.ConfirmationDefault = s.DeferTools, s.ConfirmationDefault
+	a.ConvertSchemasToStrict, a.SelectedServers = s.ConvertSchemasToStrict, s.SelectedServers
+	for _, m := range s.Mounts {
+		a.Mounts = append(a.Mounts, &publisherv1.Mount{Name: m.Name, IncludeTools: m.IncludeTools, ExcludeTools: m.ExcludeTools, DeferTools: copyBool(m.DeferTools)})
+	}
+	if r := s.DocumentResolver; r != nil {
+		a.DocumentResolver = &publisherv1.DocumentResolver{Enabled: r.Enabled, ServerNames: r.ServerNames}
+	}
 }
 
 func mcpToolFromProto(field string, m *publisherv1.McpToolNode) (*graph.MCPToolNode, error) {
@@ -114,7 +154,9 @@ func structToRaw(field string, s *structpb.Struct) (json.RawMessage, error) {
 	return b, nil
 }
 
-func rawToStruct(raw json.RawMessage) *structpb.Struct {
+// RawToStruct is a stored JSON object as a Struct (nil for none): a pinned schema or
+// annotations, checked to be a JSON object when written.
+func RawToStruct(raw json.RawMessage) *structpb.Struct {
 	if len(raw) == 0 {
 		return nil
 	}
@@ -156,8 +198,9 @@ func NodeToProto(n *graph.Node, mask bool) *publisherv1.Node {
 	case n.Agent != nil:
 		a := &publisherv1.AgentNode{CapabilityBindings: n.Agent.CapabilityBindings}
 		for _, b := range n.Agent.ToolBindings {
-			a.ToolBindings = append(a.ToolBindings, &publisherv1.ToolBinding{Name: b.Name, NodeId: b.NodeID})
+			a.ToolBindings = append(a.ToolBindings, &publisherv1.ToolBinding{Name: b.Name, NodeId: b.NodeID, Confirmation: b.Confirmation})
 		}
+		settingsToProto(&n.Agent.ToolSettings, a)
 		for _, s := range n.Agent.MCPServers {
 			env := s.Env
 			if mask && len(env) > 0 {
@@ -173,12 +216,12 @@ func NodeToProto(n *graph.Node, mask bool) *publisherv1.Node {
 		m := n.MCPTool
 		out.Data = &publisherv1.Node_McpTool{McpTool: &publisherv1.McpToolNode{
 			ServerRef: m.ServerRef, ToolName: m.ToolName, Title: m.Title, Description: m.Description,
-			InputSchema: rawToStruct(m.InputSchema), OutputSchema: rawToStruct(m.OutputSchema),
-			Annotations: rawToStruct(m.Annotations), SchemaHash: m.SchemaHash,
+			InputSchema: RawToStruct(m.InputSchema), OutputSchema: RawToStruct(m.OutputSchema),
+			Annotations: RawToStruct(m.Annotations), SchemaHash: m.SchemaHash,
 			CapabilityBindings: m.CapabilityBindings, Flags: discovery.FindingsToProto(m.Flags),
 		}}
 	case n.Opaque != nil:
-		if s := rawToStruct(n.Opaque); s != nil {
+		if s := RawToStruct(n.Opaque); s != nil {
 			out.Data = &publisherv1.Node_Opaque{Opaque: s}
 		}
 	}

@@ -28,6 +28,11 @@ var (
 var migrations = []boltdb.Migration{
 	func(tx *bolt.Tx) error { return nil }, // v1: runs and the outbox
 	keyRunsByTenant,                        // v2: runs keyed by tenant and id
+	// v3: a run may carry selected_servers and loaded_tools. Older records read as before (no
+	// selection, nothing loaded), so nothing moves; the version goes up so that an older
+	// binary refuses the file instead of rewriting runs without them, which would widen a
+	// run's selection and forget the tools it loaded.
+	func(tx *bolt.Tx) error { return nil },
 }
 
 // keyRunsByTenant moves every run from its id to its tenant and id, so that two tenants may
@@ -82,6 +87,12 @@ type Run struct {
 	// is read back from here.
 	Calls        int64     `json:"calls,omitempty"`
 	LastActivity time.Time `json:"last_activity,omitzero"`
+	// SelectedServers are the servers StartRun narrowed the run to (those of the graph's),
+	// sorted; empty leaves each agent's own selection.
+	SelectedServers []string `json:"selected_servers,omitempty"`
+	// LoadedTools holds, by agent, the binding names of the deferred tools tool_search loaded
+	// in the run, sorted: they stay loaded for the rest of the run, across a restart.
+	LoadedTools map[string][]string `json:"loaded_tools,omitempty"`
 }
 
 // Store is the pool's bbolt file.

@@ -53,3 +53,38 @@ func TestAVersion1FileKeepsItsRuns(t *testing.T) {
 	require.NoError(t, s.CreateRun(t.Context(), Run{ID: "nightly", Tenant: "default", State: "running"}))
 	require.ErrorIs(t, s.CreateRun(t.Context(), Run{ID: "nightly", Tenant: "acme", State: "running"}), ErrExists)
 }
+
+// TestSelectionAndLoadedToolsAreKeptAndAnOlderBinaryRefusesTheFile: a run's selected servers
+// and loaded tools are stored with it; a version-2 file opens with its runs unchanged, and once
+// this version has written the file a binary that knows only version 2 refuses it rather than
+// rewriting runs without them.
+func TestSelectionAndLoadedToolsAreKeptAndAnOlderBinaryRefusesTheFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pool.db")
+	db, err := boltdb.Open(path)
+	require.NoError(t, err)
+	require.NoError(t, boltdb.Migrate(db, [][]byte{runsBucket}, migrations[:2]))
+	old := Run{ID: "r1", Tenant: "default", GraphID: "g", Version: 1, State: "running", StartTime: time.Unix(1, 0).UTC()}
+	v, err := json.Marshal(old)
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error { return tx.Bucket(runsBucket).Put(runKey(old.Tenant, old.ID), v) }))
+	require.NoError(t, db.Close())
+
+	s, err := Open(path)
+	require.NoError(t, err)
+	got, err := s.GetRun(t.Context(), "default", "r1")
+	require.NoError(t, err)
+	require.Equal(t, old, got)
+	r := Run{ID: "r2", Tenant: "default", GraphID: "g", Version: 1, State: "running", StartTime: time.Unix(2, 0).UTC(),
+		SelectedServers: []string{"docs"}, LoadedTools: map[string][]string{"a": {"docs__read_file"}}}
+	require.NoError(t, s.CreateRun(t.Context(), r))
+	got, err = s.GetRun(t.Context(), "default", "r2")
+	require.NoError(t, err)
+	require.Equal(t, r, got)
+	require.NoError(t, s.Close())
+
+	db, err = boltdb.Open(path)
+	require.NoError(t, err)
+	defer db.Close()
+	err = boltdb.Migrate(db, [][]byte{runsBucket}, migrations[:2])
+	require.ErrorContains(t, err, "newer than this binary knows")
+}

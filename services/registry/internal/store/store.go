@@ -320,7 +320,7 @@ func (s *Store) ServerPolicy(ctx context.Context, ref string) (mcpserver.Policy,
 		return mcpserver.Policy{}, err
 	}
 	return mcpserver.Policy{
-		Ref: st.Ref, Grants: st.Grants, Revision: st.Revision, ToolPermissions: st.ToolPermissions,
+		Ref: st.Ref, Description: st.Description, Grants: st.Grants, Revision: st.Revision, ToolPermissions: st.ToolPermissions,
 		Filter: mcpserver.ToolFilter{Include: st.Include, Exclude: st.Exclude}, StrictInputs: st.StrictInputs,
 	}, nil
 }

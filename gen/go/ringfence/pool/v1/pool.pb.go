@@ -40,9 +40,12 @@ type Run struct {
 	// calls counts attempts, refused ones included.
 	Calls int64 `protobuf:"varint,10,opt,name=calls,proto3" json:"calls,omitempty"`
 	// end_reason says why a run ended (who ended it, or an idle timeout).
-	EndReason     string `protobuf:"bytes,11,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	EndReason string `protobuf:"bytes,11,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
+	// selected_servers are the servers StartRun was asked to narrow the run to, those that any
+	// agent of the graph uses; empty leaves each agent's own selected_servers setting.
+	SelectedServers []string `protobuf:"bytes,12,rep,name=selected_servers,json=selectedServers,proto3" json:"selected_servers,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
@@ -152,6 +155,13 @@ func (x *Run) GetEndReason() string {
 	return ""
 }
 
+func (x *Run) GetSelectedServers() []string {
+	if x != nil {
+		return x.SelectedServers
+	}
+	return nil
+}
+
 // Session is one running MCP server of a run.
 type Session struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -232,9 +242,13 @@ type StartRunRequest struct {
 	GraphId string `protobuf:"bytes,2,opt,name=graph_id,json=graphId,proto3" json:"graph_id,omitempty"`
 	Version int64  `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	// run_id is chosen by the caller (^[A-Za-z0-9_.-]{1,128}$) or generated when empty.
-	RunId         string `protobuf:"bytes,4,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RunId string `protobuf:"bytes,4,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// selected_servers are the servers a user picked (server refs, at most 256): they only
+	// narrow what each agent sees, replacing the agent's own selected_servers setting. A name no
+	// agent of the graph uses is ignored and listed in ignored_servers.
+	SelectedServers []string `protobuf:"bytes,5,rep,name=selected_servers,json=selectedServers,proto3" json:"selected_servers,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StartRunRequest) Reset() {
@@ -295,12 +309,21 @@ func (x *StartRunRequest) GetRunId() string {
 	return ""
 }
 
+func (x *StartRunRequest) GetSelectedServers() []string {
+	if x != nil {
+		return x.SelectedServers
+	}
+	return nil
+}
+
 // StartRunResponse returns the run.
 type StartRunResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Run           *Run                   `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Run   *Run                   `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	// ignored_servers are the selected_servers that no agent of the graph uses.
+	IgnoredServers []string `protobuf:"bytes,2,rep,name=ignored_servers,json=ignoredServers,proto3" json:"ignored_servers,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *StartRunResponse) Reset() {
@@ -336,6 +359,13 @@ func (*StartRunResponse) Descriptor() ([]byte, []int) {
 func (x *StartRunResponse) GetRun() *Run {
 	if x != nil {
 		return x.Run
+	}
+	return nil
+}
+
+func (x *StartRunResponse) GetIgnoredServers() []string {
+	if x != nil {
+		return x.IgnoredServers
 	}
 	return nil
 }
@@ -1169,11 +1199,449 @@ func (x *GetRunResponse) GetRun() *Run {
 	return nil
 }
 
+// ListAgentToolsRequest names a run and one of its agents.
+type ListAgentToolsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// agent is the agent node's id.
+	Agent string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
+	// tenant is the run's tenant (a run id is unique within its tenant): a key bound to a
+	// tenant always acts for its own (omit it or give the same); other keys name it, or act for
+	// "default".
+	Tenant        string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAgentToolsRequest) Reset() {
+	*x = ListAgentToolsRequest{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAgentToolsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAgentToolsRequest) ProtoMessage() {}
+
+func (x *ListAgentToolsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAgentToolsRequest.ProtoReflect.Descriptor instead.
+func (*ListAgentToolsRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ListAgentToolsRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ListAgentToolsRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *ListAgentToolsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// AgentTool is one entry the model sees, in the shape of an MCP tools/list entry.
+type AgentTool struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is what the model calls: the agent's binding name (<server>__<tool>, as mcp-import
+	// binds it), or a meta-tool's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// kind is "tool" (a server's tool) or "tool_search" (the meta-tool that finds and loads
+	// deferred tools; its arguments are query and an optional server).
+	Kind      string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	ServerRef string `protobuf:"bytes,3,opt,name=server_ref,json=serverRef,proto3" json:"server_ref,omitempty"`
+	// tool_name is the server's own name for the tool.
+	ToolName     string           `protobuf:"bytes,4,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`
+	Title        string           `protobuf:"bytes,5,opt,name=title,proto3" json:"title,omitempty"`
+	Description  string           `protobuf:"bytes,6,opt,name=description,proto3" json:"description,omitempty"`
+	InputSchema  *structpb.Struct `protobuf:"bytes,7,opt,name=input_schema,json=inputSchema,proto3" json:"input_schema,omitempty"`
+	OutputSchema *structpb.Struct `protobuf:"bytes,8,opt,name=output_schema,json=outputSchema,proto3" json:"output_schema,omitempty"`
+	Annotations  *structpb.Struct `protobuf:"bytes,9,opt,name=annotations,proto3" json:"annotations,omitempty"`
+	// requires_confirmation says a call asks the user first: the binding's rule, else the
+	// agent's confirmation_default.
+	RequiresConfirmation bool `protobuf:"varint,10,opt,name=requires_confirmation,json=requiresConfirmation,proto3" json:"requires_confirmation,omitempty"`
+	// strict says input_schema is the strict form of the pinned schema
+	// (convert_schemas_to_strict).
+	Strict bool `protobuf:"varint,11,opt,name=strict,proto3" json:"strict,omitempty"`
+	// loaded marks a deferred tool that tool_search loaded earlier in the run.
+	Loaded        bool `protobuf:"varint,12,opt,name=loaded,proto3" json:"loaded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AgentTool) Reset() {
+	*x = AgentTool{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentTool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentTool) ProtoMessage() {}
+
+func (x *AgentTool) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentTool.ProtoReflect.Descriptor instead.
+func (*AgentTool) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *AgentTool) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AgentTool) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *AgentTool) GetServerRef() string {
+	if x != nil {
+		return x.ServerRef
+	}
+	return ""
+}
+
+func (x *AgentTool) GetToolName() string {
+	if x != nil {
+		return x.ToolName
+	}
+	return ""
+}
+
+func (x *AgentTool) GetTitle() string {
+	if x != nil {
+		return x.Title
+	}
+	return ""
+}
+
+func (x *AgentTool) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *AgentTool) GetInputSchema() *structpb.Struct {
+	if x != nil {
+		return x.InputSchema
+	}
+	return nil
+}
+
+func (x *AgentTool) GetOutputSchema() *structpb.Struct {
+	if x != nil {
+		return x.OutputSchema
+	}
+	return nil
+}
+
+func (x *AgentTool) GetAnnotations() *structpb.Struct {
+	if x != nil {
+		return x.Annotations
+	}
+	return nil
+}
+
+func (x *AgentTool) GetRequiresConfirmation() bool {
+	if x != nil {
+		return x.RequiresConfirmation
+	}
+	return false
+}
+
+func (x *AgentTool) GetStrict() bool {
+	if x != nil {
+		return x.Strict
+	}
+	return false
+}
+
+func (x *AgentTool) GetLoaded() bool {
+	if x != nil {
+		return x.Loaded
+	}
+	return false
+}
+
+// DeferredServer is a server whose tools load on demand: the model sees its name and
+// description and finds its tools with tool_search.
+type DeferredServer struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ServerRef string                 `protobuf:"bytes,1,opt,name=server_ref,json=serverRef,proto3" json:"server_ref,omitempty"`
+	// description is the registration's.
+	Description string `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	// unloaded_tools counts its tools that tool_search has not loaded yet.
+	UnloadedTools int32 `protobuf:"varint,3,opt,name=unloaded_tools,json=unloadedTools,proto3" json:"unloaded_tools,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeferredServer) Reset() {
+	*x = DeferredServer{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeferredServer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeferredServer) ProtoMessage() {}
+
+func (x *DeferredServer) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeferredServer.ProtoReflect.Descriptor instead.
+func (*DeferredServer) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *DeferredServer) GetServerRef() string {
+	if x != nil {
+		return x.ServerRef
+	}
+	return ""
+}
+
+func (x *DeferredServer) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *DeferredServer) GetUnloadedTools() int32 {
+	if x != nil {
+		return x.UnloadedTools
+	}
+	return 0
+}
+
+// HiddenTool is one of the agent's tools the model does not see, and why.
+type HiddenTool struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the agent's binding name.
+	Name      string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	ServerRef string `protobuf:"bytes,2,opt,name=server_ref,json=serverRef,proto3" json:"server_ref,omitempty"`
+	ToolName  string `protobuf:"bytes,3,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`
+	// reason is filtered_out (a filter removed it), not_loaded (deferred: tool_search loads it)
+	// or unknown_server (its server is no longer registered).
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// level names, for filtered_out, the filter that removed it: provider_servers
+	// (include_servers / exclude_servers), selected_servers, provider_tools (include_tools /
+	// exclude_tools), registration (the server's tool_filter) or mount.
+	Level string `protobuf:"bytes,5,opt,name=level,proto3" json:"level,omitempty"`
+	// message says which entry removed it and how to change that.
+	Message       string `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HiddenTool) Reset() {
+	*x = HiddenTool{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HiddenTool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HiddenTool) ProtoMessage() {}
+
+func (x *HiddenTool) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HiddenTool.ProtoReflect.Descriptor instead.
+func (*HiddenTool) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *HiddenTool) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *HiddenTool) GetServerRef() string {
+	if x != nil {
+		return x.ServerRef
+	}
+	return ""
+}
+
+func (x *HiddenTool) GetToolName() string {
+	if x != nil {
+		return x.ToolName
+	}
+	return ""
+}
+
+func (x *HiddenTool) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *HiddenTool) GetLevel() string {
+	if x != nil {
+		return x.Level
+	}
+	return ""
+}
+
+func (x *HiddenTool) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// ListAgentToolsResponse is the agent's listing.
+type ListAgentToolsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tools are the entries a call may reach, sorted by name.
+	Tools []*AgentTool `protobuf:"bytes,1,rep,name=tools,proto3" json:"tools,omitempty"`
+	// deferred_servers are the servers with tools tool_search can load, sorted by ref.
+	DeferredServers []*DeferredServer `protobuf:"bytes,2,rep,name=deferred_servers,json=deferredServers,proto3" json:"deferred_servers,omitempty"`
+	// hidden are the agent's other tools, sorted by name.
+	Hidden []*HiddenTool `protobuf:"bytes,3,rep,name=hidden,proto3" json:"hidden,omitempty"`
+	// selected_servers is the selection in effect (the run's, else the agent's setting); empty
+	// narrows nothing.
+	SelectedServers []string `protobuf:"bytes,4,rep,name=selected_servers,json=selectedServers,proto3" json:"selected_servers,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ListAgentToolsResponse) Reset() {
+	*x = ListAgentToolsResponse{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAgentToolsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAgentToolsResponse) ProtoMessage() {}
+
+func (x *ListAgentToolsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAgentToolsResponse.ProtoReflect.Descriptor instead.
+func (*ListAgentToolsResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ListAgentToolsResponse) GetTools() []*AgentTool {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+func (x *ListAgentToolsResponse) GetDeferredServers() []*DeferredServer {
+	if x != nil {
+		return x.DeferredServers
+	}
+	return nil
+}
+
+func (x *ListAgentToolsResponse) GetHidden() []*HiddenTool {
+	if x != nil {
+		return x.Hidden
+	}
+	return nil
+}
+
+func (x *ListAgentToolsResponse) GetSelectedServers() []string {
+	if x != nil {
+		return x.SelectedServers
+	}
+	return nil
+}
+
 var File_ringfence_pool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\n" +
-	"\x1cringfence/pool/v1/pool.proto\x12\x11ringfence.pool.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xa8\x03\n" +
+	"\x1cringfence/pool/v1/pool.proto\x12\x11ringfence.pool.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xd3\x03\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x19\n" +
@@ -1188,7 +1656,8 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\x05calls\x18\n" +
 	" \x01(\x03R\x05calls\x12\x1d\n" +
 	"\n" +
-	"end_reason\x18\v \x01(\tR\tendReason\"\xb6\x01\n" +
+	"end_reason\x18\v \x01(\tR\tendReason\x12)\n" +
+	"\x10selected_servers\x18\f \x03(\tR\x0fselectedServers\"\xb6\x01\n" +
 	"\aSession\x12\x1d\n" +
 	"\n" +
 	"server_ref\x18\x01 \x01(\tR\tserverRef\x129\n" +
@@ -1196,14 +1665,16 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"start_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12;\n" +
 	"\vlisted_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"listedTime\x12\x14\n" +
-	"\x05calls\x18\x04 \x01(\x03R\x05calls\"u\n" +
+	"\x05calls\x18\x04 \x01(\x03R\x05calls\"\xa0\x01\n" +
 	"\x0fStartRunRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x19\n" +
 	"\bgraph_id\x18\x02 \x01(\tR\agraphId\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x03R\aversion\x12\x15\n" +
-	"\x06run_id\x18\x04 \x01(\tR\x05runId\"<\n" +
+	"\x06run_id\x18\x04 \x01(\tR\x05runId\x12)\n" +
+	"\x10selected_servers\x18\x05 \x03(\tR\x0fselectedServers\"e\n" +
 	"\x10StartRunResponse\x12(\n" +
-	"\x03run\x18\x01 \x01(\v2\x16.ringfence.pool.v1.RunR\x03run\"\xba\x01\n" +
+	"\x03run\x18\x01 \x01(\v2\x16.ringfence.pool.v1.RunR\x03run\x12'\n" +
+	"\x0fignored_servers\x18\x02 \x03(\tR\x0eignoredServers\"\xba\x01\n" +
 	"\x0fCallToolRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x14\n" +
 	"\x05agent\x18\x02 \x01(\tR\x05agent\x12\x12\n" +
@@ -1262,14 +1733,53 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\":\n" +
 	"\x0eGetRunResponse\x12(\n" +
-	"\x03run\x18\x01 \x01(\v2\x16.ringfence.pool.v1.RunR\x03run2\x82\x04\n" +
+	"\x03run\x18\x01 \x01(\v2\x16.ringfence.pool.v1.RunR\x03run\"\\\n" +
+	"\x15ListAgentToolsRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x14\n" +
+	"\x05agent\x18\x02 \x01(\tR\x05agent\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\"\xc1\x03\n" +
+	"\tAgentTool\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1d\n" +
+	"\n" +
+	"server_ref\x18\x03 \x01(\tR\tserverRef\x12\x1b\n" +
+	"\ttool_name\x18\x04 \x01(\tR\btoolName\x12\x14\n" +
+	"\x05title\x18\x05 \x01(\tR\x05title\x12 \n" +
+	"\vdescription\x18\x06 \x01(\tR\vdescription\x12:\n" +
+	"\finput_schema\x18\a \x01(\v2\x17.google.protobuf.StructR\vinputSchema\x12<\n" +
+	"\routput_schema\x18\b \x01(\v2\x17.google.protobuf.StructR\foutputSchema\x129\n" +
+	"\vannotations\x18\t \x01(\v2\x17.google.protobuf.StructR\vannotations\x123\n" +
+	"\x15requires_confirmation\x18\n" +
+	" \x01(\bR\x14requiresConfirmation\x12\x16\n" +
+	"\x06strict\x18\v \x01(\bR\x06strict\x12\x16\n" +
+	"\x06loaded\x18\f \x01(\bR\x06loaded\"x\n" +
+	"\x0eDeferredServer\x12\x1d\n" +
+	"\n" +
+	"server_ref\x18\x01 \x01(\tR\tserverRef\x12 \n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription\x12%\n" +
+	"\x0eunloaded_tools\x18\x03 \x01(\x05R\runloadedTools\"\xa4\x01\n" +
+	"\n" +
+	"HiddenTool\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"server_ref\x18\x02 \x01(\tR\tserverRef\x12\x1b\n" +
+	"\ttool_name\x18\x03 \x01(\tR\btoolName\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05level\x18\x05 \x01(\tR\x05level\x12\x18\n" +
+	"\amessage\x18\x06 \x01(\tR\amessage\"\xfc\x01\n" +
+	"\x16ListAgentToolsResponse\x122\n" +
+	"\x05tools\x18\x01 \x03(\v2\x1c.ringfence.pool.v1.AgentToolR\x05tools\x12L\n" +
+	"\x10deferred_servers\x18\x02 \x03(\v2!.ringfence.pool.v1.DeferredServerR\x0fdeferredServers\x125\n" +
+	"\x06hidden\x18\x03 \x03(\v2\x1d.ringfence.pool.v1.HiddenToolR\x06hidden\x12)\n" +
+	"\x10selected_servers\x18\x04 \x03(\tR\x0fselectedServers2\xe9\x04\n" +
 	"\vPoolService\x12S\n" +
 	"\bStartRun\x12\".ringfence.pool.v1.StartRunRequest\x1a#.ringfence.pool.v1.StartRunResponse\x12S\n" +
 	"\bCallTool\x12\".ringfence.pool.v1.CallToolRequest\x1a#.ringfence.pool.v1.CallToolResponse\x12S\n" +
 	"\bPauseRun\x12\".ringfence.pool.v1.PauseRunRequest\x1a#.ringfence.pool.v1.PauseRunResponse\x12V\n" +
 	"\tResumeRun\x12#.ringfence.pool.v1.ResumeRunRequest\x1a$.ringfence.pool.v1.ResumeRunResponse\x12M\n" +
 	"\x06EndRun\x12 .ringfence.pool.v1.EndRunRequest\x1a!.ringfence.pool.v1.EndRunResponse\x12M\n" +
-	"\x06GetRun\x12 .ringfence.pool.v1.GetRunRequest\x1a!.ringfence.pool.v1.GetRunResponseB\xc8\x01\n" +
+	"\x06GetRun\x12 .ringfence.pool.v1.GetRunRequest\x1a!.ringfence.pool.v1.GetRunResponse\x12e\n" +
+	"\x0eListAgentTools\x12(.ringfence.pool.v1.ListAgentToolsRequest\x1a).ringfence.pool.v1.ListAgentToolsResponseB\xc8\x01\n" +
 	"\x15com.ringfence.pool.v1B\tPoolProtoP\x01Z>github.com/ringfence/ringfence/gen/go/ringfence/pool/v1;poolv1\xa2\x02\x03RPX\xaa\x02\x11Ringfence.Pool.V1\xca\x02\x11Ringfence\\Pool\\V1\xe2\x02\x1dRingfence\\Pool\\V1\\GPBMetadata\xea\x02\x13Ringfence::Pool::V1b\x06proto3"
 
 var (
@@ -1284,61 +1794,74 @@ func file_ringfence_pool_v1_pool_proto_rawDescGZIP() []byte {
 	return file_ringfence_pool_v1_pool_proto_rawDescData
 }
 
-var file_ringfence_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_ringfence_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_ringfence_pool_v1_pool_proto_goTypes = []any{
-	(*Run)(nil),                   // 0: ringfence.pool.v1.Run
-	(*Session)(nil),               // 1: ringfence.pool.v1.Session
-	(*StartRunRequest)(nil),       // 2: ringfence.pool.v1.StartRunRequest
-	(*StartRunResponse)(nil),      // 3: ringfence.pool.v1.StartRunResponse
-	(*CallToolRequest)(nil),       // 4: ringfence.pool.v1.CallToolRequest
-	(*CallToolResponse)(nil),      // 5: ringfence.pool.v1.CallToolResponse
-	(*CallRefusal)(nil),           // 6: ringfence.pool.v1.CallRefusal
-	(*CallFailure)(nil),           // 7: ringfence.pool.v1.CallFailure
-	(*PauseRunRequest)(nil),       // 8: ringfence.pool.v1.PauseRunRequest
-	(*PauseRunResponse)(nil),      // 9: ringfence.pool.v1.PauseRunResponse
-	(*ResumeRunRequest)(nil),      // 10: ringfence.pool.v1.ResumeRunRequest
-	(*ResumeRunResponse)(nil),     // 11: ringfence.pool.v1.ResumeRunResponse
-	(*EndRunRequest)(nil),         // 12: ringfence.pool.v1.EndRunRequest
-	(*EndRunResponse)(nil),        // 13: ringfence.pool.v1.EndRunResponse
-	(*GetRunRequest)(nil),         // 14: ringfence.pool.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 15: ringfence.pool.v1.GetRunResponse
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 17: google.protobuf.Struct
-	(*v1.ServerFailure)(nil),      // 18: ringfence.types.v1.ServerFailure
+	(*Run)(nil),                    // 0: ringfence.pool.v1.Run
+	(*Session)(nil),                // 1: ringfence.pool.v1.Session
+	(*StartRunRequest)(nil),        // 2: ringfence.pool.v1.StartRunRequest
+	(*StartRunResponse)(nil),       // 3: ringfence.pool.v1.StartRunResponse
+	(*CallToolRequest)(nil),        // 4: ringfence.pool.v1.CallToolRequest
+	(*CallToolResponse)(nil),       // 5: ringfence.pool.v1.CallToolResponse
+	(*CallRefusal)(nil),            // 6: ringfence.pool.v1.CallRefusal
+	(*CallFailure)(nil),            // 7: ringfence.pool.v1.CallFailure
+	(*PauseRunRequest)(nil),        // 8: ringfence.pool.v1.PauseRunRequest
+	(*PauseRunResponse)(nil),       // 9: ringfence.pool.v1.PauseRunResponse
+	(*ResumeRunRequest)(nil),       // 10: ringfence.pool.v1.ResumeRunRequest
+	(*ResumeRunResponse)(nil),      // 11: ringfence.pool.v1.ResumeRunResponse
+	(*EndRunRequest)(nil),          // 12: ringfence.pool.v1.EndRunRequest
+	(*EndRunResponse)(nil),         // 13: ringfence.pool.v1.EndRunResponse
+	(*GetRunRequest)(nil),          // 14: ringfence.pool.v1.GetRunRequest
+	(*GetRunResponse)(nil),         // 15: ringfence.pool.v1.GetRunResponse
+	(*ListAgentToolsRequest)(nil),  // 16: ringfence.pool.v1.ListAgentToolsRequest
+	(*AgentTool)(nil),              // 17: ringfence.pool.v1.AgentTool
+	(*DeferredServer)(nil),         // 18: ringfence.pool.v1.DeferredServer
+	(*HiddenTool)(nil),             // 19: ringfence.pool.v1.HiddenTool
+	(*ListAgentToolsResponse)(nil), // 20: ringfence.pool.v1.ListAgentToolsResponse
+	(*timestamppb.Timestamp)(nil),  // 21: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),        // 22: google.protobuf.Struct
+	(*v1.ServerFailure)(nil),       // 23: ringfence.types.v1.ServerFailure
 }
 var file_ringfence_pool_v1_pool_proto_depIdxs = []int32{
 	1,  // 0: ringfence.pool.v1.Run.sessions:type_name -> ringfence.pool.v1.Session
-	16, // 1: ringfence.pool.v1.Run.start_time:type_name -> google.protobuf.Timestamp
-	16, // 2: ringfence.pool.v1.Run.last_activity_time:type_name -> google.protobuf.Timestamp
-	16, // 3: ringfence.pool.v1.Run.end_time:type_name -> google.protobuf.Timestamp
-	16, // 4: ringfence.pool.v1.Session.start_time:type_name -> google.protobuf.Timestamp
-	16, // 5: ringfence.pool.v1.Session.listed_time:type_name -> google.protobuf.Timestamp
+	21, // 1: ringfence.pool.v1.Run.start_time:type_name -> google.protobuf.Timestamp
+	21, // 2: ringfence.pool.v1.Run.last_activity_time:type_name -> google.protobuf.Timestamp
+	21, // 3: ringfence.pool.v1.Run.end_time:type_name -> google.protobuf.Timestamp
+	21, // 4: ringfence.pool.v1.Session.start_time:type_name -> google.protobuf.Timestamp
+	21, // 5: ringfence.pool.v1.Session.listed_time:type_name -> google.protobuf.Timestamp
 	0,  // 6: ringfence.pool.v1.StartRunResponse.run:type_name -> ringfence.pool.v1.Run
-	17, // 7: ringfence.pool.v1.CallToolRequest.arguments:type_name -> google.protobuf.Struct
-	17, // 8: ringfence.pool.v1.CallToolResponse.content:type_name -> google.protobuf.Struct
-	17, // 9: ringfence.pool.v1.CallToolResponse.structured_content:type_name -> google.protobuf.Struct
-	18, // 10: ringfence.pool.v1.CallRefusal.server_failure:type_name -> ringfence.types.v1.ServerFailure
+	22, // 7: ringfence.pool.v1.CallToolRequest.arguments:type_name -> google.protobuf.Struct
+	22, // 8: ringfence.pool.v1.CallToolResponse.content:type_name -> google.protobuf.Struct
+	22, // 9: ringfence.pool.v1.CallToolResponse.structured_content:type_name -> google.protobuf.Struct
+	23, // 10: ringfence.pool.v1.CallRefusal.server_failure:type_name -> ringfence.types.v1.ServerFailure
 	0,  // 11: ringfence.pool.v1.PauseRunResponse.run:type_name -> ringfence.pool.v1.Run
 	0,  // 12: ringfence.pool.v1.ResumeRunResponse.run:type_name -> ringfence.pool.v1.Run
 	0,  // 13: ringfence.pool.v1.EndRunResponse.run:type_name -> ringfence.pool.v1.Run
 	0,  // 14: ringfence.pool.v1.GetRunResponse.run:type_name -> ringfence.pool.v1.Run
-	2,  // 15: ringfence.pool.v1.PoolService.StartRun:input_type -> ringfence.pool.v1.StartRunRequest
-	4,  // 16: ringfence.pool.v1.PoolService.CallTool:input_type -> ringfence.pool.v1.CallToolRequest
-	8,  // 17: ringfence.pool.v1.PoolService.PauseRun:input_type -> ringfence.pool.v1.PauseRunRequest
-	10, // 18: ringfence.pool.v1.PoolService.ResumeRun:input_type -> ringfence.pool.v1.ResumeRunRequest
-	12, // 19: ringfence.pool.v1.PoolService.EndRun:input_type -> ringfence.pool.v1.EndRunRequest
-	14, // 20: ringfence.pool.v1.PoolService.GetRun:input_type -> ringfence.pool.v1.GetRunRequest
-	3,  // 21: ringfence.pool.v1.PoolService.StartRun:output_type -> ringfence.pool.v1.StartRunResponse
-	5,  // 22: ringfence.pool.v1.PoolService.CallTool:output_type -> ringfence.pool.v1.CallToolResponse
-	9,  // 23: ringfence.pool.v1.PoolService.PauseRun:output_type -> ringfence.pool.v1.PauseRunResponse
-	11, // 24: ringfence.pool.v1.PoolService.ResumeRun:output_type -> ringfence.pool.v1.ResumeRunResponse
-	13, // 25: ringfence.pool.v1.PoolService.EndRun:output_type -> ringfence.pool.v1.EndRunResponse
-	15, // 26: ringfence.pool.v1.PoolService.GetRun:output_type -> ringfence.pool.v1.GetRunResponse
-	21, // [21:27] is the sub-list for method output_type
-	15, // [15:21] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	22, // 15: ringfence.pool.v1.AgentTool.input_schema:type_name -> google.protobuf.Struct
+	22, // 16: ringfence.pool.v1.AgentTool.output_schema:type_name -> google.protobuf.Struct
+	22, // 17: ringfence.pool.v1.AgentTool.annotations:type_name -> google.protobuf.Struct
+	17, // 18: ringfence.pool.v1.ListAgentToolsResponse.tools:type_name -> ringfence.pool.v1.AgentTool
+	18, // 19: ringfence.pool.v1.ListAgentToolsResponse.deferred_servers:type_name -> ringfence.pool.v1.DeferredServer
+	19, // 20: ringfence.pool.v1.ListAgentToolsResponse.hidden:type_name -> ringfence.pool.v1.HiddenTool
+	2,  // 21: ringfence.pool.v1.PoolService.StartRun:input_type -> ringfence.pool.v1.StartRunRequest
+	4,  // 22: ringfence.pool.v1.PoolService.CallTool:input_type -> ringfence.pool.v1.CallToolRequest
+	8,  // 23: ringfence.pool.v1.PoolService.PauseRun:input_type -> ringfence.pool.v1.PauseRunRequest
+	10, // 24: ringfence.pool.v1.PoolService.ResumeRun:input_type -> ringfence.pool.v1.ResumeRunRequest
+	12, // 25: ringfence.pool.v1.PoolService.EndRun:input_type -> ringfence.pool.v1.EndRunRequest
+	14, // 26: ringfence.pool.v1.PoolService.GetRun:input_type -> ringfence.pool.v1.GetRunRequest
+	16, // 27: ringfence.pool.v1.PoolService.ListAgentTools:input_type -> ringfence.pool.v1.ListAgentToolsRequest
+	3,  // 28: ringfence.pool.v1.PoolService.StartRun:output_type -> ringfence.pool.v1.StartRunResponse
+	5,  // 29: ringfence.pool.v1.PoolService.CallTool:output_type -> ringfence.pool.v1.CallToolResponse
+	9,  // 30: ringfence.pool.v1.PoolService.PauseRun:output_type -> ringfence.pool.v1.PauseRunResponse
+	11, // 31: ringfence.pool.v1.PoolService.ResumeRun:output_type -> ringfence.pool.v1.ResumeRunResponse
+	13, // 32: ringfence.pool.v1.PoolService.EndRun:output_type -> ringfence.pool.v1.EndRunResponse
+	15, // 33: ringfence.pool.v1.PoolService.GetRun:output_type -> ringfence.pool.v1.GetRunResponse
+	20, // 34: ringfence.pool.v1.PoolService.ListAgentTools:output_type -> ringfence.pool.v1.ListAgentToolsResponse
+	28, // [28:35] is the sub-list for method output_type
+	21, // [21:28] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_pool_v1_pool_proto_init() }
@@ -1352,7 +1875,7 @@ func file_ringfence_pool_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_pool_v1_pool_proto_rawDesc), len(file_ringfence_pool_v1_pool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,12 +19,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PoolService_StartRun_FullMethodName  = "/ringfence.pool.v1.PoolService/StartRun"
-	PoolService_CallTool_FullMethodName  = "/ringfence.pool.v1.PoolService/CallTool"
-	PoolService_PauseRun_FullMethodName  = "/ringfence.pool.v1.PoolService/PauseRun"
-	PoolService_ResumeRun_FullMethodName = "/ringfence.pool.v1.PoolService/ResumeRun"
-	PoolService_EndRun_FullMethodName    = "/ringfence.pool.v1.PoolService/EndRun"
-	PoolService_GetRun_FullMethodName    = "/ringfence.pool.v1.PoolService/GetRun"
+	PoolService_StartRun_FullMethodName       = "/ringfence.pool.v1.PoolService/StartRun"
+	PoolService_CallTool_FullMethodName       = "/ringfence.pool.v1.PoolService/CallTool"
+	PoolService_PauseRun_FullMethodName       = "/ringfence.pool.v1.PoolService/PauseRun"
+	PoolService_ResumeRun_FullMethodName      = "/ringfence.pool.v1.PoolService/ResumeRun"
+	PoolService_EndRun_FullMethodName         = "/ringfence.pool.v1.PoolService/EndRun"
+	PoolService_GetRun_FullMethodName         = "/ringfence.pool.v1.PoolService/GetRun"
+	PoolService_ListAgentTools_FullMethodName = "/ringfence.pool.v1.PoolService/ListAgentTools"
 )
 
 // PoolServiceClient is the client API for PoolService service.
@@ -63,6 +64,15 @@ type PoolServiceClient interface {
 	// GetRun reports a run and its sessions.
 	// Caller: run:execute (REST GET /v1/runs/{run_id}). Codes: NOT_FOUND.
 	GetRun(ctx context.Context, in *GetRunRequest, opts ...grpc.CallOption) (*GetRunResponse, error)
+	// ListAgentTools returns what an agent of a run offers its model now: exactly the tools a
+	// call may reach once the agent's settings, the registrations' tool filters and the run's
+	// selected servers have narrowed them, sorted by name, with each deferred server as an entry
+	// and the tool_search meta-tool, and whether a call asks for confirmation. Declarations are
+	// the pinned ones (strict where the agent says so); no server is started or dialed.
+	// Caller: run:execute (REST GET /v1/runs/{run_id}/agents/{agent}/tools). Codes: NOT_FOUND
+	// (run or agent), FAILED_PRECONDITION (the run has ended), UNAVAILABLE (the registry could
+	// not be asked for a server's tool filter), INVALID_ARGUMENT.
+	ListAgentTools(ctx context.Context, in *ListAgentToolsRequest, opts ...grpc.CallOption) (*ListAgentToolsResponse, error)
 }
 
 type poolServiceClient struct {
@@ -133,6 +143,16 @@ func (c *poolServiceClient) GetRun(ctx context.Context, in *GetRunRequest, opts 
 	return out, nil
 }
 
+func (c *poolServiceClient) ListAgentTools(ctx context.Context, in *ListAgentToolsRequest, opts ...grpc.CallOption) (*ListAgentToolsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListAgentToolsResponse)
+	err := c.cc.Invoke(ctx, PoolService_ListAgentTools_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServiceServer is the server API for PoolService service.
 // All implementations must embed UnimplementedPoolServiceServer
 // for forward compatibility.
@@ -169,6 +189,15 @@ type PoolServiceServer interface {
 	// GetRun reports a run and its sessions.
 	// Caller: run:execute (REST GET /v1/runs/{run_id}). Codes: NOT_FOUND.
 	GetRun(context.Context, *GetRunRequest) (*GetRunResponse, error)
+	// ListAgentTools returns what an agent of a run offers its model now: exactly the tools a
+	// call may reach once the agent's settings, the registrations' tool filters and the run's
+	// selected servers have narrowed them, sorted by name, with each deferred server as an entry
+	// and the tool_search meta-tool, and whether a call asks for confirmation. Declarations are
+	// the pinned ones (strict where the agent says so); no server is started or dialed.
+	// Caller: run:execute (REST GET /v1/runs/{run_id}/agents/{agent}/tools). Codes: NOT_FOUND
+	// (run or agent), FAILED_PRECONDITION (the run has ended), UNAVAILABLE (the registry could
+	// not be asked for a server's tool filter), INVALID_ARGUMENT.
+	ListAgentTools(context.Context, *ListAgentToolsRequest) (*ListAgentToolsResponse, error)
 	mustEmbedUnimplementedPoolServiceServer()
 }
 
@@ -196,6 +225,9 @@ func (UnimplementedPoolServiceServer) EndRun(context.Context, *EndRunRequest) (*
 }
 func (UnimplementedPoolServiceServer) GetRun(context.Context, *GetRunRequest) (*GetRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetRun not implemented")
+}
+func (UnimplementedPoolServiceServer) ListAgentTools(context.Context, *ListAgentToolsRequest) (*ListAgentToolsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListAgentTools not implemented")
 }
 func (UnimplementedPoolServiceServer) mustEmbedUnimplementedPoolServiceServer() {}
 func (UnimplementedPoolServiceServer) testEmbeddedByValue()                     {}
@@ -326,6 +358,24 @@ func _PoolService_GetRun_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PoolService_ListAgentTools_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListAgentToolsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServiceServer).ListAgentTools(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolService_ListAgentTools_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServiceServer).ListAgentTools(ctx, req.(*ListAgentToolsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PoolService_ServiceDesc is the grpc.ServiceDesc for PoolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -356,6 +406,10 @@ var PoolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetRun",
 			Handler:    _PoolService_GetRun_Handler,
+		},
+		{
+			MethodName: "ListAgentTools",
+			Handler:    _PoolService_ListAgentTools_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

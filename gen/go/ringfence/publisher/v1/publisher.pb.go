@@ -255,9 +255,36 @@ type AgentNode struct {
 	ToolBindings       []*ToolBinding `protobuf:"bytes,2,rep,name=tool_bindings,json=toolBindings,proto3" json:"tool_bindings,omitempty"`
 	// mcp_servers are deprecated inline servers: refused at publish unless the development flag
 	// RINGFENCE_DEV__ALLOW_INLINE_MCP_SERVERS is set, and then they have no ceiling.
-	McpServers    []*InlineMcpServer `protobuf:"bytes,3,rep,name=mcp_servers,json=mcpServers,proto3" json:"mcp_servers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	McpServers []*InlineMcpServer `protobuf:"bytes,3,rep,name=mcp_servers,json=mcpServers,proto3" json:"mcp_servers,omitempty"`
+	// include_servers, when non-empty, are the only servers (refs) whose tools the agent sees.
+	IncludeServers []string `protobuf:"bytes,4,rep,name=include_servers,json=includeServers,proto3" json:"include_servers,omitempty"`
+	// exclude_servers hides servers; it wins over include_servers.
+	ExcludeServers []string `protobuf:"bytes,5,rep,name=exclude_servers,json=excludeServers,proto3" json:"exclude_servers,omitempty"`
+	// include_tools, when non-empty, are the only tools the agent sees: namespaced names,
+	// <server>__<tool>.
+	IncludeTools []string `protobuf:"bytes,6,rep,name=include_tools,json=includeTools,proto3" json:"include_tools,omitempty"`
+	// exclude_tools hides tools (namespaced names); it wins over include_tools.
+	ExcludeTools []string `protobuf:"bytes,7,rep,name=exclude_tools,json=excludeTools,proto3" json:"exclude_tools,omitempty"`
+	// defer_tools loads the servers' tools on demand: the model sees each server by name and
+	// description and loads its tools with tool_search. A mount's defer_tools overrides it.
+	DeferTools bool `protobuf:"varint,8,opt,name=defer_tools,json=deferTools,proto3" json:"defer_tools,omitempty"`
+	// confirmation_default says which tools ask the user before a call where no binding rule
+	// decides: none (default), non_read_only (every tool whose pinned annotations do not say
+	// readOnlyHint: true) or all.
+	ConfirmationDefault string `protobuf:"bytes,9,opt,name=confirmation_default,json=confirmationDefault,proto3" json:"confirmation_default,omitempty"`
+	// convert_schemas_to_strict shows the model every input schema in strict form: each object
+	// closed, each property required, the optional ones nullable.
+	ConvertSchemasToStrict bool `protobuf:"varint,10,opt,name=convert_schemas_to_strict,json=convertSchemasToStrict,proto3" json:"convert_schemas_to_strict,omitempty"`
+	// selected_servers is the selection a run uses when StartRun names none: it only narrows
+	// the agent's servers; a name that is none of them is ignored.
+	SelectedServers []string `protobuf:"bytes,11,rep,name=selected_servers,json=selectedServers,proto3" json:"selected_servers,omitempty"`
+	// mounts narrow one server each for this agent.
+	Mounts []*Mount `protobuf:"bytes,12,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	// document_resolver replaces my-documents://<id> arguments with the document's content in
+	// calls to the servers it names.
+	DocumentResolver *DocumentResolver `protobuf:"bytes,13,opt,name=document_resolver,json=documentResolver,proto3" json:"document_resolver,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *AgentNode) Reset() {
@@ -311,19 +338,220 @@ func (x *AgentNode) GetMcpServers() []*InlineMcpServer {
 	return nil
 }
 
+func (x *AgentNode) GetIncludeServers() []string {
+	if x != nil {
+		return x.IncludeServers
+	}
+	return nil
+}
+
+func (x *AgentNode) GetExcludeServers() []string {
+	if x != nil {
+		return x.ExcludeServers
+	}
+	return nil
+}
+
+func (x *AgentNode) GetIncludeTools() []string {
+	if x != nil {
+		return x.IncludeTools
+	}
+	return nil
+}
+
+func (x *AgentNode) GetExcludeTools() []string {
+	if x != nil {
+		return x.ExcludeTools
+	}
+	return nil
+}
+
+func (x *AgentNode) GetDeferTools() bool {
+	if x != nil {
+		return x.DeferTools
+	}
+	return false
+}
+
+func (x *AgentNode) GetConfirmationDefault() string {
+	if x != nil {
+		return x.ConfirmationDefault
+	}
+	return ""
+}
+
+func (x *AgentNode) GetConvertSchemasToStrict() bool {
+	if x != nil {
+		return x.ConvertSchemasToStrict
+	}
+	return false
+}
+
+func (x *AgentNode) GetSelectedServers() []string {
+	if x != nil {
+		return x.SelectedServers
+	}
+	return nil
+}
+
+func (x *AgentNode) GetMounts() []*Mount {
+	if x != nil {
+		return x.Mounts
+	}
+	return nil
+}
+
+func (x *AgentNode) GetDocumentResolver() *DocumentResolver {
+	if x != nil {
+		return x.DocumentResolver
+	}
+	return nil
+}
+
+// Mount is an agent's own narrowing of one server.
+type Mount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the server ref.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// include_tools and exclude_tools use the server's own tool names (not <server>__<tool>);
+	// an exclude wins.
+	IncludeTools []string `protobuf:"bytes,2,rep,name=include_tools,json=includeTools,proto3" json:"include_tools,omitempty"`
+	ExcludeTools []string `protobuf:"bytes,3,rep,name=exclude_tools,json=excludeTools,proto3" json:"exclude_tools,omitempty"`
+	// defer_tools, when set, overrides the agent's defer_tools for this server.
+	DeferTools    *bool `protobuf:"varint,4,opt,name=defer_tools,json=deferTools,proto3,oneof" json:"defer_tools,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Mount) Reset() {
+	*x = Mount{}
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Mount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Mount) ProtoMessage() {}
+
+func (x *Mount) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Mount.ProtoReflect.Descriptor instead.
+func (*Mount) Descriptor() ([]byte, []int) {
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Mount) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Mount) GetIncludeTools() []string {
+	if x != nil {
+		return x.IncludeTools
+	}
+	return nil
+}
+
+func (x *Mount) GetExcludeTools() []string {
+	if x != nil {
+		return x.ExcludeTools
+	}
+	return nil
+}
+
+func (x *Mount) GetDeferTools() bool {
+	if x != nil && x.DeferTools != nil {
+		return *x.DeferTools
+	}
+	return false
+}
+
+// DocumentResolver is the agent's my-documents:// argument resolver.
+type DocumentResolver struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Enabled bool                   `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	// server_names are the servers whose calls may receive document content.
+	ServerNames   []string `protobuf:"bytes,2,rep,name=server_names,json=serverNames,proto3" json:"server_names,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DocumentResolver) Reset() {
+	*x = DocumentResolver{}
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DocumentResolver) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DocumentResolver) ProtoMessage() {}
+
+func (x *DocumentResolver) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DocumentResolver.ProtoReflect.Descriptor instead.
+func (*DocumentResolver) Descriptor() ([]byte, []int) {
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *DocumentResolver) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+func (x *DocumentResolver) GetServerNames() []string {
+	if x != nil {
+		return x.ServerNames
+	}
+	return nil
+}
+
 // ToolBinding gives the model the name it calls a tool node by.
 type ToolBinding struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// name the model calls the tool by, unique per agent.
-	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	NodeId        string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// name the model calls the tool by, unique per agent. tool_search and names starting with
+	// mcp_oauth_connect_ are reserved.
+	Name   string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// confirmation is the tool's own rule, "always" or "never", which wins over the agent's
+	// confirmation_default; empty leaves the default to decide.
+	Confirmation  string `protobuf:"bytes,3,opt,name=confirmation,proto3" json:"confirmation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ToolBinding) Reset() {
 	*x = ToolBinding{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[3]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -335,7 +563,7 @@ func (x *ToolBinding) String() string {
 func (*ToolBinding) ProtoMessage() {}
 
 func (x *ToolBinding) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[3]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -348,7 +576,7 @@ func (x *ToolBinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolBinding.ProtoReflect.Descriptor instead.
 func (*ToolBinding) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{3}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ToolBinding) GetName() string {
@@ -361,6 +589,13 @@ func (x *ToolBinding) GetName() string {
 func (x *ToolBinding) GetNodeId() string {
 	if x != nil {
 		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ToolBinding) GetConfirmation() string {
+	if x != nil {
+		return x.Confirmation
 	}
 	return ""
 }
@@ -378,7 +613,7 @@ type InlineMcpServer struct {
 
 func (x *InlineMcpServer) Reset() {
 	*x = InlineMcpServer{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[4]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -390,7 +625,7 @@ func (x *InlineMcpServer) String() string {
 func (*InlineMcpServer) ProtoMessage() {}
 
 func (x *InlineMcpServer) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[4]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -403,7 +638,7 @@ func (x *InlineMcpServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InlineMcpServer.ProtoReflect.Descriptor instead.
 func (*InlineMcpServer) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{4}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *InlineMcpServer) GetName() string {
@@ -458,7 +693,7 @@ type McpToolNode struct {
 
 func (x *McpToolNode) Reset() {
 	*x = McpToolNode{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[5]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -470,7 +705,7 @@ func (x *McpToolNode) String() string {
 func (*McpToolNode) ProtoMessage() {}
 
 func (x *McpToolNode) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[5]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -483,7 +718,7 @@ func (x *McpToolNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use McpToolNode.ProtoReflect.Descriptor instead.
 func (*McpToolNode) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{5}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *McpToolNode) GetServerRef() string {
@@ -568,7 +803,7 @@ type Edge struct {
 
 func (x *Edge) Reset() {
 	*x = Edge{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[6]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -580,7 +815,7 @@ func (x *Edge) String() string {
 func (*Edge) ProtoMessage() {}
 
 func (x *Edge) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[6]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -593,7 +828,7 @@ func (x *Edge) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Edge.ProtoReflect.Descriptor instead.
 func (*Edge) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{6}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Edge) GetFrom() string {
@@ -631,7 +866,7 @@ type Policy struct {
 
 func (x *Policy) Reset() {
 	*x = Policy{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[7]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -643,7 +878,7 @@ func (x *Policy) String() string {
 func (*Policy) ProtoMessage() {}
 
 func (x *Policy) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[7]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -656,7 +891,7 @@ func (x *Policy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Policy.ProtoReflect.Descriptor instead.
 func (*Policy) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{7}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Policy) GetId() string {
@@ -702,7 +937,7 @@ type Violation struct {
 
 func (x *Violation) Reset() {
 	*x = Violation{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[8]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -714,7 +949,7 @@ func (x *Violation) String() string {
 func (*Violation) ProtoMessage() {}
 
 func (x *Violation) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[8]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -727,7 +962,7 @@ func (x *Violation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Violation.ProtoReflect.Descriptor instead.
 func (*Violation) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{8}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Violation) GetRule() string {
@@ -789,7 +1024,7 @@ type PublishViolations struct {
 
 func (x *PublishViolations) Reset() {
 	*x = PublishViolations{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[9]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -801,7 +1036,7 @@ func (x *PublishViolations) String() string {
 func (*PublishViolations) ProtoMessage() {}
 
 func (x *PublishViolations) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[9]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -814,7 +1049,7 @@ func (x *PublishViolations) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishViolations.ProtoReflect.Descriptor instead.
 func (*PublishViolations) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{9}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PublishViolations) GetViolations() []*Violation {
@@ -839,7 +1074,7 @@ type CreateGraphRequest struct {
 
 func (x *CreateGraphRequest) Reset() {
 	*x = CreateGraphRequest{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[10]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +1086,7 @@ func (x *CreateGraphRequest) String() string {
 func (*CreateGraphRequest) ProtoMessage() {}
 
 func (x *CreateGraphRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[10]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +1099,7 @@ func (x *CreateGraphRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateGraphRequest.ProtoReflect.Descriptor instead.
 func (*CreateGraphRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{10}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateGraphRequest) GetTenant() string {
@@ -905,7 +1140,7 @@ type CreateGraphResponse struct {
 
 func (x *CreateGraphResponse) Reset() {
 	*x = CreateGraphResponse{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[11]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +1152,7 @@ func (x *CreateGraphResponse) String() string {
 func (*CreateGraphResponse) ProtoMessage() {}
 
 func (x *CreateGraphResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[11]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1165,7 @@ func (x *CreateGraphResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateGraphResponse.ProtoReflect.Descriptor instead.
 func (*CreateGraphResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{11}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreateGraphResponse) GetDraft() *Graph {
@@ -951,7 +1186,7 @@ type GetDraftRequest struct {
 
 func (x *GetDraftRequest) Reset() {
 	*x = GetDraftRequest{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[12]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1198,7 @@ func (x *GetDraftRequest) String() string {
 func (*GetDraftRequest) ProtoMessage() {}
 
 func (x *GetDraftRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[12]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -976,7 +1211,7 @@ func (x *GetDraftRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDraftRequest.ProtoReflect.Descriptor instead.
 func (*GetDraftRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{12}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetDraftRequest) GetTenant() string {
@@ -1003,7 +1238,7 @@ type GetDraftResponse struct {
 
 func (x *GetDraftResponse) Reset() {
 	*x = GetDraftResponse{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[13]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1250,7 @@ func (x *GetDraftResponse) String() string {
 func (*GetDraftResponse) ProtoMessage() {}
 
 func (x *GetDraftResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[13]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1263,7 @@ func (x *GetDraftResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDraftResponse.ProtoReflect.Descriptor instead.
 func (*GetDraftResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{13}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetDraftResponse) GetDraft() *Graph {
@@ -1052,7 +1287,7 @@ type ReplaceDraftRequest struct {
 
 func (x *ReplaceDraftRequest) Reset() {
 	*x = ReplaceDraftRequest{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[14]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1299,7 @@ func (x *ReplaceDraftRequest) String() string {
 func (*ReplaceDraftRequest) ProtoMessage() {}
 
 func (x *ReplaceDraftRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[14]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1312,7 @@ func (x *ReplaceDraftRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceDraftRequest.ProtoReflect.Descriptor instead.
 func (*ReplaceDraftRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{14}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReplaceDraftRequest) GetTenant() string {
@@ -1111,7 +1346,7 @@ type ReplaceDraftResponse struct {
 
 func (x *ReplaceDraftResponse) Reset() {
 	*x = ReplaceDraftResponse{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[15]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1123,7 +1358,7 @@ func (x *ReplaceDraftResponse) String() string {
 func (*ReplaceDraftResponse) ProtoMessage() {}
 
 func (x *ReplaceDraftResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[15]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1136,7 +1371,7 @@ func (x *ReplaceDraftResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceDraftResponse.ProtoReflect.Descriptor instead.
 func (*ReplaceDraftResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{15}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReplaceDraftResponse) GetDraft() *Graph {
@@ -1157,7 +1392,7 @@ type ValidateDraftRequest struct {
 
 func (x *ValidateDraftRequest) Reset() {
 	*x = ValidateDraftRequest{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[16]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1169,7 +1404,7 @@ func (x *ValidateDraftRequest) String() string {
 func (*ValidateDraftRequest) ProtoMessage() {}
 
 func (x *ValidateDraftRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[16]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1182,7 +1417,7 @@ func (x *ValidateDraftRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ValidateDraftRequest.ProtoReflect.Descriptor instead.
 func (*ValidateDraftRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{16}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ValidateDraftRequest) GetTenant() string {
@@ -1211,7 +1446,7 @@ type ValidateDraftResponse struct {
 
 func (x *ValidateDraftResponse) Reset() {
 	*x = ValidateDraftResponse{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[17]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1223,7 +1458,7 @@ func (x *ValidateDraftResponse) String() string {
 func (*ValidateDraftResponse) ProtoMessage() {}
 
 func (x *ValidateDraftResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[17]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1236,7 +1471,7 @@ func (x *ValidateDraftResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ValidateDraftResponse.ProtoReflect.Descriptor instead.
 func (*ValidateDraftResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{17}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ValidateDraftResponse) GetOk() bool {
@@ -1271,7 +1506,7 @@ type PublishRequest struct {
 
 func (x *PublishRequest) Reset() {
 	*x = PublishRequest{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[18]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1283,7 +1518,7 @@ func (x *PublishRequest) String() string {
 func (*PublishRequest) ProtoMessage() {}
 
 func (x *PublishRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[18]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1296,7 +1531,7 @@ func (x *PublishRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishRequest.ProtoReflect.Descriptor instead.
 func (*PublishRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{18}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PublishRequest) GetTenant() string {
@@ -1324,7 +1559,7 @@ type PublishResponse struct {
 
 func (x *PublishResponse) Reset() {
 	*x = PublishResponse{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[19]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1336,7 +1571,7 @@ func (x *PublishResponse) String() string {
 func (*PublishResponse) ProtoMessage() {}
 
 func (x *PublishResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[19]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1349,7 +1584,7 @@ func (x *PublishResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
 func (*PublishResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{19}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PublishResponse) GetVersion() int64 {
@@ -1382,7 +1617,7 @@ type GraphVersion struct {
 
 func (x *GraphVersion) Reset() {
 	*x = GraphVersion{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[20]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1394,7 +1629,7 @@ func (x *GraphVersion) String() string {
 func (*GraphVersion) ProtoMessage() {}
 
 func (x *GraphVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[20]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1407,7 +1642,7 @@ func (x *GraphVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GraphVersion.ProtoReflect.Descriptor instead.
 func (*GraphVersion) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{20}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GraphVersion) GetGraphId() string {
@@ -1472,7 +1707,7 @@ type GetVersionRequest struct {
 
 func (x *GetVersionRequest) Reset() {
 	*x = GetVersionRequest{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[21]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1484,7 +1719,7 @@ func (x *GetVersionRequest) String() string {
 func (*GetVersionRequest) ProtoMessage() {}
 
 func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[21]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1497,7 +1732,7 @@ func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVersionRequest.ProtoReflect.Descriptor instead.
 func (*GetVersionRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{21}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetVersionRequest) GetTenant() string {
@@ -1531,7 +1766,7 @@ type GetVersionResponse struct {
 
 func (x *GetVersionResponse) Reset() {
 	*x = GetVersionResponse{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[22]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1543,7 +1778,7 @@ func (x *GetVersionResponse) String() string {
 func (*GetVersionResponse) ProtoMessage() {}
 
 func (x *GetVersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[22]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1556,7 +1791,7 @@ func (x *GetVersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVersionResponse.ProtoReflect.Descriptor instead.
 func (*GetVersionResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{22}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetVersionResponse) GetVersion() *GraphVersion {
@@ -1582,7 +1817,7 @@ type ListVersionsRequest struct {
 
 func (x *ListVersionsRequest) Reset() {
 	*x = ListVersionsRequest{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[23]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +1829,7 @@ func (x *ListVersionsRequest) String() string {
 func (*ListVersionsRequest) ProtoMessage() {}
 
 func (x *ListVersionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[23]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +1842,7 @@ func (x *ListVersionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVersionsRequest.ProtoReflect.Descriptor instead.
 func (*ListVersionsRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{23}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListVersionsRequest) GetTenant() string {
@@ -1649,7 +1884,7 @@ type ListVersionsResponse struct {
 
 func (x *ListVersionsResponse) Reset() {
 	*x = ListVersionsResponse{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[24]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1661,7 +1896,7 @@ func (x *ListVersionsResponse) String() string {
 func (*ListVersionsResponse) ProtoMessage() {}
 
 func (x *ListVersionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[24]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1674,7 +1909,7 @@ func (x *ListVersionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVersionsResponse.ProtoReflect.Descriptor instead.
 func (*ListVersionsResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{24}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListVersionsResponse) GetVersions() []*GraphVersion {
@@ -1705,7 +1940,7 @@ type ListGraphsRequest struct {
 
 func (x *ListGraphsRequest) Reset() {
 	*x = ListGraphsRequest{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[25]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1717,7 +1952,7 @@ func (x *ListGraphsRequest) String() string {
 func (*ListGraphsRequest) ProtoMessage() {}
 
 func (x *ListGraphsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[25]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1730,7 +1965,7 @@ func (x *ListGraphsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGraphsRequest.ProtoReflect.Descriptor instead.
 func (*ListGraphsRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{25}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListGraphsRequest) GetTenant() string {
@@ -1769,7 +2004,7 @@ type GraphSummary struct {
 
 func (x *GraphSummary) Reset() {
 	*x = GraphSummary{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[26]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1781,7 +2016,7 @@ func (x *GraphSummary) String() string {
 func (*GraphSummary) ProtoMessage() {}
 
 func (x *GraphSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[26]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1794,7 +2029,7 @@ func (x *GraphSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GraphSummary.ProtoReflect.Descriptor instead.
 func (*GraphSummary) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{26}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GraphSummary) GetId() string {
@@ -1850,7 +2085,7 @@ type ListGraphsResponse struct {
 
 func (x *ListGraphsResponse) Reset() {
 	*x = ListGraphsResponse{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[27]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +2097,7 @@ func (x *ListGraphsResponse) String() string {
 func (*ListGraphsResponse) ProtoMessage() {}
 
 func (x *ListGraphsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[27]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +2110,7 @@ func (x *ListGraphsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGraphsResponse.ProtoReflect.Descriptor instead.
 func (*ListGraphsResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{27}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListGraphsResponse) GetGraphs() []*GraphSummary {
@@ -1903,7 +2138,7 @@ type DeleteGraphRequest struct {
 
 func (x *DeleteGraphRequest) Reset() {
 	*x = DeleteGraphRequest{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[28]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1915,7 +2150,7 @@ func (x *DeleteGraphRequest) String() string {
 func (*DeleteGraphRequest) ProtoMessage() {}
 
 func (x *DeleteGraphRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[28]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1928,7 +2163,7 @@ func (x *DeleteGraphRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteGraphRequest.ProtoReflect.Descriptor instead.
 func (*DeleteGraphRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{28}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeleteGraphRequest) GetTenant() string {
@@ -1954,7 +2189,7 @@ type DeleteGraphResponse struct {
 
 func (x *DeleteGraphResponse) Reset() {
 	*x = DeleteGraphResponse{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[29]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1966,7 +2201,7 @@ func (x *DeleteGraphResponse) String() string {
 func (*DeleteGraphResponse) ProtoMessage() {}
 
 func (x *DeleteGraphResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[29]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1979,7 +2214,7 @@ func (x *DeleteGraphResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteGraphResponse.ProtoReflect.Descriptor instead.
 func (*DeleteGraphResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{29}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{31}
 }
 
 // ImportToolsRequest is mcp-import.
@@ -1998,7 +2233,7 @@ type ImportToolsRequest struct {
 
 func (x *ImportToolsRequest) Reset() {
 	*x = ImportToolsRequest{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[30]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2010,7 +2245,7 @@ func (x *ImportToolsRequest) String() string {
 func (*ImportToolsRequest) ProtoMessage() {}
 
 func (x *ImportToolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[30]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2023,7 +2258,7 @@ func (x *ImportToolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportToolsRequest.ProtoReflect.Descriptor instead.
 func (*ImportToolsRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{30}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ImportToolsRequest) GetTenant() string {
@@ -2077,7 +2312,7 @@ type ImportedTool struct {
 
 func (x *ImportedTool) Reset() {
 	*x = ImportedTool{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[31]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2089,7 +2324,7 @@ func (x *ImportedTool) String() string {
 func (*ImportedTool) ProtoMessage() {}
 
 func (x *ImportedTool) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[31]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2102,7 +2337,7 @@ func (x *ImportedTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportedTool.ProtoReflect.Descriptor instead.
 func (*ImportedTool) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{31}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ImportedTool) GetToolName() string {
@@ -2160,7 +2395,7 @@ type ImportToolsResponse struct {
 
 func (x *ImportToolsResponse) Reset() {
 	*x = ImportToolsResponse{}
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[32]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2172,7 +2407,7 @@ func (x *ImportToolsResponse) String() string {
 func (*ImportToolsResponse) ProtoMessage() {}
 
 func (x *ImportToolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[32]
+	mi := &file_ringfence_publisher_v1_publisher_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2185,7 +2420,7 @@ func (x *ImportToolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportToolsResponse.ProtoReflect.Descriptor instead.
 func (*ImportToolsResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{32}
+	return file_ringfence_publisher_v1_publisher_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ImportToolsResponse) GetTools() []*ImportedTool {
@@ -2230,15 +2465,38 @@ const file_ringfence_publisher_v1_publisher_proto_rawDesc = "" +
 	"\x05agent\x18\x03 \x01(\v2!.ringfence.publisher.v1.AgentNodeH\x00R\x05agent\x12@\n" +
 	"\bmcp_tool\x18\x04 \x01(\v2#.ringfence.publisher.v1.McpToolNodeH\x00R\amcpTool\x121\n" +
 	"\x06opaque\x18\x05 \x01(\v2\x17.google.protobuf.StructH\x00R\x06opaqueB\x06\n" +
-	"\x04data\"\xd0\x01\n" +
+	"\x04data\"\xb4\x05\n" +
 	"\tAgentNode\x12/\n" +
 	"\x13capability_bindings\x18\x01 \x03(\tR\x12capabilityBindings\x12H\n" +
 	"\rtool_bindings\x18\x02 \x03(\v2#.ringfence.publisher.v1.ToolBindingR\ftoolBindings\x12H\n" +
 	"\vmcp_servers\x18\x03 \x03(\v2'.ringfence.publisher.v1.InlineMcpServerR\n" +
-	"mcpServers\":\n" +
+	"mcpServers\x12'\n" +
+	"\x0finclude_servers\x18\x04 \x03(\tR\x0eincludeServers\x12'\n" +
+	"\x0fexclude_servers\x18\x05 \x03(\tR\x0eexcludeServers\x12#\n" +
+	"\rinclude_tools\x18\x06 \x03(\tR\fincludeTools\x12#\n" +
+	"\rexclude_tools\x18\a \x03(\tR\fexcludeTools\x12\x1f\n" +
+	"\vdefer_tools\x18\b \x01(\bR\n" +
+	"deferTools\x121\n" +
+	"\x14confirmation_default\x18\t \x01(\tR\x13confirmationDefault\x129\n" +
+	"\x19convert_schemas_to_strict\x18\n" +
+	" \x01(\bR\x16convertSchemasToStrict\x12)\n" +
+	"\x10selected_servers\x18\v \x03(\tR\x0fselectedServers\x125\n" +
+	"\x06mounts\x18\f \x03(\v2\x1d.ringfence.publisher.v1.MountR\x06mounts\x12U\n" +
+	"\x11document_resolver\x18\r \x01(\v2(.ringfence.publisher.v1.DocumentResolverR\x10documentResolver\"\x9b\x01\n" +
+	"\x05Mount\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12#\n" +
+	"\rinclude_tools\x18\x02 \x03(\tR\fincludeTools\x12#\n" +
+	"\rexclude_tools\x18\x03 \x03(\tR\fexcludeTools\x12$\n" +
+	"\vdefer_tools\x18\x04 \x01(\bH\x00R\n" +
+	"deferTools\x88\x01\x01B\x0e\n" +
+	"\f_defer_tools\"O\n" +
+	"\x10DocumentResolver\x12\x18\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\x12!\n" +
+	"\fserver_names\x18\x02 \x03(\tR\vserverNames\"^\n" +
 	"\vToolBinding\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x17\n" +
-	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"\xcf\x01\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\"\n" +
+	"\fconfirmation\x18\x03 \x01(\tR\fconfirmation\"\xcf\x01\n" +
 	"\x0fInlineMcpServer\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\acommand\x18\x02 \x01(\tR\acommand\x12\x12\n" +
@@ -2404,100 +2662,104 @@ func file_ringfence_publisher_v1_publisher_proto_rawDescGZIP() []byte {
 	return file_ringfence_publisher_v1_publisher_proto_rawDescData
 }
 
-var file_ringfence_publisher_v1_publisher_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_ringfence_publisher_v1_publisher_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_ringfence_publisher_v1_publisher_proto_goTypes = []any{
 	(*Graph)(nil),                 // 0: ringfence.publisher.v1.Graph
 	(*Node)(nil),                  // 1: ringfence.publisher.v1.Node
 	(*AgentNode)(nil),             // 2: ringfence.publisher.v1.AgentNode
-	(*ToolBinding)(nil),           // 3: ringfence.publisher.v1.ToolBinding
-	(*InlineMcpServer)(nil),       // 4: ringfence.publisher.v1.InlineMcpServer
-	(*McpToolNode)(nil),           // 5: ringfence.publisher.v1.McpToolNode
-	(*Edge)(nil),                  // 6: ringfence.publisher.v1.Edge
-	(*Policy)(nil),                // 7: ringfence.publisher.v1.Policy
-	(*Violation)(nil),             // 8: ringfence.publisher.v1.Violation
-	(*PublishViolations)(nil),     // 9: ringfence.publisher.v1.PublishViolations
-	(*CreateGraphRequest)(nil),    // 10: ringfence.publisher.v1.CreateGraphRequest
-	(*CreateGraphResponse)(nil),   // 11: ringfence.publisher.v1.CreateGraphResponse
-	(*GetDraftRequest)(nil),       // 12: ringfence.publisher.v1.GetDraftRequest
-	(*GetDraftResponse)(nil),      // 13: ringfence.publisher.v1.GetDraftResponse
-	(*ReplaceDraftRequest)(nil),   // 14: ringfence.publisher.v1.ReplaceDraftRequest
-	(*ReplaceDraftResponse)(nil),  // 15: ringfence.publisher.v1.ReplaceDraftResponse
-	(*ValidateDraftRequest)(nil),  // 16: ringfence.publisher.v1.ValidateDraftRequest
-	(*ValidateDraftResponse)(nil), // 17: ringfence.publisher.v1.ValidateDraftResponse
-	(*PublishRequest)(nil),        // 18: ringfence.publisher.v1.PublishRequest
-	(*PublishResponse)(nil),       // 19: ringfence.publisher.v1.PublishResponse
-	(*GraphVersion)(nil),          // 20: ringfence.publisher.v1.GraphVersion
-	(*GetVersionRequest)(nil),     // 21: ringfence.publisher.v1.GetVersionRequest
-	(*GetVersionResponse)(nil),    // 22: ringfence.publisher.v1.GetVersionResponse
-	(*ListVersionsRequest)(nil),   // 23: ringfence.publisher.v1.ListVersionsRequest
-	(*ListVersionsResponse)(nil),  // 24: ringfence.publisher.v1.ListVersionsResponse
-	(*ListGraphsRequest)(nil),     // 25: ringfence.publisher.v1.ListGraphsRequest
-	(*GraphSummary)(nil),          // 26: ringfence.publisher.v1.GraphSummary
-	(*ListGraphsResponse)(nil),    // 27: ringfence.publisher.v1.ListGraphsResponse
-	(*DeleteGraphRequest)(nil),    // 28: ringfence.publisher.v1.DeleteGraphRequest
-	(*DeleteGraphResponse)(nil),   // 29: ringfence.publisher.v1.DeleteGraphResponse
-	(*ImportToolsRequest)(nil),    // 30: ringfence.publisher.v1.ImportToolsRequest
-	(*ImportedTool)(nil),          // 31: ringfence.publisher.v1.ImportedTool
-	(*ImportToolsResponse)(nil),   // 32: ringfence.publisher.v1.ImportToolsResponse
-	nil,                           // 33: ringfence.publisher.v1.InlineMcpServer.EnvEntry
-	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 35: google.protobuf.Struct
-	(*v1.Finding)(nil),            // 36: ringfence.types.v1.Finding
+	(*Mount)(nil),                 // 3: ringfence.publisher.v1.Mount
+	(*DocumentResolver)(nil),      // 4: ringfence.publisher.v1.DocumentResolver
+	(*ToolBinding)(nil),           // 5: ringfence.publisher.v1.ToolBinding
+	(*InlineMcpServer)(nil),       // 6: ringfence.publisher.v1.InlineMcpServer
+	(*McpToolNode)(nil),           // 7: ringfence.publisher.v1.McpToolNode
+	(*Edge)(nil),                  // 8: ringfence.publisher.v1.Edge
+	(*Policy)(nil),                // 9: ringfence.publisher.v1.Policy
+	(*Violation)(nil),             // 10: ringfence.publisher.v1.Violation
+	(*PublishViolations)(nil),     // 11: ringfence.publisher.v1.PublishViolations
+	(*CreateGraphRequest)(nil),    // 12: ringfence.publisher.v1.CreateGraphRequest
+	(*CreateGraphResponse)(nil),   // 13: ringfence.publisher.v1.CreateGraphResponse
+	(*GetDraftRequest)(nil),       // 14: ringfence.publisher.v1.GetDraftRequest
+	(*GetDraftResponse)(nil),      // 15: ringfence.publisher.v1.GetDraftResponse
+	(*ReplaceDraftRequest)(nil),   // 16: ringfence.publisher.v1.ReplaceDraftRequest
+	(*ReplaceDraftResponse)(nil),  // 17: ringfence.publisher.v1.ReplaceDraftResponse
+	(*ValidateDraftRequest)(nil),  // 18: ringfence.publisher.v1.ValidateDraftRequest
+	(*ValidateDraftResponse)(nil), // 19: ringfence.publisher.v1.ValidateDraftResponse
+	(*PublishRequest)(nil),        // 20: ringfence.publisher.v1.PublishRequest
+	(*PublishResponse)(nil),       // 21: ringfence.publisher.v1.PublishResponse
+	(*GraphVersion)(nil),          // 22: ringfence.publisher.v1.GraphVersion
+	(*GetVersionRequest)(nil),     // 23: ringfence.publisher.v1.GetVersionRequest
+	(*GetVersionResponse)(nil),    // 24: ringfence.publisher.v1.GetVersionResponse
+	(*ListVersionsRequest)(nil),   // 25: ringfence.publisher.v1.ListVersionsRequest
+	(*ListVersionsResponse)(nil),  // 26: ringfence.publisher.v1.ListVersionsResponse
+	(*ListGraphsRequest)(nil),     // 27: ringfence.publisher.v1.ListGraphsRequest
+	(*GraphSummary)(nil),          // 28: ringfence.publisher.v1.GraphSummary
+	(*ListGraphsResponse)(nil),    // 29: ringfence.publisher.v1.ListGraphsResponse
+	(*DeleteGraphRequest)(nil),    // 30: ringfence.publisher.v1.DeleteGraphRequest
+	(*DeleteGraphResponse)(nil),   // 31: ringfence.publisher.v1.DeleteGraphResponse
+	(*ImportToolsRequest)(nil),    // 32: ringfence.publisher.v1.ImportToolsRequest
+	(*ImportedTool)(nil),          // 33: ringfence.publisher.v1.ImportedTool
+	(*ImportToolsResponse)(nil),   // 34: ringfence.publisher.v1.ImportToolsResponse
+	nil,                           // 35: ringfence.publisher.v1.InlineMcpServer.EnvEntry
+	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 37: google.protobuf.Struct
+	(*v1.Finding)(nil),            // 38: ringfence.types.v1.Finding
 }
 var file_ringfence_publisher_v1_publisher_proto_depIdxs = []int32{
 	1,  // 0: ringfence.publisher.v1.Graph.nodes:type_name -> ringfence.publisher.v1.Node
-	6,  // 1: ringfence.publisher.v1.Graph.edges:type_name -> ringfence.publisher.v1.Edge
-	7,  // 2: ringfence.publisher.v1.Graph.policies:type_name -> ringfence.publisher.v1.Policy
-	34, // 3: ringfence.publisher.v1.Graph.update_time:type_name -> google.protobuf.Timestamp
+	8,  // 1: ringfence.publisher.v1.Graph.edges:type_name -> ringfence.publisher.v1.Edge
+	9,  // 2: ringfence.publisher.v1.Graph.policies:type_name -> ringfence.publisher.v1.Policy
+	36, // 3: ringfence.publisher.v1.Graph.update_time:type_name -> google.protobuf.Timestamp
 	2,  // 4: ringfence.publisher.v1.Node.agent:type_name -> ringfence.publisher.v1.AgentNode
-	5,  // 5: ringfence.publisher.v1.Node.mcp_tool:type_name -> ringfence.publisher.v1.McpToolNode
-	35, // 6: ringfence.publisher.v1.Node.opaque:type_name -> google.protobuf.Struct
-	3,  // 7: ringfence.publisher.v1.AgentNode.tool_bindings:type_name -> ringfence.publisher.v1.ToolBinding
-	4,  // 8: ringfence.publisher.v1.AgentNode.mcp_servers:type_name -> ringfence.publisher.v1.InlineMcpServer
-	33, // 9: ringfence.publisher.v1.InlineMcpServer.env:type_name -> ringfence.publisher.v1.InlineMcpServer.EnvEntry
-	35, // 10: ringfence.publisher.v1.McpToolNode.input_schema:type_name -> google.protobuf.Struct
-	35, // 11: ringfence.publisher.v1.McpToolNode.output_schema:type_name -> google.protobuf.Struct
-	35, // 12: ringfence.publisher.v1.McpToolNode.annotations:type_name -> google.protobuf.Struct
-	36, // 13: ringfence.publisher.v1.McpToolNode.flags:type_name -> ringfence.types.v1.Finding
-	8,  // 14: ringfence.publisher.v1.PublishViolations.violations:type_name -> ringfence.publisher.v1.Violation
-	0,  // 15: ringfence.publisher.v1.CreateGraphResponse.draft:type_name -> ringfence.publisher.v1.Graph
-	0,  // 16: ringfence.publisher.v1.GetDraftResponse.draft:type_name -> ringfence.publisher.v1.Graph
-	0,  // 17: ringfence.publisher.v1.ReplaceDraftRequest.draft:type_name -> ringfence.publisher.v1.Graph
-	0,  // 18: ringfence.publisher.v1.ReplaceDraftResponse.draft:type_name -> ringfence.publisher.v1.Graph
-	8,  // 19: ringfence.publisher.v1.ValidateDraftResponse.violations:type_name -> ringfence.publisher.v1.Violation
-	0,  // 20: ringfence.publisher.v1.GraphVersion.graph:type_name -> ringfence.publisher.v1.Graph
-	34, // 21: ringfence.publisher.v1.GraphVersion.publish_time:type_name -> google.protobuf.Timestamp
-	20, // 22: ringfence.publisher.v1.GetVersionResponse.version:type_name -> ringfence.publisher.v1.GraphVersion
-	20, // 23: ringfence.publisher.v1.ListVersionsResponse.versions:type_name -> ringfence.publisher.v1.GraphVersion
-	34, // 24: ringfence.publisher.v1.GraphSummary.update_time:type_name -> google.protobuf.Timestamp
-	26, // 25: ringfence.publisher.v1.ListGraphsResponse.graphs:type_name -> ringfence.publisher.v1.GraphSummary
-	36, // 26: ringfence.publisher.v1.ImportedTool.flags:type_name -> ringfence.types.v1.Finding
-	31, // 27: ringfence.publisher.v1.ImportToolsResponse.tools:type_name -> ringfence.publisher.v1.ImportedTool
-	10, // 28: ringfence.publisher.v1.PublisherService.CreateGraph:input_type -> ringfence.publisher.v1.CreateGraphRequest
-	12, // 29: ringfence.publisher.v1.PublisherService.GetDraft:input_type -> ringfence.publisher.v1.GetDraftRequest
-	14, // 30: ringfence.publisher.v1.PublisherService.ReplaceDraft:input_type -> ringfence.publisher.v1.ReplaceDraftRequest
-	16, // 31: ringfence.publisher.v1.PublisherService.ValidateDraft:input_type -> ringfence.publisher.v1.ValidateDraftRequest
-	18, // 32: ringfence.publisher.v1.PublisherService.Publish:input_type -> ringfence.publisher.v1.PublishRequest
-	21, // 33: ringfence.publisher.v1.PublisherService.GetVersion:input_type -> ringfence.publisher.v1.GetVersionRequest
-	23, // 34: ringfence.publisher.v1.PublisherService.ListVersions:input_type -> ringfence.publisher.v1.ListVersionsRequest
-	25, // 35: ringfence.publisher.v1.PublisherService.ListGraphs:input_type -> ringfence.publisher.v1.ListGraphsRequest
-	28, // 36: ringfence.publisher.v1.PublisherService.DeleteGraph:input_type -> ringfence.publisher.v1.DeleteGraphRequest
-	30, // 37: ringfence.publisher.v1.PublisherService.ImportTools:input_type -> ringfence.publisher.v1.ImportToolsRequest
-	11, // 38: ringfence.publisher.v1.PublisherService.CreateGraph:output_type -> ringfence.publisher.v1.CreateGraphResponse
-	13, // 39: ringfence.publisher.v1.PublisherService.GetDraft:output_type -> ringfence.publisher.v1.GetDraftResponse
-	15, // 40: ringfence.publisher.v1.PublisherService.ReplaceDraft:output_type -> ringfence.publisher.v1.ReplaceDraftResponse
-	17, // 41: ringfence.publisher.v1.PublisherService.ValidateDraft:output_type -> ringfence.publisher.v1.ValidateDraftResponse
-	19, // 42: ringfence.publisher.v1.PublisherService.Publish:output_type -> ringfence.publisher.v1.PublishResponse
-	22, // 43: ringfence.publisher.v1.PublisherService.GetVersion:output_type -> ringfence.publisher.v1.GetVersionResponse
-	24, // 44: ringfence.publisher.v1.PublisherService.ListVersions:output_type -> ringfence.publisher.v1.ListVersionsResponse
-	27, // 45: ringfence.publisher.v1.PublisherService.ListGraphs:output_type -> ringfence.publisher.v1.ListGraphsResponse
-	29, // 46: ringfence.publisher.v1.PublisherService.DeleteGraph:output_type -> ringfence.publisher.v1.DeleteGraphResponse
-	32, // 47: ringfence.publisher.v1.PublisherService.ImportTools:output_type -> ringfence.publisher.v1.ImportToolsResponse
-	38, // [38:48] is the sub-list for method output_type
-	28, // [28:38] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	7,  // 5: ringfence.publisher.v1.Node.mcp_tool:type_name -> ringfence.publisher.v1.McpToolNode
+	37, // 6: ringfence.publisher.v1.Node.opaque:type_name -> google.protobuf.Struct
+	5,  // 7: ringfence.publisher.v1.AgentNode.tool_bindings:type_name -> ringfence.publisher.v1.ToolBinding
+	6,  // 8: ringfence.publisher.v1.AgentNode.mcp_servers:type_name -> ringfence.publisher.v1.InlineMcpServer
+	3,  // 9: ringfence.publisher.v1.AgentNode.mounts:type_name -> ringfence.publisher.v1.Mount
+	4,  // 10: ringfence.publisher.v1.AgentNode.document_resolver:type_name -> ringfence.publisher.v1.DocumentResolver
+	35, // 11: ringfence.publisher.v1.InlineMcpServer.env:type_name -> ringfence.publisher.v1.InlineMcpServer.EnvEntry
+	37, // 12: ringfence.publisher.v1.McpToolNode.input_schema:type_name -> google.protobuf.Struct
+	37, // 13: ringfence.publisher.v1.McpToolNode.output_schema:type_name -> google.protobuf.Struct
+	37, // 14: ringfence.publisher.v1.McpToolNode.annotations:type_name -> google.protobuf.Struct
+	38, // 15: ringfence.publisher.v1.McpToolNode.flags:type_name -> ringfence.types.v1.Finding
+	10, // 16: ringfence.publisher.v1.PublishViolations.violations:type_name -> ringfence.publisher.v1.Violation
+	0,  // 17: ringfence.publisher.v1.CreateGraphResponse.draft:type_name -> ringfence.publisher.v1.Graph
+	0,  // 18: ringfence.publisher.v1.GetDraftResponse.draft:type_name -> ringfence.publisher.v1.Graph
+	0,  // 19: ringfence.publisher.v1.ReplaceDraftRequest.draft:type_name -> ringfence.publisher.v1.Graph
+	0,  // 20: ringfence.publisher.v1.ReplaceDraftResponse.draft:type_name -> ringfence.publisher.v1.Graph
+	10, // 21: ringfence.publisher.v1.ValidateDraftResponse.violations:type_name -> ringfence.publisher.v1.Violation
+	0,  // 22: ringfence.publisher.v1.GraphVersion.graph:type_name -> ringfence.publisher.v1.Graph
+	36, // 23: ringfence.publisher.v1.GraphVersion.publish_time:type_name -> google.protobuf.Timestamp
+	22, // 24: ringfence.publisher.v1.GetVersionResponse.version:type_name -> ringfence.publisher.v1.GraphVersion
+	22, // 25: ringfence.publisher.v1.ListVersionsResponse.versions:type_name -> ringfence.publisher.v1.GraphVersion
+	36, // 26: ringfence.publisher.v1.GraphSummary.update_time:type_name -> google.protobuf.Timestamp
+	28, // 27: ringfence.publisher.v1.ListGraphsResponse.graphs:type_name -> ringfence.publisher.v1.GraphSummary
+	38, // 28: ringfence.publisher.v1.ImportedTool.flags:type_name -> ringfence.types.v1.Finding
+	33, // 29: ringfence.publisher.v1.ImportToolsResponse.tools:type_name -> ringfence.publisher.v1.ImportedTool
+	12, // 30: ringfence.publisher.v1.PublisherService.CreateGraph:input_type -> ringfence.publisher.v1.CreateGraphRequest
+	14, // 31: ringfence.publisher.v1.PublisherService.GetDraft:input_type -> ringfence.publisher.v1.GetDraftRequest
+	16, // 32: ringfence.publisher.v1.PublisherService.ReplaceDraft:input_type -> ringfence.publisher.v1.ReplaceDraftRequest
+	18, // 33: ringfence.publisher.v1.PublisherService.ValidateDraft:input_type -> ringfence.publisher.v1.ValidateDraftRequest
+	20, // 34: ringfence.publisher.v1.PublisherService.Publish:input_type -> ringfence.publisher.v1.PublishRequest
+	23, // 35: ringfence.publisher.v1.PublisherService.GetVersion:input_type -> ringfence.publisher.v1.GetVersionRequest
+	25, // 36: ringfence.publisher.v1.PublisherService.ListVersions:input_type -> ringfence.publisher.v1.ListVersionsRequest
+	27, // 37: ringfence.publisher.v1.PublisherService.ListGraphs:input_type -> ringfence.publisher.v1.ListGraphsRequest
+	30, // 38: ringfence.publisher.v1.PublisherService.DeleteGraph:input_type -> ringfence.publisher.v1.DeleteGraphRequest
+	32, // 39: ringfence.publisher.v1.PublisherService.ImportTools:input_type -> ringfence.publisher.v1.ImportToolsRequest
+	13, // 40: ringfence.publisher.v1.PublisherService.CreateGraph:output_type -> ringfence.publisher.v1.CreateGraphResponse
+	15, // 41: ringfence.publisher.v1.PublisherService.GetDraft:output_type -> ringfence.publisher.v1.GetDraftResponse
+	17, // 42: ringfence.publisher.v1.PublisherService.ReplaceDraft:output_type -> ringfence.publisher.v1.ReplaceDraftResponse
+	19, // 43: ringfence.publisher.v1.PublisherService.ValidateDraft:output_type -> ringfence.publisher.v1.ValidateDraftResponse
+	21, // 44: ringfence.publisher.v1.PublisherService.Publish:output_type -> ringfence.publisher.v1.PublishResponse
+	24, // 45: ringfence.publisher.v1.PublisherService.GetVersion:output_type -> ringfence.publisher.v1.GetVersionResponse
+	26, // 46: ringfence.publisher.v1.PublisherService.ListVersions:output_type -> ringfence.publisher.v1.ListVersionsResponse
+	29, // 47: ringfence.publisher.v1.PublisherService.ListGraphs:output_type -> ringfence.publisher.v1.ListGraphsResponse
+	31, // 48: ringfence.publisher.v1.PublisherService.DeleteGraph:output_type -> ringfence.publisher.v1.DeleteGraphResponse
+	34, // 49: ringfence.publisher.v1.PublisherService.ImportTools:output_type -> ringfence.publisher.v1.ImportToolsResponse
+	40, // [40:50] is the sub-list for method output_type
+	30, // [30:40] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_publisher_v1_publisher_proto_init() }
@@ -2510,13 +2772,14 @@ func file_ringfence_publisher_v1_publisher_proto_init() {
 		(*Node_McpTool)(nil),
 		(*Node_Opaque)(nil),
 	}
+	file_ringfence_publisher_v1_publisher_proto_msgTypes[3].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_publisher_v1_publisher_proto_rawDesc), len(file_ringfence_publisher_v1_publisher_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   34,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

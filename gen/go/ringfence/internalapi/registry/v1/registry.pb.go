@@ -191,8 +191,10 @@ type GetServerPolicyResponse struct {
 	ToolPermissions map[string]*v1.ToolPermissions `protobuf:"bytes,4,rep,name=tool_permissions,json=toolPermissions,proto3" json:"tool_permissions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Revision        int64                          `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
 	StrictInputs    bool                           `protobuf:"varint,6,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// description is what the server is for: an agent whose tools of it are deferred sees it.
+	Description   string `protobuf:"bytes,7,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetServerPolicyResponse) Reset() {
@@ -265,6 +267,13 @@ func (x *GetServerPolicyResponse) GetStrictInputs() bool {
 		return x.StrictInputs
 	}
 	return false
+}
+
+func (x *GetServerPolicyResponse) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
 }
 
 // AuthenticateKeyRequest carries the hash of an API key, never the key.
@@ -409,7 +418,7 @@ const file_ringfence_internal_registry_v1_registry_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"*\n" +
 	"\x16GetServerPolicyRequest\x12\x10\n" +
-	"\x03ref\x18\x01 \x01(\tR\x03ref\"\xad\x03\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\"\xcf\x03\n" +
 	"\x17GetServerPolicyResponse\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x16\n" +
 	"\x06grants\x18\x02 \x03(\tR\x06grants\x12B\n" +
@@ -417,7 +426,8 @@ const file_ringfence_internal_registry_v1_registry_proto_rawDesc = "" +
 	"toolFilter\x12w\n" +
 	"\x10tool_permissions\x18\x04 \x03(\v2L.ringfence.internal.registry.v1.GetServerPolicyResponse.ToolPermissionsEntryR\x0ftoolPermissions\x12\x1a\n" +
 	"\brevision\x18\x05 \x01(\x03R\brevision\x12#\n" +
-	"\rstrict_inputs\x18\x06 \x01(\bR\fstrictInputs\x1aj\n" +
+	"\rstrict_inputs\x18\x06 \x01(\bR\fstrictInputs\x12 \n" +
+	"\vdescription\x18\a \x01(\tR\vdescription\x1aj\n" +
 	"\x14ToolPermissionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12<\n" +
 	"\x05value\x18\x02 \x01(\v2&.ringfence.registry.v1.ToolPermissionsR\x05value:\x028\x01\"7\n" +

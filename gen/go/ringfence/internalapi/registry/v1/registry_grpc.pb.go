@@ -43,7 +43,7 @@ type RegistryInternalServiceClient interface {
 	// referenced secret is missing), INVALID_ARGUMENT (bad ref).
 	ResolveServer(ctx context.Context, in *ResolveServerRequest, opts ...grpc.CallOption) (*ResolveServerResponse, error)
 	// GetServerPolicy returns what a registration allows (grants, tool filter, per-tool
-	// permissions) without any secret, for publish-time and run-time checks.
+	// permissions) and its description, without any secret, for publish-time and run-time checks.
 	// Caller: the publisher's or the pool's service certificate. Codes: NOT_FOUND.
 	GetServerPolicy(ctx context.Context, in *GetServerPolicyRequest, opts ...grpc.CallOption) (*GetServerPolicyResponse, error)
 	// AuthenticateKey resolves the SHA-256 of an API key to its principal, so services that do
@@ -105,7 +105,7 @@ type RegistryInternalServiceServer interface {
 	// referenced secret is missing), INVALID_ARGUMENT (bad ref).
 	ResolveServer(context.Context, *ResolveServerRequest) (*ResolveServerResponse, error)
 	// GetServerPolicy returns what a registration allows (grants, tool filter, per-tool
-	// permissions) without any secret, for publish-time and run-time checks.
+	// permissions) and its description, without any secret, for publish-time and run-time checks.
 	// Caller: the publisher's or the pool's service certificate. Codes: NOT_FOUND.
 	GetServerPolicy(context.Context, *GetServerPolicyRequest) (*GetServerPolicyResponse, error)
 	// AuthenticateKey resolves the SHA-256 of an API key to its principal, so services that do
