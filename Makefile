@@ -18,17 +18,19 @@ PROTOC_GEN_GO_GRPC_VERSION   := v1.6.2
 PROTOC_GEN_GATEWAY_VERSION   := v2.33.0
 GRPCURL_VERSION              := v1.9.4
 BENCHSTAT_VERSION            := v0.0.0-20260908200009-22c9c6c9d4da
+GOLANGCI_LINT_VERSION        := v2.15.0
 
 # Each tool: NAME@PACKAGE@VERSION. Installed with go install, which compiles it: on a cold
-# machine with 2 cores buf takes about 3 minutes, grpcurl about 1, each plugin and benchstat
-# well under 1; a tool already installed at its version costs nothing.
+# machine with 2 cores buf takes about 3 minutes, golangci-lint about 2, grpcurl about 1, each
+# plugin and benchstat well under 1; a tool already installed at its version costs nothing.
 TOOLS := \
 	buf@github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION) \
 	protoc-gen-go@google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION) \
 	protoc-gen-go-grpc@google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION) \
 	protoc-gen-grpc-gateway@github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway@$(PROTOC_GEN_GATEWAY_VERSION) \
 	grpcurl@github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION) \
-	benchstat@golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
+	benchstat@golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION) \
+	golangci-lint@github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 
 BINARIES := ringfence ringfenced ringfence-registry ringfence-publisher ringfence-pool ringfence-audit
 
@@ -55,7 +57,7 @@ define install
 endef
 
 .PHONY: tools
-tools: ## Install every pinned tool into .tmp/bin (buf, protoc plugins, grpcurl, benchstat: ~6 min cold on 2 cores).
+tools: ## Install every pinned tool into .tmp/bin (buf, protoc plugins, grpcurl, benchstat, golangci-lint: ~8 min cold on 2 cores).
 	$(call install,$(TOOLS))
 
 .PHONY: grpcurl
@@ -76,16 +78,18 @@ checkgenerate: generate ## Fail when the committed generated code is stale.
 	fi
 
 .PHONY: lint
-lint: tools ## buf lint, go vet and gofmt.
+lint: tools ## buf lint, go vet, gofmt and golangci-lint (staticcheck, and depguard for the layering).
 	buf lint
 	go vet ./... ./gen/go/... ./mcpgate/...
+	golangci-lint run ./...
+	cd mcpgate && golangci-lint run -c ../.golangci.yml ./...
 	@bad=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); \
 	if [ -n "$$bad" ]; then echo "gofmt would change:"; echo "$$bad"; exit 1; fi
 
 # The binaries are rebuilt only when a Go source (tests aside), go.mod or go.sum is newer than
 # they are, so a make run with nothing changed builds nothing and prints nothing.
-GO_SOURCES := $(shell find cmd internal services gen examples -name '*.go' ! -name '*_test.go' 2>/dev/null) \
-	go.mod go.sum go.work gen/go/go.mod gen/go/go.sum
+GO_SOURCES := $(shell find cmd internal services gen mcpgate examples -name '*.go' ! -name '*_test.go' 2>/dev/null) \
+	go.mod go.sum go.work gen/go/go.mod gen/go/go.sum mcpgate/go.mod mcpgate/go.sum
 BIN_FILES  := $(addprefix $(OUT)/,$(BINARIES))
 
 .PHONY: build

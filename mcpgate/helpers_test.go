@@ -99,19 +99,6 @@ func connectTo(t testing.TB, srv *mcp.Server) ClientSession {
 	return cs
 }
 
-// bindTest binds the test server and returns its specs by name.
-func bindTest(t testing.TB, opts BindOptions) (ClientSession, map[string]*ToolSpec) {
-	t.Helper()
-	cs := connectTo(t, testServer())
-	specs, err := Bind(t.Context(), cs, opts)
-	require.NoError(t, err)
-	byName := map[string]*ToolSpec{}
-	for i := range specs {
-		byName[specs[i].Name] = &specs[i]
-	}
-	return cs, byName
-}
-
 func claims(t testing.TB, ss ...string) Capabilities {
 	t.Helper()
 	cs, err := ParseClaims(ss...)

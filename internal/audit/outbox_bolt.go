@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // Keys inside a bbolt outbox's bucket.
@@ -43,7 +44,7 @@ func (o *boltOutbox) close() error { return nil }
 
 // closedErr marks the producer's database being closed under the forwarder.
 func closedErr(err error) error {
-	if errors.Is(err, bolt.ErrDatabaseNotOpen) {
+	if errors.Is(err, bolterrors.ErrDatabaseNotOpen) {
 		return fmt.Errorf("%w: %w", errOutboxClosed, err)
 	}
 	return err

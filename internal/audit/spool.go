@@ -13,6 +13,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // Sink is where a spool forwards records: the audit log in-process, or a client of the
@@ -256,7 +257,7 @@ func (s *Spool) Adopt(db *bolt.DB, bucket string) (int, error) {
 	s.pending.Add(int64(len(bodies)))
 	err = db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket([]byte(bucket))
-		if err := b.DeleteBucket(spoolRecordsKey); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+		if err := b.DeleteBucket(spoolRecordsKey); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
 			return err
 		}
 		if _, err := b.CreateBucket(spoolRecordsKey); err != nil {

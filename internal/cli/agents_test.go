@@ -163,9 +163,9 @@ func TestRunsToolsCommand(t *testing.T) {
 	s.must(append([]string{"graphs", "mount", "--server", "tickets", "--defer-tools"}, g...)...)
 	s.must("graphs", "publish", "--graph", "g")
 
-	code, out, errOut := s.cli("runs", "start", "--graph", "g", "--run", "r1")
+	code, _, errOut := s.cli("runs", "start", "--graph", "g", "--run", "r1")
 	require.Equal(t, cli.ExitOK, code, errOut)
-	out = s.must("runs", "tools", "--run", "r1", "--agent", "researcher")
+	out := s.must("runs", "tools", "--run", "r1", "--agent", "researcher")
 	require.Regexp(t, `docs__read_file\s+docs\s+-\s+Read a handbook page\.`, out)
 	require.Regexp(t, `docs__write_file\s+docs\s+asks first\s+Write a handbook page\.`, out)
 	require.Regexp(t, `tool_search\s+-\s+-\s+Tool search`, out)

@@ -114,7 +114,7 @@ func newAuditCmd(g *globals) *cobra.Command {
 			// On stderr, so a script reading stdout sees only records (and, as JSON, the
 			// next_page_token itself).
 			if token != "" {
-				linef(g.stderr, "more records after these %d: the next page is --page-token %s (with the same filters), or raise --limit\n", len(recs), token)
+				writef(g.stderr, "more records after these %d: the next page is --page-token %s (with the same filters), or raise --limit\n", len(recs), token)
 			}
 			return nil
 		},
@@ -148,7 +148,7 @@ func newAuditCmd(g *globals) *cobra.Command {
 			if from == 0 {
 				fmt.Fprintln(g.stderr, "following the audit log: new records print as they land (--from 1 replays from the first); Ctrl-C stops")
 			} else {
-				linef(g.stderr, "following the audit log from record %d; Ctrl-C stops\n", from)
+				writef(g.stderr, "following the audit log from record %d; Ctrl-C stops\n", from)
 			}
 			if g.output != "json" {
 				fmt.Fprintln(g.stdout, "SEQ TIME KIND TENANT WHAT OUTCOME")
@@ -209,7 +209,7 @@ catches records cut from the end with the head rewritten to match, or a rewritte
 				return &exitError{code: ExitFailure, msg: sprintLine("audit log broken at record %d: %s (checked %d records)", resp.GetFirstBroken(), resp.GetReason(), resp.GetChecked())}
 			}
 			if g.output != "json" {
-				linef(g.stdout, "ok: %d records verified; head %d %s\n", resp.GetChecked(), resp.GetHeadSeq(), resp.GetHeadHash())
+				writef(g.stdout, "ok: %d records verified; head %d %s\n", resp.GetChecked(), resp.GetHeadSeq(), resp.GetHeadHash())
 			}
 			return nil
 		},
@@ -272,7 +272,7 @@ catches records cut from the end with the head rewritten to match, or a rewritte
 				n++
 			}
 			if outFile != "" {
-				linef(g.stderr, "exported %d records to %s\n", n, outFile)
+				writef(g.stderr, "exported %d records to %s\n", n, outFile)
 			}
 			return nil
 		},

@@ -106,7 +106,7 @@ func newGraphsShowCmd(g *globals) *cobra.Command {
 					return err
 				}
 				for _, w := range v.GetWarnings() {
-					linef(g.stdout, "warning: %s\n", w)
+					writef(g.stdout, "warning: %s\n", w)
 				}
 				return g.printGraph(v.GetGraph())
 			}
@@ -252,7 +252,7 @@ func newGraphsValidateCmd(g *globals) *cobra.Command {
 			} else {
 				printWarnings(g.stdout, resp.GetWarnings())
 				if resp.GetOk() {
-					linef(g.stdout, "graph %s would publish\n", gt.graph)
+					writef(g.stdout, "graph %s would publish\n", gt.graph)
 				} else {
 					printViolations(g.stdout, resp.GetViolations())
 				}
@@ -329,14 +329,14 @@ func (g *globals) violationsOr(err error) error {
 
 func printWarnings(w io.Writer, warnings []string) {
 	for _, warn := range warnings {
-		linef(w, "warning: %s\n", warn)
+		writef(w, "warning: %s\n", warn)
 	}
 }
 
 // printViolations lists each violation with its subject, the capabilities at issue and the
 // message that names the fix.
 func printViolations(w io.Writer, vs []*publisherv1.Violation) {
-	linef(w, "%d violation(s):\n", len(vs))
+	writef(w, "%d violation(s):\n", len(vs))
 	for _, v := range vs {
 		var subject []string
 		if v.GetNodeId() != "" {
@@ -354,7 +354,7 @@ func printViolations(w io.Writer, vs []*publisherv1.Violation) {
 		if len(v.GetExcess()) > 0 {
 			subject = append(subject, "excess "+strings.Join(v.GetExcess(), ","))
 		}
-		linef(w, "  [%s] %s\n      %s\n", v.GetRule(), strings.Join(subject, ", "), v.GetMessage())
+		writef(w, "  [%s] %s\n      %s\n", v.GetRule(), strings.Join(subject, ", "), v.GetMessage())
 	}
 }
 

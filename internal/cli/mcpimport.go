@@ -74,11 +74,11 @@ func printImport(g *globals, graphID, server, agent string, resp *publisherv1.Im
 	}
 	for _, tl := range resp.GetTools() {
 		for _, f := range tl.GetFlags() {
-			linef(g.stdout, "flag: %s: %s at %s: %s\n", tl.GetToolName(), f.GetCode(), f.GetLocation(), f.GetMessage())
+			writef(g.stdout, "flag: %s: %s at %s: %s\n", tl.GetToolName(), f.GetCode(), f.GetLocation(), f.GetMessage())
 		}
 	}
 	if added := resp.GetAgentCapabilitiesAdded(); len(added) > 0 {
-		linef(g.stdout, "added to agent %s's capability_bindings: %s\n", agent, strings.Join(added, ", "))
+		writef(g.stdout, "added to agent %s's capability_bindings: %s\n", agent, strings.Join(added, ", "))
 	}
 	_, err := linef(g.stdout, "imported %d tool(s) of %s into the draft of %s (revision %d)\n", len(resp.GetTools()), server, graphID, resp.GetDraftRevision())
 	return err

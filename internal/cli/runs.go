@@ -59,7 +59,7 @@ ignored (and named in a warning), and an agent with none of the picked servers k
 				for i, s := range ignored {
 					quoted[i] = fmt.Sprintf("%q", s)
 				}
-				linef(g.stderr, "warning: no agent of graph %s uses %s, so the run ignores it (the selection only narrows)\n", graphID, strings.Join(quoted, ", "))
+				writef(g.stderr, "warning: no agent of graph %s uses %s, so the run ignores it (the selection only narrows)\n", graphID, strings.Join(quoted, ", "))
 			}
 			if g.output == "json" {
 				return printJSON(g.stdout, resp.GetRun())
@@ -247,7 +247,7 @@ func newCallCmd(g *globals) *cobra.Command {
 			endCtx, endCancel := context.WithTimeout(context.WithoutCancel(ctx), g.timeout)
 			defer endCancel()
 			if _, err := client.EndRun(endCtx, &poolv1.EndRunRequest{RunId: runID, Tenant: f.tenant, Status: endStatus}); err != nil {
-				linef(g.stderr, "warning: ending run %s: %s\n", oneLine(runID), oneLine(status.Convert(err).Message()))
+				writef(g.stderr, "warning: ending run %s: %s\n", oneLine(runID), oneLine(status.Convert(err).Message()))
 			}
 			return callErr
 		},
@@ -306,10 +306,10 @@ func (g *globals) callTool(ctx context.Context, client poolv1.PoolServiceClient,
 			return err
 		}
 	} else {
-		linef(g.stdout, "dispatched: %s (%s/%s, call %s attempt %d, %s)\n", oneLine(resp.GetResult()), oneLine(resp.GetServerRef()), oneLine(resp.GetToolName()),
+		writef(g.stdout, "dispatched: %s (%s/%s, call %s attempt %d, %s)\n", oneLine(resp.GetResult()), oneLine(resp.GetServerRef()), oneLine(resp.GetToolName()),
 			oneLine(resp.GetCallId()), resp.GetAttempt(), time.Duration(resp.GetLatencyMicros())*time.Microsecond)
 		for _, a := range resp.GetAdvisory() {
-			linef(g.stdout, "advisory (recorded, not enforced): %s\n", oneLine(a))
+			writef(g.stdout, "advisory (recorded, not enforced): %s\n", oneLine(a))
 		}
 		g.printToolResult(resp.GetContent(), resp.GetStructuredContent())
 	}
@@ -405,7 +405,7 @@ func (g *globals) printAgentTools(resp *poolv1.ListAgentToolsResponse) error {
 		return printJSON(g.stdout, resp)
 	}
 	if sel := resp.GetSelectedServers(); len(sel) > 0 {
-		linef(g.stdout, "selected servers: %s\n\n", strings.Join(sel, ", "))
+		writef(g.stdout, "selected servers: %s\n\n", strings.Join(sel, ", "))
 	}
 	t := newTable(g.stdout, "TOOL", "SERVER", "CONFIRM", "DESCRIPTION")
 	for _, tool := range resp.GetTools() {

@@ -147,6 +147,10 @@ func linef(w io.Writer, format string, args ...any) (int, error) {
 	return fmt.Fprintf(w, format, oneLines(args)...)
 }
 
+// writef is linef for a line whose failed write changes nothing the command does (a note, a
+// warning, one line of a listing): the command's exit status reports its outcome.
+func writef(w io.Writer, format string, args ...any) { _, _ = linef(w, format, args...) }
+
 // sprintLine is fmt.Sprintf with every string argument passed through oneLine.
 func sprintLine(format string, args ...any) string {
 	return fmt.Sprintf(format, oneLines(args)...)

@@ -306,7 +306,7 @@ replace the stored list. Without --env or --clear-env the stored env is kept.`,
 				return err
 			}
 			for _, w := range resp.GetWarnings() {
-				linef(g.stderr, "warning: %s\n", w)
+				writef(g.stderr, "warning: %s\n", w)
 			}
 			return g.printServer(resp.GetServer())
 		},
@@ -435,7 +435,7 @@ func newServersToolsCmd(g *globals) *cobra.Command {
 				return err
 			}
 			for _, f := range resp.GetListingFindings() {
-				linef(g.stdout, "listing %s: %s: %s\n", f.GetSeverity(), f.GetCode(), oneLine(f.GetMessage()))
+				writef(g.stdout, "listing %s: %s: %s\n", f.GetSeverity(), f.GetCode(), oneLine(f.GetMessage()))
 			}
 			return nil
 		},
@@ -515,26 +515,26 @@ func (g *globals) printExplored(resp *registryv1.ExploreServerResponse) {
 		if tool.GetExcluded() {
 			name += " (excluded by the registration's tool_filter)"
 		}
-		linef(g.stdout, "%s\n  pin: %s\n", oneLine(name), tool.GetSchemaHash())
+		writef(g.stdout, "%s\n  pin: %s\n", oneLine(name), tool.GetSchemaHash())
 		if tool.GetTitle() != "" {
-			linef(g.stdout, "  title: %s\n", oneLine(tool.GetTitle()))
+			writef(g.stdout, "  title: %s\n", oneLine(tool.GetTitle()))
 		}
-		linef(g.stdout, "  description: %s\n", oneLine(tool.GetDescription()))
+		writef(g.stdout, "  description: %s\n", oneLine(tool.GetDescription()))
 		printStruct(g, "input schema", tool.GetInputSchema())
 		printStruct(g, "output schema", tool.GetOutputSchema())
 		printStruct(g, "annotations", tool.GetAnnotations())
 		for _, f := range tool.GetFindings() {
-			linef(g.stdout, "  %s %s at %s: %s\n", f.GetSeverity(), f.GetCode(), oneLine(f.GetLocation()), oneLine(f.GetMessage()))
+			writef(g.stdout, "  %s %s at %s: %s\n", f.GetSeverity(), f.GetCode(), oneLine(f.GetLocation()), oneLine(f.GetMessage()))
 		}
 	}
 	for _, f := range resp.GetListingFindings() {
-		linef(g.stdout, "listing %s: %s: %s\n", f.GetSeverity(), f.GetCode(), oneLine(f.GetMessage()))
+		writef(g.stdout, "listing %s: %s: %s\n", f.GetSeverity(), f.GetCode(), oneLine(f.GetMessage()))
 	}
 	c := resp.GetCall()
 	if c == nil || c.GetOutcome() != "dispatched" {
 		return
 	}
-	linef(g.stdout, "\ncall %s: dispatched: %s\n", c.GetCallId(), c.GetResult())
+	writef(g.stdout, "\ncall %s: dispatched: %s\n", c.GetCallId(), c.GetResult())
 	g.printToolResult(c.GetContent(), c.GetStructuredContent())
 }
 
@@ -643,7 +643,7 @@ func target(s *registryv1.Server) string {
 func warnGrantTypos(w io.Writer, grants []string) {
 	for _, grant := range grants {
 		if floor, ok := capability.NearFloor(grant); ok {
-			linef(w, "warning: --grant %s is not a floor capability; did you mean %s? (granted as written)\n", grant, floor)
+			writef(w, "warning: --grant %s is not a floor capability; did you mean %s? (granted as written)\n", grant, floor)
 		}
 	}
 }
@@ -670,7 +670,7 @@ func warnBelowFloor(w io.Writer, ref, transport string, grants []string) {
 	if transport != "" && transport != "stdio" {
 		why = remoteFloor
 	}
-	linef(w, "warning: %s does not grant %s, which every imported tool needs: mcp-import will refuse it until it does (ringfence servers update %s%s)%s\n",
+	writef(w, "warning: %s does not grant %s, which every imported tool needs: mcp-import will refuse it until it does (ringfence servers update %s%s)%s\n",
 		ref, strings.Join(missing, " and "), ref, all, why)
 }
 
@@ -789,7 +789,7 @@ func (g *globals) prompt(label, how string) (string, error) {
 	if !ok || !term.IsTerminal(int(f.Fd())) {
 		return "", usagef("missing %s: %s", label, how)
 	}
-	linef(g.stderr, "%s: ", label)
+	writef(g.stderr, "%s: ", label)
 	line, err := bufio.NewReader(f).ReadString('\n')
 	if err != nil {
 		return "", err

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
-	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/fielderr"
 )
@@ -120,14 +120,16 @@ func writeError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler,
 		}
 	}
 	for _, d := range st.Details() {
-		if pv, ok := d.(*publisherv1.PublishViolations); ok {
-			if body.Violations == nil {
-				body.Violations = []json.RawMessage{}
-			}
-			for _, v := range pv.GetViolations() {
-				if raw, derr := (protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}).Marshal(v); derr == nil {
-					body.Violations = append(body.Violations, raw)
-				}
+		vs, ok := violationsOf(d)
+		if !ok {
+			continue
+		}
+		if body.Violations == nil {
+			body.Violations = []json.RawMessage{}
+		}
+		for _, v := range vs {
+			if raw, derr := (protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}).Marshal(v); derr == nil {
+				body.Violations = append(body.Violations, raw)
 			}
 		}
 	}
@@ -145,6 +147,28 @@ func writeError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler,
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	_ = enc.Encode(body)
+}
+
+// violationsOf reads a status detail shaped as a list of violations: a message whose one
+// field is a repeated message field named "violations" (publisher.v1.PublishViolations is
+// one). The gateway lifts those to the REST body by their shape, so that this package knows
+// no service's API.
+func violationsOf(d any) ([]proto.Message, bool) {
+	m, ok := d.(proto.Message)
+	if !ok {
+		return nil, false
+	}
+	fields := m.ProtoReflect().Descriptor().Fields()
+	f := fields.ByName("violations")
+	if fields.Len() != 1 || f == nil || !f.IsList() || f.Message() == nil {
+		return nil, false
+	}
+	list := m.ProtoReflect().Get(f).List()
+	out := make([]proto.Message, list.Len())
+	for i := range out {
+		out[i] = list.Get(i).Message().Interface()
+	}
+	return out, true
 }
 
 // toSnake turns AlreadyExists into Already_Exists.

@@ -50,6 +50,7 @@ func TestUnknownQueryParametersAreRefused(t *testing.T) {
 		require.Equal(t, http.StatusOK, code, "%s: %v", ok, body)
 	}
 	code, body := get("filter.kind=admin")
+	require.Equal(t, http.StatusOK, code, "%v", body)
 	require.Equal(t, "admin", body["records"].([]any)[0].(map[string]any)["kind"])
 
 	for _, tc := range []struct{ query, param string }{

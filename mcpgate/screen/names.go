@@ -200,10 +200,10 @@ func (s *session) crossReference(lower string) (word, name string, found bool) {
 func (s *session) nameCollisions(name string) []hit {
 	n := strings.ToLower(name)
 	m := s.all.lookup(n, true)
-	switch {
-	case m == "":
+	switch m {
+	case "":
 		return nil
-	case m == n:
+	case n:
 		return []hit{{CodeNameCollision, fmt.Sprintf("name %s is also a name of another server or tool", excerpt(name))}}
 	default:
 		return []hit{{CodeNameCollision, fmt.Sprintf("name %s looks like %s, a name of another server or tool", excerpt(name), excerpt(m))}}

@@ -93,13 +93,13 @@ func (s *session) scanUncached(text string, kind scanKind) []hit {
 		// A hidden code point may join two words ("ignore<ZWSP>previous")
 		// or split one ("ig<ZWSP>nore"); the text is scanned both ways.
 		spaced.WriteByte(' ')
-		switch {
-		case k == runeclass.Tag:
+		switch k {
+		case runeclass.Tag:
 			tags++
 			if c := runeclass.TagASCII(r); c != 0 {
 				tagText = append(tagText, c)
 			}
-		case k == runeclass.Bidi:
+		case runeclass.Bidi:
 			bidi++
 		default: // Control, Invisible
 			hidden++

@@ -118,10 +118,10 @@ func (v *verifier) verify(ctx context.Context, anchor store.Anchor) (store.Verif
 	case <-ctx.Done():
 		v.mu.Lock()
 		if w.waiters--; w.waiters == 0 {
-			switch {
-			case w == v.next:
+			switch w {
+			case v.next:
 				v.next = nil
-			case w == v.running:
+			case v.running:
 				w.abandoned = true
 				w.cancel()
 			}

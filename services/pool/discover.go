@@ -190,7 +190,8 @@ func (s *Service) ExploreTools(ctx context.Context, req discovery.ExploreRequest
 	if err != nil {
 		return nil, nil, spawnFailure(err)
 	}
-	defer spawned.Close(context.WithoutCancel(ctx))
+	// A failure to stop is the spawner's to log and the sweep's to clean up; the listing stands.
+	defer func() { _ = spawned.Close(context.WithoutCancel(ctx)) }()
 	// The listing is part of client setup: bounded by client_session_timeout.
 	tools, err := spawned.SetupListTools(ctx)
 	if err != nil {

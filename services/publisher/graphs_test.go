@@ -422,7 +422,7 @@ func TestRESTRoutes(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, "%v", body)
 	require.Equal(t, "support-triage", body["draft"].(map[string]any)["id"])
 	code, body = f.rest(t, http.MethodPost, "/v1/graphs", `{"graph_id":"support-triage"}`)
-	require.Equal(t, http.StatusConflict, code)
+	require.Equal(t, http.StatusConflict, code, "%v", body)
 
 	code, body = f.rest(t, http.MethodPost, "/v1/graphs/support-triage:import", `{"server_ref":"docs","agent":"researcher","tools":["read_file"]}`)
 	require.Equal(t, http.StatusOK, code, "%v", body)

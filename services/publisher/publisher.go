@@ -126,7 +126,7 @@ func Open(cfg Config) (*Service, error) {
 		MaxPending: cfg.SpoolMaxRecords, OnFull: cfg.OnSpoolFull, Logger: cfg.Logger,
 	})
 	if err != nil {
-		st.Close()
+		_ = st.Close() // the open's error is the one to report
 		return nil, err
 	}
 	return &Service{

@@ -339,7 +339,7 @@ func (d *Docker) Spawn(ctx context.Context, spec *Spec, kit *Kit) (*Session, err
 
 	att, err := d.api.ContainerAttach(engineCtx, c.id, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
 	if err != nil {
-		c.forceRemove()
+		_ = c.forceRemove() // logged there; the sweep removes what it could not
 		return nil, c.engineError(ctx, "attach to the container", err)
 	}
 	c.att = att.HijackedResponse
@@ -501,7 +501,9 @@ func (c *dockerServer) oomKilled(ctx context.Context) bool {
 			if m.Action == events.ActionOOM && m.Actor.ID == c.id {
 				return true
 			}
-		case <-res.Err:
+		case err := <-res.Err:
+			// No event stream, no answer: the failure stays classed as a crash.
+			c.d.log.Debug("spawner: the engine's events could not be read to tell an OOM kill", "container", shortID(c.id), "error", err)
 			return false
 		case <-ctx.Done():
 			return false

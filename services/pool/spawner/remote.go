@@ -299,10 +299,10 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 
 func (b *limitedBody) Close() error { return b.rc.Close() }
 
-func (t *remoteTransport) failure() (error, int) {
+func (t *remoteTransport) failure() (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.err, t.status
+	return t.status, t.err
 }
 
 func remoteError(ctx context.Context, err error, rt *remoteTransport, u *url.URL, spec *Spec) error {
@@ -314,7 +314,7 @@ func remoteError(ctx context.Context, err error, rt *remoteTransport, u *url.URL
 		return e // already classified (a bound connect enforces)
 	}
 	where := u.Scheme + "://" + u.Host
-	terr, status := rt.failure()
+	status, terr := rt.failure()
 	var (
 		certErr     *tls.CertificateVerificationError
 		unknownAuth x509.UnknownAuthorityError

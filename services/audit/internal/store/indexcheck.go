@@ -171,7 +171,7 @@ func (c *indexChecker) indexes(tx *bolt.Tx, headSeq uint64) (uint64, string) {
 func (c *indexChecker) missing(tx *bolt.Tx, headSeq uint64) (uint64, string) {
 	byID := tx.Bucket(bucketByID)
 	cur := tx.Bucket(bucketRecords).Cursor()
-	for k, v := cur.First(); k != nil && len(k) == 8 && len(v) >= hashLen; k, v = cur.Next() {
+	for k, v := cur.First(); len(k) == 8 && len(v) >= hashLen; k, v = cur.Next() {
 		seq := binary.BigEndian.Uint64(k)
 		if seq > headSeq {
 			break

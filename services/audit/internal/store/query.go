@@ -17,6 +17,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/ringfence/ringfence/internal/audit"
 )
@@ -340,7 +341,7 @@ func (s *Store) Watch(ctx context.Context, fromSeq uint64) iter.Seq2[Entry, erro
 				return nil
 			})
 			if err != nil {
-				if errors.Is(err, bolt.ErrDatabaseNotOpen) {
+				if errors.Is(err, bolterrors.ErrDatabaseNotOpen) {
 					err = ErrClosed
 				}
 				yield(Entry{}, fmt.Errorf("audit: watch: %w", err))

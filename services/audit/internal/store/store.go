@@ -13,6 +13,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/ringfence/ringfence/internal/audit"
 )
@@ -109,7 +110,7 @@ func Open(path string, opts Options) (*Store, error) {
 		InitialMmapSize: 1 << 30,
 		NoSync:          opts.NoSync,
 	})
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, bolterrors.ErrTimeout) {
 		return nil, fmt.Errorf("audit: %s is locked by another process (a server still running on the same data directory?): stop it, or give this one its own data_dir (RINGFENCE_DATA_DIR)", path)
 	}
 	if err != nil {
@@ -267,7 +268,6 @@ type writer struct {
 	ch   *chainer
 	seq  uint64
 	prev [32]byte
-	buf  []byte
 }
 
 // noValue is the value of index entries, whose keys say everything. It is empty but

@@ -107,7 +107,7 @@ func Open(path string) (*Store, error) {
 		return nil, err
 	}
 	if err := boltdb.Migrate(db, [][]byte{runsBucket}, migrations); err != nil {
-		db.Close()
+		_ = db.Close() // the migration's error is the one to report
 		return nil, err
 	}
 	return &Store{db: db}, nil

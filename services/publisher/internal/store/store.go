@@ -53,7 +53,7 @@ func Open(path string, cacheBytes int) (*Store, error) {
 		return nil, err
 	}
 	if err := boltdb.Migrate(db, allBuckets, migrations); err != nil {
-		db.Close()
+		_ = db.Close() // the error above is the one to report
 		return nil, err
 	}
 	st := &Store{db: db}

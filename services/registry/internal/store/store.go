@@ -62,19 +62,19 @@ func Open(path string, box *secretbox.Box) (*Store, error) {
 		return nil, err
 	}
 	if err := boltdb.Migrate(db, allBuckets, migrations(box)); err != nil {
-		db.Close()
+		_ = db.Close() // the migration's error is the one to report
 		return nil, err
 	}
 	// A migration that sealed plaintext asked for its old pages to leave the file.
 	if db, err = boltdb.ScrubIfRequested(db); err != nil {
 		if db != nil {
-			db.Close()
+			_ = db.Close() // the scrub's error is the one to report
 		}
 		return nil, err
 	}
 	s := &Store{db: db, box: box, servers: make(map[string]*storedServer)}
 	if err := s.loadKeys(); err != nil {
-		db.Close()
+		_ = db.Close() // the error above is the one to report
 		return nil, err
 	}
 	return s, nil
