@@ -290,6 +290,8 @@ func (s *Service) callTool(ctx context.Context, req CallRequest) outcome {
 		out.err = sessionRefusal(err)
 		return out
 	}
+	d.attempt.WarmSession = sess.warm
+	out.attempt = d.attempt
 	live, err := s.listing(ctx, sess)
 	if err != nil {
 		out.err = err

@@ -29,6 +29,14 @@ type session struct {
 	err         error
 	start       time.Time
 
+	// warm: the session came from the pool's warm set (warm.go): started before its run,
+	// taken by the run's first call to the server. unwarm is closed when it leaves the set.
+	warm   bool
+	unwarm chan struct{}
+	// keepSlot: the session's place under pool.max_sessions was handed to a run when it was
+	// evicted from the warm set, so stopping it does not give the place back.
+	keepSlot bool
+
 	calls atomic.Int64
 	// stopped is set when stopping begins; stopMu is held until it has ended (see stop).
 	stopped atomic.Bool
@@ -70,7 +78,20 @@ var errTooManySessions = errors.New("pool: this host's session limit (pool.max_s
 // the in-flight gate then (waiting on the registry, say) must not start a server, nor be
 // dispatched, while the pool stops every session. It checks under r.mu, which Close takes
 // after it began to close, so a session added before the check is one Close stops.
+//
+// A registered server's first session in the run is taken from the warm set when one waits
+// that the registration would start exactly so now (takeWarm); otherwise it is spawned. A
+// spawn that finds pool.max_sessions reached takes the place of the oldest warm session.
 func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpserver.Resolved) (*session, error) {
+	tryWarm := inline == nil
+	// held is a place under pool.max_sessions this call took over from an evicted warm
+	// session, until a spawn uses it.
+	held := false
+	defer func() {
+		if held {
+			s.liveSessions.Add(-1)
+		}
+	}()
 	for {
 		r.mu.Lock()
 		if s.inflight.closed() {
@@ -83,10 +104,31 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 			return nil, fmt.Errorf("%w (it is %s)", errRunNotRunning, st)
 		}
 		sess, ok := r.sessions[ref]
-		if !ok {
-			if !s.takeSessionSlot() {
+		switch {
+		case ok:
+			r.mu.Unlock()
+		case tryWarm && s.warm.hasReady(ref):
+			r.mu.Unlock()
+			tryWarm = false // once per call: then it spawns
+			if w := s.takeWarm(ctx, ref); w != nil && !s.install(r, w) {
+				s.stop(w) // the run moved on, or a concurrent call got there first
+			}
+			continue
+		default:
+			if !held && !s.takeSessionSlot() {
+				victim := s.warm.evict()
 				r.mu.Unlock()
-				return nil, errTooManySessions
+				if victim == nil {
+					return nil, errTooManySessions
+				}
+				s.metrics.warmDiscarded.WithLabelValues(discardEvicted).Inc()
+				s.stop(victim) // keeps its place, for this call
+				held = true
+				continue
+			}
+			held = false
+			if inline == nil && s.warm.wanted(ref) {
+				s.metrics.warmMisses.WithLabelValues(ref).Inc()
 			}
 			// The spawn runs in the background: it outlives this caller, since others may
 			// come to wait for it, and each caller waits with its own context. Only the run
@@ -96,8 +138,6 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 			r.sessions[ref] = sess
 			r.mu.Unlock()
 			go s.spawnSession(sctx, r, sess)
-		} else {
-			r.mu.Unlock()
 		}
 		select {
 		case <-sess.ready:
@@ -124,6 +164,20 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 		}
 		return sess, nil
 	}
+}
+
+// install makes a warm session taken for r the run's session of its server, unless the pool
+// began to close, the run moved on, or a concurrent call of the run installed one first.
+func (s *Service) install(r *run, w *session) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, taken := r.sessions[w.ref]; taken || s.inflight.closed() || r.rec.State != StateRunning {
+		return false
+	}
+	r.sessions[w.ref] = w
+	s.metrics.warmHits.WithLabelValues(w.ref).Inc()
+	s.watchers.Go(func() { s.watch(r, w) })
+	return true
 }
 
 // takeSessionSlot counts one more live session, unless the host's limit is reached: one
@@ -267,7 +321,9 @@ func (s *Service) stop(sess *session) {
 	if err := sess.sess.Close(ctx); err != nil {
 		s.log.Warn("closing a session failed", "server", sess.ref, "err", err)
 	}
-	s.liveSessions.Add(-1)
+	if !sess.keepSlot {
+		s.liveSessions.Add(-1)
+	}
 	s.metrics.sessionsStopped.Inc()
 }
 
