@@ -33,6 +33,9 @@ type session struct {
 	// taken by the run's first call to the server. unwarm is closed when it leaves the set.
 	warm   bool
 	unwarm chan struct{}
+	// refillDue is set when the session is taken from the warm set; the call that took it
+	// starts the replacement once it has its answer (callTool).
+	refillDue atomic.Bool
 	// keepSlot: the session's place under pool.max_sessions was handed to a run when it was
 	// evicted from the warm set, so stopping it does not give the place back.
 	keepSlot bool

@@ -524,7 +524,7 @@ func (s *Service) takeWarm(ctx context.Context, ref string) *session {
 			s.warm.wake()
 			continue
 		}
-		s.warm.wake() // refill
+		sess.refillDue.Store(true) // the taking call wakes the keeper once it has its answer
 		return sess
 	}
 }

@@ -98,8 +98,13 @@ func (h *harness) hostOf(t *testing.T, run string) (host, token string, warm boo
 	return host, token, h.last().WarmSession
 }
 
-func (h *harness) hits() float64   { return testutil.ToFloat64(h.pool.metrics.warmHits.WithLabelValues("fx")) }
-func (h *harness) misses() float64 { return testutil.ToFloat64(h.pool.metrics.warmMisses.WithLabelValues("fx")) }
+func (h *harness) hits() float64 { return h.hitsOf("fx") }
+func (h *harness) hitsOf(ref string) float64 {
+	return testutil.ToFloat64(h.pool.metrics.warmHits.WithLabelValues(ref))
+}
+func (h *harness) misses() float64 {
+	return testutil.ToFloat64(h.pool.metrics.warmMisses.WithLabelValues("fx"))
+}
 func (h *harness) discards(reason string) float64 {
 	return testutil.ToFloat64(h.pool.metrics.warmDiscarded.WithLabelValues(reason))
 }
@@ -315,4 +320,17 @@ func TestAWarmContainerHasTheProfileOfAColdOne(t *testing.T) {
 	require.Equal(t, *cold.Config, *warm.Config)
 	require.Equal(t, *cold.HostConfig, *warm.HostConfig)
 	require.Equal(t, cold, warm, "every other field")
+}
+
+// TestWarmContainersAreRecycledAfterTheirMaximumAge: a warm container that waited
+// pool.warm_max_age is replaced by a fresh one, so none lives for days.
+func TestWarmContainersAreRecycledAfterTheirMaximumAge(t *testing.T) {
+	h := warmHarness(t, 1, harnessOpts{warmMaxAge: 500 * time.Millisecond})
+	h.waitReady(1)
+	first := h.readyHosts()
+	require.Len(t, first, 1)
+	require.Eventually(t, func() bool {
+		ready := h.readyHosts()
+		return h.discards(discardExpired) >= 1 && len(ready) == 1 && ready[0] != first[0]
+	}, 60*time.Second, 20*time.Millisecond, "the warm container is replaced once it is older than the maximum age")
 }
