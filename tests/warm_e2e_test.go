@@ -59,6 +59,7 @@ func idsOf(cs []container.Summary) []string {
 // says so, and the metrics count the hit), and asking for none discards the rest.
 func TestWarmContainersEndToEnd(t *testing.T) {
 	d, cli, poolID := runsDaemon(t, "RINGFENCE_POOL__MAX_WARM=4")
+	t.Cleanup(d.stop) // before the check that no container is left: the daemon holds warm ones
 	must := func(r result) result {
 		t.Helper()
 		require.Equal(t, 0, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
@@ -70,7 +71,7 @@ func TestWarmContainersEndToEnd(t *testing.T) {
 	must(cli("servers", "update", "fx", "--prewarm", "2"))
 	waitWarm(t, poolID, 2, "prewarm 2")
 	require.Eventually(t, func() bool {
-		return regexp.MustCompile(`(?m)^prewarm\s+2 \(ready 2, starting 0\)$`).MatchString(cli("servers", "show", "fx").Stdout)
+		return regexp.MustCompile(`(?m)^prewarm:\s+2 \(ready 2, starting 0\)$`).MatchString(cli("servers", "show", "fx").Stdout)
 	}, 30*time.Second, 100*time.Millisecond, "servers show reports the pool's warm containers")
 	require.Regexp(t, `(?m)^fx\s.*\s2/2\s+\d+$`, must(cli("servers", "list")).Stdout)
 
@@ -90,7 +91,7 @@ func TestWarmContainersEndToEnd(t *testing.T) {
 
 	must(cli("servers", "update", "fx", "--prewarm", "0"))
 	waitWarm(t, poolID, 1, "prewarm 0 leaves only the container run warm-1 took")
-	require.Regexp(t, `(?m)^prewarm\s+0$`, must(cli("servers", "show", "fx")).Stdout)
+	require.Regexp(t, `(?m)^prewarm:\s+0$`, must(cli("servers", "show", "fx")).Stdout)
 	must(cli("runs", "end", "--run", "warm-1"))
 	waitWarm(t, poolID, 0, "the taken container stops with its run")
 }
@@ -100,6 +101,7 @@ func TestWarmContainersEndToEnd(t *testing.T) {
 // removes what remains), and the new process keeps warm containers of its own.
 func TestSIGKILLLeavesNoWarmContainerBehind(t *testing.T) {
 	d, poolID := poolDaemon(t)
+	t.Cleanup(d.stop)
 	api := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}
 	registerServer(t, api, `{"ref":"fx","command":"mcpfixture","prewarm":2}`)
 	before := idsOf(waitWarm(t, poolID, 2, "before the kill"))
@@ -130,6 +132,7 @@ func TestAnImageChangeDiscardsWarmContainers(t *testing.T) {
 	require.NotEqual(t, first, built.Image)
 
 	d, poolID := poolDaemon(t)
+	t.Cleanup(d.stop)
 	api := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}
 	registerServer(t, api, `{"ref":"fx","command":"mcpfixture","prewarm":2}`)
 	for _, c := range waitWarm(t, poolID, 2, "on the first image") {
