@@ -36,6 +36,9 @@ type session struct {
 	// refillDue is set when the session is taken from the warm set; the call that took it
 	// starts the replacement once it has its answer (callTool).
 	refillDue atomic.Bool
+	// handedOver marks a run's placeholder whose place a warm session took (takeOrSpawn):
+	// callers that waited on it look again.
+	handedOver bool
 	// keepSlot: the session's place under pool.max_sessions was handed to a run when it was
 	// evicted from the warm set, so stopping it does not give the place back.
 	keepSlot bool
@@ -83,10 +86,10 @@ var errTooManySessions = errors.New("pool: this host's session limit (pool.max_s
 // after it began to close, so a session added before the check is one Close stops.
 //
 // A registered server's first session in the run is taken from the warm set when one waits
-// that the registration would start exactly so now (takeWarm); otherwise it is spawned. A
-// spawn that finds pool.max_sessions reached takes the place of the oldest warm session.
+// that the registration would start exactly so now (takeOrSpawn); otherwise it is spawned.
+// Concurrent first calls wait for that one take as for a spawn. A spawn that finds
+// pool.max_sessions reached takes the place of the oldest warm session.
 func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpserver.Resolved) (*session, error) {
-	tryWarm := inline == nil
 	// held is a place under pool.max_sessions this call took over from an evicted warm
 	// session, until a spawn uses it.
 	held := false
@@ -107,18 +110,10 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 			return nil, fmt.Errorf("%w (it is %s)", errRunNotRunning, st)
 		}
 		sess, ok := r.sessions[ref]
-		switch {
-		case ok:
-			r.mu.Unlock()
-		case tryWarm && s.warm.hasReady(ref):
-			r.mu.Unlock()
-			tryWarm = false // once per call: then it spawns
-			if w := s.takeWarm(ctx, ref); w != nil && !s.install(r, w) {
-				s.stop(w) // the run moved on, or a concurrent call got there first
-			}
-			continue
-		default:
-			if !held && !s.takeSessionSlot() {
+		if !ok {
+			// A warm session carries its own place under pool.max_sessions; a spawn needs one.
+			warm := inline == nil && s.warm.hasReady(ref)
+			if !warm && !held && !s.takeSessionSlot() {
 				victim := s.warm.evict()
 				r.mu.Unlock()
 				if victim == nil {
@@ -129,23 +124,30 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 				held = true
 				continue
 			}
-			held = false
-			if inline == nil && s.warm.wanted(ref) {
-				s.metrics.warmMisses.WithLabelValues(ref).Inc()
-			}
-			// The spawn runs in the background: it outlives this caller, since others may
-			// come to wait for it, and each caller waits with its own context. Only the run
-			// moving on cancels it.
+			// The spawn (or the take) runs in the background: it outlives this caller, since
+			// others may come to wait for it, and each caller waits with its own context. Only
+			// the run moving on cancels it.
 			sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 			sess = &session{ref: ref, inline: inline, ready: make(chan struct{}), cancelSpawn: cancel}
 			r.sessions[ref] = sess
 			r.mu.Unlock()
-			go s.spawnSession(sctx, r, sess)
+			if warm {
+				go s.takeOrSpawn(sctx, r, sess)
+			} else {
+				held = false
+				s.countMiss(inline, ref)
+				go s.spawnSession(sctx, r, sess)
+			}
+		} else {
+			r.mu.Unlock()
 		}
 		select {
 		case <-sess.ready:
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		}
+		if sess.handedOver {
+			continue // a warm session took the place: the next turn finds it
 		}
 		if sess.err != nil {
 			s.forget(r, sess)
@@ -167,20 +169,6 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 		}
 		return sess, nil
 	}
-}
-
-// install makes a warm session taken for r the run's session of its server, unless the pool
-// began to close, the run moved on, or a concurrent call of the run installed one first.
-func (s *Service) install(r *run, w *session) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, taken := r.sessions[w.ref]; taken || s.inflight.closed() || r.rec.State != StateRunning {
-		return false
-	}
-	r.sessions[w.ref] = w
-	s.metrics.warmHits.WithLabelValues(w.ref).Inc()
-	s.watchers.Go(func() { s.watch(r, w) })
-	return true
 }
 
 // takeSessionSlot counts one more live session, unless the host's limit is reached: one

@@ -529,6 +529,54 @@ func (s *Service) takeWarm(ctx context.Context, ref string) *session {
 	}
 }
 
+// takeOrSpawn fills a run's placeholder p (see session) with a warm session, or, when none
+// that fits is ready after all, spawns one into p as a first call would. Concurrent first calls
+// of the run wait on p: a warm session takes p's place (p is handed over, and they look again),
+// so parallel first calls share one warm container, as they share one spawn.
+func (s *Service) takeOrSpawn(sctx context.Context, r *run, p *session) {
+	if w := s.takeWarm(sctx, p.ref); w != nil {
+		r.mu.Lock()
+		mine := r.sessions[p.ref] == p && !s.inflight.closed() && r.rec.State == StateRunning
+		if mine {
+			r.sessions[p.ref] = w
+			s.metrics.warmHits.WithLabelValues(p.ref).Inc()
+			s.watchers.Go(func() { s.watch(r, w) })
+		}
+		r.mu.Unlock()
+		if !mine { // the run paused or ended meanwhile: single use, so it is stopped
+			s.stop(w)
+			s.warm.wake()
+			p.err = s.givenUp()
+		}
+		p.handedOver = mine
+		close(p.ready)
+		return
+	}
+	if !s.takeSessionSlot() {
+		victim := s.warm.evict()
+		if victim == nil {
+			p.err = errTooManySessions
+			if sctx.Err() != nil || s.inflight.closed() {
+				p.err = s.givenUp()
+			}
+			close(p.ready)
+			return
+		}
+		s.metrics.warmDiscarded.WithLabelValues(discardEvicted).Inc()
+		s.stop(victim) // keeps its place, for this spawn
+	}
+	s.countMiss(nil, p.ref)
+	s.spawnSession(sctx, r, p)
+}
+
+// countMiss counts a first call of a run to a server that asks for warm sessions and starts one
+// cold.
+func (s *Service) countMiss(inline *mcpserver.Resolved, ref string) {
+	if inline == nil && s.warm.wanted(ref) {
+		s.metrics.warmMisses.WithLabelValues(ref).Inc()
+	}
+}
+
 // freshen takes a warm session's listing again as it is handed over: it proves the server
 // alive and answering, and it is the listing the call's drift check reads.
 func (s *Service) freshen(ctx context.Context, sess *session) error {

@@ -5,12 +5,14 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
@@ -333,4 +335,46 @@ func TestWarmContainersAreRecycledAfterTheirMaximumAge(t *testing.T) {
 		ready := h.readyHosts()
 		return h.discards(discardExpired) >= 1 && len(ready) == 1 && ready[0] != first[0]
 	}, 60*time.Second, 20*time.Millisecond, "the warm container is replaced once it is older than the maximum age")
+}
+
+// TestParallelFirstCallsShareOneWarmContainer: first calls a run makes at once to a server
+// share one session, as they share one spawn: one warm container serves them all, and no other
+// is taken (and wasted) or started cold.
+func TestParallelFirstCallsShareOneWarmContainer(t *testing.T) {
+	h := warmHarness(t, 2, harnessOpts{})
+	h.waitReady(2)
+	spawned := h.spawned()
+	run := h.start("g")
+	const calls = 6
+	hosts := make(chan string, calls)
+	var wg sync.WaitGroup
+	for range calls {
+		wg.Go(func() {
+			res, err := h.call(run, "a", "fx__env", map[string]any{})
+			if !assert.NoError(t, err) {
+				return
+			}
+			for _, kv := range res.StructuredContent["env"].([]any) {
+				if v, ok := strings.CutPrefix(kv.(string), "HOSTNAME="); ok {
+					hosts <- v
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(hosts)
+	var seen []string
+	for host := range hosts {
+		seen = append(seen, host)
+	}
+	require.Len(t, seen, calls)
+	require.Len(t, slices.Compact(slices.Sorted(slices.Values(seen))), 1, "one container served every first call")
+	require.Equal(t, 1.0, h.hits())
+	require.Equal(t, 0.0, h.misses())
+	require.Equal(t, 0.0, h.discards(discardUnwanted)+h.discards(discardDead)+h.discards(discardStale))
+	require.Eventually(t, func() bool { return h.pool.warm.count() == 2 }, 60*time.Second, 20*time.Millisecond)
+	require.Equal(t, spawned+1, h.spawned(), "one refill, and nothing started cold")
+	for _, a := range h.attempts() {
+		require.True(t, a.WarmSession)
+	}
 }
