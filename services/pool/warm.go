@@ -226,15 +226,15 @@ func sameStart(a, b *mcpserver.Resolved) bool {
 		a.SessionTimeout() == b.SessionTimeout()
 }
 
-// share divides max warm sessions among the targets: one each in ref order, then a second
+// share divides limit warm sessions among the targets: one each in ref order, then a second
 // each, and so on, up to each target's prewarm.
-func share(targets map[string]mcpserver.WarmTarget, max int) map[string]int {
+func share(targets map[string]mcpserver.WarmTarget, limit int) map[string]int {
 	refs := slices.Sorted(maps.Keys(targets))
 	out := make(map[string]int, len(refs))
-	for total, round := 0, 1; total < max; round++ {
+	for total, round := 0, 1; total < limit; round++ {
 		grew := false
 		for _, ref := range refs {
-			if total < max && targets[ref].Prewarm >= round {
+			if total < limit && targets[ref].Prewarm >= round {
 				out[ref]++
 				total++
 				grew = true

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
 	"github.com/ringfence/ringfence/services/pool/spawner"
 )
@@ -376,5 +377,21 @@ func TestParallelFirstCallsShareOneWarmContainer(t *testing.T) {
 	require.Equal(t, spawned+1, h.spawned(), "one refill, and nothing started cold")
 	for _, a := range h.attempts() {
 		require.True(t, a.WarmSession)
+	}
+}
+
+// TestShareDividesTheCapEvenly: pool.max_warm is shared one each in ref order, then a second
+// each, up to what each registration asks.
+func TestShareDividesTheCapEvenly(t *testing.T) {
+	targets := map[string]mcpserver.WarmTarget{"a": {Ref: "a", Prewarm: 3}, "b": {Ref: "b", Prewarm: 1}, "c": {Ref: "c", Prewarm: 2}}
+	for limit, want := range map[int]map[string]int{
+		0:  {},
+		1:  {"a": 1},
+		2:  {"a": 1, "b": 1},
+		4:  {"a": 2, "b": 1, "c": 1},
+		5:  {"a": 2, "b": 1, "c": 2},
+		16: {"a": 3, "b": 1, "c": 2},
+	} {
+		require.Equal(t, want, share(targets, limit), "limit %d", limit)
 	}
 }
