@@ -43,6 +43,8 @@ run ./internal/grpcserver/ 'UnaryHop' 2000x 3
 # Pool: (a) warm call, (b) first call of a run, (c) 16 concurrent runs, (d) memory per session.
 run ./services/pool/ 'PoolWarmCall$' 300x 3
 run ./services/pool/ 'PoolFirstCall$' 20x 3
+# (e) issue 23: a run's first call taking a warm container, beside a cold first call and a warm call.
+run ./services/pool/ 'PoolFirstCallWarm$' 20x 3
 run ./services/pool/ 'PoolThroughput$' 5000x 3
 run ./services/pool/ 'RawAttachThroughput$' 5000x 3
 run ./services/pool/ 'PoolIdleSessionMemory$' 1x 3

@@ -102,6 +102,19 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 	r = must(cli("pool", "call", "--graph", "split", "--agent", "a", "--tool", "fx__echo", "--args", `{"text":"across four processes"}`))
 	require.Contains(t, r.Stdout, "across four processes")
 
+	// Warm containers across the split: the pool learns which registrations want them from the
+	// registry (ListWarmTargets), and the registry shows what the pool holds (GetWarmStatus),
+	// both on the internal plane; the next run's first call takes one.
+	must(cli("registry", "servers", "update", "fx", "--prewarm", "1"))
+	require.Eventually(t, func() bool {
+		return strings.Contains(cli("registry", "servers", "show", "fx").Stdout, "1 (ready 1, starting 0)")
+	}, 60*time.Second, 200*time.Millisecond, "the registry shows the pool's warm container")
+	r = must(cli("pool", "call", "--graph", "split", "--agent", "a", "--tool", "fx__echo", "--args", `{"text":"warm"}`))
+	require.Contains(t, r.Stdout, "warm")
+	require.Eventually(t, func() bool {
+		return strings.Contains(cli("audit", "audit", "list", "--kind", "tool_call", "-o", "json").Stdout, `"warm_session": true`)
+	}, 20*time.Second, 200*time.Millisecond, "the call took the warm container")
+
 	// The internal plane is apart: the public port neither lists nor serves the internal
 	// services, and their listener refuses an admin API key without a certificate at the
 	// handshake, before any request is read.

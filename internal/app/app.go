@@ -132,6 +132,7 @@ func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Ap
 			return err
 		}
 		a.Registry.SetDiscoverer(a.Pool)
+		a.Registry.SetWarmReporter(a.Pool)
 		if a.Publisher, err = a.openPublisher(cfg, a.Registry, a.Pool, sink, log); err != nil {
 			return err
 		}
@@ -179,7 +180,9 @@ func NewRegistry(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Ap
 			if err != nil {
 				return err
 			}
-			a.Registry.SetDiscoverer(peers.NewPool(conn))
+			poolPeer := peers.NewPool(conn)
+			a.Registry.SetDiscoverer(poolPeer)
+			a.Registry.SetWarmReporter(poolPeer)
 		}
 		if a.Server, err = a.newServer(cfg, "ringfence-registry", auth.NewAuthorizer(a.Registry, auth.Rules), log); err != nil {
 			return err
@@ -374,7 +377,14 @@ func hasActiveKey(ctx context.Context, svc *registry.Service) bool {
 	}
 }
 
-func (a *App) openPool(ctx context.Context, cfg *config.Config, reg pool.Registry, versions pool.Versions, sink audit.Sink, log *slog.Logger) (*pool.Service, error) {
+// poolRegistry is what the pool needs of the registry: registrations, policies, and the
+// registrations that ask for warm containers.
+type poolRegistry interface {
+	pool.Registry
+	pool.WarmSource
+}
+
+func (a *App) openPool(ctx context.Context, cfg *config.Config, reg poolRegistry, versions pool.Versions, sink audit.Sink, log *slog.Logger) (*pool.Service, error) {
 	path, err := dataFile(cfg, "pool.db")
 	if err != nil {
 		return nil, err
@@ -399,6 +409,9 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg pool.Registr
 		MaxSessions:           cfg.Pool.MaxSessions,
 		AllowAdvisory:         cfg.Pool.AllowAdvisory,
 		AllowInlineMCPServers: cfg.Dev.AllowInlineMCPServers,
+		Warm:                  reg,
+		MaxWarm:               cfg.Pool.MaxWarm,
+		WarmMaxAge:            cfg.Pool.WarmMaxAge,
 		Logger:                plog,
 	})
 	if err != nil {

@@ -187,8 +187,10 @@ var wantInternal = map[string][]string{
 	registryinternalv1.RegistryInternalService_ResolveServer_FullMethodName:         {mtls.Pool},
 	registryinternalv1.RegistryInternalService_GetServerPolicy_FullMethodName:       {mtls.Publisher, mtls.Pool},
 	registryinternalv1.RegistryInternalService_AuthenticateKey_FullMethodName:       {mtls.Publisher, mtls.Pool, mtls.Audit},
+	registryinternalv1.RegistryInternalService_ListWarmTargets_FullMethodName:       {mtls.Pool},
 	"/ringfence.internal.publisher.v1.PublisherInternalService/GetPublishedVersion": {mtls.Pool},
 	poolinternalv1.PoolInternalService_Discover_FullMethodName:                      {mtls.Registry, mtls.Publisher},
+	poolinternalv1.PoolInternalService_GetWarmStatus_FullMethodName:                 {mtls.Registry},
 	"/ringfence.internal.audit.v1.AuditInternalService/Append":                      {mtls.Registry, mtls.Publisher, mtls.Pool},
 }
 

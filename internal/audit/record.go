@@ -161,6 +161,10 @@ type ToolCallAttempt struct {
 	// Advisory lists the rules that would have refused the call but were only recorded
 	// because the run is in advisory mode.
 	Advisory []string `json:"advisory,omitempty"`
+
+	// WarmSession says the session that served the call came from the pool's warm set: a
+	// container started before the run, as a cold start would have made it, for this run only.
+	WarmSession bool `json:"warm_session,omitempty"`
 }
 
 // NewID returns a fresh record ID: 128 bits, hex encoded, of which the first 48 are the

@@ -101,10 +101,13 @@ var Rules = map[string]Rule{
 	registryinternalv1.RegistryInternalService_ResolveServer_FullMethodName:         internal(mtls.Pool),
 	registryinternalv1.RegistryInternalService_GetServerPolicy_FullMethodName:       internal(mtls.Publisher, mtls.Pool),
 	registryinternalv1.RegistryInternalService_AuthenticateKey_FullMethodName:       internal(mtls.Publisher, mtls.Pool, mtls.Audit),
+	registryinternalv1.RegistryInternalService_ListWarmTargets_FullMethodName:       internal(mtls.Pool),
 	publisherinternalv1.PublisherInternalService_GetPublishedVersion_FullMethodName: internal(mtls.Pool),
 	// Discovery starts servers, so only the control plane's certificates may ask.
 	poolinternalv1.PoolInternalService_Discover_FullMethodName: internal(mtls.Registry, mtls.Publisher),
-	auditinternalv1.AuditInternalService_Append_FullMethodName: internal(mtls.Registry, mtls.Publisher, mtls.Pool),
+	// The registry shows the pool's warm containers in GetServer and ListServers.
+	poolinternalv1.PoolInternalService_GetWarmStatus_FullMethodName: internal(mtls.Registry),
+	auditinternalv1.AuditInternalService_Append_FullMethodName:      internal(mtls.Registry, mtls.Publisher, mtls.Pool),
 
 	grpc_health_v1.Health_Check_FullMethodName:                             public,
 	grpc_health_v1.Health_Watch_FullMethodName:                             public,

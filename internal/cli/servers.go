@@ -46,6 +46,7 @@ type serverFlags struct {
 	callTimeout    time.Duration
 	keepMarkup     bool
 	strictInputs   bool
+	prewarm        int
 }
 
 func (f *serverFlags) register(cmd *cobra.Command, update bool) {
@@ -69,6 +70,7 @@ func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 	fl.DurationVar(&f.callTimeout, "call-timeout", 0, "bound on one tool call (default 30s)")
 	fl.BoolVar(&f.keepMarkup, "keep-markup", false, "do not HTML-escape the server's tool results")
 	fl.BoolVar(&f.strictInputs, "strict-inputs", false, "refuse arguments a tool's input schema does not declare, even where the schema would allow them")
+	fl.IntVar(&f.prewarm, "prewarm", 0, fmt.Sprintf("warm containers the pool keeps ready for this server's next runs, each serving one run (stdio only, 0 to %d; the pool caps them all with pool.max_warm)", mcpserver.MaxPrewarm))
 	if update {
 		fl.BoolVar(&f.clearEnv, "clear-env", false, "remove every env value (without --env and --clear-env the stored env is kept)")
 		fl.BoolVar(&f.clearHeaders, "clear-headers", false, "remove every header (--header-secret replaces them all)")
@@ -96,7 +98,11 @@ func (f *serverFlags) createRequest(ref string) (*registryv1.CreateServerRequest
 	if err != nil {
 		return nil, err
 	}
-	req := &registryv1.CreateServerRequest{Ref: ref, Transport: transport, Url: f.url, Description: f.description, KeepMarkup: f.keepMarkup, StrictInputs: f.strictInputs}
+	if f.prewarm < 0 || f.prewarm > mcpserver.MaxPrewarm {
+		return nil, usagef("--prewarm must be between 0 and %d", mcpserver.MaxPrewarm)
+	}
+	req := &registryv1.CreateServerRequest{Ref: ref, Transport: transport, Url: f.url, Description: f.description, KeepMarkup: f.keepMarkup,
+		StrictInputs: f.strictInputs, Prewarm: int32(f.prewarm)}
 	if req.Command, req.Args, err = splitCommand(f.command, f.args); err != nil {
 		return nil, err
 	}
@@ -224,7 +230,7 @@ replace the stored list. Without --env or --clear-env the stored env is kept.`,
 				Command: s.GetCommand(), Args: s.GetArgs(), Url: s.GetUrl(), Headers: s.GetHeaders(),
 				Grants: s.GetGrants(), ToolFilter: s.GetToolFilter(), ToolPermissions: s.GetToolPermissions(),
 				ClientSessionTimeout: s.GetClientSessionTimeout(), ToolCallTimeout: s.GetToolCallTimeout(),
-				KeepMarkup: s.GetKeepMarkup(), StrictInputs: s.GetStrictInputs(), Revision: s.GetRevision(),
+				KeepMarkup: s.GetKeepMarkup(), StrictInputs: s.GetStrictInputs(), Prewarm: s.GetPrewarm(), Revision: s.GetRevision(),
 			}
 			changed := cmd.Flags().Changed
 			if changed("transport") {
@@ -301,6 +307,12 @@ replace the stored list. Without --env or --clear-env the stored env is kept.`,
 			if changed("strict-inputs") {
 				req.StrictInputs = f.strictInputs
 			}
+			if changed("prewarm") {
+				if f.prewarm < 0 || f.prewarm > mcpserver.MaxPrewarm {
+					return usagef("--prewarm must be between 0 and %d", mcpserver.MaxPrewarm)
+				}
+				req.Prewarm = int32(f.prewarm)
+			}
 			resp, err := client.UpdateServer(ctx, req)
 			if err != nil {
 				return err
@@ -346,10 +358,10 @@ func newServersListCmd(g *globals) *cobra.Command {
 			if g.output == "json" {
 				return printJSON(g.stdout, all)
 			}
-			t := newTable(g.stdout, "REF", "TRANSPORT", "TARGET", "GRANTS", "ENV", "REVISION")
+			t := newTable(g.stdout, "REF", "TRANSPORT", "TARGET", "GRANTS", "ENV", "WARM", "REVISION")
 			for _, s := range all.GetServers() {
 				t.row(s.GetRef(), s.GetTransport(), truncate(target(s), 48), orDash(strings.Join(s.GetGrants(), ",")),
-					orDash(strings.Join(slices.Sorted(maps.Keys(s.GetEnv())), ",")), fmt.Sprint(s.GetRevision()))
+					orDash(strings.Join(slices.Sorted(maps.Keys(s.GetEnv())), ",")), warmColumn(s), fmt.Sprint(s.GetRevision()))
 			}
 			return t.flush()
 		},
@@ -614,9 +626,34 @@ func (g *globals) printServer(s *registryv1.Server) error {
 		"exclude tools", orDash(strings.Join(s.GetToolFilter().GetExclude(), ", ")),
 		"tool permissions", orDash(strings.Join(perms, "; ")),
 		"strict inputs", fmt.Sprint(s.GetStrictInputs()),
+		"prewarm", warmLine(s),
 		"revision", fmt.Sprint(s.GetRevision()),
 		"updated", s.GetUpdateTime().AsTime().Format(time.RFC3339),
 	)
+}
+
+// warmLine says how many warm containers a registration asks for and, when the registry could
+// ask the pool, how many are ready and starting.
+func warmLine(s *registryv1.Server) string {
+	switch {
+	case s.GetPrewarm() == 0:
+		return "0"
+	case s.GetWarm() == nil:
+		return fmt.Sprintf("%d (the pool's warm containers are unknown: it could not be asked)", s.GetPrewarm())
+	}
+	return fmt.Sprintf("%d (ready %d, starting %d)", s.GetPrewarm(), s.GetWarm().GetReady(), s.GetWarm().GetStarting())
+}
+
+// warmColumn is a registration's warm containers in a listing: ready/prewarm, ?/prewarm when
+// the pool could not be asked, - when it asks for none.
+func warmColumn(s *registryv1.Server) string {
+	switch {
+	case s.GetPrewarm() == 0:
+		return "-"
+	case s.GetWarm() == nil:
+		return fmt.Sprintf("?/%d", s.GetPrewarm())
+	}
+	return fmt.Sprintf("%d/%d", s.GetWarm().GetReady(), s.GetPrewarm())
 }
 
 // maskedServer is s with its URL's query values masked. The registry already masks them; the

@@ -103,7 +103,9 @@ type Pool struct {
 	RunIdleTimeout time.Duration `key:"run_idle_timeout" default:"15m" help:"end runs with no call for this long"`
 	PausedTimeout  time.Duration `key:"paused_run_timeout" default:"168h" help:"end runs paused for this long (an approval that never came); 0 keeps paused runs until they are ended"`
 	MaxRuns        int           `key:"max_runs" default:"256" help:"concurrent active runs on this host"`
-	MaxSessions    int           `key:"max_sessions" default:"512" help:"concurrent MCP sessions on this host"`
+	MaxSessions    int           `key:"max_sessions" default:"512" help:"concurrent MCP sessions on this host, warm ones included"`
+	MaxWarm        int           `key:"max_warm" default:"16" help:"warm containers (registrations' prewarm) this host keeps ready at most, all servers together; 0 keeps none"`
+	WarmMaxAge     time.Duration `key:"warm_max_age" default:"10m" help:"a warm container that waited this long is replaced by a fresh one"`
 	AllowAdvisory  bool          `key:"allow_advisory" help:"honour graphs whose capability_mode is advisory (the agent floor recorded, not enforced); off, every graph's agent floor is enforced"`
 }
 
@@ -225,6 +227,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Pool.MaxSessions < 1 {
 		errs.add("pool.max_sessions", "must be at least 1", "e.g. 512")
+	}
+	if c.Pool.MaxWarm < 0 {
+		errs.add("pool.max_warm", "must not be negative", "use 0 to keep no warm containers, or e.g. 16")
+	}
+	if c.Pool.WarmMaxAge <= 0 {
+		errs.add("pool.warm_max_age", "must be positive", "e.g. 10m")
 	}
 	if c.Audit.SpoolMaxRecords < 1 {
 		errs.add("audit.spool_max_records", "must be at least 1", "e.g. 100000")

@@ -33,6 +33,8 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, ByteSize(512<<20), cfg.Sandbox.MCPIsolationMemory)
 	require.Equal(t, time.Second, cfg.Pool.DriftMaxAge)
 	require.Equal(t, 7*24*time.Hour, cfg.Pool.PausedTimeout)
+	require.Equal(t, 16, cfg.Pool.MaxWarm)
+	require.Equal(t, 10*time.Minute, cfg.Pool.WarmMaxAge)
 	require.Equal(t, 128, cfg.Limits.MaxConnectionsPerAddress)
 	require.False(t, cfg.IsProduction())
 }
@@ -96,6 +98,8 @@ func TestRefusals(t *testing.T) {
 		{"bad integer names the env", nil, []string{"RINGFENCE_POOL__MAX_RUNS=many"}, []string{"RINGFENCE_POOL__MAX_RUNS", "not an integer"}},
 		{"bad duration", []string{"--pool.drift-max-age=soon"}, nil, []string{"--pool.drift-max-age", "not a duration"}},
 		{"negative paused timeout", nil, []string{"RINGFENCE_POOL__PAUSED_RUN_TIMEOUT=-1h"}, []string{"RINGFENCE_POOL__PAUSED_RUN_TIMEOUT", "must not be negative", "use 0 to keep"}},
+		{"negative max warm", nil, []string{"RINGFENCE_POOL__MAX_WARM=-1"}, []string{"RINGFENCE_POOL__MAX_WARM", "must not be negative", "use 0 to keep no warm containers"}},
+		{"zero warm max age", nil, []string{"RINGFENCE_POOL__WARM_MAX_AGE=0s"}, []string{"RINGFENCE_POOL__WARM_MAX_AGE", "must be positive"}},
 		{"bad list", nil, []string{"RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS=APP_TOKEN"}, []string{"JSON list"}},
 		{"tag refused", nil, []string{"RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE=mcp:latest"}, []string{"RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE", "not pinned by digest", "sha256:<64 hex>"}},
 		{"production refuses unisolated development", nil, []string{"RINGFENCE_ENV=production", "RINGFENCE_SANDBOX__ALLOW_UNISOLATED_MCP_DEVELOPMENT=true"}, []string{"RINGFENCE_SANDBOX__ALLOW_UNISOLATED_MCP_DEVELOPMENT", "refused in production", "host processes"}},

@@ -58,6 +58,9 @@ const (
 	MaxToolRequirements    = 16
 	MaxClientSessionTimout = 60 * time.Second
 	MaxToolCallTimeout     = 10 * time.Minute
+	// MaxPrewarm bounds the warm containers one registration may ask for; the pool's own
+	// cap (pool.max_warm) bounds them all together.
+	MaxPrewarm = 16
 )
 
 // Registration is an operator's record of one MCP server.
@@ -81,9 +84,25 @@ type Registration struct {
 	KeepMarkup           bool
 	// StrictInputs refuses arguments the tool's input schema does not declare.
 	StrictInputs bool
-	Revision     int64
-	CreateTime   time.Time
-	UpdateTime   time.Time
+	// Prewarm is how many warm containers the pool keeps ready for this server's next runs
+	// (stdio only).
+	Prewarm    int
+	Revision   int64
+	CreateTime time.Time
+	UpdateTime time.Time
+}
+
+// WarmTarget is a registration that asks for warm containers, as the pool polls them.
+type WarmTarget struct {
+	Ref      string
+	Prewarm  int
+	Revision int64
+}
+
+// WarmStatus is what a pool holds of a registration's warm containers.
+type WarmStatus struct {
+	// Ready are started, past the handshake and listed; Starting are being started.
+	Ready, Starting int
 }
 
 // ToolFilter narrows the tools a registration exposes; excludes win.
@@ -317,6 +336,12 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 	}
 	if r.ToolCallTimeout < 0 || r.ToolCallTimeout > MaxToolCallTimeout {
 		return fielderr.New("tool_call_timeout", "must be between 0 (default 30s) and %s", MaxToolCallTimeout)
+	}
+	if r.Prewarm < 0 || r.Prewarm > MaxPrewarm {
+		return fielderr.New("prewarm", "must be between 0 (no warm containers) and %d", MaxPrewarm)
+	}
+	if r.Prewarm > 0 && r.Transport != TransportStdio {
+		return fielderr.New("prewarm", "applies to the stdio transport only (warm containers); a %s server has no container to keep warm: remove prewarm", r.Transport)
 	}
 	return nil
 }

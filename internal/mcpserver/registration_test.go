@@ -110,3 +110,32 @@ func TestHeadersThePoolCannotSendAreRefused(t *testing.T) {
 	}
 	require.NoError(t, remote(map[string]string{"Authorization": "tok-one", "X-Api-Key": "tok-two"}).Validate(nil))
 }
+
+// TestPrewarmIsBoundedAndStdioOnly: prewarm asks the pool for warm containers, so it is
+// bounded, and refused on a remote server, which has no container to keep warm.
+func TestPrewarmIsBoundedAndStdioOnly(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		reg     Registration
+		wantErr string
+	}{
+		{"none", Registration{Ref: "fx", Command: "mcp"}, ""},
+		{"some", Registration{Ref: "fx", Command: "mcp", Prewarm: 2}, ""},
+		{"at most", Registration{Ref: "fx", Command: "mcp", Prewarm: MaxPrewarm}, ""},
+		{"too many", Registration{Ref: "fx", Command: "mcp", Prewarm: MaxPrewarm + 1}, "must be between 0 (no warm containers) and 16"},
+		{"negative", Registration{Ref: "fx", Command: "mcp", Prewarm: -1}, "must be between 0"},
+		{"remote", Registration{Ref: "fx", Transport: TransportStreamableHTTP, URL: "https://mcp.example.com/mcp", Prewarm: 1}, "applies to the stdio transport only"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.reg.Validate(nil)
+			if tc.wantErr == "" {
+				require.NoError(t, err)
+				return
+			}
+			fe, ok := fielderr.As(err)
+			require.True(t, ok, "%v", err)
+			require.Equal(t, "prewarm", fe.Field)
+			require.Contains(t, fe.Problem, tc.wantErr)
+		})
+	}
+}

@@ -127,6 +127,19 @@ func (r *Registry) ServerPolicy(ctx context.Context, ref string) (mcpserver.Poli
 	return p, nil
 }
 
+// WarmTargets implements pool.WarmSource through ListWarmTargets.
+func (r *Registry) WarmTargets(ctx context.Context) ([]mcpserver.WarmTarget, error) {
+	resp, err := r.client.ListWarmTargets(ctx, &registryinternalv1.ListWarmTargetsRequest{})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]mcpserver.WarmTarget, len(resp.GetTargets()))
+	for i, t := range resp.GetTargets() {
+		out[i] = mcpserver.WarmTarget{Ref: t.GetRef(), Prewarm: int(t.GetPrewarm()), Revision: t.GetRevision()}
+	}
+	return out, nil
+}
+
 // VerifyKey implements auth.KeyVerifier through AuthenticateKey.
 func (r *Registry) VerifyKey(ctx context.Context, keySHA256 string) (auth.Principal, error) {
 	now := time.Now()
@@ -174,8 +187,9 @@ func RegistrationFromProto(s *registryv1.Server) *mcpserver.Registration {
 	reg := &mcpserver.Registration{
 		Ref: s.GetRef(), Description: s.GetDescription(), Transport: s.GetTransport(),
 		Command: s.GetCommand(), Args: s.GetArgs(), URL: s.GetUrl(), Headers: s.GetHeaders(),
-		Grants: s.GetGrants(), KeepMarkup: s.GetKeepMarkup(), StrictInputs: s.GetStrictInputs(), Revision: s.GetRevision(),
-		Filter: mcpserver.ToolFilter{Include: s.GetToolFilter().GetInclude(), Exclude: s.GetToolFilter().GetExclude()},
+		Grants: s.GetGrants(), KeepMarkup: s.GetKeepMarkup(), StrictInputs: s.GetStrictInputs(), Prewarm: int(s.GetPrewarm()),
+		Revision: s.GetRevision(),
+		Filter:   mcpserver.ToolFilter{Include: s.GetToolFilter().GetInclude(), Exclude: s.GetToolFilter().GetExclude()},
 	}
 	if d := s.GetClientSessionTimeout(); d != nil {
 		reg.ClientSessionTimeout = d.AsDuration()
@@ -224,6 +238,19 @@ func (p *Pool) ExploreTools(ctx context.Context, req discovery.ExploreRequest) (
 		listing.Tools = append(listing.Tools, discovery.ToolFromProto(t))
 	}
 	return listing, resp.GetCall(), nil
+}
+
+// WarmStatus implements registry.WarmReporter through GetWarmStatus.
+func (p *Pool) WarmStatus(ctx context.Context, refs []string) (map[string]mcpserver.WarmStatus, error) {
+	resp, err := p.client.GetWarmStatus(ctx, &poolinternalv1.GetWarmStatusRequest{ServerRefs: refs})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]mcpserver.WarmStatus, len(resp.GetWarm()))
+	for ref, st := range resp.GetWarm() {
+		out[ref] = mcpserver.WarmStatus{Ready: int(st.GetReady()), Starting: int(st.GetStarting())}
+	}
+	return out, nil
 }
 
 // Publisher is the publisher seen from the pool.

@@ -290,6 +290,14 @@ func (s *Service) callTool(ctx context.Context, req CallRequest) outcome {
 		out.err = sessionRefusal(err)
 		return out
 	}
+	d.attempt.WarmSession = sess.warm
+	out.attempt = d.attempt
+	if sess.refillDue.CompareAndSwap(true, false) {
+		// The replacement of a warm session starts once the call that took it has its answer:
+		// a container start competes for the host's CPU with the call it would slow down. The
+		// keeper's own turn (every few seconds) starts it should the call last longer.
+		defer s.warm.wake()
+	}
 	live, err := s.listing(ctx, sess)
 	if err != nil {
 		out.err = err

@@ -77,6 +77,11 @@ type harnessOpts struct {
 	spoolMaxRecords int
 	// poolSink, when set, wraps the audit sink the pool's spool forwards to (one that is down).
 	poolSink func(audit.Sink) audit.Sink
+	// maxWarm, warmRefresh and warmMaxAge are the warm settings (0: no warm containers, and
+	// the defaults).
+	maxWarm     int
+	warmRefresh time.Duration
+	warmMaxAge  time.Duration
 }
 
 // overridableVersions serves the publisher's versions, or a hand-made one a test injects to
@@ -159,6 +164,7 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 		SpoolMaxRecords: o.spoolMaxRecords, Spawner: sp,
 		DriftMaxAge: drift, RunIdleTimeout: o.idle, PausedRunTimeout: o.paused, MaxRuns: o.maxRuns, MaxSessions: o.maxSessions,
 		AllowInlineMCPServers: o.allowInline, AllowAdvisory: o.allowAdvisory, Logger: quiet,
+		Warm: reg, MaxWarm: o.maxWarm, WarmRefresh: o.warmRefresh, WarmMaxAge: o.warmMaxAge,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() {

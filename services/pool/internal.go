@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	poolinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1"
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/mcpserver"
@@ -14,7 +15,8 @@ import (
 )
 
 // InternalServer serves the pool's internal API (ringfence.internal.pool.v1) on a split
-// binary's internal listener: discovery for the control plane.
+// binary's internal listener: discovery for the control plane, and its warm containers for the
+// registry.
 type InternalServer struct {
 	poolinternalv1.UnsafePoolInternalServiceServer
 	svc *Service
@@ -62,4 +64,30 @@ func mayExplore(ctx context.Context, req *poolinternalv1.DiscoverRequest) error 
 		return nil
 	}
 	return status.Error(codes.PermissionDenied, "pool: only the registry's certificate may explore with a call, an ad hoc spec, a tenant or an actor key; other callers may only list a registered server's tools (leave call, adhoc, tenant and actor_key_id empty)")
+}
+
+// maxWarmStatusRefs bounds one GetWarmStatus: the registry asks for a page of ListServers.
+const maxWarmStatusRefs = 1000
+
+// GetWarmStatus implements PoolInternalService.GetWarmStatus: the registry shows this pool's
+// warm containers in GetServer and ListServers.
+func (g *InternalServer) GetWarmStatus(ctx context.Context, req *poolinternalv1.GetWarmStatusRequest) (*poolinternalv1.GetWarmStatusResponse, error) {
+	refs := req.GetServerRefs()
+	if len(refs) > maxWarmStatusRefs {
+		return nil, g.svc.errors.Status(ctx, fieldError("server_refs", "has %d refs; at most %d", len(refs), maxWarmStatusRefs))
+	}
+	for _, ref := range refs {
+		if err := mcpserver.ValidateRef(ref); err != nil {
+			return nil, g.svc.errors.Status(ctx, err)
+		}
+	}
+	status, err := g.svc.WarmStatus(ctx, refs)
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	resp := &poolinternalv1.GetWarmStatusResponse{Warm: make(map[string]*registryv1.WarmStatus, len(status))}
+	for ref, st := range status {
+		resp.Warm[ref] = &registryv1.WarmStatus{Ready: int32(st.Ready), Starting: int32(st.Starting)}
+	}
+	return resp, nil
 }

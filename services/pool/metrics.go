@@ -10,6 +10,10 @@ type metrics struct {
 	sessionsStopped prometheus.Counter
 	listings        prometheus.Counter
 	calls           *prometheus.CounterVec
+	warmHits        *prometheus.CounterVec
+	warmMisses      *prometheus.CounterVec
+	warmRefills     *prometheus.CounterVec
+	warmDiscarded   *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -17,7 +21,7 @@ func newMetrics() *metrics {
 		runsStarted: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringfence_pool_runs_started_total", Help: "Runs started."}),
 		runsEnded:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringfence_pool_runs_ended_total", Help: "Runs ended, by final state."}, []string{"state"}),
 		sessionsSpawned: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ringfence_pool_sessions_spawned_total", Help: "MCP sessions started for runs."}),
+			Name: "ringfence_pool_sessions_spawned_total", Help: "MCP sessions started for runs (warm ones included)."}),
 		sessionsStopped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ringfence_pool_sessions_stopped_total", Help: "MCP sessions of runs stopped (each exactly once)."}),
 		listings: prometheus.NewCounter(prometheus.CounterOpts{
@@ -25,13 +29,24 @@ func newMetrics() *metrics {
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ringfence_pool_calls_total", Help: "Tool-call attempts by outcome, result and reason or failure class."},
 			[]string{"outcome", "result", "reason"}),
+		warmHits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringfence_pool_warm_hits_total", Help: "First calls of a run to a server that took a warm session."}, []string{"server"}),
+		warmMisses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringfence_pool_warm_misses_total", Help: "First calls of a run to a server with prewarm that found no warm session ready and started one cold."}, []string{"server"}),
+		warmRefills: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringfence_pool_warm_refills_total", Help: "Warm sessions started, by result (ready or failed)."}, []string{"server", "result"}),
+		warmDiscarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringfence_pool_warm_discarded_total", Help: "Warm sessions stopped without serving a run, by reason (stale, expired, dead, unwanted, evicted)."}, []string{"reason"}),
 	}
 }
 
 func (m *metrics) collectors(s *Service) []prometheus.Collector {
 	return []prometheus.Collector{
 		m.runsStarted, m.runsEnded, m.sessionsSpawned, m.sessionsStopped, m.listings, m.calls,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringfence_pool_sessions_live", Help: "MCP sessions alive now."},
+		m.warmHits, m.warmMisses, m.warmRefills, m.warmDiscarded,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringfence_pool_warm_ready", Help: "Warm sessions ready for a run's first call (counted in ringfence_pool_sessions_live too)."},
+			func() float64 { return float64(s.warm.count()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringfence_pool_sessions_live", Help: "MCP sessions alive now, warm ones included."},
 			func() float64 { return float64(s.liveSessions.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringfence_pool_audit_spool_pending", Help: "Audit records waiting to be forwarded."},
 			func() float64 { return float64(s.spool.Pending()) }),

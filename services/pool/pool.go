@@ -91,7 +91,19 @@ type Config struct {
 	// (dev.allow_inline_mcp_servers; production refuses it at start). They have no registry
 	// row, so no ceiling, and nothing about their tools is pinned.
 	AllowInlineMCPServers bool
-	Logger                *slog.Logger
+	// Warm lists the registrations that ask for warm containers (prewarm): the registry
+	// in-process, or peers.Registry. nil keeps none.
+	Warm WarmSource
+	// MaxWarm caps the warm sessions of all registrations together (pool.max_warm); 0 keeps
+	// none. Each also counts under MaxSessions.
+	MaxWarm int
+	// WarmMaxAge recycles a warm session that waited this long (pool.warm_max_age; zero means
+	// DefaultWarmMaxAge).
+	WarmMaxAge time.Duration
+	// WarmRefresh is how often the registry is asked which registrations want warm sessions
+	// and the warm sets are checked (zero means 2s).
+	WarmRefresh time.Duration
+	Logger      *slog.Logger
 }
 
 // Service implements PoolService.
@@ -113,7 +125,13 @@ type Service struct {
 	metrics   *metrics
 
 	runs         runs
-	liveSessions atomic.Int64
+	liveSessions atomic.Int64 // run sessions and warm ones, under MaxSessions
+
+	// warm holds the warm sessions (warm.go); warmWork is its keeper and what the keeper
+	// started, which warmCancel ends.
+	warm       *warmSet
+	warmWork   sync.WaitGroup
+	warmCancel context.CancelFunc
 
 	cancel context.CancelFunc
 	bg     sync.WaitGroup
@@ -153,6 +171,12 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 	if cfg.RunIdleTimeout <= 0 {
 		cfg.RunIdleTimeout = 15 * time.Minute
 	}
+	if cfg.WarmMaxAge <= 0 {
+		cfg.WarmMaxAge = DefaultWarmMaxAge
+	}
+	if cfg.WarmRefresh <= 0 {
+		cfg.WarmRefresh = defaultWarmRefresh
+	}
 	s := &Service{
 		cfg:      cfg,
 		log:      cfg.Logger,
@@ -161,6 +185,7 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		metrics:  newMetrics(),
 		runs:     runs{byKey: make(map[runKey]*run), starting: make(map[runKey]bool)},
 		inflight: newInflight(),
+		warm:     newWarmSet(),
 	}
 	closers := []func() error{func() error { return cfg.Spawner.Close(context.Background()) }}
 	defer func() {
@@ -222,6 +247,11 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		defer s.bg.Done()
 		s.reapIdle(bg)
 	}()
+	wctx, wcancel := context.WithCancel(bg)
+	s.warmCancel = wcancel
+	if cfg.Warm != nil && cfg.MaxWarm > 0 && s.stdio {
+		s.warmWork.Go(func() { s.keepWarm(wctx) })
+	}
 	return s, nil
 }
 
@@ -231,8 +261,9 @@ func (s *Service) Collectors() []prometheus.Collector { return s.metrics.collect
 // Spool is the pool's audit spool (tests flush it).
 func (s *Service) Spool() *audit.Spool { return s.spool }
 
-// Close ends the background work, stops every session (runs stay recorded and get fresh
-// sessions after a restart), removes what this instance started, and closes the store.
+// Close ends the background work, stops every session, warm ones included (runs stay recorded
+// and get fresh sessions after a restart), removes what this instance started, and closes the
+// store.
 // Records still in the spool stay durable and are forwarded after the next start.
 //
 // Calls that arrive from then on are refused (and recorded) as shutting_down, and so are calls
@@ -241,6 +272,7 @@ func (s *Service) Spool() *audit.Spool { return s.spool }
 // effect), and Close waits for them, within ctx, before it closes the spool their records go to.
 func (s *Service) Close(ctx context.Context) error {
 	s.inflight.close()
+	s.closeWarm()
 	var all []map[string]*session
 	s.runs.mu.Lock()
 	for _, r := range s.runs.byKey {

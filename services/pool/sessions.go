@@ -29,6 +29,20 @@ type session struct {
 	err         error
 	start       time.Time
 
+	// warm: the session came from the pool's warm set (warm.go): started before its run,
+	// taken by the run's first call to the server. unwarm is closed when it leaves the set.
+	warm   bool
+	unwarm chan struct{}
+	// refillDue is set when the session is taken from the warm set; the call that took it
+	// starts the replacement once it has its answer (callTool).
+	refillDue atomic.Bool
+	// handedOver marks a run's placeholder whose place a warm session took (takeOrSpawn):
+	// callers that waited on it look again.
+	handedOver bool
+	// keepSlot: the session's place under pool.max_sessions was handed to a run when it was
+	// evicted from the warm set, so stopping it does not give the place back.
+	keepSlot bool
+
 	calls atomic.Int64
 	// stopped is set when stopping begins; stopMu is held until it has ended (see stop).
 	stopped atomic.Bool
@@ -70,7 +84,20 @@ var errTooManySessions = errors.New("pool: this host's session limit (pool.max_s
 // the in-flight gate then (waiting on the registry, say) must not start a server, nor be
 // dispatched, while the pool stops every session. It checks under r.mu, which Close takes
 // after it began to close, so a session added before the check is one Close stops.
+//
+// A registered server's first session in the run is taken from the warm set when one waits
+// that the registration would start exactly so now (takeOrSpawn); otherwise it is spawned.
+// Concurrent first calls wait for that one take as for a spawn. A spawn that finds
+// pool.max_sessions reached takes the place of the oldest warm session.
 func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpserver.Resolved) (*session, error) {
+	// held is a place under pool.max_sessions this call took over from an evicted warm
+	// session, until a spawn uses it.
+	held := false
+	defer func() {
+		if held {
+			s.liveSessions.Add(-1)
+		}
+	}()
 	for {
 		r.mu.Lock()
 		if s.inflight.closed() {
@@ -84,18 +111,33 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 		}
 		sess, ok := r.sessions[ref]
 		if !ok {
-			if !s.takeSessionSlot() {
+			// A warm session carries its own place under pool.max_sessions; a spawn needs one.
+			warm := inline == nil && s.warm.hasReady(ref)
+			if !warm && !held && !s.takeSessionSlot() {
+				victim := s.warm.evict()
 				r.mu.Unlock()
-				return nil, errTooManySessions
+				if victim == nil {
+					return nil, errTooManySessions
+				}
+				s.metrics.warmDiscarded.WithLabelValues(discardEvicted).Inc()
+				s.stop(victim) // keeps its place, for this call
+				held = true
+				continue
 			}
-			// The spawn runs in the background: it outlives this caller, since others may
-			// come to wait for it, and each caller waits with its own context. Only the run
-			// moving on cancels it.
+			// The spawn (or the take) runs in the background: it outlives this caller, since
+			// others may come to wait for it, and each caller waits with its own context. Only
+			// the run moving on cancels it.
 			sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 			sess = &session{ref: ref, inline: inline, ready: make(chan struct{}), cancelSpawn: cancel}
 			r.sessions[ref] = sess
 			r.mu.Unlock()
-			go s.spawnSession(sctx, r, sess)
+			if warm {
+				go s.takeOrSpawn(sctx, r, sess)
+			} else {
+				held = false
+				s.countMiss(inline, ref)
+				go s.spawnSession(sctx, r, sess)
+			}
 		} else {
 			r.mu.Unlock()
 		}
@@ -103,6 +145,9 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 		case <-sess.ready:
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		}
+		if sess.handedOver {
+			continue // a warm session took the place: the next turn finds it
 		}
 		if sess.err != nil {
 			s.forget(r, sess)
@@ -267,7 +312,9 @@ func (s *Service) stop(sess *session) {
 	if err := sess.sess.Close(ctx); err != nil {
 		s.log.Warn("closing a session failed", "server", sess.ref, "err", err)
 	}
-	s.liveSessions.Add(-1)
+	if !sess.keepSlot {
+		s.liveSessions.Add(-1)
+	}
 	s.metrics.sessionsStopped.Inc()
 }
 

@@ -33,6 +33,7 @@ type serverSpec interface {
 	GetToolCallTimeout() *durationpb.Duration
 	GetKeepMarkup() bool
 	GetStrictInputs() bool
+	GetPrewarm() int32
 }
 
 // registrationFromProto converts and validates a request. It reports whether env was present,
@@ -53,6 +54,7 @@ func registrationFromProto(req serverSpec, allowedEnvKeys []string) (*mcpserver.
 		},
 		KeepMarkup:   req.GetKeepMarkup(),
 		StrictInputs: req.GetStrictInputs(),
+		Prewarm:      int(req.GetPrewarm()),
 	}
 	if perms := req.GetToolPermissions(); len(perms) > 0 {
 		reg.ToolPermissions = make(map[string][]string, len(perms))
@@ -119,6 +121,7 @@ func serverToProto(r *mcpserver.Registration) *registryv1.Server {
 		ToolCallTimeout:      durationToProto(r.ToolCallTimeout),
 		KeepMarkup:           r.KeepMarkup,
 		StrictInputs:         r.StrictInputs,
+		Prewarm:              int32(r.Prewarm),
 		Revision:             r.Revision,
 		CreateTime:           timestamppb.New(r.CreateTime),
 		UpdateTime:           timestamppb.New(r.UpdateTime),

@@ -32,6 +32,12 @@ type Discoverer interface {
 	ExploreTools(ctx context.Context, req discovery.ExploreRequest) (*discovery.Listing, *typesv1.ExploreCallResult, error)
 }
 
+// WarmReporter says how many warm containers the pool holds per registration: the pool
+// in-process, or peers.Pool over the internal plane.
+type WarmReporter interface {
+	WarmStatus(ctx context.Context, refs []string) (map[string]mcpserver.WarmStatus, error)
+}
+
 // Config holds the service's dependencies.
 type Config struct {
 	// DBPath is the registry's bbolt file.
@@ -48,6 +54,9 @@ type Config struct {
 	// their server grants, for UpdateServer's warnings: the publisher in-process. nil (split
 	// deployments) makes the warning say how to find them.
 	Strands StrandFinder
+	// Warm reports the pool's warm containers in GetServer and ListServers; nil (no pool)
+	// leaves a registration's warm status out.
+	Warm WarmReporter
 	// AuditSink receives the admin events (the audit service in-process, or peers.Audit);
 	// SpoolMaxRecords and OnSpoolFull bound the outbox that holds them meanwhile.
 	AuditSink       audit.Sink
@@ -199,6 +208,9 @@ const errNoPool = "this registry has no pool to start MCP servers in: set RINGFE
 // SetDiscoverer wires the pool in after both are built (they refer to each other). Call it
 // before serving.
 func (s *Service) SetDiscoverer(d Discoverer) { s.cfg.Discoverer = d }
+
+// SetWarmReporter wires in the pool that reports warm containers, as SetDiscoverer does.
+func (s *Service) SetWarmReporter(w WarmReporter) { s.cfg.Warm = w }
 
 // Close stops the audit forwarder (pending events stay durable in the outbox and are sent
 // after the next start) and closes the store.

@@ -53,7 +53,7 @@ func (s *Service) CreateServer(ctx context.Context, req *registryv1.CreateServer
 		}
 		return nil, s.errors.Status(ctx, storeErr(err, serverNotFound(reg.Ref)))
 	}
-	return &registryv1.CreateServerResponse{Server: serverToProto(reg)}, nil
+	return &registryv1.CreateServerResponse{Server: s.withWarm(ctx, serverToProto(reg))[0]}, nil
 }
 
 // GetServer implements RegistryService.
@@ -67,7 +67,7 @@ func (s *Service) GetServer(ctx context.Context, req *registryv1.GetServerReques
 	if err != nil {
 		return nil, s.errors.Status(ctx, s.serverStoreErr(err, req.GetRef()))
 	}
-	return &registryv1.GetServerResponse{Server: view.(*registryv1.Server)}, nil
+	return &registryv1.GetServerResponse{Server: s.withWarm(ctx, view.(*registryv1.Server))[0]}, nil
 }
 
 // ListServers implements RegistryService.
@@ -84,6 +84,7 @@ func (s *Service) ListServers(ctx context.Context, req *registryv1.ListServersRe
 	for i, r := range regs {
 		resp.Servers[i] = serverToProto(r)
 	}
+	resp.Servers = s.withWarm(ctx, resp.Servers...)
 	return resp, nil
 }
 
@@ -190,7 +191,7 @@ func (s *Service) replaceServer(ctx context.Context, req *registryv1.UpdateServe
 		return nil, s.errors.Status(ctx, s.serverStoreErr(err, req.GetRef()))
 	}
 	return &registryv1.UpdateServerResponse{
-		Server:   serverToProto(updated),
+		Server:   s.withWarm(ctx, serverToProto(updated))[0],
 		Warnings: s.grantWarnings(ctx, updated.Ref, previous, updated.Grants, putWithoutGrants),
 	}, nil
 }

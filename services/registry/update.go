@@ -33,7 +33,7 @@ func (s *Service) SetStrandFinder(f StrandFinder) { s.cfg.Strands = f }
 var patchable = []string{
 	"description", "transport", "command", "args", "env", "url", "headers", "grants",
 	"tool_filter", "tool_permissions", "client_session_timeout", "tool_call_timeout",
-	"keep_markup", "strict_inputs",
+	"keep_markup", "strict_inputs", "prewarm",
 }
 
 // updatePaths returns the fields an update_mask names, or nil when the update replaces the
@@ -75,7 +75,7 @@ func updateRequestOf(srv *registryv1.Server) *registryv1.UpdateServerRequest {
 		Headers: srv.GetHeaders(), Grants: srv.GetGrants(), ToolFilter: srv.GetToolFilter(),
 		ToolPermissions: srv.GetToolPermissions(), ClientSessionTimeout: srv.GetClientSessionTimeout(),
 		ToolCallTimeout: srv.GetToolCallTimeout(), KeepMarkup: srv.GetKeepMarkup(),
-		Revision: srv.GetRevision(), StrictInputs: srv.GetStrictInputs(),
+		Revision: srv.GetRevision(), StrictInputs: srv.GetStrictInputs(), Prewarm: srv.GetPrewarm(),
 	}
 }
 

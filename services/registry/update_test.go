@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
@@ -123,4 +124,55 @@ func TestPlaceholdersAreRefused(t *testing.T) {
 	require.NoError(t, err, "the mask keeps the stored value")
 	_, err = f.client.UpdateServer(f.admin(t), &registryv1.UpdateServerRequest{Ref: "docs", Command: "docs-mcp", Env: env("APP_TOKEN", "...")})
 	testutil.RequireStatus(t, err, codes.InvalidArgument)
+}
+
+// TestEveryUpdatableFieldIsPatchableAndKept: a field added to UpdateServerRequest must be one
+// an update_mask can name, and a PATCH that does not name it must keep its stored value
+// (updateRequestOf copies it from the stored registration); forgetting either would make
+// every PATCH clear it.
+func TestEveryUpdatableFieldIsPatchableAndKept(t *testing.T) {
+	req := (&registryv1.UpdateServerRequest{}).ProtoReflect().Descriptor().Fields()
+	srv := &registryv1.Server{}
+	sm := srv.ProtoReflect()
+	var names []string
+	for i := 0; i < req.Len(); i++ {
+		fd := req.Get(i)
+		name := string(fd.Name())
+		if name == "ref" || name == "revision" || name == "update_mask" {
+			continue
+		}
+		names = append(names, name)
+		require.Contains(t, patchable, name, "update_mask cannot name %s", name)
+		sf := sm.Descriptor().Fields().ByName(fd.Name())
+		require.NotNil(t, sf, "Server has no field %s to keep it from", name)
+		switch {
+		case sf.IsList() && sf.Kind() == protoreflect.MessageKind:
+			l := sm.Mutable(sf).List()
+			l.Append(l.NewElement())
+		case sf.IsList():
+			sm.Mutable(sf).List().Append(protoreflect.ValueOfString("x"))
+		case sf.IsMap() && sf.MapValue().Kind() == protoreflect.MessageKind:
+			m := sm.Mutable(sf).Map()
+			m.Set(protoreflect.ValueOfString("k").MapKey(), m.NewValue())
+		case sf.IsMap():
+			sm.Mutable(sf).Map().Set(protoreflect.ValueOfString("k").MapKey(), protoreflect.ValueOfString("v"))
+		case sf.Kind() == protoreflect.StringKind:
+			sm.Set(sf, protoreflect.ValueOfString("x"))
+		case sf.Kind() == protoreflect.BoolKind:
+			sm.Set(sf, protoreflect.ValueOfBool(true))
+		case sf.Kind() == protoreflect.Int32Kind:
+			sm.Set(sf, protoreflect.ValueOfInt32(1))
+		case sf.Kind() == protoreflect.Int64Kind:
+			sm.Set(sf, protoreflect.ValueOfInt64(1))
+		case sf.Kind() == protoreflect.MessageKind:
+			sm.Set(sf, sm.NewField(sf)) // present, e.g. a zero Duration
+		default:
+			t.Fatalf("field %s of kind %s: teach this test to fill it", name, sf.Kind())
+		}
+	}
+	kept := updateRequestOf(srv).ProtoReflect()
+	for _, name := range names {
+		fd := req.ByName(protoreflect.Name(name))
+		require.True(t, kept.Has(fd), "updateRequestOf drops %s", name)
+	}
 }

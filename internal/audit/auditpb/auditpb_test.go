@@ -15,7 +15,7 @@ func TestToolCallRoundTrips(t *testing.T) {
 		RunID: "r1", GraphID: "g", GraphVersion: 3, AgentNode: "a", ToolNode: "fx__echo", ServerRef: "fx",
 		ToolName: "echo", CallID: "turn-7", Attempt: 2, PendingID: audit.NewID(), PinnedHash: "v1:sha256:aa",
 		LiveHash: "v1:sha256:bb", ArgsDigest: "sha256:cc", ArgsSize: 12, ResultDigest: "sha256:dd", ResultSize: 34,
-		LatencyMicros: 56, Advisory: []string{"agent_floor: x"},
+		LatencyMicros: 56, Advisory: []string{"agent_floor: x"}, WarmSession: true,
 	}
 	att.Failed(audit.FailureTimeout)
 	rec := audit.NewToolCallRecord("pool", "acme", att)

@@ -50,6 +50,10 @@ const (
 const (
 	PurposeDiscovery = "discovery"
 	PurposeRun       = "run"
+	// PurposeWarm is a container started before any run needs it, which one run takes later.
+	// Its labels cannot change after creation, so it keeps purpose warm and an empty run label
+	// for life; the pool records the run that took it.
+	PurposeWarm = "warm"
 )
 
 // ProtocolVersion is the MCP version every session asks for. Pinning it makes
@@ -84,7 +88,7 @@ type Spec struct {
 	Headers map[string]string
 	// HandshakeTimeout bounds initialize; zero means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
-	// Purpose is PurposeDiscovery or PurposeRun.
+	// Purpose is PurposeDiscovery, PurposeRun or PurposeWarm.
 	Purpose string
 	// RunID labels the container; it may be empty.
 	RunID string
@@ -463,9 +467,9 @@ func checkSpec(s *Spec) error {
 		return newError(ClassInvalidSpec, "server ref %s must match ^[a-z0-9_-]{1,64}$", clipQuote(s.ServerRef))
 	}
 	switch s.Purpose {
-	case PurposeDiscovery, PurposeRun:
+	case PurposeDiscovery, PurposeRun, PurposeWarm:
 	default:
-		return newError(ClassInvalidSpec, "purpose %s must be %q or %q", clipQuote(s.Purpose), PurposeDiscovery, PurposeRun)
+		return newError(ClassInvalidSpec, "purpose %s must be %q, %q or %q", clipQuote(s.Purpose), PurposeDiscovery, PurposeRun, PurposeWarm)
 	}
 	if len(s.RunID) > maxRunIDLen || strings.ContainsFunc(s.RunID, isControl) {
 		return newError(ClassInvalidSpec, "run id must be at most %d printable characters", maxRunIDLen)

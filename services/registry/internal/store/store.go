@@ -47,6 +47,9 @@ type Store struct {
 	serversMu  sync.RWMutex
 	servers    map[string]*storedServer
 	serversGen uint64
+	// warm is the last WarmTargets answer and the serversGen it was read at: the pools poll
+	// it every few seconds, and it changes only with a write.
+	warm atomic.Pointer[warmTargets]
 
 	// keys is an in-memory copy of the keys bucket, so authenticating a call never touches disk.
 	mu         sync.RWMutex
@@ -113,6 +116,7 @@ type storedServer struct {
 	ToolCallTimeout      time.Duration       `json:"tool_call_timeout,omitempty"`
 	KeepMarkup           bool                `json:"keep_markup,omitempty"`
 	StrictInputs         bool                `json:"strict_inputs,omitempty"`
+	Prewarm              int                 `json:"prewarm,omitempty"`
 	Revision             int64               `json:"revision"`
 	CreateTime           time.Time           `json:"create_time"`
 	UpdateTime           time.Time           `json:"update_time"`
@@ -139,8 +143,8 @@ func (s *Store) seal(r *mcpserver.Registration) (*storedServer, error) {
 		Ref: r.Ref, Description: r.Description, Transport: r.Transport, Command: r.Command, Args: r.Args,
 		Headers: r.Headers, Grants: r.Grants, Include: r.Filter.Include, Exclude: r.Filter.Exclude,
 		ToolPermissions: r.ToolPermissions, ClientSessionTimeout: r.ClientSessionTimeout,
-		ToolCallTimeout: r.ToolCallTimeout, KeepMarkup: r.KeepMarkup, StrictInputs: r.StrictInputs, Revision: r.Revision,
-		CreateTime: r.CreateTime, UpdateTime: r.UpdateTime,
+		ToolCallTimeout: r.ToolCallTimeout, KeepMarkup: r.KeepMarkup, StrictInputs: r.StrictInputs, Prewarm: r.Prewarm,
+		Revision: r.Revision, CreateTime: r.CreateTime, UpdateTime: r.UpdateTime,
 	}
 	if st.Grants == nil {
 		st.Grants = []string{}
@@ -188,8 +192,8 @@ func (st *storedServer) withoutEnv() *mcpserver.Registration {
 		URL: st.URLMasked, Headers: st.Headers, Grants: st.Grants,
 		Filter:          mcpserver.ToolFilter{Include: st.Include, Exclude: st.Exclude},
 		ToolPermissions: st.ToolPermissions, ClientSessionTimeout: st.ClientSessionTimeout,
-		ToolCallTimeout: st.ToolCallTimeout, KeepMarkup: st.KeepMarkup, StrictInputs: st.StrictInputs, Revision: st.Revision,
-		CreateTime: st.CreateTime, UpdateTime: st.UpdateTime,
+		ToolCallTimeout: st.ToolCallTimeout, KeepMarkup: st.KeepMarkup, StrictInputs: st.StrictInputs, Prewarm: st.Prewarm,
+		Revision: st.Revision, CreateTime: st.CreateTime, UpdateTime: st.UpdateTime,
 	}
 }
 
@@ -323,6 +327,45 @@ func (s *Store) ServerPolicy(ctx context.Context, ref string) (mcpserver.Policy,
 		Ref: st.Ref, Description: st.Description, Grants: st.Grants, Revision: st.Revision, ToolPermissions: st.ToolPermissions,
 		Filter: mcpserver.ToolFilter{Include: st.Include, Exclude: st.Exclude}, StrictInputs: st.StrictInputs,
 	}, nil
+}
+
+type warmTargets struct {
+	gen     uint64
+	targets []mcpserver.WarmTarget
+}
+
+// WarmTargets returns every registration whose prewarm is above 0, in ref order. The answer is
+// read from the file once per committed write (serversGen): a read that raced a write is
+// stamped with the generation from before it, so the next call reads again.
+func (s *Store) WarmTargets(ctx context.Context) ([]mcpserver.WarmTarget, error) {
+	s.serversMu.RLock()
+	gen := s.serversGen
+	s.serversMu.RUnlock()
+	if w := s.warm.Load(); w != nil && w.gen == gen {
+		return w.targets, nil
+	}
+	var out []mcpserver.WarmTarget
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(serversBucket).ForEach(func(_, v []byte) error {
+			var st struct {
+				Ref      string `json:"ref"`
+				Prewarm  int    `json:"prewarm"`
+				Revision int64  `json:"revision"`
+			}
+			if err := json.Unmarshal(v, &st); err != nil {
+				return err
+			}
+			if st.Prewarm > 0 {
+				out = append(out, mcpserver.WarmTarget{Ref: st.Ref, Prewarm: st.Prewarm, Revision: st.Revision})
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.warm.Store(&warmTargets{gen: gen, targets: out})
+	return out, nil
 }
 
 // ListServers returns up to limit registrations after the page token, and the next token,

@@ -323,7 +323,11 @@ type ToolCallAttempt struct {
 	// pending_id, on the outcome of a dispatched call, is the id of the pending record it
 	// settles. A pending record that no outcome names is a call its producer stopped during
 	// (it may have taken effect); call_id and attempt alone repeat across pool restarts.
-	PendingId     string `protobuf:"bytes,24,opt,name=pending_id,json=pendingId,proto3" json:"pending_id,omitempty"`
+	PendingId string `protobuf:"bytes,24,opt,name=pending_id,json=pendingId,proto3" json:"pending_id,omitempty"`
+	// warm_session is true when the session that served the call came from the pool's warm set
+	// (a container started before the run, as a cold start would have made it, serving this run
+	// only).
+	WarmSession   bool `protobuf:"varint,25,opt,name=warm_session,json=warmSession,proto3" json:"warm_session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -524,6 +528,13 @@ func (x *ToolCallAttempt) GetPendingId() string {
 		return x.PendingId
 	}
 	return ""
+}
+
+func (x *ToolCallAttempt) GetWarmSession() bool {
+	if x != nil {
+		return x.WarmSession
+	}
+	return false
 }
 
 // Filter narrows List, Watch and Export. Empty fields match everything.
@@ -1107,7 +1118,7 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"\vresource_id\x18\x05 \x01(\tR\n" +
 	"resourceId\x12\x1f\n" +
 	"\vchange_json\x18\x06 \x01(\tR\n" +
-	"changeJson\"\x9e\x06\n" +
+	"changeJson\"\xc1\x06\n" +
 	"\x0fToolCallAttempt\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x19\n" +
 	"\bgraph_id\x18\x02 \x01(\tR\agraphId\x12#\n" +
@@ -1139,7 +1150,8 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"\x0elatency_micros\x18\x16 \x01(\x03R\rlatencyMicros\x12\x1a\n" +
 	"\badvisory\x18\x17 \x03(\tR\badvisory\x12\x1d\n" +
 	"\n" +
-	"pending_id\x18\x18 \x01(\tR\tpendingId\"\x85\x02\n" +
+	"pending_id\x18\x18 \x01(\tR\tpendingId\x12!\n" +
+	"\fwarm_session\x18\x19 \x01(\bR\vwarmSession\"\x85\x02\n" +
 	"\x06Filter\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x1d\n" +

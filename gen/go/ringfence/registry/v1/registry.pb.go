@@ -67,7 +67,15 @@ type Server struct {
 	// schema does not declare, even where the schema itself would let it through: every
 	// plainly declared object schema is read as if it said "additionalProperties": false
 	// (default false: the pinned schema as the server wrote it).
-	StrictInputs  bool `protobuf:"varint,18,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
+	StrictInputs bool `protobuf:"varint,18,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
+	// prewarm is how many containers the pool keeps started, past the MCP handshake and listed,
+	// for this server's next runs (stdio only; 0 to 16, default 0). Each serves one run only; the
+	// pool caps the total (RINGFENCE_POOL__MAX_WARM) and counts them under pool.max_sessions.
+	Prewarm int32 `protobuf:"varint,20,opt,name=prewarm,proto3" json:"prewarm,omitempty"`
+	// warm is what the pool holds of this server's warm containers now, asked of the pool (the
+	// one the registry discovers through) whenever a registration is answered; absent when
+	// prewarm is 0 or the pool could not be asked.
+	Warm          *WarmStatus `protobuf:"bytes,21,opt,name=warm,proto3" json:"warm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -228,6 +236,75 @@ func (x *Server) GetStrictInputs() bool {
 	return false
 }
 
+func (x *Server) GetPrewarm() int32 {
+	if x != nil {
+		return x.Prewarm
+	}
+	return 0
+}
+
+func (x *Server) GetWarm() *WarmStatus {
+	if x != nil {
+		return x.Warm
+	}
+	return nil
+}
+
+// WarmStatus is what the pool holds of a registration's warm containers.
+type WarmStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ready are started, past the handshake and listed, waiting for a run's first call.
+	Ready int32 `protobuf:"varint,1,opt,name=ready,proto3" json:"ready,omitempty"`
+	// starting are being started to refill the set.
+	Starting      int32 `protobuf:"varint,2,opt,name=starting,proto3" json:"starting,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WarmStatus) Reset() {
+	*x = WarmStatus{}
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WarmStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WarmStatus) ProtoMessage() {}
+
+func (x *WarmStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WarmStatus.ProtoReflect.Descriptor instead.
+func (*WarmStatus) Descriptor() ([]byte, []int) {
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WarmStatus) GetReady() int32 {
+	if x != nil {
+		return x.Ready
+	}
+	return 0
+}
+
+func (x *WarmStatus) GetStarting() int32 {
+	if x != nil {
+		return x.Starting
+	}
+	return 0
+}
+
 // ToolFilter narrows the tools a registration exposes. Excludes win over includes; a non-empty
 // include list hides everything not on it.
 type ToolFilter struct {
@@ -240,7 +317,7 @@ type ToolFilter struct {
 
 func (x *ToolFilter) Reset() {
 	*x = ToolFilter{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[1]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -252,7 +329,7 @@ func (x *ToolFilter) String() string {
 func (*ToolFilter) ProtoMessage() {}
 
 func (x *ToolFilter) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[1]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -265,7 +342,7 @@ func (x *ToolFilter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolFilter.ProtoReflect.Descriptor instead.
 func (*ToolFilter) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{1}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ToolFilter) GetInclude() []string {
@@ -292,7 +369,7 @@ type ToolPermissions struct {
 
 func (x *ToolPermissions) Reset() {
 	*x = ToolPermissions{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[2]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -304,7 +381,7 @@ func (x *ToolPermissions) String() string {
 func (*ToolPermissions) ProtoMessage() {}
 
 func (x *ToolPermissions) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[2]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -317,7 +394,7 @@ func (x *ToolPermissions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolPermissions.ProtoReflect.Descriptor instead.
 func (*ToolPermissions) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{2}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ToolPermissions) GetRequired() []string {
@@ -347,13 +424,15 @@ type CreateServerRequest struct {
 	ToolCallTimeout      *durationpb.Duration        `protobuf:"bytes,13,opt,name=tool_call_timeout,json=toolCallTimeout,proto3" json:"tool_call_timeout,omitempty"`
 	KeepMarkup           bool                        `protobuf:"varint,14,opt,name=keep_markup,json=keepMarkup,proto3" json:"keep_markup,omitempty"`
 	StrictInputs         bool                        `protobuf:"varint,15,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// prewarm: see Server.prewarm.
+	Prewarm       int32 `protobuf:"varint,17,opt,name=prewarm,proto3" json:"prewarm,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateServerRequest) Reset() {
 	*x = CreateServerRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[3]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -365,7 +444,7 @@ func (x *CreateServerRequest) String() string {
 func (*CreateServerRequest) ProtoMessage() {}
 
 func (x *CreateServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[3]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -378,7 +457,7 @@ func (x *CreateServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateServerRequest.ProtoReflect.Descriptor instead.
 func (*CreateServerRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{3}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CreateServerRequest) GetRef() string {
@@ -486,6 +565,13 @@ func (x *CreateServerRequest) GetStrictInputs() bool {
 	return false
 }
 
+func (x *CreateServerRequest) GetPrewarm() int32 {
+	if x != nil {
+		return x.Prewarm
+	}
+	return 0
+}
+
 // CreateServerResponse returns the stored registration.
 type CreateServerResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -496,7 +582,7 @@ type CreateServerResponse struct {
 
 func (x *CreateServerResponse) Reset() {
 	*x = CreateServerResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[4]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -508,7 +594,7 @@ func (x *CreateServerResponse) String() string {
 func (*CreateServerResponse) ProtoMessage() {}
 
 func (x *CreateServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[4]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -521,7 +607,7 @@ func (x *CreateServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateServerResponse.ProtoReflect.Descriptor instead.
 func (*CreateServerResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{4}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateServerResponse) GetServer() *Server {
@@ -541,7 +627,7 @@ type GetServerRequest struct {
 
 func (x *GetServerRequest) Reset() {
 	*x = GetServerRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[5]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -553,7 +639,7 @@ func (x *GetServerRequest) String() string {
 func (*GetServerRequest) ProtoMessage() {}
 
 func (x *GetServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[5]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -566,7 +652,7 @@ func (x *GetServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerRequest.ProtoReflect.Descriptor instead.
 func (*GetServerRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{5}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetServerRequest) GetRef() string {
@@ -586,7 +672,7 @@ type GetServerResponse struct {
 
 func (x *GetServerResponse) Reset() {
 	*x = GetServerResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[6]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -598,7 +684,7 @@ func (x *GetServerResponse) String() string {
 func (*GetServerResponse) ProtoMessage() {}
 
 func (x *GetServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[6]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -611,7 +697,7 @@ func (x *GetServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerResponse.ProtoReflect.Descriptor instead.
 func (*GetServerResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{6}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetServerResponse) GetServer() *Server {
@@ -635,7 +721,7 @@ type ListServersRequest struct {
 
 func (x *ListServersRequest) Reset() {
 	*x = ListServersRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[7]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -647,7 +733,7 @@ func (x *ListServersRequest) String() string {
 func (*ListServersRequest) ProtoMessage() {}
 
 func (x *ListServersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[7]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -660,7 +746,7 @@ func (x *ListServersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServersRequest.ProtoReflect.Descriptor instead.
 func (*ListServersRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{7}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListServersRequest) GetPageSize() int32 {
@@ -688,7 +774,7 @@ type ListServersResponse struct {
 
 func (x *ListServersResponse) Reset() {
 	*x = ListServersResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[8]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +786,7 @@ func (x *ListServersResponse) String() string {
 func (*ListServersResponse) ProtoMessage() {}
 
 func (x *ListServersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[8]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +799,7 @@ func (x *ListServersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServersResponse.ProtoReflect.Descriptor instead.
 func (*ListServersResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{8}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListServersResponse) GetServers() []*Server {
@@ -754,16 +840,18 @@ type UpdateServerRequest struct {
 	// update_mask, when it names fields, changes only those; the others keep their stored
 	// values. Paths: description, transport, command, args, env, url, headers, grants,
 	// tool_filter, tool_permissions, client_session_timeout, tool_call_timeout, keep_markup,
-	// strict_inputs. A named field the request leaves unset is cleared. Empty (or "*")
+	// strict_inputs, prewarm. A named field the request leaves unset is cleared. Empty (or "*")
 	// replaces the whole registration.
-	UpdateMask    *fieldmaskpb.FieldMask `protobuf:"bytes,17,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
+	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,17,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
+	// prewarm: see Server.prewarm (absent is 0: PUT replaces it like every other field).
+	Prewarm       int32 `protobuf:"varint,18,opt,name=prewarm,proto3" json:"prewarm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UpdateServerRequest) Reset() {
 	*x = UpdateServerRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[9]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -775,7 +863,7 @@ func (x *UpdateServerRequest) String() string {
 func (*UpdateServerRequest) ProtoMessage() {}
 
 func (x *UpdateServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[9]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -788,7 +876,7 @@ func (x *UpdateServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateServerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateServerRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{9}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *UpdateServerRequest) GetRef() string {
@@ -910,6 +998,13 @@ func (x *UpdateServerRequest) GetUpdateMask() *fieldmaskpb.FieldMask {
 	return nil
 }
 
+func (x *UpdateServerRequest) GetPrewarm() int32 {
+	if x != nil {
+		return x.Prewarm
+	}
+	return 0
+}
+
 // UpdateServerResponse returns the stored registration.
 type UpdateServerResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -925,7 +1020,7 @@ type UpdateServerResponse struct {
 
 func (x *UpdateServerResponse) Reset() {
 	*x = UpdateServerResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[10]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1032,7 @@ func (x *UpdateServerResponse) String() string {
 func (*UpdateServerResponse) ProtoMessage() {}
 
 func (x *UpdateServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[10]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1045,7 @@ func (x *UpdateServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateServerResponse.ProtoReflect.Descriptor instead.
 func (*UpdateServerResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{10}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *UpdateServerResponse) GetServer() *Server {
@@ -977,7 +1072,7 @@ type DeleteServerRequest struct {
 
 func (x *DeleteServerRequest) Reset() {
 	*x = DeleteServerRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[11]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -989,7 +1084,7 @@ func (x *DeleteServerRequest) String() string {
 func (*DeleteServerRequest) ProtoMessage() {}
 
 func (x *DeleteServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[11]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1002,7 +1097,7 @@ func (x *DeleteServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteServerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteServerRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{11}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeleteServerRequest) GetRef() string {
@@ -1021,7 +1116,7 @@ type DeleteServerResponse struct {
 
 func (x *DeleteServerResponse) Reset() {
 	*x = DeleteServerResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[12]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1033,7 +1128,7 @@ func (x *DeleteServerResponse) String() string {
 func (*DeleteServerResponse) ProtoMessage() {}
 
 func (x *DeleteServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[12]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1046,7 +1141,7 @@ func (x *DeleteServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteServerResponse.ProtoReflect.Descriptor instead.
 func (*DeleteServerResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{12}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{13}
 }
 
 // ListServerToolsRequest names a registration.
@@ -1059,7 +1154,7 @@ type ListServerToolsRequest struct {
 
 func (x *ListServerToolsRequest) Reset() {
 	*x = ListServerToolsRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[13]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1071,7 +1166,7 @@ func (x *ListServerToolsRequest) String() string {
 func (*ListServerToolsRequest) ProtoMessage() {}
 
 func (x *ListServerToolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[13]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1084,7 +1179,7 @@ func (x *ListServerToolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServerToolsRequest.ProtoReflect.Descriptor instead.
 func (*ListServerToolsRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{13}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListServerToolsRequest) GetRef() string {
@@ -1106,7 +1201,7 @@ type ListServerToolsResponse struct {
 
 func (x *ListServerToolsResponse) Reset() {
 	*x = ListServerToolsResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[14]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1118,7 +1213,7 @@ func (x *ListServerToolsResponse) String() string {
 func (*ListServerToolsResponse) ProtoMessage() {}
 
 func (x *ListServerToolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[14]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1131,7 +1226,7 @@ func (x *ListServerToolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServerToolsResponse.ProtoReflect.Descriptor instead.
 func (*ListServerToolsResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{14}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListServerToolsResponse) GetTools() []*v1.ToolDeclaration {
@@ -1165,7 +1260,7 @@ type ExploreServerRequest struct {
 
 func (x *ExploreServerRequest) Reset() {
 	*x = ExploreServerRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[15]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1177,7 +1272,7 @@ func (x *ExploreServerRequest) String() string {
 func (*ExploreServerRequest) ProtoMessage() {}
 
 func (x *ExploreServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[15]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1190,7 +1285,7 @@ func (x *ExploreServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExploreServerRequest.ProtoReflect.Descriptor instead.
 func (*ExploreServerRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{15}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExploreServerRequest) GetRef() string {
@@ -1226,7 +1321,7 @@ type ExploreServerResponse struct {
 
 func (x *ExploreServerResponse) Reset() {
 	*x = ExploreServerResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[16]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1238,7 +1333,7 @@ func (x *ExploreServerResponse) String() string {
 func (*ExploreServerResponse) ProtoMessage() {}
 
 func (x *ExploreServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[16]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1251,7 +1346,7 @@ func (x *ExploreServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExploreServerResponse.ProtoReflect.Descriptor instead.
 func (*ExploreServerResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{16}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExploreServerResponse) GetTools() []*v1.ToolDeclaration {
@@ -1286,7 +1381,7 @@ type Secret struct {
 
 func (x *Secret) Reset() {
 	*x = Secret{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[17]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1298,7 +1393,7 @@ func (x *Secret) String() string {
 func (*Secret) ProtoMessage() {}
 
 func (x *Secret) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[17]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1311,7 +1406,7 @@ func (x *Secret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Secret.ProtoReflect.Descriptor instead.
 func (*Secret) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{17}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Secret) GetName() string {
@@ -1342,7 +1437,7 @@ type PutSecretRequest struct {
 
 func (x *PutSecretRequest) Reset() {
 	*x = PutSecretRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[18]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1449,7 @@ func (x *PutSecretRequest) String() string {
 func (*PutSecretRequest) ProtoMessage() {}
 
 func (x *PutSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[18]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1462,7 @@ func (x *PutSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSecretRequest.ProtoReflect.Descriptor instead.
 func (*PutSecretRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{18}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PutSecretRequest) GetName() string {
@@ -1394,7 +1489,7 @@ type PutSecretResponse struct {
 
 func (x *PutSecretResponse) Reset() {
 	*x = PutSecretResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[19]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1501,7 @@ func (x *PutSecretResponse) String() string {
 func (*PutSecretResponse) ProtoMessage() {}
 
 func (x *PutSecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[19]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1514,7 @@ func (x *PutSecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSecretResponse.ProtoReflect.Descriptor instead.
 func (*PutSecretResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{19}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PutSecretResponse) GetSecret() *Secret {
@@ -1438,7 +1533,7 @@ type ListSecretsRequest struct {
 
 func (x *ListSecretsRequest) Reset() {
 	*x = ListSecretsRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[20]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1545,7 @@ func (x *ListSecretsRequest) String() string {
 func (*ListSecretsRequest) ProtoMessage() {}
 
 func (x *ListSecretsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[20]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1558,7 @@ func (x *ListSecretsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSecretsRequest.ProtoReflect.Descriptor instead.
 func (*ListSecretsRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{20}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{21}
 }
 
 // ListSecretsResponse lists secret names.
@@ -1476,7 +1571,7 @@ type ListSecretsResponse struct {
 
 func (x *ListSecretsResponse) Reset() {
 	*x = ListSecretsResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[21]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1488,7 +1583,7 @@ func (x *ListSecretsResponse) String() string {
 func (*ListSecretsResponse) ProtoMessage() {}
 
 func (x *ListSecretsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[21]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1501,7 +1596,7 @@ func (x *ListSecretsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSecretsResponse.ProtoReflect.Descriptor instead.
 func (*ListSecretsResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{21}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListSecretsResponse) GetSecrets() []*Secret {
@@ -1521,7 +1616,7 @@ type DeleteSecretRequest struct {
 
 func (x *DeleteSecretRequest) Reset() {
 	*x = DeleteSecretRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[22]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1533,7 +1628,7 @@ func (x *DeleteSecretRequest) String() string {
 func (*DeleteSecretRequest) ProtoMessage() {}
 
 func (x *DeleteSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[22]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1546,7 +1641,7 @@ func (x *DeleteSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSecretRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSecretRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{22}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DeleteSecretRequest) GetName() string {
@@ -1565,7 +1660,7 @@ type DeleteSecretResponse struct {
 
 func (x *DeleteSecretResponse) Reset() {
 	*x = DeleteSecretResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[23]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1577,7 +1672,7 @@ func (x *DeleteSecretResponse) String() string {
 func (*DeleteSecretResponse) ProtoMessage() {}
 
 func (x *DeleteSecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[23]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1590,14 +1685,14 @@ func (x *DeleteSecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSecretResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSecretResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{23}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{24}
 }
 
 var File_ringfence_registry_v1_registry_proto protoreflect.FileDescriptor
 
 const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\n" +
-	"$ringfence/registry/v1/registry.proto\x12\x15ringfence.registry.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xa9\b\n" +
+	"$ringfence/registry/v1/registry.proto\x12\x15ringfence.registry.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xfa\b\n" +
 	"\x06Server\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1621,7 +1716,9 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12#\n" +
-	"\rstrict_inputs\x18\x12 \x01(\bR\fstrictInputs\x1a6\n" +
+	"\rstrict_inputs\x18\x12 \x01(\bR\fstrictInputs\x12\x18\n" +
+	"\aprewarm\x18\x14 \x01(\x05R\aprewarm\x125\n" +
+	"\x04warm\x18\x15 \x01(\v2!.ringfence.registry.v1.WarmStatusR\x04warm\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
@@ -1630,13 +1727,17 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aj\n" +
 	"\x14ToolPermissionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12<\n" +
-	"\x05value\x18\x02 \x01(\v2&.ringfence.registry.v1.ToolPermissionsR\x05value:\x028\x01\"@\n" +
+	"\x05value\x18\x02 \x01(\v2&.ringfence.registry.v1.ToolPermissionsR\x05value:\x028\x01\">\n" +
+	"\n" +
+	"WarmStatus\x12\x14\n" +
+	"\x05ready\x18\x01 \x01(\x05R\x05ready\x12\x1a\n" +
+	"\bstarting\x18\x02 \x01(\x05R\bstarting\"@\n" +
 	"\n" +
 	"ToolFilter\x12\x18\n" +
 	"\ainclude\x18\x01 \x03(\tR\ainclude\x12\x18\n" +
 	"\aexclude\x18\x02 \x03(\tR\aexclude\"-\n" +
 	"\x0fToolPermissions\x12\x1a\n" +
-	"\brequired\x18\x01 \x03(\tR\brequired\"\xf3\x06\n" +
+	"\brequired\x18\x01 \x03(\tR\brequired\"\x8d\a\n" +
 	"\x13CreateServerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1655,7 +1756,8 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\x11tool_call_timeout\x18\r \x01(\v2\x19.google.protobuf.DurationR\x0ftoolCallTimeout\x12\x1f\n" +
 	"\vkeep_markup\x18\x0e \x01(\bR\n" +
 	"keepMarkup\x12#\n" +
-	"\rstrict_inputs\x18\x0f \x01(\bR\fstrictInputs\x1a:\n" +
+	"\rstrict_inputs\x18\x0f \x01(\bR\fstrictInputs\x12\x18\n" +
+	"\aprewarm\x18\x11 \x01(\x05R\aprewarm\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aj\n" +
@@ -1674,7 +1776,7 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"v\n" +
 	"\x13ListServersResponse\x127\n" +
 	"\aservers\x18\x01 \x03(\v2\x1d.ringfence.registry.v1.ServerR\aservers\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xcc\a\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xe6\a\n" +
 	"\x13UpdateServerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1696,7 +1798,8 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\brevision\x18\x0f \x01(\x03R\brevision\x12#\n" +
 	"\rstrict_inputs\x18\x10 \x01(\bR\fstrictInputs\x12;\n" +
 	"\vupdate_mask\x18\x11 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
-	"updateMask\x1a:\n" +
+	"updateMask\x12\x18\n" +
+	"\aprewarm\x18\x12 \x01(\x05R\aprewarm\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aj\n" +
@@ -1762,112 +1865,114 @@ func file_ringfence_registry_v1_registry_proto_rawDescGZIP() []byte {
 	return file_ringfence_registry_v1_registry_proto_rawDescData
 }
 
-var file_ringfence_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_ringfence_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_ringfence_registry_v1_registry_proto_goTypes = []any{
 	(*Server)(nil),                  // 0: ringfence.registry.v1.Server
-	(*ToolFilter)(nil),              // 1: ringfence.registry.v1.ToolFilter
-	(*ToolPermissions)(nil),         // 2: ringfence.registry.v1.ToolPermissions
-	(*CreateServerRequest)(nil),     // 3: ringfence.registry.v1.CreateServerRequest
-	(*CreateServerResponse)(nil),    // 4: ringfence.registry.v1.CreateServerResponse
-	(*GetServerRequest)(nil),        // 5: ringfence.registry.v1.GetServerRequest
-	(*GetServerResponse)(nil),       // 6: ringfence.registry.v1.GetServerResponse
-	(*ListServersRequest)(nil),      // 7: ringfence.registry.v1.ListServersRequest
-	(*ListServersResponse)(nil),     // 8: ringfence.registry.v1.ListServersResponse
-	(*UpdateServerRequest)(nil),     // 9: ringfence.registry.v1.UpdateServerRequest
-	(*UpdateServerResponse)(nil),    // 10: ringfence.registry.v1.UpdateServerResponse
-	(*DeleteServerRequest)(nil),     // 11: ringfence.registry.v1.DeleteServerRequest
-	(*DeleteServerResponse)(nil),    // 12: ringfence.registry.v1.DeleteServerResponse
-	(*ListServerToolsRequest)(nil),  // 13: ringfence.registry.v1.ListServerToolsRequest
-	(*ListServerToolsResponse)(nil), // 14: ringfence.registry.v1.ListServerToolsResponse
-	(*ExploreServerRequest)(nil),    // 15: ringfence.registry.v1.ExploreServerRequest
-	(*ExploreServerResponse)(nil),   // 16: ringfence.registry.v1.ExploreServerResponse
-	(*Secret)(nil),                  // 17: ringfence.registry.v1.Secret
-	(*PutSecretRequest)(nil),        // 18: ringfence.registry.v1.PutSecretRequest
-	(*PutSecretResponse)(nil),       // 19: ringfence.registry.v1.PutSecretResponse
-	(*ListSecretsRequest)(nil),      // 20: ringfence.registry.v1.ListSecretsRequest
-	(*ListSecretsResponse)(nil),     // 21: ringfence.registry.v1.ListSecretsResponse
-	(*DeleteSecretRequest)(nil),     // 22: ringfence.registry.v1.DeleteSecretRequest
-	(*DeleteSecretResponse)(nil),    // 23: ringfence.registry.v1.DeleteSecretResponse
-	nil,                             // 24: ringfence.registry.v1.Server.EnvEntry
-	nil,                             // 25: ringfence.registry.v1.Server.HeadersEntry
-	nil,                             // 26: ringfence.registry.v1.Server.ToolPermissionsEntry
-	nil,                             // 27: ringfence.registry.v1.CreateServerRequest.HeadersEntry
-	nil,                             // 28: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry
-	nil,                             // 29: ringfence.registry.v1.UpdateServerRequest.HeadersEntry
-	nil,                             // 30: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
-	(*durationpb.Duration)(nil),     // 31: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 32: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),         // 33: google.protobuf.Struct
-	(*fieldmaskpb.FieldMask)(nil),   // 34: google.protobuf.FieldMask
-	(*v1.ToolDeclaration)(nil),      // 35: ringfence.types.v1.ToolDeclaration
-	(*v1.Finding)(nil),              // 36: ringfence.types.v1.Finding
-	(*v1.ExploreCall)(nil),          // 37: ringfence.types.v1.ExploreCall
-	(*v1.ExploreCallResult)(nil),    // 38: ringfence.types.v1.ExploreCallResult
+	(*WarmStatus)(nil),              // 1: ringfence.registry.v1.WarmStatus
+	(*ToolFilter)(nil),              // 2: ringfence.registry.v1.ToolFilter
+	(*ToolPermissions)(nil),         // 3: ringfence.registry.v1.ToolPermissions
+	(*CreateServerRequest)(nil),     // 4: ringfence.registry.v1.CreateServerRequest
+	(*CreateServerResponse)(nil),    // 5: ringfence.registry.v1.CreateServerResponse
+	(*GetServerRequest)(nil),        // 6: ringfence.registry.v1.GetServerRequest
+	(*GetServerResponse)(nil),       // 7: ringfence.registry.v1.GetServerResponse
+	(*ListServersRequest)(nil),      // 8: ringfence.registry.v1.ListServersRequest
+	(*ListServersResponse)(nil),     // 9: ringfence.registry.v1.ListServersResponse
+	(*UpdateServerRequest)(nil),     // 10: ringfence.registry.v1.UpdateServerRequest
+	(*UpdateServerResponse)(nil),    // 11: ringfence.registry.v1.UpdateServerResponse
+	(*DeleteServerRequest)(nil),     // 12: ringfence.registry.v1.DeleteServerRequest
+	(*DeleteServerResponse)(nil),    // 13: ringfence.registry.v1.DeleteServerResponse
+	(*ListServerToolsRequest)(nil),  // 14: ringfence.registry.v1.ListServerToolsRequest
+	(*ListServerToolsResponse)(nil), // 15: ringfence.registry.v1.ListServerToolsResponse
+	(*ExploreServerRequest)(nil),    // 16: ringfence.registry.v1.ExploreServerRequest
+	(*ExploreServerResponse)(nil),   // 17: ringfence.registry.v1.ExploreServerResponse
+	(*Secret)(nil),                  // 18: ringfence.registry.v1.Secret
+	(*PutSecretRequest)(nil),        // 19: ringfence.registry.v1.PutSecretRequest
+	(*PutSecretResponse)(nil),       // 20: ringfence.registry.v1.PutSecretResponse
+	(*ListSecretsRequest)(nil),      // 21: ringfence.registry.v1.ListSecretsRequest
+	(*ListSecretsResponse)(nil),     // 22: ringfence.registry.v1.ListSecretsResponse
+	(*DeleteSecretRequest)(nil),     // 23: ringfence.registry.v1.DeleteSecretRequest
+	(*DeleteSecretResponse)(nil),    // 24: ringfence.registry.v1.DeleteSecretResponse
+	nil,                             // 25: ringfence.registry.v1.Server.EnvEntry
+	nil,                             // 26: ringfence.registry.v1.Server.HeadersEntry
+	nil,                             // 27: ringfence.registry.v1.Server.ToolPermissionsEntry
+	nil,                             // 28: ringfence.registry.v1.CreateServerRequest.HeadersEntry
+	nil,                             // 29: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry
+	nil,                             // 30: ringfence.registry.v1.UpdateServerRequest.HeadersEntry
+	nil,                             // 31: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
+	(*durationpb.Duration)(nil),     // 32: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 33: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),         // 34: google.protobuf.Struct
+	(*fieldmaskpb.FieldMask)(nil),   // 35: google.protobuf.FieldMask
+	(*v1.ToolDeclaration)(nil),      // 36: ringfence.types.v1.ToolDeclaration
+	(*v1.Finding)(nil),              // 37: ringfence.types.v1.Finding
+	(*v1.ExploreCall)(nil),          // 38: ringfence.types.v1.ExploreCall
+	(*v1.ExploreCallResult)(nil),    // 39: ringfence.types.v1.ExploreCallResult
 }
 var file_ringfence_registry_v1_registry_proto_depIdxs = []int32{
-	24, // 0: ringfence.registry.v1.Server.env:type_name -> ringfence.registry.v1.Server.EnvEntry
-	25, // 1: ringfence.registry.v1.Server.headers:type_name -> ringfence.registry.v1.Server.HeadersEntry
-	1,  // 2: ringfence.registry.v1.Server.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
-	26, // 3: ringfence.registry.v1.Server.tool_permissions:type_name -> ringfence.registry.v1.Server.ToolPermissionsEntry
-	31, // 4: ringfence.registry.v1.Server.client_session_timeout:type_name -> google.protobuf.Duration
-	31, // 5: ringfence.registry.v1.Server.tool_call_timeout:type_name -> google.protobuf.Duration
-	32, // 6: ringfence.registry.v1.Server.create_time:type_name -> google.protobuf.Timestamp
-	32, // 7: ringfence.registry.v1.Server.update_time:type_name -> google.protobuf.Timestamp
-	33, // 8: ringfence.registry.v1.CreateServerRequest.env:type_name -> google.protobuf.Struct
-	27, // 9: ringfence.registry.v1.CreateServerRequest.headers:type_name -> ringfence.registry.v1.CreateServerRequest.HeadersEntry
-	1,  // 10: ringfence.registry.v1.CreateServerRequest.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
-	28, // 11: ringfence.registry.v1.CreateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry
-	31, // 12: ringfence.registry.v1.CreateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
-	31, // 13: ringfence.registry.v1.CreateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
-	0,  // 14: ringfence.registry.v1.CreateServerResponse.server:type_name -> ringfence.registry.v1.Server
-	0,  // 15: ringfence.registry.v1.GetServerResponse.server:type_name -> ringfence.registry.v1.Server
-	0,  // 16: ringfence.registry.v1.ListServersResponse.servers:type_name -> ringfence.registry.v1.Server
-	33, // 17: ringfence.registry.v1.UpdateServerRequest.env:type_name -> google.protobuf.Struct
-	29, // 18: ringfence.registry.v1.UpdateServerRequest.headers:type_name -> ringfence.registry.v1.UpdateServerRequest.HeadersEntry
-	1,  // 19: ringfence.registry.v1.UpdateServerRequest.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
-	30, // 20: ringfence.registry.v1.UpdateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
-	31, // 21: ringfence.registry.v1.UpdateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
-	31, // 22: ringfence.registry.v1.UpdateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
-	34, // 23: ringfence.registry.v1.UpdateServerRequest.update_mask:type_name -> google.protobuf.FieldMask
-	0,  // 24: ringfence.registry.v1.UpdateServerResponse.server:type_name -> ringfence.registry.v1.Server
-	35, // 25: ringfence.registry.v1.ListServerToolsResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	36, // 26: ringfence.registry.v1.ListServerToolsResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	37, // 27: ringfence.registry.v1.ExploreServerRequest.call:type_name -> ringfence.types.v1.ExploreCall
-	3,  // 28: ringfence.registry.v1.ExploreServerRequest.server:type_name -> ringfence.registry.v1.CreateServerRequest
-	35, // 29: ringfence.registry.v1.ExploreServerResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	36, // 30: ringfence.registry.v1.ExploreServerResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	38, // 31: ringfence.registry.v1.ExploreServerResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
-	32, // 32: ringfence.registry.v1.Secret.update_time:type_name -> google.protobuf.Timestamp
-	17, // 33: ringfence.registry.v1.PutSecretResponse.secret:type_name -> ringfence.registry.v1.Secret
-	17, // 34: ringfence.registry.v1.ListSecretsResponse.secrets:type_name -> ringfence.registry.v1.Secret
-	2,  // 35: ringfence.registry.v1.Server.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	2,  // 36: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	2,  // 37: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	3,  // 38: ringfence.registry.v1.RegistryService.CreateServer:input_type -> ringfence.registry.v1.CreateServerRequest
-	5,  // 39: ringfence.registry.v1.RegistryService.GetServer:input_type -> ringfence.registry.v1.GetServerRequest
-	7,  // 40: ringfence.registry.v1.RegistryService.ListServers:input_type -> ringfence.registry.v1.ListServersRequest
-	9,  // 41: ringfence.registry.v1.RegistryService.UpdateServer:input_type -> ringfence.registry.v1.UpdateServerRequest
-	11, // 42: ringfence.registry.v1.RegistryService.DeleteServer:input_type -> ringfence.registry.v1.DeleteServerRequest
-	13, // 43: ringfence.registry.v1.RegistryService.ListServerTools:input_type -> ringfence.registry.v1.ListServerToolsRequest
-	15, // 44: ringfence.registry.v1.RegistryService.ExploreServer:input_type -> ringfence.registry.v1.ExploreServerRequest
-	18, // 45: ringfence.registry.v1.RegistryService.PutSecret:input_type -> ringfence.registry.v1.PutSecretRequest
-	20, // 46: ringfence.registry.v1.RegistryService.ListSecrets:input_type -> ringfence.registry.v1.ListSecretsRequest
-	22, // 47: ringfence.registry.v1.RegistryService.DeleteSecret:input_type -> ringfence.registry.v1.DeleteSecretRequest
-	4,  // 48: ringfence.registry.v1.RegistryService.CreateServer:output_type -> ringfence.registry.v1.CreateServerResponse
-	6,  // 49: ringfence.registry.v1.RegistryService.GetServer:output_type -> ringfence.registry.v1.GetServerResponse
-	8,  // 50: ringfence.registry.v1.RegistryService.ListServers:output_type -> ringfence.registry.v1.ListServersResponse
-	10, // 51: ringfence.registry.v1.RegistryService.UpdateServer:output_type -> ringfence.registry.v1.UpdateServerResponse
-	12, // 52: ringfence.registry.v1.RegistryService.DeleteServer:output_type -> ringfence.registry.v1.DeleteServerResponse
-	14, // 53: ringfence.registry.v1.RegistryService.ListServerTools:output_type -> ringfence.registry.v1.ListServerToolsResponse
-	16, // 54: ringfence.registry.v1.RegistryService.ExploreServer:output_type -> ringfence.registry.v1.ExploreServerResponse
-	19, // 55: ringfence.registry.v1.RegistryService.PutSecret:output_type -> ringfence.registry.v1.PutSecretResponse
-	21, // 56: ringfence.registry.v1.RegistryService.ListSecrets:output_type -> ringfence.registry.v1.ListSecretsResponse
-	23, // 57: ringfence.registry.v1.RegistryService.DeleteSecret:output_type -> ringfence.registry.v1.DeleteSecretResponse
-	48, // [48:58] is the sub-list for method output_type
-	38, // [38:48] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	25, // 0: ringfence.registry.v1.Server.env:type_name -> ringfence.registry.v1.Server.EnvEntry
+	26, // 1: ringfence.registry.v1.Server.headers:type_name -> ringfence.registry.v1.Server.HeadersEntry
+	2,  // 2: ringfence.registry.v1.Server.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
+	27, // 3: ringfence.registry.v1.Server.tool_permissions:type_name -> ringfence.registry.v1.Server.ToolPermissionsEntry
+	32, // 4: ringfence.registry.v1.Server.client_session_timeout:type_name -> google.protobuf.Duration
+	32, // 5: ringfence.registry.v1.Server.tool_call_timeout:type_name -> google.protobuf.Duration
+	33, // 6: ringfence.registry.v1.Server.create_time:type_name -> google.protobuf.Timestamp
+	33, // 7: ringfence.registry.v1.Server.update_time:type_name -> google.protobuf.Timestamp
+	1,  // 8: ringfence.registry.v1.Server.warm:type_name -> ringfence.registry.v1.WarmStatus
+	34, // 9: ringfence.registry.v1.CreateServerRequest.env:type_name -> google.protobuf.Struct
+	28, // 10: ringfence.registry.v1.CreateServerRequest.headers:type_name -> ringfence.registry.v1.CreateServerRequest.HeadersEntry
+	2,  // 11: ringfence.registry.v1.CreateServerRequest.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
+	29, // 12: ringfence.registry.v1.CreateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry
+	32, // 13: ringfence.registry.v1.CreateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
+	32, // 14: ringfence.registry.v1.CreateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
+	0,  // 15: ringfence.registry.v1.CreateServerResponse.server:type_name -> ringfence.registry.v1.Server
+	0,  // 16: ringfence.registry.v1.GetServerResponse.server:type_name -> ringfence.registry.v1.Server
+	0,  // 17: ringfence.registry.v1.ListServersResponse.servers:type_name -> ringfence.registry.v1.Server
+	34, // 18: ringfence.registry.v1.UpdateServerRequest.env:type_name -> google.protobuf.Struct
+	30, // 19: ringfence.registry.v1.UpdateServerRequest.headers:type_name -> ringfence.registry.v1.UpdateServerRequest.HeadersEntry
+	2,  // 20: ringfence.registry.v1.UpdateServerRequest.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
+	31, // 21: ringfence.registry.v1.UpdateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
+	32, // 22: ringfence.registry.v1.UpdateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
+	32, // 23: ringfence.registry.v1.UpdateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
+	35, // 24: ringfence.registry.v1.UpdateServerRequest.update_mask:type_name -> google.protobuf.FieldMask
+	0,  // 25: ringfence.registry.v1.UpdateServerResponse.server:type_name -> ringfence.registry.v1.Server
+	36, // 26: ringfence.registry.v1.ListServerToolsResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	37, // 27: ringfence.registry.v1.ListServerToolsResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	38, // 28: ringfence.registry.v1.ExploreServerRequest.call:type_name -> ringfence.types.v1.ExploreCall
+	4,  // 29: ringfence.registry.v1.ExploreServerRequest.server:type_name -> ringfence.registry.v1.CreateServerRequest
+	36, // 30: ringfence.registry.v1.ExploreServerResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	37, // 31: ringfence.registry.v1.ExploreServerResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	39, // 32: ringfence.registry.v1.ExploreServerResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
+	33, // 33: ringfence.registry.v1.Secret.update_time:type_name -> google.protobuf.Timestamp
+	18, // 34: ringfence.registry.v1.PutSecretResponse.secret:type_name -> ringfence.registry.v1.Secret
+	18, // 35: ringfence.registry.v1.ListSecretsResponse.secrets:type_name -> ringfence.registry.v1.Secret
+	3,  // 36: ringfence.registry.v1.Server.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	3,  // 37: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	3,  // 38: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	4,  // 39: ringfence.registry.v1.RegistryService.CreateServer:input_type -> ringfence.registry.v1.CreateServerRequest
+	6,  // 40: ringfence.registry.v1.RegistryService.GetServer:input_type -> ringfence.registry.v1.GetServerRequest
+	8,  // 41: ringfence.registry.v1.RegistryService.ListServers:input_type -> ringfence.registry.v1.ListServersRequest
+	10, // 42: ringfence.registry.v1.RegistryService.UpdateServer:input_type -> ringfence.registry.v1.UpdateServerRequest
+	12, // 43: ringfence.registry.v1.RegistryService.DeleteServer:input_type -> ringfence.registry.v1.DeleteServerRequest
+	14, // 44: ringfence.registry.v1.RegistryService.ListServerTools:input_type -> ringfence.registry.v1.ListServerToolsRequest
+	16, // 45: ringfence.registry.v1.RegistryService.ExploreServer:input_type -> ringfence.registry.v1.ExploreServerRequest
+	19, // 46: ringfence.registry.v1.RegistryService.PutSecret:input_type -> ringfence.registry.v1.PutSecretRequest
+	21, // 47: ringfence.registry.v1.RegistryService.ListSecrets:input_type -> ringfence.registry.v1.ListSecretsRequest
+	23, // 48: ringfence.registry.v1.RegistryService.DeleteSecret:input_type -> ringfence.registry.v1.DeleteSecretRequest
+	5,  // 49: ringfence.registry.v1.RegistryService.CreateServer:output_type -> ringfence.registry.v1.CreateServerResponse
+	7,  // 50: ringfence.registry.v1.RegistryService.GetServer:output_type -> ringfence.registry.v1.GetServerResponse
+	9,  // 51: ringfence.registry.v1.RegistryService.ListServers:output_type -> ringfence.registry.v1.ListServersResponse
+	11, // 52: ringfence.registry.v1.RegistryService.UpdateServer:output_type -> ringfence.registry.v1.UpdateServerResponse
+	13, // 53: ringfence.registry.v1.RegistryService.DeleteServer:output_type -> ringfence.registry.v1.DeleteServerResponse
+	15, // 54: ringfence.registry.v1.RegistryService.ListServerTools:output_type -> ringfence.registry.v1.ListServerToolsResponse
+	17, // 55: ringfence.registry.v1.RegistryService.ExploreServer:output_type -> ringfence.registry.v1.ExploreServerResponse
+	20, // 56: ringfence.registry.v1.RegistryService.PutSecret:output_type -> ringfence.registry.v1.PutSecretResponse
+	22, // 57: ringfence.registry.v1.RegistryService.ListSecrets:output_type -> ringfence.registry.v1.ListSecretsResponse
+	24, // 58: ringfence.registry.v1.RegistryService.DeleteSecret:output_type -> ringfence.registry.v1.DeleteSecretResponse
+	49, // [49:59] is the sub-list for method output_type
+	39, // [39:49] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_registry_v1_registry_proto_init() }
@@ -1881,7 +1986,7 @@ func file_ringfence_registry_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_registry_v1_registry_proto_rawDesc), len(file_ringfence_registry_v1_registry_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -12,6 +12,7 @@ package poolinternalv1
 
 import (
 	v11 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1"
+	v12 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	v1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -188,11 +189,102 @@ func (x *DiscoverResponse) GetCall() *v1.ExploreCallResult {
 	return nil
 }
 
+// GetWarmStatusRequest names the registrations to report.
+type GetWarmStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ServerRefs    []string               `protobuf:"bytes,1,rep,name=server_refs,json=serverRefs,proto3" json:"server_refs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetWarmStatusRequest) Reset() {
+	*x = GetWarmStatusRequest{}
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetWarmStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetWarmStatusRequest) ProtoMessage() {}
+
+func (x *GetWarmStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetWarmStatusRequest.ProtoReflect.Descriptor instead.
+func (*GetWarmStatusRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *GetWarmStatusRequest) GetServerRefs() []string {
+	if x != nil {
+		return x.ServerRefs
+	}
+	return nil
+}
+
+// GetWarmStatusResponse maps each ref named to its warm containers (a ref the pool keeps none
+// for maps to zeros).
+type GetWarmStatusResponse struct {
+	state         protoimpl.MessageState     `protogen:"open.v1"`
+	Warm          map[string]*v12.WarmStatus `protobuf:"bytes,1,rep,name=warm,proto3" json:"warm,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetWarmStatusResponse) Reset() {
+	*x = GetWarmStatusResponse{}
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetWarmStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetWarmStatusResponse) ProtoMessage() {}
+
+func (x *GetWarmStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetWarmStatusResponse.ProtoReflect.Descriptor instead.
+func (*GetWarmStatusResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *GetWarmStatusResponse) GetWarm() map[string]*v12.WarmStatus {
+	if x != nil {
+		return x.Warm
+	}
+	return nil
+}
+
 var File_ringfence_internal_pool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_ringfence_internal_pool_v1_pool_proto_rawDesc = "" +
 	"\n" +
-	"%ringfence/internal/pool/v1/pool.proto\x12\x1aringfence.internal.pool.v1\x1a-ringfence/internal/registry/v1/registry.proto\x1a\x1dringfence/types/v1/tool.proto\"\x82\x02\n" +
+	"%ringfence/internal/pool/v1/pool.proto\x12\x1aringfence.internal.pool.v1\x1a-ringfence/internal/registry/v1/registry.proto\x1a$ringfence/registry/v1/registry.proto\x1a\x1dringfence/types/v1/tool.proto\"\x82\x02\n" +
 	"\x0fDiscoverRequest\x12\x1d\n" +
 	"\n" +
 	"server_ref\x18\x01 \x01(\tR\tserverRef\x123\n" +
@@ -206,9 +298,18 @@ const file_ringfence_internal_pool_v1_pool_proto_rawDesc = "" +
 	"\x05tools\x18\x01 \x03(\v2#.ringfence.types.v1.ToolDeclarationR\x05tools\x12F\n" +
 	"\x10listing_findings\x18\x02 \x03(\v2\x1b.ringfence.types.v1.FindingR\x0flistingFindings\x123\n" +
 	"\x15registration_revision\x18\x03 \x01(\x03R\x14registrationRevision\x129\n" +
-	"\x04call\x18\x04 \x01(\v2%.ringfence.types.v1.ExploreCallResultR\x04call2|\n" +
+	"\x04call\x18\x04 \x01(\v2%.ringfence.types.v1.ExploreCallResultR\x04call\"7\n" +
+	"\x14GetWarmStatusRequest\x12\x1f\n" +
+	"\vserver_refs\x18\x01 \x03(\tR\n" +
+	"serverRefs\"\xc4\x01\n" +
+	"\x15GetWarmStatusResponse\x12O\n" +
+	"\x04warm\x18\x01 \x03(\v2;.ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntryR\x04warm\x1aZ\n" +
+	"\tWarmEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x127\n" +
+	"\x05value\x18\x02 \x01(\v2!.ringfence.registry.v1.WarmStatusR\x05value:\x028\x012\xf2\x01\n" +
 	"\x13PoolInternalService\x12e\n" +
-	"\bDiscover\x12+.ringfence.internal.pool.v1.DiscoverRequest\x1a,.ringfence.internal.pool.v1.DiscoverResponseB\x8a\x02\n" +
+	"\bDiscover\x12+.ringfence.internal.pool.v1.DiscoverRequest\x1a,.ringfence.internal.pool.v1.DiscoverResponse\x12t\n" +
+	"\rGetWarmStatus\x120.ringfence.internal.pool.v1.GetWarmStatusRequest\x1a1.ringfence.internal.pool.v1.GetWarmStatusResponseB\x8a\x02\n" +
 	"\x1ecom.ringfence.internal.pool.v1B\tPoolProtoP\x01ZRgithub.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1;poolinternalv1\xa2\x02\x03RIP\xaa\x02\x1aRingfence.Internal.Pool.V1\xca\x02\x1aRingfence\\Internal\\Pool\\V1\xe2\x02&Ringfence\\Internal\\Pool\\V1\\GPBMetadata\xea\x02\x1dRingfence::Internal::Pool::V1b\x06proto3"
 
 var (
@@ -223,29 +324,37 @@ func file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP() []byte {
 	return file_ringfence_internal_pool_v1_pool_proto_rawDescData
 }
 
-var file_ringfence_internal_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_ringfence_internal_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_ringfence_internal_pool_v1_pool_proto_goTypes = []any{
 	(*DiscoverRequest)(nil),           // 0: ringfence.internal.pool.v1.DiscoverRequest
 	(*DiscoverResponse)(nil),          // 1: ringfence.internal.pool.v1.DiscoverResponse
-	(*v1.ExploreCall)(nil),            // 2: ringfence.types.v1.ExploreCall
-	(*v11.ResolveServerResponse)(nil), // 3: ringfence.internal.registry.v1.ResolveServerResponse
-	(*v1.ToolDeclaration)(nil),        // 4: ringfence.types.v1.ToolDeclaration
-	(*v1.Finding)(nil),                // 5: ringfence.types.v1.Finding
-	(*v1.ExploreCallResult)(nil),      // 6: ringfence.types.v1.ExploreCallResult
+	(*GetWarmStatusRequest)(nil),      // 2: ringfence.internal.pool.v1.GetWarmStatusRequest
+	(*GetWarmStatusResponse)(nil),     // 3: ringfence.internal.pool.v1.GetWarmStatusResponse
+	nil,                               // 4: ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry
+	(*v1.ExploreCall)(nil),            // 5: ringfence.types.v1.ExploreCall
+	(*v11.ResolveServerResponse)(nil), // 6: ringfence.internal.registry.v1.ResolveServerResponse
+	(*v1.ToolDeclaration)(nil),        // 7: ringfence.types.v1.ToolDeclaration
+	(*v1.Finding)(nil),                // 8: ringfence.types.v1.Finding
+	(*v1.ExploreCallResult)(nil),      // 9: ringfence.types.v1.ExploreCallResult
+	(*v12.WarmStatus)(nil),            // 10: ringfence.registry.v1.WarmStatus
 }
 var file_ringfence_internal_pool_v1_pool_proto_depIdxs = []int32{
-	2, // 0: ringfence.internal.pool.v1.DiscoverRequest.call:type_name -> ringfence.types.v1.ExploreCall
-	3, // 1: ringfence.internal.pool.v1.DiscoverRequest.adhoc:type_name -> ringfence.internal.registry.v1.ResolveServerResponse
-	4, // 2: ringfence.internal.pool.v1.DiscoverResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	5, // 3: ringfence.internal.pool.v1.DiscoverResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	6, // 4: ringfence.internal.pool.v1.DiscoverResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
-	0, // 5: ringfence.internal.pool.v1.PoolInternalService.Discover:input_type -> ringfence.internal.pool.v1.DiscoverRequest
-	1, // 6: ringfence.internal.pool.v1.PoolInternalService.Discover:output_type -> ringfence.internal.pool.v1.DiscoverResponse
-	6, // [6:7] is the sub-list for method output_type
-	5, // [5:6] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	5,  // 0: ringfence.internal.pool.v1.DiscoverRequest.call:type_name -> ringfence.types.v1.ExploreCall
+	6,  // 1: ringfence.internal.pool.v1.DiscoverRequest.adhoc:type_name -> ringfence.internal.registry.v1.ResolveServerResponse
+	7,  // 2: ringfence.internal.pool.v1.DiscoverResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	8,  // 3: ringfence.internal.pool.v1.DiscoverResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	9,  // 4: ringfence.internal.pool.v1.DiscoverResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
+	4,  // 5: ringfence.internal.pool.v1.GetWarmStatusResponse.warm:type_name -> ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry
+	10, // 6: ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry.value:type_name -> ringfence.registry.v1.WarmStatus
+	0,  // 7: ringfence.internal.pool.v1.PoolInternalService.Discover:input_type -> ringfence.internal.pool.v1.DiscoverRequest
+	2,  // 8: ringfence.internal.pool.v1.PoolInternalService.GetWarmStatus:input_type -> ringfence.internal.pool.v1.GetWarmStatusRequest
+	1,  // 9: ringfence.internal.pool.v1.PoolInternalService.Discover:output_type -> ringfence.internal.pool.v1.DiscoverResponse
+	3,  // 10: ringfence.internal.pool.v1.PoolInternalService.GetWarmStatus:output_type -> ringfence.internal.pool.v1.GetWarmStatusResponse
+	9,  // [9:11] is the sub-list for method output_type
+	7,  // [7:9] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_internal_pool_v1_pool_proto_init() }
@@ -259,7 +368,7 @@ func file_ringfence_internal_pool_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_internal_pool_v1_pool_proto_rawDesc), len(file_ringfence_internal_pool_v1_pool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,7 +23,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PoolInternalService_Discover_FullMethodName = "/ringfence.internal.pool.v1.PoolInternalService/Discover"
+	PoolInternalService_Discover_FullMethodName      = "/ringfence.internal.pool.v1.PoolInternalService/Discover"
+	PoolInternalService_GetWarmStatus_FullMethodName = "/ringfence.internal.pool.v1.PoolInternalService/GetWarmStatus"
 )
 
 // PoolInternalServiceClient is the client API for PoolInternalService service.
@@ -39,6 +40,11 @@ type PoolInternalServiceClient interface {
 	// Codes: NOT_FOUND (unregistered), UNAVAILABLE (isolation not configured or the server could
 	// not be reached: a ServerFailure detail classifies it), DEADLINE_EXCEEDED (no handshake).
 	Discover(ctx context.Context, in *DiscoverRequest, opts ...grpc.CallOption) (*DiscoverResponse, error)
+	// GetWarmStatus reports, per registration named, how many warm containers this pool holds
+	// ready and how many it is starting, for the registry's GetServer and ListServers.
+	// Caller: the registry's service certificate only. Codes: INVALID_ARGUMENT (a bad ref, or
+	// more than 1000 refs).
+	GetWarmStatus(ctx context.Context, in *GetWarmStatusRequest, opts ...grpc.CallOption) (*GetWarmStatusResponse, error)
 }
 
 type poolInternalServiceClient struct {
@@ -59,6 +65,16 @@ func (c *poolInternalServiceClient) Discover(ctx context.Context, in *DiscoverRe
 	return out, nil
 }
 
+func (c *poolInternalServiceClient) GetWarmStatus(ctx context.Context, in *GetWarmStatusRequest, opts ...grpc.CallOption) (*GetWarmStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetWarmStatusResponse)
+	err := c.cc.Invoke(ctx, PoolInternalService_GetWarmStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolInternalServiceServer is the server API for PoolInternalService service.
 // All implementations must embed UnimplementedPoolInternalServiceServer
 // for forward compatibility.
@@ -72,6 +88,11 @@ type PoolInternalServiceServer interface {
 	// Codes: NOT_FOUND (unregistered), UNAVAILABLE (isolation not configured or the server could
 	// not be reached: a ServerFailure detail classifies it), DEADLINE_EXCEEDED (no handshake).
 	Discover(context.Context, *DiscoverRequest) (*DiscoverResponse, error)
+	// GetWarmStatus reports, per registration named, how many warm containers this pool holds
+	// ready and how many it is starting, for the registry's GetServer and ListServers.
+	// Caller: the registry's service certificate only. Codes: INVALID_ARGUMENT (a bad ref, or
+	// more than 1000 refs).
+	GetWarmStatus(context.Context, *GetWarmStatusRequest) (*GetWarmStatusResponse, error)
 	mustEmbedUnimplementedPoolInternalServiceServer()
 }
 
@@ -84,6 +105,9 @@ type UnimplementedPoolInternalServiceServer struct{}
 
 func (UnimplementedPoolInternalServiceServer) Discover(context.Context, *DiscoverRequest) (*DiscoverResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Discover not implemented")
+}
+func (UnimplementedPoolInternalServiceServer) GetWarmStatus(context.Context, *GetWarmStatusRequest) (*GetWarmStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetWarmStatus not implemented")
 }
 func (UnimplementedPoolInternalServiceServer) mustEmbedUnimplementedPoolInternalServiceServer() {}
 func (UnimplementedPoolInternalServiceServer) testEmbeddedByValue()                             {}
@@ -124,6 +148,24 @@ func _PoolInternalService_Discover_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PoolInternalService_GetWarmStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetWarmStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolInternalServiceServer).GetWarmStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolInternalService_GetWarmStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolInternalServiceServer).GetWarmStatus(ctx, req.(*GetWarmStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PoolInternalService_ServiceDesc is the grpc.ServiceDesc for PoolInternalService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -134,6 +176,10 @@ var PoolInternalService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Discover",
 			Handler:    _PoolInternalService_Discover_Handler,
+		},
+		{
+			MethodName: "GetWarmStatus",
+			Handler:    _PoolInternalService_GetWarmStatus_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -400,6 +400,151 @@ func (x *AuthenticateKeyResponse) GetTenant() string {
 	return ""
 }
 
+// ListWarmTargetsRequest asks for every registration with prewarm above 0.
+type ListWarmTargetsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWarmTargetsRequest) Reset() {
+	*x = ListWarmTargetsRequest{}
+	mi := &file_ringfence_internal_registry_v1_registry_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWarmTargetsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWarmTargetsRequest) ProtoMessage() {}
+
+func (x *ListWarmTargetsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_internal_registry_v1_registry_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWarmTargetsRequest.ProtoReflect.Descriptor instead.
+func (*ListWarmTargetsRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_internal_registry_v1_registry_proto_rawDescGZIP(), []int{6}
+}
+
+// ListWarmTargetsResponse lists them, ordered by ref.
+type ListWarmTargetsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Targets       []*WarmTarget          `protobuf:"bytes,1,rep,name=targets,proto3" json:"targets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWarmTargetsResponse) Reset() {
+	*x = ListWarmTargetsResponse{}
+	mi := &file_ringfence_internal_registry_v1_registry_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWarmTargetsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWarmTargetsResponse) ProtoMessage() {}
+
+func (x *ListWarmTargetsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_internal_registry_v1_registry_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWarmTargetsResponse.ProtoReflect.Descriptor instead.
+func (*ListWarmTargetsResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_internal_registry_v1_registry_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ListWarmTargetsResponse) GetTargets() []*WarmTarget {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
+// WarmTarget is one registration that asks for warm containers.
+type WarmTarget struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Ref     string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	Prewarm int32                  `protobuf:"varint,2,opt,name=prewarm,proto3" json:"prewarm,omitempty"`
+	// revision is the registration's current revision: warm containers of any other are
+	// discarded.
+	Revision      int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WarmTarget) Reset() {
+	*x = WarmTarget{}
+	mi := &file_ringfence_internal_registry_v1_registry_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WarmTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WarmTarget) ProtoMessage() {}
+
+func (x *WarmTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_internal_registry_v1_registry_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WarmTarget.ProtoReflect.Descriptor instead.
+func (*WarmTarget) Descriptor() ([]byte, []int) {
+	return file_ringfence_internal_registry_v1_registry_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *WarmTarget) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *WarmTarget) GetPrewarm() int32 {
+	if x != nil {
+		return x.Prewarm
+	}
+	return 0
+}
+
+func (x *WarmTarget) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 var File_ringfence_internal_registry_v1_registry_proto protoreflect.FileDescriptor
 
 const file_ringfence_internal_registry_v1_registry_proto_rawDesc = "" +
@@ -439,11 +584,20 @@ const file_ringfence_internal_registry_v1_registry_proto_rawDesc = "" +
 	"\bkey_name\x18\x02 \x01(\tR\akeyName\x12\x12\n" +
 	"\x04role\x18\x03 \x01(\tR\x04role\x12 \n" +
 	"\vpermissions\x18\x04 \x03(\tR\vpermissions\x12\x16\n" +
-	"\x06tenant\x18\x05 \x01(\tR\x06tenant2\xa1\x03\n" +
+	"\x06tenant\x18\x05 \x01(\tR\x06tenant\"\x18\n" +
+	"\x16ListWarmTargetsRequest\"_\n" +
+	"\x17ListWarmTargetsResponse\x12D\n" +
+	"\atargets\x18\x01 \x03(\v2*.ringfence.internal.registry.v1.WarmTargetR\atargets\"T\n" +
+	"\n" +
+	"WarmTarget\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x18\n" +
+	"\aprewarm\x18\x02 \x01(\x05R\aprewarm\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision2\xa6\x04\n" +
 	"\x17RegistryInternalService\x12|\n" +
 	"\rResolveServer\x124.ringfence.internal.registry.v1.ResolveServerRequest\x1a5.ringfence.internal.registry.v1.ResolveServerResponse\x12\x82\x01\n" +
 	"\x0fGetServerPolicy\x126.ringfence.internal.registry.v1.GetServerPolicyRequest\x1a7.ringfence.internal.registry.v1.GetServerPolicyResponse\x12\x82\x01\n" +
-	"\x0fAuthenticateKey\x126.ringfence.internal.registry.v1.AuthenticateKeyRequest\x1a7.ringfence.internal.registry.v1.AuthenticateKeyResponseB\xaa\x02\n" +
+	"\x0fAuthenticateKey\x126.ringfence.internal.registry.v1.AuthenticateKeyRequest\x1a7.ringfence.internal.registry.v1.AuthenticateKeyResponse\x12\x82\x01\n" +
+	"\x0fListWarmTargets\x126.ringfence.internal.registry.v1.ListWarmTargetsRequest\x1a7.ringfence.internal.registry.v1.ListWarmTargetsResponseB\xaa\x02\n" +
 	"\"com.ringfence.internal.registry.v1B\rRegistryProtoP\x01ZZgithub.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1;registryinternalv1\xa2\x02\x03RIR\xaa\x02\x1eRingfence.Internal.Registry.V1\xca\x02\x1eRingfence\\Internal\\Registry\\V1\xe2\x02*Ringfence\\Internal\\Registry\\V1\\GPBMetadata\xea\x02!Ringfence::Internal::Registry::V1b\x06proto3"
 
 var (
@@ -458,7 +612,7 @@ func file_ringfence_internal_registry_v1_registry_proto_rawDescGZIP() []byte {
 	return file_ringfence_internal_registry_v1_registry_proto_rawDescData
 }
 
-var file_ringfence_internal_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_ringfence_internal_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_ringfence_internal_registry_v1_registry_proto_goTypes = []any{
 	(*ResolveServerRequest)(nil),    // 0: ringfence.internal.registry.v1.ResolveServerRequest
 	(*ResolveServerResponse)(nil),   // 1: ringfence.internal.registry.v1.ResolveServerResponse
@@ -466,31 +620,37 @@ var file_ringfence_internal_registry_v1_registry_proto_goTypes = []any{
 	(*GetServerPolicyResponse)(nil), // 3: ringfence.internal.registry.v1.GetServerPolicyResponse
 	(*AuthenticateKeyRequest)(nil),  // 4: ringfence.internal.registry.v1.AuthenticateKeyRequest
 	(*AuthenticateKeyResponse)(nil), // 5: ringfence.internal.registry.v1.AuthenticateKeyResponse
-	nil,                             // 6: ringfence.internal.registry.v1.ResolveServerResponse.EnvEntry
-	nil,                             // 7: ringfence.internal.registry.v1.ResolveServerResponse.HeaderValuesEntry
-	nil,                             // 8: ringfence.internal.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry
-	(*v1.Server)(nil),               // 9: ringfence.registry.v1.Server
-	(*v1.ToolFilter)(nil),           // 10: ringfence.registry.v1.ToolFilter
-	(*v1.ToolPermissions)(nil),      // 11: ringfence.registry.v1.ToolPermissions
+	(*ListWarmTargetsRequest)(nil),  // 6: ringfence.internal.registry.v1.ListWarmTargetsRequest
+	(*ListWarmTargetsResponse)(nil), // 7: ringfence.internal.registry.v1.ListWarmTargetsResponse
+	(*WarmTarget)(nil),              // 8: ringfence.internal.registry.v1.WarmTarget
+	nil,                             // 9: ringfence.internal.registry.v1.ResolveServerResponse.EnvEntry
+	nil,                             // 10: ringfence.internal.registry.v1.ResolveServerResponse.HeaderValuesEntry
+	nil,                             // 11: ringfence.internal.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry
+	(*v1.Server)(nil),               // 12: ringfence.registry.v1.Server
+	(*v1.ToolFilter)(nil),           // 13: ringfence.registry.v1.ToolFilter
+	(*v1.ToolPermissions)(nil),      // 14: ringfence.registry.v1.ToolPermissions
 }
 var file_ringfence_internal_registry_v1_registry_proto_depIdxs = []int32{
-	9,  // 0: ringfence.internal.registry.v1.ResolveServerResponse.server:type_name -> ringfence.registry.v1.Server
-	6,  // 1: ringfence.internal.registry.v1.ResolveServerResponse.env:type_name -> ringfence.internal.registry.v1.ResolveServerResponse.EnvEntry
-	7,  // 2: ringfence.internal.registry.v1.ResolveServerResponse.header_values:type_name -> ringfence.internal.registry.v1.ResolveServerResponse.HeaderValuesEntry
-	10, // 3: ringfence.internal.registry.v1.GetServerPolicyResponse.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
-	8,  // 4: ringfence.internal.registry.v1.GetServerPolicyResponse.tool_permissions:type_name -> ringfence.internal.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry
-	11, // 5: ringfence.internal.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	0,  // 6: ringfence.internal.registry.v1.RegistryInternalService.ResolveServer:input_type -> ringfence.internal.registry.v1.ResolveServerRequest
-	2,  // 7: ringfence.internal.registry.v1.RegistryInternalService.GetServerPolicy:input_type -> ringfence.internal.registry.v1.GetServerPolicyRequest
-	4,  // 8: ringfence.internal.registry.v1.RegistryInternalService.AuthenticateKey:input_type -> ringfence.internal.registry.v1.AuthenticateKeyRequest
-	1,  // 9: ringfence.internal.registry.v1.RegistryInternalService.ResolveServer:output_type -> ringfence.internal.registry.v1.ResolveServerResponse
-	3,  // 10: ringfence.internal.registry.v1.RegistryInternalService.GetServerPolicy:output_type -> ringfence.internal.registry.v1.GetServerPolicyResponse
-	5,  // 11: ringfence.internal.registry.v1.RegistryInternalService.AuthenticateKey:output_type -> ringfence.internal.registry.v1.AuthenticateKeyResponse
-	9,  // [9:12] is the sub-list for method output_type
-	6,  // [6:9] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	12, // 0: ringfence.internal.registry.v1.ResolveServerResponse.server:type_name -> ringfence.registry.v1.Server
+	9,  // 1: ringfence.internal.registry.v1.ResolveServerResponse.env:type_name -> ringfence.internal.registry.v1.ResolveServerResponse.EnvEntry
+	10, // 2: ringfence.internal.registry.v1.ResolveServerResponse.header_values:type_name -> ringfence.internal.registry.v1.ResolveServerResponse.HeaderValuesEntry
+	13, // 3: ringfence.internal.registry.v1.GetServerPolicyResponse.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
+	11, // 4: ringfence.internal.registry.v1.GetServerPolicyResponse.tool_permissions:type_name -> ringfence.internal.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry
+	8,  // 5: ringfence.internal.registry.v1.ListWarmTargetsResponse.targets:type_name -> ringfence.internal.registry.v1.WarmTarget
+	14, // 6: ringfence.internal.registry.v1.GetServerPolicyResponse.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	0,  // 7: ringfence.internal.registry.v1.RegistryInternalService.ResolveServer:input_type -> ringfence.internal.registry.v1.ResolveServerRequest
+	2,  // 8: ringfence.internal.registry.v1.RegistryInternalService.GetServerPolicy:input_type -> ringfence.internal.registry.v1.GetServerPolicyRequest
+	4,  // 9: ringfence.internal.registry.v1.RegistryInternalService.AuthenticateKey:input_type -> ringfence.internal.registry.v1.AuthenticateKeyRequest
+	6,  // 10: ringfence.internal.registry.v1.RegistryInternalService.ListWarmTargets:input_type -> ringfence.internal.registry.v1.ListWarmTargetsRequest
+	1,  // 11: ringfence.internal.registry.v1.RegistryInternalService.ResolveServer:output_type -> ringfence.internal.registry.v1.ResolveServerResponse
+	3,  // 12: ringfence.internal.registry.v1.RegistryInternalService.GetServerPolicy:output_type -> ringfence.internal.registry.v1.GetServerPolicyResponse
+	5,  // 13: ringfence.internal.registry.v1.RegistryInternalService.AuthenticateKey:output_type -> ringfence.internal.registry.v1.AuthenticateKeyResponse
+	7,  // 14: ringfence.internal.registry.v1.RegistryInternalService.ListWarmTargets:output_type -> ringfence.internal.registry.v1.ListWarmTargetsResponse
+	11, // [11:15] is the sub-list for method output_type
+	7,  // [7:11] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_internal_registry_v1_registry_proto_init() }
@@ -504,7 +664,7 @@ func file_ringfence_internal_registry_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_internal_registry_v1_registry_proto_rawDesc), len(file_ringfence_internal_registry_v1_registry_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

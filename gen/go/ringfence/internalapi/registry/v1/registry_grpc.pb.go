@@ -27,6 +27,7 @@ const (
 	RegistryInternalService_ResolveServer_FullMethodName   = "/ringfence.internal.registry.v1.RegistryInternalService/ResolveServer"
 	RegistryInternalService_GetServerPolicy_FullMethodName = "/ringfence.internal.registry.v1.RegistryInternalService/GetServerPolicy"
 	RegistryInternalService_AuthenticateKey_FullMethodName = "/ringfence.internal.registry.v1.RegistryInternalService/AuthenticateKey"
+	RegistryInternalService_ListWarmTargets_FullMethodName = "/ringfence.internal.registry.v1.RegistryInternalService/ListWarmTargets"
 )
 
 // RegistryInternalServiceClient is the client API for RegistryInternalService service.
@@ -51,6 +52,11 @@ type RegistryInternalServiceClient interface {
 	// Caller: the publisher's, pool's or audit's service certificate.
 	// Codes: UNAUTHENTICATED (unknown or revoked key), INVALID_ARGUMENT (not a SHA-256).
 	AuthenticateKey(ctx context.Context, in *AuthenticateKeyRequest, opts ...grpc.CallOption) (*AuthenticateKeyResponse, error)
+	// ListWarmTargets lists the registrations that ask for warm containers (prewarm above 0),
+	// with their revisions, and nothing else: the pool polls it to keep its warm sets and to
+	// discard containers of a registration that changed.
+	// Caller: the pool's service certificate only. Codes: none of its own.
+	ListWarmTargets(ctx context.Context, in *ListWarmTargetsRequest, opts ...grpc.CallOption) (*ListWarmTargetsResponse, error)
 }
 
 type registryInternalServiceClient struct {
@@ -91,6 +97,16 @@ func (c *registryInternalServiceClient) AuthenticateKey(ctx context.Context, in 
 	return out, nil
 }
 
+func (c *registryInternalServiceClient) ListWarmTargets(ctx context.Context, in *ListWarmTargetsRequest, opts ...grpc.CallOption) (*ListWarmTargetsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListWarmTargetsResponse)
+	err := c.cc.Invoke(ctx, RegistryInternalService_ListWarmTargets_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistryInternalServiceServer is the server API for RegistryInternalService service.
 // All implementations must embed UnimplementedRegistryInternalServiceServer
 // for forward compatibility.
@@ -113,6 +129,11 @@ type RegistryInternalServiceServer interface {
 	// Caller: the publisher's, pool's or audit's service certificate.
 	// Codes: UNAUTHENTICATED (unknown or revoked key), INVALID_ARGUMENT (not a SHA-256).
 	AuthenticateKey(context.Context, *AuthenticateKeyRequest) (*AuthenticateKeyResponse, error)
+	// ListWarmTargets lists the registrations that ask for warm containers (prewarm above 0),
+	// with their revisions, and nothing else: the pool polls it to keep its warm sets and to
+	// discard containers of a registration that changed.
+	// Caller: the pool's service certificate only. Codes: none of its own.
+	ListWarmTargets(context.Context, *ListWarmTargetsRequest) (*ListWarmTargetsResponse, error)
 	mustEmbedUnimplementedRegistryInternalServiceServer()
 }
 
@@ -131,6 +152,9 @@ func (UnimplementedRegistryInternalServiceServer) GetServerPolicy(context.Contex
 }
 func (UnimplementedRegistryInternalServiceServer) AuthenticateKey(context.Context, *AuthenticateKeyRequest) (*AuthenticateKeyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method AuthenticateKey not implemented")
+}
+func (UnimplementedRegistryInternalServiceServer) ListWarmTargets(context.Context, *ListWarmTargetsRequest) (*ListWarmTargetsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListWarmTargets not implemented")
 }
 func (UnimplementedRegistryInternalServiceServer) mustEmbedUnimplementedRegistryInternalServiceServer() {
 }
@@ -208,6 +232,24 @@ func _RegistryInternalService_AuthenticateKey_Handler(srv interface{}, ctx conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegistryInternalService_ListWarmTargets_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListWarmTargetsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryInternalServiceServer).ListWarmTargets(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryInternalService_ListWarmTargets_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryInternalServiceServer).ListWarmTargets(ctx, req.(*ListWarmTargetsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegistryInternalService_ServiceDesc is the grpc.ServiceDesc for RegistryInternalService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -226,6 +268,10 @@ var RegistryInternalService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AuthenticateKey",
 			Handler:    _RegistryInternalService_AuthenticateKey_Handler,
+		},
+		{
+			MethodName: "ListWarmTargets",
+			Handler:    _RegistryInternalService_ListWarmTargets_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
