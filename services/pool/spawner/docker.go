@@ -326,16 +326,29 @@ func (d *Docker) Spawn(ctx context.Context, spec *Spec, kit *Kit) (*Session, err
 		exited:  make(chan struct{}),
 	}
 
+	// A caller that already gave up starts nothing.
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("spawner: create the container: %w", err)
+	}
 	engineCtx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
 	defer cancel()
 	c.created = time.Now()
-	created, err := d.api.ContainerCreate(engineCtx, client.ContainerCreateOptions{Name: c.name, Config: cc, HostConfig: hc})
+	// The create is not cut short by the caller: an abandoned request can still land in the
+	// engine after any removal sent on its behalf, leaving a container that was never started
+	// (which AutoRemove never removes). It ends with the engine's answer, or StartTimeout.
+	createCtx, cancelCreate := context.WithTimeout(context.WithoutCancel(ctx), cfg.StartTimeout)
+	created, err := d.api.ContainerCreate(createCtx, client.ContainerCreateOptions{Name: c.name, Config: cc, HostConfig: hc})
+	cancelCreate()
 	if err != nil {
-		// The create may have landed even though its answer did not.
+		// The create may have landed even though its answer did not (StartTimeout).
 		c.removeByName()
 		return nil, c.engineError(ctx, "create the container", err)
 	}
 	c.id = created.ID
+	if err := ctx.Err(); err != nil {
+		_ = c.forceRemove() // logged there; the sweep removes what it could not
+		return nil, fmt.Errorf("spawner: create the container: %w", err)
+	}
 
 	att, err := d.api.ContainerAttach(engineCtx, c.id, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
 	if err != nil {
