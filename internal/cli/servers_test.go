@@ -116,3 +116,21 @@ func TestAddWarnsWhenGrantsMissTheFloor(t *testing.T) {
 	warnBelowFloor(&out, "docs", []string{"external_api_call", "process_spawn"})
 	require.Empty(t, out.String())
 }
+
+// --max-result-bytes takes a size with a unit; an unreadable one is a usage error before
+// anything is dialed, and servers show renders the default.
+func TestMaxResultBytesFlag(t *testing.T) {
+	req, err := (&serverFlags{command: "x", maxResult: "4MiB"}).createRequest("docs")
+	require.NoError(t, err)
+	require.Equal(t, int64(4<<20), req.GetMaxResultBytes())
+	req, err = (&serverFlags{command: "x"}).createRequest("docs")
+	require.NoError(t, err)
+	require.Zero(t, req.GetMaxResultBytes(), "omitted: the registry's default")
+
+	var stdout, stderr bytes.Buffer
+	code := Execute([]string{"servers", "add", "docs", "--command", "x", "--max-result-bytes", "lots", "--addr", "127.0.0.1:1"}, strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, ExitUsage, code, stderr.String())
+	require.Contains(t, stderr.String(), `--max-result-bytes "lots"`)
+	require.Equal(t, "16MiB (default)", maxResult(0))
+	require.Equal(t, "1KiB", maxResult(1<<10))
+}

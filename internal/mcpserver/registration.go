@@ -38,6 +38,9 @@ const (
 const (
 	DefaultClientSessionTimeout = 2 * time.Second
 	DefaultToolCallTimeout      = 30 * time.Second
+	// DefaultMaxResultBytes bounds an answer to tools/call when the registration sets no
+	// max_result_bytes.
+	DefaultMaxResultBytes = 16 << 20
 )
 
 // Limits on a registration, stated so clients can check before they send.
@@ -57,6 +60,11 @@ const (
 	MaxToolRequirements    = 16
 	MaxClientSessionTimout = 60 * time.Second
 	MaxToolCallTimeout     = 10 * time.Minute
+	// MinMaxResultBytes and MaxMaxResultBytes bound max_result_bytes. The upper bound leaves
+	// a result room to double when it is HTML-escaped and still fit the 64 MiB every
+	// Ringfence client accepts in one response (grpcserver.MaxResponseBytes).
+	MinMaxResultBytes = 1 << 10
+	MaxMaxResultBytes = 32 << 20
 )
 
 // Registration is an operator's record of one MCP server.
@@ -80,9 +88,12 @@ type Registration struct {
 	KeepMarkup           bool
 	// StrictInputs refuses arguments the tool's input schema does not declare.
 	StrictInputs bool
-	Revision     int64
-	CreateTime   time.Time
-	UpdateTime   time.Time
+	// MaxResultBytes bounds an answer to tools/call as the server writes it (its JSON-RPC
+	// message); 0 means DefaultMaxResultBytes.
+	MaxResultBytes int64
+	Revision       int64
+	CreateTime     time.Time
+	UpdateTime     time.Time
 }
 
 // ToolFilter narrows the tools a registration exposes; excludes win.
@@ -113,6 +124,14 @@ func (r *Registration) CallTimeout() time.Duration {
 		return r.ToolCallTimeout
 	}
 	return DefaultToolCallTimeout
+}
+
+// ResultCap is the bound on an answer to tools/call, defaulted.
+func (r *Registration) ResultCap() int64 {
+	if r.MaxResultBytes > 0 {
+		return r.MaxResultBytes
+	}
+	return DefaultMaxResultBytes
 }
 
 // Policy is what a registration allows, without secrets: what the publisher and the pool's
@@ -331,6 +350,9 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 	}
 	if r.ToolCallTimeout < 0 || r.ToolCallTimeout > MaxToolCallTimeout {
 		return fielderr.New("tool_call_timeout", "must be between 0 (default 30s) and %s", MaxToolCallTimeout)
+	}
+	if r.MaxResultBytes != 0 && (r.MaxResultBytes < MinMaxResultBytes || r.MaxResultBytes > MaxMaxResultBytes) {
+		return fielderr.New("max_result_bytes", "must be 0 (default %d, 16 MiB) or between %d (1 KiB) and %d (32 MiB); it is %d", DefaultMaxResultBytes, MinMaxResultBytes, MaxMaxResultBytes, r.MaxResultBytes)
 	}
 	return nil
 }

@@ -174,8 +174,9 @@ func RegistrationFromProto(s *registryv1.Server) *mcpserver.Registration {
 	reg := &mcpserver.Registration{
 		Ref: s.GetRef(), Description: s.GetDescription(), Transport: s.GetTransport(),
 		Command: s.GetCommand(), Args: s.GetArgs(), URL: s.GetUrl(), Headers: s.GetHeaders(),
-		Grants: s.GetGrants(), KeepMarkup: s.GetKeepMarkup(), StrictInputs: s.GetStrictInputs(), Revision: s.GetRevision(),
-		Filter: mcpserver.ToolFilter{Include: s.GetToolFilter().GetInclude(), Exclude: s.GetToolFilter().GetExclude()},
+		Grants: s.GetGrants(), KeepMarkup: s.GetKeepMarkup(), StrictInputs: s.GetStrictInputs(), MaxResultBytes: s.GetMaxResultBytes(),
+		Revision: s.GetRevision(),
+		Filter:   mcpserver.ToolFilter{Include: s.GetToolFilter().GetInclude(), Exclude: s.GetToolFilter().GetExclude()},
 	}
 	if d := s.GetClientSessionTimeout(); d != nil {
 		reg.ClientSessionTimeout = d.AsDuration()

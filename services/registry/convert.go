@@ -33,6 +33,7 @@ type serverSpec interface {
 	GetToolCallTimeout() *durationpb.Duration
 	GetKeepMarkup() bool
 	GetStrictInputs() bool
+	GetMaxResultBytes() int64
 }
 
 // registrationFromProto converts and validates a request. It reports whether env was present,
@@ -51,8 +52,9 @@ func registrationFromProto(req serverSpec, allowedEnvKeys []string) (*mcpserver.
 			Include: req.GetToolFilter().GetInclude(),
 			Exclude: req.GetToolFilter().GetExclude(),
 		},
-		KeepMarkup:   req.GetKeepMarkup(),
-		StrictInputs: req.GetStrictInputs(),
+		KeepMarkup:     req.GetKeepMarkup(),
+		StrictInputs:   req.GetStrictInputs(),
+		MaxResultBytes: req.GetMaxResultBytes(),
 	}
 	if perms := req.GetToolPermissions(); len(perms) > 0 {
 		reg.ToolPermissions = make(map[string][]string, len(perms))
@@ -119,6 +121,7 @@ func serverToProto(r *mcpserver.Registration) *registryv1.Server {
 		ToolCallTimeout:      durationToProto(r.ToolCallTimeout),
 		KeepMarkup:           r.KeepMarkup,
 		StrictInputs:         r.StrictInputs,
+		MaxResultBytes:       r.MaxResultBytes,
 		Revision:             r.Revision,
 		CreateTime:           timestamppb.New(r.CreateTime),
 		UpdateTime:           timestamppb.New(r.UpdateTime),

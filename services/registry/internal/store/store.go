@@ -113,6 +113,7 @@ type storedServer struct {
 	ToolCallTimeout      time.Duration       `json:"tool_call_timeout,omitempty"`
 	KeepMarkup           bool                `json:"keep_markup,omitempty"`
 	StrictInputs         bool                `json:"strict_inputs,omitempty"`
+	MaxResultBytes       int64               `json:"max_result_bytes,omitempty"`
 	Revision             int64               `json:"revision"`
 	CreateTime           time.Time           `json:"create_time"`
 	UpdateTime           time.Time           `json:"update_time"`
@@ -139,8 +140,8 @@ func (s *Store) seal(r *mcpserver.Registration) (*storedServer, error) {
 		Ref: r.Ref, Description: r.Description, Transport: r.Transport, Command: r.Command, Args: r.Args,
 		Headers: r.Headers, Grants: r.Grants, Include: r.Filter.Include, Exclude: r.Filter.Exclude,
 		ToolPermissions: r.ToolPermissions, ClientSessionTimeout: r.ClientSessionTimeout,
-		ToolCallTimeout: r.ToolCallTimeout, KeepMarkup: r.KeepMarkup, StrictInputs: r.StrictInputs, Revision: r.Revision,
-		CreateTime: r.CreateTime, UpdateTime: r.UpdateTime,
+		ToolCallTimeout: r.ToolCallTimeout, KeepMarkup: r.KeepMarkup, StrictInputs: r.StrictInputs, MaxResultBytes: r.MaxResultBytes,
+		Revision: r.Revision, CreateTime: r.CreateTime, UpdateTime: r.UpdateTime,
 	}
 	if st.Grants == nil {
 		st.Grants = []string{}
@@ -188,8 +189,8 @@ func (st *storedServer) withoutEnv() *mcpserver.Registration {
 		URL: st.URLMasked, Headers: st.Headers, Grants: st.Grants,
 		Filter:          mcpserver.ToolFilter{Include: st.Include, Exclude: st.Exclude},
 		ToolPermissions: st.ToolPermissions, ClientSessionTimeout: st.ClientSessionTimeout,
-		ToolCallTimeout: st.ToolCallTimeout, KeepMarkup: st.KeepMarkup, StrictInputs: st.StrictInputs, Revision: st.Revision,
-		CreateTime: st.CreateTime, UpdateTime: st.UpdateTime,
+		ToolCallTimeout: st.ToolCallTimeout, KeepMarkup: st.KeepMarkup, StrictInputs: st.StrictInputs, MaxResultBytes: st.MaxResultBytes,
+		Revision: st.Revision, CreateTime: st.CreateTime, UpdateTime: st.UpdateTime,
 	}
 }
 

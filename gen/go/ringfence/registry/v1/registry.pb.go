@@ -66,9 +66,13 @@ type Server struct {
 	// schema does not declare, even where the schema itself would let it through: every
 	// plainly declared object schema is read as if it said "additionalProperties": false
 	// (default false: the pinned schema as the server wrote it).
-	StrictInputs  bool `protobuf:"varint,18,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	StrictInputs bool `protobuf:"varint,18,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
+	// max_result_bytes bounds one answer to tools/call as the server writes it (its JSON-RPC
+	// message): 0 is the default, 16 MiB; otherwise 1 KiB to 32 MiB. A larger answer is not
+	// read past the bound, and its call fails as result_too_large.
+	MaxResultBytes int64 `protobuf:"varint,19,opt,name=max_result_bytes,json=maxResultBytes,proto3" json:"max_result_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Server) Reset() {
@@ -227,6 +231,13 @@ func (x *Server) GetStrictInputs() bool {
 	return false
 }
 
+func (x *Server) GetMaxResultBytes() int64 {
+	if x != nil {
+		return x.MaxResultBytes
+	}
+	return 0
+}
+
 // ToolFilter narrows the tools a registration exposes. Excludes win over includes; a non-empty
 // include list hides everything not on it.
 type ToolFilter struct {
@@ -346,6 +357,7 @@ type CreateServerRequest struct {
 	ToolCallTimeout      *durationpb.Duration        `protobuf:"bytes,13,opt,name=tool_call_timeout,json=toolCallTimeout,proto3" json:"tool_call_timeout,omitempty"`
 	KeepMarkup           bool                        `protobuf:"varint,14,opt,name=keep_markup,json=keepMarkup,proto3" json:"keep_markup,omitempty"`
 	StrictInputs         bool                        `protobuf:"varint,15,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
+	MaxResultBytes       int64                       `protobuf:"varint,16,opt,name=max_result_bytes,json=maxResultBytes,proto3" json:"max_result_bytes,omitempty"`
 	unknownFields        protoimpl.UnknownFields
 	sizeCache            protoimpl.SizeCache
 }
@@ -483,6 +495,13 @@ func (x *CreateServerRequest) GetStrictInputs() bool {
 		return x.StrictInputs
 	}
 	return false
+}
+
+func (x *CreateServerRequest) GetMaxResultBytes() int64 {
+	if x != nil {
+		return x.MaxResultBytes
+	}
+	return 0
 }
 
 // CreateServerResponse returns the stored registration.
@@ -748,10 +767,11 @@ type UpdateServerRequest struct {
 	ToolCallTimeout      *durationpb.Duration        `protobuf:"bytes,13,opt,name=tool_call_timeout,json=toolCallTimeout,proto3" json:"tool_call_timeout,omitempty"`
 	KeepMarkup           bool                        `protobuf:"varint,14,opt,name=keep_markup,json=keepMarkup,proto3" json:"keep_markup,omitempty"`
 	// revision, when non-zero, must equal the stored revision.
-	Revision      int64 `protobuf:"varint,15,opt,name=revision,proto3" json:"revision,omitempty"`
-	StrictInputs  bool  `protobuf:"varint,16,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Revision       int64 `protobuf:"varint,15,opt,name=revision,proto3" json:"revision,omitempty"`
+	StrictInputs   bool  `protobuf:"varint,16,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
+	MaxResultBytes int64 `protobuf:"varint,17,opt,name=max_result_bytes,json=maxResultBytes,proto3" json:"max_result_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *UpdateServerRequest) Reset() {
@@ -894,6 +914,13 @@ func (x *UpdateServerRequest) GetStrictInputs() bool {
 		return x.StrictInputs
 	}
 	return false
+}
+
+func (x *UpdateServerRequest) GetMaxResultBytes() int64 {
+	if x != nil {
+		return x.MaxResultBytes
+	}
+	return 0
 }
 
 // UpdateServerResponse returns the stored registration.
@@ -1571,7 +1598,7 @@ var File_ringfence_registry_v1_registry_proto protoreflect.FileDescriptor
 
 const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\n" +
-	"$ringfence/registry/v1/registry.proto\x12\x15ringfence.registry.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xa9\b\n" +
+	"$ringfence/registry/v1/registry.proto\x12\x15ringfence.registry.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xd3\b\n" +
 	"\x06Server\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1595,7 +1622,8 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12#\n" +
-	"\rstrict_inputs\x18\x12 \x01(\bR\fstrictInputs\x1a6\n" +
+	"\rstrict_inputs\x18\x12 \x01(\bR\fstrictInputs\x12(\n" +
+	"\x10max_result_bytes\x18\x13 \x01(\x03R\x0emaxResultBytes\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
@@ -1610,7 +1638,7 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\ainclude\x18\x01 \x03(\tR\ainclude\x12\x18\n" +
 	"\aexclude\x18\x02 \x03(\tR\aexclude\"-\n" +
 	"\x0fToolPermissions\x12\x1a\n" +
-	"\brequired\x18\x01 \x03(\tR\brequired\"\xf3\x06\n" +
+	"\brequired\x18\x01 \x03(\tR\brequired\"\x9d\a\n" +
 	"\x13CreateServerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1629,7 +1657,8 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\x11tool_call_timeout\x18\r \x01(\v2\x19.google.protobuf.DurationR\x0ftoolCallTimeout\x12\x1f\n" +
 	"\vkeep_markup\x18\x0e \x01(\bR\n" +
 	"keepMarkup\x12#\n" +
-	"\rstrict_inputs\x18\x0f \x01(\bR\fstrictInputs\x1a:\n" +
+	"\rstrict_inputs\x18\x0f \x01(\bR\fstrictInputs\x12(\n" +
+	"\x10max_result_bytes\x18\x10 \x01(\x03R\x0emaxResultBytes\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aj\n" +
@@ -1648,7 +1677,7 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"v\n" +
 	"\x13ListServersResponse\x127\n" +
 	"\aservers\x18\x01 \x03(\v2\x1d.ringfence.registry.v1.ServerR\aservers\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x8f\a\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xb9\a\n" +
 	"\x13UpdateServerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1668,7 +1697,8 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\vkeep_markup\x18\x0e \x01(\bR\n" +
 	"keepMarkup\x12\x1a\n" +
 	"\brevision\x18\x0f \x01(\x03R\brevision\x12#\n" +
-	"\rstrict_inputs\x18\x10 \x01(\bR\fstrictInputs\x1a:\n" +
+	"\rstrict_inputs\x18\x10 \x01(\bR\fstrictInputs\x12(\n" +
+	"\x10max_result_bytes\x18\x11 \x01(\x03R\x0emaxResultBytes\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aj\n" +
