@@ -92,7 +92,8 @@ func (rb *Remote) Spawn(ctx context.Context, spec *Spec, kit *Kit) (*Session, er
 	life, endLife := context.WithCancel(context.WithoutCancel(ctx))
 	guard := newTrafficGuard()
 	callCap := resultCap(spec)
-	rt := &remoteTransport{base: base, origin: origin(u), headers: headers, maxBody: int64(rb.cfg.MaxMessageBytes), maxAnswer: int64(callCap), guard: guard, life: life}
+	rt := &remoteTransport{base: base, origin: origin(u), headers: headers, maxBody: int64(rb.cfg.MaxMessageBytes), maxAnswer: int64(callCap),
+		budget: rb.cfg.ResultBudget, guard: guard, life: life}
 	maxEvent := max(rb.cfg.MaxMessageBytes, callCap)
 	hc := &http.Client{
 		Transport: rt,
@@ -185,8 +186,10 @@ type remoteTransport struct {
 	origin  string
 	headers http.Header
 	maxBody int64
-	// maxAnswer bounds the body that answers a tool call (a request made by CallToolRaw).
+	// maxAnswer bounds the body that answers a tool call (a request made by CallToolRaw), and
+	// budget, when set, counts it from before it is read until its caller releases it.
 	maxAnswer int64
+	budget    *Budget
 	// guard is the session's: the requests the server has not answered yet (the pool's
 	// answers to its requests are requests too, over HTTP) are bounded like a stdio
 	// server's unread answers.
@@ -253,8 +256,13 @@ func (t *remoteTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp.Body = &endingBody{ReadCloser: resp.Body, end: end}
 	default:
 		limit := t.maxBody
-		if _, call := req.Context().Value(ticketKey{}).(*callTicket); call {
+		if ticket, call := req.Context().Value(ticketKey{}).(*callTicket); call {
 			limit = t.maxAnswer
+			if rerr := t.reserve(ctx, ticket, resp.ContentLength); rerr != nil {
+				resp.Body.Close()
+				end()
+				return nil, rerr
+			}
 		}
 		resp.Body = &endingBody{ReadCloser: &limitedBody{rc: resp.Body, left: limit, over: &t.tooLarge, limit: limit, overLimit: &t.overLimit}, end: end}
 	}
@@ -267,6 +275,32 @@ func (t *remoteTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.status = resp.StatusCode
 	}
 	return resp, err
+}
+
+// reserve counts the body that answers a tool call in the result budget before the MCP client
+// reads it (it reads such a body whole): up to the result cap, or its length when the server
+// said it, unless that is small. The call's ticket holds the reservation until its caller
+// releases it. A body the budget has no room for within its wait is not read: the call fails
+// as too large for the budget, and the connection stays.
+func (t *remoteTransport) reserve(ctx context.Context, ticket *callTicket, length int64) error {
+	if t.budget == nil || (length >= 0 && length <= budgetThreshold) {
+		return nil
+	}
+	n := t.maxAnswer
+	if length > 0 {
+		n = min(n, length)
+	}
+	got, err := t.budget.acquire(ctx, n)
+	switch {
+	case errors.Is(err, errNoRoom):
+		e := tooLarge("the pool's budget for results in flight (%d bytes) had no room for the server's answer within %s", t.budget.limit, t.budget.wait)
+		e.Limit, e.OverBudget = t.budget.limit, true
+		return e
+	case err != nil:
+		return err
+	}
+	ticket.attach(hold{b: t.budget, n: got})
+	return nil
 }
 
 // endingBody releases its request's context when the body is closed.

@@ -268,7 +268,8 @@ func (a *ToolAnswer) Release() { a.hold.free() }
 
 // CallToolRaw is CallTool for a caller that decodes the result itself: the answer of a local
 // server comes raw, held to the registration's result cap while it is read and counted in the
-// result budget until Release. An answer past the cap (or one the budget had no room for)
+// result budget until Release (a remote server's comes decoded, its body held to the cap and
+// counted from before it is read). An answer past the cap (or one the budget had no room for)
 // fails the call with an *Error whose TooLarge is set; the session goes on.
 func (s *Session) CallToolRaw(ctx context.Context, params *mcp.CallToolParams) (*ToolAnswer, error) {
 	ctx, cancel := s.bound(ctx, s.cfg.CallTimeout, "tools/call")
@@ -283,7 +284,7 @@ func (s *Session) CallToolRaw(ctx context.Context, params *mcp.CallToolParams) (
 	if raw != nil {
 		return &ToolAnswer{Raw: raw, hold: h}, nil
 	}
-	return &ToolAnswer{Result: res}, nil
+	return &ToolAnswer{Result: res, hold: h}, nil
 }
 
 // ErrNoRoom is a call that found no room for its answer in the result budget within the

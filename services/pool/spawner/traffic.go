@@ -473,6 +473,19 @@ func (t *callTicket) give(raw json.RawMessage, h hold) bool {
 	return true
 }
 
+// attach gives the ticket a reservation its answer holds (a remote server's body), unless its
+// call has returned already: the reservation is then freed.
+func (t *callTicket) attach(h hold) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.done {
+		h.free()
+		return
+	}
+	t.hold.b = h.b
+	t.hold.n += h.n
+}
+
 // take ends the call's wait for an answer and returns what it got.
 func (t *callTicket) take() (json.RawMessage, hold) {
 	t.mu.Lock()
