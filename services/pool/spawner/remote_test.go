@@ -9,8 +9,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"sync"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -331,7 +331,9 @@ func TestRemoteAnswersAreCountedAndCapped(t *testing.T) {
 	spec := remoteSpec(TransportStreamableHTTP, ts.URL)
 	spec.MaxResultBytes = 1 << 20
 	s := spawn(t, r, spec)
-	blob := func(n int) *mcp.CallToolParams { return &mcp.CallToolParams{Name: "blob", Arguments: map[string]any{"bytes": n}} }
+	blob := func(n int) *mcp.CallToolParams {
+		return &mcp.CallToolParams{Name: "blob", Arguments: map[string]any{"bytes": n}}
+	}
 
 	ans, err := s.CallToolRaw(t.Context(), blob(300_000))
 	require.NoError(t, err)
