@@ -141,7 +141,7 @@ func CallTool(ctx context.Context, session Session, spec *ToolSpec, args map[str
 	if err != nil {
 		return nil, fmt.Errorf("mcpgate: tools/call of %q failed: %w", spec.Name, err)
 	}
-	return processResult(spec, res, &cfg)
+	return processResult(spec, res, nil, &cfg)
 }
 
 // Check runs the gates before invoke, in order: the declaration is usable, the capability
@@ -327,10 +327,13 @@ func CheckDrift(spec *ToolSpec, live Listing) error {
 // sanitization of every string leaf and key.
 func ProcessResult(spec *ToolSpec, res *mcp.CallToolResult, opts ...CallOption) (*Result, error) {
 	cfg := configure(opts)
-	return processResult(spec, res, &cfg)
+	return processResult(spec, res, nil, &cfg)
 }
 
-func processResult(spec *ToolSpec, res *mcp.CallToolResult, cfg *callConfig) (*Result, error) {
+// processResult checks and sanitizes a result. owned, when set, holds beside each plain text
+// item of res.Content its text, decoded into a buffer of its own that sanitization may
+// overwrite (ProcessRawResult); the item's own Text is then not read.
+func processResult(spec *ToolSpec, res *mcp.CallToolResult, owned [][]byte, cfg *callConfig) (*Result, error) {
 	out := &Result{IsError: res.IsError}
 	invalid := func(msg string) error {
 		return &ValidationError{Tool: spec.Name, Stage: StageOutput, Message: cfg.safe(msg)}
@@ -370,7 +373,16 @@ func processResult(spec *ToolSpec, res *mcp.CallToolResult, cfg *callConfig) (*R
 		out.Content = make([]map[string]any, 0, len(res.Content))
 	}
 	for i, c := range res.Content {
-		item, size, err := contentItem(c, cfg.sanitize)
+		var item map[string]any
+		var size int
+		var err error
+		if i < len(owned) && owned[i] != nil {
+			size = textItemSize + len(owned[i])
+			item = map[string]any{"type": "text", "text": sanitize.Owned(owned[i], cfg.sanitize)}
+			owned[i] = nil
+		} else {
+			item, size, err = contentItem(c, cfg.sanitize)
+		}
 		switch {
 		case errors.Is(err, sanitize.ErrTooDeep):
 			return nil, tooDeep(fmt.Sprintf("content item %d", i))

@@ -48,6 +48,11 @@ run ./services/pool/ 'PoolFirstCallWarm$' 20x 3
 run ./services/pool/ 'PoolThroughput$' 5000x 3
 run ./services/pool/ 'RawAttachThroughput$' 5000x 3
 run ./services/pool/ 'PoolIdleSessionMemory$' 1x 3
+# (e) heap and RSS of 1, 4 and 12 tool results of 16 MB in flight: one process each, so that
+# the peak RSS of one is not an earlier one's.
+for gc in 400 25; do for n in 1 4 12; do
+	run ./services/pool/ "PoolResultMemory/gc=$gc/results=$n\$" 3x 1
+done; done
 
 echo >&2
 .tmp/bin/benchstat "$out"

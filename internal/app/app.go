@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
@@ -436,11 +437,15 @@ func newSpawner(cfg *config.Config, log *slog.Logger) (*spawner.Router, error) {
 	if poolID == "" {
 		poolID = defaultPoolID(cfg.DataDir)
 	}
+	budget, err := resultBudget(cfg)
+	if err != nil {
+		return nil, err
+	}
 	sc := spawner.Config{
 		Image: sb.MCPIsolationImage, Network: sb.MCPIsolationNetwork, AllowedEnvKeys: sb.MCPIsolationAllowedEnvironmentKeys,
 		NanoCPUs: int64(sb.MCPIsolationCPUs * 1e9), MemoryBytes: int64(sb.MCPIsolationMemory), PidsLimit: sb.MCPIsolationPids,
 		TmpfsSizeBytes: int64(sb.MCPIsolationTmpSize), AllowUnisolated: sb.AllowUnisolatedMCPDevelopment, Runtime: sb.Runtime,
-		PoolID: poolID, CloseTimeout: sb.StopTimeout, Logger: log,
+		PoolID: poolID, CloseTimeout: sb.StopTimeout, Logger: log, ResultBudget: budget,
 	}
 	var backends []spawner.Backend
 	switch {
@@ -472,6 +477,16 @@ func newSpawner(cfg *config.Config, log *slog.Logger) (*spawner.Router, error) {
 		return nil, err
 	}
 	return spawner.NewRouter(sc, append(backends, remote)...)
+}
+
+// resultBudget is the pool's budget for results in flight (pool.result_budget, or its default
+// from GOMEMLIMIT).
+func resultBudget(cfg *config.Config) (*spawner.Budget, error) {
+	size := cfg.Pool.ResultBudget
+	if size == 0 {
+		size = config.DefaultResultBudget(debug.SetMemoryLimit(-1))
+	}
+	return spawner.NewBudget(int64(size), cfg.Pool.ResultBudgetWait)
 }
 
 // defaultPoolID derives a pool's id from its data directory, so a restart on the same data

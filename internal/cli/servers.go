@@ -22,6 +22,7 @@ import (
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
+	"github.com/ringfence/ringfence/internal/config"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/mcpgate/capability"
 )
@@ -47,6 +48,7 @@ type serverFlags struct {
 	keepMarkup     bool
 	strictInputs   bool
 	prewarm        int
+	maxResult      string
 }
 
 func (f *serverFlags) register(cmd *cobra.Command, update bool) {
@@ -71,6 +73,7 @@ func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 	fl.BoolVar(&f.keepMarkup, "keep-markup", false, "do not HTML-escape the server's tool results")
 	fl.BoolVar(&f.strictInputs, "strict-inputs", false, "refuse arguments a tool's input schema does not declare, even where the schema would allow them")
 	fl.IntVar(&f.prewarm, "prewarm", 0, fmt.Sprintf("warm containers the pool keeps ready for this server's next runs, each serving one run (stdio only, 0 to %d; the pool caps them all with pool.max_warm)", mcpserver.MaxPrewarm))
+	fl.StringVar(&f.maxResult, "max-result-bytes", "", "bound on one tool result as the server writes it, e.g. 4MiB (1KiB to 32MiB; 0 or omitted: 16MiB); a larger result fails its call as result_too_large")
 	if update {
 		fl.BoolVar(&f.clearEnv, "clear-env", false, "remove every env value (without --env and --clear-env the stored env is kept)")
 		fl.BoolVar(&f.clearHeaders, "clear-headers", false, "remove every header (--header-secret replaces them all)")
@@ -119,7 +122,22 @@ func (f *serverFlags) createRequest(ref string) (*registryv1.CreateServerRequest
 	}
 	req.ClientSessionTimeout = optDuration(f.sessionTimeout)
 	req.ToolCallTimeout = optDuration(f.callTimeout)
+	if req.MaxResultBytes, err = f.maxResultBytes(); err != nil {
+		return nil, err
+	}
 	return req, nil
+}
+
+// maxResultBytes is --max-result-bytes in bytes (0 when omitted: the default).
+func (f *serverFlags) maxResultBytes() (int64, error) {
+	if f.maxResult == "" {
+		return 0, nil
+	}
+	n, err := config.ParseByteSize(f.maxResult)
+	if err != nil {
+		return 0, usagef("--max-result-bytes %q: %v", f.maxResult, err)
+	}
+	return int64(n), nil
 }
 
 // registerAdhoc registers the flags that describe a server to explore without registering it.
@@ -230,7 +248,8 @@ replace the stored list. Without --env or --clear-env the stored env is kept.`,
 				Command: s.GetCommand(), Args: s.GetArgs(), Url: s.GetUrl(), Headers: s.GetHeaders(),
 				Grants: s.GetGrants(), ToolFilter: s.GetToolFilter(), ToolPermissions: s.GetToolPermissions(),
 				ClientSessionTimeout: s.GetClientSessionTimeout(), ToolCallTimeout: s.GetToolCallTimeout(),
-				KeepMarkup: s.GetKeepMarkup(), StrictInputs: s.GetStrictInputs(), Prewarm: s.GetPrewarm(), Revision: s.GetRevision(),
+				KeepMarkup: s.GetKeepMarkup(), StrictInputs: s.GetStrictInputs(), Prewarm: s.GetPrewarm(), MaxResultBytes: s.GetMaxResultBytes(),
+				Revision: s.GetRevision(),
 			}
 			changed := cmd.Flags().Changed
 			if changed("transport") {
@@ -312,6 +331,11 @@ replace the stored list. Without --env or --clear-env the stored env is kept.`,
 					return usagef("--prewarm must be between 0 and %d", mcpserver.MaxPrewarm)
 				}
 				req.Prewarm = int32(f.prewarm)
+			}
+			if changed("max-result-bytes") {
+				if req.MaxResultBytes, err = f.maxResultBytes(); err != nil {
+					return err
+				}
 			}
 			resp, err := client.UpdateServer(ctx, req)
 			if err != nil {
@@ -627,6 +651,7 @@ func (g *globals) printServer(s *registryv1.Server) error {
 		"tool permissions", orDash(strings.Join(perms, "; ")),
 		"strict inputs", fmt.Sprint(s.GetStrictInputs()),
 		"prewarm", warmLine(s),
+		"max result", maxResult(s.GetMaxResultBytes()),
 		"revision", fmt.Sprint(s.GetRevision()),
 		"updated", s.GetUpdateTime().AsTime().Format(time.RFC3339),
 	)
@@ -654,6 +679,14 @@ func warmColumn(s *registryv1.Server) string {
 		return fmt.Sprintf("?/%d", s.GetPrewarm())
 	}
 	return fmt.Sprintf("%d/%d", s.GetWarm().GetReady(), s.GetPrewarm())
+}
+
+// maxResult renders a registration's max_result_bytes.
+func maxResult(n int64) string {
+	if n == 0 {
+		return config.ByteSize(mcpserver.DefaultMaxResultBytes).String() + " (default)"
+	}
+	return config.ByteSize(n).String()
 }
 
 // maskedServer is s with its URL's query values masked. The registry already masks them; the

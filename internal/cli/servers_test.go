@@ -120,3 +120,21 @@ func TestAddWarnsWhenGrantsMissTheFloor(t *testing.T) {
 	require.Contains(t, out.String(), "warning: tickets does not grant process_spawn and external_api_call")
 	require.Contains(t, out.String(), "; the floor is the same for a remote server: process_spawn stands for code running outside Ringfence")
 }
+
+// --max-result-bytes takes a size with a unit; an unreadable one is a usage error before
+// anything is dialed, and servers show renders the default.
+func TestMaxResultBytesFlag(t *testing.T) {
+	req, err := (&serverFlags{command: "x", maxResult: "4MiB"}).createRequest("docs")
+	require.NoError(t, err)
+	require.Equal(t, int64(4<<20), req.GetMaxResultBytes())
+	req, err = (&serverFlags{command: "x"}).createRequest("docs")
+	require.NoError(t, err)
+	require.Zero(t, req.GetMaxResultBytes(), "omitted: the registry's default")
+
+	var stdout, stderr bytes.Buffer
+	code := Execute([]string{"servers", "add", "docs", "--command", "x", "--max-result-bytes", "lots", "--addr", "127.0.0.1:1"}, strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, ExitUsage, code, stderr.String())
+	require.Contains(t, stderr.String(), `--max-result-bytes "lots"`)
+	require.Equal(t, "16MiB (default)", maxResult(0))
+	require.Equal(t, "1KiB", maxResult(1<<10))
+}

@@ -10,6 +10,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"regexp"
 	"slices"
@@ -107,6 +108,19 @@ type Pool struct {
 	MaxWarm        int           `key:"max_warm" default:"16" help:"warm containers (registrations' prewarm) this host keeps ready at most, all servers together; 0 keeps none"`
 	WarmMaxAge     time.Duration `key:"warm_max_age" default:"10m" help:"a warm container that waited this long is replaced by a fresh one"`
 	AllowAdvisory  bool          `key:"allow_advisory" help:"honour graphs whose capability_mode is advisory (the agent floor recorded, not enforced); off, every graph's agent floor is enforced"`
+	// ResultBudget 0 is derived at start (DefaultResultBudget).
+	ResultBudget     ByteSize      `key:"result_budget" help:"bytes of tool results this pool holds in flight at once, across runs (each costs about three times its size in heap while it is handled); default a quarter of GOMEMLIMIT when that is set, else 256MiB"`
+	ResultBudgetWait time.Duration `key:"result_budget_wait" default:"10s" help:"how long a call waits for room in the result budget before it is refused (limit_exceeded), and a result being read before its call fails (result_too_large)"`
+}
+
+// DefaultResultBudget is pool.result_budget when none is set: a quarter of memoryLimit (the
+// process's GOMEMLIMIT; math.MaxInt64 when there is none) when that is set, else 256 MiB. Each
+// result costs about three times its size in heap while the pool handles it.
+func DefaultResultBudget(memoryLimit int64) ByteSize {
+	if memoryLimit > 0 && memoryLimit < math.MaxInt64 {
+		return ByteSize(max(memoryLimit/4, 1<<20))
+	}
+	return 256 << 20
 }
 
 // Audit holds the producer-side spool settings.
@@ -233,6 +247,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Pool.WarmMaxAge <= 0 {
 		errs.add("pool.warm_max_age", "must be positive", "e.g. 10m")
+	}
+	if c.Pool.ResultBudget != 0 && c.Pool.ResultBudget < 1<<20 {
+		errs.add("pool.result_budget", "must be at least 1MiB (or 0 for the default)", "e.g. 256MiB: the results of one call at a time need at least their max_result_bytes (16MiB by default)")
+	}
+	if c.Pool.ResultBudgetWait <= 0 {
+		errs.add("pool.result_budget_wait", "must be positive", "e.g. 10s")
 	}
 	if c.Audit.SpoolMaxRecords < 1 {
 		errs.add("audit.spool_max_records", "must be at least 1", "e.g. 100000")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -36,7 +37,19 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, 16, cfg.Pool.MaxWarm)
 	require.Equal(t, 10*time.Minute, cfg.Pool.WarmMaxAge)
 	require.Equal(t, 128, cfg.Limits.MaxConnectionsPerAddress)
+	require.Zero(t, cfg.Pool.ResultBudget, "derived at start")
+	require.Equal(t, 10*time.Second, cfg.Pool.ResultBudgetWait)
 	require.False(t, cfg.IsProduction())
+}
+
+// TestDefaultResultBudget: a quarter of GOMEMLIMIT when the process has one, else 256 MiB.
+func TestDefaultResultBudget(t *testing.T) {
+	require.Equal(t, ByteSize(256<<20), DefaultResultBudget(math.MaxInt64))
+	require.Equal(t, ByteSize(512<<20), DefaultResultBudget(2<<30))
+	require.Equal(t, ByteSize(1<<20), DefaultResultBudget(1<<20), "never below 1 MiB")
+	cfg, err := load(t, nil, []string{"RINGFENCE_POOL__RESULT_BUDGET=1GiB"})
+	require.NoError(t, err)
+	require.Equal(t, ByteSize(1<<30), cfg.Pool.ResultBudget)
 }
 
 func TestPrecedenceFlagsOverEnvOverFileOverDefaults(t *testing.T) {
@@ -108,6 +121,8 @@ func TestRefusals(t *testing.T) {
 		{"partial tls", nil, []string{"RINGFENCE_TLS__CERT_FILE=a.pem"}, []string{"set together"}},
 		{"bad env", nil, []string{"RINGFENCE_ENV=staging"}, []string{"RINGFENCE_ENV", "development or production"}},
 		{"no connections per address", nil, []string{"RINGFENCE_LIMITS__MAX_CONNECTIONS_PER_ADDRESS=0"}, []string{"RINGFENCE_LIMITS__MAX_CONNECTIONS_PER_ADDRESS", "at least 1", "proxy or NAT"}},
+		{"result budget too small", nil, []string{"RINGFENCE_POOL__RESULT_BUDGET=64KiB"}, []string{"RINGFENCE_POOL__RESULT_BUDGET", "at least 1MiB", "max_result_bytes"}},
+		{"no result budget wait", nil, []string{"RINGFENCE_POOL__RESULT_BUDGET_WAIT=0s"}, []string{"RINGFENCE_POOL__RESULT_BUDGET_WAIT", "must be positive"}},
 		{"secret values are not echoed", nil, []string{"RINGFENCE_BOOTSTRAP_ADMIN_KEY=short"}, []string{"RINGFENCE_BOOTSTRAP_ADMIN_KEY", "shorter than 16"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,5 +1,5 @@
 // Package humanize renders things for the messages people read: lists of names that stay
-// short, and the distance behind a "did you mean".
+// short, sizes, and the distance behind a "did you mean".
 package humanize
 
 import (
@@ -17,6 +17,17 @@ func List(items []string, most int, empty string) string {
 		return strings.Join(items[:most], ", ") + fmt.Sprintf(", and %d more", len(items)-most)
 	}
 	return strings.Join(items, ", ")
+}
+
+// Bytes renders a size: in MiB or KiB when it is a whole number of them, else in bytes.
+func Bytes(n int64) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
 }
 
 // EditDistance is the Levenshtein distance between a and b, over bytes (keys, capability

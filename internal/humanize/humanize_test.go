@@ -19,3 +19,9 @@ func TestList(t *testing.T) {
 	require.Equal(t, "a, b", List([]string{"a", "b"}, 3, "none"))
 	require.Equal(t, "a, b, and 2 more", List([]string{"a", "b", "c", "d"}, 2, "none"))
 }
+
+func TestBytes(t *testing.T) {
+	for n, want := range map[int64]string{0: "0 bytes", 1000: "1000 bytes", 1 << 10: "1 KiB", 16 << 20: "16 MiB", 16_000_000: "15625 KiB", 16_000_001: "16000001 bytes"} {
+		require.Equal(t, want, Bytes(n))
+	}
+}

@@ -39,6 +39,9 @@ const (
 const (
 	DefaultClientSessionTimeout = 2 * time.Second
 	DefaultToolCallTimeout      = 30 * time.Second
+	// DefaultMaxResultBytes bounds an answer to tools/call when the registration sets no
+	// max_result_bytes.
+	DefaultMaxResultBytes = 16 << 20
 )
 
 // Limits on a registration, stated so clients can check before they send.
@@ -61,6 +64,11 @@ const (
 	// MaxPrewarm bounds the warm containers one registration may ask for; the pool's own
 	// cap (pool.max_warm) bounds them all together.
 	MaxPrewarm = 16
+	// MinMaxResultBytes and MaxMaxResultBytes bound max_result_bytes. The upper bound leaves
+	// a result room to double when it is HTML-escaped and still fit the 64 MiB every
+	// Ringfence client accepts in one response (grpcserver.MaxResponseBytes).
+	MinMaxResultBytes = 1 << 10
+	MaxMaxResultBytes = 32 << 20
 )
 
 // Registration is an operator's record of one MCP server.
@@ -86,10 +94,13 @@ type Registration struct {
 	StrictInputs bool
 	// Prewarm is how many warm containers the pool keeps ready for this server's next runs
 	// (stdio only).
-	Prewarm    int
-	Revision   int64
-	CreateTime time.Time
-	UpdateTime time.Time
+	Prewarm int
+	// MaxResultBytes bounds an answer to tools/call as the server writes it (its JSON-RPC
+	// message); 0 means DefaultMaxResultBytes.
+	MaxResultBytes int64
+	Revision       int64
+	CreateTime     time.Time
+	UpdateTime     time.Time
 }
 
 // WarmTarget is a registration that asks for warm containers, as the pool polls them.
@@ -133,6 +144,14 @@ func (r *Registration) CallTimeout() time.Duration {
 		return r.ToolCallTimeout
 	}
 	return DefaultToolCallTimeout
+}
+
+// ResultCap is the bound on an answer to tools/call, defaulted.
+func (r *Registration) ResultCap() int64 {
+	if r.MaxResultBytes > 0 {
+		return r.MaxResultBytes
+	}
+	return DefaultMaxResultBytes
 }
 
 // Policy is what a registration allows, without secrets: what the publisher and the pool's
@@ -342,6 +361,9 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 	}
 	if r.Prewarm > 0 && r.Transport != TransportStdio {
 		return fielderr.New("prewarm", "applies to the stdio transport only (warm containers); a %s server has no container to keep warm: remove prewarm", r.Transport)
+	}
+	if r.MaxResultBytes != 0 && (r.MaxResultBytes < MinMaxResultBytes || r.MaxResultBytes > MaxMaxResultBytes) {
+		return fielderr.New("max_result_bytes", "must be 0 (default %d, 16 MiB) or between %d (1 KiB) and %d (32 MiB); it is %d", DefaultMaxResultBytes, MinMaxResultBytes, MaxMaxResultBytes, r.MaxResultBytes)
 	}
 	return nil
 }

@@ -188,6 +188,7 @@ func RegistrationFromProto(s *registryv1.Server) *mcpserver.Registration {
 		Ref: s.GetRef(), Description: s.GetDescription(), Transport: s.GetTransport(),
 		Command: s.GetCommand(), Args: s.GetArgs(), URL: s.GetUrl(), Headers: s.GetHeaders(),
 		Grants: s.GetGrants(), KeepMarkup: s.GetKeepMarkup(), StrictInputs: s.GetStrictInputs(), Prewarm: int(s.GetPrewarm()),
+		MaxResultBytes: s.GetMaxResultBytes(),
 		Revision: s.GetRevision(),
 		Filter:   mcpserver.ToolFilter{Include: s.GetToolFilter().GetInclude(), Exclude: s.GetToolFilter().GetExclude()},
 	}

@@ -42,6 +42,7 @@ import (
 	"slices"
 	"strconv"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/ringfence/ringfence/mcpgate/internal/runeclass"
 )
@@ -84,8 +85,43 @@ func String(s string, o Options) string {
 	return html.EscapeString(out)
 }
 
+// Owned is String for text the caller hands over in b: it is cleaned where it lies when it is
+// valid UTF-8 (as decoded JSON text is), and the result shares b's memory unless a secret is
+// masked or HTML escaping grows it, so that a result of megabytes is not copied once more. b
+// must not be used afterwards.
+func Owned(b []byte, o Options) string {
+	if !utf8.Valid(b) {
+		// An invalid byte becomes U+FFFD, three bytes for one: it cannot be cleaned in place.
+		return String(string(b), o)
+	}
+	if o.Redact != nil {
+		s := bytesString(b)
+		if r := o.Redact(s); len(r) != len(s) || unsafe.StringData(r) != unsafe.StringData(s) {
+			b = []byte(r) // a secret was masked: clean the masked copy
+		}
+	}
+	out := bytesString(cleanInto(b[:0], b))
+	if o.Redact != nil {
+		out = o.Redact(out)
+	}
+	if o.KeepMarkup {
+		return out
+	}
+	return html.EscapeString(out)
+}
+
 func clean(s string) string {
-	b := make([]byte, 0, len(s))
+	return bytesString(cleanInto(make([]byte, 0, len(s)), unsafe.Slice(unsafe.StringData(s), len(s))))
+}
+
+// bytesString is b as a string, sharing its memory: b is not written again.
+func bytesString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// cleanInto appends s, cleaned, to b and returns the result. b may be s[:0] when s is valid
+// UTF-8: no code point is written longer than it was read (U+2028 and U+2029 become a newline,
+// markers are cut), so the output never overtakes the input it overwrites. Only an invalid
+// byte grows, to U+FFFD.
+func cleanInto(b, s []byte) []byte {
 	var t tail
 	for i := 0; i < len(s); {
 		if c := s[i]; c < utf8.RuneSelf {
@@ -101,7 +137,7 @@ func clean(s string) string {
 			}
 			continue
 		}
-		r, size := utf8.DecodeRuneInString(s[i:])
+		r, size := utf8.DecodeRune(s[i:])
 		i += size
 		switch runeclass.Of(r) {
 		case runeclass.Control:
@@ -119,7 +155,7 @@ func clean(s string) string {
 			b = b[:t.markerStart(b)]
 		}
 	}
-	return string(b)
+	return b
 }
 
 // tailWindow bounds how far back markerStart looks; the longest marker is

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -302,5 +303,25 @@ func FuzzStringMarkers(f *testing.F) {
 		checkClean(t, kept)
 		require.Equal(t, kept, String(kept, keep))
 		checkClean(t, String(in, Options{}))
+		require.Equal(t, kept, Owned([]byte(in), keep), "cleaning in place gives what a copy does")
 	})
+}
+
+// TestOwned: text handed over is cleaned exactly as String cleans it, in the memory it came in
+// when nothing grows it, with secrets masked before and after.
+func TestOwned(t *testing.T) {
+	redact := func(s string) string { return strings.ReplaceAll(s, "hunter2", "********") }
+	inputs := []string{
+		"", "plain text", "__sys__system__tem__ok", "<|im_<|im_start|>start|>", "a\u2028b\u2029c\x00d\u200be",
+		"a\xffb\xc3\x28c", "token hunter2 and hun\u200bter2", "<b>&'\"</b>", benchText(),
+	}
+	for _, in := range inputs {
+		for _, o := range []Options{{}, keep, {Redact: redact}, {KeepMarkup: true, Redact: redact}} {
+			require.Equal(t, String(in, o), Owned([]byte(in), o), "%q %+v", in, o)
+		}
+	}
+	b := []byte("lorem __system__ ipsum")
+	out := Owned(b, keep)
+	require.Equal(t, "lorem  ipsum", out)
+	require.Equal(t, unsafe.SliceData(b), unsafe.StringData(out), "cleaned where it lay")
 }

@@ -86,12 +86,16 @@ const (
 
 // Failure classes of a dispatched call (audit.Failure… plus the pool's own).
 const (
-	failureToolError      = audit.FailureToolError
-	failureTimeout        = audit.FailureTimeout
-	failureTransport      = audit.FailureTransportError
-	failureCrashed        = audit.FailureCrashed
-	failureOutputInvalid  = audit.FailureOutputInvalid
-	failureOutputTooLarge = "output_too_large"
+	failureToolError     = audit.FailureToolError
+	failureTimeout       = audit.FailureTimeout
+	failureTransport     = audit.FailureTransportError
+	failureCrashed       = audit.FailureCrashed
+	failureOutputInvalid = audit.FailureOutputInvalid
+	// failureResultTooLarge: the answer was past a bound on what the pool holds of one
+	// result (the registration's max_result_bytes, the JSON values or content items of one
+	// result) or the pool's budget for results in flight had no room for it. Records from
+	// before it was named say output_too_large.
+	failureResultTooLarge = "result_too_large"
 	// failureProtocolViolation: the server broke the protocol during the call (it flooded
 	// the pool with requests, say) and was stopped.
 	failureProtocolViolation = "protocol_violation"
@@ -311,6 +315,9 @@ func (s *Service) callTool(ctx context.Context, req CallRequest) outcome {
 	}
 
 	// Dispatch, on record first.
+	if out.err = s.admit(ctx, sess); out.err != nil {
+		return out
+	}
 	if out.attempt.PendingID, err = s.recordPending(ctx, out.attempt, out.args, out.tenant); err != nil {
 		out.err = err
 		return out
@@ -511,36 +518,65 @@ func decodeArguments(raw json.RawMessage) (map[string]any, []byte, error) {
 	return args, canonical, nil
 }
 
+// admit lets a call be dispatched once the pool's budget for results in flight has room for
+// an answer as large as its server's max_result_bytes, waiting for it within
+// pool.result_budget_wait; otherwise the call is refused before dispatch (limit_exceeded).
+func (s *Service) admit(ctx context.Context, sess *session) error {
+	err := sess.sess.AwaitResultRoom(ctx)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, spawner.ErrNoRoom):
+		return refusal(reasonLimitExceeded, fmt.Errorf("the results in flight on this pool fill its budget for them (pool.result_budget) and none made room within pool.result_budget_wait for an answer of up to %s, the max_result_bytes of server %q: retry, or raise RINGFENCE_POOL__RESULT_BUDGET", humanize.Bytes(sess.reg.ResultCap()), sess.ref))
+	}
+	return refusal(failedToStart(err), err)
+}
+
 // dispatch sends tools/call and turns the answer into a result or a classified failure.
 func (s *Service) dispatch(ctx context.Context, sess *session, d decision, callID string) (*CallResult, error) {
 	sess.calls.Add(1)
 	cctx, cancel := context.WithTimeout(ctx, sess.reg.CallTimeout())
 	defer cancel()
-	res, err := sess.sess.CallTool(cctx, &mcp.CallToolParams{Name: d.spec.Name, Arguments: d.args.value})
+	ans, err := sess.sess.CallToolRaw(cctx, &mcp.CallToolParams{Name: d.spec.Name, Arguments: d.args.value})
 	if err != nil {
-		return nil, &FailedError{Class: s.classifyCallError(ctx, cctx, sess, err), Err: callErrMessage(err)}
+		return nil, &FailedError{Class: s.classifyCallError(ctx, cctx, sess, err), Err: callErrMessage(err, sess.reg)}
 	}
+	// The answer holds its share of the result budget until it is the call's result.
+	defer ans.Release()
 	// Secrets are masked too: a server's output is its one way out of the sandbox, for the
 	// env values it was given as for anything else.
 	keep := sanitize.Options{KeepMarkup: sess.reg.KeepMarkup, Redact: sess.sess.Redact}
-	return s.result(d.spec, d.serverRef, res, keep, sess.sess.SafeText, callID, d.attempt.Attempt)
+	return s.result(d.spec, d.serverRef, sess.reg, ans, keep, sess.sess.SafeText, callID, d.attempt.Attempt)
 }
 
-// result checks what a tools/call answered (mcpgate.ProcessResult: output schema, bounds,
-// sanitization of every string) and turns it into the call's result or a classified failure.
-// keep says how strings are sanitized; safe cleans a failure's message, which may quote what
-// the server returned (a key the schema does not allow).
-func (s *Service) result(spec *mcpgate.ToolSpec, serverRef string, res *mcp.CallToolResult, keep sanitize.Options, safe func(string) string, callID string, attempt int32) (*CallResult, error) {
-	got, err := mcpgate.ProcessResult(spec, res, mcpgate.WithSanitize(keep), mcpgate.WithSafeText(safe), mcpgate.WithSchemaCache(s.schemas))
+// result checks what a tools/call answered (mcpgate.ProcessRawResult or ProcessResult: output
+// schema, bounds, sanitization of every string) and turns it into the call's result or a
+// classified failure. reg is the server's registration (serverRef names it in results); keep
+// says how strings are sanitized; safe cleans a failure's message, which may quote what the
+// server returned (a key the schema does not allow).
+func (s *Service) result(spec *mcpgate.ToolSpec, serverRef string, reg *mcpserver.Resolved, ans *spawner.ToolAnswer, keep sanitize.Options, safe func(string) string, callID string, attempt int32) (*CallResult, error) {
+	opts := []mcpgate.CallOption{mcpgate.WithSanitize(keep), mcpgate.WithSafeText(safe), mcpgate.WithSchemaCache(s.schemas), mcpgate.WithMaxResultBytes(int(reg.ResultCap()))}
+	var got *mcpgate.Result
+	var err error
+	if ans.Raw != nil {
+		got, err = mcpgate.ProcessRawResult(spec, ans.Raw, opts...)
+	} else {
+		got, err = mcpgate.ProcessResult(spec, ans.Result, opts...)
+	}
 	var invalid *mcpgate.ValidationError
+	var notMCP *mcpgate.ProtocolError
 	var tooLarge *mcpgate.TooLargeError
 	switch {
 	case errors.As(err, &invalid):
 		return nil, &FailedError{Class: failureOutputInvalid, Err: errors.New(invalid.Message)}
+	case errors.As(err, &notMCP):
+		// The answer is not an MCP tool result (a content type MCP does not define): the
+		// server broke the protocol, and the connection is intact, so the session stays.
+		return nil, &FailedError{Class: failureProtocolViolation, Err: fmt.Errorf("the server's answer to tools/call is not MCP: %s", notMCP.Message)}
 	case errors.As(err, &tooLarge) && tooLarge.What == "content items":
-		return nil, &FailedError{Class: failureOutputTooLarge, Err: fmt.Errorf("the result has %d content items, more than the %d a result may carry", tooLarge.Size, tooLarge.Limit)}
+		return nil, &FailedError{Class: failureResultTooLarge, Err: fmt.Errorf("the result has %d content items, more than the %d a result may carry", tooLarge.Size, tooLarge.Limit)}
 	case errors.As(err, &tooLarge):
-		return nil, &FailedError{Class: failureOutputTooLarge, Err: fmt.Errorf("the result is %d bytes, more than the %d a result may carry", tooLarge.Size, tooLarge.Limit)}
+		return nil, &FailedError{Class: failureResultTooLarge, Err: overCap(reg, fmt.Sprintf("the result is %d bytes", tooLarge.Size), "")}
 	case err != nil:
 		return nil, err
 	}
@@ -550,6 +586,12 @@ func (s *Service) result(spec *mcpgate.ToolSpec, serverRef string, res *mcp.Call
 		out.Result, out.FailureClass = audit.ResultFailed, failureToolError
 	}
 	return out, nil
+}
+
+// overCap says that a result was past its registration's max_result_bytes, and how to raise it.
+func overCap(reg *mcpserver.Resolved, what, then string) error {
+	return fmt.Errorf("%s, more than the %s the registration of server %q allows a result (max_result_bytes)%s: raise it (ringfence servers update %s --max-result-bytes SIZE, at most %s), or ask the tool for less",
+		what, humanize.Bytes(reg.ResultCap()), reg.Ref, then, reg.Ref, humanize.Bytes(mcpserver.MaxMaxResultBytes))
 }
 
 // livenessTimeout bounds the ping that follows a timed-out call.
@@ -602,7 +644,7 @@ func (s *Service) classifyCallError(parent, cctx context.Context, sess *session,
 func violationFailure(err error) string {
 	switch {
 	case spawner.IsTooLarge(err):
-		return failureOutputTooLarge
+		return failureResultTooLarge
 	case spawner.ClassOf(err) == spawner.ClassProtocolViolation:
 		return failureProtocolViolation
 	}
@@ -611,10 +653,14 @@ func violationFailure(err error) string {
 
 // callErrMessage is what the caller is told about a failed tools/call. The spawner made every
 // server-chosen part of it safe already (a JSON-RPC error's message included).
-func callErrMessage(err error) error {
+func callErrMessage(err error, reg *mcpserver.Resolved) error {
 	var se *spawner.Error
 	var rpcErr *jsonrpc.Error
 	switch {
+	case errors.As(err, &se) && se.TooLarge && se.OverBudget:
+		return fmt.Errorf("the pool's budget for results in flight (pool.result_budget, %s) had no room for this answer while it was read, so it was not read: retry, or raise RINGFENCE_POOL__RESULT_BUDGET", humanize.Bytes(se.Limit))
+	case errors.As(err, &se) && se.TooLarge && se.Limit == reg.ResultCap():
+		return overCap(reg, fmt.Sprintf("the server's answer is more than %d bytes", se.Limit), ", so it was not read further")
 	case errors.As(err, &se):
 		return errors.New(se.Message)
 	case errors.As(err, &rpcErr):

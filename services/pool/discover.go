@@ -46,6 +46,7 @@ func specFor(reg *mcpserver.Resolved, purpose, runID string) spawner.Spec {
 		HandshakeTimeout: reg.SessionTimeout(),
 		Purpose:          purpose,
 		RunID:            runID,
+		MaxResultBytes:   int(reg.ResultCap()),
 	}
 }
 
@@ -256,6 +257,9 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 			return nil, err
 		}
 		// On record before anything reaches the server, as a run's calls are.
+		if err := s.admit(ctx, sess); err != nil {
+			return nil, err
+		}
 		if att.PendingID, err = s.recordPending(ctx, att, argsCanonical, req.Tenant); err != nil {
 			return nil, err
 		}

@@ -47,6 +47,7 @@ type harness struct {
 	audit    *rftestutil.AuditRecorder
 	poolID   string
 	versions *overridableVersions
+	budget   *spawner.Budget
 }
 
 type harnessOpts struct {
@@ -82,6 +83,10 @@ type harnessOpts struct {
 	maxWarm     int
 	warmRefresh time.Duration
 	warmMaxAge  time.Duration
+	// resultBudget and budgetWait are pool.result_budget and pool.result_budget_wait (0: the
+	// defaults without GOMEMLIMIT, 256 MiB and 10s).
+	resultBudget int64
+	budgetWait   time.Duration
 }
 
 // overridableVersions serves the publisher's versions, or a hand-made one a test injects to
@@ -146,8 +151,10 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 	if o.poolSink != nil {
 		poolSinkTo = o.poolSink(sink)
 	}
+	budget, err := spawner.NewBudget(cmp.Or(o.resultBudget, 256<<20), o.budgetWait)
+	require.NoError(t, err)
 	sc := spawner.Config{Image: image, Network: "none", AllowedEnvKeys: []string{"APP_TOKEN"}, PoolID: poolID,
-		NanoCPUs: 1e9, MemoryBytes: 512 << 20, PidsLimit: 64, TmpfsSizeBytes: 16 << 20, Logger: quiet}
+		NanoCPUs: 1e9, MemoryBytes: 512 << 20, PidsLimit: 64, TmpfsSizeBytes: 16 << 20, Logger: quiet, ResultBudget: budget}
 	if o.host {
 		sc.AllowUnisolated = true
 		sc.HostPATH = filepath.Dir(fixtures.Binaries(t).Path(t, fixtures.MCPFixture)) + ":" + spawner.DefaultHostPATH
@@ -182,7 +189,7 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 	// Handlers are called directly, so the context carries what the interceptor resolves.
 	ctx := auth.WithTenancy(auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_test", Role: auth.RoleAdmin, Permissions: auth.AllPermissions}),
 		auth.Tenancy{Tenant: auth.DefaultTenant})
-	return &harness{t: t, ctx: ctx, reg: reg, pub: pub, pool: pl, audit: rec, poolID: poolID, versions: versions}
+	return &harness{t: t, ctx: ctx, reg: reg, pub: pub, pool: pl, audit: rec, poolID: poolID, versions: versions, budget: budget}
 }
 
 func randomHex() string {

@@ -4,27 +4,27 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/mcpgate/sanitize"
 	"github.com/ringfence/ringfence/mcpgate/schemas"
+	"github.com/ringfence/ringfence/services/pool/spawner"
 )
 
 // answer runs what a tools/call answered (as JSON, the way the client decodes it) through
 // the pool's checks for a tool with the given output schema ("" for none).
 func answer(t *testing.T, outputSchema, result string) (*CallResult, error) {
 	t.Helper()
-	var res mcp.CallToolResult
-	require.NoError(t, json.Unmarshal([]byte(result), &res))
 	tool := &graph.MCPToolNode{ServerRef: "fx", ToolName: "t", InputSchema: json.RawMessage(`{"type":"object"}`)}
 	if outputSchema != "" {
 		tool.OutputSchema = json.RawMessage(outputSchema)
 	}
 	s := &Service{schemas: schemas.NewCache()}
-	return s.result(pinnedSpec(tool), tool.ServerRef, &res, sanitize.Options{}, func(s string) string { return s }, "call-1", 1)
+	reg := &mcpserver.Resolved{Registration: mcpserver.Registration{Ref: tool.ServerRef}}
+	return s.result(pinnedSpec(tool), tool.ServerRef, reg, &spawner.ToolAnswer{Raw: json.RawMessage(result)}, sanitize.Options{}, func(s string) string { return s }, "call-1", 1)
 }
 
 // TestAToolErrorStaysAToolError: the output schema, and the structured content it would

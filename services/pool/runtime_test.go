@@ -461,12 +461,12 @@ func TestHostileServersLeaveThePoolUpAndOtherRunsUnaffected(t *testing.T) {
 	})
 	t.Run("a 100 MB message is bounded and reported", func(t *testing.T) {
 		_, err := h.call(hostile, "a", "fx__big", map[string]any{"mib": 100})
-		requireFailed(t, err, failureOutputTooLarge)
+		requireFailed(t, err, failureResultTooLarge)
 		check()
 	})
 	t.Run("a result of too many content items is bounded and reported", func(t *testing.T) {
 		_, err := h.call(hostile, "a", "fx__many", map[string]any{"n": mcpgate.MaxContentItems + 1})
-		requireFailed(t, err, failureOutputTooLarge)
+		requireFailed(t, err, failureResultTooLarge)
 		res, err := h.call(hostile, "a", "fx__many", map[string]any{"n": 3})
 		require.NoError(t, err)
 		require.Len(t, res.Content, 3)
@@ -501,7 +501,7 @@ func TestHostileServersLeaveThePoolUpAndOtherRunsUnaffected(t *testing.T) {
 	t.Run("an answer of too many JSON values fails its call alone", func(t *testing.T) {
 		before := h.spawned()
 		_, err := h.call(hostile, "a", "fx__wide", map[string]any{"n": 300_000})
-		requireFailed(t, err, failureOutputTooLarge)
+		requireFailed(t, err, failureResultTooLarge)
 		require.ErrorContains(t, err, "250000 JSON values")
 		res, err := h.call(hostile, "a", "fx__wide", map[string]any{"n": 10})
 		require.NoError(t, err)

@@ -34,6 +34,7 @@ type serverSpec interface {
 	GetKeepMarkup() bool
 	GetStrictInputs() bool
 	GetPrewarm() int32
+	GetMaxResultBytes() int64
 }
 
 // registrationFromProto converts and validates a request. It reports whether env was present,
@@ -52,9 +53,10 @@ func registrationFromProto(req serverSpec, allowedEnvKeys []string) (*mcpserver.
 			Include: req.GetToolFilter().GetInclude(),
 			Exclude: req.GetToolFilter().GetExclude(),
 		},
-		KeepMarkup:   req.GetKeepMarkup(),
-		StrictInputs: req.GetStrictInputs(),
-		Prewarm:      int(req.GetPrewarm()),
+		KeepMarkup:     req.GetKeepMarkup(),
+		StrictInputs:   req.GetStrictInputs(),
+		MaxResultBytes: req.GetMaxResultBytes(),
+		Prewarm:        int(req.GetPrewarm()),
 	}
 	if perms := req.GetToolPermissions(); len(perms) > 0 {
 		reg.ToolPermissions = make(map[string][]string, len(perms))
@@ -122,6 +124,7 @@ func serverToProto(r *mcpserver.Registration) *registryv1.Server {
 		KeepMarkup:           r.KeepMarkup,
 		StrictInputs:         r.StrictInputs,
 		Prewarm:              int32(r.Prewarm),
+		MaxResultBytes:       r.MaxResultBytes,
 		Revision:             r.Revision,
 		CreateTime:           timestamppb.New(r.CreateTime),
 		UpdateTime:           timestamppb.New(r.UpdateTime),

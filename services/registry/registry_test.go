@@ -142,6 +142,7 @@ func TestCreateGetListDelete(t *testing.T) {
 	require.NoError(t, err)
 	s := created.GetServer()
 	require.Equal(t, "stdio", s.GetTransport(), "transport defaults to stdio")
+	require.Zero(t, s.GetMaxResultBytes(), "the default result cap")
 	require.Equal(t, int64(1), s.GetRevision())
 	require.Equal(t, map[string]string{"APP_TOKEN": SecretMask}, s.GetEnv())
 
@@ -171,15 +172,17 @@ func TestUpdateKeepsEnvWithoutEnvAndClearsWithEmptyEnv(t *testing.T) {
 	_, err := f.client.CreateServer(ctx, docsSearch())
 	require.NoError(t, err)
 
-	upd := &registryv1.UpdateServerRequest{Ref: "docs-search", Command: "mcp-server-filesystem", Args: []string{"/srv/other"}, Grants: []string{"process_spawn"}}
+	upd := &registryv1.UpdateServerRequest{Ref: "docs-search", Command: "mcp-server-filesystem", Args: []string{"/srv/other"}, Grants: []string{"process_spawn"}, MaxResultBytes: 4 << 20}
 	resp, err := f.client.UpdateServer(ctx, upd)
 	require.NoError(t, err)
 	require.Equal(t, []string{"/srv/other"}, resp.GetServer().GetArgs())
+	require.Equal(t, int64(4<<20), resp.GetServer().GetMaxResultBytes())
 	require.Equal(t, []string{"process_spawn"}, resp.GetServer().GetGrants())
 	require.Equal(t, int64(2), resp.GetServer().GetRevision())
 	res, err := f.svc.ResolveRegistration(ctx, "docs-search")
 	require.NoError(t, err)
 	require.Equal(t, canary, res.Env["APP_TOKEN"], "PUT without env keeps the stored env")
+	require.Equal(t, int64(4<<20), res.ResultCap(), "the pool starts the server with its cap")
 
 	upd.Env = env()
 	resp, err = f.client.UpdateServer(ctx, upd)
@@ -242,6 +245,7 @@ func TestBadInputIsRefusedNamingTheFieldAndStoresNothing(t *testing.T) {
 		{"bad tool permission", func(r *registryv1.CreateServerRequest) {
 			r.ToolPermissions = map[string]*registryv1.ToolPermissions{"read_file": {Required: []string{"fs.read:{path"}}}
 		}, "tool_permissions.read_file[0]"},
+		{"result cap too large", func(r *registryv1.CreateServerRequest) { r.MaxResultBytes = 1 << 30 }, "max_result_bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req := docsSearch()

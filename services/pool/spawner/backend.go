@@ -71,21 +71,30 @@ func (k *Kit) Connect(ctx context.Context, spec *Spec, transport mcp.Transport, 
 }
 
 // Stdio is a local server's standard streams as the spawner reads them: only the JSON-RPC
-// lines of its stdout reach the MCP client (anything else is diverted to the tail), and the
-// end of its stderr is kept, bounded and with every secret masked, for diagnostics.
+// lines of its stdout reach the MCP client (anything else is diverted to the tail), each held
+// to its bound, and the end of its stderr is kept, bounded and with every secret masked, for
+// diagnostics.
 type Stdio struct {
-	filter     *stdoutFilter
-	tail       *tail
-	out        *io.PipeReader
-	maxMessage int
+	filter   *stdoutFilter
+	tail     *tail
+	messages chan inMessage
+	requests *openRequests
+	// life ends when the client's side closes (Close).
+	life    context.Context
+	endLife context.CancelFunc
+	general int
+	callCap int
 }
 
 // NewStdio returns the streams of one local server of spec.
 func (k *Kit) NewStdio(spec *Spec) *Stdio {
 	cfg := &k.r.cfg
 	t := newTail(cfg.StderrTailBytes, secretsOf(spec))
-	pr, pw := io.Pipe()
-	return &Stdio{filter: newStdoutFilter(pw, t, cfg.MaxMessageBytes), tail: t, out: pr, maxMessage: cfg.MaxMessageBytes}
+	life, end := context.WithCancel(context.Background())
+	st := &Stdio{tail: t, messages: make(chan inMessage), requests: &openRequests{}, life: life, endLife: end,
+		general: cfg.MaxMessageBytes, callCap: resultCap(spec)}
+	st.filter = newStdoutFilter(st.messages, life, t, st.requests, cfg.ResultBudget, st.general, st.callCap)
+	return st
 }
 
 // Stdout is where the back end copies the server's standard output.
@@ -98,14 +107,21 @@ func (s *Stdio) Stderr() io.Writer { return s.tail }
 func (s *Stdio) EndStdout(err error) { s.filter.finish(err) }
 
 // Close closes the client's side of the output; the back end calls it as it stops the server.
-func (s *Stdio) Close() error { return s.out.Close() }
+func (s *Stdio) Close() error {
+	s.closeClient()
+	return nil
+}
+
+// closeClient ends the client's side: what the filter still has to deliver is dropped, and a
+// wait for the budget gives up.
+func (s *Stdio) closeClient() { s.endLife() }
 
 // Tail is the end of the server's stderr, masked and made safe to show.
 func (s *Stdio) Tail() string { return s.tail.String() }
 
 // Death classifies a local server that went away after the handshake, for Server.Death.
 func (s *Stdio) Death(ctx context.Context, p Process) *Error {
-	return deathError(ctx, p, s.filter, s.maxMessage)
+	return deathError(ctx, p, s.filter, s.general)
 }
 
 // ConnectStdio runs the MCP handshake with a local server p over its stdio (its output copied
@@ -113,8 +129,8 @@ func (s *Stdio) Death(ctx context.Context, p Process) *Error {
 // what is known of the server besides the error (command not found, exited, not an MCP server,
 // timed out), and p is stopped.
 func (k *Kit) ConnectStdio(ctx context.Context, spec *Spec, p Process, st *Stdio, stdin io.WriteCloser) (*Session, error) {
-	transport := &mcp.IOTransport{Reader: st.out, Writer: stdin, MaxLineLength: k.r.cfg.MaxMessageBytes}
 	guard := newTrafficGuard()
+	transport := &stdioTransport{st: st, stdin: stdin, g: guard, secrets: secretsOf(spec), callCap: st.callCap}
 	cs, err := connect(ctx, spec, transport, guard)
 	if err != nil {
 		e := handshakeError(ctx, err, p, st.filter, st.tail, spec)

@@ -70,9 +70,15 @@ type Error struct {
 	Class      Class
 	Message    string
 	StderrTail string
-	// TooLarge marks the protocol violation of a message over the size bound, which callers
-	// report as output too large rather than as misbehaviour.
-	TooLarge bool
+	// TooLarge marks a message over its bound, which callers report as a result too large
+	// rather than as misbehaviour: Limit is the bound (the registration's result cap for an
+	// answer to tools/call, the message bound for anything else), Size the bytes the message
+	// had when it was given up (at least Limit+1), and OverBudget says that the bound was the
+	// pool's budget for results in flight, which had no room for it.
+	TooLarge   bool
+	Limit      int64
+	Size       int64
+	OverBudget bool
 }
 
 func (e *Error) Error() string {
@@ -174,7 +180,9 @@ func handshakeError(ctx context.Context, err error, srv Process, f *stdoutFilter
 // deathError classifies a local server that went away after the handshake.
 func deathError(ctx context.Context, srv Process, f *stdoutFilter, maxMessage int) *Error {
 	if f.tooLarge.Load() {
-		return tooLarge("the server wrote a message larger than %d bytes", maxMessage)
+		e := tooLarge("the server wrote a message larger than %d bytes", maxMessage)
+		e.Limit = int64(maxMessage)
+		return e
 	}
 	if !srv.WaitExited(ctx, deathGrace) {
 		return newError(ClassCrashed, "the server's output stream ended")

@@ -140,6 +140,8 @@ func TestSpecCannotSteerTheProfile(t *testing.T) {
 	require.Equal(t, []string{
 		"ServerRef", "Transport", "Command", "Args", "Env", "URL", "Headers",
 		"HandshakeTimeout", "Purpose", "RunID", "OnToolListChanged",
+		// What the pool reads of the server, never what the container may do.
+		"MaxResultBytes",
 	}, names)
 }
 

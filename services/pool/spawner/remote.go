@@ -91,7 +91,10 @@ func (rb *Remote) Spawn(ctx context.Context, spec *Spec, kit *Kit) (*Session, er
 	// ends every request still open.
 	life, endLife := context.WithCancel(context.WithoutCancel(ctx))
 	guard := newTrafficGuard()
-	rt := &remoteTransport{base: base, origin: origin(u), headers: headers, maxBody: int64(rb.cfg.MaxMessageBytes), guard: guard, life: life}
+	callCap := resultCap(spec)
+	rt := &remoteTransport{base: base, origin: origin(u), headers: headers, maxBody: int64(rb.cfg.MaxMessageBytes), maxAnswer: int64(callCap),
+		budget: rb.cfg.ResultBudget, guard: guard, life: life}
+	maxEvent := max(rb.cfg.MaxMessageBytes, callCap)
 	hc := &http.Client{
 		Transport: rt,
 		// Redirects are not followed: the headers carry secrets meant for
@@ -101,11 +104,11 @@ func (rb *Remote) Spawn(ctx context.Context, spec *Spec, kit *Kit) (*Session, er
 	var transport mcp.Transport
 	if spec.Transport == TransportSSE {
 		transport = &detachedTransport{
-			inner: &mcp.SSEClientTransport{Endpoint: u.String(), HTTPClient: hc, MaxEventSize: rb.cfg.MaxMessageBytes},
+			inner: &mcp.SSEClientTransport{Endpoint: u.String(), HTTPClient: hc, MaxEventSize: maxEvent},
 			life:  life, end: endLife,
 		}
 	} else {
-		transport = &mcp.StreamableClientTransport{Endpoint: u.String(), HTTPClient: hc, MaxRetries: remoteReconnectRetries, MaxEventSize: rb.cfg.MaxMessageBytes}
+		transport = &mcp.StreamableClientTransport{Endpoint: u.String(), HTTPClient: hc, MaxRetries: remoteReconnectRetries, MaxEventSize: maxEvent}
 	}
 	cs, err := connect(ctx, spec, transport, guard)
 	if err != nil {
@@ -113,7 +116,7 @@ func (rb *Remote) Spawn(ctx context.Context, spec *Spec, kit *Kit) (*Session, er
 		base.CloseIdleConnections()
 		return nil, remoteError(ctx, err, rt, u, spec)
 	}
-	srv := &remoteServer{base: base, endLife: endLife, closeTimeout: rb.cfg.CloseTimeout, closed: make(chan struct{})}
+	srv := &remoteServer{base: base, rt: rt, endLife: endLife, closeTimeout: rb.cfg.CloseTimeout, closed: make(chan struct{})}
 	go func() {
 		_ = cs.Wait()
 		close(srv.closed)
@@ -175,13 +178,18 @@ func validHeaderName(s string) bool {
 
 // remoteTransport sends requests only to the registration's own origin, adds
 // its headers to them, bounds response bodies that are not event streams
-// (go-sdk reads them whole), and remembers the first transport-level error,
-// which the go-sdk client reports only as text.
+// (go-sdk reads them whole: the answer to a tool call by the registration's
+// result cap, any other by the message bound), and remembers the first
+// transport-level error, which the go-sdk client reports only as text.
 type remoteTransport struct {
 	base    http.RoundTripper
 	origin  string
 	headers http.Header
 	maxBody int64
+	// maxAnswer bounds the body that answers a tool call (a request made by CallToolRaw), and
+	// budget, when set, counts it from before it is read until its caller releases it.
+	maxAnswer int64
+	budget    *Budget
 	// guard is the session's: the requests the server has not answered yet (the pool's
 	// answers to its requests are requests too, over HTTP) are bounded like a stdio
 	// server's unread answers.
@@ -195,6 +203,8 @@ type remoteTransport struct {
 	err      error
 	status   int
 	tooLarge atomic.Bool
+	// overLimit is the bound of the body that was too large.
+	overLimit atomic.Int64
 }
 
 // origin is scheme://host:port with the scheme's default port made explicit.
@@ -245,7 +255,16 @@ func (t *remoteTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	case strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
 		resp.Body = &endingBody{ReadCloser: resp.Body, end: end}
 	default:
-		resp.Body = &endingBody{ReadCloser: &limitedBody{rc: resp.Body, left: t.maxBody, over: &t.tooLarge}, end: end}
+		limit := t.maxBody
+		if ticket, call := req.Context().Value(ticketKey{}).(*callTicket); call {
+			limit = t.maxAnswer
+			if rerr := t.reserve(ctx, ticket, resp.ContentLength); rerr != nil {
+				resp.Body.Close()
+				end()
+				return nil, rerr
+			}
+		}
+		resp.Body = &endingBody{ReadCloser: &limitedBody{rc: resp.Body, left: limit, over: &t.tooLarge, limit: limit, overLimit: &t.overLimit}, end: end}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -256,6 +275,32 @@ func (t *remoteTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.status = resp.StatusCode
 	}
 	return resp, err
+}
+
+// reserve counts the body that answers a tool call in the result budget before the MCP client
+// reads it (it reads such a body whole): up to the result cap, or its length when the server
+// said it, unless that is small. The call's ticket holds the reservation until its caller
+// releases it. A body the budget has no room for within its wait is not read: the call fails
+// as too large for the budget, and the connection stays.
+func (t *remoteTransport) reserve(ctx context.Context, ticket *callTicket, length int64) error {
+	if t.budget == nil || (length >= 0 && length <= budgetThreshold) {
+		return nil
+	}
+	n := t.maxAnswer
+	if length > 0 {
+		n = min(n, length)
+	}
+	got, err := t.budget.acquire(ctx, n)
+	switch {
+	case errors.Is(err, errNoRoom):
+		e := tooLarge("the pool's budget for results in flight (%d bytes) had no room for the server's answer within %s", t.budget.limit, t.budget.wait)
+		e.Limit, e.OverBudget = t.budget.limit, true
+		return e
+	case err != nil:
+		return err
+	}
+	ticket.attach(hold{b: t.budget, n: got})
+	return nil
 }
 
 // endingBody releases its request's context when the body is closed.
@@ -274,9 +319,11 @@ func (b *endingBody) Close() error {
 var errBodyTooLarge = errors.New("spawner: response body larger than the message limit")
 
 type limitedBody struct {
-	rc   io.ReadCloser
-	left int64
-	over *atomic.Bool
+	rc        io.ReadCloser
+	left      int64
+	limit     int64
+	over      *atomic.Bool
+	overLimit *atomic.Int64
 }
 
 func (b *limitedBody) Read(p []byte) (int, error) {
@@ -284,6 +331,7 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 		// One byte more tells a body of exactly the limit from a longer one.
 		var one [1]byte
 		if n, _ := b.rc.Read(one[:]); n > 0 {
+			b.overLimit.Store(b.limit)
 			b.over.Store(true)
 			return 0, errBodyTooLarge
 		}
@@ -413,6 +461,7 @@ func (t *detachedTransport) Connect(ctx context.Context) (mcp.Connection, error)
 
 // remoteServer is a connection to a remote server.
 type remoteServer struct {
+	rt           *remoteTransport
 	endLife      context.CancelFunc
 	base         *http.Transport
 	closeTimeout time.Duration
@@ -421,7 +470,15 @@ type remoteServer struct {
 
 func (s *remoteServer) Gone() <-chan struct{} { return s.closed }
 
+// Death: the SDK's client cannot skip a body it could not read whole, so a body past its
+// bound ends the connection; the call it answered fails as too large.
 func (s *remoteServer) Death(context.Context) *Error {
+	if s.rt.tooLarge.Load() {
+		limit := s.rt.overLimit.Load()
+		e := tooLarge("the server answered with a body larger than %d bytes; the connection was ended", limit)
+		e.Limit, e.Size = limit, limit+1
+		return e
+	}
 	return newError(ClassCrashed, "the connection to the remote server closed")
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -305,4 +306,57 @@ func TestCheckHeadersRefusesOneNameTwice(t *testing.T) {
 	require.Equal(t, "one", h.Get("Authorization"))
 	_, err = checkHeaders(map[string]string{"mcp-session-id": "x"})
 	require.ErrorContains(t, err, "header Mcp-Session-Id is set by the client")
+}
+
+// TestRemoteAnswersAreCountedAndCapped: a remote server's answer to a tool call is counted in
+// the result budget from before it is read until its caller releases it; one the budget has
+// no room for fails its call as too large for the budget, the connection intact; one past the
+// registration's cap fails as too large.
+func TestRemoteAnswersAreCountedAndCapped(t *testing.T) {
+	server := mcp.NewServer(&mcp.Implementation{Name: "remote", Version: "1"}, nil)
+	mcp.AddTool(server, &mcp.Tool{Name: "blob", Description: "Answer with n bytes."},
+		func(_ context.Context, _ *mcp.CallToolRequest, in struct {
+			Bytes int `json:"bytes"`
+		}) (*mcp.CallToolResult, any, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("x", in.Bytes)}}}, nil, nil
+		})
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{JSONResponse: true})
+	ts := httptest.NewTLSServer(h)
+	t.Cleanup(ts.Close)
+	budget, err := NewBudget(4<<20, 100*time.Millisecond)
+	require.NoError(t, err)
+	r, err := New(Config{RootCAs: trusting(ts), ResultBudget: budget})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, r.Close(context.Background())) })
+	spec := remoteSpec(TransportStreamableHTTP, ts.URL)
+	spec.MaxResultBytes = 1 << 20
+	s := spawn(t, r, spec)
+	blob := func(n int) *mcp.CallToolParams {
+		return &mcp.CallToolParams{Name: "blob", Arguments: map[string]any{"bytes": n}}
+	}
+
+	ans, err := s.CallToolRaw(t.Context(), blob(300_000))
+	require.NoError(t, err)
+	require.Nil(t, ans.Raw, "the SDK decoded it")
+	require.Len(t, ans.Result.Content[0].(*mcp.TextContent).Text, 300_000)
+	require.Greater(t, budget.InUse(), int64(300_000), "counted until released")
+	ans.Release()
+	require.Zero(t, budget.InUse())
+
+	release, err := budget.Reserve(t.Context(), 4<<20)
+	require.NoError(t, err)
+	_, err = s.CallToolRaw(t.Context(), blob(300_000))
+	var e *Error
+	require.ErrorAs(t, err, &e)
+	require.True(t, e.TooLarge && e.OverBudget, "%v", err)
+	release()
+	ans, err = s.CallToolRaw(t.Context(), blob(10))
+	require.NoError(t, err, "the connection stays")
+	ans.Release()
+
+	_, err = s.CallToolRaw(t.Context(), blob(2<<20))
+	require.True(t, IsTooLarge(err), "%v", err)
+	require.ErrorAs(t, err, &e)
+	require.Equal(t, int64(1<<20), e.Limit)
+	require.Zero(t, budget.InUse())
 }

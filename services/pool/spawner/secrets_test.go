@@ -2,7 +2,6 @@ package spawner
 
 import (
 	"encoding/base64"
-	"io"
 	"net/url"
 	"strings"
 	"testing"
@@ -57,9 +56,7 @@ func TestACutStdoutLineKeepsNoPartOfASecret(t *testing.T) {
 	const secret = "s3cr3t+T0ken/Value=42"
 	for _, at := range []int{maxDivertedLine - 19, maxDivertedLine - 1, maxDivertedLine - len(secret)} {
 		tl := newTail(1<<16, []string{secret})
-		pr, pw := io.Pipe()
-		go func() { _, _ = io.Copy(io.Discard, pr) }()
-		f := newStdoutFilter(pw, tl, 1<<20)
+		f, _ := newTestFilter(t, tl, 1<<20, 1<<20, nil, nil)
 		_, err := f.Write([]byte(strings.Repeat("x", at) + secret + "\n"))
 		require.NoError(t, err)
 		got := tl.String()

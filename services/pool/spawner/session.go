@@ -53,6 +53,9 @@ type Session struct {
 	maxListingBytes int
 	// setupTimeout is the spec's HandshakeTimeout, which also bounds the first listing.
 	setupTimeout time.Duration
+	// callCap bounds an answer to tools/call; budget is the Router's, or nil.
+	callCap int
+	budget  *Budget
 
 	done        chan struct{}
 	doneOnce    sync.Once
@@ -80,6 +83,8 @@ func newSession(r *Router, spec *Spec, srv Server, cs *mcp.ClientSession, g *tra
 		maxTools:        r.cfg.MaxTools,
 		maxListingBytes: r.cfg.MaxListingBytes,
 		setupTimeout:    spec.HandshakeTimeout,
+		callCap:         resultCap(spec),
+		budget:          r.cfg.ResultBudget,
 		done:            make(chan struct{}),
 		stopMonitor:     make(chan struct{}),
 		monitorDone:     make(chan struct{}),
@@ -247,6 +252,61 @@ func (s *Session) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mc
 	return res, nil
 }
 
+// ToolAnswer is a tool call's answer. Raw is its result as the server wrote it, where the
+// session reads the server's stream itself (a local server): nothing has decoded it, so its
+// consumer decodes it once (mcpgate.ProcessRawResult). Otherwise (a remote server) Result is
+// the result as the MCP client decoded it.
+type ToolAnswer struct {
+	Raw    json.RawMessage
+	Result *mcp.CallToolResult
+	hold   hold
+}
+
+// Release gives back the answer's share of the result budget: call it once the answer is
+// turned into what the caller gets. It may be called more than once.
+func (a *ToolAnswer) Release() { a.hold.free() }
+
+// CallToolRaw is CallTool for a caller that decodes the result itself: the answer of a local
+// server comes raw, held to the registration's result cap while it is read and counted in the
+// result budget until Release (a remote server's comes decoded, its body held to the cap and
+// counted from before it is read). An answer past the cap (or one the budget had no room for)
+// fails the call with an *Error whose TooLarge is set; the session goes on.
+func (s *Session) CallToolRaw(ctx context.Context, params *mcp.CallToolParams) (*ToolAnswer, error) {
+	ctx, cancel := s.bound(ctx, s.cfg.CallTimeout, "tools/call")
+	defer cancel()
+	t := &callTicket{}
+	res, err := s.cs.CallTool(context.WithValue(ctx, ticketKey{}, t), params)
+	raw, h := t.take()
+	if err != nil {
+		h.free()
+		return nil, s.requestError(ctx, "tools/call", err)
+	}
+	if raw != nil {
+		return &ToolAnswer{Raw: raw, hold: h}, nil
+	}
+	return &ToolAnswer{Result: res, hold: h}, nil
+}
+
+// ErrNoRoom is a call that found no room for its answer in the result budget within the
+// budget's wait.
+var ErrNoRoom = errors.New("spawner: the result budget has no room for another answer")
+
+// AwaitResultRoom waits, within the budget's wait, until the result budget has room for an
+// answer as large as this server's cap, and takes nothing: the admission of a call before it
+// is sent. It returns ErrNoRoom when none came, or ctx's error.
+func (s *Session) AwaitResultRoom(ctx context.Context) error {
+	if s.budget == nil {
+		return nil
+	}
+	if err := s.budget.awaitRoom(ctx, int64(s.callCap)); err != nil {
+		if errors.Is(err, errNoRoom) {
+			return ErrNoRoom
+		}
+		return err
+	}
+	return nil
+}
+
 // Ping asks the server to answer an MCP ping: whether it still answers at all, after a call
 // timed out. Without a deadline on ctx it is bounded by Config.ListTimeout.
 func (s *Session) Ping(ctx context.Context) error {
@@ -408,9 +468,7 @@ func connect(ctx context.Context, spec *Spec, transport mcp.Transport, g *traffi
 	hctx, cancel := context.WithTimeout(ctx, spec.HandshakeTimeout)
 	defer cancel()
 	client := newClient(spec)
-	if t, stdio := transport.(*mcp.IOTransport); stdio {
-		transport = newGuardedTransport(t, g, secretsOf(spec))
-	} else {
+	if _, stdio := transport.(*stdioTransport); !stdio {
 		client.AddReceivingMiddleware(g.middleware)
 	}
 	cs, err := client.Connect(hctx, transport, &mcp.ClientSessionOptions{ProtocolVersion: ProtocolVersion})

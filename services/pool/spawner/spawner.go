@@ -95,6 +95,9 @@ type Spec struct {
 	// OnToolListChanged, when set, is called on notifications/tools/list_changed.
 	// It may call Session.ListTools.
 	OnToolListChanged func()
+	// MaxResultBytes bounds an answer to tools/call, as the server writes it (its JSON-RPC
+	// message): the registration's max_result_bytes. Zero means DefaultMaxResultBytes.
+	MaxResultBytes int
 }
 
 // Defaults for Config and Spec fields left zero.
@@ -116,6 +119,7 @@ const (
 	// once it is held, so a server paging on cannot grow the pool's memory without end.
 	DefaultMaxListingBytes = 32 << 20
 	DefaultMaxMessageBytes = 16 << 20
+	DefaultMaxResultBytes  = 16 << 20
 	DefaultStderrTailBytes = 8 << 10
 )
 
@@ -159,6 +163,10 @@ type Config struct {
 	Docker DockerAPI
 	// RootCAs, when set, replaces the system roots for remote servers.
 	RootCAs *x509.CertPool
+
+	// ResultBudget, when set, bounds the bytes of large messages (tool results above all)
+	// every session of the Router holds at once; nil bounds only each message.
+	ResultBudget *Budget
 
 	// Bounds; zero means the Default… constant.
 	StartTimeout    time.Duration
@@ -504,6 +512,14 @@ func checkSpec(s *Spec) error {
 }
 
 func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
+
+// resultCap is the bound on an answer to tools/call of spec's server.
+func resultCap(spec *Spec) int {
+	if spec.MaxResultBytes > 0 {
+		return spec.MaxResultBytes
+	}
+	return DefaultMaxResultBytes
+}
 
 func clipQuote(s string) string { return fmt.Sprintf("%q", clip(s, 64)) }
 

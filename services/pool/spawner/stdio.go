@@ -2,6 +2,7 @@ package spawner
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -18,37 +19,96 @@ import (
 // Mask replaces every secret value (environment values, header values) in diagnostics.
 const Mask = mcpserver.SecretMask
 
-// errMessageTooLarge ends a session whose server wrote a JSON-RPC message
-// larger than the bound: the client could not read it, and buffering it
-// further would let one server take the pool's memory.
+// errMessageTooLarge ends a session whose server wrote a JSON-RPC message larger than the
+// bound that the pool cannot answer for: a request or notification it sent unasked, or a
+// message that names no request (the stream can no longer be trusted to say which request
+// what it writes answers).
 var errMessageTooLarge = errors.New("spawner: the server wrote a message larger than the limit")
+
+// errClientClosed is a write after the client's side of the stream closed.
+var errClientClosed = errors.New("spawner: the MCP client closed its side of the server's output")
 
 // maxDivertedLine bounds how much of one non-JSON-RPC stdout line is kept in
 // the tail.
 const maxDivertedLine = 1 << 10
 
-// stdoutFilter sits between a server's stdout and the MCP client. MCP over
-// stdio is newline-delimited JSON-RPC, and the client ends the session on the
-// first byte that is not; real servers print banners and log lines there.
-// The filter forwards only lines that are JSON-RPC messages (an object with
-// "jsonrpc":"2.0") and diverts every other line to the stderr tail, so a
-// chatty server stays usable and what it printed is still visible.
-type stdoutFilter struct {
-	out  *io.PipeWriter
-	tail *tail
-	max  int
+// Sizes of the line buffer. A line is gathered in a small buffer, kept between lines only
+// while it stays small (an idle session keeps no more), and beyond it in blocks shared by
+// every session, so that a large line is copied once, into a buffer of its exact size, and
+// no buffer grown for it outlives it.
+const (
+	keptLineBuffer = 4 << 10
+	lineBlockSize  = 1 << 20
+)
 
-	mu         sync.Mutex // Write and finish may come from different goroutines
-	line       []byte
-	discarding bool
+var lineBlocks = sync.Pool{New: func() any { return new([lineBlockSize]byte) }}
+
+// inMessage is what the filter hands the MCP client: a JSON-RPC message read whole (its line,
+// the envelope of a large one, and the budget it holds), or an answer that was skipped
+// unread because it was past its bound.
+type inMessage struct {
+	line    []byte
+	env     *envelope
+	hold    hold
+	skipped *skippedAnswer
+}
+
+// skippedAnswer is an answer the filter discarded as it read it: the request it answers
+// fails with err.
+type skippedAnswer struct {
+	id  []byte
+	err *Error
+}
+
+// stdoutFilter sits between a server's stdout and the MCP client. MCP over stdio is
+// newline-delimited JSON-RPC, and the client ends the session on the first byte that is not;
+// real servers print banners and log lines there. The filter forwards only lines that are
+// JSON-RPC messages (an object with "jsonrpc":"2.0") and diverts every other line to the
+// stderr tail, so a chatty server stays usable and what it printed is still visible.
+//
+// It also bounds what it holds. A line past budgetThreshold is followed as it arrives (its
+// envelope) and counted in the pool's result budget; a line past its bound (the
+// registration's result cap for an answer to tools/call, the message bound for anything else)
+// is no longer kept: the rest of it is read and discarded, and if it is an answer, the request
+// it answers fails as too large while the session goes on. Newlines cannot occur inside a
+// JSON text, so the next line is the next message. Only a message past its bound that names
+// no request ends the session.
+type stdoutFilter struct {
+	out chan<- inMessage
+	// life ends when the client closes its side: a delivery or a wait for budget gives up.
+	life     context.Context
+	tail     *tail
+	requests *openRequests
+	budget   *Budget
+	// general bounds every message; callCap an answer to tools/call.
+	general int
+	callCap int
+
+	mu  sync.Mutex // Write and finish may come from different goroutines
+	cur lineState
+	end error // why the stream ended, once finish ran
 
 	rpcLines   atomic.Int64
 	otherLines atomic.Int64
 	tooLarge   atomic.Bool
 }
 
-func newStdoutFilter(out *io.PipeWriter, tail *tail, maxMessage int) *stdoutFilter {
-	return &stdoutFilter{out: out, tail: tail, max: maxMessage}
+// lineState is the line being read.
+type lineState struct {
+	small  []byte
+	blocks []*[lineBlockSize]byte
+	n      int // bytes of the line so far
+	// env is fed once the line passes budgetThreshold; hold is the budget it reserved then.
+	env  *envelope
+	hold hold
+	// skip is set once the line is past its bound: the rest is read and discarded (env still
+	// fed, for an answer's id). discard drops a line that is not JSON.
+	skip    *Error
+	discard bool
+}
+
+func newStdoutFilter(out chan<- inMessage, life context.Context, tail *tail, requests *openRequests, budget *Budget, general, callCap int) *stdoutFilter {
+	return &stdoutFilter{out: out, life: life, tail: tail, requests: requests, budget: budget, general: general, callCap: callCap}
 }
 
 // Write is called with arbitrary chunks of the stream.
@@ -59,12 +119,12 @@ func (f *stdoutFilter) Write(p []byte) (int, error) {
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
 		if i < 0 {
-			if err := f.appendPartial(p); err != nil {
+			if err := f.add(p); err != nil {
 				return 0, err
 			}
 			break
 		}
-		if err := f.appendPartial(p[:i]); err != nil {
+		if err := f.add(p[:i]); err != nil {
 			return 0, err
 		}
 		if err := f.endLine(); err != nil {
@@ -75,49 +135,189 @@ func (f *stdoutFilter) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-func (f *stdoutFilter) appendPartial(b []byte) error {
-	if f.discarding || len(b) == 0 {
+// add takes the next bytes of the current line.
+func (f *stdoutFilter) add(b []byte) error {
+	c := &f.cur
+	switch {
+	case len(b) == 0 || c.discard:
+		return nil
+	case c.skip != nil:
+		c.n += len(b)
+		c.env.feed(b)
+		return nil
+	case c.n+len(b) <= budgetThreshold:
+		c.small = append(c.small, b...)
+		c.n += len(b)
 		return nil
 	}
-	if len(f.line)+len(b) <= f.max {
-		f.line = append(f.line, b...)
+	if c.env == nil {
+		// The line outgrows what is read without counting: only a JSON object may go on.
+		head := c.small
+		if len(head) < maxDivertedLine {
+			head = append(head[:len(head):len(head)], b[:min(len(b), maxDivertedLine-len(head))]...)
+		}
+		if first, ok := firstNonSpace(head); !ok || first != '{' {
+			f.divert(head, " … (a line that is not JSON-RPC, longer than 64 KiB, dropped)")
+			c.discard = true
+			return nil
+		}
+		c.env = &envelope{}
+		c.env.feed(c.small)
+		if err := f.reserve(); err != nil {
+			return err
+		}
+	}
+	c.n += len(b)
+	c.env.feed(b)
+	if c.skip != nil {
 		return nil
 	}
-	// The line is over the bound. A JSON-RPC message that large cannot be
-	// delivered; anything else is dropped with a note.
-	head := append(f.line, b[:min(len(b), maxDivertedLine)]...)
-	if first, ok := firstNonSpace(head); ok && first == '{' {
-		f.tooLarge.Store(true)
-		return errMessageTooLarge
+	bound := f.bound(c.env)
+	if c.n > bound {
+		c.skip = tooLarge("the server's answer is more than %d bytes", bound)
+		c.skip.Limit = int64(bound)
+		f.dropBuffer()
+		return nil
 	}
-	f.divert(head, " … (line longer than the message limit, dropped)")
-	f.line = f.line[:0]
-	f.discarding = true
+	c.hold.shrink(int64(bound))
+	f.store(b)
 	return nil
 }
 
-func (f *stdoutFilter) endLine() error {
-	if f.discarding {
-		f.discarding = false
+// reserve takes the current line's bound from the budget, waiting for room. A line that finds
+// none is skipped: as an answer, its request fails as too large for the budget.
+func (f *stdoutFilter) reserve() error {
+	c := &f.cur
+	if f.budget == nil {
 		return nil
 	}
-	line := bytes.TrimSuffix(f.line, []byte("\r"))
-	var err error
+	n, err := f.budget.acquire(f.life, int64(f.bound(c.env)))
+	switch {
+	case err == nil:
+		c.hold = hold{b: f.budget, n: n}
+		return nil
+	case errors.Is(err, errNoRoom):
+		c.skip = tooLarge("the pool's budget for results in flight (%d bytes) had no room for the server's answer within %s", f.budget.limit, f.budget.wait)
+		c.skip.Limit, c.skip.OverBudget = f.budget.limit, true
+		f.dropBuffer()
+		return nil
+	}
+	return errClientClosed
+}
+
+// bound is the most the current line may hold, as far as its envelope says what it is: an
+// answer to tools/call the registration's cap, any other message the general bound.
+func (f *stdoutFilter) bound(e *envelope) int {
+	switch {
+	case e.hasMethod:
+		return f.general
+	case e.idDone:
+		if id, err := idFromRaw(e.id); err == nil && f.requests.method(id) == methodCallTool {
+			return f.callCap
+		}
+		return f.general
+	case (e.hasResult || e.hasError) && f.requests.onlyCalls():
+		return f.callCap
+	}
+	return max(f.general, f.callCap)
+}
+
+// store appends b, past the small buffer, to the line's blocks.
+func (f *stdoutFilter) store(b []byte) {
+	c := &f.cur
+	for len(b) > 0 {
+		used := (c.n - len(b) - len(c.small)) % lineBlockSize
+		if used == 0 {
+			c.blocks = append(c.blocks, lineBlocks.Get().(*[lineBlockSize]byte))
+		}
+		k := copy(c.blocks[len(c.blocks)-1][used:], b)
+		b = b[k:]
+	}
+}
+
+// dropBuffer frees what the line holds: it is past its bound.
+func (f *stdoutFilter) dropBuffer() {
+	c := &f.cur
+	for _, b := range c.blocks {
+		lineBlocks.Put(b)
+	}
+	c.blocks, c.small = nil, nil
+	c.hold.free()
+}
+
+// line assembles the current line in a buffer of its own, of its exact size.
+func (f *stdoutFilter) line() []byte {
+	c := &f.cur
+	out := make([]byte, c.n)
+	k := copy(out, c.small)
+	for _, b := range c.blocks {
+		k += copy(out[k:], b[:])
+		lineBlocks.Put(b)
+	}
+	c.blocks = nil
+	return out
+}
+
+// endLine passes on the line just ended, or diverts it, and starts the next.
+func (f *stdoutFilter) endLine() error {
+	c := &f.cur
+	defer f.reset()
+	switch {
+	case c.discard:
+		return nil
+	case c.skip != nil:
+		if !c.env.answer() {
+			// A request, a notification or something that names no request: nothing can be
+			// answered for it, and the stream is not to be trusted.
+			f.tooLarge.Store(true)
+			return errMessageTooLarge
+		}
+		c.skip.Size = int64(c.n)
+		return f.deliver(inMessage{skipped: &skippedAnswer{id: c.env.id, err: c.skip}})
+	case c.n == 0:
+		return nil
+	}
+	line := bytes.TrimSuffix(f.line(), []byte("\r"))
 	switch {
 	case isJSONRPC(line):
 		f.rpcLines.Add(1)
-		msg := append(line, '\n')
-		_, err = f.out.Write(msg)
+		c.hold.shrink(int64(len(line)))
+		msg := inMessage{line: line, env: c.env, hold: c.hold}
+		c.hold = hold{}
+		return f.deliver(msg)
 	case len(bytes.TrimSpace(line)) > 0:
 		f.divert(line, "")
 	}
-	// Do not keep a huge buffer alive after one huge message.
-	if cap(f.line) > 1<<20 {
-		f.line = nil
-	} else {
-		f.line = f.line[:0]
+	return nil
+}
+
+// deliver hands a message to the client, or gives it up once the client closed.
+func (f *stdoutFilter) deliver(m inMessage) error {
+	if f.out == nil {
+		m.hold.free()
+		return errClientClosed
 	}
-	return err
+	select {
+	case f.out <- m:
+		return nil
+	case <-f.life.Done():
+		m.hold.free()
+		return errClientClosed
+	}
+}
+
+// reset starts the next line, keeping only a small buffer.
+func (f *stdoutFilter) reset() {
+	c := &f.cur
+	c.hold.free()
+	for _, b := range c.blocks {
+		lineBlocks.Put(b)
+	}
+	small := c.small[:0]
+	if cap(small) > keptLineBuffer {
+		small = nil
+	}
+	*c = lineState{small: small}
 }
 
 func (f *stdoutFilter) divert(line []byte, note string) {
@@ -135,18 +335,34 @@ func (f *stdoutFilter) divert(line []byte, note string) {
 	_, _ = f.tail.Write(b.Bytes())
 }
 
-// finish flushes a last line without a newline and closes the client's side
-// with err (nil: end of stream).
+// finish flushes a last line without a newline and ends the client's side of the stream with
+// err (nil: end of stream).
 func (f *stdoutFilter) finish(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err == nil && len(f.line) > 0 {
+	if f.end != nil || f.out == nil {
+		return
+	}
+	if err == nil && f.cur.n > 0 {
 		err = f.endLine()
 	}
+	f.reset()
 	if f.tooLarge.Load() {
 		err = errMessageTooLarge
 	}
-	_ = f.out.CloseWithError(err)
+	if err == nil {
+		err = io.EOF
+	}
+	f.end = err
+	close(f.out)
+	f.out = nil
+}
+
+// ended is why the stream ended (io.EOF at its end), once the client has seen it end.
+func (f *stdoutFilter) ended() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.end
 }
 
 // sawOnlyGarbage reports whether the server wrote lines to stdout and none of

@@ -2,27 +2,49 @@ package spawner
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"html"
-	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
-// runFilter feeds input to a filter in chunks of the given size and returns
-// what reached the client, the tail, and the filter.
-func runFilter(t *testing.T, input string, chunk, maxMessage int) (string, string, *stdoutFilter, error) {
+// newTestFilter is a filter with the given bounds, open requests and budget (each may be
+// nil), and what it delivers; the filter's client side closes with the test.
+func newTestFilter(t *testing.T, tl *tail, general, callCap int, requests *openRequests, budget *Budget) (*stdoutFilter, <-chan inMessage) {
 	t.Helper()
-	pr, pw := io.Pipe()
-	tl := newTail(1<<16, nil)
-	f := newStdoutFilter(pw, tl, maxMessage)
-	got := make(chan []byte, 1)
+	msgs := make(chan inMessage)
+	life, end := context.WithCancel(context.Background())
+	t.Cleanup(end)
+	return newStdoutFilter(msgs, life, tl, requests, budget, general, callCap), msgs
+}
+
+// collect renders what a filter delivers: each message's line and a newline, or "skipped
+// <id>: <error>" for an answer skipped as too large. Each message's budget is given back.
+func collect(msgs <-chan inMessage) <-chan string {
+	got := make(chan string, 1)
 	go func() {
-		b, _ := io.ReadAll(pr)
-		got <- b
+		var b strings.Builder
+		for m := range msgs {
+			if m.skipped != nil {
+				fmt.Fprintf(&b, "skipped %s: %s\n", m.skipped.id, m.skipped.err.Message)
+			} else {
+				b.Write(m.line)
+				b.WriteByte('\n')
+			}
+			m.hold.free()
+		}
+		got <- b.String()
 	}()
+	return got
+}
+
+// feed writes input to f in chunks of the given size, then ends the stream.
+func feed(f *stdoutFilter, input string, chunk int) error {
 	var werr error
 	for p := []byte(input); len(p) > 0 && werr == nil; {
 		n := min(chunk, len(p))
@@ -30,7 +52,18 @@ func runFilter(t *testing.T, input string, chunk, maxMessage int) (string, strin
 		p = p[n:]
 	}
 	f.finish(werr)
-	return string(<-got), tl.String(), f, werr
+	return werr
+}
+
+// runFilter feeds input to a filter in chunks of the given size and returns
+// what reached the client, the tail, and the filter.
+func runFilter(t *testing.T, input string, chunk, maxMessage int) (string, string, *stdoutFilter, error) {
+	t.Helper()
+	tl := newTail(1<<16, nil)
+	f, msgs := newTestFilter(t, tl, maxMessage, maxMessage, nil, nil)
+	got := collect(msgs)
+	werr := feed(f, input, chunk)
+	return <-got, tl.String(), f, werr
 }
 
 func TestStdoutFilter(t *testing.T) {
@@ -75,19 +108,117 @@ func TestStdoutFilter(t *testing.T) {
 
 func TestStdoutFilterBounds(t *testing.T) {
 	rpc := `{"jsonrpc":"2.0","id":1,"result":{}}`
-	t.Run("oversized non-json line is dropped, session continues", func(t *testing.T) {
-		long := strings.Repeat("x", 300)
-		out, tl, _, err := runFilter(t, long+"\n"+rpc+"\n", 16, 100)
+	const bound = 100 << 10
+	long := strings.Repeat("x", 3*bound)
+	t.Run("a long line that is not JSON is dropped, the session goes on", func(t *testing.T) {
+		out, tl, _, err := runFilter(t, long+"\n"+rpc+"\n", 4096, bound)
 		require.NoError(t, err)
 		require.Equal(t, rpc+"\n", out)
-		require.Contains(t, tl, "longer than the message limit, dropped")
+		require.Contains(t, tl, "not JSON-RPC, longer than 64 KiB, dropped")
 	})
-	t.Run("oversized message ends the stream", func(t *testing.T) {
-		long := `{"jsonrpc":"2.0","id":1,"result":{"x":"` + strings.Repeat("x", 300) + `"}}`
-		_, _, f, err := runFilter(t, long+"\n", 16, 100)
+	t.Run("a notification past the bound ends the stream", func(t *testing.T) {
+		msg := `{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"` + long + `"}}`
+		_, _, f, err := runFilter(t, msg+"\n", 4096, bound)
 		require.True(t, errors.Is(err, errMessageTooLarge))
 		require.True(t, f.tooLarge.Load())
 	})
+}
+
+// TestAnAnswerPastItsBoundIsSkipped: an answer to tools/call past the registration's cap is
+// not kept: the filter reads the rest of its line and discards it, and hands the client only
+// the request it answers, found in its envelope wherever the server put the id. The stream goes
+// on at the next line. Whether an answer is a tool's result is known from the requests open:
+// the cap applies to an answer to tools/call, the message bound to anything else.
+func TestAnAnswerPastItsBoundIsSkipped(t *testing.T) {
+	const general, callCap = 1 << 20, 256 << 10
+	big := strings.Repeat("lorem ipsum ", 40_000) // 480,000 bytes
+	next := `{"jsonrpc":"2.0","id":9,"result":{}}`
+	open := func(methods ...string) *openRequests {
+		o := &openRequests{}
+		for i, m := range methods {
+			o.expect(intID(t, i+1), m, nil)
+		}
+		return o
+	}
+	for _, tc := range []struct {
+		name     string
+		line     string
+		requests *openRequests
+		want     string
+	}{
+		{"id first", `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"` + big + `"}]}}`, open(methodCallTool),
+			"skipped 1: the server's answer is more than 262144 bytes\n" + next + "\n"},
+		{"id last, only calls open", `{"result":{"content":[{"type":"text","text":"` + big + `"}]},"jsonrpc":"2.0","id":2}`, open(methodCallTool, methodCallTool),
+			"skipped 2: the server's answer is more than 262144 bytes\n" + next + "\n"},
+		{"a listing is held to the message bound", `{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"t","description":"` + big + `"}]}}`, open("tools/list"),
+			`{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"t","description":"` + big + `"}]}}` + "\n" + next + "\n"},
+		// Read up to the message bound until the id says which request it answers.
+		{"id last, a listing open too", `{"result":{"content":[{"type":"text","text":"` + big + `"}]},"jsonrpc":"2.0","id":2}`, open("tools/list", methodCallTool),
+			"skipped 2: the server's answer is more than 262144 bytes\n" + next + "\n"},
+		{"a listing, id last", `{"result":{"tools":[{"name":"t","description":"` + big + `"}]},"jsonrpc":"2.0","id":1}`, open("tools/list", methodCallTool),
+			`{"result":{"tools":[{"name":"t","description":"` + big + `"}]},"jsonrpc":"2.0","id":1}` + "\n" + next + "\n"},
+	} {
+		for _, chunk := range []int{4096, 1 << 20} {
+			t.Run(fmt.Sprintf("%s/chunk=%d", tc.name, chunk), func(t *testing.T) {
+				tl := newTail(1<<16, nil)
+				f, msgs := newTestFilter(t, tl, general, callCap, tc.requests, nil)
+				got := collect(msgs)
+				require.NoError(t, feed(f, tc.line+"\n"+next+"\n", chunk))
+				g := <-got
+				require.Equal(t, len(tc.want), len(g), "%.200s", g)
+				require.True(t, tc.want == g, "%.200s", g)
+				require.False(t, f.tooLarge.Load(), "the stream goes on")
+			})
+		}
+	}
+}
+
+// TestTheBudgetBoundsLinesInFlight: a line past budgetThreshold holds its bound in the budget
+// while it is read and its size once read, until its consumer frees it; a line that finds no
+// room within the budget's wait is skipped, and its request fails naming the budget.
+func TestTheBudgetBoundsLinesInFlight(t *testing.T) {
+	const callCap = 1 << 20
+	budget, err := NewBudget(callCap, 50*time.Millisecond)
+	require.NoError(t, err)
+	answer := func(id int) string {
+		return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"result":{"content":[{"type":"text","text":"%s"}]}}`, id, strings.Repeat("x", 200<<10))
+	}
+	requests := &openRequests{}
+	requests.expect(intID(t, 1), methodCallTool, nil)
+	requests.expect(intID(t, 2), methodCallTool, nil)
+	f, msgs := newTestFilter(t, newTail(1<<10, nil), 16<<20, callCap, requests, budget)
+	done := make(chan error, 1)
+	go func() { done <- feed(f, answer(1)+"\n"+answer(2)+"\n", 8192) }()
+
+	first := <-msgs
+	require.Nil(t, first.skipped)
+	require.Equal(t, int64(len(first.line)), first.hold.n, "a line read whole holds its size")
+	require.Equal(t, int64(len(first.line)), budget.InUse())
+	second := <-msgs
+	require.NotNil(t, second.skipped, "with the first still held, the second finds no room")
+	require.True(t, second.skipped.err.OverBudget)
+	require.Contains(t, second.skipped.err.Message, "budget for results in flight")
+	first.hold.free()
+	require.NoError(t, <-done)
+	require.Zero(t, budget.InUse())
+	require.Equal(t, int64(callCap), budget.Peak(), "a line reserves its bound while it is read")
+	require.Equal(t, int64(1), budget.Waited())
+}
+
+// TestALongLineLeavesNoBufferBehind: after a line of megabytes the filter keeps at most a small
+// buffer, so an idle session holds nothing a past result grew.
+func TestALongLineLeavesNoBufferBehind(t *testing.T) {
+	requests := &openRequests{}
+	requests.expect(intID(t, 1), methodCallTool, nil)
+	f, msgs := newTestFilter(t, newTail(1<<10, nil), 16<<20, 16<<20, requests, nil)
+	got := collect(msgs)
+	line := `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"` + strings.Repeat("x", 5<<20) + `"}]}}`
+	_, err := f.Write([]byte(line + "\n"))
+	require.NoError(t, err)
+	require.LessOrEqual(t, cap(f.cur.small), keptLineBuffer)
+	require.Empty(t, f.cur.blocks)
+	f.finish(nil)
+	require.Len(t, <-got, len(line)+1)
 }
 
 func TestTailRedaction(t *testing.T) {

@@ -2,7 +2,8 @@ package spawner
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"strings"
@@ -141,79 +142,84 @@ func (g *trafficGuard) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	}
 }
 
-// guardedTransport meters a stdio server's messages as they are read, and counts its
-// requests until their answers are written. A remote connection cannot be wrapped (the SDK
-// needs its own type to track the HTTP session): the middleware meters it instead.
-type guardedTransport struct {
-	inner   *mcp.IOTransport
+// methodCallTool is the method of a tool call.
+const methodCallTool = "tools/call"
+
+// stdioTransport is the MCP client's connection to a local server: it reads the messages the
+// stdout filter passes on and writes to the server's stdin, metering what the server sends
+// unasked and counting its requests until their answers are written. It is the pool's own
+// rather than the SDK's newline-delimited one, so that a large message is held once, in the
+// buffer the filter read it into, and an answer to tools/call reaches its caller as the bytes
+// the server wrote (CallToolRaw). A remote connection cannot be replaced (the SDK needs its
+// own type to track the HTTP session): the middleware meters it instead.
+type stdioTransport struct {
+	st      *Stdio
+	stdin   io.WriteCloser
 	g       *trafficGuard
 	secrets []string
+	callCap int
 }
 
-// newGuardedTransport wraps t, watching its stream: a read that fails while the stream is
-// still up failed on the client's side, in decoding.
-func newGuardedTransport(t *mcp.IOTransport, g *trafficGuard, secrets []string) guardedTransport {
-	watched := *t
-	watched.Reader = &watchedStream{ReadCloser: t.Reader, g: g}
-	return guardedTransport{inner: &watched, g: g, secrets: secrets}
-}
-
-func (t guardedTransport) Connect(ctx context.Context) (mcp.Connection, error) {
-	c, err := t.inner.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
+func (t *stdioTransport) Connect(context.Context) (mcp.Connection, error) {
 	t.g.watched.Store(true)
-	return &guardedConn{Connection: c, g: t.g, secrets: t.secrets}, nil
-}
-
-// watchedStream records that a server's stdout ended or failed.
-type watchedStream struct {
-	io.ReadCloser
-	g *trafficGuard
-}
-
-func (s *watchedStream) Read(p []byte) (int, error) {
-	n, err := s.ReadCloser.Read(p)
-	if err != nil {
-		s.g.streamEnded.Store(true)
-	}
-	return n, err
+	return &guardedConn{st: t.st, stdin: t.stdin, g: t.g, secrets: t.secrets, callCap: t.callCap, open: t.st.requests}, nil
 }
 
 type guardedConn struct {
-	mcp.Connection
+	st      *Stdio
+	stdin   io.WriteCloser
 	g       *trafficGuard
 	secrets []string
+	callCap int
+	open    *openRequests
 
-	mu sync.Mutex // Write and Read run on different goroutines
-	// open holds the ids of the pool's requests not yet answered (see maxOpenRequests), each
-	// with the order it was sent in.
-	open map[jsonrpc.ID]uint64
-	sent uint64
-	// forgot: open overflowed, and some ids left it unanswered.
-	forgot bool
+	writeMu   sync.Mutex
+	closeOnce sync.Once
+	closeErr  error
 }
+
+func (c *guardedConn) SessionID() string { return "" }
 
 // Read passes on nothing past a bound; the error ends the connection.
 func (c *guardedConn) Read(ctx context.Context) (jsonrpc.Message, error) {
-	msg, err := c.Connection.Read(ctx)
-	if err != nil {
-		return nil, c.readError(ctx, err)
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
-	if resp, ok := msg.(*jsonrpc.Response); ok {
-		// An answer nobody awaits costs the SDK nothing but decoding, which is how a flood of
-		// them held a call past its timeout: it is refused, or metered when it may be late.
-		if v := c.answered(resp.ID); v != nil {
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-c.st.life.Done():
+		return nil, io.EOF
+	case m, ok := <-c.st.messages:
+		if !ok {
+			return nil, c.streamEnded(c.st.filter.ended())
+		}
+		return c.receive(m)
+	}
+}
+
+// receive checks one message the filter passed on.
+func (c *guardedConn) receive(m inMessage) (jsonrpc.Message, error) {
+	if m.skipped != nil {
+		id, err := idFromRaw(m.skipped.id)
+		if err != nil || !id.IsValid() {
+			return nil, c.decodeError(fmt.Errorf("an answer too large to read names no request: %v", err))
+		}
+		if _, v := c.answered(id); v != nil {
 			return nil, v
 		}
-		if jsonValues(resp.Result, maxMessageValues) > maxMessageValues {
-			// The answer was read whole, within the byte bound, and nothing else in the
-			// stream is amiss: only the request it answers fails, without being decoded.
-			return &jsonrpc.Response{ID: resp.ID, Error: tooLarge("the server's answer holds more than %d JSON values", maxMessageValues)}, nil
-		}
-		return msg, nil
+		// Only the request it answers fails, and the stream goes on at the next line.
+		return &jsonrpc.Response{ID: id, Error: m.skipped.err}, nil
 	}
+	msg, err := decodeLine(m)
+	if err != nil {
+		m.hold.free()
+		return nil, c.decodeError(err)
+	}
+	if resp, ok := msg.(*jsonrpc.Response); ok {
+		return c.answer(resp, m)
+	}
+	m.hold.free()
 	req, ok := msg.(*jsonrpc.Request)
 	if !ok {
 		return msg, nil
@@ -231,76 +237,112 @@ func (c *guardedConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	return msg, nil
 }
 
-// readError is what ends the connection when a read failed. The stdout filter passes only
-// lines that are JSON objects with "jsonrpc":"2.0", but the SDK's decoder asks more of a
-// message (an id on a response, a valid id and method): one it refuses ends the connection
-// while the server runs on, and the SDK retires the calls in flight with its own error (a
-// JSON-RPC -32600 for a response without an id, which would pass for the server's answer).
-// Such a message breaks the protocol: the server is stopped, and the calls fail as that
-// violation. A stream that ended or failed is the server's death, classified as ever, and an
-// EOF also the client's own close of the connection (or a truncated stream): none of them is
-// a decoding error.
-func (c *guardedConn) readError(ctx context.Context, err error) error {
+// emptyResult stands in, for the SDK, for a tools/call result handed to its caller raw.
+var emptyResult = json.RawMessage(`{}`)
+
+// answer checks an answer against the request it answers. An answer to a CallToolRaw call
+// goes to that call as the server wrote it, with the budget it holds; the SDK sees an empty
+// result in its place and decodes nothing.
+func (c *guardedConn) answer(resp *jsonrpc.Response, m inMessage) (jsonrpc.Message, error) {
+	// An answer nobody awaits costs the SDK nothing but decoding, which is how a flood of
+	// them held a call past its timeout: it is refused, or metered when it may be late.
+	req, v := c.answered(resp.ID)
+	if v != nil {
+		m.hold.free()
+		return nil, v
+	}
+	// What fails here was read whole, within the stream's bounds, and nothing else in the
+	// stream is amiss: only the request it answers fails, without being decoded.
+	if req.method == methodCallTool && len(m.line) > c.callCap {
+		m.hold.free()
+		e := tooLarge("the server's answer is %d bytes, more than %d", len(m.line), c.callCap)
+		e.Limit, e.Size = int64(c.callCap), int64(len(m.line))
+		return &jsonrpc.Response{ID: resp.ID, Error: e}, nil
+	}
+	if jsonValues(resp.Result, maxMessageValues) > maxMessageValues {
+		m.hold.free()
+		return &jsonrpc.Response{ID: resp.ID, Error: tooLarge("the server's answer holds more than %d JSON values", maxMessageValues)}, nil
+	}
+	if req.ticket != nil && resp.Error == nil && req.ticket.give(resp.Result, m.hold) {
+		resp.Result = emptyResult
+		return resp, nil
+	}
+	m.hold.free()
+	return resp, nil
+}
+
+// decodeLine decodes one message. A large answer's result is not copied: it is the part of
+// the line its envelope located.
+func decodeLine(m inMessage) (jsonrpc.Message, error) {
+	if e := m.env; e != nil && e.answer() && e.hasResult && !e.hasError && e.resultEnd > e.resultStart {
+		if id, err := idFromRaw(e.id); err == nil && id.IsValid() {
+			return &jsonrpc.Response{ID: id, Result: m.line[e.resultStart:e.resultEnd:e.resultEnd]}, nil
+		}
+	}
+	return jsonrpc.DecodeMessage(m.line)
+}
+
+// idFromRaw is a request id from its JSON.
+func idFromRaw(raw []byte) (jsonrpc.ID, error) {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return jsonrpc.ID{}, err
+	}
+	return jsonrpc.MakeID(v)
+}
+
+// streamEnded is what ends the connection when the server's output ended or failed: the
+// server's death, classified as ever (an EOF is also the client's own close of the
+// connection), and none of it a decoding error.
+func (c *guardedConn) streamEnded(err error) error {
+	c.g.streamEnded.Store(true)
 	// Set before the SDK learns of the error, so before it retires any call with it.
 	c.g.connFailed.Store(true)
-	var rpcErr *jsonrpc.Error
-	switch {
-	case ctx.Err() != nil, errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		return err
-	case c.g.streamEnded.Load() && !errors.As(err, &rpcErr):
-		return err
-	}
+	return err
+}
+
+// decodeError is what ends the connection when a message cannot be decoded. The stdout filter
+// passes only lines that are JSON objects with "jsonrpc":"2.0", but a message asks more (an id
+// on a response, a valid id and method): one that lacks it breaks the protocol, the server is
+// stopped, and the calls in flight fail as that violation.
+func (c *guardedConn) decodeError(err error) error {
+	c.g.connFailed.Store(true)
 	return c.g.breach("the server wrote a JSON-RPC message the client cannot decode (%s)", safeText(err.Error(), c.secrets, 200))
 }
 
-// answered checks an answer against the requests the pool sent and has not had answered.
-func (c *guardedConn) answered(id jsonrpc.ID) *Error {
-	c.mu.Lock()
-	_, expected := c.open[id]
-	delete(c.open, id)
-	forgot := c.forgot
-	c.mu.Unlock()
+// answered checks an answer against the requests the pool sent and has not had answered, and
+// returns the request it answers.
+func (c *guardedConn) answered(id jsonrpc.ID) (openRequest, *Error) {
+	req, expected, forgot := c.open.answered(id)
 	switch {
 	case expected:
-		return nil
+		return req, nil
 	case forgot:
-		return c.g.admitLate()
+		return req, c.g.admitLate()
 	default:
-		return c.g.breach("the server answered a request the client did not send, or answered one twice")
+		return req, c.g.breach("the server answered a request the client did not send, or answered one twice")
 	}
-}
-
-// expect records a request of the pool's, before it is written: its answer may be read
-// before the write returns.
-func (c *guardedConn) expect(id jsonrpc.ID) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.open == nil {
-		c.open = make(map[jsonrpc.ID]uint64)
-	}
-	c.sent++
-	c.open[id] = c.sent
-	if len(c.open) <= maxOpenRequests {
-		return
-	}
-	// Rare (a server that leaves a thousand requests unanswered): a scan is cheap enough.
-	var oldest jsonrpc.ID
-	first := uint64(math.MaxUint64)
-	for k, n := range c.open {
-		if n < first {
-			oldest, first = k, n
-		}
-	}
-	delete(c.open, oldest)
-	c.forgot = true
 }
 
 // Write counts an answer once it is written (or failed): until then it holds a goroutine.
 func (c *guardedConn) Write(ctx context.Context, msg jsonrpc.Message) error {
-	if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
-		c.expect(req.ID)
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	err := c.Connection.Write(ctx, msg)
+	if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
+		// Before it is written: its answer may be read before the write returns.
+		var t *callTicket
+		if req.Method == methodCallTool {
+			t, _ = ctx.Value(ticketKey{}).(*callTicket)
+		}
+		c.open.expect(req.ID, req.Method, t)
+	}
+	data, err := jsonrpc.EncodeMessage(msg)
+	if err == nil {
+		c.writeMu.Lock()
+		_, err = c.stdin.Write(append(data, '\n'))
+		c.writeMu.Unlock()
+	}
 	if err != nil && ctx.Err() == nil {
 		// Before the SDK retires the request whose write failed.
 		c.g.connFailed.Store(true)
@@ -309,4 +351,147 @@ func (c *guardedConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 		c.g.unanswered.Add(-1)
 	}
 	return err
+}
+
+// Close closes the server's stdin and the client's side of its output.
+func (c *guardedConn) Close() error {
+	c.closeOnce.Do(func() {
+		c.closeErr = c.stdin.Close()
+		c.st.closeClient()
+	})
+	return c.closeErr
+}
+
+// openRequests are the pool's requests on one stdio connection that await an answer: what
+// tells an answer to a request the pool never sent (or one answered already) apart, what the
+// stdout filter bounds an answer by before it is read whole, and where an answer to a
+// CallToolRaw call goes.
+type openRequests struct {
+	mu   sync.Mutex
+	byID map[jsonrpc.ID]openRequest
+	sent uint64
+	// calls counts the tools/call requests among them.
+	calls int
+	// forgot: byID overflowed, and some ids left it unanswered.
+	forgot bool
+}
+
+type openRequest struct {
+	seq    uint64
+	method string
+	ticket *callTicket
+}
+
+// expect records a request of the pool's, before it is written.
+func (o *openRequests) expect(id jsonrpc.ID, method string, t *callTicket) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.byID == nil {
+		o.byID = make(map[jsonrpc.ID]openRequest)
+	}
+	o.sent++
+	o.byID[id] = openRequest{seq: o.sent, method: method, ticket: t}
+	if method == methodCallTool {
+		o.calls++
+	}
+	if len(o.byID) <= maxOpenRequests {
+		return
+	}
+	// Rare (a server that leaves a thousand requests unanswered): a scan is cheap enough.
+	var oldest jsonrpc.ID
+	first := uint64(math.MaxUint64)
+	for k, r := range o.byID {
+		if r.seq < first {
+			oldest, first = k, r.seq
+		}
+	}
+	o.remove(oldest)
+	o.forgot = true
+}
+
+// answered takes the request id answers off the list: expected says whether it was on it,
+// forgot whether requests left it unanswered (so that the answer may be a late one).
+func (o *openRequests) answered(id jsonrpc.ID) (req openRequest, expected, forgot bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	req, expected = o.byID[id]
+	if expected {
+		o.remove(id)
+	}
+	return req, expected, o.forgot
+}
+
+func (o *openRequests) remove(id jsonrpc.ID) {
+	if o.byID[id].method == methodCallTool {
+		o.calls--
+	}
+	delete(o.byID, id)
+}
+
+// method is the method of the open request id, or "".
+func (o *openRequests) method(id jsonrpc.ID) string {
+	if o == nil {
+		return ""
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.byID[id].method
+}
+
+// onlyCalls reports whether requests are open and every one of them is a tool call: an answer
+// can then only be a tool's result.
+func (o *openRequests) onlyCalls() bool {
+	if o == nil {
+		return false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.byID) > 0 && o.calls == len(o.byID)
+}
+
+// callTicket is where the answer to one CallToolRaw call goes: the result as the server wrote
+// it, and the budget it holds until its caller releases it.
+type callTicket struct {
+	mu   sync.Mutex
+	raw  json.RawMessage
+	hold hold
+	done bool
+}
+
+// ticketKey carries a call's ticket in the context the SDK writes its request with.
+type ticketKey struct{}
+
+// give hands the ticket its answer, unless its call has returned already (it gave up): the
+// caller then frees what the answer holds.
+func (t *callTicket) give(raw json.RawMessage, h hold) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.done {
+		return false
+	}
+	t.raw, t.hold = raw, h
+	return true
+}
+
+// attach gives the ticket a reservation its answer holds (a remote server's body), unless its
+// call has returned already: the reservation is then freed.
+func (t *callTicket) attach(h hold) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.done {
+		h.free()
+		return
+	}
+	t.hold.b = h.b
+	t.hold.n += h.n
+}
+
+// take ends the call's wait for an answer and returns what it got.
+func (t *callTicket) take() (json.RawMessage, hold) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.done = true
+	raw, h := t.raw, t.hold
+	t.raw, t.hold = nil, hold{}
+	return raw, h
 }

@@ -109,20 +109,19 @@ func TestAnUndecodableMessageStopsTheServer(t *testing.T) {
 // answers holds a goroutine per request in the SDK; past maxUnansweredRequests the
 // connection ends. An answer written, even one that failed, frees its place.
 func TestUnansweredRequestsAreBounded(t *testing.T) {
-	inner := &scriptedConn{writes: make(chan jsonrpc.Message, maxUnansweredRequests*2)}
-	for i := range maxUnansweredRequests + 1 {
-		inner.reads = append(inner.reads, &jsonrpc.Request{ID: mustID(t, i), Method: "ping"})
-	}
 	g := newTrafficGuard()
 	g.requests = rate.NewLimiter(rate.Inf, 0) // this test is about the answers, not the rate
-	c := &guardedConn{Connection: inner, g: g}
+	c, push := scriptedConn(t, g)
+	for i := range maxUnansweredRequests + 1 {
+		push(&jsonrpc.Request{ID: mustID(t, i), Method: "ping"})
+	}
 	ctx := t.Context()
 	for range maxUnansweredRequests {
 		_, err := c.Read(ctx)
 		require.NoError(t, err)
 	}
 	require.NoError(t, c.Write(ctx, &jsonrpc.Response{ID: mustID(t, 0)}))
-	inner.reads = append(inner.reads, &jsonrpc.Request{ID: mustID(t, 100), Method: "ping"})
+	push(&jsonrpc.Request{ID: mustID(t, 100), Method: "ping"})
 	_, err := c.Read(ctx)
 	require.NoError(t, err, "an answer written frees a place")
 	require.Nil(t, g.violation())
@@ -146,18 +145,15 @@ func TestUnansweredRequestsAreBounded(t *testing.T) {
 func TestAnswersNobodyAwaits(t *testing.T) {
 	ctx := t.Context()
 	answer := func(id jsonrpc.ID) *jsonrpc.Response { return &jsonrpc.Response{ID: id, Result: json.RawMessage(`{}`)} }
-	newConn := func() (*guardedConn, *scriptedConn) {
-		inner := &scriptedConn{writes: make(chan jsonrpc.Message, maxOpenRequests*2)}
-		return &guardedConn{Connection: inner, g: newTrafficGuard()}, inner
-	}
+	newConn := func() (*guardedConn, func(...jsonrpc.Message)) { return scriptedConn(t, newTrafficGuard()) }
 
 	t.Run("expected answers pass, once each", func(t *testing.T) {
-		c, inner := newConn()
+		c, push := newConn()
 		for _, id := range []int{1, 2} {
 			require.NoError(t, c.Write(ctx, &jsonrpc.Request{ID: intID(t, id), Method: "tools/call"}))
 		}
 		require.NoError(t, c.Write(ctx, &jsonrpc.Request{Method: "notifications/cancelled"}))
-		inner.reads = []jsonrpc.Message{answer(intID(t, 2)), answer(intID(t, 1)), answer(intID(t, 1))}
+		push(answer(intID(t, 2)), answer(intID(t, 1)), answer(intID(t, 1)))
 		for range 2 {
 			_, err := c.Read(ctx)
 			require.NoError(t, err, "answers come in any order")
@@ -169,30 +165,30 @@ func TestAnswersNobodyAwaits(t *testing.T) {
 	})
 	t.Run("an answer to a request never sent", func(t *testing.T) {
 		for _, id := range []jsonrpc.ID{intID(t, 7), mustID(t, 9)} {
-			c, inner := newConn()
+			c, push := newConn()
 			require.NoError(t, c.Write(ctx, &jsonrpc.Request{ID: intID(t, 1), Method: "tools/call"}))
-			inner.reads = []jsonrpc.Message{answer(id)}
+			push(answer(id))
 			_, err := c.Read(ctx)
 			require.Equal(t, ClassProtocolViolation, ClassOf(err), "%v", err)
 			require.ErrorContains(t, err, "did not send")
 		}
 	})
 	t.Run("past the bound, unexpected answers are metered", func(t *testing.T) {
-		c, inner := newConn()
+		c, push := newConn()
 		for i := range maxOpenRequests + 1 {
 			require.NoError(t, c.Write(ctx, &jsonrpc.Request{ID: intID(t, i+1), Method: "tools/call"}))
 		}
 		// Request 1 was forgotten; its late answer passes, and so does the newest's.
-		inner.reads = []jsonrpc.Message{answer(intID(t, 1)), answer(intID(t, maxOpenRequests+1))}
+		push(answer(intID(t, 1)), answer(intID(t, maxOpenRequests+1)))
 		for range 2 {
 			_, err := c.Read(ctx)
 			require.NoError(t, err)
 		}
 		for i := range serverNotificationBurst * 2 {
-			inner.reads = append(inner.reads, answer(mustID(t, i)))
+			push(answer(mustID(t, i)))
 		}
 		var err error
-		for err == nil && len(inner.reads) > 0 {
+		for i := 0; err == nil && i < serverNotificationBurst*2; i++ {
 			_, err = c.Read(ctx)
 		}
 		require.Equal(t, ClassProtocolViolation, ClassOf(err), "%v", err)
@@ -248,25 +244,26 @@ func mustID(t *testing.T, i int) jsonrpc.ID {
 	return id
 }
 
-// scriptedConn reads a fixed list of messages and records what is written.
-type scriptedConn struct {
-	reads  []jsonrpc.Message
-	writes chan jsonrpc.Message
+// scriptedConn is a stdio connection under g whose server's output is what push hands it;
+// what the connection writes is discarded.
+func scriptedConn(t *testing.T, g *trafficGuard) (*guardedConn, func(...jsonrpc.Message)) {
+	st := &Stdio{messages: make(chan inMessage, 4*serverNotificationBurst), requests: &openRequests{},
+		life: context.Background(), endLife: func() {}, general: DefaultMaxMessageBytes, callCap: DefaultMaxResultBytes}
+	c := &guardedConn{st: st, stdin: discardCloser{}, g: g, callCap: st.callCap, open: st.requests}
+	push := func(msgs ...jsonrpc.Message) {
+		for _, m := range msgs {
+			line, err := jsonrpc.EncodeMessage(m)
+			require.NoError(t, err)
+			st.messages <- inMessage{line: line}
+		}
+	}
+	return c, push
 }
 
-func (c *scriptedConn) Read(context.Context) (jsonrpc.Message, error) {
-	m := c.reads[0]
-	c.reads = c.reads[1:]
-	return m, nil
-}
+type discardCloser struct{}
 
-func (c *scriptedConn) Write(_ context.Context, m jsonrpc.Message) error {
-	c.writes <- m
-	return nil
-}
-
-func (c *scriptedConn) Close() error      { return nil }
-func (c *scriptedConn) SessionID() string { return "" }
+func (discardCloser) Write(p []byte) (int, error) { return len(p), nil }
+func (discardCloser) Close() error                { return nil }
 
 // TestARemoteServerThatFloodsIsStopped: the same bounds hold over HTTP. A server that pings
 // the pool faster than any honest one is stopped by the rate; one that sends requests for

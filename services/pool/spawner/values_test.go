@@ -87,12 +87,10 @@ func TestAWideAnswerFailsItsCallAlone(t *testing.T) {
 // values than the bound stops the server, as too large.
 func TestAWideRequestIsABreach(t *testing.T) {
 	params := json.RawMessage(`{"data":[` + strings.Repeat("1,", maxMessageValues) + `1]}`)
-	inner := &scriptedConn{reads: []jsonrpc.Message{
-		&jsonrpc.Request{Method: "notifications/message", Params: json.RawMessage(`{"data":[1,2,3]}`)},
-		&jsonrpc.Request{Method: "notifications/message", Params: params},
-	}}
 	g := newTrafficGuard()
-	c := &guardedConn{Connection: inner, g: g}
+	c, push := scriptedConn(t, g)
+	push(&jsonrpc.Request{Method: "notifications/message", Params: json.RawMessage(`{"data":[1,2,3]}`)},
+		&jsonrpc.Request{Method: "notifications/message", Params: params})
 	_, err := c.Read(context.Background())
 	require.NoError(t, err)
 	_, err = c.Read(context.Background())

@@ -117,6 +117,7 @@ type storedServer struct {
 	KeepMarkup           bool                `json:"keep_markup,omitempty"`
 	StrictInputs         bool                `json:"strict_inputs,omitempty"`
 	Prewarm              int                 `json:"prewarm,omitempty"`
+	MaxResultBytes       int64               `json:"max_result_bytes,omitempty"`
 	Revision             int64               `json:"revision"`
 	CreateTime           time.Time           `json:"create_time"`
 	UpdateTime           time.Time           `json:"update_time"`
@@ -144,6 +145,7 @@ func (s *Store) seal(r *mcpserver.Registration) (*storedServer, error) {
 		Headers: r.Headers, Grants: r.Grants, Include: r.Filter.Include, Exclude: r.Filter.Exclude,
 		ToolPermissions: r.ToolPermissions, ClientSessionTimeout: r.ClientSessionTimeout,
 		ToolCallTimeout: r.ToolCallTimeout, KeepMarkup: r.KeepMarkup, StrictInputs: r.StrictInputs, Prewarm: r.Prewarm,
+		MaxResultBytes: r.MaxResultBytes,
 		Revision: r.Revision, CreateTime: r.CreateTime, UpdateTime: r.UpdateTime,
 	}
 	if st.Grants == nil {
@@ -193,6 +195,7 @@ func (st *storedServer) withoutEnv() *mcpserver.Registration {
 		Filter:          mcpserver.ToolFilter{Include: st.Include, Exclude: st.Exclude},
 		ToolPermissions: st.ToolPermissions, ClientSessionTimeout: st.ClientSessionTimeout,
 		ToolCallTimeout: st.ToolCallTimeout, KeepMarkup: st.KeepMarkup, StrictInputs: st.StrictInputs, Prewarm: st.Prewarm,
+		MaxResultBytes: st.MaxResultBytes,
 		Revision: st.Revision, CreateTime: st.CreateTime, UpdateTime: st.UpdateTime,
 	}
 }

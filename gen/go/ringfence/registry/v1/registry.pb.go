@@ -68,6 +68,10 @@ type Server struct {
 	// plainly declared object schema is read as if it said "additionalProperties": false
 	// (default false: the pinned schema as the server wrote it).
 	StrictInputs bool `protobuf:"varint,18,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
+	// max_result_bytes bounds one answer to tools/call as the server writes it (its JSON-RPC
+	// message): 0 is the default, 16 MiB; otherwise 1 KiB to 32 MiB. A larger answer is not
+	// read past the bound, and its call fails as result_too_large.
+	MaxResultBytes int64 `protobuf:"varint,19,opt,name=max_result_bytes,json=maxResultBytes,proto3" json:"max_result_bytes,omitempty"`
 	// prewarm is how many containers the pool keeps started, past the MCP handshake and listed,
 	// for this server's next runs (stdio only; 0 to 16, default 0). Each serves one run only; the
 	// pool caps the total (RINGFENCE_POOL__MAX_WARM) and counts them under pool.max_sessions.
@@ -234,6 +238,13 @@ func (x *Server) GetStrictInputs() bool {
 		return x.StrictInputs
 	}
 	return false
+}
+
+func (x *Server) GetMaxResultBytes() int64 {
+	if x != nil {
+		return x.MaxResultBytes
+	}
+	return 0
 }
 
 func (x *Server) GetPrewarm() int32 {
@@ -425,9 +436,10 @@ type CreateServerRequest struct {
 	KeepMarkup           bool                        `protobuf:"varint,14,opt,name=keep_markup,json=keepMarkup,proto3" json:"keep_markup,omitempty"`
 	StrictInputs         bool                        `protobuf:"varint,15,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
 	// prewarm: see Server.prewarm.
-	Prewarm       int32 `protobuf:"varint,17,opt,name=prewarm,proto3" json:"prewarm,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Prewarm        int32 `protobuf:"varint,17,opt,name=prewarm,proto3" json:"prewarm,omitempty"`
+	MaxResultBytes int64 `protobuf:"varint,16,opt,name=max_result_bytes,json=maxResultBytes,proto3" json:"max_result_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CreateServerRequest) Reset() {
@@ -568,6 +580,13 @@ func (x *CreateServerRequest) GetStrictInputs() bool {
 func (x *CreateServerRequest) GetPrewarm() int32 {
 	if x != nil {
 		return x.Prewarm
+	}
+	return 0
+}
+
+func (x *CreateServerRequest) GetMaxResultBytes() int64 {
+	if x != nil {
+		return x.MaxResultBytes
 	}
 	return 0
 }
@@ -840,13 +859,14 @@ type UpdateServerRequest struct {
 	// update_mask, when it names fields, changes only those; the others keep their stored
 	// values. Paths: description, transport, command, args, env, url, headers, grants,
 	// tool_filter, tool_permissions, client_session_timeout, tool_call_timeout, keep_markup,
-	// strict_inputs, prewarm. A named field the request leaves unset is cleared. Empty (or "*")
+	// strict_inputs, prewarm, max_result_bytes. A named field the request leaves unset is cleared. Empty (or "*")
 	// replaces the whole registration.
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,17,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	// prewarm: see Server.prewarm (absent is 0: PUT replaces it like every other field).
-	Prewarm       int32 `protobuf:"varint,18,opt,name=prewarm,proto3" json:"prewarm,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Prewarm        int32 `protobuf:"varint,18,opt,name=prewarm,proto3" json:"prewarm,omitempty"`
+	MaxResultBytes int64 `protobuf:"varint,19,opt,name=max_result_bytes,json=maxResultBytes,proto3" json:"max_result_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *UpdateServerRequest) Reset() {
@@ -1001,6 +1021,13 @@ func (x *UpdateServerRequest) GetUpdateMask() *fieldmaskpb.FieldMask {
 func (x *UpdateServerRequest) GetPrewarm() int32 {
 	if x != nil {
 		return x.Prewarm
+	}
+	return 0
+}
+
+func (x *UpdateServerRequest) GetMaxResultBytes() int64 {
+	if x != nil {
+		return x.MaxResultBytes
 	}
 	return 0
 }
@@ -1692,7 +1719,7 @@ var File_ringfence_registry_v1_registry_proto protoreflect.FileDescriptor
 
 const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\n" +
-	"$ringfence/registry/v1/registry.proto\x12\x15ringfence.registry.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xfa\b\n" +
+	"$ringfence/registry/v1/registry.proto\x12\x15ringfence.registry.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xa4\t\n" +
 	"\x06Server\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1716,7 +1743,8 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12#\n" +
-	"\rstrict_inputs\x18\x12 \x01(\bR\fstrictInputs\x12\x18\n" +
+	"\rstrict_inputs\x18\x12 \x01(\bR\fstrictInputs\x12(\n" +
+	"\x10max_result_bytes\x18\x13 \x01(\x03R\x0emaxResultBytes\x12\x18\n" +
 	"\aprewarm\x18\x14 \x01(\x05R\aprewarm\x125\n" +
 	"\x04warm\x18\x15 \x01(\v2!.ringfence.registry.v1.WarmStatusR\x04warm\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
@@ -1737,7 +1765,7 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\ainclude\x18\x01 \x03(\tR\ainclude\x12\x18\n" +
 	"\aexclude\x18\x02 \x03(\tR\aexclude\"-\n" +
 	"\x0fToolPermissions\x12\x1a\n" +
-	"\brequired\x18\x01 \x03(\tR\brequired\"\x8d\a\n" +
+	"\brequired\x18\x01 \x03(\tR\brequired\"\xb7\a\n" +
 	"\x13CreateServerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1757,7 +1785,8 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\vkeep_markup\x18\x0e \x01(\bR\n" +
 	"keepMarkup\x12#\n" +
 	"\rstrict_inputs\x18\x0f \x01(\bR\fstrictInputs\x12\x18\n" +
-	"\aprewarm\x18\x11 \x01(\x05R\aprewarm\x1a:\n" +
+	"\aprewarm\x18\x11 \x01(\x05R\aprewarm\x12(\n" +
+	"\x10max_result_bytes\x18\x10 \x01(\x03R\x0emaxResultBytes\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aj\n" +
@@ -1776,7 +1805,7 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"v\n" +
 	"\x13ListServersResponse\x127\n" +
 	"\aservers\x18\x01 \x03(\v2\x1d.ringfence.registry.v1.ServerR\aservers\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xe6\a\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x90\b\n" +
 	"\x13UpdateServerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1799,7 +1828,8 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\rstrict_inputs\x18\x10 \x01(\bR\fstrictInputs\x12;\n" +
 	"\vupdate_mask\x18\x11 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
 	"updateMask\x12\x18\n" +
-	"\aprewarm\x18\x12 \x01(\x05R\aprewarm\x1a:\n" +
+	"\aprewarm\x18\x12 \x01(\x05R\aprewarm\x12(\n" +
+	"\x10max_result_bytes\x18\x13 \x01(\x03R\x0emaxResultBytes\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aj\n" +

@@ -1,0 +1,58 @@
+package spawner
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ringfence/ringfence/internal/testutil"
+	"github.com/ringfence/ringfence/internal/testutil/fixtures"
+)
+
+// TestRawAnswersAndTheResultCap: a local server's answer reaches CallToolRaw as the server
+// wrote it, holding its size in the result budget until it is released; an answer past the
+// registration's cap fails its call alone, unread, and the session goes on.
+func TestRawAnswersAndTheResultCap(t *testing.T) {
+	fixture := fixtures.Binaries(t).Path(t, fixtures.MCPFixture)
+	budget, err := NewBudget(8<<20, 0)
+	require.NoError(t, err)
+	var logs testutil.SyncBuffer
+	r := hostRouter(t, &logs, func(c *Config) { c.ResultBudget = budget })
+	spec := hostSpec(fixture, "--runtime-tools")
+	spec.MaxResultBytes = 1 << 20
+	s := spawn(t, r, spec)
+	blob := func(n int) *mcp.CallToolParams {
+		return &mcp.CallToolParams{Name: "blob", Arguments: map[string]any{"bytes": n}}
+	}
+
+	ans, err := s.CallToolRaw(t.Context(), blob(200_000))
+	require.NoError(t, err)
+	require.Nil(t, ans.Result, "nothing decoded it")
+	var res struct {
+		Content []struct{ Text string } `json:"content"`
+	}
+	require.NoError(t, json.Unmarshal(ans.Raw, &res))
+	require.Len(t, res.Content[0].Text, 200_000)
+	require.Greater(t, budget.InUse(), int64(200_000), "the answer holds its size until it is released")
+	ans.Release()
+	require.Zero(t, budget.InUse())
+
+	_, err = s.CallToolRaw(t.Context(), blob(3<<20))
+	require.True(t, IsTooLarge(err), "%v", err)
+	var e *Error
+	require.ErrorAs(t, err, &e)
+	require.Equal(t, int64(1<<20), e.Limit)
+	require.False(t, e.OverBudget)
+	require.Zero(t, budget.InUse())
+	require.NoError(t, s.Err(), "the session goes on")
+
+	ans, err = s.CallToolRaw(t.Context(), blob(10))
+	require.NoError(t, err, "the next call on the same session works")
+	require.Contains(t, string(ans.Raw), `"lorem ipsu"`)
+	ans.Release()
+	full, err := s.CallTool(t.Context(), blob(10))
+	require.NoError(t, err, "CallTool still decodes as the SDK does")
+	require.Equal(t, "lorem ipsu", full.Content[0].(*mcp.TextContent).Text)
+}
