@@ -189,8 +189,8 @@ func RegistrationFromProto(s *registryv1.Server) *mcpserver.Registration {
 		Command: s.GetCommand(), Args: s.GetArgs(), URL: s.GetUrl(), Headers: s.GetHeaders(),
 		Grants: s.GetGrants(), KeepMarkup: s.GetKeepMarkup(), StrictInputs: s.GetStrictInputs(), Prewarm: int(s.GetPrewarm()),
 		MaxResultBytes: s.GetMaxResultBytes(),
-		Revision: s.GetRevision(),
-		Filter:   mcpserver.ToolFilter{Include: s.GetToolFilter().GetInclude(), Exclude: s.GetToolFilter().GetExclude()},
+		Revision:       s.GetRevision(),
+		Filter:         mcpserver.ToolFilter{Include: s.GetToolFilter().GetInclude(), Exclude: s.GetToolFilter().GetExclude()},
 	}
 	if d := s.GetClientSessionTimeout(); d != nil {
 		reg.ClientSessionTimeout = d.AsDuration()

@@ -146,7 +146,7 @@ func (s *Store) seal(r *mcpserver.Registration) (*storedServer, error) {
 		ToolPermissions: r.ToolPermissions, ClientSessionTimeout: r.ClientSessionTimeout,
 		ToolCallTimeout: r.ToolCallTimeout, KeepMarkup: r.KeepMarkup, StrictInputs: r.StrictInputs, Prewarm: r.Prewarm,
 		MaxResultBytes: r.MaxResultBytes,
-		Revision: r.Revision, CreateTime: r.CreateTime, UpdateTime: r.UpdateTime,
+		Revision:       r.Revision, CreateTime: r.CreateTime, UpdateTime: r.UpdateTime,
 	}
 	if st.Grants == nil {
 		st.Grants = []string{}
@@ -196,7 +196,7 @@ func (st *storedServer) withoutEnv() *mcpserver.Registration {
 		ToolPermissions: st.ToolPermissions, ClientSessionTimeout: st.ClientSessionTimeout,
 		ToolCallTimeout: st.ToolCallTimeout, KeepMarkup: st.KeepMarkup, StrictInputs: st.StrictInputs, Prewarm: st.Prewarm,
 		MaxResultBytes: st.MaxResultBytes,
-		Revision: st.Revision, CreateTime: st.CreateTime, UpdateTime: st.UpdateTime,
+		Revision:       st.Revision, CreateTime: st.CreateTime, UpdateTime: st.UpdateTime,
 	}
 }
 
