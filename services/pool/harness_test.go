@@ -30,6 +30,7 @@ import (
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
 	"github.com/ringfence/ringfence/internal/testutil/fixtures"
 	auditsvc "github.com/ringfence/ringfence/services/audit"
+	"github.com/ringfence/ringfence/services/pool/documents"
 	"github.com/ringfence/ringfence/services/pool/spawner"
 	"github.com/ringfence/ringfence/services/publisher"
 	"github.com/ringfence/ringfence/services/registry"
@@ -47,6 +48,9 @@ type harness struct {
 	audit    *rftestutil.AuditRecorder
 	poolID   string
 	versions *overridableVersions
+	// poolCfg and spawner are what the pool was opened with, for reopen.
+	poolCfg Config
+	spawner func() Spawner
 }
 
 type harnessOpts struct {
@@ -77,6 +81,10 @@ type harnessOpts struct {
 	spoolMaxRecords int
 	// poolSink, when set, wraps the audit sink the pool's spool forwards to (one that is down).
 	poolSink func(audit.Sink) audit.Sink
+	// approvalTimeout is pool.approval_timeout (0: the default).
+	approvalTimeout time.Duration
+	// documents, when set, resolves my-documents:// references instead of the built-in store.
+	documents documents.Resolver
 }
 
 // overridableVersions serves the publisher's versions, or a hand-made one a test injects to
@@ -147,22 +155,27 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 		sc.AllowUnisolated = true
 		sc.HostPATH = filepath.Dir(fixtures.Binaries(t).Path(t, fixtures.MCPFixture)) + ":" + spawner.DefaultHostPATH
 	}
-	backends, err := spawner.DefaultBackends(sc)
-	require.NoError(t, err)
-	if o.backend != nil {
-		backends = append([]spawner.Backend{o.backend}, backends...)
+	newSpawner := func() Spawner {
+		backends, err := spawner.DefaultBackends(sc)
+		require.NoError(t, err)
+		if o.backend != nil {
+			backends = append([]spawner.Backend{o.backend}, backends...)
+		}
+		sp, err := spawner.NewRouter(sc, backends...)
+		require.NoError(t, err)
+		return sp
 	}
-	sp, err := spawner.NewRouter(sc, backends...)
-	require.NoError(t, err)
-	pl, err := Open(t.Context(), Config{
+	cfg := Config{
 		DBPath: filepath.Join(dir, "pool.db"), Registry: poolReg, Versions: versions, AuditSink: poolSinkTo,
-		SpoolMaxRecords: o.spoolMaxRecords, Spawner: sp,
+		SpoolMaxRecords: o.spoolMaxRecords, Spawner: newSpawner(),
 		DriftMaxAge: drift, RunIdleTimeout: o.idle, PausedRunTimeout: o.paused, MaxRuns: o.maxRuns, MaxSessions: o.maxSessions,
-		AllowInlineMCPServers: o.allowInline, AllowAdvisory: o.allowAdvisory, Logger: quiet,
-	})
+		AllowInlineMCPServers: o.allowInline, AllowAdvisory: o.allowAdvisory, ApprovalTimeout: o.approvalTimeout, Documents: o.documents, Logger: quiet,
+	}
+	pl, err := Open(t.Context(), cfg)
 	require.NoError(t, err)
+	h := &harness{t: t, reg: reg, pool: pl, audit: rec, poolID: poolID, versions: versions, poolCfg: cfg, spawner: newSpawner}
 	t.Cleanup(func() {
-		require.NoError(t, pl.Close(context.Background()))
+		require.NoError(t, h.pool.Close(context.Background()))
 		if docker {
 			requireNoContainers(t, poolID)
 		}
@@ -174,9 +187,23 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 	t.Cleanup(func() { pub.Close() })
 	versions.pub = pub
 	// Handlers are called directly, so the context carries what the interceptor resolves.
-	ctx := auth.WithTenancy(auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_test", Role: auth.RoleAdmin, Permissions: auth.AllPermissions}),
+	h.ctx = auth.WithTenancy(auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_test", Role: auth.RoleAdmin, Permissions: auth.AllPermissions}),
 		auth.Tenancy{Tenant: auth.DefaultTenant})
-	return &harness{t: t, ctx: ctx, reg: reg, pub: pub, pool: pl, audit: rec, poolID: poolID, versions: versions}
+	h.pub = pub
+	return h
+}
+
+// reopen restarts the pool on its data directory, as a new process would: its runs, loaded
+// tools and approvals are read back, and no session survives.
+func (h *harness) reopen() {
+	h.t.Helper()
+	require.NoError(h.t, h.pool.Close(context.Background()))
+	cfg := h.poolCfg
+	cfg.Spawner = h.spawner()
+	pl, err := Open(h.t.Context(), cfg)
+	require.NoError(h.t, err)
+	h.pool = pl
+	h.reg.SetDiscoverer(pl)
 }
 
 func randomHex() string {
