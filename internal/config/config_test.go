@@ -33,6 +33,11 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, ByteSize(512<<20), cfg.Sandbox.MCPIsolationMemory)
 	require.Equal(t, time.Second, cfg.Pool.DriftMaxAge)
 	require.Equal(t, 7*24*time.Hour, cfg.Pool.PausedTimeout)
+	require.Equal(t, 15*time.Minute, cfg.Pool.ApprovalTimeout)
+	require.Equal(t, ByteSize(10<<20), cfg.Documents.MaxBytes)
+	require.Equal(t, ByteSize(16<<20), cfg.Documents.MaxCallBytes)
+	require.Equal(t, ByteSize(1<<30), cfg.Documents.MaxTenantBytes)
+	require.Empty(t, cfg.Documents.URLTemplate, "the built-in store by default")
 	require.Equal(t, 128, cfg.Limits.MaxConnectionsPerAddress)
 	require.False(t, cfg.IsProduction())
 }
@@ -104,6 +109,11 @@ func TestRefusals(t *testing.T) {
 		{"partial tls", nil, []string{"RINGFENCE_TLS__CERT_FILE=a.pem"}, []string{"set together"}},
 		{"bad env", nil, []string{"RINGFENCE_ENV=staging"}, []string{"RINGFENCE_ENV", "development or production"}},
 		{"no connections per address", nil, []string{"RINGFENCE_LIMITS__MAX_CONNECTIONS_PER_ADDRESS=0"}, []string{"RINGFENCE_LIMITS__MAX_CONNECTIONS_PER_ADDRESS", "at least 1", "proxy or NAT"}},
+		{"no approval timeout", nil, []string{"RINGFENCE_POOL__APPROVAL_TIMEOUT=0s"}, []string{"RINGFENCE_POOL__APPROVAL_TIMEOUT", "must be positive"}},
+		{"a document URL without the tenant", nil, []string{"RINGFENCE_DOCUMENTS__URL_TEMPLATE=https://docs.internal/{id}"}, []string{"RINGFENCE_DOCUMENTS__URL_TEMPLATE", "{tenant} and {id}"}},
+		{"a document URL in the clear in production", nil, []string{"RINGFENCE_ENV=production", "RINGFENCE_DOCUMENTS__URL_TEMPLATE=http://docs.internal/{tenant}/{id}"}, []string{"RINGFENCE_DOCUMENTS__URL_TEMPLATE", "not https://"}},
+		{"a token for no document service", nil, []string{"RINGFENCE_DOCUMENTS__TOKEN_FILE=/run/token"}, []string{"RINGFENCE_DOCUMENTS__TOKEN_FILE", "without documents.url_template"}},
+		{"documents past the bound", nil, []string{"RINGFENCE_DOCUMENTS__MAX_BYTES=1GiB"}, []string{"RINGFENCE_DOCUMENTS__MAX_BYTES", "[1, 256MiB]"}},
 		{"secret values are not echoed", nil, []string{"RINGFENCE_BOOTSTRAP_ADMIN_KEY=short"}, []string{"RINGFENCE_BOOTSTRAP_ADMIN_KEY", "shorter than 16"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

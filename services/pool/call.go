@@ -17,13 +17,13 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/documents"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/humanize"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/mcpgate"
 	"github.com/ringfence/ringfence/mcpgate/capability"
 	"github.com/ringfence/ringfence/mcpgate/sanitize"
-	"github.com/ringfence/ringfence/services/pool/documents"
 	"github.com/ringfence/ringfence/services/pool/spawner"
 )
 

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ringfence/ringfence/services/pool/documents"
+	"github.com/ringfence/ringfence/internal/documents"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
 )
 

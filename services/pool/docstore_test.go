@@ -22,8 +22,8 @@ import (
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/documents"
 	"github.com/ringfence/ringfence/internal/testutil"
-	"github.com/ringfence/ringfence/services/pool/documents"
 )
 
 // documentsHarness registers fx and gx (both the fixture) and publishes graph g: agent a binds

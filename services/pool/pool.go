@@ -22,12 +22,12 @@ import (
 
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/documents"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/mcpgate/schemas"
-	"github.com/ringfence/ringfence/services/pool/documents"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
 	"github.com/ringfence/ringfence/services/pool/spawner"
 )

@@ -18,9 +18,9 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/documents"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/ident"
-	"github.com/ringfence/ringfence/services/pool/documents"
 )
 
 // Server is the gRPC front end of the pool.

@@ -10,11 +10,11 @@ import (
 	"slices"
 
 	"github.com/ringfence/ringfence/internal/agentsurface"
+	"github.com/ringfence/ringfence/internal/documents"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/mcpgate"
 	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
-	"github.com/ringfence/ringfence/services/pool/documents"
 )
 
 // The gates of the agent's surface (internal/agentsurface decides; docs/agents.md): the
