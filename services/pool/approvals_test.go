@@ -218,9 +218,9 @@ func TestDenyCall(t *testing.T) {
 }
 
 // TestApprovalExpires: an approval nobody decides expires as refused, on record; the caller's
-// retry is told, and the run is free. While it waits, the idle reaper leaves the run alone.
+// retry is told, and the run is free.
 func TestApprovalExpires(t *testing.T) {
-	h := deskHarness(t, harnessOpts{approvalTimeout: time.Second, idle: 200 * time.Millisecond}, askNonReadOnly)
+	h := deskHarness(t, harnessOpts{approvalTimeout: time.Second}, askNonReadOnly)
 	run := h.start("g")
 	args := map[string]any{"text": "x"}
 	_, err := h.call(run, "a", "fx__echo", args)
@@ -230,14 +230,37 @@ func TestApprovalExpires(t *testing.T) {
 		recs := h.toolCallRecords(func(tc *audit.ToolCallAttempt) bool { return tc.Reason == reasonApprovalExpired })
 		return len(recs) == 1 && recs[0].Approval.ID == id && recs[0].Approval.State == audit.ApprovalExpired
 	}, 20*time.Second, 20*time.Millisecond)
-	info, err := h.pool.GetRun(h.ctx, run, "")
-	require.NoError(t, err)
-	require.Equal(t, StateRunning, info.Run.State, "a run that waits for an approval is not idle")
 	_, err = h.call(run, "a", "fx__echo", args)
 	requireRefused(t, err, reasonApprovalExpired)
 	_, _, err = h.pool.ApproveCall(h.ctx, run, "", id, "key:late")
 	require.ErrorIs(t, err, errApprovalDecided)
-	require.Equal(t, StateFailed, h.reaped(run).Run.State, "then idle like any run")
+	res, err := h.call(run, "a", "fx__peek", map[string]any{"text": "free"})
+	require.NoError(t, err)
+	require.Equal(t, "free", res.Content[0]["text"])
+}
+
+// TestAWaitingRunIsNotIdle: the idle reaper leaves a run that waits for an approval alone,
+// however long ago its last call ended; once decided, the run is idle like any other.
+func TestAWaitingRunIsNotIdle(t *testing.T) {
+	h := deskHarness(t, harnessOpts{}, askNonReadOnly)
+	run := h.start("g")
+	_, err := h.call(run, "a", "fx__echo", map[string]any{"text": "x"})
+	id := requireRefused(t, err, reasonApprovalRequired).ApprovalID
+	r, err := h.pool.lookup(h.ctx, run, "")
+	require.NoError(t, err)
+	later := time.Now().Add(2 * h.pool.cfg.RunIdleTimeout)
+	r.mu.Lock()
+	_, idle := h.pool.abandoned(r, later)
+	r.mu.Unlock()
+	require.False(t, idle, "it waits for someone")
+
+	_, err = h.pool.DenyCall(h.ctx, run, "", id, "key:ops", "")
+	require.NoError(t, err)
+	r.mu.Lock()
+	why, idle := h.pool.abandoned(r, later)
+	r.mu.Unlock()
+	require.True(t, idle)
+	require.Contains(t, why, "pool.run_idle_timeout")
 }
 
 // TestApprovalsSurviveARestart: a pending approval outlives the pool: it still holds the run

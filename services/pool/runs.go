@@ -442,8 +442,6 @@ func (s *Service) reapIdle(ctx context.Context) {
 	every = max(every, 10*time.Millisecond)
 	t := time.NewTicker(every)
 	defer t.Stop()
-	idleReason := fmt.Sprintf("idle for more than %s (pool.run_idle_timeout)", s.cfg.RunIdleTimeout)
-	pausedReason := fmt.Sprintf("paused for more than %s (pool.paused_run_timeout)", s.cfg.PausedRunTimeout)
 	for {
 		select {
 		case <-ctx.Done():
@@ -457,22 +455,28 @@ func (s *Service) reapIdle(ctx context.Context) {
 		s.runs.mu.Unlock()
 		for _, r := range all {
 			s.expireApprovals(ctx, r, time.Now())
-			expired := func() (string, bool) {
-				switch r.rec.State {
-				case StateRunning:
-					// A run that waits for an approval is not idle: its approval expires
-					// first (pool.approval_timeout), and its idle clock starts again then.
-					return idleReason, r.busy.Load() == 0 && r.pending() == nil && time.Since(r.lastActivity) > s.cfg.RunIdleTimeout
-				case StatePaused:
-					return pausedReason, s.cfg.PausedRunTimeout > 0 && time.Since(r.lastActivity) > s.cfg.PausedRunTimeout
-				}
-				return "", false
-			}
+			expired := func() (string, bool) { return s.abandoned(r, time.Now()) }
 			if info, err := s.endWhen(ctx, r, StateFailed, expired); err == nil {
 				s.log.Info("ended an abandoned run", "run", info.Run.ID, "reason", info.Run.EndReason)
 			}
 		}
 	}
+}
+
+// abandoned says whether run r is abandoned at now, and why: running with no call for longer
+// than the idle timeout, or paused for longer than the paused timeout. A run that waits for an
+// approval is not idle: its approval expires first (pool.approval_timeout), and its idle clock
+// starts again then. Must hold r.mu.
+func (s *Service) abandoned(r *run, now time.Time) (string, bool) {
+	switch r.rec.State {
+	case StateRunning:
+		return fmt.Sprintf("idle for more than %s (pool.run_idle_timeout)", s.cfg.RunIdleTimeout),
+			r.busy.Load() == 0 && r.pending() == nil && now.Sub(r.lastActivity) > s.cfg.RunIdleTimeout
+	case StatePaused:
+		return fmt.Sprintf("paused for more than %s (pool.paused_run_timeout)", s.cfg.PausedRunTimeout),
+			s.cfg.PausedRunTimeout > 0 && now.Sub(r.lastActivity) > s.cfg.PausedRunTimeout
+	}
+	return "", false
 }
 
 // RunInfo is a run's state for callers.
