@@ -32,7 +32,7 @@ func echoTool() *mcp.Tool {
 
 // pipelineGraph is a published version: agent "a" binds fx__echo (node fx__echo on server
 // fx, pinned) and has an inline server "dev"; agent "b" holds nothing.
-func pipelineGraph(t *testing.T, edit func(g *graph.Graph)) runSnapshot {
+func pipelineGraph(t testing.TB, edit func(g *graph.Graph)) runSnapshot {
 	t.Helper()
 	pin := mcpgate.LiveHash(echoTool())
 	g := &graph.Graph{ID: "g", CapabilityMode: graph.ModeEnforce, Nodes: []graph.Node{
@@ -71,7 +71,7 @@ type gateCase struct {
 	check    func(t *testing.T, d decision)
 }
 
-func (c gateCase) input(t *testing.T) *gateInput {
+func (c gateCase) input(t testing.TB) *gateInput {
 	t.Helper()
 	snap := pipelineGraph(t, c.graph)
 	if c.snap != nil {

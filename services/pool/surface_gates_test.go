@@ -354,3 +354,32 @@ func TestDecideDocuments(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkDecide is the pure gate pipeline of one call before any server (decide, then
+// decideArguments): an agent without surface settings, and one with every filter level set,
+// strict schemas and a document reference, to show what the agent surface adds to a call.
+func BenchmarkDecide(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		gc   gateCase
+	}{
+		{"plain", gateCase{}},
+		{"surface", gateCase{args: `{"path":"my-documents://doc-1","n":null}`, graph: withSettings(func(s *graph.ToolSettings) {
+			s.IncludeServers, s.IncludeTools, s.ExcludeTools = []string{"fx"}, []string{"fx__echo"}, []string{"fx__other"}
+			s.Mounts = []graph.Mount{{Name: "fx", IncludeTools: []string{"echo"}}}
+			s.ConvertSchemasToStrict, s.ConfirmationDefault = true, graph.ConfirmNone
+			s.DocumentResolver = &graph.DocumentResolver{Enabled: true, ServerNames: []string{"fx"}}
+		}), in: func(in *gateInput) { in.documents = map[string]fetched{"doc-1": {content: []byte("a small document")}} }}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			in := c.gc.input(b)
+			if d := decideAll(in); d.err != nil {
+				b.Fatal(d.err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = decideAll(in)
+			}
+		})
+	}
+}
