@@ -160,6 +160,26 @@ func TestAgentCallTimeEndToEnd(t *testing.T) {
 	out = ok(call("desk__peek", `{"text":"my-documents://`+docID+`"}`))
 	require.Contains(t, out, base64.StdEncoding.EncodeToString([]byte("the minutes")), "a listed server gets the document's content")
 
+	// Over REST a document is one JSON message, its content base64; it comes back as the
+	// stream of chunks grpc-gateway writes, one JSON object a line.
+	docs := rest{t: t, base: "http://" + d.HTTPAddr, key: runnerKey}
+	code, body, raw := docs.do(http.MethodPost, "/v1/documents", `{"name":"a.txt","content":"`+base64.StdEncoding.EncodeToString([]byte("over rest"))+`"}`)
+	require.Equal(t, http.StatusOK, code, raw)
+	restID := body["document"].(map[string]any)["document_id"].(string)
+	code, _, raw = docs.do(http.MethodGet, "/v1/documents/"+restID, "")
+	require.Equal(t, http.StatusOK, code, raw)
+	var chunk struct {
+		Result struct {
+			Document map[string]any `json:"document"`
+			Content  []byte         `json:"content"`
+		} `json:"result"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(strings.Split(strings.TrimSpace(raw), "\n")[0]), &chunk), raw)
+	require.Equal(t, "over rest", string(chunk.Result.Content))
+	require.Equal(t, "a.txt", chunk.Result.Document["name"])
+	code, _, raw = docs.do(http.MethodGet, "/v1/documents/"+restID+"?tenant=globex", "")
+	require.Equal(t, http.StatusNotFound, code, "another tenant's documents are not found: %s", raw)
+
 	ok(call("tool_search", `{"query":"echo"}`))
 	r = call("desk__echo", `{"text":"write it"}`)
 	require.Equal(t, 5, r.Code, "a call that waits for an approver: %s", r.Stderr)
@@ -189,7 +209,7 @@ func TestAgentCallTimeEndToEnd(t *testing.T) {
 	require.Equal(t, 5, r.Code)
 	second := regexp.MustCompile(`awaiting approval (apr-[0-9a-f]+)`).FindStringSubmatch(r.Stderr)[1]
 	api := rest{t: t, base: "http://" + d.HTTPAddr, key: approverKey}
-	code, body, raw := api.do(http.MethodGet, "/v1/runs/r1/approvals", "")
+	code, body, raw = api.do(http.MethodGet, "/v1/runs/r1/approvals", "")
 	require.Equal(t, http.StatusOK, code, raw)
 	require.Equal(t, second, body["approvals"].([]any)[0].(map[string]any)["approval_id"])
 	code, body, raw = api.do(http.MethodPost, "/v1/runs/r1/approvals/"+second+":deny", `{"reason":"not twice"}`)
