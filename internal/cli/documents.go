@@ -12,6 +12,9 @@ import (
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 )
 
+// documentTenantUsage is the help of every documents command's --tenant.
+const documentTenantUsage = "the document's tenant (default: the key's tenant, else \"default\")"
+
 // uploadChunk is how much of a document each PutDocument message carries: well under the
 // 4 MiB a gRPC message may hold.
 const uploadChunk = 1 << 20
@@ -86,7 +89,7 @@ document service (documents.url_template) has no built-in store.`,
 	}
 	put.Flags().StringVar(&name, "name", "", "a label for people (default: the file's name)")
 	put.Flags().StringVar(&mediaType, "media-type", "", "the content's media type, e.g. application/pdf")
-	put.Flags().StringVar(&tenant, "tenant", "", "the document's tenant (default: the key's tenant, else \"default\")")
+	put.Flags().StringVar(&tenant, "tenant", "", documentTenantUsage)
 
 	get := &cobra.Command{
 		Use:   "get ID",
@@ -144,7 +147,7 @@ document service (documents.url_template) has no built-in store.`,
 		},
 	}
 	get.Flags().StringVar(&out, "out", "", "write the content to this file (created 0600)")
-	get.Flags().StringVar(&tenant, "tenant", "", "the document's tenant (default: the key's tenant, else \"default\")")
+	get.Flags().StringVar(&tenant, "tenant", "", documentTenantUsage)
 
 	del := &cobra.Command{
 		Use:   "delete ID",
@@ -167,7 +170,7 @@ document service (documents.url_template) has no built-in store.`,
 			return err
 		},
 	}
-	del.Flags().StringVar(&tenant, "tenant", "", "the document's tenant (default: the key's tenant, else \"default\")")
+	del.Flags().StringVar(&tenant, "tenant", "", documentTenantUsage)
 	cmd.AddCommand(put, get, del)
 	return cmd
 }

@@ -371,11 +371,7 @@ func keptOutcome(res *CallResult, err error, att audit.ToolCallAttempt, until ti
 // ListApprovals lists a run's approvals: the pending one first, then the others, newest
 // first.
 func (s *Service) ListApprovals(ctx context.Context, runID, tenant string) ([]Approval, error) {
-	r, err := s.lookup(ctx, runID, tenant)
-	if err != nil {
-		return nil, err
-	}
-	views, err := s.approvalsOf(ctx, r)
+	views, err := s.approvalsOf(ctx, runID, tenant)
 	if err != nil {
 		return nil, err
 	}
@@ -395,9 +391,13 @@ func (s *Service) ListApprovals(ctx context.Context, runID, tenant string) ([]Ap
 	return out, nil
 }
 
-// approvalsOf reads a run's approvals, oldest first: from memory while it is active, from the
-// store once it ended (lookup reads an ended run back without them).
-func (s *Service) approvalsOf(ctx context.Context, r *run) ([]approvalView, error) {
+// approvalsOf reads one of tenant's runs' approvals, oldest first: from memory while it is
+// active, from the store once it ended (lookup reads an ended run back without them).
+func (s *Service) approvalsOf(ctx context.Context, runID, tenant string) ([]approvalView, error) {
+	r, err := s.lookup(ctx, runID, tenant)
+	if err != nil {
+		return nil, err
+	}
 	r.mu.Lock()
 	state := r.rec.State
 	views := r.approvalViews()
@@ -421,11 +421,7 @@ func (s *Service) approvalsOf(ctx context.Context, r *run) ([]approvalView, erro
 // the same agent, tool (its binding name) and arguments (ArgsDigest). It is how the MCP front
 // door learns what became of a call it was told waits for approval; nil when there is none.
 func (s *Service) FindApproval(ctx context.Context, runID, tenant, agent, tool, argsDigest string) (*Approval, error) {
-	r, err := s.lookup(ctx, runID, tenant)
-	if err != nil {
-		return nil, err
-	}
-	views, err := s.approvalsOf(ctx, r)
+	views, err := s.approvalsOf(ctx, runID, tenant)
 	if err != nil {
 		return nil, err
 	}

@@ -194,13 +194,7 @@ func TestDecide(t *testing.T) {
 			require.Nil(t, d.spec, "an inline tool's spec comes from its live listing")
 		}},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			d := decideAll(c.input(t))
-			requireDecision(t, d, c.reason, c.contains)
-			if c.check != nil {
-				c.check(t, d)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { c.run(t) })
 	}
 }
 

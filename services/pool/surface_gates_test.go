@@ -86,13 +86,17 @@ func TestDecideSurface(t *testing.T) {
 		{name: "loaded by another agent", graph: withSettings(func(s *graph.ToolSettings) { s.DeferTools = true }),
 			snap: func(s *runSnapshot) { s.loaded = nil }, reason: reasonNotLoaded},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			d := decideAll(c.input(t))
-			requireDecision(t, d, c.reason, c.contains)
-			if c.check != nil {
-				c.check(t, d)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { c.run(t) })
+	}
+}
+
+// run decides the case through both stages and checks what it must.
+func (c gateCase) run(t *testing.T) {
+	t.Helper()
+	d := decideAll(c.input(t))
+	requireDecision(t, d, c.reason, c.contains)
+	if c.check != nil {
+		c.check(t, d)
 	}
 }
 
@@ -142,13 +146,7 @@ func TestDecideToolSearch(t *testing.T) {
 		search(gateCase{name: "no deferred server: no tool_search", args: `{"query":"x"}`, graph: withLookup(nil),
 			reason: reasonUnknownTool, contains: "binds no mcp_tool"}),
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			d := decideAll(c.input(t))
-			requireDecision(t, d, c.reason, c.contains)
-			if c.check != nil {
-				c.check(t, d)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { c.run(t) })
 	}
 }
 
@@ -163,13 +161,7 @@ func TestDecideStrictForm(t *testing.T) {
 		{name: "every object is closed", graph: strict, args: `{"path":"/srv/a","n":1,"extra":true}`, reason: reasonInvalidInput, contains: "strict form"},
 		{name: "without the setting null is no integer", args: `{"path":"/srv/a","n":null}`, reason: reasonInvalidInput, contains: "/n"},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			d := decideAll(c.input(t))
-			requireDecision(t, d, c.reason, c.contains)
-			if c.check != nil {
-				c.check(t, d)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { c.run(t) })
 	}
 }
 
@@ -204,13 +196,7 @@ func TestDecideConfirmation(t *testing.T) {
 			require.Equal(t, &audit.ToolCallApproval{ID: "apr-1", State: audit.ApprovalApproved, DecidedBy: "key:ops", DecideTime: time.Unix(1, 0)}, d.attempt.Approval)
 		}},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			d := decideAll(c.input(t))
-			requireDecision(t, d, c.reason, c.contains)
-			if c.check != nil {
-				c.check(t, d)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { c.run(t) })
 	}
 }
 
@@ -252,13 +238,7 @@ func TestDecideApprovals(t *testing.T) {
 		{name: "ApproveCall's call passes", snap: approval(approvalApproved, func(a *approvalView) { a.executing = true }),
 			in: func(in *gateInput) { in.decision = &approvalDecision{id: "apr-1"} }},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			d := decideAll(c.input(t))
-			requireDecision(t, d, c.reason, c.contains)
-			if c.check != nil {
-				c.check(t, d)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { c.run(t) })
 	}
 }
 
@@ -345,13 +325,7 @@ func TestDecideDocuments(t *testing.T) {
 			g.Nodes[2].MCPTool.InputSchema = json.RawMessage(`{"type":"object","properties":{"path":{"type":"string","maxLength":20}}}`)
 		}, args: ref, in: docs, reason: reasonInvalidInput, contains: "/path"},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			d := decideAll(c.input(t))
-			requireDecision(t, d, c.reason, c.contains)
-			if c.check != nil {
-				c.check(t, d)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { c.run(t) })
 	}
 }
 
