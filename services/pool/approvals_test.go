@@ -2,6 +2,9 @@ package pool
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -321,4 +324,62 @@ func TestApprovalsAreTheirTenants(t *testing.T) {
 	a, err := h.pool.FindApproval(h.ctx, run, auth.DefaultTenant, "a", "fx__echo", "sha256:other")
 	require.NoError(t, err)
 	require.Nil(t, a)
+}
+
+// TestApprovalsUnderConcurrency: concurrent calls that ask first make one approval (the same
+// call gets it, another is told to wait for it), and of two approvers deciding at once, one
+// runs the call and the other is told it is decided.
+func TestApprovalsUnderConcurrency(t *testing.T) {
+	h := deskHarness(t, harnessOpts{}, askNonReadOnly)
+	run := h.start("g")
+	ids := make(chan string, 16)
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Go(func() {
+			text := "same"
+			if i%4 == 3 {
+				text = fmt.Sprint("other ", i)
+			}
+			_, err := h.call(run, "a", "fx__echo", map[string]any{"text": text})
+			var ref *RefusedError
+			if errors.As(err, &ref) && (ref.Reason == reasonApprovalRequired || ref.Reason == reasonApprovalPending) {
+				ids <- ref.ApprovalID
+				return
+			}
+			ids <- "unexpected: " + fmt.Sprint(err)
+		})
+	}
+	wg.Wait()
+	close(ids)
+	seen := map[string]bool{}
+	for id := range ids {
+		seen[id] = true
+	}
+	require.Len(t, seen, 1, "one approval, which every call names: %v", seen)
+	var id string
+	for k := range seen {
+		id = k
+	}
+
+	results := make(chan error, 2)
+	for range 2 {
+		wg.Go(func() {
+			_, _, err := h.pool.ApproveCall(h.ctx, run, "", id, "key:ops")
+			results <- err
+		})
+	}
+	wg.Wait()
+	close(results)
+	var ok, decided int
+	for err := range results {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, errApprovalDecided):
+			decided++
+		default:
+			t.Fatalf("unexpected: %v", err)
+		}
+	}
+	require.Equal(t, []int{1, 1}, []int{ok, decided})
 }
