@@ -24,6 +24,8 @@ run ./mcpgate/screen/ '.' 1s
 run ./mcpgate/ 'CallTool$' 2s
 # Gate 5: counting a value's validation work beside the validation it guards.
 run ./mcpgate/schemas/ 'Validate$' 1s
+# The pool's pure gate pipeline before any server, with and without the agent surface's gates.
+run ./services/pool/ 'Decide$' 1s
 # Discovery: cold spawn → handshake → full list → stop, beside docker run -i of the same image.
 run ./services/pool/spawner/ 'ColdDiscoveryVsDockerRun$' 20x 3
 # Publisher: validate a 10,000-node draft; import 200 tools (time beyond the spawn reported).

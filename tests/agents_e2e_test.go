@@ -1,8 +1,11 @@
 package tests
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"net/http"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -98,4 +101,139 @@ func TestAgentSurfaceEndToEnd(t *testing.T) {
 	noKey := rest{t: t, base: api.base}
 	code, _, _ = noKey.do(http.MethodGet, "/v1/runs/all/agents/researcher/tools", "")
 	require.Equal(t, http.StatusUnauthorized, code)
+}
+
+// TestAgentCallTimeEndToEnd drives the agent's surface at call time through the real binaries
+// and the isolation image: an agent whose server loads on demand and asks a person first for
+// every tool not annotated read-only. With a runner key it lists, searches, loads and calls a
+// read-only tool, passes a document by reference, and asks for a write tool, which waits; an
+// approver key (and only it) approves it and gets the result, and the runner's retry gets the
+// same result without a second call; a second approval is denied over REST; the audit trail
+// says all of it.
+func TestAgentCallTimeEndToEnd(t *testing.T) {
+	d, _ := poolDaemon(t)
+	as := func(key string) func(args ...string) result {
+		return func(args ...string) result {
+			return runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + key}, bin("ringfence"), args...)
+		}
+	}
+	ok := func(r result, args ...any) string {
+		t.Helper()
+		require.Equal(t, 0, r.Code, "%v\nstdout: %s\nstderr: %s", args, r.Stdout, r.Stderr)
+		return r.Stdout
+	}
+	admin := as(adminKey)
+	ok(admin("servers", "add", "desk", "--command", "mcpfixture --read-only-tools", "--description", "The team's desk.",
+		"--grant", "process_spawn", "--grant", "external_api_call"))
+	ok(admin("graphs", "create", "--graph", "ops", "--agent", "assistant"))
+	ok(admin("mcp-import", "--server", "desk", "--graph", "ops", "--agent", "assistant", "--tool", "echo", "--tool", "peek"))
+	ok(admin("graphs", "settings", "--graph", "ops", "--agent", "assistant", "--defer-tools", "--confirmation-default", "non_read_only",
+		"--document-resolver", "--document-servers", "desk"))
+	ok(admin("graphs", "publish", "--graph", "ops"))
+	key := func(role string) string {
+		var k map[string]any
+		require.NoError(t, json.Unmarshal([]byte(ok(admin("keys", "create", "--name", role+"-key", "--role", role, "-o", "json"))), &k))
+		return k["secret"].(string)
+	}
+	runnerKey, approverKey := key("runner"), key("approver")
+	runner, approver := as(runnerKey), as(approverKey)
+	call := func(tool, args string) result {
+		return runner("runs", "call", "--run", "r1", "--agent", "assistant", "--tool", tool, "--args", args)
+	}
+
+	ok(runner("runs", "start", "--graph", "ops", "--run", "r1"))
+	out := ok(runner("runs", "tools", "--run", "r1", "--agent", "assistant"))
+	require.Regexp(t, `tool_search\s+-\s+-\s+Tool search`, out)
+	require.Regexp(t, `desk\s+2\s+The team's desk\.`, out)
+
+	r := call("desk__peek", `{"text":"hello"}`)
+	require.Equal(t, 3, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "refused before dispatch (not_loaded)")
+	out = ok(call("tool_search", `{"query":"changes nothing"}`))
+	require.Contains(t, out, `"name":"desk__peek"`)
+	out = ok(call("desk__peek", `{"text":"hello"}`))
+	require.Contains(t, out, "hello", "a read-only tool asks nobody")
+
+	doc := t.TempDir() + "/note.txt"
+	require.NoError(t, os.WriteFile(doc, []byte("the minutes"), 0o600))
+	docID := strings.TrimSpace(ok(runner("documents", "put", doc)))
+	out = ok(call("desk__peek", `{"text":"my-documents://`+docID+`"}`))
+	require.Contains(t, out, base64.StdEncoding.EncodeToString([]byte("the minutes")), "a listed server gets the document's content")
+
+	// Over REST a document is one JSON message, its content base64; it comes back as the
+	// stream of chunks grpc-gateway writes, one JSON object a line.
+	docs := rest{t: t, base: "http://" + d.HTTPAddr, key: runnerKey}
+	code, body, raw := docs.do(http.MethodPost, "/v1/documents", `{"name":"a.txt","content":"`+base64.StdEncoding.EncodeToString([]byte("over rest"))+`"}`)
+	require.Equal(t, http.StatusOK, code, raw)
+	restID := body["document"].(map[string]any)["document_id"].(string)
+	code, _, raw = docs.do(http.MethodGet, "/v1/documents/"+restID, "")
+	require.Equal(t, http.StatusOK, code, raw)
+	var chunk struct {
+		Result struct {
+			Document map[string]any `json:"document"`
+			Content  []byte         `json:"content"`
+		} `json:"result"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(strings.Split(strings.TrimSpace(raw), "\n")[0]), &chunk), raw)
+	require.Equal(t, "over rest", string(chunk.Result.Content))
+	require.Equal(t, "a.txt", chunk.Result.Document["name"])
+	code, _, raw = docs.do(http.MethodGet, "/v1/documents/"+restID+"?tenant=globex", "")
+	require.Equal(t, http.StatusNotFound, code, "another tenant's documents are not found: %s", raw)
+
+	ok(call("tool_search", `{"query":"echo"}`))
+	r = call("desk__echo", `{"text":"write it"}`)
+	require.Equal(t, 5, r.Code, "a call that waits for an approver: %s", r.Stderr)
+	m := regexp.MustCompile(`awaiting approval (apr-[0-9a-f]+)`).FindStringSubmatch(r.Stderr)
+	require.NotNil(t, m, r.Stderr)
+	id := m[1]
+	require.Contains(t, r.Stderr, "ringfence runs approve --run r1 --approval "+id)
+	r = call("desk__peek", `{"text":"meanwhile"}`)
+	require.Equal(t, 3, r.Code)
+	require.Contains(t, r.Stderr, "approval_pending")
+
+	r = runner("runs", "approve", "--run", "r1", "--approval", id)
+	require.Equal(t, 1, r.Code, "a runner cannot approve its own calls: %s", r.Stderr)
+	require.Contains(t, r.Stderr, "run:approve")
+	out = ok(approver("runs", "approvals", "--run", "r1"))
+	require.Regexp(t, id+`\s+pending\s+assistant\s+desk__echo`, out)
+	require.Contains(t, out, `{"text":"write it"}`)
+	out = ok(approver("runs", "approve", "--run", "r1", "--approval", id))
+	require.Contains(t, out, "approved "+id)
+	require.Contains(t, out, "write it")
+	out = ok(call("desk__echo", `{"text":"write it"}`))
+	require.Contains(t, out, "approved: the result of approval "+id)
+	require.Contains(t, out, "write it")
+
+	// A second approval, denied over REST by the approver.
+	r = call("desk__echo", `{"text":"again"}`)
+	require.Equal(t, 5, r.Code)
+	second := regexp.MustCompile(`awaiting approval (apr-[0-9a-f]+)`).FindStringSubmatch(r.Stderr)[1]
+	api := rest{t: t, base: "http://" + d.HTTPAddr, key: approverKey}
+	code, body, raw = api.do(http.MethodGet, "/v1/runs/r1/approvals", "")
+	require.Equal(t, http.StatusOK, code, raw)
+	require.Equal(t, second, body["approvals"].([]any)[0].(map[string]any)["approval_id"])
+	code, body, raw = api.do(http.MethodPost, "/v1/runs/r1/approvals/"+second+":deny", `{"reason":"not twice"}`)
+	require.Equal(t, http.StatusOK, code, raw)
+	require.Equal(t, "denied", body["approval"].(map[string]any)["state"])
+	r = call("desk__echo", `{"text":"again"}`)
+	require.Equal(t, 3, r.Code)
+	require.Contains(t, r.Stderr, "denied_by_approver")
+	require.Contains(t, r.Stderr, "not twice")
+
+	// The audit trail, as an auditor reads it.
+	out = ok(admin("audit", "list", "--run", "r1", "--kind", "tool_call"))
+	for _, want := range []string{
+		`refused_before_dispatch: not_loaded`,
+		`assistant→tool_search .* dispatched: succeeded \[loaded: desk__peek\]`,
+		`assistant→desk/peek .* dispatched: succeeded`,
+		`refused_before_dispatch: approval_required \[approval ` + id + ` pending\]`,
+		`refused_before_dispatch: approval_pending`,
+		`dispatched: succeeded \[approval ` + id + ` approved by key:approver-key \(approver, `,
+		`dispatched: succeeded \[approval ` + id + ` delivered by key:approver-key`,
+		`refused_before_dispatch: denied_by_approver \[approval ` + second + ` denied by key:approver-key`,
+	} {
+		require.Regexp(t, want, out)
+	}
+	require.NotContains(t, out, base64.StdEncoding.EncodeToString([]byte("the minutes")))
+	ok(runner("runs", "end", "--run", "r1"))
 }

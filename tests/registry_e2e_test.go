@@ -383,16 +383,20 @@ func TestSeedSequenceWithCLI(t *testing.T) {
 }
 
 // TestRolesCheckReportsRiskyCustomRoles starts a server with a custom role pairing mcp:admin
-// and workflow:admin: the start logs a warning and `roles check` fails naming it.
+// and workflow:admin, and one pairing run:execute with run:approve (it would approve its own
+// calls): the start logs a warning for each and `roles check` fails naming them.
 func TestRolesCheckReportsRiskyCustomRoles(t *testing.T) {
 	d := startDaemon(t, "ringfenced", append(registryEnv(),
-		`RINGFENCE_SERVICE_ROLES_JSON={"platform":["mcp:admin","workflow:admin"],"deployer":["run:execute"]}`)...)
+		`RINGFENCE_SERVICE_ROLES_JSON={"platform":["mcp:admin","workflow:admin"],"deployer":["run:execute"],"selfie":["run:execute","run:approve"]}`)...)
 	require.Contains(t, d.Logs.String(), `role \"platform\" pairs mcp:admin with workflow:admin`)
+	require.Contains(t, d.Logs.String(), `role \"selfie\" pairs run:execute with run:approve`)
 	r := runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), "roles", "check")
 	require.Equal(t, 1, r.Code)
 	require.Contains(t, r.Stdout, "deployer")
+	require.Contains(t, r.Stderr, "roles check failed: 2 problem(s)")
 	require.Contains(t, r.Stderr, `"platform" pairs mcp:admin with workflow:admin`)
-	require.Contains(t, r.Stderr, "fix: split each role named above into one with mcp:admin and one with the workflow permissions, in RINGFENCE_SERVICE_ROLES_JSON")
+	require.Contains(t, r.Stderr, `"selfie" pairs run:execute with run:approve`)
+	require.Contains(t, r.Stderr, "fix: split each role named above in two, in RINGFENCE_SERVICE_ROLES_JSON")
 }
 
 // TestRestartKeepsEverything restarts the server and finds registrations, secrets and keys.

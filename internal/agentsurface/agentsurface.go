@@ -379,6 +379,18 @@ func (a *Agent) decide(t *Tool, st State, selected []string) Decision {
 	return d
 }
 
+// DecideTool decides the tool the agent binds as name in state st, as Resolve(st).Decide(name)
+// does for it, reading only the policy of the tool's own server: a call to one tool asks the
+// registry for that server alone. It never answers MetaTool (tool_search is decided over
+// every server: Resolve); a name the agent binds no tool by is UnknownTool.
+func (a *Agent) DecideTool(name string, st State) Decision {
+	i, ok := a.byName[name]
+	if !ok {
+		return Decision{Outcome: UnknownTool, Message: fmt.Sprintf("agent %q binds no mcp_tool named %q", a.id, name)}
+	}
+	return a.decide(&a.tools[i], st, a.selection(st.Selected))
+}
+
 // Decide says what a call to name meets: the tool_search meta-tool when the agent has
 // deferred servers, else the tool the agent binds by name, decided.
 func (s *Surface) Decide(name string) Decision {

@@ -134,9 +134,20 @@ func TestFilterLevels(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := surface(t, tc.settings, tc.state)
+			ag, err := ForAgent(agentGraph(tc.settings), "a")
+			require.NoError(t, err)
+			policies := tc.state.Policies
+			if policies == nil {
+				policies = registered(nil)
+			}
 			for _, ft := range fixtureTools {
 				name := ft.server + "__" + ft.tool
 				d := s.Decide(name)
+				// A call decides its one tool knowing only its own server's policy, and
+				// decides it alike.
+				own := State{Policies: map[string]mcpserver.Policy{ft.server: policies[ft.server]}, Selected: tc.state.Selected, Loaded: tc.state.Loaded}
+				one := ag.DecideTool(name, own)
+				require.Equal(t, []any{d.Outcome, d.Level, d.Message}, []any{one.Outcome, one.Level, one.Message}, name)
 				if level, hidden := tc.want[name]; hidden {
 					require.Equal(t, FilteredOut, d.Outcome, "%s: %s", name, d.Message)
 					require.Equal(t, level, d.Level, "%s: %s", name, d.Message)
@@ -174,7 +185,16 @@ func TestUnknownToolsAndServers(t *testing.T) {
 	require.Equal(t, Visible, s.Decide("docs__read_file").Outcome)
 	require.Equal(t, UnknownTool, s.Decide(graph.ToolSearchName).Outcome, "no deferred server, no tool_search")
 
-	_, err := ForAgent(agentGraph(graph.ToolSettings{}), "b")
+	a, err := ForAgent(agentGraph(graph.ToolSettings{DeferTools: true}), "a")
+	require.NoError(t, err)
+	st := State{Policies: registered(nil)}
+	require.Equal(t, MetaTool, a.Resolve(st).Decide(graph.ToolSearchName).Outcome)
+	require.Equal(t, UnknownTool, a.DecideTool(graph.ToolSearchName, st).Outcome, "tool_search is decided over every server, never as one tool")
+	require.Equal(t, UnknownTool, a.DecideTool("note", st).Outcome)
+	require.Equal(t, NotLoaded, a.DecideTool("docs__read_file", st).Outcome)
+	require.Equal(t, UnknownServer, a.DecideTool("docs__read_file", State{}).Outcome)
+
+	_, err = ForAgent(agentGraph(graph.ToolSettings{}), "b")
 	require.ErrorIs(t, err, ErrUnknownAgent)
 	require.Contains(t, err.Error(), "its agents: a")
 }

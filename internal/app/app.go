@@ -31,6 +31,7 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/config"
+	"github.com/ringfence/ringfence/internal/documents"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mtls"
@@ -395,25 +396,39 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg poolRegistry
 	if err != nil {
 		return nil, err
 	}
+	// References resolve through the platform's document service when one is configured,
+	// else through the pool's built-in store.
+	var docs documents.Resolver
+	if cfg.Documents.URLTemplate != "" {
+		if docs, err = documents.NewHTTP(cfg.Documents.URLTemplate, cfg.Documents.TokenFile); err != nil {
+			_ = sp.Close(ctx)
+			return nil, err
+		}
+	}
 	pl, err := pool.Open(ctx, pool.Config{
-		DBPath:                path,
-		Registry:              reg,
-		Versions:              versions,
-		Spawner:               sp,
-		AuditSink:             sink,
-		SpoolMaxRecords:       cfg.Audit.SpoolMaxRecords,
-		OnSpoolFull:           spoolPolicy(cfg),
-		DriftMaxAge:           cfg.Pool.DriftMaxAge,
-		RunIdleTimeout:        cfg.Pool.RunIdleTimeout,
-		PausedRunTimeout:      cfg.Pool.PausedTimeout,
-		MaxRuns:               cfg.Pool.MaxRuns,
-		MaxSessions:           cfg.Pool.MaxSessions,
-		AllowAdvisory:         cfg.Pool.AllowAdvisory,
-		AllowInlineMCPServers: cfg.Dev.AllowInlineMCPServers,
-		Warm:                  reg,
-		MaxWarm:               cfg.Pool.MaxWarm,
-		WarmMaxAge:            cfg.Pool.WarmMaxAge,
-		Logger:                plog,
+		DBPath:                 path,
+		Registry:               reg,
+		Versions:               versions,
+		Spawner:                sp,
+		AuditSink:              sink,
+		SpoolMaxRecords:        cfg.Audit.SpoolMaxRecords,
+		OnSpoolFull:            spoolPolicy(cfg),
+		DriftMaxAge:            cfg.Pool.DriftMaxAge,
+		RunIdleTimeout:         cfg.Pool.RunIdleTimeout,
+		PausedRunTimeout:       cfg.Pool.PausedTimeout,
+		MaxRuns:                cfg.Pool.MaxRuns,
+		MaxSessions:            cfg.Pool.MaxSessions,
+		AllowAdvisory:          cfg.Pool.AllowAdvisory,
+		AllowInlineMCPServers:  cfg.Dev.AllowInlineMCPServers,
+		ApprovalTimeout:        cfg.Pool.ApprovalTimeout,
+		Documents:              docs,
+		DocumentMaxBytes:       int64(cfg.Documents.MaxBytes),
+		DocumentMaxCallBytes:   int64(cfg.Documents.MaxCallBytes),
+		DocumentMaxTenantBytes: int64(cfg.Documents.MaxTenantBytes),
+		Warm:                   reg,
+		MaxWarm:                cfg.Pool.MaxWarm,
+		WarmMaxAge:             cfg.Pool.WarmMaxAge,
+		Logger:                 plog,
 	})
 	if err != nil {
 		return nil, err

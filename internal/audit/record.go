@@ -165,7 +165,42 @@ type ToolCallAttempt struct {
 	// WarmSession says the session that served the call came from the pool's warm set: a
 	// container started before the run, as a cold start would have made it, for this run only.
 	WarmSession bool `json:"warm_session,omitempty"`
+	// Approval is set on the records of a call that asked a person first: its approval as
+	// this record saw it.
+	Approval *ToolCallApproval `json:"approval,omitempty"`
+	// LoadedTools are the deferred tools a tool_search call loaded for the agent (binding
+	// names; at most MaxLoadedTools).
+	LoadedTools []string `json:"loaded_tools,omitempty"`
 }
+
+// ToolCallApproval is the approval of a call that asked for confirmation, as one record of
+// the call saw it.
+type ToolCallApproval struct {
+	ID string `json:"id"`
+	// State is one of the Approval… states.
+	State string `json:"state"`
+	// DecidedBy names the approver as every admin record names an actor; empty for an expiry.
+	DecidedBy  string    `json:"decided_by,omitempty"`
+	DecideTime time.Time `json:"decide_time,omitzero"`
+	// Note is a denial's reason, as the approver wrote it (bounded).
+	Note string `json:"note,omitempty"`
+}
+
+// States of a call's approval in its records.
+const (
+	// ApprovalPending: the call waits for an approver (refused as approval_required).
+	ApprovalPending = "pending"
+	// ApprovalApproved: an approver approved it; the records of its execution (or the refusal
+	// of a gate that ran again at approval) carry it.
+	ApprovalApproved = "approved"
+	// ApprovalDenied: an approver denied it (refused as denied_by_approver).
+	ApprovalDenied = "denied"
+	// ApprovalExpired: nobody decided in time, or the run ended first.
+	ApprovalExpired = "expired"
+	// ApprovalDelivered: the outcome of the approved execution was handed to the caller's
+	// retry of the same call; the server was not reached again.
+	ApprovalDelivered = "delivered"
+)
 
 // NewID returns a fresh record ID: 128 bits, hex encoded, of which the first 48 are the
 // Unix time in milliseconds and the other 80 are random. Producers mint the ID once,

@@ -68,6 +68,12 @@ func TestValidate(t *testing.T) {
 		{name: "field too long", mutate: func(r *Record) { r.ToolCall.ToolName = strings.Repeat("x", MaxFieldLen+1) }, want: "tool_name is"},
 		{name: "field not utf8", mutate: func(r *Record) { r.ToolCall.ServerRef = "\xff" }, want: "not valid UTF-8"},
 		{name: "too many advisories", mutate: func(r *Record) { r.ToolCall.Advisory = make([]string, MaxAdvisory+1) }, want: "advisory has"},
+		{name: "too many loaded tools", mutate: func(r *Record) { r.ToolCall.LoadedTools = make([]string, MaxLoadedTools+1) }, want: "loaded_tools has"},
+		{name: "approval without id", mutate: func(r *Record) { r.ToolCall.Approval = &ToolCallApproval{State: ApprovalPending} }, want: "approval.id is required"},
+		{name: "approval of no state", mutate: func(r *Record) { r.ToolCall.Approval = &ToolCallApproval{ID: "apr-1", State: "maybe"} }, want: "approval.state"},
+		{name: "approval note too long", mutate: func(r *Record) {
+			r.ToolCall.Approval = &ToolCallApproval{ID: "apr-1", State: ApprovalDenied, Note: strings.Repeat("x", MaxFieldLen+1)}
+		}, want: "approval.note is"},
 		{name: "admin without action", admin: true, mutate: func(r *Record) { r.Admin.Action = "" }, want: "action is required"},
 		{name: "admin change not json", admin: true, mutate: func(r *Record) { r.Admin.Change = json.RawMessage(`{"token":"s3cret"`) }, want: "not valid JSON"},
 		{name: "admin change too large", admin: true, mutate: func(r *Record) {

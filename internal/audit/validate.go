@@ -19,6 +19,8 @@ const (
 	MaxFieldLen    = 512
 	MaxChangeBytes = 64 << 10
 	MaxAdvisory    = 64
+	// MaxLoadedTools bounds a tool_search record's loaded_tools (a search returns at most 50).
+	MaxLoadedTools = 64
 )
 
 // Validate reports whether r is a well-formed record that a log may store: the kind
@@ -158,6 +160,30 @@ func (tc *ToolCallAttempt) validate() error {
 	}
 	for _, a := range tc.Advisory {
 		if err := checkField("tool_call.advisory", a, true); err != nil {
+			return err
+		}
+	}
+	if len(tc.LoadedTools) > MaxLoadedTools {
+		return invalid(fmt.Sprintf("tool_call.loaded_tools has %d entries, limit %d", len(tc.LoadedTools), MaxLoadedTools))
+	}
+	for _, n := range tc.LoadedTools {
+		if err := checkField("tool_call.loaded_tools", n, true); err != nil {
+			return err
+		}
+	}
+	if a := tc.Approval; a != nil {
+		if err := checkField("tool_call.approval.id", a.ID, true); err != nil {
+			return err
+		}
+		switch a.State {
+		case ApprovalPending, ApprovalApproved, ApprovalDenied, ApprovalExpired, ApprovalDelivered:
+		default:
+			return invalid(fmt.Sprintf("tool_call.approval.state %.32q is not pending, approved, denied, expired or delivered", a.State))
+		}
+		if err := checkField("tool_call.approval.decided_by", a.DecidedBy, false); err != nil {
+			return err
+		}
+		if err := checkField("tool_call.approval.note", a.Note, false); err != nil {
 			return err
 		}
 	}

@@ -33,16 +33,17 @@ func TestBuiltinRoles(t *testing.T) {
 }
 
 func TestCustomRoles(t *testing.T) {
-	rs, err := NewRoles(`{"deployer": ["run:execute", "audit:read"], "superop": ["mcp:admin", "workflow:admin"], "platform": ["mcp:admin", "workflow:write"], "registrar": ["mcp:admin", "keys:admin"]}`)
+	rs, err := NewRoles(`{"deployer": ["run:execute", "audit:read"], "superop": ["mcp:admin", "workflow:admin"], "platform": ["mcp:admin", "workflow:write"], "registrar": ["mcp:admin", "keys:admin"], "selfie": ["run:execute", "run:approve"], "gate": ["run:approve", "audit:read"]}`)
 	require.NoError(t, err)
 	d, ok := rs.Lookup("deployer")
 	require.True(t, ok)
 	require.True(t, d.Has(RunExecute))
 	require.False(t, d.Builtin)
 	w := strings.Join(rs.Warnings(), "\n")
-	require.Len(t, rs.Warnings(), 2, w)
+	require.Len(t, rs.Warnings(), 3, w)
 	require.Contains(t, w, `"superop" pairs mcp:admin with workflow:admin`)
 	require.Contains(t, w, `"platform" pairs mcp:admin with workflow:write`, "authoring takes workflow:write alone")
+	require.Contains(t, w, `"selfie" pairs run:execute with run:approve`, "a key that makes calls and approves them approves its own")
 
 	for _, bad := range []string{`[`, `{"admin": ["audit:read"]}`, `{"x": ["fly"]}`, `{"Bad Name": []}`} {
 		_, err := NewRoles(bad)

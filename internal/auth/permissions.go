@@ -67,15 +67,20 @@ func (r Role) Has(p Permission) bool { return slices.Contains(r.Permissions, p) 
 // Warnings names what is risky about the role.
 func (r Role) Warnings() []string {
 	var w []string
-	if r.Name == RoleAdmin || !r.Has(MCPAdmin) {
+	if r.Name == RoleAdmin {
 		return nil
 	}
 	// Authoring graphs takes workflow:write (workflow:admin adds deleting them): either one
 	// beside mcp:admin lets the author widen the grants that bound the author's own graphs.
 	for _, p := range []Permission{WorkflowAdmin, WorkflowWrite} {
-		if r.Has(p) {
+		if r.Has(MCPAdmin) && r.Has(p) {
 			w = append(w, fmt.Sprintf("role %q pairs mcp:admin with %s: whoever authors graphs can also widen the grants that bound them, so the ceiling becomes author-editable", r.Name, p))
 		}
+	}
+	// A call that asks a person first is made with run:execute and decided with run:approve:
+	// a key holding both approves its own calls, and the confirmation asks nobody.
+	if r.Has(RunExecute) && r.Has(RunApprove) {
+		w = append(w, fmt.Sprintf("role %q pairs run:execute with run:approve: whoever makes the calls that ask a person first can also approve them, so confirmation asks nobody", r.Name))
 	}
 	return w
 }

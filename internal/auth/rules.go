@@ -88,6 +88,15 @@ var Rules = map[string]Rule{
 	poolv1.PoolService_GetRun_FullMethodName:    perm(RunExecute),
 	// Listing an agent's tools is part of running it (a platform asks before each turn).
 	poolv1.PoolService_ListAgentTools_FullMethodName: perm(RunExecute),
+	// Deciding a call that asks a person first is the approver's, never the runner's: the
+	// approver reads the call's arguments (ListApprovals) to decide on them.
+	poolv1.PoolService_ListApprovals_FullMethodName: perm(RunApprove),
+	poolv1.PoolService_ApproveCall_FullMethodName:   perm(RunApprove),
+	poolv1.PoolService_DenyCall_FullMethodName:      perm(RunApprove),
+	// Documents are what a run's calls are given: whoever runs agents uploads them.
+	poolv1.PoolService_PutDocument_FullMethodName:    perm(RunExecute),
+	poolv1.PoolService_GetDocument_FullMethodName:    perm(RunExecute),
+	poolv1.PoolService_DeleteDocument_FullMethodName: perm(RunExecute),
 
 	// Audit: readers need audit:read (producers append on the internal plane, below).
 	auditv1.AuditService_List_FullMethodName:   anyTenant(AuditRead),

@@ -375,6 +375,16 @@ func describeRecord(r *auditv1.Record) (string, string) {
 	if len(t.GetAdvisory()) > 0 {
 		outcome += " [advisory: " + strings.Join(t.GetAdvisory(), "; ") + "]"
 	}
+	if a := t.GetApproval(); a != nil {
+		outcome += " [approval " + a.GetApprovalId() + " " + a.GetState()
+		if a.GetDecidedBy() != "" {
+			outcome += " by " + a.GetDecidedBy()
+		}
+		outcome += "]"
+	}
+	if len(t.GetLoadedTools()) > 0 {
+		outcome += " [loaded: " + strings.Join(t.GetLoadedTools(), ", ") + "]"
+	}
 	return what, outcome
 }
 

@@ -116,7 +116,7 @@ func newRolesCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "roles", Short: "Inspect roles (needs keys:admin)"}
 	check := &cobra.Command{
 		Use:   "check",
-		Short: "List the server's roles; exit 1 when a custom role pairs mcp:admin with graph authoring (workflow:write or workflow:admin)",
+		Short: "List the server's roles; exit 1 when a custom role pairs mcp:admin with graph authoring (workflow:write or workflow:admin), or run:execute with run:approve",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			client, ctx, cancel, err := g.keys(cmd.Context())
@@ -152,11 +152,11 @@ func newRolesCmd(g *globals) *cobra.Command {
 				}
 			}
 			if len(warnings) > 0 {
-				return &exitError{code: ExitFailure, msg: fmt.Sprintf("roles check failed: %d problem(s)\n  %s\nfix: split each role named above into one with mcp:admin and one with the workflow permissions, in RINGFENCE_SERVICE_ROLES_JSON (docs/security.md)",
+				return &exitError{code: ExitFailure, msg: fmt.Sprintf("roles check failed: %d problem(s)\n  %s\nfix: split each role named above in two, in RINGFENCE_SERVICE_ROLES_JSON: one with mcp:admin and one with the workflow permissions; one with run:execute and one with run:approve (docs/security.md)",
 					len(warnings), strings.Join(warnings, "\n  "))}
 			}
 			if g.output != "json" {
-				fmt.Fprintln(g.stdout, "ok: no custom role pairs mcp:admin with workflow:write or workflow:admin (only the built-in admin holds both)")
+				fmt.Fprintln(g.stdout, "ok: no custom role pairs mcp:admin with workflow:write or workflow:admin, or run:execute with run:approve (only the built-in admin holds them all)")
 			}
 			return nil
 		},

@@ -115,9 +115,9 @@ Connection: --addr (RINGFENCE_ADDR, default 127.0.0.1:50051), --api-key (RINGFEN
 and for TLS --ca-file (RINGFENCE_CA_FILE) with optional --server-name.
 
 Exit status: 0 done; 1 an error (the server's, or reaching it); 2 a wrong command line (nothing
-changed); for tool calls, 3 refused before dispatch (nothing reached the server) and 4 failed after
+changed); for tool calls, 3 refused before dispatch (nothing reached the server), 4 failed after
 dispatch, or no answer within --timeout so the outcome is unknown (either way it may have taken
-effect).`,
+effect), and 5 waits for an approver (nothing reached the server yet; runs approve decides it).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -149,6 +149,7 @@ effect).`,
 		newImageCmd(g),
 		newRunsCmd(g),
 		newCallCmd(g),
+		newDocumentsCmd(g),
 		newAuditCmd(g),
 		newGraphsCmd(g),
 		newMCPImportCmd(g),

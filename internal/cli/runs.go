@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -24,6 +25,9 @@ const (
 	// ExitFailed: the call reached the server and failed, or no answer came within --timeout
 	// and its outcome is unknown; either way it may have taken effect.
 	ExitFailed = 4
+	// ExitAwaitingApproval: the call asks a person first and waits for an approver; nothing
+	// reached the server yet. The message names the approval and the command that approves it.
+	ExitAwaitingApproval = 5
 )
 
 func newRunsCmd(g *globals) *cobra.Command {
@@ -75,7 +79,8 @@ ignored (and named in a warning), and an agent with none of the picked servers k
 	start.Flags().StringArrayVar(&selected, "selected-server", nil, "a server the user picked; the run's agents see only their tools of picked servers (repeatable; only narrows)")
 	_ = start.MarkFlagRequired("graph")
 
-	cmd.AddCommand(start, newRunsCallCmd(g), newRunsToolsCmd(g), runStateCmd(g, "pause"), runStateCmd(g, "resume"), runStateCmd(g, "end"), runStateCmd(g, "show"))
+	cmd.AddCommand(start, newRunsCallCmd(g), newRunsToolsCmd(g), runStateCmd(g, "pause"), runStateCmd(g, "resume"), runStateCmd(g, "end"), runStateCmd(g, "show"),
+		newRunsApprovalsCmd(g), newRunsDecideCmd(g, "approve"), newRunsDecideCmd(g, "deny"))
 	return cmd
 }
 
@@ -184,7 +189,7 @@ func newRunsCallCmd(g *globals) *cobra.Command {
 	var runID string
 	cmd := &cobra.Command{
 		Use:   "call --run ID --agent A --tool NAME --args JSON",
-		Short: "Call a tool through every gate; exit 3 when refused before dispatch, 4 when it failed after dispatch or got no answer within --timeout",
+		Short: "Call a tool through every gate; exit 3 when refused before dispatch, 4 when it failed after dispatch or got no answer within --timeout, 5 when it waits for an approver",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req, err := f.request(runID)
@@ -212,7 +217,7 @@ func newCallCmd(g *globals) *cobra.Command {
 	var version int64
 	cmd := &cobra.Command{
 		Use:   "call --graph G --agent A --tool NAME --args JSON",
-		Short: "Start a run, call one tool, end the run; exit 3 when refused before dispatch, 4 when it failed after or got no answer within --timeout",
+		Short: "Start a run, call one tool, end the run; exit 3 when refused before dispatch, 4 when it failed after or got no answer within --timeout, 5 when it waits for an approver (the run is kept for it)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Bad --args is refused before a run exists: a run started for a call that never
@@ -238,6 +243,14 @@ func newCallCmd(g *globals) *cobra.Command {
 			}
 			req.RunId = runID
 			callErr := g.callTool(ctx, client, req)
+			var exit *exitError
+			if errors.As(callErr, &exit) && exit.code == ExitAwaitingApproval {
+				// Ending the run would expire the approval: it stays for the approver, and
+				// a call with the same arguments in it gets the result once approved.
+				exit.msg += sprintLine("\nthe run is kept for the approval; once approved, get the result with: ringfence runs call --run %s%s --agent %s --tool %s --args '...' (the same arguments), then end it: ringfence runs end --run %s%s",
+					runID, tenantArg(f.tenant), f.agent, f.tool, runID, tenantArg(f.tenant))
+				return callErr
+			}
 			endStatus := "completed"
 			if callErr != nil {
 				endStatus = "failed"
@@ -270,37 +283,51 @@ func newID(prefix string) string {
 func (g *globals) callTool(ctx context.Context, client poolv1.PoolServiceClient, req *poolv1.CallToolRequest) error {
 	resp, err := client.CallTool(ctx, req)
 	if err != nil {
-		st := status.Convert(err)
-		for _, d := range st.Details() {
-			switch d := d.(type) {
-			case *poolv1.CallRefusal:
-				if g.output == "json" {
-					_ = printJSON(g.stdout, d)
-				}
-				var msg strings.Builder
-				fmt.Fprintf(&msg, "refused before dispatch (%s): %s\nnothing reached the server", oneLine(d.GetReason()), oneLine(d.GetMessage()))
-				if d.GetServerFailure() != nil {
-					fmt.Fprintf(&msg, "\nserver failure: %s\n", oneLine(d.GetServerFailure().GetClass()))
-					printTail(&msg, "", d.GetServerFailure().GetStderrTail())
-				}
-				return &exitError{code: ExitRefused, msg: strings.TrimSuffix(msg.String(), "\n")}
-			case *poolv1.CallFailure:
-				if g.output == "json" {
-					_ = printJSON(g.stdout, d)
-				}
-				return &exitError{code: ExitFailed, msg: sprintLine("dispatched and failed (%s): %s\nthe call reached the server and may have taken effect", oneLine(d.GetFailureClass()), oneLine(d.GetMessage()))}
-			}
-		}
-		// No answer within the CLI's deadline: the request may have been sent and the call
-		// dispatched, so "failed" (or "refused") would be a guess either way. The server keeps
-		// the same deadline (gRPC sends it along) and may reset the stream a moment before the
-		// CLI's own timer fires: the code, without a pool detail, is what says so, not
-		// ctx.Err(). (The pool's own timeouts come with a CallFailure, above.)
-		if st.Code() == codes.DeadlineExceeded {
-			return &exitError{code: ExitFailed, msg: g.unknownOutcome(req)}
-		}
-		return err
+		return g.callError(err, req)
 	}
+	return g.printCallResult(resp)
+}
+
+// callError turns a call's refusal or failure into its exit status and message; req names the
+// call (its run, tenant and call id) in what the message suggests.
+func (g *globals) callError(err error, req *poolv1.CallToolRequest) error {
+	st := status.Convert(err)
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *poolv1.CallRefusal:
+			if g.output == "json" {
+				_ = printJSON(g.stdout, d)
+			}
+			if d.GetReason() == "approval_required" && d.GetApprovalId() != "" {
+				return &exitError{code: ExitAwaitingApproval, msg: awaitingApproval(req, d)}
+			}
+			var msg strings.Builder
+			fmt.Fprintf(&msg, "refused before dispatch (%s): %s\nnothing reached the server", oneLine(d.GetReason()), oneLine(d.GetMessage()))
+			if d.GetServerFailure() != nil {
+				fmt.Fprintf(&msg, "\nserver failure: %s\n", oneLine(d.GetServerFailure().GetClass()))
+				printTail(&msg, "", d.GetServerFailure().GetStderrTail())
+			}
+			return &exitError{code: ExitRefused, msg: strings.TrimSuffix(msg.String(), "\n")}
+		case *poolv1.CallFailure:
+			if g.output == "json" {
+				_ = printJSON(g.stdout, d)
+			}
+			return &exitError{code: ExitFailed, msg: sprintLine("dispatched and failed (%s): %s\nthe call reached the server and may have taken effect", oneLine(d.GetFailureClass()), oneLine(d.GetMessage()))}
+		}
+	}
+	// No answer within the CLI's deadline: the request may have been sent and the call
+	// dispatched, so "failed" (or "refused") would be a guess either way. The server keeps
+	// the same deadline (gRPC sends it along) and may reset the stream a moment before the
+	// CLI's own timer fires: the code, without a pool detail, is what says so, not
+	// ctx.Err(). (The pool's own timeouts come with a CallFailure, above.)
+	if st.Code() == codes.DeadlineExceeded {
+		return &exitError{code: ExitFailed, msg: g.unknownOutcome(req)}
+	}
+	return err
+}
+
+// printCallResult prints a dispatched call's result; a tool's own error is exit 4.
+func (g *globals) printCallResult(resp *poolv1.CallToolResponse) error {
 	if g.output == "json" {
 		if err := printJSON(g.stdout, resp); err != nil {
 			return err
@@ -308,6 +335,9 @@ func (g *globals) callTool(ctx context.Context, client poolv1.PoolServiceClient,
 	} else {
 		writef(g.stdout, "dispatched: %s (%s/%s, call %s attempt %d, %s)\n", oneLine(resp.GetResult()), oneLine(resp.GetServerRef()), oneLine(resp.GetToolName()),
 			oneLine(resp.GetCallId()), resp.GetAttempt(), time.Duration(resp.GetLatencyMicros())*time.Microsecond)
+		if id := resp.GetApprovalId(); id != "" {
+			linef(g.stdout, "approved: the result of approval %s (the server was reached once, when it was approved)\n", oneLine(id))
+		}
 		for _, a := range resp.GetAdvisory() {
 			writef(g.stdout, "advisory (recorded, not enforced): %s\n", oneLine(a))
 		}
@@ -317,6 +347,18 @@ func (g *globals) callTool(ctx context.Context, client poolv1.PoolServiceClient,
 		return &exitError{code: ExitFailed, msg: sprintLine("dispatched and failed (%s): the tool reported an error; it may have taken effect", oneLine(resp.GetFailureClass()))}
 	}
 	return nil
+}
+
+// awaitingApproval says that a call waits for an approver, and the commands that decide it.
+func awaitingApproval(req *poolv1.CallToolRequest, d *poolv1.CallRefusal) string {
+	run := oneLine(req.GetRunId()) + oneLine(tenantArg(req.GetTenant()))
+	id := oneLine(d.GetApprovalId())
+	return fmt.Sprintf(`awaiting approval %s: the tool asks a person first, and nothing reached the server yet
+arguments: %s (the run takes no other call until it is decided)
+approve it (needs run:approve): ringfence runs approve --run %s --approval %s
+deny it: ringfence runs deny --run %s --approval %s --reason TEXT
+once approved, the same call again (same agent, tool and arguments) gets its result`,
+		id, oneLine(d.GetArgsDigest()), run, id, run, id)
 }
 
 // unknownOutcome says what a call that got no answer within --timeout may have done, and how
@@ -467,6 +509,7 @@ func (g *globals) printRun(r *poolv1.Run) error {
 		"calls", fmt.Sprint(r.GetCalls()),
 		"sessions", orDash(strings.Join(sessions, ", ")),
 		"selected servers", orDash(strings.Join(r.GetSelectedServers(), ", ")),
+		"waits for approval", orDash(r.GetPendingApprovalId()),
 		"started", ts(r.GetStartTime()),
 		"last activity", ts(r.GetLastActivityTime()),
 	)

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ringfence/ringfence/internal/documents"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/telemetry"
 )
@@ -45,14 +46,15 @@ type Config struct {
 	// overrides, say); the binary logs them once its logger exists.
 	Warnings []string
 
-	TLS     TLS     `key:"tls"`
-	Peers   Peers   `key:"peers"`
-	OTel    OTel    `key:"otel"`
-	Sandbox Sandbox `key:"sandbox"`
-	Pool    Pool    `key:"pool"`
-	Audit   Audit   `key:"audit"`
-	Limits  Limits  `key:"limits"`
-	Dev     Dev     `key:"dev"`
+	TLS       TLS       `key:"tls"`
+	Peers     Peers     `key:"peers"`
+	OTel      OTel      `key:"otel"`
+	Sandbox   Sandbox   `key:"sandbox"`
+	Pool      Pool      `key:"pool"`
+	Documents Documents `key:"documents"`
+	Audit     Audit     `key:"audit"`
+	Limits    Limits    `key:"limits"`
+	Dev       Dev       `key:"dev"`
 }
 
 // TLS is this binary's certificate and the CA its clients' certificates must chain to.
@@ -111,6 +113,9 @@ type Pool struct {
 	// ResultBudget 0 is derived at start (DefaultResultBudget).
 	ResultBudget     ByteSize      `key:"result_budget" help:"bytes of tool results this pool holds in flight at once, across runs (each costs about three times its size in heap while it is handled); default a quarter of GOMEMLIMIT when that is set, else 256MiB"`
 	ResultBudgetWait time.Duration `key:"result_budget_wait" default:"10s" help:"how long a call waits for room in the result budget before it is refused (limit_exceeded), and a result being read before its call fails (result_too_large)"`
+	// ApprovalTimeout bounds how long a call waits for an approver, and how long an approved
+	// call's outcome waits for the caller's retry.
+	ApprovalTimeout time.Duration `key:"approval_timeout" default:"15m" help:"a call that asks a person first expires as refused when nobody decides it for this long; an approved call's result waits this long for the caller's retry"`
 }
 
 // DefaultResultBudget is pool.result_budget when none is set: a quarter of memoryLimit (the
@@ -121,6 +126,16 @@ func DefaultResultBudget(memoryLimit int64) ByteSize {
 		return ByteSize(max(memoryLimit/4, 1<<20))
 	}
 	return 256 << 20
+}
+
+// Documents configures how my-documents://<id> references in tool arguments are resolved: the
+// pool's built-in store (PutDocument), or a platform's own document service.
+type Documents struct {
+	URLTemplate    string   `key:"url_template" help:"resolve references with one GET to this URL instead of the built-in store, {tenant} and {id} filled in, e.g. https://docs.internal/api/{tenant}/{id}"`
+	TokenFile      string   `key:"token_file" help:"file holding the bearer token sent to url_template (read on every request, so it can be rotated)"`
+	MaxBytes       ByteSize `key:"max_bytes" default:"10MiB" help:"largest document stored or fetched"`
+	MaxCallBytes   ByteSize `key:"max_call_bytes" default:"16MiB" help:"most document content one call receives, all its references together (before base64)"`
+	MaxTenantBytes ByteSize `key:"max_tenant_bytes" default:"1GiB" help:"most document content one tenant stores in the built-in store"`
 }
 
 // Audit holds the producer-side spool settings.
@@ -254,6 +269,10 @@ func (c *Config) Validate() error {
 	if c.Pool.ResultBudgetWait <= 0 {
 		errs.add("pool.result_budget_wait", "must be positive", "e.g. 10s")
 	}
+	if c.Pool.ApprovalTimeout <= 0 {
+		errs.add("pool.approval_timeout", "must be positive", "e.g. 15m")
+	}
+	c.validateDocuments(&errs)
 	if c.Audit.SpoolMaxRecords < 1 {
 		errs.add("audit.spool_max_records", "must be at least 1", "e.g. 100000")
 	}
@@ -281,6 +300,30 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errs.err()
+}
+
+// validateDocuments checks the document settings.
+func (c *Config) validateDocuments(errs *problems) {
+	d := c.Documents
+	if d.URLTemplate != "" {
+		if err := documents.CheckURLTemplate(d.URLTemplate); err != nil {
+			errs.add("documents.url_template", err.Error(), "or leave it empty to use the built-in store")
+		} else if c.IsProduction() && !strings.HasPrefix(d.URLTemplate, "https://") {
+			errs.add("documents.url_template", "is not https:// in production: the bearer token and the documents would cross the network in the clear", "use the document service's https:// URL")
+		}
+	}
+	if d.TokenFile != "" && d.URLTemplate == "" {
+		errs.add("documents.token_file", "is set without documents.url_template, which is what it authenticates to", "set documents.url_template, or unset token_file")
+	}
+	if d.MaxBytes < 1 || d.MaxBytes > 256<<20 {
+		errs.add("documents.max_bytes", "must be in [1, 256MiB]", "e.g. 10MiB")
+	}
+	if d.MaxCallBytes < 1 {
+		errs.add("documents.max_call_bytes", "must be at least 1", "e.g. 16MiB")
+	}
+	if d.MaxTenantBytes < 1 {
+		errs.add("documents.max_tenant_bytes", "must be at least 1", "e.g. 1GiB")
+	}
 }
 
 // validateFor checks what depends on which binary runs the configuration, and fills in a

@@ -36,6 +36,11 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, 7*24*time.Hour, cfg.Pool.PausedTimeout)
 	require.Equal(t, 16, cfg.Pool.MaxWarm)
 	require.Equal(t, 10*time.Minute, cfg.Pool.WarmMaxAge)
+	require.Equal(t, 15*time.Minute, cfg.Pool.ApprovalTimeout)
+	require.Equal(t, ByteSize(10<<20), cfg.Documents.MaxBytes)
+	require.Equal(t, ByteSize(16<<20), cfg.Documents.MaxCallBytes)
+	require.Equal(t, ByteSize(1<<30), cfg.Documents.MaxTenantBytes)
+	require.Empty(t, cfg.Documents.URLTemplate, "the built-in store by default")
 	require.Equal(t, 128, cfg.Limits.MaxConnectionsPerAddress)
 	require.Zero(t, cfg.Pool.ResultBudget, "derived at start")
 	require.Equal(t, 10*time.Second, cfg.Pool.ResultBudgetWait)
@@ -123,6 +128,11 @@ func TestRefusals(t *testing.T) {
 		{"no connections per address", nil, []string{"RINGFENCE_LIMITS__MAX_CONNECTIONS_PER_ADDRESS=0"}, []string{"RINGFENCE_LIMITS__MAX_CONNECTIONS_PER_ADDRESS", "at least 1", "proxy or NAT"}},
 		{"result budget too small", nil, []string{"RINGFENCE_POOL__RESULT_BUDGET=64KiB"}, []string{"RINGFENCE_POOL__RESULT_BUDGET", "at least 1MiB", "max_result_bytes"}},
 		{"no result budget wait", nil, []string{"RINGFENCE_POOL__RESULT_BUDGET_WAIT=0s"}, []string{"RINGFENCE_POOL__RESULT_BUDGET_WAIT", "must be positive"}},
+		{"no approval timeout", nil, []string{"RINGFENCE_POOL__APPROVAL_TIMEOUT=0s"}, []string{"RINGFENCE_POOL__APPROVAL_TIMEOUT", "must be positive"}},
+		{"a document URL without the tenant", nil, []string{"RINGFENCE_DOCUMENTS__URL_TEMPLATE=https://docs.internal/{id}"}, []string{"RINGFENCE_DOCUMENTS__URL_TEMPLATE", "{tenant} and {id}"}},
+		{"a document URL in the clear in production", nil, []string{"RINGFENCE_ENV=production", "RINGFENCE_DOCUMENTS__URL_TEMPLATE=http://docs.internal/{tenant}/{id}"}, []string{"RINGFENCE_DOCUMENTS__URL_TEMPLATE", "not https://"}},
+		{"a token for no document service", nil, []string{"RINGFENCE_DOCUMENTS__TOKEN_FILE=/run/token"}, []string{"RINGFENCE_DOCUMENTS__TOKEN_FILE", "without documents.url_template"}},
+		{"documents past the bound", nil, []string{"RINGFENCE_DOCUMENTS__MAX_BYTES=1GiB"}, []string{"RINGFENCE_DOCUMENTS__MAX_BYTES", "[1, 256MiB]"}},
 		{"secret values are not echoed", nil, []string{"RINGFENCE_BOOTSTRAP_ADMIN_KEY=short"}, []string{"RINGFENCE_BOOTSTRAP_ADMIN_KEY", "shorter than 16"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

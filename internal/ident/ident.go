@@ -35,6 +35,11 @@ var (
 	KeyName = Set{max: 64, upper: true, punct: "_.@-"}
 	// SecretName is a registry secret's name: ^[A-Za-z0-9_.-]{1,128}$, not dots only.
 	SecretName = Set{max: 128, upper: true, punct: "_.-"}
+	// Document is a document id, as my-documents://<id> names it (the pool's own, or a
+	// platform document service's): ^[A-Za-z0-9_.-]{1,128}$, not dots only.
+	Document = Set{max: 128, upper: true, punct: "_.-"}
+	// Approval is an approval id, as the pool makes them (apr-<24 hex>): ^[a-z0-9-]{1,64}$.
+	Approval = Set{max: 64, punct: "-"}
 )
 
 // Pattern is the set as a regular expression, as docs/api.md lists it.

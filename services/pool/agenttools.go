@@ -103,8 +103,25 @@ func (s *Service) agentSurface(ctx context.Context, r *run, agent string) (*agen
 	if err != nil {
 		return nil, err
 	}
-	policies := make(map[string]mcpserver.Policy, len(a.Servers()))
-	for _, ref := range a.Servers() {
+	policies, err := s.policies(ctx, a.Servers())
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	st := agentsurface.State{Policies: policies, Selected: r.rec.SelectedServers, Loaded: make(map[string]bool)}
+	for _, name := range r.rec.LoadedTools[agent] {
+		st.Loaded[name] = true
+	}
+	r.mu.Unlock()
+	return a.Resolve(st), nil
+}
+
+// policies asks the registry for the policy of each server of refs: an unregistered server
+// has none (its tools are unknown_server); a registry that cannot be asked fails the whole
+// answer, so nothing is decided on part of the filters.
+func (s *Service) policies(ctx context.Context, refs []string) (map[string]mcpserver.Policy, error) {
+	policies := make(map[string]mcpserver.Policy, len(refs))
+	for _, ref := range refs {
 		p, err := s.cfg.Registry.ServerPolicy(ctx, ref)
 		switch {
 		case errors.Is(err, mcpserver.ErrNotRegistered):
@@ -116,13 +133,7 @@ func (s *Service) agentSurface(ctx context.Context, r *run, agent string) (*agen
 		}
 		policies[ref] = p
 	}
-	r.mu.Lock()
-	st := agentsurface.State{Policies: policies, Selected: r.rec.SelectedServers, Loaded: make(map[string]bool)}
-	for _, name := range r.rec.LoadedTools[agent] {
-		st.Loaded[name] = true
-	}
-	r.mu.Unlock()
-	return a.Resolve(st), nil
+	return policies, nil
 }
 
 // surfaceAgent reads agent from the run's version once per run. It is read outside the run's

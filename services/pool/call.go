@@ -17,6 +17,7 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/documents"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/humanize"
 	"github.com/ringfence/ringfence/internal/mcpserver"
@@ -36,6 +37,8 @@ type CallRequest struct {
 	// Arguments is the JSON object of arguments (nil means {}).
 	Arguments json.RawMessage
 	CallID    string
+	// decision is set when ApproveCall dispatches an approved call.
+	decision *approvalDecision
 }
 
 // CallResult is a dispatched call's sanitized result.
@@ -54,6 +57,8 @@ type CallResult struct {
 	StructuredContent map[string]any
 	Advisory          []string
 	Latency           time.Duration
+	// ApprovalID names the approval of an approved call's result.
+	ApprovalID string
 }
 
 // Refusal reasons (audit.Reason… where one exists).
@@ -82,6 +87,19 @@ const (
 	reasonSchemaDrift       = audit.ReasonSchemaDrift
 	reasonUnusableSchema    = audit.ReasonUnusableSchema
 	reasonDeclarationScreen = audit.ReasonDeclarationScreen
+	// The agent surface's refusals (docs/agents.md): a filter removed the tool (the level
+	// names which), a deferred tool tool_search has not loaded.
+	reasonFilteredOut = "filtered_out"
+	reasonNotLoaded   = "not_loaded"
+	// Approvals: the call waits for an approver; the run waits for another call's approval;
+	// an approver denied it; nobody decided in time.
+	reasonApprovalRequired = audit.ReasonApprovalRequired
+	reasonApprovalPending  = "approval_pending"
+	reasonDeniedByApprover = "denied_by_approver"
+	reasonApprovalExpired  = "approval_expired"
+	// reasonDocumentUnavailable: a my-documents:// reference names no document of the run's
+	// tenant, or one that cannot be fetched.
+	reasonDocumentUnavailable = "document_unavailable"
 )
 
 // Failure classes of a dispatched call (audit.Failure… plus the pool's own).
@@ -100,6 +118,12 @@ const (
 	// the pool with requests, say) and was stopped.
 	failureProtocolViolation = "protocol_violation"
 	failureCanceled          = "canceled"
+	// failureResultNotKept: an approved call's result was too large to keep for the caller's
+	// retry (the approver's answer had it); the call is not run again.
+	failureResultNotKept = "result_not_kept"
+	// failureInternal: the pool could not finish what it answers itself (tool_search's loaded
+	// tools could not be stored).
+	failureInternal = "internal_error"
 )
 
 // RefusedError is a call refused before dispatch: nothing reached the server.
@@ -115,6 +139,12 @@ type RefusedError struct {
 	Missing []string
 	// Server classifies a failure to start or reach the server.
 	Server *discovery.Failure
+	// Level names the filter of a filtered_out refusal.
+	Level string
+	// ApprovalID names the approval of an approval_required, approval_pending,
+	// denied_by_approver or approval_expired refusal; ArgsDigest is the call's.
+	ApprovalID string
+	ArgsDigest string
 }
 
 func (e *RefusedError) Error() string {
@@ -192,6 +222,13 @@ func spawnRefusal(err error) error {
 // after; a refusal is recorded, durably, before the answer. A *RefusedError means nothing
 // reached the server; a *FailedError means it did and may have taken effect.
 func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, error) {
+	req.decision = nil // only ApproveCall approves
+	res, err, _ := s.call(ctx, req)
+	return res, err
+}
+
+// call is CallTool, returning the attempt as recorded too.
+func (s *Service) call(ctx context.Context, req CallRequest) (*CallResult, error, audit.ToolCallAttempt) {
 	start := time.Now()
 	if req.CallID == "" {
 		req.CallID = "call-" + newRunID()[4:]
@@ -220,7 +257,7 @@ func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, e
 	if res != nil {
 		res.Latency, res.Advisory = time.Since(start), att.Advisory
 	}
-	return res, err
+	return res, err, att
 }
 
 // agentOf reports whether the run's graph has the agent.
@@ -255,29 +292,61 @@ func (s *Service) callTool(ctx context.Context, req CallRequest) outcome {
 		out.err = refusal(reasonUnknownRun, err)
 		return out
 	}
-	snap, done := r.begin(req.CallID)
+	snap, done := r.begin(req.CallID, req.Agent)
 	defer done()
 	out.tenant = r.id.Tenant
 
-	in := gateInput{req: req, run: snap, allowAdvisory: s.cfg.AllowAdvisory, allowInline: s.cfg.AllowInlineMCPServers, schemas: s.schemas}
+	in := gateInput{req: req, run: snap, allowAdvisory: s.cfg.AllowAdvisory, allowInline: s.cfg.AllowInlineMCPServers, schemas: s.schemas, decision: req.decision}
 	if snap.state == StateRunning {
 		if snap.loadErr = s.load(ctx, r); snap.loadErr == nil {
 			snap.version, snap.index = r.version, r.index
 		}
 		in.run = snap
 	}
-	// Only an agent of the graph: the run caches each agent's set, and a caller must not grow
-	// that cache with names of its choosing.
+	// Only an agent of the graph: the run caches each agent's set and surface, and a caller
+	// must not grow those caches with names of its choosing.
 	if snap.version != nil && agentOf(snap, req.Agent) {
 		in.effective, in.caps = s.effective(r, req.Agent)
+		if in.surface, err = s.surfaceAgent(ctx, r, req.Agent); err != nil {
+			in.surface = nil // gateSurface refuses
+		}
 	}
 	in.args.value, in.args.canonical, in.args.err = decodeArguments(req.Arguments)
+	// The registry is asked once per call: for a tool, its server's policy (the ceiling and
+	// the surface read it); for tool_search, every server's of the agent.
 	if node, ok := boundTool(snap, req); ok {
 		in.policy, in.policyErr = s.cfg.Registry.ServerPolicy(ctx, node.MCPTool.ServerRef)
 		in.policyCanceled = in.policyErr != nil && ctx.Err() != nil
+	} else if req.Tool == graph.ToolSearchName && in.surface != nil {
+		in.searchPolicies, in.searchPolicyErr = s.policies(ctx, in.surface.Servers())
+		in.policyCanceled = in.searchPolicyErr != nil && ctx.Err() != nil
 	}
 
 	d := decide(&in)
+	for d.deliver != nil {
+		// The retry of a decided call gets the decision once: another retry may have
+		// claimed it meanwhile, and this one is then decided again as a new call.
+		was, ok := s.claimDelivery(ctx, r, d.deliver.ID)
+		if ok {
+			out.attempt, out.args = d.attempt, d.args.canonical
+			out.res, out.err = delivered(was, &out.attempt, req.CallID)
+			return out
+		}
+		r.mu.Lock()
+		in.run.approvals = r.approvalViews()
+		r.mu.Unlock()
+		d = decide(&in)
+	}
+	if d.search != nil {
+		return s.answerSearch(ctx, r, req, d)
+	}
+	if d.err == nil && len(d.docRefs) > 0 {
+		in.documents = s.fetchDocuments(ctx, r.id.Tenant, d.docRefs)
+	}
+	d = decideArguments(&in, d)
+	if d.ask {
+		d.err = s.requestApproval(ctx, r, req, &d)
+	}
 	out.attempt, out.args = d.attempt, d.args.canonical
 	if d.err != nil {
 		out.err = d.err
@@ -323,6 +392,71 @@ func (s *Service) callTool(ctx context.Context, req CallRequest) outcome {
 		return out
 	}
 	out.res, out.err = s.dispatchInRun(ctx, sess, d, req.CallID)
+	return out
+}
+
+// answerSearch answers tool_search: on record first like any dispatch (loading tools is an
+// effect), then the matches are loaded for the agent for the rest of the run, durably, and
+// returned as the call's result, each as the listing shows it.
+func (s *Service) answerSearch(ctx context.Context, r *run, req CallRequest, d decision) outcome {
+	out := outcome{attempt: d.attempt, tenant: r.id.Tenant, args: d.args.canonical}
+	names := d.search.names()
+	out.attempt.LoadedTools = names
+	var err error
+	if out.attempt.PendingID, err = s.recordPending(ctx, out.attempt, out.args, out.tenant); err != nil {
+		out.err = err
+		return out
+	}
+	if err := s.loadTools(context.WithoutCancel(ctx), r, req.Agent, names); err != nil {
+		out.err = &FailedError{Class: failureInternal, Err: fmt.Errorf("the tools tool_search found could not be loaded: %v", err)}
+		return out
+	}
+	out.res = searchResult(d.search, req.CallID, d.attempt.Attempt)
+	return out
+}
+
+// searchResult is tool_search's result: the tools found, each as ListAgentTools shows it
+// (its name is what the model calls), as structured content and as its JSON in a text block.
+func searchResult(a *searchAnswer, callID string, attempt int32) *CallResult {
+	tools := make([]any, 0, len(a.matches))
+	for _, m := range a.matches {
+		t := m.Tool
+		entry := map[string]any{"name": t.Name, "server": t.ServerRef, "description": t.Description, "requires_confirmation": t.RequiresConfirmation}
+		if t.Title != "" {
+			entry["title"] = t.Title
+		}
+		for key, raw := range map[string]json.RawMessage{"inputSchema": t.InputSchema, "outputSchema": t.OutputSchema, "annotations": t.Annotations} {
+			var v any
+			if len(raw) > 0 && json.Unmarshal(raw, &v) == nil {
+				entry[key] = v
+			}
+		}
+		tools = append(tools, entry)
+	}
+	structured := map[string]any{"tools": tools}
+	text, _ := json.Marshal(structured)
+	return &CallResult{CallID: callID, Attempt: attempt, ToolName: graph.ToolSearchName, Result: audit.ResultSucceeded,
+		Content: []map[string]any{{"type": "text", "text": string(text)}}, StructuredContent: structured}
+}
+
+// fetchDocuments fetches the documents a call references from the resolver, each bounded by
+// what the call may still receive (documents.max_bytes for one, documents.max_call_bytes for
+// all of them together).
+func (s *Service) fetchDocuments(ctx context.Context, tenant string, ids []string) map[string]fetched {
+	out := make(map[string]fetched, len(ids))
+	budget := s.cfg.DocumentMaxCallBytes
+	for _, id := range ids {
+		if budget <= 0 {
+			out[id] = fetched{err: fmt.Errorf("%w: the documents this call references are more than documents.max_call_bytes (%d bytes) together", documents.ErrUnavailable, s.cfg.DocumentMaxCallBytes)}
+			break
+		}
+		content, err := s.documents.Document(ctx, tenant, id, min(budget, s.cfg.DocumentMaxBytes))
+		out[id] = fetched{content: content, err: err}
+		if err != nil {
+			break
+		}
+		budget -= int64(len(content))
+	}
 	return out
 }
 

@@ -24,6 +24,7 @@ import (
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/documents"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/secretbox"
 	rftestutil "github.com/ringfence/ringfence/internal/testutil"
@@ -48,6 +49,9 @@ type harness struct {
 	poolID   string
 	versions *overridableVersions
 	budget   *spawner.Budget
+	// poolCfg and spawner are what the pool was opened with, for reopen.
+	poolCfg Config
+	spawner func() Spawner
 }
 
 type harnessOpts struct {
@@ -87,6 +91,10 @@ type harnessOpts struct {
 	// defaults without GOMEMLIMIT, 256 MiB and 10s).
 	resultBudget int64
 	budgetWait   time.Duration
+	// approvalTimeout is pool.approval_timeout (0: the default).
+	approvalTimeout time.Duration
+	// documents, when set, resolves my-documents:// references instead of the built-in store.
+	documents documents.Resolver
 }
 
 // overridableVersions serves the publisher's versions, or a hand-made one a test injects to
@@ -159,23 +167,29 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 		sc.AllowUnisolated = true
 		sc.HostPATH = filepath.Dir(fixtures.Binaries(t).Path(t, fixtures.MCPFixture)) + ":" + spawner.DefaultHostPATH
 	}
-	backends, err := spawner.DefaultBackends(sc)
-	require.NoError(t, err)
-	if o.backend != nil {
-		backends = append([]spawner.Backend{o.backend}, backends...)
+	newSpawner := func() Spawner {
+		backends, err := spawner.DefaultBackends(sc)
+		require.NoError(t, err)
+		if o.backend != nil {
+			backends = append([]spawner.Backend{o.backend}, backends...)
+		}
+		sp, err := spawner.NewRouter(sc, backends...)
+		require.NoError(t, err)
+		return sp
 	}
-	sp, err := spawner.NewRouter(sc, backends...)
-	require.NoError(t, err)
-	pl, err := Open(t.Context(), Config{
+	cfg := Config{
 		DBPath: filepath.Join(dir, "pool.db"), Registry: poolReg, Versions: versions, AuditSink: poolSinkTo,
-		SpoolMaxRecords: o.spoolMaxRecords, Spawner: sp,
+		SpoolMaxRecords: o.spoolMaxRecords, Spawner: newSpawner(),
 		DriftMaxAge: drift, RunIdleTimeout: o.idle, PausedRunTimeout: o.paused, MaxRuns: o.maxRuns, MaxSessions: o.maxSessions,
 		AllowInlineMCPServers: o.allowInline, AllowAdvisory: o.allowAdvisory, Logger: quiet,
 		Warm: reg, MaxWarm: o.maxWarm, WarmRefresh: o.warmRefresh, WarmMaxAge: o.warmMaxAge,
-	})
+		ApprovalTimeout: o.approvalTimeout, Documents: o.documents,
+	}
+	pl, err := Open(t.Context(), cfg)
 	require.NoError(t, err)
+	h := &harness{t: t, reg: reg, pool: pl, audit: rec, poolID: poolID, versions: versions, poolCfg: cfg, spawner: newSpawner, budget: budget}
 	t.Cleanup(func() {
-		require.NoError(t, pl.Close(context.Background()))
+		require.NoError(t, h.pool.Close(context.Background()))
 		if docker {
 			requireNoContainers(t, poolID)
 		}
@@ -187,9 +201,23 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 	t.Cleanup(func() { pub.Close() })
 	versions.pub = pub
 	// Handlers are called directly, so the context carries what the interceptor resolves.
-	ctx := auth.WithTenancy(auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_test", Role: auth.RoleAdmin, Permissions: auth.AllPermissions}),
+	h.ctx = auth.WithTenancy(auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_test", Role: auth.RoleAdmin, Permissions: auth.AllPermissions}),
 		auth.Tenancy{Tenant: auth.DefaultTenant})
-	return &harness{t: t, ctx: ctx, reg: reg, pub: pub, pool: pl, audit: rec, poolID: poolID, versions: versions, budget: budget}
+	h.pub = pub
+	return h
+}
+
+// reopen restarts the pool on its data directory, as a new process would: its runs, loaded
+// tools and approvals are read back, and no session survives.
+func (h *harness) reopen() {
+	h.t.Helper()
+	require.NoError(h.t, h.pool.Close(context.Background()))
+	cfg := h.poolCfg
+	cfg.Spawner = h.spawner()
+	pl, err := Open(h.t.Context(), cfg)
+	require.NoError(h.t, err)
+	h.pool = pl
+	h.reg.SetDiscoverer(pl)
 }
 
 func randomHex() string {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/ringfence/ringfence/internal/agentsurface"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
@@ -25,17 +26,22 @@ import (
 // before dispatch:
 //
 //   - decide, before any server is reached: the run is running and its graph loaded, the
-//     agent and the binding exist, then for a registered tool the node's floor, the ceiling
-//     and tool filter against the live server policy, the agent floor, the arguments' form,
-//     and mcpgate.Check (argument-scoped permissions, then the pinned input and output
-//     schemas); for an inline server the flag, the agent floor and the arguments' form.
+//     agent exists, the run is not waiting for another call's approval (and a retry of a
+//     decided call is answered with its decision), tool_search is answered, the binding
+//     exists; then for a registered tool the node's floor, the ceiling against the live
+//     server policy, the agent's surface (the filter levels and deferral: filtered_out,
+//     not_loaded), the agent floor, the arguments' form and their my-documents:// references;
+//     for an inline server the flag, the agent floor and the arguments' form.
+//   - decideArguments, once callTool fetched the referenced documents: the references
+//     replaced by the documents' content, the strict form the model saw (and its nulls taken
+//     out), mcpgate.Check (argument-scoped permissions, then the pinned input and output
+//     schemas), and confirmation: a call that asks a person first waits for an approval.
 //   - checkLive, once the run's session is up and its listing fresh: drift against the pin
 //     (mcpgate.CheckDrift), or for an inline server the tool in the live listing, its screen
 //     and mcpgate.Check against its live schemas.
 //
-// A gate added later (a tool filtered out of the agent's surface, a deferred tool not yet
-// loaded, a call that needs approval, a document reference, a sign-in) is a function added
-// to the list where its refusal belongs; what it needs from I/O comes in on gateInput.
+// A gate added later (a sign-in) is a function added to the list where its refusal belongs;
+// what it needs from I/O comes in on gateInput.
 
 // runSnapshot is what the gates read of a run, taken under its lock at the call's start.
 type runSnapshot struct {
@@ -47,6 +53,11 @@ type runSnapshot struct {
 	version *graph.Version
 	index   *graph.Index
 	loadErr error
+	// selected is the run's selection; loaded the calling agent's loaded deferred tools.
+	selected []string
+	loaded   map[string]bool
+	// approvals are copies of the run's approvals (approvals.go), for the approval gate.
+	approvals []approvalView
 }
 
 // arguments are a call's decoded arguments: the object, its canonical encoding (for the
@@ -74,6 +85,24 @@ type gateInput struct {
 	allowInline    bool
 	// schemas caches compiled schemas by pin across calls.
 	schemas *schemas.Cache
+	// surface is the agent's tools and settings as agentsurface read them (nil for an agent
+	// the graph does not have).
+	surface *agentsurface.Agent
+	// searchPolicies are the policies of every server of the agent, read for a call to
+	// tool_search only (policy above is a tool's own server's: a call asks the registry once);
+	// searchPolicyErr says why they could not be read.
+	searchPolicies  map[string]mcpserver.Policy
+	searchPolicyErr error
+	// documents are the fetched my-documents:// references of the call (decideArguments).
+	documents map[string]fetched
+	// decision is set when ApproveCall runs the gates again for an approved call.
+	decision *approvalDecision
+}
+
+// fetched is one referenced document as callTool fetched it: its content, or why not.
+type fetched struct {
+	content []byte
+	err     error
 }
 
 // target is what a call names in the run's graph: a registered tool's node, or a tool of one
@@ -98,17 +127,31 @@ type decision struct {
 	serverRef string
 	strict    bool
 	// args are the call's arguments once gateArguments read them: a refusal before it records
-	// none.
+	// none. args.value is what the server gets (documents in, strict nulls out); args.canonical
+	// stays as the caller wrote them, for the digest.
 	args arguments
+	// tool is the agent surface's entry of a registered tool the call may reach.
+	tool *agentsurface.Tool
+	// docRefs are the document ids the arguments reference, in a call to a server the agent's
+	// document_resolver lists.
+	docRefs []string
+	// ask says the call asks a person first: callTool requests the approval.
+	ask bool
+	// answered is set by a gate that answers the call without a server: search is
+	// tool_search's answer, deliver a decided approval's for the caller's retry.
+	answered bool
+	search   *searchAnswer
+	deliver  *approvalView
 }
 
 // gate is one step of a stage: nil lets the call on.
 type gate func(in *gateInput, d *decision) error
 
-// Stages of decide, in order.
+// Stages of decide and decideArguments, in order.
 var (
-	targetGates     = []gate{gateRunning, gateLoaded, gateAgent, gateBinding}
-	registeredGates = []gate{gateFloor, gateCeiling, gateAgentFloor, gateArguments, gateCall}
+	targetGates     = []gate{gateRunning, gateLoaded, gateAgent, gateApprovals, gateToolSearch, gateBinding}
+	registeredGates = []gate{gateFloor, gateCeiling, gateSurface, gateAgentFloor, gateArguments, gateDocumentRefs}
+	argumentGates   = []gate{gateDocuments, gateStrict, gateCall, gateConfirmation}
 	inlineGates     = []gate{gateInlineAllowed, gateAgentFloor, gateArguments}
 )
 
@@ -119,11 +162,12 @@ func newAttempt(req CallRequest) audit.ToolCallAttempt {
 	return audit.ToolCallAttempt{RunID: req.RunID, CallID: req.CallID, Attempt: 1, AgentNode: req.Agent, ToolName: req.Tool}
 }
 
-// decide runs the gates before any server is reached.
+// decide runs the gates before the documents a call references are fetched. A decision
+// that is answered (tool_search, a decided approval's retry) runs no further gate.
 func decide(in *gateInput) decision {
 	d := decision{attempt: newAttempt(in.req)}
 	d.attempt.GraphID, d.attempt.GraphVersion, d.attempt.Attempt = in.run.id.GraphID, in.run.id.Version, in.run.attempt
-	if d.err = runGates(targetGates, in, &d); d.err != nil {
+	if d.err = runGates(targetGates, in, &d); d.err != nil || d.answered {
 		return d
 	}
 	if d.target.inline != nil {
@@ -134,9 +178,18 @@ func decide(in *gateInput) decision {
 	return d
 }
 
+// decideArguments runs the gates on a registered tool's arguments once the documents they
+// reference are in in.documents: the last before any server is reached.
+func decideArguments(in *gateInput, d decision) decision {
+	if d.err == nil && !d.answered && d.target.inline == nil {
+		d.err = runGates(argumentGates, in, &d)
+	}
+	return d
+}
+
 func runGates(gates []gate, in *gateInput, d *decision) error {
 	for _, g := range gates {
-		if err := g(in, d); err != nil {
+		if err := g(in, d); err != nil || d.answered {
 			return err
 		}
 	}
@@ -227,9 +280,8 @@ func gateCeiling(in *gateInput, d *decision) error {
 		r.Missing = v.Excess
 		return r
 	}
-	if v := graph.CheckToolFilter(d.target.node, in.policy); v != nil {
-		return refusal(reasonCeiling, errors.New(v.Message))
-	}
+	// The registration's tool_filter is the agent surface's registration level (gateSurface):
+	// a call and the listing name it alike, filtered_out.
 	return nil
 }
 
@@ -290,7 +342,7 @@ func gateCall(in *gateInput, d *decision) error {
 	if reqs, declared := in.policy.ToolPermissions[tool.ToolName]; declared {
 		opts = append(opts, mcpgate.WithPermissions(reqs...))
 	}
-	return gateRefusal(mcpgate.Check(d.spec, in.args.value, in.caps, opts...), reimport)
+	return gateRefusal(mcpgate.Check(d.spec, d.args.value, in.caps, opts...), reimport)
 }
 
 // pinnedSpec is a pinned tool as mcpgate checks it. Its permissions are the registration's,

@@ -10,6 +10,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ringfence/ringfence/internal/agentsurface"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/graph"
@@ -31,7 +32,7 @@ func echoTool() *mcp.Tool {
 
 // pipelineGraph is a published version: agent "a" binds fx__echo (node fx__echo on server
 // fx, pinned) and has an inline server "dev"; agent "b" holds nothing.
-func pipelineGraph(t *testing.T, edit func(g *graph.Graph)) runSnapshot {
+func pipelineGraph(t testing.TB, edit func(g *graph.Graph)) runSnapshot {
 	t.Helper()
 	pin := mcpgate.LiveHash(echoTool())
 	g := &graph.Graph{ID: "g", CapabilityMode: graph.ModeEnforce, Nodes: []graph.Node{
@@ -70,7 +71,7 @@ type gateCase struct {
 	check    func(t *testing.T, d decision)
 }
 
-func (c gateCase) input(t *testing.T) *gateInput {
+func (c gateCase) input(t testing.TB) *gateInput {
 	t.Helper()
 	snap := pipelineGraph(t, c.graph)
 	if c.snap != nil {
@@ -85,6 +86,9 @@ func (c gateCase) input(t *testing.T) *gateInput {
 			eff = capability.Effective{}
 		}
 		in.effective, in.caps = eff, mcpgate.CapabilitiesOf(eff)
+		if a, err := agentsurface.ForAgent(snap.index, req.Agent); err == nil {
+			in.surface = a
+		}
 	}
 	in.args.value, in.args.canonical, in.args.err = decodeArguments(req.Arguments)
 	if c.policy != nil {
@@ -95,6 +99,10 @@ func (c gateCase) input(t *testing.T) *gateInput {
 	}
 	return in
 }
+
+// decideAll runs both stages before the session: decide, then decideArguments with the
+// documents the case put on the input.
+func decideAll(in *gateInput) decision { return decideArguments(in, decide(in)) }
 
 func or(s, def string) string {
 	if s == "" {
@@ -145,7 +153,8 @@ func TestDecide(t *testing.T) {
 				require.Equal(t, []string{"external_api_call"}, d.err.(*RefusedError).Missing)
 			}},
 		{name: "grants: [] denies", policy: func(p *mcpserver.Policy) { p.Grants = []string{} }, reason: reasonCeiling, contains: "process_spawn"},
-		{name: "tool filter", policy: func(p *mcpserver.Policy) { p.Filter.Exclude = []string{"echo"} }, reason: reasonCeiling, contains: "echo"},
+		{name: "tool filter", policy: func(p *mcpserver.Policy) { p.Filter.Exclude = []string{"echo"} }, reason: reasonFilteredOut, contains: `server "fx"'s tool_filter excludes tool "echo"`,
+			check: func(t *testing.T, d decision) { require.Equal(t, "registration", d.err.(*RefusedError).Level) }},
 		{name: "agent floor", agent: "b", reason: reasonAgentFloor, contains: "external_api_call"},
 		{name: "agent floor, advisory not honoured", agent: "b", graph: func(g *graph.Graph) { g.CapabilityMode = graph.ModeAdvisory },
 			reason: reasonAgentFloor, contains: "pool.allow_advisory is off"},
@@ -185,13 +194,7 @@ func TestDecide(t *testing.T) {
 			require.Nil(t, d.spec, "an inline tool's spec comes from its live listing")
 		}},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			d := decide(c.input(t))
-			requireDecision(t, d, c.reason, c.contains)
-			if c.check != nil {
-				c.check(t, d)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { c.run(t) })
 	}
 }
 
@@ -224,7 +227,7 @@ func TestArgumentScopeWorkIsBounded(t *testing.T) {
 		args, _ := json.Marshal(map[string]any{"path": path})
 		in := gateCase{args: string(args), policy: func(p *mcpserver.Policy) { p.ToolPermissions = map[string][]string{"echo": reqs} }}.input(t)
 		in.effective, in.caps = eff, mcpgate.CapabilitiesOf(eff)
-		return decide(in)
+		return decideAll(in)
 	}
 	d := decideWith(strings.Repeat("x/", 122)+"x", "fs.read:{path}")
 	requireDecision(t, d, reasonArgumentScope, "per-call limit")
@@ -278,7 +281,7 @@ func TestCheckLive(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			in := gateCase{tool: c.tool, args: c.args, in: func(in *gateInput) { in.allowInline = c.allow }}.input(t)
-			d := decide(in)
+			d := decideAll(in)
 			require.NoError(t, d.err)
 			d = checkLive(in, d, c.live)
 			requireDecision(t, d, c.reason, c.contains)
@@ -293,7 +296,7 @@ func TestCheckLive(t *testing.T) {
 // and its graph, as its audit record must.
 func TestNoAttemptLosesItsIdentity(t *testing.T) {
 	for _, c := range []gateCase{{agent: "z"}, {tool: "x"}, {args: "nope"}, {policy: func(p *mcpserver.Policy) { p.Grants = nil }}} {
-		d := decide(c.input(t))
+		d := decideAll(c.input(t))
 		require.Error(t, d.err)
 		att := d.attempt
 		att.Refused(d.err.(*RefusedError).Reason)

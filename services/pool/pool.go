@@ -22,6 +22,7 @@ import (
 
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/documents"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/grpcserver"
@@ -103,7 +104,21 @@ type Config struct {
 	// WarmRefresh is how often the registry is asked which registrations want warm sessions
 	// and the warm sets are checked (zero means 2s).
 	WarmRefresh time.Duration
-	Logger      *slog.Logger
+	// ApprovalTimeout expires a call that waits for an approval nobody gave (refused as
+	// approval_expired), and is how long an approved call's outcome waits for the caller's
+	// retry; default 15 minutes.
+	ApprovalTimeout time.Duration
+	// Documents resolves my-documents:// references: a platform's document service
+	// (documents.HTTP, documents.url_template); nil is the pool's built-in store, which
+	// PutDocument fills (and which is off when Documents is set).
+	Documents documents.Resolver
+	// DocumentMaxBytes bounds one document (stored or fetched); DocumentMaxCallBytes the
+	// documents one call receives together; DocumentMaxTenantBytes what one tenant stores.
+	// Defaults: 10 MiB, 16 MiB, 1 GiB.
+	DocumentMaxBytes       int64
+	DocumentMaxCallBytes   int64
+	DocumentMaxTenantBytes int64
+	Logger                 *slog.Logger
 }
 
 // Service implements PoolService.
@@ -123,6 +138,9 @@ type Service struct {
 	inflight  *inflight      // tool calls in progress
 	schemas   *schemas.Cache
 	metrics   *metrics
+	// documents resolves my-documents:// references: Config.Documents, else the built-in
+	// store.
+	documents documents.Resolver
 
 	runs         runs
 	liveSessions atomic.Int64 // run sessions and warm ones, under MaxSessions
@@ -148,6 +166,11 @@ var errorCodes = map[error]codes.Code{
 	errTooManyRuns:                 codes.ResourceExhausted,
 	errVersionGone:                 codes.NotFound,
 	errUnknownAgent:                codes.NotFound,
+	errApprovalNotFound:            codes.NotFound,
+	errApprovalDecided:             codes.FailedPrecondition,
+	errDocumentNotFound:            codes.NotFound,
+	errDocumentsElsewhere:          codes.FailedPrecondition,
+	errDocumentQuota:               codes.ResourceExhausted,
 	errRegistryUnavailable:         codes.Unavailable,
 	audit.ErrSpoolFull:             codes.Unavailable,
 }
@@ -177,6 +200,18 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 	if cfg.WarmRefresh <= 0 {
 		cfg.WarmRefresh = defaultWarmRefresh
 	}
+	if cfg.ApprovalTimeout <= 0 {
+		cfg.ApprovalTimeout = 15 * time.Minute
+	}
+	if cfg.DocumentMaxBytes <= 0 {
+		cfg.DocumentMaxBytes = DefaultDocumentMaxBytes
+	}
+	if cfg.DocumentMaxCallBytes <= 0 {
+		cfg.DocumentMaxCallBytes = 16 << 20
+	}
+	if cfg.DocumentMaxTenantBytes <= 0 {
+		cfg.DocumentMaxTenantBytes = 1 << 30
+	}
 	s := &Service{
 		cfg:      cfg,
 		log:      cfg.Logger,
@@ -198,6 +233,10 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 
 	if s.store, err = store.Open(cfg.DBPath); err != nil {
 		return nil, err
+	}
+	s.documents = cfg.Documents
+	if s.documents == nil {
+		s.documents = builtinDocuments{s.store}
 	}
 	closers = append(closers, s.store.Close)
 	if cfg.SpoolDir == "" {

@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
@@ -15,6 +18,7 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/documents"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/ident"
 )
@@ -147,13 +151,18 @@ func (g *Server) CallTool(ctx context.Context, req *poolv1.CallToolRequest) (*po
 	if err != nil {
 		return nil, callStatus(ctx, g.svc, err)
 	}
+	return callToProto(res), nil
+}
+
+// callToProto renders a dispatched call's result.
+func callToProto(res *CallResult) *poolv1.CallToolResponse {
 	out := &poolv1.CallToolResponse{
 		CallId: res.CallID, Attempt: res.Attempt, Outcome: "dispatched", Result: res.Result,
 		FailureClass: res.FailureClass, IsError: res.IsError, Advisory: res.Advisory,
-		ServerRef: res.ServerRef, ToolName: res.ToolName, LatencyMicros: res.Latency.Microseconds(),
+		ServerRef: res.ServerRef, ToolName: res.ToolName, LatencyMicros: res.Latency.Microseconds(), ApprovalId: res.ApprovalID,
 	}
 	out.Content, out.StructuredContent = resultToProto(res)
-	return out, nil
+	return out
 }
 
 // ListAgentTools implements PoolService.
@@ -241,6 +250,13 @@ var refusalCodes = map[string]codes.Code{
 	reasonDeclarationScreen:   codes.FailedPrecondition,
 	reasonCanceled:            codes.Canceled,
 	reasonShuttingDown:        codes.Unavailable,
+	reasonFilteredOut:         codes.PermissionDenied,
+	reasonNotLoaded:           codes.FailedPrecondition,
+	reasonApprovalRequired:    codes.FailedPrecondition,
+	reasonApprovalPending:     codes.FailedPrecondition,
+	reasonDeniedByApprover:    codes.PermissionDenied,
+	reasonApprovalExpired:     codes.FailedPrecondition,
+	reasonDocumentUnavailable: codes.FailedPrecondition,
 }
 
 // callStatus renders a refused or failed call with its detail, which names the attempt as
@@ -257,6 +273,7 @@ func callStatus(ctx context.Context, svc *Service, err error) error {
 		detail := &poolv1.CallRefusal{
 			CallId: ref.CallID, Attempt: ref.Attempt, Reason: ref.Reason, Message: ref.Problem(),
 			PinnedHash: ref.Pinned, LiveHash: ref.Live, Missing: ref.Missing,
+			ApprovalId: ref.ApprovalID, ArgsDigest: ref.ArgsDigest, Level: ref.Level,
 		}
 		if ref.Server != nil {
 			detail.ServerFailure = &typesv1.ServerFailure{Class: ref.Server.Class, Message: ref.Server.Message, StderrTail: discovery.VisibleTail(ctx, ref.Server.StderrTail)}
@@ -288,7 +305,7 @@ func runToProto(info *RunInfo) *poolv1.Run {
 	out := &poolv1.Run{
 		RunId: r.ID, Tenant: r.Tenant, GraphId: r.GraphID, Version: r.Version, State: r.State,
 		StartTime: timestamppb.New(r.StartTime), LastActivityTime: timestamppb.New(info.LastActivity),
-		Calls: info.Calls, EndReason: r.EndReason, SelectedServers: r.SelectedServers,
+		Calls: info.Calls, EndReason: r.EndReason, SelectedServers: r.SelectedServers, PendingApprovalId: info.PendingApproval,
 	}
 	if !r.EndTime.IsZero() {
 		out.EndTime = timestamppb.New(r.EndTime)
@@ -301,4 +318,190 @@ func runToProto(info *RunInfo) *poolv1.Run {
 		out.Sessions = append(out.Sessions, ps)
 	}
 	return out
+}
+
+// approvalRequest is what every request about one approval carries.
+type approvalRequest interface {
+	runRequest
+	GetApprovalId() string
+}
+
+// namedApproval checks an approval request's ids and resolves its tenant.
+func namedApproval(ctx context.Context, req approvalRequest) (runID, tenant, id string, err error) {
+	if runID, tenant, err = namedRun(ctx, req); err != nil {
+		return "", "", "", err
+	}
+	if req.GetApprovalId() == "" {
+		return "", "", "", fieldError("approval_id", "is required")
+	}
+	if err := ident.Approval.Check("approval_id", req.GetApprovalId()); err != nil {
+		return "", "", "", err
+	}
+	return runID, tenant, req.GetApprovalId(), nil
+}
+
+// ListApprovals implements PoolService.
+func (g *Server) ListApprovals(ctx context.Context, req *poolv1.ListApprovalsRequest) (*poolv1.ListApprovalsResponse, error) {
+	id, tenant, err := namedRun(ctx, req)
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	list, err := g.svc.ListApprovals(ctx, id, tenant)
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	out := &poolv1.ListApprovalsResponse{}
+	for i := range list {
+		out.Approvals = append(out.Approvals, approvalToProto(&list[i]))
+	}
+	return out, nil
+}
+
+// ApproveCall implements PoolService.
+func (g *Server) ApproveCall(ctx context.Context, req *poolv1.ApproveCallRequest) (*poolv1.ApproveCallResponse, error) {
+	runID, tenant, id, err := namedApproval(ctx, req)
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	p, err := auth.PrincipalFrom(ctx)
+	if err != nil {
+		return nil, err
+	}
+	a, res, err := g.svc.ApproveCall(ctx, runID, tenant, id, p.Actor())
+	if err != nil {
+		if a == nil {
+			return nil, g.svc.errors.Status(ctx, err)
+		}
+		return nil, callStatus(ctx, g.svc, err)
+	}
+	return &poolv1.ApproveCallResponse{Approval: approvalToProto(a), Call: callToProto(res)}, nil
+}
+
+// DenyCall implements PoolService.
+func (g *Server) DenyCall(ctx context.Context, req *poolv1.DenyCallRequest) (*poolv1.DenyCallResponse, error) {
+	runID, tenant, id, err := namedApproval(ctx, req)
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	if err := boundedField("reason", req.GetReason(), false); err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	p, err := auth.PrincipalFrom(ctx)
+	if err != nil {
+		return nil, err
+	}
+	a, err := g.svc.DenyCall(ctx, runID, tenant, id, p.Actor(), req.GetReason())
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	return &poolv1.DenyCallResponse{Approval: approvalToProto(a)}, nil
+}
+
+func approvalToProto(a *Approval) *poolv1.Approval {
+	out := &poolv1.Approval{
+		ApprovalId: a.ID, RunId: a.RunID, Tenant: a.Tenant, Agent: a.Agent, Tool: a.Tool, ServerRef: a.ServerRef, ToolName: a.ToolName,
+		ArgsDigest: a.ArgsDigest, CallId: a.CallID, State: a.State, RequestTime: timestamppb.New(a.RequestTime),
+		ExpireTime: timestamppb.New(a.ExpireTime), DecidedBy: a.DecidedBy, Note: a.Note, ResultWaiting: a.ResultWaiting,
+	}
+	if !a.DecideTime.IsZero() {
+		out.DecideTime = timestamppb.New(a.DecideTime)
+	}
+	var args structpb.Struct
+	if len(a.Arguments) > 0 && protojson.Unmarshal(a.Arguments, &args) == nil {
+		out.Arguments = &args
+	}
+	return out
+}
+
+// chunkBytes is the size of a document's content in each message of GetDocument.
+const chunkBytes = 1 << 20
+
+// PutDocument implements PoolService: the first message names the document; the content is
+// the messages' chunks together, read no further than documents.max_bytes.
+func (g *Server) PutDocument(stream poolv1.PoolService_PutDocumentServer) error {
+	ctx := stream.Context()
+	var first *poolv1.PutDocumentRequest
+	var content []byte
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if first == nil {
+			first = msg
+			ctx = stream.Context() // the interceptor resolved the tenant from the first message
+		}
+		if int64(len(content)+len(msg.GetContent())) > g.svc.cfg.DocumentMaxBytes {
+			return g.svc.errors.Status(ctx, fieldError("content", "is more than %d bytes; a document is at most that (documents.max_bytes)", g.svc.cfg.DocumentMaxBytes))
+		}
+		content = append(content, msg.GetContent()...)
+	}
+	if first == nil {
+		return g.svc.errors.Status(ctx, fieldError("content", "is empty: a document has content"))
+	}
+	tenant, err := runTenant(ctx)
+	if err != nil {
+		return g.svc.errors.Status(ctx, err)
+	}
+	d, err := g.svc.PutDocument(ctx, tenant, first.GetName(), first.GetMediaType(), content)
+	if err != nil {
+		return g.svc.errors.Status(ctx, err)
+	}
+	return stream.SendAndClose(&poolv1.PutDocumentResponse{Document: documentToProto(d)})
+}
+
+// GetDocument implements PoolService.
+func (g *Server) GetDocument(req *poolv1.GetDocumentRequest, stream poolv1.PoolService_GetDocumentServer) error {
+	ctx := stream.Context()
+	tenant, id, err := namedDocument(ctx, req)
+	if err != nil {
+		return g.svc.errors.Status(ctx, err)
+	}
+	d, content, err := g.svc.GetDocument(ctx, tenant, id)
+	if err != nil {
+		return g.svc.errors.Status(ctx, err)
+	}
+	first := &poolv1.GetDocumentResponse{Document: documentToProto(d)}
+	for {
+		n := min(len(content), chunkBytes)
+		first.Content, content = content[:n], content[n:]
+		if err := stream.Send(first); err != nil {
+			return err
+		}
+		if len(content) == 0 {
+			return nil
+		}
+		first = &poolv1.GetDocumentResponse{}
+	}
+}
+
+// DeleteDocument implements PoolService.
+func (g *Server) DeleteDocument(ctx context.Context, req *poolv1.DeleteDocumentRequest) (*poolv1.DeleteDocumentResponse, error) {
+	tenant, id, err := namedDocument(ctx, req)
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	if err := g.svc.DeleteDocument(ctx, tenant, id); err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	return &poolv1.DeleteDocumentResponse{}, nil
+}
+
+// namedDocument checks a document request's id and resolves its tenant.
+func namedDocument(ctx context.Context, req interface{ GetDocumentId() string }) (tenant, id string, err error) {
+	if req.GetDocumentId() == "" {
+		return "", "", fieldError("document_id", "is required")
+	}
+	if err := documents.CheckID("document_id", req.GetDocumentId()); err != nil {
+		return "", "", err
+	}
+	tenant, err = runTenant(ctx)
+	return tenant, req.GetDocumentId(), err
+}
+
+func documentToProto(d *Document) *poolv1.Document {
+	return &poolv1.Document{DocumentId: d.ID, Tenant: d.Tenant, Name: d.Name, MediaType: d.MediaType, Size: d.Size, Sha256: d.SHA256, CreateTime: timestamppb.New(d.CreateTime)}
 }

@@ -53,6 +53,9 @@ type run struct {
 	// surfaces holds each agent's tools and settings as agentsurface read them from the
 	// version, once per run (agenttools.go).
 	surfaces map[string]*agentsurface.Agent
+	// approvals are the run's calls that asked a person first (approvals.go), oldest first:
+	// at most one pending, which holds every new call of the run until it is decided.
+	approvals []*approvalView
 
 	// busy counts calls in flight, so the idle reaper never ends a run mid-call.
 	busy atomic.Int64
@@ -79,20 +82,23 @@ type agentCaps struct {
 	caps mcpgate.Capabilities
 }
 
-// begin counts a call to the run and takes the snapshot its gates read; done ends the call.
-// busy is taken under the run's lock, as the idle reaper checks it (end), so a run is either
-// ended before this call or seen busy by the reaper, never ended under it.
-func (r *run) begin(callID string) (snap runSnapshot, done func()) {
+// begin counts a call by agent to the run and takes the snapshot its gates read; done ends
+// the call. busy is taken under the run's lock, as the idle reaper checks it (end), so a run
+// is either ended before this call or seen busy by the reaper, never ended under it.
+func (r *run) begin(callID, agent string) (snap runSnapshot, done func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.busy.Add(1)
 	r.touch()
 	r.calls++
-	if len(r.attempts) >= maxTrackedCallIDs {
-		clear(r.attempts)
+	snap = runSnapshot{id: r.id, state: r.rec.State, attempt: r.nextAttempt(callID),
+		selected: r.rec.SelectedServers, approvals: r.approvalViews()}
+	if names := r.rec.LoadedTools[agent]; len(names) > 0 {
+		snap.loaded = make(map[string]bool, len(names))
+		for _, n := range names {
+			snap.loaded[n] = true
+		}
 	}
-	r.attempts[callID]++
-	snap = runSnapshot{id: r.id, state: r.rec.State, attempt: r.attempts[callID]}
 	return snap, func() {
 		// The idle clock starts again when a call ends: a run whose long call just returned
 		// is not abandoned.
@@ -105,6 +111,15 @@ func (r *run) begin(callID string) (snap runSnapshot, done func()) {
 
 // maxTrackedCallIDs bounds the per-run attempt counters.
 const maxTrackedCallIDs = 10000
+
+// nextAttempt numbers one more attempt of callID. Must hold r.mu.
+func (r *run) nextAttempt(callID string) int32 {
+	if len(r.attempts) >= maxTrackedCallIDs {
+		clear(r.attempts)
+	}
+	r.attempts[callID]++
+	return r.attempts[callID]
+}
 
 func newRunID() string {
 	b := make([]byte, 12)
@@ -346,7 +361,9 @@ func (s *Service) endWhen(ctx context.Context, r *run, status string, when func(
 	}
 	r.rec = rec
 	old := r.takeSessions()
+	closed := s.closeApprovals(ctx, r, fmt.Sprintf("the run ended (%s) before it was decided", status))
 	r.mu.Unlock()
+	s.recordClosed(ctx, r, closed)
 	s.stopSessions(old)
 	s.runs.mu.Lock()
 	s.runs.count--
@@ -393,6 +410,17 @@ func (s *Service) restoreRuns(ctx context.Context) error {
 	for _, rec := range active {
 		r := newRun(rec)
 		r.lastActivity = now // the idle clock starts at the restart
+		// Approvals outlive a restart: a pending one still holds the run, and expires by
+		// its own clock; an approved one whose outcome was not stored before the restart
+		// stays approved and is never run again.
+		kept, err := s.store.RunApprovals(ctx, rec.Tenant, rec.ID)
+		if err != nil {
+			return err
+		}
+		for i := range kept {
+			r.approvals = append(r.approvals, &approvalView{Approval: kept[i]})
+		}
+		sortApprovals(r.approvals)
 		s.runs.byKey[keyOf(rec)] = r
 		s.runs.count++
 	}
@@ -407,15 +435,13 @@ func (s *Service) restoreRuns(ctx context.Context) error {
 // approval), not abandoned: it holds no session, so it gets far longer; its clock starts at
 // the pause and again when it resumes.
 func (s *Service) reapIdle(ctx context.Context) {
-	every := min(s.cfg.RunIdleTimeout/4, 30*time.Second)
+	every := min(s.cfg.RunIdleTimeout/4, 30*time.Second, s.cfg.ApprovalTimeout/4)
 	if p := s.cfg.PausedRunTimeout; p > 0 {
 		every = min(every, p/4)
 	}
 	every = max(every, 10*time.Millisecond)
 	t := time.NewTicker(every)
 	defer t.Stop()
-	idleReason := fmt.Sprintf("idle for more than %s (pool.run_idle_timeout)", s.cfg.RunIdleTimeout)
-	pausedReason := fmt.Sprintf("paused for more than %s (pool.paused_run_timeout)", s.cfg.PausedRunTimeout)
 	for {
 		select {
 		case <-ctx.Done():
@@ -428,20 +454,29 @@ func (s *Service) reapIdle(ctx context.Context) {
 		all := slices.Collect(maps.Values(s.runs.byKey))
 		s.runs.mu.Unlock()
 		for _, r := range all {
-			expired := func() (string, bool) {
-				switch r.rec.State {
-				case StateRunning:
-					return idleReason, r.busy.Load() == 0 && time.Since(r.lastActivity) > s.cfg.RunIdleTimeout
-				case StatePaused:
-					return pausedReason, s.cfg.PausedRunTimeout > 0 && time.Since(r.lastActivity) > s.cfg.PausedRunTimeout
-				}
-				return "", false
-			}
+			s.expireApprovals(ctx, r, time.Now())
+			expired := func() (string, bool) { return s.abandoned(r, time.Now()) }
 			if info, err := s.endWhen(ctx, r, StateFailed, expired); err == nil {
 				s.log.Info("ended an abandoned run", "run", info.Run.ID, "reason", info.Run.EndReason)
 			}
 		}
 	}
+}
+
+// abandoned says whether run r is abandoned at now, and why: running with no call for longer
+// than the idle timeout, or paused for longer than the paused timeout. A run that waits for an
+// approval is not idle: its approval expires first (pool.approval_timeout), and its idle clock
+// starts again then. Must hold r.mu.
+func (s *Service) abandoned(r *run, now time.Time) (string, bool) {
+	switch r.rec.State {
+	case StateRunning:
+		return fmt.Sprintf("idle for more than %s (pool.run_idle_timeout)", s.cfg.RunIdleTimeout),
+			r.busy.Load() == 0 && r.pending() == nil && now.Sub(r.lastActivity) > s.cfg.RunIdleTimeout
+	case StatePaused:
+		return fmt.Sprintf("paused for more than %s (pool.paused_run_timeout)", s.cfg.PausedRunTimeout),
+			s.cfg.PausedRunTimeout > 0 && now.Sub(r.lastActivity) > s.cfg.PausedRunTimeout
+	}
+	return "", false
 }
 
 // RunInfo is a run's state for callers.
@@ -453,6 +488,8 @@ type RunInfo struct {
 	// IgnoredServers are the selected servers StartRun was given that no agent of the graph
 	// uses (StartRun's answer only).
 	IgnoredServers []string
+	// PendingApproval names the approval the run waits for, if any.
+	PendingApproval string
 }
 
 // SessionInfo is one live session of a run.
@@ -467,6 +504,9 @@ func (r *run) info() *RunInfo {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := &RunInfo{Run: r.rec, LastActivity: r.lastActivity, Calls: r.calls}
+	if p := r.pending(); p != nil {
+		out.PendingApproval = p.ID
+	}
 	for ref, sess := range r.sessions {
 		if !sess.isReady() || sess.err != nil {
 			continue

@@ -132,7 +132,9 @@ func TestGateNodeFloorStandsWithoutPublish(t *testing.T) {
 	require.Zero(t, h.spawned(), "no process exists")
 }
 
-func TestGateCeilingRefusesAToolTheFilterNowExcludes(t *testing.T) {
+// TestGateRefusesAToolTheFilterNowExcludes: an operator's tool_filter holds from the next
+// call, refused as the agent's listing hides the tool: filtered_out at the registration level.
+func TestGateRefusesAToolTheFilterNowExcludes(t *testing.T) {
 	h := newHarness(t, harnessOpts{host: true})
 	h.server("fx", nil)
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
@@ -141,7 +143,10 @@ func TestGateCeilingRefusesAToolTheFilterNowExcludes(t *testing.T) {
 		Grants: []string{"process_spawn", "external_api_call"}, ToolFilter: &registryv1.ToolFilter{Exclude: []string{"echo"}}})
 	require.NoError(t, err)
 	_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "x"})
-	requireRefused(t, err, reasonCeiling)
+	ref := requireRefused(t, err, reasonFilteredOut)
+	require.Equal(t, "registration", ref.Level)
+	require.Contains(t, ref.Error(), `server "fx"'s tool_filter excludes tool "echo"`)
+	require.Zero(t, h.spawned(), "no process exists")
 }
 
 // TestGateAgentFloorEnforceAndAdvisory serves a version whose agent lacks the floor (publish

@@ -37,8 +37,30 @@ func RecordToProto(r audit.Record) *auditv1.Record {
 			Reason: t.Reason, Result: t.Result, FailureClass: t.FailureClass, PinnedHash: t.PinnedHash,
 			LiveHash: t.LiveHash, ArgsDigest: t.ArgsDigest, ArgsSize: t.ArgsSize, ResultDigest: t.ResultDigest,
 			ResultSize: t.ResultSize, LatencyMicros: t.LatencyMicros, Advisory: t.Advisory, PendingId: t.PendingID,
-			WarmSession: t.WarmSession,
+			WarmSession: t.WarmSession, LoadedTools: t.LoadedTools, Approval: approvalToProto(t.Approval),
 		}}
+	}
+	return out
+}
+
+func approvalToProto(a *audit.ToolCallApproval) *auditv1.ToolCallApproval {
+	if a == nil {
+		return nil
+	}
+	out := &auditv1.ToolCallApproval{ApprovalId: a.ID, State: a.State, DecidedBy: a.DecidedBy, Note: a.Note}
+	if !a.DecideTime.IsZero() {
+		out.DecideTime = timestamppb.New(a.DecideTime)
+	}
+	return out
+}
+
+func approvalFromProto(a *auditv1.ToolCallApproval) *audit.ToolCallApproval {
+	if a == nil {
+		return nil
+	}
+	out := &audit.ToolCallApproval{ID: a.GetApprovalId(), State: a.GetState(), DecidedBy: a.GetDecidedBy(), Note: a.GetNote()}
+	if a.GetDecideTime() != nil {
+		out.DecideTime = a.GetDecideTime().AsTime()
 	}
 	return out
 }
@@ -75,7 +97,7 @@ func RecordFromProto(p *auditv1.Record) (audit.Record, error) {
 			Reason: t.GetReason(), Result: t.GetResult(), FailureClass: t.GetFailureClass(), PinnedHash: t.GetPinnedHash(),
 			LiveHash: t.GetLiveHash(), ArgsDigest: t.GetArgsDigest(), ArgsSize: t.GetArgsSize(), ResultDigest: t.GetResultDigest(),
 			ResultSize: t.GetResultSize(), LatencyMicros: t.GetLatencyMicros(), Advisory: t.GetAdvisory(),
-			PendingID: t.GetPendingId(), WarmSession: t.GetWarmSession(),
+			PendingID: t.GetPendingId(), WarmSession: t.GetWarmSession(), LoadedTools: t.GetLoadedTools(), Approval: approvalFromProto(t.GetApproval()),
 		}
 	}
 	return r, nil

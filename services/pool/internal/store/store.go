@@ -1,6 +1,7 @@
 // Package store keeps the pool's durable state in one bbolt file: the runs it hosts (so a
-// restarted pool knows them and ends or resumes them) and the audit outbox every call attempt
-// is written to before its answer leaves the pool.
+// restarted pool knows them and ends or resumes them), their approvals (calls that wait for a
+// person, and the outcome of an approved one until the caller's retry takes it), and the
+// tenants' documents that my-documents:// arguments name.
 package store
 
 import (
@@ -23,6 +24,12 @@ var (
 	// LegacyOutboxBucket held audit records waiting to be forwarded until the spool moved to
 	// files of its own; a start moves what is left there (audit.Spool.Adopt).
 	LegacyOutboxBucket = []byte("audit_outbox")
+	// approvalsBucket: tenant "/" run id "/" approval id -> Approval JSON.
+	approvalsBucket = []byte("approvals")
+	// documentsBucket: tenant "/" document id -> Document JSON (the metadata, which a quota
+	// check scans); documentContentBucket: the same key -> the content.
+	documentsBucket       = []byte("documents")
+	documentContentBucket = []byte("document_content")
 )
 
 var migrations = []boltdb.Migration{
@@ -32,6 +39,10 @@ var migrations = []boltdb.Migration{
 	// selection, nothing loaded), so nothing moves; the version goes up so that an older
 	// binary refuses the file instead of rewriting runs without them, which would widen a
 	// run's selection and forget the tools it loaded.
+	func(tx *bolt.Tx) error { return nil },
+	// v4: approvals and documents, in buckets of their own (created by Open). The version goes
+	// up so that an older binary refuses the file instead of running calls that wait for an
+	// approval it does not know.
 	func(tx *bolt.Tx) error { return nil },
 }
 
@@ -106,7 +117,7 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := boltdb.Migrate(db, [][]byte{runsBucket}, migrations); err != nil {
+	if err := boltdb.Migrate(db, [][]byte{runsBucket, approvalsBucket, documentsBucket, documentContentBucket}, migrations); err != nil {
 		_ = db.Close() // the migration's error is the one to report
 		return nil, err
 	}

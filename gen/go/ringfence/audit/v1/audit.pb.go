@@ -327,7 +327,13 @@ type ToolCallAttempt struct {
 	// warm_session is true when the session that served the call came from the pool's warm set
 	// (a container started before the run, as a cold start would have made it, serving this run
 	// only).
-	WarmSession   bool `protobuf:"varint,25,opt,name=warm_session,json=warmSession,proto3" json:"warm_session,omitempty"`
+	WarmSession bool `protobuf:"varint,25,opt,name=warm_session,json=warmSession,proto3" json:"warm_session,omitempty"`
+	// approval is set on the records of a call that asked for confirmation: its approval, the
+	// state it was in for this record, and who decided it when.
+	Approval *ToolCallApproval `protobuf:"bytes,30,opt,name=approval,proto3" json:"approval,omitempty"`
+	// loaded_tools are the deferred tools a tool_search call loaded for the agent (binding
+	// names).
+	LoadedTools   []string `protobuf:"bytes,31,rep,name=loaded_tools,json=loadedTools,proto3" json:"loaded_tools,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -537,6 +543,103 @@ func (x *ToolCallAttempt) GetWarmSession() bool {
 	return false
 }
 
+func (x *ToolCallAttempt) GetApproval() *ToolCallApproval {
+	if x != nil {
+		return x.Approval
+	}
+	return nil
+}
+
+func (x *ToolCallAttempt) GetLoadedTools() []string {
+	if x != nil {
+		return x.LoadedTools
+	}
+	return nil
+}
+
+// ToolCallApproval is the approval of a call, as one of its records saw it.
+type ToolCallApproval struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ApprovalId string                 `protobuf:"bytes,1,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
+	// state is pending (the call waits: refused as approval_required), approved (the approved
+	// execution's records, or a refusal by a gate run again at approval), denied, expired, or
+	// delivered (the approved execution's outcome handed to the caller's retry of the same
+	// call: the server was not reached again).
+	State string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// decided_by names the approver: key:<name> (<role>, <key id>).
+	DecidedBy  string                 `protobuf:"bytes,3,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
+	DecideTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=decide_time,json=decideTime,proto3" json:"decide_time,omitempty"`
+	// note is a denial's reason.
+	Note          string `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolCallApproval) Reset() {
+	*x = ToolCallApproval{}
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolCallApproval) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolCallApproval) ProtoMessage() {}
+
+func (x *ToolCallApproval) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolCallApproval.ProtoReflect.Descriptor instead.
+func (*ToolCallApproval) Descriptor() ([]byte, []int) {
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ToolCallApproval) GetApprovalId() string {
+	if x != nil {
+		return x.ApprovalId
+	}
+	return ""
+}
+
+func (x *ToolCallApproval) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ToolCallApproval) GetDecidedBy() string {
+	if x != nil {
+		return x.DecidedBy
+	}
+	return ""
+}
+
+func (x *ToolCallApproval) GetDecideTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecideTime
+	}
+	return nil
+}
+
+func (x *ToolCallApproval) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
 // Filter narrows List, Watch and Export. Empty fields match everything.
 type Filter struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -556,7 +659,7 @@ type Filter struct {
 
 func (x *Filter) Reset() {
 	*x = Filter{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[3]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -568,7 +671,7 @@ func (x *Filter) String() string {
 func (*Filter) ProtoMessage() {}
 
 func (x *Filter) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[3]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -581,7 +684,7 @@ func (x *Filter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Filter.ProtoReflect.Descriptor instead.
 func (*Filter) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{3}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Filter) GetTenant() string {
@@ -653,7 +756,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[4]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -665,7 +768,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[4]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -678,7 +781,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{4}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListRequest) GetFilter() *Filter {
@@ -713,7 +816,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[5]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -725,7 +828,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[5]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -738,7 +841,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{5}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListResponse) GetRecords() []*Record {
@@ -767,7 +870,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[6]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +882,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[6]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +895,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{6}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WatchRequest) GetFromSeq() uint64 {
@@ -819,7 +922,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[7]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -831,7 +934,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[7]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -844,7 +947,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{7}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WatchResponse) GetRecord() *Record {
@@ -868,7 +971,7 @@ type VerifyRequest struct {
 
 func (x *VerifyRequest) Reset() {
 	*x = VerifyRequest{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[8]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +983,7 @@ func (x *VerifyRequest) String() string {
 func (*VerifyRequest) ProtoMessage() {}
 
 func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[8]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +996,7 @@ func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyRequest.ProtoReflect.Descriptor instead.
 func (*VerifyRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{8}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *VerifyRequest) GetAnchorSeq() uint64 {
@@ -927,7 +1030,7 @@ type VerifyResponse struct {
 
 func (x *VerifyResponse) Reset() {
 	*x = VerifyResponse{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[9]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -939,7 +1042,7 @@ func (x *VerifyResponse) String() string {
 func (*VerifyResponse) ProtoMessage() {}
 
 func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[9]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -952,7 +1055,7 @@ func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyResponse.ProtoReflect.Descriptor instead.
 func (*VerifyResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{9}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *VerifyResponse) GetOk() bool {
@@ -1007,7 +1110,7 @@ type ExportRequest struct {
 
 func (x *ExportRequest) Reset() {
 	*x = ExportRequest{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[10]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1122,7 @@ func (x *ExportRequest) String() string {
 func (*ExportRequest) ProtoMessage() {}
 
 func (x *ExportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[10]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1135,7 @@ func (x *ExportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRequest.ProtoReflect.Descriptor instead.
 func (*ExportRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{10}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExportRequest) GetFilter() *Filter {
@@ -1052,7 +1155,7 @@ type ExportResponse struct {
 
 func (x *ExportResponse) Reset() {
 	*x = ExportResponse{}
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[11]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1167,7 @@ func (x *ExportResponse) String() string {
 func (*ExportResponse) ProtoMessage() {}
 
 func (x *ExportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[11]
+	mi := &file_ringfence_audit_v1_audit_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1180,7 @@ func (x *ExportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportResponse.ProtoReflect.Descriptor instead.
 func (*ExportResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{11}
+	return file_ringfence_audit_v1_audit_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExportResponse) GetRecord() *Record {
@@ -1118,7 +1221,7 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"\vresource_id\x18\x05 \x01(\tR\n" +
 	"resourceId\x12\x1f\n" +
 	"\vchange_json\x18\x06 \x01(\tR\n" +
-	"changeJson\"\xc1\x06\n" +
+	"changeJson\"\xa6\a\n" +
 	"\x0fToolCallAttempt\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x19\n" +
 	"\bgraph_id\x18\x02 \x01(\tR\agraphId\x12#\n" +
@@ -1151,7 +1254,18 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"\badvisory\x18\x17 \x03(\tR\badvisory\x12\x1d\n" +
 	"\n" +
 	"pending_id\x18\x18 \x01(\tR\tpendingId\x12!\n" +
-	"\fwarm_session\x18\x19 \x01(\bR\vwarmSession\"\x85\x02\n" +
+	"\fwarm_session\x18\x19 \x01(\bR\vwarmSession\x12@\n" +
+	"\bapproval\x18\x1e \x01(\v2$.ringfence.audit.v1.ToolCallApprovalR\bapproval\x12!\n" +
+	"\floaded_tools\x18\x1f \x03(\tR\vloadedTools\"\xb9\x01\n" +
+	"\x10ToolCallApproval\x12\x1f\n" +
+	"\vapproval_id\x18\x01 \x01(\tR\n" +
+	"approvalId\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1d\n" +
+	"\n" +
+	"decided_by\x18\x03 \x01(\tR\tdecidedBy\x12;\n" +
+	"\vdecide_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"decideTime\x12\x12\n" +
+	"\x04note\x18\x05 \x01(\tR\x04note\"\x85\x02\n" +
 	"\x06Filter\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x1d\n" +
@@ -1211,48 +1325,51 @@ func file_ringfence_audit_v1_audit_proto_rawDescGZIP() []byte {
 	return file_ringfence_audit_v1_audit_proto_rawDescData
 }
 
-var file_ringfence_audit_v1_audit_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_ringfence_audit_v1_audit_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_ringfence_audit_v1_audit_proto_goTypes = []any{
 	(*Record)(nil),                // 0: ringfence.audit.v1.Record
 	(*AdminEvent)(nil),            // 1: ringfence.audit.v1.AdminEvent
 	(*ToolCallAttempt)(nil),       // 2: ringfence.audit.v1.ToolCallAttempt
-	(*Filter)(nil),                // 3: ringfence.audit.v1.Filter
-	(*ListRequest)(nil),           // 4: ringfence.audit.v1.ListRequest
-	(*ListResponse)(nil),          // 5: ringfence.audit.v1.ListResponse
-	(*WatchRequest)(nil),          // 6: ringfence.audit.v1.WatchRequest
-	(*WatchResponse)(nil),         // 7: ringfence.audit.v1.WatchResponse
-	(*VerifyRequest)(nil),         // 8: ringfence.audit.v1.VerifyRequest
-	(*VerifyResponse)(nil),        // 9: ringfence.audit.v1.VerifyResponse
-	(*ExportRequest)(nil),         // 10: ringfence.audit.v1.ExportRequest
-	(*ExportResponse)(nil),        // 11: ringfence.audit.v1.ExportResponse
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*ToolCallApproval)(nil),      // 3: ringfence.audit.v1.ToolCallApproval
+	(*Filter)(nil),                // 4: ringfence.audit.v1.Filter
+	(*ListRequest)(nil),           // 5: ringfence.audit.v1.ListRequest
+	(*ListResponse)(nil),          // 6: ringfence.audit.v1.ListResponse
+	(*WatchRequest)(nil),          // 7: ringfence.audit.v1.WatchRequest
+	(*WatchResponse)(nil),         // 8: ringfence.audit.v1.WatchResponse
+	(*VerifyRequest)(nil),         // 9: ringfence.audit.v1.VerifyRequest
+	(*VerifyResponse)(nil),        // 10: ringfence.audit.v1.VerifyResponse
+	(*ExportRequest)(nil),         // 11: ringfence.audit.v1.ExportRequest
+	(*ExportResponse)(nil),        // 12: ringfence.audit.v1.ExportResponse
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
 }
 var file_ringfence_audit_v1_audit_proto_depIdxs = []int32{
-	12, // 0: ringfence.audit.v1.Record.time:type_name -> google.protobuf.Timestamp
+	13, // 0: ringfence.audit.v1.Record.time:type_name -> google.protobuf.Timestamp
 	1,  // 1: ringfence.audit.v1.Record.admin:type_name -> ringfence.audit.v1.AdminEvent
 	2,  // 2: ringfence.audit.v1.Record.tool_call:type_name -> ringfence.audit.v1.ToolCallAttempt
-	12, // 3: ringfence.audit.v1.Record.receive_time:type_name -> google.protobuf.Timestamp
-	12, // 4: ringfence.audit.v1.Filter.since:type_name -> google.protobuf.Timestamp
-	12, // 5: ringfence.audit.v1.Filter.until:type_name -> google.protobuf.Timestamp
-	3,  // 6: ringfence.audit.v1.ListRequest.filter:type_name -> ringfence.audit.v1.Filter
-	0,  // 7: ringfence.audit.v1.ListResponse.records:type_name -> ringfence.audit.v1.Record
-	3,  // 8: ringfence.audit.v1.WatchRequest.filter:type_name -> ringfence.audit.v1.Filter
-	0,  // 9: ringfence.audit.v1.WatchResponse.record:type_name -> ringfence.audit.v1.Record
-	3,  // 10: ringfence.audit.v1.ExportRequest.filter:type_name -> ringfence.audit.v1.Filter
-	0,  // 11: ringfence.audit.v1.ExportResponse.record:type_name -> ringfence.audit.v1.Record
-	4,  // 12: ringfence.audit.v1.AuditService.List:input_type -> ringfence.audit.v1.ListRequest
-	6,  // 13: ringfence.audit.v1.AuditService.Watch:input_type -> ringfence.audit.v1.WatchRequest
-	8,  // 14: ringfence.audit.v1.AuditService.Verify:input_type -> ringfence.audit.v1.VerifyRequest
-	10, // 15: ringfence.audit.v1.AuditService.Export:input_type -> ringfence.audit.v1.ExportRequest
-	5,  // 16: ringfence.audit.v1.AuditService.List:output_type -> ringfence.audit.v1.ListResponse
-	7,  // 17: ringfence.audit.v1.AuditService.Watch:output_type -> ringfence.audit.v1.WatchResponse
-	9,  // 18: ringfence.audit.v1.AuditService.Verify:output_type -> ringfence.audit.v1.VerifyResponse
-	11, // 19: ringfence.audit.v1.AuditService.Export:output_type -> ringfence.audit.v1.ExportResponse
-	16, // [16:20] is the sub-list for method output_type
-	12, // [12:16] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	13, // 3: ringfence.audit.v1.Record.receive_time:type_name -> google.protobuf.Timestamp
+	3,  // 4: ringfence.audit.v1.ToolCallAttempt.approval:type_name -> ringfence.audit.v1.ToolCallApproval
+	13, // 5: ringfence.audit.v1.ToolCallApproval.decide_time:type_name -> google.protobuf.Timestamp
+	13, // 6: ringfence.audit.v1.Filter.since:type_name -> google.protobuf.Timestamp
+	13, // 7: ringfence.audit.v1.Filter.until:type_name -> google.protobuf.Timestamp
+	4,  // 8: ringfence.audit.v1.ListRequest.filter:type_name -> ringfence.audit.v1.Filter
+	0,  // 9: ringfence.audit.v1.ListResponse.records:type_name -> ringfence.audit.v1.Record
+	4,  // 10: ringfence.audit.v1.WatchRequest.filter:type_name -> ringfence.audit.v1.Filter
+	0,  // 11: ringfence.audit.v1.WatchResponse.record:type_name -> ringfence.audit.v1.Record
+	4,  // 12: ringfence.audit.v1.ExportRequest.filter:type_name -> ringfence.audit.v1.Filter
+	0,  // 13: ringfence.audit.v1.ExportResponse.record:type_name -> ringfence.audit.v1.Record
+	5,  // 14: ringfence.audit.v1.AuditService.List:input_type -> ringfence.audit.v1.ListRequest
+	7,  // 15: ringfence.audit.v1.AuditService.Watch:input_type -> ringfence.audit.v1.WatchRequest
+	9,  // 16: ringfence.audit.v1.AuditService.Verify:input_type -> ringfence.audit.v1.VerifyRequest
+	11, // 17: ringfence.audit.v1.AuditService.Export:input_type -> ringfence.audit.v1.ExportRequest
+	6,  // 18: ringfence.audit.v1.AuditService.List:output_type -> ringfence.audit.v1.ListResponse
+	8,  // 19: ringfence.audit.v1.AuditService.Watch:output_type -> ringfence.audit.v1.WatchResponse
+	10, // 20: ringfence.audit.v1.AuditService.Verify:output_type -> ringfence.audit.v1.VerifyResponse
+	12, // 21: ringfence.audit.v1.AuditService.Export:output_type -> ringfence.audit.v1.ExportResponse
+	18, // [18:22] is the sub-list for method output_type
+	14, // [14:18] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_audit_v1_audit_proto_init() }
@@ -1270,7 +1387,7 @@ func file_ringfence_audit_v1_audit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_audit_v1_audit_proto_rawDesc), len(file_ringfence_audit_v1_audit_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -44,8 +44,11 @@ type Run struct {
 	// selected_servers are the servers StartRun was asked to narrow the run to, those that any
 	// agent of the graph uses; empty leaves each agent's own selected_servers setting.
 	SelectedServers []string `protobuf:"bytes,12,rep,name=selected_servers,json=selectedServers,proto3" json:"selected_servers,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// pending_approval_id names the approval the run waits for: until it is decided (or
+	// expires) the run takes no new call (ListApprovals shows it).
+	PendingApprovalId string `protobuf:"bytes,13,opt,name=pending_approval_id,json=pendingApprovalId,proto3" json:"pending_approval_id,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
@@ -160,6 +163,13 @@ func (x *Run) GetSelectedServers() []string {
 		return x.SelectedServers
 	}
 	return nil
+}
+
+func (x *Run) GetPendingApprovalId() string {
+	if x != nil {
+		return x.PendingApprovalId
+	}
+	return ""
 }
 
 // Session is one running MCP server of a run.
@@ -482,6 +492,10 @@ type CallToolResponse struct {
 	ServerRef     string   `protobuf:"bytes,10,opt,name=server_ref,json=serverRef,proto3" json:"server_ref,omitempty"`
 	ToolName      string   `protobuf:"bytes,11,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`
 	LatencyMicros int64    `protobuf:"varint,12,opt,name=latency_micros,json=latencyMicros,proto3" json:"latency_micros,omitempty"`
+	// approval_id is set when this is the result of an approved call (ApproveCall), handed to
+	// the approver or, once, to the caller's retry of the same call (same agent, tool and
+	// arguments): the server was reached once, when it was approved.
+	ApprovalId    string `protobuf:"bytes,13,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -600,6 +614,13 @@ func (x *CallToolResponse) GetLatencyMicros() int64 {
 	return 0
 }
 
+func (x *CallToolResponse) GetApprovalId() string {
+	if x != nil {
+		return x.ApprovalId
+	}
+	return ""
+}
+
 // CallRefusal is the detail of a call refused before dispatch: nothing reached the server.
 type CallRefusal struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -610,13 +631,27 @@ type CallRefusal struct {
 	// compile: re-import), declaration_screen (the screen refuses a live declaration),
 	// isolation_required, spawn_failed, handshake_failed, schema_drift, limit_exceeded,
 	// registry_unavailable, audit_unavailable, inline_mcp_servers, canceled (the caller gave
-	// up before dispatch), shutting_down (the pool is closing: retry elsewhere or later).
+	// up before dispatch), shutting_down (the pool is closing: retry elsewhere or later),
+	// filtered_out (a filter of the agent's surface removed the tool; level names which),
+	// not_loaded (a deferred tool tool_search has not loaded), approval_required (the call waits
+	// for an approver: approval_id), approval_pending (the run waits for another call's
+	// approval: approval_id names it), denied_by_approver, approval_expired,
+	// document_unavailable (a my-documents:// reference that cannot be resolved).
 	Reason        string            `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	Message       string            `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
 	PinnedHash    string            `protobuf:"bytes,5,opt,name=pinned_hash,json=pinnedHash,proto3" json:"pinned_hash,omitempty"`
 	LiveHash      string            `protobuf:"bytes,6,opt,name=live_hash,json=liveHash,proto3" json:"live_hash,omitempty"`
 	Missing       []string          `protobuf:"bytes,7,rep,name=missing,proto3" json:"missing,omitempty"`
 	ServerFailure *v1.ServerFailure `protobuf:"bytes,8,opt,name=server_failure,json=serverFailure,proto3" json:"server_failure,omitempty"`
+	// approval_id names the approval of approval_required (this call's), approval_pending (the
+	// call the run waits for), denied_by_approver and approval_expired.
+	ApprovalId string `protobuf:"bytes,9,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
+	// args_digest is the digest of the arguments as the caller wrote them (as the audit record
+	// has it): a retry with the same agent, tool and digest is the same call.
+	ArgsDigest string `protobuf:"bytes,10,opt,name=args_digest,json=argsDigest,proto3" json:"args_digest,omitempty"`
+	// level names the filter of filtered_out: provider_servers, selected_servers,
+	// provider_tools, registration or mount.
+	Level         string `protobuf:"bytes,11,opt,name=level,proto3" json:"level,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -705,6 +740,27 @@ func (x *CallRefusal) GetServerFailure() *v1.ServerFailure {
 		return x.ServerFailure
 	}
 	return nil
+}
+
+func (x *CallRefusal) GetApprovalId() string {
+	if x != nil {
+		return x.ApprovalId
+	}
+	return ""
+}
+
+func (x *CallRefusal) GetArgsDigest() string {
+	if x != nil {
+		return x.ArgsDigest
+	}
+	return ""
+}
+
+func (x *CallRefusal) GetLevel() string {
+	if x != nil {
+		return x.Level
+	}
+	return ""
 }
 
 // CallFailure is the detail of a dispatched call that failed: it may have taken effect.
@@ -1637,11 +1693,947 @@ func (x *ListAgentToolsResponse) GetSelectedServers() []string {
 	return nil
 }
 
+// Approval is a call that asked for confirmation, and what became of it.
+type Approval struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ApprovalId string                 `protobuf:"bytes,1,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
+	RunId      string                 `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Tenant     string                 `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// agent, tool and arguments are the call as the agent made it (tool: its binding name;
+	// arguments as written, my-documents:// references unresolved).
+	Agent     string           `protobuf:"bytes,4,opt,name=agent,proto3" json:"agent,omitempty"`
+	Tool      string           `protobuf:"bytes,5,opt,name=tool,proto3" json:"tool,omitempty"`
+	ServerRef string           `protobuf:"bytes,6,opt,name=server_ref,json=serverRef,proto3" json:"server_ref,omitempty"`
+	ToolName  string           `protobuf:"bytes,7,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`
+	Arguments *structpb.Struct `protobuf:"bytes,8,opt,name=arguments,proto3" json:"arguments,omitempty"`
+	// args_digest is the arguments' digest, as the call's audit records have it.
+	ArgsDigest string `protobuf:"bytes,9,opt,name=args_digest,json=argsDigest,proto3" json:"args_digest,omitempty"`
+	// call_id is the call's: its approved execution is an attempt of the same call.
+	CallId string `protobuf:"bytes,10,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// state is pending, approved (dispatched), refused (approved, but a gate refused it then),
+	// denied or expired.
+	State       string                 `protobuf:"bytes,11,opt,name=state,proto3" json:"state,omitempty"`
+	RequestTime *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=request_time,json=requestTime,proto3" json:"request_time,omitempty"`
+	// expire_time is when a pending approval expires (pool.approval_timeout after the request).
+	ExpireTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	// decided_by names the approver (key:<name> (<role>, <key id>)); empty for an expiry.
+	DecidedBy  string                 `protobuf:"bytes,14,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
+	DecideTime *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=decide_time,json=decideTime,proto3" json:"decide_time,omitempty"`
+	// note is a denial's reason, or what refused or expired the call.
+	Note string `protobuf:"bytes,16,opt,name=note,proto3" json:"note,omitempty"`
+	// result_waiting says the approved call's outcome is kept for the caller's retry of the
+	// same call, which gets it once (until pool.approval_timeout after the decision).
+	ResultWaiting bool `protobuf:"varint,17,opt,name=result_waiting,json=resultWaiting,proto3" json:"result_waiting,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Approval) Reset() {
+	*x = Approval{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Approval) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Approval) ProtoMessage() {}
+
+func (x *Approval) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Approval.ProtoReflect.Descriptor instead.
+func (*Approval) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *Approval) GetApprovalId() string {
+	if x != nil {
+		return x.ApprovalId
+	}
+	return ""
+}
+
+func (x *Approval) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *Approval) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *Approval) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *Approval) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *Approval) GetServerRef() string {
+	if x != nil {
+		return x.ServerRef
+	}
+	return ""
+}
+
+func (x *Approval) GetToolName() string {
+	if x != nil {
+		return x.ToolName
+	}
+	return ""
+}
+
+func (x *Approval) GetArguments() *structpb.Struct {
+	if x != nil {
+		return x.Arguments
+	}
+	return nil
+}
+
+func (x *Approval) GetArgsDigest() string {
+	if x != nil {
+		return x.ArgsDigest
+	}
+	return ""
+}
+
+func (x *Approval) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *Approval) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *Approval) GetRequestTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RequestTime
+	}
+	return nil
+}
+
+func (x *Approval) GetExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireTime
+	}
+	return nil
+}
+
+func (x *Approval) GetDecidedBy() string {
+	if x != nil {
+		return x.DecidedBy
+	}
+	return ""
+}
+
+func (x *Approval) GetDecideTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecideTime
+	}
+	return nil
+}
+
+func (x *Approval) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+func (x *Approval) GetResultWaiting() bool {
+	if x != nil {
+		return x.ResultWaiting
+	}
+	return false
+}
+
+// ListApprovalsRequest names a run.
+type ListApprovalsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// tenant is the run's tenant (a run id is unique within its tenant): a key bound to a
+	// tenant always acts for its own (omit it or give the same); other keys name it, or act for
+	// "default".
+	Tenant        string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListApprovalsRequest) Reset() {
+	*x = ListApprovalsRequest{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListApprovalsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListApprovalsRequest) ProtoMessage() {}
+
+func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListApprovalsRequest.ProtoReflect.Descriptor instead.
+func (*ListApprovalsRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ListApprovalsRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ListApprovalsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// ListApprovalsResponse lists the run's approvals: the pending one first, then the others,
+// newest first.
+type ListApprovalsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Approvals     []*Approval            `protobuf:"bytes,1,rep,name=approvals,proto3" json:"approvals,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListApprovalsResponse) Reset() {
+	*x = ListApprovalsResponse{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListApprovalsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListApprovalsResponse) ProtoMessage() {}
+
+func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListApprovalsResponse.ProtoReflect.Descriptor instead.
+func (*ListApprovalsResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ListApprovalsResponse) GetApprovals() []*Approval {
+	if x != nil {
+		return x.Approvals
+	}
+	return nil
+}
+
+// ApproveCallRequest names an approval.
+type ApproveCallRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	RunId      string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	ApprovalId string                 `protobuf:"bytes,2,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
+	// tenant is the run's tenant (a run id is unique within its tenant): a key bound to a
+	// tenant always acts for its own (omit it or give the same); other keys name it, or act for
+	// "default".
+	Tenant        string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApproveCallRequest) Reset() {
+	*x = ApproveCallRequest{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApproveCallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApproveCallRequest) ProtoMessage() {}
+
+func (x *ApproveCallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApproveCallRequest.ProtoReflect.Descriptor instead.
+func (*ApproveCallRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ApproveCallRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ApproveCallRequest) GetApprovalId() string {
+	if x != nil {
+		return x.ApprovalId
+	}
+	return ""
+}
+
+func (x *ApproveCallRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// ApproveCallResponse is the approved call's result.
+type ApproveCallResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Approval      *Approval              `protobuf:"bytes,1,opt,name=approval,proto3" json:"approval,omitempty"`
+	Call          *CallToolResponse      `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApproveCallResponse) Reset() {
+	*x = ApproveCallResponse{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApproveCallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApproveCallResponse) ProtoMessage() {}
+
+func (x *ApproveCallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApproveCallResponse.ProtoReflect.Descriptor instead.
+func (*ApproveCallResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ApproveCallResponse) GetApproval() *Approval {
+	if x != nil {
+		return x.Approval
+	}
+	return nil
+}
+
+func (x *ApproveCallResponse) GetCall() *CallToolResponse {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+// DenyCallRequest names an approval and why it is denied.
+type DenyCallRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	RunId      string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	ApprovalId string                 `protobuf:"bytes,2,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
+	// reason is recorded with the refusal (at most 512 bytes).
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// tenant is the run's tenant (a run id is unique within its tenant): a key bound to a
+	// tenant always acts for its own (omit it or give the same); other keys name it, or act for
+	// "default".
+	Tenant        string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DenyCallRequest) Reset() {
+	*x = DenyCallRequest{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DenyCallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DenyCallRequest) ProtoMessage() {}
+
+func (x *DenyCallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DenyCallRequest.ProtoReflect.Descriptor instead.
+func (*DenyCallRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *DenyCallRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *DenyCallRequest) GetApprovalId() string {
+	if x != nil {
+		return x.ApprovalId
+	}
+	return ""
+}
+
+func (x *DenyCallRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DenyCallRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// DenyCallResponse returns the approval as decided.
+type DenyCallResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Approval      *Approval              `protobuf:"bytes,1,opt,name=approval,proto3" json:"approval,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DenyCallResponse) Reset() {
+	*x = DenyCallResponse{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DenyCallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DenyCallResponse) ProtoMessage() {}
+
+func (x *DenyCallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DenyCallResponse.ProtoReflect.Descriptor instead.
+func (*DenyCallResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *DenyCallResponse) GetApproval() *Approval {
+	if x != nil {
+		return x.Approval
+	}
+	return nil
+}
+
+// Document is a stored document's metadata.
+type Document struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// document_id is what a tool argument names: my-documents://<document_id>.
+	DocumentId string `protobuf:"bytes,1,opt,name=document_id,json=documentId,proto3" json:"document_id,omitempty"`
+	Tenant     string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Name       string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	MediaType  string `protobuf:"bytes,4,opt,name=media_type,json=mediaType,proto3" json:"media_type,omitempty"`
+	Size       int64  `protobuf:"varint,5,opt,name=size,proto3" json:"size,omitempty"`
+	// sha256 is the content's digest, sha256:<hex>.
+	Sha256        string                 `protobuf:"bytes,6,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Document) Reset() {
+	*x = Document{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Document) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Document) ProtoMessage() {}
+
+func (x *Document) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Document.ProtoReflect.Descriptor instead.
+func (*Document) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *Document) GetDocumentId() string {
+	if x != nil {
+		return x.DocumentId
+	}
+	return ""
+}
+
+func (x *Document) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *Document) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Document) GetMediaType() string {
+	if x != nil {
+		return x.MediaType
+	}
+	return ""
+}
+
+func (x *Document) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *Document) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *Document) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+// PutDocumentRequest is one message of an upload: the first names the document, each may
+// carry a chunk of its content.
+type PutDocumentRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant is the document's tenant (first message only): a key bound to a tenant always acts
+	// for its own; other keys name it, or act for "default".
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// name is a label for people (at most 256 bytes; first message only).
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// media_type, e.g. application/pdf (first message only).
+	MediaType     string `protobuf:"bytes,3,opt,name=media_type,json=mediaType,proto3" json:"media_type,omitempty"`
+	Content       []byte `protobuf:"bytes,4,opt,name=content,proto3" json:"content,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutDocumentRequest) Reset() {
+	*x = PutDocumentRequest{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutDocumentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutDocumentRequest) ProtoMessage() {}
+
+func (x *PutDocumentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutDocumentRequest.ProtoReflect.Descriptor instead.
+func (*PutDocumentRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *PutDocumentRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *PutDocumentRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PutDocumentRequest) GetMediaType() string {
+	if x != nil {
+		return x.MediaType
+	}
+	return ""
+}
+
+func (x *PutDocumentRequest) GetContent() []byte {
+	if x != nil {
+		return x.Content
+	}
+	return nil
+}
+
+// PutDocumentResponse returns the stored document.
+type PutDocumentResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Document      *Document              `protobuf:"bytes,1,opt,name=document,proto3" json:"document,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutDocumentResponse) Reset() {
+	*x = PutDocumentResponse{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutDocumentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutDocumentResponse) ProtoMessage() {}
+
+func (x *PutDocumentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutDocumentResponse.ProtoReflect.Descriptor instead.
+func (*PutDocumentResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *PutDocumentResponse) GetDocument() *Document {
+	if x != nil {
+		return x.Document
+	}
+	return nil
+}
+
+// GetDocumentRequest names a document.
+type GetDocumentRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	DocumentId string                 `protobuf:"bytes,1,opt,name=document_id,json=documentId,proto3" json:"document_id,omitempty"`
+	// tenant is the document's tenant: a key bound to a tenant always acts for its own; other
+	// keys name it, or act for "default".
+	Tenant        string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDocumentRequest) Reset() {
+	*x = GetDocumentRequest{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDocumentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDocumentRequest) ProtoMessage() {}
+
+func (x *GetDocumentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDocumentRequest.ProtoReflect.Descriptor instead.
+func (*GetDocumentRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *GetDocumentRequest) GetDocumentId() string {
+	if x != nil {
+		return x.DocumentId
+	}
+	return ""
+}
+
+func (x *GetDocumentRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// GetDocumentResponse is one message of a download: the first carries the metadata, each a
+// chunk of the content.
+type GetDocumentResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Document      *Document              `protobuf:"bytes,1,opt,name=document,proto3" json:"document,omitempty"`
+	Content       []byte                 `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDocumentResponse) Reset() {
+	*x = GetDocumentResponse{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDocumentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDocumentResponse) ProtoMessage() {}
+
+func (x *GetDocumentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDocumentResponse.ProtoReflect.Descriptor instead.
+func (*GetDocumentResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *GetDocumentResponse) GetDocument() *Document {
+	if x != nil {
+		return x.Document
+	}
+	return nil
+}
+
+func (x *GetDocumentResponse) GetContent() []byte {
+	if x != nil {
+		return x.Content
+	}
+	return nil
+}
+
+// DeleteDocumentRequest names a document.
+type DeleteDocumentRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	DocumentId string                 `protobuf:"bytes,1,opt,name=document_id,json=documentId,proto3" json:"document_id,omitempty"`
+	// tenant is the document's tenant: a key bound to a tenant always acts for its own; other
+	// keys name it, or act for "default".
+	Tenant        string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteDocumentRequest) Reset() {
+	*x = DeleteDocumentRequest{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteDocumentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteDocumentRequest) ProtoMessage() {}
+
+func (x *DeleteDocumentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteDocumentRequest.ProtoReflect.Descriptor instead.
+func (*DeleteDocumentRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *DeleteDocumentRequest) GetDocumentId() string {
+	if x != nil {
+		return x.DocumentId
+	}
+	return ""
+}
+
+func (x *DeleteDocumentRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// DeleteDocumentResponse is empty.
+type DeleteDocumentResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteDocumentResponse) Reset() {
+	*x = DeleteDocumentResponse{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteDocumentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteDocumentResponse) ProtoMessage() {}
+
+func (x *DeleteDocumentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteDocumentResponse.ProtoReflect.Descriptor instead.
+func (*DeleteDocumentResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{34}
+}
+
 var File_ringfence_pool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\n" +
-	"\x1cringfence/pool/v1/pool.proto\x12\x11ringfence.pool.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xd3\x03\n" +
+	"\x1cringfence/pool/v1/pool.proto\x12\x11ringfence.pool.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\x83\x04\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x19\n" +
@@ -1657,7 +2649,8 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	" \x01(\x03R\x05calls\x12\x1d\n" +
 	"\n" +
 	"end_reason\x18\v \x01(\tR\tendReason\x12)\n" +
-	"\x10selected_servers\x18\f \x03(\tR\x0fselectedServers\"\xb6\x01\n" +
+	"\x10selected_servers\x18\f \x03(\tR\x0fselectedServers\x12.\n" +
+	"\x13pending_approval_id\x18\r \x01(\tR\x11pendingApprovalId\"\xb6\x01\n" +
 	"\aSession\x12\x1d\n" +
 	"\n" +
 	"server_ref\x18\x01 \x01(\tR\tserverRef\x129\n" +
@@ -1681,7 +2674,7 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\x04tool\x18\x03 \x01(\tR\x04tool\x125\n" +
 	"\targuments\x18\x04 \x01(\v2\x17.google.protobuf.StructR\targuments\x12\x17\n" +
 	"\acall_id\x18\x05 \x01(\tR\x06callId\x12\x16\n" +
-	"\x06tenant\x18\x06 \x01(\tR\x06tenant\"\xb1\x03\n" +
+	"\x06tenant\x18\x06 \x01(\tR\x06tenant\"\xd2\x03\n" +
 	"\x10CallToolResponse\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x18\n" +
@@ -1696,7 +2689,9 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"server_ref\x18\n" +
 	" \x01(\tR\tserverRef\x12\x1b\n" +
 	"\ttool_name\x18\v \x01(\tR\btoolName\x12%\n" +
-	"\x0elatency_micros\x18\f \x01(\x03R\rlatencyMicros\"\x94\x02\n" +
+	"\x0elatency_micros\x18\f \x01(\x03R\rlatencyMicros\x12\x1f\n" +
+	"\vapproval_id\x18\r \x01(\tR\n" +
+	"approvalId\"\xec\x02\n" +
 	"\vCallRefusal\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x16\n" +
@@ -1706,7 +2701,13 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"pinnedHash\x12\x1b\n" +
 	"\tlive_hash\x18\x06 \x01(\tR\bliveHash\x12\x18\n" +
 	"\amissing\x18\a \x03(\tR\amissing\x12H\n" +
-	"\x0eserver_failure\x18\b \x01(\v2!.ringfence.types.v1.ServerFailureR\rserverFailure\"\xb2\x01\n" +
+	"\x0eserver_failure\x18\b \x01(\v2!.ringfence.types.v1.ServerFailureR\rserverFailure\x12\x1f\n" +
+	"\vapproval_id\x18\t \x01(\tR\n" +
+	"approvalId\x12\x1f\n" +
+	"\vargs_digest\x18\n" +
+	" \x01(\tR\n" +
+	"argsDigest\x12\x14\n" +
+	"\x05level\x18\v \x01(\tR\x05level\"\xb2\x01\n" +
 	"\vCallFailure\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12#\n" +
@@ -1771,7 +2772,84 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\x05tools\x18\x01 \x03(\v2\x1c.ringfence.pool.v1.AgentToolR\x05tools\x12L\n" +
 	"\x10deferred_servers\x18\x02 \x03(\v2!.ringfence.pool.v1.DeferredServerR\x0fdeferredServers\x125\n" +
 	"\x06hidden\x18\x03 \x03(\v2\x1d.ringfence.pool.v1.HiddenToolR\x06hidden\x12)\n" +
-	"\x10selected_servers\x18\x04 \x03(\tR\x0fselectedServers2\xe9\x04\n" +
+	"\x10selected_servers\x18\x04 \x03(\tR\x0fselectedServers\"\xda\x04\n" +
+	"\bApproval\x12\x1f\n" +
+	"\vapproval_id\x18\x01 \x01(\tR\n" +
+	"approvalId\x12\x15\n" +
+	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05agent\x18\x04 \x01(\tR\x05agent\x12\x12\n" +
+	"\x04tool\x18\x05 \x01(\tR\x04tool\x12\x1d\n" +
+	"\n" +
+	"server_ref\x18\x06 \x01(\tR\tserverRef\x12\x1b\n" +
+	"\ttool_name\x18\a \x01(\tR\btoolName\x125\n" +
+	"\targuments\x18\b \x01(\v2\x17.google.protobuf.StructR\targuments\x12\x1f\n" +
+	"\vargs_digest\x18\t \x01(\tR\n" +
+	"argsDigest\x12\x17\n" +
+	"\acall_id\x18\n" +
+	" \x01(\tR\x06callId\x12\x14\n" +
+	"\x05state\x18\v \x01(\tR\x05state\x12=\n" +
+	"\frequest_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\vrequestTime\x12;\n" +
+	"\vexpire_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"expireTime\x12\x1d\n" +
+	"\n" +
+	"decided_by\x18\x0e \x01(\tR\tdecidedBy\x12;\n" +
+	"\vdecide_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"decideTime\x12\x12\n" +
+	"\x04note\x18\x10 \x01(\tR\x04note\x12%\n" +
+	"\x0eresult_waiting\x18\x11 \x01(\bR\rresultWaiting\"E\n" +
+	"\x14ListApprovalsRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"R\n" +
+	"\x15ListApprovalsResponse\x129\n" +
+	"\tapprovals\x18\x01 \x03(\v2\x1b.ringfence.pool.v1.ApprovalR\tapprovals\"d\n" +
+	"\x12ApproveCallRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1f\n" +
+	"\vapproval_id\x18\x02 \x01(\tR\n" +
+	"approvalId\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\"\x87\x01\n" +
+	"\x13ApproveCallResponse\x127\n" +
+	"\bapproval\x18\x01 \x01(\v2\x1b.ringfence.pool.v1.ApprovalR\bapproval\x127\n" +
+	"\x04call\x18\x02 \x01(\v2#.ringfence.pool.v1.CallToolResponseR\x04call\"y\n" +
+	"\x0fDenyCallRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1f\n" +
+	"\vapproval_id\x18\x02 \x01(\tR\n" +
+	"approvalId\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06tenant\x18\x04 \x01(\tR\x06tenant\"K\n" +
+	"\x10DenyCallResponse\x127\n" +
+	"\bapproval\x18\x01 \x01(\v2\x1b.ringfence.pool.v1.ApprovalR\bapproval\"\xdf\x01\n" +
+	"\bDocument\x12\x1f\n" +
+	"\vdocument_id\x18\x01 \x01(\tR\n" +
+	"documentId\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"media_type\x18\x04 \x01(\tR\tmediaType\x12\x12\n" +
+	"\x04size\x18\x05 \x01(\x03R\x04size\x12\x16\n" +
+	"\x06sha256\x18\x06 \x01(\tR\x06sha256\x12;\n" +
+	"\vcreate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\"y\n" +
+	"\x12PutDocumentRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"media_type\x18\x03 \x01(\tR\tmediaType\x12\x18\n" +
+	"\acontent\x18\x04 \x01(\fR\acontent\"N\n" +
+	"\x13PutDocumentResponse\x127\n" +
+	"\bdocument\x18\x01 \x01(\v2\x1b.ringfence.pool.v1.DocumentR\bdocument\"M\n" +
+	"\x12GetDocumentRequest\x12\x1f\n" +
+	"\vdocument_id\x18\x01 \x01(\tR\n" +
+	"documentId\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"h\n" +
+	"\x13GetDocumentResponse\x127\n" +
+	"\bdocument\x18\x01 \x01(\v2\x1b.ringfence.pool.v1.DocumentR\bdocument\x12\x18\n" +
+	"\acontent\x18\x02 \x01(\fR\acontent\"P\n" +
+	"\x15DeleteDocumentRequest\x12\x1f\n" +
+	"\vdocument_id\x18\x01 \x01(\tR\n" +
+	"documentId\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"\x18\n" +
+	"\x16DeleteDocumentResponse2\xa7\t\n" +
 	"\vPoolService\x12S\n" +
 	"\bStartRun\x12\".ringfence.pool.v1.StartRunRequest\x1a#.ringfence.pool.v1.StartRunResponse\x12S\n" +
 	"\bCallTool\x12\".ringfence.pool.v1.CallToolRequest\x1a#.ringfence.pool.v1.CallToolResponse\x12S\n" +
@@ -1779,7 +2857,13 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\tResumeRun\x12#.ringfence.pool.v1.ResumeRunRequest\x1a$.ringfence.pool.v1.ResumeRunResponse\x12M\n" +
 	"\x06EndRun\x12 .ringfence.pool.v1.EndRunRequest\x1a!.ringfence.pool.v1.EndRunResponse\x12M\n" +
 	"\x06GetRun\x12 .ringfence.pool.v1.GetRunRequest\x1a!.ringfence.pool.v1.GetRunResponse\x12e\n" +
-	"\x0eListAgentTools\x12(.ringfence.pool.v1.ListAgentToolsRequest\x1a).ringfence.pool.v1.ListAgentToolsResponseB\xc8\x01\n" +
+	"\x0eListAgentTools\x12(.ringfence.pool.v1.ListAgentToolsRequest\x1a).ringfence.pool.v1.ListAgentToolsResponse\x12b\n" +
+	"\rListApprovals\x12'.ringfence.pool.v1.ListApprovalsRequest\x1a(.ringfence.pool.v1.ListApprovalsResponse\x12\\\n" +
+	"\vApproveCall\x12%.ringfence.pool.v1.ApproveCallRequest\x1a&.ringfence.pool.v1.ApproveCallResponse\x12S\n" +
+	"\bDenyCall\x12\".ringfence.pool.v1.DenyCallRequest\x1a#.ringfence.pool.v1.DenyCallResponse\x12^\n" +
+	"\vPutDocument\x12%.ringfence.pool.v1.PutDocumentRequest\x1a&.ringfence.pool.v1.PutDocumentResponse(\x01\x12^\n" +
+	"\vGetDocument\x12%.ringfence.pool.v1.GetDocumentRequest\x1a&.ringfence.pool.v1.GetDocumentResponse0\x01\x12e\n" +
+	"\x0eDeleteDocument\x12(.ringfence.pool.v1.DeleteDocumentRequest\x1a).ringfence.pool.v1.DeleteDocumentResponseB\xc8\x01\n" +
 	"\x15com.ringfence.pool.v1B\tPoolProtoP\x01Z>github.com/ringfence/ringfence/gen/go/ringfence/pool/v1;poolv1\xa2\x02\x03RPX\xaa\x02\x11Ringfence.Pool.V1\xca\x02\x11Ringfence\\Pool\\V1\xe2\x02\x1dRingfence\\Pool\\V1\\GPBMetadata\xea\x02\x13Ringfence::Pool::V1b\x06proto3"
 
 var (
@@ -1794,7 +2878,7 @@ func file_ringfence_pool_v1_pool_proto_rawDescGZIP() []byte {
 	return file_ringfence_pool_v1_pool_proto_rawDescData
 }
 
-var file_ringfence_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_ringfence_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_ringfence_pool_v1_pool_proto_goTypes = []any{
 	(*Run)(nil),                    // 0: ringfence.pool.v1.Run
 	(*Session)(nil),                // 1: ringfence.pool.v1.Session
@@ -1817,51 +2901,88 @@ var file_ringfence_pool_v1_pool_proto_goTypes = []any{
 	(*DeferredServer)(nil),         // 18: ringfence.pool.v1.DeferredServer
 	(*HiddenTool)(nil),             // 19: ringfence.pool.v1.HiddenTool
 	(*ListAgentToolsResponse)(nil), // 20: ringfence.pool.v1.ListAgentToolsResponse
-	(*timestamppb.Timestamp)(nil),  // 21: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),        // 22: google.protobuf.Struct
-	(*v1.ServerFailure)(nil),       // 23: ringfence.types.v1.ServerFailure
+	(*Approval)(nil),               // 21: ringfence.pool.v1.Approval
+	(*ListApprovalsRequest)(nil),   // 22: ringfence.pool.v1.ListApprovalsRequest
+	(*ListApprovalsResponse)(nil),  // 23: ringfence.pool.v1.ListApprovalsResponse
+	(*ApproveCallRequest)(nil),     // 24: ringfence.pool.v1.ApproveCallRequest
+	(*ApproveCallResponse)(nil),    // 25: ringfence.pool.v1.ApproveCallResponse
+	(*DenyCallRequest)(nil),        // 26: ringfence.pool.v1.DenyCallRequest
+	(*DenyCallResponse)(nil),       // 27: ringfence.pool.v1.DenyCallResponse
+	(*Document)(nil),               // 28: ringfence.pool.v1.Document
+	(*PutDocumentRequest)(nil),     // 29: ringfence.pool.v1.PutDocumentRequest
+	(*PutDocumentResponse)(nil),    // 30: ringfence.pool.v1.PutDocumentResponse
+	(*GetDocumentRequest)(nil),     // 31: ringfence.pool.v1.GetDocumentRequest
+	(*GetDocumentResponse)(nil),    // 32: ringfence.pool.v1.GetDocumentResponse
+	(*DeleteDocumentRequest)(nil),  // 33: ringfence.pool.v1.DeleteDocumentRequest
+	(*DeleteDocumentResponse)(nil), // 34: ringfence.pool.v1.DeleteDocumentResponse
+	(*timestamppb.Timestamp)(nil),  // 35: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),        // 36: google.protobuf.Struct
+	(*v1.ServerFailure)(nil),       // 37: ringfence.types.v1.ServerFailure
 }
 var file_ringfence_pool_v1_pool_proto_depIdxs = []int32{
 	1,  // 0: ringfence.pool.v1.Run.sessions:type_name -> ringfence.pool.v1.Session
-	21, // 1: ringfence.pool.v1.Run.start_time:type_name -> google.protobuf.Timestamp
-	21, // 2: ringfence.pool.v1.Run.last_activity_time:type_name -> google.protobuf.Timestamp
-	21, // 3: ringfence.pool.v1.Run.end_time:type_name -> google.protobuf.Timestamp
-	21, // 4: ringfence.pool.v1.Session.start_time:type_name -> google.protobuf.Timestamp
-	21, // 5: ringfence.pool.v1.Session.listed_time:type_name -> google.protobuf.Timestamp
+	35, // 1: ringfence.pool.v1.Run.start_time:type_name -> google.protobuf.Timestamp
+	35, // 2: ringfence.pool.v1.Run.last_activity_time:type_name -> google.protobuf.Timestamp
+	35, // 3: ringfence.pool.v1.Run.end_time:type_name -> google.protobuf.Timestamp
+	35, // 4: ringfence.pool.v1.Session.start_time:type_name -> google.protobuf.Timestamp
+	35, // 5: ringfence.pool.v1.Session.listed_time:type_name -> google.protobuf.Timestamp
 	0,  // 6: ringfence.pool.v1.StartRunResponse.run:type_name -> ringfence.pool.v1.Run
-	22, // 7: ringfence.pool.v1.CallToolRequest.arguments:type_name -> google.protobuf.Struct
-	22, // 8: ringfence.pool.v1.CallToolResponse.content:type_name -> google.protobuf.Struct
-	22, // 9: ringfence.pool.v1.CallToolResponse.structured_content:type_name -> google.protobuf.Struct
-	23, // 10: ringfence.pool.v1.CallRefusal.server_failure:type_name -> ringfence.types.v1.ServerFailure
+	36, // 7: ringfence.pool.v1.CallToolRequest.arguments:type_name -> google.protobuf.Struct
+	36, // 8: ringfence.pool.v1.CallToolResponse.content:type_name -> google.protobuf.Struct
+	36, // 9: ringfence.pool.v1.CallToolResponse.structured_content:type_name -> google.protobuf.Struct
+	37, // 10: ringfence.pool.v1.CallRefusal.server_failure:type_name -> ringfence.types.v1.ServerFailure
 	0,  // 11: ringfence.pool.v1.PauseRunResponse.run:type_name -> ringfence.pool.v1.Run
 	0,  // 12: ringfence.pool.v1.ResumeRunResponse.run:type_name -> ringfence.pool.v1.Run
 	0,  // 13: ringfence.pool.v1.EndRunResponse.run:type_name -> ringfence.pool.v1.Run
 	0,  // 14: ringfence.pool.v1.GetRunResponse.run:type_name -> ringfence.pool.v1.Run
-	22, // 15: ringfence.pool.v1.AgentTool.input_schema:type_name -> google.protobuf.Struct
-	22, // 16: ringfence.pool.v1.AgentTool.output_schema:type_name -> google.protobuf.Struct
-	22, // 17: ringfence.pool.v1.AgentTool.annotations:type_name -> google.protobuf.Struct
+	36, // 15: ringfence.pool.v1.AgentTool.input_schema:type_name -> google.protobuf.Struct
+	36, // 16: ringfence.pool.v1.AgentTool.output_schema:type_name -> google.protobuf.Struct
+	36, // 17: ringfence.pool.v1.AgentTool.annotations:type_name -> google.protobuf.Struct
 	17, // 18: ringfence.pool.v1.ListAgentToolsResponse.tools:type_name -> ringfence.pool.v1.AgentTool
 	18, // 19: ringfence.pool.v1.ListAgentToolsResponse.deferred_servers:type_name -> ringfence.pool.v1.DeferredServer
 	19, // 20: ringfence.pool.v1.ListAgentToolsResponse.hidden:type_name -> ringfence.pool.v1.HiddenTool
-	2,  // 21: ringfence.pool.v1.PoolService.StartRun:input_type -> ringfence.pool.v1.StartRunRequest
-	4,  // 22: ringfence.pool.v1.PoolService.CallTool:input_type -> ringfence.pool.v1.CallToolRequest
-	8,  // 23: ringfence.pool.v1.PoolService.PauseRun:input_type -> ringfence.pool.v1.PauseRunRequest
-	10, // 24: ringfence.pool.v1.PoolService.ResumeRun:input_type -> ringfence.pool.v1.ResumeRunRequest
-	12, // 25: ringfence.pool.v1.PoolService.EndRun:input_type -> ringfence.pool.v1.EndRunRequest
-	14, // 26: ringfence.pool.v1.PoolService.GetRun:input_type -> ringfence.pool.v1.GetRunRequest
-	16, // 27: ringfence.pool.v1.PoolService.ListAgentTools:input_type -> ringfence.pool.v1.ListAgentToolsRequest
-	3,  // 28: ringfence.pool.v1.PoolService.StartRun:output_type -> ringfence.pool.v1.StartRunResponse
-	5,  // 29: ringfence.pool.v1.PoolService.CallTool:output_type -> ringfence.pool.v1.CallToolResponse
-	9,  // 30: ringfence.pool.v1.PoolService.PauseRun:output_type -> ringfence.pool.v1.PauseRunResponse
-	11, // 31: ringfence.pool.v1.PoolService.ResumeRun:output_type -> ringfence.pool.v1.ResumeRunResponse
-	13, // 32: ringfence.pool.v1.PoolService.EndRun:output_type -> ringfence.pool.v1.EndRunResponse
-	15, // 33: ringfence.pool.v1.PoolService.GetRun:output_type -> ringfence.pool.v1.GetRunResponse
-	20, // 34: ringfence.pool.v1.PoolService.ListAgentTools:output_type -> ringfence.pool.v1.ListAgentToolsResponse
-	28, // [28:35] is the sub-list for method output_type
-	21, // [21:28] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	36, // 21: ringfence.pool.v1.Approval.arguments:type_name -> google.protobuf.Struct
+	35, // 22: ringfence.pool.v1.Approval.request_time:type_name -> google.protobuf.Timestamp
+	35, // 23: ringfence.pool.v1.Approval.expire_time:type_name -> google.protobuf.Timestamp
+	35, // 24: ringfence.pool.v1.Approval.decide_time:type_name -> google.protobuf.Timestamp
+	21, // 25: ringfence.pool.v1.ListApprovalsResponse.approvals:type_name -> ringfence.pool.v1.Approval
+	21, // 26: ringfence.pool.v1.ApproveCallResponse.approval:type_name -> ringfence.pool.v1.Approval
+	5,  // 27: ringfence.pool.v1.ApproveCallResponse.call:type_name -> ringfence.pool.v1.CallToolResponse
+	21, // 28: ringfence.pool.v1.DenyCallResponse.approval:type_name -> ringfence.pool.v1.Approval
+	35, // 29: ringfence.pool.v1.Document.create_time:type_name -> google.protobuf.Timestamp
+	28, // 30: ringfence.pool.v1.PutDocumentResponse.document:type_name -> ringfence.pool.v1.Document
+	28, // 31: ringfence.pool.v1.GetDocumentResponse.document:type_name -> ringfence.pool.v1.Document
+	2,  // 32: ringfence.pool.v1.PoolService.StartRun:input_type -> ringfence.pool.v1.StartRunRequest
+	4,  // 33: ringfence.pool.v1.PoolService.CallTool:input_type -> ringfence.pool.v1.CallToolRequest
+	8,  // 34: ringfence.pool.v1.PoolService.PauseRun:input_type -> ringfence.pool.v1.PauseRunRequest
+	10, // 35: ringfence.pool.v1.PoolService.ResumeRun:input_type -> ringfence.pool.v1.ResumeRunRequest
+	12, // 36: ringfence.pool.v1.PoolService.EndRun:input_type -> ringfence.pool.v1.EndRunRequest
+	14, // 37: ringfence.pool.v1.PoolService.GetRun:input_type -> ringfence.pool.v1.GetRunRequest
+	16, // 38: ringfence.pool.v1.PoolService.ListAgentTools:input_type -> ringfence.pool.v1.ListAgentToolsRequest
+	22, // 39: ringfence.pool.v1.PoolService.ListApprovals:input_type -> ringfence.pool.v1.ListApprovalsRequest
+	24, // 40: ringfence.pool.v1.PoolService.ApproveCall:input_type -> ringfence.pool.v1.ApproveCallRequest
+	26, // 41: ringfence.pool.v1.PoolService.DenyCall:input_type -> ringfence.pool.v1.DenyCallRequest
+	29, // 42: ringfence.pool.v1.PoolService.PutDocument:input_type -> ringfence.pool.v1.PutDocumentRequest
+	31, // 43: ringfence.pool.v1.PoolService.GetDocument:input_type -> ringfence.pool.v1.GetDocumentRequest
+	33, // 44: ringfence.pool.v1.PoolService.DeleteDocument:input_type -> ringfence.pool.v1.DeleteDocumentRequest
+	3,  // 45: ringfence.pool.v1.PoolService.StartRun:output_type -> ringfence.pool.v1.StartRunResponse
+	5,  // 46: ringfence.pool.v1.PoolService.CallTool:output_type -> ringfence.pool.v1.CallToolResponse
+	9,  // 47: ringfence.pool.v1.PoolService.PauseRun:output_type -> ringfence.pool.v1.PauseRunResponse
+	11, // 48: ringfence.pool.v1.PoolService.ResumeRun:output_type -> ringfence.pool.v1.ResumeRunResponse
+	13, // 49: ringfence.pool.v1.PoolService.EndRun:output_type -> ringfence.pool.v1.EndRunResponse
+	15, // 50: ringfence.pool.v1.PoolService.GetRun:output_type -> ringfence.pool.v1.GetRunResponse
+	20, // 51: ringfence.pool.v1.PoolService.ListAgentTools:output_type -> ringfence.pool.v1.ListAgentToolsResponse
+	23, // 52: ringfence.pool.v1.PoolService.ListApprovals:output_type -> ringfence.pool.v1.ListApprovalsResponse
+	25, // 53: ringfence.pool.v1.PoolService.ApproveCall:output_type -> ringfence.pool.v1.ApproveCallResponse
+	27, // 54: ringfence.pool.v1.PoolService.DenyCall:output_type -> ringfence.pool.v1.DenyCallResponse
+	30, // 55: ringfence.pool.v1.PoolService.PutDocument:output_type -> ringfence.pool.v1.PutDocumentResponse
+	32, // 56: ringfence.pool.v1.PoolService.GetDocument:output_type -> ringfence.pool.v1.GetDocumentResponse
+	34, // 57: ringfence.pool.v1.PoolService.DeleteDocument:output_type -> ringfence.pool.v1.DeleteDocumentResponse
+	45, // [45:58] is the sub-list for method output_type
+	32, // [32:45] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_pool_v1_pool_proto_init() }
@@ -1875,7 +2996,7 @@ func file_ringfence_pool_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_pool_v1_pool_proto_rawDesc), len(file_ringfence_pool_v1_pool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,12 @@ const (
 	PoolService_EndRun_FullMethodName         = "/ringfence.pool.v1.PoolService/EndRun"
 	PoolService_GetRun_FullMethodName         = "/ringfence.pool.v1.PoolService/GetRun"
 	PoolService_ListAgentTools_FullMethodName = "/ringfence.pool.v1.PoolService/ListAgentTools"
+	PoolService_ListApprovals_FullMethodName  = "/ringfence.pool.v1.PoolService/ListApprovals"
+	PoolService_ApproveCall_FullMethodName    = "/ringfence.pool.v1.PoolService/ApproveCall"
+	PoolService_DenyCall_FullMethodName       = "/ringfence.pool.v1.PoolService/DenyCall"
+	PoolService_PutDocument_FullMethodName    = "/ringfence.pool.v1.PoolService/PutDocument"
+	PoolService_GetDocument_FullMethodName    = "/ringfence.pool.v1.PoolService/GetDocument"
+	PoolService_DeleteDocument_FullMethodName = "/ringfence.pool.v1.PoolService/DeleteDocument"
 )
 
 // PoolServiceClient is the client API for PoolService service.
@@ -73,6 +79,48 @@ type PoolServiceClient interface {
 	// (run or agent), FAILED_PRECONDITION (the run has ended), UNAVAILABLE (the registry could
 	// not be asked for a server's tool filter), INVALID_ARGUMENT.
 	ListAgentTools(ctx context.Context, in *ListAgentToolsRequest, opts ...grpc.CallOption) (*ListAgentToolsResponse, error)
+	// ListApprovals lists a run's approvals: the call that waits for one (at most one: the run
+	// takes no new call until it is decided) and the decided ones the run still keeps (the last
+	// 64), with the arguments as the agent wrote them, which is what an approver decides on.
+	// Caller: run:approve (REST GET /v1/runs/{run_id}/approvals). Codes: NOT_FOUND (run),
+	// INVALID_ARGUMENT.
+	ListApprovals(ctx context.Context, in *ListApprovalsRequest, opts ...grpc.CallOption) (*ListApprovalsResponse, error)
+	// ApproveCall approves a call that waits for confirmation: every gate runs again (grants,
+	// filters and documents as they are now), the stored call is dispatched and its result
+	// returned. A gate that refuses now answers as CallTool would (a CallRefusal detail) and
+	// closes the approval as refused; a failure after dispatch answers with a CallFailure
+	// detail. The approver's identity and the decision's time are in the call's audit records.
+	// Caller: run:approve (REST POST /v1/runs/{run_id}/approvals/{approval_id}:approve). Codes:
+	// NOT_FOUND (run or approval), FAILED_PRECONDITION (decided already, being decided, or the
+	// run is paused: resume it first), and CallTool's codes.
+	ApproveCall(ctx context.Context, in *ApproveCallRequest, opts ...grpc.CallOption) (*ApproveCallResponse, error)
+	// DenyCall denies a call that waits for confirmation: it is recorded as refused before
+	// dispatch (denied_by_approver) with the approver's identity, time and reason, and the run
+	// takes calls again.
+	// Caller: run:approve (REST POST /v1/runs/{run_id}/approvals/{approval_id}:deny). Codes:
+	// NOT_FOUND (run or approval), FAILED_PRECONDITION (decided already, or being decided),
+	// INVALID_ARGUMENT.
+	DenyCall(ctx context.Context, in *DenyCallRequest, opts ...grpc.CallOption) (*DenyCallResponse, error)
+	// PutDocument stores a document in the tenant's built-in store, for my-documents://<id>
+	// references in tool arguments: the first message names it (name, media_type, tenant), and
+	// every message may carry a chunk of its content (at most 1 MiB each is advised: a message
+	// is bounded by 4 MiB). The whole document is bounded by documents.max_bytes (10 MiB by
+	// default).
+	// Caller: run:execute (REST POST /v1/documents: one JSON message, so at most 4 MiB of body).
+	// Codes: INVALID_ARGUMENT (empty, or past a bound), RESOURCE_EXHAUSTED (the tenant's
+	// documents.max_tenant_bytes), FAILED_PRECONDITION (documents resolve through
+	// documents.url_template: the built-in store is off).
+	PutDocument(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PutDocumentRequest, PutDocumentResponse], error)
+	// GetDocument reads one of the tenant's documents: the first message carries its metadata,
+	// and the messages carry its content in chunks of at most 1 MiB.
+	// Caller: run:execute (REST GET /v1/documents/{document_id}). Codes: NOT_FOUND (also
+	// another tenant's document), FAILED_PRECONDITION (the built-in store is off).
+	GetDocument(ctx context.Context, in *GetDocumentRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetDocumentResponse], error)
+	// DeleteDocument deletes one of the tenant's documents; a reference to it is refused from
+	// then on (document_unavailable).
+	// Caller: run:execute (REST DELETE /v1/documents/{document_id}). Codes: NOT_FOUND,
+	// FAILED_PRECONDITION (the built-in store is off).
+	DeleteDocument(ctx context.Context, in *DeleteDocumentRequest, opts ...grpc.CallOption) (*DeleteDocumentResponse, error)
 }
 
 type poolServiceClient struct {
@@ -153,6 +201,78 @@ func (c *poolServiceClient) ListAgentTools(ctx context.Context, in *ListAgentToo
 	return out, nil
 }
 
+func (c *poolServiceClient) ListApprovals(ctx context.Context, in *ListApprovalsRequest, opts ...grpc.CallOption) (*ListApprovalsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListApprovalsResponse)
+	err := c.cc.Invoke(ctx, PoolService_ListApprovals_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *poolServiceClient) ApproveCall(ctx context.Context, in *ApproveCallRequest, opts ...grpc.CallOption) (*ApproveCallResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApproveCallResponse)
+	err := c.cc.Invoke(ctx, PoolService_ApproveCall_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *poolServiceClient) DenyCall(ctx context.Context, in *DenyCallRequest, opts ...grpc.CallOption) (*DenyCallResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DenyCallResponse)
+	err := c.cc.Invoke(ctx, PoolService_DenyCall_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *poolServiceClient) PutDocument(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PutDocumentRequest, PutDocumentResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &PoolService_ServiceDesc.Streams[0], PoolService_PutDocument_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PutDocumentRequest, PutDocumentResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PoolService_PutDocumentClient = grpc.ClientStreamingClient[PutDocumentRequest, PutDocumentResponse]
+
+func (c *poolServiceClient) GetDocument(ctx context.Context, in *GetDocumentRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetDocumentResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &PoolService_ServiceDesc.Streams[1], PoolService_GetDocument_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[GetDocumentRequest, GetDocumentResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PoolService_GetDocumentClient = grpc.ServerStreamingClient[GetDocumentResponse]
+
+func (c *poolServiceClient) DeleteDocument(ctx context.Context, in *DeleteDocumentRequest, opts ...grpc.CallOption) (*DeleteDocumentResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteDocumentResponse)
+	err := c.cc.Invoke(ctx, PoolService_DeleteDocument_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServiceServer is the server API for PoolService service.
 // All implementations must embed UnimplementedPoolServiceServer
 // for forward compatibility.
@@ -198,6 +318,48 @@ type PoolServiceServer interface {
 	// (run or agent), FAILED_PRECONDITION (the run has ended), UNAVAILABLE (the registry could
 	// not be asked for a server's tool filter), INVALID_ARGUMENT.
 	ListAgentTools(context.Context, *ListAgentToolsRequest) (*ListAgentToolsResponse, error)
+	// ListApprovals lists a run's approvals: the call that waits for one (at most one: the run
+	// takes no new call until it is decided) and the decided ones the run still keeps (the last
+	// 64), with the arguments as the agent wrote them, which is what an approver decides on.
+	// Caller: run:approve (REST GET /v1/runs/{run_id}/approvals). Codes: NOT_FOUND (run),
+	// INVALID_ARGUMENT.
+	ListApprovals(context.Context, *ListApprovalsRequest) (*ListApprovalsResponse, error)
+	// ApproveCall approves a call that waits for confirmation: every gate runs again (grants,
+	// filters and documents as they are now), the stored call is dispatched and its result
+	// returned. A gate that refuses now answers as CallTool would (a CallRefusal detail) and
+	// closes the approval as refused; a failure after dispatch answers with a CallFailure
+	// detail. The approver's identity and the decision's time are in the call's audit records.
+	// Caller: run:approve (REST POST /v1/runs/{run_id}/approvals/{approval_id}:approve). Codes:
+	// NOT_FOUND (run or approval), FAILED_PRECONDITION (decided already, being decided, or the
+	// run is paused: resume it first), and CallTool's codes.
+	ApproveCall(context.Context, *ApproveCallRequest) (*ApproveCallResponse, error)
+	// DenyCall denies a call that waits for confirmation: it is recorded as refused before
+	// dispatch (denied_by_approver) with the approver's identity, time and reason, and the run
+	// takes calls again.
+	// Caller: run:approve (REST POST /v1/runs/{run_id}/approvals/{approval_id}:deny). Codes:
+	// NOT_FOUND (run or approval), FAILED_PRECONDITION (decided already, or being decided),
+	// INVALID_ARGUMENT.
+	DenyCall(context.Context, *DenyCallRequest) (*DenyCallResponse, error)
+	// PutDocument stores a document in the tenant's built-in store, for my-documents://<id>
+	// references in tool arguments: the first message names it (name, media_type, tenant), and
+	// every message may carry a chunk of its content (at most 1 MiB each is advised: a message
+	// is bounded by 4 MiB). The whole document is bounded by documents.max_bytes (10 MiB by
+	// default).
+	// Caller: run:execute (REST POST /v1/documents: one JSON message, so at most 4 MiB of body).
+	// Codes: INVALID_ARGUMENT (empty, or past a bound), RESOURCE_EXHAUSTED (the tenant's
+	// documents.max_tenant_bytes), FAILED_PRECONDITION (documents resolve through
+	// documents.url_template: the built-in store is off).
+	PutDocument(grpc.ClientStreamingServer[PutDocumentRequest, PutDocumentResponse]) error
+	// GetDocument reads one of the tenant's documents: the first message carries its metadata,
+	// and the messages carry its content in chunks of at most 1 MiB.
+	// Caller: run:execute (REST GET /v1/documents/{document_id}). Codes: NOT_FOUND (also
+	// another tenant's document), FAILED_PRECONDITION (the built-in store is off).
+	GetDocument(*GetDocumentRequest, grpc.ServerStreamingServer[GetDocumentResponse]) error
+	// DeleteDocument deletes one of the tenant's documents; a reference to it is refused from
+	// then on (document_unavailable).
+	// Caller: run:execute (REST DELETE /v1/documents/{document_id}). Codes: NOT_FOUND,
+	// FAILED_PRECONDITION (the built-in store is off).
+	DeleteDocument(context.Context, *DeleteDocumentRequest) (*DeleteDocumentResponse, error)
 	mustEmbedUnimplementedPoolServiceServer()
 }
 
@@ -228,6 +390,24 @@ func (UnimplementedPoolServiceServer) GetRun(context.Context, *GetRunRequest) (*
 }
 func (UnimplementedPoolServiceServer) ListAgentTools(context.Context, *ListAgentToolsRequest) (*ListAgentToolsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListAgentTools not implemented")
+}
+func (UnimplementedPoolServiceServer) ListApprovals(context.Context, *ListApprovalsRequest) (*ListApprovalsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListApprovals not implemented")
+}
+func (UnimplementedPoolServiceServer) ApproveCall(context.Context, *ApproveCallRequest) (*ApproveCallResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ApproveCall not implemented")
+}
+func (UnimplementedPoolServiceServer) DenyCall(context.Context, *DenyCallRequest) (*DenyCallResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DenyCall not implemented")
+}
+func (UnimplementedPoolServiceServer) PutDocument(grpc.ClientStreamingServer[PutDocumentRequest, PutDocumentResponse]) error {
+	return status.Error(codes.Unimplemented, "method PutDocument not implemented")
+}
+func (UnimplementedPoolServiceServer) GetDocument(*GetDocumentRequest, grpc.ServerStreamingServer[GetDocumentResponse]) error {
+	return status.Error(codes.Unimplemented, "method GetDocument not implemented")
+}
+func (UnimplementedPoolServiceServer) DeleteDocument(context.Context, *DeleteDocumentRequest) (*DeleteDocumentResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteDocument not implemented")
 }
 func (UnimplementedPoolServiceServer) mustEmbedUnimplementedPoolServiceServer() {}
 func (UnimplementedPoolServiceServer) testEmbeddedByValue()                     {}
@@ -376,6 +556,96 @@ func _PoolService_ListAgentTools_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PoolService_ListApprovals_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListApprovalsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServiceServer).ListApprovals(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolService_ListApprovals_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServiceServer).ListApprovals(ctx, req.(*ListApprovalsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PoolService_ApproveCall_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ApproveCallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServiceServer).ApproveCall(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolService_ApproveCall_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServiceServer).ApproveCall(ctx, req.(*ApproveCallRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PoolService_DenyCall_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DenyCallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServiceServer).DenyCall(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolService_DenyCall_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServiceServer).DenyCall(ctx, req.(*DenyCallRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PoolService_PutDocument_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(PoolServiceServer).PutDocument(&grpc.GenericServerStream[PutDocumentRequest, PutDocumentResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PoolService_PutDocumentServer = grpc.ClientStreamingServer[PutDocumentRequest, PutDocumentResponse]
+
+func _PoolService_GetDocument_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(GetDocumentRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(PoolServiceServer).GetDocument(m, &grpc.GenericServerStream[GetDocumentRequest, GetDocumentResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PoolService_GetDocumentServer = grpc.ServerStreamingServer[GetDocumentResponse]
+
+func _PoolService_DeleteDocument_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteDocumentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServiceServer).DeleteDocument(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolService_DeleteDocument_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServiceServer).DeleteDocument(ctx, req.(*DeleteDocumentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PoolService_ServiceDesc is the grpc.ServiceDesc for PoolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -411,7 +681,34 @@ var PoolService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ListAgentTools",
 			Handler:    _PoolService_ListAgentTools_Handler,
 		},
+		{
+			MethodName: "ListApprovals",
+			Handler:    _PoolService_ListApprovals_Handler,
+		},
+		{
+			MethodName: "ApproveCall",
+			Handler:    _PoolService_ApproveCall_Handler,
+		},
+		{
+			MethodName: "DenyCall",
+			Handler:    _PoolService_DenyCall_Handler,
+		},
+		{
+			MethodName: "DeleteDocument",
+			Handler:    _PoolService_DeleteDocument_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "PutDocument",
+			Handler:       _PoolService_PutDocument_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "GetDocument",
+			Handler:       _PoolService_GetDocument_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "ringfence/pool/v1/pool.proto",
 }
