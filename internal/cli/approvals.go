@@ -48,7 +48,7 @@ the arguments as the agent wrote them. Decide the pending one with runs approve 
 			}
 			for _, a := range resp.GetApprovals() {
 				if a.GetState() == "pending" {
-					linef(g.stdout, "\napproval %s expires at %s: ringfence runs approve --run %s%s --approval %s (or runs deny)\n",
+					writef(g.stdout, "\napproval %s expires at %s: ringfence runs approve --run %s%s --approval %s (or runs deny)\n",
 						a.GetApprovalId(), ts(a.GetExpireTime()), runID, tenantArg(tenant), a.GetApprovalId())
 				}
 			}
@@ -104,7 +104,7 @@ func newRunsDecideCmd(g *globals, verb string) *cobra.Command {
 				return g.callError(err, &poolv1.CallToolRequest{RunId: runID, Tenant: tenant})
 			}
 			if g.output != "json" {
-				linef(g.stdout, "approved %s: agent %s's call to %s (by %s at %s)\n", resp.GetApproval().GetApprovalId(), resp.GetApproval().GetAgent(),
+				writef(g.stdout, "approved %s: agent %s's call to %s (by %s at %s)\n", resp.GetApproval().GetApprovalId(), resp.GetApproval().GetAgent(),
 					resp.GetApproval().GetTool(), resp.GetApproval().GetDecidedBy(), ts(resp.GetApproval().GetDecideTime()))
 			}
 			return g.printCallResult(resp.GetCall())

@@ -336,7 +336,7 @@ func (g *globals) printCallResult(resp *poolv1.CallToolResponse) error {
 		writef(g.stdout, "dispatched: %s (%s/%s, call %s attempt %d, %s)\n", oneLine(resp.GetResult()), oneLine(resp.GetServerRef()), oneLine(resp.GetToolName()),
 			oneLine(resp.GetCallId()), resp.GetAttempt(), time.Duration(resp.GetLatencyMicros())*time.Microsecond)
 		if id := resp.GetApprovalId(); id != "" {
-			linef(g.stdout, "approved: the result of approval %s (the server was reached once, when it was approved)\n", oneLine(id))
+			writef(g.stdout, "approved: the result of approval %s (the server was reached once, when it was approved)\n", oneLine(id))
 		}
 		for _, a := range resp.GetAdvisory() {
 			writef(g.stdout, "advisory (recorded, not enforced): %s\n", oneLine(a))

@@ -467,7 +467,7 @@ func (s *Service) ApproveCall(ctx context.Context, runID, tenant, id, approver s
 		decision: &approvalDecision{id: a.ID, by: approver, at: now}}
 	r.mu.Unlock()
 
-	res, callErr, att := s.call(ctx, call)
+	res, att, callErr := s.call(ctx, call)
 
 	r.mu.Lock()
 	next = a.Approval

@@ -223,12 +223,12 @@ func spawnRefusal(err error) error {
 // reached the server; a *FailedError means it did and may have taken effect.
 func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, error) {
 	req.decision = nil // only ApproveCall approves
-	res, err, _ := s.call(ctx, req)
+	res, _, err := s.call(ctx, req)
 	return res, err
 }
 
 // call is CallTool, returning the attempt as recorded too.
-func (s *Service) call(ctx context.Context, req CallRequest) (*CallResult, error, audit.ToolCallAttempt) {
+func (s *Service) call(ctx context.Context, req CallRequest) (*CallResult, audit.ToolCallAttempt, error) {
 	start := time.Now()
 	if req.CallID == "" {
 		req.CallID = "call-" + newRunID()[4:]
@@ -257,7 +257,7 @@ func (s *Service) call(ctx context.Context, req CallRequest) (*CallResult, error
 	if res != nil {
 		res.Latency, res.Advisory = time.Since(start), att.Advisory
 	}
-	return res, err, att
+	return res, att, err
 }
 
 // agentOf reports whether the run's graph has the agent.
