@@ -245,6 +245,7 @@ func (s *Session) SetupListTools(ctx context.Context) ([]*mcp.Tool, error) {
 func (s *Session) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mcp.CallToolResult, error) {
 	ctx, cancel := s.bound(ctx, s.cfg.CallTimeout, "tools/call")
 	defer cancel()
+	defer s.withProgress(ctx, params)()
 	res, err := s.cs.CallTool(ctx, params)
 	if err != nil {
 		return nil, s.requestError(ctx, "tools/call", err)
@@ -274,6 +275,7 @@ func (a *ToolAnswer) Release() { a.hold.free() }
 func (s *Session) CallToolRaw(ctx context.Context, params *mcp.CallToolParams) (*ToolAnswer, error) {
 	ctx, cancel := s.bound(ctx, s.cfg.CallTimeout, "tools/call")
 	defer cancel()
+	defer s.withProgress(ctx, params)()
 	t := &callTicket{}
 	res, err := s.cs.CallTool(context.WithValue(ctx, ticketKey{}, t), params)
 	raw, h := t.take()
@@ -467,7 +469,7 @@ func closeClient(cs *mcp.ClientSession, d time.Duration) (done <-chan struct{}) 
 func connect(ctx context.Context, spec *Spec, transport mcp.Transport, g *trafficGuard) (*mcp.ClientSession, error) {
 	hctx, cancel := context.WithTimeout(ctx, spec.HandshakeTimeout)
 	defer cancel()
-	client := newClient(spec)
+	client := newClient(spec, g)
 	if _, stdio := transport.(*stdioTransport); !stdio {
 		client.AddReceivingMiddleware(g.middleware)
 	}
