@@ -37,6 +37,8 @@ type CallRequest struct {
 	// Arguments is the JSON object of arguments (nil means {}).
 	Arguments json.RawMessage
 	CallID    string
+	// AgentTokenID names the MCP front door's token the call came through, for its records.
+	AgentTokenID string
 	// decision is set when ApproveCall dispatches an approved call.
 	decision *approvalDecision
 }
