@@ -153,7 +153,28 @@ func (s *Service) FrontDoor(cfg FrontDoorConfig) (*FrontDoor, error) {
 	bind := sdkauth.RequireBearerToken(sessionUser, nil)
 	f.stateful = bind(mcp.NewStreamableHTTPHandler(f.server, &stateful))
 	f.stateless = bind(mcp.NewStreamableHTTPHandler(f.server, &stateless))
+	changed := f.toolsChanged
+	s.onToolsChanged.Store(&changed)
 	return f, nil
+}
+
+// toolsChanged: a server of a run said its tools changed. Each agent of the run served here
+// that lists tools of it tells its clients (tools/list_changed): what they list again is the
+// pinned listing, and a tool whose live declaration no longer matches its pin is refused at
+// call time (schema_drift).
+func (f *FrontDoor) toolsChanged(tenant, runID, ref string) {
+	f.mu.Lock()
+	var agents []*agentServer
+	for k, a := range f.agents {
+		if k.tenant == tenant && k.run == runID {
+			agents = append(agents, a)
+		}
+	}
+	f.mu.Unlock()
+	for _, a := range agents {
+		// Not on the server's reading goroutine, which called this.
+		go a.announce(ref)
+	}
 }
 
 // tokenCtxKey carries the authenticated token of a request.

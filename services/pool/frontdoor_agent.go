@@ -34,18 +34,27 @@ type agentServer struct {
 	// only what changed (the SDK announces every AddTool to every session).
 	mu     sync.Mutex
 	synced time.Time
-	tools  map[string][]byte
+	tools  map[string]listedTool
 
 	usedMu sync.Mutex
 	used   time.Time
 }
 
+// listedTool is a tool as the agent server added it, and its declaration's JSON.
+type listedTool struct {
+	tool *mcp.Tool
+	decl []byte
+}
+
 func newAgentServer(f *FrontDoor, k agentKey) *agentServer {
-	a := &agentServer{fd: f, key: k, tools: make(map[string][]byte)}
+	a := &agentServer{fd: f, key: k, tools: make(map[string]listedTool)}
 	a.server = mcp.NewServer(&mcp.Implementation{Name: "ringfence", Title: "Ringfence: agent " + k.agent + " of run " + k.run, Version: "1"},
 		&mcp.ServerOptions{
 			Instructions: fmt.Sprintf("The tools of agent %s in run %s, governed by Ringfence: every call passes its gates and is recorded in the audit log.", k.agent, k.run),
-			Capabilities: &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}, Tools: &mcp.ToolCapabilities{ListChanged: true}},
+			// Ringfence governs tools: prompts and resources are declared, and listed empty,
+			// so a client asking for them learns there are none.
+			Capabilities: &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}, Tools: &mcp.ToolCapabilities{ListChanged: true},
+				Prompts: &mcp.PromptCapabilities{}, Resources: &mcp.ResourceCapabilities{}},
 			SetCacheable: a.cacheable,
 			Logger:       f.log,
 		})
@@ -160,14 +169,14 @@ func (a *agentServer) refresh(ctx context.Context, force bool) error {
 		}
 		want[t.Name] = true
 		decl, _ := json.Marshal(t)
-		if bytes.Equal(decl, a.tools[t.Name]) {
+		if bytes.Equal(decl, a.tools[t.Name].decl) {
 			continue
 		}
 		if err := addTool(a.server, t, a.handleCall); err != nil {
 			a.fd.log.Warn("a tool of the agent cannot be listed over MCP", "run", a.key.run, "agent", a.key.agent, "tool", t.Name, "err", err)
 			continue
 		}
-		a.tools[t.Name] = decl
+		a.tools[t.Name] = listedTool{tool: t, decl: decl}
 	}
 	var gone []string
 	for name := range a.tools {
@@ -181,6 +190,22 @@ func (a *agentServer) refresh(ctx context.Context, force bool) error {
 	}
 	a.synced = time.Now()
 	return nil
+}
+
+// announce tells the agent's clients that server ref's tools changed, when the agent lists
+// tools of it: the listing is read again, and the SDK announces a tool added again as a change.
+func (a *agentServer) announce(ref string) {
+	if err := a.refresh(context.Background(), true); err != nil {
+		a.fd.log.Warn("the agent's listing could not be refreshed after its server's tools changed", "run", a.key.run, "agent", a.key.agent, "err", err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, lt := range a.tools {
+		if lt.tool.Meta["io.ringfence/server"] == ref {
+			_ = addTool(a.server, lt.tool, a.handleCall)
+			return
+		}
+	}
 }
 
 // addTool adds t, turning the SDK's panic on a declaration it cannot serve (an input schema
@@ -389,7 +414,18 @@ func callResult(res *CallResult, err error) (*mcp.CallToolResult, error) {
 		return toolError(text, mcp.Meta{"io.ringfence/refusal": detail}), nil
 	case errors.As(err, &failed):
 		text := fmt.Sprintf("The call reached the server and failed (%s): %s. It may have taken effect.", failed.Class, failed.Problem())
-		return toolError(text, mcp.Meta{"io.ringfence/failure": map[string]any{"class": failed.Class, "call_id": failed.CallID, "attempt": failed.Attempt, "may_have_taken_effect": true}}), nil
+		detail := map[string]any{"class": failed.Class, "call_id": failed.CallID, "attempt": failed.Attempt, "may_have_taken_effect": true}
+		var rpcErr *jsonrpc.Error
+		if errors.As(failed, &rpcErr) {
+			// The server answered with a protocol error: the client gets it as one, under
+			// the server's code (its message made safe, its data dropped by the pool).
+			fields := map[string]any{}
+			_ = json.Unmarshal(rpcErr.Data, &fields)
+			fields["io.ringfence/failure"] = detail
+			data, _ := json.Marshal(fields)
+			return nil, &jsonrpc.Error{Code: rpcErr.Code, Message: text, Data: data}
+		}
+		return toolError(text, mcp.Meta{"io.ringfence/failure": detail}), nil
 	case err != nil:
 		return nil, err
 	}

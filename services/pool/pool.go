@@ -162,6 +162,17 @@ type Service struct {
 
 	cancel context.CancelFunc
 	bg     sync.WaitGroup
+
+	// onToolsChanged hears that a server of a run said its tools changed (the MCP front door
+	// tells the agents' clients); nil without a front door.
+	onToolsChanged atomic.Pointer[func(tenant, runID, serverRef string)]
+}
+
+// toolsChanged passes a server's tools/list_changed in a run on to the listener, if any.
+func (s *Service) toolsChanged(id runIdentity, ref string) {
+	if f := s.onToolsChanged.Load(); f != nil {
+		(*f)(id.Tenant, id.ID, ref)
+	}
 }
 
 var errorCodes = map[error]codes.Code{

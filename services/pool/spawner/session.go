@@ -349,6 +349,9 @@ func (s *Session) requestError(ctx context.Context, op string, err error) error 
 			// The message is the server's own text: only its safe form goes on, and its
 			// data never does.
 			safe := &jsonrpc.Error{Code: rpcErr.Code, Message: s.SafeText(rpcErr.Message)}
+			if rpcErr.Code == mcp.CodeMissingRequiredClientCapabilities {
+				safe.Data = requiredCapabilities(rpcErr.Data)
+			}
 			return fmt.Errorf("spawner: the server answered tools/call with error %d: %w", rpcErr.Code, safe)
 		}
 		return s.violation("%s was answered with error %d: %s", op, rpcErr.Code, safeText(rpcErr.Message, s.secrets, 200))
@@ -379,6 +382,26 @@ func (s *Session) requestError(ctx context.Context, op string, err error) error 
 	e := newError(ClassCrashed, "the connection to the server broke during %s", op)
 	e.StderrTail = s.StderrTail()
 	return e
+}
+
+// requiredCapabilities is the data of a MissingRequiredClientCapabilities error (-32021) with
+// nothing of the server's own text: the names of the standard client capabilities it says it
+// requires, each as an empty object.
+func requiredCapabilities(data json.RawMessage) json.RawMessage {
+	var d struct {
+		Required map[string]json.RawMessage `json:"requiredCapabilities"`
+	}
+	if json.Unmarshal(data, &d) != nil {
+		return nil
+	}
+	out := map[string]any{}
+	for _, name := range []string{"sampling", "elicitation", "roots"} {
+		if _, ok := d.Required[name]; ok {
+			out[name] = struct{}{}
+		}
+	}
+	b, _ := json.Marshal(map[string]any{"requiredCapabilities": out})
+	return b
 }
 
 // contextError is a request that ended with its context.
