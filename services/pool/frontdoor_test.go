@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
@@ -36,11 +37,11 @@ type door struct {
 	run string
 }
 
-func newDoor(t *testing.T, cfg FrontDoorConfig, edit func(a *publisherv1.AgentNode)) *door {
+func newDoor(t *testing.T, cfg FrontDoorConfig, edit func(a *publisherv1.AgentNode), fixtureArgs ...string) *door {
 	t.Helper()
 	h := newHarness(t, harnessOpts{host: true})
-	h.server("fx", func(r *registryv1.CreateServerRequest) { r.Description = "The fixture." }, "--runtime-tools", "--read-only-tools")
-	h.publish("g", []string{"a"}, []imp{{server: "fx", agent: "a", tools: []string{"echo", "peek", "sleep", "progress"}}}, func(d *publisherv1.Graph) {
+	h.server("fx", func(r *registryv1.CreateServerRequest) { r.Description = "The fixture." }, append([]string{"--runtime-tools", "--read-only-tools"}, fixtureArgs...)...)
+	h.publish("g", []string{"a"}, []imp{{server: "fx", agent: "a", tools: []string{"echo", "peek", "sleep", "progress", "rpc_error"}}}, func(d *publisherv1.Graph) {
 		if edit != nil {
 			edit(d.GetNodes()[0].GetAgent())
 		}
@@ -435,4 +436,36 @@ func TestFrontDoorApprovals(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, res.IsError, textOf(res))
 	require.Equal(t, "waits", textOf(res))
+}
+
+// TestFrontDoorRelaysWhatServersSay: a server's tools/list_changed reaches the agent's clients
+// (and the changed tool is refused for drift); a server's JSON-RPC error reaches the client as
+// a JSON-RPC error with the server's code, its text made safe, saying the call may have taken
+// effect.
+func TestFrontDoorRelaysWhatServersSay(t *testing.T) {
+	d := newDoor(t, FrontDoorConfig{}, nil, "--rug-pull-notify", "1")
+	_, secret := d.token(t)
+	changed := make(chan struct{}, 8)
+	cs := d.connect(t, secret, "2025-11-25", &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} }})
+
+	// The fixture changes echo after its first call, and says so.
+	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "fx__echo", Arguments: map[string]any{"text": "before"}})
+	require.NoError(t, err)
+	require.Equal(t, "before", textOf(res))
+
+	_, err = cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "fx__rpc_error", Arguments: map[string]any{}})
+	var rpcErr *jsonrpc.Error
+	require.ErrorAs(t, err, &rpcErr)
+	require.Equal(t, int64(-32000), rpcErr.Code, "the server's own code")
+	require.ErrorContains(t, err, "It may have taken effect")
+	require.NotContains(t, err.Error(), "<script>", "the server's text made safe")
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server's tools/list_changed did not reach the client")
+	}
+	res, err = cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "fx__echo", Arguments: map[string]any{"text": "after"}})
+	require.NoError(t, err)
+	require.True(t, res.IsError)
+	require.Contains(t, textOf(res), "the drift gate (schema_drift)")
 }
