@@ -86,11 +86,14 @@ const (
 
 // FrontDoor serves /mcp. Build it with Service.FrontDoor.
 type FrontDoor struct {
-	svc  *Service
-	cfg  FrontDoorConfig
-	log  *slog.Logger
-	host string // the public URL's host name
-	orig string // the public URL's origin
+	svc *Service
+	cfg FrontDoorConfig
+	log *slog.Logger
+	// sdkLog is what the SDK logs to: its warnings and errors only (it logs a line at info
+	// for every session it connects, which a stateless request is).
+	sdkLog *slog.Logger
+	host   string // the public URL's host name
+	orig   string // the public URL's origin
 
 	stateful, stateless http.Handler
 
@@ -144,7 +147,8 @@ func (s *Service) FrontDoor(cfg FrontDoorConfig) (*FrontDoor, error) {
 	_, _ = rand.Read(f.stateKey)
 	// The SDK's own loopback check is the first half of ours (allowedHost), which also
 	// covers listeners that are not on loopback.
-	common := mcp.StreamableHTTPOptions{DisableLocalhostProtection: true, MaxRequestBodyBytes: cfg.MaxBodyBytes, Logger: f.log}
+	f.sdkLog = slog.New(warnOnly{f.log.Handler()})
+	common := mcp.StreamableHTTPOptions{DisableLocalhostProtection: true, MaxRequestBodyBytes: cfg.MaxBodyBytes, Logger: f.sdkLog}
 	stateful, stateless := common, common
 	stateful.SessionTimeout = cfg.SessionIdleTimeout
 	stateless.Stateless, stateless.PropagateRequestCancellation = true, true
@@ -381,3 +385,16 @@ func (f *FrontDoor) server(r *http.Request) *mcp.Server {
 	}
 	return f.agent(t).server
 }
+
+// warnOnly passes a handler's warnings and errors on, and nothing below.
+type warnOnly struct{ slog.Handler }
+
+func (w warnOnly) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && w.Handler.Enabled(ctx, l)
+}
+
+func (w warnOnly) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return warnOnly{w.Handler.WithAttrs(attrs)}
+}
+
+func (w warnOnly) WithGroup(name string) slog.Handler { return warnOnly{w.Handler.WithGroup(name)} }

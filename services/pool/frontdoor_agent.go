@@ -56,7 +56,7 @@ func newAgentServer(f *FrontDoor, k agentKey) *agentServer {
 			Capabilities: &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}, Tools: &mcp.ToolCapabilities{ListChanged: true},
 				Prompts: &mcp.PromptCapabilities{}, Resources: &mcp.ResourceCapabilities{}},
 			SetCacheable: a.cacheable,
-			Logger:       f.log,
+			Logger:       f.sdkLog,
 		})
 	a.server.AddReceivingMiddleware(a.middleware)
 	return a
@@ -451,6 +451,9 @@ func toolError(text string, meta mcp.Meta) *mcp.CallToolResult {
 // mcpResult is the pool's result (content and structured content as the pool checked and
 // sanitized them) decoded as the SDK's, which writes each content kind as MCP defines it.
 func mcpResult(res *CallResult) (*mcp.CallToolResult, error) {
+	if out, ok := textResult(res); ok {
+		return out, nil
+	}
 	wire := struct {
 		Content           []map[string]any `json:"content"`
 		StructuredContent map[string]any   `json:"structuredContent,omitempty"`
@@ -468,6 +471,23 @@ func mcpResult(res *CallResult) (*mcp.CallToolResult, error) {
 		return nil, fmt.Errorf("the server's result cannot be written as MCP: %v", err)
 	}
 	return &out, nil
+}
+
+// textResult is the common result, text items only and no structured content, built without
+// a JSON round trip; ok is false for any other.
+func textResult(res *CallResult) (*mcp.CallToolResult, bool) {
+	if res.StructuredContent != nil {
+		return nil, false
+	}
+	out := &mcp.CallToolResult{IsError: res.IsError, Content: make([]mcp.Content, 0, len(res.Content))}
+	for _, c := range res.Content {
+		text, ok := c["text"].(string)
+		if len(c) != 2 || c["type"] != "text" || !ok {
+			return nil, false
+		}
+		out.Content = append(out.Content, &mcp.TextContent{Text: text})
+	}
+	return out, true
 }
 
 // gateOf names the gate (docs/runtime.md, "The gates, in order") a refusal reason comes from.
