@@ -1,7 +1,8 @@
 # Ringfence build. `make help` lists the targets.
 #
 # Tools are installed by `go install` at pinned versions into .tmp/bin: nothing is downloaded
-# from anywhere but the Go module proxy (and, for tests, Debian's docker.io package).
+# from anywhere but the Go module proxy (and, for tests, Debian's docker.io package and, from
+# the npm registry, the MCP clients of scripts/mcp-clients.sh).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -105,8 +106,12 @@ $(BIN_FILES) &: $(GO_SOURCES)
 docker: ## Make sure a Docker engine answers (installs Debian's docker.io and starts dockerd if needed).
 	@./scripts/ensure-docker.sh
 
+.PHONY: mcp-clients
+mcp-clients: ## Install the pinned MCP clients the front door's end-to-end tests drive (conformance suite, Inspector, Node 22) into .tmp (~20 s cold).
+	./scripts/mcp-clients.sh
+
 .PHONY: test
-test: tools docker lint checkgenerate ## The whole test suite: lint, generated code, unit and end-to-end tests.
+test: tools docker lint checkgenerate mcp-clients ## The whole test suite: lint, generated code, unit and end-to-end tests.
 	./scripts/ensure-docker.sh --registry
 	go test -race -timeout $(TEST_TIMEOUT) $(TESTFLAGS) ./... ./mcpgate/...
 

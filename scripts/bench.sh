@@ -47,6 +47,9 @@ run ./services/pool/ 'PoolWarmCall$' 300x 3
 run ./services/pool/ 'PoolFirstCall$' 20x 3
 # (e) issue 23: a run's first call taking a warm container, beside a cold first call and a warm call.
 run ./services/pool/ 'PoolFirstCallWarm$' 20x 3
+# (f) issue 22: a warm tools/call through the MCP front door, stateful and stateless, beside
+# gRPC CallTool and the raw attach path.
+run ./services/pool/ 'FrontDoorWarmCall$' 300x 3
 run ./services/pool/ 'PoolThroughput$' 5000x 3
 run ./services/pool/ 'RawAttachThroughput$' 5000x 3
 run ./services/pool/ 'PoolIdleSessionMemory$' 1x 3

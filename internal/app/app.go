@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -145,7 +146,9 @@ func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Ap
 			return err
 		}
 		registerRegistry(a.Server, a.Registry)
-		registerPool(a.Server, a.Pool)
+		if err := registerPool(a.Server, a.Pool, cfg, log); err != nil {
+			return err
+		}
 		registerPublisher(a.Server, a.Publisher)
 		registerAudit(a.Server, a.Audit, authz)
 		return nil
@@ -252,7 +255,9 @@ func NewPool(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, e
 		if a.Server, err = a.newServer(cfg, "ringfence-pool", auth.NewAuthorizer(registry, auth.Rules), log); err != nil {
 			return err
 		}
-		registerPool(a.Server, a.Pool)
+		if err := registerPool(a.Server, a.Pool, cfg, log); err != nil {
+			return err
+		}
 		poolinternalv1.RegisterPoolInternalServiceServer(a.Server.Internal(), pool.NewInternalServer(a.Pool))
 		return nil
 	})
@@ -428,6 +433,9 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg poolRegistry
 		Warm:                   reg,
 		MaxWarm:                cfg.Pool.MaxWarm,
 		WarmMaxAge:             cfg.Pool.WarmMaxAge,
+		FrontDoorURL:           frontDoorURL(cfg),
+		AgentTokenTTL:          cfg.FrontDoor.TokenTTL,
+		AgentTokenMaxTTL:       cfg.FrontDoor.TokenMaxTTL,
 		Logger:                 plog,
 	})
 	if err != nil {
@@ -629,12 +637,51 @@ func registerRegistry(srv *grpcserver.Server, reg *registry.Service) {
 	})
 }
 
-func registerPool(srv *grpcserver.Server, pl *pool.Service) {
+// registerPool serves the pool's API, and its MCP front door at /mcp when it has one.
+func registerPool(srv *grpcserver.Server, pl *pool.Service, cfg *config.Config, log *slog.Logger) error {
 	poolv1.RegisterPoolServiceServer(srv.GRPC(), pool.NewServer(pl))
 	srv.Metrics().MustRegister(pl.Collectors()...)
 	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
 		return poolv1.RegisterPoolServiceHandler(ctx, mux, conn)
 	})
+	if pl.FrontDoorURL() == "" {
+		return nil
+	}
+	f := cfg.FrontDoor
+	fd, err := pl.FrontDoor(pool.FrontDoorConfig{
+		AllowedHosts: f.AllowedHosts, AllowedOrigins: f.AllowedOrigins, ListTTL: f.ListTTL, MaxBodyBytes: int64(f.MaxBodyBytes),
+		RateLimit: f.RateLimit, RateBurst: f.RateBurst, SessionIdleTimeout: f.SessionIdleTimeout, MaxSessionsPerAgent: f.MaxSessionsPerAgent,
+		ClientApprovals: f.ClientApprovals, Logger: log.With("service", "pool"),
+	})
+	if err != nil {
+		return err
+	}
+	srv.Handle("/mcp", fd)
+	return nil
+}
+
+// frontDoorURL is the front door's public URL: frontdoor.public_url, else the HTTP listener's
+// address with /mcp (127.0.0.1 for an unspecified host); "" when the front door is off or
+// there is no HTTP listener.
+func frontDoorURL(cfg *config.Config) string {
+	if !cfg.FrontDoor.Enabled || cfg.HTTPAddr == "" {
+		return ""
+	}
+	if cfg.FrontDoor.PublicURL != "" {
+		return cfg.FrontDoor.PublicURL
+	}
+	host, port, err := net.SplitHostPort(cfg.HTTPAddr)
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	scheme := "http"
+	if cfg.TLS.Enabled() {
+		scheme = "https"
+	}
+	return scheme + "://" + net.JoinHostPort(host, port) + "/mcp"
 }
 
 func registerPublisher(srv *grpcserver.Server, pub *publisher.Service) {

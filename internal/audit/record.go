@@ -171,6 +171,9 @@ type ToolCallAttempt struct {
 	// LoadedTools are the deferred tools a tool_search call loaded for the agent (binding
 	// names; at most MaxLoadedTools).
 	LoadedTools []string `json:"loaded_tools,omitempty"`
+	// AgentTokenID names the MCP front door's agent token the call came through (the token
+	// itself is never recorded); empty for a call through the API.
+	AgentTokenID string `json:"agent_token_id,omitempty"`
 }
 
 // ToolCallApproval is the approval of a call that asked for confirmation, as one record of

@@ -29,6 +29,10 @@ type Principal struct {
 	// System names what an in-process caller acting for the deployment does (SystemContext),
 	// instead of the key and service fields. It is never reachable over the network.
 	System string
+	// AgentToken is the id of the MCP front door's agent token that authenticated the call,
+	// instead of the key fields: it acts for one agent of one run, in Tenant, and holds
+	// RunExecute alone.
+	AgentToken string
 }
 
 // Has reports whether the principal holds p.
@@ -43,6 +47,8 @@ func (p Principal) Actor() string {
 		return "service:" + p.Service
 	case p.System != "":
 		return "system:" + p.System
+	case p.AgentToken != "":
+		return "agent-token:" + p.AgentToken
 	case p.KeyID == "":
 		return "system"
 	case p.KeyName == "":
@@ -63,6 +69,8 @@ func (p Principal) AuditActor() (id, name, role string) {
 		return "service:" + p.Service, "", "service"
 	case p.KeyID != "":
 		return p.KeyID, p.KeyName, p.Role
+	case p.AgentToken != "":
+		return "agent-token:" + p.AgentToken, "", "agent_token"
 	}
 	return "system", "", "system"
 }

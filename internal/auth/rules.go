@@ -97,6 +97,11 @@ var Rules = map[string]Rule{
 	poolv1.PoolService_PutDocument_FullMethodName:    perm(RunExecute),
 	poolv1.PoolService_GetDocument_FullMethodName:    perm(RunExecute),
 	poolv1.PoolService_DeleteDocument_FullMethodName: perm(RunExecute),
+	// An agent token lets an MCP client do what its minter may do with one agent of one run
+	// (list and call its tools): whoever runs agents connects them.
+	poolv1.PoolService_CreateAgentToken_FullMethodName: perm(RunExecute),
+	poolv1.PoolService_ListAgentTokens_FullMethodName:  perm(RunExecute),
+	poolv1.PoolService_RevokeAgentToken_FullMethodName: perm(RunExecute),
 
 	// Audit: readers need audit:read (producers append on the internal plane, below).
 	auditv1.AuditService_List_FullMethodName:   anyTenant(AuditRead),

@@ -80,7 +80,8 @@ ignored (and named in a warning), and an agent with none of the picked servers k
 	_ = start.MarkFlagRequired("graph")
 
 	cmd.AddCommand(start, newRunsCallCmd(g), newRunsToolsCmd(g), runStateCmd(g, "pause"), runStateCmd(g, "resume"), runStateCmd(g, "end"), runStateCmd(g, "show"),
-		newRunsApprovalsCmd(g), newRunsDecideCmd(g, "approve"), newRunsDecideCmd(g, "deny"))
+		newRunsApprovalsCmd(g), newRunsDecideCmd(g, "approve"), newRunsDecideCmd(g, "deny"),
+		newRunsConnectCmd(g), newRunsDisconnectCmd(g), newRunsConnectionsCmd(g))
 	return cmd
 }
 

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -52,6 +53,7 @@ type Config struct {
 	Sandbox   Sandbox   `key:"sandbox"`
 	Pool      Pool      `key:"pool"`
 	Documents Documents `key:"documents"`
+	FrontDoor FrontDoor `key:"frontdoor"`
 	Audit     Audit     `key:"audit"`
 	Limits    Limits    `key:"limits"`
 	Dev       Dev       `key:"dev"`
@@ -126,6 +128,24 @@ func DefaultResultBudget(memoryLimit int64) ByteSize {
 		return ByteSize(max(memoryLimit/4, 1<<20))
 	}
 	return 256 << 20
+}
+
+// FrontDoor configures the MCP front door: the pool's agents' tools served as MCP at /mcp on
+// the HTTP listener, to clients holding an agent token (ringfence runs connect).
+type FrontDoor struct {
+	Enabled             bool          `key:"enabled" default:"true" help:"serve the MCP front door at /mcp on the HTTP listener (ringfenced and ringfence-pool)"`
+	PublicURL           string        `key:"public_url" help:"the front door's URL as clients reach it, which ringfence runs connect prints and whose host the front door answers to; default http(s)://<http_addr>/mcp"`
+	AllowedHosts        []string      `key:"allowed_hosts" help:"JSON list of host names a request's Host may name besides public_url's (DNS-rebinding protection); loopback names are allowed on a loopback listener"`
+	AllowedOrigins      []string      `key:"allowed_origins" help:"JSON list of browser origins (scheme://host[:port]) allowed besides public_url's; loopback origins are allowed on a loopback listener"`
+	TokenTTL            time.Duration `key:"token_ttl" default:"1h" help:"an agent token's lifetime when ringfence runs connect names none"`
+	TokenMaxTTL         time.Duration `key:"token_max_ttl" default:"24h" help:"the longest lifetime an agent token may ask for"`
+	ListTTL             time.Duration `key:"list_ttl" default:"5s" help:"how long an agent's tool listing is served before it is read again (the ttlMs of tools/list)"`
+	MaxBodyBytes        ByteSize      `key:"max_body_bytes" default:"2MiB" help:"largest request body (a call's arguments are at most 1MiB)"`
+	RateLimit           float64       `key:"rate_limit" default:"20" help:"requests a second one agent token may make on average; past it (and rate_burst) a request is 429 with Retry-After"`
+	RateBurst           int           `key:"rate_burst" default:"40" help:"requests one agent token may make at once"`
+	SessionIdleTimeout  time.Duration `key:"session_idle_timeout" default:"30m" help:"close a session that received no request for this long"`
+	MaxSessionsPerAgent int           `key:"max_sessions_per_agent" default:"16" help:"open sessions one agent of a run may have at once"`
+	ClientApprovals     bool          `key:"client_approvals" default:"true" help:"let the client's user approve a call that asks a person first, when the client can be asked (elicitation); off, such a call waits for an approver (ringfence runs approve)"`
 }
 
 // Documents configures how my-documents://<id> references in tool arguments are resolved: the
@@ -273,6 +293,7 @@ func (c *Config) Validate() error {
 		errs.add("pool.approval_timeout", "must be positive", "e.g. 15m")
 	}
 	c.validateDocuments(&errs)
+	c.validateFrontDoor(&errs)
 	if c.Audit.SpoolMaxRecords < 1 {
 		errs.add("audit.spool_max_records", "must be at least 1", "e.g. 100000")
 	}
@@ -300,6 +321,62 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errs.err()
+}
+
+// validateFrontDoor checks the front door's settings.
+func (c *Config) validateFrontDoor(errs *problems) {
+	f := c.FrontDoor
+	if f.PublicURL != "" {
+		u, err := url.Parse(f.PublicURL)
+		switch {
+		case err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https"):
+			errs.add("frontdoor.public_url", fmt.Sprintf("%q is not an http(s) URL with a host", f.PublicURL), "e.g. https://tools.example.com/mcp")
+		case c.IsProduction() && u.Scheme != "https" && !isLoopbackName(u.Hostname()):
+			errs.add("frontdoor.public_url", "is not https:// in production: agent tokens would cross the network in the clear", "serve TLS (tls.cert_file) or put a TLS proxy in front, and name its https:// URL")
+		}
+	}
+	for _, o := range f.AllowedOrigins {
+		if u, err := url.Parse(o); err != nil || u.Host == "" || u.Path != "" || (u.Scheme != "http" && u.Scheme != "https") {
+			errs.add("frontdoor.allowed_origins", fmt.Sprintf("%q is not an origin", o), `list origins as browsers send them, e.g. ["https://app.example.com"]`)
+		}
+	}
+	for _, h := range f.AllowedHosts {
+		if h == "" || strings.ContainsAny(h, ":/ ") {
+			errs.add("frontdoor.allowed_hosts", fmt.Sprintf("%q is not a host name", h), `list names without ports, e.g. ["tools.example.com"]`)
+		}
+	}
+	if f.TokenMaxTTL < time.Minute {
+		errs.add("frontdoor.token_max_ttl", "must be at least 1m", "e.g. 24h")
+	}
+	if f.TokenTTL < time.Minute || f.TokenTTL > f.TokenMaxTTL {
+		errs.add("frontdoor.token_ttl", "must be from 1m to frontdoor.token_max_ttl", "e.g. 1h")
+	}
+	if f.ListTTL <= 0 {
+		errs.add("frontdoor.list_ttl", "must be positive", "e.g. 5s")
+	}
+	if f.MaxBodyBytes < 64<<10 || f.MaxBodyBytes > 16<<20 {
+		errs.add("frontdoor.max_body_bytes", "must be in [64KiB, 16MiB]", "e.g. 2MiB")
+	}
+	if f.RateLimit <= 0 {
+		errs.add("frontdoor.rate_limit", "must be positive", "e.g. 20")
+	}
+	if f.RateBurst < 1 {
+		errs.add("frontdoor.rate_burst", "must be at least 1", "e.g. 40")
+	}
+	if f.SessionIdleTimeout <= 0 {
+		errs.add("frontdoor.session_idle_timeout", "must be positive", "e.g. 30m")
+	}
+	if f.MaxSessionsPerAgent < 1 {
+		errs.add("frontdoor.max_sessions_per_agent", "must be at least 1", "e.g. 16")
+	}
+}
+
+func isLoopbackName(h string) bool {
+	if strings.EqualFold(h, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
 }
 
 // validateDocuments checks the document settings.

@@ -40,6 +40,9 @@ var (
 	Document = Set{max: 128, upper: true, punct: "_.-"}
 	// Approval is an approval id, as the pool makes them (apr-<24 hex>): ^[a-z0-9-]{1,64}$.
 	Approval = Set{max: 64, punct: "-"}
+	// AgentToken is an agent token's id, as the pool makes them (tok-<16 hex>):
+	// ^[a-z0-9-]{1,64}$.
+	AgentToken = Set{max: 64, punct: "-"}
 )
 
 // Pattern is the set as a regular expression, as docs/api.md lists it.

@@ -24,6 +24,7 @@ func TestSets(t *testing.T) {
 			[]string{".", "..", "c/1", "c 1", strings.Repeat("c", 513)}},
 		{KeyName, "^[A-Za-z0-9_.@-]{1,64}$", []string{"ci", "ops@example.com"}, []string{".", "..", "a b"}},
 		{SecretName, "^[A-Za-z0-9_.-]{1,128}$", []string{"tickets-token", "v1.2"}, []string{".", "..", "a:b"}},
+		{AgentToken, "^[a-z0-9-]{1,64}$", []string{"tok-0123456789abcdef"}, []string{".", "tok_1", "Tok-1", "rfat_x"}},
 	} {
 		t.Run(tc.pattern, func(t *testing.T) {
 			require.Equal(t, tc.pattern, tc.set.Pattern())

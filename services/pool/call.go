@@ -37,6 +37,8 @@ type CallRequest struct {
 	// Arguments is the JSON object of arguments (nil means {}).
 	Arguments json.RawMessage
 	CallID    string
+	// AgentTokenID names the MCP front door's token the call came through, for its records.
+	AgentTokenID string
 	// decision is set when ApproveCall dispatches an approved call.
 	decision *approvalDecision
 }
@@ -798,7 +800,8 @@ func callErrMessage(err error, reg *mcpserver.Resolved) error {
 	case errors.As(err, &se):
 		return errors.New(se.Message)
 	case errors.As(err, &rpcErr):
-		return fmt.Errorf("the server answered tools/call with JSON-RPC error %d: %s", rpcErr.Code, rpcErr.Message)
+		// Wrapped, so a front end can answer with the server's code (the MCP front door does).
+		return fmt.Errorf("the server answered tools/call with JSON-RPC error %d: %w", rpcErr.Code, rpcErr)
 	}
 	return err
 }

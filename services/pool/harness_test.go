@@ -183,7 +183,7 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 		DriftMaxAge: drift, RunIdleTimeout: o.idle, PausedRunTimeout: o.paused, MaxRuns: o.maxRuns, MaxSessions: o.maxSessions,
 		AllowInlineMCPServers: o.allowInline, AllowAdvisory: o.allowAdvisory, Logger: quiet,
 		Warm: reg, MaxWarm: o.maxWarm, WarmRefresh: o.warmRefresh, WarmMaxAge: o.warmMaxAge,
-		ApprovalTimeout: o.approvalTimeout, Documents: o.documents,
+		ApprovalTimeout: o.approvalTimeout, Documents: o.documents, FrontDoorURL: "http://127.0.0.1:8000/mcp",
 	}
 	pl, err := Open(t.Context(), cfg)
 	require.NoError(t, err)

@@ -159,7 +159,7 @@ var (
 // ToolName starts as the binding name the agent asked for, so a refused unknown binding is
 // still legible in the audit log; it becomes the server's tool name once resolved.
 func newAttempt(req CallRequest) audit.ToolCallAttempt {
-	return audit.ToolCallAttempt{RunID: req.RunID, CallID: req.CallID, Attempt: 1, AgentNode: req.Agent, ToolName: req.Tool}
+	return audit.ToolCallAttempt{RunID: req.RunID, CallID: req.CallID, Attempt: 1, AgentNode: req.Agent, ToolName: req.Tool, AgentTokenID: req.AgentTokenID}
 }
 
 // decide runs the gates before the documents a call references are fetched. A decision

@@ -118,7 +118,16 @@ type Config struct {
 	DocumentMaxBytes       int64
 	DocumentMaxCallBytes   int64
 	DocumentMaxTenantBytes int64
-	Logger                 *slog.Logger
+	// FrontDoorURL is where the MCP front door serves /mcp (what CreateAgentToken answers and
+	// a client configuration names); empty means the front door is off, and no agent token is
+	// minted.
+	FrontDoorURL string
+	// AgentTokenTTL is an agent token's lifetime when CreateAgentToken names none, and
+	// AgentTokenMaxTTL the longest it may ask for (defaults: DefaultAgentTokenTTL,
+	// DefaultAgentTokenMaxTTL).
+	AgentTokenTTL    time.Duration
+	AgentTokenMaxTTL time.Duration
+	Logger           *slog.Logger
 }
 
 // Service implements PoolService.
@@ -153,6 +162,17 @@ type Service struct {
 
 	cancel context.CancelFunc
 	bg     sync.WaitGroup
+
+	// onToolsChanged hears that a server of a run said its tools changed (the MCP front door
+	// tells the agents' clients); nil without a front door.
+	onToolsChanged atomic.Pointer[func(tenant, runID, serverRef string)]
+}
+
+// toolsChanged passes a server's tools/list_changed in a run on to the listener, if any.
+func (s *Service) toolsChanged(id runIdentity, ref string) {
+	if f := s.onToolsChanged.Load(); f != nil {
+		(*f)(id.Tenant, id.ID, ref)
+	}
 }
 
 var errorCodes = map[error]codes.Code{
@@ -172,6 +192,9 @@ var errorCodes = map[error]codes.Code{
 	errDocumentsElsewhere:          codes.FailedPrecondition,
 	errDocumentQuota:               codes.ResourceExhausted,
 	errRegistryUnavailable:         codes.Unavailable,
+	errTokenNotFound:               codes.NotFound,
+	errTooManyTokens:               codes.ResourceExhausted,
+	errFrontDoorOff:                codes.FailedPrecondition,
 	audit.ErrSpoolFull:             codes.Unavailable,
 }
 
@@ -202,6 +225,12 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 	}
 	if cfg.ApprovalTimeout <= 0 {
 		cfg.ApprovalTimeout = 15 * time.Minute
+	}
+	if cfg.AgentTokenMaxTTL <= 0 {
+		cfg.AgentTokenMaxTTL = DefaultAgentTokenMaxTTL
+	}
+	if cfg.AgentTokenTTL <= 0 {
+		cfg.AgentTokenTTL = min(DefaultAgentTokenTTL, cfg.AgentTokenMaxTTL)
 	}
 	if cfg.DocumentMaxBytes <= 0 {
 		cfg.DocumentMaxBytes = DefaultDocumentMaxBytes

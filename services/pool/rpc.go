@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -504,4 +505,70 @@ func namedDocument(ctx context.Context, req interface{ GetDocumentId() string })
 
 func documentToProto(d *Document) *poolv1.Document {
 	return &poolv1.Document{DocumentId: d.ID, Tenant: d.Tenant, Name: d.Name, MediaType: d.MediaType, Size: d.Size, Sha256: d.SHA256, CreateTime: timestamppb.New(d.CreateTime)}
+}
+
+// CreateAgentToken implements PoolService.
+func (g *Server) CreateAgentToken(ctx context.Context, req *poolv1.CreateAgentTokenRequest) (*poolv1.CreateAgentTokenResponse, error) {
+	id, tenant, err := namedRun(ctx, req)
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	if err := graph.ValidateNodeID("agent", req.GetAgent()); err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	var ttl time.Duration
+	if req.GetTtl() != nil {
+		if err := req.GetTtl().CheckValid(); err != nil {
+			return nil, g.svc.errors.Status(ctx, fieldError("ttl", "is not a duration: %v", err))
+		}
+		if ttl = req.GetTtl().AsDuration(); ttl <= 0 {
+			return nil, g.svc.errors.Status(ctx, fieldError("ttl", "must be positive (or unset for frontdoor.token_ttl)"))
+		}
+	}
+	t, secret, err := g.svc.CreateAgentToken(ctx, tenant, id, req.GetAgent(), ttl)
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	return &poolv1.CreateAgentTokenResponse{Token: tokenToProto(t), Secret: secret, Url: g.svc.FrontDoorURL()}, nil
+}
+
+// ListAgentTokens implements PoolService.
+func (g *Server) ListAgentTokens(ctx context.Context, req *poolv1.ListAgentTokensRequest) (*poolv1.ListAgentTokensResponse, error) {
+	id, tenant, err := namedRun(ctx, req)
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	list, err := g.svc.ListAgentTokens(ctx, tenant, id)
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	out := &poolv1.ListAgentTokensResponse{}
+	for i := range list {
+		out.Tokens = append(out.Tokens, tokenToProto(&list[i]))
+	}
+	return out, nil
+}
+
+// RevokeAgentToken implements PoolService.
+func (g *Server) RevokeAgentToken(ctx context.Context, req *poolv1.RevokeAgentTokenRequest) (*poolv1.RevokeAgentTokenResponse, error) {
+	id, tenant, err := namedRun(ctx, req)
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	if req.GetTokenId() == "" {
+		return nil, g.svc.errors.Status(ctx, fieldError("token_id", "is required"))
+	}
+	if err := ident.AgentToken.Check("token_id", req.GetTokenId()); err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	t, err := g.svc.RevokeAgentToken(ctx, tenant, id, req.GetTokenId())
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	return &poolv1.RevokeAgentTokenResponse{Token: tokenToProto(t)}, nil
+}
+
+func tokenToProto(t *AgentToken) *poolv1.AgentToken {
+	return &poolv1.AgentToken{TokenId: t.ID, RunId: t.RunID, Tenant: t.Tenant, Agent: t.Agent,
+		CreateTime: timestamppb.New(t.CreateTime), ExpireTime: timestamppb.New(t.ExpireTime), CreatedBy: t.CreatedBy}
 }

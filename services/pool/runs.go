@@ -365,6 +365,7 @@ func (s *Service) endWhen(ctx context.Context, r *run, status string, when func(
 	r.mu.Unlock()
 	s.recordClosed(ctx, r, closed)
 	s.stopSessions(old)
+	s.dropRunTokens(context.WithoutCancel(ctx), r)
 	s.runs.mu.Lock()
 	s.runs.count--
 	if s.runs.byKey[keyOf(rec)] == r {
@@ -442,11 +443,16 @@ func (s *Service) reapIdle(ctx context.Context) {
 	every = max(every, 10*time.Millisecond)
 	t := time.NewTicker(every)
 	defer t.Stop()
+	var tokensSwept time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if now := time.Now(); now.Sub(tokensSwept) >= tokenSweepEvery {
+			s.dropExpiredTokens(ctx, now)
+			tokensSwept = now
 		}
 		// The host's run list is only copied under its lock: each run is then judged, and
 		// ended, under its own lock alone, so a run busy in a slow call holds up no other.

@@ -44,6 +44,9 @@ type session struct {
 	keepSlot bool
 
 	calls atomic.Int64
+	// announce, once the session serves a run, tells the run's listeners (the MCP front door)
+	// that the server said its tools changed.
+	announce atomic.Pointer[func()]
 	// stopped is set when stopping begins; stopMu is held until it has ended (see stop).
 	stopped atomic.Bool
 	stopMu  sync.Mutex
@@ -167,7 +170,20 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 			continue
 		default:
 		}
+		if sess.announce.Load() == nil {
+			f := func() { s.toolsChanged(r.id, ref) }
+			sess.announce.CompareAndSwap(nil, &f)
+		}
 		return sess, nil
+	}
+}
+
+// toolsChanged is the session's answer to the server's notifications/tools/list_changed: its
+// listing is taken again before the next call (drift), and the run's listeners are told.
+func (sess *session) toolsChanged() {
+	sess.stale.Store(true)
+	if f := sess.announce.Load(); f != nil {
+		(*f)()
 	}
 }
 
@@ -244,7 +260,7 @@ func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 		return
 	}
 	spec := specFor(reg, spawner.PurposeRun, r.id.ID)
-	spec.OnToolListChanged = func() { sess.stale.Store(true) }
+	spec.OnToolListChanged = sess.toolsChanged
 	sp, err := s.spawner.Spawn(sctx, spec)
 	if err != nil {
 		failed(spawnRefusal(err))

@@ -405,7 +405,7 @@ func (s *Service) prepareWarm(ctx context.Context, ref string) (*session, error)
 	sess := &session{ref: ref, ready: make(chan struct{}), warm: true, unwarm: make(chan struct{})}
 	close(sess.ready)
 	spec := specFor(reg, spawner.PurposeWarm, "")
-	spec.OnToolListChanged = func() { sess.stale.Store(true) }
+	spec.OnToolListChanged = sess.toolsChanged
 	sp, err := s.spawner.Spawn(ctx, spec)
 	if err != nil {
 		s.liveSessions.Add(-1)

@@ -37,7 +37,7 @@ func RecordToProto(r audit.Record) *auditv1.Record {
 			Reason: t.Reason, Result: t.Result, FailureClass: t.FailureClass, PinnedHash: t.PinnedHash,
 			LiveHash: t.LiveHash, ArgsDigest: t.ArgsDigest, ArgsSize: t.ArgsSize, ResultDigest: t.ResultDigest,
 			ResultSize: t.ResultSize, LatencyMicros: t.LatencyMicros, Advisory: t.Advisory, PendingId: t.PendingID,
-			WarmSession: t.WarmSession, LoadedTools: t.LoadedTools, Approval: approvalToProto(t.Approval),
+			WarmSession: t.WarmSession, LoadedTools: t.LoadedTools, Approval: approvalToProto(t.Approval), AgentTokenId: t.AgentTokenID,
 		}}
 	}
 	return out
@@ -97,7 +97,7 @@ func RecordFromProto(p *auditv1.Record) (audit.Record, error) {
 			Reason: t.GetReason(), Result: t.GetResult(), FailureClass: t.GetFailureClass(), PinnedHash: t.GetPinnedHash(),
 			LiveHash: t.GetLiveHash(), ArgsDigest: t.GetArgsDigest(), ArgsSize: t.GetArgsSize(), ResultDigest: t.GetResultDigest(),
 			ResultSize: t.GetResultSize(), LatencyMicros: t.GetLatencyMicros(), Advisory: t.GetAdvisory(),
-			PendingID: t.GetPendingId(), WarmSession: t.GetWarmSession(), LoadedTools: t.GetLoadedTools(), Approval: approvalFromProto(t.GetApproval()),
+			PendingID: t.GetPendingId(), WarmSession: t.GetWarmSession(), LoadedTools: t.GetLoadedTools(), Approval: approvalFromProto(t.GetApproval()), AgentTokenID: t.GetAgentTokenId(),
 		}
 	}
 	return r, nil

@@ -16,7 +16,7 @@ func TestToolCallRoundTrips(t *testing.T) {
 		RunID: "r1", GraphID: "g", GraphVersion: 3, AgentNode: "a", ToolNode: "fx__echo", ServerRef: "fx",
 		ToolName: "echo", CallID: "turn-7", Attempt: 2, PendingID: audit.NewID(), PinnedHash: "v1:sha256:aa",
 		LiveHash: "v1:sha256:bb", ArgsDigest: "sha256:cc", ArgsSize: 12, ResultDigest: "sha256:dd", ResultSize: 34,
-		LatencyMicros: 56, Advisory: []string{"agent_floor: x"}, WarmSession: true, LoadedTools: []string{"docs__read_file"},
+		LatencyMicros: 56, Advisory: []string{"agent_floor: x"}, WarmSession: true, LoadedTools: []string{"docs__read_file"}, AgentTokenID: "tok-0123456789abcdef",
 		Approval: &audit.ToolCallApproval{ID: "apr-1", State: audit.ApprovalApproved, DecidedBy: "key:ops (approver, key_1)",
 			DecideTime: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC), Note: "fine"},
 	}

@@ -245,6 +245,7 @@ func (s *Session) SetupListTools(ctx context.Context) ([]*mcp.Tool, error) {
 func (s *Session) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mcp.CallToolResult, error) {
 	ctx, cancel := s.bound(ctx, s.cfg.CallTimeout, "tools/call")
 	defer cancel()
+	defer s.withProgress(ctx, params)()
 	res, err := s.cs.CallTool(ctx, params)
 	if err != nil {
 		return nil, s.requestError(ctx, "tools/call", err)
@@ -274,6 +275,7 @@ func (a *ToolAnswer) Release() { a.hold.free() }
 func (s *Session) CallToolRaw(ctx context.Context, params *mcp.CallToolParams) (*ToolAnswer, error) {
 	ctx, cancel := s.bound(ctx, s.cfg.CallTimeout, "tools/call")
 	defer cancel()
+	defer s.withProgress(ctx, params)()
 	t := &callTicket{}
 	res, err := s.cs.CallTool(context.WithValue(ctx, ticketKey{}, t), params)
 	raw, h := t.take()
@@ -347,6 +349,9 @@ func (s *Session) requestError(ctx context.Context, op string, err error) error 
 			// The message is the server's own text: only its safe form goes on, and its
 			// data never does.
 			safe := &jsonrpc.Error{Code: rpcErr.Code, Message: s.SafeText(rpcErr.Message)}
+			if rpcErr.Code == mcp.CodeMissingRequiredClientCapabilities {
+				safe.Data = requiredCapabilities(rpcErr.Data)
+			}
 			return fmt.Errorf("spawner: the server answered tools/call with error %d: %w", rpcErr.Code, safe)
 		}
 		return s.violation("%s was answered with error %d: %s", op, rpcErr.Code, safeText(rpcErr.Message, s.secrets, 200))
@@ -377,6 +382,26 @@ func (s *Session) requestError(ctx context.Context, op string, err error) error 
 	e := newError(ClassCrashed, "the connection to the server broke during %s", op)
 	e.StderrTail = s.StderrTail()
 	return e
+}
+
+// requiredCapabilities is the data of a MissingRequiredClientCapabilities error (-32021) with
+// nothing of the server's own text: the names of the standard client capabilities it says it
+// requires, each as an empty object.
+func requiredCapabilities(data json.RawMessage) json.RawMessage {
+	var d struct {
+		Required map[string]json.RawMessage `json:"requiredCapabilities"`
+	}
+	if json.Unmarshal(data, &d) != nil {
+		return nil
+	}
+	out := map[string]any{}
+	for _, name := range []string{"sampling", "elicitation", "roots"} {
+		if _, ok := d.Required[name]; ok {
+			out[name] = struct{}{}
+		}
+	}
+	b, _ := json.Marshal(map[string]any{"requiredCapabilities": out})
+	return b
 }
 
 // contextError is a request that ended with its context.
@@ -467,7 +492,7 @@ func closeClient(cs *mcp.ClientSession, d time.Duration) (done <-chan struct{}) 
 func connect(ctx context.Context, spec *Spec, transport mcp.Transport, g *trafficGuard) (*mcp.ClientSession, error) {
 	hctx, cancel := context.WithTimeout(ctx, spec.HandshakeTimeout)
 	defer cancel()
-	client := newClient(spec)
+	client := newClient(spec, g)
 	if _, stdio := transport.(*stdioTransport); !stdio {
 		client.AddReceivingMiddleware(g.middleware)
 	}

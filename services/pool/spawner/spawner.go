@@ -530,7 +530,7 @@ func randomID() string {
 }
 
 // newClient is the one MCP client configuration every back end uses.
-func newClient(spec *Spec) *mcp.Client {
+func newClient(spec *Spec, g *trafficGuard) *mcp.Client {
 	onChanged := spec.OnToolListChanged
 	opts := &mcp.ClientOptions{
 		// Advertise nothing: the pool serves no roots, sampling or
@@ -539,6 +539,13 @@ func newClient(spec *Spec) *mcp.Client {
 		// The multi-round-trip middleware would re-send a call on its own;
 		// every call must go through the pool's gate exactly once.
 		MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true},
+		// A call's progress goes to its caller alone (progress.go). A watched (stdio)
+		// connection delivers it as it reads it, in order with the call's answer.
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			if !g.watched.Load() {
+				g.progress.deliver(req.Params)
+			}
+		},
 	}
 	if onChanged != nil {
 		opts.ToolListChangedHandler = func(context.Context, *mcp.ToolListChangedRequest) { onChanged() }

@@ -54,6 +54,9 @@ type trafficGuard struct {
 	// connFailed: a read or a write of the watched connection failed.
 	connFailed atomic.Bool
 
+	// progress routes the server's progress reports to the calls they belong to (progress.go).
+	progress progressRoutes
+
 	once     sync.Once
 	breached chan struct{}
 	// onBreach, once the session is built, marks it broken from the goroutine that found
@@ -234,8 +237,19 @@ func (c *guardedConn) receive(m inMessage) (jsonrpc.Message, error) {
 	if req.IsCall() && c.g.unanswered.Add(1) > maxUnansweredRequests {
 		return nil, c.g.breach("the server sent more than %d requests to the client without reading the answers", maxUnansweredRequests)
 	}
+	if req.Method == methodProgress {
+		// Here, in the stream's order, rather than in the SDK's handler, which may run after
+		// the call's answer was handed over: a call's last reports would then be lost.
+		var p mcp.ProgressNotificationParams
+		if json.Unmarshal(req.Params, &p) == nil {
+			c.g.progress.deliver(&p)
+		}
+	}
 	return msg, nil
 }
+
+// methodProgress is the method of a progress report.
+const methodProgress = "notifications/progress"
 
 // emptyResult stands in, for the SDK, for a tools/call result handed to its caller raw.
 var emptyResult = json.RawMessage(`{}`)

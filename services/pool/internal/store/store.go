@@ -1,7 +1,8 @@
 // Package store keeps the pool's durable state in one bbolt file: the runs it hosts (so a
 // restarted pool knows them and ends or resumes them), their approvals (calls that wait for a
-// person, and the outcome of an approved one until the caller's retry takes it), and the
-// tenants' documents that my-documents:// arguments name.
+// person, and the outcome of an approved one until the caller's retry takes it), the MCP
+// front door's agent tokens (hashed), and the tenants' documents that my-documents://
+// arguments name.
 package store
 
 import (
@@ -30,6 +31,11 @@ var (
 	// check scans); documentContentBucket: the same key -> the content.
 	documentsBucket       = []byte("documents")
 	documentContentBucket = []byte("document_content")
+	// agentTokensBucket: tenant "/" run id "/" token id -> AgentToken JSON (the MCP front
+	// door's bearer tokens, hashed); agentTokenHashesBucket: the token's SHA-256 (hex) -> that
+	// key, which a presented token is looked up by.
+	agentTokensBucket      = []byte("agent_tokens")
+	agentTokenHashesBucket = []byte("agent_token_hashes")
 )
 
 var migrations = []boltdb.Migration{
@@ -43,6 +49,10 @@ var migrations = []boltdb.Migration{
 	// v4: approvals and documents, in buckets of their own (created by Open). The version goes
 	// up so that an older binary refuses the file instead of running calls that wait for an
 	// approval it does not know.
+	func(tx *bolt.Tx) error { return nil },
+	// v5: the MCP front door's agent tokens, in buckets of their own (created by Open). The
+	// version goes up so that an older binary refuses the file instead of keeping runs whose
+	// tokens it would never drop.
 	func(tx *bolt.Tx) error { return nil },
 }
 
@@ -117,7 +127,7 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := boltdb.Migrate(db, [][]byte{runsBucket, approvalsBucket, documentsBucket, documentContentBucket}, migrations); err != nil {
+	if err := boltdb.Migrate(db, [][]byte{runsBucket, approvalsBucket, documentsBucket, documentContentBucket, agentTokensBucket, agentTokenHashesBucket}, migrations); err != nil {
 		_ = db.Close() // the migration's error is the one to report
 		return nil, err
 	}

@@ -333,7 +333,10 @@ type ToolCallAttempt struct {
 	Approval *ToolCallApproval `protobuf:"bytes,30,opt,name=approval,proto3" json:"approval,omitempty"`
 	// loaded_tools are the deferred tools a tool_search call loaded for the agent (binding
 	// names).
-	LoadedTools   []string `protobuf:"bytes,31,rep,name=loaded_tools,json=loadedTools,proto3" json:"loaded_tools,omitempty"`
+	LoadedTools []string `protobuf:"bytes,31,rep,name=loaded_tools,json=loadedTools,proto3" json:"loaded_tools,omitempty"`
+	// agent_token_id names the agent token of the MCP front door the call came through (the
+	// token itself is never recorded); empty for a call through the API.
+	AgentTokenId  string `protobuf:"bytes,32,opt,name=agent_token_id,json=agentTokenId,proto3" json:"agent_token_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -555,6 +558,13 @@ func (x *ToolCallAttempt) GetLoadedTools() []string {
 		return x.LoadedTools
 	}
 	return nil
+}
+
+func (x *ToolCallAttempt) GetAgentTokenId() string {
+	if x != nil {
+		return x.AgentTokenId
+	}
+	return ""
 }
 
 // ToolCallApproval is the approval of a call, as one of its records saw it.
@@ -1221,7 +1231,7 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"\vresource_id\x18\x05 \x01(\tR\n" +
 	"resourceId\x12\x1f\n" +
 	"\vchange_json\x18\x06 \x01(\tR\n" +
-	"changeJson\"\xa6\a\n" +
+	"changeJson\"\xcc\a\n" +
 	"\x0fToolCallAttempt\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x19\n" +
 	"\bgraph_id\x18\x02 \x01(\tR\agraphId\x12#\n" +
@@ -1256,7 +1266,8 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"pending_id\x18\x18 \x01(\tR\tpendingId\x12!\n" +
 	"\fwarm_session\x18\x19 \x01(\bR\vwarmSession\x12@\n" +
 	"\bapproval\x18\x1e \x01(\v2$.ringfence.audit.v1.ToolCallApprovalR\bapproval\x12!\n" +
-	"\floaded_tools\x18\x1f \x03(\tR\vloadedTools\"\xb9\x01\n" +
+	"\floaded_tools\x18\x1f \x03(\tR\vloadedTools\x12$\n" +
+	"\x0eagent_token_id\x18  \x01(\tR\fagentTokenId\"\xb9\x01\n" +
 	"\x10ToolCallApproval\x12\x1f\n" +
 	"\vapproval_id\x18\x01 \x01(\tR\n" +
 	"approvalId\x12\x14\n" +

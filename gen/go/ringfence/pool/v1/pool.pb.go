@@ -10,6 +10,7 @@ import (
 	v1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
@@ -2629,11 +2630,450 @@ func (*DeleteDocumentResponse) Descriptor() ([]byte, []int) {
 	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{34}
 }
 
+// AgentToken is a bearer token of the MCP front door, without its secret.
+type AgentToken struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// token_id names the token in listings, revocations and audit records.
+	TokenId string `protobuf:"bytes,1,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
+	RunId   string `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Tenant  string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// agent is the agent node the token speaks for.
+	Agent      string                 `protobuf:"bytes,4,opt,name=agent,proto3" json:"agent,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	ExpireTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	// created_by names who minted it (key:<name> (<role>, <key id>)).
+	CreatedBy     string `protobuf:"bytes,7,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AgentToken) Reset() {
+	*x = AgentToken{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentToken) ProtoMessage() {}
+
+func (x *AgentToken) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentToken.ProtoReflect.Descriptor instead.
+func (*AgentToken) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *AgentToken) GetTokenId() string {
+	if x != nil {
+		return x.TokenId
+	}
+	return ""
+}
+
+func (x *AgentToken) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *AgentToken) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *AgentToken) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *AgentToken) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *AgentToken) GetExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireTime
+	}
+	return nil
+}
+
+func (x *AgentToken) GetCreatedBy() string {
+	if x != nil {
+		return x.CreatedBy
+	}
+	return ""
+}
+
+// CreateAgentTokenRequest names the run and agent a token speaks for.
+type CreateAgentTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// agent is an agent node of the run's graph.
+	Agent string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
+	// ttl is the token's lifetime (1m to frontdoor.token_max_ttl; unset: frontdoor.token_ttl).
+	Ttl *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// tenant is the run's tenant (a run id is unique within its tenant): a key bound to a
+	// tenant always acts for its own (omit it or give the same); other keys name it, or act for
+	// "default".
+	Tenant        string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateAgentTokenRequest) Reset() {
+	*x = CreateAgentTokenRequest{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateAgentTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateAgentTokenRequest) ProtoMessage() {}
+
+func (x *CreateAgentTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateAgentTokenRequest.ProtoReflect.Descriptor instead.
+func (*CreateAgentTokenRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *CreateAgentTokenRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *CreateAgentTokenRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *CreateAgentTokenRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *CreateAgentTokenRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// CreateAgentTokenResponse is the token, its secret (shown once) and where to use it.
+type CreateAgentTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Token *AgentToken            `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	// secret is the bearer token: Authorization: Bearer <secret>. It is in this answer only.
+	Secret string `protobuf:"bytes,2,opt,name=secret,proto3" json:"secret,omitempty"`
+	// url is the front door's address (frontdoor.public_url), which the client connects to.
+	Url           string `protobuf:"bytes,3,opt,name=url,proto3" json:"url,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateAgentTokenResponse) Reset() {
+	*x = CreateAgentTokenResponse{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateAgentTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateAgentTokenResponse) ProtoMessage() {}
+
+func (x *CreateAgentTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateAgentTokenResponse.ProtoReflect.Descriptor instead.
+func (*CreateAgentTokenResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *CreateAgentTokenResponse) GetToken() *AgentToken {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+func (x *CreateAgentTokenResponse) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+func (x *CreateAgentTokenResponse) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+// ListAgentTokensRequest names a run.
+type ListAgentTokensRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// tenant is the run's tenant (see CreateAgentTokenRequest).
+	Tenant        string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAgentTokensRequest) Reset() {
+	*x = ListAgentTokensRequest{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAgentTokensRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAgentTokensRequest) ProtoMessage() {}
+
+func (x *ListAgentTokensRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAgentTokensRequest.ProtoReflect.Descriptor instead.
+func (*ListAgentTokensRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ListAgentTokensRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ListAgentTokensRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// ListAgentTokensResponse lists a run's tokens, in the order of their ids.
+type ListAgentTokensResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tokens        []*AgentToken          `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAgentTokensResponse) Reset() {
+	*x = ListAgentTokensResponse{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAgentTokensResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAgentTokensResponse) ProtoMessage() {}
+
+func (x *ListAgentTokensResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAgentTokensResponse.ProtoReflect.Descriptor instead.
+func (*ListAgentTokensResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ListAgentTokensResponse) GetTokens() []*AgentToken {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+// RevokeAgentTokenRequest names a token of a run.
+type RevokeAgentTokenRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	RunId   string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	TokenId string                 `protobuf:"bytes,2,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
+	// tenant is the run's tenant (see CreateAgentTokenRequest).
+	Tenant        string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeAgentTokenRequest) Reset() {
+	*x = RevokeAgentTokenRequest{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeAgentTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeAgentTokenRequest) ProtoMessage() {}
+
+func (x *RevokeAgentTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeAgentTokenRequest.ProtoReflect.Descriptor instead.
+func (*RevokeAgentTokenRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *RevokeAgentTokenRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *RevokeAgentTokenRequest) GetTokenId() string {
+	if x != nil {
+		return x.TokenId
+	}
+	return ""
+}
+
+func (x *RevokeAgentTokenRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// RevokeAgentTokenResponse is the token as it was.
+type RevokeAgentTokenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         *AgentToken            `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeAgentTokenResponse) Reset() {
+	*x = RevokeAgentTokenResponse{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeAgentTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeAgentTokenResponse) ProtoMessage() {}
+
+func (x *RevokeAgentTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeAgentTokenResponse.ProtoReflect.Descriptor instead.
+func (*RevokeAgentTokenResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *RevokeAgentTokenResponse) GetToken() *AgentToken {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
 var File_ringfence_pool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\n" +
-	"\x1cringfence/pool/v1/pool.proto\x12\x11ringfence.pool.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\x83\x04\n" +
+	"\x1cringfence/pool/v1/pool.proto\x12\x11ringfence.pool.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\x83\x04\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x19\n" +
@@ -2849,7 +3289,39 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\vdocument_id\x18\x01 \x01(\tR\n" +
 	"documentId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"\x18\n" +
-	"\x16DeleteDocumentResponse2\xa7\t\n" +
+	"\x16DeleteDocumentResponse\"\x85\x02\n" +
+	"\n" +
+	"AgentToken\x12\x19\n" +
+	"\btoken_id\x18\x01 \x01(\tR\atokenId\x12\x15\n" +
+	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05agent\x18\x04 \x01(\tR\x05agent\x12;\n" +
+	"\vcreate_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12;\n" +
+	"\vexpire_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"expireTime\x12\x1d\n" +
+	"\n" +
+	"created_by\x18\a \x01(\tR\tcreatedBy\"\x8b\x01\n" +
+	"\x17CreateAgentTokenRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x14\n" +
+	"\x05agent\x18\x02 \x01(\tR\x05agent\x12+\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x16\n" +
+	"\x06tenant\x18\x04 \x01(\tR\x06tenant\"y\n" +
+	"\x18CreateAgentTokenResponse\x123\n" +
+	"\x05token\x18\x01 \x01(\v2\x1d.ringfence.pool.v1.AgentTokenR\x05token\x12\x16\n" +
+	"\x06secret\x18\x02 \x01(\tR\x06secret\x12\x10\n" +
+	"\x03url\x18\x03 \x01(\tR\x03url\"G\n" +
+	"\x16ListAgentTokensRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"P\n" +
+	"\x17ListAgentTokensResponse\x125\n" +
+	"\x06tokens\x18\x01 \x03(\v2\x1d.ringfence.pool.v1.AgentTokenR\x06tokens\"c\n" +
+	"\x17RevokeAgentTokenRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x19\n" +
+	"\btoken_id\x18\x02 \x01(\tR\atokenId\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\"O\n" +
+	"\x18RevokeAgentTokenResponse\x123\n" +
+	"\x05token\x18\x01 \x01(\v2\x1d.ringfence.pool.v1.AgentTokenR\x05token2\xeb\v\n" +
 	"\vPoolService\x12S\n" +
 	"\bStartRun\x12\".ringfence.pool.v1.StartRunRequest\x1a#.ringfence.pool.v1.StartRunResponse\x12S\n" +
 	"\bCallTool\x12\".ringfence.pool.v1.CallToolRequest\x1a#.ringfence.pool.v1.CallToolResponse\x12S\n" +
@@ -2863,7 +3335,10 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\bDenyCall\x12\".ringfence.pool.v1.DenyCallRequest\x1a#.ringfence.pool.v1.DenyCallResponse\x12^\n" +
 	"\vPutDocument\x12%.ringfence.pool.v1.PutDocumentRequest\x1a&.ringfence.pool.v1.PutDocumentResponse(\x01\x12^\n" +
 	"\vGetDocument\x12%.ringfence.pool.v1.GetDocumentRequest\x1a&.ringfence.pool.v1.GetDocumentResponse0\x01\x12e\n" +
-	"\x0eDeleteDocument\x12(.ringfence.pool.v1.DeleteDocumentRequest\x1a).ringfence.pool.v1.DeleteDocumentResponseB\xc8\x01\n" +
+	"\x0eDeleteDocument\x12(.ringfence.pool.v1.DeleteDocumentRequest\x1a).ringfence.pool.v1.DeleteDocumentResponse\x12k\n" +
+	"\x10CreateAgentToken\x12*.ringfence.pool.v1.CreateAgentTokenRequest\x1a+.ringfence.pool.v1.CreateAgentTokenResponse\x12h\n" +
+	"\x0fListAgentTokens\x12).ringfence.pool.v1.ListAgentTokensRequest\x1a*.ringfence.pool.v1.ListAgentTokensResponse\x12k\n" +
+	"\x10RevokeAgentToken\x12*.ringfence.pool.v1.RevokeAgentTokenRequest\x1a+.ringfence.pool.v1.RevokeAgentTokenResponseB\xc8\x01\n" +
 	"\x15com.ringfence.pool.v1B\tPoolProtoP\x01Z>github.com/ringfence/ringfence/gen/go/ringfence/pool/v1;poolv1\xa2\x02\x03RPX\xaa\x02\x11Ringfence.Pool.V1\xca\x02\x11Ringfence\\Pool\\V1\xe2\x02\x1dRingfence\\Pool\\V1\\GPBMetadata\xea\x02\x13Ringfence::Pool::V1b\x06proto3"
 
 var (
@@ -2878,111 +3353,131 @@ func file_ringfence_pool_v1_pool_proto_rawDescGZIP() []byte {
 	return file_ringfence_pool_v1_pool_proto_rawDescData
 }
 
-var file_ringfence_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_ringfence_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_ringfence_pool_v1_pool_proto_goTypes = []any{
-	(*Run)(nil),                    // 0: ringfence.pool.v1.Run
-	(*Session)(nil),                // 1: ringfence.pool.v1.Session
-	(*StartRunRequest)(nil),        // 2: ringfence.pool.v1.StartRunRequest
-	(*StartRunResponse)(nil),       // 3: ringfence.pool.v1.StartRunResponse
-	(*CallToolRequest)(nil),        // 4: ringfence.pool.v1.CallToolRequest
-	(*CallToolResponse)(nil),       // 5: ringfence.pool.v1.CallToolResponse
-	(*CallRefusal)(nil),            // 6: ringfence.pool.v1.CallRefusal
-	(*CallFailure)(nil),            // 7: ringfence.pool.v1.CallFailure
-	(*PauseRunRequest)(nil),        // 8: ringfence.pool.v1.PauseRunRequest
-	(*PauseRunResponse)(nil),       // 9: ringfence.pool.v1.PauseRunResponse
-	(*ResumeRunRequest)(nil),       // 10: ringfence.pool.v1.ResumeRunRequest
-	(*ResumeRunResponse)(nil),      // 11: ringfence.pool.v1.ResumeRunResponse
-	(*EndRunRequest)(nil),          // 12: ringfence.pool.v1.EndRunRequest
-	(*EndRunResponse)(nil),         // 13: ringfence.pool.v1.EndRunResponse
-	(*GetRunRequest)(nil),          // 14: ringfence.pool.v1.GetRunRequest
-	(*GetRunResponse)(nil),         // 15: ringfence.pool.v1.GetRunResponse
-	(*ListAgentToolsRequest)(nil),  // 16: ringfence.pool.v1.ListAgentToolsRequest
-	(*AgentTool)(nil),              // 17: ringfence.pool.v1.AgentTool
-	(*DeferredServer)(nil),         // 18: ringfence.pool.v1.DeferredServer
-	(*HiddenTool)(nil),             // 19: ringfence.pool.v1.HiddenTool
-	(*ListAgentToolsResponse)(nil), // 20: ringfence.pool.v1.ListAgentToolsResponse
-	(*Approval)(nil),               // 21: ringfence.pool.v1.Approval
-	(*ListApprovalsRequest)(nil),   // 22: ringfence.pool.v1.ListApprovalsRequest
-	(*ListApprovalsResponse)(nil),  // 23: ringfence.pool.v1.ListApprovalsResponse
-	(*ApproveCallRequest)(nil),     // 24: ringfence.pool.v1.ApproveCallRequest
-	(*ApproveCallResponse)(nil),    // 25: ringfence.pool.v1.ApproveCallResponse
-	(*DenyCallRequest)(nil),        // 26: ringfence.pool.v1.DenyCallRequest
-	(*DenyCallResponse)(nil),       // 27: ringfence.pool.v1.DenyCallResponse
-	(*Document)(nil),               // 28: ringfence.pool.v1.Document
-	(*PutDocumentRequest)(nil),     // 29: ringfence.pool.v1.PutDocumentRequest
-	(*PutDocumentResponse)(nil),    // 30: ringfence.pool.v1.PutDocumentResponse
-	(*GetDocumentRequest)(nil),     // 31: ringfence.pool.v1.GetDocumentRequest
-	(*GetDocumentResponse)(nil),    // 32: ringfence.pool.v1.GetDocumentResponse
-	(*DeleteDocumentRequest)(nil),  // 33: ringfence.pool.v1.DeleteDocumentRequest
-	(*DeleteDocumentResponse)(nil), // 34: ringfence.pool.v1.DeleteDocumentResponse
-	(*timestamppb.Timestamp)(nil),  // 35: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),        // 36: google.protobuf.Struct
-	(*v1.ServerFailure)(nil),       // 37: ringfence.types.v1.ServerFailure
+	(*Run)(nil),                      // 0: ringfence.pool.v1.Run
+	(*Session)(nil),                  // 1: ringfence.pool.v1.Session
+	(*StartRunRequest)(nil),          // 2: ringfence.pool.v1.StartRunRequest
+	(*StartRunResponse)(nil),         // 3: ringfence.pool.v1.StartRunResponse
+	(*CallToolRequest)(nil),          // 4: ringfence.pool.v1.CallToolRequest
+	(*CallToolResponse)(nil),         // 5: ringfence.pool.v1.CallToolResponse
+	(*CallRefusal)(nil),              // 6: ringfence.pool.v1.CallRefusal
+	(*CallFailure)(nil),              // 7: ringfence.pool.v1.CallFailure
+	(*PauseRunRequest)(nil),          // 8: ringfence.pool.v1.PauseRunRequest
+	(*PauseRunResponse)(nil),         // 9: ringfence.pool.v1.PauseRunResponse
+	(*ResumeRunRequest)(nil),         // 10: ringfence.pool.v1.ResumeRunRequest
+	(*ResumeRunResponse)(nil),        // 11: ringfence.pool.v1.ResumeRunResponse
+	(*EndRunRequest)(nil),            // 12: ringfence.pool.v1.EndRunRequest
+	(*EndRunResponse)(nil),           // 13: ringfence.pool.v1.EndRunResponse
+	(*GetRunRequest)(nil),            // 14: ringfence.pool.v1.GetRunRequest
+	(*GetRunResponse)(nil),           // 15: ringfence.pool.v1.GetRunResponse
+	(*ListAgentToolsRequest)(nil),    // 16: ringfence.pool.v1.ListAgentToolsRequest
+	(*AgentTool)(nil),                // 17: ringfence.pool.v1.AgentTool
+	(*DeferredServer)(nil),           // 18: ringfence.pool.v1.DeferredServer
+	(*HiddenTool)(nil),               // 19: ringfence.pool.v1.HiddenTool
+	(*ListAgentToolsResponse)(nil),   // 20: ringfence.pool.v1.ListAgentToolsResponse
+	(*Approval)(nil),                 // 21: ringfence.pool.v1.Approval
+	(*ListApprovalsRequest)(nil),     // 22: ringfence.pool.v1.ListApprovalsRequest
+	(*ListApprovalsResponse)(nil),    // 23: ringfence.pool.v1.ListApprovalsResponse
+	(*ApproveCallRequest)(nil),       // 24: ringfence.pool.v1.ApproveCallRequest
+	(*ApproveCallResponse)(nil),      // 25: ringfence.pool.v1.ApproveCallResponse
+	(*DenyCallRequest)(nil),          // 26: ringfence.pool.v1.DenyCallRequest
+	(*DenyCallResponse)(nil),         // 27: ringfence.pool.v1.DenyCallResponse
+	(*Document)(nil),                 // 28: ringfence.pool.v1.Document
+	(*PutDocumentRequest)(nil),       // 29: ringfence.pool.v1.PutDocumentRequest
+	(*PutDocumentResponse)(nil),      // 30: ringfence.pool.v1.PutDocumentResponse
+	(*GetDocumentRequest)(nil),       // 31: ringfence.pool.v1.GetDocumentRequest
+	(*GetDocumentResponse)(nil),      // 32: ringfence.pool.v1.GetDocumentResponse
+	(*DeleteDocumentRequest)(nil),    // 33: ringfence.pool.v1.DeleteDocumentRequest
+	(*DeleteDocumentResponse)(nil),   // 34: ringfence.pool.v1.DeleteDocumentResponse
+	(*AgentToken)(nil),               // 35: ringfence.pool.v1.AgentToken
+	(*CreateAgentTokenRequest)(nil),  // 36: ringfence.pool.v1.CreateAgentTokenRequest
+	(*CreateAgentTokenResponse)(nil), // 37: ringfence.pool.v1.CreateAgentTokenResponse
+	(*ListAgentTokensRequest)(nil),   // 38: ringfence.pool.v1.ListAgentTokensRequest
+	(*ListAgentTokensResponse)(nil),  // 39: ringfence.pool.v1.ListAgentTokensResponse
+	(*RevokeAgentTokenRequest)(nil),  // 40: ringfence.pool.v1.RevokeAgentTokenRequest
+	(*RevokeAgentTokenResponse)(nil), // 41: ringfence.pool.v1.RevokeAgentTokenResponse
+	(*timestamppb.Timestamp)(nil),    // 42: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),          // 43: google.protobuf.Struct
+	(*v1.ServerFailure)(nil),         // 44: ringfence.types.v1.ServerFailure
+	(*durationpb.Duration)(nil),      // 45: google.protobuf.Duration
 }
 var file_ringfence_pool_v1_pool_proto_depIdxs = []int32{
 	1,  // 0: ringfence.pool.v1.Run.sessions:type_name -> ringfence.pool.v1.Session
-	35, // 1: ringfence.pool.v1.Run.start_time:type_name -> google.protobuf.Timestamp
-	35, // 2: ringfence.pool.v1.Run.last_activity_time:type_name -> google.protobuf.Timestamp
-	35, // 3: ringfence.pool.v1.Run.end_time:type_name -> google.protobuf.Timestamp
-	35, // 4: ringfence.pool.v1.Session.start_time:type_name -> google.protobuf.Timestamp
-	35, // 5: ringfence.pool.v1.Session.listed_time:type_name -> google.protobuf.Timestamp
+	42, // 1: ringfence.pool.v1.Run.start_time:type_name -> google.protobuf.Timestamp
+	42, // 2: ringfence.pool.v1.Run.last_activity_time:type_name -> google.protobuf.Timestamp
+	42, // 3: ringfence.pool.v1.Run.end_time:type_name -> google.protobuf.Timestamp
+	42, // 4: ringfence.pool.v1.Session.start_time:type_name -> google.protobuf.Timestamp
+	42, // 5: ringfence.pool.v1.Session.listed_time:type_name -> google.protobuf.Timestamp
 	0,  // 6: ringfence.pool.v1.StartRunResponse.run:type_name -> ringfence.pool.v1.Run
-	36, // 7: ringfence.pool.v1.CallToolRequest.arguments:type_name -> google.protobuf.Struct
-	36, // 8: ringfence.pool.v1.CallToolResponse.content:type_name -> google.protobuf.Struct
-	36, // 9: ringfence.pool.v1.CallToolResponse.structured_content:type_name -> google.protobuf.Struct
-	37, // 10: ringfence.pool.v1.CallRefusal.server_failure:type_name -> ringfence.types.v1.ServerFailure
+	43, // 7: ringfence.pool.v1.CallToolRequest.arguments:type_name -> google.protobuf.Struct
+	43, // 8: ringfence.pool.v1.CallToolResponse.content:type_name -> google.protobuf.Struct
+	43, // 9: ringfence.pool.v1.CallToolResponse.structured_content:type_name -> google.protobuf.Struct
+	44, // 10: ringfence.pool.v1.CallRefusal.server_failure:type_name -> ringfence.types.v1.ServerFailure
 	0,  // 11: ringfence.pool.v1.PauseRunResponse.run:type_name -> ringfence.pool.v1.Run
 	0,  // 12: ringfence.pool.v1.ResumeRunResponse.run:type_name -> ringfence.pool.v1.Run
 	0,  // 13: ringfence.pool.v1.EndRunResponse.run:type_name -> ringfence.pool.v1.Run
 	0,  // 14: ringfence.pool.v1.GetRunResponse.run:type_name -> ringfence.pool.v1.Run
-	36, // 15: ringfence.pool.v1.AgentTool.input_schema:type_name -> google.protobuf.Struct
-	36, // 16: ringfence.pool.v1.AgentTool.output_schema:type_name -> google.protobuf.Struct
-	36, // 17: ringfence.pool.v1.AgentTool.annotations:type_name -> google.protobuf.Struct
+	43, // 15: ringfence.pool.v1.AgentTool.input_schema:type_name -> google.protobuf.Struct
+	43, // 16: ringfence.pool.v1.AgentTool.output_schema:type_name -> google.protobuf.Struct
+	43, // 17: ringfence.pool.v1.AgentTool.annotations:type_name -> google.protobuf.Struct
 	17, // 18: ringfence.pool.v1.ListAgentToolsResponse.tools:type_name -> ringfence.pool.v1.AgentTool
 	18, // 19: ringfence.pool.v1.ListAgentToolsResponse.deferred_servers:type_name -> ringfence.pool.v1.DeferredServer
 	19, // 20: ringfence.pool.v1.ListAgentToolsResponse.hidden:type_name -> ringfence.pool.v1.HiddenTool
-	36, // 21: ringfence.pool.v1.Approval.arguments:type_name -> google.protobuf.Struct
-	35, // 22: ringfence.pool.v1.Approval.request_time:type_name -> google.protobuf.Timestamp
-	35, // 23: ringfence.pool.v1.Approval.expire_time:type_name -> google.protobuf.Timestamp
-	35, // 24: ringfence.pool.v1.Approval.decide_time:type_name -> google.protobuf.Timestamp
+	43, // 21: ringfence.pool.v1.Approval.arguments:type_name -> google.protobuf.Struct
+	42, // 22: ringfence.pool.v1.Approval.request_time:type_name -> google.protobuf.Timestamp
+	42, // 23: ringfence.pool.v1.Approval.expire_time:type_name -> google.protobuf.Timestamp
+	42, // 24: ringfence.pool.v1.Approval.decide_time:type_name -> google.protobuf.Timestamp
 	21, // 25: ringfence.pool.v1.ListApprovalsResponse.approvals:type_name -> ringfence.pool.v1.Approval
 	21, // 26: ringfence.pool.v1.ApproveCallResponse.approval:type_name -> ringfence.pool.v1.Approval
 	5,  // 27: ringfence.pool.v1.ApproveCallResponse.call:type_name -> ringfence.pool.v1.CallToolResponse
 	21, // 28: ringfence.pool.v1.DenyCallResponse.approval:type_name -> ringfence.pool.v1.Approval
-	35, // 29: ringfence.pool.v1.Document.create_time:type_name -> google.protobuf.Timestamp
+	42, // 29: ringfence.pool.v1.Document.create_time:type_name -> google.protobuf.Timestamp
 	28, // 30: ringfence.pool.v1.PutDocumentResponse.document:type_name -> ringfence.pool.v1.Document
 	28, // 31: ringfence.pool.v1.GetDocumentResponse.document:type_name -> ringfence.pool.v1.Document
-	2,  // 32: ringfence.pool.v1.PoolService.StartRun:input_type -> ringfence.pool.v1.StartRunRequest
-	4,  // 33: ringfence.pool.v1.PoolService.CallTool:input_type -> ringfence.pool.v1.CallToolRequest
-	8,  // 34: ringfence.pool.v1.PoolService.PauseRun:input_type -> ringfence.pool.v1.PauseRunRequest
-	10, // 35: ringfence.pool.v1.PoolService.ResumeRun:input_type -> ringfence.pool.v1.ResumeRunRequest
-	12, // 36: ringfence.pool.v1.PoolService.EndRun:input_type -> ringfence.pool.v1.EndRunRequest
-	14, // 37: ringfence.pool.v1.PoolService.GetRun:input_type -> ringfence.pool.v1.GetRunRequest
-	16, // 38: ringfence.pool.v1.PoolService.ListAgentTools:input_type -> ringfence.pool.v1.ListAgentToolsRequest
-	22, // 39: ringfence.pool.v1.PoolService.ListApprovals:input_type -> ringfence.pool.v1.ListApprovalsRequest
-	24, // 40: ringfence.pool.v1.PoolService.ApproveCall:input_type -> ringfence.pool.v1.ApproveCallRequest
-	26, // 41: ringfence.pool.v1.PoolService.DenyCall:input_type -> ringfence.pool.v1.DenyCallRequest
-	29, // 42: ringfence.pool.v1.PoolService.PutDocument:input_type -> ringfence.pool.v1.PutDocumentRequest
-	31, // 43: ringfence.pool.v1.PoolService.GetDocument:input_type -> ringfence.pool.v1.GetDocumentRequest
-	33, // 44: ringfence.pool.v1.PoolService.DeleteDocument:input_type -> ringfence.pool.v1.DeleteDocumentRequest
-	3,  // 45: ringfence.pool.v1.PoolService.StartRun:output_type -> ringfence.pool.v1.StartRunResponse
-	5,  // 46: ringfence.pool.v1.PoolService.CallTool:output_type -> ringfence.pool.v1.CallToolResponse
-	9,  // 47: ringfence.pool.v1.PoolService.PauseRun:output_type -> ringfence.pool.v1.PauseRunResponse
-	11, // 48: ringfence.pool.v1.PoolService.ResumeRun:output_type -> ringfence.pool.v1.ResumeRunResponse
-	13, // 49: ringfence.pool.v1.PoolService.EndRun:output_type -> ringfence.pool.v1.EndRunResponse
-	15, // 50: ringfence.pool.v1.PoolService.GetRun:output_type -> ringfence.pool.v1.GetRunResponse
-	20, // 51: ringfence.pool.v1.PoolService.ListAgentTools:output_type -> ringfence.pool.v1.ListAgentToolsResponse
-	23, // 52: ringfence.pool.v1.PoolService.ListApprovals:output_type -> ringfence.pool.v1.ListApprovalsResponse
-	25, // 53: ringfence.pool.v1.PoolService.ApproveCall:output_type -> ringfence.pool.v1.ApproveCallResponse
-	27, // 54: ringfence.pool.v1.PoolService.DenyCall:output_type -> ringfence.pool.v1.DenyCallResponse
-	30, // 55: ringfence.pool.v1.PoolService.PutDocument:output_type -> ringfence.pool.v1.PutDocumentResponse
-	32, // 56: ringfence.pool.v1.PoolService.GetDocument:output_type -> ringfence.pool.v1.GetDocumentResponse
-	34, // 57: ringfence.pool.v1.PoolService.DeleteDocument:output_type -> ringfence.pool.v1.DeleteDocumentResponse
-	45, // [45:58] is the sub-list for method output_type
-	32, // [32:45] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	42, // 32: ringfence.pool.v1.AgentToken.create_time:type_name -> google.protobuf.Timestamp
+	42, // 33: ringfence.pool.v1.AgentToken.expire_time:type_name -> google.protobuf.Timestamp
+	45, // 34: ringfence.pool.v1.CreateAgentTokenRequest.ttl:type_name -> google.protobuf.Duration
+	35, // 35: ringfence.pool.v1.CreateAgentTokenResponse.token:type_name -> ringfence.pool.v1.AgentToken
+	35, // 36: ringfence.pool.v1.ListAgentTokensResponse.tokens:type_name -> ringfence.pool.v1.AgentToken
+	35, // 37: ringfence.pool.v1.RevokeAgentTokenResponse.token:type_name -> ringfence.pool.v1.AgentToken
+	2,  // 38: ringfence.pool.v1.PoolService.StartRun:input_type -> ringfence.pool.v1.StartRunRequest
+	4,  // 39: ringfence.pool.v1.PoolService.CallTool:input_type -> ringfence.pool.v1.CallToolRequest
+	8,  // 40: ringfence.pool.v1.PoolService.PauseRun:input_type -> ringfence.pool.v1.PauseRunRequest
+	10, // 41: ringfence.pool.v1.PoolService.ResumeRun:input_type -> ringfence.pool.v1.ResumeRunRequest
+	12, // 42: ringfence.pool.v1.PoolService.EndRun:input_type -> ringfence.pool.v1.EndRunRequest
+	14, // 43: ringfence.pool.v1.PoolService.GetRun:input_type -> ringfence.pool.v1.GetRunRequest
+	16, // 44: ringfence.pool.v1.PoolService.ListAgentTools:input_type -> ringfence.pool.v1.ListAgentToolsRequest
+	22, // 45: ringfence.pool.v1.PoolService.ListApprovals:input_type -> ringfence.pool.v1.ListApprovalsRequest
+	24, // 46: ringfence.pool.v1.PoolService.ApproveCall:input_type -> ringfence.pool.v1.ApproveCallRequest
+	26, // 47: ringfence.pool.v1.PoolService.DenyCall:input_type -> ringfence.pool.v1.DenyCallRequest
+	29, // 48: ringfence.pool.v1.PoolService.PutDocument:input_type -> ringfence.pool.v1.PutDocumentRequest
+	31, // 49: ringfence.pool.v1.PoolService.GetDocument:input_type -> ringfence.pool.v1.GetDocumentRequest
+	33, // 50: ringfence.pool.v1.PoolService.DeleteDocument:input_type -> ringfence.pool.v1.DeleteDocumentRequest
+	36, // 51: ringfence.pool.v1.PoolService.CreateAgentToken:input_type -> ringfence.pool.v1.CreateAgentTokenRequest
+	38, // 52: ringfence.pool.v1.PoolService.ListAgentTokens:input_type -> ringfence.pool.v1.ListAgentTokensRequest
+	40, // 53: ringfence.pool.v1.PoolService.RevokeAgentToken:input_type -> ringfence.pool.v1.RevokeAgentTokenRequest
+	3,  // 54: ringfence.pool.v1.PoolService.StartRun:output_type -> ringfence.pool.v1.StartRunResponse
+	5,  // 55: ringfence.pool.v1.PoolService.CallTool:output_type -> ringfence.pool.v1.CallToolResponse
+	9,  // 56: ringfence.pool.v1.PoolService.PauseRun:output_type -> ringfence.pool.v1.PauseRunResponse
+	11, // 57: ringfence.pool.v1.PoolService.ResumeRun:output_type -> ringfence.pool.v1.ResumeRunResponse
+	13, // 58: ringfence.pool.v1.PoolService.EndRun:output_type -> ringfence.pool.v1.EndRunResponse
+	15, // 59: ringfence.pool.v1.PoolService.GetRun:output_type -> ringfence.pool.v1.GetRunResponse
+	20, // 60: ringfence.pool.v1.PoolService.ListAgentTools:output_type -> ringfence.pool.v1.ListAgentToolsResponse
+	23, // 61: ringfence.pool.v1.PoolService.ListApprovals:output_type -> ringfence.pool.v1.ListApprovalsResponse
+	25, // 62: ringfence.pool.v1.PoolService.ApproveCall:output_type -> ringfence.pool.v1.ApproveCallResponse
+	27, // 63: ringfence.pool.v1.PoolService.DenyCall:output_type -> ringfence.pool.v1.DenyCallResponse
+	30, // 64: ringfence.pool.v1.PoolService.PutDocument:output_type -> ringfence.pool.v1.PutDocumentResponse
+	32, // 65: ringfence.pool.v1.PoolService.GetDocument:output_type -> ringfence.pool.v1.GetDocumentResponse
+	34, // 66: ringfence.pool.v1.PoolService.DeleteDocument:output_type -> ringfence.pool.v1.DeleteDocumentResponse
+	37, // 67: ringfence.pool.v1.PoolService.CreateAgentToken:output_type -> ringfence.pool.v1.CreateAgentTokenResponse
+	39, // 68: ringfence.pool.v1.PoolService.ListAgentTokens:output_type -> ringfence.pool.v1.ListAgentTokensResponse
+	41, // 69: ringfence.pool.v1.PoolService.RevokeAgentToken:output_type -> ringfence.pool.v1.RevokeAgentTokenResponse
+	54, // [54:70] is the sub-list for method output_type
+	38, // [38:54] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_pool_v1_pool_proto_init() }
@@ -2996,7 +3491,7 @@ func file_ringfence_pool_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_pool_v1_pool_proto_rawDesc), len(file_ringfence_pool_v1_pool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   35,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

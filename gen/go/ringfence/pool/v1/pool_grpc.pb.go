@@ -19,19 +19,22 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PoolService_StartRun_FullMethodName       = "/ringfence.pool.v1.PoolService/StartRun"
-	PoolService_CallTool_FullMethodName       = "/ringfence.pool.v1.PoolService/CallTool"
-	PoolService_PauseRun_FullMethodName       = "/ringfence.pool.v1.PoolService/PauseRun"
-	PoolService_ResumeRun_FullMethodName      = "/ringfence.pool.v1.PoolService/ResumeRun"
-	PoolService_EndRun_FullMethodName         = "/ringfence.pool.v1.PoolService/EndRun"
-	PoolService_GetRun_FullMethodName         = "/ringfence.pool.v1.PoolService/GetRun"
-	PoolService_ListAgentTools_FullMethodName = "/ringfence.pool.v1.PoolService/ListAgentTools"
-	PoolService_ListApprovals_FullMethodName  = "/ringfence.pool.v1.PoolService/ListApprovals"
-	PoolService_ApproveCall_FullMethodName    = "/ringfence.pool.v1.PoolService/ApproveCall"
-	PoolService_DenyCall_FullMethodName       = "/ringfence.pool.v1.PoolService/DenyCall"
-	PoolService_PutDocument_FullMethodName    = "/ringfence.pool.v1.PoolService/PutDocument"
-	PoolService_GetDocument_FullMethodName    = "/ringfence.pool.v1.PoolService/GetDocument"
-	PoolService_DeleteDocument_FullMethodName = "/ringfence.pool.v1.PoolService/DeleteDocument"
+	PoolService_StartRun_FullMethodName         = "/ringfence.pool.v1.PoolService/StartRun"
+	PoolService_CallTool_FullMethodName         = "/ringfence.pool.v1.PoolService/CallTool"
+	PoolService_PauseRun_FullMethodName         = "/ringfence.pool.v1.PoolService/PauseRun"
+	PoolService_ResumeRun_FullMethodName        = "/ringfence.pool.v1.PoolService/ResumeRun"
+	PoolService_EndRun_FullMethodName           = "/ringfence.pool.v1.PoolService/EndRun"
+	PoolService_GetRun_FullMethodName           = "/ringfence.pool.v1.PoolService/GetRun"
+	PoolService_ListAgentTools_FullMethodName   = "/ringfence.pool.v1.PoolService/ListAgentTools"
+	PoolService_ListApprovals_FullMethodName    = "/ringfence.pool.v1.PoolService/ListApprovals"
+	PoolService_ApproveCall_FullMethodName      = "/ringfence.pool.v1.PoolService/ApproveCall"
+	PoolService_DenyCall_FullMethodName         = "/ringfence.pool.v1.PoolService/DenyCall"
+	PoolService_PutDocument_FullMethodName      = "/ringfence.pool.v1.PoolService/PutDocument"
+	PoolService_GetDocument_FullMethodName      = "/ringfence.pool.v1.PoolService/GetDocument"
+	PoolService_DeleteDocument_FullMethodName   = "/ringfence.pool.v1.PoolService/DeleteDocument"
+	PoolService_CreateAgentToken_FullMethodName = "/ringfence.pool.v1.PoolService/CreateAgentToken"
+	PoolService_ListAgentTokens_FullMethodName  = "/ringfence.pool.v1.PoolService/ListAgentTokens"
+	PoolService_RevokeAgentToken_FullMethodName = "/ringfence.pool.v1.PoolService/RevokeAgentToken"
 )
 
 // PoolServiceClient is the client API for PoolService service.
@@ -121,6 +124,24 @@ type PoolServiceClient interface {
 	// Caller: run:execute (REST DELETE /v1/documents/{document_id}). Codes: NOT_FOUND,
 	// FAILED_PRECONDITION (the built-in store is off).
 	DeleteDocument(ctx context.Context, in *DeleteDocumentRequest, opts ...grpc.CallOption) (*DeleteDocumentResponse, error)
+	// CreateAgentToken mints a bearer token for the MCP front door (/mcp on the HTTP listener):
+	// an MCP client that presents it lists and calls exactly the tools one agent of one run
+	// offers (ListAgentTools, CallTool), through every gate, in the run's tenant. The secret is
+	// in this answer only: the pool keeps its SHA-256. It expires after ttl (default
+	// frontdoor.token_ttl, at most frontdoor.token_max_ttl), dies with its run, and is revoked
+	// by RevokeAgentToken. Its creation is an admin event in the audit log, naming it by its id.
+	// Caller: run:execute (REST POST /v1/runs/{run_id}/tokens). Codes: NOT_FOUND (run or agent),
+	// FAILED_PRECONDITION (the run has ended; the front door is off), INVALID_ARGUMENT (ttl out
+	// of range), RESOURCE_EXHAUSTED (the run holds 64 tokens).
+	CreateAgentToken(ctx context.Context, in *CreateAgentTokenRequest, opts ...grpc.CallOption) (*CreateAgentTokenResponse, error)
+	// ListAgentTokens lists a run's agent tokens (never their secrets).
+	// Caller: run:execute (REST GET /v1/runs/{run_id}/tokens). Codes: NOT_FOUND (run).
+	ListAgentTokens(ctx context.Context, in *ListAgentTokensRequest, opts ...grpc.CallOption) (*ListAgentTokensResponse, error)
+	// RevokeAgentToken revokes one agent token: every request that presents it is refused from
+	// then on (401), in sessions opened with it too. An admin event records it.
+	// Caller: run:execute (REST DELETE /v1/runs/{run_id}/tokens/{token_id}). Codes: NOT_FOUND
+	// (run or token).
+	RevokeAgentToken(ctx context.Context, in *RevokeAgentTokenRequest, opts ...grpc.CallOption) (*RevokeAgentTokenResponse, error)
 }
 
 type poolServiceClient struct {
@@ -273,6 +294,36 @@ func (c *poolServiceClient) DeleteDocument(ctx context.Context, in *DeleteDocume
 	return out, nil
 }
 
+func (c *poolServiceClient) CreateAgentToken(ctx context.Context, in *CreateAgentTokenRequest, opts ...grpc.CallOption) (*CreateAgentTokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateAgentTokenResponse)
+	err := c.cc.Invoke(ctx, PoolService_CreateAgentToken_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *poolServiceClient) ListAgentTokens(ctx context.Context, in *ListAgentTokensRequest, opts ...grpc.CallOption) (*ListAgentTokensResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListAgentTokensResponse)
+	err := c.cc.Invoke(ctx, PoolService_ListAgentTokens_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *poolServiceClient) RevokeAgentToken(ctx context.Context, in *RevokeAgentTokenRequest, opts ...grpc.CallOption) (*RevokeAgentTokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RevokeAgentTokenResponse)
+	err := c.cc.Invoke(ctx, PoolService_RevokeAgentToken_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServiceServer is the server API for PoolService service.
 // All implementations must embed UnimplementedPoolServiceServer
 // for forward compatibility.
@@ -360,6 +411,24 @@ type PoolServiceServer interface {
 	// Caller: run:execute (REST DELETE /v1/documents/{document_id}). Codes: NOT_FOUND,
 	// FAILED_PRECONDITION (the built-in store is off).
 	DeleteDocument(context.Context, *DeleteDocumentRequest) (*DeleteDocumentResponse, error)
+	// CreateAgentToken mints a bearer token for the MCP front door (/mcp on the HTTP listener):
+	// an MCP client that presents it lists and calls exactly the tools one agent of one run
+	// offers (ListAgentTools, CallTool), through every gate, in the run's tenant. The secret is
+	// in this answer only: the pool keeps its SHA-256. It expires after ttl (default
+	// frontdoor.token_ttl, at most frontdoor.token_max_ttl), dies with its run, and is revoked
+	// by RevokeAgentToken. Its creation is an admin event in the audit log, naming it by its id.
+	// Caller: run:execute (REST POST /v1/runs/{run_id}/tokens). Codes: NOT_FOUND (run or agent),
+	// FAILED_PRECONDITION (the run has ended; the front door is off), INVALID_ARGUMENT (ttl out
+	// of range), RESOURCE_EXHAUSTED (the run holds 64 tokens).
+	CreateAgentToken(context.Context, *CreateAgentTokenRequest) (*CreateAgentTokenResponse, error)
+	// ListAgentTokens lists a run's agent tokens (never their secrets).
+	// Caller: run:execute (REST GET /v1/runs/{run_id}/tokens). Codes: NOT_FOUND (run).
+	ListAgentTokens(context.Context, *ListAgentTokensRequest) (*ListAgentTokensResponse, error)
+	// RevokeAgentToken revokes one agent token: every request that presents it is refused from
+	// then on (401), in sessions opened with it too. An admin event records it.
+	// Caller: run:execute (REST DELETE /v1/runs/{run_id}/tokens/{token_id}). Codes: NOT_FOUND
+	// (run or token).
+	RevokeAgentToken(context.Context, *RevokeAgentTokenRequest) (*RevokeAgentTokenResponse, error)
 	mustEmbedUnimplementedPoolServiceServer()
 }
 
@@ -408,6 +477,15 @@ func (UnimplementedPoolServiceServer) GetDocument(*GetDocumentRequest, grpc.Serv
 }
 func (UnimplementedPoolServiceServer) DeleteDocument(context.Context, *DeleteDocumentRequest) (*DeleteDocumentResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteDocument not implemented")
+}
+func (UnimplementedPoolServiceServer) CreateAgentToken(context.Context, *CreateAgentTokenRequest) (*CreateAgentTokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateAgentToken not implemented")
+}
+func (UnimplementedPoolServiceServer) ListAgentTokens(context.Context, *ListAgentTokensRequest) (*ListAgentTokensResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListAgentTokens not implemented")
+}
+func (UnimplementedPoolServiceServer) RevokeAgentToken(context.Context, *RevokeAgentTokenRequest) (*RevokeAgentTokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RevokeAgentToken not implemented")
 }
 func (UnimplementedPoolServiceServer) mustEmbedUnimplementedPoolServiceServer() {}
 func (UnimplementedPoolServiceServer) testEmbeddedByValue()                     {}
@@ -646,6 +724,60 @@ func _PoolService_DeleteDocument_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PoolService_CreateAgentToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateAgentTokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServiceServer).CreateAgentToken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolService_CreateAgentToken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServiceServer).CreateAgentToken(ctx, req.(*CreateAgentTokenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PoolService_ListAgentTokens_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListAgentTokensRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServiceServer).ListAgentTokens(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolService_ListAgentTokens_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServiceServer).ListAgentTokens(ctx, req.(*ListAgentTokensRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PoolService_RevokeAgentToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RevokeAgentTokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServiceServer).RevokeAgentToken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolService_RevokeAgentToken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServiceServer).RevokeAgentToken(ctx, req.(*RevokeAgentTokenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PoolService_ServiceDesc is the grpc.ServiceDesc for PoolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -696,6 +828,18 @@ var PoolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteDocument",
 			Handler:    _PoolService_DeleteDocument_Handler,
+		},
+		{
+			MethodName: "CreateAgentToken",
+			Handler:    _PoolService_CreateAgentToken_Handler,
+		},
+		{
+			MethodName: "ListAgentTokens",
+			Handler:    _PoolService_ListAgentTokens_Handler,
+		},
+		{
+			MethodName: "RevokeAgentToken",
+			Handler:    _PoolService_RevokeAgentToken_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
