@@ -52,8 +52,11 @@ func newAgentServer(f *FrontDoor, k agentKey) *agentServer {
 		&mcp.ServerOptions{
 			Instructions: fmt.Sprintf("The tools of agent %s in run %s, governed by Ringfence: every call passes its gates and is recorded in the audit log.", k.agent, k.run),
 			// Ringfence governs tools: prompts and resources are declared, and listed empty,
-			// so a client asking for them learns there are none.
-			Capabilities: &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}, Tools: &mcp.ToolCapabilities{ListChanged: true},
+			// so a client asking for them learns there are none. Logging is declared (deprecated
+			// in 2026-07-28, still served) so that clients of earlier versions which send
+			// logging/setLevel get an answer rather than an error.
+			Capabilities: &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}, Tools: &mcp.ToolCapabilities{ListChanged: true}, //nolint:staticcheck // SA1019: see above
+
 				Prompts: &mcp.PromptCapabilities{}, Resources: &mcp.ResourceCapabilities{}},
 			SetCacheable: a.cacheable,
 			Logger:       f.sdkLog,
