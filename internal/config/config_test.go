@@ -78,6 +78,14 @@ func TestNestedEnvKeys(t *testing.T) {
 	require.True(t, cfg.Dev.AllowInlineMCPServers)
 }
 
+func TestPprofOnLoopback(t *testing.T) {
+	for _, addr := range []string{"127.0.0.1:6060", "[::1]:6060", "localhost:0"} {
+		cfg, err := load(t, nil, []string{"RINGFENCE_DEBUG__PPROF_ADDR=" + addr})
+		require.NoError(t, err, addr)
+		require.Equal(t, addr, cfg.Debug.PprofAddr)
+	}
+}
+
 func TestRefusals(t *testing.T) {
 	dir := t.TempDir()
 	unknownFile := filepath.Join(dir, "unknown.yaml")
@@ -104,6 +112,7 @@ func TestRefusals(t *testing.T) {
 		{"partial tls", nil, []string{"RINGFENCE_TLS__CERT_FILE=a.pem"}, []string{"set together"}},
 		{"bad env", nil, []string{"RINGFENCE_ENV=staging"}, []string{"RINGFENCE_ENV", "development or production"}},
 		{"no connections per address", nil, []string{"RINGFENCE_LIMITS__MAX_CONNECTIONS_PER_ADDRESS=0"}, []string{"RINGFENCE_LIMITS__MAX_CONNECTIONS_PER_ADDRESS", "at least 1", "proxy or NAT"}},
+		{"profiles only on loopback", nil, []string{"RINGFENCE_DEBUG__PPROF_ADDR=0.0.0.0:6060"}, []string{"RINGFENCE_DEBUG__PPROF_ADDR", "not a loopback address", "no key"}},
 		{"secret values are not echoed", nil, []string{"RINGFENCE_BOOTSTRAP_ADMIN_KEY=short"}, []string{"RINGFENCE_BOOTSTRAP_ADMIN_KEY", "shorter than 16"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
