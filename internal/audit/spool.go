@@ -129,6 +129,10 @@ type Spool struct {
 	dropped atomic.Uint64
 	running atomic.Bool
 	wake    chan struct{}
+	// idle is set while the forwarder has found the outbox empty and waits for a record: only
+	// then, or once a full batch is pending, does an enqueue wake it. Under a steady stream the
+	// forwarder lingers undisturbed instead of being woken by every commit.
+	idle atomic.Bool
 
 	mu        sync.Mutex
 	progress  chan struct{} // closed and replaced whenever records leave the outbox
@@ -435,8 +439,9 @@ func (s *Spool) commitGroup(me *enqueueReq) {
 }
 
 func (s *Spool) noteEnqueued() {
-	s.pending.Add(1)
-	s.wakeForwarder()
+	if n := s.pending.Add(1); s.idle.Load() || n >= int64(s.batchSize) {
+		s.wakeForwarder()
+	}
 }
 
 func (s *Spool) wakeForwarder() {
@@ -595,7 +600,13 @@ func (s *Spool) readLoop(ctx context.Context, out chan<- spoolBatch) error {
 		if gather && !s.gather(ctx) {
 			return nil
 		}
+		// Idle from before the read: a record committed after the read found nothing wakes the
+		// wait below (the wake channel keeps it), and one committed before it is in the batch.
+		s.idle.Store(true)
 		b, err := s.readBatch(after)
+		if b.last != nil || err != nil {
+			s.idle.Store(false)
+		}
 		if err != nil {
 			if errors.Is(err, errOutboxClosed) {
 				return err
@@ -613,6 +624,7 @@ func (s *Spool) readLoop(ctx context.Context, out chan<- spoolBatch) error {
 			case <-ctx.Done():
 				return nil
 			case <-s.wake:
+				s.idle.Store(false)
 				gather = true
 				continue
 			}
@@ -627,8 +639,8 @@ func (s *Spool) readLoop(ctx context.Context, out chan<- spoolBatch) error {
 	}
 }
 
-// gather waits up to Linger for a full batch of records to be pending. It reports false when
-// ctx ended.
+// gather waits up to Linger for a full batch of records to be pending: enqueues wake it only
+// when one is (noteEnqueued). It reports false when ctx ended.
 func (s *Spool) gather(ctx context.Context) bool {
 	if s.linger <= 0 || s.Pending() >= s.batchSize {
 		return true

@@ -665,6 +665,29 @@ func testSpoolLingersForFullerBatches(t *testing.T, kind string) {
 	})
 }
 
+// TestSpoolWakesTheForwarderOnlyWhenItWaits: a commit wakes the forwarder when it found the
+// outbox empty, or once a full batch is pending; while it lingers over a partial batch, the
+// commits of a steady stream of calls leave it be.
+func TestSpoolWakesTheForwarderOnlyWhenItWaits(t *testing.T) {
+	env := newSpoolEnvOf(t, "files", func(c *SpoolConfig) { c.BatchSize = 3 })
+	woken := func() bool {
+		select {
+		case <-env.spool.wake:
+			return true
+		default:
+			return false
+		}
+	}
+	require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(0, "p")))
+	require.False(t, woken(), "a forwarder that lingers over a partial batch is not woken")
+	env.spool.idle.Store(true)
+	require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(1, "p")))
+	require.True(t, woken(), "a forwarder waiting for records is woken")
+	env.spool.idle.Store(false)
+	require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(2, "p")))
+	require.True(t, woken(), "a full batch wakes the forwarder")
+}
+
 // TestSpoolRequeuesQuarantinedRecords: once the audit log takes what it refused, the
 // quarantined records go back through the outbox with their IDs, the file is set aside, and a
 // line that is not a record stays quarantined.
