@@ -205,6 +205,29 @@ func parseStatus(data []byte) map[string]int64 {
 	return out
 }
 
+// allocs reads from ringfenced's /metrics how many heap allocations it made and how many
+// bytes they took, since it started: steadier measures of the work per call than CPU time on a
+// shared machine.
+func (p *poolProcess) allocs(b *testing.B) (count, bytes float64) {
+	b.Helper()
+	resp, err := http.Get(p.d.HTTPBase + "/metrics")
+	require.NoError(b, err)
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, value, _ := strings.Cut(sc.Text(), " ")
+		switch name {
+		case "go_memstats_mallocs_total":
+			count, err = strconv.ParseFloat(value, 64)
+		case "go_memstats_alloc_bytes_total":
+			bytes, err = strconv.ParseFloat(value, 64)
+		}
+		require.NoError(b, err)
+	}
+	require.NoError(b, sc.Err())
+	return count, bytes
+}
+
 // liveHeap collects ringfenced's garbage and returns its heap after that: the live heap (and
 // what the runtime holds from the system besides).
 func (p *poolProcess) liveHeap(b *testing.B) (heap, sys int64) {
@@ -326,6 +349,7 @@ func BenchmarkPoolProcessCPU(b *testing.B) {
 
 	var poolTime, rawTime, clientCPU, rawCPU time.Duration
 	var poolUse usage
+	var poolAllocs, poolBytes float64
 	profile := os.Getenv("RINGFENCE_BENCH_CPUPROFILE")
 	b.ResetTimer()
 	for i, n := range []int{b.N / 2, b.N - b.N/2} {
@@ -337,10 +361,13 @@ func BenchmarkPoolProcessCPU(b *testing.B) {
 		if i == 0 && os.Getenv("RINGFENCE_BENCH_PERF") == "1" {
 			wait = append(wait, perfStat(b, p.pid))
 		}
+		mallocs, allocated := p.allocs(b)
 		before, self := readUsage(b, p.pid), selfCPU(b)
 		p.callAll(b, ids, n)
 		after := readUsage(b, p.pid)
 		clientCPU += selfCPU(b) - self
+		m, a := p.allocs(b)
+		poolAllocs, poolBytes = poolAllocs+m-mallocs, poolBytes+a-allocated
 		poolTime += after.taken.Sub(before.taken)
 		poolUse.cpu += after.cpu - before.cpu
 		poolUse.ctxsw += after.ctxsw - before.ctxsw
@@ -361,6 +388,8 @@ func BenchmarkPoolProcessCPU(b *testing.B) {
 	b.ReportMetric(calls/ceiling, "of-raw")
 	b.ReportMetric(float64(poolUse.cpu.Microseconds())/float64(b.N), "pool-cpu-µs/call")
 	b.ReportMetric(float64(poolUse.ctxsw)/float64(b.N), "pool-ctxsw/call")
+	b.ReportMetric(poolAllocs/float64(b.N), "pool-allocs/call")
+	b.ReportMetric(poolBytes/float64(b.N), "pool-B/call")
 	p.endRuns(b, ids)
 }
 
