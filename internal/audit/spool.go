@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -135,7 +136,7 @@ type Spool struct {
 	idle atomic.Bool
 
 	mu        sync.Mutex
-	progress  chan struct{} // closed and replaced whenever records leave the outbox
+	progress  chan struct{} // closed and replaced whenever records leave the outbox, or a commit ends
 	lastAlarm time.Time
 
 	// quarantineMu orders writes to the quarantine file with RequeueQuarantined.
@@ -146,10 +147,16 @@ type Spool struct {
 	quarantined, quarantineLogged int
 	lastQuarantineLog             time.Time
 
-	// The group commit of Enqueue: waiting calls, and whether one is committing.
+	// The group commit of Enqueue and EnqueueAsync: waiting records, and whether one caller
+	// is committing. settled is signalled whenever no commit is running any more.
 	qmu     sync.Mutex
 	queue   []*enqueueReq
 	leading bool
+	settled *sync.Cond
+	// asyncTimer commits the records EnqueueAsync queued when no Enqueue came to take them
+	// along within asyncCommitDelay; armed while such records wait and no commit runs.
+	asyncTimer *time.Timer
+	asyncArmed bool
 }
 
 // NewSpool opens (creating if needed) the outbox: the bucket in cfg.DB, or the files in
@@ -178,6 +185,7 @@ func NewSpool(cfg SpoolConfig) (*Spool, error) {
 		wake:           make(chan struct{}, 1),
 		progress:       make(chan struct{}),
 	}
+	s.settled = sync.NewCond(&s.qmu)
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -275,9 +283,32 @@ func (s *Spool) Adopt(db *bolt.DB, bucket string) (int, error) {
 	return len(bodies), nil
 }
 
-// Close releases the outbox's files (a bbolt outbox belongs to its producer, who closes
-// the database). Stop the forwarder first.
-func (s *Spool) Close() error { return s.out.close() }
+// Close commits the records EnqueueAsync left waiting and releases the outbox's files (a
+// bbolt outbox belongs to its producer, who closes the database). Stop the forwarder first.
+func (s *Spool) Close() error {
+	s.commitWaiting()
+	return s.out.close()
+}
+
+// commitWaiting returns once every queued record is committed (or its commit failed).
+func (s *Spool) commitWaiting() {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	for s.leading || len(s.queue) > 0 {
+		if s.leading {
+			s.settled.Wait()
+			continue
+		}
+		s.leading = true
+		s.qmu.Unlock()
+		s.commitGroup(nil)
+		s.qmu.Lock()
+	}
+	if s.asyncTimer != nil {
+		s.asyncTimer.Stop()
+		s.asyncArmed = false
+	}
+}
 
 func orDefault[T int | int64 | time.Duration](v, d T) T {
 	if v <= 0 {
@@ -344,19 +375,26 @@ func (s *Spool) errFull(n int) error {
 	return fmt.Errorf("%w: %d records wait for the audit service (limit %d)", ErrSpoolFull, n, s.maxPending)
 }
 
-// enqueueReq is one Enqueue waiting for a group commit.
+// enqueueReq is one record waiting for a group commit.
 type enqueueReq struct {
 	body []byte
 	rec  *Record // what body encodes
 	err  error
 	// ready is closed once: when the record's transaction ended, or when this caller is
-	// promoted to commit the next group (lead is then true).
-	ready chan struct{}
-	lead  bool
+	// promoted to commit the next group (lead is then true). It is nil for EnqueueAsync, whose
+	// caller does not wait: failed gets a commit's error instead.
+	ready  chan struct{}
+	lead   bool
+	failed func(error)
 }
 
 // maxEnqueueGroup bounds the records one group commit writes.
 const maxEnqueueGroup = 1000
+
+// asyncCommitDelay bounds how long a record of EnqueueAsync waits for an Enqueue to take it
+// into its commit before the spool commits it alone. Under a steady stream of calls the next
+// pending record comes far sooner.
+const asyncCommitDelay = 5 * time.Millisecond
 
 // Enqueue adds rec to the outbox in a transaction of its own and returns once it is
 // durable in the producer's file. Concurrent callers share transactions: whoever finds
@@ -396,15 +434,93 @@ func (s *Spool) Enqueue(ctx context.Context, rec Record) error {
 	return req.err
 }
 
-// commitGroup commits the waiting records (me among them: a leader is always at the
-// front of the queue), answers them, and promotes the next waiter if any arrived.
-func (s *Spool) commitGroup(me *enqueueReq) {
+// EnqueueAsync adds rec to the outbox without waiting for it: it joins the next group commit,
+// an Enqueue's or, when none comes within asyncCommitDelay, one the spool makes. It is for a
+// record whose loss in a crash leaves the trail less complete but not wrong: the outcome of a
+// call whose pending record is already durable. It returns an error wrapping ErrInvalidRecord,
+// or ErrSpoolFull under FailClosed, before queueing; a failed commit is given to failed.
+// Flush and Close commit what waits.
+func (s *Spool) EnqueueAsync(rec Record, failed func(error)) error {
+	body, err := encodeRecord(&rec)
+	if err != nil {
+		return err
+	}
+	if s.onFull == FailClosed {
+		if n := s.Pending(); n >= s.maxPending {
+			return s.errFull(n)
+		}
+	}
 	s.qmu.Lock()
-	n := min(len(s.queue), maxEnqueueGroup)
-	group := s.queue[:n:n]
-	s.queue = append([]*enqueueReq(nil), s.queue[n:]...)
+	s.queue = append(s.queue, &enqueueReq{body: body, rec: &rec, failed: failed})
+	s.armAsync()
 	s.qmu.Unlock()
+	return nil
+}
 
+// armAsync makes sure records waiting in the queue are committed within asyncCommitDelay when
+// no commit is running to take them along. The caller holds qmu.
+func (s *Spool) armAsync() {
+	if s.leading || s.asyncArmed {
+		return
+	}
+	s.asyncArmed = true
+	if s.asyncTimer == nil {
+		s.asyncTimer = time.AfterFunc(asyncCommitDelay, s.commitQueued)
+		return
+	}
+	s.asyncTimer.Reset(asyncCommitDelay)
+}
+
+// commitQueued commits what waits in the queue, unless a commit is running: that one takes
+// it along, or hands it on.
+func (s *Spool) commitQueued() {
+	s.qmu.Lock()
+	s.asyncArmed = false
+	if s.leading || len(s.queue) == 0 {
+		s.qmu.Unlock()
+		return
+	}
+	s.leading = true
+	s.qmu.Unlock()
+	s.commitGroup(nil)
+}
+
+// commitGroup commits the waiting records in groups until me's is committed (a nil me: one
+// group), answers them, and promotes the next caller waiting for its commit. Records of
+// EnqueueAsync alone wait for the next Enqueue, or for the timer.
+func (s *Spool) commitGroup(me *enqueueReq) {
+	for {
+		s.qmu.Lock()
+		n := min(len(s.queue), maxEnqueueGroup)
+		group := s.queue[:n:n]
+		s.queue = append([]*enqueueReq(nil), s.queue[n:]...)
+		s.qmu.Unlock()
+		s.commit(group, me)
+		if me == nil || slices.Contains(group, me) {
+			break
+		}
+	}
+
+	s.qmu.Lock()
+	i := slices.IndexFunc(s.queue, func(r *enqueueReq) bool { return r.ready != nil })
+	if i < 0 {
+		s.leading = false
+		if len(s.queue) > 0 {
+			s.armAsync()
+		}
+		s.settled.Broadcast()
+		s.qmu.Unlock()
+		s.noteProgress() // a Flush waiting for this commit looks again
+		return
+	}
+	next := s.queue[i]
+	next.lead = true
+	s.qmu.Unlock()
+	close(next.ready)
+}
+
+// commit writes one group in one transaction and answers everyone in it but me.
+func (s *Spool) commit(group []*enqueueReq, me *enqueueReq) {
 	bodies := make([][]byte, len(group))
 	recs := make([]*Record, len(group))
 	for i, r := range group {
@@ -424,21 +540,14 @@ func (s *Spool) commitGroup(me *enqueueReq) {
 		}
 	}
 	for _, r := range group {
-		if r != me {
+		switch {
+		case r == me:
+		case r.ready != nil:
 			close(r.ready)
+		case r.err != nil && r.failed != nil:
+			r.failed(r.err)
 		}
 	}
-
-	s.qmu.Lock()
-	if len(s.queue) == 0 {
-		s.leading = false
-		s.qmu.Unlock()
-		return
-	}
-	next := s.queue[0]
-	next.lead = true
-	s.qmu.Unlock()
-	close(next.ready)
 }
 
 func (s *Spool) noteEnqueued() {
@@ -488,9 +597,11 @@ func (s *Spool) Pending() int {
 // under ContinueAndAlarm.
 func (s *Spool) Dropped() uint64 { return s.dropped.Load() }
 
-// Flush waits until the outbox is empty or ctx ends. It needs Run to be forwarding.
+// Flush commits what EnqueueAsync queued and waits until the outbox is empty or ctx ends. It
+// needs Run to be forwarding.
 func (s *Spool) Flush(ctx context.Context) error {
 	for {
+		s.commitQueued()
 		s.mu.Lock()
 		progress := s.progress
 		s.mu.Unlock()
@@ -498,6 +609,12 @@ func (s *Spool) Flush(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("audit: read spool: %w", err)
 		}
+		s.qmu.Lock()
+		n += len(s.queue)
+		if s.leading {
+			n++ // a commit is writing records whose callers may have gone (EnqueueAsync)
+		}
+		s.qmu.Unlock()
 		if n == 0 {
 			return nil
 		}
@@ -897,6 +1014,11 @@ func (s *Spool) droppedRecord(n uint64, pending int) ([]byte, error) {
 
 func (s *Spool) noteForwarded(n int) {
 	s.pending.Add(-int64(n))
+	s.noteProgress()
+}
+
+// noteProgress wakes whoever waits in Flush.
+func (s *Spool) noteProgress() {
 	s.mu.Lock()
 	close(s.progress)
 	s.progress = make(chan struct{})

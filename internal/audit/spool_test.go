@@ -665,6 +665,76 @@ func testSpoolLingersForFullerBatches(t *testing.T, kind string) {
 	})
 }
 
+// TestSpoolEnqueueAsync: a record given to EnqueueAsync is committed with the next Enqueue's
+// record, in the same commit and before it; with no Enqueue coming, within asyncCommitDelay by
+// the spool itself; by Flush and Close at once; a full spool refuses it at once, and a failed
+// commit reaches its callback.
+func TestSpoolEnqueueAsync(t *testing.T) { forEachKind(t, testSpoolEnqueueAsync) }
+
+func testSpoolEnqueueAsync(t *testing.T, kind string) {
+	noFailure := func(err error) { t.Errorf("commit failed: %v", err) }
+	count := func(s *Spool) int {
+		n, err := s.out.count()
+		require.NoError(t, err)
+		return n
+	}
+	t.Run("rides with the next enqueue", func(t *testing.T) {
+		env := newSpoolEnvOf(t, kind, nil)
+		first, second := toolRecord(0, "p"), toolRecord(1, "p")
+		require.NoError(t, env.spool.EnqueueAsync(first, noFailure))
+		require.NoError(t, env.spool.Enqueue(t.Context(), second))
+		require.Equal(t, 2, count(env.spool), "both committed when the enqueue returns")
+		env.run(t)
+		require.NoError(t, env.spool.Flush(t.Context()))
+		require.Equal(t, ids([]Record{first, second}), ids(env.sink.records()))
+	})
+	t.Run("committed alone in time", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			env := newSpoolEnvOf(t, kind, nil)
+			require.NoError(t, env.spool.EnqueueAsync(toolRecord(0, "p"), noFailure))
+			synctest.Wait()
+			require.Zero(t, count(env.spool), "waiting for an enqueue to ride with")
+			time.Sleep(asyncCommitDelay)
+			synctest.Wait()
+			require.Equal(t, 1, count(env.spool), "committed by the spool once none came")
+		})
+	})
+	t.Run("flush commits what waits", func(t *testing.T) {
+		env := newSpoolEnvOf(t, kind, nil)
+		env.run(t)
+		rec := toolRecord(0, "p")
+		require.NoError(t, env.spool.EnqueueAsync(rec, noFailure))
+		require.NoError(t, env.spool.Flush(t.Context()))
+		require.Equal(t, ids([]Record{rec}), ids(env.sink.records()))
+	})
+	t.Run("close commits what waits", func(t *testing.T) {
+		env := newSpoolEnvOf(t, kind, nil)
+		require.NoError(t, env.spool.EnqueueAsync(toolRecord(0, "p"), noFailure))
+		require.NoError(t, env.spool.Close())
+		if kind == "files" {
+			reopened := fileSpool(t, env.spool.out.describe(), newFakeSink(), nil)
+			t.Cleanup(func() { _ = reopened.Close() })
+			require.Equal(t, 1, count(reopened), "durable before the files closed")
+		} else {
+			require.Equal(t, 1, count(env.spool), "committed before the spool closed")
+		}
+	})
+	t.Run("refused when full", func(t *testing.T) {
+		env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.MaxPending = 1 })
+		require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(0, "p")))
+		require.ErrorIs(t, env.spool.EnqueueAsync(toolRecord(1, "p"), noFailure), ErrSpoolFull)
+	})
+	if kind == "files" {
+		t.Run("a failed commit reaches the callback", func(t *testing.T) {
+			env := newSpoolEnvOf(t, kind, nil)
+			require.NoError(t, env.spool.out.close())
+			failed := make(chan error, 1)
+			require.NoError(t, env.spool.EnqueueAsync(toolRecord(0, "p"), func(err error) { failed <- err }))
+			require.ErrorIs(t, <-failed, errOutboxClosed)
+		})
+	}
+}
+
 // TestSpoolWakesTheForwarderOnlyWhenItWaits: a commit wakes the forwarder when it found the
 // outbox empty, or once a full batch is pending; while it lingers over a partial batch, the
 // commits of a steady stream of calls leave it be.
