@@ -57,7 +57,7 @@ const (
 	DefaultMaxBackoff         = 5 * time.Second
 	DefaultAttemptTimeout     = 30 * time.Second
 	DefaultAckDelay           = 20 * time.Millisecond
-	DefaultLinger             = 10 * time.Millisecond
+	DefaultLinger             = 100 * time.Millisecond
 )
 
 // SpoolConfig configures a Spool. Sink, Producer, and either DB and Bucket or Dir are
@@ -98,9 +98,10 @@ type SpoolConfig struct {
 	// (one write transaction per AckDelay at most, instead of one per batch).
 	AckDelay time.Duration
 	// Linger is how long the forwarder lets records gather before it reads a batch that
-	// would not be full: under a steady stream of calls the audit log then commits tens of
-	// records at a time instead of a handful, for at most Linger more before a record
-	// reaches the log. It never delays an Enqueue. 0 means DefaultLinger; negative, none.
+	// would not be full: under a steady stream of calls the audit log then commits hundreds
+	// of records at a time instead of a handful, for at most Linger more before a record
+	// reaches the log. It never delays an Enqueue, nor a Flush. 0 means DefaultLinger;
+	// negative, none.
 	Linger time.Duration
 	Logger *slog.Logger
 }
@@ -134,6 +135,8 @@ type Spool struct {
 	// then, or once a full batch is pending, does an enqueue wake it. Under a steady stream the
 	// forwarder lingers undisturbed instead of being woken by every commit.
 	idle atomic.Bool
+	// flushing counts the Flush calls waiting: the forwarder does not linger for them.
+	flushing atomic.Int32
 
 	mu        sync.Mutex
 	progress  chan struct{} // closed and replaced whenever records leave the outbox, or a commit ends
@@ -600,6 +603,9 @@ func (s *Spool) Dropped() uint64 { return s.dropped.Load() }
 // Flush commits what EnqueueAsync queued and waits until the outbox is empty or ctx ends. It
 // needs Run to be forwarding.
 func (s *Spool) Flush(ctx context.Context) error {
+	s.flushing.Add(1)
+	defer s.flushing.Add(-1)
+	s.wakeForwarder()
 	for {
 		s.commitQueued()
 		s.mu.Lock()
@@ -760,9 +766,9 @@ func (s *Spool) readLoop(ctx context.Context, out chan<- spoolBatch) error {
 }
 
 // gather waits up to Linger for a full batch of records to be pending: enqueues wake it only
-// when one is (noteEnqueued). It reports false when ctx ended.
+// when one is (noteEnqueued), and Flush does not wait for it. It reports false when ctx ended.
 func (s *Spool) gather(ctx context.Context) bool {
-	if s.linger <= 0 || s.Pending() >= s.batchSize {
+	if s.linger <= 0 || s.Pending() >= s.batchSize || s.flushing.Load() > 0 {
 		return true
 	}
 	t := time.NewTimer(s.linger)
@@ -774,7 +780,7 @@ func (s *Spool) gather(ctx context.Context) bool {
 		case <-t.C:
 			return true
 		case <-s.wake:
-			if s.Pending() >= s.batchSize {
+			if s.Pending() >= s.batchSize || s.flushing.Load() > 0 {
 				return true
 			}
 		}

@@ -652,6 +652,19 @@ func testSpoolLingersForFullerBatches(t *testing.T, kind string) {
 			require.Equal(t, 1, calls(), "twenty records enqueued within the linger are one batch")
 		})
 	})
+	t.Run("a flush does not wait out the linger", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.Linger = time.Hour })
+			env.run(t)
+			synctest.Wait()
+			require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(0, "p")))
+			synctest.Wait() // lingering
+			start := time.Now()
+			require.NoError(t, env.spool.Flush(t.Context()))
+			require.Len(t, env.sink.records(), 1)
+			require.Less(t, time.Since(start), time.Hour, "the flush cut the linger short")
+		})
+	})
 	t.Run("a full batch goes at once", func(t *testing.T) {
 		env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.Linger = time.Hour; c.BatchSize = 5 })
 		env.run(t)
