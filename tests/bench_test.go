@@ -60,7 +60,11 @@ type poolProcess struct {
 func startPoolProcess(b *testing.B) *poolProcess {
 	b.Helper()
 	p := &poolProcess{pprof: testutil.FreeAddr(b)}
-	p.d, _ = poolDaemon(b, "RINGFENCE_DEBUG__PPROF_ADDR="+p.pprof, "RINGFENCE_LOG_LEVEL=warn")
+	env := []string{"RINGFENCE_DEBUG__PPROF_ADDR=" + p.pprof, "RINGFENCE_LOG_LEVEL=warn"}
+	// RINGFENCE_BENCH_DAEMON_ENV="GOGC=200 GOMEMLIMIT=64MiB", say: settings for ringfenced
+	// alone, not for the load generator.
+	env = append(env, strings.Fields(os.Getenv("RINGFENCE_BENCH_DAEMON_ENV"))...)
+	p.d, _ = poolDaemon(b, env...)
 	p.pid = p.d.cmd.Process.Pid
 	cli := func(args ...string) {
 		b.Helper()
@@ -229,9 +233,18 @@ func (p *poolProcess) allocs(b *testing.B) (count, bytes float64) {
 }
 
 // liveHeap collects ringfenced's garbage and returns its heap after that: the live heap (and
-// what the runtime holds from the system besides).
-func (p *poolProcess) liveHeap(b *testing.B) (heap, sys int64) {
+// what the runtime holds from the system besides). With RINGFENCE_BENCH_HEAPPROFILE=PREFIX it
+// also writes the heap profile to PREFIX-<name>.pprof (go tool pprof -base ... to compare).
+func (p *poolProcess) liveHeap(b *testing.B, name string) (heap, sys int64) {
 	b.Helper()
+	if prefix := os.Getenv("RINGFENCE_BENCH_HEAPPROFILE"); prefix != "" {
+		resp, err := http.Get("http://" + p.pprof + "/debug/pprof/heap?gc=1")
+		require.NoError(b, err)
+		profile, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(b, err)
+		require.NoError(b, os.WriteFile(prefix+"-"+name+".pprof", profile, 0o600))
+	}
 	resp, err := http.Get("http://" + p.pprof + "/debug/pprof/heap?debug=1&gc=1")
 	require.NoError(b, err)
 	defer resp.Body.Close()
@@ -422,14 +435,14 @@ func BenchmarkPoolSoak(b *testing.B) {
 		fmt.Printf("Soak round %3d: %7d calls  RSS %6.1f MiB (anon %6.1f, file %6.1f)\n", round, calls, mib(u.rss), mib(u.anon), mib(u.file))
 		if round == 1 {
 			b.StopTimer()
-			firstHeap, _ = p.liveHeap(b)
+			firstHeap, _ = p.liveHeap(b, "first")
 			firstRSS = u
 			b.StartTimer()
 		}
 	}
 	b.StopTimer()
 	end := readUsage(b, p.pid)
-	heap, sys := p.liveHeap(b)
+	heap, sys := p.liveHeap(b, "end")
 	b.ReportMetric(float64(calls)/end.taken.Sub(start.taken).Seconds(), "calls/s")
 	b.ReportMetric(float64((end.cpu-start.cpu).Microseconds())/float64(calls), "pool-cpu-µs/call")
 	b.ReportMetric(mib(firstHeap), "heap-first-MiB")
