@@ -39,7 +39,9 @@ import (
 //	go test -run '^$' -bench 'PoolSoak$' -benchtime 100000x ./tests/
 //
 // RINGFENCE_BENCH_CPUPROFILE=FILE writes a CPU profile of ringfenced over the first pool phase
-// of BenchmarkPoolProcessCPU (go tool pprof FILE); RINGFENCE_BENCH_PERF=1 logs what perf stat
+// of BenchmarkPoolProcessCPU (go tool pprof FILE), RINGFENCE_BENCH_ALLOCPROFILE=PREFIX its
+// allocation profiles before and after that phase (go tool pprof -sample_index=alloc_space
+// -base PREFIX-before.pprof PREFIX-after.pprof); RINGFENCE_BENCH_PERF=1 logs what perf stat
 // counted in ringfenced over that phase (syscalls that sync, write, read and wait; scheduler
 // switches), where perf is installed.
 
@@ -238,12 +240,7 @@ func (p *poolProcess) allocs(b *testing.B) (count, bytes float64) {
 func (p *poolProcess) liveHeap(b *testing.B, name string) (heap, sys int64) {
 	b.Helper()
 	if prefix := os.Getenv("RINGFENCE_BENCH_HEAPPROFILE"); prefix != "" {
-		resp, err := http.Get("http://" + p.pprof + "/debug/pprof/heap?gc=1")
-		require.NoError(b, err)
-		profile, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		require.NoError(b, err)
-		require.NoError(b, os.WriteFile(prefix+"-"+name+".pprof", profile, 0o600))
+		p.saveProfile(b, "heap?gc=1", prefix+"-"+name+".pprof")
 	}
 	resp, err := http.Get("http://" + p.pprof + "/debug/pprof/heap?debug=1&gc=1")
 	require.NoError(b, err)
@@ -259,6 +256,17 @@ func (p *poolProcess) liveHeap(b *testing.B, name string) (heap, sys int64) {
 		return n
 	}
 	return stat("HeapAlloc"), stat("Sys")
+}
+
+// saveProfile writes ringfenced's profile of that name (a path under /debug/pprof/) to path.
+func (p *poolProcess) saveProfile(b *testing.B, name, path string) {
+	b.Helper()
+	resp, err := http.Get("http://" + p.pprof + "/debug/pprof/" + name)
+	require.NoError(b, err)
+	defer resp.Body.Close()
+	profile, err := io.ReadAll(resp.Body)
+	require.NoError(b, err)
+	require.NoError(b, os.WriteFile(path, profile, 0o600))
 }
 
 // cpuProfile writes a CPU profile of ringfenced, taken over the next d, to path.
@@ -374,10 +382,17 @@ func BenchmarkPoolProcessCPU(b *testing.B) {
 		if i == 0 && os.Getenv("RINGFENCE_BENCH_PERF") == "1" {
 			wait = append(wait, perfStat(b, p.pid))
 		}
+		allocProfile := os.Getenv("RINGFENCE_BENCH_ALLOCPROFILE")
+		if i == 0 && allocProfile != "" {
+			p.saveProfile(b, "allocs", allocProfile+"-before.pprof")
+		}
 		mallocs, allocated := p.allocs(b)
 		before, self := readUsage(b, p.pid), selfCPU(b)
 		p.callAll(b, ids, n)
 		after := readUsage(b, p.pid)
+		if i == 0 && allocProfile != "" {
+			p.saveProfile(b, "allocs", allocProfile+"-after.pprof")
+		}
 		clientCPU += selfCPU(b) - self
 		m, a := p.allocs(b)
 		poolAllocs, poolBytes = poolAllocs+m-mallocs, poolBytes+a-allocated

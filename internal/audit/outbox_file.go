@@ -307,9 +307,16 @@ func (o *fileOutbox) add(bodies [][]byte, recs []*Record, admit func(int) error)
 		return nil, errOutboxClosed
 	}
 	errs := make([]error, len(bodies))
-	var frames []byte
+	size := 0
+	for _, body := range bodies {
+		size += frameHeaderSize + len(body)
+	}
+	frames := make([]byte, 0, size)
 	var n, drops uint64
 	var written []recentRecord
+	if recs != nil {
+		written = make([]recentRecord, 0, len(bodies))
+	}
 	for i, body := range bodies {
 		switch err := admit(pending + int(n)); {
 		case err == nil:

@@ -794,6 +794,7 @@ func (s *Spool) readBatch(after []byte) (spoolBatch, error) {
 	if err != nil {
 		return b, err
 	}
+	b.recs, b.bodies = make([]Record, 0, len(entries)), make([][]byte, 0, len(entries))
 	for _, e := range entries {
 		b.last = e.key
 		if e.rec != nil {
