@@ -293,6 +293,22 @@ func (p *poolProcess) cpuProfile(b *testing.B, path string, d time.Duration) (wa
 	return func() { <-done }
 }
 
+// machineCPU reads /proc/stat: the time every CPU of the machine spent busy, and in all.
+func machineCPU(b *testing.B) (busy, total int64) {
+	data, err := os.ReadFile("/proc/stat")
+	require.NoError(b, err)
+	line, _, _ := strings.Cut(string(data), "\n")
+	for i, f := range strings.Fields(line)[1:] {
+		n, err := strconv.ParseInt(f, 10, 64)
+		require.NoError(b, err)
+		total += n
+		if i != 3 && i != 4 { // idle, iowait
+			busy += n
+		}
+	}
+	return busy, total
+}
+
 // selfCPU is the CPU time of this process: the load generator's.
 func selfCPU(b *testing.B) time.Duration {
 	var ru syscall.Rusage
@@ -371,6 +387,9 @@ func BenchmarkPoolProcessCPU(b *testing.B) {
 	var poolTime, rawTime, clientCPU, rawCPU time.Duration
 	var poolUse usage
 	var poolAllocs, poolBytes float64
+	// The machine's busy share over each kind of phase: near 1, the rate is bound by CPU (the
+	// pool's, the engine's, the servers', and whatever else runs on the machine).
+	var poolBusy, poolTotal, rawBusy, rawTotal int64
 	profile := os.Getenv("RINGFENCE_BENCH_CPUPROFILE")
 	b.ResetTimer()
 	for i, n := range []int{b.N / 2, b.N - b.N/2} {
@@ -387,9 +406,12 @@ func BenchmarkPoolProcessCPU(b *testing.B) {
 			p.saveProfile(b, "allocs", allocProfile+"-before.pprof")
 		}
 		mallocs, allocated := p.allocs(b)
+		busy0, total0 := machineCPU(b)
 		before, self := readUsage(b, p.pid), selfCPU(b)
 		p.callAll(b, ids, n)
 		after := readUsage(b, p.pid)
+		busy1, total1 := machineCPU(b)
+		poolBusy, poolTotal = poolBusy+busy1-busy0, poolTotal+total1-total0
 		if i == 0 && allocProfile != "" {
 			p.saveProfile(b, "allocs", allocProfile+"-after.pprof")
 		}
@@ -403,9 +425,12 @@ func BenchmarkPoolProcessCPU(b *testing.B) {
 			w()
 		}
 		t0, self := time.Now(), selfCPU(b)
+		busy0, total0 = machineCPU(b)
 		rawCalls(b, raw, n)
+		busy1, total1 = machineCPU(b)
 		rawTime += time.Since(t0)
 		rawCPU += selfCPU(b) - self
+		rawBusy, rawTotal = rawBusy+busy1-busy0, rawTotal+total1-total0
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(clientCPU.Microseconds())/float64(b.N), "client-cpu-µs/call")
@@ -416,6 +441,8 @@ func BenchmarkPoolProcessCPU(b *testing.B) {
 	b.ReportMetric(calls/ceiling, "of-raw")
 	b.ReportMetric(float64(poolUse.cpu.Microseconds())/float64(b.N), "pool-cpu-µs/call")
 	b.ReportMetric(float64(poolUse.ctxsw)/float64(b.N), "pool-ctxsw/call")
+	b.ReportMetric(float64(poolBusy)/float64(max(poolTotal, 1)), "busy-pool")
+	b.ReportMetric(float64(rawBusy)/float64(max(rawTotal, 1)), "busy-raw")
 	b.ReportMetric(poolAllocs/float64(b.N), "pool-allocs/call")
 	b.ReportMetric(poolBytes/float64(b.N), "pool-B/call")
 	p.endRuns(b, ids)
