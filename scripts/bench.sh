@@ -46,6 +46,11 @@ run ./services/pool/ 'PoolFirstCall$' 20x 3
 run ./services/pool/ 'PoolThroughput$' 5000x 3
 run ./services/pool/ 'RawAttachThroughput$' 5000x 3
 run ./services/pool/ 'PoolIdleSessionMemory$' 1x 3
+# Pool, issue 23: ringfenced as a process of its own: its CPU time per warm call beside the raw
+# ceiling in the same run; and the soak, 100,000 calls in rounds of 16 runs (RSS per round in
+# .tmp/bench.txt, live heap after the first round and at the end).
+run ./tests/ 'PoolProcessCPU$' 12000x 3
+run ./tests/ 'PoolSoak$' 100000x 1
 
 echo >&2
 .tmp/bin/benchstat "$out"
