@@ -58,6 +58,11 @@ run ./services/pool/ 'PoolIdleSessionMemory$' 1x 3
 for gc in 400 25; do for n in 1 4 12; do
 	run ./services/pool/ "PoolResultMemory/gc=$gc/results=$n\$" 3x 1
 done; done
+# Pool, issue 23: ringfenced as a process of its own: its CPU time per warm call beside the raw
+# ceiling in the same run; and the soak, 100,000 calls in rounds of 16 runs (RSS per round in
+# .tmp/bench.txt, live heap after the first round and at the end).
+run ./tests/ 'PoolProcessCPU$' 12000x 3
+run ./tests/ 'PoolSoak$' 100000x 1
 
 echo >&2
 .tmp/bin/benchstat "$out"

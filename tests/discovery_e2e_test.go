@@ -27,7 +27,7 @@ import (
 
 // poolDaemon starts ringfenced with the fixture isolation image and a pool id of its own, so
 // the test can find (and require the absence of) the containers it started.
-func poolDaemon(t *testing.T, extra ...string) (*daemon, string) {
+func poolDaemon(t testing.TB, extra ...string) (*daemon, string) {
 	t.Helper()
 	image := dockertest.FixtureImage(t)
 	poolID := "e2e-" + randomHex(6)
@@ -46,7 +46,7 @@ func randomHex(n int) string {
 }
 
 // poolContainers lists every container, running or not, labelled with the pool id.
-func poolContainers(t *testing.T, poolID string) []string {
+func poolContainers(t testing.TB, poolID string) []string {
 	t.Helper()
 	docker := dockertest.RequireEngine(t)
 	f := client.Filters{}
@@ -63,7 +63,7 @@ func poolContainers(t *testing.T, poolID string) []string {
 }
 
 // requireNoContainers waits briefly for AutoRemove to finish, then asserts nothing is left.
-func requireNoContainers(t *testing.T, poolID string) {
+func requireNoContainers(t testing.TB, poolID string) {
 	t.Helper()
 	require.Eventually(t, func() bool { return len(poolContainers(t, poolID)) == 0 },
 		20*time.Second, 100*time.Millisecond, "containers of pool %s were left behind", poolID)

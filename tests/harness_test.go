@@ -90,7 +90,7 @@ func tool(t *testing.T, name string) string {
 
 // daemon is one running server binary.
 type daemon struct {
-	t        *testing.T
+	t        testing.TB
 	name     string
 	env      []string
 	DataDir  string
@@ -109,7 +109,7 @@ type daemon struct {
 
 // startDaemon starts a server binary with a fresh data dir (unless env sets one) and free
 // loopback ports, and waits until /healthz answers.
-func startDaemon(t *testing.T, name string, env ...string) *daemon {
+func startDaemon(t testing.TB, name string, env ...string) *daemon {
 	t.Helper()
 	d := &daemon{t: t, name: name, DataDir: t.TempDir(), GRPCAddr: testutil.FreeAddr(t), HTTPAddr: testutil.FreeAddr(t), Logs: &testutil.SyncBuffer{}}
 	d.env = append([]string{
@@ -179,7 +179,7 @@ func envValue(env []string, key string) string {
 
 // trustingClient is an HTTP client that trusts the CA in caFile (as `ringfence certs init`
 // writes it).
-func trustingClient(t *testing.T, caFile string) *http.Client {
+func trustingClient(t testing.TB, caFile string) *http.Client {
 	t.Helper()
 	pem, err := os.ReadFile(caFile)
 	require.NoError(t, err)
@@ -237,7 +237,7 @@ type result struct {
 }
 
 // runCmd runs a program to completion with extra env.
-func runCmd(t *testing.T, stdin io.Reader, env []string, name string, args ...string) result {
+func runCmd(t testing.TB, stdin io.Reader, env []string, name string, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()

@@ -37,6 +37,12 @@ func Main(name string, build Builder) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if cfg.Debug.PprofAddr != "" {
+		if _, err := serveProfiles(ctx, cfg.Debug.PprofAddr, log); err != nil {
+			log.Error(name+" cannot start", "err", err)
+			return 1
+		}
+	}
 	a, err := build(ctx, cfg, log)
 	if err != nil {
 		log.Error(name+" cannot start", "err", err)

@@ -13,8 +13,10 @@ type outbox interface {
 	// add durably appends bodies, in order, in one commit. admit gets the number of records
 	// waiting before each body and returns nil to write it, errDropRecord to count it as
 	// dropped instead, or another error to refuse it (that body's entry in errs). err is a
-	// failed commit: then nothing was written.
-	add(bodies [][]byte, admit func(pending int) error) (errs []error, err error)
+	// failed commit: then nothing was written. recs, when not nil, are the valid records the
+	// bodies encode, which an outbox may hand back from memory instead of reading and decoding
+	// the bodies again (outboxEntry.rec).
+	add(bodies [][]byte, recs []*Record, admit func(pending int) error) (errs []error, err error)
 	// read returns up to n records after key after (from the front when after is nil),
 	// stopping before maxBytes of bodies once it has one.
 	read(after []byte, n, maxBytes int) ([]outboxEntry, error)
@@ -28,6 +30,9 @@ type outbox interface {
 
 type outboxEntry struct {
 	key, body []byte
+	// rec is the record body encodes, when the outbox still had it in memory: it was valid
+	// when it was added, and body is its encoding.
+	rec *Record
 }
 
 // errOutboxClosed ends the forwarder: the outbox's storage was closed under it.

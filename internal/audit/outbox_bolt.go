@@ -75,7 +75,9 @@ func queueLen(q *bolt.Bucket) int {
 	return int(binary.BigEndian.Uint64(last) - binary.BigEndian.Uint64(first) + 1)
 }
 
-func (o *boltOutbox) add(bodies [][]byte, admit func(int) error) ([]error, error) {
+// add ignores recs: a bbolt outbox also takes records inside its producer's transactions
+// (addTx), which may roll back, so it keeps none in memory.
+func (o *boltOutbox) add(bodies [][]byte, _ []*Record, admit func(int) error) ([]error, error) {
 	errs := make([]error, len(bodies))
 	err := o.db.Update(func(tx *bolt.Tx) error {
 		for i, body := range bodies {

@@ -55,9 +55,27 @@ type fileOutbox struct {
 	pending int
 	closed  bool
 
+	// recent are the records this process committed from sequence recentFirst on, in order,
+	// kept until they are forwarded and deleted (recentMaxBytes of bodies at most), so that the
+	// forwarder takes them from memory instead of reading their frames back and decoding them.
+	recent      []recentRecord
+	recentFirst uint64
+	recentBytes int
+
 	rmu sync.Mutex // the forwarder's read position, so each batch starts where the last ended
 	cur readCursor
 }
+
+// recentRecord is a committed record as its producer handed it over.
+type recentRecord struct {
+	body []byte
+	rec  *Record
+}
+
+// recentMaxBytes bounds the bodies fileOutbox.recent holds: a linger's worth of calls and more.
+// Past it the oldest are let go (the forwarder is behind: the audit log is down or slow), and
+// are read back from the segment when their turn comes.
+const recentMaxBytes = 1 << 20
 
 type segment struct {
 	first, last uint64 // sequences held; last == first-1 when empty
@@ -279,7 +297,7 @@ func (o *fileOutbox) count() (int, error) {
 	return o.pending, nil
 }
 
-func (o *fileOutbox) add(bodies [][]byte, admit func(int) error) ([]error, error) {
+func (o *fileOutbox) add(bodies [][]byte, recs []*Record, admit func(int) error) ([]error, error) {
 	o.wmu.Lock()
 	defer o.wmu.Unlock()
 	o.mu.Lock()
@@ -289,13 +307,24 @@ func (o *fileOutbox) add(bodies [][]byte, admit func(int) error) ([]error, error
 		return nil, errOutboxClosed
 	}
 	errs := make([]error, len(bodies))
-	var frames []byte
+	size := 0
+	for _, body := range bodies {
+		size += frameHeaderSize + len(body)
+	}
+	frames := make([]byte, 0, size)
 	var n, drops uint64
+	var written []recentRecord
+	if recs != nil {
+		written = make([]recentRecord, 0, len(bodies))
+	}
 	for i, body := range bodies {
 		switch err := admit(pending + int(n)); {
 		case err == nil:
 			frames = appendFrame(frames, next+n, body)
 			n++
+			if recs != nil {
+				written = append(written, recentRecord{body: body, rec: recs[i]})
+			}
 		case errors.Is(err, errDropRecord):
 			drops++
 			errs[i] = err
@@ -312,16 +341,16 @@ func (o *fileOutbox) add(bodies [][]byte, admit func(int) error) ([]error, error
 		o.mu.Unlock()
 	}
 	if n > 0 {
-		if err := o.appendFrames(frames, next, n); err != nil {
+		if err := o.appendFrames(frames, next, n, written); err != nil {
 			return nil, err
 		}
 	}
 	return errs, nil
 }
 
-// appendFrames writes n frames, the first with sequence first, and syncs them. The caller
-// holds wmu.
-func (o *fileOutbox) appendFrames(frames []byte, first, n uint64) error {
+// appendFrames writes n frames, the first with sequence first, and syncs them; written are the
+// records they hold, when the caller has them (all n, or none). The caller holds wmu.
+func (o *fileOutbox) appendFrames(frames []byte, first, n uint64, written []recentRecord) error {
 	if o.broken != nil {
 		return o.broken
 	}
@@ -369,8 +398,43 @@ func (o *fileOutbox) appendFrames(frames []byte, first, n uint64) error {
 	s.size += int64(len(frames))
 	o.next = first + n
 	o.pending += int(n)
+	o.remember(first, n, written)
 	o.mu.Unlock()
 	return nil
+}
+
+// remember keeps the records just committed in recent, which must stay one run of consecutive
+// sequences: frames committed without their records (adopted, a report of dropped records)
+// empty it. The caller holds mu.
+func (o *fileOutbox) remember(first, n uint64, written []recentRecord) {
+	if uint64(len(written)) != n || len(o.recent) > 0 && first != o.recentFirst+uint64(len(o.recent)) {
+		o.forgetRecent(len(o.recent))
+	}
+	if uint64(len(written)) != n {
+		return
+	}
+	if len(o.recent) == 0 {
+		o.recentFirst = first
+	}
+	o.recent = append(o.recent, written...)
+	for _, w := range written {
+		o.recentBytes += len(w.body)
+	}
+	drop := 0
+	for over := o.recentBytes - recentMaxBytes; over > 0; drop++ {
+		over -= len(o.recent[drop].body)
+	}
+	o.forgetRecent(drop)
+}
+
+// forgetRecent lets go of the k oldest records in recent. The caller holds mu.
+func (o *fileOutbox) forgetRecent(k int) {
+	for _, r := range o.recent[:k] {
+		o.recentBytes -= len(r.body)
+	}
+	clear(o.recent[:k]) // the array outlives the slice: keep no body alive through it
+	o.recent = o.recent[k:]
+	o.recentFirst += uint64(k)
 }
 
 // startSegment opens the segment whose first record will be first: a new file, or the last
@@ -432,6 +496,14 @@ func (o *fileOutbox) read(after []byte, n, maxBytes int) ([]outboxEntry, error) 
 	start := o.acked + 1
 	if after != nil {
 		start = max(start, binary.BigEndian.Uint64(after)+1)
+	}
+	if start >= o.recentFirst && start-o.recentFirst < uint64(len(o.recent)) {
+		out := o.readRecent(start, n, maxBytes)
+		o.mu.Unlock()
+		return out, nil
+	}
+	if len(o.recent) > 0 && start < o.recentFirst {
+		n = min(n, int(o.recentFirst-start)) // from there on, the next read takes them from memory
 	}
 	segs := slices.Clone(o.segs)
 	o.mu.Unlock()
@@ -495,6 +567,21 @@ func (o *fileOutbox) read(after []byte, n, maxBytes int) ([]outboxEntry, error) 
 	return out, nil
 }
 
+// readRecent returns up to n of the records in recent from sequence start on, stopping before
+// maxBytes of bodies once it has one. The caller holds mu.
+func (o *fileOutbox) readRecent(start uint64, n, maxBytes int) []outboxEntry {
+	var out []outboxEntry
+	size := 0
+	for i, r := range o.recent[start-o.recentFirst:] {
+		if len(out) == n || len(out) > 0 && size+len(r.body) > maxBytes {
+			break
+		}
+		out = append(out, outboxEntry{key: seqKey(start + uint64(i)), body: r.body, rec: r.rec})
+		size += len(r.body)
+	}
+	return out
+}
+
 // seek moves the cursor to the frame with sequence start in segment s, scanning from the
 // segment's beginning (once per restart or segment, not per batch).
 func (o *fileOutbox) seek(s segment, start uint64) error {
@@ -544,6 +631,9 @@ func (o *fileOutbox) remove(through []byte, corrupt uint64, report func(uint64, 
 		}
 		o.acked = t
 		o.pending -= removed
+		if t >= o.recentFirst {
+			o.forgetRecent(int(min(t-o.recentFirst+1, uint64(len(o.recent)))))
+		}
 	}
 	acked := o.acked
 	o.mu.Unlock()
@@ -566,7 +656,7 @@ func (o *fileOutbox) remove(through []byte, corrupt uint64, report func(uint64, 
 		return 0, 0, err
 	}
 	if body != nil {
-		if err := o.appendFrames(appendFrame(nil, next, body), next, 1); err != nil {
+		if err := o.appendFrames(appendFrame(nil, next, body), next, 1, nil); err != nil {
 			return 0, 0, err
 		}
 		reported, dropped = dropped, 0

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -301,4 +302,75 @@ func TestFileSpoolFillsZerosAheadOfItsFrames(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() })
 	require.Equal(t, 51, s.Pending(), "zeros ahead of the frames are not damage")
 	require.NotContains(t, env.logs.String(), "cutting it")
+}
+
+// TestFileOutboxHandsBackRecentRecordsFromMemory: the records a commit was given come back to
+// the forwarder as they were handed over, in order, without being read back and decoded; a
+// frame committed without its record (adopted, a report of dropped records) and records let go
+// past the bound come from the segment; a forwarded and deleted record is let go.
+func TestFileOutboxHandsBackRecentRecordsFromMemory(t *testing.T) {
+	o, err := openFileOutbox(t.TempDir(), slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = o.close() })
+	admit := func(int) error { return nil }
+	add := func(withRecs bool, bodies ...string) []*Record {
+		var bs [][]byte
+		var recs []*Record
+		for _, b := range bodies {
+			bs = append(bs, []byte(b))
+			recs = append(recs, &Record{ID: b})
+		}
+		if !withRecs {
+			recs = nil
+		}
+		_, err := o.add(bs, recs, admit)
+		require.NoError(t, err)
+		return recs
+	}
+	read := func(after uint64) []outboxEntry {
+		var key []byte
+		if after > 0 {
+			key = seqKey(after)
+		}
+		got, err := o.read(key, 100, 1<<30)
+		require.NoError(t, err)
+		return got
+	}
+	fromMemory := func(e outboxEntry) bool { return e.rec != nil }
+
+	first := add(true, "a", "b", "c")
+	got := read(0)
+	require.Len(t, got, 3)
+	for i, e := range got {
+		require.Same(t, first[i], e.rec, "handed back as handed over")
+		require.Equal(t, first[i].ID, string(e.body))
+	}
+	add(false, "adopted")
+	more := add(true, "d", "e")
+	got = read(3)
+	require.Len(t, got, 1)
+	require.False(t, fromMemory(got[0]), "a frame committed without its record is read from the segment")
+	require.Equal(t, "adopted", string(got[0].body))
+	got = read(4)
+	require.Len(t, got, 2)
+	require.Same(t, more[0], got[0].rec)
+	require.Same(t, more[1], got[1].rec)
+
+	// Forwarded and deleted: let go.
+	_, _, err = o.remove(seqKey(5), 0, func(uint64, int) ([]byte, error) { return nil, nil })
+	require.NoError(t, err)
+	require.Len(t, o.recent, 1)
+	require.Same(t, more[1], read(0)[0].rec)
+
+	// Past the bound the oldest are let go, and read back from the segment.
+	big := string(make([]byte, recentMaxBytes/2+1))
+	add(true, big, big, "f")
+	got = read(5)
+	require.Len(t, got, 2, "the segment is read up to what memory holds")
+	require.False(t, fromMemory(got[0]) || fromMemory(got[1]), "let go past the bound")
+	got = read(7)
+	require.Len(t, got, 2)
+	require.True(t, fromMemory(got[0]) && fromMemory(got[1]))
+	require.Equal(t, "f", string(got[1].body))
+	require.LessOrEqual(t, o.recentBytes, recentMaxBytes)
 }

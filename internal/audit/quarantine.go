@@ -86,7 +86,7 @@ func (s *Spool) RequeueQuarantined() (int, error) {
 	}
 	// Every record is written: they were counted as dropped when they were set aside, and the
 	// bound was checked above.
-	if _, err := s.out.add(bodies, func(int) error { return nil }); err != nil {
+	if _, err := s.out.add(bodies, nil, func(int) error { return nil }); err != nil {
 		return 0, fmt.Errorf("audit: requeue quarantined records: %w", err)
 	}
 	for range bodies {

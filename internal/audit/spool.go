@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,7 +58,7 @@ const (
 	DefaultMaxBackoff         = 5 * time.Second
 	DefaultAttemptTimeout     = 30 * time.Second
 	DefaultAckDelay           = 20 * time.Millisecond
-	DefaultLinger             = 10 * time.Millisecond
+	DefaultLinger             = 100 * time.Millisecond
 )
 
 // SpoolConfig configures a Spool. Sink, Producer, and either DB and Bucket or Dir are
@@ -98,9 +99,10 @@ type SpoolConfig struct {
 	// (one write transaction per AckDelay at most, instead of one per batch).
 	AckDelay time.Duration
 	// Linger is how long the forwarder lets records gather before it reads a batch that
-	// would not be full: under a steady stream of calls the audit log then commits tens of
-	// records at a time instead of a handful, for at most Linger more before a record
-	// reaches the log. It never delays an Enqueue. 0 means DefaultLinger; negative, none.
+	// would not be full: under a steady stream of calls the audit log then commits hundreds
+	// of records at a time instead of a handful, for at most Linger more before a record
+	// reaches the log. It never delays an Enqueue, nor a Flush. 0 means DefaultLinger;
+	// negative, none.
 	Linger time.Duration
 	Logger *slog.Logger
 }
@@ -130,9 +132,15 @@ type Spool struct {
 	dropped atomic.Uint64
 	running atomic.Bool
 	wake    chan struct{}
+	// idle is set while the forwarder has found the outbox empty and waits for a record: only
+	// then, or once a full batch is pending, does an enqueue wake it. Under a steady stream the
+	// forwarder lingers undisturbed instead of being woken by every commit.
+	idle atomic.Bool
+	// flushing counts the Flush calls waiting: the forwarder does not linger for them.
+	flushing atomic.Int32
 
 	mu        sync.Mutex
-	progress  chan struct{} // closed and replaced whenever records leave the outbox
+	progress  chan struct{} // closed and replaced whenever records leave the outbox, or a commit ends
 	lastAlarm time.Time
 
 	// quarantineMu orders writes to the quarantine file with RequeueQuarantined.
@@ -143,10 +151,16 @@ type Spool struct {
 	quarantined, quarantineLogged int
 	lastQuarantineLog             time.Time
 
-	// The group commit of Enqueue: waiting calls, and whether one is committing.
+	// The group commit of Enqueue and EnqueueAsync: waiting records, and whether one caller
+	// is committing. settled is signalled whenever no commit is running any more.
 	qmu     sync.Mutex
 	queue   []*enqueueReq
 	leading bool
+	settled *sync.Cond
+	// asyncTimer commits the records EnqueueAsync queued when no Enqueue came to take them
+	// along within asyncCommitDelay; armed while such records wait and no commit runs.
+	asyncTimer *time.Timer
+	asyncArmed bool
 }
 
 // NewSpool opens (creating if needed) the outbox: the bucket in cfg.DB, or the files in
@@ -175,6 +189,7 @@ func NewSpool(cfg SpoolConfig) (*Spool, error) {
 		wake:           make(chan struct{}, 1),
 		progress:       make(chan struct{}),
 	}
+	s.settled = sync.NewCond(&s.qmu)
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -251,7 +266,7 @@ func (s *Spool) Adopt(db *bolt.DB, bucket string) (int, error) {
 		return 0, nil
 	}
 	// Already durable records: the bound does not apply to them.
-	if _, err := s.out.add(bodies, func(int) error { return nil }); err != nil {
+	if _, err := s.out.add(bodies, nil, func(int) error { return nil }); err != nil {
 		return 0, fmt.Errorf("audit: adopt outbox %q: %w", bucket, err)
 	}
 	s.pending.Add(int64(len(bodies)))
@@ -272,9 +287,32 @@ func (s *Spool) Adopt(db *bolt.DB, bucket string) (int, error) {
 	return len(bodies), nil
 }
 
-// Close releases the outbox's files (a bbolt outbox belongs to its producer, who closes
-// the database). Stop the forwarder first.
-func (s *Spool) Close() error { return s.out.close() }
+// Close commits the records EnqueueAsync left waiting and releases the outbox's files (a
+// bbolt outbox belongs to its producer, who closes the database). Stop the forwarder first.
+func (s *Spool) Close() error {
+	s.commitWaiting()
+	return s.out.close()
+}
+
+// commitWaiting returns once every queued record is committed (or its commit failed).
+func (s *Spool) commitWaiting() {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	for s.leading || len(s.queue) > 0 {
+		if s.leading {
+			s.settled.Wait()
+			continue
+		}
+		s.leading = true
+		s.qmu.Unlock()
+		s.commitGroup(nil)
+		s.qmu.Lock()
+	}
+	if s.asyncTimer != nil {
+		s.asyncTimer.Stop()
+		s.asyncArmed = false
+	}
+}
 
 func orDefault[T int | int64 | time.Duration](v, d T) T {
 	if v <= 0 {
@@ -293,7 +331,7 @@ func (s *Spool) EnqueueTx(tx *bolt.Tx, rec Record) error {
 	if !ok || tx.DB() != bo.db {
 		return errors.New("audit: spool transaction belongs to another database")
 	}
-	body, err := encodeRecord(rec)
+	body, err := encodeRecord(&rec)
 	if err != nil {
 		return err
 	}
@@ -309,7 +347,8 @@ func (s *Spool) EnqueueTx(tx *bolt.Tx, rec Record) error {
 	return nil
 }
 
-func encodeRecord(rec Record) ([]byte, error) {
+// encodeRecord validates rec, with its time made UTC, and encodes it.
+func encodeRecord(rec *Record) ([]byte, error) {
 	rec.Time = rec.Time.UTC()
 	if err := rec.Validate(); err != nil {
 		return nil, err
@@ -340,18 +379,26 @@ func (s *Spool) errFull(n int) error {
 	return fmt.Errorf("%w: %d records wait for the audit service (limit %d)", ErrSpoolFull, n, s.maxPending)
 }
 
-// enqueueReq is one Enqueue waiting for a group commit.
+// enqueueReq is one record waiting for a group commit.
 type enqueueReq struct {
 	body []byte
+	rec  *Record // what body encodes
 	err  error
 	// ready is closed once: when the record's transaction ended, or when this caller is
-	// promoted to commit the next group (lead is then true).
-	ready chan struct{}
-	lead  bool
+	// promoted to commit the next group (lead is then true). It is nil for EnqueueAsync, whose
+	// caller does not wait: failed gets a commit's error instead.
+	ready  chan struct{}
+	lead   bool
+	failed func(error)
 }
 
 // maxEnqueueGroup bounds the records one group commit writes.
 const maxEnqueueGroup = 1000
+
+// asyncCommitDelay bounds how long a record of EnqueueAsync waits for an Enqueue to take it
+// into its commit before the spool commits it alone. Under a steady stream of calls the next
+// pending record comes far sooner.
+const asyncCommitDelay = 5 * time.Millisecond
 
 // Enqueue adds rec to the outbox in a transaction of its own and returns once it is
 // durable in the producer's file. Concurrent callers share transactions: whoever finds
@@ -365,7 +412,7 @@ func (s *Spool) Enqueue(ctx context.Context, rec Record) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	body, err := encodeRecord(rec)
+	body, err := encodeRecord(&rec)
 	if err != nil {
 		return err
 	}
@@ -374,7 +421,7 @@ func (s *Spool) Enqueue(ctx context.Context, rec Record) error {
 			return s.errFull(n)
 		}
 	}
-	req := &enqueueReq{body: body, ready: make(chan struct{})}
+	req := &enqueueReq{body: body, rec: &rec, ready: make(chan struct{})}
 	s.qmu.Lock()
 	s.queue = append(s.queue, req)
 	if s.leading {
@@ -391,20 +438,99 @@ func (s *Spool) Enqueue(ctx context.Context, rec Record) error {
 	return req.err
 }
 
-// commitGroup commits the waiting records (me among them: a leader is always at the
-// front of the queue), answers them, and promotes the next waiter if any arrived.
-func (s *Spool) commitGroup(me *enqueueReq) {
-	s.qmu.Lock()
-	n := min(len(s.queue), maxEnqueueGroup)
-	group := s.queue[:n:n]
-	s.queue = append([]*enqueueReq(nil), s.queue[n:]...)
-	s.qmu.Unlock()
-
-	bodies := make([][]byte, len(group))
-	for i, r := range group {
-		bodies[i] = r.body
+// EnqueueAsync adds rec to the outbox without waiting for it: it joins the next group commit,
+// an Enqueue's or, when none comes within asyncCommitDelay, one the spool makes. It is for a
+// record whose loss in a crash leaves the trail less complete but not wrong: the outcome of a
+// call whose pending record is already durable. It returns an error wrapping ErrInvalidRecord,
+// or ErrSpoolFull under FailClosed, before queueing; a failed commit is given to failed.
+// Flush and Close commit what waits.
+func (s *Spool) EnqueueAsync(rec Record, failed func(error)) error {
+	body, err := encodeRecord(&rec)
+	if err != nil {
+		return err
 	}
-	errs, err := s.out.add(bodies, s.admit)
+	if s.onFull == FailClosed {
+		if n := s.Pending(); n >= s.maxPending {
+			return s.errFull(n)
+		}
+	}
+	s.qmu.Lock()
+	s.queue = append(s.queue, &enqueueReq{body: body, rec: &rec, failed: failed})
+	s.armAsync()
+	s.qmu.Unlock()
+	return nil
+}
+
+// armAsync makes sure records waiting in the queue are committed within asyncCommitDelay when
+// no commit is running to take them along. The caller holds qmu.
+func (s *Spool) armAsync() {
+	if s.leading || s.asyncArmed {
+		return
+	}
+	s.asyncArmed = true
+	if s.asyncTimer == nil {
+		s.asyncTimer = time.AfterFunc(asyncCommitDelay, s.commitQueued)
+		return
+	}
+	s.asyncTimer.Reset(asyncCommitDelay)
+}
+
+// commitQueued commits what waits in the queue, unless a commit is running: that one takes
+// it along, or hands it on.
+func (s *Spool) commitQueued() {
+	s.qmu.Lock()
+	s.asyncArmed = false
+	if s.leading || len(s.queue) == 0 {
+		s.qmu.Unlock()
+		return
+	}
+	s.leading = true
+	s.qmu.Unlock()
+	s.commitGroup(nil)
+}
+
+// commitGroup commits the waiting records in groups until me's is committed (a nil me: one
+// group), answers them, and promotes the next caller waiting for its commit. Records of
+// EnqueueAsync alone wait for the next Enqueue, or for the timer.
+func (s *Spool) commitGroup(me *enqueueReq) {
+	for {
+		s.qmu.Lock()
+		n := min(len(s.queue), maxEnqueueGroup)
+		group := s.queue[:n:n]
+		s.queue = append([]*enqueueReq(nil), s.queue[n:]...)
+		s.qmu.Unlock()
+		s.commit(group, me)
+		if me == nil || slices.Contains(group, me) {
+			break
+		}
+	}
+
+	s.qmu.Lock()
+	i := slices.IndexFunc(s.queue, func(r *enqueueReq) bool { return r.ready != nil })
+	if i < 0 {
+		s.leading = false
+		if len(s.queue) > 0 {
+			s.armAsync()
+		}
+		s.settled.Broadcast()
+		s.qmu.Unlock()
+		s.noteProgress() // a Flush waiting for this commit looks again
+		return
+	}
+	next := s.queue[i]
+	next.lead = true
+	s.qmu.Unlock()
+	close(next.ready)
+}
+
+// commit writes one group in one transaction and answers everyone in it but me.
+func (s *Spool) commit(group []*enqueueReq, me *enqueueReq) {
+	bodies := make([][]byte, len(group))
+	recs := make([]*Record, len(group))
+	for i, r := range group {
+		bodies[i], recs[i] = r.body, r.rec
+	}
+	errs, err := s.out.add(bodies, recs, s.admit)
 	for i, r := range group {
 		switch {
 		case err != nil:
@@ -418,26 +544,20 @@ func (s *Spool) commitGroup(me *enqueueReq) {
 		}
 	}
 	for _, r := range group {
-		if r != me {
+		switch {
+		case r == me:
+		case r.ready != nil:
 			close(r.ready)
+		case r.err != nil && r.failed != nil:
+			r.failed(r.err)
 		}
 	}
-
-	s.qmu.Lock()
-	if len(s.queue) == 0 {
-		s.leading = false
-		s.qmu.Unlock()
-		return
-	}
-	next := s.queue[0]
-	next.lead = true
-	s.qmu.Unlock()
-	close(next.ready)
 }
 
 func (s *Spool) noteEnqueued() {
-	s.pending.Add(1)
-	s.wakeForwarder()
+	if n := s.pending.Add(1); s.idle.Load() || n >= int64(s.batchSize) {
+		s.wakeForwarder()
+	}
 }
 
 func (s *Spool) wakeForwarder() {
@@ -481,9 +601,14 @@ func (s *Spool) Pending() int {
 // under ContinueAndAlarm.
 func (s *Spool) Dropped() uint64 { return s.dropped.Load() }
 
-// Flush waits until the outbox is empty or ctx ends. It needs Run to be forwarding.
+// Flush commits what EnqueueAsync queued and waits until the outbox is empty or ctx ends. It
+// needs Run to be forwarding.
 func (s *Spool) Flush(ctx context.Context) error {
+	s.flushing.Add(1)
+	defer s.flushing.Add(-1)
+	s.wakeForwarder()
 	for {
+		s.commitQueued()
 		s.mu.Lock()
 		progress := s.progress
 		s.mu.Unlock()
@@ -491,6 +616,12 @@ func (s *Spool) Flush(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("audit: read spool: %w", err)
 		}
+		s.qmu.Lock()
+		n += len(s.queue)
+		if s.leading {
+			n++ // a commit is writing records whose callers may have gone (EnqueueAsync)
+		}
+		s.qmu.Unlock()
 		if n == 0 {
 			return nil
 		}
@@ -596,7 +727,13 @@ func (s *Spool) readLoop(ctx context.Context, out chan<- spoolBatch) error {
 		if gather && !s.gather(ctx) {
 			return nil
 		}
+		// Idle from before the read: a record committed after the read found nothing wakes the
+		// wait below (the wake channel keeps it), and one committed before it is in the batch.
+		s.idle.Store(true)
 		b, err := s.readBatch(after)
+		if b.last != nil || err != nil {
+			s.idle.Store(false)
+		}
 		if err != nil {
 			if errors.Is(err, errOutboxClosed) {
 				return err
@@ -614,6 +751,7 @@ func (s *Spool) readLoop(ctx context.Context, out chan<- spoolBatch) error {
 			case <-ctx.Done():
 				return nil
 			case <-s.wake:
+				s.idle.Store(false)
 				gather = true
 				continue
 			}
@@ -628,10 +766,10 @@ func (s *Spool) readLoop(ctx context.Context, out chan<- spoolBatch) error {
 	}
 }
 
-// gather waits up to Linger for a full batch of records to be pending. It reports false when
-// ctx ended.
+// gather waits up to Linger for a full batch of records to be pending: enqueues wake it only
+// when one is (noteEnqueued), and Flush does not wait for it. It reports false when ctx ended.
 func (s *Spool) gather(ctx context.Context) bool {
-	if s.linger <= 0 || s.Pending() >= s.batchSize {
+	if s.linger <= 0 || s.Pending() >= s.batchSize || s.flushing.Load() > 0 {
 		return true
 	}
 	t := time.NewTimer(s.linger)
@@ -643,7 +781,7 @@ func (s *Spool) gather(ctx context.Context) bool {
 		case <-t.C:
 			return true
 		case <-s.wake:
-			if s.Pending() >= s.batchSize {
+			if s.Pending() >= s.batchSize || s.flushing.Load() > 0 {
 				return true
 			}
 		}
@@ -657,8 +795,15 @@ func (s *Spool) readBatch(after []byte) (spoolBatch, error) {
 	if err != nil {
 		return b, err
 	}
+	b.recs, b.bodies = make([]Record, 0, len(entries)), make([][]byte, 0, len(entries))
 	for _, e := range entries {
 		b.last = e.key
+		if e.rec != nil {
+			// Validated and encoded by this process's Enqueue: nothing to decode.
+			b.recs = append(b.recs, *e.rec)
+			b.bodies = append(b.bodies, e.body)
+			continue
+		}
 		var r Record
 		err := json.Unmarshal(e.body, &r)
 		if err == nil {
@@ -877,6 +1022,11 @@ func (s *Spool) droppedRecord(n uint64, pending int) ([]byte, error) {
 
 func (s *Spool) noteForwarded(n int) {
 	s.pending.Add(-int64(n))
+	s.noteProgress()
+}
+
+// noteProgress wakes whoever waits in Flush.
+func (s *Spool) noteProgress() {
 	s.mu.Lock()
 	close(s.progress)
 	s.progress = make(chan struct{})

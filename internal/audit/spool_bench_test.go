@@ -113,7 +113,7 @@ func BenchmarkFileOutboxCommit(b *testing.B) {
 			group := slices.Repeat([][]byte{body}, records)
 			admit := func(int) error { return nil }
 			for b.Loop() {
-				if _, err := o.add(group, admit); err != nil {
+				if _, err := o.add(group, nil, admit); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -652,6 +652,19 @@ func testSpoolLingersForFullerBatches(t *testing.T, kind string) {
 			require.Equal(t, 1, calls(), "twenty records enqueued within the linger are one batch")
 		})
 	})
+	t.Run("a flush does not wait out the linger", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.Linger = time.Hour })
+			env.run(t)
+			synctest.Wait()
+			require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(0, "p")))
+			synctest.Wait() // lingering
+			start := time.Now()
+			require.NoError(t, env.spool.Flush(t.Context()))
+			require.Len(t, env.sink.records(), 1)
+			require.Less(t, time.Since(start), time.Hour, "the flush cut the linger short")
+		})
+	})
 	t.Run("a full batch goes at once", func(t *testing.T) {
 		env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.Linger = time.Hour; c.BatchSize = 5 })
 		env.run(t)
@@ -663,6 +676,99 @@ func testSpoolLingersForFullerBatches(t *testing.T, kind string) {
 		require.NoError(t, env.spool.Flush(ctx), "a full batch is forwarded without waiting out an hour's linger")
 		require.Len(t, env.sink.records(), 5)
 	})
+}
+
+// TestSpoolEnqueueAsync: a record given to EnqueueAsync is committed with the next Enqueue's
+// record, in the same commit and before it; with no Enqueue coming, within asyncCommitDelay by
+// the spool itself; by Flush and Close at once; a full spool refuses it at once, and a failed
+// commit reaches its callback.
+func TestSpoolEnqueueAsync(t *testing.T) { forEachKind(t, testSpoolEnqueueAsync) }
+
+func testSpoolEnqueueAsync(t *testing.T, kind string) {
+	noFailure := func(err error) { t.Errorf("commit failed: %v", err) }
+	count := func(s *Spool) int {
+		n, err := s.out.count()
+		require.NoError(t, err)
+		return n
+	}
+	t.Run("rides with the next enqueue", func(t *testing.T) {
+		env := newSpoolEnvOf(t, kind, nil)
+		first, second := toolRecord(0, "p"), toolRecord(1, "p")
+		require.NoError(t, env.spool.EnqueueAsync(first, noFailure))
+		require.NoError(t, env.spool.Enqueue(t.Context(), second))
+		require.Equal(t, 2, count(env.spool), "both committed when the enqueue returns")
+		env.run(t)
+		require.NoError(t, env.spool.Flush(t.Context()))
+		require.Equal(t, ids([]Record{first, second}), ids(env.sink.records()))
+	})
+	t.Run("committed alone in time", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			env := newSpoolEnvOf(t, kind, nil)
+			require.NoError(t, env.spool.EnqueueAsync(toolRecord(0, "p"), noFailure))
+			synctest.Wait()
+			require.Zero(t, count(env.spool), "waiting for an enqueue to ride with")
+			time.Sleep(asyncCommitDelay)
+			synctest.Wait()
+			require.Equal(t, 1, count(env.spool), "committed by the spool once none came")
+		})
+	})
+	t.Run("flush commits what waits", func(t *testing.T) {
+		env := newSpoolEnvOf(t, kind, nil)
+		env.run(t)
+		rec := toolRecord(0, "p")
+		require.NoError(t, env.spool.EnqueueAsync(rec, noFailure))
+		require.NoError(t, env.spool.Flush(t.Context()))
+		require.Equal(t, ids([]Record{rec}), ids(env.sink.records()))
+	})
+	t.Run("close commits what waits", func(t *testing.T) {
+		env := newSpoolEnvOf(t, kind, nil)
+		require.NoError(t, env.spool.EnqueueAsync(toolRecord(0, "p"), noFailure))
+		require.NoError(t, env.spool.Close())
+		if kind == "files" {
+			reopened := fileSpool(t, env.spool.out.describe(), newFakeSink(), nil)
+			t.Cleanup(func() { _ = reopened.Close() })
+			require.Equal(t, 1, count(reopened), "durable before the files closed")
+		} else {
+			require.Equal(t, 1, count(env.spool), "committed before the spool closed")
+		}
+	})
+	t.Run("refused when full", func(t *testing.T) {
+		env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.MaxPending = 1 })
+		require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(0, "p")))
+		require.ErrorIs(t, env.spool.EnqueueAsync(toolRecord(1, "p"), noFailure), ErrSpoolFull)
+	})
+	if kind == "files" {
+		t.Run("a failed commit reaches the callback", func(t *testing.T) {
+			env := newSpoolEnvOf(t, kind, nil)
+			require.NoError(t, env.spool.out.close())
+			failed := make(chan error, 1)
+			require.NoError(t, env.spool.EnqueueAsync(toolRecord(0, "p"), func(err error) { failed <- err }))
+			require.ErrorIs(t, <-failed, errOutboxClosed)
+		})
+	}
+}
+
+// TestSpoolWakesTheForwarderOnlyWhenItWaits: a commit wakes the forwarder when it found the
+// outbox empty, or once a full batch is pending; while it lingers over a partial batch, the
+// commits of a steady stream of calls leave it be.
+func TestSpoolWakesTheForwarderOnlyWhenItWaits(t *testing.T) {
+	env := newSpoolEnvOf(t, "files", func(c *SpoolConfig) { c.BatchSize = 3 })
+	woken := func() bool {
+		select {
+		case <-env.spool.wake:
+			return true
+		default:
+			return false
+		}
+	}
+	require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(0, "p")))
+	require.False(t, woken(), "a forwarder that lingers over a partial batch is not woken")
+	env.spool.idle.Store(true)
+	require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(1, "p")))
+	require.True(t, woken(), "a forwarder waiting for records is woken")
+	env.spool.idle.Store(false)
+	require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(2, "p")))
+	require.True(t, woken(), "a full batch wakes the forwarder")
 }
 
 // TestSpoolRequeuesQuarantinedRecords: once the audit log takes what it refused, the

@@ -56,6 +56,7 @@ type Config struct {
 	FrontDoor FrontDoor `key:"frontdoor"`
 	Audit     Audit     `key:"audit"`
 	Limits    Limits    `key:"limits"`
+	Debug     Debug     `key:"debug"`
 	Dev       Dev       `key:"dev"`
 }
 
@@ -170,6 +171,11 @@ type Audit struct {
 // connection, header size, keepalive) are fixed: docs/security.md states them.
 type Limits struct {
 	MaxConnectionsPerAddress int `key:"max_connections_per_address" default:"128" help:"open connections one peer address (an IPv4 address or an IPv6 /64) may hold on each listener; raise it when clients reach the server through a proxy or NAT that hides their addresses"`
+}
+
+// Debug holds what an operator turns on to look inside a running binary.
+type Debug struct {
+	PprofAddr string `key:"pprof_addr" help:"loopback address (e.g. 127.0.0.1:6060) to serve Go's profiles on, /debug/pprof/; empty serves none"`
 }
 
 // Dev holds development-only escape hatches; production refuses each of them.
@@ -299,6 +305,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Limits.MaxConnectionsPerAddress < 1 {
 		errs.add("limits.max_connections_per_address", "must be at least 1", "e.g. 128; raise it when clients share an address (a proxy or NAT)")
+	}
+	if a := c.Debug.PprofAddr; a != "" {
+		if err := checkLoopback(a); err != nil {
+			errs.add("debug.pprof_addr", err.Error(), "use a loopback host:port, e.g. 127.0.0.1:6060: the profiles answer anyone who reaches them, with no key")
+		}
 	}
 	switch c.Audit.OnSpoolFull {
 	case "fail_closed", "continue_and_alarm":
@@ -433,6 +444,21 @@ func (c *Config) validateFor(binary string) error {
 func checkAddr(addr string) error {
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return fmt.Errorf("%q is not host:port", addr)
+	}
+	return nil
+}
+
+// checkLoopback accepts host:port on a loopback address only.
+func checkLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port", addr)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("%q is not a loopback address", addr)
 	}
 	return nil
 }

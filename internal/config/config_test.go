@@ -98,6 +98,14 @@ func TestNestedEnvKeys(t *testing.T) {
 	require.True(t, cfg.Dev.AllowInlineMCPServers)
 }
 
+func TestPprofOnLoopback(t *testing.T) {
+	for _, addr := range []string{"127.0.0.1:6060", "[::1]:6060", "localhost:0"} {
+		cfg, err := load(t, nil, []string{"RINGFENCE_DEBUG__PPROF_ADDR=" + addr})
+		require.NoError(t, err, addr)
+		require.Equal(t, addr, cfg.Debug.PprofAddr)
+	}
+}
+
 func TestRefusals(t *testing.T) {
 	dir := t.TempDir()
 	unknownFile := filepath.Join(dir, "unknown.yaml")
@@ -133,6 +141,7 @@ func TestRefusals(t *testing.T) {
 		{"a document URL in the clear in production", nil, []string{"RINGFENCE_ENV=production", "RINGFENCE_DOCUMENTS__URL_TEMPLATE=http://docs.internal/{tenant}/{id}"}, []string{"RINGFENCE_DOCUMENTS__URL_TEMPLATE", "not https://"}},
 		{"a token for no document service", nil, []string{"RINGFENCE_DOCUMENTS__TOKEN_FILE=/run/token"}, []string{"RINGFENCE_DOCUMENTS__TOKEN_FILE", "without documents.url_template"}},
 		{"documents past the bound", nil, []string{"RINGFENCE_DOCUMENTS__MAX_BYTES=1GiB"}, []string{"RINGFENCE_DOCUMENTS__MAX_BYTES", "[1, 256MiB]"}},
+		{"profiles only on loopback", nil, []string{"RINGFENCE_DEBUG__PPROF_ADDR=0.0.0.0:6060"}, []string{"RINGFENCE_DEBUG__PPROF_ADDR", "not a loopback address", "no key"}},
 		{"secret values are not echoed", nil, []string{"RINGFENCE_BOOTSTRAP_ADMIN_KEY=short"}, []string{"RINGFENCE_BOOTSTRAP_ADMIN_KEY", "shorter than 16"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -395,7 +395,6 @@ func rawAttachThroughput(b *testing.B, serverArgs []string, durable bool) {
 		_, err := s.CallTool(context.Background(), params)
 		return err
 	}
-	var outcomes sync.WaitGroup
 	var spool *audit.Spool
 	if durable {
 		spool = benchSpool(b)
@@ -411,12 +410,7 @@ func rawAttachThroughput(b *testing.B, serverArgs []string, durable bool) {
 			}
 			att.Succeeded()
 			att.PendingID = pending.ID
-			outcomes.Go(func() {
-				if err := spool.Enqueue(context.Background(), audit.NewToolCallRecord("pool", auth.DefaultTenant, att)); err != nil {
-					b.Error(err)
-				}
-			})
-			return nil
+			return spool.EnqueueAsync(audit.NewToolCallRecord("pool", auth.DefaultTenant, att), func(err error) { b.Error(err) })
 		}
 	}
 	var next atomic.Int64
@@ -437,7 +431,6 @@ func rawAttachThroughput(b *testing.B, serverArgs []string, durable bool) {
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "calls/s")
 	b.StopTimer()
 	if durable {
-		outcomes.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		require.NoError(b, spool.Flush(ctx), "every attempt reached the audit log")

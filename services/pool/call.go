@@ -543,15 +543,17 @@ func resultToProto(res *CallResult) (content []*structpb.Struct, structured *str
 	return content, structured
 }
 
-// recordOutcome spools a dispatched call's outcome record in the background; Close waits for
-// every one. If it cannot be written the pending record stands, which says the call may have
-// taken effect.
+// recordOutcome spools a dispatched call's outcome record without holding up the answer: it
+// joins the next commit of the spool (the next call's pending record, most of the time), and
+// Close commits what still waits. If it cannot be written the pending record stands, which
+// says the call may have taken effect.
 func (s *Service) recordOutcome(rec audit.Record) {
-	s.outcomes.Go(func() {
-		if err := s.spool.Enqueue(context.Background(), rec); err != nil {
-			s.log.Error("a tool call's outcome could not be recorded; its pending record stands", "run", rec.ToolCall.RunID, "call", rec.ToolCall.CallID, "err", err)
-		}
-	})
+	failed := func(err error) {
+		s.log.Error("a tool call's outcome could not be recorded; its pending record stands", "run", rec.ToolCall.RunID, "call", rec.ToolCall.CallID, "err", err)
+	}
+	if err := s.spool.EnqueueAsync(rec, failed); err != nil {
+		failed(err)
+	}
 }
 
 // orDefaultTenant is the tenant a run is looked up in, and an attempt on an unknown run

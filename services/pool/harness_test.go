@@ -297,7 +297,6 @@ func (h *harness) pendings() []*audit.ToolCallAttempt {
 // call's records; it is placed right after the pending record it names.
 func (h *harness) toolCallRecords(keep func(*audit.ToolCallAttempt) bool) []*audit.ToolCallAttempt {
 	h.t.Helper()
-	h.pool.outcomes.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.NoError(h.t, h.pool.Spool().Flush(ctx))

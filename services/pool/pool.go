@@ -142,7 +142,6 @@ type Service struct {
 	store     *store.Store
 	spool     *audit.Spool
 	forwarder *audit.Forwarder
-	outcomes  sync.WaitGroup // outcome records being spooled (recordOutcome)
 	watchers  sync.WaitGroup // one per live session, until it ends (watch)
 	inflight  *inflight      // tool calls in progress
 	schemas   *schemas.Cache
@@ -356,7 +355,6 @@ func (s *Service) Close(ctx context.Context) error {
 	if err := s.inflight.wait(ctx); err != nil {
 		s.log.Warn("closing with tool calls still in progress; their outcomes may be missing from the audit log (their pending records are not)", "err", err)
 	}
-	s.outcomes.Wait()
 	s.forwarder.Stop(2 * time.Second)
 	s.cancel()
 	s.bg.Wait()

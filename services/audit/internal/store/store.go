@@ -268,6 +268,9 @@ type writer struct {
 	ch   *chainer
 	seq  uint64
 	prev [32]byte
+	buf  []byte
+	// sinceRelease counts the bytes committed since the mapped pages were last released.
+	sinceRelease int
 }
 
 // noValue is the value of index entries, whose keys say everything. It is empty but
@@ -281,7 +284,9 @@ type idEntry struct {
 
 func (w *writer) commit(batch []*appendReq) {
 	seq, prev := w.seq, w.prev
+	written := 0
 	err := w.s.db.Update(func(tx *bolt.Tx) error {
+		written = 0
 		seq, prev = w.seq, w.prev
 		records := tx.Bucket(bucketRecords)
 		// Keys only ever grow, so full pages waste nothing and halve the page count.
@@ -344,6 +349,7 @@ func (w *writer) commit(batch []*appendReq) {
 			}
 			vals := make([]byte, 0, valSize)
 			keys := make([]byte, 0, keySize)
+			written += valSize + keySize
 			carve := func(buf *[]byte, start int) []byte { return (*buf)[start:len(*buf):len(*buf)] }
 			for i, r := range req.recs {
 				if !fresh[i] {
@@ -420,6 +426,7 @@ func (w *writer) commit(batch []*appendReq) {
 	for _, req := range batch {
 		close(req.done)
 	}
+	w.noteWritten(written)
 }
 
 // Sink adapts the store to audit.Sink, for a producer spool in the same process.

@@ -67,6 +67,10 @@ type Anchor struct {
 // is 0).
 func (s *Store) VerifyThrough(ctx context.Context, progress func(done uint64), anchor Anchor) (VerifyResult, error) {
 	res, err := s.walk(ctx, progress)
+	// The walk mapped every page of the file.
+	if rerr := s.releaseMapped(); rerr != nil {
+		s.log.Warn("audit: could not release the log's mapped pages after a verify", "error", rerr)
+	}
 	if err != nil {
 		return res, err
 	}
