@@ -58,13 +58,13 @@ type Mirror struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu       sync.Mutex
-	applied  int64         // every event up to this revision is applied
-	changed  chan struct{} // closed and replaced when applied advances
-	lastAsk  time.Time     // the last progress request
-	probeMu  sync.Mutex
-	next     *probe // the probe callers join; it starts after they joined
-	probing  bool
+	mu      sync.Mutex
+	applied int64         // every event up to this revision is applied
+	changed chan struct{} // closed and replaced when applied advances
+	lastAsk time.Time     // the last progress request
+	probeMu sync.Mutex
+	next    *probe // the probe callers join; it starts after they joined
+	probing bool
 }
 
 type probe struct {
