@@ -20,11 +20,16 @@ const SyncTimeout = 5 * time.Second
 // again) rather than INTERNAL.
 var ErrUnavailable = errors.New("etcdstore: etcd cannot be reached")
 
-// Unavailable wraps err (an etcd client error) in ErrUnavailable; context errors pass as they
-// are.
+// Unavailable wraps err (an etcd client error) in ErrUnavailable; a canceled context passes
+// as it is.
 func Unavailable(what string, err error) error {
-	if err == nil || errors.Is(err, context.Canceled) {
+	switch {
+	case err == nil || errors.Is(err, context.Canceled):
 		return err
+	case errors.Is(err, context.DeadlineExceeded):
+		// etcd did not answer in time: the caller's own deadline may be far off, so this is
+		// not its deadline passing.
+		return fmt.Errorf("%w: %s: no answer in time (%v)", ErrUnavailable, what, err)
 	}
 	return fmt.Errorf("%w: %s: %w", ErrUnavailable, what, err)
 }

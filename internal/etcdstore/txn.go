@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	rpctypes "go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -61,4 +62,27 @@ func Retry(ctx context.Context, attempt func(ctx context.Context) (bool, error))
 		case <-t.C:
 		}
 	}
+}
+
+// TxRecorder is what a transaction writes besides its change (audit.EtcdRecorder: the audit
+// records of the change, in the producer's outbox).
+type TxRecorder interface {
+	Ops() []clientv3.Op
+	Committed()
+}
+
+// Commit commits ops, with rec's operations, if every compare holds; it reports whether it
+// did, and tells rec once it did.
+func Commit(ctx context.Context, cli *clientv3.Client, cmps []clientv3.Cmp, ops []clientv3.Op, rec TxRecorder) (*clientv3.TxnResponse, error) {
+	if rec != nil {
+		ops = slices.Concat(ops, rec.Ops())
+	}
+	resp, err := cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return nil, Unavailable("commit", err)
+	}
+	if resp.Succeeded && rec != nil {
+		rec.Committed()
+	}
+	return resp, nil
 }
