@@ -352,4 +352,3 @@ func (s *Bolt) DeleteServer(ctx context.Context, ref string, hook Hook) error {
 	}
 	return err
 }
-
