@@ -426,4 +426,3 @@ func (s *Bolt) DeleteGraph(ctx context.Context, tenant, id string, hook Hook) er
 	s.cache.dropPrefix(versionCachePrefix(tenant, id))
 	return err
 }
-

@@ -109,19 +109,19 @@ func backends(t *testing.T, cluster *etcdtest.Cluster) []backend {
 
 // behaviours is the one table every back end passes.
 var behaviours = map[string]func(t *testing.T, b backend){
-	"CreateGraphAndDraft":                      testCreateGraphAndDraft,
-	"UpdateDraftWritesNothingOnRefusal":        testUpdateDraftAdvancesTheRevisionAndWritesNothingOnRefusal,
-	"HookRunsInTheWriteTransaction":            testHookRunsInTheWriteTransaction,
-	"PublishNumbersVersions":                   testPublishNumbersVersionsAndChecksTheDraftRevision,
-	"PublishedVersionsAreNeverOverwritten":     testPublishedVersionsAreNeverOverwritten,
-	"DeleteKeepsNumbering":                     testDeleteKeepsNumberingForARecreatedGraph,
-	"ListGraphsPagesWithinOneTenant":           testListGraphsPagesWithinOneTenant,
-	"APageTokenNotIssuedForTheListIsRefused":   testAPageTokenNotIssuedForTheListIsRefused,
-	"ListVersionsOfTheLastGraph":               testListVersionsOfTheLastGraphInTheFile,
-	"ReopenKeepsEverything":                    testReopenKeepsEverything,
-	"OversizedDraftIsRefused":                  testOversizedDraftIsRefused,
-	"CacheFollowsTheStore":                     testCacheFollowsTheStore,
-	"PublishedListsGraphsWithVersions":         testPublishedListsGraphsWithVersions,
+	"CreateGraphAndDraft":                    testCreateGraphAndDraft,
+	"UpdateDraftWritesNothingOnRefusal":      testUpdateDraftAdvancesTheRevisionAndWritesNothingOnRefusal,
+	"HookRunsInTheWriteTransaction":          testHookRunsInTheWriteTransaction,
+	"PublishNumbersVersions":                 testPublishNumbersVersionsAndChecksTheDraftRevision,
+	"PublishedVersionsAreNeverOverwritten":   testPublishedVersionsAreNeverOverwritten,
+	"DeleteKeepsNumbering":                   testDeleteKeepsNumberingForARecreatedGraph,
+	"ListGraphsPagesWithinOneTenant":         testListGraphsPagesWithinOneTenant,
+	"APageTokenNotIssuedForTheListIsRefused": testAPageTokenNotIssuedForTheListIsRefused,
+	"ListVersionsOfTheLastGraph":             testListVersionsOfTheLastGraphInTheFile,
+	"ReopenKeepsEverything":                  testReopenKeepsEverything,
+	"OversizedDraftIsRefused":                testOversizedDraftIsRefused,
+	"CacheFollowsTheStore":                   testCacheFollowsTheStore,
+	"PublishedListsGraphsWithVersions":       testPublishedListsGraphsWithVersions,
 }
 
 // TestBehaviours runs the table against bbolt and against a three-member etcd cluster.
