@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -64,7 +65,14 @@ func (s *Service) EnsureBootstrapAdmin(ctx context.Context, key string) error {
 		ID: newKeyID(), Name: "bootstrap-admin", Role: auth.RoleAdmin,
 		Hash: hash, CreateTime: time.Now().UTC(),
 	}
-	if err := s.store.CreateKey(ctx, k, s.event(ctx, audit.ActionKeyCreate, resourceKey, k.ID, keyToProto(k))); err != nil {
+	err = s.store.CreateKey(ctx, k, s.event(ctx, audit.ActionKeyCreate, resourceKey, k.ID, keyToProto(k)))
+	if errors.Is(err, store.ErrExists) {
+		// Another replica starting at the same moment created it first.
+		if _, ok, lerr := s.store.KeyByHash(ctx, hash); lerr == nil && ok {
+			return nil
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("registry: create the bootstrap admin key: %w", err)
 	}
 	s.log.Info("bootstrap admin key enabled", "key_id", k.ID)
