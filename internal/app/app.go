@@ -19,6 +19,7 @@ import (
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/moby/moby/client"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
@@ -33,6 +34,7 @@ import (
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/config"
 	"github.com/ringfence/ringfence/internal/documents"
+	"github.com/ringfence/ringfence/internal/etcdstore"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mtls"
@@ -57,6 +59,7 @@ type App struct {
 
 	log     *slog.Logger
 	tracing *telemetry.Tracing
+	etcd    *clientv3.Client
 	closers []func() error
 }
 
@@ -136,7 +139,7 @@ func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Ap
 		}
 		a.Registry.SetDiscoverer(a.Pool)
 		a.Registry.SetWarmReporter(a.Pool)
-		if a.Publisher, err = a.openPublisher(cfg, a.Registry, a.Pool, sink, log); err != nil {
+		if a.Publisher, err = a.openPublisher(ctx, cfg, a.Registry, a.Pool, sink, log); err != nil {
 			return err
 		}
 		versions.v = a.Publisher
@@ -217,7 +220,7 @@ func NewPublisher(ctx context.Context, cfg *config.Config, log *slog.Logger) (*A
 		if err != nil {
 			return err
 		}
-		if a.Publisher, err = a.openPublisher(cfg, registry, peers.NewPool(poolConn), sink, log); err != nil {
+		if a.Publisher, err = a.openPublisher(ctx, cfg, registry, peers.NewPool(poolConn), sink, log); err != nil {
 			return err
 		}
 		if a.Server, err = a.newServer(cfg, "ringfence-publisher", auth.NewAuthorizer(registry, auth.Rules), log); err != nil {
@@ -337,8 +340,14 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 	if err != nil {
 		return nil, err
 	}
+	cli, err := a.etcdClient(ctx, cfg, log)
+	if err != nil {
+		return nil, err
+	}
 	svc, err := registry.Open(registry.Config{
 		DBPath:          path,
+		Etcd:            cli,
+		EtcdRoot:        cfg.Store.EtcdPrefix,
 		Secrets:         box,
 		Roles:           roles,
 		AllowedEnvKeys:  cfg.Sandbox.MCPIsolationAllowedEnvironmentKeys,
@@ -526,13 +535,19 @@ func defaultPoolID(dataDir string) string {
 
 // openPublisher opens the publisher with the registry as its grants resolver (the ceiling) and
 // the pool as its discoverer.
-func (a *App) openPublisher(cfg *config.Config, policies publisher.Policies, disc publisher.Discoverer, sink audit.Sink, log *slog.Logger) (*publisher.Service, error) {
+func (a *App) openPublisher(ctx context.Context, cfg *config.Config, policies publisher.Policies, disc publisher.Discoverer, sink audit.Sink, log *slog.Logger) (*publisher.Service, error) {
 	path, err := dataFile(cfg, "publisher.db")
+	if err != nil {
+		return nil, err
+	}
+	cli, err := a.etcdClient(ctx, cfg, log)
 	if err != nil {
 		return nil, err
 	}
 	pub, err := publisher.Open(publisher.Config{
 		DBPath:                path,
+		Etcd:                  cli,
+		EtcdRoot:              cfg.Store.EtcdPrefix,
 		Policies:              policies,
 		Discoverer:            disc,
 		AllowInlineMCPServers: cfg.Dev.AllowInlineMCPServers,
@@ -547,6 +562,25 @@ func (a *App) openPublisher(cfg *config.Config, policies publisher.Policies, dis
 	a.onClose(pub.Close)
 	requeueQuarantined(cfg, pub.Spool(), log.With("service", "publisher"))
 	return pub, nil
+}
+
+// etcdClient is the binary's client of the store's etcd cluster (store.backend=etcd), dialed
+// once and shared by the services that keep their state there; nil with bbolt. It closes
+// after them: closers run in reverse order of opening.
+func (a *App) etcdClient(ctx context.Context, cfg *config.Config, log *slog.Logger) (*clientv3.Client, error) {
+	if !cfg.Store.Etcd() || a.etcd != nil {
+		return a.etcd, nil
+	}
+	st := cfg.Store
+	cli, err := etcdstore.Dial(ctx, etcdstore.Config{
+		Endpoints: st.EtcdEndpoints, CAFile: st.EtcdCAFile, CertFile: st.EtcdCertFile, KeyFile: st.EtcdKeyFile, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.etcd = cli
+	a.onClose(cli.Close)
+	return cli, nil
 }
 
 // requeueQuarantined puts a producer's quarantined audit records back in its spool when the

@@ -72,7 +72,10 @@ type SpoolConfig struct {
 	// Dir, instead of DB and Bucket, keeps the outbox in append-only segment files of its
 	// own: one fdatasync per commit instead of bbolt's two and its page writes, for a
 	// producer that only calls Enqueue (the pool records every tool call this way).
-	Dir  string
+	Dir string
+	// Etcd, instead, keeps the outbox in etcd, shared by the producer's replicas, so a change
+	// committed to etcd and its record are one transaction (EtcdRecorder).
+	Etcd *EtcdOutbox
 	Sink Sink
 	// QuarantinePath is the JSON-lines file that keeps records the audit log refuses; empty
 	// means quarantine.jsonl in Dir, or <DB's file>.audit-quarantine.jsonl.
@@ -166,8 +169,8 @@ type Spool struct {
 // NewSpool opens (creating if needed) the outbox: the bucket in cfg.DB, or the files in
 // cfg.Dir.
 func NewSpool(cfg SpoolConfig) (*Spool, error) {
-	if (cfg.DB == nil || cfg.Bucket == "") == (cfg.Dir == "") || cfg.Sink == nil || cfg.Producer == "" {
-		return nil, errors.New("audit: spool needs Sink, Producer, and either DB and Bucket or Dir")
+	if outboxes(cfg) != 1 || cfg.Sink == nil || cfg.Producer == "" {
+		return nil, errors.New("audit: spool needs Sink, Producer, and either DB and Bucket or Dir (or Etcd)")
 	}
 	if cfg.OnFull != FailClosed && cfg.OnFull != ContinueAndAlarm {
 		return nil, fmt.Errorf("audit: unknown spool full policy %d", cfg.OnFull)
@@ -204,12 +207,18 @@ func NewSpool(cfg SpoolConfig) (*Spool, error) {
 	}
 	var err error
 	s.quarantinePath = cfg.QuarantinePath
-	if cfg.Dir != "" {
+	switch {
+	case cfg.Etcd != nil:
+		if s.quarantinePath == "" {
+			return nil, errors.New("audit: a spool in etcd needs a QuarantinePath on local disk")
+		}
+		s.out, err = openEtcdOutbox(cfg.Etcd, s.wakeForwarder)
+	case cfg.Dir != "":
 		s.out, err = openFileOutbox(cfg.Dir, s.log)
 		if s.quarantinePath == "" {
 			s.quarantinePath = filepath.Join(cfg.Dir, "quarantine.jsonl")
 		}
-	} else {
+	default:
 		s.out, err = openBoltOutbox(cfg.DB, cfg.Bucket)
 		if s.quarantinePath == "" {
 			s.quarantinePath = cfg.DB.Path() + ".audit-quarantine.jsonl"

@@ -125,9 +125,12 @@ func newSpoolEnvOf(t *testing.T, kind string, mutate func(*SpoolConfig)) *spoolE
 		MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(env.logs, nil)),
 	}
-	if kind == "files" {
+	switch kind {
+	case "files":
 		cfg.Dir = filepath.Join(t.TempDir(), "spool")
-	} else {
+	case "etcd":
+		etcdSpoolConfig(t, &cfg)
+	default:
 		env.db = openBolt(t, filepath.Join(t.TempDir(), "producer.db"))
 		t.Cleanup(func() { _ = env.db.Close() })
 		cfg.DB, cfg.Bucket = env.db, "audit_outbox"

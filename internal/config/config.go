@@ -48,6 +48,7 @@ type Config struct {
 	Warnings []string
 
 	TLS       TLS       `key:"tls"`
+	Store     Store     `key:"store"`
 	Peers     Peers     `key:"peers"`
 	OTel      OTel      `key:"otel"`
 	Sandbox   Sandbox   `key:"sandbox"`
@@ -70,6 +71,24 @@ type TLS struct {
 
 // Enabled reports whether TLS is configured.
 func (t TLS) Enabled() bool { return t.CertFile != "" }
+
+// Store chooses where the registry and the publisher keep their state: a bbolt file each in
+// data_dir, or an etcd cluster that several replicas of each share. The pool and the audit log
+// keep theirs in bbolt.
+type Store struct {
+	Backend       string   `key:"backend" default:"bbolt" help:"bbolt (a file per service in data_dir) or etcd (registry and publisher state in an etcd cluster their replicas share)"`
+	EtcdEndpoints []string `key:"etcd_endpoints" help:"JSON list of the etcd members' client URLs, e.g. [\"https://etcd-1:2379\",\"https://etcd-2:2379\",\"https://etcd-3:2379\"]"`
+	EtcdCAFile    string   `key:"etcd_ca_file" help:"PEM CA bundle the etcd members' certificates chain to"`
+	EtcdCertFile  string   `key:"etcd_cert_file" help:"PEM client certificate this service presents to etcd (mutual TLS)"`
+	EtcdKeyFile   string   `key:"etcd_key_file" help:"PEM private key of etcd_cert_file"`
+	EtcdPrefix    string   `key:"etcd_prefix" default:"/ringfence" help:"prefix of every key Ringfence keeps in etcd (<prefix>/registry/..., <prefix>/publisher/...); deployments sharing a cluster need one each"`
+}
+
+// Etcd reports whether the etcd back end is chosen.
+func (s Store) Etcd() bool { return s.Backend == "etcd" }
+
+// etcdTLS reports how many of the three etcd TLS files are set.
+func (s Store) etcdTLS() int { return countSet(s.EtcdCAFile, s.EtcdCertFile, s.EtcdKeyFile) }
 
 // Peers are the internal addresses (each peer's internal_addr) of the other services in a
 // split deployment. Empty means the service runs in this process (ringfenced) or is not needed
@@ -238,6 +257,7 @@ func (c *Config) Validate() error {
 			EnvName("tls.cert_file"), EnvName("tls.key_file"), EnvName("tls.client_ca_file")),
 			"set all three (`ringfence certs init --dir D` writes a development set) or none")
 	}
+	c.validateStore(&errs)
 	if img := c.Sandbox.MCPIsolationImage; img != "" && !imageRefPattern.MatchString(img) {
 		errs.add("sandbox.mcp_isolation_image", fmt.Sprintf("%q is not pinned by digest", img),
 			"use name@sha256:<64 hex> or sha256:<64 hex>; `ringfence image build` prints one, `docker image inspect --format '{{.Id}}' NAME` shows a local image's ID")
@@ -414,6 +434,53 @@ func (c *Config) validateDocuments(errs *problems) {
 	}
 }
 
+var etcdPrefixPattern = regexp.MustCompile(`^(/[A-Za-z0-9_.-]+)+$`)
+
+// validateStore checks the store section: an etcd back end needs its members' URLs, and talks
+// mutual TLS to them (https:// with all three files), which production requires.
+func (c *Config) validateStore(errs *problems) {
+	st := c.Store
+	tlsKeys := fmt.Sprintf("store.etcd_ca_file, store.etcd_cert_file and store.etcd_key_file (%s, %s, %s)",
+		EnvName("store.etcd_ca_file"), EnvName("store.etcd_cert_file"), EnvName("store.etcd_key_file"))
+	switch st.Backend {
+	case "bbolt":
+		if len(st.EtcdEndpoints) > 0 || st.etcdTLS() > 0 {
+			errs.add("store.backend", "is bbolt, but etcd settings are set", "set it to etcd to use them, or unset store.etcd_*")
+		}
+		return
+	case "etcd":
+	default:
+		errs.add("store.backend", fmt.Sprintf("%q is not a back end", st.Backend), "use bbolt or etcd")
+		return
+	}
+	if len(st.EtcdEndpoints) == 0 {
+		errs.add("store.etcd_endpoints", "is empty, and store.backend is etcd", `list the etcd members' client URLs, e.g. ["https://etcd-1:2379","https://etcd-2:2379","https://etcd-3:2379"]`)
+	}
+	want := "https"
+	if st.etcdTLS() == 0 {
+		want = "http"
+	}
+	for _, e := range st.EtcdEndpoints {
+		u, err := url.Parse(e)
+		if err != nil || u.Host == "" || u.Port() == "" || (u.Path != "" && u.Path != "/") || (u.Scheme != "http" && u.Scheme != "https") {
+			errs.add("store.etcd_endpoints", fmt.Sprintf("%q is not an etcd client URL", e), "use https://host:port, e.g. https://etcd-1:2379")
+		} else if u.Scheme != want {
+			errs.add("store.etcd_endpoints", fmt.Sprintf("%q is %s://, but the TLS files are %s", e, u.Scheme, map[string]string{"https": "unset", "http": "set"}[u.Scheme]),
+				"use https:// with "+tlsKeys+", or http:// without them (development only)")
+		}
+	}
+	if n := st.etcdTLS(); n != 0 && n != 3 {
+		errs.addRule(tlsKeys+" must be set together", "set all three (`ringfence certs init --dir D` writes a development set: ca.pem, and <service>.pem as the client certificate) or none")
+	}
+	if c.IsProduction() && st.etcdTLS() == 0 {
+		errs.addRule(tlsKeys+" are required in production: etcd holds the registry's sealed secrets and key hashes and the publisher's graphs, and takes mutual TLS",
+			"issue the members' and this service's certificates from one CA (`ringfence certs init` writes etcd.pem for the members) and set all three")
+	}
+	if !etcdPrefixPattern.MatchString(st.EtcdPrefix) {
+		errs.add("store.etcd_prefix", fmt.Sprintf("%q is not a key prefix", st.EtcdPrefix), "use /name, e.g. /ringfence or /ringfence-staging: a leading slash, no trailing one, letters, digits, _ . -")
+	}
+}
+
 // validateFor checks what depends on which binary runs the configuration, and fills in a
 // split binary's internal address. Other names (tests, the CLI) get the checks above only.
 func (c *Config) validateFor(binary string) error {
@@ -424,6 +491,9 @@ func (c *Config) validateFor(binary string) error {
 			errs.add("internal_addr", "is set, but ringfenced serves no internal RPCs: its services call each other in-process", "unset it; it is for split binaries (ringfence-registry, -publisher, -pool, -audit)")
 		}
 	case slices.Contains(SplitBinaries, binary):
+		if c.Store.Etcd() && (binary == "ringfence-pool" || binary == "ringfence-audit") {
+			errs.add("store.backend", fmt.Sprintf("is etcd, but %s keeps its state in bbolt in data_dir: only the registry and the publisher keep theirs in etcd", binary), "unset it for this binary")
+		}
 		if c.InternalAddr == "" {
 			c.InternalAddr = DefaultInternalAddr
 		}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -319,4 +320,68 @@ func TestSeedNamesAreAliases(t *testing.T) {
 
 	_, err = load(t, nil, []string{"ZEROTH_POOL__MAX_RUNS=many"})
 	require.ErrorContains(t, err, "ZEROTH_POOL__MAX_RUNS (read as RINGFENCE_POOL__MAX_RUNS)=")
+}
+
+// TestStoreSettings: the etcd back end needs its members' URLs and takes mutual TLS to them,
+// which production requires; etcd settings under bbolt, and etcd for the pool or the audit
+// log, are refused rather than ignored.
+func TestStoreSettings(t *testing.T) {
+	etcdTLS := []string{
+		"RINGFENCE_STORE__BACKEND=etcd",
+		`RINGFENCE_STORE__ETCD_ENDPOINTS=["https://etcd-1:2379","https://etcd-2:2379"]`,
+		"RINGFENCE_STORE__ETCD_CA_FILE=ca.pem", "RINGFENCE_STORE__ETCD_CERT_FILE=registry.pem", "RINGFENCE_STORE__ETCD_KEY_FILE=registry-key.pem",
+	}
+	cfg, err := load(t, nil, append(etcdTLS, "RINGFENCE_ENV=production"))
+	require.NoError(t, err)
+	require.True(t, cfg.Store.Etcd())
+	require.Equal(t, []string{"https://etcd-1:2379", "https://etcd-2:2379"}, cfg.Store.EtcdEndpoints)
+	require.Equal(t, "/ringfence", cfg.Store.EtcdPrefix)
+
+	cfg, err = load(t, nil, []string{"RINGFENCE_STORE__BACKEND=etcd", `RINGFENCE_STORE__ETCD_ENDPOINTS=["http://127.0.0.1:2379"]`})
+	require.NoError(t, err, "plain http without TLS files in development")
+	require.True(t, cfg.Store.Etcd())
+	cfg, err = load(t, nil, nil)
+	require.NoError(t, err)
+	require.Equal(t, "bbolt", cfg.Store.Backend, "the default")
+
+	for name, tc := range map[string]struct {
+		env  []string
+		want string
+	}{
+		"unknown back end": {[]string{"RINGFENCE_STORE__BACKEND=postgres"}, `store.backend (RINGFENCE_STORE__BACKEND) "postgres" is not a back end: use bbolt or etcd`},
+		"no endpoints":     {[]string{"RINGFENCE_STORE__BACKEND=etcd"}, "store.etcd_endpoints (RINGFENCE_STORE__ETCD_ENDPOINTS) is empty, and store.backend is etcd"},
+		"not a URL": {[]string{"RINGFENCE_STORE__BACKEND=etcd", `RINGFENCE_STORE__ETCD_ENDPOINTS=["etcd-1:2379"]`},
+			`"etcd-1:2379" is not an etcd client URL: use https://host:port`},
+		"https without TLS": {[]string{"RINGFENCE_STORE__BACKEND=etcd", `RINGFENCE_STORE__ETCD_ENDPOINTS=["https://etcd-1:2379"]`},
+			`"https://etcd-1:2379" is https://, but the TLS files are unset`},
+		"http with TLS": {append(slices.Clone(etcdTLS[2:]), "RINGFENCE_STORE__BACKEND=etcd", `RINGFENCE_STORE__ETCD_ENDPOINTS=["http://etcd-1:2379"]`),
+			`"http://etcd-1:2379" is http://, but the TLS files are set`},
+		"half the TLS files": {append(slices.Clone(etcdTLS[:3]), "RINGFENCE_STORE__ETCD_CERT_FILE=registry.pem"),
+			"store.etcd_ca_file, store.etcd_cert_file and store.etcd_key_file (RINGFENCE_STORE__ETCD_CA_FILE, RINGFENCE_STORE__ETCD_CERT_FILE, RINGFENCE_STORE__ETCD_KEY_FILE) must be set together"},
+		"production without TLS": {[]string{"RINGFENCE_ENV=production", "RINGFENCE_STORE__BACKEND=etcd", `RINGFENCE_STORE__ETCD_ENDPOINTS=["http://etcd-1:2379"]`},
+			"are required in production: etcd holds the registry's sealed secrets"},
+		"etcd settings under bbolt": {[]string{`RINGFENCE_STORE__ETCD_ENDPOINTS=["https://etcd-1:2379"]`},
+			"store.backend (RINGFENCE_STORE__BACKEND) is bbolt, but etcd settings are set: set it to etcd to use them"},
+		"bad prefix": {append(slices.Clone(etcdTLS), "RINGFENCE_STORE__ETCD_PREFIX=ringfence/"),
+			`store.etcd_prefix (RINGFENCE_STORE__ETCD_PREFIX) "ringfence/" is not a key prefix`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := load(t, nil, tc.env)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+
+	tlsEnv := []string{"RINGFENCE_TLS__CERT_FILE=c.pem", "RINGFENCE_TLS__KEY_FILE=k.pem", "RINGFENCE_TLS__CLIENT_CA_FILE=ca.pem"}
+	for _, binary := range []string{"ringfence-registry", "ringfence-publisher", AllInOne} {
+		env := etcdTLS
+		if binary != AllInOne {
+			env = append(slices.Clone(etcdTLS), tlsEnv...)
+		}
+		_, err := Load(binary, nil, env, io.Discard)
+		require.NoError(t, err, binary)
+	}
+	for _, binary := range []string{"ringfence-pool", "ringfence-audit"} {
+		_, err := Load(binary, nil, append(slices.Clone(etcdTLS), tlsEnv...), io.Discard)
+		require.ErrorContains(t, err, "keeps its state in bbolt in data_dir: only the registry and the publisher keep theirs in etcd", binary)
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 )
 
@@ -37,7 +38,9 @@ type WrittenFile struct {
 
 // InitDevCA writes a development CA (ca.pem, ca-key.pem) and, for every service, <svc>.pem
 // and <svc>-key.pem whose identity is spiffe://ringfence/service/<svc>, usable both as server
-// and as client certificate. Private keys are written with mode 0600. It refuses to overwrite
+// and as client certificate; and etcd.pem and etcd-key.pem for the members of an etcd cluster
+// (store.backend=etcd: served to clients and peers, which present their own), identity
+// spiffe://ringfence/etcd. Private keys are written with mode 0600. It refuses to overwrite
 // an existing ca.pem unless Force is set, so a second run cannot silently split a deployment.
 func InitDevCA(dir string, opts DevCAOptions) ([]WrittenFile, error) {
 	if len(opts.Hosts) == 0 {
@@ -112,7 +115,13 @@ func InitDevCA(dir string, opts DevCAOptions) ([]WrittenFile, error) {
 			dns = append(dns, h)
 		}
 	}
-	for _, svc := range Services {
+	for _, svc := range append(slices.Clone(Services), Etcd) {
+		uri := ServiceURI(svc)
+		if svc == Etcd {
+			// etcd's members are no Ringfence service: an identity outside /service/ calls
+			// no internal RPC.
+			uri = &url.URL{Scheme: "spiffe", Host: TrustDomain, Path: "/etcd"}
+		}
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
 			return nil, fmt.Errorf("mtls: generate key for %s: %w", svc, err)
@@ -126,7 +135,7 @@ func InitDevCA(dir string, opts DevCAOptions) ([]WrittenFile, error) {
 			ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 			DNSNames:     dns,
 			IPAddresses:  ips,
-			URIs:         []*url.URL{ServiceURI(svc)},
+			URIs:         []*url.URL{uri},
 		}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
 		if err != nil {

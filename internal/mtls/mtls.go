@@ -29,6 +29,9 @@ const (
 	Audit     = "audit"
 )
 
+// Etcd names the certificate InitDevCA writes for etcd's members; it is no service identity.
+const Etcd = "etcd"
+
 // Services lists every service identity.
 var Services = []string{Registry, Publisher, Pool, Audit}
 

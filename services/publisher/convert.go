@@ -36,6 +36,27 @@ func restoreMaskedEnv(next, cur *graph.Graph) error {
 	return nil
 }
 
+// inlineEnvs is every inline server's env of g as it is now, to put back with setInlineEnvs:
+// restoreMaskedEnv replaces masks in place, and an edit that runs again on a newer draft (the
+// store retries when another replica wrote first) must restore them from that draft.
+func inlineEnvs(g *graph.Graph) map[[2]int]map[string]string {
+	out := map[[2]int]map[string]string{}
+	for i := range g.Nodes {
+		if a := g.Nodes[i].Agent; a != nil {
+			for j := range a.MCPServers {
+				out[[2]int{i, j}] = a.MCPServers[j].Env
+			}
+		}
+	}
+	return out
+}
+
+func setInlineEnvs(g *graph.Graph, envs map[[2]int]map[string]string) {
+	for ij, env := range envs {
+		g.Nodes[ij[0]].Agent.MCPServers[ij[1]].Env = env
+	}
+}
+
 // storedEnv is the stored inline env of an agent node's server, nil when there is none.
 func storedEnv(g *graph.Graph, nodeID, server string) map[string]string {
 	if g == nil {

@@ -7,13 +7,13 @@ import (
 	"encoding/json"
 	"sort"
 
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/graph/graphpb"
+	"github.com/ringfence/ringfence/services/publisher/internal/store"
 )
 
 const resourceGraph = "graph"
@@ -28,7 +28,7 @@ const maxListedTools = 100
 // event returns a store hook that writes the admin event for a change into the audit outbox
 // in the change's own transaction. change is built by the caller from data without secrets
 // (inline env values appear only masked).
-func (s *Service) event(ctx context.Context, tenant, action, graphID string, change any) func(tx *bolt.Tx) error {
+func (s *Service) event(ctx context.Context, tenant, action, graphID string, change any) store.Hook {
 	p, _ := auth.FromContext(ctx)
 	actorID, actorName, role := p.AuditActor()
 	var raw json.RawMessage
@@ -39,11 +39,11 @@ func (s *Service) event(ctx context.Context, tenant, action, graphID string, cha
 			raw, err = audit.BoundChange(raw)
 		}
 	}
-	return func(tx *bolt.Tx) error {
+	return func(r audit.Recorder) error {
 		if err != nil {
 			return err
 		}
-		return s.spool.EnqueueTx(tx, audit.NewAdminRecord("publisher", tenant, audit.AdminEvent{
+		return r.Record(audit.NewAdminRecord("publisher", tenant, audit.AdminEvent{
 			ActorKeyID: actorID, ActorKeyName: actorName, ActorRole: role, Action: action,
 			ResourceType: resourceGraph, ResourceID: graphID, Change: raw,
 		}))

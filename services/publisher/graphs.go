@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -136,10 +135,12 @@ func (s *Service) ReplaceDraft(ctx context.Context, req *publisherv1.ReplaceDraf
 		return nil, s.errors.Status(ctx, err)
 	}
 	var before, after *graph.Graph
+	sent := inlineEnvs(next)
 	stored, err := s.store.UpdateDraft(ctx, tenant, req.GetGraphId(), func(cur *graph.Graph) error {
 		if d.GetRevision() != 0 && d.GetRevision() != cur.Revision {
 			return errStaleRevision
 		}
+		setInlineEnvs(next, sent)
 		if err := restoreMaskedEnv(next, cur); err != nil {
 			return err
 		}
@@ -148,8 +149,8 @@ func (s *Service) ReplaceDraft(ctx context.Context, req *publisherv1.ReplaceDraf
 		*cur = *next
 		after = cur
 		return nil
-	}, func(tx *bolt.Tx) error {
-		return s.event(ctx, tenant, audit.ActionUpdate, req.GetGraphId(), draftChange(before, after))(tx)
+	}, func(r audit.Recorder) error {
+		return s.event(ctx, tenant, audit.ActionUpdate, req.GetGraphId(), draftChange(before, after))(r)
 	})
 	if err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, req.GetGraphId()))
@@ -225,10 +226,10 @@ func (s *Service) Publish(ctx context.Context, req *publisherv1.PublishRequest) 
 		return nil, err
 	}
 	v := &graph.Version{Graph: g, PublishTime: time.Now().UTC(), PublishedBy: p.Actor(), Warnings: res.Warnings}
-	n, err := s.store.Publish(ctx, tenant, g.ID, g.Revision, v, func(tx *bolt.Tx) error {
+	n, err := s.store.Publish(ctx, tenant, g.ID, g.Revision, v, func(r audit.Recorder) error {
 		return s.event(ctx, tenant, audit.ActionPublish, g.ID, map[string]any{
 			"draft_revision": g.Revision, "nodes": len(g.Nodes), "warnings": len(res.Warnings),
-		})(tx)
+		})(r)
 	})
 	if err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, g.ID))

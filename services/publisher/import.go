@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/grpc/status"
 
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
@@ -173,8 +172,8 @@ func (s *Service) Import(ctx context.Context, req ImportRequest) (*ImportResult,
 	stored, err := s.store.UpdateDraft(ctx, req.Tenant, req.GraphID, func(cur *graph.Graph) error {
 		res.Tools, res.AgentCapabilitiesAdded = nil, nil
 		return applyImport(cur, req, tools, policy, res)
-	}, func(tx *bolt.Tx) error {
-		return s.event(ctx, req.Tenant, audit.ActionImport, req.GraphID, importChange(req, res))(tx)
+	}, func(r audit.Recorder) error {
+		return s.event(ctx, req.Tenant, audit.ActionImport, req.GraphID, importChange(req, res))(r)
 	})
 	if err != nil {
 		return nil, storeErr(err, req.GraphID)

@@ -12,12 +12,14 @@ import (
 	"log/slog"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/etcdstore"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mcpserver"
@@ -38,8 +40,13 @@ type Discoverer interface {
 
 // Config holds the service's dependencies.
 type Config struct {
-	// DBPath is the publisher's bbolt file.
+	// DBPath is the publisher's bbolt file. With Etcd set, nothing is kept there; the audit
+	// quarantine file is still named after it (<DBPath>.audit-quarantine.jsonl).
 	DBPath string
+	// Etcd, when set, keeps the publisher's state in etcd under <EtcdRoot>/publisher/, shared
+	// by every replica that names the same cluster and root, instead of the bbolt file.
+	Etcd     *clientv3.Client
+	EtcdRoot string
 	// Policies resolves grants for publish and import; required, because a publisher without
 	// it would have no ceiling.
 	Policies Policies
@@ -65,7 +72,7 @@ type Service struct {
 	publisherv1.UnsafePublisherServiceServer
 
 	cfg       Config
-	store     *store.Store
+	store     Store
 	spool     *audit.Spool
 	forwarder *audit.Forwarder
 	validator *graph.Validator
@@ -106,6 +113,8 @@ var errorCodes = map[error]codes.Code{
 	auth.ErrTenantMismatch:         codes.PermissionDenied,
 	discovery.ErrIsolationRequired: codes.Unavailable,
 	audit.ErrSpoolFull:             codes.Unavailable,
+	etcdstore.ErrUnavailable:       codes.Unavailable,
+	etcdstore.ErrContention:        codes.Aborted,
 }
 
 // Open opens the publisher's store and builds the service; Close releases it.
@@ -117,27 +126,34 @@ func Open(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := store.Open(cfg.DBPath, cfg.CacheBytes)
+	st, err := openStore(cfg)
 	if err != nil {
-		return nil, err
-	}
-	spool, err := audit.NewSpool(audit.SpoolConfig{
-		DB: st.DB(), Bucket: string(store.OutboxBucket), Sink: cfg.AuditSink, Producer: "publisher",
-		MaxPending: cfg.SpoolMaxRecords, OnFull: cfg.OnSpoolFull, Logger: cfg.Logger,
-	})
-	if err != nil {
-		_ = st.Close() // the open's error is the one to report
 		return nil, err
 	}
 	return &Service{
 		cfg:       cfg,
 		store:     st,
-		spool:     spool,
-		forwarder: spool.StartForwarding(),
+		spool:     st.Spool(),
+		forwarder: st.Spool().StartForwarding(),
 		validator: v,
 		log:       cfg.Logger,
 		errors:    grpcserver.ErrorTable{Service: "publisher", Codes: errorCodes, Logger: cfg.Logger},
 	}, nil
+}
+
+// openStore opens the back end cfg names, with the audit spool beside its data.
+func openStore(cfg Config) (Store, error) {
+	spool := store.SpoolConfig{
+		Sink: cfg.AuditSink, Producer: "publisher",
+		MaxPending: cfg.SpoolMaxRecords, OnFull: cfg.OnSpoolFull, Logger: cfg.Logger,
+	}
+	if cfg.Etcd == nil {
+		return store.OpenBolt(cfg.DBPath, cfg.CacheBytes, spool)
+	}
+	spool.QuarantinePath = cfg.DBPath + ".audit-quarantine.jsonl"
+	ctx, cancel := context.WithTimeout(context.Background(), etcdstore.RequestTimeout)
+	defer cancel()
+	return store.OpenEtcd(ctx, store.EtcdConfig{Client: cfg.Etcd, Root: cfg.EtcdRoot, CacheBytes: cfg.CacheBytes, Logger: cfg.Logger}, spool)
 }
 
 // Spool is the publisher's audit spool (tests flush it).

@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"maps"
 
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/services/registry/internal/store"
 )
 
 // Resource types in the registry's admin events.
@@ -24,13 +24,13 @@ const (
 // event returns a store hook that writes the admin event for a change into the audit outbox
 // in the change's own transaction: no change without its record, no record without its
 // change. change must already be masked.
-func (s *Service) event(ctx context.Context, action, resourceType, resourceID string, change any) func(tx *bolt.Tx) error {
+func (s *Service) event(ctx context.Context, action, resourceType, resourceID string, change any) store.Hook {
 	rec, err := s.record(ctx, action, resourceType, resourceID, change)
-	return func(tx *bolt.Tx) error {
+	return func(r audit.Recorder) error {
 		if err != nil {
 			return err
 		}
-		return s.spool.EnqueueTx(tx, rec)
+		return r.Record(rec)
 	}
 }
 

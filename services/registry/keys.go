@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -28,8 +29,11 @@ var (
 )
 
 // VerifyKey implements auth.KeyVerifier from the in-memory key table.
-func (s *Service) VerifyKey(_ context.Context, keySHA256 string) (auth.Principal, error) {
-	k, ok := s.store.KeyByHash(keySHA256)
+func (s *Service) VerifyKey(ctx context.Context, keySHA256 string) (auth.Principal, error) {
+	k, ok, err := s.store.KeyByHash(ctx, keySHA256)
+	if err != nil {
+		return auth.Principal{}, err
+	}
 	if !ok || k.Revoked {
 		return auth.Principal{}, auth.ErrUnknownKey
 	}
@@ -44,7 +48,11 @@ func (s *Service) VerifyKey(_ context.Context, keySHA256 string) (auth.Principal
 // and a bootstrap key an operator revoked stays revoked.
 func (s *Service) EnsureBootstrapAdmin(ctx context.Context, key string) error {
 	hash := auth.HashKey(key)
-	if k, ok := s.store.KeyByHash(hash); ok {
+	k, ok, err := s.store.KeyByHash(ctx, hash)
+	if err != nil {
+		return fmt.Errorf("registry: look up the bootstrap admin key: %w", err)
+	}
+	if ok {
 		if k.Revoked {
 			s.log.Warn("the bootstrap admin key was revoked and stays revoked; unset RINGFENCE_BOOTSTRAP_ADMIN_KEY", "key_id", k.ID)
 		}
@@ -53,11 +61,18 @@ func (s *Service) EnsureBootstrapAdmin(ctx context.Context, key string) error {
 	// A random id, like every key's: ids are shown to auditors and authors (audit records,
 	// published_by), and one taken from the key's hash would let them test guesses of an
 	// operator-chosen key offline.
-	k := store.Key{
+	k = store.Key{
 		ID: newKeyID(), Name: "bootstrap-admin", Role: auth.RoleAdmin,
 		Hash: hash, CreateTime: time.Now().UTC(),
 	}
-	if err := s.store.CreateKey(ctx, k, s.event(ctx, audit.ActionKeyCreate, resourceKey, k.ID, keyToProto(k))); err != nil {
+	err = s.store.CreateKey(ctx, k, s.event(ctx, audit.ActionKeyCreate, resourceKey, k.ID, keyToProto(k)))
+	if errors.Is(err, store.ErrExists) {
+		// Another replica starting at the same moment created it first.
+		if _, ok, lerr := s.store.KeyByHash(ctx, hash); lerr == nil && ok {
+			return nil
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("registry: create the bootstrap admin key: %w", err)
 	}
 	s.log.Info("bootstrap admin key enabled", "key_id", k.ID)
@@ -168,7 +183,11 @@ func (s *Service) ListKeys(ctx context.Context, req *registryv1.ListKeysRequest)
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	keys := slices.DeleteFunc(s.store.ListKeys(ctx), func(k store.Key) bool { return !visibleKey(ctx, k) })
+	all, err := s.store.ListKeys(ctx)
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	keys := slices.DeleteFunc(all, func(k store.Key) bool { return !visibleKey(ctx, k) })
 	start := 0
 	if tok := req.GetPageToken(); tok != "" {
 		start = -1
@@ -200,7 +219,11 @@ func (s *Service) RevokeKey(ctx context.Context, req *registryv1.RevokeKeyReques
 	if !keyIDPattern.MatchString(req.GetId()) {
 		return nil, s.errors.Status(ctx, fielderr.New("id", "%q is not a key id (key_<hex>); ListKeys shows them", req.GetId()))
 	}
-	if k, ok := s.store.KeyByID(req.GetId()); ok {
+	k, ok, err := s.store.KeyByID(ctx, req.GetId())
+	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	if ok {
 		if !visibleKey(ctx, k) {
 			return nil, s.errors.Status(ctx, errKeyNotFound)
 		}
@@ -208,7 +231,7 @@ func (s *Service) RevokeKey(ctx context.Context, req *registryv1.RevokeKeyReques
 			return nil, s.errors.Status(ctx, err)
 		}
 	}
-	k, err := s.store.RevokeKey(ctx, req.GetId(), s.event(ctx, audit.ActionKeyRevoke, resourceKey, req.GetId(), nil))
+	k, err = s.store.RevokeKey(ctx, req.GetId(), s.event(ctx, audit.ActionKeyRevoke, resourceKey, req.GetId(), nil))
 	if err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, errKeyNotFound))
 	}

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
@@ -20,6 +21,7 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/etcdstore"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/secretbox"
@@ -40,8 +42,13 @@ type WarmReporter interface {
 
 // Config holds the service's dependencies.
 type Config struct {
-	// DBPath is the registry's bbolt file.
+	// DBPath is the registry's bbolt file. With Etcd set, nothing is kept there; the audit
+	// quarantine file is still named after it (<DBPath>.audit-quarantine.jsonl).
 	DBPath string
+	// Etcd, when set, keeps the registry's state in etcd under <EtcdRoot>/registry/, shared
+	// by every replica that names the same cluster and root, instead of the bbolt file.
+	Etcd     *clientv3.Client
+	EtcdRoot string
 	// Secrets seals env values and secrets at rest.
 	Secrets *secretbox.Box
 	Roles   *auth.Roles
@@ -71,7 +78,7 @@ type Service struct {
 	registryv1.UnsafeKeyServiceServer
 
 	cfg       Config
-	store     *store.Store
+	store     Store
 	spool     *audit.Spool
 	forwarder *audit.Forwarder
 	log       *slog.Logger
@@ -115,6 +122,8 @@ var errorCodes = map[error]codes.Code{
 	discovery.ErrIsolationRequired: codes.Unavailable,
 	auth.ErrUnknownKey:             codes.Unauthenticated,
 	audit.ErrSpoolFull:             codes.Unavailable,
+	etcdstore.ErrUnavailable:       codes.Unavailable,
+	etcdstore.ErrContention:        codes.Aborted,
 }
 
 // detailed is a domain error whose message names the values involved; it matches its
@@ -177,26 +186,33 @@ func Open(cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	st, err := store.Open(cfg.DBPath, cfg.Secrets)
+	st, err := openStore(cfg)
 	if err != nil {
-		return nil, err
-	}
-	spool, err := audit.NewSpool(audit.SpoolConfig{
-		DB: st.DB(), Bucket: string(store.OutboxBucket), Sink: cfg.AuditSink, Producer: "registry",
-		MaxPending: cfg.SpoolMaxRecords, OnFull: cfg.OnSpoolFull, Logger: cfg.Logger,
-	})
-	if err != nil {
-		_ = st.Close() // the open's error is the one to report
 		return nil, err
 	}
 	return &Service{
 		cfg:       cfg,
 		store:     st,
-		spool:     spool,
-		forwarder: spool.StartForwarding(),
+		spool:     st.Spool(),
+		forwarder: st.Spool().StartForwarding(),
 		log:       cfg.Logger,
 		errors:    grpcserver.ErrorTable{Service: "registry", Codes: errorCodes, Logger: cfg.Logger},
 	}, nil
+}
+
+// openStore opens the back end cfg names, with the audit spool beside its data.
+func openStore(cfg Config) (Store, error) {
+	spool := store.SpoolConfig{
+		Sink: cfg.AuditSink, Producer: "registry",
+		MaxPending: cfg.SpoolMaxRecords, OnFull: cfg.OnSpoolFull, Logger: cfg.Logger,
+	}
+	if cfg.Etcd == nil {
+		return store.OpenBolt(cfg.DBPath, cfg.Secrets, spool)
+	}
+	spool.QuarantinePath = cfg.DBPath + ".audit-quarantine.jsonl"
+	ctx, cancel := context.WithTimeout(context.Background(), etcdstore.RequestTimeout)
+	defer cancel()
+	return store.OpenEtcd(ctx, store.EtcdConfig{Client: cfg.Etcd, Root: cfg.EtcdRoot, Box: cfg.Secrets, Logger: cfg.Logger}, spool)
 }
 
 // Spool is the registry's audit spool (tests flush it).

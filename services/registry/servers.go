@@ -6,7 +6,6 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
 	"google.golang.org/grpc/codes"
@@ -45,8 +44,8 @@ func (s *Service) CreateServer(ctx context.Context, req *registryv1.CreateServer
 	if err := s.checkHeaderSecrets(ctx, reg.Headers); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	if err := s.store.CreateServer(ctx, reg, func(tx *bolt.Tx) error {
-		return s.event(ctx, audit.ActionCreate, resourceServer, reg.Ref, serverToProto(reg))(tx)
+	if err := s.store.CreateServer(ctx, reg, func(r audit.Recorder) error {
+		return s.event(ctx, audit.ActionCreate, resourceServer, reg.Ref, serverToProto(reg))(r)
 	}); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			return nil, s.errors.Status(ctx, serverExists(reg.Ref))
@@ -63,7 +62,7 @@ func (s *Service) GetServer(ctx context.Context, req *registryv1.GetServerReques
 	}
 	// The converted, masked registration is kept per revision and shared by every reader: it
 	// is only ever marshaled.
-	view, err := s.store.ServerView(req.GetRef(), func(r *mcpserver.Registration) any { return serverToProto(r) })
+	view, err := s.store.ServerView(ctx, req.GetRef(), func(r *mcpserver.Registration) any { return serverToProto(r) })
 	if err != nil {
 		return nil, s.errors.Status(ctx, s.serverStoreErr(err, req.GetRef()))
 	}
@@ -156,36 +155,39 @@ func (s *Service) replaceServer(ctx context.Context, req *registryv1.UpdateServe
 		if req.GetRevision() != 0 && req.GetRevision() != cur.Revision {
 			return nil, errStaleRevision
 		}
+		// A copy: the store runs this again on the newer registration when another replica
+		// changed it first, and the masks sent must then stand for that one's values.
+		next := *reg
 		// GET shows the URL masked; sending that back keeps the stored URL, which must
 		// still pass today's rules (it may predate them).
-		kept, err := mcpserver.RestoreMaskedURL("url", reg.URL, cur.URL)
+		kept, err := mcpserver.RestoreMaskedURL("url", next.URL, cur.URL)
 		if err != nil {
 			return nil, err
 		}
-		if kept != reg.URL {
+		if kept != next.URL {
 			if err := mcpserver.ValidateURL(kept); err != nil {
 				return nil, err
 			}
-			reg.URL = kept
+			next.URL = kept
 		}
 		if envPresent {
 			// GET shows every env value as the mask; sending one back keeps the stored value.
-			env, err := mcpserver.RestoreMasked("env", reg.Env, cur.Env)
+			env, err := mcpserver.RestoreMasked("env", next.Env, cur.Env)
 			if err != nil {
 				return nil, err
 			}
-			reg.Env = env
+			next.Env = env
 		} else {
-			reg.Env = cur.Env
+			next.Env = cur.Env
 			// The kept env must still fit the new transport.
-			if len(reg.Env) > 0 && reg.Transport != mcpserver.TransportStdio {
-				return nil, fielderr.New("env", "the stored env applies to stdio only; send \"env\": {} to clear it when switching to %s", reg.Transport)
+			if len(next.Env) > 0 && next.Transport != mcpserver.TransportStdio {
+				return nil, fielderr.New("env", "the stored env applies to stdio only; send \"env\": {} to clear it when switching to %s", next.Transport)
 			}
 		}
-		return reg, nil
-	}, func(tx *bolt.Tx, before, after *mcpserver.Registration) error {
+		return &next, nil
+	}, func(r audit.Recorder, before, after *mcpserver.Registration) error {
 		previous = before.Grants
-		return s.event(ctx, audit.ActionUpdate, resourceServer, after.Ref, updateChange(before, after))(tx)
+		return s.event(ctx, audit.ActionUpdate, resourceServer, after.Ref, updateChange(before, after))(r)
 	})
 	if err != nil {
 		return nil, s.errors.Status(ctx, s.serverStoreErr(err, req.GetRef()))

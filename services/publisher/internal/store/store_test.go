@@ -1,35 +1,147 @@
 package store
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	bolt "go.etcd.io/bbolt"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
 	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/testutil"
 )
 
-func openStore(t *testing.T) (*Store, string) {
-	t.Helper()
+// api is what the publisher asks of a store (publisher.Store), for the behaviours below.
+type api interface {
+	CreateGraph(ctx context.Context, g *graph.Graph, hook Hook) error
+	Draft(ctx context.Context, tenant, id string) (*graph.Graph, error)
+	UpdateDraft(ctx context.Context, tenant, id string, mutate func(cur *graph.Graph) error, hook Hook) (*graph.Graph, error)
+	Publish(ctx context.Context, tenant, id string, draftRevision int64, v *graph.Version, hook Hook) (int64, error)
+	Version(ctx context.Context, tenant, id string, n int64) (*graph.Version, error)
+	ListVersions(ctx context.Context, tenant, id, pageToken string, limit int) ([]graph.Version, string, error)
+	ListGraphs(ctx context.Context, tenant, pageToken string, limit int) ([]Summary, string, error)
+	Published(ctx context.Context) ([]Summary, error)
+	DeleteGraph(ctx context.Context, tenant, id string, hook Hook) error
+	Spool() *audit.Spool
+	Close() error
+}
+
+var (
+	_ api = (*Bolt)(nil)
+	_ api = (*Etcd)(nil)
+)
+
+func spoolConfig(t *testing.T, sink audit.Sink) SpoolConfig {
+	return SpoolConfig{Sink: sink, Producer: "publisher", Logger: slog.New(slog.DiscardHandler),
+		QuarantinePath: filepath.Join(t.TempDir(), "quarantine.jsonl")}
+}
+
+// backend is one implementation under test: open returns a store over that backend's storage
+// (for etcd, each call is another replica of the same data; bbolt has one opener at a time)
+// and its audit sink.
+type backend struct {
+	name string
+	open func(t *testing.T) (api, *testutil.AuditRecorder)
+	// setLatest rewrites a graph's latest version number below the store, as a bug or a bad
+	// restore might.
+	setLatest func(t *testing.T, s api, tenant, id string, n int64)
+}
+
+func backends(t *testing.T, cluster *etcdtest.Cluster) []backend {
 	path := filepath.Join(t.TempDir(), "publisher.db")
-	s, err := Open(path, 0)
-	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
-	return s, path
+	root := cluster.Root()
+	return []backend{
+		{
+			name: "bbolt",
+			open: func(t *testing.T) (api, *testutil.AuditRecorder) {
+				sink := testutil.NewAuditRecorder()
+				s, err := OpenBolt(path, 0, spoolConfig(t, sink))
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = s.Close() })
+				return s, sink
+			},
+			setLatest: func(t *testing.T, s api, tenant, id string, n int64) {
+				require.NoError(t, s.(*Bolt).db.Update(func(tx *bolt.Tx) error {
+					m, err := getMeta(tx, graphKey(tenant, id))
+					require.NoError(t, err)
+					m.LatestVersion = n
+					return putJSON(tx.Bucket(graphsBucket), graphKey(tenant, id), m)
+				}))
+			},
+		},
+		{
+			name: "etcd",
+			open: func(t *testing.T) (api, *testutil.AuditRecorder) {
+				sink := testutil.NewAuditRecorder()
+				s, err := OpenEtcd(t.Context(), EtcdConfig{Client: cluster.Client(t, "publisher"), Root: root}, spoolConfig(t, sink))
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = s.Close() })
+				return s, sink
+			},
+			setLatest: func(t *testing.T, s api, tenant, id string, n int64) {
+				e := s.(*Etcd)
+				resp, err := e.cli.Get(t.Context(), e.graphKey(tenant, id))
+				require.NoError(t, err)
+				m, _, err := decodeMeta(resp.Kvs)
+				require.NoError(t, err)
+				m.LatestVersion = n
+				op, err := putJSONOp(e.graphKey(tenant, id), m)
+				require.NoError(t, err)
+				_, err = e.cli.Do(t.Context(), op)
+				require.NoError(t, err)
+			},
+		},
+	}
+}
+
+// behaviours is the one table every back end passes.
+var behaviours = map[string]func(t *testing.T, b backend){
+	"CreateGraphAndDraft":                    testCreateGraphAndDraft,
+	"UpdateDraftWritesNothingOnRefusal":      testUpdateDraftAdvancesTheRevisionAndWritesNothingOnRefusal,
+	"HookRunsInTheWriteTransaction":          testHookRunsInTheWriteTransaction,
+	"PublishNumbersVersions":                 testPublishNumbersVersionsAndChecksTheDraftRevision,
+	"PublishedVersionsAreNeverOverwritten":   testPublishedVersionsAreNeverOverwritten,
+	"DeleteKeepsNumbering":                   testDeleteKeepsNumberingForARecreatedGraph,
+	"ListGraphsPagesWithinOneTenant":         testListGraphsPagesWithinOneTenant,
+	"APageTokenNotIssuedForTheListIsRefused": testAPageTokenNotIssuedForTheListIsRefused,
+	"ListVersionsOfTheLastGraph":             testListVersionsOfTheLastGraphInTheFile,
+	"ReopenKeepsEverything":                  testReopenKeepsEverything,
+	"OversizedDraftIsRefused":                testOversizedDraftIsRefused,
+	"CacheFollowsTheStore":                   testCacheFollowsTheStore,
+	"PublishedListsGraphsWithVersions":       testPublishedListsGraphsWithVersions,
+}
+
+// TestBehaviours runs the table against bbolt and against a three-member etcd cluster.
+func TestBehaviours(t *testing.T) {
+	cluster := etcdtest.Start(t, 3)
+	for name, f := range behaviours {
+		t.Run(name, func(t *testing.T) {
+			for _, b := range backends(t, cluster) {
+				t.Run(b.name, func(t *testing.T) { f(t, b) })
+			}
+		})
+	}
 }
 
 func newGraph(tenant, id string) *graph.Graph {
 	return &graph.Graph{ID: id, Tenant: tenant, Nodes: []graph.Node{{ID: "a", Kind: graph.KindAgent, Agent: &graph.AgentNode{}}}}
 }
 
-func TestCreateGraphAndDraft(t *testing.T) {
-	s, _ := openStore(t)
+func testCreateGraphAndDraft(t *testing.T, b backend) {
+	s, _ := b.open(t)
 	ctx := t.Context()
 	require.NoError(t, s.CreateGraph(ctx, newGraph("acme", "g"), nil))
 	require.ErrorIs(t, s.CreateGraph(ctx, newGraph("acme", "g"), nil), ErrExists)
@@ -43,8 +155,8 @@ func TestCreateGraphAndDraft(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotFound)
 }
 
-func TestUpdateDraftAdvancesTheRevisionAndWritesNothingOnRefusal(t *testing.T) {
-	s, _ := openStore(t)
+func testUpdateDraftAdvancesTheRevisionAndWritesNothingOnRefusal(t *testing.T, b backend) {
+	s, _ := b.open(t)
 	ctx := t.Context()
 	require.NoError(t, s.CreateGraph(ctx, newGraph("acme", "g"), nil))
 	g, err := s.UpdateDraft(ctx, "acme", "g", func(cur *graph.Graph) error {
@@ -69,11 +181,15 @@ func TestUpdateDraftAdvancesTheRevisionAndWritesNothingOnRefusal(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotFound)
 }
 
-func TestHookRunsInTheWriteTransaction(t *testing.T) {
-	s, _ := openStore(t)
+// testHookRunsInTheWriteTransaction: every write's records reach the audit log, and a hook's
+// error leaves neither the change nor a record.
+func testHookRunsInTheWriteTransaction(t *testing.T, b backend) {
+	s, sink := b.open(t)
 	ctx := t.Context()
-	record := func(tag string) TxHook {
-		return func(tx *bolt.Tx) error { return tx.Bucket(OutboxBucket).Put([]byte(tag), []byte("x")) }
+	record := func(tag string) Hook {
+		return func(rec audit.Recorder) error {
+			return rec.Record(audit.NewAdminRecord("publisher", "acme", audit.AdminEvent{Action: tag, ResourceType: "graph", ResourceID: "g", ActorRole: audit.ActorRoleSystem}))
+		}
 	}
 	require.NoError(t, s.CreateGraph(ctx, newGraph("acme", "g"), record("create")))
 	_, err := s.UpdateDraft(ctx, "acme", "g", func(*graph.Graph) error { return nil }, record("update"))
@@ -85,19 +201,25 @@ func TestHookRunsInTheWriteTransaction(t *testing.T) {
 
 	// A failing hook rolls the change back.
 	_, err = s.UpdateDraft(ctx, "acme", "g", func(cur *graph.Graph) error { cur.Nodes = nil; return nil },
-		func(*bolt.Tx) error { return errors.New("outbox full") })
+		func(audit.Recorder) error { return errors.New("outbox full") })
 	require.ErrorContains(t, err, "outbox full")
+	d, err = s.Draft(ctx, "acme", "g")
+	require.NoError(t, err)
+	require.Len(t, d.Nodes, 1)
 	require.NoError(t, s.DeleteGraph(ctx, "acme", "g", record("delete")))
 
+	fwd := s.Spool().StartForwarding()
+	t.Cleanup(func() { fwd.Stop(time.Second) })
+	require.NoError(t, s.Spool().Flush(ctx))
 	var tags []string
-	require.NoError(t, s.DB().View(func(tx *bolt.Tx) error {
-		return tx.Bucket(OutboxBucket).ForEach(func(k, _ []byte) error { tags = append(tags, string(k)); return nil })
-	}))
-	require.ElementsMatch(t, []string{"create", "update", "publish", "delete"}, tags)
+	for _, r := range sink.Records() {
+		tags = append(tags, r.Admin.Action)
+	}
+	require.Equal(t, []string{"create", "update", "publish", "delete"}, tags)
 }
 
-func TestPublishNumbersVersionsAndChecksTheDraftRevision(t *testing.T) {
-	s, _ := openStore(t)
+func testPublishNumbersVersionsAndChecksTheDraftRevision(t *testing.T, b backend) {
+	s, _ := b.open(t)
 	ctx := t.Context()
 	require.NoError(t, s.CreateGraph(ctx, newGraph("acme", "g"), nil))
 	for want := int64(1); want <= 3; want++ {
@@ -137,8 +259,8 @@ func TestPublishNumbersVersionsAndChecksTheDraftRevision(t *testing.T) {
 
 // Versions are written with a put-if-absent check: even bookkeeping that points back at an
 // existing number cannot overwrite a published version.
-func TestPublishedVersionsAreNeverOverwritten(t *testing.T) {
-	s, _ := openStore(t)
+func testPublishedVersionsAreNeverOverwritten(t *testing.T, b backend) {
+	s, _ := b.open(t)
 	ctx := t.Context()
 	require.NoError(t, s.CreateGraph(ctx, newGraph("acme", "g"), nil))
 	d, err := s.Draft(ctx, "acme", "g")
@@ -146,22 +268,24 @@ func TestPublishedVersionsAreNeverOverwritten(t *testing.T) {
 	_, err = s.Publish(ctx, "acme", "g", d.Revision, &graph.Version{Graph: d, PublishedBy: "first"}, nil)
 	require.NoError(t, err)
 
-	// Rewind the bookkeeping as a bug or a bad restore might.
-	require.NoError(t, s.DB().Update(func(tx *bolt.Tx) error {
-		m, err := getMeta(tx, graphKey("acme", "g"))
-		require.NoError(t, err)
-		m.LatestVersion = 0
-		return putJSON(tx.Bucket(graphsBucket), graphKey("acme", "g"), m)
-	}))
+	b.setLatest(t, s, "acme", "g", 0)
 	_, err = s.Publish(ctx, "acme", "g", d.Revision, &graph.Version{Graph: d, PublishedBy: "second"}, nil)
 	require.ErrorIs(t, err, ErrVersionExists)
-	v, err := s.Version(ctx, "acme", "g", 1)
-	require.NoError(t, err)
-	require.Equal(t, "first", v.PublishedBy)
+	b.setLatest(t, s, "acme", "g", 1)
+	readers := []api{s}
+	if b.name == "etcd" {
+		other, _ := b.open(t) // another replica, no cache of version 1
+		readers = append(readers, other)
+	}
+	for _, s := range readers {
+		v, err := s.Version(ctx, "acme", "g", 1)
+		require.NoError(t, err)
+		require.Equal(t, "first", v.PublishedBy)
+	}
 }
 
-func TestDeleteKeepsNumberingForARecreatedGraph(t *testing.T) {
-	s, _ := openStore(t)
+func testDeleteKeepsNumberingForARecreatedGraph(t *testing.T, b backend) {
+	s, _ := b.open(t)
 	ctx := t.Context()
 	require.NoError(t, s.CreateGraph(ctx, newGraph("acme", "g"), nil))
 	require.NoError(t, s.CreateGraph(ctx, newGraph("acme", "h"), nil))
@@ -187,6 +311,8 @@ func TestDeleteKeepsNumberingForARecreatedGraph(t *testing.T) {
 	d, err = s.Draft(ctx, "acme", "g")
 	require.NoError(t, err)
 	require.Equal(t, int64(2), d.Revision, "the revision continues after the deleted draft's")
+	_, err = s.Version(ctx, "acme", "g", 1)
+	require.ErrorIs(t, err, ErrNotFound, "the deleted graph's version stays gone")
 	n, err := s.Publish(ctx, "acme", "g", d.Revision, &graph.Version{Graph: d}, nil)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), n, "version 1 of the deleted graph is never reused")
@@ -195,8 +321,28 @@ func TestDeleteKeepsNumberingForARecreatedGraph(t *testing.T) {
 	require.Equal(t, []int64{2}, versionNumbers(infos))
 }
 
-func TestListGraphsPagesWithinOneTenant(t *testing.T) {
-	s, _ := openStore(t)
+func testPublishedListsGraphsWithVersions(t *testing.T, b backend) {
+	s, _ := b.open(t)
+	ctx := t.Context()
+	for _, g := range []*graph.Graph{newGraph("acme", "a"), newGraph("acme", "b"), newGraph("globex", "c")} {
+		require.NoError(t, s.CreateGraph(ctx, g, nil))
+	}
+	for _, g := range []*graph.Graph{newGraph("acme", "a"), newGraph("globex", "c")} {
+		d, err := s.Draft(ctx, g.Tenant, g.ID)
+		require.NoError(t, err)
+		_, err = s.Publish(ctx, g.Tenant, g.ID, d.Revision, &graph.Version{Graph: d}, nil)
+		require.NoError(t, err)
+	}
+	require.NoError(t, s.DeleteGraph(ctx, "globex", "c", nil))
+	got, err := s.Published(ctx)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, "a", got[0].ID)
+	require.Equal(t, int64(1), got[0].LatestVersion)
+}
+
+func testListGraphsPagesWithinOneTenant(t *testing.T, b backend) {
+	s, _ := b.open(t)
 	ctx := t.Context()
 	for i := range 5 {
 		require.NoError(t, s.CreateGraph(ctx, newGraph("acme", fmt.Sprintf("g%d", i)), nil))
@@ -225,8 +371,8 @@ func TestListGraphsPagesWithinOneTenant(t *testing.T) {
 // TestAPageTokenNotIssuedForTheListIsRefused: a token the store never issued (any valid
 // base64url), one issued before tokens were versioned, or one issued for another tenant's or
 // another graph's list is ErrBadPageToken, never an empty, final page.
-func TestAPageTokenNotIssuedForTheListIsRefused(t *testing.T) {
-	s, _ := openStore(t)
+func testAPageTokenNotIssuedForTheListIsRefused(t *testing.T, b backend) {
+	s, _ := b.open(t)
 	ctx := t.Context()
 	for _, g := range []*graph.Graph{newGraph("acme", "g1"), newGraph("acme", "g2"), newGraph("acme", "g3"), newGraph("globex", "g1")} {
 		require.NoError(t, s.CreateGraph(ctx, g, nil))
@@ -267,9 +413,9 @@ func TestAPageTokenNotIssuedForTheListIsRefused(t *testing.T) {
 	require.ErrorIs(t, err, ErrBadPageToken, "another graph's token")
 }
 
-func TestListVersionsOfTheLastGraphInTheFile(t *testing.T) {
+func testListVersionsOfTheLastGraphInTheFile(t *testing.T, b backend) {
 	// The cursor walks backwards from past the end of the bucket.
-	s, _ := openStore(t)
+	s, _ := b.open(t)
 	ctx := t.Context()
 	require.NoError(t, s.CreateGraph(ctx, newGraph("zz", "zz"), nil))
 	d, err := s.Draft(ctx, "zz", "zz")
@@ -281,8 +427,8 @@ func TestListVersionsOfTheLastGraphInTheFile(t *testing.T) {
 	require.Equal(t, []int64{1}, versionNumbers(infos))
 }
 
-func TestReopenKeepsEverything(t *testing.T) {
-	s, path := openStore(t)
+func testReopenKeepsEverything(t *testing.T, b backend) {
+	s, _ := b.open(t)
 	ctx := t.Context()
 	require.NoError(t, s.CreateGraph(ctx, newGraph("acme", "g"), nil))
 	d, err := s.Draft(ctx, "acme", "g")
@@ -291,17 +437,15 @@ func TestReopenKeepsEverything(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
 
-	s2, err := Open(path, 0)
-	require.NoError(t, err)
-	defer s2.Close()
+	s2, _ := b.open(t)
 	v, err := s2.Version(ctx, "acme", "g", 1)
 	require.NoError(t, err)
-	b, _ := json.Marshal(v.Graph.Nodes)
-	require.JSONEq(t, `[{"id":"a","kind":"agent","agent":{}}]`, string(b))
+	nodes, _ := json.Marshal(v.Graph.Nodes)
+	require.JSONEq(t, `[{"id":"a","kind":"agent","agent":{}}]`, string(nodes))
 }
 
-func TestOversizedDraftIsRefused(t *testing.T) {
-	s, _ := openStore(t)
+func testOversizedDraftIsRefused(t *testing.T, b backend) {
+	s, _ := b.open(t)
 	ctx := t.Context()
 	require.NoError(t, s.CreateGraph(ctx, newGraph("acme", "g"), nil))
 	big := make([]byte, graph.MaxEncodedBytes)
@@ -323,10 +467,10 @@ func versionNumbers(vs []graph.Version) []int64 {
 	return out
 }
 
-// The in-memory cache never answers for what the file no longer holds: every lookup is
-// confirmed by the read transaction (a draft's revision, a version's existence).
-func TestCacheFollowsTheFile(t *testing.T) {
-	s, _ := openStore(t)
+// The in-memory cache never answers for what the store no longer holds: every lookup is
+// confirmed by a read of the store (a draft's revision, a version's existence).
+func testCacheFollowsTheStore(t *testing.T, be backend) {
+	s, _ := be.open(t)
 	ctx := t.Context()
 	require.NoError(t, s.CreateGraph(ctx, newGraph("acme", "g"), nil))
 	require.NoError(t, s.CreateGraph(ctx, newGraph("acme", "g-2"), nil))
@@ -360,8 +504,10 @@ func TestCacheFollowsTheFile(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotFound)
 	_, err = s.Draft(ctx, "acme", "g-2")
 	require.NoError(t, err, "a graph whose id extends the deleted one's is untouched")
+}
 
-	// A small bound evicts the least recently used.
+// TestCacheEvictsTheLeastRecentlyUsed: a small bound evicts the least recently used.
+func TestCacheEvictsTheLeastRecentlyUsed(t *testing.T) {
 	small := newCache(10)
 	small.put("a", 1, "A", 6)
 	small.put("b", 1, "B", 6)
@@ -410,4 +556,153 @@ func TestGraphCodecRoundTrip(t *testing.T) {
 	require.NotNil(t, back.Nodes[0].Agent, "an empty agent payload stays an agent payload")
 	require.Nil(t, back.Nodes[4].Agent)
 	require.Nil(t, back.Nodes[4].Opaque)
+}
+
+// etcdReplicas opens n replicas of the publisher's store on one cluster and root.
+func etcdReplicas(t *testing.T, cluster *etcdtest.Cluster, n int, cfg EtcdConfig) []*Etcd {
+	cfg.Root = cluster.Root()
+	var out []*Etcd
+	for range n {
+		cfg.Client = cluster.Client(t, "publisher")
+		s, err := OpenEtcd(t.Context(), cfg, spoolConfig(t, testutil.NewAuditRecorder()))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		out = append(out, s)
+	}
+	return out
+}
+
+// TestEtcdConcurrentPublishesKeepVersionsImmutable: two replicas publish one graph at once,
+// many times. Each publish commits in a transaction that compares the graph's revision and
+// requires its version key to be absent (no lock in memory: the replicas share none), so
+// every number is given once, none is skipped, each version holds what its publisher wrote,
+// and after a delete no number is given again.
+func TestEtcdConcurrentPublishesKeepVersionsImmutable(t *testing.T) {
+	cluster := etcdtest.Start(t, 3)
+	replicas := etcdReplicas(t, cluster, 2, EtcdConfig{})
+	ctx := t.Context()
+	require.NoError(t, replicas[0].CreateGraph(ctx, newGraph("acme", "g"), nil))
+	d, err := replicas[1].Draft(ctx, "acme", "g")
+	require.NoError(t, err)
+
+	const workers, each = 6, 5
+	var mu sync.Mutex
+	byNumber := map[int64]string{}
+	var wg sync.WaitGroup
+	for w := range workers {
+		s := replicas[w%2]
+		wg.Go(func() {
+			for i := range each {
+				tag := fmt.Sprintf("replica%d-worker%d-%d", w%2, w, i)
+				n, err := s.Publish(ctx, "acme", "g", d.Revision, &graph.Version{Graph: d, PublishedBy: tag}, nil)
+				require.NoError(t, err)
+				mu.Lock()
+				require.Empty(t, byNumber[n], "version %d given twice", n)
+				byNumber[n] = tag
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	require.Len(t, byNumber, workers*each)
+	for n := int64(1); n <= workers*each; n++ {
+		for _, s := range replicas {
+			v, err := s.Version(ctx, "acme", "g", n)
+			require.NoError(t, err)
+			require.Equal(t, byNumber[n], v.PublishedBy, "version %d holds what its publisher wrote, on every replica", n)
+		}
+	}
+
+	require.NoError(t, replicas[0].DeleteGraph(ctx, "acme", "g", nil))
+	_, err = replicas[1].Version(ctx, "acme", "g", 1)
+	require.ErrorIs(t, err, ErrNotFound, "the other replica's cache does not answer for a deleted graph")
+	require.NoError(t, replicas[1].CreateGraph(ctx, newGraph("acme", "g"), nil))
+	d, err = replicas[0].Draft(ctx, "acme", "g")
+	require.NoError(t, err)
+	n, err := replicas[0].Publish(ctx, "acme", "g", d.Revision, &graph.Version{Graph: d}, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(workers*each+1), n, "numbers are never reused after a delete")
+	_, err = replicas[1].Version(ctx, "acme", "g", 1)
+	require.ErrorIs(t, err, ErrNotFound, "nor is a version of the deleted graph served")
+}
+
+// TestEtcdReplicasSeeDraftChanges: a draft changed on one replica is what the other's next
+// read returns, though it had the older one decoded in its cache.
+func TestEtcdReplicasSeeDraftChanges(t *testing.T) {
+	cluster := etcdtest.Start(t, 3)
+	replicas := etcdReplicas(t, cluster, 2, EtcdConfig{})
+	ctx := t.Context()
+	require.NoError(t, replicas[0].CreateGraph(ctx, newGraph("acme", "g"), nil))
+	for i := range 10 {
+		before, err := replicas[1].Draft(ctx, "acme", "g")
+		require.NoError(t, err)
+		_, err = replicas[i%2].UpdateDraft(ctx, "acme", "g", func(cur *graph.Graph) error {
+			cur.Nodes = append(cur.Nodes, graph.Node{ID: fmt.Sprintf("n%d", i), Kind: "note"})
+			return nil
+		}, nil)
+		require.NoError(t, err)
+		for _, s := range replicas {
+			after, err := s.Draft(ctx, "acme", "g")
+			require.NoError(t, err)
+			require.Equal(t, before.Revision+1, after.Revision)
+			require.Len(t, after.Nodes, i+2)
+		}
+	}
+}
+
+// TestEtcdLargeDraftsAreChunked: drafts and versions past one etcd request are kept in chunks
+// that live and die with the keys that point at them.
+func TestEtcdLargeDraftsAreChunked(t *testing.T) {
+	cluster := etcdtest.Start(t, 3)
+	replicas := etcdReplicas(t, cluster, 2, EtcdConfig{InlineBytes: 512, ChunkBytes: 1024, CacheBytes: -1})
+	ctx := t.Context()
+	big := newGraph("acme", "g")
+	for i := range 40 {
+		big.Nodes = append(big.Nodes, graph.Node{ID: fmt.Sprintf("n%d", i), Kind: "note", Opaque: json.RawMessage(`{"text":"` + strings.Repeat("x", 100) + `"}`)})
+	}
+	require.NoError(t, replicas[0].CreateGraph(ctx, big, nil))
+	chunks := func() int64 {
+		resp, err := replicas[0].cli.Get(ctx, replicas[0].space.Prefix(etcdBlobs), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		require.NoError(t, err)
+		return resp.Count
+	}
+	draftChunks := chunks()
+	require.Greater(t, draftChunks, int64(1))
+	d, err := replicas[1].Draft(ctx, "acme", "g")
+	require.NoError(t, err)
+	require.Len(t, d.Nodes, 41)
+	_, err = replicas[1].UpdateDraft(ctx, "acme", "g", func(cur *graph.Graph) error {
+		cur.Nodes = cur.Nodes[:30]
+		return nil
+	}, nil)
+	require.NoError(t, err)
+	require.Less(t, chunks(), draftChunks, "the replaced draft's chunks went with it")
+	d, err = replicas[0].Draft(ctx, "acme", "g")
+	require.NoError(t, err)
+	require.Len(t, d.Nodes, 30)
+	n, err := replicas[0].Publish(ctx, "acme", "g", d.Revision, &graph.Version{Graph: d}, nil)
+	require.NoError(t, err)
+	v, err := replicas[1].Version(ctx, "acme", "g", n)
+	require.NoError(t, err)
+	require.Len(t, v.Graph.Nodes, 30)
+	require.NoError(t, replicas[1].DeleteGraph(ctx, "acme", "g", nil))
+	require.Zero(t, chunks(), "a deleted graph leaves no chunk")
+}
+
+// TestEtcdWritesGoOnWithAMemberKilled: with the leader of three members killed, replicas keep
+// publishing and reading once the others elected a new one.
+func TestEtcdWritesGoOnWithAMemberKilled(t *testing.T) {
+	cluster := etcdtest.Start(t, 3)
+	replicas := etcdReplicas(t, cluster, 2, EtcdConfig{})
+	ctx := t.Context()
+	require.NoError(t, replicas[0].CreateGraph(ctx, newGraph("acme", "g"), nil))
+	cluster.Kill(cluster.WaitLeader(t))
+	cluster.WaitLeader(t)
+	for i, s := range replicas {
+		d, err := s.Draft(ctx, "acme", "g")
+		require.NoError(t, err)
+		n, err := s.Publish(ctx, "acme", "g", d.Revision, &graph.Version{Graph: d}, nil)
+		require.NoError(t, err)
+		require.Equal(t, int64(i+1), n)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"sort"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -25,77 +26,166 @@ type Key struct {
 // lastUsedResolution bounds how often a key's last-used time is written.
 const lastUsedResolution = time.Minute
 
-func (s *Store) loadKeys() error {
-	s.keysByHash = make(map[string]*Key)
-	s.keysByID = make(map[string]*Key)
-	return s.db.View(func(tx *bolt.Tx) error {
+// keyTable holds every key record in memory, by hash and by id, so authenticating a call reads
+// no disk and no network.
+type keyTable struct {
+	mu     sync.RWMutex
+	byHash map[string]*Key
+	byID   map[string]*Key
+}
+
+func (t *keyTable) reset(keys []Key) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.byHash, t.byID = make(map[string]*Key, len(keys)), make(map[string]*Key, len(keys))
+	for i := range keys {
+		t.byHash[keys[i].Hash], t.byID[keys[i].ID] = &keys[i], &keys[i]
+	}
+}
+
+// put stores k, replacing the record with its id.
+func (t *keyTable) put(k Key) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.byID[k.ID]; ok && old.Hash != k.Hash {
+		delete(t.byHash, old.Hash)
+	}
+	t.byHash[k.Hash], t.byID[k.ID] = &k, &k
+}
+
+// remove drops the record with id.
+func (t *keyTable) remove(id string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.byID[id]; ok {
+		delete(t.byHash, old.Hash)
+		delete(t.byID, id)
+	}
+}
+
+// exists says whether a key with this hash or id is held.
+func (t *keyTable) exists(hash, id string) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	_, byHash := t.byHash[hash]
+	_, byID := t.byID[id]
+	return byHash || byID
+}
+
+func (t *keyTable) byHashCopy(hash string) (Key, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	k, ok := t.byHash[hash]
+	if !ok {
+		return Key{}, false
+	}
+	return *k, true
+}
+
+func (t *keyTable) byIDCopy(id string) (Key, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	k, ok := t.byID[id]
+	if !ok {
+		return Key{}, false
+	}
+	return *k, true
+}
+
+// stale returns the key with id with its last use set to now when the stored one is older
+// than lastUsedResolution (and the key is not revoked), updating the table, so one caller
+// writes it.
+func (t *keyTable) stale(id string, now time.Time) (Key, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	k := t.byID[id]
+	if k == nil || k.Revoked || now.Sub(k.LastUsed) <= lastUsedResolution {
+		return Key{}, false
+	}
+	k.LastUsed = now
+	return *k, true
+}
+
+// list returns every key ordered by creation time.
+func (t *keyTable) list() []Key {
+	t.mu.RLock()
+	out := make([]Key, 0, len(t.byID))
+	for _, k := range t.byID {
+		out = append(out, *k)
+	}
+	t.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreateTime.Equal(out[j].CreateTime) {
+			return out[i].CreateTime.Before(out[j].CreateTime)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// revoked is k revoked now, or k as it is when it already was.
+func revoked(k Key) Key {
+	if !k.Revoked {
+		k.Revoked, k.RevokeTime = true, time.Now().UTC()
+	}
+	return k
+}
+
+func (s *Bolt) loadKeys() error {
+	var keys []Key
+	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(keysBucket).ForEach(func(_, v []byte) error {
 			var k Key
 			if err := json.Unmarshal(v, &k); err != nil {
 				return err
 			}
-			s.keysByHash[k.Hash] = &k
-			s.keysByID[k.ID] = &k
+			keys = append(keys, k)
 			return nil
 		})
 	})
+	s.keys.reset(keys)
+	return err
 }
 
 // CreateKey stores a new key record; a key with the same hash or id is refused.
-func (s *Store) CreateKey(ctx context.Context, k Key, hook TxHook) error {
+func (s *Bolt) CreateKey(ctx context.Context, k Key, hook Hook) error {
 	val, err := json.Marshal(k)
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, dup := s.keysByHash[k.Hash]; dup {
-		return ErrExists
-	}
-	if _, dup := s.keysByID[k.ID]; dup {
+	s.keyWrites.Lock()
+	defer s.keyWrites.Unlock()
+	if s.keys.exists(k.Hash, k.ID) {
 		return ErrExists
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(keysBucket).Put([]byte(k.ID), val); err != nil {
 			return err
 		}
-		return runHook(tx, hook)
+		return runHook(s.recorder(tx), hook)
 	})
 	if err != nil {
 		return err
 	}
-	kk := k
-	s.keysByHash[k.Hash], s.keysByID[k.ID] = &kk, &kk
+	s.keys.put(k)
 	return nil
 }
 
 // KeyByHash returns a copy of the key with that hash. A stale last-used time is refreshed in
 // the background, at most once per lastUsedResolution.
-func (s *Store) KeyByHash(hash string) (Key, bool) {
-	s.mu.RLock()
-	k, ok := s.keysByHash[hash]
-	var out Key
-	if ok {
-		out = *k
+func (s *Bolt) KeyByHash(ctx context.Context, hash string) (Key, bool, error) {
+	k, ok := s.keys.byHashCopy(hash)
+	if ok && !k.Revoked && time.Since(k.LastUsed) > lastUsedResolution {
+		s.touch(k.ID)
 	}
-	s.mu.RUnlock()
-	if ok && !out.Revoked && time.Since(out.LastUsed) > lastUsedResolution {
-		s.touch(out.ID)
-	}
-	return out, ok
+	return k, ok, nil
 }
 
-func (s *Store) touch(id string) {
-	now := time.Now().UTC()
-	s.mu.Lock()
-	k := s.keysByID[id]
-	if k == nil || now.Sub(k.LastUsed) <= lastUsedResolution {
-		s.mu.Unlock()
+func (s *Bolt) touch(id string) {
+	updated, ok := s.keys.stale(id, time.Now().UTC())
+	if !ok {
 		return
 	}
-	k.LastUsed = now
-	updated := *k
-	s.mu.Unlock()
 	s.touches.Add(1)
 	go func() {
 		defer s.touches.Done()
@@ -119,45 +209,23 @@ func (s *Store) touch(id string) {
 }
 
 // KeyByID returns a copy of the key with that id.
-func (s *Store) KeyByID(id string) (Key, bool) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	k, ok := s.keysByID[id]
-	if !ok {
-		return Key{}, false
-	}
-	return *k, true
+func (s *Bolt) KeyByID(ctx context.Context, id string) (Key, bool, error) {
+	k, ok := s.keys.byIDCopy(id)
+	return k, ok, nil
 }
 
 // ListKeys returns keys ordered by creation time.
-func (s *Store) ListKeys(ctx context.Context) []Key {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	out := make([]Key, 0, len(s.keysByID))
-	for _, k := range s.keysByID {
-		out = append(out, *k)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if !out[i].CreateTime.Equal(out[j].CreateTime) {
-			return out[i].CreateTime.Before(out[j].CreateTime)
-		}
-		return out[i].ID < out[j].ID
-	})
-	return out
-}
+func (s *Bolt) ListKeys(ctx context.Context) ([]Key, error) { return s.keys.list(), nil }
 
 // RevokeKey marks a key revoked; it stops working at once.
-func (s *Store) RevokeKey(ctx context.Context, id string, hook TxHook) (Key, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	k, ok := s.keysByID[id]
+func (s *Bolt) RevokeKey(ctx context.Context, id string, hook Hook) (Key, error) {
+	s.keyWrites.Lock()
+	defer s.keyWrites.Unlock()
+	k, ok := s.keys.byIDCopy(id)
 	if !ok {
 		return Key{}, ErrNotFound
 	}
-	updated := *k
-	if !updated.Revoked {
-		updated.Revoked, updated.RevokeTime = true, time.Now().UTC()
-	}
+	updated := revoked(k)
 	val, err := json.Marshal(updated)
 	if err != nil {
 		return Key{}, err
@@ -166,11 +234,11 @@ func (s *Store) RevokeKey(ctx context.Context, id string, hook TxHook) (Key, err
 		if err := tx.Bucket(keysBucket).Put([]byte(id), val); err != nil {
 			return err
 		}
-		return runHook(tx, hook)
+		return runHook(s.recorder(tx), hook)
 	})
 	if err != nil {
 		return Key{}, err
 	}
-	*k = updated
+	s.keys.put(updated)
 	return updated, nil
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/ringfence/ringfence/internal/secretbox"
 )
 
 // Secret describes a stored secret without its value.
@@ -21,10 +23,25 @@ type storedSecret struct {
 
 func secretContext(name string) []byte { return []byte("registry/secret/" + name) }
 
-// PutSecret creates or replaces a secret; the value is sealed before it reaches the file.
-func (s *Store) PutSecret(ctx context.Context, name, value string, hook TxHook) (Secret, error) {
-	st := storedSecret{Sealed: s.box.Seal([]byte(value), secretContext(name)), UpdateTime: time.Now().UTC()}
+// sealSecret is a secret's value at rest.
+func sealSecret(box *secretbox.Box, name, value string) ([]byte, storedSecret, error) {
+	st := storedSecret{Sealed: box.Seal([]byte(value), secretContext(name)), UpdateTime: time.Now().UTC()}
 	val, err := json.Marshal(st)
+	return val, st, err
+}
+
+// openSecret is a stored secret's clear value.
+func openSecret(box *secretbox.Box, name string, st storedSecret) (string, error) {
+	plain, err := box.Open(st.Sealed, secretContext(name))
+	if err != nil {
+		return "", err
+	}
+	return string(plain), nil
+}
+
+// PutSecret creates or replaces a secret; the value is sealed before it reaches the file.
+func (s *Bolt) PutSecret(ctx context.Context, name, value string, hook Hook) (Secret, error) {
+	val, st, err := sealSecret(s.box, name, value)
 	if err != nil {
 		return Secret{}, err
 	}
@@ -32,13 +49,13 @@ func (s *Store) PutSecret(ctx context.Context, name, value string, hook TxHook) 
 		if err := tx.Bucket(secretsBucket).Put([]byte(name), val); err != nil {
 			return err
 		}
-		return runHook(tx, hook)
+		return runHook(s.recorder(tx), hook)
 	})
 	return Secret{Name: name, UpdateTime: st.UpdateTime}, err
 }
 
 // SecretValue returns a secret's clear value.
-func (s *Store) SecretValue(ctx context.Context, name string) (string, error) {
+func (s *Bolt) SecretValue(ctx context.Context, name string) (string, error) {
 	var st storedSecret
 	err := s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(secretsBucket).Get([]byte(name))
@@ -50,15 +67,11 @@ func (s *Store) SecretValue(ctx context.Context, name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	plain, err := s.box.Open(st.Sealed, secretContext(name))
-	if err != nil {
-		return "", err
-	}
-	return string(plain), nil
+	return openSecret(s.box, name, st)
 }
 
 // ListSecrets lists every secret name in order.
-func (s *Store) ListSecrets(ctx context.Context) ([]Secret, error) {
+func (s *Bolt) ListSecrets(ctx context.Context) ([]Secret, error) {
 	var out []Secret
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(secretsBucket).ForEach(func(k, v []byte) error {
@@ -74,7 +87,7 @@ func (s *Store) ListSecrets(ctx context.Context) ([]Secret, error) {
 }
 
 // DeleteSecret removes a secret.
-func (s *Store) DeleteSecret(ctx context.Context, name string, hook TxHook) error {
+func (s *Bolt) DeleteSecret(ctx context.Context, name string, hook Hook) error {
 	return s.db.Batch(func(tx *bolt.Tx) error {
 		b := tx.Bucket(secretsBucket)
 		if b.Get([]byte(name)) == nil {
@@ -83,6 +96,6 @@ func (s *Store) DeleteSecret(ctx context.Context, name string, hook TxHook) erro
 		if err := b.Delete([]byte(name)); err != nil {
 			return err
 		}
-		return runHook(tx, hook)
+		return runHook(s.recorder(tx), hook)
 	})
 }

@@ -1,4 +1,4 @@
-package testutil
+package freeport
 
 import (
 	"net"
@@ -8,13 +8,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestFreeAddrStaysOutOfTheKernelsWay: FreeAddr's ports are never ones the kernel hands to a
+// TestFreeAddrStaysOutOfTheKernelsWay: Addr's ports are never ones the kernel hands to a
 // listener on port 0 or an outgoing connection, and none is handed out twice.
 func TestFreeAddrStaysOutOfTheKernelsWay(t *testing.T) {
 	low := ephemeralLow()
 	seen := map[string]bool{}
 	for range 200 {
-		addr := FreeAddr(t)
+		addr := Addr(t)
 		require.False(t, seen[addr], "%s handed out twice", addr)
 		seen[addr] = true
 		_, p, err := net.SplitHostPort(addr)

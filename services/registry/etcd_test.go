@@ -1,0 +1,124 @@
+package registry
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+
+	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
+	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/internal/secretbox"
+	"github.com/ringfence/ringfence/internal/testutil"
+	"github.com/ringfence/ringfence/services/registry/internal/store"
+)
+
+// etcdReplicas opens n registry services on one etcd cluster and prefix: replicas of one
+// registry, each with its own client and its own (same) secrets key.
+func etcdReplicas(t *testing.T, cluster *etcdtest.Cluster, n int) []*Service {
+	t.Helper()
+	root := cluster.Root()
+	roles, err := auth.NewRoles("")
+	require.NoError(t, err)
+	var out []*Service
+	for range n {
+		box, err := secretbox.New(make([]byte, 32))
+		require.NoError(t, err)
+		svc, err := Open(Config{
+			DBPath: filepath.Join(t.TempDir(), "registry.db"), Etcd: cluster.Client(t, "registry"), EtcdRoot: root,
+			Secrets: box, Roles: roles, AllowedEnvKeys: []string{"APP_TOKEN"}, AuditSink: testutil.NewAuditRecorder(),
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = svc.Close() })
+		out = append(out, svc)
+	}
+	return out
+}
+
+// TestReplicasOnEtcd: two registry services on one cluster are one registry. Both start at
+// once with the same bootstrap key and both succeed, with one key between them; a registration
+// created through one is served by the other's next call; a key revoked on one is refused by
+// the other's next check.
+func TestReplicasOnEtcd(t *testing.T) {
+	cluster := etcdtest.Start(t, 3)
+	replicas := etcdReplicas(t, cluster, 2)
+	ctx := auth.SystemContext(t.Context(), "test")
+	var wg sync.WaitGroup
+	for _, r := range replicas {
+		wg.Go(func() { require.NoError(t, r.EnsureBootstrapAdmin(ctx, adminKey)) })
+	}
+	wg.Wait()
+	keys, err := replicas[1].ListKeys(ctx, &registryv1.ListKeysRequest{})
+	require.NoError(t, err)
+	require.Len(t, keys.GetKeys(), 1, "one bootstrap key, whichever replica created it")
+
+	_, err = replicas[0].CreateServer(ctx, docsSearch())
+	require.NoError(t, err)
+	got, err := replicas[1].GetServer(ctx, &registryv1.GetServerRequest{Ref: "docs-search"})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), got.GetServer().GetRevision())
+	p, err := replicas[1].ServerPolicy(ctx, "docs-search")
+	require.NoError(t, err)
+	require.Equal(t, []string{"process_spawn", "external_api_call"}, p.Grants)
+
+	principal, err := replicas[0].VerifyKey(ctx, auth.HashKey(adminKey))
+	require.NoError(t, err)
+	_, err = replicas[1].RevokeKey(ctx, &registryv1.RevokeKeyRequest{Id: principal.KeyID})
+	require.NoError(t, err)
+	_, err = replicas[0].VerifyKey(ctx, auth.HashKey(adminKey))
+	require.ErrorIs(t, err, auth.ErrUnknownKey, "revoked on one replica, refused by the other at once")
+}
+
+// racingStore makes the store's first UpdateServer lose its transaction to another replica,
+// which changes the registration's env between the read and the commit.
+type racingStore struct {
+	Store
+	other *Service
+	once  sync.Once
+}
+
+func (r *racingStore) UpdateServer(ctx context.Context, ref string, mutate func(*mcpserver.Registration) (*mcpserver.Registration, error), hook store.UpdateHook) (*mcpserver.Registration, error) {
+	return r.Store.UpdateServer(ctx, ref, func(cur *mcpserver.Registration) (*mcpserver.Registration, error) {
+		r.once.Do(func() {
+			req := docsSearch()
+			_, err := r.other.UpdateServer(ctx, &registryv1.UpdateServerRequest{Ref: ref, Command: req.Command, Args: req.Args,
+				Env: env("APP_TOKEN", "from-the-other-replica"), Grants: req.Grants})
+			if err != nil {
+				panic(err)
+			}
+		})
+		return mutate(cur)
+	}, hook)
+}
+
+// TestARetriedUpdateKeepsWhatTheMasksStandFor: an update that sends the env mask back keeps
+// the stored value. When another replica changed that value first, the update runs again on
+// the newer registration, and the mask then stands for the newer value, not the one the
+// first attempt read.
+func TestARetriedUpdateKeepsWhatTheMasksStandFor(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	replicas := etcdReplicas(t, cluster, 2)
+	ctx := auth.SystemContext(t.Context(), "test")
+	_, err := replicas[0].CreateServer(ctx, docsSearch())
+	require.NoError(t, err)
+	replicas[0].store = &racingStore{Store: replicas[0].store, other: replicas[1]}
+	req := docsSearch()
+	resp, err := replicas[0].UpdateServer(ctx, &registryv1.UpdateServerRequest{Ref: "docs-search", Command: "mcp-server-filesystem", Args: req.Args,
+		Env: env("APP_TOKEN", SecretMask), Grants: req.Grants})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), resp.GetServer().GetRevision(), "after the other replica's update")
+	resolved, err := replicas[1].ResolveRegistration(ctx, "docs-search")
+	require.NoError(t, err)
+	require.Equal(t, "from-the-other-replica", resolved.Env["APP_TOKEN"])
+
+	_, err = replicas[0].UpdateServer(ctx, &registryv1.UpdateServerRequest{Ref: "docs-search", Revision: 1, Command: "x"})
+	testutil.RequireStatus(t, err, codes.Aborted)
+}
