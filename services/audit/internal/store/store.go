@@ -268,7 +268,6 @@ type writer struct {
 	ch   *chainer
 	seq  uint64
 	prev [32]byte
-	buf  []byte
 	// sinceRelease counts the bytes committed since the mapped pages were last released.
 	sinceRelease int
 }
