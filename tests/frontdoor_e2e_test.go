@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -124,6 +125,25 @@ func TestFrontDoorInspector(t *testing.T) {
 	cli("runs", "end", "--run", "r1")
 }
 
+// unexpectedFailures returns the scenarios the suite's summary lists as failing and not
+// expected to.
+func unexpectedFailures(summary string) []string {
+	summary = regexp.MustCompile("\x1b\\[[0-9;]*m").ReplaceAllString(summary, "")
+	_, rest, ok := strings.Cut(summary, "Unexpected failures (not in baseline):")
+	if !ok {
+		return nil
+	}
+	var names []string
+	for _, line := range strings.Split(rest, "\n")[1:] {
+		name, ok := strings.CutPrefix(strings.TrimSpace(line), "✗ ")
+		if !ok {
+			break
+		}
+		names = append(names, strings.TrimSpace(name))
+	}
+	return names
+}
+
 // conformanceExpectedFailures is the committed list of the conformance suite's scenarios the
 // front door does not pass, each with its reason.
 const conformanceExpectedFailures = "tests/testdata/conformance-expected-failures.yml"
@@ -195,18 +215,41 @@ func TestFrontDoorConformance(t *testing.T) {
 			out := t.TempDir()
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 			defer cancel()
-			start := time.Now()
-			cmd := exec.CommandContext(ctx, suite, "server", "--url", mcpURL, "--requirements", revision,
-				"--expected-failures", filepath.Join(bins.root, conformanceExpectedFailures), "-o", out)
-			cmd.Env = append(baseEnv(), env...)
-			cmd.Dir = out
-			stdout, err := cmd.CombinedOutput()
-			t.Logf("conformance %s took %s", revision, time.Since(start).Round(100*time.Millisecond))
-			summary := string(stdout)
-			if i := strings.Index(summary, "=== SUMMARY ==="); i >= 0 {
-				summary = summary[i:]
+			run := func(args ...string) (string, error) {
+				start := time.Now()
+				cmd := exec.CommandContext(ctx, suite, append([]string{"server", "--url", mcpURL, "--requirements", revision,
+					"--expected-failures", filepath.Join(bins.root, conformanceExpectedFailures), "-o", out}, args...)...)
+				cmd.Env = append(baseEnv(), env...)
+				cmd.Dir = out
+				stdout, err := cmd.CombinedOutput()
+				t.Logf("conformance %s %v took %s", revision, args, time.Since(start).Round(100*time.Millisecond))
+				summary := string(stdout)
+				if i := strings.Index(summary, "=== SUMMARY ==="); i >= 0 {
+					summary = summary[i:]
+				}
+				return summary, err
 			}
-			require.NoError(t, err, "the suite reports an unexpected failure or a stale expected one:\n%s", summary)
+			summary, err := run()
+			passedAlone := map[string]bool{}
+			if err != nil {
+				// The suite waits on its own clocks (2 s for a stream's first event, 10 s for
+				// an answer): on a loaded machine a scenario can miss them. Each unexpected
+				// failure runs twice more alone; one that fails every time is a failure. A
+				// listed scenario that passes is never retried.
+				unexpected := unexpectedFailures(summary)
+				require.NotEmpty(t, unexpected, "the suite reports a stale expected failure, or failed to run:\n%s", summary)
+				for _, scenario := range unexpected {
+					var again string
+					for range 2 {
+						if again, err = run("--scenario", scenario); err == nil {
+							t.Logf("conformance %s: %s failed once and passed alone (the suite's own timeouts on a loaded machine)", revision, scenario)
+							passedAlone[scenario] = true
+							break
+						}
+					}
+					require.NoError(t, err, "%s fails every time and is not an expected failure:\n%s\n%s", scenario, summary, again)
+				}
+			}
 			// Scenarios run but not scored (pending, extensions) do not change the exit
 			// status: the header scenarios must pass all the same.
 			for _, scenario := range []string{"http-header-validation", "http-custom-header-server-validation"} {
@@ -219,7 +262,7 @@ func TestFrontDoorConformance(t *testing.T) {
 				if line := sc.Text(); strings.HasPrefix(line, "✗ ") {
 					name := strings.Fields(strings.TrimPrefix(line, "✗ "))[0]
 					name = strings.TrimSuffix(name, ":")
-					if !strings.HasPrefix(name, "tasks-") {
+					if !strings.HasPrefix(name, "tasks-") && !passedAlone[name] {
 						require.Contains(t, listed.Server, name, "%s fails and is not an expected failure", name)
 					}
 				}
