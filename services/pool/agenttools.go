@@ -192,7 +192,7 @@ func (s *Service) loadTools(ctx context.Context, r *run, agent string, names []s
 	}
 	rec.LoadedTools[agent] = next
 	rec.Calls, rec.LastActivity = r.calls, r.lastActivity
-	if err := s.store.PutRun(ctx, rec); err != nil {
+	if err := s.runStore.PutRun(ctx, rec); err != nil {
 		return err
 	}
 	r.rec = rec

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 
 	"github.com/ringfence/ringfence/internal/audit"
@@ -60,8 +61,16 @@ var _ Spawner = (*spawner.Router)(nil)
 
 // Config holds the service's dependencies and limits.
 type Config struct {
-	// DBPath is the pool's bbolt file (runs).
+	// DBPath is the pool's bbolt file (runs, approvals, agent tokens, documents). With Etcd
+	// set, the run records live in etcd instead, and the rest stays here.
 	DBPath string
+	// Etcd, when set, keeps the run records in etcd under <EtcdRoot>/pool/, shared by every
+	// pool host, with the hosts' leases (store.backend=etcd).
+	Etcd     *clientv3.Client
+	EtcdRoot string
+	// HostID names this pool host among the hosts sharing Etcd: the owner written in each run
+	// it hosts, and its lease's key. Required with Etcd; unused without.
+	HostID string
 	// SpoolDir holds the audit spool's segment files; empty means pool-audit-spool beside
 	// DBPath. Every call waits for its record there, so it has files of its own (one fdatasync
 	// per commit) instead of a bucket in DBPath.
@@ -140,6 +149,10 @@ type Service struct {
 	// development allows it); without one they are refused before anything starts.
 	stdio     bool
 	store     *store.Store
+	// runStore keeps the run records: store (bbolt) or etcd. host is the owner this pool
+	// writes in its runs: Config.HostID on etcd, empty on bbolt (one host).
+	runStore RunStore
+	host     string
 	spool     *audit.Spool
 	forwarder *audit.Forwarder
 	watchers  sync.WaitGroup // one per live session, until it ends (watch)
@@ -267,6 +280,16 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		s.documents = builtinDocuments{s.store}
 	}
 	closers = append(closers, s.store.Close)
+	s.runStore = s.store
+	if cfg.Etcd != nil {
+		if cfg.HostID == "" {
+			return nil, errors.New("pool: Config.HostID is required with Etcd (pool hosts sharing etcd need an id each)")
+		}
+		s.host = cfg.HostID
+		if s.runStore, err = store.OpenEtcdRuns(ctx, cfg.Etcd, cfg.EtcdRoot); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.SpoolDir == "" {
 		cfg.SpoolDir = filepath.Join(filepath.Dir(cfg.DBPath), "pool-audit-spool")
 	}

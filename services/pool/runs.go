@@ -178,7 +178,7 @@ func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version 
 	kept, ignored := selection(ix, selected)
 	now := time.Now().UTC()
 	r := newRun(store.Run{ID: runID, Tenant: tenant, GraphID: graphID, Version: v.Version, State: StateRunning, StartTime: now, LastActivity: now,
-		SelectedServers: kept})
+		SelectedServers: kept, Host: s.host})
 	r.loadOnce.Do(func() { r.version, r.index = v, ix })
 
 	s.runs.mu.Lock()
@@ -197,7 +197,7 @@ func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version 
 
 	// The run becomes visible only once the store has it: an id an ended run still holds
 	// (ended runs live in the store only) is refused here, before anyone can act on it.
-	err = s.store.CreateRun(ctx, r.rec)
+	err = s.runStore.CreateRun(ctx, r.rec)
 	s.runs.mu.Lock()
 	delete(s.runs.starting, key)
 	if err != nil {
@@ -246,7 +246,7 @@ func (s *Service) lookup(ctx context.Context, id, tenant string) (*run, error) {
 	if ok {
 		return r, nil
 	}
-	rec, err := s.store.GetRun(ctx, key.tenant, key.id)
+	rec, err := s.runStore.GetRun(ctx, key.tenant, key.id)
 	if err != nil || (rec.State != StateCompleted && rec.State != StateFailed) {
 		return nil, fmt.Errorf("%w %q in tenant %q (a key bound to no tenant names the run's tenant, or acts for %q)", errRunNotFound, id, key.tenant, auth.DefaultTenant)
 	}
@@ -282,7 +282,7 @@ func (s *Service) PauseRun(ctx context.Context, id, tenant string) (*RunInfo, er
 	rec := r.rec
 	rec.State = StatePaused
 	rec.Calls, rec.LastActivity = r.calls, r.lastActivity
-	if err := s.store.PutRun(ctx, rec); err != nil {
+	if err := s.runStore.PutRun(ctx, rec); err != nil {
 		r.mu.Unlock()
 		return nil, err
 	}
@@ -307,7 +307,7 @@ func (s *Service) ResumeRun(ctx context.Context, id, tenant string) (*RunInfo, e
 	}
 	rec := r.rec
 	rec.State = StateRunning
-	if err := s.store.PutRun(ctx, rec); err != nil {
+	if err := s.runStore.PutRun(ctx, rec); err != nil {
 		r.mu.Unlock()
 		return nil, err
 	}
@@ -355,7 +355,7 @@ func (s *Service) endWhen(ctx context.Context, r *run, status string, when func(
 	rec := r.rec
 	rec.State, rec.EndReason, rec.EndTime = status, reason, time.Now().UTC()
 	rec.Calls, rec.LastActivity = r.calls, r.lastActivity
-	if err := s.store.PutRun(ctx, rec); err != nil {
+	if err := s.runStore.PutRun(ctx, rec); err != nil {
 		r.mu.Unlock()
 		return nil, err
 	}
@@ -403,7 +403,7 @@ func (r *run) takeSessions() map[string]*session {
 // restoreRuns loads the runs a previous process hosted: they keep their ids and states, and
 // get fresh sessions on their next calls (no process survived the restart).
 func (s *Service) restoreRuns(ctx context.Context) error {
-	active, err := s.store.ActiveRuns(ctx)
+	active, err := s.runStore.ActiveRuns(ctx, s.host)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,201 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ringfence/ringfence/internal/etcdstore"
+)
+
+// The pool's keys in etcd, under <root>/pool/ (etcdstore.Space):
+//
+//	meta/schema_version           the layout's version (etcdstore.Migrate)
+//	runs/<tenant>/<id>            a run's record (Run JSON), whatever its state
+//	owned/<host>/<tenant>/<id>    present while the run is running or paused on host: what
+//	                              a host restores at start, and what is failed when its lease
+//	                              expires
+//	hosts/<id>                    a live pool host (Host JSON), bound to its lease
+//
+// A run's record and its owned/ key change in one transaction, so they never disagree.
+const (
+	etcdRuns  = "runs"
+	etcdOwned = "owned"
+	etcdHosts = "hosts"
+)
+
+// etcdMigrations are the etcd layout's schema versions; migrations[i] brings it to i+1.
+var etcdMigrations = []etcdstore.Migration{
+	func(context.Context, *clientv3.Client, etcdstore.Space) error { return nil }, // v1: the keys above
+}
+
+// EtcdRuns keeps the run records of every pool host in etcd, with the hosts' leases. Reads are
+// linearizable (etcd's default), so a run started, ended or re-homed on one host is seen so by
+// the next read on any other. Writes are transactions that compare the record they read: two
+// hosts that race to change a run (its owner ending it while another fails it for a lost
+// lease) cannot both win.
+type EtcdRuns struct {
+	cli   *clientv3.Client
+	space etcdstore.Space
+}
+
+// OpenEtcdRuns opens the pool's part of etcd under root (store.etcd_prefix).
+func OpenEtcdRuns(ctx context.Context, cli *clientv3.Client, root string) (*EtcdRuns, error) {
+	s := &EtcdRuns{cli: cli, space: etcdstore.NewSpace(root, "pool")}
+	if err := etcdstore.Migrate(ctx, cli, s.space, etcdMigrations); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *EtcdRuns) runKey(tenant, id string) string { return s.space.Key(etcdRuns, tenant, id) }
+
+func (s *EtcdRuns) ownedKey(r Run) string { return s.space.Key(etcdOwned, r.Host, r.Tenant, r.ID) }
+
+// indexOps are the operations that keep owned/ in step when a run goes from before to after
+// (before is nil for a new run).
+func (s *EtcdRuns) indexOps(before *Run, after Run) []clientv3.Op {
+	var ops []clientv3.Op
+	if before != nil && before.Active() && (!after.Active() || before.Host != after.Host) {
+		ops = append(ops, clientv3.OpDelete(s.ownedKey(*before)))
+	}
+	if after.Active() && (before == nil || !before.Active() || before.Host != after.Host) {
+		ops = append(ops, clientv3.OpPut(s.ownedKey(after), ""))
+	}
+	return ops
+}
+
+// CreateRun stores a new run; an id its tenant has taken is refused.
+func (s *EtcdRuns) CreateRun(ctx context.Context, r Run) error {
+	val, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	key := s.runKey(r.Tenant, r.ID)
+	ops := append([]clientv3.Op{clientv3.OpPut(key, string(val))}, s.indexOps(nil, r)...)
+	var exists bool
+	err = etcdstore.Retry(ctx, func(ctx context.Context) (bool, error) {
+		resp, err := etcdstore.Commit(ctx, s.cli, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}, ops, nil)
+		if err != nil {
+			return false, err
+		}
+		exists = !resp.Succeeded
+		return true, nil
+	})
+	if err == nil && exists {
+		return ErrExists
+	}
+	return err
+}
+
+// PutRun records a run's new state, written by the host that owns it: a run another host
+// owns now, or that ended, is refused (ErrNotOwner).
+func (s *EtcdRuns) PutRun(ctx context.Context, r Run) error {
+	_, err := s.UpdateRun(ctx, r.Tenant, r.ID, func(cur *Run) error { return owned(cur, r) })
+	return err
+}
+
+// UpdateRun reads a run, lets mutate change it, and stores the result if nobody changed the
+// run in between; otherwise it reads again and mutate runs again. An error from mutate stores
+// nothing and is returned.
+func (s *EtcdRuns) UpdateRun(ctx context.Context, tenant, id string, mutate func(*Run) error) (Run, error) {
+	key := s.runKey(tenant, id)
+	var out Run
+	var stop error
+	err := etcdstore.Retry(ctx, func(ctx context.Context) (bool, error) {
+		resp, err := s.cli.Get(ctx, key)
+		if err != nil {
+			return false, etcdstore.Unavailable("read "+key, err)
+		}
+		if len(resp.Kvs) == 0 {
+			stop = ErrNotFound
+			return true, nil
+		}
+		var before Run
+		if err := json.Unmarshal(resp.Kvs[0].Value, &before); err != nil {
+			return false, fmt.Errorf("store: %s: %w", key, err)
+		}
+		after := before // indexOps reads only before's host and state, which mutate cannot reach
+		if stop = mutate(&after); stop != nil {
+			return true, nil
+		}
+		val, err := json.Marshal(after)
+		if err != nil {
+			return false, err
+		}
+		ops := append([]clientv3.Op{clientv3.OpPut(key, string(val))}, s.indexOps(&before, after)...)
+		c, err := etcdstore.Commit(ctx, s.cli, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)}, ops, nil)
+		if err != nil {
+			return false, err
+		}
+		out = after
+		return c.Succeeded, nil
+	})
+	if err != nil {
+		return Run{}, err
+	}
+	return out, stop
+}
+
+// GetRun reads one of tenant's runs.
+func (s *EtcdRuns) GetRun(ctx context.Context, tenant, id string) (Run, error) {
+	key := s.runKey(tenant, id)
+	resp, err := s.cli.Get(ctx, key)
+	if err != nil {
+		return Run{}, etcdstore.Unavailable("read "+key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return Run{}, ErrNotFound
+	}
+	var r Run
+	if err := json.Unmarshal(resp.Kvs[0].Value, &r); err != nil {
+		return Run{}, fmt.Errorf("store: %s: %w", key, err)
+	}
+	return r, nil
+}
+
+// ActiveRuns lists the runs host owns that are running or paused.
+func (s *EtcdRuns) ActiveRuns(ctx context.Context, host string) ([]Run, error) {
+	keys, err := s.ownedRuns(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Run, 0, len(keys))
+	for _, k := range keys {
+		r, err := s.GetRun(ctx, k.Tenant, k.ID)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if r.Active() && r.Host == host {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// RunRef names a run.
+type RunRef struct{ Tenant, ID string }
+
+// ownedRuns lists the runs under owned/<host>/.
+func (s *EtcdRuns) ownedRuns(ctx context.Context, host string) ([]RunRef, error) {
+	prefix := s.space.Prefix(etcdOwned, host)
+	resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, etcdstore.Unavailable("list "+prefix, err)
+	}
+	out := make([]RunRef, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		parts := strings.Split(strings.TrimPrefix(string(kv.Key), prefix), "/")
+		if len(parts) == 2 {
+			out = append(out, RunRef{Tenant: parts[0], ID: parts[1]})
+		}
+	}
+	return out, nil
+}
