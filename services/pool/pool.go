@@ -147,12 +147,12 @@ type Service struct {
 	spawner Spawner
 	// stdio is whether a back end starts stdio servers (isolated, or unisolated where
 	// development allows it); without one they are refused before anything starts.
-	stdio     bool
-	store     *store.Store
+	stdio bool
+	store *store.Store
 	// runStore keeps the run records: store (bbolt) or etcd. host is the owner this pool
 	// writes in its runs: Config.HostID on etcd, empty on bbolt (one host).
-	runStore RunStore
-	host     string
+	runStore  RunStore
+	host      string
 	spool     *audit.Spool
 	forwarder *audit.Forwarder
 	watchers  sync.WaitGroup // one per live session, until it ends (watch)
