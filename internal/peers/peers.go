@@ -304,3 +304,47 @@ func (a *Audit) Append(ctx context.Context, recs []audit.Record) error {
 	}
 	return err
 }
+
+// PoolHosts reaches the other pool hosts of a deployment on etcd (pool.HostPeers), each at
+// the internal address it registered, with this host's certificate; a connection per address
+// is dialed on first use and kept.
+type PoolHosts struct {
+	files   mtls.Files
+	tracing *telemetry.Tracing
+
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+}
+
+// NewPoolHosts returns the client; Close closes its connections.
+func NewPoolHosts(files mtls.Files, tracing *telemetry.Tracing) *PoolHosts {
+	return &PoolHosts{files: files, tracing: tracing, conns: make(map[string]*grpc.ClientConn)}
+}
+
+// ForwardRun forwards a request to the pool host at addr.
+func (p *PoolHosts) ForwardRun(ctx context.Context, addr string, req *poolinternalv1.ForwardRunRequest) (*poolinternalv1.ForwardRunResponse, error) {
+	p.mu.Lock()
+	conn, ok := p.conns[addr]
+	if !ok {
+		var err error
+		if conn, err = Dial(mtls.Pool, addr, p.files, p.tracing); err != nil {
+			p.mu.Unlock()
+			return nil, err
+		}
+		p.conns[addr] = conn
+	}
+	p.mu.Unlock()
+	return poolinternalv1.NewPoolInternalServiceClient(conn).ForwardRun(ctx, req)
+}
+
+// Close closes every connection.
+func (p *PoolHosts) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for addr, conn := range p.conns {
+		errs = append(errs, conn.Close())
+		delete(p.conns, addr)
+	}
+	return errors.Join(errs...)
+}

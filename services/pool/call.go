@@ -243,6 +243,10 @@ func (s *Service) call(ctx context.Context, req CallRequest) (*CallResult, audit
 		out = outcome{attempt: newAttempt(req), tenant: req.Tenant, err: refusal(reasonShuttingDown, errShuttingDown)}
 	}
 	att, res, err := out.attempt, out.res, out.err
+	if errors.Is(err, errRunElsewhere) {
+		// Not an attempt here: the owner serves it (forwarded), and records it.
+		return nil, att, err
+	}
 	att.LatencyMicros = time.Since(start).Microseconds()
 	setArgs(&att, out.args)
 	settle(&att, res, err)

@@ -69,8 +69,14 @@ type Config struct {
 	Etcd     *clientv3.Client
 	EtcdRoot string
 	// HostID names this pool host among the hosts sharing Etcd: the owner written in each run
-	// it hosts, and its lease's key. Required with Etcd; unused without.
-	HostID string
+	// it hosts, and its lease's key (pool.host_id). HostAddr is where the other hosts reach its
+	// internal plane (pool.advertise_addr), and Peers how they are reached. HostLeaseTTL is how
+	// long the cluster waits to hear from a host before its runs fail (DefaultHostLeaseTTL when
+	// zero). All required with Etcd, except the TTL; unused without.
+	HostID       string
+	HostAddr     string
+	HostLeaseTTL time.Duration
+	Peers        HostPeers
 	// SpoolDir holds the audit spool's segment files; empty means pool-audit-spool beside
 	// DBPath. Every call waits for its record there, so it has files of its own (one fdatasync
 	// per commit) instead of a bucket in DBPath.
@@ -151,8 +157,10 @@ type Service struct {
 	store *store.Store
 	// runStore keeps the run records: store (bbolt) or etcd. host is the owner this pool
 	// writes in its runs: Config.HostID on etcd, empty on bbolt (one host).
-	runStore  RunStore
-	host      string
+	runStore RunStore
+	host     string
+	// hosts is the deployment of several pool hosts on etcd (hosts.go); nil on bbolt.
+	hosts     *hosts
 	spool     *audit.Spool
 	forwarder *audit.Forwarder
 	watchers  sync.WaitGroup // one per live session, until it ends (watch)
@@ -207,6 +215,7 @@ var errorCodes = map[error]codes.Code{
 	errTokenNotFound:               codes.NotFound,
 	errTooManyTokens:               codes.ResourceExhausted,
 	errFrontDoorOff:                codes.FailedPrecondition,
+	errRunElsewhere:                codes.Unavailable,
 	audit.ErrSpoolFull:             codes.Unavailable,
 }
 
@@ -281,14 +290,29 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 	}
 	closers = append(closers, s.store.Close)
 	s.runStore = s.store
+	var lease *store.HostLease
 	if cfg.Etcd != nil {
-		if cfg.HostID == "" {
-			return nil, errors.New("pool: Config.HostID is required with Etcd (pool hosts sharing etcd need an id each)")
+		if cfg.HostID == "" || cfg.HostAddr == "" || cfg.Peers == nil {
+			return nil, errors.New("pool: Config.HostID, HostAddr and Peers are required with Etcd (each pool host sharing etcd has an id, an internal address, and reaches the others)")
 		}
-		s.host = cfg.HostID
-		if s.runStore, err = store.OpenEtcdRuns(ctx, cfg.Etcd, cfg.EtcdRoot); err != nil {
+		if cfg.HostLeaseTTL <= 0 {
+			cfg.HostLeaseTTL = DefaultHostLeaseTTL
+		}
+		er, err := store.OpenEtcdRuns(ctx, cfg.Etcd, cfg.EtcdRoot)
+		if err != nil {
 			return nil, err
 		}
+		s.host, s.runStore = cfg.HostID, er
+		s.hosts = &hosts{runs: er, ttl: cfg.HostLeaseTTL, peers: cfg.Peers,
+			self: store.Host{ID: cfg.HostID, Addr: cfg.HostAddr, Capacity: cfg.MaxRuns, StartTime: time.Now().UTC()}}
+		// The lease first: once it is held, no other host fails the runs restored below.
+		rctx, cancel := context.WithTimeout(ctx, cfg.HostLeaseTTL+5*time.Second)
+		lease, err = s.hosts.register(rctx)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		closers = append(closers, lease.Close)
 	}
 	if cfg.SpoolDir == "" {
 		cfg.SpoolDir = filepath.Join(filepath.Dir(cfg.DBPath), "pool-audit-spool")
@@ -337,6 +361,17 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		defer s.bg.Done()
 		s.reapIdle(bg)
 	}()
+	if s.hosts != nil {
+		s.bg.Add(2)
+		go func() {
+			defer s.bg.Done()
+			s.keepHost(bg, lease)
+		}()
+		go func() {
+			defer s.bg.Done()
+			s.sweepLostHosts(bg)
+		}()
+	}
 	wctx, wcancel := context.WithCancel(bg)
 	s.warmCancel = wcancel
 	if cfg.Warm != nil && cfg.MaxWarm > 0 && s.stdio {

@@ -170,6 +170,11 @@ func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version 
 	if err := checkSelection(selected); err != nil {
 		return nil, err
 	}
+	if host, err := s.place(ctx); err != nil {
+		return nil, err
+	} else if host != "" {
+		return nil, &elsewhereError{host: host}
+	}
 	v, err := s.cfg.Versions.PublishedVersion(ctx, tenant, graphID, version)
 	if err != nil {
 		return nil, versionErr(err)
@@ -247,10 +252,37 @@ func (s *Service) lookup(ctx context.Context, id, tenant string) (*run, error) {
 		return r, nil
 	}
 	rec, err := s.runStore.GetRun(ctx, key.tenant, key.id)
-	if err != nil || (rec.State != StateCompleted && rec.State != StateFailed) {
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
+	switch {
+	case err == nil && s.hosts != nil && rec.Active() && rec.Host != s.host:
+		return nil, &elsewhereError{host: rec.Host}
+	case err == nil && s.hosts != nil && rec.Active():
+		// This host's, but not in memory: it dropped its runs when it lost its lease, and the
+		// run was not failed meanwhile.
+		return s.adopt(ctx, rec)
+	case err != nil || (rec.State != StateCompleted && rec.State != StateFailed):
 		return nil, fmt.Errorf("%w %q in tenant %q (a key bound to no tenant names the run's tenant, or acts for %q)", errRunNotFound, id, key.tenant, auth.DefaultTenant)
 	}
 	return newRun(rec), nil
+}
+
+// adopt puts a run of this host's that the store holds into memory, as restoreRuns does at
+// start, unless another request did first.
+func (s *Service) adopt(ctx context.Context, rec store.Run) (*run, error) {
+	r, err := s.restored(ctx, rec)
+	if err != nil {
+		return nil, err
+	}
+	s.runs.mu.Lock()
+	defer s.runs.mu.Unlock()
+	if have, ok := s.runs.byKey[keyOf(rec)]; ok {
+		return have, nil
+	}
+	s.runs.byKey[keyOf(rec)] = r
+	s.runs.count++
+	return r, nil
 }
 
 // load makes sure the run's version is in memory (after a restart it is fetched on first use).
@@ -293,11 +325,16 @@ func (s *Service) PauseRun(ctx context.Context, id, tenant string) (*RunInfo, er
 	return r.info(), nil
 }
 
-// ResumeRun lets a paused run call again; its next calls get fresh sessions.
+// ResumeRun lets a paused run call again; its next calls get fresh sessions. A run that failed
+// because its pool host was lost (several hosts on etcd) is re-homed: placed on a live host,
+// running again there, with fresh sessions.
 func (s *Service) ResumeRun(ctx context.Context, id, tenant string) (*RunInfo, error) {
 	r, err := s.lookup(ctx, id, tenant)
 	if err != nil {
 		return nil, err
+	}
+	if s.hosts != nil && r.rec.State == StateFailed && r.rec.HostLost != "" {
+		return s.rehome(ctx, r.rec)
 	}
 	r.mu.Lock()
 	if r.rec.State != StatePaused {
@@ -314,6 +351,52 @@ func (s *Service) ResumeRun(ctx context.Context, id, tenant string) (*RunInfo, e
 	r.rec = rec
 	r.lastActivity = time.Now()
 	r.mu.Unlock()
+	return r.info(), nil
+}
+
+// rehome takes a run whose host was lost onto the host placement picks: this one, or the
+// request goes there.
+func (s *Service) rehome(ctx context.Context, lost store.Run) (*RunInfo, error) {
+	if host, err := s.place(ctx); err != nil {
+		return nil, err
+	} else if host != "" {
+		return nil, &elsewhereError{host: host}
+	}
+	key := keyOf(lost)
+	s.runs.mu.Lock()
+	if s.runs.count >= s.cfg.MaxRuns {
+		s.runs.mu.Unlock()
+		return nil, errTooManyRuns
+	}
+	if _, ok := s.runs.byKey[key]; ok || s.runs.starting[key] {
+		s.runs.mu.Unlock()
+		return nil, fmt.Errorf("%w (it is being resumed)", errRunNotPaused)
+	}
+	s.runs.starting[key] = true
+	s.runs.count++
+	s.runs.mu.Unlock()
+	rec, err := s.runStore.UpdateRun(ctx, lost.Tenant, lost.ID, func(cur *store.Run) error {
+		if cur.State != StateFailed || cur.HostLost == "" {
+			return fmt.Errorf("%w (it is %s)", errRunNotPaused, cur.State)
+		}
+		cur.State, cur.Host, cur.HostLost, cur.EndReason, cur.EndTime = StateRunning, s.host, "", "", time.Time{}
+		return nil
+	})
+	s.runs.mu.Lock()
+	delete(s.runs.starting, key)
+	var r *run
+	if err != nil {
+		s.runs.count--
+	} else {
+		r = newRun(rec) // no session, no approval: everything starts fresh here
+		r.lastActivity = time.Now()
+		s.runs.byKey[key] = r
+	}
+	s.runs.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("re-homed a run whose pool host was lost", "run", rec.ID, "tenant", rec.Tenant, "lost_host", lost.HostLost)
 	return r.info(), nil
 }
 
@@ -409,19 +492,11 @@ func (s *Service) restoreRuns(ctx context.Context) error {
 	}
 	now := time.Now()
 	for _, rec := range active {
-		r := newRun(rec)
-		r.lastActivity = now // the idle clock starts at the restart
-		// Approvals outlive a restart: a pending one still holds the run, and expires by
-		// its own clock; an approved one whose outcome was not stored before the restart
-		// stays approved and is never run again.
-		kept, err := s.store.RunApprovals(ctx, rec.Tenant, rec.ID)
+		r, err := s.restored(ctx, rec)
 		if err != nil {
 			return err
 		}
-		for i := range kept {
-			r.approvals = append(r.approvals, &approvalView{Approval: kept[i]})
-		}
-		sortApprovals(r.approvals)
+		r.lastActivity = now // the idle clock starts at the restart
 		s.runs.byKey[keyOf(rec)] = r
 		s.runs.count++
 	}
@@ -429,6 +504,23 @@ func (s *Service) restoreRuns(ctx context.Context) error {
 		s.log.Info("restored runs from before the restart; their sessions start fresh", "runs", len(active))
 	}
 	return nil
+}
+
+// restored builds the in-memory run of a stored one, with its approvals. Approvals outlive a
+// restart: a pending one still holds the run, and expires by its own clock; an approved one
+// whose outcome was not stored before the restart stays approved and is never run again.
+func (s *Service) restored(ctx context.Context, rec store.Run) (*run, error) {
+	r := newRun(rec)
+	r.lastActivity = time.Now()
+	kept, err := s.store.RunApprovals(ctx, rec.Tenant, rec.ID)
+	if err != nil {
+		return nil, err
+	}
+	for i := range kept {
+		r.approvals = append(r.approvals, &approvalView{Approval: kept[i]})
+	}
+	sortApprovals(r.approvals)
+	return r, nil
 }
 
 // reapIdle ends running runs with no call for longer than the idle timeout, and runs paused

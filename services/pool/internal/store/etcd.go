@@ -180,21 +180,25 @@ func (s *EtcdRuns) ActiveRuns(ctx context.Context, host string) ([]Run, error) {
 	return out, nil
 }
 
-// RunRef names a run.
-type RunRef struct{ Tenant, ID string }
+// RunRef names a run and the host that owns it.
+type RunRef struct{ Host, Tenant, ID string }
 
-// ownedRuns lists the runs under owned/<host>/.
+// ownedRuns lists the runs under owned/<host>/, or under owned/ (every host's) when host is
+// empty.
 func (s *EtcdRuns) ownedRuns(ctx context.Context, host string) ([]RunRef, error) {
-	prefix := s.space.Prefix(etcdOwned, host)
+	all := s.space.Prefix(etcdOwned)
+	prefix := all
+	if host != "" {
+		prefix = s.space.Prefix(etcdOwned, host)
+	}
 	resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return nil, etcdstore.Unavailable("list "+prefix, err)
 	}
 	out := make([]RunRef, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		parts := strings.Split(strings.TrimPrefix(string(kv.Key), prefix), "/")
-		if len(parts) == 2 {
-			out = append(out, RunRef{Tenant: parts[0], ID: parts[1]})
+		if ref, ok := splitOwned(strings.TrimPrefix(string(kv.Key), all)); ok {
+			out = append(out, ref)
 		}
 	}
 	return out, nil
