@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
@@ -334,7 +335,13 @@ func (p *PoolHosts) ForwardRun(ctx context.Context, addr string, req *poolintern
 		p.conns[addr] = conn
 	}
 	p.mu.Unlock()
-	return poolinternalv1.NewPoolInternalServiceClient(conn).ForwardRun(ctx, req)
+	var pr peer.Peer
+	resp, err := poolinternalv1.NewPoolInternalServiceClient(conn).ForwardRun(ctx, req, grpc.Peer(&pr))
+	if err != nil && pr.Addr == nil {
+		// Never reached the host: not its answer, so not its status either.
+		return nil, fmt.Errorf("peers: the pool host at %s cannot be reached: %s", addr, status.Convert(err).Message())
+	}
+	return resp, err
 }
 
 // Close closes every connection.

@@ -201,7 +201,7 @@ func (s *Service) forward(ctx context.Context, e *elsewhereError, method string,
 	}
 	h, err := s.hosts.runs.Host(ctx, e.host)
 	if errors.Is(err, store.ErrNotFound) {
-		return status.Errorf(codes.Unavailable, "pool: the run's pool host %s is not answering (its lease lapsed): within pool.host_lease_ttl (%s) the run is marked failed, and ResumeRun then re-homes it on a live host", e.host, s.hosts.ttl)
+		return status.Errorf(codes.Unavailable, "pool: the run's pool host %s does not answer (its lease lapsed): within pool.host_lease_ttl (%s) its runs fail, and ResumeRun then re-homes them on a live host", e.host, s.hosts.ttl)
 	}
 	if err != nil {
 		return s.errors.Status(ctx, err)
@@ -231,7 +231,7 @@ func (s *Service) forward(ctx context.Context, e *elsewhereError, method string,
 		if _, ok := status.FromError(err); ok {
 			return err
 		}
-		return status.Errorf(codes.Unavailable, "pool: forwarding to pool host %s at %s: %v", e.host, h.Addr, err)
+		return status.Errorf(codes.Unavailable, "pool: the run's pool host %s does not answer (%v): if it stopped, its runs fail within pool.host_lease_ttl (%s), and ResumeRun then re-homes them on a live host", e.host, err, s.hosts.ttl)
 	}
 	if err := proto.Unmarshal(out.GetResponse(), resp); err != nil {
 		return status.Errorf(codes.Internal, "pool: pool host %s answered what does not decode as %T", e.host, resp)
