@@ -147,6 +147,11 @@ func TestTwoPoolHostsShareEtcd(t *testing.T) {
 	r := d.cli("p2", "runs", "show", "--run", "first", "--tenant", "other")
 	require.NotEqual(t, 0, r.Code)
 	require.Contains(t, r.Stderr, "no run")
+	// An MCP client reaches a run at its owner's front door: an agent token minted through
+	// either host is the owner's, and names the owner's URL.
+	require.Contains(t, d.must(d.cli("p2", "runs", "connect", "--run", "first", "--agent", "a", "-o", "json")), d.pools["p1"].HTTPAddr+"/mcp")
+	require.Contains(t, d.must(d.cli("p1", "runs", "connect", "--run", "second", "--agent", "a", "-o", "json")), d.pools["p2"].HTTPAddr+"/mcp")
+
 	// Only the owner records an attempt: the host that forwarded a call records none of its own
 	// (no unknown_run refusal), and every call's outcome is on record once.
 	require.Eventually(t, func() bool {
