@@ -14,11 +14,12 @@ import (
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
 )
 
-// poolHosts is a split deployment with two ringfence-pool hosts sharing an embedded
+// poolHosts is a split deployment with two ringfence-pool hosts (p1, p2) sharing an embedded
 // three-member etcd cluster (mutual TLS), beside one registry, publisher and audit log, and a
-// published graph "hosts" whose agent "a" calls fx__echo.
+// published graph "hosts" whose agent "a" calls fx__echo. extra names more pool hosts, each on
+// bbolt alone (the benchmark's "bolt").
 type poolHosts struct {
-	t       *testing.T
+	t       testing.TB
 	cluster *etcdtest.Cluster
 	certs   string
 	addr    map[string]string
@@ -26,12 +27,12 @@ type poolHosts struct {
 	poolIDs map[string]string
 }
 
-func startPoolHosts(t *testing.T) *poolHosts {
+func startPoolHosts(t testing.TB, extra ...string) *poolHosts {
 	image := dockertest.FixtureImage(t)
 	cluster := etcdtest.Start(t, 3)
 	d := &poolHosts{t: t, cluster: cluster, certs: cluster.CertDir, addr: map[string]string{}, pools: map[string]*daemon{}, poolIDs: map[string]string{}}
 	internal := map[string]string{}
-	for _, svc := range []string{"registry", "publisher", "audit", "p1", "p2"} {
+	for _, svc := range append([]string{"registry", "publisher", "audit", "p1", "p2"}, extra...) {
 		d.addr[svc], internal[svc] = testutil.FreeAddr(t), testutil.FreeAddr(t)
 	}
 	tlsEnv := func(svc string) []string {
@@ -49,21 +50,23 @@ func startPoolHosts(t *testing.T) *poolHosts {
 		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"], "RINGFENCE_PEERS__POOL_ADDR="+internal["p1"],
 		"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
 	root := cluster.Root()
-	for _, host := range []string{"p1", "p2"} {
+	for _, host := range append([]string{"p1", "p2"}, extra...) {
 		d.poolIDs[host] = "e2e-hosts-" + host + "-" + randomHex(4)
 		t.Cleanup(func() { requireNoContainers(t, d.poolIDs[host]) })
-		d.pools[host] = startDaemonAt(t, "ringfence-pool", d.addr[host], append(tlsEnv(host),
+		env := append(tlsEnv(host),
 			"RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE="+image, "RINGFENCE_SANDBOX__POOL_ID="+d.poolIDs[host],
 			"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"], "RINGFENCE_PEERS__PUBLISHER_ADDR="+internal["publisher"],
-			"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"],
-			"RINGFENCE_POOL__HOST_ID="+host, "RINGFENCE_POOL__HOST_LEASE_TTL=2s",
-			"RINGFENCE_STORE__BACKEND=etcd",
-			`RINGFENCE_STORE__ETCD_ENDPOINTS=["`+strings.Join(cluster.Endpoints(), `","`)+`"]`,
-			"RINGFENCE_STORE__ETCD_CA_FILE="+filepath.Join(d.certs, "ca.pem"),
-			"RINGFENCE_STORE__ETCD_CERT_FILE="+filepath.Join(d.certs, "pool.pem"),
-			"RINGFENCE_STORE__ETCD_KEY_FILE="+filepath.Join(d.certs, "pool-key.pem"),
-			"RINGFENCE_STORE__ETCD_PREFIX="+root,
-		)...)
+			"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"], "RINGFENCE_LOG_LEVEL=warn")
+		if host == "p1" || host == "p2" {
+			env = append(env, "RINGFENCE_POOL__HOST_ID="+host, "RINGFENCE_POOL__HOST_LEASE_TTL=2s",
+				"RINGFENCE_STORE__BACKEND=etcd",
+				`RINGFENCE_STORE__ETCD_ENDPOINTS=["`+strings.Join(cluster.Endpoints(), `","`)+`"]`,
+				"RINGFENCE_STORE__ETCD_CA_FILE="+filepath.Join(d.certs, "ca.pem"),
+				"RINGFENCE_STORE__ETCD_CERT_FILE="+filepath.Join(d.certs, "pool.pem"),
+				"RINGFENCE_STORE__ETCD_KEY_FILE="+filepath.Join(d.certs, "pool-key.pem"),
+				"RINGFENCE_STORE__ETCD_PREFIX="+root)
+		}
+		d.pools[host] = startDaemonAt(t, "ringfence-pool", d.addr[host], env...)
 	}
 	d.must(d.cli("registry", "servers", "add", "fx", "--command", "mcpfixture", "--grant", "process_spawn", "--grant", "external_api_call"))
 	d.must(d.cli("publisher", "graphs", "create", "--graph", "hosts", "--agent", "a"))
@@ -74,7 +77,7 @@ func startPoolHosts(t *testing.T) *poolHosts {
 
 // identityOf is the service identity of a process: p1 and p2 are pools.
 func identityOf(svc string) string {
-	if strings.HasPrefix(svc, "p") && len(svc) == 2 {
+	if strings.HasPrefix(svc, "p") && len(svc) == 2 || svc == "bolt" {
 		return "pool"
 	}
 	return svc

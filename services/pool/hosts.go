@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -94,21 +96,29 @@ func (s *Service) keepHost(ctx context.Context, lease *store.HostLease) {
 	}
 }
 
-// dropAllRuns forgets every run in memory and stops its sessions, writing nothing.
+// forgetRun drops one run from memory and stops its sessions, writing nothing: its record says
+// it is another host's now, or the host lost its lease.
+func (s *Service) forgetRun(r *run) {
+	key := runKey{r.id.Tenant, r.id.ID}
+	s.runs.mu.Lock()
+	if s.runs.byKey[key] == r {
+		delete(s.runs.byKey, key)
+		s.runs.count--
+	}
+	s.runs.mu.Unlock()
+	r.mu.Lock()
+	old := r.takeSessions()
+	r.mu.Unlock()
+	s.stopSessions(old)
+}
+
+// dropAllRuns forgets every run in memory.
 func (s *Service) dropAllRuns() {
 	s.runs.mu.Lock()
-	var all []*run
-	for k, r := range s.runs.byKey {
-		all = append(all, r)
-		delete(s.runs.byKey, k)
-	}
-	s.runs.count -= len(all)
+	all := slices.Collect(maps.Values(s.runs.byKey))
 	s.runs.mu.Unlock()
 	for _, r := range all {
-		r.mu.Lock()
-		old := r.takeSessions()
-		r.mu.Unlock()
-		s.stopSessions(old)
+		s.forgetRun(r)
 	}
 }
 

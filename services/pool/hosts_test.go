@@ -15,8 +15,8 @@ import (
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	"github.com/ringfence/ringfence/internal/auth"
-	rftestutil "github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
+	rftestutil "github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/pinned"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
 )
@@ -125,6 +125,17 @@ func TestPlacementTakesTheLeastLoadedHost(t *testing.T) {
 	require.NoError(t, err)
 	_, err = h1.StartRun(h.ctx, "", "g", 0, "r8")
 	require.ErrorIs(t, err, errTooManyRuns)
+
+	// A run another host failed meanwhile (as for a lost lease) is not its old owner's to
+	// write: UNAVAILABLE, so the caller asks again and reaches the run where it is.
+	_, err = h1.runStore.UpdateRun(h.ctx, auth.DefaultTenant, "r3", func(r *store.Run) error {
+		r.State, r.HostLost, r.Host = StateFailed, r.Host, ""
+		return nil
+	})
+	require.NoError(t, err)
+	_, err = h2.PauseRun(h.ctx, "r3", "")
+	require.ErrorIs(t, err, store.ErrNotOwner)
+	rftestutil.RequireStatus(t, h2.errors.Status(h.ctx, err), codes.Unavailable)
 }
 
 // TestALostHostsRunsFailAndResumeElsewhere: when a host's lease ends, another host fails its

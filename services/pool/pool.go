@@ -216,6 +216,7 @@ var errorCodes = map[error]codes.Code{
 	errTooManyTokens:               codes.ResourceExhausted,
 	errFrontDoorOff:                codes.FailedPrecondition,
 	errRunElsewhere:                codes.Unavailable,
+	store.ErrNotOwner:              codes.Unavailable,
 	audit.ErrSpoolFull:             codes.Unavailable,
 }
 

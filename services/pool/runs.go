@@ -554,8 +554,14 @@ func (s *Service) reapIdle(ctx context.Context) {
 		for _, r := range all {
 			s.expireApprovals(ctx, r, time.Now())
 			expired := func() (string, bool) { return s.abandoned(r, time.Now()) }
-			if info, err := s.endWhen(ctx, r, StateFailed, expired); err == nil {
+			info, err := s.endWhen(ctx, r, StateFailed, expired)
+			switch {
+			case err == nil:
 				s.log.Info("ended an abandoned run", "run", info.Run.ID, "reason", info.Run.EndReason)
+			case errors.Is(err, store.ErrNotOwner):
+				// Another pool host failed or took it while this one could not renew its
+				// lease: it is not this host's to keep.
+				s.forgetRun(r)
 			}
 		}
 	}
