@@ -70,18 +70,25 @@ func openHost(t *testing.T, h *harness, cluster *etcdtest.Cluster, root, id stri
 		HostID: id, HostAddr: "127.0.0.1:1", HostLeaseTTL: time.Second, Peers: unreachable{}, MaxRuns: maxRuns})
 }
 
-// TestPlacementTakesTheLeastLoadedHost: a run goes to the live host with the lowest share of
-// its capacity in use, the receiving host on a tie; a request for another host's run is that
-// host's; every host full is errTooManyRuns.
-func TestPlacementTakesTheLeastLoadedHost(t *testing.T) {
+// hostsOnEtcd is a harness with graph g (agent a, docs__read_file) published, and open, which
+// opens a pool host with an id and a run limit (0: the default) on one etcd cluster.
+func hostsOnEtcd(t *testing.T) (*harness, func(id string, maxRuns int) *Service) {
 	cluster := etcdtest.Start(t, 1)
 	root := cluster.Root()
 	h := newHarness(t, harnessOpts{noImage: true})
 	h.server("docs", nil)
 	h.publishSurface("g", nil, pinned.Tool{Server: "docs", Tool: "read_file", Description: "Read."})
-	h1 := openHost(t, h, cluster, root, "h1", 2)
+	return h, func(id string, maxRuns int) *Service { return openHost(t, h, cluster, root, id, maxRuns) }
+}
+
+// TestPlacementTakesTheLeastLoadedHost: a run goes to the live host with the lowest share of
+// its capacity in use, the receiving host on a tie; a request for another host's run is that
+// host's; every host full is errTooManyRuns.
+func TestPlacementTakesTheLeastLoadedHost(t *testing.T) {
+	h, open := hostsOnEtcd(t)
+	h1 := open("h1", 2)
 	defer h1.Close(context.Background())
-	h2 := openHost(t, h, cluster, root, "h2", 4)
+	h2 := open("h2", 4)
 	defer h2.Close(context.Background())
 
 	info, err := h1.StartRun(h.ctx, "", "g", 0, "r1")
@@ -142,14 +149,10 @@ func TestPlacementTakesTheLeastLoadedHost(t *testing.T) {
 // runs with the reason, ResumeRun re-homes one there with fresh sessions, and the lost host's
 // record of it is refused.
 func TestALostHostsRunsFailAndResumeElsewhere(t *testing.T) {
-	cluster := etcdtest.Start(t, 1)
-	root := cluster.Root()
-	h := newHarness(t, harnessOpts{noImage: true})
-	h.server("docs", nil)
-	h.publishSurface("g", nil, pinned.Tool{Server: "docs", Tool: "read_file", Description: "Read."})
-	h1 := openHost(t, h, cluster, root, "h1", 0)
+	h, open := hostsOnEtcd(t)
+	h1 := open("h1", 0)
 	defer h1.Close(context.Background())
-	h2 := openHost(t, h, cluster, root, "h2", 0)
+	h2 := open("h2", 0)
 	fwd := context.WithValue(h.ctx, forwardedKey{}, true) // placed on h2
 	_, err := h2.StartRun(fwd, "", "g", 0, "lost")
 	require.NoError(t, err)
@@ -186,11 +189,8 @@ func TestALostHostsRunsFailAndResumeElsewhere(t *testing.T) {
 // caller's, and checks the caller's permission and tenant binding again: a pool certificate
 // alone never widens what a caller may do.
 func TestForwardedRequestsKeepTheirCallersLimits(t *testing.T) {
-	cluster := etcdtest.Start(t, 1)
-	h := newHarness(t, harnessOpts{noImage: true})
-	h.server("docs", nil)
-	h.publishSurface("g", nil, pinned.Tool{Server: "docs", Tool: "read_file", Description: "Read."})
-	h1 := openHost(t, h, cluster, cluster.Root(), "h1", 0)
+	h, open := hostsOnEtcd(t)
+	h1 := open("h1", 0)
 	defer h1.Close(context.Background())
 	_, err := h1.StartRun(h.ctx, "", "g", 0, "r1")
 	require.NoError(t, err)

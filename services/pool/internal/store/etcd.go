@@ -143,19 +143,24 @@ func (s *EtcdRuns) UpdateRun(ctx context.Context, tenant, id string, mutate func
 
 // GetRun reads one of tenant's runs.
 func (s *EtcdRuns) GetRun(ctx context.Context, tenant, id string) (Run, error) {
-	key := s.runKey(tenant, id)
+	var r Run
+	err := s.getJSON(ctx, s.runKey(tenant, id), &r)
+	return r, err
+}
+
+// getJSON reads key's JSON value into v; a missing key is ErrNotFound.
+func (s *EtcdRuns) getJSON(ctx context.Context, key string, v any) error {
 	resp, err := s.cli.Get(ctx, key)
 	if err != nil {
-		return Run{}, etcdstore.Unavailable("read "+key, err)
+		return etcdstore.Unavailable("read "+key, err)
 	}
 	if len(resp.Kvs) == 0 {
-		return Run{}, ErrNotFound
+		return ErrNotFound
 	}
-	var r Run
-	if err := json.Unmarshal(resp.Kvs[0].Value, &r); err != nil {
-		return Run{}, fmt.Errorf("store: %s: %w", key, err)
+	if err := json.Unmarshal(resp.Kvs[0].Value, v); err != nil {
+		return fmt.Errorf("store: %s: %w", key, err)
 	}
-	return r, nil
+	return nil
 }
 
 // ActiveRuns lists the runs host owns that are running or paused.

@@ -105,19 +105,9 @@ func (s *EtcdRuns) Hosts(ctx context.Context) ([]Host, error) {
 
 // Host reads one live host; a host without a live lease is ErrNotFound.
 func (s *EtcdRuns) Host(ctx context.Context, id string) (Host, error) {
-	key := s.space.Key(etcdHosts, id)
-	resp, err := s.cli.Get(ctx, key)
-	if err != nil {
-		return Host{}, etcdstore.Unavailable("read "+key, err)
-	}
-	if len(resp.Kvs) == 0 {
-		return Host{}, ErrNotFound
-	}
 	var h Host
-	if err := json.Unmarshal(resp.Kvs[0].Value, &h); err != nil {
-		return Host{}, fmt.Errorf("store: %s: %w", key, err)
-	}
-	return h, nil
+	err := s.getJSON(ctx, s.space.Key(etcdHosts, id), &h)
+	return h, err
 }
 
 // LostHosts lists the hosts that own runs but hold no lease.
