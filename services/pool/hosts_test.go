@@ -170,8 +170,14 @@ func TestALostHostsRunsFailAndResumeElsewhere(t *testing.T) {
 	require.Equal(t, "h2", got.Run.HostLost)
 	require.Contains(t, got.Run.EndReason, "pool host h2 stopped answering")
 
+	// h1 kept an approval of the run from an earlier life there: it is not the re-homed run's.
+	require.NoError(t, h1.store.PutApproval(h.ctx, store.Approval{ID: "old", Tenant: auth.DefaultTenant, RunID: "lost", State: "pending"}))
 	info, err := h1.ResumeRun(h.ctx, "lost", "")
 	require.NoError(t, err)
+	kept, err := h1.store.RunApprovals(h.ctx, auth.DefaultTenant, "lost")
+	require.NoError(t, err)
+	require.Empty(t, kept)
+	require.Empty(t, info.PendingApproval)
 	require.Equal(t, StateRunning, info.Run.State)
 	require.Equal(t, "h1", info.Run.Host)
 	require.Empty(t, info.Run.HostLost)

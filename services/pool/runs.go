@@ -280,6 +280,10 @@ func (s *Service) adopt(ctx context.Context, rec store.Run) (*run, error) {
 	if have, ok := s.runs.byKey[keyOf(rec)]; ok {
 		return have, nil
 	}
+	if s.runs.starting[keyOf(rec)] {
+		// StartRun stored it and has yet to show it: nothing acts on it before then.
+		return nil, fmt.Errorf("%w %q in tenant %q (it is starting)", errRunNotFound, rec.ID, rec.Tenant)
+	}
 	s.runs.byKey[keyOf(rec)] = r
 	s.runs.count++
 	return r, nil
@@ -375,13 +379,19 @@ func (s *Service) rehome(ctx context.Context, lost store.Run) (*RunInfo, error) 
 	s.runs.starting[key] = true
 	s.runs.count++
 	s.runs.mu.Unlock()
-	rec, err := s.runStore.UpdateRun(ctx, lost.Tenant, lost.ID, func(cur *store.Run) error {
-		if cur.State != StateFailed || cur.HostLost == "" {
-			return fmt.Errorf("%w (it is %s)", errRunNotPaused, cur.State)
-		}
-		cur.State, cur.Host, cur.HostLost, cur.EndReason, cur.EndTime = StateRunning, s.host, "", "", time.Time{}
-		return nil
-	})
+	// The run starts afresh here: approvals this host kept from an earlier life of the run
+	// (it was here before its host was lost) are not its approvals now.
+	err := s.dropStaleApprovals(ctx, lost)
+	var rec store.Run
+	if err == nil {
+		rec, err = s.runStore.UpdateRun(ctx, lost.Tenant, lost.ID, func(cur *store.Run) error {
+			if cur.State != StateFailed || cur.HostLost == "" {
+				return fmt.Errorf("%w (it is %s)", errRunNotPaused, cur.State)
+			}
+			cur.State, cur.Host, cur.HostLost, cur.EndReason, cur.EndTime = StateRunning, s.host, "", "", time.Time{}
+			return nil
+		})
+	}
 	s.runs.mu.Lock()
 	delete(s.runs.starting, key)
 	var r *run
@@ -398,6 +408,19 @@ func (s *Service) rehome(ctx context.Context, lost store.Run) (*RunInfo, error) 
 	}
 	s.log.Info("re-homed a run whose pool host was lost", "run", rec.ID, "tenant", rec.Tenant, "lost_host", lost.HostLost)
 	return r.info(), nil
+}
+
+// dropStaleApprovals deletes what this host's file keeps of a run's approvals.
+func (s *Service) dropStaleApprovals(ctx context.Context, rec store.Run) error {
+	old, err := s.store.RunApprovals(ctx, rec.Tenant, rec.ID)
+	if err != nil || len(old) == 0 {
+		return err
+	}
+	ids := make([]string, len(old))
+	for i, a := range old {
+		ids[i] = a.ID
+	}
+	return s.store.DeleteApprovals(ctx, rec.Tenant, rec.ID, ids...)
 }
 
 // EndRun ends a run as completed or failed and stops its sessions, exactly once.
