@@ -43,7 +43,7 @@ func (e *elsewhereError) Unwrap() error { return errRunElsewhere }
 
 // hosts is the pool's part in a deployment of several hosts; nil on bbolt.
 type hosts struct {
-	runs  *store.EtcdRuns
+	runs  *store.Etcd
 	self  store.Host
 	ttl   time.Duration
 	peers HostPeers

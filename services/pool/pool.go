@@ -159,6 +159,8 @@ type Service struct {
 	// writes in its runs: Config.HostID on etcd, empty on bbolt (one host).
 	runStore RunStore
 	host     string
+	// tokens keeps the agent tokens: store (bbolt), or etcd beside the runs.
+	tokens TokenStore
 	// hosts is the deployment of several pool hosts on etcd (hosts.go); nil on bbolt.
 	hosts     *hosts
 	spool     *audit.Spool
@@ -290,7 +292,7 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		s.documents = builtinDocuments{s.store}
 	}
 	closers = append(closers, s.store.Close)
-	s.runStore = s.store
+	s.runStore, s.tokens = s.store, s.store
 	var lease *store.HostLease
 	if cfg.Etcd != nil {
 		if cfg.HostID == "" || cfg.HostAddr == "" || cfg.Peers == nil {
@@ -299,11 +301,11 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		if cfg.HostLeaseTTL <= 0 {
 			cfg.HostLeaseTTL = DefaultHostLeaseTTL
 		}
-		er, err := store.OpenEtcdRuns(ctx, cfg.Etcd, cfg.EtcdRoot)
+		er, err := store.OpenEtcd(ctx, cfg.Etcd, cfg.EtcdRoot)
 		if err != nil {
 			return nil, err
 		}
-		s.host, s.runStore = cfg.HostID, er
+		s.host, s.runStore, s.tokens = cfg.HostID, er, er
 		s.hosts = &hosts{runs: er, ttl: cfg.HostLeaseTTL, peers: cfg.Peers,
 			self: store.Host{ID: cfg.HostID, Addr: cfg.HostAddr, Capacity: cfg.MaxRuns, StartTime: time.Now().UTC()}}
 		// The lease first: once it is held, no other host fails the runs restored below.

@@ -2,12 +2,13 @@ package pool
 
 import (
 	"context"
+	"time"
 
 	"github.com/ringfence/ringfence/services/pool/internal/store"
 )
 
 // RunStore keeps the run records: the pool's bbolt file (store.Store, one host) or etcd
-// (store.EtcdRuns, shared by every pool host). Both pass one table of behaviours
+// (store.Etcd, shared by every pool host). Both pass one table of behaviours
 // (services/pool/internal/store/runs_test.go).
 type RunStore interface {
 	// CreateRun stores a new run; an id its tenant has taken is store.ErrExists.
@@ -22,7 +23,19 @@ type RunStore interface {
 	ActiveRuns(ctx context.Context, host string) ([]store.Run, error)
 }
 
+// TokenStore keeps the MCP front door's agent tokens (hashed): the pool's bbolt file, or etcd
+// with several pool hosts, so that every host's front door knows every token.
+type TokenStore interface {
+	PutAgentToken(ctx context.Context, t store.AgentToken) error
+	AgentTokenByHash(ctx context.Context, hash string) (store.AgentToken, error)
+	RunAgentTokens(ctx context.Context, tenant, run string) ([]store.AgentToken, error)
+	DeleteAgentTokens(ctx context.Context, tenant, run string, ids ...string) ([]store.AgentToken, error)
+	ExpiredAgentTokens(ctx context.Context, now time.Time, limit int) ([]store.AgentToken, error)
+}
+
 var (
-	_ RunStore = (*store.Store)(nil)
-	_ RunStore = (*store.EtcdRuns)(nil)
+	_ RunStore   = (*store.Store)(nil)
+	_ RunStore   = (*store.Etcd)(nil)
+	_ TokenStore = (*store.Store)(nil)
+	_ TokenStore = (*store.Etcd)(nil)
 )

@@ -20,6 +20,7 @@ import (
 //	                              a host restores at start, and what is failed when its lease
 //	                              expires
 //	hosts/<id>                    a live pool host (Host JSON), bound to its lease
+//	tokens/..., token_hashes/...  the MCP front door's agent tokens (tokens_etcd.go)
 //
 // A run's record and its owned/ key change in one transaction, so they never disagree.
 const (
@@ -33,32 +34,32 @@ var etcdMigrations = []etcdstore.Migration{
 	func(context.Context, *clientv3.Client, etcdstore.Space) error { return nil }, // v1: the keys above
 }
 
-// EtcdRuns keeps the run records of every pool host in etcd, with the hosts' leases. Reads are
-// linearizable (etcd's default), so a run started, ended or re-homed on one host is seen so by
-// the next read on any other. Writes are transactions that compare the record they read: two
-// hosts that race to change a run (its owner ending it while another fails it for a lost
-// lease) cannot both win.
-type EtcdRuns struct {
+// Etcd keeps the run records of every pool host in etcd, with the hosts' leases and the agent
+// tokens. Reads are linearizable (etcd's default), so a run started, ended or re-homed on one
+// host is seen so by the next read on any other. Writes are transactions that compare the
+// record they read: two hosts that race to change a run (its owner ending it while another
+// fails it for a lost lease) cannot both win.
+type Etcd struct {
 	cli   *clientv3.Client
 	space etcdstore.Space
 }
 
-// OpenEtcdRuns opens the pool's part of etcd under root (store.etcd_prefix).
-func OpenEtcdRuns(ctx context.Context, cli *clientv3.Client, root string) (*EtcdRuns, error) {
-	s := &EtcdRuns{cli: cli, space: etcdstore.NewSpace(root, "pool")}
+// OpenEtcd opens the pool's part of etcd under root (store.etcd_prefix).
+func OpenEtcd(ctx context.Context, cli *clientv3.Client, root string) (*Etcd, error) {
+	s := &Etcd{cli: cli, space: etcdstore.NewSpace(root, "pool")}
 	if err := etcdstore.Migrate(ctx, cli, s.space, etcdMigrations); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *EtcdRuns) runKey(tenant, id string) string { return s.space.Key(etcdRuns, tenant, id) }
+func (s *Etcd) runKey(tenant, id string) string { return s.space.Key(etcdRuns, tenant, id) }
 
-func (s *EtcdRuns) ownedKey(r Run) string { return s.space.Key(etcdOwned, r.Host, r.Tenant, r.ID) }
+func (s *Etcd) ownedKey(r Run) string { return s.space.Key(etcdOwned, r.Host, r.Tenant, r.ID) }
 
 // indexOps are the operations that keep owned/ in step when a run goes from before to after
 // (before is nil for a new run).
-func (s *EtcdRuns) indexOps(before *Run, after Run) []clientv3.Op {
+func (s *Etcd) indexOps(before *Run, after Run) []clientv3.Op {
 	var ops []clientv3.Op
 	if before != nil && before.Active() && (!after.Active() || before.Host != after.Host) {
 		ops = append(ops, clientv3.OpDelete(s.ownedKey(*before)))
@@ -70,7 +71,7 @@ func (s *EtcdRuns) indexOps(before *Run, after Run) []clientv3.Op {
 }
 
 // CreateRun stores a new run; an id its tenant has taken is refused.
-func (s *EtcdRuns) CreateRun(ctx context.Context, r Run) error {
+func (s *Etcd) CreateRun(ctx context.Context, r Run) error {
 	val, err := json.Marshal(r)
 	if err != nil {
 		return err
@@ -94,7 +95,7 @@ func (s *EtcdRuns) CreateRun(ctx context.Context, r Run) error {
 
 // PutRun records a run's new state, written by the host that owns it: a run another host
 // owns now, or that ended, is refused (ErrNotOwner).
-func (s *EtcdRuns) PutRun(ctx context.Context, r Run) error {
+func (s *Etcd) PutRun(ctx context.Context, r Run) error {
 	_, err := s.UpdateRun(ctx, r.Tenant, r.ID, func(cur *Run) error { return owned(cur, r) })
 	return err
 }
@@ -102,7 +103,7 @@ func (s *EtcdRuns) PutRun(ctx context.Context, r Run) error {
 // UpdateRun reads a run, lets mutate change it, and stores the result if nobody changed the
 // run in between; otherwise it reads again and mutate runs again. An error from mutate stores
 // nothing and is returned.
-func (s *EtcdRuns) UpdateRun(ctx context.Context, tenant, id string, mutate func(*Run) error) (Run, error) {
+func (s *Etcd) UpdateRun(ctx context.Context, tenant, id string, mutate func(*Run) error) (Run, error) {
 	key := s.runKey(tenant, id)
 	var out Run
 	var stop error
@@ -142,14 +143,14 @@ func (s *EtcdRuns) UpdateRun(ctx context.Context, tenant, id string, mutate func
 }
 
 // GetRun reads one of tenant's runs.
-func (s *EtcdRuns) GetRun(ctx context.Context, tenant, id string) (Run, error) {
+func (s *Etcd) GetRun(ctx context.Context, tenant, id string) (Run, error) {
 	var r Run
 	err := s.getJSON(ctx, s.runKey(tenant, id), &r)
 	return r, err
 }
 
 // getJSON reads key's JSON value into v; a missing key is ErrNotFound.
-func (s *EtcdRuns) getJSON(ctx context.Context, key string, v any) error {
+func (s *Etcd) getJSON(ctx context.Context, key string, v any) error {
 	resp, err := s.cli.Get(ctx, key)
 	if err != nil {
 		return etcdstore.Unavailable("read "+key, err)
@@ -164,7 +165,7 @@ func (s *EtcdRuns) getJSON(ctx context.Context, key string, v any) error {
 }
 
 // ActiveRuns lists the runs host owns that are running or paused.
-func (s *EtcdRuns) ActiveRuns(ctx context.Context, host string) ([]Run, error) {
+func (s *Etcd) ActiveRuns(ctx context.Context, host string) ([]Run, error) {
 	keys, err := s.ownedRuns(ctx, host)
 	if err != nil {
 		return nil, err
@@ -190,7 +191,7 @@ type RunRef struct{ Host, Tenant, ID string }
 
 // ownedRuns lists the runs under owned/<host>/, or under owned/ (every host's) when host is
 // empty.
-func (s *EtcdRuns) ownedRuns(ctx context.Context, host string) ([]RunRef, error) {
+func (s *Etcd) ownedRuns(ctx context.Context, host string) ([]RunRef, error) {
 	all := s.space.Prefix(etcdOwned)
 	prefix := all
 	if host != "" {

@@ -44,7 +44,7 @@ func (l *HostLease) Close() error { return l.session.Close() }
 
 // Register puts h under hosts/<id> bound to a lease of ttl, kept alive until Close; an id a live
 // host holds is ErrHostTaken.
-func (s *EtcdRuns) Register(ctx context.Context, h Host, ttl time.Duration) (*HostLease, error) {
+func (s *Etcd) Register(ctx context.Context, h Host, ttl time.Duration) (*HostLease, error) {
 	secs := max(int(ttl/time.Second), 1)
 	session, err := concurrency.NewSession(s.cli, concurrency.WithTTL(secs), concurrency.WithContext(context.WithoutCancel(ctx)))
 	if err != nil {
@@ -77,7 +77,7 @@ func (s *EtcdRuns) Register(ctx context.Context, h Host, ttl time.Duration) (*Ho
 }
 
 // Hosts lists the live hosts with their loads, by id.
-func (s *EtcdRuns) Hosts(ctx context.Context) ([]Host, error) {
+func (s *Etcd) Hosts(ctx context.Context) ([]Host, error) {
 	prefix := s.space.Prefix(etcdHosts)
 	resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix())
 	if err != nil {
@@ -104,14 +104,14 @@ func (s *EtcdRuns) Hosts(ctx context.Context) ([]Host, error) {
 }
 
 // Host reads one live host; a host without a live lease is ErrNotFound.
-func (s *EtcdRuns) Host(ctx context.Context, id string) (Host, error) {
+func (s *Etcd) Host(ctx context.Context, id string) (Host, error) {
 	var h Host
 	err := s.getJSON(ctx, s.space.Key(etcdHosts, id), &h)
 	return h, err
 }
 
 // LostHosts lists the hosts that own runs but hold no lease.
-func (s *EtcdRuns) LostHosts(ctx context.Context) ([]string, error) {
+func (s *Etcd) LostHosts(ctx context.Context) ([]string, error) {
 	owned, err := s.ownedRuns(ctx, "")
 	if err != nil {
 		return nil, err
@@ -136,7 +136,7 @@ func (s *EtcdRuns) LostHosts(ctx context.Context) ([]string, error) {
 // lease: each in a transaction that compares the run and the absence of the host's key, so a
 // host that registered again in the meantime keeps its runs. fail fills in the record (state,
 // reason, time); the run is marked HostLost, which lets ResumeRun re-home it.
-func (s *EtcdRuns) FailRunsOf(ctx context.Context, host string, fail func(*Run)) ([]Run, error) {
+func (s *Etcd) FailRunsOf(ctx context.Context, host string, fail func(*Run)) ([]Run, error) {
 	refs, err := s.ownedRuns(ctx, host)
 	if err != nil {
 		return nil, err

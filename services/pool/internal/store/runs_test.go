@@ -25,7 +25,7 @@ type runStore interface {
 
 var (
 	_ runStore = (*Store)(nil)
-	_ runStore = (*EtcdRuns)(nil)
+	_ runStore = (*Etcd)(nil)
 )
 
 // runBackend opens a fresh run store; a second call on the same back end opens the same
@@ -53,7 +53,7 @@ func runBackends(t *testing.T, cluster *etcdtest.Cluster) []runBackend {
 			return bolt
 		}},
 		{name: "etcd", open: func(t *testing.T) runStore {
-			s, err := OpenEtcdRuns(t.Context(), cluster.Client(t, "pool"), root)
+			s, err := OpenEtcd(t.Context(), cluster.Client(t, "pool"), root)
 			require.NoError(t, err)
 			return s
 		}},

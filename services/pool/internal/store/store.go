@@ -2,9 +2,9 @@
 // (so a restarted pool knows them and ends or resumes them), their approvals (calls that wait
 // for a person, and the outcome of an approved one until the caller's retry takes it), the MCP
 // front door's agent tokens (hashed), and the tenants' documents that my-documents://
-// arguments name. With several pool hosts, the run records live in etcd instead (EtcdRuns),
+// arguments name. With several pool hosts, the run records live in etcd instead (Etcd),
 // shared by every host, with the hosts' leases and which host owns each run; both back ends
-// keep runs with the same behaviours (RunStore's methods on Store and EtcdRuns).
+// keep runs with the same behaviours (RunStore's methods on Store and Etcd).
 package store
 
 import (
