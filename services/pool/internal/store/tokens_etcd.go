@@ -22,7 +22,9 @@ const (
 	etcdTokenHashes = "token_hashes"
 )
 
-func (s *Etcd) tokenKey(tenant, run, id string) string { return s.space.Key(etcdTokens, tenant, run, id) }
+func (s *Etcd) tokenKey(tenant, run, id string) string {
+	return s.space.Key(etcdTokens, tenant, run, id)
+}
 
 // PutAgentToken stores a new token and its hash index; a hash already indexed is refused.
 func (s *Etcd) PutAgentToken(ctx context.Context, t AgentToken) error {
