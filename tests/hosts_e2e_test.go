@@ -2,11 +2,13 @@ package tests
 
 import (
 	"encoding/json"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
@@ -99,6 +101,28 @@ func (d *poolHosts) must(r result) string {
 	return r.Stdout
 }
 
+// mcpSession connects an MCP client to the front door at url with an agent token.
+func (d *poolHosts) mcpSession(t *testing.T, url, token string) *mcp.ClientSession {
+	hc := trustingClient(t, filepath.Join(d.certs, "ca.pem"))
+	hc.Transport = bearerToken{token: token, next: hc.Transport}
+	session, err := mcp.NewClient(&mcp.Implementation{Name: "hosts-e2e", Version: "1"}, nil).
+		Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc}, nil)
+	require.NoError(t, err)
+	return session
+}
+
+// bearerToken adds an agent token to every request.
+type bearerToken struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b bearerToken) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.next.RoundTrip(r)
+}
+
 // hostRun is what the tests read of a run.
 type hostRun struct {
 	RunID     string `json:"run_id"`
@@ -121,7 +145,8 @@ func (d *poolHosts) call(svc, runID, text string) result {
 
 // TestTwoPoolHostsShareEtcd: two ringfence-pool processes on one etcd cluster. Runs are placed
 // on the least loaded host; every request about a run, sent to either host, is served by its
-// owner (the other forwards it over the internal plane, as the caller's). A host killed with
+// owner (the other forwards it over the internal plane, as the caller's), MCP front door calls
+// included (an agent token works at either host's front door). A host killed with
 // SIGKILL mid-run: its runs fail with the reason once its lease expires, and ResumeRun re-homes
 // them on the live host, whose fresh session serves the next call. An etcd member killed: both
 // keep working.
@@ -150,16 +175,35 @@ func TestTwoPoolHostsShareEtcd(t *testing.T) {
 	r := d.cli("p2", "runs", "show", "--run", "first", "--tenant", "other")
 	require.NotEqual(t, 0, r.Code)
 	require.Contains(t, r.Stderr, "no run")
-	// An MCP client reaches a run at its owner's front door: an agent token minted through
-	// either host is the owner's, and names the owner's URL.
-	require.Contains(t, d.must(d.cli("p2", "runs", "connect", "--run", "first", "--agent", "a", "-o", "json")), d.pools["p1"].HTTPAddr+"/mcp")
+	// An MCP client: a token minted through either host names the owner's front door, and works
+	// at the other host's too, which forwards the client's calls to the owner as the token's.
+	var conn struct {
+		TokenID string `json:"token_id"`
+		URL     string `json:"url"`
+		Token   string `json:"token"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(d.must(d.cli("p2", "runs", "connect", "--run", "first", "--agent", "a", "-o", "json"))), &conn))
+	require.Equal(t, "https://"+d.pools["p1"].HTTPAddr+"/mcp", conn.URL)
 	require.Contains(t, d.must(d.cli("p1", "runs", "connect", "--run", "second", "--agent", "a", "-o", "json")), d.pools["p2"].HTTPAddr+"/mcp")
+	session := d.mcpSession(t, "https://"+d.pools["p2"].HTTPAddr+"/mcp", conn.Token)
+	tools, err := session.ListTools(t.Context(), nil)
+	require.NoError(t, err)
+	require.Equal(t, "fx__echo", tools.Tools[0].Name)
+	res, err := session.CallTool(t.Context(), &mcp.CallToolParams{Name: "fx__echo", Arguments: map[string]any{"text": "through the front door of p2"}})
+	require.NoError(t, err)
+	require.False(t, res.IsError, "%+v", res.Content)
+	require.Contains(t, res.Content[0].(*mcp.TextContent).Text, "through the front door of p2")
+	require.NoError(t, session.Close())
+	require.Eventually(t, func() bool {
+		return strings.Contains(d.cli("audit", "audit", "list", "--kind", "tool_call", "--run", "first", "-o", "json").Stdout, conn.TokenID)
+	}, 20*time.Second, 200*time.Millisecond, "the owner's record names the token")
 
 	// Only the owner records an attempt: the host that forwarded a call records none of its own
-	// (no unknown_run refusal), and every call's outcome is on record once.
+	// (no unknown_run refusal), and every call's outcome is on record once (two from the CLI, one
+	// from the MCP client).
 	require.Eventually(t, func() bool {
 		out := d.cli("audit", "audit", "list", "--kind", "tool_call", "--run", "first", "-o", "json").Stdout
-		return strings.Count(out, `"result": "succeeded"`) == 2
+		return strings.Count(out, `"result": "succeeded"`) == 3
 	}, 20*time.Second, 200*time.Millisecond)
 	require.NotContains(t, d.cli("audit", "audit", "list", "--kind", "tool_call", "-o", "json").Stdout, "unknown_run")
 

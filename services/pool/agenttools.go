@@ -76,6 +76,9 @@ func selection(ix *graph.Index, picked []string) (kept, ignored []string) {
 // answers too (it is what the run offers once resumed); an ended one offers nothing.
 func (s *Service) ListAgentTools(ctx context.Context, runID, tenant, agent string) (*agentsurface.Listing, error) {
 	r, err := s.lookup(ctx, runID, tenant)
+	if e := s.elsewhereFor(ctx, err); e != nil {
+		return s.listElsewhere(ctx, e, runID, tenant, agent)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -226,6 +226,9 @@ func spawnRefusal(err error) error {
 func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, error) {
 	req.decision = nil // only ApproveCall approves
 	res, _, err := s.call(ctx, req)
+	if e := s.elsewhereFor(ctx, err); e != nil {
+		return s.callElsewhere(ctx, e, req)
+	}
 	return res, err
 }
 

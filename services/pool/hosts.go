@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	poolinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1"
+	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
 )
@@ -248,6 +249,54 @@ func (s *Service) forward(ctx context.Context, e *elsewhereError, method string,
 	}
 	s.metrics.forwarded.Inc()
 	return nil
+}
+
+// tokenDecides says a forwarded ApproveCall or DenyCall that an agent token made decides a
+// call of the token's own run: the front door that received it put the call to its client's
+// user (frontdoor.client_approvals), as it does in-process on the owner.
+func (s *Service) tokenDecides(ctx context.Context, p auth.Principal, tenant, method string, body []byte) bool {
+	var req interface {
+		proto.Message
+		GetRunId() string
+	}
+	switch method {
+	case poolv1.PoolService_ApproveCall_FullMethodName:
+		req = &poolv1.ApproveCallRequest{}
+	case poolv1.PoolService_DenyCall_FullMethodName:
+		req = &poolv1.DenyCallRequest{}
+	default:
+		return false
+	}
+	if proto.Unmarshal(body, req) != nil {
+		return false
+	}
+	t, ok := s.runToken(ctx, tenant, req.GetRunId(), p.AgentToken)
+	return ok && t.ExpireTime.After(time.Now())
+}
+
+// runToken finds one token of a run.
+func (s *Service) runToken(ctx context.Context, tenant, runID, id string) (store.AgentToken, bool) {
+	have, err := s.tokens.RunAgentTokens(ctx, tenant, runID)
+	if err != nil {
+		return store.AgentToken{}, false
+	}
+	i := slices.IndexFunc(have, func(t store.AgentToken) bool { return t.ID == id })
+	if i < 0 {
+		return store.AgentToken{}, false
+	}
+	return have[i], true
+}
+
+// approver names who decides an approval: the caller, or, for an agent token whose front door
+// forwarded the decision, its client's user as the front door names them in-process.
+func (s *Service) approver(ctx context.Context, p auth.Principal, tenant, runID string) string {
+	if p.AgentToken != "" && isForwarded(ctx) {
+		if t, ok := s.runToken(ctx, tenant, runID, p.AgentToken); ok {
+			tok := tokenFromStore(t)
+			return approverName(&tok)
+		}
+	}
+	return p.Actor()
 }
 
 // callerContext is the context a forwarded request is served in: the caller and the tenant

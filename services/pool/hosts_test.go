@@ -116,8 +116,11 @@ func TestPlacementTakesTheLeastLoadedHost(t *testing.T) {
 	_, err = h1.GetRun(h.ctx, "r3", "")
 	require.ErrorAs(t, err, &e)
 	require.Equal(t, "h2", e.host)
-	_, err = h1.CallTool(h.ctx, CallRequest{RunID: "r3", Agent: "a", Tool: "docs__read_file", CallID: "c1"})
-	require.ErrorIs(t, err, errRunElsewhere)
+	call := CallRequest{RunID: "r3", Agent: "a", Tool: "docs__read_file", CallID: "c1"}
+	_, err = h1.CallTool(inGRPCHandler(h.ctx), call)
+	require.ErrorIs(t, err, errRunElsewhere, "the gRPC handler forwards the request it received")
+	_, err = h1.CallTool(h.ctx, call) // in-process (the front door): forwarded here, to a peer that does not answer
+	require.ErrorContains(t, rftestutil.RequireStatus(t, err, codes.Unavailable).Err(), "pool host h2 does not answer")
 
 	// A forwarded request is served where it arrives, without placement, and never forwarded.
 	fwd := context.WithValue(h.ctx, forwardedKey{}, true)
@@ -223,4 +226,19 @@ func TestForwardedRequestsKeepTheirCallersLimits(t *testing.T) {
 	rftestutil.RequireStatus(t, err, codes.InvalidArgument)
 	_, err = ask(nil, auth.DefaultTenant, poolv1.PoolService_GetRun_FullMethodName)
 	rftestutil.RequireStatus(t, err, codes.InvalidArgument)
+
+	// An agent token decides its own run's approvals (its front door put them to the client's
+	// user), and no other run's.
+	_, err = h1.StartRun(h.ctx, "", "g", 0, "r2")
+	require.NoError(t, err)
+	require.NoError(t, h1.tokens.PutAgentToken(h.ctx, store.AgentToken{ID: "tok_1", Tenant: auth.DefaultTenant, RunID: "r1", Agent: "a", Hash: "h",
+		ExpireTime: time.Now().Add(time.Hour)}))
+	token := &poolinternalv1.Caller{AgentToken: "tok_1", Permissions: []string{string(auth.RunExecute)}, KeyTenant: auth.DefaultTenant}
+	for _, run := range []string{"r1", "r2"} {
+		body, err = proto.Marshal(&poolv1.DenyCallRequest{RunId: run, ApprovalId: "ap-1"})
+		require.NoError(t, err)
+		_, err = ask(token, auth.DefaultTenant, poolv1.PoolService_DenyCall_FullMethodName)
+		want := map[string]codes.Code{"r1": codes.NotFound, "r2": codes.PermissionDenied}[run] // r1 has no approval ap-1
+		rftestutil.RequireStatus(t, err, want, run)
+	}
 }

@@ -147,7 +147,12 @@ func (g *InternalServer) ForwardRun(ctx context.Context, req *poolinternalv1.For
 		return nil, err
 	}
 	p, _ := auth.FromContext(ctx)
-	if rule := auth.Rules[req.GetMethod()]; !p.Has(rule.Permission) || (p.Tenant != "" && p.Tenant != req.GetTenant()) {
+	rule := auth.Rules[req.GetMethod()]
+	allowed := p.Has(rule.Permission) && (p.Tenant == "" || p.Tenant == req.GetTenant())
+	if !allowed && p.AgentToken != "" {
+		allowed = g.svc.tokenDecides(ctx, p, req.GetTenant(), req.GetMethod(), req.GetRequest())
+	}
+	if !allowed {
 		return nil, status.Errorf(codes.PermissionDenied, "pool: the forwarded caller %s may not make this request in tenant %q", p.Actor(), req.GetTenant())
 	}
 	resp, err := h(ctx, req.GetRequest())

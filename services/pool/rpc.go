@@ -157,12 +157,16 @@ func (g *Server) EndRun(ctx context.Context, req *poolv1.EndRunRequest) (*poolv1
 
 // CallTool implements PoolService.
 func (g *Server) CallTool(ctx context.Context, req *poolv1.CallToolRequest) (*poolv1.CallToolResponse, error) {
+	ctx = inGRPCHandler(ctx) // it forwards the request it received itself (forwardOr)
 	call, err := callRequestFromProto(req)
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
 	if call.Tenant, err = runTenant(ctx); err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
+	}
+	if p, _ := auth.FromContext(ctx); p.AgentToken != "" {
+		call.AgentTokenID = p.AgentToken // a front door's call, forwarded by another pool host
 	}
 	res, err := g.svc.CallTool(ctx, call)
 	if errors.Is(err, errRunElsewhere) {
@@ -187,6 +191,7 @@ func callToProto(res *CallResult) *poolv1.CallToolResponse {
 
 // ListAgentTools implements PoolService.
 func (g *Server) ListAgentTools(ctx context.Context, req *poolv1.ListAgentToolsRequest) (*poolv1.ListAgentToolsResponse, error) {
+	ctx = inGRPCHandler(ctx) // it forwards the request it received itself (forwardOr)
 	id, tenant, err := namedRun(ctx, req)
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
@@ -380,6 +385,7 @@ func (g *Server) ListApprovals(ctx context.Context, req *poolv1.ListApprovalsReq
 
 // ApproveCall implements PoolService.
 func (g *Server) ApproveCall(ctx context.Context, req *poolv1.ApproveCallRequest) (*poolv1.ApproveCallResponse, error) {
+	ctx = inGRPCHandler(ctx) // it forwards the request it received itself (forwardOr)
 	runID, tenant, id, err := namedApproval(ctx, req)
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
@@ -388,7 +394,7 @@ func (g *Server) ApproveCall(ctx context.Context, req *poolv1.ApproveCallRequest
 	if err != nil {
 		return nil, err
 	}
-	a, res, err := g.svc.ApproveCall(ctx, runID, tenant, id, p.Actor())
+	a, res, err := g.svc.ApproveCall(ctx, runID, tenant, id, g.svc.approver(ctx, p, tenant, runID))
 	if err != nil {
 		if a == nil {
 			return forwardOr(ctx, g, err, poolv1.PoolService_ApproveCall_FullMethodName, req, &poolv1.ApproveCallResponse{})
@@ -400,6 +406,7 @@ func (g *Server) ApproveCall(ctx context.Context, req *poolv1.ApproveCallRequest
 
 // DenyCall implements PoolService.
 func (g *Server) DenyCall(ctx context.Context, req *poolv1.DenyCallRequest) (*poolv1.DenyCallResponse, error) {
+	ctx = inGRPCHandler(ctx) // it forwards the request it received itself (forwardOr)
 	runID, tenant, id, err := namedApproval(ctx, req)
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
@@ -411,7 +418,7 @@ func (g *Server) DenyCall(ctx context.Context, req *poolv1.DenyCallRequest) (*po
 	if err != nil {
 		return nil, err
 	}
-	a, err := g.svc.DenyCall(ctx, runID, tenant, id, p.Actor(), req.GetReason())
+	a, err := g.svc.DenyCall(ctx, runID, tenant, id, g.svc.approver(ctx, p, tenant, runID), req.GetReason())
 	if err != nil {
 		return forwardOr(ctx, g, err, poolv1.PoolService_DenyCall_FullMethodName, req, &poolv1.DenyCallResponse{})
 	}

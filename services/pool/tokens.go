@@ -199,6 +199,11 @@ func (s *Service) AuthenticateAgentToken(ctx context.Context, secret string) (*A
 		return nil, errTokenExpired
 	}
 	r, err := s.lookup(ctx, t.RunID, t.Tenant)
+	if errors.Is(err, errRunElsewhere) {
+		// Running or paused on another pool host, which serves its calls (forwarded).
+		out := tokenFromStore(t)
+		return &out, nil
+	}
 	if err != nil {
 		return nil, errTokenInvalid
 	}
