@@ -63,6 +63,9 @@ done; done
 # .tmp/bench.txt, live heap after the first round and at the end).
 run ./tests/ 'PoolProcessCPU$' 12000x 3
 run ./tests/ 'PoolSoak$' 100000x 1
+# Issue 26: calls/s across two pool hosts on etcd (each call to its owner, and to either host,
+# half of them forwarded) beside one pool on bbolt, in one deployment.
+run ./tests/ 'PoolHosts$' 3000x 3
 
 echo >&2
 .tmp/bin/benchstat "$out"

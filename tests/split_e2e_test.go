@@ -189,7 +189,7 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 }
 
 // startDaemonAt is startDaemon with a fixed gRPC address (peers need it before it starts).
-func startDaemonAt(t *testing.T, name, grpcAddr string, env ...string) *daemon {
+func startDaemonAt(t testing.TB, name, grpcAddr string, env ...string) *daemon {
 	t.Helper()
 	return startDaemon(t, name, append(env, "RINGFENCE_GRPC_ADDR="+grpcAddr)...)
 }

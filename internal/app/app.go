@@ -4,6 +4,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -419,7 +420,26 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg poolRegistry
 			return nil, err
 		}
 	}
+	// Pool hosts share etcd on split binaries (ringfence-pool), which serve the internal plane
+	// that forwards requests between hosts; ringfenced's pool stays one host on bbolt.
+	var hostCfg pool.Config
+	if cfg.Store.Etcd() && cfg.InternalAddr != "" {
+		if hostCfg.Etcd, err = a.etcdClient(ctx, cfg, log); err != nil {
+			_ = sp.Close(ctx)
+			return nil, err
+		}
+		hosts := peers.NewPoolHosts(mtls.Files{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.ClientCAFile}, a.tracing)
+		a.onClose(hosts.Close)
+		hostCfg.EtcdRoot, hostCfg.Peers, hostCfg.HostAddr, hostCfg.HostLeaseTTL = cfg.Store.EtcdPrefix, hosts, cfg.Pool.AdvertiseAddr, cfg.Pool.HostLeaseTTL
+		hostCfg.HostID = cmp.Or(cfg.Pool.HostID, cfg.Sandbox.PoolID, defaultPoolID(cfg.DataDir))
+	}
 	pl, err := pool.Open(ctx, pool.Config{
+		Etcd:                   hostCfg.Etcd,
+		EtcdRoot:               hostCfg.EtcdRoot,
+		HostID:                 hostCfg.HostID,
+		HostAddr:               hostCfg.HostAddr,
+		HostLeaseTTL:           hostCfg.HostLeaseTTL,
+		Peers:                  hostCfg.Peers,
 		DBPath:                 path,
 		Registry:               reg,
 		Versions:               versions,

@@ -191,6 +191,7 @@ var wantInternal = map[string][]string{
 	"/ringfence.internal.publisher.v1.PublisherInternalService/GetPublishedVersion": {mtls.Pool},
 	poolinternalv1.PoolInternalService_Discover_FullMethodName:                      {mtls.Registry, mtls.Publisher},
 	poolinternalv1.PoolInternalService_GetWarmStatus_FullMethodName:                 {mtls.Registry},
+	poolinternalv1.PoolInternalService_ForwardRun_FullMethodName:                    {mtls.Pool},
 	"/ringfence.internal.audit.v1.AuditInternalService/Append":                      {mtls.Registry, mtls.Publisher, mtls.Pool},
 }
 

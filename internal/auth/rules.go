@@ -121,7 +121,9 @@ var Rules = map[string]Rule{
 	poolinternalv1.PoolInternalService_Discover_FullMethodName: internal(mtls.Registry, mtls.Publisher),
 	// The registry shows the pool's warm containers in GetServer and ListServers.
 	poolinternalv1.PoolInternalService_GetWarmStatus_FullMethodName: internal(mtls.Registry),
-	auditinternalv1.AuditInternalService_Append_FullMethodName:      internal(mtls.Registry, mtls.Publisher, mtls.Pool),
+	// A pool host forwards a request about a run to the host that owns it.
+	poolinternalv1.PoolInternalService_ForwardRun_FullMethodName: internal(mtls.Pool),
+	auditinternalv1.AuditInternalService_Append_FullMethodName:   internal(mtls.Registry, mtls.Publisher, mtls.Pool),
 
 	grpc_health_v1.Health_Check_FullMethodName:                             public,
 	grpc_health_v1.Health_Watch_FullMethodName:                             public,

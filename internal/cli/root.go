@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
@@ -175,7 +177,7 @@ func (g *globals) dial() (*grpc.ClientConn, error) {
 	if g.addrFrom == "" {
 		g.addrFrom = "--addr"
 	}
-	host, err := addrHost(g.addr, g.addrFrom)
+	target, opts, host, err := balancedTarget(g.addr, g.addrFrom)
 	if err != nil {
 		return nil, err
 	}
@@ -195,13 +197,50 @@ func (g *globals) dial() (*grpc.ClientConn, error) {
 		}
 		creds = credentials.NewTLS(tlsCfg)
 	}
-	conn, err := grpc.NewClient(g.addr, grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(grpcserver.MaxResponseBytes)))
+	conn, err := grpc.NewClient(target, append(opts, grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(grpcserver.MaxResponseBytes)))...)
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach %s: %w", g.addr, err)
 	}
 	g.conn = conn
 	return conn, nil
+}
+
+// roundRobin spreads requests over every address a target resolves to (gRPC client-side
+// balancing): the replicas behind a dns:/// name, or a static list.
+const roundRobin = `{"loadBalancingConfig":[{"round_robin":{}}]}`
+
+// balancedTarget reads --addr: one target (host:port, dns:///name:port, unix:path), or a
+// comma-separated list of host:port, served by a resolver of its own. Either way requests are
+// balanced round-robin over the addresses. host is the first address's host, for the
+// plaintext-key warning.
+func balancedTarget(addr, from string) (target string, opts []grpc.DialOption, host string, err error) {
+	opts = []grpc.DialOption{grpc.WithDefaultServiceConfig(roundRobin)}
+	if !strings.Contains(addr, ",") {
+		host, err = addrHost(addr, from)
+		return addr, opts, host, err
+	}
+	var state resolver.State
+	for _, a := range strings.Split(addr, ",") {
+		a = strings.TrimSpace(a)
+		if strings.Contains(a, ":/") || strings.HasPrefix(a, "unix") {
+			return "", nil, "", usagef("%s %q: a list takes host:port entries only, e.g. pool-1:50051,pool-2:50051 (or one dns:///name:port)", from, addr)
+		}
+		h, err := addrHost(a, from)
+		if err != nil {
+			return "", nil, "", err
+		}
+		if host == "" {
+			host = h
+		}
+		// The certificate is checked against each address's own host.
+		state.Addresses = append(state.Addresses, resolver.Address{Addr: a, ServerName: h})
+	}
+	r := manual.NewBuilderWithScheme("ringfence-list")
+	r.InitialState(state)
+	// A request waits (within its deadline) for a replica that answers, instead of failing on
+	// the first one found down.
+	return r.Scheme() + ":///replicas", append(opts, grpc.WithResolvers(r), grpc.WithDefaultCallOptions(grpc.WaitForReady(true))), host, nil
 }
 
 // connect dials once and returns a request context with the API key and the deadline.
@@ -344,6 +383,8 @@ func printError(w io.Writer, err error, c connection) {
 			fmt.Fprintln(w, "  hint: the server speaks plaintext: drop --ca-file (RINGFENCE_CA_FILE), or give the server a certificate")
 		case strings.Contains(msg, "x509:"):
 			fmt.Fprintln(w, "  hint: the server's certificate does not verify: --ca-file must be the CA that signed it, and --addr's host (or --server-name) one of the names it carries")
+		case strings.Contains(msg, "ResumeRun then re-homes"):
+			// The pool host that answered says which other host does not, and what to do.
 		case strings.Contains(msg, "expected peer identity"):
 			fmt.Fprintln(w, "  hint: another service answers at --addr than --server-identity names: point --addr at that service, or fix --server-identity")
 		default:

@@ -91,6 +91,8 @@ func TestUsageMistakesExitTwoWithTheFix(t *testing.T) {
 		{[]string{"--addr", "localhost", "servers", "list"}, `--addr "localhost" has no port: give host:port`},
 		{[]string{"--addr", "http://127.0.0.1:50051", "servers", "list"}, `drop "http://" (--addr 127.0.0.1:50051)`},
 		{[]string{"--addr", "127.0.0.1:99999", "servers", "list"}, `port "99999" is not a number from 1 to 65535`},
+		{[]string{"--addr", "pool-1:50051,pool-2", "runs", "show", "--run", "r"}, `--addr "pool-2" has no port: give host:port`},
+		{[]string{"--addr", "pool-1:50051,dns:///pool-2:50051", "runs", "show", "--run", "r"}, "a list takes host:port entries only"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			var stdout, stderr bytes.Buffer

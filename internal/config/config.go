@@ -138,6 +138,10 @@ type Pool struct {
 	// ApprovalTimeout bounds how long a call waits for an approver, and how long an approved
 	// call's outcome waits for the caller's retry.
 	ApprovalTimeout time.Duration `key:"approval_timeout" default:"15m" help:"a call that asks a person first expires as refused when nobody decides it for this long; an approved call's result waits this long for the caller's retry"`
+	// Several pool hosts share etcd (store.backend=etcd on ringfence-pool).
+	HostID        string        `key:"host_id" help:"with store.backend=etcd: this pool host's id among the hosts sharing the cluster; default sandbox.pool_id (derived from data_dir when unset)"`
+	AdvertiseAddr string        `key:"advertise_addr" help:"with store.backend=etcd: host:port where the other pool hosts reach this one's internal plane; default internal_addr (which must then name a host, not 0.0.0.0)"`
+	HostLeaseTTL  time.Duration `key:"host_lease_ttl" default:"10s" help:"with store.backend=etcd: a pool host the cluster has not heard from for this long is lost, and its runs fail (ResumeRun re-homes them on a live host)"`
 }
 
 // DefaultResultBudget is pool.result_budget when none is set: a quarter of memoryLimit (the
@@ -436,6 +440,24 @@ func (c *Config) validateDocuments(errs *problems) {
 
 var etcdPrefixPattern = regexp.MustCompile(`^(/[A-Za-z0-9_.-]+)+$`)
 
+// validatePoolHost checks what a pool host sharing etcd tells the others: an address they can
+// dial (advertise_addr, else internal_addr, with a host that is not unspecified) and a lease of
+// at least a second.
+func (c *Config) validatePoolHost(errs *problems) {
+	p := &c.Pool
+	if p.AdvertiseAddr == "" {
+		p.AdvertiseAddr = c.InternalAddr
+	}
+	host, _, err := net.SplitHostPort(p.AdvertiseAddr)
+	if ip := net.ParseIP(host); err != nil || host == "" || (ip != nil && ip.IsUnspecified()) {
+		errs.add("pool.advertise_addr", fmt.Sprintf("%q is not an address other pool hosts can dial", p.AdvertiseAddr),
+			"set it to this host's name or address and the internal port, e.g. pool-1.internal:50052")
+	}
+	if p.HostLeaseTTL < time.Second {
+		errs.add("pool.host_lease_ttl", fmt.Sprintf("%s is shorter than a second", p.HostLeaseTTL), "use 10s (the default) or more")
+	}
+}
+
 // validateStore checks the store section: an etcd back end needs its members' URLs, and talks
 // mutual TLS to them (https:// with all three files), which production requires.
 func (c *Config) validateStore(errs *problems) {
@@ -491,8 +513,8 @@ func (c *Config) validateFor(binary string) error {
 			errs.add("internal_addr", "is set, but ringfenced serves no internal RPCs: its services call each other in-process", "unset it; it is for split binaries (ringfence-registry, -publisher, -pool, -audit)")
 		}
 	case slices.Contains(SplitBinaries, binary):
-		if c.Store.Etcd() && (binary == "ringfence-pool" || binary == "ringfence-audit") {
-			errs.add("store.backend", fmt.Sprintf("is etcd, but %s keeps its state in bbolt in data_dir: only the registry and the publisher keep theirs in etcd", binary), "unset it for this binary")
+		if c.Store.Etcd() && binary == "ringfence-audit" {
+			errs.add("store.backend", fmt.Sprintf("is etcd, but %s keeps its state in bbolt in data_dir: only the registry, the publisher and the pool keep theirs in etcd", binary), "unset it for this binary")
 		}
 		if c.InternalAddr == "" {
 			c.InternalAddr = DefaultInternalAddr
@@ -501,6 +523,9 @@ func (c *Config) validateFor(binary string) error {
 			errs.add("internal_addr", err.Error(), "use host:port, e.g. "+DefaultInternalAddr)
 		} else if c.InternalAddr == c.GRPCAddr || c.InternalAddr == c.HTTPAddr {
 			errs.add("internal_addr", fmt.Sprintf("%q is also grpc_addr or http_addr", c.InternalAddr), "give the internal plane a port of its own, e.g. "+DefaultInternalAddr)
+		}
+		if binary == "ringfence-pool" && c.Store.Etcd() {
+			c.validatePoolHost(&errs)
 		}
 		if !c.TLS.Enabled() {
 			errs.addRule(fmt.Sprintf("%s serves internal RPCs to its peers on internal_addr (%s), which takes mutual TLS only, so tls.cert_file, tls.key_file and tls.client_ca_file (%s, %s, %s) are required",

@@ -372,7 +372,7 @@ func TestStoreSettings(t *testing.T) {
 	}
 
 	tlsEnv := []string{"RINGFENCE_TLS__CERT_FILE=c.pem", "RINGFENCE_TLS__KEY_FILE=k.pem", "RINGFENCE_TLS__CLIENT_CA_FILE=ca.pem"}
-	for _, binary := range []string{"ringfence-registry", "ringfence-publisher", AllInOne} {
+	for _, binary := range []string{"ringfence-registry", "ringfence-publisher", "ringfence-pool", AllInOne} {
 		env := etcdTLS
 		if binary != AllInOne {
 			env = append(slices.Clone(etcdTLS), tlsEnv...)
@@ -380,8 +380,18 @@ func TestStoreSettings(t *testing.T) {
 		_, err := Load(binary, nil, env, io.Discard)
 		require.NoError(t, err, binary)
 	}
-	for _, binary := range []string{"ringfence-pool", "ringfence-audit"} {
-		_, err := Load(binary, nil, append(slices.Clone(etcdTLS), tlsEnv...), io.Discard)
-		require.ErrorContains(t, err, "keeps its state in bbolt in data_dir: only the registry and the publisher keep theirs in etcd", binary)
-	}
+	_, err = Load("ringfence-audit", nil, append(slices.Clone(etcdTLS), tlsEnv...), io.Discard)
+	require.ErrorContains(t, err, "keeps its state in bbolt in data_dir: only the registry, the publisher and the pool keep theirs in etcd")
+
+	// A pool host on etcd tells the others where its internal plane is.
+	cfg, err = Load("ringfence-pool", nil, append(slices.Clone(etcdTLS), tlsEnv...), io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, DefaultInternalAddr, cfg.Pool.AdvertiseAddr, "internal_addr by default")
+	_, err = Load("ringfence-pool", nil, append(slices.Clone(etcdTLS), append(tlsEnv, "RINGFENCE_INTERNAL_ADDR=0.0.0.0:50052")...), io.Discard)
+	require.ErrorContains(t, err, `pool.advertise_addr (RINGFENCE_POOL__ADVERTISE_ADDR) "0.0.0.0:50052" is not an address other pool hosts can dial`)
+	cfg, err = Load("ringfence-pool", nil, append(slices.Clone(etcdTLS), append(tlsEnv, "RINGFENCE_INTERNAL_ADDR=0.0.0.0:50052", "RINGFENCE_POOL__ADVERTISE_ADDR=pool-1:50052")...), io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, "pool-1:50052", cfg.Pool.AdvertiseAddr)
+	_, err = Load("ringfence-pool", nil, append(slices.Clone(etcdTLS), append(tlsEnv, "RINGFENCE_POOL__HOST_LEASE_TTL=100ms")...), io.Discard)
+	require.ErrorContains(t, err, "pool.host_lease_ttl")
 }

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
@@ -303,4 +304,54 @@ func (a *Audit) Append(ctx context.Context, recs []audit.Record) error {
 		return fmt.Errorf("%w: %w", audit.ErrRejected, err)
 	}
 	return err
+}
+
+// PoolHosts reaches the other pool hosts of a deployment on etcd (pool.HostPeers), each at
+// the internal address it registered, with this host's certificate; a connection per address
+// is dialed on first use and kept.
+type PoolHosts struct {
+	files   mtls.Files
+	tracing *telemetry.Tracing
+
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+}
+
+// NewPoolHosts returns the client; Close closes its connections.
+func NewPoolHosts(files mtls.Files, tracing *telemetry.Tracing) *PoolHosts {
+	return &PoolHosts{files: files, tracing: tracing, conns: make(map[string]*grpc.ClientConn)}
+}
+
+// ForwardRun forwards a request to the pool host at addr.
+func (p *PoolHosts) ForwardRun(ctx context.Context, addr string, req *poolinternalv1.ForwardRunRequest) (*poolinternalv1.ForwardRunResponse, error) {
+	p.mu.Lock()
+	conn, ok := p.conns[addr]
+	if !ok {
+		var err error
+		if conn, err = Dial(mtls.Pool, addr, p.files, p.tracing); err != nil {
+			p.mu.Unlock()
+			return nil, err
+		}
+		p.conns[addr] = conn
+	}
+	p.mu.Unlock()
+	var pr peer.Peer
+	resp, err := poolinternalv1.NewPoolInternalServiceClient(conn).ForwardRun(ctx, req, grpc.Peer(&pr))
+	if err != nil && pr.Addr == nil {
+		// Never reached the host: not its answer, so not its status either.
+		return nil, fmt.Errorf("peers: the pool host at %s cannot be reached: %s", addr, status.Convert(err).Message())
+	}
+	return resp, err
+}
+
+// Close closes every connection.
+func (p *PoolHosts) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for addr, conn := range p.conns {
+		errs = append(errs, conn.Close())
+		delete(p.conns, addr)
+	}
+	return errors.Join(errs...)
 }

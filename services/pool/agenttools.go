@@ -76,6 +76,9 @@ func selection(ix *graph.Index, picked []string) (kept, ignored []string) {
 // answers too (it is what the run offers once resumed); an ended one offers nothing.
 func (s *Service) ListAgentTools(ctx context.Context, runID, tenant, agent string) (*agentsurface.Listing, error) {
 	r, err := s.lookup(ctx, runID, tenant)
+	if e := s.elsewhereFor(ctx, err); e != nil {
+		return s.listElsewhere(ctx, e, runID, tenant, agent)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +195,7 @@ func (s *Service) loadTools(ctx context.Context, r *run, agent string, names []s
 	}
 	rec.LoadedTools[agent] = next
 	rec.Calls, rec.LastActivity = r.calls, r.lastActivity
-	if err := s.store.PutRun(ctx, rec); err != nil {
+	if err := s.runStore.PutRun(ctx, rec); err != nil {
 		return err
 	}
 	r.rec = rec

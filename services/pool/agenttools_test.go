@@ -257,13 +257,19 @@ func TestLoadedToolsOutliveARestart(t *testing.T) {
 // and publisher and no isolation image.
 func openPool(t *testing.T, h *harness, dbPath string) *Service {
 	t.Helper()
+	return openPoolWith(t, h, Config{DBPath: dbPath})
+}
+
+// openPoolWith is openPool with cfg's store settings (DBPath, Etcd, EtcdRoot, HostID, ...).
+func openPoolWith(t *testing.T, h *harness, cfg Config) *Service {
+	t.Helper()
 	sc := spawner.Config{PoolID: h.poolID + "-b", Logger: h.pool.log}
 	backends, err := spawner.DefaultBackends(sc)
 	require.NoError(t, err)
 	sp, err := spawner.NewRouter(sc, backends...)
 	require.NoError(t, err)
-	p, err := Open(t.Context(), Config{DBPath: dbPath, Registry: h.reg, Versions: h.versions, AuditSink: h.audit,
-		Spawner: sp, Logger: h.pool.log})
+	cfg.Registry, cfg.Versions, cfg.AuditSink, cfg.Spawner, cfg.Logger = h.reg, h.versions, h.audit, sp, h.pool.log
+	p, err := Open(t.Context(), cfg)
 	require.NoError(t, err)
 	return p
 }

@@ -443,6 +443,9 @@ func (s *Service) FindApproval(ctx context.Context, runID, tenant, agent, tool, 
 // caller's retry. The approval is durable as approved before the call is dispatched.
 func (s *Service) ApproveCall(ctx context.Context, runID, tenant, id, approver string) (*Approval, *CallResult, error) {
 	r, err := s.lookup(ctx, runID, tenant)
+	if e := s.elsewhereFor(ctx, err); e != nil {
+		return s.approveElsewhere(ctx, e, runID, tenant, id)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -499,6 +502,9 @@ func (s *Service) DenyCall(ctx context.Context, runID, tenant, id, approver, rea
 		return nil, fieldError("reason", "is %d bytes; at most %d", len(reason), maxDenyReason)
 	}
 	r, err := s.lookup(ctx, runID, tenant)
+	if e := s.elsewhereFor(ctx, err); e != nil {
+		return s.denyElsewhere(ctx, e, runID, tenant, id, reason)
+	}
 	if err != nil {
 		return nil, err
 	}

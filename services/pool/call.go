@@ -226,6 +226,9 @@ func spawnRefusal(err error) error {
 func (s *Service) CallTool(ctx context.Context, req CallRequest) (*CallResult, error) {
 	req.decision = nil // only ApproveCall approves
 	res, _, err := s.call(ctx, req)
+	if e := s.elsewhereFor(ctx, err); e != nil {
+		return s.callElsewhere(ctx, e, req)
+	}
 	return res, err
 }
 
@@ -243,6 +246,10 @@ func (s *Service) call(ctx context.Context, req CallRequest) (*CallResult, audit
 		out = outcome{attempt: newAttempt(req), tenant: req.Tenant, err: refusal(reasonShuttingDown, errShuttingDown)}
 	}
 	att, res, err := out.attempt, out.res, out.err
+	if errors.Is(err, errRunElsewhere) {
+		// Not an attempt here: the owner serves it (forwarded), and records it.
+		return nil, att, err
+	}
 	att.LatencyMicros = time.Since(start).Microseconds()
 	setArgs(&att, out.args)
 	settle(&att, res, err)

@@ -5,27 +5,33 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	poolinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1"
+	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/mtls"
 )
 
 // InternalServer serves the pool's internal API (ringfence.internal.pool.v1) on a split
 // binary's internal listener: discovery for the control plane, and its warm containers for the
-// registry.
+// registry, and requests other pool hosts forward to the owner of their run (ForwardRun).
 type InternalServer struct {
 	poolinternalv1.UnsafePoolInternalServiceServer
-	svc *Service
+	svc     *Service
+	forward map[string]func(context.Context, []byte) (proto.Message, error)
 }
 
 var _ poolinternalv1.PoolInternalServiceServer = (*InternalServer)(nil)
 
 // NewInternalServer wraps the service's internal API for gRPC.
-func NewInternalServer(svc *Service) *InternalServer { return &InternalServer{svc: svc} }
+func NewInternalServer(svc *Service) *InternalServer {
+	return &InternalServer{svc: svc, forward: forwardable(NewServer(svc))}
+}
 
 // Discover implements PoolInternalService.Discover.
 func (g *InternalServer) Discover(ctx context.Context, req *poolinternalv1.DiscoverRequest) (*poolinternalv1.DiscoverResponse, error) {
@@ -90,4 +96,72 @@ func (g *InternalServer) GetWarmStatus(ctx context.Context, req *poolinternalv1.
 		resp.Warm[ref] = &registryv1.WarmStatus{Ready: int32(st.Ready), Starting: int32(st.Starting)}
 	}
 	return resp, nil
+}
+
+// forwardable are the public RPCs one pool host forwards to another: every request about one
+// run, and StartRun (placement). Each decodes its request and calls the public handler, which
+// serves it here (a forwarded request is never forwarded again).
+func forwardable(g *Server) map[string]func(context.Context, []byte) (proto.Message, error) {
+	return map[string]func(context.Context, []byte) (proto.Message, error){
+		poolv1.PoolService_StartRun_FullMethodName:         served(g.StartRun),
+		poolv1.PoolService_GetRun_FullMethodName:           served(g.GetRun),
+		poolv1.PoolService_PauseRun_FullMethodName:         served(g.PauseRun),
+		poolv1.PoolService_ResumeRun_FullMethodName:        served(g.ResumeRun),
+		poolv1.PoolService_EndRun_FullMethodName:           served(g.EndRun),
+		poolv1.PoolService_CallTool_FullMethodName:         served(g.CallTool),
+		poolv1.PoolService_ListAgentTools_FullMethodName:   served(g.ListAgentTools),
+		poolv1.PoolService_ListApprovals_FullMethodName:    served(g.ListApprovals),
+		poolv1.PoolService_ApproveCall_FullMethodName:      served(g.ApproveCall),
+		poolv1.PoolService_DenyCall_FullMethodName:         served(g.DenyCall),
+		poolv1.PoolService_CreateAgentToken_FullMethodName: served(g.CreateAgentToken),
+		poolv1.PoolService_ListAgentTokens_FullMethodName:  served(g.ListAgentTokens),
+		poolv1.PoolService_RevokeAgentToken_FullMethodName: served(g.RevokeAgentToken),
+	}
+}
+
+// served adapts a public handler to a request in the wire format.
+func served[Req any, PReq interface {
+	*Req
+	proto.Message
+}, Resp proto.Message](h func(context.Context, PReq) (Resp, error)) func(context.Context, []byte) (proto.Message, error) {
+	return func(ctx context.Context, body []byte) (proto.Message, error) {
+		req := PReq(new(Req))
+		if err := proto.Unmarshal(body, req); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "pool: the forwarded request does not decode as %T: %v", req, err)
+		}
+		return h(ctx, req)
+	}
+}
+
+// ForwardRun implements PoolInternalService.ForwardRun: a request another pool host received
+// and authorized, served here as its caller's. The caller's permission for the method and
+// tenant binding are checked again, so a pool certificate alone never widens what a caller may
+// do.
+func (g *InternalServer) ForwardRun(ctx context.Context, req *poolinternalv1.ForwardRunRequest) (*poolinternalv1.ForwardRunResponse, error) {
+	h, ok := g.forward[req.GetMethod()]
+	if !ok {
+		return nil, status.Errorf(codes.InvalidArgument, "pool: %s is not a request pool hosts forward", fielderr.Quote(req.GetMethod()))
+	}
+	ctx, err := callerContext(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	p, _ := auth.FromContext(ctx)
+	rule := auth.Rules[req.GetMethod()]
+	allowed := p.Has(rule.Permission) && (p.Tenant == "" || p.Tenant == req.GetTenant())
+	if !allowed && p.AgentToken != "" {
+		allowed = g.svc.tokenDecides(ctx, p, req.GetTenant(), req.GetMethod(), req.GetRequest())
+	}
+	if !allowed {
+		return nil, status.Errorf(codes.PermissionDenied, "pool: the forwarded caller %s may not make this request in tenant %q", p.Actor(), req.GetTenant())
+	}
+	resp, err := h(ctx, req.GetRequest())
+	if err != nil {
+		return nil, err
+	}
+	body, err := proto.Marshal(resp)
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	return &poolinternalv1.ForwardRunResponse{Response: body}, nil
 }

@@ -14,6 +14,7 @@ type metrics struct {
 	warmMisses      *prometheus.CounterVec
 	warmRefills     *prometheus.CounterVec
 	warmDiscarded   *prometheus.CounterVec
+	forwarded       prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -37,13 +38,15 @@ func newMetrics() *metrics {
 			Name: "ringfence_pool_warm_refills_total", Help: "Warm sessions started, by result (ready or failed)."}, []string{"server", "result"}),
 		warmDiscarded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ringfence_pool_warm_discarded_total", Help: "Warm sessions stopped without serving a run, by reason (stale, expired, dead, unwanted, evicted)."}, []string{"reason"}),
+		forwarded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ringfence_pool_forwarded_total", Help: "Requests about runs another pool host owns (or placed there), forwarded to it."}),
 	}
 }
 
 func (m *metrics) collectors(s *Service) []prometheus.Collector {
 	return []prometheus.Collector{
 		m.runsStarted, m.runsEnded, m.sessionsSpawned, m.sessionsStopped, m.listings, m.calls,
-		m.warmHits, m.warmMisses, m.warmRefills, m.warmDiscarded,
+		m.warmHits, m.warmMisses, m.warmRefills, m.warmDiscarded, m.forwarded,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringfence_pool_warm_ready", Help: "Warm sessions ready for a run's first call (counted in ringfence_pool_sessions_live too)."},
 			func() float64 { return float64(s.warm.count()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringfence_pool_sessions_live", Help: "MCP sessions alive now, warm ones included."},

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 
 	"github.com/ringfence/ringfence/internal/audit"
@@ -60,8 +61,22 @@ var _ Spawner = (*spawner.Router)(nil)
 
 // Config holds the service's dependencies and limits.
 type Config struct {
-	// DBPath is the pool's bbolt file (runs).
+	// DBPath is the pool's bbolt file (runs, approvals, agent tokens, documents). With Etcd
+	// set, the run records live in etcd instead, and the rest stays here.
 	DBPath string
+	// Etcd, when set, keeps the run records in etcd under <EtcdRoot>/pool/, shared by every
+	// pool host, with the hosts' leases (store.backend=etcd).
+	Etcd     *clientv3.Client
+	EtcdRoot string
+	// HostID names this pool host among the hosts sharing Etcd: the owner written in each run
+	// it hosts, and its lease's key (pool.host_id). HostAddr is where the other hosts reach its
+	// internal plane (pool.advertise_addr), and Peers how they are reached. HostLeaseTTL is how
+	// long the cluster waits to hear from a host before its runs fail (DefaultHostLeaseTTL when
+	// zero). All required with Etcd, except the TTL; unused without.
+	HostID       string
+	HostAddr     string
+	HostLeaseTTL time.Duration
+	Peers        HostPeers
 	// SpoolDir holds the audit spool's segment files; empty means pool-audit-spool beside
 	// DBPath. Every call waits for its record there, so it has files of its own (one fdatasync
 	// per commit) instead of a bucket in DBPath.
@@ -138,8 +153,16 @@ type Service struct {
 	spawner Spawner
 	// stdio is whether a back end starts stdio servers (isolated, or unisolated where
 	// development allows it); without one they are refused before anything starts.
-	stdio     bool
-	store     *store.Store
+	stdio bool
+	store *store.Store
+	// runStore keeps the run records: store (bbolt) or etcd. host is the owner this pool
+	// writes in its runs: Config.HostID on etcd, empty on bbolt (one host).
+	runStore RunStore
+	host     string
+	// tokens keeps the agent tokens: store (bbolt), or etcd beside the runs.
+	tokens TokenStore
+	// hosts is the deployment of several pool hosts on etcd (hosts.go); nil on bbolt.
+	hosts     *hosts
 	spool     *audit.Spool
 	forwarder *audit.Forwarder
 	watchers  sync.WaitGroup // one per live session, until it ends (watch)
@@ -194,6 +217,8 @@ var errorCodes = map[error]codes.Code{
 	errTokenNotFound:               codes.NotFound,
 	errTooManyTokens:               codes.ResourceExhausted,
 	errFrontDoorOff:                codes.FailedPrecondition,
+	errRunElsewhere:                codes.Unavailable,
+	store.ErrNotOwner:              codes.Unavailable,
 	audit.ErrSpoolFull:             codes.Unavailable,
 }
 
@@ -267,6 +292,31 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		s.documents = builtinDocuments{s.store}
 	}
 	closers = append(closers, s.store.Close)
+	s.runStore, s.tokens = s.store, s.store
+	var lease *store.HostLease
+	if cfg.Etcd != nil {
+		if cfg.HostID == "" || cfg.HostAddr == "" || cfg.Peers == nil {
+			return nil, errors.New("pool: Config.HostID, HostAddr and Peers are required with Etcd (each pool host sharing etcd has an id, an internal address, and reaches the others)")
+		}
+		if cfg.HostLeaseTTL <= 0 {
+			cfg.HostLeaseTTL = DefaultHostLeaseTTL
+		}
+		er, err := store.OpenEtcd(ctx, cfg.Etcd, cfg.EtcdRoot)
+		if err != nil {
+			return nil, err
+		}
+		s.host, s.runStore, s.tokens = cfg.HostID, er, er
+		s.hosts = &hosts{runs: er, ttl: cfg.HostLeaseTTL, peers: cfg.Peers,
+			self: store.Host{ID: cfg.HostID, Addr: cfg.HostAddr, Capacity: cfg.MaxRuns, StartTime: time.Now().UTC()}}
+		// The lease first: once it is held, no other host fails the runs restored below.
+		rctx, cancel := context.WithTimeout(ctx, cfg.HostLeaseTTL+5*time.Second)
+		lease, err = s.hosts.register(rctx)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		closers = append(closers, lease.Close)
+	}
 	if cfg.SpoolDir == "" {
 		cfg.SpoolDir = filepath.Join(filepath.Dir(cfg.DBPath), "pool-audit-spool")
 	}
@@ -314,6 +364,17 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		defer s.bg.Done()
 		s.reapIdle(bg)
 	}()
+	if s.hosts != nil {
+		s.bg.Add(2)
+		go func() {
+			defer s.bg.Done()
+			s.keepHost(bg, lease)
+		}()
+		go func() {
+			defer s.bg.Done()
+			s.sweepLostHosts(bg)
+		}()
+	}
 	wctx, wcancel := context.WithCancel(bg)
 	s.warmCancel = wcancel
 	if cfg.Warm != nil && cfg.MaxWarm > 0 && s.stdio {

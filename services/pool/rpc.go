@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -63,9 +64,24 @@ func (g *Server) StartRun(ctx context.Context, req *poolv1.StartRunRequest) (*po
 	}
 	info, err := g.svc.StartRun(ctx, tenant, req.GetGraphId(), req.GetVersion(), req.GetRunId(), req.GetSelectedServers()...)
 	if err != nil {
-		return nil, g.svc.errors.Status(ctx, err)
+		return forwardOr(ctx, g, err, poolv1.PoolService_StartRun_FullMethodName, req, &poolv1.StartRunResponse{})
 	}
 	return &poolv1.StartRunResponse{Run: runToProto(info), IgnoredServers: info.IgnoredServers}, nil
+}
+
+// forwardOr answers a request whose handling failed with err: one about a run another pool host
+// owns (or that placement sent to one) is forwarded there and answered with the owner's
+// response; any other error becomes its status.
+func forwardOr[R proto.Message](ctx context.Context, g *Server, err error, method string, req proto.Message, resp R) (R, error) {
+	var zero R
+	var e *elsewhereError
+	if !errors.As(err, &e) || g.svc.hosts == nil {
+		return zero, g.svc.errors.Status(ctx, err)
+	}
+	if err := g.svc.forward(ctx, e, method, req, resp); err != nil {
+		return zero, err
+	}
+	return resp, nil
 }
 
 // runRequest is what every request about one run carries (its tenant is resolved by the
@@ -91,7 +107,7 @@ func (g *Server) GetRun(ctx context.Context, req *poolv1.GetRunRequest) (*poolv1
 	}
 	info, err := g.svc.GetRun(ctx, id, tenant)
 	if err != nil {
-		return nil, g.svc.errors.Status(ctx, err)
+		return forwardOr(ctx, g, err, poolv1.PoolService_GetRun_FullMethodName, req, &poolv1.GetRunResponse{})
 	}
 	return &poolv1.GetRunResponse{Run: runToProto(info)}, nil
 }
@@ -104,7 +120,7 @@ func (g *Server) PauseRun(ctx context.Context, req *poolv1.PauseRunRequest) (*po
 	}
 	info, err := g.svc.PauseRun(ctx, id, tenant)
 	if err != nil {
-		return nil, g.svc.errors.Status(ctx, err)
+		return forwardOr(ctx, g, err, poolv1.PoolService_PauseRun_FullMethodName, req, &poolv1.PauseRunResponse{})
 	}
 	return &poolv1.PauseRunResponse{Run: runToProto(info)}, nil
 }
@@ -117,7 +133,7 @@ func (g *Server) ResumeRun(ctx context.Context, req *poolv1.ResumeRunRequest) (*
 	}
 	info, err := g.svc.ResumeRun(ctx, id, tenant)
 	if err != nil {
-		return nil, g.svc.errors.Status(ctx, err)
+		return forwardOr(ctx, g, err, poolv1.PoolService_ResumeRun_FullMethodName, req, &poolv1.ResumeRunResponse{})
 	}
 	return &poolv1.ResumeRunResponse{Run: runToProto(info)}, nil
 }
@@ -134,13 +150,14 @@ func (g *Server) EndRun(ctx context.Context, req *poolv1.EndRunRequest) (*poolv1
 	}
 	info, err := g.svc.EndRun(ctx, id, tenant, req.GetStatus(), "ended by "+p.Actor())
 	if err != nil {
-		return nil, g.svc.errors.Status(ctx, err)
+		return forwardOr(ctx, g, err, poolv1.PoolService_EndRun_FullMethodName, req, &poolv1.EndRunResponse{})
 	}
 	return &poolv1.EndRunResponse{Run: runToProto(info)}, nil
 }
 
 // CallTool implements PoolService.
 func (g *Server) CallTool(ctx context.Context, req *poolv1.CallToolRequest) (*poolv1.CallToolResponse, error) {
+	ctx = inGRPCHandler(ctx) // it forwards the request it received itself (forwardOr)
 	call, err := callRequestFromProto(req)
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
@@ -148,7 +165,13 @@ func (g *Server) CallTool(ctx context.Context, req *poolv1.CallToolRequest) (*po
 	if call.Tenant, err = runTenant(ctx); err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
+	if p, _ := auth.FromContext(ctx); p.AgentToken != "" {
+		call.AgentTokenID = p.AgentToken // a front door's call, forwarded by another pool host
+	}
 	res, err := g.svc.CallTool(ctx, call)
+	if errors.Is(err, errRunElsewhere) {
+		return forwardOr(ctx, g, err, poolv1.PoolService_CallTool_FullMethodName, req, &poolv1.CallToolResponse{})
+	}
 	if err != nil {
 		return nil, callStatus(ctx, g.svc, err)
 	}
@@ -168,6 +191,7 @@ func callToProto(res *CallResult) *poolv1.CallToolResponse {
 
 // ListAgentTools implements PoolService.
 func (g *Server) ListAgentTools(ctx context.Context, req *poolv1.ListAgentToolsRequest) (*poolv1.ListAgentToolsResponse, error) {
+	ctx = inGRPCHandler(ctx) // it forwards the request it received itself (forwardOr)
 	id, tenant, err := namedRun(ctx, req)
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
@@ -177,7 +201,7 @@ func (g *Server) ListAgentTools(ctx context.Context, req *poolv1.ListAgentToolsR
 	}
 	l, err := g.svc.ListAgentTools(ctx, id, tenant, req.GetAgent())
 	if err != nil {
-		return nil, g.svc.errors.Status(ctx, err)
+		return forwardOr(ctx, g, err, poolv1.PoolService_ListAgentTools_FullMethodName, req, &poolv1.ListAgentToolsResponse{})
 	}
 	return listingToProto(l), nil
 }
@@ -307,6 +331,7 @@ func runToProto(info *RunInfo) *poolv1.Run {
 		RunId: r.ID, Tenant: r.Tenant, GraphId: r.GraphID, Version: r.Version, State: r.State,
 		StartTime: timestamppb.New(r.StartTime), LastActivityTime: timestamppb.New(info.LastActivity),
 		Calls: info.Calls, EndReason: r.EndReason, SelectedServers: r.SelectedServers, PendingApprovalId: info.PendingApproval,
+		Host: r.Host, HostLost: r.HostLost,
 	}
 	if !r.EndTime.IsZero() {
 		out.EndTime = timestamppb.New(r.EndTime)
@@ -349,7 +374,7 @@ func (g *Server) ListApprovals(ctx context.Context, req *poolv1.ListApprovalsReq
 	}
 	list, err := g.svc.ListApprovals(ctx, id, tenant)
 	if err != nil {
-		return nil, g.svc.errors.Status(ctx, err)
+		return forwardOr(ctx, g, err, poolv1.PoolService_ListApprovals_FullMethodName, req, &poolv1.ListApprovalsResponse{})
 	}
 	out := &poolv1.ListApprovalsResponse{}
 	for i := range list {
@@ -360,6 +385,7 @@ func (g *Server) ListApprovals(ctx context.Context, req *poolv1.ListApprovalsReq
 
 // ApproveCall implements PoolService.
 func (g *Server) ApproveCall(ctx context.Context, req *poolv1.ApproveCallRequest) (*poolv1.ApproveCallResponse, error) {
+	ctx = inGRPCHandler(ctx) // it forwards the request it received itself (forwardOr)
 	runID, tenant, id, err := namedApproval(ctx, req)
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
@@ -368,10 +394,10 @@ func (g *Server) ApproveCall(ctx context.Context, req *poolv1.ApproveCallRequest
 	if err != nil {
 		return nil, err
 	}
-	a, res, err := g.svc.ApproveCall(ctx, runID, tenant, id, p.Actor())
+	a, res, err := g.svc.ApproveCall(ctx, runID, tenant, id, g.svc.approver(ctx, p, tenant, runID))
 	if err != nil {
 		if a == nil {
-			return nil, g.svc.errors.Status(ctx, err)
+			return forwardOr(ctx, g, err, poolv1.PoolService_ApproveCall_FullMethodName, req, &poolv1.ApproveCallResponse{})
 		}
 		return nil, callStatus(ctx, g.svc, err)
 	}
@@ -380,6 +406,7 @@ func (g *Server) ApproveCall(ctx context.Context, req *poolv1.ApproveCallRequest
 
 // DenyCall implements PoolService.
 func (g *Server) DenyCall(ctx context.Context, req *poolv1.DenyCallRequest) (*poolv1.DenyCallResponse, error) {
+	ctx = inGRPCHandler(ctx) // it forwards the request it received itself (forwardOr)
 	runID, tenant, id, err := namedApproval(ctx, req)
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
@@ -391,9 +418,9 @@ func (g *Server) DenyCall(ctx context.Context, req *poolv1.DenyCallRequest) (*po
 	if err != nil {
 		return nil, err
 	}
-	a, err := g.svc.DenyCall(ctx, runID, tenant, id, p.Actor(), req.GetReason())
+	a, err := g.svc.DenyCall(ctx, runID, tenant, id, g.svc.approver(ctx, p, tenant, runID), req.GetReason())
 	if err != nil {
-		return nil, g.svc.errors.Status(ctx, err)
+		return forwardOr(ctx, g, err, poolv1.PoolService_DenyCall_FullMethodName, req, &poolv1.DenyCallResponse{})
 	}
 	return &poolv1.DenyCallResponse{Approval: approvalToProto(a)}, nil
 }
@@ -527,7 +554,7 @@ func (g *Server) CreateAgentToken(ctx context.Context, req *poolv1.CreateAgentTo
 	}
 	t, secret, err := g.svc.CreateAgentToken(ctx, tenant, id, req.GetAgent(), ttl)
 	if err != nil {
-		return nil, g.svc.errors.Status(ctx, err)
+		return forwardOr(ctx, g, err, poolv1.PoolService_CreateAgentToken_FullMethodName, req, &poolv1.CreateAgentTokenResponse{})
 	}
 	return &poolv1.CreateAgentTokenResponse{Token: tokenToProto(t), Secret: secret, Url: g.svc.FrontDoorURL()}, nil
 }
@@ -540,7 +567,7 @@ func (g *Server) ListAgentTokens(ctx context.Context, req *poolv1.ListAgentToken
 	}
 	list, err := g.svc.ListAgentTokens(ctx, tenant, id)
 	if err != nil {
-		return nil, g.svc.errors.Status(ctx, err)
+		return forwardOr(ctx, g, err, poolv1.PoolService_ListAgentTokens_FullMethodName, req, &poolv1.ListAgentTokensResponse{})
 	}
 	out := &poolv1.ListAgentTokensResponse{}
 	for i := range list {
@@ -563,7 +590,7 @@ func (g *Server) RevokeAgentToken(ctx context.Context, req *poolv1.RevokeAgentTo
 	}
 	t, err := g.svc.RevokeAgentToken(ctx, tenant, id, req.GetTokenId())
 	if err != nil {
-		return nil, g.svc.errors.Status(ctx, err)
+		return forwardOr(ctx, g, err, poolv1.PoolService_RevokeAgentToken_FullMethodName, req, &poolv1.RevokeAgentTokenResponse{})
 	}
 	return &poolv1.RevokeAgentTokenResponse{Token: tokenToProto(t)}, nil
 }

@@ -170,6 +170,11 @@ func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version 
 	if err := checkSelection(selected); err != nil {
 		return nil, err
 	}
+	if host, err := s.place(ctx); err != nil {
+		return nil, err
+	} else if host != "" {
+		return nil, &elsewhereError{host: host}
+	}
 	v, err := s.cfg.Versions.PublishedVersion(ctx, tenant, graphID, version)
 	if err != nil {
 		return nil, versionErr(err)
@@ -178,7 +183,7 @@ func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version 
 	kept, ignored := selection(ix, selected)
 	now := time.Now().UTC()
 	r := newRun(store.Run{ID: runID, Tenant: tenant, GraphID: graphID, Version: v.Version, State: StateRunning, StartTime: now, LastActivity: now,
-		SelectedServers: kept})
+		SelectedServers: kept, Host: s.host})
 	r.loadOnce.Do(func() { r.version, r.index = v, ix })
 
 	s.runs.mu.Lock()
@@ -197,7 +202,7 @@ func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version 
 
 	// The run becomes visible only once the store has it: an id an ended run still holds
 	// (ended runs live in the store only) is refused here, before anyone can act on it.
-	err = s.store.CreateRun(ctx, r.rec)
+	err = s.runStore.CreateRun(ctx, r.rec)
 	s.runs.mu.Lock()
 	delete(s.runs.starting, key)
 	if err != nil {
@@ -246,11 +251,42 @@ func (s *Service) lookup(ctx context.Context, id, tenant string) (*run, error) {
 	if ok {
 		return r, nil
 	}
-	rec, err := s.store.GetRun(ctx, key.tenant, key.id)
-	if err != nil || (rec.State != StateCompleted && rec.State != StateFailed) {
+	rec, err := s.runStore.GetRun(ctx, key.tenant, key.id)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
+	switch {
+	case err == nil && s.hosts != nil && rec.Active() && rec.Host != s.host:
+		return nil, &elsewhereError{host: rec.Host}
+	case err == nil && s.hosts != nil && rec.Active():
+		// This host's, but not in memory: it dropped its runs when it lost its lease, and the
+		// run was not failed meanwhile.
+		return s.adopt(ctx, rec)
+	case err != nil || (rec.State != StateCompleted && rec.State != StateFailed):
 		return nil, fmt.Errorf("%w %q in tenant %q (a key bound to no tenant names the run's tenant, or acts for %q)", errRunNotFound, id, key.tenant, auth.DefaultTenant)
 	}
 	return newRun(rec), nil
+}
+
+// adopt puts a run of this host's that the store holds into memory, as restoreRuns does at
+// start, unless another request did first.
+func (s *Service) adopt(ctx context.Context, rec store.Run) (*run, error) {
+	r, err := s.restored(ctx, rec)
+	if err != nil {
+		return nil, err
+	}
+	s.runs.mu.Lock()
+	defer s.runs.mu.Unlock()
+	if have, ok := s.runs.byKey[keyOf(rec)]; ok {
+		return have, nil
+	}
+	if s.runs.starting[keyOf(rec)] {
+		// StartRun stored it and has yet to show it: nothing acts on it before then.
+		return nil, fmt.Errorf("%w %q in tenant %q (it is starting)", errRunNotFound, rec.ID, rec.Tenant)
+	}
+	s.runs.byKey[keyOf(rec)] = r
+	s.runs.count++
+	return r, nil
 }
 
 // load makes sure the run's version is in memory (after a restart it is fetched on first use).
@@ -282,7 +318,7 @@ func (s *Service) PauseRun(ctx context.Context, id, tenant string) (*RunInfo, er
 	rec := r.rec
 	rec.State = StatePaused
 	rec.Calls, rec.LastActivity = r.calls, r.lastActivity
-	if err := s.store.PutRun(ctx, rec); err != nil {
+	if err := s.runStore.PutRun(ctx, rec); err != nil {
 		r.mu.Unlock()
 		return nil, err
 	}
@@ -293,11 +329,16 @@ func (s *Service) PauseRun(ctx context.Context, id, tenant string) (*RunInfo, er
 	return r.info(), nil
 }
 
-// ResumeRun lets a paused run call again; its next calls get fresh sessions.
+// ResumeRun lets a paused run call again; its next calls get fresh sessions. A run that failed
+// because its pool host was lost (several hosts on etcd) is re-homed: placed on a live host,
+// running again there, with fresh sessions.
 func (s *Service) ResumeRun(ctx context.Context, id, tenant string) (*RunInfo, error) {
 	r, err := s.lookup(ctx, id, tenant)
 	if err != nil {
 		return nil, err
+	}
+	if s.hosts != nil && r.rec.State == StateFailed && r.rec.HostLost != "" {
+		return s.rehome(ctx, r.rec)
 	}
 	r.mu.Lock()
 	if r.rec.State != StatePaused {
@@ -307,7 +348,7 @@ func (s *Service) ResumeRun(ctx context.Context, id, tenant string) (*RunInfo, e
 	}
 	rec := r.rec
 	rec.State = StateRunning
-	if err := s.store.PutRun(ctx, rec); err != nil {
+	if err := s.runStore.PutRun(ctx, rec); err != nil {
 		r.mu.Unlock()
 		return nil, err
 	}
@@ -315,6 +356,71 @@ func (s *Service) ResumeRun(ctx context.Context, id, tenant string) (*RunInfo, e
 	r.lastActivity = time.Now()
 	r.mu.Unlock()
 	return r.info(), nil
+}
+
+// rehome takes a run whose host was lost onto the host placement picks: this one, or the
+// request goes there.
+func (s *Service) rehome(ctx context.Context, lost store.Run) (*RunInfo, error) {
+	if host, err := s.place(ctx); err != nil {
+		return nil, err
+	} else if host != "" {
+		return nil, &elsewhereError{host: host}
+	}
+	key := keyOf(lost)
+	s.runs.mu.Lock()
+	if s.runs.count >= s.cfg.MaxRuns {
+		s.runs.mu.Unlock()
+		return nil, errTooManyRuns
+	}
+	if _, ok := s.runs.byKey[key]; ok || s.runs.starting[key] {
+		s.runs.mu.Unlock()
+		return nil, fmt.Errorf("%w (it is being resumed)", errRunNotPaused)
+	}
+	s.runs.starting[key] = true
+	s.runs.count++
+	s.runs.mu.Unlock()
+	// The run starts afresh here: approvals this host kept from an earlier life of the run
+	// (it was here before its host was lost) are not its approvals now.
+	err := s.dropStaleApprovals(ctx, lost)
+	var rec store.Run
+	if err == nil {
+		rec, err = s.runStore.UpdateRun(ctx, lost.Tenant, lost.ID, func(cur *store.Run) error {
+			if cur.State != StateFailed || cur.HostLost == "" {
+				return fmt.Errorf("%w (it is %s)", errRunNotPaused, cur.State)
+			}
+			cur.State, cur.Host, cur.HostLost, cur.EndReason, cur.EndTime = StateRunning, s.host, "", "", time.Time{}
+			return nil
+		})
+	}
+	s.runs.mu.Lock()
+	delete(s.runs.starting, key)
+	var r *run
+	if err != nil {
+		s.runs.count--
+	} else {
+		r = newRun(rec) // no session, no approval: everything starts fresh here
+		r.lastActivity = time.Now()
+		s.runs.byKey[key] = r
+	}
+	s.runs.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("re-homed a run whose pool host was lost", "run", rec.ID, "tenant", rec.Tenant, "lost_host", lost.HostLost)
+	return r.info(), nil
+}
+
+// dropStaleApprovals deletes what this host's file keeps of a run's approvals.
+func (s *Service) dropStaleApprovals(ctx context.Context, rec store.Run) error {
+	old, err := s.store.RunApprovals(ctx, rec.Tenant, rec.ID)
+	if err != nil || len(old) == 0 {
+		return err
+	}
+	ids := make([]string, len(old))
+	for i, a := range old {
+		ids[i] = a.ID
+	}
+	return s.store.DeleteApprovals(ctx, rec.Tenant, rec.ID, ids...)
 }
 
 // EndRun ends a run as completed or failed and stops its sessions, exactly once.
@@ -355,7 +461,7 @@ func (s *Service) endWhen(ctx context.Context, r *run, status string, when func(
 	rec := r.rec
 	rec.State, rec.EndReason, rec.EndTime = status, reason, time.Now().UTC()
 	rec.Calls, rec.LastActivity = r.calls, r.lastActivity
-	if err := s.store.PutRun(ctx, rec); err != nil {
+	if err := s.runStore.PutRun(ctx, rec); err != nil {
 		r.mu.Unlock()
 		return nil, err
 	}
@@ -403,25 +509,17 @@ func (r *run) takeSessions() map[string]*session {
 // restoreRuns loads the runs a previous process hosted: they keep their ids and states, and
 // get fresh sessions on their next calls (no process survived the restart).
 func (s *Service) restoreRuns(ctx context.Context) error {
-	active, err := s.store.ActiveRuns(ctx)
+	active, err := s.runStore.ActiveRuns(ctx, s.host)
 	if err != nil {
 		return err
 	}
 	now := time.Now()
 	for _, rec := range active {
-		r := newRun(rec)
-		r.lastActivity = now // the idle clock starts at the restart
-		// Approvals outlive a restart: a pending one still holds the run, and expires by
-		// its own clock; an approved one whose outcome was not stored before the restart
-		// stays approved and is never run again.
-		kept, err := s.store.RunApprovals(ctx, rec.Tenant, rec.ID)
+		r, err := s.restored(ctx, rec)
 		if err != nil {
 			return err
 		}
-		for i := range kept {
-			r.approvals = append(r.approvals, &approvalView{Approval: kept[i]})
-		}
-		sortApprovals(r.approvals)
+		r.lastActivity = now // the idle clock starts at the restart
 		s.runs.byKey[keyOf(rec)] = r
 		s.runs.count++
 	}
@@ -429,6 +527,23 @@ func (s *Service) restoreRuns(ctx context.Context) error {
 		s.log.Info("restored runs from before the restart; their sessions start fresh", "runs", len(active))
 	}
 	return nil
+}
+
+// restored builds the in-memory run of a stored one, with its approvals. Approvals outlive a
+// restart: a pending one still holds the run, and expires by its own clock; an approved one
+// whose outcome was not stored before the restart stays approved and is never run again.
+func (s *Service) restored(ctx context.Context, rec store.Run) (*run, error) {
+	r := newRun(rec)
+	r.lastActivity = time.Now()
+	kept, err := s.store.RunApprovals(ctx, rec.Tenant, rec.ID)
+	if err != nil {
+		return nil, err
+	}
+	for i := range kept {
+		r.approvals = append(r.approvals, &approvalView{Approval: kept[i]})
+	}
+	sortApprovals(r.approvals)
+	return r, nil
 }
 
 // reapIdle ends running runs with no call for longer than the idle timeout, and runs paused
@@ -462,8 +577,14 @@ func (s *Service) reapIdle(ctx context.Context) {
 		for _, r := range all {
 			s.expireApprovals(ctx, r, time.Now())
 			expired := func() (string, bool) { return s.abandoned(r, time.Now()) }
-			if info, err := s.endWhen(ctx, r, StateFailed, expired); err == nil {
+			info, err := s.endWhen(ctx, r, StateFailed, expired)
+			switch {
+			case err == nil:
 				s.log.Info("ended an abandoned run", "run", info.Run.ID, "reason", info.Run.EndReason)
+			case errors.Is(err, store.ErrNotOwner):
+				// Another pool host failed or took it while this one could not renew its
+				// lease: it is not this host's to keep.
+				s.forgetRun(r)
 			}
 		}
 	}

@@ -123,7 +123,7 @@ func (s *Service) CreateAgentToken(ctx context.Context, tenant, runID, agent str
 	if _, ok := r.index.Agent(agent); !ok {
 		return nil, "", fmt.Errorf("%w: graph %s v%d has no agent node %q (its agents: %s)", errUnknownAgent, r.id.GraphID, r.id.Version, agent, listed(r.index.AgentIDs()))
 	}
-	have, err := s.store.RunAgentTokens(ctx, r.id.Tenant, r.id.ID)
+	have, err := s.tokens.RunAgentTokens(ctx, r.id.Tenant, r.id.ID)
 	if err != nil {
 		return nil, "", err
 	}
@@ -138,7 +138,7 @@ func (s *Service) CreateAgentToken(ctx context.Context, tenant, runID, agent str
 	now := time.Now().UTC()
 	t := store.AgentToken{ID: newTokenID(), Tenant: r.id.Tenant, RunID: r.id.ID, Agent: agent, Hash: hashAgentToken(secret),
 		CreateTime: now, ExpireTime: now.Add(ttl), CreatedBy: p.Actor()}
-	if err := s.store.PutAgentToken(ctx, t); err != nil {
+	if err := s.tokens.PutAgentToken(ctx, t); err != nil {
 		return nil, "", err
 	}
 	s.recordTokenEvent(ctx, actionAgentTokenCreate, t)
@@ -152,7 +152,7 @@ func (s *Service) ListAgentTokens(ctx context.Context, tenant, runID string) ([]
 	if err != nil {
 		return nil, err
 	}
-	have, err := s.store.RunAgentTokens(ctx, r.id.Tenant, r.id.ID)
+	have, err := s.tokens.RunAgentTokens(ctx, r.id.Tenant, r.id.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -170,7 +170,7 @@ func (s *Service) RevokeAgentToken(ctx context.Context, tenant, runID, tokenID s
 	if err != nil {
 		return nil, err
 	}
-	gone, err := s.store.DeleteAgentTokens(ctx, r.id.Tenant, r.id.ID, tokenID)
+	gone, err := s.tokens.DeleteAgentTokens(ctx, r.id.Tenant, r.id.ID, tokenID)
 	if err != nil {
 		return nil, err
 	}
@@ -189,7 +189,7 @@ func (s *Service) AuthenticateAgentToken(ctx context.Context, secret string) (*A
 	if !strings.HasPrefix(secret, agentTokenPrefix) || len(secret) > 128 {
 		return nil, errTokenMalformed
 	}
-	t, err := s.store.AgentTokenByHash(ctx, hashAgentToken(secret))
+	t, err := s.tokens.AgentTokenByHash(ctx, hashAgentToken(secret))
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return nil, errTokenInvalid
@@ -199,6 +199,11 @@ func (s *Service) AuthenticateAgentToken(ctx context.Context, secret string) (*A
 		return nil, errTokenExpired
 	}
 	r, err := s.lookup(ctx, t.RunID, t.Tenant)
+	if errors.Is(err, errRunElsewhere) {
+		// Running or paused on another pool host, which serves its calls (forwarded).
+		out := tokenFromStore(t)
+		return &out, nil
+	}
 	if err != nil {
 		return nil, errTokenInvalid
 	}
@@ -214,7 +219,7 @@ func (s *Service) AuthenticateAgentToken(ctx context.Context, secret string) (*A
 
 // dropRunTokens deletes the tokens of a run that ended: they die with it.
 func (s *Service) dropRunTokens(ctx context.Context, r *run) {
-	have, err := s.store.RunAgentTokens(ctx, r.id.Tenant, r.id.ID)
+	have, err := s.tokens.RunAgentTokens(ctx, r.id.Tenant, r.id.ID)
 	if err != nil || len(have) == 0 {
 		if err != nil {
 			s.log.Warn("the agent tokens of an ended run could not be read to be dropped; they are refused all the same", "run", r.id.ID, "err", err)
@@ -225,7 +230,7 @@ func (s *Service) dropRunTokens(ctx context.Context, r *run) {
 	for i, t := range have {
 		ids[i] = t.ID
 	}
-	if _, err := s.store.DeleteAgentTokens(ctx, r.id.Tenant, r.id.ID, ids...); err != nil {
+	if _, err := s.tokens.DeleteAgentTokens(ctx, r.id.Tenant, r.id.ID, ids...); err != nil {
 		s.log.Warn("the agent tokens of an ended run could not be dropped; they are refused all the same", "run", r.id.ID, "err", err)
 	}
 }
@@ -233,13 +238,13 @@ func (s *Service) dropRunTokens(ctx context.Context, r *run) {
 // dropExpiredTokens deletes tokens past their expiry (the idle reaper's turn), a bounded batch
 // at a time.
 func (s *Service) dropExpiredTokens(ctx context.Context, now time.Time) {
-	expired, err := s.store.ExpiredAgentTokens(ctx, now, 256)
+	expired, err := s.tokens.ExpiredAgentTokens(ctx, now, 256)
 	if err != nil {
 		s.log.Warn("expired agent tokens could not be read to be dropped; they are refused all the same", "err", err)
 		return
 	}
 	for _, t := range expired {
-		if _, err := s.store.DeleteAgentTokens(ctx, t.Tenant, t.RunID, t.ID); err != nil {
+		if _, err := s.tokens.DeleteAgentTokens(ctx, t.Tenant, t.RunID, t.ID); err != nil {
 			s.log.Warn("an expired agent token could not be dropped; it is refused all the same", "token", t.ID, "err", err)
 			return
 		}

@@ -1,8 +1,10 @@
-// Package store keeps the pool's durable state in one bbolt file: the runs it hosts (so a
-// restarted pool knows them and ends or resumes them), their approvals (calls that wait for a
-// person, and the outcome of an approved one until the caller's retry takes it), the MCP
+// Package store keeps the pool's durable state. One bbolt file per host holds the runs it hosts
+// (so a restarted pool knows them and ends or resumes them), their approvals (calls that wait
+// for a person, and the outcome of an approved one until the caller's retry takes it), the MCP
 // front door's agent tokens (hashed), and the tenants' documents that my-documents://
-// arguments name.
+// arguments name. With several pool hosts, the run records live in etcd instead (Etcd),
+// shared by every host, with the hosts' leases and which host owns each run; both back ends
+// keep runs with the same behaviours (RunStore's methods on Store and Etcd).
 package store
 
 import (
@@ -92,6 +94,9 @@ func runKey(tenant, id string) []byte { return []byte(tenant + "/" + id) }
 var (
 	ErrNotFound = errors.New("not found")
 	ErrExists   = errors.New("already exists")
+	// ErrNotOwner refuses a write of a run by a host that no longer owns it (its lease expired
+	// and another host failed the run, or re-homed it).
+	ErrNotOwner = errors.New("the run is owned by another pool host")
 )
 
 // Run is a run's durable record; sessions are never stored (no process survives the pool).
@@ -114,6 +119,32 @@ type Run struct {
 	// LoadedTools holds, by agent, the binding names of the deferred tools tool_search loaded
 	// in the run, sorted: they stay loaded for the rest of the run, across a restart.
 	LoadedTools map[string][]string `json:"loaded_tools,omitempty"`
+	// Host is the id of the pool host that owns the run while it is running or paused (several
+	// hosts on etcd); empty with one host on bbolt.
+	Host string `json:"host,omitempty"`
+	// HostLost is the id of the host the run was on when that host's lease expired: the run
+	// failed for it, and ResumeRun may re-home it on a live host.
+	HostLost string `json:"host_lost,omitempty"`
+}
+
+// Active reports whether the run is running or paused.
+func (r Run) Active() bool { return r.State == "running" || r.State == "paused" }
+
+// owned is PutRun's check: a write of rec by its host replaces cur only if that host still
+// owns it.
+func owned(cur *Run, rec Run) error {
+	if cur.Host != rec.Host || !cur.Active() {
+		return fmt.Errorf("%w (%s it, %s)", ErrNotOwner, orNone(cur.Host), cur.State)
+	}
+	*cur = rec
+	return nil
+}
+
+func orNone(host string) string {
+	if host == "" {
+		return "no host owns"
+	}
+	return "host " + host + " owns"
 }
 
 // Store is the pool's bbolt file.
@@ -155,13 +186,39 @@ func (s *Store) CreateRun(ctx context.Context, r Run) error {
 	})
 }
 
-// PutRun records a run's new state.
+// PutRun records a run's new state, written by the host that owns it: a run another host
+// owns now, or that ended, is refused (ErrNotOwner).
 func (s *Store) PutRun(ctx context.Context, r Run) error {
-	val, err := json.Marshal(r)
-	if err != nil {
-		return err
-	}
-	return s.db.Batch(func(tx *bolt.Tx) error { return tx.Bucket(runsBucket).Put(runKey(r.Tenant, r.ID), val) })
+	_, err := s.UpdateRun(ctx, r.Tenant, r.ID, func(cur *Run) error { return owned(cur, r) })
+	return err
+}
+
+// UpdateRun reads a run, lets mutate change it, and stores the result, in one transaction.
+// mutate may run more than once (concurrent writes share transactions, and one that fails is
+// retried alone); an error from it stores nothing and is returned.
+func (s *Store) UpdateRun(ctx context.Context, tenant, id string, mutate func(*Run) error) (Run, error) {
+	var out Run
+	err := s.db.Batch(func(tx *bolt.Tx) error {
+		b := tx.Bucket(runsBucket)
+		v := b.Get(runKey(tenant, id))
+		if v == nil {
+			return ErrNotFound
+		}
+		var r Run
+		if err := json.Unmarshal(v, &r); err != nil {
+			return err
+		}
+		if err := mutate(&r); err != nil {
+			return err
+		}
+		val, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		out = r
+		return b.Put(runKey(tenant, id), val)
+	})
+	return out, err
 }
 
 // GetRun reads one of tenant's runs.
@@ -177,8 +234,8 @@ func (s *Store) GetRun(ctx context.Context, tenant, id string) (Run, error) {
 	return r, err
 }
 
-// ActiveRuns lists runs that are running or paused.
-func (s *Store) ActiveRuns(ctx context.Context) ([]Run, error) {
+// ActiveRuns lists the runs host owns that are running or paused.
+func (s *Store) ActiveRuns(ctx context.Context, host string) ([]Run, error) {
 	var out []Run
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(runsBucket).ForEach(func(_, v []byte) error {
@@ -186,7 +243,7 @@ func (s *Store) ActiveRuns(ctx context.Context) ([]Run, error) {
 			if err := json.Unmarshal(v, &r); err != nil {
 				return err
 			}
-			if r.State == "running" || r.State == "paused" {
+			if r.Active() && r.Host == host {
 				out = append(out, r)
 			}
 			return nil

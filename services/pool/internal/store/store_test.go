@@ -46,7 +46,7 @@ func TestAVersion1FileKeepsItsRuns(t *testing.T) {
 	}
 	_, err = s.GetRun(t.Context(), "default", "nightly")
 	require.ErrorIs(t, err, ErrNotFound, "acme's run is acme's alone")
-	active, err := s.ActiveRuns(t.Context())
+	active, err := s.ActiveRuns(t.Context(), "")
 	require.NoError(t, err)
 	require.Equal(t, []Run{old[0]}, active)
 

@@ -48,8 +48,14 @@ type Run struct {
 	// pending_approval_id names the approval the run waits for: until it is decided (or
 	// expires) the run takes no new call (ListApprovals shows it).
 	PendingApprovalId string `protobuf:"bytes,13,opt,name=pending_approval_id,json=pendingApprovalId,proto3" json:"pending_approval_id,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// host is the pool host that owns the run while it is running or paused, with several pool
+	// hosts on etcd (pool.host_id); empty with one host.
+	Host string `protobuf:"bytes,14,opt,name=host,proto3" json:"host,omitempty"`
+	// host_lost names the pool host whose lease expired under the run: the run failed for it,
+	// and ResumeRun re-homes it on a live host.
+	HostLost      string `protobuf:"bytes,15,opt,name=host_lost,json=hostLost,proto3" json:"host_lost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
@@ -169,6 +175,20 @@ func (x *Run) GetSelectedServers() []string {
 func (x *Run) GetPendingApprovalId() string {
 	if x != nil {
 		return x.PendingApprovalId
+	}
+	return ""
+}
+
+func (x *Run) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *Run) GetHostLost() string {
+	if x != nil {
+		return x.HostLost
 	}
 	return ""
 }
@@ -3073,7 +3093,7 @@ var File_ringfence_pool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\n" +
-	"\x1cringfence/pool/v1/pool.proto\x12\x11ringfence.pool.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\x83\x04\n" +
+	"\x1cringfence/pool/v1/pool.proto\x12\x11ringfence.pool.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xb4\x04\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x19\n" +
@@ -3090,7 +3110,9 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\n" +
 	"end_reason\x18\v \x01(\tR\tendReason\x12)\n" +
 	"\x10selected_servers\x18\f \x03(\tR\x0fselectedServers\x12.\n" +
-	"\x13pending_approval_id\x18\r \x01(\tR\x11pendingApprovalId\"\xb6\x01\n" +
+	"\x13pending_approval_id\x18\r \x01(\tR\x11pendingApprovalId\x12\x12\n" +
+	"\x04host\x18\x0e \x01(\tR\x04host\x12\x1b\n" +
+	"\thost_lost\x18\x0f \x01(\tR\bhostLost\"\xb6\x01\n" +
 	"\aSession\x12\x1d\n" +
 	"\n" +
 	"server_ref\x18\x01 \x01(\tR\tserverRef\x129\n" +

@@ -48,7 +48,10 @@ type PoolServiceClient interface {
 	// StartRun starts a run of a published graph version. Nothing is spawned until a call needs
 	// it.
 	// Caller: run:execute (REST POST /v1/runs). Codes: NOT_FOUND (graph or version),
-	// ALREADY_EXISTS (run id taken in this tenant), RESOURCE_EXHAUSTED (the host's run limit).
+	// ALREADY_EXISTS (run id taken in this tenant), RESOURCE_EXHAUSTED (the host's run limit;
+	// with several pool hosts, every live host's). With several pool hosts any host takes it and
+	// the run is placed on the least loaded one; every request about a run reaches its owner,
+	// forwarded by whichever host received it (UNAVAILABLE while the owner's lease lapses).
 	StartRun(ctx context.Context, in *StartRunRequest, opts ...grpc.CallOption) (*StartRunResponse, error)
 	// CallTool calls a tool through every gate. A refusal before dispatch (nothing reached the
 	// server) answers FAILED_PRECONDITION or PERMISSION_DENIED with a CallRefusal detail; a
@@ -63,9 +66,11 @@ type PoolServiceClient interface {
 	// Caller: run:execute (REST POST /v1/runs/{run_id}:pause). Codes: NOT_FOUND,
 	// FAILED_PRECONDITION (not running).
 	PauseRun(ctx context.Context, in *PauseRunRequest, opts ...grpc.CallOption) (*PauseRunResponse, error)
-	// ResumeRun resumes a paused run; it gets fresh sessions on its next calls.
+	// ResumeRun resumes a paused run; it gets fresh sessions on its next calls. With several pool
+	// hosts, it also resumes a run that failed because its host's lease expired (host_lost set):
+	// the run is re-homed on the least loaded live host, running, with fresh sessions.
 	// Caller: run:execute (REST POST /v1/runs/{run_id}:resume). Codes: NOT_FOUND,
-	// FAILED_PRECONDITION (not paused).
+	// FAILED_PRECONDITION (not paused, nor failed with its host lost).
 	ResumeRun(ctx context.Context, in *ResumeRunRequest, opts ...grpc.CallOption) (*ResumeRunResponse, error)
 	// EndRun ends a run as completed or failed; its sessions stop.
 	// Caller: run:execute (REST POST /v1/runs/{run_id}:end). Codes: NOT_FOUND.
@@ -335,7 +340,10 @@ type PoolServiceServer interface {
 	// StartRun starts a run of a published graph version. Nothing is spawned until a call needs
 	// it.
 	// Caller: run:execute (REST POST /v1/runs). Codes: NOT_FOUND (graph or version),
-	// ALREADY_EXISTS (run id taken in this tenant), RESOURCE_EXHAUSTED (the host's run limit).
+	// ALREADY_EXISTS (run id taken in this tenant), RESOURCE_EXHAUSTED (the host's run limit;
+	// with several pool hosts, every live host's). With several pool hosts any host takes it and
+	// the run is placed on the least loaded one; every request about a run reaches its owner,
+	// forwarded by whichever host received it (UNAVAILABLE while the owner's lease lapses).
 	StartRun(context.Context, *StartRunRequest) (*StartRunResponse, error)
 	// CallTool calls a tool through every gate. A refusal before dispatch (nothing reached the
 	// server) answers FAILED_PRECONDITION or PERMISSION_DENIED with a CallRefusal detail; a
@@ -350,9 +358,11 @@ type PoolServiceServer interface {
 	// Caller: run:execute (REST POST /v1/runs/{run_id}:pause). Codes: NOT_FOUND,
 	// FAILED_PRECONDITION (not running).
 	PauseRun(context.Context, *PauseRunRequest) (*PauseRunResponse, error)
-	// ResumeRun resumes a paused run; it gets fresh sessions on its next calls.
+	// ResumeRun resumes a paused run; it gets fresh sessions on its next calls. With several pool
+	// hosts, it also resumes a run that failed because its host's lease expired (host_lost set):
+	// the run is re-homed on the least loaded live host, running, with fresh sessions.
 	// Caller: run:execute (REST POST /v1/runs/{run_id}:resume). Codes: NOT_FOUND,
-	// FAILED_PRECONDITION (not paused).
+	// FAILED_PRECONDITION (not paused, nor failed with its host lost).
 	ResumeRun(context.Context, *ResumeRunRequest) (*ResumeRunResponse, error)
 	// EndRun ends a run as completed or failed; its sessions stop.
 	// Caller: run:execute (REST POST /v1/runs/{run_id}:end). Codes: NOT_FOUND.

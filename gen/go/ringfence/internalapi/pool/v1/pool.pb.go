@@ -5,8 +5,8 @@
 // source: ringfence/internal/pool/v1/pool.proto
 
 // The pool's internal API: served only on ringfence-pool's internal listener (mutual TLS
-// only), never on the public port. Room is left here for what pool hosts will ask each other
-// (forwarding a call to the host that owns its run).
+// only), never on the public port. Pool hosts sharing etcd also call each other here: a request
+// about a run that reaches a host that does not own it is forwarded to the owner (ForwardRun).
 
 package poolinternalv1
 
@@ -27,6 +27,217 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// ForwardRunRequest is a public request as the receiving host authorized it.
+type ForwardRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// method is the public RPC's full name, e.g. /ringfence.pool.v1.PoolService/CallTool.
+	Method string `protobuf:"bytes,1,opt,name=method,proto3" json:"method,omitempty"`
+	// request is that RPC's request message, in the protobuf wire format.
+	Request []byte `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	// caller is who made it, and tenant the tenant the receiving host resolved for it.
+	Caller        *Caller `protobuf:"bytes,3,opt,name=caller,proto3" json:"caller,omitempty"`
+	Tenant        string  `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardRunRequest) Reset() {
+	*x = ForwardRunRequest{}
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardRunRequest) ProtoMessage() {}
+
+func (x *ForwardRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardRunRequest.ProtoReflect.Descriptor instead.
+func (*ForwardRunRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ForwardRunRequest) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *ForwardRunRequest) GetRequest() []byte {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *ForwardRunRequest) GetCaller() *Caller {
+	if x != nil {
+		return x.Caller
+	}
+	return nil
+}
+
+func (x *ForwardRunRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// Caller is an authenticated principal (auth.Principal) as it travels between pool hosts.
+type Caller struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	KeyId       string                 `protobuf:"bytes,1,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	KeyName     string                 `protobuf:"bytes,2,opt,name=key_name,json=keyName,proto3" json:"key_name,omitempty"`
+	Role        string                 `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
+	Permissions []string               `protobuf:"bytes,4,rep,name=permissions,proto3" json:"permissions,omitempty"`
+	// key_tenant binds the key to one tenant (empty: any).
+	KeyTenant     string `protobuf:"bytes,5,opt,name=key_tenant,json=keyTenant,proto3" json:"key_tenant,omitempty"`
+	Service       string `protobuf:"bytes,6,opt,name=service,proto3" json:"service,omitempty"`
+	AgentToken    string `protobuf:"bytes,7,opt,name=agent_token,json=agentToken,proto3" json:"agent_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Caller) Reset() {
+	*x = Caller{}
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Caller) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Caller) ProtoMessage() {}
+
+func (x *Caller) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Caller.ProtoReflect.Descriptor instead.
+func (*Caller) Descriptor() ([]byte, []int) {
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Caller) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
+	}
+	return ""
+}
+
+func (x *Caller) GetKeyName() string {
+	if x != nil {
+		return x.KeyName
+	}
+	return ""
+}
+
+func (x *Caller) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *Caller) GetPermissions() []string {
+	if x != nil {
+		return x.Permissions
+	}
+	return nil
+}
+
+func (x *Caller) GetKeyTenant() string {
+	if x != nil {
+		return x.KeyTenant
+	}
+	return ""
+}
+
+func (x *Caller) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *Caller) GetAgentToken() string {
+	if x != nil {
+		return x.AgentToken
+	}
+	return ""
+}
+
+// ForwardRunResponse is the RPC's response message, in the protobuf wire format.
+type ForwardRunResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Response      []byte                 `protobuf:"bytes,1,opt,name=response,proto3" json:"response,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardRunResponse) Reset() {
+	*x = ForwardRunResponse{}
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardRunResponse) ProtoMessage() {}
+
+func (x *ForwardRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardRunResponse.ProtoReflect.Descriptor instead.
+func (*ForwardRunResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ForwardRunResponse) GetResponse() []byte {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
 
 // DiscoverRequest names a registered server and, for ExploreServer, one call to make after
 // the listing.
@@ -49,7 +260,7 @@ type DiscoverRequest struct {
 
 func (x *DiscoverRequest) Reset() {
 	*x = DiscoverRequest{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[0]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -61,7 +272,7 @@ func (x *DiscoverRequest) String() string {
 func (*DiscoverRequest) ProtoMessage() {}
 
 func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[0]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -74,7 +285,7 @@ func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverRequest.ProtoReflect.Descriptor instead.
 func (*DiscoverRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{0}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *DiscoverRequest) GetServerRef() string {
@@ -133,7 +344,7 @@ type DiscoverResponse struct {
 
 func (x *DiscoverResponse) Reset() {
 	*x = DiscoverResponse{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[1]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -145,7 +356,7 @@ func (x *DiscoverResponse) String() string {
 func (*DiscoverResponse) ProtoMessage() {}
 
 func (x *DiscoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[1]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -158,7 +369,7 @@ func (x *DiscoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverResponse.ProtoReflect.Descriptor instead.
 func (*DiscoverResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{1}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *DiscoverResponse) GetTools() []*v1.ToolDeclaration {
@@ -199,7 +410,7 @@ type GetWarmStatusRequest struct {
 
 func (x *GetWarmStatusRequest) Reset() {
 	*x = GetWarmStatusRequest{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[2]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -211,7 +422,7 @@ func (x *GetWarmStatusRequest) String() string {
 func (*GetWarmStatusRequest) ProtoMessage() {}
 
 func (x *GetWarmStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[2]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -224,7 +435,7 @@ func (x *GetWarmStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWarmStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetWarmStatusRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{2}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetWarmStatusRequest) GetServerRefs() []string {
@@ -245,7 +456,7 @@ type GetWarmStatusResponse struct {
 
 func (x *GetWarmStatusResponse) Reset() {
 	*x = GetWarmStatusResponse{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[3]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -257,7 +468,7 @@ func (x *GetWarmStatusResponse) String() string {
 func (*GetWarmStatusResponse) ProtoMessage() {}
 
 func (x *GetWarmStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[3]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -270,7 +481,7 @@ func (x *GetWarmStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWarmStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetWarmStatusResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{3}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetWarmStatusResponse) GetWarm() map[string]*v12.WarmStatus {
@@ -284,7 +495,24 @@ var File_ringfence_internal_pool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_ringfence_internal_pool_v1_pool_proto_rawDesc = "" +
 	"\n" +
-	"%ringfence/internal/pool/v1/pool.proto\x12\x1aringfence.internal.pool.v1\x1a-ringfence/internal/registry/v1/registry.proto\x1a$ringfence/registry/v1/registry.proto\x1a\x1dringfence/types/v1/tool.proto\"\x82\x02\n" +
+	"%ringfence/internal/pool/v1/pool.proto\x12\x1aringfence.internal.pool.v1\x1a-ringfence/internal/registry/v1/registry.proto\x1a$ringfence/registry/v1/registry.proto\x1a\x1dringfence/types/v1/tool.proto\"\x99\x01\n" +
+	"\x11ForwardRunRequest\x12\x16\n" +
+	"\x06method\x18\x01 \x01(\tR\x06method\x12\x18\n" +
+	"\arequest\x18\x02 \x01(\fR\arequest\x12:\n" +
+	"\x06caller\x18\x03 \x01(\v2\".ringfence.internal.pool.v1.CallerR\x06caller\x12\x16\n" +
+	"\x06tenant\x18\x04 \x01(\tR\x06tenant\"\xca\x01\n" +
+	"\x06Caller\x12\x15\n" +
+	"\x06key_id\x18\x01 \x01(\tR\x05keyId\x12\x19\n" +
+	"\bkey_name\x18\x02 \x01(\tR\akeyName\x12\x12\n" +
+	"\x04role\x18\x03 \x01(\tR\x04role\x12 \n" +
+	"\vpermissions\x18\x04 \x03(\tR\vpermissions\x12\x1d\n" +
+	"\n" +
+	"key_tenant\x18\x05 \x01(\tR\tkeyTenant\x12\x18\n" +
+	"\aservice\x18\x06 \x01(\tR\aservice\x12\x1f\n" +
+	"\vagent_token\x18\a \x01(\tR\n" +
+	"agentToken\"0\n" +
+	"\x12ForwardRunResponse\x12\x1a\n" +
+	"\bresponse\x18\x01 \x01(\fR\bresponse\"\x82\x02\n" +
 	"\x0fDiscoverRequest\x12\x1d\n" +
 	"\n" +
 	"server_ref\x18\x01 \x01(\tR\tserverRef\x123\n" +
@@ -306,10 +534,12 @@ const file_ringfence_internal_pool_v1_pool_proto_rawDesc = "" +
 	"\x04warm\x18\x01 \x03(\v2;.ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntryR\x04warm\x1aZ\n" +
 	"\tWarmEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x127\n" +
-	"\x05value\x18\x02 \x01(\v2!.ringfence.registry.v1.WarmStatusR\x05value:\x028\x012\xf2\x01\n" +
+	"\x05value\x18\x02 \x01(\v2!.ringfence.registry.v1.WarmStatusR\x05value:\x028\x012\xdf\x02\n" +
 	"\x13PoolInternalService\x12e\n" +
 	"\bDiscover\x12+.ringfence.internal.pool.v1.DiscoverRequest\x1a,.ringfence.internal.pool.v1.DiscoverResponse\x12t\n" +
-	"\rGetWarmStatus\x120.ringfence.internal.pool.v1.GetWarmStatusRequest\x1a1.ringfence.internal.pool.v1.GetWarmStatusResponseB\x8a\x02\n" +
+	"\rGetWarmStatus\x120.ringfence.internal.pool.v1.GetWarmStatusRequest\x1a1.ringfence.internal.pool.v1.GetWarmStatusResponse\x12k\n" +
+	"\n" +
+	"ForwardRun\x12-.ringfence.internal.pool.v1.ForwardRunRequest\x1a..ringfence.internal.pool.v1.ForwardRunResponseB\x8a\x02\n" +
 	"\x1ecom.ringfence.internal.pool.v1B\tPoolProtoP\x01ZRgithub.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1;poolinternalv1\xa2\x02\x03RIP\xaa\x02\x1aRingfence.Internal.Pool.V1\xca\x02\x1aRingfence\\Internal\\Pool\\V1\xe2\x02&Ringfence\\Internal\\Pool\\V1\\GPBMetadata\xea\x02\x1dRingfence::Internal::Pool::V1b\x06proto3"
 
 var (
@@ -324,37 +554,43 @@ func file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP() []byte {
 	return file_ringfence_internal_pool_v1_pool_proto_rawDescData
 }
 
-var file_ringfence_internal_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_ringfence_internal_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_ringfence_internal_pool_v1_pool_proto_goTypes = []any{
-	(*DiscoverRequest)(nil),           // 0: ringfence.internal.pool.v1.DiscoverRequest
-	(*DiscoverResponse)(nil),          // 1: ringfence.internal.pool.v1.DiscoverResponse
-	(*GetWarmStatusRequest)(nil),      // 2: ringfence.internal.pool.v1.GetWarmStatusRequest
-	(*GetWarmStatusResponse)(nil),     // 3: ringfence.internal.pool.v1.GetWarmStatusResponse
-	nil,                               // 4: ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry
-	(*v1.ExploreCall)(nil),            // 5: ringfence.types.v1.ExploreCall
-	(*v11.ResolveServerResponse)(nil), // 6: ringfence.internal.registry.v1.ResolveServerResponse
-	(*v1.ToolDeclaration)(nil),        // 7: ringfence.types.v1.ToolDeclaration
-	(*v1.Finding)(nil),                // 8: ringfence.types.v1.Finding
-	(*v1.ExploreCallResult)(nil),      // 9: ringfence.types.v1.ExploreCallResult
-	(*v12.WarmStatus)(nil),            // 10: ringfence.registry.v1.WarmStatus
+	(*ForwardRunRequest)(nil),         // 0: ringfence.internal.pool.v1.ForwardRunRequest
+	(*Caller)(nil),                    // 1: ringfence.internal.pool.v1.Caller
+	(*ForwardRunResponse)(nil),        // 2: ringfence.internal.pool.v1.ForwardRunResponse
+	(*DiscoverRequest)(nil),           // 3: ringfence.internal.pool.v1.DiscoverRequest
+	(*DiscoverResponse)(nil),          // 4: ringfence.internal.pool.v1.DiscoverResponse
+	(*GetWarmStatusRequest)(nil),      // 5: ringfence.internal.pool.v1.GetWarmStatusRequest
+	(*GetWarmStatusResponse)(nil),     // 6: ringfence.internal.pool.v1.GetWarmStatusResponse
+	nil,                               // 7: ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry
+	(*v1.ExploreCall)(nil),            // 8: ringfence.types.v1.ExploreCall
+	(*v11.ResolveServerResponse)(nil), // 9: ringfence.internal.registry.v1.ResolveServerResponse
+	(*v1.ToolDeclaration)(nil),        // 10: ringfence.types.v1.ToolDeclaration
+	(*v1.Finding)(nil),                // 11: ringfence.types.v1.Finding
+	(*v1.ExploreCallResult)(nil),      // 12: ringfence.types.v1.ExploreCallResult
+	(*v12.WarmStatus)(nil),            // 13: ringfence.registry.v1.WarmStatus
 }
 var file_ringfence_internal_pool_v1_pool_proto_depIdxs = []int32{
-	5,  // 0: ringfence.internal.pool.v1.DiscoverRequest.call:type_name -> ringfence.types.v1.ExploreCall
-	6,  // 1: ringfence.internal.pool.v1.DiscoverRequest.adhoc:type_name -> ringfence.internal.registry.v1.ResolveServerResponse
-	7,  // 2: ringfence.internal.pool.v1.DiscoverResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	8,  // 3: ringfence.internal.pool.v1.DiscoverResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	9,  // 4: ringfence.internal.pool.v1.DiscoverResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
-	4,  // 5: ringfence.internal.pool.v1.GetWarmStatusResponse.warm:type_name -> ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry
-	10, // 6: ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry.value:type_name -> ringfence.registry.v1.WarmStatus
-	0,  // 7: ringfence.internal.pool.v1.PoolInternalService.Discover:input_type -> ringfence.internal.pool.v1.DiscoverRequest
-	2,  // 8: ringfence.internal.pool.v1.PoolInternalService.GetWarmStatus:input_type -> ringfence.internal.pool.v1.GetWarmStatusRequest
-	1,  // 9: ringfence.internal.pool.v1.PoolInternalService.Discover:output_type -> ringfence.internal.pool.v1.DiscoverResponse
-	3,  // 10: ringfence.internal.pool.v1.PoolInternalService.GetWarmStatus:output_type -> ringfence.internal.pool.v1.GetWarmStatusResponse
-	9,  // [9:11] is the sub-list for method output_type
-	7,  // [7:9] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	1,  // 0: ringfence.internal.pool.v1.ForwardRunRequest.caller:type_name -> ringfence.internal.pool.v1.Caller
+	8,  // 1: ringfence.internal.pool.v1.DiscoverRequest.call:type_name -> ringfence.types.v1.ExploreCall
+	9,  // 2: ringfence.internal.pool.v1.DiscoverRequest.adhoc:type_name -> ringfence.internal.registry.v1.ResolveServerResponse
+	10, // 3: ringfence.internal.pool.v1.DiscoverResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	11, // 4: ringfence.internal.pool.v1.DiscoverResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	12, // 5: ringfence.internal.pool.v1.DiscoverResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
+	7,  // 6: ringfence.internal.pool.v1.GetWarmStatusResponse.warm:type_name -> ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry
+	13, // 7: ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry.value:type_name -> ringfence.registry.v1.WarmStatus
+	3,  // 8: ringfence.internal.pool.v1.PoolInternalService.Discover:input_type -> ringfence.internal.pool.v1.DiscoverRequest
+	5,  // 9: ringfence.internal.pool.v1.PoolInternalService.GetWarmStatus:input_type -> ringfence.internal.pool.v1.GetWarmStatusRequest
+	0,  // 10: ringfence.internal.pool.v1.PoolInternalService.ForwardRun:input_type -> ringfence.internal.pool.v1.ForwardRunRequest
+	4,  // 11: ringfence.internal.pool.v1.PoolInternalService.Discover:output_type -> ringfence.internal.pool.v1.DiscoverResponse
+	6,  // 12: ringfence.internal.pool.v1.PoolInternalService.GetWarmStatus:output_type -> ringfence.internal.pool.v1.GetWarmStatusResponse
+	2,  // 13: ringfence.internal.pool.v1.PoolInternalService.ForwardRun:output_type -> ringfence.internal.pool.v1.ForwardRunResponse
+	11, // [11:14] is the sub-list for method output_type
+	8,  // [8:11] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_internal_pool_v1_pool_proto_init() }
@@ -368,7 +604,7 @@ func file_ringfence_internal_pool_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_internal_pool_v1_pool_proto_rawDesc), len(file_ringfence_internal_pool_v1_pool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -5,8 +5,8 @@
 // source: ringfence/internal/pool/v1/pool.proto
 
 // The pool's internal API: served only on ringfence-pool's internal listener (mutual TLS
-// only), never on the public port. Room is left here for what pool hosts will ask each other
-// (forwarding a call to the host that owns its run).
+// only), never on the public port. Pool hosts sharing etcd also call each other here: a request
+// about a run that reaches a host that does not own it is forwarded to the owner (ForwardRun).
 
 package poolinternalv1
 
@@ -25,6 +25,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	PoolInternalService_Discover_FullMethodName      = "/ringfence.internal.pool.v1.PoolInternalService/Discover"
 	PoolInternalService_GetWarmStatus_FullMethodName = "/ringfence.internal.pool.v1.PoolInternalService/GetWarmStatus"
+	PoolInternalService_ForwardRun_FullMethodName    = "/ringfence.internal.pool.v1.PoolInternalService/ForwardRun"
 )
 
 // PoolInternalServiceClient is the client API for PoolInternalService service.
@@ -45,6 +46,15 @@ type PoolInternalServiceClient interface {
 	// Caller: the registry's service certificate only. Codes: INVALID_ARGUMENT (a bad ref, or
 	// more than 1000 refs).
 	GetWarmStatus(ctx context.Context, in *GetWarmStatusRequest, opts ...grpc.CallOption) (*GetWarmStatusResponse, error)
+	// ForwardRun serves a public PoolService request that reached another pool host: a request
+	// about a run this host owns, or a StartRun placed here. The caller already authenticated and
+	// authorized the request and resolved its tenant; they travel in caller, and the request is
+	// served as theirs (the same gates, the same audit records). A forwarded request is never
+	// forwarded again.
+	// Caller: a pool's service certificate only. Codes: those of the forwarded RPC;
+	// INVALID_ARGUMENT (a method that is not forwarded, or a request that does not decode);
+	// UNAVAILABLE (the run moved while the request travelled: send it again).
+	ForwardRun(ctx context.Context, in *ForwardRunRequest, opts ...grpc.CallOption) (*ForwardRunResponse, error)
 }
 
 type poolInternalServiceClient struct {
@@ -75,6 +85,16 @@ func (c *poolInternalServiceClient) GetWarmStatus(ctx context.Context, in *GetWa
 	return out, nil
 }
 
+func (c *poolInternalServiceClient) ForwardRun(ctx context.Context, in *ForwardRunRequest, opts ...grpc.CallOption) (*ForwardRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForwardRunResponse)
+	err := c.cc.Invoke(ctx, PoolInternalService_ForwardRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolInternalServiceServer is the server API for PoolInternalService service.
 // All implementations must embed UnimplementedPoolInternalServiceServer
 // for forward compatibility.
@@ -93,6 +113,15 @@ type PoolInternalServiceServer interface {
 	// Caller: the registry's service certificate only. Codes: INVALID_ARGUMENT (a bad ref, or
 	// more than 1000 refs).
 	GetWarmStatus(context.Context, *GetWarmStatusRequest) (*GetWarmStatusResponse, error)
+	// ForwardRun serves a public PoolService request that reached another pool host: a request
+	// about a run this host owns, or a StartRun placed here. The caller already authenticated and
+	// authorized the request and resolved its tenant; they travel in caller, and the request is
+	// served as theirs (the same gates, the same audit records). A forwarded request is never
+	// forwarded again.
+	// Caller: a pool's service certificate only. Codes: those of the forwarded RPC;
+	// INVALID_ARGUMENT (a method that is not forwarded, or a request that does not decode);
+	// UNAVAILABLE (the run moved while the request travelled: send it again).
+	ForwardRun(context.Context, *ForwardRunRequest) (*ForwardRunResponse, error)
 	mustEmbedUnimplementedPoolInternalServiceServer()
 }
 
@@ -108,6 +137,9 @@ func (UnimplementedPoolInternalServiceServer) Discover(context.Context, *Discove
 }
 func (UnimplementedPoolInternalServiceServer) GetWarmStatus(context.Context, *GetWarmStatusRequest) (*GetWarmStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetWarmStatus not implemented")
+}
+func (UnimplementedPoolInternalServiceServer) ForwardRun(context.Context, *ForwardRunRequest) (*ForwardRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForwardRun not implemented")
 }
 func (UnimplementedPoolInternalServiceServer) mustEmbedUnimplementedPoolInternalServiceServer() {}
 func (UnimplementedPoolInternalServiceServer) testEmbeddedByValue()                             {}
@@ -166,6 +198,24 @@ func _PoolInternalService_GetWarmStatus_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PoolInternalService_ForwardRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForwardRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolInternalServiceServer).ForwardRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolInternalService_ForwardRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolInternalServiceServer).ForwardRun(ctx, req.(*ForwardRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PoolInternalService_ServiceDesc is the grpc.ServiceDesc for PoolInternalService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -180,6 +230,10 @@ var PoolInternalService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetWarmStatus",
 			Handler:    _PoolInternalService_GetWarmStatus_Handler,
+		},
+		{
+			MethodName: "ForwardRun",
+			Handler:    _PoolInternalService_ForwardRun_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
