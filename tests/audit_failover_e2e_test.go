@@ -43,16 +43,10 @@ func TestAuditLeaderKilledUnderLoad(t *testing.T) {
 	auditInternal := []string{testutil.FreeAddr(t), testutil.FreeAddr(t)}
 	audits := make([]*daemon, 2)
 	for i := range audits {
-		audits[i] = startDaemon(t, "ringfence-audit", append(tlsEnv("audit"),
+		audits[i] = startDaemon(t, "ringfence-audit", append(append(tlsEnv("audit"), etcdEnv(cluster, root, "audit")...),
 			"RINGFENCE_ENV=production",
 			"RINGFENCE_INTERNAL_ADDR="+auditInternal[i],
 			"RINGFENCE_PEERS__REGISTRY_ADDR="+registryInternal,
-			"RINGFENCE_STORE__BACKEND=etcd",
-			`RINGFENCE_STORE__ETCD_ENDPOINTS=["`+strings.Join(cluster.Endpoints(), `","`)+`"]`,
-			"RINGFENCE_STORE__ETCD_CA_FILE="+filepath.Join(certs, "ca.pem"),
-			"RINGFENCE_STORE__ETCD_CERT_FILE="+filepath.Join(certs, "audit.pem"),
-			"RINGFENCE_STORE__ETCD_KEY_FILE="+filepath.Join(certs, "audit-key.pem"),
-			"RINGFENCE_STORE__ETCD_PREFIX="+root,
 		)...)
 	}
 	// Which audit instance leads: its election key holds its name, which ends with its
