@@ -25,7 +25,6 @@ import (
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/etcdstore"
 	"github.com/ringfence/ringfence/internal/grpcserver"
-	"github.com/ringfence/ringfence/services/audit/internal/etcdlog"
 	"github.com/ringfence/ringfence/services/audit/internal/store"
 )
 
@@ -35,7 +34,7 @@ type Config struct {
 	// the chain in etcd.
 	DBPath string
 	// Etcd, when set (store.backend=etcd), holds the chain that several instances share:
-	// one of them writes it at a time (see etcdlog), the others stand by and copy it.
+	// one of them writes it at a time (see sharedLog), the others stand by and copy it.
 	Etcd *clientv3.Client
 	// EtcdRoot is store.etcd_prefix.
 	EtcdRoot string
@@ -51,7 +50,7 @@ type Service struct {
 	store    *store.Store
 	verifier *verifier
 	// shared is the chain in etcd this log is a copy of, or nil (bbolt only).
-	shared *etcdlog.Log
+	shared *sharedLog
 	log    *slog.Logger
 	errors grpcserver.ErrorTable
 }
@@ -67,8 +66,8 @@ var errorCodes = map[error]codes.Code{
 	auth.ErrTenantMismatch:    codes.PermissionDenied,
 	store.ErrTooManyRecords:   codes.InvalidArgument,
 	etcdstore.ErrUnavailable:  codes.Unavailable,
-	etcdlog.ErrNotLeader:      codes.Unavailable,
-	etcdlog.ErrFenced:         codes.Unavailable,
+	ErrNotLeader:              codes.Unavailable,
+	ErrFenced:                 codes.Unavailable,
 }
 
 // Open opens the log.
@@ -77,9 +76,9 @@ func Open(cfg Config) (*Service, error) {
 		cfg.Logger = slog.Default()
 	}
 	opts := store.Options{Logger: cfg.Logger}
-	var shared *etcdlog.Log
+	var shared *sharedLog
 	if cfg.Etcd != nil {
-		shared = etcdlog.New(etcdlog.Config{Client: cfg.Etcd, Root: cfg.EtcdRoot, Name: cfg.Instance, Logger: cfg.Logger})
+		shared = newSharedLog(sharedConfig{Client: cfg.Etcd, Root: cfg.EtcdRoot, Name: cfg.Instance, Logger: cfg.Logger})
 		opts.Chain = shared
 	}
 	st, err := store.Open(cfg.DBPath, opts)

@@ -13,7 +13,6 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/audit/auditpb"
 	"github.com/ringfence/ringfence/internal/mtls"
-	"github.com/ringfence/ringfence/services/audit/internal/etcdlog"
 )
 
 // InternalServer serves the audit service's internal API (ringfence.internal.audit.v1) on a
@@ -60,7 +59,7 @@ func (g *InternalServer) Append(ctx context.Context, req *auditinternalv1.Append
 		return nil, s.notLeader(ctx)
 	}
 	seqs, err := s.store.Append(ctx, recs)
-	if errors.Is(err, etcdlog.ErrNotLeader) {
+	if errors.Is(err, ErrNotLeader) {
 		return nil, s.notLeader(ctx)
 	}
 	if err != nil {

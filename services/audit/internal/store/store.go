@@ -56,7 +56,7 @@ type Options struct {
 	Chain Chain
 }
 
-// Chain is a hash chain that several audit instances share (etcdlog: the chain in etcd,
+// Chain is a hash chain that several audit instances share (the audit service's sharedLog: the chain in etcd,
 // with one writer elected at a time). The local file is then a copy of it: the instance
 // that writes extends the shared chain first and its file only once that succeeded, and
 // every instance copies what the writer added (Ingest). So the file is always a prefix
@@ -315,7 +315,6 @@ type writer struct {
 	ch   *chainer
 	seq  uint64
 	prev [32]byte
-	buf  []byte
 	// sinceRelease counts the bytes committed since the mapped pages were last released.
 	sinceRelease int
 }

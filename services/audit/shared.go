@@ -1,23 +1,4 @@
-// Package etcdlog shares the audit log's hash chain between several audit instances
-// through etcd (store.backend=etcd), so that the log survives the loss of an instance.
-//
-// The chain lives in etcd, under <root>/audit/: chain/<seq, 16 hex digits> holds each
-// record as the bbolt log stores it (hash || body), and head holds the last seq and hash.
-// One instance at a time writes it: the leader, elected with etcd's concurrency.Election
-// (a key under leader/ tied to the instance's lease; the oldest key leads). Every append
-// is a transaction that compares the leader's key (its creation revision: a deposed
-// leader's key is gone, and a new one has another) and the head the writer extends, so a
-// writer that lost its lease, or was paused while another took over, cannot add a
-// record: its transaction fails and its callers are told nothing was appended.
-//
-// Each instance keeps a copy of the chain in its own bbolt file (audit.db), which serves
-// its reads: List, Watch, Export and Verify run on the copy as they do without etcd.
-// The leader writes etcd first and its copy after (store.Chain); every instance follows
-// etcd's head and copies what is new (store.Ingest), checking that each record chains
-// from the one before. So a copy is always a prefix of the chain in etcd, and appends stay
-// idempotent by record ID through the copy's by_id index: a new leader first brings its
-// copy up to etcd's head, and only then appends.
-package etcdlog
+package audit
 
 import (
 	"context"
@@ -36,7 +17,7 @@ import (
 	"github.com/ringfence/ringfence/services/audit/internal/store"
 )
 
-// DefaultLeaseTTL is how long a leader that stopped answering (a crash, a partition) keeps
+// DefaultLeaseTTL is how long, with store.backend=etcd, a leader that stopped answering (a crash, a partition) keeps
 // the chain before a standby may take it: the lease of its election key.
 const DefaultLeaseTTL = 5 * time.Second
 
@@ -60,8 +41,8 @@ var ErrNotLeader = errors.New("audit: this instance is a standby and does not wr
 // of that transaction was written.
 var ErrFenced = errors.New("audit: the audit log in etcd moved on without this writer (it lost the leadership, or its copy is catching up); nothing was appended")
 
-// Config says where the shared chain lives and who this instance is.
-type Config struct {
+// sharedConfig says where the shared chain lives and who this instance is.
+type sharedConfig struct {
 	Client *clientv3.Client
 	// Root is store.etcd_prefix; the chain lives under <Root>/audit/.
 	Root string
@@ -72,9 +53,29 @@ type Config struct {
 	Logger   *slog.Logger
 }
 
-// Log is this instance's part in the shared chain: store.Chain for its writer, the
-// election, and the copy's follower.
-type Log struct {
+// sharedLog shares the audit log's hash chain between several audit instances
+// through etcd (store.backend=etcd), so that the log survives the loss of an instance.
+//
+// The chain lives in etcd, under <root>/audit/: chain/<seq, 16 hex digits> holds each
+// record as the bbolt log stores it (hash || body), and head holds the last seq and hash.
+// One instance at a time writes it: the leader, elected with etcd's concurrency.Election
+// (a key under leader/ tied to the instance's lease; the oldest key leads). Every append
+// is a transaction that compares the leader's key (its creation revision: a deposed
+// leader's key is gone, and a new one has another) and the head the writer extends, so a
+// writer that lost its lease, or was paused while another took over, cannot add a
+// record: its transaction fails and its callers are told nothing was appended.
+//
+// Each instance keeps a copy of the chain in its own bbolt file (audit.db), which serves
+// its reads: List, Watch, Export and Verify run on the copy as they do without etcd.
+// The leader writes etcd first and its copy after (store.Chain); every instance follows
+// etcd's head and copies what is new (store.Ingest), checking that each record chains
+// from the one before. So a copy is always a prefix of the chain in etcd, and appends stay
+// idempotent by record ID through the copy's by_id index: a new leader first brings its
+// copy up to etcd's head, and only then appends.
+//
+// It is this instance's part in the shared chain: store.Chain for its writer, the election,
+// and the copy's follower.
+type sharedLog struct {
 	cli   *clientv3.Client
 	space etcdstore.Space
 	name  string
@@ -93,21 +94,21 @@ type Log struct {
 	wg   sync.WaitGroup
 }
 
-var _ store.Chain = (*Log)(nil)
+var _ store.Chain = (*sharedLog)(nil)
 
-// New prepares the instance's part; Start begins it once the copy is open.
-func New(cfg Config) *Log {
+// newSharedLog prepares the instance's part; Start begins it once the copy is open.
+func newSharedLog(cfg sharedConfig) *sharedLog {
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = DefaultLeaseTTL
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Log{cli: cfg.Client, space: etcdstore.NewSpace(cfg.Root, "audit"), name: cfg.Name, ttl: cfg.LeaseTTL, log: cfg.Logger}
+	return &sharedLog{cli: cfg.Client, space: etcdstore.NewSpace(cfg.Root, "audit"), name: cfg.Name, ttl: cfg.LeaseTTL, log: cfg.Logger}
 }
 
 // Start follows the chain into st and campaigns to write it, until Close.
-func (l *Log) Start(st *store.Store) {
+func (l *sharedLog) Start(st *store.Store) {
 	l.store = st
 	ctx, stop := context.WithCancel(context.Background())
 	l.stop = stop
@@ -117,7 +118,7 @@ func (l *Log) Start(st *store.Store) {
 }
 
 // Close resigns the leadership, if held, and stops following. Appends after it fail.
-func (l *Log) Close() {
+func (l *sharedLog) Close() {
 	if l.stop != nil {
 		l.stop()
 		l.wg.Wait()
@@ -125,17 +126,17 @@ func (l *Log) Close() {
 }
 
 // Leading reports whether this instance writes the chain now.
-func (l *Log) Leading() bool {
+func (l *sharedLog) Leading() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.leading
 }
 
 // Name is this instance's name, as Leader gives it when it leads.
-func (l *Log) Name() string { return l.name }
+func (l *sharedLog) Name() string { return l.name }
 
 // Key is the election key of this instance's current term, or "" when it does not lead.
-func (l *Log) Key() string {
+func (l *sharedLog) Key() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.leading {
@@ -146,7 +147,7 @@ func (l *Log) Key() string {
 
 // Leader names the instance that writes the chain now, as it named itself, or "" while
 // none does.
-func (l *Log) Leader(ctx context.Context) (string, error) {
+func (l *sharedLog) Leader(ctx context.Context) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, etcdstore.RequestTimeout)
 	defer cancel()
 	resp, err := l.cli.Get(ctx, l.space.Prefix("leader"), clientv3.WithFirstCreate()...)
@@ -161,7 +162,7 @@ func (l *Log) Leader(ctx context.Context) (string, error) {
 
 // CatchUp waits until the copy holds every record the chain in etcd held when CatchUp
 // was called: a read on any instance then answers with everything acknowledged before it.
-func (l *Log) CatchUp(ctx context.Context) error {
+func (l *sharedLog) CatchUp(ctx context.Context) error {
 	head, err := l.head(ctx)
 	if err != nil {
 		return err
@@ -170,7 +171,7 @@ func (l *Log) CatchUp(ctx context.Context) error {
 }
 
 // await waits until the copy reaches seq.
-func (l *Log) await(ctx context.Context, seq uint64) error {
+func (l *sharedLog) await(ctx context.Context, seq uint64) error {
 	if have, _ := l.store.Head(); have >= seq {
 		return nil
 	}
@@ -180,11 +181,13 @@ func (l *Log) await(ctx context.Context, seq uint64) error {
 	return nil
 }
 
-func (l *Log) headKey() string             { return l.space.Key("head") }
-func (l *Log) recordKey(seq uint64) string { return l.space.Key("chain", fmt.Sprintf("%016x", seq)) }
+func (l *sharedLog) headKey() string { return l.space.Key("head") }
+func (l *sharedLog) recordKey(seq uint64) string {
+	return l.space.Key("chain", fmt.Sprintf("%016x", seq))
+}
 
 // head reads the chain's head in etcd (0 and Genesis while it is empty).
-func (l *Log) head(ctx context.Context) (store.Head, error) {
+func (l *sharedLog) head(ctx context.Context) (store.Head, error) {
 	ctx, cancel := context.WithTimeout(ctx, etcdstore.RequestTimeout)
 	defer cancel()
 	resp, err := l.cli.Get(clientv3.WithRequireLeader(ctx), l.headKey())
@@ -211,7 +214,7 @@ func decodeHead(v []byte) (store.Head, error) {
 // Commit implements store.Chain: vals extend the chain from prev in transactions that
 // each hold only while this instance's election key is the one that won and the head is
 // where the previous one left it.
-func (l *Log) Commit(ctx context.Context, prev store.Head, vals [][]byte) error {
+func (l *sharedLog) Commit(ctx context.Context, prev store.Head, vals [][]byte) error {
 	l.mu.Lock()
 	leading, key, rev := l.leading, l.leaderKey, l.leaderRev
 	l.mu.Unlock()
@@ -259,7 +262,7 @@ func (l *Log) Commit(ctx context.Context, prev store.Head, vals [][]byte) error 
 
 // follow copies what the chain in etcd holds beyond the copy, then waits for its head to
 // move, until ctx ends.
-func (l *Log) follow(ctx context.Context) {
+func (l *sharedLog) follow(ctx context.Context) {
 	failures := 0
 	for ctx.Err() == nil {
 		if err := l.followOnce(ctx); err != nil && ctx.Err() == nil {
@@ -280,7 +283,7 @@ func (l *Log) follow(ctx context.Context) {
 
 // followOnce copies one page of new records, or waits for the head to move past what it
 // read.
-func (l *Log) followOnce(ctx context.Context) error {
+func (l *sharedLog) followOnce(ctx context.Context) error {
 	seq, _ := l.store.Head()
 	rctx, cancel := context.WithTimeout(ctx, etcdstore.RequestTimeout)
 	resp, err := l.cli.Get(clientv3.WithRequireLeader(rctx), l.recordKey(seq+1),
@@ -313,7 +316,7 @@ func (l *Log) followOnce(ctx context.Context) error {
 
 // campaign runs elections until ctx ends: it waits to be elected, brings the copy up to
 // the chain's head, writes while its lease lasts, and campaigns again when it lapses.
-func (l *Log) campaign(ctx context.Context) {
+func (l *sharedLog) campaign(ctx context.Context) {
 	failures := 0
 	for ctx.Err() == nil {
 		if err := l.leadOnce(ctx); err != nil && ctx.Err() == nil {
@@ -327,12 +330,12 @@ func (l *Log) campaign(ctx context.Context) {
 	}
 }
 
-func (l *Log) leadOnce(ctx context.Context) error {
+func (l *sharedLog) leadOnce(ctx context.Context) error {
 	sess, err := concurrency.NewSession(l.cli, concurrency.WithTTL(int(l.ttl.Seconds())), concurrency.WithContext(ctx))
 	if err != nil {
 		return etcdstore.Unavailable("open an election lease", err)
 	}
-	defer sess.Close() // revokes the lease: a standby takes over at once
+	defer func() { _ = sess.Close() }() // revokes the lease: a standby takes over at once
 	// A lease that lapses while waiting ends the wait: its key is gone.
 	cctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -377,7 +380,7 @@ func (l *Log) leadOnce(ctx context.Context) error {
 }
 
 // depose ends the term of key, if it is the current one.
-func (l *Log) depose(key string) {
+func (l *sharedLog) depose(key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.leading && l.leaderKey == key {
@@ -386,7 +389,7 @@ func (l *Log) depose(key string) {
 	}
 }
 
-func (l *Log) resign(e *concurrency.Election) {
+func (l *sharedLog) resign(e *concurrency.Election) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = e.Resign(ctx) // the lease's end removes the key anyway
