@@ -42,18 +42,12 @@ func TestTwoRegistryReplicasShareEtcd(t *testing.T) {
 	startDaemonAt(t, "ringfence-audit", addr["audit"], append(tlsEnv("audit"),
 		"RINGFENCE_INTERNAL_ADDR="+internal["audit"], "RINGFENCE_PEERS__REGISTRY_ADDR="+internal["a"])...)
 	for _, name := range []string{"a", "b"} {
-		startDaemonAt(t, "ringfence-registry", addr[name], append(tlsEnv("registry"),
+		startDaemonAt(t, "ringfence-registry", addr[name], append(append(tlsEnv("registry"), etcdEnv(cluster, root, "registry")...),
 			"RINGFENCE_ENV=production",
 			"RINGFENCE_INTERNAL_ADDR="+internal[name],
 			"RINGFENCE_BOOTSTRAP_ADMIN_KEY="+adminKey,
 			"RINGFENCE_SECRETS_KEY_FILE="+keyFile,
 			"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"],
-			"RINGFENCE_STORE__BACKEND=etcd",
-			`RINGFENCE_STORE__ETCD_ENDPOINTS=["`+strings.Join(cluster.Endpoints(), `","`)+`"]`,
-			"RINGFENCE_STORE__ETCD_CA_FILE="+filepath.Join(certs, "ca.pem"),
-			"RINGFENCE_STORE__ETCD_CERT_FILE="+filepath.Join(certs, "registry.pem"),
-			"RINGFENCE_STORE__ETCD_KEY_FILE="+filepath.Join(certs, "registry-key.pem"),
-			"RINGFENCE_STORE__ETCD_PREFIX="+root,
 		)...)
 	}
 
@@ -138,4 +132,17 @@ func TestTwoRegistryReplicasShareEtcd(t *testing.T) {
 		return len(got) >= len(want)+1
 	}, 30*time.Second, 100*time.Millisecond, "audit records: %v", got)
 	require.Equal(t, append([]string{"key_create api_key"}, want...), got)
+}
+
+// etcdEnv is what a service needs to keep its state in cluster under root, presenting its own
+// certificate.
+func etcdEnv(cluster *etcdtest.Cluster, root, service string) []string {
+	return []string{
+		"RINGFENCE_STORE__BACKEND=etcd",
+		`RINGFENCE_STORE__ETCD_ENDPOINTS=["` + strings.Join(cluster.Endpoints(), `","`) + `"]`,
+		"RINGFENCE_STORE__ETCD_CA_FILE=" + filepath.Join(cluster.CertDir, "ca.pem"),
+		"RINGFENCE_STORE__ETCD_CERT_FILE=" + filepath.Join(cluster.CertDir, service+".pem"),
+		"RINGFENCE_STORE__ETCD_KEY_FILE=" + filepath.Join(cluster.CertDir, service+"-key.pem"),
+		"RINGFENCE_STORE__ETCD_PREFIX=" + root,
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
@@ -125,7 +126,9 @@ func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Ap
 		if err != nil {
 			return err
 		}
-		if a.Audit, err = a.openAudit(cfg, log); err != nil {
+		// Its producers append in-process, to this log alone: it stays in bbolt whatever the
+		// store, and several ringfenced processes do not share it.
+		if a.Audit, err = a.openAudit(ctx, cfg, false, log); err != nil {
 			return err
 		}
 		sink := a.Audit.Sink()
@@ -277,7 +280,7 @@ func NewAudit(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, 
 		if err != nil {
 			return err
 		}
-		if a.Audit, err = a.openAudit(cfg, log); err != nil {
+		if a.Audit, err = a.openAudit(ctx, cfg, cfg.Store.Etcd(), log); err != nil {
 			return err
 		}
 		authz := auth.NewAuthorizer(registry, auth.Rules)
@@ -315,12 +318,22 @@ func dataFile(cfg *config.Config, name string) (string, error) {
 	return filepath.Join(cfg.DataDir, name), nil
 }
 
-func (a *App) openAudit(cfg *config.Config, log *slog.Logger) (*auditsvc.Service, error) {
+// openAudit opens the audit log: with shared, a copy of the chain that the audit instances
+// share in etcd (one writes it at a time), else the log itself, in data_dir.
+func (a *App) openAudit(ctx context.Context, cfg *config.Config, shared bool, log *slog.Logger) (*auditsvc.Service, error) {
 	path, err := dataFile(cfg, "audit.db")
 	if err != nil {
 		return nil, err
 	}
-	svc, err := auditsvc.Open(auditsvc.Config{DBPath: path, Logger: log.With("service", "audit")})
+	c := auditsvc.Config{DBPath: path, Logger: log.With("service", "audit")}
+	if shared {
+		if c.Etcd, err = a.etcdClient(ctx, cfg, log); err != nil {
+			return nil, err
+		}
+		host, _ := os.Hostname()
+		c.EtcdRoot, c.Instance = cfg.Store.EtcdPrefix, host+" (internal_addr "+cfg.InternalAddr+")"
+	}
+	svc, err := auditsvc.Open(c)
 	if err != nil {
 		return nil, err
 	}
@@ -632,11 +645,16 @@ func (a *App) auditPeer(cfg *config.Config) (audit.Sink, error) {
 	if cfg.Peers.AuditAddr == "" {
 		return nil, errors.New("app: this service records admin events or call attempts and needs the audit service: set RINGFENCE_PEERS__AUDIT_ADDR")
 	}
-	conn, err := a.dial(cfg, mtls.Audit, cfg.Peers.AuditAddr)
-	if err != nil {
-		return nil, err
+	// Several audit instances share the log on etcd: the client finds the one that leads.
+	var conns []*grpc.ClientConn
+	for addr := range strings.SplitSeq(cfg.Peers.AuditAddr, ",") {
+		conn, err := a.dial(cfg, mtls.Audit, strings.TrimSpace(addr))
+		if err != nil {
+			return nil, err
+		}
+		conns = append(conns, conn)
 	}
-	return peers.NewAudit(conn), nil
+	return peers.NewAudit(conns...), nil
 }
 
 // dial connects to a peer with this binary's service certificate; the connection closes with

@@ -25,6 +25,12 @@ type Sink interface {
 	Append(ctx context.Context, recs []Record) error
 }
 
+// NotLeaderReason is the reason of the ErrorInfo (domain ringfence.audit.v1) an audit
+// instance standing by answers Append with, as UNAVAILABLE, when several share the log
+// (store.backend=etcd): one leader appends. A producer's client then tries the next audit
+// instance it knows at once. The ErrorInfo's metadata "leader" names the leader, if any.
+const NotLeaderReason = "AUDIT_NOT_LEADER"
+
 // FullPolicy says what a spool does when it holds MaxPending records.
 type FullPolicy int
 

@@ -72,11 +72,11 @@ type TLS struct {
 // Enabled reports whether TLS is configured.
 func (t TLS) Enabled() bool { return t.CertFile != "" }
 
-// Store chooses where the registry and the publisher keep their state: a bbolt file each in
-// data_dir, or an etcd cluster that several replicas of each share. The pool and the audit log
-// keep theirs in bbolt.
+// Store chooses where the registry, the publisher and the audit log keep their state: a bbolt
+// file each in data_dir, or an etcd cluster that several replicas of each share (the audit
+// instances keep a copy of the log in data_dir too). The pool keeps its state in bbolt.
 type Store struct {
-	Backend       string   `key:"backend" default:"bbolt" help:"bbolt (a file per service in data_dir) or etcd (registry and publisher state in an etcd cluster their replicas share)"`
+	Backend       string   `key:"backend" default:"bbolt" help:"bbolt (a file per service in data_dir) or etcd (registry, publisher and audit log state in an etcd cluster their replicas share)"`
 	EtcdEndpoints []string `key:"etcd_endpoints" help:"JSON list of the etcd members' client URLs, e.g. [\"https://etcd-1:2379\",\"https://etcd-2:2379\",\"https://etcd-3:2379\"]"`
 	EtcdCAFile    string   `key:"etcd_ca_file" help:"PEM CA bundle the etcd members' certificates chain to"`
 	EtcdCertFile  string   `key:"etcd_cert_file" help:"PEM client certificate this service presents to etcd (mutual TLS)"`
@@ -97,7 +97,7 @@ type Peers struct {
 	RegistryAddr  string `key:"registry_addr" help:"internal address (internal_addr) of ringfence-registry"`
 	PublisherAddr string `key:"publisher_addr" help:"internal address (internal_addr) of ringfence-publisher"`
 	PoolAddr      string `key:"pool_addr" help:"internal address (internal_addr) of ringfence-pool"`
-	AuditAddr     string `key:"audit_addr" help:"internal address (internal_addr) of ringfence-audit"`
+	AuditAddr     string `key:"audit_addr" help:"internal address (internal_addr) of ringfence-audit; with several audit instances (store.backend=etcd), each one's, comma-separated: records go to whichever leads"`
 }
 
 // OTel configures tracing (OpenTelemetry). Nothing is exported unless Endpoint is set.
@@ -513,9 +513,6 @@ func (c *Config) validateFor(binary string) error {
 			errs.add("internal_addr", "is set, but ringfenced serves no internal RPCs: its services call each other in-process", "unset it; it is for split binaries (ringfence-registry, -publisher, -pool, -audit)")
 		}
 	case slices.Contains(SplitBinaries, binary):
-		if c.Store.Etcd() && binary == "ringfence-audit" {
-			errs.add("store.backend", fmt.Sprintf("is etcd, but %s keeps its state in bbolt in data_dir: only the registry, the publisher and the pool keep theirs in etcd", binary), "unset it for this binary")
-		}
 		if c.InternalAddr == "" {
 			c.InternalAddr = DefaultInternalAddr
 		}

@@ -241,34 +241,26 @@ func TestConfigurationDependsOnTheBinary(t *testing.T) {
 // systemd unit give each service to keys the services know: an unknown RINGFENCE_* variable
 // stops a service at start, so a renamed key would break a deployment that copied them.
 func TestDeployEnvironmentsLoad(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "compose", "compose.yaml"))
-	require.NoError(t, err)
-	var compose struct {
-		Services map[string]struct {
-			Environment map[string]string `yaml:"environment"`
-		} `yaml:"services"`
-	}
-	require.NoError(t, yaml.Unmarshal(raw, &compose))
-	require.NotEmpty(t, compose.Services)
-	// ${NAME:-default} takes its default; ${NAME:?message} needs a value from the operator.
-	interpolation := regexp.MustCompile(`\$\{[A-Z_]+(:-([^}]*)|:\?[^}]*)\}`)
-	for name, svc := range compose.Services {
-		t.Run("compose/"+name, func(t *testing.T) {
-			require.NotEmpty(t, svc.Environment, "the x-common environment is merged in")
-			var env []string
-			for k, v := range svc.Environment {
-				v = interpolation.ReplaceAllStringFunc(v, func(s string) string {
-					if m := interpolation.FindStringSubmatch(s); strings.HasPrefix(m[1], ":-") {
-						return m[2]
-					}
-					return "operator-supplied-value"
-				})
-				env = append(env, k+"="+v)
+	// compose.etcd.yaml (the scaled-out rehearsal) names replicas registry-1, registry-2, ...
+	// beside etcd members and a helper, which are not Ringfence's.
+	replica := regexp.MustCompile(`-[0-9]+$`)
+	for _, file := range []string{"compose.yaml", "compose.etcd.yaml"} {
+		raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "compose", file))
+		require.NoError(t, err)
+		var compose struct {
+			Services map[string]struct {
+				Environment map[string]string `yaml:"environment"`
+			} `yaml:"services"`
+		}
+		require.NoError(t, yaml.Unmarshal(raw, &compose))
+		require.NotEmpty(t, compose.Services)
+		for name, svc := range compose.Services {
+			name = replica.ReplaceAllString(name, "")
+			if name == "etcd" || name == "secrets-key" {
+				continue
 			}
-			cfg, err := Load(binaryOf(name), nil, env, io.Discard)
-			require.NoError(t, err)
-			require.True(t, cfg.IsProduction())
-		})
+			checkComposeService(t, file+"/"+name, name, svc.Environment)
+		}
 	}
 
 	unit, err := os.ReadFile(filepath.Join("..", "..", "deploy", "systemd", "ringfence-pool.service"))
@@ -282,6 +274,31 @@ func TestDeployEnvironmentsLoad(t *testing.T) {
 	require.NotEmpty(t, env)
 	_, err = Load("ringfence-pool", []string{"--config", filepath.Join("..", "..", "deploy", "config", "pool.yaml")}, env, io.Discard)
 	require.NoError(t, err, "the systemd unit with the pool.yaml it names")
+}
+
+// checkComposeService loads a compose service's environment as its binary would.
+func checkComposeService(t *testing.T, label, name string, environment map[string]string) {
+	// ${NAME:-default} takes its default; ${NAME:?message} needs a value from the operator.
+	interpolation := regexp.MustCompile(`\$\{[A-Z_]+(:-([^}]*)|:\?[^}]*)\}`)
+	t.Run(label, func(t *testing.T) {
+		require.NotEmpty(t, environment, "the x-common environment is merged in")
+		var env []string
+		for k, v := range environment {
+			v = interpolation.ReplaceAllStringFunc(v, func(s string) string {
+				if m := interpolation.FindStringSubmatch(s); strings.HasPrefix(m[1], ":-") {
+					return m[2]
+				}
+				if k == "RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE" {
+					return "registry.example/mcp@" + digest // what the operator supplies: pinned
+				}
+				return "operator-supplied-value"
+			})
+			env = append(env, k+"="+v)
+		}
+		cfg, err := Load(binaryOf(name), nil, env, io.Discard)
+		require.NoError(t, err)
+		require.True(t, cfg.IsProduction())
+	})
 }
 
 // TestSeedNamesAreAliases: the seed's ZEROTH_ names configure the same keys as the RINGFENCE_
@@ -323,8 +340,8 @@ func TestSeedNamesAreAliases(t *testing.T) {
 }
 
 // TestStoreSettings: the etcd back end needs its members' URLs and takes mutual TLS to them,
-// which production requires; etcd settings under bbolt, and etcd for the pool or the audit
-// log, are refused rather than ignored.
+// which production requires; etcd settings under bbolt, and etcd for the pool, are refused
+// rather than ignored.
 func TestStoreSettings(t *testing.T) {
 	etcdTLS := []string{
 		"RINGFENCE_STORE__BACKEND=etcd",
@@ -372,7 +389,7 @@ func TestStoreSettings(t *testing.T) {
 	}
 
 	tlsEnv := []string{"RINGFENCE_TLS__CERT_FILE=c.pem", "RINGFENCE_TLS__KEY_FILE=k.pem", "RINGFENCE_TLS__CLIENT_CA_FILE=ca.pem"}
-	for _, binary := range []string{"ringfence-registry", "ringfence-publisher", "ringfence-pool", AllInOne} {
+	for _, binary := range []string{"ringfence-registry", "ringfence-publisher", "ringfence-pool", "ringfence-audit", AllInOne} {
 		env := etcdTLS
 		if binary != AllInOne {
 			env = append(slices.Clone(etcdTLS), tlsEnv...)
@@ -380,8 +397,6 @@ func TestStoreSettings(t *testing.T) {
 		_, err := Load(binary, nil, env, io.Discard)
 		require.NoError(t, err, binary)
 	}
-	_, err = Load("ringfence-audit", nil, append(slices.Clone(etcdTLS), tlsEnv...), io.Discard)
-	require.ErrorContains(t, err, "keeps its state in bbolt in data_dir: only the registry, the publisher and the pool keep theirs in etcd")
 
 	// A pool host on etcd tells the others where its internal plane is.
 	cfg, err = Load("ringfence-pool", nil, append(slices.Clone(etcdTLS), tlsEnv...), io.Discard)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -277,31 +278,55 @@ func (p *Publisher) PublishedVersion(ctx context.Context, tenant, graphID string
 	return graphpb.VersionFromProto(resp.GetVersion())
 }
 
-// Audit is the audit service seen from a producer's spool.
+// Audit is the audit service seen from a producer's spool: one instance, or several that
+// share the log (store.backend=etcd), of which one, the leader, appends. The others answer
+// UNAVAILABLE (audit.NotLeaderReason, naming the leader), as does an instance that cannot be
+// reached; Append then tries the next instance at once, and keeps to the one that took the
+// records until it stops answering.
 type Audit struct {
-	client auditinternalv1.AuditInternalServiceClient
+	clients []auditinternalv1.AuditInternalServiceClient
+	// current is the index of the instance that last took records.
+	current atomic.Int32
 }
 
-// NewAudit wraps a connection to ringfence-audit.
-func NewAudit(conn *grpc.ClientConn) *Audit {
-	return &Audit{client: auditinternalv1.NewAuditInternalServiceClient(conn)}
+// NewAudit wraps connections to the instances of ringfence-audit (peers.audit_addr).
+func NewAudit(conns ...*grpc.ClientConn) *Audit {
+	a := &Audit{}
+	for _, c := range conns {
+		a.clients = append(a.clients, auditinternalv1.NewAuditInternalServiceClient(c))
+	}
+	return a
 }
 
 var _ audit.Sink = (*Audit)(nil)
 
 // Append implements audit.Sink through the internal Append RPC; the service is idempotent by
-// record id, so the spool may resend freely.
+// record id, so the spool may resend freely, to any instance.
 func (a *Audit) Append(ctx context.Context, recs []audit.Record) error {
 	req := &auditinternalv1.AppendRequest{Records: make([]*auditv1.Record, len(recs))}
 	for i, r := range recs {
 		req.Records[i] = auditpb.RecordToProto(r)
 	}
-	_, err := a.client.Append(ctx, req)
-	switch status.Code(err) {
-	case codes.InvalidArgument, codes.AlreadyExists:
-		// The audit service refuses these records for what they are (invalid, or another
-		// record already holds an ID): no retry changes that.
-		return fmt.Errorf("%w: %w", audit.ErrRejected, err)
+	start := int(a.current.Load())
+	var err error
+	for i := range a.clients {
+		k := (start + i) % len(a.clients)
+		_, err = a.clients[k].Append(ctx, req)
+		switch status.Code(err) {
+		case codes.OK:
+			a.current.Store(int32(k))
+			return nil
+		case codes.InvalidArgument, codes.AlreadyExists:
+			// The audit service refuses these records for what they are (invalid, or another
+			// record already holds an ID): no retry changes that.
+			return fmt.Errorf("%w: %w", audit.ErrRejected, err)
+		case codes.Unavailable:
+			// A standby, or an instance down: the next one may lead.
+			if ctx.Err() == nil {
+				continue
+			}
+		}
+		return err
 	}
 	return err
 }

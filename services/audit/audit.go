@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -22,15 +23,24 @@ import (
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/etcdstore"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/services/audit/internal/store"
 )
 
 // Config holds the service's dependencies.
 type Config struct {
-	// DBPath is the log's bbolt file.
+	// DBPath is the log's bbolt file: the log itself, or with Etcd this instance's copy of
+	// the chain in etcd.
 	DBPath string
-	Logger *slog.Logger
+	// Etcd, when set (store.backend=etcd), holds the chain that several instances share:
+	// one of them writes it at a time (see sharedLog), the others stand by and copy it.
+	Etcd *clientv3.Client
+	// EtcdRoot is store.etcd_prefix.
+	EtcdRoot string
+	// Instance names this instance to producers a standby sends to the leader.
+	Instance string
+	Logger   *slog.Logger
 }
 
 // Service implements AuditService.
@@ -39,8 +49,10 @@ type Service struct {
 
 	store    *store.Store
 	verifier *verifier
-	log      *slog.Logger
-	errors   grpcserver.ErrorTable
+	// shared is the chain in etcd this log is a copy of, or nil (bbolt only).
+	shared *sharedLog
+	log    *slog.Logger
+	errors grpcserver.ErrorTable
 }
 
 var _ auditv1.AuditServiceServer = (*Service)(nil)
@@ -53,6 +65,9 @@ var errorCodes = map[error]codes.Code{
 	store.ErrIDConflict:       codes.AlreadyExists,
 	auth.ErrTenantMismatch:    codes.PermissionDenied,
 	store.ErrTooManyRecords:   codes.InvalidArgument,
+	etcdstore.ErrUnavailable:  codes.Unavailable,
+	ErrNotLeader:              codes.Unavailable,
+	ErrFenced:                 codes.Unavailable,
 }
 
 // Open opens the log.
@@ -60,20 +75,42 @@ func Open(cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	st, err := store.Open(cfg.DBPath, store.Options{Logger: cfg.Logger})
+	opts := store.Options{Logger: cfg.Logger}
+	var shared *sharedLog
+	if cfg.Etcd != nil {
+		shared = newSharedLog(sharedConfig{Client: cfg.Etcd, Root: cfg.EtcdRoot, Name: cfg.Instance, Logger: cfg.Logger})
+		opts.Chain = shared
+	}
+	st, err := store.Open(cfg.DBPath, opts)
 	if err != nil {
 		return nil, err
 	}
+	if shared != nil {
+		shared.Start(st)
+	}
 	return &Service{
-		store: st, verifier: newVerifier(st, cfg.DBPath), log: cfg.Logger,
+		store: st, verifier: newVerifier(st, cfg.DBPath), shared: shared, log: cfg.Logger,
 		errors: grpcserver.ErrorTable{Service: "audit", Codes: errorCodes, Logger: cfg.Logger},
 	}, nil
 }
 
-// Close stops a Verify in progress and closes the log.
+// Close stops a Verify in progress, hands the leadership on, and closes the log.
 func (s *Service) Close() error {
 	s.verifier.close()
+	if s.shared != nil {
+		s.shared.Close()
+	}
 	return s.store.Close()
+}
+
+// catchUp brings this instance's copy up to the chain in etcd as it is now, so that a read
+// answers with every record acknowledged before it, on any instance. Without etcd the log
+// is the file, and nothing is to be done.
+func (s *Service) catchUp(ctx context.Context) error {
+	if s.shared == nil {
+		return nil
+	}
+	return s.shared.CatchUp(ctx)
 }
 
 // Sink is where in-process producers' spools forward to (ringfenced).
@@ -110,6 +147,9 @@ func (s *Service) List(ctx context.Context, req *auditv1.ListRequest) (*auditv1.
 	if req.GetPageSize() < 0 {
 		return nil, s.errors.Status(ctx, fieldErr("page_size", "must not be negative"))
 	}
+	if err := s.catchUp(ctx); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
 	page, err := s.store.List(ctx, f, int(req.GetPageSize()), req.GetPageToken())
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
@@ -130,6 +170,9 @@ func (s *Service) Watch(req *auditv1.WatchRequest, stream auditv1.AuditService_W
 	}
 	// Refused at once: a filter nothing can match would watch silently forever.
 	if err := f.Validate(); err != nil {
+		return s.errors.Status(ctx, err)
+	}
+	if err := s.catchUp(ctx); err != nil {
 		return s.errors.Status(ctx, err)
 	}
 	from := req.GetFromSeq()
@@ -170,6 +213,9 @@ func (s *Service) Verify(ctx context.Context, req *auditv1.VerifyRequest) (*audi
 	if err != nil {
 		return nil, err
 	}
+	if err := s.catchUp(ctx); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
 	var res store.VerifyResult
 	if t.All {
 		res, err = s.verifier.verify(ctx, anchor)
@@ -198,6 +244,9 @@ func (s *Service) Export(req *auditv1.ExportRequest, stream auditv1.AuditService
 	ctx := stream.Context()
 	f, err := filterFor(ctx, req.GetFilter())
 	if err != nil {
+		return s.errors.Status(ctx, err)
+	}
+	if err := s.catchUp(ctx); err != nil {
 		return s.errors.Status(ctx, err)
 	}
 	head, _ := s.store.Head()
@@ -279,6 +328,10 @@ func (s *Service) ExportHandler(authz grpcserver.Authorizer) http.Handler {
 		}
 		// Refused before the first byte: a 200 with an empty body would read as "no records".
 		if err := f.Validate(); err != nil {
+			grpcserver.WriteHTTPError(w, s.errors.Status(ctx, err))
+			return
+		}
+		if err := s.catchUp(ctx); err != nil {
 			grpcserver.WriteHTTPError(w, s.errors.Status(ctx, err))
 			return
 		}

@@ -2,7 +2,12 @@ package audit
 
 import (
 	"context"
+	"errors"
 	"fmt"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	auditinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/audit/v1"
 	"github.com/ringfence/ringfence/internal/audit"
@@ -50,9 +55,36 @@ func (g *InternalServer) Append(ctx context.Context, req *auditinternalv1.Append
 		}
 		recs[i] = r
 	}
+	if s.shared != nil && !s.shared.Leading() {
+		return nil, s.notLeader(ctx)
+	}
 	seqs, err := s.store.Append(ctx, recs)
+	if errors.Is(err, ErrNotLeader) {
+		return nil, s.notLeader(ctx)
+	}
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
 	return &auditinternalv1.AppendResponse{Seqs: seqs}, nil
+}
+
+// notLeader is a standby's answer to Append.
+func (s *Service) notLeader(ctx context.Context) error {
+	leader, err := s.shared.Leader(ctx)
+	msg := "audit: this instance is a standby: the leader appends"
+	switch {
+	case err != nil:
+		msg += " (who leads could not be read: " + err.Error() + ")"
+	case leader == "":
+		msg += ", and none leads now (an election is under way): retry shortly"
+	default:
+		msg += "; the leader is " + leader
+	}
+	st, derr := status.New(codes.Unavailable, msg+"; list every audit instance in peers.audit_addr").WithDetails(&errdetails.ErrorInfo{
+		Reason: audit.NotLeaderReason, Domain: "ringfence.audit.v1", Metadata: map[string]string{"leader": leader},
+	})
+	if derr != nil {
+		return status.Error(codes.Unavailable, msg)
+	}
+	return st.Err()
 }

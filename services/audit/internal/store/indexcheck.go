@@ -3,7 +3,6 @@ package store
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -25,9 +24,9 @@ import (
 // file can make a different set sum the same. Only when the sums differ does the checker
 // look entries up, to name the record.
 type indexChecker struct {
-	seed           maphash.Seed
-	want, have     [numIndexes]indexSum
-	entry, js, key []byte // scratch
+	seed                maphash.Seed
+	want, have          [numIndexes]indexSum
+	entry, js, key, idv []byte // scratch
 }
 
 // The indexes the checker covers, by position in its sums.
@@ -129,10 +128,8 @@ func requiredKey(dst []byte, ix int, f bodyFields, seq uint64) ([]byte, bool) {
 // idValue is the by_id value record seq requires: its seq and the digest of the record
 // as its producer sent it, the body without what buildBody spliced in.
 func (c *indexChecker) idValue(seq uint64, body []byte) []byte {
-	c.js = producerJSON(c.js[:0], body, seq)
-	sum := sha256.Sum256(c.js)
-	v := binary.BigEndian.AppendUint64(c.js[:0], seq)
-	return append(v, sum[:16]...)
+	c.idv, c.js = appendIDValue(c.idv[:0], c.js, seq, body)
+	return c.idv
 }
 
 // indexes sums what the indexes hold at or below headSeq and compares it with what the

@@ -50,6 +50,30 @@ type Options struct {
 	// NoSync skips fsync. Only for building throw-away fixtures (benchmarks); a log
 	// opened with NoSync loses acknowledged records on a crash.
 	NoSync bool
+	// Chain, when set, is where the records live first: the log is then a copy of a chain
+	// that several instances share (see Chain), and the writer hands Chain every commit's
+	// new records before committing them here.
+	Chain Chain
+}
+
+// Chain is a hash chain that several audit instances share (the audit service's sharedLog: the chain in etcd,
+// with one writer elected at a time). The local file is then a copy of it: the instance
+// that writes extends the shared chain first and its file only once that succeeded, and
+// every instance copies what the writer added (Ingest). So the file is always a prefix
+// of the shared chain, and appends stay idempotent by ID through the file's by_id index.
+type Chain interface {
+	// Commit extends the shared chain from prev with vals (each the stored value: hash ||
+	// body, for seqs prev.Seq+1, prev.Seq+2, ...), only if the shared chain still ends at
+	// prev and this instance may still write it. An error leaves the file unchanged;
+	// some of vals may have reached the shared chain, and Ingest brings them here.
+	Commit(ctx context.Context, prev Head, vals [][]byte) error
+}
+
+// Head is a place in the chain: a seq and the hash of the record there (0 and Genesis
+// before the first record).
+type Head struct {
+	Seq  uint64
+	Hash [32]byte
 }
 
 // Entry is a stored record with its place in the chain.
@@ -63,6 +87,7 @@ type Entry struct {
 type Store struct {
 	db         *bolt.DB
 	log        *slog.Logger
+	chain      Chain
 	maxCommit  int
 	scanBudget int
 
@@ -88,8 +113,12 @@ type appendReq struct {
 	js       [][]byte
 	digests  [][16]byte
 	seqs     []uint64
-	err      error
-	done     chan struct{}
+	// ingest, when set, holds records of the shared chain to copy as they are (Ingest),
+	// from seq first on; recs is then empty.
+	ingest [][]byte
+	first  uint64
+	err    error
+	done   chan struct{}
 }
 
 // Open opens or creates the log at path, migrates it, and starts the writer.
@@ -119,6 +148,7 @@ func Open(path string, opts Options) (*Store, error) {
 	s := &Store{
 		db:         db,
 		log:        logger,
+		chain:      opts.Chain,
 		maxCommit:  opts.MaxCommitRecords,
 		reqs:       make(chan *appendReq, appendQueue),
 		writerDone: make(chan struct{}),
@@ -243,7 +273,20 @@ func (s *Store) Append(ctx context.Context, recs []audit.Record) ([]uint64, erro
 func (s *Store) writeLoop() {
 	defer close(s.writerDone)
 	w := &writer{s: s, ch: newChainer(), seq: s.headSeq, prev: s.headHash}
-	for first := range s.reqs {
+	// held is a copy request met while gathering appends: it commits on its own, next.
+	var held *appendReq
+	for {
+		first := held
+		if held = nil; first == nil {
+			var ok bool
+			if first, ok = <-s.reqs; !ok {
+				return
+			}
+		}
+		if first.ingest != nil {
+			w.copyChain(first)
+			continue
+		}
 		batch := []*appendReq{first}
 		n := len(first.recs)
 	gather:
@@ -251,6 +294,10 @@ func (s *Store) writeLoop() {
 			select {
 			case r, ok := <-s.reqs:
 				if !ok {
+					break gather
+				}
+				if r.ingest != nil {
+					held = r
 					break gather
 				}
 				batch = append(batch, r)
@@ -284,9 +331,11 @@ type idEntry struct {
 func (w *writer) commit(batch []*appendReq) {
 	seq, prev := w.seq, w.prev
 	written := 0
+	var chained [][]byte
 	err := w.s.db.Update(func(tx *bolt.Tx) error {
 		written = 0
 		seq, prev = w.seq, w.prev
+		chained = chained[:0]
 		records := tx.Bucket(bucketRecords)
 		// Keys only ever grow, so full pages waste nothing and halve the page count.
 		records.FillPercent = 1.0
@@ -371,6 +420,9 @@ func (w *writer) commit(batch []*appendReq) {
 				if err := records.Put(key, val); err != nil {
 					return fmt.Errorf("audit: put record %d: %w", seq, err)
 				}
+				if w.s.chain != nil {
+					chained = append(chained, val)
+				}
 				start = len(keys)
 				keys = append(keys, r.ID...)
 				idKey := carve(&keys, start)
@@ -403,7 +455,14 @@ func (w *writer) commit(batch []*appendReq) {
 			return nil
 		}
 		head := append(seqKey(seq), prev[:]...)
-		return tx.Bucket(bucketMeta).Put(keyHead, head)
+		if err := tx.Bucket(bucketMeta).Put(keyHead, head); err != nil {
+			return err
+		}
+		if w.s.chain == nil {
+			return nil
+		}
+		// The shared chain first: this file may never hold a record it lacks.
+		return w.s.chain.Commit(context.Background(), Head{Seq: w.seq, Hash: w.prev}, chained)
 	})
 	if err != nil {
 		w.s.log.Error("audit: commit audit records", "error", err, "records", len(batch))
@@ -413,19 +472,24 @@ func (w *writer) commit(batch []*appendReq) {
 		}
 		return
 	}
-	advanced := seq != w.seq
-	w.seq, w.prev = seq, prev
-	if advanced {
-		w.s.headMu.Lock()
-		w.s.headSeq, w.s.headHash = seq, prev
-		close(w.s.changed)
-		w.s.changed = make(chan struct{})
-		w.s.headMu.Unlock()
-	}
+	w.advance(seq, prev)
 	for _, req := range batch {
 		close(req.done)
 	}
 	w.noteWritten(written)
+}
+
+// advance moves the durable head after a commit and wakes the watchers.
+func (w *writer) advance(seq uint64, prev [32]byte) {
+	if seq == w.seq {
+		return
+	}
+	w.seq, w.prev = seq, prev
+	w.s.headMu.Lock()
+	w.s.headSeq, w.s.headHash = seq, prev
+	close(w.s.changed)
+	w.s.changed = make(chan struct{})
+	w.s.headMu.Unlock()
 }
 
 // Sink adapts the store to audit.Sink, for a producer spool in the same process.
