@@ -14,7 +14,7 @@ run() { # package, pattern, benchtime[, count]
 	go test -run '^$' -bench "$2" -benchtime "$3" -count "${4:-$count}" -benchmem -timeout 60m "$1" | tee -a "$out" | grep -E '^Benchmark' >&2 || true
 }
 
-# Registry: authenticated gRPC on loopback.
+# Registry: authenticated gRPC on loopback, on bbolt and on an embedded three-member etcd cluster.
 run ./services/registry/ 'RegistryGet$' 20000x
 run ./services/registry/ 'RegistryCreate$' 5000x
 # Declarations: pin, screen, sanitize.
@@ -34,8 +34,12 @@ run ./internal/graph/ 'ValidatePathological' 20x
 run ./mcpgate/capability/ 'RevokedByPathological' 1s
 run ./services/publisher/ 'ValidateDraft10kNodes' 20x
 run ./services/publisher/ 'Import200Tools' 10x 3
+# Publish of a 1,000-node draft, on bbolt and on etcd.
+run ./services/publisher/ 'Publish$' 20x 3
 # Audit: durable batched appends, the spool, Verify over 1,000,000 records (one pass each).
 run ./services/audit/internal/store/ 'AppendDurable' 100000x
+# The audit log shared through etcd beside bbolt alone, in one run.
+run ./services/audit/ 'AppendBackends' 20000x 3
 run ./services/audit/internal/store/ 'SpoolToStore' 50000x
 run ./internal/audit/ 'SpoolEnqueue$' 50000x
 run ./internal/audit/ 'SpoolEnqueueSerial$' 2000x

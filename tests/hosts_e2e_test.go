@@ -60,7 +60,10 @@ func startPoolHosts(t testing.TB, extra ...string) *poolHosts {
 			"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"], "RINGFENCE_PEERS__PUBLISHER_ADDR="+internal["publisher"],
 			"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"], "RINGFENCE_LOG_LEVEL=warn")
 		if host == "p1" || host == "p2" {
-			env = append(env, "RINGFENCE_POOL__HOST_ID="+host, "RINGFENCE_POOL__HOST_LEASE_TTL=2s",
+			// A short lease keeps the wait for a dead host's runs to fail short; 5 s, not
+			// less, so a live host keeps its lease through an etcd leader election on a
+			// loaded machine (at 2 s a host lost it there and dropped its runs).
+			env = append(env, "RINGFENCE_POOL__HOST_ID="+host, "RINGFENCE_POOL__HOST_LEASE_TTL=5s",
 				"RINGFENCE_STORE__BACKEND=etcd",
 				`RINGFENCE_STORE__ETCD_ENDPOINTS=["`+strings.Join(cluster.Endpoints(), `","`)+`"]`,
 				"RINGFENCE_STORE__ETCD_CA_FILE="+filepath.Join(d.certs, "ca.pem"),
