@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -332,11 +333,7 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 	if err != nil {
 		return nil, err
 	}
-	keyFile := cfg.SecretsKeyFile
-	if keyFile == "" {
-		keyFile = filepath.Join(cfg.DataDir, "secrets.key")
-	}
-	box, err := secretbox.LoadOrCreate(keyFile)
+	box, err := secretsBox(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -345,16 +342,17 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 		return nil, err
 	}
 	svc, err := registry.Open(registry.Config{
-		DBPath:          path,
-		Etcd:            cli,
-		EtcdRoot:        cfg.Store.EtcdPrefix,
-		Secrets:         box,
-		Roles:           roles,
-		AllowedEnvKeys:  cfg.Sandbox.MCPIsolationAllowedEnvironmentKeys,
-		AuditSink:       sink,
-		SpoolMaxRecords: cfg.Audit.SpoolMaxRecords,
-		OnSpoolFull:     spoolPolicy(cfg),
-		Logger:          log.With("service", "registry"),
+		DBPath:           path,
+		Etcd:             cli,
+		EtcdRoot:         cfg.Store.EtcdPrefix,
+		Secrets:          box,
+		Roles:            roles,
+		AllowedEnvKeys:   cfg.Sandbox.MCPIsolationAllowedEnvironmentKeys,
+		OAuthCallbackURL: oauthCallbackURL(cfg),
+		AuditSink:        sink,
+		SpoolMaxRecords:  cfg.Audit.SpoolMaxRecords,
+		OnSpoolFull:      spoolPolicy(cfg),
+		Logger:           log.With("service", "registry"),
 	})
 	if err != nil {
 		return nil, err
@@ -370,6 +368,45 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 		log.Warn("no API key exists and RINGFENCE_BOOTSTRAP_ADMIN_KEY is unset: every request will be refused; set it to a long random value (openssl rand -hex 32) and restart, then mint real keys with `ringfence keys create`")
 	}
 	return svc, nil
+}
+
+// secretsBox is the deployment's key for secrets at rest (secrets_key_file, default
+// <data_dir>/secrets.key): the registry's secrets, the pool's users' OAuth tokens.
+func secretsBox(cfg *config.Config) (*secretbox.Box, error) {
+	keyFile := cfg.SecretsKeyFile
+	if keyFile == "" {
+		keyFile = filepath.Join(cfg.DataDir, "secrets.key")
+	}
+	return secretbox.LoadOrCreate(keyFile)
+}
+
+// oauthCallbackURL is where authorization servers send users back: oauth.callback_url, else
+// /v1/oauth/callback at the origin of frontdoor.public_url, else at the HTTP listener's
+// address (127.0.0.1 for an unspecified host); "" without an HTTP listener (sign-in is off).
+func oauthCallbackURL(cfg *config.Config) string {
+	if cfg.OAuth.CallbackURL != "" {
+		return cfg.OAuth.CallbackURL
+	}
+	if cfg.HTTPAddr == "" {
+		return ""
+	}
+	if p := cfg.FrontDoor.PublicURL; p != "" {
+		if u, err := url.Parse(p); err == nil && u.Host != "" {
+			return u.Scheme + "://" + u.Host + pool.OAuthCallbackPath
+		}
+	}
+	host, port, err := net.SplitHostPort(cfg.HTTPAddr)
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	scheme := "http"
+	if cfg.TLS.Enabled() {
+		scheme = "https"
+	}
+	return scheme + "://" + net.JoinHostPort(host, port) + pool.OAuthCallbackPath
 }
 
 // hasActiveKey says whether any key can call the registry: without one, and without a
@@ -419,8 +456,17 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg poolRegistry
 			return nil, err
 		}
 	}
+	box, err := secretsBox(cfg)
+	if err != nil {
+		_ = sp.Close(ctx)
+		return nil, err
+	}
 	pl, err := pool.Open(ctx, pool.Config{
 		DBPath:                 path,
+		Secrets:                box,
+		OAuthCallbackURL:       oauthCallbackURL(cfg),
+		OAuthStateTTL:          cfg.OAuth.StateTTL,
+		OAuthRefreshBefore:     cfg.OAuth.RefreshBefore,
 		Registry:               reg,
 		Versions:               versions,
 		Spawner:                sp,
@@ -678,6 +724,8 @@ func registerPool(srv *grpcserver.Server, pl *pool.Service, cfg *config.Config, 
 	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
 		return poolv1.RegisterPoolServiceHandler(ctx, mux, conn)
 	})
+	// The sign-in callback is a browser redirect: no API key, its state authenticates it.
+	srv.Handle(pool.OAuthCallbackPath, pl.OAuthCallbackHandler())
 	if pl.FrontDoorURL() == "" {
 		return nil
 	}

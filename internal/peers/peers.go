@@ -105,7 +105,7 @@ func (r *Registry) ResolveRegistration(ctx context.Context, ref string) (*mcpser
 func ResolvedFromProto(resp *registryinternalv1.ResolveServerResponse) *mcpserver.Resolved {
 	reg := RegistrationFromProto(resp.GetServer())
 	reg.Env = resp.GetEnv()
-	return &mcpserver.Resolved{Registration: *reg, HeaderValues: resp.GetHeaderValues()}
+	return &mcpserver.Resolved{Registration: *reg, HeaderValues: resp.GetHeaderValues(), ClientSecret: resp.GetOauthClientSecret()}
 }
 
 // ServerPolicy implements the publisher's and pool's policy lookups through GetServerPolicy.
@@ -116,6 +116,7 @@ func (r *Registry) ServerPolicy(ctx context.Context, ref string) (mcpserver.Poli
 	}
 	p := mcpserver.Policy{
 		Ref: resp.GetRef(), Description: resp.GetDescription(), Grants: resp.GetGrants(), Revision: resp.GetRevision(), StrictInputs: resp.GetStrictInputs(),
+		SignIn: resp.GetSignIn(),
 		Filter: mcpserver.ToolFilter{Include: resp.GetToolFilter().GetInclude(), Exclude: resp.GetToolFilter().GetExclude()},
 	}
 	if len(resp.GetToolPermissions()) > 0 {
@@ -191,6 +192,9 @@ func RegistrationFromProto(s *registryv1.Server) *mcpserver.Registration {
 		MaxResultBytes: s.GetMaxResultBytes(),
 		Revision:       s.GetRevision(),
 		Filter:         mcpserver.ToolFilter{Include: s.GetToolFilter().GetInclude(), Exclude: s.GetToolFilter().GetExclude()},
+	}
+	if o := s.GetOauth(); o != nil {
+		reg.OAuth = &mcpserver.OAuth{AuthorizationServer: o.GetAuthorizationServer(), ClientID: o.GetClientId(), ClientSecretRef: o.GetClientSecretRef(), Scopes: o.GetScopes()}
 	}
 	if d := s.GetClientSessionTimeout(); d != nil {
 		reg.ClientSessionTimeout = d.AsDuration()
