@@ -187,6 +187,12 @@ func (s *Service) ExploreTools(ctx context.Context, req discovery.ExploreRequest
 			return nil, nil, err
 		}
 	}
+	if reg.OAuth != nil {
+		// Its tools are each user's: listed with a user's token (ConnectServer), never by
+		// the operator's discovery, which has none.
+		return nil, nil, &discovery.Failure{Class: string(spawner.ClassSpawnFailed), Message: fmt.Sprintf(
+			"server %s signs each user in, so its tools are listed per user: connect it for a user (ringfence servers connect %s --user U), whose runs then offer them", reg.Ref, reg.Ref)}
+	}
 	spawned, err := s.spawner.Spawn(ctx, specFor(reg, spawner.PurposeDiscovery, ""))
 	if err != nil {
 		return nil, nil, spawnFailure(err)

@@ -365,3 +365,12 @@ func TestSignInSettingsChangeDropsTokens(t *testing.T) {
 	_, err = w.pool.store.OAuthToken(context.Background(), tenant, oauthtest.Alice, "tickets")
 	require.Error(t, err, "the old token was dropped")
 }
+
+// TestDiscoveryOfASignInServerSaysToConnect: an operator's discovery has no user's token, so it
+// lists nothing of a server that signs each user in, and says how its tools are listed.
+func TestDiscoveryOfASignInServerSaysToConnect(t *testing.T) {
+	w := oauthHarness(t)
+	_, err := w.pool.DiscoverTools(w.ctx, "tickets")
+	require.ErrorContains(t, err, "ringfence servers connect tickets --user U")
+	require.Empty(t, w.mcp.Tokens(oauthtest.Alice))
+}
