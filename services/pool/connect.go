@@ -121,7 +121,24 @@ func (s *Service) connect(ctx context.Context, tenant, user string, res *mcpserv
 	if err := s.store.PutOAuthListing(ctx, tenant, user, res.Ref, stored); err != nil {
 		return nil, err
 	}
+	s.connected(tenant, user, res.Ref)
 	return slices.Sorted(maps.Keys(stored.Tools)), nil
+}
+
+// connected tells the listeners of every run of user in tenant (the MCP front door) that
+// server ref's tools joined their agents' listings.
+func (s *Service) connected(tenant, user, ref string) {
+	s.runs.mu.Lock()
+	var ids []runIdentity
+	for key, r := range s.runs.byKey {
+		if key.tenant == tenant && r.id.User == user {
+			ids = append(ids, r.id)
+		}
+	}
+	s.runs.mu.Unlock()
+	for _, id := range ids {
+		s.toolsChanged(id, ref)
+	}
 }
 
 // signInWhy is the reason userToken gave, without its sentinel's words.
@@ -278,7 +295,6 @@ func (s *Service) answerConnect(ctx context.Context, r *run, d decision) outcome
 	case c.State == ConnectConnected:
 		structured["state"], structured["tools"] = c.State, c.Tools
 		text = fmt.Sprintf("Connected %s for the user. Its tools now join the listing: %s.", d.connect, strings.Join(c.Tools, ", "))
-		s.toolsChanged(r.id, d.connect)
 	default:
 		structured["state"], structured["authorization_url"], structured["expire_time"] = c.State, c.AuthorizationURL, c.ExpireTime.UTC().Format(time.RFC3339)
 		text = fmt.Sprintf("The user has to sign in to %s first: ask them to open %s (good once, until %s), then call %s again.",
