@@ -73,7 +73,7 @@ func TestOAuthSignInEndToEnd(t *testing.T) {
 	r := cli(strings.NewReader(as.ClientSecret), "secrets", "set", "tickets-client")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	out := must("servers", "add", "tickets", "--transport", "http", "--url", ms.URL, "--grant", "process_spawn", "--grant", "external_api_call",
-		"--oauth-client-id", "ringfence", "--oauth-client-secret-ref", "tickets-client", "--oauth-scope", "openid", "--oauth-scope", "offline_access")
+		"--oauth-client-id", "ringfence", "--oauth-client-secret-ref", "tickets-client", "--oauth-authorization-server", as.Issuer, "--oauth-scope", "openid", "--oauth-scope", "offline_access")
 	require.Contains(t, out, "callback http://"+d.HTTPAddr+"/v1/oauth/callback")
 	out = must("servers", "update", "tickets", "--description", "The ticket system.")
 	require.Contains(t, out, "oauth client ringfence", "an update keeps the sign-in")

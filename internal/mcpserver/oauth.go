@@ -19,7 +19,8 @@ import (
 // here is secret: the client secret is named (ClientSecretRef, a registry secret), never held.
 type OAuth struct {
 	// AuthorizationServer is the authorization server's issuer URL. Empty discovers it from
-	// the server's protected resource metadata (RFC 9728), as MCP clients do.
+	// the server's protected resource metadata (RFC 9728), as MCP clients do; a confidential
+	// client (ClientSecretRef) requires it, so its secret never goes where a server points.
 	AuthorizationServer string `json:"authorization_server,omitempty"`
 	// ClientID is a client the authorization server's operator registered for Ringfence, with
 	// ClientSecretRef naming the registry secret that holds its secret (empty: a public
@@ -68,6 +69,12 @@ func (o *OAuth) validate(transport string, headers map[string]string) error {
 	}
 	if o.ClientSecretRef != "" && !ident.SecretName.Valid(o.ClientSecretRef) {
 		return fielderr.New("oauth.client_secret_ref", "must be the name of a registry secret (%s), never the secret itself: put the value in a secret (ringfence secrets set NAME, or PutSecret) and send its name; the value sent is not shown", ident.SecretName.Pattern())
+	}
+	// A client's secret goes to the authorization server the operator registered the client
+	// at, never to one the MCP server names in its metadata: a server could name its own and
+	// receive the secret with the code.
+	if o.ClientSecretRef != "" && o.AuthorizationServer == "" {
+		return fielderr.New("oauth.authorization_server", "is required with client_secret_ref: the client's secret is sent only to the authorization server named here (the issuer the client is registered at), never to one a server's metadata names; discovery (RFC 9728) serves public clients only")
 	}
 	if len(o.Scopes) > MaxScopes {
 		return fielderr.New("oauth.scopes", "has %d entries; at most %d", len(o.Scopes), MaxScopes)

@@ -13,7 +13,8 @@ func TestOAuthSettingsAreValidated(t *testing.T) {
 	remote := func(o *OAuth, headers map[string]string) *Registration {
 		return &Registration{Ref: "tickets", Transport: TransportStreamableHTTP, URL: "https://mcp.example.com/mcp", Headers: headers, OAuth: o}
 	}
-	good := &OAuth{ClientID: "ringfence", ClientSecretRef: "tickets-client", Scopes: []string{"tickets.read"}}
+	good := &OAuth{ClientID: "ringfence", ClientSecretRef: "tickets-client", Scopes: []string{"tickets.read"}, AuthorizationServer: "https://auth.example.com"}
+	require.NoError(t, remote(&OAuth{ClientID: "public"}, nil).Validate(nil), "a public client may discover its authorization server")
 	require.NoError(t, remote(good, nil).Validate(nil))
 	for _, tc := range []struct {
 		name, want string
@@ -22,6 +23,7 @@ func TestOAuthSettingsAreValidated(t *testing.T) {
 		{"stdio", "applies to the streamable_http and sse transports only", &Registration{Ref: "fs", Command: "fs-mcp", OAuth: good}},
 		{"no client", "oauth.client_id", remote(&OAuth{}, nil)},
 		{"secret value", "oauth.client_secret_ref", remote(&OAuth{ClientID: "c", ClientSecretRef: "s3cr3t value/with spaces"}, nil)},
+		{"secret without its issuer", "oauth.authorization_server: is required with client_secret_ref", remote(&OAuth{ClientID: "c", ClientSecretRef: "tickets-client"}, nil)},
 		{"scope", "oauth.scopes[0]", remote(&OAuth{ClientID: "c", Scopes: []string{"two words"}}, nil)},
 		{"issuer", "oauth.authorization_server", remote(&OAuth{ClientID: "c", AuthorizationServer: "http://auth.example.com"}, nil)},
 		{"issuer query", "oauth.authorization_server", remote(&OAuth{ClientID: "c", AuthorizationServer: "https://auth.example.com/?a=b"}, nil)},

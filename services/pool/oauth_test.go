@@ -16,6 +16,7 @@ import (
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/agentsurface"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/testutil/oauthtest"
 	"github.com/ringfence/ringfence/internal/testutil/pinned"
 )
@@ -72,7 +73,8 @@ func oauthHarness(t *testing.T, opts ...harnessOpts) *oauthWorld {
 	require.NoError(t, err)
 	w.server("tickets", func(r *registryv1.CreateServerRequest) {
 		r.Command, r.Transport, r.Url = "", "streamable_http", w.mcp.URL
-		r.Oauth = &registryv1.OAuthSignIn{ClientId: "ringfence", ClientSecretRef: "tickets-client", Scopes: []string{"openid", "offline_access"}}
+		r.Oauth = &registryv1.OAuthSignIn{ClientId: "ringfence", ClientSecretRef: "tickets-client", Scopes: []string{"openid", "offline_access"},
+			AuthorizationServer: w.as.Issuer}
 	})
 	w.publishSurface("g", nil,
 		pinned.Tool{Server: "tickets", Tool: "whoami", Description: "Say who the caller is."},
@@ -353,7 +355,8 @@ func TestSignInSettingsChangeDropsTokens(t *testing.T) {
 
 	_, err := w.reg.UpdateServer(w.ctx, &registryv1.UpdateServerRequest{Ref: "tickets", Transport: "streamable_http", Url: w.mcp.URL,
 		Grants: []string{"process_spawn", "external_api_call"},
-		Oauth:  &registryv1.OAuthSignIn{ClientId: "ringfence", ClientSecretRef: "tickets-client", Scopes: []string{"openid", "offline_access", "profile"}}})
+		Oauth: &registryv1.OAuthSignIn{ClientId: "ringfence", ClientSecretRef: "tickets-client", Scopes: []string{"openid", "offline_access", "profile"},
+			AuthorizationServer: w.as.Issuer}})
 	require.NoError(t, err)
 	visible, _ = w.listing(tenant, run)
 	require.Equal(t, []string{"mcp_oauth_connect_tickets"}, visible)
@@ -373,4 +376,25 @@ func TestDiscoveryOfASignInServerSaysToConnect(t *testing.T) {
 	_, err := w.pool.DiscoverTools(w.ctx, "tickets")
 	require.ErrorContains(t, err, "ringfence servers connect tickets --user U")
 	require.Empty(t, w.mcp.Tokens(oauthtest.Alice))
+}
+
+// TestAuthorizationServerDiscovery: a public client's authorization server is discovered from
+// the MCP server's protected resource metadata (RFC 9728) and then the authorization server's
+// own metadata (RFC 8414 or OpenID discovery), both served by the real servers; a named one
+// is taken as named.
+func TestAuthorizationServerDiscovery(t *testing.T) {
+	w := oauthHarness(t)
+	res, err := w.reg.ResolveRegistration(w.ctx, "tickets")
+	require.NoError(t, err)
+	public := *res
+	public.OAuth = &mcpserver.OAuth{ClientID: "public"}
+	asm, resource, err := w.pool.authServer(w.ctx, &public)
+	require.NoError(t, err)
+	require.Equal(t, w.as.Issuer, asm.Issuer)
+	require.Equal(t, w.mcp.URL, resource)
+	require.Contains(t, asm.CodeChallengeMethodsSupported, "S256")
+
+	public.URL = strings.Replace(w.mcp.URL, "/mcp", "/elsewhere", 1)
+	_, _, err = w.pool.authServer(w.ctx, &public)
+	require.ErrorContains(t, err, "could not be discovered", "no metadata names that resource")
 }

@@ -22,7 +22,7 @@ func TestOAuthSignInIsStoredAndItsSecretResolved(t *testing.T) {
 	f := newFixture(t)
 	ctx := f.admin(t)
 	secret := "client-secret-" + canary
-	signIn := &registryv1.OAuthSignIn{ClientId: "ringfence", ClientSecretRef: "tickets-client", Scopes: []string{"tickets.read"}}
+	signIn := &registryv1.OAuthSignIn{ClientId: "ringfence", ClientSecretRef: "tickets-client", Scopes: []string{"tickets.read"}, AuthorizationServer: "https://auth.example.com"}
 	req := &registryv1.CreateServerRequest{Ref: "tickets", Transport: "streamable_http", Url: remoteURL, Oauth: signIn}
 
 	_, err := f.client.CreateServer(ctx, req)
@@ -50,7 +50,8 @@ func TestOAuthSignInIsStoredAndItsSecretResolved(t *testing.T) {
 	require.NotContains(t, body, canary)
 
 	_, err = f.client.UpdateServer(ctx, &registryv1.UpdateServerRequest{Ref: "tickets",
-		Oauth:      &registryv1.OAuthSignIn{ClientId: "ringfence", ClientSecretRef: "tickets-client", Scopes: []string{"tickets.read", "tickets.write"}},
+		Oauth: &registryv1.OAuthSignIn{ClientId: "ringfence", ClientSecretRef: "tickets-client", Scopes: []string{"tickets.read", "tickets.write"},
+			AuthorizationServer: "https://auth.example.com"},
 		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"oauth"}}})
 	require.NoError(t, err)
 	p2, err := f.svc.ServerPolicy(ctx, "tickets")
