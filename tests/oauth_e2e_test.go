@@ -172,6 +172,12 @@ func TestOAuthSignInEndToEnd(t *testing.T) {
 	}
 	require.Equal(t, []string{"tickets__beta", "tickets__whoami"}, bobTools)
 
+	// An author imports the server's tools as Bob sees them (the admin key holds run:execute).
+	must("graphs", "create", "--graph", "bobs", "--agent", "researcher")
+	out = must("mcp-import", "--server", "tickets", "--graph", "bobs", "--agent", "researcher", "--user", oauthtest.Bob)
+	require.Contains(t, out, "beta")
+	require.NotContains(t, out, "alpha")
+
 	// A key of another tenant: Alice is not connected there.
 	r = cli(nil, "keys", "create", "--name", "acme", "--role", "runner", "--tenant", "acme", "-o", "json")
 	require.Equal(t, 0, r.Code, r.Stderr)

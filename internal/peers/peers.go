@@ -227,10 +227,17 @@ func (p *Pool) DiscoverTools(ctx context.Context, ref string) (*discovery.Listin
 	return listing, err
 }
 
+// DiscoverToolsAs implements the publisher's UserDiscoverer through Discover.
+func (p *Pool) DiscoverToolsAs(ctx context.Context, tenant, user, ref string) (*discovery.Listing, error) {
+	listing, _, err := p.ExploreTools(ctx, discovery.ExploreRequest{Ref: ref, Tenant: tenant, User: user})
+	return listing, err
+}
+
 // ExploreTools implements registry.Discoverer through Discover.
 func (p *Pool) ExploreTools(ctx context.Context, req discovery.ExploreRequest) (*discovery.Listing, *typesv1.ExploreCallResult, error) {
 	resp, err := p.client.Discover(ctx, &poolinternalv1.DiscoverRequest{
 		ServerRef: req.Ref, Call: req.Call, Adhoc: req.Adhoc, Tenant: req.Tenant, ActorKeyId: req.ActorKeyID, Actor: req.Actor,
+		User: req.User,
 	})
 	if err != nil {
 		if status.Code(err) == codes.NotFound {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ringfence/ringfence/internal/agentsurface"
 	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
 	"github.com/ringfence/ringfence/services/pool/spawner"
@@ -85,12 +86,30 @@ func (s *Service) signInConfigured() error {
 
 // connect lists res's tools with user's token and stores the listing, answering the tools'
 // names; without a token the server takes, it begins a sign-in and answers its *signInError.
-// A server that refuses the token (it was revoked) has it dropped: the user signs in again.
 func (s *Service) connect(ctx context.Context, tenant, user string, res *mcpserver.Resolved) ([]string, error) {
-	tok, err := s.userToken(ctx, tenant, user, res)
+	listing, err := s.listAs(ctx, tenant, user, res)
 	if errors.Is(err, errSignInRequired) {
 		return nil, s.beginSignIn(ctx, tenant, user, res, signInWhy(err))
 	}
+	if err != nil {
+		return nil, err
+	}
+	stored := store.Listing{SignIn: res.SignInFingerprint(), Tools: make(map[string]string, len(listing.Tools)), ListTime: s.now().UTC()}
+	for _, t := range listing.Tools {
+		stored.Tools[t.Name] = t.SchemaHash
+	}
+	if err := s.store.PutOAuthListing(ctx, tenant, user, res.Ref, stored); err != nil {
+		return nil, err
+	}
+	s.connected(tenant, user, res.Ref)
+	return slices.Sorted(maps.Keys(stored.Tools)), nil
+}
+
+// listAs lists res's tools with user's token, pinned and screened as discovery does: what the
+// server declares to that user. errSignInRequired (wrapped, with why) without a token the
+// server takes; one it refuses (revoked) is dropped.
+func (s *Service) listAs(ctx context.Context, tenant, user string, res *mcpserver.Resolved) (*discovery.Listing, error) {
+	tok, err := s.userToken(ctx, tenant, user, res)
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +120,7 @@ func (s *Service) connect(ctx context.Context, tenant, user string, res *mcpserv
 			if derr := s.store.DropSignIn(ctx, tenant, user, res.Ref); derr != nil {
 				return nil, derr
 			}
-			return nil, s.beginSignIn(ctx, tenant, user, res, "the server refused the user's token (revoked?), so it was dropped")
+			return nil, fmt.Errorf("%w: the server refused the user's token (revoked?), so it was dropped", errSignInRequired)
 		}
 		return nil, fmt.Errorf("%w: server %q: %v", errServerUnreachable, res.Ref, spawnFailure(err))
 	}
@@ -114,15 +133,15 @@ func (s *Service) connect(ctx context.Context, tenant, user string, res *mcpserv
 	if err != nil {
 		return nil, fmt.Errorf("%w: server %q: %v", errServerUnreachable, res.Ref, err)
 	}
-	stored := store.Listing{SignIn: res.SignInFingerprint(), Tools: make(map[string]string, len(listing.Tools)), ListTime: s.now().UTC()}
-	for _, t := range listing.Tools {
-		stored.Tools[t.Name] = t.SchemaHash
-	}
-	if err := s.store.PutOAuthListing(ctx, tenant, user, res.Ref, stored); err != nil {
-		return nil, err
-	}
-	s.connected(tenant, user, res.Ref)
-	return slices.Sorted(maps.Keys(stored.Tools)), nil
+	return listing, nil
+}
+
+// DiscoverToolsAs lists a registered server's tools as user of tenant sees them: for a server
+// that signs each user in, with that user's token (an import for that user's runs); any other
+// server as DiscoverTools does.
+func (s *Service) DiscoverToolsAs(ctx context.Context, tenant, user, ref string) (*discovery.Listing, error) {
+	listing, _, err := s.ExploreTools(ctx, discovery.ExploreRequest{Ref: ref, Tenant: tenant, User: user})
+	return listing, err
 }
 
 // connected tells the listeners of every run of user in tenant (the MCP front door) that

@@ -13,12 +13,15 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/agentsurface"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/testutil/oauthtest"
 	"github.com/ringfence/ringfence/internal/testutil/pinned"
+	"github.com/ringfence/ringfence/services/publisher"
 )
 
 // Sign-in against a real authorization server (zitadel's OpenID provider) and a remote MCP
@@ -369,13 +372,50 @@ func TestSignInSettingsChangeDropsTokens(t *testing.T) {
 	require.Error(t, err, "the old token was dropped")
 }
 
-// TestDiscoveryOfASignInServerSaysToConnect: an operator's discovery has no user's token, so it
-// lists nothing of a server that signs each user in, and says how its tools are listed.
-func TestDiscoveryOfASignInServerSaysToConnect(t *testing.T) {
+// TestImportAsAUser: an operator's discovery has no user's token, so it lists nothing of a
+// server that signs each user in and says how its tools are listed; an import names a
+// connected user and pins the declarations the server made to that user (Alice's alpha, never
+// Bob's beta), and an import as a user who has not connected it is refused as sign_in_required.
+func TestImportAsAUser(t *testing.T) {
 	w := oauthHarness(t)
 	_, err := w.pool.DiscoverTools(w.ctx, "tickets")
 	require.ErrorContains(t, err, "ringfence servers connect tickets --user U")
 	require.Empty(t, w.mcp.Tokens(oauthtest.Alice))
+
+	_, err = w.pub.CreateGraph(w.ctx, &publisherv1.CreateGraphRequest{GraphId: "imported", Agents: []string{"a"}})
+	require.NoError(t, err)
+	imp := publisher.ImportRequest{Tenant: auth.DefaultTenant, GraphID: "imported", ServerRef: "tickets", Agent: "a", User: oauthtest.Alice}
+	_, err = w.pub.Import(w.ctx, imp)
+	f, ok := discovery.AsFailure(err)
+	require.True(t, ok, "%v", err)
+	require.Equal(t, discovery.ClassSignInRequired, f.Class)
+	require.Contains(t, f.Message, "ringfence servers connect tickets --user "+oauthtest.Alice)
+
+	w.signIn(auth.DefaultTenant, oauthtest.Alice)
+	res, err := w.pub.Import(w.ctx, imp)
+	require.NoError(t, err)
+	var names []string
+	for _, tool := range res.Tools {
+		names = append(names, tool.ToolName)
+	}
+	require.ElementsMatch(t, []string{"alpha", "whoami"}, names)
+
+	// The pins the import took are the ones the graph of the other tests hand-pinned.
+	d, err := w.pub.GetDraft(w.ctx, &publisherv1.GetDraftRequest{GraphId: "imported"})
+	require.NoError(t, err)
+	pins := map[string]string{}
+	for _, n := range d.GetDraft().GetNodes() {
+		if m := n.GetMcpTool(); m != nil {
+			pins[m.GetToolName()] = m.GetSchemaHash()
+		}
+	}
+	g, err := w.pub.GetDraft(w.ctx, &publisherv1.GetDraftRequest{GraphId: "g"})
+	require.NoError(t, err)
+	for _, n := range g.GetDraft().GetNodes() {
+		if m := n.GetMcpTool(); m != nil && pins[m.GetToolName()] != "" {
+			require.Equal(t, m.GetSchemaHash(), pins[m.GetToolName()], m.GetToolName())
+		}
+	}
 }
 
 // TestAuthorizationServerDiscovery: a public client's authorization server is discovered from
