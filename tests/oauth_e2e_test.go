@@ -6,6 +6,7 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -131,6 +132,12 @@ func TestOAuthSignInEndToEnd(t *testing.T) {
 
 	// The browser comes back to the daemon's HTTP listener, with no API key.
 	loc := as.SignIn(t, authURL, oauthtest.Alice)
+	back, err := url.Parse(loc)
+	require.NoError(t, err)
+	code := back.Query().Get("code") // a one-time secret, in no answer but the browser's redirect
+	// The state is in the authorization URL the user is shown, and nowhere else.
+	state := back.Query().Get("state")
+	require.NotEmpty(t, state)
 	require.True(t, strings.HasPrefix(loc, "http://"+d.HTTPAddr+"/v1/oauth/callback?"), loc)
 	resp, err := http.Get(loc)
 	require.NoError(t, err)
@@ -184,13 +191,13 @@ func TestOAuthSignInEndToEnd(t *testing.T) {
 	var key map[string]any
 	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &key))
 	acme := rest{t: t, base: api.base, key: key["secret"].(string)}
-	code, m, rawBody := acme.do(http.MethodPost, "/v1/mcp/servers/tickets:connect", `{"user":"`+oauthtest.Alice+`"}`)
+	status, m, rawBody := acme.do(http.MethodPost, "/v1/mcp/servers/tickets:connect", `{"user":"`+oauthtest.Alice+`"}`)
 	seen = append(seen, rawBody)
-	require.Equal(t, http.StatusOK, code, rawBody)
+	require.Equal(t, http.StatusOK, status, rawBody)
 	require.Equal(t, "sign_in_required", m["state"], "Alice's token is the default tenant's")
 
 	// The canary scan: the client secret and every token issued.
-	markers := []string{canary}
+	markers := []string{canary, code}
 	for _, u := range []string{oauthtest.Alice, oauthtest.Bob} {
 		markers = append(markers, ms.Tokens(u)...)
 	}
@@ -209,6 +216,11 @@ func TestOAuthSignInEndToEnd(t *testing.T) {
 		return err
 	}))
 	d.stop()
+	require.NotContains(t, d.Logs.String(), state, "the daemon's log")
+	require.NotContains(t, string(auditRaw), state, "the audit log")
+	for path, content := range files {
+		require.False(t, strings.Contains(content, state), "%s holds a sign-in's state", path)
+	}
 	for _, marker := range markers {
 		for i, s := range seen {
 			require.NotContains(t, s, marker, "answer %d", i)

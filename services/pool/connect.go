@@ -295,18 +295,17 @@ func (s *Service) withSignInURL(ctx context.Context, r *run, ref string, refused
 // the answer is the URL the user signs in at.
 func (s *Service) answerConnect(ctx context.Context, r *run, d decision) outcome {
 	out := outcome{attempt: d.attempt, tenant: r.id.Tenant, args: d.args.canonical}
+	if r.id.User == "" {
+		out.err = refusal(reasonSignInRequired, errNoUser)
+		return out
+	}
 	var err error
 	if out.attempt.PendingID, err = s.recordPending(ctx, out.attempt, out.args, out.tenant); err != nil {
 		out.err = err
 		return out
 	}
 	text, structured := "", map[string]any{"server": d.connect}
-	c, err := func() (*Connection, error) {
-		if r.id.User == "" {
-			return nil, errNoUser
-		}
-		return s.ConnectServer(ctx, r.id.Tenant, r.id.User, d.connect)
-	}()
+	c, err := s.ConnectServer(ctx, r.id.Tenant, r.id.User, d.connect)
 	switch {
 	case err != nil:
 		out.err = &FailedError{Class: failureTransport, Err: fmt.Errorf("server %q could not be connected: %v", d.connect, err)}

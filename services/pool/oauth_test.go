@@ -205,10 +205,13 @@ func TestSignInConnectsEachUserToTheirOwnTools(t *testing.T) {
 		require.NotContains(t, w.mcp.Tokens(oauthtest.Alice), tok)
 	}
 
-	// A run acting for nobody gets no one's token.
+	// A run acting for nobody gets no one's token, and its connect tool says why.
 	nobody := w.startAs(tenant, "")
 	_, err = w.callAs(tenant, nobody, "tickets__whoami")
 	requireRefused(t, err, reasonSignInRequired)
+	_, err = w.callAs(tenant, nobody, "mcp_oauth_connect_tickets")
+	requireRefused(t, err, reasonSignInRequired)
+	require.ErrorContains(t, err, "acts for no user")
 }
 
 // TestSignInIsBoundToItsTenant: a user's token and listing are the tenant's: the same user in
