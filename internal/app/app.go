@@ -395,6 +395,15 @@ func oauthCallbackURL(cfg *config.Config) string {
 			return u.Scheme + "://" + u.Host + pool.OAuthCallbackPath
 		}
 	}
+	if base := httpBase(cfg); base != "" {
+		return base + pool.OAuthCallbackPath
+	}
+	return ""
+}
+
+// httpBase is the HTTP listener's scheme and address as a local client reaches it
+// (127.0.0.1 for an unspecified host); "" when http_addr cannot be read.
+func httpBase(cfg *config.Config) string {
 	host, port, err := net.SplitHostPort(cfg.HTTPAddr)
 	if err != nil {
 		return ""
@@ -406,7 +415,7 @@ func oauthCallbackURL(cfg *config.Config) string {
 	if cfg.TLS.Enabled() {
 		scheme = "https"
 	}
-	return scheme + "://" + net.JoinHostPort(host, port) + pool.OAuthCallbackPath
+	return scheme + "://" + net.JoinHostPort(host, port)
 }
 
 // hasActiveKey says whether any key can call the registry: without one, and without a
@@ -752,18 +761,10 @@ func frontDoorURL(cfg *config.Config) string {
 	if cfg.FrontDoor.PublicURL != "" {
 		return cfg.FrontDoor.PublicURL
 	}
-	host, port, err := net.SplitHostPort(cfg.HTTPAddr)
-	if err != nil {
-		return ""
+	if base := httpBase(cfg); base != "" {
+		return base + "/mcp"
 	}
-	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
-		host = "127.0.0.1"
-	}
-	scheme := "http"
-	if cfg.TLS.Enabled() {
-		scheme = "https"
-	}
-	return scheme + "://" + net.JoinHostPort(host, port) + "/mcp"
+	return ""
 }
 
 func registerPublisher(srv *grpcserver.Server, pub *publisher.Service) {

@@ -459,13 +459,12 @@ func (s *Service) refresh(ctx context.Context, res *mcpserver.Resolved, t oauthT
 		return oauthToken{}, err
 	}
 	var answer struct {
-		AccessToken      string          `json:"access_token"`
-		TokenType        string          `json:"token_type"`
-		RefreshToken     string          `json:"refresh_token"`
-		ExpiresIn        json.Number     `json:"expires_in"`
-		Error            string          `json:"error"`
-		ErrorDescription string          `json:"error_description"`
-		Extra            json.RawMessage `json:"-"`
+		AccessToken      string      `json:"access_token"`
+		TokenType        string      `json:"token_type"`
+		RefreshToken     string      `json:"refresh_token"`
+		ExpiresIn        json.Number `json:"expires_in"`
+		Error            string      `json:"error"`
+		ErrorDescription string      `json:"error_description"`
 	}
 	jerr := json.Unmarshal(body, &answer)
 	switch {
