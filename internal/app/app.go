@@ -129,7 +129,8 @@ func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Ap
 			return err
 		}
 		sink := a.Audit.Sink()
-		if a.Registry, err = a.openRegistry(ctx, cfg, roles, sink, log); err != nil {
+		// The registry shows the callback of this process's own pool.
+		if a.Registry, err = a.openRegistry(ctx, cfg, roles, sink, oauthCallbackURL(cfg), log); err != nil {
 			return err
 		}
 		// The pool reads published versions from the publisher, which imports through the pool:
@@ -181,7 +182,9 @@ func NewRegistry(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Ap
 		if err != nil {
 			return err
 		}
-		if a.Registry, err = a.openRegistry(ctx, cfg, roles, sink, log); err != nil {
+		// A registry apart from the pool shows the callback only when it is configured: its own
+		// listener is not where users come back.
+		if a.Registry, err = a.openRegistry(ctx, cfg, roles, sink, cfg.OAuth.CallbackURL, log); err != nil {
 			return err
 		}
 		if cfg.Peers.PoolAddr != "" {
@@ -328,7 +331,7 @@ func (a *App) openAudit(cfg *config.Config, log *slog.Logger) (*auditsvc.Service
 	return svc, nil
 }
 
-func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.Roles, sink audit.Sink, log *slog.Logger) (*registry.Service, error) {
+func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.Roles, sink audit.Sink, callback string, log *slog.Logger) (*registry.Service, error) {
 	path, err := dataFile(cfg, "registry.db")
 	if err != nil {
 		return nil, err
@@ -348,7 +351,7 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 		Secrets:          box,
 		Roles:            roles,
 		AllowedEnvKeys:   cfg.Sandbox.MCPIsolationAllowedEnvironmentKeys,
-		OAuthCallbackURL: oauthCallbackURL(cfg),
+		OAuthCallbackURL: callback,
 		AuditSink:        sink,
 		SpoolMaxRecords:  cfg.Audit.SpoolMaxRecords,
 		OnSpoolFull:      spoolPolicy(cfg),
