@@ -117,10 +117,11 @@ func (s *Service) listAs(ctx context.Context, tenant, user string, res *mcpserve
 	sp, err := s.spawner.Spawn(ctx, specFor(authed, spawner.PurposeDiscovery, ""))
 	if err != nil {
 		if refusedToken(err) {
-			if derr := s.store.DropSignIn(ctx, tenant, user, res.Ref); derr != nil {
+			const why = "the server refused the user's token (revoked?)"
+			if derr := s.dropSignIn(ctx, tenant, user, res.Ref, why); derr != nil {
 				return nil, derr
 			}
-			return nil, fmt.Errorf("%w: the server refused the user's token (revoked?), so it was dropped", errSignInRequired)
+			return nil, fmt.Errorf("%w: %s, so it was dropped", errSignInRequired, why)
 		}
 		return nil, fmt.Errorf("%w: server %q: %v", errServerUnreachable, res.Ref, spawnFailure(err))
 	}
@@ -245,10 +246,11 @@ func (s *Service) runBearer(ctx context.Context, r *run, reg *mcpserver.Resolved
 // revoked): it is dropped with the user's listing, and the call is refused as
 // sign_in_required.
 func (s *Service) dropRefusedToken(ctx context.Context, r *run, reg *mcpserver.Resolved) error {
-	if err := s.store.DropSignIn(context.WithoutCancel(ctx), r.id.Tenant, r.id.User, reg.Ref); err != nil {
+	const why = "the server refused the user's token (revoked?)"
+	if err := s.dropSignIn(ctx, r.id.Tenant, r.id.User, reg.Ref, why); err != nil {
 		return err
 	}
-	return s.signInRefusal(ctx, r.id.Tenant, r.id.User, reg, fmt.Errorf("%w: the server refused the user's token (revoked?), so it was dropped", errSignInRequired))
+	return s.signInRefusal(ctx, r.id.Tenant, r.id.User, reg, fmt.Errorf("%w: %s, so it was dropped", errSignInRequired, why))
 }
 
 // callConnections reads the run's user's connections of the servers whose policies the call

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -17,10 +18,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/auth"
+	sdkauth "github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/oauthex"
 	"golang.org/x/oauth2"
 
+	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/ident"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
@@ -190,7 +193,7 @@ func (s *Service) authServer(ctx context.Context, res *mcpserver.Resolved) (*oau
 			return nil, "", fmt.Errorf("the server's authorization server could not be discovered (RFC 9728 protected resource metadata: %s); name it in the registration's oauth.authorization_server", strings.Join(errs, "; "))
 		}
 	}
-	asm, err := auth.GetAuthServerMetadata(ctx, issuer, hc)
+	asm, err := sdkauth.GetAuthServerMetadata(ctx, issuer, hc)
 	if err != nil {
 		return nil, "", fmt.Errorf("the metadata of authorization server %s could not be read: %v", issuer, err)
 	}
@@ -229,7 +232,10 @@ func (s *Service) beginSignIn(ctx context.Context, tenant, user string, res *mcp
 	hash := stateHash(state)
 	verifier := oauth2.GenerateVerifier()
 	expire := s.now().Add(s.stateTTL())
+	p, _ := auth.FromContext(ctx)
+	actorID, actorName, actorRole := p.AuditActor()
 	st := store.SignInState{Tenant: tenant, User: user, Ref: res.Ref, SignIn: res.SignInFingerprint(), Issuer: asm.Issuer,
+		ActorKeyID: actorID, ActorKeyName: actorName, ActorRole: actorRole,
 		TokenURL: asm.TokenEndpoint, Resource: resource, IssAdvertised: asm.AuthorizationResponseIssParameterSupported,
 		VerifierSealed: s.cfg.Secrets.Seal([]byte(verifier), verifierContext(hash)), ExpireTime: expire}
 	if err := s.store.PutSignInState(ctx, hash, st, s.now()); err != nil {
@@ -327,9 +333,46 @@ func (s *Service) CompleteSignIn(ctx context.Context, q url.Values) (*SignedIn, 
 	if err != nil {
 		return nil, err
 	}
+	// On record as the key that asked for the sign-in (it asserted the user).
+	s.recordSignInEvent(ctx, audit.AdminEvent{ActorKeyID: st.ActorKeyID, ActorKeyName: st.ActorKeyName, ActorRole: cmp.Or(st.ActorRole, "system"),
+		Action: actionOAuthSignIn}, st.Tenant, st.User, st.Ref, "")
 	out := &SignedIn{Tenant: st.Tenant, User: st.User, Ref: st.Ref}
 	out.Tools, out.ConnectErr = s.connect(ctx, st.Tenant, st.User, res)
 	return out, nil
+}
+
+// Admin actions of users' sign-ins, as the pool records them: a sign-in finished (its actor is
+// the key that asked for it, which asserted the user), and a token dropped (why says so).
+const (
+	actionOAuthSignIn   = "oauth_sign_in"
+	actionOAuthDrop     = "oauth_drop"
+	resourceOAuthServer = "oauth_connection"
+)
+
+// dropSignIn deletes user's token and stored listing of server ref, and records why.
+func (s *Service) dropSignIn(ctx context.Context, tenant, user, ref, why string) error {
+	if err := s.store.DropSignIn(context.WithoutCancel(ctx), tenant, user, ref); err != nil {
+		return err
+	}
+	p, _ := auth.FromContext(ctx)
+	id, name, role := p.AuditActor()
+	s.recordSignInEvent(ctx, audit.AdminEvent{ActorKeyID: id, ActorKeyName: name, ActorRole: role, Action: actionOAuthDrop}, tenant, user, ref, why)
+	return nil
+}
+
+// recordSignInEvent puts a sign-in or a drop in the audit log as an admin event naming the
+// server and the user, never a token. A record that cannot be spooled is logged: the sign-in
+// (or the drop) stands all the same, as a key's would.
+func (s *Service) recordSignInEvent(ctx context.Context, ev audit.AdminEvent, tenant, user, ref, why string) {
+	change := map[string]any{"server": ref, "user": user}
+	if why != "" {
+		change["reason"] = why
+	}
+	ev.ResourceType, ev.ResourceID = resourceOAuthServer, ref
+	ev.Change, _ = json.Marshal(change)
+	if err := s.spool.Enqueue(context.WithoutCancel(ctx), audit.NewAdminRecord("pool", tenant, ev)); err != nil {
+		s.log.Error("a sign-in's admin event could not be recorded in the audit spool", "action", ev.Action, "server", ref, "err", err)
+	}
 }
 
 // tokenErrorText is what an authorization server's refusal says, without its body's other
@@ -395,27 +438,30 @@ func (s *Service) userToken(ctx context.Context, tenant, user string, res *mcpse
 		return oauthToken{}, err
 	}
 	if t.SignIn != res.SignInFingerprint() {
-		if err := s.store.DropSignIn(ctx, tenant, user, res.Ref); err != nil {
+		const why = "the server's sign-in settings changed since the user signed in"
+		if err := s.dropSignIn(ctx, tenant, user, res.Ref, why); err != nil {
 			return oauthToken{}, err
 		}
-		return oauthToken{}, fmt.Errorf("%w: the server's sign-in settings changed since the user signed in, so their token was dropped", errSignInRequired)
+		return oauthToken{}, fmt.Errorf("%w: %s, so their token was dropped", errSignInRequired, why)
 	}
 	if t.Expiry.IsZero() || s.now().Add(s.refreshBefore()).Before(t.Expiry) {
 		return t, nil
 	}
 	if t.RefreshToken == "" {
-		if err := s.store.DropSignIn(ctx, tenant, user, res.Ref); err != nil {
+		const why = "the user's token expired and came with no refresh token"
+		if err := s.dropSignIn(ctx, tenant, user, res.Ref, why); err != nil {
 			return oauthToken{}, err
 		}
-		return oauthToken{}, fmt.Errorf("%w: the user's token expired and came with no refresh token", errSignInRequired)
+		return oauthToken{}, fmt.Errorf("%w: %s", errSignInRequired, why)
 	}
 	next, err := s.refresh(ctx, res, t)
 	var refused *refreshRefused
 	if errors.As(err, &refused) {
-		if derr := s.store.DropSignIn(ctx, tenant, user, res.Ref); derr != nil {
+		why := "the authorization server refused to refresh the user's token (" + refused.text + ")"
+		if derr := s.dropSignIn(ctx, tenant, user, res.Ref, why); derr != nil {
 			return oauthToken{}, derr
 		}
-		return oauthToken{}, fmt.Errorf("%w: the authorization server refused to refresh the user's token (%s), so it was dropped", errSignInRequired, refused.text)
+		return oauthToken{}, fmt.Errorf("%w: %s, so it was dropped", errSignInRequired, why)
 	}
 	if err != nil {
 		return oauthToken{}, fmt.Errorf("%w: server %q: the user's token could not be refreshed: %v", errServerUnreachable, res.Ref, err)

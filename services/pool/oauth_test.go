@@ -16,6 +16,7 @@ import (
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/agentsurface"
+	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/mcpserver"
@@ -132,6 +133,28 @@ func callbackQuery(t testing.TB, loc string) url.Values {
 
 func (w *oauthWorld) callAs(tenant, run, tool string) (*CallResult, error) {
 	return w.pool.CallTool(w.ctx, CallRequest{RunID: run, Tenant: tenant, Agent: "a", Tool: tool, Arguments: json.RawMessage(`{}`)})
+}
+
+// signInEvents are the admin events of users' sign-ins and drops, as "action user server
+// actor [reason]", with every record checked to hold none of tokens.
+func (w *oauthWorld) signInEvents(tokens ...string) []string {
+	w.t.Helper()
+	w.attempts() // flushes the spool
+	var out []string
+	for _, r := range w.audit.Records() {
+		raw, err := json.Marshal(r)
+		require.NoError(w.t, err)
+		for _, tok := range tokens {
+			require.NotContains(w.t, string(raw), tok)
+		}
+		if r.Kind != audit.KindAdmin || r.Admin.ResourceType != resourceOAuthServer {
+			continue
+		}
+		var c map[string]string
+		require.NoError(w.t, json.Unmarshal(r.Admin.Change, &c))
+		out = append(out, strings.TrimSpace(strings.Join([]string{r.Admin.Action, c["user"], c["server"], r.Admin.ActorKeyID, c["reason"]}, " ")))
+	}
+	return out
 }
 
 func resultText(t *testing.T, res *CallResult) string {
@@ -334,6 +357,9 @@ func TestTokensAreRefreshedAndDroppedWhenRefused(t *testing.T) {
 	require.ErrorIs(t, err, errSignInRequired)
 	visible, _ := w.listing(tenant, run)
 	require.Equal(t, []string{"mcp_oauth_connect_tickets"}, visible)
+	events := w.signInEvents(tok.AccessToken, tok.RefreshToken)
+	require.Equal(t, "oauth_sign_in id1 tickets key_test", events[0], "the key that asked for the sign-in is on record")
+	require.Contains(t, events[1], "oauth_drop id1 tickets key_test the authorization server refused to refresh the user's token (invalid_grant")
 
 	// Signed in again, the access token is revoked: the server refuses it at the next
 	// session's handshake, and the token is dropped.
@@ -346,6 +372,8 @@ func TestTokensAreRefreshedAndDroppedWhenRefused(t *testing.T) {
 	requireRefused(t, err, reasonSignInRequired)
 	_, err = w.pool.userToken(w.ctx, tenant, oauthtest.Alice, res)
 	require.ErrorIs(t, err, errSignInRequired)
+	events = w.signInEvents(tok.AccessToken, tok.RefreshToken)
+	require.Equal(t, "oauth_drop id1 tickets key_test the server refused the user's token (revoked?)", events[len(events)-1])
 }
 
 // TestSignInSettingsChangeDropsTokens: changing the server's sign-in settings (its scopes here)

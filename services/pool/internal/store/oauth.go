@@ -22,13 +22,18 @@ type SignInState struct {
 	User   string `json:"user"`
 	Ref    string `json:"ref"`
 	// SignIn is the fingerprint of the registration's sign-in settings when it began.
-	SignIn         string    `json:"sign_in"`
-	Issuer         string    `json:"issuer"`
-	TokenURL       string    `json:"token_url"`
-	Resource       string    `json:"resource"`
-	IssAdvertised  bool      `json:"iss_advertised,omitempty"`
-	VerifierSealed []byte    `json:"verifier_sealed"`
-	ExpireTime     time.Time `json:"expire_time"`
+	SignIn         string `json:"sign_in"`
+	Issuer         string `json:"issuer"`
+	TokenURL       string `json:"token_url"`
+	Resource       string `json:"resource"`
+	IssAdvertised  bool   `json:"iss_advertised,omitempty"`
+	VerifierSealed []byte `json:"verifier_sealed"`
+	// ActorKeyID, ActorKeyName and ActorRole name the key that asked for the sign-in (which
+	// asserted the user), for the admin event of its completion.
+	ActorKeyID   string    `json:"actor_key_id,omitempty"`
+	ActorKeyName string    `json:"actor_key_name,omitempty"`
+	ActorRole    string    `json:"actor_role,omitempty"`
+	ExpireTime   time.Time `json:"expire_time"`
 }
 
 // PutSignInState stores a new sign-in under the hash of its state, and drops the sign-ins
