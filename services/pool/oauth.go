@@ -474,17 +474,32 @@ func (s *Service) userToken(ctx context.Context, tenant, user string, res *mcpse
 
 // refreshRefused: the authorization server answered a refresh with an OAuth error (the grant
 // is revoked, expired, or not this client's): the token is of no more use.
-type refreshRefused struct{ text string }
+type refreshRefused struct{ code, text string }
 
 func (e *refreshRefused) Error() string { return "refresh refused: " + e.text }
 
 // refresh trades the refresh token for a new token, sending the resource (RFC 8707) as the
 // authorization request did: golang.org/x/oauth2 refreshes without it, so the request is made
-// here, as RFC 6749 section 6 has it, with the client authenticated as section 2.3.1 says.
+// here, as RFC 6749 section 6 has it. A confidential client authenticates with HTTP Basic
+// (section 2.3.1), and, when the server answers invalid_client, once more in the body, as
+// golang.org/x/oauth2's exchange does; a public client names itself in the body.
 func (s *Service) refresh(ctx context.Context, res *mcpserver.Resolved, t oauthToken) (oauthToken, error) {
+	next, err := s.refreshAs(ctx, res, t, res.ClientSecret != "")
+	var refused *refreshRefused
+	if res.ClientSecret != "" && errors.As(err, &refused) && refused.code == "invalid_client" {
+		next, err = s.refreshAs(ctx, res, t, false)
+	}
+	return next, err
+}
+
+// refreshAs is one refresh request, the client's credentials in a Basic header or the body.
+func (s *Service) refreshAs(ctx context.Context, res *mcpserver.Resolved, t oauthToken, basic bool) (oauthToken, error) {
 	form := url.Values{"grant_type": {"refresh_token"}, "refresh_token": {t.RefreshToken}, "resource": {t.Resource}}
-	if res.ClientSecret == "" {
+	if !basic {
 		form.Set("client_id", res.OAuth.ClientID)
+		if res.ClientSecret != "" {
+			form.Set("client_secret", res.ClientSecret)
+		}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.TokenURL, strings.NewReader(form.Encode()))
 	if err != nil {
@@ -492,7 +507,7 @@ func (s *Service) refresh(ctx context.Context, res *mcpserver.Resolved, t oauthT
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Accept", "application/json")
-	if res.ClientSecret != "" {
+	if basic {
 		req.SetBasicAuth(url.QueryEscape(res.OAuth.ClientID), url.QueryEscape(res.ClientSecret))
 	}
 	resp, err := s.oauthClient().Do(req)
@@ -515,7 +530,7 @@ func (s *Service) refresh(ctx context.Context, res *mcpserver.Resolved, t oauthT
 	jerr := json.Unmarshal(body, &answer)
 	switch {
 	case resp.StatusCode >= 400 && resp.StatusCode < 500 && answer.Error != "":
-		return oauthToken{}, &refreshRefused{text: clip(answer.Error, 64) + " " + clip(answer.ErrorDescription, 256)}
+		return oauthToken{}, &refreshRefused{code: answer.Error, text: clip(answer.Error, 64) + " " + clip(answer.ErrorDescription, 256)}
 	case resp.StatusCode != http.StatusOK:
 		return oauthToken{}, fmt.Errorf("the token endpoint answered HTTP %d", resp.StatusCode)
 	case jerr != nil || answer.AccessToken == "":
