@@ -469,3 +469,32 @@ func TestAuthorizationServerDiscovery(t *testing.T) {
 	_, _, err = w.pool.authServer(w.ctx, &public)
 	require.ErrorContains(t, err, "could not be discovered", "no metadata names that resource")
 }
+
+// TestAnExpiredTokenWithoutARefreshTokenNeedsSignIn: without offline_access the authorization
+// server issues no refresh token, so a token past its expiry (by the pool's clock) is dropped
+// and the server needs sign-in again; before, it is sent as it is.
+func TestAnExpiredTokenWithoutARefreshTokenNeedsSignIn(t *testing.T) {
+	w := oauthHarness(t)
+	tenant := auth.DefaultTenant
+	_, err := w.reg.UpdateServer(w.ctx, &registryv1.UpdateServerRequest{Ref: "tickets", Transport: "streamable_http", Url: w.mcp.URL,
+		Grants: []string{"process_spawn", "external_api_call"},
+		Oauth:  &registryv1.OAuthSignIn{ClientId: "ringfence", ClientSecretRef: "tickets-client", Scopes: []string{"openid"}, AuthorizationServer: w.as.Issuer}})
+	require.NoError(t, err)
+	w.signIn(tenant, oauthtest.Alice)
+	res, err := w.reg.ResolveRegistration(w.ctx, "tickets")
+	require.NoError(t, err)
+	tok, err := w.pool.userToken(w.ctx, tenant, oauthtest.Alice, res)
+	require.NoError(t, err)
+	require.Empty(t, tok.RefreshToken)
+	require.False(t, tok.Expiry.IsZero())
+
+	run := w.startAs(tenant, oauthtest.Alice)
+	_, err = w.callAs(tenant, run, "tickets__whoami")
+	require.NoError(t, err)
+	w.clock.advance(5 * time.Minute) // the example server's tokens live 5 minutes
+	fresh := w.startAs(tenant, oauthtest.Alice)
+	_, err = w.callAs(tenant, fresh, "tickets__whoami")
+	requireRefused(t, err, reasonSignInRequired)
+	require.ErrorContains(t, err, "came with no refresh token")
+	require.Empty(t, w.as.Grants("/oauth/token")[1:], "no refresh was tried")
+}
