@@ -31,15 +31,7 @@ func TestOAuthSignInAcrossASplitDeployment(t *testing.T) {
 	as := oauthtest.StartAuthServer(t, "ringfence", "client-secret-"+canary, callback)
 	ms := oauthtest.StartMCPServer(t, as, map[string][]oauthtest.Tool{oauthtest.Alice: {{Name: "alpha", Description: "Alpha."}}})
 
-	common := func(svc string) []string {
-		return []string{
-			"RINGFENCE_GRPC_ADDR=" + addr[svc],
-			"RINGFENCE_INTERNAL_ADDR=" + internal[svc],
-			"RINGFENCE_TLS__CERT_FILE=" + filepath.Join(certs, svc+".pem"),
-			"RINGFENCE_TLS__KEY_FILE=" + filepath.Join(certs, svc+"-key.pem"),
-			"RINGFENCE_TLS__CLIENT_CA_FILE=" + filepath.Join(certs, "ca.pem"),
-		}
-	}
+	common := func(svc string) []string { return splitEnv(certs, svc, addr, internal) }
 	startDaemonAt(t, "ringfence-audit", addr["audit"], append(common("audit"),
 		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"])...)
 	startDaemonAt(t, "ringfence-registry", addr["registry"], append(common("registry"),
