@@ -112,6 +112,11 @@ type daemon struct {
 func startDaemon(t testing.TB, name string, env ...string) *daemon {
 	t.Helper()
 	d := &daemon{t: t, name: name, DataDir: t.TempDir(), GRPCAddr: testutil.FreeAddr(t), HTTPAddr: testutil.FreeAddr(t), Logs: &testutil.SyncBuffer{}}
+	// A test that must know the HTTP address before the binary starts (an authorization
+	// server's redirect URI names it) passes it in env.
+	if a := envValue(env, "RINGFENCE_HTTP_ADDR"); a != "" {
+		d.HTTPAddr = a
+	}
 	d.env = append([]string{
 		"RINGFENCE_DATA_DIR=" + d.DataDir,
 		"RINGFENCE_GRPC_ADDR=" + d.GRPCAddr,

@@ -33,15 +33,7 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 	for _, svc := range []string{"registry", "publisher", "pool", "audit"} {
 		addr[svc], internal[svc] = testutil.FreeAddr(t), testutil.FreeAddr(t)
 	}
-	common := func(svc string) []string {
-		return []string{
-			"RINGFENCE_GRPC_ADDR=" + addr[svc],
-			"RINGFENCE_INTERNAL_ADDR=" + internal[svc],
-			"RINGFENCE_TLS__CERT_FILE=" + filepath.Join(certs, svc+".pem"),
-			"RINGFENCE_TLS__KEY_FILE=" + filepath.Join(certs, svc+"-key.pem"),
-			"RINGFENCE_TLS__CLIENT_CA_FILE=" + filepath.Join(certs, "ca.pem"),
-		}
-	}
+	common := func(svc string) []string { return splitEnv(certs, svc, addr, internal) }
 	poolID := "e2e-split-" + randomHex(4)
 	t.Cleanup(func() { requireNoContainers(t, poolID) })
 	audit := startDaemonAt(t, "ringfence-audit", addr["audit"], append(common("audit"),
@@ -186,6 +178,18 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 	r = must(cli("audit", "audit", "export"))
 	require.NotContains(t, r.Stdout, canary)
 	require.NotContains(t, registry.Logs.String(), canary)
+}
+
+// splitEnv is the env of service svc in a split deployment: its public and internal addresses,
+// and its certificate and the CA from certs (ringfence certs init).
+func splitEnv(certs, svc string, addr, internal map[string]string) []string {
+	return []string{
+		"RINGFENCE_GRPC_ADDR=" + addr[svc],
+		"RINGFENCE_INTERNAL_ADDR=" + internal[svc],
+		"RINGFENCE_TLS__CERT_FILE=" + filepath.Join(certs, svc+".pem"),
+		"RINGFENCE_TLS__KEY_FILE=" + filepath.Join(certs, svc+"-key.pem"),
+		"RINGFENCE_TLS__CLIENT_CA_FILE=" + filepath.Join(certs, "ca.pem"),
+	}
 }
 
 // startDaemonAt is startDaemon with a fixed gRPC address (peers need it before it starts).

@@ -40,6 +40,12 @@ const (
 	// MetaTool: the name is one of the surface's own tools (Tool.Kind says which), answered by
 	// the pool itself rather than by a server.
 	MetaTool Outcome = "meta_tool"
+	// SignInRequired: the tool's server signs each user in, and the run's user has not
+	// connected it (State.Connections): the server's connect tool stands for its tools.
+	SignInRequired Outcome = "sign_in_required"
+	// NotDeclared: the run's user connected the tool's server, which did not declare the tool
+	// to that user: the server's tools differ per user, and this one is not the user's.
+	NotDeclared Outcome = "not_declared"
 )
 
 // Level names the filter that removed a tool, in the order the filters run: server filters
@@ -66,11 +72,25 @@ const (
 	KindTool = "tool"
 	// KindToolSearch is the meta-tool that finds deferred tools and loads them.
 	KindToolSearch = graph.ToolSearchName
-	// KindConnect is reserved for a server's connect tool (graph.ConnectToolPrefix +
-	// server), which stands for a server the run's user has not connected (signed in to)
-	// yet. See Agent.Resolve.
+	// KindConnect is a server's connect tool (graph.ConnectToolPrefix + server), which stands
+	// for a server the run's user has not connected (signed in to) yet. See Agent.Resolve.
 	KindConnect = "connect"
 )
+
+// ConnectToolName is the name of server ref's connect tool.
+func ConnectToolName(ref string) string { return graph.ConnectToolPrefix + ref }
+
+// connectSchema is a connect tool's input schema: it takes nothing.
+var connectSchema = json.RawMessage(`{"type":"object","properties":{},"additionalProperties":false}`)
+
+// connectTool is server ref's connect tool.
+func connectTool(ref, description string) Tool {
+	d := fmt.Sprintf("Connect the %s server for the user this run acts for: it answers with an authorization URL the user opens to sign in, or, once the user has signed in, connects the server, whose tools then join the listing.", ref)
+	if description != "" {
+		d += " The server: " + description
+	}
+	return Tool{Name: ConnectToolName(ref), Kind: KindConnect, ServerRef: ref, Title: "Connect " + ref, Description: d, InputSchema: connectSchema}
+}
 
 // Tool is one entry of the model's listing, in the shape of an MCP tools/list entry.
 type Tool struct {
@@ -265,6 +285,16 @@ type State struct {
 	Selected []string
 	// Loaded holds the binding names of the deferred tools tool_search loaded in the run.
 	Loaded map[string]bool
+	// Connections holds, by ref, what the run's user has of each server whose policy says it
+	// signs each user in (Policy.SignIn): a server missing here is not connected.
+	Connections map[string]Connection
+}
+
+// Connection is a user's stored listing of a server that signs each user in, taken under the
+// server's current sign-in settings.
+type Connection struct {
+	// Tools are the names of the tools the server declared to the user.
+	Tools map[string]bool
 }
 
 // Surface is an agent's surface in one run at one moment: Resolve it again when the state
@@ -275,16 +305,14 @@ type Surface struct {
 	selected  []string
 	deferred  []DeferredServer
 	search    *Tool // the tool_search entry, nil without deferred servers
+	// connect are the connect tools of the servers the run's user has to connect, by name.
+	connect map[string]*Tool
 }
 
-// Resolve decides every tool of the agent in state st.
-//
-// Hook for OAuth sign-in (hosted servers that sign each user in): a server without a stored
-// listing for the run's user lists as one entry, its connect tool (KindConnect, named
-// graph.ConnectToolPrefix + ref), in place of its tools, which Decide then refuses as
-// sign_in_required. That belongs here, as one more input of State (the servers the run's
-// user has connected) and one more step after the filters, so the listing and the gate keep
-// deciding alike.
+// Resolve decides every tool of the agent in state st. A server that signs each user in and
+// that the run's user has not connected lists as one entry, its connect tool (KindConnect,
+// ConnectToolName(ref)), in place of its tools, which are SignInRequired; it stands there
+// when at least one of its tools passes every filter, so a filter never shows a server.
 func (a *Agent) Resolve(st State) *Surface {
 	s := &Surface{agent: a, decisions: make([]Decision, len(a.tools))}
 	s.selected = a.selection(st.Selected)
@@ -306,6 +334,19 @@ func (a *Agent) Resolve(st State) *Surface {
 	for _, ref := range a.servers {
 		if filterable[ref] {
 			s.deferred = append(s.deferred, DeferredServer{Ref: ref, Description: st.Policies[ref].Description, Unloaded: unloaded[ref]})
+		}
+	}
+	for _, d := range s.decisions {
+		if d.Outcome != SignInRequired {
+			continue
+		}
+		ref := d.Tool.ServerRef
+		if s.connect == nil {
+			s.connect = make(map[string]*Tool)
+		}
+		if _, ok := s.connect[ConnectToolName(ref)]; !ok {
+			t := connectTool(ref, st.Policies[ref].Description)
+			s.connect[t.Name] = &t
 		}
 	}
 	if len(s.deferred) > 0 {
@@ -367,6 +408,15 @@ func (a *Agent) decide(t *Tool, st State, selected []string) Decision {
 			return out(FilteredOut, LevelMount, "agent %q's mount of server %q does not include tool %q (change it with ringfence graphs mount)", a.id, t.ServerRef, t.ToolName)
 		}
 	}
+	if policy.SignIn != "" {
+		conn, ok := st.Connections[t.ServerRef]
+		switch {
+		case !ok:
+			return out(SignInRequired, "", "server %q signs each user in, and the user this run acts for has not connected it: call %s first, which answers with the URL the user opens to sign in", t.ServerRef, ConnectToolName(t.ServerRef))
+		case !conn.Tools[t.ToolName]:
+			return out(NotDeclared, "", "server %q did not declare tool %q to the user this run acts for when they connected it (its tools differ per user)", t.ServerRef, t.ToolName)
+		}
+	}
 	if t.Deferred && !st.Loaded[t.Name] {
 		return out(NotLoaded, "", "tool %q of server %q loads on demand and is not loaded in this run: find it with %s first", t.Name, t.ServerRef, graph.ToolSearchName)
 	}
@@ -397,6 +447,9 @@ func (s *Surface) Decide(name string) Decision {
 	if s.search != nil && name == s.search.Name {
 		return Decision{Outcome: MetaTool, Tool: s.search}
 	}
+	if t, ok := s.connect[name]; ok {
+		return Decision{Outcome: MetaTool, Tool: t}
+	}
 	i, ok := s.agent.byName[name]
 	if !ok {
 		return Decision{Outcome: UnknownTool, Message: fmt.Sprintf("agent %q binds no mcp_tool named %q", s.agent.id, name)}
@@ -417,8 +470,11 @@ func (s *Surface) Listing() Listing {
 	}
 	if s.search != nil {
 		l.Tools = append(l.Tools, *s.search)
-		slices.SortStableFunc(l.Tools, func(x, y Tool) int { return strings.Compare(x.Name, y.Name) })
 	}
+	for _, t := range s.connect {
+		l.Tools = append(l.Tools, *t)
+	}
+	slices.SortStableFunc(l.Tools, func(x, y Tool) int { return strings.Compare(x.Name, y.Name) })
 	return l
 }
 

@@ -493,3 +493,56 @@ func TestToolSearchDescriptionIsBounded(t *testing.T) {
 	require.LessOrEqual(t, len(ts.Description), (maxListedServers+1)*(maxServerDescription+16)+400)
 	require.True(t, json.Valid(ts.InputSchema))
 }
+
+// TestSignIn decides the tools of a server that signs each user in: not connected, its tools
+// are sign_in_required and its connect tool stands for them (a meta-tool Decide answers);
+// connected, the tools the server declared to the user are visible and the others
+// not_declared; filters still run first, and a server whose every tool is filtered out shows
+// no connect tool.
+func TestSignIn(t *testing.T) {
+	signIn := func() map[string]mcpserver.Policy {
+		p := registered(nil)
+		tickets := p["tickets"]
+		tickets.SignIn = "fp"
+		p["tickets"] = tickets
+		return p
+	}
+	for _, tc := range []struct {
+		name        string
+		settings    graph.ToolSettings
+		connections map[string]Connection
+		want        map[string]Outcome
+		wantConnect bool
+	}{
+		{name: "not connected", wantConnect: true,
+			want: map[string]Outcome{"docs__read_file": Visible, "tickets__search_tickets": SignInRequired, "tickets__delete_ticket": SignInRequired}},
+		{name: "connected: only the user's tools", connections: map[string]Connection{"tickets": {Tools: map[string]bool{"search_tickets": true}}},
+			want: map[string]Outcome{"docs__read_file": Visible, "tickets__search_tickets": Visible, "tickets__delete_ticket": NotDeclared}},
+		{name: "filters first", settings: graph.ToolSettings{ExcludeServers: []string{"tickets"}},
+			want: map[string]Outcome{"tickets__search_tickets": FilteredOut, "tickets__delete_ticket": FilteredOut}},
+		{name: "deferred and not connected", settings: graph.ToolSettings{DeferTools: true}, wantConnect: true,
+			want: map[string]Outcome{"docs__read_file": NotLoaded, "tickets__search_tickets": SignInRequired}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := surface(t, tc.settings, State{Policies: signIn(), Connections: tc.connections})
+			for name, want := range tc.want {
+				require.Equal(t, want, s.Decide(name).Outcome, name)
+			}
+			connect := s.Decide(ConnectToolName("tickets"))
+			var listed []string
+			for _, tool := range s.Listing().Tools {
+				listed = append(listed, tool.Name)
+			}
+			if tc.wantConnect {
+				require.Equal(t, MetaTool, connect.Outcome)
+				require.Equal(t, KindConnect, connect.Tool.Kind)
+				require.Contains(t, listed, "mcp_oauth_connect_tickets")
+				require.NotContains(t, listed, "tickets__search_tickets")
+			} else {
+				require.Equal(t, UnknownTool, connect.Outcome)
+				require.NotContains(t, listed, "mcp_oauth_connect_tickets")
+			}
+			require.NotContains(t, listed, "mcp_oauth_connect_docs")
+		})
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -132,7 +133,8 @@ func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Ap
 			return err
 		}
 		sink := a.Audit.Sink()
-		if a.Registry, err = a.openRegistry(ctx, cfg, roles, sink, log); err != nil {
+		// The registry shows the callback of this process's own pool.
+		if a.Registry, err = a.openRegistry(ctx, cfg, roles, sink, oauthCallbackURL(cfg), log); err != nil {
 			return err
 		}
 		// The pool reads published versions from the publisher, which imports through the pool:
@@ -184,7 +186,9 @@ func NewRegistry(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Ap
 		if err != nil {
 			return err
 		}
-		if a.Registry, err = a.openRegistry(ctx, cfg, roles, sink, log); err != nil {
+		// A registry apart from the pool shows the callback only when it is configured: its own
+		// listener is not where users come back.
+		if a.Registry, err = a.openRegistry(ctx, cfg, roles, sink, cfg.OAuth.CallbackURL, log); err != nil {
 			return err
 		}
 		if cfg.Peers.PoolAddr != "" {
@@ -341,16 +345,12 @@ func (a *App) openAudit(ctx context.Context, cfg *config.Config, shared bool, lo
 	return svc, nil
 }
 
-func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.Roles, sink audit.Sink, log *slog.Logger) (*registry.Service, error) {
+func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.Roles, sink audit.Sink, callback string, log *slog.Logger) (*registry.Service, error) {
 	path, err := dataFile(cfg, "registry.db")
 	if err != nil {
 		return nil, err
 	}
-	keyFile := cfg.SecretsKeyFile
-	if keyFile == "" {
-		keyFile = filepath.Join(cfg.DataDir, "secrets.key")
-	}
-	box, err := secretbox.LoadOrCreate(keyFile)
+	box, err := secretsBox(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -359,16 +359,17 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 		return nil, err
 	}
 	svc, err := registry.Open(registry.Config{
-		DBPath:          path,
-		Etcd:            cli,
-		EtcdRoot:        cfg.Store.EtcdPrefix,
-		Secrets:         box,
-		Roles:           roles,
-		AllowedEnvKeys:  cfg.Sandbox.MCPIsolationAllowedEnvironmentKeys,
-		AuditSink:       sink,
-		SpoolMaxRecords: cfg.Audit.SpoolMaxRecords,
-		OnSpoolFull:     spoolPolicy(cfg),
-		Logger:          log.With("service", "registry"),
+		DBPath:           path,
+		Etcd:             cli,
+		EtcdRoot:         cfg.Store.EtcdPrefix,
+		Secrets:          box,
+		Roles:            roles,
+		AllowedEnvKeys:   cfg.Sandbox.MCPIsolationAllowedEnvironmentKeys,
+		OAuthCallbackURL: callback,
+		AuditSink:        sink,
+		SpoolMaxRecords:  cfg.Audit.SpoolMaxRecords,
+		OnSpoolFull:      spoolPolicy(cfg),
+		Logger:           log.With("service", "registry"),
 	})
 	if err != nil {
 		return nil, err
@@ -384,6 +385,54 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 		log.Warn("no API key exists and RINGFENCE_BOOTSTRAP_ADMIN_KEY is unset: every request will be refused; set it to a long random value (openssl rand -hex 32) and restart, then mint real keys with `ringfence keys create`")
 	}
 	return svc, nil
+}
+
+// secretsBox is the deployment's key for secrets at rest (secrets_key_file, default
+// <data_dir>/secrets.key): the registry's secrets, the pool's users' OAuth tokens.
+func secretsBox(cfg *config.Config) (*secretbox.Box, error) {
+	keyFile := cfg.SecretsKeyFile
+	if keyFile == "" {
+		keyFile = filepath.Join(cfg.DataDir, "secrets.key")
+	}
+	return secretbox.LoadOrCreate(keyFile)
+}
+
+// oauthCallbackURL is where authorization servers send users back: oauth.callback_url, else
+// /v1/oauth/callback at the origin of frontdoor.public_url, else at the HTTP listener's
+// address (127.0.0.1 for an unspecified host); "" without an HTTP listener (sign-in is off).
+func oauthCallbackURL(cfg *config.Config) string {
+	if cfg.OAuth.CallbackURL != "" {
+		return cfg.OAuth.CallbackURL
+	}
+	if cfg.HTTPAddr == "" {
+		return ""
+	}
+	if p := cfg.FrontDoor.PublicURL; p != "" {
+		if u, err := url.Parse(p); err == nil && u.Host != "" {
+			return u.Scheme + "://" + u.Host + pool.OAuthCallbackPath
+		}
+	}
+	if base := httpBase(cfg); base != "" {
+		return base + pool.OAuthCallbackPath
+	}
+	return ""
+}
+
+// httpBase is the HTTP listener's scheme and address as a local client reaches it
+// (127.0.0.1 for an unspecified host); "" when http_addr cannot be read.
+func httpBase(cfg *config.Config) string {
+	host, port, err := net.SplitHostPort(cfg.HTTPAddr)
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	scheme := "http"
+	if cfg.TLS.Enabled() {
+		scheme = "https"
+	}
+	return scheme + "://" + net.JoinHostPort(host, port)
 }
 
 // hasActiveKey says whether any key can call the registry: without one, and without a
@@ -446,6 +495,11 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg poolRegistry
 		hostCfg.EtcdRoot, hostCfg.Peers, hostCfg.HostAddr, hostCfg.HostLeaseTTL = cfg.Store.EtcdPrefix, hosts, cfg.Pool.AdvertiseAddr, cfg.Pool.HostLeaseTTL
 		hostCfg.HostID = cmp.Or(cfg.Pool.HostID, cfg.Sandbox.PoolID, defaultPoolID(cfg.DataDir))
 	}
+	box, err := secretsBox(cfg)
+	if err != nil {
+		_ = sp.Close(ctx)
+		return nil, err
+	}
 	pl, err := pool.Open(ctx, pool.Config{
 		Etcd:                   hostCfg.Etcd,
 		EtcdRoot:               hostCfg.EtcdRoot,
@@ -454,6 +508,10 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg poolRegistry
 		HostLeaseTTL:           hostCfg.HostLeaseTTL,
 		Peers:                  hostCfg.Peers,
 		DBPath:                 path,
+		Secrets:                box,
+		OAuthCallbackURL:       oauthCallbackURL(cfg),
+		OAuthStateTTL:          cfg.OAuth.StateTTL,
+		OAuthRefreshBefore:     cfg.OAuth.RefreshBefore,
 		Registry:               reg,
 		Versions:               versions,
 		Spawner:                sp,
@@ -716,6 +774,8 @@ func registerPool(srv *grpcserver.Server, pl *pool.Service, cfg *config.Config, 
 	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
 		return poolv1.RegisterPoolServiceHandler(ctx, mux, conn)
 	})
+	// The sign-in callback is a browser redirect: no API key, its state authenticates it.
+	srv.Handle(pool.OAuthCallbackPath, pl.OAuthCallbackHandler())
 	if pl.FrontDoorURL() == "" {
 		return nil
 	}
@@ -742,18 +802,10 @@ func frontDoorURL(cfg *config.Config) string {
 	if cfg.FrontDoor.PublicURL != "" {
 		return cfg.FrontDoor.PublicURL
 	}
-	host, port, err := net.SplitHostPort(cfg.HTTPAddr)
-	if err != nil {
-		return ""
+	if base := httpBase(cfg); base != "" {
+		return base + "/mcp"
 	}
-	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
-		host = "127.0.0.1"
-	}
-	scheme := "http"
-	if cfg.TLS.Enabled() {
-		scheme = "https"
-	}
-	return scheme + "://" + net.JoinHostPort(host, port) + "/mcp"
+	return ""
 }
 
 func registerPublisher(srv *grpcserver.Server, pub *publisher.Service) {

@@ -251,3 +251,20 @@ func TestTenancyIsResolvedOnAStreamsFirstMessage(t *testing.T) {
 	}
 	require.Equal(t, 1, n, "acme's graph, not globex's")
 }
+
+// TestOAuthCallbackURLFollowsTheListener: the callback is oauth.callback_url when set, else at
+// the origin of frontdoor.public_url, else at the HTTP listener's address (127.0.0.1 for an
+// unspecified host); without an HTTP listener there is none, and sign-in is off.
+func TestOAuthCallbackURLFollowsTheListener(t *testing.T) {
+	for _, tc := range []struct {
+		env  []string
+		want string
+	}{
+		{[]string{"RINGFENCE_HTTP_ADDR=0.0.0.0:8000"}, "http://127.0.0.1:8000/v1/oauth/callback"},
+		{[]string{"RINGFENCE_FRONTDOOR__PUBLIC_URL=https://tools.example.com/mcp"}, "https://tools.example.com/v1/oauth/callback"},
+		{[]string{"RINGFENCE_OAUTH__CALLBACK_URL=https://sso.example.com/v1/oauth/callback", "RINGFENCE_FRONTDOOR__PUBLIC_URL=https://tools.example.com/mcp"}, "https://sso.example.com/v1/oauth/callback"},
+		{[]string{"RINGFENCE_HTTP_ADDR="}, ""},
+	} {
+		require.Equal(t, tc.want, oauthCallbackURL(testConfig(t, tc.env...)), "%v", tc.env)
+	}
+}

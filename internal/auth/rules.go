@@ -100,6 +100,7 @@ var Rules = map[string]Rule{
 	// An agent token lets an MCP client do what its minter may do with one agent of one run
 	// (list and call its tools): whoever runs agents connects them.
 	poolv1.PoolService_CreateAgentToken_FullMethodName: perm(RunExecute),
+	poolv1.PoolService_ConnectServer_FullMethodName:    perm(RunExecute),
 	poolv1.PoolService_ListAgentTokens_FullMethodName:  perm(RunExecute),
 	poolv1.PoolService_RevokeAgentToken_FullMethodName: perm(RunExecute),
 

@@ -13,6 +13,7 @@ func newMCPImportCmd(g *globals) *cobra.Command {
 	var gt graphTarget
 	var server, agent string
 	var tools []string
+	var user string
 	cmd := &cobra.Command{
 		Use:   "mcp-import --server REF --graph G --agent A [--tool T ...]",
 		Short: "Import a registered server's tools into a graph's draft, pinned (needs workflow:write)",
@@ -28,7 +29,10 @@ grants that do not cover process_spawn and external_api_call (grants: [] is the 
 operator adds them), a missing graph or agent, a tool the server does not offer, and any
 declaration the screen cannot represent safely. Heuristic screen flags are reported and stored
 on the node. Re-importing updates nodes in place: the output says, per tool, added, updated
-(old and new hash) or unchanged.`,
+(old and new hash) or unchanged.
+
+A server that signs each user in (docs/oauth.md) is listed as one user sees it: --user names a
+user who has connected it (ringfence servers connect), and the key needs run:execute too.`,
 		Example: `  ringfence mcp-import --server docs-search --graph support-triage --agent researcher \
       --tool read_file --tool list_directory`,
 		Args: cobra.NoArgs,
@@ -40,7 +44,7 @@ on the node. Re-importing updates nodes in place: the output says, per tool, add
 			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
 			resp, err := client.ImportTools(ctx, &publisherv1.ImportToolsRequest{
-				Tenant: gt.tenant, GraphId: gt.graph, ServerRef: server, Agent: agent, Tools: tools,
+				Tenant: gt.tenant, GraphId: gt.graph, ServerRef: server, Agent: agent, Tools: tools, User: user,
 			})
 			if err != nil {
 				return g.violationsOr(err)
@@ -55,6 +59,7 @@ on the node. Re-importing updates nodes in place: the output says, per tool, add
 	cmd.Flags().StringVar(&server, "server", "", "registered server ref (required)")
 	cmd.Flags().StringVar(&agent, "agent", "", "agent node that binds the tools (required)")
 	cmd.Flags().StringArrayVar(&tools, "tool", nil, "a tool to import (repeatable; default: every tool the server offers)")
+	cmd.Flags().StringVar(&user, "user", "", "for a server that signs each user in: the connected user whose listing is imported")
 	_ = cmd.MarkFlagRequired("server")
 	_ = cmd.MarkFlagRequired("agent")
 	return cmd

@@ -36,17 +36,20 @@ func newRunsCmd(g *globals) *cobra.Command {
 		Aliases: []string{"run"},
 		Short:   "Start runs of published graphs and call their tools (needs run:execute)",
 	}
-	var graphID, runID, tenant string
+	var graphID, runID, tenant, user string
 	var version int64
 	var selected []string
 	start := &cobra.Command{
-		Use:   "start --graph G [--version N] [--run ID] [--selected-server S]...",
+		Use:   "start --graph G [--version N] [--run ID] [--user U] [--selected-server S]...",
 		Short: "Start a run of a published version (0 or omitted: the latest); prints the run id",
 		Long: `start starts a run of a published version; nothing is spawned until a call needs it.
 
 --selected-server names a server the user picked (repeatable): each agent then sees only its
 tools of the picked servers it has. It only narrows: a server no agent of the graph uses is
-ignored (and named in a warning), and an agent with none of the picked servers keeps its own.`,
+ignored (and named in a warning), and an agent with none of the picked servers keeps its own.
+
+--user names the person the run acts for: servers that sign each user in (registrations with
+oauth) get that user's token and no other's (docs/oauth.md); the key asserts it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			client, ctx, cancel, err := g.pool(cmd.Context())
@@ -54,7 +57,7 @@ ignored (and named in a warning), and an agent with none of the picked servers k
 				return err
 			}
 			defer cancel()
-			resp, err := client.StartRun(ctx, &poolv1.StartRunRequest{Tenant: tenant, GraphId: graphID, Version: version, RunId: runID, SelectedServers: selected})
+			resp, err := client.StartRun(ctx, &poolv1.StartRunRequest{Tenant: tenant, GraphId: graphID, Version: version, RunId: runID, SelectedServers: selected, User: user})
 			if err != nil {
 				return err
 			}
@@ -76,6 +79,7 @@ ignored (and named in a warning), and an agent with none of the picked servers k
 	start.Flags().Int64Var(&version, "version", 0, "published version (0: the latest)")
 	start.Flags().StringVar(&runID, "run", "", "run id to use (default: generated)")
 	start.Flags().StringVar(&tenant, "tenant", "", tenantUsage)
+	start.Flags().StringVar(&user, "user", "", "the user the run acts for: servers that sign each user in get this user's token")
 	start.Flags().StringArrayVar(&selected, "selected-server", nil, "a server the user picked; the run's agents see only their tools of picked servers (repeatable; only narrows)")
 	_ = start.MarkFlagRequired("graph")
 

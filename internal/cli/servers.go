@@ -49,6 +49,12 @@ type serverFlags struct {
 	strictInputs   bool
 	prewarm        int
 	maxResult      string
+	// Sign-in (oauth): the client, its secret's name, the scopes, the authorization server.
+	oauthClientID  string
+	oauthSecretRef string
+	oauthScopes    []string
+	oauthIssuer    string
+	clearOAuth     bool
 }
 
 func (f *serverFlags) register(cmd *cobra.Command, update bool) {
@@ -74,7 +80,12 @@ func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 	fl.BoolVar(&f.strictInputs, "strict-inputs", false, "refuse arguments a tool's input schema does not declare, even where the schema would allow them")
 	fl.IntVar(&f.prewarm, "prewarm", 0, fmt.Sprintf("warm containers the pool keeps ready for this server's next runs, each serving one run (stdio only, 0 to %d; the pool caps them all with pool.max_warm)", mcpserver.MaxPrewarm))
 	fl.StringVar(&f.maxResult, "max-result-bytes", "", "bound on one tool result as the server writes it, e.g. 4MiB (1KiB to 32MiB; 0 or omitted: 16MiB); a larger result fails its call as result_too_large")
+	fl.StringVar(&f.oauthClientID, "oauth-client-id", "", "sign each user in with OAuth (remote servers): the client registered for Ringfence at the authorization server, whose redirect URI is the pool's /v1/oauth/callback")
+	fl.StringVar(&f.oauthSecretRef, "oauth-client-secret-ref", "", "the registry secret holding that client's secret (never the secret itself; omit for a public client)")
+	fl.StringArrayVar(&f.oauthScopes, "oauth-scope", nil, "a scope asked for at sign-in (repeatable; none: those the server's metadata names)")
+	fl.StringVar(&f.oauthIssuer, "oauth-authorization-server", "", "the authorization server's issuer URL (default: discovered from the server's protected resource metadata)")
 	if update {
+		fl.BoolVar(&f.clearOAuth, "clear-oauth", false, "stop signing users in (drops every user's connection)")
 		fl.BoolVar(&f.clearEnv, "clear-env", false, "remove every env value (without --env and --clear-env the stored env is kept)")
 		fl.BoolVar(&f.clearHeaders, "clear-headers", false, "remove every header (--header-secret replaces them all)")
 	}
@@ -125,7 +136,38 @@ func (f *serverFlags) createRequest(ref string) (*registryv1.CreateServerRequest
 	if req.MaxResultBytes, err = f.maxResultBytes(); err != nil {
 		return nil, err
 	}
+	req.Oauth = f.oauth(nil, func(string) bool { return true })
 	return req, nil
+}
+
+// oauth is the sign-in the flags describe over cur (the stored one, on update), taking the
+// flags changed says were given; nil when there is none.
+func (f *serverFlags) oauth(cur *registryv1.OAuthSignIn, changed func(string) bool) *registryv1.OAuthSignIn {
+	if f.clearOAuth {
+		return nil
+	}
+	given := func(name, v string) bool { return changed(name) && v != "" }
+	if cur == nil && !given("oauth-client-id", f.oauthClientID) {
+		return nil
+	}
+	out := &registryv1.OAuthSignIn{}
+	if cur != nil {
+		out = &registryv1.OAuthSignIn{AuthorizationServer: cur.GetAuthorizationServer(), ClientId: cur.GetClientId(),
+			ClientSecretRef: cur.GetClientSecretRef(), Scopes: cur.GetScopes()}
+	}
+	if changed("oauth-client-id") {
+		out.ClientId = f.oauthClientID
+	}
+	if changed("oauth-client-secret-ref") {
+		out.ClientSecretRef = f.oauthSecretRef
+	}
+	if changed("oauth-scope") {
+		out.Scopes = f.oauthScopes
+	}
+	if changed("oauth-authorization-server") {
+		out.AuthorizationServer = f.oauthIssuer
+	}
+	return out
 }
 
 // maxResultBytes is --max-result-bytes in bytes (0 when omitted: the default).
@@ -161,7 +203,7 @@ func newServersCmd(g *globals) *cobra.Command {
 		Aliases: []string{"server", "mcp-servers"},
 		Short:   "Register and inspect MCP servers (needs mcp:admin)",
 	}
-	cmd.AddCommand(newServersAddCmd(g), newServersUpdateCmd(g), newServersListCmd(g),
+	cmd.AddCommand(newServersAddCmd(g), newServersUpdateCmd(g), newServersListCmd(g), newServersConnectCmd(g),
 		newServersShowCmd(g), newServersRemoveCmd(g), newServersToolsCmd(g), newServersExploreCmd(g))
 	return cmd
 }
@@ -252,6 +294,9 @@ replace the stored list. Without --env or --clear-env the stored env is kept.`,
 				Revision: s.GetRevision(),
 			}
 			changed := cmd.Flags().Changed
+			// The stored sign-in is kept unless a flag changes it: an update that forgot it would
+			// drop every user's connection.
+			req.Oauth = f.oauth(s.GetOauth(), changed)
 			if changed("transport") {
 				req.Transport = normalizeTransport(f.transport)
 				// What only the other kind of transport takes is dropped, so one update
@@ -621,6 +666,27 @@ func printStruct(g *globals, label string, s *structpb.Struct) {
 	fmt.Fprintf(g.stdout, "  %s:\n    %s\n", label, strings.Join(lines, "\n"))
 }
 
+// signInLine says how a server signs its users in, naming the client's secret, never holding it.
+func signInLine(o *registryv1.OAuthSignIn) string {
+	if o == nil {
+		return "-"
+	}
+	parts := []string{"oauth client " + o.GetClientId()}
+	if o.GetClientSecretRef() != "" {
+		parts = append(parts, "secret <- secret "+o.GetClientSecretRef())
+	}
+	if len(o.GetScopes()) > 0 {
+		parts = append(parts, "scopes "+strings.Join(o.GetScopes(), " "))
+	}
+	if o.GetAuthorizationServer() != "" {
+		parts = append(parts, "authorization server "+o.GetAuthorizationServer())
+	}
+	if o.GetCallbackUrl() != "" {
+		parts = append(parts, "callback "+o.GetCallbackUrl())
+	}
+	return strings.Join(parts, "; ")
+}
+
 func (g *globals) printServer(s *registryv1.Server) error {
 	s = maskedServer(s)
 	if g.output == "json" {
@@ -649,6 +715,7 @@ func (g *globals) printServer(s *registryv1.Server) error {
 		"include tools", orDash(strings.Join(s.GetToolFilter().GetInclude(), ", ")),
 		"exclude tools", orDash(strings.Join(s.GetToolFilter().GetExclude(), ", ")),
 		"tool permissions", orDash(strings.Join(perms, "; ")),
+		"sign-in", signInLine(s.GetOauth()),
 		"strict inputs", fmt.Sprint(s.GetStrictInputs()),
 		"prewarm", warmLine(s),
 		"max result", maxResult(s.GetMaxResultBytes()),

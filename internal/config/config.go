@@ -55,6 +55,7 @@ type Config struct {
 	Pool      Pool      `key:"pool"`
 	Documents Documents `key:"documents"`
 	FrontDoor FrontDoor `key:"frontdoor"`
+	OAuth     OAuth     `key:"oauth"`
 	Audit     Audit     `key:"audit"`
 	Limits    Limits    `key:"limits"`
 	Debug     Debug     `key:"debug"`
@@ -170,6 +171,13 @@ type FrontDoor struct {
 	SessionIdleTimeout  time.Duration `key:"session_idle_timeout" default:"30m" help:"close a session that received no request for this long"`
 	MaxSessionsPerAgent int           `key:"max_sessions_per_agent" default:"16" help:"open sessions one agent of a run may have at once"`
 	ClientApprovals     bool          `key:"client_approvals" default:"true" help:"let the client's user approve a call that asks a person first, when the client can be asked (elicitation); off, such a call waits for an approver (ringfence runs approve)"`
+}
+
+// OAuth configures sign-in to servers that sign each user in (docs/oauth.md).
+type OAuth struct {
+	CallbackURL   string        `key:"callback_url" help:"where authorization servers send users back: /v1/oauth/callback on the pool's HTTP listener as the user's browser reaches it, which each authorization server must list as the client's redirect URI; default the origin of frontdoor.public_url, else http(s)://<http_addr>, with /v1/oauth/callback"`
+	StateTTL      time.Duration `key:"state_ttl" default:"10m" help:"how long an authorization URL is good (its state is single use)"`
+	RefreshBefore time.Duration `key:"refresh_before" default:"1m" help:"refresh a user's token this long before it expires"`
 }
 
 // Documents configures how my-documents://<id> references in tool arguments are resolved: the
@@ -324,6 +332,7 @@ func (c *Config) Validate() error {
 	}
 	c.validateDocuments(&errs)
 	c.validateFrontDoor(&errs)
+	c.validateOAuth(&errs)
 	if c.Audit.SpoolMaxRecords < 1 {
 		errs.add("audit.spool_max_records", "must be at least 1", "e.g. 100000")
 	}
@@ -356,6 +365,28 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errs.err()
+}
+
+// validateOAuth checks the sign-in settings.
+func (c *Config) validateOAuth(errs *problems) {
+	o := c.OAuth
+	if o.CallbackURL != "" {
+		u, err := url.Parse(o.CallbackURL)
+		switch {
+		case err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") || u.RawQuery != "" || u.Fragment != "":
+			errs.add("oauth.callback_url", fmt.Sprintf("%q is not an http(s) URL with a host and no query", o.CallbackURL), "e.g. https://tools.example.com/v1/oauth/callback")
+		case u.Path != "/v1/oauth/callback":
+			errs.add("oauth.callback_url", "must end in /v1/oauth/callback, where the pool serves the callback", "e.g. https://tools.example.com/v1/oauth/callback")
+		case c.IsProduction() && u.Scheme != "https" && !isLoopbackName(u.Hostname()):
+			errs.add("oauth.callback_url", "is not https:// in production: authorization codes would cross the network in the clear", "serve TLS (tls.cert_file) or put a TLS proxy in front, and name its https:// URL")
+		}
+	}
+	if o.StateTTL < time.Minute || o.StateTTL > time.Hour {
+		errs.add("oauth.state_ttl", "must be from 1m to 1h", "e.g. 10m")
+	}
+	if o.RefreshBefore < 0 || o.RefreshBefore > time.Hour {
+		errs.add("oauth.refresh_before", "must be from 0s to 1h", "e.g. 1m")
+	}
 }
 
 // validateFrontDoor checks the front door's settings.

@@ -119,6 +119,8 @@ func Status(ctx context.Context, table Statuser, err error) error {
 		code = codes.DeadlineExceeded
 	case ClassLimitExceeded:
 		code = codes.ResourceExhausted
+	case ClassSignInRequired:
+		code = codes.FailedPrecondition
 	}
 	return withFailure(code, "could not list the server's tools: "+f.Error(), &typesv1.ServerFailure{Class: f.Class, Message: f.Message, StderrTail: VisibleTail(ctx, f.StderrTail)})
 }

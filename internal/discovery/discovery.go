@@ -94,6 +94,9 @@ const (
 	ClassProtocolViolation     = "protocol_violation"
 	ClassTimeout               = "timeout"
 	ClassLimitExceeded         = "limit_exceeded"
+	// ClassSignInRequired: the server signs each user in, and the listing was asked for no
+	// user, or one who has not connected it (docs/oauth.md).
+	ClassSignInRequired = "sign_in_required"
 )
 
 // Failure is a classified failure to reach or list a server. Message and StderrTail are safe to
@@ -124,4 +127,7 @@ type ExploreRequest struct {
 	// Tenant and ActorKeyID say whose call it is, for its audit record; Actor names the
 	// caller as a person reads it (auth.Principal.Actor), the record's agent_node.
 	Tenant, ActorKeyID, Actor string
+	// User, for a server that signs each user in, is the user of Tenant whose token lists its
+	// tools, as the server declares them to that user (an import for that user's runs).
+	User string
 }

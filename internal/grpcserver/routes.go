@@ -57,6 +57,7 @@ var routeMethods = map[string]string{
 	"POST /v1/documents":                                     "/ringfence.pool.v1.PoolService/PutDocument",
 	"GET /v1/documents/{document_id}":                        "/ringfence.pool.v1.PoolService/GetDocument",
 	"DELETE /v1/documents/{document_id}":                     "/ringfence.pool.v1.PoolService/DeleteDocument",
+	"POST /v1/mcp/servers/{ref}:connect":                     "/ringfence.pool.v1.PoolService/ConnectServer",
 	"GET /v1/audit/records":                                  "/ringfence.audit.v1.AuditService/List",
 	"GET /v1/audit/records:watch":                            "/ringfence.audit.v1.AuditService/Watch",
 	"POST /v1/audit:verify":                                  "/ringfence.audit.v1.AuditService/Verify",

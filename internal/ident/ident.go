@@ -43,6 +43,9 @@ var (
 	// AgentToken is an agent token's id, as the pool makes them (tok-<16 hex>):
 	// ^[a-z0-9-]{1,64}$.
 	AgentToken = Set{max: 64, punct: "-"}
+	// User is the subject a run acts for (StartRun's user), as an identity provider names
+	// people: ^[A-Za-z0-9_.:@|+-]{1,256}$, not dots only.
+	User = Set{max: 256, upper: true, punct: "_.:@|+-"}
 )
 
 // Pattern is the set as a regular expression, as docs/api.md lists it.

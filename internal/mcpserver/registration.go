@@ -98,9 +98,11 @@ type Registration struct {
 	// MaxResultBytes bounds an answer to tools/call as the server writes it (its JSON-RPC
 	// message); 0 means DefaultMaxResultBytes.
 	MaxResultBytes int64
-	Revision       int64
-	CreateTime     time.Time
-	UpdateTime     time.Time
+	// OAuth, when set, signs each user in to the (remote) server: see OAuth.
+	OAuth      *OAuth
+	Revision   int64
+	CreateTime time.Time
+	UpdateTime time.Time
 }
 
 // WarmTarget is a registration that asks for warm containers, as the pool polls them.
@@ -165,7 +167,10 @@ type Policy struct {
 	ToolPermissions map[string][]string
 	// StrictInputs refuses arguments the tool's pinned input schema does not declare.
 	StrictInputs bool
-	Revision     int64
+	// SignIn is the registration's SignInFingerprint: non-empty for a server that signs each
+	// user in (OAuth), whose tools a run's user reaches only once connected.
+	SignIn   string
+	Revision int64
 }
 
 // Resolved is a registration with its secrets in clear, for the pool to start it.
@@ -173,6 +178,8 @@ type Resolved struct {
 	Registration
 	// HeaderValues maps each header to its secret's clear value.
 	HeaderValues map[string]string
+	// ClientSecret is the clear value of OAuth.ClientSecretRef (empty without one).
+	ClientSecret string
 }
 
 var (
@@ -361,6 +368,11 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 	}
 	if r.Prewarm > 0 && r.Transport != TransportStdio {
 		return fielderr.New("prewarm", "applies to the stdio transport only (warm containers); a %s server has no container to keep warm: remove prewarm", r.Transport)
+	}
+	if r.OAuth != nil {
+		if err := r.OAuth.validate(r.Transport, r.Headers); err != nil {
+			return err
+		}
 	}
 	if r.MaxResultBytes != 0 && (r.MaxResultBytes < MinMaxResultBytes || r.MaxResultBytes > MaxMaxResultBytes) {
 		return fielderr.New("max_result_bytes", "must be 0 (default %d, 16 MiB) or between %d (1 KiB) and %d (32 MiB); it is %d", DefaultMaxResultBytes, MinMaxResultBytes, MaxMaxResultBytes, r.MaxResultBytes)

@@ -107,7 +107,7 @@ func (r *Registry) ResolveRegistration(ctx context.Context, ref string) (*mcpser
 func ResolvedFromProto(resp *registryinternalv1.ResolveServerResponse) *mcpserver.Resolved {
 	reg := RegistrationFromProto(resp.GetServer())
 	reg.Env = resp.GetEnv()
-	return &mcpserver.Resolved{Registration: *reg, HeaderValues: resp.GetHeaderValues()}
+	return &mcpserver.Resolved{Registration: *reg, HeaderValues: resp.GetHeaderValues(), ClientSecret: resp.GetOauthClientSecret()}
 }
 
 // ServerPolicy implements the publisher's and pool's policy lookups through GetServerPolicy.
@@ -118,6 +118,7 @@ func (r *Registry) ServerPolicy(ctx context.Context, ref string) (mcpserver.Poli
 	}
 	p := mcpserver.Policy{
 		Ref: resp.GetRef(), Description: resp.GetDescription(), Grants: resp.GetGrants(), Revision: resp.GetRevision(), StrictInputs: resp.GetStrictInputs(),
+		SignIn: resp.GetSignIn(),
 		Filter: mcpserver.ToolFilter{Include: resp.GetToolFilter().GetInclude(), Exclude: resp.GetToolFilter().GetExclude()},
 	}
 	if len(resp.GetToolPermissions()) > 0 {
@@ -194,6 +195,9 @@ func RegistrationFromProto(s *registryv1.Server) *mcpserver.Registration {
 		Revision:       s.GetRevision(),
 		Filter:         mcpserver.ToolFilter{Include: s.GetToolFilter().GetInclude(), Exclude: s.GetToolFilter().GetExclude()},
 	}
+	if o := s.GetOauth(); o != nil {
+		reg.OAuth = &mcpserver.OAuth{AuthorizationServer: o.GetAuthorizationServer(), ClientID: o.GetClientId(), ClientSecretRef: o.GetClientSecretRef(), Scopes: o.GetScopes()}
+	}
 	if d := s.GetClientSessionTimeout(); d != nil {
 		reg.ClientSessionTimeout = d.AsDuration()
 	}
@@ -225,10 +229,17 @@ func (p *Pool) DiscoverTools(ctx context.Context, ref string) (*discovery.Listin
 	return listing, err
 }
 
+// DiscoverToolsAs implements the publisher's UserDiscoverer through Discover.
+func (p *Pool) DiscoverToolsAs(ctx context.Context, tenant, user, ref string) (*discovery.Listing, error) {
+	listing, _, err := p.ExploreTools(ctx, discovery.ExploreRequest{Ref: ref, Tenant: tenant, User: user})
+	return listing, err
+}
+
 // ExploreTools implements registry.Discoverer through Discover.
 func (p *Pool) ExploreTools(ctx context.Context, req discovery.ExploreRequest) (*discovery.Listing, *typesv1.ExploreCallResult, error) {
 	resp, err := p.client.Discover(ctx, &poolinternalv1.DiscoverRequest{
 		ServerRef: req.Ref, Call: req.Call, Adhoc: req.Adhoc, Tenant: req.Tenant, ActorKeyId: req.ActorKeyID, Actor: req.Actor,
+		User: req.User,
 	})
 	if err != nil {
 		if status.Code(err) == codes.NotFound {

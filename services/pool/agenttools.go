@@ -110,8 +110,12 @@ func (s *Service) agentSurface(ctx context.Context, r *run, agent string) (*agen
 	if err != nil {
 		return nil, err
 	}
+	connections, err := s.connections(ctx, r.id.Tenant, r.id.User, policies)
+	if err != nil {
+		return nil, err
+	}
 	r.mu.Lock()
-	st := agentsurface.State{Policies: policies, Selected: r.rec.SelectedServers, Loaded: make(map[string]bool)}
+	st := agentsurface.State{Policies: policies, Selected: r.rec.SelectedServers, Loaded: make(map[string]bool), Connections: connections}
 	for _, name := range r.rec.LoadedTools[agent] {
 		st.Loaded[name] = true
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -93,6 +94,11 @@ const (
 	// names which), a deferred tool tool_search has not loaded.
 	reasonFilteredOut = "filtered_out"
 	reasonNotLoaded   = "not_loaded"
+	// Sign-in (docs/oauth.md): the tool's server signs each user in and the run's user has not
+	// connected it (or has no token it takes); the user connected it and it did not declare
+	// the tool to them.
+	reasonSignInRequired = "sign_in_required"
+	reasonNotDeclared    = "not_declared"
 	// Approvals: the call waits for an approver; the run waits for another call's approval;
 	// an approver denied it; nobody decided in time.
 	reasonApprovalRequired = audit.ReasonApprovalRequired
@@ -329,7 +335,17 @@ func (s *Service) callTool(ctx context.Context, req CallRequest) outcome {
 	} else if req.Tool == graph.ToolSearchName && in.surface != nil {
 		in.searchPolicies, in.searchPolicyErr = s.policies(ctx, in.surface.Servers())
 		in.policyCanceled = in.searchPolicyErr != nil && ctx.Err() != nil
+	} else if ref, ok := strings.CutPrefix(req.Tool, graph.ConnectToolPrefix); ok && in.surface != nil && slices.Contains(in.surface.Servers(), ref) {
+		p, err := s.cfg.Registry.ServerPolicy(ctx, ref)
+		switch {
+		case errors.Is(err, mcpserver.ErrNotRegistered):
+		case err != nil:
+			in.connectPolicyErr, in.policyCanceled = err, ctx.Err() != nil
+		default:
+			in.connectPolicy = &p
+		}
 	}
+	in.connections, in.connectionsErr = s.callConnections(ctx, r, &in)
 
 	d := decide(&in)
 	for d.deliver != nil {
@@ -349,8 +365,14 @@ func (s *Service) callTool(ctx context.Context, req CallRequest) outcome {
 	if d.search != nil {
 		return s.answerSearch(ctx, r, req, d)
 	}
+	if d.connect != "" {
+		return s.answerConnect(ctx, r, d)
+	}
 	if d.err == nil && len(d.docRefs) > 0 {
 		in.documents = s.fetchDocuments(ctx, r.id.Tenant, d.docRefs)
+	}
+	if ref, ok := d.err.(*RefusedError); ok && ref.Reason == reasonSignInRequired && d.serverRef != "" && r.id.User != "" {
+		d.err = s.withSignInURL(ctx, r, d.serverRef, ref)
 	}
 	d = decideArguments(&in, d)
 	if d.ask {

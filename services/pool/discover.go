@@ -187,6 +187,9 @@ func (s *Service) ExploreTools(ctx context.Context, req discovery.ExploreRequest
 			return nil, nil, err
 		}
 	}
+	if reg.OAuth != nil {
+		return s.exploreAs(ctx, req, reg)
+	}
 	spawned, err := s.spawner.Spawn(ctx, specFor(reg, spawner.PurposeDiscovery, ""))
 	if err != nil {
 		return nil, nil, spawnFailure(err)
@@ -207,6 +210,34 @@ func (s *Service) ExploreTools(ctx context.Context, req discovery.ExploreRequest
 	}
 	sess := &session{ref: reg.Ref, sess: spawned, reg: reg, start: time.Now()}
 	return listing, s.exploreCall(ctx, sess, listing, req), nil
+}
+
+// exploreAs lists the tools of a server that signs each user in: they are each user's, listed
+// with a user's token (an import for that user), never by an operator's discovery, which has
+// none, and never called outside a run.
+func (s *Service) exploreAs(ctx context.Context, req discovery.ExploreRequest, reg *mcpserver.Resolved) (*discovery.Listing, *typesv1.ExploreCallResult, error) {
+	signIn := func(format string, args ...any) error {
+		return &discovery.Failure{Class: discovery.ClassSignInRequired, Message: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case req.User == "":
+		return nil, nil, signIn("server %s signs each user in, so its tools are listed per user: connect it for a user (ringfence servers connect %s --user U), and import as that user (ringfence mcp-import --user U)", reg.Ref, reg.Ref)
+	case req.Call != nil || req.Adhoc != nil:
+		return nil, nil, signIn("server %s signs each user in: it is explored with no call and no ad hoc spec; its tools are called in that user's runs", reg.Ref)
+	case ValidateUser("user", req.User) != nil:
+		return nil, nil, ValidateUser("user", req.User)
+	}
+	if err := s.signInConfigured(); err != nil {
+		return nil, nil, err
+	}
+	listing, err := s.listAs(ctx, orDefaultTenant(req.Tenant), req.User, reg)
+	if errors.Is(err, errSignInRequired) {
+		return nil, nil, signIn("user %s has not connected server %s (%s): ringfence servers connect %s --user %s", req.User, reg.Ref, signInWhy(err), reg.Ref, req.User)
+	}
+	if errors.Is(err, errServerUnreachable) {
+		return nil, nil, &discovery.Failure{Class: discovery.ClassSpawnFailed, Message: strings.TrimPrefix(err.Error(), "pool: ")}
+	}
+	return listing, nil, err
 }
 
 // exploreCall makes, checks and records the one call of ExploreTools.

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/ringfence/ringfence/internal/agentsurface"
+	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/humanize"
 	"github.com/ringfence/ringfence/services/pool/spawner"
 )
@@ -289,7 +291,8 @@ func (a *agentServer) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.
 
 // loaded says res is tool_search's answer.
 func (a *agentServer) loaded(res *CallResult) bool {
-	return res != nil && res.ServerRef == "" && res.ToolName == agentsurface.KindToolSearch
+	return res != nil && (res.ServerRef == "" && res.ToolName == agentsurface.KindToolSearch ||
+		strings.HasPrefix(res.ToolName, graph.ConnectToolPrefix))
 }
 
 // The key of the approval question among a result's input requests.

@@ -95,6 +95,12 @@ type harnessOpts struct {
 	approvalTimeout time.Duration
 	// documents, when set, resolves my-documents:// references instead of the built-in store.
 	documents documents.Resolver
+	// oauthCallback turns sign-in on with this callback URL (the secrets key seals the tokens);
+	// now is the clock tokens' expiry is judged by (nil: time.Now).
+	oauthCallback string
+	now           func() time.Time
+	// logTo receives every service's log (nil: discarded).
+	logTo io.Writer
 }
 
 // overridableVersions serves the publisher's versions, or a hand-made one a test injects to
@@ -127,7 +133,7 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 		image = dockertest.FixtureImage(t)
 	}
 	dir := t.TempDir()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	quiet := slog.New(slog.NewTextHandler(cmp.Or(o.logTo, io.Discard), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	box, err := secretbox.LoadOrCreate(filepath.Join(dir, "secrets.key"))
 	require.NoError(t, err)
 	roles, err := auth.NewRoles("")
@@ -184,6 +190,10 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 		AllowInlineMCPServers: o.allowInline, AllowAdvisory: o.allowAdvisory, Logger: quiet,
 		Warm: reg, MaxWarm: o.maxWarm, WarmRefresh: o.warmRefresh, WarmMaxAge: o.warmMaxAge,
 		ApprovalTimeout: o.approvalTimeout, Documents: o.documents, FrontDoorURL: "http://127.0.0.1:8000/mcp",
+		OAuthCallbackURL: o.oauthCallback, Now: o.now,
+	}
+	if o.oauthCallback != "" {
+		cfg.Secrets = box
 	}
 	pl, err := Open(t.Context(), cfg)
 	require.NoError(t, err)

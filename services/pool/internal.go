@@ -47,6 +47,7 @@ func (g *InternalServer) Discover(ctx context.Context, req *poolinternalv1.Disco
 	}
 	listing, call, err := g.svc.ExploreTools(ctx, discovery.ExploreRequest{
 		Ref: req.GetServerRef(), Call: req.GetCall(), Adhoc: req.GetAdhoc(), Tenant: tenant, ActorKeyID: req.GetActorKeyId(), Actor: req.GetActor(),
+		User: req.GetUser(),
 	})
 	if err != nil {
 		return nil, discovery.Status(ctx, g.svc.errors, err)
@@ -63,8 +64,9 @@ func (g *InternalServer) Discover(ctx context.Context, req *poolinternalv1.Disco
 // ExploreServer, checked there against the operator's key. Without this, a publisher
 // certificate would run any tool of any server outside a run.
 func mayExplore(ctx context.Context, req *poolinternalv1.DiscoverRequest) error {
-	if req.GetCall() == nil && req.GetAdhoc() == nil && req.GetTenant() == "" && req.GetActorKeyId() == "" && req.GetActor() == "" {
-		return nil
+	if req.GetCall() == nil && req.GetAdhoc() == nil && req.GetActorKeyId() == "" && req.GetActor() == "" &&
+		(req.GetTenant() == "" || req.GetUser() != "") {
+		return nil // a listing, for everyone's imports or one user's
 	}
 	if p, err := auth.PrincipalFrom(ctx); err == nil && p.Service == mtls.Registry {
 		return nil

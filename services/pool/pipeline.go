@@ -93,6 +93,15 @@ type gateInput struct {
 	// searchPolicyErr says why they could not be read.
 	searchPolicies  map[string]mcpserver.Policy
 	searchPolicyErr error
+	// connections are the run's user's connections of the servers whose policies the call
+	// read (policy, searchPolicies, connectPolicy) that sign users in; connectionsErr says why
+	// they could not be read.
+	connections    map[string]agentsurface.Connection
+	connectionsErr error
+	// connectPolicy is the policy of the server a call to a connect tool names
+	// (mcp_oauth_connect_<ref>); connectPolicyErr why it could not be read.
+	connectPolicy    *mcpserver.Policy
+	connectPolicyErr error
 	// documents are the fetched my-documents:// references of the call (decideArguments).
 	documents map[string]fetched
 	// decision is set when ApproveCall runs the gates again for an approved call.
@@ -142,6 +151,8 @@ type decision struct {
 	answered bool
 	search   *searchAnswer
 	deliver  *approvalView
+	// connect names the server a call to its connect tool connects (answerConnect).
+	connect string
 }
 
 // gate is one step of a stage: nil lets the call on.
@@ -149,7 +160,7 @@ type gate func(in *gateInput, d *decision) error
 
 // Stages of decide and decideArguments, in order.
 var (
-	targetGates     = []gate{gateRunning, gateLoaded, gateAgent, gateApprovals, gateToolSearch, gateBinding}
+	targetGates     = []gate{gateRunning, gateLoaded, gateAgent, gateApprovals, gateToolSearch, gateConnect, gateBinding}
 	registeredGates = []gate{gateFloor, gateCeiling, gateSurface, gateAgentFloor, gateArguments, gateDocumentRefs}
 	argumentGates   = []gate{gateDocuments, gateStrict, gateCall, gateConfirmation}
 	inlineGates     = []gate{gateInlineAllowed, gateAgentFloor, gateArguments}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -28,6 +29,7 @@ import (
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/internal/secretbox"
 	"github.com/ringfence/ringfence/mcpgate/schemas"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
 	"github.com/ringfence/ringfence/services/pool/spawner"
@@ -142,7 +144,24 @@ type Config struct {
 	// DefaultAgentTokenMaxTTL).
 	AgentTokenTTL    time.Duration
 	AgentTokenMaxTTL time.Duration
-	Logger           *slog.Logger
+	// Secrets seals the users' OAuth tokens and the PKCE verifiers of pending sign-ins in
+	// pool.db (the deployment's secrets key); nil turns sign-in off: servers that sign users
+	// in are refused.
+	Secrets *secretbox.Box
+	// OAuthCallbackURL is the redirect URI of every sign-in: /v1/oauth/callback on the HTTP
+	// listener as the user's browser reaches it (oauth.callback_url). Empty turns sign-in off.
+	OAuthCallbackURL string
+	// OAuthStateTTL is how long an authorization URL is good (default
+	// DefaultOAuthStateTTL); OAuthRefreshBefore how long before its expiry a user's token is
+	// refreshed (default DefaultOAuthRefreshBefore).
+	OAuthStateTTL      time.Duration
+	OAuthRefreshBefore time.Duration
+	// OAuthHTTPClient, when set, makes the metadata, token and refresh requests (tests: a
+	// client that trusts their CA); nil is a bounded client that follows no redirect.
+	OAuthHTTPClient *http.Client
+	// Now, when set, is the clock a token's expiry is judged by (tests); nil is time.Now.
+	Now    func() time.Time
+	Logger *slog.Logger
 }
 
 // Service implements PoolService.
@@ -188,6 +207,9 @@ type Service struct {
 	// onToolsChanged hears that a server of a run said its tools changed (the MCP front door
 	// tells the agents' clients); nil without a front door.
 	onToolsChanged atomic.Pointer[func(tenant, runID, serverRef string)]
+
+	// signIns serializes each user's use of their token per server (oauth.go).
+	signIns signIns
 }
 
 // toolsChanged passes a server's tools/list_changed in a run on to the listener, if any.

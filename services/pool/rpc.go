@@ -62,7 +62,8 @@ func (g *Server) StartRun(ctx context.Context, req *poolv1.StartRunRequest) (*po
 	if req.GetVersion() < 0 {
 		return nil, g.svc.errors.Status(ctx, fieldError("version", "must not be negative (0 means the latest)"))
 	}
-	info, err := g.svc.StartRun(ctx, tenant, req.GetGraphId(), req.GetVersion(), req.GetRunId(), req.GetSelectedServers()...)
+	info, err := g.svc.StartRunFor(ctx, RunStart{Tenant: tenant, GraphID: req.GetGraphId(), Version: req.GetVersion(), RunID: req.GetRunId(),
+		User: req.GetUser(), Selected: req.GetSelectedServers()})
 	if err != nil {
 		return forwardOr(ctx, g, err, poolv1.PoolService_StartRun_FullMethodName, req, &poolv1.StartRunResponse{})
 	}
@@ -277,6 +278,8 @@ var refusalCodes = map[string]codes.Code{
 	reasonShuttingDown:        codes.Unavailable,
 	reasonFilteredOut:         codes.PermissionDenied,
 	reasonNotLoaded:           codes.FailedPrecondition,
+	reasonSignInRequired:      codes.FailedPrecondition,
+	reasonNotDeclared:         codes.PermissionDenied,
 	reasonApprovalRequired:    codes.FailedPrecondition,
 	reasonApprovalPending:     codes.FailedPrecondition,
 	reasonDeniedByApprover:    codes.PermissionDenied,
@@ -331,7 +334,7 @@ func runToProto(info *RunInfo) *poolv1.Run {
 		RunId: r.ID, Tenant: r.Tenant, GraphId: r.GraphID, Version: r.Version, State: r.State,
 		StartTime: timestamppb.New(r.StartTime), LastActivityTime: timestamppb.New(info.LastActivity),
 		Calls: info.Calls, EndReason: r.EndReason, SelectedServers: r.SelectedServers, PendingApprovalId: info.PendingApproval,
-		Host: r.Host, HostLost: r.HostLost,
+		Host: r.Host, HostLost: r.HostLost, User: r.User,
 	}
 	if !r.EndTime.IsZero() {
 		out.EndTime = timestamppb.New(r.EndTime)
@@ -598,4 +601,21 @@ func (g *Server) RevokeAgentToken(ctx context.Context, req *poolv1.RevokeAgentTo
 func tokenToProto(t *AgentToken) *poolv1.AgentToken {
 	return &poolv1.AgentToken{TokenId: t.ID, RunId: t.RunID, Tenant: t.Tenant, Agent: t.Agent,
 		CreateTime: timestamppb.New(t.CreateTime), ExpireTime: timestamppb.New(t.ExpireTime), CreatedBy: t.CreatedBy}
+}
+
+// ConnectServer implements PoolService.
+func (g *Server) ConnectServer(ctx context.Context, req *poolv1.ConnectServerRequest) (*poolv1.ConnectServerResponse, error) {
+	tenant, err := runTenant(ctx)
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	c, err := g.svc.ConnectServer(ctx, tenant, req.GetUser(), req.GetRef())
+	if err != nil {
+		return nil, g.svc.errors.Status(ctx, err)
+	}
+	out := &poolv1.ConnectServerResponse{State: c.State, AuthorizationUrl: c.AuthorizationURL, Tools: c.Tools}
+	if !c.ExpireTime.IsZero() {
+		out.ExpireTime = timestamppb.New(c.ExpireTime)
+	}
+	return out, nil
 }

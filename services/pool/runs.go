@@ -65,12 +65,14 @@ type run struct {
 type runIdentity struct {
 	ID, Tenant, GraphID string
 	Version             int64
+	// User is the subject the run acts for; empty for none.
+	User string
 }
 
 // newRun builds the in-memory run for rec, as started, restored or read back ended.
 func newRun(rec store.Run) *run {
 	return &run{
-		id:  runIdentity{ID: rec.ID, Tenant: rec.Tenant, GraphID: rec.GraphID, Version: rec.Version},
+		id:  runIdentity{ID: rec.ID, Tenant: rec.Tenant, GraphID: rec.GraphID, Version: rec.Version, User: rec.User},
 		rec: rec, sessions: make(map[string]*session), attempts: make(map[string]int32),
 		effective: make(map[string]agentCaps), surfaces: make(map[string]*agentsurface.Agent), calls: rec.Calls, lastActivity: rec.LastActivity,
 	}
@@ -160,7 +162,28 @@ type runs struct {
 // uses, which narrow what each agent sees (agenttools.go), and the answer lists the others as
 // ignored.
 func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version int64, runID string, selected ...string) (*RunInfo, error) {
-	tenant = orDefaultTenant(tenant)
+	return s.StartRunFor(ctx, RunStart{Tenant: tenant, GraphID: graphID, Version: version, RunID: runID, Selected: selected})
+}
+
+// RunStart is what StartRunFor starts.
+type RunStart struct {
+	Tenant, GraphID string
+	Version         int64
+	RunID           string
+	// User is the subject the run acts for: servers that sign each user in get this user's
+	// token (docs/oauth.md). The caller asserts it; empty acts for nobody.
+	User     string
+	Selected []string
+}
+
+// StartRunFor is StartRun with the run's user.
+func (s *Service) StartRunFor(ctx context.Context, rs RunStart) (*RunInfo, error) {
+	tenant, graphID, version, runID, selected := orDefaultTenant(rs.Tenant), rs.GraphID, rs.Version, rs.RunID, rs.Selected
+	if rs.User != "" {
+		if err := ValidateUser("user", rs.User); err != nil {
+			return nil, err
+		}
+	}
 	if runID == "" {
 		runID = newRunID()
 	}
@@ -183,7 +206,7 @@ func (s *Service) StartRun(ctx context.Context, tenant, graphID string, version 
 	kept, ignored := selection(ix, selected)
 	now := time.Now().UTC()
 	r := newRun(store.Run{ID: runID, Tenant: tenant, GraphID: graphID, Version: v.Version, State: StateRunning, StartTime: now, LastActivity: now,
-		SelectedServers: kept, Host: s.host})
+		SelectedServers: kept, Host: s.host, User: rs.User})
 	r.loadOnce.Do(func() { r.version, r.index = v, ix })
 
 	s.runs.mu.Lock()

@@ -28,6 +28,10 @@ type session struct {
 	reg         *mcpserver.Resolved
 	err         error
 	start       time.Time
+	// renewAt is, for a server that signs each user in, when the user's token it was started
+	// with is due for a refresh (oauth.refresh_before ahead of its expiry): the run's next
+	// call then starts a fresh session, with the refreshed token. Zero for any other.
+	renewAt time.Time
 
 	// warm: the session came from the pool's warm set (warm.go): started before its run,
 	// taken by the run's first call to the server. unwarm is closed when it leaves the set.
@@ -170,6 +174,12 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 			continue
 		default:
 		}
+		if !sess.renewAt.IsZero() && !s.now().Before(sess.renewAt) {
+			// The user's token is due for a refresh: a fresh session carries the new one.
+			s.forget(r, sess)
+			s.stop(sess)
+			continue
+		}
 		if sess.announce.Load() == nil {
 			f := func() { s.toolsChanged(r.id, ref) }
 			sess.announce.CompareAndSwap(nil, &f)
@@ -254,6 +264,16 @@ func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 		failed(refusal(reasonIsolationRequired, errIsolationRequired))
 		return
 	}
+	if reg.OAuth != nil && sess.inline == nil {
+		// The run's user's token, and no other's: without one, the call is refused with the URL
+		// the user signs in at.
+		authed, renewAt, err := s.runBearer(sctx, r, reg)
+		if err != nil {
+			failed(err)
+			return
+		}
+		reg, sess.renewAt = authed, renewAt
+	}
 	// The registry may have taken a while: no container is started once the pool closes.
 	if s.inflight.closed() || sctx.Err() != nil {
 		failed(s.givenUp())
@@ -263,6 +283,10 @@ func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 	spec.OnToolListChanged = sess.toolsChanged
 	sp, err := s.spawner.Spawn(sctx, spec)
 	if err != nil {
+		if reg.OAuth != nil && refusedToken(err) {
+			failed(s.dropRefusedToken(sctx, r, reg))
+			return
+		}
 		failed(spawnRefusal(err))
 		return
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/ringfence/ringfence/internal/agentsurface"
 	"github.com/ringfence/ringfence/internal/documents"
@@ -29,7 +30,11 @@ func gateSurface(in *gateInput, d *decision) error {
 	if in.surface == nil {
 		return refusal(reasonUnknownAgent, fmt.Errorf("agent %q's tools cannot be read from graph %s v%d", in.req.Agent, in.run.id.GraphID, in.run.id.Version))
 	}
-	st := agentsurface.State{Policies: map[string]mcpserver.Policy{d.serverRef: in.policy}, Selected: in.run.selected, Loaded: in.run.loaded}
+	if in.policy.SignIn != "" && in.connectionsErr != nil {
+		return in.connectionsErr
+	}
+	st := agentsurface.State{Policies: map[string]mcpserver.Policy{d.serverRef: in.policy}, Selected: in.run.selected, Loaded: in.run.loaded,
+		Connections: in.connections}
 	dec := in.surface.DecideTool(in.req.Tool, st)
 	switch dec.Outcome {
 	case agentsurface.Visible:
@@ -41,6 +46,10 @@ func gateSurface(in *gateInput, d *decision) error {
 		return r
 	case agentsurface.NotLoaded:
 		return refusal(reasonNotLoaded, errors.New(dec.Message))
+	case agentsurface.SignInRequired:
+		return refusal(reasonSignInRequired, errors.New(dec.Message))
+	case agentsurface.NotDeclared:
+		return refusal(reasonNotDeclared, errors.New(dec.Message))
 	}
 	return refusal(reasonUnknownTool, errors.New(dec.Message))
 }
@@ -91,6 +100,36 @@ func gateToolSearch(in *gateInput, d *decision) error {
 	server, _ := in.args.value["server"].(string)
 	d.search = &searchAnswer{matches: surface.Search(query, server, 0)}
 	d.answered = true
+	return nil
+}
+
+// gateConnect answers a call to a server's connect tool, when the agent offers it (the server
+// signs each user in and the run's user has not connected it): callTool connects it
+// (answerConnect). A name the agent does not offer goes on to gateBinding, which refuses it.
+func gateConnect(in *gateInput, d *decision) error {
+	ref, ok := strings.CutPrefix(in.req.Tool, graph.ConnectToolPrefix)
+	if !ok || in.surface == nil {
+		return nil
+	}
+	if err := in.connectPolicyErr; err != nil {
+		if in.policyCanceled {
+			return err
+		}
+		return refusal(reasonRegistryUnavailable, fmt.Errorf("the registry could not be asked for server %q's policy, so its connect tool cannot be decided: %w", ref, err))
+	}
+	if in.connectPolicy == nil {
+		return nil
+	}
+	if in.connectionsErr != nil {
+		return in.connectionsErr
+	}
+	surface := in.surface.Resolve(agentsurface.State{Policies: map[string]mcpserver.Policy{ref: *in.connectPolicy}, Selected: in.run.selected,
+		Loaded: in.run.loaded, Connections: in.connections})
+	if dec := surface.Decide(in.req.Tool); dec.Outcome != agentsurface.MetaTool {
+		return nil
+	}
+	d.connect, d.serverRef, d.answered = ref, ref, true
+	d.attempt.ServerRef = ref
 	return nil
 }
 

@@ -15,10 +15,12 @@ import (
 
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/humanize"
+	"github.com/ringfence/ringfence/internal/ident"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/mcpgate/capability"
 	"github.com/ringfence/ringfence/mcpgate/mcpdecl"
@@ -33,6 +35,9 @@ type ImportRequest struct {
 	ServerRef string
 	Agent     string
 	Tools     []string
+	// User, for a server that signs each user in, is the user of Tenant whose connection
+	// lists the tools (docs/oauth.md).
+	User string
 }
 
 // Import outcomes, per tool.
@@ -91,7 +96,13 @@ func (s *Service) ImportTools(ctx context.Context, req *publisherv1.ImportToolsR
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	res, err := s.Import(ctx, ImportRequest{Tenant: tenant, GraphID: req.GetGraphId(), ServerRef: req.GetServerRef(), Agent: req.GetAgent(), Tools: req.GetTools()})
+	if req.GetUser() != "" {
+		if err := mayActFor(ctx, req.GetUser()); err != nil {
+			return nil, s.errors.Status(ctx, err)
+		}
+	}
+	res, err := s.Import(ctx, ImportRequest{Tenant: tenant, GraphID: req.GetGraphId(), ServerRef: req.GetServerRef(), Agent: req.GetAgent(), Tools: req.GetTools(),
+		User: req.GetUser()})
 	var iv *importViolations
 	switch {
 	case errors.As(err, &iv):
@@ -107,6 +118,25 @@ func (s *Service) ImportTools(ctx context.Context, req *publisherv1.ImportToolsR
 		})
 	}
 	return resp, nil
+}
+
+// errActForUser: importing as a user lists a server's tools with that user's token, which only
+// a key that may assert users does (run:execute, as StartRun's user).
+var errActForUser = errors.New("publisher: importing as a user lists the server's tools with that user's token: the key needs run:execute as well as graph:write, as a run's user is asserted (docs/oauth.md)")
+
+// mayActFor checks an import's user: a well-formed subject, and a key that may assert users.
+func mayActFor(ctx context.Context, user string) error {
+	if err := ident.User.Check("user", user); err != nil {
+		return err
+	}
+	p, err := auth.PrincipalFrom(ctx)
+	if err != nil {
+		return err
+	}
+	if p.System == "" && !p.Has(auth.RunExecute) {
+		return errActForUser
+	}
+	return nil
 }
 
 // importStatus renders a failure to reach or list the server as an import failure (with the
@@ -155,7 +185,14 @@ func (s *Service) Import(ctx context.Context, req ImportRequest) (*ImportResult,
 	}
 
 	start := time.Now()
-	listing, err := s.cfg.Discoverer.DiscoverTools(ctx, req.ServerRef)
+	var listing *discovery.Listing
+	if req.User == "" {
+		listing, err = s.cfg.Discoverer.DiscoverTools(ctx, req.ServerRef)
+	} else if ud, ok := s.cfg.Discoverer.(UserDiscoverer); ok {
+		listing, err = ud.DiscoverToolsAs(ctx, req.Tenant, req.User, req.ServerRef)
+	} else {
+		return nil, refusef("this publisher's pool cannot list tools as a user: import without --user")
+	}
 	res := &ImportResult{Discovery: time.Since(start)}
 	if errors.Is(err, mcpserver.ErrNotRegistered) {
 		return nil, notRegistered()

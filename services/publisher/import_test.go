@@ -427,3 +427,24 @@ func TestNodeIDForLongAndTakenNames(t *testing.T) {
 	require.NoError(t, graph.ValidateNodeID("id", id))
 	require.NotEqual(t, id, nodeIDFor(strings.Repeat("r", 64), long[:127]+"u", map[string]bool{}), "shortened ids keep a digest of the full name")
 }
+
+// TestImportAsAUserNeedsAKeyThatAssertsUsers: an import that names a user lists a server with
+// that user's token, so an author's key (graph:write without run:execute) is refused before
+// anything is listed, and an admin's is let through to the pool (this fixture's discoverer
+// lists as nobody, and says so).
+func TestImportAsAUserNeedsAKeyThatAssertsUsers(t *testing.T) {
+	f := newFixture(t)
+	f.register(t, "docs", "process_spawn", "external_api_call")
+	f.disc.serve("docs", tool("read_file", "Read a file."))
+	f.createGraph(t, "g", "researcher")
+	req := &publisherv1.ImportToolsRequest{GraphId: "g", ServerRef: "docs", Agent: "researcher", User: "alice@example.com"}
+	_, err := f.client.ImportTools(f.author(t), req)
+	st := testutil.RequireStatus(t, err, codes.PermissionDenied)
+	require.Contains(t, st.Message(), "needs run:execute")
+	_, err = f.client.ImportTools(f.admin(t), req)
+	st = testutil.RequireStatus(t, err, codes.FailedPrecondition)
+	require.Contains(t, st.Message(), "cannot list tools as a user")
+	req.User = "not a user"
+	_, err = f.client.ImportTools(f.admin(t), req)
+	testutil.RequireStatus(t, err, codes.InvalidArgument)
+}

@@ -38,6 +38,12 @@ type Discoverer interface {
 	DiscoverTools(ctx context.Context, ref string) (*discovery.Listing, error)
 }
 
+// UserDiscoverer is a Discoverer that also lists a server that signs each user in as one
+// user sees it: the pool, in-process or over the internal plane.
+type UserDiscoverer interface {
+	DiscoverToolsAs(ctx context.Context, tenant, user, ref string) (*discovery.Listing, error)
+}
+
 // Config holds the service's dependencies.
 type Config struct {
 	// DBPath is the publisher's bbolt file. With Etcd set, nothing is kept there; the audit
@@ -110,6 +116,7 @@ var errorCodes = map[error]codes.Code{
 	errBadPageToken:                codes.InvalidArgument,
 	errAgentNotFound:               codes.NotFound,
 	errImportRefused:               codes.FailedPrecondition,
+	errActForUser:                  codes.PermissionDenied,
 	auth.ErrTenantMismatch:         codes.PermissionDenied,
 	discovery.ErrIsolationRequired: codes.Unavailable,
 	audit.ErrSpoolFull:             codes.Unavailable,

@@ -35,6 +35,7 @@ type serverSpec interface {
 	GetStrictInputs() bool
 	GetPrewarm() int32
 	GetMaxResultBytes() int64
+	GetOauth() *registryv1.OAuthSignIn
 }
 
 // registrationFromProto converts and validates a request. It reports whether env was present,
@@ -57,6 +58,12 @@ func registrationFromProto(req serverSpec, allowedEnvKeys []string) (*mcpserver.
 		StrictInputs:   req.GetStrictInputs(),
 		MaxResultBytes: req.GetMaxResultBytes(),
 		Prewarm:        int(req.GetPrewarm()),
+	}
+	if o := req.GetOauth(); o != nil {
+		reg.OAuth = &mcpserver.OAuth{
+			AuthorizationServer: o.GetAuthorizationServer(), ClientID: o.GetClientId(),
+			ClientSecretRef: o.GetClientSecretRef(), Scopes: o.GetScopes(),
+		}
 	}
 	if perms := req.GetToolPermissions(); len(perms) > 0 {
 		reg.ToolPermissions = make(map[string][]string, len(perms))
@@ -131,6 +138,12 @@ func serverToProto(r *mcpserver.Registration) *registryv1.Server {
 	}
 	for k := range r.Env {
 		out.Env[k] = SecretMask
+	}
+	if o := r.OAuth; o != nil {
+		out.Oauth = &registryv1.OAuthSignIn{
+			AuthorizationServer: o.AuthorizationServer, ClientId: o.ClientID,
+			ClientSecretRef: o.ClientSecretRef, Scopes: o.Scopes,
+		}
 	}
 	if len(r.ToolPermissions) > 0 {
 		out.ToolPermissions = make(map[string]*registryv1.ToolPermissions, len(r.ToolPermissions))

@@ -39,7 +39,7 @@ func (s *InternalServer) ResolveServer(ctx context.Context, req *registryinterna
 func resolvedToProto(res *mcpserver.Resolved) *registryinternalv1.ResolveServerResponse {
 	server := serverToProto(&res.Registration)
 	server.Url = res.URL
-	return &registryinternalv1.ResolveServerResponse{Server: server, Env: res.Env, HeaderValues: res.HeaderValues}
+	return &registryinternalv1.ResolveServerResponse{Server: server, Env: res.Env, HeaderValues: res.HeaderValues, OauthClientSecret: res.ClientSecret}
 }
 
 // GetServerPolicy implements RegistryInternalService: the publisher and pool read grants.
@@ -52,7 +52,7 @@ func (s *InternalServer) GetServerPolicy(ctx context.Context, req *registryinter
 		return nil, s.errors.Status(ctx, err)
 	}
 	out := &registryinternalv1.GetServerPolicyResponse{
-		Ref: p.Ref, Description: p.Description, Grants: p.Grants, Revision: p.Revision, StrictInputs: p.StrictInputs,
+		Ref: p.Ref, Description: p.Description, Grants: p.Grants, Revision: p.Revision, StrictInputs: p.StrictInputs, SignIn: p.SignIn,
 		ToolFilter: &registryv1.ToolFilter{Include: p.Filter.Include, Exclude: p.Filter.Exclude},
 	}
 	if len(p.ToolPermissions) > 0 {

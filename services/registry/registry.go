@@ -61,6 +61,9 @@ type Config struct {
 	// their server grants, for UpdateServer's warnings: the publisher in-process. nil (split
 	// deployments) makes the warning say how to find them.
 	Strands StrandFinder
+	// OAuthCallbackURL is where authorization servers send users back to the pool
+	// (oauth.callback_url), shown with each registration that signs users in.
+	OAuthCallbackURL string
 	// Warm reports the pool's warm containers in GetServer and ListServers; nil (no pool)
 	// leaves a registration's warm status out.
 	Warm WarmReporter
@@ -260,7 +263,18 @@ func (s *Service) ResolveRegistration(ctx context.Context, ref string) (*mcpserv
 	if err != nil {
 		return nil, err
 	}
-	return &mcpserver.Resolved{Registration: *reg, HeaderValues: values}, nil
+	res := &mcpserver.Resolved{Registration: *reg, HeaderValues: values}
+	if o := reg.OAuth; o != nil && o.ClientSecretRef != "" {
+		v, err := s.store.SecretValue(ctx, o.ClientSecretRef)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, missingSecret(ref, "oauth.client_secret_ref")
+		}
+		if err != nil {
+			return nil, err
+		}
+		res.ClientSecret = v
+	}
+	return res, nil
 }
 
 // headerValues resolves each header's named secret to its clear value; a header whose secret
@@ -280,21 +294,28 @@ func (s *Service) headerValues(ctx context.Context, headers map[string]string, m
 	return values, nil
 }
 
-// checkHeaderSecrets refuses a registration whose header names a secret that does not exist:
-// the server could never start, and a value that names no secret is most likely the
-// credential itself, which would otherwise be stored and shown as a name.
-func (s *Service) checkHeaderSecrets(ctx context.Context, headers map[string]string) error {
-	if len(headers) == 0 {
+// checkHeaderSecrets refuses a registration whose header (or OAuth client secret) names a
+// secret that does not exist: the server could never start, and a value that names no secret
+// is most likely the credential itself, which would otherwise be stored and shown as a name.
+func (s *Service) checkHeaderSecrets(ctx context.Context, reg *mcpserver.Registration) error {
+	if len(reg.Headers) == 0 && (reg.OAuth == nil || reg.OAuth.ClientSecretRef == "") {
 		return nil
 	}
 	secrets, err := s.store.ListSecrets(ctx)
 	if err != nil {
 		return err
 	}
-	for _, header := range slices.Sorted(maps.Keys(headers)) {
-		if !slices.ContainsFunc(secrets, func(sec store.Secret) bool { return sec.Name == headers[header] }) {
+	exists := func(name string) bool {
+		return slices.ContainsFunc(secrets, func(sec store.Secret) bool { return sec.Name == name })
+	}
+	for _, header := range slices.Sorted(maps.Keys(reg.Headers)) {
+		if !exists(reg.Headers[header]) {
 			return unknownHeaderSecret(header)
 		}
+	}
+	if reg.OAuth != nil && reg.OAuth.ClientSecretRef != "" && !exists(reg.OAuth.ClientSecretRef) {
+		return &detailed{sentinel: errMissingSecret,
+			msg: "registry: oauth.client_secret_ref names a secret that does not exist (the value sent is not shown: it may be the secret itself): create it first with ringfence secrets set NAME (PutSecret), then send its name"}
 	}
 	return nil
 }

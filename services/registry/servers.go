@@ -41,7 +41,7 @@ func (s *Service) CreateServer(ctx context.Context, req *registryv1.CreateServer
 	if _, err := mcpserver.RestoreMaskedURL("url", reg.URL, ""); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
-	if err := s.checkHeaderSecrets(ctx, reg.Headers); err != nil {
+	if err := s.checkHeaderSecrets(ctx, reg); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
 	if err := s.store.CreateServer(ctx, reg, func(r audit.Recorder) error {
@@ -147,7 +147,7 @@ func (s *Service) replaceServer(ctx context.Context, req *registryv1.UpdateServe
 	}
 	// An update sends every header (PUT replaces them), so each must name a secret that exists
 	// now, even one the stored registration already named.
-	if err := s.checkHeaderSecrets(ctx, reg.Headers); err != nil {
+	if err := s.checkHeaderSecrets(ctx, reg); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
 	var previous []string

@@ -33,7 +33,7 @@ func (s *Service) SetStrandFinder(f StrandFinder) { s.cfg.Strands = f }
 var patchable = []string{
 	"description", "transport", "command", "args", "env", "url", "headers", "grants",
 	"tool_filter", "tool_permissions", "client_session_timeout", "tool_call_timeout",
-	"keep_markup", "strict_inputs", "prewarm", "max_result_bytes",
+	"keep_markup", "strict_inputs", "prewarm", "max_result_bytes", "oauth",
 }
 
 // updatePaths returns the fields an update_mask names, or nil when the update replaces the
@@ -76,7 +76,7 @@ func updateRequestOf(srv *registryv1.Server) *registryv1.UpdateServerRequest {
 		ToolPermissions: srv.GetToolPermissions(), ClientSessionTimeout: srv.GetClientSessionTimeout(),
 		ToolCallTimeout: srv.GetToolCallTimeout(), KeepMarkup: srv.GetKeepMarkup(),
 		Revision: srv.GetRevision(), StrictInputs: srv.GetStrictInputs(), Prewarm: srv.GetPrewarm(),
-		MaxResultBytes: srv.GetMaxResultBytes(),
+		MaxResultBytes: srv.GetMaxResultBytes(), Oauth: srv.GetOauth(),
 	}
 }
 

@@ -37,12 +37,32 @@ func (s *InternalServer) ListWarmTargets(ctx context.Context, _ *registryinterna
 // pool that does not answer leaves them out of the answer rather than holding it up.
 const warmStatusTimeout = 2 * time.Second
 
+// withCallback fills the callback URL of each registration with sign-in (OAuthSignIn is the
+// registry's to show, the URL the deployment's: oauth.callback_url), on copies: a registration
+// read from the store's view is shared.
+func (s *Service) withCallback(servers []*registryv1.Server) []*registryv1.Server {
+	out := servers
+	for i, sv := range servers {
+		if sv.GetOauth() == nil || s.cfg.OAuthCallbackURL == "" {
+			continue
+		}
+		if &out[0] == &servers[0] {
+			out = slices.Clone(servers)
+		}
+		c := proto.CloneOf(sv)
+		c.Oauth.CallbackUrl = s.cfg.OAuthCallbackURL
+		out[i] = c
+	}
+	return out
+}
+
 // withWarm returns servers with the pool's warm containers set on each that asks for some
 // (Server.warm). The registry holds no such state: the pool that runs the containers is asked,
 // once per answer. A pool that cannot be asked leaves warm out, which the field's absence says;
 // the read itself still succeeds. servers may be shared views (GetServer's): any changed is
 // a copy.
 func (s *Service) withWarm(ctx context.Context, servers ...*registryv1.Server) []*registryv1.Server {
+	servers = s.withCallback(servers)
 	var refs []string
 	for _, sv := range servers {
 		if sv.GetPrewarm() > 0 {

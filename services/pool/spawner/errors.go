@@ -79,6 +79,9 @@ type Error struct {
 	Limit      int64
 	Size       int64
 	OverBudget bool
+	// HTTPStatus is, for a remote server that refused the handshake's credentials, the
+	// status it answered (401 or 403): a user's OAuth token it no longer takes.
+	HTTPStatus int
 }
 
 func (e *Error) Error() string {

@@ -388,7 +388,9 @@ func remoteError(ctx context.Context, err error, rt *remoteTransport, u *url.URL
 	case terr != nil && isTimeout(terr), errors.Is(err, context.DeadlineExceeded):
 		return newError(ClassHandshakeTimeout, "%s did not answer initialize within %s", where, spec.HandshakeTimeout)
 	case status == http.StatusUnauthorized || status == http.StatusForbidden:
-		return newError(ClassSpawnFailed, "%s refused the configured credentials (HTTP %d)", where, status)
+		e := newError(ClassSpawnFailed, "%s refused the configured credentials (HTTP %d)", where, status)
+		e.HTTPStatus = status
+		return e
 	case status >= 300:
 		return newError(ClassNotMCPServer, "%s answered HTTP %d to initialize: it is not an MCP endpoint of this transport", where, status)
 	case terr != nil:

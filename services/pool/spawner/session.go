@@ -489,8 +489,18 @@ func closeClient(cs *mcp.ClientSession, d time.Duration) (done <-chan struct{}) 
 // connect runs the MCP handshake over transport within the spec's handshake timeout, under
 // g, the guard that bounds what the server sends unasked for the session's whole life. A
 // handshake that failed because the server broke those bounds fails as that violation.
+// valueless is a context's deadline and cancellation without its values, for the handshake. A
+// session is started by a call, which may come in through the MCP front door, whose go-sdk
+// server puts the calling client's protocol version in the request's context; the go-sdk
+// client reads it from there for a request made before initialize has answered, and would
+// send the front door client's Mcp-Protocol-Version upstream with initialize, which a server
+// refuses (400).
+type valueless struct{ context.Context }
+
+func (valueless) Value(any) any { return nil }
+
 func connect(ctx context.Context, spec *Spec, transport mcp.Transport, g *trafficGuard) (*mcp.ClientSession, error) {
-	hctx, cancel := context.WithTimeout(ctx, spec.HandshakeTimeout)
+	hctx, cancel := context.WithTimeout(valueless{ctx}, spec.HandshakeTimeout)
 	defer cancel()
 	client := newClient(spec, g)
 	if _, stdio := transport.(*stdioTransport); !stdio {

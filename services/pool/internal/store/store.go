@@ -38,6 +38,13 @@ var (
 	// key, which a presented token is looked up by.
 	agentTokensBucket      = []byte("agent_tokens")
 	agentTokenHashesBucket = []byte("agent_token_hashes")
+	// oauthTokensBucket: tenant "/" user "/" server ref -> the user's OAuth token, sealed by
+	// the pool (oauth.go); oauthListingsBucket: the same key -> the Listing the server
+	// declared to that user; oauthStatesBucket: SHA-256 (hex) of a sign-in's state -> its
+	// SignInState, taken once by the callback.
+	oauthTokensBucket   = []byte("oauth_tokens")
+	oauthListingsBucket = []byte("oauth_listings")
+	oauthStatesBucket   = []byte("oauth_states")
 )
 
 var migrations = []boltdb.Migration{
@@ -55,6 +62,10 @@ var migrations = []boltdb.Migration{
 	// v5: the MCP front door's agent tokens, in buckets of their own (created by Open). The
 	// version goes up so that an older binary refuses the file instead of keeping runs whose
 	// tokens it would never drop.
+	func(tx *bolt.Tx) error { return nil },
+	// v6: runs carry a user; OAuth tokens, listings and sign-in states, in buckets of their
+	// own (created by Open). The version goes up so that an older binary refuses the file
+	// instead of running a user's run as nobody.
 	func(tx *bolt.Tx) error { return nil },
 }
 
@@ -125,6 +136,8 @@ type Run struct {
 	// HostLost is the id of the host the run was on when that host's lease expired: the run
 	// failed for it, and ResumeRun may re-home it on a live host.
 	HostLost string `json:"host_lost,omitempty"`
+	// User is the subject the run acts for (StartRun's user); empty for none.
+	User string `json:"user,omitempty"`
 }
 
 // Active reports whether the run is running or paused.
@@ -158,7 +171,7 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := boltdb.Migrate(db, [][]byte{runsBucket, approvalsBucket, documentsBucket, documentContentBucket, agentTokensBucket, agentTokenHashesBucket}, migrations); err != nil {
+	if err := boltdb.Migrate(db, [][]byte{runsBucket, approvalsBucket, documentsBucket, documentContentBucket, agentTokensBucket, agentTokenHashesBucket, oauthTokensBucket, oauthListingsBucket, oauthStatesBucket}, migrations); err != nil {
 		_ = db.Close() // the migration's error is the one to report
 		return nil, err
 	}

@@ -76,9 +76,13 @@ type storedServer struct {
 	StrictInputs         bool                `json:"strict_inputs,omitempty"`
 	Prewarm              int                 `json:"prewarm,omitempty"`
 	MaxResultBytes       int64               `json:"max_result_bytes,omitempty"`
-	Revision             int64               `json:"revision"`
-	CreateTime           time.Time           `json:"create_time"`
-	UpdateTime           time.Time           `json:"update_time"`
+	// OAuth is the sign-in (nothing secret: the client secret is a secret's name), and SignIn
+	// its fingerprint, taken when the clear URL was at hand, so a policy needs no seal opened.
+	OAuth      *mcpserver.OAuth `json:"oauth,omitempty"`
+	SignIn     string           `json:"sign_in,omitempty"`
+	Revision   int64            `json:"revision"`
+	CreateTime time.Time        `json:"create_time"`
+	UpdateTime time.Time        `json:"update_time"`
 
 	// view memoizes ServerView's answer for this revision; a write replaces the whole entry.
 	view atomic.Pointer[any]
@@ -104,8 +108,8 @@ func sealServer(box *secretbox.Box, r *mcpserver.Registration) (*storedServer, e
 		Headers: r.Headers, Grants: r.Grants, Include: r.Filter.Include, Exclude: r.Filter.Exclude,
 		ToolPermissions: r.ToolPermissions, ClientSessionTimeout: r.ClientSessionTimeout,
 		ToolCallTimeout: r.ToolCallTimeout, KeepMarkup: r.KeepMarkup, StrictInputs: r.StrictInputs, Prewarm: r.Prewarm,
-		MaxResultBytes: r.MaxResultBytes,
-		Revision:       r.Revision, CreateTime: r.CreateTime, UpdateTime: r.UpdateTime,
+		MaxResultBytes: r.MaxResultBytes, OAuth: r.OAuth, SignIn: r.SignInFingerprint(),
+		Revision: r.Revision, CreateTime: r.CreateTime, UpdateTime: r.UpdateTime,
 	}
 	if st.Grants == nil {
 		st.Grants = []string{}
@@ -164,8 +168,8 @@ func (st *storedServer) withoutEnv() *mcpserver.Registration {
 		Filter:          mcpserver.ToolFilter{Include: st.Include, Exclude: st.Exclude},
 		ToolPermissions: st.ToolPermissions, ClientSessionTimeout: st.ClientSessionTimeout,
 		ToolCallTimeout: st.ToolCallTimeout, KeepMarkup: st.KeepMarkup, StrictInputs: st.StrictInputs, Prewarm: st.Prewarm,
-		MaxResultBytes: st.MaxResultBytes,
-		Revision:       st.Revision, CreateTime: st.CreateTime, UpdateTime: st.UpdateTime,
+		MaxResultBytes: st.MaxResultBytes, OAuth: st.OAuth,
+		Revision: st.Revision, CreateTime: st.CreateTime, UpdateTime: st.UpdateTime,
 	}
 }
 
@@ -187,6 +191,7 @@ func (st *storedServer) policy() mcpserver.Policy {
 	return mcpserver.Policy{
 		Ref: st.Ref, Description: st.Description, Grants: st.Grants, Revision: st.Revision, ToolPermissions: st.ToolPermissions,
 		Filter: mcpserver.ToolFilter{Include: st.Include, Exclude: st.Exclude}, StrictInputs: st.StrictInputs,
+		SignIn: st.SignIn,
 	}
 }
 

@@ -53,7 +53,9 @@ type Run struct {
 	Host string `protobuf:"bytes,14,opt,name=host,proto3" json:"host,omitempty"`
 	// host_lost names the pool host whose lease expired under the run: the run failed for it,
 	// and ResumeRun re-homes it on a live host.
-	HostLost      string `protobuf:"bytes,15,opt,name=host_lost,json=hostLost,proto3" json:"host_lost,omitempty"`
+	HostLost string `protobuf:"bytes,15,opt,name=host_lost,json=hostLost,proto3" json:"host_lost,omitempty"`
+	// user is the subject the run acts for (StartRunRequest.user); empty for none.
+	User          string `protobuf:"bytes,16,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -193,6 +195,13 @@ func (x *Run) GetHostLost() string {
 	return ""
 }
 
+func (x *Run) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
 // Session is one running MCP server of a run.
 type Session struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -278,8 +287,13 @@ type StartRunRequest struct {
 	// narrow what each agent sees, replacing the agent's own selected_servers setting. A name no
 	// agent of the graph uses is ignored and listed in ignored_servers.
 	SelectedServers []string `protobuf:"bytes,5,rep,name=selected_servers,json=selectedServers,proto3" json:"selected_servers,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// user is the subject the run acts for (^[A-Za-z0-9_.:@|+-]{1,256}$): servers that sign each
+	// user in get this user's token and no other's. The calling key asserts it: a key with
+	// run:execute in the tenant is trusted to name its users (docs/oauth.md). Empty: the run acts
+	// for nobody, and such servers offer it nothing but their connect tools, which say so.
+	User          string `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StartRunRequest) Reset() {
@@ -345,6 +359,13 @@ func (x *StartRunRequest) GetSelectedServers() []string {
 		return x.SelectedServers
 	}
 	return nil
+}
+
+func (x *StartRunRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 // StartRunResponse returns the run.
@@ -3089,11 +3110,148 @@ func (x *RevokeAgentTokenResponse) GetToken() *AgentToken {
 	return nil
 }
 
+// ConnectServerRequest names a server and the user to connect it for.
+type ConnectServerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ref   string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	// user is the subject (as StartRunRequest.user).
+	User string `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
+	// tenant: as StartRunRequest.tenant.
+	Tenant        string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectServerRequest) Reset() {
+	*x = ConnectServerRequest{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectServerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectServerRequest) ProtoMessage() {}
+
+func (x *ConnectServerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectServerRequest.ProtoReflect.Descriptor instead.
+func (*ConnectServerRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ConnectServerRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *ConnectServerRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *ConnectServerRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// ConnectServerResponse says where the connection stands.
+type ConnectServerResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// state is "connected" (the listing is stored; tools names it) or "sign_in_required" (open
+	// authorization_url, then call again).
+	State string `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	// authorization_url is the authorization server's page the user opens to sign in (state
+	// sign_in_required); it is good once, until expire_time.
+	AuthorizationUrl string                 `protobuf:"bytes,2,opt,name=authorization_url,json=authorizationUrl,proto3" json:"authorization_url,omitempty"`
+	ExpireTime       *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	// tools are the names of the tools the server declared to the user (state connected).
+	Tools         []string `protobuf:"bytes,4,rep,name=tools,proto3" json:"tools,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectServerResponse) Reset() {
+	*x = ConnectServerResponse{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectServerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectServerResponse) ProtoMessage() {}
+
+func (x *ConnectServerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectServerResponse.ProtoReflect.Descriptor instead.
+func (*ConnectServerResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ConnectServerResponse) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ConnectServerResponse) GetAuthorizationUrl() string {
+	if x != nil {
+		return x.AuthorizationUrl
+	}
+	return ""
+}
+
+func (x *ConnectServerResponse) GetExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireTime
+	}
+	return nil
+}
+
+func (x *ConnectServerResponse) GetTools() []string {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
 var File_ringfence_pool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\n" +
-	"\x1cringfence/pool/v1/pool.proto\x12\x11ringfence.pool.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xb4\x04\n" +
+	"\x1cringfence/pool/v1/pool.proto\x12\x11ringfence.pool.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xc8\x04\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x19\n" +
@@ -3112,7 +3270,8 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\x10selected_servers\x18\f \x03(\tR\x0fselectedServers\x12.\n" +
 	"\x13pending_approval_id\x18\r \x01(\tR\x11pendingApprovalId\x12\x12\n" +
 	"\x04host\x18\x0e \x01(\tR\x04host\x12\x1b\n" +
-	"\thost_lost\x18\x0f \x01(\tR\bhostLost\"\xb6\x01\n" +
+	"\thost_lost\x18\x0f \x01(\tR\bhostLost\x12\x12\n" +
+	"\x04user\x18\x10 \x01(\tR\x04user\"\xb6\x01\n" +
 	"\aSession\x12\x1d\n" +
 	"\n" +
 	"server_ref\x18\x01 \x01(\tR\tserverRef\x129\n" +
@@ -3120,13 +3279,14 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"start_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12;\n" +
 	"\vlisted_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"listedTime\x12\x14\n" +
-	"\x05calls\x18\x04 \x01(\x03R\x05calls\"\xa0\x01\n" +
+	"\x05calls\x18\x04 \x01(\x03R\x05calls\"\xb4\x01\n" +
 	"\x0fStartRunRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x19\n" +
 	"\bgraph_id\x18\x02 \x01(\tR\agraphId\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x03R\aversion\x12\x15\n" +
 	"\x06run_id\x18\x04 \x01(\tR\x05runId\x12)\n" +
-	"\x10selected_servers\x18\x05 \x03(\tR\x0fselectedServers\"e\n" +
+	"\x10selected_servers\x18\x05 \x03(\tR\x0fselectedServers\x12\x12\n" +
+	"\x04user\x18\x06 \x01(\tR\x04user\"e\n" +
 	"\x10StartRunResponse\x12(\n" +
 	"\x03run\x18\x01 \x01(\v2\x16.ringfence.pool.v1.RunR\x03run\x12'\n" +
 	"\x0fignored_servers\x18\x02 \x03(\tR\x0eignoredServers\"\xba\x01\n" +
@@ -3343,7 +3503,17 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\btoken_id\x18\x02 \x01(\tR\atokenId\x12\x16\n" +
 	"\x06tenant\x18\x03 \x01(\tR\x06tenant\"O\n" +
 	"\x18RevokeAgentTokenResponse\x123\n" +
-	"\x05token\x18\x01 \x01(\v2\x1d.ringfence.pool.v1.AgentTokenR\x05token2\xeb\v\n" +
+	"\x05token\x18\x01 \x01(\v2\x1d.ringfence.pool.v1.AgentTokenR\x05token\"T\n" +
+	"\x14ConnectServerRequest\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x12\n" +
+	"\x04user\x18\x02 \x01(\tR\x04user\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\"\xad\x01\n" +
+	"\x15ConnectServerResponse\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\x12+\n" +
+	"\x11authorization_url\x18\x02 \x01(\tR\x10authorizationUrl\x12;\n" +
+	"\vexpire_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"expireTime\x12\x14\n" +
+	"\x05tools\x18\x04 \x03(\tR\x05tools2\xcf\f\n" +
 	"\vPoolService\x12S\n" +
 	"\bStartRun\x12\".ringfence.pool.v1.StartRunRequest\x1a#.ringfence.pool.v1.StartRunResponse\x12S\n" +
 	"\bCallTool\x12\".ringfence.pool.v1.CallToolRequest\x1a#.ringfence.pool.v1.CallToolResponse\x12S\n" +
@@ -3360,7 +3530,8 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\x0eDeleteDocument\x12(.ringfence.pool.v1.DeleteDocumentRequest\x1a).ringfence.pool.v1.DeleteDocumentResponse\x12k\n" +
 	"\x10CreateAgentToken\x12*.ringfence.pool.v1.CreateAgentTokenRequest\x1a+.ringfence.pool.v1.CreateAgentTokenResponse\x12h\n" +
 	"\x0fListAgentTokens\x12).ringfence.pool.v1.ListAgentTokensRequest\x1a*.ringfence.pool.v1.ListAgentTokensResponse\x12k\n" +
-	"\x10RevokeAgentToken\x12*.ringfence.pool.v1.RevokeAgentTokenRequest\x1a+.ringfence.pool.v1.RevokeAgentTokenResponseB\xc8\x01\n" +
+	"\x10RevokeAgentToken\x12*.ringfence.pool.v1.RevokeAgentTokenRequest\x1a+.ringfence.pool.v1.RevokeAgentTokenResponse\x12b\n" +
+	"\rConnectServer\x12'.ringfence.pool.v1.ConnectServerRequest\x1a(.ringfence.pool.v1.ConnectServerResponseB\xc8\x01\n" +
 	"\x15com.ringfence.pool.v1B\tPoolProtoP\x01Z>github.com/ringfence/ringfence/gen/go/ringfence/pool/v1;poolv1\xa2\x02\x03RPX\xaa\x02\x11Ringfence.Pool.V1\xca\x02\x11Ringfence\\Pool\\V1\xe2\x02\x1dRingfence\\Pool\\V1\\GPBMetadata\xea\x02\x13Ringfence::Pool::V1b\x06proto3"
 
 var (
@@ -3375,7 +3546,7 @@ func file_ringfence_pool_v1_pool_proto_rawDescGZIP() []byte {
 	return file_ringfence_pool_v1_pool_proto_rawDescData
 }
 
-var file_ringfence_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_ringfence_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_ringfence_pool_v1_pool_proto_goTypes = []any{
 	(*Run)(nil),                      // 0: ringfence.pool.v1.Run
 	(*Session)(nil),                  // 1: ringfence.pool.v1.Session
@@ -3419,87 +3590,92 @@ var file_ringfence_pool_v1_pool_proto_goTypes = []any{
 	(*ListAgentTokensResponse)(nil),  // 39: ringfence.pool.v1.ListAgentTokensResponse
 	(*RevokeAgentTokenRequest)(nil),  // 40: ringfence.pool.v1.RevokeAgentTokenRequest
 	(*RevokeAgentTokenResponse)(nil), // 41: ringfence.pool.v1.RevokeAgentTokenResponse
-	(*timestamppb.Timestamp)(nil),    // 42: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),          // 43: google.protobuf.Struct
-	(*v1.ServerFailure)(nil),         // 44: ringfence.types.v1.ServerFailure
-	(*durationpb.Duration)(nil),      // 45: google.protobuf.Duration
+	(*ConnectServerRequest)(nil),     // 42: ringfence.pool.v1.ConnectServerRequest
+	(*ConnectServerResponse)(nil),    // 43: ringfence.pool.v1.ConnectServerResponse
+	(*timestamppb.Timestamp)(nil),    // 44: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),          // 45: google.protobuf.Struct
+	(*v1.ServerFailure)(nil),         // 46: ringfence.types.v1.ServerFailure
+	(*durationpb.Duration)(nil),      // 47: google.protobuf.Duration
 }
 var file_ringfence_pool_v1_pool_proto_depIdxs = []int32{
 	1,  // 0: ringfence.pool.v1.Run.sessions:type_name -> ringfence.pool.v1.Session
-	42, // 1: ringfence.pool.v1.Run.start_time:type_name -> google.protobuf.Timestamp
-	42, // 2: ringfence.pool.v1.Run.last_activity_time:type_name -> google.protobuf.Timestamp
-	42, // 3: ringfence.pool.v1.Run.end_time:type_name -> google.protobuf.Timestamp
-	42, // 4: ringfence.pool.v1.Session.start_time:type_name -> google.protobuf.Timestamp
-	42, // 5: ringfence.pool.v1.Session.listed_time:type_name -> google.protobuf.Timestamp
+	44, // 1: ringfence.pool.v1.Run.start_time:type_name -> google.protobuf.Timestamp
+	44, // 2: ringfence.pool.v1.Run.last_activity_time:type_name -> google.protobuf.Timestamp
+	44, // 3: ringfence.pool.v1.Run.end_time:type_name -> google.protobuf.Timestamp
+	44, // 4: ringfence.pool.v1.Session.start_time:type_name -> google.protobuf.Timestamp
+	44, // 5: ringfence.pool.v1.Session.listed_time:type_name -> google.protobuf.Timestamp
 	0,  // 6: ringfence.pool.v1.StartRunResponse.run:type_name -> ringfence.pool.v1.Run
-	43, // 7: ringfence.pool.v1.CallToolRequest.arguments:type_name -> google.protobuf.Struct
-	43, // 8: ringfence.pool.v1.CallToolResponse.content:type_name -> google.protobuf.Struct
-	43, // 9: ringfence.pool.v1.CallToolResponse.structured_content:type_name -> google.protobuf.Struct
-	44, // 10: ringfence.pool.v1.CallRefusal.server_failure:type_name -> ringfence.types.v1.ServerFailure
+	45, // 7: ringfence.pool.v1.CallToolRequest.arguments:type_name -> google.protobuf.Struct
+	45, // 8: ringfence.pool.v1.CallToolResponse.content:type_name -> google.protobuf.Struct
+	45, // 9: ringfence.pool.v1.CallToolResponse.structured_content:type_name -> google.protobuf.Struct
+	46, // 10: ringfence.pool.v1.CallRefusal.server_failure:type_name -> ringfence.types.v1.ServerFailure
 	0,  // 11: ringfence.pool.v1.PauseRunResponse.run:type_name -> ringfence.pool.v1.Run
 	0,  // 12: ringfence.pool.v1.ResumeRunResponse.run:type_name -> ringfence.pool.v1.Run
 	0,  // 13: ringfence.pool.v1.EndRunResponse.run:type_name -> ringfence.pool.v1.Run
 	0,  // 14: ringfence.pool.v1.GetRunResponse.run:type_name -> ringfence.pool.v1.Run
-	43, // 15: ringfence.pool.v1.AgentTool.input_schema:type_name -> google.protobuf.Struct
-	43, // 16: ringfence.pool.v1.AgentTool.output_schema:type_name -> google.protobuf.Struct
-	43, // 17: ringfence.pool.v1.AgentTool.annotations:type_name -> google.protobuf.Struct
+	45, // 15: ringfence.pool.v1.AgentTool.input_schema:type_name -> google.protobuf.Struct
+	45, // 16: ringfence.pool.v1.AgentTool.output_schema:type_name -> google.protobuf.Struct
+	45, // 17: ringfence.pool.v1.AgentTool.annotations:type_name -> google.protobuf.Struct
 	17, // 18: ringfence.pool.v1.ListAgentToolsResponse.tools:type_name -> ringfence.pool.v1.AgentTool
 	18, // 19: ringfence.pool.v1.ListAgentToolsResponse.deferred_servers:type_name -> ringfence.pool.v1.DeferredServer
 	19, // 20: ringfence.pool.v1.ListAgentToolsResponse.hidden:type_name -> ringfence.pool.v1.HiddenTool
-	43, // 21: ringfence.pool.v1.Approval.arguments:type_name -> google.protobuf.Struct
-	42, // 22: ringfence.pool.v1.Approval.request_time:type_name -> google.protobuf.Timestamp
-	42, // 23: ringfence.pool.v1.Approval.expire_time:type_name -> google.protobuf.Timestamp
-	42, // 24: ringfence.pool.v1.Approval.decide_time:type_name -> google.protobuf.Timestamp
+	45, // 21: ringfence.pool.v1.Approval.arguments:type_name -> google.protobuf.Struct
+	44, // 22: ringfence.pool.v1.Approval.request_time:type_name -> google.protobuf.Timestamp
+	44, // 23: ringfence.pool.v1.Approval.expire_time:type_name -> google.protobuf.Timestamp
+	44, // 24: ringfence.pool.v1.Approval.decide_time:type_name -> google.protobuf.Timestamp
 	21, // 25: ringfence.pool.v1.ListApprovalsResponse.approvals:type_name -> ringfence.pool.v1.Approval
 	21, // 26: ringfence.pool.v1.ApproveCallResponse.approval:type_name -> ringfence.pool.v1.Approval
 	5,  // 27: ringfence.pool.v1.ApproveCallResponse.call:type_name -> ringfence.pool.v1.CallToolResponse
 	21, // 28: ringfence.pool.v1.DenyCallResponse.approval:type_name -> ringfence.pool.v1.Approval
-	42, // 29: ringfence.pool.v1.Document.create_time:type_name -> google.protobuf.Timestamp
+	44, // 29: ringfence.pool.v1.Document.create_time:type_name -> google.protobuf.Timestamp
 	28, // 30: ringfence.pool.v1.PutDocumentResponse.document:type_name -> ringfence.pool.v1.Document
 	28, // 31: ringfence.pool.v1.GetDocumentResponse.document:type_name -> ringfence.pool.v1.Document
-	42, // 32: ringfence.pool.v1.AgentToken.create_time:type_name -> google.protobuf.Timestamp
-	42, // 33: ringfence.pool.v1.AgentToken.expire_time:type_name -> google.protobuf.Timestamp
-	45, // 34: ringfence.pool.v1.CreateAgentTokenRequest.ttl:type_name -> google.protobuf.Duration
+	44, // 32: ringfence.pool.v1.AgentToken.create_time:type_name -> google.protobuf.Timestamp
+	44, // 33: ringfence.pool.v1.AgentToken.expire_time:type_name -> google.protobuf.Timestamp
+	47, // 34: ringfence.pool.v1.CreateAgentTokenRequest.ttl:type_name -> google.protobuf.Duration
 	35, // 35: ringfence.pool.v1.CreateAgentTokenResponse.token:type_name -> ringfence.pool.v1.AgentToken
 	35, // 36: ringfence.pool.v1.ListAgentTokensResponse.tokens:type_name -> ringfence.pool.v1.AgentToken
 	35, // 37: ringfence.pool.v1.RevokeAgentTokenResponse.token:type_name -> ringfence.pool.v1.AgentToken
-	2,  // 38: ringfence.pool.v1.PoolService.StartRun:input_type -> ringfence.pool.v1.StartRunRequest
-	4,  // 39: ringfence.pool.v1.PoolService.CallTool:input_type -> ringfence.pool.v1.CallToolRequest
-	8,  // 40: ringfence.pool.v1.PoolService.PauseRun:input_type -> ringfence.pool.v1.PauseRunRequest
-	10, // 41: ringfence.pool.v1.PoolService.ResumeRun:input_type -> ringfence.pool.v1.ResumeRunRequest
-	12, // 42: ringfence.pool.v1.PoolService.EndRun:input_type -> ringfence.pool.v1.EndRunRequest
-	14, // 43: ringfence.pool.v1.PoolService.GetRun:input_type -> ringfence.pool.v1.GetRunRequest
-	16, // 44: ringfence.pool.v1.PoolService.ListAgentTools:input_type -> ringfence.pool.v1.ListAgentToolsRequest
-	22, // 45: ringfence.pool.v1.PoolService.ListApprovals:input_type -> ringfence.pool.v1.ListApprovalsRequest
-	24, // 46: ringfence.pool.v1.PoolService.ApproveCall:input_type -> ringfence.pool.v1.ApproveCallRequest
-	26, // 47: ringfence.pool.v1.PoolService.DenyCall:input_type -> ringfence.pool.v1.DenyCallRequest
-	29, // 48: ringfence.pool.v1.PoolService.PutDocument:input_type -> ringfence.pool.v1.PutDocumentRequest
-	31, // 49: ringfence.pool.v1.PoolService.GetDocument:input_type -> ringfence.pool.v1.GetDocumentRequest
-	33, // 50: ringfence.pool.v1.PoolService.DeleteDocument:input_type -> ringfence.pool.v1.DeleteDocumentRequest
-	36, // 51: ringfence.pool.v1.PoolService.CreateAgentToken:input_type -> ringfence.pool.v1.CreateAgentTokenRequest
-	38, // 52: ringfence.pool.v1.PoolService.ListAgentTokens:input_type -> ringfence.pool.v1.ListAgentTokensRequest
-	40, // 53: ringfence.pool.v1.PoolService.RevokeAgentToken:input_type -> ringfence.pool.v1.RevokeAgentTokenRequest
-	3,  // 54: ringfence.pool.v1.PoolService.StartRun:output_type -> ringfence.pool.v1.StartRunResponse
-	5,  // 55: ringfence.pool.v1.PoolService.CallTool:output_type -> ringfence.pool.v1.CallToolResponse
-	9,  // 56: ringfence.pool.v1.PoolService.PauseRun:output_type -> ringfence.pool.v1.PauseRunResponse
-	11, // 57: ringfence.pool.v1.PoolService.ResumeRun:output_type -> ringfence.pool.v1.ResumeRunResponse
-	13, // 58: ringfence.pool.v1.PoolService.EndRun:output_type -> ringfence.pool.v1.EndRunResponse
-	15, // 59: ringfence.pool.v1.PoolService.GetRun:output_type -> ringfence.pool.v1.GetRunResponse
-	20, // 60: ringfence.pool.v1.PoolService.ListAgentTools:output_type -> ringfence.pool.v1.ListAgentToolsResponse
-	23, // 61: ringfence.pool.v1.PoolService.ListApprovals:output_type -> ringfence.pool.v1.ListApprovalsResponse
-	25, // 62: ringfence.pool.v1.PoolService.ApproveCall:output_type -> ringfence.pool.v1.ApproveCallResponse
-	27, // 63: ringfence.pool.v1.PoolService.DenyCall:output_type -> ringfence.pool.v1.DenyCallResponse
-	30, // 64: ringfence.pool.v1.PoolService.PutDocument:output_type -> ringfence.pool.v1.PutDocumentResponse
-	32, // 65: ringfence.pool.v1.PoolService.GetDocument:output_type -> ringfence.pool.v1.GetDocumentResponse
-	34, // 66: ringfence.pool.v1.PoolService.DeleteDocument:output_type -> ringfence.pool.v1.DeleteDocumentResponse
-	37, // 67: ringfence.pool.v1.PoolService.CreateAgentToken:output_type -> ringfence.pool.v1.CreateAgentTokenResponse
-	39, // 68: ringfence.pool.v1.PoolService.ListAgentTokens:output_type -> ringfence.pool.v1.ListAgentTokensResponse
-	41, // 69: ringfence.pool.v1.PoolService.RevokeAgentToken:output_type -> ringfence.pool.v1.RevokeAgentTokenResponse
-	54, // [54:70] is the sub-list for method output_type
-	38, // [38:54] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	44, // 38: ringfence.pool.v1.ConnectServerResponse.expire_time:type_name -> google.protobuf.Timestamp
+	2,  // 39: ringfence.pool.v1.PoolService.StartRun:input_type -> ringfence.pool.v1.StartRunRequest
+	4,  // 40: ringfence.pool.v1.PoolService.CallTool:input_type -> ringfence.pool.v1.CallToolRequest
+	8,  // 41: ringfence.pool.v1.PoolService.PauseRun:input_type -> ringfence.pool.v1.PauseRunRequest
+	10, // 42: ringfence.pool.v1.PoolService.ResumeRun:input_type -> ringfence.pool.v1.ResumeRunRequest
+	12, // 43: ringfence.pool.v1.PoolService.EndRun:input_type -> ringfence.pool.v1.EndRunRequest
+	14, // 44: ringfence.pool.v1.PoolService.GetRun:input_type -> ringfence.pool.v1.GetRunRequest
+	16, // 45: ringfence.pool.v1.PoolService.ListAgentTools:input_type -> ringfence.pool.v1.ListAgentToolsRequest
+	22, // 46: ringfence.pool.v1.PoolService.ListApprovals:input_type -> ringfence.pool.v1.ListApprovalsRequest
+	24, // 47: ringfence.pool.v1.PoolService.ApproveCall:input_type -> ringfence.pool.v1.ApproveCallRequest
+	26, // 48: ringfence.pool.v1.PoolService.DenyCall:input_type -> ringfence.pool.v1.DenyCallRequest
+	29, // 49: ringfence.pool.v1.PoolService.PutDocument:input_type -> ringfence.pool.v1.PutDocumentRequest
+	31, // 50: ringfence.pool.v1.PoolService.GetDocument:input_type -> ringfence.pool.v1.GetDocumentRequest
+	33, // 51: ringfence.pool.v1.PoolService.DeleteDocument:input_type -> ringfence.pool.v1.DeleteDocumentRequest
+	36, // 52: ringfence.pool.v1.PoolService.CreateAgentToken:input_type -> ringfence.pool.v1.CreateAgentTokenRequest
+	38, // 53: ringfence.pool.v1.PoolService.ListAgentTokens:input_type -> ringfence.pool.v1.ListAgentTokensRequest
+	40, // 54: ringfence.pool.v1.PoolService.RevokeAgentToken:input_type -> ringfence.pool.v1.RevokeAgentTokenRequest
+	42, // 55: ringfence.pool.v1.PoolService.ConnectServer:input_type -> ringfence.pool.v1.ConnectServerRequest
+	3,  // 56: ringfence.pool.v1.PoolService.StartRun:output_type -> ringfence.pool.v1.StartRunResponse
+	5,  // 57: ringfence.pool.v1.PoolService.CallTool:output_type -> ringfence.pool.v1.CallToolResponse
+	9,  // 58: ringfence.pool.v1.PoolService.PauseRun:output_type -> ringfence.pool.v1.PauseRunResponse
+	11, // 59: ringfence.pool.v1.PoolService.ResumeRun:output_type -> ringfence.pool.v1.ResumeRunResponse
+	13, // 60: ringfence.pool.v1.PoolService.EndRun:output_type -> ringfence.pool.v1.EndRunResponse
+	15, // 61: ringfence.pool.v1.PoolService.GetRun:output_type -> ringfence.pool.v1.GetRunResponse
+	20, // 62: ringfence.pool.v1.PoolService.ListAgentTools:output_type -> ringfence.pool.v1.ListAgentToolsResponse
+	23, // 63: ringfence.pool.v1.PoolService.ListApprovals:output_type -> ringfence.pool.v1.ListApprovalsResponse
+	25, // 64: ringfence.pool.v1.PoolService.ApproveCall:output_type -> ringfence.pool.v1.ApproveCallResponse
+	27, // 65: ringfence.pool.v1.PoolService.DenyCall:output_type -> ringfence.pool.v1.DenyCallResponse
+	30, // 66: ringfence.pool.v1.PoolService.PutDocument:output_type -> ringfence.pool.v1.PutDocumentResponse
+	32, // 67: ringfence.pool.v1.PoolService.GetDocument:output_type -> ringfence.pool.v1.GetDocumentResponse
+	34, // 68: ringfence.pool.v1.PoolService.DeleteDocument:output_type -> ringfence.pool.v1.DeleteDocumentResponse
+	37, // 69: ringfence.pool.v1.PoolService.CreateAgentToken:output_type -> ringfence.pool.v1.CreateAgentTokenResponse
+	39, // 70: ringfence.pool.v1.PoolService.ListAgentTokens:output_type -> ringfence.pool.v1.ListAgentTokensResponse
+	41, // 71: ringfence.pool.v1.PoolService.RevokeAgentToken:output_type -> ringfence.pool.v1.RevokeAgentTokenResponse
+	43, // 72: ringfence.pool.v1.PoolService.ConnectServer:output_type -> ringfence.pool.v1.ConnectServerResponse
+	56, // [56:73] is the sub-list for method output_type
+	39, // [39:56] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_pool_v1_pool_proto_init() }
@@ -3513,7 +3689,7 @@ func file_ringfence_pool_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_pool_v1_pool_proto_rawDesc), len(file_ringfence_pool_v1_pool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   42,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -35,6 +35,7 @@ const (
 	PoolService_CreateAgentToken_FullMethodName = "/ringfence.pool.v1.PoolService/CreateAgentToken"
 	PoolService_ListAgentTokens_FullMethodName  = "/ringfence.pool.v1.PoolService/ListAgentTokens"
 	PoolService_RevokeAgentToken_FullMethodName = "/ringfence.pool.v1.PoolService/RevokeAgentToken"
+	PoolService_ConnectServer_FullMethodName    = "/ringfence.pool.v1.PoolService/ConnectServer"
 )
 
 // PoolServiceClient is the client API for PoolService service.
@@ -147,6 +148,16 @@ type PoolServiceClient interface {
 	// Caller: run:execute (REST DELETE /v1/runs/{run_id}/tokens/{token_id}). Codes: NOT_FOUND
 	// (run or token).
 	RevokeAgentToken(ctx context.Context, in *RevokeAgentTokenRequest, opts ...grpc.CallOption) (*RevokeAgentTokenResponse, error)
+	// ConnectServer connects a server that signs each user in (a registration with oauth) for
+	// one user of the tenant, and stores the tool listing the server declares to that user:
+	// until then that user's runs offer the server as its connect tool only. Without a token for
+	// the user the answer is the authorization URL to open (state sign_in_required); once the
+	// user has authorized (the callback stored the token), calling it again connects (state
+	// connected). The key asserts the user, as StartRun's user (docs/oauth.md).
+	// Caller: run:execute (REST POST /v1/mcp/servers/{ref}:connect). Codes: NOT_FOUND (ref),
+	// FAILED_PRECONDITION (the server signs nobody in; the callback URL is not configured),
+	// INVALID_ARGUMENT, UNAVAILABLE (the server or its authorization server could not be reached).
+	ConnectServer(ctx context.Context, in *ConnectServerRequest, opts ...grpc.CallOption) (*ConnectServerResponse, error)
 }
 
 type poolServiceClient struct {
@@ -329,6 +340,16 @@ func (c *poolServiceClient) RevokeAgentToken(ctx context.Context, in *RevokeAgen
 	return out, nil
 }
 
+func (c *poolServiceClient) ConnectServer(ctx context.Context, in *ConnectServerRequest, opts ...grpc.CallOption) (*ConnectServerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ConnectServerResponse)
+	err := c.cc.Invoke(ctx, PoolService_ConnectServer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PoolServiceServer is the server API for PoolService service.
 // All implementations must embed UnimplementedPoolServiceServer
 // for forward compatibility.
@@ -439,6 +460,16 @@ type PoolServiceServer interface {
 	// Caller: run:execute (REST DELETE /v1/runs/{run_id}/tokens/{token_id}). Codes: NOT_FOUND
 	// (run or token).
 	RevokeAgentToken(context.Context, *RevokeAgentTokenRequest) (*RevokeAgentTokenResponse, error)
+	// ConnectServer connects a server that signs each user in (a registration with oauth) for
+	// one user of the tenant, and stores the tool listing the server declares to that user:
+	// until then that user's runs offer the server as its connect tool only. Without a token for
+	// the user the answer is the authorization URL to open (state sign_in_required); once the
+	// user has authorized (the callback stored the token), calling it again connects (state
+	// connected). The key asserts the user, as StartRun's user (docs/oauth.md).
+	// Caller: run:execute (REST POST /v1/mcp/servers/{ref}:connect). Codes: NOT_FOUND (ref),
+	// FAILED_PRECONDITION (the server signs nobody in; the callback URL is not configured),
+	// INVALID_ARGUMENT, UNAVAILABLE (the server or its authorization server could not be reached).
+	ConnectServer(context.Context, *ConnectServerRequest) (*ConnectServerResponse, error)
 	mustEmbedUnimplementedPoolServiceServer()
 }
 
@@ -496,6 +527,9 @@ func (UnimplementedPoolServiceServer) ListAgentTokens(context.Context, *ListAgen
 }
 func (UnimplementedPoolServiceServer) RevokeAgentToken(context.Context, *RevokeAgentTokenRequest) (*RevokeAgentTokenResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RevokeAgentToken not implemented")
+}
+func (UnimplementedPoolServiceServer) ConnectServer(context.Context, *ConnectServerRequest) (*ConnectServerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ConnectServer not implemented")
 }
 func (UnimplementedPoolServiceServer) mustEmbedUnimplementedPoolServiceServer() {}
 func (UnimplementedPoolServiceServer) testEmbeddedByValue()                     {}
@@ -788,6 +822,24 @@ func _PoolService_RevokeAgentToken_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PoolService_ConnectServer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ConnectServerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PoolServiceServer).ConnectServer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PoolService_ConnectServer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PoolServiceServer).ConnectServer(ctx, req.(*ConnectServerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PoolService_ServiceDesc is the grpc.ServiceDesc for PoolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -850,6 +902,10 @@ var PoolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RevokeAgentToken",
 			Handler:    _PoolService_RevokeAgentToken_Handler,
+		},
+		{
+			MethodName: "ConnectServer",
+			Handler:    _PoolService_ConnectServer_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

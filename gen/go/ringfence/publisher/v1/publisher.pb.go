@@ -2226,7 +2226,11 @@ type ImportToolsRequest struct {
 	// agent is the agent node id that will bind the tools.
 	Agent string `protobuf:"bytes,4,opt,name=agent,proto3" json:"agent,omitempty"`
 	// tools to import; empty imports every tool the server offers (after its tool filter).
-	Tools         []string `protobuf:"bytes,5,rep,name=tools,proto3" json:"tools,omitempty"`
+	Tools []string `protobuf:"bytes,5,rep,name=tools,proto3" json:"tools,omitempty"`
+	// user, for a server that signs each user in, is the user (of the graph's tenant) whose
+	// connection lists the tools, as the server declares them to that user; it needs a key that
+	// also holds run:execute, which asserts users (docs/oauth.md).
+	User          string `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2294,6 +2298,13 @@ func (x *ImportToolsRequest) GetTools() []string {
 		return x.Tools
 	}
 	return nil
+}
+
+func (x *ImportToolsRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 // ImportedTool says what happened to one tool.
@@ -2616,14 +2627,15 @@ const file_ringfence_publisher_v1_publisher_proto_rawDesc = "" +
 	"\x12DeleteGraphRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x19\n" +
 	"\bgraph_id\x18\x02 \x01(\tR\agraphId\"\x15\n" +
-	"\x13DeleteGraphResponse\"\x92\x01\n" +
+	"\x13DeleteGraphResponse\"\xa6\x01\n" +
 	"\x12ImportToolsRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x19\n" +
 	"\bgraph_id\x18\x02 \x01(\tR\agraphId\x12\x1d\n" +
 	"\n" +
 	"server_ref\x18\x03 \x01(\tR\tserverRef\x12\x14\n" +
 	"\x05agent\x18\x04 \x01(\tR\x05agent\x12\x14\n" +
-	"\x05tools\x18\x05 \x03(\tR\x05tools\"\xc7\x01\n" +
+	"\x05tools\x18\x05 \x03(\tR\x05tools\x12\x12\n" +
+	"\x04user\x18\x06 \x01(\tR\x04user\"\xc7\x01\n" +
 	"\fImportedTool\x12\x1b\n" +
 	"\ttool_name\x18\x01 \x01(\tR\btoolName\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x18\n" +

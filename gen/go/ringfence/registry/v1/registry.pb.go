@@ -79,7 +79,9 @@ type Server struct {
 	// warm is what the pool holds of this server's warm containers now, asked of the pool (the
 	// one the registry discovers through) whenever a registration is answered; absent when
 	// prewarm is 0 or the pool could not be asked.
-	Warm          *WarmStatus `protobuf:"bytes,21,opt,name=warm,proto3" json:"warm,omitempty"`
+	Warm *WarmStatus `protobuf:"bytes,21,opt,name=warm,proto3" json:"warm,omitempty"`
+	// oauth, when set, signs each user in (streamable_http and sse only): see OAuthSignIn.
+	Oauth         *OAuthSignIn `protobuf:"bytes,22,opt,name=oauth,proto3" json:"oauth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -261,6 +263,104 @@ func (x *Server) GetWarm() *WarmStatus {
 	return nil
 }
 
+func (x *Server) GetOauth() *OAuthSignIn {
+	if x != nil {
+		return x.Oauth
+	}
+	return nil
+}
+
+// OAuthSignIn makes a remote server sign each user in with OAuth 2.1 (authorization code with
+// PKCE, the resource parameter of RFC 8707, the iss check of RFC 9207): the pool keeps one token
+// per tenant, user and server, and sends a run's calls with its user's token only. Nothing
+// here is a secret: the client secret is named, never given. Changing authorization_server,
+// client_id or scopes (or the server's transport or url) drops every user's tokens and stored
+// listing: each signs in again.
+type OAuthSignIn struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// authorization_server is the issuer URL (https, or http to a loopback address); empty
+	// discovers it from the server's protected resource metadata (RFC 9728).
+	AuthorizationServer string `protobuf:"bytes,1,opt,name=authorization_server,json=authorizationServer,proto3" json:"authorization_server,omitempty"`
+	// client_id is the client registered at the authorization server for Ringfence, whose
+	// redirect URI is callback_url.
+	ClientId string `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// client_secret_ref names the registry secret (PutSecret) holding the client's secret;
+	// empty for a public client.
+	ClientSecretRef string `protobuf:"bytes,3,opt,name=client_secret_ref,json=clientSecretRef,proto3" json:"client_secret_ref,omitempty"`
+	// scopes are asked for at sign-in; empty asks for those the server's metadata names.
+	Scopes []string `protobuf:"bytes,4,rep,name=scopes,proto3" json:"scopes,omitempty"`
+	// callback_url is where the authorization server sends each user back: /v1/oauth/callback
+	// on the pool's HTTP listener (oauth.callback_url). Set by the registry; ignored in requests.
+	CallbackUrl   string `protobuf:"bytes,5,opt,name=callback_url,json=callbackUrl,proto3" json:"callback_url,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OAuthSignIn) Reset() {
+	*x = OAuthSignIn{}
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OAuthSignIn) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OAuthSignIn) ProtoMessage() {}
+
+func (x *OAuthSignIn) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OAuthSignIn.ProtoReflect.Descriptor instead.
+func (*OAuthSignIn) Descriptor() ([]byte, []int) {
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *OAuthSignIn) GetAuthorizationServer() string {
+	if x != nil {
+		return x.AuthorizationServer
+	}
+	return ""
+}
+
+func (x *OAuthSignIn) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *OAuthSignIn) GetClientSecretRef() string {
+	if x != nil {
+		return x.ClientSecretRef
+	}
+	return ""
+}
+
+func (x *OAuthSignIn) GetScopes() []string {
+	if x != nil {
+		return x.Scopes
+	}
+	return nil
+}
+
+func (x *OAuthSignIn) GetCallbackUrl() string {
+	if x != nil {
+		return x.CallbackUrl
+	}
+	return ""
+}
+
 // WarmStatus is what the pool holds of a registration's warm containers.
 type WarmStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -274,7 +374,7 @@ type WarmStatus struct {
 
 func (x *WarmStatus) Reset() {
 	*x = WarmStatus{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[1]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -286,7 +386,7 @@ func (x *WarmStatus) String() string {
 func (*WarmStatus) ProtoMessage() {}
 
 func (x *WarmStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[1]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -299,7 +399,7 @@ func (x *WarmStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmStatus.ProtoReflect.Descriptor instead.
 func (*WarmStatus) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{1}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *WarmStatus) GetReady() int32 {
@@ -328,7 +428,7 @@ type ToolFilter struct {
 
 func (x *ToolFilter) Reset() {
 	*x = ToolFilter{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[2]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -340,7 +440,7 @@ func (x *ToolFilter) String() string {
 func (*ToolFilter) ProtoMessage() {}
 
 func (x *ToolFilter) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[2]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -353,7 +453,7 @@ func (x *ToolFilter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolFilter.ProtoReflect.Descriptor instead.
 func (*ToolFilter) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{2}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ToolFilter) GetInclude() []string {
@@ -380,7 +480,7 @@ type ToolPermissions struct {
 
 func (x *ToolPermissions) Reset() {
 	*x = ToolPermissions{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[3]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -392,7 +492,7 @@ func (x *ToolPermissions) String() string {
 func (*ToolPermissions) ProtoMessage() {}
 
 func (x *ToolPermissions) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[3]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -405,7 +505,7 @@ func (x *ToolPermissions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolPermissions.ProtoReflect.Descriptor instead.
 func (*ToolPermissions) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{3}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ToolPermissions) GetRequired() []string {
@@ -438,13 +538,15 @@ type CreateServerRequest struct {
 	// prewarm: see Server.prewarm.
 	Prewarm        int32 `protobuf:"varint,17,opt,name=prewarm,proto3" json:"prewarm,omitempty"`
 	MaxResultBytes int64 `protobuf:"varint,16,opt,name=max_result_bytes,json=maxResultBytes,proto3" json:"max_result_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// oauth: see Server.oauth.
+	Oauth         *OAuthSignIn `protobuf:"bytes,18,opt,name=oauth,proto3" json:"oauth,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateServerRequest) Reset() {
 	*x = CreateServerRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[4]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -456,7 +558,7 @@ func (x *CreateServerRequest) String() string {
 func (*CreateServerRequest) ProtoMessage() {}
 
 func (x *CreateServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[4]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -469,7 +571,7 @@ func (x *CreateServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateServerRequest.ProtoReflect.Descriptor instead.
 func (*CreateServerRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{4}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateServerRequest) GetRef() string {
@@ -591,6 +693,13 @@ func (x *CreateServerRequest) GetMaxResultBytes() int64 {
 	return 0
 }
 
+func (x *CreateServerRequest) GetOauth() *OAuthSignIn {
+	if x != nil {
+		return x.Oauth
+	}
+	return nil
+}
+
 // CreateServerResponse returns the stored registration.
 type CreateServerResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -601,7 +710,7 @@ type CreateServerResponse struct {
 
 func (x *CreateServerResponse) Reset() {
 	*x = CreateServerResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[5]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -613,7 +722,7 @@ func (x *CreateServerResponse) String() string {
 func (*CreateServerResponse) ProtoMessage() {}
 
 func (x *CreateServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[5]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -626,7 +735,7 @@ func (x *CreateServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateServerResponse.ProtoReflect.Descriptor instead.
 func (*CreateServerResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{5}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateServerResponse) GetServer() *Server {
@@ -646,7 +755,7 @@ type GetServerRequest struct {
 
 func (x *GetServerRequest) Reset() {
 	*x = GetServerRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[6]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +767,7 @@ func (x *GetServerRequest) String() string {
 func (*GetServerRequest) ProtoMessage() {}
 
 func (x *GetServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[6]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +780,7 @@ func (x *GetServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerRequest.ProtoReflect.Descriptor instead.
 func (*GetServerRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{6}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetServerRequest) GetRef() string {
@@ -691,7 +800,7 @@ type GetServerResponse struct {
 
 func (x *GetServerResponse) Reset() {
 	*x = GetServerResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[7]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -703,7 +812,7 @@ func (x *GetServerResponse) String() string {
 func (*GetServerResponse) ProtoMessage() {}
 
 func (x *GetServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[7]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -716,7 +825,7 @@ func (x *GetServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerResponse.ProtoReflect.Descriptor instead.
 func (*GetServerResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{7}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetServerResponse) GetServer() *Server {
@@ -740,7 +849,7 @@ type ListServersRequest struct {
 
 func (x *ListServersRequest) Reset() {
 	*x = ListServersRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[8]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -752,7 +861,7 @@ func (x *ListServersRequest) String() string {
 func (*ListServersRequest) ProtoMessage() {}
 
 func (x *ListServersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[8]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -765,7 +874,7 @@ func (x *ListServersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServersRequest.ProtoReflect.Descriptor instead.
 func (*ListServersRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{8}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListServersRequest) GetPageSize() int32 {
@@ -793,7 +902,7 @@ type ListServersResponse struct {
 
 func (x *ListServersResponse) Reset() {
 	*x = ListServersResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[9]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -805,7 +914,7 @@ func (x *ListServersResponse) String() string {
 func (*ListServersResponse) ProtoMessage() {}
 
 func (x *ListServersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[9]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -818,7 +927,7 @@ func (x *ListServersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServersResponse.ProtoReflect.Descriptor instead.
 func (*ListServersResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{9}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListServersResponse) GetServers() []*Server {
@@ -859,19 +968,21 @@ type UpdateServerRequest struct {
 	// update_mask, when it names fields, changes only those; the others keep their stored
 	// values. Paths: description, transport, command, args, env, url, headers, grants,
 	// tool_filter, tool_permissions, client_session_timeout, tool_call_timeout, keep_markup,
-	// strict_inputs, prewarm, max_result_bytes. A named field the request leaves unset is cleared. Empty (or "*")
+	// strict_inputs, prewarm, max_result_bytes, oauth. A named field the request leaves unset is cleared. Empty (or "*")
 	// replaces the whole registration.
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,17,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	// prewarm: see Server.prewarm (absent is 0: PUT replaces it like every other field).
 	Prewarm        int32 `protobuf:"varint,18,opt,name=prewarm,proto3" json:"prewarm,omitempty"`
 	MaxResultBytes int64 `protobuf:"varint,19,opt,name=max_result_bytes,json=maxResultBytes,proto3" json:"max_result_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// oauth: see Server.oauth (absent: the server signs nobody in).
+	Oauth         *OAuthSignIn `protobuf:"bytes,20,opt,name=oauth,proto3" json:"oauth,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UpdateServerRequest) Reset() {
 	*x = UpdateServerRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[10]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +994,7 @@ func (x *UpdateServerRequest) String() string {
 func (*UpdateServerRequest) ProtoMessage() {}
 
 func (x *UpdateServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[10]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,7 +1007,7 @@ func (x *UpdateServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateServerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateServerRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{10}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *UpdateServerRequest) GetRef() string {
@@ -1032,6 +1143,13 @@ func (x *UpdateServerRequest) GetMaxResultBytes() int64 {
 	return 0
 }
 
+func (x *UpdateServerRequest) GetOauth() *OAuthSignIn {
+	if x != nil {
+		return x.Oauth
+	}
+	return nil
+}
+
 // UpdateServerResponse returns the stored registration.
 type UpdateServerResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -1047,7 +1165,7 @@ type UpdateServerResponse struct {
 
 func (x *UpdateServerResponse) Reset() {
 	*x = UpdateServerResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[11]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1059,7 +1177,7 @@ func (x *UpdateServerResponse) String() string {
 func (*UpdateServerResponse) ProtoMessage() {}
 
 func (x *UpdateServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[11]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1072,7 +1190,7 @@ func (x *UpdateServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateServerResponse.ProtoReflect.Descriptor instead.
 func (*UpdateServerResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{11}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UpdateServerResponse) GetServer() *Server {
@@ -1099,7 +1217,7 @@ type DeleteServerRequest struct {
 
 func (x *DeleteServerRequest) Reset() {
 	*x = DeleteServerRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[12]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1229,7 @@ func (x *DeleteServerRequest) String() string {
 func (*DeleteServerRequest) ProtoMessage() {}
 
 func (x *DeleteServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[12]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1242,7 @@ func (x *DeleteServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteServerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteServerRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{12}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeleteServerRequest) GetRef() string {
@@ -1143,7 +1261,7 @@ type DeleteServerResponse struct {
 
 func (x *DeleteServerResponse) Reset() {
 	*x = DeleteServerResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[13]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1155,7 +1273,7 @@ func (x *DeleteServerResponse) String() string {
 func (*DeleteServerResponse) ProtoMessage() {}
 
 func (x *DeleteServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[13]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1168,7 +1286,7 @@ func (x *DeleteServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteServerResponse.ProtoReflect.Descriptor instead.
 func (*DeleteServerResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{13}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{14}
 }
 
 // ListServerToolsRequest names a registration.
@@ -1181,7 +1299,7 @@ type ListServerToolsRequest struct {
 
 func (x *ListServerToolsRequest) Reset() {
 	*x = ListServerToolsRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[14]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1311,7 @@ func (x *ListServerToolsRequest) String() string {
 func (*ListServerToolsRequest) ProtoMessage() {}
 
 func (x *ListServerToolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[14]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1324,7 @@ func (x *ListServerToolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServerToolsRequest.ProtoReflect.Descriptor instead.
 func (*ListServerToolsRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{14}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListServerToolsRequest) GetRef() string {
@@ -1228,7 +1346,7 @@ type ListServerToolsResponse struct {
 
 func (x *ListServerToolsResponse) Reset() {
 	*x = ListServerToolsResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[15]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1240,7 +1358,7 @@ func (x *ListServerToolsResponse) String() string {
 func (*ListServerToolsResponse) ProtoMessage() {}
 
 func (x *ListServerToolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[15]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1253,7 +1371,7 @@ func (x *ListServerToolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServerToolsResponse.ProtoReflect.Descriptor instead.
 func (*ListServerToolsResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{15}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListServerToolsResponse) GetTools() []*v1.ToolDeclaration {
@@ -1287,7 +1405,7 @@ type ExploreServerRequest struct {
 
 func (x *ExploreServerRequest) Reset() {
 	*x = ExploreServerRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[16]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1417,7 @@ func (x *ExploreServerRequest) String() string {
 func (*ExploreServerRequest) ProtoMessage() {}
 
 func (x *ExploreServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[16]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1430,7 @@ func (x *ExploreServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExploreServerRequest.ProtoReflect.Descriptor instead.
 func (*ExploreServerRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{16}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExploreServerRequest) GetRef() string {
@@ -1348,7 +1466,7 @@ type ExploreServerResponse struct {
 
 func (x *ExploreServerResponse) Reset() {
 	*x = ExploreServerResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[17]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1478,7 @@ func (x *ExploreServerResponse) String() string {
 func (*ExploreServerResponse) ProtoMessage() {}
 
 func (x *ExploreServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[17]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1491,7 @@ func (x *ExploreServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExploreServerResponse.ProtoReflect.Descriptor instead.
 func (*ExploreServerResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{17}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExploreServerResponse) GetTools() []*v1.ToolDeclaration {
@@ -1408,7 +1526,7 @@ type Secret struct {
 
 func (x *Secret) Reset() {
 	*x = Secret{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[18]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1538,7 @@ func (x *Secret) String() string {
 func (*Secret) ProtoMessage() {}
 
 func (x *Secret) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[18]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1551,7 @@ func (x *Secret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Secret.ProtoReflect.Descriptor instead.
 func (*Secret) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{18}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Secret) GetName() string {
@@ -1464,7 +1582,7 @@ type PutSecretRequest struct {
 
 func (x *PutSecretRequest) Reset() {
 	*x = PutSecretRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[19]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1476,7 +1594,7 @@ func (x *PutSecretRequest) String() string {
 func (*PutSecretRequest) ProtoMessage() {}
 
 func (x *PutSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[19]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1489,7 +1607,7 @@ func (x *PutSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSecretRequest.ProtoReflect.Descriptor instead.
 func (*PutSecretRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{19}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PutSecretRequest) GetName() string {
@@ -1516,7 +1634,7 @@ type PutSecretResponse struct {
 
 func (x *PutSecretResponse) Reset() {
 	*x = PutSecretResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[20]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1528,7 +1646,7 @@ func (x *PutSecretResponse) String() string {
 func (*PutSecretResponse) ProtoMessage() {}
 
 func (x *PutSecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[20]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1541,7 +1659,7 @@ func (x *PutSecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSecretResponse.ProtoReflect.Descriptor instead.
 func (*PutSecretResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{20}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PutSecretResponse) GetSecret() *Secret {
@@ -1560,7 +1678,7 @@ type ListSecretsRequest struct {
 
 func (x *ListSecretsRequest) Reset() {
 	*x = ListSecretsRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[21]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1572,7 +1690,7 @@ func (x *ListSecretsRequest) String() string {
 func (*ListSecretsRequest) ProtoMessage() {}
 
 func (x *ListSecretsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[21]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1585,7 +1703,7 @@ func (x *ListSecretsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSecretsRequest.ProtoReflect.Descriptor instead.
 func (*ListSecretsRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{21}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{22}
 }
 
 // ListSecretsResponse lists secret names.
@@ -1598,7 +1716,7 @@ type ListSecretsResponse struct {
 
 func (x *ListSecretsResponse) Reset() {
 	*x = ListSecretsResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[22]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1610,7 +1728,7 @@ func (x *ListSecretsResponse) String() string {
 func (*ListSecretsResponse) ProtoMessage() {}
 
 func (x *ListSecretsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[22]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1623,7 +1741,7 @@ func (x *ListSecretsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSecretsResponse.ProtoReflect.Descriptor instead.
 func (*ListSecretsResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{22}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListSecretsResponse) GetSecrets() []*Secret {
@@ -1643,7 +1761,7 @@ type DeleteSecretRequest struct {
 
 func (x *DeleteSecretRequest) Reset() {
 	*x = DeleteSecretRequest{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[23]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1655,7 +1773,7 @@ func (x *DeleteSecretRequest) String() string {
 func (*DeleteSecretRequest) ProtoMessage() {}
 
 func (x *DeleteSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[23]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1668,7 +1786,7 @@ func (x *DeleteSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSecretRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSecretRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{23}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteSecretRequest) GetName() string {
@@ -1687,7 +1805,7 @@ type DeleteSecretResponse struct {
 
 func (x *DeleteSecretResponse) Reset() {
 	*x = DeleteSecretResponse{}
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[24]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1699,7 +1817,7 @@ func (x *DeleteSecretResponse) String() string {
 func (*DeleteSecretResponse) ProtoMessage() {}
 
 func (x *DeleteSecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[24]
+	mi := &file_ringfence_registry_v1_registry_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1712,14 +1830,14 @@ func (x *DeleteSecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSecretResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSecretResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{24}
+	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{25}
 }
 
 var File_ringfence_registry_v1_registry_proto protoreflect.FileDescriptor
 
 const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\n" +
-	"$ringfence/registry/v1/registry.proto\x12\x15ringfence.registry.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xa4\t\n" +
+	"$ringfence/registry/v1/registry.proto\x12\x15ringfence.registry.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dringfence/types/v1/tool.proto\"\xde\t\n" +
 	"\x06Server\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1746,7 +1864,8 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\rstrict_inputs\x18\x12 \x01(\bR\fstrictInputs\x12(\n" +
 	"\x10max_result_bytes\x18\x13 \x01(\x03R\x0emaxResultBytes\x12\x18\n" +
 	"\aprewarm\x18\x14 \x01(\x05R\aprewarm\x125\n" +
-	"\x04warm\x18\x15 \x01(\v2!.ringfence.registry.v1.WarmStatusR\x04warm\x1a6\n" +
+	"\x04warm\x18\x15 \x01(\v2!.ringfence.registry.v1.WarmStatusR\x04warm\x128\n" +
+	"\x05oauth\x18\x16 \x01(\v2\".ringfence.registry.v1.OAuthSignInR\x05oauth\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
@@ -1755,7 +1874,13 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aj\n" +
 	"\x14ToolPermissionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12<\n" +
-	"\x05value\x18\x02 \x01(\v2&.ringfence.registry.v1.ToolPermissionsR\x05value:\x028\x01\">\n" +
+	"\x05value\x18\x02 \x01(\v2&.ringfence.registry.v1.ToolPermissionsR\x05value:\x028\x01\"\xc4\x01\n" +
+	"\vOAuthSignIn\x121\n" +
+	"\x14authorization_server\x18\x01 \x01(\tR\x13authorizationServer\x12\x1b\n" +
+	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12*\n" +
+	"\x11client_secret_ref\x18\x03 \x01(\tR\x0fclientSecretRef\x12\x16\n" +
+	"\x06scopes\x18\x04 \x03(\tR\x06scopes\x12!\n" +
+	"\fcallback_url\x18\x05 \x01(\tR\vcallbackUrl\">\n" +
 	"\n" +
 	"WarmStatus\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\x05R\x05ready\x12\x1a\n" +
@@ -1765,7 +1890,7 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\ainclude\x18\x01 \x03(\tR\ainclude\x12\x18\n" +
 	"\aexclude\x18\x02 \x03(\tR\aexclude\"-\n" +
 	"\x0fToolPermissions\x12\x1a\n" +
-	"\brequired\x18\x01 \x03(\tR\brequired\"\xb7\a\n" +
+	"\brequired\x18\x01 \x03(\tR\brequired\"\xf1\a\n" +
 	"\x13CreateServerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1786,7 +1911,8 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"keepMarkup\x12#\n" +
 	"\rstrict_inputs\x18\x0f \x01(\bR\fstrictInputs\x12\x18\n" +
 	"\aprewarm\x18\x11 \x01(\x05R\aprewarm\x12(\n" +
-	"\x10max_result_bytes\x18\x10 \x01(\x03R\x0emaxResultBytes\x1a:\n" +
+	"\x10max_result_bytes\x18\x10 \x01(\x03R\x0emaxResultBytes\x128\n" +
+	"\x05oauth\x18\x12 \x01(\v2\".ringfence.registry.v1.OAuthSignInR\x05oauth\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aj\n" +
@@ -1805,7 +1931,7 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"v\n" +
 	"\x13ListServersResponse\x127\n" +
 	"\aservers\x18\x01 \x03(\v2\x1d.ringfence.registry.v1.ServerR\aservers\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x90\b\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xca\b\n" +
 	"\x13UpdateServerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1829,7 +1955,8 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\vupdate_mask\x18\x11 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
 	"updateMask\x12\x18\n" +
 	"\aprewarm\x18\x12 \x01(\x05R\aprewarm\x12(\n" +
-	"\x10max_result_bytes\x18\x13 \x01(\x03R\x0emaxResultBytes\x1a:\n" +
+	"\x10max_result_bytes\x18\x13 \x01(\x03R\x0emaxResultBytes\x128\n" +
+	"\x05oauth\x18\x14 \x01(\v2\".ringfence.registry.v1.OAuthSignInR\x05oauth\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aj\n" +
@@ -1895,114 +2022,118 @@ func file_ringfence_registry_v1_registry_proto_rawDescGZIP() []byte {
 	return file_ringfence_registry_v1_registry_proto_rawDescData
 }
 
-var file_ringfence_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_ringfence_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_ringfence_registry_v1_registry_proto_goTypes = []any{
 	(*Server)(nil),                  // 0: ringfence.registry.v1.Server
-	(*WarmStatus)(nil),              // 1: ringfence.registry.v1.WarmStatus
-	(*ToolFilter)(nil),              // 2: ringfence.registry.v1.ToolFilter
-	(*ToolPermissions)(nil),         // 3: ringfence.registry.v1.ToolPermissions
-	(*CreateServerRequest)(nil),     // 4: ringfence.registry.v1.CreateServerRequest
-	(*CreateServerResponse)(nil),    // 5: ringfence.registry.v1.CreateServerResponse
-	(*GetServerRequest)(nil),        // 6: ringfence.registry.v1.GetServerRequest
-	(*GetServerResponse)(nil),       // 7: ringfence.registry.v1.GetServerResponse
-	(*ListServersRequest)(nil),      // 8: ringfence.registry.v1.ListServersRequest
-	(*ListServersResponse)(nil),     // 9: ringfence.registry.v1.ListServersResponse
-	(*UpdateServerRequest)(nil),     // 10: ringfence.registry.v1.UpdateServerRequest
-	(*UpdateServerResponse)(nil),    // 11: ringfence.registry.v1.UpdateServerResponse
-	(*DeleteServerRequest)(nil),     // 12: ringfence.registry.v1.DeleteServerRequest
-	(*DeleteServerResponse)(nil),    // 13: ringfence.registry.v1.DeleteServerResponse
-	(*ListServerToolsRequest)(nil),  // 14: ringfence.registry.v1.ListServerToolsRequest
-	(*ListServerToolsResponse)(nil), // 15: ringfence.registry.v1.ListServerToolsResponse
-	(*ExploreServerRequest)(nil),    // 16: ringfence.registry.v1.ExploreServerRequest
-	(*ExploreServerResponse)(nil),   // 17: ringfence.registry.v1.ExploreServerResponse
-	(*Secret)(nil),                  // 18: ringfence.registry.v1.Secret
-	(*PutSecretRequest)(nil),        // 19: ringfence.registry.v1.PutSecretRequest
-	(*PutSecretResponse)(nil),       // 20: ringfence.registry.v1.PutSecretResponse
-	(*ListSecretsRequest)(nil),      // 21: ringfence.registry.v1.ListSecretsRequest
-	(*ListSecretsResponse)(nil),     // 22: ringfence.registry.v1.ListSecretsResponse
-	(*DeleteSecretRequest)(nil),     // 23: ringfence.registry.v1.DeleteSecretRequest
-	(*DeleteSecretResponse)(nil),    // 24: ringfence.registry.v1.DeleteSecretResponse
-	nil,                             // 25: ringfence.registry.v1.Server.EnvEntry
-	nil,                             // 26: ringfence.registry.v1.Server.HeadersEntry
-	nil,                             // 27: ringfence.registry.v1.Server.ToolPermissionsEntry
-	nil,                             // 28: ringfence.registry.v1.CreateServerRequest.HeadersEntry
-	nil,                             // 29: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry
-	nil,                             // 30: ringfence.registry.v1.UpdateServerRequest.HeadersEntry
-	nil,                             // 31: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
-	(*durationpb.Duration)(nil),     // 32: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 33: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),         // 34: google.protobuf.Struct
-	(*fieldmaskpb.FieldMask)(nil),   // 35: google.protobuf.FieldMask
-	(*v1.ToolDeclaration)(nil),      // 36: ringfence.types.v1.ToolDeclaration
-	(*v1.Finding)(nil),              // 37: ringfence.types.v1.Finding
-	(*v1.ExploreCall)(nil),          // 38: ringfence.types.v1.ExploreCall
-	(*v1.ExploreCallResult)(nil),    // 39: ringfence.types.v1.ExploreCallResult
+	(*OAuthSignIn)(nil),             // 1: ringfence.registry.v1.OAuthSignIn
+	(*WarmStatus)(nil),              // 2: ringfence.registry.v1.WarmStatus
+	(*ToolFilter)(nil),              // 3: ringfence.registry.v1.ToolFilter
+	(*ToolPermissions)(nil),         // 4: ringfence.registry.v1.ToolPermissions
+	(*CreateServerRequest)(nil),     // 5: ringfence.registry.v1.CreateServerRequest
+	(*CreateServerResponse)(nil),    // 6: ringfence.registry.v1.CreateServerResponse
+	(*GetServerRequest)(nil),        // 7: ringfence.registry.v1.GetServerRequest
+	(*GetServerResponse)(nil),       // 8: ringfence.registry.v1.GetServerResponse
+	(*ListServersRequest)(nil),      // 9: ringfence.registry.v1.ListServersRequest
+	(*ListServersResponse)(nil),     // 10: ringfence.registry.v1.ListServersResponse
+	(*UpdateServerRequest)(nil),     // 11: ringfence.registry.v1.UpdateServerRequest
+	(*UpdateServerResponse)(nil),    // 12: ringfence.registry.v1.UpdateServerResponse
+	(*DeleteServerRequest)(nil),     // 13: ringfence.registry.v1.DeleteServerRequest
+	(*DeleteServerResponse)(nil),    // 14: ringfence.registry.v1.DeleteServerResponse
+	(*ListServerToolsRequest)(nil),  // 15: ringfence.registry.v1.ListServerToolsRequest
+	(*ListServerToolsResponse)(nil), // 16: ringfence.registry.v1.ListServerToolsResponse
+	(*ExploreServerRequest)(nil),    // 17: ringfence.registry.v1.ExploreServerRequest
+	(*ExploreServerResponse)(nil),   // 18: ringfence.registry.v1.ExploreServerResponse
+	(*Secret)(nil),                  // 19: ringfence.registry.v1.Secret
+	(*PutSecretRequest)(nil),        // 20: ringfence.registry.v1.PutSecretRequest
+	(*PutSecretResponse)(nil),       // 21: ringfence.registry.v1.PutSecretResponse
+	(*ListSecretsRequest)(nil),      // 22: ringfence.registry.v1.ListSecretsRequest
+	(*ListSecretsResponse)(nil),     // 23: ringfence.registry.v1.ListSecretsResponse
+	(*DeleteSecretRequest)(nil),     // 24: ringfence.registry.v1.DeleteSecretRequest
+	(*DeleteSecretResponse)(nil),    // 25: ringfence.registry.v1.DeleteSecretResponse
+	nil,                             // 26: ringfence.registry.v1.Server.EnvEntry
+	nil,                             // 27: ringfence.registry.v1.Server.HeadersEntry
+	nil,                             // 28: ringfence.registry.v1.Server.ToolPermissionsEntry
+	nil,                             // 29: ringfence.registry.v1.CreateServerRequest.HeadersEntry
+	nil,                             // 30: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry
+	nil,                             // 31: ringfence.registry.v1.UpdateServerRequest.HeadersEntry
+	nil,                             // 32: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
+	(*durationpb.Duration)(nil),     // 33: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 34: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),         // 35: google.protobuf.Struct
+	(*fieldmaskpb.FieldMask)(nil),   // 36: google.protobuf.FieldMask
+	(*v1.ToolDeclaration)(nil),      // 37: ringfence.types.v1.ToolDeclaration
+	(*v1.Finding)(nil),              // 38: ringfence.types.v1.Finding
+	(*v1.ExploreCall)(nil),          // 39: ringfence.types.v1.ExploreCall
+	(*v1.ExploreCallResult)(nil),    // 40: ringfence.types.v1.ExploreCallResult
 }
 var file_ringfence_registry_v1_registry_proto_depIdxs = []int32{
-	25, // 0: ringfence.registry.v1.Server.env:type_name -> ringfence.registry.v1.Server.EnvEntry
-	26, // 1: ringfence.registry.v1.Server.headers:type_name -> ringfence.registry.v1.Server.HeadersEntry
-	2,  // 2: ringfence.registry.v1.Server.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
-	27, // 3: ringfence.registry.v1.Server.tool_permissions:type_name -> ringfence.registry.v1.Server.ToolPermissionsEntry
-	32, // 4: ringfence.registry.v1.Server.client_session_timeout:type_name -> google.protobuf.Duration
-	32, // 5: ringfence.registry.v1.Server.tool_call_timeout:type_name -> google.protobuf.Duration
-	33, // 6: ringfence.registry.v1.Server.create_time:type_name -> google.protobuf.Timestamp
-	33, // 7: ringfence.registry.v1.Server.update_time:type_name -> google.protobuf.Timestamp
-	1,  // 8: ringfence.registry.v1.Server.warm:type_name -> ringfence.registry.v1.WarmStatus
-	34, // 9: ringfence.registry.v1.CreateServerRequest.env:type_name -> google.protobuf.Struct
-	28, // 10: ringfence.registry.v1.CreateServerRequest.headers:type_name -> ringfence.registry.v1.CreateServerRequest.HeadersEntry
-	2,  // 11: ringfence.registry.v1.CreateServerRequest.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
-	29, // 12: ringfence.registry.v1.CreateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry
-	32, // 13: ringfence.registry.v1.CreateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
-	32, // 14: ringfence.registry.v1.CreateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
-	0,  // 15: ringfence.registry.v1.CreateServerResponse.server:type_name -> ringfence.registry.v1.Server
-	0,  // 16: ringfence.registry.v1.GetServerResponse.server:type_name -> ringfence.registry.v1.Server
-	0,  // 17: ringfence.registry.v1.ListServersResponse.servers:type_name -> ringfence.registry.v1.Server
-	34, // 18: ringfence.registry.v1.UpdateServerRequest.env:type_name -> google.protobuf.Struct
-	30, // 19: ringfence.registry.v1.UpdateServerRequest.headers:type_name -> ringfence.registry.v1.UpdateServerRequest.HeadersEntry
-	2,  // 20: ringfence.registry.v1.UpdateServerRequest.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
-	31, // 21: ringfence.registry.v1.UpdateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
-	32, // 22: ringfence.registry.v1.UpdateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
-	32, // 23: ringfence.registry.v1.UpdateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
-	35, // 24: ringfence.registry.v1.UpdateServerRequest.update_mask:type_name -> google.protobuf.FieldMask
-	0,  // 25: ringfence.registry.v1.UpdateServerResponse.server:type_name -> ringfence.registry.v1.Server
-	36, // 26: ringfence.registry.v1.ListServerToolsResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	37, // 27: ringfence.registry.v1.ListServerToolsResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	38, // 28: ringfence.registry.v1.ExploreServerRequest.call:type_name -> ringfence.types.v1.ExploreCall
-	4,  // 29: ringfence.registry.v1.ExploreServerRequest.server:type_name -> ringfence.registry.v1.CreateServerRequest
-	36, // 30: ringfence.registry.v1.ExploreServerResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	37, // 31: ringfence.registry.v1.ExploreServerResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	39, // 32: ringfence.registry.v1.ExploreServerResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
-	33, // 33: ringfence.registry.v1.Secret.update_time:type_name -> google.protobuf.Timestamp
-	18, // 34: ringfence.registry.v1.PutSecretResponse.secret:type_name -> ringfence.registry.v1.Secret
-	18, // 35: ringfence.registry.v1.ListSecretsResponse.secrets:type_name -> ringfence.registry.v1.Secret
-	3,  // 36: ringfence.registry.v1.Server.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	3,  // 37: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	3,  // 38: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	4,  // 39: ringfence.registry.v1.RegistryService.CreateServer:input_type -> ringfence.registry.v1.CreateServerRequest
-	6,  // 40: ringfence.registry.v1.RegistryService.GetServer:input_type -> ringfence.registry.v1.GetServerRequest
-	8,  // 41: ringfence.registry.v1.RegistryService.ListServers:input_type -> ringfence.registry.v1.ListServersRequest
-	10, // 42: ringfence.registry.v1.RegistryService.UpdateServer:input_type -> ringfence.registry.v1.UpdateServerRequest
-	12, // 43: ringfence.registry.v1.RegistryService.DeleteServer:input_type -> ringfence.registry.v1.DeleteServerRequest
-	14, // 44: ringfence.registry.v1.RegistryService.ListServerTools:input_type -> ringfence.registry.v1.ListServerToolsRequest
-	16, // 45: ringfence.registry.v1.RegistryService.ExploreServer:input_type -> ringfence.registry.v1.ExploreServerRequest
-	19, // 46: ringfence.registry.v1.RegistryService.PutSecret:input_type -> ringfence.registry.v1.PutSecretRequest
-	21, // 47: ringfence.registry.v1.RegistryService.ListSecrets:input_type -> ringfence.registry.v1.ListSecretsRequest
-	23, // 48: ringfence.registry.v1.RegistryService.DeleteSecret:input_type -> ringfence.registry.v1.DeleteSecretRequest
-	5,  // 49: ringfence.registry.v1.RegistryService.CreateServer:output_type -> ringfence.registry.v1.CreateServerResponse
-	7,  // 50: ringfence.registry.v1.RegistryService.GetServer:output_type -> ringfence.registry.v1.GetServerResponse
-	9,  // 51: ringfence.registry.v1.RegistryService.ListServers:output_type -> ringfence.registry.v1.ListServersResponse
-	11, // 52: ringfence.registry.v1.RegistryService.UpdateServer:output_type -> ringfence.registry.v1.UpdateServerResponse
-	13, // 53: ringfence.registry.v1.RegistryService.DeleteServer:output_type -> ringfence.registry.v1.DeleteServerResponse
-	15, // 54: ringfence.registry.v1.RegistryService.ListServerTools:output_type -> ringfence.registry.v1.ListServerToolsResponse
-	17, // 55: ringfence.registry.v1.RegistryService.ExploreServer:output_type -> ringfence.registry.v1.ExploreServerResponse
-	20, // 56: ringfence.registry.v1.RegistryService.PutSecret:output_type -> ringfence.registry.v1.PutSecretResponse
-	22, // 57: ringfence.registry.v1.RegistryService.ListSecrets:output_type -> ringfence.registry.v1.ListSecretsResponse
-	24, // 58: ringfence.registry.v1.RegistryService.DeleteSecret:output_type -> ringfence.registry.v1.DeleteSecretResponse
-	49, // [49:59] is the sub-list for method output_type
-	39, // [39:49] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	26, // 0: ringfence.registry.v1.Server.env:type_name -> ringfence.registry.v1.Server.EnvEntry
+	27, // 1: ringfence.registry.v1.Server.headers:type_name -> ringfence.registry.v1.Server.HeadersEntry
+	3,  // 2: ringfence.registry.v1.Server.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
+	28, // 3: ringfence.registry.v1.Server.tool_permissions:type_name -> ringfence.registry.v1.Server.ToolPermissionsEntry
+	33, // 4: ringfence.registry.v1.Server.client_session_timeout:type_name -> google.protobuf.Duration
+	33, // 5: ringfence.registry.v1.Server.tool_call_timeout:type_name -> google.protobuf.Duration
+	34, // 6: ringfence.registry.v1.Server.create_time:type_name -> google.protobuf.Timestamp
+	34, // 7: ringfence.registry.v1.Server.update_time:type_name -> google.protobuf.Timestamp
+	2,  // 8: ringfence.registry.v1.Server.warm:type_name -> ringfence.registry.v1.WarmStatus
+	1,  // 9: ringfence.registry.v1.Server.oauth:type_name -> ringfence.registry.v1.OAuthSignIn
+	35, // 10: ringfence.registry.v1.CreateServerRequest.env:type_name -> google.protobuf.Struct
+	29, // 11: ringfence.registry.v1.CreateServerRequest.headers:type_name -> ringfence.registry.v1.CreateServerRequest.HeadersEntry
+	3,  // 12: ringfence.registry.v1.CreateServerRequest.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
+	30, // 13: ringfence.registry.v1.CreateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry
+	33, // 14: ringfence.registry.v1.CreateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
+	33, // 15: ringfence.registry.v1.CreateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
+	1,  // 16: ringfence.registry.v1.CreateServerRequest.oauth:type_name -> ringfence.registry.v1.OAuthSignIn
+	0,  // 17: ringfence.registry.v1.CreateServerResponse.server:type_name -> ringfence.registry.v1.Server
+	0,  // 18: ringfence.registry.v1.GetServerResponse.server:type_name -> ringfence.registry.v1.Server
+	0,  // 19: ringfence.registry.v1.ListServersResponse.servers:type_name -> ringfence.registry.v1.Server
+	35, // 20: ringfence.registry.v1.UpdateServerRequest.env:type_name -> google.protobuf.Struct
+	31, // 21: ringfence.registry.v1.UpdateServerRequest.headers:type_name -> ringfence.registry.v1.UpdateServerRequest.HeadersEntry
+	3,  // 22: ringfence.registry.v1.UpdateServerRequest.tool_filter:type_name -> ringfence.registry.v1.ToolFilter
+	32, // 23: ringfence.registry.v1.UpdateServerRequest.tool_permissions:type_name -> ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry
+	33, // 24: ringfence.registry.v1.UpdateServerRequest.client_session_timeout:type_name -> google.protobuf.Duration
+	33, // 25: ringfence.registry.v1.UpdateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
+	36, // 26: ringfence.registry.v1.UpdateServerRequest.update_mask:type_name -> google.protobuf.FieldMask
+	1,  // 27: ringfence.registry.v1.UpdateServerRequest.oauth:type_name -> ringfence.registry.v1.OAuthSignIn
+	0,  // 28: ringfence.registry.v1.UpdateServerResponse.server:type_name -> ringfence.registry.v1.Server
+	37, // 29: ringfence.registry.v1.ListServerToolsResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	38, // 30: ringfence.registry.v1.ListServerToolsResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	39, // 31: ringfence.registry.v1.ExploreServerRequest.call:type_name -> ringfence.types.v1.ExploreCall
+	5,  // 32: ringfence.registry.v1.ExploreServerRequest.server:type_name -> ringfence.registry.v1.CreateServerRequest
+	37, // 33: ringfence.registry.v1.ExploreServerResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	38, // 34: ringfence.registry.v1.ExploreServerResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	40, // 35: ringfence.registry.v1.ExploreServerResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
+	34, // 36: ringfence.registry.v1.Secret.update_time:type_name -> google.protobuf.Timestamp
+	19, // 37: ringfence.registry.v1.PutSecretResponse.secret:type_name -> ringfence.registry.v1.Secret
+	19, // 38: ringfence.registry.v1.ListSecretsResponse.secrets:type_name -> ringfence.registry.v1.Secret
+	4,  // 39: ringfence.registry.v1.Server.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	4,  // 40: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	4,  // 41: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	5,  // 42: ringfence.registry.v1.RegistryService.CreateServer:input_type -> ringfence.registry.v1.CreateServerRequest
+	7,  // 43: ringfence.registry.v1.RegistryService.GetServer:input_type -> ringfence.registry.v1.GetServerRequest
+	9,  // 44: ringfence.registry.v1.RegistryService.ListServers:input_type -> ringfence.registry.v1.ListServersRequest
+	11, // 45: ringfence.registry.v1.RegistryService.UpdateServer:input_type -> ringfence.registry.v1.UpdateServerRequest
+	13, // 46: ringfence.registry.v1.RegistryService.DeleteServer:input_type -> ringfence.registry.v1.DeleteServerRequest
+	15, // 47: ringfence.registry.v1.RegistryService.ListServerTools:input_type -> ringfence.registry.v1.ListServerToolsRequest
+	17, // 48: ringfence.registry.v1.RegistryService.ExploreServer:input_type -> ringfence.registry.v1.ExploreServerRequest
+	20, // 49: ringfence.registry.v1.RegistryService.PutSecret:input_type -> ringfence.registry.v1.PutSecretRequest
+	22, // 50: ringfence.registry.v1.RegistryService.ListSecrets:input_type -> ringfence.registry.v1.ListSecretsRequest
+	24, // 51: ringfence.registry.v1.RegistryService.DeleteSecret:input_type -> ringfence.registry.v1.DeleteSecretRequest
+	6,  // 52: ringfence.registry.v1.RegistryService.CreateServer:output_type -> ringfence.registry.v1.CreateServerResponse
+	8,  // 53: ringfence.registry.v1.RegistryService.GetServer:output_type -> ringfence.registry.v1.GetServerResponse
+	10, // 54: ringfence.registry.v1.RegistryService.ListServers:output_type -> ringfence.registry.v1.ListServersResponse
+	12, // 55: ringfence.registry.v1.RegistryService.UpdateServer:output_type -> ringfence.registry.v1.UpdateServerResponse
+	14, // 56: ringfence.registry.v1.RegistryService.DeleteServer:output_type -> ringfence.registry.v1.DeleteServerResponse
+	16, // 57: ringfence.registry.v1.RegistryService.ListServerTools:output_type -> ringfence.registry.v1.ListServerToolsResponse
+	18, // 58: ringfence.registry.v1.RegistryService.ExploreServer:output_type -> ringfence.registry.v1.ExploreServerResponse
+	21, // 59: ringfence.registry.v1.RegistryService.PutSecret:output_type -> ringfence.registry.v1.PutSecretResponse
+	23, // 60: ringfence.registry.v1.RegistryService.ListSecrets:output_type -> ringfence.registry.v1.ListSecretsResponse
+	25, // 61: ringfence.registry.v1.RegistryService.DeleteSecret:output_type -> ringfence.registry.v1.DeleteSecretResponse
+	52, // [52:62] is the sub-list for method output_type
+	42, // [42:52] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_registry_v1_registry_proto_init() }
@@ -2016,7 +2147,7 @@ func file_ringfence_registry_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_registry_v1_registry_proto_rawDesc), len(file_ringfence_registry_v1_registry_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

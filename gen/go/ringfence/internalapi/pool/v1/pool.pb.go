@@ -253,7 +253,10 @@ type DiscoverRequest struct {
 	Actor      string `protobuf:"bytes,6,opt,name=actor,proto3" json:"actor,omitempty"`
 	// adhoc, when set, is an ad-hoc server the registry validated and resolved, explored
 	// instead of a registration (secrets in clear, as ResolveServer returns them).
-	Adhoc         *v11.ResolveServerResponse `protobuf:"bytes,5,opt,name=adhoc,proto3" json:"adhoc,omitempty"`
+	Adhoc *v11.ResolveServerResponse `protobuf:"bytes,5,opt,name=adhoc,proto3" json:"adhoc,omitempty"`
+	// user, for a server that signs each user in, is the user of tenant whose token lists the
+	// tools (the publisher's import for that user; docs/oauth.md).
+	User          string `protobuf:"bytes,7,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -328,6 +331,13 @@ func (x *DiscoverRequest) GetAdhoc() *v11.ResolveServerResponse {
 		return x.Adhoc
 	}
 	return nil
+}
+
+func (x *DiscoverRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 // DiscoverResponse is the server's listing.
@@ -512,7 +522,7 @@ const file_ringfence_internal_pool_v1_pool_proto_rawDesc = "" +
 	"\vagent_token\x18\a \x01(\tR\n" +
 	"agentToken\"0\n" +
 	"\x12ForwardRunResponse\x12\x1a\n" +
-	"\bresponse\x18\x01 \x01(\fR\bresponse\"\x82\x02\n" +
+	"\bresponse\x18\x01 \x01(\fR\bresponse\"\x96\x02\n" +
 	"\x0fDiscoverRequest\x12\x1d\n" +
 	"\n" +
 	"server_ref\x18\x01 \x01(\tR\tserverRef\x123\n" +
@@ -521,7 +531,8 @@ const file_ringfence_internal_pool_v1_pool_proto_rawDesc = "" +
 	"\factor_key_id\x18\x04 \x01(\tR\n" +
 	"actorKeyId\x12\x14\n" +
 	"\x05actor\x18\x06 \x01(\tR\x05actor\x12K\n" +
-	"\x05adhoc\x18\x05 \x01(\v25.ringfence.internal.registry.v1.ResolveServerResponseR\x05adhoc\"\x85\x02\n" +
+	"\x05adhoc\x18\x05 \x01(\v25.ringfence.internal.registry.v1.ResolveServerResponseR\x05adhoc\x12\x12\n" +
+	"\x04user\x18\a \x01(\tR\x04user\"\x85\x02\n" +
 	"\x10DiscoverResponse\x129\n" +
 	"\x05tools\x18\x01 \x03(\v2#.ringfence.types.v1.ToolDeclarationR\x05tools\x12F\n" +
 	"\x10listing_findings\x18\x02 \x03(\v2\x1b.ringfence.types.v1.FindingR\x0flistingFindings\x123\n" +

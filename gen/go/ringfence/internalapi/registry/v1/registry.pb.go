@@ -81,9 +81,11 @@ type ResolveServerResponse struct {
 	// env holds the clear env values.
 	Env map[string]string `protobuf:"bytes,2,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// header_values maps each header to the clear value of the secret it names.
-	HeaderValues  map[string]string `protobuf:"bytes,3,rep,name=header_values,json=headerValues,proto3" json:"header_values,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HeaderValues map[string]string `protobuf:"bytes,3,rep,name=header_values,json=headerValues,proto3" json:"header_values,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// oauth_client_secret is the clear value of the secret server.oauth.client_secret_ref names.
+	OauthClientSecret string `protobuf:"bytes,4,opt,name=oauth_client_secret,json=oauthClientSecret,proto3" json:"oauth_client_secret,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ResolveServerResponse) Reset() {
@@ -135,6 +137,13 @@ func (x *ResolveServerResponse) GetHeaderValues() map[string]string {
 		return x.HeaderValues
 	}
 	return nil
+}
+
+func (x *ResolveServerResponse) GetOauthClientSecret() string {
+	if x != nil {
+		return x.OauthClientSecret
+	}
+	return ""
 }
 
 // GetServerPolicyRequest names a registration.
@@ -192,7 +201,9 @@ type GetServerPolicyResponse struct {
 	Revision        int64                          `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
 	StrictInputs    bool                           `protobuf:"varint,6,opt,name=strict_inputs,json=strictInputs,proto3" json:"strict_inputs,omitempty"`
 	// description is what the server is for: an agent whose tools of it are deferred sees it.
-	Description   string `protobuf:"bytes,7,opt,name=description,proto3" json:"description,omitempty"`
+	Description string `protobuf:"bytes,7,opt,name=description,proto3" json:"description,omitempty"`
+	// sign_in is the fingerprint of the server's sign-in settings (empty: it signs nobody in).
+	SignIn        string `protobuf:"bytes,8,opt,name=sign_in,json=signIn,proto3" json:"sign_in,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -272,6 +283,13 @@ func (x *GetServerPolicyResponse) GetStrictInputs() bool {
 func (x *GetServerPolicyResponse) GetDescription() string {
 	if x != nil {
 		return x.Description
+	}
+	return ""
+}
+
+func (x *GetServerPolicyResponse) GetSignIn() string {
+	if x != nil {
+		return x.SignIn
 	}
 	return ""
 }
@@ -551,11 +569,12 @@ const file_ringfence_internal_registry_v1_registry_proto_rawDesc = "" +
 	"\n" +
 	"-ringfence/internal/registry/v1/registry.proto\x12\x1eringfence.internal.registry.v1\x1a$ringfence/registry/v1/registry.proto\"(\n" +
 	"\x14ResolveServerRequest\x12\x10\n" +
-	"\x03ref\x18\x01 \x01(\tR\x03ref\"\x87\x03\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\"\xb7\x03\n" +
 	"\x15ResolveServerResponse\x125\n" +
 	"\x06server\x18\x01 \x01(\v2\x1d.ringfence.registry.v1.ServerR\x06server\x12P\n" +
 	"\x03env\x18\x02 \x03(\v2>.ringfence.internal.registry.v1.ResolveServerResponse.EnvEntryR\x03env\x12l\n" +
-	"\rheader_values\x18\x03 \x03(\v2G.ringfence.internal.registry.v1.ResolveServerResponse.HeaderValuesEntryR\fheaderValues\x1a6\n" +
+	"\rheader_values\x18\x03 \x03(\v2G.ringfence.internal.registry.v1.ResolveServerResponse.HeaderValuesEntryR\fheaderValues\x12.\n" +
+	"\x13oauth_client_secret\x18\x04 \x01(\tR\x11oauthClientSecret\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
@@ -563,7 +582,7 @@ const file_ringfence_internal_registry_v1_registry_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"*\n" +
 	"\x16GetServerPolicyRequest\x12\x10\n" +
-	"\x03ref\x18\x01 \x01(\tR\x03ref\"\xcf\x03\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\"\xe8\x03\n" +
 	"\x17GetServerPolicyResponse\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x16\n" +
 	"\x06grants\x18\x02 \x03(\tR\x06grants\x12B\n" +
@@ -572,7 +591,8 @@ const file_ringfence_internal_registry_v1_registry_proto_rawDesc = "" +
 	"\x10tool_permissions\x18\x04 \x03(\v2L.ringfence.internal.registry.v1.GetServerPolicyResponse.ToolPermissionsEntryR\x0ftoolPermissions\x12\x1a\n" +
 	"\brevision\x18\x05 \x01(\x03R\brevision\x12#\n" +
 	"\rstrict_inputs\x18\x06 \x01(\bR\fstrictInputs\x12 \n" +
-	"\vdescription\x18\a \x01(\tR\vdescription\x1aj\n" +
+	"\vdescription\x18\a \x01(\tR\vdescription\x12\x17\n" +
+	"\asign_in\x18\b \x01(\tR\x06signIn\x1aj\n" +
 	"\x14ToolPermissionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12<\n" +
 	"\x05value\x18\x02 \x01(\v2&.ringfence.registry.v1.ToolPermissionsR\x05value:\x028\x01\"7\n" +

@@ -1,0 +1,326 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ringfence/ringfence/internal/agentsurface"
+	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/services/pool/internal/store"
+	"github.com/ringfence/ringfence/services/pool/spawner"
+)
+
+// Connecting a server that signs each user in: the user's token lists the server's tools once,
+// and the listing is stored per (tenant, user, server). A run's agent surface offers such a
+// server's tools to a run of that user only once the listing exists, under the registration's
+// current sign-in settings; before, the server's connect tool stands for them
+// (agentsurface.KindConnect), and a call to one of its tools is refused as sign_in_required
+// with the URL to sign in at.
+
+// errServerUnreachable: the server or its authorization server could not be reached.
+var errServerUnreachable = errors.New("pool: the server or its authorization server could not be reached")
+
+// Connection states.
+const (
+	ConnectConnected      = "connected"
+	ConnectSignInRequired = "sign_in_required"
+)
+
+// Connection is where a user's connection to a server stands.
+type Connection struct {
+	State string
+	// AuthorizationURL is where the user signs in (ConnectSignInRequired), good once until
+	// ExpireTime.
+	AuthorizationURL string
+	ExpireTime       time.Time
+	// Tools are the names of the tools the server declared to the user (ConnectConnected).
+	Tools []string
+}
+
+// ConnectServer connects server ref for user of tenant: with the user's token, the server's
+// tools are listed and the listing stored; without one, the answer is the authorization URL.
+// The caller (a key with run:execute in the tenant) asserts the user (docs/oauth.md).
+func (s *Service) ConnectServer(ctx context.Context, tenant, user, ref string) (*Connection, error) {
+	tenant = orDefaultTenant(tenant)
+	if err := ValidateUser("user", user); err != nil {
+		return nil, err
+	}
+	if err := mcpserver.ValidateRef(ref); err != nil {
+		return nil, err
+	}
+	if err := s.signInConfigured(); err != nil {
+		return nil, err
+	}
+	res, err := s.cfg.Registry.ResolveRegistration(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if res.OAuth == nil {
+		return nil, errNoSignIn
+	}
+	tools, err := s.connect(ctx, tenant, user, res)
+	var si *signInError
+	if errors.As(err, &si) {
+		return &Connection{State: ConnectSignInRequired, AuthorizationURL: si.url, ExpireTime: si.expire}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &Connection{State: ConnectConnected, Tools: tools}, nil
+}
+
+// signInConfigured says whether this pool can sign users in at all.
+func (s *Service) signInConfigured() error {
+	if s.cfg.Secrets == nil || s.cfg.OAuthCallbackURL == "" {
+		return errNoCallback
+	}
+	return nil
+}
+
+// connect lists res's tools with user's token and stores the listing, answering the tools'
+// names; without a token the server takes, it begins a sign-in and answers its *signInError.
+func (s *Service) connect(ctx context.Context, tenant, user string, res *mcpserver.Resolved) ([]string, error) {
+	listing, err := s.listAs(ctx, tenant, user, res)
+	if errors.Is(err, errSignInRequired) {
+		return nil, s.beginSignIn(ctx, tenant, user, res, signInWhy(err))
+	}
+	if err != nil {
+		return nil, err
+	}
+	stored := store.Listing{SignIn: res.SignInFingerprint(), Tools: make(map[string]string, len(listing.Tools)), ListTime: s.now().UTC()}
+	for _, t := range listing.Tools {
+		stored.Tools[t.Name] = t.SchemaHash
+	}
+	if err := s.store.PutOAuthListing(ctx, tenant, user, res.Ref, stored); err != nil {
+		return nil, err
+	}
+	s.connected(tenant, user, res.Ref)
+	return slices.Sorted(maps.Keys(stored.Tools)), nil
+}
+
+// listAs lists res's tools with user's token, pinned and screened as discovery does: what the
+// server declares to that user. errSignInRequired (wrapped, with why) without a token the
+// server takes; one it refuses (revoked) is dropped.
+func (s *Service) listAs(ctx context.Context, tenant, user string, res *mcpserver.Resolved) (*discovery.Listing, error) {
+	tok, err := s.userToken(ctx, tenant, user, res)
+	if err != nil {
+		return nil, err
+	}
+	authed := withBearer(res, tok.AccessToken)
+	sp, err := s.spawner.Spawn(ctx, specFor(authed, spawner.PurposeDiscovery, ""))
+	if err != nil {
+		if refusedToken(err) {
+			const why = "the server refused the user's token (revoked?)"
+			if derr := s.dropSignIn(ctx, tenant, user, res.Ref, why); derr != nil {
+				return nil, derr
+			}
+			return nil, fmt.Errorf("%w: %s, so it was dropped", errSignInRequired, why)
+		}
+		return nil, fmt.Errorf("%w: server %q: %v", errServerUnreachable, res.Ref, spawnFailure(err))
+	}
+	defer func() { _ = sp.Close(context.WithoutCancel(ctx)) }()
+	tools, err := sp.SetupListTools(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: server %q: %v", errServerUnreachable, res.Ref, spawnFailure(err))
+	}
+	listing, err := Screen(authed, tools, sp)
+	if err != nil {
+		return nil, fmt.Errorf("%w: server %q: %v", errServerUnreachable, res.Ref, err)
+	}
+	return listing, nil
+}
+
+// DiscoverToolsAs lists a registered server's tools as user of tenant sees them: for a server
+// that signs each user in, with that user's token (an import for that user's runs); any other
+// server as DiscoverTools does.
+func (s *Service) DiscoverToolsAs(ctx context.Context, tenant, user, ref string) (*discovery.Listing, error) {
+	listing, _, err := s.ExploreTools(ctx, discovery.ExploreRequest{Ref: ref, Tenant: tenant, User: user})
+	return listing, err
+}
+
+// connected tells the listeners of every run of user in tenant (the MCP front door) that
+// server ref's tools joined their agents' listings.
+func (s *Service) connected(tenant, user, ref string) {
+	s.runs.mu.Lock()
+	var ids []runIdentity
+	for key, r := range s.runs.byKey {
+		if key.tenant == tenant && r.id.User == user {
+			ids = append(ids, r.id)
+		}
+	}
+	s.runs.mu.Unlock()
+	for _, id := range ids {
+		s.toolsChanged(id, ref)
+	}
+}
+
+// signInWhy is the reason userToken gave, without its sentinel's words.
+func signInWhy(err error) string {
+	return strings.TrimPrefix(err.Error(), errSignInRequired.Error()+": ")
+}
+
+// refusedToken says the server refused the credentials the session presented (HTTP 401).
+func refusedToken(err error) bool {
+	var se *spawner.Error
+	return errors.As(err, &se) && se.HTTPStatus == 401
+}
+
+// connections reads the stored listings of user for the servers among policies that sign users
+// in: the agent surface's State.Connections. A listing taken under other sign-in settings than
+// the policy's current ones is none (the server shows as its connect tool again); a run without
+// a user has none.
+func (s *Service) connections(ctx context.Context, tenant, user string, policies map[string]mcpserver.Policy) (map[string]agentsurface.Connection, error) {
+	var out map[string]agentsurface.Connection
+	if user == "" {
+		return out, nil
+	}
+	for ref, p := range policies {
+		if p.SignIn == "" {
+			continue
+		}
+		l, err := s.store.OAuthListing(ctx, tenant, user, ref)
+		if errors.Is(err, store.ErrNotFound) || err == nil && l.SignIn != p.SignIn {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if out == nil {
+			out = make(map[string]agentsurface.Connection)
+		}
+		c := agentsurface.Connection{Tools: make(map[string]bool, len(l.Tools))}
+		for name := range l.Tools {
+			c.Tools[name] = true
+		}
+		out[ref] = c
+	}
+	return out, nil
+}
+
+// signInRefusal turns a session that could not start for want of the user's token into the
+// refusal a call gets: sign_in_required, with the URL the user signs in at when one can be
+// made.
+func (s *Service) signInRefusal(ctx context.Context, tenant, user string, res *mcpserver.Resolved, cause error) error {
+	if errors.Is(cause, errNoUser) {
+		return refusal(reasonSignInRequired, cause)
+	}
+	err := s.beginSignIn(ctx, tenant, user, res, signInWhy(cause))
+	var si *signInError
+	if errors.As(err, &si) {
+		return refusal(reasonSignInRequired, si)
+	}
+	return refusal(reasonSignInRequired, fmt.Errorf("server %q signs each user in and the user this run acts for must sign in, but no sign-in could be begun: %w", res.Ref, err))
+}
+
+// runBearer is reg with the run's user's token as its Authorization header, and when that
+// token is due for a refresh; a run without a user, or a user without a token the server
+// takes, is refused as sign_in_required (with the URL the user signs in at).
+func (s *Service) runBearer(ctx context.Context, r *run, reg *mcpserver.Resolved) (*mcpserver.Resolved, time.Time, error) {
+	if err := s.signInConfigured(); err != nil {
+		return nil, time.Time{}, refusal(reasonSignInRequired, err)
+	}
+	tok, err := s.userToken(ctx, r.id.Tenant, r.id.User, reg)
+	switch {
+	case errors.Is(err, errSignInRequired) || errors.Is(err, errNoUser):
+		return nil, time.Time{}, s.signInRefusal(ctx, r.id.Tenant, r.id.User, reg, err)
+	case errors.Is(err, errServerUnreachable):
+		return nil, time.Time{}, refusal(reasonSpawnFailed, err)
+	case err != nil:
+		return nil, time.Time{}, err
+	}
+	var renewAt time.Time
+	if !tok.Expiry.IsZero() {
+		renewAt = tok.Expiry.Add(-s.refreshBefore())
+	}
+	return withBearer(reg, tok.AccessToken), renewAt, nil
+}
+
+// dropRefusedToken: the server refused the run's user's token at the handshake (it was
+// revoked): it is dropped with the user's listing, and the call is refused as
+// sign_in_required.
+func (s *Service) dropRefusedToken(ctx context.Context, r *run, reg *mcpserver.Resolved) error {
+	const why = "the server refused the user's token (revoked?)"
+	if err := s.dropSignIn(ctx, r.id.Tenant, r.id.User, reg.Ref, why); err != nil {
+		return err
+	}
+	return s.signInRefusal(ctx, r.id.Tenant, r.id.User, reg, fmt.Errorf("%w: %s, so it was dropped", errSignInRequired, why))
+}
+
+// callConnections reads the run's user's connections of the servers whose policies the call
+// read, for the gates (in.connections).
+func (s *Service) callConnections(ctx context.Context, r *run, in *gateInput) (map[string]agentsurface.Connection, error) {
+	policies := make(map[string]mcpserver.Policy)
+	if in.policy.SignIn != "" {
+		policies[in.policy.Ref] = in.policy
+	}
+	if p := in.connectPolicy; p != nil && p.SignIn != "" {
+		policies[p.Ref] = *p
+	}
+	for ref, p := range in.searchPolicies {
+		if p.SignIn != "" {
+			policies[ref] = p
+		}
+	}
+	if len(policies) == 0 {
+		return nil, nil
+	}
+	return s.connections(ctx, r.id.Tenant, r.id.User, policies)
+}
+
+// withSignInURL adds to a sign_in_required refusal the URL the run's user signs in at, when
+// one can be made; otherwise the refusal stands as it is, naming the connect tool.
+func (s *Service) withSignInURL(ctx context.Context, r *run, ref string, refused *RefusedError) error {
+	if s.signInConfigured() != nil {
+		return refused
+	}
+	res, err := s.cfg.Registry.ResolveRegistration(ctx, ref)
+	if err != nil || res.OAuth == nil {
+		return refused
+	}
+	var si *signInError
+	if errors.As(s.beginSignIn(ctx, r.id.Tenant, r.id.User, res, "the user this run acts for has not connected it"), &si) {
+		refused.Err = si
+	}
+	return refused
+}
+
+// answerConnect answers a call to a server's connect tool: on record first like any dispatch
+// (connecting stores a listing and may start a sign-in), then the server is connected for the
+// run's user, whose agents' listings then show its tools (the run's listeners are told), or
+// the answer is the URL the user signs in at.
+func (s *Service) answerConnect(ctx context.Context, r *run, d decision) outcome {
+	out := outcome{attempt: d.attempt, tenant: r.id.Tenant, args: d.args.canonical}
+	if r.id.User == "" {
+		out.err = refusal(reasonSignInRequired, errNoUser)
+		return out
+	}
+	var err error
+	if out.attempt.PendingID, err = s.recordPending(ctx, out.attempt, out.args, out.tenant); err != nil {
+		out.err = err
+		return out
+	}
+	text, structured := "", map[string]any{"server": d.connect}
+	c, err := s.ConnectServer(ctx, r.id.Tenant, r.id.User, d.connect)
+	switch {
+	case err != nil:
+		out.err = &FailedError{Class: failureTransport, Err: fmt.Errorf("server %q could not be connected: %v", d.connect, err)}
+		return out
+	case c.State == ConnectConnected:
+		structured["state"], structured["tools"] = c.State, c.Tools
+		text = fmt.Sprintf("Connected %s for the user. Its tools now join the listing: %s.", d.connect, strings.Join(c.Tools, ", "))
+	default:
+		structured["state"], structured["authorization_url"], structured["expire_time"] = c.State, c.AuthorizationURL, c.ExpireTime.UTC().Format(time.RFC3339)
+		text = fmt.Sprintf("The user has to sign in to %s first: ask them to open %s (good once, until %s), then call %s again.",
+			d.connect, c.AuthorizationURL, c.ExpireTime.UTC().Format(time.RFC3339), agentsurface.ConnectToolName(d.connect))
+	}
+	out.res = &CallResult{CallID: d.attempt.CallID, Attempt: d.attempt.Attempt, ToolName: agentsurface.ConnectToolName(d.connect), Result: audit.ResultSucceeded,
+		Content: []map[string]any{{"type": "text", "text": text}}, StructuredContent: structured}
+	return out
+}

@@ -1,0 +1,561 @@
+package pool
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	sdkauth "github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/oauthex"
+	"golang.org/x/oauth2"
+
+	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/ident"
+	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/services/pool/internal/store"
+)
+
+// OAuth sign-in for servers that act for a person (docs/oauth.md). The pool is the OAuth
+// client: it discovers the server's authorization server (RFC 9728, then RFC 8414 metadata),
+// sends the user to it with PKCE (S256) and the resource parameter (RFC 8707), takes the code at
+// /v1/oauth/callback once (the state is single use, bound to tenant, user and server, and
+// expires), checks the iss parameter (RFC 9207), and keeps the user's token sealed in pool.db
+// under (tenant, user, server), refreshed before it expires. Tokens live here and nowhere else:
+// the pool is the one service that sends them, so no internal RPC ever carries one.
+
+// Defaults of the sign-in settings (oauth.* in the configuration).
+const (
+	DefaultOAuthStateTTL      = 10 * time.Minute
+	DefaultOAuthRefreshBefore = time.Minute
+	// oauthHTTPTimeout bounds one request to an authorization server or for metadata.
+	oauthHTTPTimeout = 15 * time.Second
+	// maxTokenResponse bounds a token endpoint's answer.
+	maxTokenResponse = 1 << 20
+)
+
+// errSignInRequired: the user has no token the server takes (never signed in, refused or
+// revoked, or obtained under sign-in settings since changed). signInError carries the URL.
+var errSignInRequired = errors.New("pool: sign-in required")
+
+// errNoCallback: the deployment did not say where authorization servers send users back.
+var errNoCallback = errors.New("pool: no OAuth callback URL is configured: set RINGFENCE_OAUTH__CALLBACK_URL (or frontdoor.public_url) to the pool's HTTP listener as the user's browser reaches it")
+
+// errNoSignIn: the server does not sign users in.
+var errNoSignIn = errors.New("pool: the server signs nobody in (its registration has no oauth): its tools need no connect")
+
+// errNoUser: a sign-in needs the user it is for.
+var errNoUser = errors.New("pool: the run acts for no user, so no user's token can be sent: start the run with a user (StartRun user, ringfence runs start --user)")
+
+// errBadCallback: a callback that cannot finish any sign-in.
+var errBadCallback = errors.New("pool: sign-in callback refused")
+
+// signInError is a sign-in the user has to make: where to go, and until when that URL is good.
+type signInError struct {
+	ref    string
+	url    string
+	expire time.Time
+	why    string
+}
+
+func (e *signInError) Error() string {
+	msg := fmt.Sprintf("server %q signs each user in and has no token for the user this run acts for", e.ref)
+	if e.why != "" {
+		msg = fmt.Sprintf("server %q signs each user in: %s", e.ref, e.why)
+	}
+	if e.url != "" {
+		msg += "; the user signs in at " + e.url + " (good once, until " + e.expire.UTC().Format(time.RFC3339) + "), then the call is made again"
+	}
+	return msg
+}
+
+func (e *signInError) Unwrap() error { return errSignInRequired }
+
+// oauthToken is a user's token at rest (sealed whole) and what refreshing it needs.
+type oauthToken struct {
+	AccessToken  string    `json:"access_token"`
+	RefreshToken string    `json:"refresh_token,omitempty"`
+	TokenType    string    `json:"token_type,omitempty"`
+	Expiry       time.Time `json:"expiry,omitzero"`
+	Issuer       string    `json:"issuer"`
+	TokenURL     string    `json:"token_url"`
+	Resource     string    `json:"resource"`
+	// SignIn is the fingerprint of the registration's sign-in settings it was obtained under.
+	SignIn string `json:"sign_in"`
+}
+
+func tokenContext(tenant, user, ref string) []byte {
+	return []byte("pool/oauth/token/" + tenant + "/" + user + "/" + ref)
+}
+
+func verifierContext(hash string) []byte { return []byte("pool/oauth/state/" + hash) }
+
+// signIns serializes the use of each user's token per server: a refresh token that rotates
+// is good once, and two refreshes at once would leave one of them refused.
+type signIns struct {
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+}
+
+func (si *signIns) lock(tenant, user, ref string) func() {
+	si.mu.Lock()
+	if si.locks == nil {
+		si.locks = make(map[string]*sync.Mutex)
+	}
+	k := tenant + "/" + user + "/" + ref
+	m, ok := si.locks[k]
+	if !ok {
+		m = &sync.Mutex{}
+		si.locks[k] = m
+	}
+	si.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
+
+// ValidateUser checks a run's user: ident.User.
+func ValidateUser(field, user string) error { return ident.User.Check(field, user) }
+
+// oauthClient is the HTTP client for metadata, token and refresh requests: bounded, and
+// following no redirect (a token request carries the client's secret and the user's code).
+func (s *Service) oauthClient() *http.Client {
+	if s.cfg.OAuthHTTPClient != nil {
+		return s.cfg.OAuthHTTPClient
+	}
+	return &http.Client{Timeout: oauthHTTPTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+func (s *Service) now() time.Time {
+	if s.cfg.Now != nil {
+		return s.cfg.Now()
+	}
+	return time.Now()
+}
+
+// resourceOf is the server's resource identifier (RFC 8707, RFC 9728): its URL without query or
+// fragment. A query may carry a credential, which an authorization server has no business
+// seeing.
+func resourceOf(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", err
+	}
+	u.RawQuery, u.Fragment, u.User = "", "", nil
+	return u.String(), nil
+}
+
+// authServer discovers the server's authorization server: the registration's, or the first of
+// its protected resource metadata (RFC 9728, at the path-suffixed well-known URL, then the
+// root one), and then its metadata (RFC 8414, or OpenID discovery). An authorization server
+// that does not offer PKCE with S256 is refused, as the MCP authorization spec asks.
+func (s *Service) authServer(ctx context.Context, res *mcpserver.Resolved) (*oauthex.AuthServerMeta, string, error) {
+	resource, err := resourceOf(res.URL)
+	if err != nil {
+		return nil, "", fmt.Errorf("the server's URL cannot be read: %v", err)
+	}
+	hc := s.oauthClient()
+	issuer := res.OAuth.AuthorizationServer
+	if issuer == "" {
+		u, _ := url.Parse(resource)
+		var tries []string
+		if p := strings.Trim(u.Path, "/"); p != "" {
+			tries = append(tries, u.Scheme+"://"+u.Host+"/.well-known/oauth-protected-resource/"+p)
+		}
+		tries = append(tries, u.Scheme+"://"+u.Host+"/.well-known/oauth-protected-resource")
+		var errs []string
+		for _, m := range tries {
+			prm, err := oauthex.GetProtectedResourceMetadata(ctx, m, resource, hc)
+			if err != nil {
+				errs = append(errs, err.Error())
+				continue
+			}
+			if len(prm.AuthorizationServers) == 0 {
+				errs = append(errs, m+" names no authorization server")
+				continue
+			}
+			issuer = prm.AuthorizationServers[0]
+			break
+		}
+		if issuer == "" {
+			return nil, "", fmt.Errorf("the server's authorization server could not be discovered (RFC 9728 protected resource metadata: %s); name it in the registration's oauth.authorization_server", strings.Join(errs, "; "))
+		}
+	}
+	asm, err := sdkauth.GetAuthServerMetadata(ctx, issuer, hc)
+	if err != nil {
+		return nil, "", fmt.Errorf("the metadata of authorization server %s could not be read: %v", issuer, err)
+	}
+	if asm == nil {
+		return nil, "", fmt.Errorf("authorization server %s serves no metadata (RFC 8414 or OpenID discovery)", issuer)
+	}
+	if !slices.Contains(asm.CodeChallengeMethodsSupported, "S256") {
+		return nil, "", fmt.Errorf("authorization server %s does not offer PKCE with S256 (code_challenge_methods_supported), which sign-in requires", issuer)
+	}
+	return asm, resource, nil
+}
+
+// oauth2Config is the client as the authorization server knows it.
+func (s *Service) oauth2Config(res *mcpserver.Resolved, authURL, tokenURL string) *oauth2.Config {
+	return &oauth2.Config{
+		ClientID: res.OAuth.ClientID, ClientSecret: res.ClientSecret, Scopes: res.OAuth.Scopes,
+		RedirectURL: s.cfg.OAuthCallbackURL,
+		Endpoint:    oauth2.Endpoint{AuthURL: authURL, TokenURL: tokenURL},
+	}
+}
+
+// beginSignIn makes the authorization URL a user opens to sign in to the server, and keeps what
+// the callback needs under the SHA-256 of its state (the PKCE verifier sealed). The answer is a
+// *signInError carrying the URL.
+func (s *Service) beginSignIn(ctx context.Context, tenant, user string, res *mcpserver.Resolved, why string) error {
+	if s.cfg.OAuthCallbackURL == "" {
+		return errNoCallback
+	}
+	asm, resource, err := s.authServer(ctx, res)
+	if err != nil {
+		return fmt.Errorf("%w: server %q: %v", errServerUnreachable, res.Ref, err)
+	}
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	state := base64.RawURLEncoding.EncodeToString(b[:])
+	hash := stateHash(state)
+	verifier := oauth2.GenerateVerifier()
+	expire := s.now().Add(s.stateTTL())
+	p, _ := auth.FromContext(ctx)
+	actorID, actorName, actorRole := p.AuditActor()
+	st := store.SignInState{Tenant: tenant, User: user, Ref: res.Ref, SignIn: res.SignInFingerprint(), Issuer: asm.Issuer,
+		ActorKeyID: actorID, ActorKeyName: actorName, ActorRole: actorRole,
+		TokenURL: asm.TokenEndpoint, Resource: resource, IssAdvertised: asm.AuthorizationResponseIssParameterSupported,
+		VerifierSealed: s.cfg.Secrets.Seal([]byte(verifier), verifierContext(hash)), ExpireTime: expire}
+	if err := s.store.PutSignInState(ctx, hash, st, s.now()); err != nil {
+		return err
+	}
+	authURL := s.oauth2Config(res, asm.AuthorizationEndpoint, asm.TokenEndpoint).AuthCodeURL(state,
+		oauth2.S256ChallengeOption(verifier), oauth2.SetAuthURLParam("resource", resource))
+	return &signInError{ref: res.Ref, url: authURL, expire: expire, why: why}
+}
+
+func stateHash(state string) string {
+	sum := sha256.Sum256([]byte(state))
+	return hex.EncodeToString(sum[:])
+}
+
+func (s *Service) stateTTL() time.Duration {
+	if s.cfg.OAuthStateTTL > 0 {
+		return s.cfg.OAuthStateTTL
+	}
+	return DefaultOAuthStateTTL
+}
+
+func (s *Service) refreshBefore() time.Duration {
+	if s.cfg.OAuthRefreshBefore > 0 {
+		return s.cfg.OAuthRefreshBefore
+	}
+	return DefaultOAuthRefreshBefore
+}
+
+// SignedIn is what a finished sign-in says (never the token).
+type SignedIn struct {
+	Tenant, User, Ref string
+	// Tools are the names the server declared to the user, when it could be connected at once.
+	Tools []string
+	// ConnectErr says why it could not (the token is kept: connecting again finishes).
+	ConnectErr error
+}
+
+// CompleteSignIn is the callback: it takes the sign-in the state names (once), refuses an
+// authorization server's error, a missing or foreign iss (RFC 9207: a mix-up), and a
+// registration whose sign-in settings changed meanwhile, exchanges the code with the PKCE
+// verifier and the resource, stores the token sealed, and connects the server for the user.
+// Its errors never quote the code or the state.
+func (s *Service) CompleteSignIn(ctx context.Context, q url.Values) (*SignedIn, error) {
+	state := q.Get("state")
+	if state == "" || len(state) > 512 {
+		return nil, fmt.Errorf("%w: it carries no state", errBadCallback)
+	}
+	hash := stateHash(state)
+	st, err := s.store.TakeSignInState(ctx, hash)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: its state is unknown, was used already, or was replaced by a newer sign-in: sign in again from the start", errBadCallback)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !s.now().Before(st.ExpireTime) {
+		return nil, fmt.Errorf("%w: the sign-in expired (oauth.state_ttl): sign in again from the start", errBadCallback)
+	}
+	if e := q.Get("error"); e != "" {
+		return nil, fmt.Errorf("%w: the authorization server answered %s: %s", errBadCallback, clip(e, 64), clip(q.Get("error_description"), 256))
+	}
+	switch iss := q.Get("iss"); {
+	case iss == "" && st.IssAdvertised:
+		return nil, fmt.Errorf("%w: the authorization server says it sends iss (RFC 9207), and this answer has none", errBadCallback)
+	case iss != "" && iss != st.Issuer:
+		return nil, fmt.Errorf("%w: the answer comes from issuer %s, not %s, where the sign-in began (RFC 9207: an authorization server mix-up); nothing was exchanged", errBadCallback, clip(iss, 256), st.Issuer)
+	}
+	code := q.Get("code")
+	if code == "" {
+		return nil, fmt.Errorf("%w: it carries no code", errBadCallback)
+	}
+	res, err := s.cfg.Registry.ResolveRegistration(ctx, st.Ref)
+	if err != nil {
+		return nil, err
+	}
+	if res.OAuth == nil || res.SignInFingerprint() != st.SignIn {
+		return nil, fmt.Errorf("%w: server %q's sign-in settings changed since the sign-in began: sign in again", errBadCallback, st.Ref)
+	}
+	verifier, err := s.cfg.Secrets.Open(st.VerifierSealed, verifierContext(hash))
+	if err != nil {
+		return nil, err
+	}
+	conf := s.oauth2Config(res, "", st.TokenURL)
+	tok, err := conf.Exchange(context.WithValue(ctx, oauth2.HTTPClient, s.oauthClient()), code,
+		oauth2.VerifierOption(string(verifier)), oauth2.SetAuthURLParam("resource", st.Resource))
+	if err != nil {
+		return nil, fmt.Errorf("%w: the authorization server refused the code: %s", errBadCallback, tokenErrorText(err))
+	}
+	t := oauthToken{AccessToken: tok.AccessToken, RefreshToken: tok.RefreshToken, TokenType: tok.TokenType, Expiry: tok.Expiry,
+		Issuer: st.Issuer, TokenURL: st.TokenURL, Resource: st.Resource, SignIn: st.SignIn}
+	unlock := s.signIns.lock(st.Tenant, st.User, st.Ref)
+	err = s.putToken(ctx, st.Tenant, st.User, st.Ref, t)
+	unlock()
+	if err != nil {
+		return nil, err
+	}
+	// On record as the key that asked for the sign-in (it asserted the user).
+	s.recordSignInEvent(ctx, audit.AdminEvent{ActorKeyID: st.ActorKeyID, ActorKeyName: st.ActorKeyName, ActorRole: cmp.Or(st.ActorRole, "system"),
+		Action: actionOAuthSignIn}, st.Tenant, st.User, st.Ref, "")
+	out := &SignedIn{Tenant: st.Tenant, User: st.User, Ref: st.Ref}
+	out.Tools, out.ConnectErr = s.connect(ctx, st.Tenant, st.User, res)
+	return out, nil
+}
+
+// Admin actions of users' sign-ins, as the pool records them: a sign-in finished (its actor is
+// the key that asked for it, which asserted the user), and a token dropped (why says so).
+const (
+	actionOAuthSignIn   = "oauth_sign_in"
+	actionOAuthDrop     = "oauth_drop"
+	resourceOAuthServer = "oauth_connection"
+)
+
+// dropSignIn deletes user's token and stored listing of server ref, and records why.
+func (s *Service) dropSignIn(ctx context.Context, tenant, user, ref, why string) error {
+	if err := s.store.DropSignIn(context.WithoutCancel(ctx), tenant, user, ref); err != nil {
+		return err
+	}
+	p, _ := auth.FromContext(ctx)
+	id, name, role := p.AuditActor()
+	s.recordSignInEvent(ctx, audit.AdminEvent{ActorKeyID: id, ActorKeyName: name, ActorRole: role, Action: actionOAuthDrop}, tenant, user, ref, why)
+	return nil
+}
+
+// recordSignInEvent puts a sign-in or a drop in the audit log as an admin event naming the
+// server and the user, never a token. A record that cannot be spooled is logged: the sign-in
+// (or the drop) stands all the same, as a key's would.
+func (s *Service) recordSignInEvent(ctx context.Context, ev audit.AdminEvent, tenant, user, ref, why string) {
+	change := map[string]any{"server": ref, "user": user}
+	if why != "" {
+		change["reason"] = why
+	}
+	ev.ResourceType, ev.ResourceID = resourceOAuthServer, ref
+	ev.Change, _ = json.Marshal(change)
+	if err := s.spool.Enqueue(context.WithoutCancel(ctx), audit.NewAdminRecord("pool", tenant, ev)); err != nil {
+		s.log.Error("a sign-in's admin event could not be recorded in the audit spool", "action", ev.Action, "server", ref, "err", err)
+	}
+}
+
+// tokenErrorText is what an authorization server's refusal says, without its body's other
+// fields: the error code and description only.
+func tokenErrorText(err error) string {
+	var re *oauth2.RetrieveError
+	if errors.As(err, &re) {
+		if re.ErrorCode != "" {
+			return clip(re.ErrorCode, 64) + " " + clip(re.ErrorDescription, 256)
+		}
+		if re.Response != nil {
+			return "HTTP " + re.Response.Status
+		}
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return clip(ue.Err.Error(), 256)
+	}
+	return clip(err.Error(), 256)
+}
+
+func clip(s string, n int) string {
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+	return truncateTo(s, n)
+}
+
+func (s *Service) putToken(ctx context.Context, tenant, user, ref string, t oauthToken) error {
+	plain, err := json.Marshal(t)
+	if err != nil {
+		return err
+	}
+	return s.store.PutOAuthToken(ctx, tenant, user, ref, s.cfg.Secrets.Seal(plain, tokenContext(tenant, user, ref)))
+}
+
+// userToken is the user's token for the server, refreshed first when it expires within
+// oauth.refresh_before. errSignInRequired (wrapped, with why) when there is none the server
+// takes: none stored, one obtained under other sign-in settings, or one the authorization
+// server refuses to refresh; the last two are dropped, with the user's stored listing.
+func (s *Service) userToken(ctx context.Context, tenant, user string, res *mcpserver.Resolved) (oauthToken, error) {
+	if user == "" {
+		return oauthToken{}, errNoUser
+	}
+	unlock := s.signIns.lock(tenant, user, res.Ref)
+	defer unlock()
+	sealed, err := s.store.OAuthToken(ctx, tenant, user, res.Ref)
+	if errors.Is(err, store.ErrNotFound) {
+		return oauthToken{}, fmt.Errorf("%w: the user has not signed in", errSignInRequired)
+	}
+	if err != nil {
+		return oauthToken{}, err
+	}
+	plain, err := s.cfg.Secrets.Open(sealed, tokenContext(tenant, user, res.Ref))
+	if err != nil {
+		return oauthToken{}, err
+	}
+	var t oauthToken
+	if err := json.Unmarshal(plain, &t); err != nil {
+		return oauthToken{}, err
+	}
+	if t.SignIn != res.SignInFingerprint() {
+		const why = "the server's sign-in settings changed since the user signed in"
+		if err := s.dropSignIn(ctx, tenant, user, res.Ref, why); err != nil {
+			return oauthToken{}, err
+		}
+		return oauthToken{}, fmt.Errorf("%w: %s, so their token was dropped", errSignInRequired, why)
+	}
+	if t.Expiry.IsZero() || s.now().Add(s.refreshBefore()).Before(t.Expiry) {
+		return t, nil
+	}
+	if t.RefreshToken == "" {
+		const why = "the user's token expired and came with no refresh token"
+		if err := s.dropSignIn(ctx, tenant, user, res.Ref, why); err != nil {
+			return oauthToken{}, err
+		}
+		return oauthToken{}, fmt.Errorf("%w: %s", errSignInRequired, why)
+	}
+	next, err := s.refresh(ctx, res, t)
+	var refused *refreshRefused
+	if errors.As(err, &refused) {
+		why := "the authorization server refused to refresh the user's token (" + refused.text + ")"
+		if derr := s.dropSignIn(ctx, tenant, user, res.Ref, why); derr != nil {
+			return oauthToken{}, derr
+		}
+		return oauthToken{}, fmt.Errorf("%w: %s, so it was dropped", errSignInRequired, why)
+	}
+	if err != nil {
+		return oauthToken{}, fmt.Errorf("%w: server %q: the user's token could not be refreshed: %v", errServerUnreachable, res.Ref, err)
+	}
+	if err := s.putToken(ctx, tenant, user, res.Ref, next); err != nil {
+		return oauthToken{}, err
+	}
+	return next, nil
+}
+
+// refreshRefused: the authorization server answered a refresh with an OAuth error (the grant
+// is revoked, expired, or not this client's): the token is of no more use.
+type refreshRefused struct{ code, text string }
+
+func (e *refreshRefused) Error() string { return "refresh refused: " + e.text }
+
+// refresh trades the refresh token for a new token, sending the resource (RFC 8707) as the
+// authorization request did: golang.org/x/oauth2 refreshes without it, so the request is made
+// here, as RFC 6749 section 6 has it. A confidential client authenticates with HTTP Basic
+// (section 2.3.1), and, when the server answers invalid_client, once more in the body, as
+// golang.org/x/oauth2's exchange does; a public client names itself in the body.
+func (s *Service) refresh(ctx context.Context, res *mcpserver.Resolved, t oauthToken) (oauthToken, error) {
+	next, err := s.refreshAs(ctx, res, t, res.ClientSecret != "")
+	var refused *refreshRefused
+	if res.ClientSecret != "" && errors.As(err, &refused) && refused.code == "invalid_client" {
+		next, err = s.refreshAs(ctx, res, t, false)
+	}
+	return next, err
+}
+
+// refreshAs is one refresh request, the client's credentials in a Basic header or the body.
+func (s *Service) refreshAs(ctx context.Context, res *mcpserver.Resolved, t oauthToken, basic bool) (oauthToken, error) {
+	form := url.Values{"grant_type": {"refresh_token"}, "refresh_token": {t.RefreshToken}, "resource": {t.Resource}}
+	if !basic {
+		form.Set("client_id", res.OAuth.ClientID)
+		if res.ClientSecret != "" {
+			form.Set("client_secret", res.ClientSecret)
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.TokenURL, strings.NewReader(form.Encode()))
+	if err != nil {
+		return oauthToken{}, err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Accept", "application/json")
+	if basic {
+		req.SetBasicAuth(url.QueryEscape(res.OAuth.ClientID), url.QueryEscape(res.ClientSecret))
+	}
+	resp, err := s.oauthClient().Do(req)
+	if err != nil {
+		return oauthToken{}, errors.New(tokenErrorText(err))
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxTokenResponse))
+	if err != nil {
+		return oauthToken{}, err
+	}
+	var answer struct {
+		AccessToken      string      `json:"access_token"`
+		TokenType        string      `json:"token_type"`
+		RefreshToken     string      `json:"refresh_token"`
+		ExpiresIn        json.Number `json:"expires_in"`
+		Error            string      `json:"error"`
+		ErrorDescription string      `json:"error_description"`
+	}
+	jerr := json.Unmarshal(body, &answer)
+	switch {
+	case resp.StatusCode >= 400 && resp.StatusCode < 500 && answer.Error != "":
+		return oauthToken{}, &refreshRefused{code: answer.Error, text: clip(answer.Error, 64) + " " + clip(answer.ErrorDescription, 256)}
+	case resp.StatusCode != http.StatusOK:
+		return oauthToken{}, fmt.Errorf("the token endpoint answered HTTP %d", resp.StatusCode)
+	case jerr != nil || answer.AccessToken == "":
+		return oauthToken{}, errors.New("the token endpoint's answer is not a token response")
+	}
+	next := t
+	next.AccessToken, next.TokenType, next.Expiry = answer.AccessToken, answer.TokenType, time.Time{}
+	if answer.RefreshToken != "" {
+		next.RefreshToken = answer.RefreshToken // rotated
+	}
+	if secs, err := answer.ExpiresIn.Int64(); err == nil && secs > 0 {
+		next.Expiry = s.now().Add(time.Duration(secs) * time.Second)
+	}
+	return next, nil
+}
+
+// withBearer is res with the user's token as its Authorization header: a copy, so the
+// registration as resolved stays the operator's. The spawner masks it in any server text like
+// every header value.
+func withBearer(res *mcpserver.Resolved, token string) *mcpserver.Resolved {
+	c := *res
+	c.HeaderValues = make(map[string]string, len(res.HeaderValues)+1)
+	for k, v := range res.HeaderValues {
+		c.HeaderValues[k] = v
+	}
+	c.HeaderValues["Authorization"] = "Bearer " + token
+	return &c
+}
