@@ -7,9 +7,12 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
@@ -121,4 +124,41 @@ func TestARetriedUpdateKeepsWhatTheMasksStandFor(t *testing.T) {
 
 	_, err = replicas[0].UpdateServer(ctx, &registryv1.UpdateServerRequest{Ref: "docs-search", Revision: 1, Command: "x"})
 	testutil.RequireStatus(t, err, codes.Aborted)
+}
+
+// TestAdmissionOnEtcdAnswersFromTheMirror: a stream's admission (auth.Authorizer.Admit, which
+// the server runs on the connection's reader, one stream at a time) admits a key the replica
+// holds as valid without the round trip that confirms its mirror is current, and Authorize,
+// which runs before the handler, still confirms it: with etcd gone, the admission of a held key
+// answers and Authorize refuses as UNAVAILABLE. A key created on another replica a moment ago
+// is admitted at once; one revoked there is refused by the next Authorize.
+func TestAdmissionOnEtcdAnswersFromTheMirror(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	replicas := etcdReplicas(t, cluster, 2)
+	ctx := auth.SystemContext(t.Context(), "test")
+	require.NoError(t, replicas[0].EnsureBootstrapAdmin(ctx, adminKey))
+	const method = "/ringfence.registry.v1.RegistryService/GetServer"
+	withKey := func(key string) context.Context {
+		return metadata.NewIncomingContext(t.Context(), metadata.Pairs(auth.MetadataKey, key))
+	}
+	authz := auth.NewAuthorizer(replicas[1], auth.Rules)
+
+	created, err := replicas[0].CreateKey(ctx, &registryv1.CreateKeyRequest{Name: "ci", Role: "admin"})
+	require.NoError(t, err)
+	key := created.GetSecret()
+	require.NoError(t, authz.Admit(withKey(key), method), "a key created on the other replica is admitted at once")
+	_, err = authz.Authorize(withKey(key), method)
+	require.NoError(t, err)
+
+	_, err = replicas[0].RevokeKey(ctx, &registryv1.RevokeKeyRequest{Id: created.GetKey().GetId()})
+	require.NoError(t, err)
+	_, err = authz.Authorize(withKey(key), method)
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "revoked on the other replica: refused by the next Authorize")
+
+	cluster.Kill(0)
+	require.NoError(t, authz.Admit(withKey(adminKey), method), "a held key is admitted without asking etcd")
+	short, cancel := context.WithTimeout(withKey(adminKey), time.Second)
+	defer cancel()
+	_, err = authz.Authorize(short, method)
+	require.Error(t, err, "Authorize confirms the key is current, and etcd is gone")
 }

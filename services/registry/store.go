@@ -40,6 +40,9 @@ type Store interface {
 
 	CreateKey(ctx context.Context, k store.Key, hook store.Hook) error
 	KeyByHash(ctx context.Context, hash string) (store.Key, bool, error)
+	// HeldKeyByHash returns the key with that hash as this replica holds it, without first
+	// confirming that is current (KeyByHash does): for admissions only (auth.Admitting).
+	HeldKeyByHash(hash string) (store.Key, bool)
 	KeyByID(ctx context.Context, id string) (store.Key, bool, error)
 	ListKeys(ctx context.Context) ([]store.Key, error)
 	RevokeKey(ctx context.Context, id string, hook store.Hook) (store.Key, error)

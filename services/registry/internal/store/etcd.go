@@ -523,6 +523,10 @@ func (s *Etcd) KeyByHash(ctx context.Context, hash string) (Key, bool, error) {
 	return k, ok, nil
 }
 
+// HeldKeyByHash returns a copy of the key with that hash as the mirror holds it, which may lag
+// etcd by the watch's delay: for admissions, which Authorize follows with KeyByHash.
+func (s *Etcd) HeldKeyByHash(hash string) (Key, bool) { return s.keys.byHashCopy(hash) }
+
 // touch writes a key's last use unless the key changed since this replica saw it (another
 // replica touched or revoked it): losing one refresh is harmless.
 func (s *Etcd) touch(id string) {

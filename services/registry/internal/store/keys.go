@@ -181,6 +181,10 @@ func (s *Bolt) KeyByHash(ctx context.Context, hash string) (Key, bool, error) {
 	return k, ok, nil
 }
 
+// HeldKeyByHash is KeyByHash without the last-used refresh: one process holds the file, so
+// what it holds is current.
+func (s *Bolt) HeldKeyByHash(hash string) (Key, bool) { return s.keys.byHashCopy(hash) }
+
 func (s *Bolt) touch(id string) {
 	updated, ok := s.keys.stale(id, time.Now().UTC())
 	if !ok {
