@@ -78,5 +78,7 @@ func (m *servedMethods) check(fullMethod string) error {
 	if m.methods[fullMethod] {
 		return nil
 	}
-	return status.Errorf(codes.Unimplemented, "grpcserver: unknown method %s on this listener", strings.TrimPrefix(fullMethod, "/"))
+	// The refusal grpc-go itself gives an unknown method, given before the request is read: the
+	// public API and the internal plane are served on different listeners.
+	return status.Errorf(codes.Unimplemented, "grpcserver: unknown method %s on this listener: the public API is served on RINGFENCE_GRPC_ADDR and internal RPCs (mutual TLS) on RINGFENCE_INTERNAL_ADDR; grpcurl ... list shows what a listener serves", strings.TrimPrefix(fullMethod, "/"))
 }

@@ -28,26 +28,33 @@ var (
 	keyIDPattern = regexp.MustCompile(`^key_[0-9a-f]{12,32}$`)
 )
 
-// VerifyKey implements auth.KeyVerifier from the in-memory key table.
-// An admission is answered from the keys this replica holds when they admit the key (on etcd,
-// without the round trip that confirms the mirror is current: auth.Admitting says why that is
-// safe); every other answer is current.
+// VerifyKey implements auth.KeyVerifier from the in-memory key table. An admission is answered
+// from the keys this replica holds when they admit the key (on etcd, without the round trip
+// that confirms the mirror is current: auth.Admitting says why that is safe); every other
+// answer is current.
 func (s *Service) VerifyKey(ctx context.Context, keySHA256 string) (auth.Principal, error) {
-	k, ok := s.store.HeldKeyByHash(keySHA256)
-	if !auth.Admitting(ctx) || !ok || k.Revoked {
-		var err error
-		if k, ok, err = s.store.KeyByHash(ctx, keySHA256); err != nil {
-			return auth.Principal{}, err
+	if auth.Admitting(ctx) {
+		if k, ok := s.store.HeldKeyByHash(keySHA256); ok && !k.Revoked {
+			return s.principalOf(k), nil
 		}
+	}
+	k, ok, err := s.store.KeyByHash(ctx, keySHA256)
+	if err != nil {
+		return auth.Principal{}, err
 	}
 	if !ok || k.Revoked {
 		return auth.Principal{}, auth.ErrUnknownKey
 	}
+	return s.principalOf(k), nil
+}
+
+// principalOf is the caller a valid key makes, with its role's permissions.
+func (s *Service) principalOf(k store.Key) auth.Principal {
 	p := auth.Principal{KeyID: k.ID, KeyName: k.Name, Role: k.Role, Tenant: k.Tenant}
 	if role, ok := s.cfg.Roles.Lookup(k.Role); ok {
 		p.Permissions = role.Permissions
 	}
-	return p, nil
+	return p
 }
 
 // EnsureBootstrapAdmin makes key an admin key (RINGFENCE_BOOTSTRAP_ADMIN_KEY). It is idempotent,
