@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -315,29 +316,41 @@ func TestOneCallIsOneTraceAcrossServices(t *testing.T) {
 	// No isolation image: the pool refuses to start the server, after every hop was made.
 	testutil.RequireStatus(t, err, codes.Unavailable)
 
-	var root sdktrace.ReadOnlySpan
-	for _, sp := range rec.Ended() {
-		if sp.Name() == "ringfence.publisher.v1.PublisherService/ImportTools" {
-			root = sp
-		}
-	}
-	require.NotNil(t, root, "the public call has a span")
-	trace := root.SpanContext().TraceID()
-	byName := map[string]int{}
-	for _, sp := range rec.Ended() {
-		if sp.SpanContext().TraceID() == trace {
-			byName[sp.Name()+"/"+sp.SpanKind().String()]++
-		}
-	}
-	for _, hop := range []string{
+	// A server span ends after its status is sent, so the caller may hold the answer before the
+	// spans of the public call and of each hop are recorded: wait for them.
+	hops := []string{
 		"ringfence.internal.registry.v1.RegistryInternalService/GetServerPolicy/server",
 		"ringfence.internal.pool.v1.PoolInternalService/Discover/client",
 		"ringfence.internal.pool.v1.PoolInternalService/Discover/server",
 		"ringfence.internal.registry.v1.RegistryInternalService/ResolveServer/client",
 		"ringfence.internal.registry.v1.RegistryInternalService/ResolveServer/server",
-	} {
-		require.Positive(t, byName[hop], "%s is in the import's trace; the trace holds %v", hop, byName)
 	}
+	var byName map[string]int
+	recorded := assert.Eventually(t, func() bool {
+		var root sdktrace.ReadOnlySpan
+		for _, sp := range rec.Ended() {
+			if sp.Name() == "ringfence.publisher.v1.PublisherService/ImportTools" {
+				root = sp
+			}
+		}
+		if root == nil {
+			return false
+		}
+		trace := root.SpanContext().TraceID()
+		byName = map[string]int{}
+		for _, sp := range rec.Ended() {
+			if sp.SpanContext().TraceID() == trace {
+				byName[sp.Name()+"/"+sp.SpanKind().String()]++
+			}
+		}
+		for _, hop := range hops {
+			if byName[hop] == 0 {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 10*time.Millisecond)
+	require.True(t, recorded, "the public call has a span, and every hop is in its trace; the trace holds %v", byName)
 
 	// Each peer logged the hop under the caller's request id.
 	require.Eventually(t, func() bool {
