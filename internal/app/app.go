@@ -510,6 +510,7 @@ func (a *App) openPool(ctx context.Context, cfg *config.Config, reg poolRegistry
 		DBPath:                 path,
 		Secrets:                box,
 		OAuthCallbackURL:       oauthCallbackURL(cfg),
+		OAuthClientMetadataURL: cfg.OAuth.ClientMetadataURL,
 		OAuthStateTTL:          cfg.OAuth.StateTTL,
 		OAuthRefreshBefore:     cfg.OAuth.RefreshBefore,
 		Registry:               reg,
@@ -776,6 +777,8 @@ func registerPool(srv *grpcserver.Server, pl *pool.Service, cfg *config.Config, 
 	})
 	// The sign-in callback is a browser redirect: no API key, its state authenticates it.
 	srv.Handle(pool.OAuthCallbackPath, pl.OAuthCallbackHandler())
+	// Authorization servers fetch the client ID metadata document themselves: no API key.
+	srv.Handle(pool.OAuthClientMetadataPath, pl.ClientMetadataHandler())
 	if pl.FrontDoorURL() == "" {
 		return nil
 	}

@@ -50,6 +50,7 @@ type serverFlags struct {
 	prewarm        int
 	maxResult      string
 	// Sign-in (oauth): the client, its secret's name, the scopes, the authorization server.
+	oauthOn        bool
 	oauthClientID  string
 	oauthSecretRef string
 	oauthScopes    []string
@@ -80,8 +81,9 @@ func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 	fl.BoolVar(&f.strictInputs, "strict-inputs", false, "refuse arguments a tool's input schema does not declare, even where the schema would allow them")
 	fl.IntVar(&f.prewarm, "prewarm", 0, fmt.Sprintf("warm containers the pool keeps ready for this server's next runs, each serving one run (stdio only, 0 to %d; the pool caps them all with pool.max_warm)", mcpserver.MaxPrewarm))
 	fl.StringVar(&f.maxResult, "max-result-bytes", "", "bound on one tool result as the server writes it, e.g. 4MiB (1KiB to 32MiB; 0 or omitted: 16MiB); a larger result fails its call as result_too_large")
-	fl.StringVar(&f.oauthClientID, "oauth-client-id", "", "sign each user in with OAuth (remote servers): the client registered for Ringfence at the authorization server, whose redirect URI is the pool's /v1/oauth/callback")
-	fl.StringVar(&f.oauthSecretRef, "oauth-client-secret-ref", "", "the registry secret holding that client's secret (never the secret itself; omit for a public client)")
+	fl.BoolVar(&f.oauthOn, "oauth", false, "sign each user in with OAuth (remote servers); without --oauth-client-id the pool uses its client ID metadata document where the authorization server accepts one, else registers itself there (RFC 7591); any --oauth-* flag implies it")
+	fl.StringVar(&f.oauthClientID, "oauth-client-id", "", "a client the authorization server's operator registered for Ringfence, whose redirect URI is the pool's /v1/oauth/callback (empty on update: the pool's own client instead)")
+	fl.StringVar(&f.oauthSecretRef, "oauth-client-secret-ref", "", "the registry secret holding that client's secret (never the secret itself; omit for a public client; needs --oauth-client-id and --oauth-authorization-server)")
 	fl.StringArrayVar(&f.oauthScopes, "oauth-scope", nil, "a scope asked for at sign-in (repeatable; none: those the server's metadata names)")
 	fl.StringVar(&f.oauthIssuer, "oauth-authorization-server", "", "the authorization server's issuer URL (default: discovered from the server's protected resource metadata)")
 	if update {
@@ -136,8 +138,23 @@ func (f *serverFlags) createRequest(ref string) (*registryv1.CreateServerRequest
 	if req.MaxResultBytes, err = f.maxResultBytes(); err != nil {
 		return nil, err
 	}
-	req.Oauth = f.oauth(nil, func(string) bool { return true })
+	req.Oauth = f.oauth(nil, f.oauthGiven)
 	return req, nil
+}
+
+// oauthGiven says whether the --oauth-* flag name has a value (a new registration's flags).
+func (f *serverFlags) oauthGiven(name string) bool {
+	switch name {
+	case "oauth-client-id":
+		return f.oauthClientID != ""
+	case "oauth-client-secret-ref":
+		return f.oauthSecretRef != ""
+	case "oauth-scope":
+		return len(f.oauthScopes) > 0
+	case "oauth-authorization-server":
+		return f.oauthIssuer != ""
+	}
+	return false
 }
 
 // oauth is the sign-in the flags describe over cur (the stored one, on update), taking the
@@ -146,8 +163,7 @@ func (f *serverFlags) oauth(cur *registryv1.OAuthSignIn, changed func(string) bo
 	if f.clearOAuth {
 		return nil
 	}
-	given := func(name, v string) bool { return changed(name) && v != "" }
-	if cur == nil && !given("oauth-client-id", f.oauthClientID) {
+	if cur == nil && !f.oauthOn && !slices.ContainsFunc([]string{"oauth-client-id", "oauth-client-secret-ref", "oauth-scope", "oauth-authorization-server"}, changed) {
 		return nil
 	}
 	out := &registryv1.OAuthSignIn{}
@@ -672,6 +688,9 @@ func signInLine(o *registryv1.OAuthSignIn) string {
 		return "-"
 	}
 	parts := []string{"oauth client " + o.GetClientId()}
+	if o.GetClientId() == "" {
+		parts[0] = "oauth client of the pool's own (its client ID metadata document, or registered dynamically)"
+	}
 	if o.GetClientSecretRef() != "" {
 		parts = append(parts, "secret <- secret "+o.GetClientSecretRef())
 	}

@@ -175,9 +175,10 @@ type FrontDoor struct {
 
 // OAuth configures sign-in to servers that sign each user in (docs/oauth.md).
 type OAuth struct {
-	CallbackURL   string        `key:"callback_url" help:"where authorization servers send users back: /v1/oauth/callback on the pool's HTTP listener as the user's browser reaches it, which each authorization server must list as the client's redirect URI; default the origin of frontdoor.public_url, else http(s)://<http_addr>, with /v1/oauth/callback"`
-	StateTTL      time.Duration `key:"state_ttl" default:"10m" help:"how long an authorization URL is good (its state is single use)"`
-	RefreshBefore time.Duration `key:"refresh_before" default:"1m" help:"refresh a user's token this long before it expires"`
+	CallbackURL       string        `key:"callback_url" help:"where authorization servers send users back: /v1/oauth/callback on the pool's HTTP listener as the user's browser reaches it, which each authorization server must list as the client's redirect URI; default the origin of frontdoor.public_url, else http(s)://<http_addr>, with /v1/oauth/callback"`
+	ClientMetadataURL string        `key:"client_metadata_url" help:"the URL of the pool's client ID metadata document as authorization servers reach it, which is the client id it stands for; it must be https for them to accept it (else the pool registers itself where it can); default the callback's origin with /v1/oauth/client-metadata"`
+	StateTTL          time.Duration `key:"state_ttl" default:"10m" help:"how long an authorization URL is good (its state is single use)"`
+	RefreshBefore     time.Duration `key:"refresh_before" default:"1m" help:"refresh a user's token this long before it expires"`
 }
 
 // Documents configures how my-documents://<id> references in tool arguments are resolved: the
@@ -379,6 +380,13 @@ func (c *Config) validateOAuth(errs *problems) {
 			errs.add("oauth.callback_url", "must end in /v1/oauth/callback, where the pool serves the callback", "e.g. https://tools.example.com/v1/oauth/callback")
 		case c.IsProduction() && u.Scheme != "https" && !isLoopbackName(u.Hostname()):
 			errs.add("oauth.callback_url", "is not https:// in production: authorization codes would cross the network in the clear", "serve TLS (tls.cert_file) or put a TLS proxy in front, and name its https:// URL")
+		}
+	}
+	if o.ClientMetadataURL != "" {
+		u, err := url.Parse(o.ClientMetadataURL)
+		if err != nil || u.Scheme != "https" || u.Host == "" || u.Path == "" || u.Path == "/" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+			errs.add("oauth.client_metadata_url", fmt.Sprintf("%q is not an https URL with a path and no query, fragment or userinfo (draft-ietf-oauth-client-id-metadata-document)", o.ClientMetadataURL),
+				"e.g. https://tools.example.com/v1/oauth/client-metadata, served by the pool's HTTP listener behind TLS")
 		}
 	}
 	if o.StateTTL < time.Minute || o.StateTTL > time.Hour {

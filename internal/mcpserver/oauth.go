@@ -24,7 +24,9 @@ type OAuth struct {
 	AuthorizationServer string `json:"authorization_server,omitempty"`
 	// ClientID is a client the authorization server's operator registered for Ringfence, with
 	// ClientSecretRef naming the registry secret that holds its secret (empty: a public
-	// client, PKCE alone).
+	// client, PKCE alone). Empty: the pool uses its client ID metadata document when the
+	// authorization server accepts one, else registers itself there (RFC 7591); then
+	// ClientSecretRef must be empty too.
 	ClientID        string `json:"client_id,omitempty"`
 	ClientSecretRef string `json:"client_secret_ref,omitempty"`
 	// Scopes are asked for at sign-in; empty asks for the scopes the server's metadata names.
@@ -61,11 +63,13 @@ func (o *OAuth) validate(transport string, headers map[string]string) error {
 			return fielderr.New("oauth.authorization_server", "is an issuer identifier: an https URL with no query, fragment or userinfo (RFC 8414)")
 		}
 	}
-	if o.ClientID == "" {
-		return fielderr.New("oauth.client_id", "is required: the client the authorization server's operator registered for Ringfence, with its redirect URI set to the callback URL (oauth.callback_url)")
-	}
-	if len(o.ClientID) > 256 || !printable(o.ClientID) {
+	if o.ClientID != "" && (len(o.ClientID) > 256 || !printable(o.ClientID)) {
 		return fielderr.New("oauth.client_id", "must be 1 to 256 printable ASCII characters")
+	}
+	// Without a client id the pool is a client of its own making (a client ID metadata
+	// document, or dynamic registration), which has no secret of the operator's.
+	if o.ClientSecretRef != "" && o.ClientID == "" {
+		return fielderr.New("oauth.client_secret_ref", "names the secret of a pre-registered client, and oauth.client_id names none: set client_id to the client the authorization server's operator registered, or remove client_secret_ref to let the pool use its client ID metadata document or register itself (RFC 7591)")
 	}
 	if o.ClientSecretRef != "" && !ident.SecretName.Valid(o.ClientSecretRef) {
 		return fielderr.New("oauth.client_secret_ref", "must be the name of a registry secret (%s), never the secret itself: put the value in a secret (ringfence secrets set NAME, or PutSecret) and send its name; the value sent is not shown", ident.SecretName.Pattern())

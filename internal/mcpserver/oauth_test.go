@@ -15,13 +15,14 @@ func TestOAuthSettingsAreValidated(t *testing.T) {
 	}
 	good := &OAuth{ClientID: "ringfence", ClientSecretRef: "tickets-client", Scopes: []string{"tickets.read"}, AuthorizationServer: "https://auth.example.com"}
 	require.NoError(t, remote(&OAuth{ClientID: "public"}, nil).Validate(nil), "a public client may discover its authorization server")
+	require.NoError(t, remote(&OAuth{}, nil).Validate(nil), "without a client id the pool brings its own client (metadata document, or dynamic registration)")
 	require.NoError(t, remote(good, nil).Validate(nil))
 	for _, tc := range []struct {
 		name, want string
 		reg        *Registration
 	}{
 		{"stdio", "applies to the streamable_http and sse transports only", &Registration{Ref: "fs", Command: "fs-mcp", OAuth: good}},
-		{"no client", "oauth.client_id", remote(&OAuth{}, nil)},
+		{"a secret without its client", "oauth.client_secret_ref: names the secret of a pre-registered client", remote(&OAuth{ClientSecretRef: "tickets-client", AuthorizationServer: "https://auth.example.com"}, nil)},
 		{"secret value", "oauth.client_secret_ref", remote(&OAuth{ClientID: "c", ClientSecretRef: "s3cr3t value/with spaces"}, nil)},
 		{"secret without its issuer", "oauth.authorization_server: is required with client_secret_ref", remote(&OAuth{ClientID: "c", ClientSecretRef: "tickets-client"}, nil)},
 		{"scope", "oauth.scopes[0]", remote(&OAuth{ClientID: "c", Scopes: []string{"two words"}}, nil)},

@@ -95,6 +95,11 @@ type oauthToken struct {
 	Resource     string    `json:"resource"`
 	// SignIn is the fingerprint of the registration's sign-in settings it was obtained under.
 	SignIn string `json:"sign_in"`
+	// ClientID and AuthMethod are the client it was obtained by and how that client
+	// authenticates at the token endpoint, which its refreshes use (empty in tokens stored
+	// before clients other than the registration's: the registration's client).
+	ClientID   string `json:"client_id,omitempty"`
+	AuthMethod string `json:"auth_method,omitempty"`
 }
 
 func tokenContext(tenant, user, ref string) []byte {
@@ -111,11 +116,16 @@ type signIns struct {
 }
 
 func (si *signIns) lock(tenant, user, ref string) func() {
+	return si.lockKey(tenant + "/" + user + "/" + ref)
+}
+
+// lockKey holds the lock named k (a tenant, user and server; or "client\n" and an issuer,
+// whose registration of the pool is made once).
+func (si *signIns) lockKey(k string) func() {
 	si.mu.Lock()
 	if si.locks == nil {
 		si.locks = make(map[string]*sync.Mutex)
 	}
-	k := tenant + "/" + user + "/" + ref
 	m, ok := si.locks[k]
 	if !ok {
 		m = &sync.Mutex{}
@@ -157,61 +167,82 @@ func resourceOf(raw string) (string, error) {
 	return u.String(), nil
 }
 
-// authServer discovers the server's authorization server: the registration's, or the first of
-// its protected resource metadata (RFC 9728, at the path-suffixed well-known URL, then the
-// root one), and then its metadata (RFC 8414, or OpenID discovery). An authorization server
-// that does not offer PKCE with S256 is refused, as the MCP authorization spec asks.
-func (s *Service) authServer(ctx context.Context, res *mcpserver.Resolved) (*oauthex.AuthServerMeta, string, error) {
+// authServer discovers the server's authorization server and the scopes a sign-in asks for.
+// Unless the registration names both an authorization server and scopes, the server is asked
+// once without a token, and its 401's WWW-Authenticate read (where its protected resource
+// metadata is, and the scope it wants). The authorization server is the registration's, or the
+// first of the server's protected resource metadata (RFC 9728: at the URL the challenge
+// names, then the path-suffixed well-known URL, then the root one); then its metadata (RFC
+// 8414, or OpenID discovery). An authorization server that does not offer PKCE with S256 is
+// refused, as the MCP authorization spec asks. The scopes are the registration's; else the
+// challenge's; else the metadata's scopes_supported; else none (the parameter is omitted).
+func (s *Service) authServer(ctx context.Context, res *mcpserver.Resolved) (*oauthex.AuthServerMeta, string, []string, error) {
 	resource, err := resourceOf(res.URL)
 	if err != nil {
-		return nil, "", fmt.Errorf("the server's URL cannot be read: %v", err)
+		return nil, "", nil, fmt.Errorf("the server's URL cannot be read: %v", err)
 	}
 	hc := s.oauthClient()
-	issuer := res.OAuth.AuthorizationServer
-	if issuer == "" {
+	issuer, scopes := res.OAuth.AuthorizationServer, res.OAuth.Scopes
+	if issuer == "" || len(scopes) == 0 {
+		metadataURL, challenged := s.wwwAuthenticate(ctx, res)
+		if len(scopes) == 0 {
+			scopes = challenged
+		}
 		u, _ := url.Parse(resource)
 		var tries []string
+		if metadataURL != "" {
+			tries = append(tries, metadataURL)
+		}
 		if p := strings.Trim(u.Path, "/"); p != "" {
 			tries = append(tries, u.Scheme+"://"+u.Host+"/.well-known/oauth-protected-resource/"+p)
 		}
 		tries = append(tries, u.Scheme+"://"+u.Host+"/.well-known/oauth-protected-resource")
 		var errs []string
+		var prm *oauthex.ProtectedResourceMetadata
 		for _, m := range tries {
-			prm, err := oauthex.GetProtectedResourceMetadata(ctx, m, resource, hc)
+			p, err := oauthex.GetProtectedResourceMetadata(ctx, m, resource, hc)
 			if err != nil {
 				errs = append(errs, err.Error())
 				continue
 			}
-			if len(prm.AuthorizationServers) == 0 {
+			if len(p.AuthorizationServers) == 0 {
 				errs = append(errs, m+" names no authorization server")
 				continue
 			}
-			issuer = prm.AuthorizationServers[0]
+			prm = p
 			break
 		}
-		if issuer == "" {
-			return nil, "", fmt.Errorf("the server's authorization server could not be discovered (RFC 9728 protected resource metadata: %s); name it in the registration's oauth.authorization_server", strings.Join(errs, "; "))
+		switch {
+		case issuer != "":
+			// The operator's authorization server stands; the metadata gave scopes at most.
+		case prm == nil:
+			return nil, "", nil, fmt.Errorf("the server's authorization server could not be discovered (RFC 9728 protected resource metadata: %s); name it in the registration's oauth.authorization_server", strings.Join(errs, "; "))
+		default:
+			issuer = prm.AuthorizationServers[0]
+		}
+		if len(scopes) == 0 && prm != nil {
+			scopes = prm.ScopesSupported
 		}
 	}
 	asm, err := sdkauth.GetAuthServerMetadata(ctx, issuer, hc)
 	if err != nil {
-		return nil, "", fmt.Errorf("the metadata of authorization server %s could not be read: %v", issuer, err)
+		return nil, "", nil, fmt.Errorf("the metadata of authorization server %s could not be read: %v", issuer, err)
 	}
 	if asm == nil {
-		return nil, "", fmt.Errorf("authorization server %s serves no metadata (RFC 8414 or OpenID discovery)", issuer)
+		return nil, "", nil, fmt.Errorf("authorization server %s serves no metadata (RFC 8414 or OpenID discovery)", issuer)
 	}
 	if !slices.Contains(asm.CodeChallengeMethodsSupported, "S256") {
-		return nil, "", fmt.Errorf("authorization server %s does not offer PKCE with S256 (code_challenge_methods_supported), which sign-in requires", issuer)
+		return nil, "", nil, fmt.Errorf("authorization server %s does not offer PKCE with S256 (code_challenge_methods_supported), which sign-in requires", issuer)
 	}
-	return asm, resource, nil
+	return asm, resource, scopes, nil
 }
 
 // oauth2Config is the client as the authorization server knows it.
-func (s *Service) oauth2Config(res *mcpserver.Resolved, authURL, tokenURL string) *oauth2.Config {
+func (s *Service) oauth2Config(c signInClient, scopes []string, authURL, tokenURL string) *oauth2.Config {
 	return &oauth2.Config{
-		ClientID: res.OAuth.ClientID, ClientSecret: res.ClientSecret, Scopes: res.OAuth.Scopes,
+		ClientID: c.id, ClientSecret: c.secret, Scopes: scopes,
 		RedirectURL: s.cfg.OAuthCallbackURL,
-		Endpoint:    oauth2.Endpoint{AuthURL: authURL, TokenURL: tokenURL},
+		Endpoint:    oauth2.Endpoint{AuthURL: authURL, TokenURL: tokenURL, AuthStyle: c.authStyle()},
 	}
 }
 
@@ -222,13 +253,17 @@ func (s *Service) beginSignIn(ctx context.Context, tenant, user string, res *mcp
 	if s.cfg.OAuthCallbackURL == "" {
 		return errNoCallback
 	}
-	asm, resource, err := s.authServer(ctx, res)
+	asm, resource, scopes, err := s.authServer(ctx, res)
+	if err != nil {
+		return fmt.Errorf("%w: server %q: %v", errServerUnreachable, res.Ref, err)
+	}
+	client, err := s.chooseClient(ctx, res, asm)
 	if err != nil {
 		return fmt.Errorf("%w: server %q: %v", errServerUnreachable, res.Ref, err)
 	}
 	var b [32]byte
 	_, _ = rand.Read(b[:])
-	state := base64.RawURLEncoding.EncodeToString(b[:])
+	state := base64.RawURLEncoding.EncodeToString(b[:]) + stateSuffix(client)
 	hash := stateHash(state)
 	verifier := oauth2.GenerateVerifier()
 	expire := s.now().Add(s.stateTTL())
@@ -241,7 +276,7 @@ func (s *Service) beginSignIn(ctx context.Context, tenant, user string, res *mcp
 	if err := s.store.PutSignInState(ctx, hash, st, s.now()); err != nil {
 		return err
 	}
-	authURL := s.oauth2Config(res, asm.AuthorizationEndpoint, asm.TokenEndpoint).AuthCodeURL(state,
+	authURL := s.oauth2Config(client, scopes, asm.AuthorizationEndpoint, asm.TokenEndpoint).AuthCodeURL(state,
 		oauth2.S256ChallengeOption(verifier), oauth2.SetAuthURLParam("resource", resource))
 	return &signInError{ref: res.Ref, url: authURL, expire: expire, why: why}
 }
@@ -315,18 +350,33 @@ func (s *Service) CompleteSignIn(ctx context.Context, q url.Values) (*SignedIn, 
 	if res.OAuth == nil || res.SignInFingerprint() != st.SignIn {
 		return nil, fmt.Errorf("%w: server %q's sign-in settings changed since the sign-in began: sign in again", errBadCallback, st.Ref)
 	}
+	method, tag, ok := parseStateSuffix(state)
+	if !ok {
+		return nil, fmt.Errorf("%w: its state is not one this pool makes: sign in again from the start", errBadCallback)
+	}
+	client, err := s.clientByID(ctx, res, st.Issuer, func(id string) bool { return clientTag(id) == tag })
+	if errors.Is(err, errClientGone) {
+		return nil, fmt.Errorf("%w: %v since the sign-in began: sign in again", errBadCallback, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	client.method = method
 	verifier, err := s.cfg.Secrets.Open(st.VerifierSealed, verifierContext(hash))
 	if err != nil {
 		return nil, err
 	}
-	conf := s.oauth2Config(res, "", st.TokenURL)
+	conf := s.oauth2Config(client, nil, "", st.TokenURL)
 	tok, err := conf.Exchange(context.WithValue(ctx, oauth2.HTTPClient, s.oauthClient()), code,
 		oauth2.VerifierOption(string(verifier)), oauth2.SetAuthURLParam("resource", st.Resource))
 	if err != nil {
+		if re := (*oauth2.RetrieveError)(nil); errors.As(err, &re) && re.ErrorCode == "invalid_client" {
+			s.dropClient(ctx, st.Issuer, client)
+		}
 		return nil, fmt.Errorf("%w: the authorization server refused the code: %s", errBadCallback, tokenErrorText(err))
 	}
 	t := oauthToken{AccessToken: tok.AccessToken, RefreshToken: tok.RefreshToken, TokenType: tok.TokenType, Expiry: tok.Expiry,
-		Issuer: st.Issuer, TokenURL: st.TokenURL, Resource: st.Resource, SignIn: st.SignIn}
+		Issuer: st.Issuer, TokenURL: st.TokenURL, Resource: st.Resource, SignIn: st.SignIn, ClientID: client.id, AuthMethod: client.method}
 	unlock := s.signIns.lock(st.Tenant, st.User, st.Ref)
 	err = s.putToken(ctx, st.Tenant, st.User, st.Ref, t)
 	unlock()
@@ -480,25 +530,42 @@ func (e *refreshRefused) Error() string { return "refresh refused: " + e.text }
 
 // refresh trades the refresh token for a new token, sending the resource (RFC 8707) as the
 // authorization request did: golang.org/x/oauth2 refreshes without it, so the request is made
-// here, as RFC 6749 section 6 has it. A confidential client authenticates with HTTP Basic
-// (section 2.3.1), and, when the server answers invalid_client, once more in the body, as
-// golang.org/x/oauth2's exchange does; a public client names itself in the body.
+// here, as RFC 6749 section 6 has it. The client is the one the token was obtained by, and it
+// authenticates as it did then (section 2.3.1): client_secret_basic in a Basic header,
+// client_secret_post in the body, none naming itself in the body. A token whose client is no
+// longer the pool's, or whose registered client the authorization server refuses
+// (invalid_client, which drops that registration), is refused like a revoked one.
 func (s *Service) refresh(ctx context.Context, res *mcpserver.Resolved, t oauthToken) (oauthToken, error) {
-	next, err := s.refreshAs(ctx, res, t, res.ClientSecret != "")
+	if t.ClientID == "" { // a token from before the pool had clients of its own
+		t.ClientID, t.AuthMethod = res.OAuth.ClientID, authNone
+		if res.ClientSecret != "" {
+			t.AuthMethod = authBasic
+		}
+	}
+	client, err := s.clientByID(ctx, res, t.Issuer, func(id string) bool { return id == t.ClientID })
+	if errors.Is(err, errClientGone) {
+		return oauthToken{}, &refreshRefused{code: "invalid_client", text: err.Error()}
+	}
+	if err != nil {
+		return oauthToken{}, err
+	}
+	client.method = t.AuthMethod
+	next, err := s.refreshAs(ctx, client, t)
 	var refused *refreshRefused
-	if res.ClientSecret != "" && errors.As(err, &refused) && refused.code == "invalid_client" {
-		next, err = s.refreshAs(ctx, res, t, false)
+	if errors.As(err, &refused) && refused.code == "invalid_client" {
+		s.dropClient(ctx, t.Issuer, client)
 	}
 	return next, err
 }
 
-// refreshAs is one refresh request, the client's credentials in a Basic header or the body.
-func (s *Service) refreshAs(ctx context.Context, res *mcpserver.Resolved, t oauthToken, basic bool) (oauthToken, error) {
+// refreshAs is one refresh request by client.
+func (s *Service) refreshAs(ctx context.Context, client signInClient, t oauthToken) (oauthToken, error) {
 	form := url.Values{"grant_type": {"refresh_token"}, "refresh_token": {t.RefreshToken}, "resource": {t.Resource}}
+	basic := client.method == authBasic
 	if !basic {
-		form.Set("client_id", res.OAuth.ClientID)
-		if res.ClientSecret != "" {
-			form.Set("client_secret", res.ClientSecret)
+		form.Set("client_id", client.id)
+		if client.method == authPost {
+			form.Set("client_secret", client.secret)
 		}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.TokenURL, strings.NewReader(form.Encode()))
@@ -508,7 +575,7 @@ func (s *Service) refreshAs(ctx context.Context, res *mcpserver.Resolved, t oaut
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Accept", "application/json")
 	if basic {
-		req.SetBasicAuth(url.QueryEscape(res.OAuth.ClientID), url.QueryEscape(res.ClientSecret))
+		req.SetBasicAuth(url.QueryEscape(client.id), url.QueryEscape(client.secret))
 	}
 	resp, err := s.oauthClient().Do(req)
 	if err != nil {

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -58,5 +59,31 @@ func (s *Service) OAuthCallbackHandler() http.Handler {
 			msg += fmt.Sprintf("The server is connected (%d tools). You can close this window.\n", len(done.Tools))
 		}
 		_, _ = w.Write([]byte(msg))
+	})
+}
+
+// ClientMetadataHandler serves the pool's client ID metadata document
+// (draft-ietf-oauth-client-id-metadata-document) at OAuthClientMetadataPath, for
+// authorization servers that take a URL as client id: no API key, as they fetch it
+// themselves. It names Ringfence as a public client whose one redirect URI is the callback.
+func (s *Service) ClientMetadataHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "the client metadata document takes GET only", http.StatusMethodNotAllowed)
+			return
+		}
+		if err := s.signInConfigured(); err != nil {
+			http.Error(w, "sign-in is not configured on this server", http.StatusNotFound)
+			return
+		}
+		body, err := json.Marshal(s.ClientMetadata())
+		if err != nil {
+			http.Error(w, "the client metadata document could not be made", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "public, max-age=300")
+		_, _ = w.Write(body)
 	})
 }

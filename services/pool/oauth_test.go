@@ -459,14 +459,15 @@ func TestAuthorizationServerDiscovery(t *testing.T) {
 	require.NoError(t, err)
 	public := *res
 	public.OAuth = &mcpserver.OAuth{ClientID: "public"}
-	asm, resource, err := w.pool.authServer(w.ctx, &public)
+	asm, resource, scopes, err := w.pool.authServer(w.ctx, &public)
 	require.NoError(t, err)
 	require.Equal(t, w.as.Issuer, asm.Issuer)
 	require.Equal(t, w.mcp.URL, resource)
 	require.Contains(t, asm.CodeChallengeMethodsSupported, "S256")
+	require.Equal(t, []string{"openid", "offline_access"}, scopes, "without scopes of its own, the sign-in asks for the metadata's scopes_supported")
 
 	public.URL = strings.Replace(w.mcp.URL, "/mcp", "/elsewhere", 1)
-	_, _, err = w.pool.authServer(w.ctx, &public)
+	_, _, _, err = w.pool.authServer(w.ctx, &public)
 	require.ErrorContains(t, err, "could not be discovered", "no metadata names that resource")
 }
 

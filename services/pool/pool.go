@@ -151,6 +151,10 @@ type Config struct {
 	// OAuthCallbackURL is the redirect URI of every sign-in: /v1/oauth/callback on the HTTP
 	// listener as the user's browser reaches it (oauth.callback_url). Empty turns sign-in off.
 	OAuthCallbackURL string
+	// OAuthClientMetadataURL is the URL of the pool's client ID metadata document, and the
+	// client id it stands for (oauth.client_metadata_url); empty is the callback's origin with
+	// OAuthClientMetadataPath. Authorization servers accept only an https one.
+	OAuthClientMetadataURL string
 	// OAuthStateTTL is how long an authorization URL is good (default
 	// DefaultOAuthStateTTL); OAuthRefreshBefore how long before its expiry a user's token is
 	// refreshed (default DefaultOAuthRefreshBefore).

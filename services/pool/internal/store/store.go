@@ -45,6 +45,9 @@ var (
 	oauthTokensBucket   = []byte("oauth_tokens")
 	oauthListingsBucket = []byte("oauth_listings")
 	oauthStatesBucket   = []byte("oauth_states")
+	// oauthClientsBucket: issuer "\n" redirect URI -> the OAuthClient the pool registered
+	// there for itself (RFC 7591), its secret sealed by the pool (oauth_clients.go).
+	oauthClientsBucket = []byte("oauth_clients")
 )
 
 var migrations = []boltdb.Migration{
@@ -171,7 +174,7 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := boltdb.Migrate(db, [][]byte{runsBucket, approvalsBucket, documentsBucket, documentContentBucket, agentTokensBucket, agentTokenHashesBucket, oauthTokensBucket, oauthListingsBucket, oauthStatesBucket}, migrations); err != nil {
+	if err := boltdb.Migrate(db, [][]byte{runsBucket, approvalsBucket, documentsBucket, documentContentBucket, agentTokensBucket, agentTokenHashesBucket, oauthTokensBucket, oauthListingsBucket, oauthStatesBucket, oauthClientsBucket}, migrations); err != nil {
 		_ = db.Close() // the migration's error is the one to report
 		return nil, err
 	}
