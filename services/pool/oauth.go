@@ -188,29 +188,37 @@ func (s *Service) authServer(ctx context.Context, res *mcpserver.Resolved) (*oau
 		if len(scopes) == 0 {
 			scopes = challenged
 		}
+		// Each metadata URL stands for a resource (RFC 9728 section 3.3): the root one for
+		// the server's origin, the others for its URL.
 		u, _ := url.Parse(resource)
-		var tries []string
+		origin := u.Scheme + "://" + u.Host
+		type try struct{ metadata, resource string }
+		var tries []try
 		if metadataURL != "" {
-			tries = append(tries, metadataURL)
+			tries = append(tries, try{metadataURL, resource})
 		}
 		if p := strings.Trim(u.Path, "/"); p != "" {
-			tries = append(tries, u.Scheme+"://"+u.Host+"/.well-known/oauth-protected-resource/"+p)
+			tries = append(tries, try{origin + "/.well-known/oauth-protected-resource/" + p, resource})
 		}
-		tries = append(tries, u.Scheme+"://"+u.Host+"/.well-known/oauth-protected-resource")
+		tries = append(tries, try{origin + "/.well-known/oauth-protected-resource", origin})
 		var errs []string
 		var prm *oauthex.ProtectedResourceMetadata
 		for _, m := range tries {
-			p, err := oauthex.GetProtectedResourceMetadata(ctx, m, resource, hc)
+			p, err := oauthex.GetProtectedResourceMetadata(ctx, m.metadata, m.resource, hc)
 			if err != nil {
 				errs = append(errs, err.Error())
 				continue
 			}
 			if len(p.AuthorizationServers) == 0 {
-				errs = append(errs, m+" names no authorization server")
+				errs = append(errs, m.metadata+" names no authorization server")
 				continue
 			}
 			prm = p
 			break
+		}
+		if prm != nil {
+			// The resource the server publishes is the one its tokens are for (RFC 8707).
+			resource = prm.Resource
 		}
 		switch {
 		case issuer != "":
@@ -258,6 +266,9 @@ func (s *Service) beginSignIn(ctx context.Context, tenant, user string, res *mcp
 		return fmt.Errorf("%w: server %q: %v", errServerUnreachable, res.Ref, err)
 	}
 	client, err := s.chooseClient(ctx, res, asm)
+	if errors.Is(err, errNoClient) {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("%w: server %q: %v", errServerUnreachable, res.Ref, err)
 	}

@@ -48,6 +48,10 @@ const (
 // OAuthClientMetadataPath is where the pool serves its client ID metadata document.
 const OAuthClientMetadataPath = "/v1/oauth/client-metadata"
 
+// errNoClient: the authorization server offers no client Ringfence can use, and the
+// registration names none: its operator registers one.
+var errNoClient = errors.New("pool: Ringfence has no client at the server's authorization server")
+
 // errClientGone: the client a sign-in or a token was obtained with is no longer the pool's
 // (the registration names another, or the authorization server refused the dynamic one).
 var errClientGone = errors.New("the client the user signed in with is no longer Ringfence's client at the authorization server")
@@ -121,8 +125,8 @@ func (s *Service) chooseClient(ctx context.Context, res *mcpserver.Resolved, asm
 	if asm.ClientIDMetadataDocumentSupported {
 		why = fmt.Sprintf("accepts a client ID metadata document, whose URL must be https (this pool's is %s: set oauth.client_metadata_url), and offers no dynamic client registration", doc)
 	}
-	return signInClient{}, fmt.Errorf("authorization server %s %s: register a client for Ringfence there, its redirect URI %s, and name it in the registration (--oauth-client-id, with --oauth-client-secret-ref for a confidential one)",
-		asm.Issuer, why, s.cfg.OAuthCallbackURL)
+	return signInClient{}, fmt.Errorf("%w: authorization server %s %s: register a client for Ringfence there, its redirect URI %s, and name it in the registration (--oauth-client-id, with --oauth-client-secret-ref for a confidential one)",
+		errNoClient, asm.Issuer, why, s.cfg.OAuthCallbackURL)
 }
 
 // secretMethod is how a client with a secret authenticates at asm's token endpoint: HTTP Basic
@@ -135,7 +139,7 @@ func secretMethod(asm *oauthex.AuthServerMeta) (string, error) {
 	case slices.Contains(supported, authPost):
 		return authPost, nil
 	}
-	return "", fmt.Errorf("authorization server %s takes a client secret neither by client_secret_basic nor client_secret_post (token_endpoint_auth_methods_supported: %s)", asm.Issuer, clip(strings.Join(supported, " "), 256))
+	return "", fmt.Errorf("%w: authorization server %s takes a client secret neither by client_secret_basic nor client_secret_post (token_endpoint_auth_methods_supported: %s)", errNoClient, asm.Issuer, clip(strings.Join(supported, " "), 256))
 }
 
 // clientContext binds a registered client's sealed secret to its issuer and redirect URI.

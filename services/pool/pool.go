@@ -246,6 +246,10 @@ var errorCodes = map[error]codes.Code{
 	errRunElsewhere:                codes.Unavailable,
 	store.ErrNotOwner:              codes.Unavailable,
 	audit.ErrSpoolFull:             codes.Unavailable,
+	errServerUnreachable:           codes.Unavailable,
+	errNoClient:                    codes.FailedPrecondition,
+	errNoCallback:                  codes.FailedPrecondition,
+	errNoSignIn:                    codes.FailedPrecondition,
 }
 
 // Open builds the service: its store, its audit spool and forwarder, and its spawner, whose
