@@ -281,11 +281,15 @@ type OAuthSignIn struct {
 	// authorization_server is the issuer URL (https, or http to a loopback address); empty
 	// discovers it from the server's protected resource metadata (RFC 9728).
 	AuthorizationServer string `protobuf:"bytes,1,opt,name=authorization_server,json=authorizationServer,proto3" json:"authorization_server,omitempty"`
-	// client_id is the client registered at the authorization server for Ringfence, whose
-	// redirect URI is callback_url.
+	// client_id is a client the authorization server's operator registered for Ringfence,
+	// whose redirect URI is callback_url. Empty: the pool brings its own client, its client ID
+	// metadata document when the authorization server accepts one (and the document's URL is
+	// https), else one it registers there itself (RFC 7591), shared by every server whose
+	// sign-ins go to that authorization server; without either the sign-in is refused,
+	// FAILED_PRECONDITION, saying to register a client and name it here.
 	ClientId string `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	// client_secret_ref names the registry secret (PutSecret) holding the client's secret;
-	// empty for a public client.
+	// empty for a public client. Requires client_id and authorization_server.
 	ClientSecretRef string `protobuf:"bytes,3,opt,name=client_secret_ref,json=clientSecretRef,proto3" json:"client_secret_ref,omitempty"`
 	// scopes are asked for at sign-in; empty asks for those the server's metadata names.
 	Scopes []string `protobuf:"bytes,4,rep,name=scopes,proto3" json:"scopes,omitempty"`
