@@ -162,7 +162,7 @@ func (s *Service) dynamicClient(ctx context.Context, asm *oauthex.AuthServerMeta
 	}
 	c, secret, err := s.registerClient(ctx, asm)
 	if err != nil {
-		return signInClient{}, fmt.Errorf("Ringfence could not register itself at authorization server %s (RFC 7591): %v", asm.Issuer, err)
+		return signInClient{}, fmt.Errorf("registering Ringfence at authorization server %s (RFC 7591) failed: %v", asm.Issuer, err)
 	}
 	if err := s.store.PutOAuthClient(ctx, c); err != nil {
 		return signInClient{}, err
