@@ -143,6 +143,7 @@ func TestRefusals(t *testing.T) {
 		{"a token for no document service", nil, []string{"RINGFENCE_DOCUMENTS__TOKEN_FILE=/run/token"}, []string{"RINGFENCE_DOCUMENTS__TOKEN_FILE", "without documents.url_template"}},
 		{"documents past the bound", nil, []string{"RINGFENCE_DOCUMENTS__MAX_BYTES=1GiB"}, []string{"RINGFENCE_DOCUMENTS__MAX_BYTES", "[1, 256MiB]"}},
 		{"profiles only on loopback", nil, []string{"RINGFENCE_DEBUG__PPROF_ADDR=0.0.0.0:6060"}, []string{"RINGFENCE_DEBUG__PPROF_ADDR", "not a loopback address", "no key"}},
+		{"a client metadata document off https", nil, []string{"RINGFENCE_OAUTH__CLIENT_METADATA_URL=http://tools.example.com/v1/oauth/client-metadata"}, []string{"RINGFENCE_OAUTH__CLIENT_METADATA_URL", "not an https URL with a path"}},
 		{"secret values are not echoed", nil, []string{"RINGFENCE_BOOTSTRAP_ADMIN_KEY=short"}, []string{"RINGFENCE_BOOTSTRAP_ADMIN_KEY", "shorter than 16"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
