@@ -138,3 +138,33 @@ func TestMaxResultBytesFlag(t *testing.T) {
 	require.Equal(t, "16MiB (default)", maxResult(0))
 	require.Equal(t, "1KiB", maxResult(1<<10))
 }
+
+// TestOAuthFlags: --oauth (or any --oauth-* flag) signs users in; without a client id the
+// pool brings its own client. An update keeps the stored sign-in but for the flags given, so
+// an empty --oauth-client-id hands the client to the pool.
+func TestOAuthFlags(t *testing.T) {
+	remote := serverFlags{transport: "http", url: "https://mcp.example.com/mcp"}
+	req, err := remote.createRequest("wiki")
+	require.NoError(t, err)
+	require.Nil(t, req.GetOauth(), "no flag, no sign-in")
+
+	own := remote
+	own.oauthOn = true
+	req, err = own.createRequest("wiki")
+	require.NoError(t, err)
+	require.NotNil(t, req.GetOauth())
+	require.Empty(t, req.GetOauth().GetClientId(), "the pool's own client")
+
+	scoped := remote
+	scoped.oauthScopes = []string{"wiki.read"}
+	req, err = scoped.createRequest("wiki")
+	require.NoError(t, err)
+	require.Equal(t, []string{"wiki.read"}, req.GetOauth().GetScopes(), "an --oauth-* flag implies --oauth")
+
+	cur := &registryv1.OAuthSignIn{ClientId: "ringfence", Scopes: []string{"wiki.read"}}
+	f := serverFlags{}
+	got := f.oauth(cur, func(name string) bool { return name == "oauth-client-id" })
+	require.Empty(t, got.GetClientId())
+	require.Equal(t, []string{"wiki.read"}, got.GetScopes(), "the other settings are kept")
+	require.Contains(t, signInLine(got), "of the pool's own")
+}
