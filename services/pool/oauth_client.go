@@ -167,7 +167,7 @@ func (s *Service) dynamicClient(ctx context.Context, asm *oauthex.AuthServerMeta
 	if err := s.store.PutOAuthClient(ctx, c); err != nil {
 		return signInClient{}, err
 	}
-	s.log.Info("registered an OAuth client at an authorization server", "issuer", asm.Issuer, "client_id", c.ClientID, "auth_method", c.AuthMethod)
+	s.log.Debug("registered an OAuth client at an authorization server", "issuer", asm.Issuer, "client_id", c.ClientID, "auth_method", c.AuthMethod)
 	return signInClient{kind: clientDynamic, id: c.ClientID, secret: secret, method: c.AuthMethod}, nil
 }
 
