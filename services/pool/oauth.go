@@ -519,6 +519,9 @@ func (s *Service) userToken(ctx context.Context, tenant, user string, res *mcpse
 	var refused *refreshRefused
 	if errors.As(err, &refused) {
 		why := "the authorization server refused to refresh the user's token (" + refused.text + ")"
+		if refused.code == "" {
+			why = refused.text
+		}
 		if derr := s.dropSignIn(ctx, tenant, user, res.Ref, why); derr != nil {
 			return oauthToken{}, derr
 		}
@@ -534,7 +537,8 @@ func (s *Service) userToken(ctx context.Context, tenant, user string, res *mcpse
 }
 
 // refreshRefused: the authorization server answered a refresh with an OAuth error (the grant
-// is revoked, expired, or not this client's): the token is of no more use.
+// is revoked, expired, or not this client's), or (code empty) the token's client is no longer
+// the pool's: the token is of no more use.
 type refreshRefused struct{ code, text string }
 
 func (e *refreshRefused) Error() string { return "refresh refused: " + e.text }
@@ -555,7 +559,7 @@ func (s *Service) refresh(ctx context.Context, res *mcpserver.Resolved, t oauthT
 	}
 	client, err := s.clientByID(ctx, res, t.Issuer, func(id string) bool { return id == t.ClientID })
 	if errors.Is(err, errClientGone) {
-		return oauthToken{}, &refreshRefused{code: "invalid_client", text: err.Error()}
+		return oauthToken{}, &refreshRefused{text: "the client the user's token was obtained by is no longer Ringfence's client at the authorization server"}
 	}
 	if err != nil {
 		return oauthToken{}, err
