@@ -63,11 +63,13 @@ var _ Spawner = (*spawner.Router)(nil)
 
 // Config holds the service's dependencies and limits.
 type Config struct {
-	// DBPath is the pool's bbolt file (runs, approvals, agent tokens, documents). With Etcd
-	// set, the run records live in etcd instead, and the rest stays here.
+	// DBPath is the pool's bbolt file (runs, approvals, agent tokens, users' OAuth sign-ins,
+	// documents). With Etcd set, the run records, agent tokens and sign-ins live in etcd
+	// instead, and the rest stays here.
 	DBPath string
 	// Etcd, when set, keeps the run records in etcd under <EtcdRoot>/pool/, shared by every
-	// pool host, with the hosts' leases (store.backend=etcd).
+	// pool host, with the hosts' leases, the agent tokens and the users' OAuth sign-ins
+	// (store.backend=etcd).
 	Etcd     *clientv3.Client
 	EtcdRoot string
 	// HostID names this pool host among the hosts sharing Etcd: the owner written in each run
@@ -145,8 +147,8 @@ type Config struct {
 	AgentTokenTTL    time.Duration
 	AgentTokenMaxTTL time.Duration
 	// Secrets seals the users' OAuth tokens and the PKCE verifiers of pending sign-ins in
-	// pool.db (the deployment's secrets key); nil turns sign-in off: servers that sign users
-	// in are refused.
+	// pool.db, or etcd (the deployment's secrets key: every pool host sharing etcd needs the
+	// same one); nil turns sign-in off: servers that sign users in are refused.
 	Secrets *secretbox.Box
 	// OAuthCallbackURL is the redirect URI of every sign-in: /v1/oauth/callback on the HTTP
 	// listener as the user's browser reaches it (oauth.callback_url). Empty turns sign-in off.
@@ -178,8 +180,10 @@ type Service struct {
 	// writes in its runs: Config.HostID on etcd, empty on bbolt (one host).
 	runStore RunStore
 	host     string
-	// tokens keeps the agent tokens: store (bbolt), or etcd beside the runs.
+	// tokens keeps the agent tokens, and oauth the users' sign-ins: store (bbolt), or etcd
+	// beside the runs.
 	tokens TokenStore
+	oauth  OAuthStore
 	// hosts is the deployment of several pool hosts on etcd (hosts.go); nil on bbolt.
 	hosts     *hosts
 	spool     *audit.Spool
@@ -207,9 +211,6 @@ type Service struct {
 	// onToolsChanged hears that a server of a run said its tools changed (the MCP front door
 	// tells the agents' clients); nil without a front door.
 	onToolsChanged atomic.Pointer[func(tenant, runID, serverRef string)]
-
-	// signIns serializes each user's use of their token per server (oauth.go).
-	signIns signIns
 }
 
 // toolsChanged passes a server's tools/list_changed in a run on to the listener, if any.
@@ -314,7 +315,7 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		s.documents = builtinDocuments{s.store}
 	}
 	closers = append(closers, s.store.Close)
-	s.runStore, s.tokens = s.store, s.store
+	s.runStore, s.tokens, s.oauth = s.store, s.store, s.store
 	var lease *store.HostLease
 	if cfg.Etcd != nil {
 		if cfg.HostID == "" || cfg.HostAddr == "" || cfg.Peers == nil {
@@ -327,7 +328,7 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		if err != nil {
 			return nil, err
 		}
-		s.host, s.runStore, s.tokens = cfg.HostID, er, er
+		s.host, s.runStore, s.tokens, s.oauth = cfg.HostID, er, er, er
 		s.hosts = &hosts{runs: er, ttl: cfg.HostLeaseTTL, peers: cfg.Peers,
 			self: store.Host{ID: cfg.HostID, Addr: cfg.HostAddr, Capacity: cfg.MaxRuns, StartTime: time.Now().UTC()}}
 		// The lease first: once it is held, no other host fails the runs restored below.
