@@ -12,6 +12,7 @@ import (
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
+	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/testutil/oauthtest"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
 )
@@ -31,6 +32,27 @@ func oauthHosts(t *testing.T) (*oauthWorld, func(id string) *Service) {
 			HostID: id, HostAddr: "127.0.0.1:1", HostLeaseTTL: time.Second, Peers: unreachable{},
 			Secrets: w.poolCfg.Secrets, OAuthCallbackURL: testCallback, Now: w.clock.Now})
 	}
+}
+
+// twoOAuthHosts is oauthHosts with hosts h1 and h2 open, closed when the test ends.
+func twoOAuthHosts(t *testing.T) (w *oauthWorld, h1, h2 *Service) {
+	w, open := oauthHosts(t)
+	h1, h2 = open("h1"), open("h2")
+	t.Cleanup(func() {
+		require.NoError(t, h1.Close(context.Background()))
+		require.NoError(t, h2.Close(context.Background()))
+	})
+	return w, h1, h2
+}
+
+// signInOn signs Alice in to tickets through host p, whether or not she has a token
+// (connecting would use the one stored).
+func (w *oauthWorld) signInOn(p *Service, res *mcpserver.Resolved) {
+	w.t.Helper()
+	var si *signInError
+	require.ErrorAs(w.t, p.beginSignIn(w.ctx, auth.DefaultTenant, oauthtest.Alice, res, ""), &si)
+	_, err := p.CompleteSignIn(w.ctx, callbackQuery(w.t, w.as.SignIn(w.t, si.url, oauthtest.Alice)))
+	require.NoError(w.t, err)
 }
 
 // startOn starts a run of user on host p itself (as a forwarded StartRun is placed).
@@ -133,17 +155,11 @@ func TestSignInsAreSharedByPoolHosts(t *testing.T) {
 // the access token it replaced), so a second refresh of the same token would be refused and
 // drop the user's sign-in: one host refreshes, and every request gets the token it stored.
 func TestConcurrentRefreshesOnTwoHosts(t *testing.T) {
-	w, open := oauthHosts(t)
-	h1, h2 := open("h1"), open("h2")
-	defer h1.Close(context.Background())
-	defer h2.Close(context.Background())
+	w, h1, h2 := twoOAuthHosts(t)
 	tenant := auth.DefaultTenant
-	c, err := h1.ConnectServer(w.ctx, tenant, oauthtest.Alice, "tickets")
-	require.NoError(t, err)
-	_, err = h1.CompleteSignIn(w.ctx, callbackQuery(t, w.as.SignIn(t, c.AuthorizationURL, oauthtest.Alice)))
-	require.NoError(t, err)
 	res, err := w.reg.ResolveRegistration(w.ctx, "tickets")
 	require.NoError(t, err)
+	w.signInOn(h1, res)
 	before, err := h2.userToken(w.ctx, tenant, oauthtest.Alice, res)
 	require.NoError(t, err)
 
@@ -178,33 +194,23 @@ func TestConcurrentRefreshesOnTwoHosts(t *testing.T) {
 // authorization server refuses because another host rotated the token first does not drop the
 // token that host stored: both read the stored token again and go on with it.
 func TestARefreshThatLosesTakesTheWinnersToken(t *testing.T) {
-	w, open := oauthHosts(t)
-	h1, h2 := open("h1"), open("h2")
-	defer h1.Close(context.Background())
-	defer h2.Close(context.Background())
+	w, h1, h2 := twoOAuthHosts(t)
 	tenant := auth.DefaultTenant
 	res, err := w.reg.ResolveRegistration(w.ctx, "tickets")
 	require.NoError(t, err)
-	// A sign-in whether or not the user has a token (connecting would use the one stored).
-	signInOn := func(p *Service) {
-		var si *signInError
-		require.ErrorAs(t, p.beginSignIn(w.ctx, tenant, oauthtest.Alice, res, ""), &si)
-		_, err := p.CompleteSignIn(w.ctx, callbackQuery(t, w.as.SignIn(t, si.url, oauthtest.Alice)))
-		require.NoError(t, err)
-	}
 	stored := func() oauthToken {
 		_, tok, err := h1.readToken(w.ctx, tenant, oauthtest.Alice, "tickets")
 		require.NoError(t, err)
 		return tok
 	}
-	signInOn(h1)
+	w.signInOn(h1, res)
 	w.clock.advance(5 * time.Minute)
 
 	// A new sign-in lands between h1's read and its write: the refresh succeeds at the
 	// authorization server, and loses the compare-and-swap.
 	at, old, err := h1.readToken(w.ctx, tenant, oauthtest.Alice, "tickets")
 	require.NoError(t, err)
-	signInOn(h2)
+	w.signInOn(h2, res)
 	newer := stored()
 	_, _, err = h1.renewToken(w.ctx, tenant, oauthtest.Alice, res, at, old)
 	require.ErrorIs(t, err, store.ErrTokenChanged)
