@@ -13,6 +13,8 @@ import (
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/internal/secretbox"
+	rftestutil "github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/oauthtest"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
 )
@@ -23,14 +25,20 @@ import (
 // oauthHosts is oauthHarness with pool hosts on one etcd cluster: open starts one with an id,
 // the deployment's secrets key and the sign-in callback every host serves. Its caller closes
 // it.
-func oauthHosts(t *testing.T) (*oauthWorld, func(id string) *Service) {
-	w := oauthHarness(t)
+func oauthHosts(t *testing.T, opts ...harnessOpts) (*oauthWorld, func(id string) *Service) {
+	w, open := oauthHostsKeyed(t, opts...)
+	return w, func(id string) *Service { return open(id, w.poolCfg.Secrets) }
+}
+
+// oauthHostsKeyed is oauthHosts whose open takes the host's secrets key.
+func oauthHostsKeyed(t *testing.T, opts ...harnessOpts) (*oauthWorld, func(id string, key *secretbox.Box) *Service) {
+	w := oauthHarness(t, opts...)
 	cluster := etcdtest.Start(t, 1)
 	root := cluster.Root()
-	return w, func(id string) *Service {
+	return w, func(id string, key *secretbox.Box) *Service {
 		return openPoolWith(t, w.harness, Config{DBPath: filepath.Join(t.TempDir(), "pool.db"), Etcd: cluster.Client(t, "pool"), EtcdRoot: root,
 			HostID: id, HostAddr: "127.0.0.1:1", HostLeaseTTL: time.Second, Peers: unreachable{},
-			Secrets: w.poolCfg.Secrets, OAuthCallbackURL: testCallback, Now: w.clock.Now})
+			Secrets: key, OAuthCallbackURL: testCallback, Now: w.clock.Now})
 	}
 }
 
@@ -230,4 +238,24 @@ func TestARefreshThatLosesTakesTheWinnersToken(t *testing.T) {
 	got, err := h1.userToken(w.ctx, tenant, oauthtest.Alice, res)
 	require.NoError(t, err)
 	require.Equal(t, won.AccessToken, got.AccessToken)
+}
+
+// TestAHostWithAnotherSecretsKeyIsLogged: every pool host sharing etcd must open what the
+// others sealed; a host started with a secrets key of its own (the default: one created in its
+// data_dir) says so at start, naming the fix, and still starts.
+func TestAHostWithAnotherSecretsKeyIsLogged(t *testing.T) {
+	logs := &rftestutil.SyncBuffer{}
+	w, open := oauthHostsKeyed(t, harnessOpts{logTo: logs})
+	const told = "this pool host's secrets key is not the one the other pool hosts sharing etcd seal"
+	for _, id := range []string{"h1", "h2"} {
+		p := open(id, w.poolCfg.Secrets)
+		defer p.Close(context.Background())
+	}
+	require.NotContains(t, logs.String(), told)
+	own, err := secretbox.LoadOrCreate(filepath.Join(t.TempDir(), "secrets.key"))
+	require.NoError(t, err)
+	h3 := open("h3", own)
+	defer h3.Close(context.Background())
+	require.Contains(t, logs.String(), told)
+	require.Contains(t, logs.String(), "same secrets_key_file")
 }

@@ -24,6 +24,8 @@ import (
 //	oauth/tokens/<tenant>/<user>/<ref>    the user's token, sealed by the pool as in bbolt
 //	oauth/listings/<tenant>/<user>/<ref>  the Listing the server declared to the user
 //	oauth/locks/<tenant>/<user>/<ref>/    the lock a refresh holds (concurrency.Mutex)
+//	oauth/secrets_check                   the first host's seal of a fixed text, which every
+//	                                      host's secrets key must open (SecretsCheck)
 //
 // Tenants, users and refs hold no "/" (ident), so these keys cannot run into each other.
 const (
@@ -33,6 +35,7 @@ const (
 	etcdOAuthTokens   = "tokens"
 	etcdOAuthListings = "listings"
 	etcdOAuthLocks    = "locks"
+	etcdOAuthCheck    = "secrets_check"
 	// oauthLockTTL is how long a refresh's lock outlives a pool host that died holding it.
 	oauthLockTTL = 10
 )
@@ -234,3 +237,28 @@ func (s *Etcd) ifTokenAt(ctx context.Context, key string, old SealedToken, ops .
 	}
 	return err
 }
+
+// SecretsCheck returns the seal every pool host's secrets key must open to use the sign-ins
+// the others sealed: the value under oauth/secrets_check, which the first host to ask stores
+// (sealed, its own seal).
+func (s *Etcd) SecretsCheck(ctx context.Context, sealed []byte) ([]byte, error) {
+	key := s.space.Key(etcdOAuth, etcdOAuthCheck)
+	var out []byte
+	err := etcdstore.Retry(ctx, func(ctx context.Context) (bool, error) {
+		c, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, string(sealed))).Else(clientv3.OpGet(key)).Commit()
+		if err != nil {
+			return false, etcdstore.Unavailable("read or write "+key, err)
+		}
+		out = sealed
+		if !c.Succeeded {
+			out = c.Responses[0].GetResponseRange().Kvs[0].Value
+		}
+		return true, nil
+	})
+	return out, err
+}
+
+// SecretsCheckKey is where SecretsCheck keeps its seal, for an operator who replaced every
+// host's key on purpose (and deletes it).
+func (s *Etcd) SecretsCheckKey() string { return s.space.Key(etcdOAuth, etcdOAuthCheck) }
