@@ -411,7 +411,7 @@ func (s *Service) readToken(ctx context.Context, tenant, user, ref string) (stor
 	}
 	plain, err := s.cfg.Secrets.Open(at.Sealed, tokenContext(tenant, user, ref))
 	if err != nil {
-		return at, oauthToken{}, err
+		return at, oauthToken{}, fmt.Errorf("pool: server %q: the user's token does not open with this host's secrets key (pool hosts sharing etcd need the same secrets_key_file): %w", ref, err)
 	}
 	var t oauthToken
 	err = json.Unmarshal(plain, &t)
@@ -436,8 +436,8 @@ const (
 // refresh of the same token would be refused and drop the token the first one stored; the
 // request that waited finds that token instead. The refreshed token is written by a
 // compare-and-swap on the revision it was read at all the same (a lock whose lease lapsed, a
-// new sign-in stored meanwhile), and so is every drop: a write or drop that loses reads the
-// token that won and goes on with it.
+// new sign-in stored meanwhile), and so are the drops decided here: a write or drop that
+// loses reads the token that won and goes on with it.
 func (s *Service) userToken(ctx context.Context, tenant, user string, res *mcpserver.Resolved) (oauthToken, error) {
 	if user == "" {
 		return oauthToken{}, errNoUser
@@ -468,6 +468,9 @@ func (s *Service) userToken(ctx context.Context, tenant, user string, res *mcpse
 			lctx, cancel := context.WithTimeout(ctx, refreshLockWait)
 			unlock, err = s.oauth.LockOAuthToken(lctx, tenant, user, res.Ref)
 			cancel()
+			if err != nil && ctx.Err() != nil {
+				return oauthToken{}, ctx.Err()
+			}
 			if err != nil {
 				return oauthToken{}, fmt.Errorf("%w: server %q: the user's token is being refreshed elsewhere and was not released in time: %v", errServerUnreachable, res.Ref, err)
 			}

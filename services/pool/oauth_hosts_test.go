@@ -242,15 +242,15 @@ func TestARefreshThatLosesTakesTheWinnersToken(t *testing.T) {
 
 // TestAHostWithAnotherSecretsKeyIsLogged: every pool host sharing etcd must open what the
 // others sealed; a host started with a secrets key of its own (the default: one created in its
-// data_dir) says so at start, naming the fix, and still starts.
+// data_dir) says so at start, naming the fix, and still starts; a user's token it cannot open
+// names the fix too.
 func TestAHostWithAnotherSecretsKeyIsLogged(t *testing.T) {
 	logs := &rftestutil.SyncBuffer{}
 	w, open := oauthHostsKeyed(t, harnessOpts{logTo: logs})
 	const told = "this pool host's secrets key is not the one the other pool hosts sharing etcd seal"
-	for _, id := range []string{"h1", "h2"} {
-		p := open(id, w.poolCfg.Secrets)
-		defer p.Close(context.Background())
-	}
+	h1, h2 := open("h1", w.poolCfg.Secrets), open("h2", w.poolCfg.Secrets)
+	defer h1.Close(context.Background())
+	defer h2.Close(context.Background())
 	require.NotContains(t, logs.String(), told)
 	own, err := secretbox.LoadOrCreate(filepath.Join(t.TempDir(), "secrets.key"))
 	require.NoError(t, err)
@@ -258,4 +258,11 @@ func TestAHostWithAnotherSecretsKeyIsLogged(t *testing.T) {
 	defer h3.Close(context.Background())
 	require.Contains(t, logs.String(), told)
 	require.Contains(t, logs.String(), "same secrets_key_file")
+
+	res, err := w.reg.ResolveRegistration(w.ctx, "tickets")
+	require.NoError(t, err)
+	w.signInOn(h1, res)
+	_, err = h3.userToken(w.ctx, auth.DefaultTenant, oauthtest.Alice, res)
+	require.ErrorIs(t, err, secretbox.ErrOpen)
+	require.ErrorContains(t, err, "pool hosts sharing etcd need the same secrets_key_file")
 }
