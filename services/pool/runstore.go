@@ -41,7 +41,9 @@ type TokenStore interface {
 // (services/pool/internal/store/oauth_test.go).
 type OAuthStore interface {
 	// PutSignInState stores a sign-in under the hash of its state, replacing the pending one of
-	// the same tenant, user and server; sign-ins expired by now are dropped.
+	// the same tenant, user and server. Expired sign-ins leave by themselves (bbolt: those
+	// expired by now, at this put; etcd: with their lease), unless taken first: the taker
+	// checks the expiry.
 	PutSignInState(ctx context.Context, hash string, st store.SignInState, now time.Time) error
 	// TakeSignInState removes and returns a pending sign-in: good once, whoever asks.
 	TakeSignInState(ctx context.Context, hash string) (store.SignInState, error)
