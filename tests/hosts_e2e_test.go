@@ -30,6 +30,12 @@ type poolHosts struct {
 }
 
 func startPoolHosts(t testing.TB, extra ...string) *poolHosts {
+	return startPoolHostsWith(t, nil, extra...)
+}
+
+// startPoolHostsWith is startPoolHosts with more environment for each pool host (poolEnv nil:
+// none).
+func startPoolHostsWith(t testing.TB, poolEnv func(host string) []string, extra ...string) *poolHosts {
 	image := dockertest.FixtureImage(t)
 	cluster := etcdtest.Start(t, 3)
 	d := &poolHosts{t: t, cluster: cluster, certs: cluster.CertDir, addr: map[string]string{}, pools: map[string]*daemon{}, poolIDs: map[string]string{}}
@@ -70,6 +76,9 @@ func startPoolHosts(t testing.TB, extra ...string) *poolHosts {
 				"RINGFENCE_STORE__ETCD_CERT_FILE="+filepath.Join(d.certs, "pool.pem"),
 				"RINGFENCE_STORE__ETCD_KEY_FILE="+filepath.Join(d.certs, "pool-key.pem"),
 				"RINGFENCE_STORE__ETCD_PREFIX="+root)
+		}
+		if poolEnv != nil {
+			env = append(env, poolEnv(host)...)
 		}
 		d.pools[host] = startDaemonAt(t, "ringfence-pool", d.addr[host], env...)
 	}

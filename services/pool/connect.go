@@ -98,7 +98,7 @@ func (s *Service) connect(ctx context.Context, tenant, user string, res *mcpserv
 	for _, t := range listing.Tools {
 		stored.Tools[t.Name] = t.SchemaHash
 	}
-	if err := s.store.PutOAuthListing(ctx, tenant, user, res.Ref, stored); err != nil {
+	if err := s.oauth.PutOAuthListing(ctx, tenant, user, res.Ref, stored); err != nil {
 		return nil, err
 	}
 	s.connected(tenant, user, res.Ref)
@@ -185,7 +185,7 @@ func (s *Service) connections(ctx context.Context, tenant, user string, policies
 		if p.SignIn == "" {
 			continue
 		}
-		l, err := s.store.OAuthListing(ctx, tenant, user, ref)
+		l, err := s.oauth.OAuthListing(ctx, tenant, user, ref)
 		if errors.Is(err, store.ErrNotFound) || err == nil && l.SignIn != p.SignIn {
 			continue
 		}

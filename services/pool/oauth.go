@@ -15,7 +15,6 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	sdkauth "github.com/modelcontextprotocol/go-sdk/auth"
@@ -34,8 +33,9 @@ import (
 // sends the user to it with PKCE (S256) and the resource parameter (RFC 8707), takes the code at
 // /v1/oauth/callback once (the state is single use, bound to tenant, user and server, and
 // expires), checks the iss parameter (RFC 9207), and keeps the user's token sealed in pool.db
-// under (tenant, user, server), refreshed before it expires. Tokens live here and nowhere else:
-// the pool is the one service that sends them, so no internal RPC ever carries one.
+// (or in etcd, shared by every pool host) under (tenant, user, server), refreshed before it
+// expires. Tokens live with the pool and nowhere else: the pool is the one service that sends
+// them, so no internal RPC ever carries one.
 
 // Defaults of the sign-in settings (oauth.* in the configuration).
 const (
@@ -107,34 +107,6 @@ func tokenContext(tenant, user, ref string) []byte {
 }
 
 func verifierContext(hash string) []byte { return []byte("pool/oauth/state/" + hash) }
-
-// signIns serializes the use of each user's token per server: a refresh token that rotates
-// is good once, and two refreshes at once would leave one of them refused.
-type signIns struct {
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex
-}
-
-func (si *signIns) lock(tenant, user, ref string) func() {
-	return si.lockKey(tenant + "/" + user + "/" + ref)
-}
-
-// lockKey holds the lock named k (a tenant, user and server; or "client\n" and an issuer,
-// whose registration of the pool is made once).
-func (si *signIns) lockKey(k string) func() {
-	si.mu.Lock()
-	if si.locks == nil {
-		si.locks = make(map[string]*sync.Mutex)
-	}
-	m, ok := si.locks[k]
-	if !ok {
-		m = &sync.Mutex{}
-		si.locks[k] = m
-	}
-	si.mu.Unlock()
-	m.Lock()
-	return m.Unlock
-}
 
 // ValidateUser checks a run's user: ident.User.
 func ValidateUser(field, user string) error { return ident.User.Check(field, user) }
@@ -274,7 +246,7 @@ func (s *Service) beginSignIn(ctx context.Context, tenant, user string, res *mcp
 	}
 	var b [32]byte
 	_, _ = rand.Read(b[:])
-	state := base64.RawURLEncoding.EncodeToString(b[:]) + stateSuffix(client)
+	state := base64.RawURLEncoding.EncodeToString(b[:])
 	hash := stateHash(state)
 	verifier := oauth2.GenerateVerifier()
 	expire := s.now().Add(s.stateTTL())
@@ -283,8 +255,9 @@ func (s *Service) beginSignIn(ctx context.Context, tenant, user string, res *mcp
 	st := store.SignInState{Tenant: tenant, User: user, Ref: res.Ref, SignIn: res.SignInFingerprint(), Issuer: asm.Issuer,
 		ActorKeyID: actorID, ActorKeyName: actorName, ActorRole: actorRole,
 		TokenURL: asm.TokenEndpoint, Resource: resource, IssAdvertised: asm.AuthorizationResponseIssParameterSupported,
+		ClientID: client.id, AuthMethod: client.method,
 		VerifierSealed: s.cfg.Secrets.Seal([]byte(verifier), verifierContext(hash)), ExpireTime: expire}
-	if err := s.store.PutSignInState(ctx, hash, st, s.now()); err != nil {
+	if err := s.oauth.PutSignInState(ctx, hash, st, s.now()); err != nil {
 		return err
 	}
 	authURL := s.oauth2Config(client, scopes, asm.AuthorizationEndpoint, asm.TokenEndpoint).AuthCodeURL(state,
@@ -331,7 +304,7 @@ func (s *Service) CompleteSignIn(ctx context.Context, q url.Values) (*SignedIn, 
 		return nil, fmt.Errorf("%w: it carries no state", errBadCallback)
 	}
 	hash := stateHash(state)
-	st, err := s.store.TakeSignInState(ctx, hash)
+	st, err := s.oauth.TakeSignInState(ctx, hash)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("%w: its state is unknown, was used already, or was replaced by a newer sign-in: sign in again from the start", errBadCallback)
 	}
@@ -361,18 +334,14 @@ func (s *Service) CompleteSignIn(ctx context.Context, q url.Values) (*SignedIn, 
 	if res.OAuth == nil || res.SignInFingerprint() != st.SignIn {
 		return nil, fmt.Errorf("%w: server %q's sign-in settings changed since the sign-in began: sign in again", errBadCallback, st.Ref)
 	}
-	method, tag, ok := parseStateSuffix(state)
-	if !ok {
-		return nil, fmt.Errorf("%w: its state is not one this pool makes: sign in again from the start", errBadCallback)
-	}
-	client, err := s.clientByID(ctx, res, st.Issuer, func(id string) bool { return clientTag(id) == tag })
+	client, err := s.clientByID(ctx, res, st.Issuer, func(id string) bool { return id == st.ClientID })
 	if errors.Is(err, errClientGone) {
 		return nil, fmt.Errorf("%w: %v since the sign-in began: sign in again", errBadCallback, err)
 	}
 	if err != nil {
 		return nil, err
 	}
-	client.method = method
+	client.method = st.AuthMethod
 	verifier, err := s.cfg.Secrets.Open(st.VerifierSealed, verifierContext(hash))
 	if err != nil {
 		return nil, err
@@ -388,10 +357,13 @@ func (s *Service) CompleteSignIn(ctx context.Context, q url.Values) (*SignedIn, 
 	}
 	t := oauthToken{AccessToken: tok.AccessToken, RefreshToken: tok.RefreshToken, TokenType: tok.TokenType, Expiry: tok.Expiry,
 		Issuer: st.Issuer, TokenURL: st.TokenURL, Resource: st.Resource, SignIn: st.SignIn, ClientID: client.id, AuthMethod: client.method}
-	unlock := s.signIns.lock(st.Tenant, st.User, st.Ref)
-	err = s.putToken(ctx, st.Tenant, st.User, st.Ref, t)
-	unlock()
+	// A new sign-in's token replaces whatever is stored: a refresh of the old one in flight
+	// meanwhile loses its compare-and-swap and takes this one (userToken).
+	sealed, err := s.sealToken(st.Tenant, st.User, st.Ref, t)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.oauth.PutOAuthToken(ctx, st.Tenant, st.User, st.Ref, sealed); err != nil {
 		return nil, err
 	}
 	// On record as the key that asked for the sign-in (it asserted the user).
@@ -412,7 +384,18 @@ const (
 
 // dropSignIn deletes user's token and stored listing of server ref, and records why.
 func (s *Service) dropSignIn(ctx context.Context, tenant, user, ref, why string) error {
-	if err := s.store.DropSignIn(context.WithoutCancel(ctx), tenant, user, ref); err != nil {
+	return s.dropped(ctx, s.oauth.DropSignIn(context.WithoutCancel(ctx), tenant, user, ref), tenant, user, ref, why)
+}
+
+// dropSignInAt is dropSignIn of the token read at at: store.ErrTokenChanged, dropping and
+// recording nothing, when another host (or a new sign-in) stored a token since.
+func (s *Service) dropSignInAt(ctx context.Context, at store.SealedToken, tenant, user, ref, why string) error {
+	return s.dropped(ctx, s.oauth.DropSignInAt(context.WithoutCancel(ctx), tenant, user, ref, at), tenant, user, ref, why)
+}
+
+// dropped records a drop that err did not stop.
+func (s *Service) dropped(ctx context.Context, err error, tenant, user, ref, why string) error {
+	if err != nil {
 		return err
 	}
 	p, _ := auth.FromContext(ctx)
@@ -465,75 +448,133 @@ func clip(s string, n int) string {
 	return truncateTo(s, n)
 }
 
-func (s *Service) putToken(ctx context.Context, tenant, user, ref string, t oauthToken) error {
+func (s *Service) sealToken(tenant, user, ref string, t oauthToken) ([]byte, error) {
 	plain, err := json.Marshal(t)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return s.store.PutOAuthToken(ctx, tenant, user, ref, s.cfg.Secrets.Seal(plain, tokenContext(tenant, user, ref)))
+	return s.cfg.Secrets.Seal(plain, tokenContext(tenant, user, ref)), nil
 }
+
+// readToken reads user's token of server ref, opened, and the revision it was read at.
+func (s *Service) readToken(ctx context.Context, tenant, user, ref string) (store.SealedToken, oauthToken, error) {
+	at, err := s.oauth.OAuthToken(ctx, tenant, user, ref)
+	if err != nil {
+		return at, oauthToken{}, err
+	}
+	plain, err := s.cfg.Secrets.Open(at.Sealed, tokenContext(tenant, user, ref))
+	if err != nil {
+		return at, oauthToken{}, fmt.Errorf("pool: server %q: the user's token does not open with this host's secrets key (pool hosts sharing etcd need the same secrets_key_file): %w", ref, err)
+	}
+	var t oauthToken
+	err = json.Unmarshal(plain, &t)
+	return at, t, err
+}
+
+// Bounds of a refresh: how long a request waits for another one's refresh of the same token
+// (which makes at most two requests to the token endpoint, each within oauthHTTPTimeout), and
+// how often userToken reads a token that other hosts keep replacing before it gives up.
+const (
+	refreshLockWait = 2*oauthHTTPTimeout + 5*time.Second
+	maxTokenReads   = 4
+)
 
 // userToken is the user's token for the server, refreshed first when it expires within
 // oauth.refresh_before. errSignInRequired (wrapped, with why) when there is none the server
 // takes: none stored, one obtained under other sign-in settings, or one the authorization
 // server refuses to refresh; the last two are dropped, with the user's stored listing.
+//
+// A refresh holds the user's token of the server on every pool host (OAuthStore.LockOAuthToken)
+// and reads it again under the lock: a rotating refresh token is good once, so a second
+// refresh of the same token would be refused and drop the token the first one stored; the
+// request that waited finds that token instead. The refreshed token is written by a
+// compare-and-swap on the revision it was read at all the same (a lock whose lease lapsed, a
+// new sign-in stored meanwhile), and so are the drops decided here: a write or drop that
+// loses reads the token that won and goes on with it.
 func (s *Service) userToken(ctx context.Context, tenant, user string, res *mcpserver.Resolved) (oauthToken, error) {
 	if user == "" {
 		return oauthToken{}, errNoUser
 	}
-	unlock := s.signIns.lock(tenant, user, res.Ref)
-	defer unlock()
-	sealed, err := s.store.OAuthToken(ctx, tenant, user, res.Ref)
-	if errors.Is(err, store.ErrNotFound) {
-		return oauthToken{}, fmt.Errorf("%w: the user has not signed in", errSignInRequired)
-	}
-	if err != nil {
-		return oauthToken{}, err
-	}
-	plain, err := s.cfg.Secrets.Open(sealed, tokenContext(tenant, user, res.Ref))
-	if err != nil {
-		return oauthToken{}, err
-	}
-	var t oauthToken
-	if err := json.Unmarshal(plain, &t); err != nil {
-		return oauthToken{}, err
-	}
-	if t.SignIn != res.SignInFingerprint() {
-		const why = "the server's sign-in settings changed since the user signed in"
-		if err := s.dropSignIn(ctx, tenant, user, res.Ref, why); err != nil {
+	var unlock func()
+	defer func() {
+		if unlock != nil {
+			unlock()
+		}
+	}()
+	for range maxTokenReads {
+		at, t, err := s.readToken(ctx, tenant, user, res.Ref)
+		if errors.Is(err, store.ErrNotFound) {
+			return oauthToken{}, fmt.Errorf("%w: the user has not signed in", errSignInRequired)
+		}
+		if err != nil {
 			return oauthToken{}, err
 		}
-		return oauthToken{}, fmt.Errorf("%w: %s, so their token was dropped", errSignInRequired, why)
-	}
-	if t.Expiry.IsZero() || s.now().Add(s.refreshBefore()).Before(t.Expiry) {
-		return t, nil
-	}
-	if t.RefreshToken == "" {
-		const why = "the user's token expired and came with no refresh token"
-		if err := s.dropSignIn(ctx, tenant, user, res.Ref, why); err != nil {
+		var why string
+		switch {
+		case t.SignIn != res.SignInFingerprint():
+			why = "the server's sign-in settings changed since the user signed in"
+		case t.Expiry.IsZero() || s.now().Add(s.refreshBefore()).Before(t.Expiry):
+			return t, nil
+		case t.RefreshToken == "":
+			why = "the user's token expired and came with no refresh token"
+		case unlock == nil:
+			lctx, cancel := context.WithTimeout(ctx, refreshLockWait)
+			unlock, err = s.oauth.LockOAuthToken(lctx, tenant, user, res.Ref)
+			cancel()
+			if err != nil && ctx.Err() != nil {
+				return oauthToken{}, ctx.Err()
+			}
+			if err != nil {
+				return oauthToken{}, fmt.Errorf("%w: server %q: the user's token is being refreshed elsewhere and was not released in time: %v", errServerUnreachable, res.Ref, err)
+			}
+			continue // read again under the lock: another host may have refreshed it meanwhile
+		default:
+			next, refused, err := s.renewToken(ctx, tenant, user, res, at, t)
+			switch {
+			case errors.Is(err, store.ErrTokenChanged):
+				continue
+			case err != nil:
+				return oauthToken{}, err
+			case refused == "":
+				return next, nil
+			}
+			why = refused
+		}
+		err = s.dropSignInAt(ctx, at, tenant, user, res.Ref, why)
+		if errors.Is(err, store.ErrTokenChanged) {
+			continue
+		}
+		if err != nil {
 			return oauthToken{}, err
-		}
-		return oauthToken{}, fmt.Errorf("%w: %s", errSignInRequired, why)
-	}
-	next, err := s.refresh(ctx, res, t)
-	var refused *refreshRefused
-	if errors.As(err, &refused) {
-		why := "the authorization server refused to refresh the user's token (" + refused.text + ")"
-		if refused.code == "" {
-			why = refused.text
-		}
-		if derr := s.dropSignIn(ctx, tenant, user, res.Ref, why); derr != nil {
-			return oauthToken{}, derr
 		}
 		return oauthToken{}, fmt.Errorf("%w: %s, so it was dropped", errSignInRequired, why)
 	}
+	return oauthToken{}, fmt.Errorf("%w: server %q: the user's token kept changing while it was read (other pool hosts kept replacing it): try again", errServerUnreachable, res.Ref)
+}
+
+// renewToken refreshes t, read at at, and stores the new token if the stored one is still
+// t: store.ErrTokenChanged when another was stored since, which stands (the caller reads it
+// again). refused says why the token is of no more use when the refresh was refused.
+func (s *Service) renewToken(ctx context.Context, tenant, user string, res *mcpserver.Resolved, at store.SealedToken, t oauthToken) (next oauthToken, refused string, err error) {
+	next, err = s.refresh(ctx, res, t)
+	var r *refreshRefused
+	if errors.As(err, &r) {
+		if r.code == "" { // the token's client is gone: the text says so
+			return oauthToken{}, r.text, nil
+		}
+		return oauthToken{}, "the authorization server refused to refresh the user's token (" + r.text + ")", nil
+	}
 	if err != nil {
-		return oauthToken{}, fmt.Errorf("%w: server %q: the user's token could not be refreshed: %v", errServerUnreachable, res.Ref, err)
+		return oauthToken{}, "", fmt.Errorf("%w: server %q: the user's token could not be refreshed: %v", errServerUnreachable, res.Ref, err)
 	}
-	if err := s.putToken(ctx, tenant, user, res.Ref, next); err != nil {
-		return oauthToken{}, err
+	sealed, err := s.sealToken(tenant, user, res.Ref, next)
+	if err != nil {
+		return oauthToken{}, "", err
 	}
-	return next, nil
+	if err := s.oauth.ReplaceOAuthToken(ctx, tenant, user, res.Ref, at, sealed); err != nil {
+		return oauthToken{}, "", err
+	}
+	return next, "", nil
 }
 
 // refreshRefused: the authorization server answered a refresh with an OAuth error (the grant

@@ -2,8 +2,6 @@ package pool
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -148,12 +146,17 @@ func clientContext(issuer, redirectURI string) []byte {
 }
 
 // dynamicClient is the client the pool registered at asm's issuer for its callback, registered
-// now when there is none (or its secret expired). One registration at a time per issuer: two
-// sign-ins at once share one client.
+// now when there is none (or its secret expired). One registration at a time per issuer, on
+// every pool host: two sign-ins at once share one client.
 func (s *Service) dynamicClient(ctx context.Context, asm *oauthex.AuthServerMeta) (signInClient, error) {
-	unlock := s.signIns.lockKey("client\n" + asm.Issuer)
+	lctx, cancel := context.WithTimeout(ctx, refreshLockWait)
+	unlock, err := s.oauth.LockOAuthClient(lctx, asm.Issuer, s.cfg.OAuthCallbackURL)
+	cancel()
+	if err != nil {
+		return signInClient{}, fmt.Errorf("the pool's client registration at %s is being made elsewhere and was not released in time: %v", asm.Issuer, err)
+	}
 	defer unlock()
-	c, err := s.store.OAuthClient(ctx, asm.Issuer, s.cfg.OAuthCallbackURL)
+	c, err := s.oauth.OAuthClient(ctx, asm.Issuer, s.cfg.OAuthCallbackURL)
 	if err == nil && (c.SecretExpireTime.IsZero() || s.now().Add(s.stateTTL()).Before(c.SecretExpireTime)) {
 		return s.openClient(c)
 	}
@@ -164,7 +167,7 @@ func (s *Service) dynamicClient(ctx context.Context, asm *oauthex.AuthServerMeta
 	if err != nil {
 		return signInClient{}, fmt.Errorf("registering Ringfence at authorization server %s (RFC 7591) failed: %v", asm.Issuer, err)
 	}
-	if err := s.store.PutOAuthClient(ctx, c); err != nil {
+	if err := s.oauth.PutOAuthClient(ctx, c); err != nil {
 		return signInClient{}, err
 	}
 	s.log.Debug("registered an OAuth client at an authorization server", "issuer", asm.Issuer, "client_id", c.ClientID, "auth_method", c.AuthMethod)
@@ -279,7 +282,7 @@ func (s *Service) clientByID(ctx context.Context, res *mcpserver.Resolved, issue
 	if doc := s.clientMetadataURL(); doc != "" && match(doc) {
 		return signInClient{kind: clientMetadataDocument, id: doc}, nil
 	}
-	c, err := s.store.OAuthClient(ctx, issuer, s.cfg.OAuthCallbackURL)
+	c, err := s.oauth.OAuthClient(ctx, issuer, s.cfg.OAuthCallbackURL)
 	if errors.Is(err, store.ErrNotFound) {
 		return signInClient{}, errClientGone
 	}
@@ -298,38 +301,11 @@ func (s *Service) dropClient(ctx context.Context, issuer string, c signInClient)
 	if c.kind != clientDynamic {
 		return
 	}
-	if err := s.store.DropOAuthClient(context.WithoutCancel(ctx), issuer, s.cfg.OAuthCallbackURL, c.id); err != nil {
+	if err := s.oauth.DropOAuthClient(context.WithoutCancel(ctx), issuer, s.cfg.OAuthCallbackURL, c.id); err != nil {
 		s.log.Error("a refused OAuth client registration could not be dropped", "issuer", issuer, "err", err)
 		return
 	}
 	s.log.Warn("the authorization server refused the client Ringfence registered there; the next sign-in registers anew", "issuer", issuer, "client_id", c.id)
-}
-
-// State suffixes: a sign-in's state is its 32 random bytes, then ".", the token endpoint
-// authentication method's letter and a tag of the client id (not secret: the authorization
-// server knows the client). The callback finds the client by them; the state is stored only
-// as its hash, so they cannot be altered without making the state unknown.
-var methodLetters = map[string]string{authBasic: "b", authPost: "p", authNone: "n"}
-
-func clientTag(id string) string {
-	sum := sha256.Sum256([]byte(id))
-	return hex.EncodeToString(sum[:6])
-}
-
-func stateSuffix(c signInClient) string { return "." + methodLetters[c.method] + clientTag(c.id) }
-
-// parseStateSuffix reads the method and client tag back from a state.
-func parseStateSuffix(state string) (method, tag string, ok bool) {
-	_, suffix, found := strings.Cut(state, ".")
-	if !found || len(suffix) < 2 {
-		return "", "", false
-	}
-	for m, l := range methodLetters {
-		if suffix[:1] == l {
-			return m, suffix[1:], true
-		}
-	}
-	return "", "", false
 }
 
 // wwwAuthenticate asks the server without a token, as an MCP client's first request would,

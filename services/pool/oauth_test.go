@@ -399,7 +399,7 @@ func TestSignInSettingsChangeDropsTokens(t *testing.T) {
 	c, err := w.pool.ConnectServer(w.ctx, tenant, oauthtest.Alice, "tickets")
 	require.NoError(t, err)
 	require.Equal(t, ConnectSignInRequired, c.State)
-	_, err = w.pool.store.OAuthToken(context.Background(), tenant, oauthtest.Alice, "tickets")
+	_, err = w.pool.oauth.OAuthToken(context.Background(), tenant, oauthtest.Alice, "tickets")
 	require.Error(t, err, "the old token was dropped")
 }
 

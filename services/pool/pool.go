@@ -63,11 +63,13 @@ var _ Spawner = (*spawner.Router)(nil)
 
 // Config holds the service's dependencies and limits.
 type Config struct {
-	// DBPath is the pool's bbolt file (runs, approvals, agent tokens, documents). With Etcd
-	// set, the run records live in etcd instead, and the rest stays here.
+	// DBPath is the pool's bbolt file (runs, approvals, agent tokens, users' OAuth sign-ins,
+	// documents). With Etcd set, the run records, agent tokens and sign-ins live in etcd
+	// instead, and the rest stays here.
 	DBPath string
 	// Etcd, when set, keeps the run records in etcd under <EtcdRoot>/pool/, shared by every
-	// pool host, with the hosts' leases (store.backend=etcd).
+	// pool host, with the hosts' leases, the agent tokens and the users' OAuth sign-ins
+	// (store.backend=etcd).
 	Etcd     *clientv3.Client
 	EtcdRoot string
 	// HostID names this pool host among the hosts sharing Etcd: the owner written in each run
@@ -145,8 +147,8 @@ type Config struct {
 	AgentTokenTTL    time.Duration
 	AgentTokenMaxTTL time.Duration
 	// Secrets seals the users' OAuth tokens and the PKCE verifiers of pending sign-ins in
-	// pool.db (the deployment's secrets key); nil turns sign-in off: servers that sign users
-	// in are refused.
+	// pool.db, or etcd (the deployment's secrets key: every pool host sharing etcd needs the
+	// same one); nil turns sign-in off: servers that sign users in are refused.
 	Secrets *secretbox.Box
 	// OAuthCallbackURL is the redirect URI of every sign-in: /v1/oauth/callback on the HTTP
 	// listener as the user's browser reaches it (oauth.callback_url). Empty turns sign-in off.
@@ -182,8 +184,10 @@ type Service struct {
 	// writes in its runs: Config.HostID on etcd, empty on bbolt (one host).
 	runStore RunStore
 	host     string
-	// tokens keeps the agent tokens: store (bbolt), or etcd beside the runs.
+	// tokens keeps the agent tokens, and oauth the users' sign-ins: store (bbolt), or etcd
+	// beside the runs.
 	tokens TokenStore
+	oauth  OAuthStore
 	// hosts is the deployment of several pool hosts on etcd (hosts.go); nil on bbolt.
 	hosts     *hosts
 	spool     *audit.Spool
@@ -211,9 +215,6 @@ type Service struct {
 	// onToolsChanged hears that a server of a run said its tools changed (the MCP front door
 	// tells the agents' clients); nil without a front door.
 	onToolsChanged atomic.Pointer[func(tenant, runID, serverRef string)]
-
-	// signIns serializes each user's use of their token per server (oauth.go).
-	signIns signIns
 }
 
 // toolsChanged passes a server's tools/list_changed in a run on to the listener, if any.
@@ -322,7 +323,7 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		s.documents = builtinDocuments{s.store}
 	}
 	closers = append(closers, s.store.Close)
-	s.runStore, s.tokens = s.store, s.store
+	s.runStore, s.tokens, s.oauth = s.store, s.store, s.store
 	var lease *store.HostLease
 	if cfg.Etcd != nil {
 		if cfg.HostID == "" || cfg.HostAddr == "" || cfg.Peers == nil {
@@ -335,7 +336,12 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		if err != nil {
 			return nil, err
 		}
-		s.host, s.runStore, s.tokens = cfg.HostID, er, er
+		s.host, s.runStore, s.tokens, s.oauth = cfg.HostID, er, er, er
+		if cfg.Secrets != nil {
+			if err := checkSecretsKey(ctx, er, cfg.Secrets, cfg.Logger); err != nil {
+				return nil, err
+			}
+		}
 		s.hosts = &hosts{runs: er, ttl: cfg.HostLeaseTTL, peers: cfg.Peers,
 			self: store.Host{ID: cfg.HostID, Addr: cfg.HostAddr, Capacity: cfg.MaxRuns, StartTime: time.Now().UTC()}}
 		// The lease first: once it is held, no other host fails the runs restored below.
@@ -450,6 +456,25 @@ func (s *Service) Close(ctx context.Context) error {
 	s.cancel()
 	s.bg.Wait()
 	return errors.Join(s.spawner.Close(ctx), s.spool.Close(), s.store.Close())
+}
+
+// checkSecretsKey logs an error when this host's secrets key cannot open what the first pool
+// host sharing etcd sealed with its own: users' tokens and pending sign-ins sealed on one host
+// would not open on the other, so a callback or a run reaching the other would fail. The host
+// starts all the same: nothing else it does needs the key.
+func checkSecretsKey(ctx context.Context, er *store.Etcd, box *secretbox.Box, log *slog.Logger) error {
+	aad := []byte("pool/oauth/secrets_check")
+	first, err := er.SecretsCheck(ctx, box.Seal([]byte("the secrets key of the pool hosts sharing etcd"), aad))
+	if err != nil {
+		return err
+	}
+	if _, err := box.Open(first, aad); err != nil {
+		log.Error("this pool host's secrets key is not the one the other pool hosts sharing etcd seal users' OAuth tokens and sign-ins with: "+
+			"a sign-in begun on one of them cannot finish here, nor a token they stored be sent from here; give every pool host the same secrets_key_file "+
+			"(a copy of the first host's), or, if every host's key was replaced on purpose, delete the key named here from etcd",
+			"key", er.SecretsCheckKey())
+	}
+	return nil
 }
 
 func fieldError(field, format string, args ...any) error { return fielderr.New(field, format, args...) }

@@ -33,9 +33,52 @@ type TokenStore interface {
 	ExpiredAgentTokens(ctx context.Context, now time.Time, limit int) ([]store.AgentToken, error)
 }
 
+// OAuthStore keeps users' OAuth sign-ins (oauth.go): pending sign-ins, users' tokens (sealed
+// by the pool, never in clear) and the listings servers declared to them, per tenant, user and
+// server. The pool's bbolt file, or etcd beside the runs with several pool hosts, so that a
+// callback reaching any host finishes a sign-in another began, and a run re-homed on another
+// host keeps its user's token. Both pass one table of behaviours
+// (services/pool/internal/store/oauth_test.go).
+type OAuthStore interface {
+	// PutSignInState stores a sign-in under the hash of its state, replacing the pending one of
+	// the same tenant, user and server. Expired sign-ins leave by themselves (bbolt: those
+	// expired by now, at this put; etcd: with their lease), unless taken first: the taker
+	// checks the expiry.
+	PutSignInState(ctx context.Context, hash string, st store.SignInState, now time.Time) error
+	// TakeSignInState removes and returns a pending sign-in: good once, whoever asks.
+	TakeSignInState(ctx context.Context, hash string) (store.SignInState, error)
+	// PutOAuthToken stores a user's token from a new sign-in, replacing any.
+	PutOAuthToken(ctx context.Context, tenant, user, ref string, sealed []byte) error
+	// OAuthToken reads a user's token and the revision it was read at.
+	OAuthToken(ctx context.Context, tenant, user, ref string) (store.SealedToken, error)
+	// ReplaceOAuthToken stores a refreshed token if the stored one is still old, else
+	// store.ErrTokenChanged.
+	ReplaceOAuthToken(ctx context.Context, tenant, user, ref string, old store.SealedToken, sealed []byte) error
+	// LockOAuthToken holds a user's token of a server against every other holder on every
+	// pool host until unlock is called: a refresh holds it.
+	LockOAuthToken(ctx context.Context, tenant, user, ref string) (unlock func(), err error)
+	PutOAuthListing(ctx context.Context, tenant, user, ref string, l store.Listing) error
+	OAuthListing(ctx context.Context, tenant, user, ref string) (store.Listing, error)
+	// DropSignIn deletes a user's token and listing; DropSignInAt only if the stored token is
+	// still at, else store.ErrTokenChanged.
+	DropSignIn(ctx context.Context, tenant, user, ref string) error
+	DropSignInAt(ctx context.Context, tenant, user, ref string, at store.SealedToken) error
+
+	// The clients the pool registered for itself (RFC 7591), one per issuer and redirect URI,
+	// shared by every user, server and pool host. PutOAuthClient replaces; DropOAuthClient
+	// deletes only while the stored client is still clientID; LockOAuthClient holds one
+	// registration at a time there.
+	PutOAuthClient(ctx context.Context, c store.OAuthClient) error
+	OAuthClient(ctx context.Context, issuer, redirectURI string) (store.OAuthClient, error)
+	DropOAuthClient(ctx context.Context, issuer, redirectURI, clientID string) error
+	LockOAuthClient(ctx context.Context, issuer, redirectURI string) (unlock func(), err error)
+}
+
 var (
 	_ RunStore   = (*store.Store)(nil)
 	_ RunStore   = (*store.Etcd)(nil)
 	_ TokenStore = (*store.Store)(nil)
 	_ TokenStore = (*store.Etcd)(nil)
+	_ OAuthStore = (*store.Store)(nil)
+	_ OAuthStore = (*store.Etcd)(nil)
 )

@@ -21,6 +21,8 @@ import (
 //	                              expires
 //	hosts/<id>                    a live pool host (Host JSON), bound to its lease
 //	tokens/..., token_hashes/...  the MCP front door's agent tokens (tokens_etcd.go)
+//	oauth/...                     users' OAuth sign-ins: pending ones, tokens (sealed) and
+//	                              listings (oauth_etcd.go)
 //
 // A run's record and its owned/ key change in one transaction, so they never disagree.
 const (
@@ -31,14 +33,18 @@ const (
 
 // etcdMigrations are the etcd layout's schema versions; migrations[i] brings it to i+1.
 var etcdMigrations = []etcdstore.Migration{
-	func(context.Context, *clientv3.Client, etcdstore.Space) error { return nil }, // v1: the keys above
+	func(context.Context, *clientv3.Client, etcdstore.Space) error { return nil }, // v1: runs, hosts, agent tokens
+	// v2: users' OAuth sign-ins under oauth/. Nothing moves (each host's pool.db kept its own
+	// until now, and their users sign in again); the version goes up so that an older binary
+	// refuses the space instead of keeping sign-ins that no other host would see.
+	func(context.Context, *clientv3.Client, etcdstore.Space) error { return nil },
 }
 
-// Etcd keeps the run records of every pool host in etcd, with the hosts' leases and the agent
-// tokens. Reads are linearizable (etcd's default), so a run started, ended or re-homed on one
-// host is seen so by the next read on any other. Writes are transactions that compare the
-// record they read: two hosts that race to change a run (its owner ending it while another
-// fails it for a lost lease) cannot both win.
+// Etcd keeps the run records of every pool host in etcd, with the hosts' leases, the agent
+// tokens and the users' OAuth sign-ins. Reads are linearizable (etcd's default), so a run
+// started, ended or re-homed on one host is seen so by the next read on any other. Writes are
+// transactions that compare the record they read: two hosts that race to change a run (its
+// owner ending it while another fails it for a lost lease) cannot both win.
 type Etcd struct {
 	cli   *clientv3.Client
 	space etcdstore.Space

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -22,11 +24,15 @@ type SignInState struct {
 	User   string `json:"user"`
 	Ref    string `json:"ref"`
 	// SignIn is the fingerprint of the registration's sign-in settings when it began.
-	SignIn         string `json:"sign_in"`
-	Issuer         string `json:"issuer"`
-	TokenURL       string `json:"token_url"`
-	Resource       string `json:"resource"`
-	IssAdvertised  bool   `json:"iss_advertised,omitempty"`
+	SignIn        string `json:"sign_in"`
+	Issuer        string `json:"issuer"`
+	TokenURL      string `json:"token_url"`
+	Resource      string `json:"resource"`
+	IssAdvertised bool   `json:"iss_advertised,omitempty"`
+	// ClientID and AuthMethod are the client the sign-in began as and how it authenticates at
+	// the token endpoint: the exchange is made as the same client.
+	ClientID       string `json:"client_id"`
+	AuthMethod     string `json:"auth_method"`
 	VerifierSealed []byte `json:"verifier_sealed"`
 	// ActorKeyID, ActorKeyName and ActorRole name the key that asked for the sign-in (which
 	// asserted the user), for the admin event of its completion.
@@ -85,6 +91,19 @@ func (s *Store) TakeSignInState(ctx context.Context, hash string) (SignInState, 
 	return st, err
 }
 
+// ErrTokenChanged refuses a write or a drop of a user's token that was made against a token
+// read before: another pool host (or another request) stored a new one since, which stands.
+var ErrTokenChanged = errors.New("the user's token changed since it was read")
+
+// SealedToken is a user's token as stored (sealed by the pool) and the version it was read
+// at, which ReplaceOAuthToken and DropSignInAt compare: etcd's mod revision of its key; bbolt
+// compares the sealed bytes themselves (every seal has a fresh nonce, so equal bytes are the
+// same write).
+type SealedToken struct {
+	Sealed   []byte
+	Revision int64
+}
+
 // PutOAuthToken stores a user's sealed token for a server, replacing the one before.
 func (s *Store) PutOAuthToken(ctx context.Context, tenant, user, ref string, sealed []byte) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
@@ -92,18 +111,82 @@ func (s *Store) PutOAuthToken(ctx context.Context, tenant, user, ref string, sea
 	})
 }
 
+// ReplaceOAuthToken stores a user's new sealed token for a server if the stored one is still
+// the token read as old; ErrTokenChanged when another was stored, or it was dropped, since.
+func (s *Store) ReplaceOAuthToken(ctx context.Context, tenant, user, ref string, old SealedToken, sealed []byte) error {
+	key := userServerKey(tenant, user, ref)
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(oauthTokensBucket)
+		if v := b.Get(key); v == nil || !bytes.Equal(v, old.Sealed) {
+			return ErrTokenChanged
+		}
+		return b.Put(key, sealed)
+	})
+}
+
 // OAuthToken reads a user's sealed token for a server; ErrNotFound without one.
-func (s *Store) OAuthToken(ctx context.Context, tenant, user, ref string) ([]byte, error) {
-	var out []byte
+func (s *Store) OAuthToken(ctx context.Context, tenant, user, ref string) (SealedToken, error) {
+	var out SealedToken
 	err := s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(oauthTokensBucket).Get(userServerKey(tenant, user, ref))
 		if v == nil {
 			return ErrNotFound
 		}
-		out = bytes.Clone(v)
+		out.Sealed = bytes.Clone(v)
 		return nil
 	})
 	return out, err
+}
+
+// LockOAuthToken holds a user's token of a server against every other holder until unlock is
+// called, or fails with ctx's error while it waits: a refresh holds it, since a rotating
+// refresh token is good once. One process holds a bbolt file, so a lock in memory is the
+// lock of every holder.
+func (s *Store) LockOAuthToken(ctx context.Context, tenant, user, ref string) (unlock func(), err error) {
+	return s.oauthLocks.lock(ctx, string(userServerKey(tenant, user, ref)))
+}
+
+// keyLocks is a lock per key, each a channel of one slot so that a wait honours its context;
+// a key's lock is forgotten once nobody holds or waits for it.
+type keyLocks struct {
+	mu    sync.Mutex
+	locks map[string]*keyLock
+}
+
+type keyLock struct {
+	slot  chan struct{}
+	users int // holders and waiters
+}
+
+func (l *keyLocks) lock(ctx context.Context, key string) (func(), error) {
+	l.mu.Lock()
+	if l.locks == nil {
+		l.locks = make(map[string]*keyLock)
+	}
+	k, ok := l.locks[key]
+	if !ok {
+		k = &keyLock{slot: make(chan struct{}, 1)}
+		l.locks[key] = k
+	}
+	k.users++
+	l.mu.Unlock()
+	release := func() {
+		l.mu.Lock()
+		if k.users--; k.users == 0 {
+			delete(l.locks, key)
+		}
+		l.mu.Unlock()
+	}
+	select {
+	case k.slot <- struct{}{}:
+		return sync.OnceFunc(func() {
+			<-k.slot
+			release()
+		}), nil
+	case <-ctx.Done():
+		release()
+		return nil, ctx.Err()
+	}
 }
 
 // Listing is the tool listing a server declared to one user when it was last connected.
@@ -142,9 +225,22 @@ func (s *Store) OAuthListing(ctx context.Context, tenant, user, ref string) (Lis
 // DropSignIn deletes a user's token and listing of a server, when its token was refused or
 // revoked, or the server's sign-in settings changed: the user signs in again.
 func (s *Store) DropSignIn(ctx context.Context, tenant, user, ref string) error {
-	key := userServerKey(tenant, user, ref)
+	return s.dropSignIn(userServerKey(tenant, user, ref), nil)
+}
+
+// DropSignInAt is DropSignIn if the stored token is still the one read as old;
+// ErrTokenChanged, dropping nothing, when another was stored since (or it is gone).
+func (s *Store) DropSignInAt(ctx context.Context, tenant, user, ref string, old SealedToken) error {
+	return s.dropSignIn(userServerKey(tenant, user, ref), &old)
+}
+
+func (s *Store) dropSignIn(key []byte, old *SealedToken) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
-		if err := tx.Bucket(oauthTokensBucket).Delete(key); err != nil {
+		tokens := tx.Bucket(oauthTokensBucket)
+		if v := tokens.Get(key); old != nil && (v == nil || !bytes.Equal(v, old.Sealed)) {
+			return ErrTokenChanged
+		}
+		if err := tokens.Delete(key); err != nil {
 			return err
 		}
 		return tx.Bucket(oauthListingsBucket).Delete(key)

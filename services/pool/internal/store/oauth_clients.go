@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"time"
 
@@ -30,6 +32,19 @@ type OAuthClient struct {
 // oauthClientKey is a registration's key: the issuer and the redirect URI, which are URLs and
 // hold no newline.
 func oauthClientKey(issuer, redirectURI string) []byte { return []byte(issuer + "\n" + redirectURI) }
+
+// oauthClientName is a registration's key as one path segment (etcd keys, lock names).
+func oauthClientName(issuer, redirectURI string) string {
+	sum := sha256.Sum256(oauthClientKey(issuer, redirectURI))
+	return hex.EncodeToString(sum[:])
+}
+
+// LockOAuthClient holds the registration at issuer for redirectURI until unlock is called: the
+// pool registers one client at a time there, so two sign-ins at once share it. One process
+// holds a bbolt file, so a lock in memory is the lock of every holder.
+func (s *Store) LockOAuthClient(ctx context.Context, issuer, redirectURI string) (unlock func(), err error) {
+	return s.oauthLocks.lock(ctx, "client\n"+string(oauthClientKey(issuer, redirectURI)))
+}
 
 // PutOAuthClient stores the client registered at c.Issuer for c.RedirectURI, replacing the
 // one before.

@@ -166,6 +166,8 @@ func orNone(host string) string {
 // Store is the pool's bbolt file.
 type Store struct {
 	db *bolt.DB
+	// oauthLocks are LockOAuthToken's locks (oauth.go).
+	oauthLocks keyLocks
 }
 
 // Open opens or creates the file.
