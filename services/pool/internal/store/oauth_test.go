@@ -41,12 +41,12 @@ var (
 // handles on the same records (two pool hosts on etcd; one file for bbolt, which one process
 // holds).
 var oauthBehaviours = map[string]func(t *testing.T, s, other oauthStore){
-	"SignInStatesAreTakenOnce":          testSignInStatesAreTakenOnce,
-	"ANewSignInReplacesThePendingOne":   testANewSignInReplacesThePendingOne,
-	"ExpiredSignInsLeave":               testExpiredSignInsLeave,
-	"TokensAreReplacedByCompareAndSwap": testTokensAreReplacedByCompareAndSwap,
-	"ListingsGoWithTheirToken":          testListingsGoWithTheirToken,
-	"LockExcludesEveryHolder":           testLockExcludesEveryHolder,
+	"SignInStatesAreTakenOnce":           testSignInStatesAreTakenOnce,
+	"ANewSignInReplacesThePendingOne":    testANewSignInReplacesThePendingOne,
+	"ExpiredSignInsLeave":                testExpiredSignInsLeave,
+	"TokensAreReplacedByCompareAndSwap":  testTokensAreReplacedByCompareAndSwap,
+	"ListingsGoWithTheirToken":           testListingsGoWithTheirToken,
+	"LockExcludesEveryHolder":            testLockExcludesEveryHolder,
 	"ClientsAreKeptPerIssuerAndRedirect": testClientsAreKeptPerIssuerAndRedirect,
 	"ClientLockExcludesEveryHolder":      testClientLockExcludesEveryHolder,
 }
