@@ -53,6 +53,7 @@ const benchRuns = 16
 type poolProcess struct {
 	d      *daemon
 	pid    int
+	poolID string // labels its containers
 	pprof  string
 	client poolv1.PoolServiceClient
 	ctx    context.Context
@@ -66,7 +67,7 @@ func startPoolProcess(b *testing.B) *poolProcess {
 	// RINGFENCE_BENCH_DAEMON_ENV="GOGC=200 GOMEMLIMIT=64MiB", say: settings for ringfenced
 	// alone, not for the load generator.
 	env = append(env, strings.Fields(os.Getenv("RINGFENCE_BENCH_DAEMON_ENV"))...)
-	p.d, _ = poolDaemon(b, env...)
+	p.d, p.poolID = poolDaemon(b, env...)
 	p.pid = p.d.cmd.Process.Pid
 	cli := func(args ...string) {
 		b.Helper()
@@ -293,22 +294,6 @@ func (p *poolProcess) cpuProfile(b *testing.B, path string, d time.Duration) (wa
 	return func() { <-done }
 }
 
-// machineCPU reads /proc/stat: the time every CPU of the machine spent busy, and in all.
-func machineCPU(b *testing.B) (busy, total int64) {
-	data, err := os.ReadFile("/proc/stat")
-	require.NoError(b, err)
-	line, _, _ := strings.Cut(string(data), "\n")
-	for i, f := range strings.Fields(line)[1:] {
-		n, err := strconv.ParseInt(f, 10, 64)
-		require.NoError(b, err)
-		total += n
-		if i != 3 && i != 4 { // idle, iowait
-			busy += n
-		}
-	}
-	return busy, total
-}
-
 // selfCPU is the CPU time of this process: the load generator's.
 func selfCPU(b *testing.B) time.Duration {
 	var ru syscall.Rusage
@@ -336,21 +321,42 @@ func perfStat(b *testing.B, pid int) (stop func()) {
 	}
 }
 
+// perfRecord samples, with perf record, what every CPU of the machine runs (call graphs, the
+// kernel's included) until the returned func is called, into path (perf report -i path
+// --sort comm,dso tells who spent what).
+func perfRecord(b *testing.B, path string) (stop func()) {
+	perf, err := exec.LookPath("perf")
+	if err != nil {
+		b.Log("perf is not installed: no record")
+		return func() {}
+	}
+	var out bytes.Buffer
+	cmd := exec.Command(perf, "record", "-a", "-g", "-o", path)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(b, cmd.Start())
+	return func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		if err := cmd.Wait(); err != nil {
+			b.Logf("perf record: %v: %s", err, out.String())
+		}
+	}
+}
+
 // rawSessions are 16 go-sdk client sessions on the fixture's lean server, each in a container
 // of the same image on its attach stream, with no Ringfence code between: the ceiling.
-func rawSessions(b *testing.B) []*spawner.Session {
+func rawSessions(b *testing.B) (sessions []*spawner.Session, poolID string) {
 	image := dockertest.FixtureImage(b)
-	raw, err := spawner.New(spawner.Config{Image: image, PoolID: "bench-raw-" + randomHex(6)})
+	poolID = "bench-raw-" + randomHex(6)
+	raw, err := spawner.New(spawner.Config{Image: image, PoolID: poolID})
 	require.NoError(b, err)
 	b.Cleanup(func() { raw.Close(context.Background()) })
-	var all []*spawner.Session
 	for range benchRuns {
 		s, err := raw.Spawn(context.Background(), spawner.Spec{ServerRef: "raw", Transport: "stdio", Command: "mcpfixture", Args: []string{"--lean"}, Purpose: spawner.PurposeRun})
 		require.NoError(b, err)
 		b.Cleanup(func() { s.Close(context.Background()) })
-		all = append(all, s)
+		sessions = append(sessions, s)
 	}
-	return all
+	return sessions, poolID
 }
 
 func rawCalls(b *testing.B, sessions []*spawner.Session, n int) {
@@ -379,17 +385,22 @@ func rawCalls(b *testing.B, sessions []*spawner.Session, n int) {
 func BenchmarkPoolProcessCPU(b *testing.B) {
 	p := startPoolProcess(b)
 	ids := p.startRuns(b, benchRuns)
-	raw := rawSessions(b)
+	raw, rawPool := rawSessions(b)
 	// Warm both paths (connections, caches, the spool's first segment) before measuring.
 	p.callAll(b, ids, 200)
 	rawCalls(b, raw, 200)
+	watch := &cpuWatch{pool: p.pid, containers: map[string]bool{}}
+	for _, id := range append(poolContainers(b, p.poolID), poolContainers(b, rawPool)...) {
+		watch.containers[id] = true
+	}
+	require.Len(b, watch.containers, 2*benchRuns, "the benchmark's containers")
 
 	var poolTime, rawTime, clientCPU, rawCPU time.Duration
 	var poolUse usage
 	var poolAllocs, poolBytes float64
-	// The machine's busy share over each kind of phase: near 1, the rate is bound by CPU (the
-	// pool's, the engine's, the servers', and whatever else runs on the machine).
-	var poolBusy, poolTotal, rawBusy, rawTotal int64
+	// Where the whole machine's CPU went in each kind of phase: on two saturated cores a
+	// phase's rate is the CPU left to it over what its calls cost, wherever that is spent.
+	var poolShare, rawShare cpuShare
 	profile := os.Getenv("RINGFENCE_BENCH_CPUPROFILE")
 	b.ResetTimer()
 	for i, n := range []int{b.N / 2, b.N - b.N/2} {
@@ -401,17 +412,20 @@ func BenchmarkPoolProcessCPU(b *testing.B) {
 		if i == 0 && os.Getenv("RINGFENCE_BENCH_PERF") == "1" {
 			wait = append(wait, perfStat(b, p.pid))
 		}
+		record := os.Getenv("RINGFENCE_BENCH_PERF_RECORD")
+		if i == 0 && record != "" {
+			wait = append(wait, perfRecord(b, record+"-pool.data"))
+		}
 		allocProfile := os.Getenv("RINGFENCE_BENCH_ALLOCPROFILE")
 		if i == 0 && allocProfile != "" {
 			p.saveProfile(b, "allocs", allocProfile+"-before.pprof")
 		}
 		mallocs, allocated := p.allocs(b)
-		busy0, total0 := machineCPU(b)
+		machine0 := watch.sample(b)
 		before, self := readUsage(b, p.pid), selfCPU(b)
 		p.callAll(b, ids, n)
 		after := readUsage(b, p.pid)
-		busy1, total1 := machineCPU(b)
-		poolBusy, poolTotal = poolBusy+busy1-busy0, poolTotal+total1-total0
+		poolShare = poolShare.add(watch.share(machine0, watch.sample(b)))
 		if i == 0 && allocProfile != "" {
 			p.saveProfile(b, "allocs", allocProfile+"-after.pprof")
 		}
@@ -424,13 +438,17 @@ func BenchmarkPoolProcessCPU(b *testing.B) {
 		for _, w := range wait {
 			w()
 		}
+		stopRecord := func() {}
+		if i == 0 && record != "" {
+			stopRecord = perfRecord(b, record+"-raw.data")
+		}
+		machine0 = watch.sample(b)
 		t0, self := time.Now(), selfCPU(b)
-		busy0, total0 = machineCPU(b)
 		rawCalls(b, raw, n)
-		busy1, total1 = machineCPU(b)
 		rawTime += time.Since(t0)
 		rawCPU += selfCPU(b) - self
-		rawBusy, rawTotal = rawBusy+busy1-busy0, rawTotal+total1-total0
+		rawShare = rawShare.add(watch.share(machine0, watch.sample(b)))
+		stopRecord()
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(clientCPU.Microseconds())/float64(b.N), "client-cpu-µs/call")
@@ -441,10 +459,12 @@ func BenchmarkPoolProcessCPU(b *testing.B) {
 	b.ReportMetric(calls/ceiling, "of-raw")
 	b.ReportMetric(float64(poolUse.cpu.Microseconds())/float64(b.N), "pool-cpu-µs/call")
 	b.ReportMetric(float64(poolUse.ctxsw)/float64(b.N), "pool-ctxsw/call")
-	b.ReportMetric(float64(poolBusy)/float64(max(poolTotal, 1)), "busy-pool")
-	b.ReportMetric(float64(rawBusy)/float64(max(rawTotal, 1)), "busy-raw")
 	b.ReportMetric(poolAllocs/float64(b.N), "pool-allocs/call")
 	b.ReportMetric(poolBytes/float64(b.N), "pool-B/call")
+	poolShare.report(b, "", b.N)
+	rawShare.report(b, "raw-", b.N)
+	// ringfenced idle beside the raw phase (its spool's and audit log's background work).
+	b.ReportMetric(float64(rawShare.pool.Nanoseconds())/1e3/float64(b.N), "raw-pool-cpu-µs/call")
 	p.endRuns(b, ids)
 }
 
