@@ -48,6 +48,10 @@ func (s cpuShare) add(o cpuShare) cpuShare {
 	}
 }
 
+// own is what the benchmark's processes, containers and the kernel's threads spent: the
+// machine's busy time without the other processes'.
+func (s cpuShare) own() time.Duration { return s.busy - s.other }
+
 // report adds the share's figures per call to b's results, each name prefixed.
 func (s cpuShare) report(b *testing.B, prefix string, calls int) {
 	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(calls) }
