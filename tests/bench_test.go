@@ -307,42 +307,40 @@ func selfCPU(b *testing.B) time.Duration {
 
 // perfStat counts, with perf stat, what pid does until the returned func is called, and logs it.
 func perfStat(b *testing.B, pid int) (stop func()) {
-	path, err := exec.LookPath("perf")
-	if err != nil {
-		b.Log("perf is not installed: no counts")
-		return func() {}
-	}
-	var out bytes.Buffer
-	cmd := exec.Command(path, "stat", "-p", strconv.Itoa(pid), "-e",
-		"task-clock,context-switches,cpu-migrations,syscalls:sys_enter_fdatasync,syscalls:sys_enter_pwrite64,syscalls:sys_enter_write,syscalls:sys_enter_read,syscalls:sys_enter_futex,syscalls:sys_enter_epoll_pwait")
-	cmd.Stdout, cmd.Stderr = &out, &out
-	require.NoError(b, cmd.Start())
-	return func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		_ = cmd.Wait()
+	return runPerf(b, func(out string, _ error) {
 		// Printed, not logged: a benchmark's log keeps ten lines.
-		fmt.Printf("Perf stat of ringfenced over the first pool phase of %s (%d calls):\n%s\n", b.Name(), b.N/2, indent(out.String()))
-	}
+		fmt.Printf("Perf stat of ringfenced over the first pool phase of %s (%d calls):\n%s\n", b.Name(), b.N/2, indent(out))
+	}, "stat", "-p", strconv.Itoa(pid), "-e",
+		"task-clock,context-switches,cpu-migrations,syscalls:sys_enter_fdatasync,syscalls:sys_enter_pwrite64,syscalls:sys_enter_write,syscalls:sys_enter_read,syscalls:sys_enter_futex,syscalls:sys_enter_epoll_pwait")
 }
 
 // perfRecord samples, with perf record, what every CPU of the machine runs (call graphs, the
 // kernel's included) until the returned func is called, into path (perf report -i path
 // --sort comm,dso tells who spent what).
 func perfRecord(b *testing.B, path string) (stop func()) {
-	perf, err := exec.LookPath("perf")
+	return runPerf(b, func(out string, err error) {
+		if err != nil {
+			b.Logf("perf record: %v: %s", err, out)
+		}
+	}, "record", "-a", "-g", "-o", path)
+}
+
+// runPerf runs perf with args until the returned func is called, which interrupts it and hands
+// done what it wrote; without perf it logs so and does nothing.
+func runPerf(b *testing.B, done func(out string, err error), args ...string) (stop func()) {
+	path, err := exec.LookPath("perf")
 	if err != nil {
-		b.Log("perf is not installed: no record")
+		b.Logf("perf is not installed: no perf %s", args[0])
 		return func() {}
 	}
 	var out bytes.Buffer
-	cmd := exec.Command(perf, "record", "-a", "-g", "-o", path)
+	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(b, cmd.Start())
 	return func() {
 		_ = cmd.Process.Signal(os.Interrupt)
-		if err := cmd.Wait(); err != nil {
-			b.Logf("perf record: %v: %s", err, out.String())
-		}
+		err := cmd.Wait() // perf writes its counts as it exits
+		done(out.String(), err)
 	}
 }
 
