@@ -3,6 +3,7 @@ package spawner
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -251,12 +252,14 @@ func (c *guardedConn) receive(m inMessage) (jsonrpc.Message, error) {
 // methodProgress is the method of a progress report.
 const methodProgress = "notifications/progress"
 
-// emptyResult stands in, for the SDK, for a tools/call result handed to its caller raw.
-var emptyResult = json.RawMessage(`{}`)
+// errAnsweredRaw stands in, for the SDK, for an answer to tools/call handed to its caller raw:
+// the SDK returns an error answer as it is, where it would decode even an empty result (two
+// decoder buffers of 32 KiB per call). CallToolRaw recognises it and returns the raw answer.
+var errAnsweredRaw = errors.New("spawner: the answer went to its caller as the server wrote it")
 
 // answer checks an answer against the request it answers. An answer to a CallToolRaw call
-// goes to that call as the server wrote it, with the budget it holds; the SDK sees an empty
-// result in its place and decodes nothing.
+// goes to that call as the server wrote it, with the budget it holds; the SDK sees
+// errAnsweredRaw in its place and decodes nothing.
 func (c *guardedConn) answer(resp *jsonrpc.Response, m inMessage) (jsonrpc.Message, error) {
 	// An answer nobody awaits costs the SDK nothing but decoding, which is how a flood of
 	// them held a call past its timeout: it is refused, or metered when it may be late.
@@ -278,7 +281,7 @@ func (c *guardedConn) answer(resp *jsonrpc.Response, m inMessage) (jsonrpc.Messa
 		return &jsonrpc.Response{ID: resp.ID, Error: tooLarge("the server's answer holds more than %d JSON values", maxMessageValues)}, nil
 	}
 	if req.ticket != nil && resp.Error == nil && req.ticket.give(resp.Result, m.hold) {
-		resp.Result = emptyResult
+		resp.Result, resp.Error = nil, errAnsweredRaw
 		return resp, nil
 	}
 	m.hold.free()
