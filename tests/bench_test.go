@@ -410,7 +410,8 @@ func BenchmarkPoolProcessCPU(b *testing.B) {
 	for _, id := range append(poolContainers(b, p.poolID), poolContainers(b, rawPool)...) {
 		watch.containers[id] = true
 	}
-	require.Len(b, watch.containers, 2*benchRuns, "the benchmark's containers")
+	// The discovery container of mcp-import may still be on its way out: counting it costs nothing.
+	require.GreaterOrEqual(b, len(watch.containers), 2*benchRuns, "the benchmark's containers")
 
 	var poolTime, rawTime, clientCPU, rawCPU time.Duration
 	var poolUse usage
