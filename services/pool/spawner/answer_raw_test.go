@@ -2,6 +2,7 @@ package spawner
 
 import (
 	"encoding/json"
+	"runtime"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -55,4 +56,35 @@ func TestRawAnswersAndTheResultCap(t *testing.T) {
 	full, err := s.CallTool(t.Context(), blob(10))
 	require.NoError(t, err, "CallTool still decodes as the SDK does")
 	require.Equal(t, "lorem ipsu", full.Content[0].(*mcp.TextContent).Text)
+}
+
+// TestRawAnswerIsNotDecoded: a CallToolRaw call on a local server costs the client no decoding
+// of the answer: the SDK is handed a stand-in it returns as it is, where decoding even an
+// empty result takes it two decoder buffers of 32 KiB. Measured as bytes allocated per call
+// by this process (the server is a process of its own) against the lean server.
+func TestRawAnswerIsNotDecoded(t *testing.T) {
+	fixture := fixtures.Binaries(t).Path(t, fixtures.MCPFixture)
+	var logs testutil.SyncBuffer
+	s := spawn(t, hostRouter(t, &logs), hostSpec(fixture, "--lean"))
+	params := &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": "ping"}}
+	call := func() {
+		ans, err := s.CallToolRaw(t.Context(), params)
+		require.NoError(t, err)
+		require.JSONEq(t, `{"content":[{"type":"text","text":"ping"}]}`, string(ans.Raw))
+		ans.Release()
+	}
+	call()
+	const calls = 200
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range calls {
+		call()
+	}
+	runtime.ReadMemStats(&after)
+	perCall := (after.TotalAlloc - before.TotalAlloc) / calls
+	t.Logf("%d bytes allocated per raw call", perCall)
+	require.Less(t, perCall, uint64(32<<10), "bytes allocated per raw call")
+	ans, err := s.CallTool(t.Context(), params)
+	require.NoError(t, err, "CallTool still decodes as the SDK does")
+	require.Equal(t, "ping", ans.Content[0].(*mcp.TextContent).Text)
 }

@@ -1,8 +1,10 @@
 package spawner
 
 import (
+	"strings"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/stretchr/testify/require"
 )
 
@@ -54,4 +56,38 @@ func TestEnvelope(t *testing.T) {
 		require.True(t, e.idTooLong)
 		require.False(t, e.answer())
 	})
+}
+
+// TestDecodeLineAnswer: an answer with a result, small or large, reaches the client as the
+// bytes of its line (located by its envelope, neither decoded nor copied); an error answer, a
+// request and a notification are decoded whole.
+func TestDecodeLineAnswer(t *testing.T) {
+	for _, tt := range []struct{ name, msg, result string }{
+		{name: "number id", msg: `{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"ping"}]}}`, result: `{"content":[{"type":"text","text":"ping"}]}`},
+		{name: "string id, result first", msg: `{"result":{"a":"}"}, "jsonrpc":"2.0", "id":"x-1"}`, result: `{"a":"}"}`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			line := []byte(tt.msg)
+			msg, err := decodeLine(inMessage{line: line})
+			require.NoError(t, err)
+			resp, ok := msg.(*jsonrpc.Response)
+			require.True(t, ok)
+			require.Equal(t, tt.result, string(resp.Result))
+			start := strings.Index(tt.msg, tt.result)
+			require.Same(t, &line[start], &resp.Result[0], "the result is the line's own bytes")
+		})
+	}
+	for _, tt := range []struct{ name, msg string }{
+		{name: "error", msg: `{"jsonrpc":"2.0","id":4,"error":{"code":-32601,"message":"no"}}`},
+		{name: "request", msg: `{"jsonrpc":"2.0","id":1,"method":"ping"}`},
+		{name: "notification", msg: `{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			msg, err := decodeLine(inMessage{line: []byte(tt.msg)})
+			require.NoError(t, err)
+			want, err := jsonrpc.DecodeMessage([]byte(tt.msg))
+			require.NoError(t, err)
+			require.Equal(t, want, msg)
+		})
+	}
 }

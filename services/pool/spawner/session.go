@@ -279,6 +279,9 @@ func (s *Session) CallToolRaw(ctx context.Context, params *mcp.CallToolParams) (
 	t := &callTicket{}
 	res, err := s.cs.CallTool(context.WithValue(ctx, ticketKey{}, t), params)
 	raw, h := t.take()
+	if raw != nil && errors.Is(err, errAnsweredRaw) {
+		return &ToolAnswer{Raw: raw, hold: h}, nil
+	}
 	if err != nil {
 		h.free()
 		return nil, s.requestError(ctx, "tools/call", err)
