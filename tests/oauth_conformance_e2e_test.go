@@ -53,9 +53,11 @@ var oauthClientScenarios = []string{
 // refused before any token request. No client secret the suite issued, nor any token, is in
 // the daemon's log or in clear under its data directory.
 //
-// Every scenario runs at the 2025-11-25 wire (--spec-version 2025-11-25 --force): the pool's
-// sessions with servers speak it, and the 2026-07-28 scenarios' servers answer only the
-// stateless 2026-07-28 lifecycle; their checks of the sign-in are the same at both.
+// Every scenario runs at the 2026-07-28 wire, whose servers answer only the stateless
+// lifecycle (server/discover): the pool's sessions with streamable HTTP servers ask for it
+// first. --force runs the 2025-03-26 back-compat scenarios too. A server that refuses the
+// user's new token at once (auth/authorization-server-migration) answers another
+// authorization URL, which the driver opens as the user would.
 func TestOAuthClientConformance(t *testing.T) {
 	suite, env := mcpClient(t, "conformance", "conformance")
 	driver := filepath.Join(t.TempDir(), "oauthclient")
@@ -74,7 +76,7 @@ func TestOAuthClientConformance(t *testing.T) {
 	for _, scenario := range oauthClientScenarios {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 		cmd := exec.CommandContext(ctx, suite, "client", "--scenario", scenario, "--command", driver,
-			"--spec-version", "2025-11-25", "--force", "--expected-failures", expected, "-o", results)
+			"--spec-version", "2026-07-28", "--force", "--expected-failures", expected, "-o", results)
 		cmd.Env, cmd.Dir = env, results
 		start := time.Now()
 		out, err := cmd.CombinedOutput()

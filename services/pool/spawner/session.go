@@ -509,7 +509,14 @@ func connect(ctx context.Context, spec *Spec, transport mcp.Transport, g *traffi
 	if _, stdio := transport.(*stdioTransport); !stdio {
 		client.AddReceivingMiddleware(g.middleware)
 	}
-	cs, err := client.Connect(hctx, transport, &mcp.ClientSessionOptions{ProtocolVersion: ProtocolVersion})
+	version := ProtocolVersion
+	if _, streamable := transport.(*mcp.StreamableClientTransport); streamable {
+		// Over streamable HTTP every request is answered, so the SDK's newest version may ask
+		// server/discover first (2026-07-28, which a stateless server needs) and fall back to
+		// initialize when the server does not know it.
+		version = ""
+	}
+	cs, err := client.Connect(hctx, transport, &mcp.ClientSessionOptions{ProtocolVersion: version})
 	if err != nil {
 		if v := g.violation(); v != nil {
 			return nil, v

@@ -85,26 +85,22 @@ func run() error {
 	}
 	defer func() { _, _ = cli(nil, "servers", "remove", ref) }()
 
-	// Connecting answers the authorization URL; the user's browser opens it.
+	// Connecting answers the authorization URL; the user's browser opens it, and connecting
+	// again completes. A server that refuses the new token at once (its authorization server
+	// moved) answers another URL, which the user opens too.
 	out, err := cli(nil, "servers", "connect", ref, "--user", user)
 	if err == nil {
 		return fmt.Errorf("servers connect %s: connected before any sign-in: %s", ref, out)
 	}
-	authURL := ""
-	for _, line := range strings.Split(out, "\n") {
-		if l := strings.TrimSpace(line); strings.HasPrefix(l, "http://") || strings.HasPrefix(l, "https://") {
-			authURL = l
-			break
+	for signIns := 0; err != nil; signIns++ {
+		authURL := authorizationURL(out)
+		if authURL == "" || signIns == 3 {
+			return fmt.Errorf("servers connect %s: no authorization URL after %d sign-ins: %v", ref, signIns, err)
 		}
-	}
-	if authURL == "" {
-		return fmt.Errorf("servers connect %s: no authorization URL: %v\n%s", ref, err, out)
-	}
-	if err := browse(authURL); err != nil {
-		return fmt.Errorf("scenario %s: the sign-in failed: %v", scenario, err)
-	}
-	if out, err = cli(nil, "servers", "connect", ref, "--user", user); err != nil {
-		return err
+		if err := browse(authURL); err != nil {
+			return fmt.Errorf("scenario %s: the sign-in failed: %v", scenario, err)
+		}
+		out, err = cli(nil, "servers", "connect", ref, "--user", user)
 	}
 	fmt.Println(strings.TrimSpace(out))
 
@@ -131,11 +127,40 @@ func run() error {
 		return fmt.Errorf("the run's listing has no %s:\n%s", tool, tools)
 	}
 	out, err = cli(nil, "runs", "call", "--run", run, "--agent", "client", "--tool", tool, "--args", "{}")
+	if err != nil && strings.Contains(err.Error(), "sign_in_required") {
+		// The server refused the user's token (revoked, or its authorization server moved):
+		// the refusal carries a new authorization URL, which the user opens, and the call is
+		// made again, as a model that showed the user the URL would.
+		again := authorizationURL(err.Error())
+		if again == "" {
+			return fmt.Errorf("a sign_in_required refusal without an authorization URL: %v", err)
+		}
+		if err := browse(again); err != nil {
+			return fmt.Errorf("scenario %s: signing in again failed: %v", scenario, err)
+		}
+		out, err = cli(nil, "runs", "call", "--run", run, "--agent", "client", "--tool", tool, "--args", "{}")
+	}
 	if err != nil {
 		return err
 	}
 	fmt.Println(strings.TrimSpace(out))
 	return nil
+}
+
+// authorizationURL is the first http(s) URL in text, up to a space or a quote.
+func authorizationURL(text string) string {
+	i := strings.Index(text, "http://")
+	if j := strings.Index(text, "https://"); j >= 0 && (i < 0 || j < i) {
+		i = j
+	}
+	if i < 0 {
+		return ""
+	}
+	rest := text[i:]
+	if k := strings.IndexAny(rest, " \n\"'()"); k >= 0 {
+		rest = rest[:k]
+	}
+	return rest
 }
 
 // cli runs the ringfence CLI and answers its output; an error carries both streams.
