@@ -82,6 +82,12 @@ type Error struct {
 	// HTTPStatus is, for a remote server that refused the handshake's credentials, the
 	// status it answered (401 or 403): a user's OAuth token it no longer takes.
 	HTTPStatus int
+	// InsufficientScope marks a remote server's refusal of a request for want of scope: HTTP
+	// 403 with a Bearer error="insufficient_scope" challenge (RFC 6750 section 3.1), which the
+	// server did not serve. Scope is the scope the challenge names: none when it names none,
+	// or names it otherwise than as at most 32 RFC 6749 scope tokens.
+	InsufficientScope bool
+	Scope             []string
 }
 
 func (e *Error) Error() string {

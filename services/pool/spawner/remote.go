@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/modelcontextprotocol/go-sdk/oauthex"
 
 	"github.com/ringfence/ringfence/internal/mcpserver"
 )
@@ -249,6 +250,23 @@ func (t *remoteTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req.Header[k] = v
 	}
 	resp, err := t.base.RoundTrip(req)
+	if resp != nil && resp.StatusCode == http.StatusForbidden {
+		if scope, ok := scopeChallenge(resp.Header); ok {
+			// The request was refused, not served: an error rather than a response, so the MCP
+			// client keeps the connection and the caller finds the challenge in the error.
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			end()
+			e := newError(ClassSpawnFailed, "%s refused the request for want of scope (HTTP 403 insufficient_scope; it asks for %s)", t.origin, orNone(strings.Join(scope, " ")))
+			e.HTTPStatus, e.InsufficientScope, e.Scope = http.StatusForbidden, true, scope
+			t.mu.Lock()
+			if t.err == nil {
+				t.err = e
+			}
+			t.mu.Unlock()
+			return nil, e
+		}
+	}
 	switch {
 	case resp == nil:
 		end()
@@ -275,6 +293,55 @@ func (t *remoteTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.status = resp.StatusCode
 	}
 	return resp, err
+}
+
+// Bounds of the scope a challenge names: a longer list, or a token RFC 6749 section 3.3 does
+// not allow, names none.
+const (
+	maxChallengeScopes   = 32
+	maxChallengeScopeLen = 256
+)
+
+// scopeChallenge reads a 403's WWW-Authenticate: whether it is a Bearer insufficient_scope
+// challenge (RFC 6750 section 3.1), and the scope it names.
+func scopeChallenge(h http.Header) (scope []string, ok bool) {
+	challenges, err := oauthex.ParseWWWAuthenticate(h.Values("WWW-Authenticate"))
+	if err != nil {
+		return nil, false
+	}
+	for _, c := range challenges {
+		if c.Scheme == "bearer" && c.Params["error"] == "insufficient_scope" {
+			return scopeTokens(c.Params["scope"]), true
+		}
+	}
+	return nil, false
+}
+
+// scopeTokens is a scope's tokens (RFC 6749 section 3.3: printable ASCII but '"' and '\',
+// separated by spaces), or none when it is not one or is longer than the bounds.
+func scopeTokens(scope string) []string {
+	tokens := strings.Fields(scope)
+	if len(tokens) > maxChallengeScopes {
+		return nil
+	}
+	for _, tok := range tokens {
+		if len(tok) > maxChallengeScopeLen {
+			return nil
+		}
+		for _, c := range []byte(tok) {
+			if c < 0x21 || c > 0x7e || c == '"' || c == '\\' {
+				return nil
+			}
+		}
+	}
+	return tokens
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none it names"
+	}
+	return s
 }
 
 // reserve counts the body that answers a tool call in the result budget before the MCP client
@@ -375,6 +442,8 @@ func remoteError(ctx context.Context, err error, rt *remoteTransport, u *url.URL
 	switch {
 	case rt.tooLarge.Load():
 		return tooLarge("%s answered with a body larger than the message limit", where)
+	case errors.As(terr, &e) && e.InsufficientScope:
+		return e
 	case errors.Is(terr, errOtherOrigin):
 		return newError(ClassProtocolViolation, "%s named an endpoint on another origin; the pool talks only to the registered URL's", where)
 	case terr != nil && errors.Is(terr, syscall.ECONNREFUSED):
