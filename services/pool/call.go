@@ -706,6 +706,9 @@ func (s *Service) dispatch(ctx context.Context, sess *session, d decision, callI
 	defer cancel()
 	ans, err := sess.sess.CallToolRaw(cctx, &mcp.CallToolParams{Name: d.spec.Name, Arguments: d.args.value})
 	if err != nil {
+		if scoped := s.answerScopeChallenge(ctx, sess, err); scoped != nil {
+			return nil, &FailedError{Class: failureSignInRequired, Err: scoped}
+		}
 		return nil, &FailedError{Class: s.classifyCallError(ctx, cctx, sess, err), Err: callErrMessage(err, sess.reg)}
 	}
 	// The answer holds its share of the result budget until it is the call's result.

@@ -89,7 +89,7 @@ func (s *Service) signInConfigured() error {
 func (s *Service) connect(ctx context.Context, tenant, user string, res *mcpserver.Resolved) ([]string, error) {
 	listing, err := s.listAs(ctx, tenant, user, res)
 	if errors.Is(err, errSignInRequired) {
-		return nil, s.beginSignIn(ctx, tenant, user, res, signInWhy(err))
+		return nil, s.beginSignIn(ctx, tenant, user, res, signInWhy(err), stepUpOf(err))
 	}
 	if err != nil {
 		return nil, err
@@ -107,7 +107,8 @@ func (s *Service) connect(ctx context.Context, tenant, user string, res *mcpserv
 
 // listAs lists res's tools with user's token, pinned and screened as discovery does: what the
 // server declares to that user. errSignInRequired (wrapped, with why) without a token the
-// server takes; one it refuses (revoked) is dropped.
+// server takes; one it refuses (revoked) is dropped; one it refuses for want of scope is a
+// *scopeRefused, which a sign-in for the wider scope answers.
 func (s *Service) listAs(ctx context.Context, tenant, user string, res *mcpserver.Resolved) (*discovery.Listing, error) {
 	tok, err := s.userToken(ctx, tenant, user, res)
 	if err != nil {
@@ -116,6 +117,9 @@ func (s *Service) listAs(ctx context.Context, tenant, user string, res *mcpserve
 	authed := withBearer(res, tok.AccessToken)
 	sp, err := s.spawner.Spawn(ctx, specFor(authed, spawner.PurposeDiscovery, ""))
 	if err != nil {
+		if scoped := refusedForScope(err, tok); scoped != nil {
+			return nil, scoped
+		}
 		if refusedToken(err) {
 			const why = "the server refused the user's token (revoked?)"
 			if derr := s.dropSignIn(ctx, tenant, user, res.Ref, why); derr != nil {
@@ -128,6 +132,9 @@ func (s *Service) listAs(ctx context.Context, tenant, user string, res *mcpserve
 	defer func() { _ = sp.Close(context.WithoutCancel(ctx)) }()
 	tools, err := sp.SetupListTools(ctx)
 	if err != nil {
+		if scoped := refusedForScope(err, tok); scoped != nil {
+			return nil, scoped
+		}
 		return nil, fmt.Errorf("%w: server %q: %v", errServerUnreachable, res.Ref, spawnFailure(err))
 	}
 	listing, err := Screen(authed, tools, sp)
@@ -204,42 +211,49 @@ func (s *Service) connections(ctx context.Context, tenant, user string, policies
 	return out, nil
 }
 
-// signInRefusal turns a session that could not start for want of the user's token into the
-// refusal a call gets: sign_in_required, with the URL the user signs in at when one can be
-// made.
+// signInRefusal turns a session that could not start for want of the user's token (or of its
+// scope) into the refusal a call gets: sign_in_required, with the URL the user signs in at
+// when one can be made, or why signing in again would not help.
 func (s *Service) signInRefusal(ctx context.Context, tenant, user string, res *mcpserver.Resolved, cause error) error {
-	if errors.Is(cause, errNoUser) {
-		return refusal(reasonSignInRequired, cause)
-	}
-	err := s.beginSignIn(ctx, tenant, user, res, signInWhy(cause))
-	var si *signInError
-	if errors.As(err, &si) {
-		return refusal(reasonSignInRequired, si)
-	}
-	return refusal(reasonSignInRequired, fmt.Errorf("server %q signs each user in and the user this run acts for must sign in, but no sign-in could be begun: %w", res.Ref, err))
+	return refusal(reasonSignInRequired, s.signInNeeded(ctx, tenant, user, res, cause))
 }
 
-// runBearer is reg with the run's user's token as its Authorization header, and when that
-// token is due for a refresh; a run without a user, or a user without a token the server
-// takes, is refused as sign_in_required (with the URL the user signs in at).
-func (s *Service) runBearer(ctx context.Context, r *run, reg *mcpserver.Resolved) (*mcpserver.Resolved, time.Time, error) {
+// signInNeeded is what a sign_in_required answer says: the *signInError with the URL, or why
+// none was begun.
+func (s *Service) signInNeeded(ctx context.Context, tenant, user string, res *mcpserver.Resolved, cause error) error {
+	if errors.Is(cause, errNoUser) {
+		return cause
+	}
+	err := s.beginSignIn(ctx, tenant, user, res, signInWhy(cause), stepUpOf(cause))
+	var si *signInError
+	if errors.As(err, &si) || errors.Is(err, errScopeNotGranted) {
+		return err
+	}
+	return fmt.Errorf("server %q signs each user in and the user this run acts for must sign in, but no sign-in could be begun: %w", res.Ref, err)
+}
+
+// runBearer is reg with the run's user's token as its Authorization header, for sess: it
+// notes in sess whose token it carries and when that token is due for a refresh. A run without
+// a user, or a user without a token the server takes, is refused as sign_in_required (with the
+// URL the user signs in at).
+func (s *Service) runBearer(ctx context.Context, r *run, sess *session, reg *mcpserver.Resolved) (*mcpserver.Resolved, error) {
 	if err := s.signInConfigured(); err != nil {
-		return nil, time.Time{}, refusal(reasonSignInRequired, err)
+		return nil, refusal(reasonSignInRequired, err)
 	}
 	tok, err := s.userToken(ctx, r.id.Tenant, r.id.User, reg)
 	switch {
 	case errors.Is(err, errSignInRequired) || errors.Is(err, errNoUser):
-		return nil, time.Time{}, s.signInRefusal(ctx, r.id.Tenant, r.id.User, reg, err)
+		return nil, s.signInRefusal(ctx, r.id.Tenant, r.id.User, reg, err)
 	case errors.Is(err, errServerUnreachable):
-		return nil, time.Time{}, refusal(reasonSpawnFailed, err)
+		return nil, refusal(reasonSpawnFailed, err)
 	case err != nil:
-		return nil, time.Time{}, err
+		return nil, err
 	}
-	var renewAt time.Time
 	if !tok.Expiry.IsZero() {
-		renewAt = tok.Expiry.Add(-s.refreshBefore())
+		sess.renewAt = tok.Expiry.Add(-s.refreshBefore())
 	}
-	return withBearer(reg, tok.AccessToken), renewAt, nil
+	sess.signIn = &sessionSignIn{tenant: r.id.Tenant, user: r.id.User, res: reg, scopes: tok.Scopes}
+	return withBearer(reg, tok.AccessToken), nil
 }
 
 // dropRefusedToken: the server refused the run's user's token at the handshake (it was
@@ -285,7 +299,7 @@ func (s *Service) withSignInURL(ctx context.Context, r *run, ref string, refused
 		return refused
 	}
 	var si *signInError
-	if errors.As(s.beginSignIn(ctx, r.id.Tenant, r.id.User, res, "the user this run acts for has not connected it"), &si) {
+	if errors.As(s.beginSignIn(ctx, r.id.Tenant, r.id.User, res, "the user this run acts for has not connected it", nil), &si) {
 		refused.Err = si
 	}
 	return refused

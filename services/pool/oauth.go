@@ -100,6 +100,9 @@ type oauthToken struct {
 	// before clients other than the registration's: the registration's client).
 	ClientID   string `json:"client_id,omitempty"`
 	AuthMethod string `json:"auth_method,omitempty"`
+	// Scopes are the scopes its sign-in asked for (none in tokens stored before the pool kept
+	// them): a scope challenge to it is answered by a sign-in for these and the challenge's.
+	Scopes []string `json:"scopes,omitempty"`
 }
 
 func tokenContext(tenant, user, ref string) []byte {
@@ -228,14 +231,21 @@ func (s *Service) oauth2Config(c signInClient, scopes []string, authURL, tokenUR
 
 // beginSignIn makes the authorization URL a user opens to sign in to the server, and keeps what
 // the callback needs under the SHA-256 of its state (the PKCE verifier sealed). The answer is a
-// *signInError carrying the URL.
-func (s *Service) beginSignIn(ctx context.Context, tenant, user string, res *mcpserver.Resolved, why string) error {
+// *signInError carrying the URL. up, when the server refused the user's token for want of
+// scope, widens the scopes the sign-in asks for (oauth_stepup.go), or refuses (errScopeNotGranted)
+// when a new sign-in would not help.
+func (s *Service) beginSignIn(ctx context.Context, tenant, user string, res *mcpserver.Resolved, why string, up *stepUp) error {
 	if s.cfg.OAuthCallbackURL == "" {
 		return errNoCallback
 	}
 	asm, resource, scopes, err := s.authServer(ctx, res)
 	if err != nil {
 		return fmt.Errorf("%w: server %q: %v", errServerUnreachable, res.Ref, err)
+	}
+	if up != nil {
+		if scopes, err = up.scopes(res.Ref, scopes); err != nil {
+			return err
+		}
 	}
 	client, err := s.chooseClient(ctx, res, asm)
 	if errors.Is(err, errNoClient) {
@@ -255,7 +265,7 @@ func (s *Service) beginSignIn(ctx context.Context, tenant, user string, res *mcp
 	st := store.SignInState{Tenant: tenant, User: user, Ref: res.Ref, SignIn: res.SignInFingerprint(), Issuer: asm.Issuer,
 		ActorKeyID: actorID, ActorKeyName: actorName, ActorRole: actorRole,
 		TokenURL: asm.TokenEndpoint, Resource: resource, IssAdvertised: asm.AuthorizationResponseIssParameterSupported,
-		ClientID: client.id, AuthMethod: client.method,
+		ClientID: client.id, AuthMethod: client.method, Scopes: scopes,
 		VerifierSealed: s.cfg.Secrets.Seal([]byte(verifier), verifierContext(hash)), ExpireTime: expire}
 	if err := s.oauth.PutSignInState(ctx, hash, st, s.now()); err != nil {
 		return err
@@ -356,7 +366,7 @@ func (s *Service) CompleteSignIn(ctx context.Context, q url.Values) (*SignedIn, 
 		return nil, fmt.Errorf("%w: the authorization server refused the code: %s", errBadCallback, tokenErrorText(err))
 	}
 	t := oauthToken{AccessToken: tok.AccessToken, RefreshToken: tok.RefreshToken, TokenType: tok.TokenType, Expiry: tok.Expiry,
-		Issuer: st.Issuer, TokenURL: st.TokenURL, Resource: st.Resource, SignIn: st.SignIn, ClientID: client.id, AuthMethod: client.method}
+		Issuer: st.Issuer, TokenURL: st.TokenURL, Resource: st.Resource, SignIn: st.SignIn, ClientID: client.id, AuthMethod: client.method, Scopes: st.Scopes}
 	// A new sign-in's token replaces whatever is stored: a refresh of the old one in flight
 	// meanwhile loses its compare-and-swap and takes this one (userToken).
 	sealed, err := s.sealToken(st.Tenant, st.User, st.Ref, t)

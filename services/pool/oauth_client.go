@@ -308,15 +308,30 @@ func (s *Service) dropClient(ctx context.Context, issuer string, c signInClient)
 	s.log.Warn("the authorization server refused the client Ringfence registered there; the next sign-in registers anew", "issuer", issuer, "client_id", c.id)
 }
 
-// wwwAuthenticate asks the server without a token, as an MCP client's first request would,
+// wwwAuthenticate asks the server without a token, as an MCP client's first requests would,
 // and reads its 401's WWW-Authenticate challenges: where its protected resource metadata is
-// (resource_metadata, RFC 9728 section 5.1) and the scope it asks for. Best effort: a server
-// that answers otherwise says nothing.
+// (resource_metadata, RFC 9728 section 5.1) and the scope it asks for. A streamable HTTP server
+// is asked server/discover (the stateless lifecycle, which the pool's sessions ask first), then
+// initialize: a server may take initialize without a token and challenge the request after it,
+// whose scope is the one its tools need. An SSE server is asked its stream (a GET). Best
+// effort: a server that answers otherwise says nothing.
 func (s *Service) wwwAuthenticate(ctx context.Context, res *mcpserver.Resolved) (metadataURL string, scopes []string) {
-	method, body := http.MethodPost, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"ringfence","version":"1"}}}`
 	if res.Transport == mcpserver.TransportSSE {
-		method, body = http.MethodGet, ""
+		return s.probeChallenge(ctx, res, http.MethodGet, "")
 	}
+	for _, body := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"ringfence","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"ringfence","version":"1"}}}`,
+	} {
+		if metadataURL, scopes = s.probeChallenge(ctx, res, http.MethodPost, body); metadataURL != "" || scopes != nil {
+			break
+		}
+	}
+	return metadataURL, scopes
+}
+
+// probeChallenge makes one request of wwwAuthenticate and reads its 401's Bearer challenge.
+func (s *Service) probeChallenge(ctx context.Context, res *mcpserver.Resolved, method, body string) (metadataURL string, scopes []string) {
 	req, err := http.NewRequestWithContext(ctx, method, res.URL, strings.NewReader(body))
 	if err != nil {
 		return "", nil

@@ -58,7 +58,7 @@ func twoOAuthHosts(t *testing.T) (w *oauthWorld, h1, h2 *Service) {
 func (w *oauthWorld) signInOn(p *Service, res *mcpserver.Resolved) {
 	w.t.Helper()
 	var si *signInError
-	require.ErrorAs(w.t, p.beginSignIn(w.ctx, auth.DefaultTenant, oauthtest.Alice, res, ""), &si)
+	require.ErrorAs(w.t, p.beginSignIn(w.ctx, auth.DefaultTenant, oauthtest.Alice, res, "", nil), &si)
 	_, err := p.CompleteSignIn(w.ctx, callbackQuery(w.t, w.as.SignIn(w.t, si.url, oauthtest.Alice)))
 	require.NoError(w.t, err)
 }

@@ -251,6 +251,7 @@ var errorCodes = map[error]codes.Code{
 	errNoClient:                    codes.FailedPrecondition,
 	errNoCallback:                  codes.FailedPrecondition,
 	errNoSignIn:                    codes.FailedPrecondition,
+	errScopeNotGranted:             codes.FailedPrecondition,
 }
 
 // Open builds the service: its store, its audit spool and forwarder, and its spawner, whose

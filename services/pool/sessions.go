@@ -32,6 +32,11 @@ type session struct {
 	// with is due for a refresh (oauth.refresh_before ahead of its expiry): the run's next
 	// call then starts a fresh session, with the refreshed token. Zero for any other.
 	renewAt time.Time
+	// signIn is, for a server that signs each user in, whose token the session carries
+	// (oauth_stepup.go); scopeRefused is set once the server refused that token for want of
+	// scope: the run's next call then starts a fresh session, with the user's newest token.
+	signIn       *sessionSignIn
+	scopeRefused atomic.Bool
 
 	// warm: the session came from the pool's warm set (warm.go): started before its run,
 	// taken by the run's first call to the server. unwarm is closed when it leaves the set.
@@ -174,8 +179,9 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 			continue
 		default:
 		}
-		if !sess.renewAt.IsZero() && !s.now().Before(sess.renewAt) {
-			// The user's token is due for a refresh: a fresh session carries the new one.
+		if sess.scopeRefused.Load() || !sess.renewAt.IsZero() && !s.now().Before(sess.renewAt) || s.tokenReplaced(ctx, sess) {
+			// The user's token is due for a refresh, lacks a scope the server asked for, or
+			// was replaced (the user signed in again): a fresh session carries the newest.
 			s.forget(r, sess)
 			s.stop(sess)
 			continue
@@ -267,12 +273,12 @@ func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 	if reg.OAuth != nil && sess.inline == nil {
 		// The run's user's token, and no other's: without one, the call is refused with the URL
 		// the user signs in at.
-		authed, renewAt, err := s.runBearer(sctx, r, reg)
+		authed, err := s.runBearer(sctx, r, sess, reg)
 		if err != nil {
 			failed(err)
 			return
 		}
-		reg, sess.renewAt = authed, renewAt
+		reg = authed
 	}
 	// The registry may have taken a while: no container is started once the pool closes.
 	if s.inflight.closed() || sctx.Err() != nil {
@@ -283,6 +289,10 @@ func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 	spec.OnToolListChanged = sess.toolsChanged
 	sp, err := s.spawner.Spawn(sctx, spec)
 	if err != nil {
+		if scoped := s.answerScopeChallenge(sctx, sess, err); scoped != nil {
+			failed(refusal(reasonSignInRequired, scoped))
+			return
+		}
 		if reg.OAuth != nil && refusedToken(err) {
 			failed(s.dropRefusedToken(sctx, r, reg))
 			return
@@ -384,6 +394,9 @@ func (s *Service) relist(ctx context.Context, sess *session, setup bool) error {
 	}
 	tools, err := list(ctx)
 	if err != nil {
+		if scoped := s.answerScopeChallenge(ctx, sess, err); scoped != nil {
+			return refusal(reasonSignInRequired, scoped)
+		}
 		return spawnRefusal(err)
 	}
 	// A declaration that cannot be hashed, or a name listed twice (it has no one live

@@ -174,6 +174,10 @@ type MCPServer struct {
 	mu sync.Mutex
 	// tokens are the bearer tokens it was sent, by user, in order.
 	tokens map[string][]string
+	// scopes are the scopes a call of a tool needs, by tool (RequireScope).
+	scopes map[string][]string
+	// called counts the calls each tool ran.
+	called map[string]int
 }
 
 // StartMCPServer starts the MCP server at <url>/mcp: it serves its protected resource metadata
@@ -181,7 +185,7 @@ type MCPServer struct {
 // declares to each user the tools of tools[user] plus whoami, which answers the user's id.
 func StartMCPServer(t testing.TB, as *AuthServer, tools map[string][]Tool) *MCPServer {
 	t.Helper()
-	ms := &MCPServer{tokens: map[string][]string{}}
+	ms := &MCPServer{tokens: map[string][]string{}, scopes: map[string][]string{}, called: map[string]int{}}
 	mux := http.NewServeMux()
 	ms.srv = httptest.NewServer(mux)
 	t.Cleanup(ms.srv.Close)
@@ -205,6 +209,9 @@ func StartMCPServer(t testing.TB, as *AuthServer, tools map[string][]Tool) *MCPS
 		for _, tl := range list {
 			s.AddTool(&mcp.Tool{Name: tl.Name, Description: tl.Description, InputSchema: json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}}}`)},
 				func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+					ms.mu.Lock()
+					ms.called[tl.Name]++
+					ms.mu.Unlock()
 					return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: tl.Name + " for " + user}}}, nil
 				})
 		}
@@ -215,8 +222,63 @@ func StartMCPServer(t testing.TB, as *AuthServer, tools map[string][]Tool) *MCPS
 		Resource: ms.URL, AuthorizationServers: []string{as.Issuer}, ScopesSupported: []string{"openid", "offline_access"},
 	}))
 	mux.Handle("/mcp", auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{ResourceMetadataURL: metaURL})(
-		mcp.NewStreamableHTTPHandler(server, nil)))
+		ms.scoped(metaURL, mcp.NewStreamableHTTPHandler(server, nil))))
 	return ms
+}
+
+// RequireScope makes a call of tool need scopes: a token without them is refused with 403 and
+// a Bearer insufficient_scope challenge naming them (RFC 6750 section 3.1), before the tool
+// runs.
+func (ms *MCPServer) RequireScope(tool string, scopes ...string) {
+	ms.mu.Lock()
+	ms.scopes[tool] = scopes
+	ms.mu.Unlock()
+}
+
+// Called is how many calls of tool ran.
+func (ms *MCPServer) Called(tool string) int {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	return ms.called[tool]
+}
+
+// scoped refuses a tools/call whose tool needs a scope the request's token lacks.
+func (ms *MCPServer) scoped(metaURL string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(strings.NewReader(string(body)))
+		var msg struct {
+			Method string `json:"method"`
+			Params struct {
+				Name string `json:"name"`
+			} `json:"params"`
+		}
+		_ = json.Unmarshal(body, &msg)
+		ms.mu.Lock()
+		need := ms.scopes[msg.Params.Name]
+		ms.mu.Unlock()
+		info := auth.TokenInfoFromContext(r.Context())
+		if msg.Method == "tools/call" && !covers(info.Scopes, need) {
+			w.Header().Set("WWW-Authenticate", fmt.Sprintf(`Bearer error="insufficient_scope", scope=%q, resource_metadata=%q`, strings.Join(need, " "), metaURL))
+			http.Error(w, "insufficient_scope", http.StatusForbidden)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// covers reports whether have holds every scope of need.
+func covers(have, need []string) bool {
+	for _, sc := range need {
+		if !slices.Contains(have, sc) {
+			return false
+		}
+	}
+	return true
 }
 
 // Tokens returns the bearer tokens the server was sent for user, in order.

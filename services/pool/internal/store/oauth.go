@@ -34,6 +34,9 @@ type SignInState struct {
 	ClientID       string `json:"client_id"`
 	AuthMethod     string `json:"auth_method"`
 	VerifierSealed []byte `json:"verifier_sealed"`
+	// Scopes are the scopes the sign-in asks for: its token keeps them, so that a scope
+	// challenge to the token asks for them together with the challenge's.
+	Scopes []string `json:"scopes,omitempty"`
 	// ActorKeyID, ActorKeyName and ActorRole name the key that asked for the sign-in (which
 	// asserted the user), for the admin event of its completion.
 	ActorKeyID   string    `json:"actor_key_id,omitempty"`

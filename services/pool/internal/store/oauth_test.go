@@ -66,7 +66,7 @@ func TestOAuthStoreBehaviours(t *testing.T) {
 
 func signIn(user, ref string, expire time.Time) SignInState {
 	return SignInState{Tenant: "acme", User: user, Ref: ref, SignIn: "fp", Issuer: "https://as.example", TokenURL: "https://as.example/token",
-		Resource: "https://mcp.example/mcp", VerifierSealed: []byte("sealed verifier"), ActorKeyID: "key_1", ExpireTime: expire.UTC()}
+		Resource: "https://mcp.example/mcp", VerifierSealed: []byte("sealed verifier"), Scopes: []string{"tickets.read", "tickets.write"}, ActorKeyID: "key_1", ExpireTime: expire.UTC()}
 }
 
 func testSignInStatesAreTakenOnce(t *testing.T, s, other oauthStore) {
