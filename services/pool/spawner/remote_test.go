@@ -1,10 +1,12 @@
 package spawner
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -359,4 +361,49 @@ func TestRemoteAnswersAreCountedAndCapped(t *testing.T) {
 	require.ErrorAs(t, err, &e)
 	require.Equal(t, int64(1<<20), e.Limit)
 	require.Zero(t, budget.InUse())
+}
+
+// TestRemoteScopeChallenge: a server's 403 with a Bearer insufficient_scope challenge to a call
+// is that call's error, naming the scope the challenge asks for (and the origin, never the
+// credentials); the connection stays, so the session's other requests go on.
+func TestRemoteScopeChallenge(t *testing.T) {
+	ts, _ := startRemote(t, false)
+	inner := ts.Config.Handler
+	ts.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if strings.Contains(string(body), `"tools/call"`) {
+			w.Header().Set("WWW-Authenticate", `Bearer error="insufficient_scope", scope="tickets.write tickets.read", error_description="needs write"`)
+			http.Error(w, `{"error":"insufficient_scope"}`, http.StatusForbidden)
+			return
+		}
+		inner.ServeHTTP(w, r)
+	})
+	r := remoteRouter(t, trusting(ts))
+	s := spawn(t, r, remoteSpec(TransportStreamableHTTP, ts.URL))
+	for range 2 {
+		_, err := s.CallTool(t.Context(), &mcp.CallToolParams{Name: "greet", Arguments: map[string]any{"name": "pool"}})
+		var e *Error
+		require.ErrorAs(t, err, &e)
+		require.True(t, e.InsufficientScope, "%v", err)
+		require.Equal(t, http.StatusForbidden, e.HTTPStatus)
+		require.Equal(t, []string{"tickets.write", "tickets.read"}, e.Scope)
+		require.Contains(t, e.Message, "for want of scope")
+		require.NotContains(t, e.Message, "key-0123456789")
+	}
+	tools, err := s.ListTools(t.Context())
+	require.NoError(t, err, "the connection stays")
+	require.Equal(t, []string{"greet"}, toolNames(tools))
+}
+
+// TestScopeTokens: a challenge's scope is read only as RFC 6749 scope tokens, within bounds.
+func TestScopeTokens(t *testing.T) {
+	require.Equal(t, []string{"a", "b:c"}, scopeTokens(" a  b:c "))
+	require.Empty(t, scopeTokens(""))
+	require.Nil(t, scopeTokens(`a "b"`), "a quote is no scope token")
+	require.Nil(t, scopeTokens("a\\b"))
+	require.Nil(t, scopeTokens("a b\u00e9"), "nor is anything but printable ASCII")
+	require.Nil(t, scopeTokens(strings.Repeat("x", maxChallengeScopeLen+1)))
+	require.Nil(t, scopeTokens(strings.TrimSpace(strings.Repeat("s ", maxChallengeScopes+1))))
+	require.Len(t, scopeTokens(strings.TrimSpace(strings.Repeat("s ", maxChallengeScopes))), maxChallengeScopes)
 }
