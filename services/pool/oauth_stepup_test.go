@@ -28,21 +28,16 @@ func stepUpURL(t *testing.T, err error) (authURL, scope string) {
 // call with 403 insufficient_scope, and the tool does not run; the pool answers the call as
 // sign_in_required (a dispatched failure: the attempt was on record before it was sent), with
 // a new authorization URL for the sign-in's scopes and the challenge's, and the user's other
-// tools go on with the token they have. After the user signs in, the
-// run's next call runs on a fresh session with the new token. A scope the authorization server
-// does not grant (the real server drops scopes it does not know) is asked for once: the next
-// challenge for it is refused without another sign-in, saying why.
+// tools go on with the token they have (on a fresh session). After the user signs in, the run's
+// next call runs on a fresh session with the new token. A scope the authorization server does
+// not grant (the real server drops scopes it does not know) is asked for once: the next
+// challenge for it is answered without another sign-in, saying why.
 func TestScopeChallengeAsksForTheWiderScope(t *testing.T) {
-	w := oauthHarness(t)
+	w, run, first := aliceCalled(t, "tickets__alpha")
 	tenant := auth.DefaultTenant
-	w.signIn(tenant, oauthtest.Alice)
-	run := w.startAs(tenant, oauthtest.Alice)
-	_, err := w.callAs(tenant, run, "tickets__alpha")
-	require.NoError(t, err)
-	first := w.mcp.Tokens(oauthtest.Alice)
 
 	w.mcp.RequireScope("alpha", "profile")
-	_, err = w.callAs(tenant, run, "tickets__alpha")
+	_, err := w.callAs(tenant, run, "tickets__alpha")
 	authURL, scope := stepUpURL(t, err)
 	require.Equal(t, "openid offline_access profile", scope, "the sign-in's scopes and the challenge's")
 	require.Contains(t, err.Error(), "refused the user's token for want of scope profile")

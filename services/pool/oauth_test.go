@@ -88,6 +88,18 @@ func oauthHarness(t *testing.T, opts ...harnessOpts) *oauthWorld {
 	return w
 }
 
+// aliceCalled is a harness where Alice signed in and a run of hers called tool: the run, and
+// the tokens the server was sent by then.
+func aliceCalled(t *testing.T, tool string) (w *oauthWorld, run string, tokens []string) {
+	t.Helper()
+	w = oauthHarness(t)
+	w.signIn(auth.DefaultTenant, oauthtest.Alice)
+	run = w.startAs(auth.DefaultTenant, oauthtest.Alice)
+	_, err := w.callAs(auth.DefaultTenant, run, tool)
+	require.NoError(t, err)
+	return w, run, w.mcp.Tokens(oauthtest.Alice)
+}
+
 func (w *oauthWorld) startAs(tenant, user string) string {
 	w.t.Helper()
 	info, err := w.pool.StartRunFor(w.ctx, RunStart{Tenant: tenant, GraphID: "g", User: user})
@@ -324,13 +336,8 @@ func TestCallbackRefusals(t *testing.T) {
 // server refuses the refresh (the grant was revoked), the token is dropped and the server needs
 // sign-in again. A revoked access token the server refuses is dropped too.
 func TestTokensAreRefreshedAndDroppedWhenRefused(t *testing.T) {
-	w := oauthHarness(t)
+	w, run, first := aliceCalled(t, "tickets__whoami")
 	tenant := auth.DefaultTenant
-	w.signIn(tenant, oauthtest.Alice)
-	run := w.startAs(tenant, oauthtest.Alice)
-	_, err := w.callAs(tenant, run, "tickets__whoami")
-	require.NoError(t, err)
-	first := w.mcp.Tokens(oauthtest.Alice)
 	res, err := w.reg.ResolveRegistration(w.ctx, "tickets")
 	require.NoError(t, err)
 
