@@ -9,6 +9,7 @@ import (
 
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
+	rftestutil "github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/oauthtest"
 )
 
@@ -115,4 +116,43 @@ func manyScopes(n int) []string {
 		out[i] = "s" + string(rune('a'+i%26)) + string(rune('a'+i/26))
 	}
 	return out
+}
+
+// TestScopeChallengeToAListing: a server that needs a scope to list its tools refuses the
+// listing of a run's session (the drift check before a call) and of a connect: the call is
+// refused before dispatch as sign_in_required, and ConnectServer answers, each with the URL of
+// a sign-in for the wider scope; no log line holds it. After the user signs in, the run's next
+// call lists and runs with the new token.
+func TestScopeChallengeToAListing(t *testing.T) {
+	logs := &rftestutil.SyncBuffer{}
+	w := oauthHarness(t, harnessOpts{logTo: logs})
+	tenant := auth.DefaultTenant
+	w.signIn(tenant, oauthtest.Alice)
+	run := w.startAs(tenant, oauthtest.Alice)
+	_, err := w.callAs(tenant, run, "tickets__whoami")
+	require.NoError(t, err)
+
+	w.mcp.RequireListScope("email")
+	_, err = w.callAs(tenant, run, "tickets__whoami")
+	ref := requireRefused(t, err, reasonSignInRequired)
+	var si *signInError
+	require.ErrorAs(t, ref, &si)
+	u, err := url.Parse(si.url)
+	require.NoError(t, err)
+	require.Equal(t, "openid offline_access email", u.Query().Get("scope"))
+	require.NotContains(t, logs.String(), u.Query().Get("state"))
+
+	c, err := w.pool.ConnectServer(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+	require.Equal(t, ConnectSignInRequired, c.State)
+	u, err = url.Parse(c.AuthorizationURL)
+	require.NoError(t, err)
+	require.Equal(t, "openid offline_access email", u.Query().Get("scope"))
+
+	done, err := w.pool.CompleteSignIn(w.ctx, callbackQuery(t, w.as.SignIn(t, c.AuthorizationURL, oauthtest.Alice)))
+	require.NoError(t, err)
+	require.NoError(t, done.ConnectErr)
+	res, err := w.callAs(tenant, run, "tickets__whoami")
+	require.NoError(t, err)
+	require.Equal(t, "whoami for "+oauthtest.Alice, resultText(t, res))
 }

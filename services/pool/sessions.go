@@ -460,7 +460,9 @@ func (s *Service) refreshListing(ctx context.Context, sess *session) error {
 		ref.Server = &discovery.Failure{Class: string(spawner.ClassTimeout), Message: msg, StderrTail: sess.sess.StderrTail()}
 		err = ref
 	}
-	if err != nil && (timedOut || ctx.Err() == nil) {
+	// A scope challenge's refusal carries the authorization URL, which no log holds; its
+	// session is replaced at the run's next call.
+	if err != nil && (timedOut || ctx.Err() == nil) && !sess.scopeRefused.Load() {
 		s.log.Warn("a server's tools could not be listed again: stopping it; the run's next call starts a fresh one", "server", sess.ref, "err", err)
 		s.stop(sess)
 	}

@@ -174,8 +174,10 @@ type MCPServer struct {
 	mu sync.Mutex
 	// tokens are the bearer tokens it was sent, by user, in order.
 	tokens map[string][]string
-	// scopes are the scopes a call of a tool needs, by tool (RequireScope).
-	scopes map[string][]string
+	// scopes are the scopes a call of a tool needs, by tool (RequireScope), and listScopes
+	// those tools/list needs (RequireListScope).
+	scopes     map[string][]string
+	listScopes []string
 	// called counts the calls each tool ran.
 	called map[string]int
 }
@@ -235,6 +237,13 @@ func (ms *MCPServer) RequireScope(tool string, scopes ...string) {
 	ms.mu.Unlock()
 }
 
+// RequireListScope makes tools/list need scopes, as RequireScope makes a call.
+func (ms *MCPServer) RequireListScope(scopes ...string) {
+	ms.mu.Lock()
+	ms.listScopes = scopes
+	ms.mu.Unlock()
+}
+
 // Called is how many calls of tool ran.
 func (ms *MCPServer) Called(tool string) int {
 	ms.mu.Lock()
@@ -242,7 +251,8 @@ func (ms *MCPServer) Called(tool string) int {
 	return ms.called[tool]
 }
 
-// scoped refuses a tools/call whose tool needs a scope the request's token lacks.
+// scoped refuses a tools/call whose tool needs a scope the request's token lacks, and a
+// tools/list when listing does.
 func (ms *MCPServer) scoped(metaURL string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(r.Body)
@@ -258,11 +268,16 @@ func (ms *MCPServer) scoped(metaURL string, next http.Handler) http.Handler {
 			} `json:"params"`
 		}
 		_ = json.Unmarshal(body, &msg)
+		var need []string
 		ms.mu.Lock()
-		need := ms.scopes[msg.Params.Name]
+		switch msg.Method {
+		case "tools/call":
+			need = ms.scopes[msg.Params.Name]
+		case "tools/list":
+			need = ms.listScopes
+		}
 		ms.mu.Unlock()
-		info := auth.TokenInfoFromContext(r.Context())
-		if msg.Method == "tools/call" && !covers(info.Scopes, need) {
+		if !covers(auth.TokenInfoFromContext(r.Context()).Scopes, need) {
 			w.Header().Set("WWW-Authenticate", fmt.Sprintf(`Bearer error="insufficient_scope", scope=%q, resource_metadata=%q`, strings.Join(need, " "), metaURL))
 			http.Error(w, "insufficient_scope", http.StatusForbidden)
 			return
