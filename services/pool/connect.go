@@ -121,11 +121,7 @@ func (s *Service) listAs(ctx context.Context, tenant, user string, res *mcpserve
 			return nil, scoped
 		}
 		if refusedToken(err) {
-			const why = "the server refused the user's token (revoked?)"
-			if derr := s.dropSignIn(ctx, tenant, user, res.Ref, why); derr != nil {
-				return nil, derr
-			}
-			return nil, fmt.Errorf("%w: %s, so it was dropped", errSignInRequired, why)
+			return nil, s.dropRefused(ctx, tenant, user, res.Ref, authed.HeaderValues["Authorization"])
 		}
 		return nil, fmt.Errorf("%w: server %q: %v", errServerUnreachable, res.Ref, spawnFailure(err))
 	}
@@ -258,13 +254,47 @@ func (s *Service) runBearer(ctx context.Context, r *run, sess *session, reg *mcp
 
 // dropRefusedToken: the server refused the run's user's token at the handshake (it was
 // revoked): it is dropped with the user's listing, and the call is refused as
-// sign_in_required.
+// sign_in_required; or, when the user's stored token is another by now, the call is refused
+// as spawn_failed and the next one carries it.
 func (s *Service) dropRefusedToken(ctx context.Context, r *run, reg *mcpserver.Resolved) error {
-	const why = "the server refused the user's token (revoked?)"
-	if err := s.dropSignIn(ctx, r.id.Tenant, r.id.User, reg.Ref, why); err != nil {
-		return err
+	err := s.dropRefused(ctx, r.id.Tenant, r.id.User, reg.Ref, reg.HeaderValues["Authorization"])
+	switch {
+	case errors.Is(err, errTokenReplaced):
+		return refusal(reasonSpawnFailed, err)
+	case errors.Is(err, errSignInRequired):
+		return s.signInRefusal(ctx, r.id.Tenant, r.id.User, reg, err)
 	}
-	return s.signInRefusal(ctx, r.id.Tenant, r.id.User, reg, fmt.Errorf("%w: %s, so it was dropped", errSignInRequired, why))
+	return err
+}
+
+// errTokenReplaced: the token a server refused is no longer the user's stored one: a refresh
+// on another pool host, or a new sign-in, replaced it meanwhile. It stands, and the next
+// attempt carries it.
+var errTokenReplaced = fmt.Errorf("%w: the server refused the user's token, which was replaced meanwhile (a refresh on another pool host, or a new sign-in): call again", errServerUnreachable)
+
+// dropRefused drops the user's token of server ref that the server refused (HTTP 401:
+// revoked), bearer being the Authorization header that carried it, if it is still the stored
+// one; a token stored since is not the refused one (errTokenReplaced). The answer wraps
+// errSignInRequired once the token is gone.
+func (s *Service) dropRefused(ctx context.Context, tenant, user, ref, bearer string) error {
+	const why = "the server refused the user's token (revoked?)"
+	at, t, err := s.readToken(ctx, tenant, user, ref)
+	switch {
+	case errors.Is(err, store.ErrNotFound): // dropped already
+	case err != nil:
+		return err
+	case bearer != "Bearer "+t.AccessToken:
+		return errTokenReplaced
+	default:
+		err := s.dropSignInAt(ctx, at, tenant, user, ref, why)
+		if errors.Is(err, store.ErrTokenChanged) {
+			return errTokenReplaced
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("%w: %s, so it was dropped", errSignInRequired, why)
 }
 
 // callConnections reads the run's user's connections of the servers whose policies the call

@@ -392,20 +392,11 @@ const (
 	resourceOAuthServer = "oauth_connection"
 )
 
-// dropSignIn deletes user's token and stored listing of server ref, and records why.
-func (s *Service) dropSignIn(ctx context.Context, tenant, user, ref, why string) error {
-	return s.dropped(ctx, s.oauth.DropSignIn(context.WithoutCancel(ctx), tenant, user, ref), tenant, user, ref, why)
-}
-
-// dropSignInAt is dropSignIn of the token read at at: store.ErrTokenChanged, dropping and
-// recording nothing, when another host (or a new sign-in) stored a token since.
+// dropSignInAt deletes user's token of server ref, read at at, with the user's stored listing,
+// and records why: store.ErrTokenChanged, dropping and recording nothing, when another host
+// (or a new sign-in) stored a token since.
 func (s *Service) dropSignInAt(ctx context.Context, at store.SealedToken, tenant, user, ref, why string) error {
-	return s.dropped(ctx, s.oauth.DropSignInAt(context.WithoutCancel(ctx), tenant, user, ref, at), tenant, user, ref, why)
-}
-
-// dropped records a drop that err did not stop.
-func (s *Service) dropped(ctx context.Context, err error, tenant, user, ref, why string) error {
-	if err != nil {
+	if err := s.oauth.DropSignInAt(context.WithoutCancel(ctx), tenant, user, ref, at); err != nil {
 		return err
 	}
 	p, _ := auth.FromContext(ctx)

@@ -266,3 +266,33 @@ func TestAHostWithAnotherSecretsKeyIsLogged(t *testing.T) {
 	require.ErrorIs(t, err, secretbox.ErrOpen)
 	require.ErrorContains(t, err, "pool hosts sharing etcd need the same secrets_key_file")
 }
+
+// TestARefusedTokenReplacedMeanwhileStands: a server's refusal of a user's token (HTTP 401 at a
+// session's handshake: revoked) drops the token only while it is still the stored one. When
+// another host's new sign-in (or refresh) stored another since, that one stands and the caller
+// is told to call again; the refused one, still stored, is dropped.
+func TestARefusedTokenReplacedMeanwhileStands(t *testing.T) {
+	w, h1, h2 := twoOAuthHosts(t)
+	tenant := auth.DefaultTenant
+	res, err := w.reg.ResolveRegistration(w.ctx, "tickets")
+	require.NoError(t, err)
+	w.signInOn(h1, res)
+	_, refused, err := h1.readToken(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+	w.signInOn(h2, res) // a new sign-in lands between h1's session start and the server's 401
+	_, newer, err := h1.readToken(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+	require.NotEqual(t, refused.AccessToken, newer.AccessToken)
+
+	err = h1.dropRefused(w.ctx, tenant, oauthtest.Alice, "tickets", "Bearer "+refused.AccessToken)
+	require.ErrorIs(t, err, errTokenReplaced)
+	_, kept, err := h2.readToken(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err, "the newer token stands")
+	require.Equal(t, newer.AccessToken, kept.AccessToken)
+
+	err = h2.dropRefused(w.ctx, tenant, oauthtest.Alice, "tickets", "Bearer "+newer.AccessToken)
+	require.ErrorIs(t, err, errSignInRequired)
+	_, _, err = h1.readToken(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.ErrorIs(t, err, store.ErrNotFound, "the refused token, still the stored one, is dropped")
+	require.ErrorIs(t, h1.dropRefused(w.ctx, tenant, oauthtest.Alice, "tickets", "Bearer "+newer.AccessToken), errSignInRequired, "dropped already")
+}

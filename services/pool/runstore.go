@@ -59,9 +59,8 @@ type OAuthStore interface {
 	LockOAuthToken(ctx context.Context, tenant, user, ref string) (unlock func(), err error)
 	PutOAuthListing(ctx context.Context, tenant, user, ref string, l store.Listing) error
 	OAuthListing(ctx context.Context, tenant, user, ref string) (store.Listing, error)
-	// DropSignIn deletes a user's token and listing; DropSignInAt only if the stored token is
-	// still at, else store.ErrTokenChanged.
-	DropSignIn(ctx context.Context, tenant, user, ref string) error
+	// DropSignInAt deletes a user's token and listing if the stored token is still at, else
+	// store.ErrTokenChanged: a drop decided on a token read never drops a newer one.
 	DropSignInAt(ctx context.Context, tenant, user, ref string, at store.SealedToken) error
 
 	// The clients the pool registered for itself (RFC 7591), one per issuer and redirect URI,

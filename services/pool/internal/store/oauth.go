@@ -225,22 +225,15 @@ func (s *Store) OAuthListing(ctx context.Context, tenant, user, ref string) (Lis
 	return l, err
 }
 
-// DropSignIn deletes a user's token and listing of a server, when its token was refused or
-// revoked, or the server's sign-in settings changed: the user signs in again.
-func (s *Store) DropSignIn(ctx context.Context, tenant, user, ref string) error {
-	return s.dropSignIn(userServerKey(tenant, user, ref), nil)
-}
-
-// DropSignInAt is DropSignIn if the stored token is still the one read as old;
-// ErrTokenChanged, dropping nothing, when another was stored since (or it is gone).
+// DropSignInAt deletes a user's token and listing of a server (its token was refused or
+// revoked, or the server's sign-in settings changed: the user signs in again) if the stored
+// token is still the one read as old; ErrTokenChanged, dropping nothing, when another was
+// stored since (or it is gone).
 func (s *Store) DropSignInAt(ctx context.Context, tenant, user, ref string, old SealedToken) error {
-	return s.dropSignIn(userServerKey(tenant, user, ref), &old)
-}
-
-func (s *Store) dropSignIn(key []byte, old *SealedToken) error {
+	key := userServerKey(tenant, user, ref)
 	return s.db.Update(func(tx *bolt.Tx) error {
 		tokens := tx.Bucket(oauthTokensBucket)
-		if v := tokens.Get(key); old != nil && (v == nil || !bytes.Equal(v, old.Sealed)) {
+		if v := tokens.Get(key); v == nil || !bytes.Equal(v, old.Sealed) {
 			return ErrTokenChanged
 		}
 		if err := tokens.Delete(key); err != nil {

@@ -195,15 +195,6 @@ func (s *Etcd) OAuthListing(ctx context.Context, tenant, user, ref string) (List
 	return l, err
 }
 
-// DropSignIn deletes a user's token and listing of a server in one transaction: the user
-// signs in again.
-func (s *Etcd) DropSignIn(ctx context.Context, tenant, user, ref string) error {
-	return etcdstore.Retry(ctx, func(ctx context.Context) (bool, error) {
-		_, err := etcdstore.Commit(ctx, s.cli, nil, s.dropOps(tenant, user, ref), nil)
-		return err == nil, err
-	})
-}
-
 // DropSignInAt is DropSignIn if the stored token is still at old's revision; ErrTokenChanged,
 // dropping nothing, when another was stored since (or it is gone).
 func (s *Etcd) DropSignInAt(ctx context.Context, tenant, user, ref string, old SealedToken) error {
