@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/ringfence/ringfence/internal/etcdstore"
 )
@@ -72,14 +71,5 @@ func (s *Etcd) DropOAuthClient(ctx context.Context, issuer, redirectURI, clientI
 // on any pool host, until unlock is called: one host registers, the others wait and use its
 // client. The lock lives on a lease of its own, as a refresh's does.
 func (s *Etcd) LockOAuthClient(ctx context.Context, issuer, redirectURI string) (unlock func(), err error) {
-	session, err := concurrency.NewSession(s.cli, concurrency.WithTTL(oauthLockTTL), concurrency.WithContext(context.WithoutCancel(ctx)))
-	if err != nil {
-		return nil, etcdstore.Unavailable("grant a lock's lease", err)
-	}
-	m := concurrency.NewMutex(session, s.oauthClientKey(etcdOAuthClientLocks, issuer, redirectURI))
-	if err := m.Lock(ctx); err != nil {
-		_ = session.Close()
-		return nil, etcdstore.Unavailable("lock a client registration", err)
-	}
-	return func() { _ = session.Close() }, nil
+	return s.lockOnLease(ctx, s.oauthClientKey(etcdOAuthClientLocks, issuer, redirectURI), "a client registration")
 }

@@ -162,16 +162,21 @@ func (s *Etcd) OAuthToken(ctx context.Context, tenant, user, ref string) (Sealed
 // lease of its own, kept alive while this process lives: a host that dies holding it lets
 // the others in oauthLockTTL seconds later.
 func (s *Etcd) LockOAuthToken(ctx context.Context, tenant, user, ref string) (unlock func(), err error) {
+	return s.lockOnLease(ctx, s.oauthKey(etcdOAuthLocks, tenant, user, ref), "a user's token")
+}
+
+// lockOnLease holds the concurrency.Mutex under key on a lease of its own, kept alive while
+// this process lives and revoked by unlock (which deletes the lock's key): a host that dies
+// holding it lets the others in oauthLockTTL seconds later.
+func (s *Etcd) lockOnLease(ctx context.Context, key, what string) (unlock func(), err error) {
 	session, err := concurrency.NewSession(s.cli, concurrency.WithTTL(oauthLockTTL), concurrency.WithContext(context.WithoutCancel(ctx)))
 	if err != nil {
 		return nil, etcdstore.Unavailable("grant a lock's lease", err)
 	}
-	m := concurrency.NewMutex(session, s.oauthKey(etcdOAuthLocks, tenant, user, ref))
-	if err := m.Lock(ctx); err != nil {
+	if err := concurrency.NewMutex(session, key).Lock(ctx); err != nil {
 		_ = session.Close()
-		return nil, etcdstore.Unavailable("lock a user's token", err)
+		return nil, etcdstore.Unavailable("lock "+what, err)
 	}
-	// Closing the session revokes its lease, which deletes the lock's key.
 	return func() { _ = session.Close() }, nil
 }
 
