@@ -170,6 +170,10 @@ func handshakeError(ctx context.Context, err error, srv Process, f *stdoutFilter
 			e = newError(ClassCommandNotFound, "command %s is not executable (exit status %d)", clipQuote(spec.Command), code)
 		case f.sawOnlyGarbage():
 			e = newError(ClassNotMCPServer, "the command wrote %d lines to stdout, none of them JSON-RPC, and exited (%s): it is not an MCP server", f.otherLines.Load(), srv.DescribeExit(ctx))
+		case timedOut:
+			// It ran the whole handshake timeout (an exit before it would have ended the
+			// handshake at once) and exited when the client gave up and closed its stdin.
+			e = newError(ClassHandshakeTimeout, "the server did not answer initialize within %s", spec.HandshakeTimeout)
 		default:
 			e = newError(ClassExitedBeforeHandshake, "the server exited before answering initialize (%s)", srv.DescribeExit(ctx))
 		}
