@@ -97,6 +97,26 @@ func printable(s string) bool {
 
 func scopeToken(s string) bool { return printable(s) && !strings.ContainsAny(s, "\"\\") }
 
+// ScopeList is scopes a server or an authorization server named (a challenge, metadata) when
+// they hold to the bounds a registration's are held to (at most MaxScopes RFC 6749 scope
+// tokens of at most MaxScopeName bytes), or none: what a server names reaches an authorization
+// URL only within them.
+func ScopeList(scopes []string) []string {
+	if len(scopes) > MaxScopes {
+		return nil
+	}
+	for _, s := range scopes {
+		if len(s) > MaxScopeName || !scopeToken(s) {
+			return nil
+		}
+	}
+	return scopes
+}
+
+// ScopeTokens is a scope parameter's space-separated tokens (RFC 6749 section 3.3) by
+// ScopeList's bounds.
+func ScopeTokens(scope string) []string { return ScopeList(strings.Fields(scope)) }
+
 // SignInFingerprint names the settings a user's sign-in was made under: the transport and
 // endpoint, and the sign-in fields (authorization server, client id, scopes). Tokens and tool
 // listings stored for a user keep it, and one whose fingerprint is not the registration's

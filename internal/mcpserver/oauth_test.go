@@ -1,6 +1,7 @@
 package mcpserver
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -70,4 +71,16 @@ func TestSignInFingerprintFollowsTheSettingsThatBindTokens(t *testing.T) {
 		require.Equal(t, fp, r.SignInFingerprint(), name)
 	}
 	require.Empty(t, (&Registration{Ref: "fs", Command: "x"}).SignInFingerprint())
+}
+
+// TestScopeTokens: a scope a server names is read only as RFC 6749 scope tokens, within bounds.
+func TestScopeTokens(t *testing.T) {
+	require.Equal(t, []string{"a", "b:c"}, ScopeTokens(" a  b:c "))
+	require.Empty(t, ScopeTokens(""))
+	require.Nil(t, ScopeTokens(`a "b"`), "a quote is no scope token")
+	require.Nil(t, ScopeTokens("a\\b"))
+	require.Nil(t, ScopeTokens("a b\u00e9"), "nor is anything but printable ASCII")
+	require.Nil(t, ScopeTokens(strings.Repeat("x", MaxScopeName+1)))
+	require.Nil(t, ScopeTokens(strings.TrimSpace(strings.Repeat("s ", MaxScopes+1))))
+	require.Len(t, ScopeTokens(strings.TrimSpace(strings.Repeat("s ", MaxScopes))), MaxScopes)
 }

@@ -204,7 +204,7 @@ func (s *Service) authServer(ctx context.Context, res *mcpserver.Resolved) (*oau
 			issuer = prm.AuthorizationServers[0]
 		}
 		if len(scopes) == 0 && prm != nil {
-			scopes = prm.ScopesSupported
+			scopes = mcpserver.ScopeList(prm.ScopesSupported)
 		}
 	}
 	asm, err := sdkauth.GetAuthServerMetadata(ctx, issuer, hc)

@@ -360,8 +360,8 @@ func (s *Service) probeChallenge(ctx context.Context, res *mcpserver.Resolved, m
 		if u := c.Params["resource_metadata"]; u != "" && metadataURL == "" {
 			metadataURL = u
 		}
-		if sc := c.Params["scope"]; sc != "" && scopes == nil {
-			scopes = strings.Fields(sc)
+		if sc := mcpserver.ScopeTokens(c.Params["scope"]); len(sc) > 0 && scopes == nil {
+			scopes = sc
 		}
 	}
 	return metadataURL, scopes

@@ -26,11 +26,8 @@ import (
 // Loops are bounded: a new sign-in is begun only for a challenge that names a scope the
 // token's sign-in did not ask for (so each scope is asked for once, and a server that still
 // refuses a scope the user was asked to grant gets no further sign-in), and for at most
-// maxSignInScopes scopes in all.
-
-// maxSignInScopes bounds the scopes one sign-in asks for: a server that keeps naming new ones
-// cannot keep sending the user to sign in.
-const maxSignInScopes = 32
+// mcpserver.MaxScopes in all (the bound of a registration's scopes): a server that keeps
+// naming new ones cannot keep sending the user to sign in.
 
 // errScopeNotGranted: the server refuses the user's token for want of a scope that signing in
 // again would not obtain.
@@ -69,8 +66,8 @@ func (u *stepUp) scopes(ref string, base []string) ([]string, error) {
 	if covers(u.challenge, prior) {
 		wider = slices.Clone(u.challenge)
 	}
-	if len(wider) > maxSignInScopes {
-		return nil, fmt.Errorf("%w: server %q asks for scope %s, which with the scopes of the user's sign-in makes more than %d", errScopeNotGranted, ref, strings.Join(missing, " "), maxSignInScopes)
+	if len(wider) > mcpserver.MaxScopes {
+		return nil, fmt.Errorf("%w: server %q asks for scope %s, which with the scopes of the user's sign-in makes more than %d", errScopeNotGranted, ref, strings.Join(missing, " "), mcpserver.MaxScopes)
 	}
 	return wider, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/mcpserver"
 	rftestutil "github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/oauthtest"
 )
@@ -94,7 +95,7 @@ func TestStepUpScopes(t *testing.T) {
 		{"a token that does not say: the base", nil, []string{"tickets.write"}, []string{"openid", "tickets.read", "tickets.write"}, ""},
 		{"asked for already", []string{"openid", "tickets.write"}, []string{"tickets.write"}, nil, "asked for already"},
 		{"no scope named", base, nil, nil, "named no scope"},
-		{"too many", base, manyScopes(maxSignInScopes), nil, "more than 32"},
+		{"too many", base, manyScopes(mcpserver.MaxScopes), nil, "more than 32"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			up := stepUp{asked: tc.asked, challenge: tc.challenge}

@@ -85,7 +85,7 @@ type Error struct {
 	// InsufficientScope marks a remote server's refusal of a request for want of scope: HTTP
 	// 403 with a Bearer error="insufficient_scope" challenge (RFC 6750 section 3.1), which the
 	// server did not serve. Scope is the scope the challenge names: none when it names none,
-	// or names it otherwise than as at most 32 RFC 6749 scope tokens.
+	// or names it beyond mcpserver.ScopeList's bounds.
 	InsufficientScope bool
 	Scope             []string
 }

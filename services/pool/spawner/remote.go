@@ -295,15 +295,9 @@ func (t *remoteTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// Bounds of the scope a challenge names: a longer list, or a token RFC 6749 section 3.3 does
-// not allow, names none.
-const (
-	maxChallengeScopes   = 32
-	maxChallengeScopeLen = 256
-)
-
 // scopeChallenge reads a 403's WWW-Authenticate: whether it is a Bearer insufficient_scope
-// challenge (RFC 6750 section 3.1), and the scope it names.
+// challenge (RFC 6750 section 3.1), and the scope it names (none when it names none, or names
+// it beyond mcpserver.ScopeList's bounds).
 func scopeChallenge(h http.Header) (scope []string, ok bool) {
 	challenges, err := oauthex.ParseWWWAuthenticate(h.Values("WWW-Authenticate"))
 	if err != nil {
@@ -311,30 +305,10 @@ func scopeChallenge(h http.Header) (scope []string, ok bool) {
 	}
 	for _, c := range challenges {
 		if c.Scheme == "bearer" && c.Params["error"] == "insufficient_scope" {
-			return scopeTokens(c.Params["scope"]), true
+			return mcpserver.ScopeTokens(c.Params["scope"]), true
 		}
 	}
 	return nil, false
-}
-
-// scopeTokens is a scope's tokens (RFC 6749 section 3.3: printable ASCII but '"' and '\',
-// separated by spaces), or none when it is not one or is longer than the bounds.
-func scopeTokens(scope string) []string {
-	tokens := strings.Fields(scope)
-	if len(tokens) > maxChallengeScopes {
-		return nil
-	}
-	for _, tok := range tokens {
-		if len(tok) > maxChallengeScopeLen {
-			return nil
-		}
-		for _, c := range []byte(tok) {
-			if c < 0x21 || c > 0x7e || c == '"' || c == '\\' {
-				return nil
-			}
-		}
-	}
-	return tokens
 }
 
 func orNone(s string) string {

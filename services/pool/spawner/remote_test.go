@@ -395,15 +395,3 @@ func TestRemoteScopeChallenge(t *testing.T) {
 	require.NoError(t, err, "the connection stays")
 	require.Equal(t, []string{"greet"}, toolNames(tools))
 }
-
-// TestScopeTokens: a challenge's scope is read only as RFC 6749 scope tokens, within bounds.
-func TestScopeTokens(t *testing.T) {
-	require.Equal(t, []string{"a", "b:c"}, scopeTokens(" a  b:c "))
-	require.Empty(t, scopeTokens(""))
-	require.Nil(t, scopeTokens(`a "b"`), "a quote is no scope token")
-	require.Nil(t, scopeTokens("a\\b"))
-	require.Nil(t, scopeTokens("a b\u00e9"), "nor is anything but printable ASCII")
-	require.Nil(t, scopeTokens(strings.Repeat("x", maxChallengeScopeLen+1)))
-	require.Nil(t, scopeTokens(strings.TrimSpace(strings.Repeat("s ", maxChallengeScopes+1))))
-	require.Len(t, scopeTokens(strings.TrimSpace(strings.Repeat("s ", maxChallengeScopes))), maxChallengeScopes)
-}
