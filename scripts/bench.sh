@@ -70,6 +70,8 @@ run ./tests/ 'PoolSoak$' 100000x 1
 # Issue 26: calls/s across two pool hosts on etcd (each call to its owner, and to either host,
 # half of them forwarded) beside one pool on bbolt, in one deployment.
 run ./tests/ 'PoolHosts$' 3000x 3
+# Issue 25 on 26: a call to a server that signs each user in, the pool on bbolt and on etcd.
+run ./services/pool/ 'SignInCall$' 2000x 3
 
 echo >&2
 .tmp/bin/benchstat "$out"

@@ -48,6 +48,16 @@ func (l latencies) report(b *testing.B, prefix string) {
 	b.ReportMetric(float64(s[min(len(s)-1, len(s)*99/100)].Microseconds()), prefix+"p99-µs")
 }
 
+// p50 is the median of l (zero when l is empty).
+func (l latencies) p50() time.Duration {
+	if len(l) == 0 {
+		return 0
+	}
+	s := slices.Clone(l)
+	slices.Sort(s)
+	return s[len(s)*50/100]
+}
+
 // productionGC sets the garbage collector as the binaries run it (app.Main applies it).
 func productionGC(b *testing.B) {
 	if prev, applied := gctune.Apply(); applied {

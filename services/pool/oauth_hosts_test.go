@@ -25,13 +25,13 @@ import (
 // oauthHosts is oauthHarness with pool hosts on one etcd cluster: open starts one with an id,
 // the deployment's secrets key and the sign-in callback every host serves. Its caller closes
 // it.
-func oauthHosts(t *testing.T, opts ...harnessOpts) (*oauthWorld, func(id string) *Service) {
+func oauthHosts(t testing.TB, opts ...harnessOpts) (*oauthWorld, func(id string) *Service) {
 	w, open := oauthHostsKeyed(t, opts...)
 	return w, func(id string) *Service { return open(id, w.poolCfg.Secrets) }
 }
 
 // oauthHostsKeyed is oauthHosts whose open takes the host's secrets key.
-func oauthHostsKeyed(t *testing.T, opts ...harnessOpts) (*oauthWorld, func(id string, key *secretbox.Box) *Service) {
+func oauthHostsKeyed(t testing.TB, opts ...harnessOpts) (*oauthWorld, func(id string, key *secretbox.Box) *Service) {
 	w := oauthHarness(t, opts...)
 	cluster := etcdtest.Start(t, 1)
 	root := cluster.Root()

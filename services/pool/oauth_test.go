@@ -59,7 +59,7 @@ type oauthWorld struct {
 // authorization server, whose client secret is the registry secret tickets-client) and
 // publishes graph g, whose agent a binds tickets' whoami, alpha (declared to Alice only) and
 // beta (to Bob only).
-func oauthHarness(t *testing.T, opts ...harnessOpts) *oauthWorld {
+func oauthHarness(t testing.TB, opts ...harnessOpts) *oauthWorld {
 	t.Helper()
 	w := &oauthWorld{clock: &clock{now: time.Now()}}
 	w.as = oauthtest.StartAuthServer(t, "ringfence", "client-secret-"+randomHex(), testCallback)
