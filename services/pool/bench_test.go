@@ -42,20 +42,18 @@ func (l latencies) report(b *testing.B, prefix string) {
 	if len(l) == 0 {
 		return
 	}
-	s := slices.Clone(l)
-	slices.Sort(s)
-	b.ReportMetric(float64(s[len(s)*50/100].Microseconds()), prefix+"p50-µs")
-	b.ReportMetric(float64(s[min(len(s)-1, len(s)*99/100)].Microseconds()), prefix+"p99-µs")
+	b.ReportMetric(float64(l.quantile(50).Microseconds()), prefix+"p50-µs")
+	b.ReportMetric(float64(l.quantile(99).Microseconds()), prefix+"p99-µs")
 }
 
-// p50 is the median of l (zero when l is empty).
-func (l latencies) p50() time.Duration {
+// quantile is the pct-th percentile of l (zero when l is empty).
+func (l latencies) quantile(pct int) time.Duration {
 	if len(l) == 0 {
 		return 0
 	}
 	s := slices.Clone(l)
 	slices.Sort(s)
-	return s[len(s)*50/100]
+	return s[min(len(s)-1, len(s)*pct/100)]
 }
 
 // productionGC sets the garbage collector as the binaries run it (app.Main applies it).

@@ -55,7 +55,7 @@ func BenchmarkSignInCall(b *testing.B) {
 			}
 			b.StopTimer()
 			lat.report(b, "")
-			p50 := float64(lat.p50().Microseconds())
+			p50 := float64(lat.quantile(50).Microseconds())
 			if backend == "bbolt" {
 				floor = p50
 			} else if floor > 0 {
