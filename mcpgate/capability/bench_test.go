@@ -47,3 +47,16 @@ func BenchmarkRevokedByPathological(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkParse: a node's bindings as every call's ceiling and floor checks parse them.
+func BenchmarkParse(b *testing.B) {
+	ss := []string{"process_spawn", "external_api_call", "docs.read:{path}"}
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, s := range ss {
+			if _, err := Parse(s); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package capability
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 
@@ -48,6 +49,20 @@ func TestParseRefusals(t *testing.T) {
 		_, err := Parse(bad)
 		require.Error(t, err, bad)
 	}
+}
+
+// FuzzValidNameIsThePattern: the hand-written name check accepts exactly what namePattern,
+// the rule the error states, matches.
+func FuzzValidNameIsThePattern(f *testing.F) {
+	for _, s := range []string{"", "a", "process_spawn", "fs.read", "docs-search.v2", "Process", "9lives", "a b", "a:b", "é", strings.Repeat("a", 64), strings.Repeat("a", 65), "a\n", "a\x00"} {
+		f.Add(s)
+	}
+	re := regexp.MustCompile(namePattern)
+	f.Fuzz(func(t *testing.T, name string) {
+		if validName(name) != re.MatchString(name) {
+			t.Fatalf("validName(%q) = %v, the pattern says %v", name, validName(name), re.MatchString(name))
+		}
+	})
 }
 
 func TestMissing(t *testing.T) {
