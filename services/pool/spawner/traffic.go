@@ -308,13 +308,40 @@ func decodeLine(m inMessage) (jsonrpc.Message, error) {
 	return jsonrpc.DecodeMessage(m.line)
 }
 
-// idFromRaw is a request id from its JSON.
+// idFromRaw is a request id from its JSON. The ids the pool's client sends are small
+// integers: those are read without a decode (one per answer), anything else as json reads it.
 func idFromRaw(raw []byte) (jsonrpc.ID, error) {
+	if n, ok := smallInt(raw); ok {
+		return jsonrpc.MakeID(float64(n))
+	}
 	var v any
 	if err := json.Unmarshal(raw, &v); err != nil {
 		return jsonrpc.ID{}, err
 	}
 	return jsonrpc.MakeID(v)
+}
+
+// smallInt reads raw as a JSON integer of at most 15 digits, which a float64 (what json
+// decodes a number to) holds exactly.
+func smallInt(raw []byte) (int64, bool) {
+	digits := raw
+	if len(digits) > 0 && digits[0] == '-' {
+		digits = digits[1:]
+	}
+	if len(digits) == 0 || len(digits) > 15 || digits[0] == '0' && len(digits) > 1 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if len(digits) < len(raw) {
+		n = -n
+	}
+	return n, true
 }
 
 // streamEnded is what ends the connection when the server's output ended or failed: the

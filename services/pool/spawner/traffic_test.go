@@ -376,3 +376,23 @@ func TestABreachEndsTheSessionBeforeTheCallReturns(t *testing.T) {
 		require.ErrorContains(t, s.Err(), "did not send")
 	}
 }
+
+// FuzzIDFromRawIsTheDecoder: an id read without a decode (smallInt) is the id json's decode
+// gives, and whatever smallInt leaves to json is read as before.
+func FuzzIDFromRawIsTheDecoder(f *testing.F) {
+	for _, s := range []string{"0", "7", "-3", "-0", "42", "123456789012345", "-123456789012345", "1234567890123456", "01", "1.5", "1e3", "-", "", `"abc"`, `"7"`, "null", " 7", "7 "} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		got, gotErr := idFromRaw(raw)
+		var v any
+		wantErr := json.Unmarshal(raw, &v)
+		var want jsonrpc.ID
+		if wantErr == nil {
+			want, wantErr = jsonrpc.MakeID(v)
+		}
+		if (gotErr == nil) != (wantErr == nil) || got != want {
+			t.Fatalf("idFromRaw(%q) = %v, %v; the decoder gives %v, %v", raw, got, gotErr, want, wantErr)
+		}
+	})
+}
