@@ -261,7 +261,7 @@ func openPool(t *testing.T, h *harness, dbPath string) *Service {
 }
 
 // openPoolWith is openPool with cfg's store settings (DBPath, Etcd, EtcdRoot, HostID, ...).
-func openPoolWith(t *testing.T, h *harness, cfg Config) *Service {
+func openPoolWith(t testing.TB, h *harness, cfg Config) *Service {
 	t.Helper()
 	sc := spawner.Config{PoolID: h.poolID + "-b", Logger: h.pool.log}
 	backends, err := spawner.DefaultBackends(sc)
