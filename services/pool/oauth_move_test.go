@@ -50,6 +50,25 @@ func etcdValues(t *testing.T, cluster *etcdtest.Cluster, root string) []string {
 	return out
 }
 
+// moving is a pool on bbolt where Alice signed in to tickets, about to move to etcd: its
+// pool.db, the cluster and key space it moves to, and the log of every service.
+type moving struct {
+	*oauthWorld
+	logs     *rftestutil.SyncBuffer
+	cluster  *etcdtest.Cluster
+	root, db string
+	bolt     *Service // open; its caller closes it
+}
+
+func aliceOnBolt(t *testing.T) *moving {
+	m := &moving{logs: &rftestutil.SyncBuffer{}, cluster: etcdtest.Start(t, 1), db: filepath.Join(t.TempDir(), "pool.db")}
+	m.oauthWorld = oauthHarness(t, harnessOpts{logTo: m.logs})
+	m.root = m.cluster.Root()
+	m.bolt = m.openBolt(m.db, m.poolCfg.Secrets)
+	m.signInOn(m.bolt, m.tickets())
+	return m
+}
+
 // TestSignInsMoveToEtcdWithTheirHost: a user's sign-in, a client the pool registered for
 // itself and a pending sign-in in a bbolt pool's pool.db; the host restarts on etcd. The
 // user's token and listing, and the client, are in etcd, sealed as they were: a run calls
@@ -58,17 +77,11 @@ func etcdValues(t *testing.T, cluster *etcdtest.Cluster, root string) []string {
 // since stays dropped), and a move back to bbolt finds no sign-in. No log line and no value
 // in etcd holds a token or a secret in clear.
 func TestSignInsMoveToEtcdWithTheirHost(t *testing.T) {
-	logs := &rftestutil.SyncBuffer{}
-	w := oauthHarness(t, harnessOpts{logTo: logs})
-	cluster := etcdtest.Start(t, 1)
-	root := cluster.Root()
+	w := aliceOnBolt(t)
+	logs, cluster, root, db, p0 := w.logs, w.cluster, w.root, w.db, w.bolt
 	key := w.poolCfg.Secrets
-	db := filepath.Join(t.TempDir(), "pool.db")
 	tenant := auth.DefaultTenant
 	res := w.tickets()
-
-	p0 := w.openBolt(db, key)
-	w.signInOn(p0, res)
 	before, err := p0.userToken(w.ctx, tenant, oauthtest.Alice, res)
 	require.NoError(t, err)
 	require.NotEmpty(t, before.RefreshToken)
@@ -139,17 +152,11 @@ func (w *oauthWorld) pendingHash(authURL string) string {
 // TestSignInMoveKeepsANewerSignInInEtcd: the user signed in again on a host already on etcd
 // before the bbolt host moved: the newer token stands, and pool.db is cleared all the same.
 func TestSignInMoveKeepsANewerSignInInEtcd(t *testing.T) {
-	logs := &rftestutil.SyncBuffer{}
-	w := oauthHarness(t, harnessOpts{logTo: logs})
-	cluster := etcdtest.Start(t, 1)
-	root := cluster.Root()
+	w := aliceOnBolt(t)
+	logs, cluster, root, db, p0 := w.logs, w.cluster, w.root, w.db, w.bolt
 	key := w.poolCfg.Secrets
-	db := filepath.Join(t.TempDir(), "pool.db")
 	tenant := auth.DefaultTenant
 	res := w.tickets()
-
-	p0 := w.openBolt(db, key)
-	w.signInOn(p0, res)
 	_, older, err := p0.readToken(w.ctx, tenant, oauthtest.Alice, "tickets")
 	require.NoError(t, err)
 	require.NoError(t, p0.Close(context.Background()))
