@@ -36,10 +36,16 @@ func oauthHostsKeyed(t testing.TB, opts ...harnessOpts) (*oauthWorld, func(id st
 	cluster := etcdtest.Start(t, 1)
 	root := cluster.Root()
 	return w, func(id string, key *secretbox.Box) *Service {
-		return openPoolWith(t, w.harness, Config{DBPath: filepath.Join(t.TempDir(), "pool.db"), Etcd: cluster.Client(t, "pool"), EtcdRoot: root,
-			HostID: id, HostAddr: "127.0.0.1:1", HostLeaseTTL: time.Second, Peers: unreachable{},
-			Secrets: key, OAuthCallbackURL: testCallback, Now: w.clock.Now})
+		return w.openHost(cluster, root, id, filepath.Join(t.TempDir(), "pool.db"), key)
 	}
+}
+
+// openHost opens pool host id on cluster under root, with its pool.db at db and secrets key
+// key; its caller closes it.
+func (w *oauthWorld) openHost(cluster *etcdtest.Cluster, root, id, db string, key *secretbox.Box) *Service {
+	return openPoolWith(w.t, w.harness, Config{DBPath: db, Etcd: cluster.Client(w.t, "pool"), EtcdRoot: root,
+		HostID: id, HostAddr: "127.0.0.1:1", HostLeaseTTL: time.Second, Peers: unreachable{},
+		Secrets: key, OAuthCallbackURL: testCallback, Now: w.clock.Now})
 }
 
 // twoOAuthHosts is oauthHosts with hosts h1 and h2 open, closed when the test ends.

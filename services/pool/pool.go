@@ -338,8 +338,14 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 			return nil, err
 		}
 		s.host, s.runStore, s.tokens, s.oauth = cfg.HostID, er, er, er
+		// Without a secrets key sign-in is off, and pool.db's sign-ins stay there: nothing
+		// could tell whether the other hosts open them.
 		if cfg.Secrets != nil {
-			if err := checkSecretsKey(ctx, er, cfg.Secrets, cfg.Logger); err != nil {
+			shared, err := checkSecretsKey(ctx, er, cfg.Secrets, cfg.Logger)
+			if err != nil {
+				return nil, err
+			}
+			if err := s.moveSignIns(ctx, er, shared); err != nil {
 				return nil, err
 			}
 		}
@@ -462,20 +468,22 @@ func (s *Service) Close(ctx context.Context) error {
 // checkSecretsKey logs an error when this host's secrets key cannot open what the first pool
 // host sharing etcd sealed with its own: users' tokens and pending sign-ins sealed on one host
 // would not open on the other, so a callback or a run reaching the other would fail. The host
-// starts all the same: nothing else it does needs the key.
-func checkSecretsKey(ctx context.Context, er *store.Etcd, box *secretbox.Box, log *slog.Logger) error {
+// starts all the same: nothing else it does needs the key. shared reports whether the key
+// opens it.
+func checkSecretsKey(ctx context.Context, er *store.Etcd, box *secretbox.Box, log *slog.Logger) (shared bool, err error) {
 	aad := []byte("pool/oauth/secrets_check")
 	first, err := er.SecretsCheck(ctx, box.Seal([]byte("the secrets key of the pool hosts sharing etcd"), aad))
 	if err != nil {
-		return err
+		return false, err
 	}
 	if _, err := box.Open(first, aad); err != nil {
 		log.Error("this pool host's secrets key is not the one the other pool hosts sharing etcd seal users' OAuth tokens and sign-ins with: "+
 			"a sign-in begun on one of them cannot finish here, nor a token they stored be sent from here; give every pool host the same secrets_key_file "+
 			"(a copy of the first host's), or, if every host's key was replaced on purpose, delete the key named here from etcd",
 			"key", er.SecretsCheckKey())
+		return false, nil
 	}
-	return nil
+	return true, nil
 }
 
 func fieldError(field, format string, args ...any) error { return fielderr.New(field, format, args...) }

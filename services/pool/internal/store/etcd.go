@@ -34,9 +34,9 @@ const (
 // etcdMigrations are the etcd layout's schema versions; migrations[i] brings it to i+1.
 var etcdMigrations = []etcdstore.Migration{
 	func(context.Context, *clientv3.Client, etcdstore.Space) error { return nil }, // v1: runs, hosts, agent tokens
-	// v2: users' OAuth sign-ins under oauth/. Nothing moves (each host's pool.db kept its own
-	// until now, and their users sign in again); the version goes up so that an older binary
-	// refuses the space instead of keeping sign-ins that no other host would see.
+	// v2: users' OAuth sign-ins under oauth/. Nothing in etcd moves (a host brings its pool.db's
+	// sign-ins when it starts on etcd: pool's moveSignIns); the version goes up so that an older
+	// binary refuses the space instead of keeping sign-ins that no other host would see.
 	func(context.Context, *clientv3.Client, etcdstore.Space) error { return nil },
 }
 
@@ -84,19 +84,24 @@ func (s *Etcd) CreateRun(ctx context.Context, r Run) error {
 	}
 	key := s.runKey(r.Tenant, r.ID)
 	ops := append([]clientv3.Op{clientv3.OpPut(key, string(val))}, s.indexOps(nil, r)...)
-	var exists bool
-	err = etcdstore.Retry(ctx, func(ctx context.Context) (bool, error) {
-		resp, err := etcdstore.Commit(ctx, s.cli, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}, ops, nil)
-		if err != nil {
-			return false, err
-		}
-		exists = !resp.Succeeded
-		return true, nil
-	})
-	if err == nil && exists {
+	created, err := s.createIfAbsent(ctx, key, ops)
+	if err == nil && !created {
 		return ErrExists
 	}
 	return err
+}
+
+// createIfAbsent commits ops if key does not exist; created reports whether it did not.
+func (s *Etcd) createIfAbsent(ctx context.Context, key string, ops []clientv3.Op) (created bool, err error) {
+	err = etcdstore.Retry(ctx, func(ctx context.Context) (bool, error) {
+		c, err := etcdstore.Commit(ctx, s.cli, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}, ops, nil)
+		if err != nil {
+			return false, err
+		}
+		created = c.Succeeded
+		return true, nil
+	})
+	return created, err
 }
 
 // PutRun records a run's new state, written by the host that owns it: a run another host
