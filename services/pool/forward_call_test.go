@@ -2,17 +2,13 @@ package pool
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"net/http/httptest"
 	"path/filepath"
 	"slices"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -22,7 +18,6 @@ import (
 	poolinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1"
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
-	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
 	"github.com/ringfence/ringfence/internal/mtls"
@@ -94,70 +89,9 @@ func TestAForwardedFrontDoorCallRelaysProgress(t *testing.T) {
 	t.Cleanup(srv.Close)
 	d := &door{h: h, fd: fd, srv: srv, url: srv.URL + "/mcp", run: "fwd"}
 
-	records := func(tool, result, class string) int {
-		n := 0
-		for _, r := range h.audit.Records() {
-			if tc := r.ToolCall; tc != nil && tc.ToolName == tool && tc.Result == result && tc.FailureClass == class {
-				n++
-			}
-		}
-		return n
-	}
 	for _, version := range []string{"2025-11-25", statelessProtocolVersion} {
 		t.Run(version, func(t *testing.T) {
-			var mu sync.Mutex
-			var got []*mcp.ProgressNotificationParams
-			cs := d.connect(t, secret, version, &mcp.ClientOptions{ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
-				mu.Lock()
-				got = append(got, r.Params)
-				mu.Unlock()
-			}})
-			succeeded := records("progress", audit.ResultSucceeded, "")
-			params := &mcp.CallToolParams{Name: "fx__progress", Arguments: map[string]any{"steps": 3, "message": "step"}}
-			params.SetProgressToken("client-token-" + version)
-			res, err := cs.CallTool(t.Context(), params)
-			require.NoError(t, err)
-			require.False(t, res.IsError, "%+v", res.Content)
-			require.Regexp(t, `^rf-progress-\d+$`, textOf(res), "the server saw the owner's own token")
-			// Each report is handed to the client before the next is read, and the response
-			// after the last: they are all there when the call returns (the client's handler
-			// may still be running, so the wait is for it).
-			require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 3 }, 10*time.Second, 10*time.Millisecond)
-			mu.Lock()
-			for i, p := range got {
-				require.Equal(t, "client-token-"+version, p.ProgressToken)
-				require.Equal(t, fmt.Sprintf("step %d", i+1), p.Message)
-				require.Equal(t, float64(i+1), p.Progress)
-			}
-			mu.Unlock()
-			require.NoError(t, owner.Spool().Flush(t.Context()))
-			require.NoError(t, other.Spool().Flush(t.Context()))
-			require.Equal(t, succeeded+1, records("progress", audit.ResultSucceeded, ""), "one record of the call, the owner's")
-
-			// Cancelled through h2: the forwarded stream ends, and with it the call on h1.
-			canceled := records("sleep", audit.ResultFailed, failureCanceled)
-			pending := records("sleep", audit.ResultPending, "")
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error, 1)
-			go func() {
-				_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "fx__sleep", Arguments: map[string]any{"ms": 60000}})
-				done <- err
-			}()
-			require.Eventually(t, func() bool {
-				return owner.Spool().Flush(t.Context()) == nil && records("sleep", audit.ResultPending, "") > pending
-			}, 10*time.Second, 10*time.Millisecond, "the call reached the server")
-			cancel()
-			require.Error(t, <-done)
-			require.Eventually(t, func() bool {
-				return owner.Spool().Flush(t.Context()) == nil && records("sleep", audit.ResultFailed, failureCanceled) > canceled
-			}, 20*time.Second, 50*time.Millisecond, "the owner records the call as cancelled")
-			r, err := owner.lookup(h.ctx, "fwd", "")
-			require.NoError(t, err)
-			r.mu.Lock()
-			sess := r.sessions["fx"]
-			r.mu.Unlock()
-			require.Eventually(t, func() bool { return strings.Count(sess.sess.StderrTail(), "sleep canceled by the client") > canceled },
-				10*time.Second, 20*time.Millisecond, "notifications/cancelled reached the server on the owner")
+			d.requireProgressAndCancellation(t, secret, version, owner, owner, other)
 		})
 	}
 
