@@ -124,7 +124,9 @@ var Rules = map[string]Rule{
 	poolinternalv1.PoolInternalService_GetWarmStatus_FullMethodName: internal(mtls.Registry),
 	// A pool host forwards a request about a run to the host that owns it.
 	poolinternalv1.PoolInternalService_ForwardRun_FullMethodName: internal(mtls.Pool),
-	auditinternalv1.AuditInternalService_Append_FullMethodName:   internal(mtls.Registry, mtls.Publisher, mtls.Pool),
+	// A pool host forwards its MCP front door's calls the same way, streaming progress back.
+	poolinternalv1.PoolInternalService_ForwardCallTool_FullMethodName: internal(mtls.Pool),
+	auditinternalv1.AuditInternalService_Append_FullMethodName:        internal(mtls.Registry, mtls.Publisher, mtls.Pool),
 
 	grpc_health_v1.Health_Check_FullMethodName:                             public,
 	grpc_health_v1.Health_Watch_FullMethodName:                             public,

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +25,7 @@ import (
 	poolinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1"
 	publisherinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/publisher/v1"
 	registryinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1"
+	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/audit"
@@ -360,24 +362,70 @@ func NewPoolHosts(files mtls.Files, tracing *telemetry.Tracing) *PoolHosts {
 
 // ForwardRun forwards a request to the pool host at addr.
 func (p *PoolHosts) ForwardRun(ctx context.Context, addr string, req *poolinternalv1.ForwardRunRequest) (*poolinternalv1.ForwardRunResponse, error) {
+	client, err := p.client(addr)
+	if err != nil {
+		return nil, err
+	}
+	var pr peer.Peer
+	resp, err := client.ForwardRun(ctx, req, grpc.Peer(&pr))
+	if err != nil && pr.Addr == nil {
+		return nil, notReached(addr, err)
+	}
+	return resp, err
+}
+
+// ForwardCallTool forwards a front door's call to the pool host at addr (pool.HostPeers): each
+// progress report the host streams goes to progress before the next is read, and the response
+// ends the call. Returning cancels the stream, and so the call on that host.
+func (p *PoolHosts) ForwardCallTool(ctx context.Context, addr string, req *poolinternalv1.ForwardCallToolRequest, progress func(*poolinternalv1.CallProgress)) (*poolv1.CallToolResponse, error) {
+	client, err := p.client(addr)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var pr peer.Peer
+	stream, err := client.ForwardCallTool(ctx, req, grpc.Peer(&pr))
+	for err == nil {
+		var msg *poolinternalv1.ForwardCallToolResponse
+		if msg, err = stream.Recv(); err != nil {
+			break
+		}
+		switch ev := msg.GetEvent().(type) {
+		case *poolinternalv1.ForwardCallToolResponse_Progress:
+			progress(ev.Progress)
+		case *poolinternalv1.ForwardCallToolResponse_Response:
+			return ev.Response, nil
+		}
+	}
+	if errors.Is(err, io.EOF) {
+		return nil, status.Errorf(codes.Internal, "peers: the pool host at %s ended the call's stream without its response", addr)
+	}
+	if pr.Addr == nil {
+		return nil, notReached(addr, err)
+	}
+	return nil, err
+}
+
+// client is the internal API of the pool host at addr, on a connection dialed on first use.
+func (p *PoolHosts) client(addr string) (poolinternalv1.PoolInternalServiceClient, error) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	conn, ok := p.conns[addr]
 	if !ok {
 		var err error
 		if conn, err = Dial(mtls.Pool, addr, p.files, p.tracing); err != nil {
-			p.mu.Unlock()
 			return nil, err
 		}
 		p.conns[addr] = conn
 	}
-	p.mu.Unlock()
-	var pr peer.Peer
-	resp, err := poolinternalv1.NewPoolInternalServiceClient(conn).ForwardRun(ctx, req, grpc.Peer(&pr))
-	if err != nil && pr.Addr == nil {
-		// Never reached the host: not its answer, so not its status either.
-		return nil, fmt.Errorf("peers: the pool host at %s cannot be reached: %s", addr, status.Convert(err).Message())
-	}
-	return resp, err
+	return poolinternalv1.NewPoolInternalServiceClient(conn), nil
+}
+
+// notReached is the error of a request that never reached the host: not its answer, so not
+// its status either.
+func notReached(addr string, err error) error {
+	return fmt.Errorf("peers: the pool host at %s cannot be reached: %s", addr, status.Convert(err).Message())
 }
 
 // Close closes every connection.

@@ -15,15 +15,15 @@ import (
 )
 
 // In-process callers of the pool's Go API (the MCP front door) reach a run on another pool host
-// too: ListAgentTools, CallTool, ApproveCall and DenyCall forward a request for a run this host
-// does not own through ForwardRun, as the public API's handlers do, and turn the owner's
-// answer back into the Go types. The gRPC handlers forward the request they received as it is
-// (forwardOr), so they mark their context and these methods leave it to them.
+// too: ListAgentTools, ApproveCall and DenyCall forward a request for a run this host does not
+// own through ForwardRun, as the public API's handlers do, and CallTool through
+// ForwardCallTool, which streams the server's progress reports back to the receiver in the
+// call's context (spawner.WithProgress) while the call runs; each turns the owner's answer back
+// into the Go types. The gRPC handlers forward the request they received as it is (forwardOr),
+// so they mark their context and these methods leave it to them.
 //
-// What a forwarded front-door call does not carry: the server's progress notifications (the
-// call is one request and one answer between the hosts), and a server's JSON-RPC error code
-// (it comes back as a failure that may have taken effect, which the front door answers as a
-// tool error).
+// What a forwarded front-door call does not carry: a server's JSON-RPC error code (it comes
+// back as a failure that may have taken effect, which the front door answers as a tool error).
 
 // grpcHandlerKey marks a request a public gRPC handler serves: it forwards itself.
 type grpcHandlerKey struct{}
@@ -42,7 +42,7 @@ func (s *Service) elsewhereFor(ctx context.Context, err error) *elsewhereError {
 	return e
 }
 
-// callElsewhere is CallTool on the run's owner.
+// callElsewhere is CallTool on the run's owner; cancelling ctx cancels it there.
 func (s *Service) callElsewhere(ctx context.Context, e *elsewhereError, req CallRequest) (*CallResult, error) {
 	preq := &poolv1.CallToolRequest{RunId: req.RunID, Tenant: req.Tenant, Agent: req.Agent, Tool: req.Tool, CallId: req.CallID}
 	if len(req.Arguments) > 0 {
@@ -51,11 +51,11 @@ func (s *Service) callElsewhere(ctx context.Context, e *elsewhereError, req Call
 			return nil, fieldError("arguments", "must be a JSON object")
 		}
 	}
-	var resp poolv1.CallToolResponse
-	if err := s.forward(ctx, e, poolv1.PoolService_CallTool_FullMethodName, preq, &resp); err != nil {
+	resp, err := s.forwardCall(ctx, e, preq)
+	if err != nil {
 		return nil, callErrorFromStatus(err)
 	}
-	return callFromProto(&resp), nil
+	return callFromProto(resp), nil
 }
 
 // callFromProto is callToProto's inverse.

@@ -312,60 +312,74 @@ func TestFrontDoorProgressAndCancellation(t *testing.T) {
 	_, secret := d.token(t)
 	for _, version := range []string{"2025-11-25", statelessProtocolVersion} {
 		t.Run(version, func(t *testing.T) {
-			var mu sync.Mutex
-			var got []*mcp.ProgressNotificationParams
-			cs := d.connect(t, secret, version, &mcp.ClientOptions{ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
-				mu.Lock()
-				got = append(got, r.Params)
-				mu.Unlock()
-			}})
-			params := &mcp.CallToolParams{Name: "fx__progress", Arguments: map[string]any{"steps": 3, "message": "step"}}
-			params.SetProgressToken("client-token-" + version)
-			res, err := cs.CallTool(t.Context(), params)
-			require.NoError(t, err)
-			require.Regexp(t, `^rf-progress-\d+$`, textOf(res), "the server saw the pool's own token")
-			require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 3 }, 10*time.Second, 10*time.Millisecond)
-			mu.Lock()
-			for i, p := range got {
-				require.Equal(t, "client-token-"+version, p.ProgressToken)
-				require.Equal(t, fmt.Sprintf("step %d", i+1), p.Message)
-				require.Equal(t, float64(i+1), p.Progress)
-			}
-			mu.Unlock()
-
-			// Read while calls are in flight: the spool flushed, no wait for outcomes.
-			sleeps := func(result, class string) int {
-				require.NoError(t, d.h.pool.Spool().Flush(t.Context()))
-				n := 0
-				for _, r := range d.h.audit.Records() {
-					if tc := r.ToolCall; tc != nil && tc.ToolName == "sleep" && tc.Result == result && tc.FailureClass == class {
-						n++
-					}
-				}
-				return n
-			}
-			canceled := sleeps(audit.ResultFailed, failureCanceled)
-			before := sleeps(audit.ResultPending, "")
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error, 1)
-			go func() {
-				_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "fx__sleep", Arguments: map[string]any{"ms": 60000}})
-				done <- err
-			}()
-			require.Eventually(t, func() bool { return sleeps(audit.ResultPending, "") > before }, 10*time.Second, 10*time.Millisecond, "the call reached the server")
-			cancel()
-			require.Error(t, <-done)
-			require.Eventually(t, func() bool { return sleeps(audit.ResultFailed, failureCanceled) > canceled }, 20*time.Second, 50*time.Millisecond,
-				"the call is recorded as cancelled")
-			r, err := d.h.pool.lookup(d.h.ctx, d.run, "")
-			require.NoError(t, err)
-			r.mu.Lock()
-			sess := r.sessions["fx"]
-			r.mu.Unlock()
-			require.Eventually(t, func() bool { return strings.Count(sess.sess.StderrTail(), "sleep canceled by the client") > canceled },
-				10*time.Second, 20*time.Millisecond, "notifications/cancelled reached the server")
+			d.requireProgressAndCancellation(t, secret, version, d.h.pool, d.h.pool)
 		})
 	}
+}
+
+// requireProgressAndCancellation checks, through the door at version with an agent token of
+// its run, that a call of fx__progress gets the server's every report under the client's own
+// token and is recorded once; and that a call of fx__sleep the client cancels is cancelled at
+// the server, in owner's session, and recorded as cancelled. The records reach the harness's
+// audit log through the spools of hosts.
+func (d *door) requireProgressAndCancellation(t *testing.T, secret, version string, owner *Service, hosts ...*Service) {
+	records := func(tool, result, class string) int {
+		for _, p := range hosts {
+			require.NoError(t, p.Spool().Flush(t.Context()))
+		}
+		n := 0
+		for _, r := range d.h.audit.Records() {
+			if tc := r.ToolCall; tc != nil && tc.ToolName == tool && tc.Result == result && tc.FailureClass == class {
+				n++
+			}
+		}
+		return n
+	}
+	var mu sync.Mutex
+	var got []*mcp.ProgressNotificationParams
+	cs := d.connect(t, secret, version, &mcp.ClientOptions{ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
+		mu.Lock()
+		got = append(got, r.Params)
+		mu.Unlock()
+	}})
+	succeeded := records("progress", audit.ResultSucceeded, "")
+	params := &mcp.CallToolParams{Name: "fx__progress", Arguments: map[string]any{"steps": 3, "message": "step"}}
+	params.SetProgressToken("client-token-" + version)
+	res, err := cs.CallTool(t.Context(), params)
+	require.NoError(t, err)
+	require.False(t, res.IsError, "%+v", res.Content)
+	require.Regexp(t, `^rf-progress-\d+$`, textOf(res), "the server saw the pool's own token")
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 3 }, 10*time.Second, 10*time.Millisecond)
+	mu.Lock()
+	for i, p := range got {
+		require.Equal(t, "client-token-"+version, p.ProgressToken)
+		require.Equal(t, fmt.Sprintf("step %d", i+1), p.Message)
+		require.Equal(t, float64(i+1), p.Progress)
+	}
+	mu.Unlock()
+	require.Equal(t, succeeded+1, records("progress", audit.ResultSucceeded, ""), "one record of the call")
+
+	// Read while calls are in flight: the spools flushed, no wait for outcomes.
+	canceled := records("sleep", audit.ResultFailed, failureCanceled)
+	before := records("sleep", audit.ResultPending, "")
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "fx__sleep", Arguments: map[string]any{"ms": 60000}})
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return records("sleep", audit.ResultPending, "") > before }, 10*time.Second, 10*time.Millisecond, "the call reached the server")
+	cancel()
+	require.Error(t, <-done)
+	require.Eventually(t, func() bool { return records("sleep", audit.ResultFailed, failureCanceled) > canceled }, 20*time.Second, 50*time.Millisecond,
+		"the call is recorded as cancelled")
+	r, err := owner.lookup(d.h.ctx, d.run, "")
+	require.NoError(t, err)
+	r.mu.Lock()
+	sess := r.sessions["fx"]
+	r.mu.Unlock()
+	require.Eventually(t, func() bool { return strings.Count(sess.sess.StderrTail(), "sleep canceled by the client") > canceled },
+		10*time.Second, 20*time.Millisecond, "notifications/cancelled reached the server")
 }
 
 // TestFrontDoorApprovals: a call that asks a person first is put to the client's user when

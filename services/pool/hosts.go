@@ -16,12 +16,14 @@ import (
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
+	"github.com/ringfence/ringfence/services/pool/spawner"
 )
 
 // Several pool hosts share one etcd cluster (store.backend=etcd). Each registers itself under a
 // lease (its id, the address of its internal plane, its capacity); each run is owned by one
 // host, written in its record. A request about a run that reaches another host is forwarded to
-// the owner over the internal plane (ForwardRun), as the caller's, and served there through
+// the owner over the internal plane (ForwardRun; ForwardCallTool for a call of the MCP front
+// door, which streams the server's progress back), as the caller's, and served there through
 // the same gates. When a host's lease expires, any live host fails its runs with the reason,
 // and ResumeRun re-homes such a run on a live host, with fresh sessions.
 
@@ -31,6 +33,10 @@ const DefaultHostLeaseTTL = 10 * time.Second
 // HostPeers reaches other pool hosts' internal plane (peers.PoolHosts over mutual TLS).
 type HostPeers interface {
 	ForwardRun(ctx context.Context, addr string, req *poolinternalv1.ForwardRunRequest) (*poolinternalv1.ForwardRunResponse, error)
+	// ForwardCallTool makes a front door's call on the host at addr and returns its response,
+	// handing each progress report the host streams meanwhile to progress, one at a time on
+	// the calling goroutine, before reading the next; cancelling ctx cancels the call there.
+	ForwardCallTool(ctx context.Context, addr string, req *poolinternalv1.ForwardCallToolRequest, progress func(*poolinternalv1.CallProgress)) (*poolv1.CallToolResponse, error)
 }
 
 // errRunElsewhere: the run (or, for StartRun, the placement) is another host's.
@@ -207,21 +213,7 @@ func isForwarded(ctx context.Context) bool { return ctx.Value(forwardedKey{}) !=
 // forward sends req, a public PoolService request for method, to the host e names, as the
 // caller's, and decodes its answer into resp. The owner's errors come back as they are.
 func (s *Service) forward(ctx context.Context, e *elsewhereError, method string, req, resp proto.Message) error {
-	if isForwarded(ctx) {
-		return status.Error(codes.Unavailable, "pool: the run moved to another pool host while this request travelled to it: send it again")
-	}
-	h, err := s.hosts.runs.Host(ctx, e.host)
-	if errors.Is(err, store.ErrNotFound) {
-		return status.Errorf(codes.Unavailable, "pool: the run's pool host %s does not answer (its lease lapsed): within pool.host_lease_ttl (%s) its runs fail, and ResumeRun then re-homes them on a live host", e.host, s.hosts.ttl)
-	}
-	if err != nil {
-		return s.errors.Status(ctx, err)
-	}
-	p, err := auth.PrincipalFrom(ctx)
-	if err != nil {
-		return err
-	}
-	tenant, err := auth.TenantFrom(ctx)
+	addr, caller, tenant, err := s.forwardTo(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -229,26 +221,80 @@ func (s *Service) forward(ctx context.Context, e *elsewhereError, method string,
 	if err != nil {
 		return s.errors.Status(ctx, err)
 	}
-	perms := make([]string, len(p.Permissions))
-	for i, perm := range p.Permissions {
-		perms[i] = string(perm)
-	}
-	out, err := s.hosts.peers.ForwardRun(ctx, h.Addr, &poolinternalv1.ForwardRunRequest{
-		Method: method, Request: body, Tenant: tenant,
-		Caller: &poolinternalv1.Caller{KeyId: p.KeyID, KeyName: p.KeyName, Role: p.Role, Permissions: perms,
-			KeyTenant: p.Tenant, Service: p.Service, AgentToken: p.AgentToken},
-	})
+	out, err := s.hosts.peers.ForwardRun(ctx, addr, &poolinternalv1.ForwardRunRequest{Method: method, Request: body, Tenant: tenant, Caller: caller})
 	if err != nil {
-		if _, ok := status.FromError(err); ok {
-			return err
-		}
-		return status.Errorf(codes.Unavailable, "pool: the run's pool host %s does not answer (%v): if it stopped, its runs fail within pool.host_lease_ttl (%s), and ResumeRun then re-homes them on a live host", e.host, err, s.hosts.ttl)
+		return s.notAnswered(e, err)
 	}
 	if err := proto.Unmarshal(out.GetResponse(), resp); err != nil {
 		return status.Errorf(codes.Internal, "pool: pool host %s answered what does not decode as %T", e.host, resp)
 	}
 	s.metrics.forwarded.Inc()
 	return nil
+}
+
+// forwardCall is forward for a front door's CallTool (ForwardCallTool): the server's progress
+// reports reach the receiver in ctx (spawner.WithProgress), when there is one, as they reach
+// it on the owner.
+func (s *Service) forwardCall(ctx context.Context, e *elsewhereError, req *poolv1.CallToolRequest) (*poolv1.CallToolResponse, error) {
+	addr, caller, tenant, err := s.forwardTo(ctx, e)
+	if err != nil {
+		return nil, err
+	}
+	fn := spawner.ProgressFrom(ctx)
+	progress := func(*poolinternalv1.CallProgress) {}
+	if fn != nil {
+		// The same bound as on the owner: reports the receiver is not ready for are dropped,
+		// so the stream is read at once and a slow client holds up neither host.
+		relay := spawner.NewProgressRelay(fn)
+		defer relay.Close() // before the response is handed on: the reports come first
+		progress = func(p *poolinternalv1.CallProgress) {
+			relay.Deliver(spawner.Progress{Progress: p.GetProgress(), Total: p.GetTotal(), Message: p.GetMessage()})
+		}
+	}
+	resp, err := s.hosts.peers.ForwardCallTool(ctx, addr, &poolinternalv1.ForwardCallToolRequest{Request: req, Caller: caller, Tenant: tenant, Progress: fn != nil}, progress)
+	if err != nil {
+		return nil, s.notAnswered(e, err)
+	}
+	s.metrics.forwarded.Inc()
+	return resp, nil
+}
+
+// forwardTo is where and as whom a request goes to the host e names: the host's address, the
+// caller and the tenant this host resolved. A request that was forwarded here is not sent on.
+func (s *Service) forwardTo(ctx context.Context, e *elsewhereError) (addr string, caller *poolinternalv1.Caller, tenant string, err error) {
+	if isForwarded(ctx) {
+		return "", nil, "", status.Error(codes.Unavailable, "pool: the run moved to another pool host while this request travelled to it: send it again")
+	}
+	h, err := s.hosts.runs.Host(ctx, e.host)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil, "", status.Errorf(codes.Unavailable, "pool: the run's pool host %s does not answer (its lease lapsed): within pool.host_lease_ttl (%s) its runs fail, and ResumeRun then re-homes them on a live host", e.host, s.hosts.ttl)
+	}
+	if err != nil {
+		return "", nil, "", s.errors.Status(ctx, err)
+	}
+	p, err := auth.PrincipalFrom(ctx)
+	if err != nil {
+		return "", nil, "", err
+	}
+	if tenant, err = auth.TenantFrom(ctx); err != nil {
+		return "", nil, "", err
+	}
+	perms := make([]string, len(p.Permissions))
+	for i, perm := range p.Permissions {
+		perms[i] = string(perm)
+	}
+	caller = &poolinternalv1.Caller{KeyId: p.KeyID, KeyName: p.KeyName, Role: p.Role, Permissions: perms,
+		KeyTenant: p.Tenant, Service: p.Service, AgentToken: p.AgentToken}
+	return h.Addr, caller, tenant, nil
+}
+
+// notAnswered is a forwarded request's error: the owner's status as it is, or UNAVAILABLE
+// naming the host when it was never reached.
+func (s *Service) notAnswered(e *elsewhereError, err error) error {
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return status.Errorf(codes.Unavailable, "pool: the run's pool host %s does not answer (%v): if it stopped, its runs fail within pool.host_lease_ttl (%s), and ResumeRun then re-homes them on a live host", e.host, err, s.hosts.ttl)
 }
 
 // tokenDecides says a forwarded ApproveCall or DenyCall that an agent token made decides a
@@ -301,9 +347,8 @@ func (s *Service) approver(ctx context.Context, p auth.Principal, tenant, runID 
 
 // callerContext is the context a forwarded request is served in: the caller and the tenant
 // the receiving host resolved, marked as forwarded.
-func callerContext(ctx context.Context, req *poolinternalv1.ForwardRunRequest) (context.Context, error) {
-	c := req.GetCaller()
-	if c == nil || req.GetTenant() == "" {
+func callerContext(ctx context.Context, c *poolinternalv1.Caller, tenant string) (context.Context, error) {
+	if c == nil || tenant == "" {
 		return nil, status.Error(codes.InvalidArgument, "pool: a forwarded request names its caller and tenant")
 	}
 	p := auth.Principal{KeyID: c.GetKeyId(), KeyName: c.GetKeyName(), Role: c.GetRole(), Tenant: c.GetKeyTenant(),
@@ -311,6 +356,6 @@ func callerContext(ctx context.Context, req *poolinternalv1.ForwardRunRequest) (
 	for _, perm := range c.GetPermissions() {
 		p.Permissions = append(p.Permissions, auth.Permission(perm))
 	}
-	ctx = auth.WithTenancy(auth.WithPrincipal(ctx, p), auth.Tenancy{Tenant: req.GetTenant()})
+	ctx = auth.WithTenancy(auth.WithPrincipal(ctx, p), auth.Tenancy{Tenant: tenant})
 	return context.WithValue(ctx, forwardedKey{}, true), nil
 }

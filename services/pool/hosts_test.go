@@ -64,6 +64,10 @@ func (unreachable) ForwardRun(context.Context, string, *poolinternalv1.ForwardRu
 	return nil, errors.New("unreachable in this test")
 }
 
+func (unreachable) ForwardCallTool(context.Context, string, *poolinternalv1.ForwardCallToolRequest, func(*poolinternalv1.CallProgress)) (*poolv1.CallToolResponse, error) {
+	return nil, errors.New("unreachable in this test")
+}
+
 // openHost opens a pool host on the cluster's root.
 func openHost(t *testing.T, h *harness, cluster *etcdtest.Cluster, root, id string, maxRuns int) *Service {
 	return openPoolWith(t, h, Config{DBPath: filepath.Join(t.TempDir(), "pool.db"), Etcd: cluster.Client(t, "pool"), EtcdRoot: root,

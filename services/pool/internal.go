@@ -2,7 +2,9 @@ package pool
 
 import (
 	"context"
+	"sync"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -15,14 +17,17 @@ import (
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/mtls"
+	"github.com/ringfence/ringfence/services/pool/spawner"
 )
 
 // InternalServer serves the pool's internal API (ringfence.internal.pool.v1) on a split
 // binary's internal listener: discovery for the control plane, and its warm containers for the
-// registry, and requests other pool hosts forward to the owner of their run (ForwardRun).
+// registry, and requests other pool hosts forward to the owner of their run (ForwardRun, and
+// ForwardCallTool for their front doors' calls).
 type InternalServer struct {
 	poolinternalv1.UnsafePoolInternalServiceServer
 	svc     *Service
+	calls   *Server
 	forward map[string]func(context.Context, []byte) (proto.Message, error)
 }
 
@@ -30,7 +35,8 @@ var _ poolinternalv1.PoolInternalServiceServer = (*InternalServer)(nil)
 
 // NewInternalServer wraps the service's internal API for gRPC.
 func NewInternalServer(svc *Service) *InternalServer {
-	return &InternalServer{svc: svc, forward: forwardable(NewServer(svc))}
+	calls := NewServer(svc)
+	return &InternalServer{svc: svc, calls: calls, forward: forwardable(calls)}
 }
 
 // Discover implements PoolInternalService.Discover.
@@ -136,26 +142,15 @@ func served[Req any, PReq interface {
 }
 
 // ForwardRun implements PoolInternalService.ForwardRun: a request another pool host received
-// and authorized, served here as its caller's. The caller's permission for the method and
-// tenant binding are checked again, so a pool certificate alone never widens what a caller may
-// do.
+// and authorized, served here as its caller's.
 func (g *InternalServer) ForwardRun(ctx context.Context, req *poolinternalv1.ForwardRunRequest) (*poolinternalv1.ForwardRunResponse, error) {
 	h, ok := g.forward[req.GetMethod()]
 	if !ok {
 		return nil, status.Errorf(codes.InvalidArgument, "pool: %s is not a request pool hosts forward", fielderr.Quote(req.GetMethod()))
 	}
-	ctx, err := callerContext(ctx, req)
+	ctx, err := g.forwardedCaller(ctx, req.GetCaller(), req.GetTenant(), req.GetMethod(), req.GetRequest())
 	if err != nil {
 		return nil, err
-	}
-	p, _ := auth.FromContext(ctx)
-	rule := auth.Rules[req.GetMethod()]
-	allowed := p.Has(rule.Permission) && (p.Tenant == "" || p.Tenant == req.GetTenant())
-	if !allowed && p.AgentToken != "" {
-		allowed = g.svc.tokenDecides(ctx, p, req.GetTenant(), req.GetMethod(), req.GetRequest())
-	}
-	if !allowed {
-		return nil, status.Errorf(codes.PermissionDenied, "pool: the forwarded caller %s may not make this request in tenant %q", p.Actor(), req.GetTenant())
 	}
 	resp, err := h(ctx, req.GetRequest())
 	if err != nil {
@@ -166,4 +161,60 @@ func (g *InternalServer) ForwardRun(ctx context.Context, req *poolinternalv1.For
 		return nil, g.svc.errors.Status(ctx, err)
 	}
 	return &poolinternalv1.ForwardRunResponse{Response: body}, nil
+}
+
+// ForwardCallTool implements PoolInternalService.ForwardCallTool: a front door's call another
+// pool host received, served here as its caller's through the public handler, as ForwardRun
+// serves it, with the server's progress reports sent on the stream while the call runs.
+// The reports come from the session's relay (spawner.WithProgress), one at a time, and it
+// drops those that come faster than the stream takes them: a receiving host that reads slowly
+// holds up the stream, never this host's memory.
+func (g *InternalServer) ForwardCallTool(req *poolinternalv1.ForwardCallToolRequest, stream grpc.ServerStreamingServer[poolinternalv1.ForwardCallToolResponse]) error {
+	ctx, err := g.forwardedCaller(stream.Context(), req.GetCaller(), req.GetTenant(), poolv1.PoolService_CallTool_FullMethodName, nil)
+	if err != nil {
+		return err
+	}
+	// mu orders the relay's sends before the response's: a stream takes one sender at a time,
+	// and nothing follows the response.
+	var mu sync.Mutex
+	answered := false
+	if req.GetProgress() {
+		ctx = spawner.WithProgress(ctx, func(p spawner.Progress) {
+			mu.Lock()
+			defer mu.Unlock()
+			if answered {
+				return
+			}
+			_ = stream.Send(&poolinternalv1.ForwardCallToolResponse{Event: &poolinternalv1.ForwardCallToolResponse_Progress{
+				Progress: &poolinternalv1.CallProgress{Progress: p.Progress, Total: p.Total, Message: p.Message}}})
+		})
+	}
+	resp, err := g.calls.CallTool(ctx, req.GetRequest())
+	mu.Lock()
+	defer mu.Unlock()
+	answered = true
+	if err != nil {
+		return err
+	}
+	return stream.Send(&poolinternalv1.ForwardCallToolResponse{Event: &poolinternalv1.ForwardCallToolResponse_Response{Response: resp}})
+}
+
+// forwardedCaller is the context a forwarded request for method is served in, as its caller's
+// (callerContext), once the caller's permission for the method and tenant binding are checked
+// again, so a pool certificate alone never widens what a caller may do. body is the request,
+// for an agent token's approval decision.
+func (g *InternalServer) forwardedCaller(ctx context.Context, c *poolinternalv1.Caller, tenant, method string, body []byte) (context.Context, error) {
+	ctx, err := callerContext(ctx, c, tenant)
+	if err != nil {
+		return nil, err
+	}
+	p, _ := auth.FromContext(ctx)
+	allowed := p.Has(auth.Rules[method].Permission) && (p.Tenant == "" || p.Tenant == tenant)
+	if !allowed && p.AgentToken != "" {
+		allowed = g.svc.tokenDecides(ctx, p, tenant, method, body)
+	}
+	if !allowed {
+		return nil, status.Errorf(codes.PermissionDenied, "pool: the forwarded caller %s may not make this request in tenant %q", p.Actor(), tenant)
+	}
+	return ctx, nil
 }

@@ -31,7 +31,9 @@ func WithProgress(ctx context.Context, fn func(Progress)) context.Context {
 	return context.WithValue(ctx, progressKey{}, fn)
 }
 
-func progressFrom(ctx context.Context) func(Progress) {
+// ProgressFrom is the receiver WithProgress put in ctx, or nil: a pool host that forwards a
+// call to the run's owner relays the owner's reports to it.
+func ProgressFrom(ctx context.Context) func(Progress) {
 	fn, _ := ctx.Value(progressKey{}).(func(Progress))
 	return fn
 }
@@ -39,39 +41,69 @@ func progressFrom(ctx context.Context) func(Progress) {
 // progressQueue is how many reports wait for a slow receiver before more are dropped.
 const progressQueue = 16
 
-// progressRoutes maps the progress tokens of a session's calls in flight to their receivers.
+// ProgressRelay hands reports to a receiver on a goroutine of its own, one at a time; reports
+// that come while progressQueue wait are dropped, so a slow receiver never holds up the sender
+// and never makes it queue without bound. A pool host that forwards a call relays the owner's
+// reports through one, as a session relays its server's.
+type ProgressRelay struct {
+	ch   chan Progress
+	done chan struct{}
+}
+
+// NewProgressRelay starts a relay to fn; Close ends it.
+func NewProgressRelay(fn func(Progress)) *ProgressRelay {
+	r := &ProgressRelay{ch: make(chan Progress, progressQueue), done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		for u := range r.ch {
+			fn(u)
+		}
+	}()
+	return r
+}
+
+// Deliver queues a report, or drops it when the queue is full. It never blocks, and must not
+// be called once Close was.
+func (r *ProgressRelay) Deliver(u Progress) {
+	select {
+	case r.ch <- u:
+	default:
+	}
+}
+
+// Close ends the relay once the reports queued have been handed over.
+func (r *ProgressRelay) Close() {
+	close(r.ch)
+	<-r.done
+}
+
+// progressRoutes maps the progress tokens of a session's calls in flight to their relays.
 type progressRoutes struct {
 	mu     sync.Mutex
 	next   uint64
-	routes map[string]chan Progress
+	routes map[string]*ProgressRelay
 }
 
 // open registers a call's receiver and returns the token to send with the call, and closeFn,
 // which ends the delivery once the call has its answer (and waits for fn's last report).
 func (p *progressRoutes) open(fn func(Progress), safe func(string) string) (token string, closeFn func()) {
-	ch := make(chan Progress, progressQueue)
+	relay := NewProgressRelay(func(u Progress) {
+		u.Message = safe(u.Message)
+		fn(u)
+	})
 	p.mu.Lock()
 	p.next++
 	token = "rf-progress-" + strconv.FormatUint(p.next, 10)
 	if p.routes == nil {
-		p.routes = make(map[string]chan Progress)
+		p.routes = make(map[string]*ProgressRelay)
 	}
-	p.routes[token] = ch
+	p.routes[token] = relay
 	p.mu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for u := range ch {
-			u.Message = safe(u.Message)
-			fn(u)
-		}
-	}()
 	return token, func() {
 		p.mu.Lock()
-		delete(p.routes, token)
-		close(ch)
+		delete(p.routes, token) // deliver finds it no more: nothing is queued after Close
 		p.mu.Unlock()
-		<-done
+		relay.Close()
 	}
 }
 
@@ -85,18 +117,15 @@ func (p *progressRoutes) deliver(params *mcp.ProgressNotificationParams) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if ch, ok := p.routes[token]; ok {
-		select {
-		case ch <- Progress{Progress: params.Progress, Total: params.Total, Message: params.Message}:
-		default:
-		}
+	if relay, ok := p.routes[token]; ok {
+		relay.Deliver(Progress{Progress: params.Progress, Total: params.Total, Message: params.Message})
 	}
 }
 
 // withProgress sets a call's progress token when ctx carries a receiver, and returns what ends
 // the delivery (a no-op without one).
 func (s *Session) withProgress(ctx context.Context, params *mcp.CallToolParams) func() {
-	fn := progressFrom(ctx)
+	fn := ProgressFrom(ctx)
 	if fn == nil {
 		return func() {}
 	}

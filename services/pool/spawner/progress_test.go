@@ -3,8 +3,10 @@ package spawner
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
@@ -58,4 +60,33 @@ func TestProgressReachesItsCallerAlone(t *testing.T) {
 	// A report naming a token no call holds goes nowhere.
 	s.guard.progress.deliver(&mcp.ProgressNotificationParams{ProgressToken: token, Progress: 9})
 	require.Len(t, got, 3)
+}
+
+// TestAProgressRelayDropsWhatItsReceiverIsNotReadyFor: while the receiver is busy, reports
+// beyond progressQueue are dropped rather than queued, Deliver never waits, and the ones that
+// get through keep their order; Close hands over what was queued.
+func TestAProgressRelayDropsWhatItsReceiverIsNotReadyFor(t *testing.T) {
+	release := make(chan struct{})
+	var got []float64
+	relay := NewProgressRelay(func(p Progress) {
+		<-release
+		got = append(got, p.Progress)
+	})
+	delivered := make(chan struct{})
+	go func() {
+		defer close(delivered)
+		for i := 1; i <= 100*progressQueue; i++ {
+			relay.Deliver(Progress{Progress: float64(i)})
+		}
+	}()
+	select {
+	case <-delivered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Deliver waited for a busy receiver")
+	}
+	close(release)
+	relay.Close()
+	require.NotEmpty(t, got)
+	require.LessOrEqual(t, len(got), progressQueue+1, "the queue, and the one report the receiver held")
+	require.True(t, slices.IsSorted(got), "%v", got)
 }

@@ -6,14 +6,16 @@
 
 // The pool's internal API: served only on ringfence-pool's internal listener (mutual TLS
 // only), never on the public port. Pool hosts sharing etcd also call each other here: a request
-// about a run that reaches a host that does not own it is forwarded to the owner (ForwardRun).
+// about a run that reaches a host that does not own it is forwarded to the owner (ForwardRun;
+// ForwardCallTool for a call of the MCP front door).
 
 package poolinternalv1
 
 import (
-	v11 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1"
-	v12 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
-	v1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
+	v12 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1"
+	v1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
+	v13 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	v11 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -239,12 +241,231 @@ func (x *ForwardRunResponse) GetResponse() []byte {
 	return nil
 }
 
+// ForwardCallToolRequest is a front door's CallTool as the receiving host authorized it.
+type ForwardCallToolRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Request *v1.CallToolRequest    `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
+	// caller is who made it (an agent token's principal), and tenant the tenant the receiving
+	// host resolved for it.
+	Caller *Caller `protobuf:"bytes,2,opt,name=caller,proto3" json:"caller,omitempty"`
+	Tenant string  `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// progress asks for the server's progress reports: the front door's client gave a progress
+	// token. Without it the stream carries the response alone.
+	Progress      bool `protobuf:"varint,4,opt,name=progress,proto3" json:"progress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardCallToolRequest) Reset() {
+	*x = ForwardCallToolRequest{}
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardCallToolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardCallToolRequest) ProtoMessage() {}
+
+func (x *ForwardCallToolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardCallToolRequest.ProtoReflect.Descriptor instead.
+func (*ForwardCallToolRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ForwardCallToolRequest) GetRequest() *v1.CallToolRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *ForwardCallToolRequest) GetCaller() *Caller {
+	if x != nil {
+		return x.Caller
+	}
+	return nil
+}
+
+func (x *ForwardCallToolRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ForwardCallToolRequest) GetProgress() bool {
+	if x != nil {
+		return x.Progress
+	}
+	return false
+}
+
+// ForwardCallToolResponse is one message of the stream: a progress report, or the response
+// (the last message).
+type ForwardCallToolResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*ForwardCallToolResponse_Progress
+	//	*ForwardCallToolResponse_Response
+	Event         isForwardCallToolResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardCallToolResponse) Reset() {
+	*x = ForwardCallToolResponse{}
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardCallToolResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardCallToolResponse) ProtoMessage() {}
+
+func (x *ForwardCallToolResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardCallToolResponse.ProtoReflect.Descriptor instead.
+func (*ForwardCallToolResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ForwardCallToolResponse) GetEvent() isForwardCallToolResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *ForwardCallToolResponse) GetProgress() *CallProgress {
+	if x != nil {
+		if x, ok := x.Event.(*ForwardCallToolResponse_Progress); ok {
+			return x.Progress
+		}
+	}
+	return nil
+}
+
+func (x *ForwardCallToolResponse) GetResponse() *v1.CallToolResponse {
+	if x != nil {
+		if x, ok := x.Event.(*ForwardCallToolResponse_Response); ok {
+			return x.Response
+		}
+	}
+	return nil
+}
+
+type isForwardCallToolResponse_Event interface {
+	isForwardCallToolResponse_Event()
+}
+
+type ForwardCallToolResponse_Progress struct {
+	Progress *CallProgress `protobuf:"bytes,1,opt,name=progress,proto3,oneof"`
+}
+
+type ForwardCallToolResponse_Response struct {
+	Response *v1.CallToolResponse `protobuf:"bytes,2,opt,name=response,proto3,oneof"`
+}
+
+func (*ForwardCallToolResponse_Progress) isForwardCallToolResponse_Event() {}
+
+func (*ForwardCallToolResponse_Response) isForwardCallToolResponse_Event() {}
+
+// CallProgress is one of the server's progress reports (notifications/progress) as the owner
+// relays it: its message made safe (the session's secrets masked), never the server's token.
+type CallProgress struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Progress      float64                `protobuf:"fixed64,1,opt,name=progress,proto3" json:"progress,omitempty"`
+	Total         float64                `protobuf:"fixed64,2,opt,name=total,proto3" json:"total,omitempty"`
+	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallProgress) Reset() {
+	*x = CallProgress{}
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallProgress) ProtoMessage() {}
+
+func (x *CallProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallProgress.ProtoReflect.Descriptor instead.
+func (*CallProgress) Descriptor() ([]byte, []int) {
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *CallProgress) GetProgress() float64 {
+	if x != nil {
+		return x.Progress
+	}
+	return 0
+}
+
+func (x *CallProgress) GetTotal() float64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *CallProgress) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // DiscoverRequest names a registered server and, for ExploreServer, one call to make after
 // the listing.
 type DiscoverRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	ServerRef string                 `protobuf:"bytes,1,opt,name=server_ref,json=serverRef,proto3" json:"server_ref,omitempty"`
-	Call      *v1.ExploreCall        `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
+	Call      *v11.ExploreCall       `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
 	// tenant and actor_key_id say whose explore call it is, for the audit record; actor names
 	// the caller as a person reads it (auth.Principal.Actor: "key:ops (operator, key_…)") and is
 	// the record's agent_node.
@@ -253,7 +474,7 @@ type DiscoverRequest struct {
 	Actor      string `protobuf:"bytes,6,opt,name=actor,proto3" json:"actor,omitempty"`
 	// adhoc, when set, is an ad-hoc server the registry validated and resolved, explored
 	// instead of a registration (secrets in clear, as ResolveServer returns them).
-	Adhoc *v11.ResolveServerResponse `protobuf:"bytes,5,opt,name=adhoc,proto3" json:"adhoc,omitempty"`
+	Adhoc *v12.ResolveServerResponse `protobuf:"bytes,5,opt,name=adhoc,proto3" json:"adhoc,omitempty"`
 	// user, for a server that signs each user in, is the user of tenant whose token lists the
 	// tools (the publisher's import for that user; docs/oauth.md).
 	User          string `protobuf:"bytes,7,opt,name=user,proto3" json:"user,omitempty"`
@@ -263,7 +484,7 @@ type DiscoverRequest struct {
 
 func (x *DiscoverRequest) Reset() {
 	*x = DiscoverRequest{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[3]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -275,7 +496,7 @@ func (x *DiscoverRequest) String() string {
 func (*DiscoverRequest) ProtoMessage() {}
 
 func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[3]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -288,7 +509,7 @@ func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverRequest.ProtoReflect.Descriptor instead.
 func (*DiscoverRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{3}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DiscoverRequest) GetServerRef() string {
@@ -298,7 +519,7 @@ func (x *DiscoverRequest) GetServerRef() string {
 	return ""
 }
 
-func (x *DiscoverRequest) GetCall() *v1.ExploreCall {
+func (x *DiscoverRequest) GetCall() *v11.ExploreCall {
 	if x != nil {
 		return x.Call
 	}
@@ -326,7 +547,7 @@ func (x *DiscoverRequest) GetActor() string {
 	return ""
 }
 
-func (x *DiscoverRequest) GetAdhoc() *v11.ResolveServerResponse {
+func (x *DiscoverRequest) GetAdhoc() *v12.ResolveServerResponse {
 	if x != nil {
 		return x.Adhoc
 	}
@@ -343,18 +564,18 @@ func (x *DiscoverRequest) GetUser() string {
 // DiscoverResponse is the server's listing.
 type DiscoverResponse struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
-	Tools           []*v1.ToolDeclaration  `protobuf:"bytes,1,rep,name=tools,proto3" json:"tools,omitempty"`
-	ListingFindings []*v1.Finding          `protobuf:"bytes,2,rep,name=listing_findings,json=listingFindings,proto3" json:"listing_findings,omitempty"`
+	Tools           []*v11.ToolDeclaration `protobuf:"bytes,1,rep,name=tools,proto3" json:"tools,omitempty"`
+	ListingFindings []*v11.Finding         `protobuf:"bytes,2,rep,name=listing_findings,json=listingFindings,proto3" json:"listing_findings,omitempty"`
 	// registration_revision is the registration the listing was taken under.
-	RegistrationRevision int64                 `protobuf:"varint,3,opt,name=registration_revision,json=registrationRevision,proto3" json:"registration_revision,omitempty"`
-	Call                 *v1.ExploreCallResult `protobuf:"bytes,4,opt,name=call,proto3" json:"call,omitempty"`
+	RegistrationRevision int64                  `protobuf:"varint,3,opt,name=registration_revision,json=registrationRevision,proto3" json:"registration_revision,omitempty"`
+	Call                 *v11.ExploreCallResult `protobuf:"bytes,4,opt,name=call,proto3" json:"call,omitempty"`
 	unknownFields        protoimpl.UnknownFields
 	sizeCache            protoimpl.SizeCache
 }
 
 func (x *DiscoverResponse) Reset() {
 	*x = DiscoverResponse{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[4]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -366,7 +587,7 @@ func (x *DiscoverResponse) String() string {
 func (*DiscoverResponse) ProtoMessage() {}
 
 func (x *DiscoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[4]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -379,17 +600,17 @@ func (x *DiscoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverResponse.ProtoReflect.Descriptor instead.
 func (*DiscoverResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{4}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{7}
 }
 
-func (x *DiscoverResponse) GetTools() []*v1.ToolDeclaration {
+func (x *DiscoverResponse) GetTools() []*v11.ToolDeclaration {
 	if x != nil {
 		return x.Tools
 	}
 	return nil
 }
 
-func (x *DiscoverResponse) GetListingFindings() []*v1.Finding {
+func (x *DiscoverResponse) GetListingFindings() []*v11.Finding {
 	if x != nil {
 		return x.ListingFindings
 	}
@@ -403,7 +624,7 @@ func (x *DiscoverResponse) GetRegistrationRevision() int64 {
 	return 0
 }
 
-func (x *DiscoverResponse) GetCall() *v1.ExploreCallResult {
+func (x *DiscoverResponse) GetCall() *v11.ExploreCallResult {
 	if x != nil {
 		return x.Call
 	}
@@ -420,7 +641,7 @@ type GetWarmStatusRequest struct {
 
 func (x *GetWarmStatusRequest) Reset() {
 	*x = GetWarmStatusRequest{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[5]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -432,7 +653,7 @@ func (x *GetWarmStatusRequest) String() string {
 func (*GetWarmStatusRequest) ProtoMessage() {}
 
 func (x *GetWarmStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[5]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -445,7 +666,7 @@ func (x *GetWarmStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWarmStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetWarmStatusRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{5}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetWarmStatusRequest) GetServerRefs() []string {
@@ -459,14 +680,14 @@ func (x *GetWarmStatusRequest) GetServerRefs() []string {
 // for maps to zeros).
 type GetWarmStatusResponse struct {
 	state         protoimpl.MessageState     `protogen:"open.v1"`
-	Warm          map[string]*v12.WarmStatus `protobuf:"bytes,1,rep,name=warm,proto3" json:"warm,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Warm          map[string]*v13.WarmStatus `protobuf:"bytes,1,rep,name=warm,proto3" json:"warm,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetWarmStatusResponse) Reset() {
 	*x = GetWarmStatusResponse{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[6]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -478,7 +699,7 @@ func (x *GetWarmStatusResponse) String() string {
 func (*GetWarmStatusResponse) ProtoMessage() {}
 
 func (x *GetWarmStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[6]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -491,10 +712,10 @@ func (x *GetWarmStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWarmStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetWarmStatusResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{6}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{9}
 }
 
-func (x *GetWarmStatusResponse) GetWarm() map[string]*v12.WarmStatus {
+func (x *GetWarmStatusResponse) GetWarm() map[string]*v13.WarmStatus {
 	if x != nil {
 		return x.Warm
 	}
@@ -505,7 +726,7 @@ var File_ringfence_internal_pool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_ringfence_internal_pool_v1_pool_proto_rawDesc = "" +
 	"\n" +
-	"%ringfence/internal/pool/v1/pool.proto\x12\x1aringfence.internal.pool.v1\x1a-ringfence/internal/registry/v1/registry.proto\x1a$ringfence/registry/v1/registry.proto\x1a\x1dringfence/types/v1/tool.proto\"\x99\x01\n" +
+	"%ringfence/internal/pool/v1/pool.proto\x12\x1aringfence.internal.pool.v1\x1a-ringfence/internal/registry/v1/registry.proto\x1a\x1cringfence/pool/v1/pool.proto\x1a$ringfence/registry/v1/registry.proto\x1a\x1dringfence/types/v1/tool.proto\"\x99\x01\n" +
 	"\x11ForwardRunRequest\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\tR\x06method\x12\x18\n" +
 	"\arequest\x18\x02 \x01(\fR\arequest\x12:\n" +
@@ -522,7 +743,20 @@ const file_ringfence_internal_pool_v1_pool_proto_rawDesc = "" +
 	"\vagent_token\x18\a \x01(\tR\n" +
 	"agentToken\"0\n" +
 	"\x12ForwardRunResponse\x12\x1a\n" +
-	"\bresponse\x18\x01 \x01(\fR\bresponse\"\x96\x02\n" +
+	"\bresponse\x18\x01 \x01(\fR\bresponse\"\xc6\x01\n" +
+	"\x16ForwardCallToolRequest\x12<\n" +
+	"\arequest\x18\x01 \x01(\v2\".ringfence.pool.v1.CallToolRequestR\arequest\x12:\n" +
+	"\x06caller\x18\x02 \x01(\v2\".ringfence.internal.pool.v1.CallerR\x06caller\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\bprogress\x18\x04 \x01(\bR\bprogress\"\xad\x01\n" +
+	"\x17ForwardCallToolResponse\x12F\n" +
+	"\bprogress\x18\x01 \x01(\v2(.ringfence.internal.pool.v1.CallProgressH\x00R\bprogress\x12A\n" +
+	"\bresponse\x18\x02 \x01(\v2#.ringfence.pool.v1.CallToolResponseH\x00R\bresponseB\a\n" +
+	"\x05event\"Z\n" +
+	"\fCallProgress\x12\x1a\n" +
+	"\bprogress\x18\x01 \x01(\x01R\bprogress\x12\x14\n" +
+	"\x05total\x18\x02 \x01(\x01R\x05total\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\x96\x02\n" +
 	"\x0fDiscoverRequest\x12\x1d\n" +
 	"\n" +
 	"server_ref\x18\x01 \x01(\tR\tserverRef\x123\n" +
@@ -545,12 +779,13 @@ const file_ringfence_internal_pool_v1_pool_proto_rawDesc = "" +
 	"\x04warm\x18\x01 \x03(\v2;.ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntryR\x04warm\x1aZ\n" +
 	"\tWarmEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x127\n" +
-	"\x05value\x18\x02 \x01(\v2!.ringfence.registry.v1.WarmStatusR\x05value:\x028\x012\xdf\x02\n" +
+	"\x05value\x18\x02 \x01(\v2!.ringfence.registry.v1.WarmStatusR\x05value:\x028\x012\xdd\x03\n" +
 	"\x13PoolInternalService\x12e\n" +
 	"\bDiscover\x12+.ringfence.internal.pool.v1.DiscoverRequest\x1a,.ringfence.internal.pool.v1.DiscoverResponse\x12t\n" +
 	"\rGetWarmStatus\x120.ringfence.internal.pool.v1.GetWarmStatusRequest\x1a1.ringfence.internal.pool.v1.GetWarmStatusResponse\x12k\n" +
 	"\n" +
-	"ForwardRun\x12-.ringfence.internal.pool.v1.ForwardRunRequest\x1a..ringfence.internal.pool.v1.ForwardRunResponseB\x8a\x02\n" +
+	"ForwardRun\x12-.ringfence.internal.pool.v1.ForwardRunRequest\x1a..ringfence.internal.pool.v1.ForwardRunResponse\x12|\n" +
+	"\x0fForwardCallTool\x122.ringfence.internal.pool.v1.ForwardCallToolRequest\x1a3.ringfence.internal.pool.v1.ForwardCallToolResponse0\x01B\x8a\x02\n" +
 	"\x1ecom.ringfence.internal.pool.v1B\tPoolProtoP\x01ZRgithub.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1;poolinternalv1\xa2\x02\x03RIP\xaa\x02\x1aRingfence.Internal.Pool.V1\xca\x02\x1aRingfence\\Internal\\Pool\\V1\xe2\x02&Ringfence\\Internal\\Pool\\V1\\GPBMetadata\xea\x02\x1dRingfence::Internal::Pool::V1b\x06proto3"
 
 var (
@@ -565,43 +800,54 @@ func file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP() []byte {
 	return file_ringfence_internal_pool_v1_pool_proto_rawDescData
 }
 
-var file_ringfence_internal_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_ringfence_internal_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_ringfence_internal_pool_v1_pool_proto_goTypes = []any{
 	(*ForwardRunRequest)(nil),         // 0: ringfence.internal.pool.v1.ForwardRunRequest
 	(*Caller)(nil),                    // 1: ringfence.internal.pool.v1.Caller
 	(*ForwardRunResponse)(nil),        // 2: ringfence.internal.pool.v1.ForwardRunResponse
-	(*DiscoverRequest)(nil),           // 3: ringfence.internal.pool.v1.DiscoverRequest
-	(*DiscoverResponse)(nil),          // 4: ringfence.internal.pool.v1.DiscoverResponse
-	(*GetWarmStatusRequest)(nil),      // 5: ringfence.internal.pool.v1.GetWarmStatusRequest
-	(*GetWarmStatusResponse)(nil),     // 6: ringfence.internal.pool.v1.GetWarmStatusResponse
-	nil,                               // 7: ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry
-	(*v1.ExploreCall)(nil),            // 8: ringfence.types.v1.ExploreCall
-	(*v11.ResolveServerResponse)(nil), // 9: ringfence.internal.registry.v1.ResolveServerResponse
-	(*v1.ToolDeclaration)(nil),        // 10: ringfence.types.v1.ToolDeclaration
-	(*v1.Finding)(nil),                // 11: ringfence.types.v1.Finding
-	(*v1.ExploreCallResult)(nil),      // 12: ringfence.types.v1.ExploreCallResult
-	(*v12.WarmStatus)(nil),            // 13: ringfence.registry.v1.WarmStatus
+	(*ForwardCallToolRequest)(nil),    // 3: ringfence.internal.pool.v1.ForwardCallToolRequest
+	(*ForwardCallToolResponse)(nil),   // 4: ringfence.internal.pool.v1.ForwardCallToolResponse
+	(*CallProgress)(nil),              // 5: ringfence.internal.pool.v1.CallProgress
+	(*DiscoverRequest)(nil),           // 6: ringfence.internal.pool.v1.DiscoverRequest
+	(*DiscoverResponse)(nil),          // 7: ringfence.internal.pool.v1.DiscoverResponse
+	(*GetWarmStatusRequest)(nil),      // 8: ringfence.internal.pool.v1.GetWarmStatusRequest
+	(*GetWarmStatusResponse)(nil),     // 9: ringfence.internal.pool.v1.GetWarmStatusResponse
+	nil,                               // 10: ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry
+	(*v1.CallToolRequest)(nil),        // 11: ringfence.pool.v1.CallToolRequest
+	(*v1.CallToolResponse)(nil),       // 12: ringfence.pool.v1.CallToolResponse
+	(*v11.ExploreCall)(nil),           // 13: ringfence.types.v1.ExploreCall
+	(*v12.ResolveServerResponse)(nil), // 14: ringfence.internal.registry.v1.ResolveServerResponse
+	(*v11.ToolDeclaration)(nil),       // 15: ringfence.types.v1.ToolDeclaration
+	(*v11.Finding)(nil),               // 16: ringfence.types.v1.Finding
+	(*v11.ExploreCallResult)(nil),     // 17: ringfence.types.v1.ExploreCallResult
+	(*v13.WarmStatus)(nil),            // 18: ringfence.registry.v1.WarmStatus
 }
 var file_ringfence_internal_pool_v1_pool_proto_depIdxs = []int32{
 	1,  // 0: ringfence.internal.pool.v1.ForwardRunRequest.caller:type_name -> ringfence.internal.pool.v1.Caller
-	8,  // 1: ringfence.internal.pool.v1.DiscoverRequest.call:type_name -> ringfence.types.v1.ExploreCall
-	9,  // 2: ringfence.internal.pool.v1.DiscoverRequest.adhoc:type_name -> ringfence.internal.registry.v1.ResolveServerResponse
-	10, // 3: ringfence.internal.pool.v1.DiscoverResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	11, // 4: ringfence.internal.pool.v1.DiscoverResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	12, // 5: ringfence.internal.pool.v1.DiscoverResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
-	7,  // 6: ringfence.internal.pool.v1.GetWarmStatusResponse.warm:type_name -> ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry
-	13, // 7: ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry.value:type_name -> ringfence.registry.v1.WarmStatus
-	3,  // 8: ringfence.internal.pool.v1.PoolInternalService.Discover:input_type -> ringfence.internal.pool.v1.DiscoverRequest
-	5,  // 9: ringfence.internal.pool.v1.PoolInternalService.GetWarmStatus:input_type -> ringfence.internal.pool.v1.GetWarmStatusRequest
-	0,  // 10: ringfence.internal.pool.v1.PoolInternalService.ForwardRun:input_type -> ringfence.internal.pool.v1.ForwardRunRequest
-	4,  // 11: ringfence.internal.pool.v1.PoolInternalService.Discover:output_type -> ringfence.internal.pool.v1.DiscoverResponse
-	6,  // 12: ringfence.internal.pool.v1.PoolInternalService.GetWarmStatus:output_type -> ringfence.internal.pool.v1.GetWarmStatusResponse
-	2,  // 13: ringfence.internal.pool.v1.PoolInternalService.ForwardRun:output_type -> ringfence.internal.pool.v1.ForwardRunResponse
-	11, // [11:14] is the sub-list for method output_type
-	8,  // [8:11] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	11, // 1: ringfence.internal.pool.v1.ForwardCallToolRequest.request:type_name -> ringfence.pool.v1.CallToolRequest
+	1,  // 2: ringfence.internal.pool.v1.ForwardCallToolRequest.caller:type_name -> ringfence.internal.pool.v1.Caller
+	5,  // 3: ringfence.internal.pool.v1.ForwardCallToolResponse.progress:type_name -> ringfence.internal.pool.v1.CallProgress
+	12, // 4: ringfence.internal.pool.v1.ForwardCallToolResponse.response:type_name -> ringfence.pool.v1.CallToolResponse
+	13, // 5: ringfence.internal.pool.v1.DiscoverRequest.call:type_name -> ringfence.types.v1.ExploreCall
+	14, // 6: ringfence.internal.pool.v1.DiscoverRequest.adhoc:type_name -> ringfence.internal.registry.v1.ResolveServerResponse
+	15, // 7: ringfence.internal.pool.v1.DiscoverResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	16, // 8: ringfence.internal.pool.v1.DiscoverResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	17, // 9: ringfence.internal.pool.v1.DiscoverResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
+	10, // 10: ringfence.internal.pool.v1.GetWarmStatusResponse.warm:type_name -> ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry
+	18, // 11: ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry.value:type_name -> ringfence.registry.v1.WarmStatus
+	6,  // 12: ringfence.internal.pool.v1.PoolInternalService.Discover:input_type -> ringfence.internal.pool.v1.DiscoverRequest
+	8,  // 13: ringfence.internal.pool.v1.PoolInternalService.GetWarmStatus:input_type -> ringfence.internal.pool.v1.GetWarmStatusRequest
+	0,  // 14: ringfence.internal.pool.v1.PoolInternalService.ForwardRun:input_type -> ringfence.internal.pool.v1.ForwardRunRequest
+	3,  // 15: ringfence.internal.pool.v1.PoolInternalService.ForwardCallTool:input_type -> ringfence.internal.pool.v1.ForwardCallToolRequest
+	7,  // 16: ringfence.internal.pool.v1.PoolInternalService.Discover:output_type -> ringfence.internal.pool.v1.DiscoverResponse
+	9,  // 17: ringfence.internal.pool.v1.PoolInternalService.GetWarmStatus:output_type -> ringfence.internal.pool.v1.GetWarmStatusResponse
+	2,  // 18: ringfence.internal.pool.v1.PoolInternalService.ForwardRun:output_type -> ringfence.internal.pool.v1.ForwardRunResponse
+	4,  // 19: ringfence.internal.pool.v1.PoolInternalService.ForwardCallTool:output_type -> ringfence.internal.pool.v1.ForwardCallToolResponse
+	16, // [16:20] is the sub-list for method output_type
+	12, // [12:16] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_internal_pool_v1_pool_proto_init() }
@@ -609,13 +855,17 @@ func file_ringfence_internal_pool_v1_pool_proto_init() {
 	if File_ringfence_internal_pool_v1_pool_proto != nil {
 		return
 	}
+	file_ringfence_internal_pool_v1_pool_proto_msgTypes[4].OneofWrappers = []any{
+		(*ForwardCallToolResponse_Progress)(nil),
+		(*ForwardCallToolResponse_Response)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_internal_pool_v1_pool_proto_rawDesc), len(file_ringfence_internal_pool_v1_pool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

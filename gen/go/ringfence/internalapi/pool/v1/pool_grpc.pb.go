@@ -6,7 +6,8 @@
 
 // The pool's internal API: served only on ringfence-pool's internal listener (mutual TLS
 // only), never on the public port. Pool hosts sharing etcd also call each other here: a request
-// about a run that reaches a host that does not own it is forwarded to the owner (ForwardRun).
+// about a run that reaches a host that does not own it is forwarded to the owner (ForwardRun;
+// ForwardCallTool for a call of the MCP front door).
 
 package poolinternalv1
 
@@ -23,9 +24,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PoolInternalService_Discover_FullMethodName      = "/ringfence.internal.pool.v1.PoolInternalService/Discover"
-	PoolInternalService_GetWarmStatus_FullMethodName = "/ringfence.internal.pool.v1.PoolInternalService/GetWarmStatus"
-	PoolInternalService_ForwardRun_FullMethodName    = "/ringfence.internal.pool.v1.PoolInternalService/ForwardRun"
+	PoolInternalService_Discover_FullMethodName        = "/ringfence.internal.pool.v1.PoolInternalService/Discover"
+	PoolInternalService_GetWarmStatus_FullMethodName   = "/ringfence.internal.pool.v1.PoolInternalService/GetWarmStatus"
+	PoolInternalService_ForwardRun_FullMethodName      = "/ringfence.internal.pool.v1.PoolInternalService/ForwardRun"
+	PoolInternalService_ForwardCallTool_FullMethodName = "/ringfence.internal.pool.v1.PoolInternalService/ForwardCallTool"
 )
 
 // PoolInternalServiceClient is the client API for PoolInternalService service.
@@ -55,6 +57,16 @@ type PoolInternalServiceClient interface {
 	// INVALID_ARGUMENT (a method that is not forwarded, or a request that does not decode);
 	// UNAVAILABLE (the run moved while the request travelled: send it again).
 	ForwardRun(ctx context.Context, in *ForwardRunRequest, opts ...grpc.CallOption) (*ForwardRunResponse, error)
+	// ForwardCallTool serves a CallTool of the MCP front door of another pool host, for a run
+	// this host owns, as ForwardRun serves one (the caller's permission checked again, the same
+	// gates, one audit record here, never forwarded again), and streams while the call runs: the
+	// server's progress reports, when asked for, then the call's response as the last message.
+	// A refused or failed call ends the stream with CallTool's status instead. The caller
+	// cancelling the stream cancels the call.
+	// Caller: a pool's service certificate only. Codes: those of PoolService.CallTool;
+	// INVALID_ARGUMENT (no caller or tenant); UNAVAILABLE (the run moved while the request
+	// travelled: send it again).
+	ForwardCallTool(ctx context.Context, in *ForwardCallToolRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ForwardCallToolResponse], error)
 }
 
 type poolInternalServiceClient struct {
@@ -95,6 +107,25 @@ func (c *poolInternalServiceClient) ForwardRun(ctx context.Context, in *ForwardR
 	return out, nil
 }
 
+func (c *poolInternalServiceClient) ForwardCallTool(ctx context.Context, in *ForwardCallToolRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ForwardCallToolResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &PoolInternalService_ServiceDesc.Streams[0], PoolInternalService_ForwardCallTool_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ForwardCallToolRequest, ForwardCallToolResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PoolInternalService_ForwardCallToolClient = grpc.ServerStreamingClient[ForwardCallToolResponse]
+
 // PoolInternalServiceServer is the server API for PoolInternalService service.
 // All implementations must embed UnimplementedPoolInternalServiceServer
 // for forward compatibility.
@@ -122,6 +153,16 @@ type PoolInternalServiceServer interface {
 	// INVALID_ARGUMENT (a method that is not forwarded, or a request that does not decode);
 	// UNAVAILABLE (the run moved while the request travelled: send it again).
 	ForwardRun(context.Context, *ForwardRunRequest) (*ForwardRunResponse, error)
+	// ForwardCallTool serves a CallTool of the MCP front door of another pool host, for a run
+	// this host owns, as ForwardRun serves one (the caller's permission checked again, the same
+	// gates, one audit record here, never forwarded again), and streams while the call runs: the
+	// server's progress reports, when asked for, then the call's response as the last message.
+	// A refused or failed call ends the stream with CallTool's status instead. The caller
+	// cancelling the stream cancels the call.
+	// Caller: a pool's service certificate only. Codes: those of PoolService.CallTool;
+	// INVALID_ARGUMENT (no caller or tenant); UNAVAILABLE (the run moved while the request
+	// travelled: send it again).
+	ForwardCallTool(*ForwardCallToolRequest, grpc.ServerStreamingServer[ForwardCallToolResponse]) error
 	mustEmbedUnimplementedPoolInternalServiceServer()
 }
 
@@ -140,6 +181,9 @@ func (UnimplementedPoolInternalServiceServer) GetWarmStatus(context.Context, *Ge
 }
 func (UnimplementedPoolInternalServiceServer) ForwardRun(context.Context, *ForwardRunRequest) (*ForwardRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ForwardRun not implemented")
+}
+func (UnimplementedPoolInternalServiceServer) ForwardCallTool(*ForwardCallToolRequest, grpc.ServerStreamingServer[ForwardCallToolResponse]) error {
+	return status.Error(codes.Unimplemented, "method ForwardCallTool not implemented")
 }
 func (UnimplementedPoolInternalServiceServer) mustEmbedUnimplementedPoolInternalServiceServer() {}
 func (UnimplementedPoolInternalServiceServer) testEmbeddedByValue()                             {}
@@ -216,6 +260,17 @@ func _PoolInternalService_ForwardRun_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PoolInternalService_ForwardCallTool_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ForwardCallToolRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(PoolInternalServiceServer).ForwardCallTool(m, &grpc.GenericServerStream[ForwardCallToolRequest, ForwardCallToolResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PoolInternalService_ForwardCallToolServer = grpc.ServerStreamingServer[ForwardCallToolResponse]
+
 // PoolInternalService_ServiceDesc is the grpc.ServiceDesc for PoolInternalService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -236,6 +291,12 @@ var PoolInternalService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _PoolInternalService_ForwardRun_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "ForwardCallTool",
+			Handler:       _PoolInternalService_ForwardCallTool_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "ringfence/internal/pool/v1/pool.proto",
 }
