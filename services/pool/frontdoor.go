@@ -223,6 +223,9 @@ func (f *FrontDoor) keepFollowing(ctx context.Context, key runKey) {
 		delete(f.follows, key)
 		f.mu.Unlock()
 	}()
+	// On return the watch is cancelled, then waited for.
+	var running sync.WaitGroup
+	defer running.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var opened atomic.Bool
@@ -233,7 +236,7 @@ func (f *FrontDoor) keepFollowing(ctx context.Context, key runKey) {
 	done := make(chan error, 1)
 	watch := func() {
 		opened.Store(false)
-		go func() { done <- f.svc.followElsewhere(ctx, key, changed) }()
+		running.Go(func() { done <- f.svc.followElsewhere(ctx, key, changed) })
 	}
 	watch()
 	check := time.NewTicker(followCheck)
@@ -243,16 +246,9 @@ func (f *FrontDoor) keepFollowing(ctx context.Context, key runKey) {
 	for {
 		select {
 		case <-ctx.Done():
-			if retry == nil {
-				<-done
-			}
 			return
 		case <-check.C:
 			if f.runSessions(key) == 0 {
-				cancel()
-				if retry == nil {
-					<-done
-				}
 				return
 			}
 			continue
