@@ -75,7 +75,8 @@ func TestAForwardedFrontDoorCallAnswersWithTheServersError(t *testing.T) {
 // TestAnotherHostsFrontDoorHearsListChanged: a session at the front door of a host that does
 // not own its run is told tools/list_changed when tool_search loads tools on the owner (here
 // through the owner's API), through one watch of the run, whatever its sessions; the watch
-// ends when the host's last session of the run closes, and when the run ends.
+// ends when the host's last session of the run closes, when the owner stops, and when the run
+// ends.
 func TestAnotherHostsFrontDoorHearsListChanged(t *testing.T) {
 	h, hosts, _ := servedHosts(t)
 	h.publish("deferred", []string{"a"}, []imp{{server: "fx", agent: "a", tools: []string{"peek"}}}, func(d *publisherv1.Graph) {
@@ -136,9 +137,14 @@ func TestAnotherHostsFrontDoorHearsListChanged(t *testing.T) {
 	require.NoError(t, second.Close())
 	require.Eventually(t, watching(0), 10*time.Second, 10*time.Millisecond, "the watch ends with the sessions")
 
-	// A new session watches again; the run ends: the watch ends though the session stays.
+	// A new session watches again. The owner stops: it ends the watches it serves and takes no
+	// more, which the other host tries again, as long as the run is the owner's.
 	doors[other].connect(t, secret, "2025-11-25", opts)
 	require.Eventually(t, watching(1), 10*time.Second, 10*time.Millisecond)
+	owner.EndListingWatches()
+	require.Eventually(t, func() bool { return owner.servedWatches() == 0 && other.heldWatches.Load() == 0 && follows() == 1 },
+		10*time.Second, 10*time.Millisecond, "the owner's watches end as it stops")
+	// The run ends: the watch ends though the session stays.
 	_, err = owner.EndRun(h.ctx, "deferred", "", StateCompleted, "done")
 	require.NoError(t, err)
 	require.Eventually(t, watching(0), 10*time.Second, 10*time.Millisecond, "the watch ends with the run")

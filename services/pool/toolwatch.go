@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -90,6 +91,8 @@ func (w *toolWatch) take() []*poolinternalv1.AgentToolsChange {
 type listingWatches struct {
 	mu    sync.Mutex
 	byRun map[runKey]map[*toolWatch]struct{}
+	// stopping: the host stops, and serves no more (EndListingWatches).
+	stopping bool
 }
 
 // watchListings starts a watch of the listings of a run this host owns (WatchAgentTools).
@@ -119,6 +122,9 @@ func (s *Service) watchListings(ctx context.Context, tenant, runID string) (*too
 	}
 	s.toolWatches.mu.Lock()
 	defer s.toolWatches.mu.Unlock()
+	if s.toolWatches.stopping {
+		return nil, errHostStopping
+	}
 	ws := s.toolWatches.byRun[key]
 	if len(ws) >= maxRunWatches {
 		return nil, status.Errorf(codes.ResourceExhausted, "pool: run %s has %d listing watches open, the most it may: close one", runID, maxRunWatches)
@@ -153,6 +159,22 @@ func (s *Service) endListingWatches(key runKey, why error) {
 		close(w.gone)
 	}
 	delete(s.toolWatches.byRun, key)
+}
+
+// errHostStopping ends the watches a host serves when it stops.
+var errHostStopping = status.Error(codes.Unavailable, "pool: this pool host is stopping: look the run's owner up again")
+
+// EndListingWatches ends every WatchAgentTools stream this host serves, and refuses new ones: it stops (the binary
+// calls it as its graceful stop begins, which would wait for them otherwise). The watching
+// hosts open them again where the runs are then.
+func (s *Service) EndListingWatches() {
+	s.toolWatches.mu.Lock()
+	s.toolWatches.stopping = true
+	keys := slices.Collect(maps.Keys(s.toolWatches.byRun))
+	s.toolWatches.mu.Unlock()
+	for _, key := range keys {
+		s.endListingWatches(key, errHostStopping)
+	}
 }
 
 // listingChanged hands a change of a run's listings to the watches of the run.

@@ -74,11 +74,12 @@ type PoolInternalServiceClient interface {
 	// agents its MCP front door has sessions for, and tells them notifications/tools/list_changed
 	// as the owner's front door tells its own. The first message carries no change: the watch
 	// is in place. Changes that wait for the stream are merged (each agent and server once; past
-	// 64, one change of every agent). The stream ends when the run ends or leaves this host.
+	// 64, one change of every agent). The stream ends when the run ends or leaves this host, or
+	// this host stops.
 	// Caller: a pool's service certificate only. Codes: INVALID_ARGUMENT (no tenant or run id),
 	// NOT_FOUND (no such run), FAILED_PRECONDITION (the run ended), UNAVAILABLE (the run is
-	// another host's, or left this one: look its owner up again), RESOURCE_EXHAUSTED (the run
-	// has 64 watches open).
+	// another host's, or left this one, or this host stops: look its owner up again),
+	// RESOURCE_EXHAUSTED (the run has 64 watches open).
 	WatchAgentTools(ctx context.Context, in *WatchAgentToolsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchAgentToolsResponse], error)
 }
 
@@ -201,11 +202,12 @@ type PoolInternalServiceServer interface {
 	// agents its MCP front door has sessions for, and tells them notifications/tools/list_changed
 	// as the owner's front door tells its own. The first message carries no change: the watch
 	// is in place. Changes that wait for the stream are merged (each agent and server once; past
-	// 64, one change of every agent). The stream ends when the run ends or leaves this host.
+	// 64, one change of every agent). The stream ends when the run ends or leaves this host, or
+	// this host stops.
 	// Caller: a pool's service certificate only. Codes: INVALID_ARGUMENT (no tenant or run id),
 	// NOT_FOUND (no such run), FAILED_PRECONDITION (the run ended), UNAVAILABLE (the run is
-	// another host's, or left this one: look its owner up again), RESOURCE_EXHAUSTED (the run
-	// has 64 watches open).
+	// another host's, or left this one, or this host stops: look its owner up again),
+	// RESOURCE_EXHAUSTED (the run has 64 watches open).
 	WatchAgentTools(*WatchAgentToolsRequest, grpc.ServerStreamingServer[WatchAgentToolsResponse]) error
 	mustEmbedUnimplementedPoolInternalServiceServer()
 }
