@@ -1,9 +1,12 @@
 package tests
 
 import (
+	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -113,14 +116,32 @@ func (d *poolHosts) must(r result) string {
 	return r.Stdout
 }
 
-// mcpSession connects an MCP client to the front door at url with an agent token.
-func (d *poolHosts) mcpSession(t *testing.T, url, token string) *mcp.ClientSession {
+// mcpSession connects an MCP client with opts to the front door at url with an agent token.
+func (d *poolHosts) mcpSession(t *testing.T, url, token string, opts *mcp.ClientOptions) *mcp.ClientSession {
 	hc := trustingClient(t, filepath.Join(d.certs, "ca.pem"))
 	hc.Transport = bearerToken{token: token, next: hc.Transport}
-	session, err := mcp.NewClient(&mcp.Implementation{Name: "hosts-e2e", Version: "1"}, nil).
+	session, err := mcp.NewClient(&mcp.Implementation{Name: "hosts-e2e", Version: "1"}, opts).
 		Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc}, nil)
 	require.NoError(t, err)
 	return session
+}
+
+// metric is the value of a gauge on the /metrics of a pool host, -1 when it has none.
+func (d *poolHosts) metric(t *testing.T, host, name string) int {
+	p := d.pools[host]
+	resp, err := p.HTTP.Get(p.HTTPBase + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
+			n, err := strconv.Atoi(v)
+			require.NoError(t, err)
+			return n
+		}
+	}
+	return -1
 }
 
 // bearerToken adds an agent token to every request.
@@ -197,7 +218,9 @@ func TestTwoPoolHostsShareEtcd(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(d.must(d.cli("p2", "runs", "connect", "--run", "first", "--agent", "a", "-o", "json"))), &conn))
 	require.Equal(t, "https://"+d.pools["p1"].HTTPAddr+"/mcp", conn.URL)
 	require.Contains(t, d.must(d.cli("p1", "runs", "connect", "--run", "second", "--agent", "a", "-o", "json")), d.pools["p2"].HTTPAddr+"/mcp")
-	session := d.mcpSession(t, "https://"+d.pools["p2"].HTTPAddr+"/mcp", conn.Token)
+	// It listens for changes of its tools (subscriptions/listen on 2026-07-28).
+	listening := &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {}}
+	session := d.mcpSession(t, "https://"+d.pools["p2"].HTTPAddr+"/mcp", conn.Token, listening)
 	tools, err := session.ListTools(t.Context(), nil)
 	require.NoError(t, err)
 	require.Equal(t, "fx__echo", tools.Tools[0].Name)
@@ -205,7 +228,17 @@ func TestTwoPoolHostsShareEtcd(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, res.IsError, "%+v", res.Content)
 	require.Contains(t, res.Content[0].(*mcp.TextContent).Text, "through the front door of p2")
+	// p2 watches the run's listings on p1 (WatchAgentTools, a pool certificate's) while its
+	// front door has the session, and no longer once it closed.
+	watches := func(served, held int) func() bool {
+		return func() bool {
+			return d.metric(t, "p1", "ringfence_pool_listing_watches_served") == served && d.metric(t, "p2", "ringfence_pool_listing_watches_held") == held
+		}
+	}
+	require.Eventually(t, watches(1, 1), 20*time.Second, 100*time.Millisecond, "p2 watches the run's listings on its owner")
+
 	require.NoError(t, session.Close())
+	require.Eventually(t, watches(0, 0), 20*time.Second, 100*time.Millisecond, "the watch ends with the session")
 	require.Eventually(t, func() bool {
 		return strings.Contains(d.cli("audit", "audit", "list", "--kind", "tool_call", "--run", "first", "-o", "json").Stdout, conn.TokenID)
 	}, 20*time.Second, 200*time.Millisecond, "the owner's record names the token")

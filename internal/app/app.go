@@ -270,6 +270,7 @@ func NewPool(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, e
 			return err
 		}
 		poolinternalv1.RegisterPoolInternalServiceServer(a.Server.Internal(), pool.NewInternalServer(a.Pool))
+		a.Server.OnShutdown(a.Pool.EndListingWatches)
 		return nil
 	})
 }

@@ -194,6 +194,7 @@ var wantInternal = map[string][]string{
 	poolinternalv1.PoolInternalService_GetWarmStatus_FullMethodName:                 {mtls.Registry},
 	poolinternalv1.PoolInternalService_ForwardRun_FullMethodName:                    {mtls.Pool},
 	poolinternalv1.PoolInternalService_ForwardCallTool_FullMethodName:               {mtls.Pool},
+	poolinternalv1.PoolInternalService_WatchAgentTools_FullMethodName:               {mtls.Pool},
 	"/ringfence.internal.audit.v1.AuditInternalService/Append":                      {mtls.Registry, mtls.Publisher, mtls.Pool},
 }
 

@@ -126,6 +126,8 @@ var Rules = map[string]Rule{
 	poolinternalv1.PoolInternalService_ForwardRun_FullMethodName: internal(mtls.Pool),
 	// A pool host forwards its MCP front door's calls the same way, streaming progress back.
 	poolinternalv1.PoolInternalService_ForwardCallTool_FullMethodName: internal(mtls.Pool),
+	// A pool host whose front door serves sessions of another host's run watches its listings.
+	poolinternalv1.PoolInternalService_WatchAgentTools_FullMethodName: internal(mtls.Pool),
 	auditinternalv1.AuditInternalService_Append_FullMethodName:        internal(mtls.Registry, mtls.Publisher, mtls.Pool),
 
 	grpc_health_v1.Health_Check_FullMethodName:                             public,

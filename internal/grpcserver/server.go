@@ -110,6 +110,8 @@ type Server struct {
 	internal *grpc.Server // nil without InternalAddr
 	extra    map[string]http.Handler
 	refusals *refusalLog
+	// onShutdown runs as graceful shutdown begins (OnShutdown).
+	onShutdown []func()
 
 	mu           sync.Mutex
 	grpcAddr     net.Addr
@@ -295,8 +297,16 @@ func (s *Server) Run(ctx context.Context) error {
 	return runErr
 }
 
+// OnShutdown has f run as graceful shutdown begins, before the server waits for the RPCs in
+// flight: f ends the streams that last until they are told to (a graceful stop waits for
+// them until ShutdownTimeout otherwise). Call it before Run.
+func (s *Server) OnShutdown(f func()) { s.onShutdown = append(s.onShutdown, f) }
+
 func (s *Server) shutdown(httpSrv *http.Server) {
 	s.health.Shutdown()
+	for _, f := range s.onShutdown {
+		f()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
 	defer cancel()
 	if httpSrv != nil {

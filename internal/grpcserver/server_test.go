@@ -145,6 +145,36 @@ func TestGracefulShutdownIsBounded(t *testing.T) {
 	}
 }
 
+// TestOnShutdownRunsAsShutdownBegins: what OnShutdown registered runs once Run's context
+// ends, before Run returns.
+func TestOnShutdownRunsAsShutdownBegins(t *testing.T) {
+	srv := New(Options{Name: "t", GRPCAddr: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	told := make(chan struct{})
+	srv.OnShutdown(func() { close(told) })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	_, _, err := srv.Addrs(ctx)
+	require.NoError(t, err)
+	select {
+	case <-told:
+		t.Fatal("OnShutdown ran while the server serves")
+	default:
+	}
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+	select {
+	case <-told:
+	default:
+		t.Fatal("Run returned without running what OnShutdown registered")
+	}
+}
+
 func TestErrorBodyShape(t *testing.T) {
 	var b ErrorBody
 	require.NoError(t, json.Unmarshal([]byte(`{"code":409,"status":"ALREADY_EXISTS","message":"m"}`), &b))

@@ -407,6 +407,35 @@ func (p *PoolHosts) ForwardCallTool(ctx context.Context, addr string, req *pooli
 	return nil, err
 }
 
+// WatchAgentTools watches a run's listings on the pool host at addr (pool.HostPeers): each
+// message goes to changes before the next is read. It returns nil once ctx ends, else the
+// error that ended the stream.
+func (p *PoolHosts) WatchAgentTools(ctx context.Context, addr string, req *poolinternalv1.WatchAgentToolsRequest, changes func(*poolinternalv1.WatchAgentToolsResponse)) error {
+	client, err := p.client(addr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var pr peer.Peer
+	stream, err := client.WatchAgentTools(ctx, req, grpc.Peer(&pr))
+	for err == nil {
+		var msg *poolinternalv1.WatchAgentToolsResponse
+		if msg, err = stream.Recv(); err == nil {
+			changes(msg)
+		}
+	}
+	switch {
+	case ctx.Err() != nil:
+		return nil
+	case errors.Is(err, io.EOF):
+		return status.Errorf(codes.Internal, "peers: the pool host at %s ended a watch without a status", addr)
+	case pr.Addr == nil:
+		return notReached(addr, err)
+	}
+	return err
+}
+
 // client is the internal API of the pool host at addr, on a connection dialed on first use.
 func (p *PoolHosts) client(addr string) (poolinternalv1.PoolInternalServiceClient, error) {
 	p.mu.Lock()

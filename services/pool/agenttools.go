@@ -176,10 +176,20 @@ var errUnknownAgent = errors.New("pool: no such agent")
 // as Surface.Search returned them) for the rest of run r: durably first, so a restarted pool
 // keeps them, then in memory. Names already loaded are skipped; an ended run loads nothing.
 func (s *Service) loadTools(ctx context.Context, r *run, agent string, names []string) error {
+	changed, err := s.storeLoaded(ctx, r, agent, names)
+	if changed {
+		s.toolsChanged(r.id, agent, "")
+	}
+	return err
+}
+
+// storeLoaded is loadTools's change of the run's record; changed says it loaded a tool the
+// agent did not have.
+func (s *Service) storeLoaded(ctx context.Context, r *run, agent string, names []string) (changed bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if st := r.rec.State; st != StateRunning && st != StatePaused {
-		return fmt.Errorf("%w (it %s)", errRunEnded, st)
+		return false, fmt.Errorf("%w (it %s)", errRunEnded, st)
 	}
 	have := r.rec.LoadedTools[agent]
 	next := slices.Clone(have)
@@ -189,7 +199,7 @@ func (s *Service) loadTools(ctx context.Context, r *run, agent string, names []s
 		}
 	}
 	if len(next) == len(have) {
-		return nil
+		return false, nil
 	}
 	slices.Sort(next)
 	rec := r.rec
@@ -200,8 +210,8 @@ func (s *Service) loadTools(ctx context.Context, r *run, agent string, names []s
 	rec.LoadedTools[agent] = next
 	rec.Calls, rec.LastActivity = r.calls, r.lastActivity
 	if err := s.runStore.PutRun(ctx, rec); err != nil {
-		return err
+		return false, err
 	}
 	r.rec = rec
-	return nil
+	return true, nil
 }

@@ -160,7 +160,7 @@ func (s *Service) connected(tenant, user, ref string) {
 	}
 	s.runs.mu.Unlock()
 	for _, id := range ids {
-		s.toolsChanged(id, ref)
+		s.toolsChanged(id, "", ref)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -22,8 +23,8 @@ import (
 // into the Go types. The gRPC handlers forward the request they received as it is (forwardOr),
 // so they mark their context and these methods leave it to them.
 //
-// What a forwarded front-door call does not carry: a server's JSON-RPC error code (it comes
-// back as a failure that may have taken effect, which the front door answers as a tool error).
+// A server's JSON-RPC error comes back in the failure's detail (CallFailure.jsonrpc_error), so
+// the front door answers its client with it as the owner's would.
 
 // grpcHandlerKey marks a request a public gRPC handler serves: it forwards itself.
 type grpcHandlerKey struct{}
@@ -92,10 +93,33 @@ func callErrorFromStatus(err error) error {
 			}
 			return ref
 		case *poolv1.CallFailure:
-			return &FailedError{CallID: d.GetCallId(), Attempt: d.GetAttempt(), Class: d.GetFailureClass(), Err: errors.New(d.GetMessage())}
+			fail := &FailedError{CallID: d.GetCallId(), Attempt: d.GetAttempt(), Class: d.GetFailureClass(), Err: errors.New(d.GetMessage())}
+			if e := d.GetJsonrpcError(); e != nil {
+				fail.Err = &relayedRPCError{msg: d.GetMessage(), rpc: rpcErrorFromProto(e)}
+			}
+			return fail
 		}
 	}
 	return err
+}
+
+// relayedRPCError is the message of a failure the owner sent, over the server's JSON-RPC
+// error it carried, so that the front door finds the error (errors.As) as it does locally.
+type relayedRPCError struct {
+	msg string
+	rpc *jsonrpc.Error
+}
+
+func (e *relayedRPCError) Error() string { return e.msg }
+func (e *relayedRPCError) Unwrap() error { return e.rpc }
+
+// rpcErrorFromProto is rpcErrorToProto's inverse.
+func rpcErrorFromProto(e *poolv1.JsonRpcError) *jsonrpc.Error {
+	out := &jsonrpc.Error{Code: e.GetCode()}
+	if e.GetData() != nil {
+		out.Data, _ = protojson.Marshal(e.GetData())
+	}
+	return out
 }
 
 // listElsewhere is ListAgentTools on the run's owner.

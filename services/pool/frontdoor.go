@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	sdkauth "github.com/modelcontextprotocol/go-sdk/auth"
@@ -102,6 +104,7 @@ type FrontDoor struct {
 
 	mu       sync.Mutex
 	agents   map[agentKey]*agentServer
+	follows  map[runKey]bool // runs another host owns that keepFollowing watches
 	limiters map[string]*tokenLimiter
 	pruned   time.Time
 }
@@ -142,7 +145,7 @@ func (s *Service) FrontDoor(cfg FrontDoorConfig) (*FrontDoor, error) {
 		cfg.Logger = s.log
 	}
 	f := &FrontDoor{svc: s, cfg: cfg, log: cfg.Logger.With("component", "frontdoor"), host: strings.ToLower(u.Hostname()),
-		orig: strings.ToLower(u.Scheme + "://" + u.Host), agents: make(map[agentKey]*agentServer), limiters: make(map[string]*tokenLimiter),
+		orig: strings.ToLower(u.Scheme + "://" + u.Host), agents: make(map[agentKey]*agentServer), follows: make(map[runKey]bool), limiters: make(map[string]*tokenLimiter),
 		stateKey: make([]byte, 32)}
 	_, _ = rand.Read(f.stateKey)
 	// The SDK's own loopback check is the first half of ours (allowedHost), which also
@@ -162,15 +165,16 @@ func (s *Service) FrontDoor(cfg FrontDoorConfig) (*FrontDoor, error) {
 	return f, nil
 }
 
-// toolsChanged: a server of a run said its tools changed. Each agent of the run served here
-// that lists tools of it tells its clients (tools/list_changed): what they list again is the
-// pinned listing, and a tool whose live declaration no longer matches its pin is refused at
-// call time (schema_drift).
-func (f *FrontDoor) toolsChanged(tenant, runID, ref string) {
+// toolsChanged: the listing of an agent of a run changed (of every agent for ""): tools were
+// loaded, or server ref said its tools changed. Each such agent served here reads its listing
+// again, and its clients are told (tools/list_changed) of what changed in it, and, when the
+// agent lists tools of ref, that they did: what they list again is the pinned listing, and a
+// tool whose live declaration no longer matches its pin is refused at call time (schema_drift).
+func (f *FrontDoor) toolsChanged(tenant, runID, agent, ref string) {
 	f.mu.Lock()
 	var agents []*agentServer
 	for k, a := range f.agents {
-		if k.tenant == tenant && k.run == runID {
+		if k.tenant == tenant && k.run == runID && (agent == "" || k.agent == agent) {
 			agents = append(agents, a)
 		}
 	}
@@ -181,12 +185,120 @@ func (f *FrontDoor) toolsChanged(tenant, runID, ref string) {
 	}
 }
 
+// Bounds of following a run another host owns.
+const (
+	// followCheck is how often a follow checks that the run still has sessions here: a watch
+	// ends within it once the last one closed.
+	followCheck = time.Second
+	// followRetryMax bounds the wait before a watch that ended is opened again.
+	followRetryMax = 10 * time.Second
+)
+
+// follow makes sure this front door hears of the changes of the listings of k's run while it
+// has sessions of it that can be told (stateful, or listening), when another host owns the
+// run: one watch of the run (WatchAgentTools) held open to the owner, whichever of its agents
+// and however many sessions.
+func (f *FrontDoor) follow(k agentKey) {
+	key := runKey{k.tenant, k.run}
+	if f.svc.hosts == nil || f.svc.holds(key) {
+		return // the run is this host's: toolsChanged hears of its changes
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.follows[key] {
+		return
+	}
+	if f.svc.goBackground(func(ctx context.Context) { f.keepFollowing(ctx, key) }) {
+		f.follows[key] = true
+	}
+}
+
+// keepFollowing holds the watch of a run another host owns while the run has sessions here:
+// a watch that ends is opened again (the owner is looked up again: the run may have moved),
+// at once the first time and then after a wait that doubles up to followRetryMax, until the
+// run ended or is this host's.
+func (f *FrontDoor) keepFollowing(ctx context.Context, key runKey) {
+	defer func() {
+		f.mu.Lock()
+		delete(f.follows, key)
+		f.mu.Unlock()
+	}()
+	// On return the watch is cancelled, then waited for.
+	var running sync.WaitGroup
+	defer running.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var opened atomic.Bool
+	changed := func(agent, ref string) {
+		opened.Store(true)
+		f.toolsChanged(key.tenant, key.id, agent, ref)
+	}
+	done := make(chan error, 1)
+	watch := func() {
+		opened.Store(false)
+		running.Go(func() { done <- f.svc.followElsewhere(ctx, key, changed) })
+	}
+	watch()
+	check := time.NewTicker(followCheck)
+	defer check.Stop()
+	var retry <-chan time.Time
+	wait := time.Duration(0)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-check.C:
+			if f.runSessions(key) == 0 {
+				return
+			}
+			continue
+		case <-retry:
+			retry = nil
+			watch()
+			continue
+		case err := <-done:
+			if ctx.Err() != nil || errors.Is(err, errRunHere) || errors.Is(err, errRunEnded) || errors.Is(err, errRunNotFound) {
+				return
+			}
+			if opened.Load() {
+				wait = 0
+			}
+			f.log.Debug("a watch of a run another pool host owns ended; opening it again", "run", key.id, "err", err, "wait", wait)
+		}
+		retry = time.After(wait)
+		wait = min(max(2*wait, 250*time.Millisecond), followRetryMax)
+	}
+}
+
+// runSessions counts the sessions of the run's agents here.
+func (f *FrontDoor) runSessions(key runKey) int {
+	f.mu.Lock()
+	var agents []*agentServer
+	for k, a := range f.agents {
+		if k.tenant == key.tenant && k.run == key.id {
+			agents = append(agents, a)
+		}
+	}
+	f.mu.Unlock()
+	n := 0
+	for _, a := range agents {
+		n += a.sessions()
+	}
+	return n
+}
+
 // tokenCtxKey carries the authenticated token of a request.
 type tokenCtxKey struct{}
 
 func tokenFrom(ctx context.Context) (*AgentToken, bool) {
 	t, ok := ctx.Value(tokenCtxKey{}).(*AgentToken)
 	return t, ok
+}
+
+// actingFor is ctx in which the pool's Go API acts for the token: its tenant, RunExecute alone.
+func actingFor(ctx context.Context, tok *AgentToken) context.Context {
+	p := auth.Principal{AgentToken: tok.ID, Tenant: tok.Tenant, Permissions: []auth.Permission{auth.RunExecute}}
+	return auth.WithTenancy(auth.WithPrincipal(ctx, p), auth.Tenancy{Tenant: tok.Tenant})
 }
 
 // sessionUser is the SDK's token verifier: ServeHTTP authenticated the token already.
@@ -214,9 +326,7 @@ func (f *FrontDoor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("Too Many Requests: this token's requests are limited to %g a second (burst %d; frontdoor.rate_limit, frontdoor.rate_burst): retry in %d s", f.cfg.RateLimit, f.cfg.RateBurst, wait), http.StatusTooManyRequests)
 		return
 	}
-	ctx := context.WithValue(r.Context(), tokenCtxKey{}, tok)
-	// The pool's Go API acts for the token: its tenant, RunExecute alone.
-	ctx = auth.WithTenancy(auth.WithPrincipal(ctx, auth.Principal{AgentToken: tok.ID, Tenant: tok.Tenant, Permissions: []auth.Permission{auth.RunExecute}}), auth.Tenancy{Tenant: tok.Tenant})
+	ctx := actingFor(context.WithValue(r.Context(), tokenCtxKey{}, tok), tok)
 	r = r.WithContext(ctx)
 	if version := r.Header.Get(mcpProtocolVersionHeader); version >= statelessProtocolVersion {
 		f.stateless.ServeHTTP(w, r)
@@ -373,7 +483,7 @@ func (f *FrontDoor) agent(t *AgentToken) *agentServer {
 		a = newAgentServer(f, k)
 		f.agents[k] = a
 	}
-	a.touch()
+	a.touch(t)
 	return a
 }
 

@@ -40,6 +40,9 @@ type agentServer struct {
 
 	usedMu sync.Mutex
 	used   time.Time
+	// last is the token of the last request: what a refresh no request asked for acts as
+	// (on another host than the run's owner, the listing is the owner's to give).
+	last *AgentToken
 }
 
 // listedTool is a tool as the agent server added it, and its declaration's JSON.
@@ -67,10 +70,22 @@ func newAgentServer(f *FrontDoor, k agentKey) *agentServer {
 	return a
 }
 
-func (a *agentServer) touch() {
+func (a *agentServer) touch(t *AgentToken) {
 	a.usedMu.Lock()
-	a.used = time.Now()
+	a.used, a.last = time.Now(), t
 	a.usedMu.Unlock()
+}
+
+// unasked is the context of a refresh no request asked for: acting for the last request's
+// token.
+func (a *agentServer) unasked() context.Context {
+	a.usedMu.Lock()
+	t := a.last
+	a.usedMu.Unlock()
+	if t == nil {
+		return context.Background()
+	}
+	return actingFor(context.Background(), t)
 }
 
 // idle says the server has no session and was not used for longer than d: it can go (a new
@@ -103,6 +118,10 @@ func (a *agentServer) cacheable(_ context.Context, req mcp.Request, c *mcp.Cache
 // the client gets it as MCP answers an unknown tool.
 func (a *agentServer) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if ss, ok := req.GetSession().(*mcp.ServerSession); ok && (ss.ID() != "" || method == "subscriptions/listen") {
+			// A session that can be told of changes: it hears those made on another host too.
+			a.fd.follow(a.key)
+		}
 		switch method {
 		case "tools/list":
 			if err := a.refresh(ctx, false); err != nil {
@@ -197,11 +216,15 @@ func (a *agentServer) refresh(ctx context.Context, force bool) error {
 	return nil
 }
 
-// announce tells the agent's clients that server ref's tools changed, when the agent lists
-// tools of it: the listing is read again, and the SDK announces a tool added again as a change.
+// announce reads the agent's listing again, which tells its clients of what changed in it,
+// and, when ref names a server the agent lists tools of, that its tools changed: the SDK
+// announces a tool added again as a change.
 func (a *agentServer) announce(ref string) {
-	if err := a.refresh(context.Background(), true); err != nil {
-		a.fd.log.Warn("the agent's listing could not be refreshed after its server's tools changed", "run", a.key.run, "agent", a.key.agent, "err", err)
+	if err := a.refresh(a.unasked(), true); err != nil {
+		a.fd.log.Warn("the agent's listing could not be refreshed after it changed", "run", a.key.run, "agent", a.key.agent, "err", err)
+	}
+	if ref == "" {
+		return
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -37,6 +37,10 @@ type HostPeers interface {
 	// handing each progress report the host streams meanwhile to progress, one at a time on
 	// the calling goroutine, before reading the next; cancelling ctx cancels the call there.
 	ForwardCallTool(ctx context.Context, addr string, req *poolinternalv1.ForwardCallToolRequest, progress func(*poolinternalv1.CallProgress)) (*poolv1.CallToolResponse, error)
+	// WatchAgentTools holds a watch of a run's listings open on the host at addr, handing each
+	// message to changes on the calling goroutine, until ctx ends (nil) or the stream does (its
+	// error).
+	WatchAgentTools(ctx context.Context, addr string, req *poolinternalv1.WatchAgentToolsRequest, changes func(*poolinternalv1.WatchAgentToolsResponse)) error
 }
 
 // errRunElsewhere: the run (or, for StartRun, the placement) is another host's.
@@ -113,6 +117,7 @@ func (s *Service) forgetRun(r *run) {
 		s.runs.count--
 	}
 	s.runs.mu.Unlock()
+	s.endListingWatches(key, errRunLeft)
 	r.mu.Lock()
 	old := r.takeSessions()
 	r.mu.Unlock()

@@ -68,6 +68,10 @@ func (unreachable) ForwardCallTool(context.Context, string, *poolinternalv1.Forw
 	return nil, errors.New("unreachable in this test")
 }
 
+func (unreachable) WatchAgentTools(context.Context, string, *poolinternalv1.WatchAgentToolsRequest, func(*poolinternalv1.WatchAgentToolsResponse)) error {
+	return errors.New("unreachable in this test")
+}
+
 // openHost opens a pool host on the cluster's root.
 func openHost(t *testing.T, h *harness, cluster *etcdtest.Cluster, root, id string, maxRuns int) *Service {
 	return openPoolWith(t, h, Config{DBPath: filepath.Join(t.TempDir(), "pool.db"), Etcd: cluster.Client(t, "pool"), EtcdRoot: root,

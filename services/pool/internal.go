@@ -199,6 +199,35 @@ func (g *InternalServer) ForwardCallTool(req *poolinternalv1.ForwardCallToolRequ
 	return stream.Send(&poolinternalv1.ForwardCallToolResponse{Event: &poolinternalv1.ForwardCallToolResponse_Response{Response: resp}})
 }
 
+// WatchAgentTools implements PoolInternalService.WatchAgentTools: another pool host's front
+// door hears of the changes of a run's listings here (toolwatch.go). A message carries what
+// changed since the last one; the first, none.
+func (g *InternalServer) WatchAgentTools(req *poolinternalv1.WatchAgentToolsRequest, stream grpc.ServerStreamingServer[poolinternalv1.WatchAgentToolsResponse]) error {
+	ctx := stream.Context()
+	w, err := g.svc.watchListings(ctx, req.GetTenant(), req.GetRunId())
+	if err != nil {
+		return g.svc.errors.Status(ctx, err)
+	}
+	defer g.svc.unwatchListings(runKey{req.GetTenant(), req.GetRunId()}, w)
+	if err := stream.Send(&poolinternalv1.WatchAgentToolsResponse{}); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return g.svc.errors.Status(ctx, ctx.Err())
+		case <-w.gone:
+			return g.svc.errors.Status(ctx, w.why)
+		case <-w.wake:
+		}
+		if changes := w.take(); len(changes) > 0 {
+			if err := stream.Send(&poolinternalv1.WatchAgentToolsResponse{Changes: changes}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
 // forwardedCaller is the context a forwarded request for method is served in, as its caller's
 // (callerContext), once the caller's permission for the method and tenant binding are checked
 // again, so a pool certificate alone never widens what a caller may do. body is the request,

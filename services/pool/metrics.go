@@ -53,5 +53,9 @@ func (m *metrics) collectors(s *Service) []prometheus.Collector {
 			func() float64 { return float64(s.liveSessions.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringfence_pool_audit_spool_pending", Help: "Audit records waiting to be forwarded."},
 			func() float64 { return float64(s.spool.Pending()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringfence_pool_listing_watches_served", Help: "WatchAgentTools streams this host serves to other pool hosts' front doors."},
+			func() float64 { return float64(s.servedWatches()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringfence_pool_listing_watches_held", Help: "WatchAgentTools streams this host's front door holds open to the owners of runs it has sessions of."},
+			func() float64 { return float64(s.heldWatches.Load()) }),
 	}
 }

@@ -212,16 +212,41 @@ type Service struct {
 	cancel context.CancelFunc
 	bg     sync.WaitGroup
 
-	// onToolsChanged hears that a server of a run said its tools changed (the MCP front door
-	// tells the agents' clients); nil without a front door.
-	onToolsChanged atomic.Pointer[func(tenant, runID, serverRef string)]
+	// onToolsChanged hears that an agent's listing in a run changed (the MCP front door tells
+	// the agents' clients); nil without a front door.
+	onToolsChanged atomic.Pointer[func(tenant, runID, agent, serverRef string)]
+	// toolWatches are the WatchAgentTools streams this host serves to other hosts' front
+	// doors, and heldWatches counts those it holds open to other hosts (toolwatch.go).
+	toolWatches listingWatches
+	heldWatches atomic.Int64
+
+	// bgCtx is the context of background work, which goBackground starts under bg until
+	// Close; bgClosed says Close began.
+	bgCtx    context.Context
+	bgMu     sync.Mutex
+	bgClosed bool
 }
 
-// toolsChanged passes a server's tools/list_changed in a run on to the listener, if any.
-func (s *Service) toolsChanged(id runIdentity, ref string) {
+// toolsChanged passes a change of a run's listings on: agent's (every agent's for ""), because
+// server ref said its tools changed or gained them, or because tools were loaded (ref ""). The
+// front door here and the watches of other hosts' front doors hear it.
+func (s *Service) toolsChanged(id runIdentity, agent, ref string) {
 	if f := s.onToolsChanged.Load(); f != nil {
-		(*f)(id.Tenant, id.ID, ref)
+		(*f)(id.Tenant, id.ID, agent, ref)
 	}
+	s.listingChanged(runKey{id.Tenant, id.ID}, toolChange{agent: agent, ref: ref})
+}
+
+// goBackground runs fn under the service's background context until Close, which waits for
+// it; after Close began it runs nothing and says so.
+func (s *Service) goBackground(fn func(context.Context)) bool {
+	s.bgMu.Lock()
+	defer s.bgMu.Unlock()
+	if s.bgClosed {
+		return false
+	}
+	s.bg.Go(func() { fn(s.bgCtx) })
+	return true
 }
 
 var errorCodes = map[error]codes.Code{
@@ -232,6 +257,7 @@ var errorCodes = map[error]codes.Code{
 	errRunNotRunning:               codes.FailedPrecondition,
 	errRunNotPaused:                codes.FailedPrecondition,
 	errRunEnded:                    codes.FailedPrecondition,
+	errRunLeft:                     codes.Unavailable,
 	errTooManyRuns:                 codes.ResourceExhausted,
 	errVersionGone:                 codes.NotFound,
 	errUnknownAgent:                codes.NotFound,
@@ -298,14 +324,15 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		cfg.DocumentMaxTenantBytes = 1 << 30
 	}
 	s := &Service{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		errors:   grpcserver.ErrorTable{Service: "pool", Codes: errorCodes, Logger: cfg.Logger},
-		schemas:  schemas.NewCache(),
-		metrics:  newMetrics(),
-		runs:     runs{byKey: make(map[runKey]*run), starting: make(map[runKey]bool)},
-		inflight: newInflight(),
-		warm:     newWarmSet(),
+		cfg:         cfg,
+		log:         cfg.Logger,
+		errors:      grpcserver.ErrorTable{Service: "pool", Codes: errorCodes, Logger: cfg.Logger},
+		schemas:     schemas.NewCache(),
+		metrics:     newMetrics(),
+		runs:        runs{byKey: make(map[runKey]*run), starting: make(map[runKey]bool)},
+		toolWatches: listingWatches{byRun: make(map[runKey]map[*toolWatch]struct{})},
+		inflight:    newInflight(),
+		warm:        newWarmSet(),
 	}
 	closers := []func() error{func() error { return cfg.Spawner.Close(context.Background()) }}
 	defer func() {
@@ -401,7 +428,7 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 
 	s.forwarder = s.spool.StartForwarding()
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.cancel = cancel
+	s.cancel, s.bgCtx = cancel, bg
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
@@ -460,6 +487,9 @@ func (s *Service) Close(ctx context.Context) error {
 		s.log.Warn("closing with tool calls still in progress; their outcomes may be missing from the audit log (their pending records are not)", "err", err)
 	}
 	s.forwarder.Stop(2 * time.Second)
+	s.bgMu.Lock()
+	s.bgClosed = true
+	s.bgMu.Unlock()
 	s.cancel()
 	s.bg.Wait()
 	return errors.Join(s.spawner.Close(ctx), s.spool.Close(), s.store.Close())

@@ -7,6 +7,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -315,9 +316,26 @@ func callStatus(ctx context.Context, svc *Service, err error) error {
 		case failureCanceled:
 			code = codes.Canceled
 		}
-		return withDetail(code, fail.Error(), &poolv1.CallFailure{CallId: fail.CallID, Attempt: fail.Attempt, FailureClass: fail.Class, Message: fail.Problem(), MayHaveTakenEffect: true})
+		return withDetail(code, fail.Error(), &poolv1.CallFailure{CallId: fail.CallID, Attempt: fail.Attempt, FailureClass: fail.Class, Message: fail.Problem(),
+			MayHaveTakenEffect: true, JsonrpcError: rpcErrorToProto(fail)})
 	}
 	return svc.errors.Status(ctx, err)
+}
+
+// rpcErrorToProto is the server's JSON-RPC error a failed call carries (the spawner made it
+// safe: its message is in the failure's, its data kept only where it names required
+// capabilities), or nil.
+func rpcErrorToProto(fail *FailedError) *poolv1.JsonRpcError {
+	var rpcErr *jsonrpc.Error
+	if !errors.As(fail, &rpcErr) {
+		return nil
+	}
+	out := &poolv1.JsonRpcError{Code: rpcErr.Code}
+	var data any
+	if len(rpcErr.Data) > 0 && json.Unmarshal(rpcErr.Data, &data) == nil {
+		out.Data, _ = structpb.NewValue(data)
+	}
+	return out
 }
 
 func withDetail(code codes.Code, msg string, detail protoadapt.MessageV1) error {

@@ -501,6 +501,7 @@ func (s *Service) endWhen(ctx context.Context, r *run, status string, when func(
 		delete(s.runs.byKey, keyOf(rec)) // lookup reads ended runs from the store
 	}
 	s.runs.mu.Unlock()
+	s.endListingWatches(keyOf(rec), errRunEnded)
 	s.metrics.runsEnded.WithLabelValues(status).Inc()
 	return r.info(), nil
 }

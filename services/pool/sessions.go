@@ -187,7 +187,7 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 			continue
 		}
 		if sess.announce.Load() == nil {
-			f := func() { s.toolsChanged(r.id, ref) }
+			f := func() { s.toolsChanged(r.id, "", ref) }
 			sess.announce.CompareAndSwap(nil, &f)
 		}
 		return sess, nil

@@ -815,8 +815,12 @@ type CallFailure struct {
 	Message      string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
 	// may_have_taken_effect is always true: only a refusal before dispatch means no effect.
 	MayHaveTakenEffect bool `protobuf:"varint,5,opt,name=may_have_taken_effect,json=mayHaveTakenEffect,proto3" json:"may_have_taken_effect,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// jsonrpc_error is set when the server answered tools/call with a JSON-RPC error instead of
+	// a result: its code, and its data as far as the pool keeps any. Its text, made safe, is in
+	// message. The MCP front door answers its client with this error.
+	JsonrpcError  *JsonRpcError `protobuf:"bytes,6,opt,name=jsonrpc_error,json=jsonrpcError,proto3" json:"jsonrpc_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CallFailure) Reset() {
@@ -884,6 +888,68 @@ func (x *CallFailure) GetMayHaveTakenEffect() bool {
 	return false
 }
 
+func (x *CallFailure) GetJsonrpcError() *JsonRpcError {
+	if x != nil {
+		return x.JsonrpcError
+	}
+	return nil
+}
+
+// JsonRpcError is a server's JSON-RPC error as the pool passes it on. The server's data is
+// dropped, but for the client capabilities a server says it requires (code -32021:
+// sampling, elicitation, roots), which are kept by name alone.
+type JsonRpcError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Code          int64                  `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Data          *structpb.Value        `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JsonRpcError) Reset() {
+	*x = JsonRpcError{}
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JsonRpcError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JsonRpcError) ProtoMessage() {}
+
+func (x *JsonRpcError) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JsonRpcError.ProtoReflect.Descriptor instead.
+func (*JsonRpcError) Descriptor() ([]byte, []int) {
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *JsonRpcError) GetCode() int64 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *JsonRpcError) GetData() *structpb.Value {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 // PauseRunRequest names a run.
 type PauseRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -898,7 +964,7 @@ type PauseRunRequest struct {
 
 func (x *PauseRunRequest) Reset() {
 	*x = PauseRunRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[8]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +976,7 @@ func (x *PauseRunRequest) String() string {
 func (*PauseRunRequest) ProtoMessage() {}
 
 func (x *PauseRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[8]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +989,7 @@ func (x *PauseRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRunRequest.ProtoReflect.Descriptor instead.
 func (*PauseRunRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{8}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PauseRunRequest) GetRunId() string {
@@ -950,7 +1016,7 @@ type PauseRunResponse struct {
 
 func (x *PauseRunResponse) Reset() {
 	*x = PauseRunResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[9]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -962,7 +1028,7 @@ func (x *PauseRunResponse) String() string {
 func (*PauseRunResponse) ProtoMessage() {}
 
 func (x *PauseRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[9]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -975,7 +1041,7 @@ func (x *PauseRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRunResponse.ProtoReflect.Descriptor instead.
 func (*PauseRunResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{9}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PauseRunResponse) GetRun() *Run {
@@ -999,7 +1065,7 @@ type ResumeRunRequest struct {
 
 func (x *ResumeRunRequest) Reset() {
 	*x = ResumeRunRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[10]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1011,7 +1077,7 @@ func (x *ResumeRunRequest) String() string {
 func (*ResumeRunRequest) ProtoMessage() {}
 
 func (x *ResumeRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[10]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1024,7 +1090,7 @@ func (x *ResumeRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRunRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRunRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{10}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ResumeRunRequest) GetRunId() string {
@@ -1051,7 +1117,7 @@ type ResumeRunResponse struct {
 
 func (x *ResumeRunResponse) Reset() {
 	*x = ResumeRunResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[11]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1129,7 @@ func (x *ResumeRunResponse) String() string {
 func (*ResumeRunResponse) ProtoMessage() {}
 
 func (x *ResumeRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[11]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,7 +1142,7 @@ func (x *ResumeRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRunResponse.ProtoReflect.Descriptor instead.
 func (*ResumeRunResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{11}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ResumeRunResponse) GetRun() *Run {
@@ -1102,7 +1168,7 @@ type EndRunRequest struct {
 
 func (x *EndRunRequest) Reset() {
 	*x = EndRunRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[12]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1114,7 +1180,7 @@ func (x *EndRunRequest) String() string {
 func (*EndRunRequest) ProtoMessage() {}
 
 func (x *EndRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[12]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1127,7 +1193,7 @@ func (x *EndRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndRunRequest.ProtoReflect.Descriptor instead.
 func (*EndRunRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{12}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *EndRunRequest) GetRunId() string {
@@ -1161,7 +1227,7 @@ type EndRunResponse struct {
 
 func (x *EndRunResponse) Reset() {
 	*x = EndRunResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[13]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1173,7 +1239,7 @@ func (x *EndRunResponse) String() string {
 func (*EndRunResponse) ProtoMessage() {}
 
 func (x *EndRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[13]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1186,7 +1252,7 @@ func (x *EndRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndRunResponse.ProtoReflect.Descriptor instead.
 func (*EndRunResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{13}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EndRunResponse) GetRun() *Run {
@@ -1210,7 +1276,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[14]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1222,7 +1288,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[14]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1235,7 +1301,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{14}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -1262,7 +1328,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[15]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1340,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[15]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1353,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{15}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetRunResponse) GetRun() *Run {
@@ -1313,7 +1379,7 @@ type ListAgentToolsRequest struct {
 
 func (x *ListAgentToolsRequest) Reset() {
 	*x = ListAgentToolsRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[16]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1391,7 @@ func (x *ListAgentToolsRequest) String() string {
 func (*ListAgentToolsRequest) ProtoMessage() {}
 
 func (x *ListAgentToolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[16]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1404,7 @@ func (x *ListAgentToolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentToolsRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentToolsRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{16}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListAgentToolsRequest) GetRunId() string {
@@ -1393,7 +1459,7 @@ type AgentTool struct {
 
 func (x *AgentTool) Reset() {
 	*x = AgentTool{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[17]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1405,7 +1471,7 @@ func (x *AgentTool) String() string {
 func (*AgentTool) ProtoMessage() {}
 
 func (x *AgentTool) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[17]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1418,7 +1484,7 @@ func (x *AgentTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentTool.ProtoReflect.Descriptor instead.
 func (*AgentTool) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{17}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AgentTool) GetName() string {
@@ -1520,7 +1586,7 @@ type DeferredServer struct {
 
 func (x *DeferredServer) Reset() {
 	*x = DeferredServer{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[18]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1532,7 +1598,7 @@ func (x *DeferredServer) String() string {
 func (*DeferredServer) ProtoMessage() {}
 
 func (x *DeferredServer) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[18]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1545,7 +1611,7 @@ func (x *DeferredServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeferredServer.ProtoReflect.Descriptor instead.
 func (*DeferredServer) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{18}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeferredServer) GetServerRef() string {
@@ -1591,7 +1657,7 @@ type HiddenTool struct {
 
 func (x *HiddenTool) Reset() {
 	*x = HiddenTool{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[19]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1603,7 +1669,7 @@ func (x *HiddenTool) String() string {
 func (*HiddenTool) ProtoMessage() {}
 
 func (x *HiddenTool) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[19]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1616,7 +1682,7 @@ func (x *HiddenTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HiddenTool.ProtoReflect.Descriptor instead.
 func (*HiddenTool) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{19}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HiddenTool) GetName() string {
@@ -1679,7 +1745,7 @@ type ListAgentToolsResponse struct {
 
 func (x *ListAgentToolsResponse) Reset() {
 	*x = ListAgentToolsResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[20]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +1757,7 @@ func (x *ListAgentToolsResponse) String() string {
 func (*ListAgentToolsResponse) ProtoMessage() {}
 
 func (x *ListAgentToolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[20]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +1770,7 @@ func (x *ListAgentToolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentToolsResponse.ProtoReflect.Descriptor instead.
 func (*ListAgentToolsResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{20}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListAgentToolsResponse) GetTools() []*AgentTool {
@@ -1772,7 +1838,7 @@ type Approval struct {
 
 func (x *Approval) Reset() {
 	*x = Approval{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[21]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1784,7 +1850,7 @@ func (x *Approval) String() string {
 func (*Approval) ProtoMessage() {}
 
 func (x *Approval) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[21]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1797,7 +1863,7 @@ func (x *Approval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Approval.ProtoReflect.Descriptor instead.
 func (*Approval) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{21}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Approval) GetApprovalId() string {
@@ -1933,7 +1999,7 @@ type ListApprovalsRequest struct {
 
 func (x *ListApprovalsRequest) Reset() {
 	*x = ListApprovalsRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[22]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1945,7 +2011,7 @@ func (x *ListApprovalsRequest) String() string {
 func (*ListApprovalsRequest) ProtoMessage() {}
 
 func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[22]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1958,7 +2024,7 @@ func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsRequest.ProtoReflect.Descriptor instead.
 func (*ListApprovalsRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{22}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListApprovalsRequest) GetRunId() string {
@@ -1986,7 +2052,7 @@ type ListApprovalsResponse struct {
 
 func (x *ListApprovalsResponse) Reset() {
 	*x = ListApprovalsResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[23]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1998,7 +2064,7 @@ func (x *ListApprovalsResponse) String() string {
 func (*ListApprovalsResponse) ProtoMessage() {}
 
 func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[23]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2011,7 +2077,7 @@ func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsResponse.ProtoReflect.Descriptor instead.
 func (*ListApprovalsResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{23}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListApprovalsResponse) GetApprovals() []*Approval {
@@ -2036,7 +2102,7 @@ type ApproveCallRequest struct {
 
 func (x *ApproveCallRequest) Reset() {
 	*x = ApproveCallRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[24]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2048,7 +2114,7 @@ func (x *ApproveCallRequest) String() string {
 func (*ApproveCallRequest) ProtoMessage() {}
 
 func (x *ApproveCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[24]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2061,7 +2127,7 @@ func (x *ApproveCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveCallRequest.ProtoReflect.Descriptor instead.
 func (*ApproveCallRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{24}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ApproveCallRequest) GetRunId() string {
@@ -2096,7 +2162,7 @@ type ApproveCallResponse struct {
 
 func (x *ApproveCallResponse) Reset() {
 	*x = ApproveCallResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[25]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2108,7 +2174,7 @@ func (x *ApproveCallResponse) String() string {
 func (*ApproveCallResponse) ProtoMessage() {}
 
 func (x *ApproveCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[25]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2121,7 +2187,7 @@ func (x *ApproveCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveCallResponse.ProtoReflect.Descriptor instead.
 func (*ApproveCallResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{25}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ApproveCallResponse) GetApproval() *Approval {
@@ -2155,7 +2221,7 @@ type DenyCallRequest struct {
 
 func (x *DenyCallRequest) Reset() {
 	*x = DenyCallRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[26]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2167,7 +2233,7 @@ func (x *DenyCallRequest) String() string {
 func (*DenyCallRequest) ProtoMessage() {}
 
 func (x *DenyCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[26]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2180,7 +2246,7 @@ func (x *DenyCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DenyCallRequest.ProtoReflect.Descriptor instead.
 func (*DenyCallRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{26}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DenyCallRequest) GetRunId() string {
@@ -2221,7 +2287,7 @@ type DenyCallResponse struct {
 
 func (x *DenyCallResponse) Reset() {
 	*x = DenyCallResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[27]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2233,7 +2299,7 @@ func (x *DenyCallResponse) String() string {
 func (*DenyCallResponse) ProtoMessage() {}
 
 func (x *DenyCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[27]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2246,7 +2312,7 @@ func (x *DenyCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DenyCallResponse.ProtoReflect.Descriptor instead.
 func (*DenyCallResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{27}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DenyCallResponse) GetApproval() *Approval {
@@ -2274,7 +2340,7 @@ type Document struct {
 
 func (x *Document) Reset() {
 	*x = Document{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[28]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2286,7 +2352,7 @@ func (x *Document) String() string {
 func (*Document) ProtoMessage() {}
 
 func (x *Document) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[28]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2299,7 +2365,7 @@ func (x *Document) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Document.ProtoReflect.Descriptor instead.
 func (*Document) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{28}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Document) GetDocumentId() string {
@@ -2369,7 +2435,7 @@ type PutDocumentRequest struct {
 
 func (x *PutDocumentRequest) Reset() {
 	*x = PutDocumentRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[29]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2381,7 +2447,7 @@ func (x *PutDocumentRequest) String() string {
 func (*PutDocumentRequest) ProtoMessage() {}
 
 func (x *PutDocumentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[29]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2394,7 +2460,7 @@ func (x *PutDocumentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutDocumentRequest.ProtoReflect.Descriptor instead.
 func (*PutDocumentRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{29}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PutDocumentRequest) GetTenant() string {
@@ -2435,7 +2501,7 @@ type PutDocumentResponse struct {
 
 func (x *PutDocumentResponse) Reset() {
 	*x = PutDocumentResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[30]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2447,7 +2513,7 @@ func (x *PutDocumentResponse) String() string {
 func (*PutDocumentResponse) ProtoMessage() {}
 
 func (x *PutDocumentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[30]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2460,7 +2526,7 @@ func (x *PutDocumentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutDocumentResponse.ProtoReflect.Descriptor instead.
 func (*PutDocumentResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{30}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PutDocumentResponse) GetDocument() *Document {
@@ -2483,7 +2549,7 @@ type GetDocumentRequest struct {
 
 func (x *GetDocumentRequest) Reset() {
 	*x = GetDocumentRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[31]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2495,7 +2561,7 @@ func (x *GetDocumentRequest) String() string {
 func (*GetDocumentRequest) ProtoMessage() {}
 
 func (x *GetDocumentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[31]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2508,7 +2574,7 @@ func (x *GetDocumentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDocumentRequest.ProtoReflect.Descriptor instead.
 func (*GetDocumentRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{31}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetDocumentRequest) GetDocumentId() string {
@@ -2537,7 +2603,7 @@ type GetDocumentResponse struct {
 
 func (x *GetDocumentResponse) Reset() {
 	*x = GetDocumentResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[32]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2549,7 +2615,7 @@ func (x *GetDocumentResponse) String() string {
 func (*GetDocumentResponse) ProtoMessage() {}
 
 func (x *GetDocumentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[32]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2562,7 +2628,7 @@ func (x *GetDocumentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDocumentResponse.ProtoReflect.Descriptor instead.
 func (*GetDocumentResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{32}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetDocumentResponse) GetDocument() *Document {
@@ -2592,7 +2658,7 @@ type DeleteDocumentRequest struct {
 
 func (x *DeleteDocumentRequest) Reset() {
 	*x = DeleteDocumentRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[33]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2604,7 +2670,7 @@ func (x *DeleteDocumentRequest) String() string {
 func (*DeleteDocumentRequest) ProtoMessage() {}
 
 func (x *DeleteDocumentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[33]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2617,7 +2683,7 @@ func (x *DeleteDocumentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDocumentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteDocumentRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{33}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteDocumentRequest) GetDocumentId() string {
@@ -2643,7 +2709,7 @@ type DeleteDocumentResponse struct {
 
 func (x *DeleteDocumentResponse) Reset() {
 	*x = DeleteDocumentResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[34]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2655,7 +2721,7 @@ func (x *DeleteDocumentResponse) String() string {
 func (*DeleteDocumentResponse) ProtoMessage() {}
 
 func (x *DeleteDocumentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[34]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2668,7 +2734,7 @@ func (x *DeleteDocumentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDocumentResponse.ProtoReflect.Descriptor instead.
 func (*DeleteDocumentResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{34}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{35}
 }
 
 // AgentToken is a bearer token of the MCP front door, without its secret.
@@ -2690,7 +2756,7 @@ type AgentToken struct {
 
 func (x *AgentToken) Reset() {
 	*x = AgentToken{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[35]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2702,7 +2768,7 @@ func (x *AgentToken) String() string {
 func (*AgentToken) ProtoMessage() {}
 
 func (x *AgentToken) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[35]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2715,7 +2781,7 @@ func (x *AgentToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentToken.ProtoReflect.Descriptor instead.
 func (*AgentToken) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{35}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *AgentToken) GetTokenId() string {
@@ -2785,7 +2851,7 @@ type CreateAgentTokenRequest struct {
 
 func (x *CreateAgentTokenRequest) Reset() {
 	*x = CreateAgentTokenRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[36]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2797,7 +2863,7 @@ func (x *CreateAgentTokenRequest) String() string {
 func (*CreateAgentTokenRequest) ProtoMessage() {}
 
 func (x *CreateAgentTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[36]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2810,7 +2876,7 @@ func (x *CreateAgentTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAgentTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateAgentTokenRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{36}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CreateAgentTokenRequest) GetRunId() string {
@@ -2855,7 +2921,7 @@ type CreateAgentTokenResponse struct {
 
 func (x *CreateAgentTokenResponse) Reset() {
 	*x = CreateAgentTokenResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[37]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2867,7 +2933,7 @@ func (x *CreateAgentTokenResponse) String() string {
 func (*CreateAgentTokenResponse) ProtoMessage() {}
 
 func (x *CreateAgentTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[37]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2880,7 +2946,7 @@ func (x *CreateAgentTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAgentTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateAgentTokenResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{37}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CreateAgentTokenResponse) GetToken() *AgentToken {
@@ -2916,7 +2982,7 @@ type ListAgentTokensRequest struct {
 
 func (x *ListAgentTokensRequest) Reset() {
 	*x = ListAgentTokensRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[38]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2928,7 +2994,7 @@ func (x *ListAgentTokensRequest) String() string {
 func (*ListAgentTokensRequest) ProtoMessage() {}
 
 func (x *ListAgentTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[38]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2941,7 +3007,7 @@ func (x *ListAgentTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentTokensRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{38}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListAgentTokensRequest) GetRunId() string {
@@ -2968,7 +3034,7 @@ type ListAgentTokensResponse struct {
 
 func (x *ListAgentTokensResponse) Reset() {
 	*x = ListAgentTokensResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[39]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2980,7 +3046,7 @@ func (x *ListAgentTokensResponse) String() string {
 func (*ListAgentTokensResponse) ProtoMessage() {}
 
 func (x *ListAgentTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[39]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2993,7 +3059,7 @@ func (x *ListAgentTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListAgentTokensResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{39}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListAgentTokensResponse) GetTokens() []*AgentToken {
@@ -3016,7 +3082,7 @@ type RevokeAgentTokenRequest struct {
 
 func (x *RevokeAgentTokenRequest) Reset() {
 	*x = RevokeAgentTokenRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[40]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3028,7 +3094,7 @@ func (x *RevokeAgentTokenRequest) String() string {
 func (*RevokeAgentTokenRequest) ProtoMessage() {}
 
 func (x *RevokeAgentTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[40]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3041,7 +3107,7 @@ func (x *RevokeAgentTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAgentTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeAgentTokenRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{40}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RevokeAgentTokenRequest) GetRunId() string {
@@ -3075,7 +3141,7 @@ type RevokeAgentTokenResponse struct {
 
 func (x *RevokeAgentTokenResponse) Reset() {
 	*x = RevokeAgentTokenResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[41]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3087,7 +3153,7 @@ func (x *RevokeAgentTokenResponse) String() string {
 func (*RevokeAgentTokenResponse) ProtoMessage() {}
 
 func (x *RevokeAgentTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[41]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3100,7 +3166,7 @@ func (x *RevokeAgentTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAgentTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeAgentTokenResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{41}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RevokeAgentTokenResponse) GetToken() *AgentToken {
@@ -3124,7 +3190,7 @@ type ConnectServerRequest struct {
 
 func (x *ConnectServerRequest) Reset() {
 	*x = ConnectServerRequest{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[42]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3136,7 +3202,7 @@ func (x *ConnectServerRequest) String() string {
 func (*ConnectServerRequest) ProtoMessage() {}
 
 func (x *ConnectServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[42]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3149,7 +3215,7 @@ func (x *ConnectServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectServerRequest.ProtoReflect.Descriptor instead.
 func (*ConnectServerRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{42}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ConnectServerRequest) GetRef() string {
@@ -3191,7 +3257,7 @@ type ConnectServerResponse struct {
 
 func (x *ConnectServerResponse) Reset() {
 	*x = ConnectServerResponse{}
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[43]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3203,7 +3269,7 @@ func (x *ConnectServerResponse) String() string {
 func (*ConnectServerResponse) ProtoMessage() {}
 
 func (x *ConnectServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[43]
+	mi := &file_ringfence_pool_v1_pool_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3216,7 +3282,7 @@ func (x *ConnectServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectServerResponse.ProtoReflect.Descriptor instead.
 func (*ConnectServerResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{43}
+	return file_ringfence_pool_v1_pool_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ConnectServerResponse) GetState() string {
@@ -3329,13 +3395,17 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\vargs_digest\x18\n" +
 	" \x01(\tR\n" +
 	"argsDigest\x12\x14\n" +
-	"\x05level\x18\v \x01(\tR\x05level\"\xb2\x01\n" +
+	"\x05level\x18\v \x01(\tR\x05level\"\xf8\x01\n" +
 	"\vCallFailure\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12#\n" +
 	"\rfailure_class\x18\x03 \x01(\tR\ffailureClass\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x121\n" +
-	"\x15may_have_taken_effect\x18\x05 \x01(\bR\x12mayHaveTakenEffect\"@\n" +
+	"\x15may_have_taken_effect\x18\x05 \x01(\bR\x12mayHaveTakenEffect\x12D\n" +
+	"\rjsonrpc_error\x18\x06 \x01(\v2\x1f.ringfence.pool.v1.JsonRpcErrorR\fjsonrpcError\"N\n" +
+	"\fJsonRpcError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x03R\x04code\x12*\n" +
+	"\x04data\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\x04data\"@\n" +
 	"\x0fPauseRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"<\n" +
@@ -3546,7 +3616,7 @@ func file_ringfence_pool_v1_pool_proto_rawDescGZIP() []byte {
 	return file_ringfence_pool_v1_pool_proto_rawDescData
 }
 
-var file_ringfence_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_ringfence_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_ringfence_pool_v1_pool_proto_goTypes = []any{
 	(*Run)(nil),                      // 0: ringfence.pool.v1.Run
 	(*Session)(nil),                  // 1: ringfence.pool.v1.Session
@@ -3556,126 +3626,130 @@ var file_ringfence_pool_v1_pool_proto_goTypes = []any{
 	(*CallToolResponse)(nil),         // 5: ringfence.pool.v1.CallToolResponse
 	(*CallRefusal)(nil),              // 6: ringfence.pool.v1.CallRefusal
 	(*CallFailure)(nil),              // 7: ringfence.pool.v1.CallFailure
-	(*PauseRunRequest)(nil),          // 8: ringfence.pool.v1.PauseRunRequest
-	(*PauseRunResponse)(nil),         // 9: ringfence.pool.v1.PauseRunResponse
-	(*ResumeRunRequest)(nil),         // 10: ringfence.pool.v1.ResumeRunRequest
-	(*ResumeRunResponse)(nil),        // 11: ringfence.pool.v1.ResumeRunResponse
-	(*EndRunRequest)(nil),            // 12: ringfence.pool.v1.EndRunRequest
-	(*EndRunResponse)(nil),           // 13: ringfence.pool.v1.EndRunResponse
-	(*GetRunRequest)(nil),            // 14: ringfence.pool.v1.GetRunRequest
-	(*GetRunResponse)(nil),           // 15: ringfence.pool.v1.GetRunResponse
-	(*ListAgentToolsRequest)(nil),    // 16: ringfence.pool.v1.ListAgentToolsRequest
-	(*AgentTool)(nil),                // 17: ringfence.pool.v1.AgentTool
-	(*DeferredServer)(nil),           // 18: ringfence.pool.v1.DeferredServer
-	(*HiddenTool)(nil),               // 19: ringfence.pool.v1.HiddenTool
-	(*ListAgentToolsResponse)(nil),   // 20: ringfence.pool.v1.ListAgentToolsResponse
-	(*Approval)(nil),                 // 21: ringfence.pool.v1.Approval
-	(*ListApprovalsRequest)(nil),     // 22: ringfence.pool.v1.ListApprovalsRequest
-	(*ListApprovalsResponse)(nil),    // 23: ringfence.pool.v1.ListApprovalsResponse
-	(*ApproveCallRequest)(nil),       // 24: ringfence.pool.v1.ApproveCallRequest
-	(*ApproveCallResponse)(nil),      // 25: ringfence.pool.v1.ApproveCallResponse
-	(*DenyCallRequest)(nil),          // 26: ringfence.pool.v1.DenyCallRequest
-	(*DenyCallResponse)(nil),         // 27: ringfence.pool.v1.DenyCallResponse
-	(*Document)(nil),                 // 28: ringfence.pool.v1.Document
-	(*PutDocumentRequest)(nil),       // 29: ringfence.pool.v1.PutDocumentRequest
-	(*PutDocumentResponse)(nil),      // 30: ringfence.pool.v1.PutDocumentResponse
-	(*GetDocumentRequest)(nil),       // 31: ringfence.pool.v1.GetDocumentRequest
-	(*GetDocumentResponse)(nil),      // 32: ringfence.pool.v1.GetDocumentResponse
-	(*DeleteDocumentRequest)(nil),    // 33: ringfence.pool.v1.DeleteDocumentRequest
-	(*DeleteDocumentResponse)(nil),   // 34: ringfence.pool.v1.DeleteDocumentResponse
-	(*AgentToken)(nil),               // 35: ringfence.pool.v1.AgentToken
-	(*CreateAgentTokenRequest)(nil),  // 36: ringfence.pool.v1.CreateAgentTokenRequest
-	(*CreateAgentTokenResponse)(nil), // 37: ringfence.pool.v1.CreateAgentTokenResponse
-	(*ListAgentTokensRequest)(nil),   // 38: ringfence.pool.v1.ListAgentTokensRequest
-	(*ListAgentTokensResponse)(nil),  // 39: ringfence.pool.v1.ListAgentTokensResponse
-	(*RevokeAgentTokenRequest)(nil),  // 40: ringfence.pool.v1.RevokeAgentTokenRequest
-	(*RevokeAgentTokenResponse)(nil), // 41: ringfence.pool.v1.RevokeAgentTokenResponse
-	(*ConnectServerRequest)(nil),     // 42: ringfence.pool.v1.ConnectServerRequest
-	(*ConnectServerResponse)(nil),    // 43: ringfence.pool.v1.ConnectServerResponse
-	(*timestamppb.Timestamp)(nil),    // 44: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),          // 45: google.protobuf.Struct
-	(*v1.ServerFailure)(nil),         // 46: ringfence.types.v1.ServerFailure
-	(*durationpb.Duration)(nil),      // 47: google.protobuf.Duration
+	(*JsonRpcError)(nil),             // 8: ringfence.pool.v1.JsonRpcError
+	(*PauseRunRequest)(nil),          // 9: ringfence.pool.v1.PauseRunRequest
+	(*PauseRunResponse)(nil),         // 10: ringfence.pool.v1.PauseRunResponse
+	(*ResumeRunRequest)(nil),         // 11: ringfence.pool.v1.ResumeRunRequest
+	(*ResumeRunResponse)(nil),        // 12: ringfence.pool.v1.ResumeRunResponse
+	(*EndRunRequest)(nil),            // 13: ringfence.pool.v1.EndRunRequest
+	(*EndRunResponse)(nil),           // 14: ringfence.pool.v1.EndRunResponse
+	(*GetRunRequest)(nil),            // 15: ringfence.pool.v1.GetRunRequest
+	(*GetRunResponse)(nil),           // 16: ringfence.pool.v1.GetRunResponse
+	(*ListAgentToolsRequest)(nil),    // 17: ringfence.pool.v1.ListAgentToolsRequest
+	(*AgentTool)(nil),                // 18: ringfence.pool.v1.AgentTool
+	(*DeferredServer)(nil),           // 19: ringfence.pool.v1.DeferredServer
+	(*HiddenTool)(nil),               // 20: ringfence.pool.v1.HiddenTool
+	(*ListAgentToolsResponse)(nil),   // 21: ringfence.pool.v1.ListAgentToolsResponse
+	(*Approval)(nil),                 // 22: ringfence.pool.v1.Approval
+	(*ListApprovalsRequest)(nil),     // 23: ringfence.pool.v1.ListApprovalsRequest
+	(*ListApprovalsResponse)(nil),    // 24: ringfence.pool.v1.ListApprovalsResponse
+	(*ApproveCallRequest)(nil),       // 25: ringfence.pool.v1.ApproveCallRequest
+	(*ApproveCallResponse)(nil),      // 26: ringfence.pool.v1.ApproveCallResponse
+	(*DenyCallRequest)(nil),          // 27: ringfence.pool.v1.DenyCallRequest
+	(*DenyCallResponse)(nil),         // 28: ringfence.pool.v1.DenyCallResponse
+	(*Document)(nil),                 // 29: ringfence.pool.v1.Document
+	(*PutDocumentRequest)(nil),       // 30: ringfence.pool.v1.PutDocumentRequest
+	(*PutDocumentResponse)(nil),      // 31: ringfence.pool.v1.PutDocumentResponse
+	(*GetDocumentRequest)(nil),       // 32: ringfence.pool.v1.GetDocumentRequest
+	(*GetDocumentResponse)(nil),      // 33: ringfence.pool.v1.GetDocumentResponse
+	(*DeleteDocumentRequest)(nil),    // 34: ringfence.pool.v1.DeleteDocumentRequest
+	(*DeleteDocumentResponse)(nil),   // 35: ringfence.pool.v1.DeleteDocumentResponse
+	(*AgentToken)(nil),               // 36: ringfence.pool.v1.AgentToken
+	(*CreateAgentTokenRequest)(nil),  // 37: ringfence.pool.v1.CreateAgentTokenRequest
+	(*CreateAgentTokenResponse)(nil), // 38: ringfence.pool.v1.CreateAgentTokenResponse
+	(*ListAgentTokensRequest)(nil),   // 39: ringfence.pool.v1.ListAgentTokensRequest
+	(*ListAgentTokensResponse)(nil),  // 40: ringfence.pool.v1.ListAgentTokensResponse
+	(*RevokeAgentTokenRequest)(nil),  // 41: ringfence.pool.v1.RevokeAgentTokenRequest
+	(*RevokeAgentTokenResponse)(nil), // 42: ringfence.pool.v1.RevokeAgentTokenResponse
+	(*ConnectServerRequest)(nil),     // 43: ringfence.pool.v1.ConnectServerRequest
+	(*ConnectServerResponse)(nil),    // 44: ringfence.pool.v1.ConnectServerResponse
+	(*timestamppb.Timestamp)(nil),    // 45: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),          // 46: google.protobuf.Struct
+	(*v1.ServerFailure)(nil),         // 47: ringfence.types.v1.ServerFailure
+	(*structpb.Value)(nil),           // 48: google.protobuf.Value
+	(*durationpb.Duration)(nil),      // 49: google.protobuf.Duration
 }
 var file_ringfence_pool_v1_pool_proto_depIdxs = []int32{
 	1,  // 0: ringfence.pool.v1.Run.sessions:type_name -> ringfence.pool.v1.Session
-	44, // 1: ringfence.pool.v1.Run.start_time:type_name -> google.protobuf.Timestamp
-	44, // 2: ringfence.pool.v1.Run.last_activity_time:type_name -> google.protobuf.Timestamp
-	44, // 3: ringfence.pool.v1.Run.end_time:type_name -> google.protobuf.Timestamp
-	44, // 4: ringfence.pool.v1.Session.start_time:type_name -> google.protobuf.Timestamp
-	44, // 5: ringfence.pool.v1.Session.listed_time:type_name -> google.protobuf.Timestamp
+	45, // 1: ringfence.pool.v1.Run.start_time:type_name -> google.protobuf.Timestamp
+	45, // 2: ringfence.pool.v1.Run.last_activity_time:type_name -> google.protobuf.Timestamp
+	45, // 3: ringfence.pool.v1.Run.end_time:type_name -> google.protobuf.Timestamp
+	45, // 4: ringfence.pool.v1.Session.start_time:type_name -> google.protobuf.Timestamp
+	45, // 5: ringfence.pool.v1.Session.listed_time:type_name -> google.protobuf.Timestamp
 	0,  // 6: ringfence.pool.v1.StartRunResponse.run:type_name -> ringfence.pool.v1.Run
-	45, // 7: ringfence.pool.v1.CallToolRequest.arguments:type_name -> google.protobuf.Struct
-	45, // 8: ringfence.pool.v1.CallToolResponse.content:type_name -> google.protobuf.Struct
-	45, // 9: ringfence.pool.v1.CallToolResponse.structured_content:type_name -> google.protobuf.Struct
-	46, // 10: ringfence.pool.v1.CallRefusal.server_failure:type_name -> ringfence.types.v1.ServerFailure
-	0,  // 11: ringfence.pool.v1.PauseRunResponse.run:type_name -> ringfence.pool.v1.Run
-	0,  // 12: ringfence.pool.v1.ResumeRunResponse.run:type_name -> ringfence.pool.v1.Run
-	0,  // 13: ringfence.pool.v1.EndRunResponse.run:type_name -> ringfence.pool.v1.Run
-	0,  // 14: ringfence.pool.v1.GetRunResponse.run:type_name -> ringfence.pool.v1.Run
-	45, // 15: ringfence.pool.v1.AgentTool.input_schema:type_name -> google.protobuf.Struct
-	45, // 16: ringfence.pool.v1.AgentTool.output_schema:type_name -> google.protobuf.Struct
-	45, // 17: ringfence.pool.v1.AgentTool.annotations:type_name -> google.protobuf.Struct
-	17, // 18: ringfence.pool.v1.ListAgentToolsResponse.tools:type_name -> ringfence.pool.v1.AgentTool
-	18, // 19: ringfence.pool.v1.ListAgentToolsResponse.deferred_servers:type_name -> ringfence.pool.v1.DeferredServer
-	19, // 20: ringfence.pool.v1.ListAgentToolsResponse.hidden:type_name -> ringfence.pool.v1.HiddenTool
-	45, // 21: ringfence.pool.v1.Approval.arguments:type_name -> google.protobuf.Struct
-	44, // 22: ringfence.pool.v1.Approval.request_time:type_name -> google.protobuf.Timestamp
-	44, // 23: ringfence.pool.v1.Approval.expire_time:type_name -> google.protobuf.Timestamp
-	44, // 24: ringfence.pool.v1.Approval.decide_time:type_name -> google.protobuf.Timestamp
-	21, // 25: ringfence.pool.v1.ListApprovalsResponse.approvals:type_name -> ringfence.pool.v1.Approval
-	21, // 26: ringfence.pool.v1.ApproveCallResponse.approval:type_name -> ringfence.pool.v1.Approval
-	5,  // 27: ringfence.pool.v1.ApproveCallResponse.call:type_name -> ringfence.pool.v1.CallToolResponse
-	21, // 28: ringfence.pool.v1.DenyCallResponse.approval:type_name -> ringfence.pool.v1.Approval
-	44, // 29: ringfence.pool.v1.Document.create_time:type_name -> google.protobuf.Timestamp
-	28, // 30: ringfence.pool.v1.PutDocumentResponse.document:type_name -> ringfence.pool.v1.Document
-	28, // 31: ringfence.pool.v1.GetDocumentResponse.document:type_name -> ringfence.pool.v1.Document
-	44, // 32: ringfence.pool.v1.AgentToken.create_time:type_name -> google.protobuf.Timestamp
-	44, // 33: ringfence.pool.v1.AgentToken.expire_time:type_name -> google.protobuf.Timestamp
-	47, // 34: ringfence.pool.v1.CreateAgentTokenRequest.ttl:type_name -> google.protobuf.Duration
-	35, // 35: ringfence.pool.v1.CreateAgentTokenResponse.token:type_name -> ringfence.pool.v1.AgentToken
-	35, // 36: ringfence.pool.v1.ListAgentTokensResponse.tokens:type_name -> ringfence.pool.v1.AgentToken
-	35, // 37: ringfence.pool.v1.RevokeAgentTokenResponse.token:type_name -> ringfence.pool.v1.AgentToken
-	44, // 38: ringfence.pool.v1.ConnectServerResponse.expire_time:type_name -> google.protobuf.Timestamp
-	2,  // 39: ringfence.pool.v1.PoolService.StartRun:input_type -> ringfence.pool.v1.StartRunRequest
-	4,  // 40: ringfence.pool.v1.PoolService.CallTool:input_type -> ringfence.pool.v1.CallToolRequest
-	8,  // 41: ringfence.pool.v1.PoolService.PauseRun:input_type -> ringfence.pool.v1.PauseRunRequest
-	10, // 42: ringfence.pool.v1.PoolService.ResumeRun:input_type -> ringfence.pool.v1.ResumeRunRequest
-	12, // 43: ringfence.pool.v1.PoolService.EndRun:input_type -> ringfence.pool.v1.EndRunRequest
-	14, // 44: ringfence.pool.v1.PoolService.GetRun:input_type -> ringfence.pool.v1.GetRunRequest
-	16, // 45: ringfence.pool.v1.PoolService.ListAgentTools:input_type -> ringfence.pool.v1.ListAgentToolsRequest
-	22, // 46: ringfence.pool.v1.PoolService.ListApprovals:input_type -> ringfence.pool.v1.ListApprovalsRequest
-	24, // 47: ringfence.pool.v1.PoolService.ApproveCall:input_type -> ringfence.pool.v1.ApproveCallRequest
-	26, // 48: ringfence.pool.v1.PoolService.DenyCall:input_type -> ringfence.pool.v1.DenyCallRequest
-	29, // 49: ringfence.pool.v1.PoolService.PutDocument:input_type -> ringfence.pool.v1.PutDocumentRequest
-	31, // 50: ringfence.pool.v1.PoolService.GetDocument:input_type -> ringfence.pool.v1.GetDocumentRequest
-	33, // 51: ringfence.pool.v1.PoolService.DeleteDocument:input_type -> ringfence.pool.v1.DeleteDocumentRequest
-	36, // 52: ringfence.pool.v1.PoolService.CreateAgentToken:input_type -> ringfence.pool.v1.CreateAgentTokenRequest
-	38, // 53: ringfence.pool.v1.PoolService.ListAgentTokens:input_type -> ringfence.pool.v1.ListAgentTokensRequest
-	40, // 54: ringfence.pool.v1.PoolService.RevokeAgentToken:input_type -> ringfence.pool.v1.RevokeAgentTokenRequest
-	42, // 55: ringfence.pool.v1.PoolService.ConnectServer:input_type -> ringfence.pool.v1.ConnectServerRequest
-	3,  // 56: ringfence.pool.v1.PoolService.StartRun:output_type -> ringfence.pool.v1.StartRunResponse
-	5,  // 57: ringfence.pool.v1.PoolService.CallTool:output_type -> ringfence.pool.v1.CallToolResponse
-	9,  // 58: ringfence.pool.v1.PoolService.PauseRun:output_type -> ringfence.pool.v1.PauseRunResponse
-	11, // 59: ringfence.pool.v1.PoolService.ResumeRun:output_type -> ringfence.pool.v1.ResumeRunResponse
-	13, // 60: ringfence.pool.v1.PoolService.EndRun:output_type -> ringfence.pool.v1.EndRunResponse
-	15, // 61: ringfence.pool.v1.PoolService.GetRun:output_type -> ringfence.pool.v1.GetRunResponse
-	20, // 62: ringfence.pool.v1.PoolService.ListAgentTools:output_type -> ringfence.pool.v1.ListAgentToolsResponse
-	23, // 63: ringfence.pool.v1.PoolService.ListApprovals:output_type -> ringfence.pool.v1.ListApprovalsResponse
-	25, // 64: ringfence.pool.v1.PoolService.ApproveCall:output_type -> ringfence.pool.v1.ApproveCallResponse
-	27, // 65: ringfence.pool.v1.PoolService.DenyCall:output_type -> ringfence.pool.v1.DenyCallResponse
-	30, // 66: ringfence.pool.v1.PoolService.PutDocument:output_type -> ringfence.pool.v1.PutDocumentResponse
-	32, // 67: ringfence.pool.v1.PoolService.GetDocument:output_type -> ringfence.pool.v1.GetDocumentResponse
-	34, // 68: ringfence.pool.v1.PoolService.DeleteDocument:output_type -> ringfence.pool.v1.DeleteDocumentResponse
-	37, // 69: ringfence.pool.v1.PoolService.CreateAgentToken:output_type -> ringfence.pool.v1.CreateAgentTokenResponse
-	39, // 70: ringfence.pool.v1.PoolService.ListAgentTokens:output_type -> ringfence.pool.v1.ListAgentTokensResponse
-	41, // 71: ringfence.pool.v1.PoolService.RevokeAgentToken:output_type -> ringfence.pool.v1.RevokeAgentTokenResponse
-	43, // 72: ringfence.pool.v1.PoolService.ConnectServer:output_type -> ringfence.pool.v1.ConnectServerResponse
-	56, // [56:73] is the sub-list for method output_type
-	39, // [39:56] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	46, // 7: ringfence.pool.v1.CallToolRequest.arguments:type_name -> google.protobuf.Struct
+	46, // 8: ringfence.pool.v1.CallToolResponse.content:type_name -> google.protobuf.Struct
+	46, // 9: ringfence.pool.v1.CallToolResponse.structured_content:type_name -> google.protobuf.Struct
+	47, // 10: ringfence.pool.v1.CallRefusal.server_failure:type_name -> ringfence.types.v1.ServerFailure
+	8,  // 11: ringfence.pool.v1.CallFailure.jsonrpc_error:type_name -> ringfence.pool.v1.JsonRpcError
+	48, // 12: ringfence.pool.v1.JsonRpcError.data:type_name -> google.protobuf.Value
+	0,  // 13: ringfence.pool.v1.PauseRunResponse.run:type_name -> ringfence.pool.v1.Run
+	0,  // 14: ringfence.pool.v1.ResumeRunResponse.run:type_name -> ringfence.pool.v1.Run
+	0,  // 15: ringfence.pool.v1.EndRunResponse.run:type_name -> ringfence.pool.v1.Run
+	0,  // 16: ringfence.pool.v1.GetRunResponse.run:type_name -> ringfence.pool.v1.Run
+	46, // 17: ringfence.pool.v1.AgentTool.input_schema:type_name -> google.protobuf.Struct
+	46, // 18: ringfence.pool.v1.AgentTool.output_schema:type_name -> google.protobuf.Struct
+	46, // 19: ringfence.pool.v1.AgentTool.annotations:type_name -> google.protobuf.Struct
+	18, // 20: ringfence.pool.v1.ListAgentToolsResponse.tools:type_name -> ringfence.pool.v1.AgentTool
+	19, // 21: ringfence.pool.v1.ListAgentToolsResponse.deferred_servers:type_name -> ringfence.pool.v1.DeferredServer
+	20, // 22: ringfence.pool.v1.ListAgentToolsResponse.hidden:type_name -> ringfence.pool.v1.HiddenTool
+	46, // 23: ringfence.pool.v1.Approval.arguments:type_name -> google.protobuf.Struct
+	45, // 24: ringfence.pool.v1.Approval.request_time:type_name -> google.protobuf.Timestamp
+	45, // 25: ringfence.pool.v1.Approval.expire_time:type_name -> google.protobuf.Timestamp
+	45, // 26: ringfence.pool.v1.Approval.decide_time:type_name -> google.protobuf.Timestamp
+	22, // 27: ringfence.pool.v1.ListApprovalsResponse.approvals:type_name -> ringfence.pool.v1.Approval
+	22, // 28: ringfence.pool.v1.ApproveCallResponse.approval:type_name -> ringfence.pool.v1.Approval
+	5,  // 29: ringfence.pool.v1.ApproveCallResponse.call:type_name -> ringfence.pool.v1.CallToolResponse
+	22, // 30: ringfence.pool.v1.DenyCallResponse.approval:type_name -> ringfence.pool.v1.Approval
+	45, // 31: ringfence.pool.v1.Document.create_time:type_name -> google.protobuf.Timestamp
+	29, // 32: ringfence.pool.v1.PutDocumentResponse.document:type_name -> ringfence.pool.v1.Document
+	29, // 33: ringfence.pool.v1.GetDocumentResponse.document:type_name -> ringfence.pool.v1.Document
+	45, // 34: ringfence.pool.v1.AgentToken.create_time:type_name -> google.protobuf.Timestamp
+	45, // 35: ringfence.pool.v1.AgentToken.expire_time:type_name -> google.protobuf.Timestamp
+	49, // 36: ringfence.pool.v1.CreateAgentTokenRequest.ttl:type_name -> google.protobuf.Duration
+	36, // 37: ringfence.pool.v1.CreateAgentTokenResponse.token:type_name -> ringfence.pool.v1.AgentToken
+	36, // 38: ringfence.pool.v1.ListAgentTokensResponse.tokens:type_name -> ringfence.pool.v1.AgentToken
+	36, // 39: ringfence.pool.v1.RevokeAgentTokenResponse.token:type_name -> ringfence.pool.v1.AgentToken
+	45, // 40: ringfence.pool.v1.ConnectServerResponse.expire_time:type_name -> google.protobuf.Timestamp
+	2,  // 41: ringfence.pool.v1.PoolService.StartRun:input_type -> ringfence.pool.v1.StartRunRequest
+	4,  // 42: ringfence.pool.v1.PoolService.CallTool:input_type -> ringfence.pool.v1.CallToolRequest
+	9,  // 43: ringfence.pool.v1.PoolService.PauseRun:input_type -> ringfence.pool.v1.PauseRunRequest
+	11, // 44: ringfence.pool.v1.PoolService.ResumeRun:input_type -> ringfence.pool.v1.ResumeRunRequest
+	13, // 45: ringfence.pool.v1.PoolService.EndRun:input_type -> ringfence.pool.v1.EndRunRequest
+	15, // 46: ringfence.pool.v1.PoolService.GetRun:input_type -> ringfence.pool.v1.GetRunRequest
+	17, // 47: ringfence.pool.v1.PoolService.ListAgentTools:input_type -> ringfence.pool.v1.ListAgentToolsRequest
+	23, // 48: ringfence.pool.v1.PoolService.ListApprovals:input_type -> ringfence.pool.v1.ListApprovalsRequest
+	25, // 49: ringfence.pool.v1.PoolService.ApproveCall:input_type -> ringfence.pool.v1.ApproveCallRequest
+	27, // 50: ringfence.pool.v1.PoolService.DenyCall:input_type -> ringfence.pool.v1.DenyCallRequest
+	30, // 51: ringfence.pool.v1.PoolService.PutDocument:input_type -> ringfence.pool.v1.PutDocumentRequest
+	32, // 52: ringfence.pool.v1.PoolService.GetDocument:input_type -> ringfence.pool.v1.GetDocumentRequest
+	34, // 53: ringfence.pool.v1.PoolService.DeleteDocument:input_type -> ringfence.pool.v1.DeleteDocumentRequest
+	37, // 54: ringfence.pool.v1.PoolService.CreateAgentToken:input_type -> ringfence.pool.v1.CreateAgentTokenRequest
+	39, // 55: ringfence.pool.v1.PoolService.ListAgentTokens:input_type -> ringfence.pool.v1.ListAgentTokensRequest
+	41, // 56: ringfence.pool.v1.PoolService.RevokeAgentToken:input_type -> ringfence.pool.v1.RevokeAgentTokenRequest
+	43, // 57: ringfence.pool.v1.PoolService.ConnectServer:input_type -> ringfence.pool.v1.ConnectServerRequest
+	3,  // 58: ringfence.pool.v1.PoolService.StartRun:output_type -> ringfence.pool.v1.StartRunResponse
+	5,  // 59: ringfence.pool.v1.PoolService.CallTool:output_type -> ringfence.pool.v1.CallToolResponse
+	10, // 60: ringfence.pool.v1.PoolService.PauseRun:output_type -> ringfence.pool.v1.PauseRunResponse
+	12, // 61: ringfence.pool.v1.PoolService.ResumeRun:output_type -> ringfence.pool.v1.ResumeRunResponse
+	14, // 62: ringfence.pool.v1.PoolService.EndRun:output_type -> ringfence.pool.v1.EndRunResponse
+	16, // 63: ringfence.pool.v1.PoolService.GetRun:output_type -> ringfence.pool.v1.GetRunResponse
+	21, // 64: ringfence.pool.v1.PoolService.ListAgentTools:output_type -> ringfence.pool.v1.ListAgentToolsResponse
+	24, // 65: ringfence.pool.v1.PoolService.ListApprovals:output_type -> ringfence.pool.v1.ListApprovalsResponse
+	26, // 66: ringfence.pool.v1.PoolService.ApproveCall:output_type -> ringfence.pool.v1.ApproveCallResponse
+	28, // 67: ringfence.pool.v1.PoolService.DenyCall:output_type -> ringfence.pool.v1.DenyCallResponse
+	31, // 68: ringfence.pool.v1.PoolService.PutDocument:output_type -> ringfence.pool.v1.PutDocumentResponse
+	33, // 69: ringfence.pool.v1.PoolService.GetDocument:output_type -> ringfence.pool.v1.GetDocumentResponse
+	35, // 70: ringfence.pool.v1.PoolService.DeleteDocument:output_type -> ringfence.pool.v1.DeleteDocumentResponse
+	38, // 71: ringfence.pool.v1.PoolService.CreateAgentToken:output_type -> ringfence.pool.v1.CreateAgentTokenResponse
+	40, // 72: ringfence.pool.v1.PoolService.ListAgentTokens:output_type -> ringfence.pool.v1.ListAgentTokensResponse
+	42, // 73: ringfence.pool.v1.PoolService.RevokeAgentToken:output_type -> ringfence.pool.v1.RevokeAgentTokenResponse
+	44, // 74: ringfence.pool.v1.PoolService.ConnectServer:output_type -> ringfence.pool.v1.ConnectServerResponse
+	58, // [58:75] is the sub-list for method output_type
+	41, // [41:58] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_pool_v1_pool_proto_init() }
@@ -3689,7 +3763,7 @@ func file_ringfence_pool_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_pool_v1_pool_proto_rawDesc), len(file_ringfence_pool_v1_pool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   44,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,160 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// WatchAgentToolsRequest names a run.
+type WatchAgentToolsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	RunId         string                 `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchAgentToolsRequest) Reset() {
+	*x = WatchAgentToolsRequest{}
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchAgentToolsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchAgentToolsRequest) ProtoMessage() {}
+
+func (x *WatchAgentToolsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchAgentToolsRequest.ProtoReflect.Descriptor instead.
+func (*WatchAgentToolsRequest) Descriptor() ([]byte, []int) {
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *WatchAgentToolsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *WatchAgentToolsRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+// WatchAgentToolsResponse is one message of the stream: the changes since the last one.
+type WatchAgentToolsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Changes       []*AgentToolsChange    `protobuf:"bytes,1,rep,name=changes,proto3" json:"changes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchAgentToolsResponse) Reset() {
+	*x = WatchAgentToolsResponse{}
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchAgentToolsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchAgentToolsResponse) ProtoMessage() {}
+
+func (x *WatchAgentToolsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchAgentToolsResponse.ProtoReflect.Descriptor instead.
+func (*WatchAgentToolsResponse) Descriptor() ([]byte, []int) {
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WatchAgentToolsResponse) GetChanges() []*AgentToolsChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+// AgentToolsChange is one change of a run's listings.
+type AgentToolsChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// agent is the agent whose listing changed; empty for every agent of the run.
+	Agent string `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	// server_ref is the server that said its tools changed, or whose sign-in added its tools;
+	// empty when tools were loaded (tool_search) or for a change of every agent.
+	ServerRef     string `protobuf:"bytes,2,opt,name=server_ref,json=serverRef,proto3" json:"server_ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AgentToolsChange) Reset() {
+	*x = AgentToolsChange{}
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentToolsChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentToolsChange) ProtoMessage() {}
+
+func (x *AgentToolsChange) ProtoReflect() protoreflect.Message {
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentToolsChange.ProtoReflect.Descriptor instead.
+func (*AgentToolsChange) Descriptor() ([]byte, []int) {
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *AgentToolsChange) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *AgentToolsChange) GetServerRef() string {
+	if x != nil {
+		return x.ServerRef
+	}
+	return ""
+}
+
 // ForwardRunRequest is a public request as the receiving host authorized it.
 type ForwardRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -46,7 +200,7 @@ type ForwardRunRequest struct {
 
 func (x *ForwardRunRequest) Reset() {
 	*x = ForwardRunRequest{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[0]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -58,7 +212,7 @@ func (x *ForwardRunRequest) String() string {
 func (*ForwardRunRequest) ProtoMessage() {}
 
 func (x *ForwardRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[0]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -71,7 +225,7 @@ func (x *ForwardRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRunRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRunRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{0}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ForwardRunRequest) GetMethod() string {
@@ -119,7 +273,7 @@ type Caller struct {
 
 func (x *Caller) Reset() {
 	*x = Caller{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[1]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -131,7 +285,7 @@ func (x *Caller) String() string {
 func (*Caller) ProtoMessage() {}
 
 func (x *Caller) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[1]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -144,7 +298,7 @@ func (x *Caller) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Caller.ProtoReflect.Descriptor instead.
 func (*Caller) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{1}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Caller) GetKeyId() string {
@@ -206,7 +360,7 @@ type ForwardRunResponse struct {
 
 func (x *ForwardRunResponse) Reset() {
 	*x = ForwardRunResponse{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[2]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -218,7 +372,7 @@ func (x *ForwardRunResponse) String() string {
 func (*ForwardRunResponse) ProtoMessage() {}
 
 func (x *ForwardRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[2]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -231,7 +385,7 @@ func (x *ForwardRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRunResponse.ProtoReflect.Descriptor instead.
 func (*ForwardRunResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{2}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ForwardRunResponse) GetResponse() []byte {
@@ -258,7 +412,7 @@ type ForwardCallToolRequest struct {
 
 func (x *ForwardCallToolRequest) Reset() {
 	*x = ForwardCallToolRequest{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[3]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -270,7 +424,7 @@ func (x *ForwardCallToolRequest) String() string {
 func (*ForwardCallToolRequest) ProtoMessage() {}
 
 func (x *ForwardCallToolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[3]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -283,7 +437,7 @@ func (x *ForwardCallToolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardCallToolRequest.ProtoReflect.Descriptor instead.
 func (*ForwardCallToolRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{3}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ForwardCallToolRequest) GetRequest() *v1.CallToolRequest {
@@ -329,7 +483,7 @@ type ForwardCallToolResponse struct {
 
 func (x *ForwardCallToolResponse) Reset() {
 	*x = ForwardCallToolResponse{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[4]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -341,7 +495,7 @@ func (x *ForwardCallToolResponse) String() string {
 func (*ForwardCallToolResponse) ProtoMessage() {}
 
 func (x *ForwardCallToolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[4]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -354,7 +508,7 @@ func (x *ForwardCallToolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardCallToolResponse.ProtoReflect.Descriptor instead.
 func (*ForwardCallToolResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{4}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ForwardCallToolResponse) GetEvent() isForwardCallToolResponse_Event {
@@ -411,7 +565,7 @@ type CallProgress struct {
 
 func (x *CallProgress) Reset() {
 	*x = CallProgress{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[5]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -423,7 +577,7 @@ func (x *CallProgress) String() string {
 func (*CallProgress) ProtoMessage() {}
 
 func (x *CallProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[5]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -436,7 +590,7 @@ func (x *CallProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallProgress.ProtoReflect.Descriptor instead.
 func (*CallProgress) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{5}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CallProgress) GetProgress() float64 {
@@ -484,7 +638,7 @@ type DiscoverRequest struct {
 
 func (x *DiscoverRequest) Reset() {
 	*x = DiscoverRequest{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[6]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -496,7 +650,7 @@ func (x *DiscoverRequest) String() string {
 func (*DiscoverRequest) ProtoMessage() {}
 
 func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[6]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -509,7 +663,7 @@ func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverRequest.ProtoReflect.Descriptor instead.
 func (*DiscoverRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{6}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DiscoverRequest) GetServerRef() string {
@@ -575,7 +729,7 @@ type DiscoverResponse struct {
 
 func (x *DiscoverResponse) Reset() {
 	*x = DiscoverResponse{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[7]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +741,7 @@ func (x *DiscoverResponse) String() string {
 func (*DiscoverResponse) ProtoMessage() {}
 
 func (x *DiscoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[7]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +754,7 @@ func (x *DiscoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverResponse.ProtoReflect.Descriptor instead.
 func (*DiscoverResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{7}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DiscoverResponse) GetTools() []*v11.ToolDeclaration {
@@ -641,7 +795,7 @@ type GetWarmStatusRequest struct {
 
 func (x *GetWarmStatusRequest) Reset() {
 	*x = GetWarmStatusRequest{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[8]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -653,7 +807,7 @@ func (x *GetWarmStatusRequest) String() string {
 func (*GetWarmStatusRequest) ProtoMessage() {}
 
 func (x *GetWarmStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[8]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -666,7 +820,7 @@ func (x *GetWarmStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWarmStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetWarmStatusRequest) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{8}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetWarmStatusRequest) GetServerRefs() []string {
@@ -687,7 +841,7 @@ type GetWarmStatusResponse struct {
 
 func (x *GetWarmStatusResponse) Reset() {
 	*x = GetWarmStatusResponse{}
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[9]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -699,7 +853,7 @@ func (x *GetWarmStatusResponse) String() string {
 func (*GetWarmStatusResponse) ProtoMessage() {}
 
 func (x *GetWarmStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[9]
+	mi := &file_ringfence_internal_pool_v1_pool_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -712,7 +866,7 @@ func (x *GetWarmStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWarmStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetWarmStatusResponse) Descriptor() ([]byte, []int) {
-	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{9}
+	return file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetWarmStatusResponse) GetWarm() map[string]*v13.WarmStatus {
@@ -726,7 +880,16 @@ var File_ringfence_internal_pool_v1_pool_proto protoreflect.FileDescriptor
 
 const file_ringfence_internal_pool_v1_pool_proto_rawDesc = "" +
 	"\n" +
-	"%ringfence/internal/pool/v1/pool.proto\x12\x1aringfence.internal.pool.v1\x1a-ringfence/internal/registry/v1/registry.proto\x1a\x1cringfence/pool/v1/pool.proto\x1a$ringfence/registry/v1/registry.proto\x1a\x1dringfence/types/v1/tool.proto\"\x99\x01\n" +
+	"%ringfence/internal/pool/v1/pool.proto\x12\x1aringfence.internal.pool.v1\x1a-ringfence/internal/registry/v1/registry.proto\x1a\x1cringfence/pool/v1/pool.proto\x1a$ringfence/registry/v1/registry.proto\x1a\x1dringfence/types/v1/tool.proto\"G\n" +
+	"\x16WatchAgentToolsRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x15\n" +
+	"\x06run_id\x18\x02 \x01(\tR\x05runId\"a\n" +
+	"\x17WatchAgentToolsResponse\x12F\n" +
+	"\achanges\x18\x01 \x03(\v2,.ringfence.internal.pool.v1.AgentToolsChangeR\achanges\"G\n" +
+	"\x10AgentToolsChange\x12\x14\n" +
+	"\x05agent\x18\x01 \x01(\tR\x05agent\x12\x1d\n" +
+	"\n" +
+	"server_ref\x18\x02 \x01(\tR\tserverRef\"\x99\x01\n" +
 	"\x11ForwardRunRequest\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\tR\x06method\x12\x18\n" +
 	"\arequest\x18\x02 \x01(\fR\arequest\x12:\n" +
@@ -779,13 +942,14 @@ const file_ringfence_internal_pool_v1_pool_proto_rawDesc = "" +
 	"\x04warm\x18\x01 \x03(\v2;.ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntryR\x04warm\x1aZ\n" +
 	"\tWarmEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x127\n" +
-	"\x05value\x18\x02 \x01(\v2!.ringfence.registry.v1.WarmStatusR\x05value:\x028\x012\xdd\x03\n" +
+	"\x05value\x18\x02 \x01(\v2!.ringfence.registry.v1.WarmStatusR\x05value:\x028\x012\xdb\x04\n" +
 	"\x13PoolInternalService\x12e\n" +
 	"\bDiscover\x12+.ringfence.internal.pool.v1.DiscoverRequest\x1a,.ringfence.internal.pool.v1.DiscoverResponse\x12t\n" +
 	"\rGetWarmStatus\x120.ringfence.internal.pool.v1.GetWarmStatusRequest\x1a1.ringfence.internal.pool.v1.GetWarmStatusResponse\x12k\n" +
 	"\n" +
 	"ForwardRun\x12-.ringfence.internal.pool.v1.ForwardRunRequest\x1a..ringfence.internal.pool.v1.ForwardRunResponse\x12|\n" +
-	"\x0fForwardCallTool\x122.ringfence.internal.pool.v1.ForwardCallToolRequest\x1a3.ringfence.internal.pool.v1.ForwardCallToolResponse0\x01B\x8a\x02\n" +
+	"\x0fForwardCallTool\x122.ringfence.internal.pool.v1.ForwardCallToolRequest\x1a3.ringfence.internal.pool.v1.ForwardCallToolResponse0\x01\x12|\n" +
+	"\x0fWatchAgentTools\x122.ringfence.internal.pool.v1.WatchAgentToolsRequest\x1a3.ringfence.internal.pool.v1.WatchAgentToolsResponse0\x01B\x8a\x02\n" +
 	"\x1ecom.ringfence.internal.pool.v1B\tPoolProtoP\x01ZRgithub.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1;poolinternalv1\xa2\x02\x03RIP\xaa\x02\x1aRingfence.Internal.Pool.V1\xca\x02\x1aRingfence\\Internal\\Pool\\V1\xe2\x02&Ringfence\\Internal\\Pool\\V1\\GPBMetadata\xea\x02\x1dRingfence::Internal::Pool::V1b\x06proto3"
 
 var (
@@ -800,54 +964,60 @@ func file_ringfence_internal_pool_v1_pool_proto_rawDescGZIP() []byte {
 	return file_ringfence_internal_pool_v1_pool_proto_rawDescData
 }
 
-var file_ringfence_internal_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_ringfence_internal_pool_v1_pool_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_ringfence_internal_pool_v1_pool_proto_goTypes = []any{
-	(*ForwardRunRequest)(nil),         // 0: ringfence.internal.pool.v1.ForwardRunRequest
-	(*Caller)(nil),                    // 1: ringfence.internal.pool.v1.Caller
-	(*ForwardRunResponse)(nil),        // 2: ringfence.internal.pool.v1.ForwardRunResponse
-	(*ForwardCallToolRequest)(nil),    // 3: ringfence.internal.pool.v1.ForwardCallToolRequest
-	(*ForwardCallToolResponse)(nil),   // 4: ringfence.internal.pool.v1.ForwardCallToolResponse
-	(*CallProgress)(nil),              // 5: ringfence.internal.pool.v1.CallProgress
-	(*DiscoverRequest)(nil),           // 6: ringfence.internal.pool.v1.DiscoverRequest
-	(*DiscoverResponse)(nil),          // 7: ringfence.internal.pool.v1.DiscoverResponse
-	(*GetWarmStatusRequest)(nil),      // 8: ringfence.internal.pool.v1.GetWarmStatusRequest
-	(*GetWarmStatusResponse)(nil),     // 9: ringfence.internal.pool.v1.GetWarmStatusResponse
-	nil,                               // 10: ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry
-	(*v1.CallToolRequest)(nil),        // 11: ringfence.pool.v1.CallToolRequest
-	(*v1.CallToolResponse)(nil),       // 12: ringfence.pool.v1.CallToolResponse
-	(*v11.ExploreCall)(nil),           // 13: ringfence.types.v1.ExploreCall
-	(*v12.ResolveServerResponse)(nil), // 14: ringfence.internal.registry.v1.ResolveServerResponse
-	(*v11.ToolDeclaration)(nil),       // 15: ringfence.types.v1.ToolDeclaration
-	(*v11.Finding)(nil),               // 16: ringfence.types.v1.Finding
-	(*v11.ExploreCallResult)(nil),     // 17: ringfence.types.v1.ExploreCallResult
-	(*v13.WarmStatus)(nil),            // 18: ringfence.registry.v1.WarmStatus
+	(*WatchAgentToolsRequest)(nil),    // 0: ringfence.internal.pool.v1.WatchAgentToolsRequest
+	(*WatchAgentToolsResponse)(nil),   // 1: ringfence.internal.pool.v1.WatchAgentToolsResponse
+	(*AgentToolsChange)(nil),          // 2: ringfence.internal.pool.v1.AgentToolsChange
+	(*ForwardRunRequest)(nil),         // 3: ringfence.internal.pool.v1.ForwardRunRequest
+	(*Caller)(nil),                    // 4: ringfence.internal.pool.v1.Caller
+	(*ForwardRunResponse)(nil),        // 5: ringfence.internal.pool.v1.ForwardRunResponse
+	(*ForwardCallToolRequest)(nil),    // 6: ringfence.internal.pool.v1.ForwardCallToolRequest
+	(*ForwardCallToolResponse)(nil),   // 7: ringfence.internal.pool.v1.ForwardCallToolResponse
+	(*CallProgress)(nil),              // 8: ringfence.internal.pool.v1.CallProgress
+	(*DiscoverRequest)(nil),           // 9: ringfence.internal.pool.v1.DiscoverRequest
+	(*DiscoverResponse)(nil),          // 10: ringfence.internal.pool.v1.DiscoverResponse
+	(*GetWarmStatusRequest)(nil),      // 11: ringfence.internal.pool.v1.GetWarmStatusRequest
+	(*GetWarmStatusResponse)(nil),     // 12: ringfence.internal.pool.v1.GetWarmStatusResponse
+	nil,                               // 13: ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry
+	(*v1.CallToolRequest)(nil),        // 14: ringfence.pool.v1.CallToolRequest
+	(*v1.CallToolResponse)(nil),       // 15: ringfence.pool.v1.CallToolResponse
+	(*v11.ExploreCall)(nil),           // 16: ringfence.types.v1.ExploreCall
+	(*v12.ResolveServerResponse)(nil), // 17: ringfence.internal.registry.v1.ResolveServerResponse
+	(*v11.ToolDeclaration)(nil),       // 18: ringfence.types.v1.ToolDeclaration
+	(*v11.Finding)(nil),               // 19: ringfence.types.v1.Finding
+	(*v11.ExploreCallResult)(nil),     // 20: ringfence.types.v1.ExploreCallResult
+	(*v13.WarmStatus)(nil),            // 21: ringfence.registry.v1.WarmStatus
 }
 var file_ringfence_internal_pool_v1_pool_proto_depIdxs = []int32{
-	1,  // 0: ringfence.internal.pool.v1.ForwardRunRequest.caller:type_name -> ringfence.internal.pool.v1.Caller
-	11, // 1: ringfence.internal.pool.v1.ForwardCallToolRequest.request:type_name -> ringfence.pool.v1.CallToolRequest
-	1,  // 2: ringfence.internal.pool.v1.ForwardCallToolRequest.caller:type_name -> ringfence.internal.pool.v1.Caller
-	5,  // 3: ringfence.internal.pool.v1.ForwardCallToolResponse.progress:type_name -> ringfence.internal.pool.v1.CallProgress
-	12, // 4: ringfence.internal.pool.v1.ForwardCallToolResponse.response:type_name -> ringfence.pool.v1.CallToolResponse
-	13, // 5: ringfence.internal.pool.v1.DiscoverRequest.call:type_name -> ringfence.types.v1.ExploreCall
-	14, // 6: ringfence.internal.pool.v1.DiscoverRequest.adhoc:type_name -> ringfence.internal.registry.v1.ResolveServerResponse
-	15, // 7: ringfence.internal.pool.v1.DiscoverResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	16, // 8: ringfence.internal.pool.v1.DiscoverResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	17, // 9: ringfence.internal.pool.v1.DiscoverResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
-	10, // 10: ringfence.internal.pool.v1.GetWarmStatusResponse.warm:type_name -> ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry
-	18, // 11: ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry.value:type_name -> ringfence.registry.v1.WarmStatus
-	6,  // 12: ringfence.internal.pool.v1.PoolInternalService.Discover:input_type -> ringfence.internal.pool.v1.DiscoverRequest
-	8,  // 13: ringfence.internal.pool.v1.PoolInternalService.GetWarmStatus:input_type -> ringfence.internal.pool.v1.GetWarmStatusRequest
-	0,  // 14: ringfence.internal.pool.v1.PoolInternalService.ForwardRun:input_type -> ringfence.internal.pool.v1.ForwardRunRequest
-	3,  // 15: ringfence.internal.pool.v1.PoolInternalService.ForwardCallTool:input_type -> ringfence.internal.pool.v1.ForwardCallToolRequest
-	7,  // 16: ringfence.internal.pool.v1.PoolInternalService.Discover:output_type -> ringfence.internal.pool.v1.DiscoverResponse
-	9,  // 17: ringfence.internal.pool.v1.PoolInternalService.GetWarmStatus:output_type -> ringfence.internal.pool.v1.GetWarmStatusResponse
-	2,  // 18: ringfence.internal.pool.v1.PoolInternalService.ForwardRun:output_type -> ringfence.internal.pool.v1.ForwardRunResponse
-	4,  // 19: ringfence.internal.pool.v1.PoolInternalService.ForwardCallTool:output_type -> ringfence.internal.pool.v1.ForwardCallToolResponse
-	16, // [16:20] is the sub-list for method output_type
-	12, // [12:16] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	2,  // 0: ringfence.internal.pool.v1.WatchAgentToolsResponse.changes:type_name -> ringfence.internal.pool.v1.AgentToolsChange
+	4,  // 1: ringfence.internal.pool.v1.ForwardRunRequest.caller:type_name -> ringfence.internal.pool.v1.Caller
+	14, // 2: ringfence.internal.pool.v1.ForwardCallToolRequest.request:type_name -> ringfence.pool.v1.CallToolRequest
+	4,  // 3: ringfence.internal.pool.v1.ForwardCallToolRequest.caller:type_name -> ringfence.internal.pool.v1.Caller
+	8,  // 4: ringfence.internal.pool.v1.ForwardCallToolResponse.progress:type_name -> ringfence.internal.pool.v1.CallProgress
+	15, // 5: ringfence.internal.pool.v1.ForwardCallToolResponse.response:type_name -> ringfence.pool.v1.CallToolResponse
+	16, // 6: ringfence.internal.pool.v1.DiscoverRequest.call:type_name -> ringfence.types.v1.ExploreCall
+	17, // 7: ringfence.internal.pool.v1.DiscoverRequest.adhoc:type_name -> ringfence.internal.registry.v1.ResolveServerResponse
+	18, // 8: ringfence.internal.pool.v1.DiscoverResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	19, // 9: ringfence.internal.pool.v1.DiscoverResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	20, // 10: ringfence.internal.pool.v1.DiscoverResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
+	13, // 11: ringfence.internal.pool.v1.GetWarmStatusResponse.warm:type_name -> ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry
+	21, // 12: ringfence.internal.pool.v1.GetWarmStatusResponse.WarmEntry.value:type_name -> ringfence.registry.v1.WarmStatus
+	9,  // 13: ringfence.internal.pool.v1.PoolInternalService.Discover:input_type -> ringfence.internal.pool.v1.DiscoverRequest
+	11, // 14: ringfence.internal.pool.v1.PoolInternalService.GetWarmStatus:input_type -> ringfence.internal.pool.v1.GetWarmStatusRequest
+	3,  // 15: ringfence.internal.pool.v1.PoolInternalService.ForwardRun:input_type -> ringfence.internal.pool.v1.ForwardRunRequest
+	6,  // 16: ringfence.internal.pool.v1.PoolInternalService.ForwardCallTool:input_type -> ringfence.internal.pool.v1.ForwardCallToolRequest
+	0,  // 17: ringfence.internal.pool.v1.PoolInternalService.WatchAgentTools:input_type -> ringfence.internal.pool.v1.WatchAgentToolsRequest
+	10, // 18: ringfence.internal.pool.v1.PoolInternalService.Discover:output_type -> ringfence.internal.pool.v1.DiscoverResponse
+	12, // 19: ringfence.internal.pool.v1.PoolInternalService.GetWarmStatus:output_type -> ringfence.internal.pool.v1.GetWarmStatusResponse
+	5,  // 20: ringfence.internal.pool.v1.PoolInternalService.ForwardRun:output_type -> ringfence.internal.pool.v1.ForwardRunResponse
+	7,  // 21: ringfence.internal.pool.v1.PoolInternalService.ForwardCallTool:output_type -> ringfence.internal.pool.v1.ForwardCallToolResponse
+	1,  // 22: ringfence.internal.pool.v1.PoolInternalService.WatchAgentTools:output_type -> ringfence.internal.pool.v1.WatchAgentToolsResponse
+	18, // [18:23] is the sub-list for method output_type
+	13, // [13:18] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_internal_pool_v1_pool_proto_init() }
@@ -855,7 +1025,7 @@ func file_ringfence_internal_pool_v1_pool_proto_init() {
 	if File_ringfence_internal_pool_v1_pool_proto != nil {
 		return
 	}
-	file_ringfence_internal_pool_v1_pool_proto_msgTypes[4].OneofWrappers = []any{
+	file_ringfence_internal_pool_v1_pool_proto_msgTypes[7].OneofWrappers = []any{
 		(*ForwardCallToolResponse_Progress)(nil),
 		(*ForwardCallToolResponse_Response)(nil),
 	}
@@ -865,7 +1035,7 @@ func file_ringfence_internal_pool_v1_pool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringfence_internal_pool_v1_pool_proto_rawDesc), len(file_ringfence_internal_pool_v1_pool_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,7 @@ const (
 	PoolInternalService_GetWarmStatus_FullMethodName   = "/ringfence.internal.pool.v1.PoolInternalService/GetWarmStatus"
 	PoolInternalService_ForwardRun_FullMethodName      = "/ringfence.internal.pool.v1.PoolInternalService/ForwardRun"
 	PoolInternalService_ForwardCallTool_FullMethodName = "/ringfence.internal.pool.v1.PoolInternalService/ForwardCallTool"
+	PoolInternalService_WatchAgentTools_FullMethodName = "/ringfence.internal.pool.v1.PoolInternalService/WatchAgentTools"
 )
 
 // PoolInternalServiceClient is the client API for PoolInternalService service.
@@ -67,6 +68,19 @@ type PoolInternalServiceClient interface {
 	// INVALID_ARGUMENT (no caller or tenant); UNAVAILABLE (the run moved while the request
 	// travelled: send it again).
 	ForwardCallTool(ctx context.Context, in *ForwardCallToolRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ForwardCallToolResponse], error)
+	// WatchAgentTools streams the changes of the agents' tool listings of a run this host owns,
+	// while it is open: tool_search (or a sign-in's connect tool) loaded tools for an agent, or a
+	// server of the run said its tools changed. Another pool host holds one open per run whose
+	// agents its MCP front door has sessions for, and tells them notifications/tools/list_changed
+	// as the owner's front door tells its own. The first message carries no change: the watch
+	// is in place. Changes that wait for the stream are merged (each agent and server once; past
+	// 64, one change of every agent). The stream ends when the run ends or leaves this host, or
+	// this host stops.
+	// Caller: a pool's service certificate only. Codes: INVALID_ARGUMENT (no tenant or run id),
+	// NOT_FOUND (no such run), FAILED_PRECONDITION (the run ended), UNAVAILABLE (the run is
+	// another host's, or left this one, or this host stops: look its owner up again),
+	// RESOURCE_EXHAUSTED (the run has 64 watches open).
+	WatchAgentTools(ctx context.Context, in *WatchAgentToolsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchAgentToolsResponse], error)
 }
 
 type poolInternalServiceClient struct {
@@ -126,6 +140,25 @@ func (c *poolInternalServiceClient) ForwardCallTool(ctx context.Context, in *For
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type PoolInternalService_ForwardCallToolClient = grpc.ServerStreamingClient[ForwardCallToolResponse]
 
+func (c *poolInternalServiceClient) WatchAgentTools(ctx context.Context, in *WatchAgentToolsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchAgentToolsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &PoolInternalService_ServiceDesc.Streams[1], PoolInternalService_WatchAgentTools_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchAgentToolsRequest, WatchAgentToolsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PoolInternalService_WatchAgentToolsClient = grpc.ServerStreamingClient[WatchAgentToolsResponse]
+
 // PoolInternalServiceServer is the server API for PoolInternalService service.
 // All implementations must embed UnimplementedPoolInternalServiceServer
 // for forward compatibility.
@@ -163,6 +196,19 @@ type PoolInternalServiceServer interface {
 	// INVALID_ARGUMENT (no caller or tenant); UNAVAILABLE (the run moved while the request
 	// travelled: send it again).
 	ForwardCallTool(*ForwardCallToolRequest, grpc.ServerStreamingServer[ForwardCallToolResponse]) error
+	// WatchAgentTools streams the changes of the agents' tool listings of a run this host owns,
+	// while it is open: tool_search (or a sign-in's connect tool) loaded tools for an agent, or a
+	// server of the run said its tools changed. Another pool host holds one open per run whose
+	// agents its MCP front door has sessions for, and tells them notifications/tools/list_changed
+	// as the owner's front door tells its own. The first message carries no change: the watch
+	// is in place. Changes that wait for the stream are merged (each agent and server once; past
+	// 64, one change of every agent). The stream ends when the run ends or leaves this host, or
+	// this host stops.
+	// Caller: a pool's service certificate only. Codes: INVALID_ARGUMENT (no tenant or run id),
+	// NOT_FOUND (no such run), FAILED_PRECONDITION (the run ended), UNAVAILABLE (the run is
+	// another host's, or left this one, or this host stops: look its owner up again),
+	// RESOURCE_EXHAUSTED (the run has 64 watches open).
+	WatchAgentTools(*WatchAgentToolsRequest, grpc.ServerStreamingServer[WatchAgentToolsResponse]) error
 	mustEmbedUnimplementedPoolInternalServiceServer()
 }
 
@@ -184,6 +230,9 @@ func (UnimplementedPoolInternalServiceServer) ForwardRun(context.Context, *Forwa
 }
 func (UnimplementedPoolInternalServiceServer) ForwardCallTool(*ForwardCallToolRequest, grpc.ServerStreamingServer[ForwardCallToolResponse]) error {
 	return status.Error(codes.Unimplemented, "method ForwardCallTool not implemented")
+}
+func (UnimplementedPoolInternalServiceServer) WatchAgentTools(*WatchAgentToolsRequest, grpc.ServerStreamingServer[WatchAgentToolsResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchAgentTools not implemented")
 }
 func (UnimplementedPoolInternalServiceServer) mustEmbedUnimplementedPoolInternalServiceServer() {}
 func (UnimplementedPoolInternalServiceServer) testEmbeddedByValue()                             {}
@@ -271,6 +320,17 @@ func _PoolInternalService_ForwardCallTool_Handler(srv interface{}, stream grpc.S
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type PoolInternalService_ForwardCallToolServer = grpc.ServerStreamingServer[ForwardCallToolResponse]
 
+func _PoolInternalService_WatchAgentTools_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchAgentToolsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(PoolInternalServiceServer).WatchAgentTools(m, &grpc.GenericServerStream[WatchAgentToolsRequest, WatchAgentToolsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PoolInternalService_WatchAgentToolsServer = grpc.ServerStreamingServer[WatchAgentToolsResponse]
+
 // PoolInternalService_ServiceDesc is the grpc.ServiceDesc for PoolInternalService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -295,6 +355,11 @@ var PoolInternalService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "ForwardCallTool",
 			Handler:       _PoolInternalService_ForwardCallTool_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchAgentTools",
+			Handler:       _PoolInternalService_WatchAgentTools_Handler,
 			ServerStreams: true,
 		},
 	},
