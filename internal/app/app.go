@@ -821,6 +821,7 @@ func registerPublisher(srv *grpcserver.Server, pub *publisher.Service) {
 
 func registerAudit(srv *grpcserver.Server, svc *auditsvc.Service, authz grpcserver.Authorizer) {
 	auditv1.RegisterAuditServiceServer(srv.GRPC(), svc)
+	srv.OnShutdown(svc.EndWatches)
 	srv.Handle("/v1/audit/export", svc.ExportHandler(authz))
 	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
 		return auditv1.RegisterAuditServiceHandler(ctx, mux, conn)

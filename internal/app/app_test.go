@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -271,4 +272,42 @@ func TestOAuthCallbackURLFollowsTheListener(t *testing.T) {
 	} {
 		require.Equal(t, tc.want, oauthCallbackURL(testConfig(t, tc.env...)), "%v", tc.env)
 	}
+}
+
+// TestAStoppingServerEndsAuditWatches: an audit watch (ringfence audit tail) open when
+// ringfenced stops ends as the stop begins, with UNAVAILABLE naming the record to watch again
+// from, rather than holding the graceful stop until its timeout and then being cut.
+func TestAStoppingServerEndsAuditWatches(t *testing.T) {
+	a, err := NewAllInOne(t.Context(), testConfig(t), quietLogger())
+	require.NoError(t, err)
+	defer a.Close()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	ran := make(chan error, 1)
+	go func() { ran <- a.Server.Run(ctx) }()
+	addr, _, err := a.Server.Addrs(ctx)
+	require.NoError(t, err)
+	conn, err := grpc.NewClient(addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+
+	admin := testutil.WithKey(t.Context(), bootstrapKey)
+	watch, err := auditv1.NewAuditServiceClient(conn).Watch(admin, &auditv1.WatchRequest{FromSeq: 1})
+	require.NoError(t, err)
+	first, err := watch.Recv() // the bootstrap key's record: the watch is in place
+	require.NoError(t, err)
+	require.EqualValues(t, 1, first.GetRecord().GetSeq())
+
+	stop()
+	seen := first.GetRecord().GetSeq()
+	var last error
+	for last == nil {
+		var resp *auditv1.WatchResponse
+		if resp, last = watch.Recv(); last == nil {
+			seen = resp.GetRecord().GetSeq()
+		}
+	}
+	require.Equal(t, codes.Unavailable, status.Code(last), "%v", last)
+	require.Contains(t, status.Convert(last).Message(), fmt.Sprintf("the audit service is stopping: watch again from record %d", seen+1))
+	require.NoError(t, <-ran)
 }

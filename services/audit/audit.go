@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -53,9 +54,18 @@ type Service struct {
 	shared *sharedLog
 	log    *slog.Logger
 	errors grpcserver.ErrorTable
+
+	// watches ends the Watch streams in progress when the server stops (EndWatches): they
+	// last until told to, and a graceful stop would wait for them until its timeout.
+	watchMu  sync.Mutex
+	watches  map[*context.CancelCauseFunc]struct{}
+	stopping bool
 }
 
 var _ auditv1.AuditServiceServer = (*Service)(nil)
+
+// errStopping ends the Watch streams of a server that stops.
+var errStopping = errors.New("audit: the audit service is stopping")
 
 var errorCodes = map[error]codes.Code{
 	audit.ErrInvalidRecord:    codes.InvalidArgument,
@@ -175,18 +185,28 @@ func (s *Service) Watch(req *auditv1.WatchRequest, stream auditv1.AuditService_W
 	if err := s.catchUp(ctx); err != nil {
 		return s.errors.Status(ctx, err)
 	}
+	ctx, end, err := s.startWatch(ctx)
+	if err != nil {
+		return err
+	}
+	defer end()
 	from := req.GetFromSeq()
 	if from == 0 {
 		head, _ := s.store.Head()
 		from = head + 1
 	}
+	next := from // the first record the client has not been given (or passed over)
 	for e, err := range s.store.Watch(ctx, from) {
 		if err != nil {
+			if errors.Is(context.Cause(ctx), errStopping) {
+				return status.Errorf(codes.Unavailable, "%v: watch again from record %d (ringfence audit tail --from %d) once it is back, or at another audit instance", errStopping, next, next)
+			}
 			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 				return nil
 			}
 			return s.errors.Status(ctx, err)
 		}
+		next = e.Record.Seq + 1
 		if !f.Matches(&e.Record) {
 			continue
 		}
@@ -195,6 +215,38 @@ func (s *Service) Watch(req *auditv1.WatchRequest, stream auditv1.AuditService_W
 		}
 	}
 	return nil
+}
+
+// startWatch registers a Watch stream, in a context EndWatches cancels; end unregisters it.
+func (s *Service) startWatch(ctx context.Context) (_ context.Context, end func(), _ error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	if s.stopping {
+		cancel(nil)
+		return nil, nil, status.Errorf(codes.Unavailable, "%v: watch again once it is back, or at another audit instance", errStopping)
+	}
+	if s.watches == nil {
+		s.watches = make(map[*context.CancelCauseFunc]struct{})
+	}
+	s.watches[&cancel] = struct{}{}
+	return ctx, func() {
+		s.watchMu.Lock()
+		delete(s.watches, &cancel)
+		s.watchMu.Unlock()
+		cancel(nil)
+	}, nil
+}
+
+// EndWatches ends every Watch stream in progress, each with UNAVAILABLE naming the record to
+// watch again from, and refuses new ones: the server stops (grpcserver.Server.OnShutdown).
+func (s *Service) EndWatches() {
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	s.stopping = true
+	for cancel := range s.watches {
+		(*cancel)(errStopping)
+	}
 }
 
 // Verify implements AuditService. Concurrent calls share one walk of the chain, and a walk's

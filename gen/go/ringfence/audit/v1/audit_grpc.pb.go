@@ -39,7 +39,8 @@ type AuditServiceClient interface {
 	// Codes: INVALID_ARGUMENT (bad filter or page token).
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 	// Watch streams records from a sequence number on, then follows new ones.
-	// Caller: audit:read (REST GET /v1/audit/records:watch). Codes: INVALID_ARGUMENT.
+	// Caller: audit:read (REST GET /v1/audit/records:watch). Codes: INVALID_ARGUMENT;
+	// UNAVAILABLE when the server stops, naming the record to watch again from (from_seq).
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 	// Verify recomputes the hash chain and names the first broken record. The whole chain is
 	// always walked (one chain spans every tenant); a tenant-bound key is answered about its
@@ -133,7 +134,8 @@ type AuditServiceServer interface {
 	// Codes: INVALID_ARGUMENT (bad filter or page token).
 	List(context.Context, *ListRequest) (*ListResponse, error)
 	// Watch streams records from a sequence number on, then follows new ones.
-	// Caller: audit:read (REST GET /v1/audit/records:watch). Codes: INVALID_ARGUMENT.
+	// Caller: audit:read (REST GET /v1/audit/records:watch). Codes: INVALID_ARGUMENT;
+	// UNAVAILABLE when the server stops, naming the record to watch again from (from_seq).
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	// Verify recomputes the hash chain and names the first broken record. The whole chain is
 	// always walked (one chain spans every tenant); a tenant-bound key is answered about its
