@@ -342,7 +342,7 @@ func TestImportRefusalsReachTheCLI(t *testing.T) {
 }
 
 // TestGraphsCLI drives every graphs verb: create, show -o json, edit with the revision (a stale
-// file is refused), validate, publish, versions, list, delete.
+// file is refused, unless --force), validate, publish, versions, list, delete.
 func TestGraphsCLI(t *testing.T) {
 	d := startDaemon(t, "ringfenced", registryEnv()...)
 	cli := func(key string, args ...string) result {
@@ -369,6 +369,9 @@ func TestGraphsCLI(t *testing.T) {
 	r = cli(adminKey, "graphs", "edit", "--graph", "g", "--file", file)
 	require.Equal(t, 1, r.Code, "the file's revision is stale now")
 	require.Contains(t, r.Stderr, "Aborted")
+	// --force replaces the draft over the stale revision, as it says.
+	r = cli(adminKey, "graphs", "edit", "--graph", "g", "--file", file, "--force")
+	require.Equal(t, 0, r.Code, r.Stderr)
 
 	delete(g, "revision")
 	noRev, _ := json.Marshal(g)

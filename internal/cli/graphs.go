@@ -131,7 +131,8 @@ func newGraphsEditCmd(g *globals) *cobra.Command {
 		Short: "Replace the draft with the graph in a JSON file, if nobody changed it since you read it",
 		Long: `edit replaces the draft with the graph in F (- reads stdin), in the JSON that
 "ringfence graphs show --graph G -o json" prints. The file's revision must still be the
-draft's: a concurrent change is refused (ABORTED) rather than overwritten. Inline env values
+draft's: a concurrent change is refused (ABORTED) rather than overwritten, unless --force
+says to replace the draft whatever changed since. Inline env values
 shown as ******** keep their stored values. Pinned declarations cannot be edited by hand:
 re-import the tool instead.`,
 		Example: `  ringfence graphs show --graph support-triage -o json > g.json
@@ -153,6 +154,11 @@ re-import the tool instead.`,
 			if draft.GetRevision() == 0 && !force {
 				return usagef("%s has no revision, so a concurrent change could be overwritten: start from ringfence graphs show --graph %s -o json, or pass --force", file, gt.graph)
 			}
+			if force {
+				// Revision 0 skips the server's check: --force replaces the draft whatever
+				// changed since the file's revision, as it says.
+				draft.Revision = 0
+			}
 			client, err := g.publisher()
 			if err != nil {
 				return err
@@ -168,7 +174,7 @@ re-import the tool instead.`,
 	}
 	gt.register(cmd)
 	cmd.Flags().StringVarP(&file, "file", "f", "", "JSON file with the new draft (- for stdin)")
-	cmd.Flags().BoolVar(&force, "force", false, "replace the draft even if the file carries no revision")
+	cmd.Flags().BoolVar(&force, "force", false, "replace the draft even if it changed since the file's revision, or the file carries none")
 	return cmd
 }
 
