@@ -234,7 +234,10 @@ var imageRefPattern = regexp.MustCompile(`^(?:[a-z0-9][a-z0-9._/:-]*@)?sha256:[0
 var runtimeNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
 
 // Validate checks every value and cross-field rule, returning all problems at once.
-func (c *Config) Validate() error {
+func (c *Config) Validate() error { return c.check().err() }
+
+// check is Validate's list of problems, which Load reports with the values that did not parse.
+func (c *Config) check() problems {
 	var errs problems
 	switch c.Env {
 	case "development", "production":
@@ -365,7 +368,7 @@ func (c *Config) Validate() error {
 				"unset it, register the servers and run `ringfence mcp-import`")
 		}
 	}
-	return errs.err()
+	return errs
 }
 
 // validateOAuth checks the sign-in settings.
@@ -544,7 +547,7 @@ func (c *Config) validateStore(errs *problems) {
 
 // validateFor checks what depends on which binary runs the configuration, and fills in a
 // split binary's internal address. Other names (tests, the CLI) get the checks above only.
-func (c *Config) validateFor(binary string) error {
+func (c *Config) validateFor(binary string) problems {
 	var errs problems
 	switch {
 	case binary == AllInOne:
@@ -569,7 +572,7 @@ func (c *Config) validateFor(binary string) error {
 				"`ringfence certs init --dir D` writes a development set; or run every service in one process with ringfenced")
 		}
 	}
-	return errs.err()
+	return errs
 }
 
 func checkAddr(addr string) error {
@@ -609,6 +612,12 @@ type problems []string
 
 func (p *problems) add(key, what, fix string) {
 	*p = append(*p, fmt.Sprintf("%s (%s) %s: %s", key, EnvName(key), what, fix))
+}
+
+// addValue records a value that did not parse as its key's type; source says where it was set
+// (its environment variable, flag or file) and why is the parser's "not a …: use …".
+func (p *problems) addValue(key, source, shown string, why error) {
+	*p = append(*p, fmt.Sprintf("%s (%s) %s is %v", key, source, shown, why))
 }
 
 // addRule records a failed rule over several keys, which it names itself.

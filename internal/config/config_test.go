@@ -337,7 +337,32 @@ func TestSeedNamesAreAliases(t *testing.T) {
 	}, cfg.Warnings)
 
 	_, err = load(t, nil, []string{"ZEROTH_POOL__MAX_RUNS=many"})
-	require.ErrorContains(t, err, "ZEROTH_POOL__MAX_RUNS (read as RINGFENCE_POOL__MAX_RUNS)=")
+	require.ErrorContains(t, err, `pool.max_runs (ZEROTH_POOL__MAX_RUNS, read as RINGFENCE_POOL__MAX_RUNS) "many" is not an integer`)
+}
+
+// TestInvalidValuesAllAtOnce: values that do not parse are reported together with the values
+// that break a rule, each with its key, where it was set and the fix, so one start names them
+// all (docs/configuration.md).
+func TestInvalidValuesAllAtOnce(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "ringfenced.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("pool:\n  max_sessions: lots\n"), 0o600))
+	_, err := load(t, []string{"--config", file, "--pool.drift-max-age=soon"}, []string{
+		"RINGFENCE_POOL__MAX_RUNS=many",
+		"RINGFENCE_SANDBOX__MCP_ISOLATION_CPUS=one",
+		"RINGFENCE_GRPC_ADDR=x",
+	})
+	require.Error(t, err)
+	msg := err.Error()
+	require.True(t, strings.HasPrefix(msg, "config: invalid configuration:\n"), msg)
+	for _, want := range []string{
+		`pool.max_runs (RINGFENCE_POOL__MAX_RUNS) "many" is not an integer: use a whole number, e.g. 256`,
+		`sandbox.mcp_isolation_cpus (RINGFENCE_SANDBOX__MCP_ISOLATION_CPUS) "one" is not a number: use a decimal number, e.g. 1`,
+		`pool.drift_max_age (--pool.drift-max-age) "soon" is not a duration: use e.g. 500ms, 2s or 15m`,
+		`pool.max_sessions (in ` + file + `) "lots" is not an integer: use a whole number, e.g. 512`,
+		`grpc_addr (RINGFENCE_GRPC_ADDR) "x" is not host:port`,
+	} {
+		require.Contains(t, msg, want)
+	}
 }
 
 // TestStoreSettings: the etcd back end needs its members' URLs and takes mutual TLS to them,

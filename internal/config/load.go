@@ -98,24 +98,26 @@ func Load(name string, args, environ []string, out io.Writer) (*Config, error) {
 	if *configFile == "" {
 		*configFile = env["RINGFENCE_CONFIG"]
 	}
+	// A value that does not parse leaves its key at the default and is reported with every
+	// other invalid value, so one start names them all.
+	var bad problems
 	if *configFile != "" {
-		if err := loadFile(*configFile, byKey); err != nil {
+		if err := loadFile(*configFile, byKey, &bad); err != nil {
 			return nil, err
 		}
 	}
-	if err := loadEnv(env, from, byKey); err != nil {
+	if err := loadEnv(env, from, byKey, &bad); err != nil {
 		return nil, err
 	}
 	for _, fv := range flagged {
 		f := byKey[fv.key]
 		if err := f.set(fv.raw); err != nil {
-			return nil, fmt.Errorf("config: flag --%s=%s: %w", FlagName(f.key), f.display(fv.raw), err)
+			bad.addValue(f.key, "--"+FlagName(f.key), f.display(fv.raw), err)
 		}
 	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if err := cfg.validateFor(name); err != nil {
+	bad = append(bad, cfg.check()...)
+	bad = append(bad, cfg.validateFor(name)...)
+	if err := bad.err(); err != nil {
 		return nil, err
 	}
 	return cfg, nil
@@ -160,7 +162,7 @@ func envMap(environ []string, byKey map[string]field) (env, from map[string]stri
 	return m, from, warnings
 }
 
-func loadEnv(env, from map[string]string, byKey map[string]field) error {
+func loadEnv(env, from map[string]string, byKey map[string]field, bad *problems) error {
 	byEnv := make(map[string]field, len(byKey))
 	for _, f := range byKey {
 		byEnv[EnvName(f.key)] = f
@@ -181,15 +183,15 @@ func loadEnv(env, from map[string]string, byKey map[string]field) error {
 		if err := f.set(env[name]); err != nil {
 			source := name
 			if alias := from[name]; alias != "" {
-				source = alias + " (read as " + name + ")"
+				source = alias + ", read as " + name
 			}
-			return fmt.Errorf("config: %s=%s (from the environment): %w", source, f.display(env[name]), err)
+			bad.addValue(f.key, source, f.display(env[name]), err)
 		}
 	}
 	return nil
 }
 
-func loadFile(path string, byKey map[string]field) error {
+func loadFile(path string, byKey map[string]field, bad *problems) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("config: read config file: %w", err)
@@ -198,10 +200,10 @@ func loadFile(path string, byKey map[string]field) error {
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return fmt.Errorf("config: config file %s is not valid YAML: %w", path, err)
 	}
-	return applyYAML(path, "", doc, byKey)
+	return applyYAML(path, "", doc, byKey, bad)
 }
 
-func applyYAML(path, prefix string, doc map[string]any, byKey map[string]field) error {
+func applyYAML(path, prefix string, doc map[string]any, byKey map[string]field, bad *problems) error {
 	keys := make([]string, 0, len(doc))
 	for k := range doc {
 		keys = append(keys, k)
@@ -214,7 +216,7 @@ func applyYAML(path, prefix string, doc map[string]any, byKey map[string]field) 
 			if !isSection(key, byKey) {
 				return fmt.Errorf("config: %s: unknown section %q: %s", path, key, suggestKey(key, byKey))
 			}
-			if err := applyYAML(path, key+".", section, byKey); err != nil {
+			if err := applyYAML(path, key+".", section, byKey, bad); err != nil {
 				return err
 			}
 			continue
@@ -228,7 +230,7 @@ func applyYAML(path, prefix string, doc map[string]any, byKey map[string]field) 
 			return fmt.Errorf("config: %s: key %q: %w", path, key, err)
 		}
 		if err := f.set(raw); err != nil {
-			return fmt.Errorf("config: %s: key %q=%s: %w", path, key, f.display(raw), err)
+			bad.addValue(key, "in "+path, f.display(raw), err)
 		}
 	}
 	return nil
@@ -341,6 +343,14 @@ func (f field) usage() string {
 	return u
 }
 
+// example is ", e.g. <the default>" when the key has a default to show, for a parse error's fix.
+func (f field) example() string {
+	if f.def == "" {
+		return ""
+	}
+	return ", e.g. " + f.def
+}
+
 // display shows a raw value in an error message, hiding secrets.
 func (f field) display(raw string) string {
 	if f.secret {
@@ -389,13 +399,13 @@ func (f field) set(raw string) error {
 	case reflect.Int, reflect.Int64:
 		n, err := strconv.ParseInt(raw, 10, 64)
 		if err != nil {
-			return errors.New("not an integer")
+			return fmt.Errorf("not an integer: use a whole number%s", f.example())
 		}
 		f.v.SetInt(n)
 	case reflect.Float64:
 		x, err := strconv.ParseFloat(raw, 64)
 		if err != nil {
-			return errors.New("not a number")
+			return fmt.Errorf("not a number: use a decimal number%s", f.example())
 		}
 		f.v.SetFloat(x)
 	default:
