@@ -500,6 +500,9 @@ func (c *Config) validatePoolHost(errs *problems) {
 	}
 }
 
+// defaultEtcdPrefix is store.etcd_prefix's default (its field's tag).
+const defaultEtcdPrefix = "/ringfence"
+
 // validateStore checks the store section: an etcd back end needs its members' URLs, and talks
 // mutual TLS to them (https:// with all three files), which production requires.
 func (c *Config) validateStore(errs *problems) {
@@ -508,7 +511,8 @@ func (c *Config) validateStore(errs *problems) {
 		EnvName("store.etcd_ca_file"), EnvName("store.etcd_cert_file"), EnvName("store.etcd_key_file"))
 	switch st.Backend {
 	case "bbolt":
-		if len(st.EtcdEndpoints) > 0 || st.etcdTLS() > 0 {
+		// A prefix other than its default was set on purpose, for an etcd this store does not use.
+		if len(st.EtcdEndpoints) > 0 || st.etcdTLS() > 0 || st.EtcdPrefix != defaultEtcdPrefix {
 			errs.add("store.backend", "is bbolt, but etcd settings are set", "set it to etcd to use them, or unset store.etcd_*")
 		}
 		return

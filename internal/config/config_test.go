@@ -378,7 +378,7 @@ func TestStoreSettings(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, cfg.Store.Etcd())
 	require.Equal(t, []string{"https://etcd-1:2379", "https://etcd-2:2379"}, cfg.Store.EtcdEndpoints)
-	require.Equal(t, "/ringfence", cfg.Store.EtcdPrefix)
+	require.Equal(t, defaultEtcdPrefix, cfg.Store.EtcdPrefix, "the constant is the tag's default")
 
 	cfg, err = load(t, nil, []string{"RINGFENCE_STORE__BACKEND=etcd", `RINGFENCE_STORE__ETCD_ENDPOINTS=["http://127.0.0.1:2379"]`})
 	require.NoError(t, err, "plain http without TLS files in development")
@@ -404,6 +404,8 @@ func TestStoreSettings(t *testing.T) {
 		"production without TLS": {[]string{"RINGFENCE_ENV=production", "RINGFENCE_STORE__BACKEND=etcd", `RINGFENCE_STORE__ETCD_ENDPOINTS=["http://etcd-1:2379"]`},
 			"are required in production: etcd holds the registry's sealed secrets"},
 		"etcd settings under bbolt": {[]string{`RINGFENCE_STORE__ETCD_ENDPOINTS=["https://etcd-1:2379"]`},
+			"store.backend (RINGFENCE_STORE__BACKEND) is bbolt, but etcd settings are set: set it to etcd to use them"},
+		"etcd prefix under bbolt": {[]string{"RINGFENCE_STORE__ETCD_PREFIX=/ringfence-staging"},
 			"store.backend (RINGFENCE_STORE__BACKEND) is bbolt, but etcd settings are set: set it to etcd to use them"},
 		"bad prefix": {append(slices.Clone(etcdTLS), "RINGFENCE_STORE__ETCD_PREFIX=ringfence/"),
 			`store.etcd_prefix (RINGFENCE_STORE__ETCD_PREFIX) "ringfence/" is not a key prefix`},
