@@ -30,6 +30,7 @@ agent's document_resolver lists (docs/agents.md). A deployment that points the p
 document service (documents.url_template) has no built-in store.`,
 	}
 	var tenant, name, mediaType, out string
+	var force bool
 	put := &cobra.Command{
 		Use:   "put FILE",
 		Short: "Store FILE (at most documents.max_bytes, 10 MiB by default) and print its id",
@@ -92,10 +93,15 @@ document service (documents.url_template) has no built-in store.`,
 	put.Flags().StringVar(&tenant, "tenant", "", documentTenantUsage)
 
 	get := &cobra.Command{
-		Use:   "get ID",
-		Short: "Show a document's metadata; --out FILE writes its content to FILE",
+		Use:   "get ID [--out FILE [--force]]",
+		Short: "Show a document's metadata; --out FILE writes its content to FILE (it refuses to replace a file without --force)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if out != "" && !force {
+				if _, err := os.Lstat(out); err == nil {
+					return usagef("%s already exists: pass --force to replace it, or choose another --out", out)
+				}
+			}
 			client, ctx, cancel, err := g.pool(cmd.Context())
 			if err != nil {
 				return err
@@ -122,8 +128,14 @@ document service (documents.url_template) has no built-in store.`,
 			}
 			if out != "" {
 				// Written as received, never printed: a document's bytes are no text for a
-				// terminal.
-				if err := os.WriteFile(out, content, 0o600); err != nil {
+				// terminal. Beside the target first (0600) and moved into place once whole, as
+				// audit export does, so an existing file is replaced only with --force.
+				f, err := newExportFile(out, force)
+				if err == nil {
+					_, err = f.f.Write(content)
+					err = f.finish(err)
+				}
+				if err != nil {
 					var pe *os.PathError
 					if errors.As(err, &pe) {
 						err = pe.Err
@@ -147,6 +159,7 @@ document service (documents.url_template) has no built-in store.`,
 		},
 	}
 	get.Flags().StringVar(&out, "out", "", "write the content to this file (created 0600)")
+	get.Flags().BoolVar(&force, "force", false, "replace the --out file if it exists")
 	get.Flags().StringVar(&tenant, "tenant", "", documentTenantUsage)
 
 	del := &cobra.Command{
