@@ -292,10 +292,10 @@ func decodePageToken(tok string, fp [8]byte) (uint64, error) {
 	}
 	b, err := base64.RawURLEncoding.DecodeString(tok)
 	if err != nil || len(b) != 17 || b[0] != pageTokenVersion {
-		return 0, ErrInvalidPageToken
+		return 0, fmt.Errorf("%w: start again without it", ErrInvalidPageToken)
 	}
 	if [8]byte(b[9:]) != fp {
-		return 0, fmt.Errorf("%w: it was issued for a different filter", ErrInvalidPageToken)
+		return 0, fmt.Errorf("%w (it was issued for a different filter): start again without it, or with the filter it was issued for", ErrInvalidPageToken)
 	}
 	return binary.BigEndian.Uint64(b[1:9]), nil
 }

@@ -27,7 +27,7 @@ var (
 	// ErrTooManyRecords means one Append carried more than MaxAppendRecords.
 	ErrTooManyRecords = errors.New("audit: too many records in one append")
 	// ErrInvalidPageToken means a page token was malformed or made for another filter.
-	ErrInvalidPageToken = errors.New("audit: invalid page token")
+	ErrInvalidPageToken = errors.New("audit: page_token is not one this server issued for this filter")
 )
 
 // Limits.

@@ -365,9 +365,11 @@ func TestListPaging(t *testing.T) {
 	require.Len(t, first.Entries, 7)
 	_, err = s.List(t.Context(), Filter{Tenant: "t"}, 7, first.NextPageToken)
 	require.ErrorIs(t, err, ErrInvalidPageToken, "a token only works with its own filter")
+	require.ErrorContains(t, err, "issued for a different filter): start again without it, or with the filter it was issued for")
 	for _, bad := range []string{"%%%", "AAAA", first.NextPageToken + "A"} {
 		_, err = s.List(t.Context(), Filter{}, 7, bad)
 		require.ErrorIs(t, err, ErrInvalidPageToken, bad)
+		require.ErrorContains(t, err, "audit: page_token is not one this server issued for this filter: start again without it", "the refusal says what to do")
 	}
 
 	big, err := s.List(t.Context(), Filter{}, 5000, "")
