@@ -191,6 +191,37 @@ func TestAnUnrecordableChangeIsNotAnInternalError(t *testing.T) {
 	require.Equal(t, "registry: the change cannot be recorded in the audit log, so nothing was changed: audit: invalid record: admin.change is 70000 bytes, limit 65536", st.Message())
 }
 
+// TestARegistrationReadIsWrittenBackAsItIs: a PUT of what GET answered, output-only fields
+// (create_time, update_time, warm) and masks included, is accepted and keeps the stored
+// secret; its revision still guards against a change made since the read.
+func TestARegistrationReadIsWrittenBackAsItIs(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	_, err := f.client.CreateServer(ctx, docsSearch())
+	require.NoError(t, err)
+
+	code, read := f.rest(t, http.MethodGet, "/v1/mcp/servers/docs-search", adminKey, "")
+	require.Equal(t, http.StatusOK, code, read)
+	var shown map[string]any
+	require.NoError(t, json.Unmarshal([]byte(read), &shown))
+	require.Contains(t, shown, "create_time")
+	shown["warm"] = map[string]any{"ready": 1, "starting": 0} // as a registration with prewarm shows it
+	shown["description"] = "edited"
+	edited, err := json.Marshal(shown)
+	require.NoError(t, err)
+
+	code, body := f.rest(t, http.MethodPut, "/v1/mcp/servers/docs-search", adminKey, string(edited))
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `"description":"edited"`)
+	res, err := f.svc.ResolveRegistration(ctx, "docs-search")
+	require.NoError(t, err)
+	require.Equal(t, canary, res.Env["APP_TOKEN"], "the mask keeps the stored value")
+	require.Equal(t, int64(2), res.Revision)
+
+	code, body = f.rest(t, http.MethodPut, "/v1/mcp/servers/docs-search", adminKey, string(edited))
+	require.Equal(t, http.StatusConflict, code, "the read's revision is stale now: %s", body)
+}
+
 // TestUpdateWithTheMaskKeepsTheStoredSecret: GET shows every env value as the mask, so a
 // PUT that sends the mask back keeps the stored value; a mask for a key with no stored value
 // is refused, naming the key, and so is one on create.

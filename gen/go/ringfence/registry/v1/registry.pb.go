@@ -979,7 +979,13 @@ type UpdateServerRequest struct {
 	Prewarm        int32 `protobuf:"varint,18,opt,name=prewarm,proto3" json:"prewarm,omitempty"`
 	MaxResultBytes int64 `protobuf:"varint,19,opt,name=max_result_bytes,json=maxResultBytes,proto3" json:"max_result_bytes,omitempty"`
 	// oauth: see Server.oauth (absent: the server signs nobody in).
-	Oauth         *OAuthSignIn `protobuf:"bytes,20,opt,name=oauth,proto3" json:"oauth,omitempty"`
+	Oauth *OAuthSignIn `protobuf:"bytes,20,opt,name=oauth,proto3" json:"oauth,omitempty"`
+	// create_time, update_time and warm are output only, as in Server, and an update ignores
+	// them: a registration as GetServer answers it (env values and URL masked, its revision
+	// guarding against a change since) can be sent back as it is, e.g. GET, edit, PUT.
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,22,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	Warm          *WarmStatus            `protobuf:"bytes,23,opt,name=warm,proto3" json:"warm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1150,6 +1156,27 @@ func (x *UpdateServerRequest) GetMaxResultBytes() int64 {
 func (x *UpdateServerRequest) GetOauth() *OAuthSignIn {
 	if x != nil {
 		return x.Oauth
+	}
+	return nil
+}
+
+func (x *UpdateServerRequest) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *UpdateServerRequest) GetUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdateTime
+	}
+	return nil
+}
+
+func (x *UpdateServerRequest) GetWarm() *WarmStatus {
+	if x != nil {
+		return x.Warm
 	}
 	return nil
 }
@@ -1935,7 +1962,7 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"v\n" +
 	"\x13ListServersResponse\x127\n" +
 	"\aservers\x18\x01 \x03(\v2\x1d.ringfence.registry.v1.ServerR\aservers\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xca\b\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xfb\t\n" +
 	"\x13UpdateServerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
@@ -1960,7 +1987,12 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"updateMask\x12\x18\n" +
 	"\aprewarm\x18\x12 \x01(\x05R\aprewarm\x12(\n" +
 	"\x10max_result_bytes\x18\x13 \x01(\x03R\x0emaxResultBytes\x128\n" +
-	"\x05oauth\x18\x14 \x01(\v2\".ringfence.registry.v1.OAuthSignInR\x05oauth\x1a:\n" +
+	"\x05oauth\x18\x14 \x01(\v2\".ringfence.registry.v1.OAuthSignInR\x05oauth\x12;\n" +
+	"\vcreate_time\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12;\n" +
+	"\vupdate_time\x18\x16 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"updateTime\x125\n" +
+	"\x04warm\x18\x17 \x01(\v2!.ringfence.registry.v1.WarmStatusR\x04warm\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aj\n" +
@@ -2099,45 +2131,48 @@ var file_ringfence_registry_v1_registry_proto_depIdxs = []int32{
 	33, // 25: ringfence.registry.v1.UpdateServerRequest.tool_call_timeout:type_name -> google.protobuf.Duration
 	36, // 26: ringfence.registry.v1.UpdateServerRequest.update_mask:type_name -> google.protobuf.FieldMask
 	1,  // 27: ringfence.registry.v1.UpdateServerRequest.oauth:type_name -> ringfence.registry.v1.OAuthSignIn
-	0,  // 28: ringfence.registry.v1.UpdateServerResponse.server:type_name -> ringfence.registry.v1.Server
-	37, // 29: ringfence.registry.v1.ListServerToolsResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	38, // 30: ringfence.registry.v1.ListServerToolsResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	39, // 31: ringfence.registry.v1.ExploreServerRequest.call:type_name -> ringfence.types.v1.ExploreCall
-	5,  // 32: ringfence.registry.v1.ExploreServerRequest.server:type_name -> ringfence.registry.v1.CreateServerRequest
-	37, // 33: ringfence.registry.v1.ExploreServerResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
-	38, // 34: ringfence.registry.v1.ExploreServerResponse.listing_findings:type_name -> ringfence.types.v1.Finding
-	40, // 35: ringfence.registry.v1.ExploreServerResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
-	34, // 36: ringfence.registry.v1.Secret.update_time:type_name -> google.protobuf.Timestamp
-	19, // 37: ringfence.registry.v1.PutSecretResponse.secret:type_name -> ringfence.registry.v1.Secret
-	19, // 38: ringfence.registry.v1.ListSecretsResponse.secrets:type_name -> ringfence.registry.v1.Secret
-	4,  // 39: ringfence.registry.v1.Server.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	4,  // 40: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	4,  // 41: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
-	5,  // 42: ringfence.registry.v1.RegistryService.CreateServer:input_type -> ringfence.registry.v1.CreateServerRequest
-	7,  // 43: ringfence.registry.v1.RegistryService.GetServer:input_type -> ringfence.registry.v1.GetServerRequest
-	9,  // 44: ringfence.registry.v1.RegistryService.ListServers:input_type -> ringfence.registry.v1.ListServersRequest
-	11, // 45: ringfence.registry.v1.RegistryService.UpdateServer:input_type -> ringfence.registry.v1.UpdateServerRequest
-	13, // 46: ringfence.registry.v1.RegistryService.DeleteServer:input_type -> ringfence.registry.v1.DeleteServerRequest
-	15, // 47: ringfence.registry.v1.RegistryService.ListServerTools:input_type -> ringfence.registry.v1.ListServerToolsRequest
-	17, // 48: ringfence.registry.v1.RegistryService.ExploreServer:input_type -> ringfence.registry.v1.ExploreServerRequest
-	20, // 49: ringfence.registry.v1.RegistryService.PutSecret:input_type -> ringfence.registry.v1.PutSecretRequest
-	22, // 50: ringfence.registry.v1.RegistryService.ListSecrets:input_type -> ringfence.registry.v1.ListSecretsRequest
-	24, // 51: ringfence.registry.v1.RegistryService.DeleteSecret:input_type -> ringfence.registry.v1.DeleteSecretRequest
-	6,  // 52: ringfence.registry.v1.RegistryService.CreateServer:output_type -> ringfence.registry.v1.CreateServerResponse
-	8,  // 53: ringfence.registry.v1.RegistryService.GetServer:output_type -> ringfence.registry.v1.GetServerResponse
-	10, // 54: ringfence.registry.v1.RegistryService.ListServers:output_type -> ringfence.registry.v1.ListServersResponse
-	12, // 55: ringfence.registry.v1.RegistryService.UpdateServer:output_type -> ringfence.registry.v1.UpdateServerResponse
-	14, // 56: ringfence.registry.v1.RegistryService.DeleteServer:output_type -> ringfence.registry.v1.DeleteServerResponse
-	16, // 57: ringfence.registry.v1.RegistryService.ListServerTools:output_type -> ringfence.registry.v1.ListServerToolsResponse
-	18, // 58: ringfence.registry.v1.RegistryService.ExploreServer:output_type -> ringfence.registry.v1.ExploreServerResponse
-	21, // 59: ringfence.registry.v1.RegistryService.PutSecret:output_type -> ringfence.registry.v1.PutSecretResponse
-	23, // 60: ringfence.registry.v1.RegistryService.ListSecrets:output_type -> ringfence.registry.v1.ListSecretsResponse
-	25, // 61: ringfence.registry.v1.RegistryService.DeleteSecret:output_type -> ringfence.registry.v1.DeleteSecretResponse
-	52, // [52:62] is the sub-list for method output_type
-	42, // [42:52] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	34, // 28: ringfence.registry.v1.UpdateServerRequest.create_time:type_name -> google.protobuf.Timestamp
+	34, // 29: ringfence.registry.v1.UpdateServerRequest.update_time:type_name -> google.protobuf.Timestamp
+	2,  // 30: ringfence.registry.v1.UpdateServerRequest.warm:type_name -> ringfence.registry.v1.WarmStatus
+	0,  // 31: ringfence.registry.v1.UpdateServerResponse.server:type_name -> ringfence.registry.v1.Server
+	37, // 32: ringfence.registry.v1.ListServerToolsResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	38, // 33: ringfence.registry.v1.ListServerToolsResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	39, // 34: ringfence.registry.v1.ExploreServerRequest.call:type_name -> ringfence.types.v1.ExploreCall
+	5,  // 35: ringfence.registry.v1.ExploreServerRequest.server:type_name -> ringfence.registry.v1.CreateServerRequest
+	37, // 36: ringfence.registry.v1.ExploreServerResponse.tools:type_name -> ringfence.types.v1.ToolDeclaration
+	38, // 37: ringfence.registry.v1.ExploreServerResponse.listing_findings:type_name -> ringfence.types.v1.Finding
+	40, // 38: ringfence.registry.v1.ExploreServerResponse.call:type_name -> ringfence.types.v1.ExploreCallResult
+	34, // 39: ringfence.registry.v1.Secret.update_time:type_name -> google.protobuf.Timestamp
+	19, // 40: ringfence.registry.v1.PutSecretResponse.secret:type_name -> ringfence.registry.v1.Secret
+	19, // 41: ringfence.registry.v1.ListSecretsResponse.secrets:type_name -> ringfence.registry.v1.Secret
+	4,  // 42: ringfence.registry.v1.Server.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	4,  // 43: ringfence.registry.v1.CreateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	4,  // 44: ringfence.registry.v1.UpdateServerRequest.ToolPermissionsEntry.value:type_name -> ringfence.registry.v1.ToolPermissions
+	5,  // 45: ringfence.registry.v1.RegistryService.CreateServer:input_type -> ringfence.registry.v1.CreateServerRequest
+	7,  // 46: ringfence.registry.v1.RegistryService.GetServer:input_type -> ringfence.registry.v1.GetServerRequest
+	9,  // 47: ringfence.registry.v1.RegistryService.ListServers:input_type -> ringfence.registry.v1.ListServersRequest
+	11, // 48: ringfence.registry.v1.RegistryService.UpdateServer:input_type -> ringfence.registry.v1.UpdateServerRequest
+	13, // 49: ringfence.registry.v1.RegistryService.DeleteServer:input_type -> ringfence.registry.v1.DeleteServerRequest
+	15, // 50: ringfence.registry.v1.RegistryService.ListServerTools:input_type -> ringfence.registry.v1.ListServerToolsRequest
+	17, // 51: ringfence.registry.v1.RegistryService.ExploreServer:input_type -> ringfence.registry.v1.ExploreServerRequest
+	20, // 52: ringfence.registry.v1.RegistryService.PutSecret:input_type -> ringfence.registry.v1.PutSecretRequest
+	22, // 53: ringfence.registry.v1.RegistryService.ListSecrets:input_type -> ringfence.registry.v1.ListSecretsRequest
+	24, // 54: ringfence.registry.v1.RegistryService.DeleteSecret:input_type -> ringfence.registry.v1.DeleteSecretRequest
+	6,  // 55: ringfence.registry.v1.RegistryService.CreateServer:output_type -> ringfence.registry.v1.CreateServerResponse
+	8,  // 56: ringfence.registry.v1.RegistryService.GetServer:output_type -> ringfence.registry.v1.GetServerResponse
+	10, // 57: ringfence.registry.v1.RegistryService.ListServers:output_type -> ringfence.registry.v1.ListServersResponse
+	12, // 58: ringfence.registry.v1.RegistryService.UpdateServer:output_type -> ringfence.registry.v1.UpdateServerResponse
+	14, // 59: ringfence.registry.v1.RegistryService.DeleteServer:output_type -> ringfence.registry.v1.DeleteServerResponse
+	16, // 60: ringfence.registry.v1.RegistryService.ListServerTools:output_type -> ringfence.registry.v1.ListServerToolsResponse
+	18, // 61: ringfence.registry.v1.RegistryService.ExploreServer:output_type -> ringfence.registry.v1.ExploreServerResponse
+	21, // 62: ringfence.registry.v1.RegistryService.PutSecret:output_type -> ringfence.registry.v1.PutSecretResponse
+	23, // 63: ringfence.registry.v1.RegistryService.ListSecrets:output_type -> ringfence.registry.v1.ListSecretsResponse
+	25, // 64: ringfence.registry.v1.RegistryService.DeleteSecret:output_type -> ringfence.registry.v1.DeleteSecretResponse
+	55, // [55:65] is the sub-list for method output_type
+	45, // [45:55] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_ringfence_registry_v1_registry_proto_init() }
