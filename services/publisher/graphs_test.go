@@ -242,9 +242,11 @@ func TestPublishCreatesImmutableVersions(t *testing.T) {
 	require.NoError(t, err)
 	_, err = f.client.GetVersion(ctx, &publisherv1.GetVersionRequest{GraphId: "draft-only"})
 	st = testutil.RequireStatus(t, err, codes.NotFound)
-	require.Contains(t, st.Message(), `publisher: graph "draft-only" has no published version yet: publish its draft first (ringfence graphs publish --graph draft-only)`)
+	require.Equal(t, `publisher: graph "draft-only" has no published version yet: publish its draft first (ringfence graphs publish --graph draft-only)`, st.Message(),
+		"the publisher's words, without the pool's sentinel before them")
 	_, err = f.svc.PublishedVersion(t.Context(), "default", "draft-only", 0)
 	require.ErrorIs(t, err, ErrVersionNotFound)
+	require.ErrorIs(t, err, graph.ErrNotPublished, "what the pool asks for")
 	_, err = f.client.GetVersion(ctx, &publisherv1.GetVersionRequest{GraphId: "nope", Version: 1})
 	st = testutil.RequireStatus(t, err, codes.NotFound)
 	require.Contains(t, st.Message(), "no such graph")

@@ -191,12 +191,20 @@ func (s *Service) PublishedVersion(ctx context.Context, tenant, graphID string, 
 	if err != nil {
 		err = s.versionErr(ctx, tenant, graphID, version, err)
 		if errors.Is(err, ErrGraphNotFound) || errors.Is(err, ErrVersionNotFound) {
-			err = fmt.Errorf("%w: %w", graph.ErrNotPublished, err)
+			err = notPublished{err}
 		}
 		return nil, err
 	}
 	return v, nil
 }
+
+// notPublished is a missing graph or version as the pool asks for it (graph.ErrNotPublished),
+// saying why in the publisher's words only: GetVersion answers it to people, whom the sentinel's
+// own text ("graph: no such published version: publisher: …") told nothing more.
+type notPublished struct{ error }
+
+func (e notPublished) Is(target error) bool { return target == graph.ErrNotPublished }
+func (e notPublished) Unwrap() error        { return e.error }
 
 // versionErr tells a missing graph from a missing version, and a graph with nothing
 // published yet (the latest, version 0, of a draft-only graph: the usual first run) from a
