@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	"github.com/ringfence/ringfence/internal/fielderr"
+	"github.com/ringfence/ringfence/internal/humanize"
 )
 
 // jsonMarshaler is the gateway's JSON codec: proto field names out, unknown fields refused in,
@@ -93,6 +94,10 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 	return runtime.DecoderFunc(func(v any) error {
 		body, err := io.ReadAll(r)
 		if err != nil {
+			var limit *http.MaxBytesError
+			if errors.As(err, &limit) {
+				return fmt.Errorf("request body too large: a REST body may hold at most %s; send less in one request, or use gRPC (documents: ringfence documents put, which sends chunks)", humanize.Bytes(limit.Limit))
+			}
 			if strings.Contains(err.Error(), "request body too large") {
 				return errors.New("request body too large")
 			}

@@ -1,6 +1,7 @@
 package grpcserver
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -92,7 +93,13 @@ func TestBodiesOfTooManyValuesAreRefused(t *testing.T) {
 	require.Equal(t, 6, values, "commas and brackets inside strings do not count")
 	require.Equal(t, 2, depth)
 
+	// A body past the server's byte bound says the bound and what to do instead.
 	rec := httptest.NewRecorder()
+	bounded := http.MaxBytesReader(rec, io.NopCloser(strings.NewReader(body(5000))), 4<<10)
+	err = m.NewDecoder(bounded).Decode(&poolv1.CallToolRequest{})
+	require.EqualError(t, err, "request body too large: a REST body may hold at most 4 KiB; send less in one request, or use gRPC (documents: ringfence documents put, which sends chunks)")
+
+	rec = httptest.NewRecorder()
 	writeError(t.Context(), nil, nil, rec, httptest.NewRequest(http.MethodPost, "/v1/runs/r:call", nil),
 		status.Error(codes.ResourceExhausted, "grpc: received message larger than max (22000000 vs. 4194304)"))
 	require.Equal(t, http.StatusRequestEntityTooLarge, rec.Code)
