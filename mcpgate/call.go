@@ -335,8 +335,10 @@ func ProcessResult(spec *ToolSpec, res *mcp.CallToolResult, opts ...CallOption) 
 // overwrite (ProcessRawResult); the item's own Text is then not read.
 func processResult(spec *ToolSpec, res *mcp.CallToolResult, owned [][]byte, cfg *callConfig) (*Result, error) {
 	out := &Result{IsError: res.IsError}
+	// msg is the package's own words; what it quotes of the result or the schema is cleaned
+	// where it is put in (cfg.safe), so the words themselves are never escaped.
 	invalid := func(msg string) error {
-		return &ValidationError{Tool: spec.Name, Stage: StageOutput, Message: cfg.safe(msg)}
+		return &ValidationError{Tool: spec.Name, Stage: StageOutput, Message: msg}
 	}
 	// The structured content is read once, as the validator reads JSON (numbers exact), and
 	// what is validated is what is passed on.
@@ -344,7 +346,7 @@ func processResult(spec *ToolSpec, res *mcp.CallToolResult, owned [][]byte, cfg 
 	if res.StructuredContent != nil {
 		var err error
 		if structured, out.Size, err = jsonValue(res.StructuredContent); err != nil {
-			return nil, invalid(fmt.Sprintf("the structured content is not JSON: %v", err))
+			return nil, invalid("the structured content is not JSON: " + cfg.safe(err.Error()))
 		}
 	}
 	if !res.IsError && len(spec.OutputSchema) > 0 {
@@ -387,7 +389,7 @@ func processResult(spec *ToolSpec, res *mcp.CallToolResult, owned [][]byte, cfg 
 		case errors.Is(err, sanitize.ErrTooDeep):
 			return nil, tooDeep(fmt.Sprintf("content item %d", i))
 		case err != nil:
-			return nil, invalid(err.Error())
+			return nil, invalid(cfg.safe(err.Error()))
 		}
 		out.Size += size
 		if err := overCap(); err != nil {
@@ -442,19 +444,21 @@ func contentItem(c mcp.Content, o sanitize.Options) (map[string]any, int, error)
 
 // validateOutput checks structured content (decoded; nil when there is none) against the
 // output schema.
+// validateOutput's errors are messages as a ValidationError carries them: what they quote of
+// the schema or the value is cleaned (cfg.safe).
 func validateOutput(spec *ToolSpec, structured any, cfg *callConfig) error {
 	if structured == nil {
 		return errors.New("the tool declares an output schema but returned no structured content")
 	}
 	sch, err := spec.schema(schemaOutput, cfg)
 	if err != nil {
-		return fmt.Errorf("the tool's output schema cannot be compiled: %v", err)
+		return errors.New("the tool's output schema cannot be compiled: " + cfg.safe(err.Error()))
 	}
 	var tooMuch *schemas.BudgetError
 	if err := sch.Validate(structured); errors.As(err, &tooMuch) {
-		return fmt.Errorf("the structured content cannot be checked against the tool's output schema with bounded work, so it is not passed on: %v", err)
+		return errors.New("the structured content cannot be checked against the tool's output schema with bounded work, so it is not passed on: " + cfg.safe(err.Error()))
 	} else if err != nil {
-		return fmt.Errorf("the structured content does not match the tool's output schema: %v", err)
+		return errors.New("the structured content does not match the tool's output schema: " + cfg.safe(err.Error()))
 	}
 	return nil
 }

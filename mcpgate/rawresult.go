@@ -26,7 +26,7 @@ func ProcessRawResult(spec *ToolSpec, raw json.RawMessage, opts ...CallOption) (
 		IsError           bool      `json:"isError"`
 	}
 	if err := json.Unmarshal(raw, &wire); err != nil {
-		return nil, &ProtocolError{Tool: spec.Name, Message: cfg.safe(fmt.Sprintf("it does not decode as one: %v", err))}
+		return nil, &ProtocolError{Tool: spec.Name, Message: "it does not decode as one: " + cfg.safe(err.Error())}
 	}
 	if len(wire.Content) > MaxContentItems {
 		return nil, &TooLargeError{Tool: spec.Name, What: "content items", Size: len(wire.Content), Limit: MaxContentItems}
@@ -36,7 +36,7 @@ func ProcessRawResult(spec *ToolSpec, raw json.RawMessage, opts ...CallOption) (
 	for i, item := range wire.Content {
 		text, c, err := decodeContent(item)
 		if err != nil {
-			return nil, &ProtocolError{Tool: spec.Name, Message: cfg.safe(fmt.Sprintf("content item %d: %v", i, err))}
+			return nil, &ProtocolError{Tool: spec.Name, Message: fmt.Sprintf("content item %d: %s", i, cfg.safe(err.Error()))}
 		}
 		if text != nil {
 			if owned == nil {
@@ -48,7 +48,7 @@ func ProcessRawResult(spec *ToolSpec, raw json.RawMessage, opts ...CallOption) (
 	}
 	if len(wire.StructuredContent) > 0 && string(wire.StructuredContent) != "null" {
 		if err := json.Unmarshal(wire.StructuredContent, &res.StructuredContent); err != nil {
-			return nil, &ProtocolError{Tool: spec.Name, Message: cfg.safe(fmt.Sprintf("the structured content does not decode: %v", err))}
+			return nil, &ProtocolError{Tool: spec.Name, Message: "the structured content does not decode: " + cfg.safe(err.Error())}
 		}
 	}
 	return processResult(spec, res, owned, &cfg)

@@ -49,8 +49,21 @@ func TestProcessRawResult(t *testing.T) {
 		require.Contains(t, pe.Message, tc.want)
 		require.NotContains(t, pe.Message, "<script>", "quoted server text is cleaned")
 	}
+	// The package's own words read as written; only what they quote of the server is cleaned.
+	typed := &ToolSpec{Namespace: Namespace, Name: "typed", InputSchema: json.RawMessage(`{"type":"object"}`),
+		OutputSchema: json.RawMessage(`{"type":"object","properties":{"a":{"type":"integer"}}}`)}
+	_, err := ProcessRawResult(typed, json.RawMessage(`{"content":[],"structuredContent":{"a":"<b>"}}`))
+	var ve *ValidationError
+	require.ErrorAs(t, err, &ve)
+	require.Equal(t, StageOutput, ve.Stage)
+	require.Equal(t, "the structured content does not match the tool's output schema: /a: got string, want integer", ve.Message)
+	_, err = ProcessRawResult(typed, json.RawMessage(`{"content":[{"type":"<it's>"}]}`))
+	var pe *ProtocolError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, `content item 0: unrecognized content type &#34;&lt;it&#39;s&gt;&#34;`, pe.Message)
+
 	many := `{"content":[` + strings.Repeat(`{"type":"text","text":""},`, MaxContentItems) + `{"type":"text","text":""}]}`
-	_, err := ProcessRawResult(spec, json.RawMessage(many))
+	_, err = ProcessRawResult(spec, json.RawMessage(many))
 	var tl *TooLargeError
 	require.ErrorAs(t, err, &tl)
 	require.Equal(t, MaxContentItems+1, tl.Size)
