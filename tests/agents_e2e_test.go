@@ -243,4 +243,21 @@ func TestAgentCallTimeEndToEnd(t *testing.T) {
 	}
 	require.NotContains(t, out, base64.StdEncoding.EncodeToString([]byte("the minutes")))
 	ok(runner("runs", "end", "--run", "r1"))
+
+	// The one-shot call keeps its run for the approval and names the command that gets the
+	// result, with the arguments quoted for the shell as they were given.
+	ok(admin("graphs", "settings", "--graph", "ops", "--agent", "assistant", "--defer-tools=false"))
+	ok(admin("graphs", "publish", "--graph", "ops"))
+	r = runner("call", "--graph", "ops", "--agent", "assistant", "--tool", "desk__echo", "--args", `{"text":"it's done"}`)
+	require.Equal(t, 5, r.Code, r.Stderr)
+	m = regexp.MustCompile(`ringfence runs call --run (\S+) --agent assistant --tool desk__echo --args '\{"text":"it'\\''s done"\}', then end it`).FindStringSubmatch(r.Stderr)
+	require.NotNil(t, m, r.Stderr)
+	kept := m[1]
+	pending := regexp.MustCompile(`awaiting approval (apr-[0-9a-f]+)`).FindStringSubmatch(r.Stderr)
+	require.NotNil(t, pending, r.Stderr)
+	ok(approver("runs", "approve", "--run", kept, "--approval", pending[1]))
+	// What a shell makes of the quoted arguments: the same call, which gets the approved result.
+	out = ok(runner("runs", "call", "--run", kept, "--agent", "assistant", "--tool", "desk__echo", "--args", `{"text":"it's done"}`))
+	require.Contains(t, out, "approved: the result of approval "+pending[1])
+	ok(runner("runs", "end", "--run", kept))
 }

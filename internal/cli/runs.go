@@ -215,6 +215,15 @@ func newRunsCallCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+// retryArgs is --args as a command to paste would give it again: args single-quoted for a
+// POSIX shell, or, for arguments too long or not on one line to repeat, a note to send the same.
+func retryArgs(args string) string {
+	if len(args) > 512 || strings.ContainsAny(args, "\r\n") {
+		return "'...' (the same arguments)"
+	}
+	return "'" + strings.ReplaceAll(args, "'", `'\''`) + "'"
+}
+
 // newCallCmd is the one-shot call: start a run, call once, end the run.
 func newCallCmd(g *globals) *cobra.Command {
 	var f callFlags
@@ -252,8 +261,8 @@ func newCallCmd(g *globals) *cobra.Command {
 			if errors.As(callErr, &exit) && exit.code == ExitAwaitingApproval {
 				// Ending the run would expire the approval: it stays for the approver, and
 				// a call with the same arguments in it gets the result once approved.
-				exit.msg += sprintLine("\nthe run is kept for the approval; once approved, get the result with: ringfence runs call --run %s%s --agent %s --tool %s --args '...' (the same arguments), then end it: ringfence runs end --run %s%s",
-					runID, tenantArg(f.tenant), f.agent, f.tool, runID, tenantArg(f.tenant))
+				exit.msg += sprintLine("\nthe run is kept for the approval; once approved, get the result with: ringfence runs call --run %s%s --agent %s --tool %s --args %s, then end it: ringfence runs end --run %s%s",
+					runID, tenantArg(f.tenant), f.agent, f.tool, retryArgs(f.args), runID, tenantArg(f.tenant))
 				return callErr
 			}
 			endStatus := "completed"
