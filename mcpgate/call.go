@@ -290,8 +290,12 @@ func checkInput(spec *ToolSpec, args map[string]any, cfg *callConfig) error {
 			return unusable("input", err)
 		}
 	}
+	// The validator quotes values, but names where the arguments fail by their keys (the
+	// caller's) and the schema's property names (the server's) as they are: control and
+	// invisible characters are stripped from the whole message, which is not escaped (it goes
+	// back to the caller whose arguments these are, and quotes them).
 	invalid := func(format string, args ...any) error {
-		return &ValidationError{Tool: spec.Name, Stage: StageInput, Message: fmt.Sprintf(format, args...)}
+		return &ValidationError{Tool: spec.Name, Stage: StageInput, Message: sanitize.String(fmt.Sprintf(format, args...), sanitize.Options{KeepMarkup: true})}
 	}
 	var v any = map[string]any{}
 	if args != nil {

@@ -126,6 +126,38 @@ func TestValidationErrorsNameTheField(t *testing.T) {
 	require.Contains(t, ve.Message, "/n")
 }
 
+// TestInputErrorsCarryNoControlCharacters: an input error names where the arguments fail, by
+// their keys (the caller's) and the schema's property names (the server's), and quotes values
+// of both; a terminal escape or an invisible character in any of them must not reach the
+// refusal (the agent, a log line, an audit record, an operator's terminal), while the
+// message's own quotes stay as they are.
+func TestInputErrorsCarryNoControlCharacters(t *testing.T) {
+	for name, tc := range map[string]struct {
+		schema string
+		args   map[string]any
+	}{
+		"an argument's key":   {`{"type":"object","additionalProperties":{"type":"integer"}}`, map[string]any{"k\x1b[2Jz\u202e": "s"}},
+		"a schema's property": {`{"type":"object","properties":{"p\u001b]0;t\u0007\u200b":{"type":"integer"}}}`, map[string]any{"p\x1b]0;t\x07\u200b": "s"}},
+		"an enum value":       {`{"type":"object","properties":{"path":{"enum":["a\u001b[31mred"]}},"required":["path"]}`, map[string]any{"path": "b\x1b[0m"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			spec := stubSpec()
+			spec.Permissions = nil
+			spec.InputSchema = json.RawMessage(tc.schema)
+			s := &stubSession{result: okResult()}
+			_, err := CallTool(t.Context(), s, spec, tc.args, Capabilities{})
+			var ve *ValidationError
+			require.ErrorAs(t, err, &ve)
+			require.Equal(t, StageInput, ve.Stage)
+			for _, r := range ve.Message {
+				require.False(t, r < 0x20 || r == 0x7f || r == 0x200b || r == 0x202e, "control or invisible character %U in %q", r, ve.Message)
+			}
+			require.NotContains(t, ve.Message, "&#39;", "the message's own quotes are not escaped")
+			require.Zero(t, s.calls.Load())
+		})
+	}
+}
+
 func TestArgumentScopedPermissions(t *testing.T) {
 	spec := stubSpec()
 	spec.Permissions = []string{"process_spawn"}
