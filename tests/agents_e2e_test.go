@@ -202,7 +202,8 @@ func TestAgentCallTimeEndToEnd(t *testing.T) {
 	require.Contains(t, out, "approved "+id)
 	require.Contains(t, out, "write it")
 	out = ok(call("desk__echo", `{"text":"write it"}`))
-	require.Contains(t, out, "approved: the result of approval "+id)
+	require.Contains(t, out, "approved: the result of approval "+id+": succeeded")
+	require.NotContains(t, out, "dispatched:", "the retry did not reach the server: it is not told as a dispatch")
 	require.Contains(t, out, "write it")
 
 	// A second approval, denied over REST by the approver.

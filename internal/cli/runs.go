@@ -347,10 +347,14 @@ func (g *globals) printCallResult(resp *poolv1.CallToolResponse) error {
 			return err
 		}
 	} else {
-		writef(g.stdout, "dispatched: %s (%s/%s, call %s attempt %d, %s)\n", oneLine(resp.GetResult()), oneLine(resp.GetServerRef()), oneLine(resp.GetToolName()),
-			oneLine(resp.GetCallId()), resp.GetAttempt(), time.Duration(resp.GetLatencyMicros())*time.Microsecond)
 		if id := resp.GetApprovalId(); id != "" {
-			writef(g.stdout, "approved: the result of approval %s (the server was reached once, when it was approved)\n", oneLine(id))
+			// This call did not reach the server: it took the outcome of the call the approver
+			// dispatched, so it names no latency of its own.
+			writef(g.stdout, "approved: the result of approval %s: %s (%s/%s, call %s attempt %d; the server was reached once, when it was approved)\n", oneLine(id), oneLine(resp.GetResult()),
+				oneLine(resp.GetServerRef()), oneLine(resp.GetToolName()), oneLine(resp.GetCallId()), resp.GetAttempt())
+		} else {
+			writef(g.stdout, "dispatched: %s (%s/%s, call %s attempt %d, %s)\n", oneLine(resp.GetResult()), oneLine(resp.GetServerRef()), oneLine(resp.GetToolName()),
+				oneLine(resp.GetCallId()), resp.GetAttempt(), time.Duration(resp.GetLatencyMicros())*time.Microsecond)
 		}
 		for _, a := range resp.GetAdvisory() {
 			writef(g.stdout, "advisory (recorded, not enforced): %s\n", oneLine(a))
