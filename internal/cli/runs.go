@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -338,7 +339,11 @@ func (g *globals) printCallResult(resp *poolv1.CallToolResponse) error {
 			return err
 		}
 	} else {
-		writef(g.stdout, "dispatched: %s (%s/%s, call %s attempt %d, %s)\n", oneLine(resp.GetResult()), oneLine(resp.GetServerRef()), oneLine(resp.GetToolName()),
+		tool := oneLine(resp.GetToolName())
+		if ref := resp.GetServerRef(); ref != "" { // tool_search and connect tools have none
+			tool = oneLine(ref) + "/" + tool
+		}
+		writef(g.stdout, "dispatched: %s (%s, call %s attempt %d, %s)\n", oneLine(resp.GetResult()), tool,
 			oneLine(resp.GetCallId()), resp.GetAttempt(), time.Duration(resp.GetLatencyMicros())*time.Microsecond)
 		if id := resp.GetApprovalId(); id != "" {
 			writef(g.stdout, "approved: the result of approval %s (the server was reached once, when it was approved)\n", oneLine(id))
@@ -393,13 +398,19 @@ func (g *globals) printToolResult(content []*structpb.Struct, structured *struct
 			}
 			continue
 		}
-		b, _ := json.Marshal(c.AsMap())
-		fmt.Fprintln(g.stdout, string(b))
+		printCompactJSON(g.stdout, c.AsMap())
 	}
 	if structured != nil {
-		b, _ := json.Marshal(structured.AsMap())
-		fmt.Fprintln(g.stdout, string(b))
+		printCompactJSON(g.stdout, structured.AsMap())
 	}
+}
+
+// printCompactJSON writes v as one line of JSON, with &, < and > as they are: a URL in a
+// result (a connect tool's authorization_url) must stay one the user can copy.
+func printCompactJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
 }
 
 func (g *globals) pool(parent context.Context) (poolv1.PoolServiceClient, context.Context, context.CancelFunc, error) {
