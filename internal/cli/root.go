@@ -294,10 +294,13 @@ const serviceForCommands = "servers, secrets, keys and roles: ringfence-registry
 
 // unservedService names the gRPC service a server said it does not serve: in a split
 // deployment, the CLI asked the wrong binary. grpc-go's answer to a call for a service nobody
-// registered is the message "unknown service <name>", which our handlers never write; the
-// message alone identifies it, and the hint it leads to only points at another binary.
+// registered is the message "unknown service <name>", which a Ringfence server's listener
+// also gives (with more said after the name), and our handlers never write; the message
+// alone identifies it, and the hint it leads to only points at another binary.
 func unservedService(st *status.Status) (string, bool) {
-	return strings.CutPrefix(st.Message(), "unknown service ")
+	rest, ok := strings.CutPrefix(st.Message(), "unknown service ")
+	svc, _, _ := strings.Cut(rest, ":") // a Ringfence server says more after the name
+	return svc, ok
 }
 
 // hintedError is a server's error with what the command that got it knows to do about it.
