@@ -516,7 +516,7 @@ func (g *globals) printRun(r *poolv1.Run) error {
 	for _, s := range r.GetSessions() {
 		sessions = append(sessions, fmt.Sprintf("%s (%d calls)", s.GetServerRef(), s.GetCalls()))
 	}
-	return kv(g.stdout,
+	pairs := []string{
 		"run", r.GetRunId(),
 		"tenant", r.GetTenant(),
 		"graph", fmt.Sprintf("%s v%d", r.GetGraphId(), r.GetVersion()),
@@ -528,5 +528,20 @@ func (g *globals) printRun(r *poolv1.Run) error {
 		"waits for approval", orDash(r.GetPendingApprovalId()),
 		"started", ts(r.GetStartTime()),
 		"last activity", ts(r.GetLastActivityTime()),
-	)
+	}
+	// The user a run acts for (servers that sign each user in), and, with several pool
+	// hosts, the one that owns it (or lost it), are shown when there are any.
+	if u := r.GetUser(); u != "" {
+		pairs = append(pairs, "user", u)
+	}
+	if h := r.GetHost(); h != "" {
+		pairs = append(pairs, "host", h)
+	}
+	if h := r.GetHostLost(); h != "" {
+		if r.GetState() == "failed" {
+			h += " (runs resume places the run on a live host)"
+		}
+		pairs = append(pairs, "host lost", h)
+	}
+	return kv(g.stdout, pairs...)
 }

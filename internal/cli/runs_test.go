@@ -76,3 +76,18 @@ func TestArgsErrorsPointAtTheFault(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "/handbook/leave.md", got.GetFields()["path"].GetStringValue())
 }
+
+// TestARunShowsItsUserAndHost: runs show names the user a run acts for and the pool host that
+// owns it, when it has them, and says nothing of them otherwise.
+func TestARunShowsItsUserAndHost(t *testing.T) {
+	var out bytes.Buffer
+	g := &globals{stdout: &out}
+	require.NoError(t, g.printRun(&poolv1.Run{RunId: "r1", State: "running"}))
+	require.NotContains(t, out.String(), "user:")
+	require.NotContains(t, out.String(), "host")
+	out.Reset()
+	require.NoError(t, g.printRun(&poolv1.Run{RunId: "r1", State: "failed", User: "alice@example.com", Host: "ph1", HostLost: "ph1"}))
+	require.Regexp(t, `(?m)^user: +alice@example.com$`, out.String())
+	require.Regexp(t, `(?m)^host: +ph1$`, out.String())
+	require.Regexp(t, `(?m)^host lost: +ph1 \(runs resume places the run on a live host\)$`, out.String())
+}
