@@ -1,6 +1,8 @@
 package tests
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -8,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -22,6 +25,10 @@ import (
 	"github.com/ringfence/ringfence/internal/testutil/oauthtest"
 	"github.com/ringfence/ringfence/internal/testutil/pinned"
 )
+
+// connectPollOfCLI is how often `ringfence servers connect --wait` asks whether the user has
+// signed in (internal/cli's connectPoll).
+const connectPollOfCLI = 2 * time.Second
 
 // bearer adds an agent token to every request of the front door's client.
 type bearer struct{ token string }
@@ -161,15 +168,43 @@ func TestOAuthSignInEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "whoami for "+oauthtest.Alice, text(res))
 
-	// Bob connects with the CLI.
+	// Bob connects with the CLI, which waits for his sign-in (--wait) and polls meanwhile: its
+	// polls, like a REST client's with no_new_sign_in, leave the sign-in whose URL he was shown
+	// good (a new sign-in would replace it, and his browser's callback would be refused).
 	r = cli(nil, "servers", "connect", "tickets", "--user", oauthtest.Bob)
 	require.Equal(t, 1, r.Code, r.Stdout)
 	require.Contains(t, r.Stdout, as.Issuer+"/auth?")
-	bobURL := strings.TrimSpace(strings.Split(r.Stdout, "\n")[1])
+	wait := exec.CommandContext(t.Context(), bin("ringfence"), "servers", "connect", "tickets", "--user", oauthtest.Bob, "--wait", "2m")
+	wait.Env = append(baseEnv(), "RINGFENCE_ADDR="+d.GRPCAddr, "RINGFENCE_API_KEY="+adminKey)
+	var waitOut, waitErr bytes.Buffer
+	wait.Stdout = &waitOut
+	stderr, err := wait.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, wait.Start())
+	lines := bufio.NewScanner(io.TeeReader(stderr, &waitErr))
+	bobURL := ""
+	for bobURL == "" && lines.Scan() {
+		if l := strings.TrimSpace(lines.Text()); strings.HasPrefix(l, as.Issuer+"/auth?") {
+			bobURL = l
+		}
+	}
+	require.NotEmpty(t, bobURL, "servers connect --wait showed no authorization URL: %s", waitErr.String())
+	go func() { _, _ = io.Copy(io.Discard, io.TeeReader(stderr, &waitErr)) }()
+	status, m, rawBody := api.do(http.MethodPost, "/v1/mcp/servers/tickets:connect", `{"user":"`+oauthtest.Bob+`","no_new_sign_in":true}`)
+	seen = append(seen, rawBody)
+	require.Equal(t, http.StatusOK, status, rawBody)
+	require.Equal(t, "sign_in_required", m["state"], rawBody)
+	require.Empty(t, m["authorization_url"], "no_new_sign_in begins no sign-in")
+	// Past one poll of the CLI's (a slower machine only lets it poll less before the sign-in).
+	time.Sleep(connectPollOfCLI + 500*time.Millisecond)
 	resp, err = http.Get(as.SignIn(t, bobURL, oauthtest.Bob))
 	require.NoError(t, err)
+	page, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "the callback of the URL servers connect --wait showed: %s", page)
+	require.NoError(t, wait.Wait(), "stdout: %s\nstderr: %s", waitOut.String(), waitErr.String())
+	seen = append(seen, waitOut.String(), waitErr.String())
+	require.Contains(t, waitOut.String(), "connected tickets for "+oauthtest.Bob+": beta, whoami")
 	require.Contains(t, must("servers", "connect", "tickets", "--user", oauthtest.Bob), "connected tickets for "+oauthtest.Bob+": beta, whoami")
 	call(http.MethodPost, "/v1/runs", `{"graph_id":"desk","run_id":"r2","user":"`+oauthtest.Bob+`"}`)
 	listing := call(http.MethodGet, "/v1/runs/r2/agents/researcher/tools", "")
@@ -191,7 +226,7 @@ func TestOAuthSignInEndToEnd(t *testing.T) {
 	var key map[string]any
 	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &key))
 	acme := rest{t: t, base: api.base, key: key["secret"].(string)}
-	status, m, rawBody := acme.do(http.MethodPost, "/v1/mcp/servers/tickets:connect", `{"user":"`+oauthtest.Alice+`"}`)
+	status, m, rawBody = acme.do(http.MethodPost, "/v1/mcp/servers/tickets:connect", `{"user":"`+oauthtest.Alice+`"}`)
 	seen = append(seen, rawBody)
 	require.Equal(t, http.StatusOK, status, rawBody)
 	require.Equal(t, "sign_in_required", m["state"], "Alice's token is the default tenant's")

@@ -45,6 +45,9 @@ func runsDaemon(t *testing.T, extra ...string) (*daemon, func(args ...string) re
 // attempt, which verifies and never holds the canary.
 func TestRunsEndToEnd(t *testing.T) {
 	d, cli, _ := runsDaemon(t)
+	// The start names the isolation image's own ENV keys, which every server sees
+	// (docs/operations.md): an image of ringfence image build sets PATH alone.
+	require.Regexp(t, `msg="isolation ready" .*env=PATH `, d.Logs.String())
 	r := cli("runs", "start", "--graph", "demo", "--run", "run-e2e")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Equal(t, "run-e2e", strings.TrimSpace(r.Stdout))

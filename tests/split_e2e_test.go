@@ -88,6 +88,12 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 	must(cli("publisher", "graphs", "create", "--graph", "split", "--agent", "a"))
 	must(cli("publisher", "mcp-import", "--server", "fx", "--graph", "split", "--agent", "a", "--tool", "echo"))
 	must(cli("publisher", "graphs", "publish", "--graph", "split"))
+	// A command asked of a binary that does not serve it names the one that does.
+	r = cli("registry", "graphs", "list")
+	require.Equal(t, 1, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "unknown service ringfence.publisher.v1.PublisherService")
+	require.Contains(t, r.Stderr, "hint: the server at --addr does not serve ringfence.publisher.v1.PublisherService; in a split deployment point --addr at the service that does: ")
+	require.Contains(t, r.Stderr, "graphs and mcp-import: ringfence-publisher")
 
 	// The pool host: a run that loads the version from the publisher and resolves the server
 	// (with its secret env) from the registry, both with its certificate.

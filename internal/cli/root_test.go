@@ -56,6 +56,16 @@ func TestPrintErrorNamesTheServiceToAsk(t *testing.T) {
 	require.Contains(t, out.String(), "graphs and mcp-import: ringfence-publisher")
 }
 
+// TestHelpNamesEveryEnvironmentVariableTheCLIReads: each connection flag the environment can
+// set says which variable, as the split deployment's docs use them.
+func TestHelpNamesEveryEnvironmentVariableTheCLIReads(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	Execute([]string{"--help"}, nil, &stdout, &stderr)
+	for _, v := range []string{"RINGFENCE_ADDR", "RINGFENCE_API_KEY", "RINGFENCE_CA_FILE", "RINGFENCE_SERVER_NAME", "RINGFENCE_SERVER_IDENTITY"} {
+		require.Contains(t, stdout.String(), "("+v+")", v)
+	}
+}
+
 // TestHelpNeverPrintsTheAPIKey: the key set in the environment is read after the flags, so
 // --help shows no default for it.
 func TestHelpNeverPrintsTheAPIKey(t *testing.T) {

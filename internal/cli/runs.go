@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -347,13 +348,17 @@ func (g *globals) printCallResult(resp *poolv1.CallToolResponse) error {
 			return err
 		}
 	} else {
+		tool := oneLine(resp.GetToolName())
+		if ref := resp.GetServerRef(); ref != "" { // tool_search and connect tools have none
+			tool = oneLine(ref) + "/" + tool
+		}
 		if id := resp.GetApprovalId(); id != "" {
 			// This call did not reach the server: it took the outcome of the call the approver
 			// dispatched, so it names no latency of its own.
-			writef(g.stdout, "approved: the result of approval %s: %s (%s/%s, call %s attempt %d; the server was reached once, when it was approved)\n", oneLine(id), oneLine(resp.GetResult()),
-				oneLine(resp.GetServerRef()), oneLine(resp.GetToolName()), oneLine(resp.GetCallId()), resp.GetAttempt())
+			writef(g.stdout, "approved: the result of approval %s: %s (%s, call %s attempt %d; the server was reached once, when it was approved)\n", oneLine(id), oneLine(resp.GetResult()),
+				tool, oneLine(resp.GetCallId()), resp.GetAttempt())
 		} else {
-			writef(g.stdout, "dispatched: %s (%s/%s, call %s attempt %d, %s)\n", oneLine(resp.GetResult()), oneLine(resp.GetServerRef()), oneLine(resp.GetToolName()),
+			writef(g.stdout, "dispatched: %s (%s, call %s attempt %d, %s)\n", oneLine(resp.GetResult()), tool,
 				oneLine(resp.GetCallId()), resp.GetAttempt(), time.Duration(resp.GetLatencyMicros())*time.Microsecond)
 		}
 		for _, a := range resp.GetAdvisory() {
@@ -406,13 +411,19 @@ func (g *globals) printToolResult(content []*structpb.Struct, structured *struct
 			}
 			continue
 		}
-		b, _ := json.Marshal(c.AsMap())
-		fmt.Fprintln(g.stdout, string(b))
+		printCompactJSON(g.stdout, c.AsMap())
 	}
 	if structured != nil {
-		b, _ := json.Marshal(structured.AsMap())
-		fmt.Fprintln(g.stdout, string(b))
+		printCompactJSON(g.stdout, structured.AsMap())
 	}
+}
+
+// printCompactJSON writes v as one line of JSON, with &, < and > as they are: a URL in a
+// result (a connect tool's authorization_url) must stay one the user can copy.
+func printCompactJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
 }
 
 func (g *globals) pool(parent context.Context) (poolv1.PoolServiceClient, context.Context, context.CancelFunc, error) {
@@ -518,7 +529,7 @@ func (g *globals) printRun(r *poolv1.Run) error {
 	for _, s := range r.GetSessions() {
 		sessions = append(sessions, fmt.Sprintf("%s (%d calls)", s.GetServerRef(), s.GetCalls()))
 	}
-	return kv(g.stdout,
+	pairs := []string{
 		"run", r.GetRunId(),
 		"tenant", r.GetTenant(),
 		"graph", fmt.Sprintf("%s v%d", r.GetGraphId(), r.GetVersion()),
@@ -530,5 +541,20 @@ func (g *globals) printRun(r *poolv1.Run) error {
 		"waits for approval", orDash(r.GetPendingApprovalId()),
 		"started", ts(r.GetStartTime()),
 		"last activity", ts(r.GetLastActivityTime()),
-	)
+	}
+	// The user a run acts for (servers that sign each user in), and, with several pool
+	// hosts, the one that owns it (or lost it), are shown when there are any.
+	if u := r.GetUser(); u != "" {
+		pairs = append(pairs, "user", u)
+	}
+	if h := r.GetHost(); h != "" {
+		pairs = append(pairs, "host", h)
+	}
+	if h := r.GetHostLost(); h != "" {
+		if r.GetState() == "failed" {
+			h += " (runs resume places the run on a live host)"
+		}
+		pairs = append(pairs, "host lost", h)
+	}
+	return kv(g.stdout, pairs...)
 }

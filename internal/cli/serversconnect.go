@@ -32,23 +32,31 @@ wait (up to the duration given) until U has signed in. Needs run:execute: the ke
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			deadline := time.Now().Add(wait)
-			shown := false
+			// The first request begins the user's sign-in; the polls that follow only ask
+			// whether the user has signed in (no_new_sign_in), since a new sign-in would
+			// replace the one whose URL the user is given.
+			var first *poolv1.ConnectServerResponse
 			for {
 				client, ctx, cancel, err := g.pool(cmd.Context())
 				if err != nil {
 					return err
 				}
-				resp, err := client.ConnectServer(ctx, &poolv1.ConnectServerRequest{Ref: args[0], User: user, Tenant: tenant})
+				resp, err := client.ConnectServer(ctx, &poolv1.ConnectServerRequest{Ref: args[0], User: user, Tenant: tenant, NoNewSignIn: first != nil})
 				cancel()
 				if err != nil {
 					return err
 				}
+				if first == nil {
+					first = resp
+				}
 				if resp.GetState() != "sign_in_required" || wait <= 0 || !time.Now().Before(deadline) {
+					if resp.GetState() == "sign_in_required" {
+						resp = first // the URL the user was given
+					}
 					return g.printServerConnection(args[0], user, resp)
 				}
-				if !shown {
+				if resp == first {
 					writef(g.stderr, "%s must sign in to %s: open\n  %s\nwaiting until %s...\n", user, args[0], resp.GetAuthorizationUrl(), deadline.Format(time.TimeOnly))
-					shown = true
 				}
 				select {
 				case <-cmd.Context().Done():

@@ -59,6 +59,8 @@ type servedMethods struct {
 	server  func() *grpc.Server
 	once    sync.Once
 	methods map[string]bool
+	// services are the services of methods.
+	services map[string]bool
 }
 
 func newServedMethods(server func() *grpc.Server) *servedMethods {
@@ -68,8 +70,9 @@ func newServedMethods(server func() *grpc.Server) *servedMethods {
 // check refuses a method the server does not serve, before anything of the stream is read.
 func (m *servedMethods) check(fullMethod string) error {
 	m.once.Do(func() {
-		m.methods = make(map[string]bool)
+		m.methods, m.services = make(map[string]bool), make(map[string]bool)
 		for svc, info := range m.server().GetServiceInfo() {
+			m.services[svc] = true
 			for _, md := range info.Methods {
 				m.methods["/"+svc+"/"+md.Name] = true
 			}
@@ -78,7 +81,12 @@ func (m *servedMethods) check(fullMethod string) error {
 	if m.methods[fullMethod] {
 		return nil
 	}
-	// The refusal grpc-go itself gives an unknown method, given before the request is read: the
-	// public API and the internal plane are served on different listeners.
+	// The refusals grpc-go itself gives an unknown service or method, given before the request
+	// is read, with their usual causes: in a split deployment each binary serves its own
+	// services (the CLI reads "unknown service <name>" to name the binary that serves it), and
+	// the public API and the internal plane are served on different listeners.
+	if svc, _, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/"); ok && !m.services[svc] {
+		return status.Errorf(codes.Unimplemented, "unknown service %s: this listener does not serve it: in a split deployment each binary serves its own services, the public API on RINGFENCE_GRPC_ADDR and internal RPCs (mutual TLS) on RINGFENCE_INTERNAL_ADDR; grpcurl ... list shows what a listener serves", svc)
+	}
 	return status.Errorf(codes.Unimplemented, "grpcserver: unknown method %s on this listener: the public API is served on RINGFENCE_GRPC_ADDR and internal RPCs (mutual TLS) on RINGFENCE_INTERNAL_ADDR; grpcurl ... list shows what a listener serves", strings.TrimPrefix(fullMethod, "/"))
 }

@@ -48,6 +48,18 @@ type Connection struct {
 // tools are listed and the listing stored; without one, the answer is the authorization URL.
 // The caller (a key with run:execute in the tenant) asserts the user (docs/oauth.md).
 func (s *Service) ConnectServer(ctx context.Context, tenant, user, ref string) (*Connection, error) {
+	return s.connectServer(ctx, tenant, user, ref, true)
+}
+
+// ConnectServerIfSignedIn is ConnectServer without beginning a sign-in: without the user's
+// token the answer is ConnectSignInRequired with no URL, and the user's pending sign-in (whose
+// URL an earlier ConnectServer answered) stays good, where a new one would replace it. It is
+// for polling until the user has signed in.
+func (s *Service) ConnectServerIfSignedIn(ctx context.Context, tenant, user, ref string) (*Connection, error) {
+	return s.connectServer(ctx, tenant, user, ref, false)
+}
+
+func (s *Service) connectServer(ctx context.Context, tenant, user, ref string, beginSignIn bool) (*Connection, error) {
 	tenant = orDefaultTenant(tenant)
 	if err := ValidateUser("user", user); err != nil {
 		return nil, err
@@ -64,6 +76,16 @@ func (s *Service) ConnectServer(ctx context.Context, tenant, user, ref string) (
 	}
 	if res.OAuth == nil {
 		return nil, errNoSignIn
+	}
+	if !beginSignIn {
+		tools, err := s.connectSignedIn(ctx, tenant, user, res)
+		if errors.Is(err, errSignInRequired) {
+			return &Connection{State: ConnectSignInRequired}, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &Connection{State: ConnectConnected, Tools: tools}, nil
 	}
 	tools, err := s.connect(ctx, tenant, user, res)
 	var si *signInError
@@ -87,10 +109,17 @@ func (s *Service) signInConfigured() error {
 // connect lists res's tools with user's token and stores the listing, answering the tools'
 // names; without a token the server takes, it begins a sign-in and answers its *signInError.
 func (s *Service) connect(ctx context.Context, tenant, user string, res *mcpserver.Resolved) ([]string, error) {
-	listing, err := s.listAs(ctx, tenant, user, res)
+	tools, err := s.connectSignedIn(ctx, tenant, user, res)
 	if errors.Is(err, errSignInRequired) {
 		return nil, s.beginSignIn(ctx, tenant, user, res, signInWhy(err), stepUpOf(err))
 	}
+	return tools, err
+}
+
+// connectSignedIn is connect without the sign-in: errSignInRequired (wrapped) without a token
+// the server takes.
+func (s *Service) connectSignedIn(ctx context.Context, tenant, user string, res *mcpserver.Resolved) ([]string, error) {
+	listing, err := s.listAs(ctx, tenant, user, res)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -339,8 +340,47 @@ func (f *FrontDoor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if r.Header.Get(mcpSessionIDHeader) != "" {
+		w = &boundSessionWriter{ResponseWriter: w}
+	}
 	f.stateful.ServeHTTP(w, r)
 }
+
+// boundSessionWriter words the SDK's refusal of a session opened with another token: its 403
+// (the one the stateful handler gives, as neither its Host nor its Origin check is on) says
+// "session user mismatch", which tells a client neither why nor what to do.
+type boundSessionWriter struct {
+	http.ResponseWriter
+	refused bool
+}
+
+func (w *boundSessionWriter) WriteHeader(code int) {
+	if code != http.StatusForbidden || w.refused {
+		w.ResponseWriter.WriteHeader(code)
+		return
+	}
+	w.refused = true
+	w.Header().Del("Content-Length")
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.ResponseWriter.WriteHeader(code)
+	_, _ = io.WriteString(w.ResponseWriter, "Forbidden: this session (Mcp-Session-Id) was opened with another token, and a session is bound to the token that opened it: open a new session with this token (initialize, without Mcp-Session-Id)\n")
+}
+
+// Write drops the SDK's own text after a refusal worded above.
+func (w *boundSessionWriter) Write(b []byte) (int, error) {
+	if w.refused {
+		return len(b), nil
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *boundSessionWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *boundSessionWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // rebinding is DNS-rebinding protection: a page in a browser that resolved its own name to
 // this host must not reach it. The Host must be the public URL's host name, one of

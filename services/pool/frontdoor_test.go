@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -172,8 +173,9 @@ func TestFrontDoorTokens(t *testing.T) {
 		}
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
-		_, _ = io.Copy(io.Discard, resp.Body)
+		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(b))
 		return resp
 	}
 	require401 := func(resp *http.Response, description string) {
@@ -199,7 +201,11 @@ func TestFrontDoorTokens(t *testing.T) {
 
 	// Another token of the same agent cannot take over the session.
 	_, other := d.token(t)
-	require.Equal(t, http.StatusForbidden, post(other, session).StatusCode)
+	taken := post(other, session)
+	require.Equal(t, http.StatusForbidden, taken.StatusCode)
+	said, _ := io.ReadAll(taken.Body)
+	require.Contains(t, string(said), "this session (Mcp-Session-Id) was opened with another token", "the refusal says why and what to do")
+	require.Contains(t, string(said), "open a new session with this token")
 
 	// Expired: the record says so (rewritten as time would leave it).
 	rec, err := d.h.pool.store.AgentTokenByHash(d.h.ctx, hashAgentToken(other))

@@ -418,7 +418,8 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		s.stdio = true
 	default:
 		s.stdio = true
-		cfg.Logger.Info("isolation ready", "backend", report.Isolation, "runtime", report.Runtime, "image", report.ImageRef, "id", report.ImageID, "swept_orphans", report.Swept)
+		cfg.Logger.Info("isolation ready", "backend", report.Isolation, "runtime", report.Runtime, "image", report.ImageRef, "id", report.ImageID,
+			"env", strings.Join(report.ImageEnvKeys, ","), "swept_orphans", report.Swept)
 		// PATH is in every image (ringfence image build sets PATH=/bin) and configures
 		// nothing a server could read as a setting or a secret; any other key does.
 		if keys := slices.DeleteFunc(slices.Clone(report.ImageEnvKeys), func(k string) bool { return k == "PATH" }); len(keys) > 0 {

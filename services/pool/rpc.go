@@ -627,7 +627,11 @@ func (g *Server) ConnectServer(ctx context.Context, req *poolv1.ConnectServerReq
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}
-	c, err := g.svc.ConnectServer(ctx, tenant, req.GetUser(), req.GetRef())
+	connect := g.svc.ConnectServer
+	if req.GetNoNewSignIn() {
+		connect = g.svc.ConnectServerIfSignedIn
+	}
+	c, err := connect(ctx, tenant, req.GetUser(), req.GetRef())
 	if err != nil {
 		return nil, g.svc.errors.Status(ctx, err)
 	}

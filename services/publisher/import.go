@@ -122,7 +122,7 @@ func (s *Service) ImportTools(ctx context.Context, req *publisherv1.ImportToolsR
 
 // errActForUser: importing as a user lists a server's tools with that user's token, which only
 // a key that may assert users does (run:execute, as StartRun's user).
-var errActForUser = errors.New("publisher: importing as a user lists the server's tools with that user's token: the key needs run:execute as well as graph:write, as a run's user is asserted (docs/oauth.md)")
+var errActForUser = errors.New("publisher: importing as a user lists the server's tools with that user's token: the key needs run:execute as well as workflow:write, as a run's user is asserted (docs/oauth.md)")
 
 // mayActFor checks an import's user: a well-formed subject, and a key that may assert users.
 func mayActFor(ctx context.Context, user string) error {

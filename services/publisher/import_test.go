@@ -429,7 +429,7 @@ func TestNodeIDForLongAndTakenNames(t *testing.T) {
 }
 
 // TestImportAsAUserNeedsAKeyThatAssertsUsers: an import that names a user lists a server with
-// that user's token, so an author's key (graph:write without run:execute) is refused before
+// that user's token, so an author's key (workflow:write without run:execute) is refused before
 // anything is listed, and an admin's is let through to the pool (this fixture's discoverer
 // lists as nobody, and says so).
 func TestImportAsAUserNeedsAKeyThatAssertsUsers(t *testing.T) {
@@ -440,7 +440,7 @@ func TestImportAsAUserNeedsAKeyThatAssertsUsers(t *testing.T) {
 	req := &publisherv1.ImportToolsRequest{GraphId: "g", ServerRef: "docs", Agent: "researcher", User: "alice@example.com"}
 	_, err := f.client.ImportTools(f.author(t), req)
 	st := testutil.RequireStatus(t, err, codes.PermissionDenied)
-	require.Contains(t, st.Message(), "needs run:execute")
+	require.Contains(t, st.Message(), "needs run:execute as well as workflow:write", "names the permissions as roles hold them")
 	_, err = f.client.ImportTools(f.admin(t), req)
 	st = testutil.RequireStatus(t, err, codes.FailedPrecondition)
 	require.Contains(t, st.Message(), "cannot list tools as a user")

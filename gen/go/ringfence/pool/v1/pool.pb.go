@@ -3183,7 +3183,12 @@ type ConnectServerRequest struct {
 	// user is the subject (as StartRunRequest.user).
 	User string `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
 	// tenant: as StartRunRequest.tenant.
-	Tenant        string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Tenant string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// no_new_sign_in: when the user has no token the server takes, answer sign_in_required
+	// without beginning a sign-in (and without authorization_url), so that the URL an earlier
+	// call answered stays good: a new sign-in replaces the user's pending one. For polling
+	// until the user has signed in (`ringfence servers connect --wait`).
+	NoNewSignIn   bool `protobuf:"varint,4,opt,name=no_new_sign_in,json=noNewSignIn,proto3" json:"no_new_sign_in,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3237,6 +3242,13 @@ func (x *ConnectServerRequest) GetTenant() string {
 		return x.Tenant
 	}
 	return ""
+}
+
+func (x *ConnectServerRequest) GetNoNewSignIn() bool {
+	if x != nil {
+		return x.NoNewSignIn
+	}
+	return false
 }
 
 // ConnectServerResponse says where the connection stands.
@@ -3573,11 +3585,12 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\btoken_id\x18\x02 \x01(\tR\atokenId\x12\x16\n" +
 	"\x06tenant\x18\x03 \x01(\tR\x06tenant\"O\n" +
 	"\x18RevokeAgentTokenResponse\x123\n" +
-	"\x05token\x18\x01 \x01(\v2\x1d.ringfence.pool.v1.AgentTokenR\x05token\"T\n" +
+	"\x05token\x18\x01 \x01(\v2\x1d.ringfence.pool.v1.AgentTokenR\x05token\"y\n" +
 	"\x14ConnectServerRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\x12\x16\n" +
-	"\x06tenant\x18\x03 \x01(\tR\x06tenant\"\xad\x01\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12#\n" +
+	"\x0eno_new_sign_in\x18\x04 \x01(\bR\vnoNewSignIn\"\xad\x01\n" +
 	"\x15ConnectServerResponse\x12\x14\n" +
 	"\x05state\x18\x01 \x01(\tR\x05state\x12+\n" +
 	"\x11authorization_url\x18\x02 \x01(\tR\x10authorizationUrl\x12;\n" +

@@ -1,0 +1,33 @@
+package tests
+
+import (
+	"debug/elf"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestMakeBuildWritesStaticBinaries: deploy/Dockerfile copies what make build writes into a
+// FROM-scratch image, which has no loader, so every binary must be static whatever the
+// machine's cgo default (a dynamic one fails in the image with "exec …: no such file or
+// directory"). The build goes to a directory of the test's own (OUT).
+func TestMakeBuildWritesStaticBinaries(t *testing.T) {
+	out := t.TempDir()
+	cmd := exec.CommandContext(t.Context(), "make", "-C", bins.root, "OUT="+out, "build")
+	cmd.Env = append(baseEnv(), "CGO_ENABLED=1") // as a machine with a C compiler defaults to
+	log, err := cmd.CombinedOutput()
+	require.NoError(t, err, string(log))
+	for _, name := range []string{"ringfence", "ringfenced", "ringfence-registry", "ringfence-publisher", "ringfence-pool", "ringfence-audit"} {
+		f, err := elf.Open(filepath.Join(out, name))
+		require.NoError(t, err)
+		for _, p := range f.Progs {
+			require.NotEqual(t, elf.PT_INTERP, p.Type, "%s is dynamically linked: a FROM-scratch image cannot run it", name)
+		}
+		libs, err := f.ImportedLibraries()
+		require.NoError(t, err)
+		require.Empty(t, libs, name)
+		require.NoError(t, f.Close())
+	}
+}
