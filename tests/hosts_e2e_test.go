@@ -266,7 +266,7 @@ func TestTwoPoolHostsShareEtcd(t *testing.T) {
 		return r.Code == 0 && json.Unmarshal([]byte(r.Stdout), &lost) == nil && lost.State == "failed"
 	}, 30*time.Second, 100*time.Millisecond)
 	require.Equal(t, "p2", lost.HostLost)
-	require.Contains(t, lost.EndReason, "pool host p2 stopped answering")
+	require.Contains(t, lost.EndReason, "pool host p2 is gone (it was stopped, or stopped answering)")
 	resumed := d.run("p1", "runs", "resume", "--run", "second")
 	require.Equal(t, "running", resumed.State)
 	require.Equal(t, "p1", resumed.Host)

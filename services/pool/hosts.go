@@ -153,7 +153,8 @@ func (s *Service) sweepLostHosts(ctx context.Context) {
 			continue
 		}
 		for _, host := range lost {
-			reason := fmt.Sprintf("pool host %s stopped answering: its lease expired (pool.host_lease_ttl %s); ResumeRun re-homes the run on a live host with fresh sessions", host, s.hosts.ttl)
+			// A lease revoked by a graceful stop and one that expired look the same from here.
+			reason := fmt.Sprintf("pool host %s is gone (it was stopped, or stopped answering): its lease in etcd ended (revoked as it stopped, or expired after pool.host_lease_ttl %s); ResumeRun re-homes the run on a live host with fresh sessions", host, s.hosts.ttl)
 			failed, err := s.hosts.runs.FailRunsOf(ctx, host, func(r *store.Run) {
 				r.State, r.EndReason, r.EndTime = StateFailed, reason, time.Now().UTC()
 			})

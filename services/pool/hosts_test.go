@@ -179,7 +179,7 @@ func TestALostHostsRunsFailAndResumeElsewhere(t *testing.T) {
 		return err == nil && got.Run.State == StateFailed
 	}, 10*time.Second, 50*time.Millisecond)
 	require.Equal(t, "h2", got.Run.HostLost)
-	require.Contains(t, got.Run.EndReason, "pool host h2 stopped answering")
+	require.Contains(t, got.Run.EndReason, "pool host h2 is gone (it was stopped, or stopped answering): its lease in etcd ended (revoked as it stopped")
 
 	// h1 kept an approval of the run from an earlier life there: it is not the re-homed run's.
 	require.NoError(t, h1.store.PutApproval(h.ctx, store.Approval{ID: "old", Tenant: auth.DefaultTenant, RunID: "lost", State: "pending"}))
