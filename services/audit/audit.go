@@ -67,6 +67,9 @@ var _ auditv1.AuditServiceServer = (*Service)(nil)
 // errStopping ends the Watch streams of a server that stops.
 var errStopping = errors.New("audit: the audit service is stopping")
 
+// errorFields names the field of each INVALID_ARGUMENT sentinel, for its BadRequest detail.
+var errorFields = map[error]string{store.ErrInvalidFilter: "filter", store.ErrInvalidPageToken: "page_token"}
+
 var errorCodes = map[error]codes.Code{
 	audit.ErrInvalidRecord:    codes.InvalidArgument,
 	store.ErrInvalidFilter:    codes.InvalidArgument,
@@ -100,7 +103,7 @@ func Open(cfg Config) (*Service, error) {
 	}
 	return &Service{
 		store: st, verifier: newVerifier(st, cfg.DBPath), shared: shared, log: cfg.Logger,
-		errors: grpcserver.ErrorTable{Service: "audit", Codes: errorCodes, Logger: cfg.Logger},
+		errors: grpcserver.ErrorTable{Service: "audit", Codes: errorCodes, Fields: errorFields, Logger: cfg.Logger},
 	}, nil
 }
 

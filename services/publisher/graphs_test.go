@@ -56,6 +56,8 @@ func TestCreateGetListDeleteGraph(t *testing.T) {
 	_, err = f.client.ListGraphs(ctx, &publisherv1.ListGraphsRequest{PageToken: "zzz"})
 	st = testutil.RequireStatus(t, err, codes.InvalidArgument, "a token never issued is no empty, final page")
 	require.Equal(t, "publisher: page_token is not one this server issued: start again without it", st.Message())
+	require.Len(t, st.Details(), 1, "a BadRequest names the field, as for any invalid input")
+	require.Equal(t, "page_token", st.Details()[0].(*errdetails.BadRequest).GetFieldViolations()[0].GetField())
 
 	_, err = f.client.DeleteGraph(ctx, &publisherv1.DeleteGraphRequest{GraphId: "other"})
 	testutil.RequireStatus(t, err, codes.PermissionDenied, "deleting a graph is workflow:admin")

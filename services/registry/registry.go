@@ -109,6 +109,9 @@ var (
 	errUnrecordable     = errors.New("registry: the change cannot be recorded in the audit log, so nothing was changed")
 )
 
+// errorFields names the field of each INVALID_ARGUMENT sentinel, for its BadRequest detail.
+var errorFields = map[error]string{errBadPageToken: "page_token"}
+
 var errorCodes = map[error]codes.Code{
 	errServerExists:                codes.AlreadyExists,
 	errServerNotFound:              codes.NotFound,
@@ -199,7 +202,7 @@ func Open(cfg Config) (*Service, error) {
 		spool:     st.Spool(),
 		forwarder: st.Spool().StartForwarding(),
 		log:       cfg.Logger,
-		errors:    grpcserver.ErrorTable{Service: "registry", Codes: errorCodes, Logger: cfg.Logger},
+		errors:    grpcserver.ErrorTable{Service: "registry", Codes: errorCodes, Fields: errorFields, Logger: cfg.Logger},
 	}, nil
 }
 
