@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
@@ -393,4 +394,31 @@ func TestAPublicPortNamesTheBinaryThatServesAService(t *testing.T) {
 	err := s.dialPublic(mtls.Registry).Invoke(ctx, "/ringfence.registry.v1.RegistryService/NoSuch", &registryv1.ListServersRequest{}, &registryv1.ListServersResponse{})
 	st := testutil.RequireStatus(t, err, codes.Unimplemented)
 	require.Equal(t, `grpcserver: unknown method "NoSuch" of ringfence.registry.v1.RegistryService; grpcurl ... describe ringfence.registry.v1.RegistryService lists its methods`, st.Message())
+}
+
+// TestHealthNamesOnlyWhatItsListenerServes: the public port's health service, like its
+// reflection, names no internal service (and answers one as unknown); the internal listener's
+// names its internal services.
+func TestHealthNamesOnlyWhatItsListenerServes(t *testing.T) {
+	s := startSplit(t)
+	for _, svc := range mtls.Services {
+		t.Run(svc, func(t *testing.T) {
+			internalName := map[string]string{
+				mtls.Registry: "ringfence.internal.registry.v1.RegistryInternalService", mtls.Publisher: "ringfence.internal.publisher.v1.PublisherInternalService",
+				mtls.Pool: "ringfence.internal.pool.v1.PoolInternalService", mtls.Audit: "ringfence.internal.audit.v1.AuditInternalService",
+			}[svc]
+			public := grpc_health_v1.NewHealthClient(s.dialPublic(svc))
+			list, err := public.List(t.Context(), &grpc_health_v1.HealthListRequest{})
+			require.NoError(t, err)
+			for name := range list.GetStatuses() {
+				require.False(t, strings.HasPrefix(name, "ringfence.internal."), "the public port's health names %s", name)
+			}
+			_, err = public.Check(t.Context(), &grpc_health_v1.HealthCheckRequest{Service: internalName})
+			testutil.RequireStatus(t, err, codes.NotFound)
+
+			got, err := grpc_health_v1.NewHealthClient(s.dialInternal(svc, svc)).Check(t.Context(), &grpc_health_v1.HealthCheckRequest{Service: internalName})
+			require.NoError(t, err)
+			require.Equal(t, grpc_health_v1.HealthCheckResponse_SERVING, got.GetStatus())
+		})
+	}
 }
