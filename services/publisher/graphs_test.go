@@ -36,6 +36,12 @@ func TestCreateGetListDeleteGraph(t *testing.T) {
 
 	_, err := f.client.CreateGraph(ctx, &publisherv1.CreateGraphRequest{GraphId: "support-triage"})
 	testutil.RequireStatus(t, err, codes.AlreadyExists)
+	// A draft naming another graph says which field it must match: a gRPC caller has no path.
+	other := proto.Clone(d).(*publisherv1.Graph)
+	other.Id = "other"
+	_, err = f.client.ReplaceDraft(ctx, &publisherv1.ReplaceDraftRequest{GraphId: "support-triage", Draft: other})
+	require.Contains(t, testutil.RequireStatus(t, err, codes.InvalidArgument).Message(),
+		`invalid draft.id: "other" does not match graph_id ("support-triage"; over REST, the graph in the path)`)
 	_, err = f.client.CreateGraph(ctx, &publisherv1.CreateGraphRequest{GraphId: "Bad Id"})
 	st := testutil.RequireStatus(t, err, codes.InvalidArgument)
 	require.Contains(t, st.Message(), "graph_id")
