@@ -98,8 +98,8 @@ var (
 var (
 	errServerExists     = errors.New("registry: a server with this ref already exists: use PUT /v1/mcp/servers/{ref} (UpdateServer) to reconfigure it")
 	errServerNotFound   = fmt.Errorf("registry: %w", mcpserver.ErrNotRegistered)
-	errSecretNotFound   = errors.New("registry: no secret has this name")
-	errKeyNotFound      = errors.New("registry: no API key has this id")
+	errSecretNotFound   = errors.New("registry: no secret has this name: ListSecrets (ringfence secrets list) shows the secrets that exist")
+	errKeyNotFound      = errors.New("registry: no API key has this id: ListKeys (ringfence keys list) shows the keys")
 	errStaleRevision    = errors.New("registry: the registration changed since the revision you sent: get it again, reapply your change, and send the new revision")
 	errBadPageToken     = errors.New("registry: page_token is not one this server issued: start again without it")
 	errMissingSecret    = errors.New("registry: a header references a secret that does not exist")
