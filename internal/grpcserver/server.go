@@ -399,7 +399,11 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 // holder. Which permission a route needs is checked next, by authorizeRoute.
 func authenticateFirst(h http.Handler, a Authenticator) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := a.Authenticate(r.Context(), r.Header.Get("X-API-Key")); err != nil {
+		key, err := auth.SingleKey(r.Header.Values("X-API-Key"))
+		if err == nil {
+			err = a.Authenticate(r.Context(), key)
+		}
+		if err != nil {
 			refuseUnread(w, r, err)
 			return
 		}
