@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 
@@ -18,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -278,18 +281,8 @@ func TestOAuthCallbackURLFollowsTheListener(t *testing.T) {
 // ringfenced stops ends as the stop begins, with UNAVAILABLE naming the record to watch again
 // from, rather than holding the graceful stop until its timeout and then being cut.
 func TestAStoppingServerEndsAuditWatches(t *testing.T) {
-	a, err := NewAllInOne(t.Context(), testConfig(t), quietLogger())
-	require.NoError(t, err)
-	defer a.Close()
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	ran := make(chan error, 1)
-	go func() { ran <- a.Server.Run(ctx) }()
-	addr, _, err := a.Server.Addrs(ctx)
-	require.NoError(t, err)
-	conn, err := grpc.NewClient(addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
+	s := serveAllInOne(t)
+	conn, stop, ran := s.conn, s.stop, s.ran
 
 	admin := testutil.WithKey(t.Context(), bootstrapKey)
 	watch, err := auditv1.NewAuditServiceClient(conn).Watch(admin, &auditv1.WatchRequest{FromSeq: 1})
@@ -310,4 +303,58 @@ func TestAStoppingServerEndsAuditWatches(t *testing.T) {
 	require.Equal(t, codes.Unavailable, status.Code(last), "%v", last)
 	require.Contains(t, status.Convert(last).Message(), fmt.Sprintf("the audit service is stopping: watch again from record %d", seen+1))
 	require.NoError(t, <-ran)
+}
+
+// served is ringfenced (NewAllInOne) serving on loopback ports, with a client connection.
+type served struct {
+	conn     *grpc.ClientConn
+	httpAddr net.Addr
+	stop     context.CancelFunc // begins the stop; ran then answers Run's error
+	ran      chan error
+}
+
+// serveAllInOne starts ringfenced; a test that does not stop it leaves that to its cleanup.
+func serveAllInOne(t *testing.T) served {
+	t.Helper()
+	a, err := NewAllInOne(t.Context(), testConfig(t), quietLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { a.Close() })
+	ctx, stop := context.WithCancel(context.Background())
+	ran, done := make(chan error, 1), make(chan struct{})
+	go func() { ran <- a.Server.Run(ctx); close(done) }()
+	t.Cleanup(func() { stop(); <-done })
+	addr, httpAddr, err := a.Server.Addrs(ctx)
+	require.NoError(t, err)
+	conn, err := grpc.NewClient(addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return served{conn: conn, httpAddr: httpAddr, stop: stop, ran: ran}
+}
+
+// TestAKeySentTwiceIsRefused: two API keys on one request (two x-api-key entries, two
+// X-API-Key headers) are refused as UNAUTHENTICATED whatever their values, over gRPC, REST and
+// the audit export alike: the server took the first one, so a key a proxy put in front of the
+// caller's decided who the caller was.
+func TestAKeySentTwiceIsRefused(t *testing.T) {
+	s := serveAllInOne(t)
+	conn, httpAddr := s.conn, s.httpAddr
+
+	twice := metadata.AppendToOutgoingContext(t.Context(), auth.MetadataKey, bootstrapKey, auth.MetadataKey, "some-other-key-0123456789")
+	_, err := registryv1.NewRegistryServiceClient(conn).ListSecrets(twice, &registryv1.ListSecretsRequest{})
+	require.Contains(t, testutil.RequireStatus(t, err, codes.Unauthenticated).Message(), "the API key is sent 2 times: send one")
+	_, err = registryv1.NewRegistryServiceClient(conn).ListSecrets(testutil.WithKey(t.Context(), bootstrapKey), &registryv1.ListSecretsRequest{})
+	require.NoError(t, err, "one key is fine")
+
+	for _, path := range []string{"/v1/secrets", "/v1/audit/export"} {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+httpAddr.String()+path, nil)
+		require.NoError(t, err)
+		req.Header.Add("X-API-Key", bootstrapKey)
+		req.Header.Add("X-API-Key", "some-other-key-0123456789")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%s: %s", path, body)
+		require.Contains(t, string(body), "the API key is sent 2 times", path)
+	}
 }

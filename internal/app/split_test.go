@@ -16,10 +16,12 @@ import (
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
@@ -360,4 +362,63 @@ func TestOneCallIsOneTraceAcrossServices(t *testing.T) {
 		return strings.Contains(reg, "ResolveServer") && strings.Contains(reg, "request_id="+rid) &&
 			strings.Contains(pl, "Discover") && strings.Contains(pl, "request_id="+rid)
 	}, 5*time.Second, 20*time.Millisecond, "registry log:\n%s\npool log:\n%s", s.logs[mtls.Registry].String(), s.logs[mtls.Pool].String())
+}
+
+// TestAPublicPortNamesTheBinaryThatServesAService: asking a split binary for a service
+// another one serves answers grpc-go's own "unknown service <name>", which the CLI turns into
+// its hint, with an ErrorInfo naming the binary and listener that serve it (what grpcurl
+// shows); an internal service on a public port is answered in the same form.
+func TestAPublicPortNamesTheBinaryThatServesAService(t *testing.T) {
+	s := startSplit(t)
+	ctx := testutil.WithKey(t.Context(), bootstrapKey)
+	for _, tc := range []struct {
+		method, service, servedBy string
+	}{
+		{"/ringfence.pool.v1.PoolService/GetRun", "ringfence.pool.v1.PoolService", "ringfence-pool on its RINGFENCE_GRPC_ADDR"},
+		{registryinternalv1.RegistryInternalService_ResolveServer_FullMethodName, "ringfence.internal.registry.v1.RegistryInternalService", "ringfence-registry on its internal listener"},
+	} {
+		t.Run(tc.service, func(t *testing.T) {
+			var resp registryinternalv1.ResolveServerResponse
+			err := s.dialPublic(mtls.Registry).Invoke(ctx, tc.method, &registryinternalv1.ResolveServerRequest{}, &resp)
+			st := testutil.RequireStatus(t, err, codes.Unimplemented)
+			require.Equal(t, "unknown service "+tc.service, st.Message())
+			require.Len(t, st.Details(), 1)
+			info, ok := st.Details()[0].(*errdetails.ErrorInfo)
+			require.True(t, ok, "%T", st.Details()[0])
+			require.Equal(t, "SERVICE_NOT_SERVED", info.GetReason())
+			require.Contains(t, info.GetMetadata()["served_by"], tc.servedBy)
+			require.Equal(t, "ringfence.registry.v1.KeyService, ringfence.registry.v1.RegistryService", info.GetMetadata()["this_listener_serves"])
+		})
+	}
+	// A method its service does not have names both.
+	err := s.dialPublic(mtls.Registry).Invoke(ctx, "/ringfence.registry.v1.RegistryService/NoSuch", &registryv1.ListServersRequest{}, &registryv1.ListServersResponse{})
+	st := testutil.RequireStatus(t, err, codes.Unimplemented)
+	require.Equal(t, `grpcserver: unknown method "NoSuch" of ringfence.registry.v1.RegistryService; grpcurl ... describe ringfence.registry.v1.RegistryService lists its methods`, st.Message())
+}
+
+// TestHealthNamesOnlyWhatItsListenerServes: the public port's health service, like its
+// reflection, names no internal service (and answers one as unknown); the internal listener's
+// names its internal services.
+func TestHealthNamesOnlyWhatItsListenerServes(t *testing.T) {
+	s := startSplit(t)
+	for _, svc := range mtls.Services {
+		t.Run(svc, func(t *testing.T) {
+			internalName := map[string]string{
+				mtls.Registry: "ringfence.internal.registry.v1.RegistryInternalService", mtls.Publisher: "ringfence.internal.publisher.v1.PublisherInternalService",
+				mtls.Pool: "ringfence.internal.pool.v1.PoolInternalService", mtls.Audit: "ringfence.internal.audit.v1.AuditInternalService",
+			}[svc]
+			public := grpc_health_v1.NewHealthClient(s.dialPublic(svc))
+			list, err := public.List(t.Context(), &grpc_health_v1.HealthListRequest{})
+			require.NoError(t, err)
+			for name := range list.GetStatuses() {
+				require.False(t, strings.HasPrefix(name, "ringfence.internal."), "the public port's health names %s", name)
+			}
+			_, err = public.Check(t.Context(), &grpc_health_v1.HealthCheckRequest{Service: internalName})
+			testutil.RequireStatus(t, err, codes.NotFound)
+
+			got, err := grpc_health_v1.NewHealthClient(s.dialInternal(svc, svc)).Check(t.Context(), &grpc_health_v1.HealthCheckRequest{Service: internalName})
+			require.NoError(t, err)
+			require.Equal(t, grpc_health_v1.HealthCheckResponse_SERVING, got.GetStatus())
+		})
+	}
 }

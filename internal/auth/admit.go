@@ -28,7 +28,11 @@ func Admitting(ctx context.Context) bool {
 // It costs a SHA-256 of the key and one KeyVerifier lookup.
 func (a *Authorizer) Admit(ctx context.Context, fullMethod string) error {
 	if rule, ok := a.rules[fullMethod]; ok && rule.Permission != "" {
-		_, err := a.authenticate(context.WithValue(ctx, admittingKey{}, true), keyFromMetadata(ctx))
+		key, err := keyFromMetadata(ctx)
+		if err != nil {
+			return err
+		}
+		_, err = a.authenticate(context.WithValue(ctx, admittingKey{}, true), key)
 		return err
 	}
 	// Public and internal methods, and methods without a rule: Authorize decides them from

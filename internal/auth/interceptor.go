@@ -56,7 +56,11 @@ func (a *Authorizer) Authorize(ctx context.Context, fullMethod string) (context.
 		}
 		return WithPrincipal(ctx, Principal{Service: svc}), nil
 	}
-	p, err := a.authenticate(ctx, keyFromMetadata(ctx))
+	key, err := keyFromMetadata(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p, err := a.authenticate(ctx, key)
 	if err != nil {
 		return nil, err
 	}
@@ -96,11 +100,22 @@ func (a *Authorizer) authenticate(ctx context.Context, key string) (Principal, e
 	return p, nil
 }
 
-func keyFromMetadata(ctx context.Context) string {
-	if v := metadata.ValueFromIncomingContext(ctx, MetadataKey); len(v) > 0 {
-		return strings.TrimSpace(v[0])
+func keyFromMetadata(ctx context.Context) (string, error) {
+	return SingleKey(metadata.ValueFromIncomingContext(ctx, MetadataKey))
+}
+
+// SingleKey is the one API key a request carries, from every value of its x-api-key metadata
+// (or X-API-Key header). A key sent more than once is refused whatever the values: which one
+// was meant cannot be told (as with a JSON key given twice), and a proxy that adds a key of
+// its own must not decide who the caller is by the order of headers.
+func SingleKey(values []string) (string, error) {
+	switch len(values) {
+	case 0:
+		return "", nil
+	case 1:
+		return strings.TrimSpace(values[0]), nil
 	}
-	return ""
+	return "", status.Errorf(codes.Unauthenticated, "auth: the API key is sent %d times: send one, as x-api-key (gRPC metadata) or X-API-Key (HTTP header)", len(values))
 }
 
 // shortMethod turns /pkg.Service/Method into Service.Method for messages.

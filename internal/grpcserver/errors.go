@@ -19,6 +19,10 @@ type ErrorTable struct {
 	// Codes maps sentinel errors (matched with errors.Is) to codes. The error's own message,
 	// which the service writes for a person to act on, becomes the status message.
 	Codes map[error]codes.Code
+	// Fields names the request field an INVALID_ARGUMENT sentinel of Codes is about
+	// (page_token, filter): its status then carries a BadRequest detail naming it, as a field
+	// error's does, so a client finds the field in the same place whatever refused it.
+	Fields map[error]string
 	// Logger receives the detail of errors no entry matches.
 	Logger *slog.Logger
 }
@@ -40,17 +44,11 @@ func (t ErrorTable) Status(ctx context.Context, err error) error {
 		return status.Error(codes.DeadlineExceeded, t.Service+": deadline exceeded")
 	}
 	if fe, ok := fielderr.As(err); ok {
-		st := status.New(codes.InvalidArgument, t.Service+": invalid "+fe.Error())
-		if withDetail, derr := st.WithDetails(&errdetails.BadRequest{
-			FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: fe.Field, Description: fe.Problem}},
-		}); derr == nil {
-			st = withDetail
-		}
-		return st.Err()
+		return withFieldDetail(status.New(codes.InvalidArgument, t.Service+": invalid "+fe.Error()), fe.Field, fe.Problem)
 	}
 	for sentinel, code := range t.Codes {
 		if errors.Is(err, sentinel) {
-			return status.Error(code, err.Error())
+			return withFieldDetail(status.New(code, err.Error()), t.Fields[sentinel])
 		}
 	}
 	logger := t.Logger
@@ -60,4 +58,23 @@ func (t ErrorTable) Status(ctx context.Context, err error) error {
 	rid := RequestID(ctx)
 	logger.ErrorContext(ctx, "internal error", "service", t.Service, "request_id", rid, "err", err)
 	return status.Errorf(codes.Internal, "%s: internal error (request id %s); the server log has the detail", t.Service, rid)
+}
+
+// withFieldDetail adds a BadRequest detail naming field to an INVALID_ARGUMENT status (its
+// description is problem, else the status message); other statuses and an empty field are
+// returned as they are.
+func withFieldDetail(st *status.Status, field string, problem ...string) error {
+	if field == "" || st.Code() != codes.InvalidArgument {
+		return st.Err()
+	}
+	description := st.Message()
+	if len(problem) > 0 {
+		description = problem[0]
+	}
+	if withDetail, err := st.WithDetails(&errdetails.BadRequest{
+		FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: description}},
+	}); err == nil {
+		st = withDetail
+	}
+	return st.Err()
 }

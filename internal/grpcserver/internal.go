@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
@@ -25,9 +26,10 @@ import (
 // errInternalTLS refuses an internal listener that would accept anything but mutual TLS.
 var errInternalTLS = errors.New("grpcserver: the internal listener accepts mutual TLS only: its TLS configuration must require and verify a client certificate (mtls.InternalServerConfig)")
 
-// newInternal is the internal listener's gRPC server: the same interceptors, message bound and
-// health service as the public one, and reflection of what it serves (only peers with a
-// service certificate reach it).
+// newInternal is the internal listener's gRPC server: the same interceptors and message bound
+// as the public one, a health service and reflection of what it serves (only peers with a
+// service certificate reach it). Its health service is its own: the public port's names only
+// the services the public port serves, as its reflection does.
 func (s *Server) newInternal() *grpc.Server {
 	opts := []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
@@ -44,7 +46,8 @@ func (s *Server) newInternal() *grpc.Server {
 	// message is read.
 	var srv *grpc.Server
 	srv = grpc.NewServer(append(opts, s.networkOptions("internal", newServedMethods(func() *grpc.Server { return srv }))...)...)
-	grpc_health_v1.RegisterHealthServer(srv, s.health)
+	s.internalHealth = health.NewServer()
+	grpc_health_v1.RegisterHealthServer(srv, s.internalHealth)
 	reflection.Register(srv)
 	return srv
 }

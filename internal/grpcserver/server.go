@@ -98,9 +98,9 @@ type Options struct {
 type Server struct {
 	opts     Options
 	log      *slog.Logger
-	grpc     *grpc.Server // behind the gRPC listener
-	gateway  *grpc.Server // behind inmem, for the REST gateway alone
-	health   *health.Server
+	grpc     *grpc.Server   // behind the gRPC listener
+	gateway  *grpc.Server   // behind inmem, for the REST gateway alone
+	health   *health.Server // the public port's, and /healthz
 	metrics  *prometheus.Registry
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
@@ -108,8 +108,10 @@ type Server struct {
 	gateways []GatewayRegistrar
 	inmem    *bufconn.Listener
 	internal *grpc.Server // nil without InternalAddr
-	extra    map[string]http.Handler
-	refusals *refusalLog
+	// internalHealth is the internal listener's health service (nil without one).
+	internalHealth *health.Server
+	extra          map[string]http.Handler
+	refusals       *refusalLog
 	// onShutdown runs as graceful shutdown begins (OnShutdown).
 	onShutdown []func()
 
@@ -258,12 +260,13 @@ func (s *Server) Run(ctx context.Context) error {
 	for name := range s.grpc.GetServiceInfo() {
 		s.health.SetServingStatus(name, grpc_health_v1.HealthCheckResponse_SERVING)
 	}
+	s.health.SetServingStatus("", grpc_health_v1.HealthCheckResponse_SERVING)
 	if s.internal != nil {
 		for name := range s.internal.GetServiceInfo() {
-			s.health.SetServingStatus(name, grpc_health_v1.HealthCheckResponse_SERVING)
+			s.internalHealth.SetServingStatus(name, grpc_health_v1.HealthCheckResponse_SERVING)
 		}
+		s.internalHealth.SetServingStatus("", grpc_health_v1.HealthCheckResponse_SERVING)
 	}
-	s.health.SetServingStatus("", grpc_health_v1.HealthCheckResponse_SERVING)
 
 	errc := make(chan error, 4)
 	go func() { errc <- s.grpc.Serve(grpcLis) }()
@@ -304,6 +307,9 @@ func (s *Server) OnShutdown(f func()) { s.onShutdown = append(s.onShutdown, f) }
 
 func (s *Server) shutdown(httpSrv *http.Server) {
 	s.health.Shutdown()
+	if s.internalHealth != nil {
+		s.internalHealth.Shutdown()
+	}
 	for _, f := range s.onShutdown {
 		f()
 	}
@@ -393,7 +399,11 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 // holder. Which permission a route needs is checked next, by authorizeRoute.
 func authenticateFirst(h http.Handler, a Authenticator) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := a.Authenticate(r.Context(), r.Header.Get("X-API-Key")); err != nil {
+		key, err := auth.SingleKey(r.Header.Values("X-API-Key"))
+		if err == nil {
+			err = a.Authenticate(r.Context(), key)
+		}
+		if err != nil {
 			refuseUnread(w, r, err)
 			return
 		}

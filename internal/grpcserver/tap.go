@@ -2,14 +2,19 @@ package grpcserver
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/ringfence/ringfence/internal/fielderr"
 )
 
 // Admitter is implemented by an Authorizer that can tell from a stream's headers and its
@@ -56,11 +61,11 @@ func (s *Server) admit(a Admitter, listener string, served *servedMethods) func(
 // servedMethods is the set of methods one gRPC server serves, read from it once, at the first
 // stream: services are registered before the server starts serving.
 type servedMethods struct {
-	server  func() *grpc.Server
-	once    sync.Once
-	methods map[string]bool
-	// services are the services of methods.
+	server   func() *grpc.Server
+	once     sync.Once
+	methods  map[string]bool
 	services map[string]bool
+	listed   string // the Ringfence services served, for a refusal to name
 }
 
 func newServedMethods(server func() *grpc.Server) *servedMethods {
@@ -71,22 +76,57 @@ func newServedMethods(server func() *grpc.Server) *servedMethods {
 func (m *servedMethods) check(fullMethod string) error {
 	m.once.Do(func() {
 		m.methods, m.services = make(map[string]bool), make(map[string]bool)
+		var ours []string
 		for svc, info := range m.server().GetServiceInfo() {
 			m.services[svc] = true
+			if strings.HasPrefix(svc, "ringfence.") {
+				ours = append(ours, svc)
+			}
 			for _, md := range info.Methods {
 				m.methods["/"+svc+"/"+md.Name] = true
 			}
 		}
+		slices.Sort(ours)
+		m.listed = strings.Join(ours, ", ")
 	})
 	if m.methods[fullMethod] {
 		return nil
 	}
-	// The refusals grpc-go itself gives an unknown service or method, given before the request
-	// is read, with their usual causes: in a split deployment each binary serves its own
-	// services (the CLI reads "unknown service <name>" to name the binary that serves it), and
-	// the public API and the internal plane are served on different listeners.
-	if svc, _, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/"); ok && !m.services[svc] {
-		return status.Errorf(codes.Unimplemented, "unknown service %s: this listener does not serve it: in a split deployment each binary serves its own services, the public API on RINGFENCE_GRPC_ADDR and internal RPCs (mutual TLS) on RINGFENCE_INTERNAL_ADDR; grpcurl ... list shows what a listener serves", svc)
+	svc, method, _ := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
+	if !protoreflect.FullName(svc).IsValid() {
+		return status.Errorf(codes.Unimplemented, "grpcserver: unknown method %s on this listener; grpcurl ... list shows what a listener serves", fielderr.Quote(strings.TrimPrefix(fullMethod, "/")))
 	}
-	return status.Errorf(codes.Unimplemented, "grpcserver: unknown method %s on this listener: the public API is served on RINGFENCE_GRPC_ADDR and internal RPCs (mutual TLS) on RINGFENCE_INTERNAL_ADDR; grpcurl ... list shows what a listener serves", strings.TrimPrefix(fullMethod, "/"))
+	if m.services[svc] {
+		return status.Errorf(codes.Unimplemented, "grpcserver: unknown method %s of %s; grpcurl ... describe %s lists its methods", fielderr.Quote(method), svc, svc)
+	}
+	// grpc-go's own words for a service nobody registered, which clients recognize (the CLI
+	// turns them into a hint naming the binary to ask); the detail says the same to grpcurl.
+	// The public port answers for an internal service exactly as for any other it does not
+	// serve: what serves a service is read from its name, never from whether it exists.
+	st := status.Newf(codes.Unimplemented, "unknown service %s", svc)
+	meta := map[string]string{"service": svc, "this_listener_serves": m.listed}
+	if by := servedBy(svc); by != "" {
+		meta["served_by"] = by
+	}
+	if withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: "SERVICE_NOT_SERVED", Domain: "ringfence", Metadata: meta}); err == nil {
+		st = withInfo
+	}
+	return st.Err()
+}
+
+// servedBy says which listener of which binary serves a Ringfence service, read from its
+// proto package (ringfence.<service>.v1, ringfence.internal.<service>.v1), or "".
+func servedBy(svc string) string {
+	parts := strings.Split(svc, ".")
+	internal := len(parts) == 5 && parts[1] == "internal"
+	if internal {
+		parts = append(parts[:1], parts[2:]...)
+	}
+	if len(parts) != 4 || parts[0] != "ringfence" || !slices.Contains([]string{"registry", "publisher", "pool", "audit"}, parts[1]) {
+		return ""
+	}
+	if internal {
+		return "ringfence-" + parts[1] + " on its internal listener (RINGFENCE_INTERNAL_ADDR, mutual TLS with a service certificate only); ringfenced serves internal RPCs nowhere"
+	}
+	return "ringfence-" + parts[1] + " on its RINGFENCE_GRPC_ADDR in a split deployment; ringfenced serves every public service"
 }

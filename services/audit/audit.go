@@ -67,6 +67,9 @@ var _ auditv1.AuditServiceServer = (*Service)(nil)
 // errStopping ends the Watch streams of a server that stops.
 var errStopping = errors.New("audit: the audit service is stopping")
 
+// errorFields names the field of each INVALID_ARGUMENT sentinel, for its BadRequest detail.
+var errorFields = map[error]string{store.ErrInvalidFilter: "filter", store.ErrInvalidPageToken: "page_token"}
+
 var errorCodes = map[error]codes.Code{
 	audit.ErrInvalidRecord:    codes.InvalidArgument,
 	store.ErrInvalidFilter:    codes.InvalidArgument,
@@ -100,7 +103,7 @@ func Open(cfg Config) (*Service, error) {
 	}
 	return &Service{
 		store: st, verifier: newVerifier(st, cfg.DBPath), shared: shared, log: cfg.Logger,
-		errors: grpcserver.ErrorTable{Service: "audit", Codes: errorCodes, Logger: cfg.Logger},
+		errors: grpcserver.ErrorTable{Service: "audit", Codes: errorCodes, Fields: errorFields, Logger: cfg.Logger},
 	}, nil
 }
 
@@ -332,7 +335,8 @@ func (s *Service) ExportHandler(authz grpcserver.Authorizer) http.Handler {
 			http.Error(w, `{"code":405,"status":"METHOD_NOT_ALLOWED","message":"use GET"}`, http.StatusMethodNotAllowed)
 			return
 		}
-		ctx := metadata.NewIncomingContext(r.Context(), metadata.Pairs(auth.MetadataKey, r.Header.Get("X-API-Key")))
+		// Every X-API-Key the request sent: Authorize refuses a key sent twice.
+		ctx := metadata.NewIncomingContext(r.Context(), metadata.MD{auth.MetadataKey: r.Header.Values("X-API-Key")})
 		ctx, err := authz.Authorize(ctx, auditv1.AuditService_Export_FullMethodName)
 		if err != nil {
 			grpcserver.WriteHTTPError(w, err)

@@ -10,11 +10,13 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
 	auditinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/audit/v1"
@@ -199,4 +201,38 @@ func TestAServiceAppendsOnlyItsOwnRecords(t *testing.T) {
 
 	admin := audit.NewAdminRecord(mtls.Registry, "", audit.AdminEvent{ActorKeyID: "k", ActorRole: "admin", Action: audit.ActionCreate, ResourceType: "mcp_server", ResourceID: "x"})
 	require.NoError(t, appendAs(mtls.Registry, admin))
+}
+
+// TestARefusedFilterOrPageTokenNamesTheField: a filter no record can match (a kind or
+// outcome records never have, a time range that is empty) is refused rather than answered
+// empty, and every such refusal carries a BadRequest detail naming the field, as field
+// errors do.
+func TestARefusedFilterOrPageTokenNamesTheField(t *testing.T) {
+	svc := open(t)
+	since := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name, field, message string
+		req                  *auditv1.ListRequest
+	}{
+		{"until before since", "filter", "audit: invalid filter: until (2026-01-01T00:00:00Z) is not after since (2027-01-01T00:00:00Z)",
+			&auditv1.ListRequest{Filter: &auditv1.Filter{Since: timestamppb.New(since), Until: timestamppb.New(since.AddDate(-1, 0, 0))}}},
+		{"until equal to since", "filter", "is not after since",
+			&auditv1.ListRequest{Filter: &auditv1.Filter{Since: timestamppb.New(since), Until: timestamppb.New(since)}}},
+		{"unknown outcome", "filter", `audit: invalid filter: outcome "refused" is not one of`,
+			&auditv1.ListRequest{Filter: &auditv1.Filter{Outcome: "refused"}}},
+		{"made-up page token", "page_token", "audit: page_token is not one this server issued",
+			&auditv1.ListRequest{PageToken: "x"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := list(svc, "", tc.req)
+			st := testutil.RequireStatus(t, err, codes.InvalidArgument)
+			require.Contains(t, st.Message(), tc.message)
+			require.Len(t, st.Details(), 1)
+			br, ok := st.Details()[0].(*errdetails.BadRequest)
+			require.True(t, ok, "%T", st.Details()[0])
+			require.Equal(t, tc.field, br.GetFieldViolations()[0].GetField())
+		})
+	}
+	_, err := list(svc, "", &auditv1.ListRequest{Filter: &auditv1.Filter{Since: timestamppb.New(since), Until: timestamppb.New(since.Add(time.Nanosecond))}})
+	require.NoError(t, err, "a range of one instant is not empty")
 }

@@ -116,11 +116,11 @@ func TestCallFieldsAreCheckedAtTheBoundary(t *testing.T) {
 		req          *poolv1.CallToolRequest
 		field, limit string
 	}{
-		{"no run id", &poolv1.CallToolRequest{Agent: "a", Tool: "fx__echo"}, "run_id", "required"},
+		{"no run id", &poolv1.CallToolRequest{Agent: "a", Tool: "fx__echo"}, "run_id", "is required: StartRun answers it"},
 		{"a run id no run can have", &poolv1.CallToolRequest{RunId: long, Agent: "a", Tool: "fx__echo"}, "run_id", "128"},
 		{"no agent", &poolv1.CallToolRequest{RunId: run, Tool: "fx__echo"}, "agent", "128"},
 		{"a 600-byte agent", &poolv1.CallToolRequest{RunId: run, Agent: long, Tool: "fx__echo"}, "agent", "128"},
-		{"no tool", &poolv1.CallToolRequest{RunId: run, Agent: "a"}, "tool", "required"},
+		{"no tool", &poolv1.CallToolRequest{RunId: run, Agent: "a"}, "tool", "is required: the name the agent offers its model, <server>__<tool> (ListAgentTools"},
 		{"a 600-byte tool", &poolv1.CallToolRequest{RunId: run, Agent: "a", Tool: long}, "tool", "512"},
 		{"a 600-byte call id", &poolv1.CallToolRequest{RunId: run, Agent: "a", Tool: "fx__echo", CallId: long}, "call_id", "512"},
 	} {
@@ -134,6 +134,13 @@ func TestCallFieldsAreCheckedAtTheBoundary(t *testing.T) {
 	}
 	_, err := client.GetRun(ctx, &poolv1.GetRunRequest{})
 	rftestutil.RequireStatus(t, err, codes.InvalidArgument)
+	// An id left out says where the ids come from.
+	_, err = client.DenyCall(ctx, &poolv1.DenyCallRequest{RunId: run})
+	require.Contains(t, rftestutil.RequireStatus(t, err, codes.InvalidArgument).Message(), "approval_id: is required: ListApprovals")
+	_, err = client.DeleteDocument(ctx, &poolv1.DeleteDocumentRequest{})
+	require.Contains(t, rftestutil.RequireStatus(t, err, codes.InvalidArgument).Message(), "document_id: is required: PutDocument answers it")
+	_, err = client.RevokeAgentToken(ctx, &poolv1.RevokeAgentTokenRequest{RunId: run})
+	require.Contains(t, rftestutil.RequireStatus(t, err, codes.InvalidArgument).Message(), "token_id: is required: ListAgentTokens")
 	_, err = client.EndRun(ctx, &poolv1.EndRunRequest{RunId: long})
 	rftestutil.RequireStatus(t, err, codes.InvalidArgument)
 	require.Empty(t, h.attempts(), "a malformed request is not an attempt on record")

@@ -219,6 +219,9 @@ func callRequestFromProto(req *poolv1.CallToolRequest) (CallRequest, error) {
 	if err := graph.ValidateNodeID("agent", req.GetAgent()); err != nil {
 		return CallRequest{}, err
 	}
+	if req.GetTool() == "" {
+		return CallRequest{}, fieldError("tool", "is required: the name the agent offers its model, <server>__<tool> (ListAgentTools, ringfence runs tools, lists them)")
+	}
 	if err := boundedField("tool", req.GetTool(), true); err != nil {
 		return CallRequest{}, err
 	}
@@ -241,7 +244,7 @@ func callRequestFromProto(req *poolv1.CallToolRequest) (CallRequest, error) {
 // validateRunID checks a run id as StartRun makes them: ident.Run.
 func validateRunID(id string) error {
 	if id == "" {
-		return fieldError("run_id", "is required")
+		return fieldError("run_id", "is required: StartRun answers it (ringfence runs start prints it)")
 	}
 	return ident.Run.Check("run_id", id)
 }
@@ -379,7 +382,7 @@ func namedApproval(ctx context.Context, req approvalRequest) (runID, tenant, id 
 		return "", "", "", err
 	}
 	if req.GetApprovalId() == "" {
-		return "", "", "", fieldError("approval_id", "is required")
+		return "", "", "", fieldError("approval_id", "is required: ListApprovals (ringfence runs approvals --run RUN) lists the run's approvals")
 	}
 	if err := ident.Approval.Check("approval_id", req.GetApprovalId()); err != nil {
 		return "", "", "", err
@@ -542,7 +545,7 @@ func (g *Server) DeleteDocument(ctx context.Context, req *poolv1.DeleteDocumentR
 // namedDocument checks a document request's id and resolves its tenant.
 func namedDocument(ctx context.Context, req interface{ GetDocumentId() string }) (tenant, id string, err error) {
 	if req.GetDocumentId() == "" {
-		return "", "", fieldError("document_id", "is required")
+		return "", "", fieldError("document_id", "is required: PutDocument answers it (ringfence documents put prints it)")
 	}
 	if err := documents.CheckID("document_id", req.GetDocumentId()); err != nil {
 		return "", "", err
@@ -604,7 +607,7 @@ func (g *Server) RevokeAgentToken(ctx context.Context, req *poolv1.RevokeAgentTo
 		return nil, g.svc.errors.Status(ctx, err)
 	}
 	if req.GetTokenId() == "" {
-		return nil, g.svc.errors.Status(ctx, fieldError("token_id", "is required"))
+		return nil, g.svc.errors.Status(ctx, fieldError("token_id", "is required: ListAgentTokens lists the run's tokens"))
 	}
 	if err := ident.AgentToken.Check("token_id", req.GetTokenId()); err != nil {
 		return nil, g.svc.errors.Status(ctx, err)

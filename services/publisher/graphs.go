@@ -105,7 +105,7 @@ func (s *Service) ReplaceDraft(ctx context.Context, req *publisherv1.ReplaceDraf
 		return nil, s.errors.Status(ctx, fielderr.New("draft", "is required: send the graph, e.g. as ringfence graphs show -o json prints it"))
 	}
 	if d.GetId() != "" && d.GetId() != req.GetGraphId() {
-		return nil, s.errors.Status(ctx, fielderr.New("draft.id", "%s does not match the graph in the path (%s); omit it or make them equal", quote(d.GetId()), quote(req.GetGraphId())))
+		return nil, s.errors.Status(ctx, fielderr.New("draft.id", "%s does not match graph_id (%s; over REST, the graph in the path): omit it or make them equal", quote(d.GetId()), quote(req.GetGraphId())))
 	}
 	if d.GetTenant() != "" && d.GetTenant() != tenant {
 		return nil, s.errors.Status(ctx, fielderr.New("draft.tenant", "%s is not the tenant this request acts for (%s); omit it", quote(d.GetTenant()), quote(tenant)))

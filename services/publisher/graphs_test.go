@@ -36,6 +36,12 @@ func TestCreateGetListDeleteGraph(t *testing.T) {
 
 	_, err := f.client.CreateGraph(ctx, &publisherv1.CreateGraphRequest{GraphId: "support-triage"})
 	testutil.RequireStatus(t, err, codes.AlreadyExists)
+	// A draft naming another graph says which field it must match: a gRPC caller has no path.
+	other := proto.Clone(d).(*publisherv1.Graph)
+	other.Id = "other"
+	_, err = f.client.ReplaceDraft(ctx, &publisherv1.ReplaceDraftRequest{GraphId: "support-triage", Draft: other})
+	require.Contains(t, testutil.RequireStatus(t, err, codes.InvalidArgument).Message(),
+		`invalid draft.id: "other" does not match graph_id ("support-triage"; over REST, the graph in the path)`)
 	_, err = f.client.CreateGraph(ctx, &publisherv1.CreateGraphRequest{GraphId: "Bad Id"})
 	st := testutil.RequireStatus(t, err, codes.InvalidArgument)
 	require.Contains(t, st.Message(), "graph_id")
@@ -56,6 +62,8 @@ func TestCreateGetListDeleteGraph(t *testing.T) {
 	_, err = f.client.ListGraphs(ctx, &publisherv1.ListGraphsRequest{PageToken: "zzz"})
 	st = testutil.RequireStatus(t, err, codes.InvalidArgument, "a token never issued is no empty, final page")
 	require.Equal(t, "publisher: page_token is not one this server issued: start again without it", st.Message())
+	require.Len(t, st.Details(), 1, "a BadRequest names the field, as for any invalid input")
+	require.Equal(t, "page_token", st.Details()[0].(*errdetails.BadRequest).GetFieldViolations()[0].GetField())
 
 	_, err = f.client.DeleteGraph(ctx, &publisherv1.DeleteGraphRequest{GraphId: "other"})
 	testutil.RequireStatus(t, err, codes.PermissionDenied, "deleting a graph is workflow:admin")

@@ -107,6 +107,9 @@ var (
 	errImportRefused = errors.New("publisher: mcp-import refused")
 )
 
+// errorFields names the field of each INVALID_ARGUMENT sentinel, for its BadRequest detail.
+var errorFields = map[error]string{errBadPageToken: "page_token"}
+
 var errorCodes = map[error]codes.Code{
 	ErrGraphNotFound:               codes.NotFound,
 	ErrVersionNotFound:             codes.NotFound,
@@ -144,7 +147,7 @@ func Open(cfg Config) (*Service, error) {
 		forwarder: st.Spool().StartForwarding(),
 		validator: v,
 		log:       cfg.Logger,
-		errors:    grpcserver.ErrorTable{Service: "publisher", Codes: errorCodes, Logger: cfg.Logger},
+		errors:    grpcserver.ErrorTable{Service: "publisher", Codes: errorCodes, Fields: errorFields, Logger: cfg.Logger},
 	}, nil
 }
 

@@ -44,9 +44,9 @@ func TestKeyAndSecretChangesAreAdminEvents(t *testing.T) {
 
 	// Refused changes record nothing.
 	_, err = f.keys.RevokeKey(ctx, &registryv1.RevokeKeyRequest{Id: "key_000000000000"})
-	testutil.RequireStatus(t, err, codes.NotFound)
+	require.Contains(t, testutil.RequireStatus(t, err, codes.NotFound).Message(), "ListKeys (ringfence keys list) shows the keys")
 	_, err = f.client.DeleteSecret(ctx, &registryv1.DeleteSecretRequest{Name: "tok"})
-	testutil.RequireStatus(t, err, codes.NotFound)
+	require.Contains(t, testutil.RequireStatus(t, err, codes.NotFound).Message(), "ListSecrets (ringfence secrets list) shows the secrets")
 
 	type event struct{ action, resourceType, resourceID, actor, role string }
 	var got []event

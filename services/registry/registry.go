@@ -98,8 +98,8 @@ var (
 var (
 	errServerExists     = errors.New("registry: a server with this ref already exists: use PUT /v1/mcp/servers/{ref} (UpdateServer) to reconfigure it")
 	errServerNotFound   = fmt.Errorf("registry: %w", mcpserver.ErrNotRegistered)
-	errSecretNotFound   = errors.New("registry: no secret has this name")
-	errKeyNotFound      = errors.New("registry: no API key has this id")
+	errSecretNotFound   = errors.New("registry: no secret has this name: ListSecrets (ringfence secrets list) shows the secrets that exist")
+	errKeyNotFound      = errors.New("registry: no API key has this id: ListKeys (ringfence keys list) shows the keys")
 	errStaleRevision    = errors.New("registry: the registration changed since the revision you sent: get it again, reapply your change, and send the new revision")
 	errBadPageToken     = errors.New("registry: page_token is not one this server issued: start again without it")
 	errMissingSecret    = errors.New("registry: a header references a secret that does not exist")
@@ -108,6 +108,9 @@ var (
 	errRevokeEscalation = errors.New("registry: a key may revoke only keys whose every permission it holds itself")
 	errUnrecordable     = errors.New("registry: the change cannot be recorded in the audit log, so nothing was changed")
 )
+
+// errorFields names the field of each INVALID_ARGUMENT sentinel, for its BadRequest detail.
+var errorFields = map[error]string{errBadPageToken: "page_token"}
 
 var errorCodes = map[error]codes.Code{
 	errServerExists:                codes.AlreadyExists,
@@ -199,7 +202,7 @@ func Open(cfg Config) (*Service, error) {
 		spool:     st.Spool(),
 		forwarder: st.Spool().StartForwarding(),
 		log:       cfg.Logger,
-		errors:    grpcserver.ErrorTable{Service: "registry", Codes: errorCodes, Logger: cfg.Logger},
+		errors:    grpcserver.ErrorTable{Service: "registry", Codes: errorCodes, Fields: errorFields, Logger: cfg.Logger},
 	}, nil
 }
 

@@ -375,6 +375,8 @@ func TestPaging(t *testing.T) {
 		_, err := f.client.ListServers(ctx, &registryv1.ListServersRequest{PageToken: tok})
 		st := testutil.RequireStatus(t, err, codes.InvalidArgument)
 		require.Equal(t, "registry: page_token is not one this server issued: start again without it", st.Message(), tok)
+		require.Len(t, st.Details(), 1, "a BadRequest names the field, as for any invalid input")
+		require.Equal(t, "page_token", st.Details()[0].(*errdetails.BadRequest).GetFieldViolations()[0].GetField())
 	}
 }
 

@@ -22,7 +22,8 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 )
 
-// ErrInvalidFilter means a filter named an unknown kind or outcome. It reaches callers as
+// ErrInvalidFilter means a filter named an unknown kind or outcome, or a time range no record
+// can fall in. It reaches callers as
 // the status message, hence the service's prefix.
 var ErrInvalidFilter = errors.New("audit: invalid filter")
 
@@ -52,7 +53,8 @@ type Filter struct {
 	Until     time.Time
 }
 
-// Validate reports whether the filter's kind and outcome are ones records can have.
+// Validate reports whether the filter's kind and outcome are ones records can have, and its
+// time range one they can fall in.
 func (f Filter) Validate() error {
 	switch f.Kind {
 	case "", audit.KindAdmin, audit.KindToolCall:
@@ -63,6 +65,11 @@ func (f Filter) Validate() error {
 	case "", audit.OutcomeRefusedBeforeDispatch, audit.OutcomeDispatched:
 	default:
 		return fmt.Errorf("%w: outcome %.32q is not one of %s, %s", ErrInvalidFilter, f.Outcome, audit.OutcomeRefusedBeforeDispatch, audit.OutcomeDispatched)
+	}
+	// Refused rather than answered empty: an empty answer would read as "nothing happened".
+	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Until.After(f.Since) {
+		return fmt.Errorf("%w: until (%s) is not after since (%s): since is inclusive and until exclusive, so no record could match; swap them", ErrInvalidFilter,
+			f.Until.UTC().Format(time.RFC3339Nano), f.Since.UTC().Format(time.RFC3339Nano))
 	}
 	return nil
 }

@@ -33,13 +33,18 @@ const (
 // tool-call attempt. Producers write through a local durable spool and append over the internal
 // ringfence.internal.audit.v1.AuditInternalService, so an audit outage loses nothing; any change
 // to stored history is detected by Verify.
+// Every RPC also answers UNAUTHENTICATED (no API key, or an unknown or revoked one) and
+// PERMISSION_DENIED (the key's role lacks the permission its comment names, or a key bound
+// to a tenant names another), before the request is looked at, and INVALID_ARGUMENT with a google.rpc.BadRequest detail naming the
+// field for malformed input. Reflection carries no comments: read them here.
 type AuditServiceClient interface {
 	// List pages through records in sequence order, filtered.
 	// Caller: audit:read (REST GET /v1/audit/records). A tenant-bound key sees its tenant only.
-	// Codes: INVALID_ARGUMENT (bad filter or page token).
+	// Codes: INVALID_ARGUMENT (a filter no record can match: a kind or outcome records never
+	// have, until not after since; or a page token not issued for this filter).
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 	// Watch streams records from a sequence number on, then follows new ones.
-	// Caller: audit:read (REST GET /v1/audit/records:watch). Codes: INVALID_ARGUMENT;
+	// Caller: audit:read (REST GET /v1/audit/records:watch). Codes: INVALID_ARGUMENT (as List);
 	// UNAVAILABLE when the server stops, naming the record to watch again from (from_seq).
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 	// Verify recomputes the hash chain and names the first broken record. The whole chain is
@@ -50,7 +55,8 @@ type AuditServiceClient interface {
 	Verify(ctx context.Context, in *VerifyRequest, opts ...grpc.CallOption) (*VerifyResponse, error)
 	// Export streams records as they are stored, for JSON lines (REST GET /v1/audit/export
 	// answers application/x-ndjson).
-	// Caller: audit:read. A tenant-bound key exports its tenant only.
+	// Caller: audit:read. A tenant-bound key exports its tenant only. Codes: INVALID_ARGUMENT
+	// (as List).
 	Export(ctx context.Context, in *ExportRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportResponse], error)
 }
 
@@ -128,13 +134,18 @@ type AuditService_ExportClient = grpc.ServerStreamingClient[ExportResponse]
 // tool-call attempt. Producers write through a local durable spool and append over the internal
 // ringfence.internal.audit.v1.AuditInternalService, so an audit outage loses nothing; any change
 // to stored history is detected by Verify.
+// Every RPC also answers UNAUTHENTICATED (no API key, or an unknown or revoked one) and
+// PERMISSION_DENIED (the key's role lacks the permission its comment names, or a key bound
+// to a tenant names another), before the request is looked at, and INVALID_ARGUMENT with a google.rpc.BadRequest detail naming the
+// field for malformed input. Reflection carries no comments: read them here.
 type AuditServiceServer interface {
 	// List pages through records in sequence order, filtered.
 	// Caller: audit:read (REST GET /v1/audit/records). A tenant-bound key sees its tenant only.
-	// Codes: INVALID_ARGUMENT (bad filter or page token).
+	// Codes: INVALID_ARGUMENT (a filter no record can match: a kind or outcome records never
+	// have, until not after since; or a page token not issued for this filter).
 	List(context.Context, *ListRequest) (*ListResponse, error)
 	// Watch streams records from a sequence number on, then follows new ones.
-	// Caller: audit:read (REST GET /v1/audit/records:watch). Codes: INVALID_ARGUMENT;
+	// Caller: audit:read (REST GET /v1/audit/records:watch). Codes: INVALID_ARGUMENT (as List);
 	// UNAVAILABLE when the server stops, naming the record to watch again from (from_seq).
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	// Verify recomputes the hash chain and names the first broken record. The whole chain is
@@ -145,7 +156,8 @@ type AuditServiceServer interface {
 	Verify(context.Context, *VerifyRequest) (*VerifyResponse, error)
 	// Export streams records as they are stored, for JSON lines (REST GET /v1/audit/export
 	// answers application/x-ndjson).
-	// Caller: audit:read. A tenant-bound key exports its tenant only.
+	// Caller: audit:read. A tenant-bound key exports its tenant only. Codes: INVALID_ARGUMENT
+	// (as List).
 	Export(*ExportRequest, grpc.ServerStreamingServer[ExportResponse]) error
 	mustEmbedUnimplementedAuditServiceServer()
 }

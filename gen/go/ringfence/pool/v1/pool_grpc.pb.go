@@ -45,6 +45,10 @@ const (
 // PoolService runs MCP servers on a hardened host: runs whose sessions are isolated per run,
 // with every gate checked on every call. Discovery for the control plane is internal
 // (ringfence.internal.pool.v1.PoolInternalService).
+// Every RPC also answers UNAUTHENTICATED (no API key, or an unknown or revoked one) and
+// PERMISSION_DENIED (the key's role lacks the permission its comment names, or a key bound
+// to a tenant names another), before the request is looked at, and INVALID_ARGUMENT with a google.rpc.BadRequest detail naming the
+// field for malformed input. Reflection carries no comments: read them here.
 type PoolServiceClient interface {
 	// StartRun starts a run of a published graph version. Nothing is spawned until a call needs
 	// it.
@@ -55,12 +59,18 @@ type PoolServiceClient interface {
 	// forwarded by whichever host received it (UNAVAILABLE while the owner's lease lapses).
 	StartRun(ctx context.Context, in *StartRunRequest, opts ...grpc.CallOption) (*StartRunResponse, error)
 	// CallTool calls a tool through every gate. A refusal before dispatch (nothing reached the
-	// server) answers FAILED_PRECONDITION or PERMISSION_DENIED with a CallRefusal detail; a
-	// dispatched call that failed after reaching the server answers with a CallFailure detail
-	// and may have taken effect. A tool's own error result is a successful RPC whose outcome
-	// says failed/tool_error. A malformed request (a field missing or over its limit) is
-	// INVALID_ARGUMENT naming the field, before any gate; a registry or audit log that cannot
-	// answer is UNAVAILABLE.
+	// server) carries a CallRefusal detail whose reason decides the code (the table in
+	// docs/runtime.md): NOT_FOUND (unknown_run, unknown_agent, unknown_tool), PERMISSION_DENIED
+	// (capability, ceiling, agent_floor, argument_scope, filtered_out, not_declared,
+	// denied_by_approver), INVALID_ARGUMENT (invalid_input), RESOURCE_EXHAUSTED
+	// (limit_exceeded), UNAVAILABLE (spawn_failed, handshake_failed, registry_unavailable,
+	// audit_unavailable, shutting_down), CANCELLED (canceled), FAILED_PRECONDITION for every
+	// other reason (run_not_running, schema_drift, isolation_required, approval_required, …).
+	// A dispatched call that failed after reaching the server carries a CallFailure detail and
+	// may have taken effect: DEADLINE_EXCEEDED (the tool_call_timeout), CANCELLED, else UNKNOWN.
+	// A tool's own error result is a successful RPC whose result says failed. A malformed
+	// request (a field missing or over its limit) is INVALID_ARGUMENT with a BadRequest detail,
+	// before any gate.
 	// Caller: run:execute (REST POST /v1/runs/{run_id}:call).
 	CallTool(ctx context.Context, in *CallToolRequest, opts ...grpc.CallOption) (*CallToolResponse, error)
 	// PauseRun pauses a run (e.g. at an approval gate): its sessions stop.
@@ -74,7 +84,8 @@ type PoolServiceClient interface {
 	// FAILED_PRECONDITION (not paused, nor failed with its host lost).
 	ResumeRun(ctx context.Context, in *ResumeRunRequest, opts ...grpc.CallOption) (*ResumeRunResponse, error)
 	// EndRun ends a run as completed or failed; its sessions stop.
-	// Caller: run:execute (REST POST /v1/runs/{run_id}:end). Codes: NOT_FOUND.
+	// Caller: run:execute (REST POST /v1/runs/{run_id}:end). Codes: NOT_FOUND,
+	// FAILED_PRECONDITION (the run has ended already).
 	EndRun(ctx context.Context, in *EndRunRequest, opts ...grpc.CallOption) (*EndRunResponse, error)
 	// GetRun reports a run and its sessions.
 	// Caller: run:execute (REST GET /v1/runs/{run_id}). Codes: NOT_FOUND.
@@ -357,6 +368,10 @@ func (c *poolServiceClient) ConnectServer(ctx context.Context, in *ConnectServer
 // PoolService runs MCP servers on a hardened host: runs whose sessions are isolated per run,
 // with every gate checked on every call. Discovery for the control plane is internal
 // (ringfence.internal.pool.v1.PoolInternalService).
+// Every RPC also answers UNAUTHENTICATED (no API key, or an unknown or revoked one) and
+// PERMISSION_DENIED (the key's role lacks the permission its comment names, or a key bound
+// to a tenant names another), before the request is looked at, and INVALID_ARGUMENT with a google.rpc.BadRequest detail naming the
+// field for malformed input. Reflection carries no comments: read them here.
 type PoolServiceServer interface {
 	// StartRun starts a run of a published graph version. Nothing is spawned until a call needs
 	// it.
@@ -367,12 +382,18 @@ type PoolServiceServer interface {
 	// forwarded by whichever host received it (UNAVAILABLE while the owner's lease lapses).
 	StartRun(context.Context, *StartRunRequest) (*StartRunResponse, error)
 	// CallTool calls a tool through every gate. A refusal before dispatch (nothing reached the
-	// server) answers FAILED_PRECONDITION or PERMISSION_DENIED with a CallRefusal detail; a
-	// dispatched call that failed after reaching the server answers with a CallFailure detail
-	// and may have taken effect. A tool's own error result is a successful RPC whose outcome
-	// says failed/tool_error. A malformed request (a field missing or over its limit) is
-	// INVALID_ARGUMENT naming the field, before any gate; a registry or audit log that cannot
-	// answer is UNAVAILABLE.
+	// server) carries a CallRefusal detail whose reason decides the code (the table in
+	// docs/runtime.md): NOT_FOUND (unknown_run, unknown_agent, unknown_tool), PERMISSION_DENIED
+	// (capability, ceiling, agent_floor, argument_scope, filtered_out, not_declared,
+	// denied_by_approver), INVALID_ARGUMENT (invalid_input), RESOURCE_EXHAUSTED
+	// (limit_exceeded), UNAVAILABLE (spawn_failed, handshake_failed, registry_unavailable,
+	// audit_unavailable, shutting_down), CANCELLED (canceled), FAILED_PRECONDITION for every
+	// other reason (run_not_running, schema_drift, isolation_required, approval_required, …).
+	// A dispatched call that failed after reaching the server carries a CallFailure detail and
+	// may have taken effect: DEADLINE_EXCEEDED (the tool_call_timeout), CANCELLED, else UNKNOWN.
+	// A tool's own error result is a successful RPC whose result says failed. A malformed
+	// request (a field missing or over its limit) is INVALID_ARGUMENT with a BadRequest detail,
+	// before any gate.
 	// Caller: run:execute (REST POST /v1/runs/{run_id}:call).
 	CallTool(context.Context, *CallToolRequest) (*CallToolResponse, error)
 	// PauseRun pauses a run (e.g. at an approval gate): its sessions stop.
@@ -386,7 +407,8 @@ type PoolServiceServer interface {
 	// FAILED_PRECONDITION (not paused, nor failed with its host lost).
 	ResumeRun(context.Context, *ResumeRunRequest) (*ResumeRunResponse, error)
 	// EndRun ends a run as completed or failed; its sessions stop.
-	// Caller: run:execute (REST POST /v1/runs/{run_id}:end). Codes: NOT_FOUND.
+	// Caller: run:execute (REST POST /v1/runs/{run_id}:end). Codes: NOT_FOUND,
+	// FAILED_PRECONDITION (the run has ended already).
 	EndRun(context.Context, *EndRunRequest) (*EndRunResponse, error)
 	// GetRun reports a run and its sessions.
 	// Caller: run:execute (REST GET /v1/runs/{run_id}). Codes: NOT_FOUND.

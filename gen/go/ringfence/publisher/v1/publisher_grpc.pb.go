@@ -38,6 +38,10 @@ const (
 // PublisherService holds tenants' agent graphs: one editable draft each and numbered published
 // versions that never change. mcp-import pins tool declarations into drafts; publish proves
 // the capability floor, the registry's ceiling and the agent floor.
+// Every RPC also answers UNAUTHENTICATED (no API key, or an unknown or revoked one) and
+// PERMISSION_DENIED (the key's role lacks the permission its comment names, or a key bound
+// to a tenant names another), before the request is looked at, and INVALID_ARGUMENT with a google.rpc.BadRequest detail naming the
+// field for malformed input. Reflection carries no comments: read them here.
 type PublisherServiceClient interface {
 	// CreateGraph creates a graph with an empty draft (optionally with agent nodes).
 	// Caller: workflow:write (REST POST /v1/graphs). Codes: ALREADY_EXISTS, INVALID_ARGUMENT.
@@ -51,7 +55,8 @@ type PublisherServiceClient interface {
 	// including a pinned declaration edited by hand: re-import instead).
 	ReplaceDraft(ctx context.Context, in *ReplaceDraftRequest, opts ...grpc.CallOption) (*ReplaceDraftResponse, error)
 	// ValidateDraft is a dry-run publish: every violation at once, nothing stored.
-	// Caller: workflow:write (REST POST /v1/graphs/{graph_id}/draft:validate). Codes: NOT_FOUND.
+	// Caller: workflow:write (REST POST /v1/graphs/{graph_id}/draft:validate). Codes: NOT_FOUND,
+	// UNAVAILABLE (the registry could not be asked for grants).
 	ValidateDraft(ctx context.Context, in *ValidateDraftRequest, opts ...grpc.CallOption) (*ValidateDraftResponse, error)
 	// Publish validates the draft and stores it as the next immutable version.
 	// Caller: workflow:write (REST POST /v1/graphs/{graph_id}:publish). Codes: NOT_FOUND,
@@ -63,10 +68,12 @@ type PublisherServiceClient interface {
 	// Caller: workflow:write (REST GET /v1/graphs/{graph_id}/versions/{version}). Codes: NOT_FOUND.
 	GetVersion(ctx context.Context, in *GetVersionRequest, opts ...grpc.CallOption) (*GetVersionResponse, error)
 	// ListVersions lists a graph's published versions, newest first, without their graphs.
-	// Caller: workflow:write (REST GET /v1/graphs/{graph_id}/versions). Codes: NOT_FOUND.
+	// Caller: workflow:write (REST GET /v1/graphs/{graph_id}/versions). Codes: NOT_FOUND,
+	// INVALID_ARGUMENT (a page_token this server did not issue for the list).
 	ListVersions(ctx context.Context, in *ListVersionsRequest, opts ...grpc.CallOption) (*ListVersionsResponse, error)
 	// ListGraphs pages through a tenant's graphs.
-	// Caller: workflow:write (REST GET /v1/graphs).
+	// Caller: workflow:write (REST GET /v1/graphs). Codes: INVALID_ARGUMENT (a page_token this
+	// server did not issue for the list).
 	ListGraphs(ctx context.Context, in *ListGraphsRequest, opts ...grpc.CallOption) (*ListGraphsResponse, error)
 	// DeleteGraph removes a graph with its draft and versions. Running runs keep the version
 	// they loaded.
@@ -202,6 +209,10 @@ func (c *publisherServiceClient) ImportTools(ctx context.Context, in *ImportTool
 // PublisherService holds tenants' agent graphs: one editable draft each and numbered published
 // versions that never change. mcp-import pins tool declarations into drafts; publish proves
 // the capability floor, the registry's ceiling and the agent floor.
+// Every RPC also answers UNAUTHENTICATED (no API key, or an unknown or revoked one) and
+// PERMISSION_DENIED (the key's role lacks the permission its comment names, or a key bound
+// to a tenant names another), before the request is looked at, and INVALID_ARGUMENT with a google.rpc.BadRequest detail naming the
+// field for malformed input. Reflection carries no comments: read them here.
 type PublisherServiceServer interface {
 	// CreateGraph creates a graph with an empty draft (optionally with agent nodes).
 	// Caller: workflow:write (REST POST /v1/graphs). Codes: ALREADY_EXISTS, INVALID_ARGUMENT.
@@ -215,7 +226,8 @@ type PublisherServiceServer interface {
 	// including a pinned declaration edited by hand: re-import instead).
 	ReplaceDraft(context.Context, *ReplaceDraftRequest) (*ReplaceDraftResponse, error)
 	// ValidateDraft is a dry-run publish: every violation at once, nothing stored.
-	// Caller: workflow:write (REST POST /v1/graphs/{graph_id}/draft:validate). Codes: NOT_FOUND.
+	// Caller: workflow:write (REST POST /v1/graphs/{graph_id}/draft:validate). Codes: NOT_FOUND,
+	// UNAVAILABLE (the registry could not be asked for grants).
 	ValidateDraft(context.Context, *ValidateDraftRequest) (*ValidateDraftResponse, error)
 	// Publish validates the draft and stores it as the next immutable version.
 	// Caller: workflow:write (REST POST /v1/graphs/{graph_id}:publish). Codes: NOT_FOUND,
@@ -227,10 +239,12 @@ type PublisherServiceServer interface {
 	// Caller: workflow:write (REST GET /v1/graphs/{graph_id}/versions/{version}). Codes: NOT_FOUND.
 	GetVersion(context.Context, *GetVersionRequest) (*GetVersionResponse, error)
 	// ListVersions lists a graph's published versions, newest first, without their graphs.
-	// Caller: workflow:write (REST GET /v1/graphs/{graph_id}/versions). Codes: NOT_FOUND.
+	// Caller: workflow:write (REST GET /v1/graphs/{graph_id}/versions). Codes: NOT_FOUND,
+	// INVALID_ARGUMENT (a page_token this server did not issue for the list).
 	ListVersions(context.Context, *ListVersionsRequest) (*ListVersionsResponse, error)
 	// ListGraphs pages through a tenant's graphs.
-	// Caller: workflow:write (REST GET /v1/graphs).
+	// Caller: workflow:write (REST GET /v1/graphs). Codes: INVALID_ARGUMENT (a page_token this
+	// server did not issue for the list).
 	ListGraphs(context.Context, *ListGraphsRequest) (*ListGraphsResponse, error)
 	// DeleteGraph removes a graph with its draft and versions. Running runs keep the version
 	// they loaded.

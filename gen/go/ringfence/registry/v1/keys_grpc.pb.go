@@ -31,21 +31,29 @@ const (
 //
 // KeyService manages API keys and reports the roles they can carry. Keys are 32 random bytes,
 // shown once at creation and stored only as a hash.
+// Every RPC also answers UNAUTHENTICATED (no API key, or an unknown or revoked one) and
+// PERMISSION_DENIED (the key's role lacks the permission its comment names), before the
+// request is looked at, and INVALID_ARGUMENT with a google.rpc.BadRequest detail naming the
+// field for malformed input. Reflection carries no comments: read them here.
 type KeyServiceClient interface {
 	// CreateKey mints a key bound to a role and, optionally, a tenant. The secret is in this
 	// response only.
-	// Caller: keys:admin (REST POST /v1/keys). Codes: INVALID_ARGUMENT (unknown role, bad name).
+	// Caller: keys:admin (REST POST /v1/keys), holding every permission of the new key's role.
+	// Codes: INVALID_ARGUMENT (unknown role, bad name or tenant), PERMISSION_DENIED (the role
+	// carries a permission the caller's key lacks: names it). Names need not be unique.
 	CreateKey(ctx context.Context, in *CreateKeyRequest, opts ...grpc.CallOption) (*CreateKeyResponse, error)
 	// ListKeys lists keys without secrets, oldest first.
-	// Caller: keys:admin (REST GET /v1/keys).
+	// Caller: keys:admin (REST GET /v1/keys). Codes: INVALID_ARGUMENT (bad page token).
 	ListKeys(ctx context.Context, in *ListKeysRequest, opts ...grpc.CallOption) (*ListKeysResponse, error)
 	// RevokeKey revokes a key at once; revoked keys stay listed.
 	// Caller: keys:admin (REST POST /v1/keys/{id}:revoke), holding every permission of the key's
-	// role (a key may revoke itself). Codes: NOT_FOUND, PERMISSION_DENIED (names what it lacks).
+	// role (a key may revoke itself). Codes: NOT_FOUND, INVALID_ARGUMENT (not a key id,
+	// key_<hex>), PERMISSION_DENIED (names what it lacks).
 	RevokeKey(ctx context.Context, in *RevokeKeyRequest, opts ...grpc.CallOption) (*RevokeKeyResponse, error)
 	// ListRoles reports every role the server knows, built-in and custom, with warnings for
-	// roles that undo a separation of duties (mcp:admin paired with workflow:admin).
-	// Caller: keys:admin (REST GET /v1/roles).
+	// roles that undo a separation of duties (mcp:admin paired with workflow:write or
+	// workflow:admin; run:execute paired with run:approve).
+	// Caller: keys:admin (REST GET /v1/roles). Codes: only the ones every RPC answers.
 	ListRoles(ctx context.Context, in *ListRolesRequest, opts ...grpc.CallOption) (*ListRolesResponse, error)
 }
 
@@ -103,21 +111,29 @@ func (c *keyServiceClient) ListRoles(ctx context.Context, in *ListRolesRequest, 
 //
 // KeyService manages API keys and reports the roles they can carry. Keys are 32 random bytes,
 // shown once at creation and stored only as a hash.
+// Every RPC also answers UNAUTHENTICATED (no API key, or an unknown or revoked one) and
+// PERMISSION_DENIED (the key's role lacks the permission its comment names), before the
+// request is looked at, and INVALID_ARGUMENT with a google.rpc.BadRequest detail naming the
+// field for malformed input. Reflection carries no comments: read them here.
 type KeyServiceServer interface {
 	// CreateKey mints a key bound to a role and, optionally, a tenant. The secret is in this
 	// response only.
-	// Caller: keys:admin (REST POST /v1/keys). Codes: INVALID_ARGUMENT (unknown role, bad name).
+	// Caller: keys:admin (REST POST /v1/keys), holding every permission of the new key's role.
+	// Codes: INVALID_ARGUMENT (unknown role, bad name or tenant), PERMISSION_DENIED (the role
+	// carries a permission the caller's key lacks: names it). Names need not be unique.
 	CreateKey(context.Context, *CreateKeyRequest) (*CreateKeyResponse, error)
 	// ListKeys lists keys without secrets, oldest first.
-	// Caller: keys:admin (REST GET /v1/keys).
+	// Caller: keys:admin (REST GET /v1/keys). Codes: INVALID_ARGUMENT (bad page token).
 	ListKeys(context.Context, *ListKeysRequest) (*ListKeysResponse, error)
 	// RevokeKey revokes a key at once; revoked keys stay listed.
 	// Caller: keys:admin (REST POST /v1/keys/{id}:revoke), holding every permission of the key's
-	// role (a key may revoke itself). Codes: NOT_FOUND, PERMISSION_DENIED (names what it lacks).
+	// role (a key may revoke itself). Codes: NOT_FOUND, INVALID_ARGUMENT (not a key id,
+	// key_<hex>), PERMISSION_DENIED (names what it lacks).
 	RevokeKey(context.Context, *RevokeKeyRequest) (*RevokeKeyResponse, error)
 	// ListRoles reports every role the server knows, built-in and custom, with warnings for
-	// roles that undo a separation of duties (mcp:admin paired with workflow:admin).
-	// Caller: keys:admin (REST GET /v1/roles).
+	// roles that undo a separation of duties (mcp:admin paired with workflow:write or
+	// workflow:admin; run:execute paired with run:approve).
+	// Caller: keys:admin (REST GET /v1/roles). Codes: only the ones every RPC answers.
 	ListRoles(context.Context, *ListRolesRequest) (*ListRolesResponse, error)
 	mustEmbedUnimplementedKeyServiceServer()
 }

@@ -38,6 +38,10 @@ const (
 // RegistryService holds the operator's MCP server registrations: what to run, with which
 // secrets, and the capabilities (grants) graphs may ask of it. Registering never spawns
 // anything; listing tools does, inside the pool's isolation profile.
+// Every RPC also answers UNAUTHENTICATED (no API key, or an unknown or revoked one) and
+// PERMISSION_DENIED (the key's role lacks the permission its comment names), before the
+// request is looked at, and INVALID_ARGUMENT with a google.rpc.BadRequest detail naming the
+// field for malformed input. Reflection carries no comments: read them here.
 type RegistryServiceClient interface {
 	// CreateServer registers an MCP server.
 	// Caller: operators with mcp:admin (REST POST /v1/mcp/servers).
@@ -49,7 +53,8 @@ type RegistryServiceClient interface {
 	// Caller: mcp:admin (REST GET /v1/mcp/servers/{ref}). Codes: NOT_FOUND, INVALID_ARGUMENT.
 	GetServer(ctx context.Context, in *GetServerRequest, opts ...grpc.CallOption) (*GetServerResponse, error)
 	// ListServers pages through registrations ordered by ref, env values masked.
-	// Caller: mcp:admin (REST GET /v1/mcp/servers). Codes: INVALID_ARGUMENT (bad page token).
+	// Caller: mcp:admin (REST GET /v1/mcp/servers). Codes: INVALID_ARGUMENT (a negative
+	// page_size, or a page_token this server did not issue: start again without it).
 	ListServers(ctx context.Context, in *ListServersRequest, opts ...grpc.CallOption) (*ListServersResponse, error)
 	// UpdateServer replaces a registration (REST PUT /v1/mcp/servers/{ref}), or with an
 	// update_mask changes only the fields it names (REST PATCH /v1/mcp/servers/{ref}, whose
@@ -64,13 +69,15 @@ type RegistryServiceClient interface {
 	UpdateServer(ctx context.Context, in *UpdateServerRequest, opts ...grpc.CallOption) (*UpdateServerResponse, error)
 	// DeleteServer removes a registration. Published graphs that reference it then fail closed
 	// at run time.
-	// Caller: mcp:admin (REST DELETE /v1/mcp/servers/{ref}). Codes: NOT_FOUND.
+	// Caller: mcp:admin (REST DELETE /v1/mcp/servers/{ref}). Codes: NOT_FOUND, INVALID_ARGUMENT.
 	DeleteServer(ctx context.Context, in *DeleteServerRequest, opts ...grpc.CallOption) (*DeleteServerResponse, error)
 	// ListServerTools starts the registered server in the pool's isolation profile, lists its
 	// tools with their pins and screen findings, and stops it.
 	// Caller: mcp:admin (REST GET /v1/mcp/servers/{ref}/tools). Codes: NOT_FOUND, UNAVAILABLE
 	// (isolation not configured, or the server could not be reached; the details carry a
-	// ringfence.types.v1 classification), DEADLINE_EXCEEDED.
+	// ringfence.types.v1.ServerFailure detail classifies it), DEADLINE_EXCEEDED (the server never
+	// answered its handshake), FAILED_PRECONDITION (a header names a secret that no longer
+	// exists), INVALID_ARGUMENT.
 	ListServerTools(ctx context.Context, in *ListServerToolsRequest, opts ...grpc.CallOption) (*ListServerToolsResponse, error)
 	// ExploreServer starts the registered server (or an ad-hoc one described in the request) in
 	// isolation, lists its tools as ListServerTools does, optionally calls one of them, and stops
@@ -85,10 +92,12 @@ type RegistryServiceClient interface {
 	// Caller: mcp:admin (REST PUT /v1/secrets/{name}). Codes: INVALID_ARGUMENT.
 	PutSecret(ctx context.Context, in *PutSecretRequest, opts ...grpc.CallOption) (*PutSecretResponse, error)
 	// ListSecrets lists secret names, never values.
-	// Caller: mcp:admin (REST GET /v1/secrets).
+	// Caller: mcp:admin (REST GET /v1/secrets). Codes: only the ones every RPC answers.
 	ListSecrets(ctx context.Context, in *ListSecretsRequest, opts ...grpc.CallOption) (*ListSecretsResponse, error)
 	// DeleteSecret removes a named secret.
-	// Caller: mcp:admin (REST DELETE /v1/secrets/{name}). Codes: NOT_FOUND.
+	// A registration whose header names it is not refused: starting that server then fails with
+	// FAILED_PRECONDITION naming the header (ringfence servers show REF names the secret).
+	// Caller: mcp:admin (REST DELETE /v1/secrets/{name}). Codes: NOT_FOUND, INVALID_ARGUMENT.
 	DeleteSecret(ctx context.Context, in *DeleteSecretRequest, opts ...grpc.CallOption) (*DeleteSecretResponse, error)
 }
 
@@ -207,6 +216,10 @@ func (c *registryServiceClient) DeleteSecret(ctx context.Context, in *DeleteSecr
 // RegistryService holds the operator's MCP server registrations: what to run, with which
 // secrets, and the capabilities (grants) graphs may ask of it. Registering never spawns
 // anything; listing tools does, inside the pool's isolation profile.
+// Every RPC also answers UNAUTHENTICATED (no API key, or an unknown or revoked one) and
+// PERMISSION_DENIED (the key's role lacks the permission its comment names), before the
+// request is looked at, and INVALID_ARGUMENT with a google.rpc.BadRequest detail naming the
+// field for malformed input. Reflection carries no comments: read them here.
 type RegistryServiceServer interface {
 	// CreateServer registers an MCP server.
 	// Caller: operators with mcp:admin (REST POST /v1/mcp/servers).
@@ -218,7 +231,8 @@ type RegistryServiceServer interface {
 	// Caller: mcp:admin (REST GET /v1/mcp/servers/{ref}). Codes: NOT_FOUND, INVALID_ARGUMENT.
 	GetServer(context.Context, *GetServerRequest) (*GetServerResponse, error)
 	// ListServers pages through registrations ordered by ref, env values masked.
-	// Caller: mcp:admin (REST GET /v1/mcp/servers). Codes: INVALID_ARGUMENT (bad page token).
+	// Caller: mcp:admin (REST GET /v1/mcp/servers). Codes: INVALID_ARGUMENT (a negative
+	// page_size, or a page_token this server did not issue: start again without it).
 	ListServers(context.Context, *ListServersRequest) (*ListServersResponse, error)
 	// UpdateServer replaces a registration (REST PUT /v1/mcp/servers/{ref}), or with an
 	// update_mask changes only the fields it names (REST PATCH /v1/mcp/servers/{ref}, whose
@@ -233,13 +247,15 @@ type RegistryServiceServer interface {
 	UpdateServer(context.Context, *UpdateServerRequest) (*UpdateServerResponse, error)
 	// DeleteServer removes a registration. Published graphs that reference it then fail closed
 	// at run time.
-	// Caller: mcp:admin (REST DELETE /v1/mcp/servers/{ref}). Codes: NOT_FOUND.
+	// Caller: mcp:admin (REST DELETE /v1/mcp/servers/{ref}). Codes: NOT_FOUND, INVALID_ARGUMENT.
 	DeleteServer(context.Context, *DeleteServerRequest) (*DeleteServerResponse, error)
 	// ListServerTools starts the registered server in the pool's isolation profile, lists its
 	// tools with their pins and screen findings, and stops it.
 	// Caller: mcp:admin (REST GET /v1/mcp/servers/{ref}/tools). Codes: NOT_FOUND, UNAVAILABLE
 	// (isolation not configured, or the server could not be reached; the details carry a
-	// ringfence.types.v1 classification), DEADLINE_EXCEEDED.
+	// ringfence.types.v1.ServerFailure detail classifies it), DEADLINE_EXCEEDED (the server never
+	// answered its handshake), FAILED_PRECONDITION (a header names a secret that no longer
+	// exists), INVALID_ARGUMENT.
 	ListServerTools(context.Context, *ListServerToolsRequest) (*ListServerToolsResponse, error)
 	// ExploreServer starts the registered server (or an ad-hoc one described in the request) in
 	// isolation, lists its tools as ListServerTools does, optionally calls one of them, and stops
@@ -254,10 +270,12 @@ type RegistryServiceServer interface {
 	// Caller: mcp:admin (REST PUT /v1/secrets/{name}). Codes: INVALID_ARGUMENT.
 	PutSecret(context.Context, *PutSecretRequest) (*PutSecretResponse, error)
 	// ListSecrets lists secret names, never values.
-	// Caller: mcp:admin (REST GET /v1/secrets).
+	// Caller: mcp:admin (REST GET /v1/secrets). Codes: only the ones every RPC answers.
 	ListSecrets(context.Context, *ListSecretsRequest) (*ListSecretsResponse, error)
 	// DeleteSecret removes a named secret.
-	// Caller: mcp:admin (REST DELETE /v1/secrets/{name}). Codes: NOT_FOUND.
+	// A registration whose header names it is not refused: starting that server then fails with
+	// FAILED_PRECONDITION naming the header (ringfence servers show REF names the secret).
+	// Caller: mcp:admin (REST DELETE /v1/secrets/{name}). Codes: NOT_FOUND, INVALID_ARGUMENT.
 	DeleteSecret(context.Context, *DeleteSecretRequest) (*DeleteSecretResponse, error)
 	mustEmbedUnimplementedRegistryServiceServer()
 }
