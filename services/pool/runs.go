@@ -335,6 +335,9 @@ func (s *Service) PauseRun(ctx context.Context, id, tenant string) (*RunInfo, er
 	if r.rec.State != StateRunning {
 		st := r.rec.State
 		r.mu.Unlock()
+		if st == StatePaused {
+			return nil, fmt.Errorf("%w: it is paused already (ResumeRun, ringfence runs resume, runs it again)", errRunNotRunning)
+		}
 		return nil, fmt.Errorf("%w (it is %s)", errRunNotRunning, st)
 	}
 	r.lastActivity = time.Now() // the paused clock starts

@@ -694,7 +694,8 @@ func TestSessionRules(t *testing.T) {
 	_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "paused"})
 	requireRefused(t, err, reasonRunNotRunning)
 	_, err = h.pool.PauseRun(h.ctx, run, "")
-	require.Error(t, err)
+	require.ErrorIs(t, err, errRunNotRunning)
+	require.ErrorContains(t, err, "it is paused already (ResumeRun, ringfence runs resume, runs it again)")
 
 	_, err = h.pool.ResumeRun(h.ctx, run, "")
 	require.NoError(t, err)
