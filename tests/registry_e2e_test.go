@@ -341,6 +341,13 @@ func TestSeedSequenceWithCLI(t *testing.T) {
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "docs-search")
 
+	// Removing a secret a registration still names is not refused, but says what it leaves
+	// unable to start.
+	r = cli(adminKey, "secrets", "remove", "tickets-token")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "removed secret tickets-token")
+	require.Contains(t, r.Stderr, "warning: server tickets still names secret tickets-token (header Authorization)")
+
 	r = cli(adminKey, "servers", "remove", "tickets")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Equal(t, "removed tickets\n", r.Stdout)

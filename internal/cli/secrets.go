@@ -81,14 +81,18 @@ func newSecretsCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer cancel()
-			if _, err := client.DeleteSecret(ctx, &registryv1.DeleteSecretRequest{Name: args[0]}); err != nil {
+			resp, err := client.DeleteSecret(ctx, &registryv1.DeleteSecretRequest{Name: args[0]})
+			if err != nil {
 				return err
 			}
 			if g.output == "json" {
-				return printFields(g.stdout, "removed", args[0])
+				return printJSON(g.stdout, resp)
 			}
-			_, err = linef(g.stdout, "removed secret %s\n", args[0])
-			return err
+			if _, err := linef(g.stdout, "removed secret %s\n", args[0]); err != nil {
+				return err
+			}
+			printWarnings(g.stderr, resp.GetWarnings()) // as servers add|update warn
+			return nil
 		},
 	}
 	cmd.AddCommand(set, list, remove)

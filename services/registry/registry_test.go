@@ -400,10 +400,24 @@ func TestSecretsAndHeaderResolution(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, list.GetSecrets(), 1)
 	require.NotContains(t, list.String(), canary)
-	_, err = f.client.DeleteSecret(ctx, &registryv1.DeleteSecretRequest{Name: "tickets-token"})
+	deleted, err := f.client.DeleteSecret(ctx, &registryv1.DeleteSecretRequest{Name: "tickets-token"})
 	require.NoError(t, err)
+	require.Equal(t, []string{"server tickets still names secret tickets-token (header Authorization): it cannot start until the secret is set again (ringfence secrets set tickets-token) or the server stops naming it"},
+		deleted.GetWarnings(), "the deletion stands, and says what it leaves unable to start")
 	_, err = f.client.DeleteSecret(ctx, &registryv1.DeleteSecretRequest{Name: "tickets-token"})
 	testutil.RequireStatus(t, err, codes.NotFound)
+	// Over REST the warning is a Warning header; a secret nothing names deletes without one.
+	_, err = f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "tickets-token", Value: "Bearer " + canary})
+	require.NoError(t, err)
+	code, _, warnings := f.restWithHeaders(t, http.MethodDelete, "/v1/secrets/tickets-token", "")
+	require.Equal(t, http.StatusOK, code)
+	require.Len(t, warnings, 1)
+	require.Contains(t, warnings[0], "server tickets still names secret tickets-token")
+	_, err = f.client.PutSecret(ctx, &registryv1.PutSecretRequest{Name: "unused", Value: canary})
+	require.NoError(t, err)
+	unused, err := f.client.DeleteSecret(ctx, &registryv1.DeleteSecretRequest{Name: "unused"})
+	require.NoError(t, err)
+	require.Empty(t, unused.GetWarnings())
 
 	// A secret deleted after registering: resolving names the header and the server.
 	_, err = f.svc.ResolveRegistration(ctx, "tickets")

@@ -3,6 +3,9 @@ package registry
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -363,5 +366,40 @@ func (s *Service) DeleteSecret(ctx context.Context, req *registryv1.DeleteSecret
 	if err := s.store.DeleteSecret(ctx, req.GetName(), s.event(ctx, audit.ActionDelete, resourceSecret, req.GetName(), nil)); err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, errSecretNotFound))
 	}
-	return &registryv1.DeleteSecretResponse{}, nil
+	warnings := s.secretWarnings(ctx, req.GetName())
+	grpcserver.SetWarnings(ctx, warnings...)
+	return &registryv1.DeleteSecretResponse{Warnings: warnings}, nil
+}
+
+// secretWarnings names the registrations that still name secret (a header's value, or the
+// OAuth client's secret): a deletion is not refused for them, but they cannot start without
+// it. The deletion stands whatever this finds; a listing that fails is logged.
+func (s *Service) secretWarnings(ctx context.Context, secret string) []string {
+	var warnings []string
+	token := ""
+	for {
+		regs, next, err := s.store.ListServers(ctx, token, paging.MaxSize)
+		if err != nil {
+			s.log.Warn("could not list the registrations that name a deleted secret", "secret", secret, "err", err)
+			return warnings
+		}
+		for _, r := range regs {
+			var uses []string
+			for _, h := range slices.Sorted(maps.Keys(r.Headers)) {
+				if r.Headers[h] == secret {
+					uses = append(uses, "header "+h)
+				}
+			}
+			if r.OAuth != nil && r.OAuth.ClientSecretRef == secret {
+				uses = append(uses, "its OAuth client")
+			}
+			if len(uses) > 0 {
+				warnings = append(warnings, fmt.Sprintf("server %s still names secret %s (%s): it cannot start until the secret is set again (ringfence secrets set %s) or the server stops naming it", r.Ref, secret, strings.Join(uses, ", "), secret))
+			}
+		}
+		if next == "" {
+			return warnings
+		}
+		token = next
+	}
 }

@@ -1827,9 +1827,12 @@ func (x *DeleteSecretRequest) GetName() string {
 	return ""
 }
 
-// DeleteSecretResponse is empty on success.
+// DeleteSecretResponse says what still names the secret.
 type DeleteSecretResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// warnings name the registrations whose headers or OAuth client still name the deleted
+	// secret: they cannot start until it is set again (PutSecret) or they stop naming it.
+	Warnings      []string `protobuf:"bytes,1,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1862,6 +1865,13 @@ func (x *DeleteSecretResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use DeleteSecretResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSecretResponse) Descriptor() ([]byte, []int) {
 	return file_ringfence_registry_v1_registry_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *DeleteSecretResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
 }
 
 var File_ringfence_registry_v1_registry_proto protoreflect.FileDescriptor
@@ -2031,8 +2041,9 @@ const file_ringfence_registry_v1_registry_proto_rawDesc = "" +
 	"\x13ListSecretsResponse\x127\n" +
 	"\asecrets\x18\x01 \x03(\v2\x1d.ringfence.registry.v1.SecretR\asecrets\")\n" +
 	"\x13DeleteSecretRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
-	"\x14DeleteSecretResponse2\x9f\b\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"2\n" +
+	"\x14DeleteSecretResponse\x12\x1a\n" +
+	"\bwarnings\x18\x01 \x03(\tR\bwarnings2\x9f\b\n" +
 	"\x0fRegistryService\x12g\n" +
 	"\fCreateServer\x12*.ringfence.registry.v1.CreateServerRequest\x1a+.ringfence.registry.v1.CreateServerResponse\x12^\n" +
 	"\tGetServer\x12'.ringfence.registry.v1.GetServerRequest\x1a(.ringfence.registry.v1.GetServerResponse\x12d\n" +

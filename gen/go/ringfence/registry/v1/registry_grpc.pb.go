@@ -95,8 +95,9 @@ type RegistryServiceClient interface {
 	// Caller: mcp:admin (REST GET /v1/secrets). Codes: only the ones every RPC answers.
 	ListSecrets(ctx context.Context, in *ListSecretsRequest, opts ...grpc.CallOption) (*ListSecretsResponse, error)
 	// DeleteSecret removes a named secret.
-	// A registration whose header names it is not refused: starting that server then fails with
-	// FAILED_PRECONDITION naming the header (ringfence servers show REF names the secret).
+	// A registration whose header (or OAuth client) names it is not refused: starting that server
+	// then fails with FAILED_PRECONDITION naming the header (ringfence servers show REF names the
+	// secret). The response's warnings name each such registration (REST: Warning headers).
 	// Caller: mcp:admin (REST DELETE /v1/secrets/{name}). Codes: NOT_FOUND, INVALID_ARGUMENT.
 	DeleteSecret(ctx context.Context, in *DeleteSecretRequest, opts ...grpc.CallOption) (*DeleteSecretResponse, error)
 }
@@ -273,8 +274,9 @@ type RegistryServiceServer interface {
 	// Caller: mcp:admin (REST GET /v1/secrets). Codes: only the ones every RPC answers.
 	ListSecrets(context.Context, *ListSecretsRequest) (*ListSecretsResponse, error)
 	// DeleteSecret removes a named secret.
-	// A registration whose header names it is not refused: starting that server then fails with
-	// FAILED_PRECONDITION naming the header (ringfence servers show REF names the secret).
+	// A registration whose header (or OAuth client) names it is not refused: starting that server
+	// then fails with FAILED_PRECONDITION naming the header (ringfence servers show REF names the
+	// secret). The response's warnings name each such registration (REST: Warning headers).
 	// Caller: mcp:admin (REST DELETE /v1/secrets/{name}). Codes: NOT_FOUND, INVALID_ARGUMENT.
 	DeleteSecret(context.Context, *DeleteSecretRequest) (*DeleteSecretResponse, error)
 	mustEmbedUnimplementedRegistryServiceServer()
