@@ -350,9 +350,11 @@ func printError(w io.Writer, err error, c connection) {
 		return
 	}
 	fmt.Fprintf(w, "ringfence: %s (%s)\n", oneLine(st.Message()), st.Code())
+	serverFailed := false
 	for _, d := range st.Details() {
 		switch d := d.(type) {
 		case *typesv1.ServerFailure:
+			serverFailed = true
 			fmt.Fprintf(w, "  failure class: %s\n", oneLine(d.GetClass()))
 			printTail(w, "  ", d.GetStderrTail())
 		}
@@ -365,9 +367,14 @@ func printError(w io.Writer, err error, c connection) {
 		// grpc-go's own "connection error" is about reaching --addr; any other message came
 		// from the server, which is up and could not reach something behind it.
 		switch msg := st.Message(); {
+		// An MCP server that did not start or answer: its failure class, stderr and the
+		// message above say what to change in its registration; no peer service is involved.
+		case serverFailed:
 		// grpc-go's resolver, before any connection: the host name does not resolve. (A
-		// server that could not resolve a peer says so after a prefix of its own.)
-		case strings.HasPrefix(msg, "name resolver error") || strings.HasPrefix(msg, "last resolver error"):
+		// server that could not resolve a peer says so after a prefix of its own.) Under
+		// round-robin balancing, which the CLI configures, a resolver that never produced an
+		// address leaves the balancer with "no children to pick from".
+		case strings.HasPrefix(msg, "name resolver error") || strings.HasPrefix(msg, "last resolver error") || msg == "no children to pick from":
 			fmt.Fprintf(w, "  hint: the host of %s (%s) does not resolve: check its spelling, or point --addr or RINGFENCE_ADDR at the server's gRPC address\n", c.addr, c.addrFrom)
 		case !strings.HasPrefix(msg, "connection error"):
 			fmt.Fprintln(w, "  hint: the server at --addr answered; what it could not reach is named above (a peer service: check it and this server's peers.* settings)")
@@ -390,6 +397,10 @@ func printError(w io.Writer, err error, c connection) {
 		default:
 			fmt.Fprintf(w, "  hint: is the server running? nothing answers at %s (%s); start it (make run), or point --addr or RINGFENCE_ADDR at its gRPC address\n", c.addr, c.addrFrom)
 		}
+	case codes.DeadlineExceeded:
+		if neverSent(st) {
+			fmt.Fprintf(w, "  hint: no address of %s (%s) answered within --timeout, so the request was never sent; is the server running? start it (make run), or point --addr or RINGFENCE_ADDR at its gRPC address (the last connection error is named above)\n", c.addr, c.addrFrom)
+		}
 	case codes.PermissionDenied:
 		if strings.Contains(st.Message(), "which role") {
 			fmt.Fprintln(w, "  hint: use a key whose role holds that permission: `ringfence roles check` lists the roles and their permissions, and an admin mints a key with `ringfence keys create --name NAME --role ROLE`")
@@ -401,6 +412,15 @@ func printError(w io.Writer, err error, c connection) {
 			fmt.Fprintln(w, "  hint: the key is unknown or revoked: check --api-key or RINGFENCE_API_KEY (`make run` prints its admin key); `ringfence keys list` (as an admin) shows active keys")
 		}
 	}
+}
+
+// neverSent says whether a request's deadline expired in grpc-go's picker, before any
+// connection was ready to carry it: with a list of addresses (--addr a:1,b:2) the CLI waits
+// for a replica that answers, and when none does within --timeout, nothing reached a server.
+func neverSent(st *status.Status) bool {
+	msg := st.Message()
+	return st.Code() == codes.DeadlineExceeded &&
+		(strings.HasPrefix(msg, "latest balancer error: ") || strings.HasSuffix(msg, " while waiting for connections to become ready"))
 }
 
 // printTail prints a server's stderr tail, indented under its heading, one escaped line per

@@ -2,12 +2,15 @@ package cli
 
 import (
 	"bytes"
+	"net"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 )
 
 func TestPrintErrorHintsAtTheConnectionMistake(t *testing.T) {
@@ -172,4 +175,58 @@ func TestHelpOnAnUnknownTopicIsAMistake(t *testing.T) {
 	stdout.Reset()
 	require.Equal(t, ExitOK, Execute([]string{"help", "servers", "add"}, nil, &stdout, &stderr), stderr.String())
 	require.Contains(t, stdout.String(), "Register an MCP server")
+}
+
+// closedAddrs are loopback addresses nothing listens on: each was listened on and closed.
+func closedAddrs(t *testing.T, n int) []string {
+	var addrs []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		addrs = append(addrs, l.Addr().String())
+		require.NoError(t, l.Close())
+	}
+	return addrs
+}
+
+// TestUnreachableAddressesSayWhatToFix: grpc-go's own words for a host that does not resolve
+// under round-robin ("no children to pick from") and for a list of replicas none of which
+// answered ("latest balancer error") come with the hint that fits, and a call whose request
+// never left the CLI is not reported as one whose outcome is unknown.
+func TestUnreachableAddressesSayWhatToFix(t *testing.T) {
+	t.Setenv("RINGFENCE_API_KEY", "some-key")
+	list := strings.Join(closedAddrs(t, 2), ",")
+	for _, tc := range []struct {
+		name string
+		args []string
+		hint string
+	}{
+		{"a host that does not resolve", []string{"--addr", "ringfence-nosuchhost.invalid:50051", "servers", "list"},
+			"hint: the host of ringfence-nosuchhost.invalid:50051 (--addr) does not resolve"},
+		{"a list of replicas, none up", []string{"--addr", list, "--timeout", "1s", "servers", "list"},
+			"hint: no address of " + list + " (--addr) answered within --timeout, so the request was never sent"},
+		{"a call to a list of replicas, none up", []string{"--addr", list, "--timeout", "1s", "runs", "call", "--run", "r", "--agent", "a", "--tool", "t"},
+			"hint: no address of " + list + " (--addr) answered within --timeout, so the request was never sent"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := Execute(tc.args, nil, &stdout, &stderr)
+			require.Equal(t, ExitFailure, code, stderr.String())
+			require.Contains(t, stderr.String(), tc.hint)
+			require.Equal(t, 1, strings.Count(stderr.String(), "hint:"), stderr.String())
+			require.NotContains(t, stderr.String(), "outcome is unknown")
+		})
+	}
+}
+
+// TestAServerThatFailedToStartIsNotAPeer: an MCP server that did not start is named by its
+// failure class and stderr; the hint about peer services would send the user the wrong way.
+func TestAServerThatFailedToStartIsNotAPeer(t *testing.T) {
+	st, err := status.New(codes.Unavailable, `could not list the server's tools: command_not_found: command "nosuchbinary" was not found (exit status 127): it must be on the image's PATH`).
+		WithDetails(&typesv1.ServerFailure{Class: "command_not_found", StderrTail: "exec nosuchbinary failed: No such file or directory"})
+	require.NoError(t, err)
+	var out bytes.Buffer
+	printError(&out, st.Err(), connection{addr: "127.0.0.1:1", addrFrom: "--addr"})
+	require.Contains(t, out.String(), "failure class: command_not_found")
+	require.NotContains(t, out.String(), "hint:")
 }

@@ -248,7 +248,7 @@ func newCallCmd(g *globals) *cobra.Command {
 			// The run id is chosen here, so a run that does not answer in time can be named.
 			runID := newID("run-")
 			_, err = client.StartRun(ctx, &poolv1.StartRunRequest{Tenant: f.tenant, GraphId: graphID, Version: version, RunId: runID})
-			if status.Code(err) == codes.DeadlineExceeded {
+			if status.Code(err) == codes.DeadlineExceeded && !neverSent(status.Convert(err)) {
 				return fmt.Errorf("no answer within --timeout %s while starting run %s, so no tool was called; if the run did start, end it with: ringfence runs end --run %s%s (it also ends after pool.run_idle_timeout)",
 					g.timeout, runID, runID, tenantArg(f.tenant))
 			}
@@ -334,7 +334,7 @@ func (g *globals) callError(err error, req *poolv1.CallToolRequest) error {
 	// the same deadline (gRPC sends it along) and may reset the stream a moment before the
 	// CLI's own timer fires: the code, without a pool detail, is what says so, not
 	// ctx.Err(). (The pool's own timeouts come with a CallFailure, above.)
-	if st.Code() == codes.DeadlineExceeded {
+	if st.Code() == codes.DeadlineExceeded && !neverSent(st) {
 		return &exitError{code: ExitFailed, msg: g.unknownOutcome(req)}
 	}
 	return err

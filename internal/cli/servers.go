@@ -581,7 +581,7 @@ func newServersExploreCmd(g *globals) *cobra.Command {
 			}
 			defer cancel()
 			resp, err := client.ExploreServer(ctx, req)
-			if err != nil && req.Call != nil && status.Code(err) == codes.DeadlineExceeded {
+			if err != nil && req.Call != nil && status.Code(err) == codes.DeadlineExceeded && !neverSent(status.Convert(err)) {
 				return &exitError{code: ExitFailed, msg: g.unknownExploreOutcome(ref, callTool)}
 			}
 			if err != nil {
