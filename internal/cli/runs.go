@@ -350,10 +350,10 @@ func (g *globals) printCallResult(resp *poolv1.CallToolResponse) error {
 		if id := resp.GetApprovalId(); id != "" {
 			// This call did not reach the server: it took the outcome of the call the approver
 			// dispatched, so it names no latency of its own.
-			writef(g.stdout, "approved: the result of approval %s: %s (%s/%s, call %s attempt %d; the server was reached once, when it was approved)\n", oneLine(id), oneLine(resp.GetResult()),
-				oneLine(resp.GetServerRef()), oneLine(resp.GetToolName()), oneLine(resp.GetCallId()), resp.GetAttempt())
+			writef(g.stdout, "approved: the result of approval %s: %s (%s, call %s attempt %d; the server was reached once, when it was approved)\n", oneLine(id), oneLine(resp.GetResult()),
+				callTarget(resp), oneLine(resp.GetCallId()), resp.GetAttempt())
 		} else {
-			writef(g.stdout, "dispatched: %s (%s/%s, call %s attempt %d, %s)\n", oneLine(resp.GetResult()), oneLine(resp.GetServerRef()), oneLine(resp.GetToolName()),
+			writef(g.stdout, "dispatched: %s (%s, call %s attempt %d, %s)\n", oneLine(resp.GetResult()), callTarget(resp),
 				oneLine(resp.GetCallId()), resp.GetAttempt(), time.Duration(resp.GetLatencyMicros())*time.Microsecond)
 		}
 		for _, a := range resp.GetAdvisory() {
@@ -365,6 +365,15 @@ func (g *globals) printCallResult(resp *poolv1.CallToolResponse) error {
 		return &exitError{code: ExitFailed, msg: sprintLine("dispatched and failed (%s): the tool reported an error; it may have taken effect", oneLine(resp.GetFailureClass()))}
 	}
 	return nil
+}
+
+// callTarget names what a call reached: server/tool, or a tool of the agent's surface that
+// Ringfence answers itself (tool_search), which has no server.
+func callTarget(resp *poolv1.CallToolResponse) string {
+	if resp.GetServerRef() == "" {
+		return oneLine(resp.GetToolName()) + ", answered by Ringfence itself"
+	}
+	return oneLine(resp.GetServerRef()) + "/" + oneLine(resp.GetToolName())
 }
 
 // awaitingApproval says that a call waits for an approver, and the commands that decide it.

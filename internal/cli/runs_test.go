@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 )
 
 // TestAToolResultPrintsItsStructuredContentOverItsTextMirror: the text block of a structured
@@ -54,4 +56,20 @@ func TestArgsErrorsPointAtTheFault(t *testing.T) {
 	got, err := parseArgs(`{"path":"/handbook/leave.md","n":2}`)
 	require.NoError(t, err)
 	require.Equal(t, "/handbook/leave.md", got.GetFields()["path"].GetStringValue())
+}
+
+// TestACallNamesWhatItReached: a tool call names server/tool; tool_search, which the pool
+// answers itself, is named without a server rather than as "/tool_search".
+func TestACallNamesWhatItReached(t *testing.T) {
+	for _, tc := range []struct {
+		server, tool, want string
+	}{
+		{"docs-search", "read_doc", "dispatched: succeeded (docs-search/read_doc, call call-1 attempt 1, 2ms)\n"},
+		{"", "tool_search", "dispatched: succeeded (tool_search, answered by Ringfence itself, call call-1 attempt 1, 2ms)\n"},
+	} {
+		var out bytes.Buffer
+		g := &globals{stdout: &out, output: "table"}
+		require.NoError(t, g.printCallResult(&poolv1.CallToolResponse{CallId: "call-1", Attempt: 1, Result: "succeeded", ServerRef: tc.server, ToolName: tc.tool, LatencyMicros: 2000}))
+		require.Equal(t, tc.want, out.String())
+	}
 }
