@@ -51,6 +51,12 @@ func TestCLIGuidesANewUser(t *testing.T) {
 	fails(cli(plain, nil, "servers", "add", "tickets", "--url", "https://mcp.example.com/mcp"), 2,
 		"--url needs --transport streamable_http (or sse)")
 
+	// A server the registry cannot reach is the server's error (exit 1), however its message
+	// reads: "nothing accepts connections" is not cobra's "accepts 1 arg(s)".
+	r = cli(plain, nil, "servers", "explore", "--transport", "http", "--url", "http://"+testutil.FreeAddr(t)+"/mcp")
+	fails(r, 1, "failure class: connection_refused")
+	require.Contains(t, r.Stderr, "nothing accepts connections at http://")
+
 	// A misspelt floor capability is granted as written, with a warning.
 	r = cli(plain, nil, "servers", "add", "fx", "--command", "mcpfixture", "--grant", "proces_spawn", "--grant", "external_api_call")
 	require.Equal(t, 0, r.Code, r.Stderr)

@@ -101,9 +101,18 @@ type usageError struct{ error }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
+// isUsage says whether err is a mistake on the command line: a usageError, or one of cobra's
+// own (recognized by their words). A server's answer never is, whatever its message says
+// ("nothing accepts connections at …" is not cobra's "accepts 1 arg(s)").
 func isUsage(err error) bool {
 	var u usageError
-	return errors.As(err, &u) || strings.Contains(err.Error(), "unknown flag") || strings.Contains(err.Error(), "unknown command") ||
+	if errors.As(err, &u) {
+		return true
+	}
+	if _, ok := status.FromError(err); ok {
+		return false
+	}
+	return strings.Contains(err.Error(), "unknown flag") || strings.Contains(err.Error(), "unknown command") ||
 		strings.Contains(err.Error(), "accepts ") || strings.Contains(err.Error(), "required flag")
 }
 
