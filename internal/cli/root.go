@@ -82,7 +82,7 @@ func Execute(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		return exit.code
 	}
-	printError(stderr, err, connection{addr: g.addr, addrFrom: g.addrFrom, usedTLS: g.caFile != ""})
+	printError(stderr, err, connection{addr: g.addr, addrFrom: g.addrFrom, usedTLS: g.caFile != "", timeout: g.timeout})
 	if isUsage(err) {
 		return ExitUsage
 	}
@@ -148,6 +148,10 @@ effect), and 5 waits for an approver (nothing reached the server yet; runs appro
 		g.addrFrom = g.addrSource(cmd)
 		if g.output != "table" && g.output != "json" {
 			return usagef("--output must be table or json, not %q", g.output)
+		}
+		if g.timeout <= 0 {
+			// Every request would fail at once, as "context deadline exceeded".
+			return usagef("--timeout must be more than 0, e.g. 30s or 5m, not %s", g.timeout)
 		}
 		return nil
 	}
@@ -331,6 +335,7 @@ func withHint(err error, code codes.Code, hint string) error {
 type connection struct {
 	addr, addrFrom string
 	usedTLS        bool
+	timeout        time.Duration
 }
 
 // adminKeyHint points a user who followed the README (which exports MCP_ADMIN_KEY for curl)
@@ -407,8 +412,15 @@ func printError(w io.Writer, err error, c connection) {
 			fmt.Fprintf(w, "  hint: is the server running? nothing answers at %s (%s); start it (make run), or point --addr or RINGFENCE_ADDR at its gRPC address\n", c.addr, c.addrFrom)
 		}
 	case codes.DeadlineExceeded:
-		if neverSent(st) {
-			fmt.Fprintf(w, "  hint: no address of %s (%s) answered within --timeout, so the request was never sent; is the server running? start it (make run), or point --addr or RINGFENCE_ADDR at its gRPC address (the last connection error is named above)\n", c.addr, c.addrFrom)
+		switch {
+		// grpc-go names the last connection error when there was one: nothing answered.
+		case neverSent(st) && strings.HasPrefix(st.Message(), "latest balancer error: "):
+			fmt.Fprintf(w, "  hint: no address of %s (%s) answered within --timeout %s, so the request was never sent: is the server running? start it (make run), or point --addr or RINGFENCE_ADDR at its gRPC address\n", c.addr, c.addrFrom, c.timeout)
+		case neverSent(st):
+			fmt.Fprintf(w, "  hint: no connection to %s (%s) was ready within --timeout %s, so the request was never sent: a longer --timeout waits longer\n", c.addr, c.addrFrom, c.timeout)
+		// The CLI's own deadline (a server's deadline says more than this).
+		case st.Message() == "context deadline exceeded" && c.timeout > 0:
+			fmt.Fprintf(w, "  hint: the server did not answer within --timeout %s: a longer --timeout waits longer\n", c.timeout)
 		}
 	case codes.PermissionDenied:
 		if strings.Contains(st.Message(), "which role") {

@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -85,6 +86,7 @@ func TestUsageMistakesExitTwoWithTheFix(t *testing.T) {
 		{[]string{"audit", "list", "--limt", "3"}, `unknown flag --limt for "ringfence audit list": did you mean --limit?`},
 		{[]string{"runs", "start", "--grph", "g"}, "did you mean --graph?"},
 		{[]string{"--adr", "127.0.0.1:1", "servers", "list"}, "did you mean --addr?"},
+		{[]string{"--timeout", "0", "servers", "list"}, "--timeout must be more than 0, e.g. 30s or 5m, not 0s"},
 		{[]string{"audit", "list", "--limit", "many"}, `invalid argument "many" for "--limit" flag`},
 		{[]string{"roles", "check", "foo"}, `"ringfence roles check" takes no arguments, got "foo"`},
 		{[]string{"servers", "show"}, "usage: ringfence servers show REF"},
@@ -204,9 +206,9 @@ func TestUnreachableAddressesSayWhatToFix(t *testing.T) {
 		{"a host that does not resolve", []string{"--addr", "ringfence-nosuchhost.invalid:50051", "servers", "list"},
 			"hint: the host of ringfence-nosuchhost.invalid:50051 (--addr) does not resolve"},
 		{"a list of replicas, none up", []string{"--addr", list, "--timeout", "1s", "servers", "list"},
-			"hint: no address of " + list + " (--addr) answered within --timeout, so the request was never sent"},
+			"hint: no address of " + list + " (--addr) answered within --timeout 1s, so the request was never sent"},
 		{"a call to a list of replicas, none up", []string{"--addr", list, "--timeout", "1s", "runs", "call", "--run", "r", "--agent", "a", "--tool", "t"},
-			"hint: no address of " + list + " (--addr) answered within --timeout, so the request was never sent"},
+			"hint: no address of " + list + " (--addr) answered within --timeout 1s, so the request was never sent"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
@@ -229,4 +231,22 @@ func TestAServerThatFailedToStartIsNotAPeer(t *testing.T) {
 	printError(&out, st.Err(), connection{addr: "127.0.0.1:1", addrFrom: "--addr"})
 	require.Contains(t, out.String(), "failure class: command_not_found")
 	require.NotContains(t, out.String(), "hint:")
+}
+
+// TestADeadlineSaysWhatToChange: the CLI's own deadline, with or without a connection ready,
+// names --timeout; a server's deadline message is left as the server wrote it.
+func TestADeadlineSaysWhatToChange(t *testing.T) {
+	for _, tc := range []struct{ msg, hint string }{
+		{"context deadline exceeded", "hint: the server did not answer within --timeout 2s: a longer --timeout waits longer"},
+		{"context deadline exceeded while waiting for connections to become ready", "hint: no connection to 127.0.0.1:1 (--addr) was ready within --timeout 2s, so the request was never sent"},
+		{"pool: the server did not answer within call_timeout", ""},
+	} {
+		var out bytes.Buffer
+		printError(&out, status.Error(codes.DeadlineExceeded, tc.msg), connection{addr: "127.0.0.1:1", addrFrom: "--addr", timeout: 2 * time.Second})
+		if tc.hint == "" {
+			require.NotContains(t, out.String(), "hint:")
+			continue
+		}
+		require.Contains(t, out.String(), tc.hint)
+	}
 }
