@@ -123,7 +123,8 @@ func newRoot(g *globals) *cobra.Command {
 		Long: `ringfence talks to a Ringfence server over gRPC.
 
 Connection: --addr (RINGFENCE_ADDR, default 127.0.0.1:50051), --api-key (RINGFENCE_API_KEY),
-and for TLS --ca-file (RINGFENCE_CA_FILE) with optional --server-name.
+and for TLS --ca-file (RINGFENCE_CA_FILE) with optional --server-name (RINGFENCE_SERVER_NAME)
+and --server-identity (RINGFENCE_SERVER_IDENTITY).
 
 Exit status: 0 done; 1 an error (the server's, or reaching it); 2 a wrong command line (nothing
 changed); for tool calls, 3 refused before dispatch (nothing reached the server), 4 failed after
@@ -137,8 +138,8 @@ effect), and 5 waits for an approver (nothing reached the server yet; runs appro
 	// Not defaulted from the environment: --help would print the key.
 	pf.StringVar(&g.apiKey, "api-key", "", "API key (RINGFENCE_API_KEY)")
 	pf.StringVar(&g.caFile, "ca-file", os.Getenv("RINGFENCE_CA_FILE"), "CA bundle to verify a TLS server (RINGFENCE_CA_FILE); plaintext when empty")
-	pf.StringVar(&g.serverName, "server-name", os.Getenv("RINGFENCE_SERVER_NAME"), "TLS server name to verify, when it differs from the address host")
-	pf.StringVar(&g.serverID, "server-identity", os.Getenv("RINGFENCE_SERVER_IDENTITY"), "with --ca-file, the service the server's certificate must name (registry, publisher, pool, audit), so no other service's certificate receives the API key")
+	pf.StringVar(&g.serverName, "server-name", os.Getenv("RINGFENCE_SERVER_NAME"), "TLS server name to verify, when it differs from the address host (RINGFENCE_SERVER_NAME)")
+	pf.StringVar(&g.serverID, "server-identity", os.Getenv("RINGFENCE_SERVER_IDENTITY"), "with --ca-file, the service the server's certificate must name (registry, publisher, pool, audit), so no other service's certificate receives the API key (RINGFENCE_SERVER_IDENTITY)")
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	pf.DurationVar(&g.timeout, "timeout", 60*time.Second, "deadline for each request")
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {

@@ -71,6 +71,19 @@ func TestHelpNeverPrintsTheAPIKey(t *testing.T) {
 	require.NotContains(t, stdout.String()+stderr.String(), key)
 }
 
+// TestHelpNamesEveryConnectionVariable: each connection flag that reads the environment says
+// which variable, as configuration.md lists them.
+func TestHelpNamesEveryConnectionVariable(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, ExitOK, Execute([]string{"--help"}, nil, &stdout, &stderr), stderr.String())
+	description, flags, ok := strings.Cut(stdout.String(), "\nFlags:\n")
+	require.True(t, ok, stdout.String())
+	for _, v := range []string{"RINGFENCE_ADDR", "RINGFENCE_API_KEY", "RINGFENCE_CA_FILE", "RINGFENCE_SERVER_NAME", "RINGFENCE_SERVER_IDENTITY"} {
+		require.Contains(t, description, v)
+		require.Contains(t, flags, "("+v+")")
+	}
+}
+
 // TestUsageMistakesExitTwoWithTheFix: a mistyped command, flag or argument exits 2 and says
 // what was meant, before anything is dialed.
 func TestUsageMistakesExitTwoWithTheFix(t *testing.T) {
