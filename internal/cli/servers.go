@@ -736,6 +736,9 @@ func (g *globals) printServer(s *registryv1.Server) error {
 		"tool permissions", orDash(strings.Join(perms, "; ")),
 		"sign-in", signInLine(s.GetOauth()),
 		"strict inputs", fmt.Sprint(s.GetStrictInputs()),
+		"keep markup", fmt.Sprint(s.GetKeepMarkup()),
+		"session timeout", timeoutLine(s.GetClientSessionTimeout(), mcpserver.DefaultClientSessionTimeout),
+		"call timeout", timeoutLine(s.GetToolCallTimeout(), mcpserver.DefaultToolCallTimeout),
 		"prewarm", warmLine(s),
 		"max result", maxResult(s.GetMaxResultBytes()),
 		"revision", fmt.Sprint(s.GetRevision()),
@@ -765,6 +768,14 @@ func warmColumn(s *registryv1.Server) string {
 		return fmt.Sprintf("?/%d", s.GetPrewarm())
 	}
 	return fmt.Sprintf("%d/%d", s.GetWarm().GetReady(), s.GetPrewarm())
+}
+
+// timeoutLine renders a registration's timeout: unset is the default, named as such.
+func timeoutLine(d *durationpb.Duration, def time.Duration) string {
+	if d == nil || d.AsDuration() == 0 {
+		return def.String() + " (default)"
+	}
+	return d.AsDuration().String()
 }
 
 // maxResult renders a registration's max_result_bytes.
