@@ -100,6 +100,7 @@ func TestUsageMistakesExitTwoWithTheFix(t *testing.T) {
 		{[]string{"runs", "start", "--grph", "g"}, "did you mean --graph?"},
 		{[]string{"--adr", "127.0.0.1:1", "servers", "list"}, "did you mean --addr?"},
 		{[]string{"--timeout", "0", "servers", "list"}, "--timeout must be more than 0, e.g. 30s or 5m, not 0s"},
+		{[]string{"servers", "update", "docs", "-o", "json"}, "nothing to change: pass the settings to change, e.g. ringfence servers update docs --description TEXT"},
 		{[]string{"documents", "put", "/nonexistent/expenses.pdf"}, `cannot read "/nonexistent/expenses.pdf": no such file or directory`},
 		{[]string{"documents", "put", "/"}, `cannot read "/": it is a directory: give a file`},
 		{[]string{"graphs", "edit", "--graph", "g", "--file", "/nonexistent/g.json"}, `cannot read "/nonexistent/g.json": no such file or directory`},
@@ -265,5 +266,17 @@ func TestADeadlineSaysWhatToChange(t *testing.T) {
 			continue
 		}
 		require.Contains(t, out.String(), tc.hint)
+	}
+}
+
+// TestServersUpdateWithAFlagIsNotNothing: any update flag, a false boolean included, is a
+// change to make: the command dials the server (here nothing listens) instead of refusing.
+func TestServersUpdateWithAFlagIsNotNothing(t *testing.T) {
+	t.Setenv("RINGFENCE_API_KEY", "some-key")
+	for _, flag := range []string{"--strict-inputs=false", "--clear-env", "--description="} {
+		var stdout, stderr bytes.Buffer
+		code := Execute([]string{"--addr", closedAddrs(t, 1)[0], "servers", "update", "docs", flag}, nil, &stdout, &stderr)
+		require.Equal(t, ExitFailure, code, stderr.String())
+		require.Contains(t, stderr.String(), "hint: is the server running?", flag)
 	}
 }

@@ -166,6 +166,7 @@ func leafCommands() []leafCommand {
 		"ringfence servers explore": {"--call", hostile, "--args", `{"q":"` + hostileJSONSafe + `"}`},
 		"ringfence runs call":       {"--args", `{"q":"x"}`},
 		"ringfence servers add":     {"--command", "x"},
+		"ringfence servers update":  {"--description", "x"},
 		"ringfence graphs edit":     {"--file", "-", "--force"},
 		"ringfence graphs show":     {"--version", "1"},
 		"ringfence call":            {"--args", `{"q":"x"}`},

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/shlex"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/term"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -291,6 +292,13 @@ revision, so a concurrent change is refused rather than overwritten. Repeatable 
 replace the stored list. Without --env or --clear-env the stored env is kept.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// Without a flag the update would only write a new revision (and an audit record)
+			// of what is stored.
+			passed := false
+			cmd.LocalNonPersistentFlags().VisitAll(func(fl *pflag.Flag) { passed = passed || fl.Changed })
+			if !passed {
+				return usagef("nothing to change: pass the settings to change, e.g. ringfence servers update %s --description TEXT (ringfence servers update --help lists them; ringfence servers show %[1]s shows the registration)", oneLine(args[0]))
+			}
 			client, ctx, cancel, err := g.registry(cmd.Context())
 			if err != nil {
 				return err
