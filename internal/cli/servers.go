@@ -233,7 +233,8 @@ func newServersAddCmd(g *globals) *cobra.Command {
 		Example: `  ringfence servers add docs-search --command "mcp-server-filesystem /srv/docs" \
       --grant process_spawn --grant external_api_call
   ringfence servers add tickets --transport http --url https://mcp.example.com/mcp \
-      --description "The support team's ticket system" --header-secret Authorization=tickets-token`,
+      --description "The support team's ticket system" --header-secret Authorization=tickets-token \
+      --grant process_spawn --grant external_api_call`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ref := ""
