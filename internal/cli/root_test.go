@@ -2,11 +2,15 @@ package cli
 
 import (
 	"bytes"
+	"io"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/shlex"
+	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -279,4 +283,67 @@ func TestServersUpdateWithAFlagIsNotNothing(t *testing.T) {
 		require.Equal(t, ExitFailure, code, stderr.String())
 		require.Contains(t, stderr.String(), "hint: is the server running?", flag)
 	}
+}
+
+// TestHelpExamplesParse: every ringfence command line in a command's --help examples names a
+// command that exists, with flags it takes and the arguments it accepts, so an example cannot
+// drift from the flags it shows.
+func TestHelpExamplesParse(t *testing.T) {
+	seen := 0
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+		for _, line := range strings.Split(strings.ReplaceAll(c.Example, "\\\n", " "), "\n") {
+			if line = strings.TrimSpace(line); strings.HasPrefix(line, "ringfence ") {
+				requireCommandLineParses(t, line)
+				seen++
+			}
+		}
+	}
+	walk(newRoot(&globals{stdout: io.Discard, stderr: io.Discard}))
+	require.Greater(t, seen, 10, "the walk finds the examples")
+}
+
+// TestREADMECommandLinesParse: the same for every ./bin/ringfence line of README.md's shell
+// blocks, which a new user pastes as they are.
+func TestREADMECommandLinesParse(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	seen := 0
+	inShell := false
+	for _, line := range strings.Split(strings.ReplaceAll(string(readme), "\\\n", " "), "\n") {
+		switch {
+		case strings.HasPrefix(line, "```"):
+			inShell = line == "```sh"
+			continue
+		case !inShell:
+			continue
+		}
+		_, cli, ok := strings.Cut(line, "./bin/ringfence ")
+		if !ok || strings.HasPrefix(strings.TrimSpace(line), "#") {
+			continue
+		}
+		cli, _, _ = strings.Cut(cli, " # ") // a comment after the command
+		cli = strings.TrimSuffix(strings.TrimSpace(cli), ")")
+		requireCommandLineParses(t, "ringfence "+cli)
+		seen++
+	}
+	require.Greater(t, seen, 40, "the walk finds README's command lines")
+}
+
+// requireCommandLineParses fails unless line (ringfence ...) names a command that runs, with
+// flags it takes and arguments it accepts.
+func requireCommandLineParses(t *testing.T, line string) {
+	t.Helper()
+	line, _, _ = strings.Cut(line, " > ") // a redirection is the shell's
+	words, err := shlex.Split(line)
+	require.NoError(t, err, line)
+	root := newRoot(&globals{stdout: io.Discard, stderr: io.Discard})
+	cmd, rest, err := root.Find(words[1:])
+	require.NoError(t, err, line)
+	require.True(t, cmd.Runnable(), "%q names no command that runs", line)
+	require.NoError(t, cmd.ParseFlags(rest), line)
+	require.NoError(t, cmd.ValidateArgs(cmd.Flags().Args()), line)
 }
