@@ -104,6 +104,7 @@ func TestUsageMistakesExitTwoWithTheFix(t *testing.T) {
 		{[]string{"runs", "start", "--grph", "g"}, "did you mean --graph?"},
 		{[]string{"--adr", "127.0.0.1:1", "servers", "list"}, "did you mean --addr?"},
 		{[]string{"--timeout", "0", "servers", "list"}, "--timeout must be more than 0, e.g. 30s or 5m, not 0s"},
+		{[]string{"image", "build", "--binary", "/nonexistent/docs-mcp", "--name", "Docs MCP:1"}, `--name "Docs MCP:1" is not an image name (invalid reference format`},
 		{[]string{"servers", "update", "docs", "-o", "json"}, "nothing to change: pass the settings to change, e.g. ringfence servers update docs --description TEXT"},
 		{[]string{"documents", "put", "/nonexistent/expenses.pdf"}, `cannot read "/nonexistent/expenses.pdf": no such file or directory`},
 		{[]string{"documents", "put", "/"}, `cannot read "/": it is a directory: give a file`},
