@@ -73,6 +73,10 @@ func TestCLIGuidesANewUser(t *testing.T) {
 	fails(r, 1, `registry: header "Authorization" names a secret that does not exist (the value sent is not shown: it may be a credential): create the secret first with ringfence secrets set NAME (PutSecret), then send its name; ringfence secrets list shows the secrets that exist (FailedPrecondition)`)
 	require.NotContains(t, r.Stdout+r.Stderr, "nosuch")
 
+	// A key or a secret that does not exist: where to find the ones that do.
+	fails(cli(plain, nil, "keys", "revoke", "key_0000000000000000"), 1, "(NotFound)\n  hint: `ringfence keys list` shows the keys and their ids")
+	fails(cli(plain, nil, "secrets", "remove", "nosuch"), 1, "(NotFound)\n  hint: `ringfence secrets list` shows the secrets' names")
+
 	// An outcome that is not one.
 	fails(cli(plain, nil, "audit", "list", "--outcome", "refused"), 1,
 		`audit: invalid filter: outcome "refused" is not one of refused_before_dispatch, dispatched (InvalidArgument)`)

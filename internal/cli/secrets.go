@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+	"google.golang.org/grpc/codes"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 )
@@ -82,7 +83,7 @@ func newSecretsCmd(g *globals) *cobra.Command {
 			}
 			defer cancel()
 			if _, err := client.DeleteSecret(ctx, &registryv1.DeleteSecretRequest{Name: args[0]}); err != nil {
-				return err
+				return withHint(err, codes.NotFound, "`ringfence secrets list` shows the secrets' names")
 			}
 			if g.output == "json" {
 				return printFields(g.stdout, "removed", args[0])
