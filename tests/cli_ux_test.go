@@ -263,3 +263,23 @@ func TestAServerWithoutKeysSaysSo(t *testing.T) {
 	keyed := startDaemon(t, "ringfenced", registryEnv()...)
 	require.NotContains(t, keyed.Logs.String(), "no API key exists")
 }
+
+// TestCLINamesTheBinaryThatServesACommand: in a split deployment a command sent to a binary
+// that does not serve it (here graphs and runs to the audit service, which refuses an unknown
+// method before reading it) says which binary serves which commands.
+func TestCLINamesTheBinaryThatServesACommand(t *testing.T) {
+	certs := t.TempDir()
+	r := runCmd(t, nil, nil, bin("ringfence"), "certs", "init", "--dir", certs)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	addr := map[string]string{"audit": testutil.FreeAddr(t)}
+	internal := map[string]string{"audit": testutil.FreeAddr(t)}
+	startDaemonAt(t, "ringfence-audit", addr["audit"], append(splitEnv(certs, "audit", addr, internal),
+		"RINGFENCE_PEERS__REGISTRY_ADDR="+testutil.FreeAddr(t))...)
+	for _, args := range [][]string{{"graphs", "list"}, {"runs", "show", "--run", "r"}, {"documents", "delete", "doc-1"}} {
+		r := runCmd(t, nil, []string{"RINGFENCE_ADDR=" + addr["audit"], "RINGFENCE_API_KEY=" + adminKey,
+			"RINGFENCE_CA_FILE=" + filepath.Join(certs, "ca.pem")}, bin("ringfence"), args...)
+		require.Equal(t, 1, r.Code, r.Stderr)
+		require.Contains(t, r.Stderr, "(Unimplemented)\n  hint: the server at --addr does not serve ringfence.")
+		require.Contains(t, r.Stderr, "graphs and mcp-import: ringfence-publisher; runs, call and documents: ringfence-pool")
+	}
+}

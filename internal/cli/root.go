@@ -304,13 +304,23 @@ func (g *globals) streamCtx(parent context.Context) context.Context {
 }
 
 // serviceForCommands says which binary of a split deployment serves which commands.
-const serviceForCommands = "servers, secrets, keys and roles: ringfence-registry; graphs and mcp-import: ringfence-publisher; runs and call: ringfence-pool; audit: ringfence-audit"
+const serviceForCommands = "servers, secrets, keys and roles: ringfence-registry; graphs and mcp-import: ringfence-publisher; runs, call and documents: ringfence-pool; audit: ringfence-audit"
 
 // unservedService names the gRPC service a server said it does not serve: in a split
-// deployment, the CLI asked the wrong binary. grpc-go's answer to a call for a service nobody
-// registered is the message "unknown service <name>", which our handlers never write; the
-// message alone identifies it, and the hint it leads to only points at another binary.
+// deployment, the CLI asked the wrong binary. Ringfence's servers refuse a method their
+// listener does not serve before reading the request ("grpcserver: unknown method
+// <service>/<method> on this listener: …"); grpc-go's own answer, from a server without that
+// check, is "unknown service <name>". Our handlers write neither; the message alone identifies
+// it, and the hint it leads to only points at another binary.
 func unservedService(st *status.Status) (string, bool) {
+	if st.Code() != codes.Unimplemented {
+		return "", false
+	}
+	if method, ok := strings.CutPrefix(st.Message(), "grpcserver: unknown method "); ok {
+		method, _, _ = strings.Cut(method, " ")
+		svc, _, ok := strings.Cut(method, "/")
+		return svc, ok
+	}
 	return strings.CutPrefix(st.Message(), "unknown service ")
 }
 

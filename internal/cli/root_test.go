@@ -62,6 +62,12 @@ func TestPrintErrorNamesTheServiceToAsk(t *testing.T) {
 	printError(&out, status.Error(codes.Unimplemented, "unknown service ringfence.publisher.v1.PublisherService"), connection{})
 	require.Contains(t, out.String(), "the server at --addr does not serve ringfence.publisher.v1.PublisherService")
 	require.Contains(t, out.String(), "graphs and mcp-import: ringfence-publisher")
+
+	// Ringfence's own refusal, before the request is read.
+	out.Reset()
+	printError(&out, status.Error(codes.Unimplemented, "grpcserver: unknown method ringfence.pool.v1.PoolService/GetRun on this listener: the public API is served on RINGFENCE_GRPC_ADDR and internal RPCs (mutual TLS) on RINGFENCE_INTERNAL_ADDR; grpcurl ... list shows what a listener serves"), connection{})
+	require.Contains(t, out.String(), "hint: the server at --addr does not serve ringfence.pool.v1.PoolService;")
+	require.Contains(t, out.String(), "runs, call and documents: ringfence-pool")
 }
 
 // TestHelpNeverPrintsTheAPIKey: the key set in the environment is read after the flags, so
