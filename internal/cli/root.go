@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -204,10 +205,17 @@ func (g *globals) dial() (*grpc.ClientConn, error) {
 		fmt.Fprintf(g.stderr, "warning: no API key: pass --api-key or set RINGFENCE_API_KEY%s; the server refuses every request without one\n", adminKeyHint())
 	}
 	creds := insecure.NewCredentials()
-	if g.caFile != "" {
+	switch {
+	case g.serverID != "" && !slices.Contains(mtls.Services, g.serverID):
+		return nil, usagef("--server-identity %s (RINGFENCE_SERVER_IDENTITY) is not a service: use one of %s", sprintLine("%q", g.serverID), strings.Join(mtls.Services, ", "))
+	case g.serverID != "" && g.caFile == "":
+		// Without TLS no certificate names the server: the identity would go unchecked.
+		return nil, usagef("--server-identity %s needs --ca-file (RINGFENCE_CA_FILE): only a TLS server's certificate can be checked for it", sprintLine("%q", g.serverID))
+	case g.caFile != "":
 		tlsCfg, err := mtls.CAOnlyConfig(g.caFile, g.serverName, g.serverID)
 		if err != nil {
-			return nil, err
+			// The file the command line (or RINGFENCE_CA_FILE) names is not a CA bundle.
+			return nil, usageError{fmt.Errorf("--ca-file (RINGFENCE_CA_FILE): %w: give the CA bundle that signed the server's certificate (ringfence certs init writes ca.pem)", err)}
 		}
 		creds = credentials.NewTLS(tlsCfg)
 	}
