@@ -5,7 +5,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -66,7 +65,7 @@ func newSecretsCmd(g *globals) *cobra.Command {
 			}
 			t := newTable(g.stdout, "NAME", "UPDATED")
 			for _, s := range resp.GetSecrets() {
-				t.row(s.GetName(), s.GetUpdateTime().AsTime().Format(time.RFC3339))
+				t.row(s.GetName(), ts(s.GetUpdateTime()))
 			}
 			return t.flush()
 		},

@@ -751,7 +751,7 @@ func (g *globals) printServer(s *registryv1.Server) error {
 		"prewarm", warmLine(s),
 		"max result", maxResult(s.GetMaxResultBytes()),
 		"revision", fmt.Sprint(s.GetRevision()),
-		"updated", s.GetUpdateTime().AsTime().Format(time.RFC3339),
+		"updated", ts(s.GetUpdateTime()),
 	)
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 )
@@ -180,4 +181,15 @@ func TestShowPrintsEverySettingAFlagSets(t *testing.T) {
 	require.Regexp(t, `(?m)^keep markup:\s+true$`, out.String())
 	require.Regexp(t, `(?m)^session timeout:\s+2s \(default\)$`, out.String())
 	require.Regexp(t, `(?m)^call timeout:\s+10s$`, out.String())
+}
+
+// TestTimesReadAlike: servers show, secrets list and the rest print a time the same way, in
+// the local zone, as keys list and runs show do.
+func TestTimesReadAlike(t *testing.T) {
+	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	want := at.Local().Format(time.DateTime)
+	var out bytes.Buffer
+	g := &globals{stdout: &out}
+	require.NoError(t, g.printServer(&registryv1.Server{Ref: "docs", Transport: "stdio", Command: "docs-mcp", UpdateTime: timestamppb.New(at)}))
+	require.Regexp(t, `(?m)^updated:\s+`+want+`$`, out.String())
 }
