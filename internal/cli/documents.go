@@ -168,12 +168,12 @@ document service (documents.url_template) has no built-in store.`,
 				return err
 			}
 			defer cancel()
-			resp, err := client.DeleteDocument(ctx, &poolv1.DeleteDocumentRequest{DocumentId: args[0], Tenant: tenant})
-			if err != nil {
+			if _, err := client.DeleteDocument(ctx, &poolv1.DeleteDocumentRequest{DocumentId: args[0], Tenant: tenant}); err != nil {
 				return err
 			}
+			// The REST answer is {}: say what was deleted, as graphs delete does.
 			if g.output == "json" {
-				return printJSON(g.stdout, resp)
+				return printFields(g.stdout, "deleted", args[0])
 			}
 			_, err = linef(g.stdout, "deleted %s\n", args[0])
 			return err

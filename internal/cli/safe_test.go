@@ -407,3 +407,19 @@ func scalar(fd protoreflect.FieldDescriptor) protoreflect.Value {
 	}
 	return protoreflect.ValueOfInt64(1)
 }
+
+// TestRemovalsPrintWhatTheyRemoved: -o json of a removal names what it removed, documents
+// delete as graphs delete does, rather than the REST answer's {}.
+func TestRemovalsPrintWhatTheyRemoved(t *testing.T) {
+	srv := startHostileServer(t)
+	for args, want := range map[string]string{
+		"documents delete doc-1":  `{"deleted": "doc-1"}`,
+		"graphs delete --graph g": `{"deleted": "g"}`,
+		"servers remove docs":     `{"removed": "docs"}`,
+	} {
+		var stdout, stderr bytes.Buffer
+		code := Execute(append(strings.Fields(args), "--addr", srv.addr, "--api-key", "k", "-o", "json"), nil, &stdout, &stderr)
+		require.Equal(t, ExitOK, code, stderr.String())
+		require.Equal(t, want+"\n", stdout.String(), args)
+	}
+}
