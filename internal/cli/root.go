@@ -137,7 +137,7 @@ effect), and 5 waits for an approver (nothing reached the server yet; runs appro
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.addr, "addr", envOr("RINGFENCE_ADDR", "127.0.0.1:50051"), "gRPC address of the server (RINGFENCE_ADDR)")
 	// Not defaulted from the environment: --help would print the key.
-	pf.StringVar(&g.apiKey, "api-key", "", "API key (RINGFENCE_API_KEY)")
+	pf.StringVar(&g.apiKey, "api-key", "", "API key (RINGFENCE_API_KEY, which keeps it out of ps: any user on the host sees a flag's value)")
 	pf.StringVar(&g.caFile, "ca-file", os.Getenv("RINGFENCE_CA_FILE"), "CA bundle to verify a TLS server (RINGFENCE_CA_FILE); plaintext when empty")
 	pf.StringVar(&g.serverName, "server-name", os.Getenv("RINGFENCE_SERVER_NAME"), "TLS server name to verify, when it differs from the address host (RINGFENCE_SERVER_NAME)")
 	pf.StringVar(&g.serverID, "server-identity", os.Getenv("RINGFENCE_SERVER_IDENTITY"), "with --ca-file, the service the server's certificate must name (registry, publisher, pool, audit), so no other service's certificate receives the API key (RINGFENCE_SERVER_IDENTITY)")
