@@ -248,7 +248,8 @@ func newCallCmd(g *globals) *cobra.Command {
 			// The run id is chosen here, so a run that does not answer in time can be named.
 			runID := newID("run-")
 			_, err = client.StartRun(ctx, &poolv1.StartRunRequest{Tenant: f.tenant, GraphId: graphID, Version: version, RunId: runID})
-			if status.Code(err) == codes.DeadlineExceeded && !neverSent(status.Convert(err)) {
+			// Also when no connection was ready (nothing was sent): this names the run either way.
+			if status.Code(err) == codes.DeadlineExceeded {
 				return fmt.Errorf("no answer within --timeout %s while starting run %s, so no tool was called; if the run did start, end it with: ringfence runs end --run %s%s (it also ends after pool.run_idle_timeout)",
 					g.timeout, runID, runID, tenantArg(f.tenant))
 			}
