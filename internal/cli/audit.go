@@ -51,6 +51,10 @@ func (f *auditFilterFlags) filter() (*auditv1.Filter, error) {
 			out.Until = timestamppb.New(t)
 		}
 	}
+	// Such a filter matches nothing, which would read as an empty log.
+	if out.Since != nil && out.Until != nil && !out.Until.AsTime().After(out.Since.AsTime()) {
+		return nil, usagef("--until %q is not after --since %q, so no record can match: a duration counts back from now (--since 2h --until 1h is the hour that ended an hour ago)", f.until, f.since)
+	}
 	return out, nil
 }
 

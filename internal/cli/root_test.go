@@ -115,6 +115,7 @@ func TestUsageMistakesExitTwoWithTheFix(t *testing.T) {
 		{[]string{"--ca-file", "/nonexistent/ca.pem", "servers", "list"}, "--ca-file (RINGFENCE_CA_FILE): mtls: read CA bundle: open /nonexistent/ca.pem: no such file or directory: give the CA bundle that signed the server's certificate"},
 		{[]string{"--ca-file", "/nonexistent/ca.pem", "--server-identity", "regsitry", "servers", "list"}, `--server-identity "regsitry" (RINGFENCE_SERVER_IDENTITY) is not a service: use one of registry, publisher, pool, audit`},
 		{[]string{"--server-identity", "registry", "servers", "list"}, `--server-identity "registry" needs --ca-file (RINGFENCE_CA_FILE)`},
+		{[]string{"audit", "list", "--since", "1m", "--until", "2h"}, `--until "2h" is not after --since "1m", so no record can match`},
 		{[]string{"servers", "update", "docs", "-o", "json"}, "nothing to change: pass the settings to change, e.g. ringfence servers update docs --description TEXT"},
 		{[]string{"documents", "put", "/nonexistent/expenses.pdf"}, `cannot read "/nonexistent/expenses.pdf": no such file or directory`},
 		{[]string{"documents", "put", "/"}, `cannot read "/": it is a directory: give a file`},
