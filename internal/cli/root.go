@@ -410,7 +410,7 @@ func printError(w io.Writer, err error, c connection) {
 		case strings.HasPrefix(msg, "name resolver error") || strings.HasPrefix(msg, "last resolver error") || msg == "no children to pick from":
 			fmt.Fprintf(w, "  hint: the host of %s (%s) does not resolve: check its spelling, or point --addr or RINGFENCE_ADDR at the server's gRPC address\n", c.addr, c.addrFrom)
 		case !strings.HasPrefix(msg, "connection error"):
-			fmt.Fprintln(w, "  hint: the server at --addr answered; what it could not reach is named above (a peer service: check it and this server's peers.* settings)")
+			fmt.Fprintln(w, "  hint: the server at --addr answered; what it could not reach is named above: an MCP server or its authorization server (check the registration), or a peer service (check it and this server's peers.* settings)")
 		// An HTTP/1 server (the REST port, most often) answers the HTTP/2 preface with an
 		// HTTP/1 status line, which grpc-go reads as a frame header.
 		case strings.Contains(msg, "looked like an HTTP/1.1 header"):

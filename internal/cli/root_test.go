@@ -39,6 +39,8 @@ func TestPrintErrorHintsAtTheConnectionMistake(t *testing.T) {
 			"hint: is the server running?"},
 		{"TLS client, server gone mid-handshake", `connection error: desc = "error reading server preface: EOF"`, true,
 			"hint: is the server running?"},
+		{"the server is up, an mcp server's authorization server is not", `pool: the server or its authorization server could not be reached: server "oa": the server's authorization server could not be discovered`, false,
+			"hint: the server at --addr answered; what it could not reach is named above: an MCP server or its authorization server (check the registration), or a peer service"},
 		{"the server is up, a peer behind it is not", `auth: the registry cannot verify API keys right now: rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:9: connect: connection refused"`, true,
 			"hint: the server at --addr answered"},
 		{"a certificate from another CA", `connection error: desc = "transport: authentication handshake failed: tls: failed to verify certificate: x509: certificate signed by unknown authority"`, true,
