@@ -10,9 +10,11 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -52,17 +54,21 @@ type globals struct {
 	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
-	conn   *grpc.ClientConn
+	// stderrTTY says a person watches stderr: long waits are announced there (waitNote).
+	stderrTTY bool
+	conn      *grpc.ClientConn
 }
 
 // Execute runs the CLI with args and returns the process exit code.
 // Everything it prints passes through escapeText (safe.go), whoever wrote the text.
 func Execute(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	f, isFile := stderr.(*os.File)
+	tty := isFile && term.IsTerminal(int(f.Fd()))
 	safeOut, safeErr := newSafeWriter(stdout), newSafeWriter(stderr)
 	defer safeOut.Flush()
 	defer safeErr.Flush()
 	stdout, stderr = safeOut, safeErr
-	g := &globals{stdin: stdin, stdout: stdout, stderr: stderr}
+	g := &globals{stdin: stdin, stdout: stdout, stderr: stderr, stderrTTY: tty}
 	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetIn(stdin)
@@ -182,6 +188,33 @@ func envOr(key, def string) string {
 		return v
 	}
 	return def
+}
+
+// waitNoteAfter is how long a request runs before waitNote says what it waits for.
+const waitNoteAfter = 3 * time.Second
+
+// waitNote says on a terminal's stderr, once a request has run waitNoteAfter, what it waits
+// for and for how long at most: a tool call that takes its time looks like a hung command
+// otherwise. stop, called when the answer came, keeps the note from following it.
+func (g *globals) waitNote(format string, args ...any) (stop func()) {
+	if !g.stderrTTY {
+		return func() {}
+	}
+	var mu sync.Mutex
+	stopped := false
+	timer := time.AfterFunc(waitNoteAfter, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			writef(g.stderr, "waiting for "+format+" (up to --timeout %s)...\n", append(args, g.timeout)...)
+		}
+	})
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		timer.Stop()
+	}
 }
 
 // dial connects once per invocation.

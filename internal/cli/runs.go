@@ -296,7 +296,9 @@ func newID(prefix string) string {
 
 // callTool calls and prints the outcome; refusals and failures become distinct exit codes.
 func (g *globals) callTool(ctx context.Context, client poolv1.PoolServiceClient, req *poolv1.CallToolRequest) error {
+	stop := g.waitNote("the answer of %s, call %s", req.GetTool(), req.GetCallId())
 	resp, err := client.CallTool(ctx, req)
+	stop()
 	if err != nil {
 		return g.callError(err, req)
 	}

@@ -517,7 +517,9 @@ func newServersToolsCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer cancel()
+			stop := g.waitNote("%s to start and list its tools", args[0])
 			resp, err := client.ListServerTools(ctx, &registryv1.ListServerToolsRequest{Ref: args[0]})
+			stop()
 			if err != nil {
 				return err
 			}
@@ -589,7 +591,9 @@ func newServersExploreCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer cancel()
+			stop := g.waitNote("the server to start and answer")
 			resp, err := client.ExploreServer(ctx, req)
+			stop()
 			if err != nil && req.Call != nil && status.Code(err) == codes.DeadlineExceeded && !neverSent(status.Convert(err)) {
 				return &exitError{code: ExitFailed, msg: g.unknownExploreOutcome(ref, callTool)}
 			}
