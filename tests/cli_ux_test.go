@@ -51,6 +51,12 @@ func TestCLIGuidesANewUser(t *testing.T) {
 	fails(cli(plain, nil, "servers", "add", "tickets", "--url", "https://mcp.example.com/mcp"), 2,
 		"--url needs --transport streamable_http (or sse)")
 
+	// A server the registry cannot reach is the server's error (exit 1), however its message
+	// reads: "nothing accepts connections" is not cobra's "accepts 1 arg(s)".
+	r = cli(plain, nil, "servers", "explore", "--transport", "http", "--url", "http://"+testutil.FreeAddr(t)+"/mcp")
+	fails(r, 1, "failure class: connection_refused")
+	require.Contains(t, r.Stderr, "nothing accepts connections at http://")
+
 	// A misspelt floor capability is granted as written, with a warning.
 	r = cli(plain, nil, "servers", "add", "fx", "--command", "mcpfixture", "--grant", "proces_spawn", "--grant", "external_api_call")
 	require.Equal(t, 0, r.Code, r.Stderr)
@@ -66,6 +72,10 @@ func TestCLIGuidesANewUser(t *testing.T) {
 	r = cli(plain, nil, "servers", "explore", "--transport", "http", "--url", "https://mcp.example.com/mcp", "--header-secret", "Authorization=nosuch")
 	fails(r, 1, `registry: header "Authorization" names a secret that does not exist (the value sent is not shown: it may be a credential): create the secret first with ringfence secrets set NAME (PutSecret), then send its name; ringfence secrets list shows the secrets that exist (FailedPrecondition)`)
 	require.NotContains(t, r.Stdout+r.Stderr, "nosuch")
+
+	// A key or a secret that does not exist: where to find the ones that do.
+	fails(cli(plain, nil, "keys", "revoke", "key_0000000000000000"), 1, "(NotFound)\n  hint: `ringfence keys list` shows the keys and their ids")
+	fails(cli(plain, nil, "secrets", "remove", "nosuch"), 1, "(NotFound)\n  hint: `ringfence secrets list` shows the secrets' names")
 
 	// An outcome that is not one.
 	fails(cli(plain, nil, "audit", "list", "--outcome", "refused"), 1,
@@ -252,4 +262,24 @@ func TestAServerWithoutKeysSaysSo(t *testing.T) {
 	require.Contains(t, bare.Logs.String(), "no API key exists and RINGFENCE_BOOTSTRAP_ADMIN_KEY is unset: every request will be refused")
 	keyed := startDaemon(t, "ringfenced", registryEnv()...)
 	require.NotContains(t, keyed.Logs.String(), "no API key exists")
+}
+
+// TestCLINamesTheBinaryThatServesACommand: in a split deployment a command sent to a binary
+// that does not serve it (here graphs and runs to the audit service, which refuses an unknown
+// method before reading it) says which binary serves which commands.
+func TestCLINamesTheBinaryThatServesACommand(t *testing.T) {
+	certs := t.TempDir()
+	r := runCmd(t, nil, nil, bin("ringfence"), "certs", "init", "--dir", certs)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	addr := map[string]string{"audit": testutil.FreeAddr(t)}
+	internal := map[string]string{"audit": testutil.FreeAddr(t)}
+	startDaemonAt(t, "ringfence-audit", addr["audit"], append(splitEnv(certs, "audit", addr, internal),
+		"RINGFENCE_PEERS__REGISTRY_ADDR="+testutil.FreeAddr(t))...)
+	for _, args := range [][]string{{"graphs", "list"}, {"runs", "show", "--run", "r"}, {"documents", "delete", "doc-1"}} {
+		r := runCmd(t, nil, []string{"RINGFENCE_ADDR=" + addr["audit"], "RINGFENCE_API_KEY=" + adminKey,
+			"RINGFENCE_CA_FILE=" + filepath.Join(certs, "ca.pem")}, bin("ringfence"), args...)
+		require.Equal(t, 1, r.Code, r.Stderr)
+		require.Contains(t, r.Stderr, "(Unimplemented)\n  hint: the server at --addr does not serve ringfence.")
+		require.Contains(t, r.Stderr, "graphs and mcp-import: ringfence-publisher; runs, call and documents: ringfence-pool")
+	}
 }

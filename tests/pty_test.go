@@ -1,8 +1,11 @@
 package tests
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -49,4 +52,32 @@ func TestServersAddAsksForWhatIsMissingOnATerminal(t *testing.T) {
 	r = runCmd(t, strings.NewReader("docs-search\n"), env, bin("ringfence"), "servers", "add")
 	require.Equal(t, 2, r.Code, r.Stderr)
 	require.Contains(t, r.Stderr, "missing server ref (e.g. docs-search): pass it first: ringfence servers add REF ...")
+}
+
+// TestALongCallSaysWhatItWaitsForOnATerminal: a tool call that takes seconds says on a
+// terminal what it waits for and for how long at most, rather than look hung; its answer
+// follows as usual.
+func TestALongCallSaysWhatItWaitsForOnATerminal(t *testing.T) {
+	d, cli, _ := runsDaemon(t)
+	r := cli("runs", "start", "--graph", "demo", "--run", "run-wait")
+	require.Equal(t, 0, r.Code, r.Stderr)
+
+	controller, terminal := openPTY(t)
+	var seen bytes.Buffer
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		_, _ = io.Copy(&seen, controller) // ends with EIO once the terminal's last holder closes it
+	}()
+	cmd := exec.Command(bin("ringfence"), "runs", "call", "--run", "run-wait", "--agent", "researcher",
+		"--tool", "fx__sleep", "--args", `{"ms":5000}`, "--call-id", "call-wait", "--timeout", "1m")
+	cmd.Env = append(baseEnv(), "RINGFENCE_ADDR="+d.GRPCAddr, "RINGFENCE_API_KEY="+adminKey)
+	var stdout bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, terminal
+	require.NoError(t, cmd.Run(), seen.String())
+	require.NoError(t, terminal.Close())
+	<-read
+	require.Contains(t, seen.String(), "waiting for the answer of fx__sleep, call call-wait (up to --timeout 1m0s)...")
+	require.Contains(t, stdout.String(), "dispatched: succeeded")
+	require.Equal(t, 0, cli("runs", "end", "--run", "run-wait").Code)
 }

@@ -170,7 +170,7 @@ func newGraphsMountCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "mount --graph G --agent A --server S [--include-tool T]... [--exclude-tool T]... [--defer-tools=true|false]",
 		Short: "Narrow one server for one agent in the draft: its own tool names, and deferral for that server",
-		Long: `mount sets the agent's mount of server S, the third filter level: --include-tool
+		Long: `mount sets the agent's mount of server S, the last filter level: --include-tool
 and --exclude-tool take the server's own tool names (read_file, not docs__read_file) and
 each replaces its list when given (an empty value clears it); an exclude wins.
 --defer-tools overrides the agent's defer_tools for this server; --remove deletes the mount,

@@ -93,8 +93,10 @@ func newRunsDecideCmd(g *globals, verb string) *cobra.Command {
 				}
 				return g.printApproval(resp.GetApproval())
 			}
+			stop := g.waitNote("the approved call of %s", id)
 			resp, err := client.ApproveCall(ctx, &poolv1.ApproveCallRequest{RunId: runID, Tenant: tenant, ApprovalId: id})
-			if status.Code(err) == codes.DeadlineExceeded && len(status.Convert(err).Details()) == 0 {
+			stop()
+			if status.Code(err) == codes.DeadlineExceeded && len(status.Convert(err).Details()) == 0 && !neverSent(status.Convert(err)) {
 				return &exitError{code: ExitFailed, msg: sprintLine("no answer within --timeout %s: the approved call may have been dispatched and taken effect; ringfence runs approvals --run %s%s shows what became of it",
 					g.timeout.String(), runID, tenantArg(tenant))}
 			}

@@ -51,6 +51,10 @@ func (f *auditFilterFlags) filter() (*auditv1.Filter, error) {
 			out.Until = timestamppb.New(t)
 		}
 	}
+	// Such a filter matches nothing, which would read as an empty log.
+	if out.Since != nil && out.Until != nil && !out.Until.AsTime().After(out.Since.AsTime()) {
+		return nil, usagef("--until %q is not after --since %q, so no record can match: a duration counts back from now (--since 2h --until 1h is the hour that ended an hour ago)", f.until, f.since)
+	}
 	return out, nil
 }
 
@@ -294,12 +298,39 @@ type exportFile struct {
 	force  bool
 }
 
+// A directory that does not exist or cannot be written to is a mistake in --out: said with
+// --out's own path, not the temporary file's.
 func newExportFile(target string, force bool) (*exportFile, error) {
-	f, err := os.CreateTemp(filepath.Dir(target), "."+filepath.Base(target)+".*.partial")
+	dir := filepath.Dir(target)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(target)+".*.partial")
 	if err != nil {
-		return nil, err
+		return nil, usagef("--out %s: cannot create a file in %s (%v): choose a directory that exists and that you can write to", sprintLine("%q", target), sprintLine("%q", dir), pathErr(err))
 	}
 	return &exportFile{f: f, target: target, force: force}, nil
+}
+
+// openInput opens a file the command line names for reading; a path that is missing,
+// unreadable or a directory is a mistake on the command line, said with the path as given.
+func openInput(name string) (*os.File, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, usagef("cannot read %s: %v", sprintLine("%q", name), pathErr(err))
+	}
+	if info, err := f.Stat(); err == nil && info.IsDir() {
+		f.Close()
+		return nil, usagef("cannot read %s: it is a directory: give a file", sprintLine("%q", name))
+	}
+	return f, nil
+}
+
+// pathErr is err without the path an *os.PathError repeats, for messages that name the path
+// themselves.
+func pathErr(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // finish moves the export into place when err is nil, and removes it otherwise.

@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -27,7 +29,31 @@ func newCertsCmd(g *globals) *cobra.Command {
 				}
 			}
 			files, err := mtls.InitDevCA(dir, mtls.DevCAOptions{Hosts: all, Force: force})
+			if errors.Is(err, mtls.ErrCAExists) {
+				// Like an --out onto an existing file: the command line is what to change.
+				return usageError{err}
+			}
 			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				type file struct {
+					Path    string `json:"path"`
+					Service string `json:"service"`
+					Private bool   `json:"private"`
+				}
+				out := struct {
+					Dir   string `json:"dir"`
+					Files []file `json:"files"`
+				}{Dir: dir, Files: []file{}}
+				for _, f := range files {
+					out.Files = append(out.Files, file{f.Path, f.Service, f.Private})
+				}
+				b, err := json.MarshalIndent(out, "", "  ")
+				if err != nil {
+					return err
+				}
+				_, err = g.stdout.Write(append(b, '\n'))
 				return err
 			}
 			t := newTable(g.stdout, "FILE", "SERVICE", "PRIVATE")

@@ -36,13 +36,9 @@ document service (documents.url_template) has no built-in store.`,
 		Short: "Store FILE (at most documents.max_bytes, 10 MiB by default) and print its id",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			f, err := os.Open(args[0])
+			f, err := openInput(args[0])
 			if err != nil {
-				var pe *os.PathError
-				if errors.As(err, &pe) {
-					err = pe.Err // the path is named below, on one line
-				}
-				return fmt.Errorf("cannot read %s: %w", sprintLine("%q", args[0]), err)
+				return err
 			}
 			defer f.Close()
 			if name == "" {
@@ -131,11 +127,11 @@ document service (documents.url_template) has no built-in store.`,
 				// terminal. Beside the target first (0600) and moved into place once whole, as
 				// audit export does, so an existing file is replaced only with --force.
 				f, err := newExportFile(out, force)
-				if err == nil {
-					_, err = f.f.Write(content)
-					err = f.finish(err)
-				}
 				if err != nil {
+					return err
+				}
+				_, err = f.f.Write(content)
+				if err = f.finish(err); err != nil {
 					var pe *os.PathError
 					if errors.As(err, &pe) {
 						err = pe.Err
@@ -172,12 +168,12 @@ document service (documents.url_template) has no built-in store.`,
 				return err
 			}
 			defer cancel()
-			resp, err := client.DeleteDocument(ctx, &poolv1.DeleteDocumentRequest{DocumentId: args[0], Tenant: tenant})
-			if err != nil {
+			if _, err := client.DeleteDocument(ctx, &poolv1.DeleteDocumentRequest{DocumentId: args[0], Tenant: tenant}); err != nil {
 				return err
 			}
+			// The REST answer is {}: say what was deleted, as graphs delete does.
 			if g.output == "json" {
-				return printJSON(g.stdout, resp)
+				return printFields(g.stdout, "deleted", args[0])
 			}
 			_, err = linef(g.stdout, "deleted %s\n", args[0])
 			return err

@@ -3,7 +3,6 @@ package cli
 import (
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strings"
 
@@ -217,7 +216,7 @@ func (g *globals) readFile(name string) ([]byte, error) {
 	if name == "-" {
 		r = g.stdin
 	} else {
-		f, err := os.Open(name)
+		f, err := openInput(name)
 		if err != nil {
 			return nil, err
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/distribution/reference"
 	"github.com/moby/moby/client"
 	"github.com/spf13/cobra"
 
@@ -36,6 +37,13 @@ Dynamically linked binaries and scripts are refused: scratch has no loader and n
 					return usagef("--label %q must be KEY=VALUE, e.g. --label org.example.team=search", l)
 				}
 				labelMap[k] = v
+			}
+			// Checked before anything is built: the engine would refuse the tag only after the
+			// image was loaded, leaving it untagged.
+			if name != "" {
+				if _, err := reference.ParseNormalizedNamed(name); err != nil {
+					return usagef("--name %s is not an image name (%v): lower-case letters, digits and . _ - / in the name, a tag after ':', e.g. --name ringfence-mcp:2026-11", sprintLine("%q", name), err)
+				}
 			}
 			docker, err := client.New(client.FromEnv)
 			if err != nil {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
@@ -99,7 +100,7 @@ func newKeysCmd(g *globals) *cobra.Command {
 			defer cancel()
 			resp, err := client.RevokeKey(ctx, &registryv1.RevokeKeyRequest{Id: args[0]})
 			if err != nil {
-				return err
+				return withHint(err, codes.NotFound, "`ringfence keys list` shows the keys and their ids (key_…)")
 			}
 			if g.output == "json" {
 				return printJSON(g.stdout, resp.GetKey())

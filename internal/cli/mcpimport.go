@@ -43,9 +43,11 @@ user who has connected it (ringfence servers connect), and the key needs run:exe
 			}
 			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
+			stop := g.waitNote("%s to start and list its tools", server)
 			resp, err := client.ImportTools(ctx, &publisherv1.ImportToolsRequest{
 				Tenant: gt.tenant, GraphId: gt.graph, ServerRef: server, Agent: agent, Tools: tools, User: user,
 			})
+			stop()
 			if err != nil {
 				return g.violationsOr(err)
 			}

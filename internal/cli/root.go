@@ -8,10 +8,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -51,17 +54,21 @@ type globals struct {
 	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
-	conn   *grpc.ClientConn
+	// stderrTTY says a person watches stderr: long waits are announced there (waitNote).
+	stderrTTY bool
+	conn      *grpc.ClientConn
 }
 
 // Execute runs the CLI with args and returns the process exit code.
 // Everything it prints passes through escapeText (safe.go), whoever wrote the text.
 func Execute(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	f, isFile := stderr.(*os.File)
+	tty := isFile && term.IsTerminal(int(f.Fd()))
 	safeOut, safeErr := newSafeWriter(stdout), newSafeWriter(stderr)
 	defer safeOut.Flush()
 	defer safeErr.Flush()
 	stdout, stderr = safeOut, safeErr
-	g := &globals{stdin: stdin, stdout: stdout, stderr: stderr}
+	g := &globals{stdin: stdin, stdout: stdout, stderr: stderr, stderrTTY: tty}
 	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetIn(stdin)
@@ -82,7 +89,7 @@ func Execute(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		return exit.code
 	}
-	printError(stderr, err, connection{addr: g.addr, addrFrom: g.addrFrom, usedTLS: g.caFile != ""})
+	printError(stderr, err, connection{addr: g.addr, addrFrom: g.addrFrom, usedTLS: g.caFile != "", timeout: g.timeout})
 	if isUsage(err) {
 		return ExitUsage
 	}
@@ -101,9 +108,18 @@ type usageError struct{ error }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
+// isUsage says whether err is a mistake on the command line: a usageError, or one of cobra's
+// own (recognized by their words). A server's answer never is, whatever its message says
+// ("nothing accepts connections at …" is not cobra's "accepts 1 arg(s)").
 func isUsage(err error) bool {
 	var u usageError
-	return errors.As(err, &u) || strings.Contains(err.Error(), "unknown flag") || strings.Contains(err.Error(), "unknown command") ||
+	if errors.As(err, &u) {
+		return true
+	}
+	if _, ok := status.FromError(err); ok {
+		return false
+	}
+	return strings.Contains(err.Error(), "unknown flag") || strings.Contains(err.Error(), "unknown command") ||
 		strings.Contains(err.Error(), "accepts ") || strings.Contains(err.Error(), "required flag")
 }
 
@@ -127,7 +143,7 @@ effect), and 5 waits for an approver (nothing reached the server yet; runs appro
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.addr, "addr", envOr("RINGFENCE_ADDR", "127.0.0.1:50051"), "gRPC address of the server (RINGFENCE_ADDR)")
 	// Not defaulted from the environment: --help would print the key.
-	pf.StringVar(&g.apiKey, "api-key", "", "API key (RINGFENCE_API_KEY)")
+	pf.StringVar(&g.apiKey, "api-key", "", "API key (RINGFENCE_API_KEY, which keeps it out of ps: any user on the host sees a flag's value)")
 	pf.StringVar(&g.caFile, "ca-file", os.Getenv("RINGFENCE_CA_FILE"), "CA bundle to verify a TLS server (RINGFENCE_CA_FILE); plaintext when empty")
 	pf.StringVar(&g.serverName, "server-name", os.Getenv("RINGFENCE_SERVER_NAME"), "TLS server name to verify, when it differs from the address host (RINGFENCE_SERVER_NAME)")
 	pf.StringVar(&g.serverID, "server-identity", os.Getenv("RINGFENCE_SERVER_IDENTITY"), "with --ca-file, the service the server's certificate must name (registry, publisher, pool, audit), so no other service's certificate receives the API key (RINGFENCE_SERVER_IDENTITY)")
@@ -140,6 +156,10 @@ effect), and 5 waits for an approver (nothing reached the server yet; runs appro
 		g.addrFrom = g.addrSource(cmd)
 		if g.output != "table" && g.output != "json" {
 			return usagef("--output must be table or json, not %q", g.output)
+		}
+		if g.timeout <= 0 {
+			// Every request would fail at once, as "context deadline exceeded".
+			return usagef("--timeout must be more than 0, e.g. 30s or 5m, not %s", g.timeout)
 		}
 		return nil
 	}
@@ -170,6 +190,33 @@ func envOr(key, def string) string {
 	return def
 }
 
+// waitNoteAfter is how long a request runs before waitNote says what it waits for.
+const waitNoteAfter = 3 * time.Second
+
+// waitNote says on a terminal's stderr, once a request has run waitNoteAfter, what it waits
+// for and for how long at most: a tool call that takes its time looks like a hung command
+// otherwise. stop, called when the answer came, keeps the note from following it.
+func (g *globals) waitNote(format string, args ...any) (stop func()) {
+	if !g.stderrTTY {
+		return func() {}
+	}
+	var mu sync.Mutex
+	stopped := false
+	timer := time.AfterFunc(waitNoteAfter, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			writef(g.stderr, "waiting for "+format+" (up to --timeout %s)...\n", append(args, g.timeout)...)
+		}
+	})
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		timer.Stop()
+	}
+}
+
 // dial connects once per invocation.
 func (g *globals) dial() (*grpc.ClientConn, error) {
 	if g.conn != nil {
@@ -191,10 +238,17 @@ func (g *globals) dial() (*grpc.ClientConn, error) {
 		fmt.Fprintf(g.stderr, "warning: no API key: pass --api-key or set RINGFENCE_API_KEY%s; the server refuses every request without one\n", adminKeyHint())
 	}
 	creds := insecure.NewCredentials()
-	if g.caFile != "" {
+	switch {
+	case g.serverID != "" && !slices.Contains(mtls.Services, g.serverID):
+		return nil, usagef("--server-identity %s (RINGFENCE_SERVER_IDENTITY) is not a service: use one of %s", sprintLine("%q", g.serverID), strings.Join(mtls.Services, ", "))
+	case g.serverID != "" && g.caFile == "":
+		// Without TLS no certificate names the server: the identity would go unchecked.
+		return nil, usagef("--server-identity %s needs --ca-file (RINGFENCE_CA_FILE): only a TLS server's certificate can be checked for it", sprintLine("%q", g.serverID))
+	case g.caFile != "":
 		tlsCfg, err := mtls.CAOnlyConfig(g.caFile, g.serverName, g.serverID)
 		if err != nil {
-			return nil, err
+			// The file the command line (or RINGFENCE_CA_FILE) names is not a CA bundle.
+			return nil, usageError{fmt.Errorf("--ca-file (RINGFENCE_CA_FILE): %w: give the CA bundle that signed the server's certificate (ringfence certs init writes ca.pem)", err)}
 		}
 		creds = credentials.NewTLS(tlsCfg)
 	}
@@ -291,16 +345,19 @@ func (g *globals) streamCtx(parent context.Context) context.Context {
 }
 
 // serviceForCommands says which binary of a split deployment serves which commands.
-const serviceForCommands = "servers, secrets, keys and roles: ringfence-registry; graphs and mcp-import: ringfence-publisher; runs and call: ringfence-pool; audit: ringfence-audit"
+const serviceForCommands = "servers, secrets, keys and roles: ringfence-registry; graphs and mcp-import: ringfence-publisher; runs, call and documents: ringfence-pool; audit: ringfence-audit"
 
 // unservedService names the gRPC service a server said it does not serve: in a split
 // deployment, the CLI asked the wrong binary. grpc-go's answer to a call for a service nobody
 // registered is the message "unknown service <name>", which a Ringfence server's listener
-// also gives (with more said after the name), and our handlers never write; the message
-// alone identifies it, and the hint it leads to only points at another binary.
+// gives too (an earlier release said more after the name); our handlers never write it, so
+// the message alone identifies it, and the hint it leads to only points at another binary.
 func unservedService(st *status.Status) (string, bool) {
+	if st.Code() != codes.Unimplemented {
+		return "", false
+	}
 	rest, ok := strings.CutPrefix(st.Message(), "unknown service ")
-	svc, _, _ := strings.Cut(rest, ":") // a Ringfence server says more after the name
+	svc, _, _ := strings.Cut(rest, ":")
 	return svc, ok
 }
 
@@ -326,6 +383,7 @@ func withHint(err error, code codes.Code, hint string) error {
 type connection struct {
 	addr, addrFrom string
 	usedTLS        bool
+	timeout        time.Duration
 }
 
 // adminKeyHint points a user who followed the README (which exports MCP_ADMIN_KEY for curl)
@@ -354,9 +412,11 @@ func printError(w io.Writer, err error, c connection) {
 		return
 	}
 	fmt.Fprintf(w, "ringfence: %s (%s)\n", oneLine(st.Message()), st.Code())
+	serverFailed := false
 	for _, d := range st.Details() {
 		switch d := d.(type) {
 		case *typesv1.ServerFailure:
+			serverFailed = true
 			fmt.Fprintf(w, "  failure class: %s\n", oneLine(d.GetClass()))
 			printTail(w, "  ", d.GetStderrTail())
 		}
@@ -369,12 +429,17 @@ func printError(w io.Writer, err error, c connection) {
 		// grpc-go's own "connection error" is about reaching --addr; any other message came
 		// from the server, which is up and could not reach something behind it.
 		switch msg := st.Message(); {
+		// An MCP server that did not start or answer: its failure class, stderr and the
+		// message above say what to change in its registration; no peer service is involved.
+		case serverFailed:
 		// grpc-go's resolver, before any connection: the host name does not resolve. (A
-		// server that could not resolve a peer says so after a prefix of its own.)
-		case strings.HasPrefix(msg, "name resolver error") || strings.HasPrefix(msg, "last resolver error"):
+		// server that could not resolve a peer says so after a prefix of its own.) Under
+		// round-robin balancing, which the CLI configures, a resolver that never produced an
+		// address leaves the balancer with "no children to pick from".
+		case strings.HasPrefix(msg, "name resolver error") || strings.HasPrefix(msg, "last resolver error") || msg == "no children to pick from":
 			fmt.Fprintf(w, "  hint: the host of %s (%s) does not resolve: check its spelling, or point --addr or RINGFENCE_ADDR at the server's gRPC address\n", c.addr, c.addrFrom)
 		case !strings.HasPrefix(msg, "connection error"):
-			fmt.Fprintln(w, "  hint: the server at --addr answered; what it could not reach is named above (a peer service: check it and this server's peers.* settings)")
+			fmt.Fprintln(w, "  hint: the server at --addr answered; what it could not reach is named above: an MCP server or its authorization server (check the registration), or a peer service (check it and this server's peers.* settings)")
 		// An HTTP/1 server (the REST port, most often) answers the HTTP/2 preface with an
 		// HTTP/1 status line, which grpc-go reads as a frame header.
 		case strings.Contains(msg, "looked like an HTTP/1.1 header"):
@@ -394,6 +459,17 @@ func printError(w io.Writer, err error, c connection) {
 		default:
 			fmt.Fprintf(w, "  hint: is the server running? nothing answers at %s (%s); start it (make run), or point --addr or RINGFENCE_ADDR at its gRPC address\n", c.addr, c.addrFrom)
 		}
+	case codes.DeadlineExceeded:
+		switch {
+		// grpc-go names the last connection error when there was one: nothing answered.
+		case neverSent(st) && strings.HasPrefix(st.Message(), "latest balancer error: "):
+			fmt.Fprintf(w, "  hint: no address of %s (%s) answered within --timeout %s, so the request was never sent: is the server running? start it (make run), or point --addr or RINGFENCE_ADDR at its gRPC address\n", c.addr, c.addrFrom, c.timeout)
+		case neverSent(st):
+			fmt.Fprintf(w, "  hint: no connection to %s (%s) was ready within --timeout %s, so the request was never sent: a longer --timeout waits longer\n", c.addr, c.addrFrom, c.timeout)
+		// The CLI's own deadline (a server's deadline says more than this).
+		case st.Message() == "context deadline exceeded" && c.timeout > 0:
+			fmt.Fprintf(w, "  hint: the server did not answer within --timeout %s: a longer --timeout waits longer\n", c.timeout)
+		}
 	case codes.PermissionDenied:
 		if strings.Contains(st.Message(), "which role") {
 			fmt.Fprintln(w, "  hint: use a key whose role holds that permission: `ringfence roles check` lists the roles and their permissions, and an admin mints a key with `ringfence keys create --name NAME --role ROLE`")
@@ -405,6 +481,15 @@ func printError(w io.Writer, err error, c connection) {
 			fmt.Fprintln(w, "  hint: the key is unknown or revoked: check --api-key or RINGFENCE_API_KEY (`make run` prints its admin key); `ringfence keys list` (as an admin) shows active keys")
 		}
 	}
+}
+
+// neverSent says whether a request's deadline expired in grpc-go's picker, before any
+// connection was ready to carry it: with a list of addresses (--addr a:1,b:2) the CLI waits
+// for a replica that answers, and when none does within --timeout, nothing reached a server.
+func neverSent(st *status.Status) bool {
+	msg := st.Message()
+	return st.Code() == codes.DeadlineExceeded &&
+		(strings.HasPrefix(msg, "latest balancer error: ") || strings.HasSuffix(msg, " while waiting for connections to become ready"))
 }
 
 // printTail prints a server's stderr tail, indented under its heading, one escaped line per

@@ -2,12 +2,20 @@ package cli
 
 import (
 	"bytes"
+	"io"
+	"net"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/google/shlex"
+	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 )
 
 func TestPrintErrorHintsAtTheConnectionMistake(t *testing.T) {
@@ -31,6 +39,8 @@ func TestPrintErrorHintsAtTheConnectionMistake(t *testing.T) {
 			"hint: is the server running?"},
 		{"TLS client, server gone mid-handshake", `connection error: desc = "error reading server preface: EOF"`, true,
 			"hint: is the server running?"},
+		{"the server is up, an mcp server's authorization server is not", `pool: the server or its authorization server could not be reached: server "oa": the server's authorization server could not be discovered`, false,
+			"hint: the server at --addr answered; what it could not reach is named above: an MCP server or its authorization server (check the registration), or a peer service"},
 		{"the server is up, a peer behind it is not", `auth: the registry cannot verify API keys right now: rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:9: connect: connection refused"`, true,
 			"hint: the server at --addr answered"},
 		{"a certificate from another CA", `connection error: desc = "transport: authentication handshake failed: tls: failed to verify certificate: x509: certificate signed by unknown authority"`, true,
@@ -56,16 +66,6 @@ func TestPrintErrorNamesTheServiceToAsk(t *testing.T) {
 	require.Contains(t, out.String(), "graphs and mcp-import: ringfence-publisher")
 }
 
-// TestHelpNamesEveryEnvironmentVariableTheCLIReads: each connection flag the environment can
-// set says which variable, as the split deployment's docs use them.
-func TestHelpNamesEveryEnvironmentVariableTheCLIReads(t *testing.T) {
-	var stdout, stderr bytes.Buffer
-	Execute([]string{"--help"}, nil, &stdout, &stderr)
-	for _, v := range []string{"RINGFENCE_ADDR", "RINGFENCE_API_KEY", "RINGFENCE_CA_FILE", "RINGFENCE_SERVER_NAME", "RINGFENCE_SERVER_IDENTITY"} {
-		require.Contains(t, stdout.String(), "("+v+")", v)
-	}
-}
-
 // TestHelpNeverPrintsTheAPIKey: the key set in the environment is read after the flags, so
 // --help shows no default for it.
 func TestHelpNeverPrintsTheAPIKey(t *testing.T) {
@@ -75,6 +75,20 @@ func TestHelpNeverPrintsTheAPIKey(t *testing.T) {
 	Execute([]string{"audit", "verify", "--help"}, nil, &stdout, &stderr)
 	require.Contains(t, stdout.String(), "--api-key")
 	require.NotContains(t, stdout.String()+stderr.String(), key)
+}
+
+// TestHelpNamesEveryConnectionVariable: each connection flag that reads the environment says
+// which variable, as configuration.md lists them.
+func TestHelpNamesEveryConnectionVariable(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, ExitOK, Execute([]string{"--help"}, nil, &stdout, &stderr), stderr.String())
+	description, flags, ok := strings.Cut(stdout.String(), "\nFlags:\n")
+	require.True(t, ok, stdout.String())
+	for _, v := range []string{"RINGFENCE_ADDR", "RINGFENCE_API_KEY", "RINGFENCE_CA_FILE", "RINGFENCE_SERVER_NAME", "RINGFENCE_SERVER_IDENTITY"} {
+		require.Contains(t, description, v)
+		require.Contains(t, flags, "("+v)
+	}
+	require.Contains(t, flags, "(RINGFENCE_API_KEY, which keeps it out of ps", "--api-key says why the variable is better")
 }
 
 // TestUsageMistakesExitTwoWithTheFix: a mistyped command, flag or argument exits 2 and says
@@ -92,6 +106,17 @@ func TestUsageMistakesExitTwoWithTheFix(t *testing.T) {
 		{[]string{"audit", "list", "--limt", "3"}, `unknown flag --limt for "ringfence audit list": did you mean --limit?`},
 		{[]string{"runs", "start", "--grph", "g"}, "did you mean --graph?"},
 		{[]string{"--adr", "127.0.0.1:1", "servers", "list"}, "did you mean --addr?"},
+		{[]string{"--timeout", "0", "servers", "list"}, "--timeout must be more than 0, e.g. 30s or 5m, not 0s"},
+		{[]string{"image", "build", "--binary", "/nonexistent/docs-mcp", "--name", "Docs MCP:1"}, `--name "Docs MCP:1" is not an image name (invalid reference format`},
+		{[]string{"--ca-file", "/nonexistent/ca.pem", "servers", "list"}, "--ca-file (RINGFENCE_CA_FILE): mtls: read CA bundle: open /nonexistent/ca.pem: no such file or directory: give the CA bundle that signed the server's certificate"},
+		{[]string{"--ca-file", "/nonexistent/ca.pem", "--server-identity", "regsitry", "servers", "list"}, `--server-identity "regsitry" (RINGFENCE_SERVER_IDENTITY) is not a service: use one of registry, publisher, pool, audit`},
+		{[]string{"--server-identity", "registry", "servers", "list"}, `--server-identity "registry" needs --ca-file (RINGFENCE_CA_FILE)`},
+		{[]string{"audit", "list", "--since", "1m", "--until", "2h"}, `--until "2h" is not after --since "1m", so no record can match`},
+		{[]string{"servers", "update", "docs", "-o", "json"}, "nothing to change: pass the settings to change, e.g. ringfence servers update docs --description TEXT"},
+		{[]string{"documents", "put", "/nonexistent/expenses.pdf"}, `cannot read "/nonexistent/expenses.pdf": no such file or directory`},
+		{[]string{"documents", "put", "/"}, `cannot read "/": it is a directory: give a file`},
+		{[]string{"graphs", "edit", "--graph", "g", "--file", "/nonexistent/g.json"}, `cannot read "/nonexistent/g.json": no such file or directory`},
+		{[]string{"audit", "export", "--out", "/nonexistent/trail.jsonl"}, `--out "/nonexistent/trail.jsonl": cannot create a file in "/nonexistent" (no such file or directory): choose a directory that exists`},
 		{[]string{"audit", "list", "--limit", "many"}, `invalid argument "many" for "--limit" flag`},
 		{[]string{"roles", "check", "foo"}, `"ringfence roles check" takes no arguments, got "foo"`},
 		{[]string{"servers", "show"}, "usage: ringfence servers show REF"},
@@ -182,4 +207,151 @@ func TestHelpOnAnUnknownTopicIsAMistake(t *testing.T) {
 	stdout.Reset()
 	require.Equal(t, ExitOK, Execute([]string{"help", "servers", "add"}, nil, &stdout, &stderr), stderr.String())
 	require.Contains(t, stdout.String(), "Register an MCP server")
+}
+
+// closedAddrs are loopback addresses nothing listens on: each was listened on and closed.
+func closedAddrs(t *testing.T, n int) []string {
+	var addrs []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		addrs = append(addrs, l.Addr().String())
+		require.NoError(t, l.Close())
+	}
+	return addrs
+}
+
+// TestUnreachableAddressesSayWhatToFix: grpc-go's own words for a host that does not resolve
+// under round-robin ("no children to pick from") and for a list of replicas none of which
+// answered ("latest balancer error") come with the hint that fits, and a call whose request
+// never left the CLI is not reported as one whose outcome is unknown.
+func TestUnreachableAddressesSayWhatToFix(t *testing.T) {
+	t.Setenv("RINGFENCE_API_KEY", "some-key")
+	list := strings.Join(closedAddrs(t, 2), ",")
+	for _, tc := range []struct {
+		name string
+		args []string
+		hint string
+	}{
+		{"a host that does not resolve", []string{"--addr", "ringfence-nosuchhost.invalid:50051", "servers", "list"},
+			"hint: the host of ringfence-nosuchhost.invalid:50051 (--addr) does not resolve"},
+		{"a list of replicas, none up", []string{"--addr", list, "--timeout", "1s", "servers", "list"},
+			"hint: no address of " + list + " (--addr) answered within --timeout 1s, so the request was never sent"},
+		{"a call to a list of replicas, none up", []string{"--addr", list, "--timeout", "1s", "runs", "call", "--run", "r", "--agent", "a", "--tool", "t"},
+			"hint: no address of " + list + " (--addr) answered within --timeout 1s, so the request was never sent"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := Execute(tc.args, nil, &stdout, &stderr)
+			require.Equal(t, ExitFailure, code, stderr.String())
+			require.Contains(t, stderr.String(), tc.hint)
+			require.Equal(t, 1, strings.Count(stderr.String(), "hint:"), stderr.String())
+			require.NotContains(t, stderr.String(), "outcome is unknown")
+		})
+	}
+}
+
+// TestAServerThatFailedToStartIsNotAPeer: an MCP server that did not start is named by its
+// failure class and stderr; the hint about peer services would send the user the wrong way.
+func TestAServerThatFailedToStartIsNotAPeer(t *testing.T) {
+	st, err := status.New(codes.Unavailable, `could not list the server's tools: command_not_found: command "nosuchbinary" was not found (exit status 127): it must be on the image's PATH`).
+		WithDetails(&typesv1.ServerFailure{Class: "command_not_found", StderrTail: "exec nosuchbinary failed: No such file or directory"})
+	require.NoError(t, err)
+	var out bytes.Buffer
+	printError(&out, st.Err(), connection{addr: "127.0.0.1:1", addrFrom: "--addr"})
+	require.Contains(t, out.String(), "failure class: command_not_found")
+	require.NotContains(t, out.String(), "hint:")
+}
+
+// TestADeadlineSaysWhatToChange: the CLI's own deadline, with or without a connection ready,
+// names --timeout; a server's deadline message is left as the server wrote it.
+func TestADeadlineSaysWhatToChange(t *testing.T) {
+	for _, tc := range []struct{ msg, hint string }{
+		{"context deadline exceeded", "hint: the server did not answer within --timeout 2s: a longer --timeout waits longer"},
+		{"context deadline exceeded while waiting for connections to become ready", "hint: no connection to 127.0.0.1:1 (--addr) was ready within --timeout 2s, so the request was never sent"},
+		{"pool: the server did not answer within call_timeout", ""},
+	} {
+		var out bytes.Buffer
+		printError(&out, status.Error(codes.DeadlineExceeded, tc.msg), connection{addr: "127.0.0.1:1", addrFrom: "--addr", timeout: 2 * time.Second})
+		if tc.hint == "" {
+			require.NotContains(t, out.String(), "hint:")
+			continue
+		}
+		require.Contains(t, out.String(), tc.hint)
+	}
+}
+
+// TestServersUpdateWithAFlagIsNotNothing: any update flag, a false boolean included, is a
+// change to make: the command dials the server (here nothing listens) instead of refusing.
+func TestServersUpdateWithAFlagIsNotNothing(t *testing.T) {
+	t.Setenv("RINGFENCE_API_KEY", "some-key")
+	for _, flag := range []string{"--strict-inputs=false", "--clear-env", "--description="} {
+		var stdout, stderr bytes.Buffer
+		code := Execute([]string{"--addr", closedAddrs(t, 1)[0], "servers", "update", "docs", flag}, nil, &stdout, &stderr)
+		require.Equal(t, ExitFailure, code, stderr.String())
+		require.Contains(t, stderr.String(), "hint: is the server running?", flag)
+	}
+}
+
+// TestHelpExamplesParse: every ringfence command line in a command's --help examples names a
+// command that exists, with flags it takes and the arguments it accepts, so an example cannot
+// drift from the flags it shows.
+func TestHelpExamplesParse(t *testing.T) {
+	seen := 0
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+		for _, line := range strings.Split(strings.ReplaceAll(c.Example, "\\\n", " "), "\n") {
+			if line = strings.TrimSpace(line); strings.HasPrefix(line, "ringfence ") {
+				requireCommandLineParses(t, line)
+				seen++
+			}
+		}
+	}
+	walk(newRoot(&globals{stdout: io.Discard, stderr: io.Discard}))
+	require.Greater(t, seen, 10, "the walk finds the examples")
+}
+
+// TestREADMECommandLinesParse: the same for every ./bin/ringfence line of README.md's shell
+// blocks, which a new user pastes as they are.
+func TestREADMECommandLinesParse(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	seen := 0
+	inShell := false
+	for _, line := range strings.Split(strings.ReplaceAll(string(readme), "\\\n", " "), "\n") {
+		switch {
+		case strings.HasPrefix(line, "```"):
+			inShell = line == "```sh"
+			continue
+		case !inShell:
+			continue
+		}
+		_, cli, ok := strings.Cut(line, "./bin/ringfence ")
+		if !ok || strings.HasPrefix(strings.TrimSpace(line), "#") {
+			continue
+		}
+		cli, _, _ = strings.Cut(cli, " # ") // a comment after the command
+		cli = strings.TrimSuffix(strings.TrimSpace(cli), ")")
+		requireCommandLineParses(t, "ringfence "+cli)
+		seen++
+	}
+	require.Greater(t, seen, 40, "the walk finds README's command lines")
+}
+
+// requireCommandLineParses fails unless line (ringfence ...) names a command that runs, with
+// flags it takes and arguments it accepts.
+func requireCommandLineParses(t *testing.T, line string) {
+	t.Helper()
+	line, _, _ = strings.Cut(line, " > ") // a redirection is the shell's
+	words, err := shlex.Split(line)
+	require.NoError(t, err, line)
+	root := newRoot(&globals{stdout: io.Discard, stderr: io.Discard})
+	cmd, rest, err := root.Find(words[1:])
+	require.NoError(t, err, line)
+	require.True(t, cmd.Runnable(), "%q names no command that runs", line)
+	require.NoError(t, cmd.ParseFlags(rest), line)
+	require.NoError(t, cmd.ValidateArgs(cmd.Flags().Args()), line)
 }

@@ -249,6 +249,7 @@ func newCallCmd(g *globals) *cobra.Command {
 			// The run id is chosen here, so a run that does not answer in time can be named.
 			runID := newID("run-")
 			_, err = client.StartRun(ctx, &poolv1.StartRunRequest{Tenant: f.tenant, GraphId: graphID, Version: version, RunId: runID})
+			// Also when no connection was ready (nothing was sent): this names the run either way.
 			if status.Code(err) == codes.DeadlineExceeded {
 				return fmt.Errorf("no answer within --timeout %s while starting run %s, so no tool was called; if the run did start, end it with: ringfence runs end --run %s%s (it also ends after pool.run_idle_timeout)",
 					g.timeout, runID, runID, tenantArg(f.tenant))
@@ -296,7 +297,9 @@ func newID(prefix string) string {
 
 // callTool calls and prints the outcome; refusals and failures become distinct exit codes.
 func (g *globals) callTool(ctx context.Context, client poolv1.PoolServiceClient, req *poolv1.CallToolRequest) error {
+	stop := g.waitNote("the answer of %s, call %s", req.GetTool(), req.GetCallId())
 	resp, err := client.CallTool(ctx, req)
+	stop()
 	if err != nil {
 		return g.callError(err, req)
 	}
@@ -335,7 +338,7 @@ func (g *globals) callError(err error, req *poolv1.CallToolRequest) error {
 	// the same deadline (gRPC sends it along) and may reset the stream a moment before the
 	// CLI's own timer fires: the code, without a pool detail, is what says so, not
 	// ctx.Err(). (The pool's own timeouts come with a CallFailure, above.)
-	if st.Code() == codes.DeadlineExceeded {
+	if st.Code() == codes.DeadlineExceeded && !neverSent(st) {
 		return &exitError{code: ExitFailed, msg: g.unknownOutcome(req)}
 	}
 	return err
@@ -356,9 +359,9 @@ func (g *globals) printCallResult(resp *poolv1.CallToolResponse) error {
 			// This call did not reach the server: it took the outcome of the call the approver
 			// dispatched, so it names no latency of its own.
 			writef(g.stdout, "approved: the result of approval %s: %s (%s, call %s attempt %d; the server was reached once, when it was approved)\n", oneLine(id), oneLine(resp.GetResult()),
-				tool, oneLine(resp.GetCallId()), resp.GetAttempt())
+				callTarget(resp), oneLine(resp.GetCallId()), resp.GetAttempt())
 		} else {
-			writef(g.stdout, "dispatched: %s (%s, call %s attempt %d, %s)\n", oneLine(resp.GetResult()), tool,
+			writef(g.stdout, "dispatched: %s (%s, call %s attempt %d, %s)\n", oneLine(resp.GetResult()), callTarget(resp),
 				oneLine(resp.GetCallId()), resp.GetAttempt(), time.Duration(resp.GetLatencyMicros())*time.Microsecond)
 		}
 		for _, a := range resp.GetAdvisory() {
@@ -370,6 +373,15 @@ func (g *globals) printCallResult(resp *poolv1.CallToolResponse) error {
 		return &exitError{code: ExitFailed, msg: sprintLine("dispatched and failed (%s): the tool reported an error; it may have taken effect", oneLine(resp.GetFailureClass()))}
 	}
 	return nil
+}
+
+// callTarget names what a call reached: server/tool, or a tool of the agent's surface that
+// Ringfence answers itself (tool_search), which has no server.
+func callTarget(resp *poolv1.CallToolResponse) string {
+	if resp.GetServerRef() == "" {
+		return oneLine(resp.GetToolName()) + ", answered by Ringfence itself"
+	}
+	return oneLine(resp.GetServerRef()) + "/" + oneLine(resp.GetToolName())
 }
 
 // awaitingApproval says that a call waits for an approver, and the commands that decide it.

@@ -38,18 +38,6 @@ func TestAToolResultPrintsItsStructuredContentOverItsTextMirror(t *testing.T) {
 	require.Equal(t, `{"authorization_url":"https://auth.example/authorize?a=1&b=<2>"}`+"\n", out.String())
 }
 
-// TestACallWithoutAServerNamesTheToolAlone: tool_search and the connect tools answer for no
-// server, and the line says so rather than "(/tool_search, …".
-func TestACallWithoutAServerNamesTheToolAlone(t *testing.T) {
-	var out bytes.Buffer
-	g := &globals{stdout: &out}
-	require.NoError(t, g.printCallResult(&poolv1.CallToolResponse{Result: "succeeded", ToolName: "mcp_oauth_connect_tickets", CallId: "call-1", Attempt: 1}))
-	require.Contains(t, out.String(), "dispatched: succeeded (mcp_oauth_connect_tickets, call call-1 attempt 1, 0s)\n")
-	out.Reset()
-	require.NoError(t, g.printCallResult(&poolv1.CallToolResponse{Result: "succeeded", ServerRef: "docs", ToolName: "read_doc", CallId: "call-2", Attempt: 1}))
-	require.Contains(t, out.String(), "dispatched: succeeded (docs/read_doc, call call-2 attempt 1, 0s)\n")
-}
-
 // TestArgsErrorsPointAtTheFault: a --args that is not a JSON object is a usage error that
 // names where it breaks and shows the shape it takes.
 func TestArgsErrorsPointAtTheFault(t *testing.T) {
@@ -90,4 +78,20 @@ func TestARunShowsItsUserAndHost(t *testing.T) {
 	require.Regexp(t, `(?m)^user: +alice@example.com$`, out.String())
 	require.Regexp(t, `(?m)^host: +ph1$`, out.String())
 	require.Regexp(t, `(?m)^host lost: +ph1 \(runs resume places the run on a live host\)$`, out.String())
+}
+
+// TestACallNamesWhatItReached: a tool call names server/tool; tool_search, which the pool
+// answers itself, is named without a server rather than as "/tool_search".
+func TestACallNamesWhatItReached(t *testing.T) {
+	for _, tc := range []struct {
+		server, tool, want string
+	}{
+		{"docs-search", "read_doc", "dispatched: succeeded (docs-search/read_doc, call call-1 attempt 1, 2ms)\n"},
+		{"", "tool_search", "dispatched: succeeded (tool_search, answered by Ringfence itself, call call-1 attempt 1, 2ms)\n"},
+	} {
+		var out bytes.Buffer
+		g := &globals{stdout: &out, output: "table"}
+		require.NoError(t, g.printCallResult(&poolv1.CallToolResponse{CallId: "call-1", Attempt: 1, Result: "succeeded", ServerRef: tc.server, ToolName: tc.tool, LatencyMicros: 2000}))
+		require.Equal(t, tc.want, out.String())
+	}
 }

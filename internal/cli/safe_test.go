@@ -166,6 +166,7 @@ func leafCommands() []leafCommand {
 		"ringfence servers explore": {"--call", hostile, "--args", `{"q":"` + hostileJSONSafe + `"}`},
 		"ringfence runs call":       {"--args", `{"q":"x"}`},
 		"ringfence servers add":     {"--command", "x"},
+		"ringfence servers update":  {"--description", "x"},
 		"ringfence graphs edit":     {"--file", "-", "--force"},
 		"ringfence graphs show":     {"--version", "1"},
 		"ringfence call":            {"--args", `{"q":"x"}`},
@@ -405,4 +406,20 @@ func scalar(fd protoreflect.FieldDescriptor) protoreflect.Value {
 		return protoreflect.ValueOfUint64(1)
 	}
 	return protoreflect.ValueOfInt64(1)
+}
+
+// TestRemovalsPrintWhatTheyRemoved: -o json of a removal names what it removed, documents
+// delete as graphs delete does, rather than the REST answer's {}.
+func TestRemovalsPrintWhatTheyRemoved(t *testing.T) {
+	srv := startHostileServer(t)
+	for args, want := range map[string]string{
+		"documents delete doc-1":  `{"deleted": "doc-1"}`,
+		"graphs delete --graph g": `{"deleted": "g"}`,
+		"servers remove docs":     `{"removed": "docs"}`,
+	} {
+		var stdout, stderr bytes.Buffer
+		code := Execute(append(strings.Fields(args), "--addr", srv.addr, "--api-key", "k", "-o", "json"), nil, &stdout, &stderr)
+		require.Equal(t, ExitOK, code, stderr.String())
+		require.Equal(t, want+"\n", stdout.String(), args)
+	}
 }

@@ -5,10 +5,10 @@ import (
 	"io"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+	"google.golang.org/grpc/codes"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 )
@@ -65,7 +65,7 @@ func newSecretsCmd(g *globals) *cobra.Command {
 			}
 			t := newTable(g.stdout, "NAME", "UPDATED")
 			for _, s := range resp.GetSecrets() {
-				t.row(s.GetName(), s.GetUpdateTime().AsTime().Format(time.RFC3339))
+				t.row(s.GetName(), ts(s.GetUpdateTime()))
 			}
 			return t.flush()
 		},
@@ -83,16 +83,14 @@ func newSecretsCmd(g *globals) *cobra.Command {
 			defer cancel()
 			resp, err := client.DeleteSecret(ctx, &registryv1.DeleteSecretRequest{Name: args[0]})
 			if err != nil {
-				return err
-			}
-			if g.output == "json" {
-				return printJSON(g.stdout, resp)
-			}
-			if _, err := linef(g.stdout, "removed secret %s\n", args[0]); err != nil {
-				return err
+				return withHint(err, codes.NotFound, "`ringfence secrets list` shows the secrets' names")
 			}
 			printWarnings(g.stderr, resp.GetWarnings()) // as servers add|update warn
-			return nil
+			if g.output == "json" {
+				return printFields(g.stdout, "removed", args[0])
+			}
+			_, err = linef(g.stdout, "removed secret %s\n", args[0])
+			return err
 		},
 	}
 	cmd.AddCommand(set, list, remove)

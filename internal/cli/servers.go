@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/shlex"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/term"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -232,7 +233,8 @@ func newServersAddCmd(g *globals) *cobra.Command {
 		Example: `  ringfence servers add docs-search --command "mcp-server-filesystem /srv/docs" \
       --grant process_spawn --grant external_api_call
   ringfence servers add tickets --transport http --url https://mcp.example.com/mcp \
-      --description "The support team's ticket system" --header-secret Authorization=tickets-token`,
+      --description "The support team's ticket system" --header-secret Authorization=tickets-token \
+      --grant process_spawn --grant external_api_call`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ref := ""
@@ -291,6 +293,13 @@ revision, so a concurrent change is refused rather than overwritten. Repeatable 
 replace the stored list. Without --env or --clear-env the stored env is kept.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// Without a flag the update would only write a new revision (and an audit record)
+			// of what is stored.
+			passed := false
+			cmd.LocalNonPersistentFlags().VisitAll(func(fl *pflag.Flag) { passed = passed || fl.Changed })
+			if !passed {
+				return usagef("nothing to change: pass the settings to change, e.g. ringfence servers update %s --description TEXT (ringfence servers update --help lists them; ringfence servers show %[1]s shows the registration)", oneLine(args[0]))
+			}
 			client, ctx, cancel, err := g.registry(cmd.Context())
 			if err != nil {
 				return err
@@ -508,7 +517,9 @@ func newServersToolsCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer cancel()
+			stop := g.waitNote("%s to start and list its tools", args[0])
 			resp, err := client.ListServerTools(ctx, &registryv1.ListServerToolsRequest{Ref: args[0]})
+			stop()
 			if err != nil {
 				return err
 			}
@@ -580,8 +591,10 @@ func newServersExploreCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer cancel()
+			stop := g.waitNote("the server to start and answer")
 			resp, err := client.ExploreServer(ctx, req)
-			if err != nil && req.Call != nil && status.Code(err) == codes.DeadlineExceeded {
+			stop()
+			if err != nil && req.Call != nil && status.Code(err) == codes.DeadlineExceeded && !neverSent(status.Convert(err)) {
 				return &exitError{code: ExitFailed, msg: g.unknownExploreOutcome(ref, callTool)}
 			}
 			if err != nil {
@@ -736,10 +749,13 @@ func (g *globals) printServer(s *registryv1.Server) error {
 		"tool permissions", orDash(strings.Join(perms, "; ")),
 		"sign-in", signInLine(s.GetOauth()),
 		"strict inputs", fmt.Sprint(s.GetStrictInputs()),
+		"keep markup", fmt.Sprint(s.GetKeepMarkup()),
+		"session timeout", timeoutLine(s.GetClientSessionTimeout(), mcpserver.DefaultClientSessionTimeout),
+		"call timeout", timeoutLine(s.GetToolCallTimeout(), mcpserver.DefaultToolCallTimeout),
 		"prewarm", warmLine(s),
 		"max result", maxResult(s.GetMaxResultBytes()),
 		"revision", fmt.Sprint(s.GetRevision()),
-		"updated", s.GetUpdateTime().AsTime().Format(time.RFC3339),
+		"updated", ts(s.GetUpdateTime()),
 	)
 }
 
@@ -765,6 +781,14 @@ func warmColumn(s *registryv1.Server) string {
 		return fmt.Sprintf("?/%d", s.GetPrewarm())
 	}
 	return fmt.Sprintf("%d/%d", s.GetWarm().GetReady(), s.GetPrewarm())
+}
+
+// timeoutLine renders a registration's timeout: unset is the default, named as such.
+func timeoutLine(d *durationpb.Duration, def time.Duration) string {
+	if d == nil || d.AsDuration() == 0 {
+		return def.String() + " (default)"
+	}
+	return d.AsDuration().String()
 }
 
 // maxResult renders a registration's max_result_bytes.

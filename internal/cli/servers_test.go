@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 )
@@ -167,4 +170,26 @@ func TestOAuthFlags(t *testing.T) {
 	require.Empty(t, got.GetClientId())
 	require.Equal(t, []string{"wiki.read"}, got.GetScopes(), "the other settings are kept")
 	require.Contains(t, signInLine(got), "of the pool's own")
+}
+
+// TestShowPrintsEverySettingAFlagSets: --call-timeout, --session-timeout and --keep-markup
+// are shown by servers show as the other settings are, with the defaults named.
+func TestShowPrintsEverySettingAFlagSets(t *testing.T) {
+	var out bytes.Buffer
+	g := &globals{stdout: &out}
+	require.NoError(t, g.printServer(&registryv1.Server{Ref: "docs", Transport: "stdio", Command: "docs-mcp", KeepMarkup: true, ToolCallTimeout: durationpb.New(10 * time.Second)}))
+	require.Regexp(t, `(?m)^keep markup:\s+true$`, out.String())
+	require.Regexp(t, `(?m)^session timeout:\s+2s \(default\)$`, out.String())
+	require.Regexp(t, `(?m)^call timeout:\s+10s$`, out.String())
+}
+
+// TestTimesReadAlike: servers show, secrets list and the rest print a time the same way, in
+// the local zone, as keys list and runs show do.
+func TestTimesReadAlike(t *testing.T) {
+	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	want := at.Local().Format(time.DateTime)
+	var out bytes.Buffer
+	g := &globals{stdout: &out}
+	require.NoError(t, g.printServer(&registryv1.Server{Ref: "docs", Transport: "stdio", Command: "docs-mcp", UpdateTime: timestamppb.New(at)}))
+	require.Regexp(t, `(?m)^updated:\s+`+want+`$`, out.String())
 }

@@ -82,7 +82,7 @@ func (g *globals) printServerConnection(ref, user string, resp *poolv1.ConnectSe
 		return err
 	}
 	_, err := linef(g.stdout, "%s must sign in to %s first: open\n  %s\n(good once, until %s), then run this command again\n",
-		user, ref, resp.GetAuthorizationUrl(), resp.GetExpireTime().AsTime().Format(time.RFC3339))
+		user, ref, resp.GetAuthorizationUrl(), ts(resp.GetExpireTime()))
 	if err == nil {
 		err = errNotConnected
 	}

@@ -29,6 +29,10 @@ type DevCAOptions struct {
 	Force bool
 }
 
+// ErrCAExists is InitDevCA's refusal to replace an existing set without Force: nothing was
+// written.
+var ErrCAExists = errors.New("already holds a CA")
+
 // WrittenFile is one file InitDevCA wrote.
 type WrittenFile struct {
 	Path    string
@@ -53,7 +57,7 @@ func InitDevCA(dir string, opts DevCAOptions) ([]WrittenFile, error) {
 		return nil, fmt.Errorf("mtls: create %s: %w", dir, err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "ca.pem")); err == nil && !opts.Force {
-		return nil, fmt.Errorf("mtls: %s already holds a CA; pass --force to replace every certificate in it", dir)
+		return nil, fmt.Errorf("mtls: %s %w; pass --force to replace every certificate in it", dir, ErrCAExists)
 	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("mtls: %w", err)
 	}
