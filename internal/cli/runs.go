@@ -351,10 +351,6 @@ func (g *globals) printCallResult(resp *poolv1.CallToolResponse) error {
 			return err
 		}
 	} else {
-		tool := oneLine(resp.GetToolName())
-		if ref := resp.GetServerRef(); ref != "" { // tool_search and connect tools have none
-			tool = oneLine(ref) + "/" + tool
-		}
 		if id := resp.GetApprovalId(); id != "" {
 			// This call did not reach the server: it took the outcome of the call the approver
 			// dispatched, so it names no latency of its own.
