@@ -11,10 +11,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	sdkauth "github.com/modelcontextprotocol/go-sdk/auth"
@@ -181,7 +185,7 @@ func (s *Service) authServer(ctx context.Context, res *mcpserver.Resolved) (*oau
 		for _, m := range tries {
 			p, err := oauthex.GetProtectedResourceMetadata(ctx, m.metadata, m.resource, hc)
 			if err != nil {
-				errs = append(errs, err.Error())
+				errs = append(errs, m.metadata+": "+fetchProblem(err))
 				continue
 			}
 			if len(p.AuthorizationServers) == 0 {
@@ -209,7 +213,7 @@ func (s *Service) authServer(ctx context.Context, res *mcpserver.Resolved) (*oau
 	}
 	asm, err := sdkauth.GetAuthServerMetadata(ctx, issuer, hc)
 	if err != nil {
-		return nil, "", nil, fmt.Errorf("the metadata of authorization server %s could not be read: %v", issuer, err)
+		return nil, "", nil, fmt.Errorf("the metadata of authorization server %s could not be read: %s", issuer, fetchProblem(err))
 	}
 	if asm == nil {
 		return nil, "", nil, fmt.Errorf("authorization server %s serves no metadata (RFC 8414 or OpenID discovery)", issuer)
@@ -218,6 +222,46 @@ func (s *Service) authServer(ctx context.Context, res *mcpserver.Resolved) (*oau
 		return nil, "", nil, fmt.Errorf("authorization server %s does not offer PKCE with S256 (code_challenge_methods_supported), which sign-in requires", issuer)
 	}
 	return asm, resource, scopes, nil
+}
+
+// fetchProblem says why a metadata document could not be fetched in an operator's words: the
+// network's reason when there is one (the SDK's wrapping and Go's dial details say the same at
+// length), else the error's own text. The SDK wraps some errors as text, so the reasons are
+// read from the text too.
+func fetchProblem(err error) string {
+	text := err.Error()
+	where := ""
+	var urlErr *url.Error
+	if errors.As(err, &urlErr) {
+		where = hostOf(urlErr.URL)
+	} else if m := quotedURL.FindStringSubmatch(text); m != nil {
+		where = hostOf(m[1])
+	}
+	var dnsErr *net.DNSError
+	switch {
+	case errors.As(err, &dnsErr):
+		return fmt.Sprintf("the host %s does not resolve", dnsErr.Name)
+	case strings.Contains(text, "no such host") && where != "":
+		return "the host of " + where + " does not resolve"
+	case (errors.Is(err, syscall.ECONNREFUSED) || strings.Contains(text, "connection refused")) && where != "":
+		return "nothing accepts connections at " + where
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
+		return "no answer in time"
+	case urlErr != nil:
+		return urlErr.Err.Error()
+	}
+	return text
+}
+
+// quotedURL finds the URL net/http quotes in a request's error (Get "https://…": …).
+var quotedURL = regexp.MustCompile(`"(https?://[^"\s]+)"`)
+
+// hostOf is the scheme and host of a URL, or the URL as it is when it does not parse.
+func hostOf(raw string) string {
+	if u, err := url.Parse(raw); err == nil && u.Host != "" {
+		return u.Scheme + "://" + u.Host
+	}
+	return raw
 }
 
 // oauth2Config is the client as the authorization server knows it.

@@ -20,6 +20,7 @@ import (
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/oauthtest"
 	"github.com/ringfence/ringfence/internal/testutil/pinned"
 	"github.com/ringfence/ringfence/services/publisher"
@@ -476,6 +477,18 @@ func TestAuthorizationServerDiscovery(t *testing.T) {
 	public.URL = strings.Replace(w.mcp.URL, "/mcp", "/elsewhere", 1)
 	_, _, _, err = w.pool.authServer(w.ctx, &public)
 	require.ErrorContains(t, err, "could not be discovered", "no metadata names that resource")
+
+	// Unreachable: the network's reason, not the SDK's and Go's wrapping of it.
+	closed := testutil.FreeAddr(t)
+	public.URL = "http://" + closed + "/mcp"
+	_, _, _, err = w.pool.authServer(w.ctx, &public)
+	require.ErrorContains(t, err, "http://"+closed+"/.well-known/oauth-protected-resource/mcp: nothing accepts connections at http://"+closed)
+	require.NotContains(t, err.Error(), "GetProtectedResourceMetadata")
+	require.NotContains(t, err.Error(), "dial tcp")
+	public.OAuth = &mcpserver.OAuth{ClientID: "public", AuthorizationServer: "http://" + closed}
+	public.OAuth.Scopes = []string{"openid"}
+	_, _, _, err = w.pool.authServer(w.ctx, &public)
+	require.EqualError(t, err, "the metadata of authorization server http://"+closed+" could not be read: nothing accepts connections at http://"+closed)
 }
 
 // TestAnExpiredTokenWithoutARefreshTokenNeedsSignIn: without offline_access the authorization
