@@ -4,6 +4,8 @@ import (
 	"debug/elf"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -29,5 +31,15 @@ func TestMakeBuildWritesStaticBinaries(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, libs, name)
 		require.NoError(t, f.Close())
+	}
+
+	// Each binary says which commit it was built from (Go's own VCS stamp is off in workspace
+	// mode): what an operator compares before upgrading pool hosts together.
+	head, err := exec.Command("git", "-C", bins.root, "rev-parse", "--short=12", "HEAD").Output()
+	require.NoError(t, err)
+	for _, name := range []string{"ringfence", "ringfenced", "ringfence-pool"} {
+		got, err := exec.Command(filepath.Join(out, name), "--version").Output()
+		require.NoError(t, err, name)
+		require.Regexp(t, `^`+regexp.QuoteMeta(name)+` commit `+strings.TrimSpace(string(head))+`(\+modified)? \(go1\.\d+`, string(got))
 	}
 }

@@ -8,10 +8,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
 	"github.com/ringfence/ringfence/internal/config"
 	"github.com/ringfence/ringfence/internal/gctune"
+	"github.com/ringfence/ringfence/internal/version"
 )
 
 // Builder builds one binary's App from its configuration.
@@ -20,6 +22,10 @@ type Builder func(ctx context.Context, cfg *config.Config, log *slog.Logger) (*A
 // Main is every server binary's main: load and validate config (exit 2 on a bad one), build,
 // serve until SIGINT or SIGTERM, shut down gracefully (exit 1 on failure).
 func Main(name string, build Builder) int {
+	if slices.Contains(os.Args[1:], "--version") || slices.Contains(os.Args[1:], "-version") {
+		fmt.Println(version.String(name))
+		return 0
+	}
 	cfg, err := config.Load(name, os.Args[1:], os.Environ(), os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0

@@ -29,6 +29,7 @@ import (
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/mtls"
+	"github.com/ringfence/ringfence/internal/version"
 )
 
 // Exit codes.
@@ -138,8 +139,10 @@ changed); for tool calls, 3 refused before dispatch (nothing reached the server)
 dispatch, or no answer within --timeout so the outcome is unknown (either way it may have taken
 effect), and 5 waits for an approver (nothing reached the server yet; runs approve decides it).`,
 		SilenceUsage:  true,
+		Version:       version.Revision(),
 		SilenceErrors: true,
 	}
+	root.SetVersionTemplate(version.String("ringfence") + "\n")
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.addr, "addr", envOr("RINGFENCE_ADDR", "127.0.0.1:50051"), "gRPC address of the server (RINGFENCE_ADDR)")
 	// Not defaulted from the environment: --help would print the key.

@@ -83,7 +83,7 @@ func Load(name string, args, environ []string, out io.Writer) (*Config, error) {
 		}}, FlagName(f.key), f.usage())
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(out, "Usage of %s:\n\nEvery flag is also an environment variable and a YAML key; flags win over the\nenvironment, which wins over the file.\n\n", name)
+		fmt.Fprintf(out, "Usage of %s:\n\nEvery flag is also an environment variable and a YAML key; flags win over the\nenvironment, which wins over the file. --version prints the build and exits.\n\n", name)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -35,6 +35,7 @@ import (
 
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/telemetry"
+	"github.com/ringfence/ringfence/internal/version"
 )
 
 // Authorizer decides whether a call may proceed and returns ctx with the caller attached.
@@ -288,7 +289,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if internalLis != nil {
 		attrs = append(attrs, "internal", internalLis.Addr().String())
 	}
-	s.log.Info(s.opts.Name+" serving", attrs...)
+	s.log.Info(s.opts.Name+" serving", append(attrs, "commit", version.Revision())...)
 
 	var runErr error
 	select {
