@@ -158,6 +158,10 @@ func TestAgentCallTimeEndToEnd(t *testing.T) {
 	doc := t.TempDir() + "/note.txt"
 	require.NoError(t, os.WriteFile(doc, []byte("the minutes"), 0o600))
 	docID := strings.TrimSpace(ok(runner("documents", "put", doc)))
+	require.Regexp(t, `media type:? +text/plain`, ok(runner("documents", "get", docID)), "the media type is the file's, unless --media-type says")
+	pdf := t.TempDir() + "/scan.pdf"
+	require.NoError(t, os.WriteFile(pdf, []byte("%PDF-1.4\n"), 0o600))
+	require.Regexp(t, `media type:? +application/pdf`, ok(runner("documents", "get", strings.TrimSpace(ok(runner("documents", "put", pdf))))))
 	out = ok(call("desk__peek", `{"text":"my-documents://`+docID+`"}`))
 	require.Contains(t, out, base64.StdEncoding.EncodeToString([]byte("the minutes")), "a listed server gets the document's content")
 

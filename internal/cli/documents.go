@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
+	"net/http"
 	"os"
 	"path/filepath"
 
@@ -58,6 +60,9 @@ document service (documents.url_template) has no built-in store.`,
 			for {
 				n, rerr := io.ReadFull(f, buf)
 				msg.Content = buf[:n]
+				if msg.GetName() != "" && msg.GetMediaType() == "" {
+					msg.MediaType = guessMediaType(args[0], msg.Content)
+				}
 				if n > 0 || msg.GetName() != "" {
 					// A send that fails means the server answered already: its answer,
 					// from CloseAndRecv, says why.
@@ -85,7 +90,7 @@ document service (documents.url_template) has no built-in store.`,
 		},
 	}
 	put.Flags().StringVar(&name, "name", "", "a label for people (default: the file's name)")
-	put.Flags().StringVar(&mediaType, "media-type", "", "the content's media type, e.g. application/pdf")
+	put.Flags().StringVar(&mediaType, "media-type", "", "the content's media type, e.g. application/pdf (default: from the file's extension, else its first bytes)")
 	put.Flags().StringVar(&tenant, "tenant", "", documentTenantUsage)
 
 	get := &cobra.Command{
@@ -182,4 +187,16 @@ document service (documents.url_template) has no built-in store.`,
 	del.Flags().StringVar(&tenant, "tenant", "", documentTenantUsage)
 	cmd.AddCommand(put, get, del)
 	return cmd
+}
+
+// guessMediaType is a file's media type from its extension, else from its first bytes (as
+// net/http sniffs them); "" when neither says more than "some bytes".
+func guessMediaType(path string, head []byte) string {
+	if t := mime.TypeByExtension(filepath.Ext(path)); t != "" {
+		return t
+	}
+	if t := http.DetectContentType(head); t != "application/octet-stream" {
+		return t
+	}
+	return ""
 }
