@@ -17,6 +17,7 @@ import (
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/ident"
 	"github.com/ringfence/ringfence/mcpgate/capability"
+	"github.com/ringfence/ringfence/mcpgate/sanitize"
 )
 
 // ErrNotRegistered is wrapped by every "no such server" error, so consumers of the registry
@@ -236,6 +237,9 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 	if err := checkText("description", r.Description, MaxDescription); err != nil {
 		return err
 	}
+	if err := checkShownToAgents("description", r.Description); err != nil {
+		return err
+	}
 	switch r.Transport {
 	case TransportStdio:
 		if strings.TrimSpace(r.Command) == "" {
@@ -416,6 +420,18 @@ func checkText(field, s string, max int) error {
 	}
 	if strings.ContainsRune(s, 0) {
 		return fielderr.New(field, "contains a NUL byte")
+	}
+	return nil
+}
+
+// checkShownToAgents refuses text an agent is shown (a deferred server's description) that
+// holds what the pool would strip from a server's own text: control and invisible characters
+// (a terminal escape, a bidirectional override, a zero-width space) or a chat role marker
+// (__system__, <|im_start|>). Line breaks and tabs stay welcome.
+func checkShownToAgents(field, s string) error {
+	s = strings.ReplaceAll(s, "\r\n", "\n")
+	if sanitize.String(s, sanitize.Options{KeepMarkup: true}) != s {
+		return fielderr.New(field, "holds control or invisible characters, or a chat role marker such as __system__ or <|im_start|>, which agents must not be shown: remove them")
 	}
 	return nil
 }
