@@ -74,9 +74,10 @@ func TestALongCallSaysWhatItWaitsForOnATerminal(t *testing.T) {
 	cmd.Env = append(baseEnv(), "RINGFENCE_ADDR="+d.GRPCAddr, "RINGFENCE_API_KEY="+adminKey)
 	var stdout bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, terminal
-	require.NoError(t, cmd.Run(), seen.String())
+	err := cmd.Run()
 	require.NoError(t, terminal.Close())
-	<-read
+	<-read // seen is the reader's until then
+	require.NoError(t, err, seen.String())
 	require.Contains(t, seen.String(), "waiting for the answer of fx__sleep, call call-wait (up to --timeout 1m0s)...")
 	require.Contains(t, stdout.String(), "dispatched: succeeded")
 	require.Equal(t, 0, cli("runs", "end", "--run", "run-wait").Code)
