@@ -18,7 +18,6 @@ import (
 
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/mcpserver"
-	"github.com/ringfence/ringfence/mcpgate/sanitize"
 )
 
 // Outcome is what Decide says of one tool name.
@@ -214,28 +213,21 @@ func ForAgent(ix *graph.Index, id string) (*Agent, error) {
 	return ag, nil
 }
 
-// shown is a pinned title or description as the model is shown it: as the reviewer who
-// published it saw it, without the code points that hide text from a reader (Tags spelling
-// ASCII, zero-width and bidi characters, controls other than \n and \t) and without chat role
-// markers; the screen flagged them at import. Markup stays: a description is no HTML. The pin
-// stays over the declaration as the server sent it.
-func shown(s string) string { return sanitize.String(s, sanitize.Options{KeepMarkup: true}) }
-
 // tool builds the entry of binding b to node n: the pinned declaration, its strict form where
 // the agent asks for it, and the confirmation rule.
 func (a *Agent) tool(b graph.ToolBinding, n *graph.Node) Tool {
 	m := n.MCPTool
 	t := Tool{
 		Name: b.Name, Kind: KindTool, NodeID: n.ID, ServerRef: m.ServerRef, ToolName: m.ToolName,
-		Title: shown(m.Title), Description: shown(m.Description), InputSchema: m.InputSchema,
-		OutputSchema: m.OutputSchema, Annotations: m.Annotations,
+		Title: shown(m.Title), Description: shown(m.Description), InputSchema: shownSchema(m.InputSchema),
+		OutputSchema: shownSchema(m.OutputSchema), Annotations: m.Annotations,
 		RequiresConfirmation: requiresConfirmation(b.Confirmation, a.settings.ConfirmationDefaultOrNone(), m.Annotations),
 	}
 	if a.settings.ConvertSchemasToStrict && len(m.InputSchema) > 0 {
 		// A pinned schema that cannot be converted (publish checked it is a JSON object, so
 		// this does not happen) is shown as pinned, and Strict stays false, so a call is
 		// checked against the form the model saw.
-		if s, err := Strict(m.InputSchema); err == nil {
+		if s, err := Strict(t.InputSchema); err == nil {
 			t.InputSchema, t.Strict = s, true
 		}
 	}

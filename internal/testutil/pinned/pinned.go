@@ -18,9 +18,9 @@ import (
 )
 
 // Tool is one declaration to pin: a server's tool with a description and, optionally, its
-// annotations as JSON. Its input schema takes one string, text.
+// annotations as JSON. Its input schema is InputSchema (JSON), or else takes one string, text.
 type Tool struct {
-	Server, Tool, Description, Annotations string
+	Server, Tool, Description, Annotations, InputSchema string
 }
 
 // floor is what every mcp_tool node declares and every agent reaching one holds.
@@ -45,6 +45,9 @@ func Add(t testing.TB, draft *publisherv1.Graph, agent string, tools ...Tool) {
 	for _, pt := range tools {
 		m := &graph.MCPToolNode{ServerRef: pt.Server, ToolName: pt.Tool, Description: pt.Description,
 			InputSchema: json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}}}`)}
+		if pt.InputSchema != "" {
+			m.InputSchema = json.RawMessage(pt.InputSchema)
+		}
 		if pt.Annotations != "" {
 			m.Annotations = json.RawMessage(pt.Annotations)
 		}
