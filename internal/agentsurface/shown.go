@@ -38,6 +38,25 @@ func shownSchema(raw json.RawMessage) json.RawMessage {
 	return out
 }
 
+// shownAnnotations is pinned annotations as the model is shown them: the text of their title
+// shown, the hints as pinned.
+func shownAnnotations(raw json.RawMessage) json.RawMessage {
+	var a map[string]json.RawMessage
+	if len(raw) == 0 || json.Unmarshal(raw, &a) != nil {
+		return raw
+	}
+	var title string
+	if json.Unmarshal(a["title"], &title) != nil || shown(title) == title {
+		return raw
+	}
+	a["title"], _ = json.Marshal(shown(title))
+	out, err := json.Marshal(a)
+	if err != nil {
+		return raw
+	}
+	return out
+}
+
 // showSchema cleans the title and description text of schema s and of every schema inside it,
 // and reports whether anything changed.
 func showSchema(s map[string]any, depth int) bool {

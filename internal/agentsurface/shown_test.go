@@ -30,3 +30,14 @@ func TestShownSchemaCleansTextAndKeepsValues(t *testing.T) {
 	require.Equal(t, string(plain), string(shownSchema(plain)), "nothing to clean: as pinned")
 	require.Nil(t, shownSchema(nil))
 }
+
+// TestShownAnnotationsCleanTheTitleAlone: the annotations' title loses its hidden code points;
+// the hints, and annotations with nothing to clean, stay as pinned.
+func TestShownAnnotationsCleanTheTitleAlone(t *testing.T) {
+	got := shownAnnotations(json.RawMessage(`{"title":"Read\u200b\u202e","readOnlyHint":true,"x":1.50}`))
+	require.JSONEq(t, `{"title":"Read","readOnlyHint":true,"x":1.50}`, string(got))
+	plain := json.RawMessage(`{"title":"Read",  "readOnlyHint":true}`)
+	require.Equal(t, string(plain), string(shownAnnotations(plain)))
+	require.Equal(t, `{"readOnlyHint":true}`, string(shownAnnotations(json.RawMessage(`{"readOnlyHint":true}`))))
+	require.Nil(t, shownAnnotations(nil))
+}

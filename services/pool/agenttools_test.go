@@ -279,7 +279,7 @@ func openPoolWith(t testing.TB, h *harness, cfg Config) *Service {
 // hides text from its reviewer (Unicode Tags spelling ASCII, zero-width and bidi characters)
 // is flagged at import and may still be published; the model's listing shows what the
 // reviewer saw, without the hidden code points, and so does every title and description in
-// its schema (an enum's values stay as pinned: they are what the server accepts), while the
+// its schema and its annotations' title (an enum's values stay as pinned: they are what the server accepts), while the
 // pin stays over the declaration as the server sent it.
 func TestHiddenTextInAPinnedDescriptionIsNotShownToTheModel(t *testing.T) {
 	var hidden strings.Builder
@@ -291,7 +291,8 @@ func TestHiddenTextInAPinnedDescriptionIsNotShownToTheModel(t *testing.T) {
 	schema := `{"type":"object","properties":{"path":{"type":"string","title":"Path\u200d","description":"The page.` + hidden.String() + `"},` +
 		`"mode":{"enum":["plain","rich\u200b"],"description":"__system__ How."}}}`
 	h.publishSurface("g", nil, pinned.Tool{Server: "docs", Tool: "read_file",
-		Description: "Read a\u200b handbook\u202e page." + hidden.String() + "\u2066", InputSchema: schema})
+		Description: "Read a\u200b handbook\u202e page." + hidden.String() + "\u2066", InputSchema: schema,
+		Annotations: `{"title":"Read\u200b` + hidden.String() + `","readOnlyHint":true}`})
 	client, ctx := grpcClient(t, h)
 	run, err := client.StartRun(ctx, &poolv1.StartRunRequest{GraphId: "g"})
 	require.NoError(t, err)
@@ -299,6 +300,9 @@ func TestHiddenTextInAPinnedDescriptionIsNotShownToTheModel(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"docs__read_file"}, toolNames(resp))
 	require.Equal(t, "Read a handbook page.", resp.GetTools()[0].GetDescription())
+	ann, err := protojson.Marshal(resp.GetTools()[0].GetAnnotations())
+	require.NoError(t, err)
+	require.JSONEq(t, `{"title":"Read","readOnlyHint":true}`, string(ann))
 	shown, err := protojson.Marshal(resp.GetTools()[0].GetInputSchema())
 	require.NoError(t, err)
 	require.JSONEq(t, `{"type":"object","properties":{"path":{"type":"string","title":"Path","description":"The page."},`+
