@@ -220,7 +220,7 @@ func (a *Agent) tool(b graph.ToolBinding, n *graph.Node) Tool {
 	t := Tool{
 		Name: b.Name, Kind: KindTool, NodeID: n.ID, ServerRef: m.ServerRef, ToolName: m.ToolName,
 		Title: shown(m.Title), Description: shown(m.Description), InputSchema: shownSchema(m.InputSchema),
-		OutputSchema: shownSchema(m.OutputSchema), Annotations: shownAnnotations(m.Annotations),
+		OutputSchema: shownOutputSchema(m.OutputSchema), Annotations: shownAnnotations(m.Annotations),
 		RequiresConfirmation: requiresConfirmation(b.Confirmation, a.settings.ConfirmationDefaultOrNone(), m.Annotations),
 	}
 	if a.settings.ConvertSchemasToStrict && len(m.InputSchema) > 0 {

@@ -21,14 +21,40 @@ func shown(s string) string { return sanitize.String(s, sanitize.Options{KeepMar
 // const, default and examples values, and property names stay as pinned). A schema with no
 // such text to change is returned as it is.
 func shownSchema(raw json.RawMessage) json.RawMessage {
+	return rewriteSchema(raw, showText)
+}
+
+// shownOutputSchema is a pinned output schema as a client is shown it: as shownSchema, and
+// without the keywords a result's strings may no longer meet once the pool has escaped their
+// markup (maxLength, pattern, format, enum, const, propertyNames: "<b>" becomes "&lt;b&gt;").
+// The pool checks every result against the pinned schema before it escapes it; a client that
+// checks the escaped result again (MCP clients should, and the TypeScript SDK's does) checks it
+// against what it is shown, which must accept it.
+func shownOutputSchema(raw json.RawMessage) json.RawMessage {
+	return rewriteSchema(raw, func(s map[string]any) bool {
+		changed := showText(s)
+		for _, k := range escapeBreaks {
+			if _, ok := s[k]; ok {
+				delete(s, k)
+				changed = true
+			}
+		}
+		return changed
+	})
+}
+
+// escapeBreaks are the keywords an escaped string may fail where the original met them.
+var escapeBreaks = []string{"maxLength", "pattern", "format", "enum", "const", "propertyNames"}
+
+// rewriteSchema applies visit to raw's schema and every schema inside it, and returns the
+// result, or raw as it is when visit changed nothing (or raw is no JSON object: publish checked
+// it is one).
+func rewriteSchema(raw json.RawMessage, visit func(map[string]any) bool) json.RawMessage {
 	if len(raw) == 0 {
 		return raw
 	}
 	root, err := decodeSchema(raw)
-	if err != nil {
-		return raw // publish checked it is a JSON object; shown as pinned otherwise
-	}
-	if !showSchema(root, 0) {
+	if err != nil || !eachSchema(root, 0, visit) {
 		return raw
 	}
 	out, err := json.Marshal(root)
@@ -36,6 +62,19 @@ func shownSchema(raw json.RawMessage) json.RawMessage {
 		return raw
 	}
 	return out
+}
+
+// showText cleans the text of schema s's title and description, and reports whether it changed.
+func showText(s map[string]any) bool {
+	changed := false
+	for _, k := range []string{"title", "description"} {
+		if text, ok := s[k].(string); ok {
+			if c := shown(text); c != text {
+				s[k], changed = c, true
+			}
+		}
+	}
+	return changed
 }
 
 // shownAnnotations is pinned annotations as the model is shown them: the text of their title
@@ -57,47 +96,41 @@ func shownAnnotations(raw json.RawMessage) json.RawMessage {
 	return out
 }
 
-// showSchema cleans the title and description text of schema s and of every schema inside it,
-// and reports whether anything changed.
-func showSchema(s map[string]any, depth int) bool {
+// eachSchema applies visit to schema s and to every schema inside it, and reports whether any
+// visit changed something.
+func eachSchema(s map[string]any, depth int, visit func(map[string]any) bool) bool {
 	if depth > maxDepth {
 		return false
 	}
-	changed := false
+	changed := visit(s)
 	for k, v := range s {
 		switch k {
-		case "title", "description":
-			if text, ok := v.(string); ok {
-				if c := shown(text); c != text {
-					s[k], changed = c, true
-				}
-			}
 		case "enum", "const", "default", "examples":
-			// Values, not schemas: what the server accepts or suggests stays as pinned.
+			// Values, not schemas.
 		case "properties", "patternProperties", "$defs", "definitions", "dependentSchemas":
 			// Maps of names (kept) to schemas.
 			if m, ok := v.(map[string]any); ok {
 				for _, sub := range m {
-					changed = showSubschemas(sub, depth+1) || changed
+					changed = eachSubschema(sub, depth+1, visit) || changed
 				}
 			}
 		default:
-			changed = showSubschemas(v, depth+1) || changed
+			changed = eachSubschema(v, depth+1, visit) || changed
 		}
 	}
 	return changed
 }
 
-// showSubschemas applies showSchema to v when it is a schema, or to each schema of a list.
-func showSubschemas(v any, depth int) bool {
+// eachSubschema applies eachSchema to v when it is a schema, or to each schema of a list.
+func eachSubschema(v any, depth int, visit func(map[string]any) bool) bool {
 	switch v := v.(type) {
 	case map[string]any:
-		return showSchema(v, depth)
+		return eachSchema(v, depth, visit)
 	case []any:
 		changed := false
 		for _, e := range v {
 			if m, ok := e.(map[string]any); ok {
-				changed = showSchema(m, depth+1) || changed
+				changed = eachSchema(m, depth+1, visit) || changed
 			}
 		}
 		return changed

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ringfence/ringfence/mcpgate/schemas"
 )
 
 // TestShownSchemaCleansTextAndKeepsValues: the title and description keywords of every
@@ -40,4 +42,40 @@ func TestShownAnnotationsCleanTheTitleAlone(t *testing.T) {
 	require.Equal(t, string(plain), string(shownAnnotations(plain)))
 	require.Equal(t, `{"readOnlyHint":true}`, string(shownAnnotations(json.RawMessage(`{"readOnlyHint":true}`))))
 	require.Nil(t, shownAnnotations(nil))
+}
+
+// TestAShownOutputSchemaAcceptsWhatThePoolEscaped: the pool checks a result against the pinned
+// output schema, then escapes its markup; a client checking the escaped result against the
+// output schema it was shown must accept it, so the shown one drops what escaping can break,
+// at every depth, and keeps the rest. An input schema keeps them all.
+func TestAShownOutputSchemaAcceptsWhatThePoolEscaped(t *testing.T) {
+	pinned := json.RawMessage(`{"type":"object","required":["v","items"],"properties":{` +
+		`"v":{"type":"string","maxLength":3,"pattern":"^<","enum":["<b>"],"description":"a tag\u200b"},` +
+		`"link":{"type":"string","format":"uri","const":"https://x.example/?a=1&b=2"},` +
+		`"items":{"type":"array","minItems":1,"items":{"type":"object","propertyNames":{"maxLength":3},"additionalProperties":{"type":"string","maxLength":4}}}}}`)
+	original := `{"v":"<b>","link":"https://x.example/?a=1&b=2","items":[{"<k>":"a&b"}]}`
+	escaped := `{"v":"&lt;b&gt;","link":"https://x.example/?a=1&amp;b=2","items":[{"&lt;k&gt;":"a&amp;b"}]}`
+
+	valid := func(schema json.RawMessage, instance string) error {
+		s, err := schemas.Compile(schema)
+		require.NoError(t, err)
+		v, err := schemas.Decode([]byte(instance))
+		require.NoError(t, err)
+		return s.Validate(v)
+	}
+	require.NoError(t, valid(pinned, original), "the pool's check, before escaping")
+	require.Error(t, valid(pinned, escaped), "what a client checking the escaped result against the pinned schema would refuse")
+
+	shown := shownOutputSchema(pinned)
+	require.NoError(t, valid(shown, escaped))
+	for _, gone := range []string{"maxLength", "pattern", "format", "enum", "const", "propertyNames", "\u200b"} {
+		require.NotContains(t, string(shown), gone)
+	}
+	for _, kept := range []string{`"required":["v","items"]`, `"minItems":1`, `"additionalProperties"`, `"type":"string"`} {
+		require.Contains(t, string(shown), kept)
+	}
+	require.Error(t, valid(shown, `{"v":1,"items":[]}`), "the rest of the schema still holds")
+
+	input := json.RawMessage(`{"type":"object","properties":{"v":{"type":"string","maxLength":3}}}`)
+	require.Equal(t, string(input), string(shownSchema(input)), "an input schema is checked by the pool as shown")
 }
