@@ -32,6 +32,7 @@ run ./services/pool/ 'Decide$' 1s
 run ./services/pool/spawner/ 'ColdDiscoveryVsDockerRun$' 20x 3
 # Publisher: validate a 10,000-node draft; import 200 tools (time beyond the spawn reported).
 run ./internal/graph/ 'Validate10kNodes$' 20x
+run ./internal/graph/ 'Validate10kNodesFirstScreen$' 3x 3
 run ./internal/graph/ 'ValidatePathological' 20x
 run ./mcpgate/capability/ 'RevokedByPathological' 1s
 run ./services/publisher/ 'ValidateDraft10kNodes' 20x
