@@ -17,7 +17,9 @@ run() { # package, pattern, benchtime[, count]
 # Registry: authenticated gRPC on loopback, on bbolt and on an embedded three-member etcd cluster.
 run ./services/registry/ 'RegistryGet$' 20000x
 run ./services/registry/ 'RegistryCreate$' 5000x
-# Declarations: pin, screen, sanitize.
+# Declarations: pin (hash of the canonical JSON), screen, sanitize.
+run ./mcpgate/mcpdecl/ 'Hash$' 1s
+run ./mcpgate/mcpdecl/jcs/ 'Canonicalize$' 1s
 run ./mcpgate/sanitize/ '.' 1s
 run ./mcpgate/screen/ '.' 1s
 # mcpgate: the whole gated path of one call on an in-memory session.
@@ -30,6 +32,7 @@ run ./services/pool/ 'Decide$' 1s
 run ./services/pool/spawner/ 'ColdDiscoveryVsDockerRun$' 20x 3
 # Publisher: validate a 10,000-node draft; import 200 tools (time beyond the spawn reported).
 run ./internal/graph/ 'Validate10kNodes$' 20x
+run ./internal/graph/ 'Validate10kNodesFirstScreen$' 3x 3
 run ./internal/graph/ 'ValidatePathological' 20x
 run ./mcpgate/capability/ 'RevokedByPathological' 1s
 run ./services/publisher/ 'ValidateDraft10kNodes' 20x

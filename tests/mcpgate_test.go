@@ -73,4 +73,10 @@ func TestEmbedExampleBuildsOutsideTheRepository(t *testing.T) {
 	require.Contains(t, string(out), "permissions=[docs.read:{path}]")
 	require.Contains(t, string(out), "allowed: Employees accrue 2 days of leave per month.")
 	require.Contains(t, string(out), `refused: mcpgate: tool "read_doc" requires permissions not granted: docs.read:/restricted/payroll.md`)
+
+	// Run with the server not built (its comment's first command skipped), it says how to
+	// build it.
+	out, err = exec.Command(filepath.Join(dir, "embed"), "-server", filepath.Join(dir, "missing", "docs-mcp")).CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "build the demo server with `go build -o /tmp/docs-mcp ./examples/docs-mcp` and pass -server /tmp/docs-mcp")
 }

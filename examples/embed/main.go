@@ -13,7 +13,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
+	"os/exec"
 	"os/signal"
 	"strings"
 
@@ -34,6 +36,9 @@ func main() {
 func run(ctx context.Context, server string) error {
 	// The server gets no environment of ours but PATH.
 	session, err := mcpgate.Command{Path: server}.Open(ctx)
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: build the demo server with `go build -o /tmp/docs-mcp ./examples/docs-mcp` and pass -server /tmp/docs-mcp", err)
+	}
 	if err != nil {
 		return err
 	}

@@ -251,12 +251,16 @@ func TestDeployEnvironmentsLoad(t *testing.T) {
 		var compose struct {
 			Services map[string]struct {
 				Environment map[string]string `yaml:"environment"`
+				Volumes     []string          `yaml:"volumes"`
 			} `yaml:"services"`
 		}
 		require.NoError(t, yaml.Unmarshal(raw, &compose))
 		require.NotEmpty(t, compose.Services)
 		for name, svc := range compose.Services {
 			name = replica.ReplaceAllString(name, "")
+			if name != "secrets-key" {
+				checkComposeCertificates(t, file+"/"+name, name, svc.Volumes)
+			}
 			if name == "etcd" || name == "secrets-key" {
 				continue
 			}
@@ -275,6 +279,21 @@ func TestDeployEnvironmentsLoad(t *testing.T) {
 	require.NotEmpty(t, env)
 	_, err = Load("ringfence-pool", []string{"--config", filepath.Join("..", "..", "deploy", "config", "pool.yaml")}, env, io.Discard)
 	require.NoError(t, err, "the systemd unit with the pool.yaml it names")
+}
+
+// checkComposeCertificates: a compose service mounts the CA certificate and its own
+// certificate and key, never the whole directory certs init wrote, which holds the CA's key
+// and every other service's key (with either, it could pass for any service).
+func checkComposeCertificates(t *testing.T, label, name string, volumes []string) {
+	t.Helper()
+	var mounted []string
+	for _, v := range volumes {
+		source, _, _ := strings.Cut(v, ":")
+		if source == "./certs" || strings.HasPrefix(source, "./certs/") {
+			mounted = append(mounted, strings.TrimPrefix(source, "./certs/"))
+		}
+	}
+	require.ElementsMatch(t, []string{"ca.pem", name + ".pem", name + "-key.pem"}, mounted, "%s mounts of ./certs", label)
 }
 
 // checkComposeService loads a compose service's environment as its binary would.
