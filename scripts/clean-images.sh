@@ -18,5 +18,11 @@ if [ ${#images[@]} -eq 0 ]; then
 	exit 0
 fi
 echo "clean: removing the ${#images[@]} image(s) this checkout ($id) built"
-# -f: an image may carry several tags (the fixture image's, a registry test's digest).
-docker rmi -f "${images[@]}" >/dev/null
+# -f: an image may carry several tags (the fixture image's, a registry test's digest). A
+# container still running from one (a server of this checkout not stopped yet, or stopping:
+# its containers go within seconds) keeps it; say so rather than leave the engine's words alone.
+if ! out=$(docker rmi -f "${images[@]}" 2>&1 >/dev/null); then
+	echo "$out" >&2
+	echo "clean: an image of this checkout is still used by a running container: stop the ringfenced (or tests) of this checkout, wait a few seconds, then make clean again" >&2
+	exit 1
+fi
