@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -351,17 +352,19 @@ func (g *globals) streamCtx(parent context.Context) context.Context {
 const serviceForCommands = "servers, secrets, keys and roles: ringfence-registry; graphs and mcp-import: ringfence-publisher; runs, call and documents: ringfence-pool; audit: ringfence-audit"
 
 // unservedService names the gRPC service a server said it does not serve: in a split
-// deployment, the CLI asked the wrong binary. grpc-go's answer to a call for a service nobody
-// registered is the message "unknown service <name>", which a Ringfence server's listener
-// gives too (an earlier release said more after the name); our handlers never write it, so
-// the message alone identifies it, and the hint it leads to only points at another binary.
+// deployment, the CLI asked the wrong binary. A Ringfence listener says so in an ErrorInfo
+// (reason SERVICE_NOT_SERVED, the service in its metadata); any other gRPC server, as grpc-go
+// does, in the message "unknown service <name>", which no Ringfence handler writes.
 func unservedService(st *status.Status) (string, bool) {
 	if st.Code() != codes.Unimplemented {
 		return "", false
 	}
-	rest, ok := strings.CutPrefix(st.Message(), "unknown service ")
-	svc, _, _ := strings.Cut(rest, ":")
-	return svc, ok
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == "SERVICE_NOT_SERVED" {
+			return info.GetMetadata()["service"], true
+		}
+	}
+	return strings.CutPrefix(st.Message(), "unknown service ")
 }
 
 // hintedError is a server's error with what the command that got it knows to do about it.

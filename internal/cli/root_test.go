@@ -12,6 +12,7 @@ import (
 	"github.com/google/shlex"
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -64,6 +65,15 @@ func TestPrintErrorNamesTheServiceToAsk(t *testing.T) {
 	printError(&out, status.Error(codes.Unimplemented, "unknown service ringfence.publisher.v1.PublisherService"), connection{})
 	require.Contains(t, out.String(), "the server at --addr does not serve ringfence.publisher.v1.PublisherService")
 	require.Contains(t, out.String(), "graphs and mcp-import: ringfence-publisher")
+
+	// A Ringfence listener's refusal names the service in an ErrorInfo, whatever its words.
+	out.Reset()
+	st, err := status.New(codes.Unimplemented, "this listener serves other services").WithDetails(
+		&errdetails.ErrorInfo{Reason: "SERVICE_NOT_SERVED", Domain: "ringfence", Metadata: map[string]string{"service": "ringfence.pool.v1.PoolService"}})
+	require.NoError(t, err)
+	printError(&out, st.Err(), connection{})
+	require.Contains(t, out.String(), "the server at --addr does not serve ringfence.pool.v1.PoolService;")
+	require.Contains(t, out.String(), "runs, call and documents: ringfence-pool")
 }
 
 // TestHelpNeverPrintsTheAPIKey: the key set in the environment is read after the flags, so
