@@ -137,11 +137,7 @@ document service (documents.url_template) has no built-in store.`,
 				}
 				_, err = f.f.Write(content)
 				if err = f.finish(err); err != nil {
-					var pe *os.PathError
-					if errors.As(err, &pe) {
-						err = pe.Err
-					}
-					return fmt.Errorf("cannot write %s: %w", sprintLine("%q", out), err)
+					return fmt.Errorf("cannot write %s: %w", sprintLine("%q", out), pathErr(err))
 				}
 			}
 			if g.output == "json" {
