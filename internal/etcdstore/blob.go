@@ -181,9 +181,6 @@ func (b *Blobs) DeleteOwnerOp(owner string) clientv3.Op {
 	return clientv3.OpDelete(b.prefix+owner+"/", clientv3.WithPrefix())
 }
 
-// Inline reports whether val holds its value in place.
-func Inline(val []byte) bool { return len(val) > 0 && val[0] == tagInline }
-
 func (b *Blobs) chunkPrefix(owner, id string) string { return b.prefix + owner + "/" + id + "/" }
 
 func (b *Blobs) chunkKey(owner, id string, i int) string {

@@ -187,7 +187,7 @@ func TestBlobsKeepLargeValuesWithTheirTransaction(t *testing.T) {
 
 	// Staged, never committed: revoking the lease (as its expiry would) removes the chunks;
 	// the committed value's chunks, off the lease, stay.
-	_, err = blobs.Stage(ctx, "acme/g", large)
+	expired, err := blobs.Stage(ctx, "acme/g", large)
 	require.NoError(t, err)
 	chunks, err := cli.Get(ctx, space.Prefix("blobs"), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	require.NoError(t, err)
@@ -199,6 +199,10 @@ func TestBlobsKeepLargeValuesWithTheirTransaction(t *testing.T) {
 	got, err = blobs.Load(ctx, "acme/g", resp.Kvs[0].Value, 0)
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(large, got))
+	// A transaction whose staged chunks are gone fails as expired staging: its writer stages
+	// again rather than reporting an error.
+	_, err = cli.Txn(ctx).Then(append(expired.Ops, clientv3.OpPut(space.Key("drafts", "acme/h"), string(expired.Value)))...).Commit()
+	require.True(t, etcdstore.IsStagingExpired(err), "committing expired staging: %v", err)
 
 	_, err = cli.Txn(ctx).Then(blobs.DeleteOps("acme/g", resp.Kvs[0].Value)...).Commit()
 	require.NoError(t, err)

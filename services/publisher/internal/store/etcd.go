@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	rpctypes "go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ringfence/ringfence/internal/audit"
@@ -166,7 +165,7 @@ func (s *Etcd) commit(ctx context.Context, cmps []clientv3.Cmp, ops []clientv3.O
 		return false, err
 	}
 	resp, err := etcdstore.Commit(ctx, s.cli, cmps, ops, rec)
-	if errors.Is(err, rpctypes.ErrKeyNotFound) {
+	if etcdstore.IsStagingExpired(err) {
 		return false, nil
 	}
 	if err != nil {
