@@ -39,6 +39,9 @@ type Command struct {
 
 // Open starts the program and connects over its stdio.
 func (c Command) Open(ctx context.Context) (Conn, error) {
+	if c.Path == "" {
+		return nil, errors.New("mcpgate: the Command has no Path: name the MCP server's program")
+	}
 	cmd := exec.Command(c.Path, c.Args...)
 	cmd.Env, cmd.Dir = c.Env, c.Dir
 	if cmd.Env == nil {
@@ -177,6 +180,9 @@ func (h *Host) Start(ctx context.Context) error {
 	for _, a := range h.adapters {
 		if _, dup := all[a.Name]; dup {
 			return fail(a.Name, errors.New("bound twice"))
+		}
+		if a.Server == nil {
+			return fail(a.Name, errors.New("has no Server: set AdapterSpec.Server (CollectAdapters checks every spec)"))
 		}
 		conn, err := a.Server.Open(ctx)
 		if err != nil {
