@@ -163,7 +163,8 @@ func NewHost(adapters ...AdapterSpec) *Host {
 }
 
 // Start opens a session to every adapter's server and binds its tools, in order. When one
-// fails, the sessions opened so far are closed and the error names the adapter.
+// fails, the sessions opened so far are closed and the error names the adapter and wraps its
+// cause (errors.As finds a *ValidationError from Bind). A second Start is an error.
 func (h *Host) Start(ctx context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -221,7 +222,9 @@ func (h *Host) Tools(adapter string) []ToolSpec {
 	return nil
 }
 
-// CallTool calls tool of adapter through every gate (see CallTool).
+// CallTool calls tool of adapter through every gate (see CallTool, whose errors it returns).
+// Before Start or after Close it returns ErrNotStarted; for an adapter or tool the host did
+// not bind, an error that wraps ErrUnknownTool and lists what it did bind.
 func (h *Host) CallTool(ctx context.Context, adapter, tool string, args map[string]any, caps Capabilities, opts ...CallOption) (*Result, error) {
 	h.mu.RLock()
 	started := h.bound != nil

@@ -172,9 +172,11 @@ var (
 	errNilSession = errors.New("mcpgate: the Session is nil: pass the session the specs were bound on")
 )
 
-// Check runs the gates before invoke, in order: the declaration is usable, the capability
-// gate, and input validation (which also requires the output schema to compile, so that a
-// broken one is a refusal now rather than a failure after the call took effect).
+// Check runs the gates before invoke, in order: the declaration is usable (else
+// *ValidationError, StageDeclaration), the capability gate (*CapabilityError), and input
+// validation (*ValidationError, StageInput), which also requires the output schema to compile,
+// so that a broken one is a refusal now rather than a failure after the call took effect
+// (SchemaUnusable). A nil error means the call may be sent.
 func Check(spec *ToolSpec, args map[string]any, caps Capabilities, opts ...CallOption) error {
 	cfg := configure(opts)
 	return check(spec, args, caps, &cfg)
@@ -347,8 +349,9 @@ func checkInput(spec *ToolSpec, args map[string]any, cfg *callConfig) error {
 	return nil
 }
 
-// CheckDrift refuses a call when live, the session's current listing, does not declare the
-// tool exactly as pinned: absent, changed, listed twice or unreadable are all drift.
+// CheckDrift refuses a call with a *DriftError when live, the session's current listing
+// (ListingOf), does not declare the tool exactly as pinned: absent, changed, listed twice or
+// unreadable are all drift.
 func CheckDrift(spec *ToolSpec, live Listing) error {
 	if spec == nil {
 		return errNilSpec
@@ -365,8 +368,10 @@ func CheckDrift(spec *ToolSpec, live Listing) error {
 
 // ProcessResult runs the gates after invoke on what tools/call answered: output validation
 // (structured content against the output schema, unless the result is the tool's own error;
-// a non-object where an object is required is an error), the bounds on a result, and
-// sanitization of every string leaf and key.
+// a non-object where an object is required is an error: *ValidationError, StageOutput), the
+// bounds on a result (*TooLargeError), and sanitization of every string leaf and key. A nil
+// result is a *ProtocolError. Every error means the call reached the server and may have
+// taken effect; a tool's own failure is not an error but a Result with IsError.
 func ProcessResult(spec *ToolSpec, res *mcp.CallToolResult, opts ...CallOption) (*Result, error) {
 	if spec == nil {
 		return nil, errNilSpec

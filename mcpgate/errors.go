@@ -92,8 +92,9 @@ func (e *TooLargeError) Error() string {
 	return fmt.Sprintf("mcpgate: MCP tool %q returned a result of %d %s, more than the %d a result may carry", e.Tool, e.Size, e.What, e.Limit)
 }
 
-// ProtocolError is an answer to tools/call that is not an MCP tool result (ProcessRawResult):
-// not a result object, or a content item of a type MCP does not define. The server broke the
+// ProtocolError is an answer to tools/call that is not an MCP tool result: not a result
+// object, or a content item of a type MCP does not define (ProcessRawResult), or no result at
+// all from a session that returned no error either. The server broke the
 // protocol, not the tool's declaration; the call reached it and may have taken effect.
 type ProtocolError struct {
 	Tool    string
