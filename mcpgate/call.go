@@ -215,6 +215,13 @@ func checkCapabilities(spec *ToolSpec, args map[string]any, caps Capabilities, c
 	if len(reqs) == 0 {
 		return nil
 	}
+	// A revoke entry that is not a capability would withdraw nothing: refuse rather than
+	// allow what its author meant to take away.
+	for _, r := range caps.Revoked {
+		if err := claimProblem(r); err != nil {
+			return &CapabilityError{Tool: spec.Name, Problem: fmt.Sprintf("revoke entry %q is not a capability, so it would withdraw nothing and every call is refused: %v", truncate(r.String(), 80), err)}
+		}
+	}
 	eff := caps.effective()
 	meter := &capability.Meter{Limit: cfg.workLimit}
 	var missing, checked []string
@@ -246,7 +253,25 @@ func checkCapabilities(spec *ToolSpec, args map[string]any, caps Capabilities, c
 		}
 	}
 	if len(missing) > 0 {
-		return &CapabilityError{Tool: spec.Name, Missing: missing}
+		var malformed []string
+		for _, c := range caps.Claims {
+			if err := claimProblem(c); err != nil {
+				malformed = append(malformed, fmt.Sprintf("%q: %v", truncate(c.String(), 80), err))
+			}
+		}
+		return &CapabilityError{Tool: spec.Name, Missing: missing, Malformed: malformed}
+	}
+	return nil
+}
+
+// claimProblem says why c is not a capability (and so covers nothing), or nil.
+func claimProblem(c Claim) error {
+	p, err := capability.Parse(c.String())
+	switch {
+	case err != nil:
+		return err
+	case p.Name != c.Namespace:
+		return fmt.Errorf("its Namespace holds ':': put what follows it in Scope (Claim{Namespace: %q, Scope: %q}, or ParseClaim)", p.Name, p.Scope)
 	}
 	return nil
 }

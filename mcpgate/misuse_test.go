@@ -146,3 +146,33 @@ func TestConcurrentUse(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotStarted)
 	require.Equal(t, int64(2), closes.Load())
 }
+
+// TestMalformedClaims: a claim written with its scope in Namespace reads like the right one
+// but covers nothing, so a refusal names it and says how to write it; a revoke entry that is
+// not a capability would withdraw nothing, so every call is refused until it is corrected.
+func TestMalformedClaims(t *testing.T) {
+	spec := stubSpec()
+	args := map[string]any{"path": "/secrets/a"}
+
+	err := Check(spec, args, Capabilities{Claims: []Claim{{Namespace: "fs.read:/secrets/*"}, {Namespace: "FS.READ"}, {Namespace: "db.read"}}})
+	var ce *CapabilityError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, []string{"fs.read:/secrets/a"}, ce.Missing)
+	require.Len(t, ce.Malformed, 2)
+	require.ErrorContains(t, err, `"fs.read:/secrets/*": its Namespace holds ':': put what follows it in Scope (Claim{Namespace: "fs.read", Scope: "/secrets/*"}, or ParseClaim)`)
+	require.ErrorContains(t, err, `"FS.READ": capability "FS.READ": the name must match`)
+
+	held := []Claim{{Namespace: "fs.read", Scope: "/secrets/*"}}
+	require.NoError(t, Check(spec, args, Capabilities{Claims: held}))
+	for _, bad := range []Claim{{Namespace: "fs.read:/secrets/*"}, {Namespace: "Fs.read", Scope: "/secrets/*"}} {
+		err = Check(spec, args, Capabilities{Claims: held, Revoked: []Claim{bad}})
+		require.ErrorAs(t, err, &ce, "%v", bad)
+		require.Empty(t, ce.Missing)
+		require.Contains(t, ce.Problem, "is not a capability, so it would withdraw nothing and every call is refused")
+	}
+	// The same revoke entry, well formed, takes the claim away.
+	err = Check(spec, args, Capabilities{Claims: held, Revoked: []Claim{{Namespace: "fs.read", Scope: "/secrets/*"}}})
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, []string{"fs.read:/secrets/a"}, ce.Missing)
+	require.Empty(t, ce.Malformed)
+}
