@@ -35,18 +35,7 @@ func TestGoClientOfTheStubs(t *testing.T) {
 		}
 	}
 
-	dir := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), src, 0o600))
-	gomod := "module example.com/grpcclient\n\ngo 1.26.0\n\nrequire github.com/ringfence/ringfence/gen/go v0.0.0\n\n" +
-		"replace github.com/ringfence/ringfence/gen/go => " + filepath.Join(root, "gen", "go") + "\n"
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gomod), 0o600))
-	sums, err := os.ReadFile(filepath.Join(root, "gen", "go", "go.sum"))
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.sum"), sums, 0o600))
-	offline := []string{"GOWORK=off", "GOFLAGS=-mod=mod", "GOPROXY=off"}
-	goCmd(t, dir, offline, "mod", "tidy")
-	goCmd(t, dir, offline, "build", "-o", "grpc-client", ".")
-	mods := goCmd(t, dir, []string{"GOWORK=off"}, "list", "-m", "all")
+	dir, mods := buildOutside(t, "grpc-client", "gen/go")
 	require.NotContains(t, mods, "github.com/ringfence/ringfence ", "the servers are not a dependency")
 	require.NotContains(t, mods, "go.etcd.io/")
 	require.NotContains(t, mods, "github.com/moby/")
