@@ -66,10 +66,10 @@ func TestEmbedExampleBuildsOutsideTheRepository(t *testing.T) {
 }
 
 // buildOutside builds examples/<example> as a module of its own in a directory outside the
-// checkout, whose only requirement is the repository's module in directory module (mcpgate, gen/go),
-// replaced by its path. The module's own checksums are the program's: nothing is fetched,
-// and the build must not reach for anything that module does not already need. It returns
-// the directory, holding the binary named example, and `go list -m all` there.
+// checkout, whose one requirement is the repository's module in directory module (mcpgate,
+// gen/go), replaced by its path. That module's checksums are the program's: nothing is
+// fetched, and the build must not reach for anything the module does not already need. It
+// returns the directory, which holds the binary named example, and `go list -m all` there.
 func buildOutside(t *testing.T, example, module string) (dir, mods string) {
 	t.Helper()
 	root := bins.root
