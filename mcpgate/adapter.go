@@ -1,6 +1,7 @@
 package mcpgate
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -212,14 +213,26 @@ func (h *Host) Adapters() []string {
 	return names
 }
 
-// Tools returns the tools bound for adapter.
+// Tools returns copies of the tools bound for adapter: changing them (their Permissions, their
+// schemas) changes nothing the host gates calls with.
 func (h *Host) Tools(adapter string) []ToolSpec {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
-	if b, ok := h.bound[adapter]; ok {
-		return slices.Clone(b.tools)
+	b, ok := h.bound[adapter]
+	if !ok {
+		return nil
 	}
-	return nil
+	out := make([]ToolSpec, len(b.tools))
+	for i, t := range b.tools {
+		t.InputSchema, t.OutputSchema = bytes.Clone(t.InputSchema), bytes.Clone(t.OutputSchema)
+		t.Permissions, t.Findings = slices.Clone(t.Permissions), slices.Clone(t.Findings)
+		if t.Annotations != nil {
+			a := *t.Annotations
+			t.Annotations = &a
+		}
+		out[i] = t
+	}
+	return out
 }
 
 // CallTool calls tool of adapter through every gate (see CallTool, whose errors it returns).

@@ -176,3 +176,35 @@ func TestMalformedClaims(t *testing.T) {
 	require.Equal(t, []string{"fs.read:/secrets/a"}, ce.Missing)
 	require.Empty(t, ce.Malformed)
 }
+
+// TestHostToolsAreCopies: what Host.Tools returns may be changed freely; the host still gates
+// every call with the specs it bound.
+func TestHostToolsAreCopies(t *testing.T) {
+	var closes atomic.Int64
+	h := NewHost(AdapterSpec{Name: "secrets", Server: inProcess(&closes), Permissions: map[string][]string{"read-secret": {"fs.read:{path}"}}})
+	require.NoError(t, h.Start(t.Context()))
+	t.Cleanup(func() { _ = h.Close() })
+	tools := h.Tools("secrets")
+	for i := range tools {
+		for j := range tools[i].Permissions {
+			tools[i].Permissions[j] = "anything"
+		}
+		for j := range tools[i].InputSchema {
+			tools[i].InputSchema[j] = ' '
+		}
+		if tools[i].Annotations != nil {
+			tools[i].Annotations.ReadOnlyHint = false
+		}
+	}
+	_, err := h.CallTool(t.Context(), "secrets", "read-secret", map[string]any{"path": "/s/a"}, claims(t, "anything"))
+	var ce *CapabilityError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, []string{"fs.read:/s/a"}, ce.Missing)
+	for _, spec := range h.Tools("secrets") {
+		if spec.Name == "read-secret" {
+			require.Equal(t, []string{"fs.read:{path}"}, spec.Permissions)
+			require.JSONEq(t, `{"type":"object","properties":{"path":{"type":"string"}},"required":["path"],"additionalProperties":false}`, string(spec.InputSchema))
+			require.True(t, spec.Annotations.ReadOnlyHint)
+		}
+	}
+}
