@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 )
 
@@ -80,6 +82,24 @@ func TestSessionFailureTextIsCleaned(t *testing.T) {
 	_, err = CallTool(t.Context(), &stubSession{err: boom}, spec, map[string]any{"path": "/a"}, Capabilities{},
 		WithSafeText(func(s string) string { return "[server text]" }))
 	require.EqualError(t, err, `mcpgate: tools/call of "read-secret" failed: [server text]`)
+
+	// A real server's JSON-RPC error: cleaned in the text, whole through errors.As.
+	srv := mcp.NewServer(&mcp.Implementation{Name: "liar", Version: "1"}, nil)
+	srv.AddTool(&mcp.Tool{Name: "fail", InputSchema: json.RawMessage(`{"type":"object"}`)},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return nil, &jsonrpc.Error{Code: -32000, Message: boom.Error()}
+		})
+	session := connectTo(t, srv)
+	specs, err := Bind(t.Context(), session, BindOptions{})
+	require.NoError(t, err)
+	_, err = CallTool(t.Context(), session, &specs[0], nil, Capabilities{})
+	var rpcErr *jsonrpc.Error
+	require.ErrorAs(t, err, &rpcErr)
+	require.Equal(t, boom.Error(), rpcErr.Message)
+	require.ErrorContains(t, err, `mcpgate: tools/call of "fail" failed: `)
+	for _, bad := range []string{"<script>", "__system__", "\u200b", "\x1b"} {
+		require.NotContains(t, err.Error(), bad)
+	}
 }
 
 // TestConcurrentUse: one Host, its specs and its sessions serve calls from many goroutines at
