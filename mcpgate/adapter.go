@@ -1,6 +1,7 @@
 package mcpgate
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -39,6 +40,9 @@ type Command struct {
 
 // Open starts the program and connects over its stdio.
 func (c Command) Open(ctx context.Context) (Conn, error) {
+	if c.Path == "" {
+		return nil, errors.New("mcpgate: the Command has no Path: name the MCP server's program")
+	}
 	cmd := exec.Command(c.Path, c.Args...)
 	cmd.Env, cmd.Dir = c.Env, c.Dir
 	if cmd.Env == nil {
@@ -160,7 +164,8 @@ func NewHost(adapters ...AdapterSpec) *Host {
 }
 
 // Start opens a session to every adapter's server and binds its tools, in order. When one
-// fails, the sessions opened so far are closed and the error names the adapter.
+// fails, the sessions opened so far are closed and the error names the adapter and wraps its
+// cause (errors.As finds a *ValidationError from Bind). A second Start is an error.
 func (h *Host) Start(ctx context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -177,6 +182,9 @@ func (h *Host) Start(ctx context.Context) error {
 	for _, a := range h.adapters {
 		if _, dup := all[a.Name]; dup {
 			return fail(a.Name, errors.New("bound twice"))
+		}
+		if a.Server == nil {
+			return fail(a.Name, errors.New("has no Server: set AdapterSpec.Server (CollectAdapters checks every spec)"))
 		}
 		conn, err := a.Server.Open(ctx)
 		if err != nil {
@@ -205,17 +213,31 @@ func (h *Host) Adapters() []string {
 	return names
 }
 
-// Tools returns the tools bound for adapter.
+// Tools returns copies of the tools bound for adapter: changing them (their Permissions, their
+// schemas) changes nothing the host gates calls with.
 func (h *Host) Tools(adapter string) []ToolSpec {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
-	if b, ok := h.bound[adapter]; ok {
-		return slices.Clone(b.tools)
+	b, ok := h.bound[adapter]
+	if !ok {
+		return nil
 	}
-	return nil
+	out := make([]ToolSpec, len(b.tools))
+	for i, t := range b.tools {
+		t.InputSchema, t.OutputSchema = bytes.Clone(t.InputSchema), bytes.Clone(t.OutputSchema)
+		t.Permissions, t.Findings = slices.Clone(t.Permissions), slices.Clone(t.Findings)
+		if t.Annotations != nil {
+			a := *t.Annotations
+			t.Annotations = &a
+		}
+		out[i] = t
+	}
+	return out
 }
 
-// CallTool calls tool of adapter through every gate (see CallTool).
+// CallTool calls tool of adapter through every gate (see CallTool, whose errors it returns).
+// Before Start or after Close it returns ErrNotStarted; for an adapter or tool the host did
+// not bind, an error that wraps ErrUnknownTool and lists what it did bind.
 func (h *Host) CallTool(ctx context.Context, adapter, tool string, args map[string]any, caps Capabilities, opts ...CallOption) (*Result, error) {
 	h.mu.RLock()
 	started := h.bound != nil

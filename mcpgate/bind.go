@@ -76,6 +76,9 @@ func ListAll(ctx context.Context, session Session) ([]*mcp.Tool, error) {
 // findings. A tool whose input or output schema is not a JSON object is refused with a
 // *ValidationError (StageDeclaration) naming it; nothing is bound then.
 func Bind(ctx context.Context, session Session, opts BindOptions) ([]ToolSpec, error) {
+	if session == nil {
+		return nil, errNilSession
+	}
 	if err := checkPermissions("Required", opts.Required); err != nil {
 		return nil, err
 	}

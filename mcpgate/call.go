@@ -51,7 +51,9 @@ type callConfig struct {
 func configure(opts []CallOption) callConfig {
 	cfg := callConfig{workLimit: DefaultWorkLimit, safe: safeText}
 	for _, o := range opts {
-		o(&cfg)
+		if o != nil {
+			o(&cfg)
+		}
 	}
 	return cfg
 }
@@ -123,8 +125,13 @@ type Result struct {
 // drift check (WithDrift), invoke, output validation, sanitization. A refusal before invoke
 // (*CapabilityError, *ValidationError, *DriftError) means nothing reached the session; a
 // *ValidationError of StageOutput or a *TooLargeError means the call reached the server and
-// may have taken effect. A failure of the session itself is returned wrapped.
+// may have taken effect. A failure of the session itself is returned wrapped (errors.Is and
+// errors.As find it), its text cleaned as WithSafeText says: it is the server's to choose.
+// A nil spec or session is an error, not a panic.
 func CallTool(ctx context.Context, session Session, spec *ToolSpec, args map[string]any, caps Capabilities, opts ...CallOption) (*Result, error) {
+	if session == nil {
+		return nil, errNilSession
+	}
 	cfg := configure(opts)
 	if err := check(spec, args, caps, &cfg); err != nil {
 		return nil, err
@@ -139,20 +146,46 @@ func CallTool(ctx context.Context, session Session, spec *ToolSpec, args map[str
 	}
 	res, err := session.CallTool(ctx, &mcp.CallToolParams{Name: spec.Name, Arguments: args})
 	if err != nil {
-		return nil, fmt.Errorf("mcpgate: tools/call of %q failed: %w", spec.Name, err)
+		return nil, &invokeError{tool: spec.Name, err: err, text: cfg.safe(err.Error())}
 	}
 	return processResult(spec, res, nil, &cfg)
 }
 
-// Check runs the gates before invoke, in order: the declaration is usable, the capability
-// gate, and input validation (which also requires the output schema to compile, so that a
-// broken one is a refusal now rather than a failure after the call took effect).
+// invokeError is a failure of the session's tools/call. Its text is cleaned, since a server
+// chooses the message of a JSON-RPC error (markup, role markers, invisible characters); the
+// session's error itself stays reachable through Unwrap.
+type invokeError struct {
+	tool, text string
+	err        error
+}
+
+func (e *invokeError) Error() string {
+	return fmt.Sprintf("mcpgate: tools/call of %q failed: %s", e.tool, e.text)
+}
+
+func (e *invokeError) Unwrap() error { return e.err }
+
+// Errors of calls that pass no spec or no session: the caller's mistake, reported rather than
+// a nil dereference.
+var (
+	errNilSpec    = errors.New("mcpgate: the ToolSpec is nil: pass one Bind returned (&specs[i])")
+	errNilSession = errors.New("mcpgate: the Session is nil: pass the session the specs were bound on")
+)
+
+// Check runs the gates before invoke, in order: the declaration is usable (else
+// *ValidationError, StageDeclaration), the capability gate (*CapabilityError), and input
+// validation (*ValidationError, StageInput), which also requires the output schema to compile,
+// so that a broken one is a refusal now rather than a failure after the call took effect
+// (SchemaUnusable). A nil error means the call may be sent.
 func Check(spec *ToolSpec, args map[string]any, caps Capabilities, opts ...CallOption) error {
 	cfg := configure(opts)
 	return check(spec, args, caps, &cfg)
 }
 
 func check(spec *ToolSpec, args map[string]any, caps Capabilities, cfg *callConfig) error {
+	if spec == nil {
+		return errNilSpec
+	}
 	if spec.Refused {
 		return &ValidationError{Tool: spec.Name, Stage: StageDeclaration, Message: "the declaration screen refused it: " + cfg.safe(hardFindings(spec.Findings))}
 	}
@@ -181,6 +214,13 @@ func checkCapabilities(spec *ToolSpec, args map[string]any, caps Capabilities, c
 	}
 	if len(reqs) == 0 {
 		return nil
+	}
+	// A revoke entry that is not a capability would withdraw nothing: refuse rather than
+	// allow what its author meant to take away.
+	for _, r := range caps.Revoked {
+		if err := claimProblem(r); err != nil {
+			return &CapabilityError{Tool: spec.Name, Problem: fmt.Sprintf("revoke entry %q is not a capability, so it would withdraw nothing and every call is refused: %v", truncate(r.String(), 80), err)}
+		}
 	}
 	eff := caps.effective()
 	meter := &capability.Meter{Limit: cfg.workLimit}
@@ -213,7 +253,25 @@ func checkCapabilities(spec *ToolSpec, args map[string]any, caps Capabilities, c
 		}
 	}
 	if len(missing) > 0 {
-		return &CapabilityError{Tool: spec.Name, Missing: missing}
+		var malformed []string
+		for _, c := range caps.Claims {
+			if err := claimProblem(c); err != nil {
+				malformed = append(malformed, fmt.Sprintf("%q: %v", truncate(c.String(), 80), err))
+			}
+		}
+		return &CapabilityError{Tool: spec.Name, Missing: missing, Malformed: malformed}
+	}
+	return nil
+}
+
+// claimProblem says why c is not a capability (and so covers nothing), or nil.
+func claimProblem(c Claim) error {
+	p, err := capability.Parse(c.String())
+	switch {
+	case err != nil:
+		return err
+	case p.Name != c.Namespace:
+		return fmt.Errorf("its Namespace holds ':': put what follows it in Scope (Claim{Namespace: %q, Scope: %q}, or ParseClaim)", p.Name, p.Scope)
 	}
 	return nil
 }
@@ -276,6 +334,10 @@ func checkInput(spec *ToolSpec, args map[string]any, cfg *callConfig) error {
 		return &ValidationError{Tool: spec.Name, Stage: StageInput, SchemaUnusable: true,
 			Message: fmt.Sprintf("the %s schema of tool %q cannot be compiled: %s", which, spec.Name, cfg.safe(err.Error()))}
 	}
+	if spec.compiled == nil && len(spec.InputSchema) == 0 {
+		return &ValidationError{Tool: spec.Name, Stage: StageInput, SchemaUnusable: true,
+			Message: fmt.Sprintf("tool %q has no input schema (ToolSpec.InputSchema is empty): MCP requires one; a tool without arguments declares {\"type\":\"object\"}", spec.Name)}
+	}
 	in, err := spec.schema(schemaInput, cfg)
 	if err != nil {
 		return unusable("input", err)
@@ -312,9 +374,13 @@ func checkInput(spec *ToolSpec, args map[string]any, cfg *callConfig) error {
 	return nil
 }
 
-// CheckDrift refuses a call when live, the session's current listing, does not declare the
-// tool exactly as pinned: absent, changed, listed twice or unreadable are all drift.
+// CheckDrift refuses a call with a *DriftError when live, the session's current listing
+// (ListingOf), does not declare the tool exactly as pinned: absent, changed, listed twice or
+// unreadable are all drift.
 func CheckDrift(spec *ToolSpec, live Listing) error {
+	if spec == nil {
+		return errNilSpec
+	}
 	got, ok := live[spec.Name]
 	if !ok {
 		return &DriftError{Tool: spec.Name, Pinned: spec.Pin, Live: "(absent)"}
@@ -327,9 +393,14 @@ func CheckDrift(spec *ToolSpec, live Listing) error {
 
 // ProcessResult runs the gates after invoke on what tools/call answered: output validation
 // (structured content against the output schema, unless the result is the tool's own error;
-// a non-object where an object is required is an error), the bounds on a result, and
-// sanitization of every string leaf and key.
+// a non-object where an object is required is an error: *ValidationError, StageOutput), the
+// bounds on a result (*TooLargeError), and sanitization of every string leaf and key. A nil
+// result is a *ProtocolError. Every error means the call reached the server and may have
+// taken effect; a tool's own failure is not an error but a Result with IsError.
 func ProcessResult(spec *ToolSpec, res *mcp.CallToolResult, opts ...CallOption) (*Result, error) {
+	if spec == nil {
+		return nil, errNilSpec
+	}
 	cfg := configure(opts)
 	return processResult(spec, res, nil, &cfg)
 }
@@ -338,6 +409,10 @@ func ProcessResult(spec *ToolSpec, res *mcp.CallToolResult, opts ...CallOption) 
 // item of res.Content its text, decoded into a buffer of its own that sanitization may
 // overwrite (ProcessRawResult); the item's own Text is then not read.
 func processResult(spec *ToolSpec, res *mcp.CallToolResult, owned [][]byte, cfg *callConfig) (*Result, error) {
+	if res == nil {
+		// A session that answers neither a result nor an error.
+		return nil, &ProtocolError{Tool: spec.Name, Message: "the session returned no result and no error"}
+	}
 	out := &Result{IsError: res.IsError}
 	// msg is the package's own words; what it quotes of the result or the schema is cleaned
 	// where it is put in (cfg.safe), so the words themselves are never escaped.

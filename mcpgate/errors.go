@@ -16,6 +16,9 @@ type CapabilityError struct {
 	// a placeholder names is missing, not a string or not a canonical path, or the expanded
 	// requirement is not a capability.
 	Problem string
+	// Malformed lists the caller's claims that are not capabilities, each with why: they
+	// cover nothing, and may be why Missing is not covered.
+	Malformed []string
 	// WorkLimit, when positive, is the limit on comparison work the call exceeded (wildcard
 	// revoke entries against a wildcard argument): it is refused rather than decided.
 	WorkLimit int64
@@ -28,7 +31,11 @@ func (e *CapabilityError) Error() string {
 	case e.Problem != "":
 		return fmt.Sprintf("mcpgate: tool %q: %s", e.Tool, e.Problem)
 	}
-	return fmt.Sprintf("mcpgate: tool %q requires permissions not granted: %s; add a Claim whose namespace and scope glob cover them", e.Tool, strings.Join(e.Missing, ", "))
+	msg := fmt.Sprintf("mcpgate: tool %q requires permissions not granted: %s; add a Claim whose namespace and scope glob cover them", e.Tool, strings.Join(e.Missing, ", "))
+	if len(e.Malformed) > 0 {
+		msg += " (these claims cover nothing, not being capabilities: " + strings.Join(e.Malformed, "; ") + ")"
+	}
+	return msg
 }
 
 // Stages a ValidationError names.
@@ -92,8 +99,9 @@ func (e *TooLargeError) Error() string {
 	return fmt.Sprintf("mcpgate: MCP tool %q returned a result of %d %s, more than the %d a result may carry", e.Tool, e.Size, e.What, e.Limit)
 }
 
-// ProtocolError is an answer to tools/call that is not an MCP tool result (ProcessRawResult):
-// not a result object, or a content item of a type MCP does not define. The server broke the
+// ProtocolError is an answer to tools/call that is not an MCP tool result: not a result
+// object, or a content item of a type MCP does not define (ProcessRawResult), or no result at
+// all from a session that returned no error either. The server broke the
 // protocol, not the tool's declaration; the call reached it and may have taken effect.
 type ProtocolError struct {
 	Tool    string

@@ -19,6 +19,9 @@ import (
 // not be used afterwards. Any other item is decoded as the MCP SDK decodes it. An answer that
 // is not an MCP tool result is a *ProtocolError.
 func ProcessRawResult(spec *ToolSpec, raw json.RawMessage, opts ...CallOption) (*Result, error) {
+	if spec == nil {
+		return nil, errNilSpec
+	}
 	cfg := configure(opts)
 	var wire struct {
 		Content           []rawJSON `json:"content"`

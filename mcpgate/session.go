@@ -26,6 +26,9 @@ var _ Session = ClientSession{}
 // Initialize returns the server's answer to the initialize the session made when it
 // connected.
 func (s ClientSession) Initialize(context.Context) (*mcp.InitializeResult, error) {
+	if s.ClientSession == nil {
+		return nil, errors.New("mcpgate: the ClientSession holds no go-sdk session: connect with Connect, OpenCommand or OpenStreamableHTTP, or wrap the *mcp.ClientSession you connected")
+	}
 	if r := s.InitializeResult(); r != nil {
 		return r, nil
 	}

@@ -28,7 +28,11 @@ const (
 
 // ToolSpec is one bound tool: its declaration as the server sent it, its pin, and what a call
 // needs. Bind makes them; a caller with a declaration of its own (pinned elsewhere) may fill
-// one in, and CallTool compiles its schemas on use (WithSchemaCache keeps them by pin).
+// one in, and CallTool compiles its schemas on use (WithSchemaCache keeps them by pin). A
+// spec Bind made keeps the schemas it compiled from the declaration: changing its
+// InputSchema or OutputSchema afterwards changes nothing the gates check (build a ToolSpec
+// of your own for that); its Permissions may be changed, or added per call
+// (WithPermissions). A spec is only read by the gates: one may serve concurrent calls.
 type ToolSpec struct {
 	Namespace   string
 	Name        string

@@ -44,23 +44,7 @@ func TestMCPGateImportsNothingOfRingfence(t *testing.T) {
 // against the demo docs server: the import path works without the rest of Ringfence.
 func TestEmbedExampleBuildsOutsideTheRepository(t *testing.T) {
 	root := bins.root
-	dir := t.TempDir()
-	src, err := os.ReadFile(filepath.Join(root, "examples", "embed", "main.go"))
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), src, 0o600))
-	gomod := "module example.com/embed\n\ngo 1.26.0\n\nrequire github.com/ringfence/ringfence/mcpgate v0.0.0\n\n" +
-		"replace github.com/ringfence/ringfence/mcpgate => " + filepath.Join(root, "mcpgate") + "\n"
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gomod), 0o600))
-	// mcpgate's own checksums are the module's: nothing is fetched, and the build must not
-	// reach for anything mcpgate does not already need.
-	sums, err := os.ReadFile(filepath.Join(root, "mcpgate", "go.sum"))
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.sum"), sums, 0o600))
-
-	offline := []string{"GOWORK=off", "GOFLAGS=-mod=mod", "GOPROXY=off"}
-	goCmd(t, dir, offline, "mod", "tidy")
-	goCmd(t, dir, offline, "build", "-o", "embed", ".")
-	mods := goCmd(t, dir, []string{"GOWORK=off"}, "list", "-m", "all")
+	dir, mods := buildOutside(t, "embed", "mcpgate")
 	require.NotContains(t, mods, "github.com/ringfence/ringfence ", "the rest of Ringfence is not a dependency")
 	require.NotContains(t, mods, "github.com/moby/")
 	require.NotContains(t, mods, "google.golang.org/grpc")
@@ -79,4 +63,29 @@ func TestEmbedExampleBuildsOutsideTheRepository(t *testing.T) {
 	out, err = exec.Command(filepath.Join(dir, "embed"), "-server", filepath.Join(dir, "missing", "docs-mcp")).CombinedOutput()
 	require.Error(t, err)
 	require.Contains(t, string(out), "build the demo server with `go build -o /tmp/docs-mcp ./examples/docs-mcp` and pass -server /tmp/docs-mcp")
+}
+
+// buildOutside builds examples/<example> as a module of its own in a directory outside the
+// checkout, whose one requirement is the repository's module in directory module (mcpgate,
+// gen/go), replaced by its path. That module's checksums are the program's: nothing is
+// fetched, and the build must not reach for anything the module does not already need. It
+// returns the directory, which holds the binary named example, and `go list -m all` there.
+func buildOutside(t *testing.T, example, module string) (dir, mods string) {
+	t.Helper()
+	root := bins.root
+	dir = t.TempDir()
+	src, err := os.ReadFile(filepath.Join(root, "examples", example, "main.go"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), src, 0o600))
+	path := "github.com/ringfence/ringfence/" + module
+	gomod := "module example.com/" + example + "\n\ngo 1.26.0\n\nrequire " + path + " v0.0.0\n\n" +
+		"replace " + path + " => " + filepath.Join(root, filepath.FromSlash(module)) + "\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gomod), 0o600))
+	sums, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(module), "go.sum"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.sum"), sums, 0o600))
+	offline := []string{"GOWORK=off", "GOFLAGS=-mod=mod", "GOPROXY=off"}
+	goCmd(t, dir, offline, "mod", "tidy")
+	goCmd(t, dir, offline, "build", "-o", example, ".")
+	return dir, goCmd(t, dir, []string{"GOWORK=off"}, "list", "-m", "all")
 }

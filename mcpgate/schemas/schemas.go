@@ -235,6 +235,9 @@ func (s *Schema) Validate(v any) error {
 	var problems []string
 	collect(ve, &problems)
 	sort.Strings(problems)
+	// Branches of one schema (allOf, anyOf, if/else) often fail at the same place for the same
+	// reason: say it once.
+	problems = slices.Compact(problems)
 	if len(problems) > 8 {
 		problems = append(problems[:8], fmt.Sprintf("and %d more", len(problems)-8))
 	}

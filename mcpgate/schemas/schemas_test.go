@@ -30,6 +30,19 @@ func TestValidateNamesTheField(t *testing.T) {
 	}
 }
 
+// TestValidateSaysEachProblemOnce: two branches that fail at the same place for the same
+// reason (here anyOf and else, both missing email) are one problem in the message.
+func TestValidateSaysEachProblemOnce(t *testing.T) {
+	s, err := Compile(json.RawMessage(`{"type":"object","properties":{"contactMethod":{"enum":["phone","email"]}},
+		"allOf":[{"anyOf":[{"required":["phone"]},{"required":["email"]}]}],
+		"if":{"properties":{"contactMethod":{"const":"phone"}},"required":["contactMethod"]},
+		"then":{"required":["phone"]},"else":{"required":["email"]}}`))
+	require.NoError(t, err)
+	v, err := Decode([]byte(`{}`))
+	require.NoError(t, err)
+	require.EqualError(t, s.Validate(v), "/: missing property 'email'; /: missing property 'phone'")
+}
+
 func TestExternalReferencesAreNeverLoaded(t *testing.T) {
 	secret := filepath.Join(t.TempDir(), "secret.json")
 	require.NoError(t, os.WriteFile(secret, []byte(`{"type":"string"}`), 0o600))
