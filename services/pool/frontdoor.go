@@ -527,13 +527,20 @@ func (f *FrontDoor) agent(t *AgentToken) *agentServer {
 	return a
 }
 
-// server is the SDK's getServer: the agent server of the request's token.
+// server is the SDK's getServer: the agent server of the request's token, holding the
+// agent's listing before a session connects to it. The SDK tells every connected session of
+// each tool added: a listing first read at a session's first tools/list would be followed by
+// a tools/list_changed announcing the very tools the client was just given.
 func (f *FrontDoor) server(r *http.Request) *mcp.Server {
 	t, ok := tokenFrom(r.Context())
 	if !ok {
 		return nil
 	}
-	return f.agent(t).server
+	a := f.agent(t)
+	if err := a.fill(r.Context()); err != nil {
+		f.log.Warn("the agent's listing could not be read before its first session; its first tools/list reads it", "run", t.RunID, "agent", t.Agent, "err", err)
+	}
+	return a.server
 }
 
 // warnOnly passes a handler's warnings and errors on, and nothing below.

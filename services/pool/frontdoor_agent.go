@@ -216,6 +216,17 @@ func (a *agentServer) refresh(ctx context.Context, force bool) error {
 	return nil
 }
 
+// fill reads the listing of a server that never read it.
+func (a *agentServer) fill(ctx context.Context) error {
+	a.mu.Lock()
+	filled := !a.synced.IsZero()
+	a.mu.Unlock()
+	if filled {
+		return nil
+	}
+	return a.refresh(ctx, false)
+}
+
 // announce reads the agent's listing again, which tells its clients of what changed in it,
 // and, when ref names a server the agent lists tools of, that its tools changed: the SDK
 // announces a tool added again as a change.

@@ -273,6 +273,21 @@ func TestFrontDoorRebindingAndLimits(t *testing.T) {
 	require.Equal(t, "1", resp.Header.Get("Retry-After"))
 }
 
+// TestFrontDoorFirstListingIsNoChange: an agent's server holds its listing before the first
+// session connects, so the SDK, which tells every connected session of each tool added, tells
+// a client nothing it was not already given: its first tools/list is not followed by a
+// tools/list_changed.
+func TestFrontDoorFirstListingIsNoChange(t *testing.T) {
+	d := newDoor(t, FrontDoorConfig{ListTTL: time.Hour}, nil)
+	tok, secret := d.token(t)
+	d.connect(t, secret, "2025-11-25", nil)
+	d.fd.mu.Lock()
+	a := d.fd.agents[agentKey{tok.Tenant, tok.RunID, tok.Agent}]
+	d.fd.mu.Unlock()
+	require.NotNil(t, a)
+	require.True(t, a.listed("fx__echo"), "the listing was read before the session connected")
+}
+
 // TestFrontDoorListChangedAfterToolSearch: a deferred server's tools are not listed until
 // tool_search loads them; then every session of the agent hears tools/list_changed and the
 // next listing has them.
