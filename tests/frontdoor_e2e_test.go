@@ -56,17 +56,23 @@ func connect(t *testing.T, d *daemon, run, agent string) connection {
 	return c
 }
 
-// TestFrontDoorInspector: the MCP Inspector's CLI lists and calls an agent's tools through the
-// front door with the configuration ringfence runs connect prints, and the audit log names
-// the token; without it, the front door answers 401.
-func TestFrontDoorInspector(t *testing.T) {
-	d, _ := poolDaemon(t)
-	cli := func(args ...string) string {
+// adminCLI runs the ringfence CLI against d with the admin key and returns its output,
+// failing the test when it fails.
+func adminCLI(t *testing.T, d *daemon) func(args ...string) string {
+	return func(args ...string) string {
 		t.Helper()
 		r := runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), args...)
 		require.Equal(t, 0, r.Code, "%v\nstdout: %s\nstderr: %s", args, r.Stdout, r.Stderr)
 		return r.Stdout
 	}
+}
+
+// TestFrontDoorInspector: the MCP Inspector's CLI lists and calls an agent's tools through the
+// front door with the configuration ringfence runs connect prints, and the audit log names
+// the token; without it, the front door answers 401.
+func TestFrontDoorInspector(t *testing.T) {
+	d, _ := poolDaemon(t)
+	cli := adminCLI(t, d)
 	cli("servers", "add", "docs", "--command", "mcpfixture", "--grant", "process_spawn", "--grant", "external_api_call")
 	cli("graphs", "create", "--graph", "desk", "--agent", "researcher")
 	cli("mcp-import", "--server", "docs", "--graph", "desk", "--agent", "researcher", "--tool", "echo", "--tool", "add")
@@ -133,12 +139,7 @@ func TestFrontDoorInspector(t *testing.T) {
 // tools it hears of (tools/list_changed) and then calls.
 func TestFrontDoorTypeScriptClient(t *testing.T) {
 	d, _ := poolDaemon(t)
-	cli := func(args ...string) string {
-		t.Helper()
-		r := runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), args...)
-		require.Equal(t, 0, r.Code, "%v\nstdout: %s\nstderr: %s", args, r.Stdout, r.Stderr)
-		return r.Stdout
-	}
+	cli := adminCLI(t, d)
 	cli("servers", "add", "fx", "--command", "mcpfixture --runtime-tools", "--grant", "process_spawn", "--grant", "external_api_call")
 	cli("servers", "add", "lazy", "--command", "mcpfixture", "--grant", "process_spawn", "--grant", "external_api_call", "--description", "Tools loaded on demand.")
 	cli("graphs", "create", "--graph", "desk", "--agent", "researcher")
@@ -266,12 +267,7 @@ func TestFrontDoorConformance(t *testing.T) {
 	// The suite runs its scenarios as fast as it can, all with one token.
 	d, _ := poolDaemon(t, "RINGFENCE_FRONTDOOR__RATE_LIMIT=10000", "RINGFENCE_FRONTDOOR__RATE_BURST=10000", "RINGFENCE_FRONTDOOR__MAX_SESSIONS_PER_AGENT=1000")
 	api := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}
-	cli := func(args ...string) string {
-		t.Helper()
-		r := runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), args...)
-		require.Equal(t, 0, r.Code, "%v\nstdout: %s\nstderr: %s", args, r.Stdout, r.Stderr)
-		return r.Stdout
-	}
+	cli := adminCLI(t, d)
 	cli("servers", "add", "everything", "--command", "mcp-conformance-everything", "--grant", "process_spawn", "--grant", "external_api_call")
 	cli("graphs", "create", "--graph", "conformance", "--agent", "client")
 	cli("mcp-import", "--server", "everything", "--graph", "conformance", "--agent", "client")
