@@ -273,6 +273,46 @@ func TestFrontDoorRebindingAndLimits(t *testing.T) {
 	require.Equal(t, "1", resp.Header.Get("Retry-After"))
 }
 
+// TestFrontDoorSessionsLeftOpenDoNotLockTheAgentOut: many clients quit without closing their
+// session (DELETE), the MCP Inspector's CLI among them. When an agent has the most sessions
+// it may, a new one takes the place of the least recently used one that sent nothing for a
+// minute, whose client is told it is gone (404) if it comes back; sessions all in use still
+// refuse a new one.
+func TestFrontDoorSessionsLeftOpenDoNotLockTheAgentOut(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	d := newDoor(t, FrontDoorConfig{MaxSessionsPerAgent: 2, Now: clock}, nil)
+	_, secret := d.token(t)
+	initialize := func() int {
+		req, err := http.NewRequest(http.MethodPost, d.url, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+secret)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	left := d.connect(t, secret, "2025-11-25", nil)
+	working := d.connect(t, secret, "2025-11-25", nil)
+	require.Equal(t, http.StatusTooManyRequests, initialize(), "both sessions were used just now")
+
+	mu.Lock()
+	now = now.Add(2 * sessionEvictIdle)
+	mu.Unlock()
+	_, err := working.ListTools(t.Context(), nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, initialize(), "the session left open gives its place")
+	_, err = left.ListTools(t.Context(), nil)
+	require.Error(t, err, "the session left open is gone")
+	_, err = working.ListTools(t.Context(), nil)
+	require.NoError(t, err, "the session in use is kept")
+	require.Equal(t, http.StatusTooManyRequests, initialize(), "the new session and the one in use were used within the minute")
+}
+
 // TestFrontDoorFirstListingIsNoChange: an agent's server holds its listing before the first
 // session connects, so the SDK, which tells every connected session of each tool added, tells
 // a client nothing it was not already given: its first tools/list is not followed by a
