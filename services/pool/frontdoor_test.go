@@ -85,6 +85,28 @@ func (d *door) connect(t *testing.T, secret, version string, opts *mcp.ClientOpt
 	return cs
 }
 
+// initialize is a client's first request, as raw JSON.
+const initialize = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`
+
+// post sends body to the front door with the token secret, edited by edit when set, and
+// returns the answer with its body read.
+func (d *door) post(t *testing.T, secret, body string, edit func(*http.Request)) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, d.url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+secret)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if edit != nil {
+		edit(req)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
+}
+
 func toolNamesOf(tools []*mcp.Tool) []string {
 	var out []string
 	for _, t := range tools {
@@ -236,24 +258,15 @@ func TestFrontDoorRebindingAndLimits(t *testing.T) {
 	_, secret := d.token(t)
 	send := func(host, origin, body string) *http.Response {
 		t.Helper()
-		req, err := http.NewRequest(http.MethodPost, d.url, strings.NewReader(body))
-		require.NoError(t, err)
-		if host != "" {
-			req.Host = host
-		}
-		if origin != "" {
-			req.Header.Set("Origin", origin)
-		}
-		req.Header.Set("Authorization", "Bearer "+secret)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp
+		return d.post(t, secret, body, func(req *http.Request) {
+			if host != "" {
+				req.Host = host
+			}
+			if origin != "" {
+				req.Header.Set("Origin", origin)
+			}
+		})
 	}
-	initialize := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`
 	require.Equal(t, http.StatusForbidden, send("evil.example.com", "", initialize).StatusCode)
 	require.Equal(t, http.StatusForbidden, send("", "http://evil.example.com", initialize).StatusCode)
 	require.Equal(t, http.StatusOK, send("localhost:1", "https://app.example", initialize).StatusCode, "a loopback name, an allowed origin")
@@ -284,33 +297,22 @@ func TestFrontDoorSessionsLeftOpenDoNotLockTheAgentOut(t *testing.T) {
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	d := newDoor(t, FrontDoorConfig{MaxSessionsPerAgent: 2, Now: clock}, nil)
 	_, secret := d.token(t)
-	initialize := func() int {
-		req, err := http.NewRequest(http.MethodPost, d.url, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`))
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+secret)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	open := func() int { return d.post(t, secret, initialize, nil).StatusCode }
 	left := d.connect(t, secret, "2025-11-25", nil)
 	working := d.connect(t, secret, "2025-11-25", nil)
-	require.Equal(t, http.StatusTooManyRequests, initialize(), "both sessions were used just now")
+	require.Equal(t, http.StatusTooManyRequests, open(), "both sessions were used just now")
 
 	mu.Lock()
 	now = now.Add(2 * sessionEvictIdle)
 	mu.Unlock()
 	_, err := working.ListTools(t.Context(), nil)
 	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, initialize(), "the session left open gives its place")
+	require.Equal(t, http.StatusOK, open(), "the session left open gives its place")
 	_, err = left.ListTools(t.Context(), nil)
 	require.Error(t, err, "the session left open is gone")
 	_, err = working.ListTools(t.Context(), nil)
 	require.NoError(t, err, "the session in use is kept")
-	require.Equal(t, http.StatusTooManyRequests, initialize(), "the new session and the one in use were used within the minute")
+	require.Equal(t, http.StatusTooManyRequests, open(), "the new session and the one in use were used within the minute")
 }
 
 // TestFrontDoorFirstListingIsNoChange: an agent's server holds its listing before the first
