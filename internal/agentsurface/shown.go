@@ -26,7 +26,8 @@ func shownSchema(raw json.RawMessage) json.RawMessage {
 
 // shownOutputSchema is a pinned output schema as a client is shown it: as shownSchema, and
 // without the keywords a result's strings may no longer meet once the pool has escaped their
-// markup (maxLength, pattern, format, enum, const, propertyNames: "<b>" becomes "&lt;b&gt;").
+// markup (maxLength, pattern, format, enum, const, propertyNames: "<b>" becomes "&lt;b&gt;"),
+// and with its property names as the result's cleaned keys come (showPropertyNames).
 // The pool checks every result against the pinned schema before it escapes it; a client that
 // checks the escaped result again (MCP clients should, and the TypeScript SDK's does) checks it
 // against what it is shown, which must accept it.
@@ -39,8 +40,75 @@ func shownOutputSchema(raw json.RawMessage) json.RawMessage {
 				changed = true
 			}
 		}
-		return changed
+		return showPropertyNames(s) || changed
 	})
+}
+
+// showPropertyNames makes schema s's properties the names a result's keys have once the pool
+// cleaned them: a key is cleaned as every string is, and escaped unless the registration keeps
+// markup ("a&b" becomes "a&amp;b"), which the listing does not know. A property whose name
+// cleaning changes is declared under each name it may come as, each with its own copy of the
+// schema, and is no longer required (one of two names may come): a client checking the
+// cleaned result, with additionalProperties false too, accepts it. It reports whether s changed.
+func showPropertyNames(s map[string]any) bool {
+	props, ok := s["properties"].(map[string]any)
+	if !ok {
+		return false
+	}
+	renamed := map[string][]string{}
+	for name := range props {
+		escaped, kept := sanitize.String(name, sanitize.Options{}), shown(name)
+		if escaped != name || kept != name {
+			renamed[name] = []string{escaped, kept}
+		}
+	}
+	if len(renamed) == 0 {
+		return false
+	}
+	for name, as := range renamed {
+		sub := props[name]
+		delete(props, name)
+		for _, n := range as {
+			if _, taken := props[n]; !taken {
+				props[n] = copyJSON(sub)
+			}
+		}
+	}
+	if req, ok := s["required"].([]any); ok {
+		kept := req[:0:0]
+		for _, r := range req {
+			if name, ok := r.(string); ok {
+				if as, ok := renamed[name]; ok {
+					if as[0] != as[1] {
+						continue
+					}
+					r = as[0]
+				}
+			}
+			kept = append(kept, r)
+		}
+		s["required"] = kept
+	}
+	return true
+}
+
+// copyJSON is a deep copy of a decoded JSON value.
+func copyJSON(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		c := make(map[string]any, len(v))
+		for k, e := range v {
+			c[k] = copyJSON(e)
+		}
+		return c
+	case []any:
+		c := make([]any, len(v))
+		for i, e := range v {
+			c[i] = copyJSON(e)
+		}
+		return c
+	}
+	return v
 }
 
 // escapeBreaks are the keywords an escaped string may fail where the original met them.

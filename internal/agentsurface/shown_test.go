@@ -76,6 +76,24 @@ func TestAShownOutputSchemaAcceptsWhatThePoolEscaped(t *testing.T) {
 	}
 	require.Error(t, valid(shown, `{"v":1,"items":[]}`), "the rest of the schema still holds")
 
+	// Keys are cleaned too, and escaped unless the registration keeps markup: a result's
+	// property may come under either name, and the schema a client is shown accepts both.
+	named := json.RawMessage(`{"type":"object","additionalProperties":false,"required":["a&b","x\u200by","n"],"properties":{` +
+		`"a&b":{"type":"object","additionalProperties":false,"required":["<i>"],"properties":{"<i>":{"type":"integer"}}},` +
+		`"x\u200by":{"type":"string"},"n":{"type":"integer"}}}`)
+	require.NoError(t, valid(named, `{"a&b":{"<i>":1},"x\u200by":"s","n":1}`), "the pool's check, before cleaning")
+	shown = shownOutputSchema(named)
+	for _, result := range []string{
+		`{"a&amp;b":{"&lt;i&gt;":1},"xy":"s","n":1}`, // escaped
+		`{"a&b":{"<i>":1},"xy":"s","n":1}`,           // keep_markup
+	} {
+		require.Error(t, valid(named, result), "the pinned schema refuses the cleaned result")
+		require.NoError(t, valid(shown, result), result)
+	}
+	require.Error(t, valid(shown, `{"a&b":{"<i>":1},"n":1}`), "a property cleaning only rids of hidden characters stays required, under its cleaned name")
+	require.Error(t, valid(shown, `{"xy":"s"}`), "a property whose name cleaning keeps stays required")
+	require.Error(t, valid(shown, `{"xy":"s","n":1,"other":1}`), "additionalProperties still holds")
+
 	input := json.RawMessage(`{"type":"object","properties":{"v":{"type":"string","maxLength":3}}}`)
 	require.Equal(t, string(input), string(shownSchema(input)), "an input schema is checked by the pool as shown")
 }

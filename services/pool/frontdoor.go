@@ -70,6 +70,8 @@ type FrontDoorConfig struct {
 	// such a call waits for an approver as it does through the API.
 	ClientApprovals bool
 	Logger          *slog.Logger
+	// Now, when set, is the clock a session's idleness is judged by (tests); nil is time.Now.
+	Now func() time.Time
 }
 
 // Defaults of the front door.
@@ -86,6 +88,12 @@ const (
 	frontDoorRealm               = "ringfence"
 	maxFrontDoorTokenHeaderBytes = 256
 )
+
+// sessionEvictIdle is how long an agent's least recently used session must have sent nothing
+// for a new session to take its place when the agent has the most it may: a client that quit
+// without closing its session (DELETE), as many do, must not lock the agent out until the
+// session expires, and clients that all work keep theirs.
+const sessionEvictIdle = time.Minute
 
 // FrontDoor serves /mcp. Build it with Service.FrontDoor.
 type FrontDoor struct {
@@ -302,6 +310,13 @@ func actingFor(ctx context.Context, tok *AgentToken) context.Context {
 	return auth.WithTenancy(auth.WithPrincipal(ctx, p), auth.Tenancy{Tenant: tok.Tenant})
 }
 
+func (f *FrontDoor) now() time.Time {
+	if f.cfg.Now != nil {
+		return f.cfg.Now()
+	}
+	return time.Now()
+}
+
 // sessionUser is the SDK's token verifier: ServeHTTP authenticated the token already.
 func sessionUser(ctx context.Context, _ string, _ *http.Request) (*sdkauth.TokenInfo, error) {
 	t, ok := tokenFrom(ctx)
@@ -334,9 +349,9 @@ func (f *FrontDoor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method == http.MethodPost && r.Header.Get(mcpSessionIDHeader) == "" {
-		if a := f.agent(tok); a.sessions() >= f.cfg.MaxSessionsPerAgent {
-			w.Header().Set("Retry-After", "60")
-			http.Error(w, fmt.Sprintf("Too Many Requests: agent %q of run %s has %d open sessions, the most it may (frontdoor.max_sessions_per_agent): close one (DELETE with its Mcp-Session-Id) or wait for an idle one to expire", tok.Agent, tok.RunID, f.cfg.MaxSessionsPerAgent), http.StatusTooManyRequests)
+		if a := f.agent(tok); !a.admit(f.cfg.MaxSessionsPerAgent, f.now().Add(-sessionEvictIdle)) {
+			w.Header().Set("Retry-After", strconv.Itoa(int(sessionEvictIdle.Seconds())))
+			http.Error(w, fmt.Sprintf("Too Many Requests: agent %q of run %s has %d open sessions, the most it may (frontdoor.max_sessions_per_agent), each used in the last %s: close one (DELETE with its Mcp-Session-Id), or retry once one has sent nothing for that long", tok.Agent, tok.RunID, f.cfg.MaxSessionsPerAgent, sessionEvictIdle), http.StatusTooManyRequests)
 			return
 		}
 	}
@@ -527,13 +542,20 @@ func (f *FrontDoor) agent(t *AgentToken) *agentServer {
 	return a
 }
 
-// server is the SDK's getServer: the agent server of the request's token.
+// server is the SDK's getServer: the agent server of the request's token, holding the
+// agent's listing before a session connects to it. The SDK tells every connected session of
+// each tool added: a listing first read at a session's first tools/list would be followed by
+// a tools/list_changed announcing the very tools the client was just given.
 func (f *FrontDoor) server(r *http.Request) *mcp.Server {
 	t, ok := tokenFrom(r.Context())
 	if !ok {
 		return nil
 	}
-	return f.agent(t).server
+	a := f.agent(t)
+	if err := a.fill(r.Context()); err != nil {
+		f.log.Warn("the agent's listing could not be read before its first session; its first tools/list reads it", "run", t.RunID, "agent", t.Agent, "err", err)
+	}
+	return a.server
 }
 
 // warnOnly passes a handler's warnings and errors on, and nothing below.

@@ -40,6 +40,8 @@ type agentServer struct {
 
 	usedMu sync.Mutex
 	used   time.Time
+	// uses is each stateful session's (by id) last request and how many are in flight.
+	uses map[string]*sessionUse
 	// last is the token of the last request: what a refresh no request asked for acts as
 	// (on another host than the run's owner, the listing is the owner's to give).
 	last *AgentToken
@@ -52,7 +54,7 @@ type listedTool struct {
 }
 
 func newAgentServer(f *FrontDoor, k agentKey) *agentServer {
-	a := &agentServer{fd: f, key: k, tools: make(map[string]listedTool)}
+	a := &agentServer{fd: f, key: k, tools: make(map[string]listedTool), uses: make(map[string]*sessionUse)}
 	a.server = mcp.NewServer(&mcp.Implementation{Name: "ringfence", Title: "Ringfence: agent " + k.agent + " of run " + k.run, Version: "1"},
 		&mcp.ServerOptions{
 			Instructions: fmt.Sprintf("The tools of agent %s in run %s, governed by Ringfence: every call passes its gates and is recorded in the audit log.", k.agent, k.run),
@@ -97,6 +99,73 @@ func (a *agentServer) idle(now time.Time, d time.Duration) bool {
 	return now.Sub(used) > d && a.sessions() == 0
 }
 
+// sessionUse is a session's last request and how many of its requests are in flight.
+type sessionUse struct {
+	last     time.Time
+	inflight int
+}
+
+// using notes that session id began (d 1) or ended (d -1) a request.
+func (a *agentServer) using(id string, d int) {
+	a.usedMu.Lock()
+	defer a.usedMu.Unlock()
+	u := a.uses[id]
+	if u == nil {
+		if d < 0 {
+			return // forgotten with its session
+		}
+		u = &sessionUse{}
+		a.uses[id] = u
+	}
+	u.last = a.fd.now()
+	u.inflight += d
+}
+
+// admit says whether a new session of the agent may open: when the agent has fewer than max,
+// or when its least recently used session with no request in flight sent nothing since
+// idleBefore, which admit closes for it (its client, if it comes back, is told the session is
+// not found, 404, and opens a new one). It forgets the use of sessions that are gone.
+func (a *agentServer) admit(max int, idleBefore time.Time) bool {
+	var oldest *mcp.ServerSession
+	var oldestUse time.Time
+	live := map[string]bool{}
+	a.usedMu.Lock()
+	n := 0
+	for ss := range a.server.Sessions() {
+		n++
+		id := ss.ID()
+		if id == "" {
+			continue
+		}
+		live[id] = true
+		u := a.uses[id]
+		if u == nil {
+			u = &sessionUse{} // opened, not used yet
+		}
+		if u.inflight == 0 && (oldest == nil || u.last.Before(oldestUse)) {
+			oldest, oldestUse = ss, u.last
+		}
+	}
+	for id := range a.uses {
+		if !live[id] {
+			delete(a.uses, id)
+		}
+	}
+	if n < max {
+		a.usedMu.Unlock()
+		return true
+	}
+	if oldest == nil || !oldestUse.Before(idleBefore) {
+		a.usedMu.Unlock()
+		return false
+	}
+	delete(a.uses, oldest.ID())
+	a.usedMu.Unlock()
+	a.fd.log.Info("closed the least recently used session of an agent that has the most sessions it may, for a new one", "run", a.key.run, "agent", a.key.agent, "last_request", oldestUse)
+	_ = oldest.Close()
+	return true
+}
+
 func (a *agentServer) sessions() int {
 	n := 0
 	for range a.server.Sessions() {
@@ -118,6 +187,12 @@ func (a *agentServer) cacheable(_ context.Context, req mcp.Request, c *mcp.Cache
 // the client gets it as MCP answers an unknown tool.
 func (a *agentServer) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if ss, ok := req.GetSession().(*mcp.ServerSession); ok && ss.ID() != "" && !strings.HasPrefix(method, "notifications/") {
+			// A request, which the client waits for (a notification may be handled after
+			// the client went on).
+			a.using(ss.ID(), 1)
+			defer a.using(ss.ID(), -1)
+		}
 		if ss, ok := req.GetSession().(*mcp.ServerSession); ok && (ss.ID() != "" || method == "subscriptions/listen") {
 			// A session that can be told of changes: it hears those made on another host too.
 			a.fd.follow(a.key)
@@ -214,6 +289,17 @@ func (a *agentServer) refresh(ctx context.Context, force bool) error {
 	}
 	a.synced = time.Now()
 	return nil
+}
+
+// fill reads the listing of a server that never read it.
+func (a *agentServer) fill(ctx context.Context) error {
+	a.mu.Lock()
+	filled := !a.synced.IsZero()
+	a.mu.Unlock()
+	if filled {
+		return nil
+	}
+	return a.refresh(ctx, false)
 }
 
 // announce reads the agent's listing again, which tells its clients of what changed in it,

@@ -85,6 +85,28 @@ func (d *door) connect(t *testing.T, secret, version string, opts *mcp.ClientOpt
 	return cs
 }
 
+// initialize is a client's first request, as raw JSON.
+const initialize = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`
+
+// post sends body to the front door with the token secret, edited by edit when set, and
+// returns the answer with its body read.
+func (d *door) post(t *testing.T, secret, body string, edit func(*http.Request)) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, d.url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+secret)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if edit != nil {
+		edit(req)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
+}
+
 func toolNamesOf(tools []*mcp.Tool) []string {
 	var out []string
 	for _, t := range tools {
@@ -236,24 +258,15 @@ func TestFrontDoorRebindingAndLimits(t *testing.T) {
 	_, secret := d.token(t)
 	send := func(host, origin, body string) *http.Response {
 		t.Helper()
-		req, err := http.NewRequest(http.MethodPost, d.url, strings.NewReader(body))
-		require.NoError(t, err)
-		if host != "" {
-			req.Host = host
-		}
-		if origin != "" {
-			req.Header.Set("Origin", origin)
-		}
-		req.Header.Set("Authorization", "Bearer "+secret)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp
+		return d.post(t, secret, body, func(req *http.Request) {
+			if host != "" {
+				req.Host = host
+			}
+			if origin != "" {
+				req.Header.Set("Origin", origin)
+			}
+		})
 	}
-	initialize := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`
 	require.Equal(t, http.StatusForbidden, send("evil.example.com", "", initialize).StatusCode)
 	require.Equal(t, http.StatusForbidden, send("", "http://evil.example.com", initialize).StatusCode)
 	require.Equal(t, http.StatusOK, send("localhost:1", "https://app.example", initialize).StatusCode, "a loopback name, an allowed origin")
@@ -271,6 +284,50 @@ func TestFrontDoorRebindingAndLimits(t *testing.T) {
 	}
 	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "the burst is spent")
 	require.Equal(t, "1", resp.Header.Get("Retry-After"))
+}
+
+// TestFrontDoorSessionsLeftOpenDoNotLockTheAgentOut: many clients quit without closing their
+// session (DELETE), the MCP Inspector's CLI among them. When an agent has the most sessions
+// it may, a new one takes the place of the least recently used one that sent nothing for a
+// minute, whose client is told it is gone (404) if it comes back; sessions all in use still
+// refuse a new one.
+func TestFrontDoorSessionsLeftOpenDoNotLockTheAgentOut(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	d := newDoor(t, FrontDoorConfig{MaxSessionsPerAgent: 2, Now: clock}, nil)
+	_, secret := d.token(t)
+	open := func() int { return d.post(t, secret, initialize, nil).StatusCode }
+	left := d.connect(t, secret, "2025-11-25", nil)
+	working := d.connect(t, secret, "2025-11-25", nil)
+	require.Equal(t, http.StatusTooManyRequests, open(), "both sessions were used just now")
+
+	mu.Lock()
+	now = now.Add(2 * sessionEvictIdle)
+	mu.Unlock()
+	_, err := working.ListTools(t.Context(), nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, open(), "the session left open gives its place")
+	_, err = left.ListTools(t.Context(), nil)
+	require.Error(t, err, "the session left open is gone")
+	_, err = working.ListTools(t.Context(), nil)
+	require.NoError(t, err, "the session in use is kept")
+	require.Equal(t, http.StatusTooManyRequests, open(), "the new session and the one in use were used within the minute")
+}
+
+// TestFrontDoorFirstListingIsNoChange: an agent's server holds its listing before the first
+// session connects, so the SDK, which tells every connected session of each tool added, tells
+// a client nothing it was not already given: its first tools/list is not followed by a
+// tools/list_changed.
+func TestFrontDoorFirstListingIsNoChange(t *testing.T) {
+	d := newDoor(t, FrontDoorConfig{ListTTL: time.Hour}, nil)
+	tok, secret := d.token(t)
+	d.connect(t, secret, "2025-11-25", nil)
+	d.fd.mu.Lock()
+	a := d.fd.agents[agentKey{tok.Tenant, tok.RunID, tok.Agent}]
+	d.fd.mu.Unlock()
+	require.NotNil(t, a)
+	require.True(t, a.listed("fx__echo"), "the listing was read before the session connected")
 }
 
 // TestFrontDoorListChangedAfterToolSearch: a deferred server's tools are not listed until
