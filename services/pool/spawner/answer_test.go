@@ -63,3 +63,20 @@ type lingeringServer struct{}
 func (lingeringServer) Gone() <-chan struct{}                          { return nil }
 func (lingeringServer) Death(context.Context) *Error                   { return nil }
 func (lingeringServer) Stop(context.Context, *mcp.ClientSession) error { return nil }
+
+// TestACallerThatLeftIsNamed: a request that ended with its caller's context says whether the
+// caller cancelled or its deadline passed, in words, and stays errors.Is the context's error.
+func TestACallerThatLeftIsNamed(t *testing.T) {
+	s := &Session{guard: newTrafficGuard(), cfg: &Config{}, done: make(chan struct{})}
+	cancelled, cancel := context.WithCancel(t.Context())
+	cancel()
+	err := s.contextError(cancelled, "tools/call")
+	require.ErrorIs(t, err, context.Canceled)
+	require.EqualError(t, err, "the caller cancelled the request before the server answered tools/call: context canceled")
+
+	expired, cancel := context.WithDeadline(t.Context(), time.Now().Add(-time.Second))
+	defer cancel()
+	err = s.contextError(expired, "tools/call")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.EqualError(t, err, "the caller's deadline passed before the server answered tools/call: context deadline exceeded")
+}

@@ -415,7 +415,10 @@ func (s *Session) contextError(ctx context.Context, op string) error {
 		e.StderrTail = s.StderrTail()
 		return &e
 	}
-	return fmt.Errorf("spawner: %s: %w", op, ctx.Err())
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("the caller's deadline passed before the server answered %s: %w", op, ctx.Err())
+	}
+	return fmt.Errorf("the caller cancelled the request before the server answered %s: %w", op, ctx.Err())
 }
 
 // refusedAnswer reports whether a request failed although its connection is intact and the
