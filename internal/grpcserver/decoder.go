@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
@@ -126,7 +127,7 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 				return errors.New("invalid JSON body: " + tooDeep(maxMessageNesting))
 			}
 			problem := describeDecodeError(body, msg, err)
-			if mark.formType != "" && !json.Valid(body) {
+			if mark.formType != "" && !json.Valid(body) && !looksLikeJSON(body) {
 				problem += fmt.Sprintf("; it was sent as %s, and the REST routes read only JSON: send a JSON object (curl: -H 'Content-Type: application/json' -d '{...}'; docs/api.md)", mark.formType)
 			}
 			return fmt.Errorf("invalid JSON body: %s", problem)
@@ -136,6 +137,14 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 		}
 		return nil
 	})
+}
+
+// looksLikeJSON reports whether a body that failed to decode was meant as JSON (it begins
+// with an object or a list): such a body was damaged, not sent as a form, so the form hint
+// would send its writer after a header that changes nothing.
+func looksLikeJSON(body []byte) bool {
+	trimmed := bytes.TrimLeftFunc(body, unicode.IsSpace)
+	return len(trimmed) > 0 && (trimmed[0] == '{' || trimmed[0] == '[')
 }
 
 // markedBody is a request body with what the decoder (which sees only the body) needs to know
@@ -209,12 +218,15 @@ func describeDecodeError(body []byte, msg proto.Message, err error) string {
 	if jerr := json.Unmarshal(body, &fields); jerr != nil {
 		var syn *json.SyntaxError
 		if errors.As(jerr, &syn) {
+			if syn.Offset >= int64(len(bytes.TrimRightFunc(body, unicode.IsSpace))) {
+				return "not valid JSON: the body ends early (an object or string is not closed)"
+			}
 			return fmt.Sprintf("not valid JSON at byte %d", syn.Offset)
 		}
-		if errors.Is(jerr, io.ErrUnexpectedEOF) {
-			return "not valid JSON: the body ends early"
-		}
 		return "the body must be a JSON object"
+	}
+	if fields == nil {
+		return "the body must be a JSON object, not null"
 	}
 	// encoding/json keeps the last of a key given twice and reads bytes that are not UTF-8 as
 	// U+FFFD, so failingField would blame a field's type for what protojson refused.

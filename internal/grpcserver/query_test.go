@@ -289,6 +289,19 @@ func TestFormBodiesAreToldToSendJSON(t *testing.T) {
 	code, body = post("application/x-www-form-urlencoded", `{}`)
 	require.Equal(t, http.StatusNotImplemented, code, "a JSON body sent as a form decodes and reaches the service: %s", body)
 
+	// curl -d with damaged JSON: the header is not what is wrong, so no form hint.
+	code, body = post("application/x-www-form-urlencoded", `{"tenant":`)
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, body, "not valid JSON: the body ends early")
+	require.NotContains(t, body, "sent as", "damaged JSON is not told to send a JSON header")
+	code, body = post("application/x-www-form-urlencoded", `{"tenant":"a"} {"tenant":"b"}`)
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, body, "not valid JSON at byte 16")
+	require.NotContains(t, body, "sent as")
+	code, body = post("application/json", "null")
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, body, "the body must be a JSON object, not null")
+
 	code, body = post("application/json", "tenant=x")
 	require.Equal(t, http.StatusBadRequest, code, body)
 	require.Contains(t, body, "not valid JSON at byte 2")
