@@ -66,8 +66,15 @@ func writeRoutingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Mar
 	var body ErrorBody
 	switch httpStatus {
 	case http.StatusMethodNotAllowed:
+		// RFC 9110 requires Allow on a 405; a client library reads it to say what to send.
+		allowed := allowedMethods(r.URL.Path)
+		takes := "see docs/api.md for the routes and their methods"
+		if len(allowed) > 0 {
+			w.Header().Set("Allow", strings.Join(allowed, ", "))
+			takes = "it takes " + strings.Join(allowed, ", ") + " (docs/api.md lists the routes)"
+		}
 		body = ErrorBody{Code: httpStatus, Status: "METHOD_NOT_ALLOWED",
-			Message: fmt.Sprintf("%s is not a method of %s: see docs/api.md for the routes and their methods", fielderr.Quote(r.Method), fielderr.Quote(r.URL.Path))}
+			Message: fmt.Sprintf("%s is not a method of %s: %s", fielderr.Quote(r.Method), fielderr.Quote(r.URL.Path), takes)}
 	case http.StatusNotFound:
 		// The gateway's own "Not Found" reads like a missing resource; this is a path no
 		// route takes (a typo, or a route of another binary in a split deployment).
