@@ -118,6 +118,7 @@ func writeError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler,
 	// The gateway's own refusals (a body that does not decode, a parameter no route takes)
 	// are bounded as the RPCs' statuses are.
 	st, _ := status.FromError(boundStatus(err))
+	st, _ = gatewayParseError(st, r)
 	msg := st.Message()
 	body := ErrorBody{Code: runtime.HTTPStatusFromCode(st.Code()), Status: st.Code().String(), Message: msg}
 	body.Status = strings.ToUpper(toSnake(body.Status))

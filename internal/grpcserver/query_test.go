@@ -3,6 +3,7 @@ package grpcserver
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -306,4 +307,25 @@ func TestFormBodiesAreToldToSendJSON(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, code, body)
 	require.Contains(t, body, "not valid JSON at byte 2")
 	require.NotContains(t, body, "sent as", "a JSON request gets no form hint")
+}
+
+// TestUnparsableParametersAreNamedNotQuoted: the gateway's own refusal of a parameter it cannot
+// parse quoted the value and Go's parse error (`strconv.ParseInt: parsing "abc": invalid
+// syntax`); it names the parameter as sent and what it takes, with a BadRequest detail.
+func TestUnparsableParametersAreNamedNotQuoted(t *testing.T) {
+	base := auditGateway(t)
+	for _, tc := range []struct{ query, want string }{
+		{"page_size=sk-live-1", `query parameter "page_size" must be a whole number`},
+		{"page_size=99999999999", `query parameter "page_size" is out of range for its type: send a smaller number`},
+		{"filter.since=sk-live-1", `query parameter "filter.since" must be an RFC 3339 time, e.g. 2026-12-03T10:00:00Z`},
+		{"page_size=1&page_size=sk-live-1", `query parameter "page_size" is given more than once: send it once`},
+	} {
+		code, body := getJSON(t, base+"/v1/audit/records?"+tc.query)
+		require.Equal(t, http.StatusBadRequest, code, tc.query)
+		require.Equal(t, tc.want, body["message"], tc.query)
+		require.NotContains(t, fmt.Sprint(body), "sk-live", "the value is never quoted")
+		require.NotContains(t, fmt.Sprint(body), "strconv", "no Go error text")
+		violation := body["details"].([]any)[0].(map[string]any)["field_violations"].([]any)[0].(map[string]any)
+		require.Equal(t, strings.SplitN(tc.query, "=", 2)[0], violation["field"], tc.query)
+	}
 }
