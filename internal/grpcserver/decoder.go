@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net/http"
 	"slices"
@@ -132,11 +133,32 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 			}
 			return fmt.Errorf("invalid JSON body: %s", problem)
 		}
+		if err := pathAgreesWithBody(msg, mark.path); err != nil {
+			return err
+		}
 		if mark.patch {
 			return maskFromBody(msg, body)
 		}
 		return nil
 	})
+}
+
+// pathAgreesWithBody refuses a body that names a path variable's field with another value
+// (PUT /v1/mcp/servers/docs with {"ref": "wiki"}): the gateway sets the field from the path
+// after decoding, so the body's value was dropped without a word and the request acted on
+// what the path names. Neither value is quoted, as no refusal of a body quotes one.
+func pathAgreesWithBody(msg proto.Message, path map[string]string) error {
+	m := msg.ProtoReflect()
+	for _, name := range slices.Sorted(maps.Keys(path)) {
+		fd := m.Descriptor().Fields().ByName(protoreflect.Name(name))
+		if fd == nil || fd.Kind() != protoreflect.StringKind || fd.IsList() || fd.IsMap() || !m.Has(fd) {
+			continue
+		}
+		if m.Get(fd).String() != path[name] {
+			return fmt.Errorf("invalid JSON body: field %q differs from the %s the path names: leave it out of the body (the path says which %s)", name, name, name)
+		}
+	}
+	return nil
 }
 
 // looksLikeJSON reports whether a body that failed to decode was meant as JSON (it begins
@@ -157,16 +179,18 @@ type markedBody struct {
 	formType string
 	// patch marks a PATCH body: the fields it holds are the ones to change (maskFromBody).
 	patch bool
+	// path holds the route's path variables, which a body may repeat but not contradict.
+	path map[string]string
 }
 
-// markBody marks a form-encoded body, and a PATCH's, for the decoder.
+// markBody marks a form-encoded body, a PATCH's, and one with path variables, for the decoder.
 func markBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
-		mark := markedBody{patch: r.Method == http.MethodPatch}
+		mark := markedBody{patch: r.Method == http.MethodPatch, path: params}
 		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && (mt == "application/x-www-form-urlencoded" || mt == "multipart/form-data") {
 			mark.formType = mt
 		}
-		if r.Body != nil && (mark.patch || mark.formType != "") {
+		if r.Body != nil && (mark.patch || mark.formType != "" || len(params) > 0) {
 			r = r.WithContext(r.Context()) // a shallow copy, so the caller's request keeps its body
 			mark.ReadCloser = r.Body
 			r.Body = mark

@@ -899,3 +899,29 @@ func TestRESTWrongMethodIs405(t *testing.T) {
 	_, _, header = f.restHeaders(t, http.MethodGet, "/v1/keys/key_1:revoke", adminKey, "")
 	require.Equal(t, "POST", header.Get("Allow"), "a custom verb is part of the path")
 }
+
+// TestRESTBodyMayNotContradictThePath: the gateway sets a path variable's field after decoding
+// the body, so PUT /v1/mcp/servers/docs with {"ref":"wiki"} changed docs and dropped "wiki"
+// without a word. A body that repeats the path's value is fine; one that contradicts it is a
+// 400 that changes nothing.
+func TestRESTBodyMayNotContradictThePath(t *testing.T) {
+	f := newFixture(t)
+	for _, ref := range []string{"docs", "wiki"} {
+		code, body := f.rest(t, http.MethodPost, "/v1/mcp/servers", adminKey, `{"ref":"`+ref+`","command":"x"}`)
+		require.Equal(t, http.StatusOK, code, body)
+	}
+	for _, method := range []string{http.MethodPut, http.MethodPatch} {
+		code, body := f.rest(t, method, "/v1/mcp/servers/docs", adminKey, `{"ref":"wiki","command":"y"}`)
+		require.Equal(t, http.StatusBadRequest, code, body)
+		require.Contains(t, body, `field \"ref\" differs from the ref the path names: leave it out of the body`)
+		require.NotContains(t, body, "wiki", "no refusal of a body quotes a value")
+	}
+	code, body := f.rest(t, http.MethodGet, "/v1/mcp/servers/docs", adminKey, "")
+	require.Equal(t, http.StatusOK, code, body)
+	var got map[string]any
+	require.NoError(t, json.Unmarshal([]byte(body), &got))
+	require.Equal(t, "x", got["command"], "the refused requests changed nothing")
+
+	code, body = f.rest(t, http.MethodPut, "/v1/mcp/servers/docs", adminKey, `{"ref":"docs","command":"y"}`)
+	require.Equal(t, http.StatusOK, code, "a body may repeat the path's value: %s", body)
+}
