@@ -63,29 +63,42 @@ func NewGatewayMux(first ...runtime.Middleware) *runtime.ServeMux {
 // turns a wrong method into 501 Not Implemented, and says only "Not Found" for a typo.
 func writeRoutingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
 	closeIfBodyUnread(w, r)
-	var body ErrorBody
 	switch httpStatus {
 	case http.StatusMethodNotAllowed:
-		// RFC 9110 requires Allow on a 405; a client library reads it to say what to send.
-		allowed := allowedMethods(r.URL.Path)
-		takes := "see docs/api.md for the routes and their methods"
-		if len(allowed) > 0 {
-			w.Header().Set("Allow", strings.Join(allowed, ", "))
-			takes = "it takes " + strings.Join(allowed, ", ") + " (docs/api.md lists the routes)"
-		}
-		body = ErrorBody{Code: httpStatus, Status: "METHOD_NOT_ALLOWED",
-			Message: fmt.Sprintf("%s is not a method of %s: %s", fielderr.Quote(r.Method), fielderr.Quote(r.URL.Path), takes)}
+		MethodNotAllowed(w, r, allowedMethods(r.URL.Path)...)
 	case http.StatusNotFound:
 		// The gateway's own "Not Found" reads like a missing resource; this is a path no
 		// route takes (a typo, or a route of another binary in a split deployment).
-		body = ErrorBody{Code: httpStatus, Status: "NOT_FOUND",
-			Message: fmt.Sprintf("no route takes %s %s: docs/api.md lists the routes (in a split deployment, each binary serves its own service's)", r.Method, fielderr.Quote(r.URL.Path))}
+		writeErrorBody(w, ErrorBody{Code: httpStatus, Status: "NOT_FOUND",
+			Message: fmt.Sprintf("no route takes %s %s: docs/api.md lists the routes (in a split deployment, each binary serves its own service's)", r.Method, fielderr.Quote(r.URL.Path))})
 	default:
 		runtime.DefaultRoutingErrorHandler(ctx, mux, m, w, r, httpStatus)
-		return
 	}
+}
+
+// MethodNotAllowed answers 405 in the usual error body, naming the methods the path takes in
+// its message and in Allow, which RFC 9110 requires of a 405 (a client library reads it).
+func MethodNotAllowed(w http.ResponseWriter, r *http.Request, allowed ...string) {
+	takes := "see docs/api.md for the routes and their methods"
+	if len(allowed) > 0 {
+		w.Header().Set("Allow", strings.Join(allowed, ", "))
+		takes = "it takes " + strings.Join(allowed, ", ") + " (docs/api.md lists the routes)"
+	}
+	writeErrorBody(w, ErrorBody{Code: http.StatusMethodNotAllowed, Status: "METHOD_NOT_ALLOWED",
+		Message: fmt.Sprintf("%s is not a method of %s: %s", fielderr.Quote(r.Method), fielderr.Quote(r.URL.Path), takes)})
+}
+
+// noRoute answers a path outside every route (/, /v2/…) as the gateway answers one under /v1/,
+// rather than with net/http's plain-text "404 page not found".
+func noRoute(w http.ResponseWriter, r *http.Request) {
+	closeIfBodyUnread(w, r)
+	writeErrorBody(w, ErrorBody{Code: http.StatusNotFound, Status: "NOT_FOUND",
+		Message: fmt.Sprintf("no route takes %s %s: the REST routes are under /v1/ (docs/api.md lists them), health is GET /healthz and metrics GET /metrics", r.Method, fielderr.Quote(r.URL.Path))})
+}
+
+func writeErrorBody(w http.ResponseWriter, body ErrorBody) {
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(httpStatus)
+	w.WriteHeader(body.Code)
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	_ = enc.Encode(body)
@@ -150,11 +163,7 @@ func writeError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler,
 		body.Code = http.StatusRequestEntityTooLarge
 		body.Message = "the request is larger than the server accepts once encoded (JSON lists and numbers grow as protobuf): send less in one request"
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(body.Code)
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(body)
+	writeErrorBody(w, body)
 }
 
 // violationsOf reads a status detail shaped as a list of violations: a message whose one

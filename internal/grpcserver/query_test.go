@@ -329,3 +329,36 @@ func TestUnparsableParametersAreNamedNotQuoted(t *testing.T) {
 		require.Equal(t, strings.SplitN(tc.query, "=", 2)[0], violation["field"], tc.query)
 	}
 }
+
+// TestPathsOutsideTheRoutesAnswerJSON: a path outside /v1/, /healthz and /metrics answered
+// net/http's plain-text "404 page not found", and /healthz and /metrics answered any method;
+// both now answer in the error body every REST route uses.
+func TestPathsOutsideTheRoutesAnswerJSON(t *testing.T) {
+	base := auditGateway(t)
+	for _, tc := range []struct {
+		method, path string
+		code         int
+		allow, want  string
+	}{
+		{http.MethodGet, "/", http.StatusNotFound, "", `no route takes GET "/": the REST routes are under /v1/`},
+		{http.MethodGet, "/v2/audit/records", http.StatusNotFound, "", `no route takes GET "/v2/audit/records"`},
+		{http.MethodPost, "/healthz", http.StatusMethodNotAllowed, "GET, HEAD", `"POST" is not a method of "/healthz": it takes GET, HEAD`},
+		{http.MethodDelete, "/metrics", http.StatusMethodNotAllowed, "GET, HEAD", `"DELETE" is not a method of "/metrics"`},
+	} {
+		req, err := http.NewRequestWithContext(t.Context(), tc.method, base+tc.path, nil)
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		var body ErrorBody
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&body), "%s %s", tc.method, tc.path)
+		resp.Body.Close()
+		require.Equal(t, tc.code, resp.StatusCode)
+		require.Equal(t, tc.code, body.Code)
+		require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+		require.Equal(t, tc.allow, resp.Header.Get("Allow"))
+		require.Contains(t, body.Message, tc.want)
+	}
+	code, body := getJSON(t, base+"/healthz")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "SERVING", body["status"])
+}

@@ -376,12 +376,25 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 		api = authenticateFirst(api, a)
 	}
 	root.Handle("/v1/", api)
-	root.HandleFunc("/healthz", s.healthz)
-	root.Handle("/metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}))
+	root.HandleFunc("/healthz", getOnly(s.healthz))
+	root.Handle("/metrics", getOnly(promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}).ServeHTTP))
+	root.HandleFunc("/", noRoute)
 	for path, h := range s.extra {
 		root.Handle(path, h)
 	}
 	return httpRequestID(root), nil
+}
+
+// getOnly serves GET and HEAD with h, and answers any other method 405.
+func getOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			closeIfBodyUnread(w, r)
+			MethodNotAllowed(w, r, http.MethodGet, http.MethodHead)
+			return
+		}
+		h(w, r)
+	}
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {

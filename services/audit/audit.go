@@ -331,8 +331,7 @@ func (s *Service) Export(req *auditv1.ExportRequest, stream auditv1.AuditService
 func (s *Service) ExportHandler(authz grpcserver.Authorizer) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet {
-			w.Header().Set("Allow", http.MethodGet)
-			http.Error(w, `{"code":405,"status":"METHOD_NOT_ALLOWED","message":"use GET"}`, http.StatusMethodNotAllowed)
+			grpcserver.MethodNotAllowed(w, r, http.MethodGet)
 			return
 		}
 		// Every X-API-Key the request sent: Authorize refuses a key sent twice.

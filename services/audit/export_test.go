@@ -78,6 +78,15 @@ func TestExportRefusesABadFilterBeforeAnswering(t *testing.T) {
 		require.Contains(t, rec.Body.String(), tc.want, tc.query)
 		require.Contains(t, rec.Header().Get("Content-Type"), "application/json")
 	}
+
+	// A wrong method is the usual 405 error body, sent as JSON (it was JSON labelled text/plain).
+	req := httptest.NewRequest(http.MethodPost, "/v1/audit/export", nil)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusMethodNotAllowed, rec.Code)
+	require.Equal(t, "GET", rec.Header().Get("Allow"))
+	require.Equal(t, "application/json", rec.Header().Get("Content-Type"))
+	require.Contains(t, rec.Body.String(), `\"POST\" is not a method of \"/v1/audit/export\": it takes GET`)
 }
 
 // TestExportKeepsToTheKeysTenant: an export, over the gRPC stream and over GET
