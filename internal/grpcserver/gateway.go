@@ -47,9 +47,10 @@ func NewGatewayMux(first ...runtime.Middleware) *runtime.ServeMux {
 		}),
 		runtime.WithErrorHandler(writeError),
 		runtime.WithRoutingErrorHandler(writeRoutingError),
+		runtime.WithStreamErrorHandler(streamError),
 		// The gateway keeps one parser for the whole process; every mux sets the same one.
 		runtime.SetQueryParameterParser(&strictQuery{}),
-		runtime.WithMiddlewares(append(first, refuseInvalidUTF8, refuseUnreadQuery, markBody)...),
+		runtime.WithMiddlewares(append(first, refuseInvalidUTF8, refuseUnreadQuery, markBody, answerStreamFailuresAsErrors)...),
 		// A form-encoded POST would be parsed whole, before any middleware, and served by the
 		// GET route of the same path (or the method its X-HTTP-Method-Override names): no
 		// client of ours sends one, and the permission is checked before a body is read.

@@ -23,6 +23,8 @@ import (
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
 )
@@ -35,6 +37,18 @@ type echoAudit struct {
 
 func (echoAudit) List(_ context.Context, req *auditv1.ListRequest) (*auditv1.ListResponse, error) {
 	return &auditv1.ListResponse{Records: []*auditv1.Record{{Kind: req.GetFilter().GetKind()}}, NextPageToken: req.GetPageToken()}, nil
+}
+
+// Watch fails at once for filter.kind "refuse"; otherwise it sends one record and then fails,
+// as a server that stops ends a watch.
+func (echoAudit) Watch(req *auditv1.WatchRequest, stream auditv1.AuditService_WatchServer) error {
+	if req.GetFilter().GetKind() == "refuse" {
+		return status.Error(codes.InvalidArgument, "audit: invalid filter: kind is not one of admin, tool_call")
+	}
+	if err := stream.Send(&auditv1.WatchResponse{Record: &auditv1.Record{Kind: "admin"}}); err != nil {
+		return err
+	}
+	return status.Error(codes.Unavailable, "audit: the server is stopping: watch again from seq 2")
 }
 
 // TestUnknownQueryParametersAreRefused: a misspelt filter is 400 naming it and the
@@ -361,4 +375,26 @@ func TestPathsOutsideTheRoutesAnswerJSON(t *testing.T) {
 	code, body := getJSON(t, base+"/healthz")
 	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, "SERVING", body["status"])
+}
+
+// TestAStreamThatFailsAtOnceAnswersTheErrorBody: a streaming route that failed before its first
+// message answered {"error":{"code":3,…}} (grpc-gateway's end of a stream, with the gRPC code)
+// where every other error is the ErrorBody; a stream that fails later still ends with that line.
+func TestAStreamThatFailsAtOnceAnswersTheErrorBody(t *testing.T) {
+	base := auditGateway(t)
+	code, body := getJSON(t, base+"/v1/audit/records:watch?filter.kind=refuse")
+	require.Equal(t, http.StatusBadRequest, code, "%v", body)
+	require.Equal(t, map[string]any{"code": float64(400), "status": "INVALID_ARGUMENT",
+		"message": "audit: invalid filter: kind is not one of admin, tool_call"}, body)
+
+	resp, err := http.Get(base + "/v1/audit/records:watch")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(raw))
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	require.Len(t, lines, 2, string(raw))
+	require.Contains(t, lines[0], `"result"`)
+	require.Contains(t, lines[1], `{"error":{"code":14,"message":"audit: the server is stopping: watch again from seq 2"`)
 }
