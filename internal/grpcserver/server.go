@@ -15,6 +15,7 @@ import (
 	"net/http"
 	goruntime "runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/telemetry"
 	"github.com/ringfence/ringfence/internal/version"
 )
@@ -414,6 +416,9 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 func authenticateFirst(h http.Handler, a Authenticator) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, err := auth.SingleKey(r.Header.Values("X-API-Key"))
+		if err == nil && key == "" {
+			err = keyElsewhere(r)
+		}
 		if err == nil {
 			err = a.Authenticate(r.Context(), key)
 		}
@@ -423,6 +428,22 @@ func authenticateFirst(h http.Handler, a Authenticator) http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// keyElsewhere names where a request without X-API-Key put its key instead, when it did so
+// where a REST client would (an Authorization header, the query): "missing API key" alone
+// reads as if nothing was sent. A key in the query is never read, since URLs end up in logs.
+// Nil when neither.
+func keyElsewhere(r *http.Request) error {
+	if r.Header.Get("Authorization") != "" {
+		return status.Error(codes.Unauthenticated, "auth: missing API key: the /v1/ routes read it from the X-API-Key header, not Authorization (only the MCP front door, /mcp, reads an Authorization: Bearer agent token)")
+	}
+	for name := range r.URL.Query() {
+		if n := strings.ToLower(strings.NewReplacer("-", "", "_", "").Replace(name)); n == "apikey" || n == "xapikey" || n == "key" {
+			return status.Errorf(codes.Unauthenticated, "auth: missing API key: send it in the X-API-Key header; a key in the URL (%s) is never read, since URLs end up in logs and browser histories: revoke a key sent so if it may have been logged", fielderr.Quote(name))
+		}
+	}
+	return nil
 }
 
 func limitBody(h http.Handler, n int64) http.Handler {

@@ -925,3 +925,27 @@ func TestRESTBodyMayNotContradictThePath(t *testing.T) {
 	code, body = f.rest(t, http.MethodPut, "/v1/mcp/servers/docs", adminKey, `{"ref":"docs","command":"y"}`)
 	require.Equal(t, http.StatusOK, code, "a body may repeat the path's value: %s", body)
 }
+
+// TestRESTNamesAKeySentWhereItIsNotRead: a key sent as Authorization: Bearer, or in the query,
+// was answered "missing API key" as if nothing had been sent; the 401 says where the key
+// goes, and a key in the URL is never read nor quoted.
+func TestRESTNamesAKeySentWhereItIsNotRead(t *testing.T) {
+	f := newFixture(t)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, f.base+"/v1/mcp/servers", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+adminKey)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	raw, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, string(raw))
+	require.Contains(t, string(raw), "read it from the X-API-Key header, not Authorization")
+
+	for _, param := range []string{"api_key", "x-api-key", "apiKey", "key"} {
+		code, body := f.rest(t, http.MethodGet, "/v1/mcp/servers?"+param+"="+adminKey, "", "")
+		require.Equal(t, http.StatusUnauthorized, code, body)
+		require.Contains(t, body, `send it in the X-API-Key header; a key in the URL (\"`+param+`\") is never read`)
+		require.NotContains(t, body, adminKey)
+	}
+}
