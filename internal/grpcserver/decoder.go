@@ -16,6 +16,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -106,6 +108,9 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 			return err
 		}
 		mark, _ := r.(markedBody)
+		// RFC 8259 lets a parser ignore a byte order mark, which Windows editors and
+		// PowerShell's Out-File write before UTF-8 text.
+		body = bytes.TrimPrefix(body, []byte("\xef\xbb\xbf"))
 		if len(bytes.TrimSpace(body)) == 0 {
 			if mark.patch {
 				return errors.New(emptyPatch)
@@ -186,6 +191,12 @@ type markedBody struct {
 // markBody marks a form-encoded body, a PATCH's, and one with path variables, for the decoder.
 func markBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+		if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") && r.ContentLength != 0 {
+			// Read as sent, a compressed body fails as JSON at byte 1, which names nothing.
+			refuseUnread(w, r, status.Errorf(codes.InvalidArgument,
+				"invalid JSON body: it was sent with Content-Encoding %s, which the REST routes do not decode: send the JSON uncompressed", fielderr.Quote(enc)))
+			return
+		}
 		mark := markedBody{patch: r.Method == http.MethodPatch, path: params}
 		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && (mt == "application/x-www-form-urlencoded" || mt == "multipart/form-data") {
 			mark.formType = mt

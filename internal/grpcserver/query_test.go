@@ -398,3 +398,34 @@ func TestAStreamThatFailsAtOnceAnswersTheErrorBody(t *testing.T) {
 	require.Contains(t, lines[0], `"result"`)
 	require.Contains(t, lines[1], `{"error":{"code":14,"message":"audit: the server is stopping: watch again from seq 2"`)
 }
+
+// TestBodiesAsWindowsAndCompressingClientsSendThem: a UTF-8 byte order mark (PowerShell's
+// Out-File writes one) is skipped, as RFC 8259 allows; a compressed body is refused naming its
+// Content-Encoding, not as JSON that breaks at byte 1.
+func TestBodiesAsWindowsAndCompressingClientsSendThem(t *testing.T) {
+	base := auditGateway(t)
+	post := func(encoding, body string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/v1/audit:verify", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		if encoding != "" {
+			req.Header.Set("Content-Encoding", encoding)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(raw)
+	}
+	code, body := post("", "\xef\xbb\xbf{}")
+	require.Equal(t, http.StatusNotImplemented, code, "a body after a BOM decodes and reaches the service: %s", body)
+
+	code, body = post("gzip", "\x1f\x8b\x08\x00")
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, body, `it was sent with Content-Encoding \"gzip\", which the REST routes do not decode: send the JSON uncompressed`)
+
+	code, body = post("identity", "{}")
+	require.Equal(t, http.StatusNotImplemented, code, body)
+}
