@@ -490,6 +490,12 @@ func kindName(fd protoreflect.FieldDescriptor) string {
 			return "a JSON value"
 		}
 		return "an object"
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
+		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
+		// protojson takes a 64-bit integer as a string too, and writes it so.
+		return "a whole number (e.g. 2 or \"2\")"
+	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind, protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+		return "a whole number, 0 or more (e.g. 2 or \"2\")"
 	}
 	return "a number"
 }
