@@ -196,11 +196,15 @@ func invalidUTF8(field, msg string) error {
 // The gateway's own refusals of a path variable or query parameter it cannot parse quote the
 // value and Go's parse error (`parsing field "page_size": strconv.ParseInt: parsing "abc":
 // invalid syntax`). gatewayParseError rewrites them to name the parameter as sent and the
-// type it takes, never the value, with a BadRequest detail naming it.
+// type it takes, never the value, with a BadRequest detail naming it; a refused body field
+// keeps its message and gains the detail.
 var (
 	gatewayQueryParse = regexp.MustCompile(`^parsing (?:field|list|map key|map value) "([^"]+)": (.*)$`)
 	gatewayQueryTwice = regexp.MustCompile(`^too many values for field "([^"]+)": `)
 	gatewayPathParse  = regexp.MustCompile(`^type mismatch, parameter: ([A-Za-z0-9_.]+), error: (.*)$`)
+	// The decoder's refusal of a body field (decoder.go), which the gateway turns into a
+	// status without details.
+	gatewayBodyField = regexp.MustCompile(`^invalid JSON body: (?:field|unknown field) "([^"]+)"`)
 )
 
 func gatewayParseError(st *status.Status, r *http.Request) (*status.Status, bool) {
@@ -218,6 +222,8 @@ func gatewayParseError(st *status.Status, r *http.Request) (*status.Status, bool
 	} else if m := gatewayQueryTwice.FindStringSubmatch(msg); m != nil {
 		field = queryKeyFor(r, m[1])
 		problem = fmt.Sprintf("query parameter %s is given more than once: send it once", fielderr.Quote(field))
+	} else if m := gatewayBodyField.FindStringSubmatch(msg); m != nil {
+		field, problem = m[1], msg
 	} else {
 		return st, false
 	}

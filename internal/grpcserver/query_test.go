@@ -429,3 +429,28 @@ func TestBodiesAsWindowsAndCompressingClientsSendThem(t *testing.T) {
 	code, body = post("identity", "{}")
 	require.Equal(t, http.StatusNotImplemented, code, body)
 }
+
+// TestRefusedBodyFieldsCarryABadRequestDetail: the gateway's refusal of a body field had a
+// message only; like every other refusal of input, it names the field in a BadRequest detail.
+func TestRefusedBodyFieldsCarryABadRequestDetail(t *testing.T) {
+	base := auditGateway(t)
+	for body, field := range map[string]string{`{"bogus":1}`: "bogus", `{"anchor_seq":"sk-live-1"}`: "anchor_seq"} {
+		resp, err := http.Post(base+"/v1/audit:verify", "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		var got ErrorBody
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&got))
+		resp.Body.Close()
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, body)
+		require.Len(t, got.Details, 1, "%s: %+v", body, got)
+		var detail struct {
+			Type       string `json:"@type"`
+			Violations []struct {
+				Field string `json:"field"`
+			} `json:"field_violations"`
+		}
+		require.NoError(t, json.Unmarshal(got.Details[0], &detail))
+		require.Equal(t, "type.googleapis.com/google.rpc.BadRequest", detail.Type)
+		require.Equal(t, field, detail.Violations[0].Field)
+		require.NotContains(t, string(got.Details[0]), "sk-live")
+	}
+}
