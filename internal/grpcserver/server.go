@@ -417,7 +417,7 @@ func authenticateFirst(h http.Handler, a Authenticator) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, err := auth.SingleKey(r.Header.Values("X-API-Key"))
 		if err == nil && key == "" {
-			err = keyElsewhere(r)
+			err = KeyElsewhere(r)
 		}
 		if err == nil {
 			err = a.Authenticate(r.Context(), key)
@@ -430,11 +430,11 @@ func authenticateFirst(h http.Handler, a Authenticator) http.Handler {
 	})
 }
 
-// keyElsewhere names where a request without X-API-Key put its key instead, when it did so
+// KeyElsewhere names where a request without X-API-Key put its key instead, when it did so
 // where a REST client would (an Authorization header, the query): "missing API key" alone
 // reads as if nothing was sent. A key in the query is never read, since URLs end up in logs.
 // Nil when neither.
-func keyElsewhere(r *http.Request) error {
+func KeyElsewhere(r *http.Request) error {
 	if r.Header.Get("Authorization") != "" {
 		return status.Error(codes.Unauthenticated, "auth: missing API key: the /v1/ routes read it from the X-API-Key header, not Authorization (only the MCP front door, /mcp, reads an Authorization: Bearer agent token)")
 	}

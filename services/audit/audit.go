@@ -337,6 +337,11 @@ func (s *Service) ExportHandler(authz grpcserver.Authorizer) http.Handler {
 		// Every X-API-Key the request sent: Authorize refuses a key sent twice.
 		ctx := metadata.NewIncomingContext(r.Context(), metadata.MD{auth.MetadataKey: r.Header.Values("X-API-Key")})
 		ctx, err := authz.Authorize(ctx, auditv1.AuditService_Export_FullMethodName)
+		if err != nil && len(r.Header.Values("X-API-Key")) == 0 {
+			if elsewhere := grpcserver.KeyElsewhere(r); elsewhere != nil {
+				err = elsewhere
+			}
+		}
 		if err != nil {
 			grpcserver.WriteHTTPError(w, err)
 			return
