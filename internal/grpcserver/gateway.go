@@ -70,8 +70,12 @@ func writeRoutingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Mar
 	case http.StatusNotFound:
 		// The gateway's own "Not Found" reads like a missing resource; this is a path no
 		// route takes (a typo, or a route of another binary in a split deployment).
-		writeErrorBody(w, ErrorBody{Code: httpStatus, Status: "NOT_FOUND",
-			Message: fmt.Sprintf("no route takes %s %s: docs/api.md lists the routes (in a split deployment, each binary serves its own service's)", r.Method, fielderr.Quote(r.URL.Path))})
+		msg := fmt.Sprintf("no route takes %s %s: docs/api.md lists the routes (in a split deployment, each binary serves its own service's)", r.Method, fielderr.Quote(r.URL.EscapedPath()))
+		if strings.Contains(strings.ToUpper(r.URL.RawPath), "%2F") {
+			// The gateway matches the decoded path, where %2F is a separator.
+			msg += "; a path variable never holds a /, even sent as %2F (no identifier may contain one)"
+		}
+		writeErrorBody(w, ErrorBody{Code: httpStatus, Status: "NOT_FOUND", Message: msg})
 	default:
 		runtime.DefaultRoutingErrorHandler(ctx, mux, m, w, r, httpStatus)
 	}

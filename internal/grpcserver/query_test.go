@@ -89,6 +89,12 @@ func TestAnUnknownPathNamesItself(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, code)
 	require.Equal(t, "NOT_FOUND", body["status"])
 	require.Contains(t, body["message"], `no route takes GET "/v1/audit/recordz": docs/api.md lists the routes`)
+
+	// The path named is the one sent: a %2F the gateway reads as a separator is kept, and said.
+	code, body = getJSON(t, auditGateway(t)+"/v1/audit/records%2Fall")
+	require.Equal(t, http.StatusNotFound, code)
+	require.Contains(t, body["message"], `no route takes GET "/v1/audit/records%2Fall"`)
+	require.Contains(t, body["message"], "a path variable never holds a /, even sent as %2F")
 }
 
 // auditGateway serves echoAudit over gRPC and REST and returns the REST base URL.
