@@ -118,12 +118,19 @@ var queryless = map[string]bool{
 // capture matches the "={pattern}" the gateway writes into a path variable ({ref=*}).
 var capture = regexp.MustCompile(`=[^}]*\}`)
 
-// refuseUnreadQuery refuses a query where the gateway would drop it unread: on POST, PUT and
+// refuseUnreadQuery refuses what the gateway would drop unread: a query on POST, PUT and
 // PATCH, whose routes in proto/gateway.yaml all take their fields from the path and a "*"
-// body (TestBodyRoutesTakeNoQuery keeps them so), and on the queryless routes. Elsewhere
-// strictQuery checks each parameter.
+// body (TestBodyRoutesTakeNoQuery keeps them so), and on the queryless routes (elsewhere
+// strictQuery checks each parameter); and a body on GET and DELETE, whose routes take none.
 func refuseUnreadQuery(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+		if (r.Method == http.MethodGet || r.Method == http.MethodDelete) && r.ContentLength != 0 {
+			// The gateway never reads a GET's or DELETE's body: GET /v1/audit/records with
+			// {"filter":{…}} answered every record, as if filtered.
+			refuseUnread(w, r, status.Errorf(codes.InvalidArgument,
+				"%s routes take no body, and this one would be ignored: send its fields as query parameters (e.g. ?filter.kind=admin; docs/api.md lists each route's)", r.Method))
+			return
+		}
 		q := r.URL.Query()
 		if len(q) == 0 {
 			next(w, r, params)

@@ -460,3 +460,21 @@ func TestRefusedBodyFieldsCarryABadRequestDetail(t *testing.T) {
 		require.NotContains(t, string(got.Details[0]), "sk-live")
 	}
 }
+
+// TestABodyOnAGetRouteIsRefused: the gateway never reads a GET's body, so a filter sent in one
+// answered every record as if it had been applied.
+func TestABodyOnAGetRouteIsRefused(t *testing.T) {
+	base := auditGateway(t)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, base+"/v1/audit/records", strings.NewReader(`{"filter":{"kind":"admin"}}`))
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	var body ErrorBody
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+	resp.Body.Close()
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, body.Message)
+	require.Equal(t, "GET routes take no body, and this one would be ignored: send its fields as query parameters (e.g. ?filter.kind=admin; docs/api.md lists each route's)", body.Message)
+
+	code, got := getJSON(t, base+"/v1/audit/records?filter.kind=admin")
+	require.Equal(t, http.StatusOK, code, "without a body the same GET is served: %v", got)
+}
