@@ -6,14 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net/http"
 	"slices"
 	"sort"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -104,6 +108,9 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 			return err
 		}
 		mark, _ := r.(markedBody)
+		// RFC 8259 lets a parser ignore a byte order mark, which Windows editors and
+		// PowerShell's Out-File write before UTF-8 text.
+		body = bytes.TrimPrefix(body, []byte("\xef\xbb\xbf"))
 		if len(bytes.TrimSpace(body)) == 0 {
 			if mark.patch {
 				return errors.New(emptyPatch)
@@ -126,16 +133,45 @@ func (m *jsonMarshaler) NewDecoder(r io.Reader) runtime.Decoder {
 				return errors.New("invalid JSON body: " + tooDeep(maxMessageNesting))
 			}
 			problem := describeDecodeError(body, msg, err)
-			if mark.formType != "" && !json.Valid(body) {
+			if mark.formType != "" && !json.Valid(body) && !looksLikeJSON(body) {
 				problem += fmt.Sprintf("; it was sent as %s, and the REST routes read only JSON: send a JSON object (curl: -H 'Content-Type: application/json' -d '{...}'; docs/api.md)", mark.formType)
 			}
 			return fmt.Errorf("invalid JSON body: %s", problem)
+		}
+		if err := pathAgreesWithBody(msg, mark.path); err != nil {
+			return err
 		}
 		if mark.patch {
 			return maskFromBody(msg, body)
 		}
 		return nil
 	})
+}
+
+// pathAgreesWithBody refuses a body that names a path variable's field with another value
+// (PUT /v1/mcp/servers/docs with {"ref": "wiki"}): the gateway sets the field from the path
+// after decoding, so the body's value was dropped without a word and the request acted on
+// what the path names. Neither value is quoted, as no refusal of a body quotes one.
+func pathAgreesWithBody(msg proto.Message, path map[string]string) error {
+	m := msg.ProtoReflect()
+	for _, name := range slices.Sorted(maps.Keys(path)) {
+		fd := m.Descriptor().Fields().ByName(protoreflect.Name(name))
+		if fd == nil || fd.Kind() != protoreflect.StringKind || fd.IsList() || fd.IsMap() || !m.Has(fd) {
+			continue
+		}
+		if m.Get(fd).String() != path[name] {
+			return fmt.Errorf("invalid JSON body: field %q differs from the %s the path names: leave it out of the body (the path says which %s)", name, name, name)
+		}
+	}
+	return nil
+}
+
+// looksLikeJSON reports whether a body that failed to decode was meant as JSON (it begins
+// with an object or a list): such a body was damaged, not sent as a form, so the form hint
+// would send its writer after a header that changes nothing.
+func looksLikeJSON(body []byte) bool {
+	trimmed := bytes.TrimLeftFunc(body, unicode.IsSpace)
+	return len(trimmed) > 0 && (trimmed[0] == '{' || trimmed[0] == '[')
 }
 
 // markedBody is a request body with what the decoder (which sees only the body) needs to know
@@ -148,16 +184,24 @@ type markedBody struct {
 	formType string
 	// patch marks a PATCH body: the fields it holds are the ones to change (maskFromBody).
 	patch bool
+	// path holds the route's path variables, which a body may repeat but not contradict.
+	path map[string]string
 }
 
-// markBody marks a form-encoded body, and a PATCH's, for the decoder.
+// markBody marks a form-encoded body, a PATCH's, and one with path variables, for the decoder.
 func markBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
-		mark := markedBody{patch: r.Method == http.MethodPatch}
+		if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") && r.ContentLength != 0 {
+			// Read as sent, a compressed body fails as JSON at byte 1, which names nothing.
+			refuseUnread(w, r, status.Errorf(codes.InvalidArgument,
+				"invalid JSON body: it was sent with Content-Encoding %s, which the REST routes do not decode: send the JSON uncompressed", fielderr.Quote(enc)))
+			return
+		}
+		mark := markedBody{patch: r.Method == http.MethodPatch, path: params}
 		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && (mt == "application/x-www-form-urlencoded" || mt == "multipart/form-data") {
 			mark.formType = mt
 		}
-		if r.Body != nil && (mark.patch || mark.formType != "") {
+		if r.Body != nil && (mark.patch || mark.formType != "" || len(params) > 0) {
 			r = r.WithContext(r.Context()) // a shallow copy, so the caller's request keeps its body
 			mark.ReadCloser = r.Body
 			r.Body = mark
@@ -209,12 +253,15 @@ func describeDecodeError(body []byte, msg proto.Message, err error) string {
 	if jerr := json.Unmarshal(body, &fields); jerr != nil {
 		var syn *json.SyntaxError
 		if errors.As(jerr, &syn) {
+			if syn.Offset >= int64(len(bytes.TrimRightFunc(body, unicode.IsSpace))) {
+				return "not valid JSON: the body ends early (an object or string is not closed)"
+			}
 			return fmt.Sprintf("not valid JSON at byte %d", syn.Offset)
 		}
-		if errors.Is(jerr, io.ErrUnexpectedEOF) {
-			return "not valid JSON: the body ends early"
-		}
 		return "the body must be a JSON object"
+	}
+	if fields == nil {
+		return "the body must be a JSON object, not null"
 	}
 	// encoding/json keeps the last of a key given twice and reads bytes that are not UTF-8 as
 	// U+FFFD, so failingField would blame a field's type for what protojson refused.
@@ -443,6 +490,12 @@ func kindName(fd protoreflect.FieldDescriptor) string {
 			return "a JSON value"
 		}
 		return "an object"
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
+		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
+		// protojson takes a 64-bit integer as a string too, and writes it so.
+		return "a whole number (e.g. 2 or \"2\")"
+	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind, protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+		return "a whole number, 0 or more (e.g. 2 or \"2\")"
 	}
 	return "a number"
 }

@@ -33,6 +33,8 @@ func TestDecodeErrorsNameTheFieldNeverTheValue(t *testing.T) {
 		{"nested field", `{"ref":"a","tool_filter":{"include":"` + secret + `"}}`, `field "tool_filter.include": expected a list, each a string`, &registryv1.CreateServerRequest{}},
 		{"map value", `{"ref":"a","headers":{"Authorization":["` + secret + `"]}}`, `field "headers": expected an object whose values are a string`, &registryv1.CreateServerRequest{}},
 		{"duration", `{"ref":"a","tool_call_timeout":"` + secret + `"}`, `field "tool_call_timeout": expected a duration string`, &registryv1.CreateServerRequest{}},
+		{"a fraction for an integer", `{"ref":"a","prewarm":1.5}`, `field "prewarm": expected a whole number (e.g. 2 or "2")`, &registryv1.CreateServerRequest{}},
+		{"text for an int64", `{"ref":"a","max_result_bytes":"` + secret + `"}`, `field "max_result_bytes": expected a whole number (e.g. 2 or "2")`, &registryv1.CreateServerRequest{}},
 		{"unknown field", `{"ref":"a","colour":"` + secret + `"}`, `unknown field "colour"`, &registryv1.CreateServerRequest{}},
 		{"syntax", `{"value": "` + secret + `",`, "not valid JSON", &registryv1.PutSecretRequest{}},
 		// protojson refuses a key given twice (either could be the one meant) and bytes that

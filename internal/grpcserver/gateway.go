@@ -47,9 +47,10 @@ func NewGatewayMux(first ...runtime.Middleware) *runtime.ServeMux {
 		}),
 		runtime.WithErrorHandler(writeError),
 		runtime.WithRoutingErrorHandler(writeRoutingError),
+		runtime.WithStreamErrorHandler(streamError),
 		// The gateway keeps one parser for the whole process; every mux sets the same one.
 		runtime.SetQueryParameterParser(&strictQuery{}),
-		runtime.WithMiddlewares(append(first, refuseInvalidUTF8, refuseUnreadQuery, markBody)...),
+		runtime.WithMiddlewares(append(first, refuseInvalidUTF8, refuseUnreadQuery, markBody, answerStreamFailuresAsErrors)...),
 		// A form-encoded POST would be parsed whole, before any middleware, and served by the
 		// GET route of the same path (or the method its X-HTTP-Method-Override names): no
 		// client of ours sends one, and the permission is checked before a body is read.
@@ -63,22 +64,46 @@ func NewGatewayMux(first ...runtime.Middleware) *runtime.ServeMux {
 // turns a wrong method into 501 Not Implemented, and says only "Not Found" for a typo.
 func writeRoutingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
 	closeIfBodyUnread(w, r)
-	var body ErrorBody
 	switch httpStatus {
 	case http.StatusMethodNotAllowed:
-		body = ErrorBody{Code: httpStatus, Status: "METHOD_NOT_ALLOWED",
-			Message: fmt.Sprintf("%s is not a method of %s: see docs/api.md for the routes and their methods", fielderr.Quote(r.Method), fielderr.Quote(r.URL.Path))}
+		MethodNotAllowed(w, r, allowedMethods(r.URL.Path)...)
 	case http.StatusNotFound:
 		// The gateway's own "Not Found" reads like a missing resource; this is a path no
 		// route takes (a typo, or a route of another binary in a split deployment).
-		body = ErrorBody{Code: httpStatus, Status: "NOT_FOUND",
-			Message: fmt.Sprintf("no route takes %s %s: docs/api.md lists the routes (in a split deployment, each binary serves its own service's)", r.Method, fielderr.Quote(r.URL.Path))}
+		msg := fmt.Sprintf("no route takes %s %s: docs/api.md lists the routes (in a split deployment, each binary serves its own service's)", r.Method, fielderr.Quote(r.URL.EscapedPath()))
+		if strings.Contains(strings.ToUpper(r.URL.RawPath), "%2F") {
+			// The gateway matches the decoded path, where %2F is a separator.
+			msg += "; a path variable never holds a /, even sent as %2F (no identifier may contain one)"
+		}
+		writeErrorBody(w, ErrorBody{Code: httpStatus, Status: "NOT_FOUND", Message: msg})
 	default:
 		runtime.DefaultRoutingErrorHandler(ctx, mux, m, w, r, httpStatus)
-		return
 	}
+}
+
+// MethodNotAllowed answers 405 in the usual error body, naming the methods the path takes in
+// its message and in Allow, which RFC 9110 requires of a 405 (a client library reads it).
+func MethodNotAllowed(w http.ResponseWriter, r *http.Request, allowed ...string) {
+	takes := "see docs/api.md for the routes and their methods"
+	if len(allowed) > 0 {
+		w.Header().Set("Allow", strings.Join(allowed, ", "))
+		takes = "it takes " + strings.Join(allowed, ", ") + " (docs/api.md lists the routes)"
+	}
+	writeErrorBody(w, ErrorBody{Code: http.StatusMethodNotAllowed, Status: "METHOD_NOT_ALLOWED",
+		Message: fmt.Sprintf("%s is not a method of %s: %s", fielderr.Quote(r.Method), fielderr.Quote(r.URL.Path), takes)})
+}
+
+// noRoute answers a path outside every route (/, /v2/…) as the gateway answers one under /v1/,
+// rather than with net/http's plain-text "404 page not found".
+func noRoute(w http.ResponseWriter, r *http.Request) {
+	closeIfBodyUnread(w, r)
+	writeErrorBody(w, ErrorBody{Code: http.StatusNotFound, Status: "NOT_FOUND",
+		Message: fmt.Sprintf("no route takes %s %s: the REST routes are under /v1/ (docs/api.md lists them), health is GET /healthz and metrics GET /metrics", r.Method, fielderr.Quote(r.URL.Path))})
+}
+
+func writeErrorBody(w http.ResponseWriter, body ErrorBody) {
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(httpStatus)
+	w.WriteHeader(body.Code)
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	_ = enc.Encode(body)
@@ -111,6 +136,7 @@ func writeError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler,
 	// The gateway's own refusals (a body that does not decode, a parameter no route takes)
 	// are bounded as the RPCs' statuses are.
 	st, _ := status.FromError(boundStatus(err))
+	st, _ = gatewayParseError(st, r)
 	msg := st.Message()
 	body := ErrorBody{Code: runtime.HTTPStatusFromCode(st.Code()), Status: st.Code().String(), Message: msg}
 	body.Status = strings.ToUpper(toSnake(body.Status))
@@ -142,11 +168,7 @@ func writeError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler,
 		body.Code = http.StatusRequestEntityTooLarge
 		body.Message = "the request is larger than the server accepts once encoded (JSON lists and numbers grow as protobuf): send less in one request"
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(body.Code)
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(body)
+	writeErrorBody(w, body)
 }
 
 // violationsOf reads a status detail shaped as a list of violations: a message whose one

@@ -118,12 +118,19 @@ var queryless = map[string]bool{
 // capture matches the "={pattern}" the gateway writes into a path variable ({ref=*}).
 var capture = regexp.MustCompile(`=[^}]*\}`)
 
-// refuseUnreadQuery refuses a query where the gateway would drop it unread: on POST, PUT and
+// refuseUnreadQuery refuses what the gateway would drop unread: a query on POST, PUT and
 // PATCH, whose routes in proto/gateway.yaml all take their fields from the path and a "*"
-// body (TestBodyRoutesTakeNoQuery keeps them so), and on the queryless routes. Elsewhere
-// strictQuery checks each parameter.
+// body (TestBodyRoutesTakeNoQuery keeps them so), and on the queryless routes (elsewhere
+// strictQuery checks each parameter); and a body on GET and DELETE, whose routes take none.
 func refuseUnreadQuery(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+		if (r.Method == http.MethodGet || r.Method == http.MethodDelete) && r.ContentLength != 0 {
+			// The gateway never reads a GET's or DELETE's body: GET /v1/audit/records with
+			// {"filter":{…}} answered every record, as if filtered.
+			refuseUnread(w, r, status.Errorf(codes.InvalidArgument,
+				"%s routes take no body, and this one would be ignored: send its fields as query parameters (e.g. ?filter.kind=admin; docs/api.md lists each route's)", r.Method))
+			return
+		}
 		q := r.URL.Query()
 		if len(q) == 0 {
 			next(w, r, params)
@@ -191,4 +198,83 @@ func invalidUTF8(field, msg string) error {
 		st = withDetail
 	}
 	return st.Err()
+}
+
+// The gateway's own refusals of a path variable or query parameter it cannot parse quote the
+// value and Go's parse error (`parsing field "page_size": strconv.ParseInt: parsing "abc":
+// invalid syntax`). gatewayParseError rewrites them to name the parameter as sent and the
+// type it takes, never the value, with a BadRequest detail naming it; a refused body field
+// keeps its message and gains the detail.
+var (
+	gatewayQueryParse = regexp.MustCompile(`^parsing (?:field|list|map key|map value) "([^"]+)": (.*)$`)
+	gatewayQueryTwice = regexp.MustCompile(`^too many values for field "([^"]+)": `)
+	gatewayPathParse  = regexp.MustCompile(`^type mismatch, parameter: ([A-Za-z0-9_.]+), error: (.*)$`)
+	// The decoder's refusal of a body field (decoder.go), which the gateway turns into a
+	// status without details.
+	gatewayBodyField = regexp.MustCompile(`^invalid JSON body: (?:field|unknown field) "([^"]+)"`)
+)
+
+func gatewayParseError(st *status.Status, r *http.Request) (*status.Status, bool) {
+	if st.Code() != codes.InvalidArgument || len(st.Details()) > 0 {
+		return st, false
+	}
+	msg := st.Message()
+	var field, problem string
+	if m := gatewayPathParse.FindStringSubmatch(msg); m != nil {
+		field = m[1]
+		problem = fmt.Sprintf("path variable %s %s", fielderr.Quote(field), expectedValue(m[2]))
+	} else if m := gatewayQueryParse.FindStringSubmatch(msg); m != nil {
+		field = queryKeyFor(r, m[1])
+		problem = fmt.Sprintf("query parameter %s %s", fielderr.Quote(field), expectedValue(m[2]))
+	} else if m := gatewayQueryTwice.FindStringSubmatch(msg); m != nil {
+		field = queryKeyFor(r, m[1])
+		problem = fmt.Sprintf("query parameter %s is given more than once: send it once", fielderr.Quote(field))
+	} else if m := gatewayBodyField.FindStringSubmatch(msg); m != nil {
+		field, problem = m[1], msg
+	} else {
+		return st, false
+	}
+	out := status.New(codes.InvalidArgument, problem)
+	if withDetail, err := out.WithDetails(&errdetails.BadRequest{
+		FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: problem}},
+	}); err == nil {
+		out = withDetail
+	}
+	return out, true
+}
+
+// expectedValue says what a parameter takes, read from the parse error the gateway wrapped.
+func expectedValue(parseErr string) string {
+	switch {
+	case strings.Contains(parseErr, "value out of range"):
+		return "is out of range for its type: send a smaller number"
+	case strings.Contains(parseErr, "strconv.ParseUint"):
+		return "must be a whole number, 0 or more"
+	case strings.Contains(parseErr, "strconv.ParseInt"):
+		return "must be a whole number"
+	case strings.Contains(parseErr, "strconv.ParseFloat"):
+		return "must be a number"
+	case strings.Contains(parseErr, "strconv.ParseBool"):
+		return "must be true or false"
+	case strings.Contains(parseErr, "parsing time"):
+		return "must be an RFC 3339 time, e.g. 2026-12-03T10:00:00Z"
+	case strings.Contains(parseErr, "time: "):
+		return "must be a duration, e.g. 30s"
+	}
+	return "is not a value of its type (docs/api.md)"
+}
+
+// queryKeyFor finds the parameter, as the request spelt it (filter.since), behind the proto
+// field name the gateway's error gives (since); the field name when none matches.
+func queryKeyFor(r *http.Request, name string) string {
+	if r == nil {
+		return name
+	}
+	keys := slices.Sorted(maps.Keys(r.URL.Query()))
+	for _, k := range keys {
+		if k == name || strings.HasSuffix(k, "."+name) {
+			return k
+		}
+	}
+	return name
 }

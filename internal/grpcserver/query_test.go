@@ -3,6 +3,7 @@ package grpcserver
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -22,6 +23,8 @@ import (
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
 )
@@ -34,6 +37,18 @@ type echoAudit struct {
 
 func (echoAudit) List(_ context.Context, req *auditv1.ListRequest) (*auditv1.ListResponse, error) {
 	return &auditv1.ListResponse{Records: []*auditv1.Record{{Kind: req.GetFilter().GetKind()}}, NextPageToken: req.GetPageToken()}, nil
+}
+
+// Watch fails at once for filter.kind "refuse"; otherwise it sends one record and then fails,
+// as a server that stops ends a watch.
+func (echoAudit) Watch(req *auditv1.WatchRequest, stream auditv1.AuditService_WatchServer) error {
+	if req.GetFilter().GetKind() == "refuse" {
+		return status.Error(codes.InvalidArgument, "audit: invalid filter: kind is not one of admin, tool_call")
+	}
+	if err := stream.Send(&auditv1.WatchResponse{Record: &auditv1.Record{Kind: "admin"}}); err != nil {
+		return err
+	}
+	return status.Error(codes.Unavailable, "audit: the server is stopping: watch again from seq 2")
 }
 
 // TestUnknownQueryParametersAreRefused: a misspelt filter is 400 naming it and the
@@ -74,6 +89,12 @@ func TestAnUnknownPathNamesItself(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, code)
 	require.Equal(t, "NOT_FOUND", body["status"])
 	require.Contains(t, body["message"], `no route takes GET "/v1/audit/recordz": docs/api.md lists the routes`)
+
+	// The path named is the one sent: a %2F the gateway reads as a separator is kept, and said.
+	code, body = getJSON(t, auditGateway(t)+"/v1/audit/records%2Fall")
+	require.Equal(t, http.StatusNotFound, code)
+	require.Contains(t, body["message"], `no route takes GET "/v1/audit/records%2Fall"`)
+	require.Contains(t, body["message"], "a path variable never holds a /, even sent as %2F")
 }
 
 // auditGateway serves echoAudit over gRPC and REST and returns the REST base URL.
@@ -289,8 +310,171 @@ func TestFormBodiesAreToldToSendJSON(t *testing.T) {
 	code, body = post("application/x-www-form-urlencoded", `{}`)
 	require.Equal(t, http.StatusNotImplemented, code, "a JSON body sent as a form decodes and reaches the service: %s", body)
 
+	// curl -d with damaged JSON: the header is not what is wrong, so no form hint.
+	code, body = post("application/x-www-form-urlencoded", `{"tenant":`)
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, body, "not valid JSON: the body ends early")
+	require.NotContains(t, body, "sent as", "damaged JSON is not told to send a JSON header")
+	code, body = post("application/x-www-form-urlencoded", `{"tenant":"a"} {"tenant":"b"}`)
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, body, "not valid JSON at byte 16")
+	require.NotContains(t, body, "sent as")
+	code, body = post("application/json", "null")
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, body, "the body must be a JSON object, not null")
+
 	code, body = post("application/json", "tenant=x")
 	require.Equal(t, http.StatusBadRequest, code, body)
 	require.Contains(t, body, "not valid JSON at byte 2")
 	require.NotContains(t, body, "sent as", "a JSON request gets no form hint")
+}
+
+// TestUnparsableParametersAreNamedNotQuoted: the gateway's own refusal of a parameter it cannot
+// parse quoted the value and Go's parse error (`strconv.ParseInt: parsing "abc": invalid
+// syntax`); it names the parameter as sent and what it takes, with a BadRequest detail.
+func TestUnparsableParametersAreNamedNotQuoted(t *testing.T) {
+	base := auditGateway(t)
+	for _, tc := range []struct{ query, want string }{
+		{"page_size=sk-live-1", `query parameter "page_size" must be a whole number`},
+		{"page_size=99999999999", `query parameter "page_size" is out of range for its type: send a smaller number`},
+		{"filter.since=sk-live-1", `query parameter "filter.since" must be an RFC 3339 time, e.g. 2026-12-03T10:00:00Z`},
+		{"page_size=1&page_size=sk-live-1", `query parameter "page_size" is given more than once: send it once`},
+	} {
+		code, body := getJSON(t, base+"/v1/audit/records?"+tc.query)
+		require.Equal(t, http.StatusBadRequest, code, tc.query)
+		require.Equal(t, tc.want, body["message"], tc.query)
+		require.NotContains(t, fmt.Sprint(body), "sk-live", "the value is never quoted")
+		require.NotContains(t, fmt.Sprint(body), "strconv", "no Go error text")
+		violation := body["details"].([]any)[0].(map[string]any)["field_violations"].([]any)[0].(map[string]any)
+		require.Equal(t, strings.SplitN(tc.query, "=", 2)[0], violation["field"], tc.query)
+	}
+}
+
+// TestPathsOutsideTheRoutesAnswerJSON: a path outside /v1/, /healthz and /metrics answered
+// net/http's plain-text "404 page not found", and /healthz and /metrics answered any method;
+// both now answer in the error body every REST route uses.
+func TestPathsOutsideTheRoutesAnswerJSON(t *testing.T) {
+	base := auditGateway(t)
+	for _, tc := range []struct {
+		method, path string
+		code         int
+		allow, want  string
+	}{
+		{http.MethodGet, "/", http.StatusNotFound, "", `no route takes GET "/": the REST routes are under /v1/`},
+		{http.MethodGet, "/v2/audit/records", http.StatusNotFound, "", `no route takes GET "/v2/audit/records"`},
+		{http.MethodPost, "/healthz", http.StatusMethodNotAllowed, "GET, HEAD", `"POST" is not a method of "/healthz": it takes GET, HEAD`},
+		{http.MethodDelete, "/metrics", http.StatusMethodNotAllowed, "GET, HEAD", `"DELETE" is not a method of "/metrics"`},
+	} {
+		req, err := http.NewRequestWithContext(t.Context(), tc.method, base+tc.path, nil)
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		var body ErrorBody
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&body), "%s %s", tc.method, tc.path)
+		resp.Body.Close()
+		require.Equal(t, tc.code, resp.StatusCode)
+		require.Equal(t, tc.code, body.Code)
+		require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+		require.Equal(t, tc.allow, resp.Header.Get("Allow"))
+		require.Contains(t, body.Message, tc.want)
+	}
+	code, body := getJSON(t, base+"/healthz")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "SERVING", body["status"])
+}
+
+// TestAStreamThatFailsAtOnceAnswersTheErrorBody: a streaming route that failed before its first
+// message answered {"error":{"code":3,…}} (grpc-gateway's end of a stream, with the gRPC code)
+// where every other error is the ErrorBody; a stream that fails later still ends with that line.
+func TestAStreamThatFailsAtOnceAnswersTheErrorBody(t *testing.T) {
+	base := auditGateway(t)
+	code, body := getJSON(t, base+"/v1/audit/records:watch?filter.kind=refuse")
+	require.Equal(t, http.StatusBadRequest, code, "%v", body)
+	require.Equal(t, map[string]any{"code": float64(400), "status": "INVALID_ARGUMENT",
+		"message": "audit: invalid filter: kind is not one of admin, tool_call"}, body)
+
+	resp, err := http.Get(base + "/v1/audit/records:watch")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(raw))
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	require.Len(t, lines, 2, string(raw))
+	require.Contains(t, lines[0], `"result"`)
+	require.Contains(t, lines[1], `{"error":{"code":14,"message":"audit: the server is stopping: watch again from seq 2"`)
+}
+
+// TestBodiesAsWindowsAndCompressingClientsSendThem: a UTF-8 byte order mark (PowerShell's
+// Out-File writes one) is skipped, as RFC 8259 allows; a compressed body is refused naming its
+// Content-Encoding, not as JSON that breaks at byte 1.
+func TestBodiesAsWindowsAndCompressingClientsSendThem(t *testing.T) {
+	base := auditGateway(t)
+	post := func(encoding, body string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/v1/audit:verify", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		if encoding != "" {
+			req.Header.Set("Content-Encoding", encoding)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(raw)
+	}
+	code, body := post("", "\xef\xbb\xbf{}")
+	require.Equal(t, http.StatusNotImplemented, code, "a body after a BOM decodes and reaches the service: %s", body)
+
+	code, body = post("gzip", "\x1f\x8b\x08\x00")
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, body, `it was sent with Content-Encoding \"gzip\", which the REST routes do not decode: send the JSON uncompressed`)
+
+	code, body = post("identity", "{}")
+	require.Equal(t, http.StatusNotImplemented, code, body)
+}
+
+// TestRefusedBodyFieldsCarryABadRequestDetail: the gateway's refusal of a body field had a
+// message only; like every other refusal of input, it names the field in a BadRequest detail.
+func TestRefusedBodyFieldsCarryABadRequestDetail(t *testing.T) {
+	base := auditGateway(t)
+	for body, field := range map[string]string{`{"bogus":1}`: "bogus", `{"anchor_seq":"sk-live-1"}`: "anchor_seq"} {
+		resp, err := http.Post(base+"/v1/audit:verify", "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		var got ErrorBody
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&got))
+		resp.Body.Close()
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, body)
+		require.Len(t, got.Details, 1, "%s: %+v", body, got)
+		var detail struct {
+			Type       string `json:"@type"`
+			Violations []struct {
+				Field string `json:"field"`
+			} `json:"field_violations"`
+		}
+		require.NoError(t, json.Unmarshal(got.Details[0], &detail))
+		require.Equal(t, "type.googleapis.com/google.rpc.BadRequest", detail.Type)
+		require.Equal(t, field, detail.Violations[0].Field)
+		require.NotContains(t, string(got.Details[0]), "sk-live")
+	}
+}
+
+// TestABodyOnAGetRouteIsRefused: the gateway never reads a GET's body, so a filter sent in one
+// answered every record as if it had been applied.
+func TestABodyOnAGetRouteIsRefused(t *testing.T) {
+	base := auditGateway(t)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, base+"/v1/audit/records", strings.NewReader(`{"filter":{"kind":"admin"}}`))
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	var body ErrorBody
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+	resp.Body.Close()
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, body.Message)
+	require.Equal(t, "GET routes take no body, and this one would be ignored: send its fields as query parameters (e.g. ?filter.kind=admin; docs/api.md lists each route's)", body.Message)
+
+	code, got := getJSON(t, base+"/v1/audit/records?filter.kind=admin")
+	require.Equal(t, http.StatusOK, code, "without a body the same GET is served: %v", got)
 }

@@ -2,6 +2,8 @@ package grpcserver
 
 import (
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
@@ -61,6 +63,46 @@ var routeMethods = map[string]string{
 	"GET /v1/audit/records":                                  "/ringfence.audit.v1.AuditService/List",
 	"GET /v1/audit/records:watch":                            "/ringfence.audit.v1.AuditService/Watch",
 	"POST /v1/audit:verify":                                  "/ringfence.audit.v1.AuditService/Verify",
+}
+
+// allowedMethods names the methods of the routes whose pattern matches path, sorted, for the
+// Allow header of a 405.
+func allowedMethods(path string) []string {
+	var methods []string
+	for r := range routeMethods {
+		method, pattern, _ := strings.Cut(r, " ")
+		if patternMatches(pattern, path) && !slices.Contains(methods, method) {
+			methods = append(methods, method)
+		}
+	}
+	slices.Sort(methods)
+	return methods
+}
+
+// patternMatches reports whether path fits a routeMethods pattern: literal segments equal, a
+// {variable} one non-empty segment, and a custom verb (":call") the end of the last segment.
+func patternMatches(pattern, path string) bool {
+	if i := strings.LastIndex(pattern, ":"); i > strings.LastIndex(pattern, "/") {
+		verb := pattern[i:]
+		if !strings.HasSuffix(path, verb) {
+			return false
+		}
+		pattern, path = pattern[:i], strings.TrimSuffix(path, verb)
+	}
+	want, got := strings.Split(pattern, "/"), strings.Split(path, "/")
+	if len(want) != len(got) {
+		return false
+	}
+	for i, w := range want {
+		if strings.HasPrefix(w, "{") {
+			if got[i] == "" {
+				return false
+			}
+		} else if w != got[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // route names the route the gateway matched for r, "METHOD pattern" with path variables as

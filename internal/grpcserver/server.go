@@ -15,6 +15,7 @@ import (
 	"net/http"
 	goruntime "runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/telemetry"
 	"github.com/ringfence/ringfence/internal/version"
 )
@@ -376,12 +378,25 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 		api = authenticateFirst(api, a)
 	}
 	root.Handle("/v1/", api)
-	root.HandleFunc("/healthz", s.healthz)
-	root.Handle("/metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}))
+	root.HandleFunc("/healthz", getOnly(s.healthz))
+	root.Handle("/metrics", getOnly(promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}).ServeHTTP))
+	root.HandleFunc("/", noRoute)
 	for path, h := range s.extra {
 		root.Handle(path, h)
 	}
 	return httpRequestID(root), nil
+}
+
+// getOnly serves GET and HEAD with h, and answers any other method 405.
+func getOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			closeIfBodyUnread(w, r)
+			MethodNotAllowed(w, r, http.MethodGet, http.MethodHead)
+			return
+		}
+		h(w, r)
+	}
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
@@ -401,6 +416,9 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 func authenticateFirst(h http.Handler, a Authenticator) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, err := auth.SingleKey(r.Header.Values("X-API-Key"))
+		if err == nil && key == "" {
+			err = KeyElsewhere(r)
+		}
 		if err == nil {
 			err = a.Authenticate(r.Context(), key)
 		}
@@ -410,6 +428,22 @@ func authenticateFirst(h http.Handler, a Authenticator) http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// KeyElsewhere names where a request without X-API-Key put its key instead, when it did so
+// where a REST client would (an Authorization header, the query): "missing API key" alone
+// reads as if nothing was sent. A key in the query is never read, since URLs end up in logs.
+// Nil when neither.
+func KeyElsewhere(r *http.Request) error {
+	if r.Header.Get("Authorization") != "" {
+		return status.Error(codes.Unauthenticated, "auth: missing API key: the /v1/ routes read it from the X-API-Key header, not Authorization (only the MCP front door, /mcp, reads an Authorization: Bearer agent token)")
+	}
+	for name := range r.URL.Query() {
+		if n := strings.ToLower(strings.NewReplacer("-", "", "_", "").Replace(name)); n == "apikey" || n == "xapikey" || n == "key" {
+			return status.Errorf(codes.Unauthenticated, "auth: missing API key: send it in the X-API-Key header; a key in the URL (%s) is never read, since URLs end up in logs and browser histories: revoke a key sent so if it may have been logged", fielderr.Quote(name))
+		}
+	}
+	return nil
 }
 
 func limitBody(h http.Handler, n int64) http.Handler {

@@ -331,13 +331,17 @@ func (s *Service) Export(req *auditv1.ExportRequest, stream auditv1.AuditService
 func (s *Service) ExportHandler(authz grpcserver.Authorizer) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet {
-			w.Header().Set("Allow", http.MethodGet)
-			http.Error(w, `{"code":405,"status":"METHOD_NOT_ALLOWED","message":"use GET"}`, http.StatusMethodNotAllowed)
+			grpcserver.MethodNotAllowed(w, r, http.MethodGet)
 			return
 		}
 		// Every X-API-Key the request sent: Authorize refuses a key sent twice.
 		ctx := metadata.NewIncomingContext(r.Context(), metadata.MD{auth.MetadataKey: r.Header.Values("X-API-Key")})
 		ctx, err := authz.Authorize(ctx, auditv1.AuditService_Export_FullMethodName)
+		if err != nil && len(r.Header.Values("X-API-Key")) == 0 {
+			if elsewhere := grpcserver.KeyElsewhere(r); elsewhere != nil {
+				err = elsewhere
+			}
+		}
 		if err != nil {
 			grpcserver.WriteHTTPError(w, err)
 			return

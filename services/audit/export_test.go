@@ -78,6 +78,23 @@ func TestExportRefusesABadFilterBeforeAnswering(t *testing.T) {
 		require.Contains(t, rec.Body.String(), tc.want, tc.query)
 		require.Contains(t, rec.Header().Get("Content-Type"), "application/json")
 	}
+
+	// A key sent where REST clients often put one is named, never read.
+	req := httptest.NewRequest(http.MethodGet, "/v1/audit/export?api_key="+auditorKey, nil)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusUnauthorized, rec.Code, rec.Body.String())
+	require.Contains(t, rec.Body.String(), "send it in the X-API-Key header; a key in the URL")
+	require.NotContains(t, rec.Body.String(), auditorKey)
+
+	// A wrong method is the usual 405 error body, sent as JSON (it was JSON labelled text/plain).
+	req = httptest.NewRequest(http.MethodPost, "/v1/audit/export", nil)
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusMethodNotAllowed, rec.Code)
+	require.Equal(t, "GET", rec.Header().Get("Allow"))
+	require.Equal(t, "application/json", rec.Header().Get("Content-Type"))
+	require.Contains(t, rec.Body.String(), `\"POST\" is not a method of \"/v1/audit/export\": it takes GET`)
 }
 
 // TestExportKeepsToTheKeysTenant: an export, over the gRPC stream and over GET

@@ -438,6 +438,10 @@ func TestRESTRoutes(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, "%v", body)
 	require.Equal(t, "added", body["tools"].([]any)[0].(map[string]any)["outcome"])
 
+	code, body = f.rest(t, http.MethodGet, "/v1/graphs/support-triage/versions/latest", "")
+	require.Equal(t, http.StatusBadRequest, code, "%v", body)
+	require.Equal(t, `path variable "version" must be a whole number`, body["message"], "named, never Go's parse error nor the value")
+
 	code, body = f.rest(t, http.MethodGet, "/v1/graphs/support-triage/draft", "")
 	require.Equal(t, http.StatusOK, code)
 	draft := body["draft"].(map[string]any)

@@ -890,5 +890,62 @@ func TestRESTWrongMethodIs405(t *testing.T) {
 	f := newFixture(t)
 	code, body := f.rest(t, http.MethodPost, "/v1/mcp/servers/docs", adminKey, `{}`)
 	require.Equal(t, http.StatusMethodNotAllowed, code, body)
-	require.Contains(t, body, `\"POST\" is not a method of \"/v1/mcp/servers/docs\"`)
+	require.Contains(t, body, `\"POST\" is not a method of \"/v1/mcp/servers/docs\": it takes DELETE, GET, PATCH, PUT`)
+
+	// RFC 9110: a 405 names the methods the path takes in Allow.
+	code, body, header := f.restHeaders(t, http.MethodDelete, "/v1/mcp/servers", adminKey, "")
+	require.Equal(t, http.StatusMethodNotAllowed, code, body)
+	require.Equal(t, "GET, POST", header.Get("Allow"))
+	_, _, header = f.restHeaders(t, http.MethodGet, "/v1/keys/key_1:revoke", adminKey, "")
+	require.Equal(t, "POST", header.Get("Allow"), "a custom verb is part of the path")
+}
+
+// TestRESTBodyMayNotContradictThePath: the gateway sets a path variable's field after decoding
+// the body, so PUT /v1/mcp/servers/docs with {"ref":"wiki"} changed docs and dropped "wiki"
+// without a word. A body that repeats the path's value is fine; one that contradicts it is a
+// 400 that changes nothing.
+func TestRESTBodyMayNotContradictThePath(t *testing.T) {
+	f := newFixture(t)
+	for _, ref := range []string{"docs", "wiki"} {
+		code, body := f.rest(t, http.MethodPost, "/v1/mcp/servers", adminKey, `{"ref":"`+ref+`","command":"x"}`)
+		require.Equal(t, http.StatusOK, code, body)
+	}
+	for _, method := range []string{http.MethodPut, http.MethodPatch} {
+		code, body := f.rest(t, method, "/v1/mcp/servers/docs", adminKey, `{"ref":"wiki","command":"y"}`)
+		require.Equal(t, http.StatusBadRequest, code, body)
+		require.Contains(t, body, `field \"ref\" differs from the ref the path names: leave it out of the body`)
+		require.NotContains(t, body, "wiki", "no refusal of a body quotes a value")
+	}
+	code, body := f.rest(t, http.MethodGet, "/v1/mcp/servers/docs", adminKey, "")
+	require.Equal(t, http.StatusOK, code, body)
+	var got map[string]any
+	require.NoError(t, json.Unmarshal([]byte(body), &got))
+	require.Equal(t, "x", got["command"], "the refused requests changed nothing")
+
+	code, body = f.rest(t, http.MethodPut, "/v1/mcp/servers/docs", adminKey, `{"ref":"docs","command":"y"}`)
+	require.Equal(t, http.StatusOK, code, "a body may repeat the path's value: %s", body)
+}
+
+// TestRESTNamesAKeySentWhereItIsNotRead: a key sent as Authorization: Bearer, or in the query,
+// was answered "missing API key" as if nothing had been sent; the 401 says where the key
+// goes, and a key in the URL is never read nor quoted.
+func TestRESTNamesAKeySentWhereItIsNotRead(t *testing.T) {
+	f := newFixture(t)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, f.base+"/v1/mcp/servers", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+adminKey)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	raw, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, string(raw))
+	require.Contains(t, string(raw), "read it from the X-API-Key header, not Authorization")
+
+	for _, param := range []string{"api_key", "x-api-key", "apiKey", "key"} {
+		code, body := f.rest(t, http.MethodGet, "/v1/mcp/servers?"+param+"="+adminKey, "", "")
+		require.Equal(t, http.StatusUnauthorized, code, body)
+		require.Contains(t, body, `send it in the X-API-Key header; a key in the URL (\"`+param+`\") is never read`)
+		require.NotContains(t, body, adminKey)
+	}
 }
