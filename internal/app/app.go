@@ -319,7 +319,7 @@ func spoolPolicy(cfg *config.Config) audit.FullPolicy {
 
 func dataFile(cfg *config.Config, name string) (string, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return "", fmt.Errorf("app: create data_dir %s: %w", cfg.DataDir, err)
+		return "", fmt.Errorf("app: create data_dir (%s) %s: %w: name a directory this user may create and write", config.EnvName("data_dir"), cfg.DataDir, err)
 	}
 	return filepath.Join(cfg.DataDir, name), nil
 }
@@ -414,7 +414,11 @@ func secretsBox(cfg *config.Config) (*secretbox.Box, error) {
 	if keyFile == "" {
 		keyFile = filepath.Join(cfg.DataDir, "secrets.key")
 	}
-	return secretbox.LoadOrCreate(keyFile)
+	box, err := secretbox.LoadOrCreate(keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("app: secrets_key_file (%s; default <data_dir>/secrets.key): %w", config.EnvName("secrets_key_file"), err)
+	}
+	return box, nil
 }
 
 // oauthCallbackURL is where authorization servers send users back: oauth.callback_url, else
