@@ -97,3 +97,18 @@ func copyDir(t *testing.T, src, dst string) {
 		return os.WriteFile(filepath.Join(dst, rel), data, info.Mode().Perm())
 	}))
 }
+
+// TestABadRolesJSONIsAConfigError: custom roles that do not parse, or name an unknown
+// permission, stop the start as any invalid value does (configuration.md: exit status 2),
+// naming the key and the fix, with nothing opened in data_dir.
+func TestABadRolesJSONIsAConfigError(t *testing.T) {
+	for _, roles := range []string{`{bad`, `{"deployer": ["run:exec"]}`} {
+		data := filepath.Join(t.TempDir(), "data")
+		env := []string{"RINGFENCE_DATA_DIR=" + data, "RINGFENCE_GRPC_ADDR=" + testutil.FreeAddr(t), "RINGFENCE_HTTP_ADDR=" + testutil.FreeAddr(t),
+			"RINGFENCE_SERVICE_ROLES_JSON=" + roles}
+		r := runCmd(t, nil, env, bin("ringfenced"))
+		require.Equal(t, 2, r.Code, r.Stderr)
+		require.Contains(t, r.Stderr, "ringfenced: config: auth: RINGFENCE_SERVICE_ROLES_JSON")
+		require.NoDirExists(t, data)
+	}
+}
