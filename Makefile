@@ -97,11 +97,16 @@ GO_SOURCES := $(shell find cmd internal services gen mcpgate examples -name '*.g
 BIN_FILES  := $(addprefix $(OUT)/,$(BINARIES))
 # The commit the binaries are built from (--version), "+modified" with uncommitted changes.
 REVISION   = $(shell r=$$(git rev-parse --short=12 HEAD 2>/dev/null) && { git diff --quiet HEAD -- 2>/dev/null && echo $$r || echo $$r+modified; })
+# A commit changes the revision without touching a source: $(OUT)/.revision holds the one the
+# binaries were built with, rewritten when it differs, so that they are rebuilt and --version
+# does not name the commit before (or "+modified" for what is now committed).
+REVISION_FILE := $(OUT)/.revision
+$(shell mkdir -p '$(OUT)' && r='$(REVISION)' && { [ "$$(cat '$(REVISION_FILE)' 2>/dev/null)" = "$$r" ] || printf '%s\n' "$$r" > '$(REVISION_FILE)'; })
 
 .PHONY: build
 build: $(BIN_FILES) ## Build every binary into ./bin (~3 min cold on 2 cores; seconds with Go's build cache warm).
 
-$(BIN_FILES) &: $(GO_SOURCES)
+$(BIN_FILES) &: $(GO_SOURCES) $(REVISION_FILE)
 	@echo "build: compiling $(words $(BINARIES)) binaries into ./bin (about 3 minutes on a cold machine with 2 cores, seconds once Go's build cache is warm)"
 	@mkdir -p $(OUT)
 	@CGO_ENABLED=0 go build -trimpath -ldflags "-X github.com/ringfence/ringfence/internal/version.revision=$(REVISION)" -o $(OUT)/ $(addprefix ./cmd/,$(BINARIES))

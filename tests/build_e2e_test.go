@@ -43,3 +43,29 @@ func TestMakeBuildWritesStaticBinaries(t *testing.T) {
 		require.Regexp(t, `^`+regexp.QuoteMeta(name)+` commit `+strings.TrimSpace(string(head))+`(\+modified)? \(go1\.\d+`, string(got))
 	}
 }
+
+// TestMakeBuildFollowsACommit: a commit changes no source, but it changes the commit the
+// binaries must name: make build after it rebuilds them, so --version (and the serving line)
+// names the new commit rather than the one before. Built in a clone of the checkout's HEAD.
+func TestMakeBuildFollowsACommit(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "clone")
+	git := func(args ...string) string {
+		out, err := exec.Command("git", append([]string{"-C", dir, "-c", "user.name=t", "-c", "user.email=t@example.invalid"}, args...)...).CombinedOutput()
+		require.NoError(t, err, string(out))
+		return strings.TrimSpace(string(out))
+	}
+	out, err := exec.Command("git", "clone", "--quiet", "--shared", bins.root, dir).CombinedOutput()
+	require.NoError(t, err, string(out))
+	version := func() string {
+		cmd := exec.CommandContext(t.Context(), "make", "-C", dir, "build")
+		cmd.Env = baseEnv()
+		log, err := cmd.CombinedOutput()
+		require.NoError(t, err, string(log))
+		got, err := exec.Command(filepath.Join(dir, "bin", "ringfenced"), "--version").Output()
+		require.NoError(t, err)
+		return string(got)
+	}
+	require.Contains(t, version(), "commit "+git("rev-parse", "--short=12", "HEAD")+" (")
+	git("commit", "--quiet", "--allow-empty", "-m", "next")
+	require.Contains(t, version(), "commit "+git("rev-parse", "--short=12", "HEAD")+" (")
+}

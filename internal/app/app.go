@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/url"
@@ -318,9 +319,24 @@ func spoolPolicy(cfg *config.Config) audit.FullPolicy {
 
 func dataFile(cfg *config.Config, name string) (string, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return "", fmt.Errorf("app: create data_dir %s: %w", cfg.DataDir, err)
+		return "", fmt.Errorf("app: create data_dir (%s) %s: %w: name a directory this user may create and write", config.EnvName("data_dir"), cfg.DataDir, err)
 	}
 	return filepath.Join(cfg.DataDir, name), nil
+}
+
+// boltLeftBehind refuses store.backend=etcd over a data_dir that holds the service's bbolt
+// file: nothing in it is copied to etcd, so the start would serve none of what it holds, and
+// the audit records waiting in its outbox would never be sent.
+func boltLeftBehind(cfg *config.Config, path string) error {
+	if !cfg.Store.Etcd() {
+		return nil
+	}
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("app: %w", err)
+	}
+	return fmt.Errorf("app: %s holds this service's state from store.backend=bbolt, and store.backend=etcd does not read it: nothing is copied from bbolt to etcd, so this start would serve none of it (nor send the audit records waiting in it). Keep store.backend=bbolt; or, to start afresh on etcd, move %s out of data_dir (keep it: it is the only copy)", path, filepath.Base(path))
 }
 
 // openAudit opens the audit log: with shared, a copy of the chain that the audit instances
@@ -349,6 +365,9 @@ func (a *App) openAudit(ctx context.Context, cfg *config.Config, shared bool, lo
 func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.Roles, sink audit.Sink, callback string, log *slog.Logger) (*registry.Service, error) {
 	path, err := dataFile(cfg, "registry.db")
 	if err != nil {
+		return nil, err
+	}
+	if err := boltLeftBehind(cfg, path); err != nil {
 		return nil, err
 	}
 	box, err := secretsBox(cfg)
@@ -395,7 +414,11 @@ func secretsBox(cfg *config.Config) (*secretbox.Box, error) {
 	if keyFile == "" {
 		keyFile = filepath.Join(cfg.DataDir, "secrets.key")
 	}
-	return secretbox.LoadOrCreate(keyFile)
+	box, err := secretbox.LoadOrCreate(keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("app: secrets_key_file (%s; default <data_dir>/secrets.key): %w", config.EnvName("secrets_key_file"), err)
+	}
+	return box, nil
 }
 
 // oauthCallbackURL is where authorization servers send users back: oauth.callback_url, else
@@ -631,6 +654,9 @@ func defaultPoolID(dataDir string) string {
 func (a *App) openPublisher(ctx context.Context, cfg *config.Config, policies publisher.Policies, disc publisher.Discoverer, sink audit.Sink, log *slog.Logger) (*publisher.Service, error) {
 	path, err := dataFile(cfg, "publisher.db")
 	if err != nil {
+		return nil, err
+	}
+	if err := boltLeftBehind(cfg, path); err != nil {
 		return nil, err
 	}
 	cli, err := a.etcdClient(ctx, cfg, log)

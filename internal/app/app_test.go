@@ -358,3 +358,21 @@ func TestAKeySentTwiceIsRefused(t *testing.T) {
 		require.Contains(t, string(body), "the API key is sent 2 times", path)
 	}
 }
+
+// TestFilesItCannotMakeNameTheirKey: a secrets key file or a data_dir the server cannot
+// create stops the start naming the setting and what to do, not with the file system's error
+// alone.
+func TestFilesItCannotMakeNameTheirKey(t *testing.T) {
+	blocker := filepath.Join(t.TempDir(), "a-file")
+	require.NoError(t, os.WriteFile(blocker, nil, 0o600))
+
+	cfg := testConfig(t, "RINGFENCE_SECRETS_KEY_FILE="+filepath.Join(t.TempDir(), "missing", "secrets.key"))
+	_, err := secretsBox(cfg)
+	require.ErrorContains(t, err, "secrets_key_file (RINGFENCE_SECRETS_KEY_FILE; default <data_dir>/secrets.key)")
+	require.ErrorContains(t, err, "create its directory")
+
+	cfg = testConfig(t, "RINGFENCE_DATA_DIR="+filepath.Join(blocker, "data"))
+	_, err = dataFile(cfg, "registry.db")
+	require.ErrorContains(t, err, "data_dir (RINGFENCE_DATA_DIR)")
+	require.ErrorContains(t, err, "name a directory this user may create and write")
+}

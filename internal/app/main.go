@@ -11,6 +11,7 @@ import (
 	"slices"
 	"syscall"
 
+	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/config"
 	"github.com/ringfence/ringfence/internal/gctune"
 	"github.com/ringfence/ringfence/internal/version"
@@ -32,6 +33,12 @@ func Main(name string, build Builder) int {
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	// Custom roles are configuration too: a bad one is exit 2 like any invalid value, before
+	// anything is opened (loadRoles builds them again for the services).
+	if _, err := auth.NewRoles(cfg.ServiceRolesJSON); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: config: %v\n", name, err)
 		return 2
 	}
 	log := NewLogger(cfg, os.Stderr)

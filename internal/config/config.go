@@ -558,6 +558,12 @@ func (c *Config) validateFor(binary string) problems {
 		if c.InternalAddr != "" {
 			errs.add("internal_addr", "is set, but ringfenced serves no internal RPCs: its services call each other in-process", "unset it; it is for split binaries (ringfence-registry, -publisher, -pool, -audit)")
 		}
+		for _, p := range []struct{ key, addr string }{{"peers.registry_addr", c.Peers.RegistryAddr}, {"peers.publisher_addr", c.Peers.PublisherAddr},
+			{"peers.pool_addr", c.Peers.PoolAddr}, {"peers.audit_addr", c.Peers.AuditAddr}} {
+			if p.addr != "" {
+				errs.add(p.key, "is set, but ringfenced dials no peer: its services call each other in-process", "unset it; peers.* are for split binaries (ringfence-registry, -publisher, -pool, -audit)")
+			}
+		}
 	case slices.Contains(SplitBinaries, binary):
 		if c.InternalAddr == "" {
 			c.InternalAddr = DefaultInternalAddr

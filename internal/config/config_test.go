@@ -231,6 +231,9 @@ func TestConfigurationDependsOnTheBinary(t *testing.T) {
 	_, err = Load(AllInOne, nil, []string{"RINGFENCE_INTERNAL_ADDR=127.0.0.1:50052"}, io.Discard)
 	require.ErrorContains(t, err, "ringfenced serves no internal RPCs")
 
+	_, err = Load(AllInOne, nil, []string{"RINGFENCE_PEERS__POOL_ADDR=127.0.0.1:50052"}, io.Discard)
+	require.ErrorContains(t, err, "peers.pool_addr (RINGFENCE_PEERS__POOL_ADDR) is set, but ringfenced dials no peer")
+
 	_, err = Load(AllInOne, nil, []string{"RINGFENCE_OTEL__ENDPOINT=collector:4317"}, io.Discard)
 	require.ErrorContains(t, err, "otel.endpoint (RINGFENCE_OTEL__ENDPOINT)")
 	cfg, err = Load(AllInOne, nil, []string{"RINGFENCE_OTEL__ENDPOINT=http://127.0.0.1:4317"}, io.Discard)

@@ -30,7 +30,7 @@ func LoadOrCreate(path string) (*Box, error) {
 		}
 		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
-			return nil, fmt.Errorf("secretbox: create key file: %w", err)
+			return nil, fmt.Errorf("secretbox: create key file: %w: create its directory (owned by this user, mode 700), or name an existing key file", err)
 		}
 		if _, err := f.WriteString(hex.EncodeToString(key) + "\n"); err != nil {
 			f.Close()

@@ -229,3 +229,16 @@ func TestSignInMoveNeedsTheKeyThatOpensThem(t *testing.T) {
 		})
 	}
 }
+
+// TestRunsOnBboltAreNamedWhenTheHostMovesToEtcd: run records are not moved to etcd, so a host
+// that moves with running runs in its pool.db says how many and what to do, at every start
+// until they are ended.
+func TestRunsOnBboltAreNamedWhenTheHostMovesToEtcd(t *testing.T) {
+	w := aliceOnBolt(t)
+	w.startOn(w.bolt, oauthtest.Alice)
+	require.NoError(t, w.bolt.Close(context.Background()))
+	h1 := w.openHost(w.cluster, w.root, "h1", w.db, w.poolCfg.Secrets)
+	require.NoError(t, h1.Close(context.Background()))
+	require.Contains(t, w.logs.String(), `pool.db holds running or paused runs from store.backend=bbolt, which are not moved to etcd`)
+	require.Regexp(t, `not moved to etcd.*" runs=1\n`, w.logs.String())
+}

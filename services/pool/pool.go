@@ -376,6 +376,13 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 				return nil, err
 			}
 		}
+		// Run records are not moved: those a host kept on bbolt stay in pool.db, unserved.
+		if n, err := s.store.ActiveRunCount(ctx); err != nil {
+			return nil, fmt.Errorf("pool: reading the runs in pool.db: %w", err)
+		} else if n > 0 {
+			s.log.Warn("pool.db holds running or paused runs from store.backend=bbolt, which are not moved to etcd: no pool host serves them (their requests answer NotFound); "+
+				"to finish them, start this host once more on bbolt and end them (`ringfence runs end`), or start them again on etcd", "runs", n)
+		}
 		s.hosts = &hosts{runs: er, ttl: cfg.HostLeaseTTL, peers: cfg.Peers,
 			self: store.Host{ID: cfg.HostID, Addr: cfg.HostAddr, Capacity: cfg.MaxRuns, StartTime: time.Now().UTC()}}
 		// The lease first: once it is held, no other host fails the runs restored below.

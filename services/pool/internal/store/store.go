@@ -252,6 +252,24 @@ func (s *Store) GetRun(ctx context.Context, tenant, id string) (Run, error) {
 	return r, err
 }
 
+// ActiveRunCount counts the runs in the file that are running or paused, whoever owns them.
+func (s *Store) ActiveRunCount(ctx context.Context) (int, error) {
+	n := 0
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(runsBucket).ForEach(func(_, v []byte) error {
+			var r Run
+			if err := json.Unmarshal(v, &r); err != nil {
+				return err
+			}
+			if r.Active() {
+				n++
+			}
+			return nil
+		})
+	})
+	return n, err
+}
+
 // ActiveRuns lists the runs host owns that are running or paused.
 func (s *Store) ActiveRuns(ctx context.Context, host string) ([]Run, error) {
 	var out []Run

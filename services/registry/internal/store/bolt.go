@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,6 +62,10 @@ func OpenBolt(path string, box *secretbox.Box, spool SpoolConfig) (*Bolt, error)
 		return nil, err
 	}
 	s := &Bolt{db: db, box: box, servers: make(map[string]*storedServer)}
+	if err := s.checkSecretsKey(path); err != nil {
+		_ = db.Close() // the key's error is the one to report
+		return nil, err
+	}
 	if err := s.loadKeys(); err != nil {
 		_ = db.Close() // the error above is the one to report
 		return nil, err
@@ -70,6 +76,45 @@ func OpenBolt(path string, box *secretbox.Box, spool SpoolConfig) (*Bolt, error)
 		return nil, err
 	}
 	return s, nil
+}
+
+// checkSecretsKey refuses a secrets key that does not open what the file holds sealed: a
+// data directory restored without its key file gets a new key at start, and every secret,
+// env value and URL would then fail at its first use. It opens the first sealed value it
+// finds; a file with none (nothing sealed yet) takes any key.
+func (s *Bolt) checkSecretsKey(path string) error {
+	var what string
+	var err error
+	_ = s.db.View(func(tx *bolt.Tx) error {
+		if k, v := tx.Bucket(secretsBucket).Cursor().First(); k != nil {
+			var st storedSecret
+			if err = json.Unmarshal(v, &st); err == nil {
+				what = fmt.Sprintf("secret %q", k)
+				_, err = openSecret(s.box, string(k), st)
+			}
+			return nil
+		}
+		c := tx.Bucket(serversBucket).Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			var st storedServer
+			if err = json.Unmarshal(v, &st); err != nil {
+				return nil
+			}
+			if len(st.EnvSealed) > 0 || len(st.URLSealed) > 0 {
+				what = fmt.Sprintf("server %q", k)
+				_, err = openServer(s.box, &st)
+				return nil
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, secretbox.ErrOpen) {
+		return fmt.Errorf("registry: the secrets key does not open what %s holds sealed (%s): start with the key file it was sealed with (RINGFENCE_SECRETS_KEY_FILE, default <data_dir>/secrets.key; a restored backup needs the secrets.key kept with it)", path, what)
+	}
+	if err != nil {
+		return fmt.Errorf("registry: read %s: %w", path, err)
+	}
+	return nil
 }
 
 // boltRecorder is the recorder of one write transaction; tests reach the transaction.

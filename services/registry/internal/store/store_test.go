@@ -599,3 +599,47 @@ func TestEtcdRefusesAnotherSecretsKey(t *testing.T) {
 	_, err = OpenEtcd(t.Context(), EtcdConfig{Client: cli, Root: root, Box: box}, spoolConfig(t, testutil.NewAuditRecorder()))
 	require.ErrorContains(t, err, "every registry replica needs the same key file")
 }
+
+// TestBoltRefusesAnotherSecretsKey: a registry file opened with a key that does not open what
+// it holds sealed (a data directory restored without its secrets.key, which then gets a new
+// one) refuses to open, naming the key file, instead of failing every secret at its first
+// use; a file with nothing sealed takes any key.
+func TestBoltRefusesAnotherSecretsKey(t *testing.T) {
+	other := make([]byte, 32)
+	other[0] = 7
+	wrong, err := secretbox.New(other)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name string
+		put  func(*Bolt) error
+	}{
+		{"secret", func(s *Bolt) error {
+			_, err := s.PutSecret(t.Context(), "tickets-token", canary, nil)
+			return err
+		}},
+		{"env", func(s *Bolt) error {
+			return s.CreateServer(t.Context(), &mcpserver.Registration{Ref: "docs", Transport: "stdio", Command: "x", Env: map[string]string{"APP_TOKEN": canary}}, nil)
+		}},
+		{"url", func(s *Bolt) error {
+			require.NoError(t, s.CreateServer(t.Context(), &mcpserver.Registration{Ref: "a", Transport: "stdio", Command: "x"}, nil))
+			return s.CreateServer(t.Context(), &mcpserver.Registration{Ref: "b", Transport: "streamable_http", URL: "https://mcp.example/?k=" + canary}, nil)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "registry.db")
+			s := openBolt(t, path, testBox(t))
+			require.NoError(t, tc.put(s))
+			require.NoError(t, s.Close())
+			_, err := OpenBolt(path, wrong, spoolConfig(t, testutil.NewAuditRecorder()))
+			require.ErrorContains(t, err, "the secrets key does not open what "+path+" holds sealed")
+			require.ErrorContains(t, err, "RINGFENCE_SECRETS_KEY_FILE")
+			require.NotContains(t, err.Error(), canary)
+			require.NoError(t, openBolt(t, path, testBox(t)).Close(), "the right key opens it")
+		})
+	}
+	path := filepath.Join(t.TempDir(), "registry.db")
+	s := openBolt(t, path, testBox(t))
+	require.NoError(t, s.CreateServer(t.Context(), &mcpserver.Registration{Ref: "plain", Transport: "stdio", Command: "x"}, nil))
+	require.NoError(t, s.Close())
+	require.NoError(t, openBolt(t, path, wrong).Close(), "nothing sealed: any key")
+}
