@@ -170,6 +170,11 @@ type Spool struct {
 	// along within asyncCommitDelay; armed while such records wait and no commit runs.
 	asyncTimer *time.Timer
 	asyncArmed bool
+	// retrying is set while records of EnqueueAsync wait again after a failed commit (a full
+	// disk): the timer then tries every asyncRetryDelay. closing fails them instead, so that
+	// Close ends.
+	retrying atomic.Bool
+	closing  bool
 }
 
 // NewSpool opens (creating if needed) the outbox: the bucket in cfg.DB, or the files in
@@ -305,6 +310,9 @@ func (s *Spool) Adopt(db *bolt.DB, bucket string) (int, error) {
 // Close commits the records EnqueueAsync left waiting and releases the outbox's files (a
 // bbolt outbox belongs to its producer, who closes the database). Stop the forwarder first.
 func (s *Spool) Close() error {
+	s.qmu.Lock()
+	s.closing = true
+	s.qmu.Unlock()
 	s.commitWaiting()
 	return s.out.close()
 }
@@ -415,6 +423,9 @@ const maxEnqueueGroup = 1000
 // pending record comes far sooner.
 const asyncCommitDelay = 5 * time.Millisecond
 
+// asyncRetryDelay is how often records of EnqueueAsync whose commit failed are tried again.
+const asyncRetryDelay = 100 * time.Millisecond
+
 // Enqueue adds rec to the outbox in a transaction of its own and returns once it is
 // durable in the producer's file. Concurrent callers share transactions: whoever finds
 // no commit running commits every record waiting at that moment, and hands the next
@@ -483,11 +494,15 @@ func (s *Spool) armAsync() {
 		return
 	}
 	s.asyncArmed = true
+	delay := asyncCommitDelay
+	if s.retrying.Load() {
+		delay = asyncRetryDelay
+	}
 	if s.asyncTimer == nil {
-		s.asyncTimer = time.AfterFunc(asyncCommitDelay, s.commitQueued)
+		s.asyncTimer = time.AfterFunc(delay, s.commitQueued)
 		return
 	}
-	s.asyncTimer.Reset(asyncCommitDelay)
+	s.asyncTimer.Reset(delay)
 }
 
 // commitQueued commits what waits in the queue, unless a commit is running: that one takes
@@ -546,8 +561,18 @@ func (s *Spool) commit(group []*enqueueReq, me *enqueueReq) {
 		bodies[i], recs[i] = r.body, r.rec
 	}
 	errs, err := s.out.add(bodies, recs, s.admit)
+	if err == nil {
+		s.retrying.Store(false)
+	}
+	// A record of EnqueueAsync whose commit failed for the storage (a full disk) waits for the
+	// next commit instead of being lost: its caller was answered already (a dispatched call's
+	// outcome), and only new calls, refused meanwhile, would make room for it.
+	retry := err != nil && !errors.Is(err, errOutboxClosed)
+	var again []*enqueueReq
 	for i, r := range group {
 		switch {
+		case retry && r.failed != nil:
+			again = append(again, r)
 		case err != nil:
 			r.err = fmt.Errorf("audit: spool commit: %w", err)
 		case errors.Is(errs[i], errDropRecord):
@@ -567,6 +592,27 @@ func (s *Spool) commit(group []*enqueueReq, me *enqueueReq) {
 			r.failed(r.err)
 		}
 	}
+	if len(again) > 0 {
+		s.requeue(again, fmt.Errorf("audit: spool commit: %w", err))
+	}
+}
+
+// requeue puts records of EnqueueAsync whose commit failed back at the head of the queue, in
+// their order, for the next commit; while the spool closes they fail with err.
+func (s *Spool) requeue(again []*enqueueReq, err error) {
+	s.qmu.Lock()
+	if s.closing {
+		s.qmu.Unlock()
+		for _, r := range again {
+			r.failed(err)
+		}
+		return
+	}
+	if !s.retrying.Swap(true) {
+		s.log.Error("audit: records wait in memory for the spool's storage (answered calls' outcomes); retrying", "outbox", s.out.describe(), "records", len(again), "error", err)
+	}
+	s.queue = append(again, s.queue...)
+	s.qmu.Unlock()
 }
 
 func (s *Spool) noteEnqueued() {
