@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"net/http"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -239,4 +241,58 @@ func requireStatus(t *testing.T, err error, code codes.Code) {
 	t.Helper()
 	require.Error(t, err)
 	require.Equal(t, code, status.Code(err), "%v", err)
+}
+
+// TestAFullDataDiskRefusesChangesAndRecovers puts ringfenced's whole data directory on a small
+// file system and fills it: registry changes are refused with an error that names the full
+// disk, every change acknowledged before is kept, and once space is freed changes are taken
+// again without a restart; the files open cleanly afterwards and the chain verifies.
+func TestAFullDataDiskRefusesChangesAndRecovers(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "data")
+	smallDisk(t, dataDir, 64<<20)
+	d := startDaemon(t, "ringfenced", append(registryEnv(), "RINGFENCE_DATA_DIR="+dataDir)...)
+	api := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}
+	add := func(ref string) (int, string) {
+		code, _, raw := api.do("POST", "/v1/mcp/servers", fmt.Sprintf(`{"ref":%q,"command":"mcpfixture","description":"%s"}`, ref, strings.Repeat("d", 2000)))
+		return code, raw
+	}
+	var acked []string
+	for i := range 5 {
+		ref := fmt.Sprintf("before-%d", i)
+		code, raw := add(ref)
+		require.Equal(t, http.StatusOK, code, raw)
+		acked = append(acked, ref)
+	}
+	filler := fillDisk(t, dataDir)
+	var refusal string
+	for i := range 2000 {
+		ref := fmt.Sprintf("full-%04d", i)
+		code, raw := add(ref)
+		if code == http.StatusOK {
+			acked = append(acked, ref)
+			continue
+		}
+		refusal = fmt.Sprintf("%d %s", code, raw)
+		break
+	}
+	require.Contains(t, refusal, `503 {"code":503,"status":"UNAVAILABLE","message":"registry: the server's disk is full (no space left writing registry.db in its data directory): free space on that file system and retry; the server goes on without a restart`)
+	require.NotContains(t, refusal, dataDir, "the caller is not told the server's paths")
+	require.Contains(t, d.Logs.String(), filepath.Join(dataDir, "registry.db")+": no space left on device", "the log names the file")
+	code, _ := add("still-full")
+	require.Equal(t, http.StatusServiceUnavailable, code, "refused while the disk stays full")
+
+	require.NoError(t, os.Remove(filler))
+	code, raw := add("after")
+	require.Equal(t, http.StatusOK, code, "taken again once space is freed, without a restart: %s", raw)
+	acked = append(acked, "after")
+
+	// The files are whole: a restart checks every page of registry.db and finds every
+	// acknowledged change, and the audit chain verifies.
+	d.restart()
+	for _, ref := range acked {
+		code, _, raw := api.do("GET", "/v1/mcp/servers/"+ref, "")
+		require.Equal(t, http.StatusOK, code, "%s: %s", ref, raw)
+	}
+	r := runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), "audit", "verify")
+	require.Equal(t, 0, r.Code, "%s%s", r.Stdout, r.Stderr)
 }
