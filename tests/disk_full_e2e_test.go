@@ -1,11 +1,12 @@
 package tests
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
-	"net/http"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -73,13 +74,7 @@ func fillDisk(t *testing.T, dir string) string {
 // order the calls were made, and the chain verifies.
 func TestAuditOutageFillsThePoolsSpoolDisk(t *testing.T) {
 	image := dockertest.FixtureImage(t)
-	certs := t.TempDir()
-	r := runCmd(t, nil, nil, bin("ringfence"), "certs", "init", "--dir", certs)
-	require.Equal(t, 0, r.Code, r.Stderr)
-	addr, internal := map[string]string{}, map[string]string{}
-	for _, svc := range []string{"registry", "publisher", "pool", "audit"} {
-		addr[svc], internal[svc] = testutil.FreeAddr(t), testutil.FreeAddr(t)
-	}
+	certs, addr, internal := splitPlan(t)
 	common := func(svc string) []string { return splitEnv(certs, svc, addr, internal) }
 	poolID := "e2e-full-" + randomHex(4)
 	t.Cleanup(func() { requireNoContainers(t, poolID) })
@@ -185,36 +180,15 @@ func TestAuditOutageFillsThePoolsSpoolDisk(t *testing.T) {
 	for _, ids := range answered {
 		total += len(ids)
 	}
-	type onRecord struct{ pending, outcome uint64 }
-	var byCall map[string]*onRecord
+	var byCall map[string]onRecord
 	require.Eventually(t, func() bool {
-		byCall = map[string]*onRecord{}
-		token := ""
-		for {
-			resp, err := auditClient.List(ctx, &auditv1.ListRequest{Filter: &auditv1.Filter{RunId: run}, PageSize: 1000, PageToken: token})
-			if err != nil {
-				return false
-			}
-			for _, rec := range resp.GetRecords() {
-				tc := rec.GetToolCall()
-				e := byCall[tc.GetCallId()]
-				if e == nil {
-					e = &onRecord{}
-					byCall[tc.GetCallId()] = e
-				}
-				if tc.GetResult() == "pending" {
-					e.pending = rec.GetSeq()
-				} else if tc.GetPendingId() != "" {
-					e.outcome = rec.GetSeq()
-				}
-			}
-			if token = resp.GetNextPageToken(); token == "" {
-				break
-			}
+		var err error
+		if byCall, err = callsOnRecord(ctx, auditClient, run); err != nil {
+			return false
 		}
 		for _, ids := range answered {
 			for _, id := range ids {
-				if e := byCall[id]; e == nil || e.pending == 0 || e.outcome == 0 {
+				if e := byCall[id]; e.pending == 0 || e.outcome == 0 {
 					return false
 				}
 			}
@@ -295,4 +269,33 @@ func TestAFullDataDiskRefusesChangesAndRecovers(t *testing.T) {
 	}
 	r := runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), "audit", "verify")
 	require.Equal(t, 0, r.Code, "%s%s", r.Stdout, r.Stderr)
+}
+
+// onRecord is where a call's records are in the audit log: the seqs of its pending record and
+// of its outcome (0: not there).
+type onRecord struct{ pending, outcome uint64 }
+
+// callsOnRecord reads every tool-call record of run, by call id.
+func callsOnRecord(ctx context.Context, client auditv1.AuditServiceClient, run string) (map[string]onRecord, error) {
+	out := map[string]onRecord{}
+	token := ""
+	for {
+		resp, err := client.List(ctx, &auditv1.ListRequest{Filter: &auditv1.Filter{RunId: run}, PageSize: 1000, PageToken: token})
+		if err != nil {
+			return nil, err
+		}
+		for _, rec := range resp.GetRecords() {
+			tc := rec.GetToolCall()
+			e := out[tc.GetCallId()]
+			if tc.GetResult() == "pending" {
+				e.pending = rec.GetSeq()
+			} else if tc.GetPendingId() != "" {
+				e.outcome = rec.GetSeq()
+			}
+			out[tc.GetCallId()] = e
+		}
+		if token = resp.GetNextPageToken(); token == "" {
+			return out, nil
+		}
+	}
 }

@@ -95,22 +95,13 @@ func TestRepeatedSIGKILLUnderLoad(t *testing.T) {
 	auditClient := auditv1.NewAuditServiceClient(conn)
 	seqs := map[string]uint64{}
 	require.Eventually(t, func() bool {
-		clear(seqs)
 		for _, run := range ids {
-			token := ""
-			for {
-				resp, err := auditClient.List(ctx, &auditv1.ListRequest{Filter: &auditv1.Filter{RunId: run}, PageSize: 1000, PageToken: token})
-				if err != nil {
-					return false
-				}
-				for _, rec := range resp.GetRecords() {
-					if tc := rec.GetToolCall(); tc.GetResult() == "pending" {
-						seqs[tc.GetCallId()] = rec.GetSeq()
-					}
-				}
-				if token = resp.GetNextPageToken(); token == "" {
-					break
-				}
+			byCall, err := callsOnRecord(ctx, auditClient, run)
+			if err != nil {
+				return false
+			}
+			for id, e := range byCall {
+				seqs[id] = e.pending
 			}
 		}
 		for _, calls := range answered {
