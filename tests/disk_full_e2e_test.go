@@ -65,14 +65,36 @@ func fillDisk(t *testing.T, dir string) string {
 	return path
 }
 
-// TestAuditOutageFillsThePoolsSpoolDisk runs the split deployment with the pool's audit spool
-// on a small file system and the audit service stopped while a run calls tools from several
-// clients: the spool grows until the disk is full, and from then on calls are refused before
-// dispatch (audit_unavailable) with an error that names the full disk and the spool's file.
-// Once the audit service is back the spool drains, which frees its disk, and calls succeed
-// again without a restart; every answered call has its pending and outcome records, in the
-// order the calls were made, and the chain verifies.
-func TestAuditOutageFillsThePoolsSpoolDisk(t *testing.T) {
+// TestAuditOutageFillsThePoolsSpool runs the split deployment with the audit service stopped
+// while a run calls tools from several clients: the pool's spool grows until it is full, its
+// disk (a small file system) or its record limit (RINGFENCE_AUDIT__SPOOL_MAX_RECORDS), and
+// from then on calls are refused before dispatch (audit_unavailable) with an error that names
+// what is full. Once the audit service is back the spool drains, which frees it, and calls
+// succeed again without a restart; every answered call has its pending and outcome records,
+// in the order the calls were made, and the chain verifies.
+func TestAuditOutageFillsThePoolsSpool(t *testing.T) {
+	t.Run("disk", func(t *testing.T) {
+		testAuditOutageFillsThePoolsSpool(t, 0, func(t *testing.T, spoolDir string) (string, func()) {
+			smallDisk(t, spoolDir, 3<<20)
+			return "no space left on device", func() {
+				filler := fillDisk(t, spoolDir)
+				t.Cleanup(func() { require.NoError(t, os.Remove(filler)) })
+			}
+		})
+	})
+	t.Run("record limit", func(t *testing.T) {
+		testAuditOutageFillsThePoolsSpool(t, 300, func(*testing.T, string) (string, func()) {
+			// The outcomes of calls in flight when it filled are written past the limit.
+			return `audit: spool full: 3\d\d records wait for the audit service \(limit 300\)`, func() {}
+		})
+	})
+}
+
+// testAuditOutageFillsThePoolsSpool is one case of TestAuditOutageFillsThePoolsSpool: limit is
+// the pool's SPOOL_MAX_RECORDS (0: the default), full prepares the spool directory before the
+// pool starts and returns what a refusal says (a regular expression) and what fills the spool
+// once the audit service is down.
+func testAuditOutageFillsThePoolsSpool(t *testing.T, limit int, full func(t *testing.T, spoolDir string) (string, func())) {
 	image := dockertest.FixtureImage(t)
 	certs, addr, internal := splitPlan(t)
 	common := func(svc string) []string { return splitEnv(certs, svc, addr, internal) }
@@ -80,7 +102,11 @@ func TestAuditOutageFillsThePoolsSpoolDisk(t *testing.T) {
 	t.Cleanup(func() { requireNoContainers(t, poolID) })
 	poolData := t.TempDir()
 	spoolDir := filepath.Join(poolData, "pool-audit-spool")
-	smallDisk(t, spoolDir, 3<<20)
+	refusal, fill := full(t, spoolDir)
+	poolEnv := []string{"RINGFENCE_DATA_DIR=" + poolData}
+	if limit > 0 {
+		poolEnv = append(poolEnv, fmt.Sprintf("RINGFENCE_AUDIT__SPOOL_MAX_RECORDS=%d", limit))
+	}
 
 	audit := startDaemonAt(t, "ringfence-audit", addr["audit"], append(common("audit"),
 		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"])...)
@@ -90,8 +116,7 @@ func TestAuditOutageFillsThePoolsSpoolDisk(t *testing.T) {
 	startDaemonAt(t, "ringfence-publisher", addr["publisher"], append(common("publisher"),
 		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"], "RINGFENCE_PEERS__POOL_ADDR="+internal["pool"],
 		"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
-	pool := startDaemonAt(t, "ringfence-pool", addr["pool"], append(common("pool"),
-		"RINGFENCE_DATA_DIR="+poolData,
+	pool := startDaemonAt(t, "ringfence-pool", addr["pool"], append(append(common("pool"), poolEnv...),
 		"RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE="+image, "RINGFENCE_SANDBOX__POOL_ID="+poolID,
 		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"], "RINGFENCE_PEERS__PUBLISHER_ADDR="+internal["publisher"],
 		"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
@@ -125,9 +150,9 @@ func TestAuditOutageFillsThePoolsSpoolDisk(t *testing.T) {
 	}
 	require.NoError(t, call("before"))
 
-	// The outage: the spool keeps every record, and fills its disk.
+	// The outage: the spool keeps every record until it is full.
 	audit.stop()
-	filler := fillDisk(t, spoolDir)
+	fill()
 	var (
 		mu       sync.Mutex
 		answered = map[int][]string{} // by worker, in the order made
@@ -136,7 +161,7 @@ func TestAuditOutageFillsThePoolsSpoolDisk(t *testing.T) {
 	)
 	for w := range 4 {
 		wg.Go(func() {
-			// Each worker calls until it is refused, within a bound: the disk holds a few
+			// Each worker calls until it is refused, within a bound: the spool holds a few
 			// thousand records.
 			for i := range 5000 {
 				id := fmt.Sprintf("w%d-%04d", w, i)
@@ -155,23 +180,24 @@ func TestAuditOutageFillsThePoolsSpoolDisk(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	require.Len(t, refusals, 4, "every worker is refused once the disk is full")
+	require.Len(t, refusals, 4, "every worker is refused once the spool is full")
 	for _, err := range refusals {
 		requireStatus(t, err, codes.Unavailable)
 		msg := status.Convert(err).Message()
 		require.Contains(t, msg, "audit_unavailable")
-		require.Contains(t, msg, "no space left on device")
-		require.Contains(t, msg, spoolDir+"/", "the refusal names the spool's file")
+		require.Regexp(t, refusal, msg)
+		if limit == 0 {
+			require.Contains(t, msg, spoolDir+"/", "the refusal names the spool's file")
+		}
 	}
-	// Still refused while the disk stays full.
+	// Still refused while the spool stays full.
 	requireStatus(t, call("while-full"), codes.Unavailable)
 
 	// The audit service returns: the spool drains, frees its segments, and calls succeed
-	// again, with the filler still in place and no restart.
+	// again, with the disk's filler still in place and no restart.
 	audit.start()
 	require.Eventually(t, func() bool { return call(fmt.Sprintf("after-%d", time.Now().UnixNano())) == nil },
 		60*time.Second, 200*time.Millisecond, "calls succeed once the spool drained: %s; pool log:\n%s", call("last"), pool.Logs)
-	require.NoError(t, os.Remove(filler))
 
 	// Every answered call is on record: its pending record and its outcome, in the order
 	// each worker made them.
@@ -200,7 +226,7 @@ func TestAuditOutageFillsThePoolsSpoolDisk(t *testing.T) {
 			require.Less(t, byCall[ids[i-1]].pending, byCall[ids[i]].pending, "worker %d's calls are on record in order", w)
 		}
 	}
-	t.Logf("%d calls answered during the outage before the disk filled", total)
+	t.Logf("%d calls answered during the outage before the spool filled", total)
 	res, err := auditClient.Verify(ctx, &auditv1.VerifyRequest{})
 	require.NoError(t, err)
 	require.True(t, res.GetOk(), "%+v", res)

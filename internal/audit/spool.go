@@ -467,18 +467,15 @@ func (s *Spool) Enqueue(ctx context.Context, rec Record) error {
 // EnqueueAsync adds rec to the outbox without waiting for it: it joins the next group commit,
 // an Enqueue's or, when none comes within asyncCommitDelay, one the spool makes. It is for a
 // record whose loss in a crash leaves the trail less complete but not wrong: the outcome of a
-// call whose pending record is already durable. It returns an error wrapping ErrInvalidRecord,
-// or ErrSpoolFull under FailClosed, before queueing; a failed commit is given to failed.
+// call whose pending record is already durable. Under FailClosed the record limit does not
+// refuse it (the action it records was taken); under ContinueAndAlarm it may be dropped as any
+// record. It returns an error wrapping ErrInvalidRecord before queueing; a commit that failed
+// for the storage is tried again (requeue), and one that failed otherwise is given to failed.
 // Flush and Close commit what waits.
 func (s *Spool) EnqueueAsync(rec Record, failed func(error)) error {
 	body, err := encodeRecord(&rec)
 	if err != nil {
 		return err
-	}
-	if s.onFull == FailClosed {
-		if n := s.Pending(); n >= s.maxPending {
-			return s.errFull(n)
-		}
 	}
 	s.qmu.Lock()
 	s.queue = append(s.queue, &enqueueReq{body: body, rec: &rec, failed: failed})
@@ -560,7 +557,19 @@ func (s *Spool) commit(group []*enqueueReq, me *enqueueReq) {
 	for i, r := range group {
 		bodies[i], recs[i] = r.body, r.rec
 	}
-	errs, err := s.out.add(bodies, recs, s.admit)
+	// Under FailClosed the limit refuses new actions, not the outcome of one already taken
+	// (EnqueueAsync: a dispatched call's outcome, after its answer): those are written past
+	// it, at most one for each call that was in flight when the spool filled.
+	next := 0
+	admit := func(pending int) error {
+		r := group[next]
+		next++
+		if r.failed != nil && s.onFull == FailClosed {
+			return nil
+		}
+		return s.admit(pending)
+	}
+	errs, err := s.out.add(bodies, recs, admit)
 	if err == nil {
 		s.retrying.Store(false)
 	}
