@@ -19,13 +19,7 @@ import (
 // the connected user through the pool's internal Discover; a run of the user on the pool host
 // calls the server with her token. The tokens never leave the pool host's processes.
 func TestOAuthSignInAcrossASplitDeployment(t *testing.T) {
-	certs := t.TempDir()
-	r := runCmd(t, nil, nil, bin("ringfence"), "certs", "init", "--dir", certs)
-	require.Equal(t, 0, r.Code, r.Stderr)
-	addr, internal := map[string]string{}, map[string]string{}
-	for _, svc := range []string{"registry", "publisher", "pool", "audit"} {
-		addr[svc], internal[svc] = testutil.FreeAddr(t), testutil.FreeAddr(t)
-	}
+	certs, addr, internal := splitPlan(t)
 	poolHTTP := testutil.FreeAddr(t)
 	callback := "https://" + poolHTTP + "/v1/oauth/callback"
 	as := oauthtest.StartAuthServer(t, "ringfence", "client-secret-"+canary, callback)
@@ -56,7 +50,7 @@ func TestOAuthSignInAcrossASplitDeployment(t *testing.T) {
 		return r.Stdout
 	}
 
-	r = cli("registry", strings.NewReader(as.ClientSecret), "secrets", "set", "tickets-client")
+	r := cli("registry", strings.NewReader(as.ClientSecret), "secrets", "set", "tickets-client")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	out := must("registry", "servers", "add", "tickets", "--transport", "http", "--url", ms.URL, "--grant", "process_spawn", "--grant", "external_api_call",
 		"--oauth-authorization-server", as.Issuer, "--oauth-client-id", "ringfence", "--oauth-client-secret-ref", "tickets-client", "--oauth-scope", "openid")

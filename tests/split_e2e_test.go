@@ -23,16 +23,9 @@ import (
 // arrives after it returns, in order, exactly once.
 func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 	image := dockertest.FixtureImage(t)
-	certs := t.TempDir()
-	r := runCmd(t, nil, nil, bin("ringfence"), "certs", "init", "--dir", certs)
-	require.Equal(t, 0, r.Code, r.Stderr)
-
 	// Each service has a public address (API keys: the CLI, REST) and an internal one (mutual
 	// TLS only), which its peers dial.
-	addr, internal := map[string]string{}, map[string]string{}
-	for _, svc := range []string{"registry", "publisher", "pool", "audit"} {
-		addr[svc], internal[svc] = testutil.FreeAddr(t), testutil.FreeAddr(t)
-	}
+	certs, addr, internal := splitPlan(t)
 	common := func(svc string) []string { return splitEnv(certs, svc, addr, internal) }
 	poolID := "e2e-split-" + randomHex(4)
 	t.Cleanup(func() { requireNoContainers(t, poolID) })
@@ -82,7 +75,7 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 		resp.Body.Close()
 		require.Equal(t, http.StatusBadRequest, resp.StatusCode, "plaintext HTTP on the TLS port is refused")
 	}
-	r = must(cli("registry", "servers", "tools", "fx"))
+	r := must(cli("registry", "servers", "tools", "fx"))
 	require.Contains(t, r.Stdout, "echo")
 	require.Regexp(t, `(?m)^add\s.*\smath\.add:\{a\}\s`, r.Stdout, "the listing shows what the registration requires of callers")
 	must(cli("publisher", "graphs", "create", "--graph", "split", "--agent", "a"))
@@ -184,6 +177,20 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 	r = must(cli("audit", "audit", "export"))
 	require.NotContains(t, r.Stdout, canary)
 	require.NotContains(t, registry.Logs.String(), canary)
+}
+
+// splitPlan makes the certificates of a split deployment (ringfence certs init) and picks
+// each service's public and internal address.
+func splitPlan(t *testing.T) (certs string, addr, internal map[string]string) {
+	t.Helper()
+	certs = t.TempDir()
+	r := runCmd(t, nil, nil, bin("ringfence"), "certs", "init", "--dir", certs)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	addr, internal = map[string]string{}, map[string]string{}
+	for _, svc := range []string{"registry", "publisher", "pool", "audit"} {
+		addr[svc], internal[svc] = testutil.FreeAddr(t), testutil.FreeAddr(t)
+	}
+	return certs, addr, internal
 }
 
 // splitEnv is the env of service svc in a split deployment: its public and internal addresses,

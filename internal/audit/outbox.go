@@ -10,8 +10,8 @@ type outbox interface {
 	describe() string
 	// count returns how many records wait.
 	count() (int, error)
-	// add durably appends bodies, in order, in one commit. admit gets the number of records
-	// waiting before each body and returns nil to write it, errDropRecord to count it as
+	// add durably appends bodies, in order, in one commit. admit is called once per body, in
+	// order, with the number of records waiting before it, and returns nil to write it, errDropRecord to count it as
 	// dropped instead, or another error to refuse it (that body's entry in errs). err is a
 	// failed commit: then nothing was written. recs, when not nil, are the valid records the
 	// bodies encode, which an outbox may hand back from memory instead of reading and decoding

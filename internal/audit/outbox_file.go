@@ -158,6 +158,13 @@ func openFileOutbox(dir string, log *slog.Logger) (*fileOutbox, error) {
 	} else if err != nil {
 		return nil, err
 	}
+	// The acked counter exists from the start: on a full disk it is overwritten in place
+	// (writeCounter), and a file that does not exist yet could not be written then.
+	if _, err := os.Stat(filepath.Join(dir, ackedFile)); errors.Is(err, os.ErrNotExist) {
+		if err := writeCounter(filepath.Join(dir, ackedFile), o.acked, true); err != nil {
+			return nil, err
+		}
+	}
 	if o.dropped, err = readCounter(filepath.Join(dir, droppedFile)); err != nil {
 		return nil, err
 	}
@@ -739,11 +746,29 @@ func readCounter(path string) (uint64, error) {
 
 // writeCounter replaces the 8-byte counter file at path; durable also syncs the file and the
 // directory, for counts that must survive a crash.
+//
+// On a full disk the new file cannot be written, and the spool must still record what the
+// audit log took: that is what lets it delete forwarded segments, which frees the disk. So a
+// counter that exists is then overwritten in place, which needs no new block (8 bytes at
+// offset 0 are written whole: they lie in one sector).
 func writeCounter(path string, v uint64, durable bool) error {
+	err := replaceCounter(path, v, durable)
+	if errors.Is(err, unix.ENOSPC) {
+		if ierr := overwriteCounter(path, v, durable); ierr == nil {
+			return nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("audit: write %s: %w", path, err)
+	}
+	return nil
+}
+
+func replaceCounter(path string, v uint64, durable bool) error {
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
-		return fmt.Errorf("audit: write %s: %w", path, err)
+		return err
 	}
 	_, err = f.Write(binary.BigEndian.AppendUint64(nil, v))
 	if err == nil && durable {
@@ -755,13 +780,30 @@ func writeCounter(path string, v uint64, durable bool) error {
 	if err == nil {
 		err = os.Rename(tmp, path)
 	}
-	if err == nil && durable {
-		err = syncDir(filepath.Dir(path))
-	}
 	if err != nil {
-		return fmt.Errorf("audit: write %s: %w", path, err)
+		_ = os.Remove(tmp) // an unwritten tmp file would hold what little space is left
+		return err
+	}
+	if durable {
+		return syncDir(filepath.Dir(path))
 	}
 	return nil
+}
+
+// overwriteCounter writes v over the existing 8-byte counter at path.
+func overwriteCounter(path string, v uint64, durable bool) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteAt(binary.BigEndian.AppendUint64(nil, v), 0)
+	if err == nil && durable {
+		err = unix.Fdatasync(int(f.Fd()))
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 func syncDir(dir string) error {

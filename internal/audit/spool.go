@@ -170,6 +170,11 @@ type Spool struct {
 	// along within asyncCommitDelay; armed while such records wait and no commit runs.
 	asyncTimer *time.Timer
 	asyncArmed bool
+	// retrying is set while records of EnqueueAsync wait again after a failed commit (a full
+	// disk): the timer then tries every asyncRetryDelay. closing fails them instead, so that
+	// Close ends.
+	retrying atomic.Bool
+	closing  bool
 }
 
 // NewSpool opens (creating if needed) the outbox: the bucket in cfg.DB, or the files in
@@ -305,6 +310,9 @@ func (s *Spool) Adopt(db *bolt.DB, bucket string) (int, error) {
 // Close commits the records EnqueueAsync left waiting and releases the outbox's files (a
 // bbolt outbox belongs to its producer, who closes the database). Stop the forwarder first.
 func (s *Spool) Close() error {
+	s.qmu.Lock()
+	s.closing = true
+	s.qmu.Unlock()
 	s.commitWaiting()
 	return s.out.close()
 }
@@ -415,6 +423,9 @@ const maxEnqueueGroup = 1000
 // pending record comes far sooner.
 const asyncCommitDelay = 5 * time.Millisecond
 
+// asyncRetryDelay is how often records of EnqueueAsync whose commit failed are tried again.
+const asyncRetryDelay = 100 * time.Millisecond
+
 // Enqueue adds rec to the outbox in a transaction of its own and returns once it is
 // durable in the producer's file. Concurrent callers share transactions: whoever finds
 // no commit running commits every record waiting at that moment, and hands the next
@@ -456,18 +467,15 @@ func (s *Spool) Enqueue(ctx context.Context, rec Record) error {
 // EnqueueAsync adds rec to the outbox without waiting for it: it joins the next group commit,
 // an Enqueue's or, when none comes within asyncCommitDelay, one the spool makes. It is for a
 // record whose loss in a crash leaves the trail less complete but not wrong: the outcome of a
-// call whose pending record is already durable. It returns an error wrapping ErrInvalidRecord,
-// or ErrSpoolFull under FailClosed, before queueing; a failed commit is given to failed.
+// call whose pending record is already durable. Under FailClosed the record limit does not
+// refuse it (the action it records was taken); under ContinueAndAlarm it may be dropped as any
+// record. It returns an error wrapping ErrInvalidRecord before queueing; a commit that failed
+// for the storage is tried again (requeue), and one that failed otherwise is given to failed.
 // Flush and Close commit what waits.
 func (s *Spool) EnqueueAsync(rec Record, failed func(error)) error {
 	body, err := encodeRecord(&rec)
 	if err != nil {
 		return err
-	}
-	if s.onFull == FailClosed {
-		if n := s.Pending(); n >= s.maxPending {
-			return s.errFull(n)
-		}
 	}
 	s.qmu.Lock()
 	s.queue = append(s.queue, &enqueueReq{body: body, rec: &rec, failed: failed})
@@ -483,11 +491,15 @@ func (s *Spool) armAsync() {
 		return
 	}
 	s.asyncArmed = true
+	delay := asyncCommitDelay
+	if s.retrying.Load() {
+		delay = asyncRetryDelay
+	}
 	if s.asyncTimer == nil {
-		s.asyncTimer = time.AfterFunc(asyncCommitDelay, s.commitQueued)
+		s.asyncTimer = time.AfterFunc(delay, s.commitQueued)
 		return
 	}
-	s.asyncTimer.Reset(asyncCommitDelay)
+	s.asyncTimer.Reset(delay)
 }
 
 // commitQueued commits what waits in the queue, unless a commit is running: that one takes
@@ -545,9 +557,31 @@ func (s *Spool) commit(group []*enqueueReq, me *enqueueReq) {
 	for i, r := range group {
 		bodies[i], recs[i] = r.body, r.rec
 	}
-	errs, err := s.out.add(bodies, recs, s.admit)
+	// Under FailClosed the limit refuses new actions, not the outcome of one already taken
+	// (EnqueueAsync: a dispatched call's outcome, after its answer): those are written past
+	// it, at most one for each call that was in flight when the spool filled.
+	next := 0
+	admit := func(pending int) error {
+		r := group[next]
+		next++
+		if r.failed != nil && s.onFull == FailClosed {
+			return nil
+		}
+		return s.admit(pending)
+	}
+	errs, err := s.out.add(bodies, recs, admit)
+	if err == nil {
+		s.retrying.Store(false)
+	}
+	// A record of EnqueueAsync whose commit failed for the storage (a full disk) waits for the
+	// next commit instead of being lost: its caller was answered already (a dispatched call's
+	// outcome), and only new calls, refused meanwhile, would make room for it.
+	retry := err != nil && !errors.Is(err, errOutboxClosed)
+	var again []*enqueueReq
 	for i, r := range group {
 		switch {
+		case retry && r.failed != nil:
+			again = append(again, r)
 		case err != nil:
 			r.err = fmt.Errorf("audit: spool commit: %w", err)
 		case errors.Is(errs[i], errDropRecord):
@@ -567,6 +601,27 @@ func (s *Spool) commit(group []*enqueueReq, me *enqueueReq) {
 			r.failed(r.err)
 		}
 	}
+	if len(again) > 0 {
+		s.requeue(again, fmt.Errorf("audit: spool commit: %w", err))
+	}
+}
+
+// requeue puts records of EnqueueAsync whose commit failed back at the head of the queue, in
+// their order, for the next commit; while the spool closes they fail with err.
+func (s *Spool) requeue(again []*enqueueReq, err error) {
+	s.qmu.Lock()
+	if s.closing {
+		s.qmu.Unlock()
+		for _, r := range again {
+			r.failed(err)
+		}
+		return
+	}
+	if !s.retrying.Swap(true) {
+		s.log.Error("audit: records wait in memory for the spool's storage (answered calls' outcomes); retrying", "outbox", s.out.describe(), "records", len(again), "error", err)
+	}
+	s.queue = append(again, s.queue...)
+	s.qmu.Unlock()
 }
 
 func (s *Spool) noteEnqueued() {

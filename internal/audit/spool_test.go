@@ -735,10 +735,21 @@ func testSpoolEnqueueAsync(t *testing.T, kind string) {
 			require.Equal(t, 1, count(env.spool), "committed before the spool closed")
 		}
 	})
-	t.Run("refused when full", func(t *testing.T) {
+	t.Run("written past the limit under fail_closed", func(t *testing.T) {
+		// The limit refuses new actions; the outcome of one already taken is recorded.
 		env := newSpoolEnvOf(t, kind, func(c *SpoolConfig) { c.MaxPending = 1 })
 		require.NoError(t, env.spool.Enqueue(t.Context(), toolRecord(0, "p")))
-		require.ErrorIs(t, env.spool.EnqueueAsync(toolRecord(1, "p"), noFailure), ErrSpoolFull)
+		require.ErrorIs(t, env.spool.CanAccept(), ErrSpoolFull)
+		require.ErrorIs(t, env.spool.Enqueue(t.Context(), toolRecord(1, "p")), ErrSpoolFull)
+		require.NoError(t, env.spool.EnqueueAsync(toolRecord(2, "p"), noFailure))
+		require.NoError(t, env.spool.Close())
+		if kind == "files" {
+			reopened := fileSpool(t, env.spool.out.describe(), newFakeSink(), nil)
+			t.Cleanup(func() { _ = reopened.Close() })
+			require.Equal(t, 2, count(reopened))
+		} else {
+			require.Equal(t, 2, count(env.spool))
+		}
 	})
 	if kind == "files" {
 		t.Run("a failed commit reaches the callback", func(t *testing.T) {

@@ -8,26 +8,145 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 )
 
-// Open opens (creating if needed) the bbolt file at path with mode 0600. A file held by another
+// Open opens (creating if needed) the bbolt file at path with mode 0600 and checks every page
+// of it (bbolt's Tx.Check): a damaged page found later would panic the server in the middle of
+// a request, so a damaged file is refused at start, named, with the fix. A file held by another
 // process is reported as such instead of blocking forever.
 func Open(path string) (*bolt.DB, error) {
+	db, err := OpenUnchecked(path, &bolt.Options{Timeout: 2 * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	err = Guard(path, func() error {
+		return db.View(func(tx *bolt.Tx) error {
+			// The check runs in a goroutine of its own that reads the transaction until it
+			// closes the channel: drain it before the transaction ends.
+			var first error
+			for err := range tx.Check() {
+				if first == nil {
+					first = err // the first damage is enough to name the file
+				}
+			}
+			return first
+		})
+	})
+	if err != nil {
+		_ = db.Close() // the damage is the error to report
+		var d *DamagedError
+		if !errors.As(err, &d) {
+			err = &DamagedError{Path: path, Err: err}
+		}
+		return nil, err
+	}
+	return db, nil
+}
+
+// OpenUnchecked is Open with opts and without the walk over every page: for a file too large
+// to read whole at every start (the audit log, whose chain `ringfence audit verify` walks).
+// Damage that bbolt finds while opening is still refused, as a DamagedError.
+func OpenUnchecked(path string, opts *bolt.Options) (*bolt.DB, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("boltdb: create data directory: %w", err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
-	if errors.Is(err, bolterrors.ErrTimeout) {
-		return nil, fmt.Errorf("boltdb: %s is locked by another process (a server still running on the same data directory?): stop it, or give this one its own data_dir (RINGFENCE_DATA_DIR)", path)
+	if err := create(path); err != nil {
+		return nil, err
 	}
-	if err != nil {
+	var db *bolt.DB
+	err := Guard(path, func() (err error) {
+		db, err = bolt.Open(path, 0o600, opts)
+		return err
+	})
+	switch {
+	case errors.Is(err, bolterrors.ErrTimeout):
+		return nil, fmt.Errorf("boltdb: %s is locked by another process (a server still running on the same data directory?): stop it, or give this one its own data_dir (RINGFENCE_DATA_DIR)", path)
+	case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrChecksum), errors.Is(err, bolterrors.ErrVersionMismatch),
+		err != nil && strings.HasPrefix(err.Error(), "file size too small"):
+		return nil, &DamagedError{Path: path, Err: err}
+	case err != nil:
+		var d *DamagedError
+		if errors.As(err, &d) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("boltdb: open %s: %w", path, err)
 	}
 	return db, nil
+}
+
+// DamagedError is a bbolt file that cannot be read as one: its pages or meta pages are damaged,
+// or it was cut short. The server refuses to start rather than start empty or panic later.
+type DamagedError struct {
+	Path string
+	Err  error
+}
+
+func (e *DamagedError) Error() string {
+	return fmt.Sprintf("boltdb: %s is damaged (%v): stop every server on this data directory, keep the file aside for investigation and restore the data directory from a backup (docs/operations.md#backups); nothing was written to it", e.Path, e.Err)
+}
+
+func (e *DamagedError) Unwrap() error { return e.Err }
+
+// Guard runs fn, which reads the file at path through bbolt, and turns a panic into a
+// DamagedError: bbolt panics on a page that is not what its parent says (a damaged file),
+// and a server must refuse such a file with its name, not crash with a stack trace.
+func Guard(path string, fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &DamagedError{Path: path, Err: fmt.Errorf("%v", r)}
+		}
+	}()
+	return fn()
+}
+
+// create makes a missing file at path whole or not at all: bbolt writes the first pages of a
+// file it finds empty, so a crash between creating the file and writing them would leave an
+// empty file that the next start took for a new store. Built aside and renamed into place, a
+// new file is never empty, and so an empty file at path is one that was truncated: it is
+// refused instead of silently starting with nothing.
+func create(path string) error {
+	st, err := os.Stat(path)
+	switch {
+	case err == nil && st.Size() == 0:
+		return fmt.Errorf("boltdb: %s is empty (0 bytes), which no crash leaves: it was truncated; restore it from a backup (docs/operations.md#backups), or remove it to start this store empty", path)
+	case err == nil:
+		return nil
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("boltdb: %w", err)
+	}
+	tmp := path + ".new"
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("boltdb: create %s: %w", path, err)
+	}
+	db, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	if err != nil {
+		return fmt.Errorf("boltdb: create %s: %w", path, err)
+	}
+	if err := db.Close(); err != nil {
+		return fmt.Errorf("boltdb: create %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("boltdb: create %s: %w", path, err)
+	}
+	return syncDir(path)
+}
+
+// syncDir makes a rename into path's directory survive a crash.
+func syncDir(path string) error {
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return fmt.Errorf("boltdb: %w", err)
+	}
+	defer dir.Close()
+	if err := dir.Sync(); err != nil {
+		return fmt.Errorf("boltdb: sync %s: %w", filepath.Dir(path), err)
+	}
+	return nil
 }
 
 var (
@@ -121,9 +240,6 @@ func ScrubIfRequested(db *bolt.DB) (*bolt.DB, error) {
 	if err := os.Rename(tmp, path); err != nil {
 		return nil, fmt.Errorf("boltdb: scrub %s: %w", path, err)
 	}
-	if dir, err := os.Open(filepath.Dir(path)); err == nil {
-		_ = dir.Sync() // the rename survives a crash
-		dir.Close()
-	}
+	_ = syncDir(path) // best effort: the file is whole either way
 	return Open(path)
 }

@@ -3,7 +3,10 @@ package grpcserver
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"log/slog"
+	"path/filepath"
+	"syscall"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -28,8 +31,8 @@ type ErrorTable struct {
 }
 
 // Status converts err into a gRPC status error. Status errors and context errors pass through,
-// field errors become INVALID_ARGUMENT with a BadRequest detail, table entries their code, and
-// anything else INTERNAL with a generic message (the detail goes to the log, never the caller).
+// field errors become INVALID_ARGUMENT with a BadRequest detail, table entries their code, a
+// full disk UNAVAILABLE naming the file, and anything else INTERNAL with a generic message (the detail goes to the log, never the caller).
 func (t ErrorTable) Status(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
@@ -56,6 +59,18 @@ func (t ErrorTable) Status(ctx context.Context, err error) error {
 		logger = slog.Default()
 	}
 	rid := RequestID(ctx)
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		// Not a fault of the request, nor a bug: the operator frees space and the service
+		// goes on, with no restart (a bbolt write that failed left the file as it was).
+		logger.ErrorContext(ctx, "disk full", "service", t.Service, "request_id", rid, "err", err)
+		// The file's name tells the operator which disk; its path, in the log, is not the
+		// caller's to know.
+		file := "a file"
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+			file = filepath.Base(pe.Path)
+		}
+		return status.Errorf(codes.Unavailable, "%s: the server's disk is full (no space left writing %s in its data directory): free space on that file system and retry; the server goes on without a restart (request id %s)", t.Service, file, rid)
+	}
 	logger.ErrorContext(ctx, "internal error", "service", t.Service, "request_id", rid, "err", err)
 	return status.Errorf(codes.Internal, "%s: internal error (request id %s); the server log has the detail", t.Service, rid)
 }

@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -127,6 +130,11 @@ func TestErrorTable(t *testing.T) {
 	internal := table.Status(ctx, errors.New("disk on fire at /var/secret/path"))
 	require.Equal(t, codes.Internal, status.Code(internal))
 	require.NotContains(t, internal.Error(), "disk on fire", "unknown errors are not shown to callers")
+	// A full disk is the operator's to fix, not a bug: UNAVAILABLE naming the file, not its path.
+	full := table.Status(ctx, fmt.Errorf("commit: %w", &fs.PathError{Op: "write", Path: "/var/lib/ringfence/registry.db", Err: syscall.ENOSPC}))
+	require.Equal(t, codes.Unavailable, status.Code(full))
+	require.Contains(t, status.Convert(full).Message(), "widget: the server's disk is full (no space left writing registry.db in its data directory): free space on that file system and retry; the server goes on without a restart")
+	require.NotContains(t, full.Error(), "/var/lib")
 }
 
 func TestGracefulShutdownIsBounded(t *testing.T) {

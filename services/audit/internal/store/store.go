@@ -13,9 +13,9 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/boltdb"
 )
 
 // Errors callers branch on.
@@ -127,7 +127,7 @@ func Open(path string, opts Options) (*Store, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{
+	db, err := boltdb.OpenUnchecked(path, &bolt.Options{
 		// A second process on the same file fails fast instead of hanging.
 		Timeout: 2 * time.Second,
 		// The freelist is written at every commit. Skipping that (as etcd does) made
@@ -139,11 +139,8 @@ func Open(path string, opts Options) (*Store, error) {
 		InitialMmapSize: 1 << 30,
 		NoSync:          opts.NoSync,
 	})
-	if errors.Is(err, bolterrors.ErrTimeout) {
-		return nil, fmt.Errorf("audit: %s is locked by another process (a server still running on the same data directory?): stop it, or give this one its own data_dir (RINGFENCE_DATA_DIR)", path)
-	}
 	if err != nil {
-		return nil, fmt.Errorf("audit: open %s: %w", path, err)
+		return nil, err
 	}
 	s := &Store{
 		db:         db,
@@ -160,23 +157,27 @@ func Open(path string, opts Options) (*Store, error) {
 	if s.maxCommit <= 0 {
 		s.maxCommit = DefaultMaxCommitRecords
 	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		if err := Migrate(tx); err != nil {
-			return err
-		}
-		if v := tx.Bucket(bucketMeta).Get(keyHead); v != nil {
-			if len(v) != 8+hashLen {
-				return fmt.Errorf("audit: head is %d bytes, want %d", len(v), 8+hashLen)
+	// The log is not checked page by page at start (Verify walks it); damage on the pages
+	// read here is still refused with the file's name rather than a panic.
+	err = boltdb.Guard(path, func() error {
+		return db.Update(func(tx *bolt.Tx) error {
+			if err := Migrate(tx); err != nil {
+				return err
 			}
-			s.headSeq = binary.BigEndian.Uint64(v)
-			copy(s.headHash[:], v[8:])
-		}
-		// Head and records commit together, so they disagree only if the file was
-		// edited. Appending continues from the head; Verify names the damage.
-		if k, _ := tx.Bucket(bucketRecords).Cursor().Last(); (k == nil && s.headSeq != 0) || (k != nil && !bytes.Equal(k, seqKey(s.headSeq))) {
-			logger.Error("audit: audit log head does not match its last record; run Verify", "head_seq", s.headSeq)
-		}
-		return nil
+			if v := tx.Bucket(bucketMeta).Get(keyHead); v != nil {
+				if len(v) != 8+hashLen {
+					return fmt.Errorf("audit: head is %d bytes, want %d", len(v), 8+hashLen)
+				}
+				s.headSeq = binary.BigEndian.Uint64(v)
+				copy(s.headHash[:], v[8:])
+			}
+			// Head and records commit together, so they disagree only if the file was
+			// edited. Appending continues from the head; Verify names the damage.
+			if k, _ := tx.Bucket(bucketRecords).Cursor().Last(); (k == nil && s.headSeq != 0) || (k != nil && !bytes.Equal(k, seqKey(s.headSeq))) {
+				logger.Error("audit: audit log head does not match its last record; run Verify", "head_seq", s.headSeq)
+			}
+			return nil
+		})
 	})
 	if err != nil {
 		_ = db.Close()

@@ -1,0 +1,154 @@
+package tests
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// engineLink stands between the pool and the Docker engine's socket, so that a test can cut
+// the engine off (as an engine restart or a lost socket does) without touching the engine
+// that other tests share.
+type engineLink struct {
+	t      *testing.T
+	path   string // the socket the pool dials
+	engine string // the engine's socket
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  map[net.Conn]bool
+}
+
+func newEngineLink(t *testing.T) *engineLink {
+	engine := "/var/run/docker.sock"
+	if h, ok := strings.CutPrefix(os.Getenv("DOCKER_HOST"), "unix://"); ok {
+		engine = h
+	}
+	// A short directory: a unix socket's path is limited to about 100 bytes.
+	dir, err := os.MkdirTemp("", "rf-engine-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	l := &engineLink{t: t, path: filepath.Join(dir, "docker.sock"), engine: engine, conns: map[net.Conn]bool{}}
+	l.up()
+	t.Cleanup(l.down)
+	return l
+}
+
+// host is the DOCKER_HOST value of the link.
+func (l *engineLink) host() string { return "unix://" + l.path }
+
+// up listens again and relays every connection to the engine.
+func (l *engineLink) up() {
+	_ = os.Remove(l.path)
+	ln, err := net.Listen("unix", l.path)
+	require.NoError(l.t, err)
+	l.mu.Lock()
+	l.ln = ln
+	l.mu.Unlock()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			e, err := net.Dial("unix", l.engine)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			l.mu.Lock()
+			if l.ln != ln {
+				l.mu.Unlock()
+				c.Close()
+				e.Close()
+				return
+			}
+			l.conns[c], l.conns[e] = true, true
+			l.mu.Unlock()
+			go relay(c, e)
+			go relay(e, c)
+		}
+	}()
+}
+
+func relay(dst, src net.Conn) {
+	_, err := io.Copy(dst, src)
+	if err == nil || errors.Is(err, net.ErrClosed) {
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+			return
+		}
+	}
+	dst.Close()
+	src.Close()
+}
+
+// down closes the socket and every connection through it: the engine is gone for the pool.
+func (l *engineLink) down() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ln != nil {
+		_ = l.ln.Close()
+		l.ln = nil
+	}
+	for c := range l.conns {
+		_ = c.Close()
+	}
+	clear(l.conns)
+}
+
+// TestTheEngineGoesAwayWhileARunHoldsASession cuts the pool off the Docker engine (through a
+// relay of its socket, not by restarting the engine other tests share) while a run holds a
+// session and a warm container waits: calls are refused before dispatch with an error that
+// names the engine's socket and that it may not be running; once it is back, the next call
+// starts a fresh session and the warm container is refilled, and no container of before the
+// outage is left behind.
+func TestTheEngineGoesAwayWhileARunHoldsASession(t *testing.T) {
+	link := newEngineLink(t)
+	_, cli, poolID := runsDaemon(t, "RINGFENCE_SANDBOX__DOCKER_HOST="+link.host())
+	require.Equal(t, 0, cli("servers", "update", "fx", "--prewarm", "1").Code)
+	warmReady := func() bool { return strings.Contains(cli("servers", "show", "fx").Stdout, "1 (ready 1, starting 0)") }
+	require.Eventually(t, warmReady, 60*time.Second, 200*time.Millisecond, "the warm container is ready")
+	require.Equal(t, 0, cli("runs", "start", "--graph", "demo", "--run", "run-engine").Code)
+	call := func(text string) result {
+		return cli("runs", "call", "--run", "run-engine", "--agent", "researcher", "--tool", "fx__echo", "--args", `{"text":"`+text+`"}`)
+	}
+	r := call("before")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	// The call took the warm container and the pool refills it: a session and a warm one.
+	require.Eventually(t, func() bool { return warmReady() && len(poolContainers(t, poolID)) == 2 }, 60*time.Second, 200*time.Millisecond)
+	before := poolContainers(t, poolID)
+
+	link.down()
+	for _, text := range []string{"while down", "again"} {
+		r = call(text)
+		require.Equal(t, 3, r.Code, "refused before dispatch: %s%s", r.Stdout, r.Stderr)
+		require.Contains(t, r.Stderr, "refused before dispatch (spawn_failed)")
+		require.Contains(t, r.Stderr, "failed to connect to the docker API at "+link.host()+"; check if the path is correct and if the daemon is running")
+		require.Contains(t, r.Stderr, "nothing reached the server")
+	}
+
+	link.up()
+	r = call("after")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "after")
+	require.Eventually(t, func() bool {
+		now := poolContainers(t, poolID)
+		for _, c := range before {
+			if slices.Contains(now, c) {
+				return false
+			}
+		}
+		return warmReady() && len(now) == 2
+	}, 60*time.Second, 200*time.Millisecond, "no container of before the outage is left, and the warm one is refilled")
+	require.Equal(t, 0, cli("runs", "end", "--run", "run-engine").Code)
+	require.Equal(t, 0, cli("servers", "update", "fx", "--prewarm", "0").Code)
+}
