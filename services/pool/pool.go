@@ -467,9 +467,9 @@ func (s *Service) Collectors() []prometheus.Collector { return s.metrics.collect
 // Spool is the pool's audit spool (tests flush it).
 func (s *Service) Spool() *audit.Spool { return s.spool }
 
-// Close ends the background work, stops every session, warm ones included (runs stay recorded
-// and get fresh sessions after a restart), removes what this instance started, and closes the
-// store.
+// Close ends the background work, stops every session, warm ones included (runs stay recorded,
+// with their call counts, and get fresh sessions after a restart), removes what this instance
+// started, and closes the store.
 // Records still in the spool stay durable and are forwarded after the next start.
 //
 // Calls that arrive from then on are refused (and recorded) as shutting_down, and so are calls
@@ -494,6 +494,7 @@ func (s *Service) Close(ctx context.Context) error {
 	if err := s.inflight.wait(ctx); err != nil {
 		s.log.Warn("closing with tool calls still in progress; their outcomes may be missing from the audit log (their pending records are not)", "err", err)
 	}
+	s.saveCallCounts(ctx)
 	s.forwarder.Stop(2 * time.Second)
 	s.bgMu.Lock()
 	s.bgClosed = true

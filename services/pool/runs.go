@@ -617,6 +617,35 @@ func (s *Service) reapIdle(ctx context.Context) {
 	}
 }
 
+// saveCallCounts stores the call count of each running run whose count moved since its record
+// was last written (a run's record is otherwise written only when its state changes), so a
+// clean restart shows the count the run had. The writes go together: bbolt commits them in
+// shared transactions. A SIGKILL loses the calls counted since the last write; the audit log
+// holds every one of them.
+func (s *Service) saveCallCounts(ctx context.Context) {
+	s.runs.mu.Lock()
+	all := slices.Collect(maps.Values(s.runs.byKey))
+	s.runs.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, r := range all {
+		wg.Go(func() {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if r.rec.State != StateRunning || r.calls == r.rec.Calls {
+				return
+			}
+			rec := r.rec
+			rec.Calls, rec.LastActivity = r.calls, r.lastActivity
+			if err := s.runStore.PutRun(ctx, rec); err != nil {
+				s.log.Warn("could not store a run's call count; it shows the count of its last state change after the restart", "run", r.id.ID, "err", err)
+				return
+			}
+			r.rec = rec
+		})
+	}
+	wg.Wait()
+}
+
 // abandoned says whether run r is abandoned at now, and why: running with no call for longer
 // than the idle timeout, or paused for longer than the paused timeout. A run that waits for an
 // approval is not idle: its approval expires first (pool.approval_timeout), and its idle clock

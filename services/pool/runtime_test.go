@@ -937,3 +937,31 @@ func TestAnOutcomeNamesThePendingRecordItSettles(t *testing.T) {
 	require.Len(t, pendingIDs, 2)
 	require.Equal(t, pendingIDs, settled)
 }
+
+// TestACleanRestartKeepsARunsCallCount: a running run's record is written when its state
+// changes, not per call; the pool's shutdown writes the count, so the run shows the calls it
+// had after a restart (it showed 0).
+func TestACleanRestartKeepsARunsCallCount(t *testing.T) {
+	h := newHarness(t, harnessOpts{host: true})
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	run, idle := h.start("g"), h.start("g")
+	for range 3 {
+		_, err := h.call(run, "a", "fx__add", map[string]any{})
+		requireRefused(t, err, reasonUnknownTool)
+	}
+	h.reopen()
+	info, err := h.pool.GetRun(h.ctx, run, "")
+	require.NoError(t, err)
+	require.EqualValues(t, 3, info.Calls, "refused calls are calls of the run too")
+	info, err = h.pool.GetRun(h.ctx, idle, "")
+	require.NoError(t, err)
+	require.Zero(t, info.Calls)
+
+	_, err = h.call(run, "a", "fx__add", map[string]any{})
+	requireRefused(t, err, reasonUnknownTool)
+	h.reopen()
+	info, err = h.pool.GetRun(h.ctx, run, "")
+	require.NoError(t, err)
+	require.EqualValues(t, 4, info.Calls, "the count goes on from the restored one")
+}

@@ -123,8 +123,8 @@ type Run struct {
 	EndReason string    `json:"end_reason,omitempty"`
 	StartTime time.Time `json:"start_time"`
 	EndTime   time.Time `json:"end_time,omitzero"`
-	// Calls and LastActivity are as of the last state change (pause or end): an ended run
-	// is read back from here.
+	// Calls and LastActivity are as of the last state change (pause or end) or the pool's
+	// last clean shutdown: an ended run is read back from here.
 	Calls        int64     `json:"calls,omitempty"`
 	LastActivity time.Time `json:"last_activity,omitzero"`
 	// SelectedServers are the servers StartRun narrowed the run to (those of the graph's),
