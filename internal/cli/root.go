@@ -222,6 +222,21 @@ func (g *globals) waitNote(format string, args ...any) (stop func()) {
 }
 
 // dial connects once per invocation.
+// checkAPIKey refuses a key that cannot be sent as gRPC metadata (printable ASCII only), which
+// gRPC would otherwise refuse with a bare transport error; a newline at its end is the common
+// case, from a key read out of a file.
+func checkAPIKey(key string) error {
+	if strings.TrimSpace(key) != key {
+		return usagef("the API key (--api-key or RINGFENCE_API_KEY) begins or ends with white space (a newline from a file?): give the key alone, e.g. RINGFENCE_API_KEY=\"$(tr -d '[:space:]' < key-file)\"")
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x21 || c > 0x7e {
+			return usagef("the API key (--api-key or RINGFENCE_API_KEY) has a character a key never has at byte %d (keys are printable ASCII): check that the whole key, and only it, was copied", i+1)
+		}
+	}
+	return nil
+}
+
 func (g *globals) dial() (*grpc.ClientConn, error) {
 	if g.conn != nil {
 		return g.conn, nil
@@ -240,6 +255,9 @@ func (g *globals) dial() (*grpc.ClientConn, error) {
 		// Said before the request, so a user who forgot the key learns it here rather than
 		// from a bare Unauthenticated.
 		fmt.Fprintf(g.stderr, "warning: no API key: pass --api-key or set RINGFENCE_API_KEY%s; the server refuses every request without one\n", adminKeyHint())
+	}
+	if err := checkAPIKey(g.apiKey); err != nil {
+		return nil, err
 	}
 	creds := insecure.NewCredentials()
 	switch {

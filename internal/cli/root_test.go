@@ -200,6 +200,23 @@ func TestNoAPIKeyIsSaidBeforeTheRequest(t *testing.T) {
 	require.Contains(t, stderr.String(), "nothing answers at 127.0.0.1:1 (--addr)")
 }
 
+// TestAnAPIKeyThatCannotBeSentIsNamed: a key with a newline (read from a file) or another
+// character gRPC metadata cannot carry is a usage error naming the problem, without the key,
+// rather than gRPC's transport error.
+func TestAnAPIKeyThatCannotBeSentIsNamed(t *testing.T) {
+	for key, want := range map[string]string{
+		"rf-secret-key\n": "ends with white space (a newline from a file?)",
+		"rf-secret\x01k":  "has a character a key never has at byte 10",
+	} {
+		t.Setenv("RINGFENCE_API_KEY", key)
+		var stdout, stderr bytes.Buffer
+		code := Execute([]string{"--addr", "127.0.0.1:1", "--timeout", "2s", "servers", "list"}, nil, &stdout, &stderr)
+		require.Equal(t, ExitUsage, code, stderr.String())
+		require.Contains(t, stderr.String(), want)
+		require.NotContains(t, stderr.String(), "rf-secret")
+	}
+}
+
 // TestPrintErrorSaysHowToGetAPermission: a key whose role lacks a permission learns where the
 // roles are listed and how a key for one is minted.
 func TestPrintErrorSaysHowToGetAPermission(t *testing.T) {
