@@ -121,6 +121,8 @@ func TestRefusals(t *testing.T) {
 		{"unknown env key names a near key", nil, []string{"RINGFENCE_GRPC_ADR=x"}, []string{"RINGFENCE_GRPC_ADR", "did you mean RINGFENCE_GRPC_ADDR"}},
 		{"env key without its section names the key", nil, []string{"RINGFENCE_CERT_FILE=x"}, []string{"RINGFENCE_CERT_FILE", "did you mean RINGFENCE_TLS__CERT_FILE"}},
 		{"unknown file key", []string{"--config", unknownFile}, nil, []string{`"sandbox.mcp_isolation_imag"`, `did you mean "sandbox.mcp_isolation_image"`}},
+		{"every unknown key and bad value at once", []string{"--config", unknownFile}, []string{"RINGFENCE_GRPC_ADR=x", "RINGFENCE_POOL__MAX_RUNZ=1", "RINGFENCE_POOL__MAX_RUNS=many"},
+			[]string{`"sandbox.mcp_isolation_imag"`, "RINGFENCE_GRPC_ADR", "RINGFENCE_POOL__MAX_RUNZ", "RINGFENCE_POOL__MAX_RUNS", "not an integer"}},
 		{"unknown flag", []string{"--nope"}, nil, []string{"nope"}},
 		{"bad integer names the env", nil, []string{"RINGFENCE_POOL__MAX_RUNS=many"}, []string{"RINGFENCE_POOL__MAX_RUNS", "not an integer"}},
 		{"bad duration", []string{"--pool.drift-max-age=soon"}, nil, []string{"--pool.drift-max-age", "not a duration"}},

@@ -98,8 +98,8 @@ func Load(name string, args, environ []string, out io.Writer) (*Config, error) {
 	if *configFile == "" {
 		*configFile = env["RINGFENCE_CONFIG"]
 	}
-	// A value that does not parse leaves its key at the default and is reported with every
-	// other invalid value, so one start names them all.
+	// An unknown key, or a value that does not parse (which leaves its key at the default), is
+	// reported with every other one, so one start names them all.
 	var bad problems
 	if *configFile != "" {
 		if err := loadFile(*configFile, byKey, &bad); err != nil {
@@ -178,7 +178,8 @@ func loadEnv(env, from map[string]string, byKey map[string]field, bad *problems)
 			if clientEnvKeys[name] || strings.HasPrefix(name, EnvPrefix+"TEST_") {
 				continue
 			}
-			return fmt.Errorf("config: unknown environment variable %s: %s", name, suggest(name, byEnv))
+			bad.addRule("unknown environment variable "+name, suggest(name, byEnv))
+			continue
 		}
 		if err := f.set(env[name]); err != nil {
 			source := name
@@ -214,7 +215,8 @@ func applyYAML(path, prefix string, doc map[string]any, byKey map[string]field, 
 		val := doc[k]
 		if section, ok := val.(map[string]any); ok {
 			if !isSection(key, byKey) {
-				return fmt.Errorf("config: %s: unknown section %q: %s", path, key, suggestKey(key, byKey))
+				bad.addRule(fmt.Sprintf("%s: unknown section %q", path, key), suggestKey(key, byKey))
+				continue
 			}
 			if err := applyYAML(path, key+".", section, byKey, bad); err != nil {
 				return err
@@ -223,7 +225,8 @@ func applyYAML(path, prefix string, doc map[string]any, byKey map[string]field, 
 		}
 		f, ok := byKey[key]
 		if !ok {
-			return fmt.Errorf("config: %s: unknown key %q: %s", path, key, suggestKey(key, byKey))
+			bad.addRule(fmt.Sprintf("%s: unknown key %q", path, key), suggestKey(key, byKey))
+			continue
 		}
 		raw, err := yamlScalar(val)
 		if err != nil {
