@@ -500,8 +500,12 @@ func (c *Config) validatePoolHost(errs *problems) {
 	}
 }
 
-// defaultEtcdPrefix is store.etcd_prefix's default (its field's tag).
-const defaultEtcdPrefix = "/ringfence"
+// defaultEtcdPrefix and defaultHostLeaseTTL are store.etcd_prefix's and pool.host_lease_ttl's
+// defaults (their fields' tags).
+const (
+	defaultEtcdPrefix   = "/ringfence"
+	defaultHostLeaseTTL = 10 * time.Second
+)
 
 // validateStore checks the store section: an etcd back end needs its members' URLs, and talks
 // mutual TLS to them (https:// with all three files), which production requires.
@@ -580,6 +584,17 @@ func (c *Config) validateFor(binary string) problems {
 			errs.addRule(fmt.Sprintf("%s serves internal RPCs to its peers on internal_addr (%s), which takes mutual TLS only, so tls.cert_file, tls.key_file and tls.client_ca_file (%s, %s, %s) are required",
 				binary, EnvName("internal_addr"), EnvName("tls.cert_file"), EnvName("tls.key_file"), EnvName("tls.client_ca_file")),
 				"`ringfence certs init --dir D` writes a development set; or run every service in one process with ringfenced")
+		}
+	}
+	if !c.Store.Etcd() && (binary == AllInOne || binary == "ringfence-pool") {
+		// As store.etcd_* on bbolt: a setting that does nothing is refused, not ignored.
+		for _, k := range []struct {
+			key string
+			set bool
+		}{{"pool.host_id", c.Pool.HostID != ""}, {"pool.advertise_addr", c.Pool.AdvertiseAddr != ""}, {"pool.host_lease_ttl", c.Pool.HostLeaseTTL != defaultHostLeaseTTL}} {
+			if k.set {
+				errs.add(k.key, "is set, but store.backend is bbolt, and only pool hosts sharing etcd use it", "set store.backend to etcd to use it, or unset it")
+			}
 		}
 	}
 	return errs

@@ -461,4 +461,17 @@ func TestStoreSettings(t *testing.T) {
 	require.Equal(t, "pool-1:50052", cfg.Pool.AdvertiseAddr)
 	_, err = Load("ringfence-pool", nil, append(slices.Clone(etcdTLS), append(tlsEnv, "RINGFENCE_POOL__HOST_LEASE_TTL=100ms")...), io.Discard)
 	require.ErrorContains(t, err, "pool.host_lease_ttl")
+
+	// On bbolt the settings of pool hosts sharing etcd would do nothing: refused, as store.etcd_* are.
+	for _, binary := range []string{"ringfence-pool", AllInOne} {
+		env := []string{"RINGFENCE_POOL__HOST_ID=pool-1", "RINGFENCE_POOL__ADVERTISE_ADDR=pool-1:50052", "RINGFENCE_POOL__HOST_LEASE_TTL=5s"}
+		if binary != AllInOne {
+			env = append(env, tlsEnv...)
+		}
+		_, err = Load(binary, nil, env, io.Discard)
+		for _, key := range []string{"pool.host_id (RINGFENCE_POOL__HOST_ID)", "pool.advertise_addr", "pool.host_lease_ttl"} {
+			require.ErrorContains(t, err, key+" ", binary)
+		}
+		require.ErrorContains(t, err, "store.backend is bbolt, and only pool hosts sharing etcd use it")
+	}
 }
