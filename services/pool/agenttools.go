@@ -189,7 +189,7 @@ func (s *Service) storeLoaded(ctx context.Context, r *run, agent string, names [
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if st := r.rec.State; st != StateRunning && st != StatePaused {
-		return false, fmt.Errorf("%w (it %s)", errRunEnded, st)
+		return false, fmt.Errorf("%w (it %s): start a new run", errRunEnded, st)
 	}
 	have := r.rec.LoadedTools[agent]
 	next := slices.Clone(have)

@@ -477,7 +477,8 @@ func (s *Service) endWhen(ctx context.Context, r *run, status string, when func(
 	r.mu.Lock()
 	if r.rec.State == StateCompleted || r.rec.State == StateFailed {
 		r.mu.Unlock()
-		return nil, fmt.Errorf("%w (it %s)", errRunEnded, r.rec.State)
+		return nil, fmt.Errorf("%w (it %s at %s): ending it again changes nothing; GetRun (ringfence runs show) tells how it ended",
+			errRunEnded, r.rec.State, r.rec.EndTime.Format(time.RFC3339))
 	}
 	reason, ok := when()
 	if !ok {

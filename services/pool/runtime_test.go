@@ -729,6 +729,9 @@ func TestSessionRules(t *testing.T) {
 	_, err = h.call(run, "a", "fx__echo", map[string]any{"text": "after the end"})
 	ref := requireRefused(t, err, reasonRunNotRunning)
 	require.ErrorContains(t, ref, "has ended")
+	_, err = h.pool.EndRun(h.ctx, run, "", "", "")
+	require.ErrorIs(t, err, errRunEnded)
+	require.ErrorContains(t, err, "(it completed at "+got.Run.EndTime.Format(time.RFC3339)+"): ending it again changes nothing; GetRun (ringfence runs show) tells how it ended")
 	_, err = h.pool.StartRun(h.ctx, auth.DefaultTenant, "g", 0, run)
 	require.ErrorIs(t, err, errRunExists, "an ended run's id stays taken")
 }
