@@ -54,7 +54,7 @@ func (w *writer) copyChain(req *appendReq) {
 	defer close(req.done)
 	seq, prev := w.seq, w.prev
 	written := 0
-	err := w.s.db.Update(func(tx *bolt.Tx) error {
+	err := w.s.update(func(tx *bolt.Tx) error {
 		seq, prev = w.seq, w.prev
 		records := tx.Bucket(bucketRecords)
 		records.FillPercent = 1.0

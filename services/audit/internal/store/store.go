@@ -86,6 +86,7 @@ type Entry struct {
 // Store is the hash-chained audit log in one bbolt file. It is safe for concurrent use.
 type Store struct {
 	db         *bolt.DB
+	path       string
 	log        *slog.Logger
 	chain      Chain
 	maxCommit  int
@@ -144,6 +145,7 @@ func Open(path string, opts Options) (*Store, error) {
 	}
 	s := &Store{
 		db:         db,
+		path:       path,
 		log:        logger,
 		chain:      opts.Chain,
 		maxCommit:  opts.MaxCommitRecords,
@@ -333,7 +335,7 @@ func (w *writer) commit(batch []*appendReq) {
 	seq, prev := w.seq, w.prev
 	written := 0
 	var chained [][]byte
-	err := w.s.db.Update(func(tx *bolt.Tx) error {
+	err := w.s.update(func(tx *bolt.Tx) error {
 		written = 0
 		seq, prev = w.seq, w.prev
 		chained = chained[:0]
@@ -478,6 +480,14 @@ func (w *writer) commit(batch []*appendReq) {
 		close(req.done)
 	}
 	w.noteWritten(written)
+}
+
+// update is the writer's db.Update. The log is not checked page by page at start, so a
+// damaged page may first be met here, where bbolt panics: guarded, the commit fails with
+// the file's name and the fix (bbolt rolls the transaction back), the appends are refused,
+// and the process, with its other services, stays up.
+func (s *Store) update(fn func(*bolt.Tx) error) error {
+	return boltdb.Guard(s.path, func() error { return s.db.Update(fn) })
 }
 
 // advance moves the durable head after a commit and wakes the watchers.
