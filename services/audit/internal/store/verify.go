@@ -13,6 +13,8 @@ import (
 	"os"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/ringfence/ringfence/internal/boltdb"
 )
 
 // VerifyResult says whether the chain holds. When it does not, FirstBroken is the seq of
@@ -66,7 +68,13 @@ type Anchor struct {
 // VerifyThrough is Verify, also checking the chain passes through anchor (none when its Seq
 // is 0).
 func (s *Store) VerifyThrough(ctx context.Context, progress func(done uint64), anchor Anchor) (VerifyResult, error) {
-	res, err := s.walk(ctx, progress)
+	// A damaged page bbolt panics on is the file's damage named, not the end of the process
+	// (Verify runs in the background too).
+	var res VerifyResult
+	err := boltdb.Guard(s.path, func() (err error) {
+		res, err = s.walk(ctx, progress)
+		return err
+	})
 	// The walk mapped every page of the file.
 	if rerr := s.releaseMapped(); rerr != nil {
 		s.log.Warn("audit: could not release the log's mapped pages after a verify", "error", rerr)
@@ -163,7 +171,10 @@ func (s *Store) walk(ctx context.Context, progress func(done uint64)) (VerifyRes
 	ixDone := make(chan indexPass, 1)
 	go func() {
 		var p indexPass
-		p.seq, p.reason, p.err = ix.records(ixCtx, s.db, headSeq)
+		p.err = boltdb.Guard(s.path, func() (err error) {
+			p.seq, p.reason, err = ix.records(ixCtx, s.db, headSeq)
+			return err
+		})
 		ixDone <- p
 	}()
 	var ixPass *indexPass
