@@ -97,7 +97,6 @@ func TestAuditOutageFillsThePoolsSpool(t *testing.T) {
 func testAuditOutageFillsThePoolsSpool(t *testing.T, limit int, full func(t *testing.T, spoolDir string) (string, func())) {
 	image := dockertest.FixtureImage(t)
 	certs, addr, internal := splitPlan(t)
-	common := func(svc string) []string { return splitEnv(certs, svc, addr, internal) }
 	poolID := "e2e-full-" + randomHex(4)
 	t.Cleanup(func() { requireNoContainers(t, poolID) })
 	poolData := t.TempDir()
@@ -108,27 +107,13 @@ func testAuditOutageFillsThePoolsSpool(t *testing.T, limit int, full func(t *tes
 		poolEnv = append(poolEnv, fmt.Sprintf("RINGFENCE_AUDIT__SPOOL_MAX_RECORDS=%d", limit))
 	}
 
-	audit := startDaemonAt(t, "ringfence-audit", addr["audit"], append(common("audit"),
-		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"])...)
-	startDaemonAt(t, "ringfence-registry", addr["registry"], append(common("registry"),
-		"RINGFENCE_BOOTSTRAP_ADMIN_KEY="+adminKey,
-		"RINGFENCE_PEERS__POOL_ADDR="+internal["pool"], "RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
-	startDaemonAt(t, "ringfence-publisher", addr["publisher"], append(common("publisher"),
-		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"], "RINGFENCE_PEERS__POOL_ADDR="+internal["pool"],
-		"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
-	pool := startDaemonAt(t, "ringfence-pool", addr["pool"], append(append(common("pool"), poolEnv...),
-		"RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE="+image, "RINGFENCE_SANDBOX__POOL_ID="+poolID,
-		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"], "RINGFENCE_PEERS__PUBLISHER_ADDR="+internal["publisher"],
-		"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
-	cli := func(svc string, args ...string) result {
-		return runCmd(t, nil, []string{"RINGFENCE_ADDR=" + addr[svc], "RINGFENCE_API_KEY=" + adminKey,
-			"RINGFENCE_CA_FILE=" + filepath.Join(certs, "ca.pem"), "RINGFENCE_SERVER_IDENTITY=" + svc}, bin("ringfence"), args...)
-	}
-	must := func(r result) result {
-		t.Helper()
-		require.Equal(t, 0, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
-		return r
-	}
+	services := startSplit(t, certs, addr, internal, map[string][]string{
+		"registry": {"RINGFENCE_BOOTSTRAP_ADMIN_KEY=" + adminKey},
+		"pool":     append(poolEnv, "RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE="+image, "RINGFENCE_SANDBOX__POOL_ID="+poolID),
+	})
+	audit, pool := services["audit"], services["pool"]
+	cli := func(svc string, args ...string) result { return splitCLI(t, certs, addr, svc, nil, args...) }
+	must := func(r result) result { t.Helper(); return mustSucceed(t, r) }
 	must(cli("registry", "servers", "add", "fx", "--command", "mcpfixture --lean", "--grant", "process_spawn", "--grant", "external_api_call"))
 	must(cli("publisher", "graphs", "create", "--graph", "full", "--agent", "a"))
 	must(cli("publisher", "mcp-import", "--server", "fx", "--graph", "full", "--agent", "a", "--tool", "echo"))

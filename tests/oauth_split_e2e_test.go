@@ -3,7 +3,6 @@ package tests
 import (
 	"io"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -25,23 +24,14 @@ func TestOAuthSignInAcrossASplitDeployment(t *testing.T) {
 	as := oauthtest.StartAuthServer(t, "ringfence", "client-secret-"+canary, callback)
 	ms := oauthtest.StartMCPServer(t, as, map[string][]oauthtest.Tool{oauthtest.Alice: {{Name: "alpha", Description: "Alpha."}}})
 
-	common := func(svc string) []string { return splitEnv(certs, svc, addr, internal) }
-	startDaemonAt(t, "ringfence-audit", addr["audit"], append(common("audit"),
-		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"])...)
-	startDaemonAt(t, "ringfence-registry", addr["registry"], append(common("registry"),
-		"RINGFENCE_BOOTSTRAP_ADMIN_KEY="+adminKey, "RINGFENCE_OAUTH__CALLBACK_URL="+callback,
-		"RINGFENCE_PEERS__POOL_ADDR="+internal["pool"], "RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
-	startDaemonAt(t, "ringfence-publisher", addr["publisher"], append(common("publisher"),
-		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"], "RINGFENCE_PEERS__POOL_ADDR="+internal["pool"],
-		"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
-	pool := startDaemonAt(t, "ringfence-pool", addr["pool"], append(common("pool"), "RINGFENCE_HTTP_ADDR="+poolHTTP,
-		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"], "RINGFENCE_PEERS__PUBLISHER_ADDR="+internal["publisher"],
-		"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
+	pool := startSplit(t, certs, addr, internal, map[string][]string{
+		"registry": {"RINGFENCE_BOOTSTRAP_ADMIN_KEY=" + adminKey, "RINGFENCE_OAUTH__CALLBACK_URL=" + callback},
+		"pool":     {"RINGFENCE_HTTP_ADDR=" + poolHTTP},
+	})["pool"]
 
 	cli := func(svc string, stdin io.Reader, args ...string) result {
 		t.Helper()
-		return runCmd(t, stdin, []string{"RINGFENCE_ADDR=" + addr[svc], "RINGFENCE_API_KEY=" + adminKey,
-			"RINGFENCE_CA_FILE=" + filepath.Join(certs, "ca.pem"), "RINGFENCE_SERVER_IDENTITY=" + svc}, bin("ringfence"), args...)
+		return splitCLI(t, certs, addr, svc, stdin, args...)
 	}
 	must := func(svc string, args ...string) string {
 		t.Helper()

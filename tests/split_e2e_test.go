@@ -26,33 +26,16 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 	// Each service has a public address (API keys: the CLI, REST) and an internal one (mutual
 	// TLS only), which its peers dial.
 	certs, addr, internal := splitPlan(t)
-	common := func(svc string) []string { return splitEnv(certs, svc, addr, internal) }
 	poolID := "e2e-split-" + randomHex(4)
 	t.Cleanup(func() { requireNoContainers(t, poolID) })
-	audit := startDaemonAt(t, "ringfence-audit", addr["audit"], append(common("audit"),
-		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"])...)
-	registry := startDaemonAt(t, "ringfence-registry", addr["registry"], append(common("registry"),
-		"RINGFENCE_BOOTSTRAP_ADMIN_KEY="+adminKey,
-		`RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS=["APP_TOKEN"]`,
-		"RINGFENCE_PEERS__POOL_ADDR="+internal["pool"], "RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
-	startDaemonAt(t, "ringfence-publisher", addr["publisher"], append(common("publisher"),
-		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"], "RINGFENCE_PEERS__POOL_ADDR="+internal["pool"],
-		"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
-	startDaemonAt(t, "ringfence-pool", addr["pool"], append(common("pool"),
-		"RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE="+image, "RINGFENCE_SANDBOX__POOL_ID="+poolID,
-		`RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS=["APP_TOKEN"]`,
-		"RINGFENCE_PEERS__REGISTRY_ADDR="+internal["registry"], "RINGFENCE_PEERS__PUBLISHER_ADDR="+internal["publisher"],
-		"RINGFENCE_PEERS__AUDIT_ADDR="+internal["audit"])...)
-
-	cli := func(svc string, args ...string) result {
-		return runCmd(t, nil, []string{"RINGFENCE_ADDR=" + addr[svc], "RINGFENCE_API_KEY=" + adminKey,
-			"RINGFENCE_CA_FILE=" + filepath.Join(certs, "ca.pem"), "RINGFENCE_SERVER_IDENTITY=" + svc}, bin("ringfence"), args...)
-	}
-	must := func(r result) result {
-		t.Helper()
-		require.Equal(t, 0, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
-		return r
-	}
+	allowed := `RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS=["APP_TOKEN"]`
+	started := startSplit(t, certs, addr, internal, map[string][]string{
+		"registry": {"RINGFENCE_BOOTSTRAP_ADMIN_KEY=" + adminKey, allowed},
+		"pool":     {"RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE=" + image, "RINGFENCE_SANDBOX__POOL_ID=" + poolID, allowed},
+	})
+	audit, registry := started["audit"], started["registry"]
+	cli := func(svc string, args ...string) result { return splitCLI(t, certs, addr, svc, nil, args...) }
+	must := func(r result) result { t.Helper(); return mustSucceed(t, r) }
 
 	// The control plane: register (the registry lists tools through the remote pool), import
 	// (the publisher discovers through the pool), publish.
@@ -203,6 +186,44 @@ func splitEnv(certs, svc string, addr, internal map[string]string) []string {
 		"RINGFENCE_TLS__KEY_FILE=" + filepath.Join(certs, svc+"-key.pem"),
 		"RINGFENCE_TLS__CLIENT_CA_FILE=" + filepath.Join(certs, "ca.pem"),
 	}
+}
+
+// splitPeers are the peers each service of a split deployment dials (DESIGN.md), as
+// RINGFENCE_PEERS__* keys.
+var splitPeers = map[string][]string{
+	"audit": {"registry"}, "registry": {"pool", "audit"},
+	"publisher": {"registry", "pool", "audit"}, "pool": {"registry", "publisher", "audit"},
+}
+
+// startSplit starts the four services of a split deployment splitPlan made, each with
+// splitEnv, the internal addresses of the peers it dials and extra[svc], the audit service
+// first (the others record to it from their start); it returns them by service.
+func startSplit(t *testing.T, certs string, addr, internal map[string]string, extra map[string][]string) map[string]*daemon {
+	t.Helper()
+	out := make(map[string]*daemon, 4)
+	for _, svc := range []string{"audit", "registry", "publisher", "pool"} {
+		env := splitEnv(certs, svc, addr, internal)
+		for _, peer := range splitPeers[svc] {
+			env = append(env, "RINGFENCE_PEERS__"+strings.ToUpper(peer)+"_ADDR="+internal[peer])
+		}
+		out[svc] = startDaemonAt(t, "ringfence-"+svc, addr[svc], append(env, extra[svc]...)...)
+	}
+	return out
+}
+
+// splitCLI runs the CLI as the admin against service svc of a split deployment, over TLS
+// checking the service's identity.
+func splitCLI(t *testing.T, certs string, addr map[string]string, svc string, stdin io.Reader, args ...string) result {
+	t.Helper()
+	return runCmd(t, stdin, []string{"RINGFENCE_ADDR=" + addr[svc], "RINGFENCE_API_KEY=" + adminKey,
+		"RINGFENCE_CA_FILE=" + filepath.Join(certs, "ca.pem"), "RINGFENCE_SERVER_IDENTITY=" + svc}, bin("ringfence"), args...)
+}
+
+// mustSucceed fails the test unless r exited 0, showing its output.
+func mustSucceed(t *testing.T, r result) result {
+	t.Helper()
+	require.Equal(t, 0, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
+	return r
 }
 
 // startDaemonAt is startDaemon with a fixed gRPC address (peers need it before it starts).
