@@ -345,6 +345,7 @@ func (w *writer) commit(batch []*appendReq) {
 		byID := tx.Bucket(bucketByID)
 		byTenant := tx.Bucket(bucketByTenant)
 		byRun := tx.Bucket(bucketByRun)
+		byTenantRun := tx.Bucket(bucketByTenantRun)
 		inTx := make(map[string]idEntry)
 
 		for _, req := range batch {
@@ -394,7 +395,7 @@ func (w *writer) commit(batch []*appendReq) {
 					valSize += hashLen + maxBodyPrefix + len(req.js[i])
 					keySize += 8 + len(r.ID) + 8 + 2*(2+8) + len(r.Tenant)
 					if r.ToolCall != nil {
-						keySize += len(r.ToolCall.RunID)
+						keySize += len(r.ToolCall.RunID) + 2 + 2 + len(r.Tenant) + len(r.ToolCall.RunID) + 8
 					}
 				}
 			}
@@ -447,6 +448,13 @@ func (w *writer) commit(batch []*appendReq) {
 					keys = appendIndexKey(keys, r.ToolCall.RunID, seq)
 					if err := byRun.Put(carve(&keys, start), noValue); err != nil {
 						return fmt.Errorf("audit: index record %d: %w", seq, err)
+					}
+					if r.Tenant != "" {
+						start = len(keys)
+						keys = appendTenantRunKey(keys, r.Tenant, r.ToolCall.RunID, seq)
+						if err := byTenantRun.Put(carve(&keys, start), noValue); err != nil {
+							return fmt.Errorf("audit: index record %d: %w", seq, err)
+						}
 					}
 				}
 				inTx[r.ID] = idEntry{seq: seq, digest: req.digests[i]}
