@@ -328,6 +328,13 @@ func TestAnotherTenantsThingsAnswerAsNothingDoes(t *testing.T) {
 		})
 	}
 
+	// A graph only the default tenant published is no graph in acme.
+	_, err = client.StartRun(acme, &poolv1.StartRunRequest{GraphId: "g"})
+	st := rftestutil.RequireStatus(t, err, codes.NotFound)
+	_, err = client.StartRun(acme, &poolv1.StartRunRequest{GraphId: "nothing-here"})
+	want := rftestutil.RequireStatus(t, err, codes.NotFound)
+	require.Equal(t, strings.ReplaceAll(want.Message(), `"nothing-here"`, `"g"`), st.Message())
+
 	got, err := client.GetRun(unbound, &poolv1.GetRunRequest{RunId: run})
 	require.NoError(t, err)
 	require.Equal(t, StateRunning, got.GetRun().GetState())
