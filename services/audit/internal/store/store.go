@@ -162,10 +162,10 @@ func Open(path string, opts Options) (*Store, error) {
 	// The log is not checked page by page at start (Verify walks it); damage on the pages
 	// read here is still refused with the file's name rather than a panic.
 	err = boltdb.Guard(path, func() error {
+		if err := Migrate(db); err != nil {
+			return err
+		}
 		return db.Update(func(tx *bolt.Tx) error {
-			if err := Migrate(tx); err != nil {
-				return err
-			}
 			if v := tx.Bucket(bucketMeta).Get(keyHead); v != nil {
 				if len(v) != 8+hashLen {
 					return fmt.Errorf("audit: head is %d bytes, want %d", len(v), 8+hashLen)

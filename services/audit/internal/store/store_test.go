@@ -252,8 +252,8 @@ func TestMigrate(t *testing.T) {
 }
 
 // TestMigrateIndexesTheRunsOfTenants: a version 1 file (no by_tenant_run) opened by this
-// binary has its records indexed by tenant and run, so a tenant's run lists and verifies as
-// in a file written by version 2.
+// binary has its records indexed by tenant and run, a few at a time, so a tenant's run lists
+// and verifies as in a file written by version 2.
 func TestMigrateIndexesTheRunsOfTenants(t *testing.T) {
 	path, entries := buildLog(t, 40)
 	db, err := bolt.Open(path, 0o600, nil)
@@ -266,6 +266,8 @@ func TestMigrateIndexesTheRunsOfTenants(t *testing.T) {
 	}))
 	require.NoError(t, db.Close())
 
+	defer func(n int) { migrateChunk = n }(migrateChunk)
+	migrateChunk = 7 // 40 records: six transactions, the last one short
 	s := openStore(t, path)
 	requireVerified(t, s, uint64(len(entries)))
 	var want []string
@@ -276,6 +278,14 @@ func TestMigrateIndexesTheRunsOfTenants(t *testing.T) {
 	}
 	require.Len(t, want, 14)
 	require.Equal(t, want, callIDs(listAll(t, s, Filter{Tenant: "tenant-b", RunID: "run-1"}, 5)))
+	require.NoError(t, s.Close())
+	db, err = bolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, db.View(func(tx *bolt.Tx) error {
+		require.Equal(t, []byte{0, 0, 0, 0, 0, 0, 0, 2}, tx.Bucket(bucketMeta).Get(keySchemaVersion), "version 2 once indexed")
+		return nil
+	}))
 }
 
 // TestOpenRefusesSecondOpener: a second server on the same data directory is told what holds
