@@ -128,6 +128,27 @@ func TestATenantBoundKeySeesItsTenantOnly(t *testing.T) {
 	require.False(t, v.GetOk(), "globex's record is no anchor of acme's")
 }
 
+// TestARunFilterKeepsToTheKeysTenant: acme and globex both have a run "nightly". An acme
+// auditor's list of it holds acme's record and ends there (no page token, which would say that
+// another tenant's run of that id has records after it); an unbound key naming no tenant sees
+// both runs.
+func TestARunFilterKeepsToTheKeysTenant(t *testing.T) {
+	svc := open(t)
+	for _, r := range []audit.Record{call("acme", "nightly"), call("globex", "nightly"), call("globex", "nightly")} {
+		r.ToolCall.CallID = r.ID
+		_, err := svc.Internal().Append(context.Background(), &auditinternalv1.AppendRequest{Records: []*auditv1.Record{auditpb.RecordToProto(r)}})
+		require.NoError(t, err)
+	}
+	got, err := list(svc, "acme", &auditv1.ListRequest{Filter: &auditv1.Filter{RunId: "nightly"}, PageSize: 1})
+	require.NoError(t, err)
+	require.Len(t, got.GetRecords(), 1)
+	require.Equal(t, "acme", got.GetRecords()[0].GetTenant())
+	require.Empty(t, got.GetNextPageToken(), "acme's run has no more records")
+	all, err := list(svc, "", &auditv1.ListRequest{Filter: &auditv1.Filter{RunId: "nightly"}})
+	require.NoError(t, err)
+	require.Len(t, all.GetRecords(), 3)
+}
+
 // watchStream adapts a channel to the server-streaming interface for Watch.
 type watchStream struct {
 	grpc.ServerStream

@@ -22,6 +22,7 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/services/publisher"
 )
 
 // The MCP front door through the real pool, registry and publisher (the fixture server on the
@@ -554,4 +555,62 @@ func TestFrontDoorRelaysWhatServersSay(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res.IsError)
 	require.Contains(t, textOf(res), "the drift gate (schema_drift)")
+}
+
+// TestTheFrontDoorKeepsTenantsRunsOfOneIDApart: the default tenant and acme each run "nightly"
+// of their own graph g (acme's binds peek alone). Each tenant's token reaches its own run:
+// the listing the front door keeps for an agent of a run is its tenant's (the default
+// tenant's, read first, is not served to acme), acme's calls are acme's records, and a
+// session opened with one tenant's token is refused to the other's.
+func TestTheFrontDoorKeepsTenantsRunsOfOneIDApart(t *testing.T) {
+	d := newDoor(t, FrontDoorConfig{}, nil)
+	h := d.h
+	acmeCtx := auth.WithTenancy(auth.WithPrincipal(t.Context(), auth.Principal{KeyID: "key_acme", Role: auth.RoleAdmin, Permissions: auth.AllPermissions, Tenant: "acme"}),
+		auth.Tenancy{Tenant: "acme"})
+	_, err := h.pub.CreateGraph(acmeCtx, &publisherv1.CreateGraphRequest{GraphId: "g", Agents: []string{"a"}})
+	require.NoError(t, err)
+	_, err = h.pub.Import(acmeCtx, publisher.ImportRequest{Tenant: "acme", GraphID: "g", ServerRef: "fx", Agent: "a", Tools: []string{"peek"}})
+	require.NoError(t, err)
+	_, err = h.pub.Publish(acmeCtx, &publisherv1.PublishRequest{GraphId: "g"})
+	require.NoError(t, err)
+	for _, tenant := range []string{auth.DefaultTenant, "acme"} {
+		_, err := h.pool.StartRunFor(h.ctx, RunStart{Tenant: tenant, GraphID: "g", RunID: "nightly"})
+		require.NoError(t, err)
+	}
+	_, ownSecret, err := h.pool.CreateAgentToken(h.ctx, auth.DefaultTenant, "nightly", "a", 0)
+	require.NoError(t, err)
+	acmeTok, acmeSecret, err := h.pool.CreateAgentToken(h.ctx, "acme", "nightly", "a", 0)
+	require.NoError(t, err)
+
+	own := d.connect(t, ownSecret, "2025-11-25", nil)
+	list, err := own.ListTools(t.Context(), nil)
+	require.NoError(t, err)
+	require.Contains(t, toolNamesOf(list.Tools), "fx__echo")
+	acme := d.connect(t, acmeSecret, "2025-11-25", nil)
+	list, err = acme.ListTools(t.Context(), nil)
+	require.NoError(t, err)
+	require.Equal(t, []string{"fx__peek"}, toolNamesOf(list.Tools), "acme's graph, not the default tenant's run of the same id")
+
+	_, err = acme.CallTool(t.Context(), &mcp.CallToolParams{Name: "fx__echo", Arguments: map[string]any{"text": "x"}})
+	require.ErrorContains(t, err, "unknown_tool", "acme's agent binds no echo")
+	res, err := acme.CallTool(t.Context(), &mcp.CallToolParams{Name: "fx__peek", Arguments: map[string]any{"text": "x"}})
+	require.NoError(t, err)
+	require.False(t, res.IsError, textOf(res))
+	h.attempts() // flushes the spool
+	var byAcme int
+	for _, r := range h.audit.Records() {
+		if r.ToolCall != nil && r.ToolCall.AgentTokenID == acmeTok.ID {
+			require.Equal(t, "acme", r.Tenant, "acme's token's calls are acme's records")
+			byAcme++
+		}
+	}
+	require.NotZero(t, byAcme)
+	ownRun, err := h.pool.GetRun(h.ctx, "nightly", auth.DefaultTenant)
+	require.NoError(t, err)
+	require.Zero(t, ownRun.Calls, "acme's calls are not the default tenant's run's")
+
+	resp := d.post(t, ownSecret, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`, func(r *http.Request) {
+		r.Header.Set(mcpSessionIDHeader, acme.ID())
+	})
+	require.Equal(t, http.StatusForbidden, resp.StatusCode, "a session opened with acme's token")
 }

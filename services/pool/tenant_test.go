@@ -21,7 +21,13 @@ import (
 // tenantKey mints a runner key bound to tenant and returns a context carrying it.
 func tenantKey(t *testing.T, h *harness, tenant string) context.Context {
 	t.Helper()
-	req := &registryv1.CreateKeyRequest{Name: "runner-" + tenant, Role: auth.RoleRunner, Tenant: tenant}
+	return tenantRoleKey(t, h, tenant, auth.RoleRunner)
+}
+
+// tenantRoleKey mints a key of role bound to tenant and returns a context carrying it.
+func tenantRoleKey(t *testing.T, h *harness, tenant, role string) context.Context {
+	t.Helper()
+	req := &registryv1.CreateKeyRequest{Name: role + "-" + tenant, Role: role, Tenant: tenant}
 	ctx, err := auth.NewAuthorizer(nil, auth.Rules).Resolve(h.ctx, registryv1.KeyService_CreateKey_FullMethodName, req) // as the interceptor does
 	require.NoError(t, err)
 	resp, err := h.reg.CreateKey(ctx, req)
@@ -231,4 +237,114 @@ func TestCallerChosenIDsAreRefusedAtEntry(t *testing.T) {
 		require.Contains(t, st.Message(), "call_id: ", id)
 		require.Contains(t, st.Message(), "use 1 to 512 of A-Z a-z 0-9 _ . : -, not only dots", id)
 	}
+}
+
+// TestAnotherTenantsThingsAnswerAsNothingDoes walks every PoolService RPC that names a run,
+// approval, token or document with a key bound to acme and the ids of the default tenant's
+// things, and then with ids nothing has: each answer is the same (code and message, the id
+// aside), so acme learns nothing of what the default tenant has, and the default tenant's
+// things are left as they were.
+func TestAnotherTenantsThingsAnswerAsNothingDoes(t *testing.T) {
+	h := deskHarness(t, harnessOpts{}, askNonReadOnly)
+	client, unbound := grpcClient(t, h)
+	acme := tenantRoleKey(t, h, "acme", auth.RoleAdmin)
+
+	run := h.start("g")
+	_, err := h.call(run, "a", "fx__echo", map[string]any{"text": "x"})
+	approval := requireRefused(t, err, reasonApprovalRequired).ApprovalID
+	tok, _, err := h.pool.CreateAgentToken(h.ctx, auth.DefaultTenant, run, "a", 0)
+	require.NoError(t, err)
+	doc, err := h.pool.PutDocument(h.ctx, auth.DefaultTenant, "n.txt", "text/plain", []byte("the default tenant's"))
+	require.NoError(t, err)
+
+	type ids struct{ run, approval, token, doc string }
+	theirs := ids{run, approval, tok.ID, doc.ID}
+	none := ids{"run-" + randomHex(), "apr-" + randomHex(), "tok-" + randomHex(), "doc-" + randomHex()}
+	for _, tc := range []struct {
+		name string
+		call func(ids) error
+	}{
+		{"GetRun", func(i ids) error { _, err := client.GetRun(acme, &poolv1.GetRunRequest{RunId: i.run}); return err }},
+		{"PauseRun", func(i ids) error { _, err := client.PauseRun(acme, &poolv1.PauseRunRequest{RunId: i.run}); return err }},
+		{"ResumeRun", func(i ids) error {
+			_, err := client.ResumeRun(acme, &poolv1.ResumeRunRequest{RunId: i.run})
+			return err
+		}},
+		{"EndRun", func(i ids) error {
+			_, err := client.EndRun(acme, &poolv1.EndRunRequest{RunId: i.run, Status: StateFailed})
+			return err
+		}},
+		{"CallTool", func(i ids) error {
+			_, err := client.CallTool(acme, &poolv1.CallToolRequest{RunId: i.run, Agent: "a", Tool: "fx__peek"})
+			return err
+		}},
+		{"ListAgentTools", func(i ids) error {
+			_, err := client.ListAgentTools(acme, &poolv1.ListAgentToolsRequest{RunId: i.run, Agent: "a"})
+			return err
+		}},
+		{"ListApprovals", func(i ids) error {
+			_, err := client.ListApprovals(acme, &poolv1.ListApprovalsRequest{RunId: i.run})
+			return err
+		}},
+		{"ApproveCall", func(i ids) error {
+			_, err := client.ApproveCall(acme, &poolv1.ApproveCallRequest{RunId: i.run, ApprovalId: i.approval})
+			return err
+		}},
+		{"DenyCall", func(i ids) error {
+			_, err := client.DenyCall(acme, &poolv1.DenyCallRequest{RunId: i.run, ApprovalId: i.approval, Reason: "no"})
+			return err
+		}},
+		{"CreateAgentToken", func(i ids) error {
+			_, err := client.CreateAgentToken(acme, &poolv1.CreateAgentTokenRequest{RunId: i.run, Agent: "a"})
+			return err
+		}},
+		{"ListAgentTokens", func(i ids) error {
+			_, err := client.ListAgentTokens(acme, &poolv1.ListAgentTokensRequest{RunId: i.run})
+			return err
+		}},
+		{"RevokeAgentToken", func(i ids) error {
+			_, err := client.RevokeAgentToken(acme, &poolv1.RevokeAgentTokenRequest{RunId: i.run, TokenId: i.token})
+			return err
+		}},
+		{"GetDocument", func(i ids) error {
+			down, err := client.GetDocument(acme, &poolv1.GetDocumentRequest{DocumentId: i.doc})
+			if err != nil {
+				return err
+			}
+			_, err = down.Recv()
+			return err
+		}},
+		{"DeleteDocument", func(i ids) error {
+			_, err := client.DeleteDocument(acme, &poolv1.DeleteDocumentRequest{DocumentId: i.doc})
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := rftestutil.RequireStatus(t, tc.call(theirs), codes.NotFound)
+			want := rftestutil.RequireStatus(t, tc.call(none), codes.NotFound)
+			hide := strings.NewReplacer(theirs.run, "ID", theirs.approval, "ID", theirs.token, "ID", theirs.doc, "ID",
+				none.run, "ID", none.approval, "ID", none.token, "ID", none.doc, "ID")
+			require.Equal(t, hide.Replace(want.Message()), hide.Replace(st.Message()), "another tenant's id is answered as one nothing has")
+		})
+	}
+
+	// A graph only the default tenant published is no graph in acme.
+	_, err = client.StartRun(acme, &poolv1.StartRunRequest{GraphId: "g"})
+	st := rftestutil.RequireStatus(t, err, codes.NotFound)
+	_, err = client.StartRun(acme, &poolv1.StartRunRequest{GraphId: "nothing-here"})
+	want := rftestutil.RequireStatus(t, err, codes.NotFound)
+	require.Equal(t, strings.ReplaceAll(want.Message(), `"nothing-here"`, `"g"`), st.Message())
+
+	got, err := client.GetRun(unbound, &poolv1.GetRunRequest{RunId: run})
+	require.NoError(t, err)
+	require.Equal(t, StateRunning, got.GetRun().GetState())
+	approvals, err := client.ListApprovals(unbound, &poolv1.ListApprovalsRequest{RunId: run})
+	require.NoError(t, err)
+	require.Len(t, approvals.GetApprovals(), 1)
+	require.Equal(t, approvalPending, approvals.GetApprovals()[0].GetState(), "acme's approve and deny decided nothing")
+	tokens, err := client.ListAgentTokens(unbound, &poolv1.ListAgentTokensRequest{RunId: run})
+	require.NoError(t, err)
+	require.Len(t, tokens.GetTokens(), 1, "acme minted and revoked no token of the run")
+	_, _, err = h.pool.GetDocument(h.ctx, auth.DefaultTenant, doc.ID)
+	require.NoError(t, err, "acme's delete left the document")
 }

@@ -175,6 +175,7 @@ func newFixture(t *testing.T, opts ...fixtureOpts) *fixture {
 		auth.RoleAuthor:   {Name: "author", Role: auth.RoleAuthor},
 		auth.RoleOperator: {Name: "operator", Role: auth.RoleOperator},
 		"acme-author":     {Name: "acme-author", Role: auth.RoleAuthor, Tenant: "acme"},
+		"acme-admin":      {Name: "acme-admin", Role: auth.RoleAdmin, Tenant: "acme"},
 	} {
 		resp, err := kc.CreateKey(testutil.WithKey(t.Context(), adminKey), req)
 		require.NoError(t, err)

@@ -2,11 +2,13 @@ package publisher
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -102,6 +104,96 @@ func TestAnotherTenantsGraphIsNotFound(t *testing.T) {
 	got, err := f.client.GetDraft(f.author(t), &publisherv1.GetDraftRequest{Tenant: "acme", GraphId: "shared-name"})
 	require.NoError(t, err)
 	require.Equal(t, "acme", got.GetDraft().GetTenant())
+}
+
+// TestAnotherTenantsGraphAnswersAsNoGraphDoes walks every PublisherService RPC that names a
+// graph with a key bound to acme: the default tenant's graph (published twice, with a page
+// token of its versions) is answered exactly as a graph id nothing has, and is left as it was.
+func TestAnotherTenantsGraphAnswersAsNoGraphDoes(t *testing.T) {
+	f := newFixture(t)
+	f.register(t, "docs", "process_spawn", "external_api_call")
+	f.disc.serve("docs", tool("read", "Reads a document."))
+	d := f.createGraph(t, "theirs", "a")
+	f.createGraph(t, "zz-theirs-too", "a")
+	for range 2 {
+		_, err := f.client.Publish(f.author(t), &publisherv1.PublishRequest{GraphId: "theirs"})
+		require.NoError(t, err)
+	}
+	page, err := f.client.ListVersions(f.author(t), &publisherv1.ListVersionsRequest{GraphId: "theirs", PageSize: 1})
+	require.NoError(t, err)
+	require.NotEmpty(t, page.GetNextPageToken())
+	graphs, err := f.client.ListGraphs(f.author(t), &publisherv1.ListGraphsRequest{PageSize: 1})
+	require.NoError(t, err)
+	acme := f.as(t, "acme-admin")
+
+	for _, tc := range []struct {
+		name string
+		call func(id string) error
+	}{
+		{"GetDraft", func(id string) error {
+			_, err := f.client.GetDraft(acme, &publisherv1.GetDraftRequest{GraphId: id})
+			return err
+		}},
+		{"ReplaceDraft", func(id string) error {
+			g := proto.Clone(d).(*publisherv1.Graph)
+			g.Id, g.Tenant, g.Revision = id, "", 0
+			_, err := f.client.ReplaceDraft(acme, &publisherv1.ReplaceDraftRequest{GraphId: id, Draft: g})
+			return err
+		}},
+		{"ValidateDraft", func(id string) error {
+			_, err := f.client.ValidateDraft(acme, &publisherv1.ValidateDraftRequest{GraphId: id})
+			return err
+		}},
+		{"Publish", func(id string) error {
+			_, err := f.client.Publish(acme, &publisherv1.PublishRequest{GraphId: id})
+			return err
+		}},
+		{"GetVersion", func(id string) error {
+			_, err := f.client.GetVersion(acme, &publisherv1.GetVersionRequest{GraphId: id, Version: 1})
+			return err
+		}},
+		{"GetVersion latest", func(id string) error {
+			_, err := f.client.GetVersion(acme, &publisherv1.GetVersionRequest{GraphId: id})
+			return err
+		}},
+		{"ListVersions", func(id string) error {
+			_, err := f.client.ListVersions(acme, &publisherv1.ListVersionsRequest{GraphId: id})
+			return err
+		}},
+		{"ListVersions with their page token", func(id string) error {
+			_, err := f.client.ListVersions(acme, &publisherv1.ListVersionsRequest{GraphId: id, PageToken: page.GetNextPageToken()})
+			return err
+		}},
+		{"ImportTools", func(id string) error {
+			_, err := f.client.ImportTools(acme, &publisherv1.ImportToolsRequest{GraphId: id, ServerRef: "docs", Agent: "a"})
+			return err
+		}},
+		{"DeleteGraph", func(id string) error {
+			_, err := f.client.DeleteGraph(acme, &publisherv1.DeleteGraphRequest{GraphId: id})
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			theirs, none := tc.call("theirs"), tc.call("nothing-here")
+			require.Error(t, theirs)
+			want := status.Convert(none)
+			got := status.Convert(theirs)
+			require.Equal(t, want.Code(), got.Code(), "%v", got.Message())
+			require.Equal(t, strings.ReplaceAll(want.Message(), "nothing-here", "theirs"), got.Message())
+		})
+	}
+
+	own, err := f.client.ListGraphs(acme, &publisherv1.ListGraphsRequest{})
+	require.NoError(t, err)
+	require.Empty(t, own.GetGraphs(), "acme has no graph")
+	require.NotEmpty(t, graphs.GetNextPageToken())
+	_, err = f.client.ListGraphs(acme, &publisherv1.ListGraphsRequest{PageToken: graphs.GetNextPageToken()})
+	testutil.RequireStatus(t, err, codes.InvalidArgument, "another tenant's page token is not one issued to acme")
+	after := f.draft(t, "theirs")
+	require.Equal(t, d.GetRevision(), after.GetRevision(), "acme's attempts changed nothing")
+	vs, err := f.client.ListVersions(f.author(t), &publisherv1.ListVersionsRequest{GraphId: "theirs"})
+	require.NoError(t, err)
+	require.Len(t, vs.GetVersions(), 2)
 }
 
 func TestReplaceDraftStaleRevisionIsAborted(t *testing.T) {

@@ -20,8 +20,10 @@
 // index (any other ID format is accepted, and costs a random page per record). by_run (run id) and
 // by_tenant serve the two questions operators ask most ("what did this run call",
 // "what happened in this tenant") and turn them from a scan of the whole log into a
-// range read; their keys are length-prefixed names followed by the seq, so they grow
-// mostly at the end of a range and cost little to write. Server, tool, outcome, kind
+// range read. by_tenant_run serves a run of one tenant: run ids are unique within a
+// tenant only, so a tenant-bound reader's run filter through by_run would examine other
+// tenants' runs of the same id. Their keys are length-prefixed names followed by the seq,
+// so they grow mostly at the end of a range and cost little to write. Server, tool, outcome, kind
 // and time are not indexed: they are tested per record, first as a byte search for the
 // encoded field in the body and then on the decoded record, and every List call
 // examines at most ScanBudget records, returning a short page with a next token when

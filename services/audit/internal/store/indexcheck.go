@@ -34,13 +34,14 @@ const (
 	ixByID = iota
 	ixByTenant
 	ixByRun
+	ixByTenantRun
 	numIndexes
 )
 
-var indexBuckets = [numIndexes][]byte{bucketByID, bucketByTenant, bucketByRun}
+var indexBuckets = [numIndexes][]byte{bucketByID, bucketByTenant, bucketByRun, bucketByTenantRun}
 
 // indexSubject is what each index is read by, for messages.
-var indexSubject = [numIndexes]string{"id", "tenant", "run"}
+var indexSubject = [numIndexes]string{"id", "tenant", "run", "tenant and run"}
 
 type indexSum struct{ n, sum uint64 }
 
@@ -120,8 +121,10 @@ func requiredKey(dst []byte, ix int, f bodyFields, seq uint64) ([]byte, bool) {
 		return append(dst, f.id...), true
 	case ixByTenant:
 		return appendIndexKey(dst, f.tenant, seq), f.tenant != nil
-	default:
+	case ixByRun:
 		return appendIndexKey(dst, f.run, seq), f.run != nil
+	default:
+		return appendTenantRunKey(dst, f.tenant, f.run, seq), f.tenant != nil && f.run != nil
 	}
 }
 
@@ -187,9 +190,13 @@ func (c *indexChecker) missing(tx *bolt.Tx, headSeq uint64) (uint64, string) {
 		case !bytes.Equal(got, c.idValue(seq, body)):
 			return seq, fmt.Sprintf("record does not match the digest its by_id entry kept at append (id %q): the record or the entry was changed", f.id)
 		}
-		for _, ix := range []int{ixByTenant, ixByRun} {
+		for _, ix := range []int{ixByTenant, ixByRun, ixByTenantRun} {
 			if key, ok := requiredKey(nil, ix, f, seq); ok && tx.Bucket(indexBuckets[ix]).Get(key) == nil {
-				return seq, fmt.Sprintf("%s index lacks this record, so reads for %s %q do not show it", indexBuckets[ix], indexSubject[ix], key[2:len(key)-8])
+				name := fmt.Sprintf("%q", key[2:len(key)-8])
+				if ix == ixByTenantRun {
+					name = fmt.Sprintf("%q and %q", f.tenant, f.run)
+				}
+				return seq, fmt.Sprintf("%s index lacks this record, so reads for %s %s do not show it", indexBuckets[ix], indexSubject[ix], name)
 			}
 		}
 	}

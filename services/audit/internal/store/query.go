@@ -111,8 +111,10 @@ func (f Filter) fingerprint() [8]byte {
 	return [8]byte(sum[:8])
 }
 
-// scanner walks candidate records in seq order: through the by_run or by_tenant index
-// when the filter names a run or tenant, else through the records themselves.
+// scanner walks candidate records in seq order: through the by_tenant_run, by_run or
+// by_tenant index when the filter names a run or tenant, else through the records
+// themselves. A run of a tenant is read through by_tenant_run, never by_run: another
+// tenant's run of the same id must not spend the budget nor make a page token.
 type scanner struct {
 	f       Filter
 	index   []byte // index bucket, or nil for the records bucket
@@ -124,6 +126,8 @@ type scanner struct {
 func newScanner(f Filter, wantEntries bool) *scanner {
 	sc := &scanner{f: f, decode: wantEntries || !f.empty()}
 	switch {
+	case f.RunID != "" && f.Tenant != "":
+		sc.index, sc.prefix = bucketByTenantRun, tenantRunPrefix(f.Tenant, f.RunID)
 	case f.RunID != "":
 		sc.index, sc.prefix = bucketByRun, indexPrefix(f.RunID)
 	case f.Tenant != "":

@@ -162,10 +162,10 @@ func Open(path string, opts Options) (*Store, error) {
 	// The log is not checked page by page at start (Verify walks it); damage on the pages
 	// read here is still refused with the file's name rather than a panic.
 	err = boltdb.Guard(path, func() error {
+		if err := Migrate(db); err != nil {
+			return err
+		}
 		return db.Update(func(tx *bolt.Tx) error {
-			if err := Migrate(tx); err != nil {
-				return err
-			}
 			if v := tx.Bucket(bucketMeta).Get(keyHead); v != nil {
 				if len(v) != 8+hashLen {
 					return fmt.Errorf("audit: head is %d bytes, want %d", len(v), 8+hashLen)
@@ -345,6 +345,7 @@ func (w *writer) commit(batch []*appendReq) {
 		byID := tx.Bucket(bucketByID)
 		byTenant := tx.Bucket(bucketByTenant)
 		byRun := tx.Bucket(bucketByRun)
+		byTenantRun := tx.Bucket(bucketByTenantRun)
 		inTx := make(map[string]idEntry)
 
 		for _, req := range batch {
@@ -394,7 +395,7 @@ func (w *writer) commit(batch []*appendReq) {
 					valSize += hashLen + maxBodyPrefix + len(req.js[i])
 					keySize += 8 + len(r.ID) + 8 + 2*(2+8) + len(r.Tenant)
 					if r.ToolCall != nil {
-						keySize += len(r.ToolCall.RunID)
+						keySize += len(r.ToolCall.RunID) + 2 + 2 + len(r.Tenant) + len(r.ToolCall.RunID) + 8
 					}
 				}
 			}
@@ -447,6 +448,13 @@ func (w *writer) commit(batch []*appendReq) {
 					keys = appendIndexKey(keys, r.ToolCall.RunID, seq)
 					if err := byRun.Put(carve(&keys, start), noValue); err != nil {
 						return fmt.Errorf("audit: index record %d: %w", seq, err)
+					}
+					if r.Tenant != "" {
+						start = len(keys)
+						keys = appendTenantRunKey(keys, r.Tenant, r.ToolCall.RunID, seq)
+						if err := byTenantRun.Put(carve(&keys, start), noValue); err != nil {
+							return fmt.Errorf("audit: index record %d: %w", seq, err)
+						}
 					}
 				}
 				inTx[r.ID] = idEntry{seq: seq, digest: req.digests[i]}

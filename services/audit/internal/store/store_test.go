@@ -236,19 +236,56 @@ func TestMigrate(t *testing.T) {
 	db, err := bolt.Open(path, 0o600, nil)
 	require.NoError(t, err)
 	require.NoError(t, db.View(func(tx *bolt.Tx) error {
-		require.Equal(t, []byte{0, 0, 0, 0, 0, 0, 0, 1}, tx.Bucket(bucketMeta).Get(keySchemaVersion))
+		require.Equal(t, []byte{0, 0, 0, 0, 0, 0, 0, 2}, tx.Bucket(bucketMeta).Get(keySchemaVersion))
 		for _, b := range allBuckets {
 			require.NotNil(t, tx.Bucket(b), string(b))
 		}
 		return nil
 	}))
 	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte{0, 0, 0, 0, 0, 0, 0, 2})
+		return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte{0, 0, 0, 0, 0, 0, 0, 3})
 	}))
 	require.NoError(t, db.Close())
 
 	_, err = Open(path, Options{})
-	require.ErrorContains(t, err, "schema version 2, this binary knows up to 1")
+	require.ErrorContains(t, err, "schema version 3, this binary knows up to 2")
+}
+
+// TestMigrateIndexesTheRunsOfTenants: a version 1 file (no by_tenant_run) opened by this
+// binary has its records indexed by tenant and run, a few at a time, so a tenant's run lists
+// and verifies as in a file written by version 2.
+func TestMigrateIndexesTheRunsOfTenants(t *testing.T) {
+	path, entries := buildLog(t, 40)
+	db, err := bolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		if err := tx.DeleteBucket(bucketByTenantRun); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte{0, 0, 0, 0, 0, 0, 0, 1})
+	}))
+	require.NoError(t, db.Close())
+
+	defer func(n int) { migrateChunk = n }(migrateChunk)
+	migrateChunk = 7 // 40 records: six transactions, the last one short
+	s := openStore(t, path)
+	requireVerified(t, s, uint64(len(entries)))
+	var want []string
+	for _, e := range entries {
+		if e.Record.Tenant == "tenant-b" {
+			want = append(want, e.Record.ToolCall.CallID)
+		}
+	}
+	require.Len(t, want, 14)
+	require.Equal(t, want, callIDs(listAll(t, s, Filter{Tenant: "tenant-b", RunID: "run-1"}, 5)))
+	require.NoError(t, s.Close())
+	db, err = bolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, db.View(func(tx *bolt.Tx) error {
+		require.Equal(t, []byte{0, 0, 0, 0, 0, 0, 0, 2}, tx.Bucket(bucketMeta).Get(keySchemaVersion), "version 2 once indexed")
+		return nil
+	}))
 }
 
 // TestOpenRefusesSecondOpener: a second server on the same data directory is told what holds
@@ -454,4 +491,39 @@ func TestSinkAdapter(t *testing.T) {
 	err := sink.Append(t.Context(), []audit.Record{other})
 	require.ErrorIs(t, err, audit.ErrRejected)
 	require.ErrorIs(t, err, ErrIDConflict)
+}
+
+// TestAListOfARunInATenantExaminesThatTenantsRecordsOnly: run ids are chosen per tenant, so
+// two tenants may both have a run "nightly". A list of acme's "nightly" examines acme's
+// records only: globex's records of its own "nightly" neither spend the scan budget (which
+// would answer acme with an empty page and a token holding globex's seq) nor make a token
+// after acme's last record (which would tell acme that another tenant has a run so named).
+func TestAListOfARunInATenantExaminesThatTenantsRecordsOnly(t *testing.T) {
+	s, _ := newStore(t)
+	s.scanBudget = 10
+	acme := Filter{Tenant: "acme", RunID: "nightly"}
+
+	appendAll(t, s, toolRec(call{tenant: "acme", run: "nightly", server: "s", tool: "x"}, "a1"))
+	var theirs []audit.Record
+	for i := range 25 {
+		theirs = append(theirs, toolRec(call{tenant: "globex", run: "nightly", server: "s", tool: "x"}, fmt.Sprint("g", i)))
+	}
+	appendAll(t, s, theirs...)
+	page, err := s.List(t.Context(), acme, 1, "")
+	require.NoError(t, err)
+	require.Equal(t, []string{"a1"}, callIDs(recordsOf(page)))
+	require.Empty(t, page.NextPageToken, "nothing follows in acme, whatever follows in globex")
+
+	appendAll(t, s, toolRec(call{tenant: "acme", run: "nightly", server: "s", tool: "x"}, "a2"))
+
+	page, err = s.List(t.Context(), acme, 1, "")
+	require.NoError(t, err)
+	require.Equal(t, []string{"a1"}, callIDs(recordsOf(page)))
+	page, err = s.List(t.Context(), acme, 1, page.NextPageToken)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a2"}, callIDs(recordsOf(page)), "globex's 25 records spent none of the budget of 10")
+	require.Empty(t, page.NextPageToken, "globex's records after acme's last make no token")
+
+	require.Len(t, listAll(t, s, Filter{RunID: "nightly"}, 100), 27, "a list of every tenant sees both runs so named")
+	require.Len(t, listAll(t, s, Filter{Tenant: "globex", RunID: "nightly"}, 100), 25)
 }

@@ -164,6 +164,14 @@ func TestVerifyDetectsEditsThroughBbolt(t *testing.T) {
 			reason: `by_run index lacks this record, so reads for run "run-1" do not show it`,
 		},
 		{
+			name: "delete a tenant's run's index entry",
+			edit: func(tx *bolt.Tx, _ []Entry) error {
+				return tx.Bucket(bucketByTenantRun).Delete(appendTenantRunKey(nil, "tenant-b", "run-1", 43))
+			},
+			want:   43,
+			reason: `by_tenant_run index lacks this record, so reads for tenant and run "tenant-b" and "run-1" do not show it`,
+		},
+		{
 			name: "delete a tenant's index entry",
 			edit: func(tx *bolt.Tx, _ []Entry) error {
 				return tx.Bucket(bucketByTenant).Delete(appendIndexKey(nil, "tenant-a", 42))
@@ -368,6 +376,7 @@ func TestAnAnchorCatchesWhatTheChainAloneCannot(t *testing.T) {
 			{bucketByID, []byte(last.Record.ID)},
 			{bucketByTenant, appendIndexKey(nil, last.Record.Tenant, seq)},
 			{bucketByRun, appendIndexKey(nil, last.Record.ToolCall.RunID, seq)},
+			{bucketByTenantRun, appendTenantRunKey(nil, last.Record.Tenant, last.Record.ToolCall.RunID, seq)},
 		} {
 			if err := tx.Bucket(del.bucket).Delete(del.key); err != nil {
 				return err
