@@ -25,7 +25,14 @@ const (
 // in the change's own transaction: no change without its record, no record without its
 // change. change must already be masked.
 func (s *Service) event(ctx context.Context, action, resourceType, resourceID string, change any) store.Hook {
-	rec, err := s.record(ctx, action, resourceType, resourceID, change)
+	return s.tenantEvent(ctx, "", action, resourceType, resourceID, change)
+}
+
+// tenantEvent is event for a change to a thing of tenant (an API key bound to it): its record
+// is in that tenant, where the tenant's auditors read it. Registrations and secrets are
+// deployment-wide, and their records are in no tenant.
+func (s *Service) tenantEvent(ctx context.Context, tenant, action, resourceType, resourceID string, change any) store.Hook {
+	rec, err := s.record(ctx, tenant, action, resourceType, resourceID, change)
 	return func(r audit.Recorder) error {
 		if err != nil {
 			return err
@@ -34,8 +41,9 @@ func (s *Service) event(ctx context.Context, action, resourceType, resourceID st
 	}
 }
 
-// record is the admin record of an action by ctx's caller. change must already be masked.
-func (s *Service) record(ctx context.Context, action, resourceType, resourceID string, change any) (audit.Record, error) {
+// record is the admin record, in tenant, of an action by ctx's caller. change must already be
+// masked.
+func (s *Service) record(ctx context.Context, tenant, action, resourceType, resourceID string, change any) (audit.Record, error) {
 	p, _ := auth.FromContext(ctx)
 	actorID, actorName, role := p.AuditActor()
 	raw, err := marshalChange(change)
@@ -47,7 +55,7 @@ func (s *Service) record(ctx context.Context, action, resourceType, resourceID s
 	if raw, err = audit.BoundChange(raw); err != nil {
 		return audit.Record{}, unrecordable(err)
 	}
-	rec := audit.NewAdminRecord("registry", "", audit.AdminEvent{
+	rec := audit.NewAdminRecord("registry", tenant, audit.AdminEvent{
 		ActorKeyID: actorID, ActorKeyName: actorName, ActorRole: role, Action: action,
 		ResourceType: resourceType, ResourceID: resourceID, Change: raw,
 	})

@@ -75,3 +75,31 @@ func TestKeyAndSecretChangesAreAdminEvents(t *testing.T) {
 	require.Equal(t, auth.RoleRunner, changes[audit.ActionKeyCreate]["role"])
 	require.Equal(t, SecretMask, changes["put"]["value"])
 }
+
+// TestAKeyBoundToATenantIsOnItsTenantsRecord: minting and revoking a key bound to a tenant
+// are records in that tenant, which its auditors read (they were in no tenant, so a tenant's
+// auditor never saw who minted its keys); an unbound key's stay in none, as registrations' and
+// secrets' do.
+func TestAKeyBoundToATenantIsOnItsTenantsRecord(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	mark := len(f.recordsSince(t, 0))
+	bound, err := f.keys.CreateKey(ctx, &registryv1.CreateKeyRequest{Name: "acme-ci", Role: auth.RoleRunner, Tenant: "acme"})
+	require.NoError(t, err)
+	_, err = f.keys.RevokeKey(ctx, &registryv1.RevokeKeyRequest{Id: bound.GetKey().GetId()})
+	require.NoError(t, err)
+	unbound, err := f.keys.CreateKey(ctx, &registryv1.CreateKeyRequest{Name: "ci", Role: auth.RoleRunner})
+	require.NoError(t, err)
+	_, err = f.keys.RevokeKey(ctx, &registryv1.RevokeKeyRequest{Id: unbound.GetKey().GetId()})
+	require.NoError(t, err)
+
+	var got []string
+	for _, r := range f.recordsSince(t, mark) {
+		got = append(got, r.Admin.Action+" "+r.Admin.ResourceID+" in "+r.Tenant)
+	}
+	b, u := bound.GetKey().GetId(), unbound.GetKey().GetId()
+	require.Equal(t, []string{
+		audit.ActionKeyCreate + " " + b + " in acme", audit.ActionKeyRevoke + " " + b + " in acme",
+		audit.ActionKeyCreate + " " + u + " in ", audit.ActionKeyRevoke + " " + u + " in ",
+	}, got)
+}

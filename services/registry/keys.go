@@ -115,7 +115,7 @@ func (s *Service) CreateKey(ctx context.Context, req *registryv1.CreateKeyReques
 		ID: id, Name: req.GetName(), Role: req.GetRole(), Tenant: tenant,
 		Hash: auth.HashKey(secret), CreateTime: time.Now().UTC(),
 	}
-	if err := s.store.CreateKey(ctx, k, s.event(ctx, audit.ActionKeyCreate, resourceKey, k.ID, keyToProto(k))); err != nil {
+	if err := s.store.CreateKey(ctx, k, s.tenantEvent(ctx, k.Tenant, audit.ActionKeyCreate, resourceKey, k.ID, keyToProto(k))); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
 	return &registryv1.CreateKeyResponse{Key: keyToProto(k), Secret: secret}, nil
@@ -244,7 +244,8 @@ func (s *Service) RevokeKey(ctx context.Context, req *registryv1.RevokeKeyReques
 			return nil, s.errors.Status(ctx, err)
 		}
 	}
-	k, err = s.store.RevokeKey(ctx, req.GetId(), s.event(ctx, audit.ActionKeyRevoke, resourceKey, req.GetId(), nil))
+	// k.Tenant is the tenant of the key found above; a key not found records nothing.
+	k, err = s.store.RevokeKey(ctx, req.GetId(), s.tenantEvent(ctx, k.Tenant, audit.ActionKeyRevoke, resourceKey, req.GetId(), nil))
 	if err != nil {
 		return nil, s.errors.Status(ctx, storeErr(err, errKeyNotFound))
 	}

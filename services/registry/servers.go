@@ -256,7 +256,7 @@ func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServ
 	if adhoc != nil {
 		adhocProto = resolvedToProto(adhoc)
 		// An unregistered command is about to run: record who started what before it does.
-		rec, err := s.record(ctx, audit.ActionExplore, resourceServer, adhoc.Ref, serverToProto(&adhoc.Registration))
+		rec, err := s.record(ctx, "", audit.ActionExplore, resourceServer, adhoc.Ref, serverToProto(&adhoc.Registration))
 		if err == nil {
 			err = s.spool.Enqueue(ctx, rec)
 		}
