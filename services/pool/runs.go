@@ -594,7 +594,7 @@ func (s *Service) reapIdle(ctx context.Context) {
 		case <-t.C:
 		}
 		if now := time.Now(); now.Sub(tokensSwept) >= tokenSweepEvery {
-			s.dropExpiredTokens(ctx, now)
+			s.dropExpiredTokens(ctx, s.now())
 			tokensSwept = now
 		}
 		// The host's run list is only copied under its lock: each run is then judged, and
@@ -603,7 +603,7 @@ func (s *Service) reapIdle(ctx context.Context) {
 		all := slices.Collect(maps.Values(s.runs.byKey))
 		s.runs.mu.Unlock()
 		for _, r := range all {
-			s.expireApprovals(ctx, r, time.Now())
+			s.expireApprovals(ctx, r)
 			expired := func() (string, bool) { return s.abandoned(r, time.Now()) }
 			info, err := s.endWhen(ctx, r, StateFailed, expired)
 			switch {
