@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"math"
 	"sync"
 	"time"
 )
@@ -12,6 +13,9 @@ import (
 // suspended. A lifetime with a stored expiry is held to both, and ends at whichever comes first:
 // a step forward, or a host that slept, ends it early (its stored expiry has passed), and a step
 // back never lengthens it.
+
+// noLimit is lifetimeOf's limit for a span bounded by nothing but what was stored.
+const noLimit = time.Duration(math.MaxInt64)
 
 // lifetime is something's life as this process judges it: its stored wall-clock expiry, and
 // the monotonic reading at which it ends whatever the wall clock says.

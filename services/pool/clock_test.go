@@ -1,57 +1,21 @@
 package pool
 
 import (
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/testutil/oauthtest"
 )
-
-// steppedClock is a host's two clocks in these tests: time passes on both (advance), and the
-// wall clock alone can be stepped, as NTP or an operator steps it (step).
-type steppedClock struct {
-	mu   sync.Mutex
-	wall time.Time
-	mono time.Duration
-}
-
-func newSteppedClock() *steppedClock { return &steppedClock{wall: time.Now().Round(0)} }
-
-func (c *steppedClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.wall
-}
-
-func (c *steppedClock) Elapsed() time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.mono
-}
-
-func (c *steppedClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.wall, c.mono = c.wall.Add(d), c.mono+d
-	c.mu.Unlock()
-}
-
-func (c *steppedClock) step(d time.Duration) {
-	c.mu.Lock()
-	c.wall = c.wall.Add(d)
-	c.mu.Unlock()
-}
-
-func (c *steppedClock) opts() harnessOpts { return harnessOpts{now: c.Now, elapsed: c.Elapsed} }
 
 // TestAgentTokenLifetimeAcrossClockSteps: a token lives the lifetime it was minted with by the
 // monotonic clock, whatever the wall clock does: a step back does not lengthen it, while
 // running or across a restart, nor does minting it while the clock ran a year ahead; a step
 // forward (or a host that slept) ends it at its stored expiry.
 func TestAgentTokenLifetimeAcrossClockSteps(t *testing.T) {
-	c := newSteppedClock()
+	c := &clock{now: time.Now().Round(0)}
 	h := deskHarness(t, c.opts(), nil)
 	run := h.start("g")
 	mint := func() string {
@@ -100,7 +64,7 @@ func TestAgentTokenLifetimeAcrossClockSteps(t *testing.T) {
 // keeps neither longer (a waiting run takes no other call), while running or across a
 // restart; a clock set forward past the stored expiry ends them.
 func TestApprovalLifetimeAcrossClockSteps(t *testing.T) {
-	c := newSteppedClock()
+	c := &clock{now: time.Now().Round(0)}
 	o := c.opts()
 	o.approvalTimeout = time.Hour
 	h := deskHarness(t, o, askNonReadOnly)
@@ -170,7 +134,7 @@ func TestApprovalLifetimeAcrossClockSteps(t *testing.T) {
 // is taken again once it is older than drift_max_age by either clock: a clock set back does
 // not keep an old listing fresh (the check would go on trusting it for as long as the step).
 func TestDriftListingAgeAcrossClockSteps(t *testing.T) {
-	c := newSteppedClock()
+	c := &clock{now: time.Now().Round(0)}
 	o := c.opts()
 	o.driftMaxAge = time.Minute
 	h := deskHarness(t, o, nil)
@@ -195,4 +159,48 @@ func TestDriftListingAgeAcrossClockSteps(t *testing.T) {
 	c.step(time.Hour)
 	call()
 	require.Equal(t, listed+2, h.listings(), "an hour old by the wall clock")
+}
+
+// TestUserTokenRefreshAcrossClockSteps: a user's token is refreshed once its life (5 minutes at
+// the example server) is over by the monotonic clock, though a clock set back an hour says it
+// has most of an hour to go, while running and across a restart: kept in use, the expired token
+// would be refused by the server, and the refusal drops the user's sign-in.
+func TestUserTokenRefreshAcrossClockSteps(t *testing.T) {
+	w, run, sent := aliceCalled(t, "tickets__whoami")
+	refreshes := func() int {
+		n := 0
+		for _, g := range w.as.Grants("/oauth/token") {
+			if g == "refresh_token" {
+				n++
+			}
+		}
+		return n
+	}
+	call := func(run string) {
+		t.Helper()
+		res, err := w.callAs(auth.DefaultTenant, run, "tickets__whoami")
+		require.NoError(t, err)
+		require.Equal(t, "whoami for "+oauthtest.Alice, resultText(t, res))
+	}
+
+	w.clock.step(-time.Hour)
+	w.clock.advance(3 * time.Minute)
+	call(run)
+	require.Zero(t, refreshes(), "not due yet")
+	w.clock.advance(2 * time.Minute)
+	call(run)
+	require.Equal(t, 1, refreshes(), "due by the monotonic clock")
+	now := w.mcp.Tokens(oauthtest.Alice)
+	require.NotEqual(t, sent[len(sent)-1], now[len(now)-1], "the run's fresh session carries the new token")
+
+	// A restarted pool first sees the token an hour before its expiry by the wall clock, and
+	// gives it no more than the span it was issued with from then.
+	w.clock.step(-time.Hour)
+	w.reopen()
+	run = w.startAs(auth.DefaultTenant, oauthtest.Alice)
+	call(run)
+	require.Equal(t, 1, refreshes())
+	w.clock.advance(5 * time.Minute)
+	call(run)
+	require.Equal(t, 2, refreshes())
 }

@@ -207,10 +207,11 @@ type Service struct {
 	runs         runs
 	liveSessions atomic.Int64 // run sessions and warm ones, under MaxSessions
 
-	// opened starts the monotonic clock (clock.go); tokenLives are the agent tokens'
-	// lifetimes this process has judged.
-	opened     time.Time
-	tokenLives lifetimes
+	// opened starts the monotonic clock (clock.go); tokenLives and oauthLives are the
+	// lifetimes this process has judged of agent tokens (by id) and of users' tokens until
+	// their refresh (by the access token's hash).
+	opened                 time.Time
+	tokenLives, oauthLives lifetimes
 
 	// warm holds the warm sessions (warm.go); warmWork is its keeper and what the keeper
 	// started, which warmCancel ends.

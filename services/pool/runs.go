@@ -595,6 +595,7 @@ func (s *Service) reapIdle(ctx context.Context) {
 		}
 		if now := time.Now(); now.Sub(tokensSwept) >= tokenSweepEvery {
 			s.dropExpiredTokens(ctx, s.now())
+			s.oauthLives.prune(s)
 			tokensSwept = now
 		}
 		// The host's run list is only copied under its lock: each run is then judged, and

@@ -28,10 +28,10 @@ type session struct {
 	reg         *mcpserver.Resolved
 	err         error
 	start       time.Time
-	// renewAt is, for a server that signs each user in, when the user's token it was started
-	// with is due for a refresh (oauth.refresh_before ahead of its expiry): the run's next
-	// call then starts a fresh session, with the refreshed token. Zero for any other.
-	renewAt time.Time
+	// renew is, for a server that signs each user in, the life of the user's token it was
+	// started with until its refresh is due (renewLife): the run's next call then starts a
+	// fresh session, with the refreshed token. Nil for any other.
+	renew *lifetime
 	// signIn is, for a server that signs each user in, whose token the session carries
 	// (oauth_stepup.go); scopeRefused is set once the server refused that token for want of
 	// scope: the run's next call then starts a fresh session, with the user's newest token.
@@ -187,7 +187,7 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 			continue
 		default:
 		}
-		if sess.scopeRefused.Load() || !sess.renewAt.IsZero() && !s.now().Before(sess.renewAt) || s.tokenReplaced(ctx, sess) {
+		if sess.scopeRefused.Load() || sess.renew != nil && s.over(*sess.renew) || s.tokenReplaced(ctx, sess) {
 			// The user's token is due for a refresh, lacks a scope the server asked for, or
 			// was replaced (the user signed in again): a fresh session carries the newest.
 			s.forget(r, sess)
