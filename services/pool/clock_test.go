@@ -15,7 +15,7 @@ import (
 // running or across a restart, nor does minting it while the clock ran a year ahead; a step
 // forward (or a host that slept) ends it at its stored expiry.
 func TestAgentTokenLifetimeAcrossClockSteps(t *testing.T) {
-	c := &clock{now: time.Now().Round(0)}
+	c := newClock()
 	h := deskHarness(t, c.opts(), nil)
 	run := h.start("g")
 	mint := func() string {
@@ -64,7 +64,7 @@ func TestAgentTokenLifetimeAcrossClockSteps(t *testing.T) {
 // keeps neither longer (a waiting run takes no other call), while running or across a
 // restart; a clock set forward past the stored expiry ends them.
 func TestApprovalLifetimeAcrossClockSteps(t *testing.T) {
-	c := &clock{now: time.Now().Round(0)}
+	c := newClock()
 	o := c.opts()
 	o.approvalTimeout = time.Hour
 	h := deskHarness(t, o, askNonReadOnly)
@@ -134,7 +134,7 @@ func TestApprovalLifetimeAcrossClockSteps(t *testing.T) {
 // is taken again once it is older than drift_max_age by either clock: a clock set back does
 // not keep an old listing fresh (the check would go on trusting it for as long as the step).
 func TestDriftListingAgeAcrossClockSteps(t *testing.T) {
-	c := &clock{now: time.Now().Round(0)}
+	c := newClock()
 	o := c.opts()
 	o.driftMaxAge = time.Minute
 	h := deskHarness(t, o, nil)

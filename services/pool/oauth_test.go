@@ -40,6 +40,10 @@ type clock struct {
 	mono time.Duration
 }
 
+// newClock is a clock that starts at the wall clock's now, without a monotonic reading (a
+// stored time's kind), and at 0 on the monotonic one.
+func newClock() *clock { return &clock{now: time.Now().Round(0)} }
+
 func (c *clock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -79,7 +83,7 @@ type oauthWorld struct {
 // beta (to Bob only).
 func oauthHarness(t testing.TB, opts ...harnessOpts) *oauthWorld {
 	t.Helper()
-	w := &oauthWorld{clock: &clock{now: time.Now().Round(0)}}
+	w := &oauthWorld{clock: newClock()}
 	w.as = oauthtest.StartAuthServer(t, "ringfence", "client-secret-"+randomHex(), testCallback)
 	w.mcp = oauthtest.StartMCPServer(t, w.as, map[string][]oauthtest.Tool{
 		oauthtest.Alice: {{Name: "alpha", Description: "Alpha."}},

@@ -568,7 +568,15 @@ func (s *Service) restored(ctx context.Context, rec store.Run) (*run, error) {
 		return nil, err
 	}
 	for i := range kept {
-		r.approvals = append(r.approvals, &approvalView{Approval: kept[i]})
+		a := &approvalView{Approval: kept[i]}
+		// Their monotonic deadlines start now, not at the reaper's first look.
+		if a.State == approvalPending {
+			s.pendingLife(a)
+		}
+		if a.Outcome != nil {
+			s.outcomeLife(a)
+		}
+		r.approvals = append(r.approvals, a)
 	}
 	sortApprovals(r.approvals)
 	return r, nil

@@ -141,7 +141,7 @@ func (s *Service) CreateAgentToken(ctx context.Context, tenant, runID, agent str
 	if err := s.tokens.PutAgentToken(ctx, t); err != nil {
 		return nil, "", err
 	}
-	s.tokenOver(t) // its monotonic deadline starts now
+	s.tokenLife(t) // its monotonic deadline starts now
 	s.recordTokenEvent(ctx, actionAgentTokenCreate, t)
 	out := tokenFromStore(t)
 	return &out, secret, nil
@@ -243,8 +243,11 @@ func (s *Service) dropRunTokens(ctx context.Context, r *run) {
 // the monotonic clock, once the lifetime it was minted with has passed since this process
 // first saw it. A clock set back (or a token minted while the clock ran ahead) so never keeps a
 // token beyond the lifetime it was minted with.
-func (s *Service) tokenOver(t store.AgentToken) bool {
-	return s.over(s.tokenLives.get(s, t.ID, t.CreateTime, t.ExpireTime, s.cfg.AgentTokenMaxTTL))
+func (s *Service) tokenOver(t store.AgentToken) bool { return s.over(s.tokenLife(t)) }
+
+// tokenLife is token t's lifetime (clock.go), judged the first time this process sees it.
+func (s *Service) tokenLife(t store.AgentToken) lifetime {
+	return s.tokenLives.get(s, t.ID, t.CreateTime, t.ExpireTime, s.cfg.AgentTokenMaxTTL)
 }
 
 // dropExpiredTokens deletes tokens past their expiry (the idle reaper's turn), a bounded batch
