@@ -63,6 +63,29 @@ var (
 type approvalView struct {
 	store.Approval
 	executing bool
+	// life and keptLife are the lifetimes (clock.go) of the pending approval and of the
+	// outcome kept for a retry, once judged; nil before.
+	life, keptLife *lifetime
+}
+
+// pendingLife is pending approval a's lifetime: pool.approval_timeout from its request by the
+// monotonic clock, ended early by its stored expiry. Must hold the run's lock.
+func (s *Service) pendingLife(a *approvalView) lifetime {
+	if a.life == nil || !a.life.expire.Equal(a.ExpireTime) {
+		l := s.lifetimeOf(a.RequestTime, a.ExpireTime, s.cfg.ApprovalTimeout)
+		a.life = &l
+	}
+	return *a.life
+}
+
+// outcomeLife is the lifetime of the outcome a keeps for its call's retry, as pendingLife's.
+// Must hold the run's lock.
+func (s *Service) outcomeLife(a *approvalView) lifetime {
+	if a.keptLife == nil || !a.keptLife.expire.Equal(a.Outcome.Until) {
+		l := s.lifetimeOf(a.Outcome.Until.Add(-s.cfg.ApprovalTimeout), a.Outcome.Until, s.cfg.ApprovalTimeout)
+		a.keptLife = &l
+	}
+	return *a.keptLife
 }
 
 // approvalDecision is an approver's decision to approve, as the gates and records carry it.
@@ -254,7 +277,7 @@ func (s *Service) requestApproval(ctx context.Context, r *run, req CallRequest, 
 		ref.ApprovalID = p.ID
 		return ref
 	}
-	now := time.Now().UTC()
+	now := s.now().UTC()
 	a := &approvalView{Approval: store.Approval{
 		ID: newApprovalID(), Tenant: r.id.Tenant, RunID: r.id.ID, Agent: req.Agent, Tool: req.Tool,
 		ServerRef: d.serverRef, ToolName: d.attempt.ToolName, CallID: req.CallID,
@@ -264,6 +287,7 @@ func (s *Service) requestApproval(ctx context.Context, r *run, req CallRequest, 
 	if err := s.store.PutApproval(ctx, a.Approval); err != nil {
 		return refusal(reasonApprovalRequired, fmt.Errorf("agent %q's call to %s asks a person first, and its approval could not be stored (%v): nothing was dispatched; retry the call", req.Agent, req.Tool, err))
 	}
+	s.pendingLife(a) // its monotonic deadline starts now
 	s.keepApproval(ctx, r, a)
 	d.attempt.Approval = pendingAttempt(a)
 	return approvalRequired(a, req.RunID, req.Tenant)
@@ -479,7 +503,7 @@ func (s *Service) ApproveCall(ctx context.Context, runID, tenant, id, approver s
 	case errors.As(callErr, &refused):
 		next.State, next.Note = approvalRefused, truncateTo(refused.Reason+": "+refused.Problem(), audit.MaxFieldLen)
 	case res != nil || callErr != nil && att.Outcome == audit.OutcomeDispatched:
-		next.Outcome = keptOutcome(res, callErr, att, time.Now().Add(s.cfg.ApprovalTimeout))
+		next.Outcome = keptOutcome(res, callErr, att, s.now().Add(s.cfg.ApprovalTimeout))
 	default:
 		next.State, next.Note = approvalRefused, truncateTo(fmt.Sprintf("not dispatched: %v", callErr), audit.MaxFieldLen)
 	}
@@ -487,6 +511,9 @@ func (s *Service) ApproveCall(ctx context.Context, runID, tenant, id, approver s
 		s.log.Error("an approved call's outcome could not be stored; its retry will not get it", "run", r.id.ID, "approval", id, "err", err)
 	}
 	a.Approval, a.executing = next, false
+	if a.Outcome != nil {
+		s.outcomeLife(a) // its monotonic deadline starts now
+	}
 	view := a.public()
 	r.mu.Unlock()
 	if res != nil {
@@ -591,20 +618,21 @@ func (s *Service) closeApprovals(ctx context.Context, r *run, why string) []clos
 }
 
 // expireApprovals expires r's pending approval once its time passed, and drops approved
-// calls' outcomes nobody took in time.
-func (s *Service) expireApprovals(ctx context.Context, r *run, now time.Time) {
+// calls' outcomes nobody took in time, by either clock (clock.go): a clock set back keeps
+// neither longer than pool.approval_timeout.
+func (s *Service) expireApprovals(ctx context.Context, r *run) {
 	r.mu.Lock()
 	var closed []closedApproval
 	for _, a := range r.approvals {
 		next := a.Approval
 		switch {
-		case a.State == approvalPending && now.After(a.ExpireTime):
+		case a.State == approvalPending && s.over(s.pendingLife(a)):
 			why := fmt.Sprintf("nobody decided it within pool.approval_timeout (%s)", s.cfg.ApprovalTimeout)
-			next.State, next.DecideTime, next.Note, next.Reason = approvalExpired, now.UTC(), why, reasonApprovalExpired
+			next.State, next.DecideTime, next.Note, next.Reason = approvalExpired, s.now().UTC(), why, reasonApprovalExpired
 			a.Approval = next
 			closed = append(closed, closedApproval{view: *a, attempt: r.nextAttempt(a.CallID), state: audit.ApprovalExpired, reason: reasonApprovalExpired, message: why})
-			r.lastActivity = now // the run's idle clock starts again
-		case a.Outcome != nil && now.After(a.Outcome.Until):
+			r.lastActivity = time.Now() // the run's idle clock starts again
+		case a.Outcome != nil && s.over(s.outcomeLife(a)):
 			next.Outcome = nil
 			a.Approval = next
 		default:

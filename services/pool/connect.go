@@ -275,7 +275,8 @@ func (s *Service) runBearer(ctx context.Context, r *run, sess *session, reg *mcp
 		return nil, err
 	}
 	if !tok.Expiry.IsZero() {
-		sess.renewAt = tok.Expiry.Add(-s.refreshBefore())
+		l := s.renewLife(tok)
+		sess.renew = &l
 	}
 	sess.signIn = &sessionSignIn{tenant: r.id.Tenant, user: r.id.User, res: reg, scopes: tok.Scopes}
 	return withBearer(reg, tok.AccessToken), nil

@@ -99,6 +99,8 @@ type harnessOpts struct {
 	// now is the clock tokens' expiry is judged by (nil: time.Now).
 	oauthCallback string
 	now           func() time.Time
+	// elapsed is the monotonic clock (nil: Go's).
+	elapsed func() time.Duration
 	// logTo receives every service's log (nil: discarded).
 	logTo io.Writer
 }
@@ -190,7 +192,7 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 		AllowInlineMCPServers: o.allowInline, AllowAdvisory: o.allowAdvisory, Logger: quiet,
 		Warm: reg, MaxWarm: o.maxWarm, WarmRefresh: o.warmRefresh, WarmMaxAge: o.warmMaxAge,
 		ApprovalTimeout: o.approvalTimeout, Documents: o.documents, FrontDoorURL: "http://127.0.0.1:8000/mcp",
-		OAuthCallbackURL: o.oauthCallback, Now: o.now,
+		OAuthCallbackURL: o.oauthCallback, Now: o.now, Elapsed: o.elapsed,
 	}
 	if o.oauthCallback != "" {
 		cfg.Secrets = box

@@ -323,7 +323,7 @@ func (s *Service) tokenDecides(ctx context.Context, p auth.Principal, tenant, me
 		return false
 	}
 	t, ok := s.runToken(ctx, tenant, req.GetRunId(), p.AgentToken)
-	return ok && t.ExpireTime.After(time.Now())
+	return ok && !s.tokenOver(t)
 }
 
 // runToken finds one token of a run.

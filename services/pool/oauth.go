@@ -94,9 +94,13 @@ type oauthToken struct {
 	RefreshToken string    `json:"refresh_token,omitempty"`
 	TokenType    string    `json:"token_type,omitempty"`
 	Expiry       time.Time `json:"expiry,omitzero"`
-	Issuer       string    `json:"issuer"`
-	TokenURL     string    `json:"token_url"`
-	Resource     string    `json:"resource"`
+	// IssueTime is when the pool obtained it (none in tokens stored before the pool kept it):
+	// its refresh is due, by the monotonic clock, no later than Expiry-IssueTime after the pool
+	// first saw it (renewLife), whatever the wall clock did since.
+	IssueTime time.Time `json:"issue_time,omitzero"`
+	Issuer    string    `json:"issuer"`
+	TokenURL  string    `json:"token_url"`
+	Resource  string    `json:"resource"`
 	// SignIn is the fingerprint of the registration's sign-in settings it was obtained under.
 	SignIn string `json:"sign_in"`
 	// ClientID and AuthMethod are the client it was obtained by and how that client
@@ -319,6 +323,14 @@ func (s *Service) beginSignIn(ctx context.Context, tenant, user string, res *mcp
 	return &signInError{ref: res.Ref, url: authURL, expire: expire, why: why}
 }
 
+// renewLife is the life of user token t until its refresh is due: oauth.refresh_before ahead
+// of its expiry by the wall clock, and no later by the monotonic clock than its lifetime allows
+// from when this process first saw it (clock.go). A clock set back would otherwise keep an
+// expired token in use, and the server's 401 would drop the user's sign-in.
+func (s *Service) renewLife(t oauthToken) lifetime {
+	return s.oauthLives.get(s, stateHash(t.AccessToken), t.IssueTime, t.Expiry.Add(-s.refreshBefore()), noLimit)
+}
+
 func stateHash(state string) string {
 	sum := sha256.Sum256([]byte(state))
 	return hex.EncodeToString(sum[:])
@@ -409,7 +421,7 @@ func (s *Service) CompleteSignIn(ctx context.Context, q url.Values) (*SignedIn, 
 		}
 		return nil, fmt.Errorf("%w: the authorization server refused the code: %s", errBadCallback, tokenErrorText(err))
 	}
-	t := oauthToken{AccessToken: tok.AccessToken, RefreshToken: tok.RefreshToken, TokenType: tok.TokenType, Expiry: tok.Expiry,
+	t := oauthToken{AccessToken: tok.AccessToken, RefreshToken: tok.RefreshToken, TokenType: tok.TokenType, Expiry: tok.Expiry, IssueTime: s.now().UTC(),
 		Issuer: st.Issuer, TokenURL: st.TokenURL, Resource: st.Resource, SignIn: st.SignIn, ClientID: client.id, AuthMethod: client.method, Scopes: st.Scopes}
 	// A new sign-in's token replaces whatever is stored: a refresh of the old one in flight
 	// meanwhile loses its compare-and-swap and takes this one (userToken).
@@ -558,7 +570,7 @@ func (s *Service) userToken(ctx context.Context, tenant, user string, res *mcpse
 		switch {
 		case t.SignIn != res.SignInFingerprint():
 			why = "the server's sign-in settings changed since the user signed in"
-		case t.Expiry.IsZero() || s.now().Add(s.refreshBefore()).Before(t.Expiry):
+		case t.Expiry.IsZero() || !s.over(s.renewLife(t)):
 			return t, nil
 		case t.RefreshToken == "":
 			why = "the user's token expired and came with no refresh token"
@@ -705,7 +717,7 @@ func (s *Service) refreshAs(ctx context.Context, client signInClient, t oauthTok
 		return oauthToken{}, errors.New("the token endpoint's answer is not a token response")
 	}
 	next := t
-	next.AccessToken, next.TokenType, next.Expiry = answer.AccessToken, answer.TokenType, time.Time{}
+	next.AccessToken, next.TokenType, next.Expiry, next.IssueTime = answer.AccessToken, answer.TokenType, time.Time{}, s.now().UTC()
 	if answer.RefreshToken != "" {
 		next.RefreshToken = answer.RefreshToken // rotated
 	}

@@ -45,7 +45,7 @@ func oauthHostsKeyed(t testing.TB, opts ...harnessOpts) (*oauthWorld, func(id st
 func (w *oauthWorld) openHost(cluster *etcdtest.Cluster, root, id, db string, key *secretbox.Box) *Service {
 	return openPoolWith(w.t, w.harness, Config{DBPath: db, Etcd: cluster.Client(w.t, "pool"), EtcdRoot: root,
 		HostID: id, HostAddr: "127.0.0.1:1", HostLeaseTTL: time.Second, Peers: unreachable{},
-		Secrets: key, OAuthCallbackURL: testCallback, Now: w.clock.Now})
+		Secrets: key, OAuthCallbackURL: testCallback, Now: w.clock.Now, Elapsed: w.clock.Elapsed})
 }
 
 // twoOAuthHosts is oauthHosts with hosts h1 and h2 open, closed when the test ends.

@@ -28,7 +28,7 @@ const movedLog = "moved the users' sign-ins kept in pool.db to etcd"
 // openBolt opens a pool on bbolt with its pool.db at db and secrets key key, as a host
 // before it moves; its caller closes it.
 func (w *oauthWorld) openBolt(db string, key *secretbox.Box) *Service {
-	return openPoolWith(w.t, w.harness, Config{DBPath: db, Secrets: key, OAuthCallbackURL: testCallback, Now: w.clock.Now})
+	return openPoolWith(w.t, w.harness, Config{DBPath: db, Secrets: key, OAuthCallbackURL: testCallback, Now: w.clock.Now, Elapsed: w.clock.Elapsed})
 }
 
 func (w *oauthWorld) tickets() *mcpserver.Resolved {

@@ -31,11 +31,18 @@ import (
 
 const testCallback = "http://127.0.0.1:8000/v1/oauth/callback"
 
-// clock is the pool's clock in these tests: tokens' expiry is judged by it.
+// clock is the pool's two clocks in these tests: tokens' expiry is judged by them. Time
+// passes on both (advance); the wall clock alone can be stepped, as NTP or an operator steps it
+// (step).
 type clock struct {
-	mu  sync.Mutex
-	now time.Time
+	mu   sync.Mutex
+	now  time.Time
+	mono time.Duration
 }
+
+// newClock is a clock that starts at the wall clock's now, without a monotonic reading (a
+// stored time's kind), and at 0 on the monotonic one.
+func newClock() *clock { return &clock{now: time.Now().Round(0)} }
 
 func (c *clock) Now() time.Time {
 	c.mu.Lock()
@@ -43,11 +50,25 @@ func (c *clock) Now() time.Time {
 	return c.now
 }
 
+func (c *clock) Elapsed() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mono
+}
+
 func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now, c.mono = c.now.Add(d), c.mono+d
+	c.mu.Unlock()
+}
+
+func (c *clock) step(d time.Duration) {
 	c.mu.Lock()
 	c.now = c.now.Add(d)
 	c.mu.Unlock()
 }
+
+func (c *clock) opts() harnessOpts { return harnessOpts{now: c.Now, elapsed: c.Elapsed} }
 
 type oauthWorld struct {
 	*harness
@@ -62,7 +83,7 @@ type oauthWorld struct {
 // beta (to Bob only).
 func oauthHarness(t testing.TB, opts ...harnessOpts) *oauthWorld {
 	t.Helper()
-	w := &oauthWorld{clock: &clock{now: time.Now()}}
+	w := &oauthWorld{clock: newClock()}
 	w.as = oauthtest.StartAuthServer(t, "ringfence", "client-secret-"+randomHex(), testCallback)
 	w.mcp = oauthtest.StartMCPServer(t, w.as, map[string][]oauthtest.Tool{
 		oauthtest.Alice: {{Name: "alpha", Description: "Alpha."}},
@@ -72,7 +93,7 @@ func oauthHarness(t testing.TB, opts ...harnessOpts) *oauthWorld {
 	if len(opts) > 0 {
 		o = opts[0]
 	}
-	o.noImage, o.oauthCallback, o.now = true, testCallback, w.clock.Now
+	o.noImage, o.oauthCallback, o.now, o.elapsed = true, testCallback, w.clock.Now, w.clock.Elapsed
 	w.harness = newHarness(t, o)
 	_, err := w.reg.PutSecret(w.ctx, &registryv1.PutSecretRequest{Name: "tickets-client", Value: w.as.ClientSecret})
 	require.NoError(t, err)

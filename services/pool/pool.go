@@ -165,9 +165,13 @@ type Config struct {
 	// OAuthHTTPClient, when set, makes the metadata, token and refresh requests (tests: a
 	// client that trusts their CA); nil is a bounded client that follows no redirect.
 	OAuthHTTPClient *http.Client
-	// Now, when set, is the clock a token's expiry is judged by (tests); nil is time.Now.
-	Now    func() time.Time
-	Logger *slog.Logger
+	// Now, when set, is the wall clock (tests): the times the pool stores and shows, and the
+	// expiries it reads back (clock.go); nil is time.Now.
+	Now func() time.Time
+	// Elapsed, when set, is the monotonic clock (tests): the time since the service opened,
+	// which a step of the wall clock does not move; nil is Go's monotonic clock.
+	Elapsed func() time.Duration
+	Logger  *slog.Logger
 }
 
 // Service implements PoolService.
@@ -202,6 +206,12 @@ type Service struct {
 
 	runs         runs
 	liveSessions atomic.Int64 // run sessions and warm ones, under MaxSessions
+
+	// opened starts the monotonic clock (clock.go); tokenLives and oauthLives are the
+	// lifetimes this process has judged of agent tokens (by id) and of users' tokens until
+	// their refresh (by the access token's hash).
+	opened                 time.Time
+	tokenLives, oauthLives lifetimes
 
 	// warm holds the warm sessions (warm.go); warmWork is its keeper and what the keeper
 	// started, which warmCancel ends.
@@ -333,6 +343,7 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		toolWatches: listingWatches{byRun: make(map[runKey]map[*toolWatch]struct{})},
 		inflight:    newInflight(),
 		warm:        newWarmSet(),
+		opened:      time.Now(),
 	}
 	closers := []func() error{func() error { return cfg.Spawner.Close(context.Background()) }}
 	defer func() {

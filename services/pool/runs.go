@@ -568,7 +568,15 @@ func (s *Service) restored(ctx context.Context, rec store.Run) (*run, error) {
 		return nil, err
 	}
 	for i := range kept {
-		r.approvals = append(r.approvals, &approvalView{Approval: kept[i]})
+		a := &approvalView{Approval: kept[i]}
+		// Their monotonic deadlines start now, not at the reaper's first look.
+		if a.State == approvalPending {
+			s.pendingLife(a)
+		}
+		if a.Outcome != nil {
+			s.outcomeLife(a)
+		}
+		r.approvals = append(r.approvals, a)
 	}
 	sortApprovals(r.approvals)
 	return r, nil
@@ -594,7 +602,8 @@ func (s *Service) reapIdle(ctx context.Context) {
 		case <-t.C:
 		}
 		if now := time.Now(); now.Sub(tokensSwept) >= tokenSweepEvery {
-			s.dropExpiredTokens(ctx, now)
+			s.dropExpiredTokens(ctx, s.now())
+			s.oauthLives.prune(s)
 			tokensSwept = now
 		}
 		// The host's run list is only copied under its lock: each run is then judged, and
@@ -603,7 +612,7 @@ func (s *Service) reapIdle(ctx context.Context) {
 		all := slices.Collect(maps.Values(s.runs.byKey))
 		s.runs.mu.Unlock()
 		for _, r := range all {
-			s.expireApprovals(ctx, r, time.Now())
+			s.expireApprovals(ctx, r)
 			expired := func() (string, bool) { return s.abandoned(r, time.Now()) }
 			info, err := s.endWhen(ctx, r, StateFailed, expired)
 			switch {

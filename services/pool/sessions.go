@@ -28,10 +28,10 @@ type session struct {
 	reg         *mcpserver.Resolved
 	err         error
 	start       time.Time
-	// renewAt is, for a server that signs each user in, when the user's token it was started
-	// with is due for a refresh (oauth.refresh_before ahead of its expiry): the run's next
-	// call then starts a fresh session, with the refreshed token. Zero for any other.
-	renewAt time.Time
+	// renew is, for a server that signs each user in, the life of the user's token it was
+	// started with until its refresh is due (renewLife): the run's next call then starts a
+	// fresh session, with the refreshed token. Nil for any other.
+	renew *lifetime
 	// signIn is, for a server that signs each user in, whose token the session carries
 	// (oauth_stepup.go); scopeRefused is set once the server refused that token for want of
 	// scope: the run's next call then starts a fresh session, with the user's newest token.
@@ -68,8 +68,11 @@ type session struct {
 	liveTools       map[string]discovery.Tool
 	listingFindings []discovery.Finding
 	// listedAt is when the listing was taken (unix nanoseconds): atomic, so reporting it never
-	// waits on listMu, which a slow relist holds.
-	listedAt atomic.Int64
+	// waits on listMu, which a slow relist holds. listedMono is the same moment by the
+	// monotonic clock (clock.go), which the drift check also judges its age by: a wall clock
+	// set back must not keep a listing fresh.
+	listedAt   atomic.Int64
+	listedMono atomic.Int64
 	// stale is set by notifications/tools/list_changed; the next call re-lists. The
 	// notification itself never lists, so a storm of them costs nothing.
 	stale atomic.Bool
@@ -85,6 +88,11 @@ func (s *session) isReady() bool {
 }
 
 func (s *session) listedTime() time.Time { return time.Unix(0, s.listedAt.Load()) }
+
+// listingAge is the age of sess's live listing by the clock that says it is older (clock.go).
+func (s *Service) listingAge(sess *session) time.Duration {
+	return max(s.now().Sub(sess.listedTime()), s.elapsed()-time.Duration(sess.listedMono.Load()))
+}
 
 var errTooManySessions = errors.New("pool: this host's session limit (pool.max_sessions) is reached: end finished runs or raise RINGFENCE_POOL__MAX_SESSIONS")
 
@@ -179,7 +187,7 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 			continue
 		default:
 		}
-		if sess.scopeRefused.Load() || !sess.renewAt.IsZero() && !s.now().Before(sess.renewAt) || s.tokenReplaced(ctx, sess) {
+		if sess.scopeRefused.Load() || sess.renew != nil && s.over(*sess.renew) || s.tokenReplaced(ctx, sess) {
 			// The user's token is due for a refresh, lacks a scope the server asked for, or
 			// was replaced (the user signed in again): a fresh session carries the newest.
 			s.forget(r, sess)
@@ -416,7 +424,8 @@ func (s *Service) relist(ctx context.Context, sess *session, setup bool) error {
 		sess.listingFindings = listing.Findings
 	}
 	sess.live = live
-	sess.listedAt.Store(time.Now().UnixNano())
+	sess.listedAt.Store(s.now().UnixNano())
+	sess.listedMono.Store(int64(s.elapsed()))
 	s.metrics.listings.Inc()
 	return nil
 }
@@ -443,7 +452,7 @@ func (s *Service) listing(ctx context.Context, sess *session) (liveListing, erro
 // tools/list would otherwise hold sess.listMu, and fail every call as canceled, for as long as
 // each caller waits. The caller holds sess.listMu.
 func (s *Service) refreshListing(ctx context.Context, sess *session) error {
-	if !sess.stale.Load() && s.cfg.DriftMaxAge != 0 && time.Since(sess.listedTime()) <= s.cfg.DriftMaxAge {
+	if !sess.stale.Load() && s.cfg.DriftMaxAge != 0 && s.listingAge(sess) <= s.cfg.DriftMaxAge {
 		return nil
 	}
 	// Not the caller's context: a caller whose deadline is shorter than the bound would end

@@ -135,12 +135,13 @@ func (s *Service) CreateAgentToken(ctx context.Context, tenant, runID, agent str
 	}
 	p, _ := auth.FromContext(ctx)
 	secret := newAgentTokenSecret()
-	now := time.Now().UTC()
+	now := s.now().UTC()
 	t := store.AgentToken{ID: newTokenID(), Tenant: r.id.Tenant, RunID: r.id.ID, Agent: agent, Hash: hashAgentToken(secret),
 		CreateTime: now, ExpireTime: now.Add(ttl), CreatedBy: p.Actor()}
 	if err := s.tokens.PutAgentToken(ctx, t); err != nil {
 		return nil, "", err
 	}
+	s.tokenLife(t) // its monotonic deadline starts now
 	s.recordTokenEvent(ctx, actionAgentTokenCreate, t)
 	out := tokenFromStore(t)
 	return &out, secret, nil
@@ -177,6 +178,7 @@ func (s *Service) RevokeAgentToken(ctx context.Context, tenant, runID, tokenID s
 	if len(gone) == 0 {
 		return nil, fmt.Errorf("%w: %q (ringfence runs connections --run %s lists them)", errTokenNotFound, tokenID, r.id.ID)
 	}
+	s.tokenLives.forget(gone[0].ID)
 	s.recordTokenEvent(ctx, actionAgentTokenRevoke, gone[0])
 	out := tokenFromStore(gone[0])
 	return &out, nil
@@ -195,7 +197,7 @@ func (s *Service) AuthenticateAgentToken(ctx context.Context, secret string) (*A
 		return nil, errTokenInvalid
 	case err != nil:
 		return nil, err
-	case !time.Now().Before(t.ExpireTime):
+	case s.tokenOver(t):
 		return nil, errTokenExpired
 	}
 	r, err := s.lookup(ctx, t.RunID, t.Tenant)
@@ -232,7 +234,20 @@ func (s *Service) dropRunTokens(ctx context.Context, r *run) {
 	}
 	if _, err := s.tokens.DeleteAgentTokens(ctx, r.id.Tenant, r.id.ID, ids...); err != nil {
 		s.log.Warn("the agent tokens of an ended run could not be dropped; they are refused all the same", "run", r.id.ID, "err", err)
+		return
 	}
+	s.tokenLives.forget(ids...)
+}
+
+// tokenOver says whether token t has expired: at its stored expiry by the wall clock, or, by
+// the monotonic clock, once the lifetime it was minted with has passed since this process
+// first saw it. A clock set back (or a token minted while the clock ran ahead) so never keeps a
+// token beyond the lifetime it was minted with.
+func (s *Service) tokenOver(t store.AgentToken) bool { return s.over(s.tokenLife(t)) }
+
+// tokenLife is token t's lifetime (clock.go), judged the first time this process sees it.
+func (s *Service) tokenLife(t store.AgentToken) lifetime {
+	return s.tokenLives.get(s, t.ID, t.CreateTime, t.ExpireTime, s.cfg.AgentTokenMaxTTL)
 }
 
 // dropExpiredTokens deletes tokens past their expiry (the idle reaper's turn), a bounded batch
@@ -248,7 +263,9 @@ func (s *Service) dropExpiredTokens(ctx context.Context, now time.Time) {
 			s.log.Warn("an expired agent token could not be dropped; it is refused all the same", "token", t.ID, "err", err)
 			return
 		}
+		s.tokenLives.forget(t.ID)
 	}
+	s.tokenLives.prune(s)
 }
 
 // recordTokenEvent puts a token's creation or revocation in the audit log as an admin event,

@@ -490,6 +490,16 @@ func (c *dockerServer) DescribeExit(ctx context.Context) string {
 	return fmt.Sprintf("exited with status %d", code)
 }
 
+// eventsWindow is the span of the engine's events (unix seconds, by its wall clock) that covers
+// a container's life: created is when it was created by the wall clock then, age how long ago
+// by the monotonic clock, now the wall clock now. It starts at the earlier of its creation by
+// either reckoning, so a wall clock set back during the container's life (events stamped on
+// the new clock) leaves its events inside, as does one set forward.
+func eventsWindow(created time.Time, age time.Duration, now time.Time) (since, until string) {
+	start := min(created.Unix(), now.Add(-age).Unix()) - 60
+	return strconv.FormatInt(start, 10), strconv.FormatInt(now.Unix()+1, 10)
+}
+
 // oomKilled looks for the engine's "oom" event of this container. The
 // container is already removed (AutoRemove), so inspecting State.OOMKilled is
 // not possible; the engine keeps recent events.
@@ -500,11 +510,8 @@ func (c *dockerServer) oomKilled(ctx context.Context) bool {
 	f.Add("type", string(events.ContainerEventType))
 	f.Add("container", c.id)
 	f.Add("event", string(events.ActionOOM))
-	res := c.d.api.Events(ctx, client.EventsListOptions{
-		Since:   strconv.FormatInt(c.created.Add(-time.Minute).Unix(), 10),
-		Until:   strconv.FormatInt(time.Now().Unix()+1, 10),
-		Filters: f,
-	})
+	since, until := eventsWindow(c.created.Round(0), time.Since(c.created), time.Now())
+	res := c.d.api.Events(ctx, client.EventsListOptions{Since: since, Until: until, Filters: f})
 	for {
 		select {
 		case m, ok := <-res.Messages:

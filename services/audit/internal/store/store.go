@@ -54,6 +54,8 @@ type Options struct {
 	// that several instances share (see Chain), and the writer hands Chain every commit's
 	// new records before committing them here.
 	Chain Chain
+	// Now, when set, is the log's clock, which stamps receive times (tests); nil is time.Now.
+	Now func() time.Time
 }
 
 // Chain is a hash chain that several audit instances share (the audit service's sharedLog: the chain in etcd,
@@ -91,6 +93,7 @@ type Store struct {
 	chain      Chain
 	maxCommit  int
 	scanBudget int
+	now        func() time.Time
 
 	// mu guards closed and sends on reqs, so no Append can send after Close closed reqs.
 	mu         sync.RWMutex
@@ -149,6 +152,7 @@ func Open(path string, opts Options) (*Store, error) {
 		log:        logger,
 		chain:      opts.Chain,
 		maxCommit:  opts.MaxCommitRecords,
+		now:        opts.Now,
 		reqs:       make(chan *appendReq, appendQueue),
 		writerDone: make(chan struct{}),
 		done:       make(chan struct{}),
@@ -158,6 +162,9 @@ func Open(path string, opts Options) (*Store, error) {
 	}
 	if s.maxCommit <= 0 {
 		s.maxCommit = DefaultMaxCommitRecords
+	}
+	if s.now == nil {
+		s.now = time.Now
 	}
 	// The log is not checked page by page at start (Verify walks it); damage on the pages
 	// read here is still refused with the file's name rather than a panic.
@@ -224,7 +231,7 @@ func (s *Store) Append(ctx context.Context, recs []audit.Record) ([]uint64, erro
 		return nil, fmt.Errorf("%w: %d, limit %d", ErrTooManyRecords, len(recs), MaxAppendRecords)
 	}
 	req := &appendReq{
-		received: time.Now().UTC(),
+		received: s.now().UTC(),
 		recs:     make([]audit.Record, len(recs)),
 		js:       make([][]byte, len(recs)),
 		digests:  make([][16]byte, len(recs)),

@@ -517,7 +517,7 @@ func (s *Etcd) KeyByHash(ctx context.Context, hash string) (Key, bool, error) {
 		return Key{}, false, err
 	}
 	k, ok := s.keys.byHashCopy(hash)
-	if ok && !k.Revoked && time.Since(k.LastUsed) > lastUsedResolution {
+	if ok && !k.Revoked && lastUseStale(time.Now(), k.LastUsed) {
 		s.touch(k.ID)
 	}
 	return k, ok, nil
@@ -545,7 +545,7 @@ func (s *Etcd) touch(id string) {
 			return
 		}
 		var cur Key
-		if json.Unmarshal(resp.Kvs[0].Value, &cur) != nil || cur.Revoked || updated.LastUsed.Sub(cur.LastUsed) <= lastUsedResolution {
+		if json.Unmarshal(resp.Kvs[0].Value, &cur) != nil || cur.Revoked || !lastUseStale(updated.LastUsed, cur.LastUsed) {
 			return
 		}
 		cur.LastUsed = updated.LastUsed

@@ -26,6 +26,18 @@ type Key struct {
 // lastUsedResolution bounds how often a key's last-used time is written.
 const lastUsedResolution = time.Minute
 
+// lastUsedAhead is how far in the clock's future a stored last use may be before it is written
+// again: further ahead, it was written while the clock ran ahead (set back since), and would
+// otherwise stay frozen until the clock caught up. Replicas whose clocks disagree by less never
+// rewrite each other's.
+const lastUsedAhead = time.Hour
+
+// lastUseStale says whether a key last used at last has its last use written at now.
+func lastUseStale(now, last time.Time) bool {
+	d := now.Sub(last)
+	return d > lastUsedResolution || d < -lastUsedAhead
+}
+
 // keyTable holds every key record in memory, by hash and by id, so authenticating a call reads
 // no disk and no network.
 type keyTable struct {
@@ -92,14 +104,13 @@ func (t *keyTable) byIDCopy(id string) (Key, bool) {
 	return *k, true
 }
 
-// stale returns the key with id with its last use set to now when the stored one is older
-// than lastUsedResolution (and the key is not revoked), updating the table, so one caller
-// writes it.
+// stale returns the key with id with its last use set to now when the stored one is stale
+// (lastUseStale) and the key is not revoked, updating the table, so one caller writes it.
 func (t *keyTable) stale(id string, now time.Time) (Key, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	k := t.byID[id]
-	if k == nil || k.Revoked || now.Sub(k.LastUsed) <= lastUsedResolution {
+	if k == nil || k.Revoked || !lastUseStale(now, k.LastUsed) {
 		return Key{}, false
 	}
 	k.LastUsed = now
@@ -175,7 +186,7 @@ func (s *Bolt) CreateKey(ctx context.Context, k Key, hook Hook) error {
 // the background, at most once per lastUsedResolution.
 func (s *Bolt) KeyByHash(ctx context.Context, hash string) (Key, bool, error) {
 	k, ok := s.keys.byHashCopy(hash)
-	if ok && !k.Revoked && time.Since(k.LastUsed) > lastUsedResolution {
+	if ok && !k.Revoked && lastUseStale(time.Now(), k.LastUsed) {
 		s.touch(k.ID)
 	}
 	return k, ok, nil
