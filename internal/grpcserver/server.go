@@ -375,7 +375,7 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 	root := http.NewServeMux()
 	api := limitBody(mux, int64(s.opts.MaxRecvMsgSize))
 	if a, ok := s.opts.Authorizer.(Authenticator); ok {
-		api = authenticateFirst(api, a)
+		api = authenticateFirst(api, a, s.refusals)
 	}
 	root.Handle("/v1/", api)
 	root.HandleFunc("/healthz", getOnly(s.healthz))
@@ -412,8 +412,10 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 
 // authenticateFirst refuses a request without a valid API key before the gateway matches a
 // route: every /v1/ route needs a key, and a path no route takes is named only to a key
-// holder. Which permission a route needs is checked next, by authorizeRoute.
-func authenticateFirst(h http.Handler, a Authenticator) http.Handler {
+// holder. Which permission a route needs is checked next, by authorizeRoute. A refusal never
+// becomes an RPC, so it is noted as the gRPC listener's refused streams are: counted in
+// ringfence_refused_total and logged at most once per peer and interval.
+func authenticateFirst(h http.Handler, a Authenticator, refusals *refusalLog) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, err := auth.SingleKey(r.Header.Values("X-API-Key"))
 		if err == nil && key == "" {
@@ -423,6 +425,7 @@ func authenticateFirst(h http.Handler, a Authenticator) http.Handler {
 			err = a.Authenticate(r.Context(), key)
 		}
 		if err != nil {
+			refusals.note("http", remoteAddr(r), status.Code(err).String())
 			refuseUnread(w, r, err)
 			return
 		}
