@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -129,4 +131,104 @@ func metricLines(page, name string) string {
 		}
 	}
 	return strings.Join(out, "")
+}
+
+// TestEveryMetricIsDocumented: every ringfence_* series a binary exports is named in
+// docs/operations.md ("Health, metrics and logs") with the labels it has, and every series
+// named there without labels is exported (one with labels appears once it has a value).
+func TestEveryMetricIsDocumented(t *testing.T) {
+	documented := documentedMetrics(t)
+	d := startDaemon(t, "ringfenced", registryEnv()...)
+	api := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}
+	code, _, raw := api.do("GET", "/v1/mcp/servers", "")
+	require.Equal(t, http.StatusOK, code, raw)
+	code, _, raw = rest{t: t, base: api.base}.do("GET", "/v1/mcp/servers", "")
+	require.Equal(t, http.StatusUnauthorized, code, raw)
+
+	resp, err := http.Get(api.base + "/metrics")
+	require.NoError(t, err)
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	exported := map[string]bool{}
+	for line := range strings.Lines(string(page)) {
+		if !strings.HasPrefix(line, "ringfence_") {
+			continue
+		}
+		name, labels := parseSample(line)
+		family := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")
+		if _, ok := documented[family]; !ok {
+			family = name
+		}
+		want, ok := documented[family]
+		require.True(t, ok, "%s is exported but docs/operations.md does not name it", name)
+		delete(labels, "le")
+		require.Equal(t, want, labels, "the labels of %s", line)
+		exported[family] = true
+	}
+	for name, labels := range documented {
+		if len(labels) == 0 {
+			require.True(t, exported[name], "docs/operations.md names %s, which is not exported", name)
+		}
+	}
+}
+
+// documentedMetrics reads the metrics docs/operations.md names in its "Health, metrics and
+// logs" section, written `name{label,label}`, where a brace group inside a name is
+// alternatives (`ringfence_pool_sessions_{spawned,stopped}_total`).
+func documentedMetrics(t *testing.T) map[string]map[string]bool {
+	t.Helper()
+	root, err := repoRoot()
+	require.NoError(t, err)
+	doc, err := os.ReadFile(filepath.Join(root, "docs", "operations.md"))
+	require.NoError(t, err)
+	text := string(doc)
+	start := strings.Index(text, "## Health, metrics and logs")
+	require.GreaterOrEqual(t, start, 0)
+	text = text[start:]
+	text = text[:strings.Index(text, "\n## ")+1]
+	out := map[string]map[string]bool{}
+	for _, m := range regexp.MustCompile("`(ringfence_[a-z_{},]+)`").FindAllStringSubmatch(text, -1) {
+		spec := m[1]
+		labels := map[string]bool{}
+		// A trailing group is labels, unless it follows "_": then it ends the name.
+		if i := strings.LastIndex(spec, "{"); i > 0 && strings.HasSuffix(spec, "}") && spec[i-1] != '_' {
+			for _, l := range strings.Split(spec[i+1:len(spec)-1], ",") {
+				labels[l] = true
+			}
+			spec = spec[:i]
+		}
+		for _, name := range expandBraces(spec) {
+			out[name] = labels
+		}
+	}
+	require.NotEmpty(t, out)
+	return out
+}
+
+// expandBraces expands the first {a,b} group of s, and the rest recursively.
+func expandBraces(s string) []string {
+	i := strings.Index(s, "{")
+	if i < 0 {
+		return []string{s}
+	}
+	j := strings.Index(s[i:], "}") + i
+	var out []string
+	for _, alt := range strings.Split(s[i+1:j], ",") {
+		out = append(out, expandBraces(s[:i]+alt+s[j+1:])...)
+	}
+	return out
+}
+
+// parseSample splits a sample line of the text exposition format into its name and label
+// names.
+func parseSample(line string) (string, map[string]bool) {
+	labels := map[string]bool{}
+	name, rest, ok := strings.Cut(strings.Fields(line)[0], "{")
+	if !ok {
+		return name, labels
+	}
+	for _, m := range regexp.MustCompile(`([a-z_]+)="`).FindAllStringSubmatch(rest, -1) {
+		labels[m[1]] = true
+	}
+	return name, labels
 }
