@@ -113,13 +113,21 @@ func TestRESTRequestsRefusedForTheirKeyAreCountedAndLogged(t *testing.T) {
 		code, _, raw := rest{t: t, base: "http://" + d.HTTPAddr, key: key}.do("GET", "/v1/mcp/servers", "")
 		require.Equal(t, http.StatusUnauthorized, code, raw)
 	}
-	resp, err := http.Get("http://" + d.HTTPAddr + "/metrics")
-	require.NoError(t, err)
-	metrics, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	require.Contains(t, metricLines(string(metrics), "ringfence_refused_total"), `ringfence_refused_total{listener="http",reason="Unauthenticated"} 3`)
+	require.Contains(t, metricLines(scrape(t, "http://"+d.HTTPAddr), "ringfence_refused_total"), `ringfence_refused_total{listener="http",reason="Unauthenticated"} 3`)
 	require.Contains(t, d.Logs.String(), `msg="refused a peer before reading a request" listener=http peer=127.0.0.1 reason=Unauthenticated refused=1`)
 	require.NotContains(t, d.Logs.String(), canary)
+}
+
+// scrape reads the /metrics page of the HTTP listener at base.
+func scrape(t *testing.T, base string) string {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	page, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(page))
+	return string(page)
 }
 
 // metricLines are the lines of a /metrics page that begin with name, for short failure messages.
@@ -145,12 +153,8 @@ func TestEveryMetricIsDocumented(t *testing.T) {
 	code, _, raw = rest{t: t, base: api.base}.do("GET", "/v1/mcp/servers", "")
 	require.Equal(t, http.StatusUnauthorized, code, raw)
 
-	resp, err := http.Get(api.base + "/metrics")
-	require.NoError(t, err)
-	page, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
 	exported := map[string]bool{}
-	for line := range strings.Lines(string(page)) {
+	for line := range strings.Lines(scrape(t, api.base)) {
 		if !strings.HasPrefix(line, "ringfence_") {
 			continue
 		}
