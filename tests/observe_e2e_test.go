@@ -113,15 +113,15 @@ func TestRESTRequestsRefusedForTheirKeyAreCountedAndLogged(t *testing.T) {
 		code, _, raw := rest{t: t, base: "http://" + d.HTTPAddr, key: key}.do("GET", "/v1/mcp/servers", "")
 		require.Equal(t, http.StatusUnauthorized, code, raw)
 	}
-	require.Contains(t, metricLines(scrape(t, "http://"+d.HTTPAddr), "ringfence_refused_total"), `ringfence_refused_total{listener="http",reason="Unauthenticated"} 3`)
+	require.Contains(t, metricLines(scrape(t, d), "ringfence_refused_total"), `ringfence_refused_total{listener="http",reason="Unauthenticated"} 3`)
 	require.Contains(t, d.Logs.String(), `msg="refused a peer before reading a request" listener=http peer=127.0.0.1 reason=Unauthenticated refused=1`)
 	require.NotContains(t, d.Logs.String(), canary)
 }
 
-// scrape reads the /metrics page of the HTTP listener at base.
-func scrape(t *testing.T, base string) string {
+// scrape reads the /metrics page of a daemon's HTTP listener.
+func scrape(t *testing.T, d *daemon) string {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
+	resp, err := d.HTTP.Get(d.HTTPBase + "/metrics")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	page, err := io.ReadAll(resp.Body)
@@ -154,7 +154,7 @@ func TestEveryMetricIsDocumented(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, code, raw)
 
 	exported := map[string]bool{}
-	for line := range strings.Lines(scrape(t, api.base)) {
+	for line := range strings.Lines(scrape(t, d)) {
 		if !strings.HasPrefix(line, "ringfence_") {
 			continue
 		}
