@@ -254,12 +254,14 @@ func (s *Service) call(ctx context.Context, req CallRequest) (*CallResult, audit
 		out = outcome{attempt: newAttempt(req), tenant: req.Tenant, err: refusal(reasonShuttingDown, errShuttingDown)}
 	}
 	att, res, err := out.attempt, out.res, out.err
-	// The RPC's access line names the attempt, which finds its audit records.
-	grpcserver.LogAttrs(ctx, slog.String("run_id", req.RunID), slog.String("call_id", att.CallID), slog.Int("attempt", int(att.Attempt)))
 	if errors.Is(err, errRunElsewhere) {
-		// Not an attempt here: the owner serves it (forwarded), and records it.
+		// Not an attempt here: the owner serves it (forwarded), records it, and numbers it, and
+		// its access line names it (with the same request id).
+		grpcserver.LogAttrs(ctx, slog.String("run_id", req.RunID))
 		return nil, att, err
 	}
+	// The RPC's access line names the attempt, which finds its audit records.
+	grpcserver.LogAttrs(ctx, slog.String("run_id", req.RunID), slog.String("call_id", att.CallID), slog.Int("attempt", int(att.Attempt)))
 	att.LatencyMicros = time.Since(start).Microseconds()
 	setArgs(&att, out.args)
 	settle(&att, res, err)
