@@ -184,7 +184,8 @@ func (d *poolHosts) call(svc, runID, text string) result {
 // them on the live host, whose fresh session serves the next call. An etcd member killed: both
 // keep working.
 func TestTwoPoolHostsShareEtcd(t *testing.T) {
-	d := startPoolHosts(t)
+	// Access lines are info: the forwarded call below reads them.
+	d := startPoolHostsWith(t, func(string) []string { return []string{"RINGFENCE_LOG_LEVEL=info"} })
 
 	// Placement: the first run on the host that received it (both empty, the receiver wins
 	// the tie), the second on the other (now the less loaded).
@@ -203,6 +204,28 @@ func TestTwoPoolHostsShareEtcd(t *testing.T) {
 			require.Equal(t, map[string]string{"first": "p1", "second": "p2"}[id], d.run(via, "runs", "show", "--run", id).Host)
 		}
 	}
+	// A refused call through the host that does not own the run (over REST, with no call id of
+	// the caller's): the owner numbers and records the attempt, and its access line names it
+	// with the caller's request id; the forwarding host's line names the run only, not an id of
+	// its own that is on no record.
+	p2 := d.pools["p2"]
+	req, err := http.NewRequestWithContext(t.Context(), "POST", p2.HTTPBase+"/v1/runs/first:call", strings.NewReader(`{"agent":"a","tool":"fx__nope"}`))
+	require.NoError(t, err)
+	req.Header.Set("X-API-Key", adminKey)
+	req.Header.Set("X-Request-Id", "forwarded-1")
+	resp, err := p2.HTTP.Do(req)
+	require.NoError(t, err)
+	var refusal struct {
+		Details []struct {
+			CallID string `json:"call_id"`
+		} `json:"details"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&refusal))
+	resp.Body.Close()
+	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+	require.Len(t, refusal.Details, 1)
+	require.Regexp(t, `request_id=forwarded-1 .*run_id=first call_id=`+refusal.Details[0].CallID+` attempt=1`, d.pools["p1"].Logs.String())
+	require.Regexp(t, `msg=rpc method=/ringfence.pool.v1.PoolService/CallTool code=NotFound .*request_id=forwarded-1 .*run_id=first\n`, p2.Logs.String())
 	// The caller's key and tenant travel with a forwarded request: a run of another tenant is
 	// not found through either host.
 	r := d.cli("p2", "runs", "show", "--run", "first", "--tenant", "other")

@@ -120,6 +120,13 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 		must(cli("registry", "servers", "add", fmt.Sprintf("outage-%02d", i), "--command", "mcpfixture"))
 		time.Sleep(time.Second)
 	}
+	// The on-call sees the outage: the registry's spool depth, and one error line for it.
+	var pending int
+	line := metricLines(scrape(t, registry), `ringfence_audit_spool_pending{producer="registry"}`)
+	_, err = fmt.Sscanf(line, `ringfence_audit_spool_pending{producer="registry"} %d`, &pending)
+	require.NoError(t, err, line)
+	require.GreaterOrEqual(t, pending, changes, "every change of the outage waits in the registry's outbox")
+	require.Contains(t, registry.Logs.String(), "audit: forward to audit log failed, will retry")
 	audit.start()
 	var refs []string
 	require.Eventually(t, func() bool {
@@ -155,6 +162,10 @@ func TestSplitDeploymentOverMutualTLS(t *testing.T) {
 	for i, ref := range refs {
 		require.Equal(t, fmt.Sprintf("outage-%02d", i), ref, "events arrive in order")
 	}
+	require.Eventually(t, func() bool {
+		return strings.Contains(scrape(t, registry), `ringfence_audit_spool_pending{producer="registry"} 0`)
+	}, 10*time.Second, 100*time.Millisecond, "the spool empties once the audit service took its records")
+	require.Contains(t, registry.Logs.String(), "audit: forwarding resumed")
 	r = must(cli("audit", "audit", "verify"))
 	require.Contains(t, r.Stdout, "ok:")
 	r = must(cli("audit", "audit", "export"))

@@ -23,6 +23,7 @@ import (
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/moby/moby/client"
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
@@ -784,7 +785,24 @@ func (a *App) newServer(cfg *config.Config, name string, authz grpcserver.Author
 	return grpcserver.New(opts), nil
 }
 
+// spoolCollectors are a producer's audit spool series, under one name for every producer so
+// that one alert covers them all: how many records wait for the audit service (growing while
+// it is unreachable; at RINGFENCE_AUDIT__SPOOL_MAX_RECORDS changes or calls are refused) and
+// how many this process dropped under on_spool_full=continue_and_alarm.
+func spoolCollectors(producer string, spool *audit.Spool) []prometheus.Collector {
+	labels := prometheus.Labels{"producer": producer}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringfence_audit_spool_pending", ConstLabels: labels,
+			Help: "Audit records a producer holds in its outbox or spool, waiting for the audit service."},
+			func() float64 { return float64(spool.Pending()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringfence_audit_spool_dropped_total", ConstLabels: labels,
+			Help: "Audit records a producer dropped since it started because its spool was full (on_spool_full=continue_and_alarm)."},
+			func() float64 { return float64(spool.Dropped()) }),
+	}
+}
+
 func registerRegistry(srv *grpcserver.Server, reg *registry.Service) {
+	srv.Metrics().MustRegister(spoolCollectors("registry", reg.Spool())...)
 	registryv1.RegisterRegistryServiceServer(srv.GRPC(), reg)
 	registryv1.RegisterKeyServiceServer(srv.GRPC(), reg)
 	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
@@ -799,6 +817,7 @@ func registerRegistry(srv *grpcserver.Server, reg *registry.Service) {
 func registerPool(srv *grpcserver.Server, pl *pool.Service, cfg *config.Config, log *slog.Logger) error {
 	poolv1.RegisterPoolServiceServer(srv.GRPC(), pool.NewServer(pl))
 	srv.Metrics().MustRegister(pl.Collectors()...)
+	srv.Metrics().MustRegister(spoolCollectors("pool", pl.Spool())...)
 	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
 		return poolv1.RegisterPoolServiceHandler(ctx, mux, conn)
 	})
@@ -839,6 +858,7 @@ func frontDoorURL(cfg *config.Config) string {
 }
 
 func registerPublisher(srv *grpcserver.Server, pub *publisher.Service) {
+	srv.Metrics().MustRegister(spoolCollectors("publisher", pub.Spool())...)
 	publisherv1.RegisterPublisherServiceServer(srv.GRPC(), pub)
 	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
 		return publisherv1.RegisterPublisherServiceHandler(ctx, mux, conn)

@@ -320,7 +320,7 @@ func (g *globals) callError(err error, req *poolv1.CallToolRequest) error {
 				return &exitError{code: ExitAwaitingApproval, msg: awaitingApproval(req, d)}
 			}
 			var msg strings.Builder
-			fmt.Fprintf(&msg, "refused before dispatch (%s): %s\nnothing reached the server", oneLine(d.GetReason()), oneLine(d.GetMessage()))
+			fmt.Fprintf(&msg, "refused before dispatch (%s): %s\nnothing reached the server (%s)", oneLine(d.GetReason()), oneLine(d.GetMessage()), onRecord(req, d.GetCallId(), d.GetAttempt()))
 			if d.GetServerFailure() != nil {
 				fmt.Fprintf(&msg, "\nserver failure: %s\n", oneLine(d.GetServerFailure().GetClass()))
 				printTail(&msg, "", d.GetServerFailure().GetStderrTail())
@@ -330,7 +330,7 @@ func (g *globals) callError(err error, req *poolv1.CallToolRequest) error {
 			if g.output == "json" {
 				_ = printJSON(g.stdout, d)
 			}
-			return &exitError{code: ExitFailed, msg: sprintLine("dispatched and failed (%s): %s\nthe call reached the server and may have taken effect", oneLine(d.GetFailureClass()), oneLine(d.GetMessage()))}
+			return &exitError{code: ExitFailed, msg: sprintLine("dispatched and failed (%s): %s\nthe call reached the server and may have taken effect (%s)", oneLine(d.GetFailureClass()), oneLine(d.GetMessage()), onRecord(req, d.GetCallId(), d.GetAttempt()))}
 		}
 	}
 	// No answer within the CLI's deadline: the request may have been sent and the call
@@ -390,6 +390,13 @@ approve it (needs run:approve): ringfence runs approve --run %s --approval %s
 deny it: ringfence runs deny --run %s --approval %s --reason TEXT
 once approved, the same call again (same agent, tool and arguments) gets its result`,
 		id, oneLine(d.GetArgsDigest()), run, id, run, id)
+}
+
+// onRecord names a call's attempt and where its audit records are: the pool's log line of the
+// call names the same call_id and attempt.
+func onRecord(req *poolv1.CallToolRequest, callID string, attempt int32) string {
+	return fmt.Sprintf("call %s attempt %d; its records: ringfence audit list --run %s%s --kind tool_call",
+		oneLine(callID), attempt, oneLine(req.GetRunId()), oneLine(tenantArg(req.GetTenant())))
 }
 
 // unknownOutcome says what a call that got no answer within --timeout may have done, and how

@@ -3,6 +3,7 @@ package grpcserver
 import (
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"sync"
 	"time"
@@ -111,6 +112,15 @@ func (r *refusalLog) write(k refusalKey, n int, over time.Duration) {
 		attrs = append(attrs, "next_report_within", r.every)
 	}
 	r.log.Warn(msg, attrs...)
+}
+
+// remoteAddr is the peer of an HTTP request as a net.Addr (nil when net/http left it unset).
+func remoteAddr(r *http.Request) net.Addr {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return nil
+	}
+	return net.TCPAddrFromAddrPort(ap)
 }
 
 // peerKey is what connections and refusals are counted under: the IP of an IPv4 peer, the /64

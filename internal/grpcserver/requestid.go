@@ -3,8 +3,10 @@ package grpcserver
 import (
 	"context"
 	"encoding/hex"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -32,7 +34,16 @@ func saneRequestID(id string) bool {
 
 type requestIDCtxKey struct{}
 
-func withRequestID(ctx context.Context) (context.Context, string) {
+// requestInfo is what the context of a request carries for its access line: its id, and the
+// attributes its handler added (LogAttrs).
+type requestInfo struct {
+	id string
+
+	mu    sync.Mutex
+	attrs []slog.Attr
+}
+
+func withRequestID(ctx context.Context) (context.Context, *requestInfo) {
 	var rid string
 	if v := metadata.ValueFromIncomingContext(ctx, RequestIDKey); len(v) > 0 && saneRequestID(v[0]) {
 		rid = v[0]
@@ -41,7 +52,27 @@ func withRequestID(ctx context.Context) (context.Context, string) {
 		rid = newRequestID()
 	}
 	_ = grpc.SetHeader(ctx, metadata.MD{RequestIDKey: {rid}})
-	return context.WithValue(ctx, requestIDCtxKey{}, rid), rid
+	info := &requestInfo{id: rid}
+	return context.WithValue(ctx, requestIDCtxKey{}, info), info
+}
+
+// LogAttrs adds attributes to the access line of the request ctx belongs to (a tool call's
+// call_id, attempt and run_id: what finds its audit records); nothing outside a request.
+func LogAttrs(ctx context.Context, attrs ...slog.Attr) {
+	info, ok := ctx.Value(requestIDCtxKey{}).(*requestInfo)
+	if !ok {
+		return
+	}
+	info.mu.Lock()
+	info.attrs = append(info.attrs, attrs...)
+	info.mu.Unlock()
+}
+
+// logAttrs returns the attributes handlers added, in the order added.
+func (info *requestInfo) logAttrs() []slog.Attr {
+	info.mu.Lock()
+	defer info.mu.Unlock()
+	return info.attrs
 }
 
 func newRequestID() string {
@@ -69,6 +100,8 @@ func httpRequestID(h http.Handler) http.Handler {
 
 // RequestID returns the id of the request ctx belongs to, or "" outside a request.
 func RequestID(ctx context.Context) string {
-	rid, _ := ctx.Value(requestIDCtxKey{}).(string)
-	return rid
+	if info, ok := ctx.Value(requestIDCtxKey{}).(*requestInfo); ok {
+		return info.id
+	}
+	return ""
 }

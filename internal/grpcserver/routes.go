@@ -135,7 +135,7 @@ func (s *Server) authorizeRoute(next runtime.HandlerFunc) runtime.HandlerFunc {
 		rid := r.Header.Get("X-Request-Id") // set, and sane, by httpRequestID
 		ctx := metadata.NewIncomingContext(r.Context(), metadata.MD{auth.MetadataKey: r.Header.Values("X-API-Key")})
 		if _, err := s.opts.Authorizer.Authorize(ctx, method); err != nil {
-			s.finish(ctx, method, rid, start, err)
+			s.finish(ctx, method, &requestInfo{id: rid}, start, err)
 			refuseUnread(w, r, err)
 			return
 		}

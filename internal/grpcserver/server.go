@@ -375,7 +375,7 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 	root := http.NewServeMux()
 	api := limitBody(mux, int64(s.opts.MaxRecvMsgSize))
 	if a, ok := s.opts.Authorizer.(Authenticator); ok {
-		api = authenticateFirst(api, a)
+		api = authenticateFirst(api, a, s.refusals)
 	}
 	root.Handle("/v1/", api)
 	root.HandleFunc("/healthz", getOnly(s.healthz))
@@ -412,8 +412,10 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 
 // authenticateFirst refuses a request without a valid API key before the gateway matches a
 // route: every /v1/ route needs a key, and a path no route takes is named only to a key
-// holder. Which permission a route needs is checked next, by authorizeRoute.
-func authenticateFirst(h http.Handler, a Authenticator) http.Handler {
+// holder. Which permission a route needs is checked next, by authorizeRoute. A refusal never
+// becomes an RPC, so it is noted as the gRPC listener's refused streams are: counted in
+// ringfence_refused_total and logged at most once per peer and interval.
+func authenticateFirst(h http.Handler, a Authenticator, refusals *refusalLog) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, err := auth.SingleKey(r.Header.Values("X-API-Key"))
 		if err == nil && key == "" {
@@ -423,6 +425,7 @@ func authenticateFirst(h http.Handler, a Authenticator) http.Handler {
 			err = a.Authenticate(r.Context(), key)
 		}
 		if err != nil {
+			refusals.note("http", remoteAddr(r), status.Code(err).String())
 			refuseUnread(w, r, err)
 			return
 		}
@@ -457,14 +460,15 @@ func limitBody(h http.Handler, n int64) http.Handler {
 // the bound on the status it ends with (boundStatus).
 func (s *Server) call(ctx context.Context, method string, run func(context.Context) error) (err error) {
 	start := time.Now()
-	ctx, rid := withRequestID(ctx)
+	ctx, info := withRequestID(ctx)
+	rid := info.id
 	defer func() {
 		if r := recover(); r != nil {
 			s.log.ErrorContext(ctx, "panic in handler", "method", method, "request_id", rid, "panic", r, "stack", string(debug.Stack()))
 			err = status.Errorf(codes.Internal, "internal error (request id %s); the server log has the detail", rid)
 		}
 		err = boundStatus(err)
-		s.finish(ctx, method, rid, start, err)
+		s.finish(ctx, method, info, start, err)
 	}()
 	if s.opts.Authorizer != nil {
 		authCtx, aerr := s.opts.Authorizer.Authorize(ctx, method)
@@ -477,16 +481,18 @@ func (s *Server) call(ctx context.Context, method string, run func(context.Conte
 }
 
 // finish counts one RPC in the metrics and writes its access log line.
-func (s *Server) finish(ctx context.Context, method, rid string, start time.Time, err error) {
+func (s *Server) finish(ctx context.Context, method string, info *requestInfo, start time.Time, err error) {
 	code := status.Code(err)
 	elapsed := time.Since(start)
 	s.observe(method, code, elapsed)
 	// Quiet on success: a served call is a Debug line (metrics count it anyway); a
-	// refused or failed one is Info, and a server fault is an Error.
+	// refused or failed one is Info, and a server fault is an Error. UNKNOWN is a fault only
+	// when the handler returned an error that is no status: as a status it is a tool call that
+	// reached its MCP server and failed there (a CallFailure), which is the tool's, not ours.
 	level := slog.LevelDebug
-	switch code {
-	case codes.OK:
-	case codes.Internal, codes.Unknown, codes.DataLoss:
+	switch _, isStatus := status.FromError(err); {
+	case code == codes.OK:
+	case code == codes.Internal, code == codes.DataLoss, code == codes.Unknown && !isStatus:
 		level = slog.LevelError
 	default:
 		level = slog.LevelInfo
@@ -496,11 +502,16 @@ func (s *Server) finish(ctx context.Context, method, rid string, start time.Time
 	}
 	attrs := []slog.Attr{
 		slog.String("method", method), slog.String("code", code.String()),
-		slog.Duration("duration", elapsed), slog.String("request_id", rid),
+		slog.Duration("duration", elapsed), slog.String("request_id", info.id),
 	}
 	if p, ok := auth.FromContext(ctx); ok {
 		attrs = append(attrs, slog.String("actor", p.Actor()))
 	}
+	if err != nil {
+		// What the caller was told, and nothing more: a status message never holds a secret.
+		attrs = append(attrs, slog.String("err", status.Convert(err).Message()))
+	}
+	attrs = append(attrs, info.logAttrs()...)
 	s.log.LogAttrs(ctx, level, "rpc", attrs...)
 }
 

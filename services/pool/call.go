@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/documents"
 	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/humanize"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/mcpgate"
@@ -253,9 +255,13 @@ func (s *Service) call(ctx context.Context, req CallRequest) (*CallResult, audit
 	}
 	att, res, err := out.attempt, out.res, out.err
 	if errors.Is(err, errRunElsewhere) {
-		// Not an attempt here: the owner serves it (forwarded), and records it.
+		// Not an attempt here: the owner serves it (forwarded), records it, and numbers it, and
+		// its access line names it (with the same request id).
+		grpcserver.LogAttrs(ctx, slog.String("run_id", req.RunID))
 		return nil, att, err
 	}
+	// The RPC's access line names the attempt, which finds its audit records.
+	grpcserver.LogAttrs(ctx, slog.String("run_id", req.RunID), slog.String("call_id", att.CallID), slog.Int("attempt", int(att.Attempt)))
 	att.LatencyMicros = time.Since(start).Microseconds()
 	setArgs(&att, out.args)
 	settle(&att, res, err)

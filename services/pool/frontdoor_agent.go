@@ -227,10 +227,12 @@ func (a *agentServer) listed(name string) bool {
 
 // unlisted calls a name the listing does not show: the pool refuses it (unknown_tool,
 // filtered_out, not_loaded, ...) and records the refusal; the client gets it as an unknown
-// tool's JSON-RPC error (-32602), whose message is the refusal.
+// tool's JSON-RPC error (-32602), whose message is the refusal and whose data is the refusal's
+// _meta (its reason and gate, and the call_id and attempt that find its audit record).
 func (a *agentServer) unlisted(ctx context.Context, call *mcp.CallToolRequest) error {
 	res, err := a.call(ctx, call)
 	msg := fmt.Sprintf("unknown tool %q", call.Params.Name)
+	var data json.RawMessage
 	switch {
 	case err != nil:
 		msg += ": " + err.Error()
@@ -242,8 +244,11 @@ func (a *agentServer) unlisted(ctx context.Context, call *mcp.CallToolRequest) e
 			}
 		}
 		msg += ": " + b.String()
+		if len(res.Meta) > 0 {
+			data, _ = json.Marshal(res.Meta)
+		}
 	}
-	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: msg}
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: msg, Data: data}
 }
 
 // refresh makes the server's tools the agent's listing when it is older than the list TTL,

@@ -165,6 +165,14 @@ func TestFrontDoorEveryProtocolVersion(t *testing.T) {
 			_, err = cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "fx__hidden", Arguments: map[string]any{}})
 			require.ErrorContains(t, err, `unknown tool "fx__hidden"`)
 			require.ErrorContains(t, err, "binding gate (unknown_tool)")
+			// The error's data names the attempt, as a refusal's _meta does.
+			var rpcErr *jsonrpc.Error
+			require.ErrorAs(t, err, &rpcErr)
+			var data map[string]map[string]any
+			require.NoError(t, json.Unmarshal(rpcErr.Data, &data), string(rpcErr.Data))
+			require.Equal(t, "unknown_tool", data["io.ringfence/refusal"]["reason"])
+			require.Regexp(t, `^call-[0-9a-f]+$`, data["io.ringfence/refusal"]["call_id"])
+			require.EqualValues(t, 1, data["io.ringfence/refusal"]["attempt"])
 
 			// The go-sdk client's ping carries no _meta, which the stateless wire requires of
 			// every request (docs/frontdoor.md says so, and which version a pinging client asks
