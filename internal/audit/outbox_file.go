@@ -153,7 +153,7 @@ func openFileOutbox(dir string, log *slog.Logger) (*fileOutbox, error) {
 	if o.acked, err = readCounter(filepath.Join(dir, ackedFile)); errors.Is(err, errDamagedCounter) {
 		// acked is written without a sync (a lost update only resends records, which the
 		// log keeps one of each of), so a crash can leave it torn: start over from 0.
-		log.Warn("audit: the spool's acked counter is damaged; forwarding every segment again (the audit log drops the duplicates)", "error", err)
+		log.Warn("audit: the spool's acked counter is damaged; forwarding every segment again (the audit log drops the duplicates)", "err", err)
 		o.acked = 0
 	} else if err != nil {
 		return nil, err

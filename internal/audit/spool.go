@@ -618,7 +618,7 @@ func (s *Spool) requeue(again []*enqueueReq, err error) {
 		return
 	}
 	if !s.retrying.Swap(true) {
-		s.log.Error("audit: records wait in memory for the spool's storage (answered calls' outcomes); retrying", "outbox", s.out.describe(), "records", len(again), "error", err)
+		s.log.Error("audit: records wait in memory for the spool's storage (answered calls' outcomes); retrying", "outbox", s.out.describe(), "records", len(again), "err", err)
 	}
 	s.queue = append(again, s.queue...)
 	s.qmu.Unlock()
@@ -809,7 +809,7 @@ func (s *Spool) readLoop(ctx context.Context, out chan<- spoolBatch) error {
 				return err
 			}
 			failures++
-			s.log.Error("audit: read spool", "error", err)
+			s.log.Error("audit: read spool", "err", err)
 			if !s.sleep(ctx, s.backoff(failures)) {
 				return nil
 			}
@@ -884,7 +884,7 @@ func (s *Spool) readBatch(after []byte) (spoolBatch, error) {
 			// than the one that wrote it. Setting the record aside (quarantine, counted as
 			// dropped in the trail) beats blocking every record behind it forever, and keeps
 			// its content for whoever investigates.
-			s.log.Error("audit: spool record does not decode, setting it aside", "outbox", s.out.describe(), "key", fmt.Sprintf("%x", e.key), "error", err)
+			s.log.Error("audit: spool record does not decode, setting it aside", "outbox", s.out.describe(), "key", fmt.Sprintf("%x", e.key), "err", err)
 			if qerr := s.quarantine(e.body, fmt.Errorf("does not decode as a valid record: %w", err)); qerr != nil {
 				return b, fmt.Errorf("audit: quarantine an undecodable spool record: %w", qerr)
 			}
@@ -953,7 +953,7 @@ func (s *Spool) send(ctx context.Context, recs []Record, f *forwardFailures) err
 		// event, and the pending count tells how it grows.
 		if f.count == 1 || time.Since(f.lastLog) >= 30*time.Second {
 			s.log.Error("audit: forward to audit log failed, will retry",
-				"error", err, "attempts", f.count, "pending", s.Pending())
+				"err", err, "attempts", f.count, "pending", s.Pending())
 			f.lastLog = time.Now()
 		}
 		if !s.sleep(ctx, s.backoff(f.count)) {
@@ -966,7 +966,7 @@ func (s *Spool) send(ctx context.Context, recs []Record, f *forwardFailures) err
 // sendEach sends a refused batch one record at a time and quarantines each record the log
 // refuses. It returns how many records are missing from the trail for it.
 func (s *Spool) sendEach(ctx context.Context, b *spoolBatch, batchErr error, f *forwardFailures) (uint64, error) {
-	s.log.Error("audit: the audit log refused a batch; sending its records one by one", "error", batchErr, "records", len(b.recs))
+	s.log.Error("audit: the audit log refused a batch; sending its records one by one", "err", batchErr, "records", len(b.recs))
 	var missing uint64
 	for i, r := range b.recs {
 		err := s.send(ctx, []Record{r}, f)
@@ -978,7 +978,7 @@ func (s *Spool) sendEach(ctx context.Context, b *spoolBatch, batchErr error, f *
 		}
 		if qerr := s.quarantine(b.bodies[i], err); qerr != nil {
 			// Nowhere to keep it: keep forwarding blocked rather than lose the record.
-			s.log.Error("audit: cannot quarantine a refused record; forwarding waits", "record", r.ID, "error", qerr)
+			s.log.Error("audit: cannot quarantine a refused record; forwarding waits", "record", r.ID, "err", qerr)
 			for {
 				if !s.sleep(ctx, s.maxBackoff) {
 					return 0, ctx.Err()
@@ -991,7 +991,7 @@ func (s *Spool) sendEach(ctx context.Context, b *spoolBatch, batchErr error, f *
 		s.quarantined++
 		if s.quarantineLogged == 0 || time.Since(s.lastQuarantineLog) >= 30*time.Second {
 			s.log.Error("audit: the audit log refused records; they are kept in the quarantine file and counted as dropped",
-				"record", r.ID, "error", err, "quarantine", s.quarantinePath, "records_since_last_report", s.quarantined)
+				"record", r.ID, "err", err, "quarantine", s.quarantinePath, "records_since_last_report", s.quarantined)
 			s.quarantined, s.lastQuarantineLog = 0, time.Now()
 			s.quarantineLogged++
 		}
@@ -1036,7 +1036,7 @@ func (s *Spool) ackLoop(ctx context.Context, acks *ackMark) error {
 				}
 				// The records stay and are resent after a restart; the log drops them.
 				failures++
-				s.log.Error("audit: delete forwarded records from spool", "error", err)
+				s.log.Error("audit: delete forwarded records from spool", "err", err)
 				if stopping || !s.sleep(ctx, s.backoff(failures)) {
 					return nil
 				}
@@ -1142,7 +1142,7 @@ func (s *Spool) StartForwarding() *Forwarder {
 	go func() {
 		defer close(f.done)
 		if err := s.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-			s.log.Error("audit: the spool forwarder stopped", "error", err)
+			s.log.Error("audit: the spool forwarder stopped", "err", err)
 		}
 	}()
 	return f

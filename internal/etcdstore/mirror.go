@@ -225,7 +225,7 @@ func (m *Mirror) run() {
 				if errors.Is(err, rpctypes.ErrCompacted) || wresp.CompactRevision != 0 {
 					m.reload()
 				} else if m.ctx.Err() == nil {
-					m.log.Warn("etcdstore: watch ended; opening it again", "prefix", m.cfg.Prefix, "error", err)
+					m.log.Warn("etcdstore: watch ended; opening it again", "prefix", m.cfg.Prefix, "err", err)
 				}
 				break
 			}
@@ -265,7 +265,7 @@ func (m *Mirror) reload() {
 			m.log.Warn("etcdstore: the watch fell behind a compaction; reloaded the range", "prefix", m.cfg.Prefix, "revision", rev)
 			return
 		}
-		m.log.Warn("etcdstore: reload after a compaction failed; retrying", "prefix", m.cfg.Prefix, "error", err)
+		m.log.Warn("etcdstore: reload after a compaction failed; retrying", "prefix", m.cfg.Prefix, "err", err)
 		select {
 		case <-m.ctx.Done():
 		case <-time.After(time.Second):

@@ -523,7 +523,7 @@ func (c *dockerServer) oomKilled(ctx context.Context) bool {
 			}
 		case err := <-res.Err:
 			// No event stream, no answer: the failure stays classed as a crash.
-			c.d.log.Debug("spawner: the engine's events could not be read to tell an OOM kill", "container", shortID(c.id), "error", err)
+			c.d.log.Debug("spawner: the engine's events could not be read to tell an OOM kill", "container", shortID(c.id), "err", err)
 			return false
 		case <-ctx.Done():
 			return false
@@ -582,7 +582,7 @@ func (c *dockerServer) forceRemove() error {
 	defer cancel()
 	if _, err := c.d.remove(ctx, c.id); err != nil {
 		c.d.log.Error("spawner: could not remove a container; the pool's next sweep removes it",
-			"container", shortID(c.id), "error", err)
+			"container", shortID(c.id), "err", err)
 		return err
 	}
 	return nil

@@ -35,6 +35,6 @@ func (w *writer) noteWritten(n int) {
 	}
 	w.sinceRelease = 0
 	if err := w.s.releaseMapped(); err != nil {
-		w.s.log.Warn("audit: could not release the log's mapped pages; resident memory includes them until the next try", "error", err)
+		w.s.log.Warn("audit: could not release the log's mapped pages; resident memory includes them until the next try", "err", err)
 	}
 }

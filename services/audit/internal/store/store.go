@@ -483,7 +483,7 @@ func (w *writer) commit(batch []*appendReq) {
 		return w.s.chain.Commit(context.Background(), Head{Seq: w.seq, Hash: w.prev}, chained)
 	})
 	if err != nil {
-		w.s.log.Error("audit: commit audit records", "error", err, "records", len(batch))
+		w.s.log.Error("audit: commit audit records", "err", err, "records", len(batch))
 		for _, req := range batch {
 			req.seqs, req.err = nil, fmt.Errorf("audit: commit: %w", err)
 			close(req.done)

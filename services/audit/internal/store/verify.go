@@ -77,7 +77,7 @@ func (s *Store) VerifyThrough(ctx context.Context, progress func(done uint64), a
 	})
 	// The walk mapped every page of the file.
 	if rerr := s.releaseMapped(); rerr != nil {
-		s.log.Warn("audit: could not release the log's mapped pages after a verify", "error", rerr)
+		s.log.Warn("audit: could not release the log's mapped pages after a verify", "err", rerr)
 	}
 	if err != nil {
 		return res, err

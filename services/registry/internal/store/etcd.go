@@ -224,7 +224,7 @@ func (s *Etcd) decode(kv *mvccpb.KeyValue) (kind, name string, v any, err error)
 	}
 	if err != nil {
 		err = fmt.Errorf("store: decode %s: %w", kv.Key, err)
-		s.log.Error("registry: a value in etcd does not decode; reads of it fail until it is written again", "key", string(kv.Key), "error", err)
+		s.log.Error("registry: a value in etcd does not decode; reads of it fail until it is written again", "key", string(kv.Key), "err", err)
 	}
 	return kind, name, v, err
 }
