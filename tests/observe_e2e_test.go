@@ -118,6 +118,18 @@ func TestRESTRequestsRefusedForTheirKeyAreCountedAndLogged(t *testing.T) {
 	require.NotContains(t, d.Logs.String(), canary)
 }
 
+// TestACLIRefusalNamesTheRequestIDTheServerLogged: the CLI sends one request id with the
+// requests of an invocation, and a refusal prints it: the server's log line of the request
+// carries it.
+func TestACLIRefusalNamesTheRequestIDTheServerLogged(t *testing.T) {
+	d := startDaemon(t, "ringfenced", registryEnv()...)
+	r := runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), "servers", "show", "nosuch")
+	require.Equal(t, 1, r.Code, r.Stderr)
+	m := regexp.MustCompile(`(?m)^  request id: (cli-[0-9a-f]{12}) \(the server's log line of the request has request_id=cli-[0-9a-f]{12}\)$`).FindStringSubmatch(r.Stderr)
+	require.NotNil(t, m, r.Stderr)
+	require.Regexp(t, `msg=rpc method=/ringfence.registry.v1.RegistryService/GetServer code=NotFound .*request_id=`+m[1], d.Logs.String())
+}
+
 // scrape reads the /metrics page of a daemon's HTTP listener.
 func scrape(t *testing.T, d *daemon) string {
 	t.Helper()

@@ -4,6 +4,8 @@ package cli
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -52,6 +54,9 @@ type globals struct {
 	// addrFrom says where addr came from (--addr, RINGFENCE_ADDR or the default), for
 	// messages about it.
 	addrFrom string
+	// requestID goes with every request of this invocation (x-request-id): the server logs it
+	// on its line of each, and a refusal prints it, so an operator finds that line.
+	requestID string
 
 	stdin  io.Reader
 	stdout io.Writer
@@ -70,7 +75,7 @@ func Execute(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	defer safeOut.Flush()
 	defer safeErr.Flush()
 	stdout, stderr = safeOut, safeErr
-	g := &globals{stdin: stdin, stdout: stdout, stderr: stderr, stderrTTY: tty}
+	g := &globals{stdin: stdin, stdout: stdout, stderr: stderr, stderrTTY: tty, requestID: newRequestID()}
 	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetIn(stdin)
@@ -91,7 +96,7 @@ func Execute(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		return exit.code
 	}
-	printError(stderr, err, connection{addr: g.addr, addrFrom: g.addrFrom, usedTLS: g.caFile != "", timeout: g.timeout})
+	printError(stderr, err, connection{addr: g.addr, addrFrom: g.addrFrom, usedTLS: g.caFile != "", timeout: g.timeout, requestID: g.requestID})
 	if isUsage(err) {
 		return ExitUsage
 	}
@@ -348,22 +353,33 @@ func (g *globals) keys(parent context.Context) (registryv1.KeyServiceClient, con
 	return registryv1.NewKeyServiceClient(conn), ctx, cancel, nil
 }
 
-// ctx is a request context with the API key and the deadline.
+// ctx is a request context with the API key, the request id and the deadline.
 func (g *globals) ctx(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithTimeout(parent, g.timeout)
-	if g.apiKey != "" {
-		ctx = metadata.AppendToOutgoingContext(ctx, auth.MetadataKey, g.apiKey)
-	}
-	return ctx, cancel
+	return g.streamCtx(ctx), cancel
 }
 
-// streamCtx carries the API key without a deadline, for streams that run as long as the
-// operator wants (audit tail, export).
+// streamCtx carries the API key and the request id without a deadline, for streams that run
+// as long as the operator wants (audit tail, export).
 func (g *globals) streamCtx(parent context.Context) context.Context {
-	if g.apiKey == "" {
+	md := make([]string, 0, 4)
+	if g.requestID != "" {
+		md = append(md, grpcserver.RequestIDKey, g.requestID)
+	}
+	if g.apiKey != "" {
+		md = append(md, auth.MetadataKey, g.apiKey)
+	}
+	if len(md) == 0 {
 		return parent
 	}
-	return metadata.AppendToOutgoingContext(parent, auth.MetadataKey, g.apiKey)
+	return metadata.AppendToOutgoingContext(parent, md...)
+}
+
+// newRequestID is an invocation's request id: cli- and 12 hex digits.
+func newRequestID() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return "cli-" + hex.EncodeToString(b)
 }
 
 // serviceForCommands says which binary of a split deployment serves which commands.
@@ -408,6 +424,7 @@ type connection struct {
 	addr, addrFrom string
 	usedTLS        bool
 	timeout        time.Duration
+	requestID      string
 }
 
 // adminKeyHint points a user who followed the README (which exports MCP_ADMIN_KEY for curl)
@@ -421,6 +438,17 @@ func adminKeyHint() string {
 
 // printError renders an error for a person: the server's message, the field it names, and a
 // hint for the common connection and credential mistakes.
+// answeredByServer says st is a server's answer rather than grpc-go's on this side (no
+// connection, the CLI's own deadline or cancellation), so the server logged the request.
+// Unavailable is left out whole: most of it is the connection's.
+func answeredByServer(st *status.Status) bool {
+	switch st.Code() {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		return false
+	}
+	return true
+}
+
 func printError(w io.Writer, err error, c connection) {
 	usedTLS := c.usedTLS
 	var h *hintedError
@@ -436,6 +464,9 @@ func printError(w io.Writer, err error, c connection) {
 		return
 	}
 	fmt.Fprintf(w, "ringfence: %s (%s)\n", oneLine(st.Message()), st.Code())
+	if answeredByServer(st) && c.requestID != "" && !strings.Contains(st.Message(), "request id") {
+		fmt.Fprintf(w, "  request id: %s (the server's log line of the request has request_id=%s)\n", c.requestID, c.requestID)
+	}
 	serverFailed := false
 	for _, d := range st.Details() {
 		switch d := d.(type) {
