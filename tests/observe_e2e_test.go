@@ -2,11 +2,13 @@ package tests
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -128,6 +130,26 @@ func TestACLIRefusalNamesTheRequestIDTheServerLogged(t *testing.T) {
 	m := regexp.MustCompile(`(?m)^  request id: (cli-[0-9a-f]{12}) \(the server's log line of the request has request_id=cli-[0-9a-f]{12}\)$`).FindStringSubmatch(r.Stderr)
 	require.NotNil(t, m, r.Stderr)
 	require.Regexp(t, `msg=rpc method=/ringfence.registry.v1.RegistryService/GetServer code=NotFound .*request_id=`+m[1], d.Logs.String())
+}
+
+// TestTheAuditLogsHeadIsAMetric: ringfence_audit_records_total is the log's head seq, and
+// grows as a change's record arrives.
+func TestTheAuditLogsHeadIsAMetric(t *testing.T) {
+	d := startDaemon(t, "ringfenced", registryEnv()...)
+	records := func() int {
+		m := regexp.MustCompile(`(?m)^ringfence_audit_records_total (\d+)$`).FindStringSubmatch(scrape(t, d))
+		require.NotNil(t, m)
+		n, err := strconv.Atoi(m[1])
+		require.NoError(t, err)
+		return n
+	}
+	before := records()
+	code, _, raw := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}.do("POST", "/v1/mcp/servers", `{"ref":"fx","command":"mcpfixture"}`)
+	require.Equal(t, http.StatusOK, code, raw)
+	require.Eventually(t, func() bool { return records() > before }, 10*time.Second, 50*time.Millisecond, "the create's record arrives")
+	r := runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), "audit", "verify")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, fmt.Sprintf("head %d ", records()), "the metric is the head verify proves")
 }
 
 // scrape reads the /metrics page of a daemon's HTTP listener.

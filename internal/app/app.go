@@ -866,6 +866,11 @@ func registerPublisher(srv *grpcserver.Server, pub *publisher.Service) {
 }
 
 func registerAudit(srv *grpcserver.Server, svc *auditsvc.Service, authz grpcserver.Authorizer) {
+	// The log's head: its rate is the rate records arrive, flat while producers cannot reach
+	// the log, and its value the head seq `audit verify` proves.
+	srv.Metrics().MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringfence_audit_records_total",
+		Help: "Records in this audit service's log (its copy, with several replicas on etcd): the seq of its head."},
+		func() float64 { return float64(svc.HeadSeq()) }))
 	auditv1.RegisterAuditServiceServer(srv.GRPC(), svc)
 	srv.OnShutdown(svc.EndWatches)
 	srv.Handle("/v1/audit/export", svc.ExportHandler(authz))

@@ -241,6 +241,13 @@ func (s *Service) startWatch(ctx context.Context) (_ context.Context, end func()
 	}, nil
 }
 
+// HeadSeq is the seq of the last record in this service's log (its copy, on etcd): how many
+// records it holds.
+func (s *Service) HeadSeq() uint64 {
+	seq, _ := s.store.Head()
+	return seq
+}
+
 // EndWatches ends every Watch stream in progress, each with UNAVAILABLE naming the record to
 // watch again from, and refuses new ones: the server stops (grpcserver.Server.OnShutdown).
 func (s *Service) EndWatches() {
