@@ -82,7 +82,7 @@ func TestAFailedCallIsFollowedFromWhatTheCallerGotToTheLogAndTheRecord(t *testin
 	// The access line of each call, found by the request id or by the call id, names both.
 	logs := d.Logs.String()
 	require.Regexp(t, `msg=rpc method=/ringfence.pool.v1.PoolService/CallTool code=NotFound .*request_id=on-call-7 .*run_id=r-follow call_id=`+viaREST+` attempt=1`, logs)
-	require.Regexp(t, `level=INFO msg=rpc method=/ringfence.pool.v1.PoolService/CallTool code=InvalidArgument .*request_id=[0-9a-f]+ .*err="pool: refused before dispatch \(invalid_input\): .* run_id=r-follow call_id=`+refused+` attempt=1`, logs)
+	require.Regexp(t, `level=INFO msg=rpc method=/ringfence.pool.v1.PoolService/CallTool code=InvalidArgument .*request_id=cli-[0-9a-f]{12} .*err="pool: refused before dispatch \(invalid_input\): .* run_id=r-follow call_id=`+refused+` attempt=1`, logs)
 	for _, id := range failed {
 		require.Regexp(t, `level=INFO msg=rpc method=/ringfence.pool.v1.PoolService/CallTool code=Unknown .*err=".*" run_id=r-fail call_id=`+id+` attempt=1`, logs)
 	}

@@ -438,6 +438,14 @@ func adminKeyHint() string {
 
 // printError renders an error for a person: the server's message, the field it names, and a
 // hint for the common connection and credential mistakes.
+func printError(w io.Writer, err error, c connection) {
+	printStatus(w, err, c)
+	// Last, under the hints: the id the server logged the request under.
+	if st, ok := status.FromError(err); ok && answeredByServer(st) && c.requestID != "" && !strings.Contains(st.Message(), "request id") {
+		fmt.Fprintf(w, "  request id: %s (the server's log line of the request has request_id=%s)\n", c.requestID, c.requestID)
+	}
+}
+
 // answeredByServer says st is a server's answer rather than grpc-go's on this side (no
 // connection, the CLI's own deadline or cancellation), so the server logged the request.
 // Unavailable is left out whole: most of it is the connection's.
@@ -449,7 +457,8 @@ func answeredByServer(st *status.Status) bool {
 	return true
 }
 
-func printError(w io.Writer, err error, c connection) {
+// printStatus is printError but for the request id.
+func printStatus(w io.Writer, err error, c connection) {
 	usedTLS := c.usedTLS
 	var h *hintedError
 	if errors.As(err, &h) {
@@ -464,9 +473,6 @@ func printError(w io.Writer, err error, c connection) {
 		return
 	}
 	fmt.Fprintf(w, "ringfence: %s (%s)\n", oneLine(st.Message()), st.Code())
-	if answeredByServer(st) && c.requestID != "" && !strings.Contains(st.Message(), "request id") {
-		fmt.Fprintf(w, "  request id: %s (the server's log line of the request has request_id=%s)\n", c.requestID, c.requestID)
-	}
 	serverFailed := false
 	for _, d := range st.Details() {
 		switch d := d.(type) {
