@@ -38,6 +38,9 @@ func TestAgentTokenLifetimeAcrossClockSteps(t *testing.T) {
 	require.ErrorIs(t, authn(secret), errTokenExpired, "an hour has passed since it was minted")
 	h.pool.dropExpiredTokens(h.ctx, c.Now())
 	require.ErrorIs(t, authn(secret), errTokenExpired, "still stored (its wall-clock expiry is hours away), still refused")
+	listed, err := h.pool.ListAgentTokens(h.ctx, auth.DefaultTenant, run)
+	require.NoError(t, err)
+	require.Empty(t, listed, "nor listed, nor counted toward the run's tokens")
 
 	// Minted while the clock ran a year ahead; the clock is set right, the pool restarts.
 	c.step(365 * 24 * time.Hour)

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -123,7 +124,7 @@ func (s *Service) CreateAgentToken(ctx context.Context, tenant, runID, agent str
 	if _, ok := r.index.Agent(agent); !ok {
 		return nil, "", fmt.Errorf("%w: graph %s v%d has no agent node %q (its agents: %s)", errUnknownAgent, r.id.GraphID, r.id.Version, agent, listed(r.index.AgentIDs()))
 	}
-	have, err := s.tokens.RunAgentTokens(ctx, r.id.Tenant, r.id.ID)
+	have, err := s.liveTokens(ctx, r)
 	if err != nil {
 		return nil, "", err
 	}
@@ -153,7 +154,7 @@ func (s *Service) ListAgentTokens(ctx context.Context, tenant, runID string) ([]
 	if err != nil {
 		return nil, err
 	}
-	have, err := s.tokens.RunAgentTokens(ctx, r.id.Tenant, r.id.ID)
+	have, err := s.liveTokens(ctx, r)
 	if err != nil {
 		return nil, err
 	}
@@ -162,6 +163,17 @@ func (s *Service) ListAgentTokens(ctx context.Context, tenant, runID string) ([]
 		out = append(out, tokenFromStore(t))
 	}
 	return out, nil
+}
+
+// liveTokens are run r's stored tokens whose lifetime has not ended: one over by the monotonic
+// clock alone (the wall clock was set back) is refused, so it is neither listed nor counted
+// toward maxTokensPerRun while it waits, stored, for its wall-clock expiry and the reaper.
+func (s *Service) liveTokens(ctx context.Context, r *run) ([]store.AgentToken, error) {
+	have, err := s.tokens.RunAgentTokens(ctx, r.id.Tenant, r.id.ID)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(have, s.tokenOver), nil
 }
 
 // RevokeAgentToken revokes one token of one of tenant's runs: from then on it is refused, and
