@@ -14,11 +14,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ringfence/ringfence/internal/testutil"
@@ -205,6 +207,17 @@ func baseEnv() []string {
 }
 
 // stop ends the process gracefully (SIGTERM), or kills it after 15s.
+// requireLogged waits until the daemon's log has a line matching pattern. The process writes
+// its log through a pipe the test reads on a goroutine of its own, so a line written before a
+// response can reach d.Logs after the test holds the response.
+func (d *daemon) requireLogged(t *testing.T, pattern string, msgAndArgs ...any) {
+	t.Helper()
+	re := regexp.MustCompile(pattern)
+	if !assert.Eventually(t, func() bool { return re.MatchString(d.Logs.String()) }, 10*time.Second, 20*time.Millisecond, msgAndArgs...) {
+		t.Fatalf("no line of %s's log matches %s:\n%s", d.name, pattern, d.Logs.String())
+	}
+}
+
 func (d *daemon) stop() {
 	if d.cmd == nil || d.cmd.Process == nil {
 		return

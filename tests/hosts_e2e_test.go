@@ -224,8 +224,8 @@ func TestTwoPoolHostsShareEtcd(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusNotFound, resp.StatusCode)
 	require.Len(t, refusal.Details, 1)
-	require.Regexp(t, `request_id=forwarded-1 .*run_id=first call_id=`+refusal.Details[0].CallID+` attempt=1`, d.pools["p1"].Logs.String())
-	require.Regexp(t, `msg=rpc method=/ringfence.pool.v1.PoolService/CallTool code=NotFound .*request_id=forwarded-1 .*run_id=first\n`, p2.Logs.String())
+	d.pools["p1"].requireLogged(t, `request_id=forwarded-1 .*run_id=first call_id=`+refusal.Details[0].CallID+` attempt=1`)
+	p2.requireLogged(t, `msg=rpc method=/ringfence.pool.v1.PoolService/CallTool code=NotFound .*request_id=forwarded-1 .*run_id=first\n`)
 	// The caller's key and tenant travel with a forwarded request: a run of another tenant is
 	// not found through either host.
 	r := d.cli("p2", "runs", "show", "--run", "first", "--tenant", "other")
