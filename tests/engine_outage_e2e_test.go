@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -113,7 +114,7 @@ func (l *engineLink) down() {
 // outage is left behind.
 func TestTheEngineGoesAwayWhileARunHoldsASession(t *testing.T) {
 	link := newEngineLink(t)
-	_, cli, poolID := runsDaemon(t, "RINGFENCE_SANDBOX__DOCKER_HOST="+link.host())
+	d, cli, poolID := runsDaemon(t, "RINGFENCE_SANDBOX__DOCKER_HOST="+link.host())
 	require.Equal(t, 0, cli("servers", "update", "fx", "--prewarm", "1").Code)
 	warmReady := func() bool { return strings.Contains(cli("servers", "show", "fx").Stdout, "1 (ready 1, starting 0)") }
 	require.Eventually(t, warmReady, 60*time.Second, 200*time.Millisecond, "the warm container is ready")
@@ -140,15 +141,20 @@ func TestTheEngineGoesAwayWhileARunHoldsASession(t *testing.T) {
 	r = call("after")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "after")
-	require.Eventually(t, func() bool {
-		now := poolContainers(t, poolID)
+	var now []string
+	if !assert.Eventually(t, func() bool {
+		now = poolContainers(t, poolID)
 		for _, c := range before {
 			if slices.Contains(now, c) {
 				return false
 			}
 		}
 		return warmReady() && len(now) == 2
-	}, 60*time.Second, 200*time.Millisecond, "no container of before the outage is left, and the warm one is refilled")
+	}, 60*time.Second, 200*time.Millisecond) {
+		// Seen once in CI, under load, not reproduced since: what the pool said is the lead.
+		t.Fatalf("a container of before the outage is left, or the warm one is not refilled: before %v, now %v, %s\npool log:\n%s",
+			before, now, cli("servers", "show", "fx").Stdout, d.Logs.String())
+	}
 	require.Equal(t, 0, cli("runs", "end", "--run", "run-engine").Code)
 	require.Equal(t, 0, cli("servers", "update", "fx", "--prewarm", "0").Code)
 }
