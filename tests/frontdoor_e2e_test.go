@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -381,9 +382,19 @@ func TestFrontDoorConformance(t *testing.T) {
 				if line := sc.Text(); strings.HasPrefix(line, "✗ ") {
 					name := strings.Fields(strings.TrimPrefix(line, "✗ "))[0]
 					name = strings.TrimSuffix(name, ":")
-					if !strings.HasPrefix(name, "tasks-") && !passedAlone[name] {
-						require.Contains(t, listed.Server, name, "%s fails and is not an expected failure", name)
+					if strings.HasPrefix(name, "tasks-") || passedAlone[name] || slices.Contains(listed.Server, name) {
+						continue
 					}
+					// A scenario that is not scored fails without failing the run, so it was not
+					// retried above: it too runs twice more alone before it counts (seen once:
+					// json-schema-2020-12 in a loaded CI run).
+					passed := regexp.MustCompile(`✓ ` + regexp.QuoteMeta(name) + `\b`)
+					again := ""
+					for i := 0; i < 2 && !passed.MatchString(again); i++ {
+						again, _ = run(name)
+					}
+					require.Regexp(t, passed, again, "%s fails every time and is not an expected failure:\n%s", name, summary)
+					t.Logf("conformance %s: %s failed once and passed alone (the suite's own timeouts on a loaded machine)", revision, name)
 				}
 			}
 			t.Logf("conformance %s:\n%s", revision, summary)
