@@ -207,3 +207,31 @@ func TestUserTokenRefreshAcrossClockSteps(t *testing.T) {
 	call(run)
 	require.Equal(t, 2, refreshes())
 }
+
+// TestSignInLinkAcrossClockSteps: a sign-in's link is good for oauth.state_ttl from when the
+// pool began it by the monotonic clock: a wall clock set back an hour meanwhile, which says the
+// link has most of an hour to go, does not keep it good; within its life it is taken.
+func TestSignInLinkAcrossClockSteps(t *testing.T) {
+	w := oauthHarness(t)
+	begin := func(user string) string {
+		c, err := w.pool.ConnectServer(w.ctx, auth.DefaultTenant, user, "tickets")
+		require.NoError(t, err)
+		require.Equal(t, ConnectSignInRequired, c.State)
+		return c.AuthorizationURL
+	}
+
+	q := callbackQuery(t, w.as.SignIn(t, begin(oauthtest.Alice), oauthtest.Alice))
+	w.clock.step(-time.Hour)
+	w.clock.advance(DefaultOAuthStateTTL + time.Second)
+	_, err := w.pool.CompleteSignIn(w.ctx, q)
+	require.ErrorIs(t, err, errBadCallback)
+	require.Contains(t, err.Error(), "expired")
+	require.Empty(t, w.as.Grants("/oauth/token"), "nothing was exchanged")
+
+	q = callbackQuery(t, w.as.SignIn(t, begin(oauthtest.Alice), oauthtest.Alice))
+	w.clock.step(-time.Hour)
+	w.clock.advance(DefaultOAuthStateTTL - time.Second)
+	done, err := w.pool.CompleteSignIn(w.ctx, q)
+	require.NoError(t, err)
+	require.NoError(t, done.ConnectErr)
+}

@@ -318,6 +318,7 @@ func (s *Service) beginSignIn(ctx context.Context, tenant, user string, res *mcp
 	if err := s.oauth.PutSignInState(ctx, hash, st, s.now()); err != nil {
 		return err
 	}
+	s.signInLife(hash, st)
 	authURL := s.oauth2Config(client, scopes, asm.AuthorizationEndpoint, asm.TokenEndpoint).AuthCodeURL(state,
 		oauth2.S256ChallengeOption(verifier), oauth2.SetAuthURLParam("resource", resource))
 	return &signInError{ref: res.Ref, url: authURL, expire: expire, why: why}
@@ -329,6 +330,14 @@ func (s *Service) beginSignIn(ctx context.Context, tenant, user string, res *mcp
 // expired token in use, and the server's 401 would drop the user's sign-in.
 func (s *Service) renewLife(t oauthToken) lifetime {
 	return s.oauthLives.get(s, stateHash(t.AccessToken), t.IssueTime, t.Expiry.Add(-s.refreshBefore()), noLimit)
+}
+
+// signInLife is the life of the sign-in whose state hashes to hash: oauth.state_ttl from when
+// this process began it, by both clocks (clock.go), so a clock set back does not keep its link
+// good for longer. A sign-in another pool host began (its callback reached this one) is judged
+// from its stored expiry, and never longer than oauth.state_ttl from now.
+func (s *Service) signInLife(hash string, st store.SignInState) lifetime {
+	return s.signInLives.get(s, hash, st.ExpireTime.Add(-s.stateTTL()), st.ExpireTime, s.stateTTL())
 }
 
 func stateHash(state string) string {
@@ -377,7 +386,9 @@ func (s *Service) CompleteSignIn(ctx context.Context, q url.Values) (*SignedIn, 
 	if err != nil {
 		return nil, err
 	}
-	if !s.now().Before(st.ExpireTime) {
+	life := s.signInLife(hash, st)
+	s.signInLives.forget(hash)
+	if s.over(life) {
 		return nil, fmt.Errorf("%w: the sign-in expired (oauth.state_ttl): sign in again from the start", errBadCallback)
 	}
 	if e := q.Get("error"); e != "" {

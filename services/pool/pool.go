@@ -207,11 +207,12 @@ type Service struct {
 	runs         runs
 	liveSessions atomic.Int64 // run sessions and warm ones, under MaxSessions
 
-	// opened starts the monotonic clock (clock.go); tokenLives and oauthLives are the
-	// lifetimes this process has judged of agent tokens (by id) and of users' tokens until
-	// their refresh (by the access token's hash).
-	opened                 time.Time
-	tokenLives, oauthLives lifetimes
+	// opened starts the monotonic clock (clock.go); tokenLives, oauthLives and signInLives
+	// are the lifetimes this process has judged of agent tokens (by id), of users' tokens
+	// until their refresh (by the access token's hash) and of the sign-ins it began (by the
+	// state's hash).
+	opened                              time.Time
+	tokenLives, oauthLives, signInLives lifetimes
 
 	// warm holds the warm sessions (warm.go); warmWork is its keeper and what the keeper
 	// started, which warmCancel ends.

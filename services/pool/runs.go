@@ -604,6 +604,7 @@ func (s *Service) reapIdle(ctx context.Context) {
 		if now := time.Now(); now.Sub(tokensSwept) >= tokenSweepEvery {
 			s.dropExpiredTokens(ctx, s.now())
 			s.oauthLives.prune(s)
+			s.signInLives.prune(s)
 			tokensSwept = now
 		}
 		// The host's run list is only copied under its lock: each run is then judged, and
