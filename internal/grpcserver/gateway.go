@@ -168,6 +168,11 @@ func writeError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler,
 		body.Code = http.StatusRequestEntityTooLarge
 		body.Message = "the request is larger than the server accepts once encoded (JSON lists and numbers grow as protobuf): send less in one request"
 	}
+	if r != nil {
+		if g := gatewayRequestOf(r.Context()); g != nil {
+			g.refusal = st.Err()
+		}
+	}
 	writeErrorBody(w, body)
 }
 

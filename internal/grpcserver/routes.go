@@ -1,12 +1,15 @@
 package grpcserver
 
 import (
+	"context"
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -139,14 +142,49 @@ func (s *Server) authorizeRoute(next runtime.HandlerFunc) runtime.HandlerFunc {
 			refuseUnread(w, r, err)
 			return
 		}
-		next(w, r, params)
+		g := &gatewayRequest{}
+		next(w, r.WithContext(context.WithValue(r.Context(), gatewayRequestKey{}, g)), params)
+		if !g.rpcSent.Load() && g.refusal != nil {
+			s.finish(ctx, method, &requestInfo{id: rid}, start, g.refusal)
+		}
 	}
+}
+
+// gatewayRequest follows one REST request from its route's check to its answer, so that a
+// refusal the gateway writes before any RPC (a body that does not decode, a query parameter no
+// field takes) is counted and logged as that RPC's refusal, as a refused permission is: with
+// no RPC, the server's own access line and metrics would never see it.
+type gatewayRequest struct {
+	rpcSent atomic.Bool // set by the gateway connection's interceptors as the RPC is sent
+	refusal error       // what writeError answered, if it answered
+}
+
+type gatewayRequestKey struct{}
+
+func gatewayRequestOf(ctx context.Context) *gatewayRequest {
+	g, _ := ctx.Value(gatewayRequestKey{}).(*gatewayRequest)
+	return g
+}
+
+// markRPCSent and markStreamSent are the gateway connection's interceptors (gatewayRequest).
+func markRPCSent(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if g := gatewayRequestOf(ctx); g != nil {
+		g.rpcSent.Store(true)
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+func markStreamSent(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	if g := gatewayRequestOf(ctx); g != nil {
+		g.rpcSent.Store(true)
+	}
+	return streamer(ctx, desc, cc, method, opts...)
 }
 
 // refuseUnread answers a request refused before its body was read.
 func refuseUnread(w http.ResponseWriter, r *http.Request, err error) {
 	closeIfBodyUnread(w, r)
-	WriteHTTPError(w, err)
+	writeError(r.Context(), nil, nil, w, r, err)
 }
 
 // closeIfBodyUnread, before an answer that did not read the request's body: on HTTP/1

@@ -235,3 +235,47 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// TestAGatewayRefusalIsCountedAndLoggedAsItsRPC: a REST request the gateway refuses before
+// any RPC (a body that does not decode, a query parameter no field takes) is counted in
+// ringfence_grpc_requests_total and logged under the route's RPC, as a refused permission is;
+// one that reaches the RPC is counted once, by the RPC.
+func TestAGatewayRefusalIsCountedAndLoggedAsItsRPC(t *testing.T) {
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	srv := New(Options{Name: "t", GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Authorizer: allowAll{},
+		Logger: slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))})
+	registryv1.RegisterRegistryServiceServer(srv.GRPC(), listOnly{})
+	srv.AddGateway(func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error {
+		return registryv1.RegisterRegistryServiceHandler(ctx, mux, conn)
+	})
+	_, base := start(t, srv)
+	send := func(method, path, body string) int {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), method, base+path, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+
+	require.Equal(t, http.StatusBadRequest, send(http.MethodPost, "/v1/mcp/servers", `{"ref": [[[`))
+	require.Equal(t, http.StatusBadRequest, send(http.MethodGet, "/v1/mcp/servers?no_such_parameter=1", ""))
+	require.Equal(t, http.StatusNotImplemented, send(http.MethodPost, "/v1/mcp/servers", `{"ref": "a"}`), "reaches the RPC")
+
+	resp, err := http.Get(base + "/metrics")
+	require.NoError(t, err)
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Contains(t, string(metrics), `ringfence_grpc_requests_total{code="InvalidArgument",method="/ringfence.registry.v1.RegistryService/CreateServer"} 1`)
+	require.Contains(t, string(metrics), `ringfence_grpc_requests_total{code="InvalidArgument",method="/ringfence.registry.v1.RegistryService/ListServers"} 1`)
+	require.Contains(t, string(metrics), `ringfence_grpc_requests_total{code="Unimplemented",method="/ringfence.registry.v1.RegistryService/CreateServer"} 1`,
+		"a request that reached its RPC is counted by the RPC alone")
+	logMu.Lock()
+	defer logMu.Unlock()
+	require.Regexp(t, `level=INFO msg=rpc method=/ringfence.registry.v1.RegistryService/CreateServer code=InvalidArgument duration=\S+ request_id=\S+ err="invalid JSON body`, logs.String())
+	require.Contains(t, logs.String(), "method=/ringfence.registry.v1.RegistryService/ListServers code=InvalidArgument")
+	require.Equal(t, 1, strings.Count(logs.String(), "code=Unimplemented"), logs.String())
+}

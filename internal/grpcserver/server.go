@@ -362,6 +362,7 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return s.inmem.DialContext(ctx) }),
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxResponseBytes)),
+		grpc.WithUnaryInterceptor(markRPCSent), grpc.WithStreamInterceptor(markStreamSent),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("grpcserver: gateway connection: %w", err)
