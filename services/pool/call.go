@@ -706,11 +706,14 @@ func (s *Service) admit(ctx context.Context, sess *session) error {
 }
 
 // dispatch sends tools/call and turns the answer into a result or a classified failure.
-func (s *Service) dispatch(ctx context.Context, sess *session, d decision, callID string) (*CallResult, error) {
+func (s *Service) dispatch(ctx context.Context, sess *session, d decision, callID string) (res *CallResult, err error) {
 	sess.calls.Add(1)
 	cctx, cancel := context.WithTimeout(ctx, sess.reg.CallTimeout())
 	defer cancel()
+	began := time.Now()
 	ans, err := sess.sess.CallToolRaw(cctx, &mcp.CallToolParams{Name: d.spec.Name, Arguments: d.args.value})
+	took := time.Since(began)
+	defer func() { s.metrics.observeServerCall(sess.ref, took, res, err) }()
 	if err != nil {
 		if scoped := s.answerScopeChallenge(ctx, sess, err); scoped != nil {
 			return nil, &FailedError{Class: failureSignInRequired, Err: scoped}

@@ -1,6 +1,12 @@
 package pool
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ringfence/ringfence/internal/audit"
+)
 
 // metrics are the pool's own Prometheus series, beside the per-RPC ones every binary has.
 type metrics struct {
@@ -10,6 +16,7 @@ type metrics struct {
 	sessionsStopped prometheus.Counter
 	listings        prometheus.Counter
 	calls           *prometheus.CounterVec
+	serverCalls     *prometheus.HistogramVec
 	warmHits        *prometheus.CounterVec
 	warmMisses      *prometheus.CounterVec
 	warmRefills     *prometheus.CounterVec
@@ -30,6 +37,13 @@ func newMetrics() *metrics {
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ringfence_pool_calls_total", Help: "Tool-call attempts by outcome, result and reason or failure class."},
 			[]string{"outcome", "result", "reason"}),
+		serverCalls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "ringfence_pool_server_call_duration_seconds",
+			Help: "How long MCP servers took to answer dispatched tools/call requests, by server and result (succeeded, or failed: a tool error, no answer, or an answer the gates refused).",
+			// From 100 µs (a warm container answers in a few hundred) to 10 minutes, the
+			// longest tool_call_timeout a registration may set.
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600},
+		}, []string{"server", "result"}),
 		warmHits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ringfence_pool_warm_hits_total", Help: "First calls of a run to a server that took a warm session."}, []string{"server"}),
 		warmMisses: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -45,7 +59,7 @@ func newMetrics() *metrics {
 
 func (m *metrics) collectors(s *Service) []prometheus.Collector {
 	return []prometheus.Collector{
-		m.runsStarted, m.runsEnded, m.sessionsSpawned, m.sessionsStopped, m.listings, m.calls,
+		m.runsStarted, m.runsEnded, m.sessionsSpawned, m.sessionsStopped, m.listings, m.calls, m.serverCalls,
 		m.warmHits, m.warmMisses, m.warmRefills, m.warmDiscarded, m.forwarded,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringfence_pool_warm_ready", Help: "Warm sessions ready for a run's first call (counted in ringfence_pool_sessions_live too)."},
 			func() float64 { return float64(s.warm.count()) }),
@@ -58,4 +72,14 @@ func (m *metrics) collectors(s *Service) []prometheus.Collector {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringfence_pool_listing_watches_held", Help: "WatchAgentTools streams this host's front door holds open to the owners of runs it has sessions of."},
 			func() float64 { return float64(s.heldWatches.Load()) }),
 	}
+}
+
+// observeServerCall counts one dispatched tools/call to server: took is how long the server
+// took to answer (or to fail to), whatever the gates made of the answer after.
+func (m *metrics) observeServerCall(server string, took time.Duration, res *CallResult, err error) {
+	result := audit.ResultFailed
+	if err == nil && res != nil && !res.IsError {
+		result = audit.ResultSucceeded
+	}
+	m.serverCalls.WithLabelValues(server, result).Observe(took.Seconds())
 }
