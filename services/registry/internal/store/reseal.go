@@ -56,6 +56,9 @@ func (n *resealCount) resealSecret(box *secretbox.Box, name string, st *storedSe
 	return changed
 }
 
+// A value that does not decode is left as it is, for the reads that meet it to report (as they
+// do without a re-seal): it is no reason to refuse a start.
+
 // reseal re-seals the file's values in one transaction, which also asks for a scrub: the
 // values sealed under the older key must leave the file's free pages too.
 func (s *Bolt) reseal() (resealCount, error) {
@@ -72,10 +75,7 @@ func (s *Bolt) reseal() (resealCount, error) {
 		secrets := tx.Bucket(secretsBucket)
 		err := secrets.ForEach(func(k, v []byte) error {
 			var st storedSecret
-			if err := json.Unmarshal(v, &st); err != nil {
-				return fmt.Errorf("decode secret %s: %w", k, err)
-			}
-			if !n.resealSecret(s.box, string(k), &st) {
+			if json.Unmarshal(v, &st) != nil || !n.resealSecret(s.box, string(k), &st) {
 				return nil
 			}
 			val, err := json.Marshal(st)
@@ -88,10 +88,7 @@ func (s *Bolt) reseal() (resealCount, error) {
 		servers := tx.Bucket(serversBucket)
 		err = servers.ForEach(func(k, v []byte) error {
 			var st storedServer
-			if err := json.Unmarshal(v, &st); err != nil {
-				return fmt.Errorf("decode server %s: %w", k, err)
-			}
-			if !n.resealServer(s.box, &st) {
+			if json.Unmarshal(v, &st) != nil || !n.resealServer(s.box, &st) {
 				return nil
 			}
 			val, err := json.Marshal(&st)
@@ -147,27 +144,24 @@ func (s *Etcd) resealKey(ctx context.Context, kind string, kv *mvccpb.KeyValue, 
 	name := strings.TrimPrefix(key, s.space.Prefix(kind))
 	for {
 		var val []byte
-		var changed bool
+		var err error
 		var try resealCount
 		switch kind {
 		case etcdSecrets:
 			var st storedSecret
-			if err := json.Unmarshal(kv.Value, &st); err != nil {
-				return fmt.Errorf("registry: re-seal %s: decode: %w", key, err)
-			}
-			if changed = try.resealSecret(s.box, name, &st); changed {
-				val, _ = json.Marshal(st)
+			if json.Unmarshal(kv.Value, &st) == nil && try.resealSecret(s.box, name, &st) {
+				val, err = json.Marshal(st)
 			}
 		case etcdServers:
 			var st storedServer
-			if err := json.Unmarshal(kv.Value, &st); err != nil {
-				return fmt.Errorf("registry: re-seal %s: decode: %w", key, err)
-			}
-			if changed = try.resealServer(s.box, &st); changed {
-				val, _ = json.Marshal(&st)
+			if json.Unmarshal(kv.Value, &st) == nil && try.resealServer(s.box, &st) {
+				val, err = json.Marshal(&st)
 			}
 		}
-		if !changed {
+		if err != nil {
+			return fmt.Errorf("registry: re-seal %s: %w", key, err)
+		}
+		if val == nil {
 			n.unopened += try.unopened
 			return nil
 		}

@@ -161,3 +161,31 @@ func TestEtcdResealKeepsANewerWrite(t *testing.T) {
 	require.NoError(t, err, "sealed under B now")
 	require.Equal(t, "newer", string(plain))
 }
+
+// TestEtcdResealLeavesAValueThatDoesNotDecode: a registration or secret in etcd that does not
+// decode fails the reads that meet it, as it does with one key; a rotated key file does not
+// turn it into a refused start.
+func TestEtcdResealLeavesAValueThatDoesNotDecode(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	cli := cluster.Client(t, "registry")
+	root := cluster.Root()
+	ctx := t.Context()
+	s, err := OpenEtcd(ctx, EtcdConfig{Client: cli, Root: root, Box: keyFile(t, keyA)}, spoolConfig(t, testutil.NewAuditRecorder()))
+	require.NoError(t, err)
+	_, err = s.PutSecret(ctx, "tickets-token", canary, nil)
+	require.NoError(t, err)
+	for _, kind := range []string{etcdServers, etcdSecrets} {
+		_, err = cli.Put(ctx, s.space.Key(kind, "broken"), "{not json")
+		require.NoError(t, err)
+	}
+	require.NoError(t, s.Close())
+
+	s, err = OpenEtcd(ctx, EtcdConfig{Client: cli, Root: root, Box: keyFile(t, keyB, keyA)}, spoolConfig(t, testutil.NewAuditRecorder()))
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = s.GetServer(ctx, "broken")
+	require.ErrorContains(t, err, "decode")
+	v, err := s.SecretValue(ctx, "tickets-token")
+	require.NoError(t, err)
+	require.Equal(t, canary, v)
+}
