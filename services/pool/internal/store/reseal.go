@@ -52,20 +52,21 @@ func (n *ResealCount) one(r Resealer, sealed, context []byte) ([]byte, bool) {
 
 // resealValue re-seals the value of one key of kind (tokens, states or clients) named name
 // (tenant/user/ref, a state's hash, or anything for a client: its JSON names it), returning
-// the new value and whether it changed.
+// the new value and whether it changed. A key or value that does not decode is left as it is,
+// for the reads that meet it to report, as they do without a re-seal.
 func (n *ResealCount) resealValue(r Resealer, kind, name string, v []byte) ([]byte, bool, error) {
 	switch kind {
 	case etcdOAuthTokens:
 		parts := strings.Split(name, "/")
 		if len(parts) != 3 {
-			return nil, false, fmt.Errorf("key %q is not tenant/user/server", name)
+			return v, false, nil
 		}
 		out, changed := n.one(r, v, r.Token(parts[0], parts[1], parts[2]))
 		return out, changed, nil
 	case etcdOAuthStates:
 		var st SignInState
-		if err := json.Unmarshal(v, &st); err != nil {
-			return nil, false, err
+		if json.Unmarshal(v, &st) != nil {
+			return v, false, nil
 		}
 		var changed bool
 		if st.VerifierSealed, changed = n.one(r, st.VerifierSealed, r.Verifier(name)); !changed {
@@ -75,8 +76,8 @@ func (n *ResealCount) resealValue(r Resealer, kind, name string, v []byte) ([]by
 		return out, err == nil, err
 	case etcdOAuthClients:
 		var c OAuthClient
-		if err := json.Unmarshal(v, &c); err != nil {
-			return nil, false, err
+		if json.Unmarshal(v, &c) != nil {
+			return v, false, nil
 		}
 		var changed bool
 		if c.SecretSealed, changed = n.one(r, c.SecretSealed, r.Client(c.Issuer, c.RedirectURI)); !changed {
