@@ -121,7 +121,7 @@ func (s *Bolt) checkSecretsKey(path string) error {
 		return nil
 	})
 	if errors.Is(err, secretbox.ErrOpen) {
-		return fmt.Errorf("registry: the secrets key does not open what %s holds sealed (%s): start with the key file it was sealed with (RINGFENCE_SECRETS_KEY_FILE, default <data_dir>/secrets.key; a restored backup needs the secrets.key kept with it)", path, what)
+		return fmt.Errorf("registry: the secrets key does not open what %s holds sealed (%s): start with the key file it was sealed with, or with that key as a line of the key file (RINGFENCE_SECRETS_KEY_FILE, default <data_dir>/secrets.key; a restored backup needs the secrets.key kept with it)", path, what)
 	}
 	if err != nil {
 		return fmt.Errorf("registry: read %s: %w", path, err)
