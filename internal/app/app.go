@@ -411,11 +411,7 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 // secretsBox is the deployment's key for secrets at rest (secrets_key_file, default
 // <data_dir>/secrets.key): the registry's secrets, the pool's users' OAuth tokens.
 func secretsBox(cfg *config.Config) (*secretbox.Box, error) {
-	keyFile := cfg.SecretsKeyFile
-	if keyFile == "" {
-		keyFile = filepath.Join(cfg.DataDir, "secrets.key")
-	}
-	box, err := secretbox.LoadOrCreate(keyFile)
+	box, err := secretbox.LoadOrCreate(secretsKeyFile(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("app: secrets_key_file (%s; default <data_dir>/secrets.key): %w", config.EnvName("secrets_key_file"), err)
 	}

@@ -27,6 +27,9 @@ func Main(name string, build Builder) int {
 		fmt.Println(version.String(name))
 		return 0
 	}
+	if len(os.Args) > 1 && os.Args[1] == "secrets-key" {
+		return secretsKeyCommand(name, os.Args[2:], os.Environ(), os.Stdout, os.Stderr)
+	}
 	cfg, err := config.Load(name, os.Args[1:], os.Environ(), os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0

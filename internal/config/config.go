@@ -41,7 +41,7 @@ type Config struct {
 	LogFormat         string `key:"log_format" default:"text" help:"text or json"`
 	BootstrapAdminKey string `key:"bootstrap_admin_key" secret:"true" help:"this exact value becomes an admin API key at start (idempotent)"`
 	ServiceRolesJSON  string `key:"service_roles_json" help:"custom roles as a JSON object: {\"role\": [\"permission\", ...]}"`
-	SecretsKeyFile    string `key:"secrets_key_file" help:"AES-256 key file for secrets at rest; default <data_dir>/secrets.key, created 0600 on first start"`
+	SecretsKeyFile    string `key:"secrets_key_file" help:"AES-256 key file for secrets at rest, one key a line (64 hex characters; the first seals, every one opens: to rotate it, see docs/operations.md); default <data_dir>/secrets.key, created 0600 on first start"`
 
 	// Warnings are what loading noticed without refusing it (a ZEROTH_ alias another name
 	// overrides, say); the binary logs them once its logger exists.

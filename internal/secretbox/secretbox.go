@@ -14,13 +14,18 @@ import (
 	"strings"
 )
 
-// Box seals and opens values.
+// Box seals and opens values. It holds one key or more: the first seals, and every one opens
+// (the first tried first), so a key file can name a new key beside the old one while the values
+// sealed under the old one are re-sealed (Reseal).
 type Box struct {
-	aead cipher.AEAD
+	aeads []cipher.AEAD
+	path  string
 }
 
-// LoadOrCreate reads the 32-byte key (hex) at path, creating it with mode 0600 when it does not
-// exist. A key file readable by others is refused.
+// LoadOrCreate reads the key file at path, creating it with one key and mode 0600 when it does
+// not exist. A key file readable by others is refused. The file holds one key a line, 64 hex
+// characters (32 bytes) each; blank lines and lines starting with # are allowed. The first key
+// seals; every key opens.
 func LoadOrCreate(path string) (*Box, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -43,7 +48,7 @@ func LoadOrCreate(path string) (*Box, error) {
 		if err := f.Close(); err != nil {
 			return nil, fmt.Errorf("secretbox: write key file: %w", err)
 		}
-		return New(key)
+		return newBox(path, key)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("secretbox: read key file: %w", err)
@@ -51,51 +56,117 @@ func LoadOrCreate(path string) (*Box, error) {
 	if st, err := os.Stat(path); err == nil && st.Mode().Perm()&0o077 != 0 {
 		return nil, fmt.Errorf("secretbox: key file %s is readable by others (mode %v): chmod 600 it", path, st.Mode().Perm())
 	}
-	key, err := hex.DecodeString(strings.TrimSpace(string(data)))
-	if err != nil || len(key) != 32 {
-		return nil, fmt.Errorf("secretbox: key file %s must hold 64 hex characters (32 bytes)", path)
+	keys, err := ParseKeys(path, data)
+	if err != nil {
+		return nil, err
 	}
-	return New(key)
+	return newBox(path, keys...)
+}
+
+// ParseKeys reads the keys of a key file's content, in order; name is the file, for errors.
+// A line that is not a key, a key that repeats an earlier line, and a file without a key are
+// refused, naming the line and never its content.
+func ParseKeys(name string, data []byte) ([][]byte, error) {
+	var keys [][]byte
+	seen := map[string]int{}
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		key, err := hex.DecodeString(line)
+		if err != nil || len(key) != 32 {
+			return nil, fmt.Errorf("secretbox: key file %s line %d is not a key: each line holds one key of 64 hex characters (32 bytes), a # comment, or nothing; fix or remove the line (ringfenced secrets-key rotate --file %s adds a new key)", name, i+1, name)
+		}
+		if first, ok := seen[string(key)]; ok {
+			return nil, fmt.Errorf("secretbox: key file %s line %d repeats the key of line %d: remove one of the two lines", name, i+1, first)
+		}
+		seen[string(key)] = i + 1
+		keys = append(keys, key)
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("secretbox: key file %s holds no key: it must hold 64 hex characters (32 bytes) on a line; restore the key file the data was sealed with (an empty file is not a new key)", name)
+	}
+	return keys, nil
 }
 
 // New returns a Box for a 32-byte key.
-func New(key []byte) (*Box, error) {
-	if len(key) != 32 {
-		return nil, errors.New("secretbox: key must be 32 bytes")
+func New(key []byte) (*Box, error) { return newBox("", key) }
+
+// NewKeys returns a Box whose first key seals and whose every key opens.
+func NewKeys(keys ...[]byte) (*Box, error) { return newBox("", keys...) }
+
+func newBox(path string, keys ...[]byte) (*Box, error) {
+	if len(keys) == 0 {
+		return nil, errors.New("secretbox: no key")
 	}
-	block, err := aes.NewCipher(key)
-	if err != nil {
-		return nil, fmt.Errorf("secretbox: %w", err)
+	b := &Box{path: path}
+	for _, key := range keys {
+		if len(key) != 32 {
+			return nil, errors.New("secretbox: key must be 32 bytes")
+		}
+		block, err := aes.NewCipher(key)
+		if err != nil {
+			return nil, fmt.Errorf("secretbox: %w", err)
+		}
+		aead, err := cipher.NewGCM(block)
+		if err != nil {
+			return nil, fmt.Errorf("secretbox: %w", err)
+		}
+		b.aeads = append(b.aeads, aead)
 	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, fmt.Errorf("secretbox: %w", err)
-	}
-	return &Box{aead: aead}, nil
+	return b, nil
 }
+
+// Keys is how many keys the box holds: more than one while a rotation is under way.
+func (b *Box) Keys() int { return len(b.aeads) }
+
+// Path is the key file the box was loaded from ("" for New and NewKeys).
+func (b *Box) Path() string { return b.path }
 
 // Seal encrypts plaintext bound to context (e.g. "server/<ref>/env"), so a sealed value cannot
 // be moved to another record unnoticed.
 func (b *Box) Seal(plaintext, context []byte) []byte {
-	nonce := make([]byte, b.aead.NonceSize(), b.aead.NonceSize()+len(plaintext)+b.aead.Overhead())
+	aead := b.aeads[0]
+	nonce := make([]byte, aead.NonceSize(), aead.NonceSize()+len(plaintext)+aead.Overhead())
 	if _, err := rand.Read(nonce); err != nil {
 		panic(err) // crypto/rand never fails on supported platforms
 	}
-	return b.aead.Seal(nonce, nonce, plaintext, context)
+	return aead.Seal(nonce, nonce, plaintext, context)
 }
 
 // ErrOpen means a sealed value could not be decrypted: wrong key file or tampered data.
 var ErrOpen = errors.New("secretbox: cannot decrypt a stored secret: the secrets key file does not match this data, or the data was altered")
 
-// Open decrypts a value sealed with the same context.
+// Open decrypts a value sealed with the same context, under any key of the box.
 func (b *Box) Open(sealed, context []byte) ([]byte, error) {
-	n := b.aead.NonceSize()
-	if len(sealed) < n+b.aead.Overhead() {
-		return nil, ErrOpen
+	plain, _, err := b.open(sealed, context)
+	return plain, err
+}
+
+// open decrypts sealed and reports the index of the key that opened it.
+func (b *Box) open(sealed, context []byte) ([]byte, int, error) {
+	for i, aead := range b.aeads {
+		n := aead.NonceSize()
+		if len(sealed) < n+aead.Overhead() {
+			return nil, 0, ErrOpen
+		}
+		if out, err := aead.Open(nil, sealed[:n], sealed[n:], context); err == nil {
+			return out, i, nil
+		}
 	}
-	out, err := b.aead.Open(nil, sealed[:n], sealed[n:], context)
+	return nil, 0, ErrOpen
+}
+
+// Reseal returns sealed re-sealed under the first key when only a later key opens it
+// (resealed true), or sealed itself when the first key opens it; ErrOpen when no key does.
+func (b *Box) Reseal(sealed, context []byte) (out []byte, resealed bool, err error) {
+	plain, i, err := b.open(sealed, context)
 	if err != nil {
-		return nil, ErrOpen
+		return nil, false, err
 	}
-	return out, nil
+	if i == 0 {
+		return sealed, false, nil
+	}
+	return b.Seal(plain, context), true, nil
 }

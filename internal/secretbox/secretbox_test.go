@@ -3,6 +3,7 @@ package secretbox
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -42,4 +43,102 @@ func TestSealOpenAndKeyFile(t *testing.T) {
 	require.NoError(t, os.Chmod(path, 0o644))
 	_, err = LoadOrCreate(path)
 	require.ErrorContains(t, err, "chmod 600")
+}
+
+func writeKeys(t *testing.T, lines ...string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "secrets.key")
+	require.NoError(t, os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o600))
+	return path
+}
+
+// TestSeveralKeysFirstSealsEveryOneOpens: a key file of several lines seals with its first key
+// and opens with any; Reseal moves a value sealed under a later key to the first.
+func TestSeveralKeysFirstSealsEveryOneOpens(t *testing.T) {
+	a, b := strings.Repeat("a1", 32), strings.Repeat("b2", 32)
+	onlyA, err := LoadOrCreate(writeKeys(t, a))
+	require.NoError(t, err)
+	sealedA := onlyA.Seal([]byte("canary"), []byte("ctx"))
+
+	path := writeKeys(t, "# rotated", b, "", "  "+a+"  ")
+	both, err := LoadOrCreate(path)
+	require.NoError(t, err)
+	require.Equal(t, 2, both.Keys())
+	require.Equal(t, path, both.Path())
+	plain, err := both.Open(sealedA, []byte("ctx"))
+	require.NoError(t, err, "a later key opens")
+	require.Equal(t, "canary", string(plain))
+
+	sealedB := both.Seal([]byte("canary"), []byte("ctx"))
+	_, err = onlyA.Open(sealedB, []byte("ctx"))
+	require.ErrorIs(t, err, ErrOpen, "the first key seals, not the second")
+	onlyB, err := LoadOrCreate(writeKeys(t, b))
+	require.NoError(t, err)
+	_, err = onlyB.Open(sealedB, []byte("ctx"))
+	require.NoError(t, err)
+
+	same, resealed, err := both.Reseal(sealedB, []byte("ctx"))
+	require.NoError(t, err)
+	require.False(t, resealed, "a value the first key opens stays as it is")
+	require.Equal(t, sealedB, same)
+	moved, resealed, err := both.Reseal(sealedA, []byte("ctx"))
+	require.NoError(t, err)
+	require.True(t, resealed)
+	plain, err = onlyB.Open(moved, []byte("ctx"))
+	require.NoError(t, err, "re-sealed under the first key")
+	require.Equal(t, "canary", string(plain))
+	_, _, err = onlyB.Reseal(sealedA, []byte("ctx"))
+	require.ErrorIs(t, err, ErrOpen)
+}
+
+// TestBadKeyLinesAreRefusedByLine: a malformed, repeated or missing key stops the start naming
+// the line and the fix, never the key.
+func TestBadKeyLinesAreRefusedByLine(t *testing.T) {
+	a, b := strings.Repeat("a1", 32), strings.Repeat("b2", 32)
+	_, err := LoadOrCreate(writeKeys(t, b, "# old", a[:60]))
+	require.ErrorContains(t, err, "line 3 is not a key")
+	require.NotContains(t, err.Error(), a[:60])
+	require.NotContains(t, err.Error(), b)
+
+	_, err = LoadOrCreate(writeKeys(t, a, b, a))
+	require.ErrorContains(t, err, "line 3 repeats the key of line 1: remove one of the two lines")
+	require.NotContains(t, err.Error(), a)
+
+	_, err = LoadOrCreate(writeKeys(t, "# nothing here", ""))
+	require.ErrorContains(t, err, "holds no key")
+}
+
+// TestRotatePutsANewKeyFirst: Rotate writes a new key as the first line and keeps every line
+// after it, mode 0600; what the old key sealed still opens, and the new key seals.
+func TestRotatePutsANewKeyFirst(t *testing.T) {
+	a := strings.Repeat("a1", 32)
+	path := writeKeys(t, "# the old one", a)
+	old, err := LoadOrCreate(path)
+	require.NoError(t, err)
+	sealed := old.Seal([]byte("canary"), nil)
+
+	n, err := Rotate(path)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	st, err := os.Stat(path)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	require.Len(t, lines, 3)
+	require.Len(t, lines[0], 64)
+	require.Equal(t, []string{"# the old one", a}, lines[1:])
+	_, err = os.Stat(path + ".rotate")
+	require.ErrorIs(t, err, os.ErrNotExist)
+
+	box, err := LoadOrCreate(path)
+	require.NoError(t, err)
+	_, err = box.Open(sealed, nil)
+	require.NoError(t, err)
+	_, err = old.Open(box.Seal([]byte("x"), nil), nil)
+	require.ErrorIs(t, err, ErrOpen, "the new key seals")
+
+	_, err = Rotate(filepath.Join(t.TempDir(), "missing.key"))
+	require.ErrorContains(t, err, "no key file at")
 }

@@ -406,6 +406,9 @@ func Open(ctx context.Context, cfg Config) (_ *Service, err error) {
 		}
 		closers = append(closers, lease.Close)
 	}
+	if err := s.resealSignIns(ctx); err != nil {
+		return nil, err
+	}
 	if cfg.SpoolDir == "" {
 		cfg.SpoolDir = filepath.Join(filepath.Dir(cfg.DBPath), "pool-audit-spool")
 	}
@@ -527,14 +530,36 @@ func checkSecretsKey(ctx context.Context, er *store.Etcd, box *secretbox.Box, lo
 	if err != nil {
 		return false, err
 	}
-	if _, err := box.Open(first, aad); err != nil {
+	resealed, changed, err := box.Reseal(first, aad)
+	if err != nil {
 		log.Error("this pool host's secrets key is not the one the other pool hosts sharing etcd seal users' OAuth tokens and sign-ins with: "+
 			"a sign-in begun on one of them cannot finish here, nor a token they stored be sent from here; give every pool host the same secrets_key_file "+
 			"(a copy of the first host's), or, if every host's key was replaced on purpose, delete the key named here from etcd",
 			"key", er.SecretsCheckKey())
 		return false, nil
 	}
+	if changed { // sealed under an older key of the file: the first seals it from now on
+		if err := er.ReplaceSecretsCheck(ctx, first, resealed); err != nil {
+			return false, err
+		}
+	}
 	return true, nil
+}
+
+// resealSignIns re-seals under the first key of the secrets key file, when it holds more than
+// one, the users' tokens, pending sign-ins and client secrets that only a later key opens
+// (docs/operations.md, "Rotating the secrets key"), and logs what it did.
+func (s *Service) resealSignIns(ctx context.Context) error {
+	box := s.cfg.Secrets
+	if box == nil || box.Keys() < 2 {
+		return nil
+	}
+	n, err := s.oauth.ResealSignIns(ctx, store.Resealer{Reseal: box.Reseal, Token: tokenContext, Verifier: verifierContext, Client: clientContext})
+	if err != nil {
+		return fmt.Errorf("pool: re-seal the users' sign-ins under the first key of the secrets key file: %w", err)
+	}
+	box.LogResealed(s.log, "pool", n.Resealed, n.Unopened)
+	return nil
 }
 
 func fieldError(field, format string, args ...any) error { return fielderr.New(field, format, args...) }

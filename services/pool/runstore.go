@@ -62,6 +62,9 @@ type OAuthStore interface {
 	// DropSignInAt deletes a user's token and listing if the stored token is still at, else
 	// store.ErrTokenChanged: a drop decided on a token read never drops a newer one.
 	DropSignInAt(ctx context.Context, tenant, user, ref string, at store.SealedToken) error
+	// ResealSignIns re-seals, with r, every sealed token, verifier and client secret that only
+	// an older key of the secrets key file opens, each write compared with what it read.
+	ResealSignIns(ctx context.Context, r store.Resealer) (store.ResealCount, error)
 
 	// The clients the pool registered for itself (RFC 7591), one per issuer and redirect URI,
 	// shared by every user, server and pool host. PutOAuthClient replaces; DropOAuthClient

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,18 +55,29 @@ func OpenBolt(path string, box *secretbox.Box, spool SpoolConfig) (*Bolt, error)
 		_ = db.Close() // the migration's error is the one to report
 		return nil, err
 	}
-	// A migration that sealed plaintext asked for its old pages to leave the file.
+	s := &Bolt{db: db, box: box, servers: make(map[string]*storedServer)}
+	if err := s.checkSecretsKey(path); err != nil {
+		_ = db.Close() // the key's error is the one to report
+		return nil, err
+	}
+	resealed, err := s.reseal()
+	if err != nil {
+		_ = db.Close() // the re-seal's error is the one to report
+		return nil, err
+	}
+	// A migration that sealed plaintext, or a re-seal, asked for its old pages to leave the file.
 	if db, err = boltdb.ScrubIfRequested(db); err != nil {
 		if db != nil {
 			_ = db.Close() // the scrub's error is the one to report
 		}
 		return nil, err
 	}
-	s := &Bolt{db: db, box: box, servers: make(map[string]*storedServer)}
-	if err := s.checkSecretsKey(path); err != nil {
-		_ = db.Close() // the key's error is the one to report
-		return nil, err
+	s.db = db
+	log := spool.Logger
+	if log == nil {
+		log = slog.Default()
 	}
+	box.LogResealed(log, "registry", resealed.resealed, resealed.unopened)
 	if err := s.loadKeys(); err != nil {
 		_ = db.Close() // the error above is the one to report
 		return nil, err
@@ -109,7 +121,7 @@ func (s *Bolt) checkSecretsKey(path string) error {
 		return nil
 	})
 	if errors.Is(err, secretbox.ErrOpen) {
-		return fmt.Errorf("registry: the secrets key does not open what %s holds sealed (%s): start with the key file it was sealed with (RINGFENCE_SECRETS_KEY_FILE, default <data_dir>/secrets.key; a restored backup needs the secrets.key kept with it)", path, what)
+		return fmt.Errorf("registry: the secrets key does not open what %s holds sealed (%s): start with the key file it was sealed with, or with that key as a line of the key file (RINGFENCE_SECRETS_KEY_FILE, default <data_dir>/secrets.key; a restored backup needs the secrets.key kept with it)", path, what)
 	}
 	if err != nil {
 		return fmt.Errorf("registry: read %s: %w", path, err)

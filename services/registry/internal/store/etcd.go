@@ -93,8 +93,12 @@ func OpenEtcd(ctx context.Context, cfg EtcdConfig, spool SpoolConfig) (*Etcd, er
 	if err := s.checkSecretsKey(ctx); err != nil {
 		return nil, err
 	}
+	resealed, err := s.reseal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.box.LogResealed(s.log, "registry", resealed.resealed, resealed.unopened)
 	spool.Etcd = &audit.EtcdOutbox{Client: s.cli, Prefix: s.space.Prefix(etcdOutbox)}
-	var err error
 	if s.spool, err = audit.NewSpool(spool); err != nil {
 		return nil, err
 	}
@@ -109,9 +113,10 @@ func OpenEtcd(ctx context.Context, cfg EtcdConfig, spool SpoolConfig) (*Etcd, er
 // secretsKeyCheck is what meta/secrets_key_check holds, sealed.
 const secretsKeyCheck = "ringfence registry secrets key"
 
-// checkSecretsKey refuses a secrets key other than the one the data was sealed with: every
-// replica seals and opens with its own copy of the key file, and one that differs would write
-// secrets no other replica can open.
+// checkSecretsKey refuses a secrets key file none of whose keys is the one the data was sealed
+// with: every replica seals and opens with its own copy of the key file, and one that differs
+// would write secrets no other replica can open. A check that only a later key of the file
+// opens (a rotation under way) is re-sealed under the first.
 func (s *Etcd) checkSecretsKey(ctx context.Context) error {
 	key := s.space.Key("meta", "secrets_key_check")
 	sealed := s.box.Seal([]byte(secretsKeyCheck), []byte(key))
@@ -126,6 +131,13 @@ func (s *Etcd) checkSecretsKey(ctx context.Context) error {
 	kvs := resp.Responses[0].GetResponseRange().GetKvs()
 	if len(kvs) == 1 {
 		if plain, err := s.box.Open(kvs[0].Value, []byte(key)); err == nil && string(plain) == secretsKeyCheck {
+			// Sealed under an older key of the file: the first seals it from now on (unless
+			// another replica changed it meanwhile, which stands).
+			if resealed, changed, _ := s.box.Reseal(kvs[0].Value, []byte(key)); changed {
+				if _, err := s.cli.Txn(ctx).If(unchanged(kvs[0])).Then(clientv3.OpPut(key, string(resealed))).Commit(); err != nil {
+					return etcdstore.Unavailable("re-seal the secrets key check", err)
+				}
+			}
 			return nil
 		}
 	}

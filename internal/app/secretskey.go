@@ -1,0 +1,95 @@
+package app
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+
+	"github.com/ringfence/ringfence/internal/config"
+	"github.com/ringfence/ringfence/internal/secretbox"
+)
+
+// secretsKeyFile is the key file cfg names: secrets_key_file, default <data_dir>/secrets.key.
+func secretsKeyFile(cfg *config.Config) string {
+	if cfg.SecretsKeyFile != "" {
+		return cfg.SecretsKeyFile
+	}
+	return filepath.Join(cfg.DataDir, "secrets.key")
+}
+
+const secretsKeyUsage = `Usage: %[1]s secrets-key rotate [--file FILE | the server's own flags]
+
+Puts a new key at the head of the secrets key file, keeping the old keys after it: the new
+key seals from the next start, which re-seals every stored value under it; the old keys still
+open what they sealed. Once the log says "every sealed value opens with the first key", remove
+the other lines (docs/operations.md, "Rotating the secrets key"). The key file is FILE, or the
+one the server's configuration names (secrets_key_file, default <data_dir>/secrets.key, from
+the same flags, environment and --config the server starts with). No key is printed.
+`
+
+// secretsKeyCommand is "<name> secrets-key ...": a command on the server's own key file, run
+// on its host, not a call to a running server. It returns the exit status.
+func secretsKeyCommand(name string, args, environ []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] != "rotate" {
+		fmt.Fprintf(stderr, secretsKeyUsage, name)
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+			return 0
+		}
+		return 2
+	}
+	file, rest, err := fileFlag(args[1:])
+	if err != nil {
+		fmt.Fprintf(stderr, "%s secrets-key rotate: %v\n", name, err)
+		return 2
+	}
+	if file == "" {
+		cfg, err := config.Load(name, rest, environ, stderr)
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "%s secrets-key rotate: %v (or name the key file with --file)\n", name, err)
+			return 2
+		}
+		file = secretsKeyFile(cfg)
+	}
+	n, err := secretbox.Rotate(file)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s secrets-key rotate: %v\n", name, err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "%s: a new key is its first line (%d keys now). Start the server: it re-seals the stored secrets under the new key. "+
+		"Once its log says every sealed value opens with the first key, remove the other lines and start it again. "+
+		"Several hosts sharing etcd: see docs/operations.md, \"Rotating the secrets key\"\n", file, n)
+	return 0
+}
+
+// fileFlag takes --file FILE (or --file=FILE, -file) out of args: the key file, and the other
+// arguments, which must be empty when a file is named.
+func fileFlag(args []string) (file string, rest []string, err error) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--file" || a == "-file":
+			if i+1 == len(args) || args[i+1] == "" {
+				return "", nil, errors.New("--file needs the key file's path")
+			}
+			file = args[i+1]
+			i++
+		case strings.HasPrefix(a, "--file=") || strings.HasPrefix(a, "-file="):
+			_, file, _ = strings.Cut(a, "=")
+			if file == "" {
+				return "", nil, errors.New("--file needs the key file's path")
+			}
+		default:
+			rest = append(rest, a)
+		}
+	}
+	if file != "" && len(rest) > 0 {
+		return "", nil, fmt.Errorf("unexpected argument %q: with --file, nothing else is read", rest[0])
+	}
+	return file, rest, nil
+}

@@ -1,0 +1,53 @@
+package app
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestSecretsKeyRotateCommand: `secrets-key rotate` rotates the key file named by --file, or
+// the one the server's configuration names; it prints no key, and a wrong use says how.
+func TestSecretsKeyRotateCommand(t *testing.T) {
+	run := func(environ []string, args ...string) (int, string, string) {
+		var stdout, stderr bytes.Buffer
+		code := secretsKeyCommand("ringfenced", args, environ, &stdout, &stderr)
+		return code, stdout.String(), stderr.String()
+	}
+	key := strings.Repeat("a1", 32)
+	file := filepath.Join(t.TempDir(), "k")
+	require.NoError(t, os.WriteFile(file, []byte(key+"\n"), 0o600))
+	code, out, errs := run(nil, "rotate", "--file", file)
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, out, file+": a new key is its first line (2 keys now)")
+	data, err := os.ReadFile(file)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	require.Equal(t, key, lines[1])
+	require.NotContains(t, out+errs, lines[0])
+
+	dataDir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dataDir, "secrets.key"), []byte(key+"\n"), 0o600))
+	code, out, errs = run([]string{"RINGFENCE_DATA_DIR=" + dataDir}, "rotate")
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, out, filepath.Join(dataDir, "secrets.key")+": a new key is its first line (2 keys now)")
+
+	code, _, errs = run([]string{"RINGFENCE_DATA_DIR=" + t.TempDir()}, "rotate")
+	require.Equal(t, 1, code)
+	require.Contains(t, errs, "no key file at")
+	require.Contains(t, errs, "a server creates its first key itself at its first start")
+
+	code, _, errs = run(nil, "rotate", "--file", file, "--data-dir", "x")
+	require.Equal(t, 2, code)
+	require.Contains(t, errs, `unexpected argument "--data-dir": with --file, nothing else is read`)
+	code, _, errs = run(nil, "new")
+	require.Equal(t, 2, code)
+	require.Contains(t, errs, "Usage: ringfenced secrets-key rotate")
+	code, _, errs = run(nil, "rotate", "--file")
+	require.Equal(t, 2, code)
+	require.Contains(t, errs, "--file needs the key file's path")
+}

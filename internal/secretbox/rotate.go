@@ -1,0 +1,64 @@
+package secretbox
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// Rotate puts a new key at the head of the key file at path, keeping every line it held after
+// it: the new key seals from the next start, and the old ones still open what they sealed until
+// it is re-sealed. The file is written aside (mode 0600), synced and renamed over path, so a
+// crash leaves the old file or the new one whole, never a mix. It returns how many keys the
+// file holds now. A missing file, or one that does not parse, is refused: a rotation never
+// replaces the key that opens the data.
+func Rotate(path string) (keys int, err error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("secretbox: no key file at %s: name the key file the server uses (secrets_key_file, default <data_dir>/secrets.key); a server creates its first key itself at its first start", path)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("secretbox: read key file: %w", err)
+	}
+	old, err := ParseKeys(path, data)
+	if err != nil {
+		return 0, err
+	}
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return 0, fmt.Errorf("secretbox: generate key: %w", err)
+	}
+	out := []byte(hex.EncodeToString(key) + "\n")
+	if len(data) > 0 && data[len(data)-1] != '\n' {
+		data = append(data, '\n')
+	}
+	out = append(out, data...)
+	tmp := path + ".rotate"
+	_ = os.Remove(tmp) // left by a rotation that crashed before its rename: never the live file
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return 0, fmt.Errorf("secretbox: write %s: %w: the key file's directory must be writable by this user", tmp, err)
+	}
+	if _, err = f.Write(out); err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return 0, fmt.Errorf("secretbox: write key file %s: %w (the key file is unchanged)", path, err)
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync() // the rename survives a crash; the file is whole either way
+		_ = d.Close()
+	}
+	return len(old) + 1, nil
+}

@@ -1,0 +1,197 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	bolt "go.etcd.io/bbolt"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ringfence/ringfence/internal/etcdstore"
+)
+
+// Re-sealing after a rotation of the secrets key (docs/operations.md, "Rotating the secrets
+// key"): at start, while the key file holds more than one key, the pool re-seals under the
+// first key every user's token, pending sign-in's verifier and client secret that only a later
+// key opens. The store never sees a value in clear: the caller's Resealer opens and seals.
+
+// Resealer re-seals one sealed value bound to its context (secretbox.Box.Reseal): out and true
+// when it was re-sealed, false to keep it as it is; an error when no key opens it (kept, and
+// counted). Token, Verifier and Client are the contexts the pool seals each kind with.
+type Resealer struct {
+	Reseal   func(sealed, context []byte) (out []byte, resealed bool, err error)
+	Token    func(tenant, user, ref string) []byte
+	Verifier func(hash string) []byte
+	Client   func(issuer, redirectURI string) []byte
+}
+
+// ResealCount is what a re-seal did: values re-sealed, and values no key opens (kept as they
+// are: their use fails as before).
+type ResealCount struct{ Resealed, Unopened int }
+
+func (n *ResealCount) one(r Resealer, sealed, context []byte) ([]byte, bool) {
+	if len(sealed) == 0 {
+		return sealed, false
+	}
+	out, changed, err := r.Reseal(sealed, context)
+	if err != nil {
+		n.Unopened++
+		return sealed, false
+	}
+	if changed {
+		n.Resealed++
+	}
+	return out, changed
+}
+
+// resealValue re-seals the value of one key of kind (tokens, states or clients) named name
+// (tenant/user/ref, a state's hash, or anything for a client: its JSON names it), returning
+// the new value and whether it changed. A key or value that does not decode is left as it is,
+// for the reads that meet it to report, as they do without a re-seal.
+func (n *ResealCount) resealValue(r Resealer, kind, name string, v []byte) ([]byte, bool, error) {
+	switch kind {
+	case etcdOAuthTokens:
+		parts := strings.Split(name, "/")
+		if len(parts) != 3 {
+			return v, false, nil
+		}
+		out, changed := n.one(r, v, r.Token(parts[0], parts[1], parts[2]))
+		return out, changed, nil
+	case etcdOAuthStates:
+		var st SignInState
+		if json.Unmarshal(v, &st) != nil {
+			return v, false, nil
+		}
+		var changed bool
+		if st.VerifierSealed, changed = n.one(r, st.VerifierSealed, r.Verifier(name)); !changed {
+			return v, false, nil
+		}
+		out, err := json.Marshal(st)
+		return out, err == nil, err
+	case etcdOAuthClients:
+		var c OAuthClient
+		if json.Unmarshal(v, &c) != nil {
+			return v, false, nil
+		}
+		var changed bool
+		if c.SecretSealed, changed = n.one(r, c.SecretSealed, r.Client(c.Issuer, c.RedirectURI)); !changed {
+			return v, false, nil
+		}
+		out, err := json.Marshal(c)
+		return out, err == nil, err
+	}
+	return v, false, nil
+}
+
+// ResealSignIns re-seals pool.db's users' tokens, pending sign-ins and clients in one
+// transaction.
+func (s *Store) ResealSignIns(ctx context.Context, r Resealer) (ResealCount, error) {
+	var n ResealCount
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		for kind, name := range map[string][]byte{etcdOAuthTokens: oauthTokensBucket, etcdOAuthStates: oauthStatesBucket, etcdOAuthClients: oauthClientsBucket} {
+			b := tx.Bucket(name)
+			var keys, vals [][]byte
+			err := b.ForEach(func(k, v []byte) error {
+				out, changed, err := n.resealValue(r, kind, string(k), v)
+				if err != nil {
+					return fmt.Errorf("store: %s %q: %w", name, k, err)
+				}
+				if changed {
+					keys, vals = append(keys, bytes.Clone(k)), append(vals, out)
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			for i := range keys { // not inside ForEach: bbolt forbids changing a bucket it iterates
+				if err := b.Put(keys[i], vals[i]); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return ResealCount{}, err
+	}
+	return n, nil
+}
+
+// ResealSignIns re-seals the users' tokens, pending sign-ins and clients in etcd, each by a
+// transaction that commits only if its key is unchanged since read (a pending sign-in keeps
+// its lease): a value another pool host wrote meanwhile is read again, never overwritten.
+func (s *Etcd) ResealSignIns(ctx context.Context, r Resealer) (ResealCount, error) {
+	var n ResealCount
+	for _, kind := range []string{etcdOAuthTokens, etcdOAuthStates, etcdOAuthClients} {
+		prefix := s.space.Prefix(etcdOAuth, kind)
+		resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix())
+		if err != nil {
+			return n, etcdstore.Unavailable("read "+prefix, err)
+		}
+		for _, kv := range resp.Kvs {
+			if err := s.resealKey(ctx, r, kind, strings.TrimPrefix(string(kv.Key), prefix), kv, &n); err != nil {
+				return n, err
+			}
+		}
+	}
+	return n, nil
+}
+
+// resealKey re-seals one key's value with a compare-and-swap on its mod revision, reading it
+// again when another writer changed it first.
+func (s *Etcd) resealKey(ctx context.Context, r Resealer, kind, name string, kv *mvccpb.KeyValue, n *ResealCount) error {
+	key := string(kv.Key)
+	for {
+		var try ResealCount
+		out, changed, err := try.resealValue(r, kind, name, kv.Value)
+		if err != nil {
+			return fmt.Errorf("store: re-seal %s: %w", key, err)
+		}
+		if !changed {
+			n.Unopened += try.Unopened
+			return nil
+		}
+		var opts []clientv3.OpOption
+		if kv.Lease != 0 {
+			opts = append(opts, clientv3.WithLease(clientv3.LeaseID(kv.Lease)))
+		}
+		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
+			Then(clientv3.OpPut(key, string(out), opts...)).Else(clientv3.OpGet(key)).Commit()
+		if kv.Lease != 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return nil // a pending sign-in that expired meanwhile
+		}
+		if err != nil {
+			return etcdstore.Unavailable("re-seal "+key, err)
+		}
+		if resp.Succeeded {
+			n.Resealed += try.Resealed
+			n.Unopened += try.Unopened
+			return nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			return nil // taken or dropped meanwhile
+		}
+		kv = kvs[0]
+	}
+}
+
+// ReplaceSecretsCheck stores sealed as the seal of SecretsCheck if it still holds old: the
+// check re-sealed under the first key of a rotated key file. A check another host replaced
+// meanwhile stands.
+func (s *Etcd) ReplaceSecretsCheck(ctx context.Context, old, sealed []byte) error {
+	key := s.SecretsCheckKey()
+	_, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(key), "=", string(old))).
+		Then(clientv3.OpPut(key, string(sealed))).Commit()
+	if err != nil {
+		return etcdstore.Unavailable("re-seal "+key, err)
+	}
+	return nil
+}

@@ -1,0 +1,183 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	bolt "go.etcd.io/bbolt"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ringfence/ringfence/internal/boltdb"
+	"github.com/ringfence/ringfence/internal/etcdstore"
+	"github.com/ringfence/ringfence/internal/secretbox"
+)
+
+// Re-sealing after a rotation of the secrets key (docs/operations.md, "Rotating the secrets
+// key"): while the key file holds more than one key, every start re-seals under the first key
+// each secret, env and URL that only a later key opens, so the older lines can be removed once
+// the log says none is left. A re-seal changes no value in clear: the revision and the update
+// time stay, and, as the schema migrations that seal at start, it takes no audit record.
+
+// resealCount is what a re-seal did: values re-sealed, and values no key of the box opens
+// (left as they are: their reads fail as before).
+type resealCount struct{ resealed, unopened int }
+
+// reseal re-seals one value: out is sealed as it is when the first key opens it or none does.
+func (n *resealCount) reseal(box *secretbox.Box, sealed, context []byte) (out []byte, changed bool) {
+	if len(sealed) == 0 {
+		return sealed, false
+	}
+	out, changed, err := box.Reseal(sealed, context)
+	if err != nil {
+		n.unopened++
+		return sealed, false
+	}
+	if changed {
+		n.resealed++
+	}
+	return out, changed
+}
+
+// resealServer re-seals a stored registration's env and URL; changed when either moved.
+func (n *resealCount) resealServer(box *secretbox.Box, st *storedServer) (changed bool) {
+	var envChanged, urlChanged bool
+	st.EnvSealed, envChanged = n.reseal(box, st.EnvSealed, envContext(st.Ref))
+	st.URLSealed, urlChanged = n.reseal(box, st.URLSealed, urlContext(st.Ref))
+	return envChanged || urlChanged
+}
+
+// resealSecret re-seals a stored secret; changed when it moved.
+func (n *resealCount) resealSecret(box *secretbox.Box, name string, st *storedSecret) (changed bool) {
+	st.Sealed, changed = n.reseal(box, st.Sealed, secretContext(name))
+	return changed
+}
+
+// A value that does not decode is left as it is, for the reads that meet it to report (as they
+// do without a re-seal): it is no reason to refuse a start.
+
+// reseal re-seals the file's values in one transaction, which also asks for a scrub: the
+// values sealed under the older key must leave the file's free pages too.
+func (s *Bolt) reseal() (resealCount, error) {
+	var n resealCount
+	if s.box.Keys() < 2 {
+		return n, nil
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		type update struct {
+			b        *bolt.Bucket
+			key, val []byte
+		}
+		var updates []update
+		secrets := tx.Bucket(secretsBucket)
+		err := secrets.ForEach(func(k, v []byte) error {
+			var st storedSecret
+			if json.Unmarshal(v, &st) != nil || !n.resealSecret(s.box, string(k), &st) {
+				return nil
+			}
+			val, err := json.Marshal(st)
+			updates = append(updates, update{secrets, bytes.Clone(k), val})
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		servers := tx.Bucket(serversBucket)
+		err = servers.ForEach(func(k, v []byte) error {
+			var st storedServer
+			if json.Unmarshal(v, &st) != nil || !n.resealServer(s.box, &st) {
+				return nil
+			}
+			val, err := json.Marshal(&st)
+			updates = append(updates, update{servers, bytes.Clone(k), val})
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		for _, u := range updates { // not inside ForEach: bbolt forbids changing a bucket it iterates
+			if err := u.b.Put(u.key, u.val); err != nil {
+				return err
+			}
+		}
+		if len(updates) == 0 {
+			return nil
+		}
+		return boltdb.RequestScrub(tx)
+	})
+	if err != nil {
+		return resealCount{}, fmt.Errorf("registry: re-seal the stored secrets under the first key of the secrets key file: %w", err)
+	}
+	return n, nil
+}
+
+// reseal re-seals the registrations and secrets in etcd, each by a transaction that commits
+// only if the key is unchanged since read: a value another replica wrote meanwhile is read
+// again (and is left as it is when the first key opens it), never overwritten.
+func (s *Etcd) reseal(ctx context.Context) (resealCount, error) {
+	var n resealCount
+	if s.box.Keys() < 2 {
+		return n, nil
+	}
+	for _, kind := range []string{etcdSecrets, etcdServers} {
+		prefix := s.space.Prefix(kind)
+		resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix())
+		if err != nil {
+			return n, etcdstore.Unavailable("read "+prefix, err)
+		}
+		for _, kv := range resp.Kvs {
+			if err := s.resealKey(ctx, kind, kv, &n); err != nil {
+				return n, err
+			}
+		}
+	}
+	return n, nil
+}
+
+// resealKey re-seals one key's value with a compare-and-swap on its mod revision, reading it
+// again when another writer changed it first.
+func (s *Etcd) resealKey(ctx context.Context, kind string, kv *mvccpb.KeyValue, n *resealCount) error {
+	key := string(kv.Key)
+	name := strings.TrimPrefix(key, s.space.Prefix(kind))
+	for {
+		var val []byte
+		var err error
+		var try resealCount
+		switch kind {
+		case etcdSecrets:
+			var st storedSecret
+			if json.Unmarshal(kv.Value, &st) == nil && try.resealSecret(s.box, name, &st) {
+				val, err = json.Marshal(st)
+			}
+		case etcdServers:
+			var st storedServer
+			if json.Unmarshal(kv.Value, &st) == nil && try.resealServer(s.box, &st) {
+				val, err = json.Marshal(&st)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("registry: re-seal %s: %w", key, err)
+		}
+		if val == nil {
+			n.unopened += try.unopened
+			return nil
+		}
+		resp, err := s.cli.Txn(ctx).If(unchanged(kv)).Then(clientv3.OpPut(key, string(val))).Else(clientv3.OpGet(key)).Commit()
+		if err != nil {
+			return etcdstore.Unavailable("re-seal "+key, err)
+		}
+		if resp.Succeeded {
+			n.resealed += try.resealed
+			n.unopened += try.unopened
+			return nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			return nil // deleted meanwhile
+		}
+		kv = kvs[0]
+	}
+}
