@@ -38,8 +38,12 @@ type Moved struct {
 }
 
 // moveStep, when set (by tests), runs after each graph is copied; an error stops the move
-// there, as a crash would.
-var moveStep func() error
+// there, as a crash would. moveFlushed runs after each transaction of a graph's parts
+// but its last.
+var (
+	moveStep    func() error
+	moveFlushed func(owner string)
+)
 
 // Limits of one transaction of a move, under etcd's defaults (128 operations, 1.5 MiB a
 // request); a value past etcdstore.InlineBytes (512 KiB) goes in chunks staged before it.
@@ -254,6 +258,9 @@ func (b *graphBatch) flush(last ...clientv3.Op) error {
 		b.written = append(b.written, writtenKey{key: k, val: b.vals[i], rev: resp.Header.Revision})
 	}
 	b.ops, b.keys, b.vals, b.size = nil, nil, nil, 0
+	if moveFlushed != nil && len(last) == 0 {
+		moveFlushed(b.owner)
+	}
 	return nil
 }
 

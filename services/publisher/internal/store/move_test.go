@@ -197,3 +197,40 @@ func TestMoveBoltStoppedInTheMiddle(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, vs, 60)
 }
+
+// TestMoveBoltStopsForAGraphCreatedMeanwhile: a graph another replica creates while its parts
+// are being copied stands, and none of the file's parts stay in it: its first publish is
+// version 1, and it lists no other.
+func TestMoveBoltStopsForAGraphCreatedMeanwhile(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	path := publisherToMove(t)
+	ctx := t.Context()
+	replicas := etcdReplicas(t, cluster, 2, EtcdConfig{CacheBytes: -1})
+	s, other := replicas[0], replicas[1]
+	created := false
+	moveFlushed = func(owner string) {
+		if owner == "acme/many" && !created {
+			created = true
+			require.NoError(t, other.CreateGraph(ctx, newGraph("acme", "many"), nil))
+		}
+	}
+	t.Cleanup(func() { moveFlushed = nil })
+	m, err := s.MoveBolt(ctx, path)
+	require.NoError(t, err)
+	require.True(t, created, "acme/many's parts took more than one transaction")
+	require.Equal(t, Moved{GraphsCopied: 3, GraphsInEtcd: 1, VersionsCopied: 3, AuditRecords: 3, RenamedTo: path + MovedSuffix}, m)
+
+	d, err := other.Draft(ctx, "acme", "many")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), d.Revision)
+	require.Len(t, d.Nodes, 1)
+	n, err := other.Publish(ctx, "acme", "many", d.Revision, &graph.Version{Graph: d}, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	vs, _, err := other.ListVersions(ctx, "acme", "many", "", 100)
+	require.NoError(t, err)
+	require.Equal(t, []int64{1}, versionNumbers(vs))
+	left, err := s.cli.Get(ctx, s.space.Prefix(etcdVersions, "acme", "many"), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.Equal(t, int64(1), left.Count, "only the new graph's version")
+}
