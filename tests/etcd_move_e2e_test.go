@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
 )
@@ -104,4 +105,40 @@ func TestMoveFromBboltToEtcd(t *testing.T) {
 	must(cli(key.Secret, "servers", "show", "docs"))
 	_, err := os.Stat(filepath.Join(d.DataDir, "registry.db"))
 	require.True(t, os.IsNotExist(err))
+}
+
+// TestMoveFromBboltNeedsTheKeyOfTheFile: ringfenced moved to etcd with another secrets key
+// than the one its registry.db was sealed with refuses to start, naming the file, the key file
+// and the fix; nothing reaches etcd (not even the key's check) and the file stays. With the
+// file's key, the next start moves it.
+func TestMoveFromBboltNeedsTheKeyOfTheFile(t *testing.T) {
+	d := startDaemon(t, "ringfenced", registryEnv()...)
+	r := runCmd(t, strings.NewReader(canarySecret), []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey},
+		bin("ringfence"), "secrets", "set", "tickets-token")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	d.stop()
+
+	cluster := etcdtest.Start(t, 1)
+	root := cluster.Root()
+	wrongKey := filepath.Join(t.TempDir(), "secrets.key")
+	require.NoError(t, os.WriteFile(wrongKey, []byte(strings.Repeat("cd", 32)+"\n"), 0o600))
+	env := append(append([]string{"RINGFENCE_DATA_DIR=" + d.DataDir, "RINGFENCE_GRPC_ADDR=" + d.GRPCAddr, "RINGFENCE_HTTP_ADDR=" + d.HTTPAddr},
+		etcdEnv(cluster, root, "registry")...), registryEnv()...)
+	r = runCmd(t, nil, append(env, "RINGFENCE_SECRETS_KEY_FILE="+wrongKey), bin("ringfenced"))
+	require.NotEqual(t, 0, r.Code, r.Stderr)
+	db := filepath.Join(d.DataDir, "registry.db")
+	require.Contains(t, r.Stderr, db+` was not moved to etcd: 1 of its sealed values (the first: secret \"tickets-token\") do not open with this host's secrets key (`+wrongKey+`)`)
+	require.Contains(t, r.Stderr, "Start with the key file registry.db was sealed with")
+	require.NotContains(t, r.Stderr, canarySecret)
+	require.FileExists(t, db)
+	resp, err := cluster.Client(t, "registry").Get(t.Context(), root+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.Zero(t, resp.Count, "nothing reached etcd")
+
+	d.env = append(d.env, etcdEnv(cluster, root, "registry")...)
+	d.start()
+	d.requireLogged(t, `moved the registry's state kept in registry.db to etcd.* secrets_copied=1`)
+	out := runCmd(t, nil, []string{"RINGFENCE_ADDR=" + d.GRPCAddr, "RINGFENCE_API_KEY=" + adminKey}, bin("ringfence"), "secrets", "list")
+	require.Equal(t, 0, out.Code, out.Stderr)
+	require.Contains(t, out.Stdout, "tickets-token")
 }
