@@ -220,9 +220,10 @@ type writtenKey struct {
 	rev int64
 }
 
-// add puts val at key; blob stages it through etcdstore.Blobs (a draft or a version).
+// add puts val at key; blob stages it through etcdstore.Blobs (a draft or a version). val may
+// be bbolt's memory, valid only in its transaction: what is kept is a copy.
 func (b *graphBatch) add(key string, val []byte, blob bool) error {
-	stored, extra := val, []clientv3.Op(nil)
+	stored, extra := bytes.Clone(val), []clientv3.Op(nil)
 	if blob {
 		staged, err := b.s.blobs.Stage(b.ctx, b.owner, val)
 		if err != nil {
