@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
 	"github.com/ringfence/ringfence/internal/testutil"
 )
 
@@ -47,26 +46,6 @@ func TestARestoreWithoutItsSecretsKeyIsRefused(t *testing.T) {
 	r = cli("servers", "add", "tickets", "--transport", "streamable_http", "--url", "http://127.0.0.1:9/mcp",
 		"--header-secret", "Authorization=tickets-token")
 	require.Equal(t, 0, r.Code, r.Stderr)
-}
-
-// TestEtcdOverABboltDataDirIsRefused: a registry or publisher switched to store.backend=etcd
-// over the data_dir it kept on bbolt refuses to start, naming the file whose state etcd does
-// not have, rather than serve an empty deployment beside it.
-func TestEtcdOverABboltDataDirIsRefused(t *testing.T) {
-	d := startDaemon(t, "ringfenced", registryEnv()...)
-	d.stop()
-	cluster := etcdtest.Start(t, 1)
-	env := append([]string{"RINGFENCE_DATA_DIR=" + d.DataDir, "RINGFENCE_GRPC_ADDR=" + testutil.FreeAddr(t), "RINGFENCE_HTTP_ADDR=" + testutil.FreeAddr(t)},
-		etcdEnv(cluster, cluster.Root(), "registry")...)
-	r := runCmd(t, nil, append(env, registryEnv()...), bin("ringfenced"))
-	require.NotEqual(t, 0, r.Code, r.Stderr)
-	require.Contains(t, r.Stderr, filepath.Join(d.DataDir, "registry.db")+" holds this service's state from store.backend=bbolt")
-	require.Contains(t, r.Stderr, "move registry.db out of data_dir")
-
-	require.NoError(t, os.Rename(filepath.Join(d.DataDir, "registry.db"), filepath.Join(t.TempDir(), "registry.db")))
-	r = runCmd(t, nil, append(env, registryEnv()...), bin("ringfenced"))
-	require.NotEqual(t, 0, r.Code, r.Stderr)
-	require.Contains(t, r.Stderr, "move publisher.db out of data_dir")
 }
 
 const canarySecret = "restore-canary-7c1e"

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/url"
@@ -325,21 +324,6 @@ func dataFile(cfg *config.Config, name string) (string, error) {
 	return filepath.Join(cfg.DataDir, name), nil
 }
 
-// boltLeftBehind refuses store.backend=etcd over a data_dir that holds the service's bbolt
-// file: nothing in it is copied to etcd, so the start would serve none of what it holds, and
-// the audit records waiting in its outbox would never be sent.
-func boltLeftBehind(cfg *config.Config, path string) error {
-	if !cfg.Store.Etcd() {
-		return nil
-	}
-	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-		return nil
-	} else if err != nil {
-		return fmt.Errorf("app: %w", err)
-	}
-	return fmt.Errorf("app: %s holds this service's state from store.backend=bbolt, and store.backend=etcd does not read it: nothing is copied from bbolt to etcd, so this start would serve none of it (nor send the audit records waiting in it). Keep store.backend=bbolt; or, to start afresh on etcd, move %s out of data_dir (keep it: it is the only copy)", path, filepath.Base(path))
-}
-
 // openAudit opens the audit log: with shared, a copy of the chain that the audit instances
 // share in etcd (one writes it at a time), else the log itself, in data_dir.
 func (a *App) openAudit(ctx context.Context, cfg *config.Config, shared bool, log *slog.Logger) (*auditsvc.Service, error) {
@@ -368,9 +352,6 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 	if err != nil {
 		return nil, err
 	}
-	if err := boltLeftBehind(cfg, path); err != nil {
-		return nil, err
-	}
 	box, err := secretsBox(cfg)
 	if err != nil {
 		return nil, err
@@ -384,6 +365,7 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 		Etcd:             cli,
 		EtcdRoot:         cfg.Store.EtcdPrefix,
 		Secrets:          box,
+		SecretsKeyFile:   secretsKeyFile(cfg),
 		Roles:            roles,
 		AllowedEnvKeys:   cfg.Sandbox.MCPIsolationAllowedEnvironmentKeys,
 		OAuthCallbackURL: callback,
@@ -417,6 +399,7 @@ func secretsBox(cfg *config.Config) (*secretbox.Box, error) {
 	}
 	return box, nil
 }
+
 
 // oauthCallbackURL is where authorization servers send users back: oauth.callback_url, else
 // /v1/oauth/callback at the origin of frontdoor.public_url, else at the HTTP listener's
@@ -651,9 +634,6 @@ func defaultPoolID(dataDir string) string {
 func (a *App) openPublisher(ctx context.Context, cfg *config.Config, policies publisher.Policies, disc publisher.Discoverer, sink audit.Sink, log *slog.Logger) (*publisher.Service, error) {
 	path, err := dataFile(cfg, "publisher.db")
 	if err != nil {
-		return nil, err
-	}
-	if err := boltLeftBehind(cfg, path); err != nil {
 		return nil, err
 	}
 	cli, err := a.etcdClient(ctx, cfg, log)

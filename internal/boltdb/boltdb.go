@@ -136,6 +136,23 @@ func create(path string) error {
 	return syncDir(path)
 }
 
+// SetAside renames the file at path to path+suffix, kept but no longer used, and syncs the
+// directory so the new name survives a crash. A file already under that name (set aside
+// before) is kept too: the new one then takes path+suffix+"-<UTC time>". It returns the new
+// name.
+func SetAside(path, suffix string) (string, error) {
+	to := path + suffix
+	if _, err := os.Lstat(to); err == nil {
+		to += "-" + time.Now().UTC().Format("20060102T150405.000000000Z")
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("boltdb: %w", err)
+	}
+	if err := os.Rename(path, to); err != nil {
+		return "", fmt.Errorf("boltdb: %w", err)
+	}
+	return to, syncDir(to)
+}
+
 // syncDir makes a rename into path's directory survive a crash.
 func syncDir(path string) error {
 	dir, err := os.Open(filepath.Dir(path))

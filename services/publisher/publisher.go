@@ -9,7 +9,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -46,8 +49,9 @@ type UserDiscoverer interface {
 
 // Config holds the service's dependencies.
 type Config struct {
-	// DBPath is the publisher's bbolt file. With Etcd set, nothing is kept there; the audit
-	// quarantine file is still named after it (<DBPath>.audit-quarantine.jsonl).
+	// DBPath is the publisher's bbolt file. With Etcd set, nothing is kept there (a file left
+	// from bbolt is moved to etcd at Open, then renamed); the audit quarantine file is still
+	// named after it (<DBPath>.audit-quarantine.jsonl).
 	DBPath string
 	// Etcd, when set, keeps the publisher's state in etcd under <EtcdRoot>/publisher/, shared
 	// by every replica that names the same cluster and root, instead of the bbolt file.
@@ -163,7 +167,40 @@ func openStore(cfg Config) (Store, error) {
 	spool.QuarantinePath = cfg.DBPath + ".audit-quarantine.jsonl"
 	ctx, cancel := context.WithTimeout(context.Background(), etcdstore.RequestTimeout)
 	defer cancel()
-	return store.OpenEtcd(ctx, store.EtcdConfig{Client: cfg.Etcd, Root: cfg.EtcdRoot, CacheBytes: cfg.CacheBytes, Logger: cfg.Logger}, spool)
+	st, err := store.OpenEtcd(ctx, store.EtcdConfig{Client: cfg.Etcd, Root: cfg.EtcdRoot, CacheBytes: cfg.CacheBytes, Logger: cfg.Logger}, spool)
+	if err != nil {
+		return nil, err
+	}
+	if err := moveBolt(st, cfg.DBPath, cfg.Logger); err != nil {
+		_ = st.Close() // the move's error is the one to report
+		return nil, err
+	}
+	return st, nil
+}
+
+// moveTimeout bounds the copy of a publisher.db into etcd at start.
+const moveTimeout = 10 * time.Minute
+
+// moveBolt copies the graphs a publisher.db left from bbolt kept into etcd, before the
+// publisher serves, and renames the file (store.Etcd.MoveBolt; docs/operations.md, "Moving
+// from bbolt"). Without the file it does nothing.
+func moveBolt(st *store.Etcd, path string, log *slog.Logger) error {
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("publisher: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), moveTimeout)
+	defer cancel()
+	m, err := st.MoveBolt(ctx, path)
+	if err != nil {
+		return err
+	}
+	name := filepath.Base(path)
+	log.Info(fmt.Sprintf("moved the publisher's state kept in %s to etcd, and renamed the file to %s", name, filepath.Base(m.RenamedTo)),
+		"graphs_copied", m.GraphsCopied, "graphs_already_in_etcd", m.GraphsInEtcd,
+		"versions_copied", m.VersionsCopied, "audit_records_moved", m.AuditRecords)
+	return nil
 }
 
 // Spool is the publisher's audit spool (tests flush it).

@@ -8,8 +8,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"time"
 
@@ -42,16 +45,19 @@ type WarmReporter interface {
 
 // Config holds the service's dependencies.
 type Config struct {
-	// DBPath is the registry's bbolt file. With Etcd set, nothing is kept there; the audit
-	// quarantine file is still named after it (<DBPath>.audit-quarantine.jsonl).
+	// DBPath is the registry's bbolt file. With Etcd set, nothing is kept there (a file left
+	// from bbolt is moved to etcd at Open, then renamed); the audit quarantine file is still
+	// named after it (<DBPath>.audit-quarantine.jsonl).
 	DBPath string
 	// Etcd, when set, keeps the registry's state in etcd under <EtcdRoot>/registry/, shared
 	// by every replica that names the same cluster and root, instead of the bbolt file.
 	Etcd     *clientv3.Client
 	EtcdRoot string
-	// Secrets seals env values and secrets at rest.
-	Secrets *secretbox.Box
-	Roles   *auth.Roles
+	// Secrets seals env values and secrets at rest; SecretsKeyFile is where its key is kept,
+	// named in errors.
+	Secrets        *secretbox.Box
+	SecretsKeyFile string
+	Roles          *auth.Roles
 	// AllowedEnvKeys is the operator's env allowlist for registrations.
 	AllowedEnvKeys []string
 	// Discoverer answers ListServerTools and ExploreServer: the pool, which starts servers
@@ -216,9 +222,52 @@ func openStore(cfg Config) (Store, error) {
 		return store.OpenBolt(cfg.DBPath, cfg.Secrets, spool)
 	}
 	spool.QuarantinePath = cfg.DBPath + ".audit-quarantine.jsonl"
+	// A registry.db left from bbolt is read, and its seals checked against this host's key,
+	// before etcd is touched: a wrong key refuses the start before it is written to etcd as
+	// the key every replica must have.
+	var local *store.BoltState
+	if _, err := os.Stat(cfg.DBPath); err == nil {
+		if local, err = store.ReadBolt(cfg.DBPath, cfg.Secrets, cfg.SecretsKeyFile); err != nil {
+			return nil, err
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("registry: %w", err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), etcdstore.RequestTimeout)
 	defer cancel()
-	return store.OpenEtcd(ctx, store.EtcdConfig{Client: cfg.Etcd, Root: cfg.EtcdRoot, Box: cfg.Secrets, Logger: cfg.Logger}, spool)
+	st, err := store.OpenEtcd(ctx, store.EtcdConfig{Client: cfg.Etcd, Root: cfg.EtcdRoot, Box: cfg.Secrets, Logger: cfg.Logger}, spool)
+	if err != nil {
+		return nil, err
+	}
+	if local == nil {
+		return st, nil
+	}
+	if err := moveBolt(st, local, cfg.Logger); err != nil {
+		_ = st.Close() // the move's error is the one to report
+		return nil, err
+	}
+	return st, nil
+}
+
+// moveTimeout bounds the copy of a registry.db into etcd at start.
+const moveTimeout = 10 * time.Minute
+
+// moveBolt copies the state a registry.db kept into etcd, before the registry serves, and
+// renames the file (store.Etcd.MoveBolt; docs/operations.md, "Moving from bbolt").
+func moveBolt(st *store.Etcd, local *store.BoltState, log *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(context.Background(), moveTimeout)
+	defer cancel()
+	m, err := st.MoveBolt(ctx, local)
+	if err != nil {
+		return err
+	}
+	name := filepath.Base(local.Path)
+	log.Info(fmt.Sprintf("moved the registry's state kept in %s to etcd, and renamed the file to %s", name, filepath.Base(m.RenamedTo)),
+		"servers_copied", m.ServersCopied, "servers_already_in_etcd", m.ServersInEtcd,
+		"secrets_copied", m.SecretsCopied, "secrets_already_in_etcd", m.SecretsInEtcd,
+		"keys_copied", m.KeysCopied, "keys_already_in_etcd", m.KeysInEtcd,
+		"audit_records_moved", m.AuditRecords)
+	return nil
 }
 
 // Spool is the registry's audit spool (tests flush it).

@@ -1,0 +1,234 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	bolt "go.etcd.io/bbolt"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/boltdb"
+	"github.com/ringfence/ringfence/internal/etcdstore"
+	"github.com/ringfence/ringfence/internal/secretbox"
+)
+
+// A registry that ran on bbolt and starts on etcd brings what its registry.db holds
+// (docs/operations.md, "Moving from bbolt"): ReadBolt reads the file, sealed values as they
+// are, and checks this host's secrets key opens every one, before etcd is touched; Etcd.MoveBolt
+// copies each item only where etcd holds none of its key (a create-if-absent transaction per
+// server, secret and key), moves the audit records waiting in the file's outbox into etcd's,
+// and renames the file to <name>.moved-to-etcd, so a later start neither copies again nor
+// refuses. The values in etcd are the bbolt values (the layouts match, etcd.go), so nothing
+// sealed is opened and sealed again.
+
+// MovedSuffix is added to the name of a bbolt file whose state was moved to etcd.
+const MovedSuffix = ".moved-to-etcd"
+
+// BoltState is what a registry.db holds, read to be moved to etcd: each value as stored.
+type BoltState struct {
+	Path    string
+	servers []boltItem
+	secrets []boltItem
+	keys    []boltKey
+	outbox  [][]byte
+	dropped uint64
+}
+
+type boltItem struct {
+	name string
+	val  []byte
+}
+
+type boltKey struct {
+	id, hash string
+	val      []byte
+}
+
+// ReadBolt reads the registry's bbolt file at path, bringing it to the current schema first
+// (a file of schema 1 holds URLs in clear, which etcd must not receive), and checks that box
+// opens every sealed value in it: every replica sharing etcd opens what this one copies, with
+// the key etcd's registrations are sealed with, which OpenEtcd then checks is this one.
+// keyFile names the key in the error. The file is closed when ReadBolt returns.
+func ReadBolt(path string, box *secretbox.Box, keyFile string) (_ *BoltState, err error) {
+	db, err := boltdb.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if db == nil { // a failed scrub closed it
+			return
+		}
+		if cerr := db.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("registry: close %s: %w", path, cerr)
+		}
+	}()
+	if err := boltdb.Migrate(db, allBuckets, migrations(box)); err != nil {
+		return nil, err
+	}
+	if db, err = boltdb.ScrubIfRequested(db); err != nil {
+		return nil, err
+	}
+	st := &BoltState{Path: path}
+	err = db.View(func(tx *bolt.Tx) error {
+		st.servers = readItems(tx, serversBucket)
+		st.secrets = readItems(tx, secretsBucket)
+		for _, it := range readItems(tx, keysBucket) {
+			var k Key
+			if err := json.Unmarshal(it.val, &k); err != nil {
+				return fmt.Errorf("decode key %s: %w", it.name, err)
+			}
+			st.keys = append(st.keys, boltKey{id: k.ID, hash: k.Hash, val: it.val})
+		}
+		var err error
+		st.outbox, st.dropped, err = audit.BoltOutboxRecords(tx, string(OutboxBucket))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("registry: read %s to move it to etcd: %w", path, err)
+	}
+	closed, first, err := st.unopened(box)
+	if err != nil {
+		return nil, fmt.Errorf("registry: read %s to move it to etcd: %w", path, err)
+	}
+	if closed > 0 {
+		return nil, fmt.Errorf("registry: %s was not moved to etcd: %d of its sealed values (the first: %s) do not open with this host's secrets key (%s); nothing was copied and the file is left as it is. "+
+			"Start with the key file %s was sealed with (secrets_key_file, RINGFENCE_SECRETS_KEY_FILE; default <data_dir>/secrets.key): it must be every registry replica's key, so move this registry first, before any replica has started on etcd with another key",
+			path, closed, first, keyFile, filepath.Base(path))
+	}
+	return st, nil
+}
+
+func readItems(tx *bolt.Tx, bucket []byte) []boltItem {
+	var out []boltItem
+	_ = tx.Bucket(bucket).ForEach(func(k, v []byte) error {
+		out = append(out, boltItem{name: string(k), val: bytes.Clone(v)})
+		return nil
+	})
+	return out
+}
+
+// unopened counts the servers and secrets whose seals box does not open, and names the first.
+func (st *BoltState) unopened(box *secretbox.Box) (n int, first string, err error) {
+	note := func(what string) {
+		if n++; n == 1 {
+			first = what
+		}
+	}
+	for _, it := range st.servers {
+		var s storedServer
+		if err := json.Unmarshal(it.val, &s); err != nil {
+			return 0, "", fmt.Errorf("decode server %s: %w", it.name, err)
+		}
+		if _, err := openServer(box, &s); errors.Is(err, secretbox.ErrOpen) {
+			note(fmt.Sprintf("server %q", it.name))
+		} else if err != nil {
+			return 0, "", err
+		}
+	}
+	for _, it := range st.secrets {
+		var s storedSecret
+		if err := json.Unmarshal(it.val, &s); err != nil {
+			return 0, "", fmt.Errorf("decode secret %s: %w", it.name, err)
+		}
+		if _, err := openSecret(box, it.name, s); err != nil {
+			note(fmt.Sprintf("secret %q", it.name))
+		}
+	}
+	return n, first, nil
+}
+
+// Moved counts what MoveBolt copied, and what etcd held already under the same key (which
+// stands).
+type Moved struct {
+	ServersCopied, ServersInEtcd int
+	SecretsCopied, SecretsInEtcd int
+	KeysCopied, KeysInEtcd       int
+	// AuditRecords is how many records waiting in the file's outbox were moved to etcd's.
+	AuditRecords int
+	// RenamedTo is the file's new name: <name>.moved-to-etcd, or with a time after it when a
+	// file of an earlier move has that name.
+	RenamedTo string
+}
+
+// moveStep, when set (by tests), runs after each item is copied; an error stops the move
+// there, as a crash would.
+var moveStep func() error
+
+// MoveBolt copies st into etcd, then renames its file to <name>.moved-to-etcd. Each server
+// (by ref), secret (by name) and key (by id and by hash: a hash is never registered twice) is
+// written only where etcd holds none, so one written on etcd since, or copied by another
+// registry first, stands. A move that stops in the middle leaves the file in place: the next
+// start copies again, finding what it copied in etcd.
+func (s *Etcd) MoveBolt(ctx context.Context, st *BoltState) (Moved, error) {
+	var m Moved
+	step := func(created bool, copied, inEtcd *int) error {
+		if created {
+			*copied++
+		} else {
+			*inEtcd++
+		}
+		if moveStep != nil {
+			return moveStep()
+		}
+		return nil
+	}
+	fail := func(err error) (Moved, error) {
+		return m, fmt.Errorf("registry: moving %s to etcd (nothing is lost: the file stays, and the next start copies again): %w", st.Path, err)
+	}
+	for _, it := range st.servers {
+		created, err := s.createIfAbsent(ctx, []string{s.space.Key(etcdServers, it.name)}, it.val)
+		if err == nil {
+			err = step(created, &m.ServersCopied, &m.ServersInEtcd)
+		}
+		if err != nil {
+			return fail(err)
+		}
+	}
+	for _, it := range st.secrets {
+		created, err := s.createIfAbsent(ctx, []string{s.space.Key(etcdSecrets, it.name)}, it.val)
+		if err == nil {
+			err = step(created, &m.SecretsCopied, &m.SecretsInEtcd)
+		}
+		if err != nil {
+			return fail(err)
+		}
+	}
+	for _, k := range st.keys {
+		created, err := s.createIfAbsent(ctx, []string{s.space.Key(etcdKeys, k.id), s.space.Key(etcdKeyHashes, k.hash)}, k.val, []byte(k.id))
+		if err == nil {
+			err = step(created, &m.KeysCopied, &m.KeysInEtcd)
+		}
+		if err != nil {
+			return fail(err)
+		}
+	}
+	out := &audit.EtcdOutbox{Client: s.cli, Prefix: s.space.Prefix(etcdOutbox)}
+	if err := out.Import(ctx, st.outbox, st.dropped); err != nil {
+		return fail(err)
+	}
+	m.AuditRecords = len(st.outbox)
+	var err error
+	if m.RenamedTo, err = boltdb.SetAside(st.Path, MovedSuffix); err != nil {
+		return fail(err)
+	}
+	return m, nil
+}
+
+// createIfAbsent puts vals[i] at keys[i] in one transaction, if etcd holds none of the keys.
+func (s *Etcd) createIfAbsent(ctx context.Context, keys []string, vals ...[]byte) (bool, error) {
+	cmps := make([]clientv3.Cmp, len(keys))
+	ops := make([]clientv3.Op, len(keys))
+	for i, k := range keys {
+		cmps[i], ops[i] = absent(k), clientv3.OpPut(k, string(vals[i]))
+	}
+	resp, err := s.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return false, etcdstore.Unavailable("copy "+keys[0], err)
+	}
+	return resp.Succeeded, nil
+}

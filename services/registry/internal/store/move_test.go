@@ -1,0 +1,203 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
+	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/internal/secretbox"
+	"github.com/ringfence/ringfence/internal/testutil"
+)
+
+// boltToMove writes a registry.db as a registry on bbolt leaves it: a remote server with a
+// sealed URL and a header naming a secret, a stdio server with env, secrets, keys (one
+// revoked), and the audit records of those writes still in the outbox (nothing forwarded).
+func boltToMove(t *testing.T, box *secretbox.Box) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "registry.db")
+	s := openBolt(t, path, box)
+	ctx := t.Context()
+	record := func(action string) Hook {
+		return func(rec audit.Recorder) error {
+			return rec.Record(audit.NewAdminRecord("registry", "", audit.AdminEvent{Action: action, ResourceType: "mcp_server", ResourceID: action, ActorRole: audit.ActorRoleSystem}))
+		}
+	}
+	remote := &mcpserver.Registration{Ref: "tickets", Transport: mcpserver.TransportStreamableHTTP,
+		URL: "https://mcp.example.com/mcp?api_key=" + canary + "-url", Headers: map[string]string{"Authorization": "tickets-token"}, Grants: []string{"network"}}
+	require.NoError(t, s.CreateServer(ctx, remote, record("create_tickets")))
+	local := docs()
+	local.Env = map[string]string{"APP_TOKEN": canary + "-env", "MODE": "ro"}
+	require.NoError(t, s.CreateServer(ctx, local, record("create_docs")))
+	_, err := s.UpdateServer(ctx, "docs", withGrant("process_spawn"), nil)
+	require.NoError(t, err)
+	for i, name := range []string{"tickets-token", "shared"} {
+		_, err = s.PutSecret(ctx, name, canary+"-"+name, record(fmt.Sprintf("put_%d", i+1)))
+		require.NoError(t, err)
+	}
+	require.NoError(t, s.CreateKey(ctx, Key{ID: "key_admin", Name: "admin", Role: "admin", Hash: "hash-admin", CreateTime: time.Now().UTC()}, record("key_admin")))
+	require.NoError(t, s.CreateKey(ctx, Key{ID: "key_old", Name: "old", Role: "viewer", Hash: "hash-old", CreateTime: time.Now().UTC()}, nil))
+	_, err = s.RevokeKey(ctx, "key_old", nil)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	return path
+}
+
+func openEtcdReplica(t *testing.T, cluster *etcdtest.Cluster, root string, box *secretbox.Box, sink audit.Sink) *Etcd {
+	t.Helper()
+	s, err := OpenEtcd(t.Context(), EtcdConfig{Client: cluster.Client(t, "registry"), Root: root, Box: box}, spoolConfig(t, sink))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// TestMoveBoltToEtcd: a registry.db's servers, secrets, keys and waiting audit records move to
+// etcd as stored (sealed values open with the same key), over what etcd held already (which
+// stands), and the file is renamed.
+func TestMoveBoltToEtcd(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	root := cluster.Root()
+	box := testBox(t)
+	path := boltToMove(t, box)
+
+	// etcd already holds a server and a secret under names the file has, written on etcd
+	// since: they stand.
+	first := openEtcdReplica(t, cluster, root, box, testutil.NewAuditRecorder())
+	ctx := t.Context()
+	newer := docs()
+	newer.Description = "registered on etcd"
+	require.NoError(t, first.CreateServer(ctx, newer, nil))
+	_, err := first.PutSecret(ctx, "shared", "etcd-value", nil)
+	require.NoError(t, err)
+
+	local, err := ReadBolt(path, box, "secrets.key")
+	require.NoError(t, err)
+	m, err := first.MoveBolt(ctx, local)
+	require.NoError(t, err)
+	require.Equal(t, Moved{ServersCopied: 1, ServersInEtcd: 1, SecretsCopied: 1, SecretsInEtcd: 1, KeysCopied: 2, AuditRecords: 5, RenamedTo: path + MovedSuffix}, m)
+	require.NoFileExists(t, path)
+	require.FileExists(t, path+MovedSuffix)
+
+	// Another replica reads everything back.
+	sink := testutil.NewAuditRecorder()
+	s := openEtcdReplica(t, cluster, root, box, sink)
+	tickets, err := s.GetServer(ctx, "tickets")
+	require.NoError(t, err)
+	require.Equal(t, "https://mcp.example.com/mcp?api_key="+canary+"-url", tickets.URL, "the sealed URL opens")
+	require.Equal(t, map[string]string{"Authorization": "tickets-token"}, tickets.Headers)
+	require.Equal(t, int64(1), tickets.Revision)
+	masked, err := s.GetServerMasked(ctx, "tickets")
+	require.NoError(t, err)
+	require.Equal(t, "https://mcp.example.com/mcp?api_key=********", masked.URL)
+	kept, err := s.GetServer(ctx, "docs")
+	require.NoError(t, err)
+	require.Equal(t, "registered on etcd", kept.Description, "the server etcd held stands")
+	require.Empty(t, kept.Env)
+	v, err := s.SecretValue(ctx, "tickets-token")
+	require.NoError(t, err)
+	require.Equal(t, canary+"-tickets-token", v)
+	v, err = s.SecretValue(ctx, "shared")
+	require.NoError(t, err)
+	require.Equal(t, "etcd-value", v, "the secret etcd held stands")
+	k, ok, err := s.KeyByHash(ctx, "hash-admin")
+	require.NoError(t, err)
+	require.True(t, ok, "the key authenticates by its hash")
+	require.Equal(t, "key_admin", k.ID)
+	require.False(t, k.Revoked)
+	k, ok, err = s.KeyByHash(ctx, "hash-old")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.True(t, k.Revoked, "a revoked key stays revoked")
+	require.ErrorIs(t, s.CreateKey(ctx, Key{ID: "key_other", Hash: "hash-admin"}, nil), ErrExists, "the hash is registered")
+
+	// The records waiting in the file's outbox reach the audit log, in their order.
+	fwd := s.Spool().StartForwarding()
+	t.Cleanup(func() { fwd.Stop(time.Second) })
+	require.NoError(t, s.Spool().Flush(ctx))
+	var actions []string
+	for _, rec := range sink.Records() {
+		actions = append(actions, rec.Admin.Action)
+	}
+	require.Equal(t, []string{"create_tickets", "create_docs", "put_1", "put_2", "key_admin"}, actions)
+
+	// A copy of the file put back (a start that stopped before its rename leaves it so)
+	// copies nothing again, and the file of the first move is kept beside it.
+	raw, err := os.ReadFile(path + MovedSuffix)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, raw, 0o600))
+	local, err = ReadBolt(path, box, "secrets.key")
+	require.NoError(t, err)
+	m, err = s.MoveBolt(ctx, local)
+	require.NoError(t, err)
+	require.Regexp(t, `^`+regexp.QuoteMeta(path+MovedSuffix)+`-\d{8}T`, m.RenamedTo)
+	require.Equal(t, Moved{ServersInEtcd: 2, SecretsInEtcd: 2, KeysInEtcd: 2, AuditRecords: 5, RenamedTo: m.RenamedTo}, m)
+	require.FileExists(t, path+MovedSuffix)
+	require.FileExists(t, m.RenamedTo)
+	require.NoFileExists(t, path)
+}
+
+// TestMoveBoltStoppedInTheMiddle: a move that stops after some items leaves the file in place;
+// the next one copies the rest, finding the first in etcd, and every item is there once.
+func TestMoveBoltStoppedInTheMiddle(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	root := cluster.Root()
+	box := testBox(t)
+	path := boltToMove(t, box)
+	s := openEtcdReplica(t, cluster, root, box, testutil.NewAuditRecorder())
+	ctx := t.Context()
+
+	steps := 0
+	moveStep = func() error {
+		if steps++; steps == 3 {
+			return errors.New("crash")
+		}
+		return nil
+	}
+	t.Cleanup(func() { moveStep = nil })
+	local, err := ReadBolt(path, box, "secrets.key")
+	require.NoError(t, err)
+	_, err = s.MoveBolt(ctx, local)
+	require.ErrorContains(t, err, "the file stays, and the next start copies again")
+	require.FileExists(t, path)
+	require.NoFileExists(t, path+MovedSuffix)
+
+	moveStep = nil
+	local, err = ReadBolt(path, box, "secrets.key")
+	require.NoError(t, err)
+	m, err := s.MoveBolt(ctx, local)
+	require.NoError(t, err)
+	require.Equal(t, Moved{ServersInEtcd: 2, SecretsInEtcd: 1, SecretsCopied: 1, KeysCopied: 2, AuditRecords: 5, RenamedTo: path + MovedSuffix}, m)
+	require.FileExists(t, path+MovedSuffix)
+	servers, _, err := s.ListServers(ctx, "", 10)
+	require.NoError(t, err)
+	require.Equal(t, []string{"docs", "tickets"}, refs(servers))
+	keys, err := s.ListKeys(ctx)
+	require.NoError(t, err)
+	require.Len(t, keys, 2)
+	d, err := s.GetServer(ctx, "docs")
+	require.NoError(t, err)
+	require.Equal(t, canary+"-env", d.Env["APP_TOKEN"])
+	require.Equal(t, int64(2), d.Revision)
+}
+
+// TestMoveBoltRefusesAnotherSecretsKey: a registry.db sealed with another key than this
+// host's is not read into etcd: nothing is copied, the file stays, and the error names the
+// file, the key file and the fix.
+func TestMoveBoltRefusesAnotherSecretsKey(t *testing.T) {
+	path := boltToMove(t, testBox(t))
+	other, err := secretbox.New([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+	_, err = ReadBolt(path, other, "/etc/ringfence/secrets.key")
+	require.ErrorContains(t, err, path+" was not moved to etcd: 4 of its sealed values")
+	require.ErrorContains(t, err, "do not open with this host's secrets key (/etc/ringfence/secrets.key)")
+	require.ErrorContains(t, err, "Start with the key file registry.db was sealed with")
+	require.FileExists(t, path)
+}
