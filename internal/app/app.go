@@ -400,7 +400,6 @@ func secretsBox(cfg *config.Config) (*secretbox.Box, error) {
 	return box, nil
 }
 
-
 // oauthCallbackURL is where authorization servers send users back: oauth.callback_url, else
 // /v1/oauth/callback at the origin of frontdoor.public_url, else at the HTTP listener's
 // address (127.0.0.1 for an unspecified host); "" without an HTTP listener (sign-in is off).
