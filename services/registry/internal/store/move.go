@@ -100,7 +100,47 @@ func ReadBolt(path string, box *secretbox.Box, keyFile string) (_ *BoltState, er
 			"Start with the key file %s was sealed with (secrets_key_file, RINGFENCE_SECRETS_KEY_FILE; default <data_dir>/secrets.key): it must be every registry replica's key, so move this registry first, before any replica has started on etcd with another key",
 			path, closed, first, keyFile, filepath.Base(path))
 	}
+	if err := st.reseal(box); err != nil {
+		return nil, fmt.Errorf("registry: read %s to move it to etcd: %w", path, err)
+	}
 	return st, nil
+}
+
+// reseal re-seals under the first key of box the values of st that only a later key opens,
+// as a start re-seals the store it opens: otherwise a move made while the key file held an old
+// and a new key would bring values sealed under the old one into etcd after the start's
+// re-seal had said none was left there.
+func (st *BoltState) reseal(box *secretbox.Box) error {
+	var n resealCount
+	for i, it := range st.servers {
+		var s storedServer
+		if err := json.Unmarshal(it.val, &s); err != nil {
+			return fmt.Errorf("decode server %s: %w", it.name, err)
+		}
+		if !n.resealServer(box, &s) {
+			continue
+		}
+		val, err := json.Marshal(&s)
+		if err != nil {
+			return err
+		}
+		st.servers[i].val = val
+	}
+	for i, it := range st.secrets {
+		var s storedSecret
+		if err := json.Unmarshal(it.val, &s); err != nil {
+			return fmt.Errorf("decode secret %s: %w", it.name, err)
+		}
+		if !n.resealSecret(box, it.name, &s) {
+			continue
+		}
+		val, err := json.Marshal(s)
+		if err != nil {
+			return err
+		}
+		st.secrets[i].val = val
+	}
+	return nil
 }
 
 func readItems(tx *bolt.Tx, bucket []byte) []boltItem {

@@ -201,3 +201,39 @@ func TestMoveBoltRefusesAnotherSecretsKey(t *testing.T) {
 	require.ErrorContains(t, err, "Start with the key file registry.db was sealed with")
 	require.FileExists(t, path)
 }
+
+// TestMoveBoltResealsUnderTheFirstKey: a registry.db sealed under key A, moved by a registry
+// whose key file holds a new key B first and A after it, brings its values into etcd sealed
+// under B: a replica with B alone opens every one, so A's line can go once the start's log
+// says so.
+func TestMoveBoltResealsUnderTheFirstKey(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	root := cluster.Root()
+	keyA, keyB := []byte("0123456789abcdef0123456789abcdef"), []byte("fedcba9876543210fedcba9876543210")
+	boxA, err := secretbox.New(keyA)
+	require.NoError(t, err)
+	path := boltToMove(t, boxA)
+	rotated, err := secretbox.NewKeys(keyB, keyA)
+	require.NoError(t, err)
+
+	local, err := ReadBolt(path, rotated, "secrets.key")
+	require.NoError(t, err)
+	ctx := t.Context()
+	_, err = openEtcdReplica(t, cluster, root, rotated, testutil.NewAuditRecorder()).MoveBolt(ctx, local)
+	require.NoError(t, err)
+
+	boxB, err := secretbox.New(keyB)
+	require.NoError(t, err)
+	s := openEtcdReplica(t, cluster, root, boxB, testutil.NewAuditRecorder())
+	tickets, err := s.GetServer(ctx, "tickets")
+	require.NoError(t, err)
+	require.Equal(t, "https://mcp.example.com/mcp?api_key="+canary+"-url", tickets.URL)
+	docs, err := s.GetServer(ctx, "docs")
+	require.NoError(t, err)
+	require.Equal(t, canary+"-env", docs.Env["APP_TOKEN"])
+	for _, name := range []string{"tickets-token", "shared"} {
+		v, err := s.SecretValue(ctx, name)
+		require.NoError(t, err)
+		require.Equal(t, canary+"-"+name, v)
+	}
+}
