@@ -30,6 +30,9 @@ func TestOnlineBackupRestoresWhileCallsGoOn(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal([]byte(must(cli("keys", "create", "--name", "nightly-runner", "--role", "runner", "-o", "json"))), &key))
 	must(cli("runs", "start", "--graph", "demo", "--run", "run-backup"))
+	// Ended before the pool's containers are looked for, however the test ends (the last step
+	// ends it already, and this one is refused then).
+	t.Cleanup(func() { cli("runs", "end", "--run", "run-backup") })
 	for range 3 {
 		must(cli("runs", "call", "--run", "run-backup", "--agent", "researcher", "--tool", "fx__echo", "--args", `{"text":"before"}`))
 	}
