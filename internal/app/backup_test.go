@@ -29,6 +29,7 @@ import (
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/boltdb"
 	"github.com/ringfence/ringfence/internal/cli"
+	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
 	"github.com/ringfence/ringfence/internal/mtls"
 	"github.com/ringfence/ringfence/internal/testutil"
 )
@@ -356,4 +357,37 @@ func TestEachSplitBinaryBacksUpItsOwnFiles(t *testing.T) {
 		}
 		return len(producers) == 4
 	}, 15*time.Second, 50*time.Millisecond, "each binary's backup is recorded: registry, publisher, pool and audit")
+}
+
+// TestBackupOnEtcdSaysWhatIsInEtcd: ringfenced with store.backend=etcd keeps its registrations
+// and graphs in etcd: the backup copies the files it still keeps (the pool's database and
+// spool, the audit log) and says that the rest is in etcd and how to take it.
+func TestBackupOnEtcdSaysWhatIsInEtcd(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	cfg := testConfig(t,
+		"RINGFENCE_STORE__BACKEND=etcd",
+		`RINGFENCE_STORE__ETCD_ENDPOINTS=["`+strings.Join(cluster.Endpoints(), `","`)+`"]`,
+		"RINGFENCE_STORE__ETCD_CA_FILE="+filepath.Join(cluster.CertDir, "ca.pem"),
+		"RINGFENCE_STORE__ETCD_CERT_FILE="+filepath.Join(cluster.CertDir, "registry.pem"),
+		"RINGFENCE_STORE__ETCD_KEY_FILE="+filepath.Join(cluster.CertDir, "registry-key.pem"),
+		"RINGFENCE_STORE__ETCD_PREFIX=/backup-test",
+	)
+	a, err := NewAllInOne(t.Context(), cfg, quietLogger())
+	require.NoError(t, err)
+	_, addr := serveApp(t, a)
+
+	out := filepath.Join(t.TempDir(), "backup")
+	var stdout, stderr bytes.Buffer
+	code := cli.Execute([]string{"backup", "--addr", addr, "--api-key", bootstrapKey, "--out", out}, nil, &stdout, &stderr)
+	require.Equal(t, cli.ExitOK, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	var got []string
+	for p, info := range dataFiles(t, out) {
+		if !info.IsDir() {
+			got = append(got, p)
+		}
+	}
+	slices.Sort(got)
+	require.Equal(t, []string{"audit.db", "pool-audit-spool/acked", "pool.db"}, got, "registry.db and publisher.db are not kept on etcd")
+	require.Contains(t, stdout.String(), "not in the backup: with store.backend=etcd, the registrations, secrets and API keys and graphs and versions are kept in etcd: take them with `etcdctl snapshot save`")
+	require.Contains(t, stdout.String(), "the secrets key is not in the backup: keep "+filepath.Join(cfg.DataDir, "secrets.key")+" apart")
 }
