@@ -270,6 +270,7 @@ func TestBackupNeedsThePermissionAndNoTenant(t *testing.T) {
 	code := cli.Execute([]string{"backup", "--addr", addr, "--api-key", acme.GetSecret(), "--out", out}, nil, &stdout, &stderr)
 	require.Equal(t, cli.ExitFailure, code)
 	require.Contains(t, stderr.String(), "bound to tenant")
+	require.Contains(t, stderr.String(), "hint: the backup did not complete and nothing was kept in "+out+": run it again")
 	entries, err := os.ReadDir(out)
 	require.NoError(t, err)
 	require.Empty(t, entries)

@@ -53,7 +53,7 @@ store.backend=etcd the state kept in etcd is not in the copy: take it with etcdc
 			summary, err := w.receive(stream)
 			if err != nil {
 				w.abandon()
-				return fmt.Errorf("%w\n  nothing was kept in %s: run the backup again", err, out)
+				return &hintedError{err: err, hint: "the backup did not complete and nothing was kept in " + out + ": run it again"}
 			}
 			return w.finish(summary)
 		},
