@@ -32,7 +32,12 @@ func TestOnlineBackupRestoresWhileCallsGoOn(t *testing.T) {
 	must(cli("runs", "start", "--graph", "demo", "--run", "run-backup"))
 	// Ended before the pool's containers are looked for, however the test ends (the last step
 	// ends it already, and this one is refused then).
-	t.Cleanup(func() { cli("runs", "end", "--run", "run-backup") })
+	// (t.Context is done by then: not runCmd.)
+	t.Cleanup(func() {
+		cmd := exec.Command(bin("ringfence"), "runs", "end", "--run", "run-backup")
+		cmd.Env = append(baseEnv(), "RINGFENCE_ADDR="+d.GRPCAddr, "RINGFENCE_API_KEY="+adminKey)
+		_ = cmd.Run()
+	})
 	for range 3 {
 		must(cli("runs", "call", "--run", "run-backup", "--agent", "researcher", "--tool", "fx__echo", "--args", `{"text":"before"}`))
 	}
