@@ -115,6 +115,10 @@ func (s *Service) Backup(_ *adminv1.BackupRequest, stream adminv1.AdminService_B
 	// Recorded before any byte leaves: a backup that cannot be audited is not taken.
 	if err := s.record(ctx, p, map[string]any{"status": "started", "binary": s.cfg.Binary, "files": started}); err != nil {
 		s.cfg.Logger.Error("admin: backup refused: its audit record could not be written", "err", err)
+		if st, ok := status.FromError(err); ok && st.Code() == codes.Unavailable {
+			// An audit instance standing by: its leader writes the records, and takes backups.
+			return status.Error(codes.Unavailable, "admin: the backup cannot be recorded in the audit log, so nothing was sent: "+st.Message()+"; back up the leading audit instance")
+		}
 		return status.Error(codes.Unavailable, "admin: the backup cannot be recorded in the audit log now, so nothing was sent: retry once the audit spool has room (see the server's log)")
 	}
 

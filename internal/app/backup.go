@@ -1,12 +1,10 @@
 package app
 
 import (
-	"context"
 	"path/filepath"
 
 	adminv1 "github.com/ringfence/ringfence/gen/go/ringfence/admin/v1"
 	"github.com/ringfence/ringfence/internal/admin"
-	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/backup"
 	"github.com/ringfence/ringfence/internal/config"
 )
@@ -36,9 +34,7 @@ func (a *App) registerAdmin(cfg *config.Config, name string) {
 	if a.Audit != nil {
 		c.Sources = append(c.Sources, backup.Source(a.Audit.BackupFiles))
 		if c.Record == nil {
-			sink := a.Audit.Sink()
-			c.Record = func(ctx context.Context, rec audit.Record) error { return sink.Append(ctx, []audit.Record{rec}) }
-			c.Producer = "audit"
+			c.Record, c.Producer = a.Audit.Record, "audit"
 		}
 	}
 	// The registry seals secrets with the key, and the pool its users' OAuth tokens.
