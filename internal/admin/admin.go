@@ -229,6 +229,8 @@ func (w *chunkWriter) flush(end *adminv1.FileEnd) error {
 		w.sendErr = err
 		return err
 	}
-	w.buf = w.buf[:0]
+	// A fresh buffer: grpc-go does not allow changing a message once it is sent (stats
+	// handlers may read it later).
+	w.buf = make([]byte, 0, ChunkBytes)
 	return nil
 }
