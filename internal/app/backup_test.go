@@ -117,7 +117,8 @@ func TestBackupCopiesADataDirWhileWritesGoOn(t *testing.T) {
 			written.Add(1)
 		}
 	}()
-	for written.Load() < 20 {
+	// Enough that registry.db takes several chunks of the stream (admin.ChunkBytes).
+	for written.Load() < 600 {
 		select {
 		case err := <-writing:
 			t.Fatalf("the writer stopped: %v", err)
@@ -163,6 +164,7 @@ func TestBackupCopiesADataDirWhileWritesGoOn(t *testing.T) {
 		require.Contains(t, stdout.String(), f)
 	}
 	require.NotContains(t, got, "secrets.key")
+	require.Greater(t, copied["registry.db"].Size(), int64(admin.ChunkBytes), "registry.db came in several chunks")
 	for _, f := range []string{"registry.db", "publisher.db", "pool.db", "audit.db"} {
 		db, err := boltdb.Open(filepath.Join(out, f)) // every page checked
 		require.NoError(t, err, f)
