@@ -161,6 +161,7 @@ func NewAllInOne(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Ap
 		}
 		registerPublisher(a.Server, a.Publisher)
 		registerAudit(a.Server, a.Audit, authz)
+		a.registerAdmin(cfg, "ringfenced")
 		return nil
 	})
 }
@@ -206,6 +207,7 @@ func NewRegistry(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Ap
 		}
 		registerRegistry(a.Server, a.Registry)
 		registryinternalv1.RegisterRegistryInternalServiceServer(a.Server.Internal(), a.Registry.Internal())
+		a.registerAdmin(cfg, "ringfence-registry")
 		return nil
 	})
 }
@@ -237,6 +239,7 @@ func NewPublisher(ctx context.Context, cfg *config.Config, log *slog.Logger) (*A
 		}
 		registerPublisher(a.Server, a.Publisher)
 		publisherinternalv1.RegisterPublisherInternalServiceServer(a.Server.Internal(), a.Publisher.Internal())
+		a.registerAdmin(cfg, "ringfence-publisher")
 		return nil
 	})
 }
@@ -272,6 +275,7 @@ func NewPool(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, e
 		}
 		poolinternalv1.RegisterPoolInternalServiceServer(a.Server.Internal(), pool.NewInternalServer(a.Pool))
 		a.Server.OnShutdown(a.Pool.EndListingWatches)
+		a.registerAdmin(cfg, "ringfence-pool")
 		return nil
 	})
 }
@@ -295,6 +299,7 @@ func NewAudit(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, 
 		}
 		registerAudit(a.Server, a.Audit, authz)
 		auditinternalv1.RegisterAuditInternalServiceServer(a.Server.Internal(), a.Audit.Internal())
+		a.registerAdmin(cfg, "ringfence-audit")
 		return nil
 	})
 }

@@ -387,7 +387,7 @@ func TestAPublicPortNamesTheBinaryThatServesAService(t *testing.T) {
 			require.True(t, ok, "%T", st.Details()[0])
 			require.Equal(t, "SERVICE_NOT_SERVED", info.GetReason())
 			require.Contains(t, info.GetMetadata()["served_by"], tc.servedBy)
-			require.Equal(t, "ringfence.registry.v1.KeyService, ringfence.registry.v1.RegistryService", info.GetMetadata()["this_listener_serves"])
+			require.Equal(t, "ringfence.admin.v1.AdminService, ringfence.registry.v1.KeyService, ringfence.registry.v1.RegistryService", info.GetMetadata()["this_listener_serves"])
 		})
 	}
 	// A method its service does not have names both.

@@ -17,7 +17,9 @@ type Permission string
 
 // The permissions. mcp:admin is admin-tier: it decides what registered servers may be asked
 // for, so the operator role, which authors graphs, deliberately lacks it. run:approve decides
-// the calls that ask a person first, so the runner role, which makes them, lacks it.
+// the calls that ask a person first, so the runner role, which makes them, lacks it. backup
+// copies the data files whole (every tenant's data, the sealed secrets), so only admin holds it
+// among the built-in roles, and only with a key bound to no tenant (its rule is deployment-wide).
 const (
 	MCPAdmin       Permission = "mcp:admin"
 	WorkflowAdmin  Permission = "workflow:admin"
@@ -27,10 +29,11 @@ const (
 	RunApprove     Permission = "run:approve"
 	AuditRead      Permission = "audit:read"
 	KeysAdmin      Permission = "keys:admin"
+	Backup         Permission = "backup"
 )
 
 // AllPermissions lists every permission in a stable order.
-var AllPermissions = []Permission{MCPAdmin, WorkflowAdmin, WorkflowWrite, ConnectorAdmin, RunExecute, RunApprove, AuditRead, KeysAdmin}
+var AllPermissions = []Permission{MCPAdmin, WorkflowAdmin, WorkflowWrite, ConnectorAdmin, RunExecute, RunApprove, AuditRead, KeysAdmin, Backup}
 
 // Built-in role names.
 const (

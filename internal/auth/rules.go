@@ -7,6 +7,7 @@ import (
 	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 
+	adminv1 "github.com/ringfence/ringfence/gen/go/ringfence/admin/v1"
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
 	auditinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/audit/v1"
 	poolinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1"
@@ -109,6 +110,10 @@ var Rules = map[string]Rule{
 	auditv1.AuditService_Watch_FullMethodName:  anyTenant(AuditRead),
 	auditv1.AuditService_Verify_FullMethodName: perm(AuditRead),
 	auditv1.AuditService_Export_FullMethodName: anyTenant(AuditRead),
+
+	// Admin: a backup copies every tenant's data and the sealed secrets, so a key bound to a
+	// tenant may not take one, whatever its role.
+	adminv1.AdminService_Backup_FullMethodName: deployment(Backup),
 
 	// The internal plane (ringfence.internal.*), served only on each split binary's internal
 	// listener, which accepts nothing but mutual TLS. Each RPC names the service certificates

@@ -80,3 +80,20 @@ func TestEachRuleSetsExactlyOneField(t *testing.T) {
 		require.Equal(t, 1, n, "rule for %s", m)
 	}
 }
+
+// TestOnlyAnUnboundAdminBacksUp: a backup copies every tenant's data and the sealed secrets, so
+// among the built-in roles only admin holds backup, and its rule refuses a key bound to a
+// tenant whatever its role.
+func TestOnlyAnUnboundAdminBacksUp(t *testing.T) {
+	for name, perms := range BuiltinRoles {
+		require.Equal(t, name == RoleAdmin, Role{Permissions: perms}.Has(Backup), "role %s", name)
+	}
+	var backups []string
+	for m, r := range Rules {
+		if r.Permission == Backup {
+			backups = append(backups, m)
+			require.True(t, r.Deployment, "%s must refuse a key bound to a tenant", m)
+		}
+	}
+	require.Equal(t, []string{"/ringfence.admin.v1.AdminService/Backup"}, backups)
+}

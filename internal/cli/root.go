@@ -185,6 +185,7 @@ effect), and 5 waits for an approver (nothing reached the server yet; runs appro
 		newAuditCmd(g),
 		newGraphsCmd(g),
 		newMCPImportCmd(g),
+		newBackupCmd(g),
 	)
 	// Added now rather than at Execute, so guide reaches `completion bsh` too.
 	root.InitDefaultCompletionCmd()
@@ -383,7 +384,7 @@ func newRequestID() string {
 }
 
 // serviceForCommands says which binary of a split deployment serves which commands.
-const serviceForCommands = "servers, secrets, keys and roles: ringfence-registry; graphs and mcp-import: ringfence-publisher; runs, call and documents: ringfence-pool; audit: ringfence-audit"
+const serviceForCommands = "servers, secrets, keys and roles: ringfence-registry; graphs and mcp-import: ringfence-publisher; runs, call and documents: ringfence-pool; audit: ringfence-audit; backup: each binary, for its own files"
 
 // unservedService names the gRPC service a server said it does not serve: in a split
 // deployment, the CLI asked the wrong binary. A Ringfence listener says so in an ErrorInfo

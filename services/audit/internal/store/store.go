@@ -15,6 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/backup"
 	"github.com/ringfence/ringfence/internal/boltdb"
 )
 
@@ -534,3 +535,6 @@ func (k storeSink) Append(ctx context.Context, recs []audit.Record) error {
 	}
 	return err
 }
+
+// BackupFile copies audit.db as of one read transaction (AdminService.Backup).
+func (s *Store) BackupFile() backup.File { return backup.Bolt(s.db) }
