@@ -213,5 +213,7 @@ func TestAContainerTheOutageLeftIsRemovedOnceTheEngineIsBack(t *testing.T) {
 		t.Fatalf("the container the outage left is still there: %v\npool log:\n%s", poolContainers(t, poolID), d.Logs.String())
 	}
 	d.requireLogged(t, `msg="spawner: removed a container this pool no longer holds" .*container=`+before[0][:12]+` server=lg reason="its removal failed"`)
+	page := scrape(t, d)
+	require.Contains(t, page, "\nringfence_pool_leftover_containers_removed_total 1\n", metricLines(page, "ringfence_pool_leftover"))
 	must(cli("runs", "end", "--run", "run-linger"))
 }

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -71,6 +72,7 @@ type Docker struct {
 	closed        bool
 	stopReconcile context.CancelFunc
 	reconcileDone chan struct{}
+	reconciled    atomic.Int64
 }
 
 var _ Backend = (*Docker)(nil)

@@ -161,6 +161,7 @@ func (d *Docker) reconcile(ctx context.Context) error {
 			continue
 		}
 		if byUs {
+			d.reconciled.Add(1)
 			d.log.Info("spawner: removed a container this pool no longer holds",
 				"container", shortID(c.ID), "server", c.Labels[LabelServer], "reason", why)
 		}
@@ -175,6 +176,9 @@ func (d *Docker) reconcile(ctx context.Context) error {
 	d.mu.Unlock()
 	return errors.Join(errs...)
 }
+
+// Reconciled is how many containers the reconcile removed since the back end started.
+func (d *Docker) Reconciled() int64 { return d.reconciled.Load() }
 
 // containerName is a listed container's name, without the engine's leading slash.
 func containerName(names []string) string {

@@ -55,6 +55,7 @@ func TestTheReconcileRemovesWhatNoSessionHolds(t *testing.T) {
 
 	require.Eventually(t, func() bool { return !slices.Contains(e.containers(), lost) },
 		30*time.Second, 50*time.Millisecond, "the container no session holds is removed")
+	require.EqualValues(t, 1, r.Reconciled(), "counted")
 	require.Contains(t, logs.String(), `msg="spawner: removed a container this pool no longer holds" container=`+shortID(lost)+" server=orphan")
 
 	// Sessions started while it looks every 20 ms all start and answer.

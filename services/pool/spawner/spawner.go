@@ -459,6 +459,19 @@ func (r *Router) Sweep(ctx context.Context) (int, error) {
 	return total, errors.Join(errs...)
 }
 
+// Reconciled is how many containers of this instance that no session held (a removal that
+// failed, a create whose answer was lost) its back ends removed while they ran: those that
+// reconcile (Docker) say so with a Reconciled method.
+func (r *Router) Reconciled() int64 {
+	var n int64
+	for _, b := range r.backends {
+		if rc, ok := b.(interface{ Reconciled() int64 }); ok {
+			n += rc.Reconciled()
+		}
+	}
+	return n
+}
+
 var serverRefSyntax = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
 
 // Bounds on a spec's command line and headers.
