@@ -154,7 +154,8 @@ type Config struct {
 	// labelled with it so that a restarted pool can sweep what it orphaned.
 	// It must be unique among pools sharing an engine.
 	PoolID string
-	// InstanceID names this process; random when empty.
+	// InstanceID names this process; random when empty. No two Docker back ends may share
+	// one: each removes, while it runs, every container of its instance it does not hold.
 	InstanceID string
 
 	Logger *slog.Logger
