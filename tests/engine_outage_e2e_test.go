@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -9,11 +10,15 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/moby/moby/client"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ringfence/ringfence/internal/testutil/dockertest"
 )
 
 // engineLink stands between the pool and the Docker engine's socket, so that a test can cut
@@ -26,6 +31,10 @@ type engineLink struct {
 	mu     sync.Mutex
 	ln     net.Listener
 	conns  map[net.Conn]bool
+	// cut is set by down before it closes anything: from then on the relays of that link pass
+	// nothing on, so a request the pool sends while down closes the connections (a removal as
+	// a session's attach ends, say) never reaches the engine.
+	cut *atomic.Bool
 }
 
 func newEngineLink(t *testing.T) *engineLink {
@@ -51,8 +60,9 @@ func (l *engineLink) up() {
 	_ = os.Remove(l.path)
 	ln, err := net.Listen("unix", l.path)
 	require.NoError(l.t, err)
+	cut := new(atomic.Bool)
 	l.mu.Lock()
-	l.ln = ln
+	l.ln, l.cut = ln, cut
 	l.mu.Unlock()
 	go func() {
 		for {
@@ -74,14 +84,28 @@ func (l *engineLink) up() {
 			}
 			l.conns[c], l.conns[e] = true, true
 			l.mu.Unlock()
-			go relay(c, e)
-			go relay(e, c)
+			go relay(cutWriter{c, cut}, c, e)
+			go relay(cutWriter{e, cut}, e, c)
 		}
 	}()
 }
 
-func relay(dst, src net.Conn) {
-	_, err := io.Copy(dst, src)
+// cutWriter writes to its connection until its link is cut.
+type cutWriter struct {
+	net.Conn
+	cut *atomic.Bool
+}
+
+func (w cutWriter) Write(p []byte) (int, error) {
+	if w.cut.Load() {
+		return 0, net.ErrClosed
+	}
+	return w.Conn.Write(p)
+}
+
+// relay copies src to dst (through w, which stops at the cut).
+func relay(w io.Writer, dst, src net.Conn) {
+	_, err := io.Copy(w, src)
 	if err == nil || errors.Is(err, net.ErrClosed) {
 		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
@@ -96,6 +120,9 @@ func relay(dst, src net.Conn) {
 func (l *engineLink) down() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.cut != nil {
+		l.cut.Store(true)
+	}
 	if l.ln != nil {
 		_ = l.ln.Close()
 		l.ln = nil
@@ -157,4 +184,50 @@ func TestTheEngineGoesAwayWhileARunHoldsASession(t *testing.T) {
 	}
 	require.Equal(t, 0, cli("runs", "end", "--run", "run-engine").Code)
 	require.Equal(t, 0, cli("servers", "update", "fx", "--prewarm", "0").Code)
+}
+
+// TestAContainerTheOutageLeftIsRemovedOnceTheEngineIsBack: a session's server that outlives the
+// end of its input (--linger) dies for the pool when the engine is cut off, and the pool's
+// removal of its container fails, so the container keeps running (with its memory and CPU
+// limits). Once the engine answers again the pool removes it by itself, with no call and no
+// restart, and says so.
+func TestAContainerTheOutageLeftIsRemovedOnceTheEngineIsBack(t *testing.T) {
+	link := newEngineLink(t)
+	d, cli, poolID := runsDaemon(t, "RINGFENCE_SANDBOX__DOCKER_HOST="+link.host())
+	t.Cleanup(func() {
+		// A failure while the link is down leaves a server that ignores its input, which the
+		// pool cannot reach to remove: the test removes it on the engine itself.
+		if t.Failed() {
+			docker := dockertest.RequireEngine(t)
+			for _, id := range poolContainers(t, poolID) {
+				_, _ = docker.ContainerRemove(context.Background(), id, client.ContainerRemoveOptions{Force: true})
+			}
+		}
+	})
+	must := func(r result) {
+		t.Helper()
+		require.Equal(t, 0, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
+	}
+	must(cli("servers", "add", "lg", "--command", "mcpfixture --linger", "--grant", "process_spawn", "--grant", "external_api_call"))
+	must(cli("mcp-import", "--server", "lg", "--graph", "demo", "--agent", "researcher", "--tool", "echo"))
+	must(cli("graphs", "publish", "--graph", "demo"))
+	must(cli("runs", "start", "--graph", "demo", "--run", "run-linger"))
+	r := cli("runs", "call", "--run", "run-linger", "--agent", "researcher", "--tool", "lg__echo", "--args", `{"text":"before"}`)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	before := poolContainers(t, poolID)
+	require.Len(t, before, 1, "the run's session of lg")
+
+	link.down()
+	d.requireLogged(t, `msg="spawner: could not remove a container; .*container=`+before[0][:12],
+		"the pool saw the session die and could not remove its container")
+	require.Equal(t, before, poolContainers(t, poolID), "the server outlives its input: the container is still there")
+
+	link.up()
+	if !assert.Eventually(t, func() bool { return len(poolContainers(t, poolID)) == 0 }, 60*time.Second, 200*time.Millisecond) {
+		t.Fatalf("the container the outage left is still there: %v\npool log:\n%s", poolContainers(t, poolID), d.Logs.String())
+	}
+	d.requireLogged(t, `msg="spawner: removed a container this pool no longer holds" .*container=`+before[0][:12]+` server=lg reason="its removal failed"`)
+	page := scrape(t, d)
+	require.Contains(t, page, "\nringfence_pool_leftover_containers_removed_total 1\n", metricLines(page, "ringfence_pool_leftover"))
+	must(cli("runs", "end", "--run", "run-linger"))
 }

@@ -69,6 +69,8 @@ func (m *metrics) collectors(s *Service) []prometheus.Collector {
 			func() float64 { return float64(s.spool.Pending()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringfence_pool_listing_watches_served", Help: "WatchAgentTools streams this host serves to other pool hosts' front doors."},
 			func() float64 { return float64(s.servedWatches()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ringfence_pool_leftover_containers_removed_total", Help: "Containers of this pool instance that no session or warm container held (their removal failed, or their create's answer was lost), removed while it ran."},
+			func() float64 { return float64(s.reconciled()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ringfence_pool_listing_watches_held", Help: "WatchAgentTools streams this host's front door holds open to the owners of runs it has sessions of."},
 			func() float64 { return float64(s.heldWatches.Load()) }),
 	}
@@ -82,4 +84,13 @@ func (m *metrics) observeServerCall(server string, took time.Duration, res *Call
 		result = audit.ResultSucceeded
 	}
 	m.serverCalls.WithLabelValues(server, result).Observe(took.Seconds())
+}
+
+// reconciled is how many leftover containers the spawner removed while the pool ran (0 for a
+// spawner that does not reconcile).
+func (s *Service) reconciled() int64 {
+	if rc, ok := s.spawner.(interface{ Reconciled() int64 }); ok {
+		return rc.Reconciled()
+	}
+	return 0
 }

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -59,6 +60,19 @@ type Docker struct {
 
 	mu  sync.Mutex
 	img *resolvedImage
+	// held are the names of the containers this instance's sessions hold, each reserved
+	// before its create is sent and dropped once it is removed or failed to be; leftover
+	// says why a container no longer held may still be there (reconcile.go).
+	held     map[string]struct{}
+	leftover map[string]string
+	// The reconcile: every is its interval, kick brings it forward after a failed engine
+	// call; it runs from the first Preflight that finds the image usable until Close.
+	every         time.Duration
+	kick          chan struct{}
+	closed        bool
+	stopReconcile context.CancelFunc
+	reconcileDone chan struct{}
+	reconciled    atomic.Int64
 }
 
 var _ Backend = (*Docker)(nil)
@@ -82,7 +96,8 @@ func NewDocker(cfg Config) (*Docker, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Docker{cfg: cfg, ref: ref, log: cfg.Logger, api: cfg.Docker}
+	d := &Docker{cfg: cfg, ref: ref, log: cfg.Logger, api: cfg.Docker,
+		held: map[string]struct{}{}, leftover: map[string]string{}, every: reconcileInterval, kick: make(chan struct{}, 1)}
 	if d.api == nil {
 		c, err := client.New(client.FromEnv)
 		if err != nil {
@@ -101,7 +116,9 @@ func (d *Docker) Serves(transport string) bool { return transport == TransportSt
 
 // Preflight checks that the engine has the configured runtime and the isolation image and
 // that the image can be used, and removes every container an earlier instance of this pool
-// left behind. It is safe to run again while sessions are open.
+// left behind. It is safe to run again while sessions are open. From the first that finds the
+// image usable until Close, the back end reconciles: it removes every container of this
+// instance that no session holds (reconcile.go).
 func (d *Docker) Preflight(ctx context.Context) (Report, error) {
 	rep := Report{Isolation: d.Name(), ImageRef: d.ref.Ref}
 	runtime, err := d.checkRuntime(ctx)
@@ -114,6 +131,7 @@ func (d *Docker) Preflight(ctx context.Context) (Report, error) {
 		return rep, err
 	}
 	rep.ImageID, rep.ImageEnvKeys = img.id, img.envKeys
+	d.startReconcile()
 	n, err := d.sweep(ctx, sweepOthers)
 	rep.Swept = n
 	return rep, err
@@ -125,6 +143,7 @@ func (d *Docker) Sweep(ctx context.Context) (int, error) { return d.sweep(ctx, s
 // Close removes any container of this instance that is still left and closes an engine
 // client NewDocker created.
 func (d *Docker) Close(ctx context.Context) error {
+	d.endReconcile()
 	_, err := d.sweep(context.WithoutCancel(ctx), sweepOwn)
 	if d.closer != nil {
 		err = errors.Join(err, d.closer.Close())
@@ -333,6 +352,9 @@ func (d *Docker) Spawn(ctx context.Context, spec *Spec, kit *Kit) (*Session, err
 	engineCtx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
 	defer cancel()
 	c.created = time.Now()
+	// Held before the engine can list it, so the reconcile never removes it while its create
+	// is in flight.
+	d.hold(c.name)
 	// The create is not cut short by the caller: an abandoned request can still land in the
 	// engine after any removal sent on its behalf, leaving a container that was never started
 	// (which AutoRemove never removes). It ends with the engine's answer, or StartTimeout.
@@ -340,19 +362,23 @@ func (d *Docker) Spawn(ctx context.Context, spec *Spec, kit *Kit) (*Session, err
 	created, err := d.api.ContainerCreate(createCtx, client.ContainerCreateOptions{Name: c.name, Config: cc, HostConfig: hc})
 	cancelCreate()
 	if err != nil {
-		// The create may have landed even though its answer did not (StartTimeout).
+		// The create may have landed even though its answer did not (StartTimeout), or land
+		// later still: the reconcile removes what removeByName cannot.
 		c.removeByName()
+		d.unhold(c.name, leftCreateFailed)
 		return nil, c.engineError(ctx, "create the container", err)
 	}
 	c.id = created.ID
 	if err := ctx.Err(); err != nil {
-		_ = c.forceRemove() // logged there; the sweep removes what it could not
+		_ = c.forceRemove() // logged there; the reconcile removes what it could not
+		d.unhold(c.name, c.leftWhy)
 		return nil, fmt.Errorf("spawner: create the container: %w", err)
 	}
 
 	att, err := d.api.ContainerAttach(engineCtx, c.id, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
 	if err != nil {
-		_ = c.forceRemove() // logged there; the sweep removes what it could not
+		_ = c.forceRemove() // logged there; the reconcile removes what it could not
+		d.unhold(c.name, c.leftWhy)
 		return nil, c.engineError(ctx, "attach to the container", err)
 	}
 	c.att = att.HijackedResponse
@@ -396,6 +422,8 @@ type dockerServer struct {
 	exitCode int64
 	exitErr  error
 	removed  bool
+	// leftWhy is set when a forced removal failed: the reconcile removes the container.
+	leftWhy string
 }
 
 // stdinWriter is the container's stdin; closing it half-closes the attach
@@ -553,7 +581,8 @@ func (c *dockerServer) Stop(ctx context.Context, cs *mcp.ClientSession) error {
 }
 
 // release closes the stream and waits for every goroutine of this container;
-// by then the container is removed or the engine refused to remove it.
+// by then the container is removed or the engine refused to remove it, and it is held no
+// more (the reconcile removes it if it is still there).
 func (c *dockerServer) release(clientDone <-chan struct{}) {
 	c.att.Close()
 	_ = c.st.Close()
@@ -563,6 +592,7 @@ func (c *dockerServer) release(clientDone <-chan struct{}) {
 	if clientDone != nil {
 		<-clientDone
 	}
+	c.d.unhold(c.name, c.leftWhy)
 }
 
 // waitRemoved waits up to d for the engine to report the container removed.
@@ -581,7 +611,8 @@ func (c *dockerServer) forceRemove() error {
 	ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
 	defer cancel()
 	if _, err := c.d.remove(ctx, c.id); err != nil {
-		c.d.log.Error("spawner: could not remove a container; the pool's next sweep removes it",
+		c.leftWhy = leftRemovalFailed
+		c.d.log.Error("spawner: could not remove a container; the pool removes it once the engine answers again",
 			"container", shortID(c.id), "err", err)
 		return err
 	}

@@ -154,7 +154,8 @@ type Config struct {
 	// labelled with it so that a restarted pool can sweep what it orphaned.
 	// It must be unique among pools sharing an engine.
 	PoolID string
-	// InstanceID names this process; random when empty.
+	// InstanceID names this process; random when empty. No two Docker back ends may share
+	// one: each removes, while it runs, every container of its instance it does not hold.
 	InstanceID string
 
 	Logger *slog.Logger
@@ -457,6 +458,19 @@ func (r *Router) Sweep(ctx context.Context) (int, error) {
 		errs = append(errs, err)
 	}
 	return total, errors.Join(errs...)
+}
+
+// Reconciled is how many containers of this instance that no session held (a removal that
+// failed, a create whose answer was lost) its back ends removed while they ran: those that
+// reconcile (Docker) say so with a Reconciled method.
+func (r *Router) Reconciled() int64 {
+	var n int64
+	for _, b := range r.backends {
+		if rc, ok := b.(interface{ Reconciled() int64 }); ok {
+			n += rc.Reconciled()
+		}
+	}
+	return n
 }
 
 var serverRefSyntax = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)

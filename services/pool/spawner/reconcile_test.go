@@ -1,0 +1,99 @@
+package spawner
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
+	"github.com/stretchr/testify/require"
+)
+
+// lockedBuffer is a log destination the reconcile's goroutine and the test share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestTheReconcileRemovesWhatNoSessionHolds: while the Docker back end runs, a container with
+// this instance's labels that no session holds (as a create whose answer was lost leaves it)
+// is removed without a restart of the pool, and logged; the containers of live sessions, and
+// of sessions being started while it looks, are left alone.
+func TestTheReconcileRemovesWhatNoSessionHolds(t *testing.T) {
+	e := dockerEnv(t)
+	ctx := t.Context()
+	logs := &lockedBuffer{}
+	r := e.router(func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
+	d := r.backends[0].(*Docker)
+	d.every = 20 * time.Millisecond // it looks all the time: a create in flight must survive it
+	_, err := r.Preflight(ctx)
+	require.NoError(t, err)
+
+	live := spawn(t, r, fixtureSpec())
+	t.Cleanup(func() { _ = live.Close(context.Background()) })
+	held := e.containers()
+	require.Len(t, held, 1)
+	lost := e.createLost(t, r.cfg.InstanceID)
+	other := e.createLabelled(t, "another-instance")
+
+	require.Eventually(t, func() bool { return !slices.Contains(e.containers(), lost) },
+		30*time.Second, 50*time.Millisecond, "the container no session holds is removed")
+	require.EqualValues(t, 1, r.Reconciled(), "counted")
+	require.Contains(t, logs.String(), `msg="spawner: removed a container this pool no longer holds" container=`+shortID(lost)+" server=orphan")
+
+	// Sessions started while it looks every 20 ms all start and answer.
+	var wg sync.WaitGroup
+	more := make([]*Session, 3)
+	errs := make([]error, 3)
+	for i := range more {
+		wg.Go(func() { more[i], errs[i] = r.Spawn(ctx, fixtureSpec()) })
+	}
+	wg.Wait()
+	for i, s := range more {
+		require.NoError(t, errs[i])
+		_, err := s.ListTools(ctx)
+		require.NoError(t, err, "a session started while the reconcile ran keeps its container")
+		require.NoError(t, s.Close(ctx))
+	}
+	_, err = live.ListTools(ctx)
+	require.NoError(t, err, "the live session keeps its container")
+	require.ElementsMatch(t, append(held, other), e.containers(), "another instance's container is left to that instance")
+	require.NoError(t, live.Close(ctx))
+	require.NoError(t, r.Close(ctx))
+}
+
+// createLost creates, and does not start, a container labelled as instance's: what a create
+// whose answer was lost leaves in the engine.
+func (e *env) createLost(t *testing.T, instance string) string {
+	t.Helper()
+	res, err := e.docker.ContainerCreate(t.Context(), client.ContainerCreateOptions{
+		Name: "ringfence-orphan-" + randomID(),
+		Config: &container.Config{
+			Image: e.image, User: "65534:65534", Entrypoint: []string{"mcpfixture", "--idle"},
+			Labels: map[string]string{LabelManaged: "true", LabelPool: e.poolID, LabelInstance: instance, LabelServer: "orphan"},
+		},
+		HostConfig: &container.HostConfig{NetworkMode: "none", ReadonlyRootfs: true, CapDrop: []string{"ALL"}},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = e.docker.ContainerRemove(context.Background(), res.ID, client.ContainerRemoveOptions{Force: true})
+	})
+	return res.ID
+}
