@@ -67,3 +67,18 @@ func Release(files []File) {
 		}
 	}
 }
+
+// Producer is the files of a service that keeps its state in store and its audit records in a
+// spool: store's bbolt file when it keeps one (a store on etcd keeps none), then the spool's
+// files.
+func Producer(store any, spool interface{ BackupFiles() ([]File, error) }) ([]File, error) {
+	var files []File
+	if b, ok := store.(interface{ DB() *bolt.DB }); ok {
+		files = append(files, Bolt(b.DB()))
+	}
+	more, err := spool.BackupFiles()
+	if err != nil {
+		return nil, err
+	}
+	return append(files, more...), nil
+}
