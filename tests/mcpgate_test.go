@@ -67,8 +67,9 @@ func TestEmbedExampleBuildsOutsideTheRepository(t *testing.T) {
 
 // buildOutside builds examples/<example> as a module of its own in a directory outside the
 // checkout, whose one requirement is the repository's module in directory module (mcpgate,
-// gen/go), replaced by its path. That module's checksums are the program's: nothing is
-// fetched, and the build must not reach for anything the module does not already need. It
+// gen/go), replaced by its path. That module's checksums are the program's: the modules they
+// name are all the tidy and the build may use (they run with the proxy off), so neither may
+// reach for anything the module does not already need. It
 // returns the directory, which holds the binary named example, and `go list -m all` there.
 func buildOutside(t *testing.T, example, module string) (dir, mods string) {
 	t.Helper()
@@ -84,6 +85,22 @@ func buildOutside(t *testing.T, example, module string) (dir, mods string) {
 	sums, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(module), "go.sum"))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.sum"), sums, 0o600))
+	// The module cache is given every module the go.sum names, and nothing else, from the
+	// machine's proxy: a fresh machine's cache holds only what the repository's own builds
+	// needed, which leaves out modules the module's graph names for their tests alone.
+	var named []string
+	seen := map[string]bool{}
+	for line := range strings.Lines(string(sums)) {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			continue
+		}
+		if mod := f[0] + "@" + strings.TrimSuffix(f[1], "/go.mod"); !seen[mod] {
+			seen[mod] = true
+			named = append(named, mod)
+		}
+	}
+	goCmd(t, t.TempDir(), []string{"GOWORK=off", "GOFLAGS="}, append([]string{"mod", "download"}, named...)...)
 	offline := []string{"GOWORK=off", "GOFLAGS=-mod=mod", "GOPROXY=off"}
 	goCmd(t, dir, offline, "mod", "tidy")
 	goCmd(t, dir, offline, "build", "-o", example, ".")
