@@ -272,10 +272,9 @@ func TestBackupNeedsThePermissionAndNoTenant(t *testing.T) {
 	code := cli.Execute([]string{"backup", "--addr", addr, "--api-key", acme.GetSecret(), "--out", out}, nil, &stdout, &stderr)
 	require.Equal(t, cli.ExitFailure, code)
 	require.Contains(t, stderr.String(), "bound to tenant")
-	require.Contains(t, stderr.String(), "hint: the backup did not complete and nothing was kept in "+out+": run it again")
-	entries, err := os.ReadDir(out)
-	require.NoError(t, err)
-	require.Empty(t, entries)
+	require.Contains(t, stderr.String(), "hint: the backup did not complete and nothing was kept ("+out+" is removed): fix what the error names, then run it again")
+	_, err = os.Stat(out)
+	require.ErrorIs(t, err, os.ErrNotExist, "the directory the backup made for --out goes with it")
 
 	// An admin key bound to no tenant may.
 	stream, err := adminv1.NewAdminServiceClient(conn).Backup(adminCtx, &adminv1.BackupRequest{})
@@ -304,6 +303,29 @@ func TestBackupRefusesANonEmptyDirectory(t *testing.T) {
 	got, err := os.ReadFile(filepath.Join(out, "registry.db"))
 	require.NoError(t, err)
 	require.Equal(t, "theirs", string(got))
+}
+
+// TestAFailedBackupLeavesNoDirectory: a backup that never reaches a server (a wrong --addr)
+// removes the directories it made for --out, parents included, so no empty directory is taken
+// for a copy later; an empty --out that was there stays, empty; the hint says which.
+func TestAFailedBackupLeavesNoDirectory(t *testing.T) {
+	root := t.TempDir()
+	out := filepath.Join(root, "backups", "today")
+	var stdout, stderr bytes.Buffer
+	code := cli.Execute([]string{"backup", "--addr", testutil.FreeAddr(t), "--api-key", bootstrapKey, "--timeout", "2s", "--out", out}, nil, &stdout, &stderr)
+	require.Equal(t, cli.ExitFailure, code, stderr.String())
+	require.Contains(t, stderr.String(), "nothing was kept ("+out+" is removed)")
+	_, err := os.Stat(filepath.Join(root, "backups"))
+	require.ErrorIs(t, err, os.ErrNotExist, "the parent the backup made goes too")
+
+	empty := t.TempDir()
+	stderr.Reset()
+	code = cli.Execute([]string{"backup", "--addr", testutil.FreeAddr(t), "--api-key", bootstrapKey, "--timeout", "2s", "--out", empty}, nil, &stdout, &stderr)
+	require.Equal(t, cli.ExitFailure, code, stderr.String())
+	require.Contains(t, stderr.String(), "nothing was kept ("+empty+" is left empty, as it was)")
+	entries, err := os.ReadDir(empty)
+	require.NoError(t, err)
+	require.Empty(t, entries)
 }
 
 // TestEachSplitBinaryBacksUpItsOwnFiles: in a split deployment every binary serves Backup on

@@ -37,23 +37,36 @@ store.backend=etcd the state kept in etcd is not in the copy: take it with etcdc
 			if out == "" {
 				return usagef("--out is required: the directory to write the copy into (new or empty)")
 			}
-			if err := prepareBackupDir(out); err != nil {
-				return err
-			}
-			conn, err := g.dial()
-			if err != nil {
-				return err
-			}
-			// No deadline: a large file takes as long as it takes; Ctrl-C ends it.
-			stream, err := adminv1.NewAdminServiceClient(conn).Backup(g.streamCtx(cmd.Context()), &adminv1.BackupRequest{})
+			made, err := prepareBackupDir(out)
 			if err != nil {
 				return err
 			}
 			w := &backupWriter{dir: out, stdout: g.stdout, json: g.output == "json", seen: map[string]bool{}}
+			// A backup that does not complete leaves nothing: not its files, nor the
+			// directories it made for --out, so no empty copy looks like a backup.
+			failed := func(err error) error {
+				w.abandon()
+				kept := out + " is removed"
+				for i := len(made) - 1; i >= 0; i-- {
+					_ = os.Remove(made[i]) // only when empty: what this backup made
+				}
+				if len(made) == 0 {
+					kept = out + " is left empty, as it was"
+				}
+				return &hintedError{err: err, hint: "the backup did not complete and nothing was kept (" + kept + "): fix what the error names, then run it again"}
+			}
+			conn, err := g.dial()
+			if err != nil {
+				return failed(err)
+			}
+			// No deadline: a large file takes as long as it takes; Ctrl-C ends it.
+			stream, err := adminv1.NewAdminServiceClient(conn).Backup(g.streamCtx(cmd.Context()), &adminv1.BackupRequest{})
+			if err != nil {
+				return failed(err)
+			}
 			summary, err := w.receive(stream)
 			if err != nil {
-				w.abandon()
-				return &hintedError{err: err, hint: "the backup did not complete and nothing was kept in " + out + ": run it again"}
+				return failed(err)
 			}
 			return w.finish(summary)
 		},
@@ -63,21 +76,29 @@ store.backend=etcd the state kept in etcd is not in the copy: take it with etcdc
 }
 
 // prepareBackupDir creates dir (0700), or takes an empty one: a copy written over another
-// data_dir would mix two servers' files.
-func prepareBackupDir(dir string) error {
+// data_dir would mix two servers' files. It returns the directories it made, dir's missing
+// parents first, for a backup that fails to remove.
+func prepareBackupDir(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return fmt.Errorf("cannot create --out %s: %w: name a directory this user may create", dir, err)
+		var made []string
+		for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+			if _, err := os.Lstat(d); err == nil || !errors.Is(err, os.ErrNotExist) || filepath.Dir(d) == d {
+				break
+			}
+			made = append([]string{d}, made...)
 		}
-		return nil
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("cannot create --out %s: %w: name a directory this user may create", dir, err)
+		}
+		return made, nil
 	case err != nil:
-		return usagef("--out %s: %v: name a new or empty directory", dir, err)
+		return nil, usagef("--out %s: %v: name a new or empty directory", dir, err)
 	case len(entries) > 0:
-		return usagef("--out %s is not empty (it holds %s): name a new or empty directory, so the copy is not mixed with other files", dir, entries[0].Name())
+		return nil, usagef("--out %s is not empty (it holds %s): name a new or empty directory, so the copy is not mixed with other files", dir, entries[0].Name())
 	}
-	return os.Chmod(dir, 0o700)
+	return nil, os.Chmod(dir, 0o700)
 }
 
 // backupWriter lays the streamed files out under dir: each written aside, checked against the
