@@ -5,8 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/ringfence/ringfence/internal/config"
 	"github.com/ringfence/ringfence/internal/secretbox"
@@ -45,6 +47,7 @@ func secretsKeyCommand(name string, args, environ []string, stdout, stderr io.Wr
 		fmt.Fprintf(stderr, "%s secrets-key rotate: %v\n", name, err)
 		return 2
 	}
+	dataDir := ""
 	if file == "" {
 		cfg, err := config.Load(name, rest, environ, stderr)
 		if errors.Is(err, flag.ErrHelp) {
@@ -55,16 +58,48 @@ func secretsKeyCommand(name string, args, environ []string, stdout, stderr io.Wr
 			return 2
 		}
 		file = secretsKeyFile(cfg)
+		dataDir = cfg.DataDir
 	}
 	n, err := secretbox.Rotate(file)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s secrets-key rotate: %v\n", name, err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "%s: a new key is its first line (%d keys now). Start the server: it re-seals the stored secrets under the new key. "+
+	start := "Start the server: it re-seals the stored secrets under the new key. "
+	if held := heldDataFile(dataDir); held != "" {
+		// The server reads the key file only at start: until it starts again it seals with
+		// the old key, and the log line the next step waits for never comes.
+		start = fmt.Sprintf("A server is running on %s (it holds %s open): it goes on sealing with the old key until it starts again. "+
+			"Restart it: that start re-seals the stored secrets under the new key, what it sealed meanwhile too. ", dataDir, held)
+	}
+	fmt.Fprintf(stdout, "%s: a new key is its first line (%d keys now). %s"+
 		"Once its log says every sealed value opens with the first key, remove the other lines and start it again. "+
-		"Several hosts sharing etcd: see docs/operations.md, \"Rotating the secrets key\"\n", file, n)
+		"Several hosts sharing etcd: see docs/operations.md, \"Rotating the secrets key\"\n", file, n, start)
 	return 0
+}
+
+// heldDataFile names the bbolt file of dataDir whose values the secrets key seals (registry.db,
+// pool.db) that a running server holds open, or "": bbolt holds an exclusive flock on the file
+// it serves, so a shared one that cannot be taken means a server runs on it.
+func heldDataFile(dataDir string) string {
+	if dataDir == "" {
+		return ""
+	}
+	for _, name := range []string{"registry.db", "pool.db"} {
+		f, err := os.Open(filepath.Join(dataDir, name))
+		if err != nil {
+			continue
+		}
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
+		if err == nil {
+			_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		}
+		_ = f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return name
+		}
+	}
+	return ""
 }
 
 // fileFlag takes --file FILE (or --file=FILE, -file) out of args: the key file, and the other
