@@ -276,6 +276,11 @@ func (w *backupWriter) finish(s *adminv1.BackupSummary) error {
 	if s.GetSecretsKeyFile() == "" {
 		restore = fmt.Sprintf("to restore: stop %s, point its data_dir (RINGFENCE_DATA_DIR) at %s (or copy it there), and start it", s.GetBinary(), w.dir)
 	}
+	if len(w.files) == 0 {
+		// A registry or publisher on etcd keeps no file: an empty DIR restores nothing, and
+		// its state is only where the lines below say.
+		restore = fmt.Sprintf("%s is empty: %s keeps none of its state in its data_dir, so this copy restores nothing; back up what the lines above name", w.dir, s.GetBinary())
+	}
 	if w.json {
 		return json.NewEncoder(w.stdout).Encode(map[string]any{
 			"dir": w.dir, "binary": s.GetBinary(), "store_backend": s.GetStoreBackend(), "files": w.files, "bytes": total,
