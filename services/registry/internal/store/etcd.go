@@ -141,7 +141,12 @@ func (s *Etcd) checkSecretsKey(ctx context.Context) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("registry: this replica's secrets key (RINGFENCE_SECRETS_KEY_FILE) is not the one the registrations in etcd (%s) were sealed with: every registry replica needs the same key file; copy it from a running replica", s.space)
+	keyFile := "RINGFENCE_SECRETS_KEY_FILE"
+	if p := s.box.Path(); p != "" {
+		keyFile = p + ", RINGFENCE_SECRETS_KEY_FILE"
+	}
+	return fmt.Errorf("registry: this replica's secrets key (%s) is not the one the registrations in etcd (%s) were sealed with: every registry replica needs the same key file; copy it from a running replica. "+
+		"After `secrets-key rotate`, the old key's line may have gone before a start re-sealed under the new one: put that line back after the first, start, and remove it only once the log says every sealed value opens with the first key", keyFile, s.space)
 }
 
 // Spool is the audit spool whose outbox is in etcd.

@@ -599,6 +599,16 @@ func TestEtcdRefusesAnotherSecretsKey(t *testing.T) {
 	require.NoError(t, err)
 	_, err = OpenEtcd(t.Context(), EtcdConfig{Client: cli, Root: root, Box: box}, spoolConfig(t, testutil.NewAuditRecorder()))
 	require.ErrorContains(t, err, "every registry replica needs the same key file")
+
+	// One host whose key file lost the old line too soon after a rotation is told the way
+	// back, naming the file.
+	keyFile := filepath.Join(t.TempDir(), "secrets.key")
+	require.NoError(t, os.WriteFile(keyFile, []byte(hex.EncodeToString(other)+"\n"), 0o600))
+	fromFile, err := secretbox.LoadOrCreate(keyFile)
+	require.NoError(t, err)
+	_, err = OpenEtcd(t.Context(), EtcdConfig{Client: cli, Root: root, Box: fromFile}, spoolConfig(t, testutil.NewAuditRecorder()))
+	require.ErrorContains(t, err, "this replica's secrets key ("+keyFile+", RINGFENCE_SECRETS_KEY_FILE)")
+	require.ErrorContains(t, err, "After `secrets-key rotate`, the old key's line may have gone before a start re-sealed under the new one: put that line back after the first")
 }
 
 // TestBoltRefusesAnotherSecretsKey: a registry file opened with a key that does not open what
