@@ -328,6 +328,22 @@ func TestAFailedBackupLeavesNoDirectory(t *testing.T) {
 	require.Empty(t, entries)
 }
 
+// TestABackupNamesItsDirectoryByItsAbsolutePath: --out given relative to the CLI's working
+// directory is named absolute in the restore line, which is followed where the server starts,
+// from another directory; the line says to put the copy in the data_dir's place, never over it.
+func TestABackupNamesItsDirectoryByItsAbsolutePath(t *testing.T) {
+	a, err := NewAllInOne(t.Context(), testConfig(t), quietLogger())
+	require.NoError(t, err)
+	_, addr := serveApp(t, a)
+	work := t.TempDir()
+	t.Chdir(work)
+	var stdout, stderr bytes.Buffer
+	code := cli.Execute([]string{"backup", "--addr", addr, "--api-key", bootstrapKey, "--out", "nightly"}, nil, &stdout, &stderr)
+	require.Equal(t, cli.ExitOK, code, stderr.String())
+	require.Contains(t, stdout.String(), "into "+filepath.Join(work, "nightly")+"\n")
+	require.Contains(t, stdout.String(), "point its data_dir (RINGFENCE_DATA_DIR) at "+filepath.Join(work, "nightly")+" (or move the old data_dir aside and this one into its place, never over it)")
+}
+
 // TestEachSplitBinaryBacksUpItsOwnFiles: in a split deployment every binary serves Backup on
 // its public port over the files it keeps (the pool its database and spool, the audit service
 // its log), names itself and, where it seals secrets, the key it never copies; and the backup

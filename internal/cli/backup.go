@@ -27,7 +27,8 @@ func newBackupCmd(g *globals) *cobra.Command {
 		Long: `backup copies every file the server at --addr keeps in its data_dir (its bbolt files and
 the pool's audit spool), each as of one instant, while the server goes on serving. DIR must be
 new or empty; it is laid out as a data_dir: to restore, stop the server, point data_dir
-(RINGFENCE_DATA_DIR) at DIR (or copy it there), put the secrets key beside it, and start it.
+(RINGFENCE_DATA_DIR) at DIR (or move the old data_dir aside and DIR into its place: copied over
+the old one, files the copy does not hold would stay), put the secrets key beside it, and start it.
 
 The secrets key is never in the copy: keep it apart. In a split deployment each binary owns its
 own files: run backup against each (--addr), into a directory of its own. With
@@ -36,6 +37,10 @@ store.backend=etcd the state kept in etcd is not in the copy: take it with etcdc
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if out == "" {
 				return usagef("--out is required: the directory to write the copy into (new or empty)")
+			}
+			// The restore line names DIR for a server started elsewhere, from another directory.
+			if abs, err := filepath.Abs(out); err == nil {
+				out = abs
 			}
 			made, err := prepareBackupDir(out)
 			if err != nil {
@@ -272,9 +277,9 @@ func (w *backupWriter) finish(s *adminv1.BackupSummary) error {
 	for _, f := range w.files {
 		total += f.Size
 	}
-	restore := fmt.Sprintf("to restore: stop %s, point its data_dir (RINGFENCE_DATA_DIR) at %s (or copy it there), put the secrets key beside it, and start it", s.GetBinary(), w.dir)
+	restore := fmt.Sprintf("to restore: stop %s, point its data_dir (RINGFENCE_DATA_DIR) at %s (or move the old data_dir aside and this one into its place, never over it), put the secrets key beside it, and start it", s.GetBinary(), w.dir)
 	if s.GetSecretsKeyFile() == "" {
-		restore = fmt.Sprintf("to restore: stop %s, point its data_dir (RINGFENCE_DATA_DIR) at %s (or copy it there), and start it", s.GetBinary(), w.dir)
+		restore = fmt.Sprintf("to restore: stop %s, point its data_dir (RINGFENCE_DATA_DIR) at %s (or move the old data_dir aside and this one into its place, never over it), and start it", s.GetBinary(), w.dir)
 	}
 	if len(w.files) == 0 {
 		// A registry or publisher on etcd keeps no file: an empty DIR restores nothing, and
