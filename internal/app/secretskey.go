@@ -35,6 +35,12 @@ the same flags, environment and --config the server starts with). No key is prin
 // secretsKeyCommand is "<name> secrets-key ...": a command on the server's own key file, run
 // on its host, not a call to a running server. It returns the exit status.
 func secretsKeyCommand(name string, args, environ []string, stdout, stderr io.Writer) int {
+	if !sealsWithTheSecretsKey(name) {
+		// A rotation here would find no key file (none is ever made for this binary) and
+		// send its user looking for one.
+		fmt.Fprintf(stderr, "%s secrets-key: %s keeps no secrets key: only the registry and the pool seal with one (ringfenced, ringfence-registry, ringfence-pool); run `secrets-key rotate` with those, on their hosts\n", name, name)
+		return 2
+	}
 	if len(args) == 0 || args[0] != "rotate" {
 		fmt.Fprintf(stderr, secretsKeyUsage, name)
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
@@ -100,6 +106,16 @@ func heldDataFile(dataDir string) string {
 		}
 	}
 	return ""
+}
+
+// sealsWithTheSecretsKey says whether the binary name opens a secrets key file (secretsBox):
+// the registry's secrets and the pool's users' tokens; the publisher and the audit log keep none.
+func sealsWithTheSecretsKey(name string) bool {
+	switch name {
+	case "ringfenced", "ringfence-registry", "ringfence-pool":
+		return true
+	}
+	return false
 }
 
 // fileFlag takes --file FILE (or --file=FILE, -file) out of args: the key file, and the other

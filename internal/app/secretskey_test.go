@@ -73,3 +73,24 @@ func TestSecretsKeyRotateWhileTheServerRuns(t *testing.T) {
 	require.Contains(t, stdout.String(), "(3 keys now). Start the server")
 	require.NotContains(t, stdout.String(), "is running")
 }
+
+// TestSecretsKeyRotateOnlyWhereAKeySeals: the publisher and the audit service keep no secrets
+// key, so their secrets-key command says which binaries do, rather than look for a key file
+// that is never made; the registry and the pool rotate theirs.
+func TestSecretsKeyRotateOnlyWhereAKeySeals(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "k")
+	for _, name := range []string{"ringfence-publisher", "ringfence-audit"} {
+		require.NoError(t, os.WriteFile(file, []byte(strings.Repeat("a1", 32)+"\n"), 0o600))
+		var stdout, stderr bytes.Buffer
+		code := secretsKeyCommand(name, []string{"rotate", "--file", file}, nil, &stdout, &stderr)
+		require.Equal(t, 2, code, name)
+		require.Contains(t, stderr.String(), name+" keeps no secrets key: only the registry and the pool seal with one (ringfenced, ringfence-registry, ringfence-pool)")
+		data, err := os.ReadFile(file)
+		require.NoError(t, err)
+		require.Equal(t, strings.Repeat("a1", 32)+"\n", string(data), "the file is not rotated")
+	}
+	for _, name := range []string{"ringfenced", "ringfence-registry", "ringfence-pool"} {
+		var stdout, stderr bytes.Buffer
+		require.Equal(t, 0, secretsKeyCommand(name, []string{"rotate", "--file", file}, nil, &stdout, &stderr), name+": "+stderr.String())
+	}
+}
