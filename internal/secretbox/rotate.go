@@ -50,6 +50,16 @@ func Rotate(path string) (keys int, err error) {
 		}
 		return 0, fmt.Errorf("secretbox: write %s: %w: %s; or rotate a copy where you may write (cp %s rotated.key && ringfenced secrets-key rotate --file rotated.key) and put it in place of the key file the way it is deployed (the key file is unchanged)", tmp, err, where, path)
 	}
+	// The new file takes the old one's owner: a root shell rotating the key file of a server
+	// that runs as its own user (the systemd units' ringfence) must not leave it a file only
+	// root reads. Only root can give a file away; anyone else is its owner already.
+	if owner, ok := fileOwner(path); ok && os.Geteuid() == 0 {
+		if err := f.Chown(owner.uid, owner.gid); err != nil {
+			_ = f.Close()
+			_ = os.Remove(tmp)
+			return 0, fmt.Errorf("secretbox: give %s the owner of %s: %w (the key file is unchanged)", tmp, path, err)
+		}
+	}
 	if _, err = f.Write(out); err == nil {
 		err = f.Sync()
 	}
@@ -68,4 +78,19 @@ func Rotate(path string) (keys int, err error) {
 		_ = d.Close()
 	}
 	return len(old) + 1, nil
+}
+
+type owner struct{ uid, gid int }
+
+// fileOwner is the user and group owning path.
+func fileOwner(path string) (owner, bool) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return owner{}, false
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return owner{}, false
+	}
+	return owner{int(sys.Uid), int(sys.Gid)}, true
 }

@@ -189,3 +189,19 @@ func mustHex(t *testing.T, s string) []byte {
 	require.NoError(t, err)
 	return b
 }
+
+// TestRotateKeepsTheKeyFilesOwner: root rotating the key file of a server that runs as its own
+// user leaves the new file that user's, as the old one was, so the server still reads it at
+// its next start. (Only root can give a file away; anyone else owns what they rotate.)
+func TestRotateKeepsTheKeyFilesOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("only root rotates a file another user owns")
+	}
+	path := writeKeys(t, strings.Repeat("a1", 32))
+	require.NoError(t, os.Chown(path, 65534, 65534))
+	_, err := Rotate(path)
+	require.NoError(t, err)
+	o, ok := fileOwner(path)
+	require.True(t, ok)
+	require.Equal(t, owner{65534, 65534}, o)
+}
