@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -161,4 +162,36 @@ func TestAdmissionOnEtcdAnswersFromTheMirror(t *testing.T) {
 	defer cancel()
 	_, err = authz.Authorize(short, method)
 	require.Error(t, err, "Authorize confirms the key is current, and etcd is gone")
+}
+
+// TestAStartOnAnotherPrefixThanTheMoveWarns: a data_dir whose registry.db was moved into etcd,
+// started on a prefix (or cluster) that holds nothing of the registry, warns naming the prefix,
+// the moved file and what to check, rather than serve an empty registry that refuses every key
+// of before without a word; on the prefix that holds the registry, nothing is said.
+func TestAStartOnAnotherPrefixThanTheMoveWarns(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	roles, err := auth.NewRoles("")
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "registry.db"+store.MovedSuffix), nil, 0o600))
+	open := func(root string) string {
+		box, err := secretbox.New(make([]byte, 32))
+		require.NoError(t, err)
+		var logs testutil.SyncBuffer
+		svc, err := Open(Config{
+			DBPath: filepath.Join(dir, "registry.db"), Etcd: cluster.Client(t, "registry"), EtcdRoot: root,
+			Secrets: box, Roles: roles, AuditSink: testutil.NewAuditRecorder(),
+			Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		})
+		require.NoError(t, err)
+		require.NoError(t, svc.EnsureBootstrapAdmin(auth.SystemContext(t.Context(), "test"), adminKey))
+		require.NoError(t, svc.Close())
+		return logs.String()
+	}
+	typo := cluster.Root()
+	logs := open(typo)
+	require.Contains(t, logs, "registry: etcd holds no registration, secret or API key under "+typo+"/registry/, yet registry.db.moved-to-etcd is left by a move of this data_dir's registry.db into etcd: check that store.etcd_endpoints and store.etcd_prefix name the cluster and prefix it was moved into")
+	require.Contains(t, logs, "level=WARN")
+	// The bootstrap key made there is a key: the next start on that prefix says nothing.
+	require.NotContains(t, open(typo), "etcd holds no registration")
 }

@@ -149,6 +149,24 @@ func (s *Etcd) checkSecretsKey(ctx context.Context) error {
 		"After `secrets-key rotate`, the old key's line may have gone before a start re-sealed under the new one: put that line back after the first, start, and remove it only once the log says every sealed value opens with the first key", keyFile, s.space)
 }
 
+// Empty says whether etcd holds no registration, secret or API key under this registry's
+// prefix: a start pointed at another cluster or prefix than its data was moved into.
+func (s *Etcd) Empty(ctx context.Context) (bool, error) {
+	for _, kind := range []string{etcdServers, etcdSecrets, etcdKeys} {
+		resp, err := s.cli.Get(ctx, s.space.Prefix(kind), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return false, etcdstore.Unavailable("count what the registry holds", err)
+		}
+		if resp.Count > 0 {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// Prefix is the etcd prefix of every key of this registry (<root>/registry/).
+func (s *Etcd) Prefix() string { return s.space.Prefix() }
+
 // Spool is the audit spool whose outbox is in etcd.
 func (s *Etcd) Spool() *audit.Spool { return s.spool }
 
