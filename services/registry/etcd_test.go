@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -194,4 +195,42 @@ func TestAStartOnAnotherPrefixThanTheMoveWarns(t *testing.T) {
 	require.Contains(t, logs, "level=WARN")
 	// The bootstrap key made there is a key: the next start on that prefix says nothing.
 	require.NotContains(t, open(typo), "etcd holds no registration")
+}
+
+// TestAMoveUnderARotationSaysTheOldKeyCanGoOnlyOnceMoved: a registry.db sealed under the old
+// key, moved while the key file holds the new key first and the old one second, is re-sealed
+// on its way into etcd; the start's line that the other lines of the key file can go comes
+// after the move's, and counts what the move re-sealed: before the move, the file still needs
+// the old key.
+func TestAMoveUnderARotationSaysTheOldKeyCanGoOnlyOnceMoved(t *testing.T) {
+	roles, err := auth.NewRoles("")
+	require.NoError(t, err)
+	keyOld, keyNew := make([]byte, 32), make([]byte, 32)
+	keyNew[0] = 1
+	oldBox, err := secretbox.New(keyOld)
+	require.NoError(t, err)
+	db := filepath.Join(t.TempDir(), "registry.db")
+	cfg := Config{DBPath: db, Secrets: oldBox, Roles: roles, AuditSink: testutil.NewAuditRecorder(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	svc, err := Open(cfg)
+	require.NoError(t, err)
+	_, err = svc.PutSecret(auth.SystemContext(t.Context(), "test"), &registryv1.PutSecretRequest{Name: "tok", Value: "canary-value"})
+	require.NoError(t, err)
+	require.NoError(t, svc.Close())
+
+	cluster := etcdtest.Start(t, 1)
+	var logs testutil.SyncBuffer
+	cfg.Secrets, err = secretbox.NewKeys(keyNew, keyOld)
+	require.NoError(t, err)
+	cfg.Etcd, cfg.EtcdRoot, cfg.Logger = cluster.Client(t, "registry"), cluster.Root(), slog.New(slog.NewTextHandler(&logs, nil))
+	svc, err = Open(cfg)
+	require.NoError(t, err)
+	require.NoError(t, svc.Close())
+	out := logs.String()
+	moved := strings.Index(out, "moved the registry's state kept in registry.db to etcd")
+	canGo := strings.Index(out, "every sealed value opens with the first key")
+	require.Positive(t, moved, out)
+	require.Greater(t, canGo, moved, "the line that the old key can go comes after the move:\n%s", out)
+	require.Equal(t, 1, strings.Count(out, "re-sealed under the first key"), out)
+	require.Contains(t, out, "resealed=1", "the secret the move re-sealed is counted")
+	require.NotContains(t, out, "canary-value")
 }

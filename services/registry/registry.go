@@ -235,7 +235,7 @@ func openStore(cfg Config) (Store, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), etcdstore.RequestTimeout)
 	defer cancel()
-	st, err := store.OpenEtcd(ctx, store.EtcdConfig{Client: cfg.Etcd, Root: cfg.EtcdRoot, Box: cfg.Secrets, Logger: cfg.Logger}, spool)
+	st, err := store.OpenEtcd(ctx, store.EtcdConfig{Client: cfg.Etcd, Root: cfg.EtcdRoot, Box: cfg.Secrets, Logger: cfg.Logger, HoldResealLog: local != nil}, spool)
 	if err != nil {
 		return nil, err
 	}
@@ -247,6 +247,7 @@ func openStore(cfg Config) (Store, error) {
 		_ = st.Close() // the move's error is the one to report
 		return nil, err
 	}
+	st.LogResealed(local) // only now may it say that the old key's lines can go
 	return st, nil
 }
 
