@@ -272,10 +272,9 @@ func TestBackupNeedsThePermissionAndNoTenant(t *testing.T) {
 	code := cli.Execute([]string{"backup", "--addr", addr, "--api-key", acme.GetSecret(), "--out", out}, nil, &stdout, &stderr)
 	require.Equal(t, cli.ExitFailure, code)
 	require.Contains(t, stderr.String(), "bound to tenant")
-	require.Contains(t, stderr.String(), "hint: the backup did not complete and nothing was kept in "+out+": run it again")
-	entries, err := os.ReadDir(out)
-	require.NoError(t, err)
-	require.Empty(t, entries)
+	require.Contains(t, stderr.String(), "hint: the backup did not complete and nothing was kept ("+out+" is removed): fix what the error names, then run it again")
+	_, err = os.Stat(out)
+	require.ErrorIs(t, err, os.ErrNotExist, "the directory the backup made for --out goes with it")
 
 	// An admin key bound to no tenant may.
 	stream, err := adminv1.NewAdminServiceClient(conn).Backup(adminCtx, &adminv1.BackupRequest{})
@@ -304,6 +303,45 @@ func TestBackupRefusesANonEmptyDirectory(t *testing.T) {
 	got, err := os.ReadFile(filepath.Join(out, "registry.db"))
 	require.NoError(t, err)
 	require.Equal(t, "theirs", string(got))
+}
+
+// TestAFailedBackupLeavesNoDirectory: a backup that never reaches a server (a wrong --addr)
+// removes the directories it made for --out, parents included, so no empty directory is taken
+// for a copy later; an empty --out that was there stays, empty; the hint says which.
+func TestAFailedBackupLeavesNoDirectory(t *testing.T) {
+	root := t.TempDir()
+	out := filepath.Join(root, "backups", "today")
+	var stdout, stderr bytes.Buffer
+	code := cli.Execute([]string{"backup", "--addr", testutil.FreeAddr(t), "--api-key", bootstrapKey, "--timeout", "2s", "--out", out}, nil, &stdout, &stderr)
+	require.Equal(t, cli.ExitFailure, code, stderr.String())
+	require.Contains(t, stderr.String(), "nothing was kept ("+out+" is removed)")
+	_, err := os.Stat(filepath.Join(root, "backups"))
+	require.ErrorIs(t, err, os.ErrNotExist, "the parent the backup made goes too")
+
+	empty := t.TempDir()
+	stderr.Reset()
+	code = cli.Execute([]string{"backup", "--addr", testutil.FreeAddr(t), "--api-key", bootstrapKey, "--timeout", "2s", "--out", empty}, nil, &stdout, &stderr)
+	require.Equal(t, cli.ExitFailure, code, stderr.String())
+	require.Contains(t, stderr.String(), "nothing was kept ("+empty+" is left empty, as it was)")
+	entries, err := os.ReadDir(empty)
+	require.NoError(t, err)
+	require.Empty(t, entries)
+}
+
+// TestABackupNamesItsDirectoryByItsAbsolutePath: --out given relative to the CLI's working
+// directory is named absolute in the restore line, which is followed where the server starts,
+// from another directory; the line says to put the copy in the data_dir's place, never over it.
+func TestABackupNamesItsDirectoryByItsAbsolutePath(t *testing.T) {
+	a, err := NewAllInOne(t.Context(), testConfig(t), quietLogger())
+	require.NoError(t, err)
+	_, addr := serveApp(t, a)
+	work := t.TempDir()
+	t.Chdir(work)
+	var stdout, stderr bytes.Buffer
+	code := cli.Execute([]string{"backup", "--addr", addr, "--api-key", bootstrapKey, "--out", "nightly"}, nil, &stdout, &stderr)
+	require.Equal(t, cli.ExitOK, code, stderr.String())
+	require.Contains(t, stdout.String(), "into "+filepath.Join(work, "nightly")+"\n")
+	require.Contains(t, stdout.String(), "point its data_dir (RINGFENCE_DATA_DIR) at "+filepath.Join(work, "nightly")+" (or move the old data_dir aside and this one into its place, never over it)")
 }
 
 // TestEachSplitBinaryBacksUpItsOwnFiles: in a split deployment every binary serves Backup on

@@ -5,8 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/ringfence/ringfence/internal/config"
 	"github.com/ringfence/ringfence/internal/secretbox"
@@ -33,6 +35,12 @@ the same flags, environment and --config the server starts with). No key is prin
 // secretsKeyCommand is "<name> secrets-key ...": a command on the server's own key file, run
 // on its host, not a call to a running server. It returns the exit status.
 func secretsKeyCommand(name string, args, environ []string, stdout, stderr io.Writer) int {
+	if !sealsWithTheSecretsKey(name) {
+		// A rotation here would find no key file (none is ever made for this binary) and
+		// send its user looking for one.
+		fmt.Fprintf(stderr, "%s secrets-key: %s keeps no secrets key: only the registry and the pool seal with one (ringfenced, ringfence-registry, ringfence-pool); run `secrets-key rotate` with those, on their hosts\n", name, name)
+		return 2
+	}
 	if len(args) == 0 || args[0] != "rotate" {
 		fmt.Fprintf(stderr, secretsKeyUsage, name)
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
@@ -45,6 +53,7 @@ func secretsKeyCommand(name string, args, environ []string, stdout, stderr io.Wr
 		fmt.Fprintf(stderr, "%s secrets-key rotate: %v\n", name, err)
 		return 2
 	}
+	dataDir := ""
 	if file == "" {
 		cfg, err := config.Load(name, rest, environ, stderr)
 		if errors.Is(err, flag.ErrHelp) {
@@ -55,16 +64,58 @@ func secretsKeyCommand(name string, args, environ []string, stdout, stderr io.Wr
 			return 2
 		}
 		file = secretsKeyFile(cfg)
+		dataDir = cfg.DataDir
 	}
 	n, err := secretbox.Rotate(file)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s secrets-key rotate: %v\n", name, err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "%s: a new key is its first line (%d keys now). Start the server: it re-seals the stored secrets under the new key. "+
+	start := "Start the server: it re-seals the stored secrets under the new key. "
+	if held := heldDataFile(dataDir); held != "" {
+		// The server reads the key file only at start: until it starts again it seals with
+		// the old key, and the log line the next step waits for never comes.
+		start = fmt.Sprintf("A server is running on %s (it holds %s open): it goes on sealing with the old key until it starts again. "+
+			"Restart it: that start re-seals the stored secrets under the new key, what it sealed meanwhile too. ", dataDir, held)
+	}
+	fmt.Fprintf(stdout, "%s: a new key is its first line (%d keys now). %s"+
 		"Once its log says every sealed value opens with the first key, remove the other lines and start it again. "+
-		"Several hosts sharing etcd: see docs/operations.md, \"Rotating the secrets key\"\n", file, n)
+		"Several hosts sharing etcd: see docs/operations.md, \"Rotating the secrets key\"\n", file, n, start)
 	return 0
+}
+
+// heldDataFile names the bbolt file of dataDir whose values the secrets key seals (registry.db,
+// pool.db) that a running server holds open, or "": bbolt holds an exclusive flock on the file
+// it serves, so a shared one that cannot be taken means a server runs on it.
+func heldDataFile(dataDir string) string {
+	if dataDir == "" {
+		return ""
+	}
+	for _, name := range []string{"registry.db", "pool.db"} {
+		f, err := os.Open(filepath.Join(dataDir, name))
+		if err != nil {
+			continue
+		}
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
+		if err == nil {
+			_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		}
+		_ = f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return name
+		}
+	}
+	return ""
+}
+
+// sealsWithTheSecretsKey says whether the binary name opens a secrets key file (secretsBox):
+// the registry's secrets and the pool's users' tokens; the publisher and the audit log keep none.
+func sealsWithTheSecretsKey(name string) bool {
+	switch name {
+	case "ringfenced", "ringfence-registry", "ringfence-pool":
+		return true
+	}
+	return false
 }
 
 // fileFlag takes --file FILE (or --file=FILE, -file) out of args: the key file, and the other

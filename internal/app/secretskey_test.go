@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
 )
 
 // TestSecretsKeyRotateCommand: `secrets-key rotate` rotates the key file named by --file, or
@@ -50,4 +51,46 @@ func TestSecretsKeyRotateCommand(t *testing.T) {
 	code, _, errs = run(nil, "rotate", "--file")
 	require.Equal(t, 2, code)
 	require.Contains(t, errs, "--file needs the key file's path")
+}
+
+// TestSecretsKeyRotateWhileTheServerRuns: a rotation while a server holds registry.db open
+// says so: that server seals with the old key until it restarts, so the next step is a
+// restart, not a start; with nothing running it says to start it.
+func TestSecretsKeyRotateWhileTheServerRuns(t *testing.T) {
+	dataDir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dataDir, "secrets.key"), []byte(strings.Repeat("a1", 32)+"\n"), 0o600))
+	db, err := bbolt.Open(filepath.Join(dataDir, "registry.db"), 0o600, nil)
+	require.NoError(t, err)
+	var stdout, stderr bytes.Buffer
+	code := secretsKeyCommand("ringfenced", []string{"rotate"}, []string{"RINGFENCE_DATA_DIR=" + dataDir}, &stdout, &stderr)
+	require.Equal(t, 0, code, stderr.String())
+	require.Contains(t, stdout.String(), "A server is running on "+dataDir+" (it holds registry.db open): it goes on sealing with the old key until it starts again. Restart it")
+
+	require.NoError(t, db.Close())
+	stdout.Reset()
+	code = secretsKeyCommand("ringfenced", []string{"rotate"}, []string{"RINGFENCE_DATA_DIR=" + dataDir}, &stdout, &stderr)
+	require.Equal(t, 0, code, stderr.String())
+	require.Contains(t, stdout.String(), "(3 keys now). Start the server")
+	require.NotContains(t, stdout.String(), "is running")
+}
+
+// TestSecretsKeyRotateOnlyWhereAKeySeals: the publisher and the audit service keep no secrets
+// key, so their secrets-key command says which binaries do, rather than look for a key file
+// that is never made; the registry and the pool rotate theirs.
+func TestSecretsKeyRotateOnlyWhereAKeySeals(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "k")
+	for _, name := range []string{"ringfence-publisher", "ringfence-audit"} {
+		require.NoError(t, os.WriteFile(file, []byte(strings.Repeat("a1", 32)+"\n"), 0o600))
+		var stdout, stderr bytes.Buffer
+		code := secretsKeyCommand(name, []string{"rotate", "--file", file}, nil, &stdout, &stderr)
+		require.Equal(t, 2, code, name)
+		require.Contains(t, stderr.String(), name+" keeps no secrets key: only the registry and the pool seal with one (ringfenced, ringfence-registry, ringfence-pool)")
+		data, err := os.ReadFile(file)
+		require.NoError(t, err)
+		require.Equal(t, strings.Repeat("a1", 32)+"\n", string(data), "the file is not rotated")
+	}
+	for _, name := range []string{"ringfenced", "ringfence-registry", "ringfence-pool"} {
+		var stdout, stderr bytes.Buffer
+		require.Equal(t, 0, secretsKeyCommand(name, []string{"rotate", "--file", file}, nil, &stdout, &stderr), name+": "+stderr.String())
+	}
 }

@@ -27,7 +27,8 @@ func newBackupCmd(g *globals) *cobra.Command {
 		Long: `backup copies every file the server at --addr keeps in its data_dir (its bbolt files and
 the pool's audit spool), each as of one instant, while the server goes on serving. DIR must be
 new or empty; it is laid out as a data_dir: to restore, stop the server, point data_dir
-(RINGFENCE_DATA_DIR) at DIR (or copy it there), put the secrets key beside it, and start it.
+(RINGFENCE_DATA_DIR) at DIR (or move the old data_dir aside and DIR into its place: copied over
+the old one, files the copy does not hold would stay), put the secrets key beside it, and start it.
 
 The secrets key is never in the copy: keep it apart. In a split deployment each binary owns its
 own files: run backup against each (--addr), into a directory of its own. With
@@ -37,23 +38,40 @@ store.backend=etcd the state kept in etcd is not in the copy: take it with etcdc
 			if out == "" {
 				return usagef("--out is required: the directory to write the copy into (new or empty)")
 			}
-			if err := prepareBackupDir(out); err != nil {
-				return err
+			// The restore line names DIR for a server started elsewhere, from another directory.
+			if abs, err := filepath.Abs(out); err == nil {
+				out = abs
 			}
-			conn, err := g.dial()
-			if err != nil {
-				return err
-			}
-			// No deadline: a large file takes as long as it takes; Ctrl-C ends it.
-			stream, err := adminv1.NewAdminServiceClient(conn).Backup(g.streamCtx(cmd.Context()), &adminv1.BackupRequest{})
+			made, err := prepareBackupDir(out)
 			if err != nil {
 				return err
 			}
 			w := &backupWriter{dir: out, stdout: g.stdout, json: g.output == "json", seen: map[string]bool{}}
+			// A backup that does not complete leaves nothing: not its files, nor the
+			// directories it made for --out, so no empty copy looks like a backup.
+			failed := func(err error) error {
+				w.abandon()
+				kept := out + " is removed"
+				for i := len(made) - 1; i >= 0; i-- {
+					_ = os.Remove(made[i]) // only when empty: what this backup made
+				}
+				if len(made) == 0 {
+					kept = out + " is left empty, as it was"
+				}
+				return &hintedError{err: err, hint: "the backup did not complete and nothing was kept (" + kept + "): fix what the error names, then run it again"}
+			}
+			conn, err := g.dial()
+			if err != nil {
+				return failed(err)
+			}
+			// No deadline: a large file takes as long as it takes; Ctrl-C ends it.
+			stream, err := adminv1.NewAdminServiceClient(conn).Backup(g.streamCtx(cmd.Context()), &adminv1.BackupRequest{})
+			if err != nil {
+				return failed(err)
+			}
 			summary, err := w.receive(stream)
 			if err != nil {
-				w.abandon()
-				return &hintedError{err: err, hint: "the backup did not complete and nothing was kept in " + out + ": run it again"}
+				return failed(err)
 			}
 			return w.finish(summary)
 		},
@@ -63,21 +81,29 @@ store.backend=etcd the state kept in etcd is not in the copy: take it with etcdc
 }
 
 // prepareBackupDir creates dir (0700), or takes an empty one: a copy written over another
-// data_dir would mix two servers' files.
-func prepareBackupDir(dir string) error {
+// data_dir would mix two servers' files. It returns the directories it made, dir's missing
+// parents first, for a backup that fails to remove.
+func prepareBackupDir(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return fmt.Errorf("cannot create --out %s: %w: name a directory this user may create", dir, err)
+		var made []string
+		for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+			if _, err := os.Lstat(d); err == nil || !errors.Is(err, os.ErrNotExist) || filepath.Dir(d) == d {
+				break
+			}
+			made = append([]string{d}, made...)
 		}
-		return nil
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("cannot create --out %s: %w: name a directory this user may create", dir, err)
+		}
+		return made, nil
 	case err != nil:
-		return usagef("--out %s: %v: name a new or empty directory", dir, err)
+		return nil, usagef("--out %s: %v: name a new or empty directory", dir, err)
 	case len(entries) > 0:
-		return usagef("--out %s is not empty (it holds %s): name a new or empty directory, so the copy is not mixed with other files", dir, entries[0].Name())
+		return nil, usagef("--out %s is not empty (it holds %s): name a new or empty directory, so the copy is not mixed with other files", dir, entries[0].Name())
 	}
-	return os.Chmod(dir, 0o700)
+	return nil, os.Chmod(dir, 0o700)
 }
 
 // backupWriter lays the streamed files out under dir: each written aside, checked against the
@@ -251,9 +277,14 @@ func (w *backupWriter) finish(s *adminv1.BackupSummary) error {
 	for _, f := range w.files {
 		total += f.Size
 	}
-	restore := fmt.Sprintf("to restore: stop %s, point its data_dir (RINGFENCE_DATA_DIR) at %s (or copy it there), put the secrets key beside it, and start it", s.GetBinary(), w.dir)
+	restore := fmt.Sprintf("to restore: stop %s, point its data_dir (RINGFENCE_DATA_DIR) at %s (or move the old data_dir aside and this one into its place, never over it), put the secrets key beside it, and start it", s.GetBinary(), w.dir)
 	if s.GetSecretsKeyFile() == "" {
-		restore = fmt.Sprintf("to restore: stop %s, point its data_dir (RINGFENCE_DATA_DIR) at %s (or copy it there), and start it", s.GetBinary(), w.dir)
+		restore = fmt.Sprintf("to restore: stop %s, point its data_dir (RINGFENCE_DATA_DIR) at %s (or move the old data_dir aside and this one into its place, never over it), and start it", s.GetBinary(), w.dir)
+	}
+	if len(w.files) == 0 {
+		// A registry or publisher on etcd keeps no file: an empty DIR restores nothing, and
+		// its state is only where the lines below say.
+		restore = fmt.Sprintf("%s is empty: %s keeps none of its state in its data_dir, so this copy restores nothing; back up what the lines above name", w.dir, s.GetBinary())
 	}
 	if w.json {
 		return json.NewEncoder(w.stdout).Encode(map[string]any{

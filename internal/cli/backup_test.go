@@ -1,9 +1,12 @@
 package cli
 
 import (
+	"bytes"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	adminv1 "github.com/ringfence/ringfence/gen/go/ringfence/admin/v1"
 )
 
 // TestABackupPathStaysUnderOut: a path a server sends is written under --out only when it is a
@@ -17,4 +20,20 @@ func TestABackupPathStaysUnderOut(t *testing.T) {
 		require.Error(t, err, p)
 		require.Contains(t, err.Error(), "is not a plain path under the data_dir: refused", p)
 	}
+}
+
+// TestABackupOfNoFileSaysItRestoresNothing: a binary that keeps no file in its data_dir (a
+// registry on etcd) sends no file: the output says the copy restores nothing and where the
+// state is, rather than how to restore the empty directory.
+func TestABackupOfNoFileSaysItRestoresNothing(t *testing.T) {
+	var out bytes.Buffer
+	w := &backupWriter{dir: "/backups/registry", stdout: &out}
+	require.NoError(t, w.finish(&adminv1.BackupSummary{
+		Binary: "ringfence-registry", StoreBackend: "etcd", SecretsKeyFile: "/data/secrets.key",
+		NotIncluded: []string{"with store.backend=etcd, the registrations, secrets and API keys are kept in etcd: take them with `etcdctl snapshot save`"},
+	}))
+	require.Contains(t, out.String(), "backed up 0 files (0 bytes) of ringfence-registry into /backups/registry")
+	require.Contains(t, out.String(), "not in the backup: with store.backend=etcd")
+	require.Contains(t, out.String(), "/backups/registry is empty: ringfence-registry keeps none of its state in its data_dir, so this copy restores nothing")
+	require.NotContains(t, out.String(), "to restore:")
 }

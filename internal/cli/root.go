@@ -516,6 +516,10 @@ func printStatus(w io.Writer, err error, c connection) {
 			fmt.Fprintln(w, "  hint: the server's certificate does not verify: --ca-file must be the CA that signed it, and --addr's host (or --server-name) one of the names it carries")
 		case strings.Contains(msg, "ResumeRun then re-homes"):
 			// The pool host that answered says which other host does not, and what to do.
+		// A split binary's internal listener (RINGFENCE_INTERNAL_ADDR) takes services'
+		// certificates only, never an API key: its TLS asks for a client certificate.
+		case strings.Contains(msg, "certificate required"):
+			fmt.Fprintf(w, "  hint: %s (%s) is a split binary's internal listener (RINGFENCE_INTERNAL_ADDR, for the other services, mutual TLS only): point --addr or RINGFENCE_ADDR at its gRPC address (RINGFENCE_GRPC_ADDR)\n", c.addr, c.addrFrom)
 		case strings.Contains(msg, "expected peer identity"):
 			fmt.Fprintln(w, "  hint: another service answers at --addr than --server-identity names: point --addr at that service, or fix --server-identity")
 		default:

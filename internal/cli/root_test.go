@@ -46,6 +46,8 @@ func TestPrintErrorHintsAtTheConnectionMistake(t *testing.T) {
 			"hint: the server at --addr answered"},
 		{"a certificate from another CA", `connection error: desc = "transport: authentication handshake failed: tls: failed to verify certificate: x509: certificate signed by unknown authority"`, true,
 			"hint: the server's certificate does not verify"},
+		{"a split binary's internal listener", `connection error: desc = "error reading server preface: remote error: tls: certificate required"`, true,
+			"hint: 127.0.0.1:1 (--addr) is a split binary's internal listener (RINGFENCE_INTERNAL_ADDR, for the other services, mutual TLS only): point --addr or RINGFENCE_ADDR at its gRPC address (RINGFENCE_GRPC_ADDR)"},
 		{"another service at --addr", `connection error: desc = "transport: authentication handshake failed: mtls: expected peer identity spiffe://ringfence/service/registry, but the server presented spiffe://ringfence/service/audit"`, true,
 			"hint: another service answers at --addr"},
 	} {

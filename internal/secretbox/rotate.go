@@ -1,6 +1,7 @@
 package secretbox
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // Rotate puts a new key at the head of the key file at path, keeping every line it held after
@@ -33,6 +35,7 @@ func Rotate(path string) (keys int, err error) {
 		return 0, fmt.Errorf("secretbox: generate key: %w", err)
 	}
 	out := []byte(hex.EncodeToString(key) + "\n")
+	data = bytes.TrimPrefix(data, []byte(byteOrderMark)) // a mark heads a file, not its second line
 	if len(data) > 0 && data[len(data)-1] != '\n' {
 		data = append(data, '\n')
 	}
@@ -41,7 +44,21 @@ func Rotate(path string) (keys int, err error) {
 	_ = os.Remove(tmp) // left by a rotation that crashed before its rename: never the live file
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return 0, fmt.Errorf("secretbox: write %s: %w: the key file's directory must be writable by this user", tmp, err)
+		where := "the key file's directory must be writable by this user"
+		if errors.Is(err, syscall.EROFS) {
+			where = "the key file is on a read-only file system (a mounted secret, say)"
+		}
+		return 0, fmt.Errorf("secretbox: write %s: %w: %s; or rotate a copy where you may write (cp %s rotated.key && ringfenced secrets-key rotate --file rotated.key) and put it in place of the key file the way it is deployed (the key file is unchanged)", tmp, err, where, path)
+	}
+	// The new file takes the old one's owner: a root shell rotating the key file of a server
+	// that runs as its own user (the systemd units' ringfence) must not leave it a file only
+	// root reads. Only root can give a file away; anyone else is its owner already.
+	if owner, ok := fileOwner(path); ok && os.Geteuid() == 0 {
+		if err := f.Chown(owner.uid, owner.gid); err != nil {
+			_ = f.Close()
+			_ = os.Remove(tmp)
+			return 0, fmt.Errorf("secretbox: give %s the owner of %s: %w (the key file is unchanged)", tmp, path, err)
+		}
 	}
 	if _, err = f.Write(out); err == nil {
 		err = f.Sync()
@@ -61,4 +78,19 @@ func Rotate(path string) (keys int, err error) {
 		_ = d.Close()
 	}
 	return len(old) + 1, nil
+}
+
+type owner struct{ uid, gid int }
+
+// fileOwner is the user and group owning path.
+func fileOwner(path string) (owner, bool) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return owner{}, false
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return owner{}, false
+	}
+	return owner{int(sys.Uid), int(sys.Gid)}, true
 }

@@ -24,8 +24,9 @@ type Box struct {
 
 // LoadOrCreate reads the key file at path, creating it with one key and mode 0600 when it does
 // not exist. A key file readable by others is refused. The file holds one key a line, 64 hex
-// characters (32 bytes) each; blank lines and lines starting with # are allowed. The first key
-// seals; every key opens.
+// characters (32 bytes) each; blank lines and lines starting with # are allowed, and CRLF line
+// ends, blanks around a key and a UTF-8 byte order mark are taken as an editor writes them. The
+// first key seals; every key opens.
 func LoadOrCreate(path string) (*Box, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -63,6 +64,9 @@ func LoadOrCreate(path string) (*Box, error) {
 	return newBox(path, keys...)
 }
 
+// byteOrderMark is UTF-8's, which some editors put at the head of a file they save.
+const byteOrderMark = "\ufeff"
+
 // ParseKeys reads the keys of a key file's content, in order; name is the file, for errors.
 // A line that is not a key, a key that repeats an earlier line, and a file without a key are
 // refused, naming the line and never its content.
@@ -70,7 +74,9 @@ func ParseKeys(name string, data []byte) ([][]byte, error) {
 	var keys [][]byte
 	seen := map[string]int{}
 	for i, line := range strings.Split(string(data), "\n") {
-		line = strings.TrimSpace(line)
+		// TrimSpace takes a CRLF's \r and trailing blanks; a byte order mark (an editor on
+		// Windows writes one) is no space to it, so it goes first.
+		line = strings.TrimSpace(strings.TrimPrefix(line, byteOrderMark))
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}

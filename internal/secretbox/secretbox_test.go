@@ -1,6 +1,7 @@
 package secretbox
 
 import (
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"strings"
@@ -141,4 +142,66 @@ func TestRotatePutsANewKeyFirst(t *testing.T) {
 
 	_, err = Rotate(filepath.Join(t.TempDir(), "missing.key"))
 	require.ErrorContains(t, err, "no key file at")
+}
+
+// TestAKeyFileAsEditorsSaveItOpens: a key file saved on Windows (a UTF-8 byte order mark, CRLF
+// line ends) or with blanks after a key holds the same keys, and a rotation of it keeps them.
+func TestAKeyFileAsEditorsSaveItOpens(t *testing.T) {
+	a, b := strings.Repeat("a1", 32), strings.Repeat("b2", 32)
+	path := filepath.Join(t.TempDir(), "secrets.key")
+	require.NoError(t, os.WriteFile(path, []byte("\ufeff"+a+" \r\n"+b+"\t\r\n"), 0o600))
+	box, err := LoadOrCreate(path)
+	require.NoError(t, err)
+	require.Equal(t, 2, box.Keys())
+	want, err := NewKeys(mustHex(t, a), mustHex(t, b))
+	require.NoError(t, err)
+	_, err = box.Open(want.Seal([]byte("x"), nil), nil)
+	require.NoError(t, err, "the first line's key is a, the byte order mark aside")
+
+	n, err := Rotate(path)
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	rotated, err := LoadOrCreate(path)
+	require.NoError(t, err)
+	_, err = rotated.Open(want.Seal([]byte("x"), nil), nil)
+	require.NoError(t, err, "a and b still open after the rotation")
+}
+
+// TestRotateThatCannotWriteSaysToRotateACopy: a key file where the rotation cannot write its new
+// file (a read-only mount, a directory of another user) is left as it was, and the error says
+// how to rotate anyway: a copy, rotated with --file, put in place as the file is deployed.
+func TestRotateThatCannotWriteSaysToRotateACopy(t *testing.T) {
+	a := strings.Repeat("a1", 32)
+	path := writeKeys(t, a)
+	// The rotation's file aside cannot be made: a directory that is not empty holds its name.
+	require.NoError(t, os.MkdirAll(filepath.Join(path+".rotate", "x"), 0o700))
+	_, err := Rotate(path)
+	require.ErrorContains(t, err, "rotate a copy where you may write (cp "+path+" rotated.key && ringfenced secrets-key rotate --file rotated.key)")
+	require.ErrorContains(t, err, "the key file is unchanged")
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, a+"\n", string(data))
+}
+
+func mustHex(t *testing.T, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(s)
+	require.NoError(t, err)
+	return b
+}
+
+// TestRotateKeepsTheKeyFilesOwner: root rotating the key file of a server that runs as its own
+// user leaves the new file that user's, as the old one was, so the server still reads it at
+// its next start. (Only root can give a file away; anyone else owns what they rotate.)
+func TestRotateKeepsTheKeyFilesOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("only root rotates a file another user owns")
+	}
+	path := writeKeys(t, strings.Repeat("a1", 32))
+	require.NoError(t, os.Chown(path, 65534, 65534))
+	_, err := Rotate(path)
+	require.NoError(t, err)
+	o, ok := fileOwner(path)
+	require.True(t, ok)
+	require.Equal(t, owner{65534, 65534}, o)
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -161,4 +163,74 @@ func TestAdmissionOnEtcdAnswersFromTheMirror(t *testing.T) {
 	defer cancel()
 	_, err = authz.Authorize(short, method)
 	require.Error(t, err, "Authorize confirms the key is current, and etcd is gone")
+}
+
+// TestAStartOnAnotherPrefixThanTheMoveWarns: a data_dir whose registry.db was moved into etcd,
+// started on a prefix (or cluster) that holds nothing of the registry, warns naming the prefix,
+// the moved file and what to check, rather than serve an empty registry that refuses every key
+// of before without a word; on the prefix that holds the registry, nothing is said.
+func TestAStartOnAnotherPrefixThanTheMoveWarns(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	roles, err := auth.NewRoles("")
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "registry.db"+store.MovedSuffix), nil, 0o600))
+	open := func(root string) string {
+		box, err := secretbox.New(make([]byte, 32))
+		require.NoError(t, err)
+		var logs testutil.SyncBuffer
+		svc, err := Open(Config{
+			DBPath: filepath.Join(dir, "registry.db"), Etcd: cluster.Client(t, "registry"), EtcdRoot: root,
+			Secrets: box, Roles: roles, AuditSink: testutil.NewAuditRecorder(),
+			Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		})
+		require.NoError(t, err)
+		require.NoError(t, svc.EnsureBootstrapAdmin(auth.SystemContext(t.Context(), "test"), adminKey))
+		require.NoError(t, svc.Close())
+		return logs.String()
+	}
+	typo := cluster.Root()
+	logs := open(typo)
+	require.Contains(t, logs, "registry: etcd holds no registration, secret or API key under "+typo+"/registry/, yet registry.db.moved-to-etcd is left by a move of this data_dir's registry.db into etcd: check that store.etcd_endpoints and store.etcd_prefix name the cluster and prefix it was moved into")
+	require.Contains(t, logs, "level=WARN")
+	// The bootstrap key made there is a key: the next start on that prefix says nothing.
+	require.NotContains(t, open(typo), "etcd holds no registration")
+}
+
+// TestAMoveUnderARotationSaysTheOldKeyCanGoOnlyOnceMoved: a registry.db sealed under the old
+// key, moved while the key file holds the new key first and the old one second, is re-sealed
+// on its way into etcd; the start's line that the other lines of the key file can go comes
+// after the move's, and counts what the move re-sealed: before the move, the file still needs
+// the old key.
+func TestAMoveUnderARotationSaysTheOldKeyCanGoOnlyOnceMoved(t *testing.T) {
+	roles, err := auth.NewRoles("")
+	require.NoError(t, err)
+	keyOld, keyNew := make([]byte, 32), make([]byte, 32)
+	keyNew[0] = 1
+	oldBox, err := secretbox.New(keyOld)
+	require.NoError(t, err)
+	db := filepath.Join(t.TempDir(), "registry.db")
+	cfg := Config{DBPath: db, Secrets: oldBox, Roles: roles, AuditSink: testutil.NewAuditRecorder(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	svc, err := Open(cfg)
+	require.NoError(t, err)
+	_, err = svc.PutSecret(auth.SystemContext(t.Context(), "test"), &registryv1.PutSecretRequest{Name: "tok", Value: "canary-value"})
+	require.NoError(t, err)
+	require.NoError(t, svc.Close())
+
+	cluster := etcdtest.Start(t, 1)
+	var logs testutil.SyncBuffer
+	cfg.Secrets, err = secretbox.NewKeys(keyNew, keyOld)
+	require.NoError(t, err)
+	cfg.Etcd, cfg.EtcdRoot, cfg.Logger = cluster.Client(t, "registry"), cluster.Root(), slog.New(slog.NewTextHandler(&logs, nil))
+	svc, err = Open(cfg)
+	require.NoError(t, err)
+	require.NoError(t, svc.Close())
+	out := logs.String()
+	moved := strings.Index(out, "moved the registry's state kept in registry.db to etcd")
+	canGo := strings.Index(out, "every sealed value opens with the first key")
+	require.Positive(t, moved, out)
+	require.Greater(t, canGo, moved, "the line that the old key can go comes after the move:\n%s", out)
+	require.Equal(t, 1, strings.Count(out, "re-sealed under the first key"), out)
+	require.Contains(t, out, "resealed=1", "the secret the move re-sealed is counted")
+	require.NotContains(t, out, "canary-value")
 }

@@ -121,7 +121,12 @@ func (s *Bolt) checkSecretsKey(path string) error {
 		return nil
 	})
 	if errors.Is(err, secretbox.ErrOpen) {
-		return fmt.Errorf("registry: the secrets key does not open what %s holds sealed (%s): start with the key file it was sealed with, or with that key as a line of the key file (RINGFENCE_SECRETS_KEY_FILE, default <data_dir>/secrets.key; a restored backup needs the secrets.key kept with it)", path, what)
+		keyFile := "the key file"
+		if p := s.box.Path(); p != "" {
+			keyFile = "the key file, " + p + ","
+		}
+		return fmt.Errorf("registry: the secrets key does not open what %s holds sealed (%s): start with the key file it was sealed with, or with that key as a line of the key file (RINGFENCE_SECRETS_KEY_FILE, default <data_dir>/secrets.key; a restored backup needs the secrets.key kept with it). "+
+			"After `secrets-key rotate`, %s may have lost the old key's line before a start re-sealed under the new one: put that line back after the first, start, and remove it only once the log says every sealed value opens with the first key", path, what, keyFile)
 	}
 	if err != nil {
 		return fmt.Errorf("registry: read %s: %w", path, err)

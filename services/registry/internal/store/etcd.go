@@ -58,6 +58,8 @@ type Etcd struct {
 	spool  *audit.Spool
 	mirror *etcdstore.Mirror
 	log    *slog.Logger
+	// resealed is what the start re-sealed in etcd, for a log line held back (HoldResealLog).
+	resealed resealCount
 
 	mu      sync.RWMutex
 	servers map[string]*storedServer
@@ -77,6 +79,10 @@ type EtcdConfig struct {
 	Root   string
 	Box    *secretbox.Box
 	Logger *slog.Logger
+	// HoldResealLog keeps the start's re-seal log line back for LogResealed, after a move
+	// from bbolt (MoveBolt): until the file's values are in etcd, the old key still opens
+	// what the file holds, and no line may say it can go.
+	HoldResealLog bool
 }
 
 // OpenEtcd opens the registry's part of etcd. spool is the audit spool to open beside it: its
@@ -97,7 +103,10 @@ func OpenEtcd(ctx context.Context, cfg EtcdConfig, spool SpoolConfig) (*Etcd, er
 	if err != nil {
 		return nil, err
 	}
-	s.box.LogResealed(s.log, "registry", resealed.resealed, resealed.unopened)
+	s.resealed = resealed
+	if !cfg.HoldResealLog {
+		s.box.LogResealed(s.log, "registry", resealed.resealed, resealed.unopened)
+	}
 	spool.Etcd = &audit.EtcdOutbox{Client: s.cli, Prefix: s.space.Prefix(etcdOutbox)}
 	if s.spool, err = audit.NewSpool(spool); err != nil {
 		return nil, err
@@ -141,8 +150,41 @@ func (s *Etcd) checkSecretsKey(ctx context.Context) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("registry: this replica's secrets key (RINGFENCE_SECRETS_KEY_FILE) is not the one the registrations in etcd (%s) were sealed with: every registry replica needs the same key file; copy it from a running replica", s.space)
+	keyFile := "RINGFENCE_SECRETS_KEY_FILE"
+	if p := s.box.Path(); p != "" {
+		keyFile = p + ", RINGFENCE_SECRETS_KEY_FILE"
+	}
+	return fmt.Errorf("registry: this replica's secrets key (%s) is not the one the registrations in etcd (%s) were sealed with: every registry replica needs the same key file; copy it from a running replica. "+
+		"After `secrets-key rotate`, the old key's line may have gone before a start re-sealed under the new one: put that line back after the first, start, and remove it only once the log says every sealed value opens with the first key", keyFile, s.space)
 }
+
+// LogResealed logs the start's re-seal held back by HoldResealLog, with what a move from
+// bbolt re-sealed of the file (moved's BoltState): once the file's values are in etcd.
+func (s *Etcd) LogResealed(moved *BoltState) {
+	n := s.resealed.resealed
+	if moved != nil {
+		n += moved.resealed
+	}
+	s.box.LogResealed(s.log, "registry", n, s.resealed.unopened)
+}
+
+// Empty says whether etcd holds no registration, secret or API key under this registry's
+// prefix: a start pointed at another cluster or prefix than its data was moved into.
+func (s *Etcd) Empty(ctx context.Context) (bool, error) {
+	for _, kind := range []string{etcdServers, etcdSecrets, etcdKeys} {
+		resp, err := s.cli.Get(ctx, s.space.Prefix(kind), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return false, etcdstore.Unavailable("count what the registry holds", err)
+		}
+		if resp.Count > 0 {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// Prefix is the etcd prefix of every key of this registry (<root>/registry/).
+func (s *Etcd) Prefix() string { return s.space.Prefix() }
 
 // Spool is the audit spool whose outbox is in etcd.
 func (s *Etcd) Spool() *audit.Spool { return s.spool }

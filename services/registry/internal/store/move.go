@@ -37,6 +37,8 @@ type BoltState struct {
 	keys    []boltKey
 	outbox  [][]byte
 	dropped uint64
+	// resealed counts the values ReadBolt re-sealed under the first key of the key file.
+	resealed int
 }
 
 type boltItem struct {
@@ -140,6 +142,7 @@ func (st *BoltState) reseal(box *secretbox.Box) error {
 		}
 		st.secrets[i].val = val
 	}
+	st.resealed = n.resealed
 	return nil
 }
 

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -598,6 +599,16 @@ func TestEtcdRefusesAnotherSecretsKey(t *testing.T) {
 	require.NoError(t, err)
 	_, err = OpenEtcd(t.Context(), EtcdConfig{Client: cli, Root: root, Box: box}, spoolConfig(t, testutil.NewAuditRecorder()))
 	require.ErrorContains(t, err, "every registry replica needs the same key file")
+
+	// One host whose key file lost the old line too soon after a rotation is told the way
+	// back, naming the file.
+	keyFile := filepath.Join(t.TempDir(), "secrets.key")
+	require.NoError(t, os.WriteFile(keyFile, []byte(hex.EncodeToString(other)+"\n"), 0o600))
+	fromFile, err := secretbox.LoadOrCreate(keyFile)
+	require.NoError(t, err)
+	_, err = OpenEtcd(t.Context(), EtcdConfig{Client: cli, Root: root, Box: fromFile}, spoolConfig(t, testutil.NewAuditRecorder()))
+	require.ErrorContains(t, err, "this replica's secrets key ("+keyFile+", RINGFENCE_SECRETS_KEY_FILE)")
+	require.ErrorContains(t, err, "After `secrets-key rotate`, the old key's line may have gone before a start re-sealed under the new one: put that line back after the first")
 }
 
 // TestBoltRefusesAnotherSecretsKey: a registry file opened with a key that does not open what
@@ -637,6 +648,21 @@ func TestBoltRefusesAnotherSecretsKey(t *testing.T) {
 			require.NoError(t, openBolt(t, path, testBox(t)).Close(), "the right key opens it")
 		})
 	}
+	// A key file whose old line went before a start re-sealed under the new one (after a
+	// rotation) is named, with the way back.
+	t.Run("rotated too soon", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "registry.db")
+		s := openBolt(t, path, testBox(t))
+		_, err := s.PutSecret(t.Context(), "tickets-token", canary, nil)
+		require.NoError(t, err)
+		require.NoError(t, s.Close())
+		keyFile := filepath.Join(t.TempDir(), "secrets.key")
+		require.NoError(t, os.WriteFile(keyFile, []byte(hex.EncodeToString(other)+"\n"), 0o600))
+		newOnly, err := secretbox.LoadOrCreate(keyFile)
+		require.NoError(t, err)
+		_, err = OpenBolt(path, newOnly, spoolConfig(t, testutil.NewAuditRecorder()))
+		require.ErrorContains(t, err, "After `secrets-key rotate`, the key file, "+keyFile+", may have lost the old key's line before a start re-sealed under the new one: put that line back after the first")
+	})
 	path := filepath.Join(t.TempDir(), "registry.db")
 	s := openBolt(t, path, testBox(t))
 	require.NoError(t, s.CreateServer(t.Context(), &mcpserver.Registration{Ref: "plain", Transport: "stdio", Command: "x"}, nil))
