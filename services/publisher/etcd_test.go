@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -137,4 +138,39 @@ func TestARetriedDraftEditKeepsWhatTheMasksStandFor(t *testing.T) {
 	v, err := replicas[1].PublishedVersion(t.Context(), "acme", "g", 1)
 	require.NoError(t, err)
 	require.Equal(t, "from-the-other-replica", v.Graph.Nodes[0].Agent.MCPServers[0].Env["TOKEN"])
+}
+
+// TestAStartOnAnotherPrefixThanTheMoveWarns: a publisher started on etcd over a data_dir whose
+// publisher.db was moved into etcd, on a prefix that holds no graph (a typo in
+// store.etcd_prefix), warns naming the prefix and the moved file, instead of serving no graph
+// without a word; once a graph is there, it says nothing.
+func TestAStartOnAnotherPrefixThanTheMoveWarns(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	box, err := secretbox.New(make([]byte, 32))
+	require.NoError(t, err)
+	roles, err := auth.NewRoles("")
+	require.NoError(t, err)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	reg, err := registry.Open(registry.Config{DBPath: filepath.Join(t.TempDir(), "registry.db"), Secrets: box, Roles: roles, Logger: quiet, AuditSink: testutil.NewAuditRecorder()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = reg.Close() })
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "publisher.db"+store.MovedSuffix), nil, 0o600))
+	typo := cluster.Root()
+	open := func() (*Service, string) {
+		var logs testutil.SyncBuffer
+		svc, err := Open(Config{DBPath: filepath.Join(dir, "publisher.db"), Etcd: cluster.Client(t, "publisher"), EtcdRoot: typo,
+			Policies: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil)), AuditSink: testutil.NewAuditRecorder()})
+		require.NoError(t, err)
+		return svc, logs.String()
+	}
+	svc, logs := open()
+	require.Contains(t, logs, "level=WARN")
+	require.Contains(t, logs, "publisher: etcd holds no graph under "+typo+"/publisher/, yet publisher.db.moved-to-etcd is left by a move of this data_dir's publisher.db into etcd: check that store.etcd_endpoints and store.etcd_prefix name the cluster and prefix it was moved into")
+	_, err = svc.CreateGraph(acme(t.Context()), &publisherv1.CreateGraphRequest{GraphId: "g", Agents: []string{"researcher"}})
+	require.NoError(t, err)
+	require.NoError(t, svc.Close())
+	svc, logs = open()
+	require.NoError(t, svc.Close())
+	require.NotContains(t, logs, "etcd holds no graph")
 }

@@ -92,6 +92,19 @@ func OpenEtcd(ctx context.Context, cfg EtcdConfig, spool SpoolConfig) (*Etcd, er
 // Spool is the audit spool whose outbox is in etcd.
 func (s *Etcd) Spool() *audit.Spool { return s.spool }
 
+// Empty says whether etcd holds no graph of any tenant under this publisher's prefix (a
+// deleted graph's tombstone counts as one).
+func (s *Etcd) Empty(ctx context.Context) (bool, error) {
+	resp, err := s.cli.Get(ctx, s.space.Prefix(etcdGraphs), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return false, etcdstore.Unavailable("count the publisher's graphs", err)
+	}
+	return resp.Count == 0, nil
+}
+
+// Prefix is the etcd prefix of every key of this publisher (<root>/publisher/).
+func (s *Etcd) Prefix() string { return s.space.Prefix() }
+
 // Close releases the staging lease and stops the spool; the client stays open.
 func (s *Etcd) Close() error { return errors.Join(s.blobs.Close(), s.spool.Close()) }
 
