@@ -48,7 +48,7 @@ func Rotate(path string) (keys int, err error) {
 		if errors.Is(err, syscall.EROFS) {
 			where = "the key file is on a read-only file system (a mounted secret, say)"
 		}
-		return 0, fmt.Errorf("secretbox: write %s: %w: %s; or rotate a copy where you may write (cp %s rotated.key && ringfenced secrets-key rotate --file rotated.key) and put it in place of the key file the way it is deployed (the key file is unchanged)", tmp, err, where, path)
+		return 0, fmt.Errorf("secretbox: write %s: %w: %s; or rotate a copy where you may write (cp %s rotated.key, then `secrets-key rotate --file rotated.key` of ringfenced, ringfence-registry or ringfence-pool) and put it in place of the key file the way it is deployed (the key file is unchanged)", tmp, err, where, path)
 	}
 	// The new file takes the old one's owner: a root shell rotating the key file of a server
 	// that runs as its own user (the systemd units' ringfence) must not leave it a file only

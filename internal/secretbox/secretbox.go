@@ -82,7 +82,7 @@ func ParseKeys(name string, data []byte) ([][]byte, error) {
 		}
 		key, err := hex.DecodeString(line)
 		if err != nil || len(key) != 32 {
-			return nil, fmt.Errorf("secretbox: key file %s line %d is not a key: each line holds one key of 64 hex characters (32 bytes), a # comment, or nothing; fix or remove the line (ringfenced secrets-key rotate --file %s adds a new key)", name, i+1, name)
+			return nil, fmt.Errorf("secretbox: key file %s line %d is not a key: each line holds one key of 64 hex characters (32 bytes), a # comment, or nothing; fix or remove the line (a new key is added as the first line by `secrets-key rotate` of ringfenced, ringfence-registry or ringfence-pool)", name, i+1)
 		}
 		if first, ok := seen[string(key)]; ok {
 			return nil, fmt.Errorf("secretbox: key file %s line %d repeats the key of line %d: remove one of the two lines", name, i+1, first)

@@ -176,7 +176,7 @@ func TestRotateThatCannotWriteSaysToRotateACopy(t *testing.T) {
 	// The rotation's file aside cannot be made: a directory that is not empty holds its name.
 	require.NoError(t, os.MkdirAll(filepath.Join(path+".rotate", "x"), 0o700))
 	_, err := Rotate(path)
-	require.ErrorContains(t, err, "rotate a copy where you may write (cp "+path+" rotated.key && ringfenced secrets-key rotate --file rotated.key)")
+	require.ErrorContains(t, err, "rotate a copy where you may write (cp "+path+" rotated.key, then `secrets-key rotate --file rotated.key` of ringfenced, ringfence-registry or ringfence-pool)")
 	require.ErrorContains(t, err, "the key file is unchanged")
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
