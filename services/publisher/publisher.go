@@ -177,26 +177,9 @@ func openStore(cfg Config) (Store, error) {
 		return nil, err
 	}
 	if errors.Is(statErr, fs.ErrNotExist) { // nothing was moved at this start
-		warnMovedElsewhere(ctx, st, cfg)
+		etcdstore.WarnMovedElsewhere(ctx, cfg.Logger, "publisher", cfg.DBPath, st.Prefix(), "no graph", "every graph of before is missing", st.Empty)
 	}
 	return st, nil
-}
-
-// warnMovedElsewhere warns when data_dir holds a publisher.db moved into etcd and etcd holds
-// no graph under this prefix: the start names another cluster or prefix than the move's (a
-// typo in store.etcd_prefix, say), and would otherwise serve no graph without saying why.
-func warnMovedElsewhere(ctx context.Context, st *store.Etcd, cfg Config) {
-	moved, _ := filepath.Glob(cfg.DBPath + store.MovedSuffix + "*")
-	if len(moved) == 0 {
-		return
-	}
-	if empty, err := st.Empty(ctx); err != nil || !empty {
-		return
-	}
-	cfg.Logger.Warn(fmt.Sprintf("publisher: etcd holds no graph under %s, yet %s is left by a move of this data_dir's %s into etcd: "+
-		"check that store.etcd_endpoints and store.etcd_prefix name the cluster and prefix it was moved into (every graph of before is missing until then); "+
-		"to go back to bbolt instead, rename the file back to %s",
-		st.Prefix(), filepath.Base(moved[0]), filepath.Base(cfg.DBPath), filepath.Base(cfg.DBPath)), "moved_file", moved[0])
 }
 
 // moveTimeout bounds the copy of a publisher.db into etcd at start.

@@ -240,7 +240,7 @@ func openStore(cfg Config) (Store, error) {
 		return nil, err
 	}
 	if local == nil {
-		warnMovedElsewhere(ctx, st, cfg)
+		etcdstore.WarnMovedElsewhere(ctx, cfg.Logger, "registry", cfg.DBPath, st.Prefix(), "no registration, secret or API key", "every API key of before is refused", st.Empty)
 		return st, nil
 	}
 	if err := moveBolt(st, local, cfg.Logger); err != nil {
@@ -249,24 +249,6 @@ func openStore(cfg Config) (Store, error) {
 	}
 	st.LogResealed(local) // only now may it say that the old key's lines can go
 	return st, nil
-}
-
-// warnMovedElsewhere warns when data_dir holds a registry.db moved into etcd and etcd holds
-// nothing of the registry under this prefix: the start names another cluster or prefix than
-// the move's (a typo in store.etcd_prefix, say), and would otherwise serve an empty registry
-// that refuses every key without saying why.
-func warnMovedElsewhere(ctx context.Context, st *store.Etcd, cfg Config) {
-	moved, _ := filepath.Glob(cfg.DBPath + store.MovedSuffix + "*")
-	if len(moved) == 0 {
-		return
-	}
-	if empty, err := st.Empty(ctx); err != nil || !empty {
-		return
-	}
-	cfg.Logger.Warn(fmt.Sprintf("registry: etcd holds no registration, secret or API key under %s, yet %s is left by a move of this data_dir's %s into etcd: "+
-		"check that store.etcd_endpoints and store.etcd_prefix name the cluster and prefix it was moved into (every API key of before is refused until then); "+
-		"to go back to bbolt instead, rename the file back to %s",
-		st.Prefix(), filepath.Base(moved[0]), filepath.Base(cfg.DBPath), filepath.Base(cfg.DBPath)), "moved_file", moved[0])
 }
 
 // moveTimeout bounds the copy of a registry.db into etcd at start.

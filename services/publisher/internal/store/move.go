@@ -23,7 +23,7 @@ import (
 // into etcd's, then renames the file to <name>.moved-to-etcd.
 
 // MovedSuffix is added to the name of a bbolt file whose state was moved to etcd.
-const MovedSuffix = ".moved-to-etcd"
+const MovedSuffix = etcdstore.MovedSuffix
 
 // Moved counts what MoveBolt copied, and the graphs etcd held already (which stand).
 type Moved struct {

@@ -27,7 +27,7 @@ import (
 // sealed is opened and sealed again.
 
 // MovedSuffix is added to the name of a bbolt file whose state was moved to etcd.
-const MovedSuffix = ".moved-to-etcd"
+const MovedSuffix = etcdstore.MovedSuffix
 
 // BoltState is what a registry.db holds, read to be moved to etcd: each value as stored.
 type BoltState struct {
