@@ -55,12 +55,18 @@ func secretsKeyCommand(name string, args, environ []string, stdout, stderr io.Wr
 	}
 	dataDir := ""
 	if file == "" {
-		cfg, err := config.Load(name, rest, environ, stderr)
+		// Only where the key file is: the server's other settings (its TLS files, its peers)
+		// need not be given to rotate it.
+		cfg, err := config.LoadSettings(name, rest, environ, stderr)
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		if err != nil {
 			fmt.Fprintf(stderr, "%s secrets-key rotate: %v (or name the key file with --file)\n", name, err)
+			return 2
+		}
+		if cfg.SecretsKeyFile == "" && cfg.DataDir == "" {
+			fmt.Fprintf(stderr, "%s secrets-key rotate: data_dir is empty and secrets_key_file unset: name the data_dir the server runs on (--data-dir), or the key file (--file)\n", name)
 			return 2
 		}
 		file = secretsKeyFile(cfg)

@@ -94,3 +94,24 @@ func TestSecretsKeyRotateOnlyWhereAKeySeals(t *testing.T) {
 		require.Equal(t, 0, secretsKeyCommand(name, []string{"rotate", "--file", file}, nil, &stdout, &stderr), name+": "+stderr.String())
 	}
 }
+
+// TestSecretsKeyRotateReadsOnlyWhereTheKeyIs: a split binary's rotation needs only where its
+// key file is, not the rest of what the server needs to start (its TLS files, its peers),
+// which a shell on the host rarely has; a value that does not parse is still refused.
+func TestSecretsKeyRotateReadsOnlyWhereTheKeyIs(t *testing.T) {
+	for _, name := range []string{"ringfence-registry", "ringfence-pool"} {
+		dataDir := t.TempDir()
+		require.NoError(t, os.WriteFile(filepath.Join(dataDir, "secrets.key"), []byte(strings.Repeat("a1", 32)+"\n"), 0o600))
+		var stdout, stderr bytes.Buffer
+		code := secretsKeyCommand(name, []string{"rotate"}, []string{"RINGFENCE_DATA_DIR=" + dataDir, "RINGFENCE_ENV=production"}, &stdout, &stderr)
+		require.Equal(t, 0, code, name+": "+stderr.String())
+		require.Contains(t, stdout.String(), filepath.Join(dataDir, "secrets.key")+": a new key is its first line (2 keys now)")
+	}
+	var stdout, stderr bytes.Buffer
+	code := secretsKeyCommand("ringfence-pool", []string{"rotate"}, []string{"RINGFENCE_DATA_DIR=" + t.TempDir(), "RINGFENCE_AUDIT__SPOOL_MAX_RECORDS=many"}, &stdout, &stderr)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr.String(), "RINGFENCE_AUDIT__SPOOL_MAX_RECORDS")
+	code = secretsKeyCommand("ringfenced", []string{"rotate"}, []string{"RINGFENCE_DATA_DIR="}, &stdout, &stderr)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr.String(), "data_dir is empty")
+}

@@ -56,6 +56,18 @@ func FlagName(key string) string { return strings.ReplaceAll(key, "_", "-") }
 // binary's name, for --help and for the checks that depend on the binary (validateFor). A
 // --help request returns flag.ErrHelp after printing usage to out.
 func Load(name string, args, environ []string, out io.Writer) (*Config, error) {
+	return loadConfig(name, args, environ, out, true)
+}
+
+// LoadSettings reads the configuration as Load does, refusing what does not parse, but does
+// not check that it makes a server that can start: for a command that reads a setting or two
+// of the server's configuration on its host (secrets-key rotate: where the key file is), which
+// must not ask for the TLS files or peers only the server itself needs.
+func LoadSettings(name string, args, environ []string, out io.Writer) (*Config, error) {
+	return loadConfig(name, args, environ, out, false)
+}
+
+func loadConfig(name string, args, environ []string, out io.Writer, check bool) (*Config, error) {
 	cfg := &Config{}
 	fields := collectFields(reflect.ValueOf(cfg).Elem(), "")
 	byKey := make(map[string]field, len(fields))
@@ -115,8 +127,10 @@ func Load(name string, args, environ []string, out io.Writer) (*Config, error) {
 			bad.addValue(f.key, "--"+FlagName(f.key), f.display(fv.raw), err)
 		}
 	}
-	bad = append(bad, cfg.check()...)
-	bad = append(bad, cfg.validateFor(name)...)
+	if check {
+		bad = append(bad, cfg.check()...)
+		bad = append(bad, cfg.validateFor(name)...)
+	}
 	if err := bad.err(); err != nil {
 		return nil, err
 	}
