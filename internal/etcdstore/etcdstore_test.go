@@ -241,3 +241,85 @@ func TestDialRefusesAClientWithoutACertificate(t *testing.T) {
 	require.ErrorContains(t, err, "did not answer within 2s")
 	require.ErrorContains(t, err, "store.etcd_cert_file")
 }
+
+// TestRewriteNeverOverwritesANewerWrite: a value another writer changed between the read and
+// the rewrite is read again and rewritten from what that writer left; a leased key keeps its
+// lease; a key deleted or expired meanwhile is reported gone and not written back.
+func TestRewriteNeverOverwritesANewerWrite(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cli := c.Client(t, "pool")
+	ctx := t.Context()
+	space := etcdstore.NewSpace(c.Root(), "test")
+	get := func(key string) *mvccpb.KeyValue {
+		resp, err := cli.Get(ctx, key)
+		require.NoError(t, err)
+		if len(resp.Kvs) == 0 {
+			return nil
+		}
+		return resp.Kvs[0]
+	}
+	upper := func(v []byte) ([]byte, bool, error) { return bytes.ToUpper(v), !bytes.Equal(v, bytes.ToUpper(v)), nil }
+
+	// Another writer between the read and the rewrite: its value is the one rewritten.
+	key := space.Key("plain")
+	_, err := cli.Put(ctx, key, "old")
+	require.NoError(t, err)
+	kv := get(key)
+	var seen []string
+	exists, err := etcdstore.Rewrite(ctx, cli, kv, func(v []byte) ([]byte, bool, error) {
+		seen = append(seen, string(v))
+		if len(seen) == 1 {
+			_, err := cli.Put(ctx, key, "newer")
+			require.NoError(t, err)
+		}
+		return upper(v)
+	})
+	require.NoError(t, err)
+	require.True(t, exists)
+	require.Equal(t, []string{"old", "newer"}, seen)
+	require.Equal(t, "NEWER", string(get(key).Value))
+
+	// A value kept as it is is not written.
+	rev := get(key).ModRevision
+	exists, err = etcdstore.Rewrite(ctx, cli, get(key), upper)
+	require.NoError(t, err)
+	require.True(t, exists)
+	require.Equal(t, rev, get(key).ModRevision)
+
+	// A leased key keeps its lease.
+	lease, err := cli.Grant(ctx, 60)
+	require.NoError(t, err)
+	leased := space.Key("leased")
+	_, err = cli.Put(ctx, leased, "state", clientv3.WithLease(lease.ID))
+	require.NoError(t, err)
+	exists, err = etcdstore.Rewrite(ctx, cli, get(leased), upper)
+	require.NoError(t, err)
+	require.True(t, exists)
+	require.Equal(t, "STATE", string(get(leased).Value))
+	require.Equal(t, int64(lease.ID), get(leased).Lease)
+
+	// Deleted meanwhile: gone, and not written back.
+	_, err = cli.Put(ctx, key, "lower")
+	require.NoError(t, err)
+	kv = get(key)
+	_, err = cli.Delete(ctx, key)
+	require.NoError(t, err)
+	exists, err = etcdstore.Rewrite(ctx, cli, kv, upper)
+	require.NoError(t, err)
+	require.False(t, exists)
+	require.Nil(t, get(key))
+
+	// Its lease expired meanwhile: gone, and not written back without one.
+	_, err = cli.Put(ctx, leased, "lower", clientv3.WithLease(lease.ID))
+	require.NoError(t, err)
+	kv = get(leased)
+	_, err = cli.Revoke(ctx, lease.ID)
+	require.NoError(t, err)
+	require.Nil(t, get(leased))
+	kv.ModRevision = 0 // compares equal to the absent key's: only the lease refuses the put
+	require.NoError(t, err)
+	exists, err = etcdstore.Rewrite(ctx, cli, kv, upper)
+	require.NoError(t, err)
+	require.False(t, exists)
+	require.Nil(t, get(leased))
+}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	rpctypes "go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -85,4 +86,40 @@ func Commit(ctx context.Context, cli *clientv3.Client, cmps []clientv3.Cmp, ops 
 		rec.Committed()
 	}
 	return resp, nil
+}
+
+// Rewrite replaces one key's value by a transaction that commits only if the key is unchanged
+// since kv was read: rewrite gets the value and returns the new one, or false to keep it as it
+// is. When another writer changed the key first, the key is read again and rewrite called on
+// what that writer left, so its write is never overwritten. A key with a lease keeps it.
+// Rewrite reports whether the key was still there at the end: false when it was deleted, or
+// its lease expired, meanwhile.
+func Rewrite(ctx context.Context, cli *clientv3.Client, kv *mvccpb.KeyValue, rewrite func(val []byte) ([]byte, bool, error)) (exists bool, err error) {
+	key := string(kv.Key)
+	for {
+		out, changed, err := rewrite(kv.Value)
+		if err != nil || !changed {
+			return true, err
+		}
+		var opts []clientv3.OpOption
+		if kv.Lease != 0 {
+			opts = append(opts, clientv3.WithLease(clientv3.LeaseID(kv.Lease)))
+		}
+		resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
+			Then(clientv3.OpPut(key, string(out), opts...)).Else(clientv3.OpGet(key)).Commit()
+		if kv.Lease != 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return true, Unavailable("rewrite "+key, err)
+		}
+		if resp.Succeeded {
+			return true, nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			return false, nil
+		}
+		kv = kvs[0]
+	}
 }

@@ -4,13 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ringfence/ringfence/internal/etcdstore"
@@ -144,43 +142,23 @@ func (s *Etcd) ResealSignIns(ctx context.Context, r Resealer) (ResealCount, erro
 	return n, nil
 }
 
-// resealKey re-seals one key's value with a compare-and-swap on its mod revision, reading it
-// again when another writer changed it first.
+// resealKey re-seals one key's value (etcdstore.Rewrite: a value another pool host changed
+// first is read again, never overwritten; a pending sign-in keeps its lease).
 func (s *Etcd) resealKey(ctx context.Context, r Resealer, kind, name string, kv *mvccpb.KeyValue, n *ResealCount) error {
-	key := string(kv.Key)
-	for {
-		var try ResealCount
-		out, changed, err := try.resealValue(r, kind, name, kv.Value)
+	var try ResealCount // of the value last read
+	exists, err := etcdstore.Rewrite(ctx, s.cli, kv, func(v []byte) ([]byte, bool, error) {
+		try = ResealCount{}
+		out, changed, err := try.resealValue(r, kind, name, v)
 		if err != nil {
-			return fmt.Errorf("store: re-seal %s: %w", key, err)
+			return nil, false, fmt.Errorf("store: re-seal %s: %w", kv.Key, err)
 		}
-		if !changed {
-			n.Unopened += try.Unopened
-			return nil
-		}
-		var opts []clientv3.OpOption
-		if kv.Lease != 0 {
-			opts = append(opts, clientv3.WithLease(clientv3.LeaseID(kv.Lease)))
-		}
-		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
-			Then(clientv3.OpPut(key, string(out), opts...)).Else(clientv3.OpGet(key)).Commit()
-		if kv.Lease != 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			return nil // a pending sign-in that expired meanwhile
-		}
-		if err != nil {
-			return etcdstore.Unavailable("re-seal "+key, err)
-		}
-		if resp.Succeeded {
-			n.Resealed += try.Resealed
-			n.Unopened += try.Unopened
-			return nil
-		}
-		kvs := resp.Responses[0].GetResponseRange().GetKvs()
-		if len(kvs) == 0 {
-			return nil // taken or dropped meanwhile
-		}
-		kv = kvs[0]
+		return out, changed, nil
+	})
+	if err == nil && exists { // not taken, dropped or expired meanwhile
+		n.Resealed += try.Resealed
+		n.Unopened += try.Unopened
 	}
+	return err
 }
 
 // ReplaceSecretsCheck stores sealed as the seal of SecretsCheck if it still holds old: the

@@ -137,47 +137,36 @@ func (s *Etcd) reseal(ctx context.Context) (resealCount, error) {
 	return n, nil
 }
 
-// resealKey re-seals one key's value with a compare-and-swap on its mod revision, reading it
-// again when another writer changed it first.
+// resealKey re-seals one key's value (etcdstore.Rewrite: a value another writer changed first
+// is read again, never overwritten).
 func (s *Etcd) resealKey(ctx context.Context, kind string, kv *mvccpb.KeyValue, n *resealCount) error {
-	key := string(kv.Key)
-	name := strings.TrimPrefix(key, s.space.Prefix(kind))
-	for {
+	name := strings.TrimPrefix(string(kv.Key), s.space.Prefix(kind))
+	var try resealCount // of the value last read
+	exists, err := etcdstore.Rewrite(ctx, s.cli, kv, func(v []byte) ([]byte, bool, error) {
+		try = resealCount{}
+		var changed bool
 		var val []byte
 		var err error
-		var try resealCount
 		switch kind {
 		case etcdSecrets:
 			var st storedSecret
-			if json.Unmarshal(kv.Value, &st) == nil && try.resealSecret(s.box, name, &st) {
+			if changed = json.Unmarshal(v, &st) == nil && try.resealSecret(s.box, name, &st); changed {
 				val, err = json.Marshal(st)
 			}
 		case etcdServers:
 			var st storedServer
-			if json.Unmarshal(kv.Value, &st) == nil && try.resealServer(s.box, &st) {
+			if changed = json.Unmarshal(v, &st) == nil && try.resealServer(s.box, &st); changed {
 				val, err = json.Marshal(&st)
 			}
 		}
 		if err != nil {
-			return fmt.Errorf("registry: re-seal %s: %w", key, err)
+			return nil, false, fmt.Errorf("registry: re-seal %s: %w", kv.Key, err)
 		}
-		if val == nil {
-			n.unopened += try.unopened
-			return nil
-		}
-		resp, err := s.cli.Txn(ctx).If(unchanged(kv)).Then(clientv3.OpPut(key, string(val))).Else(clientv3.OpGet(key)).Commit()
-		if err != nil {
-			return etcdstore.Unavailable("re-seal "+key, err)
-		}
-		if resp.Succeeded {
-			n.resealed += try.resealed
-			n.unopened += try.unopened
-			return nil
-		}
-		kvs := resp.Responses[0].GetResponseRange().GetKvs()
-		if len(kvs) == 0 {
-			return nil // deleted meanwhile
-		}
-		kv = kvs[0]
+		return val, changed, nil
+	})
+	if err == nil && exists { // not deleted meanwhile
+		n.resealed += try.resealed
+		n.unopened += try.unopened
 	}
+	return err
 }
