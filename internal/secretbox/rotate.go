@@ -18,7 +18,20 @@ import (
 // crash leaves the old file or the new one whole, never a mix. It returns how many keys the
 // file holds now. A missing file, or one that does not parse, is refused: a rotation never
 // replaces the key that opens the data.
+//
+// Two rotations of one file at once would each read the old file and write their own new key
+// first: the last rename would drop the other's key, and with it whatever a start in between
+// sealed under it. So a rotation holds an exclusive flock on path+".lock" from its read to its
+// rename, and a second one is refused while the first runs.
 func Rotate(path string) (keys int, err error) {
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("secretbox: no key file at %s: name the key file the server uses (secrets_key_file, default <data_dir>/secrets.key); a server creates its first key itself at its first start", path)
+	}
+	unlock, err := lockForRotation(path)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, fmt.Errorf("secretbox: no key file at %s: name the key file the server uses (secrets_key_file, default <data_dir>/secrets.key); a server creates its first key itself at its first start", path)
@@ -29,6 +42,9 @@ func Rotate(path string) (keys int, err error) {
 	old, err := ParseKeys(path, data)
 	if err != nil {
 		return 0, err
+	}
+	if afterRead != nil {
+		afterRead()
 	}
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
@@ -44,11 +60,7 @@ func Rotate(path string) (keys int, err error) {
 	_ = os.Remove(tmp) // left by a rotation that crashed before its rename: never the live file
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		where := "the key file's directory must be writable by this user"
-		if errors.Is(err, syscall.EROFS) {
-			where = "the key file is on a read-only file system (a mounted secret, say)"
-		}
-		return 0, fmt.Errorf("secretbox: write %s: %w: %s; or rotate a copy where you may write (cp %s rotated.key, then `secrets-key rotate --file rotated.key` of ringfenced, ringfence-registry or ringfence-pool) and put it in place of the key file the way it is deployed (the key file is unchanged)", tmp, err, where, path)
+		return 0, cannotWrite(tmp, path, err)
 	}
 	// The new file takes the old one's owner: a root shell rotating the key file of a server
 	// that runs as its own user (the systemd units' ringfence) must not leave it a file only
@@ -78,6 +90,42 @@ func Rotate(path string) (keys int, err error) {
 		_ = d.Close()
 	}
 	return len(old) + 1, nil
+}
+
+// afterRead, when set (by tests), runs between a rotation's read of the key file and its write.
+var afterRead func()
+
+// lockForRotation takes the exclusive flock on path+".lock" that a rotation of path holds from
+// its read to its rename, or refuses when another rotation holds it. The lock file stays: it
+// holds nothing, and removing it would let a third rotation lock a new file beside a second
+// one still holding the old. It takes the key file's owner, as the key file does, so that
+// user can rotate after root did.
+func lockForRotation(path string) (unlock func(), err error) {
+	name := path + ".lock"
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, cannotWrite(name, path, err)
+	}
+	if owner, ok := fileOwner(path); ok && os.Geteuid() == 0 {
+		_ = f.Chown(owner.uid, owner.gid) // best effort: the lock works either way
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("secretbox: another secrets-key rotate of %s is running (it holds %s): wait for it to end, check the file, and run this one again if you still want another key (the key file is unchanged)", path, name)
+		}
+		return nil, fmt.Errorf("secretbox: lock %s: %w (the key file is unchanged)", name, err)
+	}
+	return func() { _ = f.Close() }, nil // closing the file releases the lock
+}
+
+// cannotWrite is the refusal of a rotation that cannot make name beside the key file at path.
+func cannotWrite(name, path string, err error) error {
+	where := "the key file's directory must be writable by this user"
+	if errors.Is(err, syscall.EROFS) {
+		where = "the key file is on a read-only file system (a mounted secret, say)"
+	}
+	return fmt.Errorf("secretbox: write %s: %w: %s; or rotate a copy where you may write (cp %s rotated.key, then `secrets-key rotate --file rotated.key` of ringfenced, ringfence-registry or ringfence-pool) and put it in place of the key file the way it is deployed (the key file is unchanged)", name, err, where, path)
 }
 
 type owner struct{ uid, gid int }

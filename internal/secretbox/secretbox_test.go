@@ -205,3 +205,42 @@ func TestRotateKeepsTheKeyFilesOwner(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, owner{65534, 65534}, o)
 }
+
+// TestTwoRotationsAtOnceLoseNoKey: a rotation that starts while another holds the key file
+// between its read and its write is refused, saying so, and the first one's key is in the file:
+// without the lock the second would write its own key first, and the first one's rename would
+// then drop it (with what a start in between sealed under it).
+func TestTwoRotationsAtOnceLoseNoKey(t *testing.T) {
+	a := strings.Repeat("a1", 32)
+	path := writeKeys(t, a)
+
+	read, release := make(chan struct{}), make(chan struct{})
+	afterRead = func() {
+		afterRead = nil // the second rotation runs on without stopping
+		close(read)
+		<-release
+	}
+	t.Cleanup(func() { afterRead = nil })
+	first := make(chan error, 1)
+	go func() {
+		_, err := Rotate(path)
+		first <- err
+	}()
+	<-read // the first rotation has read the file and not written it yet
+
+	_, err := Rotate(path)
+	close(release)
+	require.ErrorContains(t, err, "another secrets-key rotate of "+path+" is running")
+	require.ErrorContains(t, err, "the key file is unchanged")
+	require.NoError(t, <-first)
+
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	require.Len(t, lines, 2, "one new key, then the old one")
+	require.Equal(t, a, lines[1])
+
+	n, err := Rotate(path)
+	require.NoError(t, err, "once the first has ended, the next rotation runs")
+	require.Equal(t, 3, n)
+}
