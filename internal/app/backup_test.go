@@ -3,6 +3,9 @@ package app
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -431,4 +434,74 @@ func TestBackupOnEtcdSaysWhatIsInEtcd(t *testing.T) {
 	require.Equal(t, []string{"audit.db", "pool-audit-spool/acked", "pool.db"}, got, "registry.db and publisher.db are not kept on etcd")
 	require.Contains(t, stdout.String(), "not in the backup: with store.backend=etcd, the registrations, secrets and API keys and graphs and versions are kept in etcd: take them with `etcdctl snapshot save`")
 	require.Contains(t, stdout.String(), "the secrets key is not in the backup: keep "+filepath.Join(cfg.DataDir, "secrets.key")+" apart")
+}
+
+// TestBackupAsJSONIsWhatAScriptReads: `ringfence backup -o json` prints one JSON object and
+// nothing else on stdout: the directory written (absolute), the binary, each file by its path
+// under it with the size and full SHA-256 of the file on disk, their total, the secrets key
+// file to keep apart, what is not in the copy (a list, never null) and the restore hint naming
+// the directory.
+func TestBackupAsJSONIsWhatAScriptReads(t *testing.T) {
+	cfg := testConfig(t)
+	a, err := NewAllInOne(t.Context(), cfg, quietLogger())
+	require.NoError(t, err)
+	_, addr := serveApp(t, a)
+
+	out := filepath.Join(t.TempDir(), "backup")
+	var stdout, stderr bytes.Buffer
+	code := cli.Execute([]string{"backup", "--addr", addr, "--api-key", bootstrapKey, "--out", out, "-o", "json"}, nil, &stdout, &stderr)
+	require.Equal(t, cli.ExitOK, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+
+	var got struct {
+		Dir          string `json:"dir"`
+		Binary       string `json:"binary"`
+		StoreBackend string `json:"store_backend"`
+		Files        []struct {
+			Path   string `json:"path"`
+			Size   int64  `json:"size"`
+			SHA256 string `json:"sha256"`
+		} `json:"files"`
+		Bytes          int64     `json:"bytes"`
+		SecretsKeyFile string    `json:"secrets_key_file"`
+		NotIncluded    *[]string `json:"not_included"`
+		Restore        string    `json:"restore"`
+	}
+	dec := json.NewDecoder(&stdout)
+	dec.DisallowUnknownFields()
+	require.NoError(t, dec.Decode(&got), "stdout is one JSON object")
+	require.False(t, dec.More(), "and nothing after it")
+
+	require.Equal(t, out, got.Dir)
+	require.Equal(t, "ringfenced", got.Binary)
+	require.Equal(t, "bbolt", got.StoreBackend)
+	require.Equal(t, filepath.Join(cfg.DataDir, "secrets.key"), got.SecretsKeyFile)
+	require.NotNil(t, got.NotIncluded, "not_included is a list, never null")
+	require.Contains(t, got.Restore, "point its data_dir (RINGFENCE_DATA_DIR) at "+out+" ")
+
+	onDisk := map[string]bool{}
+	for p, info := range dataFiles(t, out) {
+		if !info.IsDir() {
+			onDisk[p] = true
+		}
+	}
+	var total int64
+	for _, f := range got.Files {
+		require.True(t, onDisk[f.Path], "%s is in the copy", f.Path)
+		delete(onDisk, f.Path)
+		data, err := os.ReadFile(filepath.Join(out, filepath.FromSlash(f.Path)))
+		require.NoError(t, err)
+		require.Equal(t, int64(len(data)), f.Size, f.Path)
+		sum := sha256.Sum256(data)
+		require.Equal(t, hex.EncodeToString(sum[:]), f.SHA256, f.Path)
+		total += f.Size
+	}
+	require.Empty(t, onDisk, "every file written is listed")
+	require.Contains(t, slices.Collect(func(yield func(string) bool) {
+		for _, f := range got.Files {
+			if !yield(f.Path) {
+				return
+			}
+		}
+	}), "registry.db")
+	require.Equal(t, total, got.Bytes)
 }

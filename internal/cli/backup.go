@@ -284,12 +284,25 @@ func (w *backupWriter) finish(s *adminv1.BackupSummary) error {
 	if len(w.files) == 0 {
 		// A registry or publisher on etcd keeps no file: an empty DIR restores nothing, and
 		// its state is only where the lines below say.
-		restore = fmt.Sprintf("%s is empty: %s keeps none of its state in its data_dir, so this copy restores nothing; back up what the lines above name", w.dir, s.GetBinary())
+		where := "the lines above name"
+		if w.json {
+			where = "not_included names"
+		}
+		restore = fmt.Sprintf("%s is empty: %s keeps none of its state in its data_dir, so this copy restores nothing; back up what %s", w.dir, s.GetBinary(), where)
 	}
 	if w.json {
+		// Lists are lists when empty too: a script reads "files": [] as no file, and would
+		// have to tell null apart.
+		files, notIncluded := w.files, s.GetNotIncluded()
+		if files == nil {
+			files = []backupFileOut{}
+		}
+		if notIncluded == nil {
+			notIncluded = []string{}
+		}
 		return json.NewEncoder(w.stdout).Encode(map[string]any{
-			"dir": w.dir, "binary": s.GetBinary(), "store_backend": s.GetStoreBackend(), "files": w.files, "bytes": total,
-			"secrets_key_file": s.GetSecretsKeyFile(), "not_included": s.GetNotIncluded(), "restore": restore,
+			"dir": w.dir, "binary": s.GetBinary(), "store_backend": s.GetStoreBackend(), "files": files, "bytes": total,
+			"secrets_key_file": s.GetSecretsKeyFile(), "not_included": notIncluded, "restore": restore,
 		})
 	}
 	fmt.Fprintf(w.stdout, "backed up %d files (%s) of %s into %s\n", len(w.files), humanize.Bytes(total), s.GetBinary(), w.dir)
