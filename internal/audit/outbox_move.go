@@ -38,15 +38,58 @@ func BoltOutboxRecords(tx *bolt.Tx, bucket string) (bodies [][]byte, dropped uin
 	return bodies, dropped, nil
 }
 
+// boltOutboxMoveIDKey, inside a bbolt outbox's bucket, names the outbox for its move to etcd.
+var boltOutboxMoveIDKey = []byte("move_id")
+
+// BoltOutboxMoveID returns the name of the bbolt outbox kept in bucket of db for its move to
+// etcd (EtcdOutbox.Import), made and stored in the bucket at the first call: a move that runs
+// again over the same file (it stopped before renaming the file, or a copy of the file was put
+// back) finds the same name, and etcd's mark of it.
+func BoltOutboxMoveID(db *bolt.DB, bucket string) (string, error) {
+	var id string
+	err := db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists([]byte(bucket))
+		if err != nil {
+			return err
+		}
+		if v := b.Get(boltOutboxMoveIDKey); len(v) > 0 {
+			id = string(v)
+			return nil
+		}
+		id = randomKey()
+		return b.Put(boltOutboxMoveIDKey, []byte(id))
+	})
+	if err != nil {
+		return "", fmt.Errorf("audit: name the outbox in bucket %q for its move to etcd: %w", bucket, err)
+	}
+	return id, nil
+}
+
 // Import writes bodies, records encoded by another outbox of the same producer, into this
 // outbox in their order, and dropped as a count of records dropped, for the next report. The
 // records were admitted when they were first written, so the outbox's bound does not refuse
-// them. Each transaction holds up to etcdOpsPerTxn records: one that fails leaves the ones
-// before it written: a second import writes them again (the log keeps one record per ID) and
-// may report the dropped count twice.
-func (o *EtcdOutbox) Import(ctx context.Context, bodies [][]byte, dropped uint64) error {
+// them.
+//
+// id names the outbox moved (BoltOutboxMoveID). The count goes last, in one transaction with
+// moved/<id>, which stays: an import of an id etcd marks as moved writes nothing and returns
+// false, so a move that ran again after its import (it stopped before renaming its file) neither
+// reports the dropped count twice nor sends its records again. Each earlier transaction holds up
+// to etcdOpsPerTxn records: an import that fails in the middle leaves the ones before written,
+// and the next writes them again (the log keeps one record per ID); the count, once.
+func (o *EtcdOutbox) Import(ctx context.Context, id string, bodies [][]byte, dropped uint64) (imported bool, err error) {
 	if o.Client == nil || o.Prefix == "" {
-		return fmt.Errorf("audit: an etcd outbox needs a client and a prefix")
+		return false, fmt.Errorf("audit: an etcd outbox needs a client and a prefix")
+	}
+	if id == "" {
+		return false, fmt.Errorf("audit: an import needs the name of the outbox moved (BoltOutboxMoveID)")
+	}
+	mark := o.Prefix + "moved/" + id
+	resp, err := o.Client.Get(ctx, mark, clientv3.WithCountOnly())
+	if err != nil {
+		return false, fmt.Errorf("audit: read whether the outbox was moved to etcd: %w", err)
+	}
+	if resp.Count > 0 {
+		return false, nil
 	}
 	records := o.Prefix + "records/"
 	var ops []clientv3.Op
@@ -66,21 +109,29 @@ func (o *EtcdOutbox) Import(ctx context.Context, bodies [][]byte, dropped uint64
 		// A request stays under etcd's default 1.5 MiB; a record is at most a few hundred KiB.
 		if len(ops) > 0 && size+len(body) > importTxnBytes {
 			if err := flush(); err != nil {
-				return err
+				return false, err
 			}
 		}
 		ops = append(ops, clientv3.OpPut(records+keys.next(), string(body)))
 		size += len(body)
 		if len(ops) == etcdOpsPerTxn {
 			if err := flush(); err != nil {
-				return err
+				return false, err
 			}
 		}
 	}
-	if dropped > 0 {
-		ops = append(ops, clientv3.OpPut(o.Prefix+"dropped/"+randomKey(), strconv.FormatUint(dropped, 10)))
+	if err := flush(); err != nil {
+		return false, err
 	}
-	return flush()
+	last := []clientv3.Op{clientv3.OpPut(mark, "")}
+	if dropped > 0 {
+		last = append(last, clientv3.OpPut(o.Prefix+"dropped/"+randomKey(), strconv.FormatUint(dropped, 10)))
+	}
+	txn, err := o.Client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(mark), "=", 0)).Then(last...).Commit()
+	if err != nil {
+		return false, fmt.Errorf("audit: write the records moved to the etcd outbox: %w", err)
+	}
+	return txn.Succeeded, nil
 }
 
 // importTxnBytes bounds the records of one Import transaction.

@@ -203,7 +203,7 @@ func moveBolt(st *store.Etcd, path string, log *slog.Logger) error {
 	name := filepath.Base(path)
 	log.Info(fmt.Sprintf("moved the publisher's state kept in %s to etcd, and renamed the file to %s", name, filepath.Base(m.RenamedTo)),
 		"graphs_copied", m.GraphsCopied, "graphs_already_in_etcd", m.GraphsInEtcd,
-		"versions_copied", m.VersionsCopied, "audit_records_moved", m.AuditRecords)
+		"versions_copied", m.VersionsCopied, "audit_records_moved", m.AuditRecords, "audit_dropped_count_moved", m.AuditDropped)
 	return nil
 }
 

@@ -268,7 +268,7 @@ func moveBolt(st *store.Etcd, local *store.BoltState, log *slog.Logger) error {
 		"servers_copied", m.ServersCopied, "servers_already_in_etcd", m.ServersInEtcd,
 		"secrets_copied", m.SecretsCopied, "secrets_already_in_etcd", m.SecretsInEtcd,
 		"keys_copied", m.KeysCopied, "keys_already_in_etcd", m.KeysInEtcd,
-		"audit_records_moved", m.AuditRecords)
+		"audit_records_moved", m.AuditRecords, "audit_dropped_count_moved", m.AuditDropped)
 	return nil
 }
 

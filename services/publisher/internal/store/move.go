@@ -30,19 +30,23 @@ type Moved struct {
 	// GraphsCopied counts graphs and tombstones; VersionsCopied their versions.
 	GraphsCopied, GraphsInEtcd int
 	VersionsCopied             int
-	// AuditRecords is how many records waiting in the file's outbox were moved to etcd's.
+	// AuditRecords is how many records waiting in the file's outbox were moved to etcd's, and
+	// AuditDropped the count of records the file's outbox had dropped and not yet reported,
+	// brought to be reported from etcd. Both are 0 when an earlier run of the move brought them
+	// (it stopped before its rename): they are brought once.
 	AuditRecords int
+	AuditDropped uint64
 	// RenamedTo is the file's new name: <name>.moved-to-etcd, or with a time after it when a
 	// file of an earlier move has that name.
 	RenamedTo string
 }
 
 // moveStep, when set (by tests), runs after each graph is copied; an error stops the move
-// there, as a crash would. moveFlushed runs after each transaction of a graph's parts
-// but its last.
+// there, as a crash would. moveRenaming runs the same way after the audit records are moved,
+// before the rename. moveFlushed runs after each transaction of a graph's parts but its last.
 var (
-	moveStep    func() error
-	moveFlushed func(owner string)
+	moveStep, moveRenaming func() error
+	moveFlushed            func(owner string)
 )
 
 // Limits of one transaction of a move, under etcd's defaults (128 operations, 1.5 MiB a
@@ -109,6 +113,10 @@ func (s *Etcd) MoveBolt(ctx context.Context, path string) (m Moved, err error) {
 	if err != nil {
 		return fail(err)
 	}
+	moveID, err := audit.BoltOutboxMoveID(db, string(OutboxBucket))
+	if err != nil {
+		return fail(err)
+	}
 	for i, o := range owners {
 		copied, versions, err := s.moveGraph(ctx, db, o[0], o[1], metas[i])
 		if err != nil {
@@ -127,10 +135,18 @@ func (s *Etcd) MoveBolt(ctx context.Context, path string) (m Moved, err error) {
 		}
 	}
 	out := &audit.EtcdOutbox{Client: s.cli, Prefix: s.space.Prefix(etcdOutbox)}
-	if err := out.Import(ctx, outbox, dropped); err != nil {
+	imported, err := out.Import(ctx, moveID, outbox, dropped)
+	if err != nil {
 		return fail(err)
 	}
-	m.AuditRecords = len(outbox)
+	if imported {
+		m.AuditRecords, m.AuditDropped = len(outbox), dropped
+	}
+	if moveRenaming != nil {
+		if err := moveRenaming(); err != nil {
+			return fail(err)
+		}
+	}
 	closed = true
 	if err := db.Close(); err != nil {
 		return fail(err)

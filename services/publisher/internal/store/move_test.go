@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -163,11 +164,12 @@ func TestMoveBoltToEtcd(t *testing.T) {
 	}
 	require.Equal(t, []string{"big", "many", "g"}, ids)
 
-	// The file put back copies nothing again.
+	// The file put back copies nothing again, nor sends its audit records again (etcd marks
+	// its outbox moved).
 	require.NoError(t, os.Rename(path+MovedSuffix, path))
 	m, err = s.MoveBolt(ctx, path)
 	require.NoError(t, err)
-	require.Equal(t, Moved{GraphsInEtcd: 4, AuditRecords: 3, RenamedTo: path + MovedSuffix}, m)
+	require.Equal(t, Moved{GraphsInEtcd: 4, RenamedTo: path + MovedSuffix}, m)
 }
 
 // TestMoveBoltStoppedInTheMiddle: a move that stops after a graph leaves the file; the next
@@ -233,4 +235,54 @@ func TestMoveBoltStopsForAGraphCreatedMeanwhile(t *testing.T) {
 	left, err := s.cli.Get(ctx, s.space.Prefix(etcdVersions, "acme", "many"), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	require.NoError(t, err)
 	require.Equal(t, int64(1), left.Count, "only the new graph's version")
+}
+
+// TestMoveBoltRunAgainAfterItsImportBringsTheDropsOnce: a move that stopped after it brought the
+// file's audit outbox into etcd (before its rename: a crash, a failed rename) and runs again
+// brings neither the outbox's dropped count nor its records a second time: etcd holds the count
+// the file held, once, and each record once; the second run says it brought none.
+func TestMoveBoltRunAgainAfterItsImportBringsTheDropsOnce(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	ctx := t.Context()
+
+	// A publisher.db whose outbox held 2 records and dropped 3 (ContinueAndAlarm, full).
+	path := filepath.Join(t.TempDir(), "publisher.db")
+	cfg := spoolConfig(t, testutil.NewAuditRecorder())
+	cfg.MaxPending, cfg.OnFull = 2, audit.ContinueAndAlarm
+	b, err := OpenBolt(path, 0, cfg)
+	require.NoError(t, err)
+	for i := range 5 {
+		id := fmt.Sprintf("g%d", i)
+		require.NoError(t, b.CreateGraph(ctx, newGraph("acme", id), func(rec audit.Recorder) error {
+			return rec.Record(audit.NewAdminRecord("publisher", "acme", audit.AdminEvent{Action: "create", ResourceType: "graph", ResourceID: id, ActorRole: audit.ActorRoleSystem}))
+		}))
+	}
+	require.NoError(t, b.Close())
+
+	s := etcdReplicas(t, cluster, 1, EtcdConfig{CacheBytes: -1})[0]
+	moveRenaming = func() error { return errors.New("crash") }
+	t.Cleanup(func() { moveRenaming = nil })
+	_, err = s.MoveBolt(ctx, path)
+	require.ErrorContains(t, err, "the file stays, and the next start copies again")
+	require.FileExists(t, path)
+
+	moveRenaming = nil
+	m, err := s.MoveBolt(ctx, path)
+	require.NoError(t, err)
+	require.Equal(t, Moved{GraphsInEtcd: 5, RenamedTo: path + MovedSuffix}, m, "the first run brought the outbox")
+
+	outbox := s.space.Prefix(etcdOutbox)
+	cli := cluster.Client(t, "publisher")
+	resp, err := cli.Get(ctx, outbox+"dropped/", clientv3.WithPrefix())
+	require.NoError(t, err)
+	var dropped uint64
+	for _, kv := range resp.Kvs {
+		n, err := strconv.ParseUint(string(kv.Value), 10, 64)
+		require.NoError(t, err)
+		dropped += n
+	}
+	require.Equal(t, uint64(3), dropped, "the count the file held, once")
+	resp, err = cli.Get(ctx, outbox+"records/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.Equal(t, int64(2), resp.Count, "each record the file held, once")
 }

@@ -37,6 +37,8 @@ type BoltState struct {
 	keys    []boltKey
 	outbox  [][]byte
 	dropped uint64
+	// moveID names the file's outbox for the move (audit.BoltOutboxMoveID).
+	moveID string
 	// resealed counts the values ReadBolt re-sealed under the first key of the key file.
 	resealed int
 }
@@ -103,6 +105,10 @@ func ReadBolt(path string, box *secretbox.Box, keyFile string) (_ *BoltState, er
 			path, closed, first, keyFile, filepath.Base(path))
 	}
 	if err := st.reseal(box); err != nil {
+		return nil, fmt.Errorf("registry: read %s to move it to etcd: %w", path, err)
+	}
+	// Named only once the file may move: one refused above is left as it is.
+	if st.moveID, err = audit.BoltOutboxMoveID(db, string(OutboxBucket)); err != nil {
 		return nil, fmt.Errorf("registry: read %s to move it to etcd: %w", path, err)
 	}
 	return st, nil
@@ -191,16 +197,21 @@ type Moved struct {
 	ServersCopied, ServersInEtcd int
 	SecretsCopied, SecretsInEtcd int
 	KeysCopied, KeysInEtcd       int
-	// AuditRecords is how many records waiting in the file's outbox were moved to etcd's.
+	// AuditRecords is how many records waiting in the file's outbox were moved to etcd's, and
+	// AuditDropped the count of records the file's outbox had dropped and not yet reported,
+	// brought to be reported from etcd. Both are 0 when an earlier run of the move brought them
+	// (it stopped before its rename): they are brought once.
 	AuditRecords int
+	AuditDropped uint64
 	// RenamedTo is the file's new name: <name>.moved-to-etcd, or with a time after it when a
 	// file of an earlier move has that name.
 	RenamedTo string
 }
 
 // moveStep, when set (by tests), runs after each item is copied; an error stops the move
-// there, as a crash would.
-var moveStep func() error
+// there, as a crash would. moveRenaming runs the same way after the audit records are moved,
+// before the rename.
+var moveStep, moveRenaming func() error
 
 // MoveBolt copies st into etcd, then renames its file to <name>.moved-to-etcd. Each server
 // (by ref), secret (by name) and key (by id and by hash: a hash is never registered twice) is
@@ -251,11 +262,18 @@ func (s *Etcd) MoveBolt(ctx context.Context, st *BoltState) (Moved, error) {
 		}
 	}
 	out := &audit.EtcdOutbox{Client: s.cli, Prefix: s.space.Prefix(etcdOutbox)}
-	if err := out.Import(ctx, st.outbox, st.dropped); err != nil {
+	imported, err := out.Import(ctx, st.moveID, st.outbox, st.dropped)
+	if err != nil {
 		return fail(err)
 	}
-	m.AuditRecords = len(st.outbox)
-	var err error
+	if imported {
+		m.AuditRecords, m.AuditDropped = len(st.outbox), st.dropped
+	}
+	if moveRenaming != nil {
+		if err := moveRenaming(); err != nil {
+			return fail(err)
+		}
+	}
 	if m.RenamedTo, err = boltdb.SetAside(st.Path, MovedSuffix); err != nil {
 		return fail(err)
 	}

@@ -6,10 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
@@ -129,7 +131,8 @@ func TestMoveBoltToEtcd(t *testing.T) {
 	require.Equal(t, []string{"create_tickets", "create_docs", "put_1", "put_2", "key_admin"}, actions)
 
 	// A copy of the file put back (a start that stopped before its rename leaves it so)
-	// copies nothing again, and the file of the first move is kept beside it.
+	// copies nothing again, nor sends its audit records again (etcd marks its outbox moved),
+	// and the file of the first move is kept beside it.
 	raw, err := os.ReadFile(path + MovedSuffix)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(path, raw, 0o600))
@@ -138,7 +141,7 @@ func TestMoveBoltToEtcd(t *testing.T) {
 	m, err = s.MoveBolt(ctx, local)
 	require.NoError(t, err)
 	require.Regexp(t, `^`+regexp.QuoteMeta(path+MovedSuffix)+`-\d{8}T`, m.RenamedTo)
-	require.Equal(t, Moved{ServersInEtcd: 2, SecretsInEtcd: 2, KeysInEtcd: 2, AuditRecords: 5, RenamedTo: m.RenamedTo}, m)
+	require.Equal(t, Moved{ServersInEtcd: 2, SecretsInEtcd: 2, KeysInEtcd: 2, RenamedTo: m.RenamedTo}, m)
 	require.FileExists(t, path+MovedSuffix)
 	require.FileExists(t, m.RenamedTo)
 	require.NoFileExists(t, path)
@@ -236,4 +239,60 @@ func TestMoveBoltResealsUnderTheFirstKey(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, canary+"-"+name, v)
 	}
+}
+
+// TestMoveBoltRunAgainAfterItsImportBringsTheDropsOnce: a move that stopped after it brought the
+// file's audit outbox into etcd (before its rename: a crash, a failed rename) and runs again
+// brings neither the outbox's dropped count nor its records a second time: etcd holds the count
+// the file held, once, and each record once; the second run says it brought none.
+func TestMoveBoltRunAgainAfterItsImportBringsTheDropsOnce(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	root := cluster.Root()
+	box := testBox(t)
+
+	// A registry.db whose outbox held 2 records and dropped 3 (ContinueAndAlarm, full).
+	path := filepath.Join(t.TempDir(), "registry.db")
+	cfg := spoolConfig(t, testutil.NewAuditRecorder())
+	cfg.MaxPending, cfg.OnFull = 2, audit.ContinueAndAlarm
+	b, err := OpenBolt(path, box, cfg)
+	require.NoError(t, err)
+	for i := range 5 {
+		name := fmt.Sprintf("secret-%d", i)
+		_, err := b.PutSecret(t.Context(), name, canary, func(rec audit.Recorder) error {
+			return rec.Record(audit.NewAdminRecord("registry", "", audit.AdminEvent{Action: "put", ResourceType: "secret", ResourceID: name, ActorRole: audit.ActorRoleSystem}))
+		})
+		require.NoError(t, err)
+	}
+	require.NoError(t, b.Close())
+
+	s := openEtcdReplica(t, cluster, root, box, testutil.NewAuditRecorder())
+	ctx := t.Context()
+	moveRenaming = func() error { return errors.New("crash") }
+	t.Cleanup(func() { moveRenaming = nil })
+	local, err := ReadBolt(path, box, "secrets.key")
+	require.NoError(t, err)
+	_, err = s.MoveBolt(ctx, local)
+	require.ErrorContains(t, err, "the file stays, and the next start copies again")
+	require.FileExists(t, path)
+
+	moveRenaming = nil
+	local, err = ReadBolt(path, box, "secrets.key")
+	require.NoError(t, err)
+	m, err := s.MoveBolt(ctx, local)
+	require.NoError(t, err)
+	require.Equal(t, Moved{SecretsInEtcd: 5, RenamedTo: path + MovedSuffix}, m, "the first run brought the outbox")
+
+	outbox := s.space.Prefix(etcdOutbox)
+	resp, err := cluster.Client(t, "registry").Get(ctx, outbox+"dropped/", clientv3.WithPrefix())
+	require.NoError(t, err)
+	var dropped uint64
+	for _, kv := range resp.Kvs {
+		n, err := strconv.ParseUint(string(kv.Value), 10, 64)
+		require.NoError(t, err)
+		dropped += n
+	}
+	require.Equal(t, uint64(3), dropped, "the count the file held, once")
+	resp, err = cluster.Client(t, "registry").Get(ctx, outbox+"records/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.Equal(t, int64(2), resp.Count, "each record the file held, once")
 }
