@@ -93,3 +93,50 @@ func TestRotatedKeyResealsSignIns(t *testing.T) {
 		})
 	}
 }
+
+// TestRotatedKeyResealsSignInsLeftInPoolDB: a host on etcd whose pool.db kept Alice's sign-in
+// (sealed under A) because its key was not the one the other hosts share (S) rotates its key to
+// "B, A": that start re-seals the sign-in left in pool.db under B too, so the log line that A's
+// line can go is true. With A's line gone and S given to the host ("S, B"), the next start
+// moves the sign-in, and the host on S alone sends Alice's token. Left under A, it would have
+// opened with no key of that file: not moved, and lost.
+func TestRotatedKeyResealsSignInsLeftInPoolDB(t *testing.T) {
+	rotKeyS := strings.Repeat("c3", 32)
+	logs := &rftestutil.SyncBuffer{}
+	w := oauthHarness(t, harnessOpts{logTo: logs})
+	cluster := etcdtest.Start(t, 1)
+	root := cluster.Root()
+	tenant, res := auth.DefaultTenant, w.tickets()
+	first := w.openHost(cluster, root, "first", filepath.Join(t.TempDir(), "pool.db"), keyFile(t, rotKeyS))
+	defer first.Close(context.Background())
+
+	db := filepath.Join(t.TempDir(), "pool.db")
+	p := w.openBolt(db, keyFile(t, rotKeyA))
+	w.signInOn(p, res)
+	_, token, err := p.readToken(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+	require.NoError(t, p.Close(context.Background()))
+	h := w.openHost(cluster, root, "moving", db, keyFile(t, rotKeyA))
+	require.NoError(t, h.Close(context.Background()))
+	require.Contains(t, logs.String(), "the users' sign-ins kept in pool.db were not copied to etcd: this host's secrets key is not the one the pool hosts sharing etcd seal with")
+
+	mark := len(logs.String())
+	h = w.openHost(cluster, root, "moving", db, keyFile(t, rotKeyB, rotKeyA))
+	require.NoError(t, h.Close(context.Background()))
+	said := logs.String()[mark:]
+	require.Contains(t, said, "not copied to etcd", "still not the other hosts' key: left in pool.db")
+	require.Contains(t, said, "resealed=1", "Alice's token in pool.db")
+	require.Contains(t, said, "every sealed value opens with the first key of")
+
+	// A's line removed; the host given the other hosts' key first.
+	mark = len(logs.String())
+	h = w.openHost(cluster, root, "moving", db, keyFile(t, rotKeyS, rotKeyB))
+	defer h.Close(context.Background())
+	require.Contains(t, logs.String()[mark:], movedLog+`, and cleared them from pool.db" tokens_copied=1`)
+	_, got, err := first.readToken(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err, "the host on S alone opens Alice's token")
+	require.Equal(t, token.AccessToken, got.AccessToken)
+	for _, hidden := range []string{token.AccessToken, token.RefreshToken, rotKeyA, rotKeyB, rotKeyS} {
+		require.NotContains(t, logs.String(), hidden)
+	}
+}

@@ -549,14 +549,27 @@ func checkSecretsKey(ctx context.Context, er *store.Etcd, box *secretbox.Box, lo
 // resealSignIns re-seals under the first key of the secrets key file, when it holds more than
 // one, the users' tokens, pending sign-ins and client secrets that only a later key opens
 // (docs/operations.md, "Rotating the secrets key"), and logs what it did.
+//
+// On etcd, pool.db's own sign-ins are re-sealed too: those a move left there (this host's key
+// was not the other hosts', docs/oauth.md, "Moving a host to etcd") wait for a later start to
+// move them, which opens them with this host's key file. Left under an older key, they would
+// open with none once the log said its line could go.
 func (s *Service) resealSignIns(ctx context.Context) error {
 	box := s.cfg.Secrets
 	if box == nil || box.Keys() < 2 {
 		return nil
 	}
-	n, err := s.oauth.ResealSignIns(ctx, store.Resealer{Reseal: box.Reseal, Token: tokenContext, Verifier: verifierContext, Client: clientContext})
+	r := store.Resealer{Reseal: box.Reseal, Token: tokenContext, Verifier: verifierContext, Client: clientContext}
+	n, err := s.oauth.ResealSignIns(ctx, r)
 	if err != nil {
 		return fmt.Errorf("pool: re-seal the users' sign-ins under the first key of the secrets key file: %w", err)
+	}
+	if s.cfg.Etcd != nil {
+		left, err := s.store.ResealSignIns(ctx, r)
+		if err != nil {
+			return fmt.Errorf("pool: re-seal the users' sign-ins left in pool.db under the first key of the secrets key file: %w", err)
+		}
+		n.Resealed, n.Unopened = n.Resealed+left.Resealed, n.Unopened+left.Unopened
 	}
 	box.LogResealed(s.log, "pool", n.Resealed, n.Unopened)
 	return nil
