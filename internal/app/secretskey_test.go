@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -114,4 +115,32 @@ func TestSecretsKeyRotateReadsOnlyWhereTheKeyIs(t *testing.T) {
 	code = secretsKeyCommand("ringfenced", []string{"rotate"}, []string{"RINGFENCE_DATA_DIR="}, &stdout, &stderr)
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr.String(), "data_dir is empty")
+}
+
+// TestSecretsKeyRotateWhileAnotherRotates: while another rotation of the same key file holds
+// its lock (secrets.key.lock beside it), `secrets-key rotate` changes nothing and exits 1
+// saying another rotation runs and to run it again once that one ended; after it, it rotates.
+func TestSecretsKeyRotateWhileAnotherRotates(t *testing.T) {
+	key := strings.Repeat("a1", 32)
+	file := filepath.Join(t.TempDir(), "secrets.key")
+	require.NoError(t, os.WriteFile(file, []byte(key+"\n"), 0o600))
+	other, err := os.OpenFile(file+".lock", os.O_RDWR|os.O_CREATE, 0o600)
+	require.NoError(t, err)
+	defer other.Close()
+	require.NoError(t, syscall.Flock(int(other.Fd()), syscall.LOCK_EX|syscall.LOCK_NB))
+
+	var stdout, stderr bytes.Buffer
+	code := secretsKeyCommand("ringfence-registry", []string{"rotate", "--file", file}, nil, &stdout, &stderr)
+	require.Equal(t, 1, code, stdout.String())
+	require.Contains(t, stderr.String(), "ringfence-registry secrets-key rotate: secretbox: another secrets-key rotate of "+file+" is running")
+	require.Contains(t, stderr.String(), "run this one again if you still want another key (the key file is unchanged)")
+	data, err := os.ReadFile(file)
+	require.NoError(t, err)
+	require.Equal(t, key+"\n", string(data))
+
+	require.NoError(t, other.Close()) // the other rotation ended
+	stderr.Reset()
+	code = secretsKeyCommand("ringfence-registry", []string{"rotate", "--file", file}, nil, &stdout, &stderr)
+	require.Equal(t, 0, code, stderr.String())
+	require.Contains(t, stdout.String(), "(2 keys now)")
 }
