@@ -29,8 +29,12 @@ func openBoltOutbox(db *bolt.DB, bucket string) (*boltOutbox, error) {
 		if err != nil {
 			return err
 		}
-		_, err = b.CreateBucketIfNotExists(spoolRecordsKey)
-		return err
+		if _, err = b.CreateBucketIfNotExists(spoolRecordsKey); err != nil {
+			return err
+		}
+		// A file served on bbolt again (moved to etcd, then renamed back) holds records and
+		// drops its move did not bring: its next move is another one (BoltOutboxMoveID).
+		return b.Delete(boltOutboxMoveIDKey)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("audit: open spool bucket %q: %w", bucket, err)

@@ -44,7 +44,8 @@ var boltOutboxMoveIDKey = []byte("move_id")
 // BoltOutboxMoveID returns the name of the bbolt outbox kept in bucket of db for its move to
 // etcd (EtcdOutbox.Import), made and stored in the bucket at the first call: a move that runs
 // again over the same file (it stopped before renaming the file, or a copy of the file was put
-// back) finds the same name, and etcd's mark of it.
+// back) finds the same name, and etcd's mark of it. A bbolt outbox opened to serve again
+// (openBoltOutbox) forgets the name: what it holds then is for another move.
 func BoltOutboxMoveID(db *bolt.DB, bucket string) (string, error) {
 	var id string
 	err := db.Update(func(tx *bolt.Tx) error {

@@ -296,3 +296,35 @@ func TestMoveBoltRunAgainAfterItsImportBringsTheDropsOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(2), resp.Count, "each record the file held, once")
 }
+
+// TestAFileServedOnBboltAgainMovesItsNewRecords: a registry.db moved to etcd, renamed back and
+// served on bbolt again (going back, as the docs say) holds records its first move did not
+// bring: its next move brings them, with the rest of its outbox, rather than find the first
+// move's mark and bring none.
+func TestAFileServedOnBboltAgainMovesItsNewRecords(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	box := testBox(t)
+	path := boltToMove(t, box)
+	s := openEtcdReplica(t, cluster, cluster.Root(), box, testutil.NewAuditRecorder())
+	ctx := t.Context()
+	local, err := ReadBolt(path, box, "secrets.key")
+	require.NoError(t, err)
+	m, err := s.MoveBolt(ctx, local)
+	require.NoError(t, err)
+	require.Equal(t, 5, m.AuditRecords)
+
+	require.NoError(t, os.Rename(path+MovedSuffix, path))
+	b := openBolt(t, path, box)
+	_, err = b.PutSecret(ctx, "later", canary, func(rec audit.Recorder) error {
+		return rec.Record(audit.NewAdminRecord("registry", "", audit.AdminEvent{Action: "put_later", ResourceType: "secret", ResourceID: "later", ActorRole: audit.ActorRoleSystem}))
+	})
+	require.NoError(t, err)
+	require.NoError(t, b.Close())
+
+	local, err = ReadBolt(path, box, "secrets.key")
+	require.NoError(t, err)
+	m, err = s.MoveBolt(ctx, local)
+	require.NoError(t, err)
+	require.Equal(t, 1, m.SecretsCopied)
+	require.Equal(t, 6, m.AuditRecords, "the record written on bbolt since, with those still waiting beside it")
+}
