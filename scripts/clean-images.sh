@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make clean`, images: removes the Docker images a checkout (default: this one) built, and
 # only those. They carry the label org.ringfence.checkout=<its id> (scripts/checkout-id.sh):
-# the demo's isolation image (ringfence-demo:latest) and the tests' fixture images. An image of
+# the demo's isolation image (ringfence-demo:<id>) and the tests' fixture images. An image of
 # another checkout on the same engine has another id, and stays. Without a Docker engine there
 # is nothing to remove.
 set -euo pipefail

@@ -43,10 +43,10 @@ done
 step "building the demo MCP server (static) and its isolation image (seconds; up to a minute on a cold machine)"
 mkdir -p .tmp/demo
 CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o .tmp/demo/docs-mcp ./examples/docs-mcp
-# Labeled with this checkout, so that its make clean removes the image (and no other's).
-image=$(./bin/ringfence image build --binary .tmp/demo/docs-mcp --name ringfence-demo:latest \
-	--label "org.ringfence.checkout=$(./scripts/checkout-id.sh)" -o json |
-	sed -E 's/.*"image": *"([^"]+)".*/\1/')
+# Tagged ringfence-demo:<this checkout's id> and labeled with it: another checkout's demo never
+# takes this one's tag, and make clean removes this checkout's image (and no other's).
+image=$(./scripts/demo-image.sh .tmp/demo/docs-mcp)
+[ -n "$image" ] || { echo "demo: building the isolation image failed; see the messages above" >&2; exit 1; }
 echo "pinned isolation image: $image"
 export RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE="$image"
 
