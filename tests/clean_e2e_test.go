@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/moby/moby/client"
@@ -97,4 +98,25 @@ func TestTwoCheckoutsKeepTheirDemoImages(t *testing.T) {
 	_, err := docker.ImageInspect(t.Context(), firstRef)
 	require.Error(t, err, "the first checkout's image is gone")
 	require.Equal(t, []string{secondTag}, tags(secondRef), "the second checkout's image stays, tagged")
+}
+
+// TestCleanRefusesWhileADemoRuns: make clean removes .tmp, where a running demo keeps its data
+// directory and the lock it holds while its ringfenced lives: while one runs, clean refuses,
+// naming the lock and what to do, and removes nothing; once it stopped, clean goes on.
+func TestCleanRefusesWhileADemoRuns(t *testing.T) {
+	checkout := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(checkout, ".tmp", "demo-data-50051"), 0o755))
+	lockPath := filepath.Join(checkout, ".tmp", "demo-data-50051.lock")
+	lock, err := os.OpenFile(lockPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	require.NoError(t, err)
+	require.NoError(t, syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB), "the running demo's lock")
+
+	clean := filepath.Join(bins.root, "scripts", "clean-images.sh")
+	r := runCmd(t, nil, nil, clean, checkout)
+	require.Equal(t, 1, r.Code, r.Stdout+r.Stderr)
+	require.Contains(t, r.Stderr, "clean: a demo of this checkout still runs (it holds "+lockPath+"): stop it (Ctrl-C in its shell), then make clean again")
+
+	require.NoError(t, lock.Close(), "the demo stops")
+	r = runCmd(t, nil, nil, clean, checkout)
+	require.Equal(t, 0, r.Code, r.Stdout+r.Stderr)
 }
