@@ -6,7 +6,7 @@
 # engine has another id, and stays. Without a Docker engine there is nothing to remove.
 set -euo pipefail
 here="$(dirname "$0")"
-dir="${1:-$here/..}"
+dir="$(cd "${1:-$here/..}" && pwd)"
 id=$("$here/checkout-id.sh" "$dir")
 # make clean removes .tmp, where a running demo of this checkout keeps its data and its lock:
 # refuse while one runs (it holds its lock as long as its ringfenced lives), before anything is
