@@ -11,6 +11,7 @@ export RINGFENCE_GRPC_ADDR="${RINGFENCE_GRPC_ADDR:-127.0.0.1:50051}"
 export RINGFENCE_HTTP_ADDR="${RINGFENCE_HTTP_ADDR:-127.0.0.1:8000}"
 # One data directory per gRPC port, so two demos on different ports never share (or wipe)
 # each other's data.
+data_dir_given="${RINGFENCE_DATA_DIR:-}"
 export RINGFENCE_DATA_DIR="${RINGFENCE_DATA_DIR:-$PWD/.tmp/demo-data-${RINGFENCE_GRPC_ADDR##*:}}"
 export RINGFENCE_BOOTSTRAP_ADMIN_KEY="${RINGFENCE_BOOTSTRAP_ADMIN_KEY:-ringfence-demo-admin-key}"
 export RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS="${RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS:-[\"APP_TOKEN\"]}"
@@ -19,17 +20,6 @@ grpc="$RINGFENCE_GRPC_ADDR"
 http="$RINGFENCE_HTTP_ADDR"
 rf() { RINGFENCE_ADDR="$grpc" RINGFENCE_API_KEY="$RINGFENCE_BOOTSTRAP_ADMIN_KEY" ./bin/ringfence "$@"; }
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-
-# A second demo on the same data directory (RINGFENCE_DATA_DIR set twice, other ports) would
-# wipe the first one's data under it. The lock is held on fd 9, which ringfenced inherits: it
-# lasts as long as the server, even if this script is killed.
-mkdir -p "$(dirname "$RINGFENCE_DATA_DIR")"
-lock="$RINGFENCE_DATA_DIR.lock"
-exec 9>>"$lock"
-if ! flock -n 9; then
-	echo "demo: another demo is using $RINGFENCE_DATA_DIR (it holds $lock): stop it (Ctrl-C in its shell), or give this one its own RINGFENCE_DATA_DIR" >&2
-	exit 1
-fi
 
 # Another server on the demo's ports (a demo still running, or anything else) would answer in
 # its place: stop here, before wiping its data or registering into it.
@@ -40,13 +30,32 @@ for addr in "$grpc" "$http"; do
 	fi
 done
 
+# A second demo on the same data directory would wipe the first one's data under it. The lock
+# is held on fd 9, which ringfenced inherits: it lasts as long as the server, even if this
+# script is killed. The ports are checked first: a demo still running on them holds the lock
+# too, and other ports, not another directory, are what a second demo needs. One that holds the
+# lock and listens on neither is still starting, or was given this directory by
+# RINGFENCE_DATA_DIR.
+mkdir -p "$(dirname "$RINGFENCE_DATA_DIR")"
+lock="$RINGFENCE_DATA_DIR.lock"
+exec 9>>"$lock"
+if ! flock -n 9; then
+	if [ -n "$data_dir_given" ]; then
+		fix="or give this one a RINGFENCE_DATA_DIR of its own"
+	else
+		fix="or run this one on other ports (RINGFENCE_GRPC_ADDR, RINGFENCE_HTTP_ADDR), which gives it a data directory of its own"
+	fi
+	echo "demo: another demo is using $RINGFENCE_DATA_DIR (it holds $lock): stop it (Ctrl-C in its shell), $fix" >&2
+	exit 1
+fi
+
 step "building the demo MCP server (static) and its isolation image (seconds; up to a minute on a cold machine)"
 mkdir -p .tmp/demo
 CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o .tmp/demo/docs-mcp ./examples/docs-mcp
-# Labeled with this checkout, so that its make clean removes the image (and no other's).
-image=$(./bin/ringfence image build --binary .tmp/demo/docs-mcp --name ringfence-demo:latest \
-	--label "org.ringfence.checkout=$(./scripts/checkout-id.sh)" -o json |
-	sed -E 's/.*"image": *"([^"]+)".*/\1/')
+# Tagged ringfence-demo:<this checkout's id> and labeled with it: another checkout's demo never
+# takes this one's tag, and make clean removes this checkout's image (and no other's).
+image=$(./scripts/demo-image.sh .tmp/demo/docs-mcp)
+[ -n "$image" ] || { echo "demo: building the isolation image failed; see the messages above" >&2; exit 1; }
 echo "pinned isolation image: $image"
 export RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE="$image"
 

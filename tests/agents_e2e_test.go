@@ -241,7 +241,7 @@ func TestAgentCallTimeEndToEnd(t *testing.T) {
 		`refused_before_dispatch: approval_required \[approval ` + id + ` pending\]`,
 		`refused_before_dispatch: approval_pending`,
 		`dispatched: succeeded \[approval ` + id + ` approved by key:approver-key \(approver, `,
-		`dispatched: succeeded \[approval ` + id + ` delivered by key:approver-key`,
+		`dispatched: succeeded \[approval ` + id + ` delivered, approved by key:approver-key`,
 		last,
 	} {
 		require.Regexp(t, want, out)

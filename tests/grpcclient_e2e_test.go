@@ -40,6 +40,9 @@ func TestGoClientOfTheStubs(t *testing.T) {
 	require.NotContains(t, mods, "go.etcd.io/")
 	require.NotContains(t, mods, "github.com/moby/")
 	client := filepath.Join(dir, "grpc-client")
+	// The flag package names a flag's value by the first `quoted` word of its usage.
+	r := runCmd(t, nil, nil, client, "-h")
+	require.Contains(t, r.Stderr, "-ca-file file\n", "its help names -ca-file's value as a file")
 
 	// ringfenced, plaintext on loopback.
 	d := startDaemon(t, "ringfenced", "RINGFENCE_BOOTSTRAP_ADMIN_KEY="+adminKey)
@@ -47,7 +50,7 @@ func TestGoClientOfTheStubs(t *testing.T) {
 		return runCmd(t, nil, append([]string{"RINGFENCE_ADDR=" + addr, "RINGFENCE_API_KEY=" + adminKey}, env...), bin("ringfence"),
 			"servers", "add", "fx", "--command", "mcpfixture", "--grant", "process_spawn", "--grant", "external_api_call")
 	}
-	r := cli(d.GRPCAddr)
+	r = cli(d.GRPCAddr)
 	require.Equal(t, 0, r.Code, r.Stderr)
 	r = runCmd(t, nil, []string{"RINGFENCE_API_KEY=" + adminKey}, client, "-addr", d.GRPCAddr)
 	require.Equal(t, 0, r.Code, r.Stderr)

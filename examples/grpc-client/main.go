@@ -30,7 +30,7 @@ import (
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:50051", "the server's gRPC host:port (a split deployment: the registry's public port)")
-	caFile := flag.String("ca-file", "", "PEM CA the server's certificate chains to (`ringfence certs init` writes ca.pem); empty: plaintext, loopback only")
+	caFile := flag.String("ca-file", "", "the PEM `file` of the CA the server's certificate chains to (ringfence certs init writes ca.pem); empty: plaintext, loopback only")
 	identity := flag.String("server-identity", "registry", "with -ca-file, the service the server's certificate must name")
 	flag.Parse()
 	if err := run(context.Background(), *addr, *caFile, *identity, os.Getenv("RINGFENCE_API_KEY")); err != nil {

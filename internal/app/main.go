@@ -14,6 +14,7 @@ import (
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/config"
 	"github.com/ringfence/ringfence/internal/gctune"
+	"github.com/ringfence/ringfence/internal/grpcserver"
 	"github.com/ringfence/ringfence/internal/version"
 )
 
@@ -45,6 +46,7 @@ func Main(name string, build Builder) int {
 		return 2
 	}
 	log := NewLogger(cfg, os.Stderr)
+	grpcserver.RouteGRPCLog(log)
 	for _, w := range cfg.Warnings {
 		log.Warn(w)
 	}

@@ -408,7 +408,12 @@ func describeRecord(r *auditv1.Record) (string, string) {
 	}
 	if a := t.GetApproval(); a != nil {
 		outcome += " [approval " + a.GetApprovalId() + " " + a.GetState()
-		if a.GetDecidedBy() != "" {
+		switch {
+		case a.GetDecidedBy() == "":
+		case a.GetState() == "delivered":
+			// The retry that got the approved outcome: whoever made it, the approver decided.
+			outcome += ", approved by " + a.GetDecidedBy()
+		default:
 			outcome += " by " + a.GetDecidedBy()
 		}
 		outcome += "]"

@@ -12,6 +12,12 @@ import (
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 )
 
+// inspectorPackage is the MCP Inspector runs connect prints a command line for: the version
+// scripts/mcp-clients.sh pins and the front door's tests drive. Without a version, npx runs
+// whichever version its cache already holds, and an old one (0.x) refuses the line
+// ("Arguments cannot be passed to a URL-based MCP server").
+const inspectorPackage = "@modelcontextprotocol/inspector@2.12.0"
+
 // newRunsConnectCmd mints an agent token and prints how an MCP client connects with it.
 func newRunsConnectCmd(g *globals) *cobra.Command {
 	var runID, agent, tenant string
@@ -97,8 +103,8 @@ func (g *globals) printConnection(resp *poolv1.CreateAgentTokenResponse, tenant 
 	// JSON escapes every control character the server's text could hold.
 	writef(w, "Client configuration (.mcp.json, mcp.json):\n")
 	fmt.Fprintf(w, "%s\n\n", b)
-	writef(w, "MCP Inspector:\n  npx @modelcontextprotocol/inspector --cli %s --transport http --header \"Authorization: Bearer %s\" --method tools/list\n\n",
-		resp.GetUrl(), resp.GetSecret())
+	writef(w, "MCP Inspector:\n  npx %s --cli %s --transport http --header \"Authorization: Bearer %s\" --method tools/list\n\n",
+		inspectorPackage, resp.GetUrl(), resp.GetSecret())
 	_, err = linef(w, "The token is shown once. Revoke it with: ringfence runs disconnect --run %s%s --token %s\n", t.GetRunId(), tenantArg(tenant), t.GetTokenId())
 	return err
 }

@@ -212,7 +212,10 @@ func gateRunning(in *gateInput, _ *decision) error {
 	case StateRunning:
 		return nil
 	case StatePaused:
-		return refusal(reasonRunNotRunning, fmt.Errorf("%w (it is paused): resume it first", errRunNotRunning))
+		// Named as the approval gate names its command: the caller may be an MCP client's
+		// user, who knows neither the RPC nor the run's id.
+		return refusal(reasonRunNotRunning, fmt.Errorf("%w (it is paused): resume it first (ringfence runs resume --run %s%s)",
+			errRunNotRunning, in.run.id.ID, tenantFlag(in.run.id.Tenant)))
 	}
 	return refusal(reasonRunNotRunning, fmt.Errorf("%w (it %s): start a new run", errRunEnded, in.run.state))
 }

@@ -134,7 +134,7 @@ func TestDecide(t *testing.T) {
 			require.JSONEq(t, `{"path":"/srv/a"}`, string(d.args.canonical))
 			require.Equal(t, "echo", d.spec.Name)
 		}},
-		{name: "paused", snap: func(s *runSnapshot) { s.state = StatePaused }, reason: reasonRunNotRunning, contains: "resume it first"},
+		{name: "paused", snap: func(s *runSnapshot) { s.state = StatePaused }, reason: reasonRunNotRunning, contains: "resume it first (ringfence runs resume --run run-1)"},
 		{name: "ended", snap: func(s *runSnapshot) { s.state = StateCompleted }, reason: reasonRunNotRunning, contains: "has ended"},
 		{name: "version gone", snap: func(s *runSnapshot) { s.version, s.index, s.loadErr = nil, nil, errVersionGone }, reason: reasonUnknownRun, contains: "not published"},
 		{name: "unknown agent", agent: "z", reason: reasonUnknownAgent, contains: "(its agents: a, b)"},

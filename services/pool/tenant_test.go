@@ -134,8 +134,8 @@ func TestRefusalMessagesNameThePoolOnce(t *testing.T) {
 			"pool: refused before dispatch (unknown_run): no run \"nosuch\" in tenant \"default\" (a key bound to no tenant names the run's tenant, or acts for \"default\"); nothing reached the server",
 			"no run \"nosuch\" in tenant \"default\" (a key bound to no tenant names the run's tenant, or acts for \"default\")", codes.NotFound},
 		{"paused run", paused, reasonRunNotRunning,
-			"pool: refused before dispatch (run_not_running): the run is not running (it is paused): resume it first; nothing reached the server",
-			"the run is not running (it is paused): resume it first", codes.FailedPrecondition},
+			"pool: refused before dispatch (run_not_running): the run is not running (it is paused): resume it first (ringfence runs resume --run " + paused + "); nothing reached the server",
+			"the run is not running (it is paused): resume it first (ringfence runs resume --run " + paused + ")", codes.FailedPrecondition},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := client.CallTool(admin, &poolv1.CallToolRequest{RunId: tc.run, Agent: "a", Tool: "fx__echo"})
