@@ -18,16 +18,27 @@ import (
 // crash leaves the old file or the new one whole, never a mix. It returns how many keys the
 // file holds now. A missing file, or one that does not parse, is refused: a rotation never
 // replaces the key that opens the data.
+//
+// A path that is a link is followed: the file it points at is rotated and the link kept, so
+// the key file stays where it is kept (a link to a file the deployment manages) and every
+// binary whose link points at it reads the new key; replacing the link would leave that file
+// without the key that seals from the next start. Target names the file rotated.
 func Rotate(path string) (keys int, err error) {
-	data, err := os.ReadFile(path)
+	data, err := readKeyFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, fmt.Errorf("secretbox: no key file at %s: name the key file the server uses (secrets_key_file, default <data_dir>/secrets.key); a server creates its first key itself at its first start", path)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("secretbox: read key file: %w", err)
+		return 0, err
 	}
 	old, err := ParseKeys(path, data)
 	if err != nil {
+		return 0, err
+	}
+	if len(old) >= MaxKeys {
+		return 0, fmt.Errorf("secretbox: key file %s holds %d keys, the most a key file may: start the server so it re-seals under the first key, remove the lines its log says can go, then rotate (the key file is unchanged)", path, len(old))
+	}
+	if path, err = Target(path); err != nil {
 		return 0, err
 	}
 	key := make([]byte, 32)
@@ -78,6 +89,20 @@ func Rotate(path string) (keys int, err error) {
 		_ = d.Close()
 	}
 	return len(old) + 1, nil
+}
+
+// Target is the file a key file path names: path itself, or the file a link at path points
+// at, through every link. Rotate writes there.
+func Target(path string) (string, error) {
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+		return path, nil
+	}
+	target, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", fmt.Errorf("secretbox: key file %s is a link that does not resolve: %w: point it at the key file, or name the key file itself", path, err)
+	}
+	return target, nil
 }
 
 type owner struct{ uid, gid int }
