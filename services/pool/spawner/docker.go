@@ -65,6 +65,9 @@ type Docker struct {
 	// says why a container no longer held may still be there (reconcile.go).
 	held     map[string]struct{}
 	leftover map[string]string
+	// told are the containers the reconcile has logged at warn (one it leaves alone as not the
+	// pool's, one whose removal the engine refused), so each is said once while it is listed.
+	told map[string]bool
 	// The reconcile: every is its interval, kick brings it forward after a failed engine
 	// call; it runs from the first Preflight that finds the image usable until Close.
 	every         time.Duration
@@ -262,6 +265,10 @@ func (d *Docker) sweep(ctx context.Context, scope sweepScope) (int, error) {
 		if scope == sweepOthers && c.Labels[LabelInstance] == d.cfg.InstanceID {
 			continue
 		}
+		if !namedByThePool(c.Names) {
+			d.log.Warn(notOurs, "container", shortID(c.ID), "name", containerName(c.Names))
+			continue
+		}
 		byUs, err := d.remove(ctx, c.ID)
 		if err != nil {
 			errs = append(errs, err)
@@ -337,7 +344,7 @@ func (d *Docker) Spawn(ctx context.Context, spec *Spec, kit *Kit) (*Session, err
 	cc, hc := containerShape(cfg, img.id, spec, env, labels)
 	c := &dockerServer{
 		d:       d,
-		name:    "ringfence-" + nameUnsafe.ReplaceAllString(spec.ServerRef, "_") + "-" + randomID(),
+		name:    containerPrefix + nameUnsafe.ReplaceAllString(spec.ServerRef, "_") + "-" + randomID(),
 		command: spec.Command,
 		st:      kit.NewStdio(spec),
 		secrets: secretsOf(spec),
