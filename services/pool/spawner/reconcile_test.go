@@ -180,3 +180,33 @@ func TestTheReconcileLeavesWhatIsNotThePoolsAndDoesNotSpin(t *testing.T) {
 	require.NoError(t, r.Close(ctx))
 	require.ElementsMatch(t, []string{foreign, lookalike}, e.containers(), "Close's sweep leaves them too")
 }
+
+// TestAStartIsNotRefusedForALeftoverTheEngineWillNotRemove: a container an earlier instance of
+// the pool left that the engine refuses to remove does not stop the start (a unit restarting
+// on failure would start it again and again over the same container, never serving): it is
+// said at warn, the other leftovers are removed, all in the one sweep, and the next start asks
+// again.
+func TestAStartIsNotRefusedForALeftoverTheEngineWillNotRemove(t *testing.T) {
+	e := dockerEnv(t)
+	ctx := t.Context()
+	eng := &refusingEngine{DockerAPI: e.docker}
+	logs := &lockedBuffer{}
+	stuck := e.createLost(t, "earlier-instance")
+	for range 20 {
+		e.createLost(t, "earlier-instance")
+	}
+	eng.set(stuck)
+	r := e.router(func(c *Config) { c.Docker = eng; c.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
+	rep, err := r.Preflight(ctx)
+	require.NoError(t, err, "the start goes on")
+	require.Equal(t, 20, rep.Swept)
+	require.Equal(t, []string{stuck}, e.containers(), "every other leftover is removed in the one sweep")
+	require.Contains(t, logs.String(), "level=WARN msg=\"spawner: some containers an earlier instance of this pool left could not be removed")
+	require.Contains(t, logs.String(), "containers=1")
+
+	eng.set("")
+	rep, err = e.router().Preflight(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Swept, "the next start asks again")
+	require.Empty(t, e.containers())
+}
