@@ -8,11 +8,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash"
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -25,6 +27,14 @@ import (
 
 // ChunkBytes bounds the data of one BackupResponse.
 const ChunkBytes = 1 << 20
+
+// DefaultStallTimeout is limits.backup_stall_timeout's default: a backup whose client takes
+// no chunk for this long is ended.
+const DefaultStallTimeout = time.Minute
+
+// MaxConcurrent bounds the backups one binary sends at once: each holds a chunk or two in
+// memory and a read transaction on the file it copies. One more is refused, RESOURCE_EXHAUSTED.
+const MaxConcurrent = 2
 
 // ActionBackup is the action of the admin records a backup writes: one as it starts (the files
 // it copies) and one once every byte is sent (their sizes and SHA-256).
@@ -52,12 +62,18 @@ type Config struct {
 	Record   Recorder
 	Producer string
 	Logger   *slog.Logger
+	// StallTimeout ends a backup whose client takes no chunk for this long
+	// (limits.backup_stall_timeout; DefaultStallTimeout when 0): a client that stops reading
+	// would otherwise hold the read transaction of the file being copied, and with it every
+	// write that must grow that file, for as long as it keeps its connection open.
+	StallTimeout time.Duration
 }
 
 // Service implements AdminService.
 type Service struct {
 	adminv1.UnsafeAdminServiceServer
-	cfg Config
+	cfg     Config
+	running chan struct{} // a token per backup being sent, MaxConcurrent at most
 }
 
 var _ adminv1.AdminServiceServer = (*Service)(nil)
@@ -67,7 +83,10 @@ func New(cfg Config) *Service {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Service{cfg: cfg}
+	if cfg.StallTimeout <= 0 {
+		cfg.StallTimeout = DefaultStallTimeout
+	}
+	return &Service{cfg: cfg, running: make(chan struct{}, MaxConcurrent)}
 }
 
 // fileSummary is what the audit record of a backup says of one file: never its content.
@@ -91,6 +110,13 @@ func (s *Service) Backup(_ *adminv1.BackupRequest, stream adminv1.AdminService_B
 	} else if !t.All {
 		return status.Error(codes.PermissionDenied, "admin: a backup copies every tenant's data, and this call acts for one tenant: use a key bound to no tenant")
 	}
+	select {
+	case s.running <- struct{}{}:
+		defer func() { <-s.running }()
+	default:
+		return status.Errorf(codes.ResourceExhausted, "admin: %d backups of this server are being sent already (at most %d at once): wait for one to end, then run it again", MaxConcurrent, MaxConcurrent)
+	}
+	send := &sender{stream: stream, timeout: s.cfg.StallTimeout}
 
 	var files []backup.File
 	defer func() { backup.Release(files) }()
@@ -125,16 +151,25 @@ func (s *Service) Backup(_ *adminv1.BackupRequest, stream adminv1.AdminService_B
 	sent := make([]fileSummary, len(files))
 	var total int64
 	for i, f := range files {
-		w := &chunkWriter{stream: stream, path: rels[i], hash: sha256.New(), buf: make([]byte, 0, ChunkBytes)}
+		w := &chunkWriter{send: send, path: rels[i], hash: sha256.New(), buf: make([]byte, 0, ChunkBytes)}
 		if err := f.Copy(w); err != nil {
 			if w.sendErr != nil {
-				return w.sendErr // the client went away: its status is the answer
+				// The client went away (its status is the answer), or stopped reading: the
+				// read transaction is released as Copy returns.
+				if errors.Is(w.sendErr, errStalled) {
+					s.cfg.Logger.Warn("admin: a backup was ended: its client took no chunk of it for limits.backup_stall_timeout", "actor", p.Actor(), "file", rels[i], "stall_timeout", s.cfg.StallTimeout)
+					return status.Errorf(codes.DeadlineExceeded, "admin: the backup was ended: its client took none of %s for %s (limits.backup_stall_timeout), and a backup that is not read must not hold back the server's writes: run it again from a client that reads it, or raise limits.backup_stall_timeout for a very slow link", rels[i], s.cfg.StallTimeout)
+				}
+				return w.sendErr
 			}
 			s.cfg.Logger.Error("admin: backup: a file could not be read", "file", f.Path, "err", err)
 			return status.Errorf(codes.Internal, "admin: %s could not be read for the backup: the server's log says why", rels[i])
 		}
 		end := &adminv1.FileEnd{}
 		if err := w.flush(end); err != nil {
+			if errors.Is(err, errStalled) {
+				return status.Errorf(codes.DeadlineExceeded, "admin: the backup was ended: its client took none of %s for %s (limits.backup_stall_timeout): run it again from a client that reads it, or raise limits.backup_stall_timeout for a very slow link", rels[i], s.cfg.StallTimeout)
+			}
 			return err
 		}
 		sent[i] = fileSummary{Path: rels[i], Size: end.GetSize(), SHA256: end.GetSha256()}
@@ -146,10 +181,41 @@ func (s *Service) Backup(_ *adminv1.BackupRequest, stream adminv1.AdminService_B
 		s.cfg.Logger.Error("admin: the audit record of a completed backup could not be written (the record of its start names the caller and the files)", "err", err)
 	}
 	s.cfg.Logger.Info("admin: backup sent", "actor", p.Actor(), "files", len(files), "bytes", total)
-	return stream.Send(&adminv1.BackupResponse{Summary: &adminv1.BackupSummary{
+	err = send.send(&adminv1.BackupResponse{Summary: &adminv1.BackupSummary{
 		Binary: s.cfg.Binary, StoreBackend: s.cfg.StoreBackend, Files: int32(len(files)), Bytes: total,
 		SecretsKeyFile: s.cfg.SecretsKeyFile, NotIncluded: s.cfg.NotIncluded,
 	}})
+	if errors.Is(err, errStalled) {
+		return status.Errorf(codes.DeadlineExceeded, "admin: the backup's summary was not taken for %s (limits.backup_stall_timeout): every file was sent, but run it again from a client that reads it to the end", s.cfg.StallTimeout)
+	}
+	return err
+}
+
+// errStalled is what sender.send answers when the client took nothing for the stall timeout.
+var errStalled = errors.New("admin: the backup's client took no chunk for the stall timeout")
+
+// sender sends a backup's messages, giving up on one the client does not take within timeout.
+// grpc-go's Send takes no context and blocks while the client's flow-control window is full,
+// which a client that stops reading keeps full for as long as its connection stays open; so
+// each Send runs on a goroutine of its own, one at a time, and the handler returns when it does
+// not end in time: the returned status ends the stream, and the blocked Send with it (the way
+// grpc-go's maintainers give for a per-message timeout, grpc/grpc-go#1229).
+type sender struct {
+	stream  adminv1.AdminService_BackupServer
+	timeout time.Duration
+}
+
+func (s *sender) send(msg *adminv1.BackupResponse) error {
+	done := make(chan error, 1)
+	go func() { done <- s.stream.Send(msg) }()
+	t := time.NewTimer(s.timeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return errStalled
+	}
 }
 
 // relPath is path under data_dir, slash-separated.
@@ -191,7 +257,7 @@ func (s *Service) record(ctx context.Context, p auth.Principal, change map[strin
 // chunkWriter sends what is written to it as BackupResponse messages of ChunkBytes at most,
 // hashing and counting it.
 type chunkWriter struct {
-	stream  adminv1.AdminService_BackupServer
+	send    *sender
 	path    string
 	hash    hash.Hash
 	buf     []byte
@@ -225,7 +291,7 @@ func (w *chunkWriter) flush(end *adminv1.FileEnd) error {
 		end.Size = w.size
 		end.Sha256 = hex.EncodeToString(w.hash.Sum(nil))
 	}
-	if err := w.stream.Send(&adminv1.BackupResponse{Path: w.path, Data: w.buf, End: end}); err != nil {
+	if err := w.send.send(&adminv1.BackupResponse{Path: w.path, Data: w.buf, End: end}); err != nil {
 		w.sendErr = err
 		return err
 	}

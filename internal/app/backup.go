@@ -14,7 +14,7 @@ import (
 // records go through the binary's first producer spool, or into the log itself on
 // ringfence-audit. Not on REST: the copy is a stream of binary chunks (docs/api.md).
 func (a *App) registerAdmin(cfg *config.Config, name string) {
-	c := admin.Config{Binary: name, DataDir: cfg.DataDir, StoreBackend: cfg.Store.Backend, Logger: a.log.With("service", "admin")}
+	c := admin.Config{Binary: name, DataDir: cfg.DataDir, StoreBackend: cfg.Store.Backend, Logger: a.log.With("service", "admin"), StallTimeout: cfg.Limits.BackupStallTimeout}
 	if a.Registry != nil {
 		c.Sources = append(c.Sources, a.Registry.BackupFiles)
 		c.Record, c.Producer = a.Registry.Spool().Enqueue, "registry"

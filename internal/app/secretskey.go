@@ -72,10 +72,15 @@ func secretsKeyCommand(name string, args, environ []string, stdout, stderr io.Wr
 		file = secretsKeyFile(cfg)
 		dataDir = cfg.DataDir
 	}
+	target, _ := secretbox.Target(file)
 	n, err := secretbox.Rotate(file)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s secrets-key rotate: %v\n", name, err)
 		return 1
+	}
+	if target != "" && target != file {
+		// The link stays: the file it points at is the one rotated.
+		file = target + " (where the link " + file + " points)"
 	}
 	start := "Start the server: it re-seals the stored secrets under the new key. "
 	if held := heldDataFile(dataDir); held != "" {

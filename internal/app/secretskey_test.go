@@ -144,3 +144,23 @@ func TestSecretsKeyRotateWhileAnotherRotates(t *testing.T) {
 	require.Equal(t, 0, code, stderr.String())
 	require.Contains(t, stdout.String(), "(2 keys now)")
 }
+
+// TestSecretsKeyRotateThroughALink: a key file linked into data_dir from where the deployment
+// keeps it is rotated where the link points, and the output names that file and the link.
+func TestSecretsKeyRotateThroughALink(t *testing.T) {
+	key := strings.Repeat("a1", 32)
+	kept := filepath.Join(t.TempDir(), "ringfence.key")
+	require.NoError(t, os.WriteFile(kept, []byte(key+"\n"), 0o600))
+	dataDir := t.TempDir()
+	link := filepath.Join(dataDir, "secrets.key")
+	require.NoError(t, os.Symlink(kept, link))
+	var stdout, stderr bytes.Buffer
+	code := secretsKeyCommand("ringfenced", []string{"rotate"}, []string{"RINGFENCE_DATA_DIR=" + dataDir}, &stdout, &stderr)
+	require.Equal(t, 0, code, stderr.String())
+	require.Contains(t, stdout.String(), kept+" (where the link "+link+" points): a new key is its first line (2 keys now)")
+	data, err := os.ReadFile(kept)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	require.Equal(t, []string{key}, lines[1:])
+	require.NotContains(t, stdout.String()+stderr.String(), lines[0], "the new key is never printed")
+}

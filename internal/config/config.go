@@ -199,10 +199,12 @@ type Audit struct {
 	RequeueQuarantine bool `key:"requeue_quarantine" help:"at start, put the records each producer quarantined (refused by the audit log) back in its spool; set it for one start after upgrading the audit service"`
 }
 
-// Limits bound what one peer can hold on the gRPC and HTTP listeners. The others (streams per
-// connection, header size, keepalive) are fixed: docs/security.md states them.
+// Limits bound what one peer can hold on the gRPC and HTTP listeners, and how long a backup's
+// client may stall. The others (streams per connection, header size, keepalive) are fixed:
+// docs/security.md states them.
 type Limits struct {
-	MaxConnectionsPerAddress int `key:"max_connections_per_address" default:"128" help:"open connections one peer address (an IPv4 address or an IPv6 /64) may hold on each listener; raise it when clients reach the server through a proxy or NAT that hides their addresses"`
+	MaxConnectionsPerAddress int           `key:"max_connections_per_address" default:"128" help:"open connections one peer address (an IPv4 address or an IPv6 /64) may hold on each listener; raise it when clients reach the server through a proxy or NAT that hides their addresses"`
+	BackupStallTimeout       time.Duration `key:"backup_stall_timeout" default:"1m" help:"a backup (ringfence backup) whose client takes no chunk (1 MiB) of it for this long is ended, DEADLINE_EXCEEDED, so a client that stops reading never holds a bbolt read transaction, and with it every write that must grow the file; raise it for a very slow link"`
 }
 
 // Debug holds what an operator turns on to look inside a running binary.
@@ -342,6 +344,9 @@ func (c *Config) check() problems {
 	}
 	if c.Limits.MaxConnectionsPerAddress < 1 {
 		errs.add("limits.max_connections_per_address", "must be at least 1", "e.g. 128; raise it when clients share an address (a proxy or NAT)")
+	}
+	if c.Limits.BackupStallTimeout <= 0 {
+		errs.add("limits.backup_stall_timeout", "must be positive", "e.g. 1m; raise it for a very slow link")
 	}
 	if a := c.Debug.PprofAddr; a != "" {
 		if err := checkLoopback(a); err != nil {

@@ -19,33 +19,46 @@ import (
 // file holds now. A missing file, or one that does not parse, is refused: a rotation never
 // replaces the key that opens the data.
 //
+// A path that is a link is followed: the file it points at is rotated and the link kept, so
+// the key file stays where it is kept (a link to a file the deployment manages) and every
+// binary whose link points at it reads the new key; replacing the link would leave that file
+// without the key that seals from the next start. Target names the file rotated.
+//
 // Two rotations of one file at once would each read the old file and write their own new key
 // first: the last rename would drop the other's key, and with it whatever a start in between
-// sealed under it. So a rotation holds an exclusive flock on path+".lock" from its read to its
-// rename, and a second one is refused while the first runs.
+// sealed under it. So a rotation holds an exclusive flock on the file's .lock (beside the file
+// rotated, wherever its links are) from its read to its rename, and a second one is refused
+// while the first runs.
 func Rotate(path string) (keys int, err error) {
-	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-		return 0, fmt.Errorf("secretbox: no key file at %s: name the key file the server uses (secrets_key_file, default <data_dir>/secrets.key); a server creates its first key itself at its first start", path)
+	// Read once before the lock, so what is no key file is refused before a lock file is made
+	// beside it; the read under the lock is the one rotated.
+	if _, err := readRotated(path); err != nil {
+		return 0, err
 	}
-	unlock, err := lockForRotation(path)
+	target, err := Target(path)
+	if err != nil {
+		return 0, err
+	}
+	unlock, err := lockForRotation(target)
 	if err != nil {
 		return 0, err
 	}
 	defer unlock()
-	data, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, fmt.Errorf("secretbox: no key file at %s: name the key file the server uses (secrets_key_file, default <data_dir>/secrets.key); a server creates its first key itself at its first start", path)
-	}
+	data, err := readRotated(path)
 	if err != nil {
-		return 0, fmt.Errorf("secretbox: read key file: %w", err)
+		return 0, err
 	}
 	old, err := ParseKeys(path, data)
 	if err != nil {
 		return 0, err
 	}
+	if len(old) >= MaxKeys {
+		return 0, fmt.Errorf("secretbox: key file %s holds %d keys, the most a key file may: start the server so it re-seals under the first key, remove the lines its log says can go, then rotate (the key file is unchanged)", path, len(old))
+	}
 	if afterRead != nil {
 		afterRead()
 	}
+	path = target
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
 		return 0, fmt.Errorf("secretbox: generate key: %w", err)
@@ -92,6 +105,15 @@ func Rotate(path string) (keys int, err error) {
 	return len(old) + 1, nil
 }
 
+// readRotated reads the key file a rotation rotates.
+func readRotated(path string) ([]byte, error) {
+	data, err := readKeyFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("secretbox: no key file at %s: name the key file the server uses (secrets_key_file, default <data_dir>/secrets.key); a server creates its first key itself at its first start", path)
+	}
+	return data, err
+}
+
 // afterRead, when set (by tests), runs between a rotation's read of the key file and its write.
 var afterRead func()
 
@@ -126,6 +148,20 @@ func cannotWrite(name, path string, err error) error {
 		where = "the key file is on a read-only file system (a mounted secret, say)"
 	}
 	return fmt.Errorf("secretbox: write %s: %w: %s; or rotate a copy where you may write (cp %s rotated.key, then `secrets-key rotate --file rotated.key` of ringfenced, ringfence-registry or ringfence-pool) and put it in place of the key file the way it is deployed (the key file is unchanged)", name, err, where, path)
+}
+
+// Target is the file a key file path names: path itself, or the file a link at path points
+// at, through every link. Rotate writes there.
+func Target(path string) (string, error) {
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+		return path, nil
+	}
+	target, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", fmt.Errorf("secretbox: key file %s is a link that does not resolve: %w: point it at the key file, or name the key file itself", path, err)
+	}
+	return target, nil
 }
 
 type owner struct{ uid, gid int }

@@ -9,9 +9,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // Box seals and opens values. It holds one key or more: the first seals, and every one opens
@@ -28,7 +31,7 @@ type Box struct {
 // ends, blanks around a key and a UTF-8 byte order mark are taken as an editor writes them. The
 // first key seals; every key opens.
 func LoadOrCreate(path string) (*Box, error) {
-	data, err := os.ReadFile(path)
+	data, err := readKeyFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		key := make([]byte, 32)
 		if _, err := rand.Read(key); err != nil {
@@ -52,16 +55,62 @@ func LoadOrCreate(path string) (*Box, error) {
 		return newBox(path, key)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("secretbox: read key file: %w", err)
-	}
-	if st, err := os.Stat(path); err == nil && st.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("secretbox: key file %s is readable by others (mode %v): chmod 600 it", path, st.Mode().Perm())
+		return nil, err
 	}
 	keys, err := ParseKeys(path, data)
 	if err != nil {
 		return nil, err
 	}
 	return newBox(path, keys...)
+}
+
+// MaxKeyFileBytes bounds what is read of a key file: its keys, comments and blank lines. A
+// larger file is refused unread (a path named by mistake: a log, a disk image).
+const MaxKeyFileBytes = 1 << 20
+
+// MaxKeys bounds the keys of a key file: a value is tried against each key in turn, and a
+// rotation adds one, so the lines a re-seal freed are removed long before.
+const MaxKeys = 100
+
+// readKeyFile reads the key file at path, a regular file (a link to one is followed) of
+// MaxKeyFileBytes at most, that only its owner may read. A missing file answers an error that
+// is fs.ErrNotExist; every other refusal names the file, the problem and the fix, never its
+// content.
+func readKeyFile(path string) ([]byte, error) {
+	// O_NONBLOCK: opening a named pipe for reading otherwise waits for a writer.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		if target, lerr := os.Readlink(path); lerr == nil {
+			return nil, fmt.Errorf("secretbox: key file %s is a link to %s, which does not exist: restore the key file it points at (the data was sealed with it), or point secrets_key_file at the key file itself", path, target)
+		}
+		return nil, err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("secretbox: read key file: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("secretbox: read key file: %w", err)
+	}
+	switch {
+	case st.IsDir():
+		return nil, fmt.Errorf("secretbox: key file %s is a directory: name the key file itself (secrets_key_file, or --file), e.g. %s", path, filepath.Join(path, "secrets.key"))
+	case !st.Mode().IsRegular():
+		return nil, fmt.Errorf("secretbox: key file %s is not a regular file (%v): a key file is a file of its own, one key a line, mode 600; name it (secrets_key_file, or --file)", path, st.Mode().Type())
+	case st.Size() > MaxKeyFileBytes:
+		return nil, fmt.Errorf("secretbox: key file %s is %d bytes, more than a key file holds (%d bytes at most): it is not a key file; name the key file the data was sealed with (secrets_key_file, or --file)", path, st.Size(), MaxKeyFileBytes)
+	case st.Mode().Perm()&0o077 != 0:
+		return nil, fmt.Errorf("secretbox: key file %s is readable by others (mode %v): chmod 600 it", path, st.Mode().Perm())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxKeyFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("secretbox: read key file %s: %w", path, err)
+	}
+	if len(data) > MaxKeyFileBytes {
+		return nil, fmt.Errorf("secretbox: key file %s grew past %d bytes while it was read: it is not a key file; name the key file the data was sealed with (secrets_key_file, or --file)", path, MaxKeyFileBytes)
+	}
+	return data, nil
 }
 
 // byteOrderMark is UTF-8's, which some editors put at the head of a file they save.
@@ -89,6 +138,9 @@ func ParseKeys(name string, data []byte) ([][]byte, error) {
 		}
 		seen[string(key)] = i + 1
 		keys = append(keys, key)
+		if len(keys) > MaxKeys {
+			return nil, fmt.Errorf("secretbox: key file %s holds more than %d keys (line %d holds key %d): each sealed value is tried against every key; keep the first key and the few the data still needs (a start's log says when every sealed value opens with the first key, and the other lines can go)", name, MaxKeys, i+1, len(keys))
+		}
 	}
 	if len(keys) == 0 {
 		return nil, fmt.Errorf("secretbox: key file %s holds no key: it must hold 64 hex characters (32 bytes) on a line; restore the key file the data was sealed with (an empty file is not a new key)", name)

@@ -24,7 +24,11 @@ func (s *Service) moveSignIns(ctx context.Context, er *store.Etcd, shared bool) 
 	if err != nil {
 		return fmt.Errorf("pool: reading the users' sign-ins in pool.db to copy them to etcd: %w", err)
 	}
-	if len(local.Tokens) == 0 && len(local.Clients) == 0 && local.Pending == 0 {
+	for _, sk := range local.Skipped {
+		s.log.Warn("an entry of pool.db's sign-ins is not copied to etcd: no pool writes one like it, so the file was damaged or altered; it goes when pool.db's sign-ins are cleared (its user signs in again)",
+			"bucket", sk.Bucket, "key", sk.Key, "reason", sk.Reason)
+	}
+	if len(local.Tokens) == 0 && len(local.Clients) == 0 && local.Pending == 0 && len(local.Skipped) == 0 {
 		return nil
 	}
 	if n := len(local.Tokens) + len(local.Clients); n > 0 {

@@ -201,9 +201,13 @@ func moveBolt(st *store.Etcd, path string, log *slog.Logger) error {
 		return err
 	}
 	name := filepath.Base(path)
+	for _, sk := range m.Skipped {
+		log.Warn(fmt.Sprintf("publisher: a graph of %s was not moved to etcd: no publisher writes one like it, so the file was damaged or altered; it stays in %s. Publish it again if it is wanted", name, filepath.Base(m.RenamedTo)),
+			"key", sk.Key, "reason", sk.Reason)
+	}
 	log.Info(fmt.Sprintf("moved the publisher's state kept in %s to etcd, and renamed the file to %s", name, filepath.Base(m.RenamedTo)),
 		"graphs_copied", m.GraphsCopied, "graphs_already_in_etcd", m.GraphsInEtcd,
-		"versions_copied", m.VersionsCopied, "audit_records_moved", m.AuditRecords, "audit_dropped_count_moved", m.AuditDropped)
+		"versions_copied", m.VersionsCopied, "audit_records_moved", m.AuditRecords, "audit_dropped_count_moved", m.AuditDropped, "skipped", len(m.Skipped))
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -232,5 +234,51 @@ func TestAMoveUnderARotationSaysTheOldKeyCanGoOnlyOnceMoved(t *testing.T) {
 	require.Greater(t, canGo, moved, "the line that the old key can go comes after the move:\n%s", out)
 	require.Equal(t, 1, strings.Count(out, "re-sealed under the first key"), out)
 	require.Contains(t, out, "resealed=1", "the secret the move re-sealed is counted")
+	require.NotContains(t, out, "canary-value")
+}
+
+// TestAMoveOfADamagedFileSkipsWhatTheRegistryNeverWrites: a registry that starts on etcd over
+// a registry.db holding entries the registry never writes (a secret named with a NUL, a
+// registration that does not decode) starts, with the rest moved; its log names each entry
+// skipped, at warn, with the reason and the file that keeps it, and never a value.
+func TestAMoveOfADamagedFileSkipsWhatTheRegistryNeverWrites(t *testing.T) {
+	roles, err := auth.NewRoles("")
+	require.NoError(t, err)
+	box, err := secretbox.New(make([]byte, 32))
+	require.NoError(t, err)
+	db := filepath.Join(t.TempDir(), "registry.db")
+	cfg := Config{DBPath: db, Secrets: box, Roles: roles, AuditSink: testutil.NewAuditRecorder(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	svc, err := Open(cfg)
+	require.NoError(t, err)
+	_, err = svc.PutSecret(auth.SystemContext(t.Context(), "test"), &registryv1.PutSecretRequest{Name: "tok", Value: "canary-value"})
+	require.NoError(t, err)
+	require.NoError(t, svc.Close())
+
+	raw, err := bolt.Open(db, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, raw.Update(func(tx *bolt.Tx) error {
+		sealed := tx.Bucket([]byte("secrets")).Get([]byte("tok"))
+		if err := tx.Bucket([]byte("secrets")).Put([]byte("tok\x00copy"), bytes.Clone(sealed)); err != nil {
+			return err
+		}
+		return tx.Bucket([]byte("servers")).Put([]byte("broken"), []byte(`{"ref":"broken","env":{"TOKEN":"canary-value"`))
+	}))
+	require.NoError(t, raw.Close())
+
+	cluster := etcdtest.Start(t, 1)
+	var logs testutil.SyncBuffer
+	cfg.Etcd, cfg.EtcdRoot, cfg.Logger = cluster.Client(t, "registry"), cluster.Root(), slog.New(slog.NewTextHandler(&logs, nil))
+	svc, err = Open(cfg)
+	require.NoError(t, err, "the start goes on without the entries the registry never writes")
+	v, err := svc.store.SecretValue(t.Context(), "tok")
+	require.NoError(t, err)
+	require.Equal(t, "canary-value", v)
+	require.NoError(t, svc.Close())
+	out := logs.String()
+	require.Equal(t, 2, strings.Count(out, "level=WARN msg=\"registry: an entry of registry.db was not moved to etcd"), out)
+	require.Contains(t, out, "it stays in registry.db.moved-to-etcd")
+	require.Contains(t, out, `kind=secret name="\"tok\\x00copy\""`)
+	require.Contains(t, out, `kind=server name="\"broken\"" reason="its value does not decode as a registration"`)
+	require.Contains(t, out, "skipped=2")
 	require.NotContains(t, out, "canary-value")
 }

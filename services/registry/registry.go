@@ -264,11 +264,15 @@ func moveBolt(st *store.Etcd, local *store.BoltState, log *slog.Logger) error {
 		return err
 	}
 	name := filepath.Base(local.Path)
+	for _, sk := range m.Skipped {
+		log.Warn(fmt.Sprintf("registry: an entry of %s was not moved to etcd: the registry never writes one like it, so the file was damaged or altered; it stays in %s. Set it again through the API if it is wanted", name, filepath.Base(m.RenamedTo)),
+			"kind", sk.Kind, "name", sk.Name, "reason", sk.Reason)
+	}
 	log.Info(fmt.Sprintf("moved the registry's state kept in %s to etcd, and renamed the file to %s", name, filepath.Base(m.RenamedTo)),
 		"servers_copied", m.ServersCopied, "servers_already_in_etcd", m.ServersInEtcd,
 		"secrets_copied", m.SecretsCopied, "secrets_already_in_etcd", m.SecretsInEtcd,
 		"keys_copied", m.KeysCopied, "keys_already_in_etcd", m.KeysInEtcd,
-		"audit_records_moved", m.AuditRecords, "audit_dropped_count_moved", m.AuditDropped)
+		"audit_records_moved", m.AuditRecords, "audit_dropped_count_moved", m.AuditDropped, "skipped", len(m.Skipped))
 	return nil
 }
 

@@ -65,6 +65,9 @@ type Docker struct {
 	// says why a container no longer held may still be there (reconcile.go).
 	held     map[string]struct{}
 	leftover map[string]string
+	// told are the containers the reconcile has logged at warn (one it leaves alone as not the
+	// pool's, one whose removal the engine refused), so each is said once while it is listed.
+	told map[string]bool
 	// The reconcile: every is its interval, kick brings it forward after a failed engine
 	// call; it runs from the first Preflight that finds the image usable until Close.
 	every         time.Duration
@@ -134,8 +137,30 @@ func (d *Docker) Preflight(ctx context.Context) (Report, error) {
 	d.startReconcile()
 	n, err := d.sweep(ctx, sweepOthers)
 	rep.Swept = n
+	var refused *removalsFailed
+	if errors.As(err, &refused) {
+		// The engine answered, and would not remove some: failing the start for them would
+		// only start the pool again, and again, over the same containers (a unit that
+		// restarts on failure never serves). The next start's sweep asks again.
+		d.log.Warn("spawner: some containers an earlier instance of this pool left could not be removed; the pool starts all the same, and its next start tries again: remove them yourself if they stay",
+			"containers", refused.n, "err", refused.err)
+		return rep, nil
+	}
 	return rep, err
 }
+
+// removalsFailed is a sweep's error when its list was read but some removals failed.
+type removalsFailed struct {
+	n   int
+	err error
+}
+
+func (e *removalsFailed) Error() string { return e.err.Error() }
+func (e *removalsFailed) Unwrap() error { return e.err }
+
+// sweepParallel bounds the removals a sweep has in flight: a thousand leftovers are removed in
+// one sweep, without one engine call at a time adding up past any bound.
+const sweepParallel = 8
 
 // Sweep force-removes every container labelled with this PoolID, this instance's included.
 func (d *Docker) Sweep(ctx context.Context) (int, error) { return d.sweep(ctx, sweepAll) }
@@ -244,8 +269,8 @@ const (
 )
 
 // sweep force-removes this pool's containers in scope.
-func (d *Docker) sweep(ctx context.Context, scope sweepScope) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, sweepTimeout)
+func (d *Docker) sweep(parent context.Context, scope sweepScope) (int, error) {
+	ctx, cancel := context.WithTimeout(parent, sweepTimeout)
 	defer cancel()
 	f := client.Filters{}
 	f.Add("label", LabelManaged+"=true", LabelPool+"="+d.cfg.PoolID)
@@ -256,24 +281,47 @@ func (d *Docker) sweep(ctx context.Context, scope sweepScope) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("spawner: list this pool's containers: %w", err)
 	}
-	removed := 0
-	var errs []error
+	var (
+		mu      sync.Mutex
+		removed int
+		errs    []error
+		wg      sync.WaitGroup
+		slots   = make(chan struct{}, sweepParallel)
+	)
 	for _, c := range list.Items {
 		if scope == sweepOthers && c.Labels[LabelInstance] == d.cfg.InstanceID {
 			continue
 		}
-		byUs, err := d.remove(ctx, c.ID)
-		if err != nil {
-			errs = append(errs, err)
+		if !namedByThePool(c.Names) {
+			d.log.Warn(notOurs, "container", shortID(c.ID), "name", containerName(c.Names))
 			continue
 		}
-		if byUs {
-			removed++
-			d.log.Info("spawner: removed a container of this pool",
-				"container", shortID(c.ID), "server", c.Labels[LabelServer], "instance", c.Labels[LabelInstance])
-		}
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			// Each removal has its own bound, past the list's: what the list found is removed
+			// however many there are.
+			rctx, cancel := context.WithTimeout(parent, removeTimeout)
+			defer cancel()
+			byUs, err := d.remove(rctx, c.ID)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			if byUs {
+				removed++
+				d.log.Info("spawner: removed a container of this pool",
+					"container", shortID(c.ID), "server", c.Labels[LabelServer], "instance", c.Labels[LabelInstance])
+			}
+		})
 	}
-	return removed, errors.Join(errs...)
+	wg.Wait()
+	if len(errs) > 0 {
+		return removed, &removalsFailed{n: len(errs), err: errors.Join(errs...)}
+	}
+	return removed, nil
 }
 
 // waitGone polls until the container no longer exists or ctx ends.
@@ -337,7 +385,7 @@ func (d *Docker) Spawn(ctx context.Context, spec *Spec, kit *Kit) (*Session, err
 	cc, hc := containerShape(cfg, img.id, spec, env, labels)
 	c := &dockerServer{
 		d:       d,
-		name:    "ringfence-" + nameUnsafe.ReplaceAllString(spec.ServerRef, "_") + "-" + randomID(),
+		name:    containerPrefix + nameUnsafe.ReplaceAllString(spec.ServerRef, "_") + "-" + randomID(),
 		command: spec.Command,
 		st:      kit.NewStdio(spec),
 		secrets: secretsOf(spec),

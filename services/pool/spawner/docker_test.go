@@ -562,6 +562,7 @@ func (e *env) createLabelled(t *testing.T, instance string) string {
 	t.Helper()
 	ctx := t.Context()
 	res, err := e.docker.ContainerCreate(ctx, client.ContainerCreateOptions{
+		Name: containerPrefix + "orphan-" + randomID(), // as the pool names its own
 		Config: &container.Config{
 			Image: e.image, User: "65534:65534", Entrypoint: []string{"mcpfixture", "--idle"},
 			Labels: map[string]string{LabelManaged: "true", LabelPool: e.poolID, LabelInstance: instance, LabelServer: "orphan"},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -27,6 +28,20 @@ const (
 	leftCreateFailed  = "its create failed or its answer was lost"
 	leftUnknown       = "no session or warm container of this instance holds it"
 )
+
+// containerPrefix heads the name of every container the pool makes:
+// ringfence-<server ref, with what a name may not hold as _>-<16 hex digits>.
+const containerPrefix = "ringfence-"
+
+// poolName is the whole of such a name.
+var poolName = regexp.MustCompile(`^` + containerPrefix + `[a-zA-Z0-9_.-]*-[0-9a-f]{16}$`)
+
+// notOurs is the warning of a container that carries the pool's labels and a name the pool
+// never gives: made by someone else (labels are anyone's to set), it is never removed.
+const notOurs = "spawner: a container carries this pool's labels but a name the pool never gives it (ringfence-<server>-<16 hex digits>): it is not the pool's and is left alone; remove it, or its labels, yourself if it is not wanted"
+
+// namedByThePool says whether a listed container's name is one the pool gives.
+func namedByThePool(names []string) bool { return poolName.MatchString(containerName(names)) }
 
 // hold reserves a container's name before its create is sent. The reconcile removes only
 // containers whose names are not held, so one being created right now (its create call in
@@ -130,7 +145,10 @@ func (d *Docker) reconcileLoop(ctx context.Context, done chan<- struct{}) {
 	}
 }
 
-// reconcile lists this instance's containers and removes every one no session holds.
+// reconcile lists this instance's containers and removes every one no session holds, of those
+// the pool named: a container someone else labelled as this instance's is left alone. It
+// answers an error only when the engine could not be reached (the loop looks again within
+// reconcileRetry); a removal the engine refused waits for the next look.
 func (d *Docker) reconcile(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, sweepTimeout)
 	defer cancel()
@@ -141,10 +159,18 @@ func (d *Docker) reconcile(ctx context.Context) error {
 		return fmt.Errorf("spawner: list this instance's containers: %w", err)
 	}
 	listed := make(map[string]bool, len(list.Items))
+	ids := make(map[string]bool, len(list.Items))
 	var errs []error
 	for _, c := range list.Items {
 		name := containerName(c.Names)
 		listed[name] = true
+		ids[c.ID] = true
+		if !namedByThePool(c.Names) {
+			if d.tell(c.ID) {
+				d.log.Warn(notOurs, "container", shortID(c.ID), "name", name)
+			}
+			continue
+		}
 		d.mu.Lock()
 		_, held := d.held[name]
 		why := d.leftover[name]
@@ -155,9 +181,22 @@ func (d *Docker) reconcile(ctx context.Context) error {
 		if why == "" {
 			why = leftUnknown
 		}
-		byUs, err := d.remove(ctx, c.ID)
+		// Each removal has a bound of its own: one the engine never finishes (a container
+		// stuck being removed) does not use up the look for the others.
+		rctx, cancel := context.WithTimeout(ctx, removeTimeout)
+		byUs, err := d.remove(rctx, c.ID)
+		cancel()
 		if err != nil {
-			errs = append(errs, err)
+			if client.IsErrConnectionFailed(err) || ctx.Err() != nil {
+				errs = append(errs, err) // the engine is away: look again soon
+				continue
+			}
+			// The engine answered and refused: looking again sooner than the interval would
+			// only ask it again, for ever. It is tried at each look, and said once.
+			if d.tell(c.ID) {
+				d.log.Warn("spawner: the engine refused to remove a container this pool no longer holds; the pool asks again at each look: remove it yourself if it stays",
+					"container", shortID(c.ID), "name", name, "reason", why, "every", d.every, "err", err)
+			}
 			continue
 		}
 		if byUs {
@@ -173,8 +212,27 @@ func (d *Docker) reconcile(ctx context.Context) error {
 			delete(d.leftover, name)
 		}
 	}
+	for id := range d.told {
+		if !ids[id] {
+			delete(d.told, id)
+		}
+	}
 	d.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// tell says whether the container's warning is yet to be logged, and marks it logged.
+func (d *Docker) tell(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.told[id] {
+		return false
+	}
+	if d.told == nil {
+		d.told = map[string]bool{}
+	}
+	d.told[id] = true
+	return true
 }
 
 // Reconciled is how many containers the reconcile removed since the back end started.

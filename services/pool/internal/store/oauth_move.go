@@ -9,6 +9,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ringfence/ringfence/internal/ident"
 )
 
 // A host that moves from bbolt to etcd brings the users' sign-ins its pool.db kept: Store
@@ -22,6 +24,39 @@ type LocalSignIns struct {
 	Clients []OAuthClient
 	// Pending counts the sign-ins begun and not called back (short-lived: not copied).
 	Pending int
+	// Skipped are the entries no pool writes (a damaged or altered pool.db): a token kept
+	// under a key that is no <tenant>/<user>/<server> of valid names, a listing or a client
+	// that does not decode. They are not copied, and go with the rest when pool.db's sign-ins
+	// are cleared: no pool could use them.
+	Skipped []SkippedSignIn
+}
+
+// SkippedSignIn is an entry of pool.db's sign-ins LocalSignIns left out: Key is the key it is
+// kept under, quoted and clipped (it may hold any byte), Reason why. Never a value.
+type SkippedSignIn struct{ Bucket, Key, Reason string }
+
+func (l *LocalSignIns) skip(bucket []byte, key []byte, reason string) {
+	k := string(key)
+	if len(k) > 80 {
+		k = k[:80] + "…"
+	}
+	l.Skipped = append(l.Skipped, SkippedSignIn{Bucket: string(bucket), Key: fmt.Sprintf("%q", k), Reason: reason})
+}
+
+// tokenKeyProblem says why a token's key is no <tenant>/<user>/<server> of the names a pool
+// keeps one under (ident.Ref, ident.User, ident.Ref), or "".
+func tokenKeyProblem(parts []string) string {
+	switch {
+	case len(parts) != 3:
+		return "its key is not <tenant>/<user>/<server>"
+	case !ident.Ref.Valid(parts[0]):
+		return "its tenant is no tenant name (" + ident.Ref.Pattern() + ")"
+	case !ident.User.Valid(parts[1]):
+		return "its user is no user name (" + ident.User.Pattern() + ")"
+	case !ident.Ref.Valid(parts[2]):
+		return "its server is no server ref (" + ident.Ref.Pattern() + ")"
+	}
+	return ""
 }
 
 // LocalToken is a user's sealed token of a server, with the listing the server declared to
@@ -41,14 +76,18 @@ func (s *Store) LocalSignIns(ctx context.Context) (LocalSignIns, error) {
 		listings := tx.Bucket(oauthListingsBucket)
 		err := tx.Bucket(oauthTokensBucket).ForEach(func(k, v []byte) error {
 			parts := strings.Split(string(k), "/")
-			if len(parts) != 3 {
-				return fmt.Errorf("store: %s: key %q is not tenant/user/server", oauthTokensBucket, k)
+			if why := tokenKeyProblem(parts); why != "" {
+				out.skip(oauthTokensBucket, k, why)
+				return nil
 			}
 			t := LocalToken{Tenant: parts[0], User: parts[1], Ref: parts[2], Sealed: bytes.Clone(v)}
 			if l := listings.Get(k); l != nil {
 				t.Listing = new(Listing)
-				if err := json.Unmarshal(l, t.Listing); err != nil {
-					return fmt.Errorf("store: %s %q: %w", oauthListingsBucket, k, err)
+				if json.Unmarshal(l, t.Listing) != nil {
+					// A listing is what the server declared at the last sign-in: the token moves
+					// without it, and the next listing of the server writes it again.
+					t.Listing = nil
+					out.skip(oauthListingsBucket, k, "it does not decode as a listing; the token moves without it")
 				}
 			}
 			out.Tokens = append(out.Tokens, t)
@@ -59,8 +98,9 @@ func (s *Store) LocalSignIns(ctx context.Context) (LocalSignIns, error) {
 		}
 		err = tx.Bucket(oauthClientsBucket).ForEach(func(k, v []byte) error {
 			var c OAuthClient
-			if err := json.Unmarshal(v, &c); err != nil {
-				return fmt.Errorf("store: %s: %w", oauthClientsBucket, err)
+			if json.Unmarshal(v, &c) != nil {
+				out.skip(oauthClientsBucket, k, "it does not decode as an OAuth client; the pool registers one again when a user signs in")
+				return nil
 			}
 			out.Clients = append(out.Clients, c)
 			return nil

@@ -2,13 +2,17 @@ package store
 
 import (
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
+	"github.com/ringfence/ringfence/internal/ident"
 )
 
 // TestSignInsCopyFromBoltToEtcd: a pool.db's tokens (with their listings) and clients are
@@ -109,4 +113,64 @@ func TestTwoHostsCopyTheSameSignIn(t *testing.T) {
 		winner = 1
 	}
 	require.Equal(t, []byte{byte('a' + winner)}, tok.Sealed, "the one that created it stands")
+}
+
+// TestLocalSignInsSkipWhatNoPoolWrites: a pool.db damaged or altered to hold sign-ins no pool
+// writes (a token under a key of four parts, or with a user or server that is no valid name, a
+// NUL in it; a listing or a client that does not decode) is read without them, each named with
+// its reason, rather than fail every start on etcd; the valid token moves (without its broken
+// listing), and nothing is written outside the prefix.
+func TestLocalSignInsSkipWhatNoPoolWrites(t *testing.T) {
+	ctx := t.Context()
+	cluster := etcdtest.Start(t, 1)
+	root := cluster.Root()
+	e, err := OpenEtcd(ctx, cluster.Client(t, "pool"), root)
+	require.NoError(t, err)
+	b, err := Open(filepath.Join(t.TempDir(), "pool.db"))
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.PutOAuthToken(ctx, "default", "alice", "tickets", []byte("sealed-a")))
+	require.NoError(t, b.db.Update(func(tx *bolt.Tx) error {
+		for k, v := range map[string][]byte{
+			"default/alice/tickets/extra": []byte("sealed-x"),
+			"default/al ice/tickets":      []byte("sealed-y"),
+			"default/bob/tick\x00ets":     []byte("sealed-z"),
+		} {
+			if err := tx.Bucket(oauthTokensBucket).Put([]byte(k), v); err != nil {
+				return err
+			}
+		}
+		if err := tx.Bucket(oauthListingsBucket).Put([]byte("default/alice/tickets"), []byte("{not json")); err != nil {
+			return err
+		}
+		return tx.Bucket(oauthClientsBucket).Put([]byte("broken"), []byte("[1,2"))
+	}))
+
+	local, err := b.LocalSignIns(ctx)
+	require.NoError(t, err, "a damaged entry does not stop the move")
+	require.Equal(t, []LocalToken{{Tenant: "default", User: "alice", Ref: "tickets", Sealed: []byte("sealed-a")}}, local.Tokens)
+	require.Empty(t, local.Clients)
+	require.ElementsMatch(t, []SkippedSignIn{
+		{Bucket: string(oauthTokensBucket), Key: `"default/alice/tickets/extra"`, Reason: "its key is not <tenant>/<user>/<server>"},
+		{Bucket: string(oauthTokensBucket), Key: `"default/al ice/tickets"`, Reason: "its user is no user name (" + ident.User.Pattern() + ")"},
+		{Bucket: string(oauthTokensBucket), Key: `"default/bob/tick\x00ets"`, Reason: "its server is no server ref (" + ident.Ref.Pattern() + ")"},
+		{Bucket: string(oauthListingsBucket), Key: `"default/alice/tickets"`, Reason: "it does not decode as a listing; the token moves without it"},
+		{Bucket: string(oauthClientsBucket), Key: `"broken"`, Reason: "it does not decode as an OAuth client; the pool registers one again when a user signs in"},
+	}, local.Skipped)
+
+	created, err := e.CopySignIn(ctx, local.Tokens[0])
+	require.NoError(t, err)
+	require.True(t, created)
+	all, err := cluster.Client(t, "pool").Get(ctx, "\x00", clientv3.WithFromKey())
+	require.NoError(t, err)
+	for _, kv := range all.Kvs {
+		k := string(kv.Key)
+		require.True(t, strings.HasPrefix(k, root+"/"), "%q is outside the prefix %s", k, root)
+		require.NotContains(t, k, "extra")
+		require.NotContains(t, k, "\x00")
+	}
+	require.NoError(t, b.ClearSignIns(ctx))
+	local, err = b.LocalSignIns(ctx)
+	require.NoError(t, err)
+	require.Equal(t, LocalSignIns{}, local, "cleared with the rest")
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/boltdb"
 	"github.com/ringfence/ringfence/internal/etcdstore"
+	"github.com/ringfence/ringfence/internal/ident"
 )
 
 // A publisher that ran on bbolt and starts on etcd brings what its publisher.db holds
@@ -39,6 +40,35 @@ type Moved struct {
 	// RenamedTo is the file's new name: <name>.moved-to-etcd, or with a time after it when a
 	// file of an earlier move has that name.
 	RenamedTo string
+	// Skipped are the graphs left in the renamed file, because no publisher writes one like
+	// them: the key they are kept under is no <tenant>/<graph id> of valid names, or their meta
+	// is larger than etcd takes in one request. Only a damaged or altered file holds one; the
+	// move goes on without them rather than fail at every start.
+	Skipped []Skipped
+}
+
+// Skipped is a graph the move left in the renamed file: Key is the key it is kept under,
+// quoted and clipped (it may hold any byte), Reason why. Never a value.
+type Skipped struct{ Key, Reason string }
+
+// maxMovedMeta bounds a graph's meta the move copies, in the transaction that makes the graph
+// whole (etcd takes at most 1.5 MiB a request; the rest is room for the transaction).
+const maxMovedMeta = 3<<19 - 64<<10
+
+// movable says why a graph kept under key, with meta, is not moved, or "" when it is.
+func movable(key, meta []byte) (tenant, id, why string) {
+	t, i, ok := bytes.Cut(key, []byte("/"))
+	switch {
+	case !ok:
+		return "", "", "its key is not <tenant>/<graph id>"
+	case !ident.Ref.Valid(string(t)):
+		return "", "", "its tenant is no tenant name (" + ident.Ref.Pattern() + ")"
+	case !ident.Ref.Valid(string(i)):
+		return "", "", "its graph id is no graph id (" + ident.Ref.Pattern() + ")"
+	case len(meta) > maxMovedMeta:
+		return "", "", fmt.Sprintf("its meta is %d bytes, more than etcd takes in one request (%d)", len(meta), maxMovedMeta)
+	}
+	return string(t), string(i), ""
 }
 
 // moveStep, when set (by tests), runs after each graph is copied; an error stops the move
@@ -97,11 +127,16 @@ func (s *Etcd) MoveBolt(ctx context.Context, path string) (m Moved, err error) {
 	var dropped uint64
 	err = db.View(func(tx *bolt.Tx) error {
 		err := tx.Bucket(graphsBucket).ForEach(func(k, v []byte) error {
-			tenant, id, ok := bytes.Cut(k, []byte("/"))
-			if !ok {
-				return fmt.Errorf("graphs: key %q is not tenant/id", k)
+			tenant, id, why := movable(k, v)
+			if why != "" {
+				name := string(k)
+				if len(name) > 80 {
+					name = name[:80] + "…"
+				}
+				m.Skipped = append(m.Skipped, Skipped{Key: fmt.Sprintf("%q", name), Reason: why})
+				return nil
 			}
-			owners, metas = append(owners, [2]string{string(tenant), string(id)}), append(metas, bytes.Clone(v))
+			owners, metas = append(owners, [2]string{tenant, id}), append(metas, bytes.Clone(v))
 			return nil
 		})
 		if err != nil {

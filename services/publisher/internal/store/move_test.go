@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,12 +13,14 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/etcdstore"
 	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
 	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/ident"
 	"github.com/ringfence/ringfence/internal/testutil"
 )
 
@@ -285,4 +288,61 @@ func TestMoveBoltRunAgainAfterItsImportBringsTheDropsOnce(t *testing.T) {
 	resp, err = cli.Get(ctx, outbox+"records/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 	require.NoError(t, err)
 	require.Equal(t, int64(2), resp.Count, "each record the file held, once")
+}
+
+// TestMoveBoltSkipsWhatThePublisherNeverWrites: a publisher.db damaged or altered to hold
+// graphs no publisher writes (a key that is no <tenant>/<graph id>, one that climbs with "..",
+// one with a NUL, a meta larger than etcd takes) is moved without them, each named with its
+// reason, rather than fail at every start; the rest is moved, nothing is written outside the
+// publisher's prefix, and the file is renamed.
+func TestMoveBoltSkipsWhatThePublisherNeverWrites(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	root := cluster.Root()
+	path := publisherToMove(t)
+	db, err := bolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(graphsBucket)
+		meta := bytes.Clone(b.Get(graphKey("acme", "big")))
+		for k, v := range map[string][]byte{
+			"no-tenant":       meta,
+			"acme/../../x":    meta,
+			"acme/a\x00b":     meta,
+			"acme/huge-graph": bytes.Repeat([]byte("m"), 2<<20),
+		} {
+			if err := b.Put([]byte(k), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	require.NoError(t, db.Close())
+
+	s, err := OpenEtcd(t.Context(), EtcdConfig{Client: cluster.Client(t, "publisher"), Root: root, CacheBytes: -1}, spoolConfig(t, testutil.NewAuditRecorder()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	m, err := s.MoveBolt(t.Context(), path)
+	require.NoError(t, err)
+	require.Positive(t, m.GraphsCopied)
+	require.ElementsMatch(t, []Skipped{
+		{Key: `"no-tenant"`, Reason: "its key is not <tenant>/<graph id>"},
+		{Key: `"acme/../../x"`, Reason: "its graph id is no graph id (" + ident.Ref.Pattern() + ")"},
+		{Key: `"acme/a\x00b"`, Reason: "its graph id is no graph id (" + ident.Ref.Pattern() + ")"},
+		{Key: `"acme/huge-graph"`, Reason: fmt.Sprintf("its meta is %d bytes, more than etcd takes in one request (%d)", 2<<20, maxMovedMeta)},
+	}, m.Skipped)
+	require.FileExists(t, path+MovedSuffix)
+	require.NoFileExists(t, path)
+
+	all, err := cluster.Client(t, "publisher").Get(t.Context(), "\x00", clientv3.WithFromKey())
+	require.NoError(t, err)
+	require.NotEmpty(t, all.Kvs)
+	for _, kv := range all.Kvs {
+		k := string(kv.Key)
+		require.True(t, strings.HasPrefix(k, root+"/"), "%q is outside the prefix %s", k, root)
+		for _, bad := range []string{"no-tenant", "..", "\x00", "huge-graph"} {
+			require.NotContains(t, k, bad)
+		}
+	}
+	_, err = s.Draft(t.Context(), "acme", "big")
+	require.NoError(t, err, "the rest is moved")
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 
 	bolt "go.etcd.io/bbolt"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -14,6 +15,7 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/boltdb"
 	"github.com/ringfence/ringfence/internal/etcdstore"
+	"github.com/ringfence/ringfence/internal/ident"
 	"github.com/ringfence/ringfence/internal/secretbox"
 )
 
@@ -39,6 +41,8 @@ type BoltState struct {
 	dropped uint64
 	// moveID names the file's outbox for the move (audit.BoltOutboxMoveID).
 	moveID string
+	// skipped are the entries the move leaves in the renamed file (checkEntries).
+	skipped []Skipped
 	// resealed counts the values ReadBolt re-sealed under the first key of the key file.
 	resealed int
 }
@@ -51,6 +55,91 @@ type boltItem struct {
 type boltKey struct {
 	id, hash string
 	val      []byte
+}
+
+// Skipped is an entry of a registry.db that a move leaves in the renamed file, because the
+// registry never writes one like it: its name is none the registry gives, its value does not
+// decode, or it is larger than etcd takes in one request. Only a damaged or altered file holds
+// one; the move goes on without it rather than fail at every start.
+type Skipped struct {
+	// Kind is server, secret or key; Name the entry's name in the file, quoted and clipped
+	// (it may hold any byte); Reason why it was not moved. Never the value.
+	Kind, Name, Reason string
+}
+
+// maxMovedValue bounds a value the move copies: etcd takes at most --max-request-bytes (1.5
+// MiB by default) in a request, and the client sends no more (etcdstore.New); the rest is
+// room for the key and the transaction around it.
+const maxMovedValue = 3<<19 - 64<<10
+
+// Skipped lists the entries the move leaves in the renamed file, and why.
+func (st *BoltState) Skipped() []Skipped { return st.skipped }
+
+func (st *BoltState) skip(kind, name, reason string) {
+	if len(name) > 80 {
+		name = name[:80] + "…"
+	}
+	st.skipped = append(st.skipped, Skipped{Kind: kind, Name: fmt.Sprintf("%q", name), Reason: reason})
+}
+
+// checkEntries keeps of what ReadBolt read the entries the registry could have written, and
+// notes the others as skipped: a name that would not be the registry's in etcd (a "/" or a NUL
+// puts it under another name's key), a value etcd refuses, one that does not decode.
+func (st *BoltState) checkEntries(keys []boltItem) {
+	tooLarge := func(val []byte) string {
+		return fmt.Sprintf("its value is %d bytes, more than etcd takes in one request (%d)", len(val), maxMovedValue)
+	}
+	servers := st.servers[:0]
+	for _, it := range st.servers {
+		var s storedServer
+		switch {
+		case !ident.Ref.Valid(it.name):
+			st.skip("server", it.name, "its name is no server ref ("+ident.Ref.Pattern()+")")
+		case len(it.val) > maxMovedValue:
+			st.skip("server", it.name, tooLarge(it.val))
+		case json.Unmarshal(it.val, &s) != nil:
+			st.skip("server", it.name, "its value does not decode as a registration")
+		default:
+			servers = append(servers, it)
+		}
+	}
+	st.servers = servers
+	secrets := st.secrets[:0]
+	for _, it := range st.secrets {
+		var s storedSecret
+		switch {
+		case !ident.SecretName.Valid(it.name):
+			st.skip("secret", it.name, "its name is no secret name ("+ident.SecretName.Pattern()+")")
+		case len(it.val) > maxMovedValue:
+			st.skip("secret", it.name, tooLarge(it.val))
+		case json.Unmarshal(it.val, &s) != nil:
+			st.skip("secret", it.name, "its value does not decode as a secret")
+		default:
+			secrets = append(secrets, it)
+		}
+	}
+	st.secrets = secrets
+	for _, it := range keys {
+		var k Key
+		switch {
+		case len(it.val) > maxMovedValue:
+			st.skip("key", it.name, tooLarge(it.val))
+		case json.Unmarshal(it.val, &k) != nil:
+			st.skip("key", it.name, "its value does not decode as an API key")
+		case k.ID != it.name || !etcdName(k.ID):
+			st.skip("key", it.name, "its id is not the name it is kept under, or holds a \"/\" or a NUL")
+		case !etcdName(k.Hash):
+			st.skip("key", it.name, "its hash is empty, or holds a \"/\" or a NUL")
+		default:
+			st.keys = append(st.keys, boltKey{id: k.ID, hash: k.Hash, val: it.val})
+		}
+	}
+}
+
+// etcdName says whether v may end an etcd key of the registry as one name: not empty, at most
+// 256 bytes, with no "/" (which would put it below another name) and no NUL.
+func etcdName(v string) bool {
+	return v != "" && len(v) <= 256 && !strings.ContainsAny(v, "/\x00")
 }
 
 // ReadBolt reads the registry's bbolt file at path, bringing it to the current schema first
@@ -78,16 +167,11 @@ func ReadBolt(path string, box *secretbox.Box, keyFile string) (_ *BoltState, er
 		return nil, err
 	}
 	st := &BoltState{Path: path}
+	var keys []boltItem
 	err = db.View(func(tx *bolt.Tx) error {
 		st.servers = readItems(tx, serversBucket)
 		st.secrets = readItems(tx, secretsBucket)
-		for _, it := range readItems(tx, keysBucket) {
-			var k Key
-			if err := json.Unmarshal(it.val, &k); err != nil {
-				return fmt.Errorf("decode key %s: %w", it.name, err)
-			}
-			st.keys = append(st.keys, boltKey{id: k.ID, hash: k.Hash, val: it.val})
-		}
+		keys = readItems(tx, keysBucket)
 		var err error
 		st.outbox, st.dropped, err = audit.BoltOutboxRecords(tx, string(OutboxBucket))
 		return err
@@ -95,6 +179,7 @@ func ReadBolt(path string, box *secretbox.Box, keyFile string) (_ *BoltState, er
 	if err != nil {
 		return nil, fmt.Errorf("registry: read %s to move it to etcd: %w", path, err)
 	}
+	st.checkEntries(keys)
 	closed, first, err := st.unopened(box)
 	if err != nil {
 		return nil, fmt.Errorf("registry: read %s to move it to etcd: %w", path, err)
@@ -206,6 +291,8 @@ type Moved struct {
 	// RenamedTo is the file's new name: <name>.moved-to-etcd, or with a time after it when a
 	// file of an earlier move has that name.
 	RenamedTo string
+	// Skipped are the entries left in the renamed file (BoltState.Skipped).
+	Skipped []Skipped
 }
 
 // moveStep, when set (by tests), runs after each item is copied; an error stops the move
@@ -277,6 +364,7 @@ func (s *Etcd) MoveBolt(ctx context.Context, st *BoltState) (Moved, error) {
 	if m.RenamedTo, err = boltdb.SetAside(st.Path, MovedSuffix); err != nil {
 		return fail(err)
 	}
+	m.Skipped = st.skipped
 	return m, nil
 }
 

@@ -1,20 +1,24 @@
 package store
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
+	"github.com/ringfence/ringfence/internal/ident"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/secretbox"
 	"github.com/ringfence/ringfence/internal/testutil"
@@ -327,4 +331,77 @@ func TestAFileServedOnBboltAgainMovesItsNewRecords(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, m.SecretsCopied)
 	require.Equal(t, 6, m.AuditRecords, "the record written on bbolt since, with those still waiting beside it")
+}
+
+// TestMoveBoltSkipsWhatTheRegistryNeverWrites: a registry.db damaged or altered to hold
+// entries the registry never writes (a server named to climb out of its prefix, a secret whose
+// name holds a NUL, a registration that does not decode, a secret of 16 MiB, a key kept under
+// another name than its id) is moved without them: each is named with its reason and left in
+// the renamed file, the rest is moved, nothing is written outside the registry's prefix, and a
+// second start finds no file to move again. No value is named.
+func TestMoveBoltSkipsWhatTheRegistryNeverWrites(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	root := cluster.Root()
+	box := testBox(t)
+	path := boltToMove(t, box)
+
+	huge := bytes.Repeat([]byte("h"), 16<<20)
+	db, err := bolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	goodServer, goodSecret, goodKey := []byte{}, []byte{}, []byte{}
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		goodServer = bytes.Clone(tx.Bucket(serversBucket).Get([]byte("docs")))
+		goodSecret = bytes.Clone(tx.Bucket(secretsBucket).Get([]byte("shared")))
+		goodKey = bytes.Clone(tx.Bucket(keysBucket).Get([]byte("key_admin")))
+		for name, val := range map[string][]byte{"../../../escaped": goodServer, "broken": []byte(`{"ref": "broken", "env": [` + canary + `-broken`)} {
+			if err := tx.Bucket(serversBucket).Put([]byte(name), val); err != nil {
+				return err
+			}
+		}
+		for name, val := range map[string][]byte{"nul\x00name": goodSecret, "huge": append([]byte(`{"sealed":"`), append(huge, `"}`...)...)} {
+			if err := tx.Bucket(secretsBucket).Put([]byte(name), val); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(keysBucket).Put([]byte("key_alias"), goodKey)
+	}))
+	require.NoError(t, db.Close())
+
+	local, err := ReadBolt(path, box, "secrets.key")
+	require.NoError(t, err)
+	s := openEtcdReplica(t, cluster, root, box, testutil.NewAuditRecorder())
+	m, err := s.MoveBolt(t.Context(), local)
+	require.NoError(t, err)
+	require.Equal(t, 2, m.ServersCopied)
+	require.Equal(t, 2, m.SecretsCopied)
+	require.Equal(t, 2, m.KeysCopied)
+	require.ElementsMatch(t, []Skipped{
+		{Kind: "server", Name: `"../../../escaped"`, Reason: "its name is no server ref (" + ident.Ref.Pattern() + ")"},
+		{Kind: "server", Name: `"broken"`, Reason: "its value does not decode as a registration"},
+		{Kind: "secret", Name: `"nul\x00name"`, Reason: "its name is no secret name (" + ident.SecretName.Pattern() + ")"},
+		{Kind: "secret", Name: `"huge"`, Reason: fmt.Sprintf("its value is %d bytes, more than etcd takes in one request (%d)", len(huge)+13, maxMovedValue)},
+		{Kind: "key", Name: `"key_alias"`, Reason: `its id is not the name it is kept under, or holds a "/" or a NUL`},
+	}, m.Skipped)
+	for _, sk := range m.Skipped {
+		require.NotContains(t, sk.Name+sk.Reason, canary)
+	}
+	require.FileExists(t, path+MovedSuffix, "the skipped entries stay in the renamed file")
+	require.NoFileExists(t, path, "a second start finds nothing to move again")
+
+	// The whole keyspace of the cluster, this test's own: every key is below the prefix, and
+	// none is of a skipped entry.
+	all, err := cluster.Client(t, "registry").Get(t.Context(), "\x00", clientv3.WithFromKey())
+	require.NoError(t, err)
+	require.NotEmpty(t, all.Kvs)
+	for _, kv := range all.Kvs {
+		k := string(kv.Key)
+		require.True(t, strings.HasPrefix(k, root+"/"), "%q is outside the prefix %s", k, root)
+		require.NotContains(t, k, "escaped")
+		require.NotContains(t, k, "\x00")
+		require.NotContains(t, k, "huge")
+		require.NotContains(t, k, "key_alias")
+	}
+	servers, _, err := s.ListServers(t.Context(), "", 10)
+	require.NoError(t, err)
+	require.Equal(t, []string{"docs", "tickets"}, refs(servers))
 }

@@ -47,7 +47,9 @@ type AdminServiceClient interface {
 	// Caller: backup, with a key bound to no tenant (the built-in admin role has it). Not served
 	// over REST (a streamed binary copy): use `ringfence backup --out DIR` or a gRPC client.
 	// Codes: UNAVAILABLE (the audit record cannot be written now: retry), INTERNAL (a file could
-	// not be read; the server's log says which).
+	// not be read; the server's log says which), RESOURCE_EXHAUSTED (two backups of this binary are
+	// being sent already: wait for one to end), DEADLINE_EXCEEDED (the client took no chunk for
+	// limits.backup_stall_timeout: a backup that is not read does not hold back the writes).
 	Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[BackupResponse], error)
 }
 
@@ -103,7 +105,9 @@ type AdminServiceServer interface {
 	// Caller: backup, with a key bound to no tenant (the built-in admin role has it). Not served
 	// over REST (a streamed binary copy): use `ringfence backup --out DIR` or a gRPC client.
 	// Codes: UNAVAILABLE (the audit record cannot be written now: retry), INTERNAL (a file could
-	// not be read; the server's log says which).
+	// not be read; the server's log says which), RESOURCE_EXHAUSTED (two backups of this binary are
+	// being sent already: wait for one to end), DEADLINE_EXCEEDED (the client took no chunk for
+	// limits.backup_stall_timeout: a backup that is not read does not hold back the writes).
 	Backup(*BackupRequest, grpc.ServerStreamingServer[BackupResponse]) error
 	mustEmbedUnimplementedAdminServiceServer()
 }
