@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"slices"
@@ -374,19 +375,14 @@ func newGraphsVersionsCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			all := &publisherv1.ListVersionsResponse{}
-			for token := ""; ; {
-				ctx, cancel := g.ctx(cmd.Context())
-				resp, err := client.ListVersions(ctx, &publisherv1.ListVersionsRequest{Tenant: gt.tenant, GraphId: gt.graph, PageSize: 1000, PageToken: token})
-				cancel()
-				if err != nil {
-					return err
-				}
-				all.Versions = append(all.Versions, resp.GetVersions()...)
-				if token = resp.GetNextPageToken(); token == "" {
-					break
-				}
+			versions, err := listAll(g, cmd.Context(), func(ctx context.Context, token string) ([]*publisherv1.GraphVersion, string, error) {
+				resp, err := client.ListVersions(ctx, &publisherv1.ListVersionsRequest{Tenant: gt.tenant, GraphId: gt.graph, PageSize: listPageSize, PageToken: token})
+				return resp.GetVersions(), resp.GetNextPageToken(), err
+			})
+			if err != nil {
+				return err
 			}
+			all := &publisherv1.ListVersionsResponse{Versions: versions}
 			if g.output == "json" {
 				return printJSON(g.stdout, all)
 			}
@@ -412,19 +408,14 @@ func newGraphsListCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			all := &publisherv1.ListGraphsResponse{}
-			for token := ""; ; {
-				ctx, cancel := g.ctx(cmd.Context())
-				resp, err := client.ListGraphs(ctx, &publisherv1.ListGraphsRequest{Tenant: tenant, PageSize: 1000, PageToken: token})
-				cancel()
-				if err != nil {
-					return err
-				}
-				all.Graphs = append(all.Graphs, resp.GetGraphs()...)
-				if token = resp.GetNextPageToken(); token == "" {
-					break
-				}
+			graphs, err := listAll(g, cmd.Context(), func(ctx context.Context, token string) ([]*publisherv1.GraphSummary, string, error) {
+				resp, err := client.ListGraphs(ctx, &publisherv1.ListGraphsRequest{Tenant: tenant, PageSize: listPageSize, PageToken: token})
+				return resp.GetGraphs(), resp.GetNextPageToken(), err
+			})
+			if err != nil {
+				return err
 			}
+			all := &publisherv1.ListGraphsResponse{Graphs: graphs}
 			if g.output == "json" {
 				return printJSON(g.stdout, all)
 			}
