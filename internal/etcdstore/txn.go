@@ -10,7 +10,15 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	rpctypes "go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
 )
+
+// ErrorCodes are the gRPC codes of this package's errors, for the error table of every service
+// that keeps its state in etcd (grpcserver.MergeCodes), so that each answers them alike.
+var ErrorCodes = map[error]codes.Code{
+	ErrUnavailable: codes.Unavailable,
+	ErrContention:  codes.Aborted,
+}
 
 // RequestTimeout bounds one store operation against etcd (its reads, its transaction and its
 // retries): a cluster without quorum makes a request fail with a reason rather than hang.
