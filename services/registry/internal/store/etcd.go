@@ -308,6 +308,22 @@ func unchanged(kv *mvccpb.KeyValue) clientv3.Cmp {
 	return clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)
 }
 
+// readJSON reads key from etcd into v, for a read-modify-write: the pair it returns is what a
+// write compares with unchanged. A missing key is ErrNotFound.
+func (s *Etcd) readJSON(ctx context.Context, key string, v any) (*mvccpb.KeyValue, error) {
+	resp, err := s.cli.Get(ctx, key)
+	if err != nil {
+		return nil, etcdstore.Unavailable("read "+key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, ErrNotFound
+	}
+	if err := json.Unmarshal(resp.Kvs[0].Value, v); err != nil {
+		return nil, fmt.Errorf("store: decode %s: %w", key, err)
+	}
+	return resp.Kvs[0], nil
+}
+
 // CreateServer stores a new registration at revision 1.
 func (s *Etcd) CreateServer(ctx context.Context, r *mcpserver.Registration, hook Hook) error {
 	now := time.Now().UTC()
@@ -442,16 +458,10 @@ func (s *Etcd) UpdateServer(ctx context.Context, ref string, mutate func(cur *mc
 	key := s.space.Key(etcdServers, ref)
 	var result *mcpserver.Registration
 	err := etcdstore.Retry(ctx, func(ctx context.Context) (bool, error) {
-		resp, err := s.cli.Get(ctx, key)
-		if err != nil {
-			return false, etcdstore.Unavailable("read "+key, err)
-		}
-		if len(resp.Kvs) == 0 {
-			return false, ErrNotFound
-		}
 		var st storedServer
-		if err := json.Unmarshal(resp.Kvs[0].Value, &st); err != nil {
-			return false, fmt.Errorf("store: decode %s: %w", key, err)
+		kv, err := s.readJSON(ctx, key, &st)
+		if err != nil {
+			return false, err
 		}
 		cur, err := openServer(s.box, &st)
 		if err != nil {
@@ -466,7 +476,7 @@ func (s *Etcd) UpdateServer(ctx context.Context, ref string, mutate func(cur *mc
 		if err != nil {
 			return false, err
 		}
-		ok, err := s.commit(ctx, []clientv3.Cmp{unchanged(resp.Kvs[0])}, []clientv3.Op{clientv3.OpPut(key, string(val))}, func(rec audit.Recorder) error {
+		ok, err := s.commit(ctx, []clientv3.Cmp{unchanged(kv)}, []clientv3.Op{clientv3.OpPut(key, string(val))}, func(rec audit.Recorder) error {
 			if hook == nil {
 				return nil
 			}
@@ -633,23 +643,17 @@ func (s *Etcd) RevokeKey(ctx context.Context, id string, hook Hook) (Key, error)
 	key := s.space.Key(etcdKeys, id)
 	var result Key
 	err := etcdstore.Retry(ctx, func(ctx context.Context) (bool, error) {
-		resp, err := s.cli.Get(ctx, key)
-		if err != nil {
-			return false, etcdstore.Unavailable("read "+key, err)
-		}
-		if len(resp.Kvs) == 0 {
-			return false, ErrNotFound
-		}
 		var k Key
-		if err := json.Unmarshal(resp.Kvs[0].Value, &k); err != nil {
-			return false, fmt.Errorf("store: decode %s: %w", key, err)
+		kv, err := s.readJSON(ctx, key, &k)
+		if err != nil {
+			return false, err
 		}
 		updated := revoked(k)
 		val, err := json.Marshal(updated)
 		if err != nil {
 			return false, err
 		}
-		ok, err := s.commit(ctx, []clientv3.Cmp{unchanged(resp.Kvs[0])}, []clientv3.Op{clientv3.OpPut(key, string(val))}, hook)
+		ok, err := s.commit(ctx, []clientv3.Cmp{unchanged(kv)}, []clientv3.Op{clientv3.OpPut(key, string(val))}, hook)
 		if ok {
 			result = updated
 		}
