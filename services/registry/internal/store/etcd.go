@@ -59,7 +59,7 @@ type Etcd struct {
 	mirror *etcdstore.Mirror
 	log    *slog.Logger
 	// resealed is what the start re-sealed in etcd, for a log line held back (HoldResealLog).
-	resealed resealCount
+	resealed secretbox.ResealCount
 
 	mu      sync.RWMutex
 	servers map[string]*storedServer
@@ -105,7 +105,7 @@ func OpenEtcd(ctx context.Context, cfg EtcdConfig, spool SpoolConfig) (*Etcd, er
 	}
 	s.resealed = resealed
 	if !cfg.HoldResealLog {
-		s.box.LogResealed(s.log, "registry", resealed.resealed, resealed.unopened)
+		s.box.LogResealed(s.log, "registry", resealed.Resealed, resealed.Unopened)
 	}
 	spool.Etcd = &audit.EtcdOutbox{Client: s.cli, Prefix: s.space.Prefix(etcdOutbox)}
 	if s.spool, err = audit.NewSpool(spool); err != nil {
@@ -161,11 +161,11 @@ func (s *Etcd) checkSecretsKey(ctx context.Context) error {
 // LogResealed logs the start's re-seal held back by HoldResealLog, with what a move from
 // bbolt re-sealed of the file (moved's BoltState): once the file's values are in etcd.
 func (s *Etcd) LogResealed(moved *BoltState) {
-	n := s.resealed.resealed
+	n := s.resealed.Resealed
 	if moved != nil {
 		n += moved.resealed
 	}
-	s.box.LogResealed(s.log, "registry", n, s.resealed.unopened)
+	s.box.LogResealed(s.log, "registry", n, s.resealed.Unopened)
 }
 
 // Empty says whether etcd holds no registration, secret or API key under this registry's
