@@ -24,6 +24,19 @@ var ErrorCodes = map[error]codes.Code{
 // retries): a cluster without quorum makes a request fail with a reason rather than hang.
 const RequestTimeout = 10 * time.Second
 
+// Get is one read outside a transaction, bounded by RequestTimeout as Retry bounds a write: a
+// cluster out of reach fails it with ErrUnavailable (what names the read) rather than holding
+// it as long as its caller waits, which, without a deadline, is for ever.
+func Get(ctx context.Context, cli *clientv3.Client, what, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, RequestTimeout)
+	defer cancel()
+	resp, err := cli.Get(ctx, key, opts...)
+	if err != nil {
+		return nil, Unavailable(what, err)
+	}
+	return resp, nil
+}
+
 // ErrContention means a write lost its compare to other writers of the same keys every time
 // it tried.
 var ErrContention = errors.New("etcdstore: other writers kept changing the same keys; try again")

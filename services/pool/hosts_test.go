@@ -253,21 +253,29 @@ func TestForwardedRequestsKeepTheirCallersLimits(t *testing.T) {
 }
 
 // TestEtcdDownIsUnavailable: with etcd out of reach, a pool host on etcd answers a run's start
-// UNAVAILABLE naming etcd, as the registry and the publisher do, not INTERNAL.
+// UNAVAILABLE naming etcd, as the registry and the publisher do, not INTERNAL; and a request
+// without a deadline is not held for as long as etcd is gone (etcdstore.RequestTimeout).
 func TestEtcdDownIsUnavailable(t *testing.T) {
-	cluster := etcdtest.Start(t, 1)
-	h := newHarness(t, harnessOpts{noImage: true})
-	h.server("docs", nil)
-	h.publishSurface("g", nil, pinned.Tool{Server: "docs", Tool: "read_file", Description: "Read."})
-	p := openHost(t, h, cluster, cluster.Root(), "h1", 0)
-	defer p.Close(context.Background())
+	for name, deadline := range map[string]bool{"a request with a deadline": true, "a request without one": false} {
+		t.Run(name, func(t *testing.T) {
+			cluster := etcdtest.Start(t, 1)
+			h := newHarness(t, harnessOpts{noImage: true})
+			h.server("docs", nil)
+			h.publishSurface("g", nil, pinned.Tool{Server: "docs", Tool: "read_file", Description: "Read."})
+			p := openHost(t, h, cluster, cluster.Root(), "h1", 0)
+			defer p.Close(context.Background())
 
-	cluster.Kill(0)
-	defer cluster.Restart(0) // before Close, which hands the host's runs back through etcd
-	// The request's deadline bounds the wait for etcd, as a client's does.
-	ctx, cancel := context.WithTimeout(h.ctx, 3*time.Second)
-	defer cancel()
-	_, err := NewServer(p).StartRun(ctx, &poolv1.StartRunRequest{GraphId: "g"})
-	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
-	require.Contains(t, status.Convert(err).Message(), "etcd")
+			cluster.Kill(0)
+			defer cluster.Restart(0) // before Close, which hands the host's runs back through etcd
+			ctx := h.ctx
+			if deadline {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(h.ctx, 3*time.Second)
+				defer cancel()
+			}
+			_, err := NewServer(p).StartRun(ctx, &poolv1.StartRunRequest{GraphId: "g"})
+			require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+			require.Contains(t, status.Convert(err).Message(), "etcd")
+		})
+	}
 }
