@@ -580,10 +580,7 @@ func (s *Etcd) KeyByHash(ctx context.Context, hash string) (Key, bool, error) {
 	if err := s.mirror.Sync(ctx); err != nil {
 		return Key{}, false, err
 	}
-	k, ok := s.keys.byHashCopy(hash)
-	if ok && !k.Revoked && lastUseStale(time.Now(), k.LastUsed) {
-		s.touch(k.ID)
-	}
+	k, ok := s.keys.lookup(hash, &s.touches, s.writeLastUse)
 	return k, ok, nil
 }
 
@@ -591,34 +588,26 @@ func (s *Etcd) KeyByHash(ctx context.Context, hash string) (Key, bool, error) {
 // etcd by the watch's delay: for admissions, which Authorize follows with KeyByHash.
 func (s *Etcd) HeldKeyByHash(hash string) (Key, bool) { return s.keys.byHashCopy(hash) }
 
-// touch writes a key's last use unless the key changed since this replica saw it (another
-// replica touched or revoked it): losing one refresh is harmless.
-func (s *Etcd) touch(id string) {
-	updated, ok := s.keys.stale(id, time.Now().UTC())
-	if !ok {
+// writeLastUse writes a key's last use unless the key changed since this replica saw it
+// (another replica touched or revoked it): losing one refresh is harmless.
+func (s *Etcd) writeLastUse(updated Key) {
+	ctx, cancel := context.WithTimeout(context.Background(), etcdstore.RequestTimeout)
+	defer cancel()
+	key := s.space.Key(etcdKeys, updated.ID)
+	resp, err := s.cli.Get(ctx, key)
+	if err != nil || len(resp.Kvs) == 0 {
 		return
 	}
-	s.touches.Add(1)
-	go func() {
-		defer s.touches.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), etcdstore.RequestTimeout)
-		defer cancel()
-		key := s.space.Key(etcdKeys, id)
-		resp, err := s.cli.Get(ctx, key)
-		if err != nil || len(resp.Kvs) == 0 {
-			return
-		}
-		var cur Key
-		if json.Unmarshal(resp.Kvs[0].Value, &cur) != nil || cur.Revoked || !lastUseStale(updated.LastUsed, cur.LastUsed) {
-			return
-		}
-		cur.LastUsed = updated.LastUsed
-		val, err := json.Marshal(cur)
-		if err != nil {
-			return
-		}
-		_, _ = etcdstore.Commit(ctx, s.cli, []clientv3.Cmp{unchanged(resp.Kvs[0])}, []clientv3.Op{clientv3.OpPut(key, string(val))}, nil)
-	}()
+	var cur Key
+	if json.Unmarshal(resp.Kvs[0].Value, &cur) != nil || cur.Revoked || !lastUseStale(updated.LastUsed, cur.LastUsed) {
+		return
+	}
+	cur.LastUsed = updated.LastUsed
+	val, err := json.Marshal(cur)
+	if err != nil {
+		return
+	}
+	_, _ = etcdstore.Commit(ctx, s.cli, []clientv3.Cmp{unchanged(resp.Kvs[0])}, []clientv3.Op{clientv3.OpPut(key, string(val))}, nil)
 }
 
 // KeyByID returns a copy of the key with that id.
