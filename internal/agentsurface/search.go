@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/ringfence/ringfence/internal/graph"
+	"github.com/ringfence/ringfence/internal/humanize"
 )
 
 // Tool search bounds.
@@ -192,12 +193,4 @@ func toolSearch(deferred []DeferredServer, strict bool) *Tool {
 }
 
 // clipUTF8 cuts s to at most n bytes without splitting a character.
-func clipUTF8(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
-}
+func clipUTF8(s string, n int) string { return humanize.Cut(s, n, "") }

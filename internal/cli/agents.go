@@ -21,10 +21,11 @@ import (
 // editAgent reads the draft of gt, finds agent, and, when edit is given, applies it and
 // replaces the draft. It returns the draft as stored and the agent in it.
 func (g *globals) editAgent(ctx context.Context, gt graphTarget, agent string, edit func(a *publisherv1.AgentNode) error) (*publisherv1.Graph, *publisherv1.AgentNode, error) {
-	client, err := g.publisher()
+	conn, err := g.dial()
 	if err != nil {
 		return nil, nil, err
 	}
+	client := publisherv1.NewPublisherServiceClient(conn)
 	resp, err := client.GetDraft(ctx, &publisherv1.GetDraftRequest{Tenant: gt.tenant, GraphId: gt.graph})
 	if err != nil {
 		return nil, nil, err

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"slices"
@@ -29,12 +30,13 @@ func (gt *graphTarget) register(cmd *cobra.Command) {
 	_ = cmd.MarkFlagRequired("graph")
 }
 
-func (g *globals) publisher() (publisherv1.PublisherServiceClient, error) {
-	conn, err := g.dial()
+// publisher is a PublisherService client and a request context.
+func (g *globals) publisher(parent context.Context) (publisherv1.PublisherServiceClient, context.Context, context.CancelFunc, error) {
+	conn, ctx, cancel, err := g.connect(parent)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
-	return publisherv1.NewPublisherServiceClient(conn), nil
+	return publisherv1.NewPublisherServiceClient(conn), ctx, cancel, nil
 }
 
 func newGraphsCmd(g *globals) *cobra.Command {
@@ -59,11 +61,10 @@ func newGraphsCreateCmd(g *globals) *cobra.Command {
 		Example: `  ringfence graphs create --graph support-triage --agent researcher`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, err := g.publisher()
+			client, ctx, cancel, err := g.publisher(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
 			resp, err := client.CreateGraph(ctx, &publisherv1.CreateGraphRequest{Tenant: gt.tenant, GraphId: gt.graph, Agents: agents, CapabilityMode: mode})
 			if err != nil {
@@ -86,11 +87,10 @@ func newGraphsShowCmd(g *globals) *cobra.Command {
 		Short: "Show a graph's draft, or a published version (-o json prints what graphs edit reads)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, err := g.publisher()
+			client, ctx, cancel, err := g.publisher(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
 			if cmd.Flags().Changed("version") {
 				resp, err := client.GetVersion(ctx, &publisherv1.GetVersionRequest{Tenant: gt.tenant, GraphId: gt.graph, Version: version})
@@ -158,11 +158,10 @@ re-import the tool instead.`,
 				// changed since the file's revision, as it says.
 				draft.Revision = 0
 			}
-			client, err := g.publisher()
+			client, ctx, cancel, err := g.publisher(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
 			resp, err := client.ReplaceDraft(ctx, &publisherv1.ReplaceDraftRequest{Tenant: gt.tenant, GraphId: gt.graph, Draft: draft})
 			if err != nil {
@@ -240,11 +239,10 @@ func newGraphsValidateCmd(g *globals) *cobra.Command {
 		Short: "Dry-run publish: list every violation (exit status 1 when there are any)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, err := g.publisher()
+			client, ctx, cancel, err := g.publisher(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
 			resp, err := client.ValidateDraft(ctx, &publisherv1.ValidateDraftRequest{Tenant: gt.tenant, GraphId: gt.graph})
 			if err != nil {
@@ -279,11 +277,10 @@ func newGraphsPublishCmd(g *globals) *cobra.Command {
 		Short: "Validate the draft and store it as the next immutable version",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, err := g.publisher()
+			client, ctx, cancel, err := g.publisher(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
 			resp, err := client.Publish(ctx, &publisherv1.PublishRequest{Tenant: gt.tenant, GraphId: gt.graph})
 			if err != nil {
@@ -370,23 +367,19 @@ func newGraphsVersionsCmd(g *globals) *cobra.Command {
 		Short: "List a graph's published versions, newest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, err := g.publisher()
+			conn, err := g.dial()
 			if err != nil {
 				return err
 			}
-			all := &publisherv1.ListVersionsResponse{}
-			for token := ""; ; {
-				ctx, cancel := g.ctx(cmd.Context())
-				resp, err := client.ListVersions(ctx, &publisherv1.ListVersionsRequest{Tenant: gt.tenant, GraphId: gt.graph, PageSize: 1000, PageToken: token})
-				cancel()
-				if err != nil {
-					return err
-				}
-				all.Versions = append(all.Versions, resp.GetVersions()...)
-				if token = resp.GetNextPageToken(); token == "" {
-					break
-				}
+			client := publisherv1.NewPublisherServiceClient(conn)
+			versions, err := listAll(g, cmd.Context(), func(ctx context.Context, token string) ([]*publisherv1.GraphVersion, string, error) {
+				resp, err := client.ListVersions(ctx, &publisherv1.ListVersionsRequest{Tenant: gt.tenant, GraphId: gt.graph, PageSize: listPageSize, PageToken: token})
+				return resp.GetVersions(), resp.GetNextPageToken(), err
+			})
+			if err != nil {
+				return err
 			}
+			all := &publisherv1.ListVersionsResponse{Versions: versions}
 			if g.output == "json" {
 				return printJSON(g.stdout, all)
 			}
@@ -408,23 +401,19 @@ func newGraphsListCmd(g *globals) *cobra.Command {
 		Short: "List a tenant's graphs",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, err := g.publisher()
+			conn, err := g.dial()
 			if err != nil {
 				return err
 			}
-			all := &publisherv1.ListGraphsResponse{}
-			for token := ""; ; {
-				ctx, cancel := g.ctx(cmd.Context())
-				resp, err := client.ListGraphs(ctx, &publisherv1.ListGraphsRequest{Tenant: tenant, PageSize: 1000, PageToken: token})
-				cancel()
-				if err != nil {
-					return err
-				}
-				all.Graphs = append(all.Graphs, resp.GetGraphs()...)
-				if token = resp.GetNextPageToken(); token == "" {
-					break
-				}
+			client := publisherv1.NewPublisherServiceClient(conn)
+			graphs, err := listAll(g, cmd.Context(), func(ctx context.Context, token string) ([]*publisherv1.GraphSummary, string, error) {
+				resp, err := client.ListGraphs(ctx, &publisherv1.ListGraphsRequest{Tenant: tenant, PageSize: listPageSize, PageToken: token})
+				return resp.GetGraphs(), resp.GetNextPageToken(), err
+			})
+			if err != nil {
+				return err
 			}
+			all := &publisherv1.ListGraphsResponse{Graphs: graphs}
 			if g.output == "json" {
 				return printJSON(g.stdout, all)
 			}
@@ -451,11 +440,10 @@ func newGraphsDeleteCmd(g *globals) *cobra.Command {
 		Short:   "Delete a graph with its draft and versions (needs workflow:admin); its version numbers are never reused",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, err := g.publisher()
+			client, ctx, cancel, err := g.publisher(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
 			if _, err := client.DeleteGraph(ctx, &publisherv1.DeleteGraphRequest{Tenant: gt.tenant, GraphId: gt.graph}); err != nil {
 				return err

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -60,20 +61,14 @@ func newKeysCmd(g *globals) *cobra.Command {
 				return err
 			}
 			client := registryv1.NewKeyServiceClient(conn)
-			all := &registryv1.ListKeysResponse{}
-			token := ""
-			for {
-				ctx, cancel := g.ctx(cmd.Context())
-				resp, err := client.ListKeys(ctx, &registryv1.ListKeysRequest{PageToken: token, PageSize: 1000})
-				cancel()
-				if err != nil {
-					return err
-				}
-				all.Keys = append(all.Keys, resp.GetKeys()...)
-				if token = resp.GetNextPageToken(); token == "" {
-					break
-				}
+			keys, err := listAll(g, cmd.Context(), func(ctx context.Context, token string) ([]*registryv1.ApiKey, string, error) {
+				resp, err := client.ListKeys(ctx, &registryv1.ListKeysRequest{PageToken: token, PageSize: listPageSize})
+				return resp.GetKeys(), resp.GetNextPageToken(), err
+			})
+			if err != nil {
+				return err
 			}
+			all := &registryv1.ListKeysResponse{Keys: keys}
 			if g.output == "json" {
 				return printJSON(g.stdout, all)
 			}

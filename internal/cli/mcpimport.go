@@ -37,11 +37,10 @@ user who has connected it (ringfence servers connect), and the key needs run:exe
       --tool read_file --tool list_directory`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, err := g.publisher()
+			client, ctx, cancel, err := g.publisher(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ctx, cancel := g.ctx(cmd.Context())
 			defer cancel()
 			stop := g.waitNote("%s to start and list its tools", server)
 			resp, err := client.ImportTools(ctx, &publisherv1.ImportToolsRequest{

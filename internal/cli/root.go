@@ -360,6 +360,29 @@ func (g *globals) ctx(parent context.Context) (context.Context, context.CancelFu
 	return g.streamCtx(ctx), cancel
 }
 
+// listAll pages through a list RPC to its end and returns every item. Each page has a deadline
+// of its own, so a long listing is not cut off by one --timeout for the whole. page fetches the
+// page at token: its items and the next page's token ("" after the last).
+func listAll[T any](g *globals, parent context.Context, page func(ctx context.Context, token string) ([]T, string, error)) ([]T, error) {
+	var all []T
+	for token := ""; ; {
+		ctx, cancel := g.ctx(parent)
+		items, next, err := page(ctx, token)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, items...)
+		if next == "" {
+			return all, nil
+		}
+		token = next
+	}
+}
+
+// listPageSize is the page size a listing asks for: the servers' maximum.
+const listPageSize = 1000
+
 // streamCtx carries the API key and the request id without a deadline, for streams that run
 // as long as the operator wants (audit tail, export).
 func (g *globals) streamCtx(parent context.Context) context.Context {

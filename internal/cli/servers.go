@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -432,20 +433,14 @@ func newServersListCmd(g *globals) *cobra.Command {
 				return err
 			}
 			client := registryv1.NewRegistryServiceClient(conn)
-			all := &registryv1.ListServersResponse{}
-			token := ""
-			for {
-				ctx, cancel := g.ctx(cmd.Context())
-				resp, err := client.ListServers(ctx, &registryv1.ListServersRequest{PageToken: token, PageSize: 1000})
-				cancel()
-				if err != nil {
-					return err
-				}
-				all.Servers = append(all.Servers, resp.GetServers()...)
-				if token = resp.GetNextPageToken(); token == "" {
-					break
-				}
+			servers, err := listAll(g, cmd.Context(), func(ctx context.Context, token string) ([]*registryv1.Server, string, error) {
+				resp, err := client.ListServers(ctx, &registryv1.ListServersRequest{PageToken: token, PageSize: listPageSize})
+				return resp.GetServers(), resp.GetNextPageToken(), err
+			})
+			if err != nil {
+				return err
 			}
+			all := &registryv1.ListServersResponse{Servers: servers}
 			for i, s := range all.Servers {
 				all.Servers[i] = maskedServer(s)
 			}

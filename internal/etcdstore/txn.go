@@ -10,11 +10,32 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	rpctypes "go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
 )
+
+// ErrorCodes are the gRPC codes of this package's errors, for the error table of every service
+// that keeps its state in etcd (grpcserver.MergeCodes), so that each answers them alike.
+var ErrorCodes = map[error]codes.Code{
+	ErrUnavailable: codes.Unavailable,
+	ErrContention:  codes.Aborted,
+}
 
 // RequestTimeout bounds one store operation against etcd (its reads, its transaction and its
 // retries): a cluster without quorum makes a request fail with a reason rather than hang.
 const RequestTimeout = 10 * time.Second
+
+// Get is one read outside a transaction, bounded by RequestTimeout as Retry bounds a write: a
+// cluster out of reach fails it with ErrUnavailable (what names the read) rather than holding
+// it as long as its caller waits, which, without a deadline, is for ever.
+func Get(ctx context.Context, cli *clientv3.Client, what, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, RequestTimeout)
+	defer cancel()
+	resp, err := cli.Get(ctx, key, opts...)
+	if err != nil {
+		return nil, Unavailable(what, err)
+	}
+	return resp, nil
+}
 
 // ErrContention means a write lost its compare to other writers of the same keys every time
 // it tried.

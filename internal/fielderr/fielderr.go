@@ -6,7 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"unicode/utf8"
+
+	"github.com/ringfence/ringfence/internal/humanize"
 )
 
 // Error says which field of a request is wrong and why.
@@ -46,9 +47,5 @@ func Quote(v string) string {
 	if len(v) <= MaxQuoted {
 		return strconv.Quote(v)
 	}
-	cut := MaxQuoted
-	for cut > 0 && !utf8.RuneStart(v[cut]) {
-		cut--
-	}
-	return fmt.Sprintf("%s (%d bytes)", strconv.Quote(v[:cut]+"…"), len(v))
+	return fmt.Sprintf("%s (%d bytes)", strconv.Quote(humanize.Cut(v, MaxQuoted, "")+"…"), len(v))
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"syscall"
 
@@ -28,6 +29,16 @@ type ErrorTable struct {
 	Fields map[error]string
 	// Logger receives the detail of errors no entry matches.
 	Logger *slog.Logger
+}
+
+// MergeCodes is one table of the entries of tables: a service's own, and those of the shared
+// packages whose errors it passes on (etcdstore.ErrorCodes).
+func MergeCodes(tables ...map[error]codes.Code) map[error]codes.Code {
+	out := map[error]codes.Code{}
+	for _, t := range tables {
+		maps.Copy(out, t)
+	}
+	return out
 }
 
 // Status converts err into a gRPC status error. Status errors and context errors pass through,

@@ -10,6 +10,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/ringfence/ringfence/internal/humanize"
 )
 
 // A gRPC status travels in trailers: its message as grpc-message and the whole status, details
@@ -176,16 +178,12 @@ func cutString(s string, n int, keepEnd bool) string {
 	if len(s) <= n {
 		return s
 	}
-	n = max(n-len("…"), 0)
 	if keepEnd {
-		from := len(s) - n
+		from := len(s) - max(n-len("…"), 0)
 		for from < len(s) && !utf8.RuneStart(s[from]) {
 			from++
 		}
 		return "…" + s[from:]
 	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
+	return humanize.Cut(s, n, "…")
 }

@@ -1,10 +1,11 @@
 // Package humanize renders things for the messages people read: lists of names that stay
-// short, sizes, and the distance behind a "did you mean".
+// short, sizes, text cut short, and the distance behind a "did you mean".
 package humanize
 
 import (
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // List joins items with commas, naming at most the first most of them and how many more;
@@ -28,6 +29,20 @@ func Bytes(n int64) string {
 		return fmt.Sprintf("%d KiB", n>>10)
 	}
 	return fmt.Sprintf("%d bytes", n)
+}
+
+// Cut is s when it is at most n bytes; else the longest start of s that ends at a character
+// boundary and leaves room for mark within n bytes, followed by mark ("…", "...", or "" to cut
+// without a mark). An n shorter than mark gives the mark alone.
+func Cut(s string, n int, mark string) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := max(n-len(mark), 0)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
 }
 
 // EditDistance is the Levenshtein distance between a and b, over bytes (keys, capability

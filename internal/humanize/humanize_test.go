@@ -25,3 +25,23 @@ func TestBytes(t *testing.T) {
 		require.Equal(t, want, Bytes(n))
 	}
 }
+
+// TestCut: text cut short stays within n bytes, mark included, and never splits a character.
+func TestCut(t *testing.T) {
+	for _, tc := range []struct {
+		s    string
+		n    int
+		mark string
+		want string
+	}{
+		{"short", 5, "…", "short"},
+		{"abcdefgh", 6, "...", "abc..."},
+		{"abcdefgh", 4, "", "abcd"},
+		{"ab€cd", 4, "", "ab"},      // € is 3 bytes: cut before it, not inside
+		{"ab€cd", 6, "…", "ab…"},    // room for "…" (3 bytes) leaves 3 bytes, which would split €
+		{"€€", 2, "…", "…"},         // no room for any of s: the mark alone
+		{"abcdef", 1, "...", "..."}, // n smaller than the mark: the mark alone
+	} {
+		require.Equal(t, tc.want, Cut(tc.s, tc.n, tc.mark), "Cut(%q, %d, %q)", tc.s, tc.n, tc.mark)
+	}
+}

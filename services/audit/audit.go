@@ -70,7 +70,7 @@ var errStopping = errors.New("audit: the audit service is stopping")
 // errorFields names the field of each INVALID_ARGUMENT sentinel, for its BadRequest detail.
 var errorFields = map[error]string{store.ErrInvalidFilter: "filter", store.ErrInvalidPageToken: "page_token"}
 
-var errorCodes = map[error]codes.Code{
+var errorCodes = grpcserver.MergeCodes(etcdstore.ErrorCodes, map[error]codes.Code{
 	audit.ErrInvalidRecord:    codes.InvalidArgument,
 	store.ErrInvalidFilter:    codes.InvalidArgument,
 	store.ErrInvalidPageToken: codes.InvalidArgument,
@@ -78,10 +78,9 @@ var errorCodes = map[error]codes.Code{
 	store.ErrIDConflict:       codes.AlreadyExists,
 	auth.ErrTenantMismatch:    codes.PermissionDenied,
 	store.ErrTooManyRecords:   codes.InvalidArgument,
-	etcdstore.ErrUnavailable:  codes.Unavailable,
 	ErrNotLeader:              codes.Unavailable,
 	ErrFenced:                 codes.Unavailable,
-}
+})
 
 // Open opens the log.
 func Open(cfg Config) (*Service, error) {

@@ -9,13 +9,13 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	typesv1 "github.com/ringfence/ringfence/gen/go/ringfence/types/v1"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/discovery"
+	"github.com/ringfence/ringfence/internal/humanize"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/peers"
 	"github.com/ringfence/ringfence/mcpgate"
@@ -125,16 +125,7 @@ func spawnFailure(err error) error {
 func truncate(s string) string { return truncateTo(s, 64) }
 
 // truncateTo bounds s to n bytes, cutting at a character boundary.
-func truncateTo(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n - 3
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "..."
-}
+func truncateTo(s string, n int) string { return humanize.Cut(s, n, "...") }
 
 // hardFailures names the screen's hard failures of a live declaration (and of its listing).
 func hardFailures(fs ...[]discovery.Finding) []string {

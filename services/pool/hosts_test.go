@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	poolinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1"
@@ -248,5 +249,33 @@ func TestForwardedRequestsKeepTheirCallersLimits(t *testing.T) {
 		_, err = ask(token, auth.DefaultTenant, poolv1.PoolService_DenyCall_FullMethodName)
 		want := map[string]codes.Code{"r1": codes.NotFound, "r2": codes.PermissionDenied}[run] // r1 has no approval ap-1
 		rftestutil.RequireStatus(t, err, want, run)
+	}
+}
+
+// TestEtcdDownIsUnavailable: with etcd out of reach, a pool host on etcd answers a run's start
+// UNAVAILABLE naming etcd, as the registry and the publisher do, not INTERNAL; and a request
+// without a deadline is not held for as long as etcd is gone (etcdstore.RequestTimeout).
+func TestEtcdDownIsUnavailable(t *testing.T) {
+	for name, deadline := range map[string]bool{"a request with a deadline": true, "a request without one": false} {
+		t.Run(name, func(t *testing.T) {
+			cluster := etcdtest.Start(t, 1)
+			h := newHarness(t, harnessOpts{noImage: true})
+			h.server("docs", nil)
+			h.publishSurface("g", nil, pinned.Tool{Server: "docs", Tool: "read_file", Description: "Read."})
+			p := openHost(t, h, cluster, cluster.Root(), "h1", 0)
+			defer p.Close(context.Background())
+
+			cluster.Kill(0)
+			defer cluster.Restart(0) // before Close, which hands the host's runs back through etcd
+			ctx := h.ctx
+			if deadline {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(h.ctx, 3*time.Second)
+				defer cancel()
+			}
+			_, err := NewServer(p).StartRun(ctx, &poolv1.StartRunRequest{GraphId: "g"})
+			require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+			require.Contains(t, status.Convert(err).Message(), "etcd")
+		})
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/documents"
+	"github.com/ringfence/ringfence/internal/etcdstore"
 	"github.com/ringfence/ringfence/internal/fielderr"
 	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/grpcserver"
@@ -260,7 +261,7 @@ func (s *Service) goBackground(fn func(context.Context)) bool {
 	return true
 }
 
-var errorCodes = map[error]codes.Code{
+var errorCodes = grpcserver.MergeCodes(etcdstore.ErrorCodes, map[error]codes.Code{
 	mcpserver.ErrNotRegistered:     codes.NotFound,
 	discovery.ErrIsolationRequired: codes.Unavailable,
 	errRunNotFound:                 codes.NotFound,
@@ -289,7 +290,7 @@ var errorCodes = map[error]codes.Code{
 	errNoCallback:                  codes.FailedPrecondition,
 	errNoSignIn:                    codes.FailedPrecondition,
 	errScopeNotGranted:             codes.FailedPrecondition,
-}
+})
 
 // Open builds the service: its store, its audit spool and forwarder, and its spawner, whose
 // isolation image is checked (missing, or declaring a VOLUME, stops the start) and whose

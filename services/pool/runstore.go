@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/ringfence/ringfence/internal/secretbox"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
 )
 
@@ -64,7 +65,7 @@ type OAuthStore interface {
 	DropSignInAt(ctx context.Context, tenant, user, ref string, at store.SealedToken) error
 	// ResealSignIns re-seals, with r, every sealed token, verifier and client secret that only
 	// an older key of the secrets key file opens, each write compared with what it read.
-	ResealSignIns(ctx context.Context, r store.Resealer) (store.ResealCount, error)
+	ResealSignIns(ctx context.Context, r store.Resealer) (secretbox.ResealCount, error)
 
 	// The clients the pool registered for itself (RFC 7591), one per issuer and redirect URI,
 	// shared by every user, server and pool host. PutOAuthClient replaces; DropOAuthClient

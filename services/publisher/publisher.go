@@ -114,7 +114,7 @@ var (
 // errorFields names the field of each INVALID_ARGUMENT sentinel, for its BadRequest detail.
 var errorFields = map[error]string{errBadPageToken: "page_token"}
 
-var errorCodes = map[error]codes.Code{
+var errorCodes = grpcserver.MergeCodes(etcdstore.ErrorCodes, map[error]codes.Code{
 	ErrGraphNotFound:               codes.NotFound,
 	ErrVersionNotFound:             codes.NotFound,
 	errGraphExists:                 codes.AlreadyExists,
@@ -127,9 +127,7 @@ var errorCodes = map[error]codes.Code{
 	auth.ErrTenantMismatch:         codes.PermissionDenied,
 	discovery.ErrIsolationRequired: codes.Unavailable,
 	audit.ErrSpoolFull:             codes.Unavailable,
-	etcdstore.ErrUnavailable:       codes.Unavailable,
-	etcdstore.ErrContention:        codes.Aborted,
-}
+})
 
 // Open opens the publisher's store and builds the service; Close releases it.
 func Open(cfg Config) (*Service, error) {

@@ -118,7 +118,7 @@ var (
 // errorFields names the field of each INVALID_ARGUMENT sentinel, for its BadRequest detail.
 var errorFields = map[error]string{errBadPageToken: "page_token"}
 
-var errorCodes = map[error]codes.Code{
+var errorCodes = grpcserver.MergeCodes(etcdstore.ErrorCodes, map[error]codes.Code{
 	errServerExists:                codes.AlreadyExists,
 	errServerNotFound:              codes.NotFound,
 	errSecretNotFound:              codes.NotFound,
@@ -134,9 +134,7 @@ var errorCodes = map[error]codes.Code{
 	discovery.ErrIsolationRequired: codes.Unavailable,
 	auth.ErrUnknownKey:             codes.Unauthenticated,
 	audit.ErrSpoolFull:             codes.Unavailable,
-	etcdstore.ErrUnavailable:       codes.Unavailable,
-	etcdstore.ErrContention:        codes.Aborted,
-}
+})
 
 // detailed is a domain error whose message names the values involved; it matches its
 // sentinel, so errorCodes still gives it the sentinel's code.

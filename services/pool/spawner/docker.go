@@ -539,6 +539,12 @@ func isClosed(ch <-chan struct{}) bool {
 
 // WaitExited waits up to d for the exit status.
 func (c *dockerServer) WaitExited(ctx context.Context, d time.Duration) bool {
+	c.waitExitedFor(ctx, d)
+	return c.hasExited()
+}
+
+// waitExitedFor waits until the container's wait ends (c.exited), d passes or ctx ends.
+func (c *dockerServer) waitExitedFor(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -546,7 +552,6 @@ func (c *dockerServer) WaitExited(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 	case <-ctx.Done():
 	}
-	return c.hasExited()
 }
 
 func (c *dockerServer) Death(ctx context.Context) *Error {
@@ -645,13 +650,7 @@ func (c *dockerServer) release(clientDone <-chan struct{}) {
 
 // waitRemoved waits up to d for the engine to report the container removed.
 func (c *dockerServer) waitRemoved(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-c.exited:
-	case <-t.C:
-	case <-ctx.Done():
-	}
+	c.waitExitedFor(ctx, d)
 	return isClosed(c.exited) && c.removed
 }
 

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"unicode/utf8"
 
+	"github.com/ringfence/ringfence/internal/humanize"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/mcpgate/sanitize"
 )
@@ -549,9 +550,5 @@ func clip(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	cut := n
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
+	return humanize.Cut(s, n, "") + "…"
 }

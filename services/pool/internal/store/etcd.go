@@ -162,9 +162,9 @@ func (s *Etcd) GetRun(ctx context.Context, tenant, id string) (Run, error) {
 
 // getJSON reads key's JSON value into v; a missing key is ErrNotFound.
 func (s *Etcd) getJSON(ctx context.Context, key string, v any) error {
-	resp, err := s.cli.Get(ctx, key)
+	resp, err := etcdstore.Get(ctx, s.cli, "read "+key, key)
 	if err != nil {
-		return etcdstore.Unavailable("read "+key, err)
+		return err
 	}
 	if len(resp.Kvs) == 0 {
 		return ErrNotFound
@@ -208,9 +208,9 @@ func (s *Etcd) ownedRuns(ctx context.Context, host string) ([]RunRef, error) {
 	if host != "" {
 		prefix = s.space.Prefix(etcdOwned, host)
 	}
-	resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	resp, err := etcdstore.Get(ctx, s.cli, "list "+prefix, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
-		return nil, etcdstore.Unavailable("list "+prefix, err)
+		return nil, err
 	}
 	out := make([]RunRef, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {

@@ -79,9 +79,9 @@ func (s *Etcd) Register(ctx context.Context, h Host, ttl time.Duration) (*HostLe
 // Hosts lists the live hosts with their loads, by id.
 func (s *Etcd) Hosts(ctx context.Context) ([]Host, error) {
 	prefix := s.space.Prefix(etcdHosts)
-	resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix())
+	resp, err := etcdstore.Get(ctx, s.cli, "list "+prefix, prefix, clientv3.WithPrefix())
 	if err != nil {
-		return nil, etcdstore.Unavailable("list "+prefix, err)
+		return nil, err
 	}
 	owned, err := s.ownedRuns(ctx, "")
 	if err != nil {

@@ -147,9 +147,9 @@ func (s *Etcd) ReplaceOAuthToken(ctx context.Context, tenant, user, ref string, 
 // one.
 func (s *Etcd) OAuthToken(ctx context.Context, tenant, user, ref string) (SealedToken, error) {
 	key := s.oauthKey(etcdOAuthTokens, tenant, user, ref)
-	resp, err := s.cli.Get(ctx, key)
+	resp, err := etcdstore.Get(ctx, s.cli, "read "+key, key)
 	if err != nil {
-		return SealedToken{}, etcdstore.Unavailable("read "+key, err)
+		return SealedToken{}, err
 	}
 	if len(resp.Kvs) == 0 {
 		return SealedToken{}, ErrNotFound

@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ringfence/ringfence/internal/etcdstore"
+	"github.com/ringfence/ringfence/internal/secretbox"
 )
 
 // Re-sealing after a rotation of the secrets key (docs/operations.md, "Rotating the secrets
@@ -29,37 +30,18 @@ type Resealer struct {
 	Client   func(issuer, redirectURI string) []byte
 }
 
-// ResealCount is what a re-seal did: values re-sealed, and values no key opens (kept as they
-// are: their use fails as before).
-type ResealCount struct{ Resealed, Unopened int }
-
-func (n *ResealCount) one(r Resealer, sealed, context []byte) ([]byte, bool) {
-	if len(sealed) == 0 {
-		return sealed, false
-	}
-	out, changed, err := r.Reseal(sealed, context)
-	if err != nil {
-		n.Unopened++
-		return sealed, false
-	}
-	if changed {
-		n.Resealed++
-	}
-	return out, changed
-}
-
 // resealValue re-seals the value of one key of kind (tokens, states or clients) named name
 // (tenant/user/ref, a state's hash, or anything for a client: its JSON names it), returning
 // the new value and whether it changed. A key or value that does not decode is left as it is,
 // for the reads that meet it to report, as they do without a re-seal.
-func (n *ResealCount) resealValue(r Resealer, kind, name string, v []byte) ([]byte, bool, error) {
+func resealValue(n *secretbox.ResealCount, r Resealer, kind, name string, v []byte) ([]byte, bool, error) {
 	switch kind {
 	case etcdOAuthTokens:
 		parts := strings.Split(name, "/")
 		if len(parts) != 3 {
 			return v, false, nil
 		}
-		out, changed := n.one(r, v, r.Token(parts[0], parts[1], parts[2]))
+		out, changed := n.One(r.Reseal, v, r.Token(parts[0], parts[1], parts[2]))
 		return out, changed, nil
 	case etcdOAuthStates:
 		var st SignInState
@@ -67,7 +49,7 @@ func (n *ResealCount) resealValue(r Resealer, kind, name string, v []byte) ([]by
 			return v, false, nil
 		}
 		var changed bool
-		if st.VerifierSealed, changed = n.one(r, st.VerifierSealed, r.Verifier(name)); !changed {
+		if st.VerifierSealed, changed = n.One(r.Reseal, st.VerifierSealed, r.Verifier(name)); !changed {
 			return v, false, nil
 		}
 		out, err := json.Marshal(st)
@@ -78,7 +60,7 @@ func (n *ResealCount) resealValue(r Resealer, kind, name string, v []byte) ([]by
 			return v, false, nil
 		}
 		var changed bool
-		if c.SecretSealed, changed = n.one(r, c.SecretSealed, r.Client(c.Issuer, c.RedirectURI)); !changed {
+		if c.SecretSealed, changed = n.One(r.Reseal, c.SecretSealed, r.Client(c.Issuer, c.RedirectURI)); !changed {
 			return v, false, nil
 		}
 		out, err := json.Marshal(c)
@@ -89,14 +71,14 @@ func (n *ResealCount) resealValue(r Resealer, kind, name string, v []byte) ([]by
 
 // ResealSignIns re-seals pool.db's users' tokens, pending sign-ins and clients in one
 // transaction.
-func (s *Store) ResealSignIns(ctx context.Context, r Resealer) (ResealCount, error) {
-	var n ResealCount
+func (s *Store) ResealSignIns(ctx context.Context, r Resealer) (secretbox.ResealCount, error) {
+	var n secretbox.ResealCount
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		for kind, name := range map[string][]byte{etcdOAuthTokens: oauthTokensBucket, etcdOAuthStates: oauthStatesBucket, etcdOAuthClients: oauthClientsBucket} {
 			b := tx.Bucket(name)
 			var keys, vals [][]byte
 			err := b.ForEach(func(k, v []byte) error {
-				out, changed, err := n.resealValue(r, kind, string(k), v)
+				out, changed, err := resealValue(&n, r, kind, string(k), v)
 				if err != nil {
 					return fmt.Errorf("store: %s %q: %w", name, k, err)
 				}
@@ -117,7 +99,7 @@ func (s *Store) ResealSignIns(ctx context.Context, r Resealer) (ResealCount, err
 		return nil
 	})
 	if err != nil {
-		return ResealCount{}, err
+		return secretbox.ResealCount{}, err
 	}
 	return n, nil
 }
@@ -125,8 +107,8 @@ func (s *Store) ResealSignIns(ctx context.Context, r Resealer) (ResealCount, err
 // ResealSignIns re-seals the users' tokens, pending sign-ins and clients in etcd, each by a
 // transaction that commits only if its key is unchanged since read (a pending sign-in keeps
 // its lease): a value another pool host wrote meanwhile is read again, never overwritten.
-func (s *Etcd) ResealSignIns(ctx context.Context, r Resealer) (ResealCount, error) {
-	var n ResealCount
+func (s *Etcd) ResealSignIns(ctx context.Context, r Resealer) (secretbox.ResealCount, error) {
+	var n secretbox.ResealCount
 	for _, kind := range []string{etcdOAuthTokens, etcdOAuthStates, etcdOAuthClients} {
 		prefix := s.space.Prefix(etcdOAuth, kind)
 		resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix())
@@ -144,19 +126,18 @@ func (s *Etcd) ResealSignIns(ctx context.Context, r Resealer) (ResealCount, erro
 
 // resealKey re-seals one key's value (etcdstore.Rewrite: a value another pool host changed
 // first is read again, never overwritten; a pending sign-in keeps its lease).
-func (s *Etcd) resealKey(ctx context.Context, r Resealer, kind, name string, kv *mvccpb.KeyValue, n *ResealCount) error {
-	var try ResealCount // of the value last read
+func (s *Etcd) resealKey(ctx context.Context, r Resealer, kind, name string, kv *mvccpb.KeyValue, n *secretbox.ResealCount) error {
+	var try secretbox.ResealCount // of the value last read
 	exists, err := etcdstore.Rewrite(ctx, s.cli, kv, func(v []byte) ([]byte, bool, error) {
-		try = ResealCount{}
-		out, changed, err := try.resealValue(r, kind, name, v)
+		try = secretbox.ResealCount{}
+		out, changed, err := resealValue(&try, r, kind, name, v)
 		if err != nil {
 			return nil, false, fmt.Errorf("store: re-seal %s: %w", kv.Key, err)
 		}
 		return out, changed, nil
 	})
 	if err == nil && exists { // not taken, dropped or expired meanwhile
-		n.Resealed += try.Resealed
-		n.Unopened += try.Unopened
+		n.Add(try)
 	}
 	return err
 }

@@ -54,7 +54,7 @@ func TestResealSignIns(t *testing.T) {
 
 	type resealing interface {
 		oauthStore
-		ResealSignIns(ctx context.Context, r Resealer) (ResealCount, error)
+		ResealSignIns(ctx context.Context, r Resealer) (secretbox.ResealCount, error)
 	}
 	for name, tc := range map[string]struct {
 		s       resealing
@@ -81,10 +81,10 @@ func TestResealSignIns(t *testing.T) {
 
 			n, err := s.ResealSignIns(ctx, r)
 			require.NoError(t, err, "a value that does not decode stops nothing")
-			require.Equal(t, ResealCount{Resealed: 3}, n)
+			require.Equal(t, secretbox.ResealCount{Resealed: 3}, n)
 			n, err = s.ResealSignIns(ctx, r)
 			require.NoError(t, err)
-			require.Equal(t, ResealCount{}, n, "nothing is left under A")
+			require.Equal(t, secretbox.ResealCount{}, n, "nothing is left under A")
 
 			tok, err := s.OAuthToken(ctx, "default", "alice", "tickets")
 			require.NoError(t, err)
@@ -124,7 +124,7 @@ func TestEtcdResealKeepsANewerToken(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, e.PutOAuthToken(ctx, "default", "alice", "tickets", a.Seal([]byte("newer"), tokenCtx("default", "alice", "tickets"))))
 
-	var n ResealCount
+	var n secretbox.ResealCount
 	r := Resealer{Reseal: ba.Reseal, Token: tokenCtx, Verifier: verifierCtx, Client: clientCtx}
 	require.NoError(t, e.resealKey(ctx, r, etcdOAuthTokens, "default/alice/tickets", stale.Kvs[0], &n))
 	require.Equal(t, 1, n.Resealed)

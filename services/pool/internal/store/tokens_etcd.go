@@ -53,9 +53,9 @@ func (s *Etcd) PutAgentToken(ctx context.Context, t AgentToken) error {
 
 // AgentTokenByHash finds the token whose SHA-256 is hash; ErrNotFound when none is stored.
 func (s *Etcd) AgentTokenByHash(ctx context.Context, hash string) (AgentToken, error) {
-	resp, err := s.cli.Get(ctx, s.space.Key(etcdTokenHashes, hash))
+	resp, err := etcdstore.Get(ctx, s.cli, "read a token's hash", s.space.Key(etcdTokenHashes, hash))
 	if err != nil {
-		return AgentToken{}, etcdstore.Unavailable("read a token's hash", err)
+		return AgentToken{}, err
 	}
 	if len(resp.Kvs) == 0 {
 		return AgentToken{}, ErrNotFound

@@ -60,9 +60,7 @@ func (c *cache) put(key string, stamp int64, value any, size int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if el, ok := c.items[key]; ok {
-		c.size -= el.Value.(*cacheEntry).size
-		c.order.Remove(el)
-		delete(c.items, key)
+		c.remove(el)
 	}
 	if size > c.max {
 		return
@@ -70,11 +68,7 @@ func (c *cache) put(key string, stamp int64, value any, size int) {
 	c.items[key] = c.order.PushFront(&cacheEntry{key: key, stamp: stamp, value: value, size: size})
 	c.size += size
 	for c.size > c.max {
-		el := c.order.Back()
-		e := el.Value.(*cacheEntry)
-		c.order.Remove(el)
-		delete(c.items, e.key)
-		c.size -= e.size
+		c.remove(c.order.Back())
 	}
 }
 
@@ -86,9 +80,7 @@ func (c *cache) drop(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if el, ok := c.items[key]; ok {
-		c.size -= el.Value.(*cacheEntry).size
-		c.order.Remove(el)
-		delete(c.items, key)
+		c.remove(el)
 	}
 }
 
@@ -101,9 +93,15 @@ func (c *cache) dropPrefix(prefix string) {
 	defer c.mu.Unlock()
 	for key, el := range c.items {
 		if len(key) >= len(prefix) && key[:len(prefix)] == prefix {
-			c.size -= el.Value.(*cacheEntry).size
-			c.order.Remove(el)
-			delete(c.items, key)
+			c.remove(el)
 		}
 	}
+}
+
+// remove takes the entry at el out of the cache; c.mu is held.
+func (c *cache) remove(el *list.Element) {
+	e := el.Value.(*cacheEntry)
+	c.order.Remove(el)
+	delete(c.items, e.key)
+	c.size -= e.size
 }

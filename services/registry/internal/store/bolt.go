@@ -77,7 +77,7 @@ func OpenBolt(path string, box *secretbox.Box, spool SpoolConfig) (*Bolt, error)
 	if log == nil {
 		log = slog.Default()
 	}
-	box.LogResealed(log, "registry", resealed.resealed, resealed.unopened)
+	box.LogResealed(log, "registry", resealed.Resealed, resealed.Unopened)
 	if err := s.loadKeys(); err != nil {
 		_ = db.Close() // the error above is the one to report
 		return nil, err

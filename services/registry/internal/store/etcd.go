@@ -59,7 +59,7 @@ type Etcd struct {
 	mirror *etcdstore.Mirror
 	log    *slog.Logger
 	// resealed is what the start re-sealed in etcd, for a log line held back (HoldResealLog).
-	resealed resealCount
+	resealed secretbox.ResealCount
 
 	mu      sync.RWMutex
 	servers map[string]*storedServer
@@ -105,7 +105,7 @@ func OpenEtcd(ctx context.Context, cfg EtcdConfig, spool SpoolConfig) (*Etcd, er
 	}
 	s.resealed = resealed
 	if !cfg.HoldResealLog {
-		s.box.LogResealed(s.log, "registry", resealed.resealed, resealed.unopened)
+		s.box.LogResealed(s.log, "registry", resealed.Resealed, resealed.Unopened)
 	}
 	spool.Etcd = &audit.EtcdOutbox{Client: s.cli, Prefix: s.space.Prefix(etcdOutbox)}
 	if s.spool, err = audit.NewSpool(spool); err != nil {
@@ -161,11 +161,11 @@ func (s *Etcd) checkSecretsKey(ctx context.Context) error {
 // LogResealed logs the start's re-seal held back by HoldResealLog, with what a move from
 // bbolt re-sealed of the file (moved's BoltState): once the file's values are in etcd.
 func (s *Etcd) LogResealed(moved *BoltState) {
-	n := s.resealed.resealed
+	n := s.resealed.Resealed
 	if moved != nil {
 		n += moved.resealed
 	}
-	s.box.LogResealed(s.log, "registry", n, s.resealed.unopened)
+	s.box.LogResealed(s.log, "registry", n, s.resealed.Unopened)
 }
 
 // Empty says whether etcd holds no registration, secret or API key under this registry's
@@ -308,6 +308,22 @@ func unchanged(kv *mvccpb.KeyValue) clientv3.Cmp {
 	return clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)
 }
 
+// readJSON reads key from etcd into v, for a read-modify-write: the pair it returns is what a
+// write compares with unchanged. A missing key is ErrNotFound.
+func (s *Etcd) readJSON(ctx context.Context, key string, v any) (*mvccpb.KeyValue, error) {
+	resp, err := s.cli.Get(ctx, key)
+	if err != nil {
+		return nil, etcdstore.Unavailable("read "+key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, ErrNotFound
+	}
+	if err := json.Unmarshal(resp.Kvs[0].Value, v); err != nil {
+		return nil, fmt.Errorf("store: decode %s: %w", key, err)
+	}
+	return resp.Kvs[0], nil
+}
+
 // CreateServer stores a new registration at revision 1.
 func (s *Etcd) CreateServer(ctx context.Context, r *mcpserver.Registration, hook Hook) error {
 	now := time.Now().UTC()
@@ -442,16 +458,10 @@ func (s *Etcd) UpdateServer(ctx context.Context, ref string, mutate func(cur *mc
 	key := s.space.Key(etcdServers, ref)
 	var result *mcpserver.Registration
 	err := etcdstore.Retry(ctx, func(ctx context.Context) (bool, error) {
-		resp, err := s.cli.Get(ctx, key)
-		if err != nil {
-			return false, etcdstore.Unavailable("read "+key, err)
-		}
-		if len(resp.Kvs) == 0 {
-			return false, ErrNotFound
-		}
 		var st storedServer
-		if err := json.Unmarshal(resp.Kvs[0].Value, &st); err != nil {
-			return false, fmt.Errorf("store: decode %s: %w", key, err)
+		kv, err := s.readJSON(ctx, key, &st)
+		if err != nil {
+			return false, err
 		}
 		cur, err := openServer(s.box, &st)
 		if err != nil {
@@ -466,7 +476,7 @@ func (s *Etcd) UpdateServer(ctx context.Context, ref string, mutate func(cur *mc
 		if err != nil {
 			return false, err
 		}
-		ok, err := s.commit(ctx, []clientv3.Cmp{unchanged(resp.Kvs[0])}, []clientv3.Op{clientv3.OpPut(key, string(val))}, func(rec audit.Recorder) error {
+		ok, err := s.commit(ctx, []clientv3.Cmp{unchanged(kv)}, []clientv3.Op{clientv3.OpPut(key, string(val))}, func(rec audit.Recorder) error {
 			if hook == nil {
 				return nil
 			}
@@ -570,10 +580,7 @@ func (s *Etcd) KeyByHash(ctx context.Context, hash string) (Key, bool, error) {
 	if err := s.mirror.Sync(ctx); err != nil {
 		return Key{}, false, err
 	}
-	k, ok := s.keys.byHashCopy(hash)
-	if ok && !k.Revoked && lastUseStale(time.Now(), k.LastUsed) {
-		s.touch(k.ID)
-	}
+	k, ok := s.keys.lookup(hash, &s.touches, s.writeLastUse)
 	return k, ok, nil
 }
 
@@ -581,34 +588,26 @@ func (s *Etcd) KeyByHash(ctx context.Context, hash string) (Key, bool, error) {
 // etcd by the watch's delay: for admissions, which Authorize follows with KeyByHash.
 func (s *Etcd) HeldKeyByHash(hash string) (Key, bool) { return s.keys.byHashCopy(hash) }
 
-// touch writes a key's last use unless the key changed since this replica saw it (another
-// replica touched or revoked it): losing one refresh is harmless.
-func (s *Etcd) touch(id string) {
-	updated, ok := s.keys.stale(id, time.Now().UTC())
-	if !ok {
+// writeLastUse writes a key's last use unless the key changed since this replica saw it
+// (another replica touched or revoked it): losing one refresh is harmless.
+func (s *Etcd) writeLastUse(updated Key) {
+	ctx, cancel := context.WithTimeout(context.Background(), etcdstore.RequestTimeout)
+	defer cancel()
+	key := s.space.Key(etcdKeys, updated.ID)
+	resp, err := s.cli.Get(ctx, key)
+	if err != nil || len(resp.Kvs) == 0 {
 		return
 	}
-	s.touches.Add(1)
-	go func() {
-		defer s.touches.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), etcdstore.RequestTimeout)
-		defer cancel()
-		key := s.space.Key(etcdKeys, id)
-		resp, err := s.cli.Get(ctx, key)
-		if err != nil || len(resp.Kvs) == 0 {
-			return
-		}
-		var cur Key
-		if json.Unmarshal(resp.Kvs[0].Value, &cur) != nil || cur.Revoked || !lastUseStale(updated.LastUsed, cur.LastUsed) {
-			return
-		}
-		cur.LastUsed = updated.LastUsed
-		val, err := json.Marshal(cur)
-		if err != nil {
-			return
-		}
-		_, _ = etcdstore.Commit(ctx, s.cli, []clientv3.Cmp{unchanged(resp.Kvs[0])}, []clientv3.Op{clientv3.OpPut(key, string(val))}, nil)
-	}()
+	var cur Key
+	if json.Unmarshal(resp.Kvs[0].Value, &cur) != nil || cur.Revoked || !lastUseStale(updated.LastUsed, cur.LastUsed) {
+		return
+	}
+	cur.LastUsed = updated.LastUsed
+	val, err := json.Marshal(cur)
+	if err != nil {
+		return
+	}
+	_, _ = etcdstore.Commit(ctx, s.cli, []clientv3.Cmp{unchanged(resp.Kvs[0])}, []clientv3.Op{clientv3.OpPut(key, string(val))}, nil)
 }
 
 // KeyByID returns a copy of the key with that id.
@@ -633,23 +632,17 @@ func (s *Etcd) RevokeKey(ctx context.Context, id string, hook Hook) (Key, error)
 	key := s.space.Key(etcdKeys, id)
 	var result Key
 	err := etcdstore.Retry(ctx, func(ctx context.Context) (bool, error) {
-		resp, err := s.cli.Get(ctx, key)
-		if err != nil {
-			return false, etcdstore.Unavailable("read "+key, err)
-		}
-		if len(resp.Kvs) == 0 {
-			return false, ErrNotFound
-		}
 		var k Key
-		if err := json.Unmarshal(resp.Kvs[0].Value, &k); err != nil {
-			return false, fmt.Errorf("store: decode %s: %w", key, err)
+		kv, err := s.readJSON(ctx, key, &k)
+		if err != nil {
+			return false, err
 		}
 		updated := revoked(k)
 		val, err := json.Marshal(updated)
 		if err != nil {
 			return false, err
 		}
-		ok, err := s.commit(ctx, []clientv3.Cmp{unchanged(resp.Kvs[0])}, []clientv3.Op{clientv3.OpPut(key, string(val))}, hook)
+		ok, err := s.commit(ctx, []clientv3.Cmp{unchanged(kv)}, []clientv3.Op{clientv3.OpPut(key, string(val))}, hook)
 		if ok {
 			result = updated
 		}

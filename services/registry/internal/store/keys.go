@@ -104,6 +104,20 @@ func (t *keyTable) byIDCopy(id string) (Key, bool) {
 	return *k, true
 }
 
+// lookup returns a copy of the key with that hash. When the key is live and its last use is
+// stale, the table takes the new time, and write stores it in the background (counted in wg,
+// which Close waits for), at most once per lastUsedResolution.
+func (t *keyTable) lookup(hash string, wg *sync.WaitGroup, write func(updated Key)) (Key, bool) {
+	k, ok := t.byHashCopy(hash)
+	if !ok || k.Revoked || !lastUseStale(time.Now(), k.LastUsed) {
+		return k, ok
+	}
+	if updated, ok := t.stale(k.ID, time.Now().UTC()); ok {
+		wg.Go(func() { write(updated) })
+	}
+	return k, ok
+}
+
 // stale returns the key with id with its last use set to now when the stored one is stale
 // (lastUseStale) and the key is not revoked, updating the table, so one caller writes it.
 func (t *keyTable) stale(id string, now time.Time) (Key, bool) {
@@ -185,10 +199,7 @@ func (s *Bolt) CreateKey(ctx context.Context, k Key, hook Hook) error {
 // KeyByHash returns a copy of the key with that hash. A stale last-used time is refreshed in
 // the background, at most once per lastUsedResolution.
 func (s *Bolt) KeyByHash(ctx context.Context, hash string) (Key, bool, error) {
-	k, ok := s.keys.byHashCopy(hash)
-	if ok && !k.Revoked && lastUseStale(time.Now(), k.LastUsed) {
-		s.touch(k.ID)
-	}
+	k, ok := s.keys.lookup(hash, &s.touches, s.writeLastUse)
 	return k, ok, nil
 }
 
@@ -196,31 +207,25 @@ func (s *Bolt) KeyByHash(ctx context.Context, hash string) (Key, bool, error) {
 // what it holds is current.
 func (s *Bolt) HeldKeyByHash(hash string) (Key, bool) { return s.keys.byHashCopy(hash) }
 
-func (s *Bolt) touch(id string) {
-	updated, ok := s.keys.stale(id, time.Now().UTC())
-	if !ok {
+// writeLastUse writes a key's new last use unless it was revoked or removed meanwhile.
+func (s *Bolt) writeLastUse(updated Key) {
+	val, err := json.Marshal(updated)
+	if err != nil {
 		return
 	}
-	s.touches.Add(1)
-	go func() {
-		defer s.touches.Done()
-		val, err := json.Marshal(updated)
-		if err != nil {
-			return
+	id := []byte(updated.ID)
+	// Losing a last-used refresh on a crash is harmless; it is rewritten on the next use.
+	_ = s.db.Batch(func(tx *bolt.Tx) error {
+		b := tx.Bucket(keysBucket)
+		if b.Get(id) == nil {
+			return nil
 		}
-		// Losing a last-used refresh on a crash is harmless; it is rewritten on the next use.
-		_ = s.db.Batch(func(tx *bolt.Tx) error {
-			b := tx.Bucket(keysBucket)
-			if b.Get([]byte(id)) == nil {
-				return nil
-			}
-			var cur Key
-			if err := json.Unmarshal(b.Get([]byte(id)), &cur); err != nil || cur.Revoked {
-				return err
-			}
-			return b.Put([]byte(id), val)
-		})
-	}()
+		var cur Key
+		if err := json.Unmarshal(b.Get(id), &cur); err != nil || cur.Revoked {
+			return err
+		}
+		return b.Put(id, val)
+	})
 }
 
 // KeyByID returns a copy of the key with that id.

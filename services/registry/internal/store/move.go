@@ -204,13 +204,13 @@ func ReadBolt(path string, box *secretbox.Box, keyFile string) (_ *BoltState, er
 // and a new key would bring values sealed under the old one into etcd after the start's
 // re-seal had said none was left there.
 func (st *BoltState) reseal(box *secretbox.Box) error {
-	var n resealCount
+	var n secretbox.ResealCount
 	for i, it := range st.servers {
 		var s storedServer
 		if err := json.Unmarshal(it.val, &s); err != nil {
 			return fmt.Errorf("decode server %s: %w", it.name, err)
 		}
-		if !n.resealServer(box, &s) {
+		if !resealServer(&n, box, &s) {
 			continue
 		}
 		val, err := json.Marshal(&s)
@@ -224,7 +224,7 @@ func (st *BoltState) reseal(box *secretbox.Box) error {
 		if err := json.Unmarshal(it.val, &s); err != nil {
 			return fmt.Errorf("decode secret %s: %w", it.name, err)
 		}
-		if !n.resealSecret(box, it.name, &s) {
+		if !resealSecret(&n, box, it.name, &s) {
 			continue
 		}
 		val, err := json.Marshal(s)
@@ -233,7 +233,7 @@ func (st *BoltState) reseal(box *secretbox.Box) error {
 		}
 		st.secrets[i].val = val
 	}
-	st.resealed = n.resealed
+	st.resealed = n.Resealed
 	return nil
 }
 

@@ -22,37 +22,17 @@ import (
 // the log says none is left. A re-seal changes no value in clear: the revision and the update
 // time stay, and, as the schema migrations that seal at start, it takes no audit record.
 
-// resealCount is what a re-seal did: values re-sealed, and values no key of the box opens
-// (left as they are: their reads fail as before).
-type resealCount struct{ resealed, unopened int }
-
-// reseal re-seals one value: out is sealed as it is when the first key opens it or none does.
-func (n *resealCount) reseal(box *secretbox.Box, sealed, context []byte) (out []byte, changed bool) {
-	if len(sealed) == 0 {
-		return sealed, false
-	}
-	out, changed, err := box.Reseal(sealed, context)
-	if err != nil {
-		n.unopened++
-		return sealed, false
-	}
-	if changed {
-		n.resealed++
-	}
-	return out, changed
-}
-
 // resealServer re-seals a stored registration's env and URL; changed when either moved.
-func (n *resealCount) resealServer(box *secretbox.Box, st *storedServer) (changed bool) {
+func resealServer(n *secretbox.ResealCount, box *secretbox.Box, st *storedServer) (changed bool) {
 	var envChanged, urlChanged bool
-	st.EnvSealed, envChanged = n.reseal(box, st.EnvSealed, envContext(st.Ref))
-	st.URLSealed, urlChanged = n.reseal(box, st.URLSealed, urlContext(st.Ref))
+	st.EnvSealed, envChanged = n.One(box.Reseal, st.EnvSealed, envContext(st.Ref))
+	st.URLSealed, urlChanged = n.One(box.Reseal, st.URLSealed, urlContext(st.Ref))
 	return envChanged || urlChanged
 }
 
 // resealSecret re-seals a stored secret; changed when it moved.
-func (n *resealCount) resealSecret(box *secretbox.Box, name string, st *storedSecret) (changed bool) {
-	st.Sealed, changed = n.reseal(box, st.Sealed, secretContext(name))
+func resealSecret(n *secretbox.ResealCount, box *secretbox.Box, name string, st *storedSecret) (changed bool) {
+	st.Sealed, changed = n.One(box.Reseal, st.Sealed, secretContext(name))
 	return changed
 }
 
@@ -61,8 +41,8 @@ func (n *resealCount) resealSecret(box *secretbox.Box, name string, st *storedSe
 
 // reseal re-seals the file's values in one transaction, which also asks for a scrub: the
 // values sealed under the older key must leave the file's free pages too.
-func (s *Bolt) reseal() (resealCount, error) {
-	var n resealCount
+func (s *Bolt) reseal() (secretbox.ResealCount, error) {
+	var n secretbox.ResealCount
 	if s.box.Keys() < 2 {
 		return n, nil
 	}
@@ -75,7 +55,7 @@ func (s *Bolt) reseal() (resealCount, error) {
 		secrets := tx.Bucket(secretsBucket)
 		err := secrets.ForEach(func(k, v []byte) error {
 			var st storedSecret
-			if json.Unmarshal(v, &st) != nil || !n.resealSecret(s.box, string(k), &st) {
+			if json.Unmarshal(v, &st) != nil || !resealSecret(&n, s.box, string(k), &st) {
 				return nil
 			}
 			val, err := json.Marshal(st)
@@ -88,7 +68,7 @@ func (s *Bolt) reseal() (resealCount, error) {
 		servers := tx.Bucket(serversBucket)
 		err = servers.ForEach(func(k, v []byte) error {
 			var st storedServer
-			if json.Unmarshal(v, &st) != nil || !n.resealServer(s.box, &st) {
+			if json.Unmarshal(v, &st) != nil || !resealServer(&n, s.box, &st) {
 				return nil
 			}
 			val, err := json.Marshal(&st)
@@ -109,7 +89,7 @@ func (s *Bolt) reseal() (resealCount, error) {
 		return boltdb.RequestScrub(tx)
 	})
 	if err != nil {
-		return resealCount{}, fmt.Errorf("registry: re-seal the stored secrets under the first key of the secrets key file: %w", err)
+		return secretbox.ResealCount{}, fmt.Errorf("registry: re-seal the stored secrets under the first key of the secrets key file: %w", err)
 	}
 	return n, nil
 }
@@ -117,8 +97,8 @@ func (s *Bolt) reseal() (resealCount, error) {
 // reseal re-seals the registrations and secrets in etcd, each by a transaction that commits
 // only if the key is unchanged since read: a value another replica wrote meanwhile is read
 // again (and is left as it is when the first key opens it), never overwritten.
-func (s *Etcd) reseal(ctx context.Context) (resealCount, error) {
-	var n resealCount
+func (s *Etcd) reseal(ctx context.Context) (secretbox.ResealCount, error) {
+	var n secretbox.ResealCount
 	if s.box.Keys() < 2 {
 		return n, nil
 	}
@@ -139,23 +119,23 @@ func (s *Etcd) reseal(ctx context.Context) (resealCount, error) {
 
 // resealKey re-seals one key's value (etcdstore.Rewrite: a value another writer changed first
 // is read again, never overwritten).
-func (s *Etcd) resealKey(ctx context.Context, kind string, kv *mvccpb.KeyValue, n *resealCount) error {
+func (s *Etcd) resealKey(ctx context.Context, kind string, kv *mvccpb.KeyValue, n *secretbox.ResealCount) error {
 	name := strings.TrimPrefix(string(kv.Key), s.space.Prefix(kind))
-	var try resealCount // of the value last read
+	var try secretbox.ResealCount // of the value last read
 	exists, err := etcdstore.Rewrite(ctx, s.cli, kv, func(v []byte) ([]byte, bool, error) {
-		try = resealCount{}
+		try = secretbox.ResealCount{}
 		var changed bool
 		var val []byte
 		var err error
 		switch kind {
 		case etcdSecrets:
 			var st storedSecret
-			if changed = json.Unmarshal(v, &st) == nil && try.resealSecret(s.box, name, &st); changed {
+			if changed = json.Unmarshal(v, &st) == nil && resealSecret(&try, s.box, name, &st); changed {
 				val, err = json.Marshal(st)
 			}
 		case etcdServers:
 			var st storedServer
-			if changed = json.Unmarshal(v, &st) == nil && try.resealServer(s.box, &st); changed {
+			if changed = json.Unmarshal(v, &st) == nil && resealServer(&try, s.box, &st); changed {
 				val, err = json.Marshal(&st)
 			}
 		}
@@ -165,8 +145,7 @@ func (s *Etcd) resealKey(ctx context.Context, kind string, kv *mvccpb.KeyValue, 
 		return val, changed, nil
 	})
 	if err == nil && exists { // not deleted meanwhile
-		n.resealed += try.resealed
-		n.unopened += try.unopened
+		n.Add(try)
 	}
 	return err
 }

@@ -146,12 +146,12 @@ func TestEtcdResealKeepsANewerWrite(t *testing.T) {
 	require.NoError(t, err)
 
 	s.box = keyFile(t, keyB, keyA) // this replica's re-seal, with the rotated file
-	var n resealCount
+	var n secretbox.ResealCount
 	require.NoError(t, s.resealKey(ctx, etcdSecrets, stale.Kvs[0], &n))
 	v, err := s.SecretValue(ctx, "tickets-token")
 	require.NoError(t, err)
 	require.Equal(t, "newer", v, "the newer write stands")
-	require.Equal(t, 1, n.resealed, "and is what was re-sealed")
+	require.Equal(t, 1, n.Resealed, "and is what was re-sealed")
 
 	resp, err := cli.Get(ctx, key)
 	require.NoError(t, err)
