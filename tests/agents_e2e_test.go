@@ -205,8 +205,12 @@ func TestAgentCallTimeEndToEnd(t *testing.T) {
 	out = ok(approver("runs", "approve", "--run", "r1", "--approval", id))
 	require.Contains(t, out, "approved "+id)
 	require.Contains(t, out, "write it")
+	m = regexp.MustCompile(`\(desk/echo, call (\S+) attempt (\d+); the server was reached once`).FindStringSubmatch(out)
+	require.NotNil(t, m, out)
+	dispatched := m[1] + "#" + m[2] // as audit list names the call the approver dispatched
 	out = ok(call("desk__echo", `{"text":"write it"}`))
 	require.Contains(t, out, "approved: the result of approval "+id+": succeeded")
+	require.Contains(t, out, ", dispatched as call "+dispatched+" when it was approved", "the retry names the call that reached the server")
 	require.NotContains(t, out, "dispatched:", "the retry did not reach the server: it is not told as a dispatch")
 	require.Contains(t, out, "write it")
 
@@ -240,8 +244,9 @@ func TestAgentCallTimeEndToEnd(t *testing.T) {
 		`assistant→desk/peek .* dispatched: succeeded`,
 		`refused_before_dispatch: approval_required \[approval ` + id + ` pending\]`,
 		`refused_before_dispatch: approval_pending`,
-		`dispatched: succeeded \[approval ` + id + ` approved by key:approver-key \(approver, `,
-		`dispatched: succeeded \[approval ` + id + ` delivered, approved by key:approver-key`,
+		`call ` + regexp.QuoteMeta(dispatched) + `\s+dispatched: succeeded \[approval ` + id + ` approved by key:approver-key \(approver, `,
+		// The retry's line names that call, as the line above does.
+		`dispatched: succeeded \[approval ` + id + ` delivered, approved by key:approver-key \(approver, [^)]*\), dispatched as call ` + regexp.QuoteMeta(dispatched) + `\]`,
 		last,
 	} {
 		require.Regexp(t, want, out)

@@ -187,6 +187,11 @@ type ToolCallApproval struct {
 	DecideTime time.Time `json:"decide_time,omitzero"`
 	// Note is a denial's reason, as the approver wrote it (bounded).
 	Note string `json:"note,omitempty"`
+	// DispatchedCallID and DispatchedAttempt, on a delivered record, name the approved
+	// execution whose outcome the retry got (its records' call_id and attempt): the retry is a
+	// call of its own.
+	DispatchedCallID  string `json:"dispatched_call_id,omitempty"`
+	DispatchedAttempt int32  `json:"dispatched_attempt,omitempty"`
 }
 
 // States of a call's approval in its records.

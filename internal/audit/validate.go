@@ -186,6 +186,9 @@ func (tc *ToolCallAttempt) validate() error {
 		if err := checkField("tool_call.approval.note", a.Note, false); err != nil {
 			return err
 		}
+		if err := checkField("tool_call.approval.dispatched_call_id", a.DispatchedCallID, false); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -416,6 +416,10 @@ func describeRecord(r *auditv1.Record) (string, string) {
 		default:
 			outcome += " by " + a.GetDecidedBy()
 		}
+		if c := a.GetDispatchedCallId(); c != "" {
+			// The retry names the call the approver dispatched, as its own records list it.
+			outcome += sprintLine(", dispatched as call %s#%d", c, a.GetDispatchedAttempt())
+		}
 		outcome += "]"
 	}
 	if len(t.GetLoadedTools()) > 0 {

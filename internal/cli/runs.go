@@ -351,9 +351,14 @@ func (g *globals) printCallResult(resp *poolv1.CallToolResponse) error {
 			return err
 		}
 	} else {
-		if id := resp.GetApprovalId(); id != "" {
-			// This call did not reach the server: it took the outcome of the call the approver
-			// dispatched, so it names no latency of its own.
+		if id, dispatched := resp.GetApprovalId(), resp.GetDispatchedCallId(); id != "" && dispatched != "" {
+			// The caller's retry did not reach the server: it took the outcome of the call the
+			// approver dispatched, so it names no latency of its own, and it names that call,
+			// whose audit records say what reached the server, as audit list shows it.
+			writef(g.stdout, "approved: the result of approval %s: %s (%s, dispatched as call %s#%d when it was approved: the server was reached once; this retry is call %s attempt %d)\n",
+				oneLine(id), oneLine(resp.GetResult()), callTarget(resp), oneLine(dispatched), resp.GetDispatchedAttempt(), oneLine(resp.GetCallId()), resp.GetAttempt())
+		} else if id != "" {
+			// The approver's answer: this is the call that was dispatched.
 			writef(g.stdout, "approved: the result of approval %s: %s (%s, call %s attempt %d; the server was reached once, when it was approved)\n", oneLine(id), oneLine(resp.GetResult()),
 				callTarget(resp), oneLine(resp.GetCallId()), resp.GetAttempt())
 		} else {

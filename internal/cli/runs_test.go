@@ -80,6 +80,21 @@ func TestARunShowsItsUserAndHost(t *testing.T) {
 	require.Regexp(t, `(?m)^host lost: +ph1 \(runs resume places the run on a live host\)$`, out.String())
 }
 
+// TestARetryNamesTheDispatchedCall: the retry that gets an approved call's result names the
+// call the approver dispatched (as audit list shows it, call ID#N) beside its own.
+func TestARetryNamesTheDispatchedCall(t *testing.T) {
+	var out bytes.Buffer
+	g := &globals{stdout: &out, output: "table"}
+	require.NoError(t, g.printCallResult(&poolv1.CallToolResponse{CallId: "call-9", Attempt: 1, Result: "succeeded", ServerRef: "docs-search",
+		ToolName: "search_docs", ApprovalId: "apr-1", DispatchedCallId: "call-1", DispatchedAttempt: 2}))
+	require.Equal(t, "approved: the result of approval apr-1: succeeded (docs-search/search_docs, dispatched as call call-1#2 when it was approved: the server was reached once; this retry is call call-9 attempt 1)\n", out.String())
+	out.Reset()
+	require.NoError(t, g.printCallResult(&poolv1.CallToolResponse{CallId: "call-1", Attempt: 2, Result: "succeeded", ServerRef: "docs-search",
+		ToolName: "search_docs", ApprovalId: "apr-1"}))
+	require.Equal(t, "approved: the result of approval apr-1: succeeded (docs-search/search_docs, call call-1 attempt 2; the server was reached once, when it was approved)\n", out.String(),
+		"the approver's answer is the dispatched call itself")
+}
+
 // TestACallNamesWhatItReached: a tool call names server/tool; tool_search, which the pool
 // answers itself, is named without a server rather than as "/tool_search".
 func TestACallNamesWhatItReached(t *testing.T) {

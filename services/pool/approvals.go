@@ -350,17 +350,19 @@ func delivered(a approvalView, att *audit.ToolCallAttempt, callID string) (*Call
 		r.ApprovalID, r.ArgsDigest = a.ID, a.ArgsDigest
 		return nil, r
 	}
-	att.Approval = decidedAttempt(&a, audit.ApprovalDelivered)
 	o := a.Outcome
+	att.Approval = decidedAttempt(&a, audit.ApprovalDelivered)
+	att.Approval.DispatchedCallID, att.Approval.DispatchedAttempt = a.CallID, o.Attempt
 	att.PendingID = o.PendingID
 	if o.FailureClass != "" {
-		return nil, &FailedError{Class: o.FailureClass, Err: fmt.Errorf("the call approved as %s (attempt %d): %s", a.ID, o.Attempt, o.FailureMessage)}
+		return nil, &FailedError{Class: o.FailureClass, Err: fmt.Errorf("the call approved as %s, dispatched as call %s attempt %d: %s", a.ID, a.CallID, o.Attempt, o.FailureMessage)}
 	}
 	var res CallResult
 	if err := json.Unmarshal(o.Result, &res); err != nil {
 		return nil, &FailedError{Class: failureResultNotKept, Err: fmt.Errorf("the result of the call approved as %s cannot be read back: %v; the call is not run again", a.ID, err)}
 	}
 	res.CallID, res.Attempt, res.ApprovalID = callID, att.Attempt, a.ID
+	res.DispatchedCallID, res.DispatchedAttempt = a.CallID, o.Attempt
 	return &res, nil
 }
 

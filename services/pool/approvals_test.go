@@ -126,10 +126,14 @@ func TestApproveCall(t *testing.T) {
 	_, _, err = h.pool.ApproveCall(h.ctx, run, "", id, "key:ops (approver, key_1)")
 	require.ErrorIs(t, err, errApprovalDecided)
 
+	dispatchedCall, dispatchedAttempt := res.CallID, res.Attempt
 	res, err = h.call(run, "a", "fx__echo", args)
 	require.NoError(t, err, "the caller's retry gets the approved call's result")
 	require.Equal(t, "write it", res.Content[0]["text"])
 	require.Equal(t, id, res.ApprovalID)
+	require.NotEqual(t, dispatchedCall, res.CallID, "the retry is a call of its own")
+	require.Equal(t, dispatchedCall, res.DispatchedCallID, "the retry's result names the call the approver dispatched")
+	require.Equal(t, dispatchedAttempt, res.DispatchedAttempt)
 	info, err = h.pool.GetRun(h.ctx, run, "")
 	require.NoError(t, err)
 	require.Equal(t, calls+1, info.Sessions[0].Calls, "the server was reached once, at the approval")
@@ -158,6 +162,9 @@ func TestApproveCall(t *testing.T) {
 	require.Equal(t, recs[0].CallID, approved.CallID, "the approved execution is an attempt of the same call")
 	require.Equal(t, recs[2].PendingID, "")
 	require.Equal(t, approved.PendingID, recs[4].PendingID, "the retry's record names the one execution")
+	require.Equal(t, approved.CallID, recs[4].Approval.DispatchedCallID, "and its call, as the execution's records have it")
+	require.Equal(t, approved.Attempt, recs[4].Approval.DispatchedAttempt)
+	require.Empty(t, approved.Approval.DispatchedCallID, "the execution's own records are that call")
 }
 
 // TestApproveAfterGrantsNarrowed: every gate runs again at approval; an operator who took a

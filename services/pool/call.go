@@ -62,8 +62,12 @@ type CallResult struct {
 	StructuredContent map[string]any
 	Advisory          []string
 	Latency           time.Duration
-	// ApprovalID names the approval of an approved call's result.
-	ApprovalID string
+	// ApprovalID names the approval of an approved call's result. DispatchedCallID and
+	// DispatchedAttempt, on the result a retry got, name the call the approver dispatched
+	// (CallID and Attempt are then the retry's own).
+	ApprovalID        string
+	DispatchedCallID  string
+	DispatchedAttempt int32
 }
 
 // Refusal reasons (audit.Reason… where one exists).

@@ -65,6 +65,7 @@ func callFromProto(resp *poolv1.CallToolResponse) *CallResult {
 		CallID: resp.GetCallId(), Attempt: resp.GetAttempt(), ServerRef: resp.GetServerRef(), ToolName: resp.GetToolName(),
 		Result: resp.GetResult(), FailureClass: resp.GetFailureClass(), IsError: resp.GetIsError(), Advisory: resp.GetAdvisory(),
 		Latency: time.Duration(resp.GetLatencyMicros()) * time.Microsecond, ApprovalID: resp.GetApprovalId(),
+		DispatchedCallID: resp.GetDispatchedCallId(), DispatchedAttempt: resp.GetDispatchedAttempt(),
 	}
 	for _, c := range resp.GetContent() {
 		out.Content = append(out.Content, c.AsMap())

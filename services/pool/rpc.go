@@ -186,6 +186,7 @@ func callToProto(res *CallResult) *poolv1.CallToolResponse {
 		CallId: res.CallID, Attempt: res.Attempt, Outcome: "dispatched", Result: res.Result,
 		FailureClass: res.FailureClass, IsError: res.IsError, Advisory: res.Advisory,
 		ServerRef: res.ServerRef, ToolName: res.ToolName, LatencyMicros: res.Latency.Microseconds(), ApprovalId: res.ApprovalID,
+		DispatchedCallId: res.DispatchedCallID, DispatchedAttempt: res.DispatchedAttempt,
 	}
 	out.Content, out.StructuredContent = resultToProto(res)
 	return out

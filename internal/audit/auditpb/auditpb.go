@@ -47,7 +47,8 @@ func approvalToProto(a *audit.ToolCallApproval) *auditv1.ToolCallApproval {
 	if a == nil {
 		return nil
 	}
-	out := &auditv1.ToolCallApproval{ApprovalId: a.ID, State: a.State, DecidedBy: a.DecidedBy, Note: a.Note}
+	out := &auditv1.ToolCallApproval{ApprovalId: a.ID, State: a.State, DecidedBy: a.DecidedBy, Note: a.Note,
+		DispatchedCallId: a.DispatchedCallID, DispatchedAttempt: a.DispatchedAttempt}
 	if !a.DecideTime.IsZero() {
 		out.DecideTime = timestamppb.New(a.DecideTime)
 	}
@@ -58,7 +59,8 @@ func approvalFromProto(a *auditv1.ToolCallApproval) *audit.ToolCallApproval {
 	if a == nil {
 		return nil
 	}
-	out := &audit.ToolCallApproval{ID: a.GetApprovalId(), State: a.GetState(), DecidedBy: a.GetDecidedBy(), Note: a.GetNote()}
+	out := &audit.ToolCallApproval{ID: a.GetApprovalId(), State: a.GetState(), DecidedBy: a.GetDecidedBy(), Note: a.GetNote(),
+		DispatchedCallID: a.GetDispatchedCallId(), DispatchedAttempt: a.GetDispatchedAttempt()}
 	if a.GetDecideTime() != nil {
 		out.DecideTime = a.GetDecideTime().AsTime()
 	}

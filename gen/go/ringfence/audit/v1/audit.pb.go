@@ -580,9 +580,13 @@ type ToolCallApproval struct {
 	DecidedBy  string                 `protobuf:"bytes,3,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
 	DecideTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=decide_time,json=decideTime,proto3" json:"decide_time,omitempty"`
 	// note is a denial's reason.
-	Note          string `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Note string `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
+	// dispatched_call_id and dispatched_attempt, on a delivered record, name the approved
+	// execution whose outcome the retry got: its records carry them as call_id and attempt.
+	DispatchedCallId  string `protobuf:"bytes,6,opt,name=dispatched_call_id,json=dispatchedCallId,proto3" json:"dispatched_call_id,omitempty"`
+	DispatchedAttempt int32  `protobuf:"varint,7,opt,name=dispatched_attempt,json=dispatchedAttempt,proto3" json:"dispatched_attempt,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ToolCallApproval) Reset() {
@@ -648,6 +652,20 @@ func (x *ToolCallApproval) GetNote() string {
 		return x.Note
 	}
 	return ""
+}
+
+func (x *ToolCallApproval) GetDispatchedCallId() string {
+	if x != nil {
+		return x.DispatchedCallId
+	}
+	return ""
+}
+
+func (x *ToolCallApproval) GetDispatchedAttempt() int32 {
+	if x != nil {
+		return x.DispatchedAttempt
+	}
+	return 0
 }
 
 // Filter narrows List, Watch and Export. Empty fields match everything.
@@ -1267,7 +1285,7 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"\fwarm_session\x18\x19 \x01(\bR\vwarmSession\x12@\n" +
 	"\bapproval\x18\x1e \x01(\v2$.ringfence.audit.v1.ToolCallApprovalR\bapproval\x12!\n" +
 	"\floaded_tools\x18\x1f \x03(\tR\vloadedTools\x12$\n" +
-	"\x0eagent_token_id\x18  \x01(\tR\fagentTokenId\"\xb9\x01\n" +
+	"\x0eagent_token_id\x18  \x01(\tR\fagentTokenId\"\x96\x02\n" +
 	"\x10ToolCallApproval\x12\x1f\n" +
 	"\vapproval_id\x18\x01 \x01(\tR\n" +
 	"approvalId\x12\x14\n" +
@@ -1276,7 +1294,9 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"decided_by\x18\x03 \x01(\tR\tdecidedBy\x12;\n" +
 	"\vdecide_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"decideTime\x12\x12\n" +
-	"\x04note\x18\x05 \x01(\tR\x04note\"\x85\x02\n" +
+	"\x04note\x18\x05 \x01(\tR\x04note\x12,\n" +
+	"\x12dispatched_call_id\x18\x06 \x01(\tR\x10dispatchedCallId\x12-\n" +
+	"\x12dispatched_attempt\x18\a \x01(\x05R\x11dispatchedAttempt\"\x85\x02\n" +
 	"\x06Filter\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x1d\n" +

@@ -537,9 +537,15 @@ type CallToolResponse struct {
 	// approval_id is set when this is the result of an approved call (ApproveCall), handed to
 	// the approver or, once, to the caller's retry of the same call (same agent, tool and
 	// arguments): the server was reached once, when it was approved.
-	ApprovalId    string `protobuf:"bytes,13,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ApprovalId string `protobuf:"bytes,13,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
+	// dispatched_call_id and dispatched_attempt are set, with approval_id, on the answer to the
+	// caller's retry: the call and attempt the approver dispatched, whose outcome it is. The
+	// retry is a call of its own (call_id, attempt); the dispatched one's audit records carry
+	// these (ringfence audit list --run shows "call <dispatched_call_id>#<dispatched_attempt>").
+	DispatchedCallId  string `protobuf:"bytes,14,opt,name=dispatched_call_id,json=dispatchedCallId,proto3" json:"dispatched_call_id,omitempty"`
+	DispatchedAttempt int32  `protobuf:"varint,15,opt,name=dispatched_attempt,json=dispatchedAttempt,proto3" json:"dispatched_attempt,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *CallToolResponse) Reset() {
@@ -661,6 +667,20 @@ func (x *CallToolResponse) GetApprovalId() string {
 		return x.ApprovalId
 	}
 	return ""
+}
+
+func (x *CallToolResponse) GetDispatchedCallId() string {
+	if x != nil {
+		return x.DispatchedCallId
+	}
+	return ""
+}
+
+func (x *CallToolResponse) GetDispatchedAttempt() int32 {
+	if x != nil {
+		return x.DispatchedAttempt
+	}
+	return 0
 }
 
 // CallRefusal is the detail of a call refused before dispatch: nothing reached the server.
@@ -3374,7 +3394,7 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\x04tool\x18\x03 \x01(\tR\x04tool\x125\n" +
 	"\targuments\x18\x04 \x01(\v2\x17.google.protobuf.StructR\targuments\x12\x17\n" +
 	"\acall_id\x18\x05 \x01(\tR\x06callId\x12\x16\n" +
-	"\x06tenant\x18\x06 \x01(\tR\x06tenant\"\xd2\x03\n" +
+	"\x06tenant\x18\x06 \x01(\tR\x06tenant\"\xaf\x04\n" +
 	"\x10CallToolResponse\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x18\n" +
@@ -3391,7 +3411,9 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\ttool_name\x18\v \x01(\tR\btoolName\x12%\n" +
 	"\x0elatency_micros\x18\f \x01(\x03R\rlatencyMicros\x12\x1f\n" +
 	"\vapproval_id\x18\r \x01(\tR\n" +
-	"approvalId\"\xec\x02\n" +
+	"approvalId\x12,\n" +
+	"\x12dispatched_call_id\x18\x0e \x01(\tR\x10dispatchedCallId\x12-\n" +
+	"\x12dispatched_attempt\x18\x0f \x01(\x05R\x11dispatchedAttempt\"\xec\x02\n" +
 	"\vCallRefusal\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x16\n" +
