@@ -2,14 +2,19 @@
 // search over stdio. It is ordinary MCP code with no knowledge of Ringfence; the demo builds it
 // static into a FROM-scratch isolation image and governs it: read_doc is registered with an
 // argument-scoped permission, so an agent may read only the paths its capabilities cover.
+// read_upload reads a document the caller uploaded, given its bytes (base64): with Ringfence a
+// model names a stored document as my-documents://<id>, and the gateway puts its content there.
 package main
 
 import (
 	"context"
+	"encoding/base64"
+	"fmt"
 	"log"
 	"os"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -35,6 +40,15 @@ type readIn struct {
 	Path string `json:"path" jsonschema:"the document's path, e.g. /handbook/leave.md"`
 }
 
+type uploadIn struct {
+	Content string `json:"content" jsonschema:"the document's bytes, base64 (standard, padded)"`
+}
+
+type uploadOut struct {
+	Bytes int    `json:"bytes"`
+	Text  string `json:"text"`
+}
+
 func main() {
 	s := mcp.NewServer(&mcp.Implementation{Name: "docs-mcp", Version: "1.0.0"}, nil)
 	mcp.AddTool(s, &mcp.Tool{Name: "search_docs", Description: "Find handbook documents whose text contains the query."},
@@ -55,6 +69,17 @@ func main() {
 				return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "no such document: " + in.Path}}}, nil, nil
 			}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "read_upload", Description: "Return the text of an uploaded document, given its content."},
+		func(_ context.Context, _ *mcp.CallToolRequest, in uploadIn) (*mcp.CallToolResult, uploadOut, error) {
+			b, err := base64.StdEncoding.DecodeString(in.Content)
+			if err != nil {
+				return nil, uploadOut{}, fmt.Errorf("content is not base64: %v", err)
+			}
+			if !utf8.Valid(b) {
+				return nil, uploadOut{}, fmt.Errorf("the document (%d bytes) is not text", len(b))
+			}
+			return nil, uploadOut{Bytes: len(b), Text: string(b)}, nil
 		})
 	if err := s.Run(context.Background(), &mcp.StdioTransport{}); err != nil {
 		log.Printf("docs-mcp: %v", err)
