@@ -553,7 +553,15 @@ func callResult(res *CallResult, err error) (*mcp.CallToolResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	out.Meta = mcp.Meta{"io.ringfence/call": map[string]any{"call_id": res.CallID, "attempt": res.Attempt}}
+	call := map[string]any{"call_id": res.CallID, "attempt": res.Attempt}
+	if res.ApprovalID != "" {
+		call["approval_id"] = res.ApprovalID
+	}
+	if res.DispatchedCallID != "" {
+		// A retry that got an approved call's outcome names the call that reached the server.
+		call["dispatched_call_id"], call["dispatched_attempt"] = res.DispatchedCallID, res.DispatchedAttempt
+	}
+	out.Meta = mcp.Meta{"io.ringfence/call": call}
 	return out, nil
 }
 

@@ -525,12 +525,17 @@ func TestFrontDoorApprovals(t *testing.T) {
 	found, err := d.h.pool.FindApproval(d.h.ctx, d.run, "", "a", "fx__echo", sum)
 	require.NoError(t, err)
 	require.Equal(t, id, found.ID)
-	_, _, err = d.h.pool.ApproveCall(d.h.ctx, d.run, "", id, "key:ops (approver, key_1)")
+	_, approved, err := d.h.pool.ApproveCall(d.h.ctx, d.run, "", id, "key:ops (approver, key_1)")
 	require.NoError(t, err)
 	res, err = cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "fx__echo", Arguments: args})
 	require.NoError(t, err)
 	require.False(t, res.IsError, textOf(res))
 	require.Equal(t, "waits", textOf(res))
+	call := res.Meta["io.ringfence/call"].(map[string]any)
+	require.Equal(t, id, call["approval_id"])
+	require.NotEqual(t, approved.CallID, call["call_id"], "the retry is a call of its own")
+	require.Equal(t, approved.CallID, call["dispatched_call_id"], "and names the call the approver dispatched")
+	require.EqualValues(t, approved.Attempt, call["dispatched_attempt"])
 }
 
 // TestFrontDoorRelaysWhatServersSay: a server's tools/list_changed reaches the agent's clients
