@@ -167,6 +167,37 @@ func TestApproveCall(t *testing.T) {
 	require.Empty(t, approved.Approval.DispatchedCallID, "the execution's own records are that call")
 }
 
+// TestARetryOfAFailedApprovedCallNamesIt: an approved call that failed after dispatch is told
+// to the caller's retry as that failure, naming the call the approver dispatched, as the
+// retry's record does.
+func TestARetryOfAFailedApprovedCallNamesIt(t *testing.T) {
+	h := newHarness(t, harnessOpts{host: true})
+	h.server("fx", nil, "--runtime-tools")
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"crash"}}}, func(d *publisherv1.Graph) { askNonReadOnly(d.GetNodes()[0].GetAgent()) })
+	run := h.start("g")
+
+	_, err := h.call(run, "a", "fx__crash", map[string]any{})
+	id := requireRefused(t, err, reasonApprovalRequired).ApprovalID
+	_, _, err = h.pool.ApproveCall(h.ctx, run, "", id, "key:ops (approver, key_1)")
+	requireFailed(t, err, failureCrashed)
+	var dispatched *FailedError
+	require.ErrorAs(t, err, &dispatched)
+
+	_, err = h.call(run, "a", "fx__crash", map[string]any{})
+	requireFailed(t, err, failureCrashed)
+	var retry *FailedError
+	require.ErrorAs(t, err, &retry)
+	require.NotEqual(t, dispatched.CallID, retry.CallID, "the retry is a call of its own")
+	require.Contains(t, retry.Error(), fmt.Sprintf("dispatched as call %s attempt %d", dispatched.CallID, dispatched.Attempt))
+
+	recs := h.toolCallRecords(func(tc *audit.ToolCallAttempt) bool {
+		return tc.Approval != nil && tc.Approval.State == audit.ApprovalDelivered
+	})
+	require.Len(t, recs, 1)
+	require.Equal(t, dispatched.CallID, recs[0].Approval.DispatchedCallID)
+	require.Equal(t, dispatched.Attempt, recs[0].Approval.DispatchedAttempt)
+}
+
 // TestApproveAfterGrantsNarrowed: every gate runs again at approval; an operator who took a
 // grant away meanwhile gets the call refused, the approval closed, and the run free again.
 func TestApproveAfterGrantsNarrowed(t *testing.T) {
