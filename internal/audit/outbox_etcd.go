@@ -15,6 +15,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ringfence/ringfence/internal/etcdstore"
 )
 
 // EtcdOutbox keeps a spool's outbox in etcd, under Prefix, for a producer whose state lives
@@ -110,7 +112,7 @@ func (o *etcdOutbox) countCtx(ctx context.Context) (int, error) {
 	defer cancel()
 	resp, err := o.cli.Get(ctx, o.records, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
-		return 0, fmt.Errorf("audit: count the etcd outbox: %w", err)
+		return 0, etcdstore.Unavailable("audit: count the etcd outbox", err)
 	}
 	return int(resp.Count), nil
 }
@@ -209,7 +211,7 @@ func (o *etcdOutbox) read(after []byte, n, maxBytes int) ([]outboxEntry, error) 
 	resp, err := o.cli.Get(ctx, o.records, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 		clientv3.WithMinCreateRev(from), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(int64(n)))
 	if err != nil {
-		return nil, fmt.Errorf("audit: read the etcd outbox: %w", err)
+		return nil, etcdstore.Unavailable("audit: read the etcd outbox", err)
 	}
 	kvs := resp.Kvs
 	if resp.More && len(kvs) > 0 {
@@ -224,7 +226,7 @@ func (o *etcdOutbox) read(after []byte, n, maxBytes int) ([]outboxEntry, error) 
 			group, err := o.cli.Get(ctx, o.records, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 				clientv3.WithMinCreateRev(last), clientv3.WithMaxCreateRev(last))
 			if err != nil {
-				return nil, fmt.Errorf("audit: read the etcd outbox: %w", err)
+				return nil, etcdstore.Unavailable("audit: read the etcd outbox", err)
 			}
 			kvs = group.Kvs
 		}
@@ -279,7 +281,7 @@ func (o *etcdOutbox) values(ctx context.Context, kvs []*mvccpb.KeyValue) ([][]by
 		}
 		resp, err := o.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
-			return nil, fmt.Errorf("audit: read the etcd outbox: %w", err)
+			return nil, etcdstore.Unavailable("audit: read the etcd outbox", err)
 		}
 		for i, r := range resp.Responses {
 			if got := r.GetResponseRange().GetKvs(); len(got) == 1 {
@@ -297,7 +299,7 @@ func (o *etcdOutbox) remove(through []byte, corrupt uint64, report func(uint64, 
 	defer cancel()
 	resp, err := o.cli.Get(ctx, o.records, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(int64(readUint64(through))))
 	if err != nil {
-		return 0, 0, fmt.Errorf("audit: remove forwarded records: %w", err)
+		return 0, 0, etcdstore.Unavailable("audit: remove forwarded records", err)
 	}
 	removed := 0
 	for start := 0; start < len(resp.Kvs); start += etcdOpsPerTxn {
@@ -307,7 +309,7 @@ func (o *etcdOutbox) remove(through []byte, corrupt uint64, report func(uint64, 
 		}
 		txn, err := o.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
-			return removed, 0, fmt.Errorf("audit: remove forwarded records: %w", err)
+			return removed, 0, etcdstore.Unavailable("audit: remove forwarded records", err)
 		}
 		for _, r := range txn.Responses {
 			removed += int(r.GetResponseDeleteRange().GetDeleted())
@@ -315,7 +317,7 @@ func (o *etcdOutbox) remove(through []byte, corrupt uint64, report func(uint64, 
 	}
 	if corrupt > 0 {
 		if _, err := o.cli.Put(ctx, o.dropped+randomKey(), strconv.FormatUint(corrupt, 10)); err != nil {
-			return removed, 0, fmt.Errorf("audit: count dropped records: %w", err)
+			return removed, 0, etcdstore.Unavailable("audit: count dropped records", err)
 		}
 	}
 	reported, err := o.report(ctx, report)
@@ -348,7 +350,7 @@ func (o *etcdOutbox) report(ctx context.Context, report func(uint64, int) ([]byt
 	}
 	txn, err := o.cli.Txn(ctx).If(cmps...).Then(append(ops, clientv3.OpPut(o.records+(&txnKeys{}).next(), string(body)))...).Commit()
 	if err != nil {
-		return 0, fmt.Errorf("audit: report dropped records: %w", err)
+		return 0, etcdstore.Unavailable("audit: report dropped records", err)
 	}
 	if !txn.Succeeded {
 		return 0, nil

@@ -108,7 +108,7 @@ func (b *Blobs) Stage(ctx context.Context, owner string, data []byte) (Staged, e
 			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 				b.dropSession()
 			}
-			return Staged{}, fmt.Errorf("etcdstore: stage chunk %d of %d: %w", i+1, n, err)
+			return Staged{}, Unavailable(fmt.Sprintf("stage chunk %d of %d of %s", i+1, n, owner), err)
 		}
 		// Keeps the value and drops the lease: the chunk now lives as long as its pointer.
 		st.Ops = append(st.Ops, clientv3.OpPut(key, "", clientv3.WithIgnoreValue()))
@@ -147,7 +147,7 @@ func (b *Blobs) Load(ctx context.Context, owner string, val []byte, rev int64) (
 	}
 	resp, err := b.cli.Get(ctx, b.chunkPrefix(owner, p.ID), opts...)
 	if err != nil {
-		return nil, err
+		return nil, Unavailable("read the chunks of "+owner, err)
 	}
 	if len(resp.Kvs) != p.Chunks {
 		return nil, fmt.Errorf("etcdstore: value %s/%s has %d of its %d chunks", owner, p.ID, len(resp.Kvs), p.Chunks)
@@ -201,7 +201,7 @@ func (b *Blobs) lease(ctx context.Context) (clientv3.LeaseID, error) {
 	}
 	s, err := concurrency.NewSession(b.cli, concurrency.WithTTL(stagingTTL), concurrency.WithContext(context.WithoutCancel(ctx)))
 	if err != nil {
-		return 0, fmt.Errorf("etcdstore: lease for staged chunks: %w", err)
+		return 0, Unavailable("grant the lease of staged chunks", err)
 	}
 	b.session = s
 	return s.Lease(), nil

@@ -44,6 +44,7 @@ type Config struct {
 // Dial connects to the cluster and checks that it answers a linearizable read (a member
 // reached over TLS, with a leader) within DialTimeout, so a wrong endpoint, certificate or a
 // cluster without quorum stops the start with a reason instead of failing the first request.
+// Every request of the client it returns ends within RequestTimeout (Bound).
 func Dial(ctx context.Context, cfg Config) (*clientv3.Client, error) {
 	if len(cfg.Endpoints) == 0 {
 		return nil, errors.New("etcdstore: no endpoints: set RINGFENCE_STORE__ETCD_ENDPOINTS")
@@ -85,6 +86,7 @@ func Dial(ctx context.Context, cfg Config) (*clientv3.Client, error) {
 		return nil, fmt.Errorf("etcdstore: etcd at %s did not answer within %s: %w: check store.etcd_endpoints, that the members run with a quorum, and the TLS files (etcd takes mutual TLS: store.etcd_ca_file, store.etcd_cert_file, store.etcd_key_file)",
 			strings.Join(cfg.Endpoints, ","), cfg.DialTimeout, err)
 	}
+	Bound(cli)
 	return cli, nil
 }
 

@@ -20,18 +20,21 @@ const SyncTimeout = 5 * time.Second
 // again) rather than INTERNAL.
 var ErrUnavailable = errors.New("etcdstore: etcd cannot be reached")
 
-// Unavailable wraps err (an etcd client error) in ErrUnavailable; a canceled context passes
-// as it is.
+// unavailableHint says what an operator checks when etcd does not answer.
+const unavailableHint = "check that a quorum of the etcd members in store.etcd_endpoints runs and is reachable from this host, then try again"
+
+// Unavailable wraps err (an etcd client error) in ErrUnavailable, naming what failed and what
+// to check; a canceled context, and an error that already is ErrUnavailable, pass as they are.
 func Unavailable(what string, err error) error {
 	switch {
-	case err == nil || errors.Is(err, context.Canceled):
+	case err == nil || errors.Is(err, context.Canceled) || errors.Is(err, ErrUnavailable):
 		return err
 	case errors.Is(err, context.DeadlineExceeded):
 		// etcd did not answer in time: the caller's own deadline may be far off, so this is
 		// not its deadline passing.
-		return fmt.Errorf("%w: %s: no answer in time (%v)", ErrUnavailable, what, err)
+		return fmt.Errorf("%w: %s: no answer within %s (%v): %s", ErrUnavailable, what, RequestTimeout, err, unavailableHint)
 	}
-	return fmt.Errorf("%w: %s: %w", ErrUnavailable, what, err)
+	return fmt.Errorf("%w: %s: %w: %s", ErrUnavailable, what, err, unavailableHint)
 }
 
 // MirrorConfig describes what a Mirror keeps and where it hands it.
@@ -277,8 +280,11 @@ func (m *Mirror) reload() {
 const listPage = 1000
 
 // List reads every key that starts with prefix at one revision, in pages, and returns them in
-// key order with that revision.
+// key order with that revision. The whole listing is bounded by RequestTimeout, and a failure
+// is ErrUnavailable naming the prefix.
 func List(ctx context.Context, cli *clientv3.Client, prefix string) ([]*mvccpb.KeyValue, int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, RequestTimeout)
+	defer cancel()
 	end := RangeEnd(prefix)
 	key := prefix
 	var out []*mvccpb.KeyValue
@@ -290,7 +296,7 @@ func List(ctx context.Context, cli *clientv3.Client, prefix string) ([]*mvccpb.K
 		}
 		resp, err := cli.Get(ctx, key, opts...)
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, Unavailable("list "+prefix, err)
 		}
 		if rev == 0 {
 			rev = resp.Header.Revision
