@@ -74,7 +74,8 @@ func TestGateUnknownRunAgentAndBinding(t *testing.T) {
 func TestGateCeilingIsRecheckedBeforeAnyProcessExists(t *testing.T) {
 	for _, mode := range []string{"enforce", "advisory"} {
 		t.Run(mode, func(t *testing.T) {
-			h := newHarness(t, harnessOpts{host: true})
+			// The pool honours advisory mode here: the ceiling holds even then.
+			h := newHarness(t, harnessOpts{host: true, allowAdvisory: mode == "advisory"})
 			h.server("fx", nil)
 			h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, func(d *publisherv1.Graph) { d.CapabilityMode = mode })
 			run := h.start("g")
