@@ -34,6 +34,18 @@ func TestRegisteringStartsNothing(t *testing.T) {
 	requireNoContainers(t, h.poolID)
 }
 
+// TestImportStartsTheServerOnceAndStopsIt: seed 000, the importer "spawns the server once,
+// takes its tool list, stops it": an import of two tools starts one container, publishing
+// starts none, and none is left.
+func TestImportStartsTheServerOnceAndStopsIt(t *testing.T) {
+	h := newHarness(t)
+	h.server("fx", nil)
+	since := time.Now()
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo", "add"}}}, nil)
+	require.Equal(t, 1, containersCreated(t, h.poolID, since), "one listing for the whole import")
+	requireNoContainers(t, h.poolID)
+}
+
 // containersCreated counts the engine's create events of containers of pool poolID from since
 // until now (the events are read back, so a container already removed still counts).
 func containersCreated(t *testing.T, poolID string, since time.Time) int {
