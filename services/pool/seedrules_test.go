@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/graph"
 	"github.com/ringfence/ringfence/internal/testutil/dockertest"
 )
 
@@ -44,6 +45,39 @@ func TestImportStartsTheServerOnceAndStopsIt(t *testing.T) {
 	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo", "add"}}}, nil)
 	require.Equal(t, 1, containersCreated(t, h.poolID, since), "one listing for the whole import")
 	requireNoContainers(t, h.poolID)
+}
+
+// TestRunTimeAgentFloorReadsTheEffectiveSet: seed 000, "the runner's tool gate compares the
+// effective set PolicyGuard yields, which a policy bound in the same graph can make smaller":
+// a version whose policy revokes external_api_call from the agent (served as it is, whatever
+// publish would say of it) is refused agent_floor before any process exists, and the same
+// version without the policy is called.
+func TestRunTimeAgentFloorReadsTheEffectiveSet(t *testing.T) {
+	h := newHarness(t, harnessOpts{host: true})
+	h.server("fx", nil)
+	h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, nil)
+	v, err := h.pub.PublishedVersion(h.ctx, "default", "g", 1)
+	require.NoError(t, err)
+	for _, revoke := range []bool{true, false} {
+		g := *v.Graph
+		g.ID = fmt.Sprintf("g-revoke-%v", revoke)
+		if revoke {
+			g.Policies = []graph.Policy{{ID: "offline", Agents: []string{"a"}, Revoke: []string{"external_api_call"}}}
+		}
+		h.versions.mu.Lock()
+		h.versions.fix[g.ID] = &graph.Version{GraphID: g.ID, Tenant: "default", Version: 1, Graph: &g}
+		h.versions.mu.Unlock()
+		info, err := h.pool.StartRun(h.ctx, "default", g.ID, 1, "")
+		require.NoError(t, err)
+		_, err = h.call(info.Run.ID, "a", "fx__echo", map[string]any{"text": "x"})
+		if !revoke {
+			require.NoError(t, err, "without the policy the agent holds the floor")
+			continue
+		}
+		ref := requireRefused(t, err, reasonAgentFloor)
+		require.Equal(t, []string{"external_api_call"}, ref.Missing)
+		require.Zero(t, h.spawned(), "refused before any process exists")
+	}
 }
 
 // containersCreated counts the engine's create events of containers of pool poolID from since
