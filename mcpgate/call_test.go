@@ -32,6 +32,21 @@ func okResult() *mcp.CallToolResult {
 	}
 }
 
+// TestANonObjectResultIsRefusedWithoutAnOutputSchema: structured content that is not a JSON
+// object is refused (seed 004's "returned non-object output") also for a tool that declares no
+// output schema, where no schema check would catch it; the call did reach the server.
+func TestANonObjectResultIsRefusedWithoutAnOutputSchema(t *testing.T) {
+	spec := stubSpec()
+	spec.OutputSchema = nil
+	s := &stubSession{result: &mcp.CallToolResult{StructuredContent: []any{"x"}}}
+	_, err := CallTool(t.Context(), s, spec, map[string]any{"path": "/secrets/a"}, claims(t, "fs.read"))
+	var ve *ValidationError
+	require.ErrorAs(t, err, &ve)
+	require.Equal(t, StageOutput, ve.Stage)
+	require.Contains(t, ve.Message, "not a JSON object")
+	require.EqualValues(t, 1, s.calls.Load(), "refused after dispatch: the call reached the server")
+}
+
 // TestCallToolOrder: every step refuses in its place, and a refusal before invoke never
 // reaches the session (counted).
 func TestCallToolOrder(t *testing.T) {

@@ -153,6 +153,11 @@ func TestDecide(t *testing.T) {
 				require.Equal(t, []string{"external_api_call"}, d.err.(*RefusedError).Missing)
 			}},
 		{name: "grants: [] denies", policy: func(p *mcpserver.Policy) { p.Grants = []string{} }, reason: reasonCeiling, contains: "process_spawn"},
+		// Seed 000: the ceiling is checked unconditionally, also in a graph whose advisory mode
+		// the pool honours (it relaxes the agent floor only).
+		{name: "ceiling, advisory honoured", graph: func(g *graph.Graph) { g.CapabilityMode = graph.ModeAdvisory },
+			in: func(in *gateInput) { in.allowAdvisory = true }, policy: func(p *mcpserver.Policy) { p.Grants = []string{"process_spawn"} },
+			reason: reasonCeiling, contains: "external_api_call"},
 		{name: "tool filter", policy: func(p *mcpserver.Policy) { p.Filter.Exclude = []string{"echo"} }, reason: reasonFilteredOut, contains: `server "fx"'s tool_filter excludes tool "echo"`,
 			check: func(t *testing.T, d decision) { require.Equal(t, "registration", d.err.(*RefusedError).Level) }},
 		{name: "agent floor", agent: "b", reason: reasonAgentFloor, contains: "external_api_call"},

@@ -74,7 +74,8 @@ func TestGateUnknownRunAgentAndBinding(t *testing.T) {
 func TestGateCeilingIsRecheckedBeforeAnyProcessExists(t *testing.T) {
 	for _, mode := range []string{"enforce", "advisory"} {
 		t.Run(mode, func(t *testing.T) {
-			h := newHarness(t, harnessOpts{host: true})
+			// The pool honours advisory mode here: the ceiling holds even then.
+			h := newHarness(t, harnessOpts{host: true, allowAdvisory: mode == "advisory"})
 			h.server("fx", nil)
 			h.publish("g", []string{"a"}, []imp{{"fx", "a", []string{"echo"}}}, func(d *publisherv1.Graph) { d.CapabilityMode = mode })
 			run := h.start("g")
@@ -667,6 +668,11 @@ func TestSessionRules(t *testing.T) {
 	run := h.start("g")
 	require.Zero(t, h.spawned(), "lazy: nothing before the first call")
 	require.Zero(t, poolContainers(t, h.poolID))
+	// Seed 003: a turn never dials a server up front; the agent's tools come from the pins.
+	listing, err := h.pool.ListAgentTools(h.ctx, run, "", "a")
+	require.NoError(t, err)
+	require.Equal(t, "fx__echo", listing.Tools[0].Name)
+	require.Zero(t, h.spawned(), "listing an agent's tools starts no server: it starts on its first call")
 
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
@@ -687,7 +693,7 @@ func TestSessionRules(t *testing.T) {
 	require.Equal(t, 1.0, h.spawned(), "concurrent first calls of both agents spawn once and share it")
 	require.Equal(t, 1, poolContainers(t, h.poolID))
 
-	_, err := h.pool.PauseRun(h.ctx, run, "")
+	_, err = h.pool.PauseRun(h.ctx, run, "")
 	require.NoError(t, err)
 	require.Equal(t, 1.0, h.stopped(), "pausing stops the session")
 	requireNoContainers(t, h.poolID)
@@ -734,6 +740,15 @@ func TestSessionRules(t *testing.T) {
 	require.ErrorContains(t, err, "(it completed at "+got.Run.EndTime.Format(time.RFC3339)+"): ending it again changes nothing; GetRun (ringfence runs show) tells how it ended")
 	_, err = h.pool.StartRun(h.ctx, auth.DefaultTenant, "g", 0, run)
 	require.ErrorIs(t, err, errRunExists, "an ended run's id stays taken")
+
+	// A run that fails stops its session exactly as one that completes.
+	failed := h.start("g")
+	_, err = h.call(failed, "a", "fx__echo", map[string]any{"text": "then fail"})
+	require.NoError(t, err)
+	_, err = h.pool.EndRun(h.ctx, failed, "", StateFailed, "test")
+	require.NoError(t, err)
+	require.Equal(t, 3.0, h.stopped(), "a failed run stops its session")
+	requireNoContainers(t, h.poolID)
 }
 
 func TestRunsOfAnotherTenantAreNotFound(t *testing.T) {
