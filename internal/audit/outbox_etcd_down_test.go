@@ -24,13 +24,8 @@ func TestEtcdOutboxDownIsUnavailable(t *testing.T) {
 	cli := env.spool.out.(*etcdOutbox).cli
 	key := etcdstore.NewSpace(cluster.Root(), "registry").Key("servers", "docs")
 
-	cluster.Kill(0)
-	restarted := false
-	defer func() {
-		if !restarted {
-			cluster.Restart(0)
-		}
-	}()
+	restart := cluster.Down(0)
+	defer restart()
 	r, err := env.spool.EtcdRecorder(t.Context()) // no deadline
 	require.NoError(t, err)
 	err = r.Record(toolRecord(1, "p"))
@@ -38,8 +33,7 @@ func TestEtcdOutboxDownIsUnavailable(t *testing.T) {
 	require.Contains(t, err.Error(), "etcd")
 	require.Contains(t, err.Error(), "store.etcd_endpoints", "names what to check")
 
-	cluster.Restart(0)
-	restarted = true
+	restart()
 	rec := toolRecord(2, "p")
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		ok, err := commitWith(t, cli, env.spool, key, rec)

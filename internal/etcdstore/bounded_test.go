@@ -33,13 +33,8 @@ func TestEveryRequestOfADialedClientIsBounded(t *testing.T) {
 	require.False(t, resp.Succeeded)
 	require.Equal(t, "v1", string(resp.Responses[0].GetResponseRange().GetKvs()[0].Value), "the Else branch ran")
 
-	cluster.Kill(0)
-	restarted := false
-	defer func() {
-		if !restarted {
-			cluster.Restart(0)
-		}
-	}()
+	restart := cluster.Down(0)
+	defer restart()
 	requests := map[string]func() error{
 		"get": func() error { _, err := cli.Get(ctx, key); return err },
 		"put": func() error { _, err := cli.Put(ctx, key, "v3"); return err },
@@ -70,8 +65,7 @@ func TestEveryRequestOfADialedClientIsBounded(t *testing.T) {
 	require.ErrorIs(t, errs["list"], etcdstore.ErrUnavailable)
 	require.Contains(t, errs["list"].Error(), "store.etcd_endpoints", "names what to check")
 
-	cluster.Restart(0)
-	restarted = true
+	restart()
 	cluster.WaitLeader(t)
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		got, err := cli.Get(ctx, key)

@@ -8,8 +8,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
@@ -34,13 +32,8 @@ func TestEtcdDownAnswersTokenCallsUnavailable(t *testing.T) {
 	require.NoError(t, err)
 	runID := started.GetRun().GetRunId()
 
-	cluster.Kill(0)
-	restarted := false
-	defer func() { // before Close, which hands the host's runs back through etcd
-		if !restarted {
-			cluster.Restart(0)
-		}
-	}()
+	restart := cluster.Down(0)
+	defer restart() // before Close, which hands the host's runs back through etcd
 	calls := map[string]func() error{
 		"a read": func() error {
 			_, err := srv.ListAgentTokens(ctx, &poolv1.ListAgentTokensRequest{RunId: runID})
@@ -52,15 +45,10 @@ func TestEtcdDownAnswersTokenCallsUnavailable(t *testing.T) {
 		},
 	}
 	for name, call := range calls {
-		err := call()
-		require.Equal(t, codes.Unavailable, status.Code(err), "%s: %v", name, err)
-		msg := status.Convert(err).Message()
-		require.Contains(t, msg, "etcd", name)
-		require.Contains(t, msg, "store.etcd_endpoints", "%s names what to check: %s", name, msg)
+		etcdtest.RequireUnavailable(t, call(), name)
 	}
 
-	cluster.Restart(0)
-	restarted = true
+	restart()
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		_, err := srv.CreateAgentToken(ctx, &poolv1.CreateAgentTokenRequest{RunId: runID, Agent: "a"})
 		assert.NoError(c, err)

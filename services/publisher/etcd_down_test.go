@@ -6,8 +6,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	publisherv1 "github.com/ringfence/ringfence/gen/go/ringfence/publisher/v1"
 	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
@@ -24,13 +22,8 @@ func TestEtcdDownIsUnavailable(t *testing.T) {
 	_, err := svc.CreateGraph(ctx, &publisherv1.CreateGraphRequest{GraphId: "g", Agents: []string{"researcher"}})
 	require.NoError(t, err)
 
-	cluster.Kill(0)
-	restarted := false
-	defer func() {
-		if !restarted {
-			cluster.Restart(0)
-		}
-	}()
+	restart := cluster.Down(0)
+	defer restart()
 	calls := map[string]func() error{
 		"a read": func() error {
 			_, err := svc.ListGraphs(ctx, &publisherv1.ListGraphsRequest{})
@@ -42,15 +35,10 @@ func TestEtcdDownIsUnavailable(t *testing.T) {
 		},
 	}
 	for name, call := range calls {
-		err := call()
-		require.Equal(t, codes.Unavailable, status.Code(err), "%s: %v", name, err)
-		msg := status.Convert(err).Message()
-		require.Contains(t, msg, "etcd", name)
-		require.Contains(t, msg, "store.etcd_endpoints", "%s names what to check: %s", name, msg)
+		etcdtest.RequireUnavailable(t, call(), name)
 	}
 
-	cluster.Restart(0)
-	restarted = true
+	restart()
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		_, err := svc.CreateGraph(ctx, &publisherv1.CreateGraphRequest{GraphId: "h", Agents: []string{"researcher"}})
 		assert.NoError(c, err)

@@ -6,8 +6,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
@@ -24,13 +22,8 @@ func TestEtcdDownIsUnavailable(t *testing.T) {
 	_, err := svc.CreateServer(ctx, docsSearch())
 	require.NoError(t, err)
 
-	cluster.Kill(0)
-	restarted := false
-	defer func() {
-		if !restarted {
-			cluster.Restart(0)
-		}
-	}()
+	restart := cluster.Down(0)
+	defer restart()
 	second := docsSearch()
 	second.Ref = "docs-search-2"
 	calls := map[string]func() error{
@@ -44,15 +37,10 @@ func TestEtcdDownIsUnavailable(t *testing.T) {
 		},
 	}
 	for name, call := range calls {
-		err := call()
-		require.Equal(t, codes.Unavailable, status.Code(err), "%s: %v", name, err)
-		msg := status.Convert(err).Message()
-		require.Contains(t, msg, "etcd", name)
-		require.Contains(t, msg, "store.etcd_endpoints", "%s names what to check: %s", name, msg)
+		etcdtest.RequireUnavailable(t, call(), name)
 	}
 
-	cluster.Restart(0)
-	restarted = true
+	restart()
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		_, err := svc.CreateServer(ctx, second)
 		assert.NoError(c, err)

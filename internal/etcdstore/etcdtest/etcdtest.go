@@ -21,6 +21,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ringfence/ringfence/internal/etcdstore"
 	"github.com/ringfence/ringfence/internal/mtls"
@@ -183,6 +185,25 @@ func (c *Cluster) Kill(i int) {
 func (c *Cluster) Restart(i int) {
 	c.t.Helper()
 	require.NoError(c.t, c.start(c.members[i]))
+}
+
+// Down kills member i for a test of what callers see while etcd is away, and returns what
+// starts it again; that runs once however often it is called, so a test defers it (for the
+// paths that end early) and calls it where etcd comes back.
+func (c *Cluster) Down(i int) (restart func()) {
+	c.Kill(i)
+	var once sync.Once
+	return func() { once.Do(func() { c.Restart(i) }) }
+}
+
+// RequireUnavailable checks that err, what a call answered while etcd was away, is
+// UNAVAILABLE and names etcd and what to check (store.etcd_endpoints).
+func RequireUnavailable(t testing.TB, err error, what string) {
+	t.Helper()
+	require.Equal(t, codes.Unavailable, status.Code(err), "%s: %v", what, err)
+	msg := status.Convert(err).Message()
+	require.Contains(t, msg, "etcd", what)
+	require.Contains(t, msg, "store.etcd_endpoints", "%s names what to check: %s", what, msg)
 }
 
 // Leader is the index of the member that leads, or -1 while none does.

@@ -24,13 +24,8 @@ func TestEtcdDownIsUnavailable(t *testing.T) {
 	ctx := t.Context() // no deadline
 	now := time.Now()
 
-	cluster.Kill(0)
-	restarted := false
-	defer func() {
-		if !restarted {
-			cluster.Restart(0)
-		}
-	}()
+	restart := cluster.Down(0)
+	defer restart()
 	calls := map[string]func() error{
 		"put a sign-in": func() error { return s.PutSignInState(ctx, "h1", signIn("alice", "tickets", now.Add(time.Hour)), now) },
 		"lock a token": func() error {
@@ -68,8 +63,7 @@ func TestEtcdDownIsUnavailable(t *testing.T) {
 		require.Contains(t, errs[name].Error(), "store.etcd_endpoints", "%s names what to check", name)
 	}
 
-	cluster.Restart(0)
-	restarted = true
+	restart()
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		assert.NoError(c, s.PutSignInState(ctx, "h2", signIn("bob", "tickets", time.Now().Add(time.Hour)), time.Now()))
 	}, 30*time.Second, 100*time.Millisecond, "the sign-in state is written again once etcd is back")
