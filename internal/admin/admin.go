@@ -156,21 +156,14 @@ func (s *Service) Backup(_ *adminv1.BackupRequest, stream adminv1.AdminService_B
 			if w.sendErr != nil {
 				// The client went away (its status is the answer), or stopped reading: the
 				// read transaction is released as Copy returns.
-				if errors.Is(w.sendErr, errStalled) {
-					s.cfg.Logger.Warn("admin: a backup was ended: its client took no chunk of it for limits.backup_stall_timeout", "actor", p.Actor(), "file", rels[i], "stall_timeout", s.cfg.StallTimeout)
-					return status.Errorf(codes.DeadlineExceeded, "admin: the backup was ended: its client took none of %s for %s (limits.backup_stall_timeout), and a backup that is not read must not hold back the server's writes: run it again from a client that reads it, or raise limits.backup_stall_timeout for a very slow link", rels[i], s.cfg.StallTimeout)
-				}
-				return w.sendErr
+				return s.sendFailed(w.sendErr, p, rels[i])
 			}
 			s.cfg.Logger.Error("admin: backup: a file could not be read", "file", f.Path, "err", err)
 			return status.Errorf(codes.Internal, "admin: %s could not be read for the backup: the server's log says why", rels[i])
 		}
 		end := &adminv1.FileEnd{}
 		if err := w.flush(end); err != nil {
-			if errors.Is(err, errStalled) {
-				return status.Errorf(codes.DeadlineExceeded, "admin: the backup was ended: its client took none of %s for %s (limits.backup_stall_timeout): run it again from a client that reads it, or raise limits.backup_stall_timeout for a very slow link", rels[i], s.cfg.StallTimeout)
-			}
-			return err
+			return s.sendFailed(err, p, rels[i])
 		}
 		sent[i] = fileSummary{Path: rels[i], Size: end.GetSize(), SHA256: end.GetSha256()}
 		total += end.GetSize()
@@ -185,10 +178,19 @@ func (s *Service) Backup(_ *adminv1.BackupRequest, stream adminv1.AdminService_B
 		Binary: s.cfg.Binary, StoreBackend: s.cfg.StoreBackend, Files: int32(len(files)), Bytes: total,
 		SecretsKeyFile: s.cfg.SecretsKeyFile, NotIncluded: s.cfg.NotIncluded,
 	}})
-	if errors.Is(err, errStalled) {
-		return status.Errorf(codes.DeadlineExceeded, "admin: the backup's summary was not taken for %s (limits.backup_stall_timeout): every file was sent, but run it again from a client that reads it to the end", s.cfg.StallTimeout)
+	return s.sendFailed(err, p, "the summary (every file was sent)")
+}
+
+// sendFailed is the answer to a backup whose send of what failed with err: the client's own
+// status when it went away, or, when it stopped reading, DEADLINE_EXCEEDED, logged, saying
+// why it was ended (the read transaction of the file being copied is released as Copy
+// returns).
+func (s *Service) sendFailed(err error, p auth.Principal, what string) error {
+	if !errors.Is(err, errStalled) {
+		return err
 	}
-	return err
+	s.cfg.Logger.Warn("admin: a backup was ended: its client took no chunk of it for limits.backup_stall_timeout", "actor", p.Actor(), "file", what, "stall_timeout", s.cfg.StallTimeout)
+	return status.Errorf(codes.DeadlineExceeded, "admin: the backup was ended: its client took none of %s for %s (limits.backup_stall_timeout), and a backup that is not read must not hold back the server's writes: run it again from a client that reads it, or raise limits.backup_stall_timeout for a very slow link", what, s.cfg.StallTimeout)
 }
 
 // errStalled is what sender.send answers when the client took nothing for the stall timeout.
