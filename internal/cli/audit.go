@@ -20,7 +20,7 @@ import (
 )
 
 type auditFilterFlags struct {
-	tenant, run, server, tool, outcome, kind, since, until string
+	tenant, run, server, tool, outcome, kind, call, since, until string
 }
 
 func (f *auditFilterFlags) register(cmd *cobra.Command) {
@@ -31,12 +31,13 @@ func (f *auditFilterFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.tool, "tool", "", "only this tool name")
 	fl.StringVar(&f.outcome, "outcome", "", "refused_before_dispatch or dispatched")
 	fl.StringVar(&f.kind, "kind", "", "admin or tool_call")
+	fl.StringVar(&f.call, "call", "", "only this call id's records (every attempt, and a retry that got its approved outcome)")
 	fl.StringVar(&f.since, "since", "", "from this time (RFC 3339, or a duration ago such as 1h)")
 	fl.StringVar(&f.until, "until", "", "before this time (RFC 3339, or a duration ago)")
 }
 
 func (f *auditFilterFlags) filter() (*auditv1.Filter, error) {
-	out := &auditv1.Filter{Tenant: f.tenant, RunId: f.run, ServerRef: f.server, ToolName: f.tool, Outcome: f.outcome, Kind: f.kind}
+	out := &auditv1.Filter{Tenant: f.tenant, RunId: f.run, ServerRef: f.server, ToolName: f.tool, Outcome: f.outcome, Kind: f.kind, CallId: f.call}
 	for name, raw := range map[string]string{"since": f.since, "until": f.until} {
 		if raw == "" {
 			continue

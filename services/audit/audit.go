@@ -139,7 +139,7 @@ func filterFor(ctx context.Context, f *auditv1.Filter) (store.Filter, error) {
 	}
 	out := store.Filter{
 		Tenant: t.Tenant, RunID: f.GetRunId(), ServerRef: f.GetServerRef(), ToolName: f.GetToolName(),
-		Outcome: f.GetOutcome(), Kind: audit.Kind(f.GetKind()),
+		Outcome: f.GetOutcome(), Kind: audit.Kind(f.GetKind()), CallID: f.GetCallId(),
 	}
 	if f.GetSince() != nil {
 		out.Since = f.GetSince().AsTime()
@@ -367,7 +367,7 @@ func (s *Service) ExportHandler(authz grpcserver.Authorizer) http.Handler {
 		}
 		pf := &auditv1.Filter{
 			Tenant: q.Get("tenant"), RunId: q.Get("run_id"), ServerRef: q.Get("server_ref"),
-			ToolName: q.Get("tool_name"), Outcome: q.Get("outcome"), Kind: q.Get("kind"),
+			ToolName: q.Get("tool_name"), Outcome: q.Get("outcome"), Kind: q.Get("kind"), CallId: q.Get("call_id"),
 		}
 		// The tenancy is resolved as the interceptor resolves it for the Export RPC; an
 		// authorizer that cannot leaves none, and filterFor refuses.
@@ -413,4 +413,4 @@ func (s *Service) ExportHandler(authz grpcserver.Authorizer) http.Handler {
 }
 
 // exportParams are the query parameters GET /v1/audit/export takes.
-var exportParams = []string{"tenant", "run_id", "server_ref", "tool_name", "outcome", "kind", "since", "until"}
+var exportParams = []string{"tenant", "run_id", "server_ref", "tool_name", "outcome", "kind", "call_id", "since", "until"}

@@ -20,10 +20,11 @@ import (
 	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/ident"
 )
 
-// ErrInvalidFilter means a filter named an unknown kind or outcome, or a time range no record
-// can fall in. It reaches callers as
+// ErrInvalidFilter means a filter named an unknown kind or outcome, a call id no call can
+// have, or a time range no record can fall in. It reaches callers as
 // the status message, hence the service's prefix.
 var ErrInvalidFilter = errors.New("audit: invalid filter")
 
@@ -39,8 +40,8 @@ const (
 	watchChunk = 256
 )
 
-// Filter selects records. Empty fields match everything. RunID, ServerRef, ToolName and
-// Outcome match tool-call records only. Since is inclusive, Until exclusive; both
+// Filter selects records. Empty fields match everything. RunID, ServerRef, ToolName,
+// Outcome and CallID match tool-call records only. Since is inclusive, Until exclusive; both
 // compare the producer's record time.
 type Filter struct {
 	Tenant    string
@@ -51,6 +52,11 @@ type Filter struct {
 	Kind      audit.Kind
 	Since     time.Time
 	Until     time.Time
+	// CallID matches the call's own records (tool_call.call_id) and the record of a retry
+	// that was handed its approved outcome (tool_call.approval.dispatched_call_id): what
+	// happened to the call, including who got its result. Omitted from the fingerprint
+	// when empty, so page tokens issued before the field existed still hold.
+	CallID string `json:",omitempty"`
 }
 
 // Validate reports whether the filter's kind and outcome are ones records can have, and its
@@ -65,6 +71,13 @@ func (f Filter) Validate() error {
 	case "", audit.OutcomeRefusedBeforeDispatch, audit.OutcomeDispatched:
 	default:
 		return fmt.Errorf("%w: outcome %.32q is not one of %s, %s", ErrInvalidFilter, f.Outcome, audit.OutcomeRefusedBeforeDispatch, audit.OutcomeDispatched)
+	}
+	// A call id the pool would refuse names no call: refused, as an empty answer would say
+	// the call left no record.
+	if f.CallID != "" {
+		if p := ident.CallID.Problem(f.CallID); p != "" {
+			return fmt.Errorf("%w: call_id %s", ErrInvalidFilter, p)
+		}
 	}
 	// Refused rather than answered empty: an empty answer would read as "nothing happened".
 	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Until.After(f.Since) {
@@ -92,7 +105,7 @@ func (f Filter) match(r *audit.Record) bool {
 	if !f.Until.IsZero() && !r.Time.Before(f.Until) {
 		return false
 	}
-	if f.RunID == "" && f.ServerRef == "" && f.ToolName == "" && f.Outcome == "" {
+	if f.RunID == "" && f.ServerRef == "" && f.ToolName == "" && f.Outcome == "" && f.CallID == "" {
 		return true
 	}
 	tc := r.ToolCall
@@ -100,7 +113,8 @@ func (f Filter) match(r *audit.Record) bool {
 		(f.RunID == "" || tc.RunID == f.RunID) &&
 		(f.ServerRef == "" || tc.ServerRef == f.ServerRef) &&
 		(f.ToolName == "" || tc.ToolName == f.ToolName) &&
-		(f.Outcome == "" || tc.Outcome == f.Outcome)
+		(f.Outcome == "" || tc.Outcome == f.Outcome) &&
+		(f.CallID == "" || tc.CallID == f.CallID || tc.Approval != nil && tc.Approval.DispatchedCallID == f.CallID)
 }
 
 // fingerprint ties a page token to the filter it was made for.
@@ -147,6 +161,12 @@ func newScanner(f Filter, wantEntries bool) *scanner {
 	add("tool_name", f.ToolName)
 	add("outcome", f.Outcome)
 	add("kind", string(f.Kind))
+	if f.CallID != "" {
+		// Without its opening quote the needle is in "call_id":… and in
+		// "dispatched_call_id":… alike; match decides which.
+		js, _ := json.Marshal(f.CallID)
+		sc.needles = append(sc.needles, append([]byte(`call_id":`), js...))
+	}
 	return sc
 }
 

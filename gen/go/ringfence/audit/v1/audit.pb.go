@@ -678,9 +678,16 @@ type Filter struct {
 	// outcome is refused_before_dispatch or dispatched.
 	Outcome string `protobuf:"bytes,5,opt,name=outcome,proto3" json:"outcome,omitempty"`
 	// kind is admin or tool_call.
-	Kind          string                 `protobuf:"bytes,6,opt,name=kind,proto3" json:"kind,omitempty"`
-	Since         *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=since,proto3" json:"since,omitempty"`
-	Until         *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=until,proto3" json:"until,omitempty"`
+	Kind  string                 `protobuf:"bytes,6,opt,name=kind,proto3" json:"kind,omitempty"`
+	Since *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=since,proto3" json:"since,omitempty"`
+	Until *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=until,proto3" json:"until,omitempty"`
+	// call_id is one call's records: every record whose tool_call.call_id it is (each attempt's
+	// refusal, pending record and outcome, and the approved execution of a call that asked for
+	// confirmation), and the record of the retry that got its approved outcome (whose
+	// tool_call.approval.dispatched_call_id it is). Call ids are the caller's choice and may
+	// repeat across runs: add run_id to keep to one run. A call id as CallTool takes it:
+	// ^[A-Za-z0-9_.:-]{1,512}$, not only dots.
+	CallId        string `protobuf:"bytes,9,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -769,6 +776,13 @@ func (x *Filter) GetUntil() *timestamppb.Timestamp {
 		return x.Until
 	}
 	return nil
+}
+
+func (x *Filter) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
 }
 
 // ListRequest pages through records.
@@ -1296,7 +1310,7 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"decideTime\x12\x12\n" +
 	"\x04note\x18\x05 \x01(\tR\x04note\x12,\n" +
 	"\x12dispatched_call_id\x18\x06 \x01(\tR\x10dispatchedCallId\x12-\n" +
-	"\x12dispatched_attempt\x18\a \x01(\x05R\x11dispatchedAttempt\"\x85\x02\n" +
+	"\x12dispatched_attempt\x18\a \x01(\x05R\x11dispatchedAttempt\"\x9e\x02\n" +
 	"\x06Filter\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x1d\n" +
@@ -1306,7 +1320,8 @@ const file_ringfence_audit_v1_audit_proto_rawDesc = "" +
 	"\aoutcome\x18\x05 \x01(\tR\aoutcome\x12\x12\n" +
 	"\x04kind\x18\x06 \x01(\tR\x04kind\x120\n" +
 	"\x05since\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
-	"\x05until\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x05until\"}\n" +
+	"\x05until\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x17\n" +
+	"\acall_id\x18\t \x01(\tR\x06callId\"}\n" +
 	"\vListRequest\x122\n" +
 	"\x06filter\x18\x01 \x01(\v2\x1a.ringfence.audit.v1.FilterR\x06filter\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
