@@ -78,7 +78,7 @@ func TestUnknownQueryParametersAreRefused(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, code, tc.query)
 		require.Equal(t, "INVALID_ARGUMENT", body["status"])
 		require.Contains(t, body["message"], `unknown query parameter "`+tc.param+`": this route takes only filter.tenant, filter.run_id, `)
-		require.Contains(t, body["message"], "filter.kind, filter.since, filter.until, page_size, page_token")
+		require.Contains(t, body["message"], "filter.kind, filter.since, filter.until, filter.call_id, page_size, page_token")
 	}
 }
 
