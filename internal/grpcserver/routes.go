@@ -69,13 +69,16 @@ var routeMethods = map[string]string{
 }
 
 // allowedMethods names the methods of the routes whose pattern matches path, sorted, for the
-// Allow header of a 405.
+// Allow header of a 405: HEAD beside GET, which every GET route answers (headAsGet).
 func allowedMethods(path string) []string {
 	var methods []string
 	for r := range routeMethods {
 		method, pattern, _ := strings.Cut(r, " ")
 		if patternMatches(pattern, path) && !slices.Contains(methods, method) {
 			methods = append(methods, method)
+			if method == http.MethodGet {
+				methods = append(methods, http.MethodHead)
+			}
 		}
 	}
 	slices.Sort(methods)

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	goruntime "runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -378,7 +379,7 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 	if a, ok := s.opts.Authorizer.(Authenticator); ok {
 		api = authenticateFirst(api, a, s.refusals)
 	}
-	root.Handle("/v1/", api)
+	root.Handle("/v1/", headAsGet(api))
 	root.HandleFunc("/healthz", getOnly(s.healthz))
 	root.Handle("/metrics", getOnly(promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}).ServeHTTP))
 	root.HandleFunc("/", noRoute)
@@ -387,6 +388,43 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 	}
 	return httpRequestID(root), nil
 }
+
+// headAsGet answers HEAD on every REST route that takes GET as that GET: the same checks,
+// status and headers, without the body (monitoring probes and curl -I send HEAD; the gateway
+// matches routes by method and answered 405). The route's GET handler runs, which changes
+// nothing by definition; net/http drops what it writes to a HEAD response. A stream (a watch)
+// ends once its status is sent, at its first message or its refusal, as a GET's headers would
+// arrive then. HEAD on a path with no GET route is left to the gateway's 405, whose Allow names
+// the methods the path takes.
+func headAsGet(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodHead || !slices.Contains(allowedMethods(r.URL.Path), http.MethodGet) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		get := r.Clone(ctx)
+		get.Method = http.MethodGet
+		h.ServeHTTP(&headResponse{ResponseWriter: w, sent: cancel}, get)
+	})
+}
+
+// headResponse is the response writer of a HEAD served as GET. A flush sends the status and
+// headers, after which a HEAD has nothing more to send: it ends the handler's context, so a
+// stream that would go on (a watch) stops there.
+type headResponse struct {
+	http.ResponseWriter
+	sent context.CancelFunc
+}
+
+func (h *headResponse) Flush() {
+	http.NewResponseController(h.ResponseWriter).Flush() //nolint:errcheck // nothing to do about a client gone
+	h.sent()
+}
+
+// Unwrap lets http.ResponseController reach the connection's other controls.
+func (h *headResponse) Unwrap() http.ResponseWriter { return h.ResponseWriter }
 
 // getOnly serves GET and HEAD with h, and answers any other method 405.
 func getOnly(h http.HandlerFunc) http.HandlerFunc {

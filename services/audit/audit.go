@@ -333,11 +333,12 @@ func (s *Service) Export(req *auditv1.ExportRequest, stream auditv1.AuditService
 
 // ExportHandler serves GET /v1/audit/export as JSON lines: each line is
 // {"hash":"<hex>","record":<the stored body, byte for byte>}, so the chain can be verified
-// away from this service. It authorizes exactly like the Export RPC.
+// away from this service. It authorizes exactly like the Export RPC. HEAD answers as GET
+// would begin, the same checks, status and headers, without reading the log.
 func (s *Service) ExportHandler(authz grpcserver.Authorizer) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet {
-			grpcserver.MethodNotAllowed(w, r, http.MethodGet)
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			grpcserver.MethodNotAllowed(w, r, http.MethodGet, http.MethodHead)
 			return
 		}
 		// Every X-API-Key the request sent: Authorize refuses a key sent twice.
@@ -402,6 +403,9 @@ func (s *Service) ExportHandler(authz grpcserver.Authorizer) http.Handler {
 			return
 		}
 		w.Header().Set("Content-Type", "application/x-ndjson")
+		if r.Method == http.MethodHead {
+			return
+		}
 		if _, err := s.store.Export(ctx, w, f); err != nil && !strings.Contains(err.Error(), "write") {
 			s.log.Warn("export failed", "err", err)
 			// The status is sent; a last line that is not a record tells the reader the

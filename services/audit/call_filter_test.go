@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/stretchr/testify/require"
@@ -210,6 +211,36 @@ func TestAFilterByCallFindsTheCallsRecords(t *testing.T) {
 		require.Equal(t, len(want), strings.Count(body, "\n"), body)
 		require.NotContains(t, body, `"call_id":"c-2"`)
 		require.NotContains(t, body, "globex")
+	})
+
+	// HEAD answers as GET begins, without the body: on a watch, which would go on forever,
+	// it ends once the status is sent; on the export, it reads no record.
+	t.Run("head", func(t *testing.T) {
+		for _, tc := range []struct {
+			path, contentType string
+			code              int
+		}{
+			{"/v1/audit/records?filter.call_id=c-1", "application/json", http.StatusOK},
+			{"/v1/audit/records:watch?from_seq=1&filter.call_id=c-1", "application/json", http.StatusOK},
+			{"/v1/audit/export?call_id=c-1", "application/x-ndjson", http.StatusOK},
+			{"/v1/audit/records:watch?filter.call_id=c%201", "application/json", http.StatusBadRequest},
+			{"/v1/audit/export?call_id=c%201", "application/json", http.StatusBadRequest},
+		} {
+			// Bounded so that a HEAD that never ends fails here rather than at the test timeout.
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			req, err := http.NewRequestWithContext(ctx, http.MethodHead, base+tc.path, nil)
+			require.NoError(t, err)
+			req.Header.Set("X-API-Key", acmeAuditorKey)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err, tc.path)
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			cancel()
+			require.NoError(t, err, tc.path)
+			require.Equal(t, tc.code, resp.StatusCode, tc.path)
+			require.Empty(t, body, tc.path)
+			require.Equal(t, tc.contentType, resp.Header.Get("Content-Type"), tc.path)
+		}
 	})
 
 	t.Run("refused", func(t *testing.T) {

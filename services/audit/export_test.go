@@ -92,9 +92,9 @@ func TestExportRefusesABadFilterBeforeAnswering(t *testing.T) {
 	rec = httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
 	require.Equal(t, http.StatusMethodNotAllowed, rec.Code)
-	require.Equal(t, "GET", rec.Header().Get("Allow"))
+	require.Equal(t, "GET, HEAD", rec.Header().Get("Allow"))
 	require.Equal(t, "application/json", rec.Header().Get("Content-Type"))
-	require.Contains(t, rec.Body.String(), `\"POST\" is not a method of \"/v1/audit/export\": it takes GET`)
+	require.Contains(t, rec.Body.String(), `\"POST\" is not a method of \"/v1/audit/export\": it takes GET, HEAD`)
 }
 
 // TestExportKeepsToTheKeysTenant: an export, over the gRPC stream and over GET

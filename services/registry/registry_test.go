@@ -895,12 +895,12 @@ func TestRESTWrongMethodIs405(t *testing.T) {
 	f := newFixture(t)
 	code, body := f.rest(t, http.MethodPost, "/v1/mcp/servers/docs", adminKey, `{}`)
 	require.Equal(t, http.StatusMethodNotAllowed, code, body)
-	require.Contains(t, body, `\"POST\" is not a method of \"/v1/mcp/servers/docs\": it takes DELETE, GET, PATCH, PUT`)
+	require.Contains(t, body, `\"POST\" is not a method of \"/v1/mcp/servers/docs\": it takes DELETE, GET, HEAD, PATCH, PUT`)
 
 	// RFC 9110: a 405 names the methods the path takes in Allow.
 	code, body, header := f.restHeaders(t, http.MethodDelete, "/v1/mcp/servers", adminKey, "")
 	require.Equal(t, http.StatusMethodNotAllowed, code, body)
-	require.Equal(t, "GET, POST", header.Get("Allow"))
+	require.Equal(t, "GET, HEAD, POST", header.Get("Allow"))
 	_, _, header = f.restHeaders(t, http.MethodGet, "/v1/keys/key_1:revoke", adminKey, "")
 	require.Equal(t, "POST", header.Get("Allow"), "a custom verb is part of the path")
 }
