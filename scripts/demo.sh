@@ -2,10 +2,14 @@
 # `make run`: the whole product on one machine. It builds a FROM-scratch isolation image from
 # the demo MCP server in examples/docs-mcp, starts ringfenced (every service in one process)
 # with that image pinned, registers the server, imports its tools into a graph, publishes it,
-# runs two calls (one succeeds, one is refused by a gate), prints the audit trail, and leaves
-# the server running for the curl, grpcurl and CLI examples it prints. Ctrl-C stops it.
+# runs three calls (one succeeds, one is refused by a gate, one reads a document the user
+# uploaded), prints the audit trail, and leaves the server running for the curl, grpcurl and
+# CLI examples it prints. Ctrl-C stops it. DEMO_BIN names the directory of the
+# ringfence and ringfenced binaries to run (default: ./bin, which make run builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Not RINGFENCE_*: ringfenced refuses an environment variable of its prefix it does not know.
+DEMO_BIN="${DEMO_BIN:-$PWD/bin}"
 
 export RINGFENCE_GRPC_ADDR="${RINGFENCE_GRPC_ADDR:-127.0.0.1:50051}"
 export RINGFENCE_HTTP_ADDR="${RINGFENCE_HTTP_ADDR:-127.0.0.1:8000}"
@@ -18,7 +22,7 @@ export RINGFENCE_SANDBOX__MCP_ISOLATION_ALLOWED_ENVIRONMENT_KEYS="${RINGFENCE_SA
 export RINGFENCE_LOG_LEVEL="${RINGFENCE_LOG_LEVEL:-warn}"
 grpc="$RINGFENCE_GRPC_ADDR"
 http="$RINGFENCE_HTTP_ADDR"
-rf() { RINGFENCE_ADDR="$grpc" RINGFENCE_API_KEY="$RINGFENCE_BOOTSTRAP_ADMIN_KEY" ./bin/ringfence "$@"; }
+rf() { RINGFENCE_ADDR="$grpc" RINGFENCE_API_KEY="$RINGFENCE_BOOTSTRAP_ADMIN_KEY" "$DEMO_BIN/ringfence" "$@"; }
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 # Another server on the demo's ports (a demo still running, or anything else) would answer in
@@ -54,7 +58,7 @@ mkdir -p .tmp/demo
 CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o .tmp/demo/docs-mcp ./examples/docs-mcp
 # Tagged ringfence-demo:<this checkout's id> and labeled with it: another checkout's demo never
 # takes this one's tag, and make clean removes this checkout's image (and no other's).
-image=$(./scripts/demo-image.sh .tmp/demo/docs-mcp)
+image=$(DEMO_BIN="$DEMO_BIN" ./scripts/demo-image.sh .tmp/demo/docs-mcp)
 [ -n "$image" ] || { echo "demo: building the isolation image failed; see the messages above" >&2; exit 1; }
 echo "pinned isolation image: $image"
 export RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE="$image"
@@ -62,7 +66,7 @@ export RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE="$image"
 step "starting ringfenced (about a second; data in $RINGFENCE_DATA_DIR)"
 # The demo starts from nothing each time, but only ever wipes a directory of its own.
 case "$RINGFENCE_DATA_DIR" in "$PWD"/.tmp/demo-data-*) rm -rf "$RINGFENCE_DATA_DIR" ;; esac
-./bin/ringfenced &
+"$DEMO_BIN/ringfenced" &
 server=$!
 # `|| true`: under set -e a failing kill (the server already gone) would turn any exit into 1.
 trap 'kill $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
@@ -90,6 +94,9 @@ step "an author imports its tools into a draft graph, lets the agent read the ha
 rf graphs create --graph support --agent researcher >/dev/null
 rf mcp-import --server docs --graph support --agent researcher
 rf graphs bind --graph support --agent researcher --capability 'docs.read:/handbook/**' >/dev/null
+# Documents the user uploads reach the docs server only: calls to it name them as
+# my-documents://<id>, and Ringfence puts their content there.
+rf graphs settings --graph support --agent researcher --document-resolver --document-servers docs >/dev/null
 rf graphs publish --graph support
 
 step "a run: the researcher reads a handbook page (allowed)"
@@ -98,6 +105,12 @@ rf runs call --run "$run" --agent researcher --tool docs__read_doc --args '{"pat
 
 step "the same agent asks for a restricted page (refused by the argument-scope gate before anything reaches the server)"
 rf runs call --run "$run" --agent researcher --tool docs__read_doc --args '{"path":"/restricted/payroll.md"}' || true
+
+step "the user uploads a receipt; the researcher's call names it as my-documents://<id>, and the docs server gets its content (the audit trail never holds it)"
+printf 'Taxi to the airport: 42.50 EUR, 3 March.\n' > .tmp/demo/receipt.txt
+doc=$(rf documents put .tmp/demo/receipt.txt)
+echo "stored .tmp/demo/receipt.txt as document $doc"
+rf runs call --run "$run" --agent researcher --tool docs__read_upload --args '{"content":"my-documents://'"$doc"'"}'
 rf runs end --run "$run" >/dev/null
 
 step "the audit trail (tamper-evident; every attempt, refused or dispatched)"
