@@ -27,11 +27,12 @@ func TestAFailedCallIsFollowedFromWhatTheCallerGotToTheLogAndTheRecord(t *testin
 	require.Equal(t, 0, r.Code, r.Stderr)
 
 	// The CLI names the attempt of a refusal and of a failure, and where its records are.
-	callOf := regexp.MustCompile(`\(call (call-[0-9a-f]+) attempt 1; its records: ringfence audit list --run r-follow --kind tool_call\)`)
+	callOf := regexp.MustCompile(`\(call (call-[0-9a-f]+) attempt 1; its records: ringfence audit list --run r-follow --call (call-[0-9a-f]+)\)`)
 	r = cli("runs", "call", "--run", "r-follow", "--agent", "researcher", "--tool", "fx__add", "--args", `{"a":"two","b":3}`)
 	require.Equal(t, 3, r.Code, r.Stderr)
 	m := callOf.FindStringSubmatch(r.Stderr)
 	require.NotNil(t, m, r.Stderr)
+	require.Equal(t, m[1], m[2], "the command it names lists this call")
 	refused := m[1]
 
 	// A failure at the server (a JSON-RPC error that quotes the server's secret env value,
@@ -46,7 +47,7 @@ func TestAFailedCallIsFollowedFromWhatTheCallerGotToTheLogAndTheRecord(t *testin
 		r = cli(args...)
 		require.Equal(t, 0, r.Code, r.Stderr)
 	}
-	failedOf := regexp.MustCompile(`\(call (call-[0-9a-f]+) attempt 1; its records: ringfence audit list --run r-fail --kind tool_call\)`)
+	failedOf := regexp.MustCompile(`\(call (call-[0-9a-f]+) attempt 1; its records: ringfence audit list --run r-fail --call (call-[0-9a-f]+)\)`)
 	var failed []string
 	for _, tool := range []string{"fx__rpc_error", "fx__crash"} {
 		r = cli("runs", "call", "--run", "r-fail", "--agent", "researcher", "--tool", tool)
@@ -54,6 +55,7 @@ func TestAFailedCallIsFollowedFromWhatTheCallerGotToTheLogAndTheRecord(t *testin
 		require.NotContains(t, r.Stdout+r.Stderr, canary)
 		m := failedOf.FindStringSubmatch(r.Stderr)
 		require.NotNil(t, m, r.Stderr)
+		require.Equal(t, m[1], m[2], "the command it names lists this call")
 		failed = append(failed, m[1])
 	}
 

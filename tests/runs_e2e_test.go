@@ -380,13 +380,13 @@ func TestACallWithNoAnswerWithinTimeoutSaysItsOutcomeIsUnknown(t *testing.T) {
 	require.Equal(t, 4, r.Code, "no answer within --timeout exits 4, like a failure that may have taken effect: %s", r.Stderr)
 	require.Contains(t, r.Stderr, "the call's outcome is unknown: no answer within --timeout 15s")
 	require.Contains(t, r.Stderr, "it may have reached the server and taken effect")
-	require.Contains(t, r.Stderr, "ringfence audit list --run run-slow --kind tool_call")
-	require.Contains(t, r.Stderr, "find call call-slow")
+	require.Contains(t, r.Stderr, "look up call call-slow before calling again: ringfence audit list --run run-slow --call call-slow (needs audit:read)")
 	require.NotContains(t, r.Stderr, "DeadlineExceeded", "not a bare gRPC error")
 	// What it says to run finds the attempt.
-	r = cli("audit", "list", "--run", "run-slow", "--kind", "tool_call")
+	r = cli("audit", "list", "--run", "run-slow", "--call", "call-slow")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "call call-slow#1")
+	require.NotContains(t, r.Stdout, "fx/echo", "the run's other call is not listed")
 	require.Equal(t, 0, cli("runs", "end", "--run", "run-slow").Code)
 
 	// The one-shot call generates the call id itself, and names it and the run it started.
@@ -394,8 +394,7 @@ func TestACallWithNoAnswerWithinTimeoutSaysItsOutcomeIsUnknown(t *testing.T) {
 		"--args", `{"ms":60000}`, "--timeout", "20s")
 	require.Equal(t, 4, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
 	require.Contains(t, r.Stderr, "the call's outcome is unknown: no answer within --timeout 20s")
-	require.Regexp(t, `ringfence audit list --run run-[0-9a-f]+ --kind tool_call`, r.Stderr)
-	require.Regexp(t, `find call call-[0-9a-f]+`, r.Stderr)
+	require.Regexp(t, `look up call (call-[0-9a-f]+) before calling again: ringfence audit list --run run-[0-9a-f]+ --call call-[0-9a-f]+ \(needs audit:read\)`, r.Stderr)
 	require.NotContains(t, r.Stderr, "warning: ending run", "the run it started is ended")
 
 	// A one-shot call whose run does not start within --timeout made no call, and says which

@@ -400,8 +400,8 @@ once approved, the same call again (same agent, tool and arguments) gets its res
 // onRecord names a call's attempt and where its audit records are: the pool's log line of the
 // call names the same call_id and attempt.
 func onRecord(req *poolv1.CallToolRequest, callID string, attempt int32) string {
-	return fmt.Sprintf("call %s attempt %d; its records: ringfence audit list --run %s%s --kind tool_call",
-		oneLine(callID), attempt, oneLine(req.GetRunId()), oneLine(tenantArg(req.GetTenant())))
+	return fmt.Sprintf("call %s attempt %d; its records: ringfence audit list --run %s%s --call %s",
+		oneLine(callID), attempt, oneLine(req.GetRunId()), oneLine(tenantArg(req.GetTenant())), oneLine(callID))
 }
 
 // unknownOutcome says what a call that got no answer within --timeout may have done, and how
@@ -409,10 +409,10 @@ func onRecord(req *poolv1.CallToolRequest, callID string, attempt int32) string 
 func (g *globals) unknownOutcome(req *poolv1.CallToolRequest) string {
 	return fmt.Sprintf(`the call's outcome is unknown: no answer within --timeout %s
 it may have reached the server and taken effect: it is not known to have failed, nor to have been refused
-look it up before calling again: ringfence audit list --run %s%s --kind tool_call (needs audit:read), and find call %s:
+look up call %s before calling again: ringfence audit list --run %s%s --call %s (needs audit:read)
 %s
 a longer --timeout waits for a slow tool; --call-id %s calls it again as the same call`,
-		g.timeout, oneLine(req.GetRunId()), oneLine(tenantArg(req.GetTenant())), oneLine(req.GetCallId()), attemptLegend, oneLine(req.GetCallId()))
+		g.timeout, oneLine(req.GetCallId()), oneLine(req.GetRunId()), oneLine(tenantArg(req.GetTenant())), oneLine(req.GetCallId()), attemptLegend, oneLine(req.GetCallId()))
 }
 
 // attemptLegend says how to read an attempt's audit records when its outcome is unknown.
