@@ -187,6 +187,26 @@ func (s *Etcd) commit(ctx context.Context, cmps []clientv3.Cmp, ops []clientv3.O
 	return resp.Succeeded, nil
 }
 
+// stageErr is a failure to stage what (a draft, a version) of graph id: past what etcd keeps
+// says what to shrink (RESOURCE_EXHAUSTED: trying again cannot help), and anything else is
+// etcd out of reach (Blobs says so itself).
+func stageErr(what, id string, err error) error {
+	if errors.Is(err, etcdstore.ErrTooLarge) {
+		return fmt.Errorf("publisher: the %s of graph %q cannot be stored on etcd: %w: make the draft smaller (fewer nodes, shorter notes and opaque values)", what, id, err)
+	}
+	return etcdstore.Unavailable("stage "+what, err)
+}
+
+// loadErr is a failure to read what (a draft, a version) of graph id, stored under key: a
+// value that cannot be read back whole names the key and the fix (DATA_LOSS: trying again
+// cannot help), and anything else is etcd out of reach (Blobs says so itself).
+func loadErr(what, id, key string, err error) error {
+	if errors.Is(err, etcdstore.ErrDamaged) {
+		return fmt.Errorf("publisher: the %s under %s cannot be read: %w: restore the publisher's keys from an etcd snapshot (docs/operations.md, \"Scaling out\", Backup); without one, delete the graph (ringfence graphs delete --graph %s) and create it again", what, key, err, id)
+	}
+	return etcdstore.Unavailable("read "+what, err)
+}
+
 func absent(key string) clientv3.Cmp { return clientv3.Compare(clientv3.CreateRevision(key), "=", 0) }
 
 func unchanged(kv *mvccpb.KeyValue) clientv3.Cmp {
@@ -231,7 +251,7 @@ func (s *Etcd) CreateGraph(ctx context.Context, g *graph.Graph, hook Hook) error
 		size = len(val)
 		staged, err := s.blobs.Stage(ctx, owner(g.Tenant, g.ID), val)
 		if err != nil {
-			return false, etcdstore.Unavailable("stage draft", err)
+			return false, stageErr("draft", g.ID, err)
 		}
 		metaOp, err := putJSONOp(key, m)
 		if err != nil {
@@ -264,7 +284,7 @@ func (s *Etcd) Draft(ctx context.Context, tenant, id string) (*graph.Graph, erro
 	}
 	raw, err := s.blobs.Load(ctx, owner(tenant, id), stored, rev)
 	if err != nil {
-		return nil, etcdstore.Unavailable("read draft", err)
+		return nil, loadErr("draft", id, s.draftKey(tenant, id), err)
 	}
 	g, err := decodeDraft(raw, owner(tenant, id))
 	if err != nil {
@@ -287,7 +307,7 @@ func (s *Etcd) UpdateDraft(ctx context.Context, tenant, id string, mutate func(c
 		}
 		raw, err := s.blobs.Load(ctx, owner(tenant, id), stored, rev)
 		if err != nil {
-			return false, etcdstore.Unavailable("read draft", err)
+			return false, loadErr("draft", id, s.draftKey(tenant, id), err)
 		}
 		g, err := decodeDraft(raw, owner(tenant, id))
 		if err != nil {
@@ -303,7 +323,7 @@ func (s *Etcd) UpdateDraft(ctx context.Context, tenant, id string, mutate func(c
 		}
 		staged, err := s.blobs.Stage(ctx, owner(tenant, id), val)
 		if err != nil {
-			return false, etcdstore.Unavailable("stage draft", err)
+			return false, stageErr("draft", id, err)
 		}
 		metaOp, err := putJSONOp(string(kv.Key), m)
 		if err != nil {
@@ -348,7 +368,7 @@ func (s *Etcd) Publish(ctx context.Context, tenant, id string, draftRevision int
 		size = len(val)
 		staged, err := s.blobs.Stage(ctx, owner(tenant, id), val)
 		if err != nil {
-			return false, etcdstore.Unavailable("stage version", err)
+			return false, stageErr("version", id, err)
 		}
 		vk := s.versionKey(tenant, id, n)
 		infoOp, err := putJSONOp(s.infoKey(tenant, id, n), info(v))
@@ -412,7 +432,7 @@ func (s *Etcd) Version(ctx context.Context, tenant, id string, n int64) (*graph.
 	}
 	raw, err := s.blobs.Load(ctx, owner(tenant, id), resp.Kvs[0].Value, rev)
 	if err != nil {
-		return nil, etcdstore.Unavailable("read version", err)
+		return nil, loadErr("version", id, vk, err)
 	}
 	var v graph.Version
 	if err := decodeGob(raw, &v); err != nil {
