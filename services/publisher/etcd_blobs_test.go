@@ -57,10 +57,10 @@ func TestADraftPastWhatEtcdKeeps(t *testing.T) {
 	require.Equal(t, created.GetDraft().GetRevision(), got.GetDraft().GetRevision())
 }
 
-// TestADamagedDraftOnEtcdIsDataLoss: a draft stored in chunks, one of which was changed behind
-// the publisher's back, is read as DATA_LOSS naming the draft's key and what to do (restore
-// from an etcd snapshot), not UNAVAILABLE; so is an edit, which reads it first. Deleting the
-// graph still works, and frees the id.
+// TestADamagedDraftOnEtcdIsDataLoss: a draft and a version stored in chunks, changed behind
+// the publisher's back, are read as DATA_LOSS naming the key and what to do (restore from an
+// etcd snapshot), not UNAVAILABLE; so is an edit, which reads the draft first. Deleting the
+// graph still works, and takes the chunks with it.
 func TestADamagedDraftOnEtcdIsDataLoss(t *testing.T) {
 	cluster := etcdtest.Start(t, 1)
 	svc := etcdReplicas(t, cluster, 1, smallBlobs, func(cfg *Config) { cfg.CacheBytes = -1 })[0]
@@ -69,14 +69,19 @@ func TestADamagedDraftOnEtcdIsDataLoss(t *testing.T) {
 	require.NoError(t, err)
 	stored, err := svc.ReplaceDraft(ctx, &publisherv1.ReplaceDraftRequest{GraphId: "g", Draft: withNotes(t, created.GetDraft(), 8)})
 	require.NoError(t, err)
+	published, err := svc.Publish(ctx, &publisherv1.PublishRequest{GraphId: "g"})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), published.GetVersion())
 
 	cli := cluster.Client(t, "publisher")
 	prefix := svc.store.(*store.Etcd).Prefix()
 	chunks, err := cli.Get(ctx, prefix+"blobs/acme/g/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	require.NoError(t, err)
-	require.Greater(t, len(chunks.Kvs), 1, "the draft is stored in chunks")
-	_, err = cli.Put(ctx, string(chunks.Kvs[0].Key), "not what was written")
-	require.NoError(t, err)
+	require.Greater(t, len(chunks.Kvs), 2, "the draft and the version are stored in chunks")
+	for _, kv := range chunks.Kvs {
+		_, err = cli.Put(ctx, string(kv.Key), "not what was written")
+		require.NoError(t, err)
+	}
 
 	calls := map[string]func() error{
 		"a read": func() error {
@@ -94,6 +99,10 @@ func TestADamagedDraftOnEtcdIsDataLoss(t *testing.T) {
 		require.Contains(t, st.Message(), "does not match its digest", name)
 		require.Contains(t, st.Message(), "restore the publisher's keys from an etcd snapshot", "%s names the fix", name)
 	}
+	_, err = svc.GetVersion(ctx, &publisherv1.GetVersionRequest{GraphId: "g", Version: 1})
+	st := testutil.RequireStatus(t, err, codes.DataLoss, "a version")
+	require.Contains(t, st.Message(), "the version under "+prefix+"versions/acme/g/00000000000000000001 cannot be read")
+	require.Contains(t, st.Message(), "restore the publisher's keys from an etcd snapshot")
 
 	_, err = svc.DeleteGraph(ctx, &publisherv1.DeleteGraphRequest{GraphId: "g"})
 	require.NoError(t, err)
