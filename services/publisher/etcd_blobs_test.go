@@ -110,3 +110,22 @@ func TestADamagedDraftOnEtcdIsDataLoss(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, left.Count, "the damaged chunks went with the graph")
 }
+
+// TestADraftOnEtcdThatDoesNotDecodeIsDataLoss: a draft stored whole (no chunks, so no digest)
+// whose value was changed behind the publisher's back does not decode: DATA_LOSS naming its
+// key and what to do, not INTERNAL.
+func TestADraftOnEtcdThatDoesNotDecodeIsDataLoss(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	svc := etcdReplicas(t, cluster, 1, func(cfg *Config) { cfg.CacheBytes = -1 })[0]
+	ctx := acme(t.Context())
+	_, err := svc.CreateGraph(ctx, &publisherv1.CreateGraphRequest{GraphId: "g", Agents: []string{"researcher"}})
+	require.NoError(t, err)
+	key := svc.store.(*store.Etcd).Prefix() + "drafts/acme/g"
+	_, err = cluster.Client(t, "publisher").Put(ctx, key, "\x00not a draft")
+	require.NoError(t, err)
+
+	_, err = svc.GetDraft(ctx, &publisherv1.GetDraftRequest{GraphId: "g"})
+	st := testutil.RequireStatus(t, err, codes.DataLoss)
+	require.Contains(t, st.Message(), "the draft under "+key+" cannot be read: etcdstore: a stored value is damaged")
+	require.Contains(t, st.Message(), "restore the publisher's keys from an etcd snapshot")
+}

@@ -282,16 +282,26 @@ func (s *Etcd) Draft(ctx context.Context, tenant, id string) (*graph.Graph, erro
 	if err != nil {
 		return nil, err
 	}
-	raw, err := s.blobs.Load(ctx, owner(tenant, id), stored, rev)
-	if err != nil {
-		return nil, loadErr("draft", id, s.draftKey(tenant, id), err)
-	}
-	g, err := decodeDraft(raw, owner(tenant, id))
+	g, size, err := s.loadDraft(ctx, tenant, id, stored, rev)
 	if err != nil {
 		return nil, err
 	}
-	s.cache.put(ck, g.Revision, g, len(raw))
+	s.cache.put(ck, g.Revision, g, size)
 	return g, nil
+}
+
+// loadDraft reads and decodes the draft stored as stored (read at rev), and returns its
+// encoded size. A draft that does not decode is damaged, as one whose chunks do not add up.
+func (s *Etcd) loadDraft(ctx context.Context, tenant, id string, stored []byte, rev int64) (*graph.Graph, int, error) {
+	raw, err := s.blobs.Load(ctx, owner(tenant, id), stored, rev)
+	if err != nil {
+		return nil, 0, loadErr("draft", id, s.draftKey(tenant, id), err)
+	}
+	g, err := decodeDraft(raw, owner(tenant, id))
+	if err != nil {
+		return nil, 0, loadErr("draft", id, s.draftKey(tenant, id), fmt.Errorf("%w: %w", etcdstore.ErrDamaged, err))
+	}
+	return g, len(raw), nil
 }
 
 // UpdateDraft changes a draft in one transaction: mutate receives the stored draft and edits it
@@ -305,11 +315,7 @@ func (s *Etcd) UpdateDraft(ctx context.Context, tenant, id string, mutate func(c
 		if err != nil {
 			return false, err
 		}
-		raw, err := s.blobs.Load(ctx, owner(tenant, id), stored, rev)
-		if err != nil {
-			return false, loadErr("draft", id, s.draftKey(tenant, id), err)
-		}
-		g, err := decodeDraft(raw, owner(tenant, id))
+		g, _, err := s.loadDraft(ctx, tenant, id, stored, rev)
 		if err != nil {
 			return false, err
 		}
@@ -436,7 +442,7 @@ func (s *Etcd) Version(ctx context.Context, tenant, id string, n int64) (*graph.
 	}
 	var v graph.Version
 	if err := decodeGob(raw, &v); err != nil {
-		return nil, fmt.Errorf("store: decode version %d of %s/%s: %w", n, tenant, id, err)
+		return nil, loadErr("version", id, vk, fmt.Errorf("%w: decode version %d of %s/%s: %w", etcdstore.ErrDamaged, n, tenant, id, err))
 	}
 	s.cache.put(ck, 0, &v, len(raw))
 	return &v, nil
