@@ -149,9 +149,8 @@ func (s *Store) OAuthToken(ctx context.Context, tenant, user, ref string) (Seale
 
 // LockOAuthToken holds a user's token of a server against every other holder until unlock is
 // called, or fails while it waits when ctx ends (ErrLockHeld past its deadline, ctx's error
-// when it is canceled): a refresh holds it, since a rotating
-// refresh token is good once. One process holds a bbolt file, so a lock in memory is the
-// lock of every holder.
+// when it is canceled): a refresh holds it, since a rotating refresh token is good once. One
+// process holds a bbolt file, so a lock in memory is the lock of every holder.
 func (s *Store) LockOAuthToken(ctx context.Context, tenant, user, ref string) (unlock func(), err error) {
 	return s.oauthLocks.lock(ctx, string(userServerKey(tenant, user, ref)))
 }
