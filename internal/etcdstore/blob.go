@@ -34,6 +34,16 @@ const (
 	tagChunked = 1
 )
 
+// ErrTooLarge refuses a value past what Blobs keeps (MaxChunks chunks). Nothing failed and
+// trying again cannot help: the value must shrink. Its message gives the size and the limit.
+var ErrTooLarge = errors.New("etcdstore: the value is more than etcd keeps")
+
+// ErrDamaged means a stored value cannot be read back whole (chunks missing, a digest that
+// does not match, a format this binary does not know): the keys were changed by something
+// other than Blobs, or lost. Trying again cannot help; the fix is to restore the keys from a
+// backup of etcd. Its message names the value.
+var ErrDamaged = errors.New("etcdstore: a stored value is damaged")
+
 // ErrStagingExpired means a transaction found the chunks it staged gone (their lease ran out
 // before it committed): stage the value again.
 var ErrStagingExpired = errors.New("etcdstore: staged chunks expired before the transaction committed")
@@ -83,14 +93,15 @@ type pointer struct {
 }
 
 // Stage prepares data, owned by owner (a path without a trailing slash, e.g. "acme/g"), for a
-// transaction. A value too large for MaxChunks is refused.
+// transaction. A value too large for MaxChunks is refused (ErrTooLarge); a failure to reach
+// etcd is ErrUnavailable.
 func (b *Blobs) Stage(ctx context.Context, owner string, data []byte) (Staged, error) {
 	if len(data) <= b.inline {
 		return Staged{Value: append([]byte{tagInline}, data...)}, nil
 	}
 	n := (len(data) + b.chunk - 1) / b.chunk
 	if n > MaxChunks {
-		return Staged{}, fmt.Errorf("etcdstore: a value of %d bytes is more than etcd keeps (%d chunks of %d bytes)", len(data), MaxChunks, b.chunk)
+		return Staged{}, fmt.Errorf("%w: %d bytes, and it keeps at most %d (%d chunks of %d bytes)", ErrTooLarge, len(data), MaxChunks*b.chunk, MaxChunks, b.chunk)
 	}
 	lease, err := b.lease(ctx)
 	if err != nil {
@@ -125,21 +136,22 @@ func (b *Blobs) Stage(ctx context.Context, owner string, data []byte) (Staged, e
 func IsStagingExpired(err error) bool { return errors.Is(err, rpctypes.ErrKeyNotFound) }
 
 // Load returns the value stored as val, reading chunks at revision rev (the revision val was
-// read at, so a value replaced since is still read whole; 0 reads the newest).
+// read at, so a value replaced since is still read whole; 0 reads the newest). A value that
+// cannot be read back whole is ErrDamaged; a failure to reach etcd is ErrUnavailable.
 func (b *Blobs) Load(ctx context.Context, owner string, val []byte, rev int64) ([]byte, error) {
 	if len(val) == 0 {
-		return nil, errors.New("etcdstore: empty stored value")
+		return nil, fmt.Errorf("%w: a value of %s is empty", ErrDamaged, owner)
 	}
 	switch val[0] {
 	case tagInline:
 		return val[1:], nil
 	case tagChunked:
 	default:
-		return nil, fmt.Errorf("etcdstore: stored value has unknown tag %d", val[0])
+		return nil, fmt.Errorf("%w: a value of %s has unknown tag %d", ErrDamaged, owner, val[0])
 	}
 	var p pointer
 	if err := json.Unmarshal(val[1:], &p); err != nil {
-		return nil, fmt.Errorf("etcdstore: decode value pointer: %w", err)
+		return nil, fmt.Errorf("%w: the pointer to a value of %s does not decode: %w", ErrDamaged, owner, err)
 	}
 	opts := []clientv3.OpOption{clientv3.WithPrefix()}
 	if rev > 0 {
@@ -150,7 +162,7 @@ func (b *Blobs) Load(ctx context.Context, owner string, val []byte, rev int64) (
 		return nil, Unavailable("read the chunks of "+owner, err)
 	}
 	if len(resp.Kvs) != p.Chunks {
-		return nil, fmt.Errorf("etcdstore: value %s/%s has %d of its %d chunks", owner, p.ID, len(resp.Kvs), p.Chunks)
+		return nil, fmt.Errorf("%w: value %s/%s has %d of its %d chunks (under %s)", ErrDamaged, owner, p.ID, len(resp.Kvs), p.Chunks, b.chunkPrefix(owner, p.ID))
 	}
 	out := make([]byte, 0, p.Size)
 	for _, kv := range resp.Kvs {
@@ -158,7 +170,7 @@ func (b *Blobs) Load(ctx context.Context, owner string, val []byte, rev int64) (
 	}
 	sum := sha256.Sum256(out)
 	if len(out) != p.Size || hex.EncodeToString(sum[:]) != p.SHA256 {
-		return nil, fmt.Errorf("etcdstore: value %s/%s does not match its digest", owner, p.ID)
+		return nil, fmt.Errorf("%w: value %s/%s does not match its digest (chunks under %s)", ErrDamaged, owner, p.ID, b.chunkPrefix(owner, p.ID))
 	}
 	return out, nil
 }

@@ -211,7 +211,52 @@ func TestBlobsKeepLargeValuesWithTheirTransaction(t *testing.T) {
 	require.Zero(t, chunks.Count)
 
 	_, err = blobs.Stage(ctx, "acme/g", make([]byte, 4096*etcdstore.MaxChunks+1))
-	require.ErrorContains(t, err, "more than etcd keeps")
+	require.ErrorIs(t, err, etcdstore.ErrTooLarge)
+	require.NotErrorIs(t, err, etcdstore.ErrUnavailable, "etcd is not the problem")
+	require.ErrorContains(t, err, fmt.Sprintf("%d bytes, and it keeps at most %d", 4096*etcdstore.MaxChunks+1, 4096*etcdstore.MaxChunks))
+}
+
+// TestBlobsTellADamagedValue: a stored value that cannot be read back whole (a chunk gone, a
+// chunk changed, a format unknown) is ErrDamaged naming where it is, never ErrUnavailable:
+// trying again cannot help.
+func TestBlobsTellADamagedValue(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cli := c.Client(t, "publisher")
+	space := etcdstore.NewSpace(c.Root(), "publisher")
+	blobs := etcdstore.NewBlobs(cli, space.Prefix("blobs"), 1000, 4096)
+	ctx := t.Context()
+	store := func(data []byte) []byte {
+		st, err := blobs.Stage(ctx, "acme/g", data)
+		require.NoError(t, err)
+		_, err = cli.Txn(ctx).Then(st.Ops...).Commit()
+		require.NoError(t, err)
+		return st.Value
+	}
+	requireDamaged := func(val []byte, says string) {
+		t.Helper()
+		_, err := blobs.Load(ctx, "acme/g", val, 0)
+		require.ErrorIs(t, err, etcdstore.ErrDamaged)
+		require.NotErrorIs(t, err, etcdstore.ErrUnavailable)
+		require.ErrorContains(t, err, says)
+	}
+
+	gone := store(make([]byte, 4096*3+17))
+	chunks, err := cli.Get(ctx, space.Prefix("blobs"), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	require.NoError(t, err)
+	require.Len(t, chunks.Kvs, 4)
+	_, err = cli.Delete(ctx, string(chunks.Kvs[3].Key))
+	require.NoError(t, err)
+	requireDamaged(gone, "has 3 of its 4 chunks (under "+space.Prefix("blobs")+"acme/g/")
+
+	changed := store(make([]byte, 4096*2+1))
+	chunks, err = cli.Get(ctx, space.Prefix("blobs"), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))
+	require.NoError(t, err)
+	_, err = cli.Put(ctx, string(chunks.Kvs[0].Key), "changed")
+	require.NoError(t, err)
+	requireDamaged(changed, "does not match its digest")
+
+	requireDamaged([]byte{7, 'x'}, "a value of acme/g has unknown tag 7")
+	requireDamaged(nil, "a value of acme/g is empty")
 }
 
 // TestMigrateRefusesANewerSchema: a space written by a newer binary is refused, naming it.

@@ -18,6 +18,9 @@ import (
 var ErrorCodes = map[error]codes.Code{
 	ErrUnavailable: codes.Unavailable,
 	ErrContention:  codes.Aborted,
+	// Neither is helped by trying again, which UNAVAILABLE would invite.
+	ErrTooLarge: codes.ResourceExhausted,
+	ErrDamaged:  codes.DataLoss,
 }
 
 // RequestTimeout bounds one store operation against etcd (its reads, its transaction and its

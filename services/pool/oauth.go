@@ -27,6 +27,7 @@ import (
 
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
+	"github.com/ringfence/ringfence/internal/etcdstore"
 	"github.com/ringfence/ringfence/internal/ident"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/services/pool/internal/store"
@@ -296,8 +297,11 @@ func (s *Service) beginSignIn(ctx context.Context, tenant, user string, res *mcp
 		}
 	}
 	client, err := s.chooseClient(ctx, res, asm)
-	if errors.Is(err, errNoClient) {
-		return err
+	if err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if errors.Is(err, errNoClient) || errors.Is(err, etcdstore.ErrUnavailable) {
+		return err // the pool's own client, or etcd, is the problem: not the server
 	}
 	if err != nil {
 		return fmt.Errorf("%w: server %q: %v", errServerUnreachable, res.Ref, err)
@@ -547,6 +551,15 @@ const (
 	maxTokenReads   = 4
 )
 
+// refreshLockWait is how long a refresh, or a client registration, waits for the lock another
+// request holds.
+func (s *Service) refreshLockWait() time.Duration {
+	if s.lockWait > 0 {
+		return s.lockWait
+	}
+	return refreshLockWait
+}
+
 // userToken is the user's token for the server, refreshed first when it expires within
 // oauth.refresh_before. errSignInRequired (wrapped, with why) when there is none the server
 // takes: none stored, one obtained under other sign-in settings, or one the authorization
@@ -586,14 +599,17 @@ func (s *Service) userToken(ctx context.Context, tenant, user string, res *mcpse
 		case t.RefreshToken == "":
 			why = "the user's token expired and came with no refresh token"
 		case unlock == nil:
-			lctx, cancel := context.WithTimeout(ctx, refreshLockWait)
+			lctx, cancel := context.WithTimeout(ctx, s.refreshLockWait())
 			unlock, err = s.oauth.LockOAuthToken(lctx, tenant, user, res.Ref)
 			cancel()
 			if err != nil && ctx.Err() != nil {
 				return oauthToken{}, ctx.Err()
 			}
-			if err != nil {
-				return oauthToken{}, fmt.Errorf("%w: server %q: the user's token is being refreshed elsewhere and was not released in time: %v", errServerUnreachable, res.Ref, err)
+			if errors.Is(err, store.ErrLockHeld) {
+				return oauthToken{}, fmt.Errorf("%w: server %q: the user's token is being refreshed elsewhere and was not released within %s: try again", errServerUnreachable, res.Ref, s.refreshLockWait())
+			}
+			if err != nil { // etcd out of reach (etcdstore.ErrUnavailable) says so itself
+				return oauthToken{}, err
 			}
 			continue // read again under the lock: another host may have refreshed it meanwhile
 		default:

@@ -149,11 +149,17 @@ func clientContext(issuer, redirectURI string) []byte {
 // now when there is none (or its secret expired). One registration at a time per issuer, on
 // every pool host: two sign-ins at once share one client.
 func (s *Service) dynamicClient(ctx context.Context, asm *oauthex.AuthServerMeta) (signInClient, error) {
-	lctx, cancel := context.WithTimeout(ctx, refreshLockWait)
+	lctx, cancel := context.WithTimeout(ctx, s.refreshLockWait())
 	unlock, err := s.oauth.LockOAuthClient(lctx, asm.Issuer, s.cfg.OAuthCallbackURL)
 	cancel()
-	if err != nil {
-		return signInClient{}, fmt.Errorf("the pool's client registration at %s is being made elsewhere and was not released in time: %v", asm.Issuer, err)
+	if err != nil && ctx.Err() != nil {
+		return signInClient{}, ctx.Err()
+	}
+	if errors.Is(err, store.ErrLockHeld) {
+		return signInClient{}, fmt.Errorf("the pool's client registration at %s is being made elsewhere and was not released within %s: try again", asm.Issuer, s.refreshLockWait())
+	}
+	if err != nil { // etcd out of reach (etcdstore.ErrUnavailable) says so itself
+		return signInClient{}, err
 	}
 	defer unlock()
 	c, err := s.oauth.OAuthClient(ctx, asm.Issuer, s.cfg.OAuthCallbackURL)

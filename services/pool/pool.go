@@ -214,6 +214,8 @@ type Service struct {
 	// state's hash).
 	opened                              time.Time
 	tokenLives, oauthLives, signInLives lifetimes
+	// lockWait, when set (tests), replaces refreshLockWait.
+	lockWait time.Duration
 
 	// warm holds the warm sessions (warm.go); warmWork is its keeper and what the keeper
 	// started, which warmCancel ends.

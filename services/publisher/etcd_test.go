@@ -23,8 +23,9 @@ import (
 )
 
 // etcdReplicas opens n publisher services on one etcd cluster and prefix, resolving grants
-// through one registry (bbolt: the registry is not what these tests are about).
-func etcdReplicas(t *testing.T, cluster *etcdtest.Cluster, n int) []*Service {
+// through one registry (bbolt: the registry is not what these tests are about). with, if
+// any, changes each replica's Config.
+func etcdReplicas(t *testing.T, cluster *etcdtest.Cluster, n int, with ...func(*Config)) []*Service {
 	t.Helper()
 	dir := t.TempDir()
 	box, err := secretbox.New(make([]byte, 32))
@@ -38,8 +39,12 @@ func etcdReplicas(t *testing.T, cluster *etcdtest.Cluster, n int) []*Service {
 	root := cluster.Root()
 	var out []*Service
 	for range n {
-		svc, err := Open(Config{DBPath: filepath.Join(t.TempDir(), "publisher.db"), Etcd: cluster.Client(t, "publisher"), EtcdRoot: root,
-			Policies: reg, AllowInlineMCPServers: true, Logger: quiet, AuditSink: testutil.NewAuditRecorder()})
+		cfg := Config{DBPath: filepath.Join(t.TempDir(), "publisher.db"), Etcd: cluster.Client(t, "publisher"), EtcdRoot: root,
+			Policies: reg, AllowInlineMCPServers: true, Logger: quiet, AuditSink: testutil.NewAuditRecorder()}
+		for _, w := range with {
+			w(&cfg)
+		}
+		svc, err := Open(cfg)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = svc.Close() })
 		out = append(out, svc)

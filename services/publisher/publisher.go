@@ -57,6 +57,9 @@ type Config struct {
 	// by every replica that names the same cluster and root, instead of the bbolt file.
 	Etcd     *clientv3.Client
 	EtcdRoot string
+	// EtcdInlineBytes and EtcdChunkBytes, when positive, replace etcdstore.InlineBytes and
+	// ChunkBytes (tests make them small, and with them what etcd keeps of one draft).
+	EtcdInlineBytes, EtcdChunkBytes int
 	// Policies resolves grants for publish and import; required, because a publisher without
 	// it would have no ceiling.
 	Policies Policies
@@ -165,7 +168,8 @@ func openStore(cfg Config) (Store, error) {
 	spool.QuarantinePath = cfg.DBPath + ".audit-quarantine.jsonl"
 	ctx, cancel := context.WithTimeout(context.Background(), etcdstore.RequestTimeout)
 	defer cancel()
-	st, err := store.OpenEtcd(ctx, store.EtcdConfig{Client: cfg.Etcd, Root: cfg.EtcdRoot, CacheBytes: cfg.CacheBytes, Logger: cfg.Logger}, spool)
+	st, err := store.OpenEtcd(ctx, store.EtcdConfig{Client: cfg.Etcd, Root: cfg.EtcdRoot, CacheBytes: cfg.CacheBytes,
+		InlineBytes: cfg.EtcdInlineBytes, ChunkBytes: cfg.EtcdChunkBytes, Logger: cfg.Logger}, spool)
 	if err != nil {
 		return nil, err
 	}

@@ -1,12 +1,14 @@
 package store
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ringfence/ringfence/internal/etcdstore"
 	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
@@ -70,4 +72,47 @@ func TestEtcdDownIsUnavailable(t *testing.T) {
 	got, err := s.TakeSignInState(ctx, "h2")
 	require.NoError(t, err)
 	require.Equal(t, "bob", got.User)
+}
+
+// TestALockWaitThatEtcdEndsIsUnavailable: a wait for a lock that another pool host holds,
+// during which etcd goes away, ends with etcdstore.ErrUnavailable naming what to check, never
+// ErrLockHeld: the wait ran out on a watch that etcd no longer fed, and nobody could tell
+// whether the holder still held the lock (its lease lapses while etcd is away).
+func TestALockWaitThatEtcdEndsIsUnavailable(t *testing.T) {
+	cluster := etcdtest.Start(t, 1)
+	root := cluster.Root()
+	ctx := t.Context()
+	s, err := OpenEtcd(ctx, cluster.Client(t, "pool"), root)
+	require.NoError(t, err)
+	other, err := OpenEtcd(ctx, cluster.Client(t, "pool"), root)
+	require.NoError(t, err)
+	unlock, err := other.LockOAuthToken(ctx, "acme", "alice", "tickets")
+	require.NoError(t, err)
+	defer unlock()
+
+	// Long enough that etcd goes away well before it ends.
+	waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		unlock, err := s.LockOAuthToken(waitCtx, "acme", "alice", "tickets")
+		if err == nil {
+			unlock()
+		}
+		done <- err
+	}()
+	// s waits once its key is queued behind the holder's.
+	cli := cluster.Client(t, "pool")
+	queue := s.oauthKey(etcdOAuthLocks, "acme", "alice", "tickets") + "/"
+	require.Eventually(t, func() bool {
+		resp, err := cli.Get(ctx, queue, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err == nil && resp.Count == 2
+	}, 5*time.Second, 10*time.Millisecond, "the second holder waits")
+
+	restart := cluster.Down(0)
+	defer restart()
+	err = <-done
+	require.ErrorIs(t, err, etcdstore.ErrUnavailable)
+	require.NotErrorIs(t, err, ErrLockHeld, "nobody could tell who held it")
+	require.Contains(t, err.Error(), "store.etcd_endpoints", "names what to check")
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -98,6 +99,11 @@ func (s *Store) TakeSignInState(ctx context.Context, hash string) (SignInState, 
 // read before: another pool host (or another request) stored a new one since, which stands.
 var ErrTokenChanged = errors.New("the user's token changed since it was read")
 
+// ErrLockHeld means a lock (LockOAuthToken, LockOAuthClient) stayed held by another holder
+// until the wait's context ended; it wraps that context's error. A wait that ended because
+// etcd could not be reached is etcdstore.ErrUnavailable instead, never this.
+var ErrLockHeld = errors.New("the lock stayed held by another holder for as long as the wait allowed")
+
 // SealedToken is a user's token as stored (sealed by the pool) and the version it was read
 // at, which ReplaceOAuthToken and DropSignInAt compare: etcd's mod revision of its key; bbolt
 // compares the sealed bytes themselves (every seal has a fresh nonce, so equal bytes are the
@@ -142,9 +148,9 @@ func (s *Store) OAuthToken(ctx context.Context, tenant, user, ref string) (Seale
 }
 
 // LockOAuthToken holds a user's token of a server against every other holder until unlock is
-// called, or fails with ctx's error while it waits: a refresh holds it, since a rotating
-// refresh token is good once. One process holds a bbolt file, so a lock in memory is the
-// lock of every holder.
+// called, or fails while it waits when ctx ends (ErrLockHeld past its deadline, ctx's error
+// when it is canceled): a refresh holds it, since a rotating refresh token is good once. One
+// process holds a bbolt file, so a lock in memory is the lock of every holder.
 func (s *Store) LockOAuthToken(ctx context.Context, tenant, user, ref string) (unlock func(), err error) {
 	return s.oauthLocks.lock(ctx, string(userServerKey(tenant, user, ref)))
 }
@@ -188,8 +194,17 @@ func (l *keyLocks) lock(ctx context.Context, key string) (func(), error) {
 		}), nil
 	case <-ctx.Done():
 		release()
-		return nil, ctx.Err()
+		return nil, lockWaitEnded(ctx)
 	}
+}
+
+// lockWaitEnded is the error of a lock's wait that ctx ended while another held the lock:
+// ErrLockHeld past its deadline, ctx's error as it is when it was canceled.
+func lockWaitEnded(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w", ErrLockHeld, ctx.Err())
+	}
+	return ctx.Err()
 }
 
 // Listing is the tool listing a server declared to one user when it was last connected.

@@ -48,7 +48,7 @@ func testClientLockExcludesEveryHolder(t *testing.T, s, other oauthStore) {
 	waitCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	_, err = other.LockOAuthClient(waitCtx, issuer, cb)
 	cancel()
-	require.Error(t, err, "held by the first holder until it unlocks")
+	requireLockHeld(t, err)
 	unlock()
 	u3, err := other.LockOAuthClient(ctx, issuer, cb)
 	require.NoError(t, err)

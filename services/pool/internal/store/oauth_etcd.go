@@ -158,9 +158,10 @@ func (s *Etcd) OAuthToken(ctx context.Context, tenant, user, ref string) (Sealed
 }
 
 // LockOAuthToken holds a user's token of a server against every other holder, on any pool
-// host, until unlock is called, or fails while it waits when ctx ends. The lock lives on a
-// lease of its own, kept alive while this process lives: a host that dies holding it lets
-// the others in oauthLockTTL seconds later.
+// host, until unlock is called, or fails while it waits when ctx ends: ErrLockHeld when
+// another holder kept it past ctx's deadline, etcdstore.ErrUnavailable when etcd could not be
+// reached. The lock lives on a lease of its own, kept alive while this process lives: a host
+// that dies holding it lets the others in oauthLockTTL seconds later.
 func (s *Etcd) LockOAuthToken(ctx context.Context, tenant, user, ref string) (unlock func(), err error) {
 	return s.lockOnLease(ctx, s.oauthKey(etcdOAuthLocks, tenant, user, ref), "a user's token")
 }
@@ -168,16 +169,44 @@ func (s *Etcd) LockOAuthToken(ctx context.Context, tenant, user, ref string) (un
 // lockOnLease holds the concurrency.Mutex under key on a lease of its own, kept alive while
 // this process lives and revoked by unlock (which deletes the lock's key): a host that dies
 // holding it lets the others in oauthLockTTL seconds later.
+//
+// A wait whose deadline passed is not taken as proof that another holder kept the lock: the
+// Mutex waits on a watch, and a watch on a cluster that went away waits quietly until the
+// deadline too. So the lock is tried once more (one transaction, bounded by etcdstore.Bound):
+// another holder there is ErrLockHeld, a lock found free is taken, and no answer from etcd is
+// etcdstore.ErrUnavailable, as is any failure before the deadline (the lease's grant, a
+// request of the Mutex).
 func (s *Etcd) lockOnLease(ctx context.Context, key, what string) (unlock func(), err error) {
 	session, err := concurrency.NewSession(s.cli, concurrency.WithTTL(oauthLockTTL), concurrency.WithContext(context.WithoutCancel(ctx)))
 	if err != nil {
 		return nil, etcdstore.Unavailable("grant a lock's lease", err)
 	}
-	if err := concurrency.NewMutex(session, key).Lock(ctx); err != nil {
-		_ = session.Close()
-		return nil, etcdstore.Unavailable("lock "+what, err)
+	release := func() { _ = session.Close() }
+	m := concurrency.NewMutex(session, key)
+	err = m.Lock(ctx)
+	if err == nil {
+		return release, nil
 	}
-	return func() { _ = session.Close() }, nil
+	switch {
+	case errors.Is(ctx.Err(), context.Canceled):
+		err = ctx.Err()
+	case ctx.Err() == nil:
+		err = etcdstore.Unavailable("lock "+what, err)
+	default: // the wait's deadline passed
+		err = m.TryLock(context.WithoutCancel(ctx))
+		if err == nil {
+			return release, nil
+		}
+		if errors.Is(err, concurrency.ErrLocked) {
+			err = fmt.Errorf("%w: %s: %w", ErrLockHeld, what, ctx.Err())
+		} else {
+			err = etcdstore.Unavailable("lock "+what+" (its wait ended, and who holds it could not be read)", err)
+		}
+	}
+	// Revoking the lease drops this waiter's key at once; with etcd away the revoke waits for
+	// its bound, and the lease lapses by itself: the caller is not held for it.
+	go release()
+	return nil, err
 }
 
 // PutOAuthListing stores the listing a server declared to a user.

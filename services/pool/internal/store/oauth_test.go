@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/ringfence/ringfence/internal/etcdstore"
 	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
 )
 
@@ -215,6 +216,15 @@ func testListingsGoWithTheirToken(t *testing.T, s, other oauthStore) {
 	require.ErrorIs(t, s.DropSignInAt(ctx, "acme", "alice", "tickets", current), ErrTokenChanged, "gone already")
 }
 
+// requireLockHeld checks the answer of a wait for a lock that another holder kept past the
+// wait's deadline: ErrLockHeld with that deadline, never etcd out of reach.
+func requireLockHeld(t *testing.T, err error) {
+	t.Helper()
+	require.ErrorIs(t, err, ErrLockHeld, "held by the first holder until it unlocks")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NotErrorIs(t, err, etcdstore.ErrUnavailable, "etcd answered")
+}
+
 func testLockExcludesEveryHolder(t *testing.T, s, other oauthStore) {
 	ctx := t.Context()
 	unlock, err := s.LockOAuthToken(ctx, "acme", "alice", "tickets")
@@ -226,7 +236,7 @@ func testLockExcludesEveryHolder(t *testing.T, s, other oauthStore) {
 	waitCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	_, err = other.LockOAuthToken(waitCtx, "acme", "alice", "tickets")
 	cancel()
-	require.Error(t, err, "held by the first holder until it unlocks")
+	requireLockHeld(t, err)
 	unlock()
 
 	// Holders on both handles at once: never two inside.

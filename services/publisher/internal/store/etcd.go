@@ -187,6 +187,26 @@ func (s *Etcd) commit(ctx context.Context, cmps []clientv3.Cmp, ops []clientv3.O
 	return resp.Succeeded, nil
 }
 
+// stageErr is a failure to stage what (a draft, a version) of graph id: past what etcd keeps
+// says what to shrink (RESOURCE_EXHAUSTED: trying again cannot help), and anything else is
+// etcd out of reach (Blobs says so itself).
+func stageErr(what, id string, err error) error {
+	if errors.Is(err, etcdstore.ErrTooLarge) {
+		return fmt.Errorf("publisher: the %s of graph %q cannot be stored on etcd: %w: make the draft smaller (fewer nodes, shorter notes and opaque values)", what, id, err)
+	}
+	return etcdstore.Unavailable("stage "+what, err)
+}
+
+// loadErr is a failure to read what (a draft, a version) of graph id, stored under key: a
+// value that cannot be read back whole names the key and the fix (DATA_LOSS: trying again
+// cannot help), and anything else is etcd out of reach (Blobs says so itself).
+func loadErr(what, id, key string, err error) error {
+	if errors.Is(err, etcdstore.ErrDamaged) {
+		return fmt.Errorf("publisher: the %s under %s cannot be read: %w: restore the publisher's keys from an etcd snapshot (docs/operations.md, \"Scaling out\", Backup); without one, delete the graph (ringfence graphs delete --graph %s) and create it again", what, key, err, id)
+	}
+	return etcdstore.Unavailable("read "+what, err)
+}
+
 func absent(key string) clientv3.Cmp { return clientv3.Compare(clientv3.CreateRevision(key), "=", 0) }
 
 func unchanged(kv *mvccpb.KeyValue) clientv3.Cmp {
@@ -231,7 +251,7 @@ func (s *Etcd) CreateGraph(ctx context.Context, g *graph.Graph, hook Hook) error
 		size = len(val)
 		staged, err := s.blobs.Stage(ctx, owner(g.Tenant, g.ID), val)
 		if err != nil {
-			return false, etcdstore.Unavailable("stage draft", err)
+			return false, stageErr("draft", g.ID, err)
 		}
 		metaOp, err := putJSONOp(key, m)
 		if err != nil {
@@ -262,16 +282,26 @@ func (s *Etcd) Draft(ctx context.Context, tenant, id string) (*graph.Graph, erro
 	if err != nil {
 		return nil, err
 	}
-	raw, err := s.blobs.Load(ctx, owner(tenant, id), stored, rev)
-	if err != nil {
-		return nil, etcdstore.Unavailable("read draft", err)
-	}
-	g, err := decodeDraft(raw, owner(tenant, id))
+	g, size, err := s.loadDraft(ctx, tenant, id, stored, rev)
 	if err != nil {
 		return nil, err
 	}
-	s.cache.put(ck, g.Revision, g, len(raw))
+	s.cache.put(ck, g.Revision, g, size)
 	return g, nil
+}
+
+// loadDraft reads and decodes the draft stored as stored (read at rev), and returns its
+// encoded size. A draft that does not decode is damaged, as one whose chunks do not add up.
+func (s *Etcd) loadDraft(ctx context.Context, tenant, id string, stored []byte, rev int64) (*graph.Graph, int, error) {
+	raw, err := s.blobs.Load(ctx, owner(tenant, id), stored, rev)
+	if err != nil {
+		return nil, 0, loadErr("draft", id, s.draftKey(tenant, id), err)
+	}
+	g, err := decodeDraft(raw, owner(tenant, id))
+	if err != nil {
+		return nil, 0, loadErr("draft", id, s.draftKey(tenant, id), fmt.Errorf("%w: %w", etcdstore.ErrDamaged, err))
+	}
+	return g, len(raw), nil
 }
 
 // UpdateDraft changes a draft in one transaction: mutate receives the stored draft and edits it
@@ -285,11 +315,7 @@ func (s *Etcd) UpdateDraft(ctx context.Context, tenant, id string, mutate func(c
 		if err != nil {
 			return false, err
 		}
-		raw, err := s.blobs.Load(ctx, owner(tenant, id), stored, rev)
-		if err != nil {
-			return false, etcdstore.Unavailable("read draft", err)
-		}
-		g, err := decodeDraft(raw, owner(tenant, id))
+		g, _, err := s.loadDraft(ctx, tenant, id, stored, rev)
 		if err != nil {
 			return false, err
 		}
@@ -303,7 +329,7 @@ func (s *Etcd) UpdateDraft(ctx context.Context, tenant, id string, mutate func(c
 		}
 		staged, err := s.blobs.Stage(ctx, owner(tenant, id), val)
 		if err != nil {
-			return false, etcdstore.Unavailable("stage draft", err)
+			return false, stageErr("draft", id, err)
 		}
 		metaOp, err := putJSONOp(string(kv.Key), m)
 		if err != nil {
@@ -348,7 +374,7 @@ func (s *Etcd) Publish(ctx context.Context, tenant, id string, draftRevision int
 		size = len(val)
 		staged, err := s.blobs.Stage(ctx, owner(tenant, id), val)
 		if err != nil {
-			return false, etcdstore.Unavailable("stage version", err)
+			return false, stageErr("version", id, err)
 		}
 		vk := s.versionKey(tenant, id, n)
 		infoOp, err := putJSONOp(s.infoKey(tenant, id, n), info(v))
@@ -412,11 +438,11 @@ func (s *Etcd) Version(ctx context.Context, tenant, id string, n int64) (*graph.
 	}
 	raw, err := s.blobs.Load(ctx, owner(tenant, id), resp.Kvs[0].Value, rev)
 	if err != nil {
-		return nil, etcdstore.Unavailable("read version", err)
+		return nil, loadErr("version", id, vk, err)
 	}
 	var v graph.Version
 	if err := decodeGob(raw, &v); err != nil {
-		return nil, fmt.Errorf("store: decode version %d of %s/%s: %w", n, tenant, id, err)
+		return nil, loadErr("version", id, vk, fmt.Errorf("%w: decode version %d of %s/%s: %w", etcdstore.ErrDamaged, n, tenant, id, err))
 	}
 	s.cache.put(ck, 0, &v, len(raw))
 	return &v, nil

@@ -277,6 +277,9 @@ func (b *graphBatch) add(key string, val []byte, blob bool) error {
 	stored, extra := bytes.Clone(val), []clientv3.Op(nil)
 	if blob {
 		staged, err := b.s.blobs.Stage(b.ctx, b.owner, val)
+		if errors.Is(err, etcdstore.ErrTooLarge) {
+			return fmt.Errorf("store: %s cannot move to etcd: %w: make that graph smaller on bbolt first (start the publisher without store.backend=etcd), or keep it on bbolt", key, err)
+		}
 		if err != nil {
 			return etcdstore.Unavailable("stage "+key, err)
 		}
