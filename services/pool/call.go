@@ -44,6 +44,27 @@ type CallRequest struct {
 	AgentTokenID string
 	// decision is set when ApproveCall dispatches an approved call.
 	decision *approvalDecision
+	// decoded, when not nil, is the arguments as the gRPC front read them from their protobuf
+	// form (structArguments), Arguments then nil: the JSON object decodeArguments would have
+	// made of them, not encoded and decoded again.
+	decoded map[string]any
+}
+
+// arguments are the call's arguments as decodeArguments reads them: the object and its
+// canonical encoding. Arguments from the gRPC front are held to maxArgumentBytes by their
+// canonical encoding (what args_size records), as they no longer exist in another.
+func (req *CallRequest) arguments() (map[string]any, []byte, error) {
+	if req.decoded == nil {
+		return decodeArguments(req.Arguments)
+	}
+	canonical, err := canonicalArguments(req.decoded)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(canonical) > maxArgumentBytes {
+		return nil, nil, refusal(reasonInvalidInput, fmt.Errorf("arguments are %d bytes; at most %d", len(canonical), maxArgumentBytes))
+	}
+	return req.decoded, canonical, nil
 }
 
 // CallResult is a dispatched call's sanitized result.
@@ -336,7 +357,7 @@ func (s *Service) callTool(ctx context.Context, req CallRequest) outcome {
 			in.surface = nil // gateSurface refuses
 		}
 	}
-	in.args.value, in.args.canonical, in.args.err = decodeArguments(req.Arguments)
+	in.args.value, in.args.canonical, in.args.err = req.arguments()
 	// The registry is asked once per call: for a tool, its server's policy (the ceiling and
 	// the surface read it); for tool_search, every server's of the agent.
 	if node, ok := boundTool(snap, req); ok {
@@ -688,11 +709,20 @@ func decodeArguments(raw json.RawMessage) (map[string]any, []byte, error) {
 	if args == nil {
 		args = map[string]any{}
 	}
-	canonical, err := json.Marshal(args)
+	canonical, err := canonicalArguments(args)
 	if err != nil {
-		return nil, nil, refusal(reasonInvalidInput, fmt.Errorf("arguments cannot be encoded as JSON: %v", err))
+		return nil, nil, err
 	}
 	return args, canonical, nil
+}
+
+// canonicalArguments is the canonical encoding of decoded arguments (json.Marshal: keys sorted).
+func canonicalArguments(args map[string]any) ([]byte, error) {
+	canonical, err := json.Marshal(args)
+	if err != nil {
+		return nil, refusal(reasonInvalidInput, fmt.Errorf("arguments cannot be encoded as JSON: %v", err))
+	}
+	return canonical, nil
 }
 
 // admit lets a call be dispatched once the pool's budget for results in flight has room for
