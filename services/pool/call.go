@@ -449,7 +449,7 @@ func (s *Service) callTool(ctx context.Context, req CallRequest) outcome {
 	if out.err = s.admit(ctx, sess); out.err != nil {
 		return out
 	}
-	if out.attempt.PendingID, err = s.recordPending(ctx, out.attempt, out.args, out.tenant); err != nil {
+	if err = s.recordPending(ctx, &out.attempt, out.args, out.tenant); err != nil {
 		out.err = err
 		return out
 	}
@@ -465,7 +465,7 @@ func (s *Service) answerSearch(ctx context.Context, r *run, req CallRequest, d d
 	names := d.search.names()
 	out.attempt.LoadedTools = names
 	var err error
-	if out.attempt.PendingID, err = s.recordPending(ctx, out.attempt, out.args, out.tenant); err != nil {
+	if err = s.recordPending(ctx, &out.attempt, out.args, out.tenant); err != nil {
 		out.err = err
 		return out
 	}
@@ -552,18 +552,23 @@ func notRecorded(err, aerr error) error {
 // happened. A failure refuses the call.
 //
 // It returns the pending record's ID, which the outcome record names (pending_id).
-func (s *Service) recordPending(ctx context.Context, att audit.ToolCallAttempt, argsCanonical []byte, tenant string) (string, error) {
-	att.Pending()
-	setArgs(&att, argsCanonical)
-	rec := audit.NewToolCallRecord("pool", orDefaultTenant(tenant), att)
+// The arguments' digest and size are set on att too (the outcome record carries them: its
+// digest is not computed twice), and the pending record's ID as att.PendingID.
+func (s *Service) recordPending(ctx context.Context, att *audit.ToolCallAttempt, argsCanonical []byte, tenant string) error {
+	setArgs(att, argsCanonical)
+	pending := *att
+	pending.Pending()
+	rec := audit.NewToolCallRecord("pool", orDefaultTenant(tenant), pending)
 	if err := s.spool.Enqueue(context.WithoutCancel(ctx), rec); err != nil {
-		return "", refusal(reasonAuditUnavailable, fmt.Errorf("the attempt could not be recorded before dispatch: %w", err))
+		return refusal(reasonAuditUnavailable, fmt.Errorf("the attempt could not be recorded before dispatch: %w", err))
 	}
-	return rec.ID, nil
+	att.PendingID = rec.ID
+	return nil
 }
 
+// setArgs sets the attempt's arguments digest and size, unless recordPending did.
 func setArgs(att *audit.ToolCallAttempt, argsCanonical []byte) {
-	if len(argsCanonical) > 0 {
+	if len(argsCanonical) > 0 && att.ArgsDigest == "" {
 		att.ArgsDigest, att.ArgsSize = digest(argsCanonical), int64(len(argsCanonical))
 	}
 }
