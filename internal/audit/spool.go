@@ -398,8 +398,14 @@ func Encode(rec Record) (Encoded, error) {
 	return Encoded{rec: &rec, body: body}, nil
 }
 
-// Record is the record, validated, its time in UTC.
-func (e Encoded) Record() Record { return *e.rec }
+// Record is the record, validated, its time in UTC (a zero Encoded holds the zero Record,
+// which no log takes).
+func (e Encoded) Record() Record {
+	if e.rec == nil {
+		return Record{}
+	}
+	return *e.rec
+}
 
 // Body is the record's JSON as json.Marshal of Record encodes it, or nil when the receiver
 // must encode Record itself. The caller must not modify it.

@@ -2,8 +2,11 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -77,4 +80,86 @@ func TestAnEncodedRecordIsStoredAsAppendStoresIt(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, want, export(plain))
 	require.Equal(t, want, export(encoded))
+}
+
+// countingSink is the log's sink, counting the records that reach it with the spool's body.
+type countingSink struct {
+	s                  *Store
+	withBody, withNone atomic.Int32
+}
+
+func (c *countingSink) Append(ctx context.Context, recs []audit.Record) error {
+	c.withNone.Add(int32(len(recs)))
+	_, err := c.s.Append(ctx, recs)
+	return err
+}
+
+func (c *countingSink) AppendEncoded(ctx context.Context, recs []audit.Encoded) error {
+	for _, r := range recs {
+		if r.Body() != nil {
+			c.withBody.Add(1)
+		} else {
+			c.withNone.Add(1)
+		}
+	}
+	_, err := c.s.AppendEncoded(ctx, recs)
+	return err
+}
+
+// TestASpoolHandsTheLogItsEncoding: a spool whose log is in its process hands over the body it
+// encoded for each record it took from memory, and none for a record it read back from its
+// outbox file (written before a restart), which the log encodes itself; either way the log
+// holds what Append of the same records makes of them, byte for byte.
+func TestASpoolHandsTheLogItsEncoding(t *testing.T) {
+	at := time.Now().UTC().Add(time.Hour)
+	now := func() time.Time { return at }
+	open := func(name string) *Store {
+		s, err := Open(filepath.Join(t.TempDir(), name), Options{Now: now})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	plain, log := open("plain.db"), open("log.db")
+	var recs []audit.Record
+	for i := range 5 {
+		recs = append(recs, toolRec(call{tenant: "acme", run: "r1", server: "files", tool: "read"}, fmt.Sprint("c", i)))
+	}
+	dir := t.TempDir()
+
+	// Before a restart: two records committed, none forwarded.
+	before, err := audit.NewSpool(audit.SpoolConfig{Dir: dir, Sink: &countingSink{s: log}, Producer: "pool"})
+	require.NoError(t, err)
+	for _, r := range recs[:2] {
+		require.NoError(t, before.Enqueue(t.Context(), r))
+	}
+	require.NoError(t, before.Close())
+
+	sink := &countingSink{s: log}
+	spool, err := audit.NewSpool(audit.SpoolConfig{Dir: dir, Sink: sink, Producer: "pool"})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- spool.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+		require.NoError(t, spool.Close())
+	})
+	require.NoError(t, spool.Flush(t.Context()))
+	for _, r := range recs[2:] {
+		require.NoError(t, spool.Enqueue(t.Context(), r))
+	}
+	require.NoError(t, spool.Flush(t.Context()))
+	require.Equal(t, int32(2), sink.withNone.Load(), "read back from the outbox file: the log encodes them")
+	require.Equal(t, int32(3), sink.withBody.Load(), "from memory: the spool's body")
+
+	_, err = plain.Append(t.Context(), recs)
+	require.NoError(t, err)
+	export := func(s *Store) string {
+		var buf bytes.Buffer
+		_, err := s.Export(t.Context(), &buf, Filter{})
+		require.NoError(t, err)
+		return buf.String()
+	}
+	require.Equal(t, export(plain), export(log))
 }
