@@ -113,3 +113,42 @@ func TestArgumentsJSONCannotHoldAreRefusedAsBefore(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkArgumentsFromStruct: a call's arguments from the gRPC front to the object and its
+// canonical JSON, the old way (protojson, then decodeArguments) and as callRequestFromProto
+// and arguments do now, for BenchmarkPoolProcessCPU's arguments and for a larger set.
+func BenchmarkArgumentsFromStruct(b *testing.B) {
+	for _, c := range []struct{ name, json string }{
+		{"ping", `{"text":"ping"}`},
+		{"nested", argumentCases[0].json},
+		{"numbers", argumentCases[2].json},
+	} {
+		var st structpb.Struct
+		require.NoError(b, protojson.Unmarshal([]byte(c.json), &st))
+		b.Run(c.name+"/protojson", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				raw, err := st.MarshalJSON()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, _, err := decodeArguments(raw); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(c.name+"/struct", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				args, err := structArguments(&st)
+				if err != nil {
+					b.Fatal(err)
+				}
+				call := CallRequest{decoded: args}
+				if _, _, err := call.arguments(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
