@@ -551,9 +551,9 @@ func notRecorded(err, aerr error) error {
 // reaches the server: a crash mid-call still leaves a trail that says the call may have
 // happened. A failure refuses the call.
 //
-// It returns the pending record's ID, which the outcome record names (pending_id).
-// The arguments' digest and size are set on att too (the outcome record carries them: its
-// digest is not computed twice), and the pending record's ID as att.PendingID.
+// It sets the pending record's ID as att.PendingID, which the outcome record names
+// (pending_id), and the arguments' digest and size on att, which the outcome record carries
+// too (the digest is computed once for both).
 func (s *Service) recordPending(ctx context.Context, att *audit.ToolCallAttempt, argsCanonical []byte, tenant string) error {
 	setArgs(att, argsCanonical)
 	pending := *att
