@@ -370,6 +370,47 @@ func (s *Spool) EnqueueTx(tx *bolt.Tx, rec Record) error {
 	return nil
 }
 
+// EncodedSink is a Sink that also takes records as a spool encoded them: an audit log in the
+// same process, which then stores each Encoded's body as it is instead of validating and
+// encoding the record a second time. A spool forwards through AppendEncoded when its Sink has
+// it; everything Sink.Append promises holds for AppendEncoded too.
+type EncodedSink interface {
+	Sink
+	AppendEncoded(ctx context.Context, recs []Encoded) error
+}
+
+// Encoded is a record with its encoding as Encode made it, or without one (Body nil) for a
+// record the spool read back from its outbox: the stored bytes may come from another version
+// of the producer, so the log encodes that record itself as it does a record that arrives by
+// Append. Only this package makes one, so a body is always Encode's output for its record.
+type Encoded struct {
+	rec  *Record
+	body []byte
+}
+
+// Encode validates rec, with its time made UTC, and encodes it, as a spool does a record it
+// takes (the audit log's Append encodes a record it takes the same way).
+func Encode(rec Record) (Encoded, error) {
+	body, err := encodeRecord(&rec)
+	if err != nil {
+		return Encoded{}, err
+	}
+	return Encoded{rec: &rec, body: body}, nil
+}
+
+// Record is the record, validated, its time in UTC (a zero Encoded holds the zero Record,
+// which no log takes).
+func (e Encoded) Record() Record {
+	if e.rec == nil {
+		return Record{}
+	}
+	return *e.rec
+}
+
+// Body is the record's JSON as json.Marshal of Record encodes it, or nil when the receiver
+// must encode Record itself. The caller must not modify it.
+func (e Encoded) Body() []byte { return e.body }
+
 // encodeRecord validates rec, with its time made UTC, and encodes it.
 func encodeRecord(rec *Record) ([]byte, error) {
 	rec.Time = rec.Time.UTC()
@@ -745,9 +786,12 @@ func (s *Spool) Run(ctx context.Context) error {
 // spoolBatch is a run of consecutive outbox records. Records that no longer decode are
 // not sent; their keys still advance the acknowledgement so they are deleted in order.
 type spoolBatch struct {
-	last    []byte // key of the last record covered
-	recs    []Record
-	bodies  [][]byte // each record as stored, for the quarantine
+	last   []byte // key of the last record covered
+	recs   []Record
+	bodies [][]byte // each record as stored, for the quarantine
+	// encoded says which bodies are this process's encoding of their record (Encode), which an
+	// EncodedSink stores as they are: those of the records Enqueue handed over from memory.
+	encoded []bool
 	corrupt uint64
 }
 
@@ -866,12 +910,14 @@ func (s *Spool) readBatch(after []byte) (spoolBatch, error) {
 		return b, err
 	}
 	b.recs, b.bodies = make([]Record, 0, len(entries)), make([][]byte, 0, len(entries))
+	b.encoded = make([]bool, 0, len(entries))
 	for _, e := range entries {
 		b.last = e.key
 		if e.rec != nil {
 			// Validated and encoded by this process's Enqueue: nothing to decode.
 			b.recs = append(b.recs, *e.rec)
 			b.bodies = append(b.bodies, e.body)
+			b.encoded = append(b.encoded, true)
 			continue
 		}
 		var r Record
@@ -893,6 +939,7 @@ func (s *Spool) readBatch(after []byte) (spoolBatch, error) {
 		}
 		b.recs = append(b.recs, r)
 		b.bodies = append(b.bodies, e.body)
+		b.encoded = append(b.encoded, false)
 	}
 	return b, nil
 }
@@ -906,7 +953,7 @@ func (s *Spool) sendLoop(ctx context.Context, in <-chan spoolBatch, acks *ackMar
 		case <-ctx.Done():
 			return nil
 		}
-		err := s.send(ctx, b.recs, f)
+		err := s.send(ctx, &b, 0, len(b.recs), f)
 		if errors.Is(err, ErrRejected) || errors.Is(err, ErrInvalidRecord) {
 			// The log refuses something in the batch for what it is, which no retry changes:
 			// find it and set it aside instead of holding every later record behind it.
@@ -932,13 +979,31 @@ type forwardFailures struct {
 	lastLog time.Time
 }
 
-// send appends recs to the Sink, retrying transient failures with backoff. It returns nil once
-// they are taken, the Sink's refusal of the records themselves (ErrRejected or
-// ErrInvalidRecord), or ctx's error.
-func (s *Spool) send(ctx context.Context, recs []Record, f *forwardFailures) error {
-	for len(recs) > 0 {
+// appendTo hands the batch's records lo to hi to the Sink: with their bodies to an EncodedSink,
+// which then stores them as they are, else as records.
+func (s *Spool) appendTo(ctx context.Context, b *spoolBatch, lo, hi int) error {
+	es, ok := s.sink.(EncodedSink)
+	if !ok {
+		return s.sink.Append(ctx, b.recs[lo:hi])
+	}
+	recs := make([]Encoded, 0, hi-lo)
+	for i := lo; i < hi; i++ {
+		e := Encoded{rec: &b.recs[i]}
+		if b.encoded[i] {
+			e.body = b.bodies[i]
+		}
+		recs = append(recs, e)
+	}
+	return es.AppendEncoded(ctx, recs)
+}
+
+// send appends the batch's records lo to hi to the Sink, retrying transient failures with
+// backoff. It returns nil once they are taken, the Sink's refusal of the records themselves
+// (ErrRejected or ErrInvalidRecord), or ctx's error.
+func (s *Spool) send(ctx context.Context, b *spoolBatch, lo, hi int, f *forwardFailures) error {
+	for lo < hi {
 		actx, cancel := context.WithTimeout(ctx, s.attemptTimeout)
-		err := s.sink.Append(actx, recs)
+		err := s.appendTo(actx, b, lo, hi)
 		cancel()
 		switch {
 		case err == nil:
@@ -969,7 +1034,7 @@ func (s *Spool) sendEach(ctx context.Context, b *spoolBatch, batchErr error, f *
 	s.log.Error("audit: the audit log refused a batch; sending its records one by one", "err", batchErr, "records", len(b.recs))
 	var missing uint64
 	for i, r := range b.recs {
-		err := s.send(ctx, []Record{r}, f)
+		err := s.send(ctx, b, i, i+1, f)
 		if err == nil {
 			continue
 		}

@@ -44,6 +44,27 @@ type CallRequest struct {
 	AgentTokenID string
 	// decision is set when ApproveCall dispatches an approved call.
 	decision *approvalDecision
+	// decoded, when not nil, is the arguments as the gRPC front read them from their protobuf
+	// form (structArguments), Arguments then nil: the JSON object decodeArguments would have
+	// made of them, not encoded and decoded again.
+	decoded map[string]any
+}
+
+// arguments are the call's arguments as decodeArguments reads them: the object and its
+// canonical encoding. Arguments from the gRPC front are held to maxArgumentBytes by their
+// canonical encoding (what args_size records), as they no longer exist in another.
+func (req *CallRequest) arguments() (map[string]any, []byte, error) {
+	if req.decoded == nil {
+		return decodeArguments(req.Arguments)
+	}
+	canonical, err := canonicalArguments(req.decoded)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(canonical) > maxArgumentBytes {
+		return nil, nil, refusal(reasonInvalidInput, fmt.Errorf("arguments are %d bytes; at most %d", len(canonical), maxArgumentBytes))
+	}
+	return req.decoded, canonical, nil
 }
 
 // CallResult is a dispatched call's sanitized result.
@@ -336,7 +357,7 @@ func (s *Service) callTool(ctx context.Context, req CallRequest) outcome {
 			in.surface = nil // gateSurface refuses
 		}
 	}
-	in.args.value, in.args.canonical, in.args.err = decodeArguments(req.Arguments)
+	in.args.value, in.args.canonical, in.args.err = req.arguments()
 	// The registry is asked once per call: for a tool, its server's policy (the ceiling and
 	// the surface read it); for tool_search, every server's of the agent.
 	if node, ok := boundTool(snap, req); ok {
@@ -428,7 +449,7 @@ func (s *Service) callTool(ctx context.Context, req CallRequest) outcome {
 	if out.err = s.admit(ctx, sess); out.err != nil {
 		return out
 	}
-	if out.attempt.PendingID, err = s.recordPending(ctx, out.attempt, out.args, out.tenant); err != nil {
+	if err = s.recordPending(ctx, &out.attempt, out.args, out.tenant); err != nil {
 		out.err = err
 		return out
 	}
@@ -444,7 +465,7 @@ func (s *Service) answerSearch(ctx context.Context, r *run, req CallRequest, d d
 	names := d.search.names()
 	out.attempt.LoadedTools = names
 	var err error
-	if out.attempt.PendingID, err = s.recordPending(ctx, out.attempt, out.args, out.tenant); err != nil {
+	if err = s.recordPending(ctx, &out.attempt, out.args, out.tenant); err != nil {
 		out.err = err
 		return out
 	}
@@ -530,19 +551,24 @@ func notRecorded(err, aerr error) error {
 // reaches the server: a crash mid-call still leaves a trail that says the call may have
 // happened. A failure refuses the call.
 //
-// It returns the pending record's ID, which the outcome record names (pending_id).
-func (s *Service) recordPending(ctx context.Context, att audit.ToolCallAttempt, argsCanonical []byte, tenant string) (string, error) {
-	att.Pending()
-	setArgs(&att, argsCanonical)
-	rec := audit.NewToolCallRecord("pool", orDefaultTenant(tenant), att)
+// It sets the pending record's ID as att.PendingID, which the outcome record names
+// (pending_id), and the arguments' digest and size on att, which the outcome record carries
+// too (the digest is computed once for both).
+func (s *Service) recordPending(ctx context.Context, att *audit.ToolCallAttempt, argsCanonical []byte, tenant string) error {
+	setArgs(att, argsCanonical)
+	pending := *att
+	pending.Pending()
+	rec := audit.NewToolCallRecord("pool", orDefaultTenant(tenant), pending)
 	if err := s.spool.Enqueue(context.WithoutCancel(ctx), rec); err != nil {
-		return "", refusal(reasonAuditUnavailable, fmt.Errorf("the attempt could not be recorded before dispatch: %w", err))
+		return refusal(reasonAuditUnavailable, fmt.Errorf("the attempt could not be recorded before dispatch: %w", err))
 	}
-	return rec.ID, nil
+	att.PendingID = rec.ID
+	return nil
 }
 
+// setArgs sets the attempt's arguments digest and size, unless recordPending did.
 func setArgs(att *audit.ToolCallAttempt, argsCanonical []byte) {
-	if len(argsCanonical) > 0 {
+	if len(argsCanonical) > 0 && att.ArgsDigest == "" {
 		att.ArgsDigest, att.ArgsSize = digest(argsCanonical), int64(len(argsCanonical))
 	}
 }
@@ -688,11 +714,20 @@ func decodeArguments(raw json.RawMessage) (map[string]any, []byte, error) {
 	if args == nil {
 		args = map[string]any{}
 	}
-	canonical, err := json.Marshal(args)
+	canonical, err := canonicalArguments(args)
 	if err != nil {
-		return nil, nil, refusal(reasonInvalidInput, fmt.Errorf("arguments cannot be encoded as JSON: %v", err))
+		return nil, nil, err
 	}
 	return args, canonical, nil
+}
+
+// canonicalArguments is the canonical encoding of decoded arguments (json.Marshal: keys sorted).
+func canonicalArguments(args map[string]any) ([]byte, error) {
+	canonical, err := json.Marshal(args)
+	if err != nil {
+		return nil, refusal(reasonInvalidInput, fmt.Errorf("arguments cannot be encoded as JSON: %v", err))
+	}
+	return canonical, nil
 }
 
 // admit lets a call be dispatched once the pool's budget for results in flight has room for

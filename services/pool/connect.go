@@ -376,7 +376,7 @@ func (s *Service) answerConnect(ctx context.Context, r *run, d decision) outcome
 		return out
 	}
 	var err error
-	if out.attempt.PendingID, err = s.recordPending(ctx, out.attempt, out.args, out.tenant); err != nil {
+	if err = s.recordPending(ctx, &out.attempt, out.args, out.tenant); err != nil {
 		out.err = err
 		return out
 	}

@@ -282,7 +282,7 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 		if err := s.admit(ctx, sess); err != nil {
 			return nil, err
 		}
-		if att.PendingID, err = s.recordPending(ctx, att, argsCanonical, req.Tenant); err != nil {
+		if err = s.recordPending(ctx, &att, argsCanonical, req.Tenant); err != nil {
 			return nil, err
 		}
 		d := decision{attempt: att, spec: spec, serverRef: sess.reg.Ref, args: arguments{value: args, canonical: canonical}}

@@ -46,7 +46,12 @@ func (s *Service) elsewhereFor(ctx context.Context, err error) *elsewhereError {
 // callElsewhere is CallTool on the run's owner; cancelling ctx cancels it there.
 func (s *Service) callElsewhere(ctx context.Context, e *elsewhereError, req CallRequest) (*CallResult, error) {
 	preq := &poolv1.CallToolRequest{RunId: req.RunID, Tenant: req.Tenant, Agent: req.Agent, Tool: req.Tool, CallId: req.CallID}
-	if len(req.Arguments) > 0 {
+	if req.decoded != nil {
+		var err error
+		if preq.Arguments, err = structpb.NewStruct(req.decoded); err != nil {
+			return nil, fieldError("arguments", "must be a JSON object")
+		}
+	} else if len(req.Arguments) > 0 {
 		preq.Arguments = &structpb.Struct{}
 		if err := protojson.Unmarshal(req.Arguments, preq.Arguments); err != nil {
 			return nil, fieldError("arguments", "must be a JSON object")

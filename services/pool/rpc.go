@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"time"
+	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"google.golang.org/grpc/codes"
@@ -231,15 +233,71 @@ func callRequestFromProto(req *poolv1.CallToolRequest) (CallRequest, error) {
 			return CallRequest{}, err
 		}
 	}
-	var args json.RawMessage
+	call := CallRequest{RunID: req.GetRunId(), Agent: req.GetAgent(), Tool: req.GetTool(), CallID: req.GetCallId()}
 	if req.GetArguments() != nil {
-		b, err := req.GetArguments().MarshalJSON()
+		args, err := structArguments(req.GetArguments())
 		if err != nil {
 			return CallRequest{}, fieldError("arguments", "cannot be encoded as JSON")
 		}
-		args = b
+		call.decoded = args
 	}
-	return CallRequest{RunID: req.GetRunId(), Agent: req.GetAgent(), Tool: req.GetTool(), Arguments: args, CallID: req.GetCallId()}, nil
+	return call, nil
+}
+
+// errNotJSON is structArguments' answer for what protojson cannot encode.
+var errNotJSON = errors.New("not representable as JSON")
+
+// structArguments is a call's arguments as the gRPC front receives them, a protobuf Struct,
+// as the JSON object decodeArguments reads from the Struct's JSON (protojson), without
+// encoding and decoding that JSON: objects map[string]any, lists []any, numbers float64 (a
+// Struct's numbers are doubles, and a double's JSON decodes to the same double), strings,
+// bools and nil. What protojson refuses to encode is refused here too: a number that is NaN
+// or infinite, a value of no kind, text that is not UTF-8.
+func structArguments(st *structpb.Struct) (map[string]any, error) {
+	out := make(map[string]any, len(st.GetFields()))
+	for k, v := range st.GetFields() {
+		if !utf8.ValidString(k) {
+			return nil, errNotJSON
+		}
+		x, err := valueArgument(v)
+		if err != nil {
+			return nil, err
+		}
+		out[k] = x
+	}
+	return out, nil
+}
+
+func valueArgument(v *structpb.Value) (any, error) {
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_NullValue:
+		return nil, nil
+	case *structpb.Value_NumberValue:
+		if math.IsNaN(k.NumberValue) || math.IsInf(k.NumberValue, 0) {
+			return nil, errNotJSON
+		}
+		return k.NumberValue, nil
+	case *structpb.Value_StringValue:
+		if !utf8.ValidString(k.StringValue) {
+			return nil, errNotJSON
+		}
+		return k.StringValue, nil
+	case *structpb.Value_BoolValue:
+		return k.BoolValue, nil
+	case *structpb.Value_StructValue:
+		return structArguments(k.StructValue)
+	case *structpb.Value_ListValue:
+		list := make([]any, len(k.ListValue.GetValues()))
+		for i, e := range k.ListValue.GetValues() {
+			x, err := valueArgument(e)
+			if err != nil {
+				return nil, err
+			}
+			list[i] = x
+		}
+		return list, nil
+	}
+	return nil, errNotJSON
 }
 
 // validateRunID checks a run id as StartRun makes them: ident.Run.

@@ -225,33 +225,51 @@ func (s *Store) Head() (uint64, [32]byte) {
 // ErrIDConflict. All records of one call commit together or not at all. If ctx ends
 // while waiting, the records may still be committed; retrying with the same IDs is safe.
 func (s *Store) Append(ctx context.Context, recs []audit.Record) ([]uint64, error) {
-	if len(recs) == 0 {
+	return s.appendRecords(ctx, len(recs), func(i int) (audit.Record, []byte) { return recs[i], nil })
+}
+
+// AppendEncoded is Append for records a producer's spool in this process has validated and
+// encoded (audit.Encode): each body is stored as it is, which is byte for byte what Append
+// would encode (a record with a receive time is encoded again without it, as Append does).
+func (s *Store) AppendEncoded(ctx context.Context, recs []audit.Encoded) ([]uint64, error) {
+	return s.appendRecords(ctx, len(recs), func(i int) (audit.Record, []byte) { return recs[i].Record(), recs[i].Body() })
+}
+
+// appendRecords is Append and AppendEncoded: record i is at(i), with its encoding (audit.Encode's)
+// or nil, when Append must validate and encode it.
+func (s *Store) appendRecords(ctx context.Context, n int, at func(i int) (audit.Record, []byte)) ([]uint64, error) {
+	if n == 0 {
 		return nil, nil
 	}
-	if len(recs) > MaxAppendRecords {
-		return nil, fmt.Errorf("%w: %d, limit %d", ErrTooManyRecords, len(recs), MaxAppendRecords)
+	if n > MaxAppendRecords {
+		return nil, fmt.Errorf("%w: %d, limit %d", ErrTooManyRecords, n, MaxAppendRecords)
 	}
 	req := &appendReq{
 		received: s.now().UTC(),
-		recs:     make([]audit.Record, len(recs)),
-		js:       make([][]byte, len(recs)),
-		digests:  make([][16]byte, len(recs)),
+		recs:     make([]audit.Record, n),
+		js:       make([][]byte, n),
+		digests:  make([][16]byte, n),
 		done:     make(chan struct{}),
 	}
 	// Validation and encoding happen here, on the callers' goroutines, so the single
 	// writer only splices, hashes and writes. The receive time is the log's to write: a
 	// producer's is dropped, and it stays out of the digest that makes a resend idempotent.
-	for i, r := range recs {
-		r.Time, r.ReceiveTime = r.Time.UTC(), time.Time{}
-		if err := r.Validate(); err != nil {
-			return nil, fmt.Errorf("audit: record %d: %w", i, err)
+	for i := range n {
+		r, js := at(i)
+		if js == nil || !r.ReceiveTime.IsZero() {
+			r.Time, r.ReceiveTime = r.Time.UTC(), time.Time{}
+			if err := r.Validate(); err != nil {
+				return nil, fmt.Errorf("audit: record %d: %w", i, err)
+			}
+			var err error
+			if js, err = json.Marshal(r); err != nil {
+				return nil, fmt.Errorf("audit: record %d: encode: %w", i, err)
+			}
 		}
+		// Encode made the body of a record validated, its time in UTC, and json.Marshal of
+		// that record is what the branch above makes of it.
 		if err := r.CheckReceived(req.received); err != nil {
 			return nil, fmt.Errorf("audit: record %d: %w", i, err)
-		}
-		js, err := json.Marshal(r)
-		if err != nil {
-			return nil, fmt.Errorf("audit: record %d: encode: %w", i, err)
 		}
 		sum := sha256.Sum256(js)
 		req.recs[i], req.js[i] = r, js
@@ -524,10 +542,21 @@ func (s *Store) Sink() audit.Sink { return storeSink{s} }
 
 type storeSink struct{ s *Store }
 
-var _ audit.Sink = storeSink{}
+var _ audit.EncodedSink = storeSink{}
 
 func (k storeSink) Append(ctx context.Context, recs []audit.Record) error {
 	_, err := k.s.Append(ctx, recs)
+	return sinkError(err)
+}
+
+// AppendEncoded stores the bodies the spool encoded instead of encoding each record again.
+func (k storeSink) AppendEncoded(ctx context.Context, recs []audit.Encoded) error {
+	_, err := k.s.AppendEncoded(ctx, recs)
+	return sinkError(err)
+}
+
+// sinkError is the store's error as a spool reads it.
+func sinkError(err error) error {
 	if errors.Is(err, ErrIDConflict) {
 		// No resend changes which record holds the ID: the spool must set this one aside
 		// (quarantine) rather than retry it, and everything queued behind it, forever.
