@@ -130,6 +130,7 @@ var errorCodes = grpcserver.MergeCodes(etcdstore.ErrorCodes, map[error]codes.Cod
 	auth.ErrTenantMismatch:         codes.PermissionDenied,
 	discovery.ErrIsolationRequired: codes.Unavailable,
 	audit.ErrSpoolFull:             codes.Unavailable,
+	store.ErrDamaged:               codes.DataLoss,
 })
 
 // Open opens the publisher's store and builds the service; Close releases it.

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -65,6 +66,15 @@ func versionPrefix(tenant, id string) []byte { return []byte(tenant + "/" + id +
 func versionKey(tenant, id string, n int64) []byte {
 	k := versionPrefix(tenant, id)
 	return binary.BigEndian.AppendUint64(k, uint64(n))
+}
+
+// damaged is a draft or version of graph tenant/id in this file that does not decode (err):
+// DATA_LOSS naming the graph, the file and the fix. Deleting the graph does not read it, so
+// that works on a damaged one.
+func (s *Bolt) damaged(what, tenant, id string, err error) error {
+	file := filepath.Base(s.db.Path())
+	return fmt.Errorf("publisher: the %s of graph %q in tenant %q cannot be read from %s: %w: %w: restore %s from a backup (ringfence backup, docs/operations.md \"Backups\"); without one, delete the graph (ringfence graphs delete --graph %s) and create it again",
+		what, id, tenant, file, ErrDamaged, err, file, id)
 }
 
 func getMeta(tx *bolt.Tx, key []byte) (*meta, error) {
@@ -157,7 +167,7 @@ func (s *Bolt) Draft(ctx context.Context, tenant, id string) (*graph.Graph, erro
 		}
 		g, err := decodeDraft(v, string(key))
 		if err != nil {
-			return err
+			return s.damaged("draft", tenant, id, err)
 		}
 		out, size, decoded = g, len(v), true
 		return nil
@@ -188,7 +198,7 @@ func (s *Bolt) UpdateDraft(ctx context.Context, tenant, id string, mutate func(c
 		}
 		g, err := decodeDraft(v, string(key))
 		if err != nil {
-			return err
+			return s.damaged("draft", tenant, id, err)
 		}
 		if err := mutate(g); err != nil {
 			return err
@@ -284,7 +294,7 @@ func (s *Bolt) Version(ctx context.Context, tenant, id string, n int64) (*graph.
 		}
 		var v graph.Version
 		if err := decodeGob(raw, &v); err != nil {
-			return fmt.Errorf("store: decode version %d of %s/%s: %w", n, tenant, id, err)
+			return s.damaged(fmt.Sprintf("version %d", n), tenant, id, fmt.Errorf("store: decode version %d of %s/%s: %w", n, tenant, id, err))
 		}
 		out, size, decoded = &v, len(raw), true
 		return nil

@@ -31,6 +31,10 @@ var (
 	// ErrVersionExists means a version number was about to be written twice: published
 	// versions are immutable, so the write is refused rather than overwriting one.
 	ErrVersionExists = errors.New("store: a published version with this number already exists; versions are never overwritten")
+	// ErrDamaged means a draft or version in the bbolt file does not decode: its bytes were
+	// changed by something other than the publisher, or lost. Trying again cannot help, so it
+	// is DATA_LOSS, as etcdstore.ErrDamaged is on etcd; the message names the graph and the fix.
+	ErrDamaged = errors.New("store: a stored value is damaged")
 )
 
 // Hook runs inside a write's transaction with the recorder of that transaction: the audit
