@@ -587,10 +587,11 @@ func newServersExploreCmd(g *globals) *cobra.Command {
 			}
 			defer cancel()
 			stop := g.waitNote("the server to start and answer")
+			sent := time.Now()
 			resp, err := client.ExploreServer(ctx, req)
 			stop()
 			if err != nil && req.Call != nil && status.Code(err) == codes.DeadlineExceeded && !neverSent(status.Convert(err)) {
-				return &exitError{code: ExitFailed, msg: g.unknownExploreOutcome(ref, callTool)}
+				return &exitError{code: ExitFailed, msg: g.unknownExploreOutcome(ref, callTool, sent)}
 			}
 			if err != nil {
 				return err
@@ -644,18 +645,20 @@ func (g *globals) printExplored(resp *registryv1.ExploreServerResponse) {
 }
 
 // unknownExploreOutcome says what an explore call that got no answer within --timeout may
-// have done, as unknownOutcome does for a run's call; the registry names the call id, so the
-// audit log is searched by server and tool.
-func (g *globals) unknownExploreOutcome(ref, tool string) string {
+// have done, as unknownOutcome does for a run's call. The pool chooses an explore call's id
+// and its run (explore-…) and only its answer names them (ExploreCall has no call_id a caller
+// could choose), so the audit log is searched by server and tool since the request was sent.
+func (g *globals) unknownExploreOutcome(ref, tool string, sent time.Time) string {
 	server := ref
 	if server == "" {
 		server = "the ad-hoc server"
 	}
+	since := sent.UTC().Truncate(time.Second).Format(time.RFC3339)
 	return fmt.Sprintf(`the explore call's outcome is unknown: no answer within --timeout %s
 if %s was listed in time, the call to %s may have reached it and taken effect
-look it up before calling again: ringfence audit list --kind tool_call (needs audit:read), the latest %s call of %s:
+look it up before calling again: ringfence audit list --kind tool_call --server %s --tool %s --since %s (needs audit:read), the latest %s call of %s:
 %s
-a longer --timeout waits for a slow start or a slow tool`, g.timeout, oneLine(server), oneLine(tool), oneLine(tool), oneLine(server), attemptLegend)
+a longer --timeout waits for a slow start or a slow tool`, g.timeout, oneLine(server), oneLine(tool), oneLine(ref), oneLine(tool), since, oneLine(tool), oneLine(server), attemptLegend)
 }
 
 // exploreCallExit turns an explore call's outcome into the exit codes of `runs call`.
@@ -664,13 +667,13 @@ func exploreCallExit(c *typesv1.ExploreCallResult) error {
 	case c == nil:
 		return nil
 	case c.GetOutcome() == "refused_before_dispatch":
-		return &exitError{code: ExitRefused, msg: sprintLine("call %s refused before dispatch (%s): %s\nnothing reached the server", c.GetCallId(), c.GetReason(), c.GetMessage())}
+		return &exitError{code: ExitRefused, msg: sprintLine("call %s refused before dispatch (%s): %s\nnothing reached the server (its record: ringfence audit list --call %s)", c.GetCallId(), c.GetReason(), c.GetMessage(), c.GetCallId())}
 	case c.GetResult() == "failed":
 		msg := c.GetMessage()
 		if msg == "" {
 			msg = "the tool reported an error"
 		}
-		return &exitError{code: ExitFailed, msg: sprintLine("call %s dispatched and failed (%s): %s\nthe call reached the server and may have taken effect", c.GetCallId(), c.GetFailureClass(), msg)}
+		return &exitError{code: ExitFailed, msg: sprintLine("call %s dispatched and failed (%s): %s\nthe call reached the server and may have taken effect (its records: ringfence audit list --call %s)", c.GetCallId(), c.GetFailureClass(), msg, c.GetCallId())}
 	}
 	return nil
 }
