@@ -10,7 +10,9 @@ import (
 	"strings"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -48,6 +50,7 @@ func NewGatewayMux(first ...runtime.Middleware) *runtime.ServeMux {
 		runtime.WithErrorHandler(writeError),
 		runtime.WithRoutingErrorHandler(writeRoutingError),
 		runtime.WithStreamErrorHandler(streamError),
+		runtime.WithForwardResponseOption(answerHeadOnAdmission),
 		// The gateway keeps one parser for the whole process; every mux sets the same one.
 		runtime.SetQueryParameterParser(&strictQuery{}),
 		runtime.WithMiddlewares(append(first, refuseInvalidUTF8, refuseUnreadQuery, markBody, answerStreamFailuresAsErrors)...),
@@ -57,6 +60,41 @@ func NewGatewayMux(first ...runtime.Middleware) *runtime.ServeMux {
 		runtime.WithDisablePathLengthFallback(),
 		runtime.WithDisableHTTPMethodOverride(),
 	)
+}
+
+// streamContentType is the Content-Type the gateway gives a stream at its first message.
+var streamContentType = newJSONMarshaler().ContentType(nil)
+
+// admittedKey is the header metadata AdmitStream sends; the gateway forwards none of it.
+const admittedKey = "ringfence-stream-admitted"
+
+// AdmitStream sends a server stream's headers at once, saying that it was admitted (authorized
+// and its request accepted), for a stream whose first message may be long in coming (a watch
+// of an idle log): a gRPC client gets the headers then, and a REST HEAD of the route is
+// answered then (answerHeadOnAdmission) rather than at a first message. Call it once, before
+// the first Send.
+func AdmitStream(stream grpc.ServerStream) error {
+	return stream.SendHeader(metadata.Pairs(admittedKey, "true"))
+}
+
+// answerHeadOnAdmission is a forward-response option of the gateway mux. The gateway calls
+// the options once with no message as a stream begins, once its RPC's headers have arrived
+// and before its first message. When those headers say the stream was admitted (AdmitStream:
+// headers alone do not, since a refusal sends the request id in headers of its own), a HEAD
+// served as GET (headAsGet) has its answer: 200 and the headers the GET's first message would
+// bring, sent at once, which ends the stream (headResponse.Flush). Any other stream answers a
+// HEAD as the GET: at its first message or its refusal.
+func answerHeadOnAdmission(ctx context.Context, w http.ResponseWriter, m proto.Message) error {
+	if m != nil || !isHead(ctx) {
+		return nil
+	}
+	if md, ok := runtime.ServerMetadataFromContext(ctx); !ok || len(md.HeaderMD.Get(admittedKey)) == 0 {
+		return nil
+	}
+	w.Header().Set("Content-Type", streamContentType)
+	w.WriteHeader(http.StatusOK)
+	http.NewResponseController(w).Flush() //nolint:errcheck // nothing to do about a client gone
+	return nil
 }
 
 // writeRoutingError answers a request no route takes with the HTTP status that says why (404

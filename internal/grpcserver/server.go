@@ -393,16 +393,17 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 // status and headers, without the body (monitoring probes and curl -I send HEAD; the gateway
 // matches routes by method and answered 405). The route's GET handler runs, which changes
 // nothing by definition; net/http drops what it writes to a HEAD response. A stream (a watch)
-// ends once its status is sent, at its first message or its refusal, as a GET's headers would
-// arrive then. HEAD on a path with no GET route is left to the gateway's 405, whose Allow names
-// the methods the path takes.
+// is answered as soon as it is admitted, authorized and its request accepted (its RPC sends
+// its headers then: answerHeadOnAdmission), or at its refusal, and ends there: an idle watch
+// would send its first message only once something is recorded. HEAD on a path with no GET
+// route is left to the gateway's 405, whose Allow names the methods the path takes.
 func headAsGet(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodHead || !slices.Contains(allowedMethods(r.URL.Path), http.MethodGet) {
 			h.ServeHTTP(w, r)
 			return
 		}
-		ctx, cancel := context.WithCancel(r.Context())
+		ctx, cancel := context.WithCancel(context.WithValue(r.Context(), headKey{}, true))
 		defer cancel()
 		get := r.Clone(ctx)
 		get.Method = http.MethodGet
@@ -410,16 +411,37 @@ func headAsGet(h http.Handler) http.Handler {
 	})
 }
 
+// headKey marks the context of a HEAD that headAsGet serves as GET.
+type headKey struct{}
+
+func isHead(ctx context.Context) bool { v, _ := ctx.Value(headKey{}).(bool); return v }
+
 // headResponse is the response writer of a HEAD served as GET. A flush sends the status and
 // headers, after which a HEAD has nothing more to send: it ends the handler's context, so a
-// stream that would go on (a watch) stops there.
+// stream that would go on (a watch) stops there, and what the handler writes after it (the
+// gateway's error line for the stream it ended) is dropped.
 type headResponse struct {
 	http.ResponseWriter
 	sent context.CancelFunc
+	done bool
+}
+
+func (h *headResponse) WriteHeader(code int) {
+	if !h.done {
+		h.ResponseWriter.WriteHeader(code)
+	}
+}
+
+func (h *headResponse) Write(b []byte) (int, error) {
+	if h.done {
+		return len(b), nil
+	}
+	return h.ResponseWriter.Write(b)
 }
 
 func (h *headResponse) Flush() {
 	http.NewResponseController(h.ResponseWriter).Flush() //nolint:errcheck // nothing to do about a client gone
+	h.done = true
 	h.sent()
 }
 

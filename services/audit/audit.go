@@ -192,6 +192,11 @@ func (s *Service) Watch(req *auditv1.WatchRequest, stream auditv1.AuditService_W
 		return err
 	}
 	defer end()
+	// Admitted: the headers go now, not with a first record an idle log may never append, so
+	// the caller (and a REST HEAD, answered at this point) knows the watch has begun.
+	if err := grpcserver.AdmitStream(stream); err != nil {
+		return err
+	}
 	from := req.GetFromSeq()
 	if from == 0 {
 		head, _ := s.store.Head()

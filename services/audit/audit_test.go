@@ -159,6 +159,7 @@ type watchStream struct {
 func (w *watchStream) Context() context.Context            { return w.ctx }
 func (w *watchStream) Send(r *auditv1.WatchResponse) error { w.recs <- r.GetRecord(); return nil }
 func (w *watchStream) SetHeader(metadata.MD) error         { return nil }
+func (w *watchStream) SendHeader(metadata.MD) error        { return nil }
 
 func TestWatchResumesFromASequenceAndKeepsToTheTenant(t *testing.T) {
 	svc := open(t)
