@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -406,13 +407,19 @@ func TestACallWithNoAnswerWithinTimeoutSaysItsOutcomeIsUnknown(t *testing.T) {
 	require.Regexp(t, `no answer within --timeout 2s while starting run run-[0-9a-f]{24}, so no tool was called`, r.Stderr)
 	require.Regexp(t, `ringfence runs end --run run-[0-9a-f]{24}`, r.Stderr)
 
-	// An explore call outside any run: the same, pointed at the server and tool.
+	// An explore call outside any run: the same, named by the call id the CLI sent, which
+	// finds it.
 	r = callUnanswered(t, d, cli, 2, "servers", "explore", "fx", "--call", "sleep", "--args", `{"ms":60000}`, "--timeout", "20s")
 	require.Equal(t, 4, r.Code, "stdout: %s\nstderr: %s", r.Stdout, r.Stderr)
 	require.Contains(t, r.Stderr, "the explore call's outcome is unknown: no answer within --timeout 20s")
-	require.Contains(t, r.Stderr, "ringfence audit list --kind tool_call")
-	require.Contains(t, r.Stderr, "the latest sleep call of fx")
 	require.NotContains(t, r.Stderr, "DeadlineExceeded", "not a bare gRPC error")
+	m := regexp.MustCompile(`look up call (call-[0-9a-f]{24}) before calling again: ringfence audit list --call (\S+) \(needs audit:read\)`).FindStringSubmatch(r.Stderr)
+	require.NotNil(t, m, r.Stderr)
+	require.Equal(t, m[1], m[2])
+	r = cli("audit", "list", "--call", m[1])
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "call "+m[1]+"#1")
+	require.Contains(t, r.Stdout, "explore-", "the explore call's run")
 }
 
 // callUnanswered runs a CLI call of fx__sleep that ends with "--timeout D" in the background.

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	auditv1 "github.com/ringfence/ringfence/gen/go/ringfence/audit/v1"
+	"github.com/ringfence/ringfence/internal/grpcserver"
 )
 
 type auditFilterFlags struct {
@@ -149,6 +150,22 @@ func newAuditCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// The server sends the watch's headers once it is admitted (authorized, its filter
+			// accepted; grpcserver.AdmitStream): wait for them, so a refusal prints only the
+			// refusal, not a line saying the log is followed first. Headers that do not say
+			// so are a refusal's, or a server's that sends them with its first record: Recv
+			// says which.
+			var first *auditv1.WatchResponse
+			md, err := stream.Header()
+			if err == nil && !grpcserver.Admitted(md) {
+				first, err = stream.Recv()
+			}
+			if errors.Is(err, io.EOF) || errors.Is(ctx.Err(), context.Canceled) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
 			// A quiet log looks like a hung command: say what the wait is for.
 			if from == 0 {
 				fmt.Fprintln(g.stderr, "following the audit log: new records print as they land (--from 1 replays from the first); Ctrl-C stops")
@@ -157,6 +174,11 @@ func newAuditCmd(g *globals) *cobra.Command {
 			}
 			if g.output != "json" {
 				fmt.Fprintln(g.stdout, "SEQ TIME KIND TENANT WHAT OUTCOME")
+			}
+			if first != nil {
+				if err := g.printRecordLine(first.GetRecord()); err != nil {
+					return err
+				}
 			}
 			for {
 				resp, err := stream.Recv()

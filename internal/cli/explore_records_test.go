@@ -11,9 +11,8 @@ import (
 
 // TestExploreOutcomesNameTheirRecords: every outcome of `servers explore --call` that is not a
 // plain success says which audit list command shows its records. A refused or failed call
-// names its call id (the pool's, from the answer), which finds it alone; a call that got no
-// answer has no id the CLI knows (ExploreCall has no call_id a caller could choose), so the
-// command narrows to the server's tool call since the request was sent, not every tool call.
+// names its call id (from the answer), which finds it alone; so does a call that got no
+// answer, by the id the CLI chose and sent (ExploreCall.call_id).
 func TestExploreOutcomesNameTheirRecords(t *testing.T) {
 	refused := exploreCallExit(&typesv1.ExploreCallResult{CallId: "call-0a1b", Outcome: "refused_before_dispatch", Reason: "unknown_tool", Message: `server "fx" lists no tool named "nosuch"`})
 	require.Error(t, refused)
@@ -28,9 +27,8 @@ func TestExploreOutcomesNameTheirRecords(t *testing.T) {
 	require.NoError(t, exploreCallExit(&typesv1.ExploreCallResult{CallId: "call-4e5f", Outcome: "dispatched", Result: "succeeded"}))
 
 	g := &globals{timeout: 20 * time.Second}
-	sent := time.Date(2026, 12, 4, 23, 1, 2, 700_000_000, time.FixedZone("CET", 3600))
-	msg := g.unknownExploreOutcome("fx", "sleep", sent)
+	msg := g.unknownExploreOutcome("fx", &typesv1.ExploreCall{Tool: "sleep", CallId: "call-6a7b"})
 	require.Contains(t, msg, "the explore call's outcome is unknown: no answer within --timeout 20s")
-	require.Contains(t, msg, "ringfence audit list --kind tool_call --server fx --tool sleep --since 2026-12-04T22:01:02Z (needs audit:read), the latest sleep call of fx",
-		"the server's calls of that tool since the request was sent (to the second, in UTC, so the call is not left out)")
+	require.Contains(t, msg, "look up call call-6a7b before calling again: ringfence audit list --call call-6a7b (needs audit:read)",
+		"the id the CLI sent finds the call's records alone")
 }

@@ -577,7 +577,9 @@ func newServersExploreCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				req.Call = &typesv1.ExploreCall{Tool: callTool, Arguments: st}
+				// The call's id is chosen here rather than by the pool, so a call that gets no
+				// answer can still be named: it is how its records are found in the audit log.
+				req.Call = &typesv1.ExploreCall{Tool: callTool, Arguments: st, CallId: newID("call-")}
 			} else if cmd.Flags().Changed("args") {
 				return usagef("--args needs --call TOOL")
 			}
@@ -587,11 +589,10 @@ func newServersExploreCmd(g *globals) *cobra.Command {
 			}
 			defer cancel()
 			stop := g.waitNote("the server to start and answer")
-			sent := time.Now()
 			resp, err := client.ExploreServer(ctx, req)
 			stop()
 			if err != nil && req.Call != nil && status.Code(err) == codes.DeadlineExceeded && !neverSent(status.Convert(err)) {
-				return &exitError{code: ExitFailed, msg: g.unknownExploreOutcome(ref, callTool, sent)}
+				return &exitError{code: ExitFailed, msg: g.unknownExploreOutcome(ref, req.Call)}
 			}
 			if err != nil {
 				return err
@@ -645,20 +646,21 @@ func (g *globals) printExplored(resp *registryv1.ExploreServerResponse) {
 }
 
 // unknownExploreOutcome says what an explore call that got no answer within --timeout may
-// have done, as unknownOutcome does for a run's call. The pool chooses an explore call's id
-// and its run (explore-…) and only its answer names them (ExploreCall has no call_id a caller
-// could choose), so the audit log is searched by server and tool since the request was sent.
-func (g *globals) unknownExploreOutcome(ref, tool string, sent time.Time) string {
+// have done, as unknownOutcome does for a run's call. The pool makes the call's run
+// (explore-…) and only its answer names it, but the call's id is the one the CLI sent
+// (ExploreCall.call_id), which finds the call's records: random as generated call ids are, it
+// is no other call's, in any run.
+func (g *globals) unknownExploreOutcome(ref string, call *typesv1.ExploreCall) string {
 	server := ref
 	if server == "" {
 		server = "the ad-hoc server"
 	}
-	since := sent.UTC().Truncate(time.Second).Format(time.RFC3339)
+	id := oneLine(call.GetCallId())
 	return fmt.Sprintf(`the explore call's outcome is unknown: no answer within --timeout %s
 if %s was listed in time, the call to %s may have reached it and taken effect
-look it up before calling again: ringfence audit list --kind tool_call --server %s --tool %s --since %s (needs audit:read), the latest %s call of %s:
+look up call %s before calling again: ringfence audit list --call %s (needs audit:read)
 %s
-a longer --timeout waits for a slow start or a slow tool`, g.timeout, oneLine(server), oneLine(tool), oneLine(ref), oneLine(tool), since, oneLine(tool), oneLine(server), attemptLegend)
+a longer --timeout waits for a slow start or a slow tool`, g.timeout, oneLine(server), oneLine(call.GetTool()), id, id, attemptLegend)
 }
 
 // exploreCallExit turns an explore call's outcome into the exit codes of `runs call`.

@@ -77,6 +77,11 @@ func AdmitStream(stream grpc.ServerStream) error {
 	return stream.SendHeader(metadata.Pairs(admittedKey, "true"))
 }
 
+// Admitted reports whether a stream's headers, as its client reads them (ClientStream.Header),
+// say that AdmitStream admitted it. Headers that do not are a refusal's (it sends the request
+// id in headers of its own) or come with a first message.
+func Admitted(md metadata.MD) bool { return len(md.Get(admittedKey)) > 0 }
+
 // answerHeadOnAdmission is a forward-response option of the gateway mux. The gateway calls
 // the options once with no message as a stream begins, once its RPC's headers have arrived
 // and before its first message. When those headers say the stream was admitted (AdmitStream:

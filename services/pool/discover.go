@@ -16,6 +16,7 @@ import (
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/humanize"
+	"github.com/ringfence/ringfence/internal/ident"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/peers"
 	"github.com/ringfence/ringfence/mcpgate"
@@ -157,13 +158,21 @@ func screenRefusal(ref string, tool discovery.Tool, listing []discovery.Finding,
 // the gates that exist outside a run (the audit spool has room, the tool is listed and not
 // filtered out, the arguments match its live input schema), is dispatched, checked and
 // sanitized as a run's calls are, and is recorded in the audit log as a tool-call attempt of a
-// run named explore-…, whose agent is the operator's key. A refused or failed call still
+// run named explore-…, whose agent is the operator's key, under the call id the caller chose
+// (req.Call.CallId) or, without one, one the pool makes. A refused or failed call still
 // answers with the listing; the result says what happened.
 func (s *Service) ExploreTools(ctx context.Context, req discovery.ExploreRequest) (*discovery.Listing, *typesv1.ExploreCallResult, error) {
 	if req.Call != nil {
 		// The tool's name lands in the call's audit record, which must be able to hold it.
 		if err := boundedField("call.tool", req.Call.GetTool(), true); err != nil {
 			return nil, nil, err
+		}
+		// A caller-chosen id names the call's records before any answer does; it is a call id
+		// as CallTool takes one.
+		if id := req.Call.GetCallId(); id != "" {
+			if err := ident.CallID.Check("call.call_id", id); err != nil {
+				return nil, nil, err
+			}
 		}
 		if err := s.spool.CanAccept(); err != nil {
 			return nil, nil, err // nothing starts without room for its record
@@ -234,7 +243,10 @@ func (s *Service) exploreAs(ctx context.Context, req discovery.ExploreRequest, r
 // exploreCall makes, checks and records the one call of ExploreTools.
 func (s *Service) exploreCall(ctx context.Context, sess *session, listing *discovery.Listing, req discovery.ExploreRequest) *typesv1.ExploreCallResult {
 	start := time.Now()
-	out := &typesv1.ExploreCallResult{CallId: "call-" + newRunID()[4:]}
+	out := &typesv1.ExploreCallResult{CallId: req.Call.GetCallId()}
+	if out.CallId == "" {
+		out.CallId = "call-" + newRunID()[4:]
+	}
 	att := audit.ToolCallAttempt{
 		RunID: "explore-" + newRunID()[4:], CallID: out.CallId, Attempt: 1,
 		AgentNode: req.Actor, ServerRef: sess.reg.Ref, ToolName: req.Call.GetTool(),

@@ -38,7 +38,8 @@ import (
 
 // harness runs the real registry, publisher and pool in one process against the real Docker
 // engine and the fixture image (or, where a test says so, the fixture as a host process, or
-// in-process servers); only the audit log is an in-memory recorder.
+// in-process servers); only the audit log is an in-memory recorder, unless the test asks for
+// the real one (realAudit).
 type harness struct {
 	t        testing.TB
 	ctx      context.Context
@@ -46,6 +47,7 @@ type harness struct {
 	pub      *publisher.Service
 	pool     *Service
 	audit    *rftestutil.AuditRecorder
+	auditLog *auditsvc.Service // the real audit log (realAudit), read back as its callers do
 	poolID   string
 	versions *overridableVersions
 	budget   *spawner.Budget
@@ -142,11 +144,12 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 	require.NoError(t, err)
 	rec := rftestutil.NewAuditRecorder()
 	var sink audit.Sink = rec
+	var auditLog *auditsvc.Service
 	if o.realAudit {
 		log, err := auditsvc.Open(auditsvc.Config{DBPath: filepath.Join(dir, "audit.db"), Logger: quiet})
 		require.NoError(t, err)
 		t.Cleanup(func() { log.Close() })
-		sink = log.Sink()
+		sink, auditLog = log.Sink(), log
 	}
 	reg, err := registry.Open(registry.Config{DBPath: filepath.Join(dir, "registry.db"), Secrets: box, Roles: roles,
 		AllowedEnvKeys: []string{"APP_TOKEN"}, AuditSink: sink, Logger: quiet})
@@ -199,7 +202,7 @@ func newHarness(t testing.TB, opts ...harnessOpts) *harness {
 	}
 	pl, err := Open(t.Context(), cfg)
 	require.NoError(t, err)
-	h := &harness{t: t, reg: reg, pool: pl, audit: rec, poolID: poolID, versions: versions, poolCfg: cfg, spawner: newSpawner, budget: budget}
+	h := &harness{t: t, reg: reg, pool: pl, audit: rec, auditLog: auditLog, poolID: poolID, versions: versions, poolCfg: cfg, spawner: newSpawner, budget: budget}
 	t.Cleanup(func() {
 		require.NoError(t, h.pool.Close(context.Background()))
 		if docker {

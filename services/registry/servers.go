@@ -23,6 +23,7 @@ import (
 
 	"github.com/ringfence/ringfence/internal/discovery"
 	"github.com/ringfence/ringfence/internal/fielderr"
+	"github.com/ringfence/ringfence/internal/ident"
 	"github.com/ringfence/ringfence/internal/mcpserver"
 	"github.com/ringfence/ringfence/internal/paging"
 )
@@ -233,6 +234,12 @@ func (s *Service) ExploreServer(ctx context.Context, req *registryv1.ExploreServ
 	}
 	if c := req.GetCall(); c != nil && c.GetTool() == "" {
 		return nil, s.errors.Status(ctx, fielderr.New("call.tool", "names the tool to call: one of the names the listing shows"))
+	}
+	if id := req.GetCall().GetCallId(); id != "" {
+		// Refused before an ad-hoc server's admin record, as the pool would refuse it after.
+		if err := ident.CallID.Check("call.call_id", id); err != nil {
+			return nil, s.errors.Status(ctx, err)
+		}
 	}
 	var adhoc *mcpserver.Resolved
 	var toolPerms map[string][]string

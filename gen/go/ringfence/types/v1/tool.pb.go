@@ -299,7 +299,13 @@ type ExploreCall struct {
 	// tool is the server's own name for the tool.
 	Tool string `protobuf:"bytes,1,opt,name=tool,proto3" json:"tool,omitempty"`
 	// arguments must match the tool's input schema as the server declares it now.
-	Arguments     *structpb.Struct `protobuf:"bytes,2,opt,name=arguments,proto3" json:"arguments,omitempty"`
+	Arguments *structpb.Struct `protobuf:"bytes,2,opt,name=arguments,proto3" json:"arguments,omitempty"`
+	// call_id, when set, is the id the pool gives the call (its audit records' call_id, and the
+	// result's), so a caller whose answer never arrives can find the call's records (AuditService
+	// filter call_id). Empty: the pool makes one. A call id as CallTool takes it:
+	// ^[A-Za-z0-9_.:-]{1,512}$, not only dots; anything else is refused INVALID_ARGUMENT naming
+	// call.call_id, before the server starts.
+	CallId        string `protobuf:"bytes,3,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -346,6 +352,13 @@ func (x *ExploreCall) GetArguments() *structpb.Struct {
 		return x.Arguments
 	}
 	return nil
+}
+
+func (x *ExploreCall) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
 }
 
 // ExploreCallResult is what the explored tool call did. The listing is answered even when
@@ -493,10 +506,11 @@ const file_ringfence_types_v1_tool_proto_rawDesc = "" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1f\n" +
 	"\vstderr_tail\x18\x03 \x01(\tR\n" +
-	"stderrTail\"X\n" +
+	"stderrTail\"q\n" +
 	"\vExploreCall\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\tR\x04tool\x125\n" +
-	"\targuments\x18\x02 \x01(\v2\x17.google.protobuf.StructR\targuments\"\xcb\x02\n" +
+	"\targuments\x18\x02 \x01(\v2\x17.google.protobuf.StructR\targuments\x12\x17\n" +
+	"\acall_id\x18\x03 \x01(\tR\x06callId\"\xcb\x02\n" +
 	"\x11ExploreCallResult\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x18\n" +
 	"\aoutcome\x18\x02 \x01(\tR\aoutcome\x12\x16\n" +
