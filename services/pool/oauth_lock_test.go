@@ -13,6 +13,7 @@ import (
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/etcdstore"
 	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
+	"github.com/ringfence/ringfence/internal/mcpserver"
 	rftestutil "github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/oauthtest"
 )
@@ -21,22 +22,30 @@ import (
 // host holding it past the wait is "refreshed elsewhere", and etcd going away during the wait
 // is etcd out of reach, each naming what to do.
 
+// dueTokenLockedElsewhere signs Alice in on h1 to the tickets server, lets her token come due,
+// and locks it on h2: h1's next use of it must refresh, and wait for h2's lock.
+func dueTokenLockedElsewhere(t *testing.T, w *oauthWorld, h1, h2 *Service) (res *mcpserver.Resolved, unlock func()) {
+	t.Helper()
+	res, err := w.reg.ResolveRegistration(w.ctx, "tickets")
+	require.NoError(t, err)
+	w.signInOn(h1, res)
+	w.clock.advance(5 * time.Minute) // the token is due
+	unlock, err = h2.oauth.LockOAuthToken(w.ctx, auth.DefaultTenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+	return res, unlock
+}
+
 // TestARefreshOfATokenHeldElsewhere: a refresh on h1 that finds the user's token locked by h2
 // for longer than it waits answers UNAVAILABLE saying the token is being refreshed elsewhere,
 // to try again, and does not blame etcd, which answered all along.
 func TestARefreshOfATokenHeldElsewhere(t *testing.T) {
 	w, h1, h2 := twoOAuthHosts(t)
 	tenant := auth.DefaultTenant
-	res, err := w.reg.ResolveRegistration(w.ctx, "tickets")
-	require.NoError(t, err)
-	w.signInOn(h1, res)
-	w.clock.advance(5 * time.Minute) // the token is due
-	unlock, err := h2.oauth.LockOAuthToken(w.ctx, tenant, oauthtest.Alice, "tickets")
-	require.NoError(t, err)
+	res, unlock := dueTokenLockedElsewhere(t, w, h1, h2)
 	defer unlock()
 
 	h1.lockWait = 300 * time.Millisecond
-	_, err = h1.userToken(w.ctx, tenant, oauthtest.Alice, res)
+	_, err := h1.userToken(w.ctx, tenant, oauthtest.Alice, res)
 	st := rftestutil.RequireStatus(t, h1.errors.Status(w.ctx, err), codes.Unavailable)
 	require.Contains(t, st.Message(), "being refreshed elsewhere")
 	require.Contains(t, st.Message(), "try again")
@@ -55,12 +64,7 @@ func TestARefreshWhoseLockWaitEtcdEnds(t *testing.T) {
 	h2 := w.openHost(cluster, root, "h2", filepath.Join(t.TempDir(), "pool.db"), w.poolCfg.Secrets)
 	defer h2.Close(context.Background())
 	tenant := auth.DefaultTenant
-	res, err := w.reg.ResolveRegistration(w.ctx, "tickets")
-	require.NoError(t, err)
-	w.signInOn(h1, res)
-	w.clock.advance(5 * time.Minute) // the token is due
-	unlock, err := h2.oauth.LockOAuthToken(w.ctx, tenant, oauthtest.Alice, "tickets")
-	require.NoError(t, err)
+	res, unlock := dueTokenLockedElsewhere(t, w, h1, h2)
 	defer unlock()
 
 	h1.lockWait = 5 * time.Second // long enough that etcd goes away well before it ends
