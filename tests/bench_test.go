@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -386,6 +387,56 @@ func rawCalls(b *testing.B, sessions []*spawner.Session, n int, pace *rate.Limit
 	wg.Wait()
 }
 
+// grpcFloor is a bare grpc-go server of the pool's API in this process, whose CallTool does
+// nothing but read the arguments and answer what the pool answers an echo: what the gRPC hop
+// alone costs a call, client and server together, with the same messages as the pool phase.
+type grpcFloor struct {
+	poolv1.UnimplementedPoolServiceServer
+	content *structpb.Struct
+}
+
+func (f *grpcFloor) CallTool(_ context.Context, req *poolv1.CallToolRequest) (*poolv1.CallToolResponse, error) {
+	_ = req.GetArguments().AsMap()
+	return &poolv1.CallToolResponse{CallId: "call-" + strings.Repeat("0", 24), Attempt: 1, Outcome: "dispatched", Result: "succeeded",
+		Content: []*structpb.Struct{f.content}, ServerRef: "fx", ToolName: "echo", LatencyMicros: 100}, nil
+}
+
+// startGRPCFloor serves a grpcFloor on loopback and returns a client of it, set up as the
+// pool phase's client is (no TLS, an API key in the metadata).
+func startGRPCFloor(b *testing.B) poolv1.PoolServiceClient {
+	b.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	content, err := structpb.NewStruct(map[string]any{"type": "text", "text": "ping"})
+	require.NoError(b, err)
+	srv := grpc.NewServer()
+	poolv1.RegisterPoolServiceServer(srv, &grpcFloor{content: content})
+	go func() { _ = srv.Serve(lis) }()
+	b.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(b, err)
+	b.Cleanup(func() { conn.Close() })
+	return poolv1.NewPoolServiceClient(conn)
+}
+
+// floorCalls makes n calls in all to the floor, from benchRuns goroutines, as callAll does.
+func floorCalls(b *testing.B, client poolv1.PoolServiceClient, args *structpb.Struct, n int) {
+	ctx := testutil.WithKey(context.Background(), adminKey)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range benchRuns {
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) {
+				if _, err := client.CallTool(ctx, &poolv1.CallToolRequest{RunId: "run-" + strings.Repeat("0", 24), Agent: "a", Tool: "fx__echo", Arguments: args}); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // BenchmarkPoolProcessCPU (issue 23, part 2): the CPU time ringfenced spends per warm call with
 // 16 concurrent runs (gRPC in, every gate, the pending record durable before dispatch, the
 // outcome record, the audit log in the same process), and its calls per second beside the raw
@@ -398,7 +449,9 @@ func rawCalls(b *testing.B, sessions []*spawner.Session, n int, pace *rate.Limit
 // call in each phase (cpushare_test.go) into the pool, the load generator (client-), the
 // engine (dockerd, containerd and the containers' shims), the servers' containers, kernel
 // threads and everything else (other processes: other engineers' builds on a shared machine),
-// the raw phase's prefixed raw-.
+// the raw phase's prefixed raw-. After both, the gRPC hop's floor (grpc-floor-, a bare grpc-go
+// server of the same API answering at once) says what the pool path's one hop the raw path
+// does not make costs by itself.
 func BenchmarkPoolProcessCPU(b *testing.B) {
 	p := startPoolProcess(b)
 	ids := p.startRuns(b, benchRuns)
@@ -476,6 +529,18 @@ func BenchmarkPoolProcessCPU(b *testing.B) {
 		stopRecord()
 	}
 	b.StopTimer()
+	// The gRPC hop's own floor, in the same run: b.N calls to a bare grpc-go server of the same
+	// API in this process. grpc-bound-of-raw is the best of-raw a pool behind a gRPC front could
+	// reach here were everything else it does free: the raw path's own CPU per call over that
+	// plus the hop's.
+	floor := startGRPCFloor(b)
+	floorCalls(b, floor, p.args, 200)
+	self := selfCPU(b)
+	floorCalls(b, floor, p.args, b.N)
+	floorPerCall := float64((selfCPU(b) - self).Nanoseconds()) / 1e3 / float64(b.N)
+	rawPerCall := float64(rawShare.own().Nanoseconds()) / 1e3 / float64(b.N)
+	b.ReportMetric(floorPerCall, "grpc-floor-cpu-µs/call")
+	b.ReportMetric(rawPerCall/(rawPerCall+floorPerCall), "grpc-bound-of-raw")
 	b.ReportMetric(float64(clientCPU.Microseconds())/float64(b.N), "client-cpu-µs/call")
 	b.ReportMetric(float64(rawCPU.Microseconds())/float64(b.N), "raw-client-cpu-µs/call")
 	calls, ceiling := float64(b.N)/poolTime.Seconds(), float64(b.N)/rawTime.Seconds()
