@@ -102,6 +102,9 @@ func TestAToolTheServerStartsDeclaringToAUserJoinsTheirRunsAfterListChanged(t *t
 	require.Len(t, stored.Tools, 3)
 	require.True(t, stored.ListTime.After(connected.ListTime))
 
+	// A new run's session lists the same tools: nothing is written (the listing keeps its
+	// time, below).
+	w.clock.advance(time.Second)
 	fresh := w.startAs(tenant, oauthtest.Alice)
 	visible, _ := w.listing(tenant, fresh)
 	require.Equal(t, []string{"tickets__alpha", "tickets__beta", "tickets__whoami"}, visible)
@@ -109,12 +112,16 @@ func TestAToolTheServerStartsDeclaringToAUserJoinsTheirRunsAfterListChanged(t *t
 	require.NoError(t, err)
 	require.Contains(t, resultText(t, res), "beta for ")
 
-	// The server says its tools changed, but they are the same: no write.
+	// The server says its tools changed, but they are the same: the run lists again, and
+	// nothing is written.
+	drain(heard)
 	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
 	w.waitHeard(heard, run)
 	w.clock.advance(time.Second)
+	listed := w.listings()
 	_, err = w.callAs(tenant, run, "tickets__whoami")
 	require.NoError(t, err)
+	require.Greater(t, w.listings(), listed, "listed again")
 	again, err := w.pool.oauth.OAuthListing(w.ctx, tenant, oauthtest.Alice, "tickets")
 	require.NoError(t, err)
 	require.Equal(t, stored, again)
