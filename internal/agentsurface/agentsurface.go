@@ -414,7 +414,7 @@ func (a *Agent) decide(t *Tool, st State, selected []string) Decision {
 		case !ok:
 			return out(SignInRequired, "", "server %q signs each user in, and the user this run acts for has not connected it: call %s first, which answers with the URL the user opens to sign in", t.ServerRef, ConnectToolName(t.ServerRef))
 		case !conn.Tools[t.ToolName]:
-			return out(NotDeclared, "", "server %q did not declare tool %q to the user this run acts for when they connected it (its tools differ per user)", t.ServerRef, t.ToolName)
+			return out(NotDeclared, "", "server %q does not declare tool %q to the user this run acts for: it was not in the tools the server last listed to them (its tools differ per user)", t.ServerRef, t.ToolName)
 		}
 	}
 	if t.Deferred && !st.Loaded[t.Name] {

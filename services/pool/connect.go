@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/ringfence/ringfence/internal/agentsurface"
 	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/discovery"
@@ -17,8 +19,9 @@ import (
 	"github.com/ringfence/ringfence/services/pool/spawner"
 )
 
-// Connecting a server that signs each user in: the user's token lists the server's tools once,
-// and the listing is stored per (tenant, user, server). A run's agent surface offers such a
+// Connecting a server that signs each user in: the user's token lists the server's tools, and
+// the listing is stored per (tenant, user, server); a run's session of the server keeps it
+// current afterwards (keepListing). A run's agent surface offers such a
 // server's tools to a run of that user only once the listing exists, under the registration's
 // current sign-in settings; before, the server's connect tool stands for them
 // (agentsurface.KindConnect), and a call to one of its tools is refused as sign_in_required
@@ -123,15 +126,99 @@ func (s *Service) connectSignedIn(ctx context.Context, tenant, user string, res 
 	if err != nil {
 		return nil, err
 	}
-	stored := store.Listing{SignIn: res.SignInFingerprint(), Tools: make(map[string]string, len(listing.Tools)), ListTime: s.now().UTC()}
-	for _, t := range listing.Tools {
-		stored.Tools[t.Name] = t.SchemaHash
-	}
+	stored := store.Listing{SignIn: res.SignInFingerprint(), Tools: storedTools(listing), ListTime: s.now().UTC()}
 	if err := s.oauth.PutOAuthListing(ctx, tenant, user, res.Ref, stored); err != nil {
 		return nil, err
 	}
 	s.connected(tenant, user, res.Ref)
 	return slices.Sorted(maps.Keys(stored.Tools)), nil
+}
+
+// storedTools is what a user's stored listing keeps of a screened listing: each tool's name
+// (as the screen shows it) and the hash of its declaration.
+func storedTools(listing *discovery.Listing) map[string]string {
+	tools := make(map[string]string, len(listing.Tools))
+	for _, t := range listing.Tools {
+		tools[t.Name] = t.SchemaHash
+	}
+	return tools
+}
+
+// keepListing keeps the stored listing of the user a run's session acts for current (seed
+// 003: the first call's listing, and one after the server's tools/list_changed, keep it so):
+// once sess listed its server's tools again, what the server declares to the user now,
+// screened as connecting screens it, replaces the user's stored listing, which the run's next
+// call and every later run of the user's offer and gate by (connections); the user's runs'
+// listeners are told. It writes only
+//   - when a tool came, went or changed its declaration, so a listing like the stored one
+//     costs one read and no write, and one like the last it held up costs nothing;
+//   - over a listing taken under the sign-in settings the session was started with: it never
+//     connects a server the user has not connected, nor one whose settings changed since (the
+//     user connects that again);
+//   - while the user's stored token is the one the session carries, compared in the write
+//     (PutOAuthListingAt): a listing never comes back after the user's sign-in was dropped,
+//     and never replaces what a newer sign-in listed. Runs of the user on several pool hosts
+//     write full listings: the last one stands.
+//
+// A failure is logged, never the call's: the session's next listing tries again (a listing
+// that cannot be screened, once it changes).
+func (s *Service) keepListing(ctx context.Context, sess *session, tools []*mcp.Tool) {
+	in := sess.signIn
+	if in == nil || sess.inline != nil || sess.kept != nil && maps.Equal(sess.kept, sess.live) {
+		return
+	}
+	if err := s.putListing(ctx, sess, tools); err != nil {
+		s.log.Warn("a user's stored listing of a server could not be brought up to date with the listing a run's session took: their runs offer the stored one until a session lists again",
+			"server", sess.ref, "tenant", in.tenant, "err", err)
+		if !errors.Is(err, errListingUnscreenable) {
+			return // the store: the session's next listing tries again
+		}
+	}
+	sess.kept = sess.live
+}
+
+// errListingUnscreenable: a tool of the listing cannot be read, as connecting refuses it; the
+// drift check refuses that tool. The same listing is not tried again.
+var errListingUnscreenable = errors.New("a tool of the listing the server declared cannot be read")
+
+// putListing is keepListing's write: nil also when nothing was to be written.
+func (s *Service) putListing(ctx context.Context, sess *session, tools []*mcp.Tool) error {
+	in := sess.signIn
+	cur, err := s.oauth.OAuthListing(ctx, in.tenant, in.user, in.res.Ref)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil // not connected, or dropped since
+	case err != nil:
+		return err
+	case cur.SignIn != in.res.SignInFingerprint() || maps.Equal(cur.Tools, map[string]string(sess.live)):
+		return nil
+	}
+	listing, err := Screen(sess.reg, tools, sess.sess)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errListingUnscreenable, err)
+	}
+	next := store.Listing{SignIn: cur.SignIn, Tools: storedTools(listing), ListTime: s.now().UTC()}
+	if maps.Equal(cur.Tools, next.Tools) {
+		return nil
+	}
+	at, tok, err := s.readToken(ctx, in.tenant, in.user, in.res.Ref)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	case sess.reg.HeaderValues["Authorization"] != "Bearer "+tok.AccessToken:
+		return nil // replaced: the run's next call starts a session with the newest token
+	}
+	err = s.oauth.PutOAuthListingAt(ctx, in.tenant, in.user, in.res.Ref, at, next)
+	if errors.Is(err, store.ErrTokenChanged) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	s.connected(in.tenant, in.user, in.res.Ref)
+	return nil
 }
 
 // listAs lists res's tools with user's token, pinned and screened as discovery does: what the

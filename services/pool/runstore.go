@@ -60,6 +60,9 @@ type OAuthStore interface {
 	LockOAuthToken(ctx context.Context, tenant, user, ref string) (unlock func(), err error)
 	PutOAuthListing(ctx context.Context, tenant, user, ref string, l store.Listing) error
 	OAuthListing(ctx context.Context, tenant, user, ref string) (store.Listing, error)
+	// PutOAuthListingAt stores a listing if the user's stored token is still at, else
+	// store.ErrTokenChanged: a run's session keeps the listing current with it (connect.go).
+	PutOAuthListingAt(ctx context.Context, tenant, user, ref string, at store.SealedToken, l store.Listing) error
 	// DropSignInAt deletes a user's token and listing if the stored token is still at, else
 	// store.ErrTokenChanged: a drop decided on a token read never drops a newer one.
 	DropSignInAt(ctx context.Context, tenant, user, ref string, at store.SealedToken) error

@@ -67,6 +67,10 @@ type session struct {
 	live            mcpgate.Listing
 	liveTools       map[string]discovery.Tool
 	listingFindings []discovery.Finding
+	// kept is, for a session that carries a user's token, the live listing last held up to
+	// the user's stored listing (keepListing): a listing that has not changed since is not
+	// compared again. Under listMu.
+	kept mcpgate.Listing
 	// listedAt is when the listing was taken (unix nanoseconds): atomic, so reporting it never
 	// waits on listMu, which a slow relist holds. listedMono is the same moment by the
 	// monotonic clock (clock.go), which the drift check also judges its age by: a wall clock
@@ -393,7 +397,10 @@ func (s *Service) stopSessions(sessions map[string]*session) {
 }
 
 // relist takes the live listing and hashes every declaration. The first listing (setup) is
-// part of client setup, bounded like the handshake by client_session_timeout.
+// part of client setup, bounded like the handshake by client_session_timeout. For a server
+// that signs each user in, the listing then replaces the user's stored one when it changed
+// (keepListing): so the first call of a run's session, and the first after the server's
+// tools/list_changed, keep what the user's runs offer current.
 func (s *Service) relist(ctx context.Context, sess *session, setup bool) error {
 	sess.stale.Store(false) // before listing, so a notification during the listing is kept
 	list := sess.sess.ListTools
@@ -427,6 +434,9 @@ func (s *Service) relist(ctx context.Context, sess *session, setup bool) error {
 	sess.listedAt.Store(s.now().UnixNano())
 	sess.listedMono.Store(int64(s.elapsed()))
 	s.metrics.listings.Inc()
+	// What the server declares to the run's user now is what the user's runs offer (seed 003:
+	// a call's listing keeps the stored listing current).
+	s.keepListing(ctx, sess, tools)
 	return nil
 }
 

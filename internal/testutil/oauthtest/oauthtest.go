@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -180,6 +181,10 @@ type MCPServer struct {
 	listScopes []string
 	// called counts the calls each tool ran.
 	called map[string]int
+	// tools are the tools declared to each user besides whoami (SetTools changes them), and
+	// servers the MCP servers of each user's open sessions, which SetTools tells.
+	tools   map[string][]Tool
+	servers map[string][]*mcp.Server
 }
 
 // StartMCPServer starts the MCP server at <url>/mcp: it serves its protected resource metadata
@@ -187,7 +192,8 @@ type MCPServer struct {
 // declares to each user the tools of tools[user] plus whoami, which answers the user's id.
 func StartMCPServer(t testing.TB, as *AuthServer, tools map[string][]Tool) *MCPServer {
 	t.Helper()
-	ms := &MCPServer{tokens: map[string][]string{}, scopes: map[string][]string{}, called: map[string]int{}}
+	ms := &MCPServer{tokens: map[string][]string{}, scopes: map[string][]string{}, called: map[string]int{},
+		tools: maps.Clone(tools), servers: map[string][]*mcp.Server{}}
 	mux := http.NewServeMux()
 	ms.srv = httptest.NewServer(mux)
 	t.Cleanup(ms.srv.Close)
@@ -207,16 +213,13 @@ func StartMCPServer(t testing.TB, as *AuthServer, tools map[string][]Tool) *MCPS
 	server := func(r *http.Request) *mcp.Server {
 		user := auth.TokenInfoFromContext(r.Context()).UserID
 		s := mcp.NewServer(&mcp.Implementation{Name: "tickets", Version: "1"}, nil)
-		list := append([]Tool{{Name: "whoami", Description: "Say who the caller is."}}, tools[user]...)
+		ms.mu.Lock()
+		defer ms.mu.Unlock()
+		list := append([]Tool{{Name: "whoami", Description: "Say who the caller is."}}, ms.tools[user]...)
 		for _, tl := range list {
-			s.AddTool(&mcp.Tool{Name: tl.Name, Description: tl.Description, InputSchema: json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}}}`)},
-				func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-					ms.mu.Lock()
-					ms.called[tl.Name]++
-					ms.mu.Unlock()
-					return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: tl.Name + " for " + user}}}, nil
-				})
+			ms.addTool(s, user, tl)
 		}
+		ms.servers[user] = append(ms.servers[user], s)
 		return s
 	}
 	metaURL := ms.srv.URL + "/.well-known/oauth-protected-resource/mcp"
@@ -226,6 +229,40 @@ func StartMCPServer(t testing.TB, as *AuthServer, tools map[string][]Tool) *MCPS
 	mux.Handle("/mcp", auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{ResourceMetadataURL: metaURL})(
 		ms.scoped(metaURL, mcp.NewStreamableHTTPHandler(server, nil))))
 	return ms
+}
+
+// addTool declares tl on s, a server of user's session.
+func (ms *MCPServer) addTool(s *mcp.Server, user string, tl Tool) {
+	s.AddTool(&mcp.Tool{Name: tl.Name, Description: tl.Description, InputSchema: json.RawMessage(`{"type":"object","properties":{"text":{"type":"string"}}}`)},
+		func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			ms.mu.Lock()
+			ms.called[tl.Name]++
+			ms.mu.Unlock()
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: tl.Name + " for " + user}}}, nil
+		})
+}
+
+// SetTools changes the tools declared to user besides whoami (their permissions at the
+// service changed): new sessions list them, and each of the user's open sessions is sent
+// notifications/tools/list_changed.
+func (ms *MCPServer) SetTools(user string, tools ...Tool) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	var gone []string
+	for _, old := range ms.tools[user] {
+		if !slices.ContainsFunc(tools, func(t Tool) bool { return t.Name == old.Name }) {
+			gone = append(gone, old.Name)
+		}
+	}
+	ms.tools[user] = slices.Clone(tools)
+	for _, s := range ms.servers[user] {
+		if len(gone) > 0 {
+			s.RemoveTools(gone...)
+		}
+		for _, tl := range tools {
+			ms.addTool(s, user, tl)
+		}
+	}
 }
 
 // RequireScope makes a call of tool need scopes: a token without them is refused with 403 and

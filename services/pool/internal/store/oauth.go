@@ -227,6 +227,23 @@ func (s *Store) PutOAuthListing(ctx context.Context, tenant, user, ref string, l
 	})
 }
 
+// PutOAuthListingAt stores the listing a server declared to a user if the user's stored token
+// is still the one read as at; ErrTokenChanged, storing nothing, when another was stored since
+// or it was dropped (a listing never outlives its token).
+func (s *Store) PutOAuthListingAt(ctx context.Context, tenant, user, ref string, at SealedToken, l Listing) error {
+	val, err := json.Marshal(l)
+	if err != nil {
+		return err
+	}
+	key := userServerKey(tenant, user, ref)
+	return s.db.Update(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(oauthTokensBucket).Get(key); v == nil || !bytes.Equal(v, at.Sealed) {
+			return ErrTokenChanged
+		}
+		return tx.Bucket(oauthListingsBucket).Put(key, val)
+	})
+}
+
 // OAuthListing reads the listing a server declared to a user; ErrNotFound without one.
 func (s *Store) OAuthListing(ctx context.Context, tenant, user, ref string) (Listing, error) {
 	var l Listing

@@ -222,6 +222,18 @@ func (s *Etcd) PutOAuthListing(ctx context.Context, tenant, user, ref string, l 
 	})
 }
 
+// PutOAuthListingAt stores the listing a server declared to a user if the user's stored token
+// is still at at's revision; ErrTokenChanged, storing nothing, when another was stored since
+// or it was dropped (a listing never outlives its token).
+func (s *Etcd) PutOAuthListingAt(ctx context.Context, tenant, user, ref string, at SealedToken, l Listing) error {
+	val, err := json.Marshal(l)
+	if err != nil {
+		return err
+	}
+	return s.ifTokenAt(ctx, s.oauthKey(etcdOAuthTokens, tenant, user, ref), at,
+		clientv3.OpPut(s.oauthKey(etcdOAuthListings, tenant, user, ref), string(val)))
+}
+
 // OAuthListing reads the listing a server declared to a user; ErrNotFound without one.
 func (s *Etcd) OAuthListing(ctx context.Context, tenant, user, ref string) (Listing, error) {
 	var l Listing

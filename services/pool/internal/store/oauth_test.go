@@ -25,6 +25,7 @@ type oauthStore interface {
 	LockOAuthToken(ctx context.Context, tenant, user, ref string) (func(), error)
 	PutOAuthListing(ctx context.Context, tenant, user, ref string, l Listing) error
 	OAuthListing(ctx context.Context, tenant, user, ref string) (Listing, error)
+	PutOAuthListingAt(ctx context.Context, tenant, user, ref string, at SealedToken, l Listing) error
 	DropSignInAt(ctx context.Context, tenant, user, ref string, at SealedToken) error
 	PutOAuthClient(ctx context.Context, c OAuthClient) error
 	OAuthClient(ctx context.Context, issuer, redirectURI string) (OAuthClient, error)
@@ -46,6 +47,7 @@ var oauthBehaviours = map[string]func(t *testing.T, s, other oauthStore){
 	"ExpiredSignInsLeave":                testExpiredSignInsLeave,
 	"TokensAreReplacedByCompareAndSwap":  testTokensAreReplacedByCompareAndSwap,
 	"ListingsGoWithTheirToken":           testListingsGoWithTheirToken,
+	"ListingsAreKeptOnlyWithTheirToken":  testListingsAreKeptOnlyWithTheirToken,
 	"LockExcludesEveryHolder":            testLockExcludesEveryHolder,
 	"ClientsAreKeptPerIssuerAndRedirect": testClientsAreKeptPerIssuerAndRedirect,
 	"ClientLockExcludesEveryHolder":      testClientLockExcludesEveryHolder,
@@ -214,6 +216,40 @@ func testListingsGoWithTheirToken(t *testing.T, s, other oauthStore) {
 	_, err = s.OAuthListing(ctx, "acme", "alice", "tickets")
 	require.ErrorIs(t, err, ErrNotFound, "the listing goes with the token")
 	require.ErrorIs(t, s.DropSignInAt(ctx, "acme", "alice", "tickets", current), ErrTokenChanged, "gone already")
+}
+
+// testListingsAreKeptOnlyWithTheirToken: a run's session keeps a user's listing current
+// (PutOAuthListingAt) only while the token it read is the stored one: a listing taken with a
+// token replaced since is not stored, and one taken after the user's sign-in was dropped does
+// not bring the listing back.
+func testListingsAreKeptOnlyWithTheirToken(t *testing.T, s, other oauthStore) {
+	ctx := t.Context()
+	connected := Listing{SignIn: "fp", Tools: map[string]string{"whoami": "sha256:1"}, ListTime: time.Now().UTC().Truncate(time.Second)}
+	require.NoError(t, s.PutOAuthToken(ctx, "acme", "alice", "tickets", []byte("sealed-1")))
+	require.NoError(t, s.PutOAuthListing(ctx, "acme", "alice", "tickets", connected))
+	at1, err := other.OAuthToken(ctx, "acme", "alice", "tickets")
+	require.NoError(t, err)
+
+	relisted := Listing{SignIn: "fp", Tools: map[string]string{"whoami": "sha256:1", "beta": "sha256:2"}, ListTime: connected.ListTime.Add(time.Minute)}
+	require.NoError(t, other.PutOAuthListingAt(ctx, "acme", "alice", "tickets", at1, relisted))
+	got, err := s.OAuthListing(ctx, "acme", "alice", "tickets")
+	require.NoError(t, err)
+	require.Equal(t, relisted, got)
+
+	// The user signed in again meanwhile: the old token's listing is not stored.
+	require.NoError(t, s.PutOAuthToken(ctx, "acme", "alice", "tickets", []byte("sealed-2")))
+	require.ErrorIs(t, other.PutOAuthListingAt(ctx, "acme", "alice", "tickets", at1, connected), ErrTokenChanged)
+	got, err = s.OAuthListing(ctx, "acme", "alice", "tickets")
+	require.NoError(t, err)
+	require.Equal(t, relisted, got)
+
+	// Dropped meanwhile: no listing comes back.
+	at2, err := other.OAuthToken(ctx, "acme", "alice", "tickets")
+	require.NoError(t, err)
+	require.NoError(t, s.DropSignInAt(ctx, "acme", "alice", "tickets", at2))
+	require.ErrorIs(t, other.PutOAuthListingAt(ctx, "acme", "alice", "tickets", at2, relisted), ErrTokenChanged)
+	_, err = s.OAuthListing(ctx, "acme", "alice", "tickets")
+	require.ErrorIs(t, err, ErrNotFound)
 }
 
 // requireLockHeld checks the answer of a wait for a lock that another holder kept past the
