@@ -305,7 +305,7 @@ func NewAudit(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, 
 }
 
 func loadRoles(cfg *config.Config, log *slog.Logger) (*auth.Roles, error) {
-	roles, err := auth.NewRoles(cfg.ServiceRolesJSON)
+	roles, err := auth.NewRolesFrom(cfg.ServiceRolesJSON, cfg.Source("service_roles_json"))
 	if err != nil {
 		return nil, err
 	}
