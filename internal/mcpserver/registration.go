@@ -36,6 +36,20 @@ const (
 	TransportSSE            = "sse"
 )
 
+// NormalizeTransport returns the transport t names: the seed's names are accepted for the
+// canonical ones (http and streamable-http for streamable_http, http-sse for sse), so a
+// registration stores, and every read returns, only stdio, streamable_http or sse. Other
+// values come back unchanged for Validate to refuse.
+func NormalizeTransport(t string) string {
+	switch t {
+	case "http", "streamable-http":
+		return TransportStreamableHTTP
+	case "http-sse":
+		return TransportSSE
+	}
+	return t
+}
+
 // Defaults for the per-registration timeouts.
 const (
 	DefaultClientSessionTimeout = 2 * time.Second
@@ -225,7 +239,8 @@ func ValidateSecretName(field, name string) error {
 	return ident.SecretName.Check(field, name)
 }
 
-// Validate checks every field of a registration and fills defaults (transport stdio).
+// Validate checks every field of a registration, fills defaults (transport stdio) and writes
+// a transport alias as its canonical name (NormalizeTransport).
 // allowedEnvKeys is the operator's allowlist.
 func (r *Registration) Validate(allowedEnvKeys []string) error {
 	if err := ValidateRef(r.Ref); err != nil {
@@ -234,6 +249,7 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 	if r.Transport == "" {
 		r.Transport = TransportStdio
 	}
+	r.Transport = NormalizeTransport(r.Transport)
 	if err := checkText("description", r.Description, MaxDescription); err != nil {
 		return err
 	}
