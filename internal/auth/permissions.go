@@ -6,6 +6,7 @@ package auth
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"sort"
@@ -56,6 +57,10 @@ var BuiltinRoles = map[string][]Permission{
 	RoleApprover: {RunApprove},
 	RoleAuditor:  {AuditRead},
 }
+
+// BuiltinRoleNames are BuiltinRoles' names, sorted: for help texts, which list them from here
+// so that none is left out.
+func BuiltinRoleNames() []string { return slices.Sorted(maps.Keys(BuiltinRoles)) }
 
 // Role is a named set of permissions.
 type Role struct {
