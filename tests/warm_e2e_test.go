@@ -103,7 +103,7 @@ func TestSIGKILLLeavesNoWarmContainerBehind(t *testing.T) {
 	d, poolID := poolDaemon(t)
 	t.Cleanup(d.stop)
 	api := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}
-	registerServer(t, api, `{"ref":"fx","command":"mcpfixture","prewarm":2}`)
+	registerServer(t, api, `{"ref":"fx","command":"mcpfixture","prewarm":2,"grants":["process_spawn","external_api_call"]}`)
 	before := idsOf(waitWarm(t, poolID, 2, "before the kill"))
 	d.kill()
 	d.start()
@@ -134,7 +134,7 @@ func TestAnImageChangeDiscardsWarmContainers(t *testing.T) {
 	d, poolID := poolDaemon(t)
 	t.Cleanup(d.stop)
 	api := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}
-	registerServer(t, api, `{"ref":"fx","command":"mcpfixture","prewarm":2}`)
+	registerServer(t, api, `{"ref":"fx","command":"mcpfixture","prewarm":2,"grants":["process_spawn","external_api_call"]}`)
 	for _, c := range waitWarm(t, poolID, 2, "on the first image") {
 		require.Equal(t, first, c.ImageID)
 	}

@@ -127,6 +127,34 @@ type WarmTarget struct {
 	Revision int64
 }
 
+// FloorMissing returns the floor capabilities (process_spawn, external_api_call) grants do
+// not cover. Every node that calls a server must declare the floor, and the grants must cover
+// what a node declares (the ceiling), so grants that miss one deny every call to the server.
+// Grants that do not parse count as covering nothing.
+func FloorMissing(grants []string) []string {
+	set, err := capability.ParseSet(grants)
+	if err != nil {
+		set = nil
+	}
+	return set.Missing(capability.MustParseSet(capability.Floor))
+}
+
+// CheckPrewarm refuses warm containers no call could take: prewarm above 0 on a registration
+// whose grants miss the floor (FloorMissing), which denies every call to the server. The
+// registry checks it when a registration is created or updated (an ad-hoc exploration keeps
+// nothing warm, so Validate does not).
+func (r *Registration) CheckPrewarm() error {
+	if r.Prewarm <= 0 {
+		return nil
+	}
+	missing := FloorMissing(r.Grants)
+	if len(missing) == 0 {
+		return nil
+	}
+	return fielderr.New("prewarm", "is %d, but grants do not grant %s, which every call to the server needs, so no call could take a warm container: add %s to grants (ringfence servers update %s --grant %s), or set prewarm to 0",
+		r.Prewarm, strings.Join(missing, " and "), strings.Join(missing, " and "), r.Ref, strings.Join(missing, " --grant "))
+}
+
 // WarmStatus is what a pool holds of a registration's warm containers.
 type WarmStatus struct {
 	// Ready are started, past the handshake and listed; Starting are being started.
