@@ -151,8 +151,8 @@ func (r *Registration) CheckPrewarm() error {
 	if len(missing) == 0 {
 		return nil
 	}
-	return fielderr.New("prewarm", "is %d, but grants do not grant %s, which every call to the server needs, so no call could take a warm container: add %s to grants (ringfence servers update %s --grant %s), or set prewarm to 0",
-		r.Prewarm, strings.Join(missing, " and "), strings.Join(missing, " and "), r.Ref, strings.Join(missing, " --grant "))
+	return fielderr.New("prewarm", "is %d, but grants do not grant %s, which every call to the server needs, so no call could take a warm container: add %s to grants (the CLI's --grant, listing every grant to keep), or set prewarm to 0",
+		r.Prewarm, strings.Join(missing, " and "), strings.Join(missing, " and "))
 }
 
 // WarmStatus is what a pool holds of a registration's warm containers.

@@ -149,7 +149,7 @@ func TestPrewarmWithoutTheFloorIsRefused(t *testing.T) {
 	ctx := f.admin(t)
 	_, err := f.client.CreateServer(ctx, &registryv1.CreateServerRequest{Ref: "idle", Command: "mcp", Prewarm: 1})
 	st := testutil.RequireStatus(t, err, codes.InvalidArgument)
-	require.Contains(t, st.Message(), "prewarm: is 1, but grants do not grant external_api_call and process_spawn, which every call to the server needs, so no call could take a warm container: add external_api_call and process_spawn to grants (ringfence servers update idle --grant external_api_call --grant process_spawn), or set prewarm to 0")
+	require.Contains(t, st.Message(), "prewarm: is 1, but grants do not grant external_api_call and process_spawn, which every call to the server needs, so no call could take a warm container: add external_api_call and process_spawn to grants (the CLI's --grant, listing every grant to keep), or set prewarm to 0")
 	_, err = f.client.GetServer(ctx, &registryv1.GetServerRequest{Ref: "idle"})
 	testutil.RequireStatus(t, err, codes.NotFound)
 	code, body := f.rest(t, http.MethodPost, "/v1/mcp/servers", adminKey, `{"ref":"idle","command":"mcp","prewarm":2,"grants":["process_spawn"]}`)
