@@ -62,7 +62,7 @@ type serverFlags struct {
 
 func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 	fl := cmd.Flags()
-	transportHelp, urlHelp := "stdio, streamable_http (alias http) or sse", "server URL, for streamable_http and sse: https (http only to loopback); shown with query values masked"
+	transportHelp, urlHelp := "stdio, streamable_http (or http, streamable-http) or sse (or http-sse)", "server URL, for streamable_http and sse: https (http only to loopback); shown with query values masked"
 	if !update {
 		transportHelp, urlHelp = addTransportHelp, urlHelp+"; needs --transport"
 	}
@@ -95,7 +95,7 @@ func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 	}
 }
 
-const addTransportHelp = "stdio, streamable_http (alias http) or sse; stdio when omitted, except that --url requires it"
+const addTransportHelp = "stdio, streamable_http (or http, streamable-http) or sse (or http-sse); stdio when omitted, except that --url requires it"
 
 // transportFor is the transport the flags name. --url with the stdio default would be refused
 // for a missing command, which hides the mistake, so --url requires an explicit --transport
