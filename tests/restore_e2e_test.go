@@ -87,7 +87,13 @@ func TestABadRolesJSONIsAConfigError(t *testing.T) {
 			"RINGFENCE_SERVICE_ROLES_JSON=" + roles}
 		r := runCmd(t, nil, env, bin("ringfenced"))
 		require.Equal(t, 2, r.Code, r.Stderr)
-		require.Contains(t, r.Stderr, "ringfenced: config: auth: RINGFENCE_SERVICE_ROLES_JSON")
+		require.Contains(t, r.Stderr, "ringfenced: config: auth: service_roles_json (RINGFENCE_SERVICE_ROLES_JSON)")
 		require.NoDirExists(t, data)
 	}
+	// Set under the seed's name, it is named so (configuration.md).
+	env := []string{"RINGFENCE_DATA_DIR=" + filepath.Join(t.TempDir(), "data"), "RINGFENCE_GRPC_ADDR=" + testutil.FreeAddr(t), "RINGFENCE_HTTP_ADDR=" + testutil.FreeAddr(t),
+		"ZEROTH_SERVICE_ROLES_JSON={bad"}
+	r := runCmd(t, nil, env, bin("ringfenced"))
+	require.Equal(t, 2, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "ringfenced: config: auth: service_roles_json (ZEROTH_SERVICE_ROLES_JSON, read as RINGFENCE_SERVICE_ROLES_JSON) is not a JSON object")
 }

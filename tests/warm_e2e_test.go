@@ -68,6 +68,12 @@ func TestWarmContainersEndToEnd(t *testing.T) {
 	r := cli("servers", "update", "fx", "--prewarm", "17")
 	require.NotEqual(t, 0, r.Code)
 	require.Contains(t, r.Stderr, "--prewarm must be between 0 and 16")
+	// Without the floor's grants every call to a server is denied: warm containers of it could
+	// never be taken, and are refused (docs/api.md).
+	r = cli("servers", "add", "idle", "--command", "mcpfixture", "--prewarm", "1")
+	require.NotEqual(t, 0, r.Code, r.Stdout)
+	require.Contains(t, r.Stderr, "prewarm: is 1, but grants do not grant external_api_call and process_spawn")
+	require.Contains(t, r.Stderr, "or set prewarm to 0")
 	must(cli("servers", "update", "fx", "--prewarm", "2"))
 	waitWarm(t, poolID, 2, "prewarm 2")
 	require.Eventually(t, func() bool {
@@ -103,7 +109,7 @@ func TestSIGKILLLeavesNoWarmContainerBehind(t *testing.T) {
 	d, poolID := poolDaemon(t)
 	t.Cleanup(d.stop)
 	api := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}
-	registerServer(t, api, `{"ref":"fx","command":"mcpfixture","prewarm":2}`)
+	registerServer(t, api, `{"ref":"fx","command":"mcpfixture","prewarm":2,"grants":["process_spawn","external_api_call"]}`)
 	before := idsOf(waitWarm(t, poolID, 2, "before the kill"))
 	d.kill()
 	d.start()
@@ -134,7 +140,7 @@ func TestAnImageChangeDiscardsWarmContainers(t *testing.T) {
 	d, poolID := poolDaemon(t)
 	t.Cleanup(d.stop)
 	api := rest{t: t, base: "http://" + d.HTTPAddr, key: adminKey}
-	registerServer(t, api, `{"ref":"fx","command":"mcpfixture","prewarm":2}`)
+	registerServer(t, api, `{"ref":"fx","command":"mcpfixture","prewarm":2,"grants":["process_spawn","external_api_call"]}`)
 	for _, c := range waitWarm(t, poolID, 2, "on the first image") {
 		require.Equal(t, first, c.ImageID)
 	}

@@ -305,7 +305,7 @@ func NewAudit(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, 
 }
 
 func loadRoles(cfg *config.Config, log *slog.Logger) (*auth.Roles, error) {
-	roles, err := auth.NewRoles(cfg.ServiceRolesJSON)
+	roles, err := auth.NewRolesFrom(cfg.ServiceRolesJSON, cfg.Source("service_roles_json"))
 	if err != nil {
 		return nil, err
 	}
@@ -324,7 +324,7 @@ func spoolPolicy(cfg *config.Config) audit.FullPolicy {
 
 func dataFile(cfg *config.Config, name string) (string, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return "", fmt.Errorf("app: create data_dir (%s) %s: %w: name a directory this user may create and write", config.EnvName("data_dir"), cfg.DataDir, err)
+		return "", fmt.Errorf("app: create data_dir (%s) %s: %w: name a directory this user may create and write", cfg.Source("data_dir"), cfg.DataDir, err)
 	}
 	return filepath.Join(cfg.DataDir, name), nil
 }
@@ -400,7 +400,7 @@ func (a *App) openRegistry(ctx context.Context, cfg *config.Config, roles *auth.
 func secretsBox(cfg *config.Config) (*secretbox.Box, error) {
 	box, err := secretbox.LoadOrCreate(secretsKeyFile(cfg))
 	if err != nil {
-		return nil, fmt.Errorf("app: secrets_key_file (%s; default <data_dir>/secrets.key): %w", config.EnvName("secrets_key_file"), err)
+		return nil, fmt.Errorf("app: secrets_key_file (%s; default <data_dir>/secrets.key): %w", cfg.Source("secrets_key_file"), err)
 	}
 	return box, nil
 }

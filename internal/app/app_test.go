@@ -375,4 +375,13 @@ func TestFilesItCannotMakeNameTheirKey(t *testing.T) {
 	_, err = dataFile(cfg, "registry.db")
 	require.ErrorContains(t, err, "data_dir (RINGFENCE_DATA_DIR)")
 	require.ErrorContains(t, err, "name a directory this user may create and write")
+
+	// Set under the seed's name, each is named so (configuration.md).
+	cfg, err = config.Load("test", nil, []string{"ZEROTH_DATA_DIR=" + filepath.Join(blocker, "data")}, io.Discard)
+	require.NoError(t, err)
+	_, err = dataFile(cfg, "registry.db")
+	require.ErrorContains(t, err, "data_dir (ZEROTH_DATA_DIR, read as RINGFENCE_DATA_DIR)")
+	cfg = testConfig(t, "ZEROTH_SECRETS_KEY_FILE="+filepath.Join(t.TempDir(), "missing", "secrets.key"))
+	_, err = secretsBox(cfg)
+	require.ErrorContains(t, err, "secrets_key_file (ZEROTH_SECRETS_KEY_FILE, read as RINGFENCE_SECRETS_KEY_FILE; default <data_dir>/secrets.key)")
 }

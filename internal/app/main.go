@@ -41,7 +41,7 @@ func Main(name string, build Builder) int {
 	}
 	// Custom roles are configuration too: a bad one is exit 2 like any invalid value, before
 	// anything is opened (loadRoles builds them again for the services).
-	if _, err := auth.NewRoles(cfg.ServiceRolesJSON); err != nil {
+	if _, err := auth.NewRolesFrom(cfg.ServiceRolesJSON, cfg.Source("service_roles_json")); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: config: %v\n", name, err)
 		return 2
 	}

@@ -48,7 +48,9 @@ func TestCustomRoles(t *testing.T) {
 	for _, bad := range []string{`[`, `{"admin": ["audit:read"]}`, `{"x": ["fly"]}`, `{"Bad Name": []}`} {
 		_, err := NewRoles(bad)
 		require.Error(t, err, bad)
-		require.Contains(t, err.Error(), "RINGFENCE_SERVICE_ROLES_JSON")
+		require.Contains(t, err.Error(), "service_roles_json (RINGFENCE_SERVICE_ROLES_JSON)")
+		_, err = NewRolesFrom(bad, "ZEROTH_SERVICE_ROLES_JSON, read as RINGFENCE_SERVICE_ROLES_JSON")
+		require.ErrorContains(t, err, "auth: service_roles_json (ZEROTH_SERVICE_ROLES_JSON, read as RINGFENCE_SERVICE_ROLES_JSON)", "names the variable the value came from")
 	}
 }
 

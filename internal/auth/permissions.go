@@ -6,6 +6,7 @@ package auth
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"sort"
@@ -57,6 +58,10 @@ var BuiltinRoles = map[string][]Permission{
 	RoleAuditor:  {AuditRead},
 }
 
+// BuiltinRoleNames are BuiltinRoles' names, sorted: for help texts, which list them from here
+// so that none is left out.
+func BuiltinRoleNames() []string { return slices.Sorted(maps.Keys(BuiltinRoles)) }
+
 // Role is a named set of permissions.
 type Role struct {
 	Name        string
@@ -99,6 +104,14 @@ var roleNamePattern = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,63}$`)
 // {"role": ["permission", ...]} (RINGFENCE_SERVICE_ROLES_JSON). Custom roles may not redefine
 // built-in ones.
 func NewRoles(rolesJSON string) (*Roles, error) {
+	return NewRolesFrom(rolesJSON, "RINGFENCE_SERVICE_ROLES_JSON")
+}
+
+// NewRolesFrom is NewRoles for a value that came from source, which its errors name as
+// "service_roles_json (source)": config.Config.Source's ZEROTH_SERVICE_ROLES_JSON, read as
+// RINGFENCE_SERVICE_ROLES_JSON, say, or a flag or file.
+func NewRolesFrom(rolesJSON, source string) (*Roles, error) {
+	key := "service_roles_json (" + source + ")"
 	rs := &Roles{byName: make(map[string]Role)}
 	for name, perms := range BuiltinRoles {
 		rs.byName[name] = Role{Name: name, Permissions: perms, Builtin: true}
@@ -108,19 +121,19 @@ func NewRoles(rolesJSON string) (*Roles, error) {
 	}
 	var custom map[string][]string
 	if err := json.Unmarshal([]byte(rolesJSON), &custom); err != nil {
-		return nil, fmt.Errorf(`auth: RINGFENCE_SERVICE_ROLES_JSON is not a JSON object of permission lists, e.g. {"deployer": ["run:execute", "audit:read"]}: %w`, err)
+		return nil, fmt.Errorf(`auth: %s is not a JSON object of permission lists, e.g. {"deployer": ["run:execute", "audit:read"]}: %w`, key, err)
 	}
 	for name, perms := range custom {
 		if !roleNamePattern.MatchString(name) {
-			return nil, fmt.Errorf("auth: RINGFENCE_SERVICE_ROLES_JSON: role name %q must match %s", name, roleNamePattern)
+			return nil, fmt.Errorf("auth: %s: role name %q must match %s", key, name, roleNamePattern)
 		}
 		if _, ok := BuiltinRoles[name]; ok {
-			return nil, fmt.Errorf("auth: RINGFENCE_SERVICE_ROLES_JSON: role %q is built in and cannot be redefined; pick another name", name)
+			return nil, fmt.Errorf("auth: %s: role %q is built in and cannot be redefined; pick another name", key, name)
 		}
 		role := Role{Name: name}
 		for _, p := range perms {
 			if !slices.Contains(AllPermissions, Permission(p)) {
-				return nil, fmt.Errorf("auth: RINGFENCE_SERVICE_ROLES_JSON: role %q: unknown permission %q (known: %s)", name, p, joinPerms(AllPermissions))
+				return nil, fmt.Errorf("auth: %s: role %q: unknown permission %q (known: %s)", key, name, p, joinPerms(AllPermissions))
 			}
 			if !role.Has(Permission(p)) {
 				role.Permissions = append(role.Permissions, Permission(p))

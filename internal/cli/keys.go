@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/auth"
 )
 
 func newKeysCmd(g *globals) *cobra.Command {
@@ -46,7 +47,7 @@ func newKeysCmd(g *globals) *cobra.Command {
 		},
 	}
 	create.Flags().StringVar(&name, "name", "", "a name for the key, e.g. ci-runner")
-	create.Flags().StringVar(&role, "role", "", "admin, operator, author, runner, auditor or a custom role")
+	create.Flags().StringVar(&role, "role", "", strings.Join(auth.BuiltinRoleNames(), ", ")+" or a custom role")
 	create.Flags().StringVar(&tenant, "tenant", "", "bind the key to one tenant")
 	_ = create.MarkFlagRequired("name")
 	_ = create.MarkFlagRequired("role")

@@ -62,7 +62,7 @@ type serverFlags struct {
 
 func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 	fl := cmd.Flags()
-	transportHelp, urlHelp := "stdio, streamable_http (alias http) or sse", "server URL, for streamable_http and sse: https (http only to loopback); shown with query values masked"
+	transportHelp, urlHelp := "stdio, streamable_http (or http, streamable-http) or sse (or http-sse)", "server URL, for streamable_http and sse: https (http only to loopback); shown with query values masked"
 	if !update {
 		transportHelp, urlHelp = addTransportHelp, urlHelp+"; needs --transport"
 	}
@@ -95,7 +95,7 @@ func (f *serverFlags) register(cmd *cobra.Command, update bool) {
 	}
 }
 
-const addTransportHelp = "stdio, streamable_http (alias http) or sse; stdio when omitted, except that --url requires it"
+const addTransportHelp = "stdio, streamable_http (or http, streamable-http) or sse (or http-sse); stdio when omitted, except that --url requires it"
 
 // transportFor is the transport the flags name. --url with the stdio default would be refused
 // for a missing command, which hides the mistake, so --url requires an explicit --transport
@@ -103,7 +103,7 @@ const addTransportHelp = "stdio, streamable_http (alias http) or sse; stdio when
 func (f *serverFlags) transportFor() (string, error) {
 	switch {
 	case f.transport != "":
-		return normalizeTransport(f.transport), nil
+		return mcpserver.NormalizeTransport(f.transport), nil
 	case f.url != "":
 		return "", usagef("--url needs --transport streamable_http (or sse): without --transport the server is stdio, run from --command")
 	}
@@ -324,7 +324,7 @@ replace the stored list. Without --env or --clear-env the stored env is kept.`,
 			// drop every user's connection.
 			req.Oauth = f.oauth(s.GetOauth(), changed)
 			if changed("transport") {
-				req.Transport = normalizeTransport(f.transport)
+				req.Transport = mcpserver.NormalizeTransport(f.transport)
 				// What only the other kind of transport takes is dropped, so one update
 				// switches a server over; flags passed below set the new side's fields.
 				isStdio := func(t string) bool { return t == "" || t == "stdio" }
@@ -857,16 +857,6 @@ func warnBelowFloor(w io.Writer, ref, transport string, grants []string) {
 // remoteFloor says why a remote server needs the floor's grants, which read as if they were
 // about a local process.
 const remoteFloor = "; the floor is the same for a remote server: process_spawn stands for code running outside Ringfence, which a remote tool runs on its own host, external_api_call for reaching a system outside, and a registration can change transport under published graphs without their nodes changing"
-
-func normalizeTransport(t string) string {
-	switch t {
-	case "http", "streamable-http":
-		return "streamable_http"
-	case "http-sse":
-		return "sse"
-	}
-	return t
-}
 
 // splitCommand splits --command as a shell would; --arg values follow.
 func splitCommand(command string, extra []string) (string, []string, error) {

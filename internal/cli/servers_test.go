@@ -193,3 +193,21 @@ func TestTimesReadAlike(t *testing.T) {
 	require.NoError(t, g.printServer(&registryv1.Server{Ref: "docs", Transport: "stdio", Command: "docs-mcp", UpdateTime: timestamppb.New(at)}))
 	require.Regexp(t, `(?m)^updated:\s+`+want+`$`, out.String())
 }
+
+// TestTransportHelpNamesTheSeedsNames: --transport's help names every name the registry takes
+// for a transport (mcpserver.NormalizeTransport: the seed's http-sse too), on add and update.
+func TestTransportHelpNamesTheSeedsNames(t *testing.T) {
+	for _, verb := range []string{"add", "update"} {
+		var stdout, stderr bytes.Buffer
+		require.Equal(t, ExitOK, Execute([]string{"servers", verb, "--help"}, nil, &stdout, &stderr), stderr.String())
+		var line string
+		for l := range strings.Lines(stdout.String()) {
+			if strings.Contains(l, "--transport string") {
+				line = l
+			}
+		}
+		for _, name := range []string{"stdio", "streamable_http", "sse", "http", "streamable-http", "http-sse"} {
+			require.Contains(t, line, name, verb)
+		}
+	}
+}

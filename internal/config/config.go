@@ -47,6 +47,10 @@ type Config struct {
 	// overrides, say); the binary logs them once its logger exists.
 	Warnings []string
 
+	// sources maps a key Load set from somewhere other than its RINGFENCE_ variable to where
+	// that was (Source), so a refusal names what the operator set.
+	sources map[string]string
+
 	TLS       TLS       `key:"tls"`
 	Store     Store     `key:"store"`
 	Peers     Peers     `key:"peers"`
@@ -236,7 +240,27 @@ var imageRefPattern = regexp.MustCompile(`^(?:[a-z0-9][a-z0-9._/:-]*@)?sha256:[0
 var runtimeNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
 
 // Validate checks every value and cross-field rule, returning all problems at once.
-func (c *Config) Validate() error { return c.check().err() }
+func (c *Config) Validate() error { return c.check().err(c.Source) }
+
+// Source says where key's value came from, as a refusal names it: the RINGFENCE_ variable
+// (also for a key left at its default), "ZEROTH_X, read as RINGFENCE_X" for the seed's alias,
+// "--flag", or "in <file>".
+func (c *Config) Source(key string) string {
+	if s, ok := c.sources[key]; ok {
+		return s
+	}
+	return EnvName(key)
+}
+
+// variable is the environment variable a rule over several keys names for key: the ZEROTH_
+// alias when that is what set it, else the RINGFENCE_ name.
+func (c *Config) variable(key string) string {
+	if s := c.sources[key]; strings.HasPrefix(s, AliasPrefix) {
+		alias, _, _ := strings.Cut(s, ",")
+		return alias
+	}
+	return EnvName(key)
+}
 
 // check is Validate's list of problems, which Load reports with the values that did not parse.
 func (c *Config) check() problems {
@@ -272,7 +296,7 @@ func (c *Config) check() problems {
 	}
 	if n := countSet(c.TLS.CertFile, c.TLS.KeyFile, c.TLS.ClientCAFile); n != 0 && n != 3 {
 		errs.addRule(fmt.Sprintf("tls.cert_file, tls.key_file and tls.client_ca_file (%s, %s, %s) must be set together",
-			EnvName("tls.cert_file"), EnvName("tls.key_file"), EnvName("tls.client_ca_file")),
+			c.variable("tls.cert_file"), c.variable("tls.key_file"), c.variable("tls.client_ca_file")),
 			"set all three (`ringfence certs init --dir D` writes a development set) or none")
 	}
 	c.validateStore(&errs)
@@ -517,7 +541,7 @@ const (
 func (c *Config) validateStore(errs *problems) {
 	st := c.Store
 	tlsKeys := fmt.Sprintf("store.etcd_ca_file, store.etcd_cert_file and store.etcd_key_file (%s, %s, %s)",
-		EnvName("store.etcd_ca_file"), EnvName("store.etcd_cert_file"), EnvName("store.etcd_key_file"))
+		c.variable("store.etcd_ca_file"), c.variable("store.etcd_cert_file"), c.variable("store.etcd_key_file"))
 	switch st.Backend {
 	case "bbolt":
 		// A prefix other than its default was set on purpose, for an etcd this store does not use.
@@ -587,7 +611,7 @@ func (c *Config) validateFor(binary string) problems {
 		}
 		if !c.TLS.Enabled() {
 			errs.addRule(fmt.Sprintf("%s serves internal RPCs to its peers on internal_addr (%s), which takes mutual TLS only, so tls.cert_file, tls.key_file and tls.client_ca_file (%s, %s, %s) are required",
-				binary, EnvName("internal_addr"), EnvName("tls.cert_file"), EnvName("tls.key_file"), EnvName("tls.client_ca_file")),
+				binary, c.variable("internal_addr"), c.variable("tls.cert_file"), c.variable("tls.key_file"), c.variable("tls.client_ca_file")),
 				"`ringfence certs init --dir D` writes a development set; or run every service in one process with ringfenced")
 		}
 	}
@@ -638,26 +662,38 @@ func countSet(vals ...string) int {
 }
 
 // problems collects validation failures so a start reports all of them at once.
-type problems []string
+type problems []problem
+
+// problem is one failure: a value of key that breaks a rule (what: fix, named with where the
+// value came from when reported), or, with no key, a line that names its keys itself.
+type problem struct{ key, text string }
 
 func (p *problems) add(key, what, fix string) {
-	*p = append(*p, fmt.Sprintf("%s (%s) %s: %s", key, EnvName(key), what, fix))
+	*p = append(*p, problem{key: key, text: what + ": " + fix})
 }
 
 // addValue records a value that did not parse as its key's type; source says where it was set
 // (its environment variable, flag or file) and why is the parser's "not a …: use …".
 func (p *problems) addValue(key, source, shown string, why error) {
-	*p = append(*p, fmt.Sprintf("%s (%s) %s is %v", key, source, shown, why))
+	*p = append(*p, problem{text: fmt.Sprintf("%s (%s) %s is %v", key, source, shown, why)})
 }
 
 // addRule records a failed rule over several keys, which it names itself.
 func (p *problems) addRule(what, fix string) {
-	*p = append(*p, fmt.Sprintf("%s: %s", what, fix))
+	*p = append(*p, problem{text: fmt.Sprintf("%s: %s", what, fix)})
 }
 
-func (p problems) err() error {
+// err reports every problem, naming each key's value by source (Config.Source).
+func (p problems) err(source func(key string) string) error {
 	if len(p) == 0 {
 		return nil
 	}
-	return fmt.Errorf("config: invalid configuration:\n  %s", strings.Join(p, "\n  "))
+	lines := make([]string, len(p))
+	for i, q := range p {
+		lines[i] = q.text
+		if q.key != "" {
+			lines[i] = fmt.Sprintf("%s (%s) %s", q.key, source(q.key), q.text)
+		}
+	}
+	return fmt.Errorf("config: invalid configuration:\n  %s", strings.Join(lines, "\n  "))
 }

@@ -364,6 +364,39 @@ func TestSeedNamesAreAliases(t *testing.T) {
 	require.ErrorContains(t, err, `pool.max_runs (ZEROTH_POOL__MAX_RUNS, read as RINGFENCE_POOL__MAX_RUNS) "many" is not an integer`)
 }
 
+// TestARuleNamesTheVariableItsValueCameFrom: a value that parses but breaks a rule at start is
+// named by where it was set, as a value that does not parse is: the ZEROTH_ alias (read as the
+// RINGFENCE_ name), the flag or the file; the RINGFENCE_ name when set so or left at the default.
+func TestARuleNamesTheVariableItsValueCameFrom(t *testing.T) {
+	for env, want := range map[string]string{
+		"ZEROTH_SANDBOX__MCP_ISOLATION_IMAGE=alpine:latest": `sandbox.mcp_isolation_image (ZEROTH_SANDBOX__MCP_ISOLATION_IMAGE, read as RINGFENCE_SANDBOX__MCP_ISOLATION_IMAGE) "alpine:latest" is not pinned by digest`,
+		"ZEROTH_ENV=prodx":                  `env (ZEROTH_ENV, read as RINGFENCE_ENV) "prodx" is not an environment`,
+		"RINGFENCE_ENV=prodx":               `env (RINGFENCE_ENV) "prodx" is not an environment`,
+		"ZEROTH_STORE__ETCD_CA_FILE=ca.pem": "store.backend (RINGFENCE_STORE__BACKEND) is bbolt, but etcd settings are set",
+	} {
+		_, err := Load(AllInOne, nil, []string{env}, io.Discard)
+		require.ErrorContains(t, err, want, env)
+	}
+	_, err := Load(AllInOne, nil, []string{"ZEROTH_ENV=production", "ZEROTH_SANDBOX__ALLOW_UNISOLATED_MCP_DEVELOPMENT=true"}, io.Discard)
+	require.ErrorContains(t, err, "sandbox.allow_unisolated_mcp_development (ZEROTH_SANDBOX__ALLOW_UNISOLATED_MCP_DEVELOPMENT, read as RINGFENCE_SANDBOX__ALLOW_UNISOLATED_MCP_DEVELOPMENT) is refused in production")
+	_, err = Load(AllInOne, nil, []string{"ZEROTH_STORE__BACKEND=etcd", `ZEROTH_STORE__ETCD_ENDPOINTS=["https://etcd-1:2379"]`, "ZEROTH_STORE__ETCD_CA_FILE=ca.pem"}, io.Discard)
+	require.ErrorContains(t, err, "(ZEROTH_STORE__ETCD_CA_FILE, RINGFENCE_STORE__ETCD_CERT_FILE, RINGFENCE_STORE__ETCD_KEY_FILE) must be set together", "a rule over several keys names the alias that set one")
+
+	_, err = Load(AllInOne, []string{"--env", "prodx"}, []string{"ZEROTH_ENV=production"}, io.Discard)
+	require.ErrorContains(t, err, `env (--env) "prodx" is not an environment`, "the flag wins, and is named")
+	file := filepath.Join(t.TempDir(), "ringfenced.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("env: prodx\n"), 0o600))
+	_, err = Load(AllInOne, []string{"--config", file}, nil, io.Discard)
+	require.ErrorContains(t, err, `env (in `+file+`) "prodx" is not an environment`)
+	_, err = Load(AllInOne, []string{"--config", file}, []string{"RINGFENCE_ENV=prodz"}, io.Discard)
+	require.ErrorContains(t, err, `env (RINGFENCE_ENV) "prodz" is not an environment`, "the environment wins over the file, and is named")
+
+	cfg, err := Load(AllInOne, nil, []string{`ZEROTH_SERVICE_ROLES_JSON={"viewer":["audit:read"]}`}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, "ZEROTH_SERVICE_ROLES_JSON, read as RINGFENCE_SERVICE_ROLES_JSON", cfg.Source("service_roles_json"), "what the roles check names (internal/app)")
+	require.Equal(t, "RINGFENCE_ENV", cfg.Source("env"))
+}
+
 // TestInvalidValuesAllAtOnce: values that do not parse are reported together with the values
 // that break a rule, each with its key, where it was set and the fix, so one start names them
 // all (docs/configuration.md).

@@ -68,7 +68,7 @@ func LoadSettings(name string, args, environ []string, out io.Writer) (*Config, 
 }
 
 func loadConfig(name string, args, environ []string, out io.Writer, check bool) (*Config, error) {
-	cfg := &Config{}
+	cfg := &Config{sources: make(map[string]string)}
 	fields := collectFields(reflect.ValueOf(cfg).Elem(), "")
 	byKey := make(map[string]field, len(fields))
 	for _, f := range fields {
@@ -114,15 +114,16 @@ func loadConfig(name string, args, environ []string, out io.Writer, check bool) 
 	// reported with every other one, so one start names them all.
 	var bad problems
 	if *configFile != "" {
-		if err := loadFile(*configFile, byKey, &bad); err != nil {
+		if err := loadFile(*configFile, byKey, cfg.sources, &bad); err != nil {
 			return nil, err
 		}
 	}
-	if err := loadEnv(env, from, byKey, &bad); err != nil {
+	if err := loadEnv(env, from, byKey, cfg.sources, &bad); err != nil {
 		return nil, err
 	}
 	for _, fv := range flagged {
 		f := byKey[fv.key]
+		cfg.sources[f.key] = "--" + FlagName(f.key)
 		if err := f.set(fv.raw); err != nil {
 			bad.addValue(f.key, "--"+FlagName(f.key), f.display(fv.raw), err)
 		}
@@ -131,7 +132,7 @@ func loadConfig(name string, args, environ []string, out io.Writer, check bool) 
 		bad = append(bad, cfg.check()...)
 		bad = append(bad, cfg.validateFor(name)...)
 	}
-	if err := bad.err(); err != nil {
+	if err := bad.err(cfg.Source); err != nil {
 		return nil, err
 	}
 	return cfg, nil
@@ -176,7 +177,10 @@ func envMap(environ []string, byKey map[string]field) (env, from map[string]stri
 	return m, from, warnings
 }
 
-func loadEnv(env, from map[string]string, byKey map[string]field, bad *problems) error {
+// loadEnv sets the keys env names, recording in sources where each came from (a ZEROTH_
+// alias; the RINGFENCE_ name, which Source gives for a key it has no entry for, replaces a
+// file's value).
+func loadEnv(env, from map[string]string, byKey map[string]field, sources map[string]string, bad *problems) error {
 	byEnv := make(map[string]field, len(byKey))
 	for _, f := range byKey {
 		byEnv[EnvName(f.key)] = f
@@ -195,18 +199,20 @@ func loadEnv(env, from map[string]string, byKey map[string]field, bad *problems)
 			bad.addRule("unknown environment variable "+name, suggest(name, byEnv))
 			continue
 		}
+		source := name
+		delete(sources, f.key)
+		if alias := from[name]; alias != "" {
+			source = alias + ", read as " + name
+			sources[f.key] = source
+		}
 		if err := f.set(env[name]); err != nil {
-			source := name
-			if alias := from[name]; alias != "" {
-				source = alias + ", read as " + name
-			}
 			bad.addValue(f.key, source, f.display(env[name]), err)
 		}
 	}
 	return nil
 }
 
-func loadFile(path string, byKey map[string]field, bad *problems) error {
+func loadFile(path string, byKey map[string]field, sources map[string]string, bad *problems) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("config: read config file: %w", err)
@@ -215,10 +221,10 @@ func loadFile(path string, byKey map[string]field, bad *problems) error {
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return fmt.Errorf("config: config file %s is not valid YAML: %w", path, err)
 	}
-	return applyYAML(path, "", doc, byKey, bad)
+	return applyYAML(path, "", doc, byKey, sources, bad)
 }
 
-func applyYAML(path, prefix string, doc map[string]any, byKey map[string]field, bad *problems) error {
+func applyYAML(path, prefix string, doc map[string]any, byKey map[string]field, sources map[string]string, bad *problems) error {
 	keys := make([]string, 0, len(doc))
 	for k := range doc {
 		keys = append(keys, k)
@@ -232,7 +238,7 @@ func applyYAML(path, prefix string, doc map[string]any, byKey map[string]field, 
 				bad.addRule(fmt.Sprintf("%s: unknown section %q", path, key), suggestKey(key, byKey))
 				continue
 			}
-			if err := applyYAML(path, key+".", section, byKey, bad); err != nil {
+			if err := applyYAML(path, key+".", section, byKey, sources, bad); err != nil {
 				return err
 			}
 			continue
@@ -246,6 +252,7 @@ func applyYAML(path, prefix string, doc map[string]any, byKey map[string]field, 
 		if err != nil {
 			return fmt.Errorf("config: %s: key %q: %w", path, key, err)
 		}
+		sources[key] = "in " + path
 		if err := f.set(raw); err != nil {
 			bad.addValue(key, "in "+path, f.display(raw), err)
 		}

@@ -36,6 +36,20 @@ const (
 	TransportSSE            = "sse"
 )
 
+// NormalizeTransport returns the transport t names: the seed's names are accepted for the
+// canonical ones (http and streamable-http for streamable_http, http-sse for sse), so a
+// registration stores, and every read returns, only stdio, streamable_http or sse. Other
+// values come back unchanged for Validate to refuse.
+func NormalizeTransport(t string) string {
+	switch t {
+	case "http", "streamable-http":
+		return TransportStreamableHTTP
+	case "http-sse":
+		return TransportSSE
+	}
+	return t
+}
+
 // Defaults for the per-registration timeouts.
 const (
 	DefaultClientSessionTimeout = 2 * time.Second
@@ -111,6 +125,34 @@ type WarmTarget struct {
 	Ref      string
 	Prewarm  int
 	Revision int64
+}
+
+// FloorMissing returns the floor capabilities (process_spawn, external_api_call) grants do
+// not cover. Every node that calls a server must declare the floor, and the grants must cover
+// what a node declares (the ceiling), so grants that miss one deny every call to the server.
+// Grants that do not parse count as covering nothing.
+func FloorMissing(grants []string) []string {
+	set, err := capability.ParseSet(grants)
+	if err != nil {
+		set = nil
+	}
+	return set.Missing(capability.MustParseSet(capability.Floor))
+}
+
+// CheckPrewarm refuses warm containers no call could take: prewarm above 0 on a registration
+// whose grants miss the floor (FloorMissing), which denies every call to the server. The
+// registry checks it when a registration is created or updated (an ad-hoc exploration keeps
+// nothing warm, so Validate does not).
+func (r *Registration) CheckPrewarm() error {
+	if r.Prewarm <= 0 {
+		return nil
+	}
+	missing := FloorMissing(r.Grants)
+	if len(missing) == 0 {
+		return nil
+	}
+	return fielderr.New("prewarm", "is %d, but grants do not grant %s, which every call to the server needs, so no call could take a warm container: add %s to grants (the CLI's --grant, listing every grant to keep), or set prewarm to 0",
+		r.Prewarm, strings.Join(missing, " and "), strings.Join(missing, " and "))
 }
 
 // WarmStatus is what a pool holds of a registration's warm containers.
@@ -225,7 +267,8 @@ func ValidateSecretName(field, name string) error {
 	return ident.SecretName.Check(field, name)
 }
 
-// Validate checks every field of a registration and fills defaults (transport stdio).
+// Validate checks every field of a registration, fills defaults (transport stdio) and writes
+// a transport alias as its canonical name (NormalizeTransport).
 // allowedEnvKeys is the operator's allowlist.
 func (r *Registration) Validate(allowedEnvKeys []string) error {
 	if err := ValidateRef(r.Ref); err != nil {
@@ -234,6 +277,7 @@ func (r *Registration) Validate(allowedEnvKeys []string) error {
 	if r.Transport == "" {
 		r.Transport = TransportStdio
 	}
+	r.Transport = NormalizeTransport(r.Transport)
 	if err := checkText("description", r.Description, MaxDescription); err != nil {
 		return err
 	}

@@ -37,6 +37,9 @@ func (s *Service) CreateServer(ctx context.Context, req *registryv1.CreateServer
 	if err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
+	if err := reg.CheckPrewarm(); err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
 	// Nothing is stored yet, so a mask (copied from another registration's answer) has
 	// nothing to stand for.
 	if _, err := mcpserver.RestoreMasked("env", reg.Env, nil); err != nil {
@@ -144,6 +147,9 @@ func (s *Service) patchServer(ctx context.Context, req *registryv1.UpdateServerR
 func (s *Service) replaceServer(ctx context.Context, req *registryv1.UpdateServerRequest, putWithoutGrants bool) (*registryv1.UpdateServerResponse, error) {
 	reg, envPresent, err := registrationFromProto(req, s.cfg.AllowedEnvKeys)
 	if err != nil {
+		return nil, s.errors.Status(ctx, err)
+	}
+	if err := reg.CheckPrewarm(); err != nil {
 		return nil, s.errors.Status(ctx, err)
 	}
 	if req.GetRevision() < 0 {

@@ -334,3 +334,36 @@ func TestAURLFromBeforeTheRulesIsMigratedAndNotKeptBlindly(t *testing.T) {
 	_, err = svc.UpdateServer(ctx, &registryv1.UpdateServerRequest{Ref: "tickets", Transport: "streamable_http", Url: "https://mcp.example.com/mcp?api_key=" + canary})
 	require.NoError(t, err)
 }
+
+// TestTheSeedsTransportNamesAreStoredAsTheCanonicalOnes: a registration posted, put or patched
+// with the seed's transport names (http, streamable-http, http-sse), as the CLI's --transport
+// takes them, is accepted and stored under the canonical name, which every read returns.
+func TestTheSeedsTransportNamesAreStoredAsTheCanonicalOnes(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	for alias, want := range map[string]string{"http": "streamable_http", "streamable-http": "streamable_http", "http-sse": "sse"} {
+		ref := "alias-" + strings.ReplaceAll(alias, "-", "")
+		code, body := f.rest(t, http.MethodPost, "/v1/mcp/servers", adminKey, `{"ref":"`+ref+`","transport":"`+alias+`","url":"https://mcp.example.com/mcp"}`)
+		require.Equal(t, http.StatusOK, code, body)
+		require.Contains(t, body, `"transport":"`+want+`"`, alias)
+		code, body = f.rest(t, http.MethodGet, "/v1/mcp/servers/"+ref, adminKey, "")
+		require.Equal(t, http.StatusOK, code, body)
+		require.Contains(t, body, `"transport":"`+want+`"`, alias)
+
+		code, body = f.rest(t, http.MethodPut, "/v1/mcp/servers/"+ref, adminKey, `{"transport":"`+alias+`","url":"https://mcp.example.com/other"}`)
+		require.Equal(t, http.StatusOK, code, body)
+		code, body = f.rest(t, http.MethodPatch, "/v1/mcp/servers/"+ref, adminKey, `{"transport":"`+alias+`"}`)
+		require.Equal(t, http.StatusOK, code, body)
+		got, err := f.client.GetServer(ctx, &registryv1.GetServerRequest{Ref: ref})
+		require.NoError(t, err)
+		require.Equal(t, want, got.GetServer().GetTransport(), alias)
+	}
+	req := &registryv1.CreateServerRequest{Ref: "grpc-alias", Transport: "http-sse", Url: "https://mcp.example.com/sse"}
+	created, err := f.client.CreateServer(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, "sse", created.GetServer().GetTransport(), "gRPC takes them too")
+
+	code, body := f.rest(t, http.MethodPost, "/v1/mcp/servers", adminKey, `{"ref":"bad","transport":"websocket","url":"https://mcp.example.com/mcp"}`)
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, body, `\"websocket\" is not a transport: use stdio, streamable_http or sse`)
+}

@@ -10,11 +10,13 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
 
 	registryinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/registry/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/mcpserver"
+	"github.com/ringfence/ringfence/internal/testutil"
 )
 
 // fakePool reports warm containers as a pool would; err makes it unreachable.
@@ -121,9 +123,10 @@ func TestWarmTargetsFollowEveryWrite(t *testing.T) {
 	require.Equal(t, []mcpserver.WarmTarget{{Ref: "docs-search", Prewarm: 2, Revision: 1}}, targets())
 	require.Equal(t, []mcpserver.WarmTarget{{Ref: "docs-search", Prewarm: 2, Revision: 1}}, targets(), "read again, unchanged")
 
-	_, err = f.client.UpdateServer(ctx, &registryv1.UpdateServerRequest{Ref: "docs-search", Command: "mcp-server-filesystem", Args: []string{"/srv/other"}, Prewarm: 1})
+	floor := []string{"process_spawn", "external_api_call"}
+	_, err = f.client.UpdateServer(ctx, &registryv1.UpdateServerRequest{Ref: "docs-search", Command: "mcp-server-filesystem", Args: []string{"/srv/other"}, Grants: floor, Prewarm: 1})
 	require.NoError(t, err)
-	_, err = f.client.UpdateServer(ctx, &registryv1.UpdateServerRequest{Ref: "cold", Command: "mcp", Prewarm: 3})
+	_, err = f.client.UpdateServer(ctx, &registryv1.UpdateServerRequest{Ref: "cold", Command: "mcp", Grants: floor, Prewarm: 3})
 	require.NoError(t, err)
 	require.Equal(t, []mcpserver.WarmTarget{{Ref: "cold", Prewarm: 3, Revision: 2}, {Ref: "docs-search", Prewarm: 1, Revision: 2}}, targets())
 
@@ -135,4 +138,38 @@ func TestWarmTargetsFollowEveryWrite(t *testing.T) {
 
 	_, err = f.client.CreateServer(ctx, &registryv1.CreateServerRequest{Ref: "remote", Transport: "streamable_http", Url: "https://mcp.example.com/mcp", Prewarm: 1})
 	require.ErrorContains(t, err, "prewarm")
+}
+
+// TestPrewarmWithoutTheFloorIsRefused: grants that miss process_spawn or external_api_call deny
+// every call to the server, so warm containers of it could never be taken: a create or an
+// update (gRPC, REST POST, PUT and PATCH) that asks for them is refused naming prewarm, the
+// grants it lacks and both fixes, and stores nothing.
+func TestPrewarmWithoutTheFloorIsRefused(t *testing.T) {
+	f := newFixture(t)
+	ctx := f.admin(t)
+	_, err := f.client.CreateServer(ctx, &registryv1.CreateServerRequest{Ref: "idle", Command: "mcp", Prewarm: 1})
+	st := testutil.RequireStatus(t, err, codes.InvalidArgument)
+	require.Contains(t, st.Message(), "prewarm: is 1, but grants do not grant external_api_call and process_spawn, which every call to the server needs, so no call could take a warm container: add external_api_call and process_spawn to grants (the CLI's --grant, listing every grant to keep), or set prewarm to 0")
+	_, err = f.client.GetServer(ctx, &registryv1.GetServerRequest{Ref: "idle"})
+	testutil.RequireStatus(t, err, codes.NotFound)
+	code, body := f.rest(t, http.MethodPost, "/v1/mcp/servers", adminKey, `{"ref":"idle","command":"mcp","prewarm":2,"grants":["process_spawn"]}`)
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, body, "grants do not grant external_api_call")
+
+	req := docsSearch()
+	req.Prewarm = 2
+	_, err = f.client.CreateServer(ctx, req)
+	require.NoError(t, err)
+	code, body = f.rest(t, http.MethodPatch, "/v1/mcp/servers/docs-search", adminKey, `{"grants":[]}`)
+	require.Equal(t, http.StatusBadRequest, code, "taking the floor away from a server kept warm: %s", body)
+	require.Contains(t, body, "or set prewarm to 0")
+	code, body = f.rest(t, http.MethodPut, "/v1/mcp/servers/docs-search", adminKey, `{"command":"mcp","prewarm":2}`)
+	require.Equal(t, http.StatusBadRequest, code, "a PUT without grants grants nothing: %s", body)
+	got, err := f.client.GetServer(ctx, &registryv1.GetServerRequest{Ref: "docs-search"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"process_spawn", "external_api_call"}, got.GetServer().GetGrants(), "nothing stored")
+	require.Equal(t, int32(2), got.GetServer().GetPrewarm())
+
+	code, body = f.rest(t, http.MethodPatch, "/v1/mcp/servers/docs-search", adminKey, `{"grants":[],"prewarm":0}`)
+	require.Equal(t, http.StatusOK, code, body)
 }

@@ -2,10 +2,13 @@ package spawner
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 )
 
 // Class says why a spawn or a session failed, in terms an operator can act
@@ -170,6 +173,13 @@ func handshakeError(ctx context.Context, err error, srv Process, f *stdoutFilter
 			e = newError(ClassCommandNotFound, "command %s is not executable (exit status %d)", clipQuote(spec.Command), code)
 		case f.sawOnlyGarbage():
 			e = newError(ClassNotMCPServer, "the command wrote %d lines to stdout, none of them JSON-RPC, and exited (%s): it is not an MCP server", f.otherLines.Load(), srv.DescribeExit(ctx))
+		case unsupportedVersion(err):
+			e = newError(ClassProtocolViolation, "the server answered initialize with a protocol version this client does not support, and exited (%s)", srv.DescribeExit(ctx))
+		case answered(err):
+			// It answered, and exited only after: `cat` echoes the client's request, the
+			// client answers it, cat echoes that answer back as the answer to initialize, and
+			// exits when the client gives up and closes its stdin.
+			e = newError(ClassNotMCPServer, "the server's answer to initialize was not MCP, and it exited (%s): it is not an MCP server", srv.DescribeExit(ctx))
 		case timedOut:
 			// It ran the whole handshake timeout (an exit before it would have ended the
 			// handshake at once) and exited when the client gave up and closed its stdin.
@@ -181,13 +191,27 @@ func handshakeError(ctx context.Context, err error, srv Process, f *stdoutFilter
 		e = newError(ClassNotMCPServer, "the command wrote %d lines to stdout within %s, none of them JSON-RPC: it is not an MCP server", f.otherLines.Load(), spec.HandshakeTimeout)
 	case timedOut:
 		e = newError(ClassHandshakeTimeout, "the server did not answer initialize within %s", spec.HandshakeTimeout)
-	case strings.Contains(err.Error(), "unsupported protocol version"):
+	case unsupportedVersion(err):
 		e = newError(ClassProtocolViolation, "the server answered initialize with a protocol version this client does not support")
 	default:
 		e = newError(ClassNotMCPServer, "the server's answer to initialize was not MCP")
 	}
 	e.StderrTail = t.String()
 	return e
+}
+
+// answered reports whether a failed initialize ended on the server's answer, not on the end of
+// its stream or the handshake's deadline: an error answer, or a result that does not decode as
+// the answer to initialize.
+func answered(err error) bool {
+	var rpcErr *jsonrpc.Error
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	return errors.As(err, &rpcErr) || errors.As(err, &typeErr) || errors.As(err, &syntaxErr)
+}
+
+func unsupportedVersion(err error) bool {
+	return strings.Contains(err.Error(), "unsupported protocol version")
 }
 
 // deathError classifies a local server that went away after the handshake.

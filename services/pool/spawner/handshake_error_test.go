@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ringfence/ringfence/internal/testutil"
 )
 
 // exitedProcess is a local server that has exited with code by the time its handshake's
@@ -36,4 +40,21 @@ func TestAServerThatOutlivedTheHandshakeTimedOut(t *testing.T) {
 	require.Equal(t, ClassHandshakeTimeout, classify(fmt.Errorf("initialize: %w", context.DeadlineExceeded), 0))
 	require.Equal(t, ClassExitedBeforeHandshake, classify(errors.New("initialize: connection closed: EOF"), 0))
 	require.Equal(t, ClassCommandNotFound, classify(fmt.Errorf("initialize: %w", context.DeadlineExceeded), exitNotFound), "a command that could not run says so, whenever it is seen")
+	require.Equal(t, ClassNotMCPServer, classify(fmt.Errorf("calling %q: %w", "initialize", &jsonrpc.Error{Code: -32601, Message: "method not found"}), 0), "an error answer is an answer, however soon it exited after")
+}
+
+// TestACommandThatEchoesTheClientIsNotAnMCPServer: `cat` answers initialize with the client's
+// own request (JSON-RPC, but not an answer), and exits only when the client, given up on it,
+// closes its stdin: it is not an MCP server; it did not exit before the handshake. A real
+// process on the host.
+func TestACommandThatEchoesTheClientIsNotAnMCPServer(t *testing.T) {
+	cat, err := exec.LookPath("cat")
+	require.NoError(t, err)
+	var logs testutil.SyncBuffer
+	r := hostRouter(t, &logs)
+	for range 3 {
+		_, err = r.Spawn(t.Context(), withHandshake(hostSpec(cat), 10e9))
+		require.Equal(t, ClassNotMCPServer, ClassOf(err), "%v", err)
+		require.ErrorContains(t, err, "the server's answer to initialize was not MCP, and it exited (exited with status 0): it is not an MCP server")
+	}
 }

@@ -283,14 +283,17 @@ func (s *Bolt) WarmTargets(ctx context.Context) ([]mcpserver.WarmTarget, error) 
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(serversBucket).ForEach(func(_, v []byte) error {
 			var st struct {
-				Ref      string `json:"ref"`
-				Prewarm  int    `json:"prewarm"`
-				Revision int64  `json:"revision"`
+				Ref      string   `json:"ref"`
+				Prewarm  int      `json:"prewarm"`
+				Revision int64    `json:"revision"`
+				Grants   []string `json:"grants"`
 			}
 			if err := json.Unmarshal(v, &st); err != nil {
 				return err
 			}
-			if st.Prewarm > 0 {
+			// Grants that miss the floor deny every call: no warm container would be taken
+			// (a registration stored before the registry refused that, CheckPrewarm).
+			if st.Prewarm > 0 && len(mcpserver.FloorMissing(st.Grants)) == 0 {
 				out = append(out, mcpserver.WarmTarget{Ref: st.Ref, Prewarm: st.Prewarm, Revision: st.Revision})
 			}
 			return nil

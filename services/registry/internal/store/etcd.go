@@ -410,7 +410,9 @@ func (s *Etcd) WarmTargets(ctx context.Context) ([]mcpserver.WarmTarget, error) 
 	}
 	var out []mcpserver.WarmTarget
 	for _, ref := range slices.Sorted(maps.Keys(s.servers)) {
-		if st := s.servers[ref]; st.Prewarm > 0 {
+		// Grants that miss the floor deny every call: no warm container would be taken (a
+		// registration stored before the registry refused that, CheckPrewarm).
+		if st := s.servers[ref]; st.Prewarm > 0 && len(mcpserver.FloorMissing(st.Grants)) == 0 {
 			out = append(out, mcpserver.WarmTarget{Ref: st.Ref, Prewarm: st.Prewarm, Revision: st.Revision})
 		}
 	}

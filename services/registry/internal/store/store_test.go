@@ -350,7 +350,14 @@ func testWarmTargets(t *testing.T, b backend) {
 	ctx := t.Context()
 	for i, ref := range []string{"b", "a", "c"} {
 		r := docs()
-		r.Ref, r.Prewarm = ref, i
+		r.Ref, r.Prewarm, r.Grants = ref, i, []string{"process_spawn", "external_api_call"}
+		require.NoError(t, s.CreateServer(ctx, r, nil))
+	}
+	// Stored before the registry refused prewarm on grants that miss the floor, which deny
+	// every call to it: no warm container of it would ever be taken, so none is asked for.
+	for ref, grants := range map[string][]string{"d": nil, "e": {"process_spawn"}} {
+		r := docs()
+		r.Ref, r.Prewarm, r.Grants = ref, 1, grants
 		require.NoError(t, s.CreateServer(ctx, r, nil))
 	}
 	w, err := s.WarmTargets(ctx)
