@@ -111,7 +111,7 @@ func TestHostLifecycle(t *testing.T) {
 	h := NewHost(
 		AdapterSpec{Name: "secrets", Server: inProcess(&closes), RequiredCapabilities: []string{"secrets.read"},
 			Permissions: map[string][]string{"read-secret": {"fs.read:{path}"}}},
-		AdapterSpec{Name: "counter", Server: inProcess(&closes)},
+		AdapterSpec{Name: "counter", Server: inProcess(&closes), Permissions: map[string][]string{"count": {}}},
 	)
 	_, err := h.CallTool(t.Context(), "counter", "count", map[string]any{"n": 1}, Capabilities{})
 	require.ErrorIs(t, err, ErrNotStarted)
@@ -223,7 +223,7 @@ func TestOpenStreamableHTTP(t *testing.T) {
 	conn, err := StreamableHTTP{URL: srv.URL}.Open(t.Context())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
-	specs, err := Bind(t.Context(), conn, BindOptions{})
+	specs, err := Bind(t.Context(), conn, BindOptions{Permissions: map[string][]string{"count": {}}})
 	require.NoError(t, err)
 	require.Len(t, specs, 2)
 	res, err := CallTool(t.Context(), conn, &specs[0], map[string]any{"n": 4}, Capabilities{})
