@@ -76,8 +76,9 @@ func ListAll(ctx context.Context, session Session) ([]*mcp.Tool, error) {
 // Bind initializes session, lists every page of its tools, and turns each into a ToolSpec:
 // namespace "mcp", version "1", the declaration as sent, its pin, the permissions opts give
 // it (none given: every call refused, see BindOptions.Permissions), side effects "external",
-// replay policy "must_stub", and the declaration screen's findings. A tool whose input or output schema is not a JSON object is refused with a
-// *ValidationError (StageDeclaration) naming it; nothing is bound then.
+// replay policy "must_stub", and the declaration screen's findings. A tool whose input or
+// output schema is not a JSON object is refused with a *ValidationError (StageDeclaration)
+// naming it; nothing is bound then.
 func Bind(ctx context.Context, session Session, opts BindOptions) ([]ToolSpec, error) {
 	if session == nil {
 		return nil, errNilSession

@@ -50,13 +50,12 @@ type ToolSpec struct {
 	// Permissions are the capabilities a call needs, "name" or "name:scope"; a scope may name
 	// the call's arguments in braces ("fs.read:{path}"), expanded per call.
 	Permissions []string
-	// NoPermissionNeeded says explicitly that a call needs no permission: a spec with no
-	// Permissions (and a call given none with WithPermissions) is let through the capability
-	// gate only with it. Calls are default-deny: without it, every call of such a spec is
-	// refused with a *CapabilityError (Unpermissioned), so a tool nobody gave permissions is
-	// never callable by accident. Bind sets it for a tool that BindOptions.Permissions maps to
-	// no requirements while BindOptions.Required is empty. It does nothing while the spec or
-	// the call has requirements.
+	// NoPermissionNeeded says explicitly that a call needs no permission. Calls are
+	// default-deny: a call of a spec with no Permissions, given none with WithPermissions
+	// either, is refused with a *CapabilityError (Unpermissioned) unless it is set, so a tool
+	// nobody gave permissions is never callable by accident. Bind sets it for a tool that
+	// BindOptions.Permissions maps to an empty list while BindOptions.Required is empty. It
+	// changes nothing while the spec or the call has requirements.
 	NoPermissionNeeded bool
 	SideEffects        string
 	ReplayPolicy       string
