@@ -31,8 +31,9 @@ type BindOptions struct {
 	// Permissions maps a tool's name to the capabilities a call of it needs; a scope may name
 	// the call's arguments ("fs.read:{path}"). Calls are default-deny: a tool given no
 	// permissions (not named here, and Required empty) is refused every call, whatever the
-	// caller holds. Map a tool that needs none to an empty list ("ping": {}) to say so: its
-	// spec then has NoPermissionNeeded, and any caller may call it.
+	// caller holds. Map a tool that needs none to an empty list ("ping": {}) to say so (the
+	// entry says it, so a nil list does too): its spec then has NoPermissionNeeded, and any
+	// caller may call it.
 	Permissions map[string][]string
 	// Required are capabilities every tool of the server needs (an adapter's
 	// RequiredCapabilities).
