@@ -77,7 +77,9 @@ type AdapterSpec struct {
 	// RequiredCapabilities are what every call of the server's tools needs, e.g.
 	// "fs.read:/tmp/sandbox/*".
 	RequiredCapabilities []string
-	// Permissions adds per-tool requirements (see BindOptions.Permissions).
+	// Permissions adds per-tool requirements (see BindOptions.Permissions). With no
+	// RequiredCapabilities, a tool not named here is refused every call (default-deny); an
+	// empty list says the tool needs none.
 	Permissions map[string][]string
 }
 

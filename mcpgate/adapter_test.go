@@ -2,11 +2,13 @@ package mcpgate
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -15,15 +17,37 @@ import (
 )
 
 // TestMain lets the test binary serve the test server over stdio, so OpenCommand starts a
-// real program without any other package's binary.
+// real program without any other package's binary; started with the one argument
+// envServerArg, it serves envServer instead, which needs nothing of its environment to know
+// it should.
 func TestMain(m *testing.M) {
-	if os.Getenv("MCPGATE_TEST_STDIO_SERVER") == "1" {
-		if err := testServer().Run(context.Background(), &mcp.StdioTransport{}); err != nil {
+	serve := func(srv *mcp.Server) {
+		if err := srv.Run(context.Background(), &mcp.StdioTransport{}); err != nil {
 			os.Exit(1)
 		}
 		os.Exit(0)
 	}
+	switch {
+	case len(os.Args) == 2 && os.Args[1] == envServerArg:
+		serve(envServer())
+	case os.Getenv("MCPGATE_TEST_STDIO_SERVER") == "1":
+		serve(testServer())
+	}
 	os.Exit(m.Run())
+}
+
+// envServerArg starts the test binary as envServer.
+const envServerArg = "mcpgate-test-serve-environment"
+
+// envServer is an MCP server with one tool, environ, that answers its process's environment,
+// one variable per line.
+func envServer() *mcp.Server {
+	srv := mcp.NewServer(&mcp.Implementation{Name: "env-server", Version: "1"}, nil)
+	srv.AddTool(&mcp.Tool{Name: "environ", InputSchema: json.RawMessage(`{"type":"object"}`)},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Join(os.Environ(), "\n")}}}, nil
+		})
+	return srv
 }
 
 // countingConn counts the closes of a session.
@@ -87,7 +111,7 @@ func TestHostLifecycle(t *testing.T) {
 	h := NewHost(
 		AdapterSpec{Name: "secrets", Server: inProcess(&closes), RequiredCapabilities: []string{"secrets.read"},
 			Permissions: map[string][]string{"read-secret": {"fs.read:{path}"}}},
-		AdapterSpec{Name: "counter", Server: inProcess(&closes)},
+		AdapterSpec{Name: "counter", Server: inProcess(&closes), Permissions: map[string][]string{"count": {}}},
 	)
 	_, err := h.CallTool(t.Context(), "counter", "count", map[string]any{"n": 1}, Capabilities{})
 	require.ErrorIs(t, err, ErrNotStarted)
@@ -147,6 +171,50 @@ func TestOpenCommand(t *testing.T) {
 	require.Error(t, err, "a program that is not an MCP server")
 }
 
+// TestCommandEnvironment: a program Command starts gets PATH and nothing else of the
+// embedding process's environment (whose secrets a third-party server must not see), or, with
+// Env set, exactly Env. The test process holds a canary; the server reports what it got.
+func TestCommandEnvironment(t *testing.T) {
+	const canary = "MCPGATE_TEST_CANARY_SECRET"
+	t.Setenv(canary, "embedder-secret-value")
+	t.Setenv("PATH", os.Getenv("PATH")+string(os.PathListSeparator)+"/mcpgate-test-path-marker")
+	self, err := os.Executable()
+	require.NoError(t, err)
+	environ := func(c Command) []string {
+		t.Helper()
+		conn, err := c.Open(t.Context())
+		require.NoError(t, err)
+		defer func() { require.NoError(t, conn.Close()) }()
+		res, err := conn.CallTool(t.Context(), &mcp.CallToolParams{Name: "environ", Arguments: map[string]any{}})
+		require.NoError(t, err)
+		require.False(t, res.IsError)
+		require.Len(t, res.Content, 1)
+		text, ok := res.Content[0].(*mcp.TextContent)
+		require.True(t, ok)
+		return strings.Split(text.Text, "\n")
+	}
+
+	// A failure names the variables the server got, never their values: they are this
+	// process's, and may be secrets.
+	names := func(env []string) []string {
+		out := make([]string, len(env))
+		for i, kv := range env {
+			out[i], _, _ = strings.Cut(kv, "=")
+		}
+		return out
+	}
+
+	got := environ(Command{Path: self, Args: []string{envServerArg}})
+	require.NotContains(t, names(got), canary)
+	require.Equal(t, []string{"PATH"}, names(got), "PATH and nothing else")
+	require.Equal(t, "PATH="+os.Getenv("PATH"), got[0], "PATH as the embedding process has it")
+
+	got = environ(Command{Path: self, Args: []string{envServerArg}, Env: []string{"LISTED=yes", "PATH=/listed/bin"}})
+	require.NotContains(t, names(got), canary)
+	require.Equal(t, []string{"LISTED", "PATH"}, names(got), "Env is the whole environment")
+	require.Equal(t, []string{"LISTED=yes", "PATH=/listed/bin"}, got)
+}
+
 // TestOpenStreamableHTTP binds the test server over streamable HTTP on loopback.
 func TestOpenStreamableHTTP(t *testing.T) {
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return testServer() }, nil)
@@ -155,7 +223,7 @@ func TestOpenStreamableHTTP(t *testing.T) {
 	conn, err := StreamableHTTP{URL: srv.URL}.Open(t.Context())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
-	specs, err := Bind(t.Context(), conn, BindOptions{})
+	specs, err := Bind(t.Context(), conn, BindOptions{Permissions: map[string][]string{"count": {}}})
 	require.NoError(t, err)
 	require.Len(t, specs, 2)
 	res, err := CallTool(t.Context(), conn, &specs[0], map[string]any{"n": 4}, Capabilities{})

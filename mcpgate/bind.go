@@ -29,7 +29,11 @@ type Session interface {
 // BindOptions says what the bound tools need.
 type BindOptions struct {
 	// Permissions maps a tool's name to the capabilities a call of it needs; a scope may name
-	// the call's arguments ("fs.read:{path}").
+	// the call's arguments ("fs.read:{path}"). Calls are default-deny: a tool given no
+	// permissions (not named here, and Required empty) is refused every call, whatever the
+	// caller holds. Map a tool that needs none to an empty list ("ping": {}) to say so (the
+	// entry says it, so a nil list does too): its spec then has NoPermissionNeeded, and any
+	// caller may call it.
 	Permissions map[string][]string
 	// Required are capabilities every tool of the server needs (an adapter's
 	// RequiredCapabilities).
@@ -72,9 +76,10 @@ func ListAll(ctx context.Context, session Session) ([]*mcp.Tool, error) {
 
 // Bind initializes session, lists every page of its tools, and turns each into a ToolSpec:
 // namespace "mcp", version "1", the declaration as sent, its pin, the permissions opts give
-// it, side effects "external", replay policy "must_stub", and the declaration screen's
-// findings. A tool whose input or output schema is not a JSON object is refused with a
-// *ValidationError (StageDeclaration) naming it; nothing is bound then.
+// it (none given: every call refused, see BindOptions.Permissions), side effects "external",
+// replay policy "must_stub", and the declaration screen's findings. A tool whose input or
+// output schema is not a JSON object is refused with a *ValidationError (StageDeclaration)
+// naming it; nothing is bound then.
 func Bind(ctx context.Context, session Session, opts BindOptions) ([]ToolSpec, error) {
 	if session == nil {
 		return nil, errNilSession
@@ -108,15 +113,18 @@ func Bind(ctx context.Context, session Session, opts BindOptions) ([]ToolSpec, e
 		if err != nil {
 			return nil, &ValidationError{Tool: safeText(d.Name), Stage: StageDeclaration, Message: "it cannot be pinned: " + safeText(err.Error())}
 		}
+		perms, named := opts.Permissions[d.Name]
 		spec := ToolSpec{
 			Namespace: Namespace, Name: d.Name, Version: Version, Title: d.Title, Description: d.Description,
 			InputSchema: d.InputSchema, OutputSchema: d.OutputSchema, Annotations: t.Annotations, Pin: pin,
-			Permissions:  append(slices.Clone(opts.Required), opts.Permissions[d.Name]...),
+			Permissions:  append(slices.Clone(opts.Required), perms...),
 			SideEffects:  SideEffectsExternal,
 			ReplayPolicy: ReplayMustStub,
 			Findings:     append(slices.Clone(report.Tools[i].Findings), report.Listing...),
 			Refused:      report.Tools[i].Refused,
 		}
+		// Named with no requirements, and none for every tool: the binder said it needs none.
+		spec.NoPermissionNeeded = named && len(spec.Permissions) == 0
 		spec.compile()
 		specs[i] = spec
 	}

@@ -205,6 +205,9 @@ func hardFindings(fs []screen.Finding) string {
 	return strings.Join(out, "; ")
 }
 
+// unpermissioned is the fix for a call refused because its tool was given no permissions.
+const unpermissioned = "it was given no permissions, and calls are default-deny: list the capabilities a call needs in BindOptions.Permissions (or AdapterSpec.Permissions, BindOptions.Required, WithPermissions), or say it needs none by mapping it to an empty list in BindOptions.Permissions (ToolSpec.NoPermissionNeeded)"
+
 // checkCapabilities expands each requirement with the call's arguments (e.g. "fs.read:{path}"
 // with path "/srv/a") and demands a covering claim that no revoke entry takes away.
 func checkCapabilities(spec *ToolSpec, args map[string]any, caps Capabilities, cfg *callConfig) error {
@@ -213,7 +216,11 @@ func checkCapabilities(spec *ToolSpec, args map[string]any, caps Capabilities, c
 		reqs = append(slices.Clip(reqs), cfg.permissions...)
 	}
 	if len(reqs) == 0 {
-		return nil
+		if spec.NoPermissionNeeded {
+			return nil
+		}
+		// Default-deny: a tool nobody gave permissions is not open to every caller.
+		return &CapabilityError{Tool: spec.Name, Unpermissioned: true, Problem: unpermissioned}
 	}
 	// A revoke entry that is not a capability would withdraw nothing: refuse rather than
 	// allow what its author meant to take away.

@@ -127,7 +127,7 @@ func TestValidationErrorsNameTheField(t *testing.T) {
 	require.Contains(t, ce.Problem, `argument "path"`)
 
 	spec := stubSpec()
-	spec.Permissions = nil
+	spec.Permissions, spec.NoPermissionNeeded = nil, true
 	_, err = CallTool(t.Context(), s, spec, map[string]any{"n": 1}, Capabilities{})
 	var ve *ValidationError
 	require.ErrorAs(t, err, &ve)
@@ -157,7 +157,7 @@ func TestInputErrorsCarryNoControlCharacters(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			spec := stubSpec()
-			spec.Permissions = nil
+			spec.Permissions, spec.NoPermissionNeeded = nil, true
 			spec.InputSchema = json.RawMessage(tc.schema)
 			s := &stubSession{result: okResult()}
 			_, err := CallTool(t.Context(), s, spec, tc.args, Capabilities{})
@@ -213,7 +213,7 @@ func TestArgumentScopedPermissions(t *testing.T) {
 
 func TestStrictInputs(t *testing.T) {
 	spec := stubSpec()
-	spec.Permissions = nil
+	spec.Permissions, spec.NoPermissionNeeded = nil, true
 	s := &stubSession{result: okResult()}
 	args := map[string]any{"path": "/a", "smuggled": "x"}
 	_, err := CallTool(t.Context(), s, spec, args, Capabilities{})
@@ -232,7 +232,7 @@ func TestUnusableSchemasAreRefusedBeforeInvoke(t *testing.T) {
 		"output": func(s *ToolSpec) { s.OutputSchema = json.RawMessage(`{"type":"nonsense"}`) },
 	} {
 		spec := stubSpec()
-		spec.Permissions = nil
+		spec.Permissions, spec.NoPermissionNeeded = nil, true
 		edit(spec)
 		s := &stubSession{result: okResult()}
 		_, err := CallTool(t.Context(), s, spec, map[string]any{"path": "/a"}, Capabilities{})
@@ -246,7 +246,7 @@ func TestUnusableSchemasAreRefusedBeforeInvoke(t *testing.T) {
 
 func TestARefusedDeclarationIsNeverCalled(t *testing.T) {
 	spec := stubSpec()
-	spec.Permissions = nil
+	spec.Permissions, spec.NoPermissionNeeded = nil, true
 	spec.Refused = true
 	spec.Findings = []screen.Finding{{Code: screen.CodeInvalidSchema, Severity: screen.HardFailure, Location: "inputSchema", Message: "broken"}}
 	s := &stubSession{result: okResult()}
@@ -260,7 +260,7 @@ func TestARefusedDeclarationIsNeverCalled(t *testing.T) {
 
 func TestResultBounds(t *testing.T) {
 	spec := stubSpec()
-	spec.Permissions, spec.OutputSchema = nil, nil
+	spec.Permissions, spec.OutputSchema, spec.NoPermissionNeeded = nil, nil, true
 	many := &mcp.CallToolResult{}
 	for range MaxContentItems + 1 {
 		many.Content = append(many.Content, &mcp.TextContent{})
@@ -290,7 +290,7 @@ func TestResultBounds(t *testing.T) {
 func TestSessionFailuresAreWrapped(t *testing.T) {
 	boom := errors.New("connection reset")
 	spec := stubSpec()
-	spec.Permissions = nil
+	spec.Permissions, spec.NoPermissionNeeded = nil, true
 	_, err := CallTool(t.Context(), &stubSession{err: boom}, spec, map[string]any{"path": "/a"}, Capabilities{})
 	require.ErrorIs(t, err, boom)
 	require.ErrorContains(t, err, `tools/call of "read-secret" failed`)
@@ -301,12 +301,12 @@ func TestSessionFailuresAreWrapped(t *testing.T) {
 func TestSchemaCacheKeysByPin(t *testing.T) {
 	cache := schemas.NewCache()
 	spec := stubSpec()
-	spec.Permissions = nil
+	spec.Permissions, spec.NoPermissionNeeded = nil, true
 	s := &stubSession{result: okResult()}
 	_, err := CallTool(t.Context(), s, spec, map[string]any{"path": "/a"}, Capabilities{}, WithSchemaCache(cache))
 	require.NoError(t, err)
 	again := stubSpec()
-	again.Permissions = nil
+	again.Permissions, again.NoPermissionNeeded = nil, true
 	again.InputSchema = json.RawMessage(`{"type":"object","required":["other"]}`)
 	_, err = CallTool(t.Context(), s, again, map[string]any{"path": "/a"}, Capabilities{}, WithSchemaCache(cache))
 	require.NoError(t, err, "same pin: the cached schema (a pin is the hash of its declaration)")

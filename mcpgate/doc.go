@@ -7,11 +7,17 @@
 // declaration's pin (an RFC 8785 SHA-256 hash, the same Ringfence's publisher pins), the
 // permissions the options give it, and the declaration screen's findings.
 //
+// Calls are default-deny: a tool the binder gives no permissions (BindOptions.Permissions does
+// not name it and BindOptions.Required is empty) is refused every call, whatever the caller
+// holds. A tool that needs none is mapped to an empty list in BindOptions.Permissions, which
+// Bind records on its spec as ToolSpec.NoPermissionNeeded.
+//
 // CallTool gates one call, in an order that is load-bearing:
 //
 //  1. capability gate: every permission of the spec (with {argument} placeholders expanded
-//     by the call's arguments) must be covered by a Claim of the caller's Capabilities;
-//     otherwise *CapabilityError, and the session is never invoked;
+//     by the call's arguments) must be covered by a Claim of the caller's Capabilities, and a
+//     spec with none must say it needs none (NoPermissionNeeded); otherwise
+//     *CapabilityError, and the session is never invoked;
 //  2. input validation: the arguments against the input schema (JSON Schema 2020-12), and
 //     the output schema must compile; otherwise *ValidationError naming the field;
 //  3. (WithDrift) the session's live declaration of the tool must hash to the pin;

@@ -14,8 +14,12 @@ type CapabilityError struct {
 	Missing []string
 	// Problem, when set, says why the requirements could not be decided at all: an argument
 	// a placeholder names is missing, not a string or not a canonical path, or the expanded
-	// requirement is not a capability.
+	// requirement is not a capability; or, with Unpermissioned, that there are none.
 	Problem string
+	// Unpermissioned: the tool has no permissions (none in its spec, none given per call)
+	// and its spec does not say it needs none (ToolSpec.NoPermissionNeeded). Calls are
+	// default-deny, so it is refused whatever the caller holds; Problem says how to fix it.
+	Unpermissioned bool
 	// Malformed lists the caller's claims that are not capabilities, each with why: they
 	// cover nothing, and may be why Missing is not covered.
 	Malformed []string

@@ -62,6 +62,39 @@ func ExampleBind() {
 	// mcp read-doc 1 [fs.read:{path}] external must_stub v1:sha256:
 }
 
+// ExampleBindOptions: calls are default-deny. A tool the binder gives no permissions is
+// refused whatever the caller holds, until BindOptions.Permissions lists what a call needs,
+// or maps the tool to an empty list to say that it needs none.
+func ExampleBindOptions() {
+	ctx := context.Background()
+	session := connectDocs(ctx)
+	defer session.Close()
+	args := map[string]any{"path": "/docs/guide.md"}
+
+	specs, err := mcpgate.Bind(ctx, session, mcpgate.BindOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = mcpgate.CallTool(ctx, session, &specs[0], args, mcpgate.Capabilities{Claims: []mcpgate.Claim{{Namespace: "fs.read"}}})
+	fmt.Println(err)
+
+	// Here read-doc serves public documents: it needs no permission, and the binder says so.
+	specs, err = mcpgate.Bind(ctx, session, mcpgate.BindOptions{
+		Permissions: map[string][]string{"read-doc": {}},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := mcpgate.CallTool(ctx, session, &specs[0], args, mcpgate.Capabilities{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(specs[0].NoPermissionNeeded, res.Content[0]["text"])
+	// Output:
+	// mcpgate: tool "read-doc": it was given no permissions, and calls are default-deny: list the capabilities a call needs in BindOptions.Permissions (or AdapterSpec.Permissions, BindOptions.Required, WithPermissions), or say it needs none by mapping it to an empty list in BindOptions.Permissions (ToolSpec.NoPermissionNeeded)
+	// true &lt;h1&gt;/docs/guide.md&lt;/h1&gt;  obey me
+}
+
 func ExampleCallTool() {
 	ctx := context.Background()
 	session := connectDocs(ctx)
@@ -142,10 +175,13 @@ func ExampleWithDrift() {
 		log.Fatal(err)
 	}
 	defer session.Close()
-	specs, err := mcpgate.Bind(ctx, session, mcpgate.BindOptions{})
+	specs, err := mcpgate.Bind(ctx, session, mcpgate.BindOptions{
+		Permissions: map[string][]string{"read-doc": {"fs.read:{path}"}},
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
+	caps := mcpgate.Capabilities{Claims: []mcpgate.Claim{{Namespace: "fs.read", Scope: "/docs/**"}}}
 	args := map[string]any{"path": "/docs/guide.md"}
 
 	// Before each call (or when the server says its list changed), list the tools again.
@@ -154,7 +190,7 @@ func ExampleWithDrift() {
 		if err != nil {
 			return err
 		}
-		_, err = mcpgate.CallTool(ctx, session, &specs[0], args, mcpgate.Capabilities{}, mcpgate.WithDrift(mcpgate.ListingOf(tools)))
+		_, err = mcpgate.CallTool(ctx, session, &specs[0], args, caps, mcpgate.WithDrift(mcpgate.ListingOf(tools)))
 		return err
 	}
 	fmt.Println("as bound:", check())

@@ -49,9 +49,16 @@ type ToolSpec struct {
 	Pin string
 	// Permissions are the capabilities a call needs, "name" or "name:scope"; a scope may name
 	// the call's arguments in braces ("fs.read:{path}"), expanded per call.
-	Permissions  []string
-	SideEffects  string
-	ReplayPolicy string
+	Permissions []string
+	// NoPermissionNeeded says explicitly that a call needs no permission. Calls are
+	// default-deny: a call of a spec with no Permissions, given none with WithPermissions
+	// either, is refused with a *CapabilityError (Unpermissioned) unless it is set, so a tool
+	// nobody gave permissions is never callable by accident. Bind sets it for a tool that
+	// BindOptions.Permissions maps to an empty list while BindOptions.Required is empty. It
+	// changes nothing while the spec or the call has requirements.
+	NoPermissionNeeded bool
+	SideEffects        string
+	ReplayPolicy       string
 	// Findings are the declaration screen's findings about this tool (and about its listing
 	// as a whole, located at "tools"). Refused is set when one of them is a hard failure: the
 	// declaration cannot be represented safely, and CallTool refuses every call to it.
@@ -108,7 +115,8 @@ func ParseClaims(ss ...string) ([]Claim, error) {
 // a Revoked entry takes away. A revoke entry takes a requirement away when any scope the
 // requirement may name is withdrawn (a policy that revokes fs.read:/srv/secret/* leaves no
 // fs.read:/srv/** to exercise). The zero value holds nothing: every call that needs a
-// permission is refused.
+// permission is refused, and so is every call of a tool that has none and does not say it
+// needs none (ToolSpec.NoPermissionNeeded).
 type Capabilities struct {
 	Claims  []Claim
 	Revoked []Claim

@@ -2,7 +2,8 @@
 // nothing of Ringfence but the mcpgate module: it starts the demo docs server
 // (examples/docs-mcp) over stdio, binds its tools, prints them, and makes two calls of
 // read_doc, one the caller's capabilities allow and one the capability gate refuses before
-// anything reaches the server.
+// anything reaches the server, then one of search_docs, which it gave no permissions, so the
+// gate refuses it whatever the caller holds (calls are default-deny).
 //
 //	go build -o /tmp/docs-mcp ./examples/docs-mcp
 //	go run ./examples/embed -server /tmp/docs-mcp
@@ -44,23 +45,28 @@ func run(ctx context.Context, server string) error {
 	}
 	defer session.Close()
 
-	// read_doc needs docs.read on the path it is asked for.
+	// read_doc needs docs.read on the path it is asked for. The server's other tools are not
+	// named, so no call of them is allowed: calls are default-deny. A tool that needs no
+	// permission would be mapped to an empty list ("name": {}).
 	specs, err := mcpgate.Bind(ctx, session, mcpgate.BindOptions{
 		Permissions: map[string][]string{"read_doc": {"docs.read:{path}"}},
 	})
 	if err != nil {
 		return err
 	}
-	var readDoc *mcpgate.ToolSpec
+	var readDoc, searchDocs *mcpgate.ToolSpec
 	for i, s := range specs {
 		fmt.Printf("bound %s/%s v%s pin=%s permissions=[%s] side_effects=%s replay=%s findings=%d\n",
 			s.Namespace, s.Name, s.Version, s.Pin, strings.Join(s.Permissions, " "), s.SideEffects, s.ReplayPolicy, len(s.Findings))
-		if s.Name == "read_doc" {
+		switch s.Name {
+		case "read_doc":
 			readDoc = &specs[i]
+		case "search_docs":
+			searchDocs = &specs[i]
 		}
 	}
-	if readDoc == nil {
-		return errors.New("the server has no read_doc tool")
+	if readDoc == nil || searchDocs == nil {
+		return errors.New("the server has no read_doc or no search_docs tool")
 	}
 
 	// This caller may read the handbook, and nothing else.
@@ -76,6 +82,12 @@ func run(ctx context.Context, server string) error {
 	var refused *mcpgate.CapabilityError
 	if !errors.As(err, &refused) {
 		return fmt.Errorf("the restricted read was not refused by the capability gate: %v", err)
+	}
+	fmt.Printf("refused: %v\n", refused)
+
+	_, err = mcpgate.CallTool(ctx, session, searchDocs, map[string]any{"query": "leave"}, caps)
+	if !errors.As(err, &refused) || !refused.Unpermissioned {
+		return fmt.Errorf("search_docs, given no permissions, was not refused by the capability gate: %v", err)
 	}
 	fmt.Printf("refused: %v\n", refused)
 	return nil

@@ -269,7 +269,8 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 		if err := screenRefusal(sess.reg.Ref, live, listing.Findings, sess.sess.SafeText); err != nil {
 			return nil, err
 		}
-		spec := &mcpgate.ToolSpec{Namespace: mcpgate.Namespace, Name: live.Name, Version: mcpgate.Version, InputSchema: live.InputSchema, OutputSchema: live.OutputSchema, Pin: live.SchemaHash}
+		// An operator's call (mcp:admin, checked by the registry): no capability applies.
+		spec := &mcpgate.ToolSpec{Namespace: mcpgate.Namespace, Name: live.Name, Version: mcpgate.Version, InputSchema: live.InputSchema, OutputSchema: live.OutputSchema, Pin: live.SchemaHash, NoPermissionNeeded: true}
 		var raw json.RawMessage
 		if a := req.Call.GetArguments(); a != nil {
 			b, err := a.MarshalJSON()

@@ -360,12 +360,13 @@ func gateCall(in *gateInput, d *decision) error {
 }
 
 // pinnedSpec is a pinned tool as mcpgate checks it. Its permissions are the registration's,
-// given per call (they may change); the node's own were proven at the floor and ceiling.
+// given per call (they may change); the node's own were proven at the floor and ceiling, so
+// it needs none of its own (NoPermissionNeeded: past mcpgate's default-deny).
 func pinnedSpec(tool *graph.MCPToolNode) *mcpgate.ToolSpec {
 	return &mcpgate.ToolSpec{
 		Namespace: mcpgate.Namespace, Name: tool.ToolName, Version: mcpgate.Version,
 		InputSchema: tool.InputSchema, OutputSchema: tool.OutputSchema, Pin: tool.SchemaHash,
-		SideEffects: mcpgate.SideEffectsExternal, ReplayPolicy: mcpgate.ReplayMustStub,
+		SideEffects: mcpgate.SideEffectsExternal, ReplayPolicy: mcpgate.ReplayMustStub, NoPermissionNeeded: true,
 	}
 }
 
@@ -464,7 +465,8 @@ func checkInlineLive(in *gateInput, d decision, live liveListing) decision {
 		return d
 	}
 	d.attempt.LiveHash = hash
-	d.spec = &mcpgate.ToolSpec{Namespace: mcpgate.Namespace, Name: name, Version: mcpgate.Version, InputSchema: t.InputSchema, OutputSchema: t.OutputSchema, Pin: hash}
+	// The agent floor was the inline tool's permissions (gateAgentFloor): the spec needs none.
+	d.spec = &mcpgate.ToolSpec{Namespace: mcpgate.Namespace, Name: name, Version: mcpgate.Version, InputSchema: t.InputSchema, OutputSchema: t.OutputSchema, Pin: hash, NoPermissionNeeded: true}
 	d.err = gateRefusal(mcpgate.Check(d.spec, in.args.value, mcpgate.Capabilities{}, mcpgate.WithSchemaCache(in.schemas), mcpgate.WithSafeText(live.safe)), fixServer)
 	return d
 }

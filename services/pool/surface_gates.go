@@ -135,11 +135,12 @@ func gateConnect(in *gateInput, d *decision) error {
 
 // formSpec is a schema the model was shown (a strict form, tool_search's), as mcpgate checks
 // arguments against it. Its pin is a hash of the schema alone, apart from every declaration's
-// (whose pins hash name, description and more), so the schema cache keeps the two apart.
+// (whose pins hash name, description and more), so the schema cache keeps the two apart. Only
+// the arguments' form is checked with it: it needs no permission (the call's own gates do).
 func formSpec(name string, schema json.RawMessage) *mcpgate.ToolSpec {
 	sum := sha256.Sum256(append([]byte("ringfence agent surface form\x00"), schema...))
 	return &mcpgate.ToolSpec{Namespace: mcpgate.Namespace, Name: name, Version: mcpgate.Version, InputSchema: schema,
-		Pin: mcpdecl.HashPrefix + hex.EncodeToString(sum[:])}
+		Pin: mcpdecl.HashPrefix + hex.EncodeToString(sum[:]), NoPermissionNeeded: true}
 }
 
 // gateStrict: with convert_schemas_to_strict the model writes arguments to the strict form,
