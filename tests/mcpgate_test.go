@@ -57,6 +57,7 @@ func TestEmbedExampleBuildsOutsideTheRepository(t *testing.T) {
 	require.Contains(t, string(out), "permissions=[docs.read:{path}]")
 	require.Contains(t, string(out), "allowed: Employees accrue 2 days of leave per month.")
 	require.Contains(t, string(out), `refused: mcpgate: tool "read_doc" requires permissions not granted: docs.read:/restricted/payroll.md`)
+	require.Contains(t, string(out), `refused: mcpgate: tool "search_docs": it was given no permissions, and calls are default-deny`)
 
 	// Run with the server not built (its comment's first command skipped), it says how to
 	// build it.
