@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 )
@@ -114,6 +115,38 @@ func BenchmarkAppendValue(b *testing.B) {
 	buf := make([]byte, 0, 1024)
 	for b.Loop() {
 		if _, err := AppendValue(buf[:0], v); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// FuzzAppendString: AppendString writes what Canonicalize writes for the string's JSON
+// encoding, and refuses what is not valid UTF-8.
+func FuzzAppendString(f *testing.F) {
+	for _, s := range []string{"", "plain", "a\"b\\c\x00\x1f\x7f", "\u2028€😀\ufb33", "tab\there\nnl", "bad\xffbyte", "\xed\xa0\x80"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := AppendString([]byte("x"), s)
+		if !utf8.ValidString(s) {
+			require.ErrorIs(t, err, ErrInvalidUTF8)
+			return
+		}
+		require.NoError(t, err)
+		encoded, err := json.Marshal(s)
+		require.NoError(t, err)
+		want, err := Canonicalize(encoded)
+		require.NoError(t, err)
+		require.Equal(t, "x"+string(want), string(got))
+	})
+}
+
+func BenchmarkAppendString(b *testing.B) {
+	s := strings.Repeat("lorem ipsum dolor sit amet, \"quoted\"\n", 2000)
+	b.SetBytes(int64(len(s)))
+	buf := make([]byte, 0, 2*len(s))
+	for b.Loop() {
+		if _, err := AppendString(buf[:0], s); err != nil {
 			b.Fatal(err)
 		}
 	}
