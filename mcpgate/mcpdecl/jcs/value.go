@@ -98,25 +98,30 @@ func appendObject(dst []byte, m map[string]any, depth int) ([]byte, error) {
 	if depth >= MaxDepth {
 		return nil, &Error{Offset: len(dst), Err: ErrTooDeep}
 	}
-	var small [16]string
-	keys := small[:0]
-	for k := range m {
-		keys = append(keys, k)
+	var small [16]keyValue
+	members := small[:0]
+	for k, v := range m {
+		members = append(members, keyValue{k, v})
 	}
-	slices.SortFunc(keys, compareUTF16)
+	slices.SortFunc(members, func(a, b keyValue) int { return compareUTF16(a.key, b.key) })
 	dst = append(dst, '{')
-	for i, k := range keys {
+	for i, kv := range members {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		out, err := AppendString(dst, k)
+		out, err := AppendString(dst, kv.key)
 		if err != nil {
 			return nil, &Error{Offset: len(dst), Err: ErrInvalidUTF8}
 		}
 		dst = append(out, ':')
-		if dst, err = appendValue(dst, m[k], depth+1); err != nil {
+		if dst, err = appendValue(dst, kv.value, depth+1); err != nil {
 			return nil, err
 		}
 	}
 	return append(dst, '}'), nil
+}
+
+type keyValue struct {
+	key   string
+	value any
 }
