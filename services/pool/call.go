@@ -16,6 +16,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/ringfence/ringfence/internal/audit"
@@ -682,16 +683,35 @@ const maxPooledResultBuf = 1 << 20
 // resultToProto is a result's content and structured content as the API carries them.
 func resultToProto(res *CallResult) (content []*structpb.Struct, structured *structpb.Struct) {
 	for _, c := range res.Content {
-		if st, err := structpb.NewStruct(c); err == nil {
+		if st, err := toStruct(c); err == nil {
 			content = append(content, st)
 		}
 	}
 	if res.StructuredContent != nil {
-		if st, err := structpb.NewStruct(res.StructuredContent); err == nil {
+		if st, err := toStruct(res.StructuredContent); err == nil {
 			structured = st
 		}
 	}
 	return content, structured
+}
+
+// toStruct is m as a Struct. A value structpb does not take, which no JSON decoder makes (the
+// []string of a result the pool built itself), is read as its JSON, as the MCP front door
+// writes it and the result's digest reads it.
+func toStruct(m map[string]any) (*structpb.Struct, error) {
+	st, err := structpb.NewStruct(m)
+	if err == nil {
+		return st, nil
+	}
+	raw, jerr := json.Marshal(m)
+	if jerr != nil {
+		return nil, err
+	}
+	st = &structpb.Struct{}
+	if err := protojson.Unmarshal(raw, st); err != nil {
+		return nil, err
+	}
+	return st, nil
 }
 
 // recordOutcome spools a dispatched call's outcome record without holding up the answer: it

@@ -284,6 +284,21 @@ func TestTheFrontDoorsResultDigestIsOfWhatTheMCPClientGot(t *testing.T) {
 	}
 }
 
+// TestAResultThePoolBuiltReachesTheGRPCCallerWhole: a result the pool built with a Go value
+// structpb does not take (the connect tool's []string of tools) reaches the gRPC caller as its
+// JSON reads, not without its structured content, and the caller recomputes its digest.
+func TestAResultThePoolBuiltReachesTheGRPCCallerWhole(t *testing.T) {
+	res := &CallResult{Result: audit.ResultSucceeded, Content: []map[string]any{{"type": "text", "text": "Connected."}},
+		StructuredContent: map[string]any{"server": "tickets", "state": ConnectConnected, "tools": []string{"whoami", "alpha"}}}
+	resp := callToProto(res)
+	require.Equal(t, map[string]any{"server": "tickets", "state": ConnectConnected, "tools": []any{"whoami", "alpha"}}, resp.GetStructuredContent().AsMap())
+	sum, size, err := ResultDigest(res.Content, res.StructuredContent, res.IsError)
+	require.NoError(t, err)
+	wantSum, wantSize := grpcResultDigest(t, resp)
+	require.Equal(t, wantSum, sum)
+	require.Equal(t, wantSize, size)
+}
+
 func must[T any](v T, err error) T {
 	if err != nil {
 		panic(err)
