@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ringfence/ringfence/mcpgate/mcpdecl/jcs"
 )
 
 // runsDaemon starts ringfenced with the fixture image and a pool id of its own, registers the
@@ -73,6 +75,10 @@ func TestRunsEndToEnd(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, raw)
 	require.Equal(t, "succeeded", body["result"])
 	require.Equal(t, 42.0, body["structured_content"].(map[string]any)["sum"])
+	// The digest of the result as this caller got it (docs/api.md, "Result digests"), which
+	// its audit record must carry.
+	added := body["call_id"].(string)
+	addedDigest, addedSize := restResultDigest(t, body)
 	code, body, raw = api.do("POST", "/v1/runs/run-e2e:call", `{"agent":"researcher","tool":"fx__nope"}`)
 	require.Equal(t, http.StatusNotFound, code, raw)
 	require.Equal(t, "unknown_tool", body["details"].([]any)[0].(map[string]any)["reason"])
@@ -108,6 +114,8 @@ func TestRunsEndToEnd(t *testing.T) {
 				FailureClass     string `json:"failure_class"`
 				OperationSupport string `json:"operation_support"`
 				Risk             bool   `json:"operation_residual_duplicate_risk"`
+				ResultDigest     string `json:"result_digest"`
+				ResultSize       int64  `json:"result_size,string"`
 			} `json:"tool_call"`
 		} `json:"records"`
 	}
@@ -132,6 +140,15 @@ func TestRunsEndToEnd(t *testing.T) {
 			at = p
 		}
 		outcomes[at] = strings.Trim(tc.Outcome+"/"+tc.Reason+tc.Result+"/"+tc.FailureClass, "/")
+		// A result reached the caller exactly when the call succeeded or the tool answered
+		// an error: only then is its digest on record.
+		returned := tc.Result == "succeeded" || tc.FailureClass == "tool_error"
+		require.Equal(t, returned, tc.ResultDigest != "", "%s: %s", tc.CallID, outcomes[at])
+		require.Equal(t, returned, tc.ResultSize > 0, tc.CallID)
+		if tc.CallID == added {
+			require.Equal(t, addedDigest, tc.ResultDigest, "the REST caller's result, recomputed")
+			require.Equal(t, addedSize, tc.ResultSize)
+		}
 	}
 	require.Len(t, pendingAt, 4)
 	var inOrder []string
@@ -176,6 +193,25 @@ func TestRunsEndToEnd(t *testing.T) {
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.NotContains(t, r.Stdout, canary)
 	require.NotContains(t, d.Logs.String(), canary)
+}
+
+// restResultDigest is the result digest an auditor computes of a CallToolResponse received as
+// REST JSON: the RFC 8785 form of {"content", "isError", "structuredContent"}, SHA-256.
+func restResultDigest(t *testing.T, body map[string]any) (string, int64) {
+	t.Helper()
+	doc := map[string]any{"content": []any{}, "isError": body["is_error"] == true}
+	if c, ok := body["content"].([]any); ok {
+		doc["content"] = c
+	}
+	if s, ok := body["structured_content"].(map[string]any); ok && len(s) > 0 {
+		doc["structuredContent"] = s
+	}
+	raw, err := json.Marshal(doc)
+	require.NoError(t, err)
+	canonical, err := jcs.Canonicalize(raw)
+	require.NoError(t, err)
+	sum := sha256.Sum256(canonical)
+	return "sha256:" + hex.EncodeToString(sum[:]), int64(len(canonical))
 }
 
 // TestArgumentScopeRefusalEndToEnd: a call whose path argument lies outside what the agent

@@ -51,6 +51,7 @@ func TestToolSearchLoadsForTheRest(t *testing.T) {
 
 	res, err := h.call(run, "a", graph.ToolSearchName, map[string]any{"query": "changes nothing"})
 	require.NoError(t, err)
+	searched := res
 	tools := res.StructuredContent["tools"].([]any)
 	require.Len(t, tools, 1)
 	entry := tools[0].(map[string]any)
@@ -76,6 +77,13 @@ func TestToolSearchLoadsForTheRest(t *testing.T) {
 	require.Equal(t, audit.ResultSucceeded, search.Result)
 	require.Equal(t, []string{"fx__peek"}, search.LoadedTools)
 	require.NotEmpty(t, search.PendingID, "loading is an effect: on record before it happens")
+	content, err := json.Marshal(searched.Content)
+	require.NoError(t, err)
+	structured, err := json.Marshal(searched.StructuredContent)
+	require.NoError(t, err)
+	sum, size := auditorDigest(t, content, searched.IsError, structured)
+	require.Equal(t, sum, search.ResultDigest, "the digest of the answer the agent got")
+	require.Equal(t, size, search.ResultSize)
 	require.Equal(t, reasonNotLoaded, all[0].Reason)
 }
 

@@ -59,6 +59,11 @@ func TestAnExploreCallIsRecordedUnderTheCallersID(t *testing.T) {
 		require.True(t, strings.HasPrefix(r.GetRunId(), "explore-"), r.GetRunId())
 		require.Equal(t, "echo", r.GetToolName())
 	}
+	// The outcome, as the audit log lists it, carries the digest of the result the explorer got.
+	sum, size := structsDigest(t, resp.GetCall().GetContent(), resp.GetCall().GetIsError(), resp.GetCall().GetStructuredContent())
+	require.Equal(t, sum, got[1].GetResultDigest())
+	require.Equal(t, size, got[1].GetResultSize())
+	require.Empty(t, got[0].GetResultDigest())
 
 	const refused = "call-explore-4e5f"
 	resp, err = explore("nosuch", refused)

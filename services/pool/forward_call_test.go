@@ -18,6 +18,7 @@ import (
 	poolinternalv1 "github.com/ringfence/ringfence/gen/go/ringfence/internalapi/pool/v1"
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
+	"github.com/ringfence/ringfence/internal/audit"
 	"github.com/ringfence/ringfence/internal/auth"
 	"github.com/ringfence/ringfence/internal/etcdstore/etcdtest"
 	"github.com/ringfence/ringfence/internal/mtls"
@@ -108,6 +109,17 @@ func TestAForwardedFrontDoorCallRelaysProgress(t *testing.T) {
 	resp, err := ask("h1", runner)
 	require.NoError(t, err)
 	require.Contains(t, resp.GetContent()[0].AsMap()["text"], "forwarded")
+	// The owner records the call once, with the digest of the result the forwarding host got.
+	require.NoError(t, owner.Spool().Flush(t.Context()))
+	sum, size := grpcResultDigest(t, resp)
+	var digests []string
+	for _, r := range h.audit.Records() {
+		if tc := r.ToolCall; tc != nil && tc.CallID == resp.GetCallId() && tc.Result == audit.ResultSucceeded {
+			require.Equal(t, size, tc.ResultSize)
+			digests = append(digests, tc.ResultDigest)
+		}
+	}
+	require.Equal(t, []string{sum}, digests)
 	_, err = ask("h1", &poolinternalv1.Caller{KeyId: "key_2", Role: "reader", Permissions: []string{string(auth.AuditRead)}})
 	rftestutil.RequireStatus(t, err, codes.PermissionDenied)
 	_, err = ask("h1", &poolinternalv1.Caller{KeyId: "key_3", Permissions: []string{string(auth.RunExecute)}, KeyTenant: "acme"})

@@ -511,11 +511,18 @@ func AppendString(dst []byte, s string) ([]byte, error) {
 	if !utf8.ValidString(s) {
 		return nil, &Error{Offset: invalidOffset(s), Err: ErrInvalidUTF8}
 	}
-	// Surrogate code points cannot occur: utf8.ValidString rejects them.
+	// Surrogate code points cannot occur: utf8.ValidString rejects them. Only '"', '\\' and
+	// the C0 controls are escaped, all ASCII: every other byte of valid UTF-8 is copied as it
+	// is, in runs.
 	dst = append(dst, '"')
-	for _, r := range s {
-		dst = appendEscaped(dst, r)
+	start := 0
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' {
+			dst = appendEscaped(append(dst, s[start:i]...), rune(c))
+			start = i + 1
+		}
 	}
+	dst = append(dst, s[start:]...)
 	return append(dst, '"'), nil
 }
 

@@ -26,6 +26,11 @@ func appendNumber(dst []byte, f float64) []byte {
 		dst = append(dst, '-')
 		f = -f
 	}
+	if f < 1<<53 && f == math.Trunc(f) {
+		// An integer every one of whose neighbours is a double too: its own digits are the
+		// shortest that round-trip, and ECMAScript prints them without an exponent.
+		return strconv.AppendUint(dst, uint64(f), 10)
+	}
 	// strconv's shortest formatting yields the fewest digits that round-trip
 	// and, among those, the closest to f: the same s and k that ECMAScript
 	// specifies. Only the layout differs, so we re-lay it out below.

@@ -312,12 +312,24 @@ type ToolCallAttempt struct {
 	FailureClass string `protobuf:"bytes,15,opt,name=failure_class,json=failureClass,proto3" json:"failure_class,omitempty"`
 	PinnedHash   string `protobuf:"bytes,16,opt,name=pinned_hash,json=pinnedHash,proto3" json:"pinned_hash,omitempty"`
 	// live_hash is set on drift.
-	LiveHash      string `protobuf:"bytes,17,opt,name=live_hash,json=liveHash,proto3" json:"live_hash,omitempty"`
-	ArgsDigest    string `protobuf:"bytes,18,opt,name=args_digest,json=argsDigest,proto3" json:"args_digest,omitempty"`
-	ArgsSize      int64  `protobuf:"varint,19,opt,name=args_size,json=argsSize,proto3" json:"args_size,omitempty"`
-	ResultDigest  string `protobuf:"bytes,20,opt,name=result_digest,json=resultDigest,proto3" json:"result_digest,omitempty"`
-	ResultSize    int64  `protobuf:"varint,21,opt,name=result_size,json=resultSize,proto3" json:"result_size,omitempty"`
-	LatencyMicros int64  `protobuf:"varint,22,opt,name=latency_micros,json=latencyMicros,proto3" json:"latency_micros,omitempty"`
+	LiveHash   string `protobuf:"bytes,17,opt,name=live_hash,json=liveHash,proto3" json:"live_hash,omitempty"`
+	ArgsDigest string `protobuf:"bytes,18,opt,name=args_digest,json=argsDigest,proto3" json:"args_digest,omitempty"`
+	ArgsSize   int64  `protobuf:"varint,19,opt,name=args_size,json=argsSize,proto3" json:"args_size,omitempty"`
+	// result_digest, on the outcome of a dispatched call that returned a result to its caller
+	// (result succeeded, or failed with failure_class tool_error), is the digest of that result
+	// as the caller received it, checked and sanitized: "sha256:" and the lowercase hex SHA-256
+	// of the RFC 8785 (JCS) canonical JSON of {"content": [...], "isError": bool,
+	// "structuredContent": {...}}, where content is [] when the result has none and
+	// structuredContent is left out when the result has none or it is empty. Anyone can
+	// recompute it from the result they received (docs/api.md, "Result digests"). Empty on
+	// every other record: a refusal, a pending record, and a call that returned no result
+	// (timeout, transport_error, crashed, output_invalid, result_too_large, …). Records written
+	// before it was set have none.
+	ResultDigest string `protobuf:"bytes,20,opt,name=result_digest,json=resultDigest,proto3" json:"result_digest,omitempty"`
+	// result_size is the length in bytes of the canonical JSON result_digest hashes; 0 when
+	// result_digest is empty.
+	ResultSize    int64 `protobuf:"varint,21,opt,name=result_size,json=resultSize,proto3" json:"result_size,omitempty"`
+	LatencyMicros int64 `protobuf:"varint,22,opt,name=latency_micros,json=latencyMicros,proto3" json:"latency_micros,omitempty"`
 	// advisory lists rules that would have refused but were only recorded (advisory mode).
 	Advisory []string `protobuf:"bytes,23,rep,name=advisory,proto3" json:"advisory,omitempty"`
 	// pending_id, on the outcome of a dispatched call, is the id of the pending record it
