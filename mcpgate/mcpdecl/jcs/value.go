@@ -54,35 +54,9 @@ func appendValue(dst []byte, v any, depth int) ([]byte, error) {
 		}
 		return out, nil
 	case []any:
-		if depth >= MaxDepth {
-			return fail(ErrTooDeep)
-		}
-		dst = append(dst, '[')
-		for i, e := range v {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			var err error
-			if dst, err = appendValue(dst, e, depth+1); err != nil {
-				return nil, err
-			}
-		}
-		return append(dst, ']'), nil
+		return appendArray(dst, v, depth, appendValue)
 	case []map[string]any:
-		if depth >= MaxDepth {
-			return fail(ErrTooDeep)
-		}
-		dst = append(dst, '[')
-		for i, e := range v {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			var err error
-			if dst, err = appendObject(dst, e, depth+1); err != nil {
-				return nil, err
-			}
-		}
-		return append(dst, ']'), nil
+		return appendArray(dst, v, depth, appendObject)
 	case map[string]any:
 		return appendObject(dst, v, depth)
 	}
@@ -124,4 +98,22 @@ func appendObject(dst []byte, m map[string]any, depth int) ([]byte, error) {
 type keyValue struct {
 	key   string
 	value any
+}
+
+// appendArray appends the array v, each element by elem, one level deeper than depth.
+func appendArray[E any](dst []byte, v []E, depth int, elem func([]byte, E, int) ([]byte, error)) ([]byte, error) {
+	if depth >= MaxDepth {
+		return nil, &Error{Offset: len(dst), Err: ErrTooDeep}
+	}
+	dst = append(dst, '[')
+	for i, e := range v {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		var err error
+		if dst, err = elem(dst, e, depth+1); err != nil {
+			return nil, err
+		}
+	}
+	return append(dst, ']'), nil
 }
