@@ -68,6 +68,18 @@ type Session struct {
 	closing   atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
+
+	// inflight follows the session's requests (bound makes them): a back end whose Stop gives
+	// up on calls still running gives them up as a caller does, so the MCP client tells the
+	// server.
+	inflight *calls
+}
+
+// callStopper is a Server whose Stop ends the calls in flight itself before it closes the MCP
+// client (a remote server: nothing else would tell it to stop working on them); newSession
+// gives it the session's stopCalls.
+type callStopper interface {
+	stopCallsWith(stop func(time.Duration))
 }
 
 func newSession(r *Router, spec *Spec, srv Server, cs *mcp.ClientSession, g *trafficGuard, t *tail) *Session {
@@ -89,6 +101,11 @@ func newSession(r *Router, spec *Spec, srv Server, cs *mcp.ClientSession, g *tra
 		stopMonitor:     make(chan struct{}),
 		monitorDone:     make(chan struct{}),
 		onClose:         r.forget,
+	}
+	c, stopper := srv.(callStopper)
+	s.inflight = newCalls(stopper)
+	if stopper {
+		c.stopCallsWith(s.stopCalls)
 	}
 	broken := s.broken
 	g.onBreach.Store(&broken)
@@ -324,12 +341,21 @@ func (s *Session) Ping(ctx context.Context) error {
 }
 
 // bound applies the spawner's own limit when the caller set no deadline; its
-// expiry is recognisable as a ClassTimeout cause.
+// expiry is recognisable as a ClassTimeout cause. The session's stop may give the request up
+// (Session.stopCalls), with a ClassCrashed cause.
 func (s *Session) bound(ctx context.Context, d time.Duration, op string) (context.Context, context.CancelFunc) {
+	var cancel context.CancelFunc
 	if _, ok := ctx.Deadline(); ok {
-		return context.WithCancel(ctx)
+		ctx, cancel = context.WithCancel(ctx)
+	} else {
+		ctx, cancel = context.WithTimeoutCause(ctx, d, newError(ClassTimeout, "the server did not answer %s within %s", op, d))
 	}
-	return context.WithTimeoutCause(ctx, d, newError(ClassTimeout, "the server did not answer %s within %s", op, d))
+	ctx, m := s.inflight.track(ctx, newError(ClassCrashed, "the session was stopped before the server answered %s", op))
+	return ctx, func() {
+		s.inflight.done(m) // before release: a request that returned was not given up on
+		m.release()
+		cancel()
+	}
 }
 
 func (s *Session) violation(format string, args ...any) *Error {
@@ -460,6 +486,7 @@ func (s *Session) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		s.closing.Store(true)
 		s.closeErr = s.srv.Stop(ctx, s.cs)
+		s.inflight.abandonAll()
 		close(s.stopMonitor)
 		<-s.monitorDone
 		s.markDone()
