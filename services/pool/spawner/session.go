@@ -155,6 +155,8 @@ func (s *Session) stopForViolation() {
 	e := s.guard.violation()
 	s.broken(e)
 	s.log.Warn("spawner: stopping an MCP server that broke a protocol bound", "server", s.ref, "class", string(e.Class), "reason", e.Message)
+	// Its calls in flight fail with the violation now, with no grace to finish.
+	s.inflight.abandonAll()
 	// Close waits for this monitor to return.
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), deathTimeout+s.cfg.CloseTimeout)
