@@ -25,7 +25,7 @@ type sleepyRemote struct {
 	cancelled atomic.Int64
 }
 
-func startSleepyRemote(t *testing.T) *sleepyRemote {
+func startSleepyRemote(t *testing.T, transport string) *sleepyRemote {
 	t.Helper()
 	r := &sleepyRemote{}
 	// Ends the handlers no cancellation reached, so none outlives the test.
@@ -44,7 +44,10 @@ func startSleepyRemote(t *testing.T) *sleepyRemote {
 				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "slept"}}}, nil, nil
 			}
 		})
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil)
+	var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil)
+	if transport == "sse" {
+		h = mcp.NewSSEHandler(func(*http.Request) *mcp.Server { return server }, nil)
+	}
 	ts := httptest.NewServer(h)
 	t.Cleanup(func() {
 		close(over)
@@ -55,14 +58,18 @@ func startSleepyRemote(t *testing.T) *sleepyRemote {
 	return r
 }
 
-// remoteCancelHarness is a pool with the sleepy remote server registered as rs (its calls
-// bounded by timeout) and imported by agent a of a started run.
+// remoteCancelHarness is a pool with the sleepy remote server registered as rs (streamable
+// HTTP, its calls bounded by timeout) and imported by agent a of a started run.
 func remoteCancelHarness(t *testing.T, timeout time.Duration) (*harness, *sleepyRemote, string) {
+	return remoteCancelHarnessOver(t, "streamable_http", timeout)
+}
+
+func remoteCancelHarnessOver(t *testing.T, transport string, timeout time.Duration) (*harness, *sleepyRemote, string) {
 	t.Helper()
 	h := newHarness(t, harnessOpts{noImage: true})
-	srv := startSleepyRemote(t)
+	srv := startSleepyRemote(t, transport)
 	h.server("rs", func(r *registryv1.CreateServerRequest) {
-		r.Command, r.Transport, r.Url = "", "streamable_http", srv.url
+		r.Command, r.Transport, r.Url = "", transport, srv.url
 		callTimeout(timeout)(r)
 	})
 	h.publish("g", []string{"a"}, []imp{{"rs", "a", []string{"sleep"}}}, nil)
@@ -147,11 +154,16 @@ func TestRemoteCallTheCallerCancelsIsCancelledAtTheServer(t *testing.T) {
 }
 
 // TestRemoteCallInFlightWhenItsSessionStopsIsCancelledAtTheServer: calls in flight on a remote
-// server's session when the session is stopped (its run ends) are cancelled at the server.
+// server's session when the session is stopped (its run ends) are cancelled at the server,
+// over streamable HTTP and over SSE.
 func TestRemoteCallInFlightWhenItsSessionStopsIsCancelledAtTheServer(t *testing.T) {
-	for _, n := range []int{1, 8} {
-		t.Run(map[int]string{1: "one", 8: "eight at once"}[n], func(t *testing.T) {
-			h, srv, run := remoteCancelHarness(t, 10*time.Minute)
+	for _, tt := range []struct {
+		name, transport string
+		n               int
+	}{{"one", "streamable_http", 1}, {"eight at once", "streamable_http", 8}, {"sse", "sse", 1}} {
+		t.Run(tt.name, func(t *testing.T) {
+			n := tt.n
+			h, srv, run := remoteCancelHarnessOver(t, tt.transport, 10*time.Minute)
 			errs := callSleeps(h, h.ctx, run, n)
 			requireStarted(t, srv, int64(n))
 			var wg sync.WaitGroup
