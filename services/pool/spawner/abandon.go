@@ -45,13 +45,10 @@ type calls struct {
 	marks   map[*callMark]struct{}
 	changed chan struct{} // closed and replaced at every change
 	stopped bool          // every request is given up on as it starts
-	// notices says whether the back end reports the notices (the remote transport does); where
-	// it does not, a request is forgotten as it returns.
-	notices bool
 }
 
-func newCalls(notices bool) *calls {
-	return &calls{marks: map[*callMark]struct{}{}, changed: make(chan struct{}), notices: notices}
+func newCalls() *calls {
+	return &calls{marks: map[*callMark]struct{}{}, changed: make(chan struct{})}
 }
 
 // track follows the request that ctx starts, which cause ends when the session gives it up;
@@ -71,8 +68,12 @@ func (c *calls) track(ctx context.Context, cause error) (context.Context, *callM
 	return ctx, m
 }
 
-// abandonAll gives up every request running now and every one that starts later.
+// abandonAll gives up every request running now and every one that starts later; on a nil
+// calls (a session whose requests are not followed) it does nothing.
 func (c *calls) abandonAll() {
+	if c == nil {
+		return
+	}
 	c.mu.Lock()
 	c.stopped = true
 	marks := make([]*callMark, 0, len(c.marks))
@@ -88,7 +89,7 @@ func (c *calls) abandonAll() {
 // done is called as the request m follows returns. One given up on stays followed until its
 // notice went out, within noticeWait.
 func (c *calls) done(m *callMark) {
-	if m.ctx.Err() == nil || !c.notices {
+	if m.ctx.Err() == nil {
 		c.forget(m)
 		return
 	}

@@ -69,9 +69,9 @@ type Session struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	// inflight follows the session's requests (bound makes them): a back end whose Stop gives
-	// up on calls still running gives them up as a caller does, so the MCP client tells the
-	// server.
+	// inflight follows the session's requests (bound makes them) when its back end's Stop
+	// gives up on calls still running as a caller does, so the MCP client tells the server (a
+	// remote server); nil otherwise.
 	inflight *calls
 }
 
@@ -102,9 +102,10 @@ func newSession(r *Router, spec *Spec, srv Server, cs *mcp.ClientSession, g *tra
 		monitorDone:     make(chan struct{}),
 		onClose:         r.forget,
 	}
-	c, stopper := srv.(callStopper)
-	s.inflight = newCalls(stopper)
-	if stopper {
+	// Only a back end that stops its calls itself needs them followed: a local server's calls
+	// end with its process, and following them would cost every call of the hot path.
+	if c, ok := srv.(callStopper); ok {
+		s.inflight = newCalls()
 		c.stopCallsWith(s.stopCalls)
 	}
 	broken := s.broken
@@ -351,6 +352,9 @@ func (s *Session) bound(ctx context.Context, d time.Duration, op string) (contex
 		ctx, cancel = context.WithCancel(ctx)
 	} else {
 		ctx, cancel = context.WithTimeoutCause(ctx, d, newError(ClassTimeout, "the server did not answer %s within %s", op, d))
+	}
+	if s.inflight == nil {
+		return ctx, cancel
 	}
 	ctx, m := s.inflight.track(ctx, newError(ClassCrashed, "the session was stopped before the server answered %s", op))
 	return ctx, func() {
