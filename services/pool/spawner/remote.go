@@ -242,6 +242,11 @@ func (t *remoteTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, t.guard.breach("the server left more than %d requests to it unanswered", maxUnansweredRequests)
 	}
 	defer t.unanswered.Add(-1)
+	if m := markOf(req.Context()); m != nil && m.isNotice(req.Context()) {
+		// The notice that a request was given up on: the session's stop waits until it is
+		// sent.
+		defer m.notice()
+	}
 	ctx, cancel := context.WithCancel(req.Context())
 	stopLife := context.AfterFunc(t.life, cancel)
 	end := func() { stopLife(); cancel() }
@@ -511,7 +516,11 @@ type remoteServer struct {
 	base         *http.Transport
 	closeTimeout time.Duration
 	closed       chan struct{}
+	// stopCalls is the session's.
+	stopCalls func(time.Duration)
 }
+
+func (s *remoteServer) stopCallsWith(stop func(time.Duration)) { s.stopCalls = stop }
 
 func (s *remoteServer) Gone() <-chan struct{} { return s.closed }
 
@@ -528,10 +537,17 @@ func (s *remoteServer) Death(context.Context) *Error {
 }
 
 func (s *remoteServer) Stop(_ context.Context, cs *mcp.ClientSession) error {
+	// Calls in flight have the graceful bound to finish; past it, they are given up on as a
+	// caller gives one up, so the server hears of it (notifications/cancelled) before the
+	// client closes: go-sdk's Close sends no notice once no request is in flight, and ending
+	// the session's life cuts every request, so the server would work on for nobody.
+	if s.stopCalls != nil {
+		s.stopCalls(s.closeTimeout)
+	}
 	done := closeClient(cs, s.closeTimeout)
-	// Past the graceful bound (go-sdk's Close waits for calls in flight, which a server
-	// can leave unanswered), ending the session's life cancels every request still open;
-	// then Close returns, and no goroutine outlives the session.
+	// Past the graceful bound (go-sdk's Close waits for calls in flight, and for the server to
+	// answer DELETE), ending the session's life cancels every request still open; then Close
+	// returns, and no goroutine outlives the session.
 	s.endLife()
 	<-done
 	<-s.closed

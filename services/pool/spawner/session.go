@@ -68,6 +68,18 @@ type Session struct {
 	closing   atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
+
+	// inflight follows the session's requests (bound makes them) when its back end's Stop
+	// gives up on calls still running as a caller does, so the MCP client tells the server (a
+	// remote server); nil otherwise.
+	inflight *calls
+}
+
+// callStopper is a Server whose Stop ends the calls in flight itself before it closes the MCP
+// client (a remote server: nothing else would tell it to stop working on them); newSession
+// gives it the session's stopCalls.
+type callStopper interface {
+	stopCallsWith(stop func(time.Duration))
 }
 
 func newSession(r *Router, spec *Spec, srv Server, cs *mcp.ClientSession, g *trafficGuard, t *tail) *Session {
@@ -89,6 +101,12 @@ func newSession(r *Router, spec *Spec, srv Server, cs *mcp.ClientSession, g *tra
 		stopMonitor:     make(chan struct{}),
 		monitorDone:     make(chan struct{}),
 		onClose:         r.forget,
+	}
+	// Only a back end that stops its calls itself needs them followed: a local server's calls
+	// end with its process, and following them would cost every call of the hot path.
+	if c, ok := srv.(callStopper); ok {
+		s.inflight = newCalls()
+		c.stopCallsWith(s.stopCalls)
 	}
 	broken := s.broken
 	g.onBreach.Store(&broken)
@@ -138,6 +156,8 @@ func (s *Session) stopForViolation() {
 	e := s.guard.violation()
 	s.broken(e)
 	s.log.Warn("spawner: stopping an MCP server that broke a protocol bound", "server", s.ref, "class", string(e.Class), "reason", e.Message)
+	// Its calls in flight fail with the violation now, with no grace to finish.
+	s.inflight.abandonAll()
 	// Close waits for this monitor to return.
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), deathTimeout+s.cfg.CloseTimeout)
@@ -324,12 +344,24 @@ func (s *Session) Ping(ctx context.Context) error {
 }
 
 // bound applies the spawner's own limit when the caller set no deadline; its
-// expiry is recognisable as a ClassTimeout cause.
+// expiry is recognisable as a ClassTimeout cause. The session's stop may give the request up
+// (Session.stopCalls), with a ClassCrashed cause.
 func (s *Session) bound(ctx context.Context, d time.Duration, op string) (context.Context, context.CancelFunc) {
+	var cancel context.CancelFunc
 	if _, ok := ctx.Deadline(); ok {
-		return context.WithCancel(ctx)
+		ctx, cancel = context.WithCancel(ctx)
+	} else {
+		ctx, cancel = context.WithTimeoutCause(ctx, d, newError(ClassTimeout, "the server did not answer %s within %s", op, d))
 	}
-	return context.WithTimeoutCause(ctx, d, newError(ClassTimeout, "the server did not answer %s within %s", op, d))
+	if s.inflight == nil {
+		return ctx, cancel
+	}
+	ctx, m := s.inflight.track(ctx, newError(ClassCrashed, "the session was stopped before the server answered %s", op))
+	return ctx, func() {
+		s.inflight.done(m) // before release: a request that returned was not given up on
+		m.release()
+		cancel()
+	}
 }
 
 func (s *Session) violation(format string, args ...any) *Error {
@@ -460,6 +492,7 @@ func (s *Session) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		s.closing.Store(true)
 		s.closeErr = s.srv.Stop(ctx, s.cs)
+		s.inflight.abandonAll()
 		close(s.stopMonitor)
 		<-s.monitorDone
 		s.markDone()
