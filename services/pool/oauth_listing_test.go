@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http/httptest"
+	"net/url"
 	"runtime"
 	"slices"
 	"strings"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/ringfence/ringfence/internal/agentsurface"
 	"github.com/ringfence/ringfence/internal/auth"
+	rftestutil "github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/oauthtest"
 )
 
@@ -349,4 +351,50 @@ func TestTheFrontDoorOffersAToolTheServerStartsDeclaringToAUserWithoutACall(t *t
 		list, err := cs.ListTools(t.Context(), nil)
 		return err == nil && slices.Equal(toolNamesOf(list.Tools), []string{"tickets__alpha", "tickets__beta", "tickets__whoami"})
 	}, 30*time.Second, 10*time.Millisecond, "the client is told, and offered beta")
+}
+
+// TestABackgroundListingThatFailsLeavesTheSessionForTheNextCall: the server starts to need a
+// scope Alice's token lacks to list its tools, then tells her run's open session
+// tools/list_changed. Its listing in the background is refused: that is logged (without the
+// URL of the sign-in for the wider scope), her stored listing stays as it was, and the session
+// is neither stopped nor marked listed, so the run's next call is answered as without a
+// background listing: sign_in_required, with that URL.
+func TestABackgroundListingThatFailsLeavesTheSessionForTheNextCall(t *testing.T) {
+	logs := &rftestutil.SyncBuffer{}
+	w := oauthHarness(t, harnessOpts{driftMaxAge: time.Hour, logTo: logs})
+	tenant := auth.DefaultTenant
+	w.signIn(tenant, oauthtest.Alice)
+	run := w.startAs(tenant, oauthtest.Alice)
+	_, err := w.callAs(tenant, run, "tickets__whoami")
+	require.NoError(t, err)
+	stored, err := w.pool.oauth.OAuthListing(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+
+	w.mcp.RequireListScope("email")
+	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
+	const refused = "a server refused to list its tools again after tools/list_changed"
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), refused) }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return listingsInBackground() == 0 }, 30*time.Second, 10*time.Millisecond)
+
+	w.pool.runs.mu.Lock()
+	r := w.pool.runs.byKey[runKey{tenant, run}]
+	w.pool.runs.mu.Unlock()
+	r.mu.Lock()
+	sess := r.sessions["tickets"]
+	r.mu.Unlock()
+	require.NotNil(t, sess)
+	require.True(t, sess.stale.Load(), "still marked changed: the run's next call lists again")
+	require.False(t, sess.stopped.Load(), "the background listing stops nothing")
+	after, err := w.pool.oauth.OAuthListing(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+	require.Equal(t, stored, after)
+
+	_, err = w.callAs(tenant, run, "tickets__whoami")
+	ref := requireRefused(t, err, reasonSignInRequired)
+	var si *signInError
+	require.ErrorAs(t, ref, &si)
+	u, err := url.Parse(si.url)
+	require.NoError(t, err)
+	require.Equal(t, "openid offline_access email", u.Query().Get("scope"))
+	require.NotContains(t, logs.String(), u.Query().Get("state"))
 }
