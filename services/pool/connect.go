@@ -145,7 +145,8 @@ func storedTools(listing *discovery.Listing) map[string]string {
 }
 
 // keepListing keeps the stored listing of the user a run's session acts for current (seed
-// 003: the first call's listing, and one after the server's tools/list_changed, keep it so):
+// 003: the first call's listing, and the one the session takes in the background soon after
+// the server's tools/list_changed (listSoon), keep it so):
 // once sess listed its server's tools again, what the server declares to the user now,
 // screened as connecting screens it, replaces the user's stored listing, which the run's next
 // call and every later run of the user's offer and gate by (connections); the user's runs'
@@ -166,6 +167,9 @@ func (s *Service) keepListing(ctx context.Context, sess *session, tools []*mcp.T
 	in := sess.signIn
 	if in == nil || sess.inline != nil || sess.kept != nil && maps.Equal(sess.kept, sess.live) {
 		return
+	}
+	if ctx.Err() != nil {
+		return // the session stops (a background listing: listSoon): nothing is written after
 	}
 	if err := s.putListing(ctx, sess, tools); err != nil {
 		s.log.Warn("a user's stored listing of a server could not be brought up to date with the listing a run's session took: their runs offer the stored one until a session lists again",

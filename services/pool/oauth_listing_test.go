@@ -1,13 +1,24 @@
 package pool
 
 import (
+	"context"
+	"fmt"
+	"maps"
+	"net/http/httptest"
+	"net/url"
+	"runtime"
+	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ringfence/ringfence/internal/agentsurface"
 	"github.com/ringfence/ringfence/internal/auth"
+	rftestutil "github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/oauthtest"
 )
 
@@ -58,12 +69,49 @@ func drain(heard <-chan string) {
 	}
 }
 
+// storedNames is the names in user's stored listing of tickets, nil without one (for
+// require.Eventually, which must not fail the test from its own goroutine).
+func (w *oauthWorld) storedNames(tenant, user string) []string {
+	l, err := w.pool.oauth.OAuthListing(w.ctx, tenant, user, "tickets")
+	if err != nil {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(l.Tools))
+}
+
+// offers is the names agent a of run offers, nil when they cannot be read (for
+// require.Eventually).
+func (w *oauthWorld) offers(tenant, run string) []string {
+	l, err := w.pool.ListAgentTools(w.ctx, run, tenant, "a")
+	if err != nil {
+		return nil
+	}
+	var names []string
+	for _, t := range l.Tools {
+		names = append(names, t.Name)
+	}
+	return names
+}
+
+// listingsInBackground counts the goroutines listing a session's tools in the background
+// (listSoon), waiting or listing.
+func listingsInBackground() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), "pool.(*Service).listInBackground(")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
 // TestAToolTheServerStartsDeclaringToAUserJoinsTheirRunsAfterListChanged: Alice connected
 // tickets (alpha, whoami); the server then also declares beta to her and tells her run's open
-// session tools/list_changed. The notification itself lists nothing (beta stays not_declared);
-// the run's next call lists again, and from then on beta is offered and callable in that run,
-// in a run of hers already open (whose listeners are told), and in a new one. A listing again
-// that finds nothing new writes nothing.
+// session tools/list_changed. Without any further call, the session lists again soon after in
+// the background: beta joins her stored listing, and is offered (and callable) in that run, in a
+// run of hers already open (whose listeners are told), and in a new one. A listing again that
+// finds nothing new writes nothing.
 func TestAToolTheServerStartsDeclaringToAUserJoinsTheirRunsAfterListChanged(t *testing.T) {
 	w := oauthHarness(t, harnessOpts{driftMaxAge: time.Hour}) // only list_changed makes a session list again
 	tenant := auth.DefaultTenant
@@ -78,19 +126,14 @@ func TestAToolTheServerStartsDeclaringToAUserJoinsTheirRunsAfterListChanged(t *t
 	require.NoError(t, err)
 
 	heard := w.heardChanges()
-	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
-	w.waitHeard(heard, run)
-	_, hidden = w.listing(tenant, run)
-	require.Equal(t, agentsurface.NotDeclared, hidden["tickets__beta"], "the notification itself lists nothing")
-
-	drain(heard)
 	w.clock.advance(time.Second)
-	_, err = w.callAs(tenant, run, "tickets__whoami")
-	require.NoError(t, err)
+	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
+	all := []string{"tickets__alpha", "tickets__beta", "tickets__whoami"}
+	require.Eventually(t, func() bool {
+		return slices.Equal(w.storedNames(tenant, oauthtest.Alice), []string{"alpha", "beta", "whoami"})
+	}, 30*time.Second, 10*time.Millisecond, "the notification alone keeps the stored listing current")
 	for _, r := range []string{run, other} {
-		visible, hidden := w.listing(tenant, r)
-		require.Equal(t, []string{"tickets__alpha", "tickets__beta", "tickets__whoami"}, visible, "run %s", r)
-		require.NotContains(t, hidden, "tickets__beta")
+		require.Eventually(t, func() bool { return slices.Equal(w.offers(tenant, r), all) }, 30*time.Second, 10*time.Millisecond, "run %s", r)
 	}
 	w.waitHeard(heard, other)
 	res, err := w.callAs(tenant, run, "tickets__beta")
@@ -107,24 +150,101 @@ func TestAToolTheServerStartsDeclaringToAUserJoinsTheirRunsAfterListChanged(t *t
 	w.clock.advance(time.Second)
 	fresh := w.startAs(tenant, oauthtest.Alice)
 	visible, _ := w.listing(tenant, fresh)
-	require.Equal(t, []string{"tickets__alpha", "tickets__beta", "tickets__whoami"}, visible)
+	require.Equal(t, all, visible)
 	res, err = w.callAs(tenant, fresh, "tickets__beta")
 	require.NoError(t, err)
 	require.Contains(t, resultText(t, res), "beta for ")
 
-	// The server says its tools changed, but they are the same: the run lists again, and
+	// The server says its tools changed, but they are the same: the sessions list again, and
 	// nothing is written.
-	drain(heard)
-	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
-	w.waitHeard(heard, run)
 	w.clock.advance(time.Second)
 	listed := w.listings()
-	_, err = w.callAs(tenant, run, "tickets__whoami")
-	require.NoError(t, err)
-	require.Greater(t, w.listings(), listed, "listed again")
+	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
+	require.Eventually(t, func() bool { return w.listings() >= listed+2 }, 30*time.Second, 10*time.Millisecond, "both open sessions list again")
+	require.Eventually(t, func() bool { return listingsInBackground() == 0 }, 30*time.Second, 10*time.Millisecond)
 	again, err := w.pool.oauth.OAuthListing(w.ctx, tenant, oauthtest.Alice, "tickets")
 	require.NoError(t, err)
 	require.Equal(t, stored, again)
+}
+
+// TestAListChangedStormListsAUsersSessionBoundedAndEndsWithTheLastListing: the server tells
+// Alice's open session tools/list_changed 200 times in a row, declaring another tool each
+// time, then alpha and beta. The session lists in the background far fewer times than it was
+// told (one at a time, at most one a second: listSoonSpacing), and her stored listing, and what
+// her run offers, end with the last listing, without a call.
+func TestAListChangedStormListsAUsersSessionBoundedAndEndsWithTheLastListing(t *testing.T) {
+	w := oauthHarness(t, harnessOpts{driftMaxAge: time.Hour})
+	tenant := auth.DefaultTenant
+	w.signIn(tenant, oauthtest.Alice)
+	run := w.startAs(tenant, oauthtest.Alice)
+	_, err := w.callAs(tenant, run, "tickets__whoami")
+	require.NoError(t, err)
+
+	var told atomic.Int64
+	f := func(_, r, _, ref string) {
+		if r == run && ref == "tickets" {
+			told.Add(1)
+		}
+	}
+	w.pool.onToolsChanged.Store(&f)
+	const storm = 200
+	before, began := w.listings(), time.Now()
+	for i := range storm {
+		n := told.Load()
+		w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: fmt.Sprintf("t%d", i), Description: "T."})
+		// Each change is its own notification (the server's SDK merges those 10 ms apart).
+		require.Eventually(t, func() bool { return told.Load() > n }, 30*time.Second, time.Millisecond)
+	}
+	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
+	require.Eventually(t, func() bool {
+		return slices.Equal(w.storedNames(tenant, oauthtest.Alice), []string{"alpha", "beta", "whoami"})
+	}, 60*time.Second, 10*time.Millisecond, "the storm ends with the last listing")
+	relists, took := int(w.listings()-before), time.Since(began)
+	t.Logf("%d notifications, %d listings in %s", told.Load(), relists, took)
+	require.GreaterOrEqual(t, told.Load(), int64(storm), "the run's listeners heard each notification")
+	require.LessOrEqual(t, relists, int(took/listSoonSpacing)+2, "one listing a second at most")
+	require.Less(t, relists, storm/10, "far fewer listings than notifications")
+	require.Eventually(t, func() bool { return listingsInBackground() == 0 }, 30*time.Second, 10*time.Millisecond)
+	require.Equal(t, []string{"alpha", "beta", "whoami"}, w.storedNames(tenant, oauthtest.Alice))
+	visible, _ := w.listing(tenant, run)
+	require.Equal(t, []string{"tickets__alpha", "tickets__beta", "tickets__whoami"}, visible)
+}
+
+// TestStoppingARunEndsItsSessionsListingInBackground: Alice's open session lists in the
+// background after tools/list_changed (beta joins her listing); the server then declares
+// gamma too, and the session's next background listing waits out its spacing (stretched to an
+// hour) when the run ends. Ending the run ends that goroutine before it returns, and the
+// listing is neither taken nor written.
+func TestStoppingARunEndsItsSessionsListingInBackground(t *testing.T) {
+	spacing := listSoonSpacing
+	t.Cleanup(func() { listSoonSpacing = spacing })
+	listSoonSpacing = time.Hour
+	w := oauthHarness(t, harnessOpts{driftMaxAge: time.Hour})
+	tenant := auth.DefaultTenant
+	w.signIn(tenant, oauthtest.Alice)
+	run := w.startAs(tenant, oauthtest.Alice)
+	_, err := w.callAs(tenant, run, "tickets__whoami")
+	require.NoError(t, err)
+
+	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
+	require.Eventually(t, func() bool {
+		return slices.Equal(w.storedNames(tenant, oauthtest.Alice), []string{"alpha", "beta", "whoami"})
+	}, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return listingsInBackground() == 0 }, 30*time.Second, 10*time.Millisecond)
+
+	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."}, oauthtest.Tool{Name: "gamma", Description: "Gamma."})
+	require.Eventually(t, func() bool { return listingsInBackground() == 1 }, 30*time.Second, time.Millisecond, "a listing waits")
+	stored, err := w.pool.oauth.OAuthListing(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+	listed := w.listings()
+
+	_, err = w.pool.EndRun(w.ctx, run, tenant, StateCompleted, "done")
+	require.NoError(t, err)
+	require.Zero(t, listingsInBackground(), "the run's end waited for the session's background listing to end")
+	require.Equal(t, listed, w.listings(), "it never listed")
+	after, err := w.pool.oauth.OAuthListing(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+	require.Equal(t, stored, after, "nor wrote")
 }
 
 // TestAToolTheServerStopsDeclaringToAUserLeavesTheirRuns: Alice connected tickets (alpha,
@@ -191,4 +311,90 @@ func TestAUsersListingIsKeptCurrentForEveryPoolHost(t *testing.T) {
 	_, err := w.whoamiOn(h1, w.startOn(h1, oauthtest.Alice))
 	require.NoError(t, err)
 	require.Equal(t, []string{"tickets__alpha", "tickets__beta", "tickets__whoami"}, w.toolsOn(h2, on2))
+}
+
+// TestTheFrontDoorOffersAToolTheServerStartsDeclaringToAUserWithoutACall: an MCP client of
+// Alice's run's agent, through the front door, listed tickets' tools; the server then also
+// declares beta to her and tells her run's open session tools/list_changed. Without any call,
+// the client is told tools/list_changed and its next listing offers beta.
+func TestTheFrontDoorOffersAToolTheServerStartsDeclaringToAUserWithoutACall(t *testing.T) {
+	w := oauthHarness(t, harnessOpts{driftMaxAge: time.Hour})
+	tenant := auth.DefaultTenant
+	w.signIn(tenant, oauthtest.Alice)
+	run := w.startAs(tenant, oauthtest.Alice)
+	fd, err := w.pool.FrontDoor(FrontDoorConfig{ListTTL: time.Hour}) // only a change re-reads the listing
+	require.NoError(t, err)
+	srv := httptest.NewServer(fd)
+	t.Cleanup(srv.Close)
+	d := &door{h: w.harness, fd: fd, srv: srv, url: srv.URL + "/mcp", run: run}
+	_, secret := d.token(t)
+	changed := make(chan struct{}, 64)
+	cs := d.connect(t, secret, "2025-11-25", &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}})
+	_, err = cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "tickets__whoami", Arguments: map[string]any{}})
+	require.NoError(t, err)
+	list, err := cs.ListTools(t.Context(), nil)
+	require.NoError(t, err)
+	require.Equal(t, []string{"tickets__alpha", "tickets__whoami"}, toolNamesOf(list.Tools))
+
+	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
+	require.Eventually(t, func() bool {
+		select {
+		case <-changed:
+		default:
+			return false
+		}
+		list, err := cs.ListTools(t.Context(), nil)
+		return err == nil && slices.Equal(toolNamesOf(list.Tools), []string{"tickets__alpha", "tickets__beta", "tickets__whoami"})
+	}, 30*time.Second, 10*time.Millisecond, "the client is told, and offered beta")
+}
+
+// TestABackgroundListingThatFailsLeavesTheSessionForTheNextCall: the server starts to need a
+// scope Alice's token lacks to list its tools, then tells her run's open session
+// tools/list_changed. Its listing in the background is refused: that is logged (without the
+// URL of the sign-in for the wider scope), her stored listing stays as it was, and the session
+// is neither stopped nor marked listed, so the run's next call is answered as without a
+// background listing: sign_in_required, with that URL.
+func TestABackgroundListingThatFailsLeavesTheSessionForTheNextCall(t *testing.T) {
+	logs := &rftestutil.SyncBuffer{}
+	w := oauthHarness(t, harnessOpts{driftMaxAge: time.Hour, logTo: logs})
+	tenant := auth.DefaultTenant
+	w.signIn(tenant, oauthtest.Alice)
+	run := w.startAs(tenant, oauthtest.Alice)
+	_, err := w.callAs(tenant, run, "tickets__whoami")
+	require.NoError(t, err)
+	stored, err := w.pool.oauth.OAuthListing(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+
+	w.mcp.RequireListScope("email")
+	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
+	const refused = "a server refused to list its tools again after tools/list_changed"
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), refused) }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return listingsInBackground() == 0 }, 30*time.Second, 10*time.Millisecond)
+
+	w.pool.runs.mu.Lock()
+	r := w.pool.runs.byKey[runKey{tenant, run}]
+	w.pool.runs.mu.Unlock()
+	r.mu.Lock()
+	sess := r.sessions["tickets"]
+	r.mu.Unlock()
+	require.NotNil(t, sess)
+	require.True(t, sess.stale.Load(), "still marked changed: the run's next call lists again")
+	require.False(t, sess.stopped.Load(), "the background listing stops nothing")
+	after, err := w.pool.oauth.OAuthListing(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+	require.Equal(t, stored, after)
+
+	_, err = w.callAs(tenant, run, "tickets__whoami")
+	ref := requireRefused(t, err, reasonSignInRequired)
+	var si *signInError
+	require.ErrorAs(t, ref, &si)
+	u, err := url.Parse(si.url)
+	require.NoError(t, err)
+	require.Equal(t, "openid offline_access email", u.Query().Get("scope"))
+	require.NotContains(t, logs.String(), u.Query().Get("state"))
 }

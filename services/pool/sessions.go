@@ -78,8 +78,13 @@ type session struct {
 	listedAt   atomic.Int64
 	listedMono atomic.Int64
 	// stale is set by notifications/tools/list_changed; the next call re-lists. The
-	// notification itself never lists, so a storm of them costs nothing.
+	// notification itself never lists, so a storm of them costs nothing; a session that
+	// carries a user's sign-in lists soon after in the background (soon), bounded.
 	stale atomic.Bool
+	// soon lists the tools again in the background after tools/list_changed, for a session
+	// that carries a user's sign-in (listSoon); nil for any other. Set before the server is
+	// started, never changed after.
+	soon *listSoon
 }
 
 func (s *session) isReady() bool {
@@ -207,12 +212,190 @@ func (s *Service) session(ctx context.Context, r *run, ref string, inline *mcpse
 }
 
 // toolsChanged is the session's answer to the server's notifications/tools/list_changed: its
-// listing is taken again before the next call (drift), and the run's listeners are told.
+// listing is taken again before the next call (drift), and the run's listeners are told. A
+// session that carries a user's sign-in also lists again soon, in the background (listSoon),
+// without waiting for a call.
 func (sess *session) toolsChanged() {
 	sess.stale.Store(true)
+	sess.soon.kick(sess)
 	if f := sess.announce.Load(); f != nil {
 		(*f)()
 	}
+}
+
+// Bounds of listing a session's tools again in the background (listSoon): the first listing
+// begins listSoonSettle after the notification that asked for it, so a burst is listed once,
+// and the listings of one session begin at least listSoonSpacing apart. With at most one in
+// flight, a storm of notifications costs a session at most one tools/list a second. Variables
+// so that a test can stretch them.
+var (
+	listSoonSettle  = 50 * time.Millisecond
+	listSoonSpacing = time.Second
+	// listSoonPoll is how often a background listing looks again whether a call, which holds
+	// the session's listing while it reads or takes it, has let go of it.
+	listSoonPoll = 10 * time.Millisecond
+)
+
+// listSoon keeps a user's stored listing current between calls (seed 003: "as does a server's
+// tools/list_changed notification while the session is open"). For a session that carries a
+// user's sign-in, tools/list_changed has the session list its tools again soon, in the
+// background, so that keepListing brings the user's stored listing, and with it what the
+// user's runs offer (their listeners are told), up to date without the run calling the server
+// again: an agent with no other call to make to it would otherwise never be offered a tool the
+// server starts declaring. One goroutine at most lists per session; notifications while it
+// waits are listed by it, and those while it lists make it list once more, after
+// listSoonSpacing. Its listing is bounded by the registration's client_session_timeout, as a
+// call's listing again is; one that fails is logged and leaves the session stale, so the run's
+// next call lists again (and stops a server that cannot be listed), as without it. The
+// session's stop ends it (its context) and waits for it, so it never outlives the session nor
+// writes after it.
+//
+// Any other session lists only when a call needs it: its listing serves nothing but the drift
+// check of the run's next call, which lists first when the server announced a change, and what
+// its runs offer comes from the pins, which a listing does not change. Listing in the
+// background would cost a tools/list per burst of notifications for nothing.
+type listSoon struct {
+	svc    *Service
+	ctx    context.Context // ended by the session's stop
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the listing goroutine, while it runs
+
+	mu      sync.Mutex
+	running bool      // a goroutine waits to list or lists
+	again   bool      // a notification came while it listed: it lists once more
+	closed  bool      // the session stops or failed to start: nothing more begins
+	last    time.Time // when the last background listing began
+}
+
+func (s *Service) newListSoon(ctx context.Context) *listSoon {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	return &listSoon{svc: s, ctx: ctx, cancel: cancel}
+}
+
+// kick asks for a listing soon: it starts the goroutine, or has the one running list once more.
+func (l *listSoon) kick(sess *session) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.closed:
+	case l.running:
+		l.again = true
+	default:
+		l.running = true
+		l.wg.Add(1)
+		go l.svc.listInBackground(sess)
+	}
+}
+
+// end ends the goroutine, if one runs, and waits for it; nothing begins after. The session's
+// stop calls it, as does a spawn that failed.
+func (l *listSoon) end() {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+	l.cancel()
+	l.wg.Wait()
+}
+
+// done says whether the goroutine ends after a listing: it does, unless a notification came
+// while it listed.
+func (l *listSoon) done() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || !l.again {
+		l.running = false
+		return true
+	}
+	l.again = false
+	return false
+}
+
+// listInBackground is listSoon's goroutine: once the session has started, it waits out the
+// bounds, takes the session's listing (never blocking the session's stop, which may hold it)
+// and lists again, while the server is still announced stale.
+func (s *Service) listInBackground(sess *session) {
+	l := sess.soon
+	defer l.wg.Done()
+	select {
+	case <-sess.ready:
+	case <-l.ctx.Done():
+		return
+	}
+	if sess.err != nil {
+		return // the session never started; its spawn ended l
+	}
+	for {
+		l.mu.Lock()
+		wait := max(listSoonSettle, time.Until(l.last.Add(listSoonSpacing)))
+		l.mu.Unlock()
+		if !sleepCtx(l.ctx, wait) || !lockCtx(l.ctx, &sess.listMu) {
+			return
+		}
+		l.mu.Lock()
+		l.last, l.again = time.Now(), false
+		l.mu.Unlock()
+		// A call listed since the notification (it held the listing meanwhile): nothing to do.
+		if sess.stale.Load() {
+			s.relistSoon(l.ctx, sess)
+		}
+		sess.listMu.Unlock()
+		if l.done() {
+			return
+		}
+	}
+}
+
+// relistSoon is the background listing: bounded by the registration's client_session_timeout,
+// as a call's listing again is. A failure leaves the session stale, for the run's next call.
+// The caller holds sess.listMu.
+func (s *Service) relistSoon(ctx context.Context, sess *session) {
+	lctx, cancel := context.WithTimeoutCause(ctx, sess.reg.SessionTimeout(), errRelistTimeout)
+	defer cancel()
+	err := s.relist(lctx, sess, false)
+	if err == nil {
+		return
+	}
+	sess.stale.Store(true)
+	switch {
+	case ctx.Err() != nil: // the session stops
+	case sess.scopeRefused.Load():
+		// The refusal carries the authorization URL, which no log holds.
+		s.log.Warn("a server refused to list its tools again after tools/list_changed for want of a scope of the user's token: the run's next call starts a fresh session", "server", sess.ref)
+	default:
+		if errors.Is(context.Cause(lctx), errRelistTimeout) {
+			err = fmt.Errorf("%w (%s)", errRelistTimeout, sess.reg.SessionTimeout())
+		}
+		s.log.Warn("a server's tools could not be listed again after tools/list_changed: the user's stored listing stays as it was until the run's next call lists again", "server", sess.ref, "err", err)
+	}
+}
+
+// sleepCtx waits d, or until ctx ends: false then.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// lockCtx locks mu, or gives up when ctx ends first: false then. It polls (listSoonPoll), so
+// that whoever holds mu may end ctx and wait for the caller.
+func lockCtx(ctx context.Context, mu *sync.Mutex) bool {
+	for !mu.TryLock() {
+		if !sleepCtx(ctx, listSoonPoll) {
+			return false
+		}
+	}
+	return true
 }
 
 // takeSessionSlot counts one more live session, unless the host's limit is reached: one
@@ -261,6 +444,7 @@ func (s *Service) givenUp() error {
 func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 	defer close(sess.ready)
 	failed := func(err error) {
+		sess.soon.end()
 		if sctx.Err() != nil || s.inflight.closed() {
 			err = s.givenUp()
 		}
@@ -291,6 +475,9 @@ func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 			return
 		}
 		reg = authed
+		// runBearer noted whose sign-in the session carries: its tools/list_changed keeps the
+		// user's stored listing current (listSoon).
+		sess.soon = s.newListSoon(sctx)
 	}
 	// The registry may have taken a while: no container is started once the pool closes.
 	if s.inflight.closed() || sctx.Err() != nil {
@@ -369,6 +556,9 @@ func (s *Service) stop(sess *session) {
 	if !sess.stopped.CompareAndSwap(false, true) {
 		return
 	}
+	// A background listing in flight is ended, and waited for: it never writes the user's
+	// listing after the session stopped.
+	sess.soon.end()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := sess.sess.Close(ctx); err != nil {
@@ -399,8 +589,9 @@ func (s *Service) stopSessions(sessions map[string]*session) {
 // relist takes the live listing and hashes every declaration. The first listing (setup) is
 // part of client setup, bounded like the handshake by client_session_timeout. For a server
 // that signs each user in, the listing then replaces the user's stored one when it changed
-// (keepListing): so the first call of a run's session, and the first after the server's
-// tools/list_changed, keep what the user's runs offer current.
+// (keepListing): so the first call of a run's session, and the session's listing in the
+// background soon after the server's tools/list_changed (listSoon), keep what the user's runs
+// offer current.
 func (s *Service) relist(ctx context.Context, sess *session, setup bool) error {
 	sess.stale.Store(false) // before listing, so a notification during the listing is kept
 	list := sess.sess.ListTools
