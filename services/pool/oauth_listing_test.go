@@ -58,17 +58,6 @@ func (w *oauthWorld) waitHeard(heard <-chan string, run string) {
 	}
 }
 
-// drain forgets what heard holds.
-func drain(heard <-chan string) {
-	for {
-		select {
-		case <-heard:
-		default:
-			return
-		}
-	}
-}
-
 // storedNames is the names in user's stored listing of tickets, nil without one (for
 // require.Eventually, which must not fail the test from its own goroutine).
 func (w *oauthWorld) storedNames(tenant, user string) []string {
