@@ -387,3 +387,45 @@ func TestABackgroundListingThatFailsLeavesTheSessionForTheNextCall(t *testing.T)
 	require.Equal(t, "openid offline_access email", u.Query().Get("scope"))
 	require.NotContains(t, logs.String(), u.Query().Get("state"))
 }
+
+// TestABackgroundListingThatHangsEndsAtTheSessionTimeout: after tools/list_changed the server
+// never answers tools/list. The background listing gives up at the registration's
+// client_session_timeout, logs why, writes nothing and stops nothing; once the server answers
+// again, the run's next call lists, and the user's stored listing gains the new tool.
+func TestABackgroundListingThatHangsEndsAtTheSessionTimeout(t *testing.T) {
+	logs := &rftestutil.SyncBuffer{}
+	w := oauthHarness(t, harnessOpts{driftMaxAge: time.Hour, logTo: logs})
+	tenant := auth.DefaultTenant
+	w.signIn(tenant, oauthtest.Alice)
+	run := w.startAs(tenant, oauthtest.Alice)
+	_, err := w.callAs(tenant, run, "tickets__whoami")
+	require.NoError(t, err)
+	stored, err := w.pool.oauth.OAuthListing(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+
+	release := w.mcp.HoldLists()
+	defer release()
+	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
+	const gaveUp = "a server's tools could not be listed again after tools/list_changed"
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), gaveUp) }, 30*time.Second, 10*time.Millisecond)
+	require.Contains(t, logs.String(), errRelistTimeout.Error(), "the log says the listing outlived client_session_timeout")
+	require.Eventually(t, func() bool { return listingsInBackground() == 0 }, 30*time.Second, 10*time.Millisecond)
+
+	w.pool.runs.mu.Lock()
+	r := w.pool.runs.byKey[runKey{tenant, run}]
+	w.pool.runs.mu.Unlock()
+	r.mu.Lock()
+	sess := r.sessions["tickets"]
+	r.mu.Unlock()
+	require.NotNil(t, sess)
+	require.True(t, sess.stale.Load(), "still marked changed: the run's next call lists again")
+	require.False(t, sess.stopped.Load(), "the background listing stops nothing")
+	after, err := w.pool.oauth.OAuthListing(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+	require.Equal(t, stored, after)
+
+	release()
+	_, err = w.callAs(tenant, run, "tickets__whoami")
+	require.NoError(t, err)
+	require.Contains(t, w.storedNames(tenant, oauthtest.Alice), "beta", "the call listed, and the listing was kept")
+}

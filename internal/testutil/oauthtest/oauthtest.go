@@ -179,6 +179,9 @@ type MCPServer struct {
 	// those tools/list needs (RequireListScope).
 	scopes     map[string][]string
 	listScopes []string
+	// listHold, while set (HoldLists), keeps every tools/list unanswered until it is closed or
+	// the request ends.
+	listHold chan struct{}
 	// called counts the calls each tool ran.
 	called map[string]int
 	// tools are the tools declared to each user besides whoami (SetTools changes them), and
@@ -281,6 +284,21 @@ func (ms *MCPServer) RequireListScope(scopes ...string) {
 	ms.mu.Unlock()
 }
 
+// HoldLists keeps every tools/list from now on unanswered until the returned release is
+// called (or the request ends first): a server that hangs listing its tools.
+func (ms *MCPServer) HoldLists() (release func()) {
+	hold := make(chan struct{})
+	ms.mu.Lock()
+	ms.listHold = hold
+	ms.mu.Unlock()
+	return sync.OnceFunc(func() {
+		ms.mu.Lock()
+		ms.listHold = nil
+		ms.mu.Unlock()
+		close(hold)
+	})
+}
+
 // Called is how many calls of tool ran.
 func (ms *MCPServer) Called(tool string) int {
 	ms.mu.Lock()
@@ -306,14 +324,22 @@ func (ms *MCPServer) scoped(metaURL string, next http.Handler) http.Handler {
 		}
 		_ = json.Unmarshal(body, &msg)
 		var need []string
+		var hold chan struct{}
 		ms.mu.Lock()
 		switch msg.Method {
 		case "tools/call":
 			need = ms.scopes[msg.Params.Name]
 		case "tools/list":
-			need = ms.listScopes
+			need, hold = ms.listScopes, ms.listHold
 		}
 		ms.mu.Unlock()
+		if hold != nil {
+			select {
+			case <-hold:
+			case <-r.Context().Done():
+				return
+			}
+		}
 		if !covers(auth.TokenInfoFromContext(r.Context()).Scopes, need) {
 			w.Header().Set("WWW-Authenticate", fmt.Sprintf(`Bearer error="insufficient_scope", scope=%q, resource_metadata=%q`, strings.Join(need, " "), metaURL))
 			http.Error(w, "insufficient_scope", http.StatusForbidden)
