@@ -20,6 +20,7 @@ import (
 	"github.com/ringfence/ringfence/internal/auth"
 	rftestutil "github.com/ringfence/ringfence/internal/testutil"
 	"github.com/ringfence/ringfence/internal/testutil/oauthtest"
+	"github.com/ringfence/ringfence/services/pool/internal/store"
 )
 
 // Seed 003: "a server is connected only on its first tool call in the turn; that call lists
@@ -349,36 +350,14 @@ func TestTheFrontDoorOffersAToolTheServerStartsDeclaringToAUserWithoutACall(t *t
 // is neither stopped nor marked listed, so the run's next call is answered as without a
 // background listing: sign_in_required, with that URL.
 func TestABackgroundListingThatFailsLeavesTheSessionForTheNextCall(t *testing.T) {
-	logs := &rftestutil.SyncBuffer{}
-	w := oauthHarness(t, harnessOpts{driftMaxAge: time.Hour, logTo: logs})
+	w, logs, run, stored := aliceCalledTickets(t)
 	tenant := auth.DefaultTenant
-	w.signIn(tenant, oauthtest.Alice)
-	run := w.startAs(tenant, oauthtest.Alice)
-	_, err := w.callAs(tenant, run, "tickets__whoami")
-	require.NoError(t, err)
-	stored, err := w.pool.oauth.OAuthListing(w.ctx, tenant, oauthtest.Alice, "tickets")
-	require.NoError(t, err)
 
 	w.mcp.RequireListScope("email")
 	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
-	const refused = "a server refused to list its tools again after tools/list_changed"
-	require.Eventually(t, func() bool { return strings.Contains(logs.String(), refused) }, 30*time.Second, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return listingsInBackground() == 0 }, 30*time.Second, 10*time.Millisecond)
+	w.requireBackgroundListingFailedAlone(t, logs, run, stored, "a server refused to list its tools again after tools/list_changed")
 
-	w.pool.runs.mu.Lock()
-	r := w.pool.runs.byKey[runKey{tenant, run}]
-	w.pool.runs.mu.Unlock()
-	r.mu.Lock()
-	sess := r.sessions["tickets"]
-	r.mu.Unlock()
-	require.NotNil(t, sess)
-	require.True(t, sess.stale.Load(), "still marked changed: the run's next call lists again")
-	require.False(t, sess.stopped.Load(), "the background listing stops nothing")
-	after, err := w.pool.oauth.OAuthListing(w.ctx, tenant, oauthtest.Alice, "tickets")
-	require.NoError(t, err)
-	require.Equal(t, stored, after)
-
-	_, err = w.callAs(tenant, run, "tickets__whoami")
+	_, err := w.callAs(tenant, run, "tickets__whoami")
 	ref := requireRefused(t, err, reasonSignInRequired)
 	var si *signInError
 	require.ErrorAs(t, ref, &si)
@@ -393,26 +372,46 @@ func TestABackgroundListingThatFailsLeavesTheSessionForTheNextCall(t *testing.T)
 // client_session_timeout, logs why, writes nothing and stops nothing; once the server answers
 // again, the run's next call lists, and the user's stored listing gains the new tool.
 func TestABackgroundListingThatHangsEndsAtTheSessionTimeout(t *testing.T) {
-	logs := &rftestutil.SyncBuffer{}
-	w := oauthHarness(t, harnessOpts{driftMaxAge: time.Hour, logTo: logs})
+	w, logs, run, stored := aliceCalledTickets(t)
 	tenant := auth.DefaultTenant
-	w.signIn(tenant, oauthtest.Alice)
-	run := w.startAs(tenant, oauthtest.Alice)
-	_, err := w.callAs(tenant, run, "tickets__whoami")
-	require.NoError(t, err)
-	stored, err := w.pool.oauth.OAuthListing(w.ctx, tenant, oauthtest.Alice, "tickets")
-	require.NoError(t, err)
 
 	release := w.mcp.HoldLists()
 	defer release()
 	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
-	const gaveUp = "a server's tools could not be listed again after tools/list_changed"
-	require.Eventually(t, func() bool { return strings.Contains(logs.String(), gaveUp) }, 30*time.Second, 10*time.Millisecond)
+	w.requireBackgroundListingFailedAlone(t, logs, run, stored, "a server's tools could not be listed again after tools/list_changed")
 	require.Contains(t, logs.String(), errRelistTimeout.Error(), "the log says the listing outlived client_session_timeout")
-	require.Eventually(t, func() bool { return listingsInBackground() == 0 }, 30*time.Second, 10*time.Millisecond)
 
+	release()
+	_, err := w.callAs(tenant, run, "tickets__whoami")
+	require.NoError(t, err)
+	require.Contains(t, w.storedNames(tenant, oauthtest.Alice), "beta", "the call listed, and the listing was kept")
+}
+
+// aliceCalledTickets is the opening of the tests of a background listing that fails: Alice
+// signed in to tickets, her run called it (so its session is open), and her stored listing
+// then; the pool logs to logs.
+func aliceCalledTickets(t *testing.T) (w *oauthWorld, logs *rftestutil.SyncBuffer, run string, stored store.Listing) {
+	logs = &rftestutil.SyncBuffer{}
+	w = oauthHarness(t, harnessOpts{driftMaxAge: time.Hour, logTo: logs})
+	w.signIn(auth.DefaultTenant, oauthtest.Alice)
+	run = w.startAs(auth.DefaultTenant, oauthtest.Alice)
+	_, err := w.callAs(auth.DefaultTenant, run, "tickets__whoami")
+	require.NoError(t, err)
+	stored, err = w.pool.oauth.OAuthListing(w.ctx, auth.DefaultTenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+	return w, logs, run, stored
+}
+
+// requireBackgroundListingFailedAlone waits until the pool logged logged and its background
+// listing ended, then holds that the failure touched nothing: run's session of tickets is
+// still marked changed (its next call lists again), not stopped, and Alice's stored listing
+// is still stored.
+func (w *oauthWorld) requireBackgroundListingFailedAlone(t *testing.T, logs *rftestutil.SyncBuffer, run string, stored store.Listing, logged string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), logged) }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return listingsInBackground() == 0 }, 30*time.Second, 10*time.Millisecond)
 	w.pool.runs.mu.Lock()
-	r := w.pool.runs.byKey[runKey{tenant, run}]
+	r := w.pool.runs.byKey[runKey{auth.DefaultTenant, run}]
 	w.pool.runs.mu.Unlock()
 	r.mu.Lock()
 	sess := r.sessions["tickets"]
@@ -420,12 +419,7 @@ func TestABackgroundListingThatHangsEndsAtTheSessionTimeout(t *testing.T) {
 	require.NotNil(t, sess)
 	require.True(t, sess.stale.Load(), "still marked changed: the run's next call lists again")
 	require.False(t, sess.stopped.Load(), "the background listing stops nothing")
-	after, err := w.pool.oauth.OAuthListing(w.ctx, tenant, oauthtest.Alice, "tickets")
+	after, err := w.pool.oauth.OAuthListing(w.ctx, auth.DefaultTenant, oauthtest.Alice, "tickets")
 	require.NoError(t, err)
 	require.Equal(t, stored, after)
-
-	release()
-	_, err = w.callAs(tenant, run, "tickets__whoami")
-	require.NoError(t, err)
-	require.Contains(t, w.storedNames(tenant, oauthtest.Alice), "beta", "the call listed, and the listing was kept")
 }
