@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"net/http/httptest"
-	"net/url"
 	"runtime"
 	"slices"
 	"strings"
@@ -103,12 +102,8 @@ func listingsInBackground() int {
 // run of hers already open (whose listeners are told), and in a new one. A listing again that
 // finds nothing new writes nothing.
 func TestAToolTheServerStartsDeclaringToAUserJoinsTheirRunsAfterListChanged(t *testing.T) {
-	w := oauthHarness(t, harnessOpts{driftMaxAge: time.Hour}) // only list_changed makes a session list again
+	w, run, _ := aliceCalled(t, "tickets__whoami", harnessOpts{driftMaxAge: time.Hour}) // only list_changed makes a session list again
 	tenant := auth.DefaultTenant
-	w.signIn(tenant, oauthtest.Alice)
-	run := w.startAs(tenant, oauthtest.Alice)
-	_, err := w.callAs(tenant, run, "tickets__whoami")
-	require.NoError(t, err)
 	_, hidden := w.listing(tenant, run)
 	require.Equal(t, agentsurface.NotDeclared, hidden["tickets__beta"])
 	other := w.startAs(tenant, oauthtest.Alice)
@@ -163,12 +158,8 @@ func TestAToolTheServerStartsDeclaringToAUserJoinsTheirRunsAfterListChanged(t *t
 // told (one at a time, at most one a second: listSoonSpacing), and her stored listing, and what
 // her run offers, end with the last listing, without a call.
 func TestAListChangedStormListsAUsersSessionBoundedAndEndsWithTheLastListing(t *testing.T) {
-	w := oauthHarness(t, harnessOpts{driftMaxAge: time.Hour})
+	w, run, _ := aliceCalled(t, "tickets__whoami", harnessOpts{driftMaxAge: time.Hour})
 	tenant := auth.DefaultTenant
-	w.signIn(tenant, oauthtest.Alice)
-	run := w.startAs(tenant, oauthtest.Alice)
-	_, err := w.callAs(tenant, run, "tickets__whoami")
-	require.NoError(t, err)
 
 	var told atomic.Int64
 	f := func(_, r, _, ref string) {
@@ -209,12 +200,8 @@ func TestStoppingARunEndsItsSessionsListingInBackground(t *testing.T) {
 	spacing := listSoonSpacing
 	t.Cleanup(func() { listSoonSpacing = spacing })
 	listSoonSpacing = time.Hour
-	w := oauthHarness(t, harnessOpts{driftMaxAge: time.Hour})
+	w, run, _ := aliceCalled(t, "tickets__whoami", harnessOpts{driftMaxAge: time.Hour})
 	tenant := auth.DefaultTenant
-	w.signIn(tenant, oauthtest.Alice)
-	run := w.startAs(tenant, oauthtest.Alice)
-	_, err := w.callAs(tenant, run, "tickets__whoami")
-	require.NoError(t, err)
 
 	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
 	require.Eventually(t, func() bool {
@@ -242,17 +229,13 @@ func TestStoppingARunEndsItsSessionsListingInBackground(t *testing.T) {
 // again (its next call after list_changed), alpha is no longer offered, in that run or a new
 // one, and a call to it is refused not_declared before anything is sent.
 func TestAToolTheServerStopsDeclaringToAUserLeavesTheirRuns(t *testing.T) {
-	w := oauthHarness(t, harnessOpts{driftMaxAge: time.Hour})
+	w, run, _ := aliceCalled(t, "tickets__alpha", harnessOpts{driftMaxAge: time.Hour})
 	tenant := auth.DefaultTenant
-	w.signIn(tenant, oauthtest.Alice)
-	run := w.startAs(tenant, oauthtest.Alice)
-	_, err := w.callAs(tenant, run, "tickets__alpha")
-	require.NoError(t, err)
 
 	heard := w.heardChanges()
 	w.mcp.SetTools(oauthtest.Alice)
 	w.waitHeard(heard, run)
-	_, err = w.callAs(tenant, run, "tickets__whoami")
+	_, err := w.callAs(tenant, run, "tickets__whoami")
 	require.NoError(t, err)
 
 	for _, r := range []string{run, w.startAs(tenant, oauthtest.Alice)} {
@@ -358,13 +341,7 @@ func TestABackgroundListingThatFailsLeavesTheSessionForTheNextCall(t *testing.T)
 	w.requireBackgroundListingFailedAlone(t, logs, run, stored, "a server refused to list its tools again after tools/list_changed")
 
 	_, err := w.callAs(tenant, run, "tickets__whoami")
-	ref := requireRefused(t, err, reasonSignInRequired)
-	var si *signInError
-	require.ErrorAs(t, ref, &si)
-	u, err := url.Parse(si.url)
-	require.NoError(t, err)
-	require.Equal(t, "openid offline_access email", u.Query().Get("scope"))
-	require.NotContains(t, logs.String(), u.Query().Get("state"))
+	requireSignInForScope(t, err, logs, "openid offline_access email")
 }
 
 // TestABackgroundListingThatHangsEndsAtTheSessionTimeout: after tools/list_changed the server
@@ -392,12 +369,8 @@ func TestABackgroundListingThatHangsEndsAtTheSessionTimeout(t *testing.T) {
 // then; the pool logs to logs.
 func aliceCalledTickets(t *testing.T) (w *oauthWorld, logs *rftestutil.SyncBuffer, run string, stored store.Listing) {
 	logs = &rftestutil.SyncBuffer{}
-	w = oauthHarness(t, harnessOpts{driftMaxAge: time.Hour, logTo: logs})
-	w.signIn(auth.DefaultTenant, oauthtest.Alice)
-	run = w.startAs(auth.DefaultTenant, oauthtest.Alice)
-	_, err := w.callAs(auth.DefaultTenant, run, "tickets__whoami")
-	require.NoError(t, err)
-	stored, err = w.pool.oauth.OAuthListing(w.ctx, auth.DefaultTenant, oauthtest.Alice, "tickets")
+	w, run, _ = aliceCalled(t, "tickets__whoami", harnessOpts{driftMaxAge: time.Hour, logTo: logs})
+	stored, err := w.pool.oauth.OAuthListing(w.ctx, auth.DefaultTenant, oauthtest.Alice, "tickets")
 	require.NoError(t, err)
 	return w, logs, run, stored
 }

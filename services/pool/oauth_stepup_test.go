@@ -135,18 +135,12 @@ func TestScopeChallengeToAListing(t *testing.T) {
 
 	w.mcp.RequireListScope("email")
 	_, err = w.callAs(tenant, run, "tickets__whoami")
-	ref := requireRefused(t, err, reasonSignInRequired)
-	var si *signInError
-	require.ErrorAs(t, ref, &si)
-	u, err := url.Parse(si.url)
-	require.NoError(t, err)
-	require.Equal(t, "openid offline_access email", u.Query().Get("scope"))
-	require.NotContains(t, logs.String(), u.Query().Get("state"))
+	requireSignInForScope(t, err, logs, "openid offline_access email")
 
 	c, err := w.pool.ConnectServer(w.ctx, tenant, oauthtest.Alice, "tickets")
 	require.NoError(t, err)
 	require.Equal(t, ConnectSignInRequired, c.State)
-	u, err = url.Parse(c.AuthorizationURL)
+	u, err := url.Parse(c.AuthorizationURL)
 	require.NoError(t, err)
 	require.Equal(t, "openid offline_access email", u.Query().Get("scope"))
 
@@ -156,4 +150,17 @@ func TestScopeChallengeToAListing(t *testing.T) {
 	res, err := w.callAs(tenant, run, "tickets__whoami")
 	require.NoError(t, err)
 	require.Equal(t, "whoami for "+oauthtest.Alice, resultText(t, res))
+}
+
+// requireSignInForScope holds that err refuses a call as sign_in_required with the URL of a
+// sign-in for scope, which no line of logs holds.
+func requireSignInForScope(t *testing.T, err error, logs *rftestutil.SyncBuffer, scope string) {
+	t.Helper()
+	ref := requireRefused(t, err, reasonSignInRequired)
+	var si *signInError
+	require.ErrorAs(t, ref, &si)
+	u, err := url.Parse(si.url)
+	require.NoError(t, err)
+	require.Equal(t, scope, u.Query().Get("scope"))
+	require.NotContains(t, logs.String(), u.Query().Get("state"))
 }

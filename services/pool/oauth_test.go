@@ -110,11 +110,11 @@ func oauthHarness(t testing.TB, opts ...harnessOpts) *oauthWorld {
 	return w
 }
 
-// aliceCalled is a harness where Alice signed in and a run of hers called tool: the run, and
-// the tokens the server was sent by then.
-func aliceCalled(t *testing.T, tool string) (w *oauthWorld, run string, tokens []string) {
+// aliceCalled is a harness (with opts) where Alice signed in and a run of hers called tool:
+// the run, and the tokens the server was sent by then.
+func aliceCalled(t *testing.T, tool string, opts ...harnessOpts) (w *oauthWorld, run string, tokens []string) {
 	t.Helper()
-	w = oauthHarness(t)
+	w = oauthHarness(t, opts...)
 	w.signIn(auth.DefaultTenant, oauthtest.Alice)
 	run = w.startAs(auth.DefaultTenant, oauthtest.Alice)
 	_, err := w.callAs(auth.DefaultTenant, run, tool)
