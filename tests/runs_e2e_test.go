@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -79,6 +80,8 @@ func TestRunsEndToEnd(t *testing.T) {
 	// its audit record must carry.
 	added := body["call_id"].(string)
 	addedDigest, addedSize := restResultDigest(t, body)
+	require.Equal(t, addedDigest, body["result_digest"], "the response names the digest its record will hold")
+	require.Equal(t, strconv.FormatInt(addedSize, 10), body["result_size"], "an int64, as protojson writes it")
 	code, body, raw = api.do("POST", "/v1/runs/run-e2e:call", `{"agent":"researcher","tool":"fx__nope"}`)
 	require.Equal(t, http.StatusNotFound, code, raw)
 	require.Equal(t, "unknown_tool", body["details"].([]any)[0].(map[string]any)["reason"])

@@ -93,6 +93,10 @@ type CallResult struct {
 	ApprovalID        string
 	DispatchedCallID  string
 	DispatchedAttempt int32
+	// ResultDigest and ResultSize are the result's as its outcome record has them
+	// (ResultDigest): the caller can tie what it got to the record.
+	ResultDigest string
+	ResultSize   int64
 }
 
 // Refusal reasons (audit.Reason… where one exists).
@@ -306,6 +310,7 @@ func (s *Service) call(ctx context.Context, req CallRequest) (*CallResult, audit
 	}
 	if res != nil {
 		res.Latency, res.Advisory = time.Since(start), att.Advisory
+		res.ResultDigest, res.ResultSize = att.ResultDigest, att.ResultSize
 	}
 	return res, att, err
 }

@@ -312,7 +312,7 @@ func (s *Service) exploreCall(ctx context.Context, sess *session, listing *disco
 			out.Message = refused.Problem()
 		}
 	} else {
-		out.IsError = res.IsError
+		out.IsError, out.ResultDigest, out.ResultSize = res.IsError, att.ResultDigest, att.ResultSize
 		out.Content, out.StructuredContent = resultToProto(res)
 	}
 	if aerr := s.spool.Enqueue(context.WithoutCancel(ctx), audit.NewToolCallRecord("pool", orDefaultTenant(req.Tenant), att)); aerr != nil {

@@ -64,6 +64,8 @@ func TestAnExploreCallIsRecordedUnderTheCallersID(t *testing.T) {
 	require.Equal(t, sum, got[1].GetResultDigest())
 	require.Equal(t, size, got[1].GetResultSize())
 	require.Empty(t, got[0].GetResultDigest())
+	require.Equal(t, sum, resp.GetCall().GetResultDigest(), "the explorer's answer names it too")
+	require.Equal(t, size, resp.GetCall().GetResultSize())
 
 	const refused = "call-explore-4e5f"
 	resp, err = explore("nosuch", refused)

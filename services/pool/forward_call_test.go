@@ -120,6 +120,8 @@ func TestAForwardedFrontDoorCallRelaysProgress(t *testing.T) {
 		}
 	}
 	require.Equal(t, []string{sum}, digests)
+	require.Equal(t, sum, resp.GetResultDigest(), "the forwarded answer names the owner's digest")
+	require.Equal(t, size, resp.GetResultSize())
 	_, err = ask("h1", &poolinternalv1.Caller{KeyId: "key_2", Role: "reader", Permissions: []string{string(auth.AuditRead)}})
 	rftestutil.RequireStatus(t, err, codes.PermissionDenied)
 	_, err = ask("h1", &poolinternalv1.Caller{KeyId: "key_3", Permissions: []string{string(auth.RunExecute)}, KeyTenant: "acme"})

@@ -71,6 +71,7 @@ func callFromProto(resp *poolv1.CallToolResponse) *CallResult {
 		Result: resp.GetResult(), FailureClass: resp.GetFailureClass(), IsError: resp.GetIsError(), Advisory: resp.GetAdvisory(),
 		Latency: time.Duration(resp.GetLatencyMicros()) * time.Microsecond, ApprovalID: resp.GetApprovalId(),
 		DispatchedCallID: resp.GetDispatchedCallId(), DispatchedAttempt: resp.GetDispatchedAttempt(),
+		ResultDigest: resp.GetResultDigest(), ResultSize: resp.GetResultSize(),
 	}
 	for _, c := range resp.GetContent() {
 		out.Content = append(out.Content, c.AsMap())

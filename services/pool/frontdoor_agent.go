@@ -561,6 +561,11 @@ func callResult(res *CallResult, err error) (*mcp.CallToolResult, error) {
 		// A retry that got an approved call's outcome names the call that reached the server.
 		call["dispatched_call_id"], call["dispatched_attempt"] = res.DispatchedCallID, res.DispatchedAttempt
 	}
+	if res.ResultDigest != "" {
+		// Of the result as sent here (its _meta aside): the client can check it, and keep it to
+		// find the outcome record that holds the same.
+		call["result_digest"], call["result_size"] = res.ResultDigest, res.ResultSize
+	}
 	out.Meta = mcp.Meta{"io.ringfence/call": call}
 	return out, nil
 }

@@ -439,6 +439,14 @@ func (d *door) requireProgressAndCancellation(t *testing.T, secret, version stri
 	}
 	mu.Unlock()
 	require.Equal(t, succeeded+1, records("progress", audit.ResultSucceeded, ""), "one record of the call")
+	// The result's _meta names the digest the owner recorded, whichever host answered.
+	call := res.Meta["io.ringfence/call"].(map[string]any)
+	for _, r := range d.h.audit.Records() {
+		if tc := r.ToolCall; tc != nil && tc.CallID == call["call_id"] && tc.Result == audit.ResultSucceeded {
+			require.NotEmpty(t, tc.ResultDigest)
+			require.Equal(t, tc.ResultDigest, call["result_digest"])
+		}
+	}
 
 	// Read while calls are in flight: the spools flushed, no wait for outcomes.
 	canceled := records("sleep", audit.ResultFailed, failureCanceled)

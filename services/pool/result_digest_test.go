@@ -130,11 +130,14 @@ func TestTheOutcomeRecordCarriesTheDigestOfTheResultTheCallerGot(t *testing.T) {
 			require.Equal(t, sum, att.ResultDigest, "the digest of the result as the caller got it")
 			require.Equal(t, size, att.ResultSize)
 			require.NotEqual(t, att.ArgsDigest, att.ResultDigest)
+			require.Equal(t, att.ResultDigest, resp.GetResultDigest(), "the response names the record's digest")
+			require.Equal(t, att.ResultSize, resp.GetResultSize())
 		})
 	}
 
-	_, err := call("call-slow", "fx__sleep", map[string]any{"ms": 60000})
+	resp, err := call("call-slow", "fx__sleep", map[string]any{"ms": 60000})
 	require.ErrorContains(t, err, "timeout")
+	require.Empty(t, resp.GetResultDigest())
 	slow := outcomeOf(t, h, "call-slow")
 	require.Equal(t, failureTimeout, slow.FailureClass)
 	require.Empty(t, slow.ResultDigest, "no result reached the caller")
@@ -175,6 +178,9 @@ func TestTheDigestOfAnApprovedCallsResult(t *testing.T) {
 		"approved/succeeded/" + sum,
 		"delivered/succeeded/" + sum,
 	}, digests)
+	require.Equal(t, sum, approved.ResultDigest, "the approver's result names it")
+	require.Equal(t, sum, retried.ResultDigest, "so does the retry's")
+	require.Equal(t, size, retried.ResultSize)
 	require.Equal(t, approved.Content, retried.Content)
 }
 
@@ -274,6 +280,9 @@ func TestTheFrontDoorsResultDigestIsOfWhatTheMCPClientGot(t *testing.T) {
 		att := outcomeOf(t, h, callID)
 		require.Equal(t, sum, att.ResultDigest, "recomputed from %s", raw)
 		require.Equal(t, size, att.ResultSize)
+		meta := res.Meta["io.ringfence/call"].(map[string]any)
+		require.Equal(t, sum, meta["result_digest"], "the result's _meta names its digest")
+		require.Equal(t, float64(size), meta["result_size"])
 		if i == 0 {
 			require.NotContains(t, string(got.Content), "<i>", "the sanitizer changed the text")
 			asSent, _ := auditorDigest(t, json.RawMessage(`[{"type":"text","text":`+string(must(json.Marshal(sent)))+`}]`), false, nil)

@@ -189,6 +189,7 @@ func callToProto(res *CallResult) *poolv1.CallToolResponse {
 		FailureClass: res.FailureClass, IsError: res.IsError, Advisory: res.Advisory,
 		ServerRef: res.ServerRef, ToolName: res.ToolName, LatencyMicros: res.Latency.Microseconds(), ApprovalId: res.ApprovalID,
 		DispatchedCallId: res.DispatchedCallID, DispatchedAttempt: res.DispatchedAttempt,
+		ResultDigest: res.ResultDigest, ResultSize: res.ResultSize,
 	}
 	out.Content, out.StructuredContent = resultToProto(res)
 	return out

@@ -544,8 +544,15 @@ type CallToolResponse struct {
 	// these (ringfence audit list --run shows "call <dispatched_call_id>#<dispatched_attempt>").
 	DispatchedCallId  string `protobuf:"bytes,14,opt,name=dispatched_call_id,json=dispatchedCallId,proto3" json:"dispatched_call_id,omitempty"`
 	DispatchedAttempt int32  `protobuf:"varint,15,opt,name=dispatched_attempt,json=dispatchedAttempt,proto3" json:"dispatched_attempt,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// result_digest and result_size are those of this result as the call's outcome record has
+	// them: "sha256:" and the hex SHA-256 of the RFC 8785 (JCS) canonical JSON of {content,
+	// isError, structuredContent}, and its length (docs/api.md, "Result digests"). A caller can
+	// keep them to show later which audit record its result belongs to, or recompute them from
+	// content, is_error and structured_content to check them.
+	ResultDigest  string `protobuf:"bytes,16,opt,name=result_digest,json=resultDigest,proto3" json:"result_digest,omitempty"`
+	ResultSize    int64  `protobuf:"varint,17,opt,name=result_size,json=resultSize,proto3" json:"result_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CallToolResponse) Reset() {
@@ -679,6 +686,20 @@ func (x *CallToolResponse) GetDispatchedCallId() string {
 func (x *CallToolResponse) GetDispatchedAttempt() int32 {
 	if x != nil {
 		return x.DispatchedAttempt
+	}
+	return 0
+}
+
+func (x *CallToolResponse) GetResultDigest() string {
+	if x != nil {
+		return x.ResultDigest
+	}
+	return ""
+}
+
+func (x *CallToolResponse) GetResultSize() int64 {
+	if x != nil {
+		return x.ResultSize
 	}
 	return 0
 }
@@ -3394,7 +3415,7 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\x04tool\x18\x03 \x01(\tR\x04tool\x125\n" +
 	"\targuments\x18\x04 \x01(\v2\x17.google.protobuf.StructR\targuments\x12\x17\n" +
 	"\acall_id\x18\x05 \x01(\tR\x06callId\x12\x16\n" +
-	"\x06tenant\x18\x06 \x01(\tR\x06tenant\"\xaf\x04\n" +
+	"\x06tenant\x18\x06 \x01(\tR\x06tenant\"\xf5\x04\n" +
 	"\x10CallToolResponse\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x18\n" +
@@ -3413,7 +3434,10 @@ const file_ringfence_pool_v1_pool_proto_rawDesc = "" +
 	"\vapproval_id\x18\r \x01(\tR\n" +
 	"approvalId\x12,\n" +
 	"\x12dispatched_call_id\x18\x0e \x01(\tR\x10dispatchedCallId\x12-\n" +
-	"\x12dispatched_attempt\x18\x0f \x01(\x05R\x11dispatchedAttempt\"\xec\x02\n" +
+	"\x12dispatched_attempt\x18\x0f \x01(\x05R\x11dispatchedAttempt\x12#\n" +
+	"\rresult_digest\x18\x10 \x01(\tR\fresultDigest\x12\x1f\n" +
+	"\vresult_size\x18\x11 \x01(\x03R\n" +
+	"resultSize\"\xec\x02\n" +
 	"\vCallRefusal\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x16\n" +

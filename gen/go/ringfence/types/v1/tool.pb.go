@@ -382,8 +382,12 @@ type ExploreCallResult struct {
 	// content and structured_content are the result, sanitized as a run's calls are.
 	Content           []*structpb.Struct `protobuf:"bytes,8,rep,name=content,proto3" json:"content,omitempty"`
 	StructuredContent *structpb.Struct   `protobuf:"bytes,9,opt,name=structured_content,json=structuredContent,proto3" json:"structured_content,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// result_digest and result_size, on a call that returned a result, are its digest and size
+	// as the call's audit record has them (docs/api.md, "Result digests").
+	ResultDigest  string `protobuf:"bytes,10,opt,name=result_digest,json=resultDigest,proto3" json:"result_digest,omitempty"`
+	ResultSize    int64  `protobuf:"varint,11,opt,name=result_size,json=resultSize,proto3" json:"result_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExploreCallResult) Reset() {
@@ -479,6 +483,20 @@ func (x *ExploreCallResult) GetStructuredContent() *structpb.Struct {
 	return nil
 }
 
+func (x *ExploreCallResult) GetResultDigest() string {
+	if x != nil {
+		return x.ResultDigest
+	}
+	return ""
+}
+
+func (x *ExploreCallResult) GetResultSize() int64 {
+	if x != nil {
+		return x.ResultSize
+	}
+	return 0
+}
+
 var File_ringfence_types_v1_tool_proto protoreflect.FileDescriptor
 
 const file_ringfence_types_v1_tool_proto_rawDesc = "" +
@@ -510,7 +528,7 @@ const file_ringfence_types_v1_tool_proto_rawDesc = "" +
 	"\vExploreCall\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\tR\x04tool\x125\n" +
 	"\targuments\x18\x02 \x01(\v2\x17.google.protobuf.StructR\targuments\x12\x17\n" +
-	"\acall_id\x18\x03 \x01(\tR\x06callId\"\xcb\x02\n" +
+	"\acall_id\x18\x03 \x01(\tR\x06callId\"\x91\x03\n" +
 	"\x11ExploreCallResult\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x18\n" +
 	"\aoutcome\x18\x02 \x01(\tR\aoutcome\x12\x16\n" +
@@ -520,7 +538,11 @@ const file_ringfence_types_v1_tool_proto_rawDesc = "" +
 	"\amessage\x18\x06 \x01(\tR\amessage\x12\x19\n" +
 	"\bis_error\x18\a \x01(\bR\aisError\x121\n" +
 	"\acontent\x18\b \x03(\v2\x17.google.protobuf.StructR\acontent\x12F\n" +
-	"\x12structured_content\x18\t \x01(\v2\x17.google.protobuf.StructR\x11structuredContentB\xcf\x01\n" +
+	"\x12structured_content\x18\t \x01(\v2\x17.google.protobuf.StructR\x11structuredContent\x12#\n" +
+	"\rresult_digest\x18\n" +
+	" \x01(\tR\fresultDigest\x12\x1f\n" +
+	"\vresult_size\x18\v \x01(\x03R\n" +
+	"resultSizeB\xcf\x01\n" +
 	"\x16com.ringfence.types.v1B\tToolProtoP\x01Z@github.com/ringfence/ringfence/gen/go/ringfence/types/v1;typesv1\xa2\x02\x03RTX\xaa\x02\x12Ringfence.Types.V1\xca\x02\x12Ringfence\\Types\\V1\xe2\x02\x1eRingfence\\Types\\V1\\GPBMetadata\xea\x02\x14Ringfence::Types::V1b\x06proto3"
 
 var (
