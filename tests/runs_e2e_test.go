@@ -80,6 +80,7 @@ func TestRunsEndToEnd(t *testing.T) {
 	// its audit record must carry.
 	added := body["call_id"].(string)
 	addedDigest, addedSize := restResultDigest(t, body)
+	addedBody := raw // kept, as a caller keeps a result, for audit check-result below
 	require.Equal(t, addedDigest, body["result_digest"], "the response names the digest its record will hold")
 	require.Equal(t, strconv.FormatInt(addedSize, 10), body["result_size"], "an int64, as protojson writes it")
 	code, body, raw = api.do("POST", "/v1/runs/run-e2e:call", `{"agent":"researcher","tool":"fx__nope"}`)
@@ -95,9 +96,10 @@ func TestRunsEndToEnd(t *testing.T) {
 
 	r = cli("runs", "end", "--run", "run-e2e")
 	require.Equal(t, 0, r.Code, r.Stderr)
-	r = cli("call", "--graph", "demo", "--agent", "researcher", "--tool", "fx__echo", "--args", `{"text":"one-shot"}`)
+	r = cli("call", "--graph", "demo", "--agent", "researcher", "--tool", "fx__echo", "--args", `{"text":"one-shot"}`, "-o", "json")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "one-shot")
+	oneShot := r.Stdout // kept, as a caller keeps a result, for audit check-result below
 
 	// The audit trail: every attempt, refused or dispatched, with the guarantee stated.
 	require.Eventually(t, func() bool {
@@ -164,6 +166,19 @@ func TestRunsEndToEnd(t *testing.T) {
 		"dispatched/succeeded", "refused_before_dispatch/invalid_input", "dispatched/failed/tool_error",
 		"dispatched/succeeded", "refused_before_dispatch/unknown_tool", "dispatched/succeeded",
 	}, inOrder)
+
+	// A result as its caller kept it is tied to its outcome record; changed, it is not.
+	kept := filepath.Join(t.TempDir(), "kept.json")
+	for _, tc := range []struct{ what, result string }{{"the REST body", addedBody}, {"runs call -o json", oneShot}} {
+		require.NoError(t, os.WriteFile(kept, []byte(tc.result), 0o600))
+		r = cli("audit", "check-result", kept)
+		require.Equal(t, 0, r.Code, "%s: %s", tc.what, r.Stderr)
+		require.Regexp(t, `^matches record \d+: run \S+ researcher→fx/(add|echo) call \S+#1, dispatched: succeeded\nresult sha256:[0-9a-f]{64}, \d+ bytes\n$`, r.Stdout)
+	}
+	require.NoError(t, os.WriteFile(kept, []byte(strings.Replace(oneShot, "one-shot", "one-shot, edited", 1)), 0o600))
+	r = cli("audit", "check-result", kept)
+	require.Equal(t, 1, r.Code, r.Stdout)
+	require.Regexp(t, `does not match: this result is sha256:[0-9a-f]{64} \(\d+ bytes\), but record \d+ holds sha256:`, r.Stderr)
 
 	r = cli("audit", "verify")
 	require.Equal(t, 0, r.Code, r.Stderr)

@@ -308,7 +308,7 @@ catches records cut from the end with the head rewritten to match, or a rewritte
 	export.Flags().StringVar(&outFile, "out", "", "write to this file (mode 0600) instead of stdout")
 	export.Flags().BoolVar(&force, "force", false, "with --out, replace an existing file")
 
-	cmd.AddCommand(list, tail, verify, export)
+	cmd.AddCommand(list, tail, verify, export, newAuditCheckResultCmd(g))
 	return cmd
 }
 
