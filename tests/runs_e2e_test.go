@@ -99,7 +99,14 @@ func TestRunsEndToEnd(t *testing.T) {
 	r = cli("call", "--graph", "demo", "--agent", "researcher", "--tool", "fx__echo", "--args", `{"text":"one-shot"}`, "-o", "json")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "one-shot")
-	oneShot := r.Stdout // kept, as a caller keeps a result, for audit check-result below
+	// A result as its caller kept it is tied to its outcome record, checked at once: the
+	// command waits the moment the outcome takes to reach the log.
+	oneShot := r.Stdout
+	kept := filepath.Join(t.TempDir(), "kept.json")
+	require.NoError(t, os.WriteFile(kept, []byte(oneShot), 0o600))
+	r = cli("audit", "check-result", kept)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Regexp(t, `^matches record \d+: run \S+ researcher→fx/echo call \S+#1, dispatched: succeeded\nresult sha256:[0-9a-f]{64}, \d+ bytes\n$`, r.Stdout)
 
 	// The audit trail: every attempt, refused or dispatched, with the guarantee stated.
 	require.Eventually(t, func() bool {
@@ -167,14 +174,12 @@ func TestRunsEndToEnd(t *testing.T) {
 		"dispatched/succeeded", "refused_before_dispatch/unknown_tool", "dispatched/succeeded",
 	}, inOrder)
 
-	// A result as its caller kept it is tied to its outcome record; changed, it is not.
-	kept := filepath.Join(t.TempDir(), "kept.json")
-	for _, tc := range []struct{ what, result string }{{"the REST body", addedBody}, {"runs call -o json", oneShot}} {
-		require.NoError(t, os.WriteFile(kept, []byte(tc.result), 0o600))
-		r = cli("audit", "check-result", kept)
-		require.Equal(t, 0, r.Code, "%s: %s", tc.what, r.Stderr)
-		require.Regexp(t, `^matches record \d+: run \S+ researcher→fx/(add|echo) call \S+#1, dispatched: succeeded\nresult sha256:[0-9a-f]{64}, \d+ bytes\n$`, r.Stdout)
-	}
+	// So is a REST body (structured content, numbers as protojson writes them); changed, a
+	// result is not.
+	require.NoError(t, os.WriteFile(kept, []byte(addedBody), 0o600))
+	r = cli("audit", "check-result", kept)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Regexp(t, `^matches record \d+: run run-e2e researcher→fx/add call \S+#1, dispatched: succeeded\n`, r.Stdout)
 	require.NoError(t, os.WriteFile(kept, []byte(strings.Replace(oneShot, "one-shot", "one-shot, edited", 1)), 0o600))
 	r = cli("audit", "check-result", kept)
 	require.Equal(t, 1, r.Code, r.Stdout)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -33,8 +34,8 @@ the forms Ringfence answers a call with: the JSON of "ringfence runs call -o jso
 gRPC CallToolResponse (content, is_error, structured_content), or an MCP tools/call result
 (content, isError, structuredContent), bare or inside its JSON-RPC response. The command
 computes the result's digest as docs/api.md ("Result digests") defines it, looks up the call's
-records (--call, or the call id the result names), and exits 0 naming the outcome record that
-holds the same digest, or 1 saying what the records hold instead: a result that does not match
+records (--call, or the call id the result names; for a call just answered it waits up to 3 s
+for the outcome record to land), and exits 0 naming the outcome record that holds the same digest, or 1 saying what the records hold instead: a result that does not match
 was changed after the pool returned it, or is another call's.`,
 		Example: `  ringfence runs call --run r1 --agent a --tool docs__read -o json > result.json
   ringfence audit check-result result.json`,
@@ -72,12 +73,25 @@ was changed after the pool returned it, or is another call's.`,
 				return err
 			}
 			filter := &auditv1.Filter{CallId: call, RunId: run, Tenant: tenant, Kind: "tool_call"}
-			recs, err := listAll(g, cmd.Context(), func(ctx context.Context, token string) ([]*auditv1.Record, string, error) {
-				resp, err := client.List(ctx, &auditv1.ListRequest{Filter: filter, PageSize: listPageSize, PageToken: token})
-				return resp.GetRecords(), resp.GetNextPageToken(), err
-			})
-			if err != nil {
-				return err
+			var recs []*auditv1.Record
+			// A call's outcome reaches the log a moment after its answer (docs/operations.md,
+			// "The audit log"): a result checked right away waits that moment for it.
+			for wait := outcomeWait; ; wait -= outcomePoll {
+				recs, err = listAll(g, cmd.Context(), func(ctx context.Context, token string) ([]*auditv1.Record, string, error) {
+					resp, err := client.List(ctx, &auditv1.ListRequest{Filter: filter, PageSize: listPageSize, PageToken: token})
+					return resp.GetRecords(), resp.GetNextPageToken(), err
+				})
+				if err != nil {
+					return err
+				}
+				if wait <= 0 || holdsDigest(recs) {
+					break
+				}
+				select {
+				case <-cmd.Context().Done():
+					return cmd.Context().Err()
+				case <-time.After(outcomePoll):
+				}
 			}
 			return g.reportResultCheck(call, run, res, recs)
 		},
@@ -86,6 +100,22 @@ was changed after the pool returned it, or is another call's.`,
 	cmd.Flags().StringVar(&run, "run", "", "only this run's records (call ids are the caller's choice and may repeat across runs)")
 	cmd.Flags().StringVar(&tenant, "tenant", "", "only this tenant's records")
 	return cmd
+}
+
+// How long check-result waits for a call's outcome record to land, and how often it looks.
+const (
+	outcomeWait = 3 * time.Second
+	outcomePoll = 100 * time.Millisecond
+)
+
+// holdsDigest is whether any of the records holds a result digest.
+func holdsDigest(recs []*auditv1.Record) bool {
+	for _, r := range recs {
+		if r.GetToolCall().GetResultDigest() != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // keptResult is a tool call's result as its caller kept it: its digest and size, and the call
