@@ -397,6 +397,45 @@ func TestABackgroundListingThatHangsEndsAtTheSessionTimeout(t *testing.T) {
 	require.Contains(t, w.storedNames(tenant, oauthtest.Alice), "beta", "the call listed, and the listing was kept")
 }
 
+// TestABackgroundListingRefusedForScopeBeginsNoSignIn: the server starts to need a scope to
+// list its tools and tells Alice's two runs' open sessions tools/list_changed. A call of one
+// run answers sign_in_required with the URL of the sign-in for the wider scope, and Alice signs
+// in there; before her browser comes back, the server tells the other run's session
+// tools/list_changed again. That session's listing in the background is refused for want of
+// the scope too, but it begins no sign-in (nobody would be given its URL, and one authorization
+// URL is good at a time): Alice's sign-in completes, under the wider scope.
+func TestABackgroundListingRefusedForScopeBeginsNoSignIn(t *testing.T) {
+	logs := &rftestutil.SyncBuffer{}
+	w, run, _ := aliceCalled(t, "tickets__whoami", harnessOpts{driftMaxAge: time.Hour, logTo: logs})
+	tenant := auth.DefaultTenant
+	other := w.startAs(tenant, oauthtest.Alice)
+	_, err := w.callAs(tenant, other, "tickets__whoami")
+	require.NoError(t, err)
+
+	const refused = "a server refused to list its tools again after tools/list_changed"
+	w.mcp.RequireListScope("email")
+	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
+	require.Eventually(t, func() bool { return strings.Count(logs.String(), refused) == 2 }, 30*time.Second, 10*time.Millisecond, "both sessions' background listings are refused")
+	require.Eventually(t, func() bool { return listingsInBackground() == 0 }, 30*time.Second, 10*time.Millisecond)
+
+	_, err = w.callAs(tenant, run, "tickets__whoami")
+	requireSignInForScope(t, err, logs, "openid offline_access email")
+	var si *signInError
+	require.ErrorAs(t, err, &si)
+	back := w.as.SignIn(t, si.url, oauthtest.Alice)
+
+	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "gamma", Description: "Gamma."})
+	require.Eventually(t, func() bool { return strings.Count(logs.String(), refused) == 3 }, 30*time.Second, 10*time.Millisecond, "the other run's session's background listing is refused again")
+	require.Eventually(t, func() bool { return listingsInBackground() == 0 }, 30*time.Second, 10*time.Millisecond)
+
+	done, err := w.pool.CompleteSignIn(w.ctx, callbackQuery(t, back))
+	require.NoError(t, err, "the URL Alice was given is still good")
+	require.NoError(t, done.ConnectErr)
+	_, tok, err := w.pool.readToken(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+	require.Contains(t, tok.Scopes, "email")
+}
+
 // aliceCalledTickets is the opening of the tests of a background listing that fails: Alice
 // signed in to tickets, her run called it (so its session is open), and her stored listing
 // then; the pool logs to logs.
