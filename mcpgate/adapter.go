@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -102,7 +103,8 @@ func (r *Registry) Register(specs ...AdapterSpec) {
 
 // Collect returns every registered spec and extra (e.g. adapters the program's configuration
 // names), sorted by name. It refuses a name that is malformed or taken twice, a spec without
-// a server, and a requirement that is not a capability.
+// a server, and a requirement that is not a capability (in RequiredCapabilities or
+// Permissions).
 func (r *Registry) Collect(extra ...AdapterSpec) ([]AdapterSpec, error) {
 	r.mu.Lock()
 	all := append(slices.Clone(r.specs), extra...)
@@ -120,6 +122,11 @@ func (r *Registry) Collect(extra ...AdapterSpec) ([]AdapterSpec, error) {
 		}
 		if err := checkPermissions("Required", s.RequiredCapabilities); err != nil {
 			errs = append(errs, fmt.Errorf("adapter %q: %w", s.Name, err))
+		}
+		for _, tool := range slices.Sorted(maps.Keys(s.Permissions)) {
+			if err := checkPermissions(fmt.Sprintf("Permissions[%q]", tool), s.Permissions[tool]); err != nil {
+				errs = append(errs, fmt.Errorf("adapter %q: %w", s.Name, err))
+			}
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

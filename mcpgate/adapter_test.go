@@ -86,12 +86,16 @@ func TestRegistryCollect(t *testing.T) {
 	require.Equal(t, []string{"alpha", "mid", "zeta"}, []string{got[0].Name, got[1].Name, got[2].Name})
 
 	r.Register(AdapterSpec{Name: "alpha", Server: srv}, AdapterSpec{Name: "Bad Name", Server: srv},
-		AdapterSpec{Name: "empty"}, AdapterSpec{Name: "caps", Server: srv, RequiredCapabilities: []string{"NOT A CAP"}})
+		AdapterSpec{Name: "empty"}, AdapterSpec{Name: "caps", Server: srv, RequiredCapabilities: []string{"NOT A CAP"}},
+		AdapterSpec{Name: "perms", Server: srv, Permissions: map[string][]string{"ok": {}, "read": {"fs.read:/tmp/*", "*"}}})
 	_, err = r.Collect()
 	require.ErrorContains(t, err, `adapter "alpha" is registered twice`)
 	require.ErrorContains(t, err, `adapter name "Bad Name"`)
 	require.ErrorContains(t, err, `adapter "empty" has no Server`)
 	require.ErrorContains(t, err, `adapter "caps"`)
+	// A per-tool requirement is checked as a required one is: the adapter's Permissions, which
+	// its tools are gated by alone without RequiredCapabilities, are not first refused at Start.
+	require.ErrorContains(t, err, `adapter "perms": mcpgate: BindOptions.Permissions["read"][1] ("*"): capability "*"`)
 }
 
 // TestRegisterAdapterFromInit: the package registry, as a plugin's init would fill it.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -460,6 +461,7 @@ func processResult(spec *ToolSpec, res *mcp.CallToolResult, owned [][]byte, cfg 
 	if len(res.Content) > 0 {
 		out.Content = make([]map[string]any, 0, len(res.Content))
 	}
+	var changed *noLongerContent
 	for i, c := range res.Content {
 		var item map[string]any
 		var size int
@@ -474,6 +476,8 @@ func processResult(spec *ToolSpec, res *mcp.CallToolResult, owned [][]byte, cfg 
 		switch {
 		case errors.Is(err, sanitize.ErrTooDeep):
 			return nil, tooDeep(fmt.Sprintf("content item %d", i))
+		case errors.As(err, &changed):
+			return nil, invalid(fmt.Sprintf("content item %d: %s: %s", i, noLongerContentWords, cfg.safe(changed.err.Error())))
 		case err != nil:
 			return nil, invalid(cfg.safe(err.Error()))
 		}
@@ -525,7 +529,34 @@ func contentItem(c mcp.Content, o sanitize.Options) (map[string]any, int, error)
 	if err != nil {
 		return nil, 0, err
 	}
-	return clean.(map[string]any), len(raw), nil
+	item := clean.(map[string]any)
+	// Sanitizing may leave an item MCP cannot carry (a secret masked inside base64 data): one
+	// that changed is read again as MCP content, and refused if it no longer is one, rather
+	// than passed on as what a caller holding JSON receives and an MCP client cannot read.
+	if !reflect.DeepEqual(item, m) {
+		if err := isContent(item); err != nil {
+			return nil, 0, &noLongerContent{err}
+		}
+	}
+	return item, len(raw), nil
+}
+
+// noLongerContent: a content item is no MCP content item once sanitized; err says why.
+type noLongerContent struct{ err error }
+
+func (e *noLongerContent) Error() string { return noLongerContentWords + ": " + e.err.Error() }
+
+const noLongerContentWords = "sanitizing it (a secret masked in it, markup escaped) left what is no MCP content item, so the result is not passed on"
+
+// isContent says why item, a content item as JSON decodes it, is not one the MCP SDK reads;
+// nil when it is.
+func isContent(item map[string]any) error {
+	raw, err := json.Marshal(map[string]any{"content": []any{item}})
+	if err != nil {
+		return err
+	}
+	var res mcp.CallToolResult
+	return json.Unmarshal(raw, &res)
 }
 
 // validateOutput checks structured content (decoded; nil when there is none) against the

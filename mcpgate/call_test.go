@@ -3,6 +3,7 @@ package mcpgate
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -117,6 +118,39 @@ func TestSanitizationOfEveryStringLeaf(t *testing.T) {
 		WithSanitize(sanitize.Options{KeepMarkup: true, Redact: func(s string) string { return strings.ReplaceAll(s, "hi", "[masked]") }}))
 	require.NoError(t, err)
 	require.Equal(t, "<script>x</script> [masked][31m", text(kept, 0), "markup kept, secrets masked, markers still removed")
+}
+
+// TestAContentItemMaskingBreaksIsRefused: a secret masked inside an image's or an embedded
+// resource's base64 data leaves an item no MCP client can read (the mask is not base64): the
+// result is refused as invalid output, whichever way it was answered, rather than passed on as
+// something one caller (a gRPC one) receives and another (an MCP client) cannot. A secret
+// masked in an image's MIME type, which stays a string, still passes, masked.
+func TestAContentItemMaskingBreaksIsRefused(t *testing.T) {
+	spec := &ToolSpec{Name: "img"} // no output schema: content alone
+	redact := sanitize.Options{Redact: func(s string) string { return strings.ReplaceAll(s, "s3cretKey", "********") }}
+	for _, item := range []string{
+		`{"type":"image","mimeType":"image/png","data":"AAAAs3cretKeyAAA"}`,
+		`{"type":"resource","resource":{"uri":"file:///a","blob":"AAAAs3cretKeyAAA"}}`,
+	} {
+		raw := json.RawMessage(`{"content":[{"type":"text","text":"ok"},` + item + `]}`)
+		var decoded mcp.CallToolResult
+		require.NoError(t, json.Unmarshal(raw, &decoded))
+		for how, process := range map[string]func() (*Result, error){
+			"raw":     func() (*Result, error) { return ProcessRawResult(spec, slices.Clone(raw), WithSanitize(redact)) },
+			"decoded": func() (*Result, error) { return ProcessResult(spec, &decoded, WithSanitize(redact)) },
+		} {
+			_, err := process()
+			var ve *ValidationError
+			require.ErrorAs(t, err, &ve, "%s: %s", how, item)
+			require.Equal(t, StageOutput, ve.Stage)
+			require.Contains(t, ve.Message, "content item 1")
+			require.Contains(t, ve.Message, "left what is no MCP content item")
+			require.NotContains(t, err.Error(), "s3cretKey")
+		}
+	}
+	res, err := ProcessRawResult(spec, json.RawMessage(`{"content":[{"type":"image","mimeType":"image/s3cretKey","data":"AAAA"}]}`), WithSanitize(redact))
+	require.NoError(t, err)
+	require.Equal(t, "image/********", res.Content[0]["mimeType"])
 }
 
 func TestValidationErrorsNameTheField(t *testing.T) {

@@ -646,13 +646,19 @@ func ResultDigest(content []map[string]any, structured map[string]any, isError b
 // are written in JCS order: content, isError, structuredContent.
 func canonicalResult(dst []byte, content []map[string]any, structured map[string]any, isError bool) ([]byte, error) {
 	var err error
-	dst = append(dst, `{"content":`...)
-	if content == nil {
-		dst = append(dst, "[]"...)
-	} else if dst, err = jcs.AppendValue(dst, content); err != nil {
-		return nil, err
+	// Each item is appended on its own, its depth counted from itself as the output checks
+	// count it (sanitize.MaxDepth): counted from the list, an item as deep as is delivered
+	// would have no canonical form.
+	dst = append(dst, `{"content":[`...)
+	for i, item := range content {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		if dst, err = jcs.AppendValue(dst, item); err != nil {
+			return nil, err
+		}
 	}
-	dst = append(dst, `,"isError":`...)
+	dst = append(dst, `],"isError":`...)
 	dst = strconv.AppendBool(dst, isError)
 	if len(structured) > 0 {
 		dst = append(dst, `,"structuredContent":`...)

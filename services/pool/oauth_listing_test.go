@@ -224,6 +224,39 @@ func TestStoppingARunEndsItsSessionsListingInBackground(t *testing.T) {
 	require.Equal(t, stored, after, "nor wrote")
 }
 
+// TestABackgroundListingUnderAReplacedTokenWritesNothing: Alice's run's session of tickets
+// carries her first token; she then signs in again (a second token, whose connection lists
+// tickets' tools again). When the server tells the old session tools/list_changed and declares
+// beta to her, that session lists in the background, but its listing, taken with a token that
+// is no longer hers, never replaces what her newer sign-in listed (keepListing: only while the
+// user's stored token is the session's).
+func TestABackgroundListingUnderAReplacedTokenWritesNothing(t *testing.T) {
+	w, _, first := aliceCalled(t, "tickets__whoami", harnessOpts{driftMaxAge: time.Hour})
+	tenant := auth.DefaultTenant
+
+	var si *signInError
+	require.ErrorAs(t, w.pool.beginSignIn(w.ctx, tenant, oauthtest.Alice, w.tickets(), "signing in again", nil), &si)
+	done, err := w.pool.CompleteSignIn(w.ctx, callbackQuery(t, w.as.SignIn(t, si.url, oauthtest.Alice)))
+	require.NoError(t, err)
+	require.NoError(t, done.ConnectErr)
+	require.Greater(t, len(w.mcp.Tokens(oauthtest.Alice)), len(first), "a second token")
+	_, tok, err := w.pool.readToken(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+	require.NotContains(t, first, tok.AccessToken, "the stored token is the new one")
+	newer, err := w.pool.oauth.OAuthListing(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+
+	w.clock.advance(time.Second)
+	listed := w.listings()
+	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
+	require.Eventually(t, func() bool { return w.listings() > listed }, 30*time.Second, 10*time.Millisecond, "the old session lists in the background")
+	require.Eventually(t, func() bool { return listingsInBackground() == 0 }, 30*time.Second, 10*time.Millisecond)
+	after, err := w.pool.oauth.OAuthListing(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+	require.Equal(t, newer, after, "what the newer sign-in listed stands")
+	require.NotContains(t, w.storedNames(tenant, oauthtest.Alice), "beta")
+}
+
 // TestAToolTheServerStopsDeclaringToAUserLeavesTheirRuns: Alice connected tickets (alpha,
 // whoami) and called alpha; the server then stops declaring alpha to her. Once her run lists
 // again (its next call after list_changed), alpha is no longer offered, in that run or a new
@@ -362,6 +395,45 @@ func TestABackgroundListingThatHangsEndsAtTheSessionTimeout(t *testing.T) {
 	_, err := w.callAs(tenant, run, "tickets__whoami")
 	require.NoError(t, err)
 	require.Contains(t, w.storedNames(tenant, oauthtest.Alice), "beta", "the call listed, and the listing was kept")
+}
+
+// TestABackgroundListingRefusedForScopeBeginsNoSignIn: the server starts to need a scope to
+// list its tools and tells Alice's two runs' open sessions tools/list_changed. A call of one
+// run answers sign_in_required with the URL of the sign-in for the wider scope, and Alice signs
+// in there; before her browser comes back, the server tells the other run's session
+// tools/list_changed again. That session's listing in the background is refused for want of
+// the scope too, but it begins no sign-in (nobody would be given its URL, and one authorization
+// URL is good at a time): Alice's sign-in completes, under the wider scope.
+func TestABackgroundListingRefusedForScopeBeginsNoSignIn(t *testing.T) {
+	logs := &rftestutil.SyncBuffer{}
+	w, run, _ := aliceCalled(t, "tickets__whoami", harnessOpts{driftMaxAge: time.Hour, logTo: logs})
+	tenant := auth.DefaultTenant
+	other := w.startAs(tenant, oauthtest.Alice)
+	_, err := w.callAs(tenant, other, "tickets__whoami")
+	require.NoError(t, err)
+
+	const refused = "a server refused to list its tools again after tools/list_changed"
+	w.mcp.RequireListScope("email")
+	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "beta", Description: "Beta."})
+	require.Eventually(t, func() bool { return strings.Count(logs.String(), refused) == 2 }, 30*time.Second, 10*time.Millisecond, "both sessions' background listings are refused")
+	require.Eventually(t, func() bool { return listingsInBackground() == 0 }, 30*time.Second, 10*time.Millisecond)
+
+	_, err = w.callAs(tenant, run, "tickets__whoami")
+	requireSignInForScope(t, err, logs, "openid offline_access email")
+	var si *signInError
+	require.ErrorAs(t, err, &si)
+	back := w.as.SignIn(t, si.url, oauthtest.Alice)
+
+	w.mcp.SetTools(oauthtest.Alice, oauthtest.Tool{Name: "alpha", Description: "Alpha."}, oauthtest.Tool{Name: "gamma", Description: "Gamma."})
+	require.Eventually(t, func() bool { return strings.Count(logs.String(), refused) == 3 }, 30*time.Second, 10*time.Millisecond, "the other run's session's background listing is refused again")
+	require.Eventually(t, func() bool { return listingsInBackground() == 0 }, 30*time.Second, 10*time.Millisecond)
+
+	done, err := w.pool.CompleteSignIn(w.ctx, callbackQuery(t, back))
+	require.NoError(t, err, "the URL Alice was given is still good")
+	require.NoError(t, done.ConnectErr)
+	_, tok, err := w.pool.readToken(w.ctx, tenant, oauthtest.Alice, "tickets")
+	require.NoError(t, err)
+	require.Contains(t, tok.Scopes, "email")
 }
 
 // aliceCalledTickets is the opening of the tests of a background listing that fails: Alice

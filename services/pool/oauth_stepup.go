@@ -159,10 +159,20 @@ func (s *Service) tokenReplaced(ctx context.Context, sess *session) bool {
 // begun (errScopeNotGranted). The session is not used again: the run's next call starts a
 // fresh one. Nil when err is no scope challenge, or the session carries no user's token.
 func (s *Service) answerScopeChallenge(ctx context.Context, sess *session, err error) error {
-	in := sess.signIn
-	if in == nil || scopeChallenge(err) == nil {
+	if !sess.refusedForScope(err) {
 		return nil
 	}
-	sess.scopeRefused.Store(true)
+	in := sess.signIn
 	return s.signInNeeded(ctx, in.tenant, in.user, in.res, refusedForScope(err, oauthToken{Scopes: in.scopes}))
+}
+
+// refusedForScope notes that err is the server's scope challenge to the user's token sess
+// carries, so the session is not used again (the run's next call starts a fresh one, and its
+// sign-in answers the challenge); it reports whether it was.
+func (sess *session) refusedForScope(err error) bool {
+	if sess.signIn == nil || scopeChallenge(err) == nil {
+		return false
+	}
+	sess.scopeRefused.Store(true)
+	return true
 }

@@ -1,7 +1,9 @@
 package pool
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -175,5 +177,81 @@ func TestRemoteCallInFlightWhenItsSessionStopsIsCancelledAtTheServer(t *testing.
 			requireAllFail(t, errs, n)
 			wg.Wait()
 		})
+	}
+}
+
+// TestADeafRemoteServerCannotHoldItsSessionsStop: a remote server whose tool never returns,
+// which never answers the notifications/cancelled sent for its calls nor the session's DELETE
+// (each request held open until the test ends), cannot hold the stop of its session (docs:
+// runtime.md): the run's end gives the calls in flight their grace, gives them up, lets the
+// notices go out (the server got one for each call) and returns while the server still holds
+// them, and the calls fail as given up by the stop.
+func TestADeafRemoteServerCannotHoldItsSessionsStop(t *testing.T) {
+	const n = 4
+	over := make(chan struct{})
+	var started, notices, held atomic.Int64
+	server := mcp.NewServer(&mcp.Implementation{Name: "deaf", Version: "1"}, nil)
+	mcp.AddTool(server, &mcp.Tool{Name: "sleep", Description: "Sleep, whatever the client says."},
+		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+			started.Add(1)
+			<-over
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "slept"}}}, nil, nil
+		})
+	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil)
+	hold := func() {
+		held.Add(1)
+		defer held.Add(-1)
+		<-over
+	}
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodDelete {
+			hold()
+			return
+		}
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return
+		}
+		if bytes.Contains(body, []byte(`"notifications/cancelled"`)) {
+			notices.Add(1)
+			hold()
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		handler.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() {
+		close(over)
+		ts.CloseClientConnections()
+		ts.Close()
+	})
+
+	h := newHarness(t, harnessOpts{noImage: true})
+	h.server("rs", func(r *registryv1.CreateServerRequest) {
+		r.Command, r.Transport, r.Url = "", "streamable_http", ts.URL+"/mcp"
+		callTimeout(10 * time.Minute)(r) // only the stop ends the calls
+	})
+	h.publish("g", []string{"a"}, []imp{{"rs", "a", []string{"sleep"}}}, nil)
+	run := h.start("g")
+	errs := callSleeps(h, h.ctx, run, n)
+	require.Eventually(t, func() bool { return started.Load() == n }, 30*time.Second, 10*time.Millisecond)
+
+	ended := make(chan error, 1)
+	go func() {
+		_, err := h.pool.EndRun(h.ctx, run, "default", StateCompleted, "done")
+		ended <- err
+	}()
+	select {
+	case err := <-ended:
+		require.NoError(t, err)
+	case <-time.After(2 * time.Minute): // far past the stop's bounds: a hang, not a slow stop
+		t.Fatalf("the run's end is held by a server that answers nothing (%d notices held)", notices.Load())
+	}
+	require.EqualValues(t, n, notices.Load(), "the server was told of each call given up")
+	require.NotZero(t, held.Load(), "the server still holds what it never answered")
+	for range n {
+		err := <-errs
+		requireFailed(t, err, failureCrashed)
+		require.ErrorContains(t, err, "the session was stopped before the server answered tools/call")
 	}
 }

@@ -22,7 +22,9 @@ import (
 	poolv1 "github.com/ringfence/ringfence/gen/go/ringfence/pool/v1"
 	registryv1 "github.com/ringfence/ringfence/gen/go/ringfence/registry/v1"
 	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/mcpgate"
 	"github.com/ringfence/ringfence/mcpgate/mcpdecl/jcs"
+	"github.com/ringfence/ringfence/mcpgate/sanitize"
 )
 
 // The result digest of a call's audit record (result_digest, result_size) is recomputed here
@@ -374,4 +376,43 @@ func BenchmarkResultDigest(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestTheDigestOfAResultNestedAsDeepAsItIsDelivered: a server's result whose content item or
+// structured content nests as deep as the output checks pass on (sanitize.MaxDepth levels,
+// counted from the item or the structured content, as they are checked) reaches its caller,
+// so it has a digest: the canonical form's depth is counted from the same place, not from
+// the content list around the items, which would refuse an item one level short of what is
+// delivered and leave the record without a digest.
+func TestTheDigestOfAResultNestedAsDeepAsItIsDelivered(t *testing.T) {
+	spec := &mcpgate.ToolSpec{Name: "deep"}
+	// nest is n objects, each the only member "a" of the one around it, around 1.
+	nest := func(n int) string {
+		return strings.Repeat(`{"a":`, n) + "1" + strings.Repeat("}", n)
+	}
+	for _, tc := range []struct{ name, raw, canonical string }{
+		{
+			"a content item",
+			`{"content":[{"type":"text","text":"x","_meta":` + nest(sanitize.MaxDepth-1) + `}]}`,
+			`{"content":[{"_meta":` + nest(sanitize.MaxDepth-1) + `,"text":"x","type":"text"}],"isError":false}`,
+		},
+		{
+			"the structured content",
+			`{"content":[],"structuredContent":` + nest(sanitize.MaxDepth) + `}`,
+			`{"content":[],"isError":false,"structuredContent":` + nest(sanitize.MaxDepth) + `}`,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := mcpgate.ProcessRawResult(spec, json.RawMessage(tc.raw))
+			require.NoError(t, err, "the result is delivered")
+			sum, size, err := ResultDigest(got.Content, got.StructuredContent, got.IsError)
+			require.NoError(t, err, "a result delivered has a digest")
+			want := sha256.Sum256([]byte(tc.canonical))
+			require.Equal(t, "sha256:"+hex.EncodeToString(want[:]), sum)
+			require.Equal(t, int64(len(tc.canonical)), size)
+		})
+	}
+	// One level deeper is not delivered at all.
+	_, err := mcpgate.ProcessRawResult(spec, json.RawMessage(`{"content":[{"type":"text","text":"x","_meta":`+nest(sanitize.MaxDepth)+`}]}`))
+	require.ErrorContains(t, err, "nested too deeply")
 }

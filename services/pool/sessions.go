@@ -357,7 +357,7 @@ func (s *Service) listInBackground(sess *session) {
 func (s *Service) relistSoon(ctx context.Context, sess *session) {
 	lctx, cancel := context.WithTimeoutCause(ctx, sess.reg.SessionTimeout(), errRelistTimeout)
 	defer cancel()
-	err := s.relist(lctx, sess, false)
+	err := s.relist(lctx, sess, relistBackground)
 	if err == nil {
 		return
 	}
@@ -501,7 +501,7 @@ func (s *Service) spawnSession(sctx context.Context, r *run, sess *session) {
 	}
 	sess.sess, sess.reg, sess.start = sp, reg, time.Now()
 	s.metrics.sessionsSpawned.Inc()
-	if err := s.relist(sctx, sess, true); err != nil {
+	if err := s.relist(sctx, sess, relistSetup); err != nil {
 		sess.err = err
 		if sctx.Err() != nil {
 			sess.err = s.givenUp()
@@ -587,19 +587,27 @@ func (s *Service) stopSessions(sessions map[string]*session) {
 }
 
 // relist takes the live listing and hashes every declaration. The first listing (setup) is
-// part of client setup, bounded like the handshake by client_session_timeout. For a server
+// part of client setup (relistSetup), bounded like the handshake by client_session_timeout. For a server
 // that signs each user in, the listing then replaces the user's stored one when it changed
 // (keepListing): so the first call of a run's session, and the session's listing in the
 // background soon after the server's tools/list_changed (listSoon), keep what the user's runs
 // offer current.
-func (s *Service) relist(ctx context.Context, sess *session, setup bool) error {
+func (s *Service) relist(ctx context.Context, sess *session, kind relistKind) error {
 	sess.stale.Store(false) // before listing, so a notification during the listing is kept
 	list := sess.sess.ListTools
-	if setup {
+	if kind == relistSetup {
 		list = sess.sess.SetupListTools
 	}
 	tools, err := list(ctx)
 	if err != nil {
+		if kind == relistBackground {
+			// No caller waits for the listing to be given a sign-in's URL, and beginning one
+			// would replace the sign-in the user may be completing (one authorization URL is
+			// good at a time): a scope challenge only marks the session, and the run's next
+			// call begins the sign-in.
+			sess.refusedForScope(err)
+			return spawnRefusal(err)
+		}
 		if scoped := s.answerScopeChallenge(ctx, sess, err); scoped != nil {
 			return refusal(reasonSignInRequired, scoped)
 		}
@@ -630,6 +638,15 @@ func (s *Service) relist(ctx context.Context, sess *session, setup bool) error {
 	s.keepListing(ctx, sess, tools)
 	return nil
 }
+
+// relistKind says who takes a session's listing (relist).
+type relistKind int
+
+const (
+	relistAgain      relistKind = iota // for a call, or a warm session handed over
+	relistSetup                        // the first, part of client setup
+	relistBackground                   // listSoon's, after tools/list_changed: no caller waits
+)
 
 // errRelistTimeout is the cause of a re-listing that outlived the registration's bound.
 var errRelistTimeout = errors.New("the re-listing outlived client_session_timeout")
@@ -662,7 +679,7 @@ func (s *Service) refreshListing(ctx context.Context, sess *session) error {
 	bound := sess.reg.SessionTimeout()
 	lctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), bound, errRelistTimeout)
 	defer cancel()
-	err := s.relist(lctx, sess, false)
+	err := s.relist(lctx, sess, relistAgain)
 	timedOut := err != nil && errors.Is(context.Cause(lctx), errRelistTimeout)
 	if timedOut {
 		msg := fmt.Sprintf("the server did not answer tools/list within %s (client_session_timeout) when its tools were listed again for the drift check; it was stopped, and the run's next call starts a fresh one", bound)

@@ -413,7 +413,7 @@ func (s *Service) prepareWarm(ctx context.Context, ref string) (*session, error)
 	}
 	sess.sess, sess.reg, sess.start = sp, reg, time.Now()
 	s.metrics.sessionsSpawned.Inc()
-	err = s.relist(ctx, sess, true)
+	err = s.relist(ctx, sess, relistSetup)
 	if err == nil {
 		err = hashable(sess.live)
 	}
@@ -587,7 +587,7 @@ func (s *Service) freshen(ctx context.Context, sess *session) error {
 	defer sess.listMu.Unlock()
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sess.reg.SessionTimeout())
 	defer cancel()
-	return s.relist(lctx, sess, false)
+	return s.relist(lctx, sess, relistAgain)
 }
 
 // WarmStatus reports, per ref, the warm sessions ready and starting: for the registry's
