@@ -138,8 +138,9 @@ func appendIndexKey[T string | []byte](dst []byte, name T, seq uint64) []byte {
 	return binary.BigEndian.AppendUint64(dst, seq)
 }
 
-// appendTenantRunKey appends by_tenant_run's key of a tenant's run: an index key whose name
-// is len(tenant) (2 BE) || tenant || run, so that no tenant and run run into another pair.
+// appendTenantRunKey appends by_tenant_run's key of a tenant's run (and by_tenant_call's of a
+// tenant's call, run then the call id): an index key whose name is len(tenant) (2 BE) ||
+// tenant || run, so that no tenant and run run into another pair.
 func appendTenantRunKey[T string | []byte](dst []byte, tenant, run T, seq uint64) []byte {
 	dst = binary.BigEndian.AppendUint16(dst, uint16(2+len(tenant)+len(run)))
 	dst = binary.BigEndian.AppendUint16(dst, uint16(len(tenant)))

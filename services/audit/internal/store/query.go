@@ -125,10 +125,13 @@ func (f Filter) fingerprint() [8]byte {
 	return [8]byte(sum[:8])
 }
 
-// scanner walks candidate records in seq order: through the by_tenant_run, by_run or
-// by_tenant index when the filter names a run or tenant, else through the records
-// themselves. A run of a tenant is read through by_tenant_run, never by_run: another
-// tenant's run of the same id must not spend the budget nor make a page token.
+// scanner walks candidate records in seq order: through the by_tenant_call, by_call,
+// by_tenant_run, by_run or by_tenant index when the filter names a call, run or tenant, else
+// through the records themselves. A run or call of a tenant is read through by_tenant_run or
+// by_tenant_call, never by_run or by_call: another tenant's run or call of the same id must
+// not spend the budget nor make a page token. Every index yields a superset of the matches
+// in seq order, so a page token (the last seq examined) reads on through whichever index the
+// filter chooses, and tokens issued before by_call existed still hold.
 type scanner struct {
 	f       Filter
 	index   []byte // index bucket, or nil for the records bucket
@@ -140,6 +143,12 @@ type scanner struct {
 func newScanner(f Filter, wantEntries bool) *scanner {
 	sc := &scanner{f: f, decode: wantEntries || !f.empty()}
 	switch {
+	// A call id before a run: a call's records are a handful (its attempts, the approved
+	// execution, the retry handed its outcome) where a run's are every call it made.
+	case f.CallID != "" && f.Tenant != "":
+		sc.index, sc.prefix = bucketByTenantCall, tenantRunPrefix(f.Tenant, f.CallID)
+	case f.CallID != "":
+		sc.index, sc.prefix = bucketByCall, indexPrefix(f.CallID)
 	case f.RunID != "" && f.Tenant != "":
 		sc.index, sc.prefix = bucketByTenantRun, tenantRunPrefix(f.Tenant, f.RunID)
 	case f.RunID != "":
