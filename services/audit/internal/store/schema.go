@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"slices"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -126,10 +127,17 @@ func migrateBuckets(tx *bolt.Tx) (uint64, error) {
 
 // indexRecords fills indexes ixs from the records of the file, migrateChunk records a
 // transaction. A record whose body cannot be read is left out: Verify names it, and the
-// index check with it.
+// index check with it. Each transaction's keys are put in key order: bbolt splits a node only
+// at the commit, and keys in seq order interleave the tenants of by_tenant_run and
+// by_tenant_call, so each put moved every key after it in a node that grew to the chunk's
+// size (4.7 s for 100,000 records, against 0.3 s sorted).
 func indexRecords(db *bolt.DB, ixs []int) error {
 	var last []byte // the key the previous transaction ended at
+	keys := make([][][]byte, len(ixs))
 	for done := false; !done; {
+		for i := range keys {
+			keys[i] = keys[i][:0]
+		}
 		err := db.Update(func(tx *bolt.Tx) error {
 			cur := tx.Bucket(bucketRecords).Cursor()
 			k, v := cur.First()
@@ -149,20 +157,25 @@ func indexRecords(db *bolt.DB, ixs []int) error {
 					continue
 				}
 				seq := binary.BigEndian.Uint64(k)
-				for _, ix := range ixs {
+				for i, ix := range ixs {
 					for nth := range maxKeysPerIndex {
 						// requiredKey copies: f points into the file, which bbolt may move as it writes.
-						key, ok := requiredKey(nil, ix, f, seq, nth)
-						if !ok {
-							continue
-						}
-						if err := tx.Bucket(indexBuckets[ix]).Put(key, noValue); err != nil {
-							return fmt.Errorf("audit: index record %d by %s: %w", seq, indexSubject[ix], err)
+						if key, ok := requiredKey(nil, ix, f, seq, nth); ok {
+							keys[i] = append(keys[i], key)
 						}
 					}
 				}
 			}
 			last, done = bytes.Clone(at), k == nil
+			for i, ix := range ixs {
+				slices.SortFunc(keys[i], bytes.Compare)
+				b := tx.Bucket(indexBuckets[ix])
+				for _, key := range keys[i] {
+					if err := b.Put(key, noValue); err != nil {
+						return fmt.Errorf("audit: index record %d by %s: %w", binary.BigEndian.Uint64(key[len(key)-8:]), indexSubject[ix], err)
+					}
+				}
+			}
 			return nil
 		})
 		if err != nil {
