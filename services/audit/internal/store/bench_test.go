@@ -456,3 +456,18 @@ func BenchmarkMigrateCalls100k(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// BenchmarkVerify100k times Verify over the 100,000-record log of BenchmarkListByCall, warm:
+// quicker to build than Verify1M's, for comparing the index check's cost between builds.
+func BenchmarkVerify100k(b *testing.B) {
+	s, err := Open(buildCallFixture(b), Options{})
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = s.Close() })
+	_, err = s.Verify(context.Background(), nil) // load the cache
+	require.NoError(b, err)
+	for b.Loop() {
+		res, err := s.Verify(context.Background(), nil)
+		require.NoError(b, err)
+		require.True(b, res.OK, "%+v", res)
+	}
+}
