@@ -280,3 +280,20 @@ func TestMigrateIndexesTheCalls(t *testing.T) {
 		return nil
 	}))
 }
+
+// TestACopyIndexesACallByBothItsIDs: Ingest (an instance copying the shared chain) writes
+// the by_call and by_tenant_call entries Append writes, the retry's under both its ids, so
+// the copy verifies and answers a call filter as the original does.
+func TestACopyIndexesACallByBothItsIDs(t *testing.T) {
+	src, _ := newStore(t)
+	waiting, rest := approvalStory("acme", "r1", "c-1", "c-9")
+	appendAll(t, src, append([]audit.Record{waiting}, rest...)...)
+	dst, _ := newStore(t)
+	require.NoError(t, dst.Ingest(t.Context(), 1, storedValues(t, src, 1, 4)))
+	requireVerified(t, dst, 4)
+	for _, f := range []Filter{{CallID: "c-1"}, {Tenant: "acme", CallID: "c-1"}} {
+		page, err := dst.List(t.Context(), f, 0, "")
+		require.NoError(t, err)
+		require.Equal(t, []string{"c-1#1", "c-1#2", "c-1#2", "c-9#1<c-1"}, callLines(page.Entries), "%+v", f)
+	}
+}
