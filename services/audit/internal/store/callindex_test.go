@@ -2,13 +2,16 @@ package store
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/ringfence/ringfence/internal/audit"
+	"github.com/ringfence/ringfence/internal/boltdb"
 )
 
 // approvalStory is call callID of tenant's run that asked an approver first: its refusal
@@ -296,4 +299,40 @@ func TestACopyIndexesACallByBothItsIDs(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, []string{"c-1#1", "c-1#2", "c-1#2", "c-9#1<c-1"}, callLines(page.Entries), "%+v", f)
 	}
+}
+
+// TestAnUpgradeCutShortStaysAtVersion2: an upgrade that stops partway (here at a damaged page
+// of the records, met after some chunks were indexed and committed) fails the start naming the
+// file, and leaves the file at version 2, which the release before still opens; the entries
+// committed so far stay, and a start after the repair would index again from the first record.
+func TestAnUpgradeCutShortStaysAtVersion2(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.db")
+	damagedLog(t, path, bucketRecords, true)
+	db, err := bolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		for _, name := range [][]byte{bucketByCall, bucketByTenantCall} {
+			if err := tx.DeleteBucket(name); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte{0, 0, 0, 0, 0, 0, 0, 2})
+	}))
+	require.NoError(t, db.Close())
+
+	defer func(n int) { migrateChunk = n }(migrateChunk)
+	migrateChunk = 50
+	_, err = Open(path, Options{})
+	var damaged *boltdb.DamagedError
+	require.True(t, errors.As(err, &damaged), "%v", err)
+	require.ErrorContains(t, err, path+" is damaged (")
+
+	db, err = bolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, db.View(func(tx *bolt.Tx) error {
+		require.Equal(t, []byte{0, 0, 0, 0, 0, 0, 0, 2}, tx.Bucket(bucketMeta).Get(keySchemaVersion), "still version 2")
+		require.Positive(t, tx.Bucket(bucketByCall).Stats().KeyN, "the chunks before the damage were committed")
+		return nil
+	}))
 }
