@@ -408,7 +408,7 @@ func BenchmarkListByCall(b *testing.B) {
 		for b.Loop() {
 			pages, found = 0, 0
 			sc := newScanner(f, true)
-			sc.index, sc.prefix = nil, nil
+			sc.index, sc.prefix, sc.epochs = nil, nil, false
 			for after, more := uint64(0), true; more; {
 				require.NoError(b, s.db.View(func(tx *bolt.Tx) error {
 					var err error

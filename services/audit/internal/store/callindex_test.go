@@ -1,10 +1,12 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -204,8 +206,8 @@ func TestACallIsIndexedByBothItsIDs(t *testing.T) {
 		bucket, key []byte
 		reason      string
 	}{
-		{bucketByCall, appendIndexKey(nil, "c-1", 4), `by_call index lacks this record, so reads for call "c-1" do not show it`},
-		{bucketByTenantCall, appendTenantRunKey(nil, "acme", "c-1", 4), `by_tenant_call index lacks this record, so reads for tenant and call "acme" and "c-1" do not show it`},
+		{bucketByCall, appendCallKey(nil, "c-1", 4), `by_call index lacks this record, so reads for call "c-1" do not show it`},
+		{bucketByTenantCall, appendTenantCallKey(nil, "acme", "c-1", 4), `by_tenant_call index lacks this record, so reads for tenant and call "acme" and "c-1" do not show it`},
 	} {
 		db, err := bolt.Open(path, 0o600, nil)
 		require.NoError(t, err)
@@ -335,4 +337,60 @@ func TestAnUpgradeCutShortStaysAtVersion2(t *testing.T) {
 		require.Positive(t, tx.Bucket(bucketByCall).Stats().KeyN, "the chunks before the damage were committed")
 		return nil
 	}))
+}
+
+// TestTheCallIndexesAreLedByTheEpoch: the call indexes' keys begin with the epoch of their
+// record's seq, so a commit's entries land in the newest epoch's pages whatever the call ids
+// (random ones as the pool's and LLM providers' are): a call "z" recorded first sorts before a
+// call "a" recorded an epoch later. A call whose records span epochs is read whole, a page at
+// a time, and a tenant's the same.
+func TestTheCallIndexesAreLedByTheEpoch(t *testing.T) {
+	s, _ := newStore(t)
+	c := call{tenant: "acme", run: "r1", server: "files", tool: "read_file"}
+	appendAll(t, s, toolRec(c, "z"), toolRec(c, "spans"))
+	appendFiller(t, s, "acme", "r1", "filler", 1<<callEpochShift)
+	appendAll(t, s, toolRec(c, "a"), toolRec(c, "spans"))
+	appendFiller(t, s, "acme", "r1", "filler2", 1<<callEpochShift)
+	appendAll(t, s, toolRec(c, "spans"))
+
+	require.NoError(t, s.db.View(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketByCall, bucketByTenantCall} {
+			var order []string
+			require.NoError(t, tx.Bucket(b).ForEach(func(k, _ []byte) error {
+				if name := keyName(indexOf(b), k); strings.HasSuffix(name, `"z"`) || strings.HasSuffix(name, `"a"`) {
+					order = append(order, name[len(name)-2:len(name)-1])
+				}
+				return nil
+			}))
+			require.Equal(t, []string{"z", "a"}, order, "%s: the epoch before the call id", b)
+		}
+		return nil
+	}))
+	for _, f := range []Filter{{CallID: "spans"}, {Tenant: "acme", CallID: "spans"}} {
+		var seqs []uint64
+		token := ""
+		for {
+			page, err := s.List(t.Context(), f, 1, token)
+			require.NoError(t, err)
+			for _, e := range page.Entries {
+				seqs = append(seqs, e.Record.Seq)
+			}
+			if token = page.NextPageToken; token == "" {
+				break
+			}
+		}
+		require.Len(t, seqs, 3, "%+v", f)
+		require.Equal(t, []uint32{0, 1, 2}, []uint32{callEpoch(seqs[0]), callEpoch(seqs[1]), callEpoch(seqs[2])}, "one in each epoch, in order")
+	}
+	requireVerified(t, s, 2*(1<<callEpochShift)+5)
+}
+
+// indexOf is the checker's position of an index bucket.
+func indexOf(bucket []byte) int {
+	for ix, b := range indexBuckets {
+		if bytes.Equal(b, bucket) {
+			return ix
+		}
+	}
+	panic(fmt.Sprintf("no index %s", bucket))
 }

@@ -29,9 +29,10 @@
 // filter with a call reads them even when it names a run as well: a call's records are a
 // handful, a run's are every call it made. Keys are length-prefixed names followed by the
 // seq, so a run's or tenant's entries land at the end of its range and cost little to
-// write; call ids are random (the pool's, an LLM provider's), so each record puts its
-// by_call and by_tenant_call entries at a random place, what a random id costs in by_id
-// (figures in docs/benchmarks.md). Server, tool, outcome, kind and time are not indexed:
+// write; call ids are random (the pool's, an LLM provider's), so by_call's and
+// by_tenant_call's keys are led by the epoch of the record's seq (4,096 records): a commit's
+// entries land in the newest epoch's few pages instead of at random pages of an index as large
+// as the log, and a call is read as one range per epoch (figures in docs/benchmarks.md). Server, tool, outcome, kind and time are not indexed:
 // they are tested per record, first as a byte search for the encoded field in the body
 // and then on the decoded record, and every List call examines at most ScanBudget
 // records, returning a short page with a next token when the budget runs out. Time in

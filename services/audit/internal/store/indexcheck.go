@@ -127,9 +127,9 @@ func requiredKey(dst []byte, ix int, f bodyFields, seq uint64, nth int) ([]byte,
 	if ix == ixByCall || ix == ixByTenantCall {
 		call := indexedCall(f.call, f.dispatched, nth)
 		if ix == ixByCall {
-			return appendIndexKey(dst, call, seq), call != nil
+			return appendCallKey(dst, call, seq), call != nil
 		}
-		return appendTenantRunKey(dst, f.tenant, call, seq), f.tenant != nil && call != nil
+		return appendTenantCallKey(dst, f.tenant, call, seq), f.tenant != nil && call != nil
 	}
 	if nth != 0 {
 		return dst, false
@@ -261,15 +261,29 @@ func entrySeq(ix int, k, v []byte) (uint64, bool) {
 		}
 		return binary.BigEndian.Uint64(v), true
 	}
+	var epoch []byte
+	if ix == ixByCall || ix == ixByTenantCall {
+		if len(k) < 4 {
+			return 0, false
+		}
+		epoch, k = k[:4], k[4:]
+	}
 	if len(k) < 2+8 || int(binary.BigEndian.Uint16(k))+2+8 != len(k) {
 		return 0, false
 	}
-	return binary.BigEndian.Uint64(k[len(k)-8:]), true
+	seq := binary.BigEndian.Uint64(k[len(k)-8:])
+	if epoch != nil && binary.BigEndian.Uint32(epoch) != callEpoch(seq) {
+		return 0, false // in no epoch a read of its call looks in
+	}
+	return seq, true
 }
 
 // keyName is what an entry of index ix (not by_id) is read by, quoted for a message: `"run-1"`,
 // or for a tenant's run or call `"acme" and "run-1"`.
 func keyName(ix int, key []byte) string {
+	if ix == ixByCall || ix == ixByTenantCall {
+		key = key[4:] // the epoch
+	}
 	name := key[2 : len(key)-8]
 	if ix != ixByTenantRun && ix != ixByTenantCall {
 		return fmt.Sprintf("%q", name)

@@ -20,8 +20,10 @@ const schemaVersion = 3
 //	by_tenant       len (2 BE) || tenant || seq (8 BE) -> empty
 //	by_run          len (2 BE) || run id || seq (8 BE) -> empty
 //	by_tenant_run   len (2 BE) || len (2 BE) || tenant || run id || seq (8 BE) -> empty (v2)
-//	by_call         len (2 BE) || call id || seq (8 BE) -> empty (v3)
-//	by_tenant_call  len (2 BE) || len (2 BE) || tenant || call id || seq (8 BE) -> empty (v3)
+//	by_call         epoch (4 BE) || len (2 BE) || call id || seq (8 BE) -> empty (v3)
+//	by_tenant_call  epoch (4 BE) || len (2 BE) || len (2 BE) || tenant || call id || seq (8 BE) -> empty (v3)
+//
+// where epoch is seq >> callEpochShift (4,096 records an epoch: see callEpochShift).
 //
 // by_tenant_run serves a run of one tenant: run ids are unique within a tenant only, and a
 // read of acme's "nightly" through by_run would examine globex's "nightly" as well (its

@@ -424,9 +424,9 @@ func (w *writer) commit(batch []*appendReq) {
 					keySize += 8 + len(r.ID) + 8 + 2*(2+8) + len(r.Tenant)
 					if tc := r.ToolCall; tc != nil {
 						keySize += len(tc.RunID) + 2 + 2 + len(r.Tenant) + len(tc.RunID) + 8
-						keySize += 2*(2+len(tc.CallID)+8) + 2 + len(r.Tenant)
+						keySize += 2*(4+2+len(tc.CallID)+8) + 2 + len(r.Tenant)
 						if tc.Approval != nil {
-							keySize += 2*(2+len(tc.Approval.DispatchedCallID)+8) + 2 + len(r.Tenant)
+							keySize += 2*(4+2+len(tc.Approval.DispatchedCallID)+8) + 2 + len(r.Tenant)
 						}
 					}
 				}
@@ -498,13 +498,13 @@ func (w *writer) commit(batch []*appendReq) {
 							continue
 						}
 						start = len(keys)
-						keys = appendIndexKey(keys, call, seq)
+						keys = appendCallKey(keys, call, seq)
 						if err := byCall.Put(carve(&keys, start), noValue); err != nil {
 							return fmt.Errorf("audit: index record %d: %w", seq, err)
 						}
 						if r.Tenant != "" {
 							start = len(keys)
-							keys = appendTenantRunKey(keys, r.Tenant, call, seq)
+							keys = appendTenantCallKey(keys, r.Tenant, call, seq)
 							if err := byTenantCall.Put(carve(&keys, start), noValue); err != nil {
 								return fmt.Errorf("audit: index record %d: %w", seq, err)
 							}
