@@ -128,7 +128,7 @@ func TestAFilterByCallFindsTheCallsRecords(t *testing.T) {
 				break
 			}
 		}
-		require.Equal(t, want, got, "with the run's index")
+		require.Equal(t, want, got, "with a run as well")
 
 		all, err := client.List(testutil.WithKey(t.Context(), auditorKey), &auditv1.ListRequest{Filter: &auditv1.Filter{CallId: "c-1"}})
 		require.NoError(t, err)
@@ -258,4 +258,43 @@ func TestAFilterByCallFindsTheCallsRecords(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, code, body)
 		require.Contains(t, body, `call_id \"c 1\" holds a space`)
 	})
+}
+
+// TestACallIsInTheFirstPageOfALongLog: over real gRPC, filter.call_id alone on a log longer
+// than the store's scan budget (10,000 records a List) answers the call's records in the first
+// page, with no token: they are read through the call index (a tenant-bound key's through its
+// tenant's), where the log was scanned before and the first pages came back empty with a token.
+func TestACallIsInTheFirstPageOfALongLog(t *testing.T) {
+	svc := open(t)
+	const filler = 10_500
+	for from := 0; from < filler; from += audit.MaxBatchSize {
+		var recs []*auditv1.Record
+		for i := from; i < min(from+audit.MaxBatchSize, filler); i++ {
+			tc := audit.ToolCallAttempt{RunID: "r1", CallID: fmt.Sprint("other-", i), Attempt: 1, ServerRef: "docs", ToolName: "read_file"}
+			tc.Succeeded()
+			recs = append(recs, auditpb.RecordToProto(audit.NewToolCallRecord("pool", "acme", tc)))
+		}
+		_, err := svc.Internal().Append(context.Background(), &auditinternalv1.AppendRequest{Records: recs})
+		require.NoError(t, err)
+	}
+	approvedCall(t, svc)
+	srv := grpcserver.New(grpcserver.Options{Name: "audit", GRPCAddr: "127.0.0.1:0", Authorizer: auth.NewAuthorizer(auditorKeys{}, auth.Rules),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	auditv1.RegisterAuditServiceServer(srv.GRPC(), svc)
+	conn, _ := testutil.Serve(t, srv)
+	client := auditv1.NewAuditServiceClient(conn)
+
+	for key, want := range map[string][]string{
+		acmeAuditorKey: {"c-1#1 acme", "c-1#2 acme", "c-1#2 acme", "c-9#1 acme <c-1"},
+		auditorKey:     {"c-1#1 acme", "c-1#2 acme", "c-1#2 acme", "c-1#1 globex", "c-9#1 acme <c-1"},
+	} {
+		resp, err := client.List(testutil.WithKey(t.Context(), key), &auditv1.ListRequest{Filter: &auditv1.Filter{CallId: "c-1"}})
+		require.NoError(t, err)
+		var got []string
+		for _, r := range resp.GetRecords() {
+			got = append(got, callLine(r))
+		}
+		require.Equal(t, want, got, key)
+		require.Empty(t, resp.GetNextPageToken(), key)
+	}
 }

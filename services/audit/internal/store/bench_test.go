@@ -4,9 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -32,6 +35,18 @@ func TestMain(m *testing.M) {
 		_ = os.RemoveAll(benchDir)
 	}
 	os.Exit(code)
+}
+
+// benchFixtureDir is benchDir, made at its first use.
+func benchFixtureDir() (string, error) {
+	if benchDir != "" {
+		return benchDir, nil
+	}
+	dir, err := os.MkdirTemp("", "audit-bench-")
+	if err == nil {
+		benchDir = dir
+	}
+	return dir, err
 }
 
 func digest(s string) string {
@@ -62,19 +77,26 @@ func realisticRecord(i int) audit.Record {
 
 // BenchmarkAppendDurable measures fsynced appends from many concurrent callers, the
 // way the audit service receives them. ids=random replaces audit.NewID's time-ordered
-// IDs with fully random ones to show what the time prefix buys.
+// IDs with fully random ones to show what the time prefix buys. calls=random gives each
+// record a call id as the pool mints one ("call-" and 24 random hex digits) instead of
+// realisticRecord's ascending ones, which by_call (and by_tenant_call) then insert at a
+// random place each.
 func BenchmarkAppendDurable(b *testing.B) {
 	for _, bc := range []struct {
-		goroutines, perCall int
-		randomIDs           bool
+		goroutines, perCall    int
+		randomIDs, randomCalls bool
 	}{
-		{256, 1, false}, {64, 1, false}, {8, 100, false}, {8, 100, true},
+		{256, 1, false, false}, {64, 1, false, false}, {8, 100, false, false}, {8, 100, true, false}, {8, 100, false, true},
 	} {
 		ids := "time_ordered"
 		if bc.randomIDs {
 			ids = "random"
 		}
-		b.Run(fmt.Sprintf("goroutines=%d/records_per_call=%d/ids=%s", bc.goroutines, bc.perCall, ids), func(b *testing.B) {
+		name := fmt.Sprintf("goroutines=%d/records_per_call=%d/ids=%s", bc.goroutines, bc.perCall, ids)
+		if bc.randomCalls {
+			name += "/calls=random"
+		}
+		b.Run(name, func(b *testing.B) {
 			s, err := Open(filepath.Join(b.TempDir(), "audit.db"), Options{})
 			require.NoError(b, err)
 			b.Cleanup(func() { _ = s.Close() })
@@ -96,6 +118,9 @@ func BenchmarkAppendDurable(b *testing.B) {
 							r := realisticRecord(int(i))
 							if bc.randomIDs {
 								r.ID = randomID()
+							}
+							if bc.randomCalls {
+								r.ToolCall.CallID = "call-" + randomID()[:24]
 							}
 							recs = append(recs, r)
 						}
@@ -144,12 +169,11 @@ const verifyRecords = 1_000_000
 // build it quickly; the file is the same).
 func buildVerifyFixture(b *testing.B) string {
 	verifyFixtureOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "audit-bench-")
+		dir, err := benchFixtureDir()
 		if err != nil {
 			verifyFixtureErr = err
 			return
 		}
-		benchDir = dir
 		path := filepath.Join(dir, "verify1m.db")
 		s, err := Open(path, Options{NoSync: true})
 		if err != nil {
@@ -313,4 +337,137 @@ func TestRealisticRecordSize(t *testing.T) {
 	require.Greater(t, len(body), 800)
 	require.Less(t, len(body), 1000)
 	t.Logf("realistic stored body: %d bytes", len(body))
+}
+
+var (
+	callFixtureOnce sync.Once
+	callFixture     string
+	callFixtureErr  error
+)
+
+const callRecords = 100_000
+
+// buildCallFixture writes a 100,000-record log of realisticRecord through Append (without
+// fsync, to build it quickly; the file is the same).
+func buildCallFixture(b *testing.B) string {
+	callFixtureOnce.Do(func() {
+		dir, err := benchFixtureDir()
+		if err != nil {
+			callFixtureErr = err
+			return
+		}
+		callFixture = filepath.Join(dir, "calls100k.db")
+		s, err := Open(callFixture, Options{NoSync: true})
+		if err != nil {
+			callFixtureErr = err
+			return
+		}
+		recs := make([]audit.Record, 0, MaxAppendRecords)
+		for from := 0; from < callRecords && callFixtureErr == nil; from += MaxAppendRecords {
+			recs = recs[:0]
+			for i := from; i < min(from+MaxAppendRecords, callRecords); i++ {
+				recs = append(recs, realisticRecord(i))
+			}
+			_, callFixtureErr = s.Append(context.Background(), recs)
+		}
+		callFixtureErr = errors.Join(callFixtureErr, s.db.Sync(), s.Close())
+	})
+	require.NoError(b, callFixtureErr)
+	return callFixture
+}
+
+// BenchmarkListByCall: `audit list --call ID` on a 100,000-record log, every page until the
+// call's records are all read (the call is record 50,000's). index: List, through by_call.
+// scan: the same pages as List made before by_call, the scanner walking the records bucket
+// ScanBudget records a page (what a caller paged through: 10 pages, nine of them empty).
+func BenchmarkListByCall(b *testing.B) {
+	path := buildCallFixture(b)
+	s, err := Open(path, Options{})
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = s.Close() })
+	f := Filter{CallID: realisticRecord(50_000).ToolCall.CallID}
+	b.Run("read=index", func(b *testing.B) {
+		var pages, found int
+		for b.Loop() {
+			pages, found = 0, 0
+			token := ""
+			for {
+				page, err := s.List(context.Background(), f, 0, token)
+				require.NoError(b, err)
+				pages, found = pages+1, found+len(page.Entries)
+				if token = page.NextPageToken; token == "" {
+					break
+				}
+			}
+		}
+		require.Equal(b, 1, found)
+		b.ReportMetric(float64(pages), "pages")
+	})
+	b.Run("read=scan", func(b *testing.B) {
+		var pages, found int
+		for b.Loop() {
+			pages, found = 0, 0
+			sc := newScanner(f, true)
+			sc.index, sc.prefix, sc.epochs = nil, nil, false
+			for after, more := uint64(0), true; more; {
+				require.NoError(b, s.db.View(func(tx *bolt.Tx) error {
+					var err error
+					after, more, err = sc.scan(tx, after, math.MaxUint64, s.scanBudget, func(uint64, []byte, *Entry) bool {
+						found++
+						return found < DefaultPageSize
+					})
+					return err
+				}))
+				pages++
+			}
+		}
+		require.Equal(b, 1, found)
+		b.ReportMetric(float64(pages), "pages")
+	})
+}
+
+// BenchmarkMigrateCalls100k times the first start of this release on a version 2 log of
+// 100,000 records: Open indexing every record by call (by_call, by_tenant_call) in one read of
+// the log, then marking it version 3.
+func BenchmarkMigrateCalls100k(b *testing.B) {
+	src := buildCallFixture(b)
+	path := filepath.Join(b.TempDir(), "audit.db")
+	for b.Loop() {
+		b.StopTimer()
+		data, err := os.ReadFile(src)
+		require.NoError(b, err)
+		require.NoError(b, os.WriteFile(path, data, 0o600))
+		db, err := bolt.Open(path, 0o600, nil)
+		require.NoError(b, err)
+		require.NoError(b, db.Update(func(tx *bolt.Tx) error {
+			for _, name := range [][]byte{bucketByCall, bucketByTenantCall} {
+				if err := tx.DeleteBucket(name); err != nil {
+					return err
+				}
+			}
+			return tx.Bucket(bucketMeta).Put(keySchemaVersion, binary.BigEndian.AppendUint64(nil, 2))
+		}))
+		require.NoError(b, db.Close())
+		b.StartTimer()
+		s, err := Open(path, Options{})
+		require.NoError(b, err)
+		b.StopTimer()
+		require.NoError(b, s.Close())
+		b.StartTimer()
+	}
+}
+
+// BenchmarkVerify100k times Verify over the 100,000-record log of BenchmarkListByCall, warm:
+// quicker to build than Verify1M's, for comparing the index check's cost between builds.
+func BenchmarkVerify100k(b *testing.B) {
+	s, err := Open(buildCallFixture(b), Options{})
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = s.Close() })
+	_, err = s.Verify(context.Background(), nil) // load the cache
+	require.NoError(b, err)
+	for b.Loop() {
+		res, err := s.Verify(context.Background(), nil)
+		require.NoError(b, err)
+		require.True(b, res.OK, "%+v", res)
+	}
 }

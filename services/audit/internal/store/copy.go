@@ -94,18 +94,20 @@ func (w *writer) copyChain(req *appendReq) {
 				return fmt.Errorf("audit: put record %d: %w", at, err)
 			}
 			for ix := range numIndexes {
-				key, ok := requiredKey(nil, ix, f, at)
-				if !ok {
-					continue
+				for nth := range maxKeysPerIndex {
+					key, ok := requiredKey(nil, ix, f, at, nth)
+					if !ok {
+						continue
+					}
+					val := noValue
+					if ix == ixByID {
+						val, _ = appendIDValue(nil, nil, at, body)
+					}
+					if err := tx.Bucket(indexBuckets[ix]).Put(key, val); err != nil {
+						return fmt.Errorf("audit: index record %d: %w", at, err)
+					}
+					written += len(key) + len(val)
 				}
-				val := noValue
-				if ix == ixByID {
-					val, _ = appendIDValue(nil, nil, at, body)
-				}
-				if err := tx.Bucket(indexBuckets[ix]).Put(key, val); err != nil {
-					return fmt.Errorf("audit: index record %d: %w", at, err)
-				}
-				written += len(key) + len(val)
 			}
 			written += 8 + len(v)
 			seq, prev = at, [32]byte(v[:hashLen])

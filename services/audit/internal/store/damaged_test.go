@@ -67,6 +67,7 @@ func TestADamagedPageMetAfterTheStartIsNamed(t *testing.T) {
 		middle bool
 	}{
 		"id index": {bucketByID, false}, "tenant index": {bucketByTenant, false}, "run index": {bucketByRun, false},
+		"call index": {bucketByCall, false},
 		// The records' root and last page are read at start (and refused there), not those between.
 		"records": {bucketRecords, true},
 	} {

@@ -17,19 +17,28 @@
 //
 // Indexes, and why these: by_id is needed for idempotency; it stays cheap to write
 // because audit.NewID puts the minting time first, so new IDs land at the end of the
-// index (any other ID format is accepted, and costs a random page per record). by_run (run id) and
-// by_tenant serve the two questions operators ask most ("what did this run call",
-// "what happened in this tenant") and turn them from a scan of the whole log into a
+// index (any other ID format is accepted, and costs a random page per record). by_run
+// (run id) and by_tenant serve the two questions operators ask most ("what did this run
+// call", "what happened in this tenant") and turn them from a scan of the whole log into a
 // range read. by_tenant_run serves a run of one tenant: run ids are unique within a
 // tenant only, so a tenant-bound reader's run filter through by_run would examine other
-// tenants' runs of the same id. Their keys are length-prefixed names followed by the seq,
-// so they grow mostly at the end of a range and cost little to write. Server, tool, outcome, kind
-// and time are not indexed: they are tested per record, first as a byte search for the
-// encoded field in the body and then on the decoded record, and every List call
-// examines at most ScanBudget records, returning a short page with a next token when
-// the budget runs out. Time in particular is the producer's clock, which is not
-// monotonic in seq (a spool can deliver an hour-old record after an outage), so a seq
-// range cannot stand in for a time range. Results are always in seq order.
+// tenants' runs of the same id. by_call and by_tenant_call serve the third ("what happened
+// to call X", the id a caller or an agent was given) the same way: a tool-call record is
+// indexed under its call_id and, when set and different, its approval.dispatched_call_id
+// (the retry handed the call's approved outcome), the two ids the call filter matches. A
+// filter with a call reads them even when it names a run as well: a call's records are a
+// handful, a run's are every call it made. Keys are length-prefixed names followed by the
+// seq, so a run's or tenant's entries land at the end of its range and cost little to
+// write; call ids are random (the pool's, an LLM provider's), so by_call's and
+// by_tenant_call's keys are led by the epoch of the record's seq (4,096 records): a commit's
+// entries land in the newest epoch's few pages instead of at random pages of an index as large
+// as the log, and a call is read as one range per epoch (figures in docs/benchmarks.md). Server, tool, outcome, kind and time are not indexed:
+// they are tested per record, first as a byte search for the encoded field in the body
+// and then on the decoded record, and every List call examines at most ScanBudget
+// records, returning a short page with a next token when the budget runs out. Time in
+// particular is the producer's clock, which is not monotonic in seq (a spool can deliver
+// an hour-old record after an outage), so a seq range cannot stand in for a time range.
+// Results are always in seq order.
 //
 // Watchers read from the file, not from a buffer the writer fills: the writer only
 // wakes them after each commit, so a slow watcher falls behind without slowing appends

@@ -35,13 +35,19 @@ const (
 	ixByTenant
 	ixByRun
 	ixByTenantRun
+	ixByCall
+	ixByTenantCall
 	numIndexes
 )
 
-var indexBuckets = [numIndexes][]byte{bucketByID, bucketByTenant, bucketByRun, bucketByTenantRun}
+var indexBuckets = [numIndexes][]byte{bucketByID, bucketByTenant, bucketByRun, bucketByTenantRun, bucketByCall, bucketByTenantCall}
 
 // indexSubject is what each index is read by, for messages.
-var indexSubject = [numIndexes]string{"id", "tenant", "run", "tenant and run"}
+var indexSubject = [numIndexes]string{"id", "tenant", "run", "tenant and run", "call", "tenant and call"}
+
+// maxKeysPerIndex bounds the entries one record has in one index: two in by_call and
+// by_tenant_call (its call id and the call whose approved outcome it was handed), one elsewhere.
+const maxKeysPerIndex = 2
 
 type indexSum struct{ n, sum uint64 }
 
@@ -98,24 +104,36 @@ func (c *indexChecker) record(seq uint64, body []byte) string {
 		return "body is not a JSON object with a string id"
 	}
 	for ix := range numIndexes {
-		key, ok := requiredKey(c.key[:0], ix, f, seq)
-		if !ok {
-			continue
+		for nth := range maxKeysPerIndex {
+			key, ok := requiredKey(c.key[:0], ix, f, seq, nth)
+			if !ok {
+				continue
+			}
+			c.key = key
+			val := noValue
+			if ix == ixByID {
+				val = c.idValue(seq, body)
+			}
+			c.add(&c.want[ix], key, val)
 		}
-		c.key = key
-		val := noValue
-		if ix == ixByID {
-			val = c.idValue(seq, body)
-		}
-		c.add(&c.want[ix], key, val)
 	}
 	return ""
 }
 
-// requiredKey is the key a record with fields f at seq needs in index ix, appended to dst
-// (by_id's is the id itself); false when it needs none there. It copies: f may point into
-// the read-only file.
-func requiredKey(dst []byte, ix int, f bodyFields, seq uint64) ([]byte, bool) {
+// requiredKey is the nth key (from 0, below maxKeysPerIndex) a record with fields f at seq
+// needs in index ix, appended to dst (by_id's is the id itself); false when it needs no nth
+// there. It copies: f may point into the read-only file.
+func requiredKey(dst []byte, ix int, f bodyFields, seq uint64, nth int) ([]byte, bool) {
+	if ix == ixByCall || ix == ixByTenantCall {
+		call := indexedCall(f.call, f.dispatched, nth)
+		if ix == ixByCall {
+			return appendCallKey(dst, call, seq), call != nil
+		}
+		return appendTenantCallKey(dst, f.tenant, call, seq), f.tenant != nil && call != nil
+	}
+	if nth != 0 {
+		return dst, false
+	}
 	switch ix {
 	case ixByID:
 		return append(dst, f.id...), true
@@ -126,6 +144,21 @@ func requiredKey(dst []byte, ix int, f bodyFields, seq uint64) ([]byte, bool) {
 	default:
 		return appendTenantRunKey(dst, f.tenant, f.run, seq), f.tenant != nil && f.run != nil
 	}
+}
+
+// indexedCall is the nth call id a tool-call record is indexed by in by_call and
+// by_tenant_call: 0 its own call_id, 1 its approval's dispatched_call_id unless that is the
+// same; nil (or "") for none. The writer reads them from the record, Verify and the
+// migration from the body, and both must name the same ids.
+func indexedCall[T string | []byte](call, dispatched T, nth int) T {
+	var none T
+	switch {
+	case nth == 0:
+		return call
+	case nth == 1 && string(dispatched) != string(call):
+		return dispatched
+	}
+	return none
 }
 
 // idValue is the by_id value record seq requires: its seq and the digest of the record
@@ -190,13 +223,11 @@ func (c *indexChecker) missing(tx *bolt.Tx, headSeq uint64) (uint64, string) {
 		case !bytes.Equal(got, c.idValue(seq, body)):
 			return seq, fmt.Sprintf("record does not match the digest its by_id entry kept at append (id %q): the record or the entry was changed", f.id)
 		}
-		for _, ix := range []int{ixByTenant, ixByRun, ixByTenantRun} {
-			if key, ok := requiredKey(nil, ix, f, seq); ok && tx.Bucket(indexBuckets[ix]).Get(key) == nil {
-				name := fmt.Sprintf("%q", key[2:len(key)-8])
-				if ix == ixByTenantRun {
-					name = fmt.Sprintf("%q and %q", f.tenant, f.run)
+		for _, ix := range []int{ixByTenant, ixByRun, ixByTenantRun, ixByCall, ixByTenantCall} {
+			for nth := range maxKeysPerIndex {
+				if key, ok := requiredKey(nil, ix, f, seq, nth); ok && tx.Bucket(indexBuckets[ix]).Get(key) == nil {
+					return seq, fmt.Sprintf("%s index lacks this record, so reads for %s %s do not show it", indexBuckets[ix], indexSubject[ix], keyName(ix, key))
 				}
-				return seq, fmt.Sprintf("%s index lacks this record, so reads for %s %s do not show it", indexBuckets[ix], indexSubject[ix], name)
 			}
 		}
 	}
@@ -230,10 +261,35 @@ func entrySeq(ix int, k, v []byte) (uint64, bool) {
 		}
 		return binary.BigEndian.Uint64(v), true
 	}
+	var epoch []byte
+	if ix == ixByCall || ix == ixByTenantCall {
+		if len(k) < 4 {
+			return 0, false
+		}
+		epoch, k = k[:4], k[4:]
+	}
 	if len(k) < 2+8 || int(binary.BigEndian.Uint16(k))+2+8 != len(k) {
 		return 0, false
 	}
-	return binary.BigEndian.Uint64(k[len(k)-8:]), true
+	seq := binary.BigEndian.Uint64(k[len(k)-8:])
+	if epoch != nil && binary.BigEndian.Uint32(epoch) != callEpoch(seq) {
+		return 0, false // in no epoch a read of its call looks in
+	}
+	return seq, true
+}
+
+// keyName is what an entry of index ix (not by_id) is read by, quoted for a message: `"run-1"`,
+// or for a tenant's run or call `"acme" and "run-1"`.
+func keyName(ix int, key []byte) string {
+	if ix == ixByCall || ix == ixByTenantCall {
+		key = key[4:] // the epoch
+	}
+	name := key[2 : len(key)-8]
+	if ix != ixByTenantRun && ix != ixByTenantCall {
+		return fmt.Sprintf("%q", name)
+	}
+	n := int(binary.BigEndian.Uint16(name))
+	return fmt.Sprintf("%q and %q", name[2:2+n], name[2+n:])
 }
 
 // requires reports whether record seq needs key k in index ix.
@@ -246,21 +302,26 @@ func requires(tx *bolt.Tx, ix int, k []byte, seq uint64) bool {
 	if !ok {
 		return false
 	}
-	key, ok := requiredKey(nil, ix, f, seq)
-	return ok && bytes.Equal(k, key)
+	for nth := range maxKeysPerIndex {
+		if key, ok := requiredKey(nil, ix, f, seq, nth); ok && bytes.Equal(k, key) {
+			return true
+		}
+	}
+	return false
 }
 
 // bodyFields are the fields of a body the indexes are keyed by; tenant and run are nil
-// when the record has none.
+// when the record has none, call and dispatched (tool_call.call_id and
+// tool_call.approval.dispatched_call_id) when it has none or an empty one.
 type bodyFields struct {
-	id, tenant, run []byte
+	id, tenant, run, call, dispatched []byte
 }
 
-// indexedFields reads id, tenant and tool_call.run_id from a body without decoding the
-// rest of it: Verify reads every record, and a full json.Unmarshal of each would cost
-// more than the chain itself. The first occurrence of a member counts, and the walk
-// stops at run_id, the first member of tool_call, which is the last member of a record:
-// the chain has proved the body is what our encoder wrote.
+// indexedFields reads id, tenant, tool_call.run_id, tool_call.call_id and
+// tool_call.approval.dispatched_call_id from a body without decoding the rest of it: Verify
+// reads every record, and a full json.Unmarshal of each would cost more than the chain
+// itself. The first occurrence of a member counts, and the walk stops after tool_call, the
+// last member of a record: the chain has proved the body is what our encoder wrote.
 func indexedFields(body []byte) (bodyFields, bool) {
 	var f bodyFields
 	seen := 0
@@ -282,19 +343,11 @@ func indexedFields(body []byte) (bodyFields, bool) {
 				f.tenant = nil // written only when set; an empty one is not indexed
 			}
 		case "tool_call":
-			// Every tool-call record is indexed by its run id, even an empty one.
-			f.run = []byte{}
-			good = eachMember(val, func(key, val []byte) walk {
-				if string(key) != "run_id" {
-					return walkOn
-				}
-				run, ok := jsonString(val)
-				if !ok {
-					return walkBad
-				}
-				f.run = run
-				return walkDone
-			})
+			if seen&seenToolCall != 0 {
+				return walkOn
+			}
+			seen |= seenToolCall
+			good = toolCallFields(&f, val)
 			if good && f.id != nil {
 				return walkDone
 			}
@@ -309,7 +362,67 @@ func indexedFields(body []byte) (bodyFields, bool) {
 	return f, ok && f.id != nil
 }
 
-const seenTenant = 1
+const (
+	seenTenant = 1 << iota
+	seenToolCall
+	seenRun
+	seenCall
+	seenApproval
+	seenDispatched
+)
+
+// toolCallFields reads run_id, call_id and approval.dispatched_call_id from the tool_call
+// object val into f. Every tool-call record is indexed by its run id, even an empty one; by
+// a call id only when it is set.
+func toolCallFields(f *bodyFields, val []byte) bool {
+	f.run = []byte{}
+	seen := 0
+	// first reports whether the member bit stands for is met for the first time.
+	first := func(bit int) bool {
+		if seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		return true
+	}
+	// str reads a string member into dst, nil when empty.
+	str := func(dst *[]byte, val []byte) walk {
+		s, ok := jsonString(val)
+		if !ok {
+			return walkBad
+		}
+		if *dst = s; len(s) == 0 && dst != &f.run {
+			*dst = nil
+		}
+		return walkOn
+	}
+	return eachMember(val, func(key, val []byte) walk {
+		switch string(key) {
+		case "run_id":
+			if first(seenRun) {
+				return str(&f.run, val)
+			}
+		case "call_id":
+			if first(seenCall) {
+				return str(&f.call, val)
+			}
+		case "approval":
+			if !first(seenApproval) || string(val) == "null" {
+				return walkOn
+			}
+			ok := eachMember(val, func(key, val []byte) walk {
+				if string(key) == "dispatched_call_id" && first(seenDispatched) {
+					return str(&f.dispatched, val)
+				}
+				return walkOn
+			})
+			if !ok {
+				return walkBad
+			}
+		}
+		return walkOn
+	})
+}
 
 // walk is what an eachMember visitor asks for next.
 type walk int

@@ -19,7 +19,11 @@ func decodedFields(t testing.TB, body []byte) (bodyFields, bool) {
 		ID       *string `json:"id"`
 		Tenant   string  `json:"tenant"`
 		ToolCall *struct {
-			RunID string `json:"run_id"`
+			RunID    string `json:"run_id"`
+			CallID   string `json:"call_id"`
+			Approval *struct {
+				DispatchedCallID string `json:"dispatched_call_id"`
+			} `json:"approval"`
 		} `json:"tool_call"`
 	}
 	if json.Unmarshal(body, &r) != nil || r.ID == nil {
@@ -29,8 +33,14 @@ func decodedFields(t testing.TB, body []byte) (bodyFields, bool) {
 	if r.Tenant != "" {
 		f.tenant = []byte(r.Tenant)
 	}
-	if r.ToolCall != nil {
-		f.run = []byte(r.ToolCall.RunID)
+	if tc := r.ToolCall; tc != nil {
+		f.run = []byte(tc.RunID)
+		if tc.CallID != "" {
+			f.call = []byte(tc.CallID)
+		}
+		if tc.Approval != nil && tc.Approval.DispatchedCallID != "" {
+			f.dispatched = []byte(tc.Approval.DispatchedCallID)
+		}
 	}
 	return f, true
 }
@@ -41,8 +51,13 @@ func TestIndexedFieldsReadWhatTheEncoderWrote(t *testing.T) {
 		// Lookalike members nested where only a top-level walk must not look.
 		Change: json.RawMessage(`{"tenant":"evil","tool_call":{"run_id":"evil"},"id":"evil","s":"}\"{]["}`),
 	})
-	call := toolRec(call{tenant: "", run: `run "quoted" \ é`, server: "s", tool: "t"}, "c-1")
-	for _, r := range []audit.Record{tricky, call, adminRec("tenant-a", "create")} {
+	quoted := toolRec(call{tenant: "", run: `run "quoted" \ é`, server: "s", tool: "t"}, "c-1")
+	// A retry handed an approved call's outcome: indexed by its call id and the dispatched one,
+	// with lookalikes in the members before them.
+	retry := toolRec(call{tenant: "acme", run: "r", server: "s", tool: `call_id":"evil"`}, "c-9")
+	retry.ToolCall.Approval = &audit.ToolCallApproval{ID: "apr-1", State: audit.ApprovalDelivered, Note: `{"dispatched_call_id":"evil"}`,
+		DispatchedCallID: "c-1", DispatchedAttempt: 2}
+	for _, r := range []audit.Record{tricky, quoted, retry, adminRec("tenant-a", "create")} {
 		js, err := json.Marshal(r)
 		require.NoError(t, err)
 		body := buildBody(nil, 7, &Genesis, time.Unix(0, 0), js)
@@ -61,6 +76,8 @@ func FuzzIndexedFields(f *testing.F) {
 	f.Add([]byte(`{"id":"a","tenant":"","tool_call":{}}`))
 	f.Add([]byte(`{"id":"a\u0041","id":"b" , "tool_call" : {"run_id":"\"x"}}`))
 	f.Add([]byte(`{"id":"a","x":[1,{"y":"]"}],"tenant":"t"}`))
+	f.Add([]byte(`{"id":"a","tool_call":{"run_id":"r","call_id":"c","approval":{"id":"x","dispatched_call_id":"d"}}}`))
+	f.Add([]byte(`{"id":"a","tool_call":{"approval":null,"call_id":""}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		got, ok := indexedFields(body)
 		if !ok || !json.Valid(body) || !utf8.Valid(body) || unlikeOurEncoder(body) {
@@ -80,7 +97,7 @@ func FuzzIndexedFields(f *testing.F) {
 // invalid UTF-8, which encoding/json replaces and indexedFields keeps).
 func unlikeOurEncoder(body []byte) bool {
 	lower := bytes.ToLower(body)
-	for _, k := range []string{`"id"`, `"tenant"`, `"tool_call"`, `"run_id"`} {
+	for _, k := range []string{`"id"`, `"tenant"`, `"tool_call"`, `"run_id"`, `"call_id"`, `"approval"`, `"dispatched_call_id"`} {
 		if n := bytes.Count(lower, []byte(k)); n > 1 || n != bytes.Count(body, []byte(k)) {
 			return true
 		}

@@ -125,14 +125,20 @@ func (f Filter) fingerprint() [8]byte {
 	return [8]byte(sum[:8])
 }
 
-// scanner walks candidate records in seq order: through the by_tenant_run, by_run or
-// by_tenant index when the filter names a run or tenant, else through the records
-// themselves. A run of a tenant is read through by_tenant_run, never by_run: another
-// tenant's run of the same id must not spend the budget nor make a page token.
+// scanner walks candidate records in seq order: through the by_tenant_call, by_call,
+// by_tenant_run, by_run or by_tenant index when the filter names a call, run or tenant, else
+// through the records themselves. A run or call of a tenant is read through by_tenant_run or
+// by_tenant_call, never by_run or by_call: another tenant's run or call of the same id must
+// not spend the budget nor make a page token. Every index yields a superset of the matches
+// in seq order, so a page token (the last seq examined) reads on through whichever index the
+// filter chooses, and tokens issued before by_call existed still hold.
 type scanner struct {
-	f       Filter
-	index   []byte // index bucket, or nil for the records bucket
-	prefix  []byte
+	f      Filter
+	index  []byte // index bucket, or nil for the records bucket
+	prefix []byte
+	// epochs says the index's keys are led by their record's epoch (the call indexes): a
+	// range is read one epoch at a time, the prefix after each epoch.
+	epochs  bool
 	needles [][]byte
 	decode  bool
 }
@@ -140,6 +146,12 @@ type scanner struct {
 func newScanner(f Filter, wantEntries bool) *scanner {
 	sc := &scanner{f: f, decode: wantEntries || !f.empty()}
 	switch {
+	// A call id before a run: a call's records are a handful (its attempts, the approved
+	// execution, the retry handed its outcome) where a run's are every call it made.
+	case f.CallID != "" && f.Tenant != "":
+		sc.index, sc.prefix, sc.epochs = bucketByTenantCall, tenantRunPrefix(f.Tenant, f.CallID), true
+	case f.CallID != "":
+		sc.index, sc.prefix, sc.epochs = bucketByCall, indexPrefix(f.CallID), true
 	case f.RunID != "" && f.Tenant != "":
 		sc.index, sc.prefix = bucketByTenantRun, tenantRunPrefix(f.Tenant, f.RunID)
 	case f.RunID != "":
@@ -177,15 +189,33 @@ func (sc *scanner) scan(tx *bolt.Tx, after, upto uint64, budget int, visit func(
 	records := tx.Bucket(bucketRecords)
 	var c *bolt.Cursor
 	var k, v []byte
+	// prefix is what the index's keys in range begin with: sc.prefix, after the epoch
+	// being read when the keys have one.
+	prefix := sc.prefix
+	epoch, lastEpoch := callEpoch(after+1), callEpoch(upto)
+	if sc.epochs {
+		prefix = append(binary.BigEndian.AppendUint32(nil, epoch), sc.prefix...)
+		// No epoch past the last record's has entries (upto may be unbounded).
+		lastEpoch = epoch
+		if last, _ := records.Cursor().Last(); len(last) == 8 {
+			lastEpoch = max(epoch, callEpoch(min(upto, binary.BigEndian.Uint64(last))))
+		}
+	}
 	if sc.index == nil {
 		c = records.Cursor()
 		k, v = c.Seek(seqKey(after + 1))
 	} else {
 		c = tx.Bucket(sc.index).Cursor()
-		k, _ = c.Seek(append(bytes.Clone(sc.prefix), seqKey(after+1)...))
+		k, _ = c.Seek(append(bytes.Clone(prefix), seqKey(after+1)...))
 	}
 	// candidate returns the seq and value under the cursor, or ok false past the range.
 	candidate := func() (uint64, []byte, bool) {
+		// Past an epoch's range, the next epoch's (every epoch up to upto's: a seek each).
+		for sc.epochs && !(bytes.HasPrefix(k, prefix) && len(k) == len(prefix)+8) && epoch < lastEpoch {
+			epoch++
+			binary.BigEndian.PutUint32(prefix, epoch)
+			k, _ = c.Seek(prefix)
+		}
 		if k == nil {
 			return 0, nil, false
 		}
@@ -196,10 +226,10 @@ func (sc *scanner) scan(tx *bolt.Tx, after, upto uint64, budget int, visit func(
 			}
 			seq = binary.BigEndian.Uint64(k)
 		} else {
-			if !bytes.HasPrefix(k, sc.prefix) || len(k) != len(sc.prefix)+8 {
+			if !bytes.HasPrefix(k, prefix) || len(k) != len(prefix)+8 {
 				return 0, nil, false
 			}
-			seq = binary.BigEndian.Uint64(k[len(sc.prefix):])
+			seq = binary.BigEndian.Uint64(k[len(prefix):])
 			v = records.Get(seqKey(seq))
 		}
 		if seq > upto {

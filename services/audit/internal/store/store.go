@@ -372,6 +372,8 @@ func (w *writer) commit(batch []*appendReq) {
 		byTenant := tx.Bucket(bucketByTenant)
 		byRun := tx.Bucket(bucketByRun)
 		byTenantRun := tx.Bucket(bucketByTenantRun)
+		byCall := tx.Bucket(bucketByCall)
+		byTenantCall := tx.Bucket(bucketByTenantCall)
 		inTx := make(map[string]idEntry)
 
 		for _, req := range batch {
@@ -420,8 +422,12 @@ func (w *writer) commit(batch []*appendReq) {
 				if fresh[i] {
 					valSize += hashLen + maxBodyPrefix + len(req.js[i])
 					keySize += 8 + len(r.ID) + 8 + 2*(2+8) + len(r.Tenant)
-					if r.ToolCall != nil {
-						keySize += len(r.ToolCall.RunID) + 2 + 2 + len(r.Tenant) + len(r.ToolCall.RunID) + 8
+					if tc := r.ToolCall; tc != nil {
+						keySize += len(tc.RunID) + 2 + 2 + len(r.Tenant) + len(tc.RunID) + 8
+						keySize += 2*(4+2+len(tc.CallID)+8) + 2 + len(r.Tenant)
+						if tc.Approval != nil {
+							keySize += 2*(4+2+len(tc.Approval.DispatchedCallID)+8) + 2 + len(r.Tenant)
+						}
 					}
 				}
 			}
@@ -480,6 +486,28 @@ func (w *writer) commit(batch []*appendReq) {
 						keys = appendTenantRunKey(keys, r.Tenant, r.ToolCall.RunID, seq)
 						if err := byTenantRun.Put(carve(&keys, start), noValue); err != nil {
 							return fmt.Errorf("audit: index record %d: %w", seq, err)
+						}
+					}
+					var dispatched string
+					if a := r.ToolCall.Approval; a != nil {
+						dispatched = a.DispatchedCallID
+					}
+					for nth := range maxKeysPerIndex {
+						call := indexedCall(r.ToolCall.CallID, dispatched, nth)
+						if call == "" {
+							continue
+						}
+						start = len(keys)
+						keys = appendCallKey(keys, call, seq)
+						if err := byCall.Put(carve(&keys, start), noValue); err != nil {
+							return fmt.Errorf("audit: index record %d: %w", seq, err)
+						}
+						if r.Tenant != "" {
+							start = len(keys)
+							keys = appendTenantCallKey(keys, r.Tenant, call, seq)
+							if err := byTenantCall.Put(carve(&keys, start), noValue); err != nil {
+								return fmt.Errorf("audit: index record %d: %w", seq, err)
+							}
 						}
 					}
 				}

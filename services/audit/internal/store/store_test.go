@@ -236,31 +236,34 @@ func TestMigrate(t *testing.T) {
 	db, err := bolt.Open(path, 0o600, nil)
 	require.NoError(t, err)
 	require.NoError(t, db.View(func(tx *bolt.Tx) error {
-		require.Equal(t, []byte{0, 0, 0, 0, 0, 0, 0, 2}, tx.Bucket(bucketMeta).Get(keySchemaVersion))
+		require.Equal(t, []byte{0, 0, 0, 0, 0, 0, 0, 3}, tx.Bucket(bucketMeta).Get(keySchemaVersion))
 		for _, b := range allBuckets {
 			require.NotNil(t, tx.Bucket(b), string(b))
 		}
 		return nil
 	}))
 	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte{0, 0, 0, 0, 0, 0, 0, 3})
+		return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte{0, 0, 0, 0, 0, 0, 0, 4})
 	}))
 	require.NoError(t, db.Close())
 
 	_, err = Open(path, Options{})
-	require.ErrorContains(t, err, "schema version 3, this binary knows up to 2")
+	require.ErrorContains(t, err, "schema version 4, this binary knows up to 3")
 }
 
-// TestMigrateIndexesTheRunsOfTenants: a version 1 file (no by_tenant_run) opened by this
-// binary has its records indexed by tenant and run, a few at a time, so a tenant's run lists
-// and verifies as in a file written by version 2.
+// TestMigrateIndexesTheRunsOfTenants: a version 1 file (no by_tenant_run, by_call nor
+// by_tenant_call) opened by this binary has its records indexed by tenant and run, a few at a
+// time, then by call, so a tenant's run and a call list and verify as in a file written by
+// version 3.
 func TestMigrateIndexesTheRunsOfTenants(t *testing.T) {
 	path, entries := buildLog(t, 40)
 	db, err := bolt.Open(path, 0o600, nil)
 	require.NoError(t, err)
 	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
-		if err := tx.DeleteBucket(bucketByTenantRun); err != nil {
-			return err
+		for _, b := range [][]byte{bucketByTenantRun, bucketByCall, bucketByTenantCall} {
+			if err := tx.DeleteBucket(b); err != nil {
+				return err
+			}
 		}
 		return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte{0, 0, 0, 0, 0, 0, 0, 1})
 	}))
@@ -278,12 +281,13 @@ func TestMigrateIndexesTheRunsOfTenants(t *testing.T) {
 	}
 	require.Len(t, want, 14)
 	require.Equal(t, want, callIDs(listAll(t, s, Filter{Tenant: "tenant-b", RunID: "run-1"}, 5)))
+	require.Equal(t, []string{"call-039"}, callIDs(listAll(t, s, Filter{CallID: "call-039"}, 5)))
 	require.NoError(t, s.Close())
 	db, err = bolt.Open(path, 0o600, nil)
 	require.NoError(t, err)
 	defer db.Close()
 	require.NoError(t, db.View(func(tx *bolt.Tx) error {
-		require.Equal(t, []byte{0, 0, 0, 0, 0, 0, 0, 2}, tx.Bucket(bucketMeta).Get(keySchemaVersion), "version 2 once indexed")
+		require.Equal(t, []byte{0, 0, 0, 0, 0, 0, 0, 3}, tx.Bucket(bucketMeta).Get(keySchemaVersion), "version 3 once indexed")
 		return nil
 	}))
 }

@@ -38,9 +38,9 @@ const verifyChunk = 1 << 16
 // started: for every record it checks the key is the next seq, the body starts with its
 // own seq and the previous hash, and the stored hash is SHA-256(previous hash || body).
 // It checks the head in the meta bucket, so a truncated tail is reported too, and that
-// the by_id, by_tenant, by_run and by_tenant_run indexes hold exactly the entries the records require,
-// so no record is hidden from a filtered read. progress, if not nil, is called after
-// each chunk.
+// the by_id, by_tenant, by_run, by_tenant_run, by_call and by_tenant_call indexes hold
+// exactly the entries the records require, so no record is hidden from a filtered read.
+// progress, if not nil, is called after each chunk.
 //
 // The chain proves the log was not edited in place; a whole rewrite of the file with a
 // freshly computed chain is detectable only against a head recorded elsewhere (an

@@ -172,6 +172,31 @@ func TestVerifyDetectsEditsThroughBbolt(t *testing.T) {
 			reason: `by_tenant_run index lacks this record, so reads for tenant and run "tenant-b" and "run-1" do not show it`,
 		},
 		{
+			name: "delete a call's index entry",
+			edit: func(tx *bolt.Tx, _ []Entry) error {
+				return tx.Bucket(bucketByCall).Delete(appendCallKey(nil, "call-042", 43))
+			},
+			want:   43,
+			reason: `by_call index lacks this record, so reads for call "call-042" do not show it`,
+		},
+		{
+			name: "delete a tenant's call's index entry",
+			edit: func(tx *bolt.Tx, _ []Entry) error {
+				return tx.Bucket(bucketByTenantCall).Delete(appendTenantCallKey(nil, "tenant-b", "call-042", 43))
+			},
+			want:   43,
+			reason: `by_tenant_call index lacks this record, so reads for tenant and call "tenant-b" and "call-042" do not show it`,
+		},
+		{
+			// Record 2 is call-001: the planted entry would show it as call-007's.
+			name: "plant a call index entry",
+			edit: func(tx *bolt.Tx, _ []Entry) error {
+				return tx.Bucket(bucketByCall).Put(appendCallKey(nil, "call-007", 2), noValue)
+			},
+			want:   2,
+			reason: "by_call index holds 101 entries where its records require 100; the first unaccounted for names record 2",
+		},
+		{
 			name: "delete a tenant's index entry",
 			edit: func(tx *bolt.Tx, _ []Entry) error {
 				return tx.Bucket(bucketByTenant).Delete(appendIndexKey(nil, "tenant-a", 42))
@@ -377,6 +402,8 @@ func TestAnAnchorCatchesWhatTheChainAloneCannot(t *testing.T) {
 			{bucketByTenant, appendIndexKey(nil, last.Record.Tenant, seq)},
 			{bucketByRun, appendIndexKey(nil, last.Record.ToolCall.RunID, seq)},
 			{bucketByTenantRun, appendTenantRunKey(nil, last.Record.Tenant, last.Record.ToolCall.RunID, seq)},
+			{bucketByCall, appendCallKey(nil, last.Record.ToolCall.CallID, seq)},
+			{bucketByTenantCall, appendTenantCallKey(nil, last.Record.Tenant, last.Record.ToolCall.CallID, seq)},
 		} {
 			if err := tx.Bucket(del.bucket).Delete(del.key); err != nil {
 				return err
