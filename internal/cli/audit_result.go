@@ -41,7 +41,7 @@ was changed after the pool returned it, or is another call's.`,
   ringfence audit check-result result.json`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var in io.Reader = cmd.InOrStdin()
+			in := cmd.InOrStdin()
 			name := "standard input"
 			if len(args) == 1 && args[0] != "-" {
 				f, err := openInput(args[0])
