@@ -277,13 +277,7 @@ func TestMigrateIndexesTheCalls(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"late-4#1"}, callLines(page.Entries))
 	require.NoError(t, s.Close())
-	db, err = bolt.Open(path, 0o600, nil)
-	require.NoError(t, err)
-	defer db.Close()
-	require.NoError(t, db.View(func(tx *bolt.Tx) error {
-		require.Equal(t, []byte{0, 0, 0, 0, 0, 0, 0, 3}, tx.Bucket(bucketMeta).Get(keySchemaVersion), "version 3 once indexed")
-		return nil
-	}))
+	requireSchemaVersion(t, path, 3, "version 3 once indexed")
 }
 
 // TestACopyIndexesACallByBothItsIDs: Ingest (an instance copying the shared chain) writes

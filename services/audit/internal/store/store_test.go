@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
@@ -229,6 +230,18 @@ func assertNoError(t testing.TB, err error) bool {
 	return true
 }
 
+// requireSchemaVersion checks the schema version the closed audit file at path is marked with.
+func requireSchemaVersion(t *testing.T, path string, want uint64, msg string) {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, db.View(func(tx *bolt.Tx) error {
+		require.Equal(t, binary.BigEndian.AppendUint64(nil, want), tx.Bucket(bucketMeta).Get(keySchemaVersion), msg)
+		return nil
+	}))
+}
+
 func TestMigrate(t *testing.T) {
 	s, path := newStore(t)
 	require.NoError(t, s.Close())
@@ -283,13 +296,7 @@ func TestMigrateIndexesTheRunsOfTenants(t *testing.T) {
 	require.Equal(t, want, callIDs(listAll(t, s, Filter{Tenant: "tenant-b", RunID: "run-1"}, 5)))
 	require.Equal(t, []string{"call-039"}, callIDs(listAll(t, s, Filter{CallID: "call-039"}, 5)))
 	require.NoError(t, s.Close())
-	db, err = bolt.Open(path, 0o600, nil)
-	require.NoError(t, err)
-	defer db.Close()
-	require.NoError(t, db.View(func(tx *bolt.Tx) error {
-		require.Equal(t, []byte{0, 0, 0, 0, 0, 0, 0, 3}, tx.Bucket(bucketMeta).Get(keySchemaVersion), "version 3 once indexed")
-		return nil
-	}))
+	requireSchemaVersion(t, path, 3, "version 3 once indexed")
 }
 
 // TestOpenRefusesSecondOpener: a second server on the same data directory is told what holds
