@@ -176,20 +176,17 @@ func parseKeptResult(raw []byte) (keptResult, error) {
 	sum := sha256.Sum256(b)
 	out := keptResult{digest: "sha256:" + hex.EncodeToString(sum[:]), size: int64(len(b))}
 	// The call id the answer names: a CallToolResponse's call_id, or the front door's
-	// _meta["io.ringfence/call"].call_id.
-	var ids struct {
-		CallID string `json:"call_id"`
-		Meta   struct {
+	// _meta["io.ringfence/call"].call_id, read from those members alone (a member of another
+	// type names no call).
+	_ = json.Unmarshal(doc["call_id"], &out.callID)
+	if out.callID == "" {
+		var meta struct {
 			Call struct {
 				CallID string `json:"call_id"`
 			} `json:"io.ringfence/call"`
-		} `json:"_meta"`
-	}
-	whole, _ := json.Marshal(doc)
-	_ = json.Unmarshal(whole, &ids) // a field of another type names no call
-	out.callID = ids.CallID
-	if out.callID == "" {
-		out.callID = ids.Meta.Call.CallID
+		}
+		_ = json.Unmarshal(doc["_meta"], &meta)
+		out.callID = meta.Call.CallID
 	}
 	return out, nil
 }
